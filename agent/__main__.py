@@ -1,0 +1,5 @@
+"""Allow ``python -m agent``."""
+
+from agent.cli import main
+
+raise SystemExit(main())

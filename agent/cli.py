@@ -1,0 +1,72 @@
+"""The ``gpuguard`` command: parses arguments and dispatches; known errors become one line and an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, List, Optional, TextIO
+
+from agent import __version__
+from agent.errors import GpuguardError
+from agent.host import Host
+from agent.log import configure, get_logger
+
+HostFactory = Callable[[str], Host]
+
+
+def _cmd_snapshot(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    from agent.snapshot.diff import diff_snapshots, render_diff
+    from agent.snapshot.io import load_snapshot, write_atomically
+    from agent.snapshot.render import render_snapshot
+    from agent.snapshot.take import take_snapshot
+
+    if args.diff:
+        diff = diff_snapshots(load_snapshot(args.diff[0]), load_snapshot(args.diff[1]))
+        out.write(diff.model_dump_json(indent=2) + "\n" if args.json else render_diff(diff))
+        return 0
+    snap = take_snapshot(make_host(args.root))
+    if args.output:
+        write_atomically(args.output, snap.to_json())
+    out.write(snap.to_json() if args.json else render_snapshot(snap))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpuguard", description="Keep a GPU host's driver/ROCm/CUDA stack frozen "
+                                                                   "and working.")
+    parser.add_argument("--version", action="version", version=f"gpuguard {__version__}")
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    snap = sub.add_parser("snapshot", help="snapshot the kernel, OS, GPU driver, ROCm/CUDA and container stack")
+    snap.add_argument("--json", action="store_true", help="print canonical JSON instead of a summary")
+    snap.add_argument("--root", default="/", help="read the host tree under DIR instead of / (chroot, fixture)")
+    snap.add_argument("--output", "-o", metavar="FILE", help="also write the JSON snapshot to FILE (atomically)")
+    snap.add_argument("--diff", nargs=2, metavar=("OLD", "NEW"), help="compare two snapshot JSON files")
+    snap.set_defaults(handler=_cmd_snapshot)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None, make_host: HostFactory = Host.for_root,
+         out: Optional[TextIO] = None) -> int:
+    """Entry point; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure(level=args.log_level)
+    stream = out if out is not None else sys.stdout
+    try:
+        return args.handler(args, make_host, stream)
+    except GpuguardError as exc:
+        get_logger("cli").debug("command_failed", error=str(exc), exit_code=exc.exit_code)
+        print(f"gpuguard: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("gpuguard: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

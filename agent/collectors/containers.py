@@ -1,0 +1,103 @@
+"""Container runtimes and GPU container toolkits: docker, containerd, podman, runc, crun, NVIDIA and AMD toolkits.
+
+Versions come from each tool's own ``--version`` (static installs have no package), and docker's configured
+runtimes from /etc/docker/daemon.json, where the NVIDIA/AMD runtime hooks are registered.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Dict, List, Optional, Tuple
+
+from agent.errors import CollectorUnavailable, CommandError
+from agent.host import Host
+from agent.log import get_logger
+from agent.models import FrozenModel
+
+log = get_logger("collectors.containers")
+
+# (tool name, program, argv after the program)
+TOOLS: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = (
+    ("docker", "docker", ("--version",)),
+    ("containerd", "containerd", ("--version",)),
+    ("podman", "podman", ("--version",)),
+    ("runc", "runc", ("--version",)),
+    ("crun", "crun", ("--version",)),
+    ("nvidia-container-toolkit", "nvidia-ctk", ("--version",)),
+    ("nvidia-container-cli", "nvidia-container-cli", ("--version",)),
+    ("amd-container-toolkit", "amd-ctk", ("--version",)),
+)
+
+_VERSION = re.compile(r"\bv?(\d+\.\d+(?:\.\d+)?(?:[-+~][0-9A-Za-z.\-+~]*)?)")
+
+
+class ContainerTool(FrozenModel):
+    """One container tool found on the host."""
+
+    path: str
+    version: Optional[str] = None
+
+
+class ContainersInfo(FrozenModel):
+    """Tools present, and docker's runtime configuration."""
+
+    tools: Dict[str, ContainerTool]
+    docker_default_runtime: Optional[str] = None
+    docker_runtimes: List[str] = []
+
+
+def parse_tool_version(output: str) -> Optional[str]:
+    """The first version-looking token of a ``--version`` output (``Docker version 28.2.2, build e6534b4``)."""
+    for line in output.splitlines():
+        lowered = line.lower()
+        # nvidia-container-cli prints "cli-version: 1.17.8" then "lib-version"; nvidia-ctk "NVIDIA Container
+        # Toolkit CLI version 1.17.8" then "commit: ...": the first versioned line is the tool's own.
+        if lowered.startswith(("commit", "build", "spec:", "go:", "git commit")):
+            continue
+        match = _VERSION.search(line)
+        if match:
+            return match.group(1).rstrip(",")
+    return None
+
+
+def parse_docker_daemon_json(text: str) -> Tuple[Optional[str], List[str]]:
+    """(default runtime, runtime names) from daemon.json; raises ValueError on invalid JSON."""
+    data = json.loads(text) if text.strip() else {}
+    if not isinstance(data, dict):
+        raise ValueError("daemon.json is not a JSON object")
+    runtimes = data.get("runtimes") or {}
+    return data.get("default-runtime"), sorted(runtimes) if isinstance(runtimes, dict) else []
+
+
+class ContainersCollector:
+    """Finds each tool under the host root and asks it for its version."""
+
+    name = "containers"
+
+    def __init__(self, timeout_seconds: float = 5.0) -> None:
+        self.timeout_seconds = timeout_seconds
+
+    def collect(self, host: Host) -> ContainersInfo:
+        tools: Dict[str, ContainerTool] = {}
+        for tool, program, args in TOOLS:
+            path = host.which(program)
+            if path is None:
+                continue
+            version = None
+            try:
+                result = host.run([str(host.path(path)), *args], self.timeout_seconds)
+                version = parse_tool_version(result.stdout + "\n" + result.stderr)
+            except CommandError as exc:
+                log.warning("container_tool_version_failed", tool=tool, error=str(exc))
+            tools[tool] = ContainerTool(path=path, version=version)
+        default_runtime, runtimes = None, []
+        daemon_json = host.read_text("/etc/docker/daemon.json")
+        if daemon_json is not None:
+            try:
+                default_runtime, runtimes = parse_docker_daemon_json(daemon_json)
+            except ValueError as exc:
+                log.warning("docker_daemon_json_invalid", path="/etc/docker/daemon.json", error=str(exc))
+        if not tools and daemon_json is None:
+            raise CollectorUnavailable("no container runtime or toolkit found")
+        return ContainersInfo(tools=tools, docker_default_runtime=default_runtime, docker_runtimes=runtimes)

@@ -1,0 +1,81 @@
+"""The package-set model shared by the dpkg and rpm collectors, and which packages gpuguard watches."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Dict, Iterable, Literal, Optional, Tuple
+
+from agent.models import FrozenModel
+
+# Kernel, GPU driver, ROCm/CUDA user space, firmware and container stack: the packages whose movement matters.
+DEFAULT_WATCHED_PATTERNS: Tuple[str, ...] = (
+    # kernels and what DKMS builds against
+    "linux-image-*", "linux-modules-*", "linux-headers-*", "linux-generic*", "linux-hwe-*", "linux-oem-*",
+    "linux-aws*", "linux-azure*", "linux-gcp*",
+    "kernel", "kernel-core", "kernel-modules*", "kernel-devel*", "kernel-headers", "kernel-uek*", "kernel-default*",
+    "dkms", "linux-firmware*", "firmware-amd-graphics", "firmware-nvidia-*",
+    # AMD driver and ROCm user space
+    "amdgpu*", "rocm*", "hip-*", "hipcc*", "hsa-*", "hsakmt*", "rocminfo", "amd-smi*", "comgr", "rccl*",
+    "miopen-hip*", "rocblas*", "hipblaslt*", "amd-container-toolkit*",
+    # NVIDIA driver and CUDA user space
+    "nvidia-*", "libnvidia-*", "cuda", "cuda-*", "libcuda*", "libcudnn*", "libnccl*", "kmod-nvidia*",
+    "xserver-xorg-video-nvidia*", "datacenter-gpu-manager*", "nvidia-container-toolkit*", "libnvidia-container*",
+    # container runtimes
+    "docker*", "containerd*", "moby-*", "podman", "runc", "crun", "cri-o*",
+)
+
+PackageManager = Literal["dpkg", "rpm"]
+
+
+class PackageInfo(FrozenModel):
+    """One installed package version."""
+
+    version: str
+    arch: str
+    state: str = "installed"
+
+
+class PackageSet(FrozenModel):
+    """The watched packages of one package database, keyed by name (``name:arch`` where a name has several)."""
+
+    manager: PackageManager
+    installed_count: int
+    packages: Dict[str, PackageInfo]
+
+
+class Watchlist:
+    """Decides whether a package name is watched; compiled once because it runs for every installed package."""
+
+    def __init__(self, patterns: Iterable[str] = DEFAULT_WATCHED_PATTERNS) -> None:
+        self.patterns = tuple(patterns)
+        self._regex = re.compile("|".join(fnmatch.translate(p) for p in self.patterns)) if self.patterns else None
+
+    def __contains__(self, name: str) -> bool:
+        return bool(self._regex and self._regex.match(name))
+
+
+def key_packages(entries: Iterable[Tuple[str, PackageInfo]]) -> Dict[str, PackageInfo]:
+    """Key entries by name, or by ``name:arch`` for names installed for several architectures."""
+    by_name: Dict[str, list] = {}
+    for name, info in entries:
+        by_name.setdefault(name, []).append(info)
+    out: Dict[str, PackageInfo] = {}
+    for name in sorted(by_name):
+        infos = by_name[name]
+        if len(infos) == 1:
+            out[name] = infos[0]
+        else:
+            for info in sorted(infos, key=lambda i: i.arch):
+                out[f"{name}:{info.arch}"] = info
+    return out
+
+
+def find_version(packages: Dict[str, PackageInfo], name: str) -> Optional[str]:
+    """The installed version of a package name (any architecture), or None."""
+    if name in packages:
+        return packages[name].version
+    for key, info in packages.items():
+        if key.split(":", 1)[0] == name:
+            return info.version
+    return None

@@ -1,0 +1,123 @@
+"""The one error hierarchy of gpuguard; every known failure is one of these.
+
+    GpuguardError                      exit 1   root; message is one readable line
+    ├── UsageError                     exit 2   bad command-line arguments
+    ├── ConfigError                    exit 3   config/policy file invalid; lists every problem
+    │   └── PolicyError                exit 3   pairing policy invalid
+    ├── InputFileError                 exit 4   a data file (snapshot JSON, state) is missing or corrupt
+    ├── HostReadError                  exit 5   a host path could not be read (permission, I/O)
+    ├── CommandError                   exit 6   an external command failed to start or exited non-zero
+    │   ├── CommandNotFound            exit 6   the program is not installed
+    │   └── CommandTimeout             exit 6   the program ran past its timeout and was killed
+    ├── LibraryUnavailable             exit 7   a GPU library (amdsmi, NVML) cannot be loaded or initialised
+    └── CollectorUnavailable           exit 8   a collector's source is absent on this host ("absent", not "broken")
+
+Foreign exceptions (OSError, subprocess, pydantic, amdsmi, pynvml) are mapped to these once, at the boundary
+where they happen; the CLI prints a known error as one line and exits with its code.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+
+class GpuguardError(Exception):
+    """Root of every error gpuguard raises on purpose."""
+
+    exit_code = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(GpuguardError):
+    """The command line asks for something that cannot be done."""
+
+    exit_code = 2
+
+
+class ConfigError(GpuguardError):
+    """A config file is invalid; carries every problem found, not just the first."""
+
+    exit_code = 3
+
+    def __init__(self, path: str, problems: Sequence[str]) -> None:
+        self.path = path
+        self.problems = tuple(problems)
+        joined = "; ".join(f"{path}: {p}" for p in self.problems) or f"{path}: invalid"
+        super().__init__(joined)
+
+
+class PolicyError(ConfigError):
+    """A pairing policy file is invalid."""
+
+
+class InputFileError(GpuguardError):
+    """A data file given to gpuguard is missing, unreadable or not what it should be."""
+
+    exit_code = 4
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+class HostReadError(GpuguardError):
+    """A host file exists but could not be read."""
+
+    exit_code = 5
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"cannot read {path}: {reason}")
+
+
+class CommandError(GpuguardError):
+    """An external command failed."""
+
+    exit_code = 6
+
+    def __init__(self, argv: Sequence[str], reason: str, returncode: Optional[int] = None) -> None:
+        self.argv = tuple(argv)
+        self.reason = reason
+        self.returncode = returncode
+        super().__init__(f"{' '.join(self.argv)}: {reason}")
+
+
+class CommandNotFound(CommandError):
+    """The program to run is not installed."""
+
+
+class CommandTimeout(CommandError):
+    """The program ran past its timeout and was killed."""
+
+    def __init__(self, argv: Sequence[str], timeout_seconds: float) -> None:
+        self.timeout_seconds = timeout_seconds
+        super().__init__(argv, f"timed out after {timeout_seconds:g} s")
+
+
+class LibraryUnavailable(GpuguardError):
+    """A GPU management library cannot be loaded or initialised."""
+
+    exit_code = 7
+
+    def __init__(self, library: str, reason: str) -> None:
+        self.library = library
+        self.reason = reason
+        super().__init__(f"{library} unavailable: {reason}")
+
+
+class CollectorUnavailable(GpuguardError):
+    """The source a collector reads is absent on this host; recorded as absent, not as an error."""
+
+    exit_code = 8
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)

@@ -1,0 +1,251 @@
+"""The seam between gpuguard and the machine: every file read, command and GPU library goes through a Host.
+
+A Host has a root path (``/`` on a real host, a fixture tree in tests), a runner for commands, a loader for GPU
+management libraries (amdsmi, pynvml) and a clock. Tests build a Host over a fixture tree with a fake runner and
+fake library modules; nothing else in the agent touches ``open``, ``subprocess`` or ``import amdsmi`` directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import importlib
+import io
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from types import ModuleType
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence
+
+from agent.errors import CommandError, CommandNotFound, CommandTimeout, HostReadError, LibraryUnavailable
+
+DEFAULT_TIMEOUT_SECONDS = 10.0
+# Commands get a fixed, predictable environment: C locale so output parsers see one language.
+_COMMAND_ENV = {"LC_ALL": "C", "LANG": "C", "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one finished command printed and returned."""
+
+    argv: tuple
+    returncode: int
+    stdout: str
+    stderr: str = ""
+    duration_seconds: float = 0.0
+
+    def check(self) -> "CommandResult":
+        """Return self, or raise CommandError when the command exited non-zero."""
+        if self.returncode != 0:
+            first = (self.stderr.strip() or self.stdout.strip()).splitlines()[:1]
+            raise CommandError(self.argv, f"exit {self.returncode}: {first[0] if first else 'no output'}",
+                               self.returncode)
+        return self
+
+
+class Runner(Protocol):
+    """Runs one command given as an argv list; never through a shell."""
+
+    def __call__(self, argv: Sequence[str], timeout_seconds: float) -> CommandResult: ...
+
+
+class SubprocessRunner:
+    """Runs commands for real with a timeout, in the C locale."""
+
+    def __init__(self, extra_env: Optional[Mapping[str, str]] = None) -> None:
+        self._env = dict(_COMMAND_ENV)
+        if extra_env:
+            self._env.update(extra_env)
+
+    def __call__(self, argv: Sequence[str], timeout_seconds: float) -> CommandResult:
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(list(argv), capture_output=True, text=True, errors="replace",
+                                  timeout=timeout_seconds, env=self._env, stdin=subprocess.DEVNULL, check=False)
+        except FileNotFoundError as exc:
+            raise CommandNotFound(argv, "not installed") from exc
+        except PermissionError as exc:
+            raise CommandError(argv, f"not executable: {exc.strerror}") from exc
+        except subprocess.TimeoutExpired as exc:
+            raise CommandTimeout(argv, timeout_seconds) from exc
+        return CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
+
+
+ModuleLoader = Callable[[str], ModuleType]
+
+
+def import_gpu_library(name: str) -> ModuleType:
+    """Import a GPU management binding, mapping every way it fails to LibraryUnavailable.
+
+    amdsmi without libamd_smi.so prints to stdout and raises KeyError (not ImportError) at import; pynvml imports
+    fine and fails later at nvmlInit. The noise printed during import is captured so it never reaches our output.
+    """
+    noise = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(noise), contextlib.redirect_stderr(noise):
+            return importlib.import_module(name)
+    except ImportError as exc:
+        raise LibraryUnavailable(name, f"not installed ({exc})") from exc
+    except (KeyError, OSError, AttributeError) as exc:
+        said = " ".join(noise.getvalue().split())[:200]
+        raise LibraryUnavailable(name, f"shared library not loadable ({type(exc).__name__}: {exc}) {said}".strip()) \
+            from exc
+
+
+def no_gpu_library(name: str) -> ModuleType:
+    """Loader used when reading a foreign root: the live GPU libraries would describe this machine instead."""
+    raise LibraryUnavailable(name, "not used when --root is not /")
+
+
+def _utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+@dataclass(frozen=True)
+class Host:
+    """A view of one machine: files under ``root``, commands through ``runner``, libraries through ``load_module``."""
+
+    root: Path = Path("/")
+    runner: Runner = field(default_factory=SubprocessRunner)
+    load_module: ModuleLoader = import_gpu_library
+    clock: Callable[[], dt.datetime] = _utc_now
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def for_root(cls, root: str = "/") -> "Host":
+        """The real host at ``/``, or a foreign root (chroot, fixture) whose GPU libraries are not loaded."""
+        path = Path(root).resolve()
+        if path == Path("/"):
+            return cls(root=path, env=dict(os.environ))
+        return cls(root=path, load_module=no_gpu_library, env={})
+
+    @property
+    def is_live(self) -> bool:
+        """True when this Host is the machine we run on, not a fixture or chroot."""
+        return self.root == Path("/")
+
+    def path(self, host_path: str) -> Path:
+        """Where an absolute host path lives under this Host's root."""
+        rel = PurePosixPath(host_path)
+        if rel.is_absolute():
+            rel = rel.relative_to("/")
+        return self.root / rel
+
+    def read_text(self, host_path: str) -> Optional[str]:
+        """The file's text, or None when it does not exist; HostReadError when it exists but cannot be read."""
+        p = self.path(host_path)
+        try:
+            return p.read_text(encoding="utf-8", errors="replace")
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except IsADirectoryError:
+            return None
+        except OSError as exc:
+            raise HostReadError(host_path, exc.strerror or str(exc)) from exc
+
+    def read_first_line(self, host_path: str) -> Optional[str]:
+        """The first line of a (sysfs-style) one-value file, stripped; None when missing or empty."""
+        text = self.read_text(host_path)
+        if text is None:
+            return None
+        line = text.strip().splitlines()[0].strip() if text.strip() else ""
+        return line or None
+
+    def exists(self, host_path: str) -> bool:
+        return self.path(host_path).exists() or self.path(host_path).is_symlink()
+
+    def is_dir(self, host_path: str) -> bool:
+        return self.path(host_path).is_dir()
+
+    def list_dir(self, host_path: str) -> List[str]:
+        """Sorted entry names of a directory; empty when it does not exist."""
+        try:
+            return sorted(os.listdir(self.path(host_path)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as exc:
+            raise HostReadError(host_path, exc.strerror or str(exc)) from exc
+
+    def read_link(self, host_path: str) -> Optional[str]:
+        """The raw target of a symlink, or None when the path is not a link."""
+        try:
+            return os.readlink(self.path(host_path))
+        except (FileNotFoundError, OSError):
+            return None
+
+    def resolve(self, host_path: str) -> str:
+        """Follow symlinks inside this Host's root and return the final host path (absolute, no root prefix)."""
+        current = PurePosixPath(host_path)
+        for _ in range(40):
+            parts = current.parts
+            changed = False
+            for i in range(2, len(parts) + 1):
+                prefix = PurePosixPath(*parts[:i])
+                target = self.read_link(str(prefix))
+                if target is None:
+                    continue
+                target_path = PurePosixPath(target)
+                if not target_path.is_absolute():
+                    target_path = prefix.parent / target_path
+                current = _normalise(target_path.joinpath(*parts[i:]))
+                changed = True
+                break
+            if not changed:
+                return str(current)
+        return str(current)
+
+    def which(self, program: str, search: Sequence[str] = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin",
+                                                           "/usr/bin", "/sbin", "/bin")) -> Optional[str]:
+        """The host path of an executable program under root, or None."""
+        for directory in search:
+            candidate = f"{directory}/{program}"
+            p = self.path(candidate)
+            if p.is_file() and os.access(p, os.X_OK):
+                return candidate
+        return None
+
+    def run(self, argv: Sequence[str], timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> CommandResult:
+        """Run a command (argv list) through the injected runner."""
+        return self.runner(list(argv), timeout_seconds)
+
+    def hostname(self) -> str:
+        return (self.read_first_line("/proc/sys/kernel/hostname") or self.read_first_line("/etc/hostname")
+                or "unknown")
+
+    def walk_files(self, host_path: str) -> Iterator[str]:
+        """Host paths of regular files below a directory (sorted, depth first)."""
+        for name in self.list_dir(host_path):
+            child = f"{host_path.rstrip('/')}/{name}"
+            p = self.path(child)
+            if p.is_dir() and not p.is_symlink():
+                yield from self.walk_files(child)
+            elif p.is_file():
+                yield child
+
+
+def _normalise(path: PurePosixPath) -> PurePosixPath:
+    out: List[str] = []
+    for part in path.parts[1:]:
+        if part == "..":
+            if out:
+                out.pop()
+        elif part != ".":
+            out.append(part)
+    return PurePosixPath("/", *out)
+
+
+def parse_key_value_lines(text: str, sep: str = "=") -> Dict[str, str]:
+    """Parse ``KEY<sep>value`` lines (shell-style quotes stripped); lines without the separator are ignored."""
+    out: Dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#") or sep not in line:
+            continue
+        key, _, value = line.partition(sep)
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        out[key.strip()] = value
+    return out

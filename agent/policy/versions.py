@@ -1,0 +1,221 @@
+"""Package version ordering exactly as dpkg and rpm define it (epochs, revisions, ``~`` and ``^``).
+
+``compare_dpkg`` follows dpkg's ``verrevcmp`` (lib/dpkg/version.c); ``compare_rpm`` follows rpm's ``rpmvercmp``
+(rpmio/rpmvercmp.c) plus epoch and release handling of ``rpmVersionCompare``. Both return -1, 0 or 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Literal, NamedTuple, Optional
+
+Scheme = Literal["dpkg", "rpm"]
+
+
+class DpkgVersion(NamedTuple):
+    """A Debian version split into its three parts."""
+
+    epoch: int
+    upstream: str
+    revision: str
+
+
+def parse_dpkg(version: str) -> DpkgVersion:
+    """Split ``[epoch:]upstream[-revision]``; raises ValueError on an epoch that is not a number."""
+    text = version.strip()
+    epoch = 0
+    if ":" in text:
+        head, _, text = text.partition(":")
+        if not head.isdigit():
+            raise ValueError(f"invalid epoch in version {version!r}")
+        epoch = int(head)
+    upstream, sep, revision = text.rpartition("-")
+    if not sep:
+        upstream, revision = text, ""
+    if not upstream:
+        raise ValueError(f"empty upstream version in {version!r}")
+    return DpkgVersion(epoch, upstream, revision)
+
+
+def _dpkg_order(ch: str) -> int:
+    if ch == "":
+        return 0
+    if ch.isdigit():
+        return 0
+    if ch.isalpha() and ch.isascii():
+        return ord(ch)
+    if ch == "~":
+        return -1
+    return ord(ch) + 256
+
+
+def _verrevcmp(a: str, b: str) -> int:
+    i = j = 0
+    while i < len(a) or j < len(b):
+        first_diff = 0
+        while (i < len(a) and not a[i].isdigit()) or (j < len(b) and not b[j].isdigit()):
+            ac = _dpkg_order(a[i] if i < len(a) else "")
+            bc = _dpkg_order(b[j] if j < len(b) else "")
+            if ac != bc:
+                return ac - bc
+            i += 1
+            j += 1
+        while i < len(a) and a[i] == "0":
+            i += 1
+        while j < len(b) and b[j] == "0":
+            j += 1
+        while i < len(a) and a[i].isdigit() and j < len(b) and b[j].isdigit():
+            if not first_diff:
+                first_diff = ord(a[i]) - ord(b[j])
+            i += 1
+            j += 1
+        if i < len(a) and a[i].isdigit():
+            return 1
+        if j < len(b) and b[j].isdigit():
+            return -1
+        if first_diff:
+            return first_diff
+    return 0
+
+
+def _sign(n: int) -> int:
+    return (n > 0) - (n < 0)
+
+
+@functools.lru_cache(maxsize=4096)
+def compare_dpkg(a: str, b: str) -> int:
+    """Order two Debian versions like ``dpkg --compare-versions``."""
+    va, vb = parse_dpkg(a), parse_dpkg(b)
+    if va.epoch != vb.epoch:
+        return _sign(va.epoch - vb.epoch)
+    rc = _verrevcmp(va.upstream, vb.upstream)
+    if rc:
+        return _sign(rc)
+    return _sign(_verrevcmp(va.revision, vb.revision))
+
+
+class RpmEVR(NamedTuple):
+    """An rpm epoch:version-release."""
+
+    epoch: int
+    version: str
+    release: str
+
+
+def parse_rpm(evr: str) -> RpmEVR:
+    """Split ``[epoch:]version[-release]``."""
+    text = evr.strip()
+    epoch = 0
+    head, sep, rest = text.partition(":")
+    if sep and head.isdigit():
+        epoch, text = int(head), rest
+    version, sep, release = text.rpartition("-")
+    if not sep:
+        version, release = text, ""
+    if not version:
+        raise ValueError(f"empty version in {evr!r}")
+    return RpmEVR(epoch, version, release)
+
+
+_ALNUM = re.compile(r"[A-Za-z0-9]")
+
+
+def rpmvercmp(a: str, b: str) -> int:
+    """rpm's segment-wise comparison of one version or release string."""
+    if a == b:
+        return 0
+    i = j = 0
+    while i < len(a) or j < len(b):
+        while i < len(a) and not _ALNUM.match(a[i]) and a[i] not in "~^":
+            i += 1
+        while j < len(b) and not _ALNUM.match(b[j]) and b[j] not in "~^":
+            j += 1
+        ca = a[i] if i < len(a) else ""
+        cb = b[j] if j < len(b) else ""
+        if ca == "~" or cb == "~":
+            if ca != "~":
+                return 1
+            if cb != "~":
+                return -1
+            i += 1
+            j += 1
+            continue
+        if ca == "^" or cb == "^":
+            if not ca:
+                return -1
+            if not cb:
+                return 1
+            if ca != "^":
+                return 1
+            if cb != "^":
+                return -1
+            i += 1
+            j += 1
+            continue
+        if not (ca and cb):
+            break
+        si, sj = i, j
+        if ca.isdigit():
+            while i < len(a) and a[i].isdigit():
+                i += 1
+            while j < len(b) and b[j].isdigit():
+                j += 1
+            isnum = True
+        else:
+            while i < len(a) and a[i].isascii() and a[i].isalpha():
+                i += 1
+            while j < len(b) and b[j].isascii() and b[j].isalpha():
+                j += 1
+            isnum = False
+        seg_a, seg_b = a[si:i], b[sj:j]
+        if not seg_b:
+            return 1 if isnum else -1
+        if isnum:
+            seg_a, seg_b = seg_a.lstrip("0"), seg_b.lstrip("0")
+            if len(seg_a) != len(seg_b):
+                return 1 if len(seg_a) > len(seg_b) else -1
+        if seg_a != seg_b:
+            return 1 if seg_a > seg_b else -1
+    ra, rb = a[i:], b[j:]
+    if not ra and not rb:
+        return 0
+    return -1 if not ra else 1
+
+
+@functools.lru_cache(maxsize=4096)
+def compare_rpm(a: str, b: str) -> int:
+    """Order two rpm ``[epoch:]version-release`` strings like rpm does (missing epoch is 0)."""
+    va, vb = parse_rpm(a), parse_rpm(b)
+    if va.epoch != vb.epoch:
+        return _sign(va.epoch - vb.epoch)
+    rc = rpmvercmp(va.version, vb.version)
+    if rc or not (va.release and vb.release):
+        return rc
+    return rpmvercmp(va.release, vb.release)
+
+
+def compare(a: str, b: str, scheme: Scheme) -> int:
+    """Order two versions under the given package manager's rules."""
+    return compare_dpkg(a, b) if scheme == "dpkg" else compare_rpm(a, b)
+
+
+def sort_key(scheme: Scheme):
+    """A ``key=`` function for sorting version strings under a scheme."""
+    return functools.cmp_to_key(lambda x, y: compare(x, y, scheme))
+
+
+_DOTTED = re.compile(r"\d+(?:\.\d+)+")
+
+
+def upstream_dotted(version: str, parts: Optional[int] = None) -> Optional[str]:
+    """The first dotted number in a package version's upstream part (``1:6.8.5.60202-1`` -> ``6.8.5.60202``).
+
+    With ``parts``, only that many leading components are kept (``parts=3`` -> ``6.8.5``).
+    """
+    text = version.split(":", 1)[1] if ":" in version.split("-", 1)[0] else version
+    match = _DOTTED.search(text)
+    if not match:
+        return None
+    pieces = match.group(0).split(".")
+    return ".".join(pieces[:parts] if parts else pieces)

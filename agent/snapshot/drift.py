@@ -1,0 +1,113 @@
+"""Pure analysis of one snapshot: installed-but-not-loaded drivers, pending reboots, missing DKMS builds.
+
+Every rule reads only the snapshot, so it runs the same on a live host, a fixture and a stored JSON file.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import TYPE_CHECKING, Dict, List, Optional
+
+from agent.collectors.packages import PackageInfo, find_version
+from agent.policy.versions import upstream_dotted
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.snapshot.model import Finding, Snapshot
+
+# Packages whose version is the NVIDIA driver's own (not toolkits or container tools).
+NVIDIA_DRIVER_PACKAGES = ("libnvidia-compute-*", "nvidia-driver-*", "nvidia-driver", "nvidia-dkms-*",
+                          "nvidia-kernel-common-*", "nvidia-kernel-source-*", "nvidia-utils-*", "nvidia-open",
+                          "nvidia-open-*", "kmod-nvidia*", "nvidia-kmod-*", "nvidia-kernel-dkms",
+                          "nvidia-driver-libs", "nvidia-driver-cuda-libs")
+GPU_DKMS_MODULES = ("amdgpu", "nvidia")
+
+
+def _finding(kind: str, severity: str, component: str, message: str, **details: Optional[str]) -> "Finding":
+    from agent.snapshot.model import Finding
+
+    return Finding(kind=kind, severity=severity, component=component, message=message,  # type: ignore[arg-type]
+                   details={k: v for k, v in details.items() if v is not None})
+
+
+def _amdgpu_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> List["Finding"]:
+    amd = snap.amdgpu.data
+    installed = find_version(packages, "amdgpu-dkms")
+    if amd is None or installed is None:
+        return []
+    installed_base = upstream_dotted(installed, 3)
+    if amd.driver_kind == "inbox":
+        return [_finding("driver_installed_not_loaded", "critical", "amdgpu",
+                         f"amdgpu-dkms {installed} is installed but the kernel's inbox amdgpu driver is loaded",
+                         installed=installed, loaded=amd.driver_version or "inbox")]
+    if amd.driver_kind == "dkms" and amd.driver_version and installed_base \
+            and upstream_dotted(amd.driver_version, 3) != installed_base:
+        return [_finding("driver_installed_not_loaded", "warning", "amdgpu",
+                         f"amdgpu-dkms {installed} is installed but amdgpu {amd.driver_version} is loaded; "
+                         "a reboot or module reload is pending", installed=installed, loaded=amd.driver_version)]
+    return []
+
+
+def _nvidia_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> List["Finding"]:
+    nv = snap.nvidia.data
+    if nv is None or not nv.driver_version:
+        return []
+    loaded = upstream_dotted(nv.driver_version)
+    out = []
+    for key in sorted(packages):
+        name = key.split(":", 1)[0]
+        if not any(fnmatch.fnmatchcase(name, p) for p in NVIDIA_DRIVER_PACKAGES):
+            continue
+        version = packages[key].version
+        if upstream_dotted(version) not in (None, loaded):
+            out.append(_finding("driver_installed_not_loaded", "warning", "nvidia",
+                                f"{name} {version} is installed but nvidia {nv.driver_version} is loaded "
+                                "(\"Driver/library version mismatch\" until reboot)",
+                                package=name, installed=version, loaded=nv.driver_version))
+    return out
+
+
+def _kernel_findings(snap: "Snapshot") -> List["Finding"]:
+    kernel = snap.kernel.data
+    if kernel is None or not kernel.reboot_pending or kernel.next_boot is None:
+        return []
+    out = [_finding("reboot_pending", "info", "kernel",
+                    f"next boot uses kernel {kernel.next_boot}, running {kernel.running_release}",
+                    running=kernel.running_release, next_boot=kernel.next_boot)]
+    dkms = snap.dkms.data
+    if dkms is not None:
+        for module in GPU_DKMS_MODULES:
+            running_builds = dkms.states_for(module, kernel.running_release)
+            next_builds = dkms.states_for(module, kernel.next_boot)
+            if running_builds and not next_builds:
+                out.append(_finding(
+                    "dkms_missing_for_next_boot", "critical", module,
+                    f"{module} is built for the running kernel {kernel.running_release} but not for the next "
+                    f"boot's kernel {kernel.next_boot}: the next boot would come up without the GPU driver",
+                    module=module, running=kernel.running_release, next_boot=kernel.next_boot,
+                    version=running_builds[0].version))
+    return out
+
+
+def _rocm_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> List["Finding"]:
+    rocm = snap.rocm.data
+    installed = find_version(packages, "rocm-core")
+    if rocm is None or rocm.version is None or installed is None:
+        return []
+    if upstream_dotted(rocm.version, 3) != upstream_dotted(installed, 3):
+        return [_finding("rocm_version_mismatch", "warning", "rocm",
+                         f"/opt/rocm says ROCm {rocm.version} but package rocm-core is {installed}",
+                         on_disk=rocm.version, package=installed)]
+    return []
+
+
+def _package_state_findings(packages: Dict[str, PackageInfo]) -> List["Finding"]:
+    return [_finding("package_not_fully_installed", "warning", "packages",
+                     f"{key} {info.version} is in state {info.state}", package=key, state=info.state)
+            for key, info in sorted(packages.items()) if info.state != "installed"]
+
+
+def analyze(snap: "Snapshot") -> List["Finding"]:
+    """Every finding the snapshot supports, in a stable order."""
+    packages = snap.packages()
+    return [*_kernel_findings(snap), *_amdgpu_findings(snap, packages), *_rocm_findings(snap, packages),
+            *_nvidia_findings(snap, packages), *_package_state_findings(packages)]

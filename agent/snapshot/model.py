@@ -1,0 +1,84 @@
+"""The snapshot model: every collector's Section, the findings derived from them, and a stable content hash."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from typing import Dict, List, Literal, Optional
+
+from agent.collectors.amdgpu import AmdgpuInfo
+from agent.collectors.base import Section
+from agent.collectors.containers import ContainersInfo
+from agent.collectors.cuda import CudaInfo
+from agent.collectors.dkms import DkmsInfo
+from agent.collectors.kernel import KernelInfo
+from agent.collectors.nvidia import NvidiaInfo
+from agent.collectors.os_release import OsRelease
+from agent.collectors.packages import PackageInfo, PackageSet
+from agent.collectors.rocm import RocmInfo
+from agent.models import FrozenModel
+
+SCHEMA_VERSION = 1
+SECTION_NAMES = ("os", "kernel", "dkms", "dpkg", "rpm", "amdgpu", "rocm", "nvidia", "cuda", "containers")
+# Fields that say when/by what the snapshot was taken, not what the host is: left out of the content hash.
+_VOLATILE_FIELDS = {"taken_at", "agent_version", "content_hash"}
+
+Severity = Literal["info", "warning", "critical"]
+
+
+class Finding(FrozenModel):
+    """Something the snapshot shows that an operator should know, e.g. an installed driver that is not loaded."""
+
+    kind: str
+    severity: Severity
+    component: str
+    message: str
+    details: Dict[str, str] = {}
+
+
+class Snapshot(FrozenModel):
+    """Everything gpuguard knows about one host at one moment."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    agent_version: str
+    hostname: str
+    taken_at: dt.datetime
+    os: Section[OsRelease]
+    kernel: Section[KernelInfo]
+    dkms: Section[DkmsInfo]
+    dpkg: Section[PackageSet]
+    rpm: Section[PackageSet]
+    amdgpu: Section[AmdgpuInfo]
+    rocm: Section[RocmInfo]
+    nvidia: Section[NvidiaInfo]
+    cuda: Section[CudaInfo]
+    containers: Section[ContainersInfo]
+    findings: List[Finding] = []
+    content_hash: str = ""
+
+    def packages(self) -> Dict[str, PackageInfo]:
+        """Watched packages from whichever package database the host has (dpkg and rpm merged)."""
+        merged: Dict[str, PackageInfo] = {}
+        for section in (self.rpm, self.dpkg):
+            if section.data is not None:
+                merged.update(section.data.packages)
+        return merged
+
+    @property
+    def package_manager(self) -> Optional[str]:
+        for section in (self.dpkg, self.rpm):
+            if section.data is not None:
+                return section.data.manager
+        return None
+
+    def to_json(self, indent: Optional[int] = 2) -> str:
+        """Canonical JSON: sorted keys, so equal snapshots print equal text."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=indent) + ("\n" if indent else "")
+
+
+def compute_content_hash(snapshot: Snapshot) -> str:
+    """sha256 of the canonical JSON of everything but when/by what it was taken."""
+    payload = snapshot.model_dump(mode="json", exclude=_VOLATILE_FIELDS)
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()

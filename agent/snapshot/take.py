@@ -1,0 +1,32 @@
+"""Take a snapshot: run every collector in isolation, derive findings, seal it with its content hash."""
+
+from __future__ import annotations
+
+import time
+from typing import Optional, Sequence
+
+from agent import __version__
+from agent.collectors import default_collectors
+from agent.collectors.base import Collector, run_collector
+from agent.host import Host
+from agent.log import get_logger
+from agent.snapshot.drift import analyze
+from agent.snapshot.model import SECTION_NAMES, Snapshot, compute_content_hash
+
+log = get_logger("snapshot")
+
+
+def take_snapshot(host: Host, collectors: Optional[Sequence[Collector]] = None) -> Snapshot:
+    """Collect every section from ``host``; never raises for a failing collector."""
+    started = time.monotonic()
+    chosen = tuple(collectors) if collectors is not None else default_collectors()
+    sections = {c.name: run_collector(c, host) for c in chosen}
+    missing = [name for name in SECTION_NAMES if name not in sections]
+    if missing:
+        raise ValueError(f"collectors missing for snapshot sections: {missing}")
+    draft = Snapshot(agent_version=__version__, hostname=host.hostname(), taken_at=host.clock(), **sections)
+    with_findings = draft.model_copy(update={"findings": analyze(draft)})
+    sealed = with_findings.model_copy(update={"content_hash": compute_content_hash(with_findings)})
+    log.info("snapshot_taken", content_hash=sealed.content_hash, findings=len(sealed.findings),
+             duration_seconds=round(time.monotonic() - started, 3))
+    return sealed

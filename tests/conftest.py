@@ -1,0 +1,67 @@
+"""Shared test helpers: fixture hosts built from tests/fixtures, with fake runners and fake GPU libraries."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Callable, Dict, Optional
+
+import pytest
+
+from agent.errors import LibraryUnavailable
+from agent.host import Host
+from tests.fakes.runner import FakeRunner
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ROOTS = FIXTURES / "roots"
+RECORDED = FIXTURES / "recorded"
+FIXED_TIME = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def fixed_clock() -> dt.datetime:
+    return FIXED_TIME
+
+
+def fake_module_loader(modules: Dict[str, ModuleType]) -> Callable[[str], ModuleType]:
+    """A loader serving the given fake modules and refusing everything else, like a host without the library."""
+
+    def load(name: str) -> ModuleType:
+        if name in modules:
+            return modules[name]
+        raise LibraryUnavailable(name, "not installed (fake host)")
+
+    return load
+
+
+def load_fake_libraries(scenario: str) -> Dict[str, ModuleType]:
+    """Fake amdsmi/pynvml modules for a scenario, from tests/fixtures/recorded/<scenario>/{amdsmi,nvml}.json."""
+    modules: Dict[str, ModuleType] = {}
+    recorded = RECORDED / scenario
+    if (recorded / "amdsmi.json").exists():
+        from tests.fakes.amdsmi import make_fake_amdsmi
+
+        modules["amdsmi"] = make_fake_amdsmi(json.loads((recorded / "amdsmi.json").read_text()))
+    if (recorded / "nvml.json").exists():
+        from tests.fakes.pynvml import make_fake_pynvml
+
+        modules["pynvml"] = make_fake_pynvml(json.loads((recorded / "nvml.json").read_text()))
+    return modules
+
+
+def make_fixture_host(scenario: str, modules: Optional[Dict[str, ModuleType]] = None,
+                      runner: Optional[FakeRunner] = None) -> Host:
+    """A Host over tests/fixtures/roots/<scenario> with its recorded commands and fake libraries."""
+    root = ROOTS / scenario
+    assert root.is_dir(), f"no fixture root {root}"
+    if runner is None:
+        runner = FakeRunner.from_file(RECORDED / scenario / "commands.json", str(root))
+    if modules is None:
+        modules = load_fake_libraries(scenario)
+    return Host(root=root, runner=runner, load_module=fake_module_loader(modules), clock=fixed_clock)
+
+
+@pytest.fixture
+def fixture_host() -> Callable[..., Host]:
+    return make_fixture_host
