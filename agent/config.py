@@ -1,0 +1,87 @@
+"""Agent settings: one frozen model per area, composed here, loaded from /etc/gpuguard/agent.toml.
+
+Every problem in the file is reported at once as ``file: section -> field: message``; a missing file means
+defaults. Each area (snapshot, health, report) owns its own settings model next to its code.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Literal, Optional
+
+from pydantic import Field, ValidationError
+
+from agent.collectors.packages import DEFAULT_WATCHED_PATTERNS
+from agent.errors import ConfigError
+from agent.models import FrozenModel
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python < 3.11 hosts
+    import tomli as tomllib
+
+DEFAULT_CONFIG_PATH = "/etc/gpuguard/agent.toml"
+DEFAULT_STATE_DIR = "/var/lib/gpuguard"
+
+
+class AgentSettings(FrozenModel):
+    """Where state lives and how the agent logs."""
+
+    state_dir: str = DEFAULT_STATE_DIR
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    host_id: Optional[str] = None
+
+
+class SnapshotSettings(FrozenModel):
+    """What to watch and how often to snapshot."""
+
+    interval_seconds: float = Field(300.0, gt=0)
+    watched_packages: List[str] = list(DEFAULT_WATCHED_PATTERNS)
+    extra_watched_packages: List[str] = []
+
+    @property
+    def all_watched_packages(self) -> List[str]:
+        return [*self.watched_packages, *self.extra_watched_packages]
+
+
+class Settings(FrozenModel):
+    """The whole agent configuration."""
+
+    agent: AgentSettings = AgentSettings()
+    snapshot: SnapshotSettings = SnapshotSettings()
+
+
+def format_validation_errors(path: str, exc: ValidationError) -> List[str]:
+    """``section -> field: message`` for every error pydantic found."""
+    problems = []
+    for err in exc.errors():
+        where = " -> ".join(str(p) for p in err["loc"]) or "(top level)"
+        problems.append(f"{where}: {err['msg']}")
+    return problems
+
+
+def parse_settings(text: str, path: str = "<string>") -> Settings:
+    """Parse TOML text into Settings; ConfigError lists every problem."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(path, [f"not valid TOML: {exc}"]) from None
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(path, format_validation_errors(path, exc)) from None
+
+
+def load_settings(path: str = DEFAULT_CONFIG_PATH, required: bool = False) -> Settings:
+    """Read the config file; defaults when it does not exist (unless ``required``)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(path, ["no such file"]) from None
+        return Settings()
+    except OSError as exc:
+        raise ConfigError(path, [exc.strerror or str(exc)]) from None
+    return parse_settings(text, path)

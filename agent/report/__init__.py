@@ -1,0 +1,1 @@
+"""Drift reporting: the event schema, the durable outbox and the sender."""

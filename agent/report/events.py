@@ -1,0 +1,130 @@
+"""The report event schema (version 1): what a host tells the central endpoint.
+
+Every event carries an ``event_id`` that is its idempotency key at the receiver, and a per-host ``sequence``
+assigned by the outbox so the receiver can see order and gaps. The JSON schema published in ``schemas/`` is
+generated from these models (``gpuguard schema``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Annotated, Dict, List, Literal, Optional, Union
+
+from pydantic import Field
+
+from agent.models import FrozenModel
+from agent.snapshot.diff import Change
+from agent.snapshot.pairing import Pairing
+
+EVENT_SCHEMA_VERSION = 1
+Severity = Literal["info", "warning", "critical"]
+
+
+class SnapshotChanged(FrozenModel):
+    """The host's snapshot content hash moved; ``changes`` says component by component how."""
+
+    kind: Literal["snapshot_changed"] = "snapshot_changed"
+    old_hash: Optional[str] = None
+    new_hash: str
+    changes: List[Change] = []
+    pairing: Pairing
+
+
+class PolicyViolation(FrozenModel):
+    """The installed set violates the pinned pairing policy."""
+
+    kind: Literal["policy_violation"] = "policy_violation"
+    rule: str
+    message: str
+    packages: Dict[str, str] = {}
+    action: Literal["warn", "block", "rollback"] = "warn"
+
+
+class TransactionBlocked(FrozenModel):
+    """apt/dnf was stopped before changing anything."""
+
+    kind: Literal["transaction_blocked"] = "transaction_blocked"
+    tool: Literal["apt", "dnf", "dnf5", "dpkg", "rpm"]
+    rule: str
+    message: str
+    packages: Dict[str, str] = {}
+    command_line: Optional[str] = None
+
+
+class Rollback(FrozenModel):
+    """gpuguard put packages back to the last known-good versions (or tried to)."""
+
+    kind: Literal["rollback"] = "rollback"
+    reason: str
+    from_versions: Dict[str, str]
+    to_versions: Dict[str, str]
+    succeeded: bool
+    reboot_required: bool = False
+    detail: Optional[str] = None
+
+
+class HealthRegression(FrozenModel):
+    """A health-check figure dropped beyond the noise band against the previous fingerprint's baseline."""
+
+    kind: Literal["health_regression"] = "health_regression"
+    metric: str
+    baseline_value: float
+    current_value: float
+    drop_fraction: float
+    threshold_fraction: float
+    fingerprint: str
+    baseline_fingerprint: str
+    gpu: Optional[str] = None
+
+
+class CpuFallback(FrozenModel):
+    """The health workload did not really run on the GPU."""
+
+    kind: Literal["cpu_fallback"] = "cpu_fallback"
+    reason: str
+    fingerprint: str
+    detail: Optional[str] = None
+
+
+class Heartbeat(FrozenModel):
+    """The agent is alive; carries the current pairing and outbox depth."""
+
+    kind: Literal["heartbeat"] = "heartbeat"
+    agent_version: str
+    uptime_seconds: float
+    content_hash: Optional[str] = None
+    outbox_depth: int = 0
+    pairing: Optional[Pairing] = None
+    compliant: Optional[bool] = None
+    last_health_status: Optional[str] = None
+
+
+Payload = Annotated[Union[SnapshotChanged, PolicyViolation, TransactionBlocked, Rollback, HealthRegression,
+                          CpuFallback, Heartbeat], Field(discriminator="kind")]
+# Events the outbox never drops, whatever its size bound.
+NEVER_DROPPED_KINDS = frozenset({"policy_violation", "transaction_blocked", "rollback"})
+
+
+class Event(FrozenModel):
+    """One report event from one host."""
+
+    schema_version: Literal[1] = EVENT_SCHEMA_VERSION
+    event_id: str = Field(default_factory=lambda: uuid.uuid4().hex, min_length=8, max_length=64)
+    host_id: str = Field(min_length=1, max_length=128)
+    hostname: str = Field(min_length=1, max_length=255)
+    sequence: int = Field(0, ge=0)
+    occurred_at: dt.datetime
+    severity: Severity = "info"
+    payload: Payload
+
+    @property
+    def kind(self) -> str:
+        return self.payload.kind
+
+
+class EventBatch(FrozenModel):
+    """What the sender POSTs: events of one host, in sequence order."""
+
+    schema_version: Literal[1] = EVENT_SCHEMA_VERSION
+    events: List[Event] = Field(min_length=1, max_length=500)

@@ -1,0 +1,48 @@
+"""The host's current stack pairing, distilled from a snapshot: what fleet questions are asked about."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from agent.collectors.packages import find_version
+from agent.models import FrozenModel
+from agent.snapshot.model import Snapshot
+
+
+class Pairing(FrozenModel):
+    """Kernel, OS, driver and user-space versions, as loaded and as installed."""
+
+    os_id: Optional[str] = None
+    os_version_id: Optional[str] = None
+    kernel_running: Optional[str] = None
+    kernel_next_boot: Optional[str] = None
+    amdgpu_loaded: Optional[str] = None
+    amdgpu_dkms_package: Optional[str] = None
+    rocm: Optional[str] = None
+    rocm_core_package: Optional[str] = None
+    nvidia_loaded: Optional[str] = None
+    cuda_driver_api: Optional[str] = None
+    gpu_count: int = 0
+    gpu_models: str = ""
+
+
+def pairing_of(snap: Snapshot) -> Pairing:
+    """Summarise a snapshot into its pairing."""
+    packages = snap.packages()
+    amd, nv = snap.amdgpu.data, snap.nvidia.data
+    models = sorted({g.market_name or "?" for g in (amd.gpus if amd else [])}
+                    | {g.name or "?" for g in (nv.gpus if nv else [])})
+    return Pairing(
+        os_id=snap.os.data.id if snap.os.data else None,
+        os_version_id=snap.os.data.version_id if snap.os.data else None,
+        kernel_running=snap.kernel.data.running_release if snap.kernel.data else None,
+        kernel_next_boot=snap.kernel.data.next_boot if snap.kernel.data else None,
+        amdgpu_loaded=amd.driver_version if amd else None,
+        amdgpu_dkms_package=find_version(packages, "amdgpu-dkms"),
+        rocm=snap.rocm.data.version if snap.rocm.data else None,
+        rocm_core_package=find_version(packages, "rocm-core"),
+        nvidia_loaded=nv.driver_version if nv else None,
+        cuda_driver_api=nv.cuda_driver_version if nv else None,
+        gpu_count=(len(amd.gpus) if amd else 0) + (len(nv.gpus) if nv else 0),
+        gpu_models=", ".join(models),
+    )
