@@ -65,3 +65,14 @@ def make_fixture_host(scenario: str, modules: Optional[Dict[str, ModuleType]] = 
 @pytest.fixture
 def fixture_host() -> Callable[..., Host]:
     return make_fixture_host
+
+
+@pytest.fixture(autouse=True)
+def _quiet_logs():
+    """Keep structlog output on stderr at warning level so tests that read stdout see only program output."""
+    import sys
+
+    from agent.log import configure
+
+    configure(level="warning", json_output=True, stream=sys.stderr)
+    yield

@@ -1,0 +1,105 @@
+"""dpkg status parsing, rpm query parsing and the watchlist."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.collectors.dpkg import DpkgCollector, parse_dpkg_status
+from agent.collectors.packages import Watchlist, find_version
+from agent.collectors.rpm import RpmCollector, parse_rpm_query, rpm_query_argv
+from agent.errors import CollectorUnavailable
+from agent.host import Host
+from tests.fakes.runner import FakeRunner
+
+STATUS = """Package: rocm-core
+Status: install ok installed
+Architecture: amd64
+Version: 6.2.2.60202-116~22.04
+Description: ROCm core
+ long text
+ .
+ with a Version: line inside the description
+
+Package: amdgpu-dkms
+Status: install ok half-configured
+Architecture: all
+Version: 1:6.8.5.60202-2041575.22.04
+
+Package: linux-image-6.5.0-35-generic
+Status: deinstall ok config-files
+Architecture: amd64
+Version: 6.5.0-35.35~22.04.1
+
+Package: bash
+Status: install ok installed
+Architecture: amd64
+Version: 5.1-6ubuntu1
+
+Package: libnvidia-compute-580
+Status: install ok installed
+Architecture: amd64
+Version: 580.95.05-0ubuntu1
+
+Package: libnvidia-compute-580
+Status: install ok installed
+Architecture: i386
+Version: 580.95.05-0ubuntu1
+"""
+
+
+def test_parse_dpkg_status_keeps_watched_present_packages() -> None:
+    """Watched packages with files on disk are kept with their state; removed ones and unwatched ones are not."""
+    parsed = parse_dpkg_status(STATUS, Watchlist())
+    assert parsed.installed_count == 5
+    assert sorted(parsed.packages) == ["amdgpu-dkms", "libnvidia-compute-580:amd64", "libnvidia-compute-580:i386",
+                                       "rocm-core"]
+    assert parsed.packages["rocm-core"].version == "6.2.2.60202-116~22.04"
+    assert parsed.packages["amdgpu-dkms"].state == "half-configured"
+    assert find_version(parsed.packages, "libnvidia-compute-580") == "580.95.05-0ubuntu1"
+
+
+@pytest.mark.parametrize("name,watched", [
+    ("linux-image-6.8.0-45-generic", True), ("amdgpu-dkms", True), ("rocm-hip-runtime", True),
+    ("nvidia-driver-580-open", True), ("cuda-toolkit-13-0", True), ("docker-ce", True), ("kernel-core", True),
+    ("bash", False), ("libc6", False), ("python3-rocket", False), ("cudatext", False),
+])
+def test_watchlist(name: str, watched: bool) -> None:
+    """The default watchlist covers kernel, driver, ROCm/CUDA and container packages only."""
+    assert (name in Watchlist()) is watched
+
+
+def test_parse_rpm_query() -> None:
+    """rpm's tab-separated query output keeps epochs in the version and skips gpg-pubkey."""
+    text = ("kernel-core\t5.14.0-570.12.1.el9_6\tx86_64\n"
+            "amdgpu-dkms\t1:6.14.14.30100100-2204008.el9\tnoarch\n"
+            "gpg-pubkey\tfd431d51-4ae0493b\t(none)\n"
+            "bash\t5.1.8-9.el9\tx86_64\n"
+            "garbage line\n")
+    parsed = parse_rpm_query(text, Watchlist())
+    assert parsed.installed_count == 4
+    assert parsed.packages["amdgpu-dkms"].version == "1:6.14.14.30100100-2204008.el9"
+    assert "bash" not in parsed.packages and "gpg-pubkey" not in parsed.packages
+
+
+def test_rpm_collector_absent_without_database(tmp_path) -> None:
+    """A Debian host has no rpm database: absent, and rpm is never run."""
+    runner = FakeRunner()
+    with pytest.raises(CollectorUnavailable):
+        RpmCollector().collect(Host(root=tmp_path, runner=runner))
+    assert runner.calls == []
+
+
+def test_rpm_collector_absent_when_rpm_missing(tmp_path) -> None:
+    """An rpm database without the rpm program is reported as absent with the reason."""
+    (tmp_path / "var/lib/rpm").mkdir(parents=True)
+    (tmp_path / "var/lib/rpm/rpmdb.sqlite").write_text("")
+    runner = FakeRunner()
+    runner.add(rpm_query_argv(str(tmp_path)), not_found=True)
+    with pytest.raises(CollectorUnavailable, match="rpm is not installed"):
+        RpmCollector().collect(Host(root=tmp_path, runner=runner))
+
+
+def test_dpkg_collector_absent_without_status(tmp_path) -> None:
+    """No dpkg status file means no dpkg database."""
+    with pytest.raises(CollectorUnavailable):
+        DpkgCollector().collect(Host(root=tmp_path))

@@ -1,0 +1,82 @@
+"""The host seam: reads under a root, symlink resolution inside the root, commands and library loading."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.errors import CommandNotFound, CommandTimeout, LibraryUnavailable
+from agent.host import Host, SubprocessRunner, import_gpu_library, parse_key_value_lines
+
+
+def test_reads_are_relative_to_root(tmp_path: Path) -> None:
+    """/etc/x on the Host is <root>/etc/x on disk; a missing file reads as None."""
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/x").write_text("value\nsecond\n")
+    host = Host(root=tmp_path)
+    assert host.read_first_line("/etc/x") == "value"
+    assert host.read_text("/etc/missing") is None
+    assert host.list_dir("/nope") == []
+
+
+def test_resolve_follows_absolute_links_inside_root(tmp_path: Path) -> None:
+    """An absolute link target is resolved under the root, never on the real machine, through several hops."""
+    (tmp_path / "opt/rocm-7.0.2/.info").mkdir(parents=True)
+    (tmp_path / "etc/alternatives").mkdir(parents=True)
+    (tmp_path / "etc/alternatives/rocm").symlink_to("/opt/rocm-7.0.2")
+    (tmp_path / "opt/rocm").symlink_to("/etc/alternatives/rocm")
+    (tmp_path / "opt/rel").symlink_to("rocm-7.0.2")
+    host = Host(root=tmp_path)
+    assert host.resolve("/opt/rocm") == "/opt/rocm-7.0.2"
+    assert host.resolve("/opt/rocm/.info") == "/opt/rocm-7.0.2/.info"
+    assert host.resolve("/opt/rel") == "/opt/rocm-7.0.2"
+
+
+def test_resolve_stops_on_link_loops(tmp_path: Path) -> None:
+    """A symlink loop ends instead of spinning forever."""
+    (tmp_path / "a").symlink_to("/b")
+    (tmp_path / "b").symlink_to("/a")
+    assert Host(root=tmp_path).resolve("/a") in ("/a", "/b")
+
+
+def test_subprocess_runner_maps_errors() -> None:
+    """Missing programs and timeouts become gpuguard errors, output is captured."""
+    runner = SubprocessRunner()
+    result = runner([sys.executable, "-c", "print('hi')"], 10)
+    assert result.stdout == "hi\n" and result.returncode == 0
+    with pytest.raises(CommandNotFound):
+        runner(["/nonexistent/program"], 5)
+    with pytest.raises(CommandTimeout):
+        runner([sys.executable, "-c", "import time; time.sleep(10)"], 0.3)
+
+
+def test_import_gpu_library_maps_key_error_and_hides_stdout_noise(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A binding that prints and raises KeyError at import (amdsmi without libamd_smi.so) becomes LibraryUnavailable."""
+    (tmp_path / "noisy_binding.py").write_text(
+        "print('/opt/rocm/lib/libamd_smi.so: cannot open shared object file')\n"
+        "raise KeyError('libamd_smi.so')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(LibraryUnavailable, match="KeyError"):
+        import_gpu_library("noisy_binding")
+    assert capsys.readouterr().out == ""
+
+
+def test_import_gpu_library_maps_import_error() -> None:
+    """A binding that is not installed becomes LibraryUnavailable."""
+    with pytest.raises(LibraryUnavailable, match="not installed"):
+        import_gpu_library("definitely_not_a_module_gpuguard")
+
+
+def test_for_root_refuses_live_libraries_on_foreign_roots(tmp_path: Path) -> None:
+    """Reading a fixture or chroot must not load this machine's GPU libraries."""
+    host = Host.for_root(str(tmp_path))
+    assert not host.is_live
+    with pytest.raises(LibraryUnavailable):
+        host.load_module("pynvml")
+
+
+def test_parse_key_value_lines_strips_quotes_and_comments() -> None:
+    """Shell-style KEY="value" lines parse; comments and junk are ignored."""
+    assert parse_key_value_lines('# c\nA="x y"\nB=\'z\'\njunk\nC=1=2\n') == {"A": "x y", "B": "z", "C": "1=2"}
