@@ -34,4 +34,4 @@ def configure(level: str = "info", json_output: Optional[bool] = None, stream: O
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
     """A logger bound to a component name."""
-    return structlog.get_logger().bind(component=name)
+    return structlog.get_logger(component=name)

@@ -59,14 +59,21 @@ def flatten(value: Any, prefix: str = "") -> Dict[str, str]:
     return out
 
 
+def _flatten_section(section: Any) -> Dict[str, str]:
+    """A section's data paths without the ``data.`` prefix, plus its status and reason."""
+    dumped = section.model_dump(mode="json")
+    out = flatten(dumped.pop("data") or {})
+    out.update(flatten({k: v for k, v in dumped.items()}))
+    return out
+
+
 def diff_snapshots(old: Snapshot, new: Snapshot) -> SnapshotDiff:
     """Every section value that changed, appeared or disappeared between two snapshots."""
     changes: List[Change] = []
     if old.hostname != new.hostname:
         changes.append(Change(section="host", path="hostname", old=old.hostname, new=new.hostname))
     for name in SECTION_NAMES:
-        before = flatten(getattr(old, name).model_dump(mode="json"))
-        after = flatten(getattr(new, name).model_dump(mode="json"))
+        before, after = _flatten_section(getattr(old, name)), _flatten_section(getattr(new, name))
         for path in sorted(set(before) | set(after)):
             if before.get(path) != after.get(path):
                 changes.append(Change(section=name, path=path, old=before.get(path), new=after.get(path)))
