@@ -24,7 +24,11 @@ def _cmd_snapshot(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
         diff = diff_snapshots(load_snapshot(args.diff[0]), load_snapshot(args.diff[1]))
         out.write(diff.model_dump_json(indent=2) + "\n" if args.json else render_diff(diff))
         return 0
-    snap = take_snapshot(make_host(args.root))
+    from agent.collectors import default_collectors
+    from agent.config import load_settings
+
+    settings = load_settings(args.config)
+    snap = take_snapshot(make_host(args.root), default_collectors(settings.snapshot.all_watched_packages))
     if args.output:
         write_atomically(args.output, snap.to_json())
     out.write(snap.to_json() if args.json else render_snapshot(snap))
@@ -43,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     snap.add_argument("--json", action="store_true", help="print canonical JSON instead of a summary")
     snap.add_argument("--root", default="/", help="read the host tree under DIR instead of / (chroot, fixture)")
     snap.add_argument("--output", "-o", metavar="FILE", help="also write the JSON snapshot to FILE (atomically)")
+    snap.add_argument("--config", default="/etc/gpuguard/agent.toml",
+                      help="agent config (watched packages); defaults apply when it does not exist")
     snap.add_argument("--diff", nargs=2, metavar=("OLD", "NEW"), help="compare two snapshot JSON files")
     snap.set_defaults(handler=_cmd_snapshot)
     return parser

@@ -78,3 +78,23 @@ def test_bad_snapshot_files_give_one_line_errors(tmp_path: Path) -> None:
 def test_usage_error_exit_code() -> None:
     """An unknown subcommand exits 2 like any argparse usage error."""
     assert _run_cli("no-such-command").returncode == 2
+
+
+def test_snapshot_honours_extra_watched_packages_from_config(tmp_path: Path) -> None:
+    """A package added to the watchlist in agent.toml appears in the snapshot."""
+    config = tmp_path / "agent.toml"
+    config.write_text('[snapshot]\nextra_watched_packages = ["python3"]\n')
+    out = io.StringIO()
+    assert main(["snapshot", "--json", "--config", str(config)],
+                make_host=lambda root: make_fixture_host("gpuless-debian12"), out=out) == 0
+    assert "python3" in json.loads(out.getvalue())["dpkg"]["data"]["packages"]
+
+
+def test_invalid_config_is_one_line_exit_3(tmp_path: Path) -> None:
+    """A config with several mistakes reports all of them on one line and exits 3."""
+    config = tmp_path / "agent.toml"
+    config.write_text('[snapshot]\ninterval_seconds = -5\nbogus = 1\n')
+    proc = _run_cli("snapshot", "--config", str(config), "--root", str(ROOTS / "gpuless-debian12"))
+    assert proc.returncode == 3
+    line = proc.stderr.strip()
+    assert "\n" not in line and "snapshot -> interval_seconds" in line and "snapshot -> bogus" in line
