@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+import json
+import re
+from typing import Dict, List, Optional
 
+from agent.collectors.nvidia import cuda_version_from_int
+from agent.errors import CollectorUnavailable
+from agent.host import Host
+from agent.log import get_logger
 from agent.models import FrozenModel
+
+log = get_logger("collectors.cuda")
+
+CUDA_PREFIX = "/usr/local"
+DEFAULT_LINK = "/usr/local/cuda"
+_TOOLKIT_DIR = re.compile(r"^cuda-\d+(?:\.\d+)*$")
+_VERSION_TXT = re.compile(r"CUDA Version\s+(\d+(?:\.\d+)*)")
+_COMPAT_LIBCUDA = re.compile(r"^libcuda\.so\.(\d+\.\d+(?:\.\d+)*)$")
+_CUDA_H_VERSION = re.compile(r"^\s*#\s*define\s+CUDA_VERSION\s+(\d+)\s*$", re.MULTILINE)
 
 
 class CudaToolkit(FrozenModel):
@@ -22,12 +37,91 @@ class CudaInfo(FrozenModel):
     toolkits: List[CudaToolkit] = []
 
 
+def parse_version_json(text: str) -> Optional[str]:
+    """The toolkit version from version.json (CUDA >= 11.1): ``{"cuda": {"name": "CUDA SDK", "version": "13.0.2"}}``.
+
+    Raises ValueError when the text is not JSON.
+    """
+    data = json.loads(text)
+    cuda = data.get("cuda") if isinstance(data, dict) else None
+    version = cuda.get("version") if isinstance(cuda, dict) else None
+    if not isinstance(version, str):
+        return None
+    return version.strip() or None
+
+
+def parse_version_txt(text: str) -> Optional[str]:
+    """The toolkit version from the legacy version.txt: ``CUDA Version 11.8.89``."""
+    match = _VERSION_TXT.search(text)
+    return match.group(1) if match else None
+
+
+def parse_cuda_h_version(text: str) -> Optional[str]:
+    """``major.minor`` from the ``#define CUDA_VERSION 13000`` line of include/cuda.h."""
+    match = _CUDA_H_VERSION.search(text)
+    return cuda_version_from_int(int(match.group(1))) if match else None
+
+
+def _version_tuple(version: str) -> tuple:
+    return tuple(int(part) for part in re.findall(r"\d+", version))
+
+
+def compat_driver_version(file_names: List[str]) -> Optional[str]:
+    """The driver version of the forward-compat libcuda in ``<toolkit>/compat`` (``libcuda.so.580.95.05``).
+
+    ``libcuda.so`` and ``libcuda.so.1`` are links to the versioned file; the highest version wins if several lie there.
+    """
+    versions = [m.group(1) for m in map(_COMPAT_LIBCUDA.match, file_names) if m]
+    return max(versions, key=_version_tuple) if versions else None
+
+
+def read_toolkit_version(host: Host, path: str) -> Optional[str]:
+    """version.json, then version.txt, then include/cuda.h; None when none says.
+
+    Hosts that install single CUDA component packages (cuda-cudart-13-0, cuda-nvcc-13-0) rather than the
+    cuda-toolkit meta package have no version.json; cuda.h (from cuda-cudart-dev) then gives ``major.minor``.
+    """
+    text = host.read_text(f"{path}/version.json")
+    if text is not None:
+        try:
+            version = parse_version_json(text)
+        except ValueError as exc:
+            log.warning("cuda_version_json_invalid", path=f"{path}/version.json", error=str(exc))
+        else:
+            if version:
+                return version
+    text = host.read_text(f"{path}/version.txt")
+    version = parse_version_txt(text) if text is not None else None
+    if version is None:
+        text = host.read_text(f"{path}/include/cuda.h")
+        version = parse_cuda_h_version(text) if text is not None else None
+    return version
+
+
 class CudaCollector:
-    """Placeholder until implemented."""
+    """Lists /usr/local/cuda and /usr/local/cuda-X.Y (links resolved, aliases such as cuda-13 folded in)."""
 
     name = "cuda"
 
-    def collect(self, host) -> CudaInfo:  # pragma: no cover - replaced by the real collector
-        from agent.errors import CollectorUnavailable
-
-        raise CollectorUnavailable("not implemented yet")
+    def collect(self, host: Host) -> CudaInfo:
+        default_path = host.resolve(DEFAULT_LINK) if host.exists(DEFAULT_LINK) else None
+        candidates = [DEFAULT_LINK] + [f"{CUDA_PREFIX}/{name}" for name in host.list_dir(CUDA_PREFIX)
+                                       if _TOOLKIT_DIR.match(name)]
+        toolkits: Dict[str, CudaToolkit] = {}
+        for candidate in candidates:
+            # Resolve inside the host root first: links such as /usr/local/cuda -> /etc/alternatives/cuda are
+            # absolute and would otherwise be followed on the machine running gpuguard.
+            path = host.resolve(candidate)
+            if path in toolkits or not host.is_dir(path):
+                continue
+            toolkits[path] = CudaToolkit(
+                path=path,
+                version=read_toolkit_version(host, path),
+                compat_driver_version=compat_driver_version(host.list_dir(f"{path}/compat")),
+            )
+        if not toolkits and default_path is None:
+            raise CollectorUnavailable(f"no CUDA toolkit under {CUDA_PREFIX}")
+        # Oldest first; a toolkit without a version file sorts by the version in its directory name.
+        ordered = sorted(toolkits.values(), key=lambda t: (_version_tuple(t.version or t.path.rsplit("/", 1)[-1]),
+                                                           t.path))
+        return CudaInfo(default_path=default_path, toolkits=ordered)
