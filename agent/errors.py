@@ -10,10 +10,11 @@
     │   ├── CommandNotFound            exit 6   the program is not installed
     │   └── CommandTimeout             exit 6   the program ran past its timeout and was killed
     ├── LibraryUnavailable             exit 7   a GPU library (amdsmi, NVML) cannot be loaded or initialised
-    └── CollectorUnavailable           exit 8   a collector's source is absent on this host ("absent", not "broken")
+    ├── CollectorUnavailable           exit 8   a collector's source is absent on this host ("absent", not broken)
+    └── DeliveryError                  exit 9   the report endpoint did not take a batch (retryable or refused)
 
-Foreign exceptions (OSError, subprocess, pydantic, amdsmi, pynvml) are mapped to these once, at the boundary
-where they happen; the CLI prints a known error as one line and exits with its code.
+Foreign exceptions (OSError, subprocess, pydantic, requests, amdsmi, pynvml) are mapped to these once, at the
+boundary where they happen; the CLI prints a known error as one line and exits with its code.
 """
 
 from __future__ import annotations
@@ -121,3 +122,23 @@ class CollectorUnavailable(GpuguardError):
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(reason)
+
+
+class DeliveryError(GpuguardError):
+    """The report endpoint did not take a batch of events.
+
+    ``category`` says why: ``unreachable``, ``timeout``, ``tls``, ``server`` (5xx, 429), ``auth`` (401, 403),
+    ``endpoint`` (other statuses, redirects, a reply that is not the contract), ``too_large`` (413) or
+    ``rejected`` (400, 422: the receiver found the events invalid). ``retryable`` is False only for the last two,
+    where sending the same batch again cannot succeed.
+    """
+
+    exit_code = 9
+
+    def __init__(self, url: str, category: str, reason: str, status_code: Optional[int] = None) -> None:
+        self.url = url
+        self.category = category
+        self.reason = reason
+        self.status_code = status_code
+        self.retryable = category not in ("too_large", "rejected")
+        super().__init__(f"{url}: {category}: {reason}")

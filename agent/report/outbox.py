@@ -1,0 +1,253 @@
+"""The durable outbox: report events wait here, on disk, until the endpoint has acknowledged them.
+
+One SQLite file (WAL journal, ``synchronous=FULL``) under the state directory, one connection shared behind a lock.
+
+Guarantees
+- ``enqueue`` commits the event before it returns; delivery is only ever tried on committed events, so a crash
+  (SIGKILL, power loss) after ``enqueue`` returned never loses the event.
+- Each event gets a ``sequence`` on insert: strictly increasing and never reused for the life of the file
+  (``AUTOINCREMENT``), so the receiver can see order and gaps.
+- ``pending`` hands events out oldest first; an event leaves the outbox only through ``ack`` (the receiver took
+  it, or already had it) or ``reject`` (the receiver refused it as invalid; it is kept in the ``rejected`` table
+  for inspection), or through the size bound below. Delivery is therefore at least once, in sequence order; the
+  receiver makes it exactly once by deduplicating on ``event_id``.
+- Enqueueing an ``event_id`` that is already queued is a no-op (the id is the idempotency key end to end).
+
+Size bound (``max_events``)
+When an insert leaves more than ``max_events`` events queued, the oldest droppable events are deleted until the
+bound holds again: heartbeats first (each one is superseded by the next), then other kinds that are not in
+``NEVER_DROPPED_KINDS`` (snapshot changes, health regressions, CPU fallbacks), oldest first. Policy violations,
+blocked transactions and rollbacks are never dropped: if only those are left the outbox grows past the bound and
+logs ``outbox_over_bound``. Every drop is counted per kind (``dropped_counts``, exported as
+``gpuguard_outbox_dropped_total``) and shows at the receiver as a gap in ``sequence``.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Optional
+
+from agent.errors import InputFileError
+from agent.log import get_logger
+from agent.report.events import NEVER_DROPPED_KINDS, Event
+
+log = get_logger("outbox")
+
+OUTBOX_FILENAME = "outbox.sqlite3"
+SCHEMA_VERSION = 1
+# Drop classes, lowest dropped first.
+DROP_FIRST, DROP_LATER, NEVER_DROP = 0, 1, 2
+MAX_REJECTED_KEPT = 1000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    sequence INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_id TEXT NOT NULL UNIQUE,
+    kind TEXT NOT NULL,
+    drop_class INTEGER NOT NULL,
+    enqueued_at REAL NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_drop_class ON events (drop_class, sequence);
+CREATE TABLE IF NOT EXISTS rejected (
+    sequence INTEGER PRIMARY KEY,
+    event_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    rejected_at REAL NOT NULL,
+    reason TEXT NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS dropped (
+    kind TEXT PRIMARY KEY,
+    count INTEGER NOT NULL
+);
+"""
+
+
+def drop_class_of(kind: str) -> int:
+    """Which drop class an event kind belongs to under the size bound."""
+    if kind in NEVER_DROPPED_KINDS:
+        return NEVER_DROP
+    if kind == "heartbeat":
+        return DROP_FIRST
+    return DROP_LATER
+
+
+class Outbox:
+    """Events committed to disk, handed out in sequence order until acknowledged."""
+
+    def __init__(self, path: str, max_events: int = 10000, clock: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self.max_events = max_events
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._conn = self._open(path)
+
+    @staticmethod
+    def _open(path: str) -> sqlite3.Connection:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.exists():
+            # Created owner-only before SQLite touches it; SQLite gives its -wal/-shm files the same mode.
+            os.close(os.open(str(target), os.O_CREAT | os.O_WRONLY, 0o600))
+        conn = None
+        try:
+            conn = sqlite3.connect(str(target), isolation_level=None, check_same_thread=False, timeout=30.0)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.executescript(_SCHEMA)
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0:
+                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            elif version != SCHEMA_VERSION:
+                raise InputFileError(path, f"outbox schema version {version}, this agent knows {SCHEMA_VERSION}")
+            return conn
+        except sqlite3.DatabaseError as exc:
+            if conn is not None:
+                conn.close()
+            raise InputFileError(path, f"not a usable outbox database ({exc})") from None
+
+    @classmethod
+    def open_or_recover(cls, path: str, max_events: int = 10000) -> "Outbox":
+        """Open the outbox; a corrupt file is moved aside (kept for inspection) and a fresh one started."""
+        try:
+            return cls(path, max_events)
+        except InputFileError as exc:
+            aside = f"{path}.corrupt-{int(time.time())}"
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.exists(path + suffix):
+                    os.replace(path + suffix, aside + suffix)
+            log.error("outbox_corrupt_moved_aside", path=path, moved_to=aside, error=str(exc))
+            return cls(path, max_events)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def enqueue(self, event: Event) -> Event:
+        """Commit the event with the next sequence number and return it as stored (sequence set)."""
+        kind = event.kind
+        with self._lock, self._transaction():
+            row = self._conn.execute("SELECT sequence FROM events WHERE event_id = ?", (event.event_id,)).fetchone()
+            if row is not None:
+                return event.model_copy(update={"sequence": row[0]})
+            cursor = self._conn.execute(
+                "INSERT INTO events (event_id, kind, drop_class, enqueued_at, body) VALUES (?, ?, ?, ?, '')",
+                (event.event_id, kind, drop_class_of(kind), self._clock()))
+            stored = event.model_copy(update={"sequence": cursor.lastrowid})
+            self._conn.execute("UPDATE events SET body = ? WHERE sequence = ?",
+                               (stored.model_dump_json(), cursor.lastrowid))
+            self._enforce_bound()
+        return stored
+
+    def _enforce_bound(self) -> None:
+        excess = self._count() - self.max_events
+        for drop_class in (DROP_FIRST, DROP_LATER):
+            if excess <= 0:
+                return
+            victims = self._conn.execute(
+                "SELECT sequence, kind FROM events WHERE drop_class = ? ORDER BY sequence LIMIT ?",
+                (drop_class, excess)).fetchall()
+            for sequence, kind in victims:
+                self._conn.execute("DELETE FROM events WHERE sequence = ?", (sequence,))
+                self._conn.execute("INSERT INTO dropped (kind, count) VALUES (?, 1) "
+                                   "ON CONFLICT(kind) DO UPDATE SET count = count + 1", (kind,))
+            if victims:
+                log.warning("outbox_dropped_events", drop_class=drop_class, count=len(victims),
+                            first_sequence=victims[0][0], last_sequence=victims[-1][0], max_events=self.max_events)
+            excess -= len(victims)
+        if excess > 0:
+            log.warning("outbox_over_bound", depth=self.max_events + excess, max_events=self.max_events,
+                        reason="only never-dropped events (violations, blocks, rollbacks) are left")
+
+    def pending(self, limit: int) -> List[Event]:
+        """Up to ``limit`` queued events, lowest sequence first."""
+        with self._lock:
+            rows = self._conn.execute("SELECT sequence, body FROM events ORDER BY sequence LIMIT ?",
+                                      (limit,)).fetchall()
+        events = []
+        for sequence, body in rows:
+            try:
+                events.append(Event.model_validate_json(body))
+            except ValueError as exc:
+                # Written by another agent version or damaged: park it rather than block the queue forever.
+                self._reject_row(sequence, f"unreadable in the outbox: {exc}")
+        return events
+
+    def ack(self, event_ids: Iterable[str]) -> int:
+        """Forget events the receiver has (accepted now or earlier); returns how many were removed."""
+        ids = list(event_ids)
+        if not ids:
+            return 0
+        with self._lock, self._transaction():
+            removed = 0
+            for event_id in ids:
+                removed += self._conn.execute("DELETE FROM events WHERE event_id = ?", (event_id,)).rowcount
+        return removed
+
+    def reject(self, event_id: str, reason: str) -> None:
+        """Move an event the receiver refused as invalid out of the queue, into ``rejected``."""
+        with self._lock:
+            row = self._conn.execute("SELECT sequence FROM events WHERE event_id = ?", (event_id,)).fetchone()
+        if row is not None:
+            self._reject_row(row[0], reason)
+
+    def _reject_row(self, sequence: int, reason: str) -> None:
+        with self._lock, self._transaction():
+            self._conn.execute(
+                "INSERT OR REPLACE INTO rejected (sequence, event_id, kind, rejected_at, reason, body) "
+                "SELECT sequence, event_id, kind, ?, ?, body FROM events WHERE sequence = ?",
+                (self._clock(), reason[:2000], sequence))
+            self._conn.execute("DELETE FROM events WHERE sequence = ?", (sequence,))
+            self._conn.execute("DELETE FROM rejected WHERE sequence NOT IN "
+                               "(SELECT sequence FROM rejected ORDER BY sequence DESC LIMIT ?)", (MAX_REJECTED_KEPT,))
+        log.error("outbox_event_rejected", sequence=sequence, reason=reason[:500])
+
+    def depth(self) -> int:
+        """How many events wait for delivery."""
+        with self._lock:
+            return self._count()
+
+    def _count(self) -> int:
+        return int(self._conn.execute("SELECT COUNT(*) FROM events").fetchone()[0])
+
+    def oldest_age_seconds(self) -> Optional[float]:
+        """How long the oldest waiting event has waited, or None when the outbox is empty."""
+        with self._lock:
+            row = self._conn.execute("SELECT MIN(enqueued_at) FROM events").fetchone()
+        return None if row[0] is None else max(0.0, self._clock() - row[0])
+
+    def dropped_counts(self) -> Dict[str, int]:
+        """Events dropped by the size bound since the file was created, per kind."""
+        with self._lock:
+            return dict(self._conn.execute("SELECT kind, count FROM dropped ORDER BY kind").fetchall())
+
+    def rejected_count(self) -> int:
+        with self._lock:
+            return int(self._conn.execute("SELECT COUNT(*) FROM rejected").fetchone()[0])
+
+    def last_sequence(self) -> int:
+        """The highest sequence ever assigned by this file (0 before the first event)."""
+        with self._lock:
+            row = self._conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
+        return int(row[0]) if row else 0
+
+    def _transaction(self) -> "_Transaction":
+        return _Transaction(self._conn)
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def __enter__(self) -> None:
+        self._conn.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type, exc, tb) -> None:  # type: ignore[no-untyped-def]
+        self._conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
