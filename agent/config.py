@@ -15,6 +15,7 @@ from pydantic import Field, ValidationError
 from agent.collectors.packages import DEFAULT_WATCHED_PATTERNS
 from agent.errors import ConfigError
 from agent.models import FrozenModel
+from agent.report.settings import ReportSettings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -45,11 +46,22 @@ class SnapshotSettings(FrozenModel):
         return [*self.watched_packages, *self.extra_watched_packages]
 
 
+class DaemonSettings(FrozenModel):
+    """How often ``gpuguard run`` looks for package changes and runs the health check."""
+
+    package_watch_interval_seconds: float = Field(2.0, gt=0)
+    health_interval_seconds: float = Field(21600.0, gt=0)
+    # First health check this long after start (a baseline on a new host); None waits one full interval.
+    health_first_run_seconds: Optional[float] = Field(60.0, ge=0)
+
+
 class Settings(FrozenModel):
     """The whole agent configuration."""
 
     agent: AgentSettings = AgentSettings()
     snapshot: SnapshotSettings = SnapshotSettings()
+    daemon: DaemonSettings = DaemonSettings()
+    report: ReportSettings = ReportSettings()
 
 
 def format_validation_errors(path: str, exc: ValidationError) -> List[str]:
