@@ -1,0 +1,121 @@
+"""ROCm user space: the active /opt/rocm, installed trees and amdsmi's view of the ROCm version."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from agent.collectors.rocm import RocmCollector, RocmInstall, parse_rocm_version_file, smi_rocm_version
+from agent.errors import CollectorUnavailable
+from agent.host import Host
+from tests.conftest import fake_module_loader, make_fixture_host
+from tests.fakes.amdsmi import make_fake_amdsmi
+
+
+def _tree(root: Path, name: str, version: Optional[str]) -> None:
+    (root / "opt" / name / ".info").mkdir(parents=True)
+    if version is not None:
+        (root / "opt" / name / ".info" / "version").write_text(version)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("6.2.2-116\n", "6.2.2-116"),
+    ("7.0.1\n", "7.0.1"),
+    ("  7.2.0  \n\n", "7.2.0"),
+    ("6.4.1\nsomething else\n", "6.4.1"),
+    ("6.3.0-39\r\n", "6.3.0-39"),
+    ("", None),
+    ("\n", None),
+    ("unknown\n", None),
+    ("7\n", None),
+])
+def test_parse_rocm_version_file(text: str, expected: Optional[str]) -> None:
+    """The first line when it starts with a dotted version, build suffix kept; anything else is None."""
+    assert parse_rocm_version_file(text) == expected
+
+
+@pytest.mark.parametrize("result,expected", [
+    ((True, "7.0.2"), "7.0.2"),
+    ((False, "Could not find librocm-core.so"), None),
+    ((True, ""), None),
+    ("7.0.2", None),
+    (None, None),
+])
+def test_smi_rocm_version(result: Any, expected: Optional[str]) -> None:
+    """Only a successful (True, version) answer counts; on failure the text is an error message."""
+    assert smi_rocm_version(result) == expected
+
+
+def test_mi300x_absolute_link() -> None:
+    """/opt/rocm -> /opt/rocm-6.2.2 resolves inside the root; the 6.2-era binding has no rocm version call."""
+    info = RocmCollector().collect(make_fixture_host("mi300x-rocm62-ubuntu2204"))
+    assert (info.active_path, info.version, info.smi_rocm_version) == ("/opt/rocm-6.2.2", "6.2.2-116", None)
+    assert info.installs == [RocmInstall(path="/opt/rocm-6.2.2", version="6.2.2-116")]
+
+
+def test_rhel9_link_through_alternatives_and_amdsmi_version() -> None:
+    """Two hops (/opt/rocm -> /etc/alternatives/rocm -> /opt/rocm-7.0.2) and amdsmi's (True, "7.0.2")."""
+    info = RocmCollector().collect(make_fixture_host("rocm7-rhel9"))
+    assert (info.active_path, info.version, info.smi_rocm_version) == ("/opt/rocm-7.0.2", "7.0.2", "7.0.2")
+    assert info.installs == [RocmInstall(path="/opt/rocm-7.0.2", version="7.0.2")]
+
+
+def test_drift_relative_link_without_amdsmi() -> None:
+    """A relative /opt/rocm -> rocm-6.3.0 link; no amdsmi, so no smi version."""
+    info = RocmCollector().collect(make_fixture_host("amdgpu-drift"))
+    assert (info.active_path, info.version, info.smi_rocm_version) == ("/opt/rocm-6.3.0", "6.3.0-39", None)
+
+
+def test_installs_sorted_by_version_and_links_left_out(tmp_path: Path) -> None:
+    """Several trees sort by version (6.10 after 6.3); a rocm-X link is not a tree of its own."""
+    for name, version in (("rocm-6.10.0", "6.10.0-1\n"), ("rocm-6.2.2", "6.2.2-116\n"), ("rocm-6.3.0", None)):
+        _tree(tmp_path, name, version)
+    (tmp_path / "opt/rocm-6.2").symlink_to("rocm-6.2.2")
+    (tmp_path / "opt/rocm").symlink_to("/opt/rocm-6.10.0")
+    (tmp_path / "opt/rocmbackup").mkdir()
+    info = RocmCollector().collect(Host(root=tmp_path, load_module=fake_module_loader({})))
+    assert info.installs == [RocmInstall(path="/opt/rocm-6.2.2", version="6.2.2-116"),
+                             RocmInstall(path="/opt/rocm-6.3.0", version=None),
+                             RocmInstall(path="/opt/rocm-6.10.0", version="6.10.0-1")]
+    assert (info.active_path, info.version) == ("/opt/rocm-6.10.0", "6.10.0-1")
+
+
+def test_trees_without_active_link(tmp_path: Path) -> None:
+    """Installed trees but no /opt/rocm: nothing is active."""
+    _tree(tmp_path, "rocm-7.0.2", "7.0.2\n")
+    info = RocmCollector().collect(Host(root=tmp_path, load_module=fake_module_loader({})))
+    assert (info.active_path, info.version) == (None, None)
+    assert [i.path for i in info.installs] == ["/opt/rocm-7.0.2"]
+
+
+def test_dangling_active_link(tmp_path: Path) -> None:
+    """/opt/rocm pointing at a removed tree keeps the target, with no version."""
+    (tmp_path / "opt").mkdir()
+    (tmp_path / "opt/rocm").symlink_to("/opt/rocm-6.1.0")
+    info = RocmCollector().collect(Host(root=tmp_path, load_module=fake_module_loader({})))
+    assert (info.active_path, info.version, info.installs) == ("/opt/rocm-6.1.0", None, [])
+
+
+def test_amdsmi_failure_never_fails_the_collector(tmp_path: Path) -> None:
+    """amdsmi_get_rocm_version raising, or answering (False, error), leaves only smi_rocm_version unset."""
+    _tree(tmp_path, "rocm-7.0.2", "7.0.2\n")
+    (tmp_path / "opt/rocm").symlink_to("rocm-7.0.2")
+    failing = make_fake_amdsmi({"rocm_version": [True, "7.0.2"]})
+
+    def raise_os_error() -> tuple:
+        raise OSError("librocm-core.so: cannot open shared object file")
+
+    failing.amdsmi_get_rocm_version = raise_os_error  # type: ignore[attr-defined]
+    not_found = make_fake_amdsmi({"rocm_version": [False, "Could not find librocm-core.so"]})
+    for smi in (failing, not_found):
+        info = RocmCollector().collect(Host(root=tmp_path, load_module=fake_module_loader({"amdsmi": smi})))
+        assert (info.version, info.smi_rocm_version) == ("7.0.2", None)
+
+
+def test_absent_without_any_rocm_tree(tmp_path: Path) -> None:
+    """No /opt/rocm and no /opt/rocm-*: absent."""
+    (tmp_path / "opt/other").mkdir(parents=True)
+    with pytest.raises(CollectorUnavailable):
+        RocmCollector().collect(Host(root=tmp_path, load_module=fake_module_loader({})))
