@@ -1,0 +1,470 @@
+"""The hub's HTTP API: ingest host reports, answer fleet questions.
+
+    POST /v1/events   a host's EventBatch (host token)      -> {"accepted": [...], "duplicates": [...]}
+    GET  /v1/hosts    each host's latest pairing, last seen, compliance       (reader token)
+    GET  /v1/pairings hosts per driver/ROCm/CUDA/kernel pairing               (reader token)
+    GET  /v1/drift    hosts with drift/regression/fallback/violation/rollback events since a time (reader)
+    GET  /v1/events   stored events by host, kind, time                        (reader token)
+    GET  /healthz     liveness and database reachability (no token)
+
+A request is checked in this order, and every refusal is a JSON ``{"error", "detail", "problems"}`` whose
+``detail`` is one readable line: body size (413, before anything is parsed), token (401; 403 for the wrong
+kind of token), JSON syntax (400), schema (422), event hosts against the token's host (403). Writes go through
+the group-commit writer; a full queue or a failing database is 503 with Retry-After, which the agent retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import math
+from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Literal, Optional
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from agent import __version__
+from agent.hub.fleet import DriftHost, PairingCount, drift_hosts, pairing_counts
+from agent.hub.settings import HubSettings
+from agent.hub.store import DRIFT_KINDS, BatchResult, EventQuery, HostState, Store, StoreError, utc
+from agent.hub.tokens import Principal, TokenRegistry
+from agent.hub.writer import GroupCommitWriter, WriterBusy
+from agent.log import get_logger
+from agent.models import FrozenModel
+from agent.report.events import EVENT_SCHEMA_VERSION, Event, EventBatch
+
+log = get_logger("hub.app")
+
+PayloadKind = Literal["snapshot_changed", "policy_violation", "transaction_blocked", "rollback", "health_regression",
+                      "cpu_fallback", "heartbeat"]
+_MAX_BIGINT = 2 ** 63 - 1
+_MAX_PROBLEMS_IN_BODY = 20
+_DEFAULT_DRIFT_WINDOW = dt.timedelta(days=1)
+
+
+# --- response models (the OpenAPI spec is generated from these) ------------------------------------------------
+
+class ErrorBody(FrozenModel):
+    """Every refusal: a machine-readable ``error``, a one-line ``detail``, and each problem when there are several."""
+
+    error: str
+    detail: str
+    problems: List[str] = []
+
+
+class Health(FrozenModel):
+    status: Literal["ok"]
+    store: str
+    event_schema_version: int
+
+
+class HostsResponse(FrozenModel):
+    host_count: int
+    hosts: List[HostState]
+
+
+class PairingsResponse(FrozenModel):
+    host_count: int
+    hosts_without_pairing: int
+    pairings: List[PairingCount]
+
+
+class DriftResponse(FrozenModel):
+    since: dt.datetime
+    kinds: List[str]
+    host_count: int
+    hosts: List[DriftHost]
+
+
+class EventRecord(FrozenModel):
+    received_at: dt.datetime
+    event: Event
+
+
+class EventsResponse(FrozenModel):
+    count: int
+    events: List[EventRecord]
+
+
+# --- refusals ---------------------------------------------------------------------------------------------------
+
+class HubHTTPError(Exception):
+    """A refusal with its status, error code and one-line detail."""
+
+    def __init__(self, status: int, error: str, detail: str, problems: Optional[List[str]] = None,
+                 headers: Optional[Dict[str, str]] = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.error = error
+        self.detail = detail
+        self.problems = problems or []
+        self.headers = headers or {}
+
+
+def _json(model: BaseModel, status: int = 200, headers: Optional[Dict[str, str]] = None) -> Response:
+    return Response(content=model.model_dump_json(), status_code=status, media_type="application/json",
+                    headers=headers)
+
+
+def _error_response(status: int, error: str, detail: str, problems: Optional[List[str]] = None,
+                    headers: Optional[Dict[str, str]] = None) -> Response:
+    return _json(ErrorBody(error=error, detail=detail, problems=(problems or [])[:_MAX_PROBLEMS_IN_BODY]),
+                 status, headers)
+
+
+_STATUS_ERRORS = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+                  405: "method_not_allowed", 413: "body_too_large", 415: "unsupported_media_type",
+                  422: "invalid_request", 429: "too_many_requests", 503: "unavailable"}
+
+
+def _format_errors(errors: List[Dict[str, Any]], skip_first_loc: bool = False) -> List[str]:
+    problems = []
+    for err in errors:
+        loc = list(err.get("loc", ()))[1 if skip_first_loc else 0:]
+        where = " -> ".join(str(p) for p in loc) or "(body)"
+        problems.append(f"{where}: {err.get('msg', 'invalid')}")
+    return problems
+
+
+def _one_line(summary: str, problems: List[str]) -> str:
+    if not problems:
+        return summary
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return f"{summary}: {problems[0]}{more}"
+
+
+# --- body size limit --------------------------------------------------------------------------------------------
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class BodySizeLimitMiddleware:
+    """Refuse bodies over ``max_body_bytes`` with 413 before anything parses them.
+
+    A declared Content-Length over the limit is refused without reading the body; a body without one (chunked)
+    or one that lies is counted as it streams in and refused as soon as it passes the limit.
+    """
+
+    def __init__(self, app: Any, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    await self._refuse(scope, send, 400, "bad_request", "Content-Length is not a number")
+                    return
+                if declared > self.max_body_bytes:
+                    await self._refuse(scope, send, 413, "body_too_large", self._too_large_detail())
+                    return
+        received = 0
+        response_started = False
+
+        async def limited_receive() -> Dict[str, Any]:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise _BodyTooLarge()
+            return message
+
+        async def tracking_send(message: Dict[str, Any]) -> None:
+            nonlocal response_started
+            if message["type"] == "http.response.start":
+                response_started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _BodyTooLarge:
+            if response_started:
+                raise
+            await self._refuse(scope, send, 413, "body_too_large", self._too_large_detail())
+
+    def _too_large_detail(self) -> str:
+        return f"request body is over the {self.max_body_bytes}-byte limit"
+
+    async def _refuse(self, scope: Dict[str, Any], send: Callable[..., Any], status: int, error: str,
+                      detail: str) -> None:
+        log.info("hub_request_refused", status=status, error=error, path=scope.get("path"),
+                 client=_client_of(scope))
+        response = _error_response(status, error, detail, headers={"Connection": "close"})
+        await response(scope, _no_receive, send)
+
+
+async def _no_receive() -> Dict[str, Any]:  # pragma: no cover - a plain Response never reads the body
+    return {"type": "http.disconnect"}
+
+
+def _client_of(scope: Dict[str, Any]) -> Optional[str]:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else None
+
+
+# --- validation beyond the schema -------------------------------------------------------------------------------
+
+def _unstorable(value: Any, where: str) -> Iterator[str]:
+    """Values the schema allows but no database should hold: NUL in text, NaN and infinities."""
+    if isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from _unstorable(getattr(value, name), f"{where} -> {name}")
+    elif isinstance(value, str):
+        if "\x00" in value:
+            yield f"{where}: must not contain NUL (U+0000)"
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            yield f"{where}: must be a finite number"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _unstorable(key, f"{where} (key)")
+            yield from _unstorable(item, f"{where} -> {key}")
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from _unstorable(item, f"{where} -> {index}")
+
+
+def batch_problems(batch: EventBatch) -> List[str]:
+    """What the hub refuses in a schema-valid batch: times without offset or out of range, huge sequences,
+    NUL characters and non-finite numbers."""
+    problems: List[str] = []
+    for index, event in enumerate(batch.events):
+        where = f"events -> {index}"
+        if event.occurred_at.utcoffset() is None:
+            problems.append(f"{where} -> occurred_at: needs a UTC offset (RFC 3339), e.g. 2026-01-01T00:00:00Z")
+        else:
+            try:
+                utc(event.occurred_at)
+            except OverflowError:
+                problems.append(f"{where} -> occurred_at: out of range")
+        if event.sequence > _MAX_BIGINT:
+            problems.append(f"{where} -> sequence: must be at most {_MAX_BIGINT}")
+        problems.extend(_unstorable(event, where))
+    return problems
+
+
+def parse_batch(body: bytes) -> EventBatch:
+    """The batch in a request body; HubHTTPError 400 for broken JSON, 422 for a body that is not an EventBatch."""
+    try:
+        batch = EventBatch.model_validate_json(body)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        broken = [e for e in errors if e["type"] == "json_invalid"]
+        if broken:
+            raise HubHTTPError(400, "malformed_json", f"body is not valid JSON: {broken[0]['msg']}") from None
+        problems = _format_errors(errors)
+        raise HubHTTPError(422, "schema_invalid", _one_line(
+            f"body is not an EventBatch (schema v{EVENT_SCHEMA_VERSION})", problems), problems) from None
+    problems = batch_problems(batch)
+    if problems:
+        raise HubHTTPError(422, "schema_invalid", _one_line("body cannot be stored", problems), problems)
+    return batch
+
+
+def _since(value: Optional[dt.datetime], default: Optional[dt.datetime]) -> Optional[dt.datetime]:
+    if value is None:
+        return default
+    try:
+        return utc(value)  # a time without offset is taken as UTC
+    except OverflowError:
+        raise HubHTTPError(422, "invalid_request", "since: out of range", ["query -> since: out of range"]) \
+            from None
+
+
+# --- the app ----------------------------------------------------------------------------------------------------
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+_ERROR_RESPONSES: Dict[int, Dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": description} for status, description in (
+        (400, "Malformed JSON"),
+        (401, "Missing or invalid bearer token"),
+        (403, "Token valid but not allowed this (wrong host, or wrong kind of token)"),
+        (413, "Body over the size limit"),
+        (422, "Body or query does not match the schema"),
+        (503, "Storage busy or unavailable; retry after Retry-After seconds"),
+    )
+}
+
+
+def _responses(*statuses: int) -> Dict[int, Dict[str, Any]]:
+    return {s: _ERROR_RESPONSES[s] for s in statuses}
+
+
+_READ_ERRORS = _responses(401, 403, 422, 503)
+
+
+def create_app(settings: HubSettings, store: Store, tokens: Optional[TokenRegistry] = None,
+               clock: Callable[[], dt.datetime] = _utcnow) -> FastAPI:
+    """The hub app over ``store``; the lifespan opens the store and runs the group-commit writer."""
+    registry = tokens if tokens is not None else TokenRegistry(settings.tokens_file, settings.tokens_reload_seconds)
+    writer = GroupCommitWriter(store, max_pending_batches=settings.max_pending_batches,
+                               max_events_per_commit=settings.max_events_per_commit, clock=clock)
+    bearer = HTTPBearer(auto_error=False, description="`gpuguard hub add-host HOST_ID` (host token) or "
+                                                      "`gpuguard hub add-reader NAME` (reader token)")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(store.open)
+        writer.start()
+        log.info("hub_started", store=type(store).__name__, token_count=len(registry),
+                 max_body_bytes=settings.max_body_bytes)
+        try:
+            yield
+        finally:
+            await run_in_threadpool(writer.stop, settings.shutdown_timeout_seconds)
+            await run_in_threadpool(store.close)
+            log.info("hub_stopped", commit_count=writer.commit_count, batch_count=writer.batch_count)
+
+    app = FastAPI(title="gpuguard hub", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  separate_input_output_schemas=False,
+                  description="Receives gpuguard host reports (event schema v1) and answers fleet questions.")
+    app.state.writer = writer
+    app.state.store = store
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+
+    @app.exception_handler(HubHTTPError)
+    async def _hub_error(request: Request, exc: HubHTTPError) -> Response:
+        log.info("hub_request_refused", status=exc.status, error=exc.error, detail=exc.detail,
+                 path=request.url.path, client=_client_of(request.scope))
+        return _error_response(exc.status, exc.error, exc.detail, exc.problems, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(request: Request, exc: RequestValidationError) -> Response:
+        problems = _format_errors(list(exc.errors()))
+        return await _hub_error(request, HubHTTPError(422, "invalid_request", _one_line("invalid request",
+                                                                                         problems), problems))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        error = _STATUS_ERRORS.get(exc.status_code, "error")
+        return _error_response(exc.status_code, error, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        log.error("hub_internal_error", path=request.url.path, error=repr(exc))
+        return _error_response(500, "internal", "internal error; see the hub's log")
+
+    def principal_of(credentials: Optional[HTTPAuthorizationCredentials]) -> Principal:
+        if credentials is None:
+            raise HubHTTPError(401, "unauthorized", "missing bearer token (Authorization: Bearer <token>)",
+                               headers={"WWW-Authenticate": "Bearer"})
+        principal = registry.authenticate_token(credentials.credentials)
+        if principal is None:
+            raise HubHTTPError(401, "unauthorized", "invalid bearer token", headers={"WWW-Authenticate": "Bearer"})
+        return principal
+
+    def require_reader(credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
+        if not settings.fleet_api_requires_token:
+            return
+        principal = principal_of(credentials)
+        if principal.role != "reader":
+            raise HubHTTPError(403, "forbidden", "a host token cannot read the fleet API; use a reader token")
+
+    def read(operation: Callable[[], Any]) -> Any:
+        try:
+            return operation()
+        except StoreError as exc:
+            raise HubHTTPError(503, "unavailable", f"storage unavailable: {exc.reason}",
+                               headers={"Retry-After": "5"}) from None
+
+    @app.post("/v1/events", response_model=BatchResult, summary="Ingest a host's EventBatch",
+              responses=_responses(400, 401, 403, 413, 422, 503),
+              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                  "schema": {"$ref": "#/components/schemas/EventBatch"}}}}})
+    async def post_events(request: Request,
+                          credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
+        principal = principal_of(credentials)
+        if principal.role != "host":
+            raise HubHTTPError(403, "forbidden", "a reader token cannot post events; use the host's token")
+        batch = parse_batch(await request.body())
+        foreign = sorted({e.host_id for e in batch.events if e.host_id != principal.subject})
+        if foreign:
+            raise HubHTTPError(403, "forbidden", f"token is for host {principal.subject!r}, not for "
+                                                 f"{', '.join(repr(h) for h in foreign[:3])}")
+        try:
+            future = writer.submit(batch.events)
+        except WriterBusy as exc:
+            raise HubHTTPError(503, "unavailable", str(exc), headers={"Retry-After": "1"}) from None
+        try:
+            result = await asyncio.wait_for(asyncio.wrap_future(future), settings.write_timeout_seconds)
+        except asyncio.TimeoutError:
+            raise HubHTTPError(503, "unavailable", f"storing took over {settings.write_timeout_seconds:g} s; "
+                                                   "retry (stored events are answered as duplicates)",
+                               headers={"Retry-After": "5"}) from None
+        except StoreError as exc:
+            raise HubHTTPError(503, "unavailable", f"storage unavailable: {exc.reason}",
+                               headers={"Retry-After": "5"}) from None
+        log.debug("hub_batch_stored", host_id=principal.subject, accepted_count=len(result.accepted),
+                  duplicate_count=len(result.duplicates))
+        return _json(result)
+
+    @app.get("/v1/hosts", response_model=HostsResponse, summary="Each host's latest pairing, last seen, compliance",
+             responses=_READ_ERRORS, dependencies=[Depends(require_reader)])
+    def get_hosts() -> Response:
+        hosts = read(store.hosts)
+        return _json(HostsResponse(host_count=len(hosts), hosts=hosts))
+
+    @app.get("/v1/pairings", response_model=PairingsResponse, summary="Hosts per driver/ROCm/CUDA/kernel pairing",
+             responses=_READ_ERRORS, dependencies=[Depends(require_reader)])
+    def get_pairings() -> Response:
+        hosts = read(store.hosts)
+        counts, without = pairing_counts(hosts)
+        return _json(PairingsResponse(host_count=len(hosts), hosts_without_pairing=without, pairings=counts))
+
+    @app.get("/v1/drift", response_model=DriftResponse, summary="Hosts that drifted or regressed since a time",
+             responses=_READ_ERRORS, dependencies=[Depends(require_reader)])
+    def get_drift(since: Optional[dt.datetime] = Query(
+            None, description="ISO 8601 time; without offset it is UTC; default: 24 hours ago")) -> Response:
+        start = _since(since, clock() - _DEFAULT_DRIFT_WINDOW)
+        hosts = drift_hosts(read(lambda: store.drift(start, DRIFT_KINDS)))
+        return _json(DriftResponse(since=start, kinds=list(DRIFT_KINDS), host_count=len(hosts), hosts=hosts))
+
+    @app.get("/v1/events", response_model=EventsResponse, summary="Stored events, newest first by default",
+             responses=_READ_ERRORS, dependencies=[Depends(require_reader)])
+    def get_events(host_id: Optional[str] = Query(None, min_length=1, max_length=128),
+                   kind: Optional[PayloadKind] = Query(None),
+                   since: Optional[dt.datetime] = Query(None, description="ISO 8601; without offset it is UTC"),
+                   limit: int = Query(100, ge=1, le=1000),
+                   order: Literal["desc", "asc"] = Query("desc")) -> Response:
+        query = EventQuery(host_id=host_id, kind=kind, since=_since(since, None), limit=limit,
+                           newest_first=order == "desc")
+        stored = read(lambda: store.events(query))
+        records = [EventRecord(received_at=s.received_at, event=Event.model_validate_json(s.body)) for s in stored]
+        return _json(EventsResponse(count=len(records), events=records))
+
+    @app.get("/healthz", response_model=Health, summary="Liveness and database reachability",
+             responses=_responses(503))
+    def healthz() -> Response:
+        read(store.ping)
+        return _json(Health(status="ok", store=type(store).__name__, event_schema_version=EVENT_SCHEMA_VERSION))
+
+    def openapi() -> Dict[str, Any]:
+        if app.openapi_schema is None:
+            spec = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            batch_schema = EventBatch.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+            for name, definition in batch_schema.pop("$defs", {}).items():
+                schemas.setdefault(name, definition)
+            schemas["EventBatch"] = batch_schema
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app

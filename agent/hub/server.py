@@ -1,0 +1,53 @@
+"""Run the hub under uvicorn: one process, one event loop, no reload, no access log; SIGINT/SIGTERM stop it
+gracefully (listeners close, in-flight requests finish within ``shutdown_timeout_seconds``, the writer stores
+what is queued, the store closes)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any, List, Optional
+
+from agent.errors import GpuguardError
+from agent.hub.settings import HubSettings
+from agent.hub.store import make_store, redact_url
+from agent.log import get_logger
+
+log = get_logger("hub.server")
+
+
+def _import_uvicorn() -> Any:
+    try:
+        import fastapi  # noqa: F401 - checked here so the error names the extra, not a module deep in app.py
+        import uvicorn
+    except ImportError as exc:
+        raise GpuguardError(f"the hub needs its extra dependencies: pip install 'gpuguard[hub]' ({exc})") from None
+    return uvicorn
+
+
+def serve(settings: HubSettings) -> None:
+    """Serve until SIGINT/SIGTERM; GpuguardError when the hub cannot start."""
+    uvicorn = _import_uvicorn()
+    from agent.hub.app import create_app
+
+    store = make_store(settings.database_url, settings.sqlite_synchronous)
+    app = create_app(settings, store)
+
+    class _Server(uvicorn.Server):  # type: ignore[misc, name-defined]
+        async def startup(self, sockets: Optional[List[socket.socket]] = None) -> None:
+            await super().startup(sockets=sockets)
+            for server in self.servers:
+                for sock in server.sockets:
+                    host, port = sock.getsockname()[:2]
+                    log.info("hub_listening", host=host, port=port, url=f"http://{host}:{port}",
+                             database=redact_url(settings.database_url))
+
+    config = uvicorn.Config(
+        app, host=settings.listen_host, port=settings.listen_port, lifespan="on", log_config=None,
+        access_log=False, server_header=False, proxy_headers=False, workers=1, reload=False,
+        timeout_graceful_shutdown=int(settings.shutdown_timeout_seconds) or None,
+    )
+    server = _Server(config)
+    server.run()
+    if not server.started:
+        raise GpuguardError(f"hub did not start on {settings.listen_host}:{settings.listen_port} "
+                            "(address in use, or the store failed to open; see the log above)")

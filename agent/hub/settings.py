@@ -1,0 +1,76 @@
+"""Hub settings: one frozen model, loaded from /etc/gpuguard/hub.toml; every problem reported at once."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator
+
+from agent.config import format_validation_errors
+from agent.errors import ConfigError
+from agent.models import FrozenModel
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python < 3.11 hosts
+    import tomli as tomllib
+
+DEFAULT_HUB_CONFIG_PATH = "/etc/gpuguard/hub.toml"
+DEFAULT_DATABASE_URL = "sqlite:////var/lib/gpuguard/hub.db"
+DEFAULT_TOKENS_FILE = "/etc/gpuguard/hub-tokens.json"
+MIB = 1024 * 1024
+
+
+class HubSettings(FrozenModel):
+    """Where the hub listens, where it stores, whom it trusts and how much it accepts."""
+
+    listen_host: str = "127.0.0.1"
+    listen_port: int = Field(8470, ge=0, le=65535)
+    database_url: str = DEFAULT_DATABASE_URL
+    tokens_file: str = DEFAULT_TOKENS_FILE
+    max_body_bytes: int = Field(MIB, ge=1024, le=64 * MIB)
+    # The fleet API (GET /v1/...) wants a reader token; turn off only on a hub reachable from trusted hosts alone.
+    fleet_api_requires_token: bool = True
+    # "full" fsyncs every group commit, so an acknowledged event survives power loss; "normal" only app crashes.
+    sqlite_synchronous: Literal["full", "normal"] = "full"
+    # Concurrent batches waiting for the writer; past this the hub answers 503 and the agent retries later.
+    max_pending_batches: int = Field(10_000, ge=1)
+    max_events_per_commit: int = Field(5_000, ge=1)
+    write_timeout_seconds: float = Field(30.0, gt=0)
+    tokens_reload_seconds: float = Field(2.0, ge=0)
+    shutdown_timeout_seconds: float = Field(10.0, ge=0)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        if not value.startswith(("sqlite:///", "postgresql://", "postgres://")):
+            raise ValueError("must start with sqlite:/// or postgresql://")
+        return value
+
+
+def parse_hub_settings(text: str, path: str = "<string>") -> HubSettings:
+    """Parse TOML text (flat keys) into HubSettings; ConfigError lists every problem."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(path, [f"not valid TOML: {exc}"]) from None
+    try:
+        return HubSettings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(path, format_validation_errors(path, exc)) from None
+
+
+def load_hub_settings(path: str = DEFAULT_HUB_CONFIG_PATH, required: bool = False) -> HubSettings:
+    """Read the hub config file; defaults when it does not exist (unless ``required``)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(path, ["no such file"]) from None
+        return HubSettings()
+    except OSError as exc:
+        raise ConfigError(path, [exc.strerror or str(exc)]) from None
+    return parse_hub_settings(text, path)

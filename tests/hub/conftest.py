@@ -1,0 +1,86 @@
+"""Hub fixtures: a tokens file, settings over SQLite in tmp_path, a TestClient running the app's lifespan, and a
+throwaway PostgreSQL server (session-wide; in CI it must start, locally it may be skipped with the reason)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import warnings
+from pathlib import Path
+from typing import Dict, Iterator
+
+import pytest
+
+from agent.hub.settings import HubSettings
+from agent.hub.tokens import add_token
+from tests.hub.postgres import PostgresServer, PostgresUnavailable
+
+HOSTS = ("host-a", "host-b", "host-c")
+READER = "ops"
+_db_numbers = itertools.count(1)
+
+
+@pytest.fixture
+def tokens_file(tmp_path: Path) -> Path:
+    return tmp_path / "hub-tokens.json"
+
+
+@pytest.fixture
+def tokens(tokens_file: Path) -> Dict[str, str]:
+    """A host token per HOSTS entry and a reader token under READER."""
+    made = {host: add_token(str(tokens_file), "host", host) for host in HOSTS}
+    made[READER] = add_token(str(tokens_file), "reader", READER)
+    return made
+
+
+def bearer(token: str) -> Dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def settings(tmp_path: Path, tokens_file: Path, tokens: Dict[str, str]) -> HubSettings:
+    return HubSettings(database_url=f"sqlite:///{tmp_path}/hub.db", tokens_file=str(tokens_file),
+                       max_body_bytes=64 * 1024, tokens_reload_seconds=0)
+
+
+@pytest.fixture
+def client(settings: HubSettings) -> Iterator["object"]:
+    """A TestClient over the app with SQLite in tmp_path; the lifespan (store, writer) runs for the test."""
+    from fastapi.testclient import TestClient
+
+    from agent.hub.app import create_app
+    from agent.hub.store import make_store
+
+    app = create_app(settings, make_store(settings.database_url))
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"PostgreSQL test server unavailable in CI: {reason}")
+    pytest.skip(f"PostgreSQL test server unavailable: {reason}")
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    try:
+        server = PostgresServer()
+        server.start()
+    except (PostgresUnavailable, OSError, KeyError) as exc:  # KeyError: no 'nobody' user to run it as
+        _unavailable(str(exc))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
+    """A fresh, empty database on the session's server."""
+    name = f"hub_test_{os.getpid()}_{next(_db_numbers)}"
+    url = postgres_server.create_database(name)
+    yield url
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        postgres_server.drop_database(name)

@@ -1,0 +1,213 @@
+"""The Store contract, run against SQLiteStore and a real PostgreSQL server alike."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sqlite3
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from agent.errors import ConfigError
+from agent.hub.store import (DRIFT_KINDS, EventQuery, PostgresStore, SQLiteStore, Store, StoreError, make_store,
+                             redact_url)
+from agent.report.events import Event
+from tests.hub.factories import CUDA_12, ROCM_62, ROCM_63, T0, event, ids
+
+NOW = dt.datetime(2026, 2, 1, tzinfo=dt.timezone.utc)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "sqlite":
+        opened: Store = SQLiteStore(str(tmp_path / "db" / "hub.db"))
+    else:
+        opened = PostgresStore(request.getfixturevalue("postgres_url"))
+    opened.open()
+    yield opened
+    opened.close()
+
+
+def test_ingest_stores_new_events_and_answers_resent_ones_as_duplicates(store: Store) -> None:
+    """A batch sent twice is stored once; the second answer lists every event as a duplicate."""
+    events = [event("host-a", at=T0 + dt.timedelta(seconds=i)) for i in range(3)]
+    first = store.ingest([events], received_at=NOW)
+    second = store.ingest([events], received_at=NOW)
+    assert first[0].accepted == ids(events) and first[0].duplicates == []
+    assert second[0].accepted == [] and second[0].duplicates == ids(events)
+    assert len(store.events(EventQuery(limit=1000))) == 3
+
+
+def test_ingest_attributes_a_repeat_within_one_group_to_the_first_batch(store: Store) -> None:
+    """The same event in two batches of one commit (and twice in one batch) is accepted once."""
+    shared = event("host-a")
+    other = event("host-a")
+    results = store.ingest([[shared, shared], [other, shared]], received_at=NOW)
+    assert results[0].accepted == [shared.event_id] and results[0].duplicates == [shared.event_id]
+    assert results[1].accepted == [other.event_id] and results[1].duplicates == [shared.event_id]
+
+
+def test_same_event_id_on_two_hosts_is_two_events(store: Store) -> None:
+    """The idempotency key is (host_id, event_id): one host cannot shadow another's events."""
+    a = event("host-a", event_id="same-id-0001")
+    b = event("host-b", event_id="same-id-0001")
+    results = store.ingest([[a], [b]], received_at=NOW)
+    assert [r.accepted for r in results] == [["same-id-0001"], ["same-id-0001"]]
+
+
+def test_stored_event_round_trips(store: Store) -> None:
+    """The stored body parses back to the event that was sent."""
+    sent = event("host-a", kind="snapshot_changed", pairing=ROCM_62)
+    store.ingest([[sent]], received_at=NOW)
+    [stored] = store.events(EventQuery(host_id="host-a"))
+    assert Event.model_validate_json(stored.body) == sent
+    assert stored.received_at == NOW
+
+
+def test_hosts_keep_the_newest_pairing_even_when_batches_arrive_out_of_order(store: Store) -> None:
+    """A late, older snapshot does not overwrite a newer pairing; last_seen moves with every receipt."""
+    newer = event("host-a", kind="snapshot_changed", pairing=ROCM_63, at=T0 + dt.timedelta(hours=2))
+    older = event("host-a", kind="snapshot_changed", pairing=ROCM_62, at=T0 + dt.timedelta(hours=1),
+                  hostname="old-name")
+    store.ingest([[newer]], received_at=NOW)
+    store.ingest([[older]], received_at=NOW + dt.timedelta(minutes=5))
+    [host] = store.hosts()
+    assert host.pairing == ROCM_63
+    assert host.pairing_at == T0 + dt.timedelta(hours=2)
+    assert host.hostname == "host-a.lab"
+    assert host.first_seen_at == NOW
+    assert host.last_seen_at == NOW + dt.timedelta(minutes=5)
+    assert host.content_hash == "b" * 64
+
+
+def test_heartbeat_sets_compliance_and_a_pairing_only_when_it_carries_one(store: Store) -> None:
+    """A heartbeat without pairing keeps the snapshot's pairing but updates compliance."""
+    store.ingest([[event("host-a", kind="snapshot_changed", pairing=CUDA_12, at=T0)]], received_at=NOW)
+    store.ingest([[event("host-a", kind="heartbeat", pairing=None, compliant=False,
+                         at=T0 + dt.timedelta(minutes=1))]], received_at=NOW)
+    [host] = store.hosts()
+    assert host.pairing == CUDA_12
+    assert host.compliant is False
+    assert host.agent_version == "0.1.0"
+    assert host.heartbeat_at == T0 + dt.timedelta(minutes=1)
+
+
+def test_hosts_without_pairing_are_listed_with_none(store: Store) -> None:
+    store.ingest([[event("host-b", kind="cpu_fallback")]], received_at=NOW)
+    [host] = store.hosts()
+    assert host.host_id == "host-b" and host.pairing is None and host.compliant is None
+
+
+def test_drift_counts_each_drift_kind_per_host_since_a_time(store: Store) -> None:
+    """Heartbeats are not drift; events before ``since`` are not counted; first and last times are kept."""
+    store.ingest([[
+        event("host-a", kind="heartbeat", at=T0 + dt.timedelta(hours=1)),
+        event("host-a", kind="snapshot_changed", at=T0 - dt.timedelta(hours=1)),
+        event("host-a", kind="snapshot_changed", at=T0 + dt.timedelta(hours=2)),
+        event("host-a", kind="snapshot_changed", at=T0 + dt.timedelta(hours=3)),
+        event("host-a", kind="rollback", at=T0 + dt.timedelta(hours=4)),
+    ], [event("host-b", kind="health_regression", at=T0 + dt.timedelta(hours=5))]], received_at=NOW)
+    rows = {(r.host_id, r.kind): r for r in store.drift(T0, DRIFT_KINDS)}
+    assert set(rows) == {("host-a", "snapshot_changed"), ("host-a", "rollback"), ("host-b", "health_regression")}
+    changed = rows[("host-a", "snapshot_changed")]
+    assert (changed.event_count, changed.first_at, changed.last_at) == (
+        2, T0 + dt.timedelta(hours=2), T0 + dt.timedelta(hours=3))
+    assert rows[("host-b", "health_regression")].hostname == "host-b.lab"
+    assert store.drift(T0, []) == []
+
+
+def test_events_filter_by_host_kind_and_time_in_either_order(store: Store) -> None:
+    a1 = event("host-a", kind="heartbeat", at=T0 + dt.timedelta(minutes=1))
+    a2 = event("host-a", kind="rollback", at=T0 + dt.timedelta(minutes=2))
+    a3 = event("host-a", kind="heartbeat", at=T0 + dt.timedelta(minutes=3))
+    b1 = event("host-b", kind="heartbeat", at=T0 + dt.timedelta(minutes=4))
+    store.ingest([[a1, a2, a3], [b1]], received_at=NOW)
+
+    def found(**query: object) -> list:
+        return [Event.model_validate_json(s.body).event_id for s in store.events(EventQuery(**query))]
+
+    assert found() == ids([b1, a3, a2, a1])
+    assert found(newest_first=False, limit=2) == ids([a1, a2])
+    assert found(host_id="host-a", kind="heartbeat") == ids([a3, a1])
+    assert found(since=T0 + dt.timedelta(minutes=2), host_id="host-a") == ids([a3, a2])
+    assert found(host_id="nobody") == []
+
+
+def test_offsets_are_normalised_so_time_order_holds_across_zones(store: Store) -> None:
+    """An event at 01:30+02:00 (23:30Z the day before) sorts before one at 00:00Z."""
+    plus_two = dt.timezone(dt.timedelta(hours=2))
+    early = event("host-a", at=dt.datetime(2026, 1, 1, 1, 30, tzinfo=plus_two))
+    late = event("host-a", at=T0)
+    store.ingest([[late, early]], received_at=NOW)
+    assert [Event.model_validate_json(s.body).event_id for s in store.events(EventQuery(newest_first=False))] \
+        == ids([early, late])
+
+
+def test_reopening_keeps_what_was_stored(store: Store) -> None:
+    sent = event("host-a")
+    store.ingest([[sent]], received_at=NOW)
+    store.close()
+    store.open()
+    assert store.ingest([[sent]], received_at=NOW)[0].duplicates == [sent.event_id]
+    store.ping()
+
+
+def test_large_group_spans_several_insert_statements(store: Store) -> None:
+    """More rows than one INSERT carries are all stored and all answered."""
+    events = [event("host-c", at=T0 + dt.timedelta(seconds=i)) for i in range(450)]
+    [result] = store.ingest([events], received_at=NOW)
+    assert len(result.accepted) == 450
+    assert len(store.events(EventQuery(host_id="host-c", limit=1000))) == 450
+
+
+def test_sqlite_refuses_a_database_of_a_newer_schema(tmp_path: Path) -> None:
+    path = tmp_path / "hub.db"
+    SQLiteStore(str(path)).open()
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE hub_meta SET value = '99' WHERE key = 'schema_version'")
+    with pytest.raises(StoreError, match="schema version 99"):
+        SQLiteStore(str(path)).open()
+
+
+def test_sqlite_errors_become_store_errors(tmp_path: Path) -> None:
+    """A database path that cannot be created is a StoreError naming the operation."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StoreError, match="hub store open failed"):
+        SQLiteStore(str(blocker / "hub.db")).open()
+    corrupt = tmp_path / "corrupt.db"
+    corrupt.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreError, match="hub store open failed"):
+        SQLiteStore(str(corrupt)).open()
+
+
+def test_postgres_unreachable_is_a_store_error(tmp_path: Path) -> None:
+    store = PostgresStore(f"postgresql://nobody@/none?host={tmp_path}", connect_timeout_seconds=2)
+    with pytest.raises(StoreError, match="hub store open failed"):
+        store.open()
+
+
+@pytest.mark.parametrize("url, kind", [
+    ("sqlite:////var/lib/gpuguard/hub.db", SQLiteStore),
+    ("sqlite:///relative.db", SQLiteStore),
+    ("postgresql://hub@db.example/hub", PostgresStore),
+    ("postgres://hub@db.example/hub", PostgresStore),
+])
+def test_make_store_picks_the_backend_by_url(url: str, kind: type) -> None:
+    assert isinstance(make_store(url), kind)
+
+
+@pytest.mark.parametrize("url", ["mysql://x/y", "sqlite:///:memory:"])
+def test_make_store_refuses_what_it_cannot_serve(url: str) -> None:
+    with pytest.raises(ConfigError):
+        make_store(url)
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("postgresql://hub:s3cret@db:5432/hub", "postgresql://hub:***@db:5432/hub"),
+    ("postgresql://hub@db/hub", "postgresql://hub@db/hub"),
+    ("sqlite:////var/lib/gpuguard/hub.db", "sqlite:////var/lib/gpuguard/hub.db"),
+])
+def test_redact_url_hides_passwords(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
