@@ -1,0 +1,232 @@
+"""Health-check models: what the probe reports (per GPU, by device index), and what the agent concludes.
+
+The probe's JSON is validated into ``ProbeResult`` (unknown fields rejected, so probe and agent cannot drift
+apart silently). Figures carry their unit in their name: ``gemm_bf16_tflops`` (10^12 multiply-adds x 2 per
+second), ``copy_bandwidth_gbps`` (10^9 bytes read plus written per second), ``bus_bandwidth_gbps`` (nccl-tests'
+bus bandwidth of an all-reduce).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from typing import Dict, List, Literal, Optional
+
+from agent.models import FrozenModel
+
+HealthStatus = Literal["pass", "regression", "cpu_fallback", "failed", "timeout", "skipped"]
+# Distinct exit codes, so a systemd unit or a script can tell the outcomes apart; 1-8 are gpuguard's errors.
+STATUS_EXIT_CODES: Dict[str, int] = {"pass": 0, "regression": 20, "cpu_fallback": 21, "failed": 22,
+                                     "timeout": 23, "skipped": 24}
+RESULT_MARKER = "GPUGUARD_PROBE_RESULT "
+
+
+class ProbeFramework(FrozenModel):
+    """The ML framework the probe imported, and what it was built for."""
+
+    name: str
+    version: Optional[str] = None
+    build: Optional[Literal["cuda", "rocm", "cpu"]] = None
+    cuda: Optional[str] = None
+    hip: Optional[str] = None
+    nccl: Optional[str] = None
+    import_error: Optional[str] = None
+
+
+class ProbeDevice(FrozenModel):
+    """One device as the framework enumerates it."""
+
+    index: int
+    name: Optional[str] = None
+    memory_total_bytes: Optional[int] = None
+    uuid: Optional[str] = None
+    pci_bus_id: Optional[str] = None
+    capability: Optional[str] = None
+    multiprocessors: Optional[int] = None
+    gcn_arch: Optional[str] = None
+
+
+class GpuFigures(FrozenModel):
+    """Every figure and check of one device (a GPU index, or the CPU when the framework saw no GPU)."""
+
+    index: int
+    device: str
+    name: Optional[str] = None
+    gemm_dtype: Literal["bf16", "fp16"]
+    gemm_size: Optional[int] = None
+    gemm_bf16_tflops: Optional[float] = None
+    gemm_fp16_tflops: Optional[float] = None
+    gemm_batch_spread_fraction: Optional[float] = None
+    gemm_reference_rel_error: Optional[float] = None
+    gemm_reference_ok: Optional[bool] = None
+    copy_bytes: Optional[int] = None
+    copy_bandwidth_gbps: Optional[float] = None
+    copy_batch_spread_fraction: Optional[float] = None
+    copy_verified: Optional[bool] = None
+    train_steps: Optional[int] = None
+    train_first_step_seconds: Optional[float] = None
+    train_step_seconds: Optional[float] = None
+    train_loss_first: Optional[float] = None
+    train_loss_last: Optional[float] = None
+    train_ok: Optional[bool] = None
+    checkpoint_bytes: Optional[int] = None
+    checkpoint_seconds: Optional[float] = None
+    checkpoint_ok: Optional[bool] = None
+    device_memory_peak_bytes: Optional[int] = None
+    step_seconds: Dict[str, float] = {}
+    seconds: Optional[float] = None
+    errors: List[str] = []
+
+    @property
+    def gemm_tflops(self) -> Optional[float]:
+        """The GEMM figure in whichever low precision the device ran (bf16, else fp16)."""
+        return self.gemm_bf16_tflops if self.gemm_dtype == "bf16" else self.gemm_fp16_tflops
+
+
+class CollectiveRank(FrozenModel):
+    """How one rank of the all-reduce ended."""
+
+    rank: int
+    status: Literal["ok", "failed", "aborted", "timeout"]
+    error: Optional[str] = None
+    bus_bandwidth_gbps: Optional[float] = None
+
+
+class CollectiveResult(FrozenModel):
+    """The all-reduce across the host's GPUs: a correct sum, and its bus bandwidth (the slowest rank's view)."""
+
+    backend: Optional[str] = None
+    world_size: int
+    bytes: int
+    sum_correct: Optional[bool] = None
+    bus_bandwidth_gbps: Optional[float] = None
+    ranks: List[CollectiveRank] = []
+
+
+class ProbeResult(FrozenModel):
+    """The probe's one JSON line."""
+
+    probe_schema_version: Literal[1]
+    python: str
+    framework: Optional[ProbeFramework] = None
+    skipped_reason: Optional[str] = None
+    accelerator_available: bool = False
+    device_count: int = 0
+    devices: List[ProbeDevice] = []
+    ran_on: Optional[Literal["gpu", "cpu"]] = None
+    gpus: List[GpuFigures] = []
+    collective: Optional[CollectiveResult] = None
+    phase_seconds: Dict[str, float] = {}
+    throttle_fraction: float = 0.0
+    errors: List[str] = []
+
+
+class Fingerprint(FrozenModel):
+    """What a baseline belongs to: GPU model, driver, ROCm/CUDA, kernel and framework versions."""
+
+    gpu_models: str = ""
+    driver: Optional[str] = None
+    gpu_stack: Optional[str] = None
+    kernel: Optional[str] = None
+    framework: Optional[str] = None
+    framework_build: Optional[str] = None
+
+    @property
+    def id(self) -> str:
+        """A short stable id: sha256 of the canonical JSON, 16 hex digits."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+    def describe(self) -> str:
+        parts = [self.gpu_models or "no GPU model", f"driver {self.driver or '?'}", self.gpu_stack or "no ROCm/CUDA",
+                 f"kernel {self.kernel or '?'}", self.framework or "no framework"]
+        return " | ".join(parts)
+
+
+class GpuActivity(FrozenModel):
+    """One GPU's SMI activity counter (GFX activity / NVML utilization, percent) around the probe run."""
+
+    smi_index: int
+    bdf: Optional[str] = None
+    uuid: Optional[str] = None
+    idle_percent: Optional[float] = None
+    max_percent: Optional[float] = None
+    samples: int = 0
+
+
+class ActivityReport(FrozenModel):
+    """What the agent's SMI sampler saw while the probe ran."""
+
+    library: Optional[Literal["pynvml", "amdsmi"]] = None
+    unavailable_reason: Optional[str] = None
+    interval_seconds: float = 0.0
+    read_errors: int = 0
+    gpus: List[GpuActivity] = []
+
+
+FallbackCode = Literal["cpu_only_build", "wrong_vendor_build", "fewer_gpus_than_inventory", "ran_on_cpu",
+                       "smi_activity_flat", "implausible_throughput"]
+
+
+class FallbackReason(FrozenModel):
+    """One piece of evidence that the workload did not really run on the GPU."""
+
+    code: FallbackCode
+    message: str
+    gpu: Optional[int] = None
+
+
+class MetricRegression(FrozenModel):
+    """A figure that dropped beyond its noise band, against a baseline or against the host's other GPUs."""
+
+    metric: str
+    gpu: Optional[int] = None
+    against: Literal["baseline", "peers"]
+    baseline_value: float
+    current_value: float
+    drop_fraction: float
+    threshold_fraction: float
+    baseline_fingerprint: Optional[str] = None
+
+
+class BaselineComparison(FrozenModel):
+    """Which baseline this run was held against, and how far along this fingerprint's own baseline is."""
+
+    fingerprint_id: str
+    reference_fingerprint_id: Optional[str] = None
+    reference_runs: int = 0
+    own_runs: int = 0
+    runs_needed: int = 0
+    established: bool = False
+    recorded: bool = False
+    noise_band_fraction: Dict[str, float] = {}
+
+
+class HealthResult(FrozenModel):
+    """The outcome of one health check."""
+
+    status: HealthStatus
+    summary: str
+    started_at: dt.datetime
+    wall_seconds: float
+    probe_wall_seconds: Optional[float] = None
+    probe_argv: List[str] = []
+    probe_exit_code: Optional[int] = None
+    probe_stderr_tail: Optional[str] = None
+    fingerprint: Optional[Fingerprint] = None
+    fingerprint_id: Optional[str] = None
+    inventory_gpu_count: int = 0
+    probe: Optional[ProbeResult] = None
+    activity: Optional[ActivityReport] = None
+    fallback_reasons: List[FallbackReason] = []
+    failures: List[str] = []
+    regressions: List[MetricRegression] = []
+    baseline: Optional[BaselineComparison] = None
+
+    @property
+    def exit_code(self) -> int:
+        return STATUS_EXIT_CODES[self.status]
+
+    def to_json(self, indent: Optional[int] = 2) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=indent) + "\n"
