@@ -35,6 +35,30 @@ def _cmd_snapshot(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
     return 0
 
 
+def _cmd_hub_serve(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    from agent.hub.server import serve
+    from agent.hub.settings import DEFAULT_HUB_CONFIG_PATH, load_hub_settings
+
+    # An explicit --config must exist; the default path may be absent (defaults apply).
+    settings = load_hub_settings(args.config or DEFAULT_HUB_CONFIG_PATH, required=args.config is not None)
+    configure(level=settings.log_level)
+    serve(settings)
+    return 0
+
+
+def _cmd_hub_add(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    from agent.hub.settings import DEFAULT_HUB_CONFIG_PATH, load_hub_settings
+    from agent.hub.tokens import add_token
+
+    tokens_file = args.tokens_file or load_hub_settings(args.config or DEFAULT_HUB_CONFIG_PATH,
+                                                        required=args.config is not None).tokens_file
+    token = add_token(tokens_file, args.role, args.subject, rotate=args.rotate)
+    out.write(token + "\n")
+    print(f"gpuguard: {args.role} token for {args.subject!r} stored (hash only) in {tokens_file}; "
+          "it is shown this once", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuguard", description="Keep a GPU host's driver/ROCm/CUDA stack frozen "
                                                                    "and working.")
@@ -51,7 +75,30 @@ def build_parser() -> argparse.ArgumentParser:
                       help="agent config (watched packages); defaults apply when it does not exist")
     snap.add_argument("--diff", nargs=2, metavar=("OLD", "NEW"), help="compare two snapshot JSON files")
     snap.set_defaults(handler=_cmd_snapshot)
+
+    _add_hub_parser(sub)
     return parser
+
+
+def _add_hub_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from agent.hub.settings import DEFAULT_HUB_CONFIG_PATH  # no FastAPI import: settings are pydantic only
+
+    hub = sub.add_parser("hub", help="the reference central endpoint: receive host reports, answer fleet questions")
+    hub_sub = hub.add_subparsers(dest="hub_command", metavar="HUB_COMMAND")
+    hub_sub.required = True
+    config_help = f"hub config file (default {DEFAULT_HUB_CONFIG_PATH}; missing means defaults)"
+
+    serve = hub_sub.add_parser("serve", help="run the hub (uvicorn) until SIGINT/SIGTERM")
+    serve.add_argument("--config", metavar="PATH", help=config_help)
+    serve.set_defaults(handler=_cmd_hub_serve)
+    for role, name, what in (("host", "add-host", "HOST_ID"), ("reader", "add-reader", "NAME")):
+        add = hub_sub.add_parser(name, help=f"make a {role} token, print it once, store only its hash")
+        add.add_argument("subject", metavar=what)
+        add.add_argument("--config", metavar="PATH", help=config_help)
+        add.add_argument("--tokens-file", metavar="PATH", help="tokens file (default: tokens_file of the config)")
+        add.add_argument("--rotate", action="store_true", help="replace an existing token (the old one stops "
+                                                               "working)")
+        add.set_defaults(handler=_cmd_hub_add, role=role)
 
 
 def main(argv: Optional[List[str]] = None, make_host: HostFactory = Host.for_root,
