@@ -1,0 +1,117 @@
+"""The compiled policy: a plain JSON document the apt hook (and later the dnf plugin) reads without pydantic.
+
+``gpuguard policy compile`` validates the TOML policy with the pydantic model and writes this file atomically;
+the hook only checks its shape. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Optional, Sequence
+
+from agent.errors import InputFileError
+
+COMPILED_FORMAT = 1
+ACTIONS = ("warn", "block", "rollback")
+FAILSAFE_MODES = ("block-guarded", "block-all", "allow")
+DEFAULT_FAILSAFE = "block-guarded"
+# Guarded when no readable compiled policy says otherwise: the kernel, GPU driver and GPU user-space packages.
+DEFAULT_GUARDED: Sequence[str] = (
+    "amdgpu*", "rocm*", "hip-*", "hsa-*", "hsakmt*", "amd-smi*", "linux-image-*", "linux-modules-*",
+    "linux-headers-*", "linux-generic*", "kernel", "kernel-core", "kernel-modules*", "*-dkms", "dkms",
+    "nvidia-*", "libnvidia-*", "cuda-*", "libcuda*", "kmod-nvidia*", "firmware-amd-graphics", "firmware-nvidia-*",
+)
+DEFAULT_KERNEL_PACKAGES: Sequence[str] = ("linux-image-*", "linux-modules-*", "kernel", "kernel-core",
+                                          "kernel-uek", "kernel-default")
+DEFAULT_NVIDIA_DRIVER_PACKAGES: Sequence[str] = ("nvidia-driver-*", "nvidia-dkms-*", "nvidia-kernel-dkms",
+                                                 "nvidia-open", "nvidia-driver", "kmod-nvidia*")
+DEFAULT_CUDA_PACKAGES: Sequence[str] = ("cuda-cudart-*", "cuda-runtime-*", "cuda-toolkit-*", "cuda-compat-*")
+# Packages whose change replaces a kernel module: a reboot is needed before the new one is running.
+KERNEL_MODULE_PACKAGES: Sequence[str] = ("amdgpu-dkms", "nvidia-dkms*", "nvidia-kernel-dkms", "kmod-nvidia*",
+                                         "linux-image-*", "linux-modules-*", "kernel", "kernel-core")
+
+
+class CompiledPolicy:
+    """Read-only view of a compiled policy document with the defaults the evaluator relies on."""
+
+    def __init__(self, data: Dict[str, Any], path: str = "<compiled>") -> None:
+        self.data = data
+        self.path = path
+
+    @property
+    def name(self) -> str:
+        return str(self.data.get("name") or "unnamed")
+
+    @property
+    def action(self) -> str:
+        return str(self.data.get("action") or "block")
+
+    @property
+    def failsafe(self) -> str:
+        return str(self.data.get("failsafe") or DEFAULT_FAILSAFE)
+
+    @property
+    def guarded(self) -> List[str]:
+        return list(self.data.get("guarded") or DEFAULT_GUARDED)
+
+    @property
+    def max_override_minutes(self) -> int:
+        return int(self.data.get("max_override_minutes") or 240)
+
+    @property
+    def sources(self) -> List[str]:
+        return [str(s.get("path")) for s in self.data.get("sources", []) if isinstance(s, dict)]
+
+    def section(self, key: str) -> Optional[Dict[str, Any]]:
+        value = self.data.get(key)
+        return value if isinstance(value, dict) else None
+
+    def rules(self, key: str) -> List[Dict[str, Any]]:
+        value = self.data.get(key)
+        return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+    def action_for(self, *candidates: Optional[str]) -> str:
+        """The first action given (rule, then section), else the policy's default."""
+        for candidate in candidates:
+            if candidate in ACTIONS:
+                return str(candidate)
+        return self.action
+
+
+def check_compiled(data: Any, path: str) -> CompiledPolicy:
+    """Check a decoded document's shape; InputFileError says what is wrong."""
+    if not isinstance(data, dict):
+        raise InputFileError(path, "not a compiled gpuguard policy (top level is not an object)")
+    fmt = data.get("format")
+    if fmt != COMPILED_FORMAT:
+        raise InputFileError(path, f"compiled policy format {fmt!r} is not {COMPILED_FORMAT}; "
+                                   "run 'gpuguard policy compile' with this gpuguard version")
+    if data.get("action") not in ACTIONS:
+        raise InputFileError(path, f"action {data.get('action')!r} is not one of {', '.join(ACTIONS)}")
+    if data.get("failsafe") not in FAILSAFE_MODES:
+        raise InputFileError(path, f"failsafe {data.get('failsafe')!r} is not one of {', '.join(FAILSAFE_MODES)}")
+    for key in ("guarded",):
+        if not isinstance(data.get(key), list):
+            raise InputFileError(path, f"{key} is not a list")
+    for key in ("amd", "kernel", "nvidia", "frozen", "matrix"):
+        if data.get(key) is not None and not isinstance(data.get(key), dict):
+            raise InputFileError(path, f"{key} is not an object")
+    if not isinstance(data.get("versions", []), list):
+        raise InputFileError(path, "versions is not a list")
+    return CompiledPolicy(data, path)
+
+
+def read_compiled(path: str) -> CompiledPolicy:
+    """Read and check a compiled policy file; InputFileError when it is missing, unreadable or malformed."""
+    try:
+        with open(path, "r", encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        raise InputFileError(path, "no compiled policy (run 'gpuguard policy compile')") from None
+    except OSError as exc:
+        raise InputFileError(path, exc.strerror or str(exc)) from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise InputFileError(path, f"not valid JSON ({exc})") from None
+    return check_compiled(data, path)

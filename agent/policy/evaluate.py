@@ -1,0 +1,431 @@
+"""Evaluate a package state change against a compiled policy: pure, standard library only.
+
+Input: the installed set before and after a change (a transaction, or what dpkg did behind apt's back), plus the
+OS and GPU targets. Output: every violation with its rule, the packages involved, a message that names the
+pinned pairing being broken, the action the policy attaches to it and a hint on how to proceed. The apt hook,
+the dnf plugin, ``gpuguard policy explain`` and the rollback watcher all call :func:`evaluate`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+
+from agent.policy import releases
+from agent.policy.compiled import CompiledPolicy
+from agent.policy.spec import describe, matches
+
+OVERRIDE_HINT = 'or open an audited maintenance window: gpuguard override start --minutes 60 --reason "..."'
+
+
+@dataclass(frozen=True)
+class HostState:
+    """The installed packages before and after a change, keyed ``name`` (``name:arch`` for foreign arches)."""
+
+    before: Mapping[str, str]
+    after: Mapping[str, str]
+    manager: str = "dpkg"
+    os_id: Optional[str] = None
+    os_version_id: Optional[str] = None
+    gpu_targets: Tuple[str, ...] = ()
+
+    def changed(self) -> Set[str]:
+        """Package keys whose version differs between before and after (installed, removed or moved)."""
+        keys = set(self.before) | set(self.after)
+        return {k for k in keys if self.before.get(k) != self.after.get(k)}
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule."""
+
+    rule: str
+    action: str
+    message: str
+    packages: Dict[str, str] = field(default_factory=dict)
+    hint: str = ""
+    pairing: Optional[str] = None
+
+    def touches(self, keys: Iterable[str]) -> bool:
+        """Whether any of the given package keys is involved in this violation."""
+        bases = {k.split(":", 1)[0] for k in keys}
+        return any(p.split(":", 1)[0] in bases for p in self.packages)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"rule": self.rule, "action": self.action, "message": self.message, "packages": dict(self.packages),
+                "hint": self.hint, "pairing": self.pairing}
+
+
+def _base(key: str) -> str:
+    return key.split(":", 1)[0]
+
+
+def _find(mapping: Mapping[str, str], name: str) -> Optional[str]:
+    if name in mapping:
+        return mapping[name]
+    for key, version in mapping.items():
+        if _base(key) == name:
+            return version
+    return None
+
+
+def _matching(mapping: Mapping[str, str], patterns: Sequence[str]) -> List[str]:
+    return sorted(k for k in mapping if any(fnmatch.fnmatchcase(_base(k), p) for p in patterns))
+
+
+def _move(state: HostState, name: str) -> str:
+    old, new = _find(state.before, name), _find(state.after, name)
+    if old == new:
+        return old or "(absent)"
+    return f"{old or '(not installed)'} -> {new or '(removed)'}"
+
+
+def _kernels(mapping: Mapping[str, str], patterns: Sequence[str], manager: str) -> Dict[str, str]:
+    """Kernel release -> package key, for kernel image packages in an installed set."""
+    out: Dict[str, str] = {}
+    for key in _matching(mapping, patterns):
+        release = releases.kernel_release_of(key, mapping[key], manager=manager)
+        if release:
+            out[release] = key
+    return out
+
+
+def evaluate(state: HostState, policy: CompiledPolicy) -> List[Violation]:
+    """Every violation of ``policy`` in the state after the change (old ones included; see ``touches``)."""
+    out: List[Violation] = []
+    out += _check_frozen(state, policy)
+    out += _check_amd(state, policy)
+    out += _check_kernel_allow(state, policy)
+    out += _check_nvidia(state, policy)
+    out += _check_versions(state, policy)
+    out += _check_matrix(state, policy)
+    return out
+
+
+def introduced(violations: Sequence[Violation], state: HostState) -> List[Violation]:
+    """The violations this change is involved in (the others were there before it)."""
+    changed = state.changed()
+    return [v for v in violations if v.touches(changed)]
+
+
+# --- frozen packages -------------------------------------------------------------------------------------------
+
+
+def _check_frozen(state: HostState, policy: CompiledPolicy) -> List[Violation]:
+    section = policy.section("frozen")
+    if not section or not section.get("packages"):
+        return []
+    patterns = list(section["packages"])
+    out = []
+    for key in sorted(set(_matching(state.before, patterns)) | set(_matching(state.after, patterns))):
+        old, new = state.before.get(key), state.after.get(key)
+        if old == new:
+            continue
+        out.append(Violation(
+            rule="frozen", action=policy.action_for(section.get("action")),
+            message=f"{_base(key)} is frozen by policy '{policy.name}' and must not move "
+                    f"({old or '(not installed)'} -> {new or '(removed)'})",
+            packages={key: f"{old or '(not installed)'} -> {new or '(removed)'}"},
+            hint=f"keep {_base(key)} at {old or 'its current state'}, remove it from [frozen] packages, "
+                 + OVERRIDE_HINT))
+    return out
+
+
+# --- AMD driver x ROCm pairings --------------------------------------------------------------------------------
+
+
+def _amd_sides(mapping: Mapping[str, str], amd: Mapping[str, Any]) -> Tuple[Optional[str], Optional[str]]:
+    return _find(mapping, amd.get("driver_package") or "amdgpu-dkms"), _find(mapping, amd.get("rocm_package")
+                                                                             or "rocm-core")
+
+
+def _pairing_matches(pairing: Mapping[str, Any], driver_version: Optional[str], rocm_version: Optional[str],
+                     scheme: str) -> bool:
+    driver_release = releases.amdgpu_driver_release(driver_version) if driver_version else None
+    rocm_rel = releases.rocm_release(rocm_version) if rocm_version else None
+    if driver_version is not None and driver_release is None:
+        driver_release = "unknown"
+    if rocm_version is not None and rocm_rel is None:
+        rocm_rel = "unknown"
+    if not matches(pairing.get("amdgpu", "any"), driver_release):
+        return False
+    if not matches(pairing.get("rocm", "any"), rocm_rel):
+        return False
+    if pairing.get("amdgpu_package") is not None and not matches(pairing["amdgpu_package"], driver_version, scheme):
+        return False
+    if pairing.get("rocm_package") is not None and not matches(pairing["rocm_package"], rocm_version, scheme):
+        return False
+    return True
+
+
+def describe_pairing(pairing: Mapping[str, Any]) -> str:
+    """``'rocm-6.2' (amdgpu 6.2.* + ROCm 6.2.*)`` for messages."""
+    parts = [f"amdgpu {describe(pairing.get('amdgpu', 'any'))}", f"ROCm {describe(pairing.get('rocm', 'any'))}"]
+    if pairing.get("amdgpu_package") is not None:
+        parts.append(f"amdgpu package {describe(pairing['amdgpu_package'])}")
+    if pairing.get("rocm_package") is not None:
+        parts.append(f"rocm package {describe(pairing['rocm_package'])}")
+    return f"'{pairing.get('name', '?')}' ({' + '.join(parts)})"
+
+
+def matching_pairing(pairings: Sequence[Mapping[str, Any]], driver_version: Optional[str],
+                     rocm_version: Optional[str], scheme: str) -> Optional[Mapping[str, Any]]:
+    """The first pairing that accepts this driver/ROCm combination, or None."""
+    for pairing in pairings:
+        if _pairing_matches(pairing, driver_version, rocm_version, scheme):
+            return pairing
+    return None
+
+
+def _label(name: str, version: Optional[str], release: Optional[str], what: str) -> str:
+    if version is None:
+        return f"no {name}"
+    return f"{name} {version} ({what} {release or 'unknown'})"
+
+
+def _check_amd(state: HostState, policy: CompiledPolicy) -> List[Violation]:
+    amd = policy.section("amd")
+    if not amd:
+        return []
+    pairings = [p for p in amd.get("pairings") or [] if isinstance(p, dict)]
+    driver_name = amd.get("driver_package") or "amdgpu-dkms"
+    rocm_name = amd.get("rocm_package") or "rocm-core"
+    driver_after, rocm_after = _amd_sides(state.after, amd)
+    driver_before, rocm_before = _amd_sides(state.before, amd)
+    if not pairings or (driver_after is None and rocm_after is None):
+        return []
+    scheme = state.manager
+    pinned = matching_pairing(pairings, driver_before, rocm_before, scheme)
+    now = matching_pairing(pairings, driver_after, rocm_after, scheme)
+    packages = {n: _move(state, n) for n, v in ((driver_name, driver_after or driver_before),
+                                                (rocm_name, rocm_after or rocm_before)) if v is not None}
+    out: List[Violation] = []
+    if now is None:
+        combo = (f"{_label(driver_name, driver_after, releases.amdgpu_driver_release(driver_after), 'driver')} "
+                 f"with {_label(rocm_name, rocm_after, releases.rocm_release(rocm_after), 'ROCm')}")
+        allowed = "; ".join(describe_pairing(p) for p in pairings)
+        if pinned is not None:
+            message = f"breaks the pinned AMD pairing {describe_pairing(pinned)}: {combo} matches no allowed pairing"
+        else:
+            message = f"{combo} matches no allowed AMD pairing"
+        out.append(Violation(
+            rule="amd.pairing", action=policy.action_for((pinned or {}).get("action"), amd.get("action")),
+            message=f"{message} (allowed: {allowed})", packages=packages,
+            hint=f"move {driver_name} and {rocm_name} together to an allowed pairing, change the policy, "
+                 + OVERRIDE_HINT,
+            pairing=(pinned or {}).get("name")))
+        return out
+    kernels_spec = now.get("kernels")
+    if kernels_spec is None:
+        return out
+    kernel_patterns = _kernel_patterns(policy)
+    kernels_before = _kernels(state.before, kernel_patterns, state.manager)
+    kernels_after = _kernels(state.after, kernel_patterns, state.manager)
+    driver_moved = driver_before != driver_after
+    # DKMS builds the module for every installed kernel: a new driver must suit them all, a new kernel must suit
+    # the driver that stays.
+    to_check = kernels_after if driver_moved else {r: k for r, k in kernels_after.items() if r not in kernels_before}
+    for release, key in sorted(to_check.items()):
+        if matches(kernels_spec, release):
+            continue
+        involved = {key: _move(state, key)}
+        if driver_moved:
+            involved[driver_name] = _move(state, driver_name)
+        out.append(Violation(
+            rule="amd.pairing.kernels",
+            action=policy.action_for(now.get("action"), amd.get("action")),
+            message=f"kernel {release} ({_base(key)}) is not supported by the pinned AMD pairing "
+                    f"{describe_pairing(now)} with {driver_name} {driver_after}: supported kernels are "
+                    f"{describe(kernels_spec)}",
+            packages=involved,
+            hint=f"stay on a supported kernel, add {release} to the pairing's kernels once the driver is known to "
+                 f"build for it, " + OVERRIDE_HINT,
+            pairing=now.get("name")))
+    return out
+
+
+# --- kernel allow list -----------------------------------------------------------------------------------------
+
+
+def _kernel_patterns(policy: CompiledPolicy) -> List[str]:
+    from agent.policy.compiled import DEFAULT_KERNEL_PACKAGES
+
+    section = policy.section("kernel") or {}
+    return list(section.get("packages") or DEFAULT_KERNEL_PACKAGES)
+
+
+def _check_kernel_allow(state: HostState, policy: CompiledPolicy) -> List[Violation]:
+    section = policy.section("kernel")
+    if not section or section.get("allow") is None:
+        return []
+    patterns = _kernel_patterns(policy)
+    before = _kernels(state.before, patterns, state.manager)
+    after = _kernels(state.after, patterns, state.manager)
+    out = []
+    for release, key in sorted(after.items()):
+        if release in before or matches(section["allow"], release):
+            continue
+        out.append(Violation(
+            rule="kernel.allow", action=policy.action_for(section.get("action")),
+            message=f"kernel {release} ({_base(key)} {state.after[key]}) is not on the allowed kernel list "
+                    f"({describe(section['allow'])})",
+            packages={key: _move(state, key)},
+            hint="hold the kernel (and its meta package) back, add the kernel to [kernel] allow once the GPU driver "
+                 "builds for it, " + OVERRIDE_HINT))
+    return out
+
+
+# --- NVIDIA driver x CUDA pairings -----------------------------------------------------------------------------
+
+
+def _first_version(mapping: Mapping[str, str], patterns: Sequence[str]) -> Tuple[Optional[str], Optional[str]]:
+    for pattern in patterns:
+        keys = _matching(mapping, [pattern])
+        if keys:
+            return keys[0], mapping[keys[0]]
+    return None, None
+
+
+def _check_nvidia(state: HostState, policy: CompiledPolicy) -> List[Violation]:
+    from agent.policy.compiled import DEFAULT_CUDA_PACKAGES, DEFAULT_NVIDIA_DRIVER_PACKAGES
+
+    section = policy.section("nvidia")
+    if not section:
+        return []
+    pairings = [p for p in section.get("pairings") or [] if isinstance(p, dict)]
+    if not pairings:
+        return []
+    driver_patterns = list(section.get("driver_packages") or DEFAULT_NVIDIA_DRIVER_PACKAGES)
+    cuda_patterns = list(section.get("cuda_packages") or DEFAULT_CUDA_PACKAGES)
+    driver_key, driver_version = _first_version(state.after, driver_patterns)
+    cuda_key, cuda_version = _first_version(state.after, cuda_patterns)
+    if driver_version is None and cuda_version is None:
+        return []
+    driver_rel = releases.dotted_release(driver_version) if driver_version else None
+    cuda_rel = releases.dotted_release(cuda_version) if cuda_version else None
+
+    def accepts(p: Mapping[str, Any], drel: Optional[str], crel: Optional[str]) -> bool:
+        return matches(p.get("driver", "any"), drel) and matches(p.get("cuda", "any"), crel)
+
+    if any(accepts(p, driver_rel, cuda_rel) for p in pairings):
+        return []
+    b_key, b_driver = _first_version(state.before, driver_patterns)
+    c_key, b_cuda = _first_version(state.before, cuda_patterns)
+    pinned = next((p for p in pairings if accepts(p, releases.dotted_release(b_driver) if b_driver else None,
+                                                  releases.dotted_release(b_cuda) if b_cuda else None)), None)
+    keys = [k for k in (driver_key, cuda_key, b_key, c_key) if k]
+    allowed = "; ".join(f"'{p.get('name', '?')}' (driver {describe(p.get('driver', 'any'))} + CUDA "
+                        f"{describe(p.get('cuda', 'any'))})" for p in pairings)
+    combo = (f"NVIDIA driver {driver_rel or 'none'} ({driver_key or '-'}) with CUDA {cuda_rel or 'none'} "
+             f"({cuda_key or '-'})")
+    lead = f"breaks the pinned NVIDIA pairing '{pinned.get('name', '?')}': " if pinned else ""
+    return [Violation(
+        rule="nvidia.pairing", action=policy.action_for((pinned or {}).get("action"), section.get("action")),
+        message=f"{lead}{combo} matches no allowed NVIDIA pairing (allowed: {allowed})",
+        packages={k: _move(state, k) for k in dict.fromkeys(keys)},
+        hint="move the driver and CUDA packages together to an allowed pairing, change the policy, " + OVERRIDE_HINT,
+        pairing=(pinned or {}).get("name"))]
+
+
+# --- per-package version rules (container toolkits and the like) ----------------------------------------------
+
+
+def _check_versions(state: HostState, policy: CompiledPolicy) -> List[Violation]:
+    out = []
+    for index, rule in enumerate(policy.rules("versions")):
+        patterns = list(rule.get("packages") or [])
+        label = rule.get("name") or f"versions[{index}]"
+        for key in _matching(state.after, patterns):
+            version = state.after[key]
+            if matches(rule.get("allow", "any"), version, state.manager):
+                continue
+            out.append(Violation(
+                rule=f"versions.{label}", action=policy.action_for(rule.get("action")),
+                message=f"{_base(key)} {version} is outside the allowed versions of rule '{label}' "
+                        f"({describe(rule.get('allow', 'any'))})",
+                packages={key: _move(state, key)},
+                hint=f"install a version of {_base(key)} matching {describe(rule.get('allow', 'any'))}, "
+                     + OVERRIDE_HINT))
+    return out
+
+
+# --- AMD's published compatibility matrix ----------------------------------------------------------------------
+
+
+def _os_supported(os_table: Mapping[str, Any], os_id: str, version_id: str) -> Optional[bool]:
+    """True/False when the matrix lists this OS family, None when it says nothing about it."""
+    versions = os_table.get(os_id)
+    if versions is None:
+        return False if os_table else None
+    return any(v == version_id or v.startswith(version_id + ".") or version_id.startswith(v + ".")
+               for v in versions)
+
+
+def _check_matrix(state: HostState, policy: CompiledPolicy) -> List[Violation]:
+    matrix = policy.section("matrix")
+    amd = policy.section("amd") or {}
+    if not matrix:
+        return []
+    driver_name = amd.get("driver_package") or "amdgpu-dkms"
+    rocm_name = amd.get("rocm_package") or "rocm-core"
+    driver, rocm = _amd_sides(state.after, amd)
+    if rocm is None:
+        return []
+    action = policy.action_for(matrix.get("action"))
+    hint = "pick a combination from AMD's compatibility matrix, set require_amd_matrix = false, " + OVERRIDE_HINT
+    rocm_series = releases.series(releases.rocm_release(rocm))
+    packages = {n: _move(state, n) for n in (driver_name, rocm_name) if _find(state.after, n) or _find(state.before,
+                                                                                                        n)}
+    out = []
+    rocm_rows = matrix.get("rocm") or {}
+    if driver is not None:
+        driver_series = releases.series(releases.amdgpu_driver_release(driver))
+        supported = (matrix.get("driver_rocm") or {}).get(driver_series or "")
+        if driver_series is None:
+            out.append(Violation(rule="matrix.driver", action=action, packages=packages, hint=hint,
+                                 message=f"cannot tell the amdgpu driver release of {driver_name} {driver} to check "
+                                         f"it against AMD's compatibility matrix"))
+        elif supported is None:
+            out.append(Violation(rule="matrix.driver", action=action, packages=packages, hint=hint,
+                                 message=f"amdgpu driver {driver_series}.x ({driver_name} {driver}) is not in AMD's "
+                                         f"compatibility matrix"))
+        elif rocm_series not in supported:
+            out.append(Violation(rule="matrix.driver_rocm", action=action, packages=packages, hint=hint,
+                                 message=f"AMD's compatibility matrix does not support ROCm {rocm_series}.x on amdgpu "
+                                         f"driver {driver_series}.x (it supports ROCm "
+                                         f"{', '.join(s + '.x' for s in supported)})"))
+    row = rocm_rows.get(rocm_series or "")
+    if row is None:
+        out.append(Violation(rule="matrix.rocm", action=action, packages=packages, hint=hint,
+                             message=f"ROCm {rocm_series}.x ({rocm_name} {rocm}) is not in AMD's compatibility matrix"))
+        return out
+    if state.os_id and state.os_version_id:
+        ok = _os_supported(row.get("os") or {}, state.os_id, state.os_version_id)
+        if ok is False:
+            out.append(Violation(rule="matrix.os", action=action, packages=packages, hint=hint,
+                                 message=f"AMD's compatibility matrix does not list {state.os_id} "
+                                         f"{state.os_version_id} for ROCm {rocm_series}.x"))
+        kernel_table = row.get("kernels") or {}
+        major = state.os_version_id.split(".")[0]
+        series_allowed = kernel_table.get(f"{state.os_id}:{state.os_version_id}") or \
+            kernel_table.get(f"{state.os_id}:{major}")
+        if series_allowed:
+            patterns = _kernel_patterns(policy)
+            before = _kernels(state.before, patterns, state.manager)
+            for release, key in sorted(_kernels(state.after, patterns, state.manager).items()):
+                if release in before:
+                    continue
+                if not any(release == s or release.startswith(s + ".") or release.startswith(s + "-")
+                           for s in series_allowed):
+                    out.append(Violation(
+                        rule="matrix.kernel", action=action, packages={key: _move(state, key)}, hint=hint,
+                        message=f"kernel {release} is not a kernel series AMD lists for ROCm {rocm_series}.x on "
+                                f"{state.os_id} {state.os_version_id} ({', '.join(series_allowed)})"))
+    gpus = row.get("gpus") or []
+    for target in state.gpu_targets:
+        if gpus and target not in gpus:
+            out.append(Violation(rule="matrix.gpu", action=action, packages=packages, hint=hint,
+                                 message=f"GPU target {target} is not supported by ROCm {rocm_series}.x according to "
+                                         f"AMD's compatibility matrix"))
+    return out

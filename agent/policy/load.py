@@ -1,0 +1,200 @@
+"""Load policies: one TOML file, or every ``*.toml`` of a directory merged in name order; compile them.
+
+Every problem of every file is reported at once as ``file: field -> 1: message`` (PolicyError). Merging: tables
+merge key by key, lists (pairings, package lists) are concatenated, and a later file's scalar wins.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from pydantic import ValidationError
+
+from agent.errors import PolicyError
+from agent.policy.compiled import COMPILED_FORMAT, DEFAULT_KERNEL_PACKAGES, CompiledPolicy, check_compiled
+from agent.policy.model import Policy
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python < 3.11 hosts
+    import tomli as tomllib
+
+DEFAULT_POLICY_DIR = "/etc/gpuguard/policy.d"
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    """A validated policy and the files it came from (path, sha256)."""
+
+    policy: Policy
+    sources: Tuple[Tuple[str, str], ...]
+    path: str
+
+
+def format_errors(exc: ValidationError) -> List[str]:
+    """``field -> 1: message`` for every error pydantic found."""
+    problems = []
+    for err in exc.errors():
+        where = " -> ".join(str(p) for p in err["loc"]) or "(top level)"
+        message = err["msg"]
+        if message.startswith("Value error, "):
+            message = message[len("Value error, "):]
+        problems.append(f"{where}: {message}")
+    return problems
+
+
+def _merge(into: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            into[key] = _merge(dict(into[key]), value)
+        elif isinstance(value, list) and isinstance(into.get(key), list):
+            into[key] = list(into[key]) + list(value)
+        else:
+            into[key] = value
+    return into
+
+
+def _policy_files(path: Path) -> List[Path]:
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix == ".toml" and p.is_file()
+                       and p.name != "amd-compat-matrix.toml")
+        if not files:
+            raise PolicyError(str(path), ["no policy files (*.toml) in this directory: nothing is pinned; add one "
+                                          "(see policies/example.toml)"])
+        return files
+    if not path.exists():
+        raise PolicyError(str(path), ["no such file or directory"])
+    return [path]
+
+
+def load_policy(path: str = DEFAULT_POLICY_DIR) -> LoadedPolicy:
+    """Read, validate and merge a policy file or directory; PolicyError lists every problem of every file."""
+    root = Path(path)
+    files = _policy_files(root)
+    problems: List[str] = []
+    merged: Dict[str, Any] = {}
+    sources = []
+    for file in files:
+        label = file.name if root.is_dir() else ""
+        prefix = f"{label}: " if label else ""
+        try:
+            raw = file.read_bytes()
+        except OSError as exc:
+            problems.append(f"{prefix}{exc.strerror or exc}")
+            continue
+        sources.append((str(file), hashlib.sha256(raw).hexdigest()))
+        try:
+            data = tomllib.loads(raw.decode("utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            problems.append(f"{prefix}not valid TOML: {exc}")
+            continue
+        try:
+            Policy.model_validate(data)
+        except ValidationError as exc:
+            problems += [prefix + p for p in format_errors(exc)]
+            continue
+        merged = _merge(merged, data)
+    if problems:
+        raise PolicyError(str(root), problems)
+    policy = Policy.model_validate(merged)
+    problems = _cross_checks(policy)
+    if problems:
+        raise PolicyError(str(root), problems)
+    return LoadedPolicy(policy=policy, sources=tuple(sources), path=str(root))
+
+
+def _cross_checks(policy: Policy) -> List[str]:
+    problems = []
+    if policy.rule_count() == 0:
+        problems.append("the policy defines no rules (amd.pairing, kernel.allow, nvidia.pairing, versions, "
+                        "frozen.packages or policy.require_amd_matrix): it would pin nothing")
+    for section, pairings in (("amd", policy.amd.pairing if policy.amd else []),
+                              ("nvidia", policy.nvidia.pairing if policy.nvidia else [])):
+        names = [p.name for p in pairings]
+        for name in sorted({n for n in names if names.count(n) > 1}):
+            problems.append(f"{section} -> pairing: name {name!r} is used more than once")
+    return problems
+
+
+def guarded_patterns(policy: Policy) -> List[str]:
+    """Package globs the policy guards: what the fail-safe protects when the policy cannot be read."""
+    patterns: List[str] = list(policy.policy.guarded)
+    if policy.amd:
+        patterns += [policy.amd.driver_package, policy.amd.rocm_package]
+    if policy.amd or policy.kernel:
+        patterns += list(policy.kernel.packages if policy.kernel else DEFAULT_KERNEL_PACKAGES)
+    if policy.nvidia:
+        patterns += policy.nvidia.driver_packages + policy.nvidia.cuda_packages
+    for rule in policy.versions:
+        patterns += rule.packages
+    if policy.frozen:
+        patterns += policy.frozen.packages
+    return list(dict.fromkeys(patterns))
+
+
+def compile_policy(loaded: LoadedPolicy, matrix: Optional[Any] = None,
+                   now: Optional[dt.datetime] = None) -> Dict[str, Any]:
+    """The plain-JSON form the hook evaluates; ``matrix`` (a Matrix) is required when the policy asks for it."""
+    policy = loaded.policy
+    p = policy.policy
+    data: Dict[str, Any] = {
+        "format": COMPILED_FORMAT,
+        "name": p.name,
+        "compiled_at": (now or dt.datetime.now(dt.timezone.utc)).isoformat(),
+        "sources": [{"path": path, "sha256": digest} for path, digest in loaded.sources],
+        "action": p.action,
+        "failsafe": p.failsafe,
+        "max_override_minutes": p.max_override_minutes,
+        "guarded": guarded_patterns(policy),
+        "amd": None, "kernel": None, "nvidia": None, "frozen": None, "matrix": None, "versions": [],
+    }
+    if policy.amd:
+        data["amd"] = {"driver_package": policy.amd.driver_package, "rocm_package": policy.amd.rocm_package,
+                       "action": policy.amd.action,
+                       "pairings": [pair.model_dump() for pair in policy.amd.pairing]}
+    if policy.kernel:
+        data["kernel"] = policy.kernel.model_dump()
+    if policy.nvidia:
+        section = policy.nvidia.model_dump()
+        section["pairings"] = section.pop("pairing")
+        data["nvidia"] = section
+    if policy.frozen:
+        data["frozen"] = policy.frozen.model_dump()
+    data["versions"] = [rule.model_dump() for rule in policy.versions]
+    if p.require_amd_matrix:
+        if matrix is None:
+            raise PolicyError(loaded.path, ["policy -> require_amd_matrix: the AMD compatibility matrix is needed "
+                                            "to compile this policy"])
+        data["matrix"] = {"action": None, **matrix.to_compiled()}
+    check_compiled(json.loads(json.dumps(data)), "<compiled>")
+    return data
+
+
+def compiled_from(loaded: LoadedPolicy, matrix: Optional[Any] = None) -> CompiledPolicy:
+    """Compile in memory (``policy explain``, the rollback watcher, tests)."""
+    return CompiledPolicy(json.loads(json.dumps(compile_policy(loaded, matrix))), loaded.path)
+
+
+def load_and_compile(path: str = DEFAULT_POLICY_DIR, matrix_path: Optional[str] = None) -> Tuple[LoadedPolicy,
+                                                                                                  CompiledPolicy]:
+    """Load a policy and compile it, loading the AMD matrix only when the policy requires it."""
+    loaded = load_policy(path)
+    matrix = None
+    if loaded.policy.policy.require_amd_matrix:
+        from agent.policy.matrix import load_matrix
+
+        matrix = load_matrix(matrix_path)
+    return loaded, compiled_from(loaded, matrix)
+
+
+def write_compiled(path: str, compiled: CompiledPolicy) -> None:
+    """Write the compiled policy atomically (the hook may read it at any moment)."""
+    from agent.guard.state import write_atomically
+
+    write_atomically(path, json.dumps(compiled.data, indent=2, sort_keys=True) + "\n")

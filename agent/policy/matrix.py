@@ -1,0 +1,166 @@
+"""AMD's published compatibility matrix as data (policies/amd-compat-matrix.toml): model, loader, checks.
+
+``require_amd_matrix = true`` in a policy makes the resulting driver/ROCm/OS/kernel/GPU combination subject to
+this matrix; ``gpuguard policy compile`` embeds the needed subset in the compiled policy so the apt hook never
+parses TOML.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from pydantic import Field, ValidationError, field_validator
+
+from agent.errors import PolicyError
+from agent.models import FrozenModel
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python < 3.11 hosts
+    import tomli as tomllib
+
+MATRIX_FILE_NAME = "amd-compat-matrix.toml"
+# Where the matrix is looked for, in order, when no path is configured: operator copy, packaged copy, source tree.
+MATRIX_SEARCH_PATHS = ("/etc/gpuguard/" + MATRIX_FILE_NAME, "/usr/share/gpuguard/" + MATRIX_FILE_NAME,
+                       str(Path(__file__).resolve().parents[2] / "policies" / MATRIX_FILE_NAME))
+
+
+def _series(value: str) -> str:
+    parts = value.split(".")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"{value!r} is not a MAJOR.MINOR series")
+    return value
+
+
+class Source(FrozenModel):
+    """Where a table came from."""
+
+    id: str = Field(min_length=1)
+    where: str = Field(min_length=1)
+    url: str = Field(pattern=r"^https://")
+    what: str = Field(min_length=1)
+
+
+class DriverRow(FrozenModel):
+    """One amdgpu driver series and the ROCm series AMD supports on it."""
+
+    series: str
+    rocm: List[str] = Field(min_length=1)
+    dkms_base: Optional[str] = None
+    example_package: Optional[str] = None
+    sources: List[str] = Field(min_length=1)
+
+    _check_series = field_validator("series")(_series)
+
+    @field_validator("rocm")
+    @classmethod
+    def _rocm_series(cls, value: List[str]) -> List[str]:
+        for item in value:
+            _series(item)
+        return value
+
+
+class RocmRow(FrozenModel):
+    """One ROCm series: the drivers, OS releases, kernel series and GPU targets AMD lists for it."""
+
+    series: str
+    releases: List[str] = Field(min_length=1)
+    drivers: List[str] = Field(min_length=1)
+    gpus: List[str] = Field(min_length=1)
+    os: Dict[str, List[str]] = Field(min_length=1)
+    kernels: Dict[str, List[str]] = {}
+    sources: List[str] = Field(min_length=1)
+    notes: List[str] = []
+
+    _check_series = field_validator("series")(_series)
+
+    @field_validator("gpus")
+    @classmethod
+    def _gfx(cls, value: List[str]) -> List[str]:
+        for item in value:
+            if not item.startswith("gfx") or not item[3:].isalnum():
+                raise ValueError(f"{item!r} is not a gfx target")
+        return value
+
+
+class Matrix(FrozenModel):
+    """The whole matrix file."""
+
+    format: int = Field(ge=1, le=1)
+    title: str
+    recorded: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$")
+    sources: List[Source] = Field(min_length=1)
+    driver: List[DriverRow] = Field(min_length=1)
+    rocm: List[RocmRow] = Field(min_length=1)
+
+    def consistency_problems(self) -> List[str]:
+        """Cross-table problems: unknown sources, duplicate rows, drivers the driver table contradicts."""
+        problems = []
+        source_ids = {s.id for s in self.sources}
+        drivers = {d.series: d for d in self.driver}
+        if len(drivers) != len(self.driver):
+            problems.append("driver: duplicate series")
+        if len({r.series for r in self.rocm}) != len(self.rocm):
+            problems.append("rocm: duplicate series")
+        for i, row in enumerate(self.driver):
+            problems += [f"driver -> {i}: unknown source {s!r}" for s in row.sources if s not in source_ids]
+        for i, row in enumerate(self.rocm):
+            problems += [f"rocm -> {i}: unknown source {s!r}" for s in row.sources if s not in source_ids]
+            problems += [f"rocm -> {i}: release {r} is not in series {row.series}" for r in row.releases
+                         if not r.startswith(row.series + ".")]
+            for d in row.drivers:
+                if d not in drivers:
+                    problems.append(f"rocm -> {i}: driver {d} has no row in the driver table")
+                elif row.series not in drivers[d].rocm:
+                    problems.append(f"rocm -> {i}: ROCm {row.series} lists driver {d}, but the driver table does "
+                                    f"not list ROCm {row.series} for it")
+            for key in row.kernels:
+                os_id, _, version = key.partition(":")
+                if os_id not in row.os or not version:
+                    problems.append(f"rocm -> {i}: kernels key {key!r} names no OS of this row")
+        return problems
+
+    def to_compiled(self) -> dict:
+        """The subset the evaluator uses, as plain JSON data."""
+        return {
+            "recorded": self.recorded,
+            "driver_rocm": {d.series: list(d.rocm) for d in self.driver},
+            "rocm": {r.series: {"os": {k: list(v) for k, v in r.os.items()},
+                                "kernels": {k: list(v) for k, v in r.kernels.items()},
+                                "gpus": list(r.gpus)} for r in self.rocm},
+        }
+
+
+def find_matrix_file(explicit: Optional[str] = None) -> str:
+    """The matrix file to use: ``explicit`` or the first of MATRIX_SEARCH_PATHS that exists."""
+    if explicit:
+        return explicit
+    for candidate in MATRIX_SEARCH_PATHS:
+        if Path(candidate).is_file():
+            return candidate
+    raise PolicyError(MATRIX_FILE_NAME, [f"not found in {', '.join(MATRIX_SEARCH_PATHS)}"])
+
+
+def load_matrix(path: Optional[str] = None) -> Matrix:
+    """Read and validate the matrix; PolicyError lists every problem."""
+    from agent.policy.load import format_errors
+
+    where = find_matrix_file(path)
+    try:
+        data = tomllib.loads(Path(where).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PolicyError(where, ["no such file"]) from None
+    except OSError as exc:
+        raise PolicyError(where, [exc.strerror or str(exc)]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(where, [f"not valid TOML: {exc}"]) from None
+    try:
+        matrix = Matrix.model_validate(data)
+    except ValidationError as exc:
+        raise PolicyError(where, format_errors(exc)) from None
+    problems = matrix.consistency_problems()
+    if problems:
+        raise PolicyError(where, problems)
+    return matrix

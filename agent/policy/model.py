@@ -1,0 +1,151 @@
+"""The pairing policy as operators write it (TOML), validated with frozen pydantic models.
+
+A policy pins what operators freeze (allowed amdgpu driver x ROCm pairings, kernels, NVIDIA driver x CUDA
+pairings, per-package version rules such as container toolkits, packages that must not move) and says what a
+violation does: ``warn``, ``block`` (refuse the transaction) or ``rollback`` (refuse it, and put back anything
+that slipped through, e.g. via ``dpkg -i``). See docs/guard.md and policies/example.toml.
+"""
+
+from __future__ import annotations
+
+from typing import List, Literal, Optional, Union
+
+from pydantic import Field, field_validator
+
+from agent.models import FrozenModel
+from agent.policy.compiled import (DEFAULT_CUDA_PACKAGES, DEFAULT_KERNEL_PACKAGES, DEFAULT_NVIDIA_DRIVER_PACKAGES)
+from agent.policy.spec import spec_errors
+
+Action = Literal["warn", "block", "rollback"]
+Failsafe = Literal["block-guarded", "block-all", "allow"]
+Spec = Union[str, List[str]]
+
+
+def _check_spec(value: Optional[Spec]) -> Optional[Spec]:
+    if value is None:
+        return value
+    problems = spec_errors(value)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return value
+
+
+def _check_patterns(value: List[str]) -> List[str]:
+    for pattern in value:
+        if not pattern.strip() or " " in pattern:
+            raise ValueError(f"{pattern!r} is not a package name or glob")
+    return value
+
+
+class PolicySection(FrozenModel):
+    """Defaults for the whole policy."""
+
+    name: str = Field("unnamed", min_length=1)
+    action: Action = "block"
+    failsafe: Failsafe = "block-guarded"
+    require_amd_matrix: bool = False
+    max_override_minutes: int = Field(240, gt=0, le=7 * 24 * 60)
+    guarded: List[str] = []
+
+    _patterns = field_validator("guarded")(_check_patterns)
+
+
+class AmdPairing(FrozenModel):
+    """One allowed combination of amdgpu driver release and ROCm release."""
+
+    name: str = Field(min_length=1)
+    amdgpu: Spec
+    rocm: Spec
+    amdgpu_package: Optional[Spec] = None
+    rocm_package: Optional[Spec] = None
+    kernels: Optional[Spec] = None
+    action: Optional[Action] = None
+
+    _specs = field_validator("amdgpu", "rocm", "amdgpu_package", "rocm_package", "kernels")(_check_spec)
+
+
+class AmdSection(FrozenModel):
+    """Which packages carry the AMD driver and ROCm, and the allowed pairings."""
+
+    driver_package: str = "amdgpu-dkms"
+    rocm_package: str = "rocm-core"
+    action: Optional[Action] = None
+    pairing: List[AmdPairing] = []
+
+
+class KernelSection(FrozenModel):
+    """The kernels a host may install (new kernels only: those already installed stay allowed)."""
+
+    packages: List[str] = list(DEFAULT_KERNEL_PACKAGES)
+    allow: Optional[Spec] = None
+    action: Optional[Action] = None
+
+    _specs = field_validator("allow")(_check_spec)
+    _patterns = field_validator("packages")(_check_patterns)
+
+
+class NvidiaPairing(FrozenModel):
+    """One allowed combination of NVIDIA driver release and CUDA release."""
+
+    name: str = Field(min_length=1)
+    driver: Spec
+    cuda: Spec
+    action: Optional[Action] = None
+
+    _specs = field_validator("driver", "cuda")(_check_spec)
+
+
+class NvidiaSection(FrozenModel):
+    """Which packages carry the NVIDIA driver and CUDA, and the allowed pairings."""
+
+    driver_packages: List[str] = list(DEFAULT_NVIDIA_DRIVER_PACKAGES)
+    cuda_packages: List[str] = list(DEFAULT_CUDA_PACKAGES)
+    action: Optional[Action] = None
+    pairing: List[NvidiaPairing] = []
+
+    _patterns = field_validator("driver_packages", "cuda_packages")(_check_patterns)
+
+
+class VersionRule(FrozenModel):
+    """Allowed versions of some packages (e.g. the container toolkit)."""
+
+    name: Optional[str] = None
+    packages: List[str] = Field(min_length=1)
+    allow: Spec
+    action: Optional[Action] = None
+
+    _specs = field_validator("allow")(_check_spec)
+    _patterns = field_validator("packages")(_check_patterns)
+
+
+class FrozenSection(FrozenModel):
+    """Packages that must not move at all (install, upgrade, downgrade or removal)."""
+
+    packages: List[str] = []
+    action: Optional[Action] = None
+
+    _patterns = field_validator("packages")(_check_patterns)
+
+
+class Policy(FrozenModel):
+    """A whole policy (one file, or several merged in name order)."""
+
+    policy: PolicySection = PolicySection()
+    amd: Optional[AmdSection] = None
+    kernel: Optional[KernelSection] = None
+    nvidia: Optional[NvidiaSection] = None
+    versions: List[VersionRule] = []
+    frozen: Optional[FrozenSection] = None
+
+    def rule_count(self) -> int:
+        """How many rules the policy defines (0 means it constrains nothing)."""
+        count = len(self.versions) + int(self.policy.require_amd_matrix)
+        if self.amd:
+            count += len(self.amd.pairing)
+        if self.kernel and self.kernel.allow is not None:
+            count += 1
+        if self.nvidia:
+            count += len(self.nvidia.pairing)
+        if self.frozen:
+            count += len(self.frozen.packages)
+        return count

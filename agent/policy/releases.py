@@ -1,0 +1,81 @@
+"""What release a package version stands for: the amdgpu driver release, the ROCm release, a kernel release.
+
+AMD encodes the release inside amdgpu-dkms versions: ``1:6.8.5.60202-2041575.22.04`` is kernel-driver base 6.8.5
+built for ROCm 6.2.2 (``MMmmpp`` code 60202). From driver 30.10 on, the code is 8 digits ``AABBCCDD``
+(``1:6.14.14.30100100-...`` is driver 30.10.1): the driver got its own numbering when it split from ROCm.
+Standard library only (used by the apt hook).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from agent.policy.versions import upstream_dotted
+
+_KERNEL_PACKAGE = re.compile(r"^linux-(?:image|modules)(?:-unsigned)?-(\d+\.\d+[A-Za-z0-9.+~_-]*)$")
+# rpm kernel packages whose version-release.arch is the kernel release (uname -r).
+RPM_KERNEL_NAMES = frozenset({"kernel", "kernel-core", "kernel-uek", "kernel-uek-core", "kernel-default",
+                              "kernel-rt-core", "kernel-64k-core"})
+
+
+def amdgpu_driver_release(version: Optional[str]) -> Optional[str]:
+    """The driver release an amdgpu-dkms version stands for (``6.2.2``, ``30.20.1``), or None when not encoded."""
+    if not version:
+        return None
+    dotted = upstream_dotted(version)
+    if not dotted:
+        return None
+    parts = dotted.split(".")
+    if len(parts) < 4 or not parts[3].isdigit():
+        return None
+    code = parts[3]
+    if len(code) == 8:
+        major, minor, patch, hotfix = int(code[0:2]), int(code[2:4]), int(code[4:6]), int(code[6:8])
+        return f"{major}.{minor}.{patch}" + (f".{hotfix}" if hotfix else "")
+    if len(code) in (5, 6):
+        number = int(code)
+        return f"{number // 10000}.{(number // 100) % 100}.{number % 100}"
+    return None
+
+
+def amdgpu_kernel_base(version: Optional[str]) -> Optional[str]:
+    """The DKMS kernel-driver base of an amdgpu-dkms version (``1:6.8.5.60202-...`` -> ``6.8.5``)."""
+    return upstream_dotted(version, parts=3) if version else None
+
+
+def rocm_release(version: Optional[str]) -> Optional[str]:
+    """The ROCm release of a rocm-core version (``6.2.2.60202-116~22.04`` -> ``6.2.2``)."""
+    return upstream_dotted(version, parts=3) if version else None
+
+
+def dotted_release(version: Optional[str], parts: Optional[int] = None) -> Optional[str]:
+    """The leading dotted number of a version (NVIDIA driver ``580.159.04``, CUDA ``13.0.96``)."""
+    return upstream_dotted(version, parts=parts) if version else None
+
+
+def series(release: Optional[str], parts: int = 2) -> Optional[str]:
+    """The first ``parts`` components of a release (``6.2.2`` -> ``6.2``; ``30.20.1`` -> ``30.20``)."""
+    if not release:
+        return None
+    return ".".join(release.split(".")[:parts])
+
+
+def kernel_release_of(name: str, version: str, arch: str = "", manager: str = "dpkg") -> Optional[str]:
+    """The kernel release (``uname -r``) a package installs, or None when it is not a kernel image package.
+
+    dpkg: from the name (``linux-image-6.1.0-26-amd64``; meta packages such as ``linux-image-amd64`` are not
+    kernels). rpm: ``kernel-core`` ``5.14.0-427.el9`` on x86_64 is ``5.14.0-427.el9.x86_64``.
+    """
+    if manager == "rpm":
+        # install-only packages (several kernels side by side) are keyed ``name@version`` in installed sets
+        base = name.split("@", 1)[0].split(":", 1)[0]
+        if base not in RPM_KERNEL_NAMES:
+            return None
+        evr = version.split(":", 1)[1] if ":" in version else version
+        return f"{evr}.{arch}" if arch else evr
+    base = name.split(":", 1)[0]
+    if base.endswith(("-dbg", "-dbgsym")):
+        return None
+    match = _KERNEL_PACKAGE.match(base)
+    return match.group(1) if match else None
