@@ -2,38 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Tuple
-
 from agent.collectors.packages import PackageInfo, PackageSet, Watchlist, key_packages
+from agent.dpkg_status import iter_dpkg_status  # stdlib-only parser, shared with the apt hook
 from agent.errors import CollectorUnavailable
 from agent.host import Host
-
-# dpkg status words (third field of Status:) for which the package's files are on disk.
-_PRESENT_STATES = {"installed", "half-installed", "unpacked", "half-configured", "triggers-awaited",
-                   "triggers-pending"}
-
-
-def iter_dpkg_status(text: str) -> Iterator[Tuple[str, str, str, str]]:
-    """Yield (package, version, architecture, state) for every stanza whose files are present."""
-    for stanza in text.split("\n\n"):
-        name = version = arch = status = ""
-        for line in stanza.splitlines():
-            if not line or line[0] in " \t":
-                continue
-            key, _, value = line.partition(":")
-            if key == "Package":
-                name = value.strip()
-            elif key == "Version":
-                version = value.strip()
-            elif key == "Architecture":
-                arch = value.strip()
-            elif key == "Status":
-                status = value.strip()
-        if not name or not version:
-            continue
-        state = status.split()[-1] if status else ""
-        if state in _PRESENT_STATES:
-            yield name, version, arch, state
 
 
 def parse_dpkg_status(text: str, watch: Watchlist) -> PackageSet:
