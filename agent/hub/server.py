@@ -41,6 +41,17 @@ def serve(settings: HubSettings) -> None:
                     log.info("hub_listening", host=host, port=port, url=f"http://{host}:{port}",
                              database=redact_url(settings.database_url))
 
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # Graceful on the first SIGINT/SIGTERM, immediate on the second; unlike uvicorn's own handler the
+            # signal is not re-raised afterwards, so a clean shutdown exits 0.
+            if self.should_exit:
+                self.force_exit = True
+            self.should_exit = True
+
+        async def shutdown(self, sockets: Optional[List[socket.socket]] = None) -> None:
+            log.info("hub_stopping", grace_seconds=settings.shutdown_timeout_seconds)
+            await super().shutdown(sockets=sockets)
+
     config = uvicorn.Config(
         app, host=settings.listen_host, port=settings.listen_port, lifespan="on", log_config=None,
         access_log=False, server_header=False, proxy_headers=False, workers=1, reload=False,

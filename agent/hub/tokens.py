@@ -169,6 +169,7 @@ class TokenRegistry:
         self._checked_at = float("-inf")
         if path is not None:
             self._load(force=True)
+            self._checked_at = monotonic()
 
     @classmethod
     def of_entries(cls, entries: List[TokenEntry]) -> "TokenRegistry":

@@ -1,0 +1,52 @@
+"""`gpuguard hub add-host / add-reader`: the token on stdout once, its hash in the file; known errors one line."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+from agent.hub.tokens import TokenRegistry
+
+
+def run(argv, capsys) -> tuple:
+    out = io.StringIO()
+    code = main(argv, out=out)
+    return code, out.getvalue(), capsys.readouterr().err
+
+
+def test_add_host_prints_a_token_that_authenticates(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    tokens = tmp_path / "tokens.json"
+    code, out, err = run(["hub", "add-host", "gpu-node-01", "--tokens-file", str(tokens)], capsys)
+    assert code == 0
+    token = out.strip()
+    assert TokenRegistry(str(tokens)).authenticate_token(token).subject == "gpu-node-01"
+    assert "shown this once" in err and token not in err
+    assert stat.S_IMODE(os.stat(tokens).st_mode) == 0o600
+
+
+def test_add_host_uses_the_configs_tokens_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    tokens = tmp_path / "from-config.json"
+    config = tmp_path / "hub.toml"
+    config.write_text(f'tokens_file = "{tokens}"\n')
+    code, out, _ = run(["hub", "add-reader", "ops", "--config", str(config)], capsys)
+    assert code == 0 and TokenRegistry(str(tokens)).authenticate_token(out.strip()).role == "reader"
+
+
+def test_adding_a_host_twice_is_a_usage_error_unless_rotated(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    tokens = str(tmp_path / "tokens.json")
+    run(["hub", "add-host", "h1", "--tokens-file", tokens], capsys)
+    code, out, err = run(["hub", "add-host", "h1", "--tokens-file", tokens], capsys)
+    assert (code, out) == (2, "")
+    assert err.strip().count("\n") == 0 and "--rotate" in err
+    code, out, _ = run(["hub", "add-host", "h1", "--tokens-file", tokens, "--rotate"], capsys)
+    assert code == 0 and out.strip()
+
+
+def test_an_explicit_missing_config_is_a_config_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code, _, err = run(["hub", "serve", "--config", str(tmp_path / "absent.toml")], capsys)
+    assert code == 3 and "no such file" in err
