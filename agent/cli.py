@@ -7,6 +7,7 @@ import sys
 from typing import Callable, List, Optional, TextIO
 
 from agent import __version__
+from agent.config import DEFAULT_CONFIG_PATH
 from agent.errors import GpuguardError
 from agent.host import Host
 from agent.log import configure, get_logger
@@ -59,6 +60,23 @@ def _cmd_hub_add(args: argparse.Namespace, make_host: HostFactory, out: TextIO) 
     return 0
 
 
+def _cmd_run(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    from agent.daemon import run_daemon
+
+    return run_daemon(args.config, make_host(args.root))
+
+
+def _cmd_schema(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    from agent.report.schema import render_schema
+    from agent.snapshot.io import write_atomically
+
+    if args.output:
+        write_atomically(args.output, render_schema())
+    else:
+        out.write(render_schema())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuguard", description="Keep a GPU host's driver/ROCm/CUDA stack frozen "
                                                                    "and working.")
@@ -75,6 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="agent config (watched packages); defaults apply when it does not exist")
     snap.add_argument("--diff", nargs=2, metavar=("OLD", "NEW"), help="compare two snapshot JSON files")
     snap.set_defaults(handler=_cmd_snapshot)
+
+    run = sub.add_parser("run", help="run the agent daemon: snapshots, package watch, health checks, reporting")
+    run.add_argument("--config", default=DEFAULT_CONFIG_PATH, metavar="PATH",
+                     help=f"agent config file (default {DEFAULT_CONFIG_PATH}; missing means defaults)")
+    run.add_argument("--root", default="/", help="read the host tree under DIR instead of / (chroot, fixture)")
+    run.set_defaults(handler=_cmd_run)
+
+    schema = sub.add_parser("schema", help="print the JSON schema of report events (schemas/events-v1.json)")
+    schema.add_argument("--output", "-o", metavar="FILE", help="write it to FILE (atomically) instead")
+    schema.set_defaults(handler=_cmd_schema)
 
     _add_hub_parser(sub)
     return parser

@@ -50,6 +50,7 @@ class DaemonSettings(FrozenModel):
     """How often ``gpuguard run`` looks for package changes and runs the health check."""
 
     package_watch_interval_seconds: float = Field(2.0, gt=0)
+    health_enabled: bool = True
     health_interval_seconds: float = Field(21600.0, gt=0)
     # First health check this long after start (a baseline on a new host); None waits one full interval.
     health_first_run_seconds: Optional[float] = Field(60.0, ge=0)

@@ -38,9 +38,10 @@ class Receiver:
         self.requests = 0
         self.auth_failures = 0
         self.hold_next = False
+        self.held_ids: List[str] = []
         self.held = threading.Event()
         self.release = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._server: Optional[ThreadingHTTPServer] = None
         self._thread: Optional[threading.Thread] = None
         self._stop_hanging = threading.Event()
@@ -83,6 +84,11 @@ class Receiver:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+    def unhang(self) -> None:
+        """Answer normally from now on and let requests that hang return (without a reply)."""
+        self.mode = "ok"
+        self._stop_hanging.set()
 
     def sequences_stored(self) -> List[int]:
         with self._lock:
@@ -147,6 +153,7 @@ class Receiver:
             self.duplicates_reported.extend(duplicates)
             hold, self.hold_next = self.hold_next, False
         if hold:
+            self.held_ids = [e.event_id for e in batch.events]
             self.held.set()
             self.release.wait(60)
             return None  # the client was killed meanwhile; nobody reads a reply

@@ -1,0 +1,324 @@
+"""``gpuguard run``: the agent daemon. Wiring only: jobs on a scheduler, signals, systemd notifications, shutdown.
+
+Jobs (bodies in agent/daemon_jobs/) run on an apscheduler BackgroundScheduler with a thread pool larger than the
+number of jobs, each with ``max_instances=1`` and ``coalesce=True``: a job never overlaps itself and a slow one
+(a health check) never holds up the others. The main thread only waits for signals:
+
+    SIGTERM, SIGINT   finish the running job steps, flush metrics, exit 0
+    SIGHUP            reload the config file (and with it the policy); an invalid file is logged, the old kept
+    SIGUSR1           a package transaction happened (apt/dnf hook): snapshot and deliver now
+
+Under systemd (``Type=notify``) it sends READY=1 once running, WATCHDOG=1 at half of WATCHDOG_USEC from a
+scheduler job (so a wedged scheduler stops the pings), STATUS= lines, and STOPPING=1.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import select
+import signal
+import socket
+import threading
+import time
+from typing import Callable, Dict, Mapping, Optional
+
+from agent.config import Settings, load_settings
+from agent.daemon_jobs.delivery import DeliveryJob
+from agent.daemon_jobs.health import HealthJob
+from agent.daemon_jobs.heartbeat import HeartbeatJob
+from agent.daemon_jobs.hooks import default_hooks
+from agent.daemon_jobs.metrics import MetricsJob
+from agent.daemon_jobs.runtime import EventEmitter, Runtime, host_identity
+from agent.daemon_jobs.snapshot import SnapshotJob
+from agent.daemon_jobs.watch import PackageWatcher
+from agent.errors import ConfigError
+from agent.host import Host
+from agent.log import configure, get_logger
+from agent.report.outbox import OUTBOX_FILENAME, Outbox
+
+log = get_logger("daemon")
+
+_UTC = dt.timezone.utc
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+
+
+class SystemdNotifier:
+    """sd_notify(3) over $NOTIFY_SOCKET (AF_UNIX datagram; '@' means the abstract namespace); no-op without it."""
+
+    def __init__(self, env: Mapping[str, str] = os.environ) -> None:
+        address = env.get("NOTIFY_SOCKET") or ""
+        self._address: Optional[str] = None
+        if address.startswith("@"):
+            self._address = "\0" + address[1:]
+        elif address.startswith("/"):
+            self._address = address
+        self.watchdog_seconds: Optional[float] = None
+        usec, pid = env.get("WATCHDOG_USEC"), env.get("WATCHDOG_PID")
+        if usec and usec.isdigit() and int(usec) > 0 and (not pid or pid == str(os.getpid())):
+            self.watchdog_seconds = int(usec) / 1_000_000
+
+    def notify(self, *lines: str) -> None:
+        if self._address is None:
+            return
+        try:
+            # Non-blocking: a full receive queue on the other side must never stall shutdown or the scheduler.
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK) as sock:
+                sock.sendto("\n".join(lines).encode("utf-8"), self._address)
+        except OSError as exc:
+            log.debug("sd_notify_failed", error=str(exc))
+
+
+class JobRunner:
+    """Calls one job body for the scheduler: never raises, runs again when asked while running, reschedules.
+
+    ``request(reason)`` asks for a run now. If the job is running at that moment the scheduler would skip the
+    extra run (max_instances=1), so the running call notices the request and loops once more instead.
+    """
+
+    def __init__(self, job_id: str, body: Callable[[str], Optional[float]], stopping: threading.Event,
+                 after: Callable[[], None] = lambda: None, quiet: bool = False) -> None:
+        self.job_id = job_id
+        self.quiet = quiet
+        self.body = body
+        self.stopping = stopping
+        self.after = after
+        self.scheduler = None  # set when the job is added
+        self._again = threading.Event()
+        self._reason = "interval"
+
+    def request(self, reason: str) -> None:
+        self._reason = reason
+        self._again.set()
+        self.run_at(0.0)
+
+    def run_at(self, delay_seconds: float) -> None:
+        if self.scheduler is None:
+            return
+        when = dt.datetime.now(_UTC) + dt.timedelta(seconds=delay_seconds)
+        try:
+            self.scheduler.modify_job(self.job_id, next_run_time=when)
+        except Exception as exc:  # JobLookupError while shutting down
+            log.debug("job_reschedule_skipped", job=self.job_id, error=str(exc))
+
+    def __call__(self) -> None:
+        reason = "interval"
+        while not self.stopping.is_set():
+            if self._again.is_set():
+                reason = self._reason
+            self._again.clear()
+            started = time.monotonic()
+            try:
+                retry_in = self.body(reason)
+            except Exception as exc:  # one job's failure is data, never the daemon's end
+                log.error("job_failed", job=self.job_id, reason=reason, error=f"{type(exc).__name__}: {exc}",
+                          exc_info=True)
+                retry_in = None
+            if not self.quiet:
+                log.debug("job_ran", job=self.job_id, reason=reason,
+                          duration_seconds=round(time.monotonic() - started, 3))
+            try:
+                self.after()
+            except Exception as exc:
+                log.error("job_after_failed", job=self.job_id, error=f"{type(exc).__name__}: {exc}")
+            if retry_in is not None:
+                self.run_at(retry_in)
+                return
+            if not self._again.is_set():
+                return
+
+
+def build_sender(settings: Settings):  # type: ignore[no-untyped-def]
+    """The Sender for the configured endpoint (token read and checked now), or None without an endpoint."""
+    report = settings.report
+    if report.endpoint_url is None:
+        return None
+    from agent.report.sender import Sender, check_ca_bundle, load_token  # requests only when it is needed
+
+    if report.ca_bundle:
+        check_ca_bundle(report.ca_bundle)
+    token = load_token(report.token_file) if report.token_file else None
+    return Sender(report, token)
+
+
+class Daemon:
+    """Owns the scheduler, the jobs and the signal loop of one ``gpuguard run``."""
+
+    def __init__(self, config_path: str, settings: Settings, host: Host,
+                 notifier: Optional[SystemdNotifier] = None) -> None:
+        self.config_path = config_path
+        self.notifier = notifier or SystemdNotifier()
+        sender = build_sender(settings)
+        state_dir = settings.agent.state_dir
+        os.makedirs(state_dir, mode=0o755, exist_ok=True)
+        outbox = Outbox.open_or_recover(os.path.join(state_dir, OUTBOX_FILENAME), settings.report.max_events)
+        emitter = EventEmitter(outbox, host_identity(host, settings), host.hostname(), host.clock)
+        self.runtime = Runtime(host=host, settings=settings, state_dir=state_dir, outbox=outbox, emitter=emitter,
+                               sender=sender)
+        self.runners: Dict[str, JobRunner] = {}
+        self.scheduler = None
+        self._metrics: Optional[MetricsJob] = None
+        self._delivery: Optional[DeliveryJob] = None
+
+    def _add(self, scheduler, job_id: str, body: Callable[[str], Optional[float]],  # type: ignore[no-untyped-def]
+             interval_seconds: float, first_in_seconds: Optional[float], refresh_metrics: bool = True) -> JobRunner:
+        """Schedule a body every ``interval_seconds``, first after ``first_in_seconds`` (None: one interval)."""
+        metrics = self._metrics
+        after = (lambda: metrics.run(f"after_{job_id}")) if refresh_metrics and metrics is not None else _nothing
+        runner = JobRunner(job_id, body, self.runtime.stopping, after=after, quiet=not refresh_metrics)
+        runner.scheduler = scheduler
+        first_seconds = interval_seconds if first_in_seconds is None else first_in_seconds
+        scheduler.add_job(runner, "interval", seconds=interval_seconds, id=job_id, name=job_id,
+                          next_run_time=dt.datetime.now(_UTC) + dt.timedelta(seconds=first_seconds))
+        self.runners[job_id] = runner
+        return runner
+
+    def start(self) -> None:
+        from apscheduler.events import EVENT_JOB_MAX_INSTANCES
+        from apscheduler.executors.pool import ThreadPoolExecutor
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        # apscheduler logs through stdlib logging; its routine "skipped: still running" is ours to report.
+        logging.getLogger("apscheduler").setLevel(logging.ERROR)
+        rt, s = self.runtime, self.runtime.settings
+        hooks = default_hooks()
+        scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(max_workers=10)},
+                                        job_defaults={"max_instances": 1, "coalesce": True,
+                                                      "misfire_grace_time": None},
+                                        timezone=_UTC)
+        scheduler.add_listener(lambda event: log.debug("job_skipped_still_running", job=event.job_id),
+                               EVENT_JOB_MAX_INSTANCES)
+        self.scheduler = scheduler
+        self._metrics = MetricsJob(rt)
+        self._add(scheduler, "metrics", _none(self._metrics.run), 60.0, 0.0, refresh_metrics=False)
+        delivery = self._delivery = DeliveryJob(rt)
+        deliver = self._add(scheduler, "deliver", delivery.run, s.report.delivery_interval_seconds, 0.0)
+        rt.emitter.on_enqueued = lambda: deliver.request("event_enqueued")
+        health = HealthJob(rt, hooks)
+        health_runner = self._add(scheduler, "health", _none(health.run), s.daemon.health_interval_seconds,
+                                  s.daemon.health_first_run_seconds)
+        snapshot = SnapshotJob(rt, hooks["policy_check"], on_stack_changed=health_runner.request)
+        snap_runner = self._add(scheduler, "snapshot", _none(snapshot.run), s.snapshot.interval_seconds, 0.0)
+        watcher = PackageWatcher(rt.host, on_change=snap_runner.request)
+        self._add(scheduler, "package_watch", _none(watcher.run), s.daemon.package_watch_interval_seconds, None,
+                  refresh_metrics=False)
+        heartbeat = HeartbeatJob(rt)
+        self._add(scheduler, "heartbeat", _none(heartbeat.run), s.report.heartbeat_interval_seconds, None)
+        if self.notifier.watchdog_seconds:
+            self._add(scheduler, "watchdog", lambda reason: self.notifier.notify("WATCHDOG=1"),
+                      self.notifier.watchdog_seconds / 2, 0.0, refresh_metrics=False)
+        scheduler.start()
+        log.info("daemon_started", root=str(rt.host.root), state_dir=rt.state_dir, host_id=rt.emitter.host_id,
+                 endpoint_url=s.report.endpoint_url, outbox_depth=rt.outbox.depth(),
+                 watchdog_seconds=self.notifier.watchdog_seconds)
+        self.notifier.notify("READY=1", f"STATUS=running; outbox depth {rt.outbox.depth()}")
+
+    def reload(self) -> bool:
+        """Re-read the config file; on any problem keep running with the old settings."""
+        old = self.runtime.settings
+        try:
+            new = load_settings(self.config_path)
+            sender = build_sender(new)
+        except ConfigError as exc:
+            log.error("config_reload_failed", path=exc.path, problems=list(exc.problems),
+                      kept="previous configuration")
+            self.notifier.notify("STATUS=running; config reload failed, previous configuration kept")
+            return False
+        if new.agent.state_dir != old.agent.state_dir:
+            log.warning("config_reload_partial", ignored="agent.state_dir", reason="takes effect on restart")
+            new = new.model_copy(update={"agent": new.agent.model_copy(update={"state_dir": old.agent.state_dir})})
+        configure(level=new.agent.log_level)
+        rt = self.runtime
+        rt.settings = new
+        rt.sender = sender
+        rt.outbox.max_events = new.report.max_events
+        rt.emitter.host_id = host_identity(rt.host, new)
+        if self._delivery is not None:
+            self._delivery.reset_backoff()  # the new endpoint, token or CA bundle deserves a try now
+        intervals = {"deliver": (old.report.delivery_interval_seconds, new.report.delivery_interval_seconds),
+                     "heartbeat": (old.report.heartbeat_interval_seconds, new.report.heartbeat_interval_seconds),
+                     "snapshot": (old.snapshot.interval_seconds, new.snapshot.interval_seconds),
+                     "health": (old.daemon.health_interval_seconds, new.daemon.health_interval_seconds),
+                     "package_watch": (old.daemon.package_watch_interval_seconds,
+                                       new.daemon.package_watch_interval_seconds)}
+        for job_id, (before, after) in intervals.items():
+            if before != after and self.scheduler is not None:
+                self.scheduler.reschedule_job(job_id, trigger="interval", seconds=after)
+        log.info("config_reloaded", path=self.config_path, endpoint_url=new.report.endpoint_url)
+        self.notifier.notify("STATUS=running; configuration reloaded")
+        self.runners["snapshot"].request("config_reloaded")
+        self.runners["deliver"].request("config_reloaded")
+        return True
+
+    def stop(self) -> None:
+        """Let running job steps finish, then flush metrics and close the outbox."""
+        log.info("daemon_stopping")
+        self.notifier.notify("STOPPING=1", "STATUS=stopping")
+        self.runtime.stopping.set()
+        if self.scheduler is not None:
+            self.scheduler.shutdown(wait=True)
+        try:
+            MetricsJob(self.runtime).run("shutdown")
+        except OSError as exc:
+            log.warning("metrics_write_failed", error=str(exc))
+        depth = self.runtime.outbox.depth()
+        self.runtime.outbox.close()
+        if self.runtime.sender is not None:
+            self.runtime.sender.close()
+        log.info("daemon_stopped", outbox_depth=depth)
+
+    def serve(self) -> int:
+        """Start, then handle signals in the main thread until SIGTERM/SIGINT; returns the exit code."""
+        read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        previous = {sig: signal.signal(sig, _ignore) for sig in _SIGNALS}
+        old_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        try:
+            self.start()
+            while True:
+                select.select([read_fd], [], [])
+                try:
+                    received = os.read(read_fd, 64)
+                except BlockingIOError:
+                    continue
+                for signum in received:
+                    if signum in (signal.SIGTERM, signal.SIGINT):
+                        log.info("signal_received", signal=signal.Signals(signum).name)
+                        self.stop()
+                        return 0
+                    if signum == signal.SIGHUP:
+                        log.info("signal_received", signal="SIGHUP")
+                        self.reload()
+                    elif signum == signal.SIGUSR1:
+                        log.info("signal_received", signal="SIGUSR1")
+                        self.runners["snapshot"].request("package_transaction")
+                        self.runners["deliver"].request("package_transaction")
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            os.close(read_fd)
+            os.close(write_fd)
+
+
+def _nothing() -> None:
+    return None
+
+
+def _ignore(signum, frame):  # type: ignore[no-untyped-def]
+    """Python-level handler: the C handler already wrote the signal number to the wakeup pipe."""
+
+
+def _none(body: Callable[[str], None]) -> Callable[[str], Optional[float]]:
+    def call(reason: str) -> Optional[float]:
+        body(reason)
+        return None
+    return call
+
+
+def run_daemon(config_path: str, host: Host) -> int:
+    """Load the config (every problem at once), check the token, then serve until told to stop."""
+    settings = load_settings(config_path)
+    daemon = Daemon(config_path, settings, host)  # refuses a bad token file before anything is logged
+    configure(level=settings.agent.log_level)
+    return daemon.serve()

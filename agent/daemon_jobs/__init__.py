@@ -1,0 +1,13 @@
+"""The bodies of the daemon's jobs, one per file; ``agent/daemon.py`` schedules them and owns signals.
+
+    runtime.py    what every job shares: the Host, current Settings, the outbox, in-memory state, the emitter
+    snapshot.py   take a snapshot, store it, report a changed content hash, evaluate the policy
+    watch.py      notice package database changes (dpkg, rpm) cheaply and ask for a snapshot at once
+    health.py     run the health check (agent.health, when installed) and report regressions
+    heartbeat.py  a periodic "alive" event with pairing, compliance, last health and outbox depth
+    delivery.py   drain the outbox to the endpoint, in order, with backoff while it is down
+    metrics.py    rewrite the node_exporter textfile from the state and the outbox
+
+Every body may be slow or fail; none of them knows about the scheduler. A body that wants to run again sooner
+says so by its return value or through the ``request_*`` callables it was given.
+"""

@@ -1,0 +1,46 @@
+"""The metrics job: rewrite the node_exporter textfile from the daemon's state and the outbox when it changed."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Optional
+
+from agent import __version__
+from agent.daemon_jobs.runtime import Runtime
+from agent.report.metrics import MetricsView, render_metrics, write_textfile
+
+
+def metrics_view(runtime: Runtime) -> MetricsView:
+    """Gather what the textfile shows."""
+    state, outbox = runtime.state, runtime.outbox
+    with state.lock:
+        snap = state.last_snapshot
+        view = dict(pairing=state.pairing, compliant=state.compliant, last_health_status=state.last_health_status,
+                    last_health_timestamp_seconds=state.last_health_at_seconds,
+                    last_delivery_success_seconds=state.last_delivery_success_seconds,
+                    delivery_failures=dict(state.delivery_failures))
+    return MetricsView(agent_version=__version__, start_time_seconds=round(state.started_at_seconds, 3),
+                       snapshot_timestamp_seconds=snap.taken_at.timestamp() if snap else None,
+                       findings_by_severity=dict(Counter(f.severity for f in snap.findings)) if snap else {},
+                       outbox_depth=outbox.depth(), outbox_oldest_age_seconds=outbox.oldest_age_seconds(),
+                       outbox_dropped=outbox.dropped_counts(), outbox_rejected=outbox.rejected_count(), **view)
+
+
+class MetricsJob:
+    """Writes the textfile (atomically) whenever its content differs from what was last written."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self._written: Optional[str] = None
+        self._lock = threading.Lock()
+
+    def run(self, reason: str = "interval") -> None:
+        path = self.runtime.settings.report.metrics_path(self.runtime.state_dir)
+        if path is None:
+            return
+        with self._lock:
+            text = render_metrics(metrics_view(self.runtime))
+            if text != self._written:
+                write_textfile(path, text)
+                self._written = text

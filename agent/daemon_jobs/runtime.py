@@ -1,0 +1,94 @@
+"""What the daemon's jobs share: the Host, the current Settings, the outbox, state kept between runs, the emitter.
+
+Settings are swapped as a whole on SIGHUP (jobs read ``runtime.settings`` at the start of each run); the state,
+the outbox and the sender's backoff survive a reload.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, Optional
+
+from agent.config import Settings
+from agent.host import Host
+from agent.report.events import Event, Payload, Severity
+from agent.report.outbox import Outbox
+from agent.snapshot.model import Snapshot
+from agent.snapshot.pairing import Pairing
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.report.sender import Sender
+
+LAST_SNAPSHOT_FILENAME = "last-snapshot.json"
+
+
+@dataclass
+class AgentState:
+    """What the daemon knows between job runs; the last snapshot is also on disk and read back at start."""
+
+    started_at_seconds: float = field(default_factory=time.time)
+    started_monotonic: float = field(default_factory=time.monotonic)
+    last_snapshot: Optional[Snapshot] = None
+    pairing: Optional[Pairing] = None
+    compliant: Optional[bool] = None
+    violated_rules: FrozenSet[str] = frozenset()
+    last_health_status: Optional[str] = None
+    last_health_at_seconds: Optional[float] = None
+    last_delivery_success_seconds: Optional[float] = None
+    delivery_failures: Dict[str, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def uptime_seconds(self) -> float:
+        return time.monotonic() - self.started_monotonic
+
+    def count_delivery_failure(self, category: str) -> None:
+        with self.lock:
+            self.delivery_failures[category] = self.delivery_failures.get(category, 0) + 1
+
+
+def host_identity(host: Host, settings: Settings) -> str:
+    """The host's stable id: configured ``agent.host_id``, else /etc/machine-id, else the host name."""
+    if settings.agent.host_id:
+        return settings.agent.host_id
+    machine_id = host.read_first_line("/etc/machine-id")
+    return machine_id or host.hostname()
+
+
+class EventEmitter:
+    """Wraps payloads into Events of this host, commits them to the outbox and wakes delivery."""
+
+    def __init__(self, outbox: Outbox, host_id: str, hostname: str,
+                 clock: Callable[[], dt.datetime], on_enqueued: Callable[[], None] = lambda: None) -> None:
+        self.outbox = outbox
+        self.host_id = host_id
+        self.hostname = hostname
+        self._clock = clock
+        self.on_enqueued = on_enqueued
+
+    def emit(self, payload: Payload, severity: Severity = "info") -> Event:
+        """Commit one event; returns it as stored (with its sequence)."""
+        event = Event(host_id=self.host_id, hostname=self.hostname, occurred_at=self._clock(), severity=severity,
+                      payload=payload)
+        stored = self.outbox.enqueue(event)
+        self.on_enqueued()
+        return stored
+
+
+@dataclass
+class Runtime:
+    """Everything a job body needs; built once by the daemon, ``settings`` and ``sender`` replaced on reload."""
+
+    host: Host
+    settings: Settings
+    state_dir: str
+    outbox: Outbox
+    emitter: EventEmitter
+    state: AgentState = field(default_factory=AgentState)
+    sender: Optional["Sender"] = None
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    def state_path(self, name: str) -> str:
+        return f"{self.state_dir.rstrip('/')}/{name}"

@@ -1,0 +1,101 @@
+"""The snapshot job: take a snapshot, report a changed content hash, evaluate the policy, keep the last one."""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional
+
+from agent.collectors import default_collectors
+from agent.daemon_jobs.hooks import LazyHook
+from agent.daemon_jobs.runtime import LAST_SNAPSHOT_FILENAME, Runtime
+from agent.errors import InputFileError
+from agent.log import get_logger
+from agent.report.events import PolicyViolation, SnapshotChanged
+from agent.snapshot.diff import SnapshotDiff, diff_snapshots
+from agent.snapshot.io import load_snapshot, write_atomically
+from agent.snapshot.model import Snapshot
+from agent.snapshot.pairing import pairing_of
+from agent.snapshot.take import take_snapshot
+
+log = get_logger("snapshot_job")
+
+# A change in any of these sections moves the GPU stack: the health check should run again.
+STACK_SECTIONS = frozenset({"kernel", "dkms", "dpkg", "rpm", "amdgpu", "rocm", "nvidia", "cuda"})
+
+
+def load_last_snapshot(runtime: Runtime) -> Optional[Snapshot]:
+    """The snapshot stored by the previous run, or None (first start, or a damaged file: logged)."""
+    path = runtime.state_path(LAST_SNAPSHOT_FILENAME)
+    try:
+        return load_snapshot(path)
+    except InputFileError as exc:
+        if exc.reason != "no such file":
+            log.warning("last_snapshot_unreadable", path=path, error=str(exc))
+        return None
+
+
+def stack_changed(diff: SnapshotDiff) -> bool:
+    """True when the diff touches the kernel, drivers, ROCm/CUDA or watched packages."""
+    return any(change.section in STACK_SECTIONS for change in diff.changes)
+
+
+class SnapshotJob:
+    """Takes snapshots; on a new content hash commits SnapshotChanged (with the diff) before storing the snapshot."""
+
+    def __init__(self, runtime: Runtime, policy_hook: LazyHook,
+                 on_stack_changed: Callable[[str], None] = lambda reason: None,
+                 take: Callable[..., Snapshot] = take_snapshot) -> None:
+        self.runtime = runtime
+        self.policy_hook = policy_hook
+        self.on_stack_changed = on_stack_changed
+        self._take = take
+        state = runtime.state
+        if state.last_snapshot is None:
+            state.last_snapshot = load_last_snapshot(runtime)
+            if state.last_snapshot is not None:
+                state.pairing = pairing_of(state.last_snapshot)
+
+    def run(self, reason: str = "interval") -> None:
+        rt = self.runtime
+        snap = self._take(rt.host, default_collectors(rt.settings.snapshot.all_watched_packages))
+        previous = rt.state.last_snapshot
+        pairing = pairing_of(snap)
+        diff: Optional[SnapshotDiff] = None
+        if previous is None or previous.content_hash != snap.content_hash:
+            diff = diff_snapshots(previous, snap) if previous is not None else None
+            pairing_moved = previous is not None and pairing_of(previous) != pairing
+            # Committed before the snapshot file is replaced: a crash in between re-reports, never loses.
+            rt.emitter.emit(SnapshotChanged(old_hash=previous.content_hash if previous else None,
+                                            new_hash=snap.content_hash, changes=diff.changes if diff else [],
+                                            pairing=pairing),
+                            severity="warning" if pairing_moved else "info")
+            log.info("snapshot_changed", reason=reason, old_hash=previous.content_hash if previous else None,
+                     new_hash=snap.content_hash, changes=len(diff.changes) if diff else 0)
+        self._evaluate_policy(snap)
+        write_atomically(rt.state_path(LAST_SNAPSHOT_FILENAME), snap.to_json(), mode=0o600)
+        with rt.state.lock:
+            rt.state.last_snapshot = snap
+            rt.state.pairing = pairing
+        if rt.emitter.hostname != snap.hostname:
+            rt.emitter.hostname = snap.hostname
+        if diff is not None and stack_changed(diff):
+            self.on_stack_changed(f"stack_changed:{','.join(s for s in diff.changed_sections if s in STACK_SECTIONS)}")
+
+    def _evaluate_policy(self, snap: Snapshot) -> None:
+        rt = self.runtime
+        check = self.policy_hook.resolve()
+        if check is None:
+            return
+        try:
+            violations: List[PolicyViolation] = list(check(snap, rt.settings))
+        except Exception as exc:  # the policy engine's failure must not stop snapshots
+            log.error("policy_check_failed", error=f"{type(exc).__name__}: {exc}")
+            rt.state.compliant = None
+            return
+        rules = frozenset(v.rule for v in violations)
+        for violation in violations:
+            if violation.rule not in rt.state.violated_rules:
+                rt.emitter.emit(violation, severity="critical" if violation.action != "warn" else "warning")
+                log.warning("policy_violation", rule=violation.rule, action=violation.action)
+        with rt.state.lock:
+            rt.state.compliant = not violations
+            rt.state.violated_rules = rules

@@ -1,0 +1,151 @@
+"""Fixtures for daemon tests: a real ``gpuguard run`` subprocess over a copied fixture root, and the receiver."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
+
+import pytest
+
+from agent.report.outbox import OUTBOX_FILENAME, Outbox
+from tests.conftest import ROOTS
+from tests.report.conftest import certificates, receiver, token_file  # noqa: F401 - shared fixtures
+from tests.report.receiver import Receiver
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = "test-token-0123456789"
+
+
+def agent_config(state_dir: Path, endpoint_url: Optional[str] = None, token_file: Optional[Path] = None,
+                 log_level: str = "debug", **report: object) -> str:
+    """A config with short intervals so tests see many events quickly; ``report`` overrides [report] keys."""
+    values: Dict[str, object] = {"heartbeat_interval_seconds": 0.2, "delivery_interval_seconds": 0.5,
+                                 "backoff_base_seconds": 0.05, "backoff_cap_seconds": 0.4,
+                                 "connect_timeout_seconds": 1.0, "read_timeout_seconds": 2.0, "batch_size": 5}
+    if endpoint_url:
+        values["endpoint_url"] = endpoint_url
+    values["token_file"] = str(token_file) if token_file else None
+    values.update(report)
+    lines = ["[agent]", f'state_dir = "{state_dir}"', f'log_level = "{log_level}"', "host_id = \"test-host-1\"",
+             "[snapshot]", "interval_seconds = 600", "[daemon]", "package_watch_interval_seconds = 0.1",
+             "health_first_run_seconds = 0", "[report]"]
+    for key, value in values.items():
+        if value is None:
+            continue
+        lines.append(f"{key} = {json.dumps(value)}")
+    return "\n".join(lines) + "\n"
+
+
+class AgentProcess:
+    """One ``python -m agent run`` subprocess; stderr (JSON log lines) goes to a file the test can read."""
+
+    def __init__(self, workdir: Path, root: Path, env: Optional[Dict[str, str]] = None) -> None:
+        self.workdir = workdir
+        self.root = root
+        self.config = workdir / "agent.toml"
+        self.state_dir = workdir / "state"
+        self.env = env or {}
+        self.proc: Optional[subprocess.Popen] = None
+        self.runs = 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"agent-{self.runs}.log"
+
+    def write_config(self, text: str) -> None:
+        self.config.write_text(text)
+
+    def start(self) -> "AgentProcess":
+        assert self.proc is None or self.proc.poll() is not None
+        self.runs += 1
+        env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
+        env.update({"PYTHONPATH": str(REPO), **self.env})
+        with open(self.log_path, "wb") as stderr:
+            self.proc = subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(self.config),
+                                          "--root", str(self.root)], cwd=str(REPO), env=env,
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+        return self
+
+    def logs(self, run: Optional[int] = None) -> List[dict]:
+        path = self.workdir / f"agent-{run or self.runs}.log"
+        out = []
+        for line in path.read_text().splitlines() if path.exists() else []:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                out.append({"event": "not_json", "line": line})
+        return out
+
+    def events_named(self, name: str) -> List[dict]:
+        return [entry for entry in self.logs() if entry.get("event") == name]
+
+    def wait_for_log(self, name: str, count: int = 1, timeout_seconds: float = 20.0, **match: object) -> List[dict]:
+        deadline = time.monotonic() + timeout_seconds
+        while time.monotonic() < deadline:
+            found = [e for e in self.events_named(name) if all(e.get(k) == v for k, v in match.items())]
+            if len(found) >= count:
+                return found
+            assert self.proc is not None and self.proc.poll() is None, \
+                f"agent exited {self.proc.returncode if self.proc else None}: {self.log_path.read_text()[-3000:]}"
+            time.sleep(0.05)
+        raise AssertionError(f"no {count}x {name} {match} within {timeout_seconds} s; log tail: "
+                             f"{self.log_path.read_text()[-3000:]}")
+
+    def send(self, sig: int) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, sig)
+
+    def terminate(self, timeout_seconds: float = 15.0) -> int:
+        """SIGTERM and wait; returns the exit code."""
+        self.send(signal.SIGTERM)
+        assert self.proc is not None
+        return self.proc.wait(timeout_seconds)
+
+    def kill(self) -> None:
+        """SIGKILL, as the OOM killer or a power cut would end it."""
+        self.send(signal.SIGKILL)
+        assert self.proc is not None
+        self.proc.wait(15)
+
+    def cleanup(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(15)
+
+    def outbox(self) -> Outbox:
+        return Outbox(str(self.state_dir / OUTBOX_FILENAME))
+
+
+@pytest.fixture
+def host_root(tmp_path: Path) -> Path:
+    """A writable copy of the GPU-less Debian 12 fixture root (tests change its dpkg database)."""
+    root = tmp_path / "root"
+    shutil.copytree(ROOTS / "gpuless-debian12", root, symlinks=True)
+    return root
+
+
+@pytest.fixture
+def agent(tmp_path: Path, host_root: Path) -> Iterator[AgentProcess]:
+    process = AgentProcess(tmp_path, host_root)
+    yield process
+    process.cleanup()
+
+
+def assert_delivered_once_in_order(receiver: Receiver, outbox: Outbox) -> List[int]:
+    """Every sequence ever assigned is either stored once at the receiver or still pending; stored in order."""
+    stored = receiver.sequences_stored()
+    pending = [e.sequence for e in outbox.pending(100000)]
+    last = outbox.last_sequence()
+    assert stored == sorted(stored), "receiver stored events out of sequence order"
+    assert len(set(stored)) == len(stored), "an event was stored twice"
+    assert not set(stored) & set(pending), "an acknowledged event is still pending"
+    assert set(stored) | set(pending) == set(range(1, last + 1)), "an event was lost"
+    assert len(receiver.stored) == len(stored)
+    return stored

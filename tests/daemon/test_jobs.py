@@ -1,0 +1,309 @@
+"""The daemon's job bodies in-process: snapshot, package watch, health, heartbeat, delivery, metrics."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import random
+import types
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import pytest
+
+from agent.config import Settings
+from agent.daemon_jobs.delivery import DeliveryJob
+from agent.daemon_jobs.health import HealthJob
+from agent.daemon_jobs.heartbeat import HeartbeatJob
+from agent.daemon_jobs.hooks import LazyHook, default_hooks
+from agent.daemon_jobs.metrics import MetricsJob
+from agent.daemon_jobs.runtime import EventEmitter, Runtime, host_identity
+from agent.daemon_jobs.snapshot import SnapshotJob
+from agent.daemon_jobs.watch import PackageWatcher
+from agent.host import Host
+from agent.report.events import CpuFallback, PolicyViolation
+from agent.report.outbox import Outbox
+from agent.report.sender import Sender
+from agent.report.settings import ReportSettings
+from agent.snapshot.model import Snapshot, compute_content_hash
+from agent.snapshot.take import take_snapshot
+from tests.conftest import make_fixture_host
+from tests.daemon.conftest import TOKEN
+from tests.report.events import event
+from tests.report.receiver import Receiver
+
+
+def make_runtime(tmp_path: Path, host: Host, settings: Optional[Settings] = None,
+                 endpoint: Optional[str] = None) -> Runtime:
+    """A Runtime over a temp state dir, with a Sender when an endpoint is given."""
+    settings = settings or Settings()
+    if endpoint:
+        report = settings.report.model_copy(update={"endpoint_url": endpoint, "batch_size": 5,
+                                                    "backoff_base_seconds": 0.05, "backoff_cap_seconds": 0.4,
+                                                    "read_timeout_seconds": 2.0})
+        settings = settings.model_copy(update={"report": ReportSettings.model_validate(report.model_dump())})
+    state_dir = str(tmp_path / "state")
+    outbox = Outbox(f"{state_dir}/outbox.sqlite3")
+    emitter = EventEmitter(outbox, host_identity(host, settings), host.hostname(), host.clock)
+    sender = Sender(settings.report, TOKEN) if endpoint else None
+    return Runtime(host=host, settings=settings, state_dir=state_dir, outbox=outbox, emitter=emitter, sender=sender)
+
+
+def fake_importer(modules: Dict[str, Any]):  # type: ignore[no-untyped-def]
+    """An importer serving fake modules by name and refusing the rest, like a tree without that package."""
+    def load(name: str) -> Any:
+        if name in modules:
+            return modules[name]
+        raise ImportError(f"No module named {name!r}")
+    return load
+
+
+def no_hooks() -> Dict[str, LazyHook]:
+    return default_hooks(fake_importer({}))
+
+
+# --- snapshot ---------------------------------------------------------------------------------------------------
+
+def test_first_snapshot_is_reported_and_stored(tmp_path: Path) -> None:
+    """No previous snapshot: one SnapshotChanged with no old hash; the snapshot is written to the state dir."""
+    rt = make_runtime(tmp_path, make_fixture_host("gpuless-debian12"))
+    SnapshotJob(rt, no_hooks()["policy_check"]).run()
+    [stored] = rt.outbox.pending(10)
+    assert stored.kind == "snapshot_changed" and stored.payload.old_hash is None
+    assert stored.payload.pairing.kernel_running == "6.1.0-26-amd64"
+    assert (tmp_path / "state" / "last-snapshot.json").exists()
+
+
+def test_unchanged_snapshot_is_not_reported_even_after_a_restart(tmp_path: Path) -> None:
+    """Same content hash, nothing to say; the stored snapshot is read back by a new daemon."""
+    host = make_fixture_host("gpuless-debian12")
+    rt = make_runtime(tmp_path, host)
+    job = SnapshotJob(rt, no_hooks()["policy_check"])
+    job.run()
+    job.run()
+    assert rt.outbox.depth() == 1
+    rt.outbox.close()
+    restarted = make_runtime(tmp_path, host)
+    SnapshotJob(restarted, no_hooks()["policy_check"]).run()
+    assert restarted.outbox.depth() == 1
+
+
+def test_changed_package_is_reported_with_the_diff_and_asks_for_a_health_check(tmp_path: Path) -> None:
+    """A moved watched package gives a SnapshotChanged with the change, and a health-check request."""
+    host = make_fixture_host("gpuless-debian12")
+    rt = make_runtime(tmp_path, host)
+    asked: List[str] = []
+    def moved_containerd(h: Host, collectors: Any) -> Snapshot:
+        snap = take_snapshot(h, collectors)
+        dpkg = snap.dpkg.data
+        packages = dict(dpkg.packages)
+        packages["containerd.io"] = packages["containerd.io"].model_copy(update={"version": "1.7.23-1"})
+        changed = snap.model_copy(update={"dpkg": snap.dpkg.model_copy(
+            update={"data": dpkg.model_copy(update={"packages": packages})})})
+        return changed.model_copy(update={"content_hash": compute_content_hash(changed)})
+
+    SnapshotJob(rt, no_hooks()["policy_check"], on_stack_changed=asked.append).run()
+    SnapshotJob(rt, no_hooks()["policy_check"], on_stack_changed=asked.append, take=moved_containerd).run()
+    first, second = rt.outbox.pending(10)
+    assert second.payload.old_hash == first.payload.new_hash
+    assert [(c.section, c.path, c.old, c.new) for c in second.payload.changes] == [
+        ("dpkg", "packages.containerd.io.version", "1.7.22-1", "1.7.23-1")]
+    assert asked == ["stack_changed:dpkg"]
+
+
+def test_policy_violations_are_reported_when_they_appear(tmp_path: Path) -> None:
+    """A rule violated across snapshots is reported once; compliance follows the latest evaluation."""
+    verdicts = [[PolicyViolation(rule="rocm-pin", message="rocm moved", action="rollback")],
+                [PolicyViolation(rule="rocm-pin", message="rocm moved", action="rollback")], []]
+    module = types.SimpleNamespace(check_snapshot=lambda snap, settings: verdicts.pop(0))
+    hook = default_hooks(fake_importer({"agent.policy.compliance": module}))["policy_check"]
+    rt = make_runtime(tmp_path, make_fixture_host("gpuless-debian12"))
+    job = SnapshotJob(rt, hook)
+    job.run()
+    assert rt.state.compliant is False
+    job.run()
+    job.run()
+    assert rt.state.compliant is True
+    kinds = [(e.kind, e.severity) for e in rt.outbox.pending(10)]
+    assert kinds == [("snapshot_changed", "info"), ("policy_violation", "critical")]
+
+
+def test_missing_policy_engine_leaves_compliance_unknown(tmp_path: Path) -> None:
+    """Without agent.policy.compliance the snapshot job still works and says nothing about compliance."""
+    rt = make_runtime(tmp_path, make_fixture_host("gpuless-debian12"))
+    SnapshotJob(rt, no_hooks()["policy_check"]).run()
+    assert rt.state.compliant is None
+
+
+# --- package watch ----------------------------------------------------------------------------------------------
+
+def test_package_database_change_is_reported_once_it_settles(tmp_path: Path) -> None:
+    """One callback per burst of writes, after the signature stayed the same for one poll."""
+    root = tmp_path / "root"
+    status = root / "var/lib/dpkg/status"
+    status.parent.mkdir(parents=True)
+    status.write_text("Package: a\n")
+    changes: List[str] = []
+    watcher = PackageWatcher(Host.for_root(str(root)), changes.append)
+    watcher.run()
+    assert changes == []
+    status.write_text("Package: a\nVersion: 2\n")
+    watcher.run()
+    status.write_text("Package: a\nVersion: 3\n")
+    watcher.run()
+    assert changes == []
+    watcher.run()
+    watcher.run()
+    assert changes == ["package_change"]
+
+
+def test_rpm_database_directory_is_watched(tmp_path: Path) -> None:
+    """rpmdb.sqlite and its WAL under /usr/lib/sysimage/rpm (with /var/lib/rpm a link to it) count."""
+    root = tmp_path / "root"
+    (root / "usr/lib/sysimage/rpm").mkdir(parents=True)
+    (root / "var/lib").mkdir(parents=True)
+    os.symlink("../../usr/lib/sysimage/rpm", root / "var/lib/rpm")
+    (root / "usr/lib/sysimage/rpm/rpmdb.sqlite").write_bytes(b"x")
+    changes: List[str] = []
+    watcher = PackageWatcher(Host.for_root(str(root)), changes.append)
+    (root / "usr/lib/sysimage/rpm/rpmdb.sqlite-wal").write_bytes(b"y")
+    watcher.run()
+    watcher.run()
+    assert changes == ["package_change"]
+
+
+# --- health -----------------------------------------------------------------------------------------------------
+
+def fake_health_modules(status: str, payloads: List[Any], calls: List[Any]) -> Dict[str, Any]:
+    result = types.SimpleNamespace(status=status)
+
+    def run_health_check(host: Host, settings: Any, state_dir: str, snapshot: Any = None) -> Any:
+        calls.append((settings, state_dir))
+        return result
+
+    return {"agent.health.runner": types.SimpleNamespace(run_health_check=run_health_check,
+                                                         load_last_result=lambda state_dir: None),
+            "agent.health.events": types.SimpleNamespace(payloads_for=lambda r: list(payloads)),
+            "agent.health.settings": types.SimpleNamespace(HealthSettings=lambda: "default-health-settings")}
+
+
+def test_health_result_is_recorded_and_its_events_reported(tmp_path: Path) -> None:
+    """A CPU fallback is a critical event; the status feeds heartbeats and metrics."""
+    calls: List[Any] = []
+    fallback = CpuFallback(reason="no_gpu_visible", fingerprint="fp1")
+    hooks = default_hooks(fake_importer(fake_health_modules("cpu_fallback", [fallback], calls)))
+    rt = make_runtime(tmp_path, Host(root=Path("/"), clock=lambda: dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)))
+    HealthJob(rt, hooks).run("stack_changed:kernel")
+    assert len(calls) == 1 and calls[0][1] == rt.state_dir
+    assert rt.state.last_health_status == "cpu_fallback"
+    assert [(e.kind, e.severity) for e in rt.outbox.pending(10)] == [("cpu_fallback", "critical")]
+
+
+def test_health_check_is_skipped_for_a_foreign_root_or_when_disabled(tmp_path: Path) -> None:
+    """The probe measures this machine, so a fixture root never runs it; health_enabled=false neither."""
+    calls: List[Any] = []
+    hooks = default_hooks(fake_importer(fake_health_modules("pass", [], calls)))
+    HealthJob(make_runtime(tmp_path / "a", make_fixture_host("gpuless-debian12")), hooks).run()
+    disabled = Settings.model_validate({"daemon": {"health_enabled": False}})
+    HealthJob(make_runtime(tmp_path / "b", Host(root=Path("/")), disabled), hooks).run()
+    assert calls == []
+
+
+def test_missing_health_runner_is_not_an_error(tmp_path: Path) -> None:
+    """Without agent.health the job does nothing (and logs once)."""
+    rt = make_runtime(tmp_path, Host(root=Path("/")))
+    HealthJob(rt, no_hooks()).run()
+    assert rt.state.last_health_status is None and rt.outbox.depth() == 0
+
+
+# --- heartbeat and metrics --------------------------------------------------------------------------------------
+
+def test_heartbeat_carries_pairing_and_outbox_depth(tmp_path: Path) -> None:
+    """After a snapshot the heartbeat names the content hash and pairing; depth counts queued events."""
+    rt = make_runtime(tmp_path, make_fixture_host("gpuless-debian12"))
+    SnapshotJob(rt, no_hooks()["policy_check"]).run()
+    HeartbeatJob(rt).run()
+    beat = rt.outbox.pending(10)[-1].payload
+    assert beat.kind == "heartbeat" and beat.outbox_depth == 1
+    assert beat.content_hash == rt.state.last_snapshot.content_hash
+    assert beat.pairing is not None and beat.pairing.os_id == "debian"
+
+
+def test_metrics_job_writes_the_textfile_under_the_state_dir(tmp_path: Path) -> None:
+    """Pairing and outbox depth appear in <state_dir>/metrics/gpuguard.prom."""
+    rt = make_runtime(tmp_path, make_fixture_host("gpuless-debian12"))
+    SnapshotJob(rt, no_hooks()["policy_check"]).run()
+    MetricsJob(rt).run()
+    text = (tmp_path / "state" / "metrics" / "gpuguard.prom").read_text()
+    assert 'os_id="debian"' in text and "gpuguard_outbox_depth 1" in text
+
+
+# --- delivery ---------------------------------------------------------------------------------------------------
+
+def queue(rt: Runtime, n: int) -> List[str]:
+    return [rt.outbox.enqueue(event()).event_id for _ in range(n)]
+
+
+def test_delivery_drains_the_outbox_in_batches_in_order(tmp_path: Path, receiver: Receiver) -> None:
+    """Twelve events in batches of five arrive in sequence order and leave the outbox."""
+    rt = make_runtime(tmp_path, Host(root=Path("/")), endpoint=receiver.url)
+    ids = queue(rt, 12)
+    assert DeliveryJob(rt).run() is None
+    assert receiver.stored_order == ids and receiver.requests == 3
+    assert rt.outbox.depth() == 0
+
+
+def test_too_large_batches_are_split(tmp_path: Path, receiver: Receiver) -> None:
+    """A 413 halves the batch until the receiver takes it; nothing is dropped."""
+    receiver.mode = "too_large_over:2"
+    rt = make_runtime(tmp_path, Host(root=Path("/")), endpoint=receiver.url)
+    ids = queue(rt, 5)
+    DeliveryJob(rt).run()
+    assert receiver.stored_order == ids and rt.outbox.depth() == 0
+
+
+def test_an_event_the_receiver_refuses_is_set_aside_and_the_rest_delivered(tmp_path: Path,
+                                                                            receiver: Receiver) -> None:
+    """A 422 is narrowed to the one refused event, which moves to the rejected table."""
+    rt = make_runtime(tmp_path, Host(root=Path("/")), endpoint=receiver.url)
+    ids = queue(rt, 4)
+    receiver.mode = f"reject:{ids[2]}"
+    DeliveryJob(rt).run()
+    assert receiver.stored_order == [ids[0], ids[1], ids[3]]
+    assert rt.outbox.depth() == 0 and rt.outbox.rejected_count() == 1
+
+
+def test_failure_keeps_events_and_backs_off(tmp_path: Path, receiver: Receiver) -> None:
+    """A 500 returns a jittered delay; until it passes, runs do not contact the endpoint; then it recovers."""
+    receiver.mode = "error500"
+    rt = make_runtime(tmp_path, Host(root=Path("/")), endpoint=receiver.url)
+    ids = queue(rt, 3)
+    now = [100.0]
+    job = DeliveryJob(rt, clock=lambda: now[0], rng=random.Random(3))
+    delay = job.run()
+    assert delay is not None and 0.0 <= delay <= 0.05
+    assert rt.outbox.depth() == 3 and rt.state.delivery_failures == {"server": 1}
+    now[0] += delay / 2
+    assert job.run() == pytest.approx(delay / 2) and receiver.requests == 1
+    receiver.mode = "ok"
+    now[0] += delay
+    assert job.run() is None
+    assert receiver.stored_order == ids and job.backoff.failures == 0
+
+
+def test_without_an_endpoint_events_stay_queued(tmp_path: Path) -> None:
+    """No endpoint: nothing is sent, nothing dropped, the job asks for no retry."""
+    rt = make_runtime(tmp_path, Host(root=Path("/")))
+    queue(rt, 2)
+    job = DeliveryJob(rt)
+    assert job.run() is None and job.run() is None
+    assert rt.outbox.depth() == 2
+
+
+def test_stopping_ends_the_drain_between_batches(tmp_path: Path, receiver: Receiver) -> None:
+    """SIGTERM (stopping set) lets the batch in flight finish and sends no further batch."""
+    rt = make_runtime(tmp_path, Host(root=Path("/")), endpoint=receiver.url)
+    queue(rt, 10)
+    rt.stopping.set()
+    DeliveryJob(rt).run()
+    assert receiver.requests == 0 and rt.outbox.depth() == 10

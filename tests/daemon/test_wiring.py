@@ -1,0 +1,85 @@
+"""The daemon's wiring pieces: the systemd notifier and the job runner's run-again and reschedule rules."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from pathlib import Path
+from typing import List, Optional
+
+from agent.daemon import JobRunner, SystemdNotifier
+
+
+class FakeScheduler:
+    """Records modify_job calls the way apscheduler would receive them."""
+
+    def __init__(self) -> None:
+        self.modified: List[tuple] = []
+
+    def modify_job(self, job_id: str, **changes: object) -> None:
+        self.modified.append((job_id, changes))
+
+
+def test_notifier_sends_datagrams_to_a_path_socket(tmp_path: Path) -> None:
+    """READY=1 and STATUS lines arrive as one datagram."""
+    path = tmp_path / "notify"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(str(path))
+        SystemdNotifier({"NOTIFY_SOCKET": str(path)}).notify("READY=1", "STATUS=running")
+        assert sock.recv(100) == b"READY=1\nSTATUS=running"
+
+
+def test_notifier_uses_the_abstract_namespace_for_at_addresses() -> None:
+    """'@name' is the abstract socket '\\0name', as systemd passes it."""
+    name = f"gpuguard-test-{threading.get_ident()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind("\0" + name)
+        SystemdNotifier({"NOTIFY_SOCKET": "@" + name}).notify("WATCHDOG=1")
+        assert sock.recv(100) == b"WATCHDOG=1"
+
+
+def test_notifier_without_socket_is_silent_and_reads_the_watchdog_period() -> None:
+    """No NOTIFY_SOCKET: notify does nothing; WATCHDOG_USEC counts only for our own pid."""
+    SystemdNotifier({}).notify("READY=1")
+    assert SystemdNotifier({"WATCHDOG_USEC": "30000000"}).watchdog_seconds == 30.0
+    assert SystemdNotifier({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1"}).watchdog_seconds is None
+
+
+def test_request_during_a_run_makes_the_runner_go_again() -> None:
+    """A trigger that lands while the body runs is not lost to max_instances=1."""
+    runs: List[str] = []
+    runner: Optional[JobRunner] = None
+
+    def body(reason: str) -> None:
+        runs.append(reason)
+        if len(runs) == 1:
+            assert runner is not None
+            runner.request("package_change")
+        return None
+
+    runner = JobRunner("snapshot", body, threading.Event())
+    runner.scheduler = FakeScheduler()
+    runner()
+    assert runs == ["interval", "package_change"]
+
+
+def test_body_failure_is_contained_and_retry_delay_reschedules() -> None:
+    """An exception never reaches the scheduler; a returned delay becomes the next run time."""
+    scheduler = FakeScheduler()
+    failing = JobRunner("health", lambda reason: 1 / 0, threading.Event())
+    failing.scheduler = scheduler
+    failing()
+    delayed = JobRunner("deliver", lambda reason: 2.5, threading.Event())
+    delayed.scheduler = scheduler
+    delayed()
+    assert [job for job, _ in scheduler.modified] == ["deliver"]
+    assert "next_run_time" in scheduler.modified[0][1]
+
+
+def test_runner_does_nothing_once_stopping() -> None:
+    """After SIGTERM a due run is skipped."""
+    runs: List[str] = []
+    stopping = threading.Event()
+    stopping.set()
+    JobRunner("heartbeat", lambda reason: runs.append(reason), stopping)()
+    assert runs == []
