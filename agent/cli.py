@@ -77,6 +77,79 @@ def _cmd_schema(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -
     return 0
 
 
+def _guard_command(name: str) -> Callable[[argparse.Namespace, HostFactory, TextIO], int]:
+    """A handler from agent.guard.commands, imported only when that command runs."""
+
+    def handler(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+        from agent.guard import commands
+
+        return getattr(commands, name)(args, make_host, out)
+
+    return handler
+
+
+def _add_guard_parsers(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """``policy``, ``pin``, ``override`` and ``guard``: the pairing policy and the package-manager guard."""
+
+    def common(p: argparse.ArgumentParser, policy: bool = True) -> None:
+        p.add_argument("--root", default="/", help="act on the host tree under DIR instead of / (chroot, fixture)")
+        p.add_argument("--config", default=DEFAULT_CONFIG_PATH, metavar="PATH",
+                       help=f"agent config file (default {DEFAULT_CONFIG_PATH}; missing means defaults)")
+        if policy:
+            p.add_argument("--policy", metavar="PATH", help="policy file or directory (default: [guard] policy_path, "
+                                                            "/etc/gpuguard/policy.d under --root)")
+
+    pol = sub.add_parser("policy", help="pairing policy: check, compile, explain")
+    pol_sub = pol.add_subparsers(dest="policy_command", metavar="POLICY_COMMAND")
+    pol_sub.required = True
+    check = pol_sub.add_parser("check", help="validate a policy file or directory; every problem on its own line "
+                                             "(exit 0 valid, 3 invalid)")
+    check.add_argument("path", metavar="FILE|DIR")
+    check.add_argument("--matrix", metavar="PATH", help="AMD compatibility matrix file (default: the shipped one)")
+    check.set_defaults(handler=_guard_command("policy_check"))
+    comp = pol_sub.add_parser("compile", help="write the compiled policy the apt hook reads (atomically)")
+    common(comp)
+    comp.add_argument("--output", "-o", metavar="FILE", help="write here instead of the state directory")
+    comp.set_defaults(handler=_guard_command("policy_compile"))
+    explain = pol_sub.add_parser("explain", help="show what this host is pinned to and what it may do")
+    common(explain)
+    explain.set_defaults(handler=_guard_command("policy_explain"))
+
+    pin = sub.add_parser("pin", help="native apt pins (preferences.d) rendered from the policy")
+    pin_sub = pin.add_subparsers(dest="pin_command", metavar="PIN_COMMAND")
+    pin_sub.required = True
+    apply = pin_sub.add_parser("apply", help="write /etc/apt/preferences.d/gpuguard-*.pref, remove stale ones")
+    common(apply)
+    apply.add_argument("--dry-run", action="store_true", help="print what would change; write nothing")
+    apply.set_defaults(handler=_guard_command("pin_apply"))
+
+    ovr = sub.add_parser("override", help="time-limited, audited maintenance windows that let violations through")
+    ovr_sub = ovr.add_subparsers(dest="override_command", metavar="OVERRIDE_COMMAND")
+    ovr_sub.required = True
+    start = ovr_sub.add_parser("start", help="open a window now")
+    common(start, policy=False)
+    start.add_argument("--minutes", type=float, required=True, help="how long the window stays open")
+    start.add_argument("--reason", required=True, help="why (written to the audit log)")
+    start.set_defaults(handler=_guard_command("override_start"))
+    lst = ovr_sub.add_parser("list", help="list recorded windows")
+    common(lst, policy=False)
+    lst.add_argument("--json", action="store_true", help="print JSON")
+    lst.set_defaults(handler=_guard_command("override_list"))
+    end = ovr_sub.add_parser("end", help="close the open window(s) now")
+    common(end, policy=False)
+    end.add_argument("--id", help="close only this window")
+    end.set_defaults(handler=_guard_command("override_end"))
+
+    grd = sub.add_parser("guard", help="after-the-fact guard for changes that bypassed apt (dpkg -i)")
+    grd_sub = grd.add_subparsers(dest="guard_command", metavar="GUARD_COMMAND")
+    grd_sub.required = True
+    rollback = grd_sub.add_parser("rollback", help="compare with the last known-good set and roll back violations "
+                                                  "(exit 0 ok, 10 violations left, 14 rollback failed)")
+    common(rollback)
+    rollback.add_argument("--dry-run", action="store_true", help="plan with apt-get -s only")
+    rollback.set_defaults(handler=_guard_command("guard_rollback"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuguard", description="Keep a GPU host's driver/ROCm/CUDA stack frozen "
                                                                    "and working.")
@@ -105,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     schema.set_defaults(handler=_cmd_schema)
 
     _add_hub_parser(sub)
+    _add_guard_parsers(sub)
     return parser
 
 

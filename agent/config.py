@@ -14,6 +14,7 @@ from pydantic import Field, ValidationError
 
 from agent.collectors.packages import DEFAULT_WATCHED_PATTERNS
 from agent.errors import ConfigError
+from agent.guard.settings import GuardSettings
 from agent.models import FrozenModel
 from agent.report.settings import ReportSettings
 
@@ -63,6 +64,7 @@ class Settings(FrozenModel):
     snapshot: SnapshotSettings = SnapshotSettings()
     daemon: DaemonSettings = DaemonSettings()
     report: ReportSettings = ReportSettings()
+    guard: GuardSettings = GuardSettings()
 
 
 def format_validation_errors(path: str, exc: ValidationError) -> List[str]:

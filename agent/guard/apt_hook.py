@@ -1,0 +1,300 @@
+"""The apt ``DPkg::Pre-Install-Pkgs`` hook: refuse a transaction that breaks the policy before dpkg runs.
+
+Run by apt (through ``/bin/sh -c``) for every install, upgrade or removal, with the transaction on the file
+descriptor in ``APT_HOOK_INFO_FD``. It reads the compiled policy (plain JSON) and the installed set from
+/var/lib/dpkg/status, computes the set the transaction would leave, evaluates it and exits:
+
+    0   allowed (warnings, pre-existing violations and open override windows are reported on stderr)
+    2   bad hook arguments (the apt.conf.d snippet is wrong): refused
+    10  refused: the transaction breaks the policy
+    11  refused by the fail-safe: the compiled policy is missing or invalid
+    12  refused by the fail-safe: the hook input is malformed or of an unknown protocol version
+    13  refused by the fail-safe: internal error
+
+Any non-zero exit makes apt stop with exit code 100 before dpkg touches anything. When the policy cannot be read
+or the input cannot be parsed, the fail-safe mode decides (default ``block-guarded``: refuse only transactions
+that touch guarded packages). It never prints a traceback. It imports the standard library only: it is on the
+hot path of every apt run and must not need the agent's daemon or its dependencies.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fnmatch
+import os
+import re
+import sys
+from typing import Callable, Dict, List, Optional, Sequence, TextIO, Tuple
+
+EXIT_ALLOW = 0
+EXIT_USAGE = 2
+EXIT_REFUSED = 10
+EXIT_FAILSAFE_POLICY = 11
+EXIT_FAILSAFE_INPUT = 12
+EXIT_INTERNAL = 13
+
+PREFIX = "gpuguard"
+BYPASS_HINT = "to bypass the guard for one apt run (audited nowhere; prefer an override window): " \
+              "apt-get -o DPkg::Pre-Install-Pkgs::gpuguard= ..."
+
+
+class _Args:
+    root = "/"
+    state_dir = "/var/lib/gpuguard"
+    policy_file: Optional[str] = None
+    policy_dir = "/etc/gpuguard/policy.d"
+
+
+def _parse_args(argv: Sequence[str]) -> _Args:
+    args = _Args()
+    items = list(argv)
+    while items:
+        flag = items.pop(0)
+        if flag in ("--root", "--state-dir", "--policy-file", "--policy-dir") and items:
+            setattr(args, flag[2:].replace("-", "_"), items.pop(0))
+        else:
+            raise ValueError(f"unknown or incomplete argument {flag!r}")
+    return args
+
+
+def _under(root: str, path: str) -> str:
+    return path if root in ("", "/") else root.rstrip("/") + "/" + path.lstrip("/")
+
+
+def _read_input(environ: Dict[str, str], fd: Optional[int]) -> Tuple[str, str]:
+    """The raw hook input and where it came from."""
+    if fd is None:
+        raw_fd = environ.get("APT_HOOK_INFO_FD", "0")
+        if not raw_fd.isdigit():
+            raise ValueError(f"APT_HOOK_INFO_FD={raw_fd!r} is not a file descriptor number")
+        fd = int(raw_fd)
+    chunks = []
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", errors="replace"), f"apt hook input (fd {fd})"
+
+
+def _os_release(root: str) -> Tuple[Optional[str], Optional[str]]:
+    values: Dict[str, str] = {}
+    for path in ("/etc/os-release", "/usr/lib/os-release"):
+        try:
+            with open(_under(root, path), encoding="utf-8", errors="replace") as handle:
+                for line in handle:
+                    key, sep, value = line.strip().partition("=")
+                    if sep:
+                        values[key] = value.strip().strip("\"'")
+            break
+        except OSError:
+            continue
+    return values.get("ID"), values.get("VERSION_ID")
+
+
+def _gpu_targets(root: str) -> Tuple[str, ...]:
+    """gfx targets from the KFD topology (``gfx_target_version 90402`` is gfx942); empty without a GPU."""
+    base = _under(root, "/sys/class/kfd/kfd/topology/nodes")
+    targets = []
+    try:
+        nodes = sorted(os.listdir(base))
+    except OSError:
+        return ()
+    for node in nodes:
+        try:
+            with open(f"{base}/{node}/properties", encoding="utf-8") as handle:
+                for line in handle:
+                    if line.startswith("gfx_target_version "):
+                        value = int(line.split()[1])
+                        if value:
+                            major, minor, step = value // 10000, (value // 100) % 100, value % 100
+                            targets.append(f"gfx{major}{minor}{step:x}")
+        except (OSError, ValueError, IndexError):
+            continue
+    return tuple(sorted(set(targets)))
+
+
+class Hook:
+    """One run of the hook; every outcome goes through ``say`` (stderr) and an exit code."""
+
+    def __init__(self, args: _Args, err: TextIO, now: Callable[[], dt.datetime]) -> None:
+        self.args = args
+        self.err = err
+        self.now = now
+        from agent.guard.state import GuardPaths
+
+        self.paths = GuardPaths(args.state_dir)
+
+    def say(self, line: str) -> None:
+        self.err.write(f"{PREFIX}: {line}\n")
+
+    def path(self, host_path: str) -> str:
+        return _under(self.args.root, host_path)
+
+    def record(self, record: Dict[str, object]) -> None:
+        """Queue a guard event for the daemon and keep an audit line; never fails the hook."""
+        from agent.guard.state import append_json_line
+
+        stamped = {"occurred_at": self.now().isoformat(), **record}
+        for target in (self.paths.events, self.paths.audit_log):
+            try:
+                append_json_line(self.path(target), stamped if target == self.paths.events else
+                                 {"at": stamped["occurred_at"], "event": record.get("kind"), **record})
+            except OSError as exc:
+                self.say(f"warning: cannot record to {target}: {exc.strerror or exc}")
+
+    # --- policy -----------------------------------------------------------------------------------------------
+
+    def load_policy(self):
+        from agent.errors import InputFileError
+        from agent.policy.compiled import read_compiled
+
+        compiled_path = self.args.policy_file or self.paths.compiled_policy
+        try:
+            policy = read_compiled(self.path(compiled_path))
+        except InputFileError as exc:
+            return None, f"{compiled_path}: {exc.reason}"
+        self.warn_if_stale(compiled_path)
+        return policy, None
+
+    def warn_if_stale(self, compiled_path: str) -> None:
+        try:
+            compiled_mtime = os.stat(self.path(compiled_path)).st_mtime
+            policy_dir = self.path(self.args.policy_dir)
+            newer = [n for n in sorted(os.listdir(policy_dir)) if n.endswith(".toml")
+                     and os.stat(f"{policy_dir}/{n}").st_mtime > compiled_mtime]
+        except OSError:
+            return
+        if newer:
+            self.say(f"warning: {', '.join(newer)} in {self.args.policy_dir} changed after the policy was compiled; "
+                     f"this run uses the compiled policy (run 'gpuguard policy compile')")
+
+    # --- decisions --------------------------------------------------------------------------------------------
+
+    def failsafe(self, mode: str, guarded: Sequence[str], names: Sequence[str], why: str, code: int,
+                 command_line: Optional[str]) -> int:
+        touched = sorted(n for n in names if any(fnmatch.fnmatchcase(n.split(":", 1)[0], p) for p in guarded))
+        if mode == "allow" or (mode == "block-guarded" and not touched):
+            self.say(f"warning: {why}; fail-safe '{mode}' lets this transaction through"
+                     + ("" if mode == "allow" else " (it touches no guarded package)"))
+            return EXIT_ALLOW
+        what = f"it touches guarded packages: {', '.join(touched[:8])}" if touched else "it cannot be checked"
+        self.say(f"REFUSED by fail-safe '{mode}': {why}; {what}")
+        self.say("to proceed: fix the problem above (gpuguard policy check / gpuguard policy compile), or "
+                 + BYPASS_HINT)
+        self.record({"kind": "transaction_blocked", "tool": "apt", "rule": "failsafe", "message": why,
+                     "packages": {n: "?" for n in touched}, "command_line": command_line})
+        return code
+
+    def run(self, environ: Dict[str, str], fd: Optional[int]) -> int:
+        from agent.errors import InputFileError
+        from agent.guard.apt import guess_packages, parse_hook_input
+        from agent.policy.compiled import DEFAULT_FAILSAFE, DEFAULT_GUARDED
+
+        policy, policy_problem = self.load_policy()
+        mode = policy.failsafe if policy else DEFAULT_FAILSAFE
+        guarded = policy.guarded if policy else list(DEFAULT_GUARDED)
+        text, source = _read_input(environ, fd)
+        try:
+            request = parse_hook_input(text, source)
+        except InputFileError as exc:
+            return self.failsafe(mode, guarded, guess_packages(text), f"cannot read the transaction: {exc}",
+                                 EXIT_FAILSAFE_INPUT, None)
+        tx = request.transaction
+        if policy is None:
+            return self.failsafe(mode, guarded, [c.package for c in tx.changes],
+                                 f"no usable policy ({policy_problem})", EXIT_FAILSAFE_POLICY, tx.command_line)
+        try:
+            return self.decide(policy, request)
+        except Exception as exc:  # noqa: BLE001 - a bug in evaluation still ends in the fail-safe decision
+            return self.failsafe(mode, guarded, [c.package for c in tx.changes],
+                                 f"internal error ({type(exc).__name__}: {exc})", EXIT_INTERNAL, tx.command_line)
+
+    def decide(self, policy, request) -> int:
+        from agent.dpkg_status import installed_versions
+        from agent.errors import InputFileError
+        from agent.guard.overrides import active_windows, load_windows
+        from agent.guard.transaction import before_set, resulting_set
+        from agent.policy.evaluate import HostState, evaluate
+
+        tx = request.transaction
+        if not tx.changes:
+            return EXIT_ALLOW
+        tx_names = {c.package for c in tx.changes}
+        guarded = re.compile("|".join(fnmatch.translate(p) for p in policy.guarded) or "(?!)")
+        try:
+            with open(self.path("/var/lib/dpkg/status"), encoding="utf-8", errors="replace") as handle:
+                status_text = handle.read()
+        except FileNotFoundError:
+            status_text = ""
+        installed = installed_versions(status_text, request.native_arch,
+                                       want=lambda n: guarded.match(n) or n in tx_names)
+        os_id = os_version = None
+        targets: Tuple[str, ...] = ()
+        if policy.section("matrix"):
+            os_id, os_version = _os_release(self.args.root)
+            targets = _gpu_targets(self.args.root)
+        state = HostState(before=before_set(installed, tx), after=resulting_set(installed, tx), manager=tx.manager,
+                          os_id=os_id, os_version_id=os_version, gpu_targets=targets)
+        violations = evaluate(state, policy)
+        changed = state.changed()
+        new = [v for v in violations if v.touches(changed)]
+        for old in (v for v in violations if not v.touches(changed)):
+            self.say(f"note: the host already violates the policy ({old.rule}): {old.message}")
+        for warning in (v for v in new if v.action == "warn"):
+            self.say(f"warning ({warning.rule}): {warning.message}")
+            self.record({"kind": "policy_violation", "rule": warning.rule, "message": warning.message,
+                         "packages": warning.packages, "action": "warn"})
+        blocking = [v for v in new if v.action in ("block", "rollback")]
+        if not blocking:
+            return EXIT_ALLOW
+        try:
+            windows = active_windows(load_windows(self.path(self.paths.overrides)), self.now())
+        except InputFileError as exc:
+            self.say(f"warning: ignoring override windows: {exc}")
+            windows = []
+        if windows:
+            window = windows[0]
+            self.say(f"override window {window.id} ({window.reason!r}, by {window.opened_by}, until "
+                     f"{window.expires_at.isoformat(timespec='seconds')}) lets through: "
+                     + "; ".join(v.message for v in blocking))
+            self.record({"kind": "override_used", "window": window.to_dict(), "command_line": tx.command_line,
+                         "violations": [v.to_dict() for v in blocking]})
+            return EXIT_ALLOW
+        for v in blocking:
+            packages = ", ".join(f"{name} {move}" for name, move in v.packages.items())
+            self.say(f"REFUSED ({v.rule}): {packages}: {v.message}")
+            self.record({"kind": "transaction_blocked", "tool": "apt", "rule": v.rule, "message": v.message,
+                         "packages": v.packages, "command_line": tx.command_line})
+        hints = list(dict.fromkeys(v.hint for v in blocking if v.hint))
+        for hint in hints:
+            self.say(f"to proceed: {hint}")
+        self.say(f"policy '{policy.name}' ({', '.join(policy.sources) or policy.path}); nothing was changed")
+        return EXIT_REFUSED
+
+
+def main(argv: Optional[Sequence[str]] = None, environ: Optional[Dict[str, str]] = None,
+         fd: Optional[int] = None, err: Optional[TextIO] = None,
+         now: Optional[Callable[[], dt.datetime]] = None) -> int:
+    """Hook entry point; returns the exit code and never raises (not even a traceback for a bug)."""
+    stream = err if err is not None else sys.stderr
+    clock = now or (lambda: dt.datetime.now(dt.timezone.utc))
+    try:
+        args = _parse_args(sys.argv[1:] if argv is None else argv)
+    except ValueError as exc:
+        stream.write(f"{PREFIX}: REFUSED: bad hook arguments ({exc}); fix the apt.conf.d snippet, or "
+                     f"{BYPASS_HINT}\n")
+        return EXIT_USAGE
+    try:
+        return Hook(args, stream, clock).run(dict(os.environ) if environ is None else environ, fd)
+    except KeyboardInterrupt:
+        stream.write(f"{PREFIX}: REFUSED: interrupted\n")
+        return EXIT_INTERNAL
+    except Exception as exc:  # noqa: BLE001 - the hook must fail safe with one line, never a traceback
+        stream.write(f"{PREFIX}: REFUSED by fail-safe: internal error ({type(exc).__name__}: {exc}); "
+                     f"{BYPASS_HINT}\n")
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""apt and dpkg as commands, for rollback and pins: plan (``apt-get -s``), install, download, list versions.
+
+Commands run through the Host seam (argv lists, timeouts); for a Host whose root is not ``/`` (a chroot) they
+run inside it with ``chroot ROOT``. Waiting for the dpkg lock uses the same POSIX record locks dpkg and apt use.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Sequence, Tuple
+
+from agent.errors import CommandError, CommandTimeout
+from agent.host import CommandResult, Host
+
+# apt-get -s prints "Inst name [old] (new source [arch])", "Remv name [old]", "Conf name (new ...)".
+_SIM_LINE = re.compile(r"^(Inst|Remv) (\S+)(?: \[([^\]]+)\])?(?: \((\S+))?")
+LOCK_FILES = ("/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock")
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    """One line of an apt plan."""
+
+    action: str  # "install" or "remove"
+    package: str
+    old_version: str
+    new_version: str
+
+
+def parse_simulation(text: str) -> List[PlannedStep]:
+    """The Inst/Remv lines of ``apt-get -s`` output."""
+    steps = []
+    for line in text.splitlines():
+        match = _SIM_LINE.match(line)
+        if match:
+            kind, name, old, new = match.groups()
+            steps.append(PlannedStep("install" if kind == "Inst" else "remove", name, old or "", new or ""))
+    return steps
+
+
+class AptTool:
+    """apt-get/apt-cache/dpkg for one Host."""
+
+    def __init__(self, host: Host, timeout_seconds: float = 900.0, lock_timeout_seconds: float = 300.0,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.host = host
+        self.timeout_seconds = timeout_seconds
+        self.lock_timeout_seconds = lock_timeout_seconds
+        self.sleep = sleep
+
+    def argv(self, *args: str) -> List[str]:
+        """The argv to run a command on this host (inside the chroot when the root is not /)."""
+        inner = ["env", "DEBIAN_FRONTEND=noninteractive", *args]
+        return inner if self.host.is_live else ["chroot", str(self.host.root), *inner]
+
+    def _run(self, args: Sequence[str], timeout_seconds: float) -> CommandResult:
+        return self.host.run(self.argv(*args), timeout_seconds=timeout_seconds)
+
+    def _apt_options(self) -> List[str]:
+        return ["-o", f"DPkg::Lock::Timeout={int(self.lock_timeout_seconds)}", "-o", "Dpkg::Use-Pty=0"]
+
+    def simulate(self, targets: Sequence[str]) -> Tuple[CommandResult, List[PlannedStep]]:
+        """``apt-get -s install --allow-downgrades TARGETS``: what a rollback would do (nothing is changed)."""
+        result = self._run(["apt-get", "-s", "-y", "--allow-downgrades", "--allow-change-held-packages",
+                            *self._apt_options(), "install", *targets], 120.0)
+        return result, parse_simulation(result.stdout)
+
+    def install(self, targets: Sequence[str]) -> CommandResult:
+        """Run the rollback for real; the apt hook still checks it."""
+        return self._run(["apt-get", "-y", "-q", "--allow-downgrades", "--allow-change-held-packages",
+                          "--no-install-recommends", *self._apt_options(), "install", *targets],
+                         self.timeout_seconds)
+
+    def configure_pending(self) -> CommandResult:
+        """``dpkg --configure -a``: never leave packages half-configured after a failed run."""
+        return self._run(["dpkg", "--configure", "-a"], self.timeout_seconds)
+
+    def download(self, name: str, version: str, dest_dir: str) -> CommandResult:
+        """``apt-get download name=version`` into ``dest_dir`` (a host path)."""
+        return self.host.run(self._download_argv(name, version, dest_dir), timeout_seconds=300.0)
+
+    def _download_argv(self, name: str, version: str, dest_dir: str) -> List[str]:
+        inner = ["env", f"--chdir={dest_dir}", "apt-get", "download", "-q", f"{name}={version}"]
+        return inner if self.host.is_live else ["chroot", str(self.host.root), *inner]
+
+    def available_versions(self, names: Sequence[str]) -> Dict[str, List[str]]:
+        """Versions the package indexes offer, per name (``apt-cache madison``)."""
+        if not names:
+            return {}
+        result = self._run(["apt-cache", "madison", *names], 60.0)
+        out: Dict[str, List[str]] = {}
+        for line in result.stdout.splitlines():
+            parts = [p.strip() for p in line.split("|")]
+            if len(parts) >= 3 and parts[0] and parts[1]:
+                versions = out.setdefault(parts[0], [])
+                if parts[1] not in versions:
+                    versions.append(parts[1])
+        return out
+
+    def package_names(self, prefix: str) -> List[str]:
+        """Package names known to the indexes that start with ``prefix`` (``apt-cache pkgnames``)."""
+        result = self._run(["apt-cache", "pkgnames", prefix], 60.0)
+        return sorted(set(result.stdout.split()))
+
+    def wait_for_dpkg_lock(self) -> float:
+        """Wait until nobody holds dpkg's locks; returns the seconds waited, CommandTimeout after the limit."""
+        started = time.monotonic()
+        for lock_path in LOCK_FILES:
+            path = self.host.path(lock_path)
+            if not path.exists():
+                continue
+            while not _lock_is_free(str(path)):
+                if time.monotonic() - started > self.lock_timeout_seconds:
+                    raise CommandTimeout(["wait-for-lock", lock_path], self.lock_timeout_seconds)
+                self.sleep(0.5)
+        return time.monotonic() - started
+
+
+def _lock_is_free(path: str) -> bool:
+    """Try dpkg's own kind of lock (fcntl record lock) and give it back at once."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError as exc:
+        raise CommandError(["open", path], exc.strerror or str(exc)) from exc
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EAGAIN):
+            return False
+        raise CommandError(["lock", path], exc.strerror or str(exc)) from exc
+    else:
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+        return True
+    finally:
+        os.close(fd)

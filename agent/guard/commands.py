@@ -1,0 +1,262 @@
+"""The ``policy``, ``pin``, ``override`` and ``guard`` commands: glue from parsed arguments to the guard modules.
+
+agent/cli.py parses and dispatches here lazily; each function returns the exit code and raises known errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+from typing import Callable, Optional, TextIO, Tuple
+
+from agent.errors import InputFileError, PolicyError
+from agent.host import Host
+
+HostFactory = Callable[[str], Host]
+EXIT_VIOLATIONS = 10
+EXIT_ROLLBACK_FAILED = 14
+
+
+def _settings(args: argparse.Namespace):
+    from agent.config import load_settings
+
+    return load_settings(args.config)
+
+
+def _policy_path(args: argparse.Namespace, host: Host, settings) -> str:
+    if getattr(args, "policy", None):
+        return args.policy
+    return str(host.path(settings.guard.policy_path))
+
+
+def _paths(settings):
+    from agent.guard.state import GuardPaths
+
+    return GuardPaths(settings.agent.state_dir)
+
+
+def _compile(args: argparse.Namespace, host: Host, settings):
+    from agent.policy.load import load_and_compile
+
+    return load_and_compile(_policy_path(args, host, settings), settings.guard.matrix_path)
+
+
+def _policy_for_host(args: argparse.Namespace, host: Host, settings):
+    """The policy from the policy files when they are there, else the compiled copy in the state directory."""
+    from agent.policy.compiled import read_compiled
+
+    if getattr(args, "policy", None) or host.path(settings.guard.policy_path).exists():
+        return _compile(args, host, settings)[1]
+    return read_compiled(str(host.path(_paths(settings).compiled_policy)))
+
+
+def policy_check(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    """Validate a policy file or directory and print every problem, one per line."""
+    from pathlib import Path
+
+    from agent.policy.load import load_and_compile
+
+    try:
+        loaded, compiled = load_and_compile(args.path, getattr(args, "matrix", None))
+    except PolicyError as exc:
+        base = Path(exc.path)
+        for problem in exc.problems:
+            head, sep, rest = problem.partition(": ")
+            if base.is_dir() and sep and head.endswith(".toml"):
+                out.write(f"{base / head}: {rest}\n")
+            else:
+                out.write(f"{exc.path}: {problem}\n")
+        out.write(f"{len(exc.problems)} problem{'s' if len(exc.problems) != 1 else ''} found\n")
+        return exc.exit_code
+    rules = loaded.policy.rule_count()
+    out.write(f"{args.path}: ok: policy '{compiled.name}', {rules} rule{'s' if rules != 1 else ''}, action "
+              f"{compiled.action}, fail-safe {compiled.failsafe}, from {len(loaded.sources)} file(s)\n")
+    return 0
+
+
+def policy_compile(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    """Compile the policy to the JSON the apt hook reads, atomically."""
+    from agent.policy.load import write_compiled
+
+    host = make_host(args.root)
+    settings = _settings(args)
+    _, compiled = _compile(args, host, settings)
+    target = args.output or str(host.path(_paths(settings).compiled_policy))
+    write_compiled(target, compiled)
+    out.write(f"compiled policy '{compiled.name}' from {', '.join(compiled.sources)} -> {target}\n")
+    return 0
+
+
+def _installed(host: Host, policy) -> dict:
+    from agent.guard.rollback import read_installed
+
+    return {k: v.version for k, v in read_installed(host, policy.guarded).items()}
+
+
+def _os(host: Host) -> Tuple[Optional[str], Optional[str]]:
+    from agent.host import parse_key_value_lines
+
+    values = parse_key_value_lines(host.read_text("/etc/os-release") or "")
+    return values.get("ID"), values.get("VERSION_ID")
+
+
+def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    """What the current host is pinned to and what it would be allowed to do."""
+    from agent.guard.overrides import active_windows, load_windows
+    from agent.policy import releases
+    from agent.policy.evaluate import HostState, describe_pairing, evaluate, matching_pairing
+    from agent.policy.spec import describe
+
+    host = make_host(args.root)
+    settings = _settings(args)
+    policy = _policy_for_host(args, host, settings)
+    installed = _installed(host, policy)
+    os_id, os_version = _os(host)
+    lines = [f"policy '{policy.name}' ({', '.join(policy.sources) or policy.path}); default action {policy.action}, "
+             f"fail-safe {policy.failsafe}", f"host: {os_id or '?'} {os_version or '?'}"]
+    amd = policy.section("amd")
+    if amd and amd.get("pairings"):
+        driver_name, rocm_name = amd.get("driver_package") or "amdgpu-dkms", amd.get("rocm_package") or "rocm-core"
+        driver, rocm = installed.get(driver_name), installed.get(rocm_name)
+        lines.append(f"AMD: {driver_name} {driver or '(not installed)'} (driver "
+                     f"{releases.amdgpu_driver_release(driver) or '-'}), {rocm_name} {rocm or '(not installed)'} "
+                     f"(ROCm {releases.rocm_release(rocm) or '-'})")
+        pinned = matching_pairing(amd["pairings"], driver, rocm, "dpkg")
+        lines.append(f"  pinned pairing: {describe_pairing(pinned) if pinned else 'none matches (violation)'}")
+        for pairing in amd["pairings"]:
+            kernels = f"; kernels {describe(pairing['kernels'])}" if pairing.get("kernels") is not None else ""
+            lines.append(f"  may move to {describe_pairing(pairing)}{kernels} "
+                         f"[{policy.action_for(pairing.get('action'), amd.get('action'))}]")
+        lines.append(f"  changing only one of {driver_name}/{rocm_name} must land in one of these pairings")
+    kernel = policy.section("kernel")
+    if kernel and kernel.get("allow") is not None:
+        lines.append(f"kernels: new kernels must match {describe(kernel['allow'])} "
+                     f"[{policy.action_for(kernel.get('action'))}]")
+    nvidia = policy.section("nvidia")
+    for pairing in (nvidia or {}).get("pairings") or []:
+        lines.append(f"NVIDIA: may use driver {describe(pairing.get('driver', 'any'))} with CUDA "
+                     f"{describe(pairing.get('cuda', 'any'))} ('{pairing.get('name')}')")
+    for rule in policy.rules("versions"):
+        lines.append(f"versions '{rule.get('name') or '-'}': {', '.join(rule.get('packages') or [])} must match "
+                     f"{describe(rule.get('allow', 'any'))} [{policy.action_for(rule.get('action'))}]")
+    frozen = policy.section("frozen")
+    if frozen and frozen.get("packages"):
+        lines.append(f"frozen (must not move): {', '.join(frozen['packages'])} "
+                     f"[{policy.action_for(frozen.get('action'))}]")
+    if policy.section("matrix"):
+        lines.append(f"AMD compatibility matrix required (recorded {policy.section('matrix').get('recorded')})")
+    state = HostState(before=installed, after=installed, os_id=os_id, os_version_id=os_version)
+    violations = evaluate(state, policy)
+    lines.append("current state: " + ("compliant" if not violations else f"{len(violations)} violation(s)"))
+    lines += [f"  {v.rule} [{v.action}]: {v.message}" for v in violations]
+    paths = _paths(settings)
+    try:
+        windows = active_windows(load_windows(str(host.path(paths.overrides))), host.clock())
+    except InputFileError as exc:
+        windows = []
+        lines.append(f"override windows unreadable: {exc}")
+    for window in windows:
+        lines.append(f"override window {window.id} open until {window.expires_at.isoformat(timespec='seconds')} "
+                     f"({window.reason!r}, by {window.opened_by}): violating changes are let through")
+    out.write("\n".join(lines) + "\n")
+    return 0
+
+
+def pin_apply(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    """Render the policy as apt preferences and remove gpuguard's stale ones."""
+    from agent.guard.apt_tool import AptTool
+    from agent.guard.pins import apply_pins
+    from agent.policy.load import write_compiled
+
+    host = make_host(args.root)
+    settings = _settings(args)
+    _, policy = _compile(args, host, settings)
+    if not args.dry_run:
+        write_compiled(str(host.path(_paths(settings).compiled_policy)), policy)
+    tool = AptTool(host, timeout_seconds=settings.guard.apt_timeout_seconds,
+                   lock_timeout_seconds=settings.guard.lock_timeout_seconds)
+    changes, wanted = apply_pins(host, policy, settings.guard.preferences_dir, tool, _installed(host, policy),
+                                 dry_run=args.dry_run)
+    verb = "would write" if args.dry_run else "wrote"
+    for name in changes.written:
+        out.write(f"{verb} {settings.guard.preferences_dir}/{name}\n")
+        if args.dry_run:
+            out.write(wanted[name])
+    for name in changes.unchanged:
+        out.write(f"unchanged {settings.guard.preferences_dir}/{name}\n")
+    for name in changes.removed:
+        out.write(f"{'would remove' if args.dry_run else 'removed'} stale {settings.guard.preferences_dir}/{name}\n")
+    for name in changes.foreign:
+        out.write(f"left alone {settings.guard.preferences_dir}/{name} (not written by gpuguard)\n")
+    if not (changes.written or changes.unchanged or changes.removed):
+        out.write("nothing to pin\n")
+    return 0
+
+
+def _max_override_minutes(host: Host, settings) -> float:
+    from agent.policy.compiled import read_compiled
+
+    try:
+        return read_compiled(str(host.path(_paths(settings).compiled_policy))).max_override_minutes
+    except InputFileError:
+        return 240
+
+
+def override_start(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    from agent.guard.overrides import start_window
+
+    host = make_host(args.root)
+    settings = _settings(args)
+    paths = _paths(settings)
+    window = start_window(str(host.path(paths.overrides)), str(host.path(paths.audit_log)), args.minutes,
+                          args.reason, _max_override_minutes(host, settings), now=host.clock)
+    out.write(f"override window {window.id} open until {window.expires_at.isoformat(timespec='seconds')} "
+              f"({window.reason!r}, by {window.opened_by}); audited in {paths.audit_log}\n")
+    return 0
+
+
+def override_list(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    from agent.guard.overrides import load_windows
+
+    host = make_host(args.root)
+    paths = _paths(_settings(args))
+    now = host.clock()
+    windows = load_windows(str(host.path(paths.overrides)))
+    if args.json:
+        out.write(json.dumps([dict(w.to_dict(), active=w.is_active(now)) for w in windows], indent=2) + "\n")
+        return 0
+    for window in windows:
+        state = "open" if window.is_active(now) else "expired"
+        out.write(f"{window.id} {state} {window.started_at.isoformat(timespec='seconds')} -> "
+                  f"{window.expires_at.isoformat(timespec='seconds')} by {window.opened_by}: {window.reason}\n")
+    if not windows:
+        out.write("no override windows\n")
+    return 0
+
+
+def override_end(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    from agent.guard.overrides import end_windows
+
+    host = make_host(args.root)
+    paths = _paths(_settings(args))
+    closed = end_windows(str(host.path(paths.overrides)), str(host.path(paths.audit_log)), now=host.clock,
+                         window_id=args.id)
+    out.write("".join(f"closed override window {w.id} ({w.reason!r})\n" for w in closed) or "no open window\n")
+    return 0
+
+
+def guard_rollback(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    """Check the installed set against the last known-good one; roll back when the policy says so."""
+    from agent.guard.rollback import check_and_rollback
+
+    host = make_host(args.root)
+    settings = _settings(args)
+    policy = _policy_for_host(args, host, settings)
+    result = check_and_rollback(host, settings, policy=policy, dry_run=args.dry_run)
+    out.write(result.summary())
+    if result.status == "failed":
+        return EXIT_ROLLBACK_FAILED
+    if result.status in ("violations", "no_known_good", "override"):
+        return EXIT_VIOLATIONS
+    return 0

@@ -1,0 +1,258 @@
+"""Catch what slipped past the apt hook (``dpkg -i``) and roll it back to the last known-good set.
+
+The daemon calls :func:`check_and_rollback` whenever /var/lib/dpkg/status changes; ``gpuguard guard rollback``
+calls it by hand. It compares the installed guarded packages with the last known-good set in the state
+directory. A compliant state becomes the new known-good set (and its .deb files are cached). A violation whose
+action is ``rollback`` is planned with ``apt-get -s``, run once the dpkg lock is free, checked against the
+known-good versions, and recorded as a Rollback event; a reboot marker is written when a kernel module package
+moved.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fnmatch
+import json
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+from agent.dpkg_status import iter_dpkg_status, package_key
+from agent.errors import CommandError, InputFileError
+from agent.guard.apt_tool import AptTool, PlannedStep
+from agent.guard.deb_cache import DebCache
+from agent.guard.overrides import active_windows, audit, load_windows
+from agent.guard.state import GuardPaths, append_json_line, write_atomically
+from agent.host import Host
+from agent.log import get_logger
+from agent.policy.compiled import KERNEL_MODULE_PACKAGES, CompiledPolicy
+from agent.policy.evaluate import HostState, Violation, evaluate
+
+log = get_logger("guard.rollback")
+KNOWN_GOOD_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class InstalledPackage:
+    version: str
+    arch: str
+
+
+@dataclass
+class GuardResult:
+    """What one check found and did."""
+
+    status: str  # compliant | recorded | no_known_good | violations | override | planned | rolled_back | failed
+    violations: List[Violation] = field(default_factory=list)
+    plan: List[PlannedStep] = field(default_factory=list)
+    targets: List[str] = field(default_factory=list)
+    from_versions: Dict[str, str] = field(default_factory=dict)
+    to_versions: Dict[str, str] = field(default_factory=dict)
+    reboot_required: bool = False
+    detail: str = ""
+
+    def summary(self) -> str:
+        lines = [f"guard: {self.status}" + (f" ({self.detail})" if self.detail else "")]
+        lines += [f"  violation ({v.rule}, {v.action}): {v.message}" for v in self.violations]
+        lines += [f"  plan: {s.action} {s.package} {s.old_version or '-'} -> {s.new_version or '-'}" for s in self.plan]
+        if self.reboot_required:
+            lines.append("  a kernel module package changed: reboot needed")
+        return "\n".join(lines) + "\n"
+
+
+def read_installed(host: Host, patterns: List[str]) -> Dict[str, InstalledPackage]:
+    """Installed packages matching the guarded globs, from the dpkg status file."""
+    text = host.read_text("/var/lib/dpkg/status")
+    if text is None:
+        raise InputFileError(str(host.path("/var/lib/dpkg/status")), "no dpkg status database")
+    wanted = [p for p in patterns]
+    out = {}
+    for name, version, arch, _ in iter_dpkg_status(text, lambda n: any(fnmatch.fnmatchcase(n, p) for p in wanted)):
+        out[package_key(name, arch, "")] = InstalledPackage(version, arch)
+    return out
+
+
+def load_known_good(host: Host, paths: GuardPaths) -> Optional[Dict[str, InstalledPackage]]:
+    """The last known-good set, None when none was recorded; InputFileError when the file is corrupt."""
+    where = str(host.path(paths.known_good))
+    text = host.read_text(paths.known_good)
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+        if data.get("format") != KNOWN_GOOD_FORMAT:
+            raise ValueError(f"format {data.get('format')!r} is not {KNOWN_GOOD_FORMAT}")
+        return {name: InstalledPackage(str(item["version"]), str(item.get("arch", "")))
+                for name, item in data["packages"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InputFileError(where, f"corrupt known-good state ({exc}); delete it to record the current set "
+                                    f"again once the host is compliant") from None
+
+
+def record_known_good(host: Host, paths: GuardPaths, installed: Dict[str, InstalledPackage], now: dt.datetime,
+                      cache: Optional[DebCache]) -> Dict[str, Optional[str]]:
+    """Store ``installed`` as the known-good set and cache its .deb files; the cached path per package."""
+    debs: Dict[str, Optional[str]] = {}
+    if cache is not None:
+        debs = cache.ensure_all({k.split(":", 1)[0]: (v.version, v.arch) for k, v in installed.items()})
+        cache.prune([p for p in debs.values() if p])
+    data = {"format": KNOWN_GOOD_FORMAT, "recorded_at": now.isoformat(),
+            "packages": {k: {"version": v.version, "arch": v.arch, "deb": debs.get(k.split(":", 1)[0])}
+                         for k, v in sorted(installed.items())}}
+    write_atomically(str(host.path(paths.known_good)), json.dumps(data, indent=2, sort_keys=True) + "\n")
+    log.info("known_good_recorded", packages=len(installed), debs_cached=sum(1 for p in debs.values() if p))
+    return debs
+
+
+def _versions(packages: Dict[str, InstalledPackage]) -> Dict[str, str]:
+    return {k: v.version for k, v in packages.items()}
+
+
+def _module_packages_moved(moved: List[str]) -> List[str]:
+    return [n for n in moved if any(fnmatch.fnmatchcase(n.split(":", 1)[0], p) for p in KERNEL_MODULE_PACKAGES)]
+
+
+def _plan_targets(known_good: Dict[str, InstalledPackage], current: Dict[str, InstalledPackage],
+                  cache: DebCache) -> Tuple[List[str], Dict[str, str], Dict[str, str]]:
+    """apt-get install arguments that restore known_good: cached .deb files, else name=version, and name- for
+    guarded packages that were not there before."""
+    targets, before, after = [], {}, {}
+    for key in sorted(set(known_good) | set(current)):
+        good, now = known_good.get(key), current.get(key)
+        if good is not None and now is not None and good.version == now.version:
+            continue
+        name = key.split(":", 1)[0]
+        before[key] = now.version if now else "(not installed)"
+        after[key] = good.version if good else "(removed)"
+        if good is None:
+            targets.append(f"{key}-")
+        elif cache.has(name, good.version, good.arch):
+            targets.append(str(cache.path(name, good.version, good.arch)))
+        else:
+            targets.append(f"{key}={good.version}")
+    return targets, before, after
+
+
+def _record_event(host: Host, paths: GuardPaths, payload: dict, now: dt.datetime) -> None:
+    record = {"occurred_at": now.isoformat(), **payload}
+    append_json_line(str(host.path(paths.events)), record)
+    audit(str(host.path(paths.audit_log)), str(payload.get("kind")), now,
+          **{k: v for k, v in payload.items() if k != "kind"})
+
+
+def _write_reboot_marker(host: Host, paths: GuardPaths, moved: Dict[str, str], now: dt.datetime) -> None:
+    lines = [f"*** gpuguard: reboot required: kernel module packages changed ({now.isoformat()}) ***"]
+    lines += [f"{name} {move}" for name, move in sorted(moved.items())]
+    write_atomically(str(host.path(paths.reboot_required)), "\n".join(lines) + "\n")
+    write_atomically(str(host.path(paths.reboot_required + ".pkgs")),
+                     "\n".join(n.split(":", 1)[0] for n in sorted(moved)) + "\n")
+
+
+def check_and_rollback(host: Host, settings, policy: Optional[CompiledPolicy] = None, tool: Optional[AptTool] = None,
+                       now: Optional[Callable[[], dt.datetime]] = None, dry_run: bool = False,
+                       snapshot: Optional[Callable[[Host], object]] = None) -> GuardResult:
+    """Compare the installed set with the last known-good one and act as the policy says.
+
+    ``settings`` is the agent Settings (``agent.state_dir`` and ``guard``). ``policy`` defaults to the compiled
+    policy in the state directory. ``snapshot`` is called after a rollback (default: a full snapshot, whose
+    content hash goes into the Rollback event).
+    """
+    from agent.policy.compiled import read_compiled
+    from agent.report.events import PolicyViolation, Rollback
+
+    clock = now or host.clock
+    paths = GuardPaths(settings.agent.state_dir)
+    guard = settings.guard
+    if policy is None:
+        policy = read_compiled(str(host.path(paths.compiled_policy)))
+    tool = tool or AptTool(host, timeout_seconds=guard.apt_timeout_seconds,
+                           lock_timeout_seconds=guard.lock_timeout_seconds)
+    cache = DebCache(host, paths.debs, tool)
+    tool.wait_for_dpkg_lock()
+    current = read_installed(host, policy.guarded)
+    known_good = load_known_good(host, paths)
+    if known_good is None:
+        state = HostState(before=_versions(current), after=_versions(current), manager="dpkg")
+        violations = [v for v in evaluate(state, policy) if v.action != "warn"]
+        if violations:
+            return GuardResult("no_known_good", violations,
+                               detail="the host violates the policy and no known-good set was recorded yet")
+        if not dry_run:
+            record_known_good(host, paths, current, clock(), cache)
+        return GuardResult("recorded", detail=f"{len(current)} guarded packages recorded as known-good")
+    state = HostState(before=_versions(known_good), after=_versions(current), manager="dpkg")
+    violations = [v for v in evaluate(state, policy) if v.touches(state.changed())]
+    if not violations:
+        if state.changed() and not dry_run:
+            record_known_good(host, paths, current, clock(), cache)
+            return GuardResult("recorded", detail=f"compliant change of {len(state.changed())} packages recorded")
+        return GuardResult("compliant")
+    for v in violations:
+        if not dry_run:
+            payload = PolicyViolation(rule=v.rule, message=v.message, packages=v.packages, action=v.action)
+            _record_event(host, paths, payload.model_dump(mode="json"), clock())
+        log.warning("guard_violation", rule=v.rule, action=v.action, packages=v.packages)
+    rollback_violations = [v for v in violations if v.action == "rollback"]
+    if not rollback_violations or not guard.rollback_enabled:
+        return GuardResult("violations", violations, detail="no violation asks for a rollback")
+    try:
+        windows = active_windows(load_windows(str(host.path(paths.overrides))), clock())
+    except InputFileError as exc:
+        log.warning("override_file_corrupt", error=str(exc))
+        windows = []
+    if windows:
+        return GuardResult("override", violations, detail=f"override window {windows[0].id} is open: not rolling back")
+    targets, from_versions, to_versions = _plan_targets(known_good, current, cache)
+    result, plan = tool.simulate(targets)
+    moved_modules = _module_packages_moved(list(from_versions))
+    outcome = GuardResult("planned", violations, plan, targets, from_versions, to_versions,
+                          reboot_required=bool(moved_modules))
+    if result.returncode != 0:
+        outcome.status, outcome.detail = "failed", "apt-get -s could not plan the rollback: " + \
+            (result.stderr.strip().splitlines() or ["no output"])[-1]
+    if dry_run:
+        return outcome
+    if outcome.status != "failed":
+        tool.wait_for_dpkg_lock()
+        run = tool.install(targets)
+        if run.returncode != 0:
+            tool.configure_pending()
+            outcome.status = "failed"
+            outcome.detail = "apt-get install failed: " + (run.stderr.strip().splitlines() or ["no output"])[-1]
+        else:
+            after = read_installed(host, policy.guarded)
+            wrong = {k: (after[k].version if k in after else "(absent)") for k, v in to_versions.items()
+                     if (after[k].version if k in after else "(removed)") != v}
+            if wrong:
+                outcome.status, outcome.detail = "failed", f"after the rollback these differ: {wrong}"
+            else:
+                outcome.status = "rolled_back"
+    snapshot_hash = None
+    if outcome.status == "rolled_back":
+        taker = snapshot if snapshot is not None else _default_snapshot
+        snap = taker(host)
+        snapshot_hash = getattr(snap, "content_hash", None)
+    if outcome.reboot_required and outcome.status == "rolled_back":
+        _write_reboot_marker(host, paths, {k: f"{from_versions[k]} -> {to_versions[k]}" for k in moved_modules},
+                             clock())
+    detail = "; ".join(v.message for v in rollback_violations)
+    if snapshot_hash:
+        detail += f"; snapshot after rollback {snapshot_hash}"
+    if outcome.detail:
+        detail += f"; {outcome.detail}"
+    event = Rollback(reason=rollback_violations[0].rule, from_versions=from_versions, to_versions=to_versions,
+                     succeeded=outcome.status == "rolled_back", reboot_required=outcome.reboot_required, detail=detail)
+    _record_event(host, paths, event.model_dump(mode="json"), clock())
+    log.warning("guard_rollback", status=outcome.status, targets=targets, reboot_required=outcome.reboot_required)
+    return outcome
+
+
+def _default_snapshot(host: Host) -> object:
+    from agent.snapshot.take import take_snapshot
+
+    try:
+        return take_snapshot(host)
+    except Exception as exc:  # noqa: BLE001 - a failed re-snapshot must not turn a done rollback into an error
+        log.warning("snapshot_after_rollback_failed", error=f"{type(exc).__name__}: {exc}")
+        return None
+
+

@@ -1,0 +1,80 @@
+"""Where the guard keeps its state under the state directory, and the small file helpers it needs.
+
+Standard library only (the apt hook appends audit lines and reads override windows from here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Dict
+
+
+@dataclass(frozen=True)
+class GuardPaths:
+    """Host paths (absolute, before any root prefix) of the guard's files."""
+
+    state_dir: str = "/var/lib/gpuguard"
+
+    def _join(self, name: str) -> str:
+        return self.state_dir.rstrip("/") + "/" + name
+
+    @property
+    def compiled_policy(self) -> str:
+        return self._join("policy.compiled.json")
+
+    @property
+    def overrides(self) -> str:
+        return self._join("overrides.json")
+
+    @property
+    def audit_log(self) -> str:
+        return self._join("audit.log")
+
+    @property
+    def events(self) -> str:
+        """Guard events (blocked transactions, violations, rollbacks) waiting for the daemon's report outbox."""
+        return self._join("guard-events.jsonl")
+
+    @property
+    def known_good(self) -> str:
+        return self._join("known-good.json")
+
+    @property
+    def debs(self) -> str:
+        return self._join("debs")
+
+    @property
+    def reboot_required(self) -> str:
+        return self._join("reboot-required")
+
+
+def write_atomically(path: str, text: str, mode: int = 0o644) -> None:
+    """Write text so that readers see the old or the new file, never half of one (fsync + rename)."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def append_json_line(path: str, record: Dict[str, Any]) -> None:
+    """Append one JSON object as a line (O_APPEND: concurrent writers never interleave within a line)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    data = (json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)

@@ -1,0 +1,76 @@
+"""The neutral transaction model shared by every package-manager adapter (apt now, dnf later).
+
+A Transaction is what a package manager is about to do, package by package: old and new version (None for
+"not installed" / "removed"). Adapters build it from their own protocol; the policy never sees apt or dnf.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Mapping, Optional, Tuple
+
+
+@dataclass(frozen=True)
+class Change:
+    """One package's move: install (old None), removal (new None), upgrade, downgrade or reinstall."""
+
+    package: str
+    old_version: Optional[str]
+    new_version: Optional[str]
+    arch: str = ""
+
+    @property
+    def kind(self) -> str:
+        if self.old_version is None:
+            return "install"
+        if self.new_version is None:
+            return "remove"
+        return "reinstall" if self.old_version == self.new_version else "change"
+
+
+@dataclass(frozen=True)
+class Transaction:
+    """What a package manager is about to do, as one change per package key.
+
+    ``manager`` is the version scheme (``dpkg`` or ``rpm``), ``tool`` the front end (``apt``, ``dnf``, ``dnf5``),
+    ``command_line`` what the operator typed when the front end says so.
+    """
+
+    manager: str
+    tool: str
+    changes: Tuple[Change, ...]
+    command_line: Optional[str] = None
+
+    def packages(self) -> Dict[str, Change]:
+        return {c.package: c for c in self.changes}
+
+    def describe(self, limit: int = 6) -> str:
+        """``rocm-core 6.2.2 -> 6.3.0, amdgpu-dkms (new) 6.8.5, ...`` for messages."""
+        parts = []
+        for change in self.changes[:limit]:
+            parts.append(f"{change.package} {change.old_version or '(new)'} -> {change.new_version or '(removed)'}")
+        more = len(self.changes) - limit
+        return ", ".join(parts) + (f" and {more} more" if more > 0 else "")
+
+
+def resulting_set(installed: Mapping[str, str], tx: Transaction) -> Dict[str, str]:
+    """The installed set after the transaction: ``installed`` with every change applied."""
+    after = dict(installed)
+    for change in tx.changes:
+        if change.new_version is None:
+            after.pop(change.package, None)
+        else:
+            after[change.package] = change.new_version
+    return after
+
+
+def before_set(installed: Mapping[str, str], tx: Transaction) -> Dict[str, str]:
+    """The installed set before the transaction, taking the old versions the package manager reported as truth."""
+    before = dict(installed)
+    for change in tx.changes:
+        if change.old_version is None:
+            before.pop(change.package, None)
+        else:
+            before[change.package] = change.old_version
+    return before
