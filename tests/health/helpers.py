@@ -1,0 +1,93 @@
+"""Helpers for health tests: snapshots with a GPU inventory, fake SMI modules, settings, fake-probe hosts."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import sys
+import types
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from agent.collectors.base import Section, Status
+from agent.collectors.kernel import KernelInfo
+from agent.collectors.nvidia import NvidiaGpu, NvidiaInfo
+from agent.health.settings import HealthSettings
+from agent.host import Host
+from agent.snapshot.model import SECTION_NAMES, Snapshot
+from tests.conftest import fake_module_loader, fixed_clock
+from tests.fakes.runner import FakeRunner
+
+FAKE_PROBE = Path(__file__).parent / "probes" / "fake_probe.py"
+FIXED = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def make_snapshot(nvidia_gpus: int = 1, driver: str = "580.159.04", kernel: str = "6.18.44") -> Snapshot:
+    """A snapshot whose only facts are the kernel and an NVIDIA driver with ``nvidia_gpus`` H200s."""
+    sections: Dict[str, Any] = {name: Section(status=Status.ABSENT, reason="test") for name in SECTION_NAMES}
+    sections["kernel"] = Section[KernelInfo](status=Status.OK, data=KernelInfo(running_release=kernel))
+    if nvidia_gpus:
+        gpus = [NvidiaGpu(index=i, bdf=f"0000:00:0{6 + i}.0", name="NVIDIA H200") for i in range(nvidia_gpus)]
+        sections["nvidia"] = Section[NvidiaInfo](status=Status.OK, data=NvidiaInfo(
+            module_loaded=True, driver_version=driver, cuda_driver_version="13.0", source="nvml", gpus=gpus))
+    return Snapshot(agent_version="test", hostname="test", taken_at=FIXED, **sections)
+
+
+def make_fake_nvml(readings: Sequence[Sequence[float]], bus_ids: Sequence[str] = ("00000000:00:06.0",),
+                   init_error: Optional[str] = None) -> types.ModuleType:
+    """A fake pynvml: utilization of each GPU follows ``readings`` (one row per call round, the last repeats)."""
+    module = types.ModuleType("pynvml")
+    state = {"round": 0, "calls": []}
+
+    class NVMLError(Exception):
+        pass
+
+    def nvmlInit() -> None:
+        state["calls"].append("nvmlInit")
+        if init_error:
+            raise NVMLError(init_error)
+
+    def utilization(handle: int) -> Any:
+        row = readings[min(state["round"], len(readings) - 1)]
+        if handle == len(bus_ids) - 1:
+            state["round"] += 1
+        return types.SimpleNamespace(gpu=row[handle], memory=0)
+
+    module.NVMLError = NVMLError
+    module.nvmlInit = nvmlInit
+    module.nvmlShutdown = lambda: state["calls"].append("nvmlShutdown")
+    module.nvmlDeviceGetCount = lambda: len(bus_ids)
+    module.nvmlDeviceGetHandleByIndex = lambda i: i
+    module.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=bus_ids[h].encode())
+    module.nvmlDeviceGetUUID = lambda h: f"GPU-5a1b2c3d-0000-0000-0000-00000000000{h}"
+    module.nvmlDeviceGetUtilizationRates = utilization
+    module.state = state
+    return module
+
+
+def make_fake_amdsmi(activity: Sequence[Any], bdfs: Sequence[str] = ("0000:c1:00.0",)) -> types.ModuleType:
+    """A fake amdsmi whose gfx_activity is ``activity[i]`` for GPU i (a number or "N/A")."""
+    module = types.ModuleType("amdsmi")
+    calls: List[str] = []
+    module.amdsmi_init = lambda: calls.append("amdsmi_init")
+    module.amdsmi_shut_down = lambda: calls.append("amdsmi_shut_down")
+    module.amdsmi_get_processor_handles = lambda: list(range(len(bdfs)))
+    module.amdsmi_get_gpu_device_bdf = lambda h: bdfs[h]
+    module.amdsmi_get_gpu_activity = lambda h: {"gfx_activity": activity[h], "umc_activity": "N/A",
+                                                "mm_activity": "N/A"}
+    module.calls = calls
+    return module
+
+
+def make_host(modules: Optional[Dict[str, types.ModuleType]] = None, root: Optional[Path] = None) -> Host:
+    """A Host with the test process's PATH (so interpreters resolve), fake SMI modules and no recorded commands."""
+    return Host(root=root or Path("/nonexistent-root"), runner=FakeRunner(), load_module=fake_module_loader(modules or {}),
+                clock=fixed_clock, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+
+
+def fake_probe_settings(*probe_args: str, **overrides: Any) -> HealthSettings:
+    """Settings that run tests/health/probes/fake_probe.py (through ``python``) with the given arguments."""
+    values: Dict[str, Any] = {"python": sys.executable, "probe_args": list(probe_args), "timeout_seconds": 20.0,
+                              "activity_interval_seconds": 0.01, "baseline_runs": 3}
+    values.update(overrides)
+    return HealthSettings(**values)

@@ -1,0 +1,94 @@
+"""A fake health probe (stdlib only) that prints what the real probe prints, in a chosen way of going wrong.
+
+--mode pass       one GPU with figures --gemm/--copy, scaled down by --throttle-fraction and --scale
+--mode cpu        a CPU-only framework build that ran on the CPU
+--mode skip       no framework installed
+--mode badcheck   a GPU whose GEMM disagrees with the fp32 reference
+--mode garbage    prints something that is not a result
+--mode crash      a traceback on stderr and exit 3
+--mode hang       starts a grandchild (its pid into --pid-file) and both sleep forever
+--env-file PATH   also write the environment it got, as JSON
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+MARKER = "GPUGUARD_PROBE_RESULT "
+
+
+def gpu(index, gemm, copy, ref_ok=True):
+    return {"index": index, "device": "cuda:%d" % index, "name": "NVIDIA H200", "gemm_dtype": "bf16",
+            "gemm_size": 8192, "gemm_bf16_tflops": gemm, "gemm_fp16_tflops": None,
+            "gemm_batch_spread_fraction": 0.01, "gemm_reference_rel_error": 0.003 if ref_ok else 0.5,
+            "gemm_reference_ok": ref_ok, "copy_bytes": 4 << 30, "copy_bandwidth_gbps": copy,
+            "copy_batch_spread_fraction": 0.01, "copy_verified": True, "train_steps": 12,
+            "train_first_step_seconds": 0.2, "train_step_seconds": 0.002, "train_loss_first": 1.0,
+            "train_loss_last": 0.5, "train_ok": True, "checkpoint_bytes": 1000, "checkpoint_seconds": 0.01,
+            "checkpoint_ok": True, "device_memory_peak_bytes": 8 << 30, "step_seconds": {"gemm": 0.5},
+            "seconds": 1.0, "errors": []}
+
+
+def result(args):
+    throttle = 1.0 - args.throttle_fraction
+    framework = {"name": "torch", "version": "2.11.0+cu130", "build": "cuda", "cuda": "13.0", "hip": None,
+                 "nccl": "2.27.7", "import_error": None}
+    devices = [{"index": i, "name": "NVIDIA H200", "memory_total_bytes": 150754820096,
+                "uuid": "5a1b2c3d-0000-0000-0000-00000000000%d" % i, "pci_bus_id": "0000:00:0%d.0" % (6 + i),
+                "capability": "9.0", "multiprocessors": 132, "gcn_arch": None} for i in range(args.gpus)]
+    out = {"probe_schema_version": 1, "python": "3.12.3", "framework": framework, "skipped_reason": None,
+           "accelerator_available": True, "device_count": args.gpus, "devices": devices, "ran_on": "gpu",
+           "gpus": [], "collective": None, "phase_seconds": {"import": 0.01, "total": 0.02},
+           "throttle_fraction": args.throttle_fraction, "errors": []}
+    if args.mode == "skip":
+        out.update(framework=None, skipped_reason="no framework: ModuleNotFoundError: No module named 'torch'",
+                   accelerator_available=False, device_count=0, devices=[], ran_on=None)
+        return out
+    if args.mode == "cpu":
+        framework.update(version="2.13.0+cpu", build="cpu", cuda=None, nccl=None)
+        cpu = gpu(0, 0.3, 15.0)
+        cpu.update(device="cpu", name="cpu")
+        out.update(accelerator_available=False, device_count=0, devices=[], ran_on="cpu", gpus=[cpu])
+        return out
+    out["gpus"] = [gpu(i, args.gemm * throttle * args.scale, args.copy * throttle * args.scale,
+                       ref_ok=args.mode != "badcheck") for i in range(args.gpus)]
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", default="pass")
+    parser.add_argument("--gemm", type=float, default=750.0)
+    parser.add_argument("--copy", type=float, default=4200.0)
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--throttle-fraction", type=float, default=0.0)
+    parser.add_argument("--pid-file")
+    parser.add_argument("--env-file")
+    args, _ = parser.parse_known_args()
+    if args.env_file:
+        with open(args.env_file, "w") as handle:
+            json.dump(dict(os.environ), handle)
+    if args.mode == "garbage":
+        print("Warning: something framework-ish\n{not json at all")
+        return 0
+    if args.mode == "crash":
+        sys.stderr.write("Traceback (most recent call last):\n  File \"probe.py\"\nRuntimeError: CUDA error: "
+                         "an illegal memory access was encountered\n")
+        return 3
+    if args.mode == "hang":
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        with open(args.pid_file, "w") as handle:
+            handle.write(str(child.pid))
+        time.sleep(600)
+        return 0
+    print("UserWarning: noise a framework prints before the result")
+    print(MARKER + json.dumps(result(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
