@@ -43,15 +43,18 @@ def settings(tmp_path: Path, tokens_file: Path, tokens: Dict[str, str]) -> HubSe
                        max_body_bytes=64 * 1024, tokens_reload_seconds=0)
 
 
-@pytest.fixture
-def client(settings: HubSettings) -> Iterator["object"]:
-    """A TestClient over the app with SQLite in tmp_path; the lifespan (store, writer) runs for the test."""
+@pytest.fixture(params=["fast-ingest", "routed-ingest"])
+def client(request: pytest.FixtureRequest, settings: HubSettings) -> Iterator["object"]:
+    """A TestClient over the app with SQLite in tmp_path; the lifespan (store, writer) runs for the test.
+
+    Every test runs twice: POST /v1/events by the direct ASGI path and by FastAPI's routing; answers must agree.
+    """
     from fastapi.testclient import TestClient
 
     from agent.hub.app import create_app
     from agent.hub.store import make_store
 
-    app = create_app(settings, make_store(settings.database_url))
+    app = create_app(settings, make_store(settings.database_url), fast_ingest=request.param == "fast-ingest")
     with TestClient(app) as test_client:
         yield test_client
 
