@@ -37,6 +37,9 @@ class HubProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> "HubProcess":
+        """Start (or start again after stop()); returns once the hub listens. Log lines accumulate across runs."""
+        self._listening = threading.Event()
+        self.port = None
         env = dict(os.environ if self.env is None else self.env)
         env["PYTHONPATH"] = str(REPO)
         self.process = subprocess.Popen(
@@ -45,20 +48,21 @@ class HubProcess:
             text=True, bufsize=1)
         self._reader = threading.Thread(target=self._drain, name="hub-stderr", daemon=True)
         self._reader.start()
-        if not self._listening.wait(START_TIMEOUT_SECONDS):
+        if not self._listening.wait(START_TIMEOUT_SECONDS) or self.port is None:
             self.stop()
             raise RuntimeError(f"hub did not start within {START_TIMEOUT_SECONDS:g} s:\n{self.log_text()}")
         return self
 
     def _drain(self) -> None:
         assert self.process is not None and self.process.stderr is not None
+        listening = self._listening
         for line in self.process.stderr:
             self.lines.append(line.rstrip("\n"))
             record = self._parse(line)
             if record.get("event") == "hub_listening":
                 self.port = int(record["port"])
-                self._listening.set()
-        self._listening.set()  # exited: stop waiting
+                listening.set()
+        listening.set()  # exited: stop waiting
 
     @staticmethod
     def _parse(line: str) -> Dict[str, Any]:

@@ -157,3 +157,12 @@ def test_sigterm_stops_gracefully_and_keeps_what_was_acknowledged(hub: HubProces
     assert hub.stop() == 0, hub.log_text()
     assert hub.events("hub_stopped"), hub.log_text()
     assert stored_ids(hub.db_path) == sorted(ids(events))  # type: ignore[attr-defined]
+
+
+def test_a_stopped_hub_starts_again_on_the_same_database(hub: HubProcess, host_token: str) -> None:
+    """Restart keeps the data: a resend after the restart is a duplicate."""
+    sent = [event("host-a")]
+    assert post(hub, host_token, batch_json(sent)).status_code == 200
+    assert hub.stop() == 0
+    hub.start()
+    assert post(hub, host_token, batch_json(sent)).json() == {"accepted": [], "duplicates": ids(sent)}
