@@ -87,6 +87,7 @@ class JobRunner:
         self.scheduler = None  # set when the job is added
         self._again = threading.Event()
         self._reason = "interval"
+        self._busy = threading.Lock()
 
     def request(self, reason: str) -> None:
         self._reason = reason
@@ -94,7 +95,7 @@ class JobRunner:
         self.run_at(0.0)
 
     def run_at(self, delay_seconds: float) -> None:
-        if self.scheduler is None:
+        if self.scheduler is None or self.stopping.is_set():
             return
         when = dt.datetime.now(_UTC) + dt.timedelta(seconds=delay_seconds)
         try:
@@ -102,7 +103,16 @@ class JobRunner:
         except Exception as exc:  # JobLookupError while shutting down
             log.debug("job_reschedule_skipped", job=self.job_id, error=str(exc))
 
+    def wait_idle(self) -> None:
+        """Return once the body is not running (it finishes its current step after ``stopping`` is set)."""
+        with self._busy:
+            pass
+
     def __call__(self) -> None:
+        with self._busy:
+            self._run()
+
+    def _run(self) -> None:
         reason = "interval"
         while not self.stopping.is_set():
             if self._again.is_set():
@@ -207,7 +217,7 @@ class Daemon:
         self._add(scheduler, "heartbeat", _none(heartbeat.run), s.report.heartbeat_interval_seconds, None)
         if self.notifier.watchdog_seconds:
             self._add(scheduler, "watchdog", lambda reason: self.notifier.notify("WATCHDOG=1"),
-                      self.notifier.watchdog_seconds / 2, 0.0, refresh_metrics=False)
+                      self.notifier.watchdog_seconds / 2, None, refresh_metrics=False)
         scheduler.start()
         log.info("daemon_started", root=str(rt.host.root), state_dir=rt.state_dir, host_id=rt.emitter.host_id,
                  endpoint_url=s.report.endpoint_url, outbox_depth=rt.outbox.depth(),
@@ -257,7 +267,11 @@ class Daemon:
         self.notifier.notify("STOPPING=1", "STATUS=stopping")
         self.runtime.stopping.set()
         if self.scheduler is not None:
-            self.scheduler.shutdown(wait=True)
+            # Not shutdown(wait=True): apscheduler would hold its job store lock while waiting, and a job that
+            # reschedules itself in its last step would then wait for that lock forever.
+            self.scheduler.shutdown(wait=False)
+        for runner in self.runners.values():
+            runner.wait_idle()
         try:
             MetricsJob(self.runtime).run("shutdown")
         except OSError as exc:

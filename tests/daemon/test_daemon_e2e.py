@@ -159,8 +159,9 @@ def test_sigterm_exits_zero_promptly_and_systemd_is_told(tmp_path: Path, host_ro
         assert agent.terminate(timeout_seconds=10) == 0
         assert time.monotonic() - started < 5
         time.sleep(0.3)
-        assert messages[0].startswith("READY=1\nSTATUS=running")
-        assert any(m.startswith("STOPPING=1") for m in messages)
+        ready = [i for i, m in enumerate(messages) if m.startswith("READY=1\nSTATUS=running")]
+        stopping = [i for i, m in enumerate(messages) if m.startswith("STOPPING=1")]
+        assert len(ready) == 1 and len(stopping) == 1 and ready[0] < stopping[0]
         assert agent.events_named("daemon_stopped")
         assert agent.events_named("report_endpoint_not_configured")
     finally:
