@@ -63,7 +63,7 @@ def parse_hook_input(text: str, source: str = "apt hook input") -> AptRequest:
         if key in _KEPT_CONFIG_KEYS:
             config[key] = percent_decode(value)
         index += 1
-    if index >= len(lines):
+    if index >= len(lines) - 1:  # the blank line itself must end with a newline: "...\n\n"
         raise InputFileError(source, "no blank line after the configuration: the input was cut short")
     native_arch = config.get("APT::Architecture", "")
     changes: Dict[str, List[Optional[str]]] = {}

@@ -8,9 +8,9 @@ that slipped through, e.g. via ``dpkg -i``). See docs/guard.md and policies/exam
 
 from __future__ import annotations
 
-from typing import List, Literal, Optional, Union
+from typing import Annotated, Any, List, Literal, Optional, Union
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator
 
 from agent.models import FrozenModel
 from agent.policy.compiled import (DEFAULT_CUDA_PACKAGES, DEFAULT_KERNEL_PACKAGES, DEFAULT_NVIDIA_DRIVER_PACKAGES)
@@ -18,7 +18,16 @@ from agent.policy.spec import spec_errors
 
 Action = Literal["warn", "block", "rollback"]
 Failsafe = Literal["block-guarded", "block-all", "allow"]
-Spec = Union[str, List[str]]
+
+
+def _spec_type(value: Any) -> Any:
+    if isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        return value
+    raise ValueError(f"{value!r} is not a version spec: give a string such as \"6.2.*\" or a list of them")
+
+
+# One error per bad value (a plain Union would report one per union member).
+Spec = Annotated[Union[str, List[str]], BeforeValidator(_spec_type)]
 
 
 def _check_spec(value: Optional[Spec]) -> Optional[Spec]:

@@ -5,7 +5,9 @@ A spec is one string or a list of strings; a list matches when any of its entrie
 - ``any``: the package may be absent or at any version; ``none``: the package must be absent;
 - a glob (``6.2.*``, ``6.1.0-2[67]-amd64``): fnmatch against the version or release text;
 - constraints joined by commas (``>= 6.1.0-26, << 6.1.0-28``), each ``OP VERSION`` with OP one of
-  ``<< <= = == != >= >>``; a bare version means ``=``. Versions compare with real dpkg or rpm ordering.
+  ``<< <= = == != >= >>``; a bare version means ``=``. Package versions compare with real dpkg or rpm ordering;
+  releases (``6.2.2``, ``6.1.0-27-amd64``) with dpkg's character rules over the whole string (scheme
+  ``release``).
 
 Standard library only: the apt hook evaluates compiled specs on every apt run.
 """
@@ -16,7 +18,7 @@ import fnmatch
 import functools
 from typing import List, Optional, Sequence, Tuple, Union
 
-from agent.policy.versions import compare
+from agent.policy.versions import compare, compare_release
 
 SpecValue = Union[str, Sequence[str]]
 _OPERATORS = ("<<", "<=", ">=", ">>", "==", "!=", "=")
@@ -102,7 +104,11 @@ def _holds(op: str, cmp: int) -> bool:
     return {"<<": cmp < 0, "<=": cmp <= 0, "==": cmp == 0, "!=": cmp != 0, ">=": cmp >= 0, ">>": cmp > 0}[op]
 
 
-def entry_matches(entry: Entry, value: Optional[str], scheme: str = "dpkg") -> bool:
+def _compare(a: str, b: str, scheme: str) -> int:
+    return compare_release(a, b) if scheme == "release" else compare(a, b, scheme)  # type: ignore[arg-type]
+
+
+def entry_matches(entry: Entry, value: Optional[str], scheme: str = "release") -> bool:
     """Whether one parsed entry accepts ``value`` (None: the package is absent)."""
     kind = entry[0]
     if kind == "any":
@@ -114,12 +120,12 @@ def entry_matches(entry: Entry, value: Optional[str], scheme: str = "dpkg") -> b
     if kind == "glob":
         return fnmatch.fnmatchcase(value, entry[1])
     try:
-        return all(_holds(op, compare(value, version, scheme)) for op, version in entry[1])  # type: ignore[arg-type]
+        return all(_holds(op, _compare(value, version, scheme)) for op, version in entry[1])
     except ValueError:
         return False
 
 
-def matches(spec: SpecValue, value: Optional[str], scheme: str = "dpkg") -> bool:
+def matches(spec: SpecValue, value: Optional[str], scheme: str = "release") -> bool:
     """Whether a spec (string or list of alternatives) accepts ``value`` (None: absent)."""
     return any(entry_matches(entry, value, scheme) for entry in parse_spec(spec))
 

@@ -219,3 +219,9 @@ def upstream_dotted(version: str, parts: Optional[int] = None) -> Optional[str]:
         return None
     pieces = match.group(0).split(".")
     return ".".join(pieces[:parts] if parts else pieces)
+
+
+def compare_release(a: str, b: str) -> int:
+    """Order two release strings (``6.1.0-27-amd64``, ``30.20.1``) with dpkg's character rules over the whole
+    string: no epoch or revision split, so a kernel release's ``-27-amd64`` compares as digits and letters."""
+    return _sign(_verrevcmp(a, b))

@@ -1,0 +1,112 @@
+"""The after-the-fact guard over a fake root with recorded apt output: known-good state, plans, lock, bad state."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+from agent.config import Settings
+from agent.errors import CommandTimeout, InputFileError
+from agent.guard.apt_tool import AptTool, parse_simulation
+from agent.guard.rollback import check_and_rollback, load_known_good
+from agent.guard.state import GuardPaths
+from agent.host import Host
+from agent.policy.load import compiled_from, load_policy
+from tests.conftest import fixed_clock
+from tests.fakes.runner import FakeRunner
+
+POLICY = """
+[policy]
+name = "rb"
+[amd]
+action = "rollback"
+[[amd.pairing]]
+name = "rocm-6.2"
+amdgpu = "6.2.*"
+rocm = "6.2.*"
+"""
+D62, D63, R62 = "1:6.8.5.60202-2041575", "1:6.10.5.60300-2084815", "6.2.2.60202-116~12"
+SIMULATION = """NOTE: This is only a simulation!
+Inst amdgpu-dkms [1:6.10.5.60300-2084815] (1:6.8.5.60202-2041575 localhost [all])
+Conf amdgpu-dkms (1:6.8.5.60202-2041575 localhost [all])
+"""
+
+
+def _status(driver: str) -> str:
+    return (f"Package: amdgpu-dkms\nStatus: install ok installed\nArchitecture: all\nVersion: {driver}\n\n"
+            f"Package: rocm-core\nStatus: install ok installed\nArchitecture: amd64\nVersion: {R62}\n\n")
+
+
+@pytest.fixture
+def setup(tmp_path: Path):
+    root = tmp_path / "root"
+    (root / "var/lib/dpkg").mkdir(parents=True)
+    (root / "var/lib/dpkg/status").write_text(_status(D62))
+    policy_file = tmp_path / "p.toml"
+    policy_file.write_text(POLICY)
+    policy = compiled_from(load_policy(str(policy_file)))
+    runner = FakeRunner()
+    host = Host(root=root, runner=runner, clock=fixed_clock)
+    tool = AptTool(host, lock_timeout_seconds=1)
+    return root, host, tool, runner, policy, policy_file
+
+
+def test_parse_simulation() -> None:
+    (step,) = parse_simulation(SIMULATION)
+    assert (step.action, step.package, step.old_version, step.new_version) == ("install", "amdgpu-dkms", D63, D62)
+
+
+def test_first_compliant_check_records_known_good_then_plans_a_rollback(setup) -> None:
+    root, host, tool, runner, policy, _ = setup
+    for name, version in (("amdgpu-dkms", D62), ("rocm-core", R62)):
+        runner.add(tool._download_argv(name, version, "/var/lib/gpuguard/debs"), returncode=100,
+                   stderr="E: Version not found")
+    result = check_and_rollback(host, Settings(), policy=policy, tool=tool)
+    assert result.status == "recorded"
+    assert load_known_good(host, GuardPaths())["amdgpu-dkms"].version == D62
+    (root / "var/lib/dpkg/status").write_text(_status(D63))
+    runner.add(tool.argv("apt-get", "-s", "-y", "--allow-downgrades", "--allow-change-held-packages",
+                         *tool._apt_options(), "install", f"amdgpu-dkms={D62}"), stdout=SIMULATION)
+    planned = check_and_rollback(host, Settings(), policy=policy, tool=tool, dry_run=True)
+    assert planned.status == "planned" and planned.targets == [f"amdgpu-dkms={D62}"]
+    assert planned.reboot_required and planned.to_versions == {"amdgpu-dkms": D62}
+    assert "plan: install amdgpu-dkms" in planned.summary()
+
+
+def test_corrupt_known_good_state_is_exit_4_in_one_line(setup, capsys) -> None:
+    root, host, tool, runner, policy, policy_file = setup
+    state = root / "var/lib/gpuguard"
+    state.mkdir(parents=True)
+    (state / "known-good.json").write_text('{"format": 1, "packages": [1, 2]}')
+    with pytest.raises(InputFileError, match="corrupt known-good state"):
+        load_known_good(host, GuardPaths())
+    code = main(["guard", "rollback", "--root", str(root), "--policy", str(policy_file), "--config",
+                 str(root / "none.toml")], out=io.StringIO())
+    err = capsys.readouterr().err
+    assert code == 4 and err.startswith("gpuguard: error: ") and "corrupt known-good state" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_waits_for_the_dpkg_lock_and_gives_up_after_the_timeout(setup, tmp_path: Path) -> None:
+    root, host, tool, *_ = setup
+    lock = root / "var/lib/dpkg/lock-frontend"
+    lock.write_text("")
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl,os,sys,time; fd=os.open(sys.argv[1], os.O_RDWR); "
+                               "fcntl.lockf(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(30)", str(lock)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        with pytest.raises(CommandTimeout):
+            tool.wait_for_dpkg_lock()
+        assert 0.9 < time.monotonic() - started < 5
+    finally:
+        holder.kill()
+        holder.wait()
+    assert tool.wait_for_dpkg_lock() < 1

@@ -1,0 +1,43 @@
+"""Release numbers encoded in package versions: amdgpu driver (both numberings), ROCm, kernels."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.policy.releases import amdgpu_driver_release, amdgpu_kernel_base, kernel_release_of, rocm_release, series
+
+
+@pytest.mark.parametrize("version,release", [
+    ("1:6.8.5.60202-2041575.22.04", "6.2.2"),
+    ("6.2.4.50701-1664922.22.04", "5.7.1"),
+    ("1:6.3.6.60000-1697589.22.04", "6.0.0"),
+    ("1:6.14.14.30100000-2204008.24.04", "30.10.0"),
+    ("1:6.14.14.30100100-2212064.24.04", "30.10.1"),
+    ("1:6.16.13.30300400-2341068.24.04", "30.30.4"),
+    ("6.12.12-2187269.el9", None),  # RPM file versions from 6.4.2 on drop the code
+    ("", None),
+])
+def test_amdgpu_driver_release(version: str, release) -> None:
+    assert amdgpu_driver_release(version) == release
+
+
+def test_other_releases() -> None:
+    assert amdgpu_kernel_base("1:6.8.5.60202-2041575.22.04") == "6.8.5"
+    assert rocm_release("6.2.2.60202-116~22.04") == "6.2.2"
+    assert rocm_release("7.0.1.70001-42~24.04") == "7.0.1"
+    assert series("30.20.1") == "30.20" and series("6.2.2") == "6.2"
+
+
+@pytest.mark.parametrize("name,version,arch,manager,release", [
+    ("linux-image-6.1.0-26-amd64", "6.1.112-1", "amd64", "dpkg", "6.1.0-26-amd64"),
+    ("linux-image-6.8.0-44-generic", "6.8.0-44.44", "amd64", "dpkg", "6.8.0-44-generic"),
+    ("linux-image-unsigned-6.8.0-44-generic", "6.8.0-44.44", "amd64", "dpkg", "6.8.0-44-generic"),
+    ("linux-modules-6.8.0-44-generic", "6.8.0-44.44", "amd64", "dpkg", "6.8.0-44-generic"),
+    ("linux-image-amd64", "6.1.112-1", "amd64", "dpkg", None),
+    ("linux-image-6.1.0-26-amd64-dbg", "6.1.112-1", "amd64", "dpkg", None),
+    ("kernel-core", "5.14.0-427.el9", "x86_64", "rpm", "5.14.0-427.el9.x86_64"),
+    ("kernel-core@5.14.0-427.el9", "5.14.0-427.el9", "", "rpm", "5.14.0-427.el9"),
+    ("kernel-tools", "5.14.0-427.el9", "x86_64", "rpm", None),
+])
+def test_kernel_release_of(name, version, arch, manager, release) -> None:
+    assert kernel_release_of(name, version, arch, manager) == release
