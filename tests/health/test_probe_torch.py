@@ -1,0 +1,72 @@
+"""The real probe against CPU PyTorch: it must report cpu_fallback; its gloo multi-process path, slow and failing ranks.
+
+Skipped when torch is not installed, unless GPUGUARD_REQUIRE_TORCH is set: then a missing torch fails.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+from agent.health.runner import PROBE_PATH, run_health_check
+from tests.health.helpers import fake_probe_settings, make_host, make_snapshot
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(110)]
+
+
+@pytest.fixture(autouse=True)
+def _torch_installed() -> None:
+    if importlib.util.find_spec("torch") is None:
+        if os.environ.get("GPUGUARD_REQUIRE_TORCH"):
+            pytest.fail("GPUGUARD_REQUIRE_TORCH is set but torch is not installed (pip install -e '.[probe]')")
+        pytest.skip("torch is not installed; set GPUGUARD_REQUIRE_TORCH=1 to make this a failure")
+
+
+def run_real(tmp_path: Path, *probe_args: str, gpus: int = 0, **overrides):
+    settings = fake_probe_settings(*probe_args, **{"timeout_seconds": 100.0, **overrides})
+    return run_health_check(make_host(), settings, str(tmp_path / "state"), snapshot=make_snapshot(nvidia_gpus=gpus),
+                            probe_path=PROBE_PATH)
+
+
+def test_cpu_torch_is_cpu_fallback_and_its_checks_pass(tmp_path: Path) -> None:
+    """On CPU PyTorch the probe runs every check on the CPU and the check says cpu_fallback."""
+    result = run_real(tmp_path, gpus=1)
+    assert result.status == "cpu_fallback", result.summary
+    assert [r.code for r in result.fallback_reasons] == ["cpu_only_build", "fewer_gpus_than_inventory"]
+    probe = result.probe
+    assert probe is not None and probe.framework is not None and probe.framework.build == "cpu"
+    assert probe.ran_on == "cpu" and probe.device_count == 0
+    cpu = probe.gpus[0]
+    assert cpu.errors == []
+    assert cpu.gemm_reference_ok and cpu.copy_verified and cpu.train_ok and cpu.checkpoint_ok
+    assert cpu.gemm_bf16_tflops and cpu.gemm_bf16_tflops > 0 and cpu.copy_bandwidth_gbps > 0
+    assert result.baseline is None  # a fallback never touches the baselines
+
+
+def test_gloo_ranks_name_the_slow_one(tmp_path: Path) -> None:
+    """Three gloo processes all-reduce a correct sum; the one slowed rank is named as an outlier."""
+    result = run_real(tmp_path, "--cpu-ranks", "3", "--slow-rank", "1:0.8", require_accelerator=False)
+    probe = result.probe
+    assert probe is not None and probe.collective is not None, result.summary
+    assert probe.collective.backend == "gloo" and probe.collective.world_size == 3
+    assert probe.collective.sum_correct is True
+    assert [r.status for r in probe.collective.ranks] == ["ok", "ok", "ok"]
+    assert [g.index for g in probe.gpus] == [0, 1, 2]
+    assert result.status == "regression", result.summary
+    slow = [r for r in result.regressions if r.against == "peers" and r.metric == "gemm_bf16_tflops"]
+    assert 1 in [r.gpu for r in slow]
+    assert max(slow, key=lambda r: r.drop_fraction).gpu == 1
+
+
+def test_gloo_failing_rank_is_named_and_the_others_are_stopped(tmp_path: Path) -> None:
+    """When one rank fails before the all-reduce the check fails naming it; the waiting ranks are aborted."""
+    result = run_real(tmp_path, "--cpu-ranks", "3", "--fail-rank", "2", require_accelerator=False)
+    assert result.status == "failed", result.summary
+    assert "rank 2: all-reduce failed: RuntimeError: injected failure on rank 2" in result.failures
+    probe = result.probe
+    assert probe is not None and probe.collective is not None
+    assert [r.status for r in probe.collective.ranks] == ["aborted", "aborted", "failed"]
+    assert result.wall_seconds < 60
