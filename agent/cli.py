@@ -77,6 +77,14 @@ def _cmd_schema(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -
     return 0
 
 
+def _cmd_health_run(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    from agent.health.command import health_run
+
+    return health_run(make_host, out, args.config, json_output=args.json, python=args.python,
+                      timeout_seconds=args.timeout_seconds, throttle_fraction=args.throttle_fraction,
+                      state_dir=args.state_dir)
+
+
 def _guard_command(name: str) -> Callable[[argparse.Namespace, HostFactory, TextIO], int]:
     """A handler from agent.guard.commands, imported only when that command runs."""
 
@@ -179,7 +187,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_hub_parser(sub)
     _add_guard_parsers(sub)
+    _add_health_parser(sub)
     return parser
+
+
+def _add_health_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    health = sub.add_parser("health", help="accelerator health check: prove the ML stack runs on the GPUs")
+    health_sub = health.add_subparsers(dest="health_command", metavar="HEALTH_COMMAND")
+    health_sub.required = True
+    run = health_sub.add_parser("run", help="run the probe once, compare with the baseline, print the result "
+                                            "(exit 0 pass, 20 regression, 21 cpu_fallback, 22 failed, "
+                                            "23 timeout, 24 skipped)")
+    run.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    run.add_argument("--python", metavar="PATH", help="interpreter of the ML stack to probe (default: config)")
+    run.add_argument("--timeout-seconds", type=float, metavar="N", help="kill the probe after N seconds")
+    run.add_argument("--throttle-fraction", type=float, metavar="F",
+                     help="make the probe slow its own work by F (tests the regression alarm)")
+    run.add_argument("--config", default=DEFAULT_CONFIG_PATH, metavar="PATH",
+                     help=f"agent config file (default {DEFAULT_CONFIG_PATH}; missing means defaults)")
+    run.add_argument("--state-dir", metavar="DIR", help="where baselines live (default: config, /var/lib/gpuguard)")
+    run.set_defaults(handler=_cmd_health_run)
 
 
 def _add_hub_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:

@@ -15,6 +15,7 @@ from pydantic import Field, ValidationError
 from agent.collectors.packages import DEFAULT_WATCHED_PATTERNS
 from agent.errors import ConfigError
 from agent.guard.settings import GuardSettings
+from agent.health.settings import HealthSettings
 from agent.models import FrozenModel
 from agent.report.settings import ReportSettings
 
@@ -65,6 +66,7 @@ class Settings(FrozenModel):
     daemon: DaemonSettings = DaemonSettings()
     report: ReportSettings = ReportSettings()
     guard: GuardSettings = GuardSettings()
+    health: HealthSettings = HealthSettings()
 
 
 def format_validation_errors(path: str, exc: ValidationError) -> List[str]:
