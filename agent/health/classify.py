@@ -50,9 +50,8 @@ def check_failures(probe: ProbeResult) -> List[str]:
                             f"({gpu.train_loss_first} -> {gpu.train_loss_last})")
         if gpu.checkpoint_ok is False:
             failures.append(f"{where}: checkpoint save/load round trip changed the weights or optimizer state")
-    expected = set(range(probe.collective.world_size)) if probe.collective else set()
     if probe.collective is not None:
-        missing = expected - {g.index for g in probe.gpus}
+        missing = set(range(probe.collective.world_size)) - {g.index for g in probe.gpus}
         failures.extend(f"rank {r}: reported no figures" for r in sorted(missing))
         for rank in probe.collective.ranks:
             if rank.status != "ok":

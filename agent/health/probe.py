@@ -289,7 +289,8 @@ def device_suite(torch, device, index, size, throttle_fraction, name):
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         scaler = None
         if on_gpu and dtype == torch.float16:
-            scaler = torch.cuda.amp.GradScaler()
+            amp = getattr(torch, "amp", None)
+            scaler = amp.GradScaler("cuda") if hasattr(amp, "GradScaler") else torch.cuda.amp.GradScaler()
         x = torch.randn(batch, width, device=device)
         y = torch.randn(batch, width, device=device)
         losses, step_times = [], []

@@ -77,7 +77,7 @@ def render_result(result: HealthResult) -> str:
         lines.append(f"collective {c.backend or '?'} all-reduce x{c.world_size}: {_num(c.bus_bandwidth_gbps)} GB/s "
                      f"bus bandwidth, {sum_text}" + (f"; {', '.join(bad)}" if bad else ""))
     if result.activity is not None and result.activity.library is None:
-        lines.append(f"activity not sampled: {result.activity.unavailable_reason}")
+        lines.append(f"activity not sampled: {(result.activity.unavailable_reason or '')[:150]}")
     for reason in result.fallback_reasons:
         lines.append(f"fallback [{reason.code}] {reason.message}")
     for failure in result.failures:

@@ -1,8 +1,8 @@
 """Run one health check: spawn the probe where the host's ML jobs run, watch the GPUs, judge, compare, record.
 
-    snapshot ──> inventory, pairing ──────────────┐
-    SMI sampler thread (NVML / amdsmi) ──> activity ├──> fallback rules ─┐
-    probe (own interpreter/container, timeout) ──> ProbeResult ─────────┴──> classify ──> baseline ──> HealthResult
+    snapshot ─────────────> inventory, pairing ──┐
+    SMI sampler thread ───> activity ─────────────┼──> fallback rules ──┐
+    probe (timeout) ──────> ProbeResult ──────────┴─────────────────────┴──> classify ──> baseline ──> HealthResult
 
 The probe is an argv list (an interpreter, or a container runtime), never a shell line. Its environment is the
 host's plus NCCL_NVLS_ENABLE=0 and the other NVLink-multicast switches, always.

@@ -81,8 +81,9 @@ def make_fake_amdsmi(activity: Sequence[Any], bdfs: Sequence[str] = ("0000:c1:00
 
 def make_host(modules: Optional[Dict[str, types.ModuleType]] = None, root: Optional[Path] = None) -> Host:
     """A Host with the test process's PATH (so interpreters resolve), fake SMI modules and no recorded commands."""
-    return Host(root=root or Path("/nonexistent-root"), runner=FakeRunner(), load_module=fake_module_loader(modules or {}),
-                clock=fixed_clock, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    return Host(root=root or Path("/nonexistent-root"), runner=FakeRunner(),
+                load_module=fake_module_loader(modules or {}), clock=fixed_clock,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
 
 
 def fake_probe_settings(*probe_args: str, **overrides: Any) -> HealthSettings:

@@ -69,4 +69,4 @@ def test_gloo_failing_rank_is_named_and_the_others_are_stopped(tmp_path: Path) -
     probe = result.probe
     assert probe is not None and probe.collective is not None
     assert [r.status for r in probe.collective.ranks] == ["aborted", "aborted", "failed"]
-    assert result.wall_seconds < 60
+    assert result.wall_seconds < 70  # well inside the 75 s rank deadline: stopped, not timed out
