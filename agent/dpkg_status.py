@@ -6,7 +6,9 @@ time budget is a few tens of milliseconds).
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterator, Optional, Tuple
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
+    from typing import Callable, Dict, Iterator, Optional, Tuple
 
 # dpkg status words (third field of Status:) for which the package's files are on disk.
 PRESENT_STATES = frozenset({"installed", "half-installed", "unpacked", "half-configured", "triggers-awaited",

@@ -19,7 +19,9 @@ boundary where they happen; the CLI prints a known error as one line and exits w
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
+    from typing import Optional, Sequence
 
 
 class GpuguardError(Exception):

@@ -14,8 +14,11 @@ Standard library only.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Dict, List, Optional
+from collections import namedtuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
+    from typing import Dict, List, Optional
 
 from agent.dpkg_status import package_key
 from agent.errors import InputFileError
@@ -27,13 +30,10 @@ _PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
 _DIRECTIONS = ("<", ">", "=")
 
 
-@dataclass(frozen=True)
-class AptRequest:
-    """One hook invocation: the transaction plus the few configuration values gpuguard uses."""
+class AptRequest(namedtuple("AptRequest", "transaction native_arch config")):
+    """One hook invocation: the Transaction, apt's native architecture and the few config values gpuguard uses."""
 
-    transaction: Transaction
-    native_arch: str
-    config: Dict[str, str]
+    __slots__ = ()
 
 
 def percent_decode(value: str) -> str:

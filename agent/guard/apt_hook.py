@@ -24,7 +24,10 @@ import fnmatch
 import os
 import re
 import sys
-from typing import Callable, Dict, List, Optional, Sequence, TextIO, Tuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
+    from typing import Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 EXIT_ALLOW = 0
 EXIT_USAGE = 2

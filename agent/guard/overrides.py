@@ -10,14 +10,17 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import secrets
-from dataclasses import dataclass
-from typing import Callable, List, Optional
+from collections import namedtuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
+    from typing import Callable, List, Optional
+
+    Clock = Callable[[], dt.datetime]
 
 from agent.errors import InputFileError, UsageError
 from agent.guard.state import append_json_line, write_atomically
 
-Clock = Callable[[], dt.datetime]
 FORMAT = 1
 
 
@@ -25,15 +28,10 @@ def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-@dataclass(frozen=True)
-class OverrideWindow:
-    """One maintenance window."""
+class OverrideWindow(namedtuple("OverrideWindow", "id started_at expires_at reason opened_by")):
+    """One maintenance window (aware datetimes); a named tuple because the apt hook reads these."""
 
-    id: str
-    started_at: dt.datetime
-    expires_at: dt.datetime
-    reason: str
-    opened_by: str
+    __slots__ = ()
 
     def is_active(self, now: dt.datetime) -> bool:
         return self.started_at <= now < self.expires_at
@@ -113,6 +111,8 @@ def start_window(overrides_path: str, audit_path: str, minutes: float, reason: s
         raise UsageError("--minutes must be positive")
     if minutes > max_minutes:
         raise UsageError(f"--minutes {minutes:g} is longer than the policy allows ({max_minutes:g} minutes)")
+    import secrets  # only for opening windows, never on the hook's path
+
     started = now()
     window = OverrideWindow(id=secrets.token_hex(4), started_at=started,
                             expires_at=started + dt.timedelta(minutes=minutes), reason=reason.strip(),

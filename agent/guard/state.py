@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-from dataclasses import dataclass
-from typing import Any, Dict
+from collections import namedtuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
+    from typing import Any, Dict
 
 
-@dataclass(frozen=True)
-class GuardPaths:
-    """Host paths (absolute, before any root prefix) of the guard's files."""
+class GuardPaths(namedtuple("GuardPaths", "state_dir", defaults=("/var/lib/gpuguard",))):
+    """Host paths (absolute, before any root prefix) of the guard's files under ``state_dir``."""
 
-    state_dir: str = "/var/lib/gpuguard"
+    __slots__ = ()
 
     def _join(self, name: str) -> str:
         return self.state_dir.rstrip("/") + "/" + name
@@ -53,6 +54,8 @@ class GuardPaths:
 
 def write_atomically(path: str, text: str, mode: int = 0o644) -> None:
     """Write text so that readers see the old or the new file, never half of one (fsync + rename)."""
+    import tempfile  # not at module level: the apt hook imports this module and never writes atomically
+
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)

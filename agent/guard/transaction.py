@@ -2,23 +2,26 @@
 
 A Transaction is what a package manager is about to do, package by package: old and new version (None for
 "not installed" / "removed"). Adapters build it from their own protocol; the policy never sees apt or dnf.
-Standard library only.
+Standard library only, and no dataclasses: immutable named tuples import in a fraction of the time, and the
+apt hook's start-up budget is a few tens of milliseconds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Tuple
+from collections import namedtuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
+    from typing import Dict, Mapping
 
 
-@dataclass(frozen=True)
-class Change:
-    """One package's move: install (old None), removal (new None), upgrade, downgrade or reinstall."""
+class Change(namedtuple("Change", "package old_version new_version arch", defaults=("",))):
+    """One package's move: install (old_version None), removal (new_version None), upgrade, downgrade or reinstall.
 
-    package: str
-    old_version: Optional[str]
-    new_version: Optional[str]
-    arch: str = ""
+    ``package`` is the package key (``name``, or ``name:arch`` for a foreign architecture).
+    """
+
+    __slots__ = ()
 
     @property
     def kind(self) -> str:
@@ -29,18 +32,14 @@ class Change:
         return "reinstall" if self.old_version == self.new_version else "change"
 
 
-@dataclass(frozen=True)
-class Transaction:
-    """What a package manager is about to do, as one change per package key.
+class Transaction(namedtuple("Transaction", "manager tool changes command_line", defaults=(None,))):
+    """What a package manager is about to do, as one change per package key (``changes``: a tuple of Change).
 
     ``manager`` is the version scheme (``dpkg`` or ``rpm``), ``tool`` the front end (``apt``, ``dnf``, ``dnf5``),
     ``command_line`` what the operator typed when the front end says so.
     """
 
-    manager: str
-    tool: str
-    changes: Tuple[Change, ...]
-    command_line: Optional[str] = None
+    __slots__ = ()
 
     def packages(self) -> Dict[str, Change]:
         return {c.package: c for c in self.changes}

@@ -7,7 +7,10 @@ the hook only checks its shape. Standard library only.
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Optional, Sequence
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
+    from typing import Any, Dict, List, Optional, Sequence
 
 from agent.errors import InputFileError
 

@@ -9,8 +9,13 @@ the dnf plugin, ``gpuguard policy explain`` and the rollback watcher all call :f
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+import functools
+import re
+from collections import namedtuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
+    from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from agent.policy import releases
 from agent.policy.compiled import CompiledPolicy
@@ -19,16 +24,15 @@ from agent.policy.spec import describe, matches
 OVERRIDE_HINT = 'or open an audited maintenance window: gpuguard override start --minutes 60 --reason "..."'
 
 
-@dataclass(frozen=True)
-class HostState:
-    """The installed packages before and after a change, keyed ``name`` (``name:arch`` for foreign arches)."""
+class HostState(namedtuple("HostState", "before after manager os_id os_version_id gpu_targets",
+                           defaults=("dpkg", None, None, ()))):
+    """The installed packages before and after a change (mappings keyed ``name``, ``name:arch`` for foreign
+    arches), the version scheme (``dpkg`` or ``rpm``), the OS (os-release ID and VERSION_ID) and GPU targets.
 
-    before: Mapping[str, str]
-    after: Mapping[str, str]
-    manager: str = "dpkg"
-    os_id: Optional[str] = None
-    os_version_id: Optional[str] = None
-    gpu_targets: Tuple[str, ...] = ()
+    Named tuples rather than dataclasses: this module is on the apt hook's start-up path.
+    """
+
+    __slots__ = ()
 
     def changed(self) -> Set[str]:
         """Package keys whose version differs between before and after (installed, removed or moved)."""
@@ -36,16 +40,11 @@ class HostState:
         return {k for k in keys if self.before.get(k) != self.after.get(k)}
 
 
-@dataclass(frozen=True)
-class Violation:
-    """One broken rule."""
+class Violation(namedtuple("Violation", "rule action message packages hint pairing", defaults=((), "", None))):
+    """One broken rule: its name, action, message, the packages involved (name -> version or move), a hint on how
+    to proceed and the pinned pairing it breaks (if any)."""
 
-    rule: str
-    action: str
-    message: str
-    packages: Dict[str, str] = field(default_factory=dict)
-    hint: str = ""
-    pairing: Optional[str] = None
+    __slots__ = ()
 
     def touches(self, keys: Iterable[str]) -> bool:
         """Whether any of the given package keys is involved in this violation."""
@@ -70,8 +69,14 @@ def _find(mapping: Mapping[str, str], name: str) -> Optional[str]:
     return None
 
 
+@functools.lru_cache(maxsize=64)
+def _glob_regex(patterns: Tuple[str, ...]):
+    return re.compile("|".join(fnmatch.translate(p) for p in patterns) or "(?!)").match
+
+
 def _matching(mapping: Mapping[str, str], patterns: Sequence[str]) -> List[str]:
-    return sorted(k for k in mapping if any(fnmatch.fnmatchcase(_base(k), p) for p in patterns))
+    match = _glob_regex(tuple(patterns))
+    return sorted(k for k in mapping if match(_base(k)))
 
 
 def _move(state: HostState, name: str) -> str:

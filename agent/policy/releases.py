@@ -9,7 +9,10 @@ Standard library only (used by the apt hook).
 from __future__ import annotations
 
 import re
-from typing import Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
+    from typing import Optional
 
 from agent.policy.versions import upstream_dotted
 

@@ -16,21 +16,22 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-from typing import List, Optional, Sequence, Tuple, Union
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
+    from typing import List, Optional, Sequence, Tuple, Union
+
+    SpecValue = Union[str, Sequence[str]]
+    # One parsed entry: ("any",), ("none",), ("glob", pattern) or ("range", ((op, version), ...)).
+    Entry = Tuple
 
 from agent.policy.versions import compare, compare_release
 
-SpecValue = Union[str, Sequence[str]]
 _OPERATORS = ("<<", "<=", ">=", ">>", "==", "!=", "=")
 _GLOB_CHARS = set("*?[")
 
 
 class SpecError(ValueError):
     """A spec string that cannot be parsed; the message says what is wrong in one line."""
-
-
-# One parsed entry: ("any",), ("none",), ("glob", pattern) or ("range", ((op, version), ...)).
-Entry = Tuple
 
 
 @functools.lru_cache(maxsize=1024)

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Literal, NamedTuple, Optional
+from collections import namedtuple
 
-Scheme = Literal["dpkg", "rpm"]
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget, which imports this module
+    from typing import Literal, Optional
+
+    Scheme = Literal["dpkg", "rpm"]
 
 
-class DpkgVersion(NamedTuple):
-    """A Debian version split into its three parts."""
+class DpkgVersion(namedtuple("DpkgVersion", "epoch upstream revision")):
+    """A Debian version split into its three parts: epoch (int), upstream and revision (str)."""
 
-    epoch: int
-    upstream: str
-    revision: str
+    __slots__ = ()
 
 
 def parse_dpkg(version: str) -> DpkgVersion:
@@ -95,12 +97,10 @@ def compare_dpkg(a: str, b: str) -> int:
     return _sign(_verrevcmp(va.revision, vb.revision))
 
 
-class RpmEVR(NamedTuple):
-    """An rpm epoch:version-release."""
+class RpmEVR(namedtuple("RpmEVR", "epoch version release")):
+    """An rpm epoch:version-release: epoch (int), version and release (str)."""
 
-    epoch: int
-    version: str
-    release: str
+    __slots__ = ()
 
 
 def parse_rpm(evr: str) -> RpmEVR:
