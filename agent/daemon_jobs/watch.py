@@ -9,7 +9,8 @@ Package-manager hooks can also send SIGUSR1 to the daemon to ask for a snapshot 
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional, Tuple
+import stat
+from typing import Callable, Tuple
 
 from agent.host import Host
 from agent.log import get_logger
@@ -21,28 +22,33 @@ PACKAGE_DB_PATHS = ("/var/lib/dpkg/status", "/var/lib/rpm", "/usr/lib/sysimage/r
 Signature = Tuple[Tuple[str, int, int, int], ...]
 
 
-def _stat_entry(host: Host, host_path: str) -> Optional[Tuple[str, int, int, int]]:
-    try:
-        info = os.stat(host.path(host.resolve(host_path)))
-    except OSError:
-        return None
-    return (host_path, info.st_mtime_ns, info.st_size, info.st_ino)
+def watch_targets(host: Host) -> Tuple[str, ...]:
+    """Where the package databases really are under the Host root (symlinks followed inside the root, once)."""
+    return tuple(dict.fromkeys(str(host.path(host.resolve(path))) for path in PACKAGE_DB_PATHS))
 
 
-def package_db_signature(host: Host) -> Signature:
-    """(path, mtime_ns, size, inode) of every package database file present under the Host root."""
+def package_db_signature(targets: Tuple[str, ...]) -> Signature:
+    """(path, mtime_ns, size, inode) of every package database file present: a few stat calls, no reads."""
     entries = []
-    for path in PACKAGE_DB_PATHS:
-        if host.is_dir(host.resolve(path)):
-            for name in host.list_dir(host.resolve(path)):
-                entry = _stat_entry(host, f"{path}/{name}")
-                if entry is not None:
-                    entries.append(entry)
-        else:
-            entry = _stat_entry(host, path)
-            if entry is not None:
-                entries.append(entry)
-    return tuple(entries)
+    for target in targets:
+        try:
+            info = os.stat(target)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode):
+            entries.append((target, info.st_mtime_ns, info.st_size, info.st_ino))
+            continue
+        try:
+            with os.scandir(target) as listing:
+                for entry in listing:
+                    try:
+                        child = entry.stat()
+                    except OSError:
+                        continue
+                    entries.append((entry.path, child.st_mtime_ns, child.st_size, child.st_ino))
+        except OSError:
+            continue
+    return tuple(sorted(entries))
 
 
 class PackageWatcher:
@@ -51,11 +57,12 @@ class PackageWatcher:
     def __init__(self, host: Host, on_change: Callable[[str], None]) -> None:
         self.host = host
         self.on_change = on_change
-        self._last = package_db_signature(host)
+        self._targets = watch_targets(host)
+        self._last = package_db_signature(self._targets)
         self._unsettled = False
 
     def run(self, reason: str = "interval") -> None:
-        current = package_db_signature(self.host)
+        current = package_db_signature(self._targets)
         if current != self._last:
             self._last = current
             self._unsettled = True
