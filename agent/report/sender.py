@@ -68,13 +68,15 @@ def load_token(path: str) -> str:
 
 
 def check_ca_bundle(path: str) -> None:
-    """ConfigError when the configured CA bundle cannot be read."""
+    """ConfigError when the configured CA bundle (a PEM file, or a c_rehash'ed directory) cannot be used."""
+    if os.path.isdir(path):
+        return
     try:
         with open(path, "rb") as handle:
-            head = handle.read(4096)
+            head = handle.read(65536)
     except OSError as exc:
         raise ConfigError(path, [f"ca_bundle cannot be read: {exc.strerror or exc}"]) from None
-    if b"-----BEGIN CERTIFICATE-----" not in head and not os.path.isdir(path):
+    if b"-----BEGIN CERTIFICATE-----" not in head:
         raise ConfigError(path, ["ca_bundle holds no PEM certificate"])
 
 

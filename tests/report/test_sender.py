@@ -12,7 +12,7 @@ import pytest
 
 from agent.errors import ConfigError, DeliveryError
 from agent.report.events import EventBatch
-from agent.report.sender import Backoff, Sender, load_token
+from agent.report.sender import Backoff, Sender, check_ca_bundle, load_token
 from agent.report.settings import ReportSettings
 from tests.report.events import event
 from tests.report.receiver import Receiver
@@ -164,3 +164,15 @@ def test_backoff_is_exponential_with_full_jitter_and_a_cap() -> None:
     assert max(fifth) <= 16.0 and min(fifth) < 2.0 and max(fifth) > 14.0
     backoff.reset()
     assert backoff.failures == 0 and backoff.next_delay_seconds() <= 0.5
+
+
+def test_ca_bundle_must_be_a_readable_pem_file(tmp_path: Path, certificates) -> None:  # type: ignore[no-untyped-def]
+    """A missing or non-PEM bundle is a config error at start, not a TLS failure at every delivery."""
+    check_ca_bundle(certificates[0][0])
+    check_ca_bundle(str(tmp_path))  # a c_rehash'ed directory
+    with pytest.raises(ConfigError, match="cannot be read"):
+        check_ca_bundle(str(tmp_path / "missing.pem"))
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    with pytest.raises(ConfigError, match="no PEM certificate"):
+        check_ca_bundle(str(junk))
