@@ -111,7 +111,7 @@ def _gpu_targets(root: str) -> Tuple[str, ...]:
                         value = int(line.split()[1])
                         if value:
                             major, minor, step = value // 10000, (value // 100) % 100, value % 100
-                            targets.append(f"gfx{major}{minor}{step:x}")
+                            targets.append(f"gfx{major}{minor:x}{step:x}")  # minor and stepping in hex
         except (OSError, ValueError, IndexError):
             continue
     return tuple(sorted(set(targets)))

@@ -123,7 +123,12 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
                      f"{releases.amdgpu_driver_release(driver) or '-'}), {rocm_name} {rocm or '(not installed)'} "
                      f"(ROCm {releases.rocm_release(rocm) or '-'})")
         pinned = matching_pairing(amd["pairings"], driver, rocm, "dpkg")
-        lines.append(f"  pinned pairing: {describe_pairing(pinned) if pinned else 'none matches (violation)'}")
+        if pinned is not None:
+            lines.append(f"  pinned pairing: {describe_pairing(pinned)}")
+        elif driver is None and rocm is None:
+            lines.append("  pinned pairing: none (neither package is installed)")
+        else:
+            lines.append("  pinned pairing: none matches the installed pair (violation)")
         for pairing in amd["pairings"]:
             kernels = f"; kernels {describe(pairing['kernels'])}" if pairing.get("kernels") is not None else ""
             lines.append(f"  may move to {describe_pairing(pairing)}{kernels} "

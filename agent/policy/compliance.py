@@ -1,0 +1,39 @@
+"""The daemon's policy check: is the stack in a snapshot compliant with the compiled policy?
+
+The daemon calls :func:`check_snapshot` after every snapshot (agent/daemon_jobs/hooks.py). It reads the compiled
+policy from the state directory each time, so ``gpuguard policy compile`` (or a SIGHUP) takes effect at the next
+snapshot. Rolling back what slipped through is ``agent.guard.rollback.check_and_rollback``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import List
+
+from agent.guard.state import GuardPaths
+from agent.log import get_logger
+from agent.policy.compiled import read_compiled
+from agent.policy.evaluate import HostState, evaluate
+from agent.report.events import PolicyViolation
+
+log = get_logger("policy.compliance")
+
+
+def check_snapshot(snapshot, settings) -> List[PolicyViolation]:
+    """Report payloads for every rule the snapshot's installed stack violates (empty: compliant, or no policy).
+
+    A missing compiled policy means no policy is installed; a corrupt one raises InputFileError.
+    """
+    path = GuardPaths(settings.agent.state_dir).compiled_policy
+    if not os.path.exists(path):
+        log.debug("policy_absent", path=path)
+        return []
+    policy = read_compiled(path)
+    installed = {key: info.version for key, info in snapshot.packages().items()}
+    os_data = snapshot.os.data
+    gpus = snapshot.amdgpu.data.gpus if snapshot.amdgpu.data else []
+    state = HostState(before=installed, after=installed, manager=snapshot.package_manager or "dpkg",
+                      os_id=os_data.id if os_data else None, os_version_id=os_data.version_id if os_data else None,
+                      gpu_targets=tuple(sorted({g.gfx_target for g in gpus if g.gfx_target})))
+    return [PolicyViolation(rule=v.rule, message=v.message, packages=dict(v.packages), action=v.action)
+            for v in evaluate(state, policy)]
