@@ -28,7 +28,7 @@ from agent.config import Settings, load_settings
 from agent.daemon_jobs.delivery import DeliveryJob
 from agent.daemon_jobs.health import HealthJob
 from agent.daemon_jobs.heartbeat import HeartbeatJob
-from agent.daemon_jobs.hooks import default_hooks
+from agent.daemon_jobs.hooks import LazyHook, default_hooks
 from agent.daemon_jobs.metrics import MetricsJob
 from agent.daemon_jobs.runtime import EventEmitter, Runtime, host_identity
 from agent.daemon_jobs.snapshot import SnapshotJob
@@ -156,9 +156,10 @@ class Daemon:
     """Owns the scheduler, the jobs and the signal loop of one ``gpuguard run``."""
 
     def __init__(self, config_path: str, settings: Settings, host: Host,
-                 notifier: Optional[SystemdNotifier] = None) -> None:
+                 notifier: Optional[SystemdNotifier] = None, hooks: Optional[Dict[str, LazyHook]] = None) -> None:
         self.config_path = config_path
         self.notifier = notifier or SystemdNotifier()
+        self.hooks = hooks if hooks is not None else default_hooks()
         sender = build_sender(settings)
         state_dir = settings.agent.state_dir
         os.makedirs(state_dir, mode=0o755, exist_ok=True)
@@ -191,8 +192,7 @@ class Daemon:
 
         # apscheduler logs through stdlib logging; its routine "skipped: still running" is ours to report.
         logging.getLogger("apscheduler").setLevel(logging.ERROR)
-        rt, s = self.runtime, self.runtime.settings
-        hooks = default_hooks()
+        rt, s, hooks = self.runtime, self.runtime.settings, self.hooks
         scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(max_workers=10)},
                                         job_defaults={"max_instances": 1, "coalesce": True,
                                                       "misfire_grace_time": None},

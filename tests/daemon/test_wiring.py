@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
+import types
 from pathlib import Path
 from typing import List, Optional
 
-from agent.daemon import JobRunner, SystemdNotifier
+from agent.config import Settings
+from agent.daemon import Daemon, JobRunner, SystemdNotifier
+from agent.daemon_jobs.hooks import default_hooks
+from agent.host import Host
 
 
 class FakeScheduler:
@@ -83,3 +88,49 @@ def test_runner_does_nothing_once_stopping() -> None:
     stopping.set()
     JobRunner("heartbeat", lambda reason: runs.append(reason), stopping)()
     assert runs == []
+
+
+def test_slow_job_never_overlaps_itself_nor_stalls_the_others(tmp_path: Path) -> None:
+    """A 1.5 s health check asked for again and again runs once at a time; heartbeats go on; stop waits for it."""
+    running, overlaps, finished = [0], [0], []
+    lock = threading.Lock()
+
+    def slow_check(host: Host, settings: object, state_dir: str, snapshot: object = None) -> object:
+        with lock:
+            running[0] += 1
+            overlaps[0] = max(overlaps[0], running[0])
+        time.sleep(1.5)
+        with lock:
+            running[0] -= 1
+        finished.append(time.monotonic())
+        return types.SimpleNamespace(status="pass")
+
+    modules = {"agent.health.runner": types.SimpleNamespace(run_health_check=slow_check,
+                                                            load_last_result=lambda state_dir: None),
+               "agent.health.events": types.SimpleNamespace(payloads_for=lambda result: []),
+               "agent.health.settings": types.SimpleNamespace(HealthSettings=lambda: "settings")}
+
+    def importer(name: str) -> object:
+        if name in modules:
+            return modules[name]
+        raise ImportError(name)
+
+    settings = Settings.model_validate({
+        "agent": {"state_dir": str(tmp_path / "state"), "host_id": "h1"},
+        "snapshot": {"interval_seconds": 3600}, "daemon": {"package_watch_interval_seconds": 3600,
+                                                           "health_interval_seconds": 0.1,
+                                                           "health_first_run_seconds": 0},
+        "report": {"heartbeat_interval_seconds": 0.1, "metrics_enabled": False}})
+    daemon = Daemon("/nonexistent/agent.toml", settings, Host(root=Path("/")), SystemdNotifier({}),
+                    default_hooks(importer))
+    daemon.start()
+    time.sleep(0.3)
+    for _ in range(5):
+        daemon.runners["health"].request("stack_changed:kernel")
+    time.sleep(0.6)
+    heartbeats = sum(e.kind == "heartbeat" for e in daemon.runtime.outbox.pending(1000))
+    stop_asked = time.monotonic()
+    daemon.stop()
+    assert overlaps[0] == 1
+    assert heartbeats >= 4, "heartbeats stalled behind the slow health check"
+    assert finished and finished[-1] >= stop_asked - 0.05, "stop did not wait for the running check"
