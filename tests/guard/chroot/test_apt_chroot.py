@@ -202,3 +202,35 @@ def test_rocm_versions_used_by_the_harness_are_consistent() -> None:
 
     assert (amdgpu_driver_release(AMDGPU_62), amdgpu_driver_release(AMDGPU_63)) == ("6.2.2", "6.3.0")
     assert (rocm_release(ROCM_62), rocm_release(ROCM_63)) == ("6.2.2", "6.3.0")
+
+
+def test_kernel_installed_with_dpkg_i_is_removed_again(chroot: Chroot) -> None:
+    """A guarded package that was not in the known-good set is removed by the rollback; a reboot is flagged."""
+    assert chroot.run("dpkg", "-i", chroot.deb(KERNEL_28, "6.1.119-1")).returncode == 0
+    result = _rollback(chroot)
+    assert result.status == "rolled_back", result.summary()
+    assert f"{KERNEL_28}-" in result.targets and KERNEL_28 not in chroot.installed()
+    assert result.reboot_required and KERNEL_28 in (chroot.state_dir / "reboot-required.pkgs").read_text()
+
+
+def test_open_override_window_suspends_rollback(chroot: Chroot) -> None:
+    """While a maintenance window is open the watcher reports the violation but leaves the packages alone."""
+    code, _ = gpuguard(chroot, "override", "start", "--minutes", "10", "--reason", "manual driver test")
+    assert code == 0
+    assert chroot.run("dpkg", "-i", chroot.deb("amdgpu-dkms", AMDGPU_63)).returncode == 0
+    result = _rollback(chroot)
+    assert result.status == "override" and chroot.installed()["amdgpu-dkms"] == AMDGPU_63
+    code, out = gpuguard(chroot, "guard", "rollback")
+    assert code == 10 and "override" in out
+
+
+def test_hook_configured_for_protocol_2_fails_safe(chroot: Chroot) -> None:
+    """A snippet that forgot Version "3": apt sends version 2, the hook refuses guarded packages (exit 12)."""
+    conf = chroot.root / "etc/apt/apt.conf.d/50gpuguard"
+    conf.write_text(conf.read_text().replace('::Version "3"', '::Version "2"'))
+    before = chroot.status_bytes()
+    refused = chroot.apt("install", f"rocm-core={ROCM_63}", f"rocm-hip-runtime={ROCM_63}")
+    assert refused.returncode == 100
+    assert "unknown hook protocol version '2'" in refused.stderr and "error code (12)" in refused.stderr
+    assert chroot.status_bytes() == before
+    assert chroot.apt("install", "hello-fake").returncode == 0
