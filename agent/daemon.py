@@ -22,7 +22,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Callable, Dict, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Dict, Mapping, Optional
 
 from agent.config import Settings, load_settings
 from agent.daemon_jobs.delivery import DeliveryJob
@@ -37,6 +37,9 @@ from agent.errors import ConfigError
 from agent.host import Host
 from agent.log import configure, get_logger
 from agent.report.outbox import OUTBOX_FILENAME, Outbox
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.report.sender import Sender
 
 log = get_logger("daemon")
 
@@ -139,7 +142,7 @@ class JobRunner:
                 return
 
 
-def build_sender(settings: Settings):  # type: ignore[no-untyped-def]
+def build_sender(settings: Settings) -> Optional["Sender"]:
     """The Sender for the configured endpoint (token read and checked now), or None without an endpoint."""
     report = settings.report
     if report.endpoint_url is None:
