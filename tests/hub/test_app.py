@@ -375,3 +375,22 @@ def test_a_write_slower_than_the_timeout_is_503(settings: HubSettings, tokens: D
         response = post(client, tokens["host-a"], batch_json([event("host-a")]))
         store.gate.set()
     assert_refused(response, 503, "unavailable", "retry")
+
+
+def test_the_api_over_postgresql(settings: HubSettings, tokens: Dict[str, str], postgres_url: str) -> None:
+    """The same requests against PostgresStore: dedupe, hosts, pairings, drift and events agree with SQLite's."""
+    from agent.hub.store import PostgresStore
+
+    pg_settings = settings.model_copy(update={"database_url": postgres_url})
+    with TestClient(create_app(pg_settings, PostgresStore(postgres_url))) as client:
+        events = [event("host-a", kind="snapshot_changed", pairing=ROCM_62, at=T0),
+                  event("host-a", kind="rollback", at=T0 + dt.timedelta(hours=1))]
+        assert post(client, tokens["host-a"], batch_json(events)).json()["accepted"] == ids(events)
+        assert post(client, tokens["host-a"], batch_json(events)).json()["duplicates"] == ids(events)
+        reader = bearer(tokens[READER])
+        assert client.get("/v1/hosts", headers=reader).json()["hosts"][0]["pairing"]["rocm"] == "6.2.0"
+        assert client.get("/v1/pairings", headers=reader).json()["pairings"][0]["host_ids"] == ["host-a"]
+        drift = client.get("/v1/drift", params={"since": "2025-12-31"}, headers=reader).json()
+        assert set(drift["hosts"][0]["kinds"]) == {"snapshot_changed", "rollback"}
+        assert client.get("/v1/events", params={"kind": "rollback"}, headers=reader).json()["count"] == 1
+        assert client.get("/healthz").json()["store"] == "PostgresStore"
