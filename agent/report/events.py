@@ -64,6 +64,27 @@ class Rollback(FrozenModel):
     detail: Optional[str] = None
 
 
+class OverriddenViolation(FrozenModel):
+    """One rule an override window let a transaction break."""
+
+    rule: str
+    action: Literal["warn", "block", "rollback"]
+    message: str
+    packages: Dict[str, str] = {}
+
+
+class OverrideUsed(FrozenModel):
+    """An open override window let through a package transaction the policy would have refused."""
+
+    kind: Literal["override_used"] = "override_used"
+    window_id: str
+    reason: str
+    opened_by: str
+    expires_at: dt.datetime
+    command_line: Optional[str] = None
+    violations: List[OverriddenViolation] = []
+
+
 class HealthRegression(FrozenModel):
     """A health-check figure dropped beyond the noise band against the previous fingerprint's baseline."""
 
@@ -100,10 +121,10 @@ class Heartbeat(FrozenModel):
     last_health_status: Optional[str] = None
 
 
-Payload = Annotated[Union[SnapshotChanged, PolicyViolation, TransactionBlocked, Rollback, HealthRegression,
-                          CpuFallback, Heartbeat], Field(discriminator="kind")]
-# Events the outbox never drops, whatever its size bound.
-NEVER_DROPPED_KINDS = frozenset({"policy_violation", "transaction_blocked", "rollback"})
+Payload = Annotated[Union[SnapshotChanged, PolicyViolation, TransactionBlocked, Rollback, OverrideUsed,
+                          HealthRegression, CpuFallback, Heartbeat], Field(discriminator="kind")]
+# Events the outbox never drops, whatever its size bound (an override's use is part of the audit trail).
+NEVER_DROPPED_KINDS = frozenset({"policy_violation", "transaction_blocked", "rollback", "override_used"})
 
 
 class Event(FrozenModel):
