@@ -5,8 +5,9 @@ number of jobs, each with ``max_instances=1`` and ``coalesce=True``: a job never
 (a health check) never holds up the others. The main thread only waits for signals:
 
     SIGTERM, SIGINT   finish the running job steps, flush metrics, exit 0
-    SIGHUP            reload the config file (and with it the policy); an invalid file is logged, the old kept
-    SIGUSR1           a package transaction happened (apt/dnf hook): snapshot and deliver now
+    SIGHUP            reload the config file and recompile the policy for the apt hook; an invalid file is logged,
+                      the old one kept
+    SIGUSR1           a package transaction happened (apt/dnf hook): guard check, snapshot and deliver now
 
 Under systemd (``Type=notify``) it sends READY=1 once running, WATCHDOG=1 at half of WATCHDOG_USEC from a
 scheduler job (so a wedged scheduler stops the pings), STATUS= lines, and STOPPING=1.
@@ -26,6 +27,8 @@ from typing import TYPE_CHECKING, Callable, Dict, Mapping, Optional
 
 from agent.config import Settings, load_settings
 from agent.daemon_jobs.delivery import DeliveryJob
+from agent.daemon_jobs.guard import GuardJob, recompile_policy
+from agent.daemon_jobs.guard_events import GuardEventForwarder
 from agent.daemon_jobs.health import HealthJob
 from agent.daemon_jobs.heartbeat import HeartbeatJob
 from agent.daemon_jobs.hooks import LazyHook, default_hooks
@@ -34,6 +37,7 @@ from agent.daemon_jobs.runtime import EventEmitter, Runtime, host_identity
 from agent.daemon_jobs.snapshot import SnapshotJob
 from agent.daemon_jobs.watch import PackageWatcher
 from agent.errors import ConfigError
+from agent.guard.state import GuardPaths
 from agent.host import Host
 from agent.log import configure, get_logger
 from agent.report.outbox import OUTBOX_FILENAME, Outbox
@@ -213,7 +217,12 @@ class Daemon:
                                   s.daemon.health_first_run_seconds)
         snapshot = SnapshotJob(rt, hooks["policy_check"], on_stack_changed=health_runner.request)
         snap_runner = self._add(scheduler, "snapshot", _none(snapshot.run), s.snapshot.interval_seconds, 0.0)
-        watcher = PackageWatcher(rt.host, on_change=snap_runner.request)
+        # Guard files live under the Host root, where the apt hook of that root writes them.
+        events_path = str(rt.host.path(GuardPaths(rt.state_dir).events))
+        guard = GuardJob(rt, GuardEventForwarder(rt, events_path), on_checked=snap_runner.request)
+        guard_runner = self._add(scheduler, "guard", _none(guard.run), s.snapshot.interval_seconds, 0.0)
+        watcher = PackageWatcher(rt.host, on_change=guard_runner.request, guard_events_path=events_path,
+                                 on_guard_events=guard_runner.request)
         self._add(scheduler, "package_watch", _none(watcher.run), s.daemon.package_watch_interval_seconds, None,
                   refresh_metrics=False)
         heartbeat = HeartbeatJob(rt)
@@ -237,6 +246,7 @@ class Daemon:
             log.error("config_reload_failed", path=exc.path, problems=list(exc.problems),
                       kept="previous configuration")
             self.notifier.notify("STATUS=running; config reload failed, previous configuration kept")
+            recompile_policy(self.runtime.host, old)
             return False
         if new.agent.state_dir != old.agent.state_dir:
             log.warning("config_reload_partial", ignored="agent.state_dir", reason="takes effect on restart")
@@ -252,6 +262,7 @@ class Daemon:
         intervals = {"deliver": (old.report.delivery_interval_seconds, new.report.delivery_interval_seconds),
                      "heartbeat": (old.report.heartbeat_interval_seconds, new.report.heartbeat_interval_seconds),
                      "snapshot": (old.snapshot.interval_seconds, new.snapshot.interval_seconds),
+                     "guard": (old.snapshot.interval_seconds, new.snapshot.interval_seconds),
                      "health": (old.daemon.health_interval_seconds, new.daemon.health_interval_seconds),
                      "package_watch": (old.daemon.package_watch_interval_seconds,
                                        new.daemon.package_watch_interval_seconds)}
@@ -259,6 +270,7 @@ class Daemon:
             if before != after and self.scheduler is not None:
                 self.scheduler.reschedule_job(job_id, trigger="interval", seconds=after)
         log.info("config_reloaded", path=self.config_path, endpoint_url=new.report.endpoint_url)
+        recompile_policy(rt.host, new)  # the apt hook reads only the compiled file
         self.notifier.notify("STATUS=running; configuration reloaded")
         self.runners["snapshot"].request("config_reloaded")
         self.runners["deliver"].request("config_reloaded")
@@ -308,7 +320,7 @@ class Daemon:
                         self.reload()
                     elif signum == signal.SIGUSR1:
                         log.info("signal_received", signal="SIGUSR1")
-                        self.runners["snapshot"].request("package_transaction")
+                        self.runners["guard"].request("package_transaction")  # then the snapshot
                         self.runners["deliver"].request("package_transaction")
         finally:
             signal.set_wakeup_fd(old_wakeup)

@@ -68,10 +68,16 @@ class EventEmitter:
         self._clock = clock
         self.on_enqueued = on_enqueued
 
-    def emit(self, payload: Payload, severity: Severity = "info") -> Event:
-        """Commit one event; returns it as stored (with its sequence)."""
-        event = Event(host_id=self.host_id, hostname=self.hostname, occurred_at=self._clock(), severity=severity,
-                      payload=payload)
+    def emit(self, payload: Payload, severity: Severity = "info", event_id: Optional[str] = None,
+             occurred_at: Optional[dt.datetime] = None) -> Event:
+        """Commit one event; returns it as stored (with its sequence).
+
+        ``event_id`` (default: a random one) makes a re-emitted fact the same event for the outbox and receiver;
+        ``occurred_at`` (default: now) is when it happened, for facts recorded by another process.
+        """
+        extra = {"event_id": event_id} if event_id is not None else {}
+        event = Event(host_id=self.host_id, hostname=self.hostname, occurred_at=occurred_at or self._clock(),
+                      severity=severity, payload=payload, **extra)
         stored = self.outbox.enqueue(event)
         self.on_enqueued()
         return stored

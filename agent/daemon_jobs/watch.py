@@ -4,13 +4,17 @@ dpkg rewrites /var/lib/dpkg/status after every package it touches; rpm writes it
 /usr/lib/sysimage/rpm (rpmdb.sqlite and its -wal, or the older Berkeley DB files). A change is reported once the
 signature has stayed the same for one poll, so one apt/dnf transaction yields one snapshot, not one per package.
 Package-manager hooks can also send SIGUSR1 to the daemon to ask for a snapshot at once.
+
+The same poll stats the guard's ``guard-events.jsonl`` (the apt hook appends a line when it blocks a transaction,
+warns or lets one through an override window): a new size, mtime or inode calls ``on_guard_events`` at once, so
+the event is forwarded and delivered within a poll without the hook having to signal anyone.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 from agent.host import Host
 from agent.log import get_logger
@@ -51,17 +55,40 @@ def package_db_signature(targets: Tuple[str, ...]) -> Signature:
     return tuple(sorted(entries))
 
 
-class PackageWatcher:
-    """Polls the package databases' signature; calls ``on_change`` once a change has settled."""
+def file_signature(path: str) -> Optional[Tuple[int, int, int]]:
+    """(mtime_ns, size, inode) of one file, None when it is not there."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_mtime_ns, info.st_size, info.st_ino
 
-    def __init__(self, host: Host, on_change: Callable[[str], None]) -> None:
+
+class PackageWatcher:
+    """Polls the package databases' signature; calls ``on_change`` once a change has settled.
+
+    With ``guard_events_path`` (a real path) it also calls ``on_guard_events`` whenever that file changed.
+    """
+
+    def __init__(self, host: Host, on_change: Callable[[str], None], guard_events_path: Optional[str] = None,
+                 on_guard_events: Callable[[str], None] = lambda reason: None) -> None:
         self.host = host
         self.on_change = on_change
+        self.guard_events_path = guard_events_path
+        self.on_guard_events = on_guard_events
         self._targets = watch_targets(host)
         self._last = package_db_signature(self._targets)
         self._unsettled = False
+        self._guard_events_last = file_signature(guard_events_path) if guard_events_path else None
 
     def run(self, reason: str = "interval") -> None:
+        if self.guard_events_path is not None:
+            events = file_signature(self.guard_events_path)
+            if events != self._guard_events_last:
+                self._guard_events_last = events
+                if events is not None:
+                    log.debug("guard_events_changed")
+                    self.on_guard_events("guard_events_written")
         current = package_db_signature(self._targets)
         if current != self._last:
             self._last = current

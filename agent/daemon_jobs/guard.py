@@ -1,0 +1,136 @@
+"""The guard job: after a package change roll back what bypassed apt, forward guard events, then ask for a snapshot.
+
+Order on a dpkg status change (the package watcher, SIGUSR1): ``check_and_rollback`` first (it waits for the
+dpkg lock, compares with the known-good set and rolls a ``dpkg -i`` violation back when the policy says so,
+recording its PolicyViolation / Rollback records in guard-events.jsonl), then the forwarder commits those records
+to the outbox, then the snapshot job runs, so the snapshot's diff comes after the rollback's events and shows the
+state the rollback left. When the guard-events file alone grew (the apt hook blocked something), only the
+forwarder runs. With a Host root other than ``/`` the check runs against that root as a chroot (that is how
+``check_and_rollback`` runs apt there); it is skipped without a compiled policy or without a dpkg database.
+
+A failure of the check is logged (``guard_check_failed``) and reported as a Rollback event with
+``succeeded = false``; it never ends the job, the forwarding or the snapshot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Callable, Optional
+
+from agent.daemon_jobs.guard_events import GuardEventForwarder
+from agent.daemon_jobs.runtime import Runtime
+from agent.errors import ConfigError, GpuguardError
+from agent.guard.state import GuardPaths
+from agent.host import Host
+from agent.log import get_logger
+from agent.report.events import Rollback
+
+log = get_logger("guard_job")
+
+DPKG_STATUS = "/var/lib/dpkg/status"
+# Reasons that mean "the installed set may have moved": check (and maybe roll back) before the snapshot.
+CHECK_REASONS = frozenset({"package_change", "package_transaction"})
+
+CheckFunction = Callable[[Host, Any], Any]
+
+
+def _default_check(host: Host, settings: Any) -> Any:
+    from agent.guard.rollback import check_and_rollback  # apt tooling only once a check is due
+
+    return check_and_rollback(host, settings)
+
+
+class GuardJob:
+    """Runs the rollback check when the installed set may have moved, forwards guard events, then ``on_checked``."""
+
+    def __init__(self, runtime: Runtime, forwarder: GuardEventForwarder,
+                 on_checked: Callable[[str], None] = lambda reason: None,
+                 check: CheckFunction = _default_check) -> None:
+        self.runtime = runtime
+        self.forwarder = forwarder
+        self.on_checked = on_checked
+        self._check = check
+        self._checked_once = False
+        self._last_checked_key: Optional[str] = None
+
+    def run(self, reason: str = "interval") -> None:
+        wants_check = reason in CHECK_REASONS or not self._checked_once
+        try:
+            if wants_check:
+                self._checked_once = True
+                self.check(reason)
+            self.forwarder.run(reason)
+        finally:
+            if reason in CHECK_REASONS:
+                self.on_checked(reason)  # the snapshot follows even when the check or forwarding failed
+
+    def _state_key(self) -> Optional[str]:
+        """A hash of the dpkg status and the compiled policy; None when either is missing (nothing to check)."""
+        host = self.runtime.host
+        digest = hashlib.sha256()
+        for host_path in (DPKG_STATUS, GuardPaths(self.runtime.settings.agent.state_dir).compiled_policy):
+            try:
+                digest.update(host.path(host_path).read_bytes())
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                log.warning("guard_check_input_unreadable", path=host_path, error=exc.strerror or str(exc))
+                return None
+            digest.update(b"\0")
+        return digest.hexdigest()
+
+    def check(self, reason: str) -> Optional[Any]:
+        """Call ``check_and_rollback`` unless nothing it reads changed since the last check; its result or None."""
+        rt = self.runtime
+        key = self._state_key()
+        if key is None:
+            log.debug("guard_check_skipped", reason=reason, cause="no compiled policy or no dpkg status database")
+            return None
+        if key == self._last_checked_key:
+            # The change was the rollback's own (or a failed one's): never loop on it.
+            log.debug("guard_check_skipped", reason=reason, cause="dpkg status and policy unchanged since last check")
+            return None
+        try:
+            result = self._check(rt.host, rt.settings)
+        except Exception as exc:  # a failed check or rollback is data, never the daemon's end
+            detail = f"{type(exc).__name__}: {exc}"
+            expected = isinstance(exc, (GpuguardError, OSError))  # a traceback only for a bug
+            log.error("guard_check_failed", reason=reason, error=detail, exc_info=not expected)
+            rt.emitter.emit(Rollback(reason="guard_check_failed", from_versions={}, to_versions={}, succeeded=False,
+                                     detail=f"the rollback check failed: {detail}"[:4000]), severity="critical")
+            self._last_checked_key = self._state_key()
+            return None
+        self._last_checked_key = self._state_key()
+        status = getattr(result, "status", None)
+        level = log.error if status == "failed" else log.warning if status in (
+            "violations", "no_known_good", "override", "rolled_back") else log.info
+        level("guard_checked", reason=reason, status=status, detail=getattr(result, "detail", ""),
+              reboot_required=getattr(result, "reboot_required", False))
+        return result
+
+
+def recompile_policy(host: Host, settings: Any) -> bool:
+    """Compile the policy files to the compiled policy the apt hook reads, as ``gpuguard policy compile`` does.
+
+    An invalid policy logs every problem at once (``policy_compile_failed``) and keeps the old compiled file;
+    without policy files nothing happens. True when a new compiled file was written.
+    """
+    from agent.policy.load import load_and_compile, write_compiled
+
+    source = host.path(settings.guard.policy_path)
+    if not source.exists():
+        log.info("policy_compile_skipped", path=settings.guard.policy_path, cause="no policy files")
+        return False
+    target = host.path(GuardPaths(settings.agent.state_dir).compiled_policy)
+    try:
+        _, compiled = load_and_compile(str(source), settings.guard.matrix_path)
+        write_compiled(str(target), compiled)
+    except ConfigError as exc:  # PolicyError: every problem of every file
+        log.error("policy_compile_failed", path=exc.path, problems=list(exc.problems),
+                  kept="previous compiled policy")
+        return False
+    except (GpuguardError, OSError) as exc:
+        log.error("policy_compile_failed", path=str(source), problems=[str(exc)], kept="previous compiled policy")
+        return False
+    log.info("policy_compiled", name=compiled.name, sources=compiled.sources, path=str(target))
+    return True

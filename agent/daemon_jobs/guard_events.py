@@ -1,0 +1,191 @@
+"""Forward ``guard-events.jsonl`` (written by the apt hook and the rollback code) into the report outbox.
+
+The hook is a short stdlib-only process that cannot reach the outbox, so it appends one JSON object per line to
+``<state_dir>/guard-events.jsonl`` under the Host root. This forwarder reads the lines after the position it
+last remembered, turns each into a report payload and commits it to the outbox, then stores the new position
+(inode, byte offset, line number) atomically in ``<daemon state_dir>/guard-events.position.json``.
+
+Delivery is at least once: a crash between the enqueue and the position write forwards those lines again. The
+event id is a hash of the raw line, so the replay is the same event (a no-op in the outbox while it is queued, a
+duplicate the receiver acknowledges once delivered). A file whose inode changed or that is shorter than the
+offset (rotated or truncated) is read from its start. A line that is not a known guard record is logged once
+(``guard_event_malformed`` with the file and line number) and skipped; a partial last line waits for its end.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+from pydantic import ValidationError
+
+from agent.daemon_jobs.runtime import Runtime
+from agent.guard.state import write_atomically
+from agent.log import get_logger
+from agent.report.events import OverrideUsed, Payload, PolicyViolation, Rollback, Severity, TransactionBlocked
+
+log = get_logger("guard_events")
+
+POSITION_FILENAME = "guard-events.position.json"
+POSITION_FORMAT = 1
+# Store the position every this many lines, so a crash during a long backlog replays little.
+SAVE_EVERY_LINES = 200
+READ_CHUNK_BYTES = 1 << 16
+
+
+class MalformedRecord(ValueError):
+    """A guard-events line that is not a record the forwarder knows."""
+
+
+@dataclass(frozen=True)
+class Position:
+    """How far the file was forwarded: its inode, the byte offset after the last whole line, that line's number."""
+
+    inode: int = 0
+    offset_bytes: int = 0
+    line_number: int = 0
+
+
+def event_id_for_line(raw_line: bytes) -> str:
+    """The deterministic event id of one raw line (without its newline): a replay gives the same id."""
+    return hashlib.sha256(b"gpuguard-guard-event\0" + raw_line).hexdigest()[:32]
+
+
+def _fields(model: Any, record: Dict[str, Any]) -> Dict[str, Any]:
+    """The record's keys the model knows (a newer hook may add fields; they are not an error)."""
+    return {k: v for k, v in record.items() if k in model.model_fields}
+
+
+def payload_from_record(record: Any) -> Tuple[Payload, Severity, Optional[dt.datetime]]:
+    """The report payload, severity and time of one decoded guard record; MalformedRecord says what is wrong."""
+    if not isinstance(record, dict):
+        raise MalformedRecord("not a JSON object")
+    kind = record.get("kind")
+    occurred_at = _parse_time(record.get("occurred_at"))
+    try:
+        if kind == "transaction_blocked":
+            return TransactionBlocked.model_validate(_fields(TransactionBlocked, record)), "critical", occurred_at
+        if kind == "policy_violation":
+            violation = PolicyViolation.model_validate(_fields(PolicyViolation, record))
+            return violation, "warning" if violation.action == "warn" else "critical", occurred_at
+        if kind == "rollback":
+            rollback = Rollback.model_validate(_fields(Rollback, record))
+            return rollback, "warning" if rollback.succeeded else "critical", occurred_at
+        if kind == "override_used":
+            window = record.get("window")
+            if not isinstance(window, dict):
+                raise MalformedRecord("override_used without a window object")
+            used = OverrideUsed.model_validate({
+                "window_id": window.get("id"), "reason": window.get("reason"), "opened_by": window.get("opened_by"),
+                "expires_at": window.get("expires_at"), "command_line": record.get("command_line"),
+                "violations": [{k: v for k, v in item.items() if k in ("rule", "action", "message", "packages")}
+                               for item in record.get("violations") or [] if isinstance(item, dict)]})
+            return used, "warning", occurred_at
+    except ValidationError as exc:
+        problems = "; ".join(f"{' -> '.join(str(p) for p in e['loc']) or kind}: {e['msg']}" for e in exc.errors())
+        raise MalformedRecord(f"{kind}: {problems}") from None
+    raise MalformedRecord(f"unknown kind {kind!r}")
+
+
+def _parse_time(value: Any) -> Optional[dt.datetime]:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None
+
+
+class GuardEventForwarder:
+    """Moves new guard-events lines into the outbox; ``run`` returns how many events it committed."""
+
+    def __init__(self, runtime: Runtime, events_path: str, position_path: Optional[str] = None) -> None:
+        self.runtime = runtime
+        self.events_path = events_path
+        self.position_path = position_path or runtime.state_path(POSITION_FILENAME)
+
+    def load_position(self) -> Position:
+        """The stored position; the start of the file when none is stored or it is unreadable (logged)."""
+        try:
+            with open(self.position_path, "r", encoding="utf-8") as handle:
+                data = json.load(handle)
+            if data.get("format") != POSITION_FORMAT:
+                raise ValueError(f"format {data.get('format')!r} is not {POSITION_FORMAT}")
+            return Position(int(data["inode"]), int(data["offset_bytes"]), int(data["line_number"]))
+        except FileNotFoundError:
+            return Position()
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("guard_events_position_unreadable", path=self.position_path, error=str(exc),
+                        action="forwarding from the start of the file; event ids make the replay harmless")
+            return Position()
+
+    def save_position(self, position: Position) -> None:
+        write_atomically(self.position_path, json.dumps({
+            "format": POSITION_FORMAT, "inode": position.inode, "offset_bytes": position.offset_bytes,
+            "line_number": position.line_number}, sort_keys=True) + "\n", mode=0o600)
+
+    def run(self, reason: str = "interval") -> int:
+        try:
+            info = os.stat(self.events_path)
+        except FileNotFoundError:
+            return 0
+        position = self.load_position()
+        if position.inode != info.st_ino or info.st_size < position.offset_bytes:
+            if position.offset_bytes or position.inode:
+                log.info("guard_events_restarted", path=self.events_path, reason=reason,
+                         cause="inode changed" if position.inode != info.st_ino else "file shrank",
+                         old_offset_bytes=position.offset_bytes, size_bytes=info.st_size)
+            position = Position(info.st_ino, 0, 0)
+        if info.st_size == position.offset_bytes:
+            return 0
+        forwarded = 0
+        saved = position
+        with open(self.events_path, "rb") as handle:
+            if os.fstat(handle.fileno()).st_ino != position.inode:
+                return 0  # replaced between stat and open: the next run starts on the new file
+            handle.seek(position.offset_bytes)
+            pending = b""
+            while not self.runtime.stopping.is_set():
+                chunk = handle.read(READ_CHUNK_BYTES)
+                if not chunk:
+                    break
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    line_number = position.line_number + 1
+                    if self._forward(raw, line_number):
+                        forwarded += 1
+                    position = Position(position.inode, position.offset_bytes + len(raw) + 1, line_number)
+                    if position.line_number - saved.line_number >= SAVE_EVERY_LINES:
+                        self.save_position(position)
+                        saved = position
+        if position != saved:
+            self.save_position(position)
+        if forwarded:
+            log.info("guard_events_forwarded", events=forwarded, path=self.events_path, reason=reason,
+                     offset_bytes=position.offset_bytes)
+        return forwarded
+
+    def _forward(self, raw: bytes, line_number: int) -> bool:
+        """Commit one line's event; False (logged) when the line is blank or malformed."""
+        text = raw.strip()
+        if not text:
+            return False
+        try:
+            try:
+                record = json.loads(text.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as exc:
+                raise MalformedRecord(f"not valid JSON ({exc})") from None
+            payload, severity, occurred_at = payload_from_record(record)
+        except MalformedRecord as exc:
+            log.warning("guard_event_malformed", path=self.events_path, line_number=line_number, error=str(exc),
+                        action="skipped")
+            return False
+        self.runtime.emitter.emit(payload, severity=severity, event_id=event_id_for_line(raw),
+                                  occurred_at=occurred_at)
+        return True
