@@ -218,7 +218,7 @@ class Daemon:
         snapshot = SnapshotJob(rt, hooks["policy_check"], on_stack_changed=health_runner.request)
         snap_runner = self._add(scheduler, "snapshot", _none(snapshot.run), s.snapshot.interval_seconds, 0.0)
         # Guard files live under the Host root, where the apt hook of that root writes them.
-        events_path = str(rt.host.path(GuardPaths(rt.state_dir).events))
+        events_path = str(rt.host.path(GuardPaths(s.agent.state_dir).events))
         guard = GuardJob(rt, GuardEventForwarder(rt, events_path), on_checked=snap_runner.request)
         guard_runner = self._add(scheduler, "guard", _none(guard.run), s.snapshot.interval_seconds, 0.0)
         watcher = PackageWatcher(rt.host, on_change=guard_runner.request, guard_events_path=events_path,
