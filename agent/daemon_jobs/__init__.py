@@ -2,7 +2,9 @@
 
     runtime.py    what every job shares: the Host, current Settings, the outbox, in-memory state, the emitter
     snapshot.py   take a snapshot, store it, report a changed content hash, evaluate the policy
-    watch.py      notice package database changes (dpkg, rpm) cheaply and ask for a snapshot at once
+    watch.py      notice package database changes (dpkg, rpm) cheaply and ask for a guard check at once
+    guard.py      after a package change: check_and_rollback, forward guard events, then ask for the snapshot
+    guard_events.py  forward guard-events.jsonl (apt hook, rollback) to the outbox, durably, at least once
     health.py     run the health check (agent.health, when installed) and report regressions
     heartbeat.py  a periodic "alive" event with pairing, compliance, last health and outbox depth
     delivery.py   drain the outbox to the endpoint, in order, with backoff while it is down
