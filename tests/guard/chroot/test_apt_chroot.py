@@ -234,3 +234,27 @@ def test_hook_configured_for_protocol_2_fails_safe(chroot: Chroot) -> None:
     assert "unknown hook protocol version '2'" in refused.stderr and "error code (12)" in refused.stderr
     assert chroot.status_bytes() == before
     assert chroot.apt("install", "hello-fake").returncode == 0
+
+
+def test_one_daemon_guard_tick_rolls_back_dpkg_i_and_queues_the_events(chroot: Chroot, tmp_path) -> None:
+    """The daemon's guard job, run once for a package change, rolls back and commits the events before the snapshot."""
+    from agent.daemon_jobs.guard import GuardJob
+    from agent.daemon_jobs.guard_events import GuardEventForwarder
+    from tests.daemon.test_jobs import make_runtime
+
+    forced = chroot.run("dpkg", "-i", chroot.deb("amdgpu-dkms", AMDGPU_63))
+    assert forced.returncode == 0, forced.stderr
+    rt = make_runtime(tmp_path, Host.for_root(str(chroot.root)))
+    asked = []
+    job = GuardJob(rt, GuardEventForwarder(rt, str(chroot.state_dir / "guard-events.jsonl")),
+                   on_checked=lambda reason: asked.append((reason, [e.kind for e in rt.outbox.pending(1000)])))
+    try:
+        job.run("package_change")
+        installed = chroot.installed()
+        assert {n: installed.get(n) for n in BASELINE} == BASELINE
+        (reason, kinds_then), = asked
+        assert reason == "package_change" and "rollback" in kinds_then and "policy_violation" in kinds_then
+        rollback = [e for e in rt.outbox.pending(1000) if e.kind == "rollback"][-1]
+        assert rollback.payload.succeeded and rollback.payload.to_versions == {"amdgpu-dkms": AMDGPU_62}
+    finally:
+        rt.outbox.close()
