@@ -8,8 +8,9 @@ sequences past 2**63-1, times without offset) with a documented 422.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any, Dict, Iterator
+from typing import Any, Dict, Iterator, Optional
 
 import pytest
 import schemathesis
@@ -68,6 +69,19 @@ def test_the_served_spec_is_the_fuzzed_spec(fuzz_hub: Dict[str, Any]) -> None:
     assert served == _spec()
 
 
+_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_HEADER_VALUE = re.compile(r"^[\x20-\x7e\t]*$")
+
+
+def _valid_http_headers(headers: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """Generated headers that HTTP allows; the rest would be refused by the HTTP parser (a plain-text 400 from
+    uvicorn, before the hub sees the request), which tests the parser, not the API."""
+    if headers is None:
+        return None
+    return {k: v for k, v in headers.items()
+            if _HEADER_NAME.match(str(k)) and _HEADER_VALUE.match(str(v))}
+
+
 def _own_host(body: Any) -> None:
     """Point generated events at the token's host, so valid batches reach the store instead of stopping at 403."""
     if isinstance(body, dict) and isinstance(body.get("events"), list):
@@ -83,5 +97,6 @@ def test_no_5xx_and_every_answer_as_documented(case: Any, fuzz_hub: Dict[str, An
     """Valid and invalid requests to every operation: documented status, content type and body."""
     token = fuzz_hub["host_token"] if case.method.upper() == "POST" else fuzz_hub["reader_token"]
     _own_host(case.body)
+    case.headers = _valid_http_headers(case.headers)
     case.call_and_validate(base_url=fuzz_hub["process"].url, headers={"Authorization": f"Bearer {token}"},
                            checks=CHECKS, timeout=10)
