@@ -8,7 +8,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import pytest
 
@@ -172,7 +172,8 @@ def test_records_written_by_the_real_apt_hook_are_forwarded(tmp_path: Path) -> N
     (root / "var/lib/dpkg").mkdir(parents=True)
     (root / "var/lib/dpkg/status").write_text(STATUS)
     (tmp_path / "policy.toml").write_text(POLICY)
-    write_compiled(str(root / "var/lib/gpuguard/policy.compiled.json"), load_and_compile(str(tmp_path / "policy.toml"))[1])
+    compiled = load_and_compile(str(tmp_path / "policy.toml"))[1]
+    write_compiled(str(root / "var/lib/gpuguard/policy.compiled.json"), compiled)
     breaking = HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12")
     assert run_hook(root, breaking)[0] == apt_hook.EXIT_REFUSED
     state = root / "var/lib/gpuguard"
@@ -196,7 +197,7 @@ def test_records_written_by_the_real_apt_hook_are_forwarded(tmp_path: Path) -> N
 class RecordingCheck:
     """A stand-in for check_and_rollback that records its calls and writes what the real one would record."""
 
-    def __init__(self, events_path: Path, records: Sequence[dict] = (), error: Exception = None) -> None:
+    def __init__(self, events_path: Path, records: Sequence[dict] = (), error: Optional[Exception] = None) -> None:
         self.events_path = events_path
         self.records = list(records)
         self.error = error
@@ -292,7 +293,15 @@ def test_watcher_wakes_the_guard_job_when_guard_events_grow(tmp_path: Path) -> N
 
 # --- SIGHUP: compile the policy -----------------------------------------------------------------------------------
 
-GOOD_POLICY = '[policy]\nname = "v1"\n[amd]\naction = "rollback"\n[[amd.pairing]]\nname = "p"\namdgpu = "6.2.*"\nrocm = "6.2.*"\n'
+GOOD_POLICY = """[policy]
+name = "v1"
+[amd]
+action = "rollback"
+[[amd.pairing]]
+name = "p"
+amdgpu = "6.2.*"
+rocm = "6.2.*"
+"""
 
 
 def test_reload_compiles_the_policy_and_an_invalid_one_keeps_the_old_file(tmp_path: Path) -> None:
