@@ -17,7 +17,8 @@ HostFactory = Callable[[str], Host]
 
 def _cmd_snapshot(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
     from agent.snapshot.diff import diff_snapshots, render_diff
-    from agent.snapshot.io import load_snapshot, write_atomically
+    from agent.files import write_atomically
+    from agent.snapshot.io import load_snapshot
     from agent.snapshot.render import render_snapshot
     from agent.snapshot.take import take_snapshot
 
@@ -33,6 +34,23 @@ def _cmd_snapshot(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
     if args.output:
         write_atomically(args.output, snap.to_json())
     out.write(snap.to_json() if args.json else render_snapshot(snap))
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    from agent.daemon import run_daemon
+
+    return run_daemon(args.config, make_host(args.root))
+
+
+def _cmd_schema(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    from agent.report.schema import render_schema
+    from agent.files import write_atomically
+
+    if args.output:
+        write_atomically(args.output, render_schema())
+    else:
+        out.write(render_schema())
     return 0
 
 
@@ -57,23 +75,6 @@ def _cmd_hub_add(args: argparse.Namespace, make_host: HostFactory, out: TextIO) 
     out.write(token + "\n")
     print(f"gpuguard: {args.role} token for {args.subject!r} stored (hash only) in {tokens_file}; "
           "it is shown this once", file=sys.stderr)
-    return 0
-
-
-def _cmd_run(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    from agent.daemon import run_daemon
-
-    return run_daemon(args.config, make_host(args.root))
-
-
-def _cmd_schema(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    from agent.report.schema import render_schema
-    from agent.snapshot.io import write_atomically
-
-    if args.output:
-        write_atomically(args.output, render_schema())
-    else:
-        out.write(render_schema())
     return 0
 
 

@@ -24,7 +24,7 @@ from typing import Any, Dict, Optional, Tuple
 from pydantic import ValidationError
 
 from agent.daemon_jobs.runtime import Runtime
-from agent.guard.state import write_atomically
+from agent.files import write_atomically
 from agent.log import get_logger
 from agent.report.events import OverrideUsed, Payload, PolicyViolation, Rollback, Severity, TransactionBlocked
 

@@ -11,7 +11,8 @@ from agent.errors import InputFileError
 from agent.log import get_logger
 from agent.report.events import PolicyViolation, SnapshotChanged
 from agent.snapshot.diff import SnapshotDiff, diff_snapshots
-from agent.snapshot.io import load_snapshot, write_atomically
+from agent.files import write_atomically
+from agent.snapshot.io import load_snapshot
 from agent.snapshot.model import Snapshot
 from agent.snapshot.pairing import pairing_of
 from agent.snapshot.take import take_snapshot

@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     Clock = Callable[[], dt.datetime]
 
 from agent.errors import InputFileError, UsageError
-from agent.guard.state import append_json_line, write_atomically
+from agent.files import write_atomically
+from agent.guard.state import append_json_line
 
 FORMAT = 1
 

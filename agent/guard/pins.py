@@ -191,7 +191,7 @@ def plan_pin_files(existing: Mapping[str, str], wanted: Mapping[str, str]) -> Pi
 def apply_pins(host, policy: CompiledPolicy, preferences_dir: str, tool, installed: Mapping[str, str],
                dry_run: bool = False) -> Tuple[PinChanges, Dict[str, str]]:
     """Query available versions, render, and write/remove gpuguard's own preferences files."""
-    from agent.guard.state import write_atomically
+    from agent.files import write_atomically
 
     exact, globs = names_to_query(policy)
     names = list(exact)

@@ -21,7 +21,8 @@ from agent.errors import CommandError, InputFileError
 from agent.guard.apt_tool import AptTool, PlannedStep
 from agent.guard.deb_cache import DebCache
 from agent.guard.overrides import active_windows, audit, load_windows
-from agent.guard.state import GuardPaths, append_json_line, write_atomically
+from agent.files import write_atomically
+from agent.guard.state import GuardPaths, append_json_line
 from agent.host import Host
 from agent.log import get_logger
 from agent.policy.compiled import KERNEL_MODULE_PACKAGES, CompiledPolicy

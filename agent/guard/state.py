@@ -52,26 +52,6 @@ class GuardPaths(namedtuple("GuardPaths", "state_dir", defaults=("/var/lib/gpugu
         return self._join("reboot-required")
 
 
-def write_atomically(path: str, text: str, mode: int = 0o644) -> None:
-    """Write text so that readers see the old or the new file, never half of one (fsync + rename)."""
-    import tempfile  # not at module level: the apt hook imports this module and never writes atomically
-
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def append_json_line(path: str, record: Dict[str, Any]) -> None:
     """Append one JSON object as a line (O_APPEND: concurrent writers never interleave within a line)."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

@@ -23,7 +23,7 @@ from agent.errors import InputFileError
 from agent.health.model import Fingerprint, MetricRegression, ProbeResult
 from agent.health.settings import HealthSettings
 from agent.models import FrozenModel
-from agent.snapshot.io import write_atomically
+from agent.files import write_atomically
 from agent.snapshot.pairing import Pairing
 
 # Figures compared with baselines: higher is better for each. Training-step times are dominated by first-call

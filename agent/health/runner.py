@@ -29,7 +29,7 @@ from agent.health.parse import parse_probe_output
 from agent.health.settings import HealthSettings
 from agent.host import Host
 from agent.log import get_logger
-from agent.snapshot.io import write_atomically
+from agent.files import write_atomically
 from agent.snapshot.model import Snapshot
 from agent.snapshot.pairing import pairing_of
 

@@ -195,6 +195,6 @@ def load_and_compile(path: str = DEFAULT_POLICY_DIR, matrix_path: Optional[str] 
 
 def write_compiled(path: str, compiled: CompiledPolicy) -> None:
     """Write the compiled policy atomically (the hook may read it at any moment)."""
-    from agent.guard.state import write_atomically
+    from agent.files import write_atomically
 
     write_atomically(path, json.dumps(compiled.data, indent=2, sort_keys=True) + "\n")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -34,19 +32,3 @@ def load_snapshot(path: str) -> Snapshot:
         raise InputFileError(path, f"not a gpuguard snapshot: {where}: {first['msg']}{more}") from None
 
 
-def write_atomically(path: str, text: str, mode: int = 0o644) -> None:
-    """Write text so that readers see the old or the new file, never half of one (fsync + rename)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=str(target.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
