@@ -3,8 +3,8 @@
 Each is imported on first use; when the module (or the entry point in it) is missing, the daemon carries on
 without it and says so once in its log. The entry points the daemon calls:
 
-- ``agent.policy.compliance.check_snapshot(snapshot: Snapshot, settings: Settings) -> Sequence[PolicyViolation]``
-  the report payloads for every rule the installed stack violates (empty: compliant). It is called after every
+- ``agent.policy.compliance.check_snapshot(snapshot, settings, root=...) -> Optional[Sequence[PolicyViolation]]``
+  the report payloads for every rule the installed stack violates (empty: compliant; None: no policy). Called after every
   snapshot with the current settings and reads the compiled policy then, so a SIGHUP (or a recompiled policy)
   takes effect at the next snapshot; the pure ``agent.policy.evaluate`` stays free of agent imports.
 - ``agent.health.runner.run_health_check(host, health_settings, state_dir, snapshot=...) -> HealthResult`` and

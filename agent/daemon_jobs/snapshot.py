@@ -87,11 +87,17 @@ class SnapshotJob:
         if check is None:
             return
         try:
-            violations: List[PolicyViolation] = list(check(snap, rt.settings))
+            verdict = check(snap, rt.settings, root=str(rt.host.root))
         except Exception as exc:  # the policy engine's failure must not stop snapshots
             log.error("policy_check_failed", error=f"{type(exc).__name__}: {exc}")
             rt.state.compliant = None
             return
+        if verdict is None:  # no policy installed: compliance is unknown, not "compliant"
+            with rt.state.lock:
+                rt.state.compliant = None
+                rt.state.violated_rules = frozenset()
+            return
+        violations: List[PolicyViolation] = list(verdict)
         rules = frozenset(v.rule for v in violations)
         for violation in violations:
             if violation.rule not in rt.state.violated_rules:

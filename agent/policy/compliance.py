@@ -8,7 +8,7 @@ snapshot. Rolling back what slipped through is ``agent.guard.rollback.check_and_
 from __future__ import annotations
 
 import os
-from typing import List
+from typing import List, Optional
 
 from agent.guard.state import GuardPaths
 from agent.log import get_logger
@@ -19,15 +19,16 @@ from agent.report.events import PolicyViolation
 log = get_logger("policy.compliance")
 
 
-def check_snapshot(snapshot, settings) -> List[PolicyViolation]:
-    """Report payloads for every rule the snapshot's installed stack violates (empty: compliant, or no policy).
+def check_snapshot(snapshot, settings, root: str = "/") -> Optional[List[PolicyViolation]]:
+    """Report payloads for every rule the snapshot's installed stack violates (empty: compliant).
 
-    A missing compiled policy means no policy is installed; a corrupt one raises InputFileError.
+    The compiled policy is read under ``root``, where the apt hook and the guard read it too. None when no policy
+    is installed (compliance unknown, not "compliant"); a corrupt one raises InputFileError.
     """
-    path = GuardPaths(settings.agent.state_dir).compiled_policy
+    path = os.path.join(root, GuardPaths(settings.agent.state_dir).compiled_policy.lstrip("/"))
     if not os.path.exists(path):
         log.debug("policy_absent", path=path)
-        return []
+        return None
     policy = read_compiled(path)
     installed = {key: info.version for key, info in snapshot.packages().items()}
     os_data = snapshot.os.data

@@ -115,7 +115,7 @@ def test_policy_violations_are_reported_when_they_appear(tmp_path: Path) -> None
     """A rule violated across snapshots is reported once; compliance follows the latest evaluation."""
     verdicts = [[PolicyViolation(rule="rocm-pin", message="rocm moved", action="rollback")],
                 [PolicyViolation(rule="rocm-pin", message="rocm moved", action="rollback")], []]
-    module = types.SimpleNamespace(check_snapshot=lambda snap, settings: verdicts.pop(0))
+    module = types.SimpleNamespace(check_snapshot=lambda snap, settings, root: verdicts.pop(0))
     hook = default_hooks(fake_importer({"agent.policy.compliance": module}))["policy_check"]
     rt = make_runtime(tmp_path, make_fixture_host("gpuless-debian12"))
     job = SnapshotJob(rt, hook)
@@ -126,6 +126,15 @@ def test_policy_violations_are_reported_when_they_appear(tmp_path: Path) -> None
     assert rt.state.compliant is True
     kinds = [(e.kind, e.severity) for e in rt.outbox.pending(10)]
     assert kinds == [("snapshot_changed", "info"), ("policy_violation", "critical")]
+
+
+def test_no_installed_policy_leaves_compliance_unknown(tmp_path: Path) -> None:
+    """A policy engine that finds no compiled policy says nothing about compliance (not "compliant")."""
+    module = types.SimpleNamespace(check_snapshot=lambda snap, settings, root: None)
+    hook = default_hooks(fake_importer({"agent.policy.compliance": module}))["policy_check"]
+    rt = make_runtime(tmp_path, make_fixture_host("gpuless-debian12"))
+    SnapshotJob(rt, hook).run()
+    assert rt.state.compliant is None
 
 
 def test_missing_policy_engine_leaves_compliance_unknown(tmp_path: Path) -> None:

@@ -16,9 +16,24 @@ def _settings(tmp_path: Path) -> Settings:
     return Settings.model_validate({"agent": {"state_dir": str(tmp_path)}})
 
 
-def test_no_compiled_policy_means_no_violations(tmp_path: Path, fixture_host) -> None:
+def test_no_compiled_policy_means_compliance_unknown(tmp_path: Path, fixture_host) -> None:
+    """Without a compiled policy there is no verdict at all (None), not an empty list."""
     snap = take_snapshot(fixture_host("mi300x-rocm62-ubuntu2204"))
-    assert check_snapshot(snap, _settings(tmp_path)) == []
+    assert check_snapshot(snap, _settings(tmp_path)) is None
+
+
+def test_compiled_policy_is_read_under_the_root(tmp_path: Path, fixture_host) -> None:
+    """With a foreign root the policy is read at <root>/<state_dir>, where the hook and the guard read it."""
+    root, state = tmp_path / "root", Path("/var/lib/gpuguard")
+    policy = tmp_path / "p.toml"
+    policy.write_text('[policy]\nname = "t"\n[[amd.pairing]]\nname = "rocm-6.3"\namdgpu = "6.3.*"\nrocm = "6.3.*"\n')
+    _, compiled = load_and_compile(str(policy))
+    (root / state.relative_to("/")).mkdir(parents=True)
+    write_compiled(str(root / state.relative_to("/") / "policy.compiled.json"), compiled)
+    snap = take_snapshot(fixture_host("mi300x-rocm62-ubuntu2204"))
+    settings = Settings.model_validate({"agent": {"state_dir": str(state)}})
+    assert check_snapshot(snap, settings) is None
+    assert [v.rule for v in check_snapshot(snap, settings, root=str(root))] == ["amd.pairing"]
 
 
 def test_violations_come_back_as_report_payloads(tmp_path: Path, fixture_host) -> None:
