@@ -17,7 +17,7 @@ Size bound (``max_events``)
 When an insert leaves more than ``max_events`` events queued, the oldest droppable events are deleted until the
 bound holds again: heartbeats first (each one is superseded by the next), then other kinds that are not in
 ``NEVER_DROPPED_KINDS`` (snapshot changes, health regressions, CPU fallbacks), oldest first. Policy violations,
-blocked transactions and rollbacks are never dropped: if only those are left the outbox grows past the bound and
+blocked transactions, rollbacks and override-window use are never dropped: if only those are left the outbox grows past the bound and
 logs ``outbox_over_bound``. Every drop is counted per kind (``dropped_counts``, exported as
 ``gpuguard_outbox_dropped_total``) and shows at the receiver as a gap in ``sequence``.
 """
@@ -162,7 +162,7 @@ class Outbox:
             excess -= len(victims)
         if excess > 0:
             log.warning("outbox_over_bound", depth=self.max_events + excess, max_events=self.max_events,
-                        reason="only never-dropped events (violations, blocks, rollbacks) are left")
+                        reason="only never-dropped events (violations, blocks, rollbacks, overrides) are left")
 
     def pending(self, limit: int) -> List[Event]:
         """Up to ``limit`` queued events, lowest sequence first."""
