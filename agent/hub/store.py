@@ -20,7 +20,7 @@ import queue
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Protocol, Sequence, Tuple
 
 from agent.errors import ConfigError, GpuguardError
 from agent.log import get_logger
@@ -130,8 +130,9 @@ def utc(value: dt.datetime) -> dt.datetime:
     return value.astimezone(dt.timezone.utc)
 
 
-class _HostUpdate(FrozenModel):
-    """The newest facts about one host found in a set of events (pure; see summarize_hosts)."""
+class _HostUpdate(NamedTuple):
+    """The newest facts about one host found in a set of events (pure; see summarize_hosts). A NamedTuple, not a
+    model: it never leaves the writer thread, and it is built once per host per commit on the hot path."""
 
     host_id: str
     hostname: str

@@ -113,6 +113,9 @@ def _with(event_dict: Dict[str, object], **changes: object) -> bytes:
     (lambda e: _with(e, sequence=2 ** 64), "sequence"),
     (lambda e: _with(e, hostname="a\u0000b"), "NUL"),
     (lambda e: _with(e, payload={**e["payload"], "uptime_seconds": 1e400}), "finite"),
+    (lambda e: _with(e, payload={**e["payload"], "uptime_seconds": 10 ** 400}), "finite"),
+    (lambda e: _with(e, payload={**e["payload"], "uptime_seconds": float("nan")}), "finite"),
+    (lambda e: _with(e, payload={**e["payload"], "agent_version": "0.1\u0000"}), "NUL"),
 ])
 def test_schema_invalid_bodies_are_422_with_each_problem(client: TestClient, tokens: Dict[str, str], mutate,
                                                          detail: str) -> None:
