@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Literal, Optional
+from typing import List, Literal, Optional, Type, TypeVar
 
 from pydantic import Field, ValidationError
 
@@ -23,6 +23,8 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python < 3.11 hosts
     import tomli as tomllib
+
+M = TypeVar("M", bound=FrozenModel)
 
 DEFAULT_CONFIG_PATH = "/etc/gpuguard/agent.toml"
 DEFAULT_STATE_DIR = "/var/lib/gpuguard"
@@ -78,16 +80,21 @@ def format_validation_errors(path: str, exc: ValidationError) -> List[str]:
     return problems
 
 
-def parse_settings(text: str, path: str = "<string>") -> Settings:
-    """Parse TOML text into Settings; ConfigError lists every problem."""
+def parse_toml_model(text: str, path: str, model: Type[M]) -> M:
+    """Parse TOML text into a settings model; ConfigError lists every problem (bad TOML or every bad field)."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(path, [f"not valid TOML: {exc}"]) from None
     try:
-        return Settings.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(path, format_validation_errors(path, exc)) from None
+
+
+def parse_settings(text: str, path: str = "<string>") -> Settings:
+    """Parse TOML text into Settings; ConfigError lists every problem."""
+    return parse_toml_model(text, path, Settings)
 
 
 def load_settings(path: str = DEFAULT_CONFIG_PATH, required: bool = False) -> Settings:

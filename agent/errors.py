@@ -11,7 +11,10 @@
     │   └── CommandTimeout             exit 6   the program ran past its timeout and was killed
     ├── LibraryUnavailable             exit 7   a GPU library (amdsmi, NVML) cannot be loaded or initialised
     ├── CollectorUnavailable           exit 8   a collector's source is absent on this host ("absent", not broken)
-    └── DeliveryError                  exit 9   the report endpoint did not take a batch (retryable or refused)
+    ├── DeliveryError                  exit 9   the report endpoint did not take a batch (retryable or refused)
+    └── HubError                       exit 10  the reference hub cannot serve a request
+        ├── StoreError                 exit 10  the hub's database failed or refused
+        └── WriterBusy                 exit 10  the hub's write queue is full or shutting down
 
 Foreign exceptions (OSError, subprocess, pydantic, requests, amdsmi, pynvml) are mapped to these once, at the
 boundary where they happen; the CLI prints a known error as one line and exits with its code.
@@ -144,3 +147,22 @@ class DeliveryError(GpuguardError):
         self.status_code = status_code
         self.retryable = category not in ("too_large", "rejected")
         super().__init__(f"{url}: {category}: {reason}")
+
+
+class HubError(GpuguardError):
+    """The reference hub cannot serve a request (it answers 503 and the sender retries)."""
+
+    exit_code = 10
+
+
+class StoreError(HubError):
+    """The hub's database failed or refused; the message says which operation."""
+
+    def __init__(self, operation: str, reason: str) -> None:
+        self.operation = operation
+        self.reason = reason
+        super().__init__(f"hub store {operation} failed: {reason}")
+
+
+class WriterBusy(HubError):
+    """The hub's writer queue is full, or it is shutting down."""

@@ -27,7 +27,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import Callable, Dict, List, Optional, Sequence, TextIO, Tuple
+    from typing import Callable, Dict, Optional, Sequence, TextIO, Tuple
 
 EXIT_ALLOW = 0
 EXIT_USAGE = 2

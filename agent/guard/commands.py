@@ -6,7 +6,6 @@ agent/cli.py parses and dispatches here lazily; each function returns the exit c
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 from typing import Callable, Optional, TextIO, Tuple
 

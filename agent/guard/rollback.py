@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 from agent.dpkg_status import iter_dpkg_status, package_key
-from agent.errors import CommandError, InputFileError
+from agent.errors import InputFileError
 from agent.guard.apt_tool import AptTool, PlannedStep
 from agent.guard.deb_cache import DebCache
 from agent.guard.overrides import active_windows, audit, load_windows

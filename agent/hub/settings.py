@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
-from agent.config import format_validation_errors
+from agent.config import parse_toml_model
 from agent.errors import ConfigError
 from agent.models import FrozenModel
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python < 3.11 hosts
-    import tomli as tomllib
 
 DEFAULT_HUB_CONFIG_PATH = "/etc/gpuguard/hub.toml"
 DEFAULT_DATABASE_URL = "sqlite:////var/lib/gpuguard/hub.db"
@@ -53,14 +47,7 @@ class HubSettings(FrozenModel):
 
 def parse_hub_settings(text: str, path: str = "<string>") -> HubSettings:
     """Parse TOML text (flat keys) into HubSettings; ConfigError lists every problem."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(path, [f"not valid TOML: {exc}"]) from None
-    try:
-        return HubSettings.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(path, format_validation_errors(path, exc)) from None
+    return parse_toml_model(text, path, HubSettings)
 
 
 def load_hub_settings(path: str = DEFAULT_HUB_CONFIG_PATH, required: bool = False) -> HubSettings:

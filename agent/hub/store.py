@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Protocol, Sequence, Tuple
 
-from agent.errors import ConfigError, GpuguardError
+from agent.errors import ConfigError, StoreError  # noqa: F401 - StoreError is part of the store API
 from agent.log import get_logger
 from agent.models import FrozenModel
 from agent.report.events import Event
@@ -34,15 +34,6 @@ SCHEMA_VERSION = 1
 # Kinds that count as drift in the fleet API: the stack moved, a check regressed, or policy had to act.
 DRIFT_KINDS = ("snapshot_changed", "health_regression", "cpu_fallback", "policy_violation", "rollback")
 _ROWS_PER_INSERT = 200  # 9 parameters a row: well under SQLite's 32,766 bound variables
-
-
-class StoreError(GpuguardError):
-    """The database failed or refused; the message says which operation."""
-
-    def __init__(self, operation: str, reason: str) -> None:
-        self.operation = operation
-        self.reason = reason
-        super().__init__(f"hub store {operation} failed: {reason}")
 
 
 class BatchResult(FrozenModel):

@@ -15,16 +15,12 @@ import threading
 import time
 from typing import Callable, List, Optional, Sequence
 
-from agent.errors import GpuguardError
+from agent.errors import WriterBusy  # noqa: F401 - WriterBusy is part of the writer API
 from agent.hub.store import BatchResult, Store
 from agent.log import get_logger
 from agent.report.events import Event
 
 log = get_logger("hub.writer")
-
-
-class WriterBusy(GpuguardError):
-    """The writer's queue is full, or it is shutting down."""
 
 
 class _Job:

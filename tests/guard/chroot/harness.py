@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
