@@ -39,12 +39,11 @@ from agent.hub.tokens import Principal, TokenRegistry, bearer_token
 from agent.hub.writer import GroupCommitWriter, WriterBusy
 from agent.log import get_logger
 from agent.models import FrozenModel
-from agent.report.events import EVENT_SCHEMA_VERSION, Event, EventBatch
+from agent.report.events import EVENT_SCHEMA_VERSION, PAYLOAD_KINDS, Event, EventBatch
 
 log = get_logger("hub.app")
 
-PayloadKind = Literal["snapshot_changed", "policy_violation", "transaction_blocked", "rollback", "health_regression",
-                      "cpu_fallback", "heartbeat"]
+PayloadKind = Literal[PAYLOAD_KINDS]  # type: ignore[valid-type] - every kind in the event schema
 INGEST_PATH = "/v1/events"
 _MAX_BIGINT = 2 ** 63 - 1
 _MAX_PROBLEMS_IN_BODY = 20

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Annotated, Dict, List, Literal, Optional, Union
+from typing import Annotated, Dict, List, Literal, Optional, Union, get_args
 
 from pydantic import Field
 
@@ -123,6 +123,8 @@ class Heartbeat(FrozenModel):
 
 Payload = Annotated[Union[SnapshotChanged, PolicyViolation, TransactionBlocked, Rollback, OverrideUsed,
                           HealthRegression, CpuFallback, Heartbeat], Field(discriminator="kind")]
+# Every payload kind, in schema order (the hub's query filter and docs derive from this, so a new kind is one edit).
+PAYLOAD_KINDS = tuple(model.model_fields["kind"].default for model in get_args(get_args(Payload)[0]))
 # Events the outbox never drops, whatever its size bound (an override's use is part of the audit trail).
 NEVER_DROPPED_KINDS = frozenset({"policy_violation", "transaction_blocked", "rollback", "override_used"})
 

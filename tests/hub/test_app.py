@@ -397,3 +397,14 @@ def test_the_api_over_postgresql(settings: HubSettings, tokens: Dict[str, str], 
         assert set(drift["hosts"][0]["kinds"]) == {"snapshot_changed", "rollback"}
         assert client.get("/v1/events", params={"kind": "rollback"}, headers=reader).json()["count"] == 1
         assert client.get("/healthz").json()["store"] == "PostgresStore"
+
+
+def test_event_kind_filter_accepts_every_schema_kind() -> None:
+    """The hub's kind filter is derived from the event schema, so a new payload kind (override_used) is queryable."""
+    from typing import get_args
+
+    from agent.hub.app import PayloadKind
+    from agent.report.events import PAYLOAD_KINDS
+
+    assert get_args(PayloadKind) == PAYLOAD_KINDS
+    assert "override_used" in PAYLOAD_KINDS and "heartbeat" in PAYLOAD_KINDS
