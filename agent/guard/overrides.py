@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     Clock = Callable[[], dt.datetime]
 
 from agent.errors import InputFileError, UsageError
-from agent.files import write_atomically
+from agent.files import read_json_file, write_atomically
 from agent.guard.state import append_json_line
 
 FORMAT = 1
@@ -56,17 +56,9 @@ def _parse_time(value: object, path: str, where: str) -> dt.datetime:
 
 def load_windows(path: str) -> List[OverrideWindow]:
     """Every recorded window (active or not); empty when the file does not exist, InputFileError when corrupt."""
-    try:
-        with open(path, "r", encoding="utf-8") as handle:
-            text = handle.read()
-    except FileNotFoundError:
+    data = read_json_file(path)
+    if data is None:
         return []
-    except OSError as exc:
-        raise InputFileError(path, exc.strerror or str(exc)) from None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise InputFileError(path, f"not valid JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("windows"), list):
         raise InputFileError(path, f"not a gpuguard override file (format {FORMAT} with a 'windows' list)")
     windows = []

@@ -6,13 +6,13 @@ the hook only checks its shape. Standard library only.
 
 from __future__ import annotations
 
-import json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Any, Dict, List, Optional, Sequence
 
 from agent.errors import InputFileError
+from agent.files import read_json_file
 
 COMPILED_FORMAT = 1
 ACTIONS = ("warn", "block", "rollback")
@@ -106,15 +106,5 @@ def check_compiled(data: Any, path: str) -> CompiledPolicy:
 
 def read_compiled(path: str) -> CompiledPolicy:
     """Read and check a compiled policy file; InputFileError when it is missing, unreadable or malformed."""
-    try:
-        with open(path, "r", encoding="utf-8") as handle:
-            text = handle.read()
-    except FileNotFoundError:
-        raise InputFileError(path, "no compiled policy (run 'gpuguard policy compile')") from None
-    except OSError as exc:
-        raise InputFileError(path, exc.strerror or str(exc)) from None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise InputFileError(path, f"not valid JSON ({exc})") from None
+    data = read_json_file(path, missing_reason="no compiled policy (run 'gpuguard policy compile')")
     return check_compiled(data, path)
