@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from agent.errors import InputFileError
 from agent.health.model import Fingerprint, MetricRegression, ProbeResult
 from agent.health.settings import HealthSettings
-from agent.models import FrozenModel
+from agent.models import FrozenModel, first_validation_problem
 from agent.files import write_atomically
 from agent.snapshot.pairing import Pairing
 
@@ -241,9 +241,7 @@ class BaselineStore:
         except json.JSONDecodeError as exc:
             raise InputFileError(str(self.path), f"not valid JSON (line {exc.lineno}: {exc.msg})") from None
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = " -> ".join(str(p) for p in first["loc"]) or "(top level)"
-            raise InputFileError(str(self.path), f"not a baselines file: {where}: {first['msg']}") from None
+            raise InputFileError(str(self.path), f"not a baselines file: {first_validation_problem(exc)}") from None
 
     def save(self, data: BaselineFile) -> None:
         write_atomically(str(self.path), json.dumps(data.model_dump(mode="json"), sort_keys=True, indent=1) + "\n",

@@ -9,6 +9,7 @@ from typing import Optional, Union
 from pydantic import ValidationError
 
 from agent.health.model import RESULT_MARKER, ProbeResult
+from agent.models import first_validation_problem
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,4 @@ def parse_probe_output(stdout: str) -> Union[ProbeResult, ParseFailure]:
     try:
         return ProbeResult.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = " -> ".join(str(p) for p in first["loc"]) or "(top level)"
-        more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        return ParseFailure(f"result does not match the probe schema: {where}: {first['msg']}{more}")
+        return ParseFailure(f"result does not match the probe schema: {first_validation_problem(exc)}")

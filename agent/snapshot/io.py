@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from agent.errors import InputFileError
+from agent.models import first_validation_problem
 from agent.snapshot.model import Snapshot
 
 
@@ -26,9 +27,6 @@ def load_snapshot(path: str) -> Snapshot:
     try:
         return Snapshot.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = " -> ".join(str(p) for p in first["loc"]) or "(top level)"
-        more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise InputFileError(path, f"not a gpuguard snapshot: {where}: {first['msg']}{more}") from None
+        raise InputFileError(path, f"not a gpuguard snapshot: {first_validation_problem(exc)}") from None
 
 
