@@ -117,18 +117,14 @@ def render_pins(policy: CompiledPolicy, installed: Mapping[str, str], available:
 def _forbidden_reason(name: str, version: str, manager: str, pairings: List[dict], driver_name: str,
                       rocm_name: str, kernel: Mapping, kernel_patterns: List[str], nvidia: Mapping,
                       nv_pairings: List[dict], policy: CompiledPolicy, installed: Mapping[str, str]) -> Optional[str]:
-    if pairings and name == driver_name:
-        release = releases.amdgpu_driver_release(version) or "unknown"
-        if not any(matches(p.get("amdgpu", "any"), release) and (p.get("amdgpu_package") is None or
-                                                                matches(p["amdgpu_package"], version, manager))
-                   for p in pairings):
-            return f"driver release {release} is in no allowed AMD pairing"
-    if pairings and name == rocm_name:
-        release = releases.rocm_release(version) or "unknown"
-        if not any(matches(p.get("rocm", "any"), release) and (p.get("rocm_package") is None or
-                                                              matches(p["rocm_package"], version, manager))
-                   for p in pairings):
-            return f"ROCm release {release} is in no allowed AMD pairing"
+    for package, release_of, key, label in ((driver_name, releases.amdgpu_driver_release, "amdgpu", "driver release"),
+                                            (rocm_name, releases.rocm_release, "rocm", "ROCm release")):
+        if pairings and name == package:
+            release = release_of(version) or "unknown"
+            if not any(matches(p.get(key, "any"), release) and (p.get(f"{key}_package") is None or
+                                                               matches(p[f"{key}_package"], version, manager))
+                       for p in pairings):
+                return f"{label} {release} is in no allowed AMD pairing"
     if _match_any(name, kernel_patterns) and name not in installed:
         release = releases.kernel_release_of(name, version, manager=manager)
         if release:
