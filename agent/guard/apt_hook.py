@@ -29,14 +29,12 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Callable, Dict, Optional, Sequence, TextIO, Tuple
 
-EXIT_ALLOW = 0
-EXIT_USAGE = 2
-EXIT_REFUSED = 10
-EXIT_FAILSAFE_POLICY = 11
-EXIT_FAILSAFE_INPUT = 12
-EXIT_INTERNAL = 13
+from agent.guard.decision import (EXIT_ALLOW, EXIT_FAILSAFE_INPUT, EXIT_FAILSAFE_POLICY, EXIT_INTERNAL,  # noqa: F401
+                                  EXIT_REFUSED, EXIT_USAGE, PREFIX)
+from agent.guard.decision import gpu_targets as _gpu_targets  # noqa: F401 - kept for callers of the old names
+from agent.guard.decision import os_release as _os_release  # noqa: F401
+from agent.guard.decision import under as _under
 
-PREFIX = "gpuguard"
 BYPASS_HINT = "to bypass the guard for one apt run (audited nowhere; prefer an override window): " \
               "apt-get -o DPkg::Pre-Install-Pkgs::gpuguard= ..."
 
@@ -60,10 +58,6 @@ def _parse_args(argv: Sequence[str]) -> _Args:
     return args
 
 
-def _under(root: str, path: str) -> str:
-    return path if root in ("", "/") else root.rstrip("/") + "/" + path.lstrip("/")
-
-
 def _read_input(environ: Dict[str, str], fd: Optional[int]) -> Tuple[str, str]:
     """The raw hook input and where it came from."""
     if fd is None:
@@ -80,53 +74,17 @@ def _read_input(environ: Dict[str, str], fd: Optional[int]) -> Tuple[str, str]:
     return b"".join(chunks).decode("utf-8", errors="replace"), f"apt hook input (fd {fd})"
 
 
-def _os_release(root: str) -> Tuple[Optional[str], Optional[str]]:
-    values: Dict[str, str] = {}
-    for path in ("/etc/os-release", "/usr/lib/os-release"):
-        try:
-            with open(_under(root, path), encoding="utf-8", errors="replace") as handle:
-                for line in handle:
-                    key, sep, value = line.strip().partition("=")
-                    if sep:
-                        values[key] = value.strip().strip("\"'")
-            break
-        except OSError:
-            continue
-    return values.get("ID"), values.get("VERSION_ID")
-
-
-def _gpu_targets(root: str) -> Tuple[str, ...]:
-    """gfx targets from the KFD topology (``gfx_target_version 90402`` is gfx942); empty without a GPU."""
-    base = _under(root, "/sys/class/kfd/kfd/topology/nodes")
-    targets = []
-    try:
-        nodes = sorted(os.listdir(base))
-    except OSError:
-        return ()
-    for node in nodes:
-        try:
-            with open(f"{base}/{node}/properties", encoding="utf-8") as handle:
-                for line in handle:
-                    if line.startswith("gfx_target_version "):
-                        value = int(line.split()[1])
-                        if value:
-                            major, minor, step = value // 10000, (value // 100) % 100, value % 100
-                            targets.append(f"gfx{major}{minor:x}{step:x}")  # minor and stepping in hex
-        except (OSError, ValueError, IndexError):
-            continue
-    return tuple(sorted(set(targets)))
-
-
 class Hook:
     """One run of the hook; every outcome goes through ``say`` (stderr) and an exit code."""
 
     def __init__(self, args: _Args, err: TextIO, now: Callable[[], dt.datetime]) -> None:
+        from agent.guard.decision import Decision
+
         self.args = args
         self.err = err
         self.now = now
-        from agent.guard.state import GuardPaths
-
-        self.paths = GuardPaths(args.state_dir)
+        self.decision = Decision("apt", args.root, args.state_dir, self.say, now, BYPASS_HINT)
+        self.paths = self.decision.paths
 
     def say(self, line: str) -> None:
         self.err.write(f"{PREFIX}: {line}\n")
@@ -136,15 +94,7 @@ class Hook:
 
     def record(self, record: Dict[str, object]) -> None:
         """Queue a guard event for the daemon and keep an audit line; never fails the hook."""
-        from agent.guard.state import append_json_line
-
-        stamped = {"occurred_at": self.now().isoformat(), **record}
-        for target in (self.paths.events, self.paths.audit_log):
-            try:
-                append_json_line(self.path(target), stamped if target == self.paths.events else
-                                 {"at": stamped["occurred_at"], "event": record.get("kind"), **record})
-            except OSError as exc:
-                self.say(f"warning: cannot record to {target}: {exc.strerror or exc}")
+        self.decision.record(record)
 
     # --- policy -----------------------------------------------------------------------------------------------
 
@@ -176,18 +126,7 @@ class Hook:
 
     def failsafe(self, mode: str, guarded: Sequence[str], names: Sequence[str], why: str, code: int,
                  command_line: Optional[str]) -> int:
-        touched = sorted(n for n in names if any(fnmatch.fnmatchcase(n.split(":", 1)[0], p) for p in guarded))
-        if mode == "allow" or (mode == "block-guarded" and not touched):
-            self.say(f"warning: {why}; fail-safe '{mode}' lets this transaction through"
-                     + ("" if mode == "allow" else " (it touches no guarded package)"))
-            return EXIT_ALLOW
-        what = f"it touches guarded packages: {', '.join(touched[:8])}" if touched else "it cannot be checked"
-        self.say(f"REFUSED by fail-safe '{mode}': {why}; {what}")
-        self.say("to proceed: fix the problem above (gpuguard policy check / gpuguard policy compile), or "
-                 + BYPASS_HINT)
-        self.record({"kind": "transaction_blocked", "tool": "apt", "rule": "failsafe", "message": why,
-                     "packages": {n: "?" for n in touched}, "command_line": command_line})
-        return code
+        return self.decision.failsafe(mode, guarded, names, why, code, command_line)
 
     def run(self, environ: Dict[str, str], fd: Optional[int]) -> int:
         from agent.errors import InputFileError
@@ -214,11 +153,8 @@ class Hook:
                                  f"internal error ({type(exc).__name__}: {exc})", EXIT_INTERNAL, tx.command_line)
 
     def decide(self, policy, request) -> int:
+        """Read the installed set the policy cares about from /var/lib/dpkg/status and decide (decision.py)."""
         from agent.dpkg_status import installed_versions
-        from agent.errors import InputFileError
-        from agent.guard.overrides import active_windows, load_windows
-        from agent.guard.transaction import before_set, resulting_set
-        from agent.policy.evaluate import HostState, evaluate
 
         tx = request.transaction
         if not tx.changes:
@@ -232,48 +168,7 @@ class Hook:
             status_text = ""
         installed = installed_versions(status_text, request.native_arch,
                                        want=lambda n: guarded.match(n) or n in tx_names)
-        os_id = os_version = None
-        targets: Tuple[str, ...] = ()
-        if policy.section("matrix"):
-            os_id, os_version = _os_release(self.args.root)
-            targets = _gpu_targets(self.args.root)
-        state = HostState(before=before_set(installed, tx), after=resulting_set(installed, tx), manager=tx.manager,
-                          os_id=os_id, os_version_id=os_version, gpu_targets=targets)
-        violations = evaluate(state, policy)
-        changed = state.changed()
-        new = [v for v in violations if v.touches(changed)]
-        for old in (v for v in violations if not v.touches(changed)):
-            self.say(f"note: the host already violates the policy ({old.rule}): {old.message}")
-        for warning in (v for v in new if v.action == "warn"):
-            self.say(f"warning ({warning.rule}): {warning.message}")
-            self.record({"kind": "policy_violation", "rule": warning.rule, "message": warning.message,
-                         "packages": warning.packages, "action": "warn"})
-        blocking = [v for v in new if v.action in ("block", "rollback")]
-        if not blocking:
-            return EXIT_ALLOW
-        try:
-            windows = active_windows(load_windows(self.path(self.paths.overrides)), self.now())
-        except InputFileError as exc:
-            self.say(f"warning: ignoring override windows: {exc}")
-            windows = []
-        if windows:
-            window = windows[0]
-            self.say(f"override window {window.id} ({window.reason!r}, by {window.opened_by}, until "
-                     f"{window.expires_at.isoformat(timespec='seconds')}) lets through: "
-                     + "; ".join(v.message for v in blocking))
-            self.record({"kind": "override_used", "window": window.to_dict(), "command_line": tx.command_line,
-                         "violations": [v.to_dict() for v in blocking]})
-            return EXIT_ALLOW
-        for v in blocking:
-            packages = ", ".join(f"{name} {move}" for name, move in v.packages.items())
-            self.say(f"REFUSED ({v.rule}): {packages}: {v.message}")
-            self.record({"kind": "transaction_blocked", "tool": "apt", "rule": v.rule, "message": v.message,
-                         "packages": v.packages, "command_line": tx.command_line})
-        hints = list(dict.fromkeys(v.hint for v in blocking if v.hint))
-        for hint in hints:
-            self.say(f"to proceed: {hint}")
-        self.say(f"policy '{policy.name}' ({', '.join(policy.sources) or policy.path}); nothing was changed")
-        return EXIT_REFUSED
+        return self.decision.decide(policy, tx, installed)
 
 
 def main(argv: Optional[Sequence[str]] = None, environ: Optional[Dict[str, str]] = None,
