@@ -11,25 +11,15 @@ import fcntl
 import os
 import re
 import time
-from dataclasses import dataclass
 from typing import Callable, Dict, List, Sequence, Tuple
 
 from agent.errors import CommandError, CommandTimeout
+from agent.guard.backend import PlannedStep  # noqa: F401 - one plan-step type for apt and dnf
 from agent.host import CommandResult, Host
 
 # apt-get -s prints "Inst name [old] (new source [arch])", "Remv name [old]", "Conf name (new ...)".
 _SIM_LINE = re.compile(r"^(Inst|Remv) (\S+)(?: \[([^\]]+)\])?(?: \((\S+))?")
 LOCK_FILES = ("/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock")
-
-
-@dataclass(frozen=True)
-class PlannedStep:
-    """One line of an apt plan."""
-
-    action: str  # "install" or "remove"
-    package: str
-    old_version: str
-    new_version: str
 
 
 def parse_simulation(text: str) -> List[PlannedStep]:

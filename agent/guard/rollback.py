@@ -1,11 +1,11 @@
-"""Catch what slipped past the apt hook (``dpkg -i``) and roll it back to the last known-good set.
+"""Catch what slipped past the package-manager guard (``dpkg -i``, ``rpm -U --force``) and roll it back.
 
-The daemon calls :func:`check_and_rollback` whenever /var/lib/dpkg/status changes; ``gpuguard guard rollback``
+The daemon calls :func:`check_and_rollback` whenever the package database changes; ``gpuguard guard rollback``
 calls it by hand. It compares the installed guarded packages with the last known-good set in the state
-directory. A compliant state becomes the new known-good set (and its .deb files are cached). A violation whose
-action is ``rollback`` is planned with ``apt-get -s``, run once the dpkg lock is free, checked against the
-known-good versions, and recorded as a Rollback event; a reboot marker is written when a kernel module package
-moved.
+directory. A compliant state becomes the new known-good set (and its package files are cached). A violation
+whose action is ``rollback`` is planned (``apt-get -s``, ``dnf --assumeno``), run once the package database lock
+is free, checked against the known-good versions, and recorded as a Rollback event; a reboot marker is written
+when a kernel module package moved. What differs between apt/dpkg and dnf/rpm lives in agent.guard.backend.
 """
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
-from agent.dpkg_status import iter_dpkg_status, package_key
 from agent.errors import InputFileError
-from agent.guard.apt_tool import AptTool, PlannedStep
-from agent.guard.deb_cache import DebCache
+from agent.guard.backend import InstalledPackage, PackageBackend, PlannedStep, backend_for
 from agent.guard.overrides import active_windows, audit, load_windows
 from agent.files import write_atomically
 from agent.guard.state import GuardPaths, append_json_line
@@ -30,12 +28,6 @@ from agent.policy.evaluate import HostState, Violation, evaluate
 
 log = get_logger("guard.rollback")
 KNOWN_GOOD_FORMAT = 1
-
-
-@dataclass(frozen=True)
-class InstalledPackage:
-    version: str
-    arch: str
 
 
 @dataclass
@@ -60,16 +52,14 @@ class GuardResult:
         return "\n".join(lines) + "\n"
 
 
-def read_installed(host: Host, patterns: List[str]) -> Dict[str, InstalledPackage]:
-    """Installed packages matching the guarded globs, from the dpkg status file."""
-    text = host.read_text("/var/lib/dpkg/status")
-    if text is None:
-        raise InputFileError(str(host.path("/var/lib/dpkg/status")), "no dpkg status database")
-    wanted = [p for p in patterns]
-    out = {}
-    for name, version, arch, _ in iter_dpkg_status(text, lambda n: any(fnmatch.fnmatchcase(n, p) for p in wanted)):
-        out[package_key(name, arch, "")] = InstalledPackage(version, arch)
-    return out
+def read_installed(host: Host, patterns: List[str], backend: Optional[PackageBackend] = None,
+                   settings=None) -> Dict[str, InstalledPackage]:
+    """Installed packages matching the guarded globs, from the host's package database (dpkg status or rpm)."""
+    if backend is None:
+        from agent.config import Settings
+
+        backend = backend_for(host, settings or Settings())
+    return backend.read_installed(patterns)
 
 
 def load_known_good(host: Host, paths: GuardPaths) -> Optional[Dict[str, InstalledPackage]]:
@@ -90,18 +80,19 @@ def load_known_good(host: Host, paths: GuardPaths) -> Optional[Dict[str, Install
 
 
 def record_known_good(host: Host, paths: GuardPaths, installed: Dict[str, InstalledPackage], now: dt.datetime,
-                      cache: Optional[DebCache]) -> Dict[str, Optional[str]]:
-    """Store ``installed`` as the known-good set and cache its .deb files; the cached path per package."""
-    debs: Dict[str, Optional[str]] = {}
-    if cache is not None:
-        debs = cache.ensure_all({k.split(":", 1)[0]: (v.version, v.arch) for k, v in installed.items()})
-        cache.prune([p for p in debs.values() if p])
+                      backend: Optional[PackageBackend]) -> Dict[str, Optional[str]]:
+    """Store ``installed`` as the known-good set and cache its package files; the cached path per package key."""
+    files: Dict[str, Optional[str]] = {}
+    field_name = "deb"
+    if backend is not None:
+        files = backend.cache_known_good(installed)
+        field_name = backend.file_field
     data = {"format": KNOWN_GOOD_FORMAT, "recorded_at": now.isoformat(),
-            "packages": {k: {"version": v.version, "arch": v.arch, "deb": debs.get(k.split(":", 1)[0])}
+            "packages": {k: {"version": v.version, "arch": v.arch, field_name: files.get(k)}
                          for k, v in sorted(installed.items())}}
     write_atomically(str(host.path(paths.known_good)), json.dumps(data, indent=2, sort_keys=True) + "\n")
-    log.info("known_good_recorded", packages=len(installed), debs_cached=sum(1 for p in debs.values() if p))
-    return debs
+    log.info("known_good_recorded", packages=len(installed), files_cached=sum(1 for p in files.values() if p))
+    return files
 
 
 def _versions(packages: Dict[str, InstalledPackage]) -> Dict[str, str]:
@@ -109,28 +100,8 @@ def _versions(packages: Dict[str, InstalledPackage]) -> Dict[str, str]:
 
 
 def _module_packages_moved(moved: List[str]) -> List[str]:
-    return [n for n in moved if any(fnmatch.fnmatchcase(n.split(":", 1)[0], p) for p in KERNEL_MODULE_PACKAGES)]
-
-
-def _plan_targets(known_good: Dict[str, InstalledPackage], current: Dict[str, InstalledPackage],
-                  cache: DebCache) -> Tuple[List[str], Dict[str, str], Dict[str, str]]:
-    """apt-get install arguments that restore known_good: cached .deb files, else name=version, and name- for
-    guarded packages that were not there before."""
-    targets, before, after = [], {}, {}
-    for key in sorted(set(known_good) | set(current)):
-        good, now = known_good.get(key), current.get(key)
-        if good is not None and now is not None and good.version == now.version:
-            continue
-        name = key.split(":", 1)[0]
-        before[key] = now.version if now else "(not installed)"
-        after[key] = good.version if good else "(removed)"
-        if good is None:
-            targets.append(f"{key}-")
-        elif cache.has(name, good.version, good.arch):
-            targets.append(str(cache.path(name, good.version, good.arch)))
-        else:
-            targets.append(f"{key}={good.version}")
-    return targets, before, after
+    return [n for n in moved
+            if any(fnmatch.fnmatchcase(n.split("@", 1)[0].split(":", 1)[0], p) for p in KERNEL_MODULE_PACKAGES)]
 
 
 def _record_event(host: Host, paths: GuardPaths, payload: dict, now: dt.datetime) -> None:
@@ -145,17 +116,19 @@ def _write_reboot_marker(host: Host, paths: GuardPaths, moved: Dict[str, str], n
     lines += [f"{name} {move}" for name, move in sorted(moved.items())]
     write_atomically(str(host.path(paths.reboot_required)), "\n".join(lines) + "\n")
     write_atomically(str(host.path(paths.reboot_required + ".pkgs")),
-                     "\n".join(n.split(":", 1)[0] for n in sorted(moved)) + "\n")
+                     "\n".join(n.split("@", 1)[0].split(":", 1)[0] for n in sorted(moved)) + "\n")
 
 
-def check_and_rollback(host: Host, settings, policy: Optional[CompiledPolicy] = None, tool: Optional[AptTool] = None,
+def check_and_rollback(host: Host, settings, policy: Optional[CompiledPolicy] = None, tool=None,
                        now: Optional[Callable[[], dt.datetime]] = None, dry_run: bool = False,
-                       snapshot: Optional[Callable[[Host], object]] = None) -> GuardResult:
+                       snapshot: Optional[Callable[[Host], object]] = None,
+                       backend: Optional[PackageBackend] = None) -> GuardResult:
     """Compare the installed set with the last known-good one and act as the policy says.
 
     ``settings`` is the agent Settings (``agent.state_dir`` and ``guard``). ``policy`` defaults to the compiled
     policy in the state directory. ``snapshot`` is called after a rollback (default: a full snapshot, whose
-    content hash goes into the Rollback event).
+    content hash goes into the Rollback event). ``backend`` (or ``tool``, an AptTool or DnfTool) replaces the
+    package-manager backend picked from the host's package database.
     """
     from agent.policy.compiled import read_compiled
     from agent.report.events import PolicyViolation, Rollback
@@ -165,26 +138,24 @@ def check_and_rollback(host: Host, settings, policy: Optional[CompiledPolicy] = 
     guard = settings.guard
     if policy is None:
         policy = read_compiled(str(host.path(paths.compiled_policy)))
-    tool = tool or AptTool(host, timeout_seconds=guard.apt_timeout_seconds,
-                           lock_timeout_seconds=guard.lock_timeout_seconds)
-    cache = DebCache(host, paths.debs, tool)
-    tool.wait_for_dpkg_lock()
-    current = read_installed(host, policy.guarded)
+    backend = backend or backend_for(host, settings, tool)
+    backend.wait_for_lock()
+    current = backend.read_installed(policy.guarded)
     known_good = load_known_good(host, paths)
     if known_good is None:
-        state = HostState(before=_versions(current), after=_versions(current), manager="dpkg")
+        state = HostState(before=_versions(current), after=_versions(current), manager=backend.manager)
         violations = [v for v in evaluate(state, policy) if v.action != "warn"]
         if violations:
             return GuardResult("no_known_good", violations,
                                detail="the host violates the policy and no known-good set was recorded yet")
         if not dry_run:
-            record_known_good(host, paths, current, clock(), cache)
+            record_known_good(host, paths, current, clock(), backend)
         return GuardResult("recorded", detail=f"{len(current)} guarded packages recorded as known-good")
-    state = HostState(before=_versions(known_good), after=_versions(current), manager="dpkg")
+    state = HostState(before=_versions(known_good), after=_versions(current), manager=backend.manager)
     violations = [v for v in evaluate(state, policy) if v.touches(state.changed())]
     if not violations:
         if state.changed() and not dry_run:
-            record_known_good(host, paths, current, clock(), cache)
+            record_known_good(host, paths, current, clock(), backend)
             return GuardResult("recorded", detail=f"compliant change of {len(state.changed())} packages recorded")
         return GuardResult("compliant")
     for v in violations:
@@ -202,25 +173,24 @@ def check_and_rollback(host: Host, settings, policy: Optional[CompiledPolicy] = 
         windows = []
     if windows:
         return GuardResult("override", violations, detail=f"override window {windows[0].id} is open: not rolling back")
-    targets, from_versions, to_versions = _plan_targets(known_good, current, cache)
-    result, plan = tool.simulate(targets)
+    targets, from_versions, to_versions = backend.plan_targets(known_good, current)
+    plan, plan_error = backend.simulate(targets)
     moved_modules = _module_packages_moved(list(from_versions))
     outcome = GuardResult("planned", violations, plan, targets, from_versions, to_versions,
                           reboot_required=bool(moved_modules))
-    if result.returncode != 0:
-        outcome.status, outcome.detail = "failed", "apt-get -s could not plan the rollback: " + \
-            (result.stderr.strip().splitlines() or ["no output"])[-1]
+    if plan_error is not None:
+        outcome.status, outcome.detail = "failed", plan_error
     if dry_run:
         return outcome
     if outcome.status != "failed":
-        tool.wait_for_dpkg_lock()
-        run = tool.install(targets)
-        if run.returncode != 0:
-            tool.configure_pending()
+        backend.wait_for_lock()
+        apply_error = backend.apply(targets)
+        if apply_error is not None:
+            backend.finish_pending()
             outcome.status = "failed"
-            outcome.detail = "apt-get install failed: " + (run.stderr.strip().splitlines() or ["no output"])[-1]
+            outcome.detail = apply_error
         else:
-            after = read_installed(host, policy.guarded)
+            after = backend.read_installed(policy.guarded)
             wrong = {k: (after[k].version if k in after else "(absent)") for k, v in to_versions.items()
                      if (after[k].version if k in after else "(removed)") != v}
             if wrong:

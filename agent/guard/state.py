@@ -48,6 +48,10 @@ class GuardPaths(namedtuple("GuardPaths", "state_dir", defaults=("/var/lib/gpugu
         return self._join("debs")
 
     @property
+    def rpms(self) -> str:
+        return self._join("rpms")
+
+    @property
     def reboot_required(self) -> str:
         return self._join("reboot-required")
 

@@ -57,7 +57,8 @@ class Violation(namedtuple("Violation", "rule action message packages hint pairi
 
 
 def _base(key: str) -> str:
-    return key.split(":", 1)[0]
+    """The package name of a key: ``name:arch`` (foreign arch) and ``name@version`` (rpm install-only, kernels)."""
+    return key.split("@", 1)[0].split(":", 1)[0]
 
 
 def _find(mapping: Mapping[str, str], name: str) -> Optional[str]:
