@@ -99,28 +99,7 @@ class Hook:
     # --- policy -----------------------------------------------------------------------------------------------
 
     def load_policy(self):
-        from agent.errors import InputFileError
-        from agent.policy.compiled import read_compiled
-
-        compiled_path = self.args.policy_file or self.paths.compiled_policy
-        try:
-            policy = read_compiled(self.path(compiled_path))
-        except InputFileError as exc:
-            return None, f"{compiled_path}: {exc.reason}"
-        self.warn_if_stale(compiled_path)
-        return policy, None
-
-    def warn_if_stale(self, compiled_path: str) -> None:
-        try:
-            compiled_mtime = os.stat(self.path(compiled_path)).st_mtime
-            policy_dir = self.path(self.args.policy_dir)
-            newer = [n for n in sorted(os.listdir(policy_dir)) if n.endswith(".toml")
-                     and os.stat(f"{policy_dir}/{n}").st_mtime > compiled_mtime]
-        except OSError:
-            return
-        if newer:
-            self.say(f"warning: {', '.join(newer)} in {self.args.policy_dir} changed after the policy was compiled; "
-                     f"this run uses the compiled policy (run 'gpuguard policy compile')")
+        return self.decision.load_policy(self.args.policy_file, self.args.policy_dir)
 
     # --- decisions --------------------------------------------------------------------------------------------
 

@@ -111,6 +111,31 @@ class Decision:
             except OSError as exc:
                 self.say(f"warning: cannot record to {target}: {exc.strerror or exc}")
 
+    def load_policy(self, compiled_path: Optional[str], policy_dir: str):
+        """The compiled policy (default: under the state directory) and None, or None and what is wrong with it."""
+        from agent.errors import InputFileError
+        from agent.policy.compiled import read_compiled
+
+        compiled_path = compiled_path or self.paths.compiled_policy
+        try:
+            policy = read_compiled(under(self.root, compiled_path))
+        except InputFileError as exc:
+            return None, f"{compiled_path}: {exc.reason}"
+        self.warn_if_stale(compiled_path, policy_dir)
+        return policy, None
+
+    def warn_if_stale(self, compiled_path: str, policy_dir: str) -> None:
+        try:
+            compiled_mtime = os.stat(under(self.root, compiled_path)).st_mtime
+            host_dir = under(self.root, policy_dir)
+            newer = [n for n in sorted(os.listdir(host_dir)) if n.endswith(".toml")
+                     and os.stat(f"{host_dir}/{n}").st_mtime > compiled_mtime]
+        except OSError:
+            return
+        if newer:
+            self.say(f"warning: {', '.join(newer)} in {policy_dir} changed after the policy was compiled; "
+                     f"this run uses the compiled policy (run 'gpuguard policy compile')")
+
     def failsafe(self, mode: str, guarded: Sequence[str], names: Sequence[str], why: str, code: int,
                  command_line: Optional[str]) -> int:
         """The fail-safe decision: let through (``allow``, or ``block-guarded`` without guarded packages) or

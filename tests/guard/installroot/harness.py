@@ -299,9 +299,15 @@ class Installroot:
                 out[str(path.relative_to(base))] = path.read_bytes()
         return out
 
-    def rpmdb_bytes(self) -> Dict[str, bytes]:
-        """The rpm database files (``<root>/var/lib/rpm``), byte for byte."""
-        return self.tree_bytes(DBPATH)
+    def rpmdb_bytes(self, include_shm: bool = False) -> Dict[str, bytes]:
+        """The rpm database files (``<root>/var/lib/rpm``), byte for byte.
+
+        ``rpmdb.sqlite-shm`` (SQLite's shared-memory WAL index, no package data) is left out unless asked for: the
+        first dnf run after any write rewrites it, with or without the plugin, even when dnf then aborts
+        (``--assumeno``), so it cannot show whether a refused transaction changed anything.
+        """
+        files = self.tree_bytes(DBPATH)
+        return files if include_shm else {k: v for k, v in files.items() if not k.endswith("-shm")}
 
     def payload_bytes(self) -> Dict[str, bytes]:
         """The files the fake packages installed (``<root>/usr/share/gpuguard-fake``)."""
