@@ -74,7 +74,6 @@ def installroot(installroot_session: Installroot) -> Installroot:
     root = installroot_session
     root.restore(root.root.parent / "baseline")
     root.write_plugin_conf()
-    root.install_gpuguard(TEST_POLICY)
     return root
 
 
