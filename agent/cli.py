@@ -124,10 +124,11 @@ def _add_guard_parsers(sub: "argparse._SubParsersAction[argparse.ArgumentParser]
     common(explain)
     explain.set_defaults(handler=_guard_command("policy_explain"))
 
-    pin = sub.add_parser("pin", help="native apt pins (preferences.d) rendered from the policy")
+    pin = sub.add_parser("pin", help="native pins rendered from the policy (apt preferences.d, dnf versionlock)")
     pin_sub = pin.add_subparsers(dest="pin_command", metavar="PIN_COMMAND")
     pin_sub.required = True
-    apply = pin_sub.add_parser("apply", help="write /etc/apt/preferences.d/gpuguard-*.pref, remove stale ones")
+    apply = pin_sub.add_parser("apply", help="write /etc/apt/preferences.d/gpuguard-*.pref (dpkg hosts) or "
+                                             "gpuguard's dnf versionlock entries (rpm hosts), remove stale ones")
     common(apply)
     apply.add_argument("--dry-run", action="store_true", help="print what would change; write nothing")
     apply.set_defaults(handler=_guard_command("pin_apply"))
@@ -149,13 +150,13 @@ def _add_guard_parsers(sub: "argparse._SubParsersAction[argparse.ArgumentParser]
     end.add_argument("--id", help="close only this window")
     end.set_defaults(handler=_guard_command("override_end"))
 
-    grd = sub.add_parser("guard", help="after-the-fact guard for changes that bypassed apt (dpkg -i)")
+    grd = sub.add_parser("guard", help="after-the-fact guard for changes that bypassed apt/dnf (dpkg -i, rpm -U)")
     grd_sub = grd.add_subparsers(dest="guard_command", metavar="GUARD_COMMAND")
     grd_sub.required = True
     rollback = grd_sub.add_parser("rollback", help="compare with the last known-good set and roll back violations "
                                                   "(exit 0 ok, 10 violations left, 14 rollback failed)")
     common(rollback)
-    rollback.add_argument("--dry-run", action="store_true", help="plan with apt-get -s only")
+    rollback.add_argument("--dry-run", action="store_true", help="plan only (apt-get -s, dnf --assumeno)")
     rollback.set_defaults(handler=_guard_command("guard_rollback"))
 
 

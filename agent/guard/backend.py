@@ -161,14 +161,22 @@ def backend_for(host: Host, settings, tool=None) -> PackageBackend:
     if tool is None and detect_manager(host) == "rpm":
         from agent.guard.dnf_tool import DnfTool
 
-        tool = DnfTool(host, timeout_seconds=guard.apt_timeout_seconds,
-                       lock_timeout_seconds=guard.lock_timeout_seconds)
+        tool = dnf_tool_for(host, settings)
         return RpmBackend(host, tool, paths.rpms)
     if tool is None:
         from agent.guard.apt_tool import AptTool
 
         tool = AptTool(host, timeout_seconds=guard.apt_timeout_seconds, lock_timeout_seconds=guard.lock_timeout_seconds)
     return AptBackend(host, tool, paths.debs)
+
+
+def dnf_tool_for(host: Host, settings):
+    """A DnfTool with the guard settings' timeouts and dnf options, writing its script in the state directory."""
+    from agent.guard.dnf_tool import DnfTool
+
+    guard = settings.guard
+    return DnfTool(host, timeout_seconds=guard.apt_timeout_seconds, lock_timeout_seconds=guard.lock_timeout_seconds,
+                   options=list(getattr(guard, "dnf_options", ()) or ()), work_dir=settings.agent.state_dir)
 
 
 class RpmBackend:

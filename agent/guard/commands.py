@@ -87,10 +87,10 @@ def policy_compile(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     return 0
 
 
-def _installed(host: Host, policy) -> dict:
+def _installed(host: Host, policy, settings=None) -> dict:
     from agent.guard.rollback import read_installed
 
-    return {k: v.version for k, v in read_installed(host, policy.guarded).items()}
+    return {k: v.version for k, v in read_installed(host, policy.guarded, settings=settings).items()}
 
 
 def _os(host: Host) -> Tuple[Optional[str], Optional[str]]:
@@ -107,10 +107,13 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     from agent.policy.evaluate import HostState, describe_pairing, evaluate, matching_pairing
     from agent.policy.spec import describe
 
+    from agent.guard.backend import detect_manager
+
     host = make_host(args.root)
     settings = _settings(args)
     policy = _policy_for_host(args, host, settings)
-    installed = _installed(host, policy)
+    installed = _installed(host, policy, settings)
+    manager = detect_manager(host)
     os_id, os_version = _os(host)
     lines = [f"policy '{policy.name}' ({', '.join(policy.sources) or policy.path}); default action {policy.action}, "
              f"fail-safe {policy.failsafe}", f"host: {os_id or '?'} {os_version or '?'}"]
@@ -121,7 +124,7 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
         lines.append(f"AMD: {driver_name} {driver or '(not installed)'} (driver "
                      f"{releases.amdgpu_driver_release(driver) or '-'}), {rocm_name} {rocm or '(not installed)'} "
                      f"(ROCm {releases.rocm_release(rocm) or '-'})")
-        pinned = matching_pairing(amd["pairings"], driver, rocm, "dpkg")
+        pinned = matching_pairing(amd["pairings"], driver, rocm, manager)
         if pinned is not None:
             lines.append(f"  pinned pairing: {describe_pairing(pinned)}")
         elif driver is None and rocm is None:
@@ -150,7 +153,7 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
                      f"[{policy.action_for(frozen.get('action'))}]")
     if policy.section("matrix"):
         lines.append(f"AMD compatibility matrix required (recorded {policy.section('matrix').get('recorded')})")
-    state = HostState(before=installed, after=installed, os_id=os_id, os_version_id=os_version)
+    state = HostState(before=installed, after=installed, manager=manager, os_id=os_id, os_version_id=os_version)
     violations = evaluate(state, policy)
     lines.append("current state: " + ("compliant" if not violations else f"{len(violations)} violation(s)"))
     lines += [f"  {v.rule} [{v.action}]: {v.message}" for v in violations]
@@ -168,9 +171,9 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
 
 
 def pin_apply(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    """Render the policy as apt preferences and remove gpuguard's stale ones."""
-    from agent.guard.apt_tool import AptTool
-    from agent.guard.pins import apply_pins
+    """Render the policy as native pins: apt preferences on dpkg hosts, dnf versionlock entries on rpm hosts;
+    gpuguard's stale ones are removed, nobody else's."""
+    from agent.guard.backend import detect_manager
     from agent.policy.load import write_compiled
 
     host = make_host(args.root)
@@ -178,6 +181,15 @@ def pin_apply(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> 
     _, policy = _compile(args, host, settings)
     if not args.dry_run:
         write_compiled(str(host.path(_paths(settings).compiled_policy)), policy)
+    if detect_manager(host) == "rpm":
+        return _pin_apply_versionlock(args, host, settings, policy, out)
+    return _pin_apply_apt(args, host, settings, policy, out)
+
+
+def _pin_apply_apt(args: argparse.Namespace, host: Host, settings, policy, out: TextIO) -> int:
+    from agent.guard.apt_tool import AptTool
+    from agent.guard.pins import apply_pins
+
     tool = AptTool(host, timeout_seconds=settings.guard.apt_timeout_seconds,
                    lock_timeout_seconds=settings.guard.lock_timeout_seconds)
     changes, wanted = apply_pins(host, policy, settings.guard.preferences_dir, tool, _installed(host, policy),
@@ -194,6 +206,33 @@ def pin_apply(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> 
     for name in changes.foreign:
         out.write(f"left alone {settings.guard.preferences_dir}/{name} (not written by gpuguard)\n")
     if not (changes.written or changes.unchanged or changes.removed):
+        out.write("nothing to pin\n")
+    return 0
+
+
+def _pin_apply_versionlock(args: argparse.Namespace, host: Host, settings, policy, out: TextIO) -> int:
+    from agent.guard.backend import dnf_tool_for
+    from agent.guard.versionlock import apply_versionlock
+
+    tool = dnf_tool_for(host, settings)
+    installed = _installed(host, policy, settings)
+    changes = apply_versionlock(host, policy, tool, installed, dry_run=args.dry_run)
+    if changes.note:
+        out.write(f"note: {changes.note}\n")
+    total = changes.unchanged + len(changes.added)
+    if changes.changed:
+        verb = "would write" if args.dry_run else "wrote"
+        out.write(f"{verb} {changes.path}: {total} gpuguard entr{'y' if total == 1 else 'ies'} "
+                  f"({len(changes.added)} new, {len(changes.removed)} stale removed); other entries left alone\n")
+        if args.dry_run:
+            out.write(changes.text)
+    elif total:
+        out.write(f"unchanged {changes.path}: {total} gpuguard entr{'y' if total == 1 else 'ies'}\n")
+    for entry in changes.added:
+        out.write(f"  + {entry}\n")
+    for entry in changes.removed:
+        out.write(f"  - {entry}\n")
+    if not total and not changes.removed:
         out.write("nothing to pin\n")
     return 0
 

@@ -75,18 +75,24 @@ def _match_any(name: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
-def render_pins(policy: CompiledPolicy, installed: Mapping[str, str], available: Mapping[str, Sequence[str]],
-                manager: str = "dpkg") -> Dict[str, str]:
-    """File name -> content for every gpuguard preferences file (pure).
+def _name(key: str) -> str:
+    """The package name of an installed-set key whose rpm install-only form is ``name@version``."""
+    return key.split("@", 1)[0]
 
-    ``installed``: guarded packages and their installed versions; ``available``: versions the indexes offer.
+
+def pin_records(policy: CompiledPolicy, installed: Mapping[str, str], available: Mapping[str, Sequence[str]],
+                manager: str = "dpkg") -> Tuple[List[Pin], List[Pin]]:
+    """(frozen, forbidden) records, for apt preferences and dnf versionlock alike (pure).
+
+    ``installed``: guarded packages and their installed versions (rpm kernels keyed ``name@version``);
+    ``available``: versions the repositories offer per name.
     """
     frozen_pins: List[Pin] = []
     forbidden: List[Pin] = []
     frozen = policy.section("frozen") or {}
     for name in sorted(installed):
-        if _match_any(name.split(":", 1)[0], frozen.get("packages") or []):
-            frozen_pins.append(Pin(name.split(":", 1)[0], installed[name], 1001, "frozen by policy"))
+        if _match_any(_name(name).split(":", 1)[0], frozen.get("packages") or []):
+            frozen_pins.append(Pin(_name(name).split(":", 1)[0], installed[name], 1001, "frozen by policy"))
     amd = policy.section("amd") or {}
     pairings = [p for p in amd.get("pairings") or [] if isinstance(p, dict)]
     driver_name = amd.get("driver_package") or "amdgpu-dkms"
@@ -95,14 +101,25 @@ def render_pins(policy: CompiledPolicy, installed: Mapping[str, str], available:
     kernel_patterns = list(kernel.get("packages") or DEFAULT_KERNEL_PACKAGES)
     nvidia = policy.section("nvidia") or {}
     nv_pairings = [p for p in nvidia.get("pairings") or [] if isinstance(p, dict)]
+    installed_builds = {(_name(k), v) for k, v in installed.items()}
     for name in sorted(available):
         for version in available[name]:
-            if installed.get(name) == version:
+            if (name, version) in installed_builds:
                 continue  # never pin away what is installed: the hook and rollback handle the installed set
             why = _forbidden_reason(name, version, manager, pairings, driver_name, rocm_name, kernel,
                                     kernel_patterns, nvidia, nv_pairings, policy, installed)
             if why:
                 forbidden.append(Pin(name, version, -1, why))
+    return frozen_pins, forbidden
+
+
+def render_pins(policy: CompiledPolicy, installed: Mapping[str, str], available: Mapping[str, Sequence[str]],
+                manager: str = "dpkg") -> Dict[str, str]:
+    """File name -> content for every gpuguard preferences file (pure).
+
+    ``installed``: guarded packages and their installed versions; ``available``: versions the indexes offer.
+    """
+    frozen_pins, forbidden = pin_records(policy, installed, available, manager)
     files = {}
     stamp = f"# policy '{policy.name}' ({', '.join(policy.sources) or policy.path})\n"
     if frozen_pins:
@@ -125,7 +142,9 @@ def _forbidden_reason(name: str, version: str, manager: str, pairings: List[dict
                                                                matches(p[f"{key}_package"], version, manager))
                        for p in pairings):
                 return f"{label} {release} is in no allowed AMD pairing"
-    if _match_any(name, kernel_patterns) and name not in installed:
+    # dpkg names every kernel apart (linux-image-6.1.0-28-amd64); rpm kernels share a name and the installed
+    # builds were skipped by the caller, so every other rpm kernel build is a new kernel.
+    if _match_any(name, kernel_patterns) and (manager == "rpm" or name not in installed):
         release = releases.kernel_release_of(name, version, manager=manager)
         if release:
             if kernel.get("allow") is not None and not matches(kernel["allow"], release):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 from pydantic import Field
 
@@ -19,3 +19,5 @@ class GuardSettings(FrozenModel):
     lock_timeout_seconds: float = Field(300.0, gt=0)
     apt_timeout_seconds: float = Field(900.0, gt=0)
     rollback_enabled: bool = True
+    # Put before every dnf command of the rollback and pin apply (``-c FILE``, ``--setopt=...``); rpm hosts only.
+    dnf_options: Tuple[str, ...] = ()
