@@ -94,6 +94,8 @@ def split_nevra(spec: str) -> Tuple[str, str, str]:
     if base.endswith(".rpm"):
         base = base[:-4]
     nevr, _, arch = base.rpartition(".")
+    if not nevr or "-" in arch:
+        nevr, arch = base, ""  # no arch given (gpuguard always gives one)
     parts = nevr.rsplit("-", 2)
     if len(parts) != 3:
         return base, "", ""
@@ -102,34 +104,39 @@ def split_nevra(spec: str) -> Tuple[str, str, str]:
 
 
 def parse_transaction(text: str) -> List[PlannedStep]:
-    """The package table dnf prints before it asks (``Downgrading:``, ``Removing:``, ...)."""
+    """The package table dnf prints before it asks (``Downgrading:``, ``Removing:``, ...).
+
+    A row starts with one space; deeper-indented lines continue it: a long name stands alone and the rest of
+    its row follows, or a long version pushes repository and size onto the next line; ``replacing`` lines
+    (obsoletes) are continuations too.
+    """
     steps: List[PlannedStep] = []
     action: Optional[str] = None
-    pending: Optional[str] = None
+    pending: List[str] = []
     for line in text.splitlines():
         stripped = line.strip()
-        if not stripped or stripped.startswith(("Transaction Summary", "=")):
-            action, pending = (None, None) if stripped.startswith("Transaction Summary") else (action, pending)
+        if stripped.startswith("Transaction Summary"):
+            action, pending = None, []
+            continue
+        if not stripped or stripped.startswith("="):
             continue
         if not line.startswith(" ") and stripped.endswith(":"):
-            action = SECTION_ACTIONS.get(stripped[:-1].lower())
-            pending = None
+            action, pending = SECTION_ACTIONS.get(stripped[:-1].lower()), []
             continue
-        if action is None or not line.startswith(" ") or stripped.startswith("replacing "):
+        if action is None or not line.startswith(" "):
             continue
-        tokens = stripped.split()
-        if pending is not None:
-            tokens, pending = [pending, *tokens], None
-        if len(tokens) == 1:
-            pending = tokens[0]  # a long name: dnf wraps the rest of the row onto the next line
-            continue
-        if len(tokens) < 4:
-            continue
-        name, _arch, version = tokens[0], tokens[1], tokens[2]
-        if action == "remove":
-            steps.append(PlannedStep(action, name, version, ""))
+        if line.startswith("  "):
+            if not pending:
+                continue
+            tokens, pending = [*pending, *stripped.split()], []
         else:
-            steps.append(PlannedStep(action, name, "", version))
+            tokens = stripped.split()
+        if len(tokens) < 3:
+            pending = tokens
+            continue
+        name, version = tokens[0], tokens[2]
+        steps.append(PlannedStep(action, name, version, "") if action == "remove"
+                     else PlannedStep(action, name, "", version))
     return steps
 
 
