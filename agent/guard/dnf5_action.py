@@ -64,7 +64,8 @@ class Peer:
         if not isinstance(reply, dict) or reply.get("op") != "reply" or reply.get("requested_op") != op:
             raise ProtocolError(f"unexpected answer to the {op} {domain or ''} request: {line.strip()[:200]!r}")
         if reply.get("status") != "OK":
-            raise ProtocolError(f"the {op} {domain or ''} request failed: {reply.get('message') or reply.get('status')}")
+            why = reply.get("message") or reply.get("status")
+            raise ProtocolError(f"the {op} {domain or ''} request failed: {why}")
         return reply
 
     def get_list(self, domain: str, args: Dict[str, Any]) -> List[Dict[str, Any]]:

@@ -26,7 +26,8 @@ import dnf.transaction
 
 DEFAULT_CHECKER = "/usr/lib/gpuguard/gpuguard-dnf-check"
 DEFAULT_TIMEOUT_SECONDS = 60.0
-BYPASS = "to bypass the guard for one run (audited nowhere; prefer an override window): dnf --disableplugin=gpuguard ..."
+BYPASS = ("to bypass the guard for one run (audited nowhere; prefer an override window): "
+          "dnf --disableplugin=gpuguard ...")
 REQUEST_FORMAT = 1
 
 
