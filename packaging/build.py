@@ -1,0 +1,526 @@
+"""Build gpuguard's .deb / .rpm for one target distribution: ``packaging/build.sh --target T [--version V]``.
+
+Steps (packaging/README.md has the table of targets and why dpkg-deb/rpmbuild):
+
+1. wheelhouse  ``pip download`` the runtime dependencies (pyproject.toml) as wheels for the target's Python
+               ABI and glibc, once, into ``--wheelhouse`` (keyed by a hash of what was asked); the only step that
+               needs the network. ``--offline`` refuses to download.
+2. stage       the installed tree: the agent under /usr/lib/gpuguard/agent, the wheels installed (--no-deps, from
+               the wheelhouse only) into /usr/lib/gpuguard/vendor, launchers with the target's interpreter, units,
+               hook configs, example config and policy, docs, man page.
+3. package     dpkg-deb (conffiles, maintainer scripts) or rpmbuild (a spec whose %install copies the stage).
+
+Only the standard library is used here; pip runs as a subprocess (``packaging/pip_for_target.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGING = REPO / "packaging"
+LIB = "/usr/lib/gpuguard"
+MAINTAINER = "gpuguard maintainers <maintainers@gpuguard.invalid>"
+HOMEPAGE = "https://gpuguard.invalid/"
+SUMMARY = "GPU host agent: freezes and guards the kernel, driver and ROCm/CUDA stack"
+DESCRIPTION = """\
+gpuguard snapshots a GPU host's kernel, AMD/NVIDIA driver, ROCm/CUDA and
+container stack, runs a quick accelerator health check, refuses apt/dnf
+transactions that break the host's driver/ROCm pairing policy (and rolls back
+those that bypassed the package manager), and reports drift to a central
+endpoint.
+
+Its Python dependencies are vendored under /usr/lib/gpuguard/vendor, built for
+this distribution's Python, so the host's Python packages never conflict."""
+HUB_SUMMARY = "Central endpoint receiving the reports of gpuguard agents (gpuguard hub)"
+HUB_DESCRIPTION = """\
+The reference central endpoint for gpuguard agents (gpuguard hub serve): it
+checks host tokens, stores report events (SQLite or PostgreSQL) and answers
+fleet questions. Vendors FastAPI, uvicorn and psycopg under
+/usr/lib/gpuguard/vendor-hub."""
+# Every manylinux tag up to the oldest target's glibc (RHEL 8: 2.28): pip does not expand a --platform itself.
+PLATFORMS = tuple([f"manylinux_2_{minor}_x86_64" for minor in range(28, 4, -1)]
+                  + ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"])
+WHEELHOUSE_FORMAT = 1  # bump when the download arguments change
+
+
+@dataclass(frozen=True)
+class Target:
+    """One distribution release the packages are built for."""
+
+    name: str
+    fmt: str                     # "deb" or "rpm"
+    distro: str                  # human-readable
+    python: str                  # the agent's interpreter on the target
+    python_version: str          # X.Y of that interpreter: the vendored wheels' ABI
+    version_suffix: str          # deb: "~deb12" appended to the revision; rpm: ".el9" dist tag
+    unit_dir: str
+    depends: Tuple[str, ...]     # deb Depends / rpm Requires
+    dnf_python_version: Optional[str] = None   # the Python dnf itself runs on (rpm): where the plugin goes
+
+    @property
+    def abi(self) -> str:
+        return "cp" + self.python_version.replace(".", "")
+
+    @property
+    def dnf_plugin_dir(self) -> Optional[str]:
+        if self.dnf_python_version is None:
+            return None
+        return f"/usr/lib/python{self.dnf_python_version}/site-packages/dnf-plugins"
+
+
+def _deb_python(version: str) -> Tuple[str, ...]:
+    major, minor = version.split(".")
+    # libc6: the vendored extension modules are manylinux wheels up to glibc 2.28 (PLATFORMS).
+    return (f"python3 (>= {version}~)", f"python3 (<< {major}.{int(minor) + 1})", "libc6 (>= 2.28)")
+
+
+TARGETS: Dict[str, Target] = {t.name: t for t in (
+    Target("debian12", "deb", "Debian 12 (bookworm)", "/usr/bin/python3", "3.11", "~deb12", "/lib/systemd/system",
+           _deb_python("3.11")),
+    Target("ubuntu2204", "deb", "Ubuntu 22.04 (jammy)", "/usr/bin/python3", "3.10", "~ubuntu22.04",
+           "/lib/systemd/system", _deb_python("3.10")),
+    Target("ubuntu2404", "deb", "Ubuntu 24.04 (noble)", "/usr/bin/python3", "3.12", "~ubuntu24.04",
+           "/usr/lib/systemd/system", _deb_python("3.12")),
+    Target("el9", "rpm", "RHEL 9 / Rocky 9 / Alma 9", "/usr/bin/python3", "3.9", ".el9", "/usr/lib/systemd/system",
+           ("python(abi) = 3.9",), dnf_python_version="3.9"),
+    Target("el8", "rpm", "RHEL 8 / Rocky 8 / Alma 8 (python3.11 module stream)", "/usr/bin/python3.11", "3.11",
+           ".el8", "/usr/lib/systemd/system", ("python3.11", "python(abi) = 3.11"), dnf_python_version="3.6"),
+)}
+
+
+class BuildError(Exception):
+    """A build step failed; the message says which and why (one line)."""
+
+
+@dataclass
+class Entry:
+    """One path of the staged tree and how the package treats it."""
+
+    path: str                    # absolute installed path
+    kind: str = "file"           # file | dir
+    mode: int = 0o644
+    config: bool = False         # conffile (deb) / %config(noreplace) (rpm)
+    doc: bool = False
+
+
+@dataclass
+class Stage:
+    root: Path
+    entries: List[Entry] = field(default_factory=list)
+
+    def add_file(self, source: Path, path: str, mode: int = 0o644, config: bool = False, text: Optional[str] = None,
+                 data: Optional[bytes] = None) -> None:
+        dest = self.root / path.lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if text is not None:
+            dest.write_text(text, encoding="utf-8")
+        elif data is not None:
+            dest.write_bytes(data)
+        else:
+            shutil.copyfile(source, dest)
+        dest.chmod(mode)
+        self.entries.append(Entry(path, "file", mode, config, doc=path.startswith("/usr/share/doc/")))
+
+    def add_dir(self, path: str, mode: int = 0o755) -> None:
+        dest = self.root / path.lstrip("/")
+        dest.mkdir(parents=True, exist_ok=True)
+        dest.chmod(mode)
+        self.entries.append(Entry(path, "dir", mode))
+
+    def add_tree(self, path: str) -> None:
+        """Record everything already copied under ``path``: dirs 0755, files 0644 (python runs them; none is a
+        program of its own, and shared libraries need no x bit)."""
+        top = self.root / path.lstrip("/")
+        for dirpath, dirnames, filenames in os.walk(top):
+            dirnames.sort()
+            rel_dir = "/" + str(Path(dirpath).relative_to(self.root))
+            os.chmod(dirpath, 0o755)
+            self.entries.append(Entry(rel_dir, "dir", 0o755))
+            for name in sorted(filenames):
+                (Path(dirpath) / name).chmod(0o644)
+                self.entries.append(Entry(f"{rel_dir}/{name}", "file", 0o644))
+
+
+def log(message: str) -> None:
+    print(f"build: {message}", file=sys.stderr, flush=True)
+
+
+def run(argv: Sequence[str], cwd: Optional[Path] = None, env: Optional[Dict[str, str]] = None,
+        timeout_seconds: float = 900) -> str:
+    try:
+        result = subprocess.run(list(argv), cwd=cwd, env=env, capture_output=True, text=True,
+                                timeout=timeout_seconds, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise BuildError(f"{argv[0]} is not installed (see packaging/README.md: build requirements)") from None
+    except subprocess.TimeoutExpired:
+        raise BuildError(f"{' '.join(argv[:3])} ... took longer than {timeout_seconds:.0f} s") from None
+    if result.returncode != 0:
+        tail = " | ".join((result.stderr or result.stdout).strip().splitlines()[-6:])
+        raise BuildError(f"{' '.join(argv[:4])} ... exited {result.returncode}: {tail}")
+    return result.stdout
+
+
+# --- 1. wheelhouse ------------------------------------------------------------------------------------------------
+
+def project() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+
+
+def requirements(extra: Optional[str] = None) -> List[str]:
+    """The runtime requirements from pyproject.toml, or those of one extra."""
+    proj = project()
+    return list(proj["optional-dependencies"][extra]) if extra else list(proj["dependencies"])
+
+
+def pip_target_args(target: Target) -> List[str]:
+    args = ["--only-binary=:all:", "--python-version", target.python_version, "--implementation", "cp",
+            "--abi", target.abi]
+    for platform in PLATFORMS:
+        args += ["--platform", platform]
+    return args
+
+
+def wheelhouse_dir(wheelhouse: Path, target: Target, reqs: Sequence[str], constraints: Sequence[str]) -> Path:
+    blob = json.dumps({"python": target.python_version, "platforms": PLATFORMS, "reqs": list(reqs),
+                       "constraints": list(constraints), "format": WHEELHOUSE_FORMAT}, sort_keys=True)
+    return wheelhouse / f"cp{target.python_version.replace('.', '')}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def fetch_wheels(python: str, wheelhouse: Path, target: Target, reqs: Sequence[str], offline: bool,
+                 constraints: Sequence[str] = ()) -> Path:
+    """The directory holding exactly the wheels ``reqs`` resolve to for ``target``; downloaded once."""
+    where = wheelhouse_dir(wheelhouse, target, reqs, constraints)
+    if (where / "COMPLETE").is_file():
+        return where
+    if offline:
+        raise BuildError(f"no wheels for {target.name} in {where} and --offline was given: run once without "
+                         f"--offline (it downloads them from PyPI)")
+    log(f"downloading wheels for Python {target.python_version} into {where}")
+    wheelhouse.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=where.name + ".partial-", dir=wheelhouse))
+    try:
+        (partial / "requirements.txt").write_text("\n".join(reqs) + "\n")
+        argv = [python, str(PACKAGING / "pip_for_target.py"), target.python_version, "download", "-q",
+                "--disable-pip-version-check", "--dest", str(partial), *pip_target_args(target),
+                "-r", str(partial / "requirements.txt")]
+        if constraints:
+            (partial / "constraints.txt").write_text("\n".join(constraints) + "\n")
+            argv += ["-c", str(partial / "constraints.txt")]
+        run(argv, timeout_seconds=900)
+        (partial / "COMPLETE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
+        shutil.rmtree(where, ignore_errors=True)
+        partial.rename(where)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return where
+
+
+def wheels_in(where: Path) -> List[Path]:
+    return sorted(where.glob("*.whl"))
+
+
+def wheel_project(wheel: Path) -> str:
+    return re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
+
+
+def install_wheels(python: str, target: Target, wheels: Sequence[Path], dest: Path) -> None:
+    """Unpack the given wheels (no resolution, no index: exactly these) for the target's ABI into ``dest``."""
+    if not wheels:
+        return
+    run([python, "-m", "pip", "install", "-q", "--isolated", "--disable-pip-version-check", "--no-index", "--no-deps",
+         "--no-compile", "--no-warn-script-location", "--target", str(dest), *pip_target_args(target),
+         *[str(w) for w in wheels]], timeout_seconds=600)
+    shutil.rmtree(dest / "bin", ignore_errors=True)  # console scripts with the build machine's shebang
+    for cache in dest.rglob("__pycache__"):
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+# --- 2. stage -----------------------------------------------------------------------------------------------------
+
+def launcher_text(source: Path, target: Target) -> str:
+    """A launcher with the target's interpreter in its shebang."""
+    text = source.read_text(encoding="utf-8")
+    first, _, rest = text.partition("\n")
+    if not first.startswith("#!/usr/bin/python3"):
+        raise BuildError(f"{source}: expected a '#!/usr/bin/python3' shebang, found {first!r}")
+    return first.replace("/usr/bin/python3", target.python, 1) + "\n" + rest
+
+
+def copy_agent(stage: Stage, version: str) -> None:
+    dest = stage.root / LIB.lstrip("/") / "agent"
+    shutil.copytree(REPO / "agent", dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo"))
+    init = dest / "__init__.py"
+    text = init.read_text(encoding="utf-8")
+    new_text, count = re.subn(r'^__version__ = "[^"]*"$', f'__version__ = "{version}"', text, flags=re.M)
+    if count != 1:
+        raise BuildError(f"{init}: no __version__ line to stamp")
+    init.write_text(new_text, encoding="utf-8")
+    stage.add_tree(LIB + "/agent")
+
+
+def stage_agent(stage: Stage, target: Target, version: str, vendor_wheels: Sequence[Path], python: str) -> None:
+    """The gpuguard package's installed tree."""
+    stage.add_dir("/usr/lib/gpuguard")
+    copy_agent(stage, version)
+    install_wheels(python, target, vendor_wheels, stage.root / LIB.lstrip("/") / "vendor")
+    stage.add_tree(LIB + "/vendor")
+    stage.add_file(PACKAGING / "launchers/gpuguard", "/usr/bin/gpuguard", 0o755,
+                   text=launcher_text(PACKAGING / "launchers/gpuguard", target))
+    stage.add_file(REPO / "policies/amd-compat-matrix.toml", "/usr/share/gpuguard/amd-compat-matrix.toml")
+    stage.add_file(REPO / "systemd/gpuguard.service", f"{target.unit_dir}/gpuguard.service")
+    stage.add_dir("/etc/gpuguard")
+    stage.add_dir("/etc/gpuguard/policy.d")
+    stage.add_file(PACKAGING / "config/agent.toml", "/etc/gpuguard/agent.toml", config=True)
+    stage.add_file(REPO / "policies/example.toml", "/etc/gpuguard/example-policy.toml", config=True,
+                   text="# Inactive example: copy it to /etc/gpuguard/policy.d/10-site.toml, edit, then run\n"
+                        "# `gpuguard policy check` and `gpuguard policy compile` (see docs/guard.md).\n"
+                        + (REPO / "policies/example.toml").read_text(encoding="utf-8"))
+    stage.add_dir("/var/lib/gpuguard", 0o750)
+    if target.fmt == "deb":
+        stage.add_file(PACKAGING / "apt/gpuguard-apt-hook", LIB + "/gpuguard-apt-hook", 0o755,
+                       text=launcher_text(PACKAGING / "apt/gpuguard-apt-hook", target))
+        stage.add_file(PACKAGING / "apt/50gpuguard", "/etc/apt/apt.conf.d/50gpuguard", config=True)
+    else:
+        stage_dnf(stage, target)
+    docs = "/usr/share/doc/gpuguard"
+    stage.add_file(REPO / "README.md", f"{docs}/README.md")
+    for doc in ("guard.md", "reporting.md", "hub.md", "packaging.md"):
+        if (REPO / "docs" / doc).is_file():
+            stage.add_file(REPO / "docs" / doc, f"{docs}/{doc}")
+    if target.fmt == "deb":
+        stage.add_file(PACKAGING / "deb/copyright", f"{docs}/copyright")
+        stage.add_file(Path(), f"{docs}/changelog.Debian.gz", data=deb_changelog("gpuguard", target, version))
+        stage.add_file(PACKAGING / "deb/gpuguard.lintian-overrides", "/usr/share/lintian/overrides/gpuguard")
+    stage.add_file(Path(), "/usr/share/man/man1/gpuguard.1.gz",
+                   data=gzip.compress((PACKAGING / "man/gpuguard.1").read_bytes(), 9, mtime=0))
+
+
+def stage_dnf(stage: Stage, target: Target) -> None:
+    """The dnf4 plugin, its config, the dnf5 actions file and both checkers' launchers, when the repo has them."""
+    dnf, dnf5 = PACKAGING / "dnf", PACKAGING / "dnf5"
+    if (dnf / "gpuguard-dnf-check").is_file():
+        stage.add_file(dnf / "gpuguard-dnf-check", LIB + "/gpuguard-dnf-check", 0o755,
+                       text=launcher_text(dnf / "gpuguard-dnf-check", target))
+    if (dnf / "gpuguard.py").is_file() and target.dnf_plugin_dir:
+        stage.add_file(dnf / "gpuguard.py", f"{target.dnf_plugin_dir}/gpuguard.py")
+    if (dnf / "gpuguard.conf").is_file():
+        stage.add_file(dnf / "gpuguard.conf", "/etc/dnf/plugins/gpuguard.conf", config=True)
+    if (dnf5 / "gpuguard-dnf5-action").is_file():
+        stage.add_file(dnf5 / "gpuguard-dnf5-action", LIB + "/gpuguard-dnf5-action", 0o755,
+                       text=launcher_text(dnf5 / "gpuguard-dnf5-action", target))
+    if (dnf5 / "gpuguard.actions").is_file():
+        stage.add_file(dnf5 / "gpuguard.actions", "/etc/dnf/libdnf5-plugins/actions.d/gpuguard.actions", config=True)
+
+
+def stage_hub(stage: Stage, target: Target, version: str, hub_wheels: Sequence[Path], python: str) -> None:
+    """The gpuguard-hub package: hub-only vendored wheels, its unit and config."""
+    install_wheels(python, target, hub_wheels, stage.root / LIB.lstrip("/") / "vendor-hub")
+    stage.add_tree(LIB + "/vendor-hub")
+    stage.add_file(REPO / "systemd/gpuguard-hub.service", f"{target.unit_dir}/gpuguard-hub.service")
+    stage.add_file(PACKAGING / "config/hub.toml", "/etc/gpuguard/hub.toml", config=True)
+    docs = "/usr/share/doc/gpuguard-hub"
+    stage.add_file(REPO / "docs/hub.md", f"{docs}/hub.md")
+    if target.fmt == "deb":
+        stage.add_file(PACKAGING / "deb/copyright", f"{docs}/copyright")
+        stage.add_file(Path(), f"{docs}/changelog.Debian.gz", data=deb_changelog("gpuguard-hub", target, version))
+        stage.add_file(PACKAGING / "deb/gpuguard-hub.lintian-overrides", "/usr/share/lintian/overrides/gpuguard-hub")
+
+
+# --- 3. package ---------------------------------------------------------------------------------------------------
+
+def changelog_date() -> Tuple[str, str]:
+    """(RFC 2822 date, rpm %changelog date) of the source: the last commit, or now outside git."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    if not epoch:
+        try:
+            epoch = run(["git", "-C", str(REPO), "log", "-1", "--format=%ct"]).strip()
+        except BuildError:
+            epoch = ""
+    stamp = time.gmtime(int(epoch) if epoch.isdigit() else time.time())
+    return time.strftime("%a, %d %b %Y %H:%M:%S +0000", stamp), time.strftime("%a %b %d %Y", stamp)
+
+
+def deb_version(target: Target, version: str, release: str) -> str:
+    return f"{version}-{release}{target.version_suffix}"
+
+
+def deb_changelog(package: str, target: Target, version: str) -> bytes:
+    text = (f"{package} ({deb_version(target, version, '1')}) unstable; urgency=medium\n\n"
+            f"  * Build of {version} for {target.distro} (build.sh --target {target.name}).\n\n"
+            f" -- {MAINTAINER}  {changelog_date()[0]}\n")
+    return gzip.compress(text.encode(), 9, mtime=0)
+
+
+def maintainer_script(name: str, target: Target) -> str:
+    text = (PACKAGING / "deb" / name).read_text(encoding="utf-8")
+    return text.replace("@PYTHON@", target.python)
+
+
+def build_deb(stage: Stage, target: Target, package: str, version: str, release: str, out: Path,
+              depends: Sequence[str], summary: str, description: str, scripts: Sequence[str]) -> Path:
+    debian = stage.root / "DEBIAN"
+    debian.mkdir()
+    size_kib = sum(f.stat().st_size for f in stage.root.rglob("*") if f.is_file()) // 1024 + 1
+    full_version = deb_version(target, version, release)
+    body = "\n".join(f" {line}" if line else " ." for line in description.splitlines())
+    control = [f"Package: {package}", f"Version: {full_version}", "Architecture: amd64", f"Maintainer: {MAINTAINER}",
+               f"Installed-Size: {size_kib}", f"Depends: {', '.join(depends)}", "Section: admin",
+               "Priority: optional", f"Homepage: {HOMEPAGE}", f"Description: {summary}", body]
+    (debian / "control").write_text("\n".join(control) + "\n")
+    conffiles = [e.path for e in stage.entries if e.config]
+    if conffiles:
+        (debian / "conffiles").write_text("\n".join(conffiles) + "\n")
+    for script in scripts:
+        path = debian / script
+        path.write_text(maintainer_script(f"{package}.{script}", target))
+        path.chmod(0o755)
+    sums = []
+    for e in stage.entries:
+        if e.kind == "file":
+            digest = hashlib.md5((stage.root / e.path.lstrip("/")).read_bytes()).hexdigest()  # noqa: S324 - dpkg's format
+            sums.append(f"{digest}  {e.path.lstrip('/')}")
+    (debian / "md5sums").write_text("\n".join(sums) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    deb = out / f"{package}_{full_version}_amd64.deb"
+    run(["dpkg-deb", "--root-owner-group", "-Zxz", "-z1", "--build", str(stage.root), str(deb)], timeout_seconds=600)
+    return deb
+
+
+def rpm_files_section(stage: Stage) -> str:
+    lines = []
+    for e in stage.entries:
+        quoted = f'"{e.path}"' if " " in e.path else e.path
+        if e.kind == "dir":
+            lines.append(f"%dir %attr({e.mode:04o},root,root) {quoted}")
+        elif e.doc:
+            lines.append(f"%doc %attr({e.mode:04o},root,root) {quoted}")
+        elif e.config:
+            lines.append(f"%config(noreplace) %attr({e.mode:04o},root,root) {quoted}")
+        else:
+            lines.append(f"%attr({e.mode:04o},root,root) {quoted}")
+    return "\n".join(lines)
+
+
+def build_rpm(stage: Stage, target: Target, package: str, version: str, release: str, out: Path,
+              requires: Sequence[str], summary: str, description: str, work: Path) -> Path:
+    template = (PACKAGING / "rpm" / f"{package}.spec.in").read_text(encoding="utf-8")
+    spec_text = (template.replace("@NAME@", package).replace("@VERSION@", version)
+                 .replace("@RELEASE@", release + target.version_suffix).replace("@SUMMARY@", summary)
+                 .replace("@DESCRIPTION@", description).replace("@PYTHON@", target.python)
+                 .replace("@REQUIRES@", "\n".join(f"Requires:       {r}" for r in requires))
+                 .replace("@STAGE@", str(stage.root)).replace("@FILES@", rpm_files_section(stage))
+                 .replace("@CHANGELOG_DATE@", changelog_date()[1]).replace("@MAINTAINER@", MAINTAINER)
+                 .replace("@DISTRO@", target.distro).replace("@TARGET@", target.name))
+    topdir = work / "rpmbuild"
+    for sub in ("BUILD", "RPMS", "SPECS", "SRPMS", "BUILDROOT"):
+        (topdir / sub).mkdir(parents=True, exist_ok=True)
+    spec = topdir / "SPECS" / f"{package}.spec"
+    spec.write_text(spec_text)
+    run(["rpmbuild", "-bb", "--quiet", "--target", "x86_64-linux", "--define", f"_topdir {topdir}",
+         "--define", "_binary_payload w1.xzdio", "--define", "_build_id_links none",
+         "--define", "debug_package %{nil}", "--define", "__os_install_post %{nil}",
+         "--define", "_binary_filedigest_algorithm 8", str(spec)], timeout_seconds=600)
+    built = list((topdir / "RPMS").rglob("*.rpm"))
+    if len(built) != 1:
+        raise BuildError(f"rpmbuild made {len(built)} packages, expected 1")
+    out.mkdir(parents=True, exist_ok=True)
+    dest = out / built[0].name
+    shutil.move(str(built[0]), dest)
+    return dest
+
+
+# --- command ------------------------------------------------------------------------------------------------------
+
+def build(target: Target, version: str, release: str, out: Path, wheelhouse: Path, offline: bool, python: str,
+          hub: bool) -> List[Path]:
+    started = time.monotonic()
+    agent_reqs = requirements()
+    agent_house = fetch_wheels(python, wheelhouse, target, agent_reqs, offline)
+    agent_wheels = wheels_in(agent_house)
+    built = []
+    with tempfile.TemporaryDirectory(prefix="gpuguard-build-") as tmp:
+        work = Path(tmp)
+        stage = Stage(work / "stage-gpuguard")
+        stage_agent(stage, target, version, agent_wheels, python)
+        scripts = ("preinst", "postinst", "prerm", "postrm")
+        if target.fmt == "deb":
+            built.append(build_deb(stage, target, "gpuguard", version, release, out, target.depends, SUMMARY,
+                                   DESCRIPTION, scripts))
+        else:
+            built.append(build_rpm(stage, target, "gpuguard", version, release, out, target.depends, SUMMARY,
+                                   DESCRIPTION, work))
+        if hub:
+            # The hub's wheels resolve with the agent's pinned, so both vendor trees agree on shared packages.
+            pins = [f"{w.name.split('-')[0]}=={w.name.split('-')[1]}" for w in agent_wheels]
+            hub_house = fetch_wheels(python, wheelhouse, target, agent_reqs + requirements("hub"), offline, pins)
+            have = {wheel_project(w) for w in agent_wheels}
+            hub_wheels = [w for w in wheels_in(hub_house) if wheel_project(w) not in have]
+            hub_stage = Stage(work / "stage-hub")
+            stage_hub(hub_stage, target, version, hub_wheels, python)
+            if target.fmt == "deb":
+                depends = (f"gpuguard (= {deb_version(target, version, release)})", "libc6 (>= 2.28)")
+                built.append(build_deb(hub_stage, target, "gpuguard-hub", version, release, out, depends,
+                                       HUB_SUMMARY, HUB_DESCRIPTION, ("postinst", "prerm", "postrm")))
+            else:
+                requires = (f"gpuguard = {version}-{release}{target.version_suffix}",)
+                built.append(build_rpm(hub_stage, target, "gpuguard-hub", version, release, out, requires,
+                                       HUB_SUMMARY, HUB_DESCRIPTION, work))
+    for path in built:
+        log(f"built {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    log(f"{target.name}: done in {time.monotonic() - started:.1f} s")
+    return built
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="packaging/build.sh", description="Build gpuguard's .deb or .rpm for one "
+                                                                            "target (packaging/README.md).")
+    parser.add_argument("--target", required=True, choices=sorted(TARGETS))
+    parser.add_argument("--version", default=project()["version"], help="package version (default: pyproject.toml)")
+    parser.add_argument("--release", default="1", help="package revision/release number (default 1)")
+    parser.add_argument("--out", default=str(REPO / "dist"), help="where the packages go (default dist/)")
+    parser.add_argument("--wheelhouse", default=os.environ.get("GPUGUARD_WHEELHOUSE", str(REPO / "build/wheelhouse")),
+                        help="downloaded wheels, reused by later builds (default build/wheelhouse, or "
+                             "$GPUGUARD_WHEELHOUSE)")
+    parser.add_argument("--offline", action="store_true", help="never download: fail when a wheel set is missing")
+    parser.add_argument("--no-hub", dest="hub", action="store_false", help="skip the gpuguard-hub package")
+    parser.add_argument("--python", default=sys.executable, help="the Python whose pip downloads and unpacks wheels "
+                                                                 "(default: this one)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if not re.fullmatch(r"[0-9][0-9A-Za-z.+~]*", args.version) or not re.fullmatch(r"[0-9][0-9A-Za-z.+]*",
+                                                                                     args.release):
+        print(f"build: error: bad --version {args.version!r} or --release {args.release!r}", file=sys.stderr)
+        return 2
+    try:
+        build(TARGETS[args.target], args.version, args.release, Path(args.out).resolve(),
+              Path(args.wheelhouse).resolve(), args.offline, args.python, args.hub)
+    except BuildError as exc:
+        print(f"build: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
