@@ -6,7 +6,8 @@ recording its PolicyViolation / Rollback records in guard-events.jsonl), then th
 to the outbox, then the snapshot job runs, so the snapshot's diff comes after the rollback's events and shows the
 state the rollback left. When the guard-events file alone grew (the apt hook blocked something), only the
 forwarder runs. With a Host root other than ``/`` the check runs against that root as a chroot (that is how
-``check_and_rollback`` runs apt there); it is skipped without a compiled policy or without a dpkg database.
+``check_and_rollback`` runs apt there, or dnf with ``--installroot``); it is skipped without a compiled policy or
+without a package database (dpkg status, or rpm's database under /var/lib/rpm or /usr/lib/sysimage/rpm).
 
 A failure of the check is logged (``guard_check_failed``) and reported as a Rollback event with
 ``succeeded = false``; it never ends the job, the forwarding or the snapshot.
@@ -15,7 +16,7 @@ A failure of the check is logged (``guard_check_failed``) and reported as a Roll
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 from agent.daemon_jobs.guard_events import GuardEventForwarder
 from agent.daemon_jobs.runtime import Runtime
@@ -28,6 +29,7 @@ from agent.report.events import Rollback
 log = get_logger("guard_job")
 
 DPKG_STATUS = "/var/lib/dpkg/status"
+RPM_DB_DIRS = ("/var/lib/rpm", "/usr/lib/sysimage/rpm")
 # Reasons that mean "the installed set may have moved": check (and maybe roll back) before the snapshot.
 CHECK_REASONS = frozenset({"package_change", "package_transaction"})
 
@@ -64,11 +66,22 @@ class GuardJob:
             if reason in CHECK_REASONS:
                 self.on_checked(reason)  # the snapshot follows even when the check or forwarding failed
 
+    def _package_db_files(self) -> List[str]:
+        """The package database files whose bytes say whether the installed set may have moved."""
+        host = self.runtime.host
+        if host.path(DPKG_STATUS).exists():
+            return [DPKG_STATUS]
+        for directory in RPM_DB_DIRS:
+            names = [n for n in host.list_dir(directory) if n.startswith(("rpmdb", "Packages"))]
+            if names:
+                return [f"{directory}/{name}" for name in names]
+        return [DPKG_STATUS]  # absent: the check is skipped
+
     def _state_key(self) -> Optional[str]:
-        """A hash of the dpkg status and the compiled policy; None when either is missing (nothing to check)."""
+        """A hash of the package database and the compiled policy; None when either is missing (nothing to check)."""
         host = self.runtime.host
         digest = hashlib.sha256()
-        for host_path in (DPKG_STATUS, GuardPaths(self.runtime.settings.agent.state_dir).compiled_policy):
+        for host_path in (*self._package_db_files(), GuardPaths(self.runtime.settings.agent.state_dir).compiled_policy):
             try:
                 digest.update(host.path(host_path).read_bytes())
             except FileNotFoundError:
@@ -84,11 +97,12 @@ class GuardJob:
         rt = self.runtime
         key = self._state_key()
         if key is None:
-            log.debug("guard_check_skipped", reason=reason, cause="no compiled policy or no dpkg status database")
+            log.debug("guard_check_skipped", reason=reason, cause="no compiled policy or no package database")
             return None
         if key == self._last_checked_key:
             # The change was the rollback's own (or a failed one's): never loop on it.
-            log.debug("guard_check_skipped", reason=reason, cause="dpkg status and policy unchanged since last check")
+            log.debug("guard_check_skipped", reason=reason,
+                      cause="package database and policy unchanged since last check")
             return None
         try:
             result = self._check(rt.host, rt.settings)

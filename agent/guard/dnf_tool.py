@@ -248,7 +248,8 @@ class DnfTool:
     def apply(self, lines: Sequence[str]) -> Optional[str]:
         """Run the rollback script as one dnf transaction; why it failed, or None. The gpuguard dnf plugin, when
         installed, checks it like any other transaction."""
-        result = self.host.run(self.argv("-y", "shell", self._write_script(lines)), timeout_seconds=self.timeout_seconds)
+        result = self.host.run(self.argv("-y", "shell", self._write_script(lines)),
+                               timeout_seconds=self.timeout_seconds)
         output = result.stdout + "\n" + result.stderr
         errors = [line.strip() for line in output.splitlines() if _ERROR_LINE.match(line.strip())]
         if result.returncode != 0 or errors:

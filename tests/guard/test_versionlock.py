@@ -65,7 +65,8 @@ def test_dnf4_entries_spell_out_the_epoch_and_skip_excludes_of_a_locked_name() -
 def test_merge_dnf4_keeps_operator_lines_and_replaces_or_drops_the_managed_block() -> None:
     """Only the lines between gpuguard's markers change; with no entries the block goes, the operator's stay."""
     operator = "# mine\nbash-0:5.1.8-6.el9.*\n!hello-0:2-1.*\n"
-    existing = operator + f"\n{BEGIN}\n# old stamp\n!stale-0:1-1.*\n{END}\n# after the block, also mine\nzsh-0:5.8-1.*\n"
+    existing = (operator + f"\n{BEGIN}\n# old stamp\n!stale-0:1-1.*\n{END}\n"
+                "# after the block, also mine\nzsh-0:5.8-1.*\n")
     merged = merge_dnf4(existing, ["!new-0:1-1.*"], "# stamp")
     outside, inside = split_managed_block(merged)
     assert outside == ["# mine", "bash-0:5.1.8-6.el9.*", "!hello-0:2-1.*", "", "# after the block, also mine",

@@ -235,3 +235,26 @@ def test_malformed_policy_is_the_same_error_as_on_apt(root: Installroot, tmp_pat
     for argv in (("guard", "rollback"), ("pin", "apply")):
         code, err = _same_as_apt(root, dpkg, capsys, *argv)
         assert code == 3 and "10-test.toml" in err
+
+
+def test_one_daemon_guard_tick_rolls_back_rpm_u_and_queues_the_events(root: Installroot, tmp_path: Path) -> None:
+    """The daemon's guard job on an rpm host (backend picked from the rpmdb) rolls back and queues the events."""
+    from agent.config import Settings as AgentSettings
+    from agent.daemon_jobs.guard import GuardJob
+    from agent.daemon_jobs.guard_events import GuardEventForwarder
+    from tests.daemon.test_jobs import make_runtime
+    from tests.guard.installroot.rollback_support import host_for
+
+    before = root.nevras()
+    _force(root, "-U", "--force", root.rpm_path("rocm-core", ROCM_63))
+    settings = AgentSettings.model_validate({"guard": {"dnf_options": ["-c", str(root.dnf_conf), "--releasever=9"],
+                                                       "lock_timeout_seconds": 5}})
+    rt = make_runtime(tmp_path, host_for(root), settings)
+    job = GuardJob(rt, GuardEventForwarder(rt, str(root.state_dir / "guard-events.jsonl")))
+    try:
+        job.run("package_change")
+        assert root.nevras() == before
+        rollback = [e for e in rt.outbox.pending(1000) if e.kind == "rollback"][-1]
+        assert rollback.payload.succeeded and rollback.payload.to_versions == {"rocm-core": ROCM_62}
+    finally:
+        rt.outbox.close()
