@@ -1,0 +1,153 @@
+"""The .deb's whole life in a debootstrap'd Debian 12 chroot: install, snapshot, apt hook, upgrade, remove, purge.
+
+The chroot comes from the guard tests' harness (tests/guard/chroot/harness.py: a cached minbase bookworm with
+python3, a local repository of fake GPU packages); proc and devpts are mounted and always unmounted. No systemd
+runs there: a fake ``systemctl`` on PATH records what the maintainer scripts ask of it, and /run/systemd/system is
+created for the steps that play "systemd is running" (minbase has no systemd, so /usr/bin/systemctl is free).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from pathlib import Path
+from typing import Dict, Iterator, List
+
+import pytest
+
+from tests.guard.chroot.harness import AMDGPU_62, BASELINE, ROCM_63, TEST_POLICY, Chroot, build_base, missing_tools
+from tests.packaging.conftest import IN_CI, UPGRADE_VERSION, unavailable
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+echo "$*" >> /var/log/fake-systemctl.log
+exit 0
+"""
+HOOK_CONF = "etc/apt/apt.conf.d/50gpuguard"
+
+
+@pytest.fixture(scope="module")
+def deb_chroot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chroot]:
+    if os.geteuid() != 0:
+        unavailable("the chroot test must run as root (debootstrap, chroot, mount)")
+    missing = missing_tools()
+    if missing:
+        unavailable(f"missing tools: {', '.join(missing)}")
+    base = tmp_path_factory.mktemp("pkgchroot")
+    build_base(base / "root", use_cache=not IN_CI)
+    chroot = Chroot(base / "root")
+    try:
+        chroot.mount()
+        chroot.build_repo(base / "debs")
+        fake = chroot.root / "usr/bin/systemctl"  # apt runs dpkg with PATH=/usr/sbin:/usr/bin:/sbin:/bin
+        fake.write_text(FAKE_SYSTEMCTL)
+        fake.chmod(0o755)
+        yield chroot
+    finally:
+        chroot.unmount()
+        left = chroot.mounts_inside()
+        assert not left, f"mounts left inside the chroot: {left}"
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def systemctl_calls(chroot: Chroot) -> List[str]:
+    """What the maintainer scripts asked systemctl since the last call (the log is emptied)."""
+    log = chroot.root / "var/log/fake-systemctl.log"
+    if not log.exists():
+        return []
+    calls = log.read_text().splitlines()
+    log.unlink()
+    return calls
+
+
+def ok(result) -> str:
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    return output
+
+
+def stage(chroot: Chroot, deb: Path) -> str:
+    (chroot.root / "srv/pkgs").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(deb, chroot.root / "srv/pkgs" / deb.name)
+    return f"/srv/pkgs/{deb.name}"
+
+
+def refused_rocm_upgrade(chroot: Chroot) -> str:
+    """apt-get install rocm-core 6.3 with driver 6.2: the policy's pairing is broken, so the hook must refuse."""
+    before = chroot.status_bytes()
+    result = chroot.apt("install", f"rocm-core={ROCM_63}")
+    assert result.returncode == 100, result.stdout + result.stderr
+    assert chroot.status_bytes() == before, "dpkg ran although the hook refused"
+    return result.stdout + result.stderr
+
+
+@pytest.mark.chroot
+@pytest.mark.timeout(600)
+def test_deb_install_snapshot_hook_upgrade_remove_purge(deb_chroot: Chroot, debian12: Dict[str, Path],
+                                                         debian12_upgrade: Path) -> None:
+    """The .deb installs without systemd, works from its own files, upgrades keeping config and state, and goes."""
+    c = deb_chroot
+    root = c.root
+    first, second = stage(c, debian12["gpuguard"]), stage(c, debian12_upgrade)
+
+    # --- install in a chroot without systemd: enabled (offline), nothing started ------------------------------
+    out = ok(c.apt("install", first))
+    assert "no policy in /etc/gpuguard/policy.d yet" in out
+    assert systemctl_calls(c) == ["enable gpuguard.service"]
+    state = root / "var/lib/gpuguard"
+    assert stat.S_IMODE(state.stat().st_mode) == 0o750
+    assert list((root / "usr/lib/gpuguard/agent").glob("__pycache__/cli.cpython-311.pyc")), "postinst compiled nothing"
+    assert (root / HOOK_CONF).is_file()
+
+    # --- the installed command: a snapshot of the chroot from inside it ---------------------------------------
+    result = c.run("gpuguard", "snapshot", "--json")
+    ok(result)
+    snap = json.loads(result.stdout)
+    assert snap["os"]["data"]["id"] == "debian" and snap["os"]["data"]["version_id"] == "12"
+    assert snap["agent_version"] == "0.1.0"
+
+    # --- a policy, then apt through the installed hook: allowed baseline, refused violation -------------------
+    (root / "etc/gpuguard/policy.d/10-test.toml").write_text(TEST_POLICY)
+    ok(c.run("gpuguard", "policy", "compile"))
+    ok(c.apt("install", *(f"{n}={v}" for n, v in BASELINE.items())))
+    assert "REFUSED" in refused_rocm_upgrade(c)
+
+    # --- the operator edits the config; state accumulates; then an upgrade while "systemd runs" ---------------
+    config = root / "etc/gpuguard/agent.toml"
+    config.write_text(config.read_text().replace('# log_level = "info"', 'log_level = "warning"'))
+    edited = config.read_text()
+    (state / "operator-note").write_text("kept\n")
+    (root / "run/systemd/system").mkdir(parents=True)
+    ok(c.apt("install", second))
+    assert config.read_text() == edited, "the upgrade overwrote the operator's config"
+    assert (state / "operator-note").read_text() == "kept\n"
+    assert (state / "policy.compiled.json").is_file()
+    calls = systemctl_calls(c)
+    assert "try-restart gpuguard.service" in calls and not any(call.startswith("enable") for call in calls), calls
+    assert ok(c.run("gpuguard", "--version")).strip() == f"gpuguard {UPGRADE_VERSION}"
+    assert "REFUSED" in refused_rocm_upgrade(c)
+
+    # --- remove: unit stopped and disabled, hook config set aside, apt keeps working ---------------------------
+    ok(c.apt("remove", "gpuguard"))
+    calls = systemctl_calls(c)
+    assert "stop gpuguard.service" in calls and "disable gpuguard.service" in calls, calls
+    assert not (root / "usr/lib/gpuguard").exists(), "files (bytecode?) left in /usr/lib/gpuguard"
+    assert not (root / HOOK_CONF).exists() and (root / (HOOK_CONF + ".dpkg-remove")).is_file()
+    assert config.read_text() == edited and (state / "operator-note").is_file()
+    out = ok(c.apt("install", "hello-fake"))
+    assert "gpuguard" not in out, out
+    assert c.installed()["hello-fake"] == "1.0-1"
+
+    # --- reinstall: the hook config comes back and guards again; the unit is enabled again ---------------------
+    ok(c.apt("install", second))
+    assert (root / HOOK_CONF).is_file() and not (root / (HOOK_CONF + ".dpkg-remove")).exists()
+    assert {"enable gpuguard.service", "start gpuguard.service"} <= set(systemctl_calls(c))
+    assert "REFUSED" in refused_rocm_upgrade(c)
+
+    # --- purge: state, config and hook config gone; apt still works ---------------------------------------------
+    ok(c.apt("purge", "gpuguard"))
+    for gone in ("var/lib/gpuguard", "etc/gpuguard", HOOK_CONF, HOOK_CONF + ".dpkg-remove", "usr/bin/gpuguard"):
+        assert not (root / gone).exists(), gone
+    ok(c.apt("install", f"rocm-core={ROCM_63}", f"amdgpu-dkms={AMDGPU_62}"))
+    assert c.installed()["rocm-core"] == ROCM_63
