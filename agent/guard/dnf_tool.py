@@ -171,6 +171,11 @@ def render_script(targets: Sequence[str]) -> str:
     return "".join(f"{line}\n" for line in lines)
 
 
+def _exit(returncode: int) -> str:
+    """``exit 1``, or ``killed by signal 13`` for a negative return code."""
+    return f"killed by signal {-returncode}" if returncode < 0 else f"exit {returncode}"
+
+
 def has_rpm_database(host: Host) -> bool:
     """Whether the host has a non-empty rpm database (``/var/lib/rpm`` or ``/usr/lib/sysimage/rpm``)."""
     return any(host.is_dir(p) and any(n.startswith(("rpmdb", "Packages")) for n in host.list_dir(p))
@@ -239,7 +244,8 @@ class DnfTool:
         if errors:
             return plan, "dnf could not plan the rollback: " + "; ".join(dict.fromkeys(errors))
         if not plan:
-            return plan, "dnf could not plan the rollback: " + (output.strip().splitlines() or ["no output"])[-1]
+            return plan, f"dnf could not plan the rollback ({_exit(result.returncode)}): " + \
+                (output.strip().splitlines() or ["no output"])[-1]
         problems = plan_problems(lines, plan)
         if problems:
             return plan, "dnf's plan differs from the rollback: " + "; ".join(problems)
@@ -254,7 +260,7 @@ class DnfTool:
         errors = [line.strip() for line in output.splitlines() if _ERROR_LINE.match(line.strip())]
         if result.returncode != 0 or errors:
             detail = "; ".join(dict.fromkeys(errors)) or (output.strip().splitlines() or ["no output"])[-1]
-            return f"dnf shell failed (exit {result.returncode}): {detail}"
+            return f"dnf shell failed ({_exit(result.returncode)}): {detail}"
         return None
 
     def finish_pending(self) -> None:

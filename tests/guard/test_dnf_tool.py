@@ -277,3 +277,11 @@ def test_waits_while_a_live_dnf_holds_its_pid_lock_but_not_for_a_dead_one(tmp_pa
         holder.wait()
     assert not os.path.exists(f"/proc/{holder.pid}")
     assert tool.wait_for_rpm_lock() < 1  # the file still names the (now dead) holder
+
+
+def test_a_dnf_killed_without_output_is_named_in_the_plan_error(tmp_path: Path) -> None:
+    """dnf dying from a signal (SIGPIPE from a plugin's checker) gives a reason, not an empty line."""
+    _, host, tool, runner = _rpm_root(tmp_path)
+    runner.add(tool.argv("--assumeno", "shell", str(host.path(tool.script_path))), returncode=-13)
+    assert tool.simulate(["install x-1-1.noarch"]) == ([], "dnf could not plan the rollback (killed by signal 13): "
+                                                           "no output")

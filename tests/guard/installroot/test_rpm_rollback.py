@@ -126,6 +126,17 @@ def test_dry_run_plans_with_assumeno_and_changes_nothing(root: Installroot) -> N
     assert root.rpmdb_bytes() == rpmdb
 
 
+def test_the_gpuguard_dnf_plugin_checks_the_rollback_transaction(root: Installroot) -> None:
+    """The rollback runs through the gpuguard dnf plugin: with a checker that fails, nothing is run (fail-closed)."""
+    _force(root, "-U", "--force", root.rpm_path("rocm-core", ROCM_63))
+    rpmdb = root.rpmdb_bytes()
+    root.write_plugin_conf(checker="/bin/false")
+    result = _check(root)
+    assert result.status == "failed" and "dnf could not plan the rollback" in result.detail, result.summary()
+    assert root.rpmdb_bytes() == rpmdb
+    assert [e for e in events(root) if e["kind"] == "rollback"][-1]["succeeded"] is False
+
+
 def test_cli_rollback_with_dnf_options_from_the_config(root: Installroot) -> None:
     """gpuguard guard rollback --root rolls back with [guard] dnf_options and exits 0."""
     before = root.nevras()
