@@ -235,8 +235,16 @@ class DnfTool:
         write_atomically(real, render_script(targets))
         return real
 
+    def is_dnf5(self) -> bool:
+        """Whether ``dnf`` on the host is dnf5 (Fedora 41+: /usr/bin/dnf -> dnf5), which has no ``dnf shell``."""
+        target = self.host.read_link(f"/usr/bin/{self.program}") or ""
+        return self.program == "dnf" and target.rsplit("/", 1)[-1] == "dnf5"
+
     def simulate(self, lines: Sequence[str]) -> Tuple[List[PlannedStep], Optional[str]]:
         """Resolve the rollback script with ``--assumeno``: dnf's plan, and why it cannot be run (None when it can)."""
+        if self.is_dnf5():
+            return [], ("dnf is dnf5, which has no 'dnf shell' for a one-transaction rollback; roll back by hand: "
+                        + "; ".join(lines))
         result = self.host.run(self.argv("--assumeno", "shell", self._write_script(lines)), timeout_seconds=300.0)
         output = result.stdout + "\n" + result.stderr
         plan = parse_transaction(result.stdout)

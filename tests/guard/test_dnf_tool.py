@@ -285,3 +285,14 @@ def test_a_dnf_killed_without_output_is_named_in_the_plan_error(tmp_path: Path) 
     runner.add(tool.argv("--assumeno", "shell", str(host.path(tool.script_path))), returncode=-13)
     assert tool.simulate(["install x-1-1.noarch"]) == ([], "dnf could not plan the rollback (killed by signal 13): "
                                                            "no output")
+
+
+def test_a_dnf5_host_gets_a_clear_refusal_instead_of_a_dnf_shell_error(tmp_path: Path) -> None:
+    """dnf5 has no 'dnf shell': the plan fails with the steps to do by hand, and no dnf command is run."""
+    root, host, tool, runner = _rpm_root(tmp_path)
+    (root / "usr/bin").mkdir(parents=True)
+    os.symlink("dnf5", root / "usr/bin/dnf")
+    assert tool.simulate(["remove k-2-1.x86_64"]) == ([], "dnf is dnf5, which has no 'dnf shell' for a "
+                                                          "one-transaction rollback; roll back by hand: "
+                                                          "remove k-2-1.x86_64")
+    assert runner.calls == []

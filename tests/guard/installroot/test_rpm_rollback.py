@@ -146,6 +146,15 @@ def test_cli_rollback_with_dnf_options_from_the_config(root: Installroot) -> Non
     assert "guard: rolled_back" in out and root.nevras() == before
 
 
+def test_a_violation_without_a_known_good_set_is_reported_not_recorded(root: Installroot) -> None:
+    """No known-good set yet and the host violates the policy: exit 10, nothing recorded, as on apt."""
+    (root.state_dir / "known-good.json").unlink()
+    _force(root, "-U", "--force", root.rpm_path("rocm-core", ROCM_63))
+    code, out = cli(root, "guard", "rollback", config=agent_config(root))
+    assert code == 10 and "guard: no_known_good" in out
+    assert not (root.state_dir / "known-good.json").exists() and root.installed()["rocm-core"] == ROCM_63
+
+
 def test_rollback_is_refused_while_an_override_window_is_open(root: Installroot) -> None:
     """An open maintenance window: the violation is reported (exit 10), the packages stay."""
     code, _ = cli(root, "override", "start", "--minutes", "10", "--reason", "driver test")
