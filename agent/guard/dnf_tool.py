@@ -24,13 +24,15 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from agent.errors import CommandTimeout
 from agent.guard.apt_tool import _lock_is_free
 from agent.guard.backend import InstalledPackage, PlannedStep
+from agent.guard.dnf import DEFAULT_INSTALLONLY
 from agent.host import CommandResult, Host
 
 RPM_DB_DIRS = ("/var/lib/rpm", "/usr/lib/sysimage/rpm")
 RPM_LOCK_FILES = ("/var/lib/rpm/.rpm.lock", "/usr/lib/sysimage/rpm/.rpm.lock")
 DNF_LOCK_FILES = ("/var/lib/dnf/rpmdb_lock.pid",)  # dnf4's ProcessLock: a pid file under persistdir
-# dnf's default installonlypkgs (dnf.const.INSTALLONLYPKGS): by name, and by what the package provides.
-INSTALLONLY_NAMES = ("kernel", "kernel-PAE")
+# Install-only: the names the dnf adapter knows (agent.guard.dnf) plus dnf's defaults (dnf.const.INSTALLONLYPKGS),
+# by name and by what the package provides.
+INSTALLONLY_NAMES = frozenset(DEFAULT_INSTALLONLY | {"kernel-PAE"})
 INSTALLONLY_PROVIDES = ("installonlypkg(", "multiversion(kernel)")
 RPM_INSTALLED_FORMAT = "%{NAME}\\t%|EPOCH?{%{EPOCH}:}|%{VERSION}-%{RELEASE}\\t%{ARCH}\\t[%{PROVIDENAME},]\\n"
 _32BIT_ARCHES = ("i386", "i486", "i586", "i686", "athlon", "armv7hl", "armv7l")
