@@ -11,7 +11,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
 from typing import Dict, Iterator, List
 
@@ -94,6 +98,7 @@ def test_deb_install_snapshot_hook_upgrade_remove_purge(deb_chroot: Chroot, debi
     # --- install in a chroot without systemd: enabled (offline), nothing started ------------------------------
     out = ok(c.apt("install", first))
     assert "no policy in /etc/gpuguard/policy.d yet" in out
+    assert "warning" not in out, out
     assert systemctl_calls(c) == ["enable gpuguard.service"]
     state = root / "var/lib/gpuguard"
     assert stat.S_IMODE(state.stat().st_mode) == 0o750
@@ -119,7 +124,8 @@ def test_deb_install_snapshot_hook_upgrade_remove_purge(deb_chroot: Chroot, debi
     edited = config.read_text()
     (state / "operator-note").write_text("kept\n")
     (root / "run/systemd/system").mkdir(parents=True)
-    ok(c.apt("install", second))
+    out = ok(c.apt("install", second))
+    assert "gpuguard: warning" not in out, out  # policy compiled and pinned by postinst, bytecode built
     assert config.read_text() == edited, "the upgrade overwrote the operator's config"
     assert (state / "operator-note").read_text() == "kept\n"
     assert (state / "policy.compiled.json").is_file()
@@ -151,3 +157,48 @@ def test_deb_install_snapshot_hook_upgrade_remove_purge(deb_chroot: Chroot, debi
         assert not (root / gone).exists(), gone
     ok(c.apt("install", f"rocm-core={ROCM_63}", f"amdgpu-dkms={AMDGPU_62}"))
     assert c.installed()["rocm-core"] == ROCM_63
+
+
+@pytest.mark.chroot
+@pytest.mark.timeout(300)
+def test_hub_deb_serves_from_its_vendored_packages(deb_chroot: Chroot, debian12: Dict[str, Path]) -> None:
+    """gpuguard-hub installs beside gpuguard and `gpuguard hub serve` answers /healthz from the installed files."""
+    c = deb_chroot
+    shutil.rmtree(c.root / "run/systemd", ignore_errors=True)  # no systemd running in this test
+    systemctl_calls(c)
+    ok(c.apt("install", stage(c, debian12["gpuguard"]), stage(c, debian12["gpuguard-hub"])))
+    calls = systemctl_calls(c)
+    assert "enable gpuguard-hub.service" in calls and not any(call.startswith("start") for call in calls), calls
+    (c.root / "etc/gpuguard/hub-test.toml").write_text(
+        'listen_port = 0\ndatabase_url = "sqlite:////var/lib/gpuguard/hub-test.db"\n')
+    token = ok(c.run("gpuguard", "hub", "add-host", "node-1", "--config", "/etc/gpuguard/hub-test.toml")).split()[0]
+    assert len(token) >= 20
+
+    hub = subprocess.Popen(["chroot", str(c.root), "gpuguard", "hub", "serve", "--config",
+                            "/etc/gpuguard/hub-test.toml"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"})
+    lines: List[str] = []
+    try:
+        port = None
+        deadline = time.monotonic() + 60
+        while port is None and time.monotonic() < deadline:
+            line = hub.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            if '"hub_listening"' in line:
+                port = json.loads(line)["port"]
+        assert port, "".join(lines[-20:])
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as response:
+            assert response.status == 200 and json.loads(response.read())["status"] == "ok"
+    finally:
+        if hub.poll() is None:
+            os.kill(hub.pid, signal.SIGTERM)
+            try:
+                hub.wait(30)
+            except subprocess.TimeoutExpired:
+                os.kill(hub.pid, signal.SIGKILL)
+                hub.wait(10)
+    assert hub.returncode == 0, "".join(lines[-20:])
+    ok(c.apt("purge", "gpuguard-hub", "gpuguard"))
+    assert not (c.root / "usr/lib/gpuguard").exists() and not (c.root / "var/lib/gpuguard").exists()
