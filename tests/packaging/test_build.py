@@ -20,6 +20,8 @@ DNF_FILES = {  # repo file -> installed path on RHEL 9 (present once the dnf gua
     "packaging/dnf5/gpuguard.actions": "/etc/dnf/libdnf5-plugins/actions.d/gpuguard.actions",
 }
 CONFIG_FILES = {"/etc/gpuguard/agent.toml", "/etc/gpuguard/example-policy.toml"}
+# A cold first build downloads wheels (tens of seconds per target Python): more than the default 120 s budget.
+pytestmark = pytest.mark.timeout(600)
 
 
 def deb_listing(deb: Path) -> Dict[str, str]:
