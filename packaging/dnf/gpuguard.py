@@ -17,6 +17,7 @@
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 
@@ -39,6 +40,19 @@ def _actions(*names):
 INBOUND = _actions("PKG_INSTALL", "PKG_UPGRADE", "PKG_DOWNGRADE", "PKG_REINSTALL", "PKG_OBSOLETE")
 OUTBOUND = _actions("PKG_UPGRADED", "PKG_DOWNGRADED", "PKG_REINSTALLED", "PKG_OBSOLETED", "PKG_REMOVE",
                     "PKG_ERASE")
+
+
+def _ignore_sigpipe():
+    """Ignore SIGPIPE; return the previous handler (None when signals cannot be changed here)."""
+    try:
+        return signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    except (ValueError, OSError, AttributeError):  # not the main thread, or no SIGPIPE on this platform
+        return None
+
+
+def _restore_sigpipe(previous):
+    if previous is not None:
+        signal.signal(signal.SIGPIPE, previous)
 
 
 def _package(pkg):
@@ -134,6 +148,10 @@ class GpuGuard(dnf.Plugin):
         except OSError as exc:
             raise dnf.exceptions.Error("gpuguard: REFUSED by fail-safe: cannot run the checker %s (%s); %s"
                                        % (argv[0], exc.strerror or exc, BYPASS))
+        # dnf resets SIGPIPE to its default action when stdout is not a terminal, so a checker that exits
+        # before reading its stdin would kill dnf itself (exit -13, no message). Ignore SIGPIPE while we
+        # write: communicate() then sees EPIPE, and the refusal below names the checker's exit status.
+        previous = _ignore_sigpipe()
         try:
             out, err = proc.communicate(payload, timeout=self.timeout_seconds)
         except subprocess.TimeoutExpired:
@@ -141,6 +159,8 @@ class GpuGuard(dnf.Plugin):
             proc.communicate()
             raise dnf.exceptions.Error("gpuguard: REFUSED by fail-safe: the checker did not answer within %g s; %s"
                                        % (self.timeout_seconds, BYPASS))
+        finally:
+            _restore_sigpipe(previous)
         lines = [ln for ln in (err + out).decode("utf-8", "replace").splitlines() if ln.strip()]
         if proc.returncode == 0:
             for line in lines:
