@@ -6,6 +6,7 @@ agent/cli.py parses and dispatches here lazily; each function returns the exit c
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 from typing import Callable, Optional, TextIO, Tuple
 
@@ -108,6 +109,8 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     from agent.policy.spec import describe
 
     from agent.guard.backend import detect_manager
+    from agent.guard.decision import loaded_drivers
+    from agent.policy.compiled import DEFAULT_NVIDIA_DRIVER_PACKAGES
 
     host = make_host(args.root)
     settings = _settings(args)
@@ -141,6 +144,13 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
         lines.append(f"kernels: new kernels must match {describe(kernel['allow'])} "
                      f"[{policy.action_for(kernel.get('action'))}]")
     nvidia = policy.section("nvidia")
+    modules = loaded_drivers(str(host.root)) if nvidia else {}
+    if nvidia and modules.get("nvidia"):
+        patterns = list(nvidia.get("driver_packages") or DEFAULT_NVIDIA_DRIVER_PACKAGES)
+        packaged = [k for k in installed if any(fnmatch.fnmatchcase(k.split(":", 1)[0], p) for p in patterns)]
+        lines.append(f"NVIDIA: loaded module {modules['nvidia']}"
+                     + (f"; driver packages: {', '.join(sorted(packaged))}" if packaged
+                        else " (no driver package: the policy judges the running module)"))
     for pairing in (nvidia or {}).get("pairings") or []:
         lines.append(f"NVIDIA: may use driver {describe(pairing.get('driver', 'any'))} with CUDA "
                      f"{describe(pairing.get('cuda', 'any'))} ('{pairing.get('name')}')")
@@ -153,7 +163,8 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
                      f"[{policy.action_for(frozen.get('action'))}]")
     if policy.section("matrix"):
         lines.append(f"AMD compatibility matrix required (recorded {policy.section('matrix').get('recorded')})")
-    state = HostState(before=installed, after=installed, manager=manager, os_id=os_id, os_version_id=os_version)
+    state = HostState(before=installed, after=installed, manager=manager, os_id=os_id, os_version_id=os_version,
+                      loaded_drivers=modules)
     violations = evaluate(state, policy)
     lines.append("current state: " + ("compliant" if not violations else f"{len(violations)} violation(s)"))
     lines += [f"  {v.rule} [{v.action}]: {v.message}" for v in violations]

@@ -72,6 +72,35 @@ def gpu_targets(root: str) -> Tuple[str, ...]:
     return tuple(sorted(set(targets)))
 
 
+def loaded_drivers(root: str) -> Dict[str, str]:
+    """Versions of the loaded GPU kernel modules under ``root`` (``{"nvidia": "580.159.04"}``; empty when none).
+
+    The policy judges a driver that no package carries (the .run installer, a VM or container host's driver) by
+    the module that is running. ``/sys/module/nvidia/version`` first, then the ``Kernel Module`` line of
+    ``/proc/driver/nvidia/version``.
+    """
+    out: Dict[str, str] = {}
+    try:
+        with open(under(root, "/sys/module/nvidia/version"), encoding="utf-8", errors="replace") as handle:
+            version = handle.readline().strip()
+        if version:
+            out["nvidia"] = version
+            return out
+    except OSError:
+        pass
+    try:
+        with open(under(root, "/proc/driver/nvidia/version"), encoding="utf-8", errors="replace") as handle:
+            first = handle.readline()
+    except OSError:
+        return out
+    if "Kernel Module" in first:
+        for word in first.split("Kernel Module", 1)[1].split():
+            if word[:1].isdigit() and "." in word:
+                out["nvidia"] = word
+                break
+    return out
+
+
 def guarded_names(names: Sequence[str], guarded: Sequence[str]) -> list:
     """The names (``name``, ``name:arch`` or ``name@version`` keys) that match a guarded pattern, sorted."""
     bases = {n: n.split(":", 1)[0].split("@", 1)[0] for n in names}
@@ -167,8 +196,9 @@ class Decision:
         if policy.section("matrix"):
             os_id, os_version = os_release(self.root)
             targets = gpu_targets(self.root)
+        modules = loaded_drivers(self.root) if policy.section("nvidia") else {}
         state = HostState(before=before_set(installed, tx), after=resulting_set(installed, tx), manager=tx.manager,
-                          os_id=os_id, os_version_id=os_version, gpu_targets=targets)
+                          os_id=os_id, os_version_id=os_version, gpu_targets=targets, loaded_drivers=modules)
         violations = evaluate(state, policy)
         changed = state.changed()
         new = [v for v in violations if v.touches(changed)]

@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from agent.errors import InputFileError
 from agent.guard.backend import InstalledPackage, PackageBackend, PlannedStep, backend_for
+from agent.guard.decision import loaded_drivers
 from agent.guard.overrides import active_windows, audit, load_windows
 from agent.files import write_atomically
 from agent.guard.state import GuardPaths, append_json_line
@@ -142,8 +143,10 @@ def check_and_rollback(host: Host, settings, policy: Optional[CompiledPolicy] = 
     backend.wait_for_lock()
     current = backend.read_installed(policy.guarded)
     known_good = load_known_good(host, paths)
+    modules = loaded_drivers(str(host.root)) if policy.section("nvidia") else {}
     if known_good is None:
-        state = HostState(before=_versions(current), after=_versions(current), manager=backend.manager)
+        state = HostState(before=_versions(current), after=_versions(current), manager=backend.manager,
+                          loaded_drivers=modules)
         violations = [v for v in evaluate(state, policy) if v.action != "warn"]
         if violations:
             return GuardResult("no_known_good", violations,
@@ -151,7 +154,8 @@ def check_and_rollback(host: Host, settings, policy: Optional[CompiledPolicy] = 
         if not dry_run:
             record_known_good(host, paths, current, clock(), backend)
         return GuardResult("recorded", detail=f"{len(current)} guarded packages recorded as known-good")
-    state = HostState(before=_versions(known_good), after=_versions(current), manager=backend.manager)
+    state = HostState(before=_versions(known_good), after=_versions(current), manager=backend.manager,
+                      loaded_drivers=modules)
     violations = [v for v in evaluate(state, policy) if v.touches(state.changed())]
     if not violations:
         if state.changed() and not dry_run:

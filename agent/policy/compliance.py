@@ -33,8 +33,11 @@ def check_snapshot(snapshot, settings, root: str = "/") -> Optional[List[PolicyV
     installed = {key: info.version for key, info in snapshot.packages().items()}
     os_data = snapshot.os.data
     gpus = snapshot.amdgpu.data.gpus if snapshot.amdgpu.data else []
+    nvidia = snapshot.nvidia.data
+    modules = {"nvidia": nvidia.driver_version} if nvidia and nvidia.module_loaded and nvidia.driver_version else {}
     state = HostState(before=installed, after=installed, manager=snapshot.package_manager or "dpkg",
                       os_id=os_data.id if os_data else None, os_version_id=os_data.version_id if os_data else None,
-                      gpu_targets=tuple(sorted({g.gfx_target for g in gpus if g.gfx_target})))
+                      gpu_targets=tuple(sorted({g.gfx_target for g in gpus if g.gfx_target})),
+                      loaded_drivers=modules)
     return [PolicyViolation(rule=v.rule, message=v.message, packages=dict(v.packages), action=v.action)
             for v in evaluate(state, policy)]

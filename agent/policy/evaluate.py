@@ -24,10 +24,12 @@ from agent.policy.spec import describe, matches
 OVERRIDE_HINT = 'or open an audited maintenance window: gpuguard override start --minutes 60 --reason "..."'
 
 
-class HostState(namedtuple("HostState", "before after manager os_id os_version_id gpu_targets",
-                           defaults=("dpkg", None, None, ()))):
+class HostState(namedtuple("HostState", "before after manager os_id os_version_id gpu_targets loaded_drivers",
+                           defaults=("dpkg", None, None, (), None))):
     """The installed packages before and after a change (mappings keyed ``name``, ``name:arch`` for foreign
-    arches), the version scheme (``dpkg`` or ``rpm``), the OS (os-release ID and VERSION_ID) and GPU targets.
+    arches), the version scheme (``dpkg`` or ``rpm``), the OS (os-release ID and VERSION_ID), GPU targets, and
+    the versions of loaded GPU kernel modules (``{"nvidia": "580.159.04"}``): a driver that no package carries
+    (the .run installer, a VM or container host's driver) is judged by the module that is running.
 
     Named tuples rather than dataclasses: this module is on the apt hook's start-up path.
     """
@@ -293,6 +295,9 @@ def _first_version(mapping: Mapping[str, str], patterns: Sequence[str]) -> Tuple
     return None, None
 
 
+MODULE_KEY = "loaded nvidia module, no driver package"
+
+
 def _check_nvidia(state: HostState, policy: CompiledPolicy) -> List[Violation]:
     from agent.policy.compiled import DEFAULT_CUDA_PACKAGES, DEFAULT_NVIDIA_DRIVER_PACKAGES
 
@@ -304,7 +309,10 @@ def _check_nvidia(state: HostState, policy: CompiledPolicy) -> List[Violation]:
         return []
     driver_patterns = list(section.get("driver_packages") or DEFAULT_NVIDIA_DRIVER_PACKAGES)
     cuda_patterns = list(section.get("cuda_packages") or DEFAULT_CUDA_PACKAGES)
+    module = (state.loaded_drivers or {}).get("nvidia")
     driver_key, driver_version = _first_version(state.after, driver_patterns)
+    if driver_version is None and module:
+        driver_key, driver_version = MODULE_KEY, module  # no driver package: the running module is the driver
     cuda_key, cuda_version = _first_version(state.after, cuda_patterns)
     if driver_version is None and cuda_version is None:
         return []
@@ -317,10 +325,12 @@ def _check_nvidia(state: HostState, policy: CompiledPolicy) -> List[Violation]:
     if any(accepts(p, driver_rel, cuda_rel) for p in pairings):
         return []
     b_key, b_driver = _first_version(state.before, driver_patterns)
+    if b_driver is None and module:
+        b_key, b_driver = MODULE_KEY, module
     c_key, b_cuda = _first_version(state.before, cuda_patterns)
     pinned = next((p for p in pairings if accepts(p, releases.dotted_release(b_driver) if b_driver else None,
                                                   releases.dotted_release(b_cuda) if b_cuda else None)), None)
-    keys = [k for k in (driver_key, cuda_key, b_key, c_key) if k]
+    keys = [k for k in (driver_key, cuda_key, b_key, c_key) if k and k != MODULE_KEY]
     allowed = "; ".join(f"'{p.get('name', '?')}' (driver {describe(p.get('driver', 'any'))} + CUDA "
                         f"{describe(p.get('cuda', 'any'))})" for p in pairings)
     combo = (f"NVIDIA driver {driver_rel or 'none'} ({driver_key or '-'}) with CUDA {cuda_rel or 'none'} "

@@ -80,7 +80,8 @@ def test_checker_that_never_reads_stdin_is_a_named_refusal_not_a_dead_dnf(tmp_pa
 
 
 def test_checker_that_refuses_early_keeps_its_own_message(tmp_path: Path) -> None:
-    body = "#!/bin/sh\necho 'gpuguard: REFUSED (policy): amdgpu-dkms 6.2 is not paired with rocm-core 6.4' >&2\nexit 1\n"
+    body = ("#!/bin/sh\n"
+            "echo 'gpuguard: REFUSED (policy): amdgpu-dkms 6.2 is not paired with rocm-core 6.4' >&2\nexit 1\n")
     result = _run(tmp_path, body)
     assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
     assert "REFUSED (policy): amdgpu-dkms 6.2" in result.stdout

@@ -46,3 +46,27 @@ def test_violations_come_back_as_report_payloads(tmp_path: Path, fixture_host) -
     violations = check_snapshot(snap, _settings(tmp_path))
     assert [v.rule for v in violations] == ["amd.pairing"]
     assert violations[0].kind == "policy_violation" and "rocm-core" in violations[0].packages
+
+
+def _without_driver_packages(snap):
+    """The fixture host as the real H200 VM is: the driver comes from the VM host, no nvidia-* package."""
+    dpkg = snap.dpkg
+    packages = {k: v for k, v in dpkg.data.packages.items() if not k.startswith("nvidia-")}
+    data = dpkg.data.model_copy(update={"packages": packages})
+    return snap.model_copy(update={"dpkg": dpkg.model_copy(update={"data": data})})
+
+
+def test_h200_with_the_vm_hosts_driver_is_compliant(tmp_path: Path, fixture_host) -> None:
+    """The H200 fixture (real host: no driver package, module 580.159.04, CUDA 13.0) meets an r580/CUDA 13 pin."""
+    policy = tmp_path / "p.toml"
+    policy.write_text('[policy]\nname = "t"\n[[nvidia.pairing]]\nname = "r580"\ndriver = "580.*"\ncuda = "13.0.*"\n')
+    _, compiled = load_and_compile(str(policy))
+    write_compiled(str(tmp_path / "policy.compiled.json"), compiled)
+    snap = _without_driver_packages(take_snapshot(fixture_host("nvidia-h200-ubuntu2404")))
+    assert snap.nvidia.data.driver_version == "580.159.04"
+    assert check_snapshot(snap, _settings(tmp_path)) == []
+    policy.write_text('[policy]\nname = "t"\n[[nvidia.pairing]]\nname = "r590"\ndriver = "590.*"\ncuda = "13.*"\n')
+    _, compiled = load_and_compile(str(policy))
+    write_compiled(str(tmp_path / "policy.compiled.json"), compiled)
+    (violation,) = check_snapshot(snap, _settings(tmp_path))
+    assert "NVIDIA driver 580.159.04 (loaded nvidia module, no driver package)" in violation.message

@@ -133,3 +133,40 @@ def test_old_violations_are_not_blamed_on_unrelated_changes(compiled) -> None:
     broken = change(rocm_core=R63)
     state = HostState(before=broken, after={**broken, "vim": "2:9.0"})
     assert evaluate(state, compiled) and not introduced(evaluate(state, compiled), state)
+
+
+# --- a driver that no package carries (seen on the H200 VM: the host's module, CUDA 13 packages only) ---------
+
+H200_PACKAGES = {"cuda-cudart-13-0": "13.0.96-1", "cuda-compat-13-0": "580.95.05-0ubuntu1", "vim": "2:9.1"}
+
+
+def test_unpackaged_driver_is_judged_by_the_loaded_module(compiled) -> None:
+    """No nvidia-driver-* package, module 580.159.04 loaded, CUDA 13.0: the r580 pairing holds."""
+    state = HostState(before=H200_PACKAGES, after=H200_PACKAGES, loaded_drivers={"nvidia": "580.159.04"})
+    assert [v for v in evaluate(state, compiled) if v.rule == "nvidia.pairing"] == []
+
+
+def test_without_the_module_an_unpackaged_driver_is_still_a_violation(compiled) -> None:
+    state = HostState(before=H200_PACKAGES, after=H200_PACKAGES)
+    (violation,) = [v for v in evaluate(state, compiled) if v.rule == "nvidia.pairing"]
+    assert "NVIDIA driver none (-)" in violation.message
+
+
+def test_cuda_move_away_from_the_loaded_module_is_blamed_on_the_cuda_package(compiled) -> None:
+    after = {k: v for k, v in H200_PACKAGES.items() if k != "cuda-cudart-13-0"}
+    after["cuda-cudart-12-8"] = "12.8.90-1"
+    state = HostState(before=H200_PACKAGES, after=after, loaded_drivers={"nvidia": "580.159.04"})
+    (violation,) = introduced(evaluate(state, compiled), state)
+    assert violation.rule == "nvidia.pairing"
+    assert "NVIDIA driver 580.159.04 (loaded nvidia module, no driver package) with CUDA 12.8.90" in violation.message
+    assert "breaks the pinned NVIDIA pairing 'r580'" in violation.message
+    assert "loaded nvidia module, no driver package" not in violation.packages  # only real packages are named
+    assert "cuda-cudart-12-8" in violation.packages
+
+
+def test_a_driver_package_wins_over_the_loaded_module(compiled) -> None:
+    """Installing nvidia-driver-590 is judged by the package (the module changes at the next boot)."""
+    after = {**H200_PACKAGES, "nvidia-driver-590": "590.44.01-0ubuntu1"}
+    state = HostState(before=H200_PACKAGES, after=after, loaded_drivers={"nvidia": "580.159.04"})
+    (violation,) = introduced(evaluate(state, compiled), state)
+    assert "NVIDIA driver 590.44.01 (nvidia-driver-590)" in violation.message
