@@ -58,7 +58,12 @@ class ReportSettings(FrozenModel):
             raise ValueError("must be an http:// or https:// URL with a host name")
         if parts.query or parts.fragment:
             raise ValueError("must not have a query or fragment")
-        return value.rstrip("/")
+        value = value.rstrip("/")
+        # The hub's base URL is wanted; the full ingest URL (what an operator copies from the hub's docs or its
+        # log) means the same hub, so accept it rather than POSTing to .../v1/events/v1/events (seen on the H200).
+        if value.endswith(INGEST_PATH):
+            value = value[: -len(INGEST_PATH)]
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> "ReportSettings":

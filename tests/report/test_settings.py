@@ -52,3 +52,16 @@ def test_backoff_cap_below_base_is_refused() -> None:
     """The cap bounds the base, not the other way round."""
     with pytest.raises(ConfigError, match="backoff_cap_seconds"):
         parse_settings("[report]\nbackoff_base_seconds = 10\nbackoff_cap_seconds = 1\n")
+
+
+@pytest.mark.parametrize("url", ["https://hub.example:8443/v1/events", "https://hub.example:8443/v1/events/",
+                                 "https://hub.example:8443"])
+def test_the_full_ingest_url_means_the_same_hub(url: str) -> None:
+    """On the H200 an endpoint_url ending in /v1/events was POSTed to .../v1/events/v1/events (HTTP 404)."""
+    settings = parse_settings(f'[report]\nendpoint_url = "{url}"\n')
+    assert settings.report.ingest_url == "https://hub.example:8443/v1/events"
+
+
+def test_a_hub_behind_a_path_prefix_keeps_its_prefix() -> None:
+    settings = parse_settings('[report]\nendpoint_url = "https://proxy.example/gpuguard/v1/events"\n')
+    assert settings.report.ingest_url == "https://proxy.example/gpuguard/v1/events"
