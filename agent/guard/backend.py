@@ -53,6 +53,11 @@ class PackageBackend(Protocol):
 
     def cache_known_good(self, installed: Dict[str, InstalledPackage]) -> Dict[str, Optional[str]]: ...
 
+    def has_cached(self, key: str, package: InstalledPackage) -> bool: ...
+
+    @property
+    def cache_dir(self) -> str: ...
+
     def plan_targets(self, known_good: Dict[str, InstalledPackage],
                      current: Dict[str, InstalledPackage]) -> Targets: ...
 
@@ -104,6 +109,13 @@ class AptBackend:
         debs = self.cache.ensure_all({k.split(":", 1)[0]: (v.version, v.arch) for k, v in installed.items()})
         self.cache.prune([p for p in debs.values() if p])
         return {k: debs.get(k.split(":", 1)[0]) for k in installed}
+
+    def has_cached(self, key: str, package: InstalledPackage) -> bool:
+        return self.cache.has(key.split(":", 1)[0], package.version, package.arch)
+
+    @property
+    def cache_dir(self) -> str:
+        return self.cache.directory
 
     def plan_targets(self, known_good: Dict[str, InstalledPackage], current: Dict[str, InstalledPackage]) -> Targets:
         """apt-get install arguments: cached .deb files, else name=version, and name- for new guarded packages."""
@@ -205,6 +217,15 @@ class RpmBackend:
         files = {k: self.cache.ensure(package_name(k), v.version, v.arch) for k, v in sorted(installed.items())}
         self.cache.prune([p for p in files.values() if p])
         return files
+
+    def has_cached(self, key: str, package: InstalledPackage) -> bool:
+        from agent.guard.dnf_tool import package_name
+
+        return self.cache.has(package_name(key), package.version, package.arch)
+
+    @property
+    def cache_dir(self) -> str:
+        return self.cache.directory
 
     def plan_targets(self, known_good: Dict[str, InstalledPackage], current: Dict[str, InstalledPackage]) -> Targets:
         """dnf shell lines: ``install FILE|NEVRA`` (dnf downgrades when it is older) and ``remove NEVRA``."""

@@ -96,6 +96,16 @@ def record_known_good(host: Host, paths: GuardPaths, installed: Dict[str, Instal
     return files
 
 
+def _uncached_note(files: Dict[str, Optional[str]], backend: Optional[PackageBackend]) -> str:
+    """What the operator must know when some known-good package files could not be kept."""
+    missing = sorted(k for k, path in files.items() if not path)
+    if backend is None or not missing:
+        return ""
+    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    return (f"; no package file could be kept for {len(missing)} of them ({shown}): no configured repository "
+            f"offers those versions now, so a rollback to them needs one that does")
+
+
 def _versions(packages: Dict[str, InstalledPackage]) -> Dict[str, str]:
     return {k: v.version for k, v in packages.items()}
 
@@ -151,16 +161,18 @@ def check_and_rollback(host: Host, settings, policy: Optional[CompiledPolicy] = 
         if violations:
             return GuardResult("no_known_good", violations,
                                detail="the host violates the policy and no known-good set was recorded yet")
+        detail = f"{len(current)} guarded packages recorded as known-good"
         if not dry_run:
-            record_known_good(host, paths, current, clock(), backend)
-        return GuardResult("recorded", detail=f"{len(current)} guarded packages recorded as known-good")
+            detail += _uncached_note(record_known_good(host, paths, current, clock(), backend), backend)
+        return GuardResult("recorded", detail=detail)
     state = HostState(before=_versions(known_good), after=_versions(current), manager=backend.manager,
                       loaded_drivers=modules)
     violations = [v for v in evaluate(state, policy) if v.touches(state.changed())]
     if not violations:
         if state.changed() and not dry_run:
-            record_known_good(host, paths, current, clock(), backend)
-            return GuardResult("recorded", detail=f"compliant change of {len(state.changed())} packages recorded")
+            files = record_known_good(host, paths, current, clock(), backend)
+            return GuardResult("recorded", detail=f"compliant change of {len(state.changed())} packages recorded"
+                               + _uncached_note(files, backend))
         return GuardResult("compliant")
     for v in violations:
         if not dry_run:
@@ -183,6 +195,11 @@ def check_and_rollback(host: Host, settings, policy: Optional[CompiledPolicy] = 
     outcome = GuardResult("planned", violations, plan, targets, from_versions, to_versions,
                           reboot_required=bool(moved_modules))
     if plan_error is not None:
+        missing = sorted(f"{k} {v.version}" for k, v in known_good.items()
+                         if k in to_versions and not backend.has_cached(k, v))
+        if missing:
+            plan_error += (f" (no kept package file for {', '.join(missing)}: put it in {backend.cache_dir} or make "
+                           f"a repository offer that version, then run gpuguard guard rollback again)")
         outcome.status, outcome.detail = "failed", plan_error
     if dry_run:
         return outcome

@@ -79,6 +79,27 @@ def test_first_compliant_check_records_known_good_then_plans_a_rollback(setup) -
     assert "plan: install amdgpu-dkms" in planned.summary()
 
 
+def test_versions_no_repository_offers_are_named_when_recorded_and_when_planning_fails(setup) -> None:
+    """As on the H200 (no repository reachable): the operator learns at record time, and the failed plan says
+    which package file is missing and where to put it."""
+    root, host, tool, runner, policy, _ = setup
+    for name, version in (("amdgpu-dkms", D62), ("rocm-core", R62)):
+        runner.add(tool._download_argv(name, version, "/var/lib/gpuguard/debs"), returncode=100,
+                   stderr=f"E: Can't find a source to download version '{version}' of '{name}:amd64'")
+    recorded = check_and_rollback(host, Settings(), policy=policy, tool=tool)
+    assert recorded.status == "recorded"
+    assert "no package file could be kept for 2 of them (amdgpu-dkms, rocm-core)" in recorded.detail
+    (root / "var/lib/dpkg/status").write_text(_status(D63))
+    runner.add(tool.argv("apt-get", "-s", "-y", "--allow-downgrades", "--allow-change-held-packages",
+                         *tool._apt_options(), "install", f"amdgpu-dkms={D62}"), returncode=100,
+               stderr="E: Version '1:6.8.5.60202-2041575' for 'amdgpu-dkms' was not found\n")
+    planned = check_and_rollback(host, Settings(), policy=policy, tool=tool, dry_run=True)
+    assert planned.status == "failed"
+    assert "apt-get -s could not plan the rollback: E: Version" in planned.detail
+    assert f"no kept package file for amdgpu-dkms {D62}: put it in /var/lib/gpuguard/debs" in planned.detail
+    assert "rocm-core" not in planned.detail.split("no kept package file", 1)[1]  # it did not move
+
+
 def test_corrupt_known_good_state_is_exit_4_in_one_line(setup, capsys) -> None:
     root, host, tool, runner, policy, policy_file = setup
     state = root / "var/lib/gpuguard"
