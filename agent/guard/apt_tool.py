@@ -54,17 +54,25 @@ class AptTool:
     def _apt_options(self) -> List[str]:
         return ["-o", f"DPkg::Lock::Timeout={int(self.lock_timeout_seconds)}", "-o", "Dpkg::Use-Pty=0"]
 
-    def simulate(self, targets: Sequence[str]) -> Tuple[CommandResult, List[PlannedStep]]:
+    @staticmethod
+    def _source_options(local_only: bool) -> List[str]:
+        # No repositories at all: apt sees the installed set and the .deb files named on the command line only.
+        # Otherwise, when an index still lists the same version (stale lists, a mirror that lost the file, a host
+        # with no network), apt prefers the signed repository copy and fails with "Unable to fetch some
+        # archives" (seen with apt 2.8 on Ubuntu 24.04) although the kept file is right there.
+        return ["-o", "Dir::Etc::SourceList=/dev/null", "-o", "Dir::Etc::SourceParts=/dev/null"] if local_only else []
+
+    def simulate(self, targets: Sequence[str], local_only: bool = False) -> Tuple[CommandResult, List[PlannedStep]]:
         """``apt-get -s install --allow-downgrades TARGETS``: what a rollback would do (nothing is changed)."""
         result = self._run(["apt-get", "-s", "-y", "--allow-downgrades", "--allow-change-held-packages",
-                            *self._apt_options(), "install", *targets], 120.0)
+                            *self._apt_options(), *self._source_options(local_only), "install", *targets], 120.0)
         return result, parse_simulation(result.stdout)
 
-    def install(self, targets: Sequence[str]) -> CommandResult:
+    def install(self, targets: Sequence[str], local_only: bool = False) -> CommandResult:
         """Run the rollback for real; the apt hook still checks it."""
         return self._run(["apt-get", "-y", "-q", "--allow-downgrades", "--allow-change-held-packages",
-                          "--no-install-recommends", *self._apt_options(), "install", *targets],
-                         self.timeout_seconds)
+                          "--no-install-recommends", *self._apt_options(), *self._source_options(local_only),
+                          "install", *targets], self.timeout_seconds)
 
     def configure_pending(self) -> CommandResult:
         """``dpkg --configure -a``: never leave packages half-configured after a failed run."""

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 from agent.host import Host
+from agent.log import get_logger
+
+log = get_logger("guard.backend")
 
 Targets = Tuple[List[str], Dict[str, str], Dict[str, str]]
 
@@ -85,6 +88,7 @@ class AptBackend:
         self.host = host
         self.tool = tool
         self.cache = DebCache(host, cache_dir, tool)
+        self._local_only = False  # set by simulate(): apply() runs in the mode that planned
 
     def read_installed(self, patterns: Sequence[str]) -> Dict[str, InstalledPackage]:
         import fnmatch
@@ -136,13 +140,25 @@ class AptBackend:
         return targets, before, after
 
     def simulate(self, targets: Sequence[str]) -> Tuple[List[PlannedStep], Optional[str]]:
+        """Plan with the kept .deb files alone when every target is one (or a removal); else with the repositories.
+
+        The mode that planned is the mode :meth:`apply` runs in. A local-only plan that fails (the old build needs
+        a dependency only a repository has) is planned again with the repositories.
+        """
+        self._local_only = bool(targets) and all(t.startswith("/") or t.endswith("-") for t in targets)
+        if self._local_only:
+            result, plan = self.tool.simulate(targets, local_only=True)
+            if result.returncode == 0:
+                return plan, None
+            log.info("rollback_local_plan_failed", error=_last_line(result.stderr))
+            self._local_only = False
         result, plan = self.tool.simulate(targets)
         if result.returncode != 0:
             return plan, "apt-get -s could not plan the rollback: " + _last_line(result.stderr)
         return plan, None
 
     def apply(self, targets: Sequence[str]) -> Optional[str]:
-        run = self.tool.install(targets)
+        run = self.tool.install(targets, local_only=self._local_only)
         if run.returncode != 0:
             return "apt-get install failed: " + _last_line(run.stderr)
         return None

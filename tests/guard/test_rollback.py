@@ -131,3 +131,64 @@ def test_waits_for_the_dpkg_lock_and_gives_up_after_the_timeout(setup, tmp_path:
         holder.kill()
         holder.wait()
     assert tool.wait_for_dpkg_lock() < 1
+
+
+LOCAL_ONLY = ["-o", "Dir::Etc::SourceList=/dev/null", "-o", "Dir::Etc::SourceParts=/dev/null"]
+
+
+def _kept_deb(root: Path) -> str:
+    debs = root / "var/lib/gpuguard/debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    name = f"amdgpu-dkms_{D62.replace(':', '%3a')}_all.deb"
+    (debs / name).write_bytes(b"!<arch>\n")
+    return f"/var/lib/gpuguard/debs/{name}"
+
+
+def _simulate_argv(tool: AptTool, target: str, local_only: bool) -> list:
+    return tool.argv("apt-get", "-s", "-y", "--allow-downgrades", "--allow-change-held-packages", *tool._apt_options(),
+                     *(LOCAL_ONLY if local_only else []), "install", target)
+
+
+def test_kept_files_are_planned_and_installed_without_the_repositories(setup) -> None:
+    """Every target a kept .deb: apt runs with no sources, so a stale index cannot send it to a lost file."""
+    from agent.guard.backend import AptBackend
+
+    root, host, tool, runner, *_ = setup
+    path = _kept_deb(root)
+    backend = AptBackend(host, tool, "/var/lib/gpuguard/debs")
+    runner.add(_simulate_argv(tool, path, local_only=True), stdout=SIMULATION.replace("localhost", "local-deb"))
+    install = tool.argv("apt-get", "-y", "-q", "--allow-downgrades", "--allow-change-held-packages",
+                        "--no-install-recommends", *tool._apt_options(), *LOCAL_ONLY, "install", path)
+    runner.add(install)
+    plan, error = backend.simulate([path])
+    assert error is None and [s.package for s in plan] == ["amdgpu-dkms"]
+    assert backend.apply([path]) is None
+    assert runner.calls == [tuple(_simulate_argv(tool, path, local_only=True)), tuple(install)]
+
+
+def test_a_local_plan_that_needs_a_repository_falls_back_to_the_repositories(setup) -> None:
+    from agent.guard.backend import AptBackend
+
+    root, host, tool, runner, *_ = setup
+    path = _kept_deb(root)
+    backend = AptBackend(host, tool, "/var/lib/gpuguard/debs")
+    runner.add(_simulate_argv(tool, path, local_only=True), returncode=100,
+               stderr="E: Unable to correct problems, you have held broken packages.\n")
+    runner.add(_simulate_argv(tool, path, local_only=False), stdout=SIMULATION)
+    install = tool.argv("apt-get", "-y", "-q", "--allow-downgrades", "--allow-change-held-packages",
+                        "--no-install-recommends", *tool._apt_options(), "install", path)
+    runner.add(install)
+    plan, error = backend.simulate([path])
+    assert error is None and plan
+    assert backend.apply([path]) is None
+    assert runner.calls[-1] == tuple(install)
+
+
+def test_repository_targets_are_planned_with_the_repositories(setup) -> None:
+    from agent.guard.backend import AptBackend
+
+    _, host, tool, runner, *_ = setup
+    backend = AptBackend(host, tool, "/var/lib/gpuguard/debs")
+    runner.add(_simulate_argv(tool, f"amdgpu-dkms={D62}", local_only=False), stdout=SIMULATION)
+    plan, error = backend.simulate([f"amdgpu-dkms={D62}"])
+    assert error is None and runner.calls == [tuple(_simulate_argv(tool, f"amdgpu-dkms={D62}", local_only=False))]

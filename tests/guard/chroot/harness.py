@@ -270,6 +270,10 @@ class Chroot:
         shutil.move(str(self.pool / pkg_file), str(self.attic / pkg_file))
         self.index_repo()
 
+    def lose_from_pool(self, pkg_file: str) -> None:
+        """The file disappears but the index still lists it: stale lists, or a mirror that lost the file."""
+        shutil.move(str(self.pool / pkg_file), str(self.attic / pkg_file))
+
     def restore_repo(self) -> None:
         moved = list(self.attic.glob("*.deb"))
         for deb in moved:

@@ -111,6 +111,17 @@ def test_rollback_works_after_the_repository_dropped_the_old_version(chroot: Chr
     assert chroot.installed()["amdgpu-dkms"] == AMDGPU_62
 
 
+def test_rollback_uses_the_kept_deb_when_the_index_still_lists_a_lost_file(chroot: Chroot) -> None:
+    """Stale lists or a mirror that lost the file (seen on the H200: no network, lists from before): apt must
+    install the kept .deb, not try to fetch the same version from the repository ("Unable to fetch")."""
+    chroot.lose_from_pool(chroot.deb("amdgpu-dkms", AMDGPU_62).rsplit("/", 1)[-1])
+    assert AMDGPU_62 in chroot.run("apt-cache", "madison", "amdgpu-dkms").stdout
+    assert chroot.run("dpkg", "-i", chroot.deb("amdgpu-dkms", AMDGPU_63)).returncode == 0
+    result = _rollback(chroot)
+    assert result.status == "rolled_back", result.summary()
+    assert chroot.installed()["amdgpu-dkms"] == AMDGPU_62
+
+
 def test_rollback_dry_run_plans_without_changing_anything(chroot: Chroot) -> None:
     """guard rollback --dry-run prints the apt-get -s plan and leaves the package state alone."""
     assert chroot.run("dpkg", "-i", chroot.deb("amdgpu-dkms", AMDGPU_63)).returncode == 0
