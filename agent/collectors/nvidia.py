@@ -10,12 +10,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, List, Literal, Optional, Tuple
+from typing import Any, Callable, List, Literal, Optional
 
 from agent.errors import CollectorUnavailable, LibraryUnavailable
 from agent.host import Host
 from agent.log import get_logger
 from agent.models import FrozenModel
+from agent.nvidia_version import parse_proc_driver_version
 
 Source = Literal["nvml", "procfs"]
 ModuleFlavor = Literal["open", "proprietary"]
@@ -59,7 +60,6 @@ class NvidiaInfo(FrozenModel):
 
 _BDF = re.compile(r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<device>[0-9a-fA-F]{1,2})"
                   r"\.(?P<function>[0-7])$")
-_DOTTED_VERSION = re.compile(r"^\d+\.\d+(?:\.\d+)*$")
 
 
 def normalise_bdf(text: str) -> str:
@@ -74,26 +74,6 @@ def normalise_bdf(text: str) -> str:
     domain = int(match.group("domain") or "0", 16)
     return "{:04x}:{:02x}:{:02x}.{:x}".format(domain, int(match.group("bus"), 16), int(match.group("device"), 16),
                                               int(match.group("function")))
-
-
-def parse_proc_driver_version(text: str) -> Tuple[Optional[str], Optional[ModuleFlavor]]:
-    """(driver version, module flavor) from /proc/driver/nvidia/version.
-
-    ``NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ...`` is the open module,
-    ``NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 ...`` the proprietary one.
-    """
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if not sep or key.strip() != "NVRM version":
-            continue
-        version = next((token for token in value.split() if _DOTTED_VERSION.match(token)), None)
-        flavor: Optional[ModuleFlavor] = None
-        if "Open Kernel Module" in value:
-            flavor = "open"
-        elif "Kernel Module" in value:
-            flavor = "proprietary"
-        return version, flavor
-    return None, None
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import fnmatch
 import os
 
+from agent.nvidia_version import parse_proc_driver_version
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     import datetime as dt
@@ -90,14 +92,11 @@ def loaded_drivers(root: str) -> Dict[str, str]:
         pass
     try:
         with open(under(root, "/proc/driver/nvidia/version"), encoding="utf-8", errors="replace") as handle:
-            first = handle.readline()
+            version, _ = parse_proc_driver_version(handle.read())
     except OSError:
         return out
-    if "Kernel Module" in first:
-        for word in first.split("Kernel Module", 1)[1].split():
-            if word[:1].isdigit() and "." in word:
-                out["nvidia"] = word
-                break
+    if version:
+        out["nvidia"] = version
     return out
 
 
