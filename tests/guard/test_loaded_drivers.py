@@ -7,16 +7,13 @@ violates the policy ... NVIDIA driver none" and the guard could never record a k
 
 from __future__ import annotations
 
-import io
-import os
 from pathlib import Path
-from typing import Tuple
-
 import pytest
 
 from agent.guard import apt_hook
 from agent.guard.decision import loaded_drivers
 from agent.policy.load import load_and_compile, write_compiled
+from tests.guard.test_apt_hook import run_hook
 
 REPO = Path(__file__).resolve().parents[2]
 H200_ROOT = REPO / "tests/fixtures/roots/nvidia-h200-ubuntu2404"
@@ -71,18 +68,6 @@ def h200(tmp_path: Path) -> Path:
     _, compiled = load_and_compile(str(policy))
     write_compiled(str(tmp_path / "var/lib/gpuguard/policy.compiled.json"), compiled)
     return tmp_path
-
-
-def run_hook(root: Path, text: str) -> Tuple[int, str]:
-    read_fd, write_fd = os.pipe()
-    os.write(write_fd, text.encode())
-    os.close(write_fd)
-    err = io.StringIO()
-    try:
-        code = apt_hook.main(["--root", str(root)], environ={"APT_HOOK_INFO_FD": str(read_fd)}, err=err)
-    finally:
-        os.close(read_fd)
-    return code, err.getvalue()
 
 
 def test_unrelated_upgrade_on_the_h200_is_silent(h200: Path) -> None:
