@@ -6,7 +6,6 @@ agent/cli.py parses and dispatches here lazily; each function returns the exit c
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 from typing import Callable, Optional, TextIO, Tuple
 
@@ -109,7 +108,7 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     from agent.policy.spec import describe
 
     from agent.guard.backend import detect_manager
-    from agent.guard.decision import loaded_drivers
+    from agent.guard.decision import guarded_names, loaded_drivers
     from agent.policy.compiled import DEFAULT_NVIDIA_DRIVER_PACKAGES
 
     host = make_host(args.root)
@@ -147,9 +146,9 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     modules = loaded_drivers(str(host.root)) if nvidia else {}
     if nvidia and modules.get("nvidia"):
         patterns = list(nvidia.get("driver_packages") or DEFAULT_NVIDIA_DRIVER_PACKAGES)
-        packaged = [k for k in installed if any(fnmatch.fnmatchcase(k.split(":", 1)[0], p) for p in patterns)]
+        packaged = guarded_names(list(installed), patterns)
         lines.append(f"NVIDIA: loaded module {modules['nvidia']}"
-                     + (f"; driver packages: {', '.join(sorted(packaged))}" if packaged
+                     + (f"; driver packages: {', '.join(packaged)}" if packaged
                         else " (no driver package: the policy judges the running module)"))
     for pairing in (nvidia or {}).get("pairings") or []:
         lines.append(f"NVIDIA: may use driver {describe(pairing.get('driver', 'any'))} with CUDA "
