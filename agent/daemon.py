@@ -37,7 +37,7 @@ from agent.daemon_jobs.runtime import EventEmitter, Runtime, host_identity
 from agent.daemon_jobs.snapshot import SnapshotJob
 from agent.daemon_jobs.watch import PackageWatcher
 from agent.errors import ConfigError
-from agent.guard.state import GuardPaths
+from agent.guard.hotpath.state import GuardPaths
 from agent.host import Host
 from agent.log import configure, get_logger
 from agent.report.outbox import OUTBOX_FILENAME, Outbox

@@ -234,18 +234,3 @@ def _normalise(path: PurePosixPath) -> PurePosixPath:
         elif part != ".":
             out.append(part)
     return PurePosixPath("/", *out)
-
-
-def parse_key_value_lines(text: str, sep: str = "=") -> Dict[str, str]:
-    """Parse ``KEY<sep>value`` lines (shell-style quotes stripped); lines without the separator are ignored."""
-    out: Dict[str, str] = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#") or sep not in line:
-            continue
-        key, _, value = line.partition(sep)
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-            value = value[1:-1]
-        out[key.strip()] = value
-    return out

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from agent.errors import CommandNotFound, CommandTimeout, LibraryUnavailable
-from agent.host import Host, SubprocessRunner, import_gpu_library, parse_key_value_lines
+from agent.host import Host, SubprocessRunner, import_gpu_library
+from agent.hostfacts.keyvalue import parse_key_value_lines
 
 
 def test_reads_are_relative_to_root(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Literal, Mapping, NamedTuple, Optional, Tupl
 
 from agent.errors import CollectorUnavailable, HostReadError, LibraryUnavailable
 from agent.host import Host
+from agent.hostfacts.kfd import gfx_target, read_kfd_nodes
 from agent.log import get_logger
 from agent.models import FrozenModel
 
@@ -31,7 +32,6 @@ _GPU_CLASS_PREFIXES = ("0x03", "0x12")
 MODULE_DIR = "/sys/module/amdgpu"
 DRM_DIR = "/sys/class/drm"
 PCI_DEVICES_DIR = "/sys/bus/pci/devices"
-KFD_NODES_DIR = "/sys/class/kfd/kfd/topology/nodes"
 _FW_PREFIX = "AMDSMI_FW_ID_"
 _BYTES_PER_MIB = 1024 * 1024
 
@@ -94,31 +94,6 @@ def parse_bdf(text: str) -> PciAddress:
 def kfd_location_id(address: PciAddress) -> int:
     """The ``location_id`` KFD topology gives a GPU: ``(bus << 8) | (device << 3) | function``."""
     return (address.bus << 8) | (address.device << 3) | address.function
-
-
-def parse_gfx_target_version(value: int) -> Optional[str]:
-    """KFD's ``gfx_target_version`` as a gfx target: 90402 -> gfx942, 90010 -> gfx90a, 110501 -> gfx1151.
-
-    The number is major*10000 + minor*100 + stepping; minor and stepping are printed in hex, as in ``gfx90a``.
-    0 (a CPU node) gives None.
-    """
-    if value <= 0:
-        return None
-    major, minor, stepping = value // 10000, (value // 100) % 100, value % 100
-    return "gfx{}{:x}{:x}".format(major, minor, stepping)
-
-
-def parse_kfd_properties(text: str) -> Dict[str, int]:
-    """A KFD topology node's ``properties`` file (``name value`` lines, values decimal)."""
-    out: Dict[str, int] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2:
-            try:
-                out[parts[0]] = int(parts[1])
-            except ValueError:
-                continue
-    return out
 
 
 def parse_uevent(text: str) -> Dict[str, str]:
@@ -409,13 +384,8 @@ def _read_optional(host: Host, path: str) -> Optional[str]:
 def kfd_gfx_targets(host: Host) -> Dict[Tuple[int, int], str]:
     """gfx targets of the GPU nodes in the KFD topology, keyed by (PCI domain, location_id)."""
     targets: Dict[Tuple[int, int], str] = {}
-    for node in host.list_dir(KFD_NODES_DIR):
-        try:
-            text = host.read_text(f"{KFD_NODES_DIR}/{node}/properties")
-        except HostReadError:
-            continue
-        props = parse_kfd_properties(text or "")
-        gfx = parse_gfx_target_version(props.get("gfx_target_version", 0))
+    for props in read_kfd_nodes(str(host.root)):
+        gfx = gfx_target(props.get("gfx_target_version", 0))
         if gfx is not None and "location_id" in props:
             targets.setdefault((props.get("domain", 0), props["location_id"]), gfx)
     return targets

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agent.collectors.packages import PackageInfo, PackageSet, Watchlist, key_packages
-from agent.dpkg_status import iter_dpkg_status  # stdlib-only parser, shared with the apt hook
+from agent.hostfacts.dpkg_status import iter_dpkg_status  # stdlib-only parser, shared with the apt hook
 from agent.errors import CollectorUnavailable
 from agent.host import Host
 

@@ -10,7 +10,8 @@ import re
 from typing import List, Literal, Optional
 
 from agent.errors import CollectorUnavailable
-from agent.host import Host, parse_key_value_lines
+from agent.host import Host
+from agent.hostfacts.keyvalue import parse_key_value_lines
 from agent.models import FrozenModel
 from agent.policy.versions import sort_key
 

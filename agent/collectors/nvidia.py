@@ -16,7 +16,7 @@ from agent.errors import CollectorUnavailable, LibraryUnavailable
 from agent.host import Host
 from agent.log import get_logger
 from agent.models import FrozenModel
-from agent.nvidia_version import parse_proc_driver_version
+from agent.hostfacts.loaded_modules import parse_proc_driver_version
 
 Source = Literal["nvml", "procfs"]
 ModuleFlavor = Literal["open", "proprietary"]

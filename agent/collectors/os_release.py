@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import List, Optional
 
 from agent.errors import CollectorUnavailable
-from agent.host import Host, parse_key_value_lines
+from agent.host import Host
+from agent.hostfacts.keyvalue import parse_key_value_lines
 from agent.models import FrozenModel
 
 

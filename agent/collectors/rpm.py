@@ -5,26 +5,15 @@ from __future__ import annotations
 from agent.collectors.packages import PackageInfo, PackageSet, Watchlist, key_packages
 from agent.errors import CollectorUnavailable, CommandNotFound
 from agent.host import Host
-
-RPM_QUERY_FORMAT = "%{NAME}\\t%|EPOCH?{%{EPOCH}:}|%{VERSION}-%{RELEASE}\\t%{ARCH}\\n"
-_DB_PATHS = ("/var/lib/rpm", "/usr/lib/sysimage/rpm")
-
-
-def rpm_query_argv(root: str) -> list:
-    """The argv that lists every installed package as name, [epoch:]version-release and arch."""
-    return ["rpm", "--root", root, "-qa", "--qf", RPM_QUERY_FORMAT]
+from agent.hostfacts.rpmdb import parse_rpm_rows, rpm_database_files, rpm_query_argv
 
 
 def parse_rpm_query(text: str, watch: Watchlist) -> PackageSet:
-    """Parse the tab-separated output of ``rpm_query_argv``."""
+    """The watched packages of ``rpm_query_argv``'s output."""
     total = 0
     entries = []
-    for line in text.splitlines():
-        fields = line.split("\t")
-        if len(fields) != 3 or not fields[0]:
-            continue
+    for name, version, arch, _ in parse_rpm_rows(text):
         total += 1
-        name, version, arch = fields
         if name in watch and not name.startswith("gpg-pubkey"):
             entries.append((name, PackageInfo(version=version, arch=arch)))
     return PackageSet(manager="rpm", installed_count=total, packages=key_packages(entries))
@@ -40,7 +29,7 @@ class RpmCollector:
         self.timeout_seconds = timeout_seconds
 
     def collect(self, host: Host) -> PackageSet:
-        if not any(host.is_dir(p) and host.list_dir(p) for p in _DB_PATHS):
+        if not rpm_database_files(str(host.root)):
             raise CollectorUnavailable("no rpm database")
         try:
             result = host.run(rpm_query_argv(str(host.root)), self.timeout_seconds).check()

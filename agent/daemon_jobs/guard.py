@@ -21,15 +21,15 @@ from typing import Any, Callable, List, Optional
 from agent.daemon_jobs.guard_events import GuardEventForwarder
 from agent.daemon_jobs.runtime import Runtime
 from agent.errors import ConfigError, GpuguardError
-from agent.guard.state import GuardPaths
+from agent.guard.hotpath.state import GuardPaths
 from agent.host import Host
+from agent.hostfacts.rpmdb import rpm_database_files
 from agent.log import get_logger
 from agent.report.events import Rollback
 
 log = get_logger("guard_job")
 
 DPKG_STATUS = "/var/lib/dpkg/status"
-RPM_DB_DIRS = ("/var/lib/rpm", "/usr/lib/sysimage/rpm")
 # Reasons that mean "the installed set may have moved": check (and maybe roll back) before the snapshot.
 CHECK_REASONS = frozenset({"package_change", "package_transaction"})
 
@@ -37,7 +37,7 @@ CheckFunction = Callable[[Host, Any], Any]
 
 
 def _default_check(host: Host, settings: Any) -> Any:
-    from agent.guard.rollback import check_and_rollback  # apt tooling only once a check is due
+    from agent.guard.rollback.core import check_and_rollback  # apt tooling only once a check is due
 
     return check_and_rollback(host, settings)
 
@@ -71,11 +71,7 @@ class GuardJob:
         host = self.runtime.host
         if host.path(DPKG_STATUS).exists():
             return [DPKG_STATUS]
-        for directory in RPM_DB_DIRS:
-            names = [n for n in host.list_dir(directory) if n.startswith(("rpmdb", "Packages"))]
-            if names:
-                return [f"{directory}/{name}" for name in names]
-        return [DPKG_STATUS]  # absent: the check is skipped
+        return rpm_database_files(str(host.root)) or [DPKG_STATUS]  # absent: the check is skipped
 
     def _state_key(self) -> Optional[str]:
         """A hash of the package database and the compiled policy; None when either is missing (nothing to check)."""

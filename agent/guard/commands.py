@@ -30,7 +30,7 @@ def _policy_path(args: argparse.Namespace, host: Host, settings) -> str:
 
 
 def _paths(settings):
-    from agent.guard.state import GuardPaths
+    from agent.guard.hotpath.state import GuardPaths
 
     return GuardPaths(settings.agent.state_dir)
 
@@ -88,7 +88,7 @@ def policy_compile(args: argparse.Namespace, make_host: HostFactory, out: TextIO
 
 
 def _installed(host: Host, policy, settings=None) -> dict:
-    from agent.guard.rollback import read_installed
+    from agent.guard.rollback.core import read_installed
 
     return {k: v.version for k, v in read_installed(host, policy.guarded, settings=settings).items()}
 
@@ -102,13 +102,14 @@ def _os(host: Host) -> Tuple[Optional[str], Optional[str]]:
 
 def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
     """What the current host is pinned to and what it would be allowed to do."""
-    from agent.guard.overrides import active_windows, load_windows
+    from agent.guard.hotpath.overrides import active_windows, load_windows
     from agent.policy import releases
     from agent.policy.evaluate import HostState, describe_pairing, evaluate, matching_pairing
     from agent.policy.spec import describe
 
-    from agent.guard.backend import detect_manager
-    from agent.guard.decision import guarded_names, loaded_drivers
+    from agent.guard.manager import detect_manager
+    from agent.guard.hotpath.decision import guarded_names
+    from agent.hostfacts.loaded_modules import loaded_drivers
     from agent.policy.compiled import DEFAULT_NVIDIA_DRIVER_PACKAGES
 
     host = make_host(args.root)
@@ -183,7 +184,7 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
 def pin_apply(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
     """Render the policy as native pins: apt preferences on dpkg hosts, dnf versionlock entries on rpm hosts;
     gpuguard's stale ones are removed, nobody else's."""
-    from agent.guard.backend import detect_manager
+    from agent.guard.manager import detect_manager
     from agent.policy.load import write_compiled
 
     host = make_host(args.root)
@@ -197,8 +198,8 @@ def pin_apply(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> 
 
 
 def _pin_apply_apt(args: argparse.Namespace, host: Host, settings, policy, out: TextIO) -> int:
-    from agent.guard.apt_tool import AptTool
-    from agent.guard.pins import apply_pins
+    from agent.guard.apt.tool import AptTool
+    from agent.guard.apt.preferences import apply_pins
 
     tool = AptTool(host, timeout_seconds=settings.guard.apt_timeout_seconds,
                    lock_timeout_seconds=settings.guard.lock_timeout_seconds)
@@ -221,8 +222,8 @@ def _pin_apply_apt(args: argparse.Namespace, host: Host, settings, policy, out: 
 
 
 def _pin_apply_versionlock(args: argparse.Namespace, host: Host, settings, policy, out: TextIO) -> int:
-    from agent.guard.backend import dnf_tool_for
-    from agent.guard.versionlock import apply_versionlock
+    from agent.guard.manager import dnf_tool_for
+    from agent.guard.dnf.versionlock import apply_versionlock
 
     tool = dnf_tool_for(host, settings)
     installed = _installed(host, policy, settings)
@@ -257,7 +258,7 @@ def _max_override_minutes(host: Host, settings) -> float:
 
 
 def override_start(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    from agent.guard.overrides import start_window
+    from agent.guard.hotpath.overrides import start_window
 
     host = make_host(args.root)
     settings = _settings(args)
@@ -270,7 +271,7 @@ def override_start(args: argparse.Namespace, make_host: HostFactory, out: TextIO
 
 
 def override_list(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    from agent.guard.overrides import load_windows
+    from agent.guard.hotpath.overrides import load_windows
 
     host = make_host(args.root)
     paths = _paths(_settings(args))
@@ -289,7 +290,7 @@ def override_list(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
 
 
 def override_end(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    from agent.guard.overrides import end_windows
+    from agent.guard.hotpath.overrides import end_windows
 
     host = make_host(args.root)
     paths = _paths(_settings(args))
@@ -301,7 +302,7 @@ def override_end(args: argparse.Namespace, make_host: HostFactory, out: TextIO) 
 
 def guard_rollback(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
     """Check the installed set against the last known-good one; roll back when the policy says so."""
-    from agent.guard.rollback import check_and_rollback
+    from agent.guard.rollback.core import check_and_rollback
 
     host = make_host(args.root)
     settings = _settings(args)

@@ -2,7 +2,7 @@
 
 The daemon calls :func:`check_snapshot` after every snapshot (agent/daemon_jobs/hooks.py). It reads the compiled
 policy from the state directory each time, so ``gpuguard policy compile`` (or a SIGHUP) takes effect at the next
-snapshot. Rolling back what slipped through is ``agent.guard.rollback.check_and_rollback``.
+snapshot. Rolling back what slipped through is ``agent.guard.rollback.core.check_and_rollback``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import List, Optional
 
-from agent.guard.state import GuardPaths
+from agent.guard.hotpath.state import GuardPaths
 from agent.log import get_logger
 from agent.policy.compiled import read_compiled
 from agent.policy.evaluate import HostState, evaluate

@@ -21,14 +21,13 @@ from agent.collectors.amdgpu import (
     normalise_device_id,
     normalise_gfx_target,
     parse_bdf,
-    parse_gfx_target_version,
-    parse_kfd_properties,
     parse_ras_err_count,
     parse_uevent,
     smi_driver,
 )
 from agent.errors import CollectorUnavailable, LibraryUnavailable
 from agent.host import Host, import_gpu_library
+from agent.hostfacts.kfd import gfx_target, parse_kfd_properties
 from tests.conftest import RECORDED, ROOTS, fake_module_loader, fixed_clock, make_fixture_host
 from tests.fakes.amdsmi import make_fake_amdsmi
 
@@ -73,9 +72,9 @@ def _amd_card(root: Path, card: str, bdf: str, device: str = "0x740f") -> None:
     (120001, "gfx1201"),
     (0, None),
 ])
-def test_parse_gfx_target_version(value: int, expected: Optional[str]) -> None:
+def test_gfx_target(value: int, expected: Optional[str]) -> None:
     """KFD's decimal gfx_target_version becomes the gfx target name, with minor and stepping in hex."""
-    assert parse_gfx_target_version(value) == expected
+    assert gfx_target(value) == expected
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -19,13 +19,14 @@ from agent.daemon_jobs.guard_events import GuardEventForwarder, Position, event_
 from agent.daemon_jobs.runtime import Runtime
 from agent.daemon_jobs.watch import PackageWatcher
 from agent.errors import CommandTimeout
-from agent.guard.apt_tool import AptTool
-from agent.guard.rollback import check_and_rollback
-from agent.guard.state import GuardPaths, append_json_line
+from agent.guard.apt.tool import AptTool
+from agent.guard.rollback.core import check_and_rollback
+from agent.guard.hotpath.state import GuardPaths, append_json_line
 from agent.host import CommandResult, Host
 from agent.log import configure
 from agent.policy.load import load_and_compile, write_compiled
 from agent.report.outbox import Outbox
+from agent.guard.hotpath import decision as exits
 from tests.conftest import fixed_clock
 from tests.daemon.test_jobs import make_runtime, no_hooks
 from tests.fakes.runner import FakeRunner
@@ -164,9 +165,9 @@ def test_a_partial_last_line_waits_for_its_end(forwarding) -> None:
 
 def test_records_written_by_the_real_apt_hook_are_forwarded(tmp_path: Path) -> None:
     """A refused transaction and an override window's use, as the hook records them, become report events."""
-    from agent.guard import apt_hook
-    from agent.guard.overrides import start_window
-    from tests.guard.test_apt_hook import HEAD, NOW, POLICY, STATUS, line, run_hook
+    from agent.guard.apt import hook as apt_hook
+    from agent.guard.hotpath.overrides import start_window
+    from tests.guard.apt.test_hook import HEAD, NOW, POLICY, STATUS, line, run_hook
 
     root = tmp_path / "root"
     (root / "var/lib/dpkg").mkdir(parents=True)
@@ -175,11 +176,11 @@ def test_records_written_by_the_real_apt_hook_are_forwarded(tmp_path: Path) -> N
     compiled = load_and_compile(str(tmp_path / "policy.toml"))[1]
     write_compiled(str(root / "var/lib/gpuguard/policy.compiled.json"), compiled)
     breaking = HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12")
-    assert run_hook(root, breaking)[0] == apt_hook.EXIT_REFUSED
+    assert run_hook(root, breaking)[0] == exits.EXIT_REFUSED
     state = root / "var/lib/gpuguard"
     start_window(str(state / "overrides.json"), str(state / "audit.log"), minutes=30, reason="swap driver",
                  max_minutes=60, now=lambda: NOW, opened_by="ops")
-    assert run_hook(root, breaking, now=NOW + dt.timedelta(minutes=1))[0] == apt_hook.EXIT_ALLOW
+    assert run_hook(root, breaking, now=NOW + dt.timedelta(minutes=1))[0] == exits.EXIT_ALLOW
     rt = make_runtime(tmp_path, Host(root=root, clock=fixed_clock))
     try:
         GuardEventForwarder(rt, str(state / "guard-events.jsonl")).run()

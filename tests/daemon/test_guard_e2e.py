@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.daemon_jobs.guard_events import event_id_for_line
-from agent.guard.state import append_json_line
+from agent.guard.hotpath.state import append_json_line
 from tests.daemon.conftest import AgentProcess, agent_config, assert_delivered_once_in_order
 from tests.report.receiver import Receiver
 

@@ -52,7 +52,7 @@ def test_deb_holds_the_layout_with_conffiles_and_private_state(debian12: Dict[st
     """The Debian 12 .deb installs the command, agent, vendored deps, unit, apt hook, configs and a 0750 state dir."""
     deb = debian12["gpuguard"]
     files = deb_listing(deb)
-    for path in ("/usr/bin/gpuguard", "/usr/lib/gpuguard/agent/cli.py", "/usr/lib/gpuguard/agent/guard/apt_hook.py",
+    for path in ("/usr/bin/gpuguard", "/usr/lib/gpuguard/agent/cli.py", "/usr/lib/gpuguard/agent/guard/apt/hook.py",
                  "/usr/lib/gpuguard/gpuguard-apt-hook", "/etc/apt/apt.conf.d/50gpuguard",
                  "/lib/systemd/system/gpuguard.service", "/usr/share/gpuguard/amd-compat-matrix.toml",
                  "/usr/share/man/man1/gpuguard.1.gz", "/usr/share/doc/gpuguard/copyright", *CONFIG_FILES):

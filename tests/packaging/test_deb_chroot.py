@@ -1,6 +1,6 @@
 """The .deb's whole life in a debootstrap'd Debian 12 chroot: install, snapshot, apt hook, upgrade, remove, purge.
 
-The chroot comes from the guard tests' harness (tests/guard/chroot/harness.py: a cached minbase bookworm with
+The chroot comes from the guard tests' harness (tests/guard/apt/chroot/harness.py: a cached minbase bookworm with
 python3, a local repository of fake GPU packages); proc and devpts are mounted and always unmounted. No systemd
 runs there: a fake ``systemctl`` on PATH records what the maintainer scripts ask of it, and /run/systemd/system is
 created for the steps that play "systemd is running" (minbase has no systemd, so /usr/bin/systemctl is free).
@@ -21,7 +21,7 @@ from typing import Dict, Iterator, List
 
 import pytest
 
-from tests.guard.chroot.harness import AMDGPU_62, BASELINE, ROCM_63, TEST_POLICY, Chroot, build_base, missing_tools
+from tests.guard.apt.chroot.harness import AMDGPU_62, BASELINE, ROCM_63, TEST_POLICY, Chroot, build_base, missing_tools
 from tests.packaging.conftest import IN_CI, UPGRADE_VERSION, unavailable
 
 FAKE_SYSTEMCTL = """#!/bin/sh

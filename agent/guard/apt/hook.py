@@ -1,0 +1,123 @@
+"""The apt ``DPkg::Pre-Install-Pkgs`` hook: refuse a transaction that breaks the policy before dpkg runs.
+
+Run by apt (through ``/bin/sh -c``) for every install, upgrade or removal, with the transaction on the file
+descriptor in ``APT_HOOK_INFO_FD``. It reads the compiled policy (plain JSON) and the installed set from
+/var/lib/dpkg/status, computes the set the transaction would leave, evaluates it and exits:
+
+    0   allowed (warnings, pre-existing violations and open override windows are reported on stderr)
+    2   bad hook arguments (the apt.conf.d snippet is wrong): refused
+    10  refused: the transaction breaks the policy
+    11  refused by the fail-safe: the compiled policy is missing or invalid
+    12  refused by the fail-safe: the hook input is malformed or of an unknown protocol version
+    13  refused by the fail-safe: internal error
+
+Any non-zero exit makes apt stop with exit code 100 before dpkg touches anything. When the policy cannot be read
+or the input cannot be parsed, the fail-safe mode decides (default ``block-guarded``: refuse only transactions
+that touch guarded packages). It never prints a traceback. It imports the standard library only: it is on the
+hot path of every apt run and must not need the agent's daemon or its dependencies.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fnmatch
+import os
+import re
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
+    from typing import Callable, Dict, Optional, Sequence, TextIO, Tuple
+
+from agent.guard.apt.protocol import guess_packages, parse_hook_input
+from agent.guard.hotpath import entry
+from agent.guard.hotpath.decision import EXIT_USAGE, PREFIX, Decision
+from agent.hostfacts.dpkg_status import installed_versions
+from agent.hostfacts.paths import under
+
+BYPASS_HINT = "to bypass the guard for one apt run (audited nowhere; prefer an override window): " \
+              "apt-get -o DPkg::Pre-Install-Pkgs::gpuguard= ..."
+
+
+class _Args:
+    root = "/"
+    state_dir = "/var/lib/gpuguard"
+    policy_file: Optional[str] = None
+    policy_dir = "/etc/gpuguard/policy.d"
+
+
+def _parse_args(argv: Sequence[str]) -> _Args:
+    args = _Args()
+    items = list(argv)
+    while items:
+        flag = items.pop(0)
+        if flag in ("--root", "--state-dir", "--policy-file", "--policy-dir") and items:
+            setattr(args, flag[2:].replace("-", "_"), items.pop(0))
+        else:
+            raise ValueError(f"unknown or incomplete argument {flag!r}")
+    return args
+
+
+def _read_input(environ: Dict[str, str], fd: Optional[int]) -> Tuple[str, str]:
+    """The raw hook input and where it came from."""
+    if fd is None:
+        raw_fd = environ.get("APT_HOOK_INFO_FD", "0")
+        if not raw_fd.isdigit():
+            raise ValueError(f"APT_HOOK_INFO_FD={raw_fd!r} is not a file descriptor number")
+        fd = int(raw_fd)
+    chunks = []
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", errors="replace"), f"apt hook input (fd {fd})"
+
+
+def run(args: _Args, environ: Dict[str, str], fd: Optional[int], err: TextIO,
+        now: Callable[[], dt.datetime]) -> int:
+    """One run of the hook over the input on ``fd``: the shared check (hotpath/entry.py) with apt's parser."""
+    def say(line: str) -> None:
+        err.write(f"{PREFIX}: {line}\n")
+
+    text, source = _read_input(environ, fd)
+
+    def parse(raw: str) -> entry.Parsed:
+        request = parse_hook_input(raw, source)
+        tx_names = {c.package for c in request.transaction.changes}
+
+        def installed(policy) -> Dict[str, str]:
+            """The installed versions of guarded packages and of the transaction's, from dpkg's status file."""
+            guarded = re.compile("|".join(fnmatch.translate(p) for p in policy.guarded) or "(?!)")
+            try:
+                with open(under(args.root, "/var/lib/dpkg/status"), encoding="utf-8", errors="replace") as handle:
+                    status_text = handle.read()
+            except FileNotFoundError:
+                status_text = ""
+            return installed_versions(status_text, request.native_arch,
+                                      want=lambda n: bool(guarded.match(n)) or n in tx_names)
+
+        return entry.Parsed(request.transaction, installed)
+
+    decision = Decision("apt", args.root, args.state_dir, say, now, BYPASS_HINT)
+    return entry.check(decision, args.policy_file, args.policy_dir, text, parse, guess_packages)
+
+
+def main(argv: Optional[Sequence[str]] = None, environ: Optional[Dict[str, str]] = None,
+         fd: Optional[int] = None, err: Optional[TextIO] = None,
+         now: Optional[Callable[[], dt.datetime]] = None) -> int:
+    """Hook entry point; returns the exit code and never raises (not even a traceback for a bug)."""
+    stream = err if err is not None else sys.stderr
+    clock = now or (lambda: dt.datetime.now(dt.timezone.utc))
+    try:
+        args = _parse_args(sys.argv[1:] if argv is None else argv)
+    except ValueError as exc:
+        stream.write(f"{PREFIX}: REFUSED: bad hook arguments ({exc}); fix the apt.conf.d snippet, or "
+                     f"{BYPASS_HINT}\n")
+        return EXIT_USAGE
+    return entry.never_raise(lambda: run(args, dict(os.environ) if environ is None else environ, fd, stream, clock),
+                             stream, BYPASS_HINT)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Keep the .rpm files of the last known-good set, so a rollback works after the repository dropped them.
+
+Files are named as rpmbuild and repositories name them (``name-version-release.arch.rpm``, no epoch). They come,
+in this order, from dnf's package cache under the host root (``keepcache``), from ``dnf download --destdir``
+while the build is still in a repository, or by copying the file a ``file://`` repository serves
+(``dnf repoquery --location``), which needs no download plugin.
+"""
+
+from __future__ import annotations
+
+import shutil
+from typing import List, Optional
+from urllib.parse import unquote, urlparse
+
+from agent.errors import CommandError
+from agent.guard.dnf.tool import DnfTool, rpm_file_name
+from agent.host import Host
+from agent.log import get_logger
+
+log = get_logger("guard.rpm_cache")
+DNF_CACHE_DIRS = ("/var/cache/dnf", "/var/cache/libdnf5", "/var/cache/yum")
+
+
+class RpmCache:
+    """The directory of kept .rpm files (a host path under the Host's root)."""
+
+    def __init__(self, host: Host, directory: str, tool: DnfTool) -> None:
+        self.host = host
+        self.directory = directory
+        self.tool = tool
+
+    def path(self, name: str, version: str, arch: str) -> str:
+        """Host path of a build's cached .rpm (whether or not it exists)."""
+        return f"{self.directory.rstrip('/')}/{rpm_file_name(name, version, arch)}"
+
+    def has(self, name: str, version: str, arch: str) -> bool:
+        return self.host.path(self.path(name, version, arch)).is_file()
+
+    def _from_dnf_cache(self, file_name: str) -> Optional[str]:
+        for cache_dir in DNF_CACHE_DIRS:
+            for candidate in self.host.walk_files(cache_dir):
+                if candidate.rsplit("/", 1)[-1] == file_name:
+                    return candidate
+        return None
+
+    def ensure(self, name: str, version: str, arch: str) -> Optional[str]:
+        """Make sure the .rpm is cached; its host path, or None when it cannot be had (logged)."""
+        target = self.path(name, version, arch)
+        real = self.host.path(target)
+        if real.is_file():
+            return target
+        real.parent.mkdir(parents=True, exist_ok=True)
+        cached = self._from_dnf_cache(real.name)
+        if cached is not None:
+            shutil.copy2(self.host.path(cached), real)
+            return target
+        try:
+            self.tool.download(name, version, arch, self.directory).check()
+        except CommandError as exc:
+            log.info("rpm_download_failed", package=name, version=version, error=str(exc))
+        if real.is_file():
+            return target
+        url = self.tool.location(name, version, arch)
+        if url and urlparse(url).scheme == "file":
+            source = unquote(urlparse(url).path)
+            try:
+                shutil.copy2(source, real)
+                return target
+            except OSError as exc:
+                log.warning("rpm_cache_copy_failed", package=name, source=source, error=exc.strerror or str(exc))
+        log.warning("rpm_cache_miss", package=name, version=version, arch=arch)
+        return None
+
+    def prune(self, keep: List[str]) -> List[str]:
+        """Delete cached files not in ``keep`` (host paths); returns what was deleted."""
+        keep_names = {k.rsplit("/", 1)[-1] for k in keep}
+        removed = []
+        for name in self.host.list_dir(self.directory):
+            if name.endswith(".rpm") and name not in keep_names:
+                self.host.path(f"{self.directory}/{name}").unlink()
+                removed.append(name)
+        return removed

@@ -1,0 +1,170 @@
+"""The guard's decision on one transaction, shared by the apt hook and the dnf checkers: pure policy, no protocol.
+
+Given the compiled policy, a neutral Transaction and the installed set, :class:`Decision` evaluates the set the
+transaction would leave, reports pre-existing violations as notes and ``warn`` rules as warnings, lets an open
+override window through (audited), or prints the ``REFUSED (...)`` lines with hints, records the events for the
+daemon and returns an exit code. :meth:`Decision.failsafe` is the single fail-safe policy (``block-guarded``,
+``block-all``, ``allow``) for a policy that cannot be read, input that cannot be parsed or an internal error.
+Every line goes through ``say`` (stderr, prefixed ``gpuguard:``). Standard library only, and the heavier modules
+are imported only when a decision is needed: this is on the start-up path of every apt and dnf run.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+
+from agent.hostfacts.kfd import gpu_targets
+from agent.hostfacts.loaded_modules import loaded_drivers
+from agent.hostfacts.os_release import read_os_release
+from agent.hostfacts.paths import under
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
+    import datetime as dt
+    from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
+
+EXIT_ALLOW = 0
+EXIT_USAGE = 2
+EXIT_REFUSED = 10
+EXIT_FAILSAFE_POLICY = 11
+EXIT_FAILSAFE_INPUT = 12
+EXIT_INTERNAL = 13
+
+PREFIX = "gpuguard"
+
+
+def guarded_names(names: Sequence[str], guarded: Sequence[str]) -> list:
+    """The names (``name``, ``name:arch`` or ``name@version`` keys) that match a guarded pattern, sorted."""
+    bases = {n: n.split(":", 1)[0].split("@", 1)[0] for n in names}
+    return sorted(n for n in names if any(fnmatch.fnmatchcase(bases[n], p) for p in guarded))
+
+
+class Decision:
+    """One guard decision for a front end (``tool``: apt, dnf, dnf5) over a host root and state directory.
+
+    ``say`` writes one line to the operator, ``bypass_hint`` tells the operator how to skip the guard for one run
+    of this front end, ``record`` queues an event for the daemon (default: guard-events.jsonl and audit.log under
+    the state directory; it never fails the decision).
+    """
+
+    def __init__(self, tool: str, root: str, state_dir: str, say: Callable[[str], None],
+                 now: Callable[[], dt.datetime], bypass_hint: str,
+                 record: Optional[Callable[[Dict[str, object]], None]] = None) -> None:
+        from agent.guard.hotpath.state import GuardPaths
+
+        self.tool = tool
+        self.root = root
+        self.paths = GuardPaths(state_dir)
+        self.say = say
+        self.now = now
+        self.bypass_hint = bypass_hint
+        self.record = record or self.record_to_state
+
+    def record_to_state(self, record: Dict[str, object]) -> None:
+        """Queue a guard event for the daemon and keep an audit line; never fails the decision."""
+        from agent.guard.hotpath.state import append_json_line
+
+        stamped = {"occurred_at": self.now().isoformat(), **record}
+        for target in (self.paths.events, self.paths.audit_log):
+            try:
+                append_json_line(under(self.root, target), stamped if target == self.paths.events else
+                                 {"at": stamped["occurred_at"], "event": record.get("kind"), **record})
+            except OSError as exc:
+                self.say(f"warning: cannot record to {target}: {exc.strerror or exc}")
+
+    def load_policy(self, compiled_path: Optional[str], policy_dir: str):
+        """The compiled policy (default: under the state directory) and None, or None and what is wrong with it."""
+        from agent.errors import InputFileError
+        from agent.policy.compiled import read_compiled
+
+        compiled_path = compiled_path or self.paths.compiled_policy
+        try:
+            policy = read_compiled(under(self.root, compiled_path))
+        except InputFileError as exc:
+            return None, f"{compiled_path}: {exc.reason}"
+        self.warn_if_stale(compiled_path, policy_dir)
+        return policy, None
+
+    def warn_if_stale(self, compiled_path: str, policy_dir: str) -> None:
+        try:
+            compiled_mtime = os.stat(under(self.root, compiled_path)).st_mtime
+            host_dir = under(self.root, policy_dir)
+            newer = [n for n in sorted(os.listdir(host_dir)) if n.endswith(".toml")
+                     and os.stat(f"{host_dir}/{n}").st_mtime > compiled_mtime]
+        except OSError:
+            return
+        if newer:
+            self.say(f"warning: {', '.join(newer)} in {policy_dir} changed after the policy was compiled; "
+                     f"this run uses the compiled policy (run 'gpuguard policy compile')")
+
+    def failsafe(self, mode: str, guarded: Sequence[str], names: Sequence[str], why: str, code: int,
+                 command_line: Optional[str]) -> int:
+        """The fail-safe decision: let through (``allow``, or ``block-guarded`` without guarded packages) or
+        refuse with ``code``."""
+        touched = guarded_names(list(names), guarded)
+        if mode == "allow" or (mode == "block-guarded" and not touched):
+            self.say(f"warning: {why}; fail-safe '{mode}' lets this transaction through"
+                     + ("" if mode == "allow" else " (it touches no guarded package)"))
+            return EXIT_ALLOW
+        what = f"it touches guarded packages: {', '.join(touched[:8])}" if touched else "it cannot be checked"
+        self.say(f"REFUSED by fail-safe '{mode}': {why}; {what}")
+        self.say("to proceed: fix the problem above (gpuguard policy check / gpuguard policy compile), or "
+                 + self.bypass_hint)
+        self.record({"kind": "transaction_blocked", "tool": self.tool, "rule": "failsafe", "message": why,
+                     "packages": {n: "?" for n in touched}, "command_line": command_line})
+        return code
+
+    def decide(self, policy, tx, installed: Mapping[str, str]) -> int:
+        """Evaluate ``tx`` over ``installed`` (the installed set, keyed like the transaction) against ``policy``."""
+        from agent.errors import InputFileError
+        from agent.guard.hotpath.overrides import active_windows, load_windows
+        from agent.guard.hotpath.transaction import before_set, resulting_set
+        from agent.policy.evaluate import HostState, evaluate
+
+        if not tx.changes:
+            return EXIT_ALLOW
+        os_id = os_version = None
+        targets: Tuple[str, ...] = ()
+        if policy.section("matrix"):
+            fields = read_os_release(self.root) or {}
+            os_id, os_version = fields.get("ID"), fields.get("VERSION_ID")
+            targets = gpu_targets(self.root)
+        modules = loaded_drivers(self.root) if policy.section("nvidia") else {}
+        state = HostState(before=before_set(installed, tx), after=resulting_set(installed, tx), manager=tx.manager,
+                          os_id=os_id, os_version_id=os_version, gpu_targets=targets, loaded_drivers=modules)
+        violations = evaluate(state, policy)
+        changed = state.changed()
+        new = [v for v in violations if v.touches(changed)]
+        for old in (v for v in violations if not v.touches(changed)):
+            self.say(f"note: the host already violates the policy ({old.rule}): {old.message}")
+        for warning in (v for v in new if v.action == "warn"):
+            self.say(f"warning ({warning.rule}): {warning.message}")
+            self.record({"kind": "policy_violation", "rule": warning.rule, "message": warning.message,
+                         "packages": warning.packages, "action": "warn"})
+        blocking = [v for v in new if v.action in ("block", "rollback")]
+        if not blocking:
+            return EXIT_ALLOW
+        try:
+            windows = active_windows(load_windows(under(self.root, self.paths.overrides)), self.now())
+        except InputFileError as exc:
+            self.say(f"warning: ignoring override windows: {exc}")
+            windows = []
+        if windows:
+            window = windows[0]
+            self.say(f"override window {window.id} ({window.reason!r}, by {window.opened_by}, until "
+                     f"{window.expires_at.isoformat(timespec='seconds')}) lets through: "
+                     + "; ".join(v.message for v in blocking))
+            self.record({"kind": "override_used", "window": window.to_dict(), "command_line": tx.command_line,
+                         "violations": [v.to_dict() for v in blocking]})
+            return EXIT_ALLOW
+        for v in blocking:
+            packages = ", ".join(f"{name} {move}" for name, move in v.packages.items())
+            self.say(f"REFUSED ({v.rule}): {packages}: {v.message}")
+            self.record({"kind": "transaction_blocked", "tool": self.tool, "rule": v.rule, "message": v.message,
+                         "packages": v.packages, "command_line": tx.command_line})
+        hints = list(dict.fromkeys(v.hint for v in blocking if v.hint))
+        for hint in hints:
+            self.say(f"to proceed: {hint}")
+        self.say(f"policy '{policy.name}' ({', '.join(policy.sources) or policy.path}); nothing was changed")
+        return EXIT_REFUSED

@@ -1,0 +1,68 @@
+"""The one flow every front end runs (apt hook, dnf checker, dnf5 action), and the never-raise wrapper around it.
+
+:func:`check` loads the compiled policy, parses the front end's input, and either lets the fail-safe decide (the
+policy or the input cannot be read, or evaluation failed) or decides on the resulting set. :func:`never_raise`
+turns anything left (a bug, an interrupt) into one ``REFUSED`` line and exit 13: a front end never prints a
+traceback and never lets a transaction through because it crashed.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+from agent.errors import InputFileError
+from agent.guard.hotpath.decision import EXIT_ALLOW, EXIT_FAILSAFE_INPUT, EXIT_FAILSAFE_POLICY, EXIT_INTERNAL, PREFIX
+from agent.policy.compiled import DEFAULT_FAILSAFE, DEFAULT_GUARDED
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the hook's start-up budget
+    from typing import Callable, List, Mapping, Optional, TextIO
+
+    from agent.guard.hotpath.decision import Decision
+    from agent.guard.hotpath.transaction import Transaction
+    from agent.policy.compiled import CompiledPolicy
+
+
+class Parsed(namedtuple("Parsed", "transaction installed")):
+    """A front end's input: the Transaction and ``installed(policy)``, the installed set keyed like it."""
+
+    __slots__ = ()
+
+
+def check(decision: Decision, policy_file: Optional[str], policy_dir: str, text: str,
+          parse: Callable[[str], Parsed], guess_packages: Callable[[str], List[str]]) -> int:
+    """Decide on one front end's input ``text``; every outcome is lines through ``decision.say`` and an exit code."""
+    policy, policy_problem = decision.load_policy(policy_file, policy_dir)
+    mode = policy.failsafe if policy else DEFAULT_FAILSAFE
+    guarded = policy.guarded if policy else list(DEFAULT_GUARDED)
+    try:
+        parsed = parse(text)
+    except InputFileError as exc:
+        return decision.failsafe(mode, guarded, guess_packages(text), f"cannot read the transaction: {exc}",
+                                 EXIT_FAILSAFE_INPUT, None)
+    tx: Transaction = parsed.transaction
+    names = [c.package for c in tx.changes]
+    if policy is None:
+        return decision.failsafe(mode, guarded, names, f"no usable policy ({policy_problem})", EXIT_FAILSAFE_POLICY,
+                                 tx.command_line)
+    if not tx.changes:
+        return EXIT_ALLOW
+    try:
+        installed: Mapping[str, str] = parsed.installed(policy)
+        return decision.decide(policy, tx, installed)
+    except Exception as exc:  # noqa: BLE001 - a bug in evaluation still ends in the fail-safe decision
+        return decision.failsafe(mode, guarded, names, f"internal error ({type(exc).__name__}: {exc})",
+                                 EXIT_INTERNAL, tx.command_line)
+
+
+def never_raise(run: Callable[[], int], err: TextIO, bypass_hint: str) -> int:
+    """``run()``'s exit code; an interrupt or any exception becomes one ``REFUSED`` line and EXIT_INTERNAL."""
+    try:
+        return run()
+    except KeyboardInterrupt:
+        err.write(f"{PREFIX}: REFUSED: interrupted\n")
+        return EXIT_INTERNAL
+    except Exception as exc:  # noqa: BLE001 - fail safe with one line, never a traceback
+        err.write(f"{PREFIX}: REFUSED by fail-safe: internal error ({type(exc).__name__}: {exc}); {bypass_hint}\n")
+        return EXIT_INTERNAL
+

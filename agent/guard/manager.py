@@ -1,0 +1,50 @@
+"""Which package manager a host has, and its tools and rollback backend built from the guard settings.
+
+The one place that knows both apt and dnf: agent/guard/apt/ and agent/guard/dnf/ never import each other.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+from agent.config import Settings
+from agent.guard.apt.backend import AptBackend
+from agent.guard.apt.tool import AptTool
+from agent.guard.dnf.backend import RpmBackend
+from agent.guard.dnf.tool import DnfTool
+from agent.guard.hotpath.state import GuardPaths
+from agent.guard.rollback.backend import PackageBackend
+from agent.host import Host
+from agent.hostfacts.rpmdb import rpm_database_files
+
+
+def detect_manager(host: Host) -> str:
+    """``dpkg`` or ``rpm``: which package database this host has (dpkg wins when both are present)."""
+    if host.path("/var/lib/dpkg/status").is_file():
+        return "dpkg"
+    if rpm_database_files(str(host.root)):
+        return "rpm"
+    return "dpkg"  # neither: the dpkg reader names the missing status file, as before rpm support
+
+
+def backend_for(host: Host, settings: Settings, tool: Optional[Union[AptTool, DnfTool]] = None) -> PackageBackend:
+    """The backend for this host's package database; ``tool`` (an AptTool or DnfTool) replaces the default."""
+    paths = GuardPaths(settings.agent.state_dir)
+    if tool is None:
+        tool = dnf_tool_for(host, settings) if detect_manager(host) == "rpm" else apt_tool_for(host, settings)
+    if getattr(tool, "manager", "dpkg") == "rpm":  # tests hand in fakes of either tool
+        return RpmBackend(host, tool, paths.rpms)
+    return AptBackend(host, tool, paths.debs)
+
+
+def apt_tool_for(host: Host, settings: Settings) -> AptTool:
+    """An AptTool with the guard settings' timeouts."""
+    guard = settings.guard
+    return AptTool(host, timeout_seconds=guard.apt_timeout_seconds, lock_timeout_seconds=guard.lock_timeout_seconds)
+
+
+def dnf_tool_for(host: Host, settings: Settings) -> DnfTool:
+    """A DnfTool with the guard settings' timeouts and dnf options, writing its script in the state directory."""
+    guard = settings.guard
+    return DnfTool(host, timeout_seconds=guard.apt_timeout_seconds, lock_timeout_seconds=guard.lock_timeout_seconds,
+                   options=list(guard.dnf_options), work_dir=settings.agent.state_dir)

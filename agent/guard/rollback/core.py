@@ -1,0 +1,251 @@
+"""Catch what slipped past the package-manager guard (``dpkg -i``, ``rpm -U --force``) and roll it back.
+
+The daemon calls :func:`check_and_rollback` whenever the package database changes; ``gpuguard guard rollback``
+calls it by hand. It compares the installed guarded packages with the last known-good set in the state
+directory. A compliant state becomes the new known-good set (and its package files are cached). A violation
+whose action is ``rollback`` is planned (``apt-get -s``, ``dnf --assumeno``), run once the package database lock
+is free, checked against the known-good versions, and recorded as a Rollback event; a reboot marker is written
+when a kernel module package moved. What differs between apt/dpkg and dnf/rpm lives in agent.guard.rollback.backend.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fnmatch
+import json
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+from agent.errors import InputFileError
+from agent.guard.manager import backend_for
+from agent.guard.rollback.backend import InstalledPackage, PackageBackend, PlannedStep
+from agent.hostfacts.loaded_modules import loaded_drivers
+from agent.guard.hotpath.overrides import active_windows, audit, load_windows
+from agent.files import write_atomically
+from agent.guard.hotpath.state import GuardPaths, append_json_line
+from agent.host import Host
+from agent.log import get_logger
+from agent.policy.compiled import KERNEL_MODULE_PACKAGES, CompiledPolicy
+from agent.policy.evaluate import HostState, Violation, evaluate
+
+log = get_logger("guard.rollback")
+KNOWN_GOOD_FORMAT = 1
+
+
+@dataclass
+class GuardResult:
+    """What one check found and did."""
+
+    status: str  # compliant | recorded | no_known_good | violations | override | planned | rolled_back | failed
+    violations: List[Violation] = field(default_factory=list)
+    plan: List[PlannedStep] = field(default_factory=list)
+    targets: List[str] = field(default_factory=list)
+    from_versions: Dict[str, str] = field(default_factory=dict)
+    to_versions: Dict[str, str] = field(default_factory=dict)
+    reboot_required: bool = False
+    detail: str = ""
+
+    def summary(self) -> str:
+        lines = [f"guard: {self.status}" + (f" ({self.detail})" if self.detail else "")]
+        lines += [f"  violation ({v.rule}, {v.action}): {v.message}" for v in self.violations]
+        lines += [f"  plan: {s.action} {s.package} {s.old_version or '-'} -> {s.new_version or '-'}" for s in self.plan]
+        if self.reboot_required:
+            lines.append("  a kernel module package changed: reboot needed")
+        return "\n".join(lines) + "\n"
+
+
+def read_installed(host: Host, patterns: List[str], backend: Optional[PackageBackend] = None,
+                   settings=None) -> Dict[str, InstalledPackage]:
+    """Installed packages matching the guarded globs, from the host's package database (dpkg status or rpm)."""
+    if backend is None:
+        from agent.config import Settings
+
+        backend = backend_for(host, settings or Settings())
+    return backend.read_installed(patterns)
+
+
+def load_known_good(host: Host, paths: GuardPaths) -> Optional[Dict[str, InstalledPackage]]:
+    """The last known-good set, None when none was recorded; InputFileError when the file is corrupt."""
+    where = str(host.path(paths.known_good))
+    text = host.read_text(paths.known_good)
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+        if data.get("format") != KNOWN_GOOD_FORMAT:
+            raise ValueError(f"format {data.get('format')!r} is not {KNOWN_GOOD_FORMAT}")
+        return {name: InstalledPackage(str(item["version"]), str(item.get("arch", "")))
+                for name, item in data["packages"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InputFileError(where, f"corrupt known-good state ({exc}); delete it to record the current set "
+                                    f"again once the host is compliant") from None
+
+
+def record_known_good(host: Host, paths: GuardPaths, installed: Dict[str, InstalledPackage], now: dt.datetime,
+                      backend: Optional[PackageBackend]) -> Dict[str, Optional[str]]:
+    """Store ``installed`` as the known-good set and cache its package files; the cached path per package key."""
+    files: Dict[str, Optional[str]] = {}
+    field_name = "deb"
+    if backend is not None:
+        files = backend.cache_known_good(installed)
+        field_name = backend.file_field
+    data = {"format": KNOWN_GOOD_FORMAT, "recorded_at": now.isoformat(),
+            "packages": {k: {"version": v.version, "arch": v.arch, field_name: files.get(k)}
+                         for k, v in sorted(installed.items())}}
+    write_atomically(str(host.path(paths.known_good)), json.dumps(data, indent=2, sort_keys=True) + "\n")
+    log.info("known_good_recorded", packages=len(installed), files_cached=sum(1 for p in files.values() if p))
+    return files
+
+
+def _uncached_note(files: Dict[str, Optional[str]], backend: Optional[PackageBackend]) -> str:
+    """What the operator must know when some known-good package files could not be kept."""
+    missing = sorted(k for k, path in files.items() if not path)
+    if backend is None or not missing:
+        return ""
+    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    return (f"; no package file could be kept for {len(missing)} of them ({shown}): no configured repository "
+            f"offers those versions now, so a rollback to them needs one that does")
+
+
+def _versions(packages: Dict[str, InstalledPackage]) -> Dict[str, str]:
+    return {k: v.version for k, v in packages.items()}
+
+
+def _module_packages_moved(moved: List[str]) -> List[str]:
+    return [n for n in moved
+            if any(fnmatch.fnmatchcase(n.split("@", 1)[0].split(":", 1)[0], p) for p in KERNEL_MODULE_PACKAGES)]
+
+
+def _record_event(host: Host, paths: GuardPaths, payload: dict, now: dt.datetime) -> None:
+    record = {"occurred_at": now.isoformat(), **payload}
+    append_json_line(str(host.path(paths.events)), record)
+    audit(str(host.path(paths.audit_log)), str(payload.get("kind")), now,
+          **{k: v for k, v in payload.items() if k != "kind"})
+
+
+def _write_reboot_marker(host: Host, paths: GuardPaths, moved: Dict[str, str], now: dt.datetime) -> None:
+    lines = [f"*** gpuguard: reboot required: kernel module packages changed ({now.isoformat()}) ***"]
+    lines += [f"{name} {move}" for name, move in sorted(moved.items())]
+    write_atomically(str(host.path(paths.reboot_required)), "\n".join(lines) + "\n")
+    write_atomically(str(host.path(paths.reboot_required + ".pkgs")),
+                     "\n".join(n.split("@", 1)[0].split(":", 1)[0] for n in sorted(moved)) + "\n")
+
+
+def check_and_rollback(host: Host, settings, policy: Optional[CompiledPolicy] = None, tool=None,
+                       now: Optional[Callable[[], dt.datetime]] = None, dry_run: bool = False,
+                       snapshot: Optional[Callable[[Host], object]] = None,
+                       backend: Optional[PackageBackend] = None) -> GuardResult:
+    """Compare the installed set with the last known-good one and act as the policy says.
+
+    ``settings`` is the agent Settings (``agent.state_dir`` and ``guard``). ``policy`` defaults to the compiled
+    policy in the state directory. ``snapshot`` is called after a rollback (default: a full snapshot, whose
+    content hash goes into the Rollback event). ``backend`` (or ``tool``, an AptTool or DnfTool) replaces the
+    package-manager backend picked from the host's package database.
+    """
+    from agent.policy.compiled import read_compiled
+    from agent.report.events import PolicyViolation, Rollback
+
+    clock = now or host.clock
+    paths = GuardPaths(settings.agent.state_dir)
+    guard = settings.guard
+    if policy is None:
+        policy = read_compiled(str(host.path(paths.compiled_policy)))
+    backend = backend or backend_for(host, settings, tool)
+    backend.wait_for_lock()
+    current = backend.read_installed(policy.guarded)
+    known_good = load_known_good(host, paths)
+    modules = loaded_drivers(str(host.root)) if policy.section("nvidia") else {}
+    if known_good is None:
+        state = HostState(before=_versions(current), after=_versions(current), manager=backend.manager,
+                          loaded_drivers=modules)
+        violations = [v for v in evaluate(state, policy) if v.action != "warn"]
+        if violations:
+            return GuardResult("no_known_good", violations,
+                               detail="the host violates the policy and no known-good set was recorded yet")
+        detail = f"{len(current)} guarded packages recorded as known-good"
+        if not dry_run:
+            detail += _uncached_note(record_known_good(host, paths, current, clock(), backend), backend)
+        return GuardResult("recorded", detail=detail)
+    state = HostState(before=_versions(known_good), after=_versions(current), manager=backend.manager,
+                      loaded_drivers=modules)
+    violations = [v for v in evaluate(state, policy) if v.touches(state.changed())]
+    if not violations:
+        if state.changed() and not dry_run:
+            files = record_known_good(host, paths, current, clock(), backend)
+            return GuardResult("recorded", detail=f"compliant change of {len(state.changed())} packages recorded"
+                               + _uncached_note(files, backend))
+        return GuardResult("compliant")
+    for v in violations:
+        if not dry_run:
+            payload = PolicyViolation(rule=v.rule, message=v.message, packages=v.packages, action=v.action)
+            _record_event(host, paths, payload.model_dump(mode="json"), clock())
+        log.warning("guard_violation", rule=v.rule, action=v.action, packages=v.packages)
+    rollback_violations = [v for v in violations if v.action == "rollback"]
+    if not rollback_violations or not guard.rollback_enabled:
+        return GuardResult("violations", violations, detail="no violation asks for a rollback")
+    try:
+        windows = active_windows(load_windows(str(host.path(paths.overrides))), clock())
+    except InputFileError as exc:
+        log.warning("override_file_corrupt", error=str(exc))
+        windows = []
+    if windows:
+        return GuardResult("override", violations, detail=f"override window {windows[0].id} is open: not rolling back")
+    targets, from_versions, to_versions = backend.plan_targets(known_good, current)
+    plan, plan_error = backend.simulate(targets)
+    moved_modules = _module_packages_moved(list(from_versions))
+    outcome = GuardResult("planned", violations, plan, targets, from_versions, to_versions,
+                          reboot_required=bool(moved_modules))
+    if plan_error is not None:
+        missing = sorted(f"{k} {v.version}" for k, v in known_good.items()
+                         if k in to_versions and not backend.has_cached(k, v))
+        if missing:
+            plan_error += (f" (no kept package file for {', '.join(missing)}: put it in {backend.cache_dir} or make "
+                           f"a repository offer that version, then run gpuguard guard rollback again)")
+        outcome.status, outcome.detail = "failed", plan_error
+    if dry_run:
+        return outcome
+    if outcome.status != "failed":
+        backend.wait_for_lock()
+        apply_error = backend.apply(targets)
+        if apply_error is not None:
+            backend.finish_pending()
+            outcome.status = "failed"
+            outcome.detail = apply_error
+        else:
+            after = backend.read_installed(policy.guarded)
+            wrong = {k: (after[k].version if k in after else "(absent)") for k, v in to_versions.items()
+                     if (after[k].version if k in after else "(removed)") != v}
+            if wrong:
+                outcome.status, outcome.detail = "failed", f"after the rollback these differ: {wrong}"
+            else:
+                outcome.status = "rolled_back"
+    snapshot_hash = None
+    if outcome.status == "rolled_back":
+        taker = snapshot if snapshot is not None else _default_snapshot
+        snap = taker(host)
+        snapshot_hash = getattr(snap, "content_hash", None)
+    if outcome.reboot_required and outcome.status == "rolled_back":
+        _write_reboot_marker(host, paths, {k: f"{from_versions[k]} -> {to_versions[k]}" for k in moved_modules},
+                             clock())
+    detail = "; ".join(v.message for v in rollback_violations)
+    if snapshot_hash:
+        detail += f"; snapshot after rollback {snapshot_hash}"
+    if outcome.detail:
+        detail += f"; {outcome.detail}"
+    event = Rollback(reason=rollback_violations[0].rule, from_versions=from_versions, to_versions=to_versions,
+                     succeeded=outcome.status == "rolled_back", reboot_required=outcome.reboot_required, detail=detail)
+    _record_event(host, paths, event.model_dump(mode="json"), clock())
+    log.warning("guard_rollback", status=outcome.status, targets=targets, reboot_required=outcome.reboot_required)
+    return outcome
+
+
+def _default_snapshot(host: Host) -> object:
+    from agent.snapshot.take import take_snapshot
+
+    try:
+        return take_snapshot(host)
+    except Exception as exc:  # noqa: BLE001 - a failed re-snapshot must not turn a done rollback into an error
+        log.warning("snapshot_after_rollback_failed", error=f"{type(exc).__name__}: {exc}")
+        return None
+
+

@@ -1,0 +1,215 @@
+"""The apt hook end to end over a fake root: decisions, messages, exit codes, fail-safe, overrides, start-up."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional, Tuple
+
+import pytest
+
+from agent.guard.apt import hook as apt_hook
+from agent.guard.hotpath.overrides import start_window
+from agent.policy.load import load_and_compile, write_compiled
+from agent.guard.hotpath import decision as exits
+
+REPO = Path(__file__).resolve().parents[3]
+NOW = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.timezone.utc)
+POLICY = """
+[policy]
+name = "unit"
+[amd]
+action = "rollback"
+[[amd.pairing]]
+name = "rocm-6.2"
+amdgpu = "6.2.*"
+rocm = "6.2.*"
+kernels = ["6.1.0-26-amd64"]
+[[amd.pairing]]
+name = "rocm-6.3"
+amdgpu = "6.3.*"
+rocm = "6.3.*"
+[kernel]
+allow = ["6.1.0-2[67]-amd64"]
+[[versions]]
+name = "toolkit"
+packages = ["nvidia-container-toolkit"]
+allow = ">= 1.17.3"
+action = "warn"
+"""
+STATUS = "".join(
+    f"Package: {name}\nStatus: install ok installed\nArchitecture: amd64\nVersion: {version}\n"
+    f"Description: x\n long text\n\n"
+    for name, version in [("amdgpu-dkms", "1:6.8.5.60202-2041575"), ("rocm-core", "6.2.2.60202-116~12"),
+                          ("linux-image-6.1.0-26-amd64", "6.1.112-1"), ("vim", "2:9.0.1378-2")])
+HEAD = "VERSION 3\nAPT::Architecture=amd64\nCommandLine::AsString=apt-get%20install\n\n"
+
+
+def line(name: str, old: str, new: str, action: str = "/x.deb") -> str:
+    direction = "<" if old == "-" or new == "-" else "<"
+    return f"{name} {old} {'-' if old == '-' else 'amd64'} none {direction} {new} amd64 none {action}\n"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    (tmp_path / "var/lib/dpkg").mkdir(parents=True)
+    (tmp_path / "var/lib/dpkg/status").write_text(STATUS)
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    _, compiled = load_and_compile(str(policy))
+    write_compiled(str(tmp_path / "var/lib/gpuguard/policy.compiled.json"), compiled)
+    return tmp_path
+
+
+def run_hook(root: Path, text: str, now: dt.datetime = NOW, args: Optional[list] = None) -> Tuple[int, str]:
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, text.encode())
+    os.close(write_fd)
+    err = io.StringIO()
+    try:
+        code = apt_hook.main(["--root", str(root)] + (args or []), environ={"APT_HOOK_INFO_FD": str(read_fd)},
+                             err=err, now=lambda: now)
+    finally:
+        os.close(read_fd)
+    output = err.getvalue()
+    assert "Traceback" not in output
+    return code, output
+
+
+def test_allowed_pair_upgrade_exits_0(root: Path) -> None:
+    """Driver and ROCm moving together to another allowed pairing."""
+    code, out = run_hook(root, HEAD + line("amdgpu-dkms", "1:6.8.5.60202-2041575", "1:6.10.5.60300-1")
+                         + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12"))
+    assert code == exits.EXIT_ALLOW and out == ""
+
+
+def test_unrelated_transaction_exits_0(root: Path) -> None:
+    code, out = run_hook(root, HEAD + line("vim", "2:9.0.1378-2", "2:9.0.1378-3"))
+    assert code == 0 and out == ""
+
+
+def test_breaking_the_pairing_is_refused_with_a_useful_message(root: Path) -> None:
+    """The message names the package, the pinned pairing it breaks and how to proceed."""
+    code, out = run_hook(root, HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12"))
+    assert code == exits.EXIT_REFUSED
+    assert "REFUSED (amd.pairing): amdgpu-dkms 1:6.8.5.60202-2041575, rocm-core 6.2.2.60202-116~12 -> " \
+           "6.3.0.60300-39~12" in out
+    assert "breaks the pinned AMD pairing 'rocm-6.2'" in out
+    assert 'gpuguard override start --minutes 60 --reason "..."' in out
+    events = (root / "var/lib/gpuguard/guard-events.jsonl").read_text().splitlines()
+    assert json.loads(events[-1])["kind"] == "transaction_blocked"
+
+
+def test_unsupported_kernel_is_refused(root: Path) -> None:
+    code, out = run_hook(root, HEAD + line("linux-image-6.1.0-28-amd64", "-", "6.1.119-1"))
+    assert code == exits.EXIT_REFUSED
+    assert "kernel.allow" in out and "amd.pairing.kernels" in out and "6.1.0-28-amd64" in out
+
+
+def test_warn_rule_lets_through_with_a_warning(root: Path) -> None:
+    code, out = run_hook(root, HEAD + line("nvidia-container-toolkit", "-", "1.16.0-1"))
+    assert code == 0 and "warning (versions.toolkit)" in out
+
+
+def test_open_override_window_allows_and_expired_one_does_not(root: Path) -> None:
+    """Windows are honoured only while open; the use is audited."""
+    state = root / "var/lib/gpuguard"
+    start_window(str(state / "overrides.json"), str(state / "audit.log"), minutes=30, reason="swap driver",
+                 max_minutes=60, now=lambda: NOW, opened_by="ops")
+    breaking = HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12")
+    code, out = run_hook(root, breaking, now=NOW + dt.timedelta(minutes=10))
+    assert code == 0 and "override window" in out and "swap driver" in out
+    assert '"event":"override_used"' in (state / "audit.log").read_text()
+    code, _ = run_hook(root, breaking, now=NOW + dt.timedelta(minutes=31))
+    assert code == exits.EXIT_REFUSED
+
+
+def test_corrupt_override_file_is_ignored_with_a_warning(root: Path) -> None:
+    (root / "var/lib/gpuguard/overrides.json").write_text("[1, 2")
+    code, out = run_hook(root, HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12"))
+    assert code == exits.EXIT_REFUSED and "ignoring override windows" in out and "not valid JSON" in out
+
+
+@pytest.mark.parametrize("compiled_text,fragment", [
+    (None, "no compiled policy"),
+    ("{", "not valid JSON"),
+    ('{"format": 99}', "format 99"),
+    ('{"format": 1, "action": "explode", "failsafe": "block-guarded", "guarded": []}', "action 'explode'"),
+])
+def test_missing_or_invalid_policy_fails_safe(root: Path, compiled_text: Optional[str], fragment: str) -> None:
+    """Guarded packages are refused (exit 11), other packages pass with a warning."""
+    compiled = root / "var/lib/gpuguard/policy.compiled.json"
+    if compiled_text is None:
+        compiled.unlink()
+    else:
+        compiled.write_text(compiled_text)
+    code, out = run_hook(root, HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.2.2.60202-116~12"))
+    assert code == exits.EXIT_FAILSAFE_POLICY
+    assert "REFUSED by fail-safe 'block-guarded'" in out and fragment in out and "rocm-core" in out
+    code, out = run_hook(root, HEAD + line("vim", "2:9.0.1378-2", "2:9.0.1378-3"))
+    assert code == 0 and "lets this transaction through" in out
+
+
+@pytest.mark.parametrize("text", ["", "VERSION 2\nAPT::Architecture=amd64\n\nrocm-core 6.2.2 < 6.3.0 r.deb\n",
+                                  "VERSION 3\n\nrocm-core 6.2.2 amd64\n", "\x00\x01binary"])
+def test_malformed_input_fails_safe(root: Path, text: str) -> None:
+    """Unparsable input: refused (12) when it names a guarded package, else let through with a warning."""
+    code, out = run_hook(root, text)
+    if "rocm-core" in text:
+        assert code == exits.EXIT_FAILSAFE_INPUT and "cannot read the transaction" in out
+    else:
+        assert code == 0 and "cannot read the transaction" in out
+
+
+def test_block_all_failsafe_refuses_unguarded_input_too(root: Path) -> None:
+    compiled = root / "var/lib/gpuguard/policy.compiled.json"
+    data = json.loads(compiled.read_text())
+    data["failsafe"] = "block-all"
+    compiled.write_text(json.dumps(data))
+    code, out = run_hook(root, "VERSION 9\n\n")
+    assert code == exits.EXIT_FAILSAFE_INPUT and "unknown hook protocol version '9'" in out
+
+
+def test_internal_error_fails_safe_without_traceback(root: Path) -> None:
+    """A compiled policy whose spec has the wrong type breaks evaluation: one line, fail-safe exit 13."""
+    compiled = root / "var/lib/gpuguard/policy.compiled.json"
+    data = json.loads(compiled.read_text())
+    data["amd"]["pairings"][0]["amdgpu"] = 5
+    compiled.write_text(json.dumps(data))
+    code, out = run_hook(root, HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12"))
+    assert code == exits.EXIT_INTERNAL and "internal error (TypeError" in out
+
+
+def test_bad_arguments_exit_2(root: Path) -> None:
+    code, out = run_hook(root, HEAD, args=["--frobnicate"])
+    assert code == exits.EXIT_USAGE and "bad hook arguments" in out
+
+
+def test_stale_compiled_policy_is_flagged(root: Path) -> None:
+    policy_dir = root / "etc/gpuguard/policy.d"
+    policy_dir.mkdir(parents=True)
+    compiled = root / "var/lib/gpuguard/policy.compiled.json"
+    os.utime(compiled, (1_000_000, 1_000_000))
+    (policy_dir / "10-site.toml").write_text(POLICY)
+    code, out = run_hook(root, HEAD + line("vim", "2:9.0.1378-2", "2:9.0.1378-3"))
+    assert code == 0 and "changed after the policy was compiled" in out
+
+
+def test_hook_path_imports_neither_pydantic_nor_structlog(root: Path) -> None:
+    """python -X importtime over a real hook run through the packaged launcher: no pydantic, no structlog."""
+    launcher = (REPO / "packaging/apt/gpuguard-apt-hook").read_text().replace(
+        'GPUGUARD_LIB = "/usr/lib/gpuguard"', f'GPUGUARD_LIB = "{REPO}"')
+    script = root / "hook.py"
+    script.write_text(launcher)
+    text = HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12")
+    result = subprocess.run([sys.executable, "-I", "-S", "-X", "importtime", str(script), "--root", str(root)],
+                            input=text, capture_output=True, text=True, env={"APT_HOOK_INFO_FD": "0"}, timeout=60)
+    assert result.returncode == exits.EXIT_REFUSED, result.stderr[-2000:]
+    imported = [ln.split("|")[-1].strip() for ln in result.stderr.splitlines() if ln.startswith("import time:")]
+    assert "agent.guard.apt.hook" in imported and "agent.policy.evaluate" in imported
+    assert not [m for m in imported if m.split(".")[0] in ("pydantic", "pydantic_core", "structlog")]

@@ -1,0 +1,76 @@
+"""The apt hook protocol-v3 parser: captured input, every action kind, and malformed input."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.errors import InputFileError
+from agent.guard.apt.protocol import guess_packages, parse_hook_input, percent_decode
+from agent.guard.hotpath.transaction import Change, before_set, resulting_set
+from tests.conftest import RECORDED
+
+CAPTURED = (RECORDED / "apt-hook" / "v3-upgrade-rocm-core.txt").read_text()
+MIXED = (RECORDED / "apt-hook" / "v3-mixed.txt").read_text()
+
+
+def test_captured_refused_upgrade_parses_to_one_change() -> None:
+    """The input apt sent for 'apt-get install -y rocm-core' in the reference chroot."""
+    request = parse_hook_input(CAPTURED)
+    assert request.native_arch == "amd64"
+    assert request.transaction.command_line == "apt-get install -y rocm-core"
+    assert request.transaction.changes == (Change("rocm-core", "6.2.2", "6.3.0", "amd64"),)
+
+
+def test_install_downgrade_multiarch_and_removal() -> None:
+    """New install, downgrade, a foreign-arch copy, and **REMOVE** each become the right change."""
+    changes = {c.package: c for c in parse_hook_input(MIXED).transaction.changes}
+    assert changes["amdgpu-dkms"] == Change("amdgpu-dkms", None, "6.8.5", "amd64")
+    assert changes["rocm-core"] == Change("rocm-core", "6.3.0", "6.2.2", "amd64")
+    assert changes["libssl3:i386"].old_version is None
+    assert changes["libssl3"].old_version == "3.0.15-1~deb12u1"
+    assert changes["old-tool"] == Change("old-tool", "1.0", None, "amd64")
+    assert changes["old-tool"].kind == "remove" and changes["amdgpu-dkms"].kind == "install"
+
+
+def test_config_values_other_than_the_two_used_are_not_kept() -> None:
+    """The config dump may hold proxy credentials: only the architecture and the command line survive."""
+    request = parse_hook_input(MIXED)
+    assert set(request.config) == {"APT::Architecture", "CommandLine::AsString"}
+    assert "secret" not in repr(request)
+
+
+def test_resulting_and_before_sets() -> None:
+    """The resulting set applies every change; the before set trusts apt's old versions."""
+    tx = parse_hook_input(MIXED).transaction
+    installed = {"rocm-core": "6.3.0", "old-tool": "1.0", "libssl3": "3.0.15-1~deb12u1", "vim": "9"}
+    after = resulting_set(installed, tx)
+    assert after["amdgpu-dkms"] == "6.8.5" and after["rocm-core"] == "6.2.2" and "old-tool" not in after
+    assert after["vim"] == "9"
+    assert before_set({}, tx)["rocm-core"] == "6.3.0"
+
+
+def test_percent_decoding() -> None:
+    assert percent_decode("apt-get%20install%20x%3d1") == "apt-get install x=1"
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("", "empty input"),
+    ("garbage\n\nrocm-core 1 amd64 none < 2 amd64 none x.deb\n", "expected 'VERSION 3'"),
+    ("VERSION 2\nAPT::Architecture=amd64\n\nrocm-core 1 < 2 x.deb\n", "unknown hook protocol version '2'"),
+    ("VERSION 4\n\n", "unknown hook protocol version '4'"),
+    ("VERSION 3\nAPT::Architecture=amd64\nno equals sign here\n\n", "line 3: configuration line without '='"),
+    ("VERSION 3\nAPT::Architecture=amd64\n", "no blank line"),
+    ("VERSION 3\n\nrocm-core 6.2.2 amd64 none < 6.3.0 amd64 none\n", "line 3: expected 9 fields"),
+    ("VERSION 3\n\nrocm-core 6.2.2 amd64 none ~ 6.3.0 amd64 none x.deb\n", "direction '~'"),
+])
+def test_malformed_input_is_one_clear_error(text: str, fragment: str) -> None:
+    """Each malformed input raises InputFileError (exit 4 class) whose message says what is wrong."""
+    with pytest.raises(InputFileError) as info:
+        parse_hook_input(text, "fd 20")
+    assert fragment in str(info.value) and str(info.value).startswith("fd 20: ")
+
+
+def test_guess_packages_from_unparsable_input() -> None:
+    """The fail-safe still sees which packages an unparsable transaction names."""
+    text = "VERSION 2\nAPT::Architecture=amd64\n\nrocm-core 6.2.2 < 6.3.0 /srv/rocm-core_6.3.0_amd64.deb\n"
+    assert guess_packages(text) == ["rocm-core"]

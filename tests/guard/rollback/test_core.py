@@ -1,0 +1,194 @@
+"""The after-the-fact guard over a fake root with recorded apt output: known-good state, plans, lock, bad state."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+from agent.config import Settings
+from agent.errors import CommandTimeout, InputFileError
+from agent.guard.apt.tool import AptTool, parse_simulation
+from agent.guard.rollback.core import check_and_rollback, load_known_good
+from agent.guard.hotpath.state import GuardPaths
+from agent.host import Host
+from agent.policy.load import compiled_from, load_policy
+from tests.conftest import fixed_clock
+from tests.fakes.runner import FakeRunner
+
+POLICY = """
+[policy]
+name = "rb"
+[amd]
+action = "rollback"
+[[amd.pairing]]
+name = "rocm-6.2"
+amdgpu = "6.2.*"
+rocm = "6.2.*"
+"""
+D62, D63, R62 = "1:6.8.5.60202-2041575", "1:6.10.5.60300-2084815", "6.2.2.60202-116~12"
+SIMULATION = """NOTE: This is only a simulation!
+Inst amdgpu-dkms [1:6.10.5.60300-2084815] (1:6.8.5.60202-2041575 localhost [all])
+Conf amdgpu-dkms (1:6.8.5.60202-2041575 localhost [all])
+"""
+
+
+def _status(driver: str) -> str:
+    return (f"Package: amdgpu-dkms\nStatus: install ok installed\nArchitecture: all\nVersion: {driver}\n\n"
+            f"Package: rocm-core\nStatus: install ok installed\nArchitecture: amd64\nVersion: {R62}\n\n")
+
+
+@pytest.fixture
+def setup(tmp_path: Path):
+    root = tmp_path / "root"
+    (root / "var/lib/dpkg").mkdir(parents=True)
+    (root / "var/lib/dpkg/status").write_text(_status(D62))
+    policy_file = tmp_path / "p.toml"
+    policy_file.write_text(POLICY)
+    policy = compiled_from(load_policy(str(policy_file)))
+    runner = FakeRunner()
+    host = Host(root=root, runner=runner, clock=fixed_clock)
+    tool = AptTool(host, lock_timeout_seconds=1)
+    return root, host, tool, runner, policy, policy_file
+
+
+def test_parse_simulation() -> None:
+    (step,) = parse_simulation(SIMULATION)
+    assert (step.action, step.package, step.old_version, step.new_version) == ("install", "amdgpu-dkms", D63, D62)
+
+
+def test_first_compliant_check_records_known_good_then_plans_a_rollback(setup) -> None:
+    root, host, tool, runner, policy, _ = setup
+    for name, version in (("amdgpu-dkms", D62), ("rocm-core", R62)):
+        runner.add(tool._download_argv(name, version, "/var/lib/gpuguard/debs"), returncode=100,
+                   stderr="E: Version not found")
+    result = check_and_rollback(host, Settings(), policy=policy, tool=tool)
+    assert result.status == "recorded"
+    assert load_known_good(host, GuardPaths())["amdgpu-dkms"].version == D62
+    (root / "var/lib/dpkg/status").write_text(_status(D63))
+    runner.add(tool.argv("apt-get", "-s", "-y", "--allow-downgrades", "--allow-change-held-packages",
+                         *tool._apt_options(), "install", f"amdgpu-dkms={D62}"), stdout=SIMULATION)
+    planned = check_and_rollback(host, Settings(), policy=policy, tool=tool, dry_run=True)
+    assert planned.status == "planned" and planned.targets == [f"amdgpu-dkms={D62}"]
+    assert planned.reboot_required and planned.to_versions == {"amdgpu-dkms": D62}
+    assert "plan: install amdgpu-dkms" in planned.summary()
+
+
+def test_versions_no_repository_offers_are_named_when_recorded_and_when_planning_fails(setup) -> None:
+    """As on the H200 (no repository reachable): the operator learns at record time, and the failed plan says
+    which package file is missing and where to put it."""
+    root, host, tool, runner, policy, _ = setup
+    for name, version in (("amdgpu-dkms", D62), ("rocm-core", R62)):
+        runner.add(tool._download_argv(name, version, "/var/lib/gpuguard/debs"), returncode=100,
+                   stderr=f"E: Can't find a source to download version '{version}' of '{name}:amd64'")
+    recorded = check_and_rollback(host, Settings(), policy=policy, tool=tool)
+    assert recorded.status == "recorded"
+    assert "no package file could be kept for 2 of them (amdgpu-dkms, rocm-core)" in recorded.detail
+    (root / "var/lib/dpkg/status").write_text(_status(D63))
+    runner.add(tool.argv("apt-get", "-s", "-y", "--allow-downgrades", "--allow-change-held-packages",
+                         *tool._apt_options(), "install", f"amdgpu-dkms={D62}"), returncode=100,
+               stderr="E: Version '1:6.8.5.60202-2041575' for 'amdgpu-dkms' was not found\n")
+    planned = check_and_rollback(host, Settings(), policy=policy, tool=tool, dry_run=True)
+    assert planned.status == "failed"
+    assert "apt-get -s could not plan the rollback: E: Version" in planned.detail
+    assert f"no kept package file for amdgpu-dkms {D62}: put it in /var/lib/gpuguard/debs" in planned.detail
+    assert "rocm-core" not in planned.detail.split("no kept package file", 1)[1]  # it did not move
+
+
+def test_corrupt_known_good_state_is_exit_4_in_one_line(setup, capsys) -> None:
+    root, host, tool, runner, policy, policy_file = setup
+    state = root / "var/lib/gpuguard"
+    state.mkdir(parents=True)
+    (state / "known-good.json").write_text('{"format": 1, "packages": [1, 2]}')
+    with pytest.raises(InputFileError, match="corrupt known-good state"):
+        load_known_good(host, GuardPaths())
+    code = main(["guard", "rollback", "--root", str(root), "--policy", str(policy_file), "--config",
+                 str(root / "none.toml")], out=io.StringIO())
+    err = capsys.readouterr().err
+    assert code == 4 and err.startswith("gpuguard: error: ") and "corrupt known-good state" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_waits_for_the_dpkg_lock_and_gives_up_after_the_timeout(setup, tmp_path: Path) -> None:
+    root, host, tool, *_ = setup
+    lock = root / "var/lib/dpkg/lock-frontend"
+    lock.write_text("")
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl,os,sys,time; fd=os.open(sys.argv[1], os.O_RDWR); "
+                               "fcntl.lockf(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(30)", str(lock)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        with pytest.raises(CommandTimeout):
+            tool.wait_for_dpkg_lock()
+        assert 0.9 < time.monotonic() - started < 5
+    finally:
+        holder.kill()
+        holder.wait()
+    assert tool.wait_for_dpkg_lock() < 1
+
+
+LOCAL_ONLY = ["-o", "Dir::Etc::SourceList=/dev/null", "-o", "Dir::Etc::SourceParts=/dev/null"]
+
+
+def _kept_deb(root: Path) -> str:
+    debs = root / "var/lib/gpuguard/debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    name = f"amdgpu-dkms_{D62.replace(':', '%3a')}_all.deb"
+    (debs / name).write_bytes(b"!<arch>\n")
+    return f"/var/lib/gpuguard/debs/{name}"
+
+
+def _simulate_argv(tool: AptTool, target: str, local_only: bool) -> list:
+    return tool.argv("apt-get", "-s", "-y", "--allow-downgrades", "--allow-change-held-packages", *tool._apt_options(),
+                     *(LOCAL_ONLY if local_only else []), "install", target)
+
+
+def test_kept_files_are_planned_and_installed_without_the_repositories(setup) -> None:
+    """Every target a kept .deb: apt runs with no sources, so a stale index cannot send it to a lost file."""
+    from agent.guard.apt.backend import AptBackend
+
+    root, host, tool, runner, *_ = setup
+    path = _kept_deb(root)
+    backend = AptBackend(host, tool, "/var/lib/gpuguard/debs")
+    runner.add(_simulate_argv(tool, path, local_only=True), stdout=SIMULATION.replace("localhost", "local-deb"))
+    install = tool.argv("apt-get", "-y", "-q", "--allow-downgrades", "--allow-change-held-packages",
+                        "--no-install-recommends", *tool._apt_options(), *LOCAL_ONLY, "install", path)
+    runner.add(install)
+    plan, error = backend.simulate([path])
+    assert error is None and [s.package for s in plan] == ["amdgpu-dkms"]
+    assert backend.apply([path]) is None
+    assert runner.calls == [tuple(_simulate_argv(tool, path, local_only=True)), tuple(install)]
+
+
+def test_a_local_plan_that_needs_a_repository_falls_back_to_the_repositories(setup) -> None:
+    from agent.guard.apt.backend import AptBackend
+
+    root, host, tool, runner, *_ = setup
+    path = _kept_deb(root)
+    backend = AptBackend(host, tool, "/var/lib/gpuguard/debs")
+    runner.add(_simulate_argv(tool, path, local_only=True), returncode=100,
+               stderr="E: Unable to correct problems, you have held broken packages.\n")
+    runner.add(_simulate_argv(tool, path, local_only=False), stdout=SIMULATION)
+    install = tool.argv("apt-get", "-y", "-q", "--allow-downgrades", "--allow-change-held-packages",
+                        "--no-install-recommends", *tool._apt_options(), "install", path)
+    runner.add(install)
+    plan, error = backend.simulate([path])
+    assert error is None and plan
+    assert backend.apply([path]) is None
+    assert runner.calls[-1] == tuple(install)
+
+
+def test_repository_targets_are_planned_with_the_repositories(setup) -> None:
+    from agent.guard.apt.backend import AptBackend
+
+    _, host, tool, runner, *_ = setup
+    backend = AptBackend(host, tool, "/var/lib/gpuguard/debs")
+    runner.add(_simulate_argv(tool, f"amdgpu-dkms={D62}", local_only=False), stdout=SIMULATION)
+    plan, error = backend.simulate([f"amdgpu-dkms={D62}"])
+    assert error is None and runner.calls == [tuple(_simulate_argv(tool, f"amdgpu-dkms={D62}", local_only=False))]
