@@ -16,7 +16,7 @@ from agent.collectors.packages import DEFAULT_WATCHED_PATTERNS
 from agent.errors import ConfigError
 from agent.guard.settings import GuardSettings
 from agent.health.settings import HealthSettings
-from agent.models import FrozenModel
+from agent.models import FrozenModel, validation_problems
 from agent.report.settings import ReportSettings
 
 if sys.version_info >= (3, 11):
@@ -71,15 +71,6 @@ class Settings(FrozenModel):
     health: HealthSettings = HealthSettings()
 
 
-def format_validation_errors(path: str, exc: ValidationError) -> List[str]:
-    """``section -> field: message`` for every error pydantic found."""
-    problems = []
-    for err in exc.errors():
-        where = " -> ".join(str(p) for p in err["loc"]) or "(top level)"
-        problems.append(f"{where}: {err['msg']}")
-    return problems
-
-
 def parse_toml_model(text: str, path: str, model: Type[M]) -> M:
     """Parse TOML text into a settings model; ConfigError lists every problem (bad TOML or every bad field)."""
     try:
@@ -89,7 +80,7 @@ def parse_toml_model(text: str, path: str, model: Type[M]) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(path, format_validation_errors(path, exc)) from None
+        raise ConfigError(path, validation_problems(exc.errors())) from None
 
 
 def parse_settings(text: str, path: str = "<string>") -> Settings:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Iterable, List, Mapping
+
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 
@@ -11,9 +13,24 @@ class FrozenModel(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+def validation_problems(errors: Iterable[Mapping[str, Any]], skip_loc: int = 0, top: str = "(top level)") -> List[str]:
+    """``field -> 1 -> key: message`` for every error pydantic found (``ValidationError.errors()``).
+
+    The one formatter of validation problems: list indexes count from 1, as an operator counts the entries of a
+    file; ``skip_loc`` drops leading location parts (FastAPI's ``body``), ``top`` names an error without one.
+    """
+    problems = []
+    for err in errors:
+        loc = list(err.get("loc", ()))[skip_loc:]
+        where = " -> ".join(str(p + 1) if isinstance(p, int) else str(p) for p in loc) or top
+        message = str(err.get("msg", "invalid"))
+        if message.startswith("Value error, "):
+            message = message[len("Value error, "):]
+        problems.append(f"{where}: {message}")
+    return problems
+
+
 def first_validation_problem(exc: ValidationError) -> str:
     """``where -> field: message`` for the first error, ``(+N more)`` when pydantic found others too."""
-    first = exc.errors()[0]
-    where = " -> ".join(str(p) for p in first["loc"]) or "(top level)"
     more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{where}: {first['msg']}{more}"
+    return validation_problems(exc.errors()[:1])[0] + more

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from agent.daemon_jobs.runtime import Runtime
 from agent.files import write_atomically
 from agent.log import get_logger
+from agent.models import validation_problems
 from agent.report.events import OverrideUsed, Payload, PolicyViolation, Rollback, Severity, TransactionBlocked
 
 log = get_logger("guard_events")
@@ -86,7 +87,7 @@ def payload_from_record(record: Any) -> Tuple[Payload, Severity, Optional[dt.dat
                                for item in record.get("violations") or [] if isinstance(item, dict)]})
             return used, "warning", occurred_at
     except ValidationError as exc:
-        problems = "; ".join(f"{' -> '.join(str(p) for p in e['loc']) or kind}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(validation_problems(exc.errors(), top=kind))
         raise MalformedRecord(f"{kind}: {problems}") from None
     raise MalformedRecord(f"unknown kind {kind!r}")
 

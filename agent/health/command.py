@@ -6,7 +6,8 @@ from typing import Any, Callable, Dict, Optional, TextIO
 
 from pydantic import ValidationError
 
-from agent.config import format_validation_errors, load_settings
+from agent.config import load_settings
+from agent.models import validation_problems
 from agent.errors import UsageError
 from agent.health.render import render_result
 from agent.health.runner import run_health_check
@@ -20,7 +21,7 @@ def health_settings(base: HealthSettings, overrides: Dict[str, Any]) -> HealthSe
     try:
         return HealthSettings.model_validate({**base.model_dump(), **given})
     except ValidationError as exc:
-        raise UsageError("; ".join(format_validation_errors("command line", exc))) from None
+        raise UsageError("; ".join(validation_problems(exc.errors()))) from None
 
 
 def health_run(make_host: Callable[[str], Host], out: TextIO, config_path: str, json_output: bool = False,

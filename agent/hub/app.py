@@ -38,7 +38,7 @@ from agent.hub.store import DRIFT_KINDS, BatchResult, EventQuery, HostState, Sto
 from agent.hub.tokens import Principal, TokenRegistry, bearer_token
 from agent.hub.writer import GroupCommitWriter, WriterBusy
 from agent.log import get_logger
-from agent.models import FrozenModel
+from agent.models import FrozenModel, validation_problems
 from agent.report.events import EVENT_SCHEMA_VERSION, PAYLOAD_KINDS, Event, EventBatch
 
 log = get_logger("hub.app")
@@ -123,15 +123,6 @@ def _error_response(status: int, error: str, detail: str, problems: Optional[Lis
 _STATUS_ERRORS = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
                   405: "method_not_allowed", 413: "body_too_large", 415: "unsupported_media_type",
                   422: "invalid_request", 429: "too_many_requests", 503: "unavailable"}
-
-
-def _format_errors(errors: List[Dict[str, Any]], skip_first_loc: bool = False) -> List[str]:
-    problems = []
-    for err in errors:
-        loc = list(err.get("loc", ()))[1 if skip_first_loc else 0:]
-        where = " -> ".join(str(p) for p in loc) or "(body)"
-        problems.append(f"{where}: {err.get('msg', 'invalid')}")
-    return problems
 
 
 def _one_line(summary: str, problems: List[str]) -> str:
@@ -235,7 +226,7 @@ def _unstorable(value: Any, where: str) -> Iterator[str]:
             yield from _unstorable(key, f"{where} (key)")
             yield from _unstorable(item, f"{where} -> {key}")
     elif isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
+        for index, item in enumerate(value, 1):
             yield from _unstorable(item, f"{where} -> {index}")
 
 
@@ -250,7 +241,7 @@ def batch_problems(batch: EventBatch, body: Optional[bytes] = None) -> List[str]
     body cannot contain NUL or a non-finite number."""
     deep = body is None or _SUSPECT.search(body) is not None
     problems: List[str] = []
-    for index, event in enumerate(batch.events):
+    for index, event in enumerate(batch.events, 1):
         where = f"events -> {index}"
         if event.occurred_at.utcoffset() is None:
             problems.append(f"{where} -> occurred_at: needs a UTC offset (RFC 3339), e.g. 2026-01-01T00:00:00Z")
@@ -275,7 +266,7 @@ def parse_batch(body: bytes) -> EventBatch:
         broken = [e for e in errors if e["type"] == "json_invalid"]
         if broken:
             raise HubHTTPError(400, "malformed_json", f"body is not valid JSON: {broken[0]['msg']}") from None
-        problems = _format_errors(errors)
+        problems = validation_problems(errors, top="(body)")
         raise HubHTTPError(422, "schema_invalid", _one_line(
             f"body is not an EventBatch (schema v{EVENT_SCHEMA_VERSION})", problems), problems) from None
     problems = batch_problems(batch, body)
@@ -485,7 +476,7 @@ def create_app(settings: HubSettings, store: Store, tokens: Optional[TokenRegist
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, exc: RequestValidationError) -> Response:
-        problems = _format_errors(list(exc.errors()))
+        problems = validation_problems(exc.errors(), top="(body)")
         return await _hub_error(request, HubHTTPError(422, "invalid_request", _one_line("invalid request",
                                                                                          problems), problems))
 

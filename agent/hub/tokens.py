@@ -23,6 +23,7 @@ from pydantic import Field, ValidationError
 
 from agent.errors import ConfigError, UsageError
 from agent.log import get_logger
+from agent.models import validation_problems
 from agent.models import FrozenModel
 
 Role = Literal["host", "reader"]
@@ -93,8 +94,7 @@ def read_tokens_file(path: str) -> TokensFile:
     try:
         return TokensFile.model_validate_json(text)
     except ValidationError as exc:
-        problems = [f"{' -> '.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}" for e in exc.errors()]
-        raise ConfigError(path, problems) from None
+        raise ConfigError(path, validation_problems(exc.errors())) from None
 
 
 def _write_atomically_0600(path: Path, text: str) -> None:

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from agent.errors import PolicyError
 from agent.policy.compiled import COMPILED_FORMAT, DEFAULT_KERNEL_PACKAGES, CompiledPolicy, check_compiled
+from agent.models import validation_problems
 from agent.policy.model import Policy
 
 if sys.version_info >= (3, 11):
@@ -35,18 +36,6 @@ class LoadedPolicy:
     policy: Policy
     sources: Tuple[Tuple[str, str], ...]
     path: str
-
-
-def format_errors(exc: ValidationError) -> List[str]:
-    """``field -> 1: message`` for every error pydantic found."""
-    problems = []
-    for err in exc.errors():
-        where = " -> ".join(str(p) for p in err["loc"]) or "(top level)"
-        message = err["msg"]
-        if message.startswith("Value error, "):
-            message = message[len("Value error, "):]
-        problems.append(f"{where}: {message}")
-    return problems
 
 
 def _merge(into: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
@@ -97,7 +86,7 @@ def load_policy(path: str = DEFAULT_POLICY_DIR) -> LoadedPolicy:
         try:
             Policy.model_validate(data)
         except ValidationError as exc:
-            problems += [prefix + p for p in format_errors(exc)]
+            problems += [prefix + p for p in validation_problems(exc.errors())]
             continue
         merged = _merge(merged, data)
     if problems:

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional
 from pydantic import Field, ValidationError, field_validator
 
 from agent.errors import PolicyError
-from agent.models import FrozenModel
+from agent.models import FrozenModel, validation_problems
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -104,9 +104,9 @@ class Matrix(FrozenModel):
             problems.append("driver: duplicate series")
         if len({r.series for r in self.rocm}) != len(self.rocm):
             problems.append("rocm: duplicate series")
-        for i, row in enumerate(self.driver):
+        for i, row in enumerate(self.driver, 1):
             problems += [f"driver -> {i}: unknown source {s!r}" for s in row.sources if s not in source_ids]
-        for i, row in enumerate(self.rocm):
+        for i, row in enumerate(self.rocm, 1):
             problems += [f"rocm -> {i}: unknown source {s!r}" for s in row.sources if s not in source_ids]
             problems += [f"rocm -> {i}: release {r} is not in series {row.series}" for r in row.releases
                          if not r.startswith(row.series + ".")]
@@ -145,8 +145,6 @@ def find_matrix_file(explicit: Optional[str] = None) -> str:
 
 def load_matrix(path: Optional[str] = None) -> Matrix:
     """Read and validate the matrix; PolicyError lists every problem."""
-    from agent.policy.load import format_errors
-
     where = find_matrix_file(path)
     try:
         data = tomllib.loads(Path(where).read_text(encoding="utf-8"))
@@ -159,7 +157,7 @@ def load_matrix(path: Optional[str] = None) -> Matrix:
     try:
         matrix = Matrix.model_validate(data)
     except ValidationError as exc:
-        raise PolicyError(where, format_errors(exc)) from None
+        raise PolicyError(where, validation_problems(exc.errors())) from None
     problems = matrix.consistency_problems()
     if problems:
         raise PolicyError(where, problems)

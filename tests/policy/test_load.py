@@ -52,10 +52,10 @@ def test_type_errors_are_all_reported_with_field_paths(tmp_path: Path) -> None:
     assert info.value.exit_code == 3 and info.value.path == str(path)
     assert any(p.startswith("policy -> action: Input should be 'warn', 'block' or 'rollback'") for p in problems)
     assert any(p.startswith("policy -> max_override_minutes:") for p in problems)
-    assert "amd -> pairing -> 1 -> amdgpu: '< 6.3': use << or <= (and >> or >=); a single < or > is ambiguous " \
+    assert "amd -> pairing -> 2 -> amdgpu: '< 6.3': use << or <= (and >> or >=); a single < or > is ambiguous " \
            "in dpkg" in problems
-    assert any(p.startswith("amd -> pairing -> 1 -> rocm:") for p in problems)
-    assert any(p.startswith("amd -> pairing -> 1 -> kernels: empty list") for p in problems)
+    assert any(p.startswith("amd -> pairing -> 2 -> rocm:") for p in problems)
+    assert any(p.startswith("amd -> pairing -> 2 -> kernels: empty list") for p in problems)
     assert any(p.startswith("frozen -> packages: 'two words'") for p in problems)
     assert str(info.value).startswith(f"{path}: ")
 
@@ -108,7 +108,7 @@ def test_cli_policy_check_prints_every_problem_and_exits_3(tmp_path: Path) -> No
     lines = out.getvalue().splitlines()
     assert lines[-1] == f"{len(lines) - 1} problems found"
     assert all(line.startswith(str(tmp_path / "10-site.toml") + ": ") for line in lines[:-1])
-    assert f"{tmp_path / '10-site.toml'}: amd -> pairing -> 1 -> rocm: " in out.getvalue()
+    assert f"{tmp_path / '10-site.toml'}: amd -> pairing -> 2 -> rocm: " in out.getvalue()
 
 
 def test_cli_policy_check_ok(tmp_path: Path) -> None:

@@ -95,7 +95,7 @@ def fetch_request(peer: Peer) -> Dict[str, Any]:
     installonly = peer.get_list("packages", {"output": ["name"], "filters": [{"key": "installonly"}]})
     conf = peer.get_list("conf", {"key": "installroot"})
     items = []
-    for index, pkg in enumerate(trans):
+    for index, pkg in enumerate(trans, 1):
         direction = str(pkg.get("direction", "")).lower()
         if direction not in ("in", "out"):
             raise ProtocolError(f"trans_packages -> {index} -> direction: {pkg.get('direction')!r} is not IN or OUT")

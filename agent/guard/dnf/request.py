@@ -120,14 +120,15 @@ def parse_request(text: str, source: str = "dnf plugin input", tool: str = "dnf"
     if command_line is not None and not isinstance(command_line, str):
         raise InputFileError(source, "command_line: expected a string")
     installonly = set(DEFAULT_INSTALLONLY)
-    for index, name in enumerate(doc.get("installonly") or []):
+    for index, name in enumerate(doc.get("installonly") or [], 1):
         if not isinstance(name, str):
             raise InputFileError(source, f"installonly -> {index}: expected a string")
         installonly.add(name)
-    installed = [_package(item, f"installed -> {i}", source) for i, item in enumerate(_list(doc, "installed", source))]
+    installed = [_package(item, f"installed -> {i}", source)
+                 for i, item in enumerate(_list(doc, "installed", source), 1)]
     incoming: List[RpmPackage] = []
     outgoing: List[RpmPackage] = []
-    for index, item in enumerate(_list(doc, "items", source)):
+    for index, item in enumerate(_list(doc, "items", source), 1):
         where = f"items -> {index}"
         package = _package(item, where, source)
         direction = item.get("direction")

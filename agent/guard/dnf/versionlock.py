@@ -121,7 +121,7 @@ def render_dnf5(document: Mapping[str, Any], where: str = "versionlock.toml") ->
     """versionlock.toml text for a parsed document: scalars, then ``[[packages]]`` with their conditions."""
     lines = [f"{key} = {_toml_value(value, f'{where}: {key}')}" for key, value in document.items()
              if key != "packages"]
-    for index, package in enumerate(document.get("packages") or []):
+    for index, package in enumerate(document.get("packages") or [], 1):
         lines += ["", "[[packages]]"]
         tables = []
         for key, value in package.items():
@@ -129,7 +129,7 @@ def render_dnf5(document: Mapping[str, Any], where: str = "versionlock.toml") ->
                 tables = value
                 continue
             lines.append(f"{key} = {_toml_value(value, f'{where}: packages -> {index} -> {key}')}")
-        for cond_index, condition in enumerate(tables):
+        for cond_index, condition in enumerate(tables, 1):
             lines.append("[[packages.conditions]]")
             lines += [f"{key} = {_toml_value(value, f'{where}: packages -> {index} -> conditions -> {cond_index}')}"
                       for key, value in condition.items()]

@@ -62,7 +62,7 @@ def load_windows(path: str) -> List[OverrideWindow]:
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("windows"), list):
         raise InputFileError(path, f"not a gpuguard override file (format {FORMAT} with a 'windows' list)")
     windows = []
-    for index, item in enumerate(data["windows"]):
+    for index, item in enumerate(data["windows"], 1):
         where = f"windows -> {index}"
         if not isinstance(item, dict):
             raise InputFileError(path, f"{where}: not an object")

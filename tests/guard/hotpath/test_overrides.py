@@ -50,7 +50,7 @@ def test_limits(tmp_path: Path, minutes: float, reason: str, fragment: str) -> N
     ("{", "not valid JSON"),
     ('{"format": 2, "windows": []}', "not a gpuguard override file"),
     ('{"format": 1, "windows": [{"id": "a", "started_at": "yesterday", "expires_at": "x"}]}',
-     "windows -> 0 -> started_at: 'yesterday' is not an ISO timestamp"),
+     "windows -> 1 -> started_at: 'yesterday' is not an ISO timestamp"),
     ('{"format": 1, "windows": [{"started_at": "2026-01-01T00:00:00", "expires_at": "2026-01-01T01:00:00"}]}',
      "has no time zone"),
 ])
