@@ -1,4 +1,10 @@
-"""The real probe against CPU PyTorch: it must report cpu_fallback; its gloo multi-process path, slow and failing ranks.
+"""The real probe against the installed PyTorch with every GPU hidden: it must report cpu_fallback; its gloo
+multi-process path, slow and failing ranks.
+
+The torch that ``pip install -e '.[probe]'`` brings depends on where it comes from: PyPI's Linux x86_64 wheel is a
+CUDA build (it runs on the CPU when no GPU is visible), a CPU wheel index gives a CPU-only build. The expectations
+about the framework build follow the torch found, and the probe runs with the GPUs hidden, so these tests mean the
+same on a GPU host.
 
 Skipped when torch is not installed, unless GPUGUARD_REQUIRE_TORCH is set: then a missing torch fails.
 """
@@ -6,8 +12,12 @@ Skipped when torch is not installed, unless GPUGUARD_REQUIRE_TORCH is set: then 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +25,15 @@ from agent.health.runner import PROBE_PATH, run_health_check
 from tests.health.helpers import fake_probe_settings, make_host, make_snapshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(110)]
+
+# No GPU visible to the probe, whatever the host has (CUDA and ROCm builds both read these).
+NO_GPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "", "ROCR_VISIBLE_DEVICES": ""}
+# The fallback reasons a run on no GPU gets, by framework build, on a host whose inventory is one NVIDIA GPU.
+REASONS_ON_ONE_NVIDIA_GPU: dict[str, list[str]] = {
+    "cpu": ["cpu_only_build", "fewer_gpus_than_inventory"],
+    "cuda": ["fewer_gpus_than_inventory"],
+    "rocm": ["wrong_vendor_build", "fewer_gpus_than_inventory"],
+}
 
 
 @pytest.fixture(autouse=True)
@@ -25,19 +44,43 @@ def _torch_installed() -> None:
         pytest.skip("torch is not installed; set GPUGUARD_REQUIRE_TORCH=1 to make this a failure")
 
 
+@pytest.fixture(scope="module")
+def installed_torch() -> dict[str, Any]:
+    """The installed torch as torch itself reports it (in a child, with the probe's hidden GPUs): version, build."""
+    code = ("import json, torch\n"
+            "v = torch.version\n"
+            "print(json.dumps({'version': str(torch.__version__), 'cuda': getattr(v, 'cuda', None),\n"
+            "                  'hip': getattr(v, 'hip', None), 'gpu_visible': bool(torch.cuda.is_available())}))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100, check=False,
+                          env={**os.environ, **NO_GPU_ENV})
+    assert done.returncode == 0, done.stderr[-2000:]
+    info = json.loads(done.stdout.strip().splitlines()[-1])
+    info["build"] = "rocm" if info["hip"] else ("cuda" if info["cuda"] else "cpu")
+    return info
+
+
 def run_real(tmp_path: Path, *probe_args: str, gpus: int = 0, **overrides):
-    settings = fake_probe_settings(*probe_args, **{"timeout_seconds": 100.0, **overrides})
+    settings = fake_probe_settings(*probe_args, **{"timeout_seconds": 100.0, "extra_env": NO_GPU_ENV, **overrides})
     return run_health_check(make_host(), settings, str(tmp_path / "state"), snapshot=make_snapshot(nvidia_gpus=gpus),
                             probe_path=PROBE_PATH)
 
 
-def test_cpu_torch_is_cpu_fallback_and_its_checks_pass(tmp_path: Path) -> None:
-    """On CPU PyTorch the probe runs every check on the CPU and the check says cpu_fallback."""
+def test_run_without_a_gpu_is_cpu_fallback_and_its_checks_pass(tmp_path: Path,
+                                                                 installed_torch: dict[str, Any]) -> None:
+    """With no GPU visible the probe runs every check on the CPU and the check says cpu_fallback, for any build.
+
+    A CPU-only build adds cpu_only_build; a CUDA build on this one-NVIDIA-GPU inventory is only short of GPUs.
+    """
+    assert installed_torch["gpu_visible"] is False, "the GPUs should be hidden from the probe"
+    build = installed_torch["build"]
     result = run_real(tmp_path, gpus=1)
     assert result.status == "cpu_fallback", result.summary
-    assert [r.code for r in result.fallback_reasons] == ["cpu_only_build", "fewer_gpus_than_inventory"]
+    assert [r.code for r in result.fallback_reasons] == REASONS_ON_ONE_NVIDIA_GPU[build]
     probe = result.probe
-    assert probe is not None and probe.framework is not None and probe.framework.build == "cpu"
+    assert probe is not None and probe.framework is not None
+    assert probe.framework.build == build
+    assert probe.framework.version == installed_torch["version"]
+    assert probe.framework.cuda == installed_torch["cuda"] and probe.framework.hip == installed_torch["hip"]
     assert probe.ran_on == "cpu" and probe.device_count == 0
     cpu = probe.gpus[0]
     assert cpu.errors == []
