@@ -31,7 +31,7 @@ from agent.daemon_jobs.guard import GuardJob, recompile_policy
 from agent.daemon_jobs.guard_events import GuardEventForwarder
 from agent.daemon_jobs.health import HealthJob
 from agent.daemon_jobs.heartbeat import HeartbeatJob
-from agent.daemon_jobs.hooks import LazyHook, default_hooks
+from agent.daemon_jobs.hooks import Hooks, default_hooks
 from agent.daemon_jobs.metrics import MetricsJob
 from agent.daemon_jobs.runtime import EventEmitter, Runtime, host_identity
 from agent.daemon_jobs.snapshot import SnapshotJob
@@ -163,7 +163,7 @@ class Daemon:
     """Owns the scheduler, the jobs and the signal loop of one ``gpuguard run``."""
 
     def __init__(self, config_path: str, settings: Settings, host: Host,
-                 notifier: Optional[SystemdNotifier] = None, hooks: Optional[Dict[str, LazyHook]] = None) -> None:
+                 notifier: Optional[SystemdNotifier] = None, hooks: Optional[Hooks] = None) -> None:
         self.config_path = config_path
         self.notifier = notifier or SystemdNotifier()
         self.hooks = hooks if hooks is not None else default_hooks()
@@ -215,7 +215,7 @@ class Daemon:
         health = HealthJob(rt, hooks)
         health_runner = self._add(scheduler, "health", _none(health.run), s.daemon.health_interval_seconds,
                                   s.daemon.health_first_run_seconds)
-        snapshot = SnapshotJob(rt, hooks["policy_check"], on_stack_changed=health_runner.request)
+        snapshot = SnapshotJob(rt, hooks.policy_check, on_stack_changed=health_runner.request)
         snap_runner = self._add(scheduler, "snapshot", _none(snapshot.run), s.snapshot.interval_seconds, 0.0)
         # Guard files live under the Host root, where the apt hook of that root writes them.
         events_path = str(rt.host.path(GuardPaths(s.agent.state_dir).events))

@@ -7,9 +7,9 @@ move. The probe measures the machine the agent runs on, so with ``--root`` point
 from __future__ import annotations
 
 import time
-from typing import Any, Dict
 
-from agent.daemon_jobs.hooks import LazyHook
+
+from agent.daemon_jobs.hooks import Hooks
 from agent.daemon_jobs.runtime import Runtime
 from agent.errors import GpuguardError
 from agent.log import get_logger
@@ -23,14 +23,14 @@ _SEVERITY = {"cpu_fallback": "critical", "health_regression": "warning"}
 class HealthJob:
     """Calls the health runner; records its status, commits the events it raises."""
 
-    def __init__(self, runtime: Runtime, hooks: Dict[str, LazyHook]) -> None:
+    def __init__(self, runtime: Runtime, hooks: Hooks) -> None:
         self.runtime = runtime
         self.hooks = hooks
         self._skip_logged = False
         self._restore_last_status()
 
     def _restore_last_status(self) -> None:
-        load_last = self.hooks["health_last"].resolve()
+        load_last = self.hooks.health_last
         if load_last is None:
             return
         try:
@@ -43,13 +43,6 @@ class HealthJob:
                 self.runtime.state.last_health_status = str(last.status)
                 self.runtime.state.last_health_at_seconds = last.started_at.timestamp()
 
-    def _health_settings(self) -> Any:
-        configured = getattr(self.runtime.settings, "health", None)
-        if configured is not None:
-            return configured
-        default = self.hooks["health_settings"].resolve()
-        return default() if default is not None else None
-
     def run(self, reason: str = "interval") -> None:
         rt = self.runtime
         if not rt.settings.daemon.health_enabled:
@@ -60,12 +53,11 @@ class HealthJob:
                          root=str(rt.host.root))
                 self._skip_logged = True
             return
-        run_check, payloads_for = self.hooks["health_run"].resolve(), self.hooks["health_payloads"].resolve()
-        settings = self._health_settings()
-        if run_check is None or payloads_for is None or settings is None:
+        run_check, payloads_for = self.hooks.health_run, self.hooks.health_payloads
+        if run_check is None or payloads_for is None:
             return
         started = time.monotonic()
-        result = run_check(rt.host, settings, rt.state_dir, snapshot=rt.state.last_snapshot)
+        result = run_check(rt.host, rt.settings.health, rt.state_dir, snapshot=rt.state.last_snapshot)
         payloads = list(payloads_for(result))
         for payload in payloads:
             rt.emitter.emit(payload, severity=_SEVERITY.get(payload.kind, "warning"))  # type: ignore[arg-type]

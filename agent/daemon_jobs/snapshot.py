@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional
 
 from agent.collectors import default_collectors
-from agent.daemon_jobs.hooks import LazyHook
 from agent.daemon_jobs.runtime import LAST_SNAPSHOT_FILENAME, Runtime
 from agent.errors import InputFileError
 from agent.log import get_logger
@@ -42,11 +41,11 @@ def stack_changed(diff: SnapshotDiff) -> bool:
 class SnapshotJob:
     """Takes snapshots; on a new content hash commits SnapshotChanged (with the diff) before storing the snapshot."""
 
-    def __init__(self, runtime: Runtime, policy_hook: LazyHook,
+    def __init__(self, runtime: Runtime, policy_check: Optional[Callable[..., Any]],
                  on_stack_changed: Callable[[str], None] = lambda reason: None,
                  take: Callable[..., Snapshot] = take_snapshot) -> None:
         self.runtime = runtime
-        self.policy_hook = policy_hook
+        self.policy_check = policy_check
         self.on_stack_changed = on_stack_changed
         self._take = take
         state = runtime.state
@@ -83,7 +82,7 @@ class SnapshotJob:
 
     def _evaluate_policy(self, snap: Snapshot) -> None:
         rt = self.runtime
-        check = self.policy_hook.resolve()
+        check = self.policy_check
         if check is None:
             return
         try:

@@ -93,91 +93,27 @@ def _installed(host: Host, policy, settings=None) -> dict:
     return {k: v.version for k, v in read_installed(host, policy.guarded, settings=settings).items()}
 
 
-def _os(host: Host) -> Tuple[Optional[str], Optional[str]]:
-    from agent.host import parse_key_value_lines
-
-    values = parse_key_value_lines(host.read_text("/etc/os-release") or "")
-    return values.get("ID"), values.get("VERSION_ID")
-
-
 def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    """What the current host is pinned to and what it would be allowed to do."""
+    """What the current host is pinned to and what it would be allowed to do (agent/policy/explain.py)."""
     from agent.guard.hotpath.overrides import active_windows, load_windows
-    from agent.policy import releases
-    from agent.policy.evaluate import HostState, describe_pairing, evaluate, matching_pairing
-    from agent.policy.spec import describe
-
     from agent.guard.manager import detect_manager
-    from agent.guard.hotpath.decision import guarded_names
     from agent.hostfacts.loaded_modules import loaded_drivers
-    from agent.policy.compiled import DEFAULT_NVIDIA_DRIVER_PACKAGES
+    from agent.hostfacts.os_release import read_os_release
+    from agent.policy.explain import HostFacts, explain
 
     host = make_host(args.root)
     settings = _settings(args)
     policy = _policy_for_host(args, host, settings)
-    installed = _installed(host, policy, settings)
-    manager = detect_manager(host)
-    os_id, os_version = _os(host)
-    lines = [f"policy '{policy.name}' ({', '.join(policy.sources) or policy.path}); default action {policy.action}, "
-             f"fail-safe {policy.failsafe}", f"host: {os_id or '?'} {os_version or '?'}"]
-    amd = policy.section("amd")
-    if amd and amd.get("pairings"):
-        driver_name, rocm_name = amd.get("driver_package") or "amdgpu-dkms", amd.get("rocm_package") or "rocm-core"
-        driver, rocm = installed.get(driver_name), installed.get(rocm_name)
-        lines.append(f"AMD: {driver_name} {driver or '(not installed)'} (driver "
-                     f"{releases.amdgpu_driver_release(driver) or '-'}), {rocm_name} {rocm or '(not installed)'} "
-                     f"(ROCm {releases.rocm_release(rocm) or '-'})")
-        pinned = matching_pairing(amd["pairings"], driver, rocm, manager)
-        if pinned is not None:
-            lines.append(f"  pinned pairing: {describe_pairing(pinned)}")
-        elif driver is None and rocm is None:
-            lines.append("  pinned pairing: none (neither package is installed)")
-        else:
-            lines.append("  pinned pairing: none matches the installed pair (violation)")
-        for pairing in amd["pairings"]:
-            kernels = f"; kernels {describe(pairing['kernels'])}" if pairing.get("kernels") is not None else ""
-            lines.append(f"  may move to {describe_pairing(pairing)}{kernels} "
-                         f"[{policy.action_for(pairing.get('action'), amd.get('action'))}]")
-        lines.append(f"  changing only one of {driver_name}/{rocm_name} must land in one of these pairings")
-    kernel = policy.section("kernel")
-    if kernel and kernel.get("allow") is not None:
-        lines.append(f"kernels: new kernels must match {describe(kernel['allow'])} "
-                     f"[{policy.action_for(kernel.get('action'))}]")
-    nvidia = policy.section("nvidia")
-    modules = loaded_drivers(str(host.root)) if nvidia else {}
-    if nvidia and modules.get("nvidia"):
-        patterns = list(nvidia.get("driver_packages") or DEFAULT_NVIDIA_DRIVER_PACKAGES)
-        packaged = guarded_names(list(installed), patterns)
-        lines.append(f"NVIDIA: loaded module {modules['nvidia']}"
-                     + (f"; driver packages: {', '.join(packaged)}" if packaged
-                        else " (no driver package: the policy judges the running module)"))
-    for pairing in (nvidia or {}).get("pairings") or []:
-        lines.append(f"NVIDIA: may use driver {describe(pairing.get('driver', 'any'))} with CUDA "
-                     f"{describe(pairing.get('cuda', 'any'))} ('{pairing.get('name')}')")
-    for rule in policy.rules("versions"):
-        lines.append(f"versions '{rule.get('name') or '-'}': {', '.join(rule.get('packages') or [])} must match "
-                     f"{describe(rule.get('allow', 'any'))} [{policy.action_for(rule.get('action'))}]")
-    frozen = policy.section("frozen")
-    if frozen and frozen.get("packages"):
-        lines.append(f"frozen (must not move): {', '.join(frozen['packages'])} "
-                     f"[{policy.action_for(frozen.get('action'))}]")
-    if policy.section("matrix"):
-        lines.append(f"AMD compatibility matrix required (recorded {policy.section('matrix').get('recorded')})")
-    state = HostState(before=installed, after=installed, manager=manager, os_id=os_id, os_version_id=os_version,
-                      loaded_drivers=modules)
-    violations = evaluate(state, policy)
-    lines.append("current state: " + ("compliant" if not violations else f"{len(violations)} violation(s)"))
-    lines += [f"  {v.rule} [{v.action}]: {v.message}" for v in violations]
-    paths = _paths(settings)
+    os_fields = read_os_release(str(host.root)) or {}
+    windows, windows_problem = [], None
     try:
-        windows = active_windows(load_windows(str(host.path(paths.overrides))), host.clock())
+        windows = active_windows(load_windows(str(host.path(_paths(settings).overrides))), host.clock())
     except InputFileError as exc:
-        windows = []
-        lines.append(f"override windows unreadable: {exc}")
-    for window in windows:
-        lines.append(f"override window {window.id} open until {window.expires_at.isoformat(timespec='seconds')} "
-                     f"({window.reason!r}, by {window.opened_by}): violating changes are let through")
-    out.write("\n".join(lines) + "\n")
+        windows_problem = str(exc)
+    facts = HostFacts(installed=_installed(host, policy, settings), manager=detect_manager(host),
+                      os_id=os_fields.get("ID"), os_version_id=os_fields.get("VERSION_ID"),
+                      loaded_drivers=loaded_drivers(str(host.root)), windows=windows, windows_problem=windows_problem)
+    out.write("\n".join(explain(policy, facts).lines) + "\n")
     return 0
 
 

@@ -593,8 +593,3 @@ def make_store(database_url: str, sqlite_synchronous: str = "full") -> Store:
         return PostgresStore(database_url)
     raise ConfigError("database_url", [f"unknown scheme in {redact_url(database_url)!r}; "
                                        "use sqlite:///PATH or postgresql://..."])
-
-
-def decode_body(body: str) -> Dict[str, Any]:
-    """A stored event body as a JSON object."""
-    return json.loads(body)

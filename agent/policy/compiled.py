@@ -1,4 +1,4 @@
-"""The compiled policy: a plain JSON document the apt hook (and later the dnf plugin) reads without pydantic.
+"""The compiled policy: a plain JSON document the apt hook and the dnf checkers read without pydantic.
 
 ``gpuguard policy compile`` validates the TOML policy with the pydantic model and writes this file atomically;
 the hook only checks its shape. Standard library only.
@@ -6,13 +6,14 @@ the hook only checks its shape. Standard library only.
 
 from __future__ import annotations
 
+import fnmatch
+
+from agent.errors import InputFileError
+from agent.files import read_json_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Any, Dict, List, Optional, Sequence
-
-from agent.errors import InputFileError
-from agent.files import read_json_file
 
 COMPILED_FORMAT = 1
 ACTIONS = ("warn", "block", "rollback")
@@ -108,3 +109,9 @@ def read_compiled(path: str) -> CompiledPolicy:
     """Read and check a compiled policy file; InputFileError when it is missing, unreadable or malformed."""
     data = read_json_file(path, missing_reason="no compiled policy (run 'gpuguard policy compile')")
     return check_compiled(data, path)
+
+
+def guarded_names(names: Sequence[str], guarded: Sequence[str]) -> list:
+    """The names (``name``, ``name:arch`` or ``name@version`` keys) that match a guarded pattern, sorted."""
+    bases = {n: n.split(":", 1)[0].split("@", 1)[0] for n in names}
+    return sorted(n for n in names if any(fnmatch.fnmatchcase(bases[n], p) for p in guarded))

@@ -15,7 +15,7 @@ from agent.config import Settings
 from agent.daemon_jobs.delivery import DeliveryJob
 from agent.daemon_jobs.health import HealthJob
 from agent.daemon_jobs.heartbeat import HeartbeatJob
-from agent.daemon_jobs.hooks import LazyHook, default_hooks
+from agent.daemon_jobs.hooks import Hooks
 from agent.daemon_jobs.metrics import MetricsJob
 from agent.daemon_jobs.runtime import EventEmitter, Runtime, host_identity
 from agent.daemon_jobs.snapshot import SnapshotJob
@@ -49,17 +49,19 @@ def make_runtime(tmp_path: Path, host: Host, settings: Optional[Settings] = None
     return Runtime(host=host, settings=settings, state_dir=state_dir, outbox=outbox, emitter=emitter, sender=sender)
 
 
-def fake_importer(modules: Dict[str, Any]):  # type: ignore[no-untyped-def]
-    """An importer serving fake modules by name and refusing the rest, like a tree without that package."""
-    def load(name: str) -> Any:
-        if name in modules:
-            return modules[name]
-        raise ImportError(f"No module named {name!r}")
-    return load
+def hooks_from(modules: Dict[str, Any]) -> Hooks:
+    """Hooks wired to fake ``agent.policy.compliance`` / ``agent.health.*`` modules; the rest left unwired."""
+    def find(module: str, attribute: str) -> Any:
+        return getattr(modules[module], attribute) if module in modules else None
+
+    return Hooks(policy_check=find("agent.policy.compliance", "check_snapshot"),
+                 health_run=find("agent.health.runner", "run_health_check"),
+                 health_last=find("agent.health.runner", "load_last_result"),
+                 health_payloads=find("agent.health.events", "payloads_for"))
 
 
-def no_hooks() -> Dict[str, LazyHook]:
-    return default_hooks(fake_importer({}))
+def no_hooks() -> Hooks:
+    return Hooks()
 
 
 # --- snapshot ---------------------------------------------------------------------------------------------------
@@ -67,7 +69,7 @@ def no_hooks() -> Dict[str, LazyHook]:
 def test_first_snapshot_is_reported_and_stored(tmp_path: Path) -> None:
     """No previous snapshot: one SnapshotChanged with no old hash; the snapshot is written to the state dir."""
     rt = make_runtime(tmp_path, make_fixture_host("gpuless-debian12"))
-    SnapshotJob(rt, no_hooks()["policy_check"]).run()
+    SnapshotJob(rt, no_hooks().policy_check).run()
     [stored] = rt.outbox.pending(10)
     assert stored.kind == "snapshot_changed" and stored.payload.old_hash is None
     assert stored.payload.pairing.kernel_running == "6.1.0-26-amd64"
@@ -78,13 +80,13 @@ def test_unchanged_snapshot_is_not_reported_even_after_a_restart(tmp_path: Path)
     """Same content hash, nothing to say; the stored snapshot is read back by a new daemon."""
     host = make_fixture_host("gpuless-debian12")
     rt = make_runtime(tmp_path, host)
-    job = SnapshotJob(rt, no_hooks()["policy_check"])
+    job = SnapshotJob(rt, no_hooks().policy_check)
     job.run()
     job.run()
     assert rt.outbox.depth() == 1
     rt.outbox.close()
     restarted = make_runtime(tmp_path, host)
-    SnapshotJob(restarted, no_hooks()["policy_check"]).run()
+    SnapshotJob(restarted, no_hooks().policy_check).run()
     assert restarted.outbox.depth() == 1
 
 
@@ -102,8 +104,8 @@ def test_changed_package_is_reported_with_the_diff_and_asks_for_a_health_check(t
             update={"data": dpkg.model_copy(update={"packages": packages})})})
         return changed.model_copy(update={"content_hash": compute_content_hash(changed)})
 
-    SnapshotJob(rt, no_hooks()["policy_check"], on_stack_changed=asked.append).run()
-    SnapshotJob(rt, no_hooks()["policy_check"], on_stack_changed=asked.append, take=moved_containerd).run()
+    SnapshotJob(rt, no_hooks().policy_check, on_stack_changed=asked.append).run()
+    SnapshotJob(rt, no_hooks().policy_check, on_stack_changed=asked.append, take=moved_containerd).run()
     first, second = rt.outbox.pending(10)
     assert second.payload.old_hash == first.payload.new_hash
     assert [(c.section, c.path, c.old, c.new) for c in second.payload.changes] == [
@@ -116,7 +118,7 @@ def test_policy_violations_are_reported_when_they_appear(tmp_path: Path) -> None
     verdicts = [[PolicyViolation(rule="rocm-pin", message="rocm moved", action="rollback")],
                 [PolicyViolation(rule="rocm-pin", message="rocm moved", action="rollback")], []]
     module = types.SimpleNamespace(check_snapshot=lambda snap, settings, root: verdicts.pop(0))
-    hook = default_hooks(fake_importer({"agent.policy.compliance": module}))["policy_check"]
+    hook = hooks_from({"agent.policy.compliance": module}).policy_check
     rt = make_runtime(tmp_path, make_fixture_host("gpuless-debian12"))
     job = SnapshotJob(rt, hook)
     job.run()
@@ -131,16 +133,16 @@ def test_policy_violations_are_reported_when_they_appear(tmp_path: Path) -> None
 def test_no_installed_policy_leaves_compliance_unknown(tmp_path: Path) -> None:
     """A policy engine that finds no compiled policy says nothing about compliance (not "compliant")."""
     module = types.SimpleNamespace(check_snapshot=lambda snap, settings, root: None)
-    hook = default_hooks(fake_importer({"agent.policy.compliance": module}))["policy_check"]
+    hook = hooks_from({"agent.policy.compliance": module}).policy_check
     rt = make_runtime(tmp_path, make_fixture_host("gpuless-debian12"))
     SnapshotJob(rt, hook).run()
     assert rt.state.compliant is None
 
 
 def test_missing_policy_engine_leaves_compliance_unknown(tmp_path: Path) -> None:
-    """Without agent.policy.compliance the snapshot job still works and says nothing about compliance."""
+    """With no policy engine wired the snapshot job still works and says nothing about compliance."""
     rt = make_runtime(tmp_path, make_fixture_host("gpuless-debian12"))
-    SnapshotJob(rt, no_hooks()["policy_check"]).run()
+    SnapshotJob(rt, no_hooks().policy_check).run()
     assert rt.state.compliant is None
 
 
@@ -192,15 +194,14 @@ def fake_health_modules(status: str, payloads: List[Any], calls: List[Any]) -> D
 
     return {"agent.health.runner": types.SimpleNamespace(run_health_check=run_health_check,
                                                          load_last_result=lambda state_dir: None),
-            "agent.health.events": types.SimpleNamespace(payloads_for=lambda r: list(payloads)),
-            "agent.health.settings": types.SimpleNamespace(HealthSettings=lambda: "default-health-settings")}
+            "agent.health.events": types.SimpleNamespace(payloads_for=lambda r: list(payloads))}
 
 
 def test_health_result_is_recorded_and_its_events_reported(tmp_path: Path) -> None:
     """A CPU fallback is a critical event; the status feeds heartbeats and metrics."""
     calls: List[Any] = []
     fallback = CpuFallback(reason="no_gpu_visible", fingerprint="fp1")
-    hooks = default_hooks(fake_importer(fake_health_modules("cpu_fallback", [fallback], calls)))
+    hooks = hooks_from(fake_health_modules("cpu_fallback", [fallback], calls))
     rt = make_runtime(tmp_path, Host(root=Path("/"), clock=lambda: dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)))
     HealthJob(rt, hooks).run("stack_changed:kernel")
     assert len(calls) == 1 and calls[0][1] == rt.state_dir
@@ -211,7 +212,7 @@ def test_health_result_is_recorded_and_its_events_reported(tmp_path: Path) -> No
 def test_health_check_is_skipped_for_a_foreign_root_or_when_disabled(tmp_path: Path) -> None:
     """The probe measures this machine, so a fixture root never runs it; health_enabled=false neither."""
     calls: List[Any] = []
-    hooks = default_hooks(fake_importer(fake_health_modules("pass", [], calls)))
+    hooks = hooks_from(fake_health_modules("pass", [], calls))
     HealthJob(make_runtime(tmp_path / "a", make_fixture_host("gpuless-debian12")), hooks).run()
     disabled = Settings.model_validate({"daemon": {"health_enabled": False}})
     HealthJob(make_runtime(tmp_path / "b", Host(root=Path("/")), disabled), hooks).run()
@@ -219,7 +220,7 @@ def test_health_check_is_skipped_for_a_foreign_root_or_when_disabled(tmp_path: P
 
 
 def test_missing_health_runner_is_not_an_error(tmp_path: Path) -> None:
-    """Without agent.health the job does nothing (and logs once)."""
+    """With no health runner wired the job does nothing."""
     rt = make_runtime(tmp_path, Host(root=Path("/")))
     HealthJob(rt, no_hooks()).run()
     assert rt.state.last_health_status is None and rt.outbox.depth() == 0
@@ -230,7 +231,7 @@ def test_missing_health_runner_is_not_an_error(tmp_path: Path) -> None:
 def test_heartbeat_carries_pairing_and_outbox_depth(tmp_path: Path) -> None:
     """After a snapshot the heartbeat names the content hash and pairing; depth counts queued events."""
     rt = make_runtime(tmp_path, make_fixture_host("gpuless-debian12"))
-    SnapshotJob(rt, no_hooks()["policy_check"]).run()
+    SnapshotJob(rt, no_hooks().policy_check).run()
     HeartbeatJob(rt).run()
     beat = rt.outbox.pending(10)[-1].payload
     assert beat.kind == "heartbeat" and beat.outbox_depth == 1
@@ -241,7 +242,7 @@ def test_heartbeat_carries_pairing_and_outbox_depth(tmp_path: Path) -> None:
 def test_metrics_job_writes_the_textfile_under_the_state_dir(tmp_path: Path) -> None:
     """Pairing and outbox depth appear in <state_dir>/metrics/gpuguard.prom."""
     rt = make_runtime(tmp_path, make_fixture_host("gpuless-debian12"))
-    SnapshotJob(rt, no_hooks()["policy_check"]).run()
+    SnapshotJob(rt, no_hooks().policy_check).run()
     MetricsJob(rt).run()
     text = (tmp_path / "state" / "metrics" / "gpuguard.prom").read_text()
     assert 'os_id="debian"' in text and "gpuguard_outbox_depth 1" in text

@@ -11,7 +11,7 @@ from typing import List, Optional
 
 from agent.config import Settings
 from agent.daemon import Daemon, JobRunner, SystemdNotifier
-from agent.daemon_jobs.hooks import default_hooks
+from agent.daemon_jobs.hooks import Hooks
 from agent.host import Host
 
 
@@ -105,16 +105,7 @@ def test_slow_job_never_overlaps_itself_nor_stalls_the_others(tmp_path: Path) ->
         finished.append(time.monotonic())
         return types.SimpleNamespace(status="pass")
 
-    modules = {"agent.health.runner": types.SimpleNamespace(run_health_check=slow_check,
-                                                            load_last_result=lambda state_dir: None),
-               "agent.health.events": types.SimpleNamespace(payloads_for=lambda result: []),
-               "agent.health.settings": types.SimpleNamespace(HealthSettings=lambda: "settings")}
-
-    def importer(name: str) -> object:
-        if name in modules:
-            return modules[name]
-        raise ImportError(name)
-
+    hooks = Hooks(health_run=slow_check, health_last=lambda state_dir: None, health_payloads=lambda result: [])
     settings = Settings.model_validate({
         "agent": {"state_dir": str(tmp_path / "state"), "host_id": "h1"},
         "snapshot": {"interval_seconds": 3600}, "daemon": {"package_watch_interval_seconds": 3600,
@@ -122,7 +113,7 @@ def test_slow_job_never_overlaps_itself_nor_stalls_the_others(tmp_path: Path) ->
                                                            "health_first_run_seconds": 0},
         "report": {"heartbeat_interval_seconds": 0.1, "metrics_enabled": False}})
     daemon = Daemon("/nonexistent/agent.toml", settings, Host(root=Path("/")), SystemdNotifier({}),
-                    default_hooks(importer))
+                    hooks)
     daemon.start()
     time.sleep(0.3)
     for _ in range(5):

@@ -11,13 +11,13 @@ are imported only when a decision is needed: this is on the start-up path of eve
 
 from __future__ import annotations
 
-import fnmatch
 import os
 
 from agent.hostfacts.kfd import gpu_targets
 from agent.hostfacts.loaded_modules import loaded_drivers
 from agent.hostfacts.os_release import read_os_release
 from agent.hostfacts.paths import under
+from agent.policy.compiled import guarded_names
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
@@ -32,12 +32,6 @@ EXIT_FAILSAFE_INPUT = 12
 EXIT_INTERNAL = 13
 
 PREFIX = "gpuguard"
-
-
-def guarded_names(names: Sequence[str], guarded: Sequence[str]) -> list:
-    """The names (``name``, ``name:arch`` or ``name@version`` keys) that match a guarded pattern, sorted."""
-    bases = {n: n.split(":", 1)[0].split("@", 1)[0] for n in names}
-    return sorted(n for n in names if any(fnmatch.fnmatchcase(bases[n], p) for p in guarded))
 
 
 class Decision:
@@ -120,7 +114,7 @@ class Decision:
         from agent.errors import InputFileError
         from agent.guard.hotpath.overrides import active_windows, load_windows
         from agent.guard.hotpath.transaction import before_set, resulting_set
-        from agent.policy.evaluate import HostState, evaluate
+        from agent.policy.evaluate import HostState, evaluate, introduced
 
         if not tx.changes:
             return EXIT_ALLOW
@@ -134,9 +128,9 @@ class Decision:
         state = HostState(before=before_set(installed, tx), after=resulting_set(installed, tx), manager=tx.manager,
                           os_id=os_id, os_version_id=os_version, gpu_targets=targets, loaded_drivers=modules)
         violations = evaluate(state, policy)
-        changed = state.changed()
-        new = [v for v in violations if v.touches(changed)]
-        for old in (v for v in violations if not v.touches(changed)):
+        new = introduced(violations, state)
+        new_ids = {id(v) for v in new}
+        for old in (v for v in violations if id(v) not in new_ids):
             self.say(f"note: the host already violates the policy ({old.rule}): {old.message}")
         for warning in (v for v in new if v.action == "warn"):
             self.say(f"warning ({warning.rule}): {warning.message}")

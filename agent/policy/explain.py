@@ -1,0 +1,107 @@
+"""``gpuguard policy explain``: what a host is pinned to and what it may do, as lines of text (pure).
+
+The CLI (agent/guard/commands.py) reads the host (installed guarded packages, package manager, os-release, loaded
+GPU modules, open override windows) into :class:`HostFacts`; :func:`explain` turns policy and facts into lines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence
+
+from agent.policy import releases
+from agent.policy.compiled import DEFAULT_NVIDIA_DRIVER_PACKAGES, CompiledPolicy, guarded_names
+from agent.policy.evaluate import HostState, Violation, describe_pairing, evaluate, matching_pairing
+from agent.policy.spec import describe
+
+if TYPE_CHECKING:
+    from agent.guard.hotpath.overrides import OverrideWindow
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What ``explain`` needs to know about the host."""
+
+    installed: Mapping[str, str]  # guarded package key -> installed version
+    manager: str  # "dpkg" or "rpm"
+    os_id: Optional[str] = None
+    os_version_id: Optional[str] = None
+    loaded_drivers: Mapping[str, str] = field(default_factory=dict)
+    windows: Sequence[OverrideWindow] = ()
+    windows_problem: Optional[str] = None  # why the override windows could not be read
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The lines to print and the violations the host has now under the policy."""
+
+    lines: List[str]
+    violations: List[Violation]
+
+
+def explain(policy: CompiledPolicy, facts: HostFacts) -> Explanation:
+    """The pinned pairings, the moves the policy allows, the rules, and the host's current compliance."""
+    installed = facts.installed
+    lines = [f"policy '{policy.name}' ({', '.join(policy.sources) or policy.path}); default action {policy.action}, "
+             f"fail-safe {policy.failsafe}", f"host: {facts.os_id or '?'} {facts.os_version_id or '?'}"]
+    lines += _amd_lines(policy, installed, facts.manager)
+    kernel = policy.section("kernel")
+    if kernel and kernel.get("allow") is not None:
+        lines.append(f"kernels: new kernels must match {describe(kernel['allow'])} "
+                     f"[{policy.action_for(kernel.get('action'))}]")
+    nvidia = policy.section("nvidia")
+    modules: Dict[str, str] = dict(facts.loaded_drivers) if nvidia else {}
+    if nvidia and modules.get("nvidia"):
+        patterns = list(nvidia.get("driver_packages") or DEFAULT_NVIDIA_DRIVER_PACKAGES)
+        packaged = guarded_names(list(installed), patterns)
+        lines.append(f"NVIDIA: loaded module {modules['nvidia']}"
+                     + (f"; driver packages: {', '.join(packaged)}" if packaged
+                        else " (no driver package: the policy judges the running module)"))
+    for pairing in (nvidia or {}).get("pairings") or []:
+        lines.append(f"NVIDIA: may use driver {describe(pairing.get('driver', 'any'))} with CUDA "
+                     f"{describe(pairing.get('cuda', 'any'))} ('{pairing.get('name')}')")
+    for rule in policy.rules("versions"):
+        lines.append(f"versions '{rule.get('name') or '-'}': {', '.join(rule.get('packages') or [])} must match "
+                     f"{describe(rule.get('allow', 'any'))} [{policy.action_for(rule.get('action'))}]")
+    frozen = policy.section("frozen")
+    if frozen and frozen.get("packages"):
+        lines.append(f"frozen (must not move): {', '.join(frozen['packages'])} "
+                     f"[{policy.action_for(frozen.get('action'))}]")
+    matrix = policy.section("matrix")
+    if matrix:
+        lines.append(f"AMD compatibility matrix required (recorded {matrix.get('recorded')})")
+    state = HostState(before=dict(installed), after=dict(installed), manager=facts.manager, os_id=facts.os_id,
+                      os_version_id=facts.os_version_id, loaded_drivers=modules)
+    violations = evaluate(state, policy)
+    lines.append("current state: " + ("compliant" if not violations else f"{len(violations)} violation(s)"))
+    lines += [f"  {v.rule} [{v.action}]: {v.message}" for v in violations]
+    if facts.windows_problem:
+        lines.append(f"override windows unreadable: {facts.windows_problem}")
+    for window in facts.windows:
+        lines.append(f"override window {window.id} open until {window.expires_at.isoformat(timespec='seconds')} "
+                     f"({window.reason!r}, by {window.opened_by}): violating changes are let through")
+    return Explanation(lines, violations)
+
+
+def _amd_lines(policy: CompiledPolicy, installed: Mapping[str, str], manager: str) -> List[str]:
+    amd = policy.section("amd")
+    if not amd or not amd.get("pairings"):
+        return []
+    driver_name, rocm_name = amd.get("driver_package") or "amdgpu-dkms", amd.get("rocm_package") or "rocm-core"
+    driver, rocm = installed.get(driver_name), installed.get(rocm_name)
+    lines = [f"AMD: {driver_name} {driver or '(not installed)'} (driver "
+             f"{releases.amdgpu_driver_release(driver) or '-'}), {rocm_name} {rocm or '(not installed)'} "
+             f"(ROCm {releases.rocm_release(rocm) or '-'})"]
+    pinned = matching_pairing(amd["pairings"], driver, rocm, manager)
+    if pinned is not None:
+        lines.append(f"  pinned pairing: {describe_pairing(pinned)}")
+    elif driver is None and rocm is None:
+        lines.append("  pinned pairing: none (neither package is installed)")
+    else:
+        lines.append("  pinned pairing: none matches the installed pair (violation)")
+    for pairing in amd["pairings"]:
+        kernels = f"; kernels {describe(pairing['kernels'])}" if pairing.get("kernels") is not None else ""
+        lines.append(f"  may move to {describe_pairing(pairing)}{kernels} "
+                     f"[{policy.action_for(pairing.get('action'), amd.get('action'))}]")
+    lines.append(f"  changing only one of {driver_name}/{rocm_name} must land in one of these pairings")
+    return lines
