@@ -76,3 +76,18 @@ def _quiet_logs():
 
     configure(level="warning", json_output=True, stream=sys.stderr)
     yield
+
+
+# Tests that build a Debian chroot, a dnf installroot or packages are marked by where they live, so that
+# `make test-fast` (-m "not chroot and not installroot and not packaging and not slow") can leave them out.
+_FOLDER_MARKS = (("tests/guard/apt/chroot/", "chroot"), ("tests/guard/dnf/installroot/", "installroot"),
+                 ("tests/packaging/", "packaging"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    root = Path(str(config.rootpath))
+    for item in items:
+        where = Path(str(item.fspath)).relative_to(root).as_posix()
+        for folder, mark in _FOLDER_MARKS:
+            if where.startswith(folder):
+                item.add_marker(mark)

@@ -7,12 +7,13 @@ import itertools
 import os
 import warnings
 from pathlib import Path
-from typing import Dict, Iterator
+from typing import Dict, Iterator, NoReturn
 
 import pytest
 
 from agent.hub.settings import HubSettings
 from agent.hub.tokens import add_token
+from tests import needs
 from tests.hub.postgres import PostgresServer, PostgresUnavailable
 
 HOSTS = ("host-a", "host-b", "host-c")
@@ -59,10 +60,8 @@ def client(request: pytest.FixtureRequest, settings: HubSettings) -> Iterator["o
         yield test_client
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"PostgreSQL test server unavailable in CI: {reason}")
-    pytest.skip(f"PostgreSQL test server unavailable: {reason}")
+def _unavailable(reason: str) -> NoReturn:
+    needs.unavailable("PostgreSQL hub tests", reason)
 
 
 @pytest.fixture(scope="session")

@@ -12,22 +12,21 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, NoReturn, Optional, Sequence
 
 import pytest
+
+from tests import needs
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE_DIR = Path(os.environ.get("GPUGUARD_TEST_CACHE", "/var/tmp/gpuguard-test-cache"))
 WHEELHOUSE = CACHE_DIR / "wheelhouse"
-IN_CI = os.environ.get("CI", "").lower() == "true"
 UPGRADE_VERSION = "0.1.1"
 ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C", "LANG": "C"}
 
 
-def unavailable(reason: str) -> None:
-    if IN_CI:
-        pytest.fail(f"packaging tests cannot run in CI: {reason}", pytrace=False)
-    pytest.skip(f"packaging tests need it: {reason}")
+def unavailable(reason: str) -> NoReturn:
+    needs.unavailable("packaging tests", reason)
 
 
 def need_tools(*tools: str) -> None:

@@ -22,7 +22,8 @@ from typing import Dict, Iterator, List
 import pytest
 
 from tests.guard.apt.chroot.harness import AMDGPU_62, BASELINE, ROCM_63, TEST_POLICY, Chroot, build_base, missing_tools
-from tests.packaging.conftest import IN_CI, UPGRADE_VERSION, unavailable
+from tests import needs
+from tests.packaging.conftest import UPGRADE_VERSION, unavailable
 
 FAKE_SYSTEMCTL = """#!/bin/sh
 echo "$*" >> /var/log/fake-systemctl.log
@@ -39,7 +40,7 @@ def deb_chroot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chroot]:
     if missing:
         unavailable(f"missing tools: {', '.join(missing)}")
     base = tmp_path_factory.mktemp("pkgchroot")
-    build_base(base / "root", use_cache=not IN_CI)
+    build_base(base / "root", use_cache=not needs.IN_CI)
     chroot = Chroot(base / "root")
     try:
         chroot.mount()

@@ -16,6 +16,7 @@ import pytest
 from agent.guard.apt import hook as apt_hook
 from agent.guard.hotpath.overrides import start_window
 from agent.policy.load import load_and_compile, write_compiled
+from agent.policy.versions import compare_dpkg
 from agent.guard.hotpath import decision as exits
 
 REPO = Path(__file__).resolve().parents[3]
@@ -51,8 +52,21 @@ HEAD = "VERSION 3\nAPT::Architecture=amd64\nCommandLine::AsString=apt-get%20inst
 
 
 def line(name: str, old: str, new: str, action: str = "/x.deb") -> str:
-    direction = "<" if old == "-" or new == "-" else "<"
+    """One action line as apt's dpkgpm.cc writes it: ``<`` install or upgrade, ``>`` removal or downgrade."""
+    if old == "-":
+        direction = "<"
+    elif new == "-":
+        direction = ">"
+    else:
+        order = compare_dpkg(new, old)
+        direction = "<" if order > 0 else ">" if order < 0 else "="
     return f"{name} {old} {'-' if old == '-' else 'amd64'} none {direction} {new} amd64 none {action}\n"
+
+
+def test_line_helper_writes_the_direction_apt_writes() -> None:
+    """The helper's direction field: install and upgrade ``<``, removal and downgrade ``>``, reinstall ``=``."""
+    assert [line("x", old, new).split()[4] for old, new in
+            [("-", "1"), ("1", "1:0"), ("1", "-"), ("2", "1~rc"), ("1", "1")]] == ["<", "<", ">", ">", "="]
 
 
 @pytest.fixture

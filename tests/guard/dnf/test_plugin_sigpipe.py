@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import needs
+
 PLUGIN = Path(__file__).resolve().parents[3] / "packaging" / "dnf" / "gpuguard.py"
 SYSTEM_PYTHON = "/usr/bin/python3"
 
@@ -54,10 +56,10 @@ def _dnf_python_available() -> bool:
     return probe.returncode == 0
 
 
-pytestmark = pytest.mark.skipif(
-    not _dnf_python_available() and os.environ.get("CI", "").lower() != "true",
-    reason="needs the dnf Python module (python3-dnf) on the system python3",
-)
+@pytest.fixture(autouse=True)
+def _needs_dnf_python() -> None:
+    if not _dnf_python_available():
+        needs.unavailable("dnf plugin tests", "the dnf Python module (python3-dnf) is missing on the system python3")
 
 
 def _run(tmp_path: Path, checker_body: str) -> subprocess.CompletedProcess:

@@ -11,20 +11,18 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NoReturn
 
 import pytest
 
+from tests import needs
 from tests.guard.apt.chroot.harness import BASELINE, KERNEL_27, KERNEL_28, Chroot, build_base, missing_tools
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
 TIMINGS: dict = {}
 
 
-def _unavailable(reason: str) -> None:
-    if IN_CI:
-        pytest.fail(f"chroot tests cannot run in CI: {reason}", pytrace=False)
-    pytest.skip(f"chroot tests need it: {reason}")
+def _unavailable(reason: str) -> NoReturn:
+    needs.unavailable("chroot tests", reason)
 
 
 def gpuguard(chroot: Chroot, *argv: str) -> tuple:
@@ -46,7 +44,7 @@ def chroot_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chroot]
     base = tmp_path_factory.mktemp("chroot")
     root = base / "root"
     started = time.monotonic()
-    TIMINGS.update(build_base(root, use_cache=not IN_CI))
+    TIMINGS.update(build_base(root, use_cache=not needs.IN_CI))
     chroot = Chroot(root)
     try:
         chroot.mount()

@@ -17,7 +17,7 @@ from tests.guard.apt.chroot.conftest import gpuguard
 from tests.guard.apt.chroot.harness import (AMDGPU_62, AMDGPU_63, BASELINE, KERNEL_26, KERNEL_27, KERNEL_28, ROCM_62,
                                         ROCM_63, Chroot)
 
-pytestmark = [pytest.mark.chroot, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.timeout(900)
 
 
 def _events(chroot: Chroot) -> list:

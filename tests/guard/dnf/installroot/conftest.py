@@ -11,20 +11,18 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Iterator, Tuple
+from typing import Iterator, NoReturn, Tuple
 
 import pytest
 
+from tests import needs
 from tests.guard.dnf.installroot.harness import BASELINE, TEST_POLICY, Installroot, build_repo, missing_tools
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
 TIMINGS: dict = {}
 
 
-def _unavailable(reason: str) -> None:
-    if IN_CI:
-        pytest.fail(f"installroot tests cannot run in CI: {reason}", pytrace=False)
-    pytest.skip(f"installroot tests need it: {reason}")
+def _unavailable(reason: str) -> NoReturn:
+    needs.unavailable("installroot tests", reason)
 
 
 def gpuguard(root: Installroot, *argv: str) -> Tuple[int, str]:
