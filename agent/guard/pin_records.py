@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from agent.policy import releases
-from agent.policy.compiled import DEFAULT_CUDA_PACKAGES, DEFAULT_KERNEL_PACKAGES, DEFAULT_NVIDIA_DRIVER_PACKAGES
 from agent.policy.compiled import CompiledPolicy
 from agent.policy.evaluate import matching_pairing
 from agent.policy.spec import matches
@@ -43,15 +42,15 @@ def names_to_query(policy: CompiledPolicy) -> Tuple[List[str], List[str]]:
     patterns: List[str] = []
     amd = policy.section("amd")
     if amd and amd.get("pairings"):
-        patterns += [amd.get("driver_package") or "amdgpu-dkms", amd.get("rocm_package") or "rocm-core"]
+        patterns += list(policy.amd_packages)
     kernel = policy.section("kernel")
     if (kernel and kernel.get("allow") is not None) or (amd and any(p.get("kernels") is not None
                                                                     for p in amd.get("pairings") or [])):
-        patterns += list((kernel or {}).get("packages") or DEFAULT_KERNEL_PACKAGES)
+        patterns += policy.kernel_packages
     nvidia = policy.section("nvidia")
     if nvidia and nvidia.get("pairings"):
-        patterns += list(nvidia.get("driver_packages") or DEFAULT_NVIDIA_DRIVER_PACKAGES)
-        patterns += list(nvidia.get("cuda_packages") or DEFAULT_CUDA_PACKAGES)
+        driver_patterns, cuda_patterns = policy.nvidia_packages
+        patterns += driver_patterns + cuda_patterns
     for rule in policy.rules("versions"):
         patterns += list(rule.get("packages") or [])
     exact = [p for p in dict.fromkeys(patterns) if p == glob_prefix(p)]
@@ -83,10 +82,9 @@ def pin_records(policy: CompiledPolicy, installed: Mapping[str, str], available:
             frozen_pins.append(Pin(_name(name).split(":", 1)[0], installed[name], 1001, "frozen by policy"))
     amd = policy.section("amd") or {}
     pairings = [p for p in amd.get("pairings") or [] if isinstance(p, dict)]
-    driver_name = amd.get("driver_package") or "amdgpu-dkms"
-    rocm_name = amd.get("rocm_package") or "rocm-core"
+    driver_name, rocm_name = policy.amd_packages
     kernel = policy.section("kernel") or {}
-    kernel_patterns = list(kernel.get("packages") or DEFAULT_KERNEL_PACKAGES)
+    kernel_patterns = policy.kernel_packages
     nvidia = policy.section("nvidia") or {}
     nv_pairings = [p for p in nvidia.get("pairings") or [] if isinstance(p, dict)]
     installed_builds = {(_name(k), v) for k, v in installed.items()}
@@ -126,11 +124,11 @@ def _forbidden_reason(name: str, version: str, manager: str, pairings: List[dict
                                                                                           release):
                 return f"kernel {release} is not supported by the pinned AMD pairing '{current.get('name')}'"
     if nv_pairings:
-        if _match_any(name, list(nvidia.get("driver_packages") or DEFAULT_NVIDIA_DRIVER_PACKAGES)):
+        if _match_any(name, policy.nvidia_packages[0]):
             release = releases.dotted_release(version)
             if not any(matches(p.get("driver", "any"), release) for p in nv_pairings):
                 return f"NVIDIA driver {release} is in no allowed pairing"
-        if _match_any(name, list(nvidia.get("cuda_packages") or DEFAULT_CUDA_PACKAGES)):
+        if _match_any(name, policy.nvidia_packages[1]):
             release = releases.dotted_release(version)
             if not any(matches(p.get("cuda", "any"), release) for p in nv_pairings):
                 return f"CUDA {release} is in no allowed pairing"

@@ -13,7 +13,7 @@ from agent.files import read_json_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import Any, Dict, List, Optional, Sequence
+    from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 COMPILED_FORMAT = 1
 ACTIONS = ("warn", "block", "rollback")
@@ -66,6 +66,23 @@ class CompiledPolicy:
     def sources(self) -> List[str]:
         return [str(s.get("path")) for s in self.data.get("sources", []) if isinstance(s, dict)]
 
+    @property
+    def kernel_packages(self) -> List[str]:
+        """The kernel package globs (the [kernel] section's, or the defaults, as compiled)."""
+        return list(self.data["kernel_packages"])
+
+    @property
+    def amd_packages(self) -> Tuple[str, str]:
+        """The AMD driver and ROCm package names (as compiled); only meaningful with an ``amd`` section."""
+        amd = self.section("amd") or {}
+        return str(amd.get("driver_package")), str(amd.get("rocm_package"))
+
+    @property
+    def nvidia_packages(self) -> Tuple[List[str], List[str]]:
+        """The NVIDIA driver and CUDA package globs (as compiled); empty without an ``nvidia`` section."""
+        nvidia = self.section("nvidia") or {}
+        return list(nvidia.get("driver_packages") or []), list(nvidia.get("cuda_packages") or [])
+
     def section(self, key: str) -> Optional[Dict[str, Any]]:
         value = self.data.get(key)
         return value if isinstance(value, dict) else None
@@ -94,15 +111,26 @@ def check_compiled(data: Any, path: str) -> CompiledPolicy:
         raise InputFileError(path, f"action {data.get('action')!r} is not one of {', '.join(ACTIONS)}")
     if data.get("failsafe") not in FAILSAFE_MODES:
         raise InputFileError(path, f"failsafe {data.get('failsafe')!r} is not one of {', '.join(FAILSAFE_MODES)}")
-    for key in ("guarded",):
-        if not isinstance(data.get(key), list):
-            raise InputFileError(path, f"{key} is not a list")
+    for key in ("guarded", "kernel_packages"):
+        if not _is_str_list(data.get(key)):
+            raise InputFileError(path, f"{key} is not a list of strings")
     for key in ("amd", "kernel", "nvidia", "frozen", "matrix"):
         if data.get(key) is not None and not isinstance(data.get(key), dict):
             raise InputFileError(path, f"{key} is not an object")
+    # Defaults are applied once, when compiling: the readers rely on these being there.
+    for key in ("driver_package", "rocm_package"):
+        if data.get("amd") is not None and not isinstance(data["amd"].get(key), str):
+            raise InputFileError(path, f"amd -> {key} is not a string")
+    for key in ("driver_packages", "cuda_packages"):
+        if data.get("nvidia") is not None and not _is_str_list(data["nvidia"].get(key)):
+            raise InputFileError(path, f"nvidia -> {key} is not a list of strings")
     if not isinstance(data.get("versions", []), list):
         raise InputFileError(path, "versions is not a list")
     return CompiledPolicy(data, path)
+
+
+def _is_str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
 
 def read_compiled(path: str) -> CompiledPolicy:

@@ -13,13 +13,13 @@ import functools
 import re
 from collections import namedtuple
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
-
 from agent.policy import releases
 from agent.policy.compiled import CompiledPolicy
 from agent.policy.spec import describe, matches
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
+    from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 OVERRIDE_HINT = 'or open an audited maintenance window: gpuguard override start --minutes 60 --reason "..."'
 
@@ -143,9 +143,9 @@ def _check_frozen(state: HostState, policy: CompiledPolicy) -> List[Violation]:
 # --- AMD driver x ROCm pairings --------------------------------------------------------------------------------
 
 
-def _amd_sides(mapping: Mapping[str, str], amd: Mapping[str, Any]) -> Tuple[Optional[str], Optional[str]]:
-    return _find(mapping, amd.get("driver_package") or "amdgpu-dkms"), _find(mapping, amd.get("rocm_package")
-                                                                             or "rocm-core")
+def _amd_sides(mapping: Mapping[str, str], policy: CompiledPolicy) -> Tuple[Optional[str], Optional[str]]:
+    driver_name, rocm_name = policy.amd_packages
+    return _find(mapping, driver_name), _find(mapping, rocm_name)
 
 
 def _pairing_matches(pairing: Mapping[str, Any], driver_version: Optional[str], rocm_version: Optional[str],
@@ -197,10 +197,9 @@ def _check_amd(state: HostState, policy: CompiledPolicy) -> List[Violation]:
     if not amd:
         return []
     pairings = [p for p in amd.get("pairings") or [] if isinstance(p, dict)]
-    driver_name = amd.get("driver_package") or "amdgpu-dkms"
-    rocm_name = amd.get("rocm_package") or "rocm-core"
-    driver_after, rocm_after = _amd_sides(state.after, amd)
-    driver_before, rocm_before = _amd_sides(state.before, amd)
+    driver_name, rocm_name = policy.amd_packages
+    driver_after, rocm_after = _amd_sides(state.after, policy)
+    driver_before, rocm_before = _amd_sides(state.before, policy)
     if not pairings or (driver_after is None and rocm_after is None):
         return []
     scheme = state.manager
@@ -227,7 +226,7 @@ def _check_amd(state: HostState, policy: CompiledPolicy) -> List[Violation]:
     kernels_spec = now.get("kernels")
     if kernels_spec is None:
         return out
-    kernel_patterns = _kernel_patterns(policy)
+    kernel_patterns = policy.kernel_packages
     kernels_before = _kernels(state.before, kernel_patterns, state.manager)
     kernels_after = _kernels(state.after, kernel_patterns, state.manager)
     driver_moved = driver_before != driver_after
@@ -256,18 +255,11 @@ def _check_amd(state: HostState, policy: CompiledPolicy) -> List[Violation]:
 # --- kernel allow list -----------------------------------------------------------------------------------------
 
 
-def _kernel_patterns(policy: CompiledPolicy) -> List[str]:
-    from agent.policy.compiled import DEFAULT_KERNEL_PACKAGES
-
-    section = policy.section("kernel") or {}
-    return list(section.get("packages") or DEFAULT_KERNEL_PACKAGES)
-
-
 def _check_kernel_allow(state: HostState, policy: CompiledPolicy) -> List[Violation]:
     section = policy.section("kernel")
     if not section or section.get("allow") is None:
         return []
-    patterns = _kernel_patterns(policy)
+    patterns = policy.kernel_packages
     before = _kernels(state.before, patterns, state.manager)
     after = _kernels(state.after, patterns, state.manager)
     out = []
@@ -299,16 +291,13 @@ MODULE_KEY = "loaded nvidia module, no driver package"
 
 
 def _check_nvidia(state: HostState, policy: CompiledPolicy) -> List[Violation]:
-    from agent.policy.compiled import DEFAULT_CUDA_PACKAGES, DEFAULT_NVIDIA_DRIVER_PACKAGES
-
     section = policy.section("nvidia")
     if not section:
         return []
     pairings = [p for p in section.get("pairings") or [] if isinstance(p, dict)]
     if not pairings:
         return []
-    driver_patterns = list(section.get("driver_packages") or DEFAULT_NVIDIA_DRIVER_PACKAGES)
-    cuda_patterns = list(section.get("cuda_packages") or DEFAULT_CUDA_PACKAGES)
+    driver_patterns, cuda_patterns = policy.nvidia_packages
     module = (state.loaded_drivers or {}).get("nvidia")
     driver_key, driver_version = _first_version(state.after, driver_patterns)
     if driver_version is None and module:
@@ -383,9 +372,8 @@ def _check_matrix(state: HostState, policy: CompiledPolicy) -> List[Violation]:
     amd = policy.section("amd") or {}
     if not matrix:
         return []
-    driver_name = amd.get("driver_package") or "amdgpu-dkms"
-    rocm_name = amd.get("rocm_package") or "rocm-core"
-    driver, rocm = _amd_sides(state.after, amd)
+    driver_name, rocm_name = policy.amd_packages
+    driver, rocm = _amd_sides(state.after, policy)
     if rocm is None:
         return []
     action = policy.action_for(matrix.get("action"))
@@ -427,7 +415,7 @@ def _check_matrix(state: HostState, policy: CompiledPolicy) -> List[Violation]:
         series_allowed = kernel_table.get(f"{state.os_id}:{state.os_version_id}") or \
             kernel_table.get(f"{state.os_id}:{major}")
         if series_allowed:
-            patterns = _kernel_patterns(policy)
+            patterns = policy.kernel_packages
             before = _kernels(state.before, patterns, state.manager)
             for release, key in sorted(_kernels(state.after, patterns, state.manager).items()):
                 if release in before:

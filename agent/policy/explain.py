@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence
 
 from agent.policy import releases
-from agent.policy.compiled import DEFAULT_NVIDIA_DRIVER_PACKAGES, CompiledPolicy, guarded_names
+from agent.policy.compiled import CompiledPolicy, guarded_names
 from agent.policy.evaluate import HostState, Violation, describe_pairing, evaluate, matching_pairing
 from agent.policy.spec import describe
 
@@ -52,8 +52,7 @@ def explain(policy: CompiledPolicy, facts: HostFacts) -> Explanation:
     nvidia = policy.section("nvidia")
     modules: Dict[str, str] = dict(facts.loaded_drivers) if nvidia else {}
     if nvidia and modules.get("nvidia"):
-        patterns = list(nvidia.get("driver_packages") or DEFAULT_NVIDIA_DRIVER_PACKAGES)
-        packaged = guarded_names(list(installed), patterns)
+        packaged = guarded_names(list(installed), policy.nvidia_packages[0])
         lines.append(f"NVIDIA: loaded module {modules['nvidia']}"
                      + (f"; driver packages: {', '.join(packaged)}" if packaged
                         else " (no driver package: the policy judges the running module)"))
@@ -87,7 +86,7 @@ def _amd_lines(policy: CompiledPolicy, installed: Mapping[str, str], manager: st
     amd = policy.section("amd")
     if not amd or not amd.get("pairings"):
         return []
-    driver_name, rocm_name = amd.get("driver_package") or "amdgpu-dkms", amd.get("rocm_package") or "rocm-core"
+    driver_name, rocm_name = policy.amd_packages
     driver, rocm = installed.get(driver_name), installed.get(rocm_name)
     lines = [f"AMD: {driver_name} {driver or '(not installed)'} (driver "
              f"{releases.amdgpu_driver_release(driver) or '-'}), {rocm_name} {rocm or '(not installed)'} "

@@ -17,9 +17,9 @@ from typing import Any, Dict, List, Optional, Tuple
 from pydantic import ValidationError
 
 from agent.errors import PolicyError
-from agent.policy.compiled import COMPILED_FORMAT, DEFAULT_KERNEL_PACKAGES, CompiledPolicy, check_compiled
 from agent.models import validation_problems
-from agent.policy.model import Policy
+from agent.policy.compiled import COMPILED_FORMAT, DEFAULT_KERNEL_PACKAGES, CompiledPolicy, check_compiled
+from agent.policy.model import AmdSection, Policy
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -111,13 +111,18 @@ def _cross_checks(policy: Policy) -> List[str]:
     return problems
 
 
+def kernel_packages(policy: Policy) -> List[str]:
+    """The kernel package globs: the [kernel] section's, or the defaults when the policy has none."""
+    return list(policy.kernel.packages if policy.kernel else DEFAULT_KERNEL_PACKAGES)
+
+
 def guarded_patterns(policy: Policy) -> List[str]:
     """Package globs the policy guards: what the fail-safe protects when the policy cannot be read."""
     patterns: List[str] = list(policy.policy.guarded)
     if policy.amd:
         patterns += [policy.amd.driver_package, policy.amd.rocm_package]
     if policy.amd or policy.kernel:
-        patterns += list(policy.kernel.packages if policy.kernel else DEFAULT_KERNEL_PACKAGES)
+        patterns += kernel_packages(policy)
     if policy.nvidia:
         patterns += policy.nvidia.driver_packages + policy.nvidia.cuda_packages
     for rule in policy.versions:
@@ -141,12 +146,14 @@ def compile_policy(loaded: LoadedPolicy, matrix: Optional[Any] = None,
         "failsafe": p.failsafe,
         "max_override_minutes": p.max_override_minutes,
         "guarded": guarded_patterns(policy),
+        "kernel_packages": kernel_packages(policy),
         "amd": None, "kernel": None, "nvidia": None, "frozen": None, "matrix": None, "versions": [],
     }
-    if policy.amd:
-        data["amd"] = {"driver_package": policy.amd.driver_package, "rocm_package": policy.amd.rocm_package,
-                       "action": policy.amd.action,
-                       "pairings": [pair.model_dump() for pair in policy.amd.pairing]}
+    # The matrix judges the AMD packages too: their names are compiled in even without pairings.
+    amd = policy.amd or (AmdSection() if p.require_amd_matrix else None)
+    if amd:
+        data["amd"] = {"driver_package": amd.driver_package, "rocm_package": amd.rocm_package,
+                       "action": amd.action, "pairings": [pair.model_dump() for pair in amd.pairing]}
     if policy.kernel:
         data["kernel"] = policy.kernel.model_dump()
     if policy.nvidia:
