@@ -1,4 +1,12 @@
-"""The package-manager guard: one neutral Transaction evaluated by the policy; apt (and later dnf) adapters.
+"""The package-manager guard: apt and dnf transactions judged against the pinned pairing policy, and rollback.
 
-Modules on the apt hook's path (transaction, apt, apt_hook, overrides, state) use the standard library only.
+- ``hotpath/``: what runs inside every apt and dnf transaction (transaction, decision, override windows, state
+  files, the shared entry); standard library only.
+- ``apt/`` and ``dnf/``: each front end's entry and protocol, its package tool, package-file cache, rollback
+  backend and native pins (apt preferences, dnf versionlock). They never import each other.
+- ``rollback/``: the neutral rollback core and the backend Protocol both front ends implement.
+- ``manager.py`` picks apt or dnf for a host; ``pin_records.py`` computes the pins both render; ``locks.py`` waits
+  for a package manager's lock; ``commands.py`` is the CLI glue; ``settings.py`` the ``[guard]`` settings.
+
+tests/test_imports.py enforces the import rules; docs/architecture.md draws the flows.
 """

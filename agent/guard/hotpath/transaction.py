@@ -1,4 +1,4 @@
-"""The neutral transaction model shared by every package-manager adapter (apt now, dnf later).
+"""The neutral transaction model shared by every package-manager front end (apt, dnf, dnf5).
 
 A Transaction is what a package manager is about to do, package by package: old and new version (None for
 "not installed" / "removed"). Adapters build it from their own protocol; the policy never sees apt or dnf.
