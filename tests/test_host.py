@@ -9,7 +9,6 @@ import pytest
 
 from agent.errors import CommandNotFound, CommandTimeout, LibraryUnavailable
 from agent.host import Host, SubprocessRunner, import_gpu_library
-from agent.hostfacts.keyvalue import parse_key_value_lines
 
 
 def test_reads_are_relative_to_root(tmp_path: Path) -> None:
@@ -76,8 +75,3 @@ def test_for_root_refuses_live_libraries_on_foreign_roots(tmp_path: Path) -> Non
     assert not host.is_live
     with pytest.raises(LibraryUnavailable):
         host.load_module("pynvml")
-
-
-def test_parse_key_value_lines_strips_quotes_and_comments() -> None:
-    """Shell-style KEY="value" lines parse; comments and junk are ignored."""
-    assert parse_key_value_lines('# c\nA="x y"\nB=\'z\'\njunk\nC=1=2\n') == {"A": "x y", "B": "z", "C": "1=2"}

@@ -27,7 +27,6 @@ from agent.collectors.amdgpu import (
 )
 from agent.errors import CollectorUnavailable, LibraryUnavailable
 from agent.host import Host, import_gpu_library
-from agent.hostfacts.kfd import gfx_target, parse_kfd_properties
 from tests.conftest import RECORDED, ROOTS, fake_module_loader, fixed_clock, make_fixture_host
 from tests.fakes.amdsmi import make_fake_amdsmi
 
@@ -62,21 +61,6 @@ def _amd_card(root: Path, card: str, bdf: str, device: str = "0x740f") -> None:
 # --- pure parsers -------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value,expected", [
-    (90402, "gfx942"),
-    (90010, "gfx90a"),
-    (90008, "gfx908"),
-    (110501, "gfx1151"),
-    (110000, "gfx1100"),
-    (100300, "gfx1030"),
-    (120001, "gfx1201"),
-    (0, None),
-])
-def test_gfx_target(value: int, expected: Optional[str]) -> None:
-    """KFD's decimal gfx_target_version becomes the gfx target name, with minor and stepping in hex."""
-    assert gfx_target(value) == expected
-
-
 @pytest.mark.parametrize("text,expected", [
     ("ue: 0\nce: 2\n", EccCount(correctable_count=2, uncorrectable_count=0)),
     ("ue: 3\nce: 0", EccCount(correctable_count=0, uncorrectable_count=3)),
@@ -94,12 +78,6 @@ def test_parse_uevent() -> None:
     """KEY=value lines become a dict; lines without '=' are ignored."""
     text = "DRIVER=amdgpu\nPCI_CLASS=120000\nPCI_SLOT_NAME=0000:05:00.0\ngarbage\n"
     assert parse_uevent(text) == {"DRIVER": "amdgpu", "PCI_CLASS": "120000", "PCI_SLOT_NAME": "0000:05:00.0"}
-
-
-def test_parse_kfd_properties_keeps_integer_values() -> None:
-    """Name/value lines become ints; malformed lines are skipped."""
-    text = "cpu_cores_count 0\ngfx_target_version 90402\nlocation_id 1280\nname odd value\nhive_id abc\n"
-    assert parse_kfd_properties(text) == {"cpu_cores_count": 0, "gfx_target_version": 90402, "location_id": 1280}
 
 
 @pytest.mark.parametrize("text,expected", [
