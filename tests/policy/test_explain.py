@@ -1,0 +1,69 @@
+"""``policy explain`` as a pure function: policy and host facts in, lines and current violations out."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from agent.guard.hotpath.overrides import OverrideWindow
+from agent.policy.compiled import CompiledPolicy
+from agent.policy.explain import HostFacts, explain
+from agent.policy.load import load_and_compile
+
+POLICY = """
+[policy]
+name = "mi300x"
+[[amd.pairing]]
+name = "rocm-6.2"
+amdgpu = "6.2.*"
+rocm = "6.2.*"
+kernels = "6.8.0-*"
+[frozen]
+packages = ["rocm-core"]
+[[nvidia.pairing]]
+name = "r580"
+driver = "580.*"
+cuda = "13.0.*"
+"""
+PAIR = {"amdgpu-dkms": "1:6.8.5.60202-2041575.22.04", "rocm-core": "6.2.2.60202-116~22.04"}
+
+
+def compiled(tmp_path: Path) -> CompiledPolicy:
+    path = tmp_path / "p.toml"
+    path.write_text(POLICY)
+    return load_and_compile(str(path))[1]
+
+
+def test_a_compliant_host_names_its_pinned_pairing_and_the_moves_it_may_make(tmp_path: Path) -> None:
+    """The pinned pairing, every allowed move, the rules and 'compliant'."""
+    result = explain(compiled(tmp_path), HostFacts(installed=PAIR, manager="dpkg", os_id="ubuntu",
+                                                   os_version_id="22.04"))
+    text = "\n".join(result.lines)
+    assert result.violations == []
+    assert "host: ubuntu 22.04" in text
+    assert "AMD: amdgpu-dkms 1:6.8.5.60202-2041575.22.04 (driver 6.2.2), rocm-core 6.2.2.60202-116~22.04" in text
+    assert "  pinned pairing: " in text and "none matches" not in text
+    assert "frozen (must not move): rocm-core [block]" in text
+    assert result.lines[-1] == "current state: compliant"
+
+
+def test_a_loaded_driver_without_package_and_an_open_window_are_shown(tmp_path: Path) -> None:
+    """The running NVIDIA module stands for a driver no package carries; open override windows are listed."""
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    window = OverrideWindow(id="w1", started_at=now, expires_at=now + dt.timedelta(hours=1), reason="upgrade",
+                            opened_by="root")
+    result = explain(compiled(tmp_path), HostFacts(installed={}, manager="dpkg",
+                                                   loaded_drivers={"nvidia": "580.159.04"}, windows=[window]))
+    assert "NVIDIA: loaded module 580.159.04 (no driver package: the policy judges the running module)" \
+        in result.lines
+    assert result.lines[-1].startswith("override window w1 open until 2026-01-01T01:00:00+00:00 ('upgrade', by root)")
+
+
+def test_a_broken_pairing_is_a_violation(tmp_path: Path) -> None:
+    """An installed pair outside every pairing is reported with its rule."""
+    broken = {**PAIR, "rocm-core": "6.3.0.60300-39~22.04"}
+    result = explain(compiled(tmp_path), HostFacts(installed=broken, manager="dpkg", windows_problem="bad JSON"))
+    assert [v.rule for v in result.violations] == ["amd.pairing"]
+    assert "  pinned pairing: none matches the installed pair (violation)" in result.lines
+    assert "current state: 1 violation(s)" in result.lines
+    assert result.lines[-1] == "override windows unreadable: bad JSON"
