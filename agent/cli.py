@@ -16,8 +16,8 @@ HostFactory = Callable[[str], Host]
 
 
 def _cmd_snapshot(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    from agent.snapshot.diff import diff_snapshots, render_diff
     from agent.files import write_atomically
+    from agent.snapshot.diff import diff_snapshots, render_diff
     from agent.snapshot.io import load_snapshot
     from agent.snapshot.render import render_snapshot
     from agent.snapshot.take import take_snapshot
@@ -44,8 +44,8 @@ def _cmd_run(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> i
 
 
 def _cmd_schema(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    from agent.report.schema import render_schema
     from agent.files import write_atomically
+    from agent.report.schema import render_schema
 
     if args.output:
         write_atomically(args.output, render_schema())

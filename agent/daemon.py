@@ -107,7 +107,7 @@ class JobRunner:
         when = dt.datetime.now(_UTC) + dt.timedelta(seconds=delay_seconds)
         try:
             self.scheduler.modify_job(self.job_id, next_run_time=when)
-        except Exception as exc:  # JobLookupError while shutting down
+        except Exception as exc:  # noqa: BLE001 - JobLookupError (or a stopped scheduler) while shutting down
             log.debug("job_reschedule_skipped", job=self.job_id, error=str(exc))
 
     def wait_idle(self) -> None:
@@ -137,7 +137,7 @@ class JobRunner:
                           duration_seconds=round(time.monotonic() - started, 3))
             try:
                 self.after()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a failing after-hook must not end the job's loop
                 log.error("job_after_failed", job=self.job_id, error=f"{type(exc).__name__}: {exc}")
             if retry_in is not None:
                 self.run_at(retry_in)

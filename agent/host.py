@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import ModuleType
-from typing import Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence
+from typing import Callable, Iterator, List, Mapping, Optional, Protocol, Sequence
 
 from agent.errors import CommandError, CommandNotFound, CommandTimeout, HostReadError, LibraryUnavailable
 

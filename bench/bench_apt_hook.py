@@ -119,7 +119,8 @@ def main() -> int:
         bare, bare_min = statistics.median(bare_times), min(bare_times)
         run, run_min = statistics.median(hook_times), min(hook_times)
         ratio = run / bare
-        print(f"python: {args.python} ({subprocess.run([args.python, '--version'], capture_output=True, text=True).stdout.strip()})")
+        version = subprocess.run([args.python, "--version"], capture_output=True, text=True).stdout.strip()
+        print(f"python: {args.python} ({version})")
         print(f"transaction: {args.packages} packages ({2 * args.packages} action lines); host: {args.installed} "
               f"installed packages; runs: {args.runs}")
         print(f"bare `python3 -c pass`: median {bare * 1000:.1f} ms (min {bare_min * 1000:.1f} ms)")

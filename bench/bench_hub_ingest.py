@@ -184,8 +184,8 @@ def run(args: argparse.Namespace) -> dict:
         stopped = hub.events("hub_stopped")
         total_rows, stored = stored_events(root / "hub.db")
 
-    latencies = sorted(l for c in clients for l in c.latencies_seconds)
-    service = sorted(l for c in clients for l in c.service_seconds)
+    latencies = sorted(s for c in clients for s in c.latencies_seconds)
+    service = sorted(s for c in clients for s in c.service_seconds)
     done = sorted(t for c in clients for t in c.done_at)
     accepted = [(c.host_id, e) for c in [warmup, *clients] for e in c.accepted]
     sent = [(c.host_id, e) for c in [warmup, *clients] for e in c.sent]

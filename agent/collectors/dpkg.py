@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from agent.collectors.packages import PackageInfo, PackageSet, Watchlist, key_packages
-from agent.hostfacts.dpkg_status import iter_dpkg_status  # stdlib-only parser, shared with the apt hook
+from agent.collectors.packages import DEFAULT_WATCHLIST, PackageInfo, PackageSet, Watchlist, key_packages
 from agent.errors import CollectorUnavailable
 from agent.host import Host
+from agent.hostfacts.dpkg_status import iter_dpkg_status  # stdlib-only parser, shared with the apt hook
 
 
 def parse_dpkg_status(text: str, watch: Watchlist) -> PackageSet:
@@ -24,7 +24,7 @@ class DpkgCollector:
 
     name = "dpkg"
 
-    def __init__(self, watch: Watchlist = Watchlist()) -> None:
+    def __init__(self, watch: Watchlist = DEFAULT_WATCHLIST) -> None:
         self.watch = watch
 
     def collect(self, host: Host) -> PackageSet:

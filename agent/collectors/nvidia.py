@@ -14,9 +14,9 @@ from typing import Any, Callable, List, Literal, Optional
 
 from agent.errors import CollectorUnavailable, LibraryUnavailable
 from agent.host import Host
+from agent.hostfacts.loaded_modules import parse_proc_driver_version
 from agent.log import get_logger
 from agent.models import FrozenModel
-from agent.hostfacts.loaded_modules import parse_proc_driver_version
 
 Source = Literal["nvml", "procfs"]
 ModuleFlavor = Literal["open", "proprietary"]

@@ -55,6 +55,10 @@ class Watchlist:
         return bool(self._regex and self._regex.match(name))
 
 
+# The default patterns, compiled once (a Watchlist is never changed after construction).
+DEFAULT_WATCHLIST = Watchlist()
+
+
 def key_packages(entries: Iterable[Tuple[str, PackageInfo]]) -> Dict[str, PackageInfo]:
     """Key entries by name, or by ``name:arch`` for names installed for several architectures."""
     by_name: Dict[str, list] = {}

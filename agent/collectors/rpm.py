@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.collectors.packages import PackageInfo, PackageSet, Watchlist, key_packages
+from agent.collectors.packages import DEFAULT_WATCHLIST, PackageInfo, PackageSet, Watchlist, key_packages
 from agent.errors import CollectorUnavailable, CommandNotFound
 from agent.host import Host
 from agent.hostfacts.rpmdb import parse_rpm_rows, rpm_database_files, rpm_query_argv
@@ -24,7 +24,7 @@ class RpmCollector:
 
     name = "rpm"
 
-    def __init__(self, watch: Watchlist = Watchlist(), timeout_seconds: float = 30.0) -> None:
+    def __init__(self, watch: Watchlist = DEFAULT_WATCHLIST, timeout_seconds: float = 30.0) -> None:
         self.watch = watch
         self.timeout_seconds = timeout_seconds
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 
-
 from agent.daemon_jobs.hooks import Hooks
 from agent.daemon_jobs.runtime import Runtime
 from agent.errors import GpuguardError

@@ -7,10 +7,10 @@ from typing import Any, Callable, List, Optional
 from agent.collectors import default_collectors
 from agent.daemon_jobs.runtime import LAST_SNAPSHOT_FILENAME, Runtime
 from agent.errors import InputFileError
+from agent.files import write_atomically
 from agent.log import get_logger
 from agent.report.events import PolicyViolation, SnapshotChanged
 from agent.snapshot.diff import SnapshotDiff, diff_snapshots
-from agent.files import write_atomically
 from agent.snapshot.io import load_snapshot
 from agent.snapshot.model import Snapshot
 from agent.snapshot.pairing import pairing_of
@@ -87,7 +87,7 @@ class SnapshotJob:
             return
         try:
             verdict = check(snap, rt.settings, root=str(rt.host.root))
-        except Exception as exc:  # the policy engine's failure must not stop snapshots
+        except Exception as exc:  # noqa: BLE001 - the policy engine's failure must not stop snapshots
             log.error("policy_check_failed", error=f"{type(exc).__name__}: {exc}")
             rt.state.compliant = None
             return

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Callable, Optional, TextIO, Tuple
+from typing import Callable, TextIO
 
 from agent.errors import InputFileError, PolicyError
 from agent.host import Host
@@ -134,8 +134,8 @@ def pin_apply(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> 
 
 
 def _pin_apply_apt(args: argparse.Namespace, host: Host, settings, policy, out: TextIO) -> int:
-    from agent.guard.apt.tool import AptTool
     from agent.guard.apt.preferences import apply_pins
+    from agent.guard.apt.tool import AptTool
 
     tool = AptTool(host, timeout_seconds=settings.guard.apt_timeout_seconds,
                    lock_timeout_seconds=settings.guard.lock_timeout_seconds)
@@ -158,8 +158,8 @@ def _pin_apply_apt(args: argparse.Namespace, host: Host, settings, policy, out: 
 
 
 def _pin_apply_versionlock(args: argparse.Namespace, host: Host, settings, policy, out: TextIO) -> int:
-    from agent.guard.manager import dnf_tool_for
     from agent.guard.dnf.versionlock import apply_versionlock
+    from agent.guard.manager import dnf_tool_for
 
     tool = dnf_tool_for(host, settings)
     installed = _installed(host, policy, settings)

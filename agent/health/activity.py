@@ -70,8 +70,8 @@ class NvmlReader:
             raise LibraryUnavailable("pynvml", f"cannot start NVML ({type(exc).__name__}: {exc})") from exc
         devices = []
         for i, handle in enumerate(self._handles):
-            devices.append(SmiDevice(i, self._safe(lambda: _text(nvml.nvmlDeviceGetPciInfo(handle).busId)),
-                                     self._safe(lambda: _text(nvml.nvmlDeviceGetUUID(handle)))))
+            devices.append(SmiDevice(i, self._safe(lambda h=handle: _text(nvml.nvmlDeviceGetPciInfo(h).busId)),
+                                     self._safe(lambda h=handle: _text(nvml.nvmlDeviceGetUUID(h)))))
         self.devices = devices
 
     @staticmethod

@@ -20,10 +20,10 @@ from typing import Dict, Iterator, List, Literal, Optional, Tuple
 from pydantic import ValidationError
 
 from agent.errors import InputFileError
+from agent.files import write_atomically
 from agent.health.model import Fingerprint, MetricRegression, ProbeResult
 from agent.health.settings import HealthSettings
 from agent.models import FrozenModel, first_validation_problem
-from agent.files import write_atomically
 from agent.snapshot.pairing import Pairing
 
 # Figures compared with baselines: higher is better for each. Training-step times are dominated by first-call

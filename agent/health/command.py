@@ -7,12 +7,12 @@ from typing import Any, Callable, Dict, Optional, TextIO
 from pydantic import ValidationError
 
 from agent.config import load_settings
-from agent.models import validation_problems
 from agent.errors import UsageError
 from agent.health.render import render_result
 from agent.health.runner import run_health_check
 from agent.health.settings import HealthSettings
 from agent.host import Host
+from agent.models import validation_problems
 
 
 def health_settings(base: HealthSettings, overrides: Dict[str, Any]) -> HealthSettings:

@@ -37,8 +37,9 @@ MIB = 1 << 20
 SIZES = {
     # full: sized so each timed batch runs for milliseconds (well past launch overhead) and the data is many
     # times the L2 cache, yet the whole check stays within seconds. The GEMM runs in short bursts (3 warm-ups,
-    # then 10 batches of 5, the best one counted): on an H200, 0.5 s of sustained GEMM first dropped it from boost to its power-limited
-    # clock (680 instead of ~790 TFLOP/s), and then a throttled run's idle gaps let it recover part of the drop.
+    # then 10 batches of 5, the best one counted): on an H200, 0.5 s of sustained GEMM first dropped it from boost to
+    # its power-limited clock (680 instead of ~790 TFLOP/s), and then a throttled run's idle gaps let it recover part
+    # of the drop.
     "full": {"gemm_n": 8192, "gemm_reps": 5, "gemm_batches": 10, "warmup_seconds": 0.0, "ref_n": 1024,
              "copy_bytes": 4 * GIB, "copy_reps": 10, "copy_batches": 5, "train_width": 512,
              "train_batch": 1024, "train_steps": 12, "allreduce_bytes": 256 * MIB, "allreduce_reps": 10,

@@ -18,9 +18,18 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from agent.errors import GpuguardError, InputFileError
+from agent.files import write_atomically
 from agent.health.activity import ActivitySampler
-from agent.health.baseline import (BaselineStore, choose_reference, compare, fingerprint_of, health_dir, metrics_of,
-                                   peer_outliers, record_run)
+from agent.health.baseline import (
+    BaselineStore,
+    choose_reference,
+    compare,
+    fingerprint_of,
+    health_dir,
+    metrics_of,
+    peer_outliers,
+    record_run,
+)
 from agent.health.classify import classify
 from agent.health.fallback import Inventory, Vendor, detect_fallback, merge_inventory
 from agent.health.launch import Launcher, ProbeOutcome, launch_probe
@@ -29,7 +38,6 @@ from agent.health.parse import parse_probe_output
 from agent.health.settings import HealthSettings
 from agent.host import Host
 from agent.log import get_logger
-from agent.files import write_atomically
 from agent.snapshot.model import Snapshot
 from agent.snapshot.pairing import pairing_of
 

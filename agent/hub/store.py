@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import queue
 import sqlite3
 import threading
@@ -171,7 +170,8 @@ def summarize_hosts(events: Sequence[Event]) -> List[_HostUpdate]:
 
 
 _NEWER_EVENT = "excluded.last_event_at >= hosts.last_event_at"
-_NEWER_PAIRING = "excluded.pairing_at IS NOT NULL AND (hosts.pairing_at IS NULL OR excluded.pairing_at >= hosts.pairing_at)"
+_NEWER_PAIRING = ("excluded.pairing_at IS NOT NULL AND "
+                  "(hosts.pairing_at IS NULL OR excluded.pairing_at >= hosts.pairing_at)")
 _NEWER_HEARTBEAT = ("excluded.heartbeat_at IS NOT NULL AND "
                     "(hosts.heartbeat_at IS NULL OR excluded.heartbeat_at >= hosts.heartbeat_at)")
 

@@ -369,7 +369,6 @@ def _os_supported(os_table: Mapping[str, Any], os_id: str, version_id: str) -> O
 
 def _check_matrix(state: HostState, policy: CompiledPolicy) -> List[Violation]:
     matrix = policy.section("matrix")
-    amd = policy.section("amd") or {}
     if not matrix:
         return []
     driver_name, rocm_name = policy.amd_packages

@@ -13,7 +13,7 @@ from typing import Annotated, Any, List, Literal, Optional, Union
 from pydantic import BeforeValidator, Field, field_validator
 
 from agent.models import FrozenModel
-from agent.policy.compiled import (DEFAULT_CUDA_PACKAGES, DEFAULT_KERNEL_PACKAGES, DEFAULT_NVIDIA_DRIVER_PACKAGES)
+from agent.policy.compiled import DEFAULT_CUDA_PACKAGES, DEFAULT_KERNEL_PACKAGES, DEFAULT_NVIDIA_DRIVER_PACKAGES
 from agent.policy.spec import spec_errors
 
 Action = Literal["warn", "block", "rollback"]

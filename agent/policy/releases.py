@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 
+from agent.policy.versions import upstream_dotted
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Optional
-
-from agent.policy.versions import upstream_dotted
 
 _KERNEL_PACKAGE = re.compile(r"^linux-(?:image|modules)(?:-unsigned)?-(\d+\.\d+[A-Za-z0-9.+~_-]*)$")
 # rpm kernel packages whose version-release.arch is the kernel release (uname -r).

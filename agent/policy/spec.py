@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+
+from agent.policy.versions import compare, compare_release
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import List, Optional, Sequence, Tuple, Union
@@ -23,8 +26,6 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     SpecValue = Union[str, Sequence[str]]
     # One parsed entry: ("any",), ("none",), ("glob", pattern) or ("range", ((op, version), ...)).
     Entry = Tuple
-
-from agent.policy.versions import compare, compare_release
 
 _OPERATORS = ("<<", "<=", ">=", ">>", "==", "!=", "=")
 _GLOB_CHARS = set("*?[")

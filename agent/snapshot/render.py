@@ -27,7 +27,8 @@ def render_snapshot(snap: Snapshot) -> str:
         a = snap.amdgpu.data
         lines.append(f"amdgpu   {a.driver_version or '-'} ({a.driver_kind}, via {a.source}), {len(a.gpus)} GPU(s)")
         for gpu in a.gpus:
-            lines.append(f"  {gpu.bdf}  {gpu.market_name or '?'}  {gpu.gfx_target or ''}  vbios {gpu.vbios_version or gpu.vbios_part_number or '-'}")
+            vbios = gpu.vbios_version or gpu.vbios_part_number or '-'
+            lines.append(f"  {gpu.bdf}  {gpu.market_name or '?'}  {gpu.gfx_target or ''}  vbios {vbios}")
     if snap.rocm.data:
         lines.append(f"rocm     {snap.rocm.data.version or '-'} at {snap.rocm.data.active_path or '-'}"
                      f" ({len(snap.rocm.data.installs)} installed)")

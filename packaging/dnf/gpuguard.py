@@ -95,7 +95,7 @@ class GpuGuard(dnf.Plugin):
             raise
         except Exception as exc:  # noqa: BLE001 - dnf would only log it and go ahead: fail closed instead
             raise dnf.exceptions.Error("gpuguard: REFUSED by fail-safe: the dnf plugin failed (%s: %s); %s"
-                                       % (type(exc).__name__, exc, BYPASS))
+                                       % (type(exc).__name__, exc, BYPASS)) from exc
 
     # --- the check ---------------------------------------------------------------------------------------------
 
@@ -147,7 +147,7 @@ class GpuGuard(dnf.Plugin):
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except OSError as exc:
             raise dnf.exceptions.Error("gpuguard: REFUSED by fail-safe: cannot run the checker %s (%s); %s"
-                                       % (argv[0], exc.strerror or exc, BYPASS))
+                                       % (argv[0], exc.strerror or exc, BYPASS)) from exc
         # dnf resets SIGPIPE to its default action when stdout is not a terminal, so a checker that exits
         # before reading its stdin would kill dnf itself (exit -13, no message). Ignore SIGPIPE while we
         # write: communicate() then sees EPIPE, and the refusal below names the checker's exit status.
@@ -158,7 +158,7 @@ class GpuGuard(dnf.Plugin):
             proc.kill()
             proc.communicate()
             raise dnf.exceptions.Error("gpuguard: REFUSED by fail-safe: the checker did not answer within %g s; %s"
-                                       % (self.timeout_seconds, BYPASS))
+                                       % (self.timeout_seconds, BYPASS)) from None
         finally:
             _restore_sigpipe(previous)
         lines = [ln for ln in (err + out).decode("utf-8", "replace").splitlines() if ln.strip()]

@@ -8,8 +8,15 @@ from typing import Dict, Optional
 
 import pytest
 
-from agent.collectors.cuda import (CudaCollector, CudaInfo, CudaToolkit, compat_driver_version, parse_cuda_h_version,
-                                   parse_version_json, parse_version_txt)
+from agent.collectors.cuda import (
+    CudaCollector,
+    CudaInfo,
+    CudaToolkit,
+    compat_driver_version,
+    parse_cuda_h_version,
+    parse_version_json,
+    parse_version_txt,
+)
 from agent.errors import CollectorUnavailable
 from agent.host import Host
 from tests.conftest import make_fixture_host

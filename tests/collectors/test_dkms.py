@@ -23,7 +23,8 @@ def test_states_built_installed_and_added(tmp_path: Path) -> None:
     _touch(tmp_path, "lib/modules/6.5.0-41-generic/updates/dkms/amdgpu.ko")
     _touch(tmp_path, "var/lib/dkms/amdgpu/6.8.5-2041575.22.04/6.8.0-45-generic/x86_64/module/amdgpu.ko.zst")
     (tmp_path / "var/lib/dkms/nvidia/580.95.05/source").mkdir(parents=True)
-    (tmp_path / "var/lib/dkms/amdgpu/kernel-6.5.0-41-generic-x86_64").symlink_to("6.8.5-2041575.22.04/6.5.0-41-generic/x86_64")
+    (tmp_path / "var/lib/dkms/amdgpu/kernel-6.5.0-41-generic-x86_64").symlink_to(
+        "6.8.5-2041575.22.04/6.5.0-41-generic/x86_64")
     info = DkmsCollector().collect(Host(root=tmp_path))
     by_key = {(m.module, m.kernel): m.state for m in info.modules}
     assert by_key == {("amdgpu", "6.5.0-41-generic"): "installed", ("amdgpu", "6.8.0-45-generic"): "built",

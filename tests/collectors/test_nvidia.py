@@ -8,11 +8,19 @@ from typing import Dict, Optional
 
 import pytest
 
-from agent.collectors.nvidia import (GpuInformation, NvidiaCollector, NvidiaGpu, NvidiaInfo, cuda_version_from_int,
-                                     normalise_bdf, nvidia_pci_display_devices, parse_gpu_information)
+from agent.collectors.nvidia import (
+    GpuInformation,
+    NvidiaCollector,
+    NvidiaGpu,
+    NvidiaInfo,
+    cuda_version_from_int,
+    normalise_bdf,
+    nvidia_pci_display_devices,
+    parse_gpu_information,
+)
 from agent.errors import CollectorUnavailable
-from agent.hostfacts.loaded_modules import parse_proc_driver_version
 from agent.host import Host
+from agent.hostfacts.loaded_modules import parse_proc_driver_version
 from tests.conftest import RECORDED, fake_module_loader, make_fixture_host
 from tests.fakes.pynvml import make_fake_pynvml
 from tests.fakes.runner import FakeRunner

@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 TOKEN = "test-token-0123456789"
 
 
-def agent_config(state_dir: Path, endpoint_url: Optional[str] = None, token_file: Optional[Path] = None,
+# The noqa F811s below: a parameter named like an imported fixture is not a redefinition of it.
+def agent_config(state_dir: Path, endpoint_url: Optional[str] = None, token_file: Optional[Path] = None,  # noqa: F811
                  log_level: str = "debug", **report: object) -> str:
     """A config with short intervals so tests see many events quickly; ``report`` overrides [report] keys."""
     values: Dict[str, object] = {"heartbeat_interval_seconds": 0.2, "delivery_interval_seconds": 0.5,
@@ -138,7 +139,7 @@ def agent(tmp_path: Path, host_root: Path) -> Iterator[AgentProcess]:
     process.cleanup()
 
 
-def assert_delivered_once_in_order(receiver: Receiver, outbox: Outbox) -> List[int]:
+def assert_delivered_once_in_order(receiver: Receiver, outbox: Outbox) -> List[int]:  # noqa: F811
     """Every sequence ever assigned is either stored once at the receiver or still pending; stored in order."""
     stored = receiver.sequences_stored()
     pending = [e.sequence for e in outbox.pending(100000)]

@@ -20,13 +20,13 @@ from agent.daemon_jobs.runtime import Runtime
 from agent.daemon_jobs.watch import PackageWatcher
 from agent.errors import CommandTimeout
 from agent.guard.apt.tool import AptTool
-from agent.guard.rollback.core import check_and_rollback
+from agent.guard.hotpath import decision as exits
 from agent.guard.hotpath.state import GuardPaths, append_json_line
+from agent.guard.rollback.core import check_and_rollback
 from agent.host import CommandResult, Host
 from agent.log import configure
 from agent.policy.load import load_and_compile, write_compiled
 from agent.report.outbox import Outbox
-from agent.guard.hotpath import decision as exits
 from tests.conftest import fixed_clock
 from tests.daemon.test_jobs import make_runtime, no_hooks
 from tests.fakes.runner import FakeRunner
@@ -165,7 +165,6 @@ def test_a_partial_last_line_waits_for_its_end(forwarding) -> None:
 
 def test_records_written_by_the_real_apt_hook_are_forwarded(tmp_path: Path) -> None:
     """A refused transaction and an override window's use, as the hook records them, become report events."""
-    from agent.guard.apt import hook as apt_hook
     from agent.guard.hotpath.overrides import start_window
     from tests.guard.apt.test_hook import HEAD, NOW, POLICY, STATUS, line, run_hook
 
@@ -322,7 +321,7 @@ def test_reload_compiles_the_policy_and_an_invalid_one_keeps_the_old_file(tmp_pa
     configure(level="warning", json_output=True, stream=stream)
     assert not recompile_policy(host, settings)
     assert compiled.read_text() == before
-    (failure,) = [json.loads(l) for l in stream.getvalue().splitlines() if '"policy_compile_failed"' in l]
+    (failure,) = [json.loads(row) for row in stream.getvalue().splitlines() if '"policy_compile_failed"' in row]
     assert len(failure["problems"]) >= 2, failure
     assert failure["kept"] == "previous compiled policy"
 

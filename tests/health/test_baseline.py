@@ -6,12 +6,22 @@ import datetime as dt
 import json
 import threading
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
 from agent.errors import InputFileError
-from agent.health.baseline import (BaselineFile, BaselineStore, baseline_metrics, choose_reference, compare,
-                                   fingerprint_of, metrics_of, peer_outliers, record_run)
+from agent.health.baseline import (
+    BaselineFile,
+    BaselineStore,
+    baseline_metrics,
+    choose_reference,
+    compare,
+    fingerprint_of,
+    metrics_of,
+    peer_outliers,
+    record_run,
+)
 from agent.health.model import Fingerprint
 from agent.health.settings import HealthSettings
 from agent.snapshot.pairing import Pairing
@@ -24,7 +34,8 @@ FP_NEW = FP_OLD.model_copy(update={"driver": "nvidia 580.159.04"})
 SETTINGS = HealthSettings(baseline_runs=3)
 
 
-def established(fp: Fingerprint, values, at: dt.datetime = T0, data: BaselineFile = BaselineFile()) -> BaselineFile:
+def established(fp: Fingerprint, values, at: dt.datetime = T0, data: Optional[BaselineFile] = None) -> BaselineFile:
+    data = data if data is not None else BaselineFile()
     for i, value in enumerate(values):
         data, _ = record_run(data, fp, {"gpu0.gemm_bf16_tflops": value}, True, at + dt.timedelta(minutes=i), 3)
     return data

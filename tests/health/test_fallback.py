@@ -6,8 +6,14 @@ from typing import List, Optional
 
 import pytest
 
-from agent.health.fallback import (Inventory, activity_rose, detect_fallback, match_activity, merge_inventory,
-                                   normalise_bdf)
+from agent.health.fallback import (
+    Inventory,
+    activity_rose,
+    detect_fallback,
+    match_activity,
+    merge_inventory,
+    normalise_bdf,
+)
 from agent.health.model import ActivityReport, GpuActivity
 from agent.health.settings import HealthSettings
 from tests.health.probe_results import gpu_row, probe

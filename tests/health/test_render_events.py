@@ -5,8 +5,15 @@ from __future__ import annotations
 import datetime as dt
 
 from agent.health.events import payloads_for
-from agent.health.model import (ActivityReport, BaselineComparison, FallbackReason, Fingerprint, GpuActivity,
-                                HealthResult, MetricRegression)
+from agent.health.model import (
+    ActivityReport,
+    BaselineComparison,
+    FallbackReason,
+    Fingerprint,
+    GpuActivity,
+    HealthResult,
+    MetricRegression,
+)
 from agent.health.render import render_result
 from tests.health.probe_results import gpu_row, probe
 

@@ -7,8 +7,16 @@ import itertools
 import json
 from typing import Any, Dict, List, Optional, Sequence
 
-from agent.report.events import (CpuFallback, Event, EventBatch, HealthRegression, Heartbeat, PolicyViolation,
-                                 Rollback, SnapshotChanged)
+from agent.report.events import (
+    CpuFallback,
+    Event,
+    EventBatch,
+    HealthRegression,
+    Heartbeat,
+    PolicyViolation,
+    Rollback,
+    SnapshotChanged,
+)
 from agent.snapshot.pairing import Pairing
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)

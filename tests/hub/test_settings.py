@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from agent.errors import ConfigError
 from agent.hub.settings import HubSettings, load_hub_settings, parse_hub_settings
@@ -46,5 +47,5 @@ def test_a_missing_file_means_defaults_unless_required(tmp_path: Path) -> None:
 
 
 def test_settings_are_frozen() -> None:
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         HubSettings().listen_port = 1  # type: ignore[misc]

@@ -10,8 +10,16 @@ from typing import Iterator
 import pytest
 
 from agent.errors import ConfigError
-from agent.hub.store import (DRIFT_KINDS, EventQuery, PostgresStore, SQLiteStore, Store, StoreError, make_store,
-                             redact_url)
+from agent.hub.store import (
+    DRIFT_KINDS,
+    EventQuery,
+    PostgresStore,
+    SQLiteStore,
+    Store,
+    StoreError,
+    make_store,
+    redact_url,
+)
 from agent.report.events import Event
 from tests.hub.factories import CUDA_12, ROCM_62, ROCM_63, T0, event, ids
 

@@ -11,8 +11,15 @@ from pathlib import Path
 import pytest
 
 from agent.errors import ConfigError, UsageError
-from agent.hub.tokens import (TokenEntry, TokenRegistry, add_token, bearer_token, hash_secret, read_tokens_file,
-                              split_token)
+from agent.hub.tokens import (
+    TokenEntry,
+    TokenRegistry,
+    add_token,
+    bearer_token,
+    hash_secret,
+    read_tokens_file,
+    split_token,
+)
 
 
 def test_add_token_stores_only_a_hash_in_a_0600_file(tmp_path: Path) -> None:

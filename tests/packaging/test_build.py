@@ -48,6 +48,17 @@ def rpm_query(rpm: Path, *args: str) -> List[str]:
     return run(["rpm", "-qp", *args, str(rpm)]).stdout.splitlines()
 
 
+def unpack_rpm(rpm: Path, dest: Path) -> None:
+    """``rpm2cpio RPM | cpio -idm`` in dest, without a shell."""
+    rpm2cpio = subprocess.Popen(["rpm2cpio", str(rpm)], stdout=subprocess.PIPE)
+    assert rpm2cpio.stdout is not None
+    try:
+        subprocess.run(["cpio", "-idm", "--quiet"], stdin=rpm2cpio.stdout, cwd=dest, check=True)
+    finally:
+        rpm2cpio.stdout.close()
+        assert rpm2cpio.wait() == 0, f"rpm2cpio {rpm} failed"
+
+
 def test_deb_holds_the_layout_with_conffiles_and_private_state(debian12: Dict[str, Path], tmp_path: Path) -> None:
     """The Debian 12 .deb installs the command, agent, vendored deps, unit, apt hook, configs and a 0750 state dir."""
     deb = debian12["gpuguard"]
@@ -118,8 +129,7 @@ def test_el8_launchers_use_python311_and_the_plugin_goes_to_platform_python(dist
     files = set(rpm_query(rpm, "-l"))
     if (REPO / "packaging/dnf/gpuguard.py").is_file():
         assert "/usr/lib/python3.6/site-packages/dnf-plugins/gpuguard.py" in files
-    payload = subprocess.run(f"rpm2cpio {rpm} | cpio -idm --quiet", shell=True, cwd=tmp_path, check=True)
-    assert payload.returncode == 0
+    unpack_rpm(rpm, tmp_path)
     launchers = [tmp_path / "usr/bin/gpuguard", *(tmp_path / "usr/lib/gpuguard").glob("gpuguard-*")]
     for launcher in launchers:
         assert launcher.read_text().startswith("#!/usr/bin/python3.11 -IS\n"), launcher
@@ -160,7 +170,7 @@ def test_vendored_tree_runs_on_the_target_python(python_version: str, tmp_path: 
     if pkg.suffix == ".deb":
         run(["dpkg-deb", "-x", str(pkg), str(root)])
     else:
-        subprocess.run(f"rpm2cpio {pkg} | cpio -idm --quiet", shell=True, cwd=root, check=True)
+        unpack_rpm(pkg, root)
     lib = root / "usr/lib/gpuguard"
     code = (f"import sys; sys.path[:0] = [{str(lib)!r}, {str(lib / 'vendor')!r}]; from agent.cli import main; "
             f"sys.exit(main(sys.argv[1:]))")

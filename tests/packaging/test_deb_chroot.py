@@ -21,8 +21,8 @@ from typing import Dict, Iterator, List
 
 import pytest
 
-from tests.guard.apt.chroot.harness import AMDGPU_62, BASELINE, ROCM_63, TEST_POLICY, Chroot, build_base, missing_tools
 from tests import needs
+from tests.guard.apt.chroot.harness import AMDGPU_62, BASELINE, ROCM_63, TEST_POLICY, Chroot, build_base, missing_tools
 from tests.packaging.conftest import UPGRADE_VERSION, unavailable
 
 FAKE_SYSTEMCTL = """#!/bin/sh
@@ -177,7 +177,8 @@ def test_hub_deb_serves_from_its_vendored_packages(deb_chroot: Chroot, debian12:
 
     hub = subprocess.Popen(["chroot", str(c.root), "gpuguard", "hub", "serve", "--config",
                             "/etc/gpuguard/hub-test.toml"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"})
+                           stderr=subprocess.PIPE, text=True,
+                           env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"})
     lines: List[str] = []
     try:
         port = None

@@ -23,7 +23,8 @@ def test_flatten_keys_list_items_by_identity() -> None:
     """GPUs are matched by BDF and DKMS entries by module/version/kernel, not by position."""
     value = {"gpus": [{"bdf": "0000:c1:00.0", "vbios": "a"}], "modules": [
         {"module": "amdgpu", "version": "6.8.5", "kernel": "6.5.0", "state": "installed"}], "ids": ["x", "y"]}
-    assert flatten(value) == {"gpus[0000:c1:00.0].bdf": "0000:c1:00.0", "gpus[0000:c1:00.0].vbios": "a", "modules[amdgpu/6.8.5/6.5.0].module": "amdgpu",
+    assert flatten(value) == {"gpus[0000:c1:00.0].bdf": "0000:c1:00.0", "gpus[0000:c1:00.0].vbios": "a",
+                              "modules[amdgpu/6.8.5/6.5.0].module": "amdgpu",
                               "modules[amdgpu/6.8.5/6.5.0].version": "6.8.5",
                               "modules[amdgpu/6.8.5/6.5.0].kernel": "6.5.0",
                               "modules[amdgpu/6.8.5/6.5.0].state": "installed", "ids": "x, y"}

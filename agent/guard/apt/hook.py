@@ -25,15 +25,15 @@ import os
 import re
 import sys
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import Callable, Dict, Optional, Sequence, TextIO, Tuple
-
 from agent.guard.apt.protocol import guess_packages, parse_hook_input
 from agent.guard.hotpath import entry
 from agent.guard.hotpath.decision import EXIT_USAGE, PREFIX, Decision
 from agent.hostfacts.dpkg_status import installed_versions
 from agent.hostfacts.paths import under
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
+    from typing import Callable, Dict, Optional, Sequence, TextIO, Tuple
 
 BYPASS_HINT = "to bypass the guard for one apt run (audited nowhere; prefer an override window): " \
               "apt-get -o DPkg::Pre-Install-Pkgs::gpuguard= ..."

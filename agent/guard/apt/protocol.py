@@ -16,13 +16,13 @@ from __future__ import annotations
 import re
 from collections import namedtuple
 
+from agent.errors import InputFileError
+from agent.guard.hotpath.transaction import Change, Transaction
+from agent.hostfacts.dpkg_status import package_key
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Dict, List, Optional
-
-from agent.hostfacts.dpkg_status import package_key
-from agent.errors import InputFileError
-from agent.guard.hotpath.transaction import Change, Transaction
 
 PROTOCOL_VERSION = 3
 _KEPT_CONFIG_KEYS = ("APT::Architecture", "CommandLine::AsString")

@@ -1,8 +1,8 @@
 """The dnf checker: refuse a resolved dnf transaction that breaks the policy, before anything is downloaded.
 
 Run by the dnf4 plugin (packaging/dnf/gpuguard.py) from ``resolved()`` and by the dnf5 action
-(agent/guard/dnf/dnf5_action.py), with the transaction as JSON (agent/guard/dnf/request.py) on stdin and ``--root`` set to
-dnf's installroot. It reads the compiled policy, evaluates the set the transaction would leave with the same
+(agent/guard/dnf/dnf5_action.py), with the transaction as JSON (agent/guard/dnf/request.py) on stdin and ``--root``
+set to dnf's installroot. It reads the compiled policy, evaluates the set the transaction would leave with the same
 decision as the apt hook (agent/guard/hotpath/decision.py), prints the same ``gpuguard: ...`` lines on stderr and exits:
 
     0   allowed (warnings, pre-existing violations and open override windows are reported on stderr)
@@ -22,13 +22,13 @@ from __future__ import annotations
 import datetime as dt
 import sys
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # typing costs milliseconds of the checker's start-up budget
-    from typing import BinaryIO, Callable, Optional, Sequence, TextIO
-
 from agent.guard.dnf.request import guess_packages, parse_request
 from agent.guard.hotpath import entry
 from agent.guard.hotpath.decision import EXIT_USAGE, PREFIX, Decision
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the checker's start-up budget
+    from typing import BinaryIO, Callable, Optional, Sequence, TextIO
 
 BYPASS_HINTS = {
     "dnf": "to bypass the guard for one dnf run (audited nowhere; prefer an override window): "

@@ -22,15 +22,15 @@ import datetime as dt
 import json
 import sys
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, BinaryIO, Callable, Dict, List, Optional, Sequence, TextIO
-
 from agent.guard.dnf import check as dnf_check
 from agent.guard.dnf.check import BYPASS_HINTS
 from agent.guard.dnf.request import REQUEST_FORMAT
 from agent.guard.hotpath import entry
 from agent.guard.hotpath.decision import EXIT_USAGE, PREFIX
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, BinaryIO, Callable, Dict, List, Optional, Sequence, TextIO
 
 PACKAGE_ATTRS = ["name", "epoch", "version", "release", "arch"]
 SOURCE = "dnf5 actions plugin"

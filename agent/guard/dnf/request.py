@@ -28,12 +28,12 @@ import json
 import re
 from collections import namedtuple
 
+from agent.errors import InputFileError
+from agent.guard.hotpath.transaction import Change, Transaction
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the checker's start-up budget
     from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
-
-from agent.errors import InputFileError
-from agent.guard.hotpath.transaction import Change, Transaction
 
 REQUEST_FORMAT = 1
 DIRECTIONS = ("in", "out")

@@ -21,17 +21,16 @@ import shlex
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from agent.errors import CommandTimeout
+from agent.guard.dnf.request import DEFAULT_INSTALLONLY
 from agent.guard.locks import record_lock_is_free, wait_for_locks
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep
-from agent.guard.dnf.request import DEFAULT_INSTALLONLY
 from agent.host import CommandResult, Host
 from agent.hostfacts.rpmdb import RPM_QUERY_FORMAT, parse_rpm_rows
 
 RPM_LOCK_FILES = ("/var/lib/rpm/.rpm.lock", "/usr/lib/sysimage/rpm/.rpm.lock")
 DNF_LOCK_FILES = ("/var/lib/dnf/rpmdb_lock.pid",)  # dnf4's ProcessLock: a pid file under persistdir
-# Install-only: the names the dnf adapter knows (agent.guard.dnf.request) plus dnf's defaults (dnf.const.INSTALLONLYPKGS),
-# by name and by what the package provides.
+# Install-only: the names the dnf adapter knows (agent.guard.dnf.request) plus dnf's defaults
+# (dnf.const.INSTALLONLYPKGS), by name and by what the package provides.
 INSTALLONLY_NAMES = frozenset(DEFAULT_INSTALLONLY | {"kernel-PAE"})
 INSTALLONLY_PROVIDES = ("installonlypkg(", "multiversion(kernel)")
 _32BIT_ARCHES = ("i386", "i486", "i586", "i686", "athlon", "armv7hl", "armv7l")

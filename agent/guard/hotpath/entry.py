@@ -20,7 +20,6 @@ if TYPE_CHECKING:  # typing costs milliseconds of the hook's start-up budget
 
     from agent.guard.hotpath.decision import Decision
     from agent.guard.hotpath.transaction import Transaction
-    from agent.policy.compiled import CompiledPolicy
 
 
 class Parsed(namedtuple("Parsed", "transaction installed")):

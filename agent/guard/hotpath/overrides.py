@@ -12,15 +12,15 @@ import json
 import os
 from collections import namedtuple
 
+from agent.errors import InputFileError, UsageError
+from agent.files import read_json_file, write_atomically
+from agent.guard.hotpath.state import append_json_line
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Callable, List, Optional
 
     Clock = Callable[[], dt.datetime]
-
-from agent.errors import InputFileError, UsageError
-from agent.files import read_json_file, write_atomically
-from agent.guard.hotpath.state import append_json_line
 
 FORMAT = 1
 

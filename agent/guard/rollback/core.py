@@ -14,16 +14,16 @@ import datetime as dt
 import fnmatch
 import json
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
 from agent.errors import InputFileError
+from agent.files import write_atomically
+from agent.guard.hotpath.overrides import active_windows, audit, load_windows
+from agent.guard.hotpath.state import GuardPaths, append_json_line
 from agent.guard.manager import backend_for
 from agent.guard.rollback.backend import InstalledPackage, PackageBackend, PlannedStep
-from agent.hostfacts.loaded_modules import loaded_drivers
-from agent.guard.hotpath.overrides import active_windows, audit, load_windows
-from agent.files import write_atomically
-from agent.guard.hotpath.state import GuardPaths, append_json_line
 from agent.host import Host
+from agent.hostfacts.loaded_modules import loaded_drivers
 from agent.log import get_logger
 from agent.policy.compiled import KERNEL_MODULE_PACKAGES, CompiledPolicy
 from agent.policy.evaluate import HostState, Violation, evaluate

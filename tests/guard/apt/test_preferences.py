@@ -41,7 +41,8 @@ def test_render_forbids_exact_versions_and_freezes_installed_ones(tmp_path: Path
     files = render_pins(_policy(tmp_path), INSTALLED, AVAILABLE)
     assert set(files) == {"gpuguard-frozen.pref", "gpuguard-forbidden.pref"}
     frozen = files["gpuguard-frozen.pref"]
-    assert frozen.startswith(HEADER) and "Package: linux-image-amd64\nPin: version 6.1.112-1\nPin-Priority: 1001" in frozen
+    assert frozen.startswith(HEADER)
+    assert "Package: linux-image-amd64\nPin: version 6.1.112-1\nPin-Priority: 1001" in frozen
     forbidden = files["gpuguard-forbidden.pref"]
     for package, version in [("amdgpu-dkms", "1:6.10.5.60300-1"), ("rocm-core", "6.3.0.60300-39~12"),
                              ("linux-image-6.1.0-28-amd64", "6.1.119-1"), ("nvidia-container-toolkit", "1.16.2-1")]:

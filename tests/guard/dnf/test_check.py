@@ -14,9 +14,9 @@ import pytest
 
 from agent.guard.dnf import check as dnf_check
 from agent.guard.dnf.request import request_document
+from agent.guard.hotpath import decision as exits
 from agent.guard.hotpath.overrides import start_window
 from agent.policy.load import load_and_compile, write_compiled
-from agent.guard.hotpath import decision as exits
 from tests.guard.dnf.installroot.harness import TEST_POLICY
 
 REPO = Path(__file__).resolve().parents[3]

@@ -14,13 +14,21 @@ import pytest
 from agent.config import Settings
 from agent.errors import CommandTimeout
 from agent.guard.dnf.backend import RpmBackend
+from agent.guard.dnf.rpm_cache import RpmCache
+from agent.guard.dnf.tool import (
+    DnfTool,
+    nevra,
+    parse_rpm_installed,
+    parse_transaction,
+    plan_problems,
+    render_script,
+    rpm_file_name,
+    split_nevra,
+)
+from agent.guard.hotpath.state import GuardPaths
 from agent.guard.manager import backend_for, detect_manager
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep
-from agent.guard.dnf.tool import (DnfTool, nevra, parse_rpm_installed, parse_transaction,
-                                  plan_problems, render_script, rpm_file_name, split_nevra)
 from agent.guard.rollback.core import check_and_rollback, load_known_good
-from agent.guard.dnf.rpm_cache import RpmCache
-from agent.guard.hotpath.state import GuardPaths
 from agent.host import CommandResult, Host
 from agent.hostfacts.rpmdb import RPM_QUERY_FORMAT
 from agent.policy.load import compiled_from, load_policy

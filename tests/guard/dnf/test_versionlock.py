@@ -9,9 +9,18 @@ import pytest
 
 from agent.errors import InputFileError
 from agent.guard.dnf.tool import DnfTool
+from agent.guard.dnf.versionlock import (
+    BEGIN,
+    END,
+    apply_versionlock,
+    dnf4_entries,
+    dnf5_packages,
+    merge_dnf4,
+    merge_dnf5,
+    parse_dnf5,
+    split_managed_block,
+)
 from agent.guard.pin_records import Pin, pin_records
-from agent.guard.dnf.versionlock import (BEGIN, END, apply_versionlock, dnf4_entries, dnf5_packages, merge_dnf4,
-                                     merge_dnf5, parse_dnf5, split_managed_block)
 from agent.host import Host
 from agent.policy.load import compiled_from, load_policy
 from tests.fakes.runner import FakeRunner

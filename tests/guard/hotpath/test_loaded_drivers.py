@@ -8,12 +8,12 @@ violates the policy ... NVIDIA driver none" and the guard could never record a k
 from __future__ import annotations
 
 from pathlib import Path
+
 import pytest
 
-from agent.guard.apt import hook as apt_hook
+from agent.guard.hotpath import decision as exits
 from agent.hostfacts.loaded_modules import loaded_drivers
 from agent.policy.load import load_and_compile, write_compiled
-from agent.guard.hotpath import decision as exits
 from tests.guard.apt.test_hook import run_hook
 
 REPO = Path(__file__).resolve().parents[3]

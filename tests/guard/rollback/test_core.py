@@ -14,8 +14,8 @@ from agent.cli import main
 from agent.config import Settings
 from agent.errors import CommandTimeout, InputFileError
 from agent.guard.apt.tool import AptTool, parse_simulation
-from agent.guard.rollback.core import check_and_rollback, load_known_good
 from agent.guard.hotpath.state import GuardPaths
+from agent.guard.rollback.core import check_and_rollback, load_known_good
 from agent.host import Host
 from agent.policy.load import compiled_from, load_policy
 from tests.conftest import fixed_clock

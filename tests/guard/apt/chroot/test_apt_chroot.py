@@ -9,13 +9,22 @@ import time
 import pytest
 
 from agent.config import Settings
-from agent.guard.hotpath.overrides import start_window
 from agent.guard.apt.preferences import HEADER
+from agent.guard.hotpath.overrides import start_window
 from agent.guard.rollback.core import check_and_rollback
 from agent.host import Host
 from tests.guard.apt.chroot.conftest import gpuguard
-from tests.guard.apt.chroot.harness import (AMDGPU_62, AMDGPU_63, BASELINE, KERNEL_26, KERNEL_27, KERNEL_28, ROCM_62,
-                                        ROCM_63, Chroot)
+from tests.guard.apt.chroot.harness import (
+    AMDGPU_62,
+    AMDGPU_63,
+    BASELINE,
+    KERNEL_26,
+    KERNEL_27,
+    KERNEL_28,
+    ROCM_62,
+    ROCM_63,
+    Chroot,
+)
 
 pytestmark = pytest.mark.timeout(900)
 

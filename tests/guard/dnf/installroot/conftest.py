@@ -7,7 +7,6 @@ missing; in CI (CI=true) that fails the run instead, so a green CI means these t
 from __future__ import annotations
 
 import io
-import os
 import shutil
 import time
 from pathlib import Path

@@ -7,7 +7,15 @@ import json
 import pytest
 
 from agent.guard.hotpath.overrides import start_window
-from tests.guard.dnf.installroot.harness import AMDGPU_62, AMDGPU_63, KERNEL_503, KERNEL_570, ROCM_62, ROCM_63, Installroot
+from tests.guard.dnf.installroot.harness import (
+    AMDGPU_62,
+    AMDGPU_63,
+    KERNEL_503,
+    KERNEL_570,
+    ROCM_62,
+    ROCM_63,
+    Installroot,
+)
 
 pytestmark = pytest.mark.timeout(120)
 

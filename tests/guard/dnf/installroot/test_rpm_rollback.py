@@ -10,12 +10,29 @@ from typing import Iterator
 import pytest
 
 from agent.config import Settings
-from agent.guard.rollback.core import check_and_rollback
 from agent.guard.dnf.versionlock import BEGIN, END
-from tests.guard.dnf.installroot.harness import (AMDGPU_62, AMDGPU_63, KERNEL_427, KERNEL_570, ROCM_62, ROCM_63,
-                                             TEST_POLICY, Installroot)
-from tests.guard.dnf.installroot.rollback_support import (agent_config, backend_for_root, cached_rpms, cli, dnf_vl,
-                                                      drop_from_repo, enable_versionlock, events, restore_repo)
+from agent.guard.rollback.core import check_and_rollback
+from tests.guard.dnf.installroot.harness import (
+    AMDGPU_62,
+    AMDGPU_63,
+    KERNEL_427,
+    KERNEL_570,
+    ROCM_62,
+    ROCM_63,
+    TEST_POLICY,
+    Installroot,
+)
+from tests.guard.dnf.installroot.rollback_support import (
+    agent_config,
+    backend_for_root,
+    cached_rpms,
+    cli,
+    dnf_vl,
+    drop_from_repo,
+    enable_versionlock,
+    events,
+    restore_repo,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
