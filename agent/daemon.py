@@ -43,6 +43,10 @@ from agent.log import configure, get_logger
 from agent.report.outbox import OUTBOX_FILENAME, Outbox
 
 if TYPE_CHECKING:  # pragma: no cover
+    from types import FrameType
+
+    from apscheduler.schedulers.base import BaseScheduler
+
     from agent.report.sender import Sender
 
 log = get_logger("daemon")
@@ -91,7 +95,7 @@ class JobRunner:
         self.body = body
         self.stopping = stopping
         self.after = after
-        self.scheduler = None  # set when the job is added
+        self.scheduler: Optional[BaseScheduler] = None  # set when the job is added
         self._again = threading.Event()
         self._reason = "interval"
         self._busy = threading.Lock()
@@ -175,11 +179,11 @@ class Daemon:
         self.runtime = Runtime(host=host, settings=settings, state_dir=state_dir, outbox=outbox, emitter=emitter,
                                sender=sender)
         self.runners: Dict[str, JobRunner] = {}
-        self.scheduler = None
+        self.scheduler: Optional[BaseScheduler] = None
         self._metrics: Optional[MetricsJob] = None
         self._delivery: Optional[DeliveryJob] = None
 
-    def _add(self, scheduler, job_id: str, body: Callable[[str], Optional[float]],  # type: ignore[no-untyped-def]
+    def _add(self, scheduler: BaseScheduler, job_id: str, body: Callable[[str], Optional[float]],
              interval_seconds: float, first_in_seconds: Optional[float], refresh_metrics: bool = True) -> JobRunner:
         """Schedule a body every ``interval_seconds``, first after ``first_in_seconds`` (None: one interval)."""
         metrics = self._metrics
@@ -334,7 +338,7 @@ def _nothing() -> None:
     return None
 
 
-def _ignore(signum, frame):  # type: ignore[no-untyped-def]
+def _ignore(signum: int, frame: Optional[FrameType]) -> None:
     """Python-level handler: the C handler already wrote the signal number to the wakeup pipe."""
 
 

@@ -53,14 +53,14 @@ def run_collector(collector: Collector[T], host: Host) -> "Section[T]":
         data = collector.collect(host)
     except CollectorUnavailable as exc:
         log.debug("collector_absent", collector=collector.name, reason=exc.reason)
-        return Section[T](status=Status.ABSENT, reason=exc.reason)  # type: ignore[valid-type]
+        return Section[T](status=Status.ABSENT, reason=exc.reason)
     except GpuguardError as exc:
         log.warning("collector_failed", collector=collector.name, error=str(exc))
-        return Section[T](status=Status.ERROR, reason=str(exc))  # type: ignore[valid-type]
+        return Section[T](status=Status.ERROR, reason=str(exc))
     except Exception as exc:  # noqa: BLE001 - a broken collector must never abort the snapshot
         log.error("collector_crashed", collector=collector.name, error=f"{type(exc).__name__}: {exc}")
-        return Section[T](status=Status.ERROR, reason=f"{type(exc).__name__}: {exc}")  # type: ignore[valid-type]
+        return Section[T](status=Status.ERROR, reason=f"{type(exc).__name__}: {exc}")
     finally:
         log.debug("collector_done", collector=collector.name,
                   duration_seconds=round(time.monotonic() - started, 4))
-    return Section[T](status=Status.OK, data=data)  # type: ignore[valid-type]
+    return Section[T](status=Status.OK, data=data)

@@ -91,7 +91,8 @@ class ContainersCollector:
             except CommandError as exc:
                 log.warning("container_tool_version_failed", tool=tool, error=str(exc))
             tools[tool] = ContainerTool(path=path, version=version)
-        default_runtime, runtimes = None, []
+        default_runtime: Optional[str] = None
+        runtimes: List[str] = []
         daemon_json = host.read_text("/etc/docker/daemon.json")
         if daemon_json is not None:
             try:

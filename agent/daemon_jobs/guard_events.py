@@ -87,7 +87,7 @@ def payload_from_record(record: Any) -> Tuple[Payload, Severity, Optional[dt.dat
                                for item in record.get("violations") or [] if isinstance(item, dict)]})
             return used, "warning", occurred_at
     except ValidationError as exc:
-        problems = "; ".join(validation_problems(exc.errors(), top=kind))
+        problems = "; ".join(validation_problems(exc.errors(), top=str(kind)))
         raise MalformedRecord(f"{kind}: {problems}") from None
     raise MalformedRecord(f"unknown kind {kind!r}")
 

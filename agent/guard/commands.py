@@ -7,41 +7,47 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Callable, TextIO
+from typing import TYPE_CHECKING, Callable, Dict, Optional, TextIO, Tuple
 
 from agent.errors import InputFileError, PolicyError
 from agent.host import Host
+
+if TYPE_CHECKING:  # the commands import their modules lazily, for the CLI's start-up time
+    from agent.config import Settings
+    from agent.guard.hotpath.state import GuardPaths
+    from agent.policy.compiled import CompiledPolicy
+    from agent.policy.load import LoadedPolicy
 
 HostFactory = Callable[[str], Host]
 EXIT_VIOLATIONS = 10
 EXIT_ROLLBACK_FAILED = 14
 
 
-def _settings(args: argparse.Namespace):
+def _settings(args: argparse.Namespace) -> Settings:
     from agent.config import load_settings
 
     return load_settings(args.config)
 
 
-def _policy_path(args: argparse.Namespace, host: Host, settings) -> str:
+def _policy_path(args: argparse.Namespace, host: Host, settings: Settings) -> str:
     if getattr(args, "policy", None):
-        return args.policy
+        return str(args.policy)
     return str(host.path(settings.guard.policy_path))
 
 
-def _paths(settings):
+def _paths(settings: Settings) -> GuardPaths:
     from agent.guard.hotpath.state import GuardPaths
 
     return GuardPaths(settings.agent.state_dir)
 
 
-def _compile(args: argparse.Namespace, host: Host, settings):
+def _compile(args: argparse.Namespace, host: Host, settings: Settings) -> Tuple[LoadedPolicy, CompiledPolicy]:
     from agent.policy.load import load_and_compile
 
     return load_and_compile(_policy_path(args, host, settings), settings.guard.matrix_path)
 
 
-def _policy_for_host(args: argparse.Namespace, host: Host, settings):
+def _policy_for_host(args: argparse.Namespace, host: Host, settings: Settings) -> CompiledPolicy:
     """The policy from the policy files when they are there, else the compiled copy in the state directory."""
     from agent.policy.compiled import read_compiled
 
@@ -87,7 +93,7 @@ def policy_compile(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     return 0
 
 
-def _installed(host: Host, policy, settings=None) -> dict:
+def _installed(host: Host, policy: CompiledPolicy, settings: Optional[Settings] = None) -> Dict[str, str]:
     from agent.guard.rollback.core import read_installed
 
     return {k: v.version for k, v in read_installed(host, policy.guarded, settings=settings).items()}
@@ -133,7 +139,8 @@ def pin_apply(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> 
     return _pin_apply_apt(args, host, settings, policy, out)
 
 
-def _pin_apply_apt(args: argparse.Namespace, host: Host, settings, policy, out: TextIO) -> int:
+def _pin_apply_apt(args: argparse.Namespace, host: Host, settings: Settings, policy: CompiledPolicy,
+                   out: TextIO) -> int:
     from agent.guard.apt.preferences import apply_pins
     from agent.guard.apt.tool import AptTool
 
@@ -157,7 +164,8 @@ def _pin_apply_apt(args: argparse.Namespace, host: Host, settings, policy, out: 
     return 0
 
 
-def _pin_apply_versionlock(args: argparse.Namespace, host: Host, settings, policy, out: TextIO) -> int:
+def _pin_apply_versionlock(args: argparse.Namespace, host: Host, settings: Settings, policy: CompiledPolicy,
+                           out: TextIO) -> int:
     from agent.guard.dnf.versionlock import apply_versionlock
     from agent.guard.manager import dnf_tool_for
 
@@ -184,7 +192,7 @@ def _pin_apply_versionlock(args: argparse.Namespace, host: Host, settings, polic
     return 0
 
 
-def _max_override_minutes(host: Host, settings) -> float:
+def _max_override_minutes(host: Host, settings: Settings) -> float:
     from agent.policy.compiled import read_compiled
 
     try:

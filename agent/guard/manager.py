@@ -5,7 +5,7 @@ The one place that knows both apt and dnf: agent/guard/apt/ and agent/guard/dnf/
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional, Union, cast
 
 from agent.config import Settings
 from agent.guard.apt.backend import AptBackend
@@ -17,6 +17,9 @@ from agent.guard.rollback.backend import PackageBackend
 from agent.host import Host
 from agent.hostfacts.rpmdb import rpm_database_files
 
+# The package-manager front end a backend drives: apt for dpkg hosts, dnf for rpm hosts.
+PackageTool = Union[AptTool, DnfTool]
+
 
 def detect_manager(host: Host) -> str:
     """``dpkg`` or ``rpm``: which package database this host has (dpkg wins when both are present)."""
@@ -27,14 +30,15 @@ def detect_manager(host: Host) -> str:
     return "dpkg"  # neither: the dpkg reader names the missing status file, as before rpm support
 
 
-def backend_for(host: Host, settings: Settings, tool: Optional[Union[AptTool, DnfTool]] = None) -> PackageBackend:
+def backend_for(host: Host, settings: Settings, tool: Optional[PackageTool] = None) -> PackageBackend:
     """The backend for this host's package database; ``tool`` (an AptTool or DnfTool) replaces the default."""
     paths = GuardPaths(settings.agent.state_dir)
     if tool is None:
         tool = dnf_tool_for(host, settings) if detect_manager(host) == "rpm" else apt_tool_for(host, settings)
-    if getattr(tool, "manager", "dpkg") == "rpm":  # tests hand in fakes of either tool
-        return RpmBackend(host, tool, paths.rpms)
-    return AptBackend(host, tool, paths.debs)
+    # The tool's ``manager`` says which it is (not isinstance: tests hand in fakes of either tool).
+    if getattr(tool, "manager", "dpkg") == "rpm":
+        return RpmBackend(host, cast(DnfTool, tool), paths.rpms)
+    return AptBackend(host, cast(AptTool, tool), paths.debs)
 
 
 def apt_tool_for(host: Host, settings: Settings) -> AptTool:

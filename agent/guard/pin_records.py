@@ -102,6 +102,7 @@ def pin_records(policy: CompiledPolicy, installed: Mapping[str, str], available:
 def _forbidden_reason(name: str, version: str, manager: str, pairings: List[dict], driver_name: str,
                       rocm_name: str, kernel: Mapping, kernel_patterns: List[str], nvidia: Mapping,
                       nv_pairings: List[dict], policy: CompiledPolicy, installed: Mapping[str, str]) -> Optional[str]:
+    release: Optional[str]
     for package, release_of, key, label in ((driver_name, releases.amdgpu_driver_release, "amdgpu", "driver release"),
                                             (rocm_name, releases.rocm_release, "rocm", "ROCm release")):
         if pairings and name == package:

@@ -68,16 +68,17 @@ class NvmlReader:
             self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         except Exception as exc:  # noqa: BLE001 - NVMLError and ctypes errors, mapped once here
             raise LibraryUnavailable("pynvml", f"cannot start NVML ({type(exc).__name__}: {exc})") from exc
-        devices = []
+        devices: List[SmiDevice] = []
         for i, handle in enumerate(self._handles):
-            devices.append(SmiDevice(i, self._safe(lambda h=handle: _text(nvml.nvmlDeviceGetPciInfo(h).busId)),
-                                     self._safe(lambda h=handle: _text(nvml.nvmlDeviceGetUUID(h)))))
-        self.devices = devices
+            devices.append(SmiDevice(i, self._safe(lambda h: nvml.nvmlDeviceGetPciInfo(h).busId, handle),
+                                     self._safe(nvml.nvmlDeviceGetUUID, handle)))
+        self.devices: Sequence[SmiDevice] = devices
 
     @staticmethod
-    def _safe(call: Callable[[], Optional[str]]) -> Optional[str]:
+    def _safe(call: Callable[[Any], Any], handle: Any) -> Optional[str]:
+        """``call(handle)`` as text, None when NVML cannot tell."""
         try:
-            return call()
+            return _text(call(handle))
         except Exception:  # noqa: BLE001 - an identity detail a GPU does not report only weakens the mapping
             return None
 
@@ -109,14 +110,14 @@ class AmdsmiReader:
             self._handles = list(amdsmi.amdsmi_get_processor_handles())
         except Exception as exc:  # noqa: BLE001 - AmdSmiException and ctypes errors, mapped once here
             raise LibraryUnavailable("amdsmi", f"cannot start amdsmi ({type(exc).__name__}: {exc})") from exc
-        devices = []
+        devices: List[SmiDevice] = []
         for i, handle in enumerate(self._handles):
             try:
                 bdf = _text(amdsmi.amdsmi_get_gpu_device_bdf(handle))
             except Exception:  # noqa: BLE001 - the mapping falls back to counting
                 bdf = None
             devices.append(SmiDevice(i, bdf, None))
-        self.devices = devices
+        self.devices: Sequence[SmiDevice] = devices
 
     def read(self) -> List[Optional[float]]:
         out: List[Optional[float]] = []
@@ -164,8 +165,7 @@ def summarize(library: str, devices: Sequence[SmiDevice], readings: Sequence[Seq
         gpus.append(GpuActivity(smi_index=dev.smi_index, bdf=dev.bdf, uuid=dev.uuid,
                                 idle_percent=values[0] if values else None,
                                 max_percent=max(seen) if seen else None, samples=len(seen)))
-    return ActivityReport(library=library, interval_seconds=interval_seconds, read_errors=errors,  # type: ignore
-                          gpus=gpus)
+    return ActivityReport(library=library, interval_seconds=interval_seconds, read_errors=errors, gpus=gpus)
 
 
 class ActivitySampler:

@@ -20,7 +20,7 @@ import contextlib
 import datetime as dt
 import math
 import re
-from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Literal, Optional
+from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Literal, Mapping, Optional, TypeVar, Union
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -30,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from agent import __version__
 from agent.hub.fleet import DriftHost, PairingCount, drift_hosts, pairing_counts
@@ -43,7 +44,8 @@ from agent.report.events import EVENT_SCHEMA_VERSION, PAYLOAD_KINDS, Event, Even
 
 log = get_logger("hub.app")
 
-PayloadKind = Literal[PAYLOAD_KINDS]  # type: ignore[valid-type] - every kind in the event schema
+# Every kind in the event schema; built from the tuple at run time, which a type checker cannot follow.
+PayloadKind = Literal[PAYLOAD_KINDS]  # type: ignore[valid-type]
 INGEST_PATH = "/v1/events"
 _MAX_BIGINT = 2 ** 63 - 1
 _MAX_PROBLEMS_IN_BODY = 20
@@ -203,7 +205,7 @@ async def _no_receive() -> Dict[str, Any]:  # pragma: no cover - a plain Respons
     return {"type": "http.disconnect"}
 
 
-def _client_of(scope: Dict[str, Any]) -> Optional[str]:
+def _client_of(scope: Mapping[str, Any]) -> Optional[str]:
     client = scope.get("client")
     return f"{client[0]}:{client[1]}" if client else None
 
@@ -275,7 +277,10 @@ def parse_batch(body: bytes) -> EventBatch:
     return batch
 
 
-def _since(value: Optional[dt.datetime], default: Optional[dt.datetime]) -> Optional[dt.datetime]:
+_Default = TypeVar("_Default", bound=Optional[dt.datetime])
+
+
+def _since(value: Optional[dt.datetime], default: _Default) -> Union[dt.datetime, _Default]:
     if value is None:
         return default
     try:
@@ -397,7 +402,7 @@ class HubApp(FastAPI):
 
     fast_ingest: Optional[Callable[..., Any]] = None
 
-    async def __call__(self, scope: Dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (self.fast_ingest is not None and scope["type"] == "http" and scope["path"] == INGEST_PATH
                 and scope["method"] == "POST"):
             await self.fast_ingest(scope, receive, send)
@@ -423,7 +428,7 @@ _ERROR_RESPONSES: Dict[int, Dict[str, Any]] = {
 }
 
 
-def _responses(*statuses: int) -> Dict[int, Dict[str, Any]]:
+def _responses(*statuses: int) -> Dict[Union[int, str], Dict[str, Any]]:
     return {s: _ERROR_RESPONSES[s] for s in statuses}
 
 

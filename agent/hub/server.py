@@ -15,24 +15,25 @@ from agent.log import get_logger
 log = get_logger("hub.server")
 
 
-def _import_uvicorn() -> Any:
+def _check_hub_extra() -> None:
     try:
         import fastapi  # noqa: F401 - checked here so the error names the extra, not a module deep in app.py
-        import uvicorn
+        import uvicorn  # noqa: F401 - serve() imports it again once the extra is known to be there
     except ImportError as exc:
         raise GpuguardError(f"the hub needs its extra dependencies: pip install 'gpuguard[hub]' ({exc})") from None
-    return uvicorn
 
 
 def serve(settings: HubSettings) -> None:
     """Serve until SIGINT/SIGTERM; GpuguardError when the hub cannot start."""
-    uvicorn = _import_uvicorn()
+    _check_hub_extra()
+    import uvicorn
+
     from agent.hub.app import create_app
 
     store = make_store(settings.database_url, settings.sqlite_synchronous)
     app = create_app(settings, store)
 
-    class _Server(uvicorn.Server):  # type: ignore[misc, name-defined]
+    class _Server(uvicorn.Server):
         async def startup(self, sockets: Optional[List[socket.socket]] = None) -> None:
             await super().startup(sockets=sockets)
             for server in self.servers:

@@ -19,7 +19,7 @@ import queue
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Type
 
 from agent.errors import ConfigError, StoreError  # noqa: F401 - StoreError is part of the store API
 from agent.log import get_logger
@@ -154,11 +154,16 @@ def summarize_hosts(events: Sequence[Event]) -> List[_HostUpdate]:
                                   "last_event_at": utc(newest.occurred_at), "last_sequence": newest.sequence}
         for event in reversed(ordered):
             payload = event.payload
-            if payload.kind == "snapshot_changed" or (payload.kind == "heartbeat" and payload.pairing is not None):
-                fields.update(pairing_json=payload.pairing.model_dump_json(), pairing_at=utc(event.occurred_at),
-                              content_hash=payload.new_hash if payload.kind == "snapshot_changed"
-                              else payload.content_hash)
-                break
+            content_hash: Optional[str]
+            if payload.kind == "snapshot_changed":
+                pairing, content_hash = payload.pairing, payload.new_hash
+            elif payload.kind == "heartbeat" and payload.pairing is not None:
+                pairing, content_hash = payload.pairing, payload.content_hash
+            else:
+                continue
+            fields.update(pairing_json=pairing.model_dump_json(), pairing_at=utc(event.occurred_at),
+                          content_hash=content_hash)
+            break
         for event in reversed(ordered):
             payload = event.payload
             if payload.kind == "heartbeat":
@@ -279,7 +284,7 @@ class _SqlStore:
 
     name = "sql"
     timestamp_type = "TEXT"
-    _driver_errors: Tuple[type, ...] = ()
+    _driver_errors: Tuple[Type[BaseException], ...] = ()
 
     def __init__(self) -> None:
         self._pool = _Pool(self._connect_reader)

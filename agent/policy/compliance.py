@@ -8,7 +8,7 @@ snapshot. Rolling back what slipped through is ``agent.guard.rollback.core.check
 from __future__ import annotations
 
 import os
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from agent.guard.hotpath.state import GuardPaths
 from agent.log import get_logger
@@ -16,10 +16,14 @@ from agent.policy.compiled import read_compiled
 from agent.policy.evaluate import HostState, evaluate
 from agent.report.events import PolicyViolation
 
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.config import Settings
+    from agent.snapshot.model import Snapshot
+
 log = get_logger("policy.compliance")
 
 
-def check_snapshot(snapshot, settings, root: str = "/") -> Optional[List[PolicyViolation]]:
+def check_snapshot(snapshot: Snapshot, settings: Settings, root: str = "/") -> Optional[List[PolicyViolation]]:
     """Report payloads for every rule the snapshot's installed stack violates (empty: compliant).
 
     The compiled policy is read under ``root``, where the apt hook and the guard read it too. None when no policy

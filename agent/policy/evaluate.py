@@ -19,7 +19,7 @@ from agent.policy.spec import describe, matches
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+    from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 OVERRIDE_HINT = 'or open an audited maintenance window: gpuguard override start --minutes 60 --reason "..."'
 
@@ -73,7 +73,7 @@ def _find(mapping: Mapping[str, str], name: str) -> Optional[str]:
 
 
 @functools.lru_cache(maxsize=64)
-def _glob_regex(patterns: Tuple[str, ...]):
+def _glob_regex(patterns: Tuple[str, ...]) -> Callable[[str], Optional[re.Match[str]]]:
     return re.compile("|".join(fnmatch.translate(p) for p in patterns) or "(?!)").match
 
 

@@ -106,19 +106,19 @@ class Matrix(FrozenModel):
             problems.append("rocm: duplicate series")
         for i, row in enumerate(self.driver, 1):
             problems += [f"driver -> {i}: unknown source {s!r}" for s in row.sources if s not in source_ids]
-        for i, row in enumerate(self.rocm, 1):
-            problems += [f"rocm -> {i}: unknown source {s!r}" for s in row.sources if s not in source_ids]
-            problems += [f"rocm -> {i}: release {r} is not in series {row.series}" for r in row.releases
-                         if not r.startswith(row.series + ".")]
-            for d in row.drivers:
+        for i, rocm_row in enumerate(self.rocm, 1):
+            problems += [f"rocm -> {i}: unknown source {s!r}" for s in rocm_row.sources if s not in source_ids]
+            problems += [f"rocm -> {i}: release {r} is not in series {rocm_row.series}" for r in rocm_row.releases
+                         if not r.startswith(rocm_row.series + ".")]
+            for d in rocm_row.drivers:
                 if d not in drivers:
                     problems.append(f"rocm -> {i}: driver {d} has no row in the driver table")
-                elif row.series not in drivers[d].rocm:
-                    problems.append(f"rocm -> {i}: ROCm {row.series} lists driver {d}, but the driver table does "
-                                    f"not list ROCm {row.series} for it")
-            for key in row.kernels:
+                elif rocm_row.series not in drivers[d].rocm:
+                    problems.append(f"rocm -> {i}: ROCm {rocm_row.series} lists driver {d}, but the driver table "
+                                    f"does not list ROCm {rocm_row.series} for it")
+            for key in rocm_row.kernels:
                 os_id, _, version = key.partition(":")
-                if os_id not in row.os or not version:
+                if os_id not in rocm_row.os or not version:
                     problems.append(f"rocm -> {i}: kernels key {key!r} names no OS of this row")
         return problems
 

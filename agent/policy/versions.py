@@ -12,7 +12,7 @@ from collections import namedtuple
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget, which imports this module
-    from typing import Literal, Optional
+    from typing import Any, Callable, Literal, Optional
 
     Scheme = Literal["dpkg", "rpm"]
 
@@ -200,7 +200,7 @@ def compare(a: str, b: str, scheme: Scheme) -> int:
     return compare_dpkg(a, b) if scheme == "dpkg" else compare_rpm(a, b)
 
 
-def sort_key(scheme: Scheme):
+def sort_key(scheme: Scheme) -> Callable[[str], Any]:
     """A ``key=`` function for sorting version strings under a scheme."""
     return functools.cmp_to_key(lambda x, y: compare(x, y, scheme))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Annotated, Dict, List, Literal, Optional, Union, get_args
+from typing import Annotated, Dict, Final, List, Literal, Optional, Union, get_args
 
 from pydantic import Field
 
@@ -17,7 +17,7 @@ from agent.models import FrozenModel
 from agent.snapshot.diff import Change
 from agent.snapshot.pairing import Pairing
 
-EVENT_SCHEMA_VERSION = 1
+EVENT_SCHEMA_VERSION: Final = 1
 Severity = Literal["info", "warning", "critical"]
 
 

@@ -29,7 +29,8 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional
+from types import TracebackType
+from typing import Callable, Dict, Iterable, List, Optional, Type
 
 from agent.errors import InputFileError
 from agent.log import get_logger
@@ -249,5 +250,6 @@ class _Transaction:
     def __enter__(self) -> None:
         self._conn.execute("BEGIN IMMEDIATE")
 
-    def __exit__(self, exc_type, exc, tb) -> None:  # type: ignore[no-untyped-def]
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
         self._conn.execute("COMMIT" if exc_type is None else "ROLLBACK")

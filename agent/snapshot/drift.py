@@ -12,7 +12,7 @@ from agent.collectors.packages import PackageInfo, find_version
 from agent.policy.versions import upstream_dotted
 
 if TYPE_CHECKING:  # pragma: no cover
-    from agent.snapshot.model import Finding, Snapshot
+    from agent.snapshot.model import Finding, Severity, Snapshot
 
 # Packages whose version is the NVIDIA driver's own (not toolkits or container tools).
 NVIDIA_DRIVER_PACKAGES = ("libnvidia-compute-*", "nvidia-driver-*", "nvidia-driver", "nvidia-dkms-*",
@@ -22,10 +22,10 @@ NVIDIA_DRIVER_PACKAGES = ("libnvidia-compute-*", "nvidia-driver-*", "nvidia-driv
 GPU_DKMS_MODULES = ("amdgpu", "nvidia")
 
 
-def _finding(kind: str, severity: str, component: str, message: str, **details: Optional[str]) -> "Finding":
+def _finding(kind: str, severity: "Severity", component: str, message: str, **details: Optional[str]) -> "Finding":
     from agent.snapshot.model import Finding
 
-    return Finding(kind=kind, severity=severity, component=component, message=message,  # type: ignore[arg-type]
+    return Finding(kind=kind, severity=severity, component=component, message=message,
                    details={k: v for k, v in details.items() if v is not None})
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from typing import Dict, List, Literal, Optional
+from typing import Dict, Final, List, Literal, Optional
 
 from agent.collectors.amdgpu import AmdgpuInfo
 from agent.collectors.base import Section
@@ -19,7 +19,7 @@ from agent.collectors.packages import PackageInfo, PackageSet
 from agent.collectors.rocm import RocmInfo
 from agent.models import FrozenModel
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 SECTION_NAMES = ("os", "kernel", "dkms", "dpkg", "rpm", "amdgpu", "rocm", "nvidia", "cuda", "containers")
 # Fields that say when/by what the snapshot was taken, not what the host is: left out of the content hash.
 _VOLATILE_FIELDS = {"taken_at", "agent_version", "content_hash"}

@@ -36,8 +36,8 @@ def render_snapshot(snap: Snapshot) -> str:
         n = snap.nvidia.data
         lines.append(f"nvidia   {n.driver_version or '-'} ({n.module_flavor or '?'} module, via {n.source}), "
                      f"CUDA driver API {n.cuda_driver_version or '-'}, {len(n.gpus)} GPU(s)")
-        for gpu in n.gpus:
-            lines.append(f"  {gpu.bdf}  {gpu.name or '?'}  vbios {gpu.vbios_version or '-'}")
+        for nv_gpu in n.gpus:
+            lines.append(f"  {nv_gpu.bdf}  {nv_gpu.name or '?'}  vbios {nv_gpu.vbios_version or '-'}")
     if snap.cuda.data:
         versions = ", ".join(t.version or t.path for t in snap.cuda.data.toolkits)
         lines.append(f"cuda     toolkits {versions or '-'}")

@@ -35,6 +35,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Callable, Dict, Optional, Sequence, TextIO, Tuple
 
+    from agent.policy.compiled import CompiledPolicy
+
 BYPASS_HINT = "to bypass the guard for one apt run (audited nowhere; prefer an override window): " \
               "apt-get -o DPkg::Pre-Install-Pkgs::gpuguard= ..."
 
@@ -86,7 +88,7 @@ def run(args: _Args, environ: Dict[str, str], fd: Optional[int], err: TextIO,
         request = parse_hook_input(raw, source)
         tx_names = {c.package for c in request.transaction.changes}
 
-        def installed(policy) -> Dict[str, str]:
+        def installed(policy: CompiledPolicy) -> Dict[str, str]:
             """The installed versions of guarded packages and of the transaction's, from dpkg's status file."""
             guarded = re.compile("|".join(fnmatch.translate(p) for p in policy.guarded) or "(?!)")
             try:

@@ -51,6 +51,7 @@ class RpmBackend:
             before[key] = now.version if now else "(not installed)"
             after[key] = good.version if good else "(removed)"
             if good is None:
+                assert now is not None  # the key is in known_good or in current
                 targets.append(f"remove {nevra(name, now.version, now.arch)}")
             elif self.cache.has(name, good.version, good.arch):
                 targets.append(f"install {self.host.path(self.cache.path(name, good.version, good.arch))}")

@@ -21,11 +21,17 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from agent.errors import InputFileError
 from agent.guard.pin_records import Pin
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.guard.dnf.tool import DnfTool
+    from agent.host import Host
+    from agent.policy.compiled import CompiledPolicy
 
 DNF4_CONF = "/etc/dnf/plugins/versionlock.conf"
 DNF4_LIST = "/etc/dnf/plugins/versionlock.list"
@@ -142,10 +148,11 @@ def _is_ours(package: Mapping[str, Any]) -> bool:
 
 def parse_dnf5(text: str, where: str) -> Dict[str, Any]:
     """A parsed versionlock.toml; InputFileError (one line) when it is not TOML or not version 1.0."""
-    try:
-        import tomllib  # type: ignore[import-not-found]
-    except ImportError:  # Python < 3.11
-        import tomli as tomllib  # type: ignore[no-redef]
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on Python < 3.11 hosts
+        import tomli as tomllib
+    document: Dict[str, Any]
     try:
         document = tomllib.loads(text) if text.strip() else {"version": TOML_VERSION}
     except tomllib.TOMLDecodeError as exc:
@@ -188,7 +195,7 @@ class LockChanges:
     note: Optional[str] = None
 
 
-def dnf4_locklist_path(host) -> Tuple[str, Optional[str]]:
+def dnf4_locklist_path(host: Host) -> Tuple[str, Optional[str]]:
     """The host path of versionlock.list (``locklist=`` of the plugin's config) and a note when the plugin's
     config is missing (then the entries have no effect until python3-dnf-plugin-versionlock is installed)."""
     from agent.hostfacts.keyvalue import parse_key_value_lines
@@ -200,12 +207,13 @@ def dnf4_locklist_path(host) -> Tuple[str, Optional[str]]:
     return parse_key_value_lines(conf).get("locklist") or DNF4_LIST, None
 
 
-def uses_dnf5(host) -> bool:
+def uses_dnf5(host: Host) -> bool:
     """Whether the host's dnf is dnf5 (its versionlock is built in and reads versionlock.toml)."""
     return host.which("dnf5") is not None
 
 
-def apply_versionlock(host, policy, tool, installed: Mapping[str, str], dry_run: bool = False) -> LockChanges:
+def apply_versionlock(host: Host, policy: CompiledPolicy, tool: DnfTool, installed: Mapping[str, str],
+                      dry_run: bool = False) -> LockChanges:
     """Query available builds, render gpuguard's entries and merge them into the host's versionlock file."""
     from agent.files import write_atomically
     from agent.guard.pin_records import names_to_query, pin_records

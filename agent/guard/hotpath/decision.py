@@ -24,6 +24,9 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     import datetime as dt
     from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
+    from agent.guard.hotpath.transaction import Transaction
+    from agent.policy.compiled import CompiledPolicy
+
 EXIT_ALLOW = 0
 EXIT_USAGE = 2
 EXIT_REFUSED = 10
@@ -67,7 +70,8 @@ class Decision:
             except OSError as exc:
                 self.say(f"warning: cannot record to {target}: {exc.strerror or exc}")
 
-    def load_policy(self, compiled_path: Optional[str], policy_dir: str):
+    def load_policy(self, compiled_path: Optional[str],
+                    policy_dir: str) -> Tuple[Optional[CompiledPolicy], Optional[str]]:
         """The compiled policy (default: under the state directory) and None, or None and what is wrong with it."""
         from agent.errors import InputFileError
         from agent.policy.compiled import read_compiled
@@ -109,7 +113,7 @@ class Decision:
                      "packages": {n: "?" for n in touched}, "command_line": command_line})
         return code
 
-    def decide(self, policy, tx, installed: Mapping[str, str]) -> int:
+    def decide(self, policy: CompiledPolicy, tx: Transaction, installed: Mapping[str, str]) -> int:
         """Evaluate ``tx`` over ``installed`` (the installed set, keyed like the transaction) against ``policy``."""
         from agent.errors import InputFileError
         from agent.guard.hotpath.overrides import active_windows, load_windows

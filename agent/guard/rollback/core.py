@@ -14,19 +14,22 @@ import datetime as dt
 import fnmatch
 import json
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 from agent.errors import InputFileError
 from agent.files import write_atomically
 from agent.guard.hotpath.overrides import active_windows, audit, load_windows
 from agent.guard.hotpath.state import GuardPaths, append_json_line
-from agent.guard.manager import backend_for
+from agent.guard.manager import PackageTool, backend_for
 from agent.guard.rollback.backend import InstalledPackage, PackageBackend, PlannedStep
 from agent.host import Host
 from agent.hostfacts.loaded_modules import loaded_drivers
 from agent.log import get_logger
 from agent.policy.compiled import KERNEL_MODULE_PACKAGES, CompiledPolicy
 from agent.policy.evaluate import HostState, Violation, evaluate
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.config import Settings
 
 log = get_logger("guard.rollback")
 KNOWN_GOOD_FORMAT = 1
@@ -55,7 +58,7 @@ class GuardResult:
 
 
 def read_installed(host: Host, patterns: List[str], backend: Optional[PackageBackend] = None,
-                   settings=None) -> Dict[str, InstalledPackage]:
+                   settings: Optional[Settings] = None) -> Dict[str, InstalledPackage]:
     """Installed packages matching the guarded globs, from the host's package database (dpkg status or rpm)."""
     if backend is None:
         from agent.config import Settings
@@ -131,7 +134,8 @@ def _write_reboot_marker(host: Host, paths: GuardPaths, moved: Dict[str, str], n
                      "\n".join(n.split("@", 1)[0].split(":", 1)[0] for n in sorted(moved)) + "\n")
 
 
-def check_and_rollback(host: Host, settings, policy: Optional[CompiledPolicy] = None, tool=None,
+def check_and_rollback(host: Host, settings: Settings, policy: Optional[CompiledPolicy] = None,
+                       tool: Optional[PackageTool] = None,
                        now: Optional[Callable[[], dt.datetime]] = None, dry_run: bool = False,
                        snapshot: Optional[Callable[[Host], object]] = None,
                        backend: Optional[PackageBackend] = None) -> GuardResult:
