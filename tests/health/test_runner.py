@@ -11,8 +11,14 @@ import pytest
 
 from agent.health.runner import build_probe_argv, probe_env, run_health_check
 from agent.health.settings import HealthSettings
-from tests.health.helpers import (FAKE_PROBE, fake_probe_settings, make_fake_amdsmi, make_fake_nvml, make_host,
-                                  make_snapshot)
+from tests.health.helpers import (
+    FAKE_PROBE,
+    fake_probe_settings,
+    make_fake_amdsmi,
+    make_fake_nvml,
+    make_host,
+    make_snapshot,
+)
 
 BUSY = [[0.0], [97.0]]  # idle before the run, then busy
 

@@ -12,12 +12,11 @@ import subprocess
 from typing import Iterator, List, Tuple
 
 import pytest
-
-from tests import needs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.policy.versions import compare_rpm, rpmvercmp
+from tests import needs
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 WORKER = r"""
