@@ -20,6 +20,8 @@ from tests.health.helpers import (
     make_snapshot,
 )
 
+pytestmark = pytest.mark.slow  # real servers or processes per test: left out of `make test-fast`
+
 BUSY = [[0.0], [97.0]]  # idle before the run, then busy
 
 

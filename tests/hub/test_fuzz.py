@@ -25,6 +25,8 @@ from schemathesis.specs.openapi.checks import (
 from agent.hub.tokens import add_token
 from tests.hub.process import HubProcess, write_config
 
+pytestmark = pytest.mark.slow  # real servers or processes per test: left out of `make test-fast`
+
 FUZZ_HOST = "fuzz-host"
 MAX_EXAMPLES = 60
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]

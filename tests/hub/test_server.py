@@ -15,6 +15,8 @@ from agent.hub.tokens import add_token
 from tests.hub.factories import ROCM_62, batch_json, event, ids
 from tests.hub.process import HubProcess, write_config
 
+pytestmark = pytest.mark.slow  # real servers or processes per test: left out of `make test-fast`
+
 MAX_BODY_BYTES = 64 * 1024
 TIMEOUT_SECONDS = 10
 

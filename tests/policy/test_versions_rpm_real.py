@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 from agent.policy.versions import compare_rpm, rpmvercmp
 from tests import needs
 
+pytestmark = pytest.mark.slow  # a real rpm worker process: left out of `make test-fast`
+
 SYSTEM_PYTHON = "/usr/bin/python3"
 WORKER = r"""
 import json, sys, rpm
