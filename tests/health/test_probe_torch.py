@@ -6,7 +6,7 @@ CUDA build (it runs on the CPU when no GPU is visible), a CPU wheel index gives 
 about the framework build follow the torch found, and the probe runs with the GPUs hidden, so these tests mean the
 same on a GPU host.
 
-Skipped when torch is not installed, unless GPUGUARD_REQUIRE_TORCH is set: then a missing torch fails.
+Without torch installed they skip locally and fail in CI (tests/needs.py).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from agent.health.runner import PROBE_PATH, run_health_check
+from tests import needs
 from tests.health.helpers import fake_probe_settings, make_host, make_snapshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(110)]
@@ -39,9 +40,7 @@ REASONS_ON_ONE_NVIDIA_GPU: dict[str, list[str]] = {
 @pytest.fixture(autouse=True)
 def _torch_installed() -> None:
     if importlib.util.find_spec("torch") is None:
-        if os.environ.get("GPUGUARD_REQUIRE_TORCH"):
-            pytest.fail("GPUGUARD_REQUIRE_TORCH is set but torch is not installed (pip install -e '.[probe]')")
-        pytest.skip("torch is not installed; set GPUGUARD_REQUIRE_TORCH=1 to make this a failure")
+        needs.unavailable("probe tests with PyTorch", "torch is not installed (pip install -e '.[probe]')")
 
 
 @pytest.fixture(scope="module")
