@@ -31,6 +31,9 @@ fi
 python=python3
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+# setuptools prints an "Editable installation." notice (its InformationOnly class, not a problem) on every editable
+# install of a flat layout; only that message is silenced, every other warning still shows.
+export PYTHONWARNINGS="ignore:Editable installation"
 if [ "$want_test" = 1 ]; then
   .venv/bin/python -m pip install -q -e '.[test,probe]'
 else
