@@ -141,5 +141,7 @@ def read_compiled(path: str) -> CompiledPolicy:
 
 def guarded_names(names: Sequence[str], guarded: Sequence[str]) -> list:
     """The names (``name``, ``name:arch`` or ``name@version`` keys) that match a guarded pattern, sorted."""
-    bases = {n: n.split(":", 1)[0].split("@", 1)[0] for n in names}
-    return sorted(n for n in names if any(fnmatch.fnmatchcase(bases[n], p) for p in guarded))
+    import re
+
+    match = re.compile("|".join(fnmatch.translate(p) for p in guarded) or "(?!)").match
+    return sorted(n for n in names if match(n.split(":", 1)[0].split("@", 1)[0]))

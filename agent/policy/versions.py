@@ -225,3 +225,97 @@ def compare_release(a: str, b: str) -> int:
     """Order two release strings (``6.1.0-27-amd64``, ``30.20.1``) with dpkg's character rules over the whole
     string: no epoch or revision split, so a kernel release's ``-27-amd64`` compares as digits and letters."""
     return _sign(_verrevcmp(a, b))
+
+
+# --- validity: the versions dpkg and rpm themselves accept ------------------------------------------------------
+
+_C_SPACE = " \t\n\v\f\r"
+_ASCII_ALNUM = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_DPKG_UPSTREAM_CHARS = _ASCII_ALNUM | frozenset(".-+~:")
+_DPKG_REVISION_CHARS = _ASCII_ALNUM | frozenset(".+~")
+_INT_MAX = 2 ** 31 - 1
+_EPOCH = re.compile(r"[+-]?[0-9]+")
+
+
+def dpkg_version_problem(version: str) -> Optional[str]:
+    """What dpkg says is wrong with ``version`` (its parseversion's error or warning text), or None when valid.
+
+    Mirrors lib/dpkg/parsehelp.c: surrounding blanks are dropped; no blank inside; an epoch is a number (as
+    strtol reads it) from 0 to INT_MAX with something after the colon; the revision follows the last '-' and is
+    not empty; the upstream part is not empty, starts with a digit and holds only ASCII letters, digits and
+    ``.-+~:``; the revision only ASCII letters, digits and ``.+~``. dpkg only warns on the last three, but a
+    version it warns about is one no archive carries: the guard treats every one of them as invalid.
+    """
+    text = version.strip(_C_SPACE)
+    if not text:
+        return "version string is empty"
+    if any(ch in _C_SPACE for ch in text):
+        return "version string has embedded spaces"
+    head, colon, rest = text.partition(":")
+    if colon:
+        if not head:
+            return "epoch in version is empty"
+        if not _EPOCH.fullmatch(head):
+            return "epoch in version is not number"
+        epoch = int(head)
+        if epoch < 0:
+            return "epoch in version is negative"
+        if epoch > _INT_MAX:
+            return "epoch in version is too big"
+        if not rest:
+            return "nothing after colon in version number"
+        text = rest
+    upstream, hyphen, revision = text.rpartition("-")
+    if not hyphen:
+        upstream, revision = text, ""
+    elif not revision:
+        return "revision number is empty"
+    if not upstream:
+        return "version number is empty"
+    if not upstream[0].isascii() or not upstream[0].isdigit():
+        return "version number does not start with digit"
+    if any(ch not in _DPKG_UPSTREAM_CHARS for ch in upstream):
+        return "invalid character in version number"
+    if any(ch not in _DPKG_REVISION_CHARS for ch in revision):
+        return "invalid character in revision number"
+    return None
+
+
+_RPM_CHARS = _ASCII_ALNUM | frozenset("._+~^")
+
+
+def rpm_version_problem(evr: str) -> Optional[str]:
+    """What is wrong with an rpm ``[epoch:]version[-release]`` (rpmbuild's rules), or None when valid.
+
+    The epoch is digits; version and release are not empty and hold only ASCII letters, digits and ``._+~^``
+    (rpmbuild refuses anything else, '-' included: the release follows the last '-').
+    """
+    text = evr
+    if not text:
+        return "version string is empty"
+    head, colon, rest = text.partition(":")
+    if colon:
+        if not head.isascii() or not head.isdigit():
+            return f"epoch {head!r} is not a number"
+        text = rest
+    version, hyphen, release = text.rpartition("-")
+    if not hyphen:
+        version, release = text, ""
+    elif not release:
+        return "release is empty after '-'"
+    if not version:
+        return "version is empty"
+    for part, label in ((version, "version"), (release, "release")):
+        bad = next((ch for ch in part if ch not in _RPM_CHARS), None)
+        if bad is not None:
+            return f"invalid character {bad!r} in {label}"
+    return None
+
+
+def version_problem(version: str, scheme: str) -> Optional[str]:
+    """``dpkg_version_problem`` or ``rpm_version_problem`` by scheme (``release`` strings are not checked)."""
+    if scheme == "dpkg":
+        return dpkg_version_problem(version)
+    if scheme == "rpm":
+        return rpm_version_problem(version)
+    return None

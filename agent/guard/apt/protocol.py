@@ -19,6 +19,7 @@ from collections import namedtuple
 from agent.errors import InputFileError
 from agent.guard.hotpath.transaction import Change, Transaction
 from agent.hostfacts.dpkg_status import package_key
+from agent.policy.versions import dpkg_version_problem
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
@@ -28,6 +29,10 @@ PROTOCOL_VERSION = 3
 _KEPT_CONFIG_KEYS = ("APT::Architecture", "CommandLine::AsString")
 _PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
 _DIRECTIONS = ("<", ">", "=")
+_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]*")
+_ARCH = re.compile(r"[a-z0-9][a-z0-9-]*")
+_MULTIARCH = ("none", "same", "foreign", "allowed", "all")
+_GUESS_TOKEN = re.compile(r"[a-z0-9][a-z0-9+.:-]*")
 
 
 class AptRequest(namedtuple("AptRequest", "transaction native_arch config")):
@@ -42,16 +47,30 @@ def percent_decode(value: str) -> str:
 
 
 def parse_hook_input(text: str, source: str = "apt hook input") -> AptRequest:
-    """Parse protocol-version-3 hook input; InputFileError names the line that is wrong."""
+    """Parse protocol-version-3 hook input; InputFileError names the line that is wrong.
+
+    Every field is checked (package names, dpkg versions, architectures, multi-arch values, directions,
+    actions): input that is not exactly what apt writes is not guessed at but refused, and the fail-safe decides.
+    Versions 1 (one .deb path per line: no old versions, no removals) and 2 (no architectures) are refused by
+    name: they cannot say what the transaction does to an installed set.
+    """
     lines = text.split("\n")
     first = lines[0].strip() if lines else ""
     if not first:
         raise InputFileError(source, "empty input: apt sent nothing (is the hook's InfoFD option set?)")
     if not first.startswith("VERSION "):
+        if first.endswith(".deb") and " " not in first:
+            raise InputFileError(source, "hook protocol version 1 (one .deb path per line) cannot be checked: it "
+                                         "names neither old versions nor removals (set "
+                                         "DPkg::Tools::Options::<hook>::Version \"3\")")
         raise InputFileError(source, f"line 1: expected 'VERSION 3', got {first[:40]!r}")
     version = first[len("VERSION "):].strip()
+    if version == "2":
+        raise InputFileError(source, "hook protocol version 2 cannot be checked: it names no architectures, so "
+                                     "foreign-architecture packages cannot be told apart (set "
+                                     "DPkg::Tools::Options::<hook>::Version \"3\")")
     if version != str(PROTOCOL_VERSION):
-        raise InputFileError(source, f"unknown hook protocol version {version!r}: gpuguard speaks version "
+        raise InputFileError(source, f"unknown hook protocol version {version[:20]!r}: gpuguard speaks version "
                                      f"{PROTOCOL_VERSION} (set DPkg::Tools::Options::<hook>::Version \"3\")")
     config: Dict[str, str] = {}
     index = 1
@@ -65,7 +84,11 @@ def parse_hook_input(text: str, source: str = "apt hook input") -> AptRequest:
         index += 1
     if index >= len(lines) - 1:  # the blank line itself must end with a newline: "...\n\n"
         raise InputFileError(source, "no blank line after the configuration: the input was cut short")
+    if text and not text.endswith("\n"):
+        raise InputFileError(source, f"line {len(lines)}: the last line has no newline: the input was cut short")
     native_arch = config.get("APT::Architecture", "")
+    if native_arch and not _ARCH.fullmatch(native_arch):
+        raise InputFileError(source, f"APT::Architecture {native_arch[:40]!r} is not an architecture")
     changes: Dict[str, List[Optional[str]]] = {}
     arches: Dict[str, str] = {}
     for number, line in enumerate(lines[index + 1:], start=index + 2):
@@ -75,9 +98,10 @@ def parse_hook_input(text: str, source: str = "apt hook input") -> AptRequest:
         if len(fields) != 9:
             raise InputFileError(source, f"line {number}: expected 9 fields (name oldver oldarch oldMA dir newver "
                                          f"newarch newMA action), got {len(fields)}")
-        name, old_ver, old_arch, _old_ma, direction, new_ver, new_arch, _new_ma, action = fields
-        if direction not in _DIRECTIONS:
-            raise InputFileError(source, f"line {number}: direction {direction!r} is not one of < > =")
+        name, old_ver, old_arch, old_ma, direction, new_ver, new_arch, new_ma, action = fields
+        problem = _line_problem(name, old_ver, old_arch, old_ma, direction, new_ver, new_arch, new_ma, action)
+        if problem:
+            raise InputFileError(source, f"line {number}: {problem}")
         arch = new_arch if new_arch != "-" else old_arch
         key = package_key(name, arch, native_arch)
         old = None if old_ver == "-" else old_ver
@@ -93,21 +117,36 @@ def parse_hook_input(text: str, source: str = "apt hook input") -> AptRequest:
     return AptRequest(transaction=tx, native_arch=native_arch, config=config)
 
 
+def _line_problem(name: str, old_ver: str, old_arch: str, old_ma: str, direction: str, new_ver: str,
+                  new_arch: str, new_ma: str, action: str) -> Optional[str]:
+    """What is wrong with one action line's fields, or None."""
+    if not _NAME.fullmatch(name):
+        return f"{name[:60]!r} is not a package name"
+    for label, value in (("old", old_ver), ("new", new_ver)):
+        if value != "-":
+            problem = dpkg_version_problem(value)
+            if problem:
+                return f"{name}: {label} version {value[:60]!r} is not a dpkg version ({problem})"
+    for label, value in (("old", old_arch), ("new", new_arch)):
+        if value != "-" and not _ARCH.fullmatch(value):
+            return f"{name}: {label} architecture {value[:40]!r} is not an architecture"
+    for label, value in (("old", old_ma), ("new", new_ma)):
+        if value not in _MULTIARCH:
+            return f"{name}: {label} multi-arch {value[:40]!r} is not one of {', '.join(_MULTIARCH)}"
+    if direction not in _DIRECTIONS:
+        return f"direction {direction[:20]!r} is not one of < > ="
+    if old_ver == "-" and new_ver == "-":
+        return f"{name}: neither an old nor a new version"
+    if action not in ("**CONFIGURE**", "**REMOVE**") and not action.endswith(".deb"):
+        return f"{name}: action {action[:60]!r} is not a .deb path, **CONFIGURE** or **REMOVE**"
+    return None
+
+
 def guess_packages(text: str) -> List[str]:
-    """Best-effort package names from input that did not parse (for the fail-safe decision): the first word of
-    every line after the configuration, and the name part of any ``name_version_arch.deb`` path."""
-    lines = text.split("\n")
-    start = 0
-    for i, line in enumerate(lines):
-        if not line.strip() and i > 0:
-            start = i + 1
-            break
-    names: List[str] = []
-    for line in lines[start:]:
-        for word in line.split():
-            if word.endswith(".deb"):
-                names.append(word.rsplit("/", 1)[-1].split("_", 1)[0])
-        words = line.split()
-        if words and "=" not in words[0] and not words[0].startswith("VERSION"):
-            names.append(words[0])
-    return list(dict.fromkeys(names))
+    """Every word of input that did not parse that may be a package name, for the fail-safe decision.
+
+    Deliberately generous (the whole input, %-decoded, split at anything a package name cannot contain, so that a
+    ``linux-image-..._amd64.deb`` path, a configuration value or a stray line all count): what the hook could not
+    read must not get through because a guarded name was hidden in a place the parser did not expect.
+    """
+    return list(dict.fromkeys(_GUESS_TOKEN.findall(percent_decode(text).lower())))

@@ -97,15 +97,28 @@ class Decision:
                      f"this run uses the compiled policy (run 'gpuguard policy compile')")
 
     def failsafe(self, mode: str, guarded: Sequence[str], names: Sequence[str], why: str, code: int,
-                 command_line: Optional[str]) -> int:
+                 command_line: Optional[str], guessed: bool = False) -> int:
         """The fail-safe decision: let through (``allow``, or ``block-guarded`` without guarded packages) or
-        refuse with ``code``."""
+        refuse with ``code``.
+
+        ``guessed``: ``names`` are only what could be recognised in input that could not be read; the messages
+        then say so and never claim to know what the transaction touches.
+        """
         touched = guarded_names(list(names), guarded)
         if mode == "allow" or (mode == "block-guarded" and not touched):
-            self.say(f"warning: {why}; fail-safe '{mode}' lets this transaction through"
-                     + ("" if mode == "allow" else " (it touches no guarded package)"))
+            if mode == "allow":
+                detail = ""
+            elif not guessed:
+                detail = " (it touches no guarded package)"
+            elif names:
+                shown = ", ".join(list(names)[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+                detail = f" (none of the names it could recognise is guarded: {shown})"
+            else:
+                detail = " (it could recognise no package name in it)"
+            self.say(f"warning: {why}; fail-safe '{mode}' lets this transaction through{detail}")
             return EXIT_ALLOW
-        what = f"it touches guarded packages: {', '.join(touched[:8])}" if touched else "it cannot be checked"
+        verb = "it names" if guessed else "it touches"
+        what = f"{verb} guarded packages: {', '.join(touched[:8])}" if touched else "it cannot be checked"
         self.say(f"REFUSED by fail-safe '{mode}': {why}; {what}")
         self.say("to proceed: fix the problem above (gpuguard policy check / gpuguard policy compile), or "
                  + self.bypass_hint)

@@ -38,7 +38,7 @@ def check(decision: Decision, policy_file: Optional[str], policy_dir: str, text:
         parsed = parse(text)
     except InputFileError as exc:
         return decision.failsafe(mode, guarded, guess_packages(text), f"cannot read the transaction: {exc}",
-                                 EXIT_FAILSAFE_INPUT, None)
+                                 EXIT_FAILSAFE_INPUT, None, guessed=True)
     tx: Transaction = parsed.transaction
     names = [c.package for c in tx.changes]
     if policy is None:

@@ -180,6 +180,29 @@ def test_malformed_input_fails_safe(root: Path, text: str) -> None:
         assert code == 0 and "cannot read the transaction" in out
 
 
+@pytest.mark.parametrize("text", [
+    "/var/cache/apt/archives/linux-image-6.8.0-41-generic_6.8.0-41.41_amd64.deb\n",  # protocol version 1
+    "linux-image-6.8.0-41-generic - - none < 6.8.0-41.41 amd64 none /x.deb\n",  # an action line, no header
+    "VERSION 2\nAPT::Architecture=amd64\n\nlinux-image-6.8.0-41-generic - < 6.8.0-41.41 /x.deb\n",
+    "VERSION 3\nCommandLine::AsString=apt-get%20install%20linux-image-6.8.0-41-generic\n",  # cut short
+    "VERSION 3\n\nlinux-image-6.8.0-41-generic - - none < 1;6.8.0 amd64 none /x.deb\n",  # a version dpkg rejects
+])
+def test_unreadable_input_naming_a_guarded_package_is_refused(root: Path, text: str) -> None:
+    """Input without a blank line, of another protocol version or with a bad field fails closed (exit 12)."""
+    code, out = run_hook(root, text)
+    assert code == exits.EXIT_FAILSAFE_INPUT
+    assert "cannot read the transaction" in out and "it names guarded packages: linux-image-6.8.0-41-generic" in out
+    assert "touches no guarded package" not in out
+
+
+def test_unreadable_input_let_through_says_what_it_recognised(root: Path) -> None:
+    """When block-guarded lets unreadable input through, the warning names what it saw, not what it touches."""
+    code, out = run_hook(root, "/var/cache/apt/archives/vim_2%3a9.0.1378-3_amd64.deb\n")
+    assert code == exits.EXIT_ALLOW
+    assert "hook protocol version 1" in out and "none of the names it could recognise is guarded: " in out
+    assert "vim" in out and "touches no guarded package" not in out
+
+
 def test_block_all_failsafe_refuses_unguarded_input_too(root: Path) -> None:
     compiled = root / "var/lib/gpuguard/policy.compiled.json"
     data = json.loads(compiled.read_text())

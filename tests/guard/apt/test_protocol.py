@@ -56,7 +56,18 @@ def test_percent_decoding() -> None:
 @pytest.mark.parametrize("text,fragment", [
     ("", "empty input"),
     ("garbage\n\nrocm-core 1 amd64 none < 2 amd64 none x.deb\n", "expected 'VERSION 3'"),
-    ("VERSION 2\nAPT::Architecture=amd64\n\nrocm-core 1 < 2 x.deb\n", "unknown hook protocol version '2'"),
+    ("VERSION 2\nAPT::Architecture=amd64\n\nrocm-core 1 < 2 x.deb\n", "hook protocol version 2 cannot be checked"),
+    ("/var/cache/apt/archives/linux-image-6.8.0-41-generic_6.8.0-41.41_amd64.deb\n",
+     "hook protocol version 1 (one .deb path per line) cannot be checked"),
+    ("linux-image-6.8.0-41-generic - - none < 6.8.0-41.41 amd64 none x.deb\n", "line 1: expected 'VERSION 3'"),
+    ("VERSION 3\n\nrocm-core 6.2.2 amd64 none < 6.3.0 amd64 none x.deb", "the last line has no newline"),
+    ("VERSION 3\n\nrocm-core 6.2.2 amd64 none < 1;6.3.0 amd64 none x.deb\n", "invalid character in version"),
+    ("VERSION 3\n\nrocm-core 6.2.2 amd64 none < 1.17.3- amd64 none x.deb\n", "revision number is empty"),
+    ("VERSION 3\n\nRocm_core 6.2.2 amd64 none < 6.3.0 amd64 none x.deb\n", "is not a package name"),
+    ("VERSION 3\n\nrocm-core 6.2.2 AMD64 none < 6.3.0 amd64 none x.deb\n", "is not an architecture"),
+    ("VERSION 3\n\nrocm-core 6.2.2 amd64 odd < 6.3.0 amd64 none x.deb\n", "multi-arch 'odd'"),
+    ("VERSION 3\n\nrocm-core 6.2.2 amd64 none < 6.3.0 amd64 none x.rpm\n", "action 'x.rpm'"),
+    ("VERSION 3\n\nrocm-core - - none < - - none x.deb\n", "neither an old nor a new version"),
     ("VERSION 4\n\n", "unknown hook protocol version '4'"),
     ("VERSION 3\nAPT::Architecture=amd64\nno equals sign here\n\n", "line 3: configuration line without '='"),
     ("VERSION 3\nAPT::Architecture=amd64\n", "no blank line"),
@@ -70,7 +81,12 @@ def test_malformed_input_is_one_clear_error(text: str, fragment: str) -> None:
     assert fragment in str(info.value) and str(info.value).startswith("fd 20: ")
 
 
-def test_guess_packages_from_unparsable_input() -> None:
-    """The fail-safe still sees which packages an unparsable transaction names."""
-    text = "VERSION 2\nAPT::Architecture=amd64\n\nrocm-core 6.2.2 < 6.3.0 /srv/rocm-core_6.3.0_amd64.deb\n"
-    assert guess_packages(text) == ["rocm-core"]
+@pytest.mark.parametrize("text,name", [
+    ("VERSION 2\nAPT::Architecture=amd64\n\nrocm-core 6.2.2 < 6.3.0 /srv/rocm-core_6.3.0_amd64.deb\n", "rocm-core"),
+    ("/var/cache/apt/archives/linux-image-6.8.0-41-generic_6.8.0-41.41_amd64.deb\n", "linux-image-6.8.0-41-generic"),
+    ("linux-image-6.8.0-41-generic - - none < 6.8.0-41.41 amd64 none x.deb\n", "linux-image-6.8.0-41-generic"),
+    ("VERSION 3\nCommandLine::AsString=apt-get%20install%20amdgpu-dkms\n", "amdgpu-dkms"),
+])
+def test_guess_packages_from_unparsable_input(text: str, name: str) -> None:
+    """The fail-safe sees every name an unparsable input may carry, wherever it stands (no blank line needed)."""
+    assert name in guess_packages(text)
