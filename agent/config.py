@@ -6,14 +6,15 @@ defaults. Each area (snapshot, health, report) owns its own settings model next 
 
 from __future__ import annotations
 
+import os
 import sys
-from pathlib import Path
 from typing import List, Literal, Optional, Type, TypeVar
 
 from pydantic import Field, ValidationError
 
 from agent.collectors.packages import DEFAULT_WATCHED_PATTERNS
-from agent.errors import ConfigError
+from agent.errors import ConfigError, InputFileError
+from agent.files import MAX_NESTING_DEPTH, decode_text, nesting_depth, read_bytes_bounded
 from agent.guard.settings import GuardSettings
 from agent.health.settings import HealthSettings
 from agent.models import FrozenModel, validation_problems
@@ -77,6 +78,10 @@ def parse_toml_model(text: str, path: str, model: Type[M]) -> M:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(path, [f"not valid TOML: {exc}"]) from None
+    except RecursionError:
+        raise ConfigError(path, ["not valid TOML: nested too deeply"]) from None
+    if nesting_depth(data) > MAX_NESTING_DEPTH:
+        raise ConfigError(path, [f"not valid TOML: nested deeper than {MAX_NESTING_DEPTH} levels"])
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -90,13 +95,16 @@ def parse_settings(text: str, path: str = "<string>") -> Settings:
 
 def load_settings(path: str = DEFAULT_CONFIG_PATH, required: bool = False) -> Settings:
     """Read the config file; defaults when it does not exist (unless ``required``)."""
-    p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        if required:
-            raise ConfigError(path, ["no such file"]) from None
-        return Settings()
-    except OSError as exc:
-        raise ConfigError(path, [exc.strerror or str(exc)]) from None
+        raw = read_bytes_bounded(path)
+    except InputFileError as exc:
+        if not os.path.lexists(path):
+            if required:
+                raise ConfigError(path, ["no such file"]) from None
+            return Settings()
+        raise ConfigError(path, [exc.reason]) from None
+    try:
+        text = decode_text(path, raw)
+    except InputFileError as exc:
+        raise ConfigError(path, [exc.reason]) from None
     return parse_settings(text, path)

@@ -31,23 +31,109 @@ def write_atomically(path: str, text: str, mode: int = 0o644) -> None:
         raise
 
 
-def read_json_file(path: str, missing_reason: "Optional[str]" = None) -> "Any":
-    """Parse a JSON file; InputFileError names the file for unreadable or invalid JSON.
+# Bounds for every state and config file: none of ours comes near them; a file past them is damaged or hostile.
+MAX_FILE_BYTES = 64 << 20
+MAX_NESTING_DEPTH = 64
 
-    A missing file gives None, or InputFileError(missing_reason) when a reason is given (the file is required).
-    """
-    import json  # not at module level: most importers only write
 
+def decode_text(path: str, raw: bytes) -> str:
+    """UTF-8 text of a file's bytes; InputFileError names the file and the first bad byte."""
     try:
-        with open(path, "r", encoding="utf-8") as handle:
-            text = handle.read()
-    except FileNotFoundError:
-        if missing_reason is None:
-            return None
-        raise InputFileError(path, missing_reason) from None
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputFileError(path, f"not UTF-8 text (byte {exc.start})") from None
+
+
+def read_bytes_bounded(path: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """A file's bytes; InputFileError for an unreadable file or one larger than ``max_bytes``."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(max_bytes + 1)
     except OSError as exc:
         raise InputFileError(path, exc.strerror or str(exc)) from None
+    if len(raw) > max_bytes:
+        raise InputFileError(path, f"larger than {max_bytes} bytes")
+    return raw
+
+
+def nesting_depth(value: "Any") -> int:
+    """How deeply lists and objects nest in a decoded value (iterative: a deep value cannot exhaust the stack)."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = list(item.values())
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _refuse_constant(name: str) -> "Any":
+    raise ValueError(f"non-finite number {name} is not allowed")
+
+
+def _finite_float(text: str) -> float:
+    import math
+
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"non-finite number {text} is not allowed")
+    return value
+
+
+def parse_json_text(path: str, text: str, max_depth: int = MAX_NESTING_DEPTH) -> "Any":
+    """Strict JSON: no NaN/Infinity (nor a float that overflows to one), at most ``max_depth`` levels deep."""
+    import json
+
     try:
-        return json.loads(text)
+        data = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise InputFileError(path, f"not valid JSON (nested deeper than {max_depth} levels)") from None
     except ValueError as exc:
         raise InputFileError(path, f"not valid JSON ({exc})") from None
+    if nesting_depth(data) > max_depth:
+        raise InputFileError(path, f"not valid JSON (nested deeper than {max_depth} levels)")
+    return data
+
+
+def read_json_file(path: str, missing_reason: "Optional[str]" = None, max_bytes: int = MAX_FILE_BYTES,
+                   max_depth: int = MAX_NESTING_DEPTH) -> "Any":
+    """Parse a JSON file; InputFileError names the file for unreadable, oversized, non-UTF-8 or invalid JSON.
+
+    A missing file gives None, or InputFileError(missing_reason) when a reason is given (the file is required).
+    Invalid includes NaN/Infinity, numbers that overflow to infinity and nesting deeper than ``max_depth``.
+    """
+    try:
+        raw = read_bytes_bounded(path, max_bytes)
+    except InputFileError:
+        if not os.path.lexists(path):
+            if missing_reason is None:
+                return None
+            raise InputFileError(path, missing_reason) from None
+        raise
+    return parse_json_text(path, decode_text(path, raw), max_depth)
+
+
+def move_aside(path: str, clock: "Optional[Any]" = None) -> "Optional[str]":
+    """Rename a damaged file to ``<path>.damaged-<unix seconds>[-n]`` (kept for inspection); its new name or None.
+
+    None when the file is gone already or cannot be renamed (read-only directory): the caller carries on anyway.
+    """
+    import time
+
+    stamp = int((clock or time.time)())
+    for attempt in range(100):
+        target = f"{path}.damaged-{stamp}" + (f"-{attempt}" if attempt else "")
+        if os.path.lexists(target):
+            continue
+        try:
+            os.rename(path, target)
+        except OSError:
+            return None
+        return target
+    return None

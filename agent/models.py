@@ -8,9 +8,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 
 class FrozenModel(BaseModel):
-    """Immutable, rejects unknown fields; equality and hashing by value."""
+    """Immutable, rejects unknown fields and non-finite numbers (inf, nan); equality and hashing by value."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 def validation_problems(errors: Iterable[Mapping[str, Any]], skip_loc: int = 0, top: str = "(top level)") -> List[str]:

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, Optional
 
 from agent.config import Settings
+from agent.files import move_aside
 from agent.host import Host
-from agent.report.events import Event, Payload, Severity
+from agent.log import get_logger
+from agent.report.events import Event, Payload, Severity, StateFileDamaged
 from agent.report.outbox import Outbox
 from agent.snapshot.model import Snapshot
 from agent.snapshot.pairing import Pairing
@@ -23,6 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from agent.report.sender import Sender
 
 LAST_SNAPSHOT_FILENAME = "last-snapshot.json"
+
+log = get_logger("runtime")
 
 
 @dataclass
@@ -98,3 +102,18 @@ class Runtime:
 
     def state_path(self, name: str) -> str:
         return f"{self.state_dir.rstrip('/')}/{name}"
+
+    def report_damaged_file(self, path: str, problem: str, action: str) -> Optional[str]:
+        """Move a damaged state file aside (kept for inspection), log it and commit ``state_file_damaged``.
+
+        Returns where the file went (None when it could not be moved). Never raises: the caller carries on from
+        a safe default whatever happens here (a failing enqueue, e.g. on a full disk, is logged).
+        """
+        moved_to = move_aside(path)
+        log.error("state_file_damaged", path=path, problem=problem, moved_to=moved_to, action=action)
+        try:
+            self.emitter.emit(StateFileDamaged(path=path, problem=problem[:2000], moved_to=moved_to,
+                                               action=action[:500]), severity="critical")
+        except Exception as exc:  # noqa: BLE001 - the report is best effort; the log line above stands
+            log.error("state_file_damaged_not_reported", path=path, error=f"{type(exc).__name__}: {exc}")
+        return moved_to

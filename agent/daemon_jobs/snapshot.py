@@ -23,13 +23,13 @@ STACK_SECTIONS = frozenset({"kernel", "dkms", "dpkg", "rpm", "amdgpu", "rocm", "
 
 
 def load_last_snapshot(runtime: Runtime) -> Optional[Snapshot]:
-    """The snapshot stored by the previous run, or None (first start, or a damaged file: logged)."""
+    """The snapshot stored by the previous run, or None (first start, or a damaged file: moved aside, reported)."""
     path = runtime.state_path(LAST_SNAPSHOT_FILENAME)
     try:
         return load_snapshot(path)
     except InputFileError as exc:
         if exc.reason != "no such file":
-            log.warning("last_snapshot_unreadable", path=path, error=str(exc))
+            runtime.report_damaged_file(path, exc.reason, "starting without a previous snapshot")
         return None
 
 

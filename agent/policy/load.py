@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from pydantic import ValidationError
 
 from agent.errors import PolicyError
+from agent.files import MAX_NESTING_DEPTH, nesting_depth
 from agent.models import validation_problems
 from agent.policy.compiled import COMPILED_FORMAT, DEFAULT_KERNEL_PACKAGES, CompiledPolicy, check_compiled
 from agent.policy.model import AmdSection, Policy
@@ -51,8 +52,11 @@ def _merge(into: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
 
 def _policy_files(path: Path) -> List[Path]:
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix == ".toml" and p.is_file()
-                       and p.name != "amd-compat-matrix.toml")
+        try:
+            files = sorted(p for p in path.iterdir() if p.suffix == ".toml" and p.is_file()
+                           and p.name != "amd-compat-matrix.toml")
+        except OSError as exc:
+            raise PolicyError(str(path), [f"cannot list the directory: {exc.strerror or exc}"]) from None
         if not files:
             raise PolicyError(str(path), ["no policy files (*.toml) in this directory: nothing is pinned; add one "
                                           "(see policies/example.toml)"])
@@ -82,6 +86,12 @@ def load_policy(path: str = DEFAULT_POLICY_DIR) -> LoadedPolicy:
             data = tomllib.loads(raw.decode("utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             problems.append(f"{prefix}not valid TOML: {exc}")
+            continue
+        except RecursionError:
+            problems.append(f"{prefix}not valid TOML: nested too deeply")
+            continue
+        if nesting_depth(data) > MAX_NESTING_DEPTH:
+            problems.append(f"{prefix}not valid TOML: nested deeper than {MAX_NESTING_DEPTH} levels")
             continue
         try:
             Policy.model_validate(data)

@@ -121,12 +121,25 @@ class Heartbeat(FrozenModel):
     last_health_status: Optional[str] = None
 
 
+class StateFileDamaged(FrozenModel):
+    """A state file or the outbox was unreadable or damaged; it was moved aside and the agent carried on."""
+
+    kind: Literal["state_file_damaged"] = "state_file_damaged"
+    path: str = Field(max_length=4096)
+    problem: str = Field(max_length=2000)
+    moved_to: Optional[str] = Field(None, max_length=4096)
+    action: str = Field(max_length=500)
+    salvaged_events: Optional[int] = None
+    lost_events: Optional[int] = None
+
+
 Payload = Annotated[Union[SnapshotChanged, PolicyViolation, TransactionBlocked, Rollback, OverrideUsed,
-                          HealthRegression, CpuFallback, Heartbeat], Field(discriminator="kind")]
+                          HealthRegression, CpuFallback, Heartbeat, StateFileDamaged], Field(discriminator="kind")]
 # Every payload kind, in schema order (the hub's query filter and docs derive from this, so a new kind is one edit).
 PAYLOAD_KINDS = tuple(model.model_fields["kind"].default for model in get_args(get_args(Payload)[0]))
 # Events the outbox never drops, whatever its size bound (an override's use is part of the audit trail).
-NEVER_DROPPED_KINDS = frozenset({"policy_violation", "transaction_blocked", "rollback", "override_used"})
+NEVER_DROPPED_KINDS = frozenset({"policy_violation", "transaction_blocked", "rollback", "override_used",
+                                 "state_file_damaged"})
 
 
 class Event(FrozenModel):

@@ -1,0 +1,105 @@
+"""Damaged config and state files on the command line: one stderr line naming the file, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Tuple
+
+import pytest
+
+from agent.errors import PolicyError
+from agent.policy.load import load_policy
+from tests.conftest import ROOTS
+
+REPO = Path(__file__).resolve().parent.parent
+DEEP_TOML = "a = " + "[" * 5000 + "]" * 5000 + "\n"
+DEEP_JSON = "[" * 100000 + "]" * 100000
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True, text=True, env=env,
+                          timeout=60, check=False)
+
+
+def _one_line_error(proc: subprocess.CompletedProcess, path: Path, needle: str, exit_code: int) -> None:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == exit_code, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("gpuguard: error: ") and str(path) in lines[0] and needle in lines[0], lines[0]
+
+
+BAD_CONFIGS: Tuple[Tuple[str, bytes, str], ...] = (
+    ("not_utf8", b'[agent]\nhost_id = "\xff\xfe"\n', "not UTF-8 text"),
+    ("deep", DEEP_TOML.encode(), "nested"),
+    ("inf", b"[snapshot]\ninterval_seconds = inf\n", "snapshot -> interval_seconds: Input should be a finite number"),
+    ("nan", b"[daemon]\nhealth_interval_seconds = nan\n", "daemon -> health_interval_seconds"),
+    ("neg_inf", b"[report]\nheartbeat_interval_seconds = -inf\n", "report -> heartbeat_interval_seconds"),
+)
+
+
+@pytest.mark.parametrize("name,content,needle", BAD_CONFIGS, ids=[c[0] for c in BAD_CONFIGS])
+@pytest.mark.parametrize("command", ["snapshot", "run", "policy compile"])
+def test_bad_agent_toml_is_one_line_exit_3(tmp_path: Path, name: str, content: bytes, needle: str,
+                                           command: str) -> None:
+    """A non-UTF-8, deeply nested or non-finite agent.toml stops snapshot, run and policy compile with one line."""
+    config = tmp_path / "agent.toml"
+    config.write_bytes(content)
+    extra = ["--policy", str(REPO / "policies" / "example.toml"), "-o", str(tmp_path / "out.json")] \
+        if command == "policy compile" else []
+    proc = _run_cli(*command.split(), "--config", str(config), "--root", str(ROOTS / "gpuless-debian12"), *extra)
+    _one_line_error(proc, config, needle, 3)
+
+
+@pytest.mark.parametrize("content,needle", [(b'x = "\xff"\n', "not valid TOML"),
+                                            (DEEP_TOML.encode(), "not valid TOML: nested")], ids=["not_utf8", "deep"])
+def test_bad_policy_file_is_one_line_exit_3(tmp_path: Path, content: bytes, needle: str) -> None:
+    """policy check lists a non-UTF-8 or deeply nested file in policy.d as a problem of that file, exit 3."""
+    policy_dir = tmp_path / "policy.d"
+    policy_dir.mkdir()
+    (policy_dir / "bad.toml").write_bytes(content)
+    proc = _run_cli("policy", "check", str(policy_dir))
+    assert "Traceback" not in proc.stderr and proc.returncode == 3, proc.stderr
+    assert f"{policy_dir}/bad.toml: {needle}" in proc.stdout, proc.stdout
+
+
+def test_unreadable_policy_dir_is_a_policy_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A policy.d that cannot be listed (permission denied) is a PolicyError naming it, not an OSError."""
+    policy_dir = tmp_path / "policy.d"
+    policy_dir.mkdir()
+
+    def denied(self: Path) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "iterdir", denied)
+    with pytest.raises(PolicyError) as caught:
+        load_policy(str(policy_dir))
+    assert str(caught.value) == f"{policy_dir}: cannot list the directory: Permission denied"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root lists a mode-000 directory anyway")
+def test_unreadable_policy_dir_on_the_cli(tmp_path: Path) -> None:
+    """The real CLI on a mode-000 policy.d prints one line naming it."""
+    policy_dir = tmp_path / "policy.d"
+    policy_dir.mkdir(mode=0o000)
+    try:
+        proc = _run_cli("policy", "check", str(policy_dir))
+    finally:
+        policy_dir.chmod(0o755)
+    _one_line_error(proc, policy_dir, "cannot list the directory", 3)
+
+
+@pytest.mark.parametrize("content,needle", [
+    (b'{"a": "\xff"}', "not UTF-8 text (byte 7)"), (DEEP_JSON.encode(), "nested deeper than 64 levels"),
+    (b'{"a": NaN}', "non-finite number NaN"), (b'{"a": 1e999}', "non-finite number 1e999"),
+], ids=["not_utf8", "deep", "nan", "overflow"])
+def test_bad_snapshot_json_is_one_line_exit_4(tmp_path: Path, content: bytes, needle: str) -> None:
+    """snapshot --diff on a non-UTF-8, deep or non-finite JSON file prints one line naming it."""
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(content)
+    proc = _run_cli("snapshot", "--diff", str(bad), str(bad))
+    _one_line_error(proc, bad, needle, 4)
