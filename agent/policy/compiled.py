@@ -9,7 +9,6 @@ from __future__ import annotations
 import fnmatch
 
 from agent.errors import InputFileError
-from agent.files import read_json_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
@@ -99,8 +98,148 @@ class CompiledPolicy:
         return self.action
 
 
+# The compiled policy is a few kB (the AMD matrix included); far beyond that it is not ours.
+MAX_COMPILED_BYTES = 8 << 20
+MAX_COMPILED_DEPTH = 16
+
+
+class _Problem(Exception):
+    """One thing wrong with a compiled document, as ``where: message``."""
+
+
+def _expect(ok: bool, where: str, message: str) -> None:
+    if not ok:
+        raise _Problem(f"{where}: {message}")
+
+
+def _str_list(value: Any, where: str, non_empty: bool = False) -> None:
+    _expect(isinstance(value, list) and all(isinstance(item, str) for item in value), where,
+            "not a list of strings")
+    _expect(not non_empty or bool(value), where, "empty list")
+
+
+def _optional_str(value: Any, where: str) -> None:
+    _expect(value is None or isinstance(value, str), where, "not a string")
+
+
+def _action(value: Any, where: str) -> None:
+    _expect(value is None or value in ACTIONS, where, f"{value!r} is not one of {', '.join(ACTIONS)}")
+
+
+def _spec(value: Any, where: str, package_versions: bool = False) -> None:
+    from agent.policy.spec import package_spec_errors, spec_errors
+
+    _expect(isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value)), where,
+            "not a version spec (a string or a list of strings)")
+    problems = package_spec_errors(value) if package_versions else spec_errors(value)
+    _expect(not problems, where, "; ".join(problems))
+
+
+def _table(value: Any, where: str, keys: Sequence[str]) -> Dict[str, Any]:
+    _expect(isinstance(value, dict), where, "not an object")
+    return {key: value.get(key) for key in keys}
+
+
+def _depth(value: Any, limit: int) -> bool:
+    """Whether lists and objects nest at most ``limit`` levels (iteratively: no recursion on hostile input)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return False
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return True
+
+
+def _check_document(data: Dict[str, Any]) -> None:
+    """Every field the readers use, with its type: a string where a list belongs must not drop a rule."""
+    _expect(isinstance(data.get("name", ""), str), "name", "not a string")
+    _expect(isinstance(data.get("compiled_at", ""), str), "compiled_at", "not a string")
+    sources = data.get("sources", [])
+    _expect(isinstance(sources, list) and all(isinstance(s, dict) and isinstance(s.get("path"), str)
+                                              for s in sources), "sources", "not a list of {path, sha256}")
+    minutes = data.get("max_override_minutes", 240)
+    _expect(isinstance(minutes, int) and not isinstance(minutes, bool) and 0 < minutes <= 7 * 24 * 60,
+            "max_override_minutes", f"{minutes!r} is not a number of minutes from 1 to {7 * 24 * 60}")
+    _str_list(data.get("guarded"), "guarded")
+    _str_list(data.get("kernel_packages"), "kernel_packages")
+    if data.get("amd") is not None:
+        amd = _table(data["amd"], "amd", ("driver_package", "rocm_package", "action", "pairings"))
+        for key in ("driver_package", "rocm_package"):
+            _expect(isinstance(amd[key], str) and bool(amd[key]), f"amd -> {key}", "not a package name")
+        _action(amd["action"], "amd -> action")
+        _expect(isinstance(amd["pairings"] or [], list), "amd -> pairings", "not a list")
+        for index, pairing in enumerate(amd["pairings"] or [], 1):
+            where = f"amd -> pairings -> {index}"
+            p = _table(pairing, where, ("name", "amdgpu", "rocm", "amdgpu_package", "rocm_package", "kernels",
+                                        "action"))
+            _expect(isinstance(p["name"], str), f"{where} -> name", "not a string")
+            _spec(p["amdgpu"], f"{where} -> amdgpu")
+            _spec(p["rocm"], f"{where} -> rocm")
+            for key in ("amdgpu_package", "rocm_package"):
+                if p[key] is not None:
+                    _spec(p[key], f"{where} -> {key}", package_versions=True)
+            if p["kernels"] is not None:
+                _spec(p["kernels"], f"{where} -> kernels")
+            _action(p["action"], f"{where} -> action")
+    if data.get("kernel") is not None:
+        kernel = _table(data["kernel"], "kernel", ("packages", "allow", "action"))
+        if kernel["packages"] is not None:
+            _str_list(kernel["packages"], "kernel -> packages")
+        if kernel["allow"] is not None:
+            _spec(kernel["allow"], "kernel -> allow")
+        _action(kernel["action"], "kernel -> action")
+    if data.get("nvidia") is not None:
+        nvidia = _table(data["nvidia"], "nvidia", ("driver_packages", "cuda_packages", "action", "pairings"))
+        _str_list(nvidia["driver_packages"], "nvidia -> driver_packages")
+        _str_list(nvidia["cuda_packages"], "nvidia -> cuda_packages")
+        _action(nvidia["action"], "nvidia -> action")
+        _expect(isinstance(nvidia["pairings"] or [], list), "nvidia -> pairings", "not a list")
+        for index, pairing in enumerate(nvidia["pairings"] or [], 1):
+            where = f"nvidia -> pairings -> {index}"
+            p = _table(pairing, where, ("name", "driver", "cuda", "action"))
+            _expect(isinstance(p["name"], str), f"{where} -> name", "not a string")
+            _spec(p["driver"], f"{where} -> driver")
+            _spec(p["cuda"], f"{where} -> cuda")
+            _action(p["action"], f"{where} -> action")
+    if data.get("frozen") is not None:
+        frozen = _table(data["frozen"], "frozen", ("packages", "action"))
+        _str_list(frozen["packages"], "frozen -> packages")
+        _action(frozen["action"], "frozen -> action")
+    _expect(isinstance(data.get("versions", []), list), "versions", "not a list")
+    for index, rule in enumerate(data.get("versions") or [], 1):
+        where = f"versions -> {index}"
+        r = _table(rule, where, ("name", "packages", "allow", "action"))
+        _optional_str(r["name"], f"{where} -> name")
+        _str_list(r["packages"], f"{where} -> packages", non_empty=True)
+        _spec(r["allow"], f"{where} -> allow", package_versions=True)
+        _action(r["action"], f"{where} -> action")
+    if data.get("matrix") is not None:
+        matrix = _table(data["matrix"], "matrix", ("action", "driver_rocm", "rocm"))
+        _action(matrix["action"], "matrix -> action")
+        driver_rocm = matrix["driver_rocm"] or {}
+        _expect(isinstance(driver_rocm, dict), "matrix -> driver_rocm", "not an object")
+        for series, rocm in driver_rocm.items():
+            _str_list(rocm, f"matrix -> driver_rocm -> {series}")
+        rows = matrix["rocm"] or {}
+        _expect(isinstance(rows, dict), "matrix -> rocm", "not an object")
+        for series, row in rows.items():
+            where = f"matrix -> rocm -> {series}"
+            r = _table(row, where, ("os", "kernels", "gpus"))
+            for key in ("os", "kernels"):
+                table = r[key] or {}
+                _expect(isinstance(table, dict), f"{where} -> {key}", "not an object")
+                for name, values in table.items():
+                    _str_list(values, f"{where} -> {key} -> {name}")
+            _str_list(r["gpus"] or [], f"{where} -> gpus")
+
+
 def check_compiled(data: Any, path: str) -> CompiledPolicy:
-    """Check a decoded document's shape; InputFileError says what is wrong."""
+    """Check a decoded document deeply (every field the evaluator reads, with its type); InputFileError says
+    what is wrong. Used when compiling and when reading: a policy that passes here cannot drop a rule."""
+    if not _depth(data, MAX_COMPILED_DEPTH):
+        raise InputFileError(path, f"not a compiled gpuguard policy (nested deeper than {MAX_COMPILED_DEPTH} levels)")
     if not isinstance(data, dict):
         raise InputFileError(path, "not a compiled gpuguard policy (top level is not an object)")
     fmt = data.get("format")
@@ -111,31 +250,39 @@ def check_compiled(data: Any, path: str) -> CompiledPolicy:
         raise InputFileError(path, f"action {data.get('action')!r} is not one of {', '.join(ACTIONS)}")
     if data.get("failsafe") not in FAILSAFE_MODES:
         raise InputFileError(path, f"failsafe {data.get('failsafe')!r} is not one of {', '.join(FAILSAFE_MODES)}")
-    for key in ("guarded", "kernel_packages"):
-        if not _is_str_list(data.get(key)):
-            raise InputFileError(path, f"{key} is not a list of strings")
-    for key in ("amd", "kernel", "nvidia", "frozen", "matrix"):
-        if data.get(key) is not None and not isinstance(data.get(key), dict):
-            raise InputFileError(path, f"{key} is not an object")
-    # Defaults are applied once, when compiling: the readers rely on these being there.
-    for key in ("driver_package", "rocm_package"):
-        if data.get("amd") is not None and not isinstance(data["amd"].get(key), str):
-            raise InputFileError(path, f"amd -> {key} is not a string")
-    for key in ("driver_packages", "cuda_packages"):
-        if data.get("nvidia") is not None and not _is_str_list(data["nvidia"].get(key)):
-            raise InputFileError(path, f"nvidia -> {key} is not a list of strings")
-    if not isinstance(data.get("versions", []), list):
-        raise InputFileError(path, "versions is not a list")
+    try:
+        _check_document(data)
+    except _Problem as exc:
+        raise InputFileError(path, f"invalid compiled policy: {exc}") from None
     return CompiledPolicy(data, path)
 
 
-def _is_str_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(item, str) for item in value)
-
-
 def read_compiled(path: str) -> CompiledPolicy:
-    """Read and check a compiled policy file; InputFileError when it is missing, unreadable or malformed."""
-    data = read_json_file(path, missing_reason="no compiled policy (run 'gpuguard policy compile')")
+    """Read and check a compiled policy file; InputFileError when it is missing, unreadable or malformed.
+
+    Read without blocking (a FIFO in its place must not hang apt) and bounded; bytes that are not UTF-8 and
+    nesting too deep for the JSON parser are malformed policy like any other (the fail-safe's policy exit, 11).
+    """
+    import json
+
+    from agent.hostfacts.paths import read_regular_file
+
+    try:
+        raw = read_regular_file(path, MAX_COMPILED_BYTES)
+    except FileNotFoundError:
+        raise InputFileError(path, "no compiled policy (run 'gpuguard policy compile')") from None
+    except OSError as exc:
+        raise InputFileError(path, exc.strerror or str(exc)) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputFileError(path, f"not UTF-8 (byte {exc.start})") from None
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise InputFileError(path, "not valid JSON (nested too deeply)") from None
+    except ValueError as exc:
+        raise InputFileError(path, f"not valid JSON ({exc})") from None
     return check_compiled(data, path)
 
 

@@ -14,7 +14,7 @@ from pydantic import BeforeValidator, Field, field_validator
 
 from agent.models import FrozenModel
 from agent.policy.compiled import DEFAULT_CUDA_PACKAGES, DEFAULT_KERNEL_PACKAGES, DEFAULT_NVIDIA_DRIVER_PACKAGES
-from agent.policy.spec import spec_errors
+from agent.policy.spec import package_spec_errors, spec_errors
 
 Action = Literal["warn", "block", "rollback"]
 Failsafe = Literal["block-guarded", "block-all", "allow"]
@@ -34,6 +34,16 @@ def _check_spec(value: Optional[Spec]) -> Optional[Spec]:
     if value is None:
         return value
     problems = spec_errors(value)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return value
+
+
+def _check_package_spec(value: Optional[Spec]) -> Optional[Spec]:
+    """A spec on package versions: its constraint versions are ones dpkg or rpm accepts."""
+    if value is None:
+        return value
+    problems = package_spec_errors(value)
     if problems:
         raise ValueError("; ".join(problems))
     return value
@@ -70,7 +80,8 @@ class AmdPairing(FrozenModel):
     kernels: Optional[Spec] = None
     action: Optional[Action] = None
 
-    _specs = field_validator("amdgpu", "rocm", "amdgpu_package", "rocm_package", "kernels")(_check_spec)
+    _specs = field_validator("amdgpu", "rocm", "kernels")(_check_spec)
+    _package_specs = field_validator("amdgpu_package", "rocm_package")(_check_package_spec)
 
 
 class AmdSection(FrozenModel):
@@ -123,7 +134,7 @@ class VersionRule(FrozenModel):
     allow: Spec
     action: Optional[Action] = None
 
-    _specs = field_validator("allow")(_check_spec)
+    _specs = field_validator("allow")(_check_package_spec)
     _patterns = field_validator("packages")(_check_patterns)
 
 

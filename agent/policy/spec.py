@@ -102,6 +102,25 @@ def spec_errors(value: SpecValue) -> List[str]:
     return problems
 
 
+def package_spec_errors(value: SpecValue) -> List[str]:
+    """spec_errors, and every constraint version must be one dpkg or rpm accepts (a spec on package versions
+    serves both; ``1;6.8.5`` or ``1.17.3-`` would otherwise be compared by rules neither tool has)."""
+    from agent.policy.versions import dpkg_version_problem, rpm_version_problem
+
+    problems = spec_errors(value)
+    if problems:
+        return problems
+    for item in [value] if isinstance(value, str) else list(value):
+        entry = parse_entry(item)
+        if entry[0] != "range":
+            continue
+        for _op, version in entry[1]:
+            dpkg, rpm = dpkg_version_problem(version), rpm_version_problem(version)
+            if dpkg and rpm:
+                problems.append(f"{version!r} is neither a dpkg version ({dpkg}) nor an rpm one ({rpm})")
+    return problems
+
+
 def _holds(op: str, cmp: int) -> bool:
     return {"<<": cmp < 0, "<=": cmp <= 0, "==": cmp == 0, "!=": cmp != 0, ">=": cmp >= 0, ">>": cmp > 0}[op]
 

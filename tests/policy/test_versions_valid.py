@@ -39,8 +39,8 @@ def test_rpm_version_problems(evr: str, ok: bool) -> None:
 
 
 def _dpkg_rejects(version: str) -> bool:
-    result = subprocess.run(["dpkg", "--compare-versions", version, "eq", version], capture_output=True, text=True)
-    return result.returncode > 1 or "bad syntax" in result.stderr
+    result = subprocess.run(["dpkg", "--compare-versions", version, "eq", version], capture_output=True)
+    return result.returncode > 1 or b"bad syntax" in result.stderr
 
 
 VERSION_TEXT = st.text(alphabet="0123456789ab:-.+~;_ Zé", min_size=1, max_size=12) | st.from_regex(
@@ -55,3 +55,16 @@ def test_dpkg_version_problem_agrees_with_real_dpkg(version: str) -> None:
     if shutil.which("dpkg") is None:
         needs.unavailable("dpkg version checks", "dpkg is missing")
     assert (dpkg_version_problem(version) is not None) == _dpkg_rejects(version), version
+
+
+@pytest.mark.parametrize("allow", [">= 1;6.8.5.60202-2041575.24.04", ">= 1.17.3-", "1.17.3-"])
+def test_policy_check_refuses_versions_dpkg_and_rpm_reject(tmp_path, allow: str) -> None:  # type: ignore[no-untyped-def]
+    """`policy check` (load_policy) names the bad version instead of letting the hook judge with it."""
+    from agent.errors import PolicyError
+    from agent.policy.load import load_policy
+
+    path = tmp_path / "p.toml"
+    path.write_text(f'[[versions]]\nname = "t"\npackages = ["nvidia-container-toolkit"]\nallow = "{allow}"\n')
+    with pytest.raises(PolicyError) as info:
+        load_policy(str(path))
+    assert "neither a dpkg version" in str(info.value.problems)

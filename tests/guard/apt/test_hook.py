@@ -212,14 +212,65 @@ def test_block_all_failsafe_refuses_unguarded_input_too(root: Path) -> None:
     assert code == exits.EXIT_FAILSAFE_INPUT and "unknown hook protocol version '9'" in out
 
 
-def test_internal_error_fails_safe_without_traceback(root: Path) -> None:
-    """A compiled policy whose spec has the wrong type breaks evaluation: one line, fail-safe exit 13."""
-    compiled = root / "var/lib/gpuguard/policy.compiled.json"
-    data = json.loads(compiled.read_text())
-    data["amd"]["pairings"][0]["amdgpu"] = 5
-    compiled.write_text(json.dumps(data))
+def test_internal_error_fails_safe_without_traceback(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in evaluation: one line, fail-safe exit 13."""
+    import agent.policy.evaluate
+
+    def broken(*_args: object) -> None:
+        raise TypeError("unsupported operand")
+
+    monkeypatch.setattr(agent.policy.evaluate, "evaluate", broken)
     code, out = run_hook(root, HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12"))
     assert code == exits.EXIT_INTERNAL and "internal error (TypeError" in out
+
+
+def _edit_compiled(root: Path, edit: "object") -> None:
+    compiled = root / "var/lib/gpuguard/policy.compiled.json"
+    data = json.loads(compiled.read_text())
+    edit(data)  # type: ignore[operator]
+    compiled.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("edit,fragment", [
+    (lambda d: d.update(frozen={"packages": "rocm-core", "action": None}), "frozen -> packages: not a list"),
+    (lambda d: d.update(versions=[{"name": "t", "packages": "rocm-core", "allow": "any", "action": None}]),
+     "versions -> 1 -> packages: not a list"),
+    (lambda d: d["amd"]["pairings"][0].update(amdgpu=5), "amd -> pairings -> 1 -> amdgpu: not a version spec"),
+    (lambda d: d["amd"]["pairings"][0].update(amdgpu_package=">= 1;6.8.5"), "neither a dpkg version"),
+    (lambda d: d.update(max_override_minutes="240"), "max_override_minutes"),
+])
+def test_compiled_policy_with_a_wrong_type_fails_safe_on_the_policy(root: Path, edit: object, fragment: str) -> None:
+    """A string where a list belongs (and every other wrong type) is an invalid policy (11), never a dropped rule."""
+    _edit_compiled(root, edit)
+    code, out = run_hook(root, HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12"))
+    assert code == exits.EXIT_FAILSAFE_POLICY and fragment in out, out
+
+
+@pytest.mark.parametrize("raw,fragment", [
+    (b'{"format": 1, "name": "\xff\xfe"}', "not UTF-8"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b'{"format": 1, "x": ' + b"[" * 40 + b"]" * 40 + b"}", "nested deeper than 16 levels"),
+])
+def test_undecodable_or_deep_compiled_policy_is_the_policy_fail_safe(root: Path, raw: bytes, fragment: str) -> None:
+    """Not UTF-8, or nested past the parser or the limit: exit 11 like any invalid policy, not 13."""
+    (root / "var/lib/gpuguard/policy.compiled.json").write_bytes(raw)
+    code, out = run_hook(root, HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12"))
+    assert code == exits.EXIT_FAILSAFE_POLICY and fragment in out, out
+
+
+def test_fifo_in_place_of_the_compiled_policy_does_not_hang(root: Path) -> None:
+    """A FIFO is not read (it would block apt forever): exit 11, at once."""
+    compiled = root / "var/lib/gpuguard/policy.compiled.json"
+    compiled.unlink()
+    os.mkfifo(compiled)
+    code, out = run_hook(root, HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12"))
+    assert code == exits.EXIT_FAILSAFE_POLICY and "not a regular file" in out
+
+
+def test_oversized_compiled_policy_is_refused_unread(root: Path) -> None:
+    (root / "var/lib/gpuguard/policy.compiled.json").write_bytes(b" " * ((8 << 20) + 1))
+    code, out = run_hook(root, HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12"))
+    assert code == exits.EXIT_FAILSAFE_POLICY and "larger than" in out
 
 
 def test_bad_arguments_exit_2(root: Path) -> None:

@@ -140,13 +140,26 @@ def test_block_all_failsafe_refuses_unguarded_input_too(root: Path) -> None:
     assert code == exits.EXIT_FAILSAFE_INPUT and "request format 7 is not 1" in out
 
 
-def test_internal_error_fails_safe_without_traceback(root: Path) -> None:
+def test_internal_error_fails_safe_without_traceback(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in evaluation: one line, fail-safe exit 13."""
+    import agent.policy.evaluate
+
+    def broken(*_args: object) -> None:
+        raise TypeError("unsupported operand")
+
+    monkeypatch.setattr(agent.policy.evaluate, "evaluate", broken)
+    code, out = check(root, request(*upgrade(ROCM62, ROCM63)))
+    assert code == exits.EXIT_INTERNAL and "internal error (TypeError" in out
+
+
+def test_wrong_type_in_the_compiled_policy_is_the_policy_fail_safe(root: Path) -> None:
+    """A spec of the wrong type is caught when the policy is read (exit 11), not when evaluating."""
     compiled = root / "var/lib/gpuguard/policy.compiled.json"
     data = json.loads(compiled.read_text())
     data["amd"]["pairings"][0]["amdgpu"] = 5
     compiled.write_text(json.dumps(data))
     code, out = check(root, request(*upgrade(ROCM62, ROCM63)))
-    assert code == exits.EXIT_INTERNAL and "internal error (TypeError" in out
+    assert code == exits.EXIT_FAILSAFE_POLICY and "amd -> pairings -> 1 -> amdgpu" in out
 
 
 def test_bad_arguments_exit_2(root: Path) -> None:
