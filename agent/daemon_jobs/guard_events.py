@@ -8,8 +8,14 @@ last remembered, turns each into a report payload and commits it to the outbox, 
 Delivery is at least once: a crash between the enqueue and the position write forwards those lines again. The
 event id is a hash of the raw line, so the replay is the same event (a no-op in the outbox while it is queued, a
 duplicate the receiver acknowledges once delivered). A file whose inode changed or that is shorter than the
-offset (rotated or truncated) is read from its start. A line that is not a known guard record is logged once
-(``guard_event_malformed`` with the file and line number) and skipped; a partial last line waits for its end.
+offset (rotated or truncated) is read from its start. The outbox remembers acknowledged ids, so a line replayed
+after its delivery keeps its first sequence (no gap, no duplicate at the receiver). A partial last line waits for
+its end.
+
+A line that is not a known guard record (bad JSON or UTF-8, nested too deeply, a field of the wrong type) is
+quarantined: appended as it was to ``<daemon state_dir>/guard-events.quarantine.jsonl``, logged
+(``guard_event_malformed``) and reported as a ``state_file_damaged`` event; forwarding moves on to the next line.
+A failure to commit (the disk is full) stops the run at that line with the position of the lines before it stored.
 """
 
 from __future__ import annotations
@@ -24,18 +30,29 @@ from typing import Any, Dict, Optional, Tuple
 from pydantic import ValidationError
 
 from agent.daemon_jobs.runtime import Runtime
-from agent.files import write_atomically
+from agent.errors import InputFileError
+from agent.files import decode_text, parse_json_text, write_atomically
 from agent.log import get_logger
 from agent.models import validation_problems
-from agent.report.events import OverrideUsed, Payload, PolicyViolation, Rollback, Severity, TransactionBlocked
+from agent.report.events import (
+    OverrideUsed,
+    Payload,
+    PolicyViolation,
+    Rollback,
+    Severity,
+    StateFileDamaged,
+    TransactionBlocked,
+)
 
 log = get_logger("guard_events")
 
 POSITION_FILENAME = "guard-events.position.json"
+QUARANTINE_FILENAME = "guard-events.quarantine.jsonl"
 POSITION_FORMAT = 1
 # Store the position every this many lines, so a crash during a long backlog replays little.
 SAVE_EVERY_LINES = 200
 READ_CHUNK_BYTES = 1 << 16
+MAX_LINE_DEPTH = 16
 
 
 class MalformedRecord(ValueError):
@@ -109,6 +126,7 @@ class GuardEventForwarder:
         self.runtime = runtime
         self.events_path = events_path
         self.position_path = position_path or runtime.state_path(POSITION_FILENAME)
+        self.quarantine_path = runtime.state_path(QUARANTINE_FILENAME)
 
     def load_position(self) -> Position:
         """The stored position; the start of the file when none is stored or it is unreadable (logged)."""
@@ -151,22 +169,25 @@ class GuardEventForwarder:
                 return 0  # replaced between stat and open: the next run starts on the new file
             handle.seek(position.offset_bytes)
             pending = b""
-            while not self.runtime.stopping.is_set():
-                chunk = handle.read(READ_CHUNK_BYTES)
-                if not chunk:
-                    break
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for raw in lines:
-                    line_number = position.line_number + 1
-                    if self._forward(raw, line_number):
-                        forwarded += 1
-                    position = Position(position.inode, position.offset_bytes + len(raw) + 1, line_number)
-                    if position.line_number - saved.line_number >= SAVE_EVERY_LINES:
-                        self.save_position(position)
-                        saved = position
-        if position != saved:
-            self.save_position(position)
+            try:
+                while not self.runtime.stopping.is_set():
+                    chunk = handle.read(READ_CHUNK_BYTES)
+                    if not chunk:
+                        break
+                    pending += chunk
+                    *lines, pending = pending.split(b"\n")
+                    for raw in lines:
+                        line_number = position.line_number + 1
+                        if self._forward(raw, line_number):
+                            forwarded += 1
+                        position = Position(position.inode, position.offset_bytes + len(raw) + 1, line_number)
+                        if position.line_number - saved.line_number >= SAVE_EVERY_LINES:
+                            self.save_position(position)
+                            saved = position
+            finally:
+                # Also when a commit failed: the lines before it are in the outbox, the failed one is read again.
+                if position != saved:
+                    self.save_position(position)
         if forwarded:
             log.info("guard_events_forwarded", events=forwarded, path=self.events_path, reason=reason,
                      offset_bytes=position.offset_bytes)
@@ -178,15 +199,39 @@ class GuardEventForwarder:
         if not text:
             return False
         try:
-            try:
-                record = json.loads(text.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError) as exc:
-                raise MalformedRecord(f"not valid JSON ({exc})") from None
-            payload, severity, occurred_at = payload_from_record(record)
+            payload, severity, occurred_at = decode_line(text)
         except MalformedRecord as exc:
-            log.warning("guard_event_malformed", path=self.events_path, line_number=line_number, error=str(exc),
-                        action="skipped")
+            self._quarantine(raw, line_number, str(exc))
             return False
         self.runtime.emitter.emit(payload, severity=severity, event_id=event_id_for_line(raw),
                                   occurred_at=occurred_at)
         return True
+
+    def _quarantine(self, raw: bytes, line_number: int, problem: str) -> None:
+        """Keep a malformed line in the quarantine file and report it; the caller moves on to the next line."""
+        with open(self.quarantine_path, "ab") as handle:
+            handle.write(raw + b"\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        log.warning("guard_event_malformed", path=self.events_path, line_number=line_number, error=problem,
+                    action="quarantined", quarantine_path=self.quarantine_path)
+        damaged = StateFileDamaged(path=self.events_path, problem=f"line {line_number}: {problem}"[:2000],
+                                   moved_to=self.quarantine_path, action="line quarantined; forwarding continues")
+        # The same id on a replay: the line is reported once.
+        self.runtime.emitter.emit(damaged, severity="warning",
+                                  event_id=hashlib.sha256(b"gpuguard-guard-quarantine\0" + raw).hexdigest()[:32])
+
+
+def decode_line(text: bytes) -> Tuple[Payload, Severity, Optional[dt.datetime]]:
+    """One line's payload, severity and time; MalformedRecord for anything else (whatever the line holds)."""
+    try:
+        record = parse_json_text("guard-events line", decode_text("guard-events line", text),
+                                 max_depth=MAX_LINE_DEPTH)
+    except InputFileError as exc:
+        raise MalformedRecord(exc.reason) from None
+    try:
+        return payload_from_record(record)
+    except MalformedRecord:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a hostile line (wrong types anywhere) is data, never the job's end
+        raise MalformedRecord(f"{type(exc).__name__}: {exc}") from None

@@ -11,7 +11,9 @@ Guarantees
   it, or already had it) or ``reject`` (the receiver refused it as invalid; it is kept in the ``rejected`` table
   for inspection), or through the size bound below. Delivery is therefore at least once, in sequence order; the
   receiver makes it exactly once by deduplicating on ``event_id``.
-- Enqueueing an ``event_id`` that is already queued is a no-op (the id is the idempotency key end to end).
+- Enqueueing an ``event_id`` that is already queued, or was acknowledged among the last ``DELIVERED_IDS_KEPT``
+  events, is a no-op returning the event with its first sequence: one sequence per fact, ever (the id is the
+  idempotency key end to end).
 
 Size bound (``max_events``)
 When an insert leaves more than ``max_events`` events queued, the oldest droppable events are deleted until the
@@ -66,7 +68,14 @@ CREATE TABLE IF NOT EXISTS dropped (
     kind TEXT PRIMARY KEY,
     count INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS delivered (
+    sequence INTEGER PRIMARY KEY,
+    event_id TEXT NOT NULL UNIQUE
+);
 """
+# Acknowledged event ids remembered, newest first: a fact enqueued again after its delivery (a guard line replayed
+# after a SIGKILL) keeps the sequence it was delivered with instead of taking a new one (a gap at the receiver).
+DELIVERED_IDS_KEPT = 20000
 
 
 def drop_class_of(kind: str) -> int:
@@ -133,7 +142,9 @@ class Outbox:
         """Commit the event with the next sequence number and return it as stored (sequence set)."""
         kind = event.kind
         with self._lock, self._transaction():
-            row = self._conn.execute("SELECT sequence FROM events WHERE event_id = ?", (event.event_id,)).fetchone()
+            row = self._conn.execute("SELECT sequence FROM events WHERE event_id = ? UNION ALL "
+                                     "SELECT sequence FROM delivered WHERE event_id = ?",
+                                     (event.event_id, event.event_id)).fetchone()
             if row is not None:
                 return event.model_copy(update={"sequence": row[0]})
             cursor = self._conn.execute(
@@ -187,7 +198,11 @@ class Outbox:
         with self._lock, self._transaction():
             removed = 0
             for event_id in ids:
+                self._conn.execute("INSERT OR IGNORE INTO delivered (sequence, event_id) "
+                                   "SELECT sequence, event_id FROM events WHERE event_id = ?", (event_id,))
                 removed += self._conn.execute("DELETE FROM events WHERE event_id = ?", (event_id,)).rowcount
+            self._conn.execute("DELETE FROM delivered WHERE sequence <= (SELECT sequence FROM delivered "
+                               "ORDER BY sequence DESC LIMIT 1 OFFSET ?)", (DELIVERED_IDS_KEPT,))
         return removed
 
     def reject(self, event_id: str, reason: str) -> None:

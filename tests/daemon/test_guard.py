@@ -95,7 +95,7 @@ def test_new_lines_are_forwarded_once_and_the_position_is_kept(forwarding) -> No
 
 
 def test_a_replay_after_a_crash_gives_the_same_event_ids(forwarding) -> None:
-    """Losing the position (crash before it was written) forwards the lines again as the same events."""
+    """Losing the position (crash before it was written) forwards the lines again as the same events, once."""
     rt, events, forwarder = forwarding
     for record in (BLOCKED, ROLLED):
         append_json_line(str(events), record)
@@ -104,10 +104,11 @@ def test_a_replay_after_a_crash_gives_the_same_event_ids(forwarding) -> None:
     os.unlink(forwarder.position_path)
     assert forwarder.run() == 2
     assert [e.event_id for e in _pending(rt)] == first, "a queued event was enqueued twice"
-    rt.outbox.ack(first)  # delivered in the meantime: the replay reaches the receiver as duplicates
+    rt.outbox.ack(first)  # delivered in the meantime: the outbox remembers the ids, the replay is a no-op
+    last_sequence = rt.outbox.last_sequence()
     os.unlink(forwarder.position_path)
     forwarder.run()
-    assert [e.event_id for e in _pending(rt)] == first
+    assert _pending(rt) == [] and rt.outbox.last_sequence() == last_sequence, "a delivered line got a new sequence"
 
 
 def test_rotation_and_truncation_start_from_the_beginning(forwarding) -> None:
@@ -129,7 +130,7 @@ def test_rotation_and_truncation_start_from_the_beginning(forwarding) -> None:
 
 
 def test_a_malformed_line_is_skipped_with_one_warning_naming_file_and_line(forwarding) -> None:
-    """Bad JSON and an unknown kind are logged with their line numbers; the lines around them still arrive."""
+    """Bad JSON and an unknown kind are logged with their line numbers and reported; the lines around them arrive."""
     rt, events, forwarder = forwarding
     stream = io.StringIO()
     configure(level="warning", json_output=True, stream=stream)
@@ -146,7 +147,7 @@ def test_a_malformed_line_is_skipped_with_one_warning_naming_file_and_line(forwa
     assert all(w["path"] == str(events) for w in malformed)
     assert "not valid JSON" in malformed[0]["error"] and "mystery" in malformed[1]["error"]
     assert "from_versions" in malformed[2]["error"]
-    assert [e.kind for e in _pending(rt)] == ["transaction_blocked", "policy_violation"]
+    assert [e.kind for e in _pending(rt)] == ["transaction_blocked", *["state_file_damaged"] * 3, "policy_violation"]
     assert forwarder.run() == 0, "a malformed line is not retried"
 
 

@@ -60,6 +60,28 @@ def test_enqueueing_the_same_event_id_twice_keeps_one(path: str) -> None:
     assert box.depth() == 1
 
 
+def test_an_acknowledged_event_id_enqueued_again_keeps_its_sequence(path: str) -> None:
+    """A fact replayed after its delivery is a no-op with its first sequence (no gap, no duplicate), after reopening."""
+    box = Outbox(path)
+    original = box.enqueue(event(event_id="replayed-0001"))
+    box.enqueue(event())
+    box.ack([original.event_id])
+    box.close()
+    box = Outbox(path)
+    assert box.enqueue(event(event_id="replayed-0001")).sequence == original.sequence == 1
+    assert box.depth() == 1 and box.last_sequence() == 2
+
+
+def test_the_remembered_delivered_ids_are_bounded(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the newest DELIVERED_IDS_KEPT acknowledged ids are remembered."""
+    monkeypatch.setattr("agent.report.outbox.DELIVERED_IDS_KEPT", 3)
+    box = Outbox(path)
+    stored = [box.enqueue(event()) for _ in range(5)]
+    box.ack([e.event_id for e in stored])
+    assert box.enqueue(stored[0]).sequence == 6, "forgotten: enqueued anew"
+    assert box.enqueue(stored[4]).sequence == 5, "remembered"
+
+
 def test_size_bound_drops_heartbeats_first_then_other_droppable_kinds(path: str) -> None:
     """Over the bound, the oldest heartbeats go first, then snapshot changes; violations stay."""
     box = Outbox(path, max_events=10)
