@@ -25,11 +25,12 @@ import os
 import re
 import sys
 
+from agent.errors import InputFileError
 from agent.guard.apt.protocol import guess_packages, parse_hook_input
 from agent.guard.hotpath import entry
 from agent.guard.hotpath.decision import EXIT_USAGE, PREFIX, Decision
 from agent.hostfacts.dpkg_status import installed_versions
-from agent.hostfacts.paths import under
+from agent.hostfacts.paths import read_regular_file, under
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
@@ -60,20 +61,41 @@ def _parse_args(argv: Sequence[str]) -> _Args:
     return args
 
 
-def _read_input(environ: Dict[str, str], fd: Optional[int]) -> Tuple[str, str]:
-    """The raw hook input and where it came from."""
+# apt's own input for a 10,000-package transaction is about 3 MB; dpkg's status file can be tens of MB.
+MAX_INPUT_BYTES = 64 << 20
+MAX_STATUS_BYTES = 512 << 20
+
+
+def _read_input(environ: Dict[str, str], fd: Optional[int]) -> Tuple[str, str, bool]:
+    """The raw hook input (at most MAX_INPUT_BYTES of it), where it came from, and whether there was more."""
     if fd is None:
         raw_fd = environ.get("APT_HOOK_INFO_FD", "0")
         if not raw_fd.isdigit():
             raise ValueError(f"APT_HOOK_INFO_FD={raw_fd!r} is not a file descriptor number")
         fd = int(raw_fd)
     chunks = []
-    while True:
-        chunk = os.read(fd, 1 << 16)
+    total = 0
+    while total <= MAX_INPUT_BYTES:
+        chunk = os.read(fd, min(1 << 20, MAX_INPUT_BYTES + 1 - total))
         if not chunk:
             break
         chunks.append(chunk)
-    return b"".join(chunks).decode("utf-8", errors="replace"), f"apt hook input (fd {fd})"
+        total += len(chunk)
+    data = b"".join(chunks)
+    oversized = len(data) > MAX_INPUT_BYTES
+    return data[:MAX_INPUT_BYTES].decode("utf-8", errors="replace"), f"apt hook input (fd {fd})", oversized
+
+
+def _read_status(root: str) -> str:
+    """dpkg's status file, read without blocking and bounded; InputFileError when it cannot be read."""
+    path = under(root, "/var/lib/dpkg/status")
+    try:
+        raw = read_regular_file(path, MAX_STATUS_BYTES)
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        raise InputFileError(path, exc.strerror or str(exc)) from None
+    return raw.decode("utf-8", errors="replace")
 
 
 def run(args: _Args, environ: Dict[str, str], fd: Optional[int], err: TextIO,
@@ -82,21 +104,18 @@ def run(args: _Args, environ: Dict[str, str], fd: Optional[int], err: TextIO,
     def say(line: str) -> None:
         err.write(f"{PREFIX}: {line}\n")
 
-    text, source = _read_input(environ, fd)
+    text, source, oversized = _read_input(environ, fd)
 
     def parse(raw: str) -> entry.Parsed:
+        if oversized:
+            raise InputFileError(source, f"larger than {MAX_INPUT_BYTES} bytes: refused unread")
         request = parse_hook_input(raw, source)
         tx_names = {c.package for c in request.transaction.changes}
 
         def installed(policy: CompiledPolicy) -> Dict[str, str]:
             """The installed versions of guarded packages and of the transaction's, from dpkg's status file."""
             guarded = re.compile("|".join(fnmatch.translate(p) for p in policy.guarded) or "(?!)")
-            try:
-                with open(under(args.root, "/var/lib/dpkg/status"), encoding="utf-8", errors="replace") as handle:
-                    status_text = handle.read()
-            except FileNotFoundError:
-                status_text = ""
-            return installed_versions(status_text, request.native_arch,
+            return installed_versions(_read_status(args.root), request.native_arch,
                                       want=lambda n: bool(guarded.match(n)) or n in tx_names)
 
         return entry.Parsed(request.transaction, installed)

@@ -157,7 +157,8 @@ class Decision:
         if not blocking:
             return EXIT_ALLOW
         try:
-            windows = active_windows(load_windows(under(self.root, self.paths.overrides)), self.now())
+            windows = active_windows(load_windows(under(self.root, self.paths.overrides),
+                                                  policy.max_override_minutes), self.now())
         except InputFileError as exc:
             self.say(f"warning: ignoring override windows: {exc}")
             windows = []

@@ -48,6 +48,13 @@ def check(decision: Decision, policy_file: Optional[str], policy_dir: str, text:
         return EXIT_ALLOW
     try:
         installed: Mapping[str, str] = parsed.installed(policy)
+    except InputFileError as exc:
+        return decision.failsafe(mode, guarded, names, f"cannot read the installed set: {exc}", EXIT_FAILSAFE_INPUT,
+                                 tx.command_line)
+    except Exception as exc:  # noqa: BLE001 - a bug in reading the installed set still ends in the fail-safe
+        return decision.failsafe(mode, guarded, names, f"internal error ({type(exc).__name__}: {exc})",
+                                 EXIT_INTERNAL, tx.command_line)
+    try:
         return decision.decide(policy, tx, installed)
     except Exception as exc:  # noqa: BLE001 - a bug in evaluation still ends in the fail-safe decision
         return decision.failsafe(mode, guarded, names, f"internal error ({type(exc).__name__}: {exc})",

@@ -13,7 +13,7 @@ import os
 from collections import namedtuple
 
 from agent.errors import InputFileError, UsageError
-from agent.files import read_json_file, write_atomically
+from agent.files import decode_text, parse_json_text, write_atomically
 from agent.guard.hotpath.state import append_json_line
 
 TYPE_CHECKING = False
@@ -23,6 +23,9 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     Clock = Callable[[], dt.datetime]
 
 FORMAT = 1
+# The policy model's upper bound on max_override_minutes: no window is ever honoured for longer.
+LONGEST_WINDOW_MINUTES = 7 * 24 * 60
+MAX_OVERRIDES_BYTES = 1 << 20
 
 
 def utc_now() -> dt.datetime:
@@ -54,21 +57,35 @@ def _parse_time(value: object, path: str, where: str) -> dt.datetime:
     return parsed
 
 
-def load_windows(path: str) -> List[OverrideWindow]:
-    """Every recorded window (active or not); empty when the file does not exist, InputFileError when corrupt."""
-    data = read_json_file(path)
-    if data is None:
+def load_windows(path: str, max_minutes: float = LONGEST_WINDOW_MINUTES) -> List[OverrideWindow]:
+    """Every recorded window (active or not); empty when the file does not exist, InputFileError when corrupt.
+
+    Each window ends at most ``max_minutes`` after it started, whatever the file says: the policy's
+    ``max_override_minutes`` is enforced when a window is read, not only when one is opened, so a window written
+    into the file by hand (``"expires_at": "2099-..."``) is honoured for the policy's longest window only. The file
+    is read without blocking and bounded (a FIFO or a huge file in its place is a corrupt file).
+    """
+    from agent.hostfacts.paths import read_regular_file
+
+    try:
+        raw = read_regular_file(path, MAX_OVERRIDES_BYTES)
+    except FileNotFoundError:
         return []
+    except OSError as exc:
+        raise InputFileError(path, exc.strerror or str(exc)) from None
+    data = parse_json_text(path, decode_text(path, raw))
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("windows"), list):
         raise InputFileError(path, f"not a gpuguard override file (format {FORMAT} with a 'windows' list)")
+    longest = dt.timedelta(minutes=max(0.0, min(float(max_minutes), LONGEST_WINDOW_MINUTES)))
     windows = []
     for index, item in enumerate(data["windows"], 1):
         where = f"windows -> {index}"
         if not isinstance(item, dict):
             raise InputFileError(path, f"{where}: not an object")
+        started = _parse_time(item.get("started_at"), path, where + " -> started_at")
+        expires = _parse_time(item.get("expires_at"), path, where + " -> expires_at")
         windows.append(OverrideWindow(
-            id=str(item.get("id", "")), started_at=_parse_time(item.get("started_at"), path, where + " -> started_at"),
-            expires_at=_parse_time(item.get("expires_at"), path, where + " -> expires_at"),
+            id=str(item.get("id", "")), started_at=started, expires_at=min(expires, started + longest),
             reason=str(item.get("reason", "")), opened_by=str(item.get("opened_by", ""))))
     return windows
 

@@ -301,3 +301,47 @@ def test_hook_path_imports_neither_pydantic_nor_structlog(root: Path) -> None:
     imported = [ln.split("|")[-1].strip() for ln in result.stderr.splitlines() if ln.startswith("import time:")]
     assert "agent.guard.apt.hook" in imported and "agent.policy.evaluate" in imported
     assert not [m for m in imported if m.split(".")[0] in ("pydantic", "pydantic_core", "structlog")]
+
+
+def test_hand_written_window_is_capped_at_max_override_minutes(root: Path) -> None:
+    """A window written into overrides.json until 2099 counts for max_override_minutes (240 here) only."""
+    state = root / "var/lib/gpuguard"
+    (state / "overrides.json").write_text(json.dumps({"format": 1, "windows": [
+        {"id": "hand", "started_at": NOW.isoformat(), "expires_at": "2099-01-01T00:00:00+00:00",
+         "reason": "forever", "opened_by": "someone"}]}))
+    breaking = HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12")
+    code, out = run_hook(root, breaking, now=NOW + dt.timedelta(minutes=239))
+    assert code == exits.EXIT_ALLOW and "until 2026-03-01T16:00:00+00:00" in out
+    code, out = run_hook(root, breaking, now=NOW + dt.timedelta(minutes=241))
+    assert code == exits.EXIT_REFUSED and "override window" not in out
+
+
+def test_fifo_in_place_of_overrides_is_no_window(root: Path) -> None:
+    """A FIFO for overrides.json is not read (no hang): a corrupt file, so no window, refused (10)."""
+    os.mkfifo(root / "var/lib/gpuguard/overrides.json")
+    code, out = run_hook(root, HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12"))
+    assert code == exits.EXIT_REFUSED and "ignoring override windows" in out and "not a regular file" in out
+
+
+def test_oversized_hook_input_is_refused_unread(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Input past the bound is not parsed: the fail-safe sees the names in what was read (exit 12)."""
+    monkeypatch.setattr(apt_hook, "MAX_INPUT_BYTES", 4096)
+    text = HEAD + line("linux-image-6.1.0-28-amd64", "-", "6.1.119-1")
+    text += line("vim", "2:9.0.1378-2", "2:9.0.1378-3") * 200
+    code, out = run_hook(root, text)
+    assert code == exits.EXIT_FAILSAFE_INPUT and "larger than 4096 bytes: refused unread" in out
+    assert "it names guarded packages: linux-image-6.1.0-28-amd64" in out
+
+
+@pytest.mark.parametrize("kind", ["fifo", "huge"])
+def test_unreadable_dpkg_status_fails_safe(root: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A FIFO (no hang) or an oversized file in place of dpkg's status: the installed set is unknown (exit 12)."""
+    status = root / "var/lib/dpkg/status"
+    if kind == "fifo":
+        status.unlink()
+        os.mkfifo(status)
+    else:
+        monkeypatch.setattr(apt_hook, "MAX_STATUS_BYTES", 100)
+    code, out = run_hook(root, HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12"))
+    assert code == exits.EXIT_FAILSAFE_INPUT and "cannot read the installed set" in out
+    assert "it touches guarded packages: rocm-core" in out
