@@ -52,6 +52,8 @@ if TYPE_CHECKING:  # pragma: no cover
 log = get_logger("daemon")
 
 _UTC = dt.timezone.utc
+# PRAGMA quick_check of the outbox this often (also at every open): damage is found before every job trips on it.
+OUTBOX_CHECK_INTERVAL_SECONDS = 600.0
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 
 
@@ -229,6 +231,8 @@ class Daemon:
                                  on_guard_events=guard_runner.request)
         self._add(scheduler, "package_watch", _none(watcher.run), s.daemon.package_watch_interval_seconds, None,
                   refresh_metrics=False)
+        rt.report_outbox_damage()  # found while opening it
+        self._add(scheduler, "outbox_check", _none(rt.check_outbox), OUTBOX_CHECK_INTERVAL_SECONDS, None)
         heartbeat = HeartbeatJob(rt)
         self._add(scheduler, "heartbeat", _none(heartbeat.run), s.report.heartbeat_interval_seconds, None)
         if self.notifier.watchdog_seconds:

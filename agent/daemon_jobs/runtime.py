@@ -103,6 +103,16 @@ class Runtime:
     def state_path(self, name: str) -> str:
         return f"{self.state_dir.rstrip('/')}/{name}"
 
+    def check_outbox(self, reason: str = "interval") -> None:
+        """Run the outbox's integrity check (a damaged file is salvaged) and report any damage found."""
+        self.outbox.check()
+        self.report_outbox_damage()
+
+    def report_outbox_damage(self) -> None:
+        """Commit one state_file_damaged event per damage the outbox found and survived."""
+        for damage in self.outbox.take_damage():
+            self.emitter.emit(damage, severity="critical")
+
     def report_damaged_file(self, path: str, problem: str, action: str) -> Optional[str]:
         """Move a damaged state file aside (kept for inspection), log it and commit ``state_file_damaged``.
 

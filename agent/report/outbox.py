@@ -26,17 +26,20 @@ past the bound and logs ``outbox_over_bound``. Every drop is counted per kind (`
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Callable, Dict, Iterable, List, Optional, Type
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Type
 
 from agent.errors import InputFileError
+from agent.files import move_aside, read_json_file, write_atomically
 from agent.log import get_logger
-from agent.report.events import NEVER_DROPPED_KINDS, Event
+from agent.report.events import NEVER_DROPPED_KINDS, Event, StateFileDamaged
 
 log = get_logger("outbox")
 
@@ -96,6 +99,80 @@ class Outbox:
         self._clock = clock
         self._lock = threading.Lock()
         self._conn = self._open(path)
+        # Damage found (and survived) since the last take_damage(): the daemon reports each as state_file_damaged.
+        self._damage: List[StateFileDamaged] = []
+        self._hwm_failing = False
+        self._check_high_water_mark()
+
+    def _check_high_water_mark(self) -> None:
+        """A file that holds fewer sequences than were assigned was replaced or emptied: say so, never reuse them."""
+        last_sequence, queued = read_high_water_mark(self.path)
+        found = self._last_sequence()
+        if last_sequence <= found:
+            return
+        depth = self._count()
+        lost = max(0, queued - depth)
+        problem = (f"the outbox was replaced or emptied: sequence {last_sequence} was assigned and {queued} events "
+                   f"were queued, the file holds sequence {found} and {depth} events")
+        log.error("outbox_replaced_or_emptied", path=self.path, high_water_sequence=last_sequence,
+                  found_sequence=found, lost_events=lost)
+        self._set_sequence_floor(last_sequence)
+        self._damage.append(StateFileDamaged(path=self.path, problem=problem, action=(
+            f"carrying on; new events continue after sequence {last_sequence}, the receiver sees the lost ones "
+            "as a gap"), lost_events=lost))
+
+    def _set_sequence_floor(self, sequence: int) -> None:
+        with self._transaction():
+            if self._conn.execute("UPDATE sqlite_sequence SET seq = MAX(seq, ?) WHERE name = 'events'",
+                                  (sequence,)).rowcount == 0:
+                self._conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('events', ?)", (sequence,))
+        self._write_high_water_mark()
+
+    def _write_high_water_mark(self) -> None:
+        """Record the last sequence and the depth beside the file (best effort: a full disk is logged once)."""
+        try:
+            write_high_water_mark(self.path, self._last_sequence(), self._count())
+        except OSError as exc:
+            if not self._hwm_failing:
+                log.warning("outbox_high_water_mark_not_written", path=self.path + HWM_SUFFIX, error=str(exc))
+            self._hwm_failing = True
+            return
+        if self._hwm_failing:
+            log.info("outbox_high_water_mark_written_again", path=self.path + HWM_SUFFIX)
+        self._hwm_failing = False
+
+    def take_damage(self) -> List[StateFileDamaged]:
+        """The damage found since the last call, to be reported (each reported once)."""
+        with self._lock:
+            damage, self._damage = self._damage, []
+        return damage
+
+    def check(self) -> bool:
+        """PRAGMA quick_check now; a damaged file is salvaged into a fresh one (see take_damage). True when sound."""
+        with self._lock:
+            try:
+                self._conn.execute("PRAGMA shrink_memory")  # read the pages from the file, not from the cache
+                rows = self._conn.execute("PRAGMA quick_check").fetchall()
+                problem = None if rows == [("ok",)] else "; ".join(str(r[0]) for r in rows[:5])
+            except sqlite3.DatabaseError as exc:
+                problem = str(exc)
+            if problem is None:
+                return True
+            self._conn.close()
+            damage = rebuild(self.path, f"damaged ({problem})")
+            self._conn = self._open(self.path)
+            self._restore(damage)
+        return False
+
+    def _restore(self, salvage: "Salvage") -> None:
+        """Put salvaged rows into the fresh file, keep sequences above everything assigned, record the damage."""
+        with self._transaction():
+            for row in salvage.rows:
+                self._conn.execute("INSERT OR IGNORE INTO events (sequence, event_id, kind, drop_class, enqueued_at, "
+                                   "body) VALUES (?, ?, ?, ?, ?, ?)", row)
+        floor = max(salvage.last_sequence, read_high_water_mark(self.path)[0])
+        self._set_sequence_floor(floor)
+        self._damage.append(salvage.report(self.path))
 
     @staticmethod
     def _open(path: str) -> sqlite3.Connection:
@@ -115,6 +192,10 @@ class Outbox:
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             elif version != SCHEMA_VERSION:
                 raise InputFileError(path, f"outbox schema version {version}, this agent knows {SCHEMA_VERSION}")
+            # A damaged page behind an intact header opens fine and fails later, in every job: look now.
+            rows = conn.execute("PRAGMA quick_check").fetchall()
+            if rows != [("ok",)]:
+                raise InputFileError(path, "damaged (" + "; ".join(str(r[0]) for r in rows[:5]) + ")")
             return conn
         except sqlite3.DatabaseError as exc:
             if conn is not None:
@@ -123,16 +204,16 @@ class Outbox:
 
     @classmethod
     def open_or_recover(cls, path: str, max_events: int = 10000) -> "Outbox":
-        """Open the outbox; a corrupt file is moved aside (kept for inspection) and a fresh one started."""
+        """Open the outbox; a damaged file is moved aside (kept), its readable rows salvaged into a fresh one."""
         try:
             return cls(path, max_events)
         except InputFileError as exc:
-            aside = f"{path}.corrupt-{int(time.time())}"
-            for suffix in ("", "-wal", "-shm"):
-                if os.path.exists(path + suffix):
-                    os.replace(path + suffix, aside + suffix)
-            log.error("outbox_corrupt_moved_aside", path=path, moved_to=aside, error=str(exc))
-            return cls(path, max_events)
+            salvage = rebuild(path, exc.reason)
+        box = cls(path, max_events)
+        box._damage = []  # the high-water check saw the fresh file; the salvage report says it all
+        with box._lock:
+            box._restore(salvage)
+        return box
 
     def close(self) -> None:
         with self._lock:
@@ -154,6 +235,8 @@ class Outbox:
             self._conn.execute("UPDATE events SET body = ? WHERE sequence = ?",
                                (stored.model_dump_json(), cursor.lastrowid))
             self._enforce_bound()
+        with self._lock:
+            self._write_high_water_mark()
         return stored
 
     def _enforce_bound(self) -> None:
@@ -203,6 +286,8 @@ class Outbox:
                 removed += self._conn.execute("DELETE FROM events WHERE event_id = ?", (event_id,)).rowcount
             self._conn.execute("DELETE FROM delivered WHERE sequence <= (SELECT sequence FROM delivered "
                                "ORDER BY sequence DESC LIMIT 1 OFFSET ?)", (DELIVERED_IDS_KEPT,))
+        with self._lock:
+            self._write_high_water_mark()
         return removed
 
     def reject(self, event_id: str, reason: str) -> None:
@@ -249,7 +334,10 @@ class Outbox:
     def last_sequence(self) -> int:
         """The highest sequence ever assigned by this file (0 before the first event)."""
         with self._lock:
-            row = self._conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
+            return self._last_sequence()
+
+    def _last_sequence(self) -> int:
+        row = self._conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
         return int(row[0]) if row else 0
 
     def _transaction(self) -> "_Transaction":
@@ -268,3 +356,100 @@ class _Transaction:
     def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
                  tb: Optional[TracebackType]) -> None:
         self._conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+
+
+HWM_SUFFIX = ".hwm"
+HWM_FORMAT = 1
+# Sequences probed one by one past a damaged page (the newest ones: the outbox holds at most max_events).
+MAX_PROBED_SEQUENCES = 100000
+
+
+def read_high_water_mark(path: str) -> Tuple[int, int]:
+    """(last sequence assigned, events queued) as recorded beside the outbox; (0, 0) when unknown."""
+    try:
+        data = read_json_file(path + HWM_SUFFIX)
+    except InputFileError as exc:
+        log.error("outbox_high_water_mark_unreadable", path=path + HWM_SUFFIX, error=exc.reason,
+                  action="checking the outbox without it")
+        return 0, 0
+    if not isinstance(data, dict) or data.get("format") != HWM_FORMAT:
+        return 0, 0
+    sequence, queued = data.get("last_sequence"), data.get("queued")
+    if not isinstance(sequence, int) or not isinstance(queued, int):
+        return 0, 0
+    return max(0, sequence), max(0, queued)
+
+
+def write_high_water_mark(path: str, last_sequence: int, queued: int) -> None:
+    write_atomically(path + HWM_SUFFIX, json.dumps({"format": HWM_FORMAT, "last_sequence": last_sequence,
+                                                    "queued": queued}, sort_keys=True) + "\n", mode=0o600)
+
+
+@dataclass
+class Salvage:
+    """What could be read back from a damaged outbox file before it was moved aside."""
+
+    problem: str
+    moved_to: Optional[str]
+    rows: List[Tuple[Any, ...]]
+    last_sequence: int
+    queued_before: int
+
+    def report(self, path: str) -> StateFileDamaged:
+        lost = max(0, self.queued_before - len(self.rows)) if self.queued_before else None
+        return StateFileDamaged(path=path, problem=self.problem[:2000], moved_to=self.moved_to,
+                                action="salvaged the readable events into a fresh outbox", salvaged_events=len(
+                                    self.rows), lost_events=lost)
+
+
+def salvage_rows(path: str) -> Tuple[List[Tuple[Any, ...]], int]:
+    """The readable event rows of a (damaged) outbox file and its last sequence; best effort, never raises."""
+    columns = "sequence, event_id, kind, drop_class, enqueued_at, body"
+    rows: Dict[int, Tuple[Any, ...]] = {}
+    last_sequence = 0
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+    except sqlite3.Error:
+        return [], 0
+    try:
+        try:
+            found = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
+            last_sequence = int(found[0]) if found else 0
+        except (sqlite3.Error, TypeError, ValueError):
+            pass
+        try:
+            for row in conn.execute(f"SELECT {columns} FROM events ORDER BY sequence"):
+                rows[int(row[0])] = tuple(row)
+        except sqlite3.Error:
+            # A scan stops at the first bad page; a lookup by sequence only walks the pages of that row.
+            top = max([last_sequence, *rows])
+            for sequence in range(max(1, top - MAX_PROBED_SEQUENCES), top + 1):
+                if sequence in rows:
+                    continue
+                try:
+                    row = conn.execute(f"SELECT {columns} FROM events WHERE sequence = ?", (sequence,)).fetchone()
+                except sqlite3.Error:
+                    continue
+                if row is not None:
+                    rows[sequence] = tuple(row)
+    except sqlite3.Error:
+        pass
+    finally:
+        conn.close()
+    return [rows[k] for k in sorted(rows)], last_sequence
+
+
+def rebuild(path: str, problem: str) -> Salvage:
+    """Salvage a damaged outbox file, then move it (and its -wal/-shm) aside; loud in the log."""
+    rows, last_sequence = salvage_rows(path)
+    _, queued_before = read_high_water_mark(path)
+    moved_to = move_aside(path)
+    for suffix in ("-wal", "-shm"):
+        if moved_to is not None and os.path.exists(path + suffix):
+            os.replace(path + suffix, moved_to + suffix)
+        elif os.path.exists(path + suffix):
+            os.unlink(path + suffix)
+    salvage = Salvage(problem, moved_to, rows, last_sequence, queued_before)
+    log.error("outbox_damaged", path=path, problem=problem, moved_to=moved_to, salvaged_events=len(rows),
+              queued_before=queued_before, action="salvaged the readable events into a fresh outbox")
+    return salvage

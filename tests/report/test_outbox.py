@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from agent.errors import InputFileError
+from agent.report.events import Event, PolicyViolation
 from agent.report.outbox import Outbox
-from tests.report.events import event
+from tests.report.events import WHEN, event
 
 
 @pytest.fixture
@@ -154,4 +155,87 @@ def test_corrupt_file_is_moved_aside_and_a_fresh_outbox_started(path: str) -> No
         Outbox(path)
     box = Outbox.open_or_recover(path)
     assert box.depth() == 0
-    assert any(name.startswith("outbox.sqlite3.corrupt-") for name in os.listdir(Path(path).parent))
+    assert any(name.startswith("outbox.sqlite3.damaged-") for name in os.listdir(Path(path).parent))
+    [damage] = box.take_damage()
+    assert damage.kind == "state_file_damaged" and damage.salvaged_events == 0 and damage.moved_to is not None
+
+
+def _queued(path: str, count: int) -> list:
+    box = Outbox(path)
+    stored = [box.enqueue(event()) for _ in range(count)]
+    box.close()
+    return stored
+
+
+def test_an_emptied_outbox_is_reported_and_its_sequences_are_not_reused(path: str) -> None:
+    """Truncated to 0 bytes (46 events queued): reported with the 46 lost; new events continue after 46."""
+    _queued(path, 46)
+    for suffix in ("-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.unlink(path + suffix)
+    os.truncate(path, 0)
+    box = Outbox.open_or_recover(path)
+    [damage] = box.take_damage()
+    assert damage.lost_events == 46 and "replaced or emptied" in damage.problem
+    assert box.enqueue(event()).sequence == 47
+    assert box.take_damage() == []
+    box.close()
+    assert Outbox(path).take_damage() == [], "reported once: the high-water mark follows the file now"
+
+
+def test_a_replaced_outbox_is_reported(path: str) -> None:
+    """A different (older, smaller) file put in place of the outbox is caught by the high-water mark."""
+    _queued(path, 3)
+    older = path + ".old"
+    os.rename(path, older)
+    for suffix in ("-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.unlink(path + suffix)
+    box = Outbox(path)
+    [damage] = box.take_damage()
+    assert damage.lost_events == 3 and box.enqueue(event()).sequence == 4
+
+
+def _big() -> Event:
+    """An event of about 3 kB, so twenty of them fill several pages."""
+    return Event(host_id="h1", hostname="host-1", occurred_at=WHEN,
+                 payload=PolicyViolation(rule="r", message="x" * 3000))
+
+
+def _damage_a_data_page(path: str) -> None:
+    """Overwrite the last pages (event rows) with garbage, keeping the header and the schema page intact."""
+    size = os.path.getsize(path)
+    with open(path, "r+b") as handle:
+        handle.seek(size - 4096)
+        handle.write(b"\xde\xad\xbe\xef" * 1024)
+
+
+def test_a_damaged_data_page_is_caught_at_open_and_readable_rows_salvaged(path: str) -> None:
+    """quick_check at open finds the bad page; the rows on good pages are kept with their sequences."""
+    box = Outbox(path)
+    stored = [box.enqueue(_big()) for _ in range(20)]
+    box._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    box.close()
+    _damage_a_data_page(path)
+    recovered = Outbox.open_or_recover(path)
+    [damage] = recovered.take_damage()
+    assert damage.moved_to and os.path.exists(damage.moved_to)
+    kept = recovered.pending(100)
+    assert 0 < len(kept) < 20 and damage.salvaged_events == len(kept) and damage.lost_events == 20 - len(kept)
+    by_id = {e.event_id: e.sequence for e in stored}
+    assert all(by_id[e.event_id] == e.sequence for e in kept), "salvaged events keep their sequence"
+    assert recovered.enqueue(event()).sequence == 21
+
+
+def test_check_finds_damage_while_running_and_salvages(path: str) -> None:
+    """The periodic check rebuilds a file damaged under a running outbox."""
+    box = Outbox(path)
+    for _ in range(20):
+        box.enqueue(_big())
+    box._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert box.check()
+    _damage_a_data_page(path)
+    assert not box.check()
+    [damage] = box.take_damage()
+    assert 0 < damage.salvaged_events < 20 and box.depth() == damage.salvaged_events
+    assert box.enqueue(event()).sequence == 21 and box.check()
