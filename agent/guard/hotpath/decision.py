@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
 
     from agent.guard.hotpath.transaction import Transaction
     from agent.policy.compiled import CompiledPolicy
+    from agent.policy.evaluate import Violation
 
 EXIT_ALLOW = 0
 EXIT_USAGE = 2
@@ -96,6 +97,28 @@ class Decision:
             self.say(f"warning: {', '.join(newer)} in {policy_dir} changed after the policy was compiled; "
                      f"this run uses the compiled policy (run 'gpuguard policy compile')")
 
+    def rollback_authorized(self, policy: CompiledPolicy, tx: Transaction, after: Mapping[str, str],
+                            blocking: Sequence[Violation]) -> bool:
+        """True (audited) when gpuguard's own rollback authorization names exactly the set ``tx`` leaves."""
+        from agent.guard.hotpath.authorization import authorization_path, authorizing
+
+        grant = authorizing(under(self.root, authorization_path(self.paths.state_dir)), self.now(), after,
+                            policy.guarded)
+        if grant is None:
+            return False
+        self.say(f"gpuguard's rollback {grant.get('id')} to the known-good set goes through "
+                 f"({len(blocking)} rule(s) waived for exactly that set)")
+        from agent.guard.hotpath.state import append_json_line
+
+        try:  # audit only: the rollback itself is reported by the agent as a rollback event
+            append_json_line(under(self.root, self.paths.audit_log), {
+                "at": self.now().isoformat(), "event": "rollback_authorized", "tool": self.tool,
+                "authorization": grant.get("id"), "target": grant["target"], "command_line": tx.command_line,
+                "violations": [v.to_dict() for v in blocking]})
+        except OSError as exc:
+            self.say(f"warning: cannot record to {self.paths.audit_log}: {exc.strerror or exc}")
+        return True
+
     def failsafe(self, mode: str, guarded: Sequence[str], names: Sequence[str], why: str, code: int,
                  command_line: Optional[str], guessed: bool = False) -> int:
         """The fail-safe decision: let through (``allow``, or ``block-guarded`` without guarded packages) or
@@ -155,6 +178,8 @@ class Decision:
                          "packages": warning.packages, "action": "warn"})
         blocking = [v for v in new if v.action in ("block", "rollback")]
         if not blocking:
+            return EXIT_ALLOW
+        if self.rollback_authorized(policy, tx, state.after, blocking):
             return EXIT_ALLOW
         try:
             windows = active_windows(load_windows(under(self.root, self.paths.overrides),
