@@ -88,6 +88,10 @@ class JobRunner:
 
     ``request(reason)`` asks for a run now. If the job is running at that moment the scheduler would skip the
     extra run (max_instances=1), so the running call notices the request and loops once more instead.
+
+    A failure is logged once per state change: ``job_failed`` (with the traceback) when the job starts failing or
+    fails differently, ``job_recovered`` (with the count of failed runs) when it succeeds again. A job failing the
+    same way on every run (the disk is full) does not flood the log.
     """
 
     def __init__(self, job_id: str, body: Callable[[str], Optional[float]], stopping: threading.Event,
@@ -101,6 +105,8 @@ class JobRunner:
         self._again = threading.Event()
         self._reason = "interval"
         self._busy = threading.Lock()
+        self._failing: Optional[str] = None  # "Type: message" of the failure the log last reported
+        self._failed_runs = 0
 
     def request(self, reason: str) -> None:
         self._reason = reason
@@ -134,10 +140,13 @@ class JobRunner:
             started = time.monotonic()
             try:
                 retry_in = self.body(reason)
-            except Exception as exc:  # one job's failure is data, never the daemon's end
-                log.error("job_failed", job=self.job_id, reason=reason, error=f"{type(exc).__name__}: {exc}",
-                          exc_info=True)
+            except Exception as exc:  # noqa: BLE001 - one job's failure is data, never the daemon's end
+                self._failed(reason, exc)
                 retry_in = None
+            else:
+                if self._failing is not None:
+                    log.info("job_recovered", job=self.job_id, failed_runs=self._failed_runs, last_error=self._failing)
+                    self._failing, self._failed_runs = None, 0
             if not self.quiet:
                 log.debug("job_ran", job=self.job_id, reason=reason,
                           duration_seconds=round(time.monotonic() - started, 3))
@@ -150,6 +159,17 @@ class JobRunner:
                 return
             if not self._again.is_set():
                 return
+
+
+    def _failed(self, reason: str, exc: Exception) -> None:
+        error = f"{type(exc).__name__}: {exc}"
+        self._failed_runs += 1
+        if error == self._failing:
+            log.debug("job_still_failing", job=self.job_id, reason=reason, error=error, failed_runs=self._failed_runs)
+            return
+        self._failing = error
+        log.error("job_failed", job=self.job_id, reason=reason, error=error, failed_runs=self._failed_runs,
+                  exc_info=True)
 
 
 def build_sender(settings: Settings) -> Optional["Sender"]:
