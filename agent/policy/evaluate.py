@@ -50,7 +50,10 @@ class Violation(namedtuple("Violation", "rule action message packages hint pairi
 
     def touches(self, keys: Iterable[str]) -> bool:
         """Whether any of the given package keys is involved in this violation."""
-        bases = {k.split(":", 1)[0] for k in keys}
+        return self.touches_names({k.split(":", 1)[0] for k in keys})
+
+    def touches_names(self, bases: Set[str]) -> bool:
+        """Whether any package involved has one of these names (keys without ``:arch``)."""
         return any(p.split(":", 1)[0] in bases for p in self.packages)
 
     def to_dict(self) -> Dict[str, Any]:
@@ -63,13 +66,28 @@ def _base(key: str) -> str:
     return key.split("@", 1)[0].split(":", 1)[0]
 
 
+# One index per installed set being evaluated: _find is called per violation, and a scan of the whole set each
+# time made a 10,000-violation transaction quadratic (27 s in the hook).
+_BASE_INDEX: List[Tuple[Mapping[str, str], int, Dict[str, str]]] = []
+
+
+def _by_base(mapping: Mapping[str, str]) -> Dict[str, str]:
+    """``{package name: version}`` of the first key of each name (as a scan in key order would find it)."""
+    for cached, size, index in _BASE_INDEX:
+        if cached is mapping and size == len(mapping):
+            return index
+    index = {}
+    for key, version in mapping.items():
+        index.setdefault(_base(key), version)
+    del _BASE_INDEX[:-3]  # the before and after sets of the current evaluation, and little else
+    _BASE_INDEX.append((mapping, len(mapping), index))
+    return index
+
+
 def _find(mapping: Mapping[str, str], name: str) -> Optional[str]:
     if name in mapping:
         return mapping[name]
-    for key, version in mapping.items():
-        if _base(key) == name:
-            return version
-    return None
+    return _by_base(mapping).get(name)
 
 
 @functools.lru_cache(maxsize=64)
@@ -113,8 +131,8 @@ def evaluate(state: HostState, policy: CompiledPolicy) -> List[Violation]:
 
 def introduced(violations: Sequence[Violation], state: HostState) -> List[Violation]:
     """The violations this change is involved in (the others were there before it)."""
-    changed = state.changed()
-    return [v for v in violations if v.touches(changed)]
+    bases = {k.split(":", 1)[0] for k in state.changed()}  # once, not once per violation
+    return [v for v in violations if v.touches_names(bases)]
 
 
 # --- frozen packages -------------------------------------------------------------------------------------------
@@ -233,6 +251,7 @@ def _check_amd(state: HostState, policy: CompiledPolicy) -> List[Violation]:
     # DKMS builds the module for every installed kernel: a new driver must suit them all, a new kernel must suit
     # the driver that stays.
     to_check = kernels_after if driver_moved else {r: k for r, k in kernels_after.items() if r not in kernels_before}
+    pinned_text, supported = describe_pairing(now), describe(kernels_spec)  # once, not once per kernel
     for release, key in sorted(to_check.items()):
         if matches(kernels_spec, release):
             continue
@@ -243,8 +262,7 @@ def _check_amd(state: HostState, policy: CompiledPolicy) -> List[Violation]:
             rule="amd.pairing.kernels",
             action=policy.action_for(now.get("action"), amd.get("action")),
             message=f"kernel {release} ({_base(key)}) is not supported by the pinned AMD pairing "
-                    f"{describe_pairing(now)} with {driver_name} {driver_after}: supported kernels are "
-                    f"{describe(kernels_spec)}",
+                    f"{pinned_text} with {driver_name} {driver_after}: supported kernels are {supported}",
             packages=involved,
             hint=f"stay on a supported kernel, add {release} to the pairing's kernels once the driver is known to "
                  f"build for it, " + OVERRIDE_HINT,
@@ -263,13 +281,14 @@ def _check_kernel_allow(state: HostState, policy: CompiledPolicy) -> List[Violat
     before = _kernels(state.before, patterns, state.manager)
     after = _kernels(state.after, patterns, state.manager)
     out = []
+    allowed = describe(section["allow"])
     for release, key in sorted(after.items()):
         if release in before or matches(section["allow"], release):
             continue
         out.append(Violation(
             rule="kernel.allow", action=policy.action_for(section.get("action")),
             message=f"kernel {release} ({_base(key)} {state.after[key]}) is not on the allowed kernel list "
-                    f"({describe(section['allow'])})",
+                    f"({allowed})",
             packages={key: _move(state, key)},
             hint="hold the kernel (and its meta package) back, add the kernel to [kernel] allow once the GPU driver "
                  "builds for it, " + OVERRIDE_HINT))

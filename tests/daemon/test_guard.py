@@ -399,6 +399,9 @@ def _daemon_over_rollback_root(tmp_path: Path, install_succeeds: bool) -> tuple:
     runner.add(tool.argv("apt-get", "-y", "-q", *options, "--no-install-recommends", *tool._apt_options(), "install",
                          f"amdgpu-dkms={D62}"), returncode=0 if install_succeeds else 100,
                stderr="" if install_succeeds else "E: broken")
+    runner.add(tool.argv("dpkg", "--audit"), stdout="")  # the database check after a rollback
+    runner.add(tool.argv("apt-get", "-q", "-o", "Dir::Cache::pkgcache=", "-o", "Dir::Cache::srcpkgcache=", "check"),
+               stdout="Reading package lists...\n")
     runner.add(tool.argv("dpkg", "--configure", "-a"))
     assert recompile_policy(host, settings)
     assert check_and_rollback(host, settings).status == "recorded"  # the known-good set, as the package's postinst

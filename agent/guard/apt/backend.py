@@ -32,6 +32,7 @@ class AptBackend:
         self.tool = tool
         self.cache = DebCache(host, cache_dir, tool)
         self._local_only = False  # set by simulate(): apply() runs in the mode that planned
+        self.mechanism = "apt-get install"  # how the last plan restores the set (for the rollback event)
 
     def read_installed(self, patterns: Sequence[str]) -> Dict[str, InstalledPackage]:
         text = self.host.read_text("/var/lib/dpkg/status")
@@ -78,28 +79,77 @@ class AptBackend:
         return targets, before, after
 
     def simulate(self, targets: Sequence[str]) -> Tuple[List[PlannedStep], Optional[str]]:
-        """Plan with the kept .deb files alone when every target is one (or a removal); else with the repositories.
+        """Plan with the kept .deb files alone when every target is one (or a removal); else with the repositories;
+        when apt cannot plan at all, install the exact kept set with dpkg.
 
         The mode that planned is the mode :meth:`apply` runs in. A local-only plan that fails (the old build needs
-        a dependency only a repository has) is planned again with the repositories.
+        a dependency only a repository has) is planned again with the repositories. apt refuses to plan from a
+        state whose dependencies are already broken (``dpkg -i --force-depends`` of a driver without its
+        firmware: "E: Unmet dependencies"), and it would refuse every retry; when every target is a kept .deb or a
+        removal, the rollback then runs ``dpkg -i`` of exactly those files, ``dpkg -r`` of the removals and
+        ``dpkg --configure -a``, and :meth:`verify_database` checks the result.
         """
-        self._local_only = bool(targets) and all(t.startswith("/") or t.endswith("-") for t in targets)
+        all_local = bool(targets) and all(t.startswith("/") or t.endswith("-") for t in targets)
+        self._local_only = all_local
+        self.mechanism = "apt-get install (kept .deb files)" if all_local else "apt-get install"
         if self._local_only:
             result, plan = self.tool.simulate(targets, local_only=True)
             if result.returncode == 0:
                 return plan, None
             log.info("rollback_local_plan_failed", error=_last_line(result.stderr))
             self._local_only = False
+            self.mechanism = "apt-get install"
         result, plan = self.tool.simulate(targets)
-        if result.returncode != 0:
-            return plan, "apt-get -s could not plan the rollback: " + _last_line(result.stderr)
-        return plan, None
+        if result.returncode == 0:
+            return plan, None
+        apt_error = "apt-get -s could not plan the rollback: " + _last_line(result.stderr)
+        if not all_local:
+            return plan, apt_error
+        log.info("rollback_apt_plan_failed", error=_last_line(result.stderr))
+        self.mechanism = f"dpkg -i of the kept .deb files (apt could not plan: {_last_line(result.stderr)})"
+        return [self._dpkg_step(t) for t in targets], None
+
+    def _dpkg_step(self, target: str) -> PlannedStep:
+        if target.endswith("-"):
+            return PlannedStep("remove", target[:-1], "", "")
+        name, version, _ = target.rsplit("/", 1)[-1][:-len(".deb")].split("_", 2)
+        return PlannedStep("install", name, "", version.replace("%3a", ":"))
 
     def apply(self, targets: Sequence[str]) -> Optional[str]:
+        if self.mechanism.startswith("dpkg"):
+            return self._apply_with_dpkg(targets)
         run = self.tool.install(targets, local_only=self._local_only)
         if run.returncode != 0:
             return "apt-get install failed: " + _last_line(run.stderr)
         return None
+
+    def _apply_with_dpkg(self, targets: Sequence[str]) -> Optional[str]:
+        debs = [t for t in targets if not t.endswith("-")]
+        removals = [t[:-1].split(":", 1)[0] for t in targets if t.endswith("-")]
+        if debs:
+            run = self.tool.dpkg_install(debs)
+            if run.returncode != 0:
+                return "dpkg -i failed: " + _last_line(run.stderr)
+        if removals:
+            run = self.tool.dpkg_remove(removals)
+            if run.returncode != 0:
+                return "dpkg -r failed: " + _last_line(run.stderr)
+        run = self.tool.configure_pending()
+        if run.returncode != 0:
+            return "dpkg --configure -a failed: " + _last_line(run.stderr)
+        return None
+
+    def verify_database(self) -> Optional[str]:
+        """None when ``dpkg --audit`` reports nothing and ``apt-get check`` passes; else what they said."""
+        problems = []
+        audit = self.tool.audit()
+        if audit.returncode != 0 or audit.stdout.strip():
+            problems.append("dpkg --audit: " + " ".join((audit.stdout or audit.stderr).split())[:300])
+        check = self.tool.check()
+        if check.returncode != 0:
+            unmet = [" ".join(line.split()) for line in check.stdout.splitlines() if ":" in line and "Depends" in line]
+            problems.append("apt-get check: " + ("; ".join(unmet[:5]) or _last_line(check.stderr or check.stdout)))
+        return "; ".join(problems) or None
 
     def finish_pending(self) -> None:
         self.tool.configure_pending()

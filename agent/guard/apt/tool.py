@@ -73,6 +73,27 @@ class AptTool:
                           "--no-install-recommends", *self._apt_options(), *self._source_options(local_only),
                           "install", *targets], self.timeout_seconds)
 
+    def dpkg_install(self, debs: Sequence[str]) -> CommandResult:
+        """``dpkg -i DEBS`` in one run (dpkg unpacks them all, then configures): the exact set, no resolver."""
+        return self._run(["dpkg", "--force-downgrade", "-i", *debs], self.timeout_seconds)
+
+    def dpkg_remove(self, names: Sequence[str]) -> CommandResult:
+        """``dpkg -r NAMES``."""
+        return self._run(["dpkg", "-r", *names], self.timeout_seconds)
+
+    def audit(self) -> CommandResult:
+        """``dpkg --audit``: packages half-installed, half-configured or unpacked (no output when clean)."""
+        return self._run(["dpkg", "--audit"], 120.0)
+
+    def check(self) -> CommandResult:
+        """``apt-get check``: exit 0 only when every installed package's dependencies are met.
+
+        Without apt's binary caches: right after a ``dpkg -i`` in the same second that leaves the status file at
+        the same size, apt took its cache built before the change for current and reported the old state.
+        """
+        return self._run(["apt-get", "-q", "-o", "Dir::Cache::pkgcache=", "-o", "Dir::Cache::srcpkgcache=", "check"],
+                         120.0)
+
     def configure_pending(self) -> CommandResult:
         """``dpkg --configure -a``: never leave packages half-configured after a failed run."""
         return self._run(["dpkg", "--configure", "-a"], self.timeout_seconds)

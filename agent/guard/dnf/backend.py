@@ -16,6 +16,7 @@ class RpmBackend:
     manager = "rpm"
     tool_name = "dnf"
     file_field = "rpm"
+    mechanism = "dnf shell"
 
     def __init__(self, host: Host, tool: DnfTool, cache_dir: str) -> None:
         self.host = host
@@ -70,3 +71,7 @@ class RpmBackend:
 
     def finish_pending(self) -> None:
         self.tool.finish_pending()
+
+    def verify_database(self) -> Optional[str]:
+        """None when ``rpm -Va --nofiles`` reports no unmet dependency; else what it said."""
+        return self.tool.verify_dependencies()

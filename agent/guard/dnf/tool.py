@@ -264,6 +264,15 @@ class DnfTool:
         """Nothing to finish: an rpm transaction has no half-configured state like dpkg's (the check after the
         rollback compares every version)."""
 
+    def verify_dependencies(self) -> Optional[str]:
+        """``rpm -Va --nofiles``: None when every installed package's dependencies are met, else rpm's lines."""
+        result = self.host.run(self.rpm_argv("-Va", "--nofiles", "--nodigest", "--nosignature"),
+                               timeout_seconds=300.0)
+        lines = [line.strip() for line in result.stdout.splitlines() if line.strip()]
+        if result.returncode == 0 and not lines:
+            return None
+        return "rpm -Va --nofiles: " + ("; ".join(lines[:5]) or _exit(result.returncode))
+
     def download(self, name: str, version: str, arch: str, dest_dir: str) -> CommandResult:
         """``dnf download --destdir`` (dnf-plugins-core; built into dnf5) of one build into a host directory."""
         return self.host.run(self.argv("-q", "download", "--destdir", str(self.host.path(dest_dir)),

@@ -61,15 +61,31 @@ class Decision:
 
     def record_to_state(self, record: Dict[str, object]) -> None:
         """Queue a guard event for the daemon and keep an audit line; never fails the decision."""
-        from agent.guard.hotpath.state import append_json_line
+        self.records_to_state([record])
 
-        stamped = {"occurred_at": self.now().isoformat(), **record}
-        for target in (self.paths.events, self.paths.audit_log):
+    def records_to_state(self, records: Sequence[Dict[str, object]]) -> None:
+        """Queue guard events and their audit lines with one append per file; never fails the decision."""
+        from agent.guard.hotpath.state import append_json_lines
+
+        if not records:
+            return
+        at = self.now().isoformat()
+        lines = {self.paths.events: [{"occurred_at": at, **r} for r in records],
+                 self.paths.audit_log: [{"at": at, "event": r.get("kind"), **r} for r in records]}
+        for target, batch in lines.items():
             try:
-                append_json_line(under(self.root, target), stamped if target == self.paths.events else
-                                 {"at": stamped["occurred_at"], "event": record.get("kind"), **record})
+                append_json_lines(under(self.root, target), batch)
             except OSError as exc:
                 self.say(f"warning: cannot record to {target}: {exc.strerror or exc}")
+
+    def record_many(self, records: Sequence[Dict[str, object]]) -> None:
+        """Record events in order: one append per file with the default recorder (10,000 refusals were 40,000
+        opens), one call each with an injected one."""
+        if self.record == self.record_to_state:
+            self.records_to_state(records)
+        else:
+            for record in records:
+                self.record(record)
 
     def load_policy(self, compiled_path: Optional[str],
                     policy_dir: str) -> Tuple[Optional[CompiledPolicy], Optional[str]]:
@@ -172,10 +188,12 @@ class Decision:
         new_ids = {id(v) for v in new}
         for old in (v for v in violations if id(v) not in new_ids):
             self.say(f"note: the host already violates the policy ({old.rule}): {old.message}")
+        warned = []
         for warning in (v for v in new if v.action == "warn"):
             self.say(f"warning ({warning.rule}): {warning.message}")
-            self.record({"kind": "policy_violation", "rule": warning.rule, "message": warning.message,
-                         "packages": warning.packages, "action": "warn"})
+            warned.append({"kind": "policy_violation", "rule": warning.rule, "message": warning.message,
+                           "packages": warning.packages, "action": "warn"})
+        self.record_many(warned)
         blocking = [v for v in new if v.action in ("block", "rollback")]
         if not blocking:
             return EXIT_ALLOW
@@ -195,11 +213,13 @@ class Decision:
             self.record({"kind": "override_used", "window": window.to_dict(), "command_line": tx.command_line,
                          "violations": [v.to_dict() for v in blocking]})
             return EXIT_ALLOW
+        refused = []
         for v in blocking:
             packages = ", ".join(f"{name} {move}" for name, move in v.packages.items())
             self.say(f"REFUSED ({v.rule}): {packages}: {v.message}")
-            self.record({"kind": "transaction_blocked", "tool": self.tool, "rule": v.rule, "message": v.message,
-                         "packages": v.packages, "command_line": tx.command_line})
+            refused.append({"kind": "transaction_blocked", "tool": self.tool, "rule": v.rule, "message": v.message,
+                            "packages": v.packages, "command_line": tx.command_line})
+        self.record_many(refused)
         hints = list(dict.fromkeys(v.hint for v in blocking if v.hint))
         for hint in hints:
             self.say(f"to proceed: {hint}")

@@ -11,7 +11,7 @@ from collections import namedtuple
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import Any, Dict
+    from typing import Any, Dict, Sequence
 
 
 class GuardPaths(namedtuple("GuardPaths", "state_dir", defaults=("/var/lib/gpuguard",))):
@@ -58,10 +58,18 @@ class GuardPaths(namedtuple("GuardPaths", "state_dir", defaults=("/var/lib/gpugu
 
 def append_json_line(path: str, record: Dict[str, Any]) -> None:
     """Append one JSON object as a line (O_APPEND: concurrent writers never interleave within a line)."""
+    append_json_lines(path, [record])
+
+
+def append_json_lines(path: str, records: Sequence[Dict[str, Any]]) -> None:
+    """Append JSON objects, one per line, in one O_APPEND write (each line whole; one open for any number)."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    data = (json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
+    encode = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+    data = "".join(encode(r) + "\n" for r in records).encode("utf-8")
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
     try:
-        os.write(fd, data)
+        view = memoryview(data)
+        while view:  # a regular file takes it in one write; a short write still continues where it stopped
+            view = view[os.write(fd, view):]
     finally:
         os.close(fd)

@@ -10,6 +10,9 @@ goes through a :class:`PackageBackend`:
 - ``cache_known_good``: keep the package files of the known-good set (ensure, then prune the rest)
 - ``plan_targets``: what restores the known-good set (cached files first, versions otherwise, removals)
 - ``simulate``, ``apply``, ``finish_pending``: plan without change, run it, never leave a half-done state
+  (``mechanism`` says how the last plan restores the set, for the rollback event)
+- ``verify_database``: after the rollback, None when the package database is consistent (no half-installed
+  package, every dependency met), else what is wrong
 
 The implementations are agent.guard.apt.backend.AptBackend and agent.guard.dnf.backend.RpmBackend;
 agent.guard.manager.backend_for picks one from the host's package database, in that one place.
@@ -45,6 +48,7 @@ class PackageBackend(Protocol):
     manager: str  # the version scheme: "dpkg" or "rpm"
     tool_name: str  # for messages: "apt-get" or "dnf"
     file_field: str  # the known-good entry field naming the cached package file: "deb" or "rpm"
+    mechanism: str  # how the last simulate() plan restores the set: "apt-get install", "dpkg -i ...", "dnf shell"
 
     def read_installed(self, patterns: Sequence[str]) -> Dict[str, InstalledPackage]: ...
 
@@ -65,3 +69,5 @@ class PackageBackend(Protocol):
     def apply(self, targets: Sequence[str]) -> Optional[str]: ...
 
     def finish_pending(self) -> None: ...
+
+    def verify_database(self) -> Optional[str]: ...

@@ -134,6 +134,36 @@ def _write_reboot_marker(host: Host, paths: GuardPaths, moved: Dict[str, str], n
                      "\n".join(n.split("@", 1)[0].split(":", 1)[0] for n in sorted(moved)) + "\n")
 
 
+AUTHORIZATION_MINUTES = 15  # longer than any rollback's apt/dnf run; the file is removed right after it anyway
+
+
+def _authorize(host: Host, paths: GuardPaths, known_good: Dict[str, InstalledPackage], reason: str,
+               now: dt.datetime) -> str:
+    """Write the one-shot authorization for exactly the known-good set (root-only, 0600); its host path."""
+    import secrets
+
+    from agent.guard.hotpath.authorization import authorization_path, render
+
+    path = str(host.path(authorization_path(paths.state_dir)))
+    grant_id = secrets.token_hex(6)
+    write_atomically(path, render(_versions(known_good), reason, now,
+                                  now + dt.timedelta(minutes=AUTHORIZATION_MINUTES), grant_id), mode=0o600)
+    audit(str(host.path(paths.audit_log)), "rollback_authorization_written", now, id=grant_id,
+          target=_versions(known_good))
+    return path
+
+
+def _revoke(host: Host, paths: GuardPaths, path: str) -> None:
+    """Remove the authorization (a host-prefixed path) once the rollback's transaction is over; audited."""
+    import os
+
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    audit(str(host.path(paths.audit_log)), "rollback_authorization_removed", host.clock())
+
+
 def check_and_rollback(host: Host, settings: Settings, policy: Optional[CompiledPolicy] = None,
                        tool: Optional[PackageTool] = None,
                        now: Optional[Callable[[], dt.datetime]] = None, dry_run: bool = False,
@@ -210,19 +240,28 @@ def check_and_rollback(host: Host, settings: Settings, policy: Optional[Compiled
         return outcome
     if outcome.status != "failed":
         backend.wait_for_lock()
-        apply_error = backend.apply(targets)
+        grant = _authorize(host, paths, known_good, rollback_violations[0].rule, clock())
+        try:
+            apply_error = backend.apply(targets)
+            if apply_error is not None:
+                backend.finish_pending()
+        finally:
+            _revoke(host, paths, grant)
         if apply_error is not None:
-            backend.finish_pending()
             outcome.status = "failed"
             outcome.detail = apply_error
         else:
             after = backend.read_installed(policy.guarded)
             wrong = {k: (after[k].version if k in after else "(absent)") for k, v in to_versions.items()
                      if (after[k].version if k in after else "(removed)") != v}
+            broken = backend.verify_database()
             if wrong:
                 outcome.status, outcome.detail = "failed", f"after the rollback these differ: {wrong}"
+            elif broken:
+                outcome.status, outcome.detail = "failed", f"the package database is not consistent: {broken}"
             else:
                 outcome.status = "rolled_back"
+        outcome.detail = "; ".join(p for p in (f"via {backend.mechanism}", outcome.detail) if p)
     snapshot_hash = None
     if outcome.status == "rolled_back":
         taker = snapshot if snapshot is not None else _default_snapshot

@@ -16,7 +16,15 @@ from typing import Iterator, NoReturn
 import pytest
 
 from tests import needs
-from tests.guard.apt.chroot.harness import BASELINE, KERNEL_27, KERNEL_28, Chroot, build_base, missing_tools
+from tests.guard.apt.chroot.harness import (
+    BASELINE,
+    FIRMWARE,
+    KERNEL_27,
+    KERNEL_28,
+    Chroot,
+    build_base,
+    missing_tools,
+)
 
 TIMINGS: dict = {}
 
@@ -78,12 +86,16 @@ def chroot(chroot_session: Chroot, tmp_path_factory: pytest.TempPathFactory) -> 
     baseline_state = c.root.parent / "baseline-state"
     shutil.rmtree(c.state_dir, ignore_errors=True)
     shutil.copytree(baseline_state, c.state_dir)
+    # dpkg, not apt: a test may leave dependencies broken, and apt refuses to start from such a state
+    c.run("dpkg", "--configure", "-a")
     installed = c.installed()
-    extra = [k for k in (KERNEL_27, KERNEL_28, "hello-fake") if k in installed]
-    if extra:
-        c.apt("purge", *extra, hook=False, check=True)
     if any(installed.get(n) != v for n, v in BASELINE.items()):
-        c.apt("install", "--allow-downgrades", *(f"{n}={v}" for n, v in BASELINE.items()), hook=False, check=True)
+        c.run("dpkg", "-i", *(c.deb(n, v) for n, v in BASELINE.items()), check=True)
+    present = c.run("dpkg-query", "-W", "-f", "${Package} ${db:Status-Abbrev}\n").stdout.splitlines()
+    present_names = {line.split()[0] for line in present if len(line.split()) > 1 and line.split()[1][1] != "n"}
+    extra = [k for k in (KERNEL_27, KERNEL_28, "hello-fake", FIRMWARE) if k in present_names]
+    if extra:
+        c.run("dpkg", "--purge", *extra, check=True)
     (c.state_dir / "reboot-required").unlink(missing_ok=True)
     (c.state_dir / "reboot-required.pkgs").unlink(missing_ok=True)
     return c

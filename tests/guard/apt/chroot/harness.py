@@ -31,6 +31,10 @@ AMDGPU_62 = "1:6.8.5.60202-2041575"
 AMDGPU_63 = "1:6.10.5.60300-2084815"
 ROCM_62 = "6.2.2.60202-116~12"
 ROCM_63 = "6.3.0.60300-39~12"
+# AMD's Ubuntu 24.04 builds: the driver needs its firmware package at exactly the same version.
+AMDGPU_62_U = "1:6.8.5.60202-2041575.24.04"
+AMDGPU_63_U = "1:6.10.5.60300-2084815.24.04"
+FIRMWARE = "amdgpu-dkms-firmware"
 KERNEL_26, KERNEL_27, KERNEL_28 = "linux-image-6.1.0-26-amd64", "linux-image-6.1.0-27-amd64", \
     "linux-image-6.1.0-28-amd64"
 BASELINE = {"amdgpu-dkms": AMDGPU_62, "rocm-core": ROCM_62, "rocm-hip-runtime": ROCM_62, KERNEL_26: "6.1.112-1"}
@@ -52,6 +56,10 @@ def fake_packages(native_arch: str) -> List[FakePackage]:
     return [
         FakePackage("amdgpu-dkms", AMDGPU_62),
         FakePackage("amdgpu-dkms", AMDGPU_63),
+        FakePackage(FIRMWARE, AMDGPU_62_U),
+        FakePackage(FIRMWARE, AMDGPU_63_U),
+        FakePackage("amdgpu-dkms", AMDGPU_62_U, depends=f"{FIRMWARE} (= {AMDGPU_62_U})"),
+        FakePackage("amdgpu-dkms", AMDGPU_63_U, depends=f"{FIRMWARE} (= {AMDGPU_63_U})"),
         FakePackage("rocm-core", ROCM_62, native_arch),
         FakePackage("rocm-core", ROCM_63, native_arch),
         FakePackage("rocm-hip-runtime", ROCM_62, native_arch, f"rocm-core (= {ROCM_62})"),

@@ -112,7 +112,7 @@ def test_rollback_works_after_the_repository_dropped_the_old_version(chroot: Chr
     """The known-good .deb comes from gpuguard's cache when no index lists the old version any more."""
     chroot.drop_from_repo(chroot.deb("amdgpu-dkms", AMDGPU_62).rsplit("/", 1)[-1])
     madison = chroot.run("apt-cache", "madison", "amdgpu-dkms").stdout
-    assert AMDGPU_62 not in madison and AMDGPU_63 in madison
+    assert f"| {AMDGPU_62} |" not in madison and f"| {AMDGPU_63} |" in madison
     assert chroot.run("dpkg", "-i", chroot.deb("amdgpu-dkms", AMDGPU_63)).returncode == 0
     result = _rollback(chroot)
     assert result.status == "rolled_back", result.summary()
@@ -124,7 +124,7 @@ def test_rollback_uses_the_kept_deb_when_the_index_still_lists_a_lost_file(chroo
     """Stale lists or a mirror that lost the file (seen on the H200: no network, lists from before): apt must
     install the kept .deb, not try to fetch the same version from the repository ("Unable to fetch")."""
     chroot.lose_from_pool(chroot.deb("amdgpu-dkms", AMDGPU_62).rsplit("/", 1)[-1])
-    assert AMDGPU_62 in chroot.run("apt-cache", "madison", "amdgpu-dkms").stdout
+    assert f"| {AMDGPU_62} |" in chroot.run("apt-cache", "madison", "amdgpu-dkms").stdout
     assert chroot.run("dpkg", "-i", chroot.deb("amdgpu-dkms", AMDGPU_63)).returncode == 0
     result = _rollback(chroot)
     assert result.status == "rolled_back", result.summary()

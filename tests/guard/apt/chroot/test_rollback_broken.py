@@ -1,0 +1,161 @@
+"""Rollback from every state dpkg can be left in after a bypass: broken dependencies, several packages forced
+together, old builds only in gpuguard's .deb cache, a frozen package among them, a half-configured package."""
+
+from __future__ import annotations
+
+import json
+from typing import Dict
+
+import pytest
+
+from agent.config import Settings
+from agent.guard.rollback.core import GuardResult, check_and_rollback
+from agent.host import Host
+from tests.guard.apt.chroot.conftest import gpuguard
+from tests.guard.apt.chroot.harness import (
+    AMDGPU_62_U,
+    AMDGPU_63_U,
+    FIRMWARE,
+    ROCM_62,
+    ROCM_63,
+    TEST_POLICY,
+    Chroot,
+)
+
+pytestmark = pytest.mark.timeout(900)
+
+GOOD = {"amdgpu-dkms": AMDGPU_62_U, FIRMWARE: AMDGPU_62_U, "rocm-core": ROCM_62, "rocm-hip-runtime": ROCM_62}
+
+
+def _rollback(chroot: Chroot) -> GuardResult:
+    return check_and_rollback(Host.for_root(str(chroot.root)), Settings(), snapshot=lambda host: None)
+
+
+def _versions(chroot: Chroot) -> Dict[str, str]:
+    """Every package dpkg has in any present state (not only 'ii'), so a half-configured one counts."""
+    out = chroot.run("dpkg-query", "-W", "-f", "${Package} ${Version} ${db:Status-Abbrev}\n", check=True).stdout
+    rows = [line.split() for line in out.splitlines()]
+    return {r[0]: r[1] for r in rows if len(r) >= 3 and r[2][1] not in "nc" and r[0] in GOOD}
+
+
+def _assert_clean(chroot: Chroot) -> None:
+    audit = chroot.run("dpkg", "--audit")
+    assert audit.returncode == 0 and not audit.stdout.strip(), audit.stdout
+    check = chroot.run("apt-get", "-o", "Dir::Cache::pkgcache=", "-o", "Dir::Cache::srcpkgcache=", "check")
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def _policy(chroot: Chroot, guard_dependencies: bool = True, extra: str = "") -> None:
+    """The test policy; with ``guard_dependencies`` the firmware and the HIP runtime are guarded too, so they
+    belong to the known-good set (a policy guards only its driver, ROCm and kernel package names by default)."""
+    text = TEST_POLICY
+    if guard_dependencies:
+        text = text.replace('action = "block"\n', f'action = "block"\nguarded = ["{FIRMWARE}", "rocm-hip-runtime"]\n',
+                            1)
+    (chroot.root / "etc/gpuguard/policy.d/10-test.toml").write_text(text + extra)
+    code, out = gpuguard(chroot, "policy", "compile")
+    assert code == 0, out
+
+
+def _firmware_baseline(chroot: Chroot, guard_dependencies: bool = True, extra_policy: str = "") -> None:
+    """Move through apt (hook active) to the 24.04-style driver with its firmware and record it as known-good."""
+    _policy(chroot, guard_dependencies, extra_policy)
+    moved = chroot.apt("install", f"amdgpu-dkms={AMDGPU_62_U}", f"{FIRMWARE}={AMDGPU_62_U}")
+    assert moved.returncode == 0, moved.stderr
+    assert _rollback(chroot).status == "recorded"
+    assert _versions(chroot) == GOOD
+    known_good = json.loads((chroot.state_dir / "known-good.json").read_text())["packages"]
+    assert known_good["amdgpu-dkms"]["version"] == AMDGPU_62_U and known_good["amdgpu-dkms"]["deb"]
+    if guard_dependencies:
+        assert known_good[FIRMWARE]["version"] == AMDGPU_62_U and known_good[FIRMWARE]["deb"]
+
+
+def _force(chroot: Chroot, *debs: str) -> None:
+    forced = chroot.run("dpkg", "-i", "--force-depends", *debs)
+    assert forced.returncode == 0, forced.stderr
+    state = chroot.run("dpkg-query", "-W", "-f", "${Package} ${Version} ${db:Status-Abbrev}\n").stdout
+    broken = chroot.run("apt-get", "-o", "Dir::Cache::pkgcache=", "check")
+    assert broken.returncode != 0, state  # the bypass left dependencies broken
+
+
+def _assert_rolled_back(chroot: Chroot, result: GuardResult, via: str = "via dpkg -i of the kept .deb files") -> dict:
+    assert result.status == "rolled_back", result.summary()
+    assert _versions(chroot) == GOOD
+    _assert_clean(chroot)
+    assert not (chroot.state_dir / "rollback-authorization.json").exists()
+    events = [json.loads(line) for line in (chroot.state_dir / "guard-events.jsonl").read_text().splitlines()]
+    event = [e for e in events if e["kind"] == "rollback"][-1]
+    assert event["succeeded"] is True and via in event["detail"], event["detail"]
+    assert _rollback(chroot).status == "compliant"
+    return event
+
+
+def test_driver_forced_without_its_firmware_is_rolled_back(chroot: Chroot) -> None:
+    """dpkg -i --force-depends of the newer driver alone (firmware dependency unmet): back to the exact set, with
+    the policy's default guarded packages (the firmware not among them)."""
+    _firmware_baseline(chroot, guard_dependencies=False)
+    _force(chroot, chroot.deb("amdgpu-dkms", AMDGPU_63_U))
+    assert _versions(chroot)["amdgpu-dkms"] == AMDGPU_63_U
+    event = _assert_rolled_back(chroot, _rollback(chroot))
+    assert event["to_versions"] == {"amdgpu-dkms": AMDGPU_62_U}
+
+
+def test_driver_and_rocm_runtime_forced_together_are_rolled_back(chroot: Chroot) -> None:
+    """Two packages forced at once, each with an unmet dependency: both go back."""
+    _firmware_baseline(chroot)
+    _force(chroot, chroot.deb("amdgpu-dkms", AMDGPU_63_U), chroot.deb("rocm-hip-runtime", ROCM_63))
+    event = _assert_rolled_back(chroot, _rollback(chroot))
+    assert event["to_versions"] == {"amdgpu-dkms": AMDGPU_62_U, "rocm-hip-runtime": ROCM_62}
+
+
+def test_forced_driver_is_rolled_back_when_only_the_kept_debs_have_the_old_builds(chroot: Chroot) -> None:
+    """The repository dropped the known-good driver and firmware: the kept .deb files restore them."""
+    _firmware_baseline(chroot)
+    for name in ("amdgpu-dkms", FIRMWARE):
+        chroot.drop_from_repo(chroot.deb(name, AMDGPU_62_U).rsplit("/", 1)[-1])
+    assert AMDGPU_62_U not in chroot.run("apt-cache", "madison", "amdgpu-dkms", FIRMWARE).stdout
+    _force(chroot, chroot.deb("amdgpu-dkms", AMDGPU_63_U))
+    result = _rollback(chroot)
+    assert all(t.startswith("/var/lib/gpuguard/debs/") for t in result.targets), result.targets
+    _assert_rolled_back(chroot, result)
+
+
+def test_frozen_package_forced_with_broken_dependencies_is_rolled_back(chroot: Chroot) -> None:
+    """rocm-core is [frozen] and was forced with the driver (dependencies broken): both go back; afterwards the
+    same move is still refused to everyone else."""
+    _firmware_baseline(chroot, extra_policy='\n[frozen]\npackages = ["rocm-core"]\naction = "rollback"\n')
+    _force(chroot, chroot.deb("amdgpu-dkms", AMDGPU_63_U), chroot.deb("rocm-core", ROCM_63))
+    result = _rollback(chroot)
+    event = _assert_rolled_back(chroot, result)
+    assert event["to_versions"] == {"amdgpu-dkms": AMDGPU_62_U, "rocm-core": ROCM_62}
+    audit = [json.loads(line) for line in (chroot.state_dir / "audit.log").read_text().splitlines()]
+    kinds = [a["event"] for a in audit]
+    assert "rollback_authorization_written" in kinds and "rollback_authorization_removed" in kinds
+    refused = chroot.apt("install", f"rocm-core={ROCM_63}", f"rocm-hip-runtime={ROCM_63}")
+    assert refused.returncode == 100 and "REFUSED (frozen)" in refused.stderr
+
+
+def test_half_configured_driver_is_rolled_back(chroot: Chroot) -> None:
+    """dpkg --unpack of the newer driver (unpacked, never configured, firmware unmet): back and configured."""
+    _firmware_baseline(chroot)
+    unpacked = chroot.run("dpkg", "--unpack", chroot.deb("amdgpu-dkms", AMDGPU_63_U))
+    assert unpacked.returncode == 0, unpacked.stderr
+    assert chroot.run("dpkg", "--audit").stdout.strip()
+    _assert_rolled_back(chroot, _rollback(chroot))
+
+
+def test_frozen_package_in_a_consistent_forced_set_is_rolled_back_through_the_agents_own_hook(chroot: Chroot) -> None:
+    """A consistent dpkg -i of the whole 6.3 stack with rocm-core [frozen]: apt plans the rollback, and the apt hook
+    lets exactly that transaction through on the one-shot authorization (audited), which is gone afterwards."""
+    _firmware_baseline(chroot, extra_policy='\n[frozen]\npackages = ["rocm-core"]\naction = "rollback"\n')
+    forced = chroot.run("dpkg", "-i", chroot.deb("amdgpu-dkms", AMDGPU_63_U), chroot.deb(FIRMWARE, AMDGPU_63_U),
+                        chroot.deb("rocm-core", ROCM_63), chroot.deb("rocm-hip-runtime", ROCM_63))
+    assert forced.returncode == 0, forced.stderr
+    event = _assert_rolled_back(chroot, _rollback(chroot), via="via apt-get install")
+    assert set(event["to_versions"]) == set(GOOD)
+    audit = [json.loads(line) for line in (chroot.state_dir / "audit.log").read_text().splitlines()]
+    granted = [a for a in audit if a["event"] == "rollback_authorized"]
+    assert granted and granted[-1]["tool"] == "apt" and granted[-1]["target"]["rocm-core"] == ROCM_62
+    assert [v["rule"] for v in granted[-1]["violations"]] == ["frozen"]
+    refused = chroot.apt("install", f"rocm-core={ROCM_63}", f"rocm-hip-runtime={ROCM_63}")
+    assert refused.returncode == 100 and "REFUSED (frozen)" in refused.stderr
