@@ -10,6 +10,7 @@ from typing import Any, List, Optional
 from agent.errors import GpuguardError
 from agent.hub.settings import HubSettings
 from agent.hub.store import make_store, redact_url
+from agent.hub.timeouts import BodyTimeout, with_header_timeout
 from agent.log import get_logger
 
 log = get_logger("hub.server")
@@ -23,6 +24,19 @@ def _check_hub_extra() -> None:
         raise GpuguardError(f"the hub needs its extra dependencies: pip install 'gpuguard[hub]' ({exc})") from None
 
 
+def _http_protocol() -> type:
+    """uvicorn's "auto" choice: httptools when it is installed, h11 otherwise."""
+    try:
+        import httptools  # noqa: F401 - only whether it is there
+    except ImportError:
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        return H11Protocol
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    return HttpToolsProtocol
+
+
 def serve(settings: HubSettings) -> None:
     """Serve until SIGINT/SIGTERM; GpuguardError when the hub cannot start."""
     _check_hub_extra()
@@ -31,7 +45,7 @@ def serve(settings: HubSettings) -> None:
     from agent.hub.app import create_app
 
     store = make_store(settings.database_url, settings.sqlite_synchronous)
-    app = create_app(settings, store)
+    app = BodyTimeout(create_app(settings, store), settings.body_timeout_seconds)
 
     class _Server(uvicorn.Server):
         async def startup(self, sockets: Optional[List[socket.socket]] = None) -> None:
@@ -57,6 +71,7 @@ def serve(settings: HubSettings) -> None:
         app, host=settings.listen_host, port=settings.listen_port, lifespan="on", log_config=None,
         access_log=False, server_header=False, proxy_headers=False, workers=1, reload=False,
         timeout_graceful_shutdown=int(settings.shutdown_timeout_seconds) or None,
+        http=with_header_timeout(_http_protocol(), settings.header_timeout_seconds),
     )
     server = _Server(config)
     server.run()

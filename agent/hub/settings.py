@@ -35,6 +35,9 @@ class HubSettings(FrozenModel):
     write_timeout_seconds: float = Field(30.0, gt=0)
     tokens_reload_seconds: float = Field(2.0, ge=0)
     shutdown_timeout_seconds: float = Field(10.0, ge=0)
+    # A client whose request headers, or whose body, take longer than this is cut off (408 for a slow body).
+    header_timeout_seconds: float = Field(10.0, gt=0)
+    body_timeout_seconds: float = Field(30.0, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("database_url")

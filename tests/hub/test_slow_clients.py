@@ -1,0 +1,117 @@
+"""A real hub process cuts off slow clients: trickled headers, a trickled body, a Content-Length that lies."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import requests
+
+from agent.hub.tokens import add_token
+from tests.hub.factories import batch_json, event
+from tests.hub.process import HubProcess, write_config
+
+pytestmark = pytest.mark.slow  # a real server per test
+
+HEADER_TIMEOUT_SECONDS = 1.0
+BODY_TIMEOUT_SECONDS = 1.5
+
+
+@pytest.fixture
+def hub(tmp_path: Path) -> Iterator[HubProcess]:
+    tokens_file = tmp_path / "tokens.json"
+    config = write_config(tmp_path / "hub.toml", listen_host="127.0.0.1", listen_port=0,
+                          database_url=f"sqlite:///{tmp_path}/hub.db", tokens_file=tokens_file,
+                          tokens_reload_seconds=0, shutdown_timeout_seconds=2,
+                          header_timeout_seconds=HEADER_TIMEOUT_SECONDS, body_timeout_seconds=BODY_TIMEOUT_SECONDS)
+    process = HubProcess(config).start()
+    process.tokens_file = tokens_file  # type: ignore[attr-defined]
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def host_token(hub: HubProcess) -> str:
+    return add_token(str(hub.tokens_file), "host", "host-a")  # type: ignore[attr-defined]
+
+
+def _connect(hub: HubProcess) -> socket.socket:
+    assert hub.port is not None
+    sock = socket.create_connection(("127.0.0.1", hub.port), timeout=10)
+    return sock
+
+
+def _trickle(sock: socket.socket, data: bytes, seconds_per_byte: float, budget_seconds: float) -> float:
+    """Send one byte at a time until the hub closes the connection; how long it took (or the budget)."""
+    started = time.monotonic()
+    for byte in data:
+        if time.monotonic() - started > budget_seconds:
+            break
+        try:
+            sock.sendall(bytes([byte]))
+        except (BrokenPipeError, ConnectionResetError):
+            break
+        time.sleep(seconds_per_byte)
+    return time.monotonic() - started
+
+
+def _read_until_closed(sock: socket.socket, timeout_seconds: float) -> bytes:
+    sock.settimeout(timeout_seconds)
+    out = b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return out
+            out += chunk
+    except ConnectionResetError:
+        return out
+
+
+def test_headers_sent_one_byte_at_a_time_are_cut_off(hub: HubProcess, host_token: str) -> None:
+    """A client trickling its request line and headers loses the connection after the header timeout."""
+    sock = _connect(hub)
+    request = ("POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               f"Authorization: Bearer {host_token}\r\nX-Padding: {'p' * 200}\r\n\r\n").encode()
+    _trickle(sock, request, 0.05, HEADER_TIMEOUT_SECONDS + 3)
+    started = time.monotonic()
+    assert _read_until_closed(sock, 5) == b"", "no answer: the connection is just closed"
+    assert time.monotonic() - started < 5
+    assert any('"phase": "headers"' in line for line in hub.lines)
+
+
+@pytest.mark.parametrize("how", ["trickled", "short"])
+def test_a_slow_or_short_body_gets_408_and_the_connection_closes(hub: HubProcess, host_token: str, how: str) -> None:
+    """A body at a byte per 50 ms, or one shorter than its Content-Length, ends in 408 within the body timeout."""
+    body = batch_json([event("host-a")])
+    head = ("POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {host_token}\r\nContent-Length: {len(body) + (100 if how == 'short' else 0)}"
+            "\r\n\r\n").encode()
+    sock = _connect(hub)
+    sock.sendall(head)
+    started = time.monotonic()
+    if how == "trickled":
+        _trickle(sock, body, 0.05, BODY_TIMEOUT_SECONDS + 1)
+    else:
+        sock.sendall(body)
+    answer = _read_until_closed(sock, BODY_TIMEOUT_SECONDS + 5)
+    assert time.monotonic() - started < BODY_TIMEOUT_SECONDS + 5
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"request_timeout" in answer
+    assert any('"phase": "body"' in line for line in hub.lines)
+    # The hub still serves everyone else.
+    assert requests.get(f"{hub.url}/healthz", timeout=5).status_code == 200
+
+
+def test_a_prompt_client_on_a_kept_alive_connection_is_not_cut_off(hub: HubProcess, host_token: str) -> None:
+    """Two batches on one connection, each well within the timeouts, are both stored."""
+    with requests.Session() as session:
+        for n in range(2):
+            reply = session.post(f"{hub.url}/v1/events", data=batch_json([event("host-a", sequence=n + 1)]),
+                                 headers={"Authorization": f"Bearer {host_token}",
+                                          "Content-Type": "application/json"}, timeout=5)
+            assert reply.status_code == 200, reply.text
+            time.sleep(HEADER_TIMEOUT_SECONDS / 2)
