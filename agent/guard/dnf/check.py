@@ -22,13 +22,14 @@ from __future__ import annotations
 import datetime as dt
 import sys
 
+from agent.errors import InputFileError
 from agent.guard.dnf.request import guess_packages, parse_request
 from agent.guard.hotpath import entry
 from agent.guard.hotpath.decision import EXIT_USAGE, PREFIX, Decision
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the checker's start-up budget
-    from typing import BinaryIO, Callable, Optional, Sequence, TextIO
+    from typing import BinaryIO, Callable, Optional, Sequence, TextIO, Tuple
 
 BYPASS_HINTS = {
     "dnf": "to bypass the guard for one dnf run (audited nowhere; prefer an override window): "
@@ -66,7 +67,7 @@ def parse_args(argv: Sequence[str]) -> Args:
 
 
 def check(text: str, args: Args, err: TextIO, now: Callable[[], dt.datetime],
-          source: str = "dnf plugin input") -> int:
+          source: str = "dnf plugin input", oversized: bool = False) -> int:
     """Decide on one request text; every outcome is lines on ``err`` and an exit code."""
     def say(line: str) -> None:
         err.write(f"{PREFIX}: {line}\n")
@@ -74,6 +75,8 @@ def check(text: str, args: Args, err: TextIO, now: Callable[[], dt.datetime],
     decision = Decision(args.tool, args.root, args.state_dir, say, now, BYPASS_HINTS[args.tool])
 
     def parse(raw: str) -> entry.Parsed:
+        if oversized:
+            raise InputFileError(source, f"larger than {MAX_INPUT_BYTES} bytes: refused unread")
         request = parse_request(raw, source, tool=args.tool)
         decision.tool = request.tool  # the request names its front end (dnf5 through the dnf4 checker is dnf5)
         decision.bypass_hint = BYPASS_HINTS[request.tool]
@@ -82,12 +85,11 @@ def check(text: str, args: Args, err: TextIO, now: Callable[[], dt.datetime],
     return entry.check(decision, args.policy_file, args.policy_dir, text, parse, guess_packages)
 
 
-def read_all(stream: BinaryIO, limit_bytes: int = MAX_INPUT_BYTES) -> str:
-    """The whole input, decoded leniently (a bad byte must end in the fail-safe, not in a UnicodeDecodeError)."""
+def read_all(stream: BinaryIO, limit_bytes: int = MAX_INPUT_BYTES) -> Tuple[str, bool]:
+    """The input (at most ``limit_bytes`` of it), decoded leniently (a bad byte must end in the fail-safe, not in a
+    UnicodeDecodeError), and whether there was more."""
     data = stream.read(limit_bytes + 1)
-    if len(data) > limit_bytes:
-        raise ValueError(f"input larger than {limit_bytes} bytes")
-    return data.decode("utf-8", errors="replace")
+    return data[:limit_bytes].decode("utf-8", errors="replace"), len(data) > limit_bytes
 
 
 def main(argv: Optional[Sequence[str]] = None, stdin: Optional[BinaryIO] = None, err: Optional[TextIO] = None,
@@ -101,8 +103,11 @@ def main(argv: Optional[Sequence[str]] = None, stdin: Optional[BinaryIO] = None,
         stream.write(f"{PREFIX}: REFUSED: bad checker arguments ({exc}); fix checker= in "
                      f"/etc/dnf/plugins/gpuguard.conf, or {BYPASS_HINTS['dnf']}\n")
         return EXIT_USAGE
-    return entry.never_raise(lambda: check(read_all(stdin if stdin is not None else sys.stdin.buffer), args, stream,
-                                           clock), stream, BYPASS_HINTS[args.tool])
+    def run() -> int:
+        text, oversized = read_all(stdin if stdin is not None else sys.stdin.buffer, MAX_INPUT_BYTES)
+        return check(text, args, stream, clock, oversized=oversized)
+
+    return entry.never_raise(run, stream, BYPASS_HINTS[args.tool])
 
 
 if __name__ == "__main__":  # pragma: no cover

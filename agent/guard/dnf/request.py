@@ -44,6 +44,7 @@ DEFAULT_INSTALLONLY = frozenset({
     "kernel-uek", "kernel-uek-core", "kernel-uek-modules", "kernel-rt-core", "kernel-64k-core", "kernel-default",
 })
 _TOKEN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
+_RPM_VR_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ._+~^")
 _NAME_FIELD = re.compile(r'"name"\s*:\s*"([^"\\]{1,200})"')
 
 
@@ -84,6 +85,10 @@ def _package(item: Any, where: str, source: str) -> RpmPackage:
     version = _field(item, "version", where, source)
     release = _field(item, "release", where, source, required=False)
     arch = _field(item, "arch", where, source, required=False)
+    for label, value in (("version", version), ("release", release)):
+        bad = next((ch for ch in value if ch not in _RPM_VR_CHARS), None)
+        if bad is not None:  # rpm builds no such version: the request is not what dnf sends
+            raise InputFileError(source, f"{where} -> {label}: {value[:60]!r} has {bad!r}, which rpm does not allow")
     epoch = item.get("epoch")
     if epoch is not None and not isinstance(epoch, int) and not (isinstance(epoch, str) and
                                                                   (epoch == "" or epoch.isdigit())):
@@ -175,12 +180,10 @@ def _keyed(packages: Sequence[RpmPackage], installonly: Set[str], multiarch: Set
 
 
 def guess_packages(text: str) -> List[str]:
-    """Best-effort package names from input that did not parse (for the fail-safe decision): every ``"name"``
-    field, else every word of the input."""
-    names = _NAME_FIELD.findall(text)
-    if not names:
-        names = _TOKEN.findall(text[:200_000])
-    return list(dict.fromkeys(names))
+    """Every word of input that did not parse that may be a package name, for the fail-safe decision: the
+    ``"name"`` fields first, then every other word (a guarded name in a field the parser never reached, or in a
+    document cut short, must still count)."""
+    return list(dict.fromkeys(_NAME_FIELD.findall(text) + _TOKEN.findall(text)))
 
 
 def request_document(installed: Sequence[Tuple[str, Any, str, str, str]],

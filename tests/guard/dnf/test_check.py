@@ -189,3 +189,10 @@ def test_launcher_without_the_agent_warns_and_lets_through(tmp_path: Path) -> No
     result = subprocess.run([sys.executable, "-I", "-S", str(script)], input="{}", capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0 and "is NOT checked" in result.stderr
+
+
+def test_oversized_request_is_refused_unread(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request past the bound is input the checker refuses to parse (exit 12), not an internal error."""
+    monkeypatch.setattr(dnf_check, "MAX_INPUT_BYTES", 200)
+    code, out = check(root, request(*upgrade(ROCM62, ROCM63)))
+    assert code == exits.EXIT_FAILSAFE_INPUT and "larger than 200 bytes: refused unread" in out

@@ -114,6 +114,15 @@ def test_malformed_requests_name_the_field(text: str, fragment: str) -> None:
     assert fragment in str(info.value) and str(info.value).startswith("stdin: ")
 
 
-def test_guess_packages_prefers_name_fields_and_falls_back_to_words() -> None:
-    assert guess_packages('{"items": [{"name": "rocm-core", "version": ') == ["rocm-core"]
+def test_guess_packages_takes_name_fields_first_and_every_other_word() -> None:
+    """A guarded name outside a "name" field (a command line, a document cut short) still reaches the fail-safe."""
+    assert guess_packages('{"items": [{"name": "rocm-core", "version": ')[0] == "rocm-core"
     assert "amdgpu-dkms" in guess_packages("garbage amdgpu-dkms 6.10")
+    assert "kernel-core" in guess_packages('{"items": [{"name": "vim"}], "command_line": "dnf install kernel-core"')
+
+
+def test_versions_rpm_does_not_build_are_malformed_input() -> None:
+    """A version or release with characters rpm refuses is not what dnf sends: InputFileError, the fail-safe."""
+    doc = request_document([], [("kernel-core", 0, "5.14.0;1", "427.el9", "x86_64", "in", "Install")])
+    with pytest.raises(InputFileError, match="rpm does not allow"):
+        parse_request(json.dumps(doc))
