@@ -177,7 +177,7 @@ def check_and_rollback(host: Host, settings: Settings, policy: Optional[Compiled
     package-manager backend picked from the host's package database.
     """
     from agent.policy.compiled import read_compiled
-    from agent.report.events import PolicyViolation, Rollback
+    from agent.report.events import PolicyViolation
 
     clock = now or host.clock
     paths = GuardPaths(settings.agent.state_dir)
@@ -225,6 +225,23 @@ def check_and_rollback(host: Host, settings: Settings, policy: Optional[Compiled
     if windows:
         return GuardResult("override", violations, detail=f"override window {windows[0].id} is open: not rolling back")
     targets, from_versions, to_versions = backend.plan_targets(known_good, current)
+    # The authorization covers the plan too: dnf runs its plugins (gpuguard's checker) on --assumeno as well.
+    grant = _authorize(host, paths, known_good, rollback_violations[0].rule, clock())
+    try:
+        return _plan_and_apply(host, policy, backend, paths, clock, dry_run, snapshot, known_good,
+                               violations, rollback_violations, targets, from_versions, to_versions)
+    finally:
+        _revoke(host, paths, grant)
+
+
+def _plan_and_apply(host: Host, policy: CompiledPolicy, backend: PackageBackend,
+                    paths: GuardPaths, clock: Callable[[], dt.datetime], dry_run: bool,
+                    snapshot: Optional[Callable[[Host], object]], known_good: Dict[str, InstalledPackage],
+                    violations: List[Violation], rollback_violations: List[Violation], targets: List[str],
+                    from_versions: Dict[str, str], to_versions: Dict[str, str]) -> GuardResult:
+    """Plan the rollback, run it and verify it (check_and_rollback's second half, under the authorization)."""
+    from agent.report.events import Rollback
+
     plan, plan_error = backend.simulate(targets)
     moved_modules = _module_packages_moved(list(from_versions))
     outcome = GuardResult("planned", violations, plan, targets, from_versions, to_versions,
@@ -240,13 +257,9 @@ def check_and_rollback(host: Host, settings: Settings, policy: Optional[Compiled
         return outcome
     if outcome.status != "failed":
         backend.wait_for_lock()
-        grant = _authorize(host, paths, known_good, rollback_violations[0].rule, clock())
-        try:
-            apply_error = backend.apply(targets)
-            if apply_error is not None:
-                backend.finish_pending()
-        finally:
-            _revoke(host, paths, grant)
+        apply_error = backend.apply(targets)
+        if apply_error is not None:
+            backend.finish_pending()
         if apply_error is not None:
             outcome.status = "failed"
             outcome.detail = apply_error
