@@ -32,7 +32,7 @@ _DIRECTIONS = ("<", ">", "=")
 _NAME = re.compile(r"[a-z0-9][a-z0-9+.-]*")
 _ARCH = re.compile(r"[a-z0-9][a-z0-9-]*")
 _MULTIARCH = ("none", "same", "foreign", "allowed", "all")
-_GUESS_TOKEN = re.compile(r"[a-z0-9][a-z0-9+.:-]*")
+_GUESS_TOKEN = r"[a-z0-9][a-z0-9+.:-]*"  # only for input that did not parse: not compiled at start-up
 
 
 class AptRequest(namedtuple("AptRequest", "transaction native_arch config")):
@@ -149,4 +149,4 @@ def guess_packages(text: str) -> List[str]:
     ``linux-image-..._amd64.deb`` path, a configuration value or a stray line all count): what the hook could not
     read must not get through because a guarded name was hidden in a place the parser did not expect.
     """
-    return list(dict.fromkeys(_GUESS_TOKEN.findall(percent_decode(text).lower())))
+    return list(dict.fromkeys(re.findall(_GUESS_TOKEN, percent_decode(text).lower())))
