@@ -102,19 +102,22 @@ class Outbox:
         # Damage found (and survived) since the last take_damage(): the daemon reports each as state_file_damaged.
         self._damage: List[StateFileDamaged] = []
         self._hwm_failing = False
+        self._reserved_through = 0
         self._check_high_water_mark()
 
     def _check_high_water_mark(self) -> None:
         """A file that holds fewer sequences than were assigned was replaced or emptied: say so, never reuse them."""
-        last_sequence, queued = read_high_water_mark(self.path)
+        mark = read_high_water_mark(self.path)
+        self._reserved_through = mark.reserved_through
+        last_sequence, queued = max(mark.last_sequence, mark.reserved_through), mark.queued
         found = self._last_sequence()
-        if last_sequence <= found:
+        if mark.last_sequence <= found:
             return
         depth = self._count()
         lost = max(0, queued - depth)
-        problem = (f"the outbox was replaced or emptied: sequence {last_sequence} was assigned and {queued} events "
-                   f"were queued, the file holds sequence {found} and {depth} events")
-        log.error("outbox_replaced_or_emptied", path=self.path, high_water_sequence=last_sequence,
+        problem = (f"the outbox was replaced or emptied: sequence {mark.last_sequence} was assigned and {queued} "
+                   f"events were queued, the file holds sequence {found} and {depth} events")
+        log.error("outbox_replaced_or_emptied", path=self.path, high_water_sequence=mark.last_sequence,
                   found_sequence=found, lost_events=lost)
         self._set_sequence_floor(last_sequence)
         self._damage.append(StateFileDamaged(path=self.path, problem=problem, action=(
@@ -131,7 +134,10 @@ class Outbox:
     def _write_high_water_mark(self) -> None:
         """Record the last sequence and the depth beside the file (best effort: a full disk is logged once)."""
         try:
-            write_high_water_mark(self.path, self._last_sequence(), self._count())
+            last_sequence = self._last_sequence()
+            if last_sequence >= self._reserved_through:
+                self._reserved_through = last_sequence + RESERVED_SEQUENCES
+            write_high_water_mark(self.path, HighWater(last_sequence, self._count(), self._reserved_through))
         except OSError as exc:
             if not self._hwm_failing:
                 log.warning("outbox_high_water_mark_not_written", path=self.path + HWM_SUFFIX, error=str(exc))
@@ -170,7 +176,7 @@ class Outbox:
             for row in salvage.rows:
                 self._conn.execute("INSERT OR IGNORE INTO events (sequence, event_id, kind, drop_class, enqueued_at, "
                                    "body) VALUES (?, ?, ?, ?, ?, ?)", row)
-        floor = max(salvage.last_sequence, read_high_water_mark(self.path)[0])
+        floor = max(salvage.last_sequence, salvage.mark.last_sequence, salvage.mark.reserved_through)
         self._set_sequence_floor(floor)
         self._damage.append(salvage.report(self.path))
 
@@ -222,6 +228,9 @@ class Outbox:
     def enqueue(self, event: Event) -> Event:
         """Commit the event with the next sequence number and return it as stored (sequence set)."""
         kind = event.kind
+        with self._lock:
+            if self._last_sequence() + 1 > self._reserved_through:
+                self._write_high_water_mark()  # reserves the next RESERVED_SEQUENCES before one is assigned
         with self._lock, self._transaction():
             row = self._conn.execute("SELECT sequence FROM events WHERE event_id = ? UNION ALL "
                                      "SELECT sequence FROM delivered WHERE event_id = ?",
@@ -359,30 +368,44 @@ class _Transaction:
 
 
 HWM_SUFFIX = ".hwm"
+# Sequences reserved ahead in the high-water mark: after damage, numbering resumes above them, so a sequence
+# assigned just before a SIGKILL (its mark not yet written) is never given to another event.
+RESERVED_SEQUENCES = 100
 HWM_FORMAT = 1
 # Sequences probed one by one past a damaged page (the newest ones: the outbox holds at most max_events).
 MAX_PROBED_SEQUENCES = 100000
 
 
-def read_high_water_mark(path: str) -> Tuple[int, int]:
-    """(last sequence assigned, events queued) as recorded beside the outbox; (0, 0) when unknown."""
+@dataclass(frozen=True)
+class HighWater:
+    """Recorded beside the outbox: the last sequence and depth after a commit (written just after it, so a SIGKILL
+    can leave them one event behind), and sequences reserved before they are assigned (never reused after damage)."""
+
+    last_sequence: int = 0
+    queued: int = 0
+    reserved_through: int = 0
+
+
+def read_high_water_mark(path: str) -> HighWater:
+    """The high-water mark beside the outbox; zeros when there is none or it is unreadable (logged)."""
     try:
         data = read_json_file(path + HWM_SUFFIX)
     except InputFileError as exc:
         log.error("outbox_high_water_mark_unreadable", path=path + HWM_SUFFIX, error=exc.reason,
                   action="checking the outbox without it")
-        return 0, 0
+        return HighWater()
     if not isinstance(data, dict) or data.get("format") != HWM_FORMAT:
-        return 0, 0
-    sequence, queued = data.get("last_sequence"), data.get("queued")
-    if not isinstance(sequence, int) or not isinstance(queued, int):
-        return 0, 0
-    return max(0, sequence), max(0, queued)
+        return HighWater()
+    values = [data.get(k, 0) for k in ("last_sequence", "queued", "reserved_through")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return HighWater()
+    return HighWater(*(max(0, v) for v in values))
 
 
-def write_high_water_mark(path: str, last_sequence: int, queued: int) -> None:
-    write_atomically(path + HWM_SUFFIX, json.dumps({"format": HWM_FORMAT, "last_sequence": last_sequence,
-                                                    "queued": queued}, sort_keys=True) + "\n", mode=0o600)
+def write_high_water_mark(path: str, mark: HighWater) -> None:
+    write_atomically(path + HWM_SUFFIX, json.dumps({"format": HWM_FORMAT, "last_sequence": mark.last_sequence,
+                                                    "queued": mark.queued, "reserved_through": mark.reserved_through},
+                                                   sort_keys=True) + "\n", mode=0o600)
 
 
 @dataclass
@@ -393,10 +416,10 @@ class Salvage:
     moved_to: Optional[str]
     rows: List[Tuple[Any, ...]]
     last_sequence: int
-    queued_before: int
+    mark: HighWater  # as it was before the damaged file was moved aside
 
     def report(self, path: str) -> StateFileDamaged:
-        lost = max(0, self.queued_before - len(self.rows)) if self.queued_before else None
+        lost = max(0, self.mark.queued - len(self.rows)) if self.mark.queued else None
         return StateFileDamaged(path=path, problem=self.problem[:2000], moved_to=self.moved_to,
                                 action="salvaged the readable events into a fresh outbox", salvaged_events=len(
                                     self.rows), lost_events=lost)
@@ -442,14 +465,14 @@ def salvage_rows(path: str) -> Tuple[List[Tuple[Any, ...]], int]:
 def rebuild(path: str, problem: str) -> Salvage:
     """Salvage a damaged outbox file, then move it (and its -wal/-shm) aside; loud in the log."""
     rows, last_sequence = salvage_rows(path)
-    _, queued_before = read_high_water_mark(path)
+    mark = read_high_water_mark(path)
     moved_to = move_aside(path)
     for suffix in ("-wal", "-shm"):
         if moved_to is not None and os.path.exists(path + suffix):
             os.replace(path + suffix, moved_to + suffix)
         elif os.path.exists(path + suffix):
             os.unlink(path + suffix)
-    salvage = Salvage(problem, moved_to, rows, last_sequence, queued_before)
+    salvage = Salvage(problem, moved_to, rows, last_sequence, mark)
     log.error("outbox_damaged", path=path, problem=problem, moved_to=moved_to, salvaged_events=len(rows),
-              queued_before=queued_before, action="salvaged the readable events into a fresh outbox")
+              queued_before=mark.queued, action="salvaged the readable events into a fresh outbox")
     return salvage

@@ -11,7 +11,7 @@ import pytest
 
 from agent.errors import InputFileError
 from agent.report.events import Event, PolicyViolation
-from agent.report.outbox import Outbox
+from agent.report.outbox import RESERVED_SEQUENCES, Outbox
 from tests.report.events import WHEN, event
 
 
@@ -168,7 +168,7 @@ def _queued(path: str, count: int) -> list:
 
 
 def test_an_emptied_outbox_is_reported_and_its_sequences_are_not_reused(path: str) -> None:
-    """Truncated to 0 bytes (46 events queued): reported with the 46 lost; new events continue after 46."""
+    """Truncated to 0 bytes (46 events queued): reported with the 46 lost; new events continue after the reserved."""
     _queued(path, 46)
     for suffix in ("-wal", "-shm"):
         if os.path.exists(path + suffix):
@@ -177,7 +177,7 @@ def test_an_emptied_outbox_is_reported_and_its_sequences_are_not_reused(path: st
     box = Outbox.open_or_recover(path)
     [damage] = box.take_damage()
     assert damage.lost_events == 46 and "replaced or emptied" in damage.problem
-    assert box.enqueue(event()).sequence == 47
+    assert box.enqueue(event()).sequence == RESERVED_SEQUENCES + 1, "above every sequence possibly assigned"
     assert box.take_damage() == []
     box.close()
     assert Outbox(path).take_damage() == [], "reported once: the high-water mark follows the file now"
@@ -193,7 +193,7 @@ def test_a_replaced_outbox_is_reported(path: str) -> None:
             os.unlink(path + suffix)
     box = Outbox(path)
     [damage] = box.take_damage()
-    assert damage.lost_events == 3 and box.enqueue(event()).sequence == 4
+    assert damage.lost_events == 3 and box.enqueue(event()).sequence == RESERVED_SEQUENCES + 1
 
 
 def _big() -> Event:
@@ -224,7 +224,7 @@ def test_a_damaged_data_page_is_caught_at_open_and_readable_rows_salvaged(path: 
     assert 0 < len(kept) < 20 and damage.salvaged_events == len(kept) and damage.lost_events == 20 - len(kept)
     by_id = {e.event_id: e.sequence for e in stored}
     assert all(by_id[e.event_id] == e.sequence for e in kept), "salvaged events keep their sequence"
-    assert recovered.enqueue(event()).sequence == 21
+    assert recovered.enqueue(event()).sequence == RESERVED_SEQUENCES + 1
 
 
 def test_check_finds_damage_while_running_and_salvages(path: str) -> None:
@@ -238,4 +238,4 @@ def test_check_finds_damage_while_running_and_salvages(path: str) -> None:
     assert not box.check()
     [damage] = box.take_damage()
     assert 0 < damage.salvaged_events < 20 and box.depth() == damage.salvaged_events
-    assert box.enqueue(event()).sequence == 21 and box.check()
+    assert box.enqueue(event()).sequence == RESERVED_SEQUENCES + 1 and box.check()
