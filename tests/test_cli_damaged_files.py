@@ -103,3 +103,16 @@ def test_bad_snapshot_json_is_one_line_exit_4(tmp_path: Path, content: bytes, ne
     bad.write_bytes(content)
     proc = _run_cli("snapshot", "--diff", str(bad), str(bad))
     _one_line_error(proc, bad, needle, 4)
+
+
+@pytest.mark.parametrize("name,content,needle", [
+    ("not_utf8", b'listen_host = "\xff"\n', "not UTF-8 text (byte 15)"),
+    ("deep", DEEP_TOML.encode(), "not valid TOML: nested"),
+    ("inf", b"write_timeout_seconds = inf\n", "write_timeout_seconds: Input should be a finite number"),
+], ids=["not_utf8", "deep", "inf"])
+def test_bad_hub_toml_is_one_line_exit_3(tmp_path: Path, name: str, content: bytes, needle: str) -> None:
+    """hub serve on a non-UTF-8, deeply nested or non-finite hub.toml prints one line naming it."""
+    config = tmp_path / "hub.toml"
+    config.write_bytes(content)
+    proc = _run_cli("hub", "serve", "--config", str(config))
+    _one_line_error(proc, config, needle, 3)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 from typing import Literal
 
 from pydantic import Field, field_validator
 
 from agent.config import parse_toml_model
-from agent.errors import ConfigError
+from agent.errors import ConfigError, InputFileError
+from agent.files import decode_text, read_bytes_bounded
 from agent.models import FrozenModel
 
 DEFAULT_HUB_CONFIG_PATH = "/etc/gpuguard/hub.toml"
@@ -56,11 +57,11 @@ def parse_hub_settings(text: str, path: str = "<string>") -> HubSettings:
 def load_hub_settings(path: str = DEFAULT_HUB_CONFIG_PATH, required: bool = False) -> HubSettings:
     """Read the hub config file; defaults when it does not exist (unless ``required``)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        if required:
-            raise ConfigError(path, ["no such file"]) from None
-        return HubSettings()
-    except OSError as exc:
-        raise ConfigError(path, [exc.strerror or str(exc)]) from None
+        text = decode_text(path, read_bytes_bounded(path))
+    except InputFileError as exc:
+        if not os.path.lexists(path):
+            if required:
+                raise ConfigError(path, ["no such file"]) from None
+            return HubSettings()
+        raise ConfigError(path, [exc.reason]) from None
     return parse_hub_settings(text, path)
