@@ -291,8 +291,8 @@ _RPM_CHARS = _ASCII_ALNUM | frozenset("._+~^")
 def rpm_version_problem(evr: str) -> Optional[str]:
     """What is wrong with an rpm ``[epoch:]version[-release]`` (rpmbuild's rules), or None when valid.
 
-    The epoch is digits; version and release are not empty and hold only ASCII letters, digits and ``._+~^``
-    (rpmbuild refuses anything else, '-' included: the release follows the last '-').
+    The epoch is digits; version and release are not empty, hold only ASCII letters, digits and ``._+~^``
+    (rpmbuild refuses anything else, '-' included: the release follows the last '-') and no ``..``.
     """
     text = evr
     if not text:
@@ -313,6 +313,8 @@ def rpm_version_problem(evr: str) -> Optional[str]:
         bad = next((ch for ch in part if ch not in _RPM_CHARS), None)
         if bad is not None:
             return f"invalid character {bad!r} in {label}"
+        if ".." in part:
+            return f"illegal sequence '..' in {label}"
     return None
 
 

@@ -32,6 +32,7 @@ def test_dpkg_version_problems(version: str, problem: Optional[str]) -> None:
 @pytest.mark.parametrize("evr,ok", [
     ("1:6.8.5.60202-2041575.el9", True), ("6.3.0.60300-39.el9", True), ("1.0^git1~rc2-1", True), ("1.0", True),
     ("1.0-", False), ("x:1.0-1", False), ("1;0-1", False), ("1.0-1 2", False), ("", False), ("1:", False),
+    ("1..0-1", False), ("1.0-1..el9", False),
 ])
 def test_rpm_version_problems(evr: str, ok: bool) -> None:
     """rpmbuild's rules on epoch, version and release."""

@@ -87,8 +87,9 @@ def _package(item: Any, where: str, source: str) -> RpmPackage:
     arch = _field(item, "arch", where, source, required=False)
     for label, value in (("version", version), ("release", release)):
         bad = next((ch for ch in value if ch not in _RPM_VR_CHARS), None)
-        if bad is not None:  # rpm builds no such version: the request is not what dnf sends
-            raise InputFileError(source, f"{where} -> {label}: {value[:60]!r} has {bad!r}, which rpm does not allow")
+        if bad is not None or ".." in value:  # rpm builds no such version: the request is not what dnf sends
+            raise InputFileError(source, f"{where} -> {label}: {value[:60]!r} has {bad or '..'!r}, which rpm does "
+                                         f"not allow")
     epoch = item.get("epoch")
     if epoch is not None and not isinstance(epoch, int) and not (isinstance(epoch, str) and
                                                                   (epoch == "" or epoch.isdigit())):

@@ -1,0 +1,105 @@
+"""rpm_version_problem against the real rpm: hypothesis-generated EVRs, judged by rpm's spec parser (python3-rpm).
+
+rpm.ver() accepts anything; rpm.spec() applies rpmbuild's tag rules (illegal characters, empty tags, one token),
+so a /usr/bin/python3 worker writes a minimal spec with the EVR's Epoch, Version and Release and reports whether
+rpm parses it. Locally the test is skipped when python3-rpm is missing; in CI it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Iterator, List, Optional
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from agent.policy.versions import rpm_version_problem
+from tests import needs
+
+pytestmark = pytest.mark.slow  # a real rpm worker process: left out of `make test-fast`
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+WORKER = r"""
+import json, os, sys, tempfile, rpm
+rpm.setLogFile(open(os.devnull, "w"))
+for line in sys.stdin:
+    epoch, version, release = json.loads(line)
+    spec = ("Name: x\n" + ("Epoch: %s\n" % epoch if epoch is not None else "") + "Version: %s\nRelease: %s\n"
+            "Summary: x\nLicense: MIT\n%%description\nx\n") % (version, release)
+    fd, path = tempfile.mkstemp(suffix=".spec")
+    os.write(fd, spec.encode("utf-8"))
+    os.close(fd)
+    try:
+        rpm.spec(path)
+        ok = True
+    except ValueError:
+        ok = False
+    finally:
+        os.unlink(path)
+    sys.stdout.write(json.dumps(ok) + "\n")
+    sys.stdout.flush()
+"""
+
+
+class RealRpmSpec:
+    """A /usr/bin/python3 worker answering whether rpm accepts an (epoch, version, release) as spec tags."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([SYSTEM_PYTHON, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+
+    def accepts(self, epoch: Optional[str], version: str, release: str) -> bool:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps([epoch, version, release]) + "\n")
+        self.proc.stdin.flush()
+        return bool(json.loads(self.proc.stdout.readline()))
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def real_rpm() -> Iterator[RealRpmSpec]:
+    probe = subprocess.run([SYSTEM_PYTHON, "-c", "import rpm; rpm.spec"], capture_output=True) \
+        if os.access(SYSTEM_PYTHON, os.X_OK) else None
+    if probe is None or probe.returncode != 0:
+        needs.unavailable("rpm version validity checks", "python3-rpm is missing for /usr/bin/python3 "
+                          "(scripts/test-packages.txt)")
+    worker = RealRpmSpec()
+    yield worker
+    worker.close()
+
+
+# '%', '{' and '}' are rpm macro syntax (expanded before the check), left out on purpose; so is blank space at
+# either end of a part, which a spec file's tag parser trims (inside a part rpm refuses it, as this checker does).
+PART = st.text(alphabet="0123456789aZ._+~^-:; é\t", max_size=8).filter(lambda s: s == s.strip())
+EVRS = st.builds(lambda e, v, r: (f"{e}:" if e is not None else "") + v + (f"-{r}" if r is not None else ""),
+                 st.one_of(st.none(), st.sampled_from(["0", "1", "12", "", "x"])), PART,
+                 st.one_of(st.none(), PART))
+
+
+def _split(evr: str) -> List[Optional[str]]:
+    """The EVR's parts as rpm_version_problem reads it: epoch before the first ':', release after the last '-'."""
+    head, colon, rest = evr.partition(":")
+    epoch, text = (head, rest) if colon else (None, evr)
+    version, hyphen, release = text.rpartition("-")
+    return [epoch, version, release] if hyphen else [epoch, text, None]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(evr=EVRS)
+def test_rpm_version_problem_agrees_with_rpm_spec_parsing(real_rpm: RealRpmSpec, evr: str) -> None:
+    """An EVR is valid here exactly when rpm accepts its epoch, version and release as spec tags."""
+    epoch, version, release = _split(evr)
+    assume(all(p is None or p == p.strip() for p in (epoch, version, release)))  # a spec would trim these
+    if not evr:
+        assert rpm_version_problem(evr) is not None
+        return
+    accepted = real_rpm.accepts(epoch, version or "", release if release is not None else "1")
+    assert (rpm_version_problem(evr) is None) == accepted, (evr, rpm_version_problem(evr))
