@@ -66,21 +66,20 @@ def _base(key: str) -> str:
     return key.split("@", 1)[0].split(":", 1)[0]
 
 
-# One index per installed set being evaluated: _find is called per violation, and a scan of the whole set each
-# time made a 10,000-violation transaction quadratic (27 s in the hook).
-_BASE_INDEX: List[Tuple[Mapping[str, str], int, Dict[str, str]]] = []
+# One index per installed set, kept only while evaluate() runs (the sets do not change during one evaluation):
+# _find is called per violation, and a scan of the whole set each time made a 10,000-violation transaction
+# quadratic (27 s in the hook).
+_BASE_INDEX: List[Tuple[Mapping[str, str], Dict[str, str]]] = []
 
 
 def _by_base(mapping: Mapping[str, str]) -> Dict[str, str]:
     """``{package name: version}`` of the first key of each name (as a scan in key order would find it)."""
-    for cached, size, index in _BASE_INDEX:
-        if cached is mapping and size == len(mapping):
+    for cached, index in _BASE_INDEX:
+        if cached is mapping:
             return index
     index = {}
     for key, version in mapping.items():
         index.setdefault(_base(key), version)
-    del _BASE_INDEX[:-3]  # the before and after sets of the current evaluation, and little else
-    _BASE_INDEX.append((mapping, len(mapping), index))
     return index
 
 
@@ -119,14 +118,18 @@ def _kernels(mapping: Mapping[str, str], patterns: Sequence[str], manager: str) 
 
 def evaluate(state: HostState, policy: CompiledPolicy) -> List[Violation]:
     """Every violation of ``policy`` in the state after the change (old ones included; see ``touches``)."""
-    out: List[Violation] = []
-    out += _check_frozen(state, policy)
-    out += _check_amd(state, policy)
-    out += _check_kernel_allow(state, policy)
-    out += _check_nvidia(state, policy)
-    out += _check_versions(state, policy)
-    out += _check_matrix(state, policy)
-    return out
+    _BASE_INDEX[:] = [(state.before, _by_base(state.before)), (state.after, _by_base(state.after))]
+    try:
+        out: List[Violation] = []
+        out += _check_frozen(state, policy)
+        out += _check_amd(state, policy)
+        out += _check_kernel_allow(state, policy)
+        out += _check_nvidia(state, policy)
+        out += _check_versions(state, policy)
+        out += _check_matrix(state, policy)
+        return out
+    finally:
+        _BASE_INDEX.clear()
 
 
 def introduced(violations: Sequence[Violation], state: HostState) -> List[Violation]:
