@@ -7,8 +7,10 @@ descriptor in ``APT_HOOK_INFO_FD``. It reads the compiled policy (plain JSON) an
     0   allowed (warnings, pre-existing violations and open override windows are reported on stderr)
     2   bad hook arguments (the apt.conf.d snippet is wrong): refused
     10  refused: the transaction breaks the policy
-    11  refused by the fail-safe: the compiled policy is missing or invalid
-    12  refused by the fail-safe: the hook input is malformed or of an unknown protocol version
+    11  refused by the fail-safe: the compiled policy is missing or invalid (wrong types, not UTF-8, too deep, too
+        large, not a regular file)
+    12  refused by the fail-safe: the hook input is malformed, of another protocol version than 3 or larger than
+        64 MiB, or dpkg's status file cannot be read
     13  refused by the fail-safe: internal error
 
 Any non-zero exit makes apt stop with exit code 100 before dpkg touches anything. When the policy cannot be read

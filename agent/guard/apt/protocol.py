@@ -8,6 +8,9 @@ as ``key=value`` lines (values %-encoded), a blank line, then one line per actio
 ``-`` stands for "none", direction is ``<`` (upgrade), ``>`` (downgrade) or ``=`` (reinstall), and the action
 is a .deb path, ``**CONFIGURE**`` or ``**REMOVE**`` (apt.conf(5); apt-pkg/deb/dpkgpm.cc ``SendPkgsInfo``). The
 configuration may hold proxy credentials: only ``APT::Architecture`` and ``CommandLine::AsString`` are kept.
+Version 1 (no header, one .deb path per line) and version 2 (five fields, no architectures) are refused by name;
+anything that is not exactly what apt writes is refused rather than guessed at (the fail-safe then decides on
+every word that may be a package name: :func:`guess_packages`).
 Standard library only.
 """
 
