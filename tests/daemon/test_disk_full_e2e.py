@@ -1,0 +1,79 @@
+"""End to end: the real ``gpuguard run`` with its state directory on a small tmpfs that fills up and frees again."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.daemon.conftest import AgentProcess, agent_config, assert_delivered_once_in_order
+from tests.report.receiver import Receiver
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs (needs root; skipped where mount is refused)."""
+    mount_point = tmp_path / "small-disk"
+    mount_point.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"mount refused: {done.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def _fill(path: Path) -> None:
+    """Write until the file system says ENOSPC."""
+    with open(path, "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError:
+            pass
+    # flush() may have raised with bytes still buffered; the close may raise too.
+
+
+def test_a_full_disk_logs_once_per_state_change_and_recovers_without_loss(tmp_path: Path, host_root: Path,
+                                                                          small_disk: Path, receiver: Receiver,
+                                                                          token_file: Path) -> None:
+    """Heartbeats fail for 3 s (about 15 attempts) with one job_failed line, then resume; nothing lost or doubled."""
+    agent = AgentProcess(tmp_path, host_root)
+    agent.state_dir = small_disk / "state"
+    agent.write_config(agent_config(agent.state_dir, receiver.url, token_file))
+    try:
+        agent.start()
+        assert receiver.wait_for(lambda r: r.kinds_stored().count("heartbeat") >= 5)
+        filler = small_disk / "filler"
+        try:
+            _fill(filler)
+        except OSError:
+            pass
+        agent.wait_for_log("job_failed", job="heartbeat", timeout_seconds=10)
+        time.sleep(3)
+        failures = agent.events_named("job_failed")
+        still = [e for e in agent.events_named("job_still_failing") if e.get("job") == "heartbeat"]
+        assert len(still) >= 5, "the heartbeat kept trying"
+        heartbeat_failures = [e for e in failures if e.get("job") == "heartbeat"]
+        assert len(heartbeat_failures) <= 2, heartbeat_failures  # at most one per distinct error, not one per try
+        stored_while_full = len(receiver.stored)
+        os.unlink(filler)
+        agent.wait_for_log("job_recovered", job="heartbeat", timeout_seconds=10)
+        assert receiver.wait_for(lambda r: len(r.stored) >= stored_while_full + 5)
+        assert agent.terminate() == 0
+        assert_delivered_once_in_order(receiver, agent.outbox())
+        tracebacks = [e for e in agent.logs() if "exception" in e]
+        assert len(tracebacks) <= len(failures), "a traceback only with a job_failed line"
+    finally:
+        agent.cleanup()
