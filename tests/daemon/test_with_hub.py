@@ -67,3 +67,43 @@ def test_agent_and_hub_agree_after_downtime_and_a_sigkill(tmp_path: Path, agent:
     pending = [e.sequence for e in outbox.pending(100000)]
     assert set(stored) | set(pending) == set(range(1, outbox.last_sequence() + 1))
     assert not set(stored) & set(pending) and len(stored) >= 6
+
+
+def test_the_hub_stores_state_file_damaged_and_guard_events_past_a_hostile_line(tmp_path: Path, agent: AgentProcess,
+                                                                                  hub: HubProcess) -> None:
+    """A damaged last-snapshot.json and a hostile guard line reach the real hub as state_file_damaged; 5 guard lines
+    around the bad one arrive; the hub holds every sequence the agent assigned, once."""
+    from agent.guard.hotpath.state import append_json_line
+
+    hub_dir: Path = hub.hub_dir  # type: ignore[attr-defined]
+    token_file = tmp_path / "token"
+    token_file.write_text(add_token(str(hub_dir / "tokens.json"), "host", "test-host-1") + "\n")
+    os.chmod(token_file, 0o600)
+    hub.start()
+    agent.state_dir.mkdir(parents=True)
+    (agent.state_dir / "last-snapshot.json").write_bytes(b"\xff\xfe not a snapshot")
+    events = agent.root / str(agent.state_dir).lstrip("/") / "guard-events.jsonl"
+    agent.write_config(agent_config(agent.state_dir, hub.url, token_file, heartbeat_interval_seconds=600))
+    agent.start()
+    for n in range(5):
+        append_json_line(str(events), {"occurred_at": f"2026-03-01T12:00:0{n}+00:00", "kind": "transaction_blocked",
+                                       "tool": "apt", "rule": "r", "message": "m"})
+        if n == 2:
+            with open(events, "ab") as handle:
+                handle.write(b'{"kind": "override_used", "window": {"id": "w"}, "violations": 5}\n')
+
+    def kinds() -> List[str]:
+        with sqlite3.connect(hub_dir / "hub.db") as conn:
+            return [k for (k,) in conn.execute("SELECT kind FROM events WHERE host_id = 'test-host-1'")]
+
+    deadline = time.monotonic() + 20
+    while kinds().count("transaction_blocked") < 5 or kinds().count("state_file_damaged") < 2:
+        assert time.monotonic() < deadline, (kinds(), agent.log_path.read_text()[-3000:])
+        time.sleep(0.1)
+    assert agent.terminate() == 0
+    outbox = agent.outbox()
+    stored = hub_sequences(hub_dir)
+    pending = [e.sequence for e in outbox.pending(100000)]
+    assert set(stored) | set(pending) == set(range(1, outbox.last_sequence() + 1)), "a gap"
+    assert not set(stored) & set(pending)
+    assert kinds().count("state_file_damaged") == 2 and kinds().count("transaction_blocked") == 5
