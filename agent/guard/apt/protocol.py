@@ -148,8 +148,19 @@ def _line_problem(name: str, old_ver: str, old_arch: str, old_ma: str, direction
 def guess_packages(text: str) -> List[str]:
     """Every word of input that did not parse that may be a package name, for the fail-safe decision.
 
-    Deliberately generous (the whole input, %-decoded, split at anything a package name cannot contain, so that a
-    ``linux-image-..._amd64.deb`` path, a configuration value or a stray line all count): what the hook could not
-    read must not get through because a guarded name was hidden in a place the parser did not expect.
+    Deliberately generous: every line, wherever it stands and whatever it looks like (a ``linux-image-..._amd64.deb``
+    path, a stray action line, a line cut short), %-decoded and split at anything a package name cannot contain,
+    so that a guarded name hidden where the parser did not expect it still counts. The one exception is apt's
+    configuration dump (``Key::Sub=value`` lines): its values name package globs apt uses for itself
+    (``APT::NeverAutoRemove``, ``APT::VersionedKernelPackages``: ``linux-image-.*``), not the transaction, so only
+    ``CommandLine::AsString`` (what the operator typed) is read from it.
     """
-    return list(dict.fromkeys(re.findall(_GUESS_TOKEN, percent_decode(text).lower())))
+    words: List[str] = []
+    for line in text.split("\n"):
+        key, sep, value = line.partition("=")
+        if sep and "::" in key and not any(ch.isspace() for ch in key):
+            if key == "CommandLine::AsString":
+                words += re.findall(_GUESS_TOKEN, percent_decode(value).lower())
+            continue
+        words += re.findall(_GUESS_TOKEN, percent_decode(line).lower())
+    return list(dict.fromkeys(words))

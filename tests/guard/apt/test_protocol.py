@@ -90,3 +90,11 @@ def test_malformed_input_is_one_clear_error(text: str, fragment: str) -> None:
 def test_guess_packages_from_unparsable_input(text: str, name: str) -> None:
     """The fail-safe sees every name an unparsable input may carry, wherever it stands (no blank line needed)."""
     assert name in guess_packages(text)
+
+
+def test_guess_skips_apt_config_values_but_reads_the_command_line() -> None:
+    """apt's own config names kernel globs (NeverAutoRemove); those are not the transaction, the command line is."""
+    text = ("VERSION 2\nAPT::NeverAutoRemove::=^linux-image-.*\nAPT::VersionedKernelPackages::=linux-.*\n"
+            "CommandLine::AsString=apt-get%20install%20hello-fake\n\nhello-fake - < 1.0 /x/hello-fake_1.0_all.deb\n")
+    names = guess_packages(text)
+    assert "hello-fake" in names and not any(n.startswith("linux-image") for n in names)
