@@ -255,6 +255,6 @@ def guard_rollback(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     out.write(result.summary())
     if result.status == "failed":
         return EXIT_ROLLBACK_FAILED
-    if result.status in ("violations", "no_known_good", "override"):
+    if result.status in ("violations", "no_known_good", "override", "inconsistent"):
         return EXIT_VIOLATIONS
     return 0

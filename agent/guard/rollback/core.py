@@ -39,7 +39,8 @@ KNOWN_GOOD_FORMAT = 1
 class GuardResult:
     """What one check found and did."""
 
-    status: str  # compliant | recorded | no_known_good | violations | override | planned | rolled_back | failed
+    status: str  # compliant | recorded | inconsistent | no_known_good | violations | override | planned |
+    #              rolled_back | failed
     violations: List[Violation] = field(default_factory=list)
     plan: List[PlannedStep] = field(default_factory=list)
     targets: List[str] = field(default_factory=list)
@@ -134,6 +135,14 @@ def _write_reboot_marker(host: Host, paths: GuardPaths, moved: Dict[str, str], n
                      "\n".join(n.split("@", 1)[0].split(":", 1)[0] for n in sorted(moved)) + "\n")
 
 
+def _inconsistent(problem: str) -> GuardResult:
+    """A compliant set whose package database is broken (a forced install left dependencies unmet) is never
+    recorded as known-good: a later rollback would restore the broken set."""
+    log.warning("known_good_not_recorded", reason=problem)
+    return GuardResult("inconsistent", detail=f"the package database is not consistent ({problem}); not recorded "
+                                              f"as known-good: repair it, then run gpuguard guard rollback again")
+
+
 AUTHORIZATION_MINUTES = 15  # longer than any rollback's apt/dnf run; the file is removed right after it anyway
 
 
@@ -197,6 +206,9 @@ def check_and_rollback(host: Host, settings: Settings, policy: Optional[Compiled
             return GuardResult("no_known_good", violations,
                                detail="the host violates the policy and no known-good set was recorded yet")
         detail = f"{len(current)} guarded packages recorded as known-good"
+        broken = None if dry_run else backend.verify_database()
+        if broken:
+            return _inconsistent(broken)
         if not dry_run:
             detail += _uncached_note(record_known_good(host, paths, current, clock(), backend), backend)
         return GuardResult("recorded", detail=detail)
@@ -205,6 +217,9 @@ def check_and_rollback(host: Host, settings: Settings, policy: Optional[Compiled
     violations = [v for v in evaluate(state, policy) if v.touches(state.changed())]
     if not violations:
         if state.changed() and not dry_run:
+            broken = backend.verify_database()
+            if broken:
+                return _inconsistent(broken)
             files = record_known_good(host, paths, current, clock(), backend)
             return GuardResult("recorded", detail=f"compliant change of {len(state.changed())} packages recorded"
                                + _uncached_note(files, backend))

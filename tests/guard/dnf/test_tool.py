@@ -190,6 +190,7 @@ def test_check_records_then_plans_a_rollback_from_cached_rpms(tmp_path: Path) ->
         runner.add(tool.argv("-q", "download", "--destdir", str(host.path(rpms)), nevra(name, version, arch)),
                    returncode=1, stderr="No such command: download")
         runner.add(tool.argv("-q", "repoquery", "--location", nevra(name, version, arch)), stdout="")
+    runner.add(tool.rpm_argv("-Va", "--nofiles", "--nodigest", "--nosignature"), stdout="")  # consistent
     backend = RpmBackend(host, tool, rpms)
     settings = Settings()
     assert check_and_rollback(host, settings, policy=policy, backend=backend).status == "recorded"

@@ -54,7 +54,31 @@ def setup(tmp_path: Path):
     runner = FakeRunner()
     host = Host(root=root, runner=runner, clock=fixed_clock)
     tool = AptTool(host, lock_timeout_seconds=1)
+    _consistent(runner, tool)
     return root, host, tool, runner, policy, policy_file
+
+
+def _consistent(runner: FakeRunner, tool: AptTool, audit: str = "") -> None:
+    """Record the database check (dpkg --audit, apt-get check) run before a set is recorded as known-good."""
+    runner.add(tool.argv("dpkg", "--audit"), stdout=audit)
+    runner.add(tool.argv("apt-get", "-q", "-o", "Dir::Cache::pkgcache=", "-o", "Dir::Cache::srcpkgcache=", "check"),
+               stdout="Reading package lists...\n")
+
+
+def test_a_compliant_but_broken_database_is_not_recorded_as_known_good(tmp_path: Path) -> None:
+    """dpkg --audit reports an unconfigured package: the set is not recorded (a rollback would restore it)."""
+    root = tmp_path / "root"
+    (root / "var/lib/dpkg").mkdir(parents=True)
+    (root / "var/lib/dpkg/status").write_text(_status(D62))
+    policy_file = tmp_path / "p.toml"
+    policy_file.write_text(POLICY)
+    runner = FakeRunner()
+    host = Host(root=root, runner=runner, clock=fixed_clock)
+    tool = AptTool(host, lock_timeout_seconds=1)
+    _consistent(runner, tool, audit="The following packages are only half configured ...\n amdgpu-dkms\n")
+    result = check_and_rollback(host, Settings(), policy=compiled_from(load_policy(str(policy_file))), tool=tool)
+    assert result.status == "inconsistent" and "dpkg --audit" in result.detail
+    assert load_known_good(host, GuardPaths()) is None
 
 
 def test_parse_simulation() -> None:

@@ -159,3 +159,16 @@ def test_frozen_package_in_a_consistent_forced_set_is_rolled_back_through_the_ag
     assert [v["rule"] for v in granted[-1]["violations"]] == ["frozen"]
     refused = chroot.apt("install", f"rocm-core={ROCM_63}", f"rocm-hip-runtime={ROCM_63}")
     assert refused.returncode == 100 and "REFUSED (frozen)" in refused.stderr
+
+
+def test_forced_set_with_an_allowed_pairing_but_broken_dependencies_is_not_recorded(chroot: Chroot) -> None:
+    """Driver and ROCm 6.3 forced together (an allowed pairing) without firmware and runtime: not recorded as
+    known-good (a later rollback would restore a broken set); guard rollback exits 10 and says why."""
+    _firmware_baseline(chroot)
+    known_good = (chroot.state_dir / "known-good.json").read_bytes()
+    _force(chroot, chroot.deb("amdgpu-dkms", AMDGPU_63_U), chroot.deb("rocm-core", ROCM_63))
+    result = _rollback(chroot)
+    assert result.status == "inconsistent" and "apt-get check" in result.detail, result.summary()
+    assert (chroot.state_dir / "known-good.json").read_bytes() == known_good
+    code, out = gpuguard(chroot, "guard", "rollback")
+    assert code == 10 and "not recorded as known-good" in out
