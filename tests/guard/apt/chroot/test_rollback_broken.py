@@ -4,6 +4,7 @@ together, old builds only in gpuguard's .deb cache, a frozen package among them,
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Dict
 
 import pytest
@@ -172,3 +173,24 @@ def test_forced_set_with_an_allowed_pairing_but_broken_dependencies_is_not_recor
     assert (chroot.state_dir / "known-good.json").read_bytes() == known_good
     code, out = gpuguard(chroot, "guard", "rollback")
     assert code == 10 and "not recorded as known-good" in out
+
+
+def test_an_open_authorization_lets_nothing_else_through_the_hook(chroot: Chroot) -> None:
+    """While an authorization for the known-good set exists, any other transaction is decided as always: the
+    pairing-breaking ROCm 6.3 upgrade is refused and the status file stays byte-identical."""
+    import datetime as dt
+
+    from agent.guard.hotpath.state import GuardPaths
+    from agent.guard.rollback.core import _authorize, load_known_good
+
+    host = Host.for_root(str(chroot.root))
+    paths = GuardPaths()
+    known_good = load_known_good(host, paths)
+    assert known_good is not None
+    grant = _authorize(host, paths, known_good, "test", dt.datetime.now(dt.timezone.utc))
+    assert (chroot.state_dir / "rollback-authorization.json").stat().st_mode & 0o777 == 0o600
+    before = chroot.status_bytes()
+    refused = chroot.apt("install", f"rocm-core={ROCM_63}", f"rocm-hip-runtime={ROCM_63}")
+    assert refused.returncode == 100 and "REFUSED (amd.pairing)" in refused.stderr
+    assert chroot.status_bytes() == before
+    Path(grant).unlink()
