@@ -21,7 +21,6 @@ hot path of every apt run and must not need the agent's daemon or its dependenci
 
 from __future__ import annotations
 
-import datetime as dt
 import fnmatch
 import os
 import re
@@ -36,6 +35,7 @@ from agent.hostfacts.paths import read_regular_file, under
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
+    import datetime as dt
     from typing import Callable, Dict, Optional, Sequence, TextIO, Tuple
 
     from agent.policy.compiled import CompiledPolicy
@@ -126,12 +126,19 @@ def run(args: _Args, environ: Dict[str, str], fd: Optional[int], err: TextIO,
     return entry.check(decision, args.policy_file, args.policy_dir, text, parse, guess_packages)
 
 
+def _utc_now() -> dt.datetime:
+    """Now, in UTC; datetime is imported only when a decision records or checks a window (3 ms of start-up)."""
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
 def main(argv: Optional[Sequence[str]] = None, environ: Optional[Dict[str, str]] = None,
          fd: Optional[int] = None, err: Optional[TextIO] = None,
          now: Optional[Callable[[], dt.datetime]] = None) -> int:
     """Hook entry point; returns the exit code and never raises (not even a traceback for a bug)."""
     stream = err if err is not None else sys.stderr
-    clock = now or (lambda: dt.datetime.now(dt.timezone.utc))
+    clock = now or _utc_now
     try:
         args = _parse_args(sys.argv[1:] if argv is None else argv)
     except ValueError as exc:

@@ -168,7 +168,6 @@ class Decision:
     def decide(self, policy: CompiledPolicy, tx: Transaction, installed: Mapping[str, str]) -> int:
         """Evaluate ``tx`` over ``installed`` (the installed set, keyed like the transaction) against ``policy``."""
         from agent.errors import InputFileError
-        from agent.guard.hotpath.overrides import active_windows, load_windows
         from agent.guard.hotpath.transaction import before_set, resulting_set
         from agent.policy.evaluate import HostState, evaluate, introduced
 
@@ -197,6 +196,7 @@ class Decision:
         blocking = [v for v in new if v.action in ("block", "rollback")]
         if not blocking:
             return EXIT_ALLOW
+        from agent.guard.hotpath.overrides import active_windows, load_windows  # datetime: only when refusing
         if self.rollback_authorized(policy, tx, state.after, blocking):
             return EXIT_ALLOW
         try:
