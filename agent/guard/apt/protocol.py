@@ -26,7 +26,7 @@ from agent.policy.versions import dpkg_version_problem
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import Dict, List, Optional
+    from typing import Dict, List, Optional, Set, Tuple
 
 PROTOCOL_VERSION = 3
 _KEPT_CONFIG_KEYS = ("APT::Architecture", "CommandLine::AsString")
@@ -94,6 +94,7 @@ def parse_hook_input(text: str, source: str = "apt hook input") -> AptRequest:
         raise InputFileError(source, f"APT::Architecture {native_arch[:40]!r} is not an architecture")
     changes: Dict[str, List[Optional[str]]] = {}
     arches: Dict[str, str] = {}
+    checked: Set[Tuple[str, ...]] = set()
     for number, line in enumerate(lines[index + 1:], start=index + 2):
         if not line.strip():
             continue
@@ -102,9 +103,15 @@ def parse_hook_input(text: str, source: str = "apt hook input") -> AptRequest:
             raise InputFileError(source, f"line {number}: expected 9 fields (name oldver oldarch oldMA dir newver "
                                          f"newarch newMA action), got {len(fields)}")
         name, old_ver, old_arch, old_ma, direction, new_ver, new_arch, new_ma, action = fields
-        problem = _line_problem(name, old_ver, old_arch, old_ma, direction, new_ver, new_arch, new_ma, action)
-        if problem:
-            raise InputFileError(source, f"line {number}: {problem}")
+        package_fields = (name, old_ver, old_arch, old_ma, direction, new_ver, new_arch, new_ma)
+        if package_fields not in checked:  # apt sends each package twice (unpack, configure): check it once
+            problem = _line_problem(*package_fields)
+            if problem:
+                raise InputFileError(source, f"line {number}: {problem}")
+            checked.add(package_fields)
+        if action not in ("**CONFIGURE**", "**REMOVE**") and not action.endswith(".deb"):
+            raise InputFileError(source, f"line {number}: {name}: action {action[:60]!r} is not a .deb path, "
+                                         f"**CONFIGURE** or **REMOVE**")
         arch = new_arch if new_arch != "-" else old_arch
         key = package_key(name, arch, native_arch)
         old = None if old_ver == "-" else old_ver
@@ -121,8 +128,8 @@ def parse_hook_input(text: str, source: str = "apt hook input") -> AptRequest:
 
 
 def _line_problem(name: str, old_ver: str, old_arch: str, old_ma: str, direction: str, new_ver: str,
-                  new_arch: str, new_ma: str, action: str) -> Optional[str]:
-    """What is wrong with one action line's fields, or None."""
+                  new_arch: str, new_ma: str) -> Optional[str]:
+    """What is wrong with one action line's package fields (all but the action), or None."""
     if not _NAME.fullmatch(name):
         return f"{name[:60]!r} is not a package name"
     for label, value in (("old", old_ver), ("new", new_ver)):
@@ -140,8 +147,6 @@ def _line_problem(name: str, old_ver: str, old_arch: str, old_ma: str, direction
         return f"direction {direction[:20]!r} is not one of < > ="
     if old_ver == "-" and new_ver == "-":
         return f"{name}: neither an old nor a new version"
-    if action not in ("**CONFIGURE**", "**REMOVE**") and not action.endswith(".deb"):
-        return f"{name}: action {action[:60]!r} is not a .deb path, **CONFIGURE** or **REMOVE**"
     return None
 
 
