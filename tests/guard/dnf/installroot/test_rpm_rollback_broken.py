@@ -37,14 +37,21 @@ def root(installroot_session: Installroot, rpm_baseline: Path, tmp_path: Path) -
     r.write_plugin_conf()
     r.install_gpuguard(TEST_POLICY)
     built: List[Path] = [build_rpm(p, r.repo_dir, r.work) for p in EXTRA]
-    index_repo(r.repo_dir, r.work)
+    _reindex(r)
     try:
         yield r
     finally:
         restore_repo(r, tmp_path / "dropped")
         for path in built:
             path.unlink(missing_ok=True)
-        index_repo(r.repo_dir, r.work)
+        _reindex(r)
+
+
+def _reindex(root: Installroot) -> None:
+    """Index the repository and drop dnf's metadata cache: createrepo_c's revision is a time in seconds, and two
+    indexes within one second looked unchanged to dnf, which kept the old package list."""
+    index_repo(root.repo_dir, root.work)
+    root.dnf("clean", "metadata", plugin=False, check=True)
 
 
 def _firmware_baseline(root: Installroot) -> List[str]:
@@ -94,6 +101,7 @@ def test_driver_forced_without_firmware_is_rolled_back_from_the_kept_rpms(root: 
     before = _firmware_baseline(root)
     for name in ("amdgpu-dkms", FIRMWARE):
         drop_from_repo(root, Path(_path(root, name, DRIVER_62)).name, tmp_path / "dropped")
+    root.dnf("clean", "metadata", plugin=False, check=True)
     _force_driver_alone(root)
     _assert_rolled_back(root, before)
 
