@@ -72,6 +72,7 @@ def main() -> int:
     agent.write_config(agent_config(agent.state_dir, hub.url, token_file, log_level="info", batch_size=5)
                        .replace('host_id = "test-host-1"', 'host_id = "soak-host"'))
     events = root / str(agent.state_dir).lstrip("/") / "guard-events.jsonl"
+    events.parent.mkdir(parents=True, exist_ok=True)
     counts: Dict[str, int] = {k: 0 for k in ("guard_lines", "hostile_lines", "agent_kills", "hub_kills",
                                              "snapshot_damaged", "disk_full_phases")}
     agent.start()

@@ -15,6 +15,7 @@ class HeartbeatJob:
 
     def run(self, reason: str = "interval") -> None:
         rt = self.runtime
+        rt.report_held_damage()
         state = rt.state
         with state.lock:
             snap, pairing = state.last_snapshot, state.pairing

@@ -10,7 +10,7 @@ import datetime as dt
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, Optional
+from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, List, Optional
 
 from agent.config import Settings
 from agent.files import move_aside
@@ -25,6 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from agent.report.sender import Sender
 
 LAST_SNAPSHOT_FILENAME = "last-snapshot.json"
+# Damage reports kept in memory while the outbox cannot take them (a full disk); the newest are kept.
+MAX_HELD_DAMAGE_REPORTS = 100
 
 log = get_logger("runtime")
 
@@ -99,6 +101,7 @@ class Runtime:
     state: AgentState = field(default_factory=AgentState)
     sender: Optional["Sender"] = None
     stopping: threading.Event = field(default_factory=threading.Event)
+    _held_damage: List[StateFileDamaged] = field(default_factory=list, repr=False)
 
     def state_path(self, name: str) -> str:
         return f"{self.state_dir.rstrip('/')}/{name}"
@@ -109,21 +112,36 @@ class Runtime:
         self.report_outbox_damage()
 
     def report_outbox_damage(self) -> None:
-        """Commit one state_file_damaged event per damage the outbox found and survived."""
-        for damage in self.outbox.take_damage():
-            self.emitter.emit(damage, severity="critical")
+        """Commit one state_file_damaged event per damage the outbox found and survived (and any held back)."""
+        self._report_damage(self.outbox.take_damage())
 
     def report_damaged_file(self, path: str, problem: str, action: str) -> Optional[str]:
         """Move a damaged state file aside (kept for inspection), log it and commit ``state_file_damaged``.
 
         Returns where the file went (None when it could not be moved). Never raises: the caller carries on from
-        a safe default whatever happens here (a failing enqueue, e.g. on a full disk, is logged).
+        a safe default whatever happens here; a report that cannot be committed (the disk is full) is held in
+        memory and committed by a later run (``report_held_damage``).
         """
         moved_to = move_aside(path)
         log.error("state_file_damaged", path=path, problem=problem, moved_to=moved_to, action=action)
-        try:
-            self.emitter.emit(StateFileDamaged(path=path, problem=problem[:2000], moved_to=moved_to,
-                                               action=action[:500]), severity="critical")
-        except Exception as exc:  # noqa: BLE001 - the report is best effort; the log line above stands
-            log.error("state_file_damaged_not_reported", path=path, error=f"{type(exc).__name__}: {exc}")
+        self._report_damage([StateFileDamaged(path=path, problem=problem[:2000], moved_to=moved_to,
+                                              action=action[:500])])
         return moved_to
+
+    def report_held_damage(self) -> None:
+        """Commit damage reports held back because the outbox could not take them."""
+        self._report_damage([])
+
+    def _report_damage(self, reports: List[StateFileDamaged]) -> None:
+        with self.state.lock:
+            pending = self._held_damage + reports
+            self._held_damage = []
+        for index, report in enumerate(pending):
+            try:
+                self.emitter.emit(report, severity="critical")
+            except Exception as exc:  # noqa: BLE001 - held and retried; the log line stands meanwhile
+                held = pending[index:][-MAX_HELD_DAMAGE_REPORTS:]
+                with self.state.lock:
+                    self._held_damage = held + self._held_damage
+                log.warning("state_file_damaged_report_held", held=len(held), error=f"{type(exc).__name__}: {exc}")
+                return
