@@ -5,8 +5,10 @@ Standard library only (the apt hook appends audit lines and reads override windo
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from collections import namedtuple
 
 TYPE_CHECKING = False
@@ -66,8 +68,11 @@ def append_json_lines(path: str, records: Sequence[Dict[str, Any]]) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     encode = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
     data = "".join(encode(r) + "\n" for r in records).encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+    # O_NONBLOCK: a FIFO put in place of the file must not hang apt (with no reader the open fails at once).
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY, 0o640)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
         view = memoryview(data)
         while view:  # a regular file takes it in one write; a short write still continues where it stopped
             view = view[os.write(fd, view):]

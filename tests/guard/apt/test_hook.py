@@ -345,3 +345,11 @@ def test_unreadable_dpkg_status_fails_safe(root: Path, kind: str, monkeypatch: p
     code, out = run_hook(root, HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12"))
     assert code == exits.EXIT_FAILSAFE_INPUT and "cannot read the installed set" in out
     assert "it touches guarded packages: rocm-core" in out
+
+
+def test_fifo_in_place_of_the_events_file_does_not_hang_a_refusal(root: Path) -> None:
+    """Recording never blocks: a FIFO for guard-events.jsonl is a warning, and the refusal still stands (10)."""
+    os.mkfifo(root / "var/lib/gpuguard/guard-events.jsonl")
+    code, out = run_hook(root, HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12"))
+    assert code == exits.EXIT_REFUSED and "cannot record to /var/lib/gpuguard/guard-events.jsonl" in out
+    assert '"kind":"transaction_blocked"' in (root / "var/lib/gpuguard/audit.log").read_text()
