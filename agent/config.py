@@ -6,7 +6,6 @@ defaults. Each area (snapshot, health, report) owns its own settings model next 
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import List, Literal, Optional, Type, TypeVar
 
@@ -14,7 +13,7 @@ from pydantic import Field, ValidationError
 
 from agent.collectors.packages import DEFAULT_WATCHED_PATTERNS
 from agent.errors import ConfigError, InputFileError
-from agent.files import MAX_NESTING_DEPTH, decode_text, nesting_depth, read_bytes_bounded
+from agent.files import MAX_NESTING_DEPTH, FileMissing, decode_text, nesting_depth, read_bytes_bounded
 from agent.guard.settings import GuardSettings
 from agent.health.settings import HealthSettings
 from agent.models import FrozenModel, validation_problems
@@ -97,11 +96,11 @@ def load_settings(path: str = DEFAULT_CONFIG_PATH, required: bool = False) -> Se
     """Read the config file; defaults when it does not exist (unless ``required``)."""
     try:
         raw = read_bytes_bounded(path)
+    except FileMissing:
+        if required:
+            raise ConfigError(path, ["no such file"]) from None
+        return Settings()
     except InputFileError as exc:
-        if not os.path.lexists(path):
-            if required:
-                raise ConfigError(path, ["no such file"]) from None
-            return Settings()
         raise ConfigError(path, [exc.reason]) from None
     try:
         text = decode_text(path, raw)

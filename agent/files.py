@@ -44,11 +44,17 @@ def decode_text(path: str, raw: bytes) -> str:
         raise InputFileError(path, f"not UTF-8 text (byte {exc.start})") from None
 
 
+class FileMissing(InputFileError):
+    """The path does not exist (FileNotFoundError); callers that default on a missing file catch this one only."""
+
+
 def read_bytes_bounded(path: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
-    """A file's bytes; InputFileError for an unreadable file or one larger than ``max_bytes``."""
+    """A file's bytes; FileMissing when there is none, InputFileError for one unreadable or over ``max_bytes``."""
     try:
         with open(path, "rb") as handle:
             raw = handle.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise FileMissing(path, "no such file") from None
     except OSError as exc:
         raise InputFileError(path, exc.strerror or str(exc)) from None
     if len(raw) > max_bytes:
@@ -110,12 +116,10 @@ def read_json_file(path: str, missing_reason: "Optional[str]" = None, max_bytes:
     """
     try:
         raw = read_bytes_bounded(path, max_bytes)
-    except InputFileError:
-        if not os.path.lexists(path):
-            if missing_reason is None:
-                return None
-            raise InputFileError(path, missing_reason) from None
-        raise
+    except FileMissing:
+        if missing_reason is None:
+            return None
+        raise InputFileError(path, missing_reason) from None
     return parse_json_text(path, decode_text(path, raw), max_depth)
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
 from pydantic import Field, field_validator
 
 from agent.config import parse_toml_model
 from agent.errors import ConfigError, InputFileError
-from agent.files import decode_text, read_bytes_bounded
+from agent.files import FileMissing, decode_text, read_bytes_bounded
 from agent.models import FrozenModel
 
 DEFAULT_HUB_CONFIG_PATH = "/etc/gpuguard/hub.toml"
@@ -58,10 +57,10 @@ def load_hub_settings(path: str = DEFAULT_HUB_CONFIG_PATH, required: bool = Fals
     """Read the hub config file; defaults when it does not exist (unless ``required``)."""
     try:
         text = decode_text(path, read_bytes_bounded(path))
+    except FileMissing:
+        if required:
+            raise ConfigError(path, ["no such file"]) from None
+        return HubSettings()
     except InputFileError as exc:
-        if not os.path.lexists(path):
-            if required:
-                raise ConfigError(path, ["no such file"]) from None
-            return HubSettings()
         raise ConfigError(path, [exc.reason]) from None
     return parse_hub_settings(text, path)

@@ -1,0 +1,71 @@
+"""agent/files.py: the one reader of state and config files (bounds, decoding, non-finite numbers, moving aside)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from agent.errors import InputFileError
+from agent.files import FileMissing, move_aside, nesting_depth, read_bytes_bounded, read_json_file
+
+
+@pytest.mark.parametrize("content,reason", [
+    (b'{"a": "\xff"}', "not UTF-8 text (byte 7)"),
+    (b"[" * 65 + b"]" * 65, "not valid JSON (nested deeper than 64 levels)"),
+    (b"[" * 100000 + b"]" * 100000, "not valid JSON (nested deeper than 64 levels)"),
+    (b'{"a": NaN}', "not valid JSON (non-finite number NaN is not allowed)"),
+    (b'{"a": -Infinity}', "not valid JSON (non-finite number -Infinity is not allowed)"),
+    (b'{"a": 1e400}', "not valid JSON (non-finite number 1e400 is not allowed)"),
+    (b"{", "not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
+])
+def test_damaged_json_is_an_input_file_error_naming_the_file(tmp_path: Path, content: bytes, reason: str) -> None:
+    """Every kind of damage is InputFileError with the path and a one-line reason, never a foreign exception."""
+    path = tmp_path / "state.json"
+    path.write_bytes(content)
+    with pytest.raises(InputFileError) as caught:
+        read_json_file(str(path))
+    assert caught.value.path == str(path) and caught.value.reason == reason
+
+
+def test_sixty_four_levels_and_finite_numbers_are_fine(tmp_path: Path) -> None:
+    path = tmp_path / "ok.json"
+    path.write_bytes(b"[" * 63 + b'{"a": 1.5e300}' + b"]" * 63)
+    assert nesting_depth(read_json_file(str(path))) == 64
+
+
+def test_size_is_bounded(tmp_path: Path) -> None:
+    path = tmp_path / "big.json"
+    path.write_bytes(b" " * 101)
+    with pytest.raises(InputFileError, match="larger than 100 bytes"):
+        read_json_file(str(path), max_bytes=100)
+
+
+def test_missing_and_dangling_files_are_missing(tmp_path: Path) -> None:
+    """No file, or a symlink to none, gives None (or the reason given); FileMissing from the byte reader."""
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling.json")
+    for name in ("absent.json", "dangling.json"):
+        assert read_json_file(str(tmp_path / name)) is None
+        with pytest.raises(InputFileError, match="required here"):
+            read_json_file(str(tmp_path / name), missing_reason="required here")
+        with pytest.raises(FileMissing):
+            read_bytes_bounded(str(tmp_path / name))
+
+
+def test_a_directory_is_an_error_not_missing(tmp_path: Path) -> None:
+    with pytest.raises(InputFileError) as caught:
+        read_json_file(str(tmp_path))
+    assert not isinstance(caught.value, FileMissing)
+
+
+def test_move_aside_keeps_the_file_under_a_new_name(tmp_path: Path) -> None:
+    """Two damaged copies in the same second both survive."""
+    path = tmp_path / "last-snapshot.json"
+    names = []
+    for content in (b"one", b"two"):
+        path.write_bytes(content)
+        names.append(move_aside(str(path), clock=lambda: 1000.0))
+    assert names == [f"{path}.damaged-1000", f"{path}.damaged-1000-1"]
+    assert [Path(n).read_bytes() for n in names] == [b"one", b"two"] and not path.exists()
+    assert move_aside(str(path)) is None
