@@ -12,7 +12,7 @@ import requests
 
 from agent.hub.tokens import add_token
 from tests.hub.factories import batch_json, event
-from tests.hub.process import HubProcess, write_config
+from tests.hub.process import HubProcess, wait_until, write_config
 
 pytestmark = pytest.mark.slow  # a real server per test
 
@@ -80,7 +80,7 @@ def test_headers_sent_one_byte_at_a_time_are_cut_off(hub: HubProcess, host_token
     started = time.monotonic()
     assert _read_until_closed(sock, 5) == b"", "no answer: the connection is just closed"
     assert time.monotonic() - started < 5
-    assert any('"phase": "headers"' in line for line in hub.lines)
+    assert wait_until(lambda: any('"phase": "headers"' in line for line in hub.lines), 5)
 
 
 @pytest.mark.parametrize("how", ["trickled", "short"])
@@ -101,7 +101,7 @@ def test_a_slow_or_short_body_gets_408_and_the_connection_closes(hub: HubProcess
     assert time.monotonic() - started < BODY_TIMEOUT_SECONDS + 5
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
     assert b"request_timeout" in answer
-    assert any('"phase": "body"' in line for line in hub.lines)
+    assert wait_until(lambda: any('"phase": "body"' in line for line in hub.lines), 5)  # stderr is read by a thread
     # The hub still serves everyone else.
     assert requests.get(f"{hub.url}/healthz", timeout=5).status_code == 200
 
