@@ -150,13 +150,16 @@ def main() -> int:
             "gaps": sum(1 for s in range(1, generated + 1) if s not in accounted),
             "guard_lines_stored": sum(1 for r in rows if r[2] == "transaction_blocked"),
             "hostile_lines_reported": sum(1 for d in damaged if d["path"].endswith("guard-events.jsonl")),
+            # A damaged copy written over before the agent read it is never seen: compare with what was moved aside.
+            "snapshot_moved_aside": len(list(agent.state_dir.glob("last-snapshot.json.damaged-*"))),
             "snapshot_damage_reported": sum(1 for d in damaged if d["path"].endswith("last-snapshot.json")),
             "outbox_damage_reported": sum(1 for d in damaged if d["path"].endswith(OUTBOX_FILENAME)),
         }
         print(json.dumps(result, indent=2))
         ok = (result["lost"] == result["duplicated"] == result["gaps"] == 0
               and result["guard_lines_stored"] == counts["guard_lines"]
-              and result["hostile_lines_reported"] == counts["hostile_lines"])
+              and result["hostile_lines_reported"] == counts["hostile_lines"]
+              and result["snapshot_damage_reported"] == result["snapshot_moved_aside"])
         print("OK" if ok else "FAILED")
         return 0 if ok else 1
     finally:
