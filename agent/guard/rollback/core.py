@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 from agent.errors import InputFileError
-from agent.files import write_atomically
+from agent.files import read_json_file, write_atomically
 from agent.guard.hotpath.overrides import active_windows, audit, load_windows
 from agent.guard.hotpath.state import GuardPaths, append_json_line
 from agent.guard.manager import PackageTool, backend_for
@@ -71,11 +71,14 @@ def read_installed(host: Host, patterns: List[str], backend: Optional[PackageBac
 def load_known_good(host: Host, paths: GuardPaths) -> Optional[Dict[str, InstalledPackage]]:
     """The last known-good set, None when none was recorded; InputFileError when the file is corrupt."""
     where = str(host.path(paths.known_good))
-    text = host.read_text(paths.known_good)
-    if text is None:
+    try:
+        data = read_json_file(where)  # bounded size and depth, strict UTF-8, no NaN
+    except InputFileError as exc:
+        raise InputFileError(where, f"corrupt known-good state ({exc.reason}); delete it to record the current "
+                                    f"set again once the host is compliant") from None
+    if data is None:
         return None
     try:
-        data = json.loads(text)
         if data.get("format") != KNOWN_GOOD_FORMAT:
             raise ValueError(f"format {data.get('format')!r} is not {KNOWN_GOOD_FORMAT}")
         return {name: InstalledPackage(str(item["version"]), str(item.get("arch", "")))

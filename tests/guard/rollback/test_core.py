@@ -124,11 +124,14 @@ def test_versions_no_repository_offers_are_named_when_recorded_and_when_planning
     assert "rocm-core" not in planned.detail.split("no kept package file", 1)[1]  # it did not move
 
 
-def test_corrupt_known_good_state_is_exit_4_in_one_line(setup, capsys) -> None:
+@pytest.mark.parametrize("content", [b'{"format": 1, "packages": [1, 2]}', b"[" * 100000 + b"]" * 100000,
+                                     b'{"format": 1, "packages": {"\xff": {"version": "1"}}}'],
+                         ids=["wrong-shape", "deeply-nested", "not-utf8"])
+def test_corrupt_known_good_state_is_exit_4_in_one_line(setup, capsys, content: bytes) -> None:
     root, host, tool, runner, policy, policy_file = setup
     state = root / "var/lib/gpuguard"
     state.mkdir(parents=True)
-    (state / "known-good.json").write_text('{"format": 1, "packages": [1, 2]}')
+    (state / "known-good.json").write_bytes(content)
     with pytest.raises(InputFileError, match="corrupt known-good state"):
         load_known_good(host, GuardPaths())
     code = main(["guard", "rollback", "--root", str(root), "--policy", str(policy_file), "--config",
