@@ -44,25 +44,6 @@ BYPASS_HINT = "to bypass the guard for one apt run (audited nowhere; prefer an o
               "apt-get -o DPkg::Pre-Install-Pkgs::gpuguard= ..."
 
 
-class _Args:
-    root = "/"
-    state_dir = "/var/lib/gpuguard"
-    policy_file: Optional[str] = None
-    policy_dir = "/etc/gpuguard/policy.d"
-
-
-def _parse_args(argv: Sequence[str]) -> _Args:
-    args = _Args()
-    items = list(argv)
-    while items:
-        flag = items.pop(0)
-        if flag in ("--root", "--state-dir", "--policy-file", "--policy-dir") and items:
-            setattr(args, flag[2:].replace("-", "_"), items.pop(0))
-        else:
-            raise ValueError(f"unknown or incomplete argument {flag!r}")
-    return args
-
-
 # apt's own input for a 10,000-package transaction is about 3 MB; dpkg's status file can be tens of MB.
 MAX_INPUT_BYTES = 64 << 20
 MAX_STATUS_BYTES = 512 << 20
@@ -100,7 +81,7 @@ def _read_status(root: str) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
-def run(args: _Args, environ: Dict[str, str], fd: Optional[int], err: TextIO,
+def run(args: entry.Args, environ: Dict[str, str], fd: Optional[int], err: TextIO,
         now: Callable[[], dt.datetime]) -> int:
     """One run of the hook over the input on ``fd``: the shared check (hotpath/entry.py) with apt's parser."""
     def say(line: str) -> None:
@@ -140,7 +121,7 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Dict[str, str]]
     stream = err if err is not None else sys.stderr
     clock = now or _utc_now
     try:
-        args = _parse_args(sys.argv[1:] if argv is None else argv)
+        args = entry.parse_args(sys.argv[1:] if argv is None else argv, "apt")
     except ValueError as exc:
         stream.write(f"{PREFIX}: REFUSED: bad hook arguments ({exc}); fix the apt.conf.d snippet, or "
                      f"{BYPASS_HINT}\n")

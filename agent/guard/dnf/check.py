@@ -40,33 +40,12 @@ BYPASS_HINTS = {
 MAX_INPUT_BYTES = 64 << 20
 
 
-class Args:
-    """Command-line options (the same as the apt hook's, plus the front end's name for messages)."""
-
-    root = "/"
-    state_dir = "/var/lib/gpuguard"
-    policy_file: Optional[str] = None
-    policy_dir = "/etc/gpuguard/policy.d"
-    tool = "dnf"
+def parse_args(argv: Sequence[str]) -> entry.Args:
+    """The apt hook's options plus ``--tool dnf|dnf5`` (the front end named in messages)."""
+    return entry.parse_args(argv, "dnf", tuple(BYPASS_HINTS))
 
 
-def parse_args(argv: Sequence[str]) -> Args:
-    args = Args()
-    items = list(argv)
-    while items:
-        flag = items.pop(0)
-        if flag in ("--root", "--state-dir", "--policy-file", "--policy-dir", "--tool") and items:
-            setattr(args, flag[2:].replace("-", "_"), items.pop(0))
-        else:
-            raise ValueError(f"unknown or incomplete argument {flag!r}")
-    if args.tool not in BYPASS_HINTS:
-        raise ValueError(f"--tool {args.tool!r} is not one of {', '.join(BYPASS_HINTS)}")
-    if not args.root:
-        args.root = "/"
-    return args
-
-
-def check(text: str, args: Args, err: TextIO, now: Callable[[], dt.datetime],
+def check(text: str, args: entry.Args, err: TextIO, now: Callable[[], dt.datetime],
           source: str = "dnf plugin input", oversized: bool = False) -> int:
     """Decide on one request text; every outcome is lines on ``err`` and an exit code."""
     def say(line: str) -> None:

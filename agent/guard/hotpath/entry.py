@@ -16,7 +16,7 @@ from agent.policy.compiled import DEFAULT_FAILSAFE, DEFAULT_GUARDED
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the hook's start-up budget
-    from typing import Callable, List, Mapping, Optional, TextIO
+    from typing import Callable, List, Mapping, Optional, Sequence, TextIO
 
     from agent.guard.hotpath.decision import Decision
     from agent.guard.hotpath.transaction import Transaction
@@ -26,6 +26,35 @@ class Parsed(namedtuple("Parsed", "transaction installed")):
     """A front end's input: the Transaction and ``installed(policy)``, the installed set keyed like it."""
 
     __slots__ = ()
+
+
+class Args:
+    """A front end's command line: host root, state directory, compiled policy, policy sources, front end name."""
+
+    def __init__(self, tool: str) -> None:
+        self.root = "/"
+        self.state_dir = "/var/lib/gpuguard"
+        self.policy_file: Optional[str] = None
+        self.policy_dir = "/etc/gpuguard/policy.d"
+        self.tool = tool
+
+
+def parse_args(argv: Sequence[str], tool: str, tools: Sequence[str] = ()) -> Args:
+    """``--root``, ``--state-dir``, ``--policy-file``, ``--policy-dir`` (and ``--tool`` when ``tools`` names the
+    front ends allowed); ValueError says what is wrong."""
+    args = Args(tool)
+    flags = ("--root", "--state-dir", "--policy-file", "--policy-dir") + (("--tool",) if tools else ())
+    items = list(argv)
+    while items:
+        flag = items.pop(0)
+        if flag in flags and items:
+            setattr(args, flag[2:].replace("-", "_"), items.pop(0))
+        else:
+            raise ValueError(f"unknown or incomplete argument {flag!r}")
+    if tools and args.tool not in tools:
+        raise ValueError(f"--tool {args.tool!r} is not one of {', '.join(tools)}")
+    args.root = args.root or "/"
+    return args
 
 
 def check(decision: Decision, policy_file: Optional[str], policy_dir: str, text: str,
