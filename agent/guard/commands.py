@@ -113,7 +113,8 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     os_fields = read_os_release(str(host.root)) or {}
     windows, windows_problem = [], None
     try:
-        windows = active_windows(load_windows(str(host.path(_paths(settings).overrides))), host.clock())
+        windows = active_windows(load_windows(str(host.path(_paths(settings).overrides)), policy.max_override_minutes),
+                                 host.clock())
     except InputFileError as exc:
         windows_problem = str(exc)
     facts = HostFacts(installed=_installed(host, policy, settings), manager=detect_manager(host),
@@ -218,9 +219,10 @@ def override_list(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
     from agent.guard.hotpath.overrides import load_windows
 
     host = make_host(args.root)
-    paths = _paths(_settings(args))
+    settings = _settings(args)
+    paths = _paths(settings)
     now = host.clock()
-    windows = load_windows(str(host.path(paths.overrides)))
+    windows = load_windows(str(host.path(paths.overrides)), _max_override_minutes(host, settings))
     if args.json:
         out.write(json.dumps([dict(w.to_dict(), active=w.is_active(now)) for w in windows], indent=2) + "\n")
         return 0

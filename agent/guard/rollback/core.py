@@ -236,7 +236,7 @@ def check_and_rollback(host: Host, settings: Settings, policy: Optional[Compiled
     if not rollback_violations or not guard.rollback_enabled:
         return GuardResult("violations", violations, detail="no violation asks for a rollback")
     try:
-        windows = active_windows(load_windows(str(host.path(paths.overrides))), clock())
+        windows = active_windows(load_windows(str(host.path(paths.overrides)), policy.max_override_minutes), clock())
     except InputFileError as exc:
         log.warning("override_file_corrupt", error=str(exc))
         windows = []

@@ -60,3 +60,20 @@ def test_corrupt_state_file_is_an_input_file_error(tmp_path: Path, text: str, fr
     with pytest.raises(InputFileError, match=fragment) as info:
         load_windows(overrides)
     assert info.value.exit_code == 4
+
+
+def test_override_list_caps_a_hand_written_window_at_the_policys_longest(tmp_path: Path) -> None:
+    """``override list`` shows a window written into the file until 2099 as over once the policy's 240 min passed."""
+    import io
+
+    from agent.cli import main
+
+    state = tmp_path / "var/lib/gpuguard"
+    state.mkdir(parents=True)
+    started = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=5)
+    (state / "overrides.json").write_text(json.dumps({"format": 1, "windows": [
+        {"id": "w1", "started_at": started.isoformat(), "expires_at": "2099-01-01T00:00:00+00:00",
+         "reason": "by hand", "opened_by": "root"}]}))
+    out = io.StringIO()
+    assert main(["override", "list", "--root", str(tmp_path), "--config", str(tmp_path / "none.toml")], out=out) == 0
+    assert out.getvalue().startswith("w1 expired ") and "2099" not in out.getvalue()
