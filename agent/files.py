@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from agent.errors import InputFileError
+from agent.hostfacts.paths import read_regular_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
@@ -49,17 +50,14 @@ class FileMissing(InputFileError):
 
 
 def read_bytes_bounded(path: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
-    """A file's bytes; FileMissing when there is none, InputFileError for one unreadable or over ``max_bytes``."""
+    """A file's bytes; FileMissing when there is none, InputFileError for one unreadable, not a regular file (a
+    FIFO never blocks the reader) or over ``max_bytes`` (agent.hostfacts.paths.read_regular_file underneath)."""
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read(max_bytes + 1)
+        return read_regular_file(path, max_bytes)
     except FileNotFoundError:
         raise FileMissing(path, "no such file") from None
     except OSError as exc:
         raise InputFileError(path, exc.strerror or str(exc)) from None
-    if len(raw) > max_bytes:
-        raise InputFileError(path, f"larger than {max_bytes} bytes")
-    return raw
 
 
 def nesting_depth(value: "Any") -> int:

@@ -69,3 +69,11 @@ def test_move_aside_keeps_the_file_under_a_new_name(tmp_path: Path) -> None:
     assert names == [f"{path}.damaged-1000", f"{path}.damaged-1000-1"]
     assert [Path(n).read_bytes() for n in names] == [b"one", b"two"] and not path.exists()
     assert move_aside(str(path)) is None
+
+
+def test_a_fifo_in_place_of_a_file_is_refused_without_blocking(tmp_path: Path) -> None:
+    """A FIFO where a state or config file belongs is 'not a regular file' at once, never a hang."""
+    fifo = tmp_path / "agent.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(InputFileError, match="not a regular file"):
+        read_bytes_bounded(str(fifo))
