@@ -6,9 +6,6 @@ a pipe (one JSON line per batch). Locally the test is skipped when python3-rpm i
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from typing import Iterator, List, Tuple
 
 import pytest
@@ -16,11 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.policy.versions import compare_rpm, rpmvercmp
-from tests import needs
+from tests.rpm_worker import RpmWorker, start_rpm_worker
 
 pytestmark = pytest.mark.slow  # a real rpm worker process: left out of `make test-fast`
 
-SYSTEM_PYTHON = "/usr/bin/python3"
 WORKER = r"""
 import json, sys, rpm
 for line in sys.stdin:
@@ -31,32 +27,9 @@ for line in sys.stdin:
 """
 
 
-class RealRpm:
-    """A /usr/bin/python3 worker comparing (epoch, version, release) pairs with rpm.labelCompare."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([SYSTEM_PYTHON, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True)
-
-    def compare(self, pairs: List[Tuple[Tuple[str, str, str], Tuple[str, str, str]]]) -> List[int]:
-        self.proc.stdin.write(json.dumps(pairs) + "\n")
-        self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
-        self.proc.stdout.close()
-
-
 @pytest.fixture(scope="module")
-def real_rpm() -> Iterator[RealRpm]:
-    probe = subprocess.run([SYSTEM_PYTHON, "-c", "import rpm"], capture_output=True) \
-        if os.access(SYSTEM_PYTHON, os.X_OK) else None
-    if probe is None or probe.returncode != 0:
-        needs.unavailable("rpm ordering checks", "python3-rpm is missing for /usr/bin/python3 "
-                          "(scripts/test-packages.txt)")
-    worker = RealRpm()
+def real_rpm() -> Iterator[RpmWorker]:
+    worker = start_rpm_worker(WORKER, "rpm ordering checks")
     yield worker
     worker.close()
 
@@ -97,9 +70,9 @@ def _evr(e: str, v: str, r: str) -> str:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(evr_pairs())
-def test_compare_rpm_agrees_with_rpm_label_compare(real_rpm: RealRpm, pairs) -> None:
+def test_compare_rpm_agrees_with_rpm_label_compare(real_rpm: RpmWorker, pairs) -> None:
     """Full EVRs (a missing epoch is 0, as rpm reads a header without Epoch)."""
-    expected = real_rpm.compare([((a[0] or "0", a[1], a[2]), (b[0] or "0", b[1], b[2])) for a, b in pairs])
+    expected = real_rpm.ask([((a[0] or "0", a[1], a[2]), (b[0] or "0", b[1], b[2])) for a, b in pairs])
     got = [compare_rpm(_evr(*a), _evr(*b)) for a, b in pairs]
     mismatches = [(_evr(*a), _evr(*b), g, e) for (a, b), g, e in zip(pairs, got, expected) if g != e]
     assert not mismatches, mismatches[:5]
@@ -107,8 +80,8 @@ def test_compare_rpm_agrees_with_rpm_label_compare(real_rpm: RealRpm, pairs) -> 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(VERSION, VERSION), min_size=20, max_size=60))
-def test_rpmvercmp_agrees_with_rpm_on_single_strings(real_rpm: RealRpm, pairs) -> None:
-    expected = real_rpm.compare([(("0", a, "1"), ("0", b, "1")) for a, b in pairs])
+def test_rpmvercmp_agrees_with_rpm_on_single_strings(real_rpm: RpmWorker, pairs) -> None:
+    expected = real_rpm.ask([(("0", a, "1"), ("0", b, "1")) for a, b in pairs])
     got = [rpmvercmp(a, b) for a, b in pairs]
     assert [(a, b, g, e) for (a, b), g, e in zip(pairs, got, expected) if g != e] == []
 
@@ -117,12 +90,12 @@ def test_rpmvercmp_agrees_with_rpm_on_single_strings(real_rpm: RealRpm, pairs) -
     ("1.0~rc1-1", "1.0-1", -1), ("1.0^git1-1", "1.0-1", 1), ("1.0^git1-1", "1.0.1-1", -1), ("1:1.0-1", "2.0-1", 1),
     ("6.10.5.60300-1.el9", "6.8.5.60202-1.el9", 1), ("1.01-1", "1.1-1", 0), ("1.0a-1", "1.0.1-1", -1),
 ])
-def test_known_orderings(real_rpm: RealRpm, a: str, b: str, expected: int) -> None:
+def test_known_orderings(real_rpm: RpmWorker, a: str, b: str, expected: int) -> None:
     """Hand-picked cases, checked against rpm too."""
     from agent.policy.versions import parse_rpm
 
     pa, pb = parse_rpm(a), parse_rpm(b)
-    (real,) = real_rpm.compare([((str(pa.epoch), pa.version, pa.release), (str(pb.epoch), pb.version, pb.release))])
+    (real,) = real_rpm.ask([((str(pa.epoch), pa.version, pa.release), (str(pb.epoch), pb.version, pb.release))])
     assert compare_rpm(a, b) == real == expected
 
 

@@ -7,9 +7,6 @@ rpm parses it. Locally the test is skipped when python3-rpm is missing; in CI it
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from typing import Iterator, List, Optional
 
 import pytest
@@ -17,11 +14,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from agent.policy.versions import rpm_version_problem
-from tests import needs
+from tests.rpm_worker import RpmWorker, start_rpm_worker
 
 pytestmark = pytest.mark.slow  # a real rpm worker process: left out of `make test-fast`
 
-SYSTEM_PYTHON = "/usr/bin/python3"
 WORKER = r"""
 import json, os, sys, tempfile, rpm
 rpm.setLogFile(open(os.devnull, "w"))
@@ -44,33 +40,9 @@ for line in sys.stdin:
 """
 
 
-class RealRpmSpec:
-    """A /usr/bin/python3 worker answering whether rpm accepts an (epoch, version, release) as spec tags."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([SYSTEM_PYTHON, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True)
-
-    def accepts(self, epoch: Optional[str], version: str, release: str) -> bool:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps([epoch, version, release]) + "\n")
-        self.proc.stdin.flush()
-        return bool(json.loads(self.proc.stdout.readline()))
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
-def real_rpm() -> Iterator[RealRpmSpec]:
-    probe = subprocess.run([SYSTEM_PYTHON, "-c", "import rpm; rpm.spec"], capture_output=True) \
-        if os.access(SYSTEM_PYTHON, os.X_OK) else None
-    if probe is None or probe.returncode != 0:
-        needs.unavailable("rpm version validity checks", "python3-rpm is missing for /usr/bin/python3 "
-                          "(scripts/test-packages.txt)")
-    worker = RealRpmSpec()
+def real_rpm() -> Iterator[RpmWorker]:
+    worker = start_rpm_worker(WORKER, "rpm version validity checks", probe="import rpm; rpm.spec", quiet=True)
     yield worker
     worker.close()
 
@@ -94,12 +66,12 @@ def _split(evr: str) -> List[Optional[str]]:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                    HealthCheck.function_scoped_fixture])
 @given(evr=EVRS)
-def test_rpm_version_problem_agrees_with_rpm_spec_parsing(real_rpm: RealRpmSpec, evr: str) -> None:
+def test_rpm_version_problem_agrees_with_rpm_spec_parsing(real_rpm: RpmWorker, evr: str) -> None:
     """An EVR is valid here exactly when rpm accepts its epoch, version and release as spec tags."""
     epoch, version, release = _split(evr)
     assume(all(p is None or p == p.strip() for p in (epoch, version, release)))  # a spec would trim these
     if not evr:
         assert rpm_version_problem(evr) is not None
         return
-    accepted = real_rpm.accepts(epoch, version or "", release if release is not None else "1")
+    accepted = bool(real_rpm.ask([epoch, version or "", release if release is not None else "1"]))
     assert (rpm_version_problem(evr) is None) == accepted, (evr, rpm_version_problem(evr))
