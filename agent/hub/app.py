@@ -34,6 +34,7 @@ from starlette.types import Receive, Scope, Send
 
 from agent import __version__
 from agent.hub.fleet import DriftHost, PairingCount, drift_hosts, pairing_counts
+from agent.hub.retention import retention_worker
 from agent.hub.settings import HubSettings
 from agent.hub.store import DRIFT_KINDS, BatchResult, EventQuery, HostState, Store, StoreError, utc
 from agent.hub.tokens import Principal, TokenRegistry, bearer_token
@@ -444,6 +445,7 @@ def create_app(settings: HubSettings, store: Store, tokens: Optional[TokenRegist
     registry = tokens if tokens is not None else TokenRegistry(settings.tokens_file, settings.tokens_reload_seconds)
     writer = GroupCommitWriter(store, max_pending_batches=settings.max_pending_batches,
                                max_events_per_commit=settings.max_events_per_commit, clock=clock)
+    retention = retention_worker(settings, store, clock)
     bearer = HTTPBearer(auto_error=False, description="`gpuguard hub add-host HOST_ID` (host token) or "
                                                       "`gpuguard hub add-reader NAME` (reader token)")
 
@@ -451,6 +453,7 @@ def create_app(settings: HubSettings, store: Store, tokens: Optional[TokenRegist
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await run_in_threadpool(store.open)
         writer.start()
+        retention.start()
         log.info("hub_started", store=type(store).__name__, token_count=len(registry),
                  max_body_bytes=settings.max_body_bytes)
         if len(registry) == 0:
@@ -459,6 +462,7 @@ def create_app(settings: HubSettings, store: Store, tokens: Optional[TokenRegist
         try:
             yield
         finally:
+            await run_in_threadpool(retention.stop, settings.shutdown_timeout_seconds)
             await run_in_threadpool(writer.stop, settings.shutdown_timeout_seconds)
             await run_in_threadpool(store.close)
             log.info("hub_stopped", commit_count=writer.commit_count, batch_count=writer.batch_count)

@@ -39,6 +39,15 @@ class HubSettings(FrozenModel):
     header_timeout_seconds: float = Field(10.0, gt=0)
     body_timeout_seconds: float = Field(30.0, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Hub processes sharing the listening socket (each with its own event loop and writer); over PostgreSQL
+    # several hubs (workers or machines) share one database. See docs/hub.md, "Scale out".
+    workers: int = Field(1, ge=1, le=64)
+    # Retention (agent/hub/retention.py): 0 keeps a kind forever; each host's newest event of each kind and the
+    # hosts table are never deleted.
+    retention_heartbeat_hours: float = Field(24.0, ge=0)
+    retention_event_days: float = Field(90.0, ge=0)
+    retention_interval_seconds: float = Field(600.0, ge=1)
+    retention_batch_rows: int = Field(2000, ge=1, le=100_000)
 
     @field_validator("database_url")
     @classmethod

@@ -33,6 +33,9 @@ SCHEMA_VERSION = 1
 # Kinds that count as drift in the fleet API: the stack moved, a check regressed, or policy had to act.
 DRIFT_KINDS = ("snapshot_changed", "health_regression", "cpu_fallback", "policy_violation", "rollback")
 _ROWS_PER_INSERT = 200  # 9 parameters a row: well under SQLite's 32,766 bound variables
+_RETENTION_KEY = "retention_pass_started_at"  # hub_meta: when the last retention pass began (fixed-width UTC text)
+# PostgreSQL advisory lock held while a hub creates or checks the schema: hubs starting together take turns.
+_SCHEMA_LOCK_KEY = 0x67707567_0001
 
 
 class BatchResult(FrozenModel):
@@ -111,6 +114,12 @@ class Store(Protocol):
 
     def events(self, query: EventQuery) -> List[StoredEvent]:
         """Stored events matching the query, by occurred_at."""
+
+    def claim_retention_pass(self, now: dt.datetime, min_interval_seconds: float) -> bool:
+        """True when this process should run a retention pass now (see ``agent.hub.retention``)."""
+
+    def prune_batch(self, kind: str, cutoff: dt.datetime, limit: int) -> int:
+        """Delete up to ``limit`` events of ``kind`` older than ``cutoff``, never a host's newest of that kind."""
 
 
 def utc(value: dt.datetime) -> dt.datetime:
@@ -313,6 +322,10 @@ class _SqlStore:
         raise NotImplementedError
         yield  # pragma: no cover
 
+    def _lock_schema(self, cur: Any) -> None:
+        """Hold off other processes creating the schema until this transaction ends (SQLite: BEGIN IMMEDIATE
+        already does)."""
+
     # --- error mapping -------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _mapped(self, operation: str) -> Iterator[None]:
@@ -329,6 +342,7 @@ class _SqlStore:
         with self._mapped("open"):
             conn = self._writer_connection()
             with self._transaction(conn) as cur:
+                self._lock_schema(cur)
                 for statement in _schema(self.timestamp_type):
                     cur.execute(statement)
                 cur.execute(self._sql("INSERT INTO hub_meta (key, value) VALUES (?, ?) "
@@ -405,6 +419,35 @@ class _SqlStore:
                 answered.add(key)
             results.append(BatchResult(accepted=accepted, duplicates=duplicates))
         return results
+
+    # --- retention -----------------------------------------------------------------------------------------
+    def claim_retention_pass(self, now: dt.datetime, min_interval_seconds: float) -> bool:
+        """True when this process should run a retention pass now: an atomic compare-and-set on the last pass's
+        start time in ``hub_meta``, so of several hub processes (workers, machines) over one database only one
+        runs a pass per interval."""
+        now = utc(now)
+        stamp = _sqlite_time(now)
+        due_before = _sqlite_time(now - dt.timedelta(seconds=min_interval_seconds))
+        with self._mapped("retention"), self._pool.connection() as conn:
+            with self._transaction(conn) as cur:
+                cur.execute(self._sql("INSERT INTO hub_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING"),
+                            (_RETENTION_KEY, _sqlite_time(dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc))))
+                cur.execute(self._sql("UPDATE hub_meta SET value = ? WHERE key = ? AND value <= ?"),
+                            (stamp, _RETENTION_KEY, due_before))
+                return bool(cur.rowcount == 1)
+
+    def prune_batch(self, kind: str, cutoff: dt.datetime, limit: int) -> int:
+        """Delete up to ``limit`` events of ``kind`` that occurred before ``cutoff``, never a host's newest event of
+        that kind; the number deleted (fewer than ``limit``: nothing more to do for this kind)."""
+        sql = self._sql(
+            "DELETE FROM events WHERE (host_id, event_id) IN ("
+            "SELECT e.host_id, e.event_id FROM events e WHERE e.kind = ? AND e.occurred_at < ? AND EXISTS ("
+            "SELECT 1 FROM events n WHERE n.host_id = e.host_id AND n.occurred_at > e.occurred_at AND n.kind = e.kind)"
+            " ORDER BY e.occurred_at LIMIT ?)")
+        with self._mapped("retention"), self._pool.connection() as conn:
+            with self._transaction(conn) as cur:
+                cur.execute(sql, (kind, self._to_db_time(utc(cutoff)), limit))
+                return int(cur.rowcount)
 
     def _insert_events_sql(self, rows: int) -> str:
         values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?)"] * rows)
@@ -565,6 +608,11 @@ class PostgresStore(_SqlStore):
 
     def _sql(self, text: str) -> str:
         return text.replace("?", "%s")
+
+    def _lock_schema(self, cur: Any) -> None:
+        # CREATE TABLE IF NOT EXISTS is not safe against a concurrent CREATE (both pass the check, one fails on
+        # pg_type's unique index); the transaction-scoped lock makes the second hub wait and then find the tables.
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK_KEY,))
 
     @contextlib.contextmanager
     def _transaction(self, conn: Any) -> Iterator[Any]:

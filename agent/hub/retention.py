@@ -1,0 +1,139 @@
+"""Retention: the hub deletes old events in small batches, in the background, so storage stays bounded.
+
+    heartbeat        kept ``retention_heartbeat_hours`` (default 24); older ones deleted
+    every other kind kept ``retention_event_days`` (default 90); older ones deleted
+    never deleted    each host's newest event of each kind, and the ``hosts`` table (the latest state of a host)
+
+A heartbeat carries nothing that is not also in the ``hosts`` row (pairing, compliance, last health status,
+agent version) or in an event of its own when it changes (snapshot_changed, policy_violation, health_regression),
+so old heartbeats are simply dropped rather than aggregated. 0 keeps a kind forever.
+
+Each batch is one short transaction of at most ``retention_batch_rows`` deletes, with a pause between batches,
+so ingest (the group-commit writer) waits at most one batch for the database. Of several hub processes over one
+database (workers, machines), one runs each pass: the pass is claimed by a compare-and-set in ``hub_meta``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from typing import TYPE_CHECKING, Callable, Dict, NamedTuple, Optional, Protocol
+
+from agent.errors import StoreError
+from agent.log import get_logger
+from agent.report.events import PAYLOAD_KINDS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.hub.settings import HubSettings
+
+log = get_logger("hub.retention")
+
+# Between two batches the writer gets the database to itself for at least this long.
+PAUSE_BETWEEN_BATCHES_SECONDS = 0.05
+FIRST_PASS_AFTER_SECONDS = 60.0
+
+
+class RetentionPolicy(NamedTuple):
+    """How long each kind of event is kept; 0 keeps it forever."""
+
+    heartbeat_hours: float = 24.0
+    event_days: float = 90.0
+
+    def cutoffs(self, now: dt.datetime) -> Dict[str, dt.datetime]:
+        """Per kind, the time before which its events go (kinds kept forever are absent). Pure."""
+        out: Dict[str, dt.datetime] = {}
+        for kind in PAYLOAD_KINDS:
+            if kind == "heartbeat":
+                if self.heartbeat_hours > 0:
+                    out[kind] = now - dt.timedelta(hours=self.heartbeat_hours)
+            elif self.event_days > 0:
+                out[kind] = now - dt.timedelta(days=self.event_days)
+        return out
+
+
+class PrunableStore(Protocol):
+    """What retention needs from the store (``agent.hub.store``)."""
+
+    def claim_retention_pass(self, now: dt.datetime, min_interval_seconds: float) -> bool:
+        """True when this process should run the pass now."""
+
+    def prune_batch(self, kind: str, cutoff: dt.datetime, limit: int) -> int:
+        """Delete up to ``limit`` old events of ``kind`` (never a host's newest); how many went."""
+
+
+def run_pass(store: PrunableStore, policy: RetentionPolicy, now: dt.datetime, batch_rows: int,
+             stopping: Optional[threading.Event] = None,
+             pause_seconds: float = PAUSE_BETWEEN_BATCHES_SECONDS) -> Dict[str, int]:
+    """Delete what ``policy`` says is old at ``now``, batch by batch; per kind, how many events went.
+
+    Stops between batches once ``stopping`` is set (the rest waits for the next pass)."""
+    stop = stopping or threading.Event()
+    deleted: Dict[str, int] = {}
+    for kind, cutoff in policy.cutoffs(now).items():
+        while not stop.is_set():
+            count = store.prune_batch(kind, cutoff, batch_rows)
+            if count:
+                deleted[kind] = deleted.get(kind, 0) + count
+            if count < batch_rows:
+                break
+            stop.wait(pause_seconds)
+    return deleted
+
+
+class RetentionWorker:
+    """A thread that runs a pass every ``interval_seconds`` (when this process wins the claim)."""
+
+    def __init__(self, store: PrunableStore, policy: RetentionPolicy, interval_seconds: float, batch_rows: int,
+                 clock: Callable[[], dt.datetime]) -> None:
+        self._store = store
+        self._policy = policy
+        self._interval_seconds = interval_seconds
+        self._batch_rows = batch_rows
+        self._clock = clock
+        self._stopping = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.pass_count = 0
+
+    def start(self) -> None:
+        if self._thread is None and self._policy.cutoffs(self._clock()):
+            self._stopping.clear()
+            self._thread = threading.Thread(target=self._run, name="hub-retention", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_seconds: float = 10.0) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout_seconds)
+            self._thread = None
+
+    def run_once(self) -> Optional[Dict[str, int]]:
+        """One pass if this process wins the claim; None when another process ran one within the interval."""
+        now = self._clock()
+        # A little under the interval, so this process's own next tick is never refused by its own last claim.
+        if not self._store.claim_retention_pass(now, self._interval_seconds * 0.9):
+            return None
+        started = dt.datetime.now(dt.timezone.utc)
+        deleted = run_pass(self._store, self._policy, now, self._batch_rows, self._stopping)
+        self.pass_count += 1
+        log.info("hub_retention_pass", deleted_events=sum(deleted.values()), deleted_by_kind=deleted,
+                 duration_seconds=round((dt.datetime.now(dt.timezone.utc) - started).total_seconds(), 3))
+        return deleted
+
+    def _run(self) -> None:
+        # Not at once: a hub that just started has ingest to catch up on (agents resending after an outage).
+        self._stopping.wait(min(self._interval_seconds, FIRST_PASS_AFTER_SECONDS))
+        while not self._stopping.is_set():
+            try:
+                self.run_once()
+            except StoreError as exc:  # logged by the store; the next pass tries again
+                log.warning("hub_retention_pass_failed", error=exc.reason)
+            except Exception as exc:  # noqa: BLE001 - never take the hub down for a cleanup task
+                log.error("hub_retention_pass_failed", error=repr(exc))
+            self._stopping.wait(self._interval_seconds)
+
+
+def retention_worker(settings: "HubSettings", store: PrunableStore,
+                     clock: Callable[[], dt.datetime]) -> RetentionWorker:
+    """The worker the hub's settings describe."""
+    return RetentionWorker(store, RetentionPolicy(settings.retention_heartbeat_hours, settings.retention_event_days),
+                           settings.retention_interval_seconds, settings.retention_batch_rows, clock)
