@@ -16,12 +16,16 @@ class RpmBackend:
     manager = "rpm"
     tool_name = "dnf"
     file_field = "rpm"
-    mechanism = "dnf shell"
 
     def __init__(self, host: Host, tool: DnfTool, cache_dir: str) -> None:
         self.host = host
         self.tool = tool
         self.cache = RpmCache(host, cache_dir, tool)
+
+    @property
+    def mechanism(self) -> str:
+        """``dnf shell`` (dnf4) or ``dnf5 do`` (dnf5): how the rollback transaction runs."""
+        return str(getattr(self.tool, "mechanism", "dnf shell"))
 
     def read_installed(self, patterns: Sequence[str]) -> Dict[str, InstalledPackage]:
         return {k: InstalledPackage(v.version, v.arch) for k, v in self.tool.installed(patterns).items()}
@@ -42,7 +46,8 @@ class RpmBackend:
         return self.cache.directory
 
     def plan_targets(self, known_good: Dict[str, InstalledPackage], current: Dict[str, InstalledPackage]) -> Targets:
-        """dnf shell lines: ``install FILE|NEVRA`` (dnf downgrades when it is older) and ``remove NEVRA``."""
+        """Rollback lines: ``install FILE|NEVRA`` (dnf and dnf5 downgrade when it is older) and ``remove NEVRA``
+        (a dnf shell script on dnf4, the items of one ``dnf5 do`` on dnf5)."""
         targets, before, after = [], {}, {}
         for key in sorted(set(known_good) | set(current)):
             good, now = known_good.get(key), current.get(key)

@@ -5,8 +5,11 @@ machine with ``--installroot=ROOT`` and rpm with ``--root ROOT`` (paths given to
 inside the root). A rollback is ONE dnf transaction: a ``dnf shell`` script of ``install FILE|NEVRA`` (dnf
 downgrades when the named build is older than the installed one) and ``remove NEVRA`` lines. ``dnf shell`` logs
 a line it cannot resolve and carries on with the rest, so the script is first resolved with ``--assumeno`` and
-only run when every line resolved and the plan moves exactly the packages asked for. Waiting for the lock uses
-rpm's own lock (an fcntl record lock on ``.rpm.lock`` in the database directory) and dnf4's pid file.
+only run when every line resolved and the plan moves exactly the packages asked for. dnf5 has no ``dnf shell``:
+there the same lines become one ``dnf5 do --action=install FILE|NEVRA ... --action=remove NEVRA ...`` command
+(dnf5 >= 5.2; an item it cannot resolve fails the whole transaction), planned with ``--assumeno`` and checked the
+same way. Waiting for the lock uses rpm's own lock (an fcntl record lock on ``.rpm.lock`` in the database
+directory) and dnf4's pid file.
 
 Install-only packages (kernels) sit side by side in rpm: they are keyed ``name@version`` so a rollback removes the
 kernel that slipped in instead of "downgrading" another one.
@@ -40,6 +43,9 @@ SECTION_ACTIONS = {"installing": "install", "upgrading": "upgrade", "downgrading
                    "removing unused dependencies": "remove", "obsoleting": "remove"}
 _ERROR_LINE = re.compile(r"^(Error:|No match for argument|All matches were filtered out|Problem|"
                          r"Cannot add|Not found|Package .* is not installed|No package .* available)", re.I)
+# dnf5's own failure lines, and what its actions plugin prints when an action (gpuguard's) refuses.
+_DNF5_ERROR_LINE = re.compile(r"^(Failed to resolve the transaction|Transaction failed|Failed to|"
+                              r"gpuguard: REFUSED|File .* on line \d+: .*Exit code)", re.I)
 
 
 def package_name(key: str) -> str:
@@ -166,6 +172,19 @@ def render_script(targets: Sequence[str]) -> str:
     return "".join(f"{line}\n" for line in lines)
 
 
+def dnf5_do_args(targets: Sequence[str]) -> List[str]:
+    """The ``dnf5 do`` arguments for rollback targets: ``--action=VERB`` before each run of lines of one verb."""
+    args: List[str] = ["do"]
+    verb_before = None
+    for target in targets:
+        verb, _, spec = target.partition(" ")
+        if verb != verb_before:
+            args.append(f"--action={verb}")
+            verb_before = verb
+        args.append(spec)
+    return args
+
+
 def _exit(returncode: int) -> str:
     """``exit 1``, or ``killed by signal 13`` for a negative return code."""
     return f"killed by signal {-returncode}" if returncode < 0 else f"exit {returncode}"
@@ -198,9 +217,11 @@ class DnfTool:
         self.work_dir = work_dir
         self.sleep = sleep
         self.program = program
+        self._dnf5: Optional[bool] = None  # found on first use (is_dnf5), with the program to run
 
     def argv(self, *args: str) -> List[str]:
         """The dnf argv for this host (``--installroot`` when the root is not /)."""
+        self.is_dnf5()  # settles which program runs
         root = [] if self.host.is_live else [f"--installroot={self.host.root}"]
         return [self.program, *root, *self.options, *args]
 
@@ -225,21 +246,54 @@ class DnfTool:
         return real
 
     def is_dnf5(self) -> bool:
-        """Whether ``dnf`` on the host is dnf5 (Fedora 41+: /usr/bin/dnf -> dnf5), which has no ``dnf shell``."""
-        target = self.host.read_link(f"/usr/bin/{self.program}") or ""
-        return self.program == "dnf" and target.rsplit("/", 1)[-1] == "dnf5"
+        """Whether the dnf this tool runs is dnf5 (which has no ``dnf shell``): ``program`` is dnf5, or ``dnf``
+        is a link to dnf5 (Fedora 41+), or there is no ``dnf`` but a ``dnf5``.
+
+        Looked up under the host root, then (for a foreign root, whose commands run on this machine with
+        ``--installroot``) on this machine.
+        """
+        if self._dnf5 is None:
+            self._dnf5, self.program = self._detect()
+        return self._dnf5
+
+    def _detect(self) -> Tuple[bool, str]:
+        if self.program.rsplit("/", 1)[-1] == "dnf5":
+            return True, self.program
+        if self.program != "dnf":
+            return False, self.program
+        hosts = [self.host] if self.host.is_live else [self.host, Host.for_root("/")]
+        for host in hosts:
+            if host.which("dnf") is not None:
+                target = host.read_link("/usr/bin/dnf") or ""
+                return target.rsplit("/", 1)[-1] == "dnf5", "dnf"
+            if host.which("dnf5") is not None:
+                return True, "dnf5"
+        return False, "dnf"
+
+    def _errors(self, output: str) -> List[str]:
+        patterns = (_ERROR_LINE, _DNF5_ERROR_LINE) if self.is_dnf5() else (_ERROR_LINE,)
+        lines = [line.strip() for line in output.splitlines()]
+        return list(dict.fromkeys(line for line in lines if any(p.match(line) for p in patterns)))
+
+    def _transaction_argv(self, mode: str, lines: Sequence[str]) -> List[str]:
+        """``dnf MODE shell SCRIPT`` (dnf4), or ``dnf5 MODE do --action=...`` (dnf5)."""
+        if self.is_dnf5():
+            return self.argv(mode, *dnf5_do_args(lines))
+        return self.argv(mode, "shell", self._write_script(lines))
+
+    @property
+    def mechanism(self) -> str:
+        """How a rollback transaction is run, for the rollback event."""
+        return "dnf5 do" if self.is_dnf5() else "dnf shell"
 
     def simulate(self, lines: Sequence[str]) -> Tuple[List[PlannedStep], Optional[str]]:
-        """Resolve the rollback script with ``--assumeno``: dnf's plan, and why it cannot be run (None when it can)."""
-        if self.is_dnf5():
-            return [], ("dnf is dnf5, which has no 'dnf shell' for a one-transaction rollback; roll back by hand: "
-                        + "; ".join(lines))
-        result = self.host.run(self.argv("--assumeno", "shell", self._write_script(lines)), timeout_seconds=300.0)
+        """Resolve the rollback with ``--assumeno``: dnf's plan, and why it cannot be run (None when it can)."""
+        result = self.host.run(self._transaction_argv("--assumeno", lines), timeout_seconds=300.0)
         output = result.stdout + "\n" + result.stderr
         plan = parse_transaction(result.stdout)
-        errors = [line.strip() for line in output.splitlines() if _ERROR_LINE.match(line.strip())]
+        errors = self._errors(output)
         if errors:
-            return plan, "dnf could not plan the rollback: " + "; ".join(dict.fromkeys(errors))
+            return plan, "dnf could not plan the rollback: " + "; ".join(errors)
         if not plan:
             return plan, f"dnf could not plan the rollback ({_exit(result.returncode)}): " + \
                 (output.strip().splitlines() or ["no output"])[-1]
@@ -251,13 +305,12 @@ class DnfTool:
     def apply(self, lines: Sequence[str]) -> Optional[str]:
         """Run the rollback script as one dnf transaction; why it failed, or None. The gpuguard dnf plugin, when
         installed, checks it like any other transaction."""
-        result = self.host.run(self.argv("-y", "shell", self._write_script(lines)),
-                               timeout_seconds=self.timeout_seconds)
+        result = self.host.run(self._transaction_argv("-y", lines), timeout_seconds=self.timeout_seconds)
         output = result.stdout + "\n" + result.stderr
-        errors = [line.strip() for line in output.splitlines() if _ERROR_LINE.match(line.strip())]
+        errors = self._errors(output)
         if result.returncode != 0 or errors:
-            detail = "; ".join(dict.fromkeys(errors)) or (output.strip().splitlines() or ["no output"])[-1]
-            return f"dnf shell failed ({_exit(result.returncode)}): {detail}"
+            detail = "; ".join(errors) or (output.strip().splitlines() or ["no output"])[-1]
+            return f"{self.mechanism} failed ({_exit(result.returncode)}): {detail}"
         return None
 
     def finish_pending(self) -> None:
@@ -289,7 +342,9 @@ class DnfTool:
         """Versions the repositories offer per name; ``specs`` may be names or globs (``kernel*``)."""
         if not specs:
             return {}
-        result = self.host.run(self.argv("-q", "repoquery", "--qf", "%{name}\t%{evr}", *specs),
+        # dnf5's --queryformat does not end each package with a newline, dnf4's does.
+        query_format = "%{name}\t%{evr}\n" if self.is_dnf5() else "%{name}\t%{evr}"
+        result = self.host.run(self.argv("-q", "repoquery", "--qf", query_format, *specs),
                                timeout_seconds=120.0).check()
         out: Dict[str, List[str]] = {}
         for line in result.stdout.splitlines():

@@ -17,6 +17,7 @@ from agent.guard.dnf.backend import RpmBackend
 from agent.guard.dnf.rpm_cache import RpmCache
 from agent.guard.dnf.tool import (
     DnfTool,
+    dnf5_do_args,
     nevra,
     parse_rpm_installed,
     parse_transaction,
@@ -299,12 +300,80 @@ def test_a_dnf_killed_without_output_is_named_in_the_plan_error(tmp_path: Path) 
                                                            "no output")
 
 
-def test_a_dnf5_host_gets_a_clear_refusal_instead_of_a_dnf_shell_error(tmp_path: Path) -> None:
-    """dnf5 has no 'dnf shell': the plan fails with the steps to do by hand, and no dnf command is run."""
-    root, host, tool, runner = _rpm_root(tmp_path)
+# What dnf5 5.4.6 printed for a rollback of a forced driver (Debian sid, tests/guard/dnf/dnf5/): the table on
+# stdout ("replacing" rows are continuations), the rest on stderr, exit 1 for --assumeno.
+DNF5_ASSUMENO = """\
+Package                  Arch   Version                    Repository        Size
+Downgrading:
+ amdgpu-dkms             noarch 1:6.8.5.60202-2041575.el9  @commandline   2.0   B
+   replacing amdgpu-dkms noarch 1:6.10.5.60300-2084815.el9 <unknown>      2.0   B
+Removing:
+ kernel-core             x86_64 5.14.0-570.el9             @System        2.0   B
+
+Transaction Summary:
+ Replacing:          1 package
+ Downgrading:        1 package
+ Removing:           1 package
+
+"""
+DNF5_STDERR = "Updating and loading repositories:\nRepositories loaded.\nOperation aborted by the user.\n"
+DNF5_TARGETS = ["install /var/lib/gpuguard/rpms/amdgpu-dkms-6.8.5.60202-2041575.el9.noarch.rpm",
+                "remove kernel-core-5.14.0-570.el9.x86_64"]
+
+
+def _dnf5_root(tmp_path: Path):
+    """A fake rpm root whose /usr/bin/dnf is dnf5 (Fedora 41+), with a fresh DnfTool over it."""
+    root, host, _, runner = _rpm_root(tmp_path)
     (root / "usr/bin").mkdir(parents=True)
     os.symlink("dnf5", root / "usr/bin/dnf")
-    assert tool.simulate(["remove k-2-1.x86_64"]) == ([], "dnf is dnf5, which has no 'dnf shell' for a "
-                                                          "one-transaction rollback; roll back by hand: "
-                                                          "remove k-2-1.x86_64")
-    assert runner.calls == []
+    (root / "usr/bin/dnf5").write_text("#!/bin/sh\n")
+    (root / "usr/bin/dnf5").chmod(0o755)
+    return root, host, DnfTool(host, lock_timeout_seconds=1, options=["-c", "/etc/test-dnf.conf"]), runner
+
+
+def test_dnf5_do_args_group_the_lines_by_action() -> None:
+    """One ``dnf5 do`` item list: ``--action=`` only where the verb changes."""
+    assert dnf5_do_args(["install /k/a.rpm", "install /k/b.rpm", "install c-1-1.x86_64", "remove d-2-1.noarch"]) == [
+        "do", "--action=install", "/k/a.rpm", "/k/b.rpm", "c-1-1.x86_64", "--action=remove", "d-2-1.noarch"]
+
+
+def test_a_dnf5_host_plans_and_applies_the_rollback_with_one_dnf5_do(tmp_path: Path) -> None:
+    """dnf5 has no 'dnf shell': the same lines go into one ``dnf5 do``, planned with --assumeno, then run."""
+    root, host, tool, runner = _dnf5_root(tmp_path)
+    assert tool.is_dnf5() and tool.mechanism == "dnf5 do"
+    do = ["do", "--action=install", DNF5_TARGETS[0].split()[1], "--action=remove", DNF5_TARGETS[1].split()[1]]
+    runner.add(tool.argv("--assumeno", *do), stdout=DNF5_ASSUMENO, stderr=DNF5_STDERR, returncode=1)
+    plan, error = tool.simulate(DNF5_TARGETS)
+    assert error is None
+    assert plan == [PlannedStep("downgrade", "amdgpu-dkms", "", "1:6.8.5.60202-2041575.el9"),
+                    PlannedStep("remove", "kernel-core", "5.14.0-570.el9", "")]
+    runner.add(tool.argv("-y", *do), stdout="Complete!\n")
+    assert tool.apply(DNF5_TARGETS) is None
+    assert [list(c[:2]) for c in runner.calls[-2:]] == [["dnf", f"--installroot={root}"]] * 2
+    assert not host.path(tool.script_path).exists()  # no dnf shell script on dnf5
+
+
+def test_a_dnf5_refusal_or_unresolvable_item_fails_the_plan(tmp_path: Path) -> None:
+    """dnf5 fails the whole transaction on an item it cannot resolve; the actions plugin's refusal is named."""
+    _, _, tool, runner = _dnf5_root(tmp_path)
+    runner.add(tool.argv("--assumeno", "do", "--action=install", "x-9-1.noarch"), returncode=1,
+               stderr="Failed to resolve the transaction:\nNo match for argument: x-9-1.noarch\n")
+    assert tool.simulate(["install x-9-1.noarch"]) == ([], "dnf could not plan the rollback: Failed to resolve the "
+                                                           "transaction:; No match for argument: x-9-1.noarch")
+    runner.add(tool.argv("-y", "do", "--action=remove", "y-1-1.noarch"), returncode=1,
+               stderr="gpuguard: REFUSED (amd.pairing): y 1-1 -> (removed)\n"
+                      'File "/etc/dnf/libdnf5-plugins/actions.d/gpuguard.actions" on line 6: Exit code: 10\n')
+    assert tool.apply(["remove y-1-1.noarch"]) == (
+        "dnf5 do failed (exit 1): gpuguard: REFUSED (amd.pairing): y 1-1 -> (removed); "
+        'File "/etc/dnf/libdnf5-plugins/actions.d/gpuguard.actions" on line 6: Exit code: 10')
+
+
+def test_dnf5_is_found_when_there_is_no_dnf(tmp_path: Path) -> None:
+    """A host with /usr/bin/dnf5 and no dnf (Debian sid) runs ``dnf5``; an explicit program is kept."""
+    root, host, _, _ = _rpm_root(tmp_path)
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "usr/bin/dnf5").write_text("#!/bin/sh\n")
+    (root / "usr/bin/dnf5").chmod(0o755)
+    tool = DnfTool(host)
+    assert tool.argv("do")[0] == "dnf5" and tool.is_dnf5()
+    assert not DnfTool(host, program="/opt/dnf4/bin/dnf").is_dnf5()

@@ -149,7 +149,9 @@ def _host(tmp_path: Path, dnf5: bool):
     runner = FakeRunner()
     host = Host(root=root, runner=runner)
     tool = DnfTool(host)
-    runner.add(tool.argv("-q", "repoquery", "--qf", "%{name}\t%{evr}", "amdgpu-dkms", "kernel", "kernel-core",
+    # dnf5 (found as /usr/bin/dnf5 under the root) ends each package of its --queryformat only when told to.
+    query_format = "%{name}\t%{evr}\n" if dnf5 else "%{name}\t%{evr}"
+    runner.add(tool.argv("-q", "repoquery", "--qf", query_format, "amdgpu-dkms", "kernel", "kernel-core",
                          "kernel-default", "kernel-uek", "rocm-core", "linux-image-*", "linux-modules-*"),
                stdout="".join(f"{n}\t{v}\n" for n, vs in AVAILABLE.items() for v in vs))
     return root, host, tool
