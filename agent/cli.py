@@ -43,6 +43,12 @@ def _cmd_run(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> i
     return run_daemon(args.config, make_host(args.root))
 
 
+def _cmd_status(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    from agent.status.command import status
+
+    return status(make_host(args.root), args.config, args.json, args.offline, out)
+
+
 def _cmd_schema(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
     from agent.files import write_atomically
     from agent.report.schema import render_schema
@@ -186,6 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("schema", help="print the JSON schema of report events (schemas/events-v1.json)")
     schema.add_argument("--output", "-o", metavar="FILE", help="write it to FILE (atomically) instead")
     schema.set_defaults(handler=_cmd_schema)
+
+    status = sub.add_parser("status", help="is the agent all right: daemon, last snapshot/health/guard results, "
+                                           "compliance, outbox, hub (exit 0 ok, 30 attention, 31 failing)")
+    status.add_argument("--json", action="store_true", help="print checks and facts as JSON instead of a table")
+    status.add_argument("--offline", action="store_true", help="do not contact the hub")
+    status.add_argument("--config", default=DEFAULT_CONFIG_PATH, metavar="PATH",
+                        help=f"agent config file (default {DEFAULT_CONFIG_PATH}; missing means defaults)")
+    status.add_argument("--root", default="/", help="look for the daemon under DIR's /proc instead of / (tests)")
+    status.set_defaults(handler=_cmd_status)
 
     _add_hub_parser(sub)
     _add_guard_parsers(sub)

@@ -18,6 +18,9 @@
 
 Foreign exceptions (OSError, subprocess, pydantic, requests, amdsmi, pynvml) are mapped to these once, at the
 boundary where they happen; the CLI prints a known error as one line and exits with its code.
+
+Outcomes that are not errors have codes of their own: ``gpuguard health run`` 0 and 20-24 (agent/health/model.py),
+``gpuguard status`` 0 ok, 30 attention, 31 failing (agent/status/assess.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,6 @@
+"""``gpuguard status``: what the agent on this host last saw and whether anything needs attention.
+
+    facts.py    gather: read the state directory, /proc, systemd and the hub (I/O; damage becomes a reason)
+    assess.py   assess: facts and a time in, checks and an exit code out (pure)
+    command.py  the CLI glue: a table or --json
+"""

@@ -1,0 +1,150 @@
+"""Judge gathered facts: one Check per area, an overall verdict and its exit code. Pure: no I/O, no clock.
+
+Exit codes (``STATUS_EXIT_CODES``): 0 ok; 30 attention (something is stale, undelivered, unreachable or
+unknown-but-expected); 31 failing (the daemon is not running, the host is not compliant, the last health check
+failed, a state file is damaged, the last rollback failed). gpuguard's errors keep theirs (a broken agent.toml: 3).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Dict, List, Literal, Optional
+
+from agent.models import FrozenModel
+from agent.status.facts import StatusFacts
+
+CheckState = Literal["ok", "info", "warn", "fail"]
+Verdict = Literal["ok", "attention", "failing"]
+STATUS_EXIT_CODES: Dict[str, int] = {"ok": 0, "attention": 30, "failing": 31}
+FAILED_HEALTH = ("regression", "cpu_fallback", "failed", "timeout")
+# Undelivered events are worth attention after this long, or after 10 delivery intervals if that is longer.
+OUTBOX_STUCK_SECONDS = 600.0
+
+
+class Check(FrozenModel):
+    """One area's state and a one-line summary."""
+
+    name: str
+    state: CheckState
+    summary: str
+
+
+class Assessment(FrozenModel):
+    """Every check and the verdict they add up to."""
+
+    verdict: Verdict
+    exit_code: int
+    checks: List[Check]
+
+
+def _age(now: dt.datetime, then: dt.datetime) -> str:
+    seconds = max(0.0, (now - then).total_seconds())
+    if seconds < 120:
+        return f"{seconds:.0f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h ago"
+    return f"{seconds / 86400:.1f} days ago"
+
+
+def _daemon(f: StatusFacts) -> Check:
+    d = f.daemon
+    if d.systemd_state is not None and d.systemd_state != "active":
+        return Check(name="daemon", state="fail", summary=f"gpuguard.service is {d.systemd_state}")
+    if d.pids:
+        return Check(name="daemon", state="ok", summary=f"running (pid {', '.join(str(p) for p in d.pids)})")
+    if d.systemd_state == "active":
+        return Check(name="daemon", state="ok", summary="gpuguard.service is active")
+    return Check(name="daemon", state="fail", summary="not running (no `gpuguard run` process)")
+
+
+def _snapshot(f: StatusFacts, now: dt.datetime) -> Check:
+    s = f.snapshot
+    if s.problem is not None:
+        return Check(name="snapshot", state="fail", summary=s.problem)
+    if s.taken_at is None:
+        return Check(name="snapshot", state="warn", summary="no snapshot yet")
+    summary = f"taken {_age(now, s.taken_at)}, {s.critical_findings} critical / {s.warning_findings} warning findings"
+    if (now - s.taken_at).total_seconds() > 3 * f.snapshot_interval_seconds + 60:
+        return Check(name="snapshot", state="warn", summary=f"stale: {summary}")
+    return Check(name="snapshot", state="warn" if s.critical_findings else "ok", summary=summary)
+
+
+def _compliance(f: StatusFacts) -> Check:
+    m = f.metrics
+    if m.problem is not None:
+        return Check(name="compliance", state="warn", summary=m.problem)
+    if m.compliant is None:
+        return Check(name="compliance", state="info", summary="unknown (no policy, or not evaluated yet)")
+    if m.compliant:
+        return Check(name="compliance", state="ok", summary="compliant with the pairing policy")
+    return Check(name="compliance", state="fail", summary="NOT compliant with the pairing policy "
+                                                          "(gpuguard policy explain)")
+
+
+def _health(f: StatusFacts, now: dt.datetime) -> Check:
+    h = f.health
+    if h.problem is not None:
+        return Check(name="health", state="fail", summary=h.problem)
+    if h.status is None or h.finished_at is None:
+        return Check(name="health", state="info", summary="no health check yet")
+    summary = f"{h.status} {_age(now, h.finished_at)}" + (f": {h.summary}" if h.summary else "")
+    if h.status in FAILED_HEALTH:
+        return Check(name="health", state="fail", summary=summary)
+    if f.health_enabled and (now - h.finished_at).total_seconds() > 2 * f.health_interval_seconds:
+        return Check(name="health", state="warn", summary=f"stale: {summary}")
+    return Check(name="health", state="info" if h.status == "skipped" else "ok", summary=summary)
+
+
+def _guard(f: StatusFacts, now: dt.datetime) -> Check:
+    g = f.guard
+    if g.problem is not None:
+        return Check(name="guard", state="warn", summary=g.problem)
+    if g.last_kind is None:
+        return Check(name="guard", state="ok", summary="no guard events recorded")
+    when = _age(now, g.last_at) if g.last_at is not None else "at an unknown time"
+    summary = f"last: {g.last_kind} {when}" + (f" ({g.last_message})" if g.last_message else "")
+    if g.last_kind == "rollback" and g.last_succeeded is False:
+        return Check(name="guard", state="fail", summary=summary)
+    return Check(name="guard", state="ok", summary=summary)
+
+
+def _outbox(f: StatusFacts, now: dt.datetime) -> Check:
+    o = f.outbox
+    if o.problem is not None:
+        return Check(name="outbox", state="fail", summary=o.problem)
+    if o.depth == 0:
+        state: CheckState = "warn" if o.dropped_total else "ok"
+        dropped = f", {o.dropped_total} dropped by the size bound" if o.dropped_total else ""
+        return Check(name="outbox", state=state, summary=f"empty{dropped}")
+    oldest = o.oldest_enqueued_at
+    summary = f"{o.depth} event(s) waiting" + (f", oldest enqueued {_age(now, oldest)}" if oldest else "")
+    if o.dropped_total:
+        summary += f", {o.dropped_total} dropped by the size bound"
+    stuck_after = max(OUTBOX_STUCK_SECONDS, 10 * f.delivery_interval_seconds)
+    stuck = oldest is not None and (now - oldest).total_seconds() > stuck_after
+    return Check(name="outbox", state="warn" if stuck or o.dropped_total else "ok", summary=summary)
+
+
+def _hub(f: StatusFacts) -> Check:
+    h = f.hub
+    if h.endpoint_url is None:
+        return Check(name="hub", state="info", summary="no endpoint_url configured: events stay in the outbox")
+    if not h.checked:
+        return Check(name="hub", state="info", summary=f"{h.endpoint_url}: not checked (--offline)")
+    if h.error is not None:
+        return Check(name="hub", state="warn", summary=f"{h.endpoint_url}: unreachable: {h.error}")
+    ok = h.status_code is not None and h.status_code < 500
+    return Check(name="hub", state="ok" if ok else "warn",
+                 summary=f"{h.endpoint_url}: HTTP {h.status_code} in {h.latency_ms:.0f} ms")
+
+
+def assess(facts: StatusFacts, now: Optional[dt.datetime] = None) -> Assessment:
+    """The checks for ``facts`` as of ``now`` (default: when they were gathered)."""
+    at = now or facts.gathered_at
+    checks = [_daemon(facts), _snapshot(facts, at), _compliance(facts), _health(facts, at), _guard(facts, at),
+              _outbox(facts, at), _hub(facts)]
+    states = {c.state for c in checks}
+    verdict: Verdict = "failing" if "fail" in states else "attention" if "warn" in states else "ok"
+    return Assessment(verdict=verdict, exit_code=STATUS_EXIT_CODES[verdict], checks=checks)

@@ -1,0 +1,335 @@
+"""Gather what ``gpuguard status`` judges: the daemon's process, its state files, the outbox, the hub.
+
+Each reader returns facts or a one-line ``problem`` (a damaged, unreadable or foreign file); nothing here
+raises for bad state, so one broken file never hides the rest. The outbox is opened read-only (a status query
+must not recover, rewrite or lock the daemon's file); large logs are read from their tail only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import errno
+import json
+import os
+import sqlite3
+import stat
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+from agent.errors import GpuguardError
+from agent.files import read_json_file
+from agent.host import Host
+from agent.models import FrozenModel
+
+GUARD_TAIL_BYTES = 64 * 1024
+METRICS_MAX_BYTES = 1024 * 1024
+HUB_TIMEOUT_SECONDS = 3.0
+SYSTEMD_UNIT = "gpuguard.service"
+
+
+class DaemonFacts(FrozenModel):
+    pids: List[int] = []
+    systemd_state: Optional[str] = None  # None: no systemd on this host (or it could not be asked)
+
+
+class SnapshotFacts(FrozenModel):
+    taken_at: Optional[dt.datetime] = None
+    content_hash: Optional[str] = None
+    critical_findings: int = 0
+    warning_findings: int = 0
+    problem: Optional[str] = None
+
+
+class HealthFacts(FrozenModel):
+    status: Optional[str] = None
+    finished_at: Optional[dt.datetime] = None
+    summary: Optional[str] = None
+    problem: Optional[str] = None
+
+
+class GuardFacts(FrozenModel):
+    last_kind: Optional[str] = None
+    last_at: Optional[dt.datetime] = None
+    last_message: Optional[str] = None
+    last_succeeded: Optional[bool] = None
+    problem: Optional[str] = None
+
+
+class MetricsFacts(FrozenModel):
+    """What the daemon last published in its node_exporter textfile."""
+
+    compliant: Optional[bool] = None
+    written_at: Optional[dt.datetime] = None
+    last_delivery_success_at: Optional[dt.datetime] = None
+    problem: Optional[str] = None
+
+
+class OutboxFacts(FrozenModel):
+    depth: int = 0
+    oldest_enqueued_at: Optional[dt.datetime] = None
+    dropped_total: int = 0
+    problem: Optional[str] = None
+
+
+class HubFacts(FrozenModel):
+    endpoint_url: Optional[str] = None
+    checked: bool = False
+    status_code: Optional[int] = None
+    latency_ms: float = 0.0
+    error: Optional[str] = None
+
+
+class StatusFacts(FrozenModel):
+    gathered_at: dt.datetime
+    config_path: str
+    state_dir: str
+    snapshot_interval_seconds: float
+    health_enabled: bool
+    health_interval_seconds: float
+    delivery_interval_seconds: float
+    daemon: DaemonFacts
+    snapshot: SnapshotFacts
+    health: HealthFacts
+    guard: GuardFacts
+    metrics: MetricsFacts
+    outbox: OutboxFacts
+    hub: HubFacts
+
+
+def _when(value: object) -> Optional[dt.datetime]:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+
+
+def _epoch(value: Optional[float]) -> Optional[dt.datetime]:
+    return None if value is None else dt.datetime.fromtimestamp(value, dt.timezone.utc)
+
+
+# --- pure parsers ------------------------------------------------------------------------------------------------
+
+def is_daemon_cmdline(argv: List[str]) -> bool:
+    """True for ``gpuguard run ...`` and ``python -m agent run ...`` (the daemon), whatever the interpreter."""
+    for index, arg in enumerate(argv):
+        program = os.path.basename(arg)
+        after = argv[index + 1:]
+        if program == "gpuguard" and after[:1] == ["run"]:
+            return True
+        if arg == "-m" and after[:2] == ["agent", "run"]:
+            return True
+    return False
+
+
+def parse_textfile(text: str) -> Dict[str, float]:
+    """Sample values of a Prometheus textfile by metric name (labels dropped, the last sample wins)."""
+    values: Dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name_part, _, value = line.rpartition(" ")
+        name = name_part.split("{", 1)[0]
+        try:
+            values[name] = float(value)
+        except ValueError:
+            continue
+    return values
+
+
+def last_json_line(tail: bytes, first_line_cut: bool = False) -> Optional[Dict[str, object]]:
+    """The last complete JSON object line of a file's tail (None when there is none); ``first_line_cut`` when the
+    tail starts inside the file, so its first line is a fragment."""
+    lines = tail.split(b"\n")
+    for raw in reversed(lines[1:] if first_line_cut else lines):
+        raw = raw.strip()
+        if not raw:
+            continue
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            return record
+    return None
+
+
+# --- readers -----------------------------------------------------------------------------------------------------
+
+def read_daemon(host: Host) -> DaemonFacts:
+    """Processes running the daemon (from /proc under the host root) and the systemd unit's state."""
+    pids = []
+    proc = host.path("/proc")
+    try:
+        entries = [name for name in os.listdir(proc) if name.isdigit()]
+    except OSError:
+        entries = []
+    for name in entries:
+        try:
+            with open(proc / name / "cmdline", "rb") as handle:
+                argv = [part.decode("utf-8", "replace") for part in handle.read(4096).split(b"\0") if part]
+        except OSError:
+            continue  # gone, or not ours to read
+        if is_daemon_cmdline(argv) and int(name) != os.getpid():
+            pids.append(int(name))
+    systemd_state = None
+    if host.path("/run/systemd/system").is_dir():
+        try:
+            result = host.run(["systemctl", "is-active", SYSTEMD_UNIT], timeout_seconds=5)
+            systemd_state = result.stdout.strip() or None
+        except GpuguardError:
+            systemd_state = None
+    return DaemonFacts(pids=sorted(pids), systemd_state=systemd_state)
+
+
+def read_snapshot(path: str) -> SnapshotFacts:
+    try:
+        data = read_json_file(path)
+    except GpuguardError as exc:
+        return SnapshotFacts(problem=str(exc))
+    if data is None:
+        return SnapshotFacts()
+    if not isinstance(data, dict) or _when(data.get("taken_at")) is None:
+        return SnapshotFacts(problem=f"{path}: not a gpuguard snapshot (no taken_at)")
+    findings = data.get("findings")
+    severities = [f.get("severity") for f in findings if isinstance(f, dict)] if isinstance(findings, list) else []
+    hash_value = data.get("content_hash")
+    return SnapshotFacts(taken_at=_when(data["taken_at"]), content_hash=hash_value if isinstance(hash_value, str)
+                         else None, critical_findings=severities.count("critical"),
+                         warning_findings=severities.count("warning"))
+
+
+def read_health(path: str) -> HealthFacts:
+    try:
+        data = read_json_file(path)
+    except GpuguardError as exc:
+        return HealthFacts(problem=str(exc))
+    if data is None:
+        return HealthFacts()
+    started = _when(data.get("started_at")) if isinstance(data, dict) else None
+    if not isinstance(data, dict) or started is None or not isinstance(data.get("status"), str):
+        return HealthFacts(problem=f"{path}: not a health result (no status or started_at)")
+    wall = data.get("wall_seconds")
+    finished = started + dt.timedelta(seconds=float(wall)) if isinstance(wall, (int, float)) else started
+    summary = data.get("summary")
+    return HealthFacts(status=data["status"], finished_at=finished,
+                       summary=summary[:200] if isinstance(summary, str) else None)
+
+
+def _read_tail(path: str, max_bytes: int) -> Tuple[bytes, int, float]:
+    """The last ``max_bytes`` of a regular file, where they start, and its mtime. Opened non-blocking: a FIFO in
+    place of a state file is refused at once (OSError), not waited on."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        start = max(0, info.st_size - max_bytes)
+        os.lseek(fd, start, os.SEEK_SET)
+        return os.read(fd, max_bytes), start, info.st_mtime
+    finally:
+        os.close(fd)
+
+
+def read_guard(path: str) -> GuardFacts:
+    try:
+        tail, start, _ = _read_tail(path, GUARD_TAIL_BYTES)
+    except FileNotFoundError:
+        return GuardFacts()
+    except OSError as exc:
+        return GuardFacts(problem=f"{path}: {exc.strerror or exc}")
+    record = last_json_line(tail, first_line_cut=start > 0)
+    if record is None:
+        return GuardFacts() if not tail.strip() else GuardFacts(problem=f"{path}: no readable event in its tail")
+    kind = record.get("kind")
+    message = record.get("message") or record.get("rule") or record.get("reason")
+    succeeded = record.get("succeeded")
+    return GuardFacts(last_kind=kind if isinstance(kind, str) else "unknown", last_at=_when(record.get("occurred_at")),
+                      last_message=str(message)[:200] if message is not None else None,
+                      last_succeeded=succeeded if isinstance(succeeded, bool) else None)
+
+
+def read_metrics(path: Optional[str]) -> MetricsFacts:
+    if path is None:
+        return MetricsFacts(problem="metrics are off (report.metrics_enabled = false): compliance unknown")
+    try:
+        raw, _, written = _read_tail(path, METRICS_MAX_BYTES)
+    except FileNotFoundError:
+        return MetricsFacts()
+    except OSError as exc:
+        return MetricsFacts(problem=f"{path}: {exc.strerror or exc}")
+    values = parse_textfile(raw.decode("utf-8", "replace"))
+    compliant = values.get("gpuguard_compliant")
+    return MetricsFacts(compliant=None if compliant is None else compliant == 1.0, written_at=_epoch(written),
+                        last_delivery_success_at=_epoch(values.get("gpuguard_last_delivery_success_timestamp_seconds")))
+
+
+def read_outbox(path: str) -> OutboxFacts:
+    if not os.path.exists(path):
+        return OutboxFacts()
+    if not os.path.isfile(path):
+        return OutboxFacts(problem=f"{path}: not a regular file")
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=2.0)
+        try:
+            depth, oldest = conn.execute("SELECT COUNT(*), MIN(enqueued_at) FROM events").fetchone()
+            dropped = conn.execute("SELECT COALESCE(SUM(count), 0) FROM dropped").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        return OutboxFacts(problem=f"{path}: unreadable outbox ({exc}); the daemon salvages it on its next check")
+    return OutboxFacts(depth=int(depth), oldest_enqueued_at=_epoch(oldest), dropped_total=int(dropped))
+
+
+def probe_hub(endpoint_url: str, ca_bundle: Optional[str], timeout_seconds: float = HUB_TIMEOUT_SECONDS) -> HubFacts:
+    """GET the hub's /healthz once, bounded by ``timeout_seconds``; any HTTP answer means reachable."""
+    import requests
+
+    started = time.monotonic()
+    try:
+        answer = requests.get(f"{endpoint_url}/healthz", timeout=(timeout_seconds, timeout_seconds),
+                              verify=ca_bundle or True, allow_redirects=False)
+    except requests.RequestException as exc:
+        reason = type(exc).__name__
+        return HubFacts(endpoint_url=endpoint_url, checked=True, error=reason,
+                        latency_ms=(time.monotonic() - started) * 1000)
+    return HubFacts(endpoint_url=endpoint_url, checked=True, status_code=answer.status_code,
+                    latency_ms=(time.monotonic() - started) * 1000)
+
+
+def gather(host: Host, config_path: str, offline: bool,
+           hub_probe: Callable[[str, Optional[str]], HubFacts] = probe_hub) -> StatusFacts:
+    """Every fact, read now. A broken agent.toml is the one error raised (ConfigError, exit 3)."""
+    from agent.config import load_settings
+    from agent.daemon_jobs.runtime import LAST_SNAPSHOT_FILENAME
+    from agent.guard.hotpath.state import GuardPaths
+    from agent.health.baseline import health_dir
+    from agent.health.runner import LAST_RESULT_FILE
+    from agent.report.outbox import OUTBOX_FILENAME
+
+    settings = load_settings(config_path)
+    state_dir = settings.agent.state_dir
+    report = settings.report
+
+    def in_state(*parts: str) -> str:
+        return os.path.join(state_dir, *parts)
+
+    if report.endpoint_url is None:
+        hub = HubFacts()
+    elif offline:
+        hub = HubFacts(endpoint_url=report.endpoint_url)
+    else:
+        hub = hub_probe(report.endpoint_url, report.ca_bundle)
+    return StatusFacts(
+        gathered_at=host.clock(), config_path=config_path, state_dir=state_dir,
+        snapshot_interval_seconds=settings.snapshot.interval_seconds, health_enabled=settings.daemon.health_enabled,
+        health_interval_seconds=settings.daemon.health_interval_seconds,
+        delivery_interval_seconds=report.delivery_interval_seconds,
+        daemon=read_daemon(host), snapshot=read_snapshot(in_state(LAST_SNAPSHOT_FILENAME)),
+        health=read_health(str(health_dir(state_dir) / LAST_RESULT_FILE)),
+        guard=read_guard(str(host.path(GuardPaths(state_dir).events))),
+        metrics=read_metrics(report.metrics_path(state_dir)), outbox=read_outbox(in_state(OUTBOX_FILENAME)),
+        hub=hub)

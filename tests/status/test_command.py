@@ -1,0 +1,220 @@
+"""``gpuguard status`` over fixture state directories: real files (good, damaged, missing), a /proc tree, a real
+local HTTP server for the hub; damage is a one-line reason, never a traceback; exit 0 / 30 / 31."""
+
+from __future__ import annotations
+
+import datetime as dt
+import http.server
+import io
+import json
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any, Dict, Iterator, Optional
+
+import pytest
+
+from agent import cli
+from agent.host import Host
+from agent.status.facts import is_daemon_cmdline, last_json_line, parse_textfile
+
+NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.timezone.utc)
+
+
+class StateDir:
+    """A host root with a state directory the way the daemon leaves it, and an agent.toml pointing at it."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.root = tmp / "root"
+        self.state = self.root / "var/lib/gpuguard"
+        (self.state / "health").mkdir(parents=True)
+        (self.state / "metrics").mkdir()
+        (self.root / "proc").mkdir()
+        self.config = tmp / "agent.toml"
+        self.write_config()
+
+    def write_config(self, endpoint: Optional[str] = None) -> None:
+        lines = ["[agent]", f'state_dir = "{self.state}"', "[report]"]
+        if endpoint:
+            lines.append(f'endpoint_url = "{endpoint}"')
+        self.config.write_text("\n".join(lines) + "\n")
+
+    def guard_events(self) -> Path:
+        path = self.root / str(self.state).lstrip("/") / "guard-events.jsonl"  # under the Host root, as the daemon
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def healthy(self) -> "StateDir":
+        (self.root / "proc/4242").mkdir()
+        (self.root / "proc/4242/cmdline").write_bytes(b"/usr/bin/python3\0/usr/bin/gpuguard\0run\0")
+        (self.root / "proc/77").mkdir()
+        (self.root / "proc/77/cmdline").write_bytes(b"sshd\0")
+        (self.state / "last-snapshot.json").write_text(json.dumps({
+            "taken_at": (NOW - dt.timedelta(minutes=3)).isoformat(), "content_hash": "c" * 64,
+            "findings": [{"severity": "warning"}]}))
+        (self.state / "health/last.json").write_text(json.dumps({
+            "status": "pass", "summary": "8 GPUs ok", "started_at": (NOW - dt.timedelta(hours=1)).isoformat(),
+            "wall_seconds": 42.0}))
+        (self.state / "metrics/gpuguard.prom").write_text(
+            "# HELP gpuguard_compliant x\n# TYPE gpuguard_compliant gauge\ngpuguard_compliant 1\n"
+            'gpuguard_outbox_dropped_total{kind="heartbeat"} 0\n')
+        self.guard_events().write_text(json.dumps({"occurred_at": (NOW - dt.timedelta(days=1)).isoformat(),
+                                                   "kind": "transaction_blocked", "rule": "rocm-pin"}) + "\n")
+        with sqlite3.connect(self.state / "outbox.sqlite3") as conn:
+            conn.execute("CREATE TABLE events (sequence INTEGER PRIMARY KEY, event_id TEXT, kind TEXT, "
+                         "drop_class INTEGER, enqueued_at REAL, body TEXT)")
+            conn.execute("CREATE TABLE dropped (kind TEXT PRIMARY KEY, count INTEGER NOT NULL)")
+            conn.execute("INSERT INTO events VALUES (1, 'e1', 'heartbeat', 0, ?, '{}')",
+                         ((NOW - dt.timedelta(seconds=20)).timestamp(),))
+        return self
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> StateDir:
+    return StateDir(tmp_path)
+
+
+def run_status(state: StateDir, *args: str) -> "tuple[int, str]":
+    out = io.StringIO()
+    host_of = lambda root: Host(root=Path(root), clock=lambda: NOW)  # noqa: E731 - a fixed clock over the root
+    code = cli.main(["status", "--config", str(state.config), "--root", str(state.root), *args], host_of, out)
+    return code, out.getvalue()
+
+
+def test_a_healthy_host_prints_a_table_and_exits_0(state: StateDir) -> None:
+    """Daemon found in /proc, fresh snapshot and health, compliant, outbox moving, no hub configured: exit 0."""
+    code, text = run_status(state.healthy(), "--offline")
+    assert code == 0, text
+    assert "ok    daemon      running (pid 4242)" in text
+    assert "taken 3 min ago, 0 critical / 1 warning findings" in text
+    assert "pass 59 min ago: 8 GPUs ok" in text
+    assert "1 event(s) waiting, oldest enqueued 20 s ago" in text
+    assert text.rstrip().endswith(f"status: ok (exit 0); state {state.state}, config {state.config}")
+
+
+def test_json_carries_checks_and_facts(state: StateDir) -> None:
+    """--json: verdict, exit code, checks and the facts behind them."""
+    code, text = run_status(state.healthy(), "--json", "--offline")
+    document = json.loads(text)
+    assert code == 0 and document["verdict"] == "ok" and document["exit_code"] == 0
+    assert document["facts"]["daemon"]["pids"] == [4242]
+    assert document["facts"]["outbox"]["depth"] == 1
+    assert document["facts"]["metrics"]["compliant"] is True
+    assert [c["name"] for c in document["checks"]] == ["daemon", "snapshot", "compliance", "health", "guard",
+                                                       "outbox", "hub"]
+
+
+def test_no_daemon_and_nothing_yet_is_failing_31(state: StateDir) -> None:
+    """An empty state directory and no daemon process: exit 31, and every area still says something."""
+    code, text = run_status(state, "--offline")
+    assert code == 31
+    assert "FAIL  daemon" in text and "no snapshot yet" in text and "no health check yet" in text
+
+
+@pytest.mark.parametrize("name, content, check, reason", [
+    ("last-snapshot.json", b'{"taken_at": ', "snapshot", "not valid JSON"),
+    ("last-snapshot.json", b"\xff\xfe garbage", "snapshot", "UTF-8"),
+    ("last-snapshot.json", b'["a list"]', "snapshot", "not a gpuguard snapshot"),
+    ("health/last.json", b'{"status": "pass"}', "health", "not a health result"),
+    ("outbox.sqlite3", b"this is not a database" * 100, "outbox", "unreadable outbox"),
+])
+def test_a_damaged_file_is_a_one_line_reason(state: StateDir, capsys: pytest.CaptureFixture, name: str,
+                                             content: bytes, check: str, reason: str) -> None:
+    """Each damaged state file fails its own check with the file and the reason; the others are still judged."""
+    state.healthy()
+    (state.state / name).write_bytes(content)
+    code, text = run_status(state, "--offline")
+    [line] = [line for line in text.splitlines() if line.split()[1:2] == [check]]
+    assert code == 31 and line.startswith("FAIL") and reason in line and name.split("/")[-1] in line
+    assert "ok    daemon" in text
+    assert "Traceback" not in text + capsys.readouterr().err
+
+
+def test_a_broken_guard_log_and_a_stale_outbox_need_attention(state: StateDir) -> None:
+    """A guard log whose tail holds no JSON, and an event undelivered for an hour: exit 30."""
+    state.healthy()
+    state.guard_events().write_bytes(b"\x00" * 100 + b"\nnot json\n")
+    with sqlite3.connect(state.state / "outbox.sqlite3") as conn:
+        conn.execute("UPDATE events SET enqueued_at = ?", ((NOW - dt.timedelta(hours=1)).timestamp(),))
+    code, text = run_status(state, "--offline")
+    assert code == 30, text
+    assert "WARN  guard" in text and "no readable event in its tail" in text
+    assert "WARN  outbox      1 event(s) waiting, oldest enqueued 60 min ago" in text
+
+
+def test_a_fifo_in_place_of_a_state_file_is_refused_at_once(state: StateDir) -> None:
+    """FIFOs as the guard log, the metrics textfile and the outbox: reasons, not a hang."""
+    import os
+
+    state.healthy()
+    for path in (state.guard_events(), state.state / "metrics/gpuguard.prom", state.state / "outbox.sqlite3"):
+        path.unlink()
+        os.mkfifo(path)
+    code, text = run_status(state, "--offline")
+    assert code == 31 and text.count("not a regular file") == 3, text
+
+
+def test_a_broken_config_is_exit_3_with_one_line(state: StateDir, capsys: pytest.CaptureFixture) -> None:
+    """agent.toml that does not parse: the usual ConfigError line and exit 3."""
+    state.config.write_text("[report\n")
+    code, _ = run_status(state, "--offline")
+    err = capsys.readouterr().err
+    assert code == 3 and str(state.config) in err and "Traceback" not in err
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    status = 200
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self.send_response(self.status if self.path == "/healthz" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def hub_url() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_hub_is_asked_unless_offline(state: StateDir, hub_url: str) -> None:
+    """A reachable hub is ok; --offline skips it; a closed port is attention (30) within the timeout."""
+    state.healthy().write_config(hub_url)
+    code, text = run_status(state)
+    assert code == 0 and f"ok    hub         {hub_url}: HTTP 200 in" in text
+    code, text = run_status(state, "--offline")
+    assert code == 0 and "not checked (--offline)" in text
+    state.write_config("http://127.0.0.1:9")  # discard: nothing listens
+    code, text = run_status(state)
+    assert code == 30 and "unreachable: ConnectionError" in text
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["/usr/bin/python3", "/usr/bin/gpuguard", "run"], True),
+    (["/opt/gpuguard/venv/bin/python", "-m", "agent", "run", "--config", "x"], True),
+    (["gpuguard", "run"], True),
+    (["gpuguard", "status"], False),
+    (["python3", "-m", "agent", "status"], False),
+    (["vim", "run"], False),
+    ([], False),
+])
+def test_daemon_command_lines(argv: list, expected: bool) -> None:
+    """Only `gpuguard run` and `python -m agent run` count as the daemon."""
+    assert is_daemon_cmdline(argv) is expected
+
+
+def test_pure_parsers() -> None:
+    """The textfile parser drops labels and comments; the tail reader skips a cut first line and junk."""
+    values: Dict[str, float] = parse_textfile('# HELP a b\na 1\nb{x="y z"} 2.5\nbroken\n')
+    assert values == {"a": 1.0, "b": 2.5}
+    assert last_json_line(b'{"cut": \n{"kind": "a"}\n{"kind": "b"}\njunk\n', first_line_cut=True) == {"kind": "b"}
+    assert last_json_line(b'"kind": "x"}\n', first_line_cut=True) is None
+    assert last_json_line(b'{"only": "one"}') == {"only": "one"}
+    assert last_json_line(b"") is None
