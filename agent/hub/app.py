@@ -26,6 +26,7 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -33,7 +34,10 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from agent import __version__
+from agent.hub.alerts import AlertDeliverer, AlertQueue
+from agent.hub.dashboard import mount_dashboard
 from agent.hub.fleet import DriftHost, PairingCount, drift_hosts, pairing_counts
+from agent.hub.metrics import HubMetrics
 from agent.hub.retention import retention_worker
 from agent.hub.settings import HubSettings
 from agent.hub.store import DRIFT_KINDS, BatchResult, EventQuery, HostState, Store, StoreError, utc
@@ -304,6 +308,7 @@ class Ingest:
         self.settings = settings
         self.registry = registry
         self.writer = writer
+        self.alerts: Optional[AlertQueue] = None
 
     def too_large(self) -> HubHTTPError:
         return HubHTTPError(413, "body_too_large",
@@ -341,6 +346,13 @@ class Ingest:
         except StoreError as exc:
             raise HubHTTPError(503, "unavailable", f"storage unavailable: {exc.reason}",
                                headers={"Retry-After": "5"}) from None
+        if self.alerts is not None and self.alerts.wanted(batch.events):
+            # Queued before the answer: if this fails the agent resends, and the duplicates are queued then.
+            try:
+                await run_in_threadpool(self.alerts.enqueue, batch.events, _utcnow())
+            except StoreError as exc:
+                raise HubHTTPError(503, "unavailable", f"storage unavailable: {exc.reason}",
+                                   headers={"Retry-After": "5"}) from None
         log.debug("hub_batch_stored", host_id=principal.subject, accepted_count=len(result.accepted),
                   duplicate_count=len(result.duplicates))
         return result
@@ -446,6 +458,9 @@ def create_app(settings: HubSettings, store: Store, tokens: Optional[TokenRegist
     writer = GroupCommitWriter(store, max_pending_batches=settings.max_pending_batches,
                                max_events_per_commit=settings.max_events_per_commit, clock=clock)
     retention = retention_worker(settings, store, clock)
+    alert_queue = AlertQueue(store, settings.alert_webhooks)
+    deliverer = AlertDeliverer(settings, alert_queue, clock)
+    hub_metrics = HubMetrics(store, alert_queue, settings.stale_after_seconds, clock)
     bearer = HTTPBearer(auto_error=False, description="`gpuguard hub add-host HOST_ID` (host token) or "
                                                       "`gpuguard hub add-reader NAME` (reader token)")
 
@@ -453,6 +468,8 @@ def create_app(settings: HubSettings, store: Store, tokens: Optional[TokenRegist
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await run_in_threadpool(store.open)
         writer.start()
+        await run_in_threadpool(alert_queue.open)
+        deliverer.start()
         retention.start()
         log.info("hub_started", store=type(store).__name__, token_count=len(registry),
                  max_body_bytes=settings.max_body_bytes)
@@ -463,6 +480,7 @@ def create_app(settings: HubSettings, store: Store, tokens: Optional[TokenRegist
             yield
         finally:
             await run_in_threadpool(retention.stop, settings.shutdown_timeout_seconds)
+            await run_in_threadpool(deliverer.stop, settings.shutdown_timeout_seconds)
             await run_in_threadpool(writer.stop, settings.shutdown_timeout_seconds)
             await run_in_threadpool(store.close)
             log.info("hub_stopped", commit_count=writer.commit_count, batch_count=writer.batch_count)
@@ -473,8 +491,9 @@ def create_app(settings: HubSettings, store: Store, tokens: Optional[TokenRegist
     app.state.writer = writer
     app.state.store = store
     ingest = Ingest(settings, registry, writer)
+    ingest.alerts = alert_queue
     if fast_ingest:
-        app.fast_ingest = ingest.asgi
+        app.fast_ingest = hub_metrics.timed(ingest.asgi)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
 
     @app.exception_handler(HubHTTPError)
@@ -569,6 +588,13 @@ def create_app(settings: HubSettings, store: Store, tokens: Optional[TokenRegist
     def healthz() -> Response:
         read(store.ping)
         return _json(Health(status="ok", store=type(store).__name__, event_schema_version=EVENT_SCHEMA_VERSION))
+
+    @app.get("/metrics", include_in_schema=False, dependencies=[Depends(require_reader)])
+    def metrics() -> Response:
+        # Same access rule as the fleet API: Prometheus sends the reader token (authorization: credentials_file).
+        return Response(generate_latest(hub_metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    mount_dashboard(app, settings, store, registry, clock)
 
     def openapi() -> Dict[str, Any]:
         if app.openapi_schema is None:

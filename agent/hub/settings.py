@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import List, Literal
 
 from pydantic import Field, field_validator
 
 from agent.config import parse_toml_model
 from agent.errors import ConfigError, InputFileError
 from agent.files import FileMissing, decode_text, read_bytes_bounded
+from agent.hub.alert_settings import AlertWebhook
 from agent.models import FrozenModel
 
 DEFAULT_HUB_CONFIG_PATH = "/etc/gpuguard/hub.toml"
@@ -48,6 +49,17 @@ class HubSettings(FrozenModel):
     retention_event_days: float = Field(90.0, ge=0)
     retention_interval_seconds: float = Field(600.0, ge=1)
     retention_batch_rows: int = Field(2000, ge=1, le=100_000)
+    # Dashboard (agent/hub/dashboard/) and /metrics: a host not heard from this long is stale.
+    stale_after_seconds: float = Field(900.0, gt=0)
+    dashboard_session_seconds: float = Field(8 * 3600.0, ge=60, le=30 * 86400)
+    # Alert webhooks (agent/hub/alerts.py): delivered at least once from a queue in the database, retried with
+    # exponential backoff, dead-lettered after alert_max_attempts.
+    alert_webhooks: List[AlertWebhook] = []
+    alert_max_attempts: int = Field(12, ge=1, le=1000)
+    alert_retry_initial_seconds: float = Field(5.0, gt=0)
+    alert_retry_max_seconds: float = Field(900.0, gt=0)
+    alert_timeout_seconds: float = Field(10.0, gt=0, le=300)
+    alert_poll_seconds: float = Field(2.0, gt=0, le=300)
 
     @field_validator("database_url")
     @classmethod

@@ -1,0 +1,227 @@
+"""Read queries for the dashboard and ``/metrics``: counts grouped in SQL, host lists filtered and paginated in SQL,
+so a page costs the same for 50 hosts as for 50,000.
+
+They run over the hub's SQL store (SQLite or PostgreSQL) through its reader pool and its dialect hooks; the tables
+are the store's own (``hosts``, ``events``), read only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any, Dict, List, Literal, NamedTuple, Optional, Sequence, Tuple
+
+from agent.hub.fleet import PAIRING_KEY_FIELDS
+from agent.hub.store import HostState, StoredEvent, utc
+from agent.models import FrozenModel
+from agent.snapshot.pairing import Pairing
+
+Compliance = Literal["compliant", "violating", "unknown"]
+_HOST_COLUMNS = ("host_id, hostname, first_seen_at, last_seen_at, last_event_at, last_sequence, pairing, "
+                 "pairing_at, content_hash, compliant, agent_version, last_health_status, heartbeat_at")
+# Query fields that filter on one pairing field; "driver" matches the amdgpu or the nvidia module version.
+PAIRING_FILTERS: Dict[str, Tuple[str, ...]] = {
+    "os": ("os_id",), "os_version": ("os_version_id",), "kernel": ("kernel_running",),
+    "driver": ("amdgpu_loaded", "nvidia_loaded"), "rocm": ("rocm",), "cuda": ("cuda_driver_api",)}
+
+
+class HostFilter(FrozenModel):
+    """What the host list shows: a search over host_id and hostname, compliance, health, staleness, pairing."""
+
+    search: Optional[str] = None
+    compliance: Optional[Compliance] = None
+    health: Optional[str] = None
+    stale: Optional[bool] = None
+    os: Optional[str] = None
+    os_version: Optional[str] = None
+    kernel: Optional[str] = None
+    driver: Optional[str] = None
+    rocm: Optional[str] = None
+    cuda: Optional[str] = None
+    offset: int = 0
+    limit: int = 50
+
+
+class HostPage(NamedTuple):
+    total: int
+    hosts: List[HostState]
+
+
+class FleetCounts(FrozenModel):
+    """Hosts by compliance, by last health status and by staleness; one grouped query."""
+
+    host_count: int
+    compliance: Dict[str, int]
+    health: Dict[str, int]
+    stale: int
+
+
+class PairingGroup(FrozenModel):
+    """Hosts running one driver/ROCm/CUDA/kernel pairing."""
+
+    os_id: Optional[str] = None
+    os_version_id: Optional[str] = None
+    kernel_running: Optional[str] = None
+    amdgpu_loaded: Optional[str] = None
+    rocm: Optional[str] = None
+    nvidia_loaded: Optional[str] = None
+    cuda_driver_api: Optional[str] = None
+    host_count: int
+    compliant_count: int
+    violating_count: int
+
+
+class EventCount(NamedTuple):
+    kind: str
+    severity: str
+    event_count: int
+
+
+def compliance_of(compliant: Optional[bool]) -> Compliance:
+    return "unknown" if compliant is None else ("compliant" if compliant else "violating")
+
+
+def _json_field(store: Any, name: str) -> str:
+    if store.name == "postgresql":
+        return f"(pairing::jsonb ->> '{name}')"
+    return f"json_extract(pairing, '$.{name}')"
+
+
+def _like(text: str) -> str:
+    escaped = text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def _host_where(store: Any, f: HostFilter, stale_before: dt.datetime) -> Tuple[str, List[Any]]:
+    where: List[str] = []
+    params: List[Any] = []
+    if f.search:
+        where.append("(LOWER(host_id) LIKE ? ESCAPE '\\' OR LOWER(hostname) LIKE ? ESCAPE '\\')")
+        params += [_like(f.search), _like(f.search)]
+    if f.compliance == "unknown":
+        where.append("compliant IS NULL")
+    elif f.compliance is not None:
+        where.append("compliant = ?")
+        params.append(f.compliance == "compliant")
+    if f.health == "none":
+        where.append("last_health_status IS NULL")
+    elif f.health:
+        where.append("last_health_status = ?")
+        params.append(f.health)
+    if f.stale is not None:
+        where.append("last_seen_at < ?" if f.stale else "last_seen_at >= ?")
+        params.append(store._to_db_time(utc(stale_before)))
+    for field, columns in PAIRING_FILTERS.items():
+        value = getattr(f, field)
+        if value:
+            where.append("(" + " OR ".join(f"{_json_field(store, c)} = ?" for c in columns) + ")")
+            params += [value] * len(columns)
+    return ("WHERE " + " AND ".join(where)) if where else "", params
+
+
+def _host_state(store: Any, row: Sequence[Any]) -> HostState:
+    (host_id, hostname, first_seen, last_seen, last_event, last_sequence, pairing, pairing_at, content_hash,
+     compliant, agent_version, last_health_status, heartbeat_at) = row
+
+    def t(value: Any) -> Optional[dt.datetime]:
+        return None if value is None else store._from_db_time(value)
+
+    return HostState(host_id=host_id, hostname=hostname, first_seen_at=t(first_seen), last_seen_at=t(last_seen),
+                     last_event_at=t(last_event), last_sequence=last_sequence,
+                     pairing=Pairing.model_validate_json(pairing) if pairing is not None else None,
+                     pairing_at=t(pairing_at), content_hash=content_hash,
+                     compliant=None if compliant is None else bool(compliant), agent_version=agent_version,
+                     last_health_status=last_health_status, heartbeat_at=t(heartbeat_at))
+
+
+def host_page(store: Any, f: HostFilter, stale_before: dt.datetime) -> HostPage:
+    """One page of hosts matching ``f`` (by host_id), and how many match in all."""
+    where, params = _host_where(store, f, stale_before)
+    total = store._query("dashboard_hosts", f"SELECT COUNT(*) FROM hosts {where}", params)[0][0]
+    rows = store._query("dashboard_hosts", f"SELECT {_HOST_COLUMNS} FROM hosts {where} ORDER BY host_id "
+                                           "LIMIT ? OFFSET ?", [*params, f.limit, f.offset])
+    return HostPage(int(total), [_host_state(store, r) for r in rows])
+
+
+def host(store: Any, host_id: str) -> Optional[HostState]:
+    rows = store._query("dashboard_host", f"SELECT {_HOST_COLUMNS} FROM hosts WHERE host_id = ?", [host_id])
+    return _host_state(store, rows[0]) if rows else None
+
+
+def fleet_counts(store: Any, stale_before: dt.datetime) -> FleetCounts:
+    rows = store._query(
+        "fleet_counts", "SELECT compliant, last_health_status, CASE WHEN last_seen_at < ? THEN 1 ELSE 0 END, "
+                        "COUNT(*) FROM hosts GROUP BY 1, 2, 3", [store._to_db_time(utc(stale_before))])
+    compliance: Dict[str, int] = {"compliant": 0, "violating": 0, "unknown": 0}
+    health: Dict[str, int] = {}
+    stale = total = 0
+    for compliant, status, is_stale, count in rows:
+        total += count
+        compliance[compliance_of(None if compliant is None else bool(compliant))] += count
+        health[status or "none"] = health.get(status or "none", 0) + count
+        stale += count if is_stale else 0
+    return FleetCounts(host_count=total, compliance=compliance, health=dict(sorted(health.items())), stale=stale)
+
+
+def pairing_groups(store: Any) -> Tuple[List[PairingGroup], int]:
+    """Hosts per pairing (most common first), with compliance; and how many hosts have no pairing yet."""
+    rows = store._query("pairing_groups", "SELECT pairing, compliant, COUNT(*) FROM hosts GROUP BY pairing, compliant")
+    groups: Dict[Tuple[Optional[str], ...], Dict[str, int]] = {}
+    without = 0
+    for pairing, compliant, count in rows:
+        if pairing is None:
+            without += count
+            continue
+        fields = json.loads(pairing)
+        key = tuple(fields.get(name) for name in PAIRING_KEY_FIELDS)
+        group = groups.setdefault(key, {"host_count": 0, "compliant_count": 0, "violating_count": 0})
+        group["host_count"] += count
+        if compliant is not None:
+            group["compliant_count" if compliant else "violating_count"] += count
+    out = [PairingGroup(**dict(zip(PAIRING_KEY_FIELDS, key)), **counts) for key, counts in groups.items()]
+    out.sort(key=lambda g: (-g.host_count, [getattr(g, n) or "" for n in PAIRING_KEY_FIELDS]))
+    return out, without
+
+
+def event_counts(store: Any, since: dt.datetime) -> List[EventCount]:
+    """Events that occurred at or after ``since``, by kind and severity."""
+    rows = store._query("event_counts", "SELECT kind, severity, COUNT(*) FROM events WHERE occurred_at >= ? "
+                                        "GROUP BY kind, severity ORDER BY kind, severity",
+                        [store._to_db_time(utc(since))])
+    return [EventCount(r[0], r[1], int(r[2])) for r in rows]
+
+
+def host_events(store: Any, host_id: str, kinds: Optional[Sequence[str]], limit: int,
+                offset: int = 0) -> List[StoredEvent]:
+    """A host's events of ``kinds`` (all kinds when None), newest first."""
+    where, params = "host_id = ?", [host_id]
+    if kinds is not None:
+        where += f" AND kind IN ({', '.join('?' * len(kinds))})"
+        params += list(kinds)
+    rows = store._query("host_events", f"SELECT body, received_at FROM events WHERE {where} "
+                                       "ORDER BY occurred_at DESC, sequence DESC, event_id DESC LIMIT ? OFFSET ?",
+                        [*params, limit, offset])
+    return [StoredEvent(body=r[0], received_at=store._from_db_time(r[1])) for r in rows]
+
+
+# --- writes to the dashboard's and the alerts' own tables ----------------------------------------------------------
+
+_OWN_SCHEMA_LOCK_KEY = 0x67707567_0016  # PostgreSQL advisory lock: hubs starting together create these in turn
+
+
+def write(store: Any, operation: str, work: Any) -> Any:
+    """``work(cursor)`` in one write transaction on a pooled connection; driver errors become StoreError."""
+    with store._mapped(operation), store._pool.connection() as conn:
+        with store._transaction(conn) as cur:
+            return work(cur)
+
+
+def create_tables(store: Any, statements: Sequence[str]) -> None:
+    """CREATE TABLE/INDEX IF NOT EXISTS statements, safe when several hub processes start at once."""
+    def work(cur: Any) -> None:
+        if store.name == "postgresql":
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_OWN_SCHEMA_LOCK_KEY,))
+        for statement in statements:
+            cur.execute(statement)
+
+    write(store, "open", work)

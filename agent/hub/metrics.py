@@ -1,0 +1,135 @@
+"""The hub's ``GET /metrics`` in the Prometheus text format (prometheus-client).
+
+Fleet figures are read from the database at each scrape (grouped queries over ``hosts`` and a one-hour window of
+``events``), so every hub process over one database answers the same:
+
+    gpuguard_hub_hosts{compliance}                  hosts by compliance (compliant, violating, unknown)
+    gpuguard_hub_hosts_by_health{status}            hosts by last reported health status ("none": not yet)
+    gpuguard_hub_hosts_stale                        hosts silent for longer than stale_after_seconds
+    gpuguard_hub_hosts_by_pairing{os,...}           hosts per driver/ROCm/CUDA/kernel pairing
+    gpuguard_hub_events_last_hour{kind,severity}    events that occurred in the last hour
+    gpuguard_hub_alert_deliveries{webhook,state}    alert webhook deliveries: pending, delivered, dead
+    gpuguard_hub_store_up                           1 when the database answered this scrape
+
+and one figure of this process:
+
+    gpuguard_hub_ingest_seconds{code}               POST /v1/events, from the request's start to the answer
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from agent.errors import StoreError
+from agent.hub.alerts import AlertQueue
+from agent.hub.dashboard import queries
+from agent.log import get_logger
+
+log = get_logger("hub.metrics")
+
+EVENT_WINDOW = dt.timedelta(hours=1)
+INGEST_BUCKETS_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_PAIRING_LABELS = {"os": "os_id", "os_version": "os_version_id", "kernel": "kernel_running",
+                   "amdgpu": "amdgpu_loaded", "rocm": "rocm", "nvidia": "nvidia_loaded", "cuda": "cuda_driver_api"}
+
+
+class FleetCollector:
+    """Reads the fleet's state from the store at each scrape."""
+
+    def __init__(self, store: Any, alerts: AlertQueue, stale_after_seconds: float,
+                 clock: Callable[[], dt.datetime]) -> None:
+        self._store = store
+        self._alerts = alerts
+        self._stale_after_seconds = stale_after_seconds
+        self._clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("gpuguard_hub_store_up", "1 when the database answered this scrape, else 0.")
+        try:
+            families = self._families()
+        except StoreError as exc:
+            log.error("hub_metrics_store_failed", error=str(exc))
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from families
+
+    def _families(self) -> List[Metric]:
+        now = self._clock()
+        counts = queries.fleet_counts(self._store, now - dt.timedelta(seconds=self._stale_after_seconds))
+        groups, without = queries.pairing_groups(self._store)
+        events = queries.event_counts(self._store, now - EVENT_WINDOW)
+        deliveries = self._alerts.counts()
+
+        hosts = GaugeMetricFamily("gpuguard_hub_hosts", "Hosts by compliance with their pinned pairing (newest "
+                                                        "heartbeat).", labels=["compliance"])
+        for state, count in counts.compliance.items():
+            hosts.add_metric([state], count)
+        health = GaugeMetricFamily("gpuguard_hub_hosts_by_health", "Hosts by their last reported health check "
+                                                                   "status.", labels=["status"])
+        for status, count in counts.health.items():
+            health.add_metric([status], count)
+        stale = GaugeMetricFamily("gpuguard_hub_hosts_stale", f"Hosts not heard from for more than "
+                                                              f"{self._stale_after_seconds:g} seconds.")
+        stale.add_metric([], counts.stale)
+        pairing = GaugeMetricFamily("gpuguard_hub_hosts_by_pairing", "Hosts per OS/kernel/driver/ROCm/CUDA pairing "
+                                                                     "(empty label: not present).",
+                                    labels=list(_PAIRING_LABELS))
+        for g in groups:
+            pairing.add_metric([getattr(g, f) or "" for f in _PAIRING_LABELS.values()], g.host_count)
+        no_pairing = GaugeMetricFamily("gpuguard_hub_hosts_without_pairing", "Hosts that reported no pairing yet.")
+        no_pairing.add_metric([], without)
+        recent = GaugeMetricFamily("gpuguard_hub_events_last_hour", "Events that occurred in the last hour, by kind "
+                                                                    "and severity.", labels=["kind", "severity"])
+        for row in events:
+            recent.add_metric([row.kind, row.severity], row.event_count)
+        alerts = GaugeMetricFamily("gpuguard_hub_alert_deliveries", "Alert webhook deliveries by state (dead: gave "
+                                                                    "up after alert_max_attempts).",
+                                   labels=["webhook", "state"])
+        by_webhook: Dict[str, Dict[str, int]] = {name: {} for name in self._alerts.webhooks}
+        for (webhook, state), count in deliveries.items():
+            by_webhook.setdefault(webhook, {})[state] = count
+        for webhook, states in sorted(by_webhook.items()):
+            for state in ("pending", "delivered", "dead"):
+                alerts.add_metric([webhook, state], states.get(state, 0))
+        return [hosts, health, stale, pairing, no_pairing, recent, alerts]
+
+
+class HubMetrics:
+    """This app's registry: the fleet collector and the ingest latency histogram."""
+
+    def __init__(self, store: Any, alerts: AlertQueue, stale_after_seconds: float,
+                 clock: Callable[[], dt.datetime]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(FleetCollector(store, alerts, stale_after_seconds, clock))
+        self.ingest_seconds = Histogram("gpuguard_hub_ingest_seconds", "POST /v1/events: from the request's start "
+                                        "to the answer, by status code class (this process).", ["code"],
+                                        buckets=INGEST_BUCKETS_SECONDS, registry=self.registry)
+
+    def timed(self, asgi: Callable[..., Any]) -> Callable[..., Any]:
+        """``asgi`` (the ingest handler), observed into the latency histogram."""
+        histogram = self.ingest_seconds
+
+        async def observed(scope: Dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+            started = time.perf_counter()
+            status: List[Optional[int]] = [None]
+
+            async def tracking_send(message: Dict[str, Any]) -> None:
+                if message["type"] == "http.response.start":
+                    status[0] = message["status"]
+                await send(message)
+
+            try:
+                await asgi(scope, receive, tracking_send)
+            finally:
+                code = f"{status[0] // 100}xx" if status[0] is not None else "none"
+                histogram.labels(code).observe(time.perf_counter() - started)
+
+        return observed
