@@ -30,7 +30,7 @@ from agent.daemon_jobs.delivery import DeliveryJob
 from agent.daemon_jobs.guard import GuardJob, recompile_policy
 from agent.daemon_jobs.guard_events import GuardEventForwarder
 from agent.daemon_jobs.health import HealthJob
-from agent.daemon_jobs.heartbeat import HeartbeatJob
+from agent.daemon_jobs.heartbeat import HeartbeatJob, first_heartbeat_in_seconds
 from agent.daemon_jobs.hooks import Hooks, default_hooks
 from agent.daemon_jobs.metrics import MetricsJob
 from agent.daemon_jobs.runtime import EventEmitter, Runtime, host_identity
@@ -254,7 +254,8 @@ class Daemon:
         rt.report_outbox_damage()  # found while opening it
         self._add(scheduler, "outbox_check", _none(rt.check_outbox), OUTBOX_CHECK_INTERVAL_SECONDS, None)
         heartbeat = HeartbeatJob(rt)
-        self._add(scheduler, "heartbeat", _none(heartbeat.run), s.report.heartbeat_interval_seconds, None)
+        self._add(scheduler, "heartbeat", _none(heartbeat.run), s.report.heartbeat_interval_seconds,
+                  first_heartbeat_in_seconds(s.report))
         if self.notifier.watchdog_seconds:
             self._add(scheduler, "watchdog", lambda reason: self.notifier.notify("WATCHDOG=1"),
                       self.notifier.watchdog_seconds / 2, None, refresh_metrics=False)

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import random
+from typing import Optional
+
 from agent import __version__
 from agent.daemon_jobs.runtime import Runtime
 from agent.report.events import Heartbeat
+from agent.report.settings import ReportSettings
+
+
+def first_heartbeat_in_seconds(report: ReportSettings, rng: Optional[random.Random] = None) -> float:
+    """Seconds from start to the first heartbeat: one interval plus a random phase of at most
+    ``startup_jitter_seconds`` (and at most one interval). Later heartbeats keep that phase."""
+    interval = report.heartbeat_interval_seconds
+    return interval + (rng or random.Random()).uniform(0.0, min(interval, report.startup_jitter_seconds))
 
 
 class HeartbeatJob:

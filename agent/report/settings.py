@@ -45,6 +45,9 @@ class ReportSettings(FrozenModel):
     backoff_cap_seconds: float = Field(300.0, gt=0)
     delivery_interval_seconds: float = Field(30.0, gt=0)
     heartbeat_interval_seconds: float = Field(60.0, gt=0)
+    # The first heartbeat waits one interval plus a random 0 to this (at most one interval), so hosts started
+    # together (a fleet reboot, a package push) keep a random phase instead of reporting in lockstep.
+    startup_jitter_seconds: float = Field(60.0, ge=0, le=86400)
     metrics_enabled: bool = True
     metrics_textfile: Optional[str] = None
 
