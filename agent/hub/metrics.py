@@ -22,7 +22,7 @@ import datetime as dt
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from agent.errors import StoreError
@@ -107,6 +107,7 @@ class HubMetrics:
 
     def __init__(self, store: Any, alerts: AlertQueue, stale_after_seconds: float,
                  clock: Callable[[], dt.datetime]) -> None:
+        disable_created_metrics()  # no *_created series: a restart is visible from process metrics anyway
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(FleetCollector(store, alerts, stale_after_seconds, clock))
         self.ingest_seconds = Histogram("gpuguard_hub_ingest_seconds", "POST /v1/events: from the request's start "
