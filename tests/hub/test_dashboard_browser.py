@@ -1,0 +1,136 @@
+"""The dashboard in a real browser: Debian's headless Chromium (through chromedriver and Selenium) against a real
+``gpuguard hub serve`` on 127.0.0.1 over a seeded fleet; assertions on what the pages show.
+
+Screenshots of each page go to the test's tmp dir; with ``UPDATE_SCREENSHOTS=1`` they also replace
+docs/dashboard/*.png (the ones docs/hub.md shows).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterator, List
+
+import pytest
+
+from agent.hub.tokens import add_token
+from tests import needs
+from tests.hub.fleet_seed import EXPECTED, HOSTILE_HOSTNAME, HOSTILE_VERSION, REGRESSED_HEALTH, seed
+from tests.hub.process import HubProcess, write_config
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "dashboard"
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]:
+    tmp = tmp_path_factory.mktemp("dashboard")
+    url = f"sqlite:///{tmp}/hub.db"
+    seed(url)
+    tokens = tmp / "tokens.json"
+    hub = HubProcess(write_config(tmp / "hub.toml", listen_port=0, database_url=url, tokens_file=tokens,
+                                  tokens_reload_seconds=0))
+    hub.reader_token = add_token(str(tokens), "reader", "ops")
+    hub.start()
+    yield hub
+    hub.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.access(p, os.X_OK)]
+    if missing:
+        needs.unavailable("dashboard browser tests", f"{', '.join(missing)} missing: apt-get install chromium "
+                                                     "chromium-driver")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError as exc:
+        needs.unavailable("dashboard browser tests", f"selenium is not installed ({exc}): pip install -e '.[test]'")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,1000",
+                "--disable-dev-shm-usage", "--no-first-run", "--disable-extensions"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+
+
+def shot(driver: Any, tmp_path: Path, name: str) -> None:
+    """Screenshot of the whole page, kept with the test; copied into docs/ when asked to."""
+    from selenium.webdriver.common.by import By
+
+    height = driver.find_element(By.TAG_NAME, "body").size["height"]
+    driver.set_window_size(1280, max(600, min(height + 40, 2400)))
+    path = tmp_path / f"{name}.png"
+    driver.save_screenshot(str(path))
+    driver.set_window_size(1280, 1000)
+    assert path.stat().st_size > 5000
+    if os.environ.get("UPDATE_SCREENSHOTS") == "1":
+        DOCS.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, DOCS / f"{name}.png")
+
+
+def host_ids(driver: Any) -> List[str]:
+    from selenium.webdriver.common.by import By
+
+    rows = driver.find_elements(By.CSS_SELECTOR, "table#hosts tr.host")
+    return [r.get_attribute("data-host-id") for r in rows]
+
+
+def test_the_dashboard_in_chromium(hub: HubProcess, browser: Any, tmp_path: Path) -> None:
+    """Login required; counts, the violating host, search, the host page's timeline and plot, pairings."""
+    from selenium.webdriver.common.by import By
+
+    d = browser
+    d.get(f"{hub.url}/ui/")
+    assert "/ui/login" in d.current_url and not host_ids(d)
+    assert "gpu-ok-01" not in d.page_source
+    shot(d, tmp_path, "login")
+
+    d.find_element(By.ID, "token").send_keys("gg1.0123456789abcdef.wrong")
+    d.find_element(By.ID, "login").click()
+    assert d.find_element(By.ID, "login-error").text == "invalid reader token"
+    d.find_element(By.ID, "token").send_keys(hub.reader_token)
+    d.find_element(By.ID, "login").click()
+
+    assert d.current_url == f"{hub.url}/ui/"
+    counts = {k: int(d.find_element(By.ID, f"count-{k.replace('host_count', 'hosts')}").text)
+              for k in EXPECTED}
+    assert counts == EXPECTED
+    assert len(host_ids(d)) == EXPECTED["host_count"]
+    bad = d.find_element(By.CSS_SELECTOR, 'tr.host[data-host-id="gpu-bad-01"] .compliance')
+    assert bad.text == "violating"
+    odd = d.find_element(By.CSS_SELECTOR, 'tr.host[data-host-id="gpu-odd-01"]')
+    assert HOSTILE_HOSTNAME in odd.text and not odd.find_elements(By.TAG_NAME, "b")
+    shot(d, tmp_path, "overview")
+
+    search = d.find_element(By.ID, "f-q")
+    search.send_keys("regressed")
+    d.find_element(By.ID, "apply").click()
+    assert host_ids(d) == ["gpu-regressed-01"]
+    assert d.find_element(By.ID, "match-summary").text.startswith("1 matching host")
+
+    d.find_element(By.LINK_TEXT, "gpu-regressed-01").click()
+    timeline = d.find_elements(By.CSS_SELECTOR, "#drift li.drift-entry")
+    assert [li.get_attribute("data-kind") for li in timeline] == ["cpu_fallback", "health_regression",
+                                                                 "snapshot_changed"]
+    assert "535.183.01 \u2192 550.90.07" in timeline[2].text
+    assert len(d.find_elements(By.CSS_SELECTOR, "svg#health-plot circle.point")) == len(REGRESSED_HEALTH)
+    shot(d, tmp_path, "host")
+
+    d.find_element(By.LINK_TEXT, "Pairings").click()
+    rows = d.find_elements(By.CSS_SELECTOR, "table#pairings tr.pairing")
+    assert len(rows) == 4 and any(HOSTILE_VERSION in r.text for r in rows)
+    assert not d.find_elements(By.CSS_SELECTOR, "table#pairings img")
+    shot(d, tmp_path, "pairings")
+
+    d.find_element(By.CSS_SELECTOR, "header form button").click()
+    d.get(f"{hub.url}/ui/pairings")
+    assert "/ui/login" in d.current_url
