@@ -312,6 +312,18 @@ def stage_agent(stage: Stage, target: Target, version: str, vendor_wheels: Seque
         stage.add_file(PACKAGING / "deb/gpuguard.lintian-overrides", "/usr/share/lintian/overrides/gpuguard")
     stage.add_file(Path(), "/usr/share/man/man1/gpuguard.1.gz",
                    data=gzip.compress((PACKAGING / "man/gpuguard.1").read_bytes(), 9, mtime=0))
+    for path, text in completion_files(target).items():
+        stage.add_file(Path(), path, text=text)
+
+
+def completion_files(target: Target) -> Dict[str, str]:
+    """bash and zsh completion generated from the CLI's parser (packaging/completion.py), where each family's
+    shells look for them: zsh's vendor-completions on Debian/Ubuntu, site-functions on RHEL."""
+    sys.path.insert(0, str(PACKAGING))
+    from completion import render
+
+    zsh_dir = "/usr/share/zsh/vendor-completions" if target.fmt == "deb" else "/usr/share/zsh/site-functions"
+    return {"/usr/share/bash-completion/completions/gpuguard": render("bash"), f"{zsh_dir}/_gpuguard": render("zsh")}
 
 
 def stage_dnf(stage: Stage, target: Target) -> None:
