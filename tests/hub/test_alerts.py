@@ -4,6 +4,7 @@ receiver at least once through refusals, 500s, a hang and a hub restart; past th
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
@@ -13,7 +14,7 @@ import requests
 from agent.errors import ConfigError
 from agent.hub.alert_settings import AlertWebhook
 from agent.hub.alerts import AlertQueue, Delivery, backoff_seconds, message
-from agent.hub.settings import parse_hub_settings
+from agent.hub.settings import HubSettings, parse_hub_settings
 from agent.hub.store import make_store
 from agent.hub.tokens import add_token
 from tests.hub.factories import batch_json, event
@@ -150,3 +151,17 @@ def test_webhook_config_errors_are_one_line_each() -> None:
     assert parsed.alert_webhooks[0].wants("cpu_fallback", "critical")
     assert not parsed.alert_webhooks[0].wants("heartbeat", "critical")
     assert not parsed.alert_webhooks[0].wants("policy_violation", "info")
+
+
+def test_the_shipped_hub_toml_examples_parse_and_show_the_defaults() -> None:
+    """packaging/config/hub.toml with its examples uncommented is valid; its commented values are the defaults."""
+    text = (Path(__file__).resolve().parents[2] / "packaging" / "config" / "hub.toml").read_text()
+    assert parse_hub_settings(text, "hub.toml").alert_webhooks == []
+    active = "\n".join(line[2:] if re.match(r"^# ([a-z_]+ = |\[\[)", line) else line for line in text.splitlines())
+    parsed = parse_hub_settings(active, "hub.toml")
+    assert [(w.name, w.format, w.min_severity) for w in parsed.alert_webhooks] == [
+        ("ops-chat", "slack", "warning"), ("pager", "json", "critical")]
+    defaults = HubSettings()
+    for key in ("stale_after_seconds", "dashboard_session_seconds", "alert_max_attempts", "alert_retry_initial_seconds",
+                "alert_retry_max_seconds", "alert_timeout_seconds", "alert_poll_seconds"):
+        assert getattr(parsed, key) == getattr(defaults, key), key
