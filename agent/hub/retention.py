@@ -1,6 +1,6 @@
 """Retention: the hub deletes old events in small batches, in the background, so storage stays bounded.
 
-    heartbeat        kept ``retention_heartbeat_hours`` (default 24); older ones deleted
+    heartbeat        kept ``retention_heartbeat_hours`` (default 6); older ones deleted
     every other kind kept ``retention_event_days`` (default 90); older ones deleted
     never deleted    each host's newest event of each kind, and the ``hosts`` table (the latest state of a host)
 
@@ -36,7 +36,7 @@ FIRST_PASS_AFTER_SECONDS = 60.0
 class RetentionPolicy(NamedTuple):
     """How long each kind of event is kept; 0 keeps it forever."""
 
-    heartbeat_hours: float = 24.0
+    heartbeat_hours: float = 6.0
     event_days: float = 90.0
 
     def cutoffs(self, now: dt.datetime) -> Dict[str, dt.datetime]:

@@ -45,7 +45,7 @@ class HubSettings(FrozenModel):
     workers: int = Field(1, ge=1, le=64)
     # Retention (agent/hub/retention.py): 0 keeps a kind forever; each host's newest event of each kind and the
     # hosts table are never deleted.
-    retention_heartbeat_hours: float = Field(24.0, ge=0)
+    retention_heartbeat_hours: float = Field(6.0, ge=0)
     retention_event_days: float = Field(90.0, ge=0)
     retention_interval_seconds: float = Field(600.0, ge=1)
     retention_batch_rows: int = Field(2000, ge=1, le=100_000)

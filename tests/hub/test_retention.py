@@ -144,5 +144,5 @@ def test_settings_carry_the_retention_and_worker_knobs() -> None:
     assert (parsed.workers, parsed.retention_heartbeat_hours, parsed.retention_event_days,
             parsed.retention_interval_seconds, parsed.retention_batch_rows) == (4, 6, 0, 60, 500)
     defaults: Dict[str, object] = HubSettings().model_dump()
-    assert (defaults["workers"], defaults["retention_heartbeat_hours"], defaults["retention_event_days"]) == (1, 24, 90)
+    assert (defaults["workers"], defaults["retention_heartbeat_hours"], defaults["retention_event_days"]) == (1, 6, 90)
 
