@@ -1,36 +1,44 @@
-"""The ``gpuguard`` command: parses arguments and dispatches; known errors become one line and an exit code."""
+"""The ``gpuguard`` command: parses arguments and dispatches; known errors become one line and an exit code.
+
+Each command imports what it needs inside its handler: building the parser needs only argparse and the default
+paths (agent/defaults.py), so ``gpuguard snapshot`` loads no settings model of another area, no scheduler, no HTTP
+client and no logger it does not use (tests/test_cli_imports.py pins this).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, List, Optional, TextIO
+from typing import TYPE_CHECKING, Callable, List, Optional, TextIO
 
 from agent import __version__
-from agent.config import DEFAULT_CONFIG_PATH
+from agent.defaults import DEFAULT_CONFIG_PATH, DEFAULT_HUB_CONFIG_PATH
 from agent.errors import GpuguardError
-from agent.host import Host
 from agent.log import configure, get_logger
 
-HostFactory = Callable[[str], Host]
+if TYPE_CHECKING:
+    from agent.host import Host
+
+HostFactory = Callable[[str], "Host"]
 
 
 def _cmd_snapshot(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
     from agent.files import write_atomically
-    from agent.snapshot.diff import diff_snapshots, render_diff
-    from agent.snapshot.io import load_snapshot
-    from agent.snapshot.render import render_snapshot
-    from agent.snapshot.take import take_snapshot
 
     if args.diff:
+        from agent.snapshot.diff import diff_snapshots, render_diff
+        from agent.snapshot.io import load_snapshot
+
         diff = diff_snapshots(load_snapshot(args.diff[0]), load_snapshot(args.diff[1]))
         out.write(diff.model_dump_json(indent=2) + "\n" if args.json else render_diff(diff))
         return 0
     from agent.collectors import default_collectors
-    from agent.config import load_settings
+    from agent.snapshot.render import render_snapshot
+    from agent.snapshot.settings import load_snapshot_settings
+    from agent.snapshot.take import take_snapshot
 
-    settings = load_settings(args.config)
-    snap = take_snapshot(make_host(args.root), default_collectors(settings.snapshot.all_watched_packages))
+    settings = load_snapshot_settings(args.config)
+    snap = take_snapshot(make_host(args.root), default_collectors(settings.all_watched_packages))
     if args.output:
         write_atomically(args.output, snap.to_json())
     out.write(snap.to_json() if args.json else render_snapshot(snap))
@@ -62,7 +70,7 @@ def _cmd_schema(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -
 
 def _cmd_hub_serve(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
     from agent.hub.server import serve
-    from agent.hub.settings import DEFAULT_HUB_CONFIG_PATH, load_hub_settings
+    from agent.hub.settings import load_hub_settings
 
     # An explicit --config must exist; the default path may be absent (defaults apply).
     settings = load_hub_settings(args.config or DEFAULT_HUB_CONFIG_PATH, required=args.config is not None)
@@ -72,7 +80,7 @@ def _cmd_hub_serve(args: argparse.Namespace, make_host: HostFactory, out: TextIO
 
 
 def _cmd_hub_add(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    from agent.hub.settings import DEFAULT_HUB_CONFIG_PATH, load_hub_settings
+    from agent.hub.settings import load_hub_settings
     from agent.hub.tokens import add_token
 
     tokens_file = args.tokens_file or load_hub_settings(args.config or DEFAULT_HUB_CONFIG_PATH,
@@ -178,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     snap.add_argument("--json", action="store_true", help="print canonical JSON instead of a summary")
     snap.add_argument("--root", default="/", help="read the host tree under DIR instead of / (chroot, fixture)")
     snap.add_argument("--output", "-o", metavar="FILE", help="also write the JSON snapshot to FILE (atomically)")
-    snap.add_argument("--config", default="/etc/gpuguard/agent.toml",
+    snap.add_argument("--config", default=DEFAULT_CONFIG_PATH,
                       help="agent config (watched packages); defaults apply when it does not exist")
     snap.add_argument("--diff", nargs=2, metavar=("OLD", "NEW"), help="compare two snapshot JSON files")
     snap.set_defaults(handler=_cmd_snapshot)
@@ -227,8 +235,6 @@ def _add_health_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def _add_hub_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    from agent.hub.settings import DEFAULT_HUB_CONFIG_PATH  # no FastAPI import: settings are pydantic only
-
     hub = sub.add_parser("hub", help="the reference central endpoint: receive host reports, answer fleet questions")
     hub_sub = hub.add_subparsers(dest="hub_command", metavar="HUB_COMMAND")
     hub_sub.required = True
@@ -247,7 +253,14 @@ def _add_hub_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         add.set_defaults(handler=_cmd_hub_add, role=role)
 
 
-def main(argv: Optional[List[str]] = None, make_host: HostFactory = Host.for_root,
+def _host_for_root(root: str) -> "Host":
+    """The default host factory (agent.host imported only by the commands that read a host)."""
+    from agent.host import Host
+
+    return Host.for_root(root)
+
+
+def main(argv: Optional[List[str]] = None, make_host: HostFactory = _host_for_root,
          out: Optional[TextIO] = None) -> int:
     """Entry point; returns the process exit code."""
     parser = build_parser()

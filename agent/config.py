@@ -6,28 +6,20 @@ defaults. Each area (snapshot, health, report) owns its own settings model next 
 
 from __future__ import annotations
 
-import sys
-from typing import List, Literal, Optional, Type, TypeVar
+from typing import Literal, Optional
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from agent.collectors.packages import DEFAULT_WATCHED_PATTERNS
-from agent.errors import ConfigError, InputFileError
-from agent.files import MAX_NESTING_DEPTH, FileMissing, decode_text, nesting_depth, read_bytes_bounded
+from agent.configfile import parse_toml_model, read_config_text
+from agent.defaults import DEFAULT_CONFIG_PATH, DEFAULT_STATE_DIR
 from agent.guard.settings import GuardSettings
 from agent.health.settings import HealthSettings
-from agent.models import FrozenModel, validation_problems
+from agent.models import FrozenModel
 from agent.report.settings import ReportSettings
+from agent.snapshot.settings import SnapshotSettings
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python < 3.11 hosts
-    import tomli as tomllib
-
-M = TypeVar("M", bound=FrozenModel)
-
-DEFAULT_CONFIG_PATH = "/etc/gpuguard/agent.toml"
-DEFAULT_STATE_DIR = "/var/lib/gpuguard"
+__all__ = ["DEFAULT_CONFIG_PATH", "DEFAULT_STATE_DIR", "AgentSettings", "DaemonSettings", "Settings",
+           "SnapshotSettings", "load_settings", "parse_settings", "parse_toml_model"]
 
 
 class AgentSettings(FrozenModel):
@@ -36,18 +28,6 @@ class AgentSettings(FrozenModel):
     state_dir: str = DEFAULT_STATE_DIR
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     host_id: Optional[str] = None
-
-
-class SnapshotSettings(FrozenModel):
-    """What to watch and how often to snapshot."""
-
-    interval_seconds: float = Field(300.0, gt=0)
-    watched_packages: List[str] = list(DEFAULT_WATCHED_PATTERNS)
-    extra_watched_packages: List[str] = []
-
-    @property
-    def all_watched_packages(self) -> List[str]:
-        return [*self.watched_packages, *self.extra_watched_packages]
 
 
 class DaemonSettings(FrozenModel):
@@ -71,22 +51,6 @@ class Settings(FrozenModel):
     health: HealthSettings = HealthSettings()
 
 
-def parse_toml_model(text: str, path: str, model: Type[M]) -> M:
-    """Parse TOML text into a settings model; ConfigError lists every problem (bad TOML or every bad field)."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(path, [f"not valid TOML: {exc}"]) from None
-    except RecursionError:
-        raise ConfigError(path, ["not valid TOML: nested too deeply"]) from None
-    if nesting_depth(data) > MAX_NESTING_DEPTH:
-        raise ConfigError(path, [f"not valid TOML: nested deeper than {MAX_NESTING_DEPTH} levels"])
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(path, validation_problems(exc.errors())) from None
-
-
 def parse_settings(text: str, path: str = "<string>") -> Settings:
     """Parse TOML text into Settings; ConfigError lists every problem."""
     return parse_toml_model(text, path, Settings)
@@ -94,16 +58,5 @@ def parse_settings(text: str, path: str = "<string>") -> Settings:
 
 def load_settings(path: str = DEFAULT_CONFIG_PATH, required: bool = False) -> Settings:
     """Read the config file; defaults when it does not exist (unless ``required``)."""
-    try:
-        raw = read_bytes_bounded(path)
-    except FileMissing:
-        if required:
-            raise ConfigError(path, ["no such file"]) from None
-        return Settings()
-    except InputFileError as exc:
-        raise ConfigError(path, [exc.reason]) from None
-    try:
-        text = decode_text(path, raw)
-    except InputFileError as exc:
-        raise ConfigError(path, [exc.reason]) from None
-    return parse_settings(text, path)
+    text = read_config_text(path, required)
+    return Settings() if text is None else parse_settings(text, path)

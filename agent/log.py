@@ -1,19 +1,41 @@
-"""structlog setup: JSON lines on stderr, a readable console format when stderr is a terminal."""
+"""structlog setup: JSON lines on stderr, a readable console format when stderr is a terminal.
+
+structlog (with asyncio and, where installed, rich) is imported on the first log line that passes the level, not
+on import: a command that logs nothing (``gpuguard snapshot`` at the default level) never loads it. ``configure``
+only records the choice until then; ``get_logger`` hands out a small proxy that checks the level first.
+"""
 
 from __future__ import annotations
 
-import logging
 import sys
-from typing import Optional, TextIO
+from typing import Any, Optional, TextIO
 
-import structlog
+_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+# (level number, json_output, stream) from the last configure(); None: never configured (structlog's defaults).
+_config: Optional[tuple] = None
+_applied: Optional[tuple] = None
 
 
 def configure(level: str = "info", json_output: Optional[bool] = None, stream: Optional[TextIO] = None) -> None:
-    """Configure structlog once for the process; ``json_output=None`` picks JSON unless stderr is a TTY."""
-    out = stream if stream is not None else sys.stderr
+    """Configure logging for the process; ``json_output=None`` picks JSON unless the stream is a TTY.
+
+    Applied to structlog at once when structlog is already loaded, else when the first line is logged.
+    """
+    global _config
+    _config = (_LEVELS.get(level, 20), json_output, stream if stream is not None else sys.stderr)
+    if "structlog" in sys.modules:
+        _apply()
+
+
+def _apply() -> None:
+    """Hand the recorded configuration to structlog (imports it)."""
+    global _applied
+    import structlog
+
+    if _config is None or _applied is _config:
+        return
+    level, json_output, out = _config
     if json_output is None:
         json_output = not out.isatty()
     renderer = structlog.processors.JSONRenderer(sort_keys=True) if json_output \
@@ -26,12 +48,43 @@ def configure(level: str = "info", json_output: Optional[bool] = None, stream: O
             structlog.processors.format_exc_info,
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
+        wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )
+    _applied = _config
 
 
-def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
+class Logger:
+    """A logger bound to a component name; structlog is loaded by the first line the level lets through."""
+
+    __slots__ = ("_component",)
+
+    def __init__(self, component: str) -> None:
+        self._component = component
+
+    def _emit(self, method: str, number: int, event: str, kw: Any) -> None:
+        if _config is not None and number < _config[0]:
+            return
+        import structlog
+
+        if _applied is not _config:
+            _apply()
+        getattr(structlog.get_logger(component=self._component), method)(event, **kw)
+
+    def debug(self, event: str, **kw: Any) -> None:
+        self._emit("debug", 10, event, kw)
+
+    def info(self, event: str, **kw: Any) -> None:
+        self._emit("info", 20, event, kw)
+
+    def warning(self, event: str, **kw: Any) -> None:
+        self._emit("warning", 30, event, kw)
+
+    def error(self, event: str, **kw: Any) -> None:
+        self._emit("error", 40, event, kw)
+
+
+def get_logger(name: str) -> Logger:
     """A logger bound to a component name."""
-    return structlog.get_logger(component=name)
+    return Logger(name)

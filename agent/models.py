@@ -6,6 +6,14 @@ from typing import Any, Iterable, List, Mapping
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+try:  # gpuguard's models use no third-party pydantic plugin: skip the entry-point scan of every installed package
+    from pydantic.plugin import _loader as _pydantic_plugins
+
+    if getattr(_pydantic_plugins, "_plugins", None) is None:
+        _pydantic_plugins._plugins = {}
+except ImportError:  # pragma: no cover - a pydantic without the plugin loader
+    pass
+
 
 class FrozenModel(BaseModel):
     """Immutable, rejects unknown fields and non-finite numbers (inf, nan); equality and hashing by value."""

@@ -52,6 +52,11 @@ def test_bad_agent_toml_is_one_line_exit_3(tmp_path: Path, name: str, content: b
     extra = ["--policy", str(REPO / "policies" / "example.toml"), "-o", str(tmp_path / "out.json")] \
         if command == "policy compile" else []
     proc = _run_cli(*command.split(), "--config", str(config), "--root", str(ROOTS / "gpuless-debian12"), *extra)
+    if command == "snapshot" and name in ("nan", "neg_inf"):
+        # The snapshot command validates only [snapshot] (issue #17: it loads no other area's settings model);
+        # the daemon and the policy commands report the other sections.
+        assert proc.returncode == 0, proc.stderr
+        return
     _one_line_error(proc, config, needle, 3)
 
 

@@ -7,7 +7,9 @@ runtimes from /etc/docker/daemon.json, where the NVIDIA/AMD runtime hooks are re
 from __future__ import annotations
 
 import json
+import os
 import re
+import threading
 from typing import Dict, List, Optional, Tuple
 
 from agent.errors import CollectorUnavailable, CommandError
@@ -28,6 +30,14 @@ TOOLS: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = (
     ("nvidia-container-cli", "nvidia-container-cli", ("--version",)),
     ("amd-container-toolkit", "amd-ctk", ("--version",)),
 )
+
+# A tool's version for its binary's identity (real path, inode, size, mtime): a binary that did not change is not
+# asked again for as long as the process runs (the daemon snapshots every few minutes); an upgrade replaces the file,
+# which changes the key. Failures are not cached: the next snapshot asks again.
+BinaryKey = Tuple[str, int, int, int]
+_version_cache: Dict[BinaryKey, Optional[str]] = {}
+_version_cache_lock = threading.Lock()
+_VERSION_CACHE_MAX = 64
 
 _VERSION = re.compile(r"\bv?(\d+\.\d+(?:\.\d+)?(?:[-+~][0-9A-Za-z.\-+~]*)?)")
 
@@ -70,6 +80,22 @@ def parse_docker_daemon_json(text: str) -> Tuple[Optional[str], List[str]]:
     return data.get("default-runtime"), sorted(runtimes) if isinstance(runtimes, dict) else []
 
 
+def binary_key(path: str) -> Optional[BinaryKey]:
+    """(real path, inode, size, mtime in ns) of the file a program path resolves to; None when it cannot be read."""
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+    except (OSError, ValueError):
+        return None
+    return (real, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def clear_version_cache() -> None:
+    """Forget every cached tool version (tests)."""
+    with _version_cache_lock:
+        _version_cache.clear()
+
+
 class ContainersCollector:
     """Finds each tool under the host root and asks it for its version."""
 
@@ -84,13 +110,7 @@ class ContainersCollector:
             path = host.which(program)
             if path is None:
                 continue
-            version = None
-            try:
-                result = host.run([str(host.path(path)), *args], self.timeout_seconds)
-                version = parse_tool_version(result.stdout + "\n" + result.stderr)
-            except CommandError as exc:
-                log.warning("container_tool_version_failed", tool=tool, error=str(exc))
-            tools[tool] = ContainerTool(path=path, version=version)
+            tools[tool] = ContainerTool(path=path, version=self._version(host, tool, path, args))
         default_runtime: Optional[str] = None
         runtimes: List[str] = []
         daemon_json = host.read_text("/etc/docker/daemon.json")
@@ -102,3 +122,24 @@ class ContainersCollector:
         if not tools and daemon_json is None:
             raise CollectorUnavailable("no container runtime or toolkit found")
         return ContainersInfo(tools=tools, docker_default_runtime=default_runtime, docker_runtimes=runtimes)
+
+    def _version(self, host: Host, tool: str, path: str, args: Tuple[str, ...]) -> Optional[str]:
+        """The tool's ``--version``, run once per binary identity (see ``_version_cache``)."""
+        program = str(host.path(path))
+        key = binary_key(program)
+        if key is not None:
+            with _version_cache_lock:
+                if key in _version_cache:
+                    return _version_cache[key]
+        try:
+            result = host.run([program, *args], self.timeout_seconds)
+        except CommandError as exc:
+            log.warning("container_tool_version_failed", tool=tool, error=str(exc))
+            return None
+        version = parse_tool_version(result.stdout + "\n" + result.stderr)
+        if key is not None:
+            with _version_cache_lock:
+                if len(_version_cache) >= _VERSION_CACHE_MAX:
+                    _version_cache.clear()
+                _version_cache[key] = version
+        return version

@@ -63,3 +63,41 @@ def test_absent_without_any_tool(tmp_path: Path) -> None:
     """A host with no container tooling reports the section absent."""
     with pytest.raises(CollectorUnavailable):
         ContainersCollector().collect(Host(root=tmp_path, runner=FakeRunner()))
+
+
+def test_tool_version_is_asked_once_per_binary_identity(tmp_path: Path) -> None:
+    """``docker --version`` runs once while the binary is unchanged; a replaced binary is asked again."""
+    _executable(tmp_path, "usr/bin/docker")
+    docker = tmp_path / "usr/bin/docker"
+    calls = []
+    runner = FakeRunner()
+    runner.add([str(docker), "--version"], stdout="Docker version 28.2.2, build e6534b4\n")
+
+    def counting(argv, timeout_seconds):
+        calls.append(list(argv))
+        return runner(argv, timeout_seconds)
+
+    host = Host(root=tmp_path, runner=counting)
+    for _ in range(3):
+        assert ContainersCollector().collect(host).tools["docker"].version == "28.2.2"
+    assert len(calls) == 1
+    docker.write_text("#!/bin/sh\n# upgraded, a different size\nexit 1\n")
+    assert ContainersCollector().collect(host).tools["docker"].version == "28.2.2"
+    assert len(calls) == 2
+
+
+def test_failed_tool_version_is_asked_again(tmp_path: Path) -> None:
+    """A timeout is not cached: the next snapshot asks the tool again."""
+    _executable(tmp_path, "usr/bin/docker")
+    calls = []
+    runner = FakeRunner()
+    runner.add([str(tmp_path / "usr/bin/docker"), "--version"], timeout=True)
+
+    def counting(argv, timeout_seconds):
+        calls.append(list(argv))
+        return runner(argv, timeout_seconds)
+
+    host = Host(root=tmp_path, runner=counting)
+    for _ in range(2):
+        assert ContainersCollector().collect(host).tools["docker"].version is None
+    assert len(calls) == 2
