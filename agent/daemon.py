@@ -32,6 +32,7 @@ from agent.daemon_jobs.guard_events import GuardEventForwarder
 from agent.daemon_jobs.health import HealthJob
 from agent.daemon_jobs.heartbeat import HeartbeatJob, first_heartbeat_in_seconds
 from agent.daemon_jobs.hooks import Hooks, default_hooks
+from agent.daemon_jobs.memory import limit_malloc_arenas, release_free_memory
 from agent.daemon_jobs.metrics import MetricsJob
 from agent.daemon_jobs.runtime import EventEmitter, Runtime, host_identity
 from agent.daemon_jobs.snapshot import SnapshotJob
@@ -95,9 +96,10 @@ class JobRunner:
     """
 
     def __init__(self, job_id: str, body: Callable[[str], Optional[float]], stopping: threading.Event,
-                 after: Callable[[], None] = lambda: None, quiet: bool = False) -> None:
+                 after: Callable[[], None] = lambda: None, quiet: bool = False, trim: bool = True) -> None:
         self.job_id = job_id
         self.quiet = quiet
+        self.trim = trim  # give freed memory back to the system after each run (agent/daemon_jobs/memory.py)
         self.body = body
         self.stopping = stopping
         self.after = after
@@ -129,7 +131,11 @@ class JobRunner:
 
     def __call__(self) -> None:
         with self._busy:
-            self._run()
+            try:
+                self._run()
+            finally:
+                if self.trim:
+                    release_free_memory()
 
     def _run(self) -> None:
         reason = "interval"
@@ -210,7 +216,8 @@ class Daemon:
         """Schedule a body every ``interval_seconds``, first after ``first_in_seconds`` (None: one interval)."""
         metrics = self._metrics
         after = (lambda: metrics.run(f"after_{job_id}")) if refresh_metrics and metrics is not None else _nothing
-        runner = JobRunner(job_id, body, self.runtime.stopping, after=after, quiet=not refresh_metrics)
+        runner = JobRunner(job_id, body, self.runtime.stopping, after=after, quiet=not refresh_metrics,
+                           trim=refresh_metrics)
         runner.scheduler = scheduler
         first_seconds = interval_seconds if first_in_seconds is None else first_in_seconds
         scheduler.add_job(runner, "interval", seconds=interval_seconds, id=job_id, name=job_id,
@@ -225,6 +232,7 @@ class Daemon:
 
         # apscheduler logs through stdlib logging; its routine "skipped: still running" is ours to report.
         logging.getLogger("apscheduler").setLevel(logging.ERROR)
+        limit_malloc_arenas()  # before the worker threads exist (agent/daemon_jobs/memory.py)
         rt, s, hooks = self.runtime, self.runtime.settings, self.hooks
         scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(max_workers=10)},
                                         job_defaults={"max_instances": 1, "coalesce": True,

@@ -1,0 +1,187 @@
+"""Daemon memory soak: ``gpuguard run``'s RSS over a day of jobs run faster, beside Prometheus' node_exporter.
+
+The agent runs as a real process with every default interval divided by ``--speedup`` (300: a snapshot and a guard
+check every second, a heartbeat every 0.2 s, delivery every 0.1 s, so the default 288 s are a day's 288 snapshots
+and 1,440 heartbeats). The package watch runs every ``max(2 s / speedup, 0.05 s)``. The health check is off (it
+runs a separate probe process; its memory is not the daemon's). Without ``--endpoint`` events stay in the outbox.
+
+node_exporter runs beside it on 127.0.0.1 (a free port) and is scraped every ``--scrape-seconds``; both RSS figures
+(/proc/PID/status VmRSS) are printed every ``--sample-seconds``. node_exporter comes from ``--node-exporter`` or is
+unpacked from the distribution's package without installing it (``apt-get download prometheus-node-exporter``,
+``dpkg-deb -x`` into a temporary directory).
+
+Goal (issue #17): after warm-up (the first ``--warmup-seconds``) the agent's RSS stays within +-2 MB, and it is at
+most 2x node_exporter's.
+
+Run:  .venv/bin/python bench/bench_daemon_memory.py [--speedup 300] [--seconds 288] [--gpuguard gpuguard]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Dict, List, Optional
+
+REPO = Path(__file__).resolve().parent.parent
+
+DEFAULTS = {"snapshot": 300.0, "heartbeat": 60.0, "delivery": 30.0, "package_watch": 2.0}
+
+
+def rss_mib(pid: int) -> Optional[float]:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def find_node_exporter(given: Optional[str], workdir: Path) -> Optional[str]:
+    """The node_exporter binary: given, on PATH, or unpacked from the distribution's package (nothing installed)."""
+    if given:
+        return given
+    found = shutil.which("node_exporter") or shutil.which("prometheus-node-exporter")
+    if found:
+        return found
+    if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
+        return None
+    fetched = subprocess.run(["apt-get", "download", "prometheus-node-exporter"], cwd=workdir, capture_output=True,
+                             text=True, check=False)
+    debs = sorted(workdir.glob("prometheus-node-exporter_*.deb"))
+    if fetched.returncode != 0 or not debs:
+        print(f"apt-get download prometheus-node-exporter failed: {fetched.stderr.strip()[-300:]}", file=sys.stderr)
+        return None
+    unpacked = workdir / "node-exporter"
+    subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(unpacked)], check=True)
+    binary = unpacked / "usr/bin/prometheus-node-exporter"
+    return str(binary) if binary.exists() else None
+
+
+def write_config(path: Path, state_dir: Path, speedup: float, endpoint: Optional[str]) -> Dict[str, float]:
+    intervals = {name: seconds / speedup for name, seconds in DEFAULTS.items()}
+    intervals["package_watch"] = max(intervals["package_watch"], 0.05)
+    report = f'endpoint_url = "{endpoint}"\n' if endpoint else ""
+    path.write_text(f'[agent]\nstate_dir = "{state_dir}"\nlog_level = "warning"\n'
+                    f'[snapshot]\ninterval_seconds = {intervals["snapshot"]}\n'
+                    f'[daemon]\nhealth_enabled = false\npackage_watch_interval_seconds = {intervals["package_watch"]}\n'
+                    f'[report]\n{report}heartbeat_interval_seconds = {intervals["heartbeat"]}\n'
+                    f'delivery_interval_seconds = {intervals["delivery"]}\n')
+    return intervals
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--speedup", type=float, default=300.0)
+    parser.add_argument("--seconds", type=float, default=None, help="soak length (default: a day / speedup)")
+    parser.add_argument("--warmup-seconds", type=float, default=30.0)
+    parser.add_argument("--sample-seconds", type=float, default=10.0)
+    parser.add_argument("--scrape-seconds", type=float, default=1.0)
+    parser.add_argument("--gpuguard", default=None, help="command prefix (default: python3 -m agent of this checkout)")
+    parser.add_argument("--node-exporter", default=None,
+                        help="node_exporter binary (default: PATH or apt-get download)")
+    parser.add_argument("--endpoint", default=None, help="report endpoint_url (default none: events stay queued)")
+    parser.add_argument("--json", metavar="FILE", help="also write every sample as JSON")
+    args = parser.parse_args()
+    seconds = args.seconds if args.seconds is not None else 86400.0 / args.speedup
+    with tempfile.TemporaryDirectory(prefix="gpuguard-soak-") as tmp:
+        work = Path(tmp)
+        intervals = write_config(work / "agent.toml", work / "state", args.speedup, args.endpoint)
+        env = dict(os.environ)
+        if args.gpuguard:
+            agent_cmd = [*shlex.split(args.gpuguard), "run", "--config", str(work / "agent.toml")]
+        else:
+            agent_cmd = [sys.executable, "-m", "agent", "run", "--config", str(work / "agent.toml")]
+            env["PYTHONPATH"] = str(REPO)
+        exporter_bin = find_node_exporter(args.node_exporter, work)
+        exporter: Optional[subprocess.Popen] = None
+        port = free_port()
+        if exporter_bin:
+            exporter = subprocess.Popen([exporter_bin, f"--web.listen-address=127.0.0.1:{port}"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        else:
+            print("node_exporter not available: agent RSS only", file=sys.stderr)
+        agent = subprocess.Popen(agent_cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        print(f"agent: {shlex.join(agent_cmd)}")
+        print(f"intervals (s): {json.dumps({k: round(v, 4) for k, v in intervals.items()})}; soak {seconds:.0f} s "
+              f"= {seconds * args.speedup / 3600:.1f} h of default-interval jobs")
+        if exporter_bin:
+            print(f"node_exporter: {exporter_bin} on 127.0.0.1:{port}, scraped every {args.scrape_seconds} s")
+        samples: List[Dict[str, Optional[float]]] = []
+        scrapes = scrape_failures = 0
+        started = time.monotonic()
+        next_sample = started
+        print(f"{'t (s)':>7s} {'agent RSS (MiB)':>16s} {'node_exporter RSS (MiB)':>24s}")
+        try:
+            while time.monotonic() - started <= seconds:
+                if agent.poll() is not None:
+                    print(f"agent exited early ({agent.returncode}): {agent.stderr.read().decode()[-800:]}",
+                          file=sys.stderr)
+                    return 1
+                if exporter is not None:
+                    try:
+                        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                            resp.read()
+                        scrapes += 1
+                    except OSError:
+                        scrape_failures += 1
+                now = time.monotonic()
+                if now >= next_sample:
+                    sample = {"t": round(now - started, 1), "agent_mib": rss_mib(agent.pid),
+                              "node_exporter_mib": rss_mib(exporter.pid) if exporter is not None else None}
+                    samples.append(sample)
+                    ne = sample["node_exporter_mib"]
+                    print(f"{sample['t']:7.0f} {sample['agent_mib'] or 0:16.1f} "
+                          f"{(f'{ne:.1f}' if ne is not None else '-'):>24s}", flush=True)
+                    next_sample += args.sample_seconds
+                time.sleep(args.scrape_seconds)
+        finally:
+            agent.send_signal(signal.SIGTERM)
+            try:
+                agent.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+            if exporter is not None:
+                exporter.terminate()
+                exporter.wait(timeout=10)
+        after = [s["agent_mib"] for s in samples if s["t"] >= args.warmup_seconds and s["agent_mib"] is not None]
+        exporter_rss = [s["node_exporter_mib"] for s in samples if s["node_exporter_mib"] is not None]
+        if not after:
+            print("no samples after warm-up", file=sys.stderr)
+            return 1
+        mid = (max(after) + min(after)) / 2
+        spread = (max(after) - min(after)) / 2
+        print(f"agent after {args.warmup_seconds:.0f} s warm-up: {min(after):.1f} to {max(after):.1f} MiB "
+              f"({mid:.1f} +- {spread:.1f}; goal +- 2) -> {'OK' if spread <= 2 else 'OVER GOAL'}")
+        if exporter_rss:
+            ne_max = max(exporter_rss)
+            ratio = max(after) / ne_max
+            print(f"node_exporter: {min(exporter_rss):.1f} to {ne_max:.1f} MiB over {scrapes} scrapes "
+                  f"({scrape_failures} failed); agent max / node_exporter max = {ratio:.2f}x (goal <= 2x) -> "
+                  f"{'OK' if ratio <= 2 else 'OVER GOAL'}")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"command": agent_cmd, "intervals": intervals, "seconds": seconds,
+                                                   "speedup": args.speedup, "samples": samples, "scrapes": scrapes},
+                                                  indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
