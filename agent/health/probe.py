@@ -289,24 +289,24 @@ def device_suite(torch, device, index, size, throttle_fraction, name):
         width, batch = sizes["train_width"], sizes["train_batch"]
         torch.manual_seed(4321 + index)
         model = make_model(torch, width).to(device)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        scaler = None
-        if on_gpu and dtype == torch.float16:
-            amp = getattr(torch, "amp", None)
-            scaler = amp.GradScaler("cuda") if hasattr(amp, "GradScaler") else torch.cuda.amp.GradScaler()
+        optimizer = AdamW(torch, list(model.parameters()), lr=1e-3)
+        # fp16 (a GPU without bf16): a dynamic loss scale as torch.amp.GradScaler keeps one; bf16 needs none.
+        scale = 2.0 ** 16 if on_gpu and dtype == torch.float16 else None
         x = torch.randn(batch, width, device=device)
         y = torch.randn(batch, width, device=device)
         losses, step_times = [], []
         for _ in range(sizes["train_steps"]):
             sync()
             step_started = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad()
             with torch.autocast(device_type=device.type, dtype=dtype):
                 loss = torch.nn.functional.mse_loss(model(x).float(), y)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
+            if scale is not None:
+                (loss * scale).backward()
+                if optimizer.unscale_and_check(scale):
+                    optimizer.step()
+                else:  # inf/nan gradients: skip this step with a smaller scale, as GradScaler does
+                    scale /= 2.0
             else:
                 loss.backward()
                 optimizer.step()
@@ -340,15 +340,15 @@ def device_suite(torch, device, index, size, throttle_fraction, name):
             os.rmdir(workdir)
         clone = make_model(torch, sizes["train_width"]).to(device)
         clone.load_state_dict(loaded["model"])
-        clone_optimizer = torch.optim.AdamW(clone.parameters(), lr=1e-3)
+        clone_optimizer = AdamW(torch, list(clone.parameters()), lr=1e-3)
         clone_optimizer.load_state_dict(loaded["optimizer"])
         same = all(torch.equal(p, q) for p, q in zip(model.state_dict().values(), clone.state_dict().values()))
-        for group, clone_group in zip(optimizer.state.values(), clone_optimizer.state.values()):
-            for key, value in group.items():
-                # AdamW keeps its step count on the CPU and load() maps it to the device: compare on the CPU.
-                if hasattr(value, "shape") and not torch.equal(value.cpu(), clone_group[key].cpu()):
-                    same = False
-        gpu["checkpoint_ok"] = bool(same and len(optimizer.state) == len(clone_optimizer.state))
+        mine, theirs = optimizer.state_dict(), clone_optimizer.state_dict()
+        for key in ("exp_avg", "exp_avg_sq"):
+            if len(mine[key]) != len(theirs[key]) or not all(
+                    torch.equal(a.cpu(), b.cpu()) for a, b in zip(mine[key], theirs[key])):
+                same = False
+        gpu["checkpoint_ok"] = bool(same and mine["step"] == theirs["step"] and mine["step"] > 0)
 
     for label, fn in (("gemm", gemm), ("reference", reference), ("copy", copy), ("train", train)):
         step(label, fn)
@@ -360,6 +360,64 @@ def device_suite(torch, device, index, size, throttle_fraction, name):
         gpu["device_memory_peak_bytes"] = int(torch.cuda.max_memory_allocated(device))
     gpu["seconds"] = round(time.perf_counter() - started, 4)
     return gpu
+
+
+class AdamW:
+    """torch.optim.AdamW's update (decoupled weight decay, bias correction), written out.
+
+    Not torch.optim: constructing its first optimizer in a process imports torch._dynamo (its methods are wrapped
+    to disable compilation), 5.2 s on the H200 and most of the old training phase. The check is the same: a few
+    mixed-precision steps must lower the loss, and the state must survive a checkpoint round trip.
+    """
+
+    def __init__(self, torch, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+        self.torch = torch
+        self.params = params
+        self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
+        self.steps = 0
+        self.exp_avg = [torch.zeros_like(p) for p in params]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in params]
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    def unscale_and_check(self, scale):
+        """Divide the gradients by the loss scale; False when any of them is not finite (skip the step)."""
+        with self.torch.no_grad():
+            finite = True
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.div_(scale)
+                    finite = finite and bool(self.torch.isfinite(p.grad).all().item())
+            return finite
+
+    def step(self):
+        beta1, beta2 = self.betas
+        self.steps += 1
+        correction1 = 1.0 - beta1 ** self.steps
+        correction2_sqrt = math.sqrt(1.0 - beta2 ** self.steps)
+        with self.torch.no_grad():
+            for p, avg, avg_sq in zip(self.params, self.exp_avg, self.exp_avg_sq):
+                if p.grad is None:
+                    continue
+                grad = p.grad
+                p.mul_(1.0 - self.lr * self.weight_decay)
+                avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+                avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+                denom = (avg_sq.sqrt() / correction2_sqrt).add_(self.eps)
+                p.addcdiv_(avg, denom, value=-self.lr / correction1)
+
+    def state_dict(self):
+        return {"step": self.steps, "exp_avg": list(self.exp_avg), "exp_avg_sq": list(self.exp_avg_sq)}
+
+    def load_state_dict(self, state):
+        if len(state["exp_avg"]) != len(self.params) or len(state["exp_avg_sq"]) != len(self.params):
+            raise ValueError("optimizer state does not match the model's parameters")
+        self.steps = int(state["step"])
+        with self.torch.no_grad():
+            for mine, saved in zip(self.exp_avg + self.exp_avg_sq, state["exp_avg"] + state["exp_avg_sq"]):
+                mine.copy_(saved)
 
 
 def make_model(torch, width):
