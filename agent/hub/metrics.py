@@ -7,7 +7,7 @@ Fleet figures are read from the database at each scrape (grouped queries over ``
     gpuguard_hub_hosts_by_health{status}            hosts by last reported health status ("none": not yet)
     gpuguard_hub_hosts_stale                        hosts silent for longer than stale_after_seconds
     gpuguard_hub_hosts_by_pairing{os,...}           hosts per driver/ROCm/CUDA/kernel pairing
-    gpuguard_hub_events_last_hour{kind,severity}    events that occurred in the last hour
+    gpuguard_hub_events_last_hour{kind,severity}    events (not heartbeats) that occurred in the last hour
     gpuguard_hub_alert_deliveries{webhook,state}    alert webhook deliveries: pending, delivered, dead
     gpuguard_hub_store_up                           1 when the database answered this scrape
 
@@ -29,10 +29,14 @@ from agent.errors import StoreError
 from agent.hub.alerts import AlertQueue
 from agent.hub.dashboard import queries
 from agent.log import get_logger
+from agent.report.events import PAYLOAD_KINDS
 
 log = get_logger("hub.metrics")
 
 EVENT_WINDOW = dt.timedelta(hours=1)
+# Heartbeats are left out of the event counts: they are most of the rows (one per host per interval), and
+# gpuguard_hub_hosts_stale already says who stopped sending them.
+COUNTED_KINDS = tuple(k for k in PAYLOAD_KINDS if k != "heartbeat")
 INGEST_BUCKETS_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _PAIRING_LABELS = {"os": "os_id", "os_version": "os_version_id", "kernel": "kernel_running",
                    "amdgpu": "amdgpu_loaded", "rocm": "rocm", "nvidia": "nvidia_loaded", "cuda": "cuda_driver_api"}
@@ -65,7 +69,7 @@ class FleetCollector:
         now = self._clock()
         counts = queries.fleet_counts(self._store, now - dt.timedelta(seconds=self._stale_after_seconds))
         groups, without = queries.pairing_groups(self._store)
-        events = queries.event_counts(self._store, now - EVENT_WINDOW)
+        events = queries.event_counts(self._store, now - EVENT_WINDOW, COUNTED_KINDS)
         deliveries = self._alerts.counts()
 
         hosts = GaugeMetricFamily("gpuguard_hub_hosts", "Hosts by compliance with their pinned pairing (newest "
@@ -86,8 +90,9 @@ class FleetCollector:
             pairing.add_metric([getattr(g, f) or "" for f in _PAIRING_LABELS.values()], g.host_count)
         no_pairing = GaugeMetricFamily("gpuguard_hub_hosts_without_pairing", "Hosts that reported no pairing yet.")
         no_pairing.add_metric([], without)
-        recent = GaugeMetricFamily("gpuguard_hub_events_last_hour", "Events that occurred in the last hour, by kind "
-                                                                    "and severity.", labels=["kind", "severity"])
+        recent = GaugeMetricFamily("gpuguard_hub_events_last_hour",
+                                   "Events other than heartbeats that occurred in the last hour, by kind and severity.",
+                                   labels=["kind", "severity"])
         for row in events:
             recent.add_metric([row.kind, row.severity], row.event_count)
         alerts = GaugeMetricFamily("gpuguard_hub_alert_deliveries", "Alert webhook deliveries by state (dead: gave "

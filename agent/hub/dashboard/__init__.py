@@ -27,7 +27,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from agent.hub.dashboard import queries, render
 from agent.hub.dashboard.session import COOKIE_NAME, SessionSigner
 from agent.hub.settings import HubSettings
-from agent.hub.store import DRIFT_KINDS, EventQuery, StoreError
+from agent.hub.store import DRIFT_KINDS, StoreError
 from agent.hub.tokens import TokenRegistry
 from agent.log import get_logger
 from agent.report.events import PAYLOAD_KINDS
@@ -152,7 +152,7 @@ def mount_dashboard(app: FastAPI, settings: HubSettings, store: Any, registry: T
             drift = queries.host_events(store, host_id, TIMELINE_KINDS, DRIFT_PER_PAGE, offset)
             shown_kinds = [event_kind] if event_kind else [k for k in PAYLOAD_KINDS if k != "heartbeat"]
             events = queries.host_events(store, host_id, shown_kinds, EVENTS_SHOWN)
-            heartbeats = store.events(EventQuery(host_id=host_id, kind="heartbeat", limit=HEARTBEATS_PLOTTED))
+            heartbeats = queries.host_events(store, host_id, ["heartbeat"], HEARTBEATS_PLOTTED)
             return render.host_page(state, clock(), stale_after, drift, offset, DRIFT_PER_PAGE, events, event_kind,
                                     PAYLOAD_KINDS, heartbeats, reader)
 
