@@ -7,10 +7,7 @@ fake library modules; nothing else in the agent touches ``open``, ``subprocess``
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import importlib
-import io
 import os
 import subprocess
 import time
@@ -19,7 +16,8 @@ from pathlib import Path, PurePosixPath
 from types import ModuleType
 from typing import Callable, Iterator, List, Mapping, Optional, Protocol, Sequence
 
-from agent.errors import CommandError, CommandNotFound, CommandTimeout, HostReadError, LibraryUnavailable
+from agent.errors import CommandError, CommandNotFound, CommandTimeout, HostReadError
+from agent.gpu_libraries import import_gpu_library, no_gpu_library
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 # Commands get a fixed, predictable environment: C locale so output parsers see one language.
@@ -74,29 +72,6 @@ class SubprocessRunner:
 
 
 ModuleLoader = Callable[[str], ModuleType]
-
-
-def import_gpu_library(name: str) -> ModuleType:
-    """Import a GPU management binding, mapping every way it fails to LibraryUnavailable.
-
-    amdsmi without libamd_smi.so prints to stdout and raises KeyError (not ImportError) at import; pynvml imports
-    fine and fails later at nvmlInit. The noise printed during import is captured so it never reaches our output.
-    """
-    noise = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(noise), contextlib.redirect_stderr(noise):
-            return importlib.import_module(name)
-    except ImportError as exc:
-        raise LibraryUnavailable(name, f"not installed ({exc})") from exc
-    except (KeyError, OSError, AttributeError) as exc:
-        said = " ".join(noise.getvalue().split())[:200]
-        raise LibraryUnavailable(name, f"shared library not loadable ({type(exc).__name__}: {exc}) {said}".strip()) \
-            from exc
-
-
-def no_gpu_library(name: str) -> ModuleType:
-    """Loader used when reading a foreign root: the live GPU libraries would describe this machine instead."""
-    raise LibraryUnavailable(name, "not used when --root is not /")
 
 
 def _utc_now() -> dt.datetime:

@@ -2,7 +2,9 @@
 
 amdsmi can be missing (without libamd_smi.so, ``import amdsmi`` prints and raises KeyError), refuse to start (no GPU,
 driver not loaded) or not support single queries on a given ASIC. None of that fails the collector: the first two
-fall back to sysfs with the reason recorded, the last leaves that one field None.
+fall back to sysfs with the reason recorded as one short line (agent/gpu_libraries.py names each failure: ``amdsmi:
+libamd_smi.so not found``, ``amdsmi: driver not loaded (AMDSMI_STATUS_DRIVER_NOT_LOADED)``), the last leaves that
+one field None.
 
 The driver's kind always comes from sysfs: only the DKMS (out-of-tree) amdgpu has /sys/module/amdgpu/version, and
 when that file is missing amdsmi reports the kernel release (from /proc/version) as the "driver version".
@@ -16,6 +18,7 @@ from types import ModuleType
 from typing import Any, Dict, List, Literal, Mapping, NamedTuple, Optional, Tuple
 
 from agent.errors import CollectorUnavailable, HostReadError, LibraryUnavailable
+from agent.gpu_libraries import amdsmi_failure, reason, unavailable_reason
 from agent.host import Host
 from agent.hostfacts.kfd import gfx_target, read_kfd_nodes
 from agent.log import get_logger
@@ -248,7 +251,7 @@ class _SmiSession:
         try:
             smi.amdsmi_init()
         except (self.error, *_BINDING_SKEW_ERRORS) as exc:
-            raise _SmiUnusable(f"amdsmi_init failed: {_error_text(exc)}") from exc
+            raise _SmiUnusable(reason("amdsmi", amdsmi_failure("amdsmi_init", exc))) from exc
         try:
             return self._read_initialised()
         finally:
@@ -261,7 +264,7 @@ class _SmiSession:
         try:
             handles = list(self.smi.amdsmi_get_processor_handles())
         except (self.error, *_BINDING_SKEW_ERRORS) as exc:
-            raise _SmiUnusable(f"amdsmi_get_processor_handles failed: {_error_text(exc)}") from exc
+            raise _SmiUnusable(reason("amdsmi", amdsmi_failure("amdsmi_get_processor_handles", exc))) from exc
         lib_version = self.call("library", "amdsmi_get_lib_version")
         driver_version = None
         gpus: Dict[str, AmdGpu] = {}
@@ -274,7 +277,7 @@ class _SmiSession:
                 info = self.call(gpu.bdf, "amdsmi_get_gpu_driver_info", handle)
                 driver_version = known(info.get("driver_version")) if isinstance(info, dict) else None
         if not gpus:
-            raise _SmiUnusable("amdsmi found no AMD GPU")
+            raise _SmiUnusable(reason("amdsmi", "found no AMD GPU"))
         return _SmiReading(driver_version=driver_version,
                            library_version=format_smi_lib_version(lib_version) if isinstance(lib_version, dict)
                            else None,
@@ -346,9 +349,9 @@ def read_amdsmi(host: Host) -> _SmiReading:
     try:
         smi = host.load_module("amdsmi")
     except LibraryUnavailable as exc:
-        raise _SmiUnusable(str(exc)) from exc
+        raise _SmiUnusable(unavailable_reason(exc)) from exc
     if not isinstance(getattr(smi, "AmdSmiException", None), type):
-        raise _SmiUnusable("amdsmi module has no AmdSmiException: not the AMD SMI binding")
+        raise _SmiUnusable(reason("amdsmi", "module has no AmdSmiException: not the AMD SMI binding"))
     return _SmiSession(smi).read()
 
 

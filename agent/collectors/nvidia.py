@@ -2,7 +2,8 @@
 
 NVML can be missing (no libnvidia-ml.so), refuse to start (driver not loaded, or "Driver/library version mismatch"
 right after a driver upgrade without reboot) or not support single queries on a given GPU. None of that fails the
-collector: the first two fall back to procfs with the reason recorded, the last leaves that one field None.
+collector: the first two fall back to procfs with the reason recorded as one short line (agent/gpu_libraries.py:
+``NVML: driver not loaded``), the last leaves that one field None.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from types import ModuleType
 from typing import Any, Callable, List, Literal, Optional
 
 from agent.errors import CollectorUnavailable, LibraryUnavailable
+from agent.gpu_libraries import nvml_failure, reason, unavailable_reason
 from agent.host import Host
 from agent.hostfacts.loaded_modules import parse_proc_driver_version
 from agent.log import get_logger
@@ -180,7 +182,7 @@ class _NvmlSession:
         try:
             nvml.nvmlInit()
         except self.error as exc:
-            raise _NvmlUnusable(f"nvmlInit failed: {_error_text(exc)}") from exc
+            raise _NvmlUnusable(reason("pynvml", nvml_failure("nvmlInit", exc))) from exc
         try:
             return self._read_initialised()
         finally:
@@ -195,7 +197,7 @@ class _NvmlSession:
             driver_version = _text(nvml.nvmlSystemGetDriverVersion())
             count = int(nvml.nvmlDeviceGetCount())
         except self.error as exc:
-            raise _NvmlUnusable(f"NVML query failed after init: {_error_text(exc)}") from exc
+            raise _NvmlUnusable(reason("pynvml", nvml_failure("query after nvmlInit", exc))) from exc
         cuda_driver_version = None
         get_cuda = getattr(nvml, "nvmlSystemGetCudaDriverVersion_v2", None) or nvml.nvmlSystemGetCudaDriverVersion
         try:
@@ -251,7 +253,7 @@ def _read_nvml(host: Host) -> _NvmlReading:
     try:
         nvml = host.load_module("pynvml")
     except LibraryUnavailable as exc:
-        raise _NvmlUnusable(str(exc)) from exc
+        raise _NvmlUnusable(unavailable_reason(exc)) from exc
     return _NvmlSession(nvml).read()
 
 

@@ -271,7 +271,7 @@ def test_host_without_nvml_library_falls_back_to_procfs():
     info = NvidiaCollector().collect(make_fixture_host(SCENARIO, modules={}))
     assert info == NvidiaInfo(module_loaded=True, driver_version="580.159.04", module_flavor="open",
                               cuda_driver_version=None, source="procfs",
-                              nvml_unavailable_reason="pynvml unavailable: not installed (fake host)",
+                              nvml_unavailable_reason="NVML: not installed (fake host)",
                               gpus=[H200_GPU_PROCFS])
 
 
@@ -279,15 +279,15 @@ def test_foreign_root_uses_procfs():
     """Host.for_root on a fixture tree loads no GPU library and says so in the reason."""
     info = NvidiaCollector().collect(Host.for_root(str(make_fixture_host(SCENARIO).root)))
     assert info.source == "procfs" and info.nvml_unavailable_reason == \
-        "pynvml unavailable: not used when --root is not /"
+        "NVML: not used when --root is not /"
     assert info.gpus == [H200_GPU_PROCFS]
 
 
 @pytest.mark.parametrize("init_error, reason", [
-    ("LibraryNotFound", "nvmlInit failed: NVMLError_LibraryNotFound: NVML Shared Library Not Found"),
-    ("DriverNotLoaded", "nvmlInit failed: NVMLError_DriverNotLoaded: Driver Not Loaded"),
-    ("LibRmVersionMismatch",
-     "nvmlInit failed: NVMLError_LibRmVersionMismatch: RM has detected an NVML/RM version mismatch."),
+    ("LibraryNotFound", "NVML: libnvidia-ml.so.1 not found"),
+    ("DriverNotLoaded", "NVML: driver not loaded"),
+    ("LibRmVersionMismatch", "NVML: driver and library versions differ (reboot, or reload the driver)"),
+    ("NoPermission", "NVML: nvmlInit failed (NVMLError_NoPermission: Insufficient Permissions)"),
 ])
 def test_nvml_init_failure_falls_back_to_procfs_with_the_reason(init_error, reason):
     """nvmlInit raising an NVMLError gives the procfs reading, with NVML's error as the reason."""
@@ -305,7 +305,7 @@ def test_nvml_shut_down_even_when_a_query_after_init_fails():
     host, nvml = fixture_host_with_nvml({**recorded_nvml(), "errors": {"nvmlDeviceGetCount": "Unknown"}})
     info = NvidiaCollector().collect(host)
     assert info.source == "procfs"
-    assert info.nvml_unavailable_reason == "NVML query failed after init: NVMLError_Unknown: Unknown Error"
+    assert info.nvml_unavailable_reason == "NVML: query after nvmlInit failed (NVMLError_Unknown: Unknown Error)"
     assert nvml.calls[-1] == "nvmlShutdown"
 
 
@@ -335,7 +335,7 @@ def test_gpu_present_but_driver_not_loaded(tmp_path):
                                 **pci_device("0000:00:02.0", "0x8086", "0x030000")})
     info = NvidiaCollector().collect(host)
     assert info == NvidiaInfo(module_loaded=False, source="procfs",
-                              nvml_unavailable_reason="pynvml unavailable: not installed (fake host)",
+                              nvml_unavailable_reason="NVML: not installed (fake host)",
                               gpus=[NvidiaGpu(index=0, bdf="0000:18:00.0")])
 
 
@@ -361,5 +361,5 @@ def test_gpu_less_host_with_nvml_bindings_installed_is_unavailable(tmp_path):
     """pynvml installed but libnvidia-ml.so missing on a GPU-less host is still absent, not broken."""
     nvml = make_fake_pynvml({"init_error": "LibraryNotFound"})
     host = tree_host(tmp_path, {"/etc/os-release": "ID=ubuntu\n"}, modules={"pynvml": nvml})
-    with pytest.raises(CollectorUnavailable, match="NVML Shared Library Not Found"):
+    with pytest.raises(CollectorUnavailable, match="NVML: libnvidia-ml.so.1 not found"):
         NvidiaCollector().collect(host)

@@ -48,7 +48,11 @@ class PackageBackend(Protocol):
     manager: str  # the version scheme: "dpkg" or "rpm"
     tool_name: str  # for messages: "apt-get" or "dnf"
     file_field: str  # the known-good entry field naming the cached package file: "deb" or "rpm"
-    mechanism: str  # how the last simulate() plan restores the set: "apt-get install", "dpkg -i ...", "dnf shell"
+
+    @property
+    def mechanism(self) -> str:
+        """How the last simulate() plan restores the set: "apt-get install", "dpkg -i ...", "dnf shell", "dnf5 do"."""
+        ...
 
     def read_installed(self, patterns: Sequence[str]) -> Dict[str, InstalledPackage]: ...
 
