@@ -6,8 +6,11 @@
     writer.py    group commit: one writer thread turns concurrent batches into one transaction
     fleet.py     pure fleet answers (hosts, pairing counts, drift) over store rows
     app.py       the FastAPI app: limits, auth, validation, routes
+    dashboard/   the web dashboard under /ui/ (queries, HTML rendering, session cookie)
+    metrics.py   GET /metrics (prometheus-client)
+    alerts.py    alert webhooks: the delivery queue in the database and its delivery thread
     server.py    uvicorn run with graceful shutdown
 
-FastAPI, uvicorn and psycopg are optional (``pip install 'gpuguard[hub]'``); nothing outside this package
+FastAPI, uvicorn, psycopg and prometheus-client are optional (``pip install 'gpuguard[hub]'``); nothing outside this package
 imports them.
 """

@@ -6,6 +6,8 @@
     GET  /v1/drift    hosts with drift/regression/fallback/violation/rollback events since a time (reader)
     GET  /v1/events   stored events by host, kind, time                        (reader token)
     GET  /healthz     liveness and database reachability (no token)
+    GET  /metrics     Prometheus text format (reader token; agent/hub/metrics.py)
+    GET  /ui/...      the web dashboard (reader token or session; agent/hub/dashboard/)
 
 A request is checked in this order, and every refusal is a JSON ``{"error", "detail", "problems"}`` whose
 ``detail`` is one readable line: body size (413, before anything is parsed), token (401; 403 for the wrong

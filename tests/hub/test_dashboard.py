@@ -216,3 +216,11 @@ def test_dashboard_routes_stay_out_of_the_openapi_spec(ui: TestClient) -> None:
     paths = ui.get("/openapi.json").json()["paths"]
     assert not [p for p in paths if p.startswith("/ui") or p == "/metrics"]
 
+
+
+def test_the_cookie_is_secure_behind_a_tls_proxy(ui: TestClient, tokens: Dict[str, str]) -> None:
+    """X-Forwarded-Proto: https (a TLS-terminating proxy) marks the session cookie Secure; plain http does not."""
+    plain = ui.post("/ui/login", data={"token": tokens[READER]}, follow_redirects=False)
+    proxied = ui.post("/ui/login", data={"token": tokens[READER]}, headers={"X-Forwarded-Proto": "https"},
+                      follow_redirects=False)
+    assert "Secure" not in plain.headers["set-cookie"] and "Secure" in proxied.headers["set-cookie"]

@@ -73,6 +73,12 @@ def _safe_next(value: Optional[str]) -> str:
     return "/ui/"
 
 
+def _over_https(request: Request) -> bool:
+    """Whether the browser reached the hub over https: directly, or through a TLS-terminating proxy that says so
+    (a client forging the header only marks its own cookie Secure)."""
+    return request.url.scheme == "https" or request.headers.get("x-forwarded-proto", "").lower() == "https"
+
+
 def mount_dashboard(app: FastAPI, settings: HubSettings, store: Any, registry: TokenRegistry,
                     clock: Callable[[], dt.datetime]) -> None:
     """Add the dashboard's routes to ``app`` (not in the OpenAPI spec: they answer HTML)."""
@@ -183,7 +189,7 @@ def mount_dashboard(app: FastAPI, settings: HubSettings, store: Any, registry: T
         log.info("hub_dashboard_login", reader=principal.subject)
         response = RedirectResponse(next_path, status_code=303, headers=_HEADERS)
         response.set_cookie(COOKIE_NAME, cookie, max_age=int(settings.dashboard_session_seconds), path="/ui/",
-                            httponly=True, samesite="strict", secure=request.url.scheme == "https")
+                            httponly=True, samesite="strict", secure=_over_https(request))
         return response
 
     @app.post("/ui/logout", include_in_schema=False)
