@@ -11,6 +11,6 @@
     alerts.py    alert webhooks: the delivery queue in the database and its delivery thread
     server.py    uvicorn run with graceful shutdown
 
-FastAPI, uvicorn, psycopg and prometheus-client are optional (``pip install 'gpuguard[hub]'``); nothing outside this package
-imports them.
+FastAPI, uvicorn, psycopg and prometheus-client are optional (``pip install 'gpuguard[hub]'``); nothing outside
+this package imports them.
 """
