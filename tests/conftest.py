@@ -81,7 +81,8 @@ def _quiet_logs():
 # Tests that build a Debian chroot, a dnf installroot or packages are marked by where they live, so that
 # `make test-fast` (-m "not chroot and not installroot and not packaging and not slow") can leave them out.
 _FOLDER_MARKS = (("tests/guard/apt/chroot/", "chroot"), ("tests/guard/dnf/installroot/", "installroot"),
-                 ("tests/packaging/", "packaging"))
+                 ("tests/packaging/", "packaging"),
+                 ("tests/guard/dnf/dnf5/", "installroot"), ("tests/collectors/sid/", "chroot"))  # the sid root
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
