@@ -243,7 +243,9 @@ class _Supervisor:
                 os.read(ready_r, 4 * 64)  # restarted workers say they are ready; nothing waits for it
             for pid, code, ran_seconds in self._reap():
                 if self.stopping:
-                    if code != 0:
+                    # -SIGTERM/-SIGINT: a worker still starting when the signal came (uvicorn's handlers not yet
+                    # in place) stopped as told.
+                    if code not in (0, -signal.SIGTERM, -signal.SIGINT):
                         log.warning("hub_worker_stopped_uncleanly", pid=pid, exit_code=code)
                         self.stopped_uncleanly = True
                     continue

@@ -16,7 +16,7 @@ import requests
 from agent.hub.store import PostgresStore
 from agent.hub.tokens import add_token
 from tests.hub.factories import batch_json, event
-from tests.hub.process import REPO, HubProcess, write_config
+from tests.hub.process import REPO, HubProcess, wait_until, write_config
 
 pytestmark = pytest.mark.slow  # real servers and processes
 
@@ -90,9 +90,11 @@ def test_hubs_and_workers_started_together_on_a_fresh_database_all_serve(tmp_pat
         assert statuses == [200] * 36
         assert hubs[2].events("hub_listening")[0]["workers"] == 3
         assert len({r["pid"] for r in hubs[2].events("hub_worker_started")}) == 3
-        with requests.Session() as session:
-            ids_seen = session.get(f"{hubs[0].url}/healthz", timeout=TIMEOUT_SECONDS).json()
-        assert ids_seen["status"] == "ok"
+        import psycopg
+
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            row = conn.execute("SELECT COUNT(*), COUNT(DISTINCT host_id) FROM events").fetchone()
+        assert row == (36, 3)
     finally:
         codes = [hub.stop() for hub in hubs]
     assert codes == [0, 0, 0]
@@ -131,3 +133,25 @@ def test_a_single_process_hub_that_cannot_open_the_store_exits_10(tmp_path: Path
     assert result.returncode == 10, result.stderr[-2000:]
     assert "hub store open failed" in result.stderr.strip().splitlines()[-1]
     assert "Traceback" not in result.stderr
+
+
+def test_a_worker_killed_later_is_replaced_and_the_hub_keeps_serving(tmp_path: Path) -> None:
+    """SIGKILL one of two workers (SQLite here): the supervisor starts another, requests keep being answered, and
+    SIGTERM still stops everything with exit 0."""
+    import os
+    import signal
+
+    tokens_file = tmp_path / "tokens.json"
+    token = add_token(str(tokens_file), "host", "h1")
+    hub = HubProcess(_hub_config(tmp_path, "hub", f"sqlite:///{tmp_path}/hub.db", tokens_file, 2)).start()
+    try:
+        first = [r["pid"] for r in hub.events("hub_worker_started")]
+        assert len(first) == 2
+        os.kill(first[0], signal.SIGKILL)
+        assert wait_until(lambda: hub.events("hub_worker_restarted"), 20), hub.log_text()
+        replacement = [r["pid"] for r in hub.events("hub_worker_started")][-1]
+        assert replacement not in first
+        assert [_post(hub.url, token, "h1") for _ in range(10)] == [200] * 10
+    finally:
+        code = hub.stop()
+    assert code == 0, hub.log_text()
