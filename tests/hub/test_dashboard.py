@@ -224,3 +224,17 @@ def test_the_cookie_is_secure_behind_a_tls_proxy(ui: TestClient, tokens: Dict[st
     proxied = ui.post("/ui/login", data={"token": tokens[READER]}, headers={"X-Forwarded-Proto": "https"},
                       follow_redirects=False)
     assert "Secure" not in plain.headers["set-cookie"] and "Secure" in proxied.headers["set-cookie"]
+
+
+def test_a_host_id_with_a_slash_has_its_page(settings: HubSettings, tokens: Dict[str, str]) -> None:
+    """Host ids are free text: one with '/' and spaces gets a working link and page."""
+    store = make_store(settings.database_url)
+    store.open()
+    store.ingest([[event("rack 4/gpu-9", "heartbeat", at=NOW, pairing=ROCM_62)]], NOW)
+    store.close()
+    with TestClient(create_app(settings, make_store(settings.database_url), clock=lambda: NOW)) as client:
+        login(client, tokens[READER])
+        overview = client.get("/ui/").text
+        assert 'href="/ui/hosts/rack%204%2Fgpu-9"' in overview
+        page = client.get("/ui/hosts/rack%204%2Fgpu-9")
+    assert page.status_code == 200 and "<h1>rack 4/gpu-9" in page.text

@@ -100,10 +100,11 @@ def mount_dashboard(app: FastAPI, settings: HubSettings, store: Any, registry: T
         return RedirectResponse(f"/ui/login?next={quote(target, safe='')}", status_code=303, headers=_HEADERS)
 
     def guarded(request: Request, build: Callable[[str], str]) -> Response:
-        reader = reader_of(request)
-        if reader is None:
-            return to_login(request)
+        reader: Optional[str] = None
         try:
+            reader = reader_of(request)
+            if reader is None:
+                return to_login(request)
             return _html(build(reader))
         except _BadQuery as exc:
             title = "Not found" if exc.status == 404 else "Bad request"
@@ -146,7 +147,7 @@ def mount_dashboard(app: FastAPI, settings: HubSettings, store: Any, registry: T
 
         return guarded(request, build)
 
-    @app.get("/ui/hosts/{host_id}", include_in_schema=False)
+    @app.get("/ui/hosts/{host_id:path}", include_in_schema=False)
     def host(request: Request, host_id: str, kind: _Text = None,
              drift_page: int = Query(1, ge=1, le=1_000_000)) -> Response:
         def build(reader: str) -> str:
@@ -172,7 +173,10 @@ def mount_dashboard(app: FastAPI, settings: HubSettings, store: Any, registry: T
 
     @app.post("/ui/login", include_in_schema=False)
     async def login(request: Request) -> Response:
-        form = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=10)
+        try:
+            form = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=10)
+        except ValueError:  # more fields than a login form has
+            return _html(render.login_page("/ui/", "unexpected form fields"), 400)
         token = (form.get("token") or [""])[0].strip()
         next_path = _safe_next((form.get("next") or [""])[0])
         principal = registry.authenticate_token(token)

@@ -287,6 +287,15 @@ def _event_items(stored: Sequence[StoredEvent], css: str) -> Tuple[str, List[Dic
     return "".join(items), events
 
 
+def _time_of(event: Mapping[str, Any]) -> Optional[dt.datetime]:
+    """An event's occurred_at as an aware datetime (None if it cannot be read: the point is left out)."""
+    try:
+        value = dt.datetime.fromisoformat(str(event.get("occurred_at")).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
+
+
 def health_plot(heartbeats: Sequence[Mapping[str, Any]], regressions: Sequence[Mapping[str, Any]],
                 width: int = 900, height: int = 160) -> str:
     """Inline SVG: one point per heartbeat that carried a health status (pass high, regression/fallback middle,
@@ -294,8 +303,9 @@ def health_plot(heartbeats: Sequence[Mapping[str, Any]], regressions: Sequence[M
     points = []
     for hb in heartbeats:
         status = hb.get("payload", {}).get("last_health_status")
-        if status is not None:
-            points.append((dt.datetime.fromisoformat(str(hb["occurred_at"]).replace("Z", "+00:00")), status))
+        at = _time_of(hb)
+        if status is not None and at is not None:
+            points.append((at, status))
     points.sort(key=lambda p: p[0])
     left, right, top, bottom = 90, width - 10, 14, height - 24
     levels = {2: top, 1: (top + bottom) // 2, 0: bottom}
@@ -320,8 +330,8 @@ def health_plot(heartbeats: Sequence[Mapping[str, Any]], regressions: Sequence[M
                    "</circle>" for cx, cy, t, status in coords)
     ticks = []
     for r in regressions:
-        t = dt.datetime.fromisoformat(str(r["occurred_at"]).replace("Z", "+00:00"))
-        if t0 <= t <= t1:
+        t = _time_of(r)
+        if t is not None and t0 <= t <= t1:
             ticks.append(f'<line class="regression" x1="{x(t)}" x2="{x(t)}" y1="{bottom + 2}" y2="{bottom + 10}" '
                          f'stroke="#c62828" stroke-width="2"><title>{describe(r)}</title></line>')
     axis = (f'<text x="{left}" y="{height - 2}" font-size="11" fill="#6a7280">{e(t0.strftime("%Y-%m-%d %H:%M"))}'
