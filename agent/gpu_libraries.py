@@ -34,7 +34,7 @@ from agent.errors import LibraryUnavailable
 LABELS = {"amdsmi": "amdsmi", "pynvml": "NVML"}
 # What steers where a binding looks for its shared library: a failure is remembered per value of these.
 _LOOKUP_ENV = ("ROCM_PATH", "ROCM_HOME", "LD_LIBRARY_PATH")
-_UNDEFINED_SYMBOL = re.compile(r"undefined symbol: ?(\S+)")
+_UNDEFINED_SYMBOL = re.compile(r"undefined symbol: ?([A-Za-z0-9_.@]*[A-Za-z0-9_])")
 _MAX_DETAIL = 120
 
 _FAILED: Dict[Tuple[object, ...], str] = {}
@@ -80,7 +80,7 @@ def import_gpu_library(name: str) -> ModuleType:
     """Import a GPU management binding; LibraryUnavailable (short reason) for every way it fails, remembered.
 
     What the binding prints while importing (amdsmi's two lines on stdout, SyntaxWarnings of old code on a new
-    Python) is captured and logged at debug level, never written to our stdout or stderr.
+    Python) is captured, never written to our stdout or stderr; it goes into the one log event of the failure.
     """
     key = _failure_key(name)
     if key in _FAILED:
