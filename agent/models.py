@@ -18,7 +18,10 @@ except ImportError:  # pragma: no cover - a pydantic without the plugin loader
 class FrozenModel(BaseModel):
     """Immutable, rejects unknown fields and non-finite numbers (inf, nan); equality and hashing by value."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    # defer_build: a model's validator and serializer are built when first used, not when its class is defined, so a
+    # command pays only for the models it uses (``gpuguard snapshot`` on a host without AMD GPUs never builds the
+    # amdsmi models' own validators; issue #17).
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
 
 
 def validation_problems(errors: Iterable[Mapping[str, Any]], skip_loc: int = 0, top: str = "(top level)") -> List[str]:
