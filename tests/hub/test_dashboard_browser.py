@@ -77,6 +77,17 @@ def shot(driver: Any, tmp_path: Path, name: str) -> None:
         shutil.copyfile(path, DOCS / f"{name}.png")
 
 
+def click_and_load(driver: Any, element: Any) -> None:
+    """Click something that loads a page, and wait until the new page has replaced the old one (reading at once
+    would find the old page's elements, gone a moment later)."""
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    old_page = driver.find_element("tag name", "html")
+    element.click()
+    WebDriverWait(driver, 15).until(expected_conditions.staleness_of(old_page))
+
+
 def host_ids(driver: Any) -> List[str]:
     from selenium.webdriver.common.by import By
 
@@ -95,10 +106,10 @@ def test_the_dashboard_in_chromium(hub: HubProcess, browser: Any, tmp_path: Path
     shot(d, tmp_path, "login")
 
     d.find_element(By.ID, "token").send_keys("gg1.0123456789abcdef.wrong")
-    d.find_element(By.ID, "login").click()
+    click_and_load(d, d.find_element(By.ID, "login"))
     assert d.find_element(By.ID, "login-error").text == "invalid reader token"
     d.find_element(By.ID, "token").send_keys(hub.reader_token)
-    d.find_element(By.ID, "login").click()
+    click_and_load(d, d.find_element(By.ID, "login"))
 
     assert d.current_url == f"{hub.url}/ui/"
     counts = {k: int(d.find_element(By.ID, f"count-{k.replace('host_count', 'hosts')}").text)
@@ -113,11 +124,11 @@ def test_the_dashboard_in_chromium(hub: HubProcess, browser: Any, tmp_path: Path
 
     search = d.find_element(By.ID, "f-q")
     search.send_keys("regressed")
-    d.find_element(By.ID, "apply").click()
+    click_and_load(d, d.find_element(By.ID, "apply"))
     assert host_ids(d) == ["gpu-regressed-01"]
     assert d.find_element(By.ID, "match-summary").text.startswith("1 matching host")
 
-    d.find_element(By.LINK_TEXT, "gpu-regressed-01").click()
+    click_and_load(d, d.find_element(By.LINK_TEXT, "gpu-regressed-01"))
     timeline = d.find_elements(By.CSS_SELECTOR, "#drift li.drift-entry")
     assert [li.get_attribute("data-kind") for li in timeline] == ["cpu_fallback", "health_regression",
                                                                  "snapshot_changed"]
@@ -125,12 +136,12 @@ def test_the_dashboard_in_chromium(hub: HubProcess, browser: Any, tmp_path: Path
     assert len(d.find_elements(By.CSS_SELECTOR, "svg#health-plot circle.point")) == len(REGRESSED_HEALTH)
     shot(d, tmp_path, "host")
 
-    d.find_element(By.LINK_TEXT, "Pairings").click()
+    click_and_load(d, d.find_element(By.LINK_TEXT, "Pairings"))
     rows = d.find_elements(By.CSS_SELECTOR, "table#pairings tr.pairing")
     assert len(rows) == 4 and any(HOSTILE_VERSION in r.text for r in rows)
     assert not d.find_elements(By.CSS_SELECTOR, "table#pairings img")
     shot(d, tmp_path, "pairings")
 
-    d.find_element(By.CSS_SELECTOR, "header form button").click()
+    click_and_load(d, d.find_element(By.CSS_SELECTOR, "header form button"))
     d.get(f"{hub.url}/ui/pairings")
     assert "/ui/login" in d.current_url

@@ -51,7 +51,6 @@ class Receiver:
                 pass
 
         self._reserved.close()
-        ThreadingHTTPServer.allow_reuse_address = True
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, name="webhook-receiver", daemon=True).start()
