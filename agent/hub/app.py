@@ -596,7 +596,7 @@ def create_app(settings: HubSettings, store: Store, tokens: Optional[TokenRegist
         # Same access rule as the fleet API: Prometheus sends the reader token (authorization: credentials_file).
         return Response(generate_latest(hub_metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    mount_dashboard(app, settings, store, registry, clock)
+    mount_dashboard(app, settings, store, registry, clock, alert_counts=alert_queue.counts)
 
     def openapi() -> Dict[str, Any]:
         if app.openapi_schema is None:

@@ -238,3 +238,27 @@ def test_a_host_id_with_a_slash_has_its_page(settings: HubSettings, tokens: Dict
         assert 'href="/ui/hosts/rack%204%2Fgpu-9"' in overview
         page = client.get("/ui/hosts/rack%204%2Fgpu-9")
     assert page.status_code == 200 and "<h1>rack 4/gpu-9" in page.text
+
+
+def test_the_overview_shows_dead_alert_deliveries(seeded: HubSettings, tokens: Dict[str, str]) -> None:
+    """With a webhook configured, the overview counts its deliveries by state, a dead one marked."""
+    from agent.hub.alert_settings import AlertWebhook
+    from agent.hub.alerts import AlertQueue
+
+    hook = AlertWebhook(name="ops-chat", url="http://127.0.0.1:9/")
+    store = make_store(seeded.database_url)
+    store.open()
+    queue = AlertQueue(store, [hook])
+    queue.open()
+    queue.enqueue([event("gpu-bad-01", "cpu_fallback").model_copy(update={"severity": "critical"})], NOW)
+    queue.settle(queue.claim(NOW, 60)[0], NOW, "HTTP 500", max_attempts=1, retry_in_seconds=1)
+    store.close()
+    with TestClient(create_app(seeded.model_copy(update={"alert_webhooks": [hook]}),
+                               make_store(seeded.database_url), clock=lambda: NOW)) as client:
+        login(client, tokens[READER])
+        line = re.search(r'<p id="alert-webhooks">.*?</p>', client.get("/ui/").text)
+    assert line and "ops-chat: 0 pending, 0 delivered" in line.group(0)
+    assert '<span class="badge bad dead">1 dead</span>' in line.group(0)
+    with TestClient(create_app(seeded, make_store(seeded.database_url), clock=lambda: NOW)) as client:
+        login(client, tokens[READER])
+        assert 'id="alert-webhooks"' not in client.get("/ui/").text

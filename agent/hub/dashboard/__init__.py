@@ -17,7 +17,7 @@ and shows no fleet data. ``fleet_api_requires_token = false`` opens the dashboar
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Any, Callable, Optional, Sequence
+from typing import Annotated, Any, Callable, Mapping, Optional, Sequence, Tuple
 from urllib.parse import parse_qs, quote
 
 from fastapi import FastAPI, Query, Request
@@ -80,8 +80,10 @@ def _over_https(request: Request) -> bool:
 
 
 def mount_dashboard(app: FastAPI, settings: HubSettings, store: Any, registry: TokenRegistry,
-                    clock: Callable[[], dt.datetime]) -> None:
-    """Add the dashboard's routes to ``app`` (not in the OpenAPI spec: they answer HTML)."""
+                    clock: Callable[[], dt.datetime],
+                    alert_counts: Optional[Callable[[], Mapping[Tuple[str, str], int]]] = None) -> None:
+    """Add the dashboard's routes to ``app`` (not in the OpenAPI spec: they answer HTML); ``alert_counts`` gives
+    the alert deliveries by (webhook, state) for the overview."""
     signer = SessionSigner(store, settings.dashboard_session_seconds)
     stale_after = settings.stale_after_seconds
 
@@ -135,7 +137,9 @@ def mount_dashboard(app: FastAPI, settings: HubSettings, store: Any, registry: T
             counts = queries.fleet_counts(store, stale_before)
             hosts = queries.host_page(store, f, stale_before)
             groups, without = queries.pairing_groups(store)
-            return render.overview_page(counts, hosts, f, groups, without, now, stale_after, reader)
+            webhooks = [w.name for w in settings.alert_webhooks]
+            alerts = render.alerts_line(alert_counts(), webhooks) if alert_counts is not None and webhooks else ""
+            return render.overview_page(counts, hosts, f, groups, without, now, stale_after, reader, alerts)
 
         return guarded(request, build)
 

@@ -150,8 +150,20 @@ def filter_params(f: HostFilter) -> Dict[str, Any]:
             "os_version": f.os_version, "kernel": f.kernel, "driver": f.driver, "rocm": f.rocm, "cuda": f.cuda}
 
 
+def alerts_line(deliveries: Mapping[Tuple[str, str], int], webhooks: Sequence[str]) -> str:
+    """Per webhook, its deliveries by state; dead ones stand out (they need someone to look)."""
+    parts = []
+    for name in webhooks:
+        dead = deliveries.get((name, "dead"), 0)
+        parts.append(f'<span class="webhook" data-webhook="{e(name)}">{e(name)}: '
+                     f'{deliveries.get((name, "pending"), 0)} pending, {deliveries.get((name, "delivered"), 0)} '
+                     f'delivered, <span class="badge {"bad" if dead else "unk"} dead">{dead} dead</span></span>')
+    return f'<p id="alert-webhooks">Alert webhooks: {"; ".join(parts)}</p>' if parts else ""
+
+
 def overview_page(counts: FleetCounts, hosts: HostPage, f: HostFilter, groups: Sequence[PairingGroup],
-                  without_pairing: int, now: dt.datetime, stale_after_seconds: float, reader: Optional[str]) -> str:
+                  without_pairing: int, now: dt.datetime, stale_after_seconds: float, reader: Optional[str],
+                  alerts: str = "") -> str:
     c = counts.compliance
     cards = "".join([
         _card("hosts", counts.host_count, "/ui/", "count-hosts"),
@@ -196,7 +208,8 @@ def overview_page(counts: FleetCounts, hosts: HostPage, f: HostFilter, groups: S
     top = ("<h2>Most common pairings</h2><table><thead><tr><th>Pairing</th><th>Hosts</th><th>Violating</th></tr>"
            f'</thead><tbody>{pairings}</tbody></table><p><a href="/ui/pairings">all pairings</a>; '
            f"{without_pairing} host(s) without a pairing yet</p>")
-    body = (f'<h1>Fleet</h1><div class="cards">{cards}</div><p>Last health: {health}</p>{form}{summary}{table}'
+    body = (f'<h1>Fleet</h1><div class="cards">{cards}</div><p>Last health: {health}</p>{alerts}{form}{summary}'
+            f"{table}"
             f"{pager('/ui/', filter_params(f), f.offset, f.limit, hosts.total)}{top}")
     return page("Fleet", body, reader, "fleet")
 
