@@ -152,3 +152,25 @@ def test_frozen_package_is_refused(dnf5_root: Dnf5Root) -> None:
     before = snapshot(dnf5_root)
     result = dnf5_root.dnf5("upgrade", "amdgpu-dkms", "rocm-core")
     assert_refused_unchanged(dnf5_root, result, before, "REFUSED (frozen)")
+
+
+def test_crashing_action_fails_closed(dnf5_root: Dnf5Root) -> None:
+    """A launcher that dies without a decision (exit 139): raise_error=1 makes dnf5 refuse, nothing changed."""
+    launcher = dnf5_root.sid.path(LIB) / "gpuguard-dnf5-action"
+    launcher.write_text("#!/bin/sh\nexit 139\n")
+    before = snapshot(dnf5_root)
+    result = dnf5_root.dnf5("upgrade", "hello-fake")
+    assert result.returncode == 1 and "Exit code: 139" in result.stderr, result.stdout + result.stderr
+    assert snapshot(dnf5_root) == before
+
+
+def test_missing_launcher_blocks_every_transaction_until_the_plugin_is_disabled(dnf5_root: Dnf5Root) -> None:
+    """Unlike the dnf4 plugin (which warns and lets through), the actions plugin refuses every transaction when the
+    command of an actions line cannot be executed; ``--disable-plugin=actions`` is the way out (docs/guard.md)."""
+    (dnf5_root.sid.path(LIB) / "gpuguard-dnf5-action").unlink()
+    before = snapshot(dnf5_root)
+    result = dnf5_root.dnf5("upgrade", "hello-fake")
+    assert result.returncode == 1 and "Cannot execute action" in result.stderr, result.stdout + result.stderr
+    assert snapshot(dnf5_root) == before
+    assert dnf5_root.dnf5("upgrade", "hello-fake", plugin=False).returncode == 0
+    assert dnf5_root.installed()["hello-fake"] == "1.1-1"
