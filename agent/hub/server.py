@@ -36,6 +36,7 @@ _READY_TIMEOUT_SECONDS = 120.0  # a worker opening the store waits at most conne
 _CRASH_WINDOW_SECONDS = 10.0
 _MAX_QUICK_CRASHES = 3
 _STARTUP_FAILURE = 3  # uvicorn's exit code when the lifespan (store open) failed
+_SIGNAL_REPEAT_SECONDS = 1.0
 
 
 def _check_hub_extra() -> None:
@@ -95,11 +96,19 @@ def _run_server(settings: HubSettings, sock: Optional[socket.socket] = None, rea
                     host, port = listener.getsockname()[:2]
                     _log_listening(settings, host, port)
 
+        first_signal_at = 0.0
+
         def handle_exit(self, sig: int, frame: Any) -> None:
-            # Graceful on the first SIGINT/SIGTERM, immediate on the second; unlike uvicorn's own handler the
-            # signal is not re-raised afterwards, so a clean shutdown exits 0.
+            # Graceful on the first SIGINT/SIGTERM, immediate on a second one; unlike uvicorn's own handler the
+            # signal is not re-raised afterwards, so a clean shutdown exits 0. A worker gets each signal twice
+            # when systemd (KillMode=control-group) or a terminal signals the whole group and the main process
+            # passes it on too: a repeat within _SIGNAL_REPEAT_SECONDS is that echo, not a second signal.
+            now = time.monotonic()
             if self.should_exit:
-                self.force_exit = True
+                if now - self.first_signal_at > _SIGNAL_REPEAT_SECONDS:
+                    self.force_exit = True
+                return
+            self.first_signal_at = now
             self.should_exit = True
 
         async def shutdown(self, sockets: Optional[List[socket.socket]] = None) -> None:

@@ -155,3 +155,20 @@ def test_a_worker_killed_later_is_replaced_and_the_hub_keeps_serving(tmp_path: P
     finally:
         code = hub.stop()
     assert code == 0, hub.log_text()
+
+
+def test_sigterm_to_the_whole_group_stops_every_worker_gracefully(tmp_path: Path) -> None:
+    """systemd's KillMode=control-group signals the main process and every worker at once, and the main process
+    passes it on: each worker sees the echo within a second and still shuts down gracefully (its lifespan runs:
+    hub_stopped), and the hub exits 0."""
+    import os
+    import signal
+
+    hub = HubProcess(_hub_config(tmp_path, "hub", f"sqlite:///{tmp_path}/hub.db", tmp_path / "tokens.json", 2))
+    hub.start()
+    workers = [r["pid"] for r in hub.events("hub_worker_started")]
+    assert hub.process is not None
+    for pid in [hub.process.pid, *workers]:
+        os.kill(pid, signal.SIGTERM)
+    assert hub.stop() == 0, hub.log_text()
+    assert len(hub.events("hub_stopped")) == 2, hub.log_text()
