@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -105,11 +106,17 @@ def run_health_check(host: Host, settings: HealthSettings, state_dir: str, snaps
     """One whole health check; every outcome of the probe is a HealthResult, never an exception."""
     started = time.monotonic()
     started_at = host.clock()
-    if snapshot is None:
+    background: Optional[_SnapshotThenSampler] = None
+    if snapshot is None and settings.container_image is None:
+        # The probe's argv does not depend on the snapshot here: start the probe first and take the snapshot (then
+        # start the activity sampler) while it imports its framework, seconds that the snapshot would otherwise add.
+        background = _SnapshotThenSampler(host, settings)
+        background.start()
+    elif snapshot is None:
         from agent.snapshot.take import take_snapshot
 
         snapshot = take_snapshot(host)
-    vendor, snapshot_count = snapshot_inventory(snapshot)
+    vendor, snapshot_count = snapshot_inventory(snapshot) if snapshot is not None else (None, 0)
     container_name = f"gpuguard-probe-{uuid.uuid4().hex[:12]}"
     argv = build_probe_argv(settings, probe_path, vendor, container_name)
 
@@ -121,13 +128,20 @@ def run_health_check(host: Host, settings: HealthSettings, state_dir: str, snaps
         except GpuguardError as exc:
             log.warning("health_container_kill_failed", container=container_name, error=str(exc))
 
-    sampler = ActivitySampler(host.load_module, vendor, settings.activity_interval_seconds)
-    sampler.start()
+    sampler: Optional[ActivitySampler] = None
+    if background is None:
+        sampler = ActivitySampler(host.load_module, vendor, settings.activity_interval_seconds)
+        sampler.start()
     log.info("health_probe_started", argv=argv, timeout_seconds=settings.timeout_seconds)
     try:
         outcome = launcher(argv, probe_env(host.env, settings), settings.timeout_seconds, stop_container)
     finally:
+        if background is not None:
+            snapshot, sampler = background.join()  # re-raises what the snapshot raised
+            vendor, snapshot_count = snapshot_inventory(snapshot)
+        assert sampler is not None
         activity = sampler.stop()
+    assert snapshot is not None  # given, taken before the probe, or taken beside it (joined above)
     log.info("health_probe_finished", returncode=outcome.returncode, timed_out=outcome.timed_out,
              wall_seconds=round(outcome.wall_seconds, 3))
     parsed = None if outcome.timed_out or outcome.start_error else parse_probe_output(outcome.stdout)
@@ -153,6 +167,40 @@ def run_health_check(host: Host, settings: HealthSettings, state_dir: str, snaps
     _save_last(state_dir, result)
     _log_result(result, inventory)
     return result
+
+
+class _SnapshotThenSampler:
+    """On a thread: take the snapshot, then start the activity sampler for the vendor it found."""
+
+    def __init__(self, host: Host, settings: HealthSettings) -> None:
+        self.host, self.settings = host, settings
+        self.snapshot: Optional[Snapshot] = None
+        self.sampler: Optional[ActivitySampler] = None
+        self.error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="gpuguard-health-snapshot", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        from agent.snapshot.take import take_snapshot
+
+        try:
+            self.snapshot = take_snapshot(self.host)
+            vendor, _ = snapshot_inventory(self.snapshot)
+            self.sampler = ActivitySampler(self.host.load_module, vendor, self.settings.activity_interval_seconds)
+            self.sampler.start()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread by join()
+            self.error = exc
+
+    def join(self) -> Tuple[Snapshot, ActivitySampler]:
+        self._thread.join()
+        if self.error is not None:
+            if self.sampler is not None:
+                self.sampler.stop()
+            raise self.error
+        assert self.snapshot is not None and self.sampler is not None
+        return self.snapshot, self.sampler
 
 
 def _judge_against_baselines(probe: ProbeResult, fingerprint, settings: HealthSettings, state_dir: str,
