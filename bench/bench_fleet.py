@@ -8,8 +8,9 @@ batches, one snapshot_changed / policy_violation / health_regression event. It r
 latency from each batch's scheduled time (p50/p99/max) and the hub's CPU per 1,000 reports (all its processes).
 
 Then retention: --history-hosts hosts get --history-hours of heartbeats written straight into the same database
-(through the store, not HTTP), one retention pass runs with the hub's defaults, and the bench reports how fast it
-deleted, the bytes per stored event, and so the storage per host at steady state and per host per day.
+(through the store, not HTTP), and one retention pass runs with the hub's defaults while the hub takes a live
+run of --load-during-retention hosts: the bench reports how fast it deleted, the ingest latency meanwhile, the
+bytes per stored event, and so the storage per host at steady state and per host per day.
 
 The largest fleet a hub serves at the default interval is the largest --hosts run with p99 under 100 ms, no
 errors and the offered rate sustained; the arithmetic for 100,000 hosts follows from the per-report CPU and the
@@ -35,7 +36,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -43,6 +44,7 @@ sys.path.insert(0, str(REPO))
 from agent.hub.retention import RetentionPolicy, run_pass  # noqa: E402
 from agent.hub.settings import HubSettings  # noqa: E402
 from agent.hub.store import make_store  # noqa: E402
+from agent.log import configure  # noqa: E402
 from agent.report.events import Event  # noqa: E402
 from bench.bench_hub_ingest import percentile, process_cpu_seconds  # noqa: E402
 from tests.hub.process import HubProcess, write_config  # noqa: E402
@@ -237,8 +239,10 @@ def event_count(url: str) -> int:
     return int(row[0]) if row else 0
 
 
-def retention_run(url: str, args: argparse.Namespace) -> Dict[str, Any]:
-    """Write history for --history-hosts hosts, then one retention pass with the hub's defaults, timed."""
+def retention_run(url: str, args: argparse.Namespace,
+                  during: Optional[Callable[[], Dict[str, Any]]] = None) -> Dict[str, Any]:
+    """Write history for --history-hosts hosts, then one retention pass with the hub's defaults, timed; with
+    ``during``, the pass starts 5 s into that live run and both go on together (does pruning hold up ingest?)."""
     defaults = HubSettings()
     policy = RetentionPolicy(defaults.retention_heartbeat_hours, defaults.retention_event_days)
     store = make_store(url, "normal")
@@ -264,9 +268,22 @@ def retention_run(url: str, args: argparse.Namespace) -> Dict[str, Any]:
         write_seconds = time.monotonic() - started
         rows_before = event_count(url)
         bytes_before = database_bytes(url)
-        started = time.monotonic()
-        deleted = run_pass(store, policy, now, defaults.retention_batch_rows, pause_seconds=0.05)
-        prune_seconds = time.monotonic() - started
+        outcome: Dict[str, Any] = {}
+
+        def prune() -> None:
+            started = time.monotonic()
+            outcome["deleted"] = run_pass(store, policy, now, defaults.retention_batch_rows, pause_seconds=0.05)
+            outcome["seconds"] = time.monotonic() - started
+
+        live: Optional[Dict[str, Any]] = None
+        if during is None:
+            prune()
+        else:
+            pruner = threading.Timer(5.0, prune)
+            pruner.start()
+            live = during()
+            pruner.join()
+        deleted, prune_seconds = outcome["deleted"], outcome["seconds"]
         rows_after = event_count(url)
     finally:
         store.close()
@@ -276,7 +293,8 @@ def retention_run(url: str, args: argparse.Namespace) -> Dict[str, Any]:
             "deleted": deleted_total, "prune_seconds": round(prune_seconds, 1),
             "deletes_per_second": round(deleted_total / max(prune_seconds, 1e-9)),
             "bytes_per_event": round(bytes_before / max(1, rows_before)),
-            "policy": {"heartbeat_hours": policy.heartbeat_hours, "event_days": policy.event_days}}
+            "policy": {"heartbeat_hours": policy.heartbeat_hours, "event_days": policy.event_days},
+            "ingest_during_the_pass": live}
 
 
 def arithmetic(runs: List[Dict[str, Any]], retention: Dict[str, Any], args: argparse.Namespace) -> Dict[str, Any]:
@@ -319,8 +337,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="share of batches that also carry a snapshot/violation/regression event")
     parser.add_argument("--history-hosts", type=int, default=100)
     parser.add_argument("--history-hours", type=float, default=30.0)
+    parser.add_argument("--load-during-retention", type=int, default=10000, metavar="HOSTS",
+                        help="a live run of this many hosts while the retention pass runs (0: the pass alone)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON only")
     args = parser.parse_args(argv)
+    configure(level="warning")  # the in-process store's log lines would mix with the figures on stdout
     sizes = [int(x) for x in args.hosts.split(",")]
     work = Path(tempfile.mkdtemp(prefix="gg-fleet-"))
     pg = None
@@ -332,7 +353,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         pg = PostgresServer()
         pg.start()
         url = pg.create_database("fleet")
-    tokens = write_tokens(work / "tokens.json", max(sizes))
+    tokens = write_tokens(work / "tokens.json", max(sizes + [args.load_during_retention]))
     config = write_config(work / "hub.toml", listen_host="127.0.0.1", listen_port=0, database_url=url,
                           tokens_file=work / "tokens.json", workers=args.workers, max_pending_batches=100_000)
     hub = HubProcess(config)
@@ -345,8 +366,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             runs.append(result)
             if not args.json:
                 print(json.dumps(result), flush=True)
-        hub.stop()
-        retention = retention_run(url, args)
+        during = None
+        if args.load_during_retention:
+            def during() -> Dict[str, Any]:
+                return live_run(hub, tokens, args.load_during_retention, args,
+                                pg.process.pid if pg is not None and pg.process else None)
+        retention = retention_run(url, args, during)
         if not args.json:
             print(json.dumps(retention), flush=True)
     finally:
