@@ -60,6 +60,8 @@ def main() -> int:
     parser.add_argument("--gpuguard", default=None, help="the snapshot command's prefix (default: python3 -m agent "
                                                          "from this checkout); e.g. 'gpuguard' for the installed one")
     parser.add_argument("--args", default="snapshot", help="arguments after it (default: snapshot)")
+    parser.add_argument("--compare", default=None, metavar="PREFIX",
+                        help="a second snapshot command (e.g. an older build) measured in the same rounds")
     parser.add_argument("--json", metavar="FILE", help="also write every sample as JSON")
     args = parser.parse_args()
     if shutil.which("dpkg-query") is None:
@@ -75,34 +77,50 @@ def main() -> int:
     if check.returncode != 0:
         print(f"{shlex.join(snapshot)} failed ({check.returncode}): {check.stderr.strip()[-500:]}", file=sys.stderr)
         return 1
+    other = [*shlex.split(args.compare), *shlex.split(args.args)] if args.compare else None
     reads = operator_reads()
     bare = [[sys.executable, "-I", "-S", "-c", "pass"]]
     run_measured([snapshot], env)  # warm the page cache for both sides
     run_measured(reads)
     samples: Dict[str, List[float]] = {"snapshot_cpu": [], "snapshot_wall": [], "reads_cpu": [], "reads_wall": [],
-                                       "bare_python_cpu": []}
+                                       "bare_python_cpu": [], "compare_cpu": [], "compare_wall": []}
     for i in range(args.pairs):
-        order = ("snapshot", "reads") if i % 2 == 0 else ("reads", "snapshot")  # alternate who goes first
+        order = ["snapshot", "reads"] if i % 2 == 0 else ["reads", "snapshot"]  # alternate who goes first
+        if other:
+            order.insert(i % 3, "compare")
         for side in order:
-            cpu, wall = run_measured([snapshot], env) if side == "snapshot" else run_measured(reads)
+            if side == "snapshot":
+                cpu, wall = run_measured([snapshot], env)
+            elif side == "compare":
+                cpu, wall = run_measured([other or []])
+            else:
+                cpu, wall = run_measured(reads)
             samples[f"{side}_cpu"].append(cpu)
             samples[f"{side}_wall"].append(wall)
         samples["bare_python_cpu"].append(run_measured(bare)[0])
-    stats = {name: summary(values) for name, values in samples.items()}
+    stats = {name: summary(values) for name, values in samples.items() if values}
     ratios = sorted(s / r for s, r in zip(samples["snapshot_cpu"], samples["reads_cpu"]) if r > 0)
     ratio = statistics.median(ratios) if ratios else float("inf")
     snap_cpu = stats["snapshot_cpu"]["median"]
+    if other:
+        print(f"compared command: {shlex.join(other)}")
     print(f"command: {shlex.join(snapshot)}   pairs: {args.pairs}")
     shown = [shlex.join(r) if len(r) <= 3 else f"{shlex.join(r[:2])} <{len(r) - 2} patterns>" for r in reads]
     print(f"operator reads: {' ; '.join(shown)}")
     print(f"{'':28s} {'CPU median':>11s} {'CPU min':>9s} {'CPU max':>9s} {'wall median':>12s}")
-    for side, label in (("snapshot", "gpuguard snapshot"), ("reads", "operator reads")):
+    sides = [("snapshot", "gpuguard snapshot"), ("reads", "operator reads")]
+    if other:
+        sides.insert(1, ("compare", "--compare " + args.compare[:16]))
+    for side, label in sides:
         c, w = stats[f"{side}_cpu"], stats[f"{side}_wall"]
         print(f"{label:28s} {c['median'] * 1000:9.1f}ms {c['min'] * 1000:7.1f}ms {c['max'] * 1000:7.1f}ms "
               f"{w['median'] * 1000:10.1f}ms")
     print(f"{'python3 -I -S -c pass':28s} {stats['bare_python_cpu']['median'] * 1000:9.1f}ms")
     print(f"CPU ratio snapshot / reads (median of pairs): {ratio:.2f}x (goal <= 3x) -> "
           f"{'OK' if ratio <= 3 else 'OVER GOAL'}")
+    if other:
+        print(f"CPU ratio --compare / reads: {stats['compare_cpu']['median'] / stats['reads_cpu']['median']:.2f}x; "
+              f"snapshot / --compare: {snap_cpu / stats['compare_cpu']['median']:.2f}x")
     print(f"snapshot CPU {snap_cpu:.3f} s (goal < 0.2 s on the H200) -> {'OK' if snap_cpu < 0.2 else 'OVER GOAL'}")
     if args.json:
         Path(args.json).write_text(json.dumps({"command": snapshot, "reads": reads, "pairs": args.pairs,
