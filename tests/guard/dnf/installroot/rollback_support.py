@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import subprocess
 from pathlib import Path
 from typing import List, Tuple
@@ -50,6 +51,7 @@ def drop_from_repo(root: Installroot, file_name: str, keep_dir: Path) -> None:
     keep_dir.mkdir(parents=True, exist_ok=True)
     (root.repo_dir / file_name).rename(keep_dir / file_name)
     index_repo(root.repo_dir, root.work)
+    forget_metadata(root)
 
 
 def restore_repo(root: Installroot, keep_dir: Path) -> None:
@@ -61,6 +63,14 @@ def restore_repo(root: Installroot, keep_dir: Path) -> None:
         path.rename(root.repo_dir / path.name)
     if moved:
         index_repo(root.repo_dir, root.work)
+        forget_metadata(root)
+
+
+def forget_metadata(root: Installroot) -> None:
+    """Drop dnf's cached metadata after a re-index. A repoquery that still listed a dropped build was seen once
+    under load; createrepo_c's repomd revision is a time in seconds, so a re-index within the same second may
+    look unchanged to dnf."""
+    shutil.rmtree(root.cache, ignore_errors=True)
 
 
 DEBIAN_PLUGIN_DIR = "/usr/lib/python3/dist-packages/dnf-plugins"
