@@ -3,7 +3,8 @@
 A spec is one string or a list of strings; a list matches when any of its entries matches. One entry is
 
 - ``any``: the package may be absent or at any version; ``none``: the package must be absent;
-- a glob (``6.2.*``, ``6.1.0-2[67]-amd64``): fnmatch against the version or release text;
+- a glob (``6.2.*``, ``6.1.0-2[67]-amd64``): fnmatch's rules (agent/policy/globs.py) against the version or
+  release text;
 - constraints joined by commas (``>= 6.1.0-26, << 6.1.0-28``), each ``OP VERSION`` with OP one of
   ``<< <= = == != >= >>``; a bare version means ``=``. Package versions compare with real dpkg or rpm ordering;
   releases (``6.2.2``, ``6.1.0-27-amd64``) with dpkg's character rules over the whole string (scheme
@@ -14,14 +15,12 @@ Standard library only: the apt hook evaluates compiled specs on every apt run.
 
 from __future__ import annotations
 
-import fnmatch
-import functools
-
+from agent.policy.globs import glob_match
 from agent.policy.versions import compare, compare_release
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import List, Optional, Sequence, Tuple, Union
+    from typing import Dict, List, Optional, Sequence, Tuple, Union
 
     SpecValue = Union[str, Sequence[str]]
     # One parsed entry: ("any",), ("none",), ("glob", pattern) or ("range", ((op, version), ...)).
@@ -35,9 +34,21 @@ class SpecError(ValueError):
     """A spec string that cannot be parsed; the message says what is wrong in one line."""
 
 
-@functools.lru_cache(maxsize=1024)
+_PARSED: Dict[str, Entry] = {}
+
+
 def parse_entry(text: str) -> Entry:
-    """Parse one spec entry; SpecError names the problem."""
+    """Parse one spec entry (remembered: the evaluator asks for the same few entries again and again);
+    SpecError names the problem."""
+    parsed = _PARSED.get(text)
+    if parsed is None:
+        if len(_PARSED) > 1024:
+            _PARSED.clear()
+        parsed = _PARSED[text] = _parse_entry(text)
+    return parsed
+
+
+def _parse_entry(text: str) -> Entry:
     entry = text.strip()
     if not entry:
         raise SpecError("empty version spec")
@@ -139,7 +150,7 @@ def entry_matches(entry: Entry, value: Optional[str], scheme: str = "release") -
     if value is None:
         return False
     if kind == "glob":
-        return fnmatch.fnmatchcase(value, entry[1])
+        return glob_match(value, entry[1])
     try:
         return all(_holds(op, _compare(value, version, scheme)) for op, version in entry[1])
     except ValueError:
