@@ -12,8 +12,9 @@ from typing import Type, TypeVar
 from pydantic import ValidationError
 
 from agent.errors import ConfigError, InputFileError
-from agent.files import MAX_NESTING_DEPTH, FileMissing, decode_text, nesting_depth, read_bytes_bounded
+from agent.files import FileMissing, decode_text, read_bytes_bounded
 from agent.models import FrozenModel, validation_problems
+from agent.strictjson import MAX_NESTING_DEPTH, nesting_depth
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -1,4 +1,4 @@
-"""Atomic file writes shared by every room (stdlib only: the apt hook's import path uses it)."""
+"""Atomic file writes, bounded reads and moving damaged files aside, shared by every room (stdlib only)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import os
 
 from agent.errors import InputFileError
 from agent.hostfacts.paths import read_regular_file
+from agent.strictjson import MAX_NESTING_DEPTH, parse_json_text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
@@ -34,7 +35,6 @@ def write_atomically(path: str, text: str, mode: int = 0o644) -> None:
 
 # Bounds for every state and config file: none of ours comes near them; a file past them is damaged or hostile.
 MAX_FILE_BYTES = 64 << 20
-MAX_NESTING_DEPTH = 64
 
 
 def decode_text(path: str, raw: bytes) -> str:
@@ -58,51 +58,6 @@ def read_bytes_bounded(path: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
         raise FileMissing(path, "no such file") from None
     except OSError as exc:
         raise InputFileError(path, exc.strerror or str(exc)) from None
-
-
-def nesting_depth(value: "Any") -> int:
-    """How deeply lists and objects nest in a decoded value (iterative: a deep value cannot exhaust the stack)."""
-    deepest = 0
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children = list(item.values())
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in children)
-    return deepest
-
-
-def _refuse_constant(name: str) -> "Any":
-    raise ValueError(f"non-finite number {name} is not allowed")
-
-
-def _finite_float(text: str) -> float:
-    import math
-
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"non-finite number {text} is not allowed")
-    return value
-
-
-def parse_json_text(path: str, text: str, max_depth: int = MAX_NESTING_DEPTH) -> "Any":
-    """Strict JSON: no NaN/Infinity (nor a float that overflows to one), at most ``max_depth`` levels deep."""
-    import json
-
-    try:
-        data = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
-    except RecursionError:
-        raise InputFileError(path, f"not valid JSON (nested deeper than {max_depth} levels)") from None
-    except ValueError as exc:
-        raise InputFileError(path, f"not valid JSON ({exc})") from None
-    if nesting_depth(data) > max_depth:
-        raise InputFileError(path, f"not valid JSON (nested deeper than {max_depth} levels)")
-    return data
 
 
 def read_json_file(path: str, missing_reason: "Optional[str]" = None, max_bytes: int = MAX_FILE_BYTES,

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.errors import InputFileError
-from agent.files import FileMissing, move_aside, nesting_depth, read_bytes_bounded, read_json_file
+from agent.files import FileMissing, move_aside, read_bytes_bounded, read_json_file
+from agent.strictjson import nesting_depth, parse_json_text
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("content,reason", [
@@ -77,3 +85,45 @@ def test_a_fifo_in_place_of_a_file_is_refused_without_blocking(tmp_path: Path) -
     os.mkfifo(fifo)
     with pytest.raises(InputFileError, match="not a regular file"):
         read_bytes_bounded(str(fifo))
+
+
+JSON_PIECES = st.sampled_from(['{', '}', '[', ']', ',', ':', '"a"', '"\\u00e9"', '"\\ud800"', '1', '-0', '1e400', '2.5',
+                               'NaN', 'Infinity', 'true', 'null', ' ', '\n', '"x', 'tru', '0x1', '01'])
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.one_of(st.lists(JSON_PIECES, max_size=10).map("".join),
+                 st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                              lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
+                                                                                          max_size=3),
+                              max_leaves=8).map(json.dumps)))
+def test_the_fast_json_reader_accepts_and_refuses_exactly_what_strict_json_loads_does(text: str) -> None:
+    """parse_json_text's C-scanner path gives json.loads's value, or refuses what it (with NaN refused) refuses."""
+    try:
+        expected = json.loads(text, parse_constant=_refuse, parse_float=_finite)
+    except ValueError:
+        with pytest.raises(InputFileError):
+            parse_json_text("f.json", text)
+    else:
+        assert parse_json_text("f.json", text) == expected
+
+
+def _refuse(name: str) -> None:
+    raise ValueError(name)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(text)
+    return value
+
+
+def test_the_fast_json_reader_imports_no_json_module_for_a_valid_document() -> None:
+    """Reading valid JSON on the hot path does not import json (and with it re and enum)."""
+    code = ("import sys; sys.path.insert(0, %r); from agent.strictjson import parse_json_text; "
+            "assert parse_json_text('p', ' {\"a\": [1, 2.5, \"x\"]}\\n') == {'a': [1, 2.5, 'x']}; "
+            "print(sorted(m for m in ('json', 're', 'enum') if m in sys.modules))" % str(REPO))
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

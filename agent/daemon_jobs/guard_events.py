@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from agent.daemon_jobs.runtime import Runtime
 from agent.errors import InputFileError
-from agent.files import decode_text, parse_json_text, write_atomically
+from agent.files import decode_text, write_atomically
 from agent.log import get_logger
 from agent.models import validation_problems
 from agent.report.events import (
@@ -43,6 +43,7 @@ from agent.report.events import (
     StateFileDamaged,
     TransactionBlocked,
 )
+from agent.strictjson import parse_json_text
 
 log = get_logger("guard_events")
 

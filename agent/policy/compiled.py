@@ -6,9 +6,8 @@ the hook only checks its shape. Standard library only.
 
 from __future__ import annotations
 
-import fnmatch
-
 from agent.errors import InputFileError
+from agent.strictjson import nesting_depth, parse_json_text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
@@ -140,18 +139,6 @@ def _table(value: Any, where: str, keys: Sequence[str]) -> Dict[str, Any]:
     return {key: value.get(key) for key in keys}
 
 
-def _depth(value: Any, limit: int) -> bool:
-    """Whether lists and objects nest at most ``limit`` levels (iteratively: no recursion on hostile input)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            if depth > limit:
-                return False
-            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return True
-
-
 def _check_document(data: Dict[str, Any]) -> None:
     """Every field the readers use, with its type: a string where a list belongs must not drop a rule."""
     _expect(isinstance(data.get("name", ""), str), "name", "not a string")
@@ -238,7 +225,7 @@ def _check_document(data: Dict[str, Any]) -> None:
 def check_compiled(data: Any, path: str) -> CompiledPolicy:
     """Check a decoded document deeply (every field the evaluator reads, with its type); InputFileError says
     what is wrong. Used when compiling and when reading: a policy that passes here cannot drop a rule."""
-    if not _depth(data, MAX_COMPILED_DEPTH):
+    if nesting_depth(data) > MAX_COMPILED_DEPTH:
         raise InputFileError(path, f"not a compiled gpuguard policy (nested deeper than {MAX_COMPILED_DEPTH} levels)")
     if not isinstance(data, dict):
         raise InputFileError(path, "not a compiled gpuguard policy (top level is not an object)")
@@ -263,8 +250,6 @@ def read_compiled(path: str) -> CompiledPolicy:
     Read without blocking (a FIFO in its place must not hang apt) and bounded; bytes that are not UTF-8 and
     nesting too deep for the JSON parser are malformed policy like any other (the fail-safe's policy exit, 11).
     """
-    import json
-
     from agent.hostfacts.paths import read_regular_file
 
     try:
@@ -277,18 +262,12 @@ def read_compiled(path: str) -> CompiledPolicy:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputFileError(path, f"not UTF-8 (byte {exc.start})") from None
-    try:
-        data = json.loads(text)
-    except RecursionError:
-        raise InputFileError(path, "not valid JSON (nested too deeply)") from None
-    except ValueError as exc:
-        raise InputFileError(path, f"not valid JSON ({exc})") from None
-    return check_compiled(data, path)
+    return check_compiled(parse_json_text(path, text, MAX_COMPILED_DEPTH), path)
 
 
 def guarded_names(names: Sequence[str], guarded: Sequence[str]) -> list:
     """The names (``name``, ``name:arch`` or ``name@version`` keys) that match a guarded pattern, sorted."""
-    import re
+    from agent.policy.globs import any_glob
 
-    match = re.compile("|".join(fnmatch.translate(p) for p in guarded) or "(?!)").match
+    match = any_glob(guarded)
     return sorted(n for n in names if match(n.split(":", 1)[0].split("@", 1)[0]))

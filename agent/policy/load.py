@@ -17,10 +17,10 @@ from typing import Any, Dict, List, Optional, Tuple
 from pydantic import ValidationError
 
 from agent.errors import PolicyError
-from agent.files import MAX_NESTING_DEPTH, nesting_depth
 from agent.models import validation_problems
 from agent.policy.compiled import COMPILED_FORMAT, DEFAULT_KERNEL_PACKAGES, CompiledPolicy, check_compiled
 from agent.policy.model import AmdSection, Policy
+from agent.strictjson import MAX_NESTING_DEPTH, nesting_depth
 
 if sys.version_info >= (3, 11):
     import tomllib

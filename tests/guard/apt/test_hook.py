@@ -248,7 +248,7 @@ def test_compiled_policy_with_a_wrong_type_fails_safe_on_the_policy(root: Path, 
 
 @pytest.mark.parametrize("raw,fragment", [
     (b'{"format": 1, "name": "\xff\xfe"}', "not UTF-8"),
-    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested deeper than 16 levels"),
     (b'{"format": 1, "x": ' + b"[" * 40 + b"]" * 40 + b"}", "nested deeper than 16 levels"),
 ])
 def test_undecodable_or_deep_compiled_policy_is_the_policy_fail_safe(root: Path, raw: bytes, fragment: str) -> None:
