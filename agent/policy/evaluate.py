@@ -8,14 +8,11 @@ the dnf plugin, ``gpuguard policy explain`` and the rollback watcher all call :f
 
 from __future__ import annotations
 
-import fnmatch
-import functools
-import re
-from collections import namedtuple
-
 from agent.policy import releases
 from agent.policy.compiled import CompiledPolicy
+from agent.policy.globs import any_glob
 from agent.policy.spec import describe, matches
+from agent.records import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
@@ -24,17 +21,28 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
 OVERRIDE_HINT = 'or open an audited maintenance window: gpuguard override start --minutes 60 --reason "..."'
 
 
-class HostState(namedtuple("HostState", "before after manager os_id os_version_id gpu_targets loaded_drivers",
-                           defaults=("dpkg", None, None, (), None))):
+class HostState(Record):
     """The installed packages before and after a change (mappings keyed ``name``, ``name:arch`` for foreign
     arches), the version scheme (``dpkg`` or ``rpm``), the OS (os-release ID and VERSION_ID), GPU targets, and
     the versions of loaded GPU kernel modules (``{"nvidia": "580.159.04"}``): a driver that no package carries
     (the .run installer, a VM or container host's driver) is judged by the module that is running.
 
-    Named tuples rather than dataclasses: this module is on the apt hook's start-up path.
+    Records rather than dataclasses: this module is on the apt hook's start-up path.
     """
 
-    __slots__ = ()
+    __slots__ = ("before", "after", "manager", "os_id", "os_version_id", "gpu_targets", "loaded_drivers")
+    before: Mapping[str, str]
+    after: Mapping[str, str]
+    manager: str
+    os_id: Optional[str]
+    os_version_id: Optional[str]
+    gpu_targets: Sequence[str]
+    loaded_drivers: Optional[Mapping[str, str]]
+
+    def __init__(self, before: Mapping[str, str], after: Mapping[str, str], manager: str = "dpkg",
+                 os_id: Optional[str] = None, os_version_id: Optional[str] = None, gpu_targets: Sequence[str] = (),
+                 loaded_drivers: Optional[Mapping[str, str]] = None) -> None:
+        Record.__init__(self, before, after, manager, os_id, os_version_id, gpu_targets, loaded_drivers)
 
     def changed(self) -> Set[str]:
         """Package keys whose version differs between before and after (installed, removed or moved)."""
@@ -42,11 +50,21 @@ class HostState(namedtuple("HostState", "before after manager os_id os_version_i
         return {k for k in keys if self.before.get(k) != self.after.get(k)}
 
 
-class Violation(namedtuple("Violation", "rule action message packages hint pairing", defaults=((), "", None))):
+class Violation(Record):
     """One broken rule: its name, action, message, the packages involved (name -> version or move), a hint on how
     to proceed and the pinned pairing it breaks (if any)."""
 
-    __slots__ = ()
+    __slots__ = ("rule", "action", "message", "packages", "hint", "pairing")
+    rule: str
+    action: str
+    message: str
+    packages: Mapping[str, str]
+    hint: str
+    pairing: Optional[str]
+
+    def __init__(self, rule: str, action: str, message: str, packages: Optional[Mapping[str, str]] = None,
+                 hint: str = "", pairing: Optional[str] = None) -> None:
+        Record.__init__(self, rule, action, message, {} if packages is None else packages, hint, pairing)
 
     def touches(self, keys: Iterable[str]) -> bool:
         """Whether any of the given package keys is involved in this violation."""
@@ -66,21 +84,34 @@ def _base(key: str) -> str:
     return key.split("@", 1)[0].split(":", 1)[0]
 
 
+class _Index:
+    """One installed set's keys with their package names, sorted, and ``{package name: version}`` of the first key
+    of each name (as a scan in key order would find it)."""
+
+    __slots__ = ("named_keys", "by_base")
+
+    def __init__(self, mapping: Mapping[str, str]) -> None:
+        self.named_keys = sorted((key, _base(key)) for key in mapping)
+        self.by_base: Dict[str, str] = {}
+        for key, version in mapping.items():
+            self.by_base.setdefault(_base(key), version)
+
+
 # One index per installed set, kept only while evaluate() runs (the sets do not change during one evaluation):
 # _find is called per violation, and a scan of the whole set each time made a 10,000-violation transaction
-# quadratic (27 s in the hook).
-_BASE_INDEX: List[Tuple[Mapping[str, str], Dict[str, str]]] = []
+# quadratic (27 s in the hook); _matching runs once per rule over the same sets.
+_INDEXES: List[Tuple[Mapping[str, str], _Index]] = []
+
+
+def _index(mapping: Mapping[str, str]) -> _Index:
+    for cached, index in _INDEXES:
+        if cached is mapping:
+            return index
+    return _Index(mapping)
 
 
 def _by_base(mapping: Mapping[str, str]) -> Dict[str, str]:
-    """``{package name: version}`` of the first key of each name (as a scan in key order would find it)."""
-    for cached, index in _BASE_INDEX:
-        if cached is mapping:
-            return index
-    index = {}
-    for key, version in mapping.items():
-        index.setdefault(_base(key), version)
-    return index
+    return _index(mapping).by_base
 
 
 def _find(mapping: Mapping[str, str], name: str) -> Optional[str]:
@@ -89,14 +120,17 @@ def _find(mapping: Mapping[str, str], name: str) -> Optional[str]:
     return _by_base(mapping).get(name)
 
 
-@functools.lru_cache(maxsize=64)
-def _glob_regex(patterns: Tuple[str, ...]) -> Callable[[str], Optional[re.Match[str]]]:
-    return re.compile("|".join(fnmatch.translate(p) for p in patterns) or "(?!)").match
+_GLOBS: Dict[Tuple[str, ...], Callable[[str], bool]] = {}
 
 
 def _matching(mapping: Mapping[str, str], patterns: Sequence[str]) -> List[str]:
-    match = _glob_regex(tuple(patterns))
-    return sorted(k for k in mapping if match(_base(k)))
+    key = tuple(patterns)
+    match = _GLOBS.get(key)
+    if match is None:
+        if len(_GLOBS) > 64:
+            _GLOBS.clear()
+        match = _GLOBS[key] = any_glob(key)
+    return [k for k, name in _index(mapping).named_keys if match(name)]
 
 
 def _move(state: HostState, name: str) -> str:
@@ -118,7 +152,7 @@ def _kernels(mapping: Mapping[str, str], patterns: Sequence[str], manager: str) 
 
 def evaluate(state: HostState, policy: CompiledPolicy) -> List[Violation]:
     """Every violation of ``policy`` in the state after the change (old ones included; see ``touches``)."""
-    _BASE_INDEX[:] = [(state.before, _by_base(state.before)), (state.after, _by_base(state.after))]
+    _INDEXES[:] = [(state.before, _Index(state.before)), (state.after, _Index(state.after))]
     try:
         out: List[Violation] = []
         out += _check_frozen(state, policy)
@@ -129,7 +163,7 @@ def evaluate(state: HostState, policy: CompiledPolicy) -> List[Violation]:
         out += _check_matrix(state, policy)
         return out
     finally:
-        _BASE_INDEX.clear()
+        _INDEXES.clear()
 
 
 def introduced(violations: Sequence[Violation], state: HostState) -> List[Violation]:

@@ -8,15 +8,15 @@ Standard library only (used by the apt hook).
 
 from __future__ import annotations
 
-import re
-
 from agent.policy.versions import upstream_dotted
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Optional
 
-_KERNEL_PACKAGE = re.compile(r"^linux-(?:image|modules)(?:-unsigned)?-(\d+\.\d+[A-Za-z0-9.+~_-]*)$")
+# Kernel image package names are PREFIX + release, the release ``\d+\.\d+`` then [A-Za-z0-9.+~_-]*.
+_KERNEL_PREFIXES = ("linux-image-unsigned-", "linux-modules-unsigned-", "linux-image-", "linux-modules-")
+_RELEASE_TAIL_CHARS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.+~_-"
 # rpm kernel packages whose version-release.arch is the kernel release (uname -r).
 RPM_KERNEL_NAMES = frozenset({"kernel", "kernel-core", "kernel-uek", "kernel-uek-core", "kernel-default",
                               "kernel-rt-core", "kernel-64k-core"})
@@ -80,5 +80,18 @@ def kernel_release_of(name: str, version: str, arch: str = "", manager: str = "d
     base = name.split(":", 1)[0]
     if base.endswith(("-dbg", "-dbgsym")):
         return None
-    match = _KERNEL_PACKAGE.match(base)
-    return match.group(1) if match else None
+    for prefix in _KERNEL_PREFIXES:
+        if base.startswith(prefix) and _is_kernel_release(base[len(prefix):]):
+            return base[len(prefix):]
+    return None
+
+
+def _is_kernel_release(text: str) -> bool:
+    """``\\d+\\.\\d+`` then only letters, digits and ``.+~_-`` (``6.8.0-45-generic``), without ``re``."""
+    major, dot, rest = text.partition(".")
+    if not dot or not major.isdecimal():
+        return False
+    i = 0
+    while i < len(rest) and rest[i].isdecimal():
+        i += 1
+    return i > 0 and not rest[i:].strip(_RELEASE_TAIL_CHARS)

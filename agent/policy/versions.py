@@ -2,29 +2,21 @@
 
 ``compare_dpkg`` follows dpkg's ``verrevcmp`` (lib/dpkg/version.c); ``compare_rpm`` follows rpm's ``rpmvercmp``
 (rpmio/rpmvercmp.c) plus epoch and release handling of ``rpmVersionCompare``. Both return -1, 0 or 1.
+Standard library only and no ``re``: the apt hook imports this module on every apt run.
 """
 
 from __future__ import annotations
 
-import functools
-import re
-from collections import namedtuple
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget, which imports this module
-    from typing import Any, Callable, Literal, Optional
+    from typing import Any, Callable, Dict, Literal, Optional, Tuple
 
     Scheme = Literal["dpkg", "rpm"]
 
 
-class DpkgVersion(namedtuple("DpkgVersion", "epoch upstream revision")):
-    """A Debian version split into its three parts: epoch (int), upstream and revision (str)."""
-
-    __slots__ = ()
-
-
-def parse_dpkg(version: str) -> DpkgVersion:
-    """Split ``[epoch:]upstream[-revision]``; raises ValueError on an epoch that is not a number."""
+def parse_dpkg(version: str) -> Tuple[int, str, str]:
+    """Split ``[epoch:]upstream[-revision]`` into (epoch, upstream, revision); ValueError on an epoch that is not a
+    number."""
     text = version.strip()
     epoch = 0
     if ":" in text:
@@ -37,7 +29,7 @@ def parse_dpkg(version: str) -> DpkgVersion:
         upstream, revision = text, ""
     if not upstream:
         raise ValueError(f"empty upstream version in {version!r}")
-    return DpkgVersion(epoch, upstream, revision)
+    return epoch, upstream, revision
 
 
 def _dpkg_order(ch: str) -> int:
@@ -85,26 +77,33 @@ def _sign(n: int) -> int:
     return (n > 0) - (n < 0)
 
 
-@functools.lru_cache(maxsize=4096)
+_CACHE_SIZE = 4096
+_DPKG_ORDER: Dict[Tuple[str, str], int] = {}
+_RPM_ORDER: Dict[Tuple[str, str], int] = {}
+
+
 def compare_dpkg(a: str, b: str) -> int:
-    """Order two Debian versions like ``dpkg --compare-versions``."""
-    va, vb = parse_dpkg(a), parse_dpkg(b)
-    if va.epoch != vb.epoch:
-        return _sign(va.epoch - vb.epoch)
-    rc = _verrevcmp(va.upstream, vb.upstream)
+    """Order two Debian versions like ``dpkg --compare-versions`` (remembered: evaluation repeats pairs)."""
+    rc = _DPKG_ORDER.get((a, b))
+    if rc is None:
+        if len(_DPKG_ORDER) >= _CACHE_SIZE:
+            _DPKG_ORDER.clear()
+        rc = _DPKG_ORDER[(a, b)] = _compare_dpkg(a, b)
+    return rc
+
+
+def _compare_dpkg(a: str, b: str) -> int:
+    (epoch_a, upstream_a, revision_a), (epoch_b, upstream_b, revision_b) = parse_dpkg(a), parse_dpkg(b)
+    if epoch_a != epoch_b:
+        return _sign(epoch_a - epoch_b)
+    rc = _verrevcmp(upstream_a, upstream_b)
     if rc:
         return _sign(rc)
-    return _sign(_verrevcmp(va.revision, vb.revision))
+    return _sign(_verrevcmp(revision_a, revision_b))
 
 
-class RpmEVR(namedtuple("RpmEVR", "epoch version release")):
-    """An rpm epoch:version-release: epoch (int), version and release (str)."""
-
-    __slots__ = ()
-
-
-def parse_rpm(evr: str) -> RpmEVR:
-    """Split ``[epoch:]version[-release]``."""
+def parse_rpm(evr: str) -> Tuple[int, str, str]:
+    """Split ``[epoch:]version[-release]`` into (epoch, version, release)."""
     text = evr.strip()
     epoch = 0
     head, sep, rest = text.partition(":")
@@ -115,10 +114,10 @@ def parse_rpm(evr: str) -> RpmEVR:
         version, release = text, ""
     if not version:
         raise ValueError(f"empty version in {evr!r}")
-    return RpmEVR(epoch, version, release)
+    return epoch, version, release
 
 
-_ALNUM = re.compile(r"[A-Za-z0-9]")
+_ASCII_ALNUM = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
 def rpmvercmp(a: str, b: str) -> int:
@@ -127,9 +126,9 @@ def rpmvercmp(a: str, b: str) -> int:
         return 0
     i = j = 0
     while i < len(a) or j < len(b):
-        while i < len(a) and not _ALNUM.match(a[i]) and a[i] not in "~^":
+        while i < len(a) and a[i] not in _ASCII_ALNUM and a[i] not in "~^":
             i += 1
-        while j < len(b) and not _ALNUM.match(b[j]) and b[j] not in "~^":
+        while j < len(b) and b[j] not in _ASCII_ALNUM and b[j] not in "~^":
             j += 1
         ca = a[i] if i < len(a) else ""
         cb = b[j] if j < len(b) else ""
@@ -183,16 +182,24 @@ def rpmvercmp(a: str, b: str) -> int:
     return -1 if not ra else 1
 
 
-@functools.lru_cache(maxsize=4096)
 def compare_rpm(a: str, b: str) -> int:
-    """Order two rpm ``[epoch:]version-release`` strings like rpm does (missing epoch is 0)."""
-    va, vb = parse_rpm(a), parse_rpm(b)
-    if va.epoch != vb.epoch:
-        return _sign(va.epoch - vb.epoch)
-    rc = rpmvercmp(va.version, vb.version)
-    if rc or not (va.release and vb.release):
+    """Order two rpm ``[epoch:]version-release`` strings like rpm does (missing epoch is 0; remembered)."""
+    rc = _RPM_ORDER.get((a, b))
+    if rc is None:
+        if len(_RPM_ORDER) >= _CACHE_SIZE:
+            _RPM_ORDER.clear()
+        rc = _RPM_ORDER[(a, b)] = _compare_rpm(a, b)
+    return rc
+
+
+def _compare_rpm(a: str, b: str) -> int:
+    (epoch_a, version_a, release_a), (epoch_b, version_b, release_b) = parse_rpm(a), parse_rpm(b)
+    if epoch_a != epoch_b:
+        return _sign(epoch_a - epoch_b)
+    rc = rpmvercmp(version_a, version_b)
+    if rc or not (release_a and release_b):
         return rc
-    return rpmvercmp(va.release, vb.release)
+    return rpmvercmp(release_a, release_b)
 
 
 def compare(a: str, b: str, scheme: Scheme) -> int:
@@ -202,10 +209,29 @@ def compare(a: str, b: str, scheme: Scheme) -> int:
 
 def sort_key(scheme: Scheme) -> Callable[[str], Any]:
     """A ``key=`` function for sorting version strings under a scheme."""
+    import functools
+
     return functools.cmp_to_key(lambda x, y: compare(x, y, scheme))
 
 
-_DOTTED = re.compile(r"\d+(?:\.\d+)+")
+def _first_dotted(text: str) -> Optional[str]:
+    """The leftmost run of decimal digits joined by single dots, at least two numbers (``6.8.5.60202``)."""
+    i, n = 0, len(text)
+    while i < n:
+        if not text[i].isdecimal():
+            i += 1
+            continue
+        start = i
+        while i < n and text[i].isdecimal():
+            i += 1
+        end = i
+        while end + 1 < n and text[end] == "." and text[end + 1].isdecimal():
+            end += 2
+            while end < n and text[end].isdecimal():
+                end += 1
+        if end > i:
+            return text[start:end]
+    return None
 
 
 def upstream_dotted(version: str, parts: Optional[int] = None) -> Optional[str]:
@@ -214,10 +240,10 @@ def upstream_dotted(version: str, parts: Optional[int] = None) -> Optional[str]:
     With ``parts``, only that many leading components are kept (``parts=3`` -> ``6.8.5``).
     """
     text = version.split(":", 1)[1] if ":" in version.split("-", 1)[0] else version
-    match = _DOTTED.search(text)
-    if not match:
+    dotted = _first_dotted(text)
+    if not dotted:
         return None
-    pieces = match.group(0).split(".")
+    pieces = dotted.split(".")
     return ".".join(pieces[:parts] if parts else pieces)
 
 
@@ -230,13 +256,22 @@ def compare_release(a: str, b: str) -> int:
 # --- validity: the versions dpkg and rpm themselves accept ------------------------------------------------------
 
 _C_SPACE = " \t\n\v\f\r"
-_ASCII_ALNUM = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _DPKG_UPSTREAM_CHARS = _ASCII_ALNUM | frozenset(".-+~:")
 _DPKG_REVISION_CHARS = _ASCII_ALNUM | frozenset(".+~")
 _INT_MAX = 2 ** 31 - 1
-_EPOCH_PATTERN = r"[+-]?[0-9]+"  # compiled only for versions off the plain path (re.compile costs start-up time)
-# A subset of the valid versions: an epoch below INT_MAX, no ':' after it, and no '-' at the end.
-_DPKG_PLAIN = re.compile(r"(?:[0-9]{1,9}:)?[0-9](?:[A-Za-z0-9.+~-]*[A-Za-z0-9.+~])?")
+_DIGITS = "0123456789"
+_PLAIN_CHARS = "".join(sorted(_ASCII_ALNUM)) + ".+~-"
+
+
+def _is_plain_dpkg(version: str) -> bool:
+    """A subset of the valid versions, decided by a few ``str`` calls (the hook's hot loop): an epoch of at
+    most 9 digits, then a digit, then letters, digits and ``.+~-`` with no ':' and no '-' at the end."""
+    head, colon, body = version.partition(":")
+    if not colon:
+        body = head
+    elif not (0 < len(head) <= 9 and not head.strip(_DIGITS)):
+        return False
+    return bool(body) and body[0] in _DIGITS and body[-1] != "-" and not body.strip(_PLAIN_CHARS)
 
 
 def dpkg_version_problem(version: str) -> Optional[str]:
@@ -248,7 +283,7 @@ def dpkg_version_problem(version: str) -> Optional[str]:
     ``.-+~:``; the revision only ASCII letters, digits and ``.+~``. dpkg only warns on the last three, but a
     version it warns about is one no archive carries: the guard treats every one of them as invalid.
     """
-    if _DPKG_PLAIN.fullmatch(version):  # what archives carry, decided by one C-level match (the hook's hot loop)
+    if _is_plain_dpkg(version):  # what archives carry
         return None
     text = version.strip(_C_SPACE)
     if not text:
@@ -259,7 +294,8 @@ def dpkg_version_problem(version: str) -> Optional[str]:
     if colon:
         if not head:
             return "epoch in version is empty"
-        if not re.fullmatch(_EPOCH_PATTERN, head):
+        digits = head[1:] if head[0] in "+-" else head
+        if not digits or digits.strip(_DIGITS):  # strtol's optional sign, then ASCII digits only
             return "epoch in version is not number"
         epoch = int(head)
         if epoch < 0:

@@ -94,8 +94,8 @@ def test_known_orderings(real_rpm: RpmWorker, a: str, b: str, expected: int) -> 
     """Hand-picked cases, checked against rpm too."""
     from agent.policy.versions import parse_rpm
 
-    pa, pb = parse_rpm(a), parse_rpm(b)
-    (real,) = real_rpm.ask([((str(pa.epoch), pa.version, pa.release), (str(pb.epoch), pb.version, pb.release))])
+    (epoch_a, version_a, release_a), (epoch_b, version_b, release_b) = parse_rpm(a), parse_rpm(b)
+    (real,) = real_rpm.ask([((str(epoch_a), version_a, release_a), (str(epoch_b), version_b, release_b))])
     assert compare_rpm(a, b) == real == expected
 
 

@@ -21,17 +21,16 @@ hot path of every apt run and must not need the agent's daemon or its dependenci
 
 from __future__ import annotations
 
-import fnmatch
-import os
-import re
+import posix  # os's own functions, without importing os (see agent/hostfacts/paths.py)
 import sys
 
 from agent.errors import InputFileError
 from agent.guard.apt.protocol import guess_packages, parse_hook_input
 from agent.guard.hotpath import entry
 from agent.guard.hotpath.decision import EXIT_USAGE, PREFIX, Decision
-from agent.hostfacts.dpkg_status import installed_versions
+from agent.hostfacts.dpkg_status import installed_versions, iter_named, package_key
 from agent.hostfacts.paths import read_regular_file, under
+from agent.policy.globs import any_glob, split_globs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
@@ -59,7 +58,7 @@ def _read_input(environ: Dict[str, str], fd: Optional[int]) -> Tuple[str, str, b
     chunks = []
     total = 0
     while total <= MAX_INPUT_BYTES:
-        chunk = os.read(fd, min(1 << 20, MAX_INPUT_BYTES + 1 - total))
+        chunk = posix.read(fd, min(1 << 20, MAX_INPUT_BYTES + 1 - total))
         if not chunk:
             break
         chunks.append(chunk)
@@ -93,18 +92,32 @@ def run(args: entry.Args, environ: Dict[str, str], fd: Optional[int], err: TextI
         if oversized:
             raise InputFileError(source, f"larger than {MAX_INPUT_BYTES} bytes: refused unread")
         request = parse_hook_input(raw, source)
-        tx_names = {c.package for c in request.transaction.changes}
 
         def installed(policy: CompiledPolicy) -> Dict[str, str]:
-            """The installed versions of guarded packages and of the transaction's, from dpkg's status file."""
-            guarded = re.compile("|".join(fnmatch.translate(p) for p in policy.guarded) or "(?!)")
-            return installed_versions(_read_status(args.root), request.native_arch,
-                                      want=lambda n: bool(guarded.match(n)) or n in tx_names)
+            """The installed versions of the guarded packages, from dpkg's status file.
+
+            The transaction's own packages need none: apt names their old versions, which the decision takes as
+            the truth (hotpath/transaction.before_set). Plain globs (``name``, ``prefix*``, ``*suffix``) are
+            looked up at C speed; any other glob makes it a scan of every stanza.
+            """
+            status = _read_status(args.root)
+            names, prefixes, suffixes, others = split_globs(policy.guarded)
+            if others:
+                return installed_versions(status, request.native_arch, want=any_glob(policy.guarded))
+            return {package_key(name, arch, request.native_arch): version
+                    for name, version, arch, _ in iter_named(status, names, prefixes, suffixes)}
 
         return entry.Parsed(request.transaction, installed)
 
     decision = Decision("apt", args.root, args.state_dir, say, now, BYPASS_HINT)
     return entry.check(decision, args.policy_file, args.policy_dir, text, parse, guess_packages)
+
+
+def _environ() -> Dict[str, str]:
+    """The environment as os.environ decodes it (the file system encoding, undecodable bytes escaped)."""
+    encoding = sys.getfilesystemencoding()
+    return {key.decode(encoding, "surrogateescape"): value.decode(encoding, "surrogateescape")
+            for key, value in posix.environ.items()}
 
 
 def _utc_now() -> dt.datetime:
@@ -126,7 +139,7 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Dict[str, str]]
         stream.write(f"{PREFIX}: REFUSED: bad hook arguments ({exc}); fix the apt.conf.d snippet, or "
                      f"{BYPASS_HINT}\n")
         return EXIT_USAGE
-    return entry.never_raise(lambda: run(args, dict(os.environ) if environ is None else environ, fd, stream, clock),
+    return entry.never_raise(lambda: run(args, _environ() if environ is None else environ, fd, stream, clock),
                              stream, BYPASS_HINT)
 
 

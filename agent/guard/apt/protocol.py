@@ -16,13 +16,11 @@ Standard library only.
 
 from __future__ import annotations
 
-import re
-from collections import namedtuple
-
 from agent.errors import InputFileError
 from agent.guard.hotpath.transaction import Change, Transaction
 from agent.hostfacts.dpkg_status import package_key
 from agent.policy.versions import dpkg_version_problem
+from agent.records import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
@@ -30,23 +28,50 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
 
 PROTOCOL_VERSION = 3
 _KEPT_CONFIG_KEYS = ("APT::Architecture", "CommandLine::AsString")
-_PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
+_HEX = "0123456789abcdefABCDEF"
 _DIRECTIONS = ("<", ">", "=")
-_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]*")
-_ARCH = re.compile(r"[a-z0-9][a-z0-9-]*")
+# Names and architectures as dpkg allows them ([a-z0-9][a-z0-9+.-]*, [a-z0-9][a-z0-9-]*), checked with str
+# methods: importing re would cost the hook as much as starting Python.
+_LOWER_ALNUM = "abcdefghijklmnopqrstuvwxyz0123456789"
+_NAME_CHARS = _LOWER_ALNUM + "+.-"
+_ARCH_CHARS = _LOWER_ALNUM + "-"
 _MULTIARCH = ("none", "same", "foreign", "allowed", "all")
 _GUESS_TOKEN = r"[a-z0-9][a-z0-9+.:-]*"  # only for input that did not parse: not compiled at start-up
 
 
-class AptRequest(namedtuple("AptRequest", "transaction native_arch config")):
+class AptRequest(Record):
     """One hook invocation: the Transaction, apt's native architecture and the few config values gpuguard uses."""
 
-    __slots__ = ()
+    __slots__ = ("transaction", "native_arch", "config")
+    transaction: Transaction
+    native_arch: str
+    config: Dict[str, str]
+
+    def __init__(self, transaction: Transaction, native_arch: str, config: Dict[str, str]) -> None:
+        Record.__init__(self, transaction, native_arch, config)
+
+
+def _is_name(text: str) -> bool:
+    return bool(text) and text[0] in _LOWER_ALNUM and not text.strip(_NAME_CHARS)
+
+
+def _is_arch(text: str) -> bool:
+    return bool(text) and text[0] in _LOWER_ALNUM and not text.strip(_ARCH_CHARS)
 
 
 def percent_decode(value: str) -> str:
-    """Undo apt's %-encoding of configuration values (``%20`` is a space)."""
-    return _PERCENT.sub(lambda m: chr(int(m.group(1), 16)), value)
+    """Undo apt's %-encoding of configuration values (``%20`` is a space; a ``%`` not followed by two hex
+    digits stays as it is)."""
+    if "%" not in value:
+        return value
+    pieces = value.split("%")
+    out = [pieces[0]]
+    for piece in pieces[1:]:
+        if len(piece) >= 2 and piece[0] in _HEX and piece[1] in _HEX:
+            out.append(chr(int(piece[:2], 16)) + piece[2:])
+        else:
+            out.append("%" + piece)
+    return "".join(out)
 
 
 def parse_hook_input(text: str, source: str = "apt hook input") -> AptRequest:
@@ -90,12 +115,15 @@ def parse_hook_input(text: str, source: str = "apt hook input") -> AptRequest:
     if text and not text.endswith("\n"):
         raise InputFileError(source, f"line {len(lines)}: the last line has no newline: the input was cut short")
     native_arch = config.get("APT::Architecture", "")
-    if native_arch and not _ARCH.fullmatch(native_arch):
+    if native_arch and not _is_arch(native_arch):
         raise InputFileError(source, f"APT::Architecture {native_arch[:40]!r} is not an architecture")
     changes: Dict[str, List[Optional[str]]] = {}
     arches: Dict[str, str] = {}
     checked: Set[Tuple[str, ...]] = set()
+    unpacked: Set[str] = set()  # the text before " <path>.deb" of each unpack line
     for number, line in enumerate(lines[index + 1:], start=index + 2):
+        if line.endswith(" **CONFIGURE**") and line[:-14] in unpacked:
+            continue  # the configure step of a package unpacked above, byte for byte: it changes nothing
         if not line.strip():
             continue
         fields = line.split(maxsplit=8)
@@ -112,6 +140,8 @@ def parse_hook_input(text: str, source: str = "apt hook input") -> AptRequest:
         if action not in ("**CONFIGURE**", "**REMOVE**") and not action.endswith(".deb"):
             raise InputFileError(source, f"line {number}: {name}: action {action[:60]!r} is not a .deb path, "
                                          f"**CONFIGURE** or **REMOVE**")
+        if action.endswith(".deb"):
+            unpacked.add(line[:line.rfind(" ")])
         arch = new_arch if new_arch != "-" else old_arch
         key = package_key(name, arch, native_arch)
         old = None if old_ver == "-" else old_ver
@@ -130,7 +160,7 @@ def parse_hook_input(text: str, source: str = "apt hook input") -> AptRequest:
 def _line_problem(name: str, old_ver: str, old_arch: str, old_ma: str, direction: str, new_ver: str,
                   new_arch: str, new_ma: str) -> Optional[str]:
     """What is wrong with one action line's package fields (all but the action), or None."""
-    if not _NAME.fullmatch(name):
+    if not _is_name(name):
         return f"{name[:60]!r} is not a package name"
     for label, value in (("old", old_ver), ("new", new_ver)):
         if value != "-":
@@ -138,7 +168,7 @@ def _line_problem(name: str, old_ver: str, old_arch: str, old_ma: str, direction
             if problem:
                 return f"{name}: {label} version {value[:60]!r} is not a dpkg version ({problem})"
     for label, value in (("old", old_arch), ("new", new_arch)):
-        if value != "-" and not _ARCH.fullmatch(value):
+        if value != "-" and not _is_arch(value):
             return f"{name}: {label} architecture {value[:40]!r} is not an architecture"
     for label, value in (("old", old_ma), ("new", new_ma)):
         if value not in _MULTIARCH:
@@ -160,6 +190,8 @@ def guess_packages(text: str) -> List[str]:
     (``APT::NeverAutoRemove``, ``APT::VersionedKernelPackages``: ``linux-image-.*``), not the transaction, so only
     ``CommandLine::AsString`` (what the operator typed) is read from it.
     """
+    import re  # only input that did not parse gets here
+
     words: List[str] = []
     for line in text.split("\n"):
         key, sep, value = line.partition("=")

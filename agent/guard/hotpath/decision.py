@@ -11,18 +11,15 @@ are imported only when a decision is needed: this is on the start-up path of eve
 
 from __future__ import annotations
 
-import os
+import posix  # os's own functions, without importing os (see agent/hostfacts/paths.py)
 
-from agent.hostfacts.kfd import gpu_targets
-from agent.hostfacts.loaded_modules import loaded_drivers
-from agent.hostfacts.os_release import read_os_release
 from agent.hostfacts.paths import under
 from agent.policy.compiled import guarded_names
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     import datetime as dt
-    from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
+    from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
     from agent.guard.hotpath.transaction import Transaction
     from agent.policy.compiled import CompiledPolicy
@@ -103,10 +100,10 @@ class Decision:
 
     def warn_if_stale(self, compiled_path: str, policy_dir: str) -> None:
         try:
-            compiled_mtime = os.stat(under(self.root, compiled_path)).st_mtime
+            compiled_mtime = posix.stat(under(self.root, compiled_path)).st_mtime
             host_dir = under(self.root, policy_dir)
-            newer = [n for n in sorted(os.listdir(host_dir)) if n.endswith(".toml")
-                     and os.stat(f"{host_dir}/{n}").st_mtime > compiled_mtime]
+            newer = [n for n in sorted(posix.listdir(host_dir)) if n.endswith(".toml")
+                     and posix.stat(f"{host_dir}/{n}").st_mtime > compiled_mtime]
         except OSError:
             return
         if newer:
@@ -175,11 +172,18 @@ class Decision:
             return EXIT_ALLOW
         os_id = os_version = None
         targets: Tuple[str, ...] = ()
-        if policy.section("matrix"):
+        if policy.section("matrix"):  # host facts are read (and their parsers imported) only when a rule needs them
+            from agent.hostfacts.kfd import gpu_targets
+            from agent.hostfacts.os_release import read_os_release
+
             fields = read_os_release(self.root) or {}
             os_id, os_version = fields.get("ID"), fields.get("VERSION_ID")
             targets = gpu_targets(self.root)
-        modules = loaded_drivers(self.root) if policy.section("nvidia") else {}
+        modules: Dict[str, str] = {}
+        if policy.section("nvidia"):
+            from agent.hostfacts.loaded_modules import loaded_drivers
+
+            modules = loaded_drivers(self.root)
         state = HostState(before=before_set(installed, tx), after=resulting_set(installed, tx), manager=tx.manager,
                           os_id=os_id, os_version_id=os_version, gpu_targets=targets, loaded_drivers=modules)
         violations = evaluate(state, policy)
@@ -187,7 +191,7 @@ class Decision:
         new_ids = {id(v) for v in new}
         for old in (v for v in violations if id(v) not in new_ids):
             self.say(f"note: the host already violates the policy ({old.rule}): {old.message}")
-        warned = []
+        warned: List[Dict[str, object]] = []
         for warning in (v for v in new if v.action == "warn"):
             self.say(f"warning ({warning.rule}): {warning.message}")
             warned.append({"kind": "policy_violation", "rule": warning.rule, "message": warning.message,
@@ -213,7 +217,7 @@ class Decision:
             self.record({"kind": "override_used", "window": window.to_dict(), "command_line": tx.command_line,
                          "violations": [v.to_dict() for v in blocking]})
             return EXIT_ALLOW
-        refused = []
+        refused: List[Dict[str, object]] = []
         for v in blocking:
             packages = ", ".join(f"{name} {move}" for name, move in v.packages.items())
             self.say(f"REFUSED ({v.rule}): {packages}: {v.message}")

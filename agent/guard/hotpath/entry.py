@@ -8,8 +8,6 @@ traceback and never lets a transaction through because it crashed.
 
 from __future__ import annotations
 
-from collections import namedtuple
-
 from agent.errors import InputFileError
 from agent.guard.hotpath.decision import EXIT_ALLOW, EXIT_FAILSAFE_INPUT, EXIT_FAILSAFE_POLICY, EXIT_INTERNAL, PREFIX
 from agent.policy.compiled import DEFAULT_FAILSAFE, DEFAULT_GUARDED
@@ -20,12 +18,17 @@ if TYPE_CHECKING:  # typing costs milliseconds of the hook's start-up budget
 
     from agent.guard.hotpath.decision import Decision
     from agent.guard.hotpath.transaction import Transaction
+    from agent.policy.compiled import CompiledPolicy
 
 
-class Parsed(namedtuple("Parsed", "transaction installed")):
+class Parsed:
     """A front end's input: the Transaction and ``installed(policy)``, the installed set keyed like it."""
 
-    __slots__ = ()
+    __slots__ = ("transaction", "installed")
+
+    def __init__(self, transaction: Transaction, installed: Callable[[CompiledPolicy], Mapping[str, str]]) -> None:
+        self.transaction = transaction
+        self.installed = installed
 
 
 class Args:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-from collections import namedtuple
 
 from agent.errors import InputFileError, UsageError
-from agent.files import decode_text, parse_json_text, write_atomically
+from agent.files import decode_text, write_atomically
 from agent.guard.hotpath.state import append_json_line
+from agent.records import Record
+from agent.strictjson import parse_json_text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
@@ -32,10 +33,19 @@ def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-class OverrideWindow(namedtuple("OverrideWindow", "id started_at expires_at reason opened_by")):
-    """One maintenance window (aware datetimes); a named tuple because the apt hook reads these."""
+class OverrideWindow(Record):
+    """One maintenance window (aware datetimes); a record because the apt hook reads these."""
 
-    __slots__ = ()
+    __slots__ = ("id", "started_at", "expires_at", "reason", "opened_by")
+    id: str
+    started_at: dt.datetime
+    expires_at: dt.datetime
+    reason: str
+    opened_by: str
+
+    def __init__(self, id: str, started_at: dt.datetime, expires_at: dt.datetime, reason: str,
+                 opened_by: str) -> None:
+        Record.__init__(self, id, started_at, expires_at, reason, opened_by)
 
     def is_active(self, now: dt.datetime) -> bool:
         return self.started_at <= now < self.expires_at

@@ -6,20 +6,19 @@ Standard library only (the apt hook appends audit lines and reads override windo
 from __future__ import annotations
 
 import errno
-import json
-import os
-import stat
-from collections import namedtuple
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Any, Dict, Sequence
 
 
-class GuardPaths(namedtuple("GuardPaths", "state_dir", defaults=("/var/lib/gpuguard",))):
+class GuardPaths:
     """Host paths (absolute, before any root prefix) of the guard's files under ``state_dir``."""
 
-    __slots__ = ()
+    __slots__ = ("state_dir",)
+
+    def __init__(self, state_dir: str = "/var/lib/gpuguard") -> None:
+        self.state_dir = state_dir
 
     def _join(self, name: str) -> str:
         return self.state_dir.rstrip("/") + "/" + name
@@ -65,6 +64,10 @@ def append_json_line(path: str, record: Dict[str, Any]) -> None:
 
 def append_json_lines(path: str, records: Sequence[Dict[str, Any]]) -> None:
     """Append JSON objects, one per line, in one O_APPEND write (each line whole; one open for any number)."""
+    import json  # only when something is recorded: an allowed transaction records nothing (nor imports these)
+    import os
+    import stat
+
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     encode = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
     data = "".join(encode(r) + "\n" for r in records).encode("utf-8")

@@ -2,26 +2,33 @@
 
 A Transaction is what a package manager is about to do, package by package: old and new version (None for
 "not installed" / "removed"). Adapters build it from their own protocol; the policy never sees apt or dnf.
-Standard library only, and no dataclasses: immutable named tuples import in a fraction of the time, and the
-apt hook's start-up budget is a few tens of milliseconds.
+Standard library only, and records (agent/records.py) rather than dataclasses or named tuples: the apt hook's
+start-up budget is a few tens of milliseconds.
 """
 
 from __future__ import annotations
 
-from collections import namedtuple
+from agent.records import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import Dict, Mapping
+    from typing import Dict, Mapping, Optional, Tuple
 
 
-class Change(namedtuple("Change", "package old_version new_version arch", defaults=("",))):
+class Change(Record):
     """One package's move: install (old_version None), removal (new_version None), upgrade, downgrade or reinstall.
 
     ``package`` is the package key (``name``, or ``name:arch`` for a foreign architecture).
     """
 
-    __slots__ = ()
+    __slots__ = ("package", "old_version", "new_version", "arch")
+    package: str
+    old_version: Optional[str]
+    new_version: Optional[str]
+    arch: str
+
+    def __init__(self, package: str, old_version: Optional[str], new_version: Optional[str], arch: str = "") -> None:
+        Record.__init__(self, package, old_version, new_version, arch)
 
     @property
     def kind(self) -> str:
@@ -32,14 +39,22 @@ class Change(namedtuple("Change", "package old_version new_version arch", defaul
         return "reinstall" if self.old_version == self.new_version else "change"
 
 
-class Transaction(namedtuple("Transaction", "manager tool changes command_line", defaults=(None,))):
+class Transaction(Record):
     """What a package manager is about to do, as one change per package key (``changes``: a tuple of Change).
 
     ``manager`` is the version scheme (``dpkg`` or ``rpm``), ``tool`` the front end (``apt``, ``dnf``, ``dnf5``),
     ``command_line`` what the operator typed when the front end says so.
     """
 
-    __slots__ = ()
+    __slots__ = ("manager", "tool", "changes", "command_line")
+    manager: str
+    tool: str
+    changes: Tuple[Change, ...]
+    command_line: Optional[str]
+
+    def __init__(self, manager: str, tool: str, changes: Tuple[Change, ...],
+                 command_line: Optional[str] = None) -> None:
+        Record.__init__(self, manager, tool, tuple(changes), command_line)
 
     def packages(self) -> Dict[str, Change]:
         return {c.package: c for c in self.changes}

@@ -36,7 +36,8 @@ def test_upgrade_becomes_one_change_with_old_and_new_evr() -> None:
                             command_line="dnf upgrade rocm-core"))
     tx = req.transaction
     assert (tx.manager, tx.tool, tx.command_line) == ("rpm", "dnf", "dnf upgrade rocm-core")
-    assert [tuple(c[:3]) for c in tx.changes] == [("rocm-core", "6.2.2.60202-116.el9", "6.3.0.60300-39.el9")]
+    assert [(c.package, c.old_version, c.new_version) for c in tx.changes] == [
+        ("rocm-core", "6.2.2.60202-116.el9", "6.3.0.60300-39.el9")]
     assert req.installed == {"amdgpu-dkms": "1:6.8.5.60202-2041575.el9", "rocm-core": "6.2.2.60202-116.el9"}
 
 
