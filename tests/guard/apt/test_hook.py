@@ -353,3 +353,32 @@ def test_fifo_in_place_of_the_events_file_does_not_hang_a_refusal(root: Path) ->
     code, out = run_hook(root, HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12"))
     assert code == exits.EXIT_REFUSED and "cannot record to /var/lib/gpuguard/guard-events.jsonl" in out
     assert '"kind":"transaction_blocked"' in (root / "var/lib/gpuguard/audit.log").read_text()
+
+
+# What an allowed run must not import: each costs the hook about as much as its whole decision (re and enum alone
+# about as long as starting Python), and the hook runs before every apt transaction.
+HEAVY_MODULES = ("re", "enum", "json", "collections", "functools", "fnmatch", "os", "stat", "datetime", "typing")
+
+
+def test_an_allowed_run_imports_none_of_the_heavy_stdlib_modules(root: Path) -> None:
+    """The packaged way (python3 -I -S), an allowed driver+ROCm upgrade: none of HEAVY_MODULES gets imported."""
+    text = HEAD + line("amdgpu-dkms", "1:6.8.5.60202-2041575", "1:6.10.5.60300-1") + line(
+        "rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12") + line("vim", "2:9.0.1378-2", "2:9.0.1378-3")
+    code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+            "from agent.guard.apt.hook import main\n"
+            "rc = main(['--root', sys.argv[2]])\n"
+            f"print(rc, sorted(m for m in {HEAVY_MODULES!r} if m in sys.modules))\n")
+    result = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(REPO), str(root)], input=text,
+                            capture_output=True, text=True, timeout=60, env={"APT_HOOK_INFO_FD": "0"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split(" ", 1) == ["0", "[]\n"], (result.stdout, result.stderr)
+
+
+def test_a_refused_run_still_records_its_events(root: Path) -> None:
+    """The lazily imported json/os path of a refusal writes the guard event and the audit line."""
+    code, out = run_hook(root, HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12"))
+    assert code == 10, out
+    events = (root / "var/lib/gpuguard/guard-events.jsonl").read_text().splitlines()
+    assert events and '"kind":"transaction_blocked"' in events[-1]
+    audit = (root / "var/lib/gpuguard/audit.log").read_text().splitlines()
+    assert len(audit) == len(events) and '"event":"transaction_blocked"' in audit[-1]
