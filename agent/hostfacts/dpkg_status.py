@@ -8,7 +8,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import Callable, Dict, Iterator, Optional, Sequence, Set, Tuple
+    from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 # dpkg status words (third field of Status:) for which the package's files are on disk.
 PRESENT_STATES = frozenset({"installed", "half-installed", "unpacked", "half-configured", "triggers-awaited",
@@ -54,49 +54,73 @@ def iter_dpkg_status(text: str, want: Optional[Callable[[str], object]] = None) 
             yield name, version, _field(stanza, "Architecture:"), state
 
 
-def _line_starts(text: str, needle: str) -> Iterator[int]:
-    """Where ``needle`` starts a line of ``text``."""
-    at = text.find(needle)
+def _line_starts(data: bytes, needle: bytes) -> Iterator[int]:
+    """Where ``needle`` starts a line of ``data``."""
+    at = data.find(needle)
     while at >= 0:
-        if at == 0 or text[at - 1] == "\n":
+        if at == 0 or data[at - 1] == 10:  # b"\n"
             yield at
-        at = text.find(needle, at + 1)
+        at = data.find(needle, at + 1)
 
 
-def iter_named(text: str, names: Sequence[str] = (), prefixes: Sequence[str] = (),
+def _leads(names: Sequence[str], shared: int = 5) -> List[str]:
+    """Fewer name beginnings to search for that still find every name: one that another one begins is dropped
+    (``kernel`` finds ``kernel-core``), and neighbours sharing at least ``shared`` leading characters are searched
+    by those (``linux-image-`` and ``linux-modules-`` by ``linux-``): each search is a pass over the whole file."""
+    leads: List[str] = []
+    for name in sorted(set(names)):
+        if leads and name.startswith(leads[-1]):
+            continue
+        if leads:
+            common = 0
+            for a, b in zip(leads[-1], name):
+                if a != b:
+                    break
+                common += 1
+            if common >= shared:
+                leads[-1] = name[:common]
+                continue
+        leads.append(name)
+    return leads
+
+
+def iter_named(data: bytes, names: Sequence[str] = (), prefixes: Sequence[str] = (),
                suffixes: Sequence[str] = ()) -> Iterator[Tuple[str, str, str, str]]:
-    """Like :func:`iter_dpkg_status` for the packages named exactly ``names``, or starting with one of
-    ``prefixes``, or ending with one of ``suffixes``, in file order.
+    """Like :func:`iter_dpkg_status` over ``data.decode("utf-8", "replace")``, for the packages named exactly
+    ``names``, or starting with one of ``prefixes``, or ending with one of ``suffixes``, in file order.
 
-    The stanzas are found by ``str.find`` for their ``Package:`` lines, at C speed, instead of a Python step per
-    stanza: the apt hook reads the few guarded packages out of thousands on every apt run. A file whose
-    ``Package:`` lines are not spaced as dpkg writes them is read by the full scan instead.
+    The stanzas are found in the raw bytes by ``bytes.find`` for their ``Package:`` lines, at C speed, and only
+    they are decoded, instead of a Python step per stanza: the apt hook reads the few guarded packages out of
+    thousands on every apt run. A file whose ``Package:`` lines are not spaced as dpkg writes them is decoded
+    and read by the full scan instead.
     """
     exact, prefix, suffix = set(names), tuple(prefixes), tuple(suffixes)
 
     def wanted(name: str) -> bool:
         return name in exact or name.startswith(prefix) or name.endswith(suffix)
 
-    if "Package:  " in text or "Package:\t" in text:
-        yield from iter_dpkg_status(text, wanted)
+    if b"Package:  " in data or b"Package:\t" in data:
+        yield from iter_dpkg_status(data.decode("utf-8", errors="replace"), wanted)
         return
     starts: Set[int] = set()
-    for lead in list(exact) + list(prefix):
-        starts.update(_line_starts(text, "Package: " + lead))
+    for lead in _leads(list(exact) + list(prefix)):
+        starts.update(_line_starts(data, b"Package: " + lead.encode("utf-8")))
     for tail in suffix:
-        at = text.find(tail)
+        needle = tail.encode("utf-8")
+        at = data.find(needle)
         while at >= 0:
-            line = text.rfind("\n", 0, at) + 1
-            if text.startswith("Package: ", line):
+            line = data.rfind(b"\n", 0, at) + 1
+            if data.startswith(b"Package: ", line):
                 starts.add(line)
-            at = text.find(tail, at + 1)
+            at = data.find(needle, at + 1)
     stanzas = set()
     for at in starts:
-        before = text.rfind("\n\n", 0, at)
+        before = data.rfind(b"\n\n", 0, at)
         stanzas.add(0 if before < 0 else before + 2)
     for begin in sorted(stanzas):
-        end = text.find("\n\n", begin)
-        yield from iter_dpkg_status(text[begin:] if end < 0 else text[begin:end], wanted)
+        end = data.find(b"\n\n", begin)
+        chunk = data[begin:] if end < 0 else data[begin:end]
+        yield from iter_dpkg_status(chunk.decode("utf-8", errors="replace"), wanted)
 
 
 def package_key(name: str, arch: str, native_arch: str = "") -> str:

@@ -8,11 +8,12 @@ from hypothesis import strategies as st
 from agent.hostfacts.dpkg_status import iter_dpkg_status, iter_named
 
 NAMES = st.sampled_from(["rocm-core", "rocm", "amdgpu-dkms", "amdgpu-dkms-firmware", "linux-image-6.8.0-45-generic",
-                         "libfoo", "dkms", "kernel", "xdkms", "rocm-core-dev"])
+                         "linux-modules-6.8.0-45-generic", "linux-libc-dev", "libfoo", "dkms", "kernel", "xdkms",
+                         "rocm-core-dev"])
 STATES = st.sampled_from(["install ok installed", "deinstall ok config-files", "install ok unpacked",
                           "install ok half-configured", "hold ok installed"])
-LINES = st.sampled_from(["Description: a package", " Package: rocm-core", " with Package: amdgpu-dkms inside",
-                         "Depends: amdgpu-dkms-firmware (= 1:6.8.5)", "Architecture: i386", "Multi-Arch: same"])
+LINES = st.sampled_from(["Description: a package \u00e9t\u00e9", " Package: rocm-core",
+                         " with Package: amdgpu-dkms inside", "Depends: amdgpu-dkms-firmware (= 1:6.8.5)", "Architecture: i386", "Multi-Arch: same"])
 
 
 @st.composite
@@ -29,7 +30,8 @@ def stanzas(draw: st.DrawFn) -> str:
 
 @settings(max_examples=600, deadline=None)
 @given(st.lists(stanzas(), max_size=8), st.sampled_from(["\n\n", "\n\n\n"]), st.booleans(),
-       st.lists(NAMES, max_size=2), st.lists(st.sampled_from(["rocm", "amdgpu", "linux-image-", "lib"]), max_size=2),
+       st.lists(NAMES, max_size=2),
+       st.lists(st.sampled_from(["rocm", "amdgpu", "amdgpu-dkms", "linux-image-", "linux-modules-", "lib"]), max_size=3),
        st.lists(st.sampled_from(["-dkms", "dkms", "-firmware"]), max_size=2))
 def test_iter_named_agrees_with_the_full_scan(parts: list, separator: str, final_newline: bool, names: list,
                                               prefixes: list, suffixes: list) -> None:
@@ -39,4 +41,12 @@ def test_iter_named_agrees_with_the_full_scan(parts: list, separator: str, final
     def wanted(name: str) -> bool:
         return name in names or name.startswith(tuple(prefixes)) or name.endswith(tuple(suffixes))
 
-    assert list(iter_named(text, names, prefixes, suffixes)) == list(iter_dpkg_status(text, wanted))
+    assert list(iter_named(text.encode(), names, prefixes, suffixes)) == list(iter_dpkg_status(text, wanted))
+
+
+def test_searches_are_merged_only_where_they_still_find_every_name() -> None:
+    """Subsumed beginnings go, neighbours sharing five characters are searched by what they share."""
+    from agent.hostfacts.dpkg_status import _leads
+
+    assert _leads(["kernel", "kernel-core", "linux-image-", "linux-modules-", "libcuda", "libnvidia-", "rocm"]) == [
+        "kernel", "libcuda", "libnvidia-", "linux-", "rocm"]

@@ -68,16 +68,15 @@ def _read_input(environ: Dict[str, str], fd: Optional[int]) -> Tuple[str, str, b
     return data[:MAX_INPUT_BYTES].decode("utf-8", errors="replace"), f"apt hook input (fd {fd})", oversized
 
 
-def _read_status(root: str) -> str:
+def _read_status(root: str) -> bytes:
     """dpkg's status file, read without blocking and bounded; InputFileError when it cannot be read."""
     path = under(root, "/var/lib/dpkg/status")
     try:
-        raw = read_regular_file(path, MAX_STATUS_BYTES)
+        return read_regular_file(path, MAX_STATUS_BYTES)
     except FileNotFoundError:
-        return ""
+        return b""
     except OSError as exc:
         raise InputFileError(path, exc.strerror or str(exc)) from None
-    return raw.decode("utf-8", errors="replace")
 
 
 def run(args: entry.Args, environ: Dict[str, str], fd: Optional[int], err: TextIO,
@@ -103,7 +102,8 @@ def run(args: entry.Args, environ: Dict[str, str], fd: Optional[int], err: TextI
             status = _read_status(args.root)
             names, prefixes, suffixes, others = split_globs(policy.guarded)
             if others:
-                return installed_versions(status, request.native_arch, want=any_glob(policy.guarded))
+                return installed_versions(status.decode("utf-8", errors="replace"), request.native_arch,
+                                          want=any_glob(policy.guarded))
             return {package_key(name, arch, request.native_arch): version
                     for name, version, arch, _ in iter_named(status, names, prefixes, suffixes)}
 
