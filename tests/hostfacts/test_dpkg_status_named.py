@@ -13,7 +13,9 @@ NAMES = st.sampled_from(["rocm-core", "rocm", "amdgpu-dkms", "amdgpu-dkms-firmwa
 STATES = st.sampled_from(["install ok installed", "deinstall ok config-files", "install ok unpacked",
                           "install ok half-configured", "hold ok installed"])
 LINES = st.sampled_from(["Description: a package \u00e9t\u00e9", " Package: rocm-core",
-                         " with Package: amdgpu-dkms inside", "Depends: amdgpu-dkms-firmware (= 1:6.8.5)", "Architecture: i386", "Multi-Arch: same"])
+                         " with Package: amdgpu-dkms inside", "Depends: amdgpu-dkms-firmware (= 1:6.8.5)",
+                         "Architecture: i386", "Multi-Arch: same"])
+PREFIXES = st.sampled_from(["rocm", "amdgpu", "amdgpu-dkms", "linux-image-", "linux-modules-", "lib"])
 
 
 @st.composite
@@ -31,7 +33,7 @@ def stanzas(draw: st.DrawFn) -> str:
 @settings(max_examples=600, deadline=None)
 @given(st.lists(stanzas(), max_size=8), st.sampled_from(["\n\n", "\n\n\n"]), st.booleans(),
        st.lists(NAMES, max_size=2),
-       st.lists(st.sampled_from(["rocm", "amdgpu", "amdgpu-dkms", "linux-image-", "linux-modules-", "lib"]), max_size=3),
+       st.lists(PREFIXES, max_size=3),
        st.lists(st.sampled_from(["-dkms", "dkms", "-firmware"]), max_size=2))
 def test_iter_named_agrees_with_the_full_scan(parts: list, separator: str, final_newline: bool, names: list,
                                               prefixes: list, suffixes: list) -> None:
