@@ -114,14 +114,14 @@ def _outbox(f: StatusFacts, now: dt.datetime) -> Check:
     o = f.outbox
     if o.problem is not None:
         return Check(name="outbox", state="fail", summary=o.problem)
+    delivered = f.metrics.last_delivery_success_at
+    last = f", last delivery {_age(now, delivered)}" if delivered is not None else ""
+    dropped = f", {o.dropped_total} dropped by the size bound" if o.dropped_total else ""
     if o.depth == 0:
-        state: CheckState = "warn" if o.dropped_total else "ok"
-        dropped = f", {o.dropped_total} dropped by the size bound" if o.dropped_total else ""
-        return Check(name="outbox", state=state, summary=f"empty{dropped}")
+        return Check(name="outbox", state="warn" if o.dropped_total else "ok", summary=f"empty{last}{dropped}")
     oldest = o.oldest_enqueued_at
-    summary = f"{o.depth} event(s) waiting" + (f", oldest enqueued {_age(now, oldest)}" if oldest else "")
-    if o.dropped_total:
-        summary += f", {o.dropped_total} dropped by the size bound"
+    summary = (f"{o.depth} event(s) waiting" + (f", oldest enqueued {_age(now, oldest)}" if oldest else "")
+               + last + dropped)
     stuck_after = max(OUTBOX_STUCK_SECONDS, 10 * f.delivery_interval_seconds)
     stuck = oldest is not None and (now - oldest).total_seconds() > stuck_after
     return Check(name="outbox", state="warn" if stuck or o.dropped_total else "ok", summary=summary)

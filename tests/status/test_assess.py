@@ -84,8 +84,9 @@ def test_each_rule(changes: Dict[str, Any], check: str, state: str) -> None:
 
 
 def test_summaries_are_one_line_with_ages() -> None:
-    """Summaries say how long ago, on one line each."""
-    result = assess(healthy())
+    """Summaries say how long ago, on one line each; the outbox line says when the hub last took a batch."""
+    result = assess(healthy(metrics=MetricsFacts(compliant=True, last_delivery_success_at=NOW - 5 * MIN)))
     text = {c.name: c.summary for c in result.checks}
+    assert text["outbox"] == "2 event(s) waiting, oldest enqueued 10 s ago, last delivery 5 min ago"
     assert text["snapshot"].startswith("taken 2 min ago") and text["health"].startswith("pass 60 min ago")
     assert all("\n" not in c.summary for c in result.checks)
