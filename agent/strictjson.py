@@ -76,8 +76,10 @@ def _loads(text: str) -> "Any":
         scan = make_scanner(_StrictScan())  # type: ignore[arg-type]  # typeshed asks for a JSONDecoder
         try:
             value, end = scan(text, start)
-        except StopIteration:
-            pass  # no value where one belongs: json.loads below says where
+        except Exception:  # noqa: BLE001 - json.loads below parses it again and raises its own worded error
+            # The C scanner reports a syntax error through json.decoder's JSONDecodeError, which it looks up in
+            # sys.modules only: without json imported it fails with a SystemError instead (seen in the chroot).
+            pass
         else:
             if not text[end:].strip(_JSON_SPACE):
                 return value

@@ -127,3 +127,17 @@ def test_the_fast_json_reader_imports_no_json_module_for_a_valid_document() -> N
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("text", ['{not json', '{"a": [1, }', '{"a": NaN}', "[1] 2", "", "[" * 5000])
+def test_invalid_json_in_a_fresh_interpreter_is_an_input_file_error(text: str) -> None:
+    """With json not imported yet (the hook's case), bad JSON is still one InputFileError, never a SystemError
+    from the C scanner (which needs json.decoder loaded to word its error)."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from agent.errors import InputFileError\n"
+            "from agent.strictjson import parse_json_text\n"
+            "try:\n    parse_json_text('p.json', sys.argv[2])\n"
+            "except InputFileError as exc:\n    print('refused', exc)\n")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(REPO), text], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("refused p.json"), out.stdout
