@@ -17,9 +17,13 @@ COMPILED_FORMAT = 1
 ACTIONS = ("warn", "block", "rollback")
 FAILSAFE_MODES = ("block-guarded", "block-all", "allow")
 DEFAULT_FAILSAFE = "block-guarded"
+# The AMD driver and user-space stack, guarded whenever a policy has an [amd] section: AMD's packages depend on
+# each other at exact versions (amdgpu-dkms on amdgpu-dkms-firmware, rocm-libs on rocm-core, ...), so a rollback
+# that restores the driver or ROCm must be able to restore all of them.
+AMD_STACK_PACKAGES: Sequence[str] = ("amdgpu*", "rocm*", "hip-*", "hsa-*", "hsakmt*", "amd-smi*")
 # Guarded when no readable compiled policy says otherwise: the kernel, GPU driver and GPU user-space packages.
-DEFAULT_GUARDED: Sequence[str] = (
-    "amdgpu*", "rocm*", "hip-*", "hsa-*", "hsakmt*", "amd-smi*", "linux-image-*", "linux-modules-*",
+DEFAULT_GUARDED: Sequence[str] = tuple(AMD_STACK_PACKAGES) + (
+    "linux-image-*", "linux-modules-*",
     "linux-headers-*", "linux-generic*", "kernel", "kernel-core", "kernel-modules*", "*-dkms", "dkms",
     "nvidia-*", "libnvidia-*", "cuda-*", "libcuda*", "kmod-nvidia*", "firmware-amd-graphics", "firmware-nvidia-*",
 )

@@ -18,7 +18,13 @@ from pydantic import ValidationError
 
 from agent.errors import PolicyError
 from agent.models import validation_problems
-from agent.policy.compiled import COMPILED_FORMAT, DEFAULT_KERNEL_PACKAGES, CompiledPolicy, check_compiled
+from agent.policy.compiled import (
+    AMD_STACK_PACKAGES,
+    COMPILED_FORMAT,
+    DEFAULT_KERNEL_PACKAGES,
+    CompiledPolicy,
+    check_compiled,
+)
 from agent.policy.model import AmdSection, Policy
 from agent.strictjson import MAX_NESTING_DEPTH, nesting_depth
 
@@ -127,10 +133,13 @@ def kernel_packages(policy: Policy) -> List[str]:
 
 
 def guarded_patterns(policy: Policy) -> List[str]:
-    """Package globs the policy guards: what the fail-safe protects when the policy cannot be read."""
+    """Package globs the policy guards: what the fail-safe protects when the policy cannot be read, what the
+    known-good set holds and what a rollback restores. With [amd], the whole AMD stack (AMD_STACK_PACKAGES) and
+    every ``<driver_package>-*`` (its firmware) besides the driver and ROCm packages."""
     patterns: List[str] = list(policy.policy.guarded)
     if policy.amd:
-        patterns += [policy.amd.driver_package, policy.amd.rocm_package]
+        patterns += [policy.amd.driver_package, f"{policy.amd.driver_package}-*", policy.amd.rocm_package]
+        patterns += AMD_STACK_PACKAGES
     if policy.amd or policy.kernel:
         patterns += kernel_packages(policy)
     if policy.nvidia:

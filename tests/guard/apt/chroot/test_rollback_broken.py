@@ -46,29 +46,25 @@ def _assert_clean(chroot: Chroot) -> None:
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-def _policy(chroot: Chroot, guard_dependencies: bool = True, extra: str = "") -> None:
-    """The test policy; with ``guard_dependencies`` the firmware and the HIP runtime are guarded too, so they
-    belong to the known-good set (a policy guards only its driver, ROCm and kernel package names by default)."""
-    text = TEST_POLICY
-    if guard_dependencies:
-        text = text.replace('action = "block"\n', f'action = "block"\nguarded = ["{FIRMWARE}", "rocm-hip-runtime"]\n',
-                            1)
-    (chroot.root / "etc/gpuguard/policy.d/10-test.toml").write_text(text + extra)
+def _policy(chroot: Chroot, extra: str = "") -> None:
+    """The test policy, with no ``guarded`` list: its [amd] section guards the driver's firmware and the ROCm stack
+    by default (compiled.AMD_STACK_PACKAGES), so they belong to the known-good set."""
+    (chroot.root / "etc/gpuguard/policy.d/10-test.toml").write_text(TEST_POLICY + extra)
     code, out = gpuguard(chroot, "policy", "compile")
     assert code == 0, out
 
 
-def _firmware_baseline(chroot: Chroot, guard_dependencies: bool = True, extra_policy: str = "") -> None:
+def _firmware_baseline(chroot: Chroot, extra_policy: str = "") -> None:
     """Move through apt (hook active) to the 24.04-style driver with its firmware and record it as known-good."""
-    _policy(chroot, guard_dependencies, extra_policy)
+    _policy(chroot, extra_policy)
     moved = chroot.apt("install", f"amdgpu-dkms={AMDGPU_62_U}", f"{FIRMWARE}={AMDGPU_62_U}")
     assert moved.returncode == 0, moved.stderr
     assert _rollback(chroot).status == "recorded"
     assert _versions(chroot) == GOOD
     known_good = json.loads((chroot.state_dir / "known-good.json").read_text())["packages"]
     assert known_good["amdgpu-dkms"]["version"] == AMDGPU_62_U and known_good["amdgpu-dkms"]["deb"]
-    if guard_dependencies:
-        assert known_good[FIRMWARE]["version"] == AMDGPU_62_U and known_good[FIRMWARE]["deb"]
+    assert known_good[FIRMWARE]["version"] == AMDGPU_62_U and known_good[FIRMWARE]["deb"]
+    assert known_good["rocm-hip-runtime"]["version"] == GOOD["rocm-hip-runtime"]
 
 
 def _force(chroot: Chroot, *debs: str) -> None:
@@ -92,9 +88,8 @@ def _assert_rolled_back(chroot: Chroot, result: GuardResult, via: str = "via dpk
 
 
 def test_driver_forced_without_its_firmware_is_rolled_back(chroot: Chroot) -> None:
-    """dpkg -i --force-depends of the newer driver alone (firmware dependency unmet): back to the exact set, with
-    the policy's default guarded packages (the firmware not among them)."""
-    _firmware_baseline(chroot, guard_dependencies=False)
+    """dpkg -i --force-depends of the newer driver alone (firmware dependency unmet): back to the exact set."""
+    _firmware_baseline(chroot)
     _force(chroot, chroot.deb("amdgpu-dkms", AMDGPU_63_U))
     assert _versions(chroot)["amdgpu-dkms"] == AMDGPU_63_U
     event = _assert_rolled_back(chroot, _rollback(chroot))
@@ -107,6 +102,16 @@ def test_driver_and_rocm_runtime_forced_together_are_rolled_back(chroot: Chroot)
     _force(chroot, chroot.deb("amdgpu-dkms", AMDGPU_63_U), chroot.deb("rocm-hip-runtime", ROCM_63))
     event = _assert_rolled_back(chroot, _rollback(chroot))
     assert event["to_versions"] == {"amdgpu-dkms": AMDGPU_62_U, "rocm-hip-runtime": ROCM_62}
+
+
+def test_driver_and_its_firmware_forced_together_go_back_together(chroot: Chroot) -> None:
+    """A consistent dpkg -i of the newer driver with its firmware (exact-version dependency met) breaks only the
+    pairing: the default guarded set holds the firmware, so the rollback restores both, not a broken half."""
+    _firmware_baseline(chroot)
+    forced = chroot.run("dpkg", "-i", chroot.deb("amdgpu-dkms", AMDGPU_63_U), chroot.deb(FIRMWARE, AMDGPU_63_U))
+    assert forced.returncode == 0, forced.stderr
+    event = _assert_rolled_back(chroot, _rollback(chroot), via="via apt-get install")
+    assert event["to_versions"] == {"amdgpu-dkms": AMDGPU_62_U, FIRMWARE: AMDGPU_62_U}
 
 
 def test_forced_driver_is_rolled_back_when_only_the_kept_debs_have_the_old_builds(chroot: Chroot) -> None:

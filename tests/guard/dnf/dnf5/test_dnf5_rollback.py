@@ -99,11 +99,10 @@ def test_rollback_uses_the_kept_rpms_when_the_repository_dropped_the_builds(dnf5
 def test_frozen_package_forced_is_rolled_back_through_the_gpuguard_dnf5_action(dnf5_root: Dnf5Root) -> None:
     """rocm-core is [frozen]; driver, firmware and ROCm 6.3 forced together (an allowed pairing): gpuguard's own
     dnf5 action lets exactly the rollback to the known-good set through on the one-shot authorization, audited, and
-    still refuses the same move to anyone else. The firmware is guarded (docs/guard.md: packages the driver pins
-    at an exact version): otherwise it is not in the known-good set, and the plan that must move it back too is
-    refused as "dnf would also change amdgpu-dkms-firmware"."""
-    policy = POLICY.replace("[policy]\n", '[policy]\nguarded = ["amdgpu-dkms-firmware"]\n', 1)
-    dnf5_root.install_gpuguard(policy + '\n[frozen]\npackages = ["rocm-core"]\naction = "rollback"\n')
+    still refuses the same move to anyone else. The firmware is in the known-good set because an [amd] policy
+    guards the driver's firmware by default (without it, the plan that must move it back too was refused as "dnf
+    would also change amdgpu-dkms-firmware")."""
+    dnf5_root.install_gpuguard(POLICY + '\n[frozen]\npackages = ["rocm-core"]\naction = "rollback"\n')
     compile_policy(dnf5_root)
     before = record_known_good(dnf5_root)
     force(dnf5_root, *(dnf5_root.rpm_path(n, v) for n, v in (("amdgpu-dkms", DRIVER_63), (FIRMWARE, DRIVER_63),
