@@ -89,8 +89,9 @@ class Target:
 
 def _deb_python(version: str) -> Tuple[str, ...]:
     major, minor = version.split(".")
-    # libc6: the vendored extension modules are manylinux wheels up to glibc 2.28 (PLATFORMS).
-    return (f"python3 (>= {version}~)", f"python3 (<< {major}.{int(minor) + 1})", "libc6 (>= 2.28)")
+    # libc6: the vendored extension modules are manylinux wheels up to glibc 2.28 (PLATFORMS). procps: /bin/kill,
+    # the unit's ExecReload (`systemctl reload gpuguard` fails with 203/EXEC on a host without it, e.g. a minbase).
+    return (f"python3 (>= {version}~)", f"python3 (<< {major}.{int(minor) + 1})", "libc6 (>= 2.28)", "procps")
 
 
 TARGETS: Dict[str, Target] = {t.name: t for t in (
@@ -384,7 +385,7 @@ def deb_changelog(package: str, target: Target, version: str) -> bytes:
 
 def maintainer_script(name: str, target: Target) -> str:
     text = (PACKAGING / "deb" / name).read_text(encoding="utf-8")
-    return text.replace("@PYTHON@", target.python)
+    return text.replace("@PYTHON@", target.python).replace("@UNIT_DIR@", target.unit_dir)
 
 
 def build_deb(stage: Stage, target: Target, package: str, version: str, release: str, out: Path,
@@ -438,6 +439,7 @@ def build_rpm(stage: Stage, target: Target, package: str, version: str, release:
     spec_text = (template.replace("@NAME@", package).replace("@VERSION@", version)
                  .replace("@RELEASE@", release + target.version_suffix).replace("@SUMMARY@", summary)
                  .replace("@DESCRIPTION@", description).replace("@PYTHON@", target.python)
+                 .replace("@UNIT_DIR@", target.unit_dir)
                  .replace("@REQUIRES@", "\n".join(f"Requires:       {r}" for r in requires))
                  .replace("@STAGE@", str(stage.root)).replace("@FILES@", rpm_files_section(stage))
                  .replace("@CHANGELOG_DATE@", changelog_date()[1]).replace("@MAINTAINER@", MAINTAINER)
@@ -491,7 +493,7 @@ def build(target: Target, version: str, release: str, out: Path, wheelhouse: Pat
             if target.fmt == "deb":
                 depends = (f"gpuguard (= {deb_version(target, version, release)})", "libc6 (>= 2.28)")
                 built.append(build_deb(hub_stage, target, "gpuguard-hub", version, release, out, depends,
-                                       HUB_SUMMARY, HUB_DESCRIPTION, ("postinst", "prerm", "postrm")))
+                                       HUB_SUMMARY, HUB_DESCRIPTION, ("preinst", "postinst", "prerm", "postrm")))
             else:
                 requires = (f"gpuguard = {version}-{release}{target.version_suffix}",)
                 built.append(build_rpm(hub_stage, target, "gpuguard-hub", version, release, out, requires,

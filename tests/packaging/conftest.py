@@ -78,10 +78,16 @@ def debian12(dist: Path) -> Dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def debian12_upgrade(dist: Path) -> Path:
-    """A newer gpuguard .deb for Debian 12 (the upgrade test)."""
+def debian12_upgrade_all(dist: Path) -> Dict[str, Path]:
+    """Newer gpuguard and gpuguard-hub .debs for Debian 12 (the upgrade tests)."""
     need_tools("dpkg-deb")
-    return by_name(build("debian12", dist / "debian12-upgrade", "--version", UPGRADE_VERSION, "--no-hub"))["gpuguard"]
+    return by_name(build("debian12", dist / "debian12-upgrade", "--version", UPGRADE_VERSION))
+
+
+@pytest.fixture(scope="session")
+def debian12_upgrade(debian12_upgrade_all: Dict[str, Path]) -> Path:
+    """A newer gpuguard .deb for Debian 12 (the upgrade test)."""
+    return debian12_upgrade_all["gpuguard"]
 
 
 @pytest.fixture(scope="session")

@@ -78,6 +78,7 @@ def test_deb_holds_the_layout_with_conffiles_and_private_state(debian12: Dict[st
     assert conffiles == CONFIG_FILES | {"/etc/apt/apt.conf.d/50gpuguard"}
     depends = deb_field(deb, "Depends")
     assert "python3 (>= 3.11~)" in depends and "python3 (<< 3.12)" in depends
+    assert "procps" in depends.split(", ")  # /bin/kill: the unit's ExecReload (a minbase host lacks it)
     assert deb_file(deb, "/usr/bin/gpuguard", tmp_path).startswith("#!/usr/bin/python3 -IS\n")
     assert deb_file(deb, "/usr/lib/gpuguard/gpuguard-apt-hook", tmp_path).startswith("#!/usr/bin/python3 -IS\n")
     assert '__version__ = "0.1.0"' in deb_file(deb, "/usr/lib/gpuguard/agent/__init__.py", tmp_path)

@@ -44,6 +44,14 @@ def deb_chroot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chroot]:
     chroot = Chroot(base / "root")
     try:
         chroot.mount()
+        # The package's dependencies that a minbase lacks (procps) go into the local repository, so apt resolves
+        # them as on a real host, without the network.
+        chroot.run("apt-get", "update", "-q", check=True)
+        chroot.run("apt-get", "install", "-y", "-q", "--download-only", "--no-install-recommends", "procps",
+                   check=True)
+        chroot.pool.mkdir(parents=True, exist_ok=True)
+        for deb in (chroot.root / "var/cache/apt/archives").glob("*.deb"):
+            shutil.move(str(deb), str(chroot.pool / deb.name))
         chroot.build_repo(base / "debs")
         fake = chroot.root / "usr/bin/systemctl"  # apt runs dpkg with PATH=/usr/sbin:/usr/bin:/sbin:/bin
         fake.write_text(FAKE_SYSTEMCTL)
@@ -100,7 +108,7 @@ def test_deb_install_snapshot_hook_upgrade_remove_purge(deb_chroot: Chroot, debi
     out = ok(c.apt("install", first))
     assert "no policy in /etc/gpuguard/policy.d yet" in out
     assert "warning" not in out, out
-    assert systemctl_calls(c) == ["enable gpuguard.service"]
+    assert systemctl_calls(c) == ["--no-reload enable gpuguard.service"]
     state = root / "var/lib/gpuguard"
     assert stat.S_IMODE(state.stat().st_mode) == 0o750
     assert list((root / "usr/lib/gpuguard/agent").glob("__pycache__/cli.cpython-311.pyc")), "postinst compiled nothing"
@@ -131,14 +139,16 @@ def test_deb_install_snapshot_hook_upgrade_remove_purge(deb_chroot: Chroot, debi
     assert (state / "operator-note").read_text() == "kept\n"
     assert (state / "policy.compiled.json").is_file()
     calls = systemctl_calls(c)
-    assert "try-restart gpuguard.service" in calls and not any(call.startswith("enable") for call in calls), calls
+    assert "try-restart gpuguard.service" in calls and not any("enable" in call for call in calls), calls
+    assert "daemon-reload" not in calls, calls  # the same unit: no reload (docs/packaging.md)
     assert ok(c.run("gpuguard", "--version")).strip() == f"gpuguard {UPGRADE_VERSION}"
     assert "REFUSED" in refused_rocm_upgrade(c)
 
     # --- remove: unit stopped and disabled, hook config set aside, apt keeps working ---------------------------
     ok(c.apt("remove", "gpuguard"))
     calls = systemctl_calls(c)
-    assert "stop gpuguard.service" in calls and "disable gpuguard.service" in calls, calls
+    assert "stop gpuguard.service" in calls and "--no-reload disable gpuguard.service" in calls, calls
+    assert "daemon-reload" not in calls, calls
     assert not (root / "usr/lib/gpuguard").exists(), "files (bytecode?) left in /usr/lib/gpuguard"
     assert not (root / HOOK_CONF).exists() and (root / (HOOK_CONF + ".dpkg-remove")).is_file()
     assert config.read_text() == edited and (state / "operator-note").is_file()
@@ -149,7 +159,7 @@ def test_deb_install_snapshot_hook_upgrade_remove_purge(deb_chroot: Chroot, debi
     # --- reinstall: the hook config comes back and guards again; the unit is enabled again ---------------------
     ok(c.apt("install", second))
     assert (root / HOOK_CONF).is_file() and not (root / (HOOK_CONF + ".dpkg-remove")).exists()
-    assert {"enable gpuguard.service", "start gpuguard.service"} <= set(systemctl_calls(c))
+    assert {"--no-reload enable gpuguard.service", "start gpuguard.service"} <= set(systemctl_calls(c))
     assert "REFUSED" in refused_rocm_upgrade(c)
 
     # --- purge: state, config and hook config gone; apt still works ---------------------------------------------
@@ -169,7 +179,8 @@ def test_hub_deb_serves_from_its_vendored_packages(deb_chroot: Chroot, debian12:
     systemctl_calls(c)
     ok(c.apt("install", stage(c, debian12["gpuguard"]), stage(c, debian12["gpuguard-hub"])))
     calls = systemctl_calls(c)
-    assert "enable gpuguard-hub.service" in calls and not any(call.startswith("start") for call in calls), calls
+    assert "--no-reload enable gpuguard-hub.service" in calls, calls
+    assert not any(call.startswith("start") for call in calls), calls
     (c.root / "etc/gpuguard/hub-test.toml").write_text(
         'listen_port = 0\ndatabase_url = "sqlite:////var/lib/gpuguard/hub-test.db"\n')
     token = ok(c.run("gpuguard", "hub", "add-host", "node-1", "--config", "/etc/gpuguard/hub-test.toml")).split()[0]
