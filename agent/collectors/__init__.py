@@ -6,6 +6,7 @@ from typing import Iterable, Tuple
 
 from agent.collectors.amdgpu import AmdgpuCollector
 from agent.collectors.base import Collector
+from agent.collectors.container_cgroups import ContainerCgroupsCollector
 from agent.collectors.containers import ContainersCollector
 from agent.collectors.cuda import CudaCollector
 from agent.collectors.dkms import DkmsCollector
@@ -32,4 +33,5 @@ def default_collectors(watched_patterns: Iterable[str] = DEFAULT_WATCHED_PATTERN
         NvidiaCollector(),
         CudaCollector(),
         ContainersCollector(),
+        ContainerCgroupsCollector(),
     )

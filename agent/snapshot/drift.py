@@ -1,4 +1,5 @@
-"""Pure analysis of one snapshot: installed-but-not-loaded drivers, pending reboots, missing DKMS builds.
+"""Pure analysis of one snapshot: installed-but-not-loaded drivers, pending reboots, missing DKMS builds, GPU
+containers that a systemd daemon-reload would cut off.
 
 Every rule reads only the snapshot, so it runs the same on a live host, a fixture and a stored JSON file.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 from typing import TYPE_CHECKING, Dict, List, Optional
 
+from agent.collectors.container_cgroups import FIX as DEV_CHAR_FIX
 from agent.collectors.packages import PackageInfo, find_version
 from agent.policy.versions import upstream_dotted
 
@@ -106,8 +108,27 @@ def _package_state_findings(packages: Dict[str, PackageInfo]) -> List["Finding"]
             for key, info in sorted(packages.items()) if info.state != "installed"]
 
 
+def _container_cgroup_findings(snap: "Snapshot") -> List["Finding"]:
+    """The systemd cgroup driver with the NVIDIA toolkit and NVIDIA devices that have no /dev/char link."""
+    info = snap.container_cgroups.data
+    if info is None or not info.nvidia_container_toolkit or not info.dev_char_missing:
+        return []
+    runtimes = info.systemd_cgroup_runtimes
+    if not runtimes:
+        return []
+    return [_finding(
+        "gpu_containers_lose_devices_on_daemon_reload", "warning", "containers",
+        f"{' and '.join(runtimes)} use{'s' if len(runtimes) == 1 else ''} the systemd cgroup driver with the NVIDIA "
+        f"container toolkit, and {len(info.dev_char_missing)} NVIDIA device(s) have no /dev/char link: any "
+        "`systemctl daemon-reload` (package scripts run them) can cut the GPUs off running containers (\"Failed to "
+        f"initialize NVML: Unknown Error\"); fix: {DEV_CHAR_FIX}, and a udev rule that runs it when the driver "
+        "loads (NVIDIA's container toolkit docs)",
+        runtimes=",".join(runtimes), missing=" ".join(info.dev_char_missing), fix=DEV_CHAR_FIX,
+        docker_cgroup_driver_source=info.docker_cgroup_driver_source if "docker" in runtimes else None)]
+
+
 def analyze(snap: "Snapshot") -> List["Finding"]:
     """Every finding the snapshot supports, in a stable order."""
     packages = snap.packages()
     return [*_kernel_findings(snap), *_amdgpu_findings(snap, packages), *_rocm_findings(snap, packages),
-            *_nvidia_findings(snap, packages), *_package_state_findings(packages)]
+            *_nvidia_findings(snap, packages), *_container_cgroup_findings(snap), *_package_state_findings(packages)]

@@ -8,7 +8,8 @@ import json
 from typing import Dict, Final, List, Literal, Optional
 
 from agent.collectors.amdgpu import AmdgpuInfo
-from agent.collectors.base import Section
+from agent.collectors.base import Section, Status
+from agent.collectors.container_cgroups import ContainerCgroupsInfo
 from agent.collectors.containers import ContainersInfo
 from agent.collectors.cuda import CudaInfo
 from agent.collectors.dkms import DkmsInfo
@@ -20,7 +21,8 @@ from agent.collectors.rocm import RocmInfo
 from agent.models import FrozenModel
 
 SCHEMA_VERSION: Final = 1
-SECTION_NAMES = ("os", "kernel", "dkms", "dpkg", "rpm", "amdgpu", "rocm", "nvidia", "cuda", "containers")
+SECTION_NAMES = ("os", "kernel", "dkms", "dpkg", "rpm", "amdgpu", "rocm", "nvidia", "cuda", "containers",
+                 "container_cgroups")
 # Fields that say when/by what the snapshot was taken, not what the host is: left out of the content hash.
 _VOLATILE_FIELDS = {"taken_at", "agent_version", "content_hash"}
 
@@ -54,6 +56,9 @@ class Snapshot(FrozenModel):
     nvidia: Section[NvidiaInfo]
     cuda: Section[CudaInfo]
     containers: Section[ContainersInfo]
+    # Added after schema version 1 was first stored: a stored snapshot without it reads as "not collected".
+    container_cgroups: Section[ContainerCgroupsInfo] = Section[ContainerCgroupsInfo](status=Status.ABSENT,
+                                                                                     reason="not collected")
     findings: List[Finding] = []
     content_hash: str = ""
 
