@@ -123,6 +123,14 @@ def iter_named(data: bytes, names: Sequence[str] = (), prefixes: Sequence[str] =
         yield from iter_dpkg_status(chunk.decode("utf-8", errors="replace"), wanted)
 
 
+def native_architecture(text: str) -> str:
+    """The host's native dpkg architecture, read from the status file: dpkg's own package is built for it (what
+    ``dpkg --print-architecture`` prints); "" when dpkg is not listed (a partial fixture tree)."""
+    for _, _, arch, _ in iter_named(text.encode("utf-8"), names=("dpkg",)):
+        return arch
+    return ""
+
+
 def package_key(name: str, arch: str, native_arch: str = "") -> str:
     """How a package is named in an installed set: ``name``, or ``name:arch`` for a foreign architecture."""
     if not arch or arch in ("all", "-", "none") or not native_arch or arch == native_arch:

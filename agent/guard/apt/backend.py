@@ -6,11 +6,11 @@ import fnmatch
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from agent.errors import InputFileError
-from agent.guard.apt.deb_cache import DebCache
+from agent.guard.apt.deb_cache import DebCache, parse_deb_file_name
 from agent.guard.apt.tool import AptTool
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep, Targets
 from agent.host import Host
-from agent.hostfacts.dpkg_status import iter_dpkg_status, package_key
+from agent.hostfacts.dpkg_status import iter_dpkg_status, native_architecture, package_key
 from agent.log import get_logger
 
 log = get_logger("guard.apt.backend")
@@ -38,20 +38,23 @@ class AptBackend:
         text = self.host.read_text("/var/lib/dpkg/status")
         if text is None:
             raise InputFileError(str(self.host.path("/var/lib/dpkg/status")), "no dpkg status database")
-        wanted = list(patterns)
+        # Keyed as the apt hook keys them (name, or name:arch for a foreign architecture), so the known-good set,
+        # the rollback authorization and the hook's resulting set name a multi-arch package the same way.
+        native, wanted = native_architecture(text), list(patterns)
         out = {}
         for name, version, arch, _ in iter_dpkg_status(text,
                                                        lambda n: any(fnmatch.fnmatchcase(n, p) for p in wanted)):
-            out[package_key(name, arch, "")] = InstalledPackage(version, arch)
+            out[package_key(name, arch, native)] = InstalledPackage(version, arch)
         return out
 
     def wait_for_lock(self) -> float:
         return self.tool.wait_for_dpkg_lock()
 
     def cache_known_good(self, installed: Dict[str, InstalledPackage]) -> Dict[str, Optional[str]]:
-        debs = self.cache.ensure_all({k.split(":", 1)[0]: (v.version, v.arch) for k, v in installed.items()})
+        # One kept file per key: a name installed for two architectures keeps both (name_version_arch.deb).
+        debs = {k: self.cache.ensure(k.split(":", 1)[0], v.version, v.arch) for k, v in sorted(installed.items())}
         self.cache.prune([p for p in debs.values() if p])
-        return {k: debs.get(k.split(":", 1)[0]) for k in installed}
+        return debs
 
     def has_cached(self, key: str, package: InstalledPackage) -> bool:
         return self.cache.has(key.split(":", 1)[0], package.version, package.arch)
@@ -76,6 +79,15 @@ class AptBackend:
                 targets.append(str(self.cache.path(name, good.version, good.arch)))
             else:
                 targets.append(f"{key}={good.version}")
+        # A name installed for several architectures (Multi-Arch: same) must be at one version in all of them:
+        # its unchanged copies are reinstalled with the moved one, so dpkg can put them back as a group.
+        moved = {key.split(":", 1)[0] for key in after}
+        for key, good in sorted(known_good.items()):
+            name = key.split(":", 1)[0]
+            siblings = [k for k in known_good if k.split(":", 1)[0] == name]
+            if name in moved and key not in after and len(siblings) > 1 and self.cache.has(name, good.version,
+                                                                                          good.arch):
+                targets.append(str(self.cache.path(name, good.version, good.arch)))
         return targets, before, after
 
     def simulate(self, targets: Sequence[str]) -> Tuple[List[PlannedStep], Optional[str]]:
@@ -112,8 +124,8 @@ class AptBackend:
     def _dpkg_step(self, target: str) -> PlannedStep:
         if target.endswith("-"):
             return PlannedStep("remove", target[:-1], "", "")
-        name, version, _ = target.rsplit("/", 1)[-1][:-len(".deb")].split("_", 2)
-        return PlannedStep("install", name, "", version.replace("%3a", ":"))
+        name, version, _ = parse_deb_file_name(target.rsplit("/", 1)[-1])
+        return PlannedStep("install", name, "", version)
 
     def apply(self, targets: Sequence[str]) -> Optional[str]:
         if self.mechanism.startswith("dpkg"):
@@ -125,9 +137,19 @@ class AptBackend:
 
     def _apply_with_dpkg(self, targets: Sequence[str]) -> Optional[str]:
         debs = [t for t in targets if not t.endswith("-")]
-        removals = [t[:-1].split(":", 1)[0] for t in targets if t.endswith("-")]
+        removals = [t[:-1] for t in targets if t.endswith("-")]  # name:arch stays: dpkg -r takes it
         if debs:
             run = self.tool.dpkg_install(debs)
+            group = _multi_arch_instances(debs)
+            if run.returncode != 0 and group:
+                # A Multi-Arch: same name left at two versions (one copy forced): dpkg refuses to unpack the old
+                # build over a shared file the other version wrote ("different from other instances"). Remove
+                # those copies (their dependants are reinstalled at once), then install the group again.
+                log.info("rollback_multi_arch_reinstall", packages=group, error=_last_line(run.stderr))
+                removed = self.tool.dpkg_remove(group, force_depends=True)
+                if removed.returncode != 0:
+                    return "dpkg -r of the multi-arch copies failed: " + _last_line(removed.stderr)
+                run = self.tool.dpkg_install(debs)
             if run.returncode != 0:
                 return "dpkg -i failed: " + _last_line(run.stderr)
         if removals:
@@ -153,3 +175,10 @@ class AptBackend:
 
     def finish_pending(self) -> None:
         self.tool.configure_pending()
+
+
+def _multi_arch_instances(debs: Sequence[str]) -> List[str]:
+    """``name:arch`` of every kept .deb whose name is among the files for more than one architecture."""
+    parsed = [parse_deb_file_name(path.rsplit("/", 1)[-1]) for path in debs]
+    names = [name for name, _, _ in parsed]
+    return sorted(f"{name}:{arch}" for name, _, arch in parsed if names.count(name) > 1)

@@ -8,7 +8,7 @@ copies from ``file:`` repositories) while the version is still in an index.
 from __future__ import annotations
 
 import shutil
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from agent.errors import CommandError
 from agent.guard.apt.tool import AptTool
@@ -22,6 +22,12 @@ APT_ARCHIVES = "/var/cache/apt/archives"
 def deb_file_name(name: str, version: str, arch: str) -> str:
     """The file name apt gives a package (``amdgpu-dkms_1%3a6.8.5..._all.deb``)."""
     return f"{name}_{version.replace(':', '%3a')}_{arch or 'all'}.deb"
+
+
+def parse_deb_file_name(file_name: str) -> Tuple[str, str, str]:
+    """(name, version, arch) of a ``name_version_arch.deb`` file name, as :func:`deb_file_name` writes it."""
+    name, version, arch = file_name[:-len(".deb")].split("_", 2)
+    return name, version.replace("%3a", ":"), arch
 
 
 class DebCache:
@@ -56,10 +62,6 @@ class DebCache:
             log.warning("deb_cache_miss", package=name, version=version, error=str(exc))
             return None
         return target if self.host.path(target).is_file() else None
-
-    def ensure_all(self, packages: Mapping[str, Tuple[str, str]]) -> Dict[str, Optional[str]]:
-        """``ensure`` for {name: (version, arch)}; the path (or None) per name."""
-        return {name: self.ensure(name, version, arch) for name, (version, arch) in sorted(packages.items())}
 
     def prune(self, keep: List[str]) -> List[str]:
         """Delete cached files not in ``keep`` (host paths); returns what was deleted."""

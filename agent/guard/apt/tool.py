@@ -77,9 +77,10 @@ class AptTool:
         """``dpkg -i DEBS`` in one run (dpkg unpacks them all, then configures): the exact set, no resolver."""
         return self._run(["dpkg", "--force-downgrade", "-i", *debs], self.timeout_seconds)
 
-    def dpkg_remove(self, names: Sequence[str]) -> CommandResult:
-        """``dpkg -r NAMES``."""
-        return self._run(["dpkg", "-r", *names], self.timeout_seconds)
+    def dpkg_remove(self, names: Sequence[str], force_depends: bool = False) -> CommandResult:
+        """``dpkg -r NAMES`` (with ``--force-depends`` when what depends on them is about to be reinstalled)."""
+        return self._run(["dpkg", *(["--force-depends"] if force_depends else []), "-r", *names],
+                         self.timeout_seconds)
 
     def audit(self) -> CommandResult:
         """``dpkg --audit``: packages half-installed, half-configured or unpacked (no output when clean)."""

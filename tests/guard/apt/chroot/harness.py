@@ -46,6 +46,7 @@ class FakePackage:
     version: str
     arch: str = "all"
     depends: Optional[str] = None
+    multi_arch: Optional[str] = None
 
     @property
     def file_name(self) -> str:
@@ -194,6 +195,8 @@ def build_deb(pkg: FakePackage, out_dir: Path, work: Path) -> Path:
                "Maintainer: gpuguard tests <tests@example.invalid>", "Section: misc", "Priority: optional"]
     if pkg.depends:
         control.append(f"Depends: {pkg.depends}")
+    if pkg.multi_arch:
+        control.append(f"Multi-Arch: {pkg.multi_arch}")
     control.append(f"Description: fake {pkg.name} for gpuguard's chroot tests")
     (tree / "DEBIAN/control").write_text("\n".join(control) + "\n")
     out = out_dir / pkg.file_name

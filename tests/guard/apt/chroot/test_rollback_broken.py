@@ -199,3 +199,54 @@ def test_an_open_authorization_lets_nothing_else_through_the_hook(chroot: Chroot
     assert refused.returncode == 100 and "REFUSED (amd.pairing)" in refused.stderr
     assert chroot.status_bytes() == before
     Path(grant).unlink()
+
+
+def test_a_foreign_architecture_copy_is_keyed_kept_and_rolled_back_on_its_own(chroot: Chroot, tmp_path: Path) -> None:
+    """hsa-rocr installed for amd64 and i386 (Multi-Arch: same) and [frozen]: the known-good set keys the i386
+    copy ``hsa-rocr:i386`` as the apt hook does and keeps its own .deb. The i386 copy forced alone (dpkg leaves
+    both unconfigured, and refuses the old build over the shared file the new one wrote) goes back with dpkg as
+    a group; both forced together go back through apt and the hook on the one-shot authorization."""
+    from tests.guard.apt.chroot.harness import FakePackage, build_deb
+
+    debs = {}
+    for arch in (chroot.native_arch, "i386"):
+        for version in (ROCM_62, ROCM_63):
+            pkg = FakePackage("hsa-rocr", version, arch, multi_arch="same")
+            debs[arch, version] = build_deb(pkg, chroot.root / "var/cache/apt/archives", tmp_path / arch)
+    inside = {key: "/var/cache/apt/archives/" + path.name for key, path in debs.items()}
+    chroot.run("dpkg", "--add-architecture", "i386", check=True)
+    try:
+        chroot.run("dpkg", "-i", inside[chroot.native_arch, ROCM_62], inside["i386", ROCM_62], check=True)
+        _firmware_baseline(chroot)  # hsa-rocr is guarded by the [amd] section's defaults (hsa-*)
+        _policy(chroot, '\n[frozen]\npackages = ["hsa-rocr"]\naction = "rollback"\n')
+        known_good = json.loads((chroot.state_dir / "known-good.json").read_text())["packages"]
+        assert known_good["hsa-rocr"]["version"] == known_good["hsa-rocr:i386"]["version"] == ROCM_62
+        assert known_good["hsa-rocr:i386"]["deb"].endswith("_i386.deb")
+        assert known_good["hsa-rocr"]["deb"].endswith(f"_{chroot.native_arch}.deb")
+        (chroot.root / inside["i386", ROCM_62].lstrip("/")).unlink()  # only gpuguard's kept copy is left
+        # dpkg unpacks it and refuses to configure either copy (Multi-Arch: same needs one version): a broken state
+        forced = chroot.run("dpkg", "-i", inside["i386", ROCM_63])
+        assert forced.returncode != 0 and "at a different version" in forced.stderr, forced.stderr
+        result = _rollback(chroot)
+        assert result.status == "rolled_back", result.summary()
+        rows = chroot.run("dpkg-query", "-W", "-f", "${Package}:${Architecture} ${Version}\n", "hsa-rocr",
+                          check=True).stdout.split("\n")
+        assert sorted(r for r in rows if r) == sorted([f"hsa-rocr:{chroot.native_arch} {ROCM_62}",
+                                                        f"hsa-rocr:i386 {ROCM_62}"])
+        assert "dpkg -i of the kept .deb files" in result.detail, result.detail
+        _assert_clean(chroot)
+        # Both copies forced to 6.3 together (a consistent state): apt plans the rollback from the kept files,
+        # and the apt hook lets it through because the authorization names hsa-rocr:i386 as the hook keys it.
+        forced = chroot.run("dpkg", "-i", inside[chroot.native_arch, ROCM_63], inside["i386", ROCM_63])
+        assert forced.returncode == 0, forced.stderr
+        result = _rollback(chroot)
+        assert result.status == "rolled_back" and "via apt-get install" in result.detail, result.summary()
+        audit = [json.loads(line) for line in (chroot.state_dir / "audit.log").read_text().splitlines()]
+        granted = [a for a in audit if a["event"] == "rollback_authorized"]
+        assert granted and granted[-1]["target"]["hsa-rocr:i386"] == granted[-1]["target"]["hsa-rocr"] == ROCM_62
+        _assert_clean(chroot)
+    finally:
+        chroot.run("dpkg", "--purge", "hsa-rocr:i386", f"hsa-rocr:{chroot.native_arch}")
+        chroot.run("dpkg", "--remove-architecture", "i386")
+        for path in inside.values():
+            (chroot.root / path.lstrip("/")).unlink(missing_ok=True)
