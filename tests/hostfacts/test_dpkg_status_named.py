@@ -14,7 +14,7 @@ STATES = st.sampled_from(["install ok installed", "deinstall ok config-files", "
                           "install ok half-configured", "hold ok installed"])
 LINES = st.sampled_from(["Description: a package \u00e9t\u00e9", " Package: rocm-core",
                          " with Package: amdgpu-dkms inside", "Depends: amdgpu-dkms-firmware (= 1:6.8.5)",
-                         "Architecture: i386", "Multi-Arch: same"])
+                         "Architecture: i386", "Architecture: amd64", "Architecture: all", "Multi-Arch: same"])
 PREFIXES = st.sampled_from(["rocm", "amdgpu", "amdgpu-dkms", "linux-image-", "linux-modules-", "lib"])
 
 
@@ -34,16 +34,19 @@ def stanzas(draw: st.DrawFn) -> str:
 @given(st.lists(stanzas(), max_size=8), st.sampled_from(["\n\n", "\n\n\n"]), st.booleans(),
        st.lists(NAMES, max_size=2),
        st.lists(PREFIXES, max_size=3),
-       st.lists(st.sampled_from(["-dkms", "dkms", "-firmware"]), max_size=2))
+       st.lists(st.sampled_from(["-dkms", "dkms", "-firmware"]), max_size=2), st.sets(NAMES, max_size=3))
 def test_iter_named_agrees_with_the_full_scan(parts: list, separator: str, final_newline: bool, names: list,
-                                              prefixes: list, suffixes: list) -> None:
-    """Same packages, versions, architectures and states, in the same order, on generated status files."""
+                                              prefixes: list, suffixes: list, known: set) -> None:
+    """Same packages, versions, architectures and states, in the same order, on generated status files; a
+    ``known`` name's native (amd64) or arch-less/all stanza is left out, its foreign (i386) one is not."""
     text = separator.join(parts) + ("\n" if final_newline else "")
 
     def wanted(name: str) -> bool:
         return name in names or name.startswith(tuple(prefixes)) or name.endswith(tuple(suffixes))
 
-    assert list(iter_named(text.encode(), names, prefixes, suffixes)) == list(iter_dpkg_status(text, wanted))
+    expected = [row for row in iter_dpkg_status(text, wanted) if not (row[0] in known and row[2] in ("", "all",
+                                                                                                 "amd64"))]
+    assert list(iter_named(text.encode(), names, prefixes, suffixes, known, "amd64")) == expected
 
 
 def test_searches_are_merged_only_where_they_still_find_every_name() -> None:

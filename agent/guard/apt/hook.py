@@ -104,8 +104,10 @@ def run(args: entry.Args, environ: Dict[str, str], fd: Optional[int], err: TextI
             if others:
                 return installed_versions(status.decode("utf-8", errors="replace"), request.native_arch,
                                           want=any_glob(policy.guarded))
+            known = {c.package for c in request.transaction.changes if ":" not in c.package}  # native keys
             return {package_key(name, arch, request.native_arch): version
-                    for name, version, arch, _ in iter_named(status, names, prefixes, suffixes)}
+                    for name, version, arch, _ in iter_named(status, names, prefixes, suffixes, known,
+                                                             request.native_arch)}
 
         return entry.Parsed(request.transaction, installed)
 
