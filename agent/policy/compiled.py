@@ -29,8 +29,19 @@ DEFAULT_GUARDED: Sequence[str] = tuple(AMD_STACK_PACKAGES) + (
 )
 DEFAULT_KERNEL_PACKAGES: Sequence[str] = ("linux-image-*", "linux-modules-*", "kernel", "kernel-core",
                                           "kernel-uek", "kernel-default")
-DEFAULT_NVIDIA_DRIVER_PACKAGES: Sequence[str] = ("nvidia-driver-*", "nvidia-dkms-*", "nvidia-kernel-dkms",
-                                                 "nvidia-open", "nvidia-driver", "kmod-nvidia*")
+# Every part of the NVIDIA driver as Ubuntu, Debian, NVIDIA's CUDA repositories and RHEL ship it: meta packages,
+# the kernel module (dkms, kmod, precompiled), kernel-common, the user-space libraries, the tools and fabric
+# manager. They are one build (Ubuntu's depend on each other with ``=``), and each is judged.
+DEFAULT_NVIDIA_DRIVER_PACKAGES: Sequence[str] = (
+    "nvidia-driver-*", "nvidia-dkms-*", "nvidia-kernel-dkms", "nvidia-open", "nvidia-driver", "kmod-nvidia*",
+    "nvidia-kernel-common-*", "nvidia-kernel-source-*", "nvidia-kmod-common", "nvidia-compute-utils-*",
+    "nvidia-utils-*", "libnvidia-compute-*", "libnvidia-gl-*", "libnvidia-decode-*", "libnvidia-encode-*",
+    "libnvidia-extra-*", "libnvidia-cfg1-*", "libnvidia-fbc1-*", "libnvidia-common-*",
+    "xserver-xorg-video-nvidia-*", "nvidia-fabricmanager-*", "nvidia-fabric-manager", "cuda-drivers",
+    "cuda-drivers-*",
+)
+# Matched by a driver glob but versioned on their own: not driver parts.
+NVIDIA_NOT_DRIVER_PARTS = frozenset({"nvidia-driver-assistant", "nvidia-driver-pinning"})
 DEFAULT_CUDA_PACKAGES: Sequence[str] = ("cuda-cudart-*", "cuda-runtime-*", "cuda-toolkit-*", "cuda-compat-*")
 # Packages whose change replaces a kernel module: a reboot is needed before the new one is running.
 KERNEL_MODULE_PACKAGES: Sequence[str] = ("amdgpu-dkms", "nvidia-dkms*", "nvidia-kernel-dkms", "kmod-nvidia*",
@@ -156,7 +167,9 @@ def _check_document(data: Dict[str, Any]) -> None:
     _str_list(data.get("guarded"), "guarded")
     _str_list(data.get("kernel_packages"), "kernel_packages")
     if data.get("amd") is not None:
-        amd = _table(data["amd"], "amd", ("driver_package", "rocm_package", "action", "pairings"))
+        amd = _table(data["amd"], "amd", ("driver_package", "rocm_package", "action", "pairings", "side_by_side"))
+        _expect(amd["side_by_side"] is None or isinstance(amd["side_by_side"], bool), "amd -> side_by_side",
+                "not true or false")
         for key in ("driver_package", "rocm_package"):
             _expect(isinstance(amd[key], str) and bool(amd[key]), f"amd -> {key}", "not a package name")
         _action(amd["action"], "amd -> action")
@@ -182,7 +195,10 @@ def _check_document(data: Dict[str, Any]) -> None:
             _spec(kernel["allow"], "kernel -> allow")
         _action(kernel["action"], "kernel -> action")
     if data.get("nvidia") is not None:
-        nvidia = _table(data["nvidia"], "nvidia", ("driver_packages", "cuda_packages", "action", "pairings"))
+        nvidia = _table(data["nvidia"], "nvidia", ("driver_packages", "cuda_packages", "action", "pairings",
+                                                    "side_by_side"))
+        _expect(nvidia["side_by_side"] is None or isinstance(nvidia["side_by_side"], bool),
+                "nvidia -> side_by_side", "not true or false")
         _str_list(nvidia["driver_packages"], "nvidia -> driver_packages")
         _str_list(nvidia["cuda_packages"], "nvidia -> cuda_packages")
         _action(nvidia["action"], "nvidia -> action")

@@ -9,7 +9,7 @@ the dnf plugin, ``gpuguard policy explain`` and the rollback watcher all call :f
 from __future__ import annotations
 
 from agent.policy import releases
-from agent.policy.compiled import CompiledPolicy
+from agent.policy.compiled import NVIDIA_NOT_DRIVER_PARTS, CompiledPolicy
 from agent.policy.globs import any_glob
 from agent.policy.spec import describe, matches
 from agent.records import Record
@@ -247,25 +247,50 @@ def _label(name: str, version: Optional[str], release: Optional[str], what: str)
     return f"{name} {version} ({what} {release or 'unknown'})"
 
 
+def _rocm_versions(mapping: Mapping[str, str], rocm_name: str) -> Dict[str, str]:
+    """Every ROCm release present: the ROCm package and its versioned side-by-side installs (``rocm-core6.4.1``,
+    which ``apt install rocm6.4.1`` brings for AMD's multi-version installs), key -> version."""
+    return {k: mapping[k] for k in _matching(mapping, [rocm_name, rocm_name + "[0-9]*"])}
+
+
+def _pairing_for_all(pairings: Sequence[Mapping[str, Any]], driver: Optional[str], rocms: Mapping[str, str],
+                     scheme: str) -> Optional[Mapping[str, Any]]:
+    """The first pairing that accepts the driver with every ROCm release present, or None."""
+    versions: List[Optional[str]] = [*rocms.values()] or [None]
+    for pairing in pairings:
+        if all(_pairing_matches(pairing, driver, v, scheme) for v in versions):
+            return pairing
+    return None
+
+
 def _check_amd(state: HostState, policy: CompiledPolicy) -> List[Violation]:
     amd = policy.section("amd")
     if not amd:
         return []
     pairings = [p for p in amd.get("pairings") or [] if isinstance(p, dict)]
     driver_name, rocm_name = policy.amd_packages
-    driver_after, rocm_after = _amd_sides(state.after, policy)
-    driver_before, rocm_before = _amd_sides(state.before, policy)
-    if not pairings or (driver_after is None and rocm_after is None):
+    driver_after, driver_before = _find(state.after, driver_name), _find(state.before, driver_name)
+    rocms_after, rocms_before = _rocm_versions(state.after, rocm_name), _rocm_versions(state.before, rocm_name)
+    if not pairings or (driver_after is None and not rocms_after):
         return []
     scheme = state.manager
-    pinned = matching_pairing(pairings, driver_before, rocm_before, scheme)
-    now = matching_pairing(pairings, driver_after, rocm_after, scheme)
-    packages = {n: _move(state, n) for n, v in ((driver_name, driver_after or driver_before),
-                                                (rocm_name, rocm_after or rocm_before)) if v is not None}
+    pinned = _pairing_for_all(pairings, driver_before, rocms_before, scheme)
+    now = _pairing_for_all(pairings, driver_after, rocms_after, scheme)
+    packages = {n: _move(state, n) for n in sorted({driver_name, *rocms_after, *rocms_before})
+                if _find(state.after, n) is not None or _find(state.before, n) is not None}
     out: List[Violation] = []
+    firmware = _find(state.after, driver_name + "-firmware")
+    if driver_after is not None and firmware is not None and firmware != driver_after:
+        out.append(Violation(
+            rule="amd.driver_parts", action=policy.action_for((now or pinned or {}).get("action"), amd.get("action")),
+            message=f"{driver_name} {driver_after} and {driver_name}-firmware {firmware} are not one build",
+            packages={n: _move(state, n) for n in (driver_name, driver_name + "-firmware")},
+            hint=f"move {driver_name} and its firmware together, " + OVERRIDE_HINT))
     if now is None:
+        rocm_text = " and ".join(_label(_base(k), v, releases.rocm_release(v), "ROCm")
+                                 for k, v in sorted(rocms_after.items())) or f"no {rocm_name}"
         combo = (f"{_label(driver_name, driver_after, releases.amdgpu_driver_release(driver_after), 'driver')} "
-                 f"with {_label(rocm_name, rocm_after, releases.rocm_release(rocm_after), 'ROCm')}")
+                 f"with {rocm_text}")
         allowed = "; ".join(describe_pairing(p) for p in pairings)
         if pinned is not None:
             message = f"breaks the pinned AMD pairing {describe_pairing(pinned)}: {combo} matches no allowed pairing"
@@ -278,6 +303,16 @@ def _check_amd(state: HostState, policy: CompiledPolicy) -> List[Violation]:
                  + OVERRIDE_HINT,
             pairing=(pinned or {}).get("name")))
         return out
+    rocm_series = {releases.series(releases.rocm_release(v)) for v in rocms_after.values()}
+    if len(rocm_series) > 1 and not amd.get("side_by_side"):
+        out.append(Violation(
+            rule="amd.rocm_side_by_side", action=policy.action_for(now.get("action"), amd.get("action")),
+            message="ROCm " + ", ".join(f"{releases.rocm_release(v)} ({_base(k)})" for k, v in sorted(
+                rocms_after.items())) + f": {len(rocm_series)} ROCm releases side by side, and policy "
+                f"'{policy.name}' does not allow that ([amd] side_by_side = false)",
+            packages={k: _move(state, k) for k in rocms_after},
+            hint="keep one ROCm release, set side_by_side = true in [amd], " + OVERRIDE_HINT,
+            pairing=now.get("name")))
     kernels_spec = now.get("kernels")
     if kernels_spec is None:
         return out
@@ -334,19 +369,53 @@ def _check_kernel_allow(state: HostState, policy: CompiledPolicy) -> List[Violat
 
 # --- NVIDIA driver x CUDA pairings -----------------------------------------------------------------------------
 
-
-def _first_version(mapping: Mapping[str, str], patterns: Sequence[str]) -> Tuple[Optional[str], Optional[str]]:
-    for pattern in patterns:
-        keys = _matching(mapping, [pattern])
-        if keys:
-            return keys[0], mapping[keys[0]]
-    return None, None
-
-
 MODULE_KEY = "loaded nvidia module, no driver package"
 
 
+def _name_series(name: str) -> Optional[str]:
+    """The CUDA release a versioned package name carries (``cuda-toolkit-13-0`` -> ``13.0``), else None."""
+    head, _, minor = name.rpartition("-")
+    major = head.rpartition("-")[2]
+    if minor.isdecimal() and major.isdecimal():
+        return f"{major}.{minor}"
+    return None
+
+
+def _nvidia_parts(mapping: Mapping[str, str], patterns: Sequence[str]) -> Dict[str, str]:
+    """Every installed NVIDIA driver part (key -> driver release, ``unknown`` when the version carries none)."""
+    return {k: releases.dotted_release(mapping[k]) or "unknown" for k in _matching(mapping, patterns)
+            if _base(k) not in NVIDIA_NOT_DRIVER_PARTS}
+
+
+def _cuda_releases(mapping: Mapping[str, str], patterns: Sequence[str]) -> Dict[str, str]:
+    """Every installed CUDA package (key -> CUDA release). A package whose version is not of the CUDA major its
+    name carries (``cuda-compat-13-0`` is versioned after the driver, ``580.95.05``) is not judged by it."""
+    out: Dict[str, str] = {}
+    for key in _matching(mapping, patterns):
+        release = releases.dotted_release(mapping[key]) or "unknown"
+        named = _name_series(_base(key))
+        if named is not None and releases.series(release, 1) != releases.series(named, 1):
+            continue
+        out[key] = release
+    return out
+
+
+def _grouped(found: Mapping[str, str]) -> str:
+    """``580.95.05 (nvidia-driver-580-open, libnvidia-compute-580 and 3 more), 580.105.08 (...)`` for messages."""
+    by_release: Dict[str, List[str]] = {}
+    for key, release in sorted(found.items()):
+        by_release.setdefault(release, []).append(key)
+    parts = []
+    for release, keys in sorted(by_release.items()):
+        shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+        parts.append(f"{release} ({shown})")
+    return ", ".join(parts) or "none (-)"
+
+
 def _check_nvidia(state: HostState, policy: CompiledPolicy) -> List[Violation]:
+    """Every driver part and every CUDA release present is judged: the parts must be one build, a removed part
+    must not leave the rest of its build behind, one pairing must accept all of it, and several CUDA releases side
+    by side need ``side_by_side``."""
     section = policy.section("nvidia")
     if not section:
         return []
@@ -355,38 +424,84 @@ def _check_nvidia(state: HostState, policy: CompiledPolicy) -> List[Violation]:
         return []
     driver_patterns, cuda_patterns = policy.nvidia_packages
     module = (state.loaded_drivers or {}).get("nvidia")
-    driver_key, driver_version = _first_version(state.after, driver_patterns)
-    if driver_version is None and module:
-        driver_key, driver_version = MODULE_KEY, module  # no driver package: the running module is the driver
-    cuda_key, cuda_version = _first_version(state.after, cuda_patterns)
-    if driver_version is None and cuda_version is None:
-        return []
-    driver_rel = releases.dotted_release(driver_version) if driver_version else None
-    cuda_rel = releases.dotted_release(cuda_version) if cuda_version else None
+    parts, parts_before = _nvidia_parts(state.after, driver_patterns), _nvidia_parts(state.before, driver_patterns)
+    cuda, cuda_before = _cuda_releases(state.after, cuda_patterns), _cuda_releases(state.before, cuda_patterns)
+    out = _nvidia_parts_agree(state, policy, section, parts, parts_before)
+    if not parts and module:
+        parts = {MODULE_KEY: module}  # no driver package: the running module is the driver
+    if not parts_before and module:
+        parts_before = {MODULE_KEY: module}
+    if not parts and not cuda:
+        return out
 
-    def accepts(p: Mapping[str, Any], drel: Optional[str], crel: Optional[str]) -> bool:
-        return matches(p.get("driver", "any"), drel) and matches(p.get("cuda", "any"), crel)
+    def accepts(p: Mapping[str, Any], drivers: Iterable[Optional[str]], cudas: Iterable[Optional[str]]) -> bool:
+        return all(matches(p.get("driver", "any"), d) for d in drivers) and \
+            all(matches(p.get("cuda", "any"), c) for c in cudas)
 
-    if any(accepts(p, driver_rel, cuda_rel) for p in pairings):
-        return []
-    b_key, b_driver = _first_version(state.before, driver_patterns)
-    if b_driver is None and module:
-        b_key, b_driver = MODULE_KEY, module
-    c_key, b_cuda = _first_version(state.before, cuda_patterns)
-    pinned = next((p for p in pairings if accepts(p, releases.dotted_release(b_driver) if b_driver else None,
-                                                  releases.dotted_release(b_cuda) if b_cuda else None)), None)
-    keys = [k for k in (driver_key, cuda_key, b_key, c_key) if k and k != MODULE_KEY]
-    allowed = "; ".join(f"'{p.get('name', '?')}' (driver {describe(p.get('driver', 'any'))} + CUDA "
-                        f"{describe(p.get('cuda', 'any'))})" for p in pairings)
-    combo = (f"NVIDIA driver {driver_rel or 'none'} ({driver_key or '-'}) with CUDA {cuda_rel or 'none'} "
-             f"({cuda_key or '-'})")
-    lead = f"breaks the pinned NVIDIA pairing '{pinned.get('name', '?')}': " if pinned else ""
-    return [Violation(
-        rule="nvidia.pairing", action=policy.action_for((pinned or {}).get("action"), section.get("action")),
-        message=f"{lead}{combo} matches no allowed NVIDIA pairing (allowed: {allowed})",
-        packages={k: _move(state, k) for k in dict.fromkeys(keys)},
-        hint="move the driver and CUDA packages together to an allowed pairing, change the policy, " + OVERRIDE_HINT,
-        pairing=(pinned or {}).get("name"))]
+    drivers: Set[Optional[str]] = set(parts.values()) or {None}
+    cudas: Set[Optional[str]] = set(cuda.values()) or {None}
+    action = section.get("action")
+    if not any(accepts(p, drivers, cudas) for p in pairings):
+        drivers_before: Set[Optional[str]] = set(parts_before.values()) or {None}
+        cudas_before: Set[Optional[str]] = set(cuda_before.values()) or {None}
+        pinned = next((p for p in pairings if accepts(p, drivers_before, cudas_before)), None)
+        if pinned is not None:
+            offending = [k for k, r in parts.items() if not matches(pinned.get("driver", "any"), r)]
+            offending += [k for k, r in cuda.items() if not matches(pinned.get("cuda", "any"), r)]
+            if not parts and not matches(pinned.get("driver", "any"), None):
+                offending += list(parts_before)  # the driver went away under CUDA
+            if not cuda and not matches(pinned.get("cuda", "any"), None):
+                offending += list(cuda_before)
+        else:
+            offending = list(parts) + list(cuda)
+        allowed = "; ".join(f"'{p.get('name', '?')}' (driver {describe(p.get('driver', 'any'))} + CUDA "
+                            f"{describe(p.get('cuda', 'any'))})" for p in pairings)
+        lead = f"breaks the pinned NVIDIA pairing '{pinned.get('name', '?')}': " if pinned else ""
+        out.append(Violation(
+            rule="nvidia.pairing", action=policy.action_for((pinned or {}).get("action"), action),
+            message=f"{lead}NVIDIA driver {_grouped(parts)} with CUDA {_grouped(cuda)} matches no allowed NVIDIA "
+                    f"pairing (allowed: {allowed})",
+            packages={k: _move(state, k) for k in dict.fromkeys(offending) if k != MODULE_KEY},
+            hint="move the driver and CUDA packages together to an allowed pairing, change the policy, "
+                 + OVERRIDE_HINT,
+            pairing=(pinned or {}).get("name")))
+        return out
+    series = {releases.series(r) for r in cuda.values()}
+    if len(series) > 1 and not section.get("side_by_side"):
+        out.append(Violation(
+            rule="nvidia.cuda_side_by_side", action=policy.action_for(action),
+            message=f"CUDA {_grouped(cuda)}: {len(series)} CUDA releases side by side, and policy "
+                    f"'{policy.name}' does not allow that ([nvidia] side_by_side = false)",
+            packages={k: _move(state, k) for k in cuda},
+            hint="keep one CUDA release, set side_by_side = true in [nvidia], " + OVERRIDE_HINT))
+    return out
+
+
+def _nvidia_parts_agree(state: HostState, policy: CompiledPolicy, section: Mapping[str, Any],
+                        parts: Mapping[str, str], parts_before: Mapping[str, str]) -> List[Violation]:
+    """The driver's parts are one build (a library ahead of the kernel module is NVML's "Driver/library version
+    mismatch"), and no part is removed while the rest of its build stays (with nothing installed in its place)."""
+    out: List[Violation] = []
+    action = policy.action_for(section.get("action"))
+    if len(set(parts.values())) > 1:
+        out.append(Violation(
+            rule="nvidia.driver_parts", action=action,
+            message=f"the NVIDIA driver's parts are not one build: {_grouped(parts)}; the kernel module, libraries "
+                    f"and tools must be one release (else 'Driver/library version mismatch')",
+            packages={k: _move(state, k) for k in parts},
+            hint="move every driver part to the same build together, " + OVERRIDE_HINT))
+    added = {r for k, r in parts.items() if k not in parts_before}
+    left = {r for k, r in parts.items() if k in parts_before}
+    removed = sorted(k for k, r in parts_before.items() if k not in parts and r in left and r not in added)
+    if removed:
+        out.append(Violation(
+            rule="nvidia.driver_removed", action=action,
+            message=f"removing {', '.join(_base(k) for k in removed)} leaves the NVIDIA driver "
+                    f"{', '.join(sorted({parts_before[k] for k in removed}))} incomplete (still installed: "
+                    f"{_grouped({k: r for k, r in parts.items() if r in {parts_before[x] for x in removed}})})",
+            packages={k: _move(state, k) for k in removed},
+            hint="remove the whole driver or none of it, " + OVERRIDE_HINT))
+    return out
 
 
 # --- per-package version rules (container toolkits and the like) ----------------------------------------------

@@ -172,7 +172,8 @@ def compile_policy(loaded: LoadedPolicy, matrix: Optional[Any] = None,
     amd = policy.amd or (AmdSection() if p.require_amd_matrix else None)
     if amd:
         data["amd"] = {"driver_package": amd.driver_package, "rocm_package": amd.rocm_package,
-                       "action": amd.action, "pairings": [pair.model_dump() for pair in amd.pairing]}
+                       "action": amd.action, "side_by_side": amd.side_by_side,
+                       "pairings": [pair.model_dump() for pair in amd.pairing]}
     if policy.kernel:
         data["kernel"] = policy.kernel.model_dump()
     if policy.nvidia:

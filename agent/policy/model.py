@@ -90,6 +90,7 @@ class AmdSection(FrozenModel):
     driver_package: str = "amdgpu-dkms"
     rocm_package: str = "rocm-core"
     action: Optional[Action] = None
+    side_by_side: bool = False  # may several ROCm releases (rocm-core6.4.1 beside rocm-core) be installed?
     pairing: List[AmdPairing] = []
 
 
@@ -121,6 +122,7 @@ class NvidiaSection(FrozenModel):
     driver_packages: List[str] = list(DEFAULT_NVIDIA_DRIVER_PACKAGES)
     cuda_packages: List[str] = list(DEFAULT_CUDA_PACKAGES)
     action: Optional[Action] = None
+    side_by_side: bool = False  # may several CUDA releases (cuda-toolkit-13-1 beside -13-0) be installed?
     pairing: List[NvidiaPairing] = []
 
     _patterns = field_validator("driver_packages", "cuda_packages")(_check_patterns)

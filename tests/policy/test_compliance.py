@@ -49,9 +49,9 @@ def test_violations_come_back_as_report_payloads(tmp_path: Path, fixture_host) -
 
 
 def _without_driver_packages(snap):
-    """The fixture host as the real H200 VM is: the driver comes from the VM host, no nvidia-* package."""
+    """The fixture host as the real H200 VM is: the driver comes from the VM host, no driver part packaged."""
     dpkg = snap.dpkg
-    packages = {k: v for k, v in dpkg.data.packages.items() if not k.startswith("nvidia-")}
+    packages = {k: v for k, v in dpkg.data.packages.items() if not k.startswith(("nvidia-", "libnvidia-compute-"))}
     data = dpkg.data.model_copy(update={"packages": packages})
     return snap.model_copy(update={"dpkg": dpkg.model_copy(update={"data": data})})
 
