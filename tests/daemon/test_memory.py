@@ -1,4 +1,5 @@
-"""The daemon's memory stays flat over many scheduled snapshots (issue #17; docs/reporting.md, "Memory").
+"""The daemon's memory stays flat over many scheduled snapshots (issue #17; docs/reporting.md, "Memory over a day
+of jobs").
 
 The growth was native, not Python objects: snapshots ran on ten worker threads, each with its own glibc malloc arena
 holding a freed snapshot's working set. The daemon caps the arenas and trims after each job; these tests pin that,
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import ctypes.util
 import gc
+import subprocess
 import sys
 import threading
 import tracemalloc
@@ -72,28 +74,38 @@ def test_scheduled_snapshots_keep_no_python_objects(tmp_path: Path) -> None:
     assert grown < 512 * 1024, f"{grown} bytes kept by 30 snapshot jobs"
 
 
+_DAEMON_SOAK = """
+import os, sys, tempfile, time
+sys.path.insert(0, sys.argv[1])
+from agent.config import parse_settings
+from agent.daemon import Daemon
+from agent.host import Host
+from agent.log import configure
+state = tempfile.mkdtemp()
+settings = parse_settings(f'[agent]\\nstate_dir = "{state}"\\n[snapshot]\\ninterval_seconds = 0.2\\n'
+                          '[daemon]\\nhealth_enabled = false\\npackage_watch_interval_seconds = 0.5\\n'
+                          '[report]\\nheartbeat_interval_seconds = 0.5\\ndelivery_interval_seconds = 0.5\\n')
+configure(level="error", json_output=True, stream=open(os.devnull, "w"))
+daemon = Daemon("/nonexistent", settings, Host.for_root("/"))
+daemon.start()
+rss = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096
+time.sleep(float(sys.argv[2]))
+before = rss()
+time.sleep(float(sys.argv[3]))
+after = rss()
+daemon.stop()
+print(before, after)
+"""
+
+
+@pytest.mark.slow
 @glibc
-def test_scheduled_snapshots_keep_rss_flat(tmp_path: Path) -> None:
-    """60 snapshot jobs taking turns on an 8-thread pool (as apscheduler's pool does): RSS after the first 20 grows
-    by under 4 MiB. Without the arena cap and the trim this grew by about a snapshot's working set per thread."""
-    memory.limit_malloc_arenas(2)
-    host = make_fixture_host("nvidia-h200-ubuntu2404")
-    rt = make_runtime(tmp_path, host)
-    job = SnapshotJob(rt, Hooks().policy_check)
-    runner = JobRunner("snapshot", lambda reason: job.run(reason), rt.stopping)
-
-    def rss() -> int:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * 4096
-
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        for _ in range(20):
-            list(pool.map(lambda _: runner(), range(2)))
-        gc.collect()
-        memory.release_free_memory()
-        before = rss()
-        for _ in range(40):
-            list(pool.map(lambda _: runner(), range(2)))
-        gc.collect()
-        memory.release_free_memory()
-        grown = rss() - before
-    assert grown < 4 * 1024 * 1024, f"RSS grew by {grown / 2**20:.1f} MiB over 80 snapshot jobs"
+def test_daemon_rss_stays_flat_over_many_snapshots(tmp_path: Path) -> None:
+    """The real daemon on this host, a snapshot every 0.2 s: after 15 s of warm-up, 20 s more (about 100 snapshots,
+    guard checks and heartbeats) grow RSS by under 4 MiB. Before the fix this grew about 0.4 MiB a second on the
+    development container (76 to 88 MiB in 30 s); with it 54 to 56.5."""
+    result = subprocess.run([sys.executable, "-c", _DAEMON_SOAK, str(Path(__file__).resolve().parents[2]), "15", "20"],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    before, after = (int(v) for v in result.stdout.split()[-2:])
+    assert after - before < 4 * 1024 * 1024, f"RSS {before / 2**20:.1f} -> {after / 2**20:.1f} MiB"
