@@ -1,10 +1,10 @@
 """Giving freed memory back to the system between daemon jobs (glibc only; a no-op elsewhere).
 
-The daemon's jobs run on a pool of worker threads. glibc gives each thread its own malloc arena, and a snapshot's
-working set (the dpkg status file as text, its stanzas, the models) is freed into that arena but stays mapped: with
-ten workers taking turns, RSS climbed by about 1 MB per scheduled snapshot until every arena held a snapshot's peak
-(50 MB at start, 110 MB after 84 snapshots). Two arenas for the process and ``malloc_trim(0)`` after each job keep
-RSS flat (docs/reporting.md, bench/bench_daemon_memory.py). Python's own heap did not grow (tracemalloc).
+The daemon's jobs run on a pool of worker threads, and glibc gives each thread its own malloc arena; memory freed
+in one stays mapped. RSS climbed by about 1 MB per scheduled snapshot (50 MB at start, 110 MB after 84 snapshots)
+while Python's own heap did not grow (tracemalloc): native allocations on the job path over the real host (GPU
+library attempts, subprocesses). Two arenas for the process and ``malloc_trim(0)`` after each job keep RSS flat
+(docs/reporting.md, "Memory over a day of jobs"; bench/bench_daemon_memory.py; tests/daemon/test_memory.py).
 """
 
 from __future__ import annotations
