@@ -168,11 +168,12 @@ def test_frozen_package_in_a_consistent_forced_set_is_rolled_back_through_the_ag
 
 
 def test_forced_set_with_an_allowed_pairing_but_broken_dependencies_is_not_recorded(chroot: Chroot) -> None:
-    """Driver and ROCm 6.3 forced together (an allowed pairing) without firmware and runtime: not recorded as
+    """Driver, its firmware and ROCm 6.3 forced together (an allowed pairing) without the runtime: not recorded as
     known-good (a later rollback would restore a broken set); guard rollback exits 10 and says why."""
     _firmware_baseline(chroot)
     known_good = (chroot.state_dir / "known-good.json").read_bytes()
-    _force(chroot, chroot.deb("amdgpu-dkms", AMDGPU_63_U), chroot.deb("rocm-core", ROCM_63))
+    _force(chroot, chroot.deb("amdgpu-dkms", AMDGPU_63_U), chroot.deb(FIRMWARE, AMDGPU_63_U),
+           chroot.deb("rocm-core", ROCM_63))
     result = _rollback(chroot)
     assert result.status == "inconsistent" and "apt-get check" in result.detail, result.summary()
     assert (chroot.state_dir / "known-good.json").read_bytes() == known_good
