@@ -47,6 +47,7 @@ def names_to_query(policy: CompiledPolicy) -> Tuple[List[str], List[str]]:
     if (kernel and kernel.get("allow") is not None) or (amd and any(p.get("kernels") is not None
                                                                     for p in amd.get("pairings") or [])):
         patterns += policy.kernel_packages
+        patterns += list(RPM_KERNEL_COMPANIONS)
     nvidia = policy.section("nvidia")
     if nvidia and nvidia.get("pairings"):
         driver_patterns, cuda_patterns = policy.nvidia_packages
@@ -96,7 +97,30 @@ def pin_records(policy: CompiledPolicy, installed: Mapping[str, str], available:
                                     kernel_patterns, nvidia, nv_pairings, policy, installed)
             if why:
                 forbidden.append(Pin(name, version, -1, why))
+    if manager == "rpm":
+        forbidden += _kernel_companions(forbidden, available, installed_builds)
     return frozen_pins, forbidden
+
+
+# rpm kernels come as several install-only packages of one build: kernel-modules, -modules-core and -modules-extra
+# require the kernel-core of their build (``kernel-uname-r``). A forbidden kernel-core alone would leave dnf a new
+# kernel-modules it cannot install, and dnf upgrade (best=True) gives up with exit 1.
+RPM_KERNEL_COMPANIONS = ("kernel-modules*",)
+
+
+def _kernel_companions(forbidden: List[Pin], available: Mapping[str, Sequence[str]],
+                       installed_builds: set) -> List[Pin]:
+    """The companion packages of every forbidden rpm kernel build, at that build, kept out with it."""
+    kernels = {p.version: p for p in forbidden if p.package in releases.RPM_KERNEL_NAMES}
+    out = []
+    for name in sorted(available):
+        if not _match_any(name, RPM_KERNEL_COMPANIONS):
+            continue
+        for version in available[name]:
+            if version in kernels and (name, version) not in installed_builds:
+                out.append(Pin(name, version, -1, f"goes with {kernels[version].package} {version}: "
+                                                  f"{kernels[version].why}"))
+    return out
 
 
 def _forbidden_reason(name: str, version: str, manager: str, pairings: List[dict], driver_name: str,
