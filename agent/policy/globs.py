@@ -149,6 +149,14 @@ def glob_match(text: str, pattern: str) -> bool:
     return test(text)
 
 
+def _literal_head(pattern: str) -> str:
+    """The characters before a pattern's first ``*``, ``?`` or ``[``."""
+    for index, char in enumerate(pattern):
+        if char in _SPECIAL:
+            return pattern[:index]
+    return pattern
+
+
 def split_globs(patterns: Sequence[str]) -> Tuple[List[str], List[str], List[str], List[str]]:
     """The patterns as (literals, prefixes of ``prefix*``, suffixes of ``*suffix``, the rest), in order; a bare
     ``*`` is the empty prefix."""
@@ -176,7 +184,8 @@ def any_glob(patterns: Sequence[str]) -> Callable[[str], bool]:
     if "" in prefix_list:
         return lambda text: True
     literals = set(literal_list)
-    others = [tokens(pattern) for pattern in other_list]
+    # Other globs keep their literal beginning (``rocm-core`` of ``rocm-core[0-9]*``) as a cheap first test.
+    others = [(_literal_head(pattern), tokens(pattern)) for pattern in other_list]
     # Prefixes grouped by their first ``head`` characters (the shortest prefix's length): most names share no
     # head with any prefix and cost one dict lookup; the rest one startswith over their group.
     head = min((len(p) for p in prefix_list), default=1)
@@ -189,7 +198,7 @@ def any_glob(patterns: Sequence[str]) -> Callable[[str], bool]:
 
     def test(text: str) -> bool:
         return (text in literals or text.startswith(prefixes.get(text[:head], no_prefix)) or text.endswith(suffix)
-                or any(match_tokens(t, text) for t in others))
+                or any(text.startswith(head_text) and match_tokens(t, text) for head_text, t in others))
 
     if not others:  # the usual case: no loop at all
         return lambda text: (text in literals or text.startswith(prefixes.get(text[:head], no_prefix))
