@@ -169,4 +169,7 @@ class GpuGuard(dnf.Plugin):
         if not any("REFUSED" in ln for ln in lines):
             lines.append("gpuguard: REFUSED by fail-safe: the checker exited %s without a decision; %s"
                          % (proc.returncode, BYPASS))
+        # dnf prefixes the message with "Error: ": the REFUSED lines go first, so it lands on a refusal and not on
+        # a warning or note printed before it (the order among each kind is kept)
+        lines.sort(key=lambda ln: "REFUSED" not in ln)
         raise dnf.exceptions.Error("\n".join(lines))
