@@ -28,6 +28,7 @@ AGENT, HUB = "gpuguard.service", "gpuguard-hub.service"
 CHANGED_VERSION = "0.1.2"
 MARK = "Environment=GPUGUARD_TEST_UNIT_MARK=changed"
 WATCHDOG_DROPIN = "etc/systemd/system/gpuguard.service.d/50-test-watchdog.conf"
+WANTS = "etc/systemd/system/multi-user.target.wants"
 APT = ("apt-get", "-y", "-q", "-o", "Dpkg::Use-Pty=0")
 TIMINGS: Dict[str, float] = {}
 # The first test also pays for the module's setup: the packages, the root and the boot.
@@ -168,6 +169,7 @@ def test_install_starts_both_units_without_a_daemon_reload(box: Box) -> None:
     assert agent["Type"] == "notify" and agent["WatchdogUSec"] == "1min", agent
     assert agent["StatusText"].startswith("running; outbox depth"), agent
     assert agent["NRestarts"] == "0" and agent["UnitFileState"] == "enabled", agent
+    assert (box.root / WANTS / AGENT).is_symlink() and (box.root / WANTS / HUB).is_symlink()
     # Type=notify: systemd called it started only after the daemon's READY=1, which follows daemon_started.
     lines = c.since(mark, "-u", AGENT)
     started = [i for i, line in enumerate(lines) if line.startswith("Started gpuguard.service")]
@@ -458,19 +460,37 @@ def test_upgrade_with_a_changed_unit_reloads_once_and_restarts_with_it(box: Box)
 
 
 def test_remove_and_purge_stop_and_disable_both_units_without_a_daemon_reload(box: Box) -> None:
-    """remove stops and disables both units (no process, no wants symlink); purge clears state; no reload at all."""
+    """remove stops and disables both units (no process, no wants symlink), a reinstall of the hub enables and starts
+    it again; purge clears state; no reload at all."""
     c = box.c
     mark = c.mark()
     # One package at a time: in one transaction the hub's removal changes the dpkg status, the agent's guard check
     # then waits for the lock dpkg holds, and gpuguard's prerm stop hangs (the xfail test above).
+    wants = box.root / WANTS
     box.ok("remove", "gpuguard-hub")
-    box.wait_for("the agent to go idle after the hub's removal",
-                 lambda: '"event": "guard_checked"' in box.log(mark, "-u", AGENT), timeout_seconds=30)
+    # Without a reload systemd's own UnitFileState stays as it was; the symlinks on disk are the truth.
+    assert c.show(HUB, "ActiveState")["ActiveState"] == "inactive" and not (wants / HUB).exists()
+    # Reinstalled after remove (dpkg passes the last configured version, as on an upgrade): enabled and running
+    # again, with the same unit systemd still holds: no reload.
+    box.ok("install", pair(box, "changed-unit")[1])
+    box.running(HUB)
+    assert (wants / HUB).is_symlink(), "the reinstalled hub was not enabled again"
+    box.wait_for("the hub's /healthz", box.healthz)
+    box.ok("remove", "gpuguard-hub")
+    time.sleep(5)  # two package-watch polls: the last change has settled and been announced
+
+    def agent_idle() -> bool:
+        lines = c.since(mark, "-u", AGENT)
+        changed = [i for i, line in enumerate(lines) if '"event": "package_db_changed"' in line]
+        checked = [i for i, line in enumerate(lines) if '"event": "guard_checked"' in line]
+        return bool(changed and checked) and checked[-1] > changed[-1]
+
+    box.wait_for("the agent's check after the hub's removal", agent_idle, timeout_seconds=30)
     box.ok("remove", "gpuguard")
     for unit in (AGENT, HUB):
         props = c.show(unit, "ActiveState", "MainPID")
         assert props == {"ActiveState": "inactive", "MainPID": "0"}, (unit, props, box.log(mark, "-u", unit)[-6000:])
-        assert not (box.root / "etc/systemd/system/multi-user.target.wants" / unit).exists(), unit
+        assert not (wants / unit).exists(), unit
         assert not (box.root / "lib/systemd/system" / unit).exists(), unit
         assert c.run("test", "-f", f"/run/gpuguard-packaging/{unit}").returncode == 0, "prerm noted no unit"
     assert "gpuguard" not in c.run("ps", "-eo", "args").stdout
@@ -492,6 +512,7 @@ def test_reinstalling_an_older_build_after_remove_reloads_once(box: Box) -> None
     for unit in (AGENT, HUB):
         props = box.running(unit)
         assert props["UnitFileState"] == "enabled" and props["NeedDaemonReload"] == "no", (unit, props)
+        assert (box.root / WANTS / unit).is_symlink(), unit
     mark = c.mark()
     box.ok("purge", "gpuguard-hub", "gpuguard")
     assert c.daemon_reloads(mark) == 0, box.log(mark, "_PID=1")
