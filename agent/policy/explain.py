@@ -59,6 +59,9 @@ def explain(policy: CompiledPolicy, facts: HostFacts) -> Explanation:
     for pairing in (nvidia or {}).get("pairings") or []:
         lines.append(f"NVIDIA: may use driver {describe(pairing.get('driver', 'any'))} with CUDA "
                      f"{describe(pairing.get('cuda', 'any'))} ('{pairing.get('name')}')")
+    if nvidia and nvidia.get("pairings"):
+        lines.append("NVIDIA: every driver part must be one build; several CUDA releases side by side are "
+                     + ("allowed" if nvidia.get("side_by_side") else "refused (side_by_side = false)"))
     for rule in policy.rules("versions"):
         lines.append(f"versions '{rule.get('name') or '-'}': {', '.join(rule.get('packages') or [])} must match "
                      f"{describe(rule.get('allow', 'any'))} [{policy.action_for(rule.get('action'))}]")

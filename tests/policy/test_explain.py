@@ -56,6 +56,8 @@ def test_a_loaded_driver_without_package_and_an_open_window_are_shown(tmp_path: 
                                                    loaded_drivers={"nvidia": "580.159.04"}, windows=[window]))
     assert "NVIDIA: loaded module 580.159.04 (no driver package: the policy judges the running module)" \
         in result.lines
+    assert "NVIDIA: every driver part must be one build; several CUDA releases side by side are refused " \
+           "(side_by_side = false)" in result.lines
     assert result.lines[-1].startswith("override window w1 open until 2026-01-01T01:00:00+00:00 ('upgrade', by root)")
 
 
