@@ -29,16 +29,17 @@ DEFAULT_GUARDED: Sequence[str] = tuple(AMD_STACK_PACKAGES) + (
 )
 DEFAULT_KERNEL_PACKAGES: Sequence[str] = ("linux-image-*", "linux-modules-*", "kernel", "kernel-core",
                                           "kernel-uek", "kernel-default")
-# Every part of the NVIDIA driver as Ubuntu, Debian, NVIDIA's CUDA repositories and RHEL ship it: meta packages,
-# the kernel module (dkms, kmod, precompiled), kernel-common, the user-space libraries, the tools and fabric
-# manager. They are one build (Ubuntu's depend on each other with ``=``), and each is judged.
+# Every part of the NVIDIA driver as Ubuntu, Debian (nvidia-driver, nvidia-kernel-dkms, libcuda1, ...), NVIDIA's
+# CUDA repositories and RHEL ship it: meta packages, the kernel module (dkms, kmod, precompiled), kernel-common, the
+# user-space libraries, the tools and fabric manager. They are one build (Ubuntu's depend on each other with
+# ``=``), and each is judged.
 DEFAULT_NVIDIA_DRIVER_PACKAGES: Sequence[str] = (
     "nvidia-driver-*", "nvidia-dkms-*", "nvidia-kernel-dkms", "nvidia-open", "nvidia-driver", "kmod-nvidia*",
     "nvidia-kernel-common-*", "nvidia-kernel-source-*", "nvidia-kmod-common", "nvidia-compute-utils-*",
     "nvidia-utils-*", "libnvidia-compute-*", "libnvidia-gl-*", "libnvidia-decode-*", "libnvidia-encode-*",
     "libnvidia-extra-*", "libnvidia-cfg1-*", "libnvidia-fbc1-*", "libnvidia-common-*",
     "xserver-xorg-video-nvidia-*", "nvidia-fabricmanager-*", "nvidia-fabric-manager", "cuda-drivers",
-    "cuda-drivers-*",
+    "cuda-drivers-*", "nvidia-kernel-support", "nvidia-alternative", "libcuda1", "libnvidia-ml1", "nvidia-smi",
 )
 # Matched by a driver glob but versioned on their own: not driver parts.
 NVIDIA_NOT_DRIVER_PARTS = frozenset({"nvidia-driver-assistant", "nvidia-driver-pinning"})

@@ -159,6 +159,21 @@ def test_a_whole_stack_upgrade_the_policy_allows_passes(tmp_path: Path) -> None:
     assert _rules(compiled, UBUNTU_NVIDIA, moves) == []
 
 
+DEBIAN_535 = "535.247.01-1~deb12u1"
+DEBIAN_NVIDIA = {n: DEBIAN_535 for n in ("nvidia-driver", "nvidia-driver-libs", "nvidia-kernel-dkms",
+                                         "nvidia-kernel-support", "nvidia-alternative", "libcuda1", "libnvidia-ml1",
+                                         "nvidia-smi")}
+
+
+def test_debian_driver_parts_are_judged_too(tmp_path: Path) -> None:
+    """Debian 12's packaging of the driver: libnvidia-ml1 alone at another build is a parts mismatch."""
+    compiled = _compiled(tmp_path, '[policy]\nname = "deb"\n[[nvidia.pairing]]\nname = "r535"\ndriver = "535.*"\n'
+                                   'cuda = "any"\n')
+    after = {**DEBIAN_NVIDIA, "libnvidia-ml1": "535.261.03-1~deb12u1"}
+    assert _rules(compiled, DEBIAN_NVIDIA, after) == ["nvidia.driver_parts"]
+    assert _rules(compiled, DEBIAN_NVIDIA, _after(DEBIAN_NVIDIA, nvidia_smi="-")) == ["nvidia.driver_removed"]
+
+
 # --- AMD: versioned side-by-side ROCm, driver and firmware ------------------------------------------------------
 
 AMD_CASES = [
