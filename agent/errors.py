@@ -12,6 +12,7 @@
     ├── LibraryUnavailable             exit 7   a GPU library (amdsmi, NVML) cannot be loaded or initialised
     ├── CollectorUnavailable           exit 8   a collector's source is absent on this host ("absent", not broken)
     ├── DeliveryError                  exit 9   the report endpoint did not take a batch (retryable or refused)
+    ├── Interrupted                    exit 1   a wait was given up because the daemon is stopping
     └── HubError                       exit 10  the reference hub cannot serve a request
         ├── StoreError                 exit 10  the hub's database failed or refused
         └── WriterBusy                 exit 10  the hub's write queue is full or shutting down
@@ -101,6 +102,12 @@ class CommandError(GpuguardError):
 
 class CommandNotFound(CommandError):
     """The program to run is not installed."""
+
+
+class Interrupted(GpuguardError):
+    """A wait (for the package manager's lock) was given up because the daemon is stopping."""
+
+    exit_code = 1
 
 
 class CommandTimeout(CommandError):

@@ -16,11 +16,12 @@ A failure of the check is logged (``guard_check_failed``) and reported as a Roll
 from __future__ import annotations
 
 import hashlib
+import threading
 from typing import Any, Callable, List, Optional
 
 from agent.daemon_jobs.guard_events import GuardEventForwarder
 from agent.daemon_jobs.runtime import Runtime
-from agent.errors import ConfigError, GpuguardError
+from agent.errors import ConfigError, GpuguardError, Interrupted
 from agent.guard.hotpath.state import GuardPaths
 from agent.host import Host
 from agent.hostfacts.rpmdb import rpm_database_files
@@ -36,10 +37,18 @@ CHECK_REASONS = frozenset({"package_change", "package_transaction"})
 CheckFunction = Callable[[Host, Any], Any]
 
 
-def _default_check(host: Host, settings: Any) -> Any:
-    from agent.guard.rollback.core import check_and_rollback  # apt tooling only once a check is due
+def _default_check(host: Host, settings: Any, stopping: threading.Event) -> Any:
+    """``check_and_rollback`` whose wait for the package manager's lock gives up when the daemon is stopping:
+    during an apt run (gpuguard's own prerm among them) the check waits for dpkg's lock, and ``systemctl stop``
+    then hung until TimeoutStopSec and a SIGKILL."""
+    from agent.guard.manager import backend_for  # apt tooling only once a check is due
+    from agent.guard.rollback.core import check_and_rollback
 
-    return check_and_rollback(host, settings)
+    def sleep(seconds: float) -> None:
+        if stopping.wait(seconds):
+            raise Interrupted("the daemon is stopping: gave up waiting for the package manager's lock")
+
+    return check_and_rollback(host, settings, backend=backend_for(host, settings, sleep=sleep))
 
 
 class GuardJob:
@@ -47,11 +56,12 @@ class GuardJob:
 
     def __init__(self, runtime: Runtime, forwarder: GuardEventForwarder,
                  on_checked: Callable[[str], None] = lambda reason: None,
-                 check: CheckFunction = _default_check) -> None:
+                 check: Optional[CheckFunction] = None) -> None:
         self.runtime = runtime
         self.forwarder = forwarder
         self.on_checked = on_checked
-        self._check = check
+        self._check: CheckFunction = check or (lambda host, settings: _default_check(host, settings,
+                                                                                    runtime.stopping))
         self._checked_once = False
         self._last_checked_key: Optional[str] = None
 
@@ -102,6 +112,9 @@ class GuardJob:
             return None
         try:
             result = self._check(rt.host, rt.settings)
+        except Interrupted as exc:  # stopping while waiting for the lock: nothing was checked, nothing failed
+            log.info("guard_check_interrupted", reason=reason, detail=str(exc))
+            return None
         except Exception as exc:  # a failed check or rollback is data, never the daemon's end
             detail = f"{type(exc).__name__}: {exc}"
             expected = isinstance(exc, (GpuguardError, OSError))  # a traceback only for a bug

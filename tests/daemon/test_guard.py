@@ -454,3 +454,37 @@ def test_dpkg_i_violation_is_rolled_back_by_the_daemon_before_the_snapshot(tmp_p
         assert ("dpkg", "--configure", "-a") == runner.calls[-1][-3:]
         assert snapshots[-1].sequence > rollback.sequence, kinds
 
+
+
+def test_a_check_waiting_for_the_dpkg_lock_gives_up_when_the_daemon_stops(tmp_path: Path) -> None:
+    """dpkg holds its lock (as during gpuguard's own prerm) and the check waits for it: setting the daemon's stop
+    event ends the wait within a poll, with no failure reported (systemctl stop used to hang for 180 s)."""
+    import subprocess
+    import sys
+    import threading
+
+    root = tmp_path / "root"
+    (root / "var/lib/dpkg").mkdir(parents=True)
+    (root / "var/lib/dpkg/status").write_text("Package: rocm-core\nStatus: install ok installed\n"
+                                               "Architecture: amd64\nVersion: 6.2.2.60202-116~22.04\n\n")
+    lock = root / "var/lib/dpkg/lock"
+    lock.write_text("")
+    (root / "policy.toml").write_text('[policy]\nname = "t"\n[kernel]\nallow = ["6.8.0-45-generic"]\n')
+    _, compiled = load_and_compile(str(root / "policy.toml"))
+    write_compiled(str(root / "var/lib/gpuguard/policy.compiled.json"), compiled)
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
+                               "fcntl.lockf(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(lock)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        rt = make_runtime(tmp_path, Host(root=root, clock=fixed_clock))
+        job = GuardJob(rt, GuardEventForwarder(rt, str(tmp_path / "events.jsonl")))
+        threading.Timer(1.0, rt.stopping.set).start()
+        started = time.monotonic()
+        assert job.check("package_change") is None
+        assert time.monotonic() - started < 3.0
+        assert rt.outbox.pending(10) == []  # no "guard_check_failed" Rollback event
+        rt.outbox.close()
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)

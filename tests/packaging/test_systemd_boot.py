@@ -391,11 +391,9 @@ def test_stop_is_clean(box: Box, unit: str, last_event: str) -> None:
 STOP_DROPIN = "etc/systemd/system/gpuguard.service.d/50-test-stop.conf"
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: the guard check's wait for the dpkg lock ignores the daemon's "
-                   "stop, so `systemctl stop` during any dpkg run (prerm, postinst try-restart) hangs for "
-                   "TimeoutStopSec and ends in SIGKILL (agent/guard/locks.py wait_for_locks)")
 def test_stop_while_a_guard_check_waits_for_the_dpkg_lock_is_clean(box: Box) -> None:
-    """dpkg holds its lock (as during the package's own prerm) and a guard check waits for it: stop is still prompt."""
+    """dpkg holds its lock (as during the package's own prerm) and a guard check waits for it: stop is still prompt
+    (the daemon's lock wait gives up on stop; it used to hang until TimeoutStopSec and a SIGKILL)."""
     c = box.c
     dropin = box.root / STOP_DROPIN
     dropin.parent.mkdir(parents=True, exist_ok=True)
@@ -464,8 +462,6 @@ def test_remove_and_purge_stop_and_disable_both_units_without_a_daemon_reload(bo
     it again; purge clears state; no reload at all."""
     c = box.c
     mark = c.mark()
-    # One package at a time: in one transaction the hub's removal changes the dpkg status, the agent's guard check
-    # then waits for the lock dpkg holds, and gpuguard's prerm stop hangs (the xfail test above).
     wants = box.root / WANTS
     box.ok("remove", "gpuguard-hub")
     # Without a reload systemd's own UnitFileState stays as it was; the symlinks on disk are the truth.
