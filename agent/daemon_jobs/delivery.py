@@ -4,6 +4,9 @@ A batch leaves the outbox only when the receiver acknowledged it (accepted or du
 (unreachable, timeout, TLS, 5xx/429, auth, unexpected replies) keep every event and back off with full jitter;
 a 413 splits the batch; a 400/422 is narrowed down to the one event the receiver refuses, which is moved to the
 outbox's ``rejected`` table so it cannot block the queue.
+
+Events queued before ``agent.host_id`` changed are sent under the current id: they are this host's events, and the
+hub, which authenticates each host's token against the events' host id, refused the old id with 403 forever.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ class DeliveryJob:
         report = rt.settings.report
         self.backoff.base_seconds, self.backoff.cap_seconds = report.backoff_base_seconds, report.backoff_cap_seconds
         while not rt.stopping.is_set():
-            events = rt.outbox.pending(report.batch_size)
+            events = self._current_identity(rt.outbox.pending(report.batch_size))
             if not events:
                 break
             try:
@@ -75,6 +78,16 @@ class DeliveryJob:
             self.backoff.reset()
             self._retry_at = None
         return None
+
+    def _current_identity(self, events: List[Event]) -> List[Event]:
+        """The events with the host's current id (see the module docstring); a change is logged once per batch."""
+        host_id = self.runtime.emitter.host_id
+        stale = [e for e in events if e.host_id != host_id]
+        if not stale:
+            return events
+        log.info("delivery_host_id_updated", events=len(stale), old_host_ids=sorted({e.host_id for e in stale}),
+                 host_id=host_id)
+        return [e if e.host_id == host_id else e.model_copy(update={"host_id": host_id}) for e in events]
 
     def _failed(self, exc: DeliveryError, batch_events: int) -> float:
         delay = self.backoff.next_delay_seconds()

@@ -317,3 +317,16 @@ def test_stopping_ends_the_drain_between_batches(tmp_path: Path, receiver: Recei
     rt.stopping.set()
     DeliveryJob(rt).run()
     assert receiver.requests == 0 and rt.outbox.depth() == 10
+
+
+def test_events_queued_under_an_old_host_id_are_sent_under_the_current_one(tmp_path: Path,
+                                                                            receiver: Receiver) -> None:
+    """agent.host_id changed while events waited: they go out with the new id (the hub refused the old one with
+    403 forever, and delivery never got past them), in order, each once."""
+    rt = make_runtime(tmp_path, Host(root=Path("/")), endpoint=receiver.url)
+    old = queue(rt, 3)  # host_id "h1"
+    rt.emitter.host_id = "renamed-host-7"
+    new = [rt.outbox.enqueue(event().model_copy(update={"host_id": "renamed-host-7"})).event_id]
+    assert DeliveryJob(rt).run() is None
+    assert receiver.stored_order == old + new and rt.outbox.depth() == 0
+    assert {receiver.stored[i]["host_id"] for i in old + new} == {"renamed-host-7"}
