@@ -22,7 +22,7 @@ import pytest
 from tests import needs
 from tests.guard.apt.chroot.harness import AMDGPU_62, ROCM_62, ROCM_63, TEST_POLICY
 from tests.packaging.conftest import REPO, UPGRADE_VERSION, run, unavailable
-from tests.packaging.nspawn import Container, build_systemd_root, missing_tools
+from tests.packaging.nspawn import Container, build_systemd_root, missing_tools, root_is_a_mount_point
 
 AGENT, HUB = "gpuguard.service", "gpuguard-hub.service"
 CHANGED_VERSION = "0.1.2"
@@ -114,6 +114,8 @@ def box(tmp_path_factory: pytest.TempPathFactory, debian12: Dict[str, Path],
         debian12_upgrade_all: Dict[str, Path]) -> Iterator[Box]:
     if os.geteuid() != 0:
         unavailable("the systemd tests must run as root (debootstrap, chroot, systemd-nspawn)")
+    if not root_is_a_mount_point():  # a plain chroot, not a missing install step: see root_is_a_mount_point
+        pytest.skip("systemd-nspawn cannot boot a container from inside a plain chroot (/ is not a mount point)")
     missing = missing_tools()
     if missing:
         unavailable(f"missing tools: {', '.join(missing)} (scripts/test-packages.txt: systemd-container)")
