@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import List, Tuple
@@ -67,10 +66,9 @@ def restore_repo(root: Installroot, keep_dir: Path) -> None:
 
 
 def forget_metadata(root: Installroot) -> None:
-    """Drop dnf's cached metadata after a re-index. A repoquery that still listed a dropped build was seen once
-    under load; createrepo_c's repomd revision is a time in seconds, so a re-index within the same second may
-    look unchanged to dnf."""
-    shutil.rmtree(root.cache, ignore_errors=True)
+    """``dnf clean metadata`` after a re-index: createrepo_c's repomd revision is a time in seconds, so a re-index
+    within the same second can look unchanged to dnf, which then lists a dropped build (seen in a full run)."""
+    root.dnf("clean", "metadata", plugin=False, check=True)
 
 
 DEBIAN_PLUGIN_DIR = "/usr/lib/python3/dist-packages/dnf-plugins"
