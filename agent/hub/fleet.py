@@ -8,13 +8,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from agent.hub.store import DriftRow, HostState
 from agent.models import FrozenModel
 
-# The pairing fields that make two hosts "run the same stack" for the fleet view.
-PAIRING_KEY_FIELDS = ("os_id", "os_version_id", "kernel_running", "amdgpu_loaded", "rocm", "nvidia_loaded",
-                      "cuda_driver_api")
 
-
-class PairingCount(FrozenModel):
-    """How many hosts run one driver/ROCm/CUDA/kernel pairing, and which."""
+class PairingKey(FrozenModel):
+    """The pairing fields that make two hosts "run the same stack" for the fleet view and the dashboard."""
 
     os_id: Optional[str] = None
     os_version_id: Optional[str] = None
@@ -23,6 +19,14 @@ class PairingCount(FrozenModel):
     rocm: Optional[str] = None
     nvidia_loaded: Optional[str] = None
     cuda_driver_api: Optional[str] = None
+
+
+PAIRING_KEY_FIELDS = tuple(PairingKey.model_fields)
+
+
+class PairingCount(PairingKey):
+    """How many hosts run one driver/ROCm/CUDA/kernel pairing, and which."""
+
     host_count: int
     host_ids: List[str]
 

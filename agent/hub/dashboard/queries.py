@@ -11,7 +11,7 @@ import datetime as dt
 import json
 from typing import Any, Dict, List, Literal, NamedTuple, Optional, Sequence, Tuple
 
-from agent.hub.fleet import PAIRING_KEY_FIELDS
+from agent.hub.fleet import PAIRING_KEY_FIELDS, PairingKey
 from agent.hub.store import HostState, StoredEvent, utc
 from agent.models import FrozenModel
 from agent.snapshot.pairing import Pairing
@@ -56,16 +56,9 @@ class FleetCounts(FrozenModel):
     stale: int
 
 
-class PairingGroup(FrozenModel):
-    """Hosts running one driver/ROCm/CUDA/kernel pairing."""
+class PairingGroup(PairingKey):
+    """Hosts running one driver/ROCm/CUDA/kernel pairing, with their compliance counts."""
 
-    os_id: Optional[str] = None
-    os_version_id: Optional[str] = None
-    kernel_running: Optional[str] = None
-    amdgpu_loaded: Optional[str] = None
-    rocm: Optional[str] = None
-    nvidia_loaded: Optional[str] = None
-    cuda_driver_api: Optional[str] = None
     host_count: int
     compliant_count: int
     violating_count: int
