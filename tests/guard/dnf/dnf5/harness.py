@@ -24,11 +24,10 @@ from __future__ import annotations
 import itertools
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
-from tests.guard.dnf.installroot.harness import TEST_POLICY
+from tests.guard.dnf.installroot.harness import TEST_POLICY, FakeRpm
 from tests.sidroot import SidRoot
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
@@ -49,36 +48,6 @@ INSTALLONLY_NAMES = ("kernel", "kernel-core")
 BASELINE = {"amdgpu-dkms": DRIVER_62, FIRMWARE: DRIVER_62, "rocm-core": ROCM_62, "kernel": KERNEL_427,
             "kernel-core": KERNEL_427, "hello-fake": HELLO_10}
 POLICY = TEST_POLICY  # the dnf4 installroot tests' policy: the same table of cases
-
-
-@dataclass(frozen=True)
-class FakeRpm:
-    name: str
-    evr: str
-    arch: str = "noarch"
-    provides: Optional[str] = None
-    requires: Optional[str] = None
-
-    @property
-    def epoch(self) -> Optional[str]:
-        return self.evr.split(":", 1)[0] if ":" in self.evr else None
-
-    @property
-    def version(self) -> str:
-        return self.evr.split(":", 1)[-1].rsplit("-", 1)[0]
-
-    @property
-    def release(self) -> str:
-        return self.evr.rsplit("-", 1)[1]
-
-    @property
-    def file_name(self) -> str:
-        return f"{self.name}-{self.version}-{self.release}.{self.arch}.rpm"
-
-    @property
-    def spec(self) -> str:
-        """``name-version-release`` as given on a dnf5 command line."""
-        return f"{self.name}-{self.version}-{self.release}"
 
 
 def fake_rpms() -> List[FakeRpm]:

@@ -94,7 +94,7 @@ class FakeRpm:
 
     @property
     def spec(self) -> str:
-        """``name-version`` as given on a dnf command line."""
+        """``name-version-release`` as given on a dnf or dnf5 command line."""
         return f"{self.name}-{self.version}-{self.release}"
 
 
