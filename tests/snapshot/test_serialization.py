@@ -1,0 +1,55 @@
+"""The snapshot's JSON and content hash are byte-identical to those of the pydantic models they replaced.
+
+tests/snapshot/serialization_golden.json was written by the pydantic models (commit 081bb24) for every fixture root:
+``to_json()``, ``to_json(indent=None)`` and ``compute_content_hash`` of the snapshot taken there, and of that
+snapshot read back from a file with other ``taken_at`` forms (microseconds, offsets, naive) and without the fields
+added after schema version 1 (``@legacy``). Stored snapshots keep their content hash only while these hold.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.snapshot.io import load_snapshot
+from agent.snapshot.model import compute_content_hash
+from agent.snapshot.take import take_snapshot
+from tests.conftest import ROOTS, make_fixture_host
+
+GOLDEN = json.loads((Path(__file__).parent / "serialization_golden.json").read_text())
+SCENARIOS = sorted(p.name for p in ROOTS.iterdir() if p.is_dir())
+READ_BACK = sorted(case for case in GOLDEN if "@" in case)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_taken_snapshot_prints_what_pydantic_printed(scenario: str) -> None:
+    """A fixture root's snapshot: the same indented and compact JSON, the same content hash."""
+    snap = take_snapshot(make_fixture_host(scenario))
+    expected = GOLDEN[scenario]
+    assert snap.to_json() == expected["json"]
+    assert snap.to_json(indent=None) == expected["compact"]
+    assert compute_content_hash(snap) == expected["hash"] == snap.content_hash
+
+
+@pytest.mark.parametrize("case", READ_BACK)
+def test_read_back_snapshot_prints_what_pydantic_printed(case: str, tmp_path: Path) -> None:
+    """A stored snapshot read back (other taken_at forms, a schema-1 file without later fields) prints the same."""
+    scenario, variant = case.split("@")
+    expected = GOLDEN[case]
+    if variant == "legacy":
+        data = expected["input"]
+    else:
+        data = json.loads(GOLDEN[scenario]["json"])
+        data["taken_at"] = expected["taken_at"]
+    path = tmp_path / "snapshot.json"
+    path.write_text(json.dumps(data))
+    snap = load_snapshot(str(path))
+    assert snap.to_json() == expected["json"]
+    assert compute_content_hash(snap) == expected["hash"]
+
+
+def test_golden_covers_every_fixture_root() -> None:
+    """Every fixture root has its golden serialization."""
+    assert sorted(case for case in GOLDEN if "@" not in case) == SCENARIOS
