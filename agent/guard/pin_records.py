@@ -1,8 +1,15 @@
 """What the policy pins, package by package: the records behind apt preferences and dnf versionlock alike (pure).
 
 - frozen: every installed build of a frozen package is held (``priority`` 1001);
-- forbidden: every available build that no allowed state can contain is kept out (``priority`` -1): a driver or
-  ROCm release in no pairing, a kernel that is not allowed, a version outside a version rule.
+- forbidden: every available build that no allowed state can contain is kept out (``priority`` -1): a kernel that
+  is not allowed, an NVIDIA driver or CUDA release in no pairing, a version outside a version rule; and every build
+  of an AMD package the policy judges (the driver, its firmware, ROCm and versioned side-by-side ROCm such as
+  ``rocm-core6.4.1``) that the guard would refuse beside the packages installed now. The AMD builds are judged by
+  :func:`agent.policy.evaluate.evaluate`, the hook's own judgement, moving that one package alone: the host stays on
+  its current pairing and driver build, so a routine ``apt-get upgrade`` / ``dnf upgrade`` never picks a ROCm
+  release of another allowed pairing that the hook then refuses. A deliberate move to another pairing therefore
+  names its versions (``pkg=version`` overrides apt pins; dnf needs the pins removed) and is followed by
+  ``gpuguard pin apply`` again.
 
 agent/guard/apt/preferences.py renders them as apt preferences, agent/guard/dnf/versionlock.py as versionlock
 entries.
@@ -12,11 +19,11 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from agent.policy import releases
 from agent.policy.compiled import CompiledPolicy
-from agent.policy.evaluate import matching_pairing
+from agent.policy.evaluate import HostState, evaluate, introduced, matching_pairing
 from agent.policy.spec import matches
 
 
@@ -42,7 +49,7 @@ def names_to_query(policy: CompiledPolicy) -> Tuple[List[str], List[str]]:
     patterns: List[str] = []
     amd = policy.section("amd")
     if amd and amd.get("pairings"):
-        patterns += list(policy.amd_packages)
+        patterns += amd_judged_patterns(policy)
     kernel = policy.section("kernel")
     if (kernel and kernel.get("allow") is not None) or (amd and any(p.get("kernels") is not None
                                                                     for p in amd.get("pairings") or [])):
@@ -57,6 +64,13 @@ def names_to_query(policy: CompiledPolicy) -> Tuple[List[str], List[str]]:
     exact = [p for p in dict.fromkeys(patterns) if p == glob_prefix(p)]
     globs = [p for p in dict.fromkeys(patterns) if p != glob_prefix(p)]
     return exact, globs
+
+
+def amd_judged_patterns(policy: CompiledPolicy) -> List[str]:
+    """The AMD packages the hook judges: the driver, its firmware (one build with it), ROCm and the versioned
+    side-by-side ROCm installs (``rocm-core6.4.1``), as agent.policy.evaluate finds them."""
+    driver_name, rocm_name = policy.amd_packages
+    return [driver_name, driver_name + "-firmware", rocm_name, rocm_name + "[0-9]*"]
 
 
 def _match_any(name: str, patterns: Sequence[str]) -> bool:
@@ -83,18 +97,22 @@ def pin_records(policy: CompiledPolicy, installed: Mapping[str, str], available:
             frozen_pins.append(Pin(_name(name).split(":", 1)[0], installed[name], 1001, "frozen by policy"))
     amd = policy.section("amd") or {}
     pairings = [p for p in amd.get("pairings") or [] if isinstance(p, dict)]
-    driver_name, rocm_name = policy.amd_packages
+    driver_name = policy.amd_packages[0]
     kernel = policy.section("kernel") or {}
     kernel_patterns = policy.kernel_packages
     nvidia = policy.section("nvidia") or {}
     nv_pairings = [p for p in nvidia.get("pairings") or [] if isinstance(p, dict)]
+    amd_judged = amd_judged_patterns(policy) if pairings else []
     installed_builds = {(_name(k), v) for k, v in installed.items()}
     for name in sorted(available):
         for version in available[name]:
             if (name, version) in installed_builds:
                 continue  # never pin away what is installed: the hook and rollback handle the installed set
-            why = _forbidden_reason(name, version, manager, pairings, driver_name, rocm_name, kernel,
-                                    kernel_patterns, nvidia, nv_pairings, policy, installed)
+            why = None
+            if _match_any(name, amd_judged):
+                why = refused_beside_installed(policy, installed, name, version, manager)
+            why = why or _forbidden_reason(name, version, manager, pairings, driver_name, kernel,
+                                           kernel_patterns, nvidia, nv_pairings, policy, installed)
             if why:
                 forbidden.append(Pin(name, version, -1, why))
     if manager == "rpm":
@@ -123,18 +141,39 @@ def _kernel_companions(forbidden: List[Pin], available: Mapping[str, Sequence[st
     return out
 
 
+AFTER_A_MOVE = "after a deliberate move of the AMD stack, run gpuguard pin apply again"
+
+
+def with_build(installed: Mapping[str, str], name: str, version: str) -> Dict[str, str]:
+    """The installed set with ``name`` moved to ``version`` (installed beside the others when it is not installed,
+    or when its builds are install-only ``name@version`` keys)."""
+    after = dict(installed)
+    keys = sorted((k for k in installed if _name(k).split(":", 1)[0] == name), key=lambda k: (":" in k, k))
+    if not keys:
+        after[name] = version
+    elif "@" in keys[0]:
+        after[f"{name}@{version}"] = version
+    else:
+        after[keys[0]] = version
+    return after
+
+
+def refused_beside_installed(policy: CompiledPolicy, installed: Mapping[str, str], name: str, version: str,
+                             manager: str) -> Optional[str]:
+    """Why the policy's judgement (the hook's) rejects ``name`` at ``version`` with everything else as installed
+    now, or None when that move alone is allowed. Every violation counts, whatever its action, as for the other
+    forbidden builds: a pin keeps out what the policy does not allow, a ``warn`` only decides what the hook does."""
+    state = HostState(before=installed, after=with_build(installed, name, version), manager=manager)
+    violations = introduced(evaluate(state, policy), state)
+    if not violations:
+        return None
+    return "; ".join(f"{v.rule}: {v.message}" for v in violations) + f"; {AFTER_A_MOVE}"
+
+
 def _forbidden_reason(name: str, version: str, manager: str, pairings: List[dict], driver_name: str,
-                      rocm_name: str, kernel: Mapping, kernel_patterns: List[str], nvidia: Mapping,
+                      kernel: Mapping, kernel_patterns: List[str], nvidia: Mapping,
                       nv_pairings: List[dict], policy: CompiledPolicy, installed: Mapping[str, str]) -> Optional[str]:
     release: Optional[str]
-    for package, release_of, key, label in ((driver_name, releases.amdgpu_driver_release, "amdgpu", "driver release"),
-                                            (rocm_name, releases.rocm_release, "rocm", "ROCm release")):
-        if pairings and name == package:
-            release = release_of(version) or "unknown"
-            if not any(matches(p.get(key, "any"), release) and (p.get(f"{key}_package") is None or
-                                                               matches(p[f"{key}_package"], version, manager))
-                       for p in pairings):
-                return f"{label} {release} is in no allowed AMD pairing"
     # dpkg names every kernel apart (linux-image-6.1.0-28-amd64); rpm kernels share a name and the installed
     # builds were skipped by the caller, so every other rpm kernel build is a new kernel.
     if _match_any(name, kernel_patterns) and (manager == "rpm" or name not in installed):
@@ -143,7 +182,7 @@ def _forbidden_reason(name: str, version: str, manager: str, pairings: List[dict
             if kernel.get("allow") is not None and not matches(kernel["allow"], release):
                 return f"kernel {release} is not on the allowed kernel list"
             driver = installed.get(driver_name)
-            rocm = installed.get(rocm_name)
+            rocm = installed.get(policy.amd_packages[1])
             current = matching_pairing(pairings, driver, rocm, manager) if pairings else None
             if current is not None and current.get("kernels") is not None and not matches(current["kernels"],
                                                                                           release):

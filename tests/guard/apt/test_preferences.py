@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.guard.apt.preferences import HEADER, plan_pin_files, render_pins
-from agent.guard.pin_records import names_to_query
+from agent.guard.pin_records import names_to_query, pin_records
 from agent.policy.load import compiled_from, load_policy
 
 POLICY = """
@@ -65,3 +65,68 @@ def test_only_files_with_the_header_are_rewritten_or_removed() -> None:
     assert changes.written == ["gpuguard-forbidden.pref"] and changes.removed == ["gpuguard-old.pref"]
     assert sorted(changes.foreign) == ["gpuguard-frozen.pref", "gpuguard-notes.pref"]
     assert plan_pin_files(wanted, wanted).unchanged == sorted(wanted)
+
+
+TWO_PAIRINGS = """
+[policy]
+name = "two"
+[[amd.pairing]]
+name = "rocm-6.2"
+amdgpu = "6.2.*"
+rocm = "6.2.*"
+[[amd.pairing]]
+name = "rocm-6.3"
+amdgpu = "6.3.*"
+rocm = "6.3.*"
+"""
+D62, D624, D63 = "1:6.8.5.60202-2041575.22.04", "1:6.8.5.60204-2055000.22.04", "1:6.10.5.60300-2084815.22.04"
+R62, R624, R63 = "6.2.2.60202-116~22.04", "6.2.4.60204-139~22.04", "6.3.0.60300-39~22.04"
+ON_62 = {"amdgpu-dkms": D62, "amdgpu-dkms-firmware": D62, "rocm-core": R62, "rocm-core6.2.2": R62}
+ON_63 = {"amdgpu-dkms": D63, "amdgpu-dkms-firmware": D63, "rocm-core": R63, "rocm-core6.3.0": R63}
+OFFERED = {"amdgpu-dkms": [D62, D624, D63], "amdgpu-dkms-firmware": [D62, D624, D63], "rocm-core": [R62, R624, R63],
+           "rocm-core6.2.2": [R62], "rocm-core6.2.4": [R624], "rocm-core6.3.0": [R63]}
+
+
+def _forbidden(tmp_path: Path, policy_text: str, installed: dict) -> dict:
+    path = tmp_path / "two.toml"
+    path.write_text(policy_text)
+    _, forbidden = pin_records(compiled_from(load_policy(str(path))), installed, OFFERED)
+    return {(p.package, p.version): p.why for p in forbidden}
+
+
+def test_amd_pins_keep_the_host_on_its_current_pairing(tmp_path: Path) -> None:
+    """ROCm 6.3 is in an allowed pairing, but beside the 6.2 driver the hook refuses it: forbidden, as is the 6.3
+    driver and the versioned rocm-core6.3.0; ROCm 6.2.4 (same pairing, one series) stays available."""
+    forbidden = _forbidden(tmp_path, TWO_PAIRINGS, ON_62)
+    assert forbidden[("rocm-core", R63)].startswith("amd.pairing: breaks the pinned AMD pairing 'rocm-6.2'")
+    assert forbidden[("rocm-core6.3.0", R63)].startswith("amd.pairing: ")
+    assert ("amdgpu-dkms", D63) in forbidden
+    assert ("rocm-core", R624) not in forbidden and ("rocm-core6.2.4", R624) not in forbidden
+    assert all("run gpuguard pin apply again" in why for why in forbidden.values())
+
+
+def test_amd_driver_parts_are_pinned_to_their_installed_build(tmp_path: Path) -> None:
+    """The driver and its firmware must be one build: a newer build of either alone is refused, so both stay."""
+    forbidden = _forbidden(tmp_path, TWO_PAIRINGS, ON_62)
+    for name in ("amdgpu-dkms", "amdgpu-dkms-firmware"):
+        assert forbidden[(name, D624)].startswith("amd.driver_parts: "), forbidden[(name, D624)]
+        assert (name, D62) not in forbidden  # the installed build
+
+
+def test_amd_pins_follow_the_host_after_a_move(tmp_path: Path) -> None:
+    """Once the host is on the 6.3 pairing, pin apply keeps the 6.2 builds out instead."""
+    forbidden = _forbidden(tmp_path, TWO_PAIRINGS, ON_63)
+    assert {("rocm-core", R62), ("rocm-core", R624), ("rocm-core6.2.2", R62), ("amdgpu-dkms", D62),
+            ("amdgpu-dkms", D624)} <= set(forbidden)
+    assert ("rocm-core", R63) not in forbidden and ("amdgpu-dkms", D63) not in forbidden
+
+
+def test_amd_pins_forbid_what_a_warn_action_only_warns_about(tmp_path: Path) -> None:
+    """Pins keep out what the policy does not allow; the action only decides what the hook does about it."""
+    forbidden = _forbidden(tmp_path, TWO_PAIRINGS + '\n[amd]\naction = "warn"\n', ON_62)
+    assert ("rocm-core", R63) in forbidden
+
+
+def test_names_to_query_covers_every_judged_amd_package(tmp_path: Path) -> None:
+    exact, globs = names_to_query(_policy(tmp_path))
+    assert "amdgpu-dkms-firmware" in exact and "rocm-core[0-9]*" in globs

@@ -151,9 +151,9 @@ def _host(tmp_path: Path, dnf5: bool):
     tool = DnfTool(host)
     # dnf5 (found as /usr/bin/dnf5 under the root) ends each package of its --queryformat only when told to.
     query_format = "%{name}\t%{evr}\n" if dnf5 else "%{name}\t%{evr}"
-    runner.add(tool.argv("-q", "repoquery", "--qf", query_format, "amdgpu-dkms", "kernel", "kernel-core",
-                         "kernel-default", "kernel-uek", "rocm-core", "kernel-modules*", "linux-image-*",
-                         "linux-modules-*"),
+    runner.add(tool.argv("-q", "repoquery", "--qf", query_format, "amdgpu-dkms", "amdgpu-dkms-firmware", "kernel",
+                         "kernel-core", "kernel-default", "kernel-uek", "rocm-core", "kernel-modules*",
+                         "linux-image-*", "linux-modules-*", "rocm-core[0-9]*"),
                stdout="".join(f"{n}\t{v}\n" for n, vs in AVAILABLE.items() for v in vs))
     return root, host, tool
 

@@ -218,7 +218,7 @@ def test_forced_library_alone_is_rolled_back_not_recorded(stack: Chroot) -> None
 def test_pinned_host_upgrades_cleanly_and_moves_nothing_guarded(stack: Chroot) -> None:
     """After `gpuguard pin apply`, a routine `apt-get upgrade` and `full-upgrade` (newer driver build, CUDA meta,
     toolkit 1.18 all offered) exit 0 and leave every NVIDIA package where it was. The policy is the NVIDIA one
-    alone: AMD pins keep out only builds in no pairing, so `upgrade` still offers ROCm 6.3 under the 6.2 driver."""
+    alone; the AMD side of the same check is test_amd_pins.py."""
     (stack.root / "etc/gpuguard/policy.d/10-test.toml").write_text('[policy]\nname = "nvidia"\n' + NVIDIA_POLICY)
     code, out = gpuguard(stack, "policy", "compile")
     assert code == 0, out

@@ -197,7 +197,9 @@ def test_pin_apply_writes_versionlock_and_dnf_keeps_the_pinned_build(root: Insta
     assert text.startswith(operator) and "stale-package" not in text and "- !stale-package-0:1-1.*" in out
     assert f"rocm-core-0:{ROCM_62}.*" in text
     assert f"!kernel-core-0:{KERNEL_570}.*" in text and f"!kernel-0:{KERNEL_570}.*" in text
-    assert "5.14.0-503" not in text and "6.10.5.60300" not in text  # allowed by the policy: not excluded
+    assert "5.14.0-503" not in text  # allowed by the policy: not excluded
+    # the 6.3 driver is in an allowed pairing, but not beside the ROCm 6.2 installed now: the hook would refuse it
+    assert f"!amdgpu-dkms-{AMDGPU_63}.*" in text
     upgrade = dnf_vl(root, conf, "-y", "upgrade", "rocm-core")
     assert upgrade.returncode == 0 and "Nothing to do" in upgrade.stdout, upgrade.stdout + upgrade.stderr
     kernel = dnf_vl(root, conf, "-y", "install", f"kernel-{KERNEL_570}")
