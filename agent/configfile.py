@@ -1,19 +1,35 @@
-"""Reading a TOML settings file into one pydantic model: the part of agent/config.py every command shares.
+"""Reading a TOML settings file: the part of agent/config.py every command shares.
 
 Kept apart from agent/config.py so a command that needs one section (``gpuguard snapshot`` reads only
-``[snapshot]``) validates that section's model and does not import every area's settings.
+``[snapshot]``) checks that section and does not import every area's settings. Most sections are pydantic models
+(:func:`parse_toml_model`); a section that a pydantic-free command reads (``[snapshot]``) is a frozen dataclass
+whose rules :func:`check_section` applies, on that command directly and inside the daemon's pydantic Settings through
+:func:`section_core_schema`: one declaration, one set of rules, the same ``file: section -> field: message`` lines.
 """
 
 from __future__ import annotations
 
+import math
 import sys
-from typing import Type, TypeVar
-
-from pydantic import ValidationError
+from dataclasses import fields
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    TypeVar,
+    Union,
+)
 
 from agent.errors import ConfigError, InputFileError
 from agent.files import FileMissing, decode_text, read_bytes_bounded
-from agent.models import FrozenModel, validation_problems
 from agent.strictjson import MAX_NESTING_DEPTH, nesting_depth
 
 if sys.version_info >= (3, 11):
@@ -21,11 +37,35 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python < 3.11 hosts
     import tomli as tomllib
 
-M = TypeVar("M", bound=FrozenModel)
+if TYPE_CHECKING:  # pragma: no cover - pydantic is imported only where a pydantic model is validated
+    from pydantic_core import CoreSchema
+
+    from agent.models import FrozenModel
+
+M = TypeVar("M", bound="FrozenModel")
+D = TypeVar("D")
+Location = Tuple[Union[str, int], ...]
 
 
-def parse_toml_model(text: str, path: str, model: Type[M]) -> M:
-    """Parse TOML text into a settings model; ConfigError lists every problem (bad TOML or every bad field)."""
+def validation_problems(errors: Iterable[Mapping[str, Any]], skip_loc: int = 0, top: str = "(top level)") -> List[str]:
+    """``field -> 1 -> key: message`` for every error pydantic (or :func:`check_section`) found.
+
+    The one formatter of validation problems: list indexes count from 1, as an operator counts the entries of a
+    file; ``skip_loc`` drops leading location parts (FastAPI's ``body``), ``top`` names an error without one.
+    """
+    problems = []
+    for err in errors:
+        loc = list(err.get("loc", ()))[skip_loc:]
+        where = " -> ".join(str(p + 1) if isinstance(p, int) else str(p) for p in loc) or top
+        message = str(err.get("msg", "invalid"))
+        if message.startswith("Value error, "):
+            message = message[len("Value error, "):]
+        problems.append(f"{where}: {message}")
+    return problems
+
+
+def parse_toml(text: str, path: str) -> Dict[str, Any]:
+    """Parse TOML text; ConfigError for text that is not TOML or nests too deeply."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -34,6 +74,14 @@ def parse_toml_model(text: str, path: str, model: Type[M]) -> M:
         raise ConfigError(path, ["not valid TOML: nested too deeply"]) from None
     if nesting_depth(data) > MAX_NESTING_DEPTH:
         raise ConfigError(path, [f"not valid TOML: nested deeper than {MAX_NESTING_DEPTH} levels"])
+    return data
+
+
+def parse_toml_model(text: str, path: str, model: Type[M]) -> M:
+    """Parse TOML text into a settings model; ConfigError lists every problem (bad TOML or every bad field)."""
+    from pydantic import ValidationError
+
+    data = parse_toml(text, path)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -54,3 +102,93 @@ def read_config_text(path: str, required: bool = False) -> "str | None":
         return decode_text(path, raw)
     except InputFileError as exc:
         raise ConfigError(path, [exc.reason]) from None
+
+
+# --- dataclass sections -------------------------------------------------------------------------------------------
+
+
+class SectionInvalid(Exception):
+    """Every problem of one settings section: (location inside the section, message) pairs."""
+
+    def __init__(self, problems: Sequence[Tuple[Location, str]]) -> None:
+        self.problems = list(problems)
+        super().__init__("; ".join(f"{loc}: {msg}" for loc, msg in self.problems))
+
+    def errors(self, prefix: Location = ()) -> List[Dict[str, Any]]:
+        """The problems as pydantic-style error dicts (``loc``, ``msg``), located under ``prefix``."""
+        return [{"loc": (*prefix, *loc), "msg": msg} for loc, msg in self.problems]
+
+
+def _number(value: object, loc: Location, problems: List[Tuple[Location, str]]) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        problems.append((loc, "Input should be a valid number"))
+        return None
+    if not math.isfinite(value):
+        problems.append((loc, "Input should be a finite number"))
+        return None
+    return float(value)
+
+
+def _string_list(value: object, loc: Location, problems: List[Tuple[Location, str]]) -> Optional[List[str]]:
+    if not isinstance(value, list):
+        problems.append((loc, "Input should be a valid list"))
+        return None
+    bad = [((*loc, i), "Input should be a valid string") for i, item in enumerate(value) if not isinstance(item, str)]
+    problems.extend(bad)
+    return None if bad else list(value)
+
+
+# The field types a dataclass section may declare (its annotation, as written), and how each is checked.
+_KINDS: Dict[str, Callable[[object, Location, List[Tuple[Location, str]]], Any]] = {
+    "float": _number,
+    "List[str]": _string_list,
+}
+
+
+def check_section(cls: Type[D], data: object) -> D:
+    """A dataclass section from a TOML table: every field checked by its declared type and ``metadata``.
+
+    Unknown keys are refused; ``metadata={"gt": N}`` on a number field requires more than N. SectionInvalid lists
+    every problem. An instance of ``cls`` is returned as it is (a default already in a pydantic model).
+    """
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, dict):
+        raise SectionInvalid([((), f"Input should be a valid dictionary or instance of {cls.__name__}")])
+    declared = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
+    problems: List[Tuple[Location, str]] = [((key,), "Extra inputs are not permitted")
+                                            for key in data if key not in declared]
+    values: Dict[str, Any] = {}
+    for name, value in data.items():
+        spec = declared.get(name)
+        if spec is None:
+            continue
+        checked = _KINDS[str(spec.type)](value, (name,), problems)
+        if checked is None:
+            continue
+        floor = spec.metadata.get("gt")
+        if floor is not None and not checked > floor:
+            problems.append(((name,), f"Input should be greater than {floor}"))
+            continue
+        values[name] = checked
+    if problems:
+        raise SectionInvalid(problems)
+    return cls(**values)
+
+
+def section_core_schema(cls: type) -> "CoreSchema":
+    """How a pydantic model validates a dataclass section field: :func:`check_section`, problems kept by field.
+
+    For the section's ``__get_pydantic_core_schema__``; imports pydantic only when a pydantic model is built.
+    """
+    from pydantic_core import PydanticCustomError, ValidationError, core_schema
+
+    def validate(value: object) -> object:
+        try:
+            return check_section(cls, value)
+        except SectionInvalid as exc:
+            raise ValidationError.from_exception_data(cls.__name__, [
+                {"type": PydanticCustomError("invalid_setting", msg), "loc": loc, "input": value}
+                for loc, msg in exc.problems]) from None
+
+    return core_schema.no_info_plain_validator_function(validate)

@@ -13,16 +13,16 @@ when that file is missing amdsmi reports the kernel release (from /proc/version)
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Dict, List, Literal, Mapping, NamedTuple, Optional, Tuple
 
+from agent.collectors.base import Frozen
 from agent.errors import CollectorUnavailable, HostReadError, LibraryUnavailable
 from agent.gpu_libraries import amdsmi_failure, reason, unavailable_reason
 from agent.host import Host
 from agent.hostfacts.kfd import gfx_target, read_kfd_nodes
 from agent.log import get_logger
-from agent.models import FrozenModel
 
 DriverKind = Literal["dkms", "inbox", "not_loaded"]
 Source = Literal["amdsmi", "sysfs"]
@@ -39,7 +39,8 @@ _FW_PREFIX = "AMDSMI_FW_ID_"
 _BYTES_PER_MIB = 1024 * 1024
 
 
-class AmdGpu(FrozenModel):
+@dataclass(frozen=True)
+class AmdGpu(Frozen):
     """One AMD GPU (or partition) as the driver reports it."""
 
     bdf: str
@@ -49,22 +50,24 @@ class AmdGpu(FrozenModel):
     uuid: Optional[str] = None
     vbios_version: Optional[str] = None
     vbios_part_number: Optional[str] = None
-    firmware: Dict[str, str] = {}
+    firmware: Dict[str, str] = field(default_factory=dict)
     vram_total_bytes: Optional[int] = None
     ecc_correctable_count: Optional[int] = None
     ecc_uncorrectable_count: Optional[int] = None
 
 
-class AmdgpuInfo(FrozenModel):
+@dataclass(frozen=True)
+class AmdgpuInfo(Frozen):
     """The loaded amdgpu driver and the GPUs it drives."""
 
+    # Fields without a default come first (dataclass order; the JSON's keys are sorted either way).
     module_loaded: bool
-    driver_version: Optional[str] = None
     driver_kind: DriverKind
     source: Source
+    driver_version: Optional[str] = None
     smi_library_version: Optional[str] = None
     smi_unavailable_reason: Optional[str] = None
-    gpus: List[AmdGpu] = []
+    gpus: List[AmdGpu] = field(default_factory=list)
 
 
 # --- pure parsers -------------------------------------------------------------------------------------------------

@@ -1,25 +1,42 @@
-"""The collector interface and the isolated runner that turns any collector failure into data.
+"""The collector interface, the snapshot's data types, and the runner that turns any collector failure into data.
 
-A collector reads one source through a Host and returns one frozen model. It raises CollectorUnavailable when the
-source is simply absent (no AMD GPU, no rpm database); anything else it raises is a broken collector. The runner
-records both as a Section, so one collector never aborts a snapshot.
+A collector reads one source through a Host and returns one frozen dataclass (a :class:`Frozen`). It raises
+CollectorUnavailable when the source is simply absent (no AMD GPU, no rpm database); anything else it raises is a
+broken collector. The runner records both as a Section, so one collector never aborts a snapshot.
+
+The data types are standard-library frozen dataclasses, not pydantic models: ``gpuguard snapshot`` imports no
+pydantic (issue #17: its import alone cost more than the operator's own reads). :func:`as_json_data` turns them into
+what pydantic's ``model_dump(mode="json")`` gave, byte for byte once printed, so content hashes stay. Where a snapshot
+is read back (a file, another process), pydantic validates the same dataclasses strictly (agent/snapshot/io.py),
+with the rules of :attr:`Frozen.__pydantic_config__`.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import time
-from typing import Generic, Optional, Protocol, TypeVar
+from dataclasses import dataclass, fields
+from typing import Any, Dict, Generic, Optional, Protocol, Tuple, TypeVar
 
 from agent.errors import CollectorUnavailable, GpuguardError
 from agent.host import Host
 from agent.log import get_logger
-from agent.models import FrozenModel
 
-T = TypeVar("T", bound=FrozenModel)
-T_co = TypeVar("T_co", bound=FrozenModel, covariant=True)
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 log = get_logger("collectors")
+
+
+class Frozen:
+    """Base of the snapshot's frozen dataclasses: how pydantic validates them where a snapshot is read back.
+
+    A plain dict (pydantic's ConfigDict is a TypedDict), so declaring them imports no pydantic: unknown fields and
+    non-finite numbers (inf, nan) are refused, as the pydantic models they replaced did.
+    """
+
+    __pydantic_config__ = {"extra": "forbid", "allow_inf_nan": False}
 
 
 class Collector(Protocol[T_co]):
@@ -38,12 +55,45 @@ class Status(str, enum.Enum):
     ERROR = "error"
 
 
-class Section(FrozenModel, Generic[T]):
+@dataclass(frozen=True)
+class Section(Frozen, Generic[T]):
     """One collector's outcome: its data, or why there is none."""
 
     status: Status
     data: Optional[T] = None
     reason: Optional[str] = None
+
+
+_FIELD_NAMES: Dict[type, Tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> Tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
+def json_datetime(value: dt.datetime) -> str:
+    """A datetime as pydantic's JSON mode writes it: ISO 8601, UTC as ``Z``."""
+    text = value.isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def as_json_data(value: Any) -> Any:
+    """A snapshot value as JSON-ready data (dicts, lists, strings, numbers, None): enums by value, datetimes ISO."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or kind is float or value is None:
+        return value
+    if kind is list or kind is tuple:
+        return [as_json_data(item) for item in value]
+    if kind is dict:
+        return {key: as_json_data(item) for key, item in value.items()}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dt.datetime):
+        return json_datetime(value)
+    return {name: as_json_data(getattr(value, name)) for name in _field_names(kind)}
 
 
 def run_collector(collector: Collector[T], host: Host) -> "Section[T]":
@@ -53,14 +103,14 @@ def run_collector(collector: Collector[T], host: Host) -> "Section[T]":
         data = collector.collect(host)
     except CollectorUnavailable as exc:
         log.debug("collector_absent", collector=collector.name, reason=exc.reason)
-        return Section[T](status=Status.ABSENT, reason=exc.reason)
+        return Section(status=Status.ABSENT, reason=exc.reason)
     except GpuguardError as exc:
         log.warning("collector_failed", collector=collector.name, error=str(exc))
-        return Section[T](status=Status.ERROR, reason=str(exc))
+        return Section(status=Status.ERROR, reason=str(exc))
     except Exception as exc:  # noqa: BLE001 - a broken collector must never abort the snapshot
         log.error("collector_crashed", collector=collector.name, error=f"{type(exc).__name__}: {exc}")
-        return Section[T](status=Status.ERROR, reason=f"{type(exc).__name__}: {exc}")
+        return Section(status=Status.ERROR, reason=f"{type(exc).__name__}: {exc}")
     finally:
         log.debug("collector_done", collector=collector.name,
                   duration_seconds=round(time.monotonic() - started, 4))
-    return Section[T](status=Status.OK, data=data)
+    return Section(status=Status.OK, data=data)

@@ -19,12 +19,13 @@ from __future__ import annotations
 import json
 import re
 import sys
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from agent.collectors.base import Frozen
 from agent.errors import CollectorUnavailable
 from agent.host import Host
 from agent.log import get_logger
-from agent.models import FrozenModel
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -48,15 +49,17 @@ FIX = "nvidia-ctk system create-dev-char-symlinks --create-all"
 _CGROUP_DRIVER = re.compile(r"^native\.cgroupdriver\s*=\s*(\S+)$")
 
 
-class ContainerCgroupsInfo(FrozenModel):
+@dataclass(frozen=True)
+class ContainerCgroupsInfo(Frozen):
     """The container runtimes' cgroup driver, the NVIDIA toolkit, and the NVIDIA devices without /dev/char links."""
 
     docker_cgroup_driver: Optional[str] = None       # "systemd" | "cgroupfs"; None without docker
     docker_cgroup_driver_source: Optional[str] = None  # "daemon.json" | "default (cgroup v2)" | "default (cgroup v1)"
     containerd_systemd_cgroup: Optional[bool] = None   # runc's SystemdCgroup in config.toml; None without the file
     nvidia_container_toolkit: bool = False
-    nvidia_devices: List[str] = []                     # "MAJOR:MINOR" of the NVIDIA devices containers get
-    dev_char_missing: List[str] = []                   # those of them with no /dev/char/MAJOR:MINOR entry
+    # "MAJOR:MINOR" of the NVIDIA devices containers get, and those of them with no /dev/char/MAJOR:MINOR entry.
+    nvidia_devices: List[str] = field(default_factory=list)
+    dev_char_missing: List[str] = field(default_factory=list)
 
     @property
     def systemd_cgroup_runtimes(self) -> List[str]:

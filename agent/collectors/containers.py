@@ -10,12 +10,13 @@ import json
 import os
 import re
 import threading
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from agent.collectors.base import Frozen
 from agent.errors import CollectorUnavailable, CommandError
 from agent.host import Host
 from agent.log import get_logger
-from agent.models import FrozenModel
 
 log = get_logger("collectors.containers")
 
@@ -42,19 +43,21 @@ _VERSION_CACHE_MAX = 64
 _VERSION = re.compile(r"\bv?(\d+\.\d+(?:\.\d+)?(?:[-+~][0-9A-Za-z.\-+~]*)?)")
 
 
-class ContainerTool(FrozenModel):
+@dataclass(frozen=True)
+class ContainerTool(Frozen):
     """One container tool found on the host."""
 
     path: str
     version: Optional[str] = None
 
 
-class ContainersInfo(FrozenModel):
+@dataclass(frozen=True)
+class ContainersInfo(Frozen):
     """Tools present, and docker's runtime configuration."""
 
     tools: Dict[str, ContainerTool]
     docker_default_runtime: Optional[str] = None
-    docker_runtimes: List[str] = []
+    docker_runtimes: List[str] = field(default_factory=list)
 
 
 def parse_tool_version(output: str) -> Optional[str]:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from agent.collectors.base import Frozen
 from agent.collectors.nvidia import cuda_version_from_int
 from agent.errors import CollectorUnavailable
 from agent.host import Host
 from agent.log import get_logger
-from agent.models import FrozenModel
 
 log = get_logger("collectors.cuda")
 
@@ -22,7 +23,8 @@ _COMPAT_LIBCUDA = re.compile(r"^libcuda\.so\.(\d+\.\d+(?:\.\d+)*)$")
 _CUDA_H_VERSION = re.compile(r"^\s*#\s*define\s+CUDA_VERSION\s+(\d+)\s*$", re.MULTILINE)
 
 
-class CudaToolkit(FrozenModel):
+@dataclass(frozen=True)
+class CudaToolkit(Frozen):
     """One CUDA toolkit tree."""
 
     path: str
@@ -30,11 +32,12 @@ class CudaToolkit(FrozenModel):
     compat_driver_version: Optional[str] = None
 
 
-class CudaInfo(FrozenModel):
+@dataclass(frozen=True)
+class CudaInfo(Frozen):
     """Every toolkit on disk and which one /usr/local/cuda points at."""
 
     default_path: Optional[str] = None
-    toolkits: List[CudaToolkit] = []
+    toolkits: List[CudaToolkit] = field(default_factory=list)
 
 
 def parse_version_json(text: str) -> Optional[str]:

@@ -5,27 +5,30 @@ This is the signal for "no GPU module built for the next boot's kernel" (ROCm/RO
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import List, Literal, Optional
 
+from agent.collectors.base import Frozen
 from agent.errors import CollectorUnavailable
 from agent.host import Host
-from agent.models import FrozenModel
 
 DkmsState = Literal["added", "built", "installed"]
 _MODULE_SUFFIXES = (".ko", ".ko.xz", ".ko.zst", ".ko.gz")
 
 
-class DkmsModule(FrozenModel):
+@dataclass(frozen=True)
+class DkmsModule(Frozen):
     """One module version, and the kernel it was built for (None when only its source is registered)."""
 
     module: str
     version: str
+    state: DkmsState
     kernel: Optional[str] = None
     arch: Optional[str] = None
-    state: DkmsState
 
 
-class DkmsInfo(FrozenModel):
+@dataclass(frozen=True)
+class DkmsInfo(Frozen):
     """Every module version DKMS knows, with its per-kernel state."""
 
     modules: List[DkmsModule]

@@ -7,23 +7,25 @@ the next boot comes up on a kernel that has no amdgpu/nvidia module built for it
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import List, Literal, Optional
 
+from agent.collectors.base import Frozen
 from agent.errors import CollectorUnavailable
 from agent.host import Host
 from agent.hostfacts.keyvalue import parse_key_value_lines
-from agent.models import FrozenModel
 from agent.policy.versions import sort_key
 
 NextBootSource = Literal["grubenv", "grub_default", "newest_installed"]
 
 
-class KernelInfo(FrozenModel):
+@dataclass(frozen=True)
+class KernelInfo(Frozen):
     """Running and next-boot kernel releases (``uname -r`` form)."""
 
     running_release: str
     running_version: Optional[str] = None
-    installed: List[str] = []
+    installed: List[str] = field(default_factory=list)
     next_boot: Optional[str] = None
     next_boot_source: Optional[NextBootSource] = None
     reboot_pending: bool = False

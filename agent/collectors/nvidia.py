@@ -9,16 +9,16 @@ collector: the first two fall back to procfs with the reason recorded as one sho
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, List, Literal, Optional
 
+from agent.collectors.base import Frozen
 from agent.errors import CollectorUnavailable, LibraryUnavailable
 from agent.gpu_libraries import nvml_failure, reason, unavailable_reason
 from agent.host import Host
 from agent.hostfacts.loaded_modules import parse_proc_driver_version
 from agent.log import get_logger
-from agent.models import FrozenModel
 
 Source = Literal["nvml", "procfs"]
 ModuleFlavor = Literal["open", "proprietary"]
@@ -31,7 +31,8 @@ _DISPLAY_CLASS_PREFIX = "0x03"
 PROC_DRIVER_DIR = "/proc/driver/nvidia"
 
 
-class NvidiaGpu(FrozenModel):
+@dataclass(frozen=True)
+class NvidiaGpu(Frozen):
     """One NVIDIA GPU."""
 
     index: int
@@ -46,16 +47,18 @@ class NvidiaGpu(FrozenModel):
     ecc_uncorrected_volatile_count: Optional[int] = None
 
 
-class NvidiaInfo(FrozenModel):
+@dataclass(frozen=True)
+class NvidiaInfo(Frozen):
     """The loaded nvidia driver and the GPUs it drives."""
 
+    # Fields without a default come first (dataclass order; the JSON's keys are sorted either way).
     module_loaded: bool
+    source: Source
     driver_version: Optional[str] = None
     module_flavor: Optional[ModuleFlavor] = None
     cuda_driver_version: Optional[str] = None
-    source: Source
     nvml_unavailable_reason: Optional[str] = None
-    gpus: List[NvidiaGpu] = []
+    gpus: List[NvidiaGpu] = field(default_factory=list)
 
 
 # --- pure parsers -------------------------------------------------------------------------------------------------
@@ -115,6 +118,11 @@ def parse_gpu_information(text: str) -> GpuInformation:
     vbios = _known(fields.get("Video BIOS", ""))
     return GpuInformation(bdf=bdf, name=_known(fields.get("Model", "")), uuid=_known(fields.get("GPU UUID", "")),
                           vbios_version=vbios.upper() if vbios else None)
+
+
+def module_flavor(text: Optional[str]) -> Optional[ModuleFlavor]:
+    """``open`` or ``proprietary`` as the snapshot's type; None for anything else."""
+    return "open" if text == "open" else "proprietary" if text == "proprietary" else None
 
 
 def cuda_version_from_int(value: int) -> Optional[str]:
@@ -303,7 +311,8 @@ class NvidiaCollector:
 
     def collect(self, host: Host) -> NvidiaInfo:
         proc_version_text = host.read_text(f"{PROC_DRIVER_DIR}/version")
-        proc_version, flavor = parse_proc_driver_version(proc_version_text) if proc_version_text else (None, None)
+        proc_version, flavor_text = parse_proc_driver_version(proc_version_text) if proc_version_text else (None, None)
+        flavor = module_flavor(flavor_text)
         module_loaded = host.exists("/sys/module/nvidia") or proc_version_text is not None
         try:
             reading = _read_nvml(host)

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import List, Optional
 
+from agent.collectors.base import Frozen
 from agent.errors import CollectorUnavailable
 from agent.host import Host
 from agent.hostfacts.keyvalue import parse_key_value_lines
-from agent.models import FrozenModel
 
 
-class OsRelease(FrozenModel):
+@dataclass(frozen=True)
+class OsRelease(Frozen):
     """The fields of os-release(5) that matter for support matrices."""
 
     id: str
-    id_like: List[str] = []
+    id_like: List[str] = field(default_factory=list)
     version_id: Optional[str] = None
     version_codename: Optional[str] = None
     pretty_name: Optional[str] = None

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from dataclasses import dataclass
 from typing import Dict, Iterable, Literal, Optional, Tuple
 
-from agent.models import FrozenModel
+from agent.collectors.base import Frozen
 
 # Kernel, GPU driver, ROCm/CUDA user space, firmware and container stack: the packages whose movement matters.
 DEFAULT_WATCHED_PATTERNS: Tuple[str, ...] = (
@@ -28,7 +29,8 @@ DEFAULT_WATCHED_PATTERNS: Tuple[str, ...] = (
 PackageManager = Literal["dpkg", "rpm"]
 
 
-class PackageInfo(FrozenModel):
+@dataclass(frozen=True)
+class PackageInfo(Frozen):
     """One installed package version."""
 
     version: str
@@ -36,7 +38,8 @@ class PackageInfo(FrozenModel):
     state: str = "installed"
 
 
-class PackageSet(FrozenModel):
+@dataclass(frozen=True)
+class PackageSet(Frozen):
     """The watched packages of one package database, keyed by name (``name:arch`` where a name has several)."""
 
     manager: PackageManager

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import List, Optional
 
+from agent.collectors.base import Frozen
 from agent.errors import CollectorUnavailable, HostReadError, LibraryUnavailable
 from agent.host import Host
 from agent.log import get_logger
-from agent.models import FrozenModel
 from agent.policy.versions import sort_key
 
 log = get_logger("collectors.rocm")
@@ -20,19 +21,21 @@ _INSTALL_DIR = re.compile(r"^rocm-\d+(?:\.\d+)*")
 _VERSION = re.compile(r"^\d+(?:\.\d+)+(?:[-+~.][0-9A-Za-z.~+-]*)?$")
 
 
-class RocmInstall(FrozenModel):
+@dataclass(frozen=True)
+class RocmInstall(Frozen):
     """One ROCm tree on disk."""
 
     path: str
     version: Optional[str] = None
 
 
-class RocmInfo(FrozenModel):
+@dataclass(frozen=True)
+class RocmInfo(Frozen):
     """Which ROCm is active and which are installed."""
 
     active_path: Optional[str] = None
     version: Optional[str] = None
-    installs: List[RocmInstall] = []
+    installs: List[RocmInstall] = field(default_factory=list)
     smi_rocm_version: Optional[str] = None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+from agent.collectors.base import as_json_data
 from agent.models import FrozenModel
 from agent.snapshot.model import SECTION_NAMES, Snapshot
 
@@ -61,7 +62,7 @@ def flatten(value: Any, prefix: str = "") -> Dict[str, str]:
 
 def _flatten_section(section: Any) -> Dict[str, str]:
     """A section's data paths without the ``data.`` prefix, plus its status and reason."""
-    dumped = section.model_dump(mode="json")
+    dumped = as_json_data(section)
     out = flatten(dumped.pop("data") or {})
     out.update(flatten({k: v for k, v in dumped.items()}))
     return out

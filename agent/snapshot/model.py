@@ -1,14 +1,19 @@
-"""The snapshot model: every collector's Section, the findings derived from them, and a stable content hash."""
+"""The snapshot model: every collector's Section, the findings derived from them, and a stable content hash.
+
+Standard-library frozen dataclasses (see agent/collectors/base.py): taking and printing a snapshot imports no
+pydantic; reading one back validates it with pydantic (agent/snapshot/io.py).
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
 import json
+from dataclasses import dataclass, field
 from typing import Dict, Final, List, Literal, Optional
 
 from agent.collectors.amdgpu import AmdgpuInfo
-from agent.collectors.base import Section, Status
+from agent.collectors.base import Frozen, Section, Status, as_json_data
 from agent.collectors.container_cgroups import ContainerCgroupsInfo
 from agent.collectors.containers import ContainersInfo
 from agent.collectors.cuda import CudaInfo
@@ -18,7 +23,6 @@ from agent.collectors.nvidia import NvidiaInfo
 from agent.collectors.os_release import OsRelease
 from agent.collectors.packages import PackageInfo, PackageSet
 from agent.collectors.rocm import RocmInfo
-from agent.models import FrozenModel
 
 SCHEMA_VERSION: Final = 1
 SECTION_NAMES = ("os", "kernel", "dkms", "dpkg", "rpm", "amdgpu", "rocm", "nvidia", "cuda", "containers",
@@ -29,20 +33,25 @@ _VOLATILE_FIELDS = {"taken_at", "agent_version", "content_hash"}
 Severity = Literal["info", "warning", "critical"]
 
 
-class Finding(FrozenModel):
+@dataclass(frozen=True)
+class Finding(Frozen):
     """Something the snapshot shows that an operator should know, e.g. an installed driver that is not loaded."""
 
     kind: str
     severity: Severity
     component: str
     message: str
-    details: Dict[str, str] = {}
+    details: Dict[str, str] = field(default_factory=dict)
 
 
-class Snapshot(FrozenModel):
+# A stored snapshot from before container_cgroups was collected reads as "not collected".
+_NOT_COLLECTED: "Section[ContainerCgroupsInfo]" = Section(status=Status.ABSENT, reason="not collected")
+
+
+@dataclass(frozen=True)
+class Snapshot(Frozen):
     """Everything gpuguard knows about one host at one moment."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
     agent_version: str
     hostname: str
     taken_at: dt.datetime
@@ -57,10 +66,10 @@ class Snapshot(FrozenModel):
     cuda: Section[CudaInfo]
     containers: Section[ContainersInfo]
     # Added after schema version 1 was first stored: a stored snapshot without it reads as "not collected".
-    container_cgroups: Section[ContainerCgroupsInfo] = Section[ContainerCgroupsInfo](status=Status.ABSENT,
-                                                                                     reason="not collected")
-    findings: List[Finding] = []
+    container_cgroups: Section[ContainerCgroupsInfo] = _NOT_COLLECTED
+    findings: List[Finding] = field(default_factory=list)
     content_hash: str = ""
+    schema_version: Literal[1] = SCHEMA_VERSION
 
     def packages(self) -> Dict[str, PackageInfo]:
         """Watched packages from whichever package database the host has (dpkg and rpm merged)."""
@@ -79,11 +88,13 @@ class Snapshot(FrozenModel):
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         """Canonical JSON: sorted keys, so equal snapshots print equal text."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=indent) + ("\n" if indent else "")
+        return json.dumps(as_json_data(self), sort_keys=True, indent=indent) + ("\n" if indent else "")
 
 
 def compute_content_hash(snapshot: Snapshot) -> str:
     """sha256 of the canonical JSON of everything but when/by what it was taken."""
-    payload = snapshot.model_dump(mode="json", exclude=_VOLATILE_FIELDS)
+    payload = as_json_data(snapshot)
+    for name in _VOLATILE_FIELDS:
+        del payload[name]
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()

@@ -1,44 +1,60 @@
 """``[snapshot]`` of agent.toml: what to watch and how often to snapshot.
 
-``gpuguard snapshot`` validates only this section (``load_snapshot_settings``); the daemon validates the whole file
-(agent/config.py), where unknown sections and every other area's mistakes are reported too.
+One declaration, read two ways: ``gpuguard snapshot`` checks only this section, without pydantic
+(``load_snapshot_settings``); the daemon's pydantic Settings (agent/config.py) embeds the same dataclass and checks
+it with the same rules (agent/configfile.py ``check_section``), where unknown sections and every other area's
+mistakes are reported too.
 """
 
 from __future__ import annotations
 
-from typing import List
-
-from pydantic import ConfigDict, Field
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, List
 
 from agent.collectors.packages import DEFAULT_WATCHED_PATTERNS
-from agent.configfile import parse_toml_model, read_config_text
+from agent.configfile import (
+    SectionInvalid,
+    check_section,
+    parse_toml,
+    read_config_text,
+    section_core_schema,
+    validation_problems,
+)
 from agent.defaults import DEFAULT_CONFIG_PATH
-from agent.models import FrozenModel
+from agent.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pydantic_core import CoreSchema
+
+SECTION = "snapshot"
 
 
-class SnapshotSettings(FrozenModel):
+@dataclass(frozen=True)
+class SnapshotSettings:
     """What to watch and how often to snapshot."""
 
-    interval_seconds: float = Field(300.0, gt=0)
-    watched_packages: List[str] = list(DEFAULT_WATCHED_PATTERNS)
-    extra_watched_packages: List[str] = []
+    interval_seconds: float = field(default=300.0, metadata={"gt": 0})
+    watched_packages: List[str] = field(default_factory=lambda: list(DEFAULT_WATCHED_PATTERNS))
+    extra_watched_packages: List[str] = field(default_factory=list)
 
     @property
     def all_watched_packages(self) -> List[str]:
         return [*self.watched_packages, *self.extra_watched_packages]
 
-
-class _SnapshotSection(FrozenModel):
-    """agent.toml seen by the snapshot command: its own section checked, the others left to the daemon."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    snapshot: SnapshotSettings = SnapshotSettings()
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> "CoreSchema":
+        return section_core_schema(cls)
 
 
 def load_snapshot_settings(path: str = DEFAULT_CONFIG_PATH, required: bool = False) -> SnapshotSettings:
-    """``[snapshot]`` of the config file; defaults when the file does not exist (unless ``required``)."""
+    """``[snapshot]`` of the config file; defaults when the file does not exist (unless ``required``).
+
+    The other sections are left to the daemon; ConfigError lists every problem of this one.
+    """
     text = read_config_text(path, required)
     if text is None:
         return SnapshotSettings()
-    return parse_toml_model(text, path, _SnapshotSection).snapshot
+    try:
+        return check_section(SnapshotSettings, parse_toml(text, path).get(SECTION, {}))
+    except SectionInvalid as exc:
+        raise ConfigError(path, validation_problems(exc.errors(prefix=(SECTION,)))) from None

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Optional, Sequence
+from dataclasses import replace
+from typing import Any, Dict, Optional, Sequence
 
 from agent import __version__
 from agent.collectors import default_collectors
@@ -20,13 +21,13 @@ def take_snapshot(host: Host, collectors: Optional[Sequence[Collector]] = None) 
     """Collect every section from ``host``; never raises for a failing collector."""
     started = time.monotonic()
     chosen = tuple(collectors) if collectors is not None else default_collectors()
-    sections = {c.name: run_collector(c, host) for c in chosen}
+    sections: Dict[str, Any] = {c.name: run_collector(c, host) for c in chosen}
     missing = [name for name in SECTION_NAMES if name not in sections]
     if missing:
         raise ValueError(f"collectors missing for snapshot sections: {missing}")
     draft = Snapshot(agent_version=__version__, hostname=host.hostname(), taken_at=host.clock(), **sections)
-    with_findings = draft.model_copy(update={"findings": analyze(draft)})
-    sealed = with_findings.model_copy(update={"content_hash": compute_content_hash(with_findings)})
+    with_findings = replace(draft, findings=analyze(draft))
+    sealed = replace(with_findings, content_hash=compute_content_hash(with_findings))
     log.info("snapshot_taken", content_hash=sealed.content_hash, findings=len(sealed.findings),
              duration_seconds=round(time.monotonic() - started, 3))
     return sealed

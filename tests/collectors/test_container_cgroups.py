@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -21,6 +23,7 @@ from agent.collectors.container_cgroups import (
 from agent.errors import CollectorUnavailable
 from agent.host import Host
 from agent.snapshot.drift import analyze
+from agent.snapshot.io import validate_snapshot
 from agent.snapshot.model import Snapshot
 from agent.snapshot.take import take_snapshot
 from tests.conftest import make_fixture_host
@@ -150,7 +153,7 @@ def test_collector_is_absent_without_an_nvidia_driver_or_a_runtime(tmp_path: Pat
 
 def _snapshot_with(info: ContainerCgroupsInfo) -> Snapshot:
     base = take_snapshot(make_fixture_host("gpuless-debian12"))
-    return base.model_copy(update={"container_cgroups": Section(status=Status.OK, data=info)})
+    return replace(base, container_cgroups=Section(status=Status.OK, data=info))
 
 
 def test_the_risky_combination_is_a_finding_with_its_fix(tmp_path: Path) -> None:
@@ -170,14 +173,14 @@ def test_the_risky_combination_is_a_finding_with_its_fix(tmp_path: Path) -> None
 ])
 def test_without_the_whole_combination_there_is_no_finding(tmp_path: Path, change: dict) -> None:
     """Links present, no toolkit, or the cgroupfs driver: no finding."""
-    info = ContainerCgroupsCollector().collect(_root(tmp_path)).model_copy(update=change)
+    info = replace(ContainerCgroupsCollector().collect(_root(tmp_path)), **change)
     assert not [f for f in analyze(_snapshot_with(info)) if f.component == "containers"]
 
 
 def test_a_stored_snapshot_without_the_section_still_reads() -> None:
     """Snapshots stored before the section existed read back with it absent ("not collected")."""
     snap = take_snapshot(make_fixture_host("gpuless-debian12"))
-    stored = snap.model_dump(mode="json")
+    stored = json.loads(snap.to_json())
     del stored["container_cgroups"]
-    again = Snapshot.model_validate(stored)
+    again = validate_snapshot(stored)
     assert again.container_cgroups.status == Status.ABSENT and again.container_cgroups.reason == "not collected"

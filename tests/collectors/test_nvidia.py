@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -196,7 +197,7 @@ def test_unsupported_inforom_query_leaves_only_that_field_empty():
     host, _ = fixture_host_with_nvml(data)
     info = NvidiaCollector().collect(host)
     assert info.source == "nvml"
-    assert info.gpus == [H200_GPU_NVML.model_copy(update={"inforom_image_version": None})]
+    assert info.gpus == [replace(H200_GPU_NVML, inforom_image_version=None)]
 
 
 def test_gpu_without_ecc_support_has_no_ecc_fields():
@@ -214,7 +215,7 @@ def test_other_per_gpu_nvml_errors_also_leave_the_field_empty():
     data = recorded_nvml()
     data["gpus"][0]["errors"] = {"nvmlDeviceGetVbiosVersion": "GpuIsLost"}
     host, _ = fixture_host_with_nvml(data)
-    assert NvidiaCollector().collect(host).gpus == [H200_GPU_NVML.model_copy(update={"vbios_version": None})]
+    assert NvidiaCollector().collect(host).gpus == [replace(H200_GPU_NVML, vbios_version=None)]
 
 
 def test_ecc_disabled_is_recorded_as_false():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from agent.collectors.base import Status
 from agent.snapshot.diff import diff_snapshots, flatten, render_diff
 from agent.snapshot.take import take_snapshot
@@ -14,9 +16,8 @@ def _with_package(snap, name, version):
         packages.pop(name)
     else:
         base = next(iter(packages.values()))
-        packages[name] = base.model_copy(update={"version": version})
-    return snap.model_copy(update={"dpkg": snap.dpkg.model_copy(
-        update={"data": snap.dpkg.data.model_copy(update={"packages": packages})})})
+        packages[name] = replace(base, version=version)
+    return replace(snap, dpkg=replace(snap.dpkg, data=replace(snap.dpkg.data, packages=packages)))
 
 
 def test_flatten_keys_list_items_by_identity() -> None:
@@ -57,7 +58,7 @@ def test_identical_snapshots_have_no_changes() -> None:
 def test_section_status_change_is_reported() -> None:
     """A section that goes from ok to absent shows its status change."""
     old = take_snapshot(make_fixture_host("gpuless-debian12"))
-    new = old.model_copy(update={"containers": old.containers.model_copy(
-        update={"status": Status.ABSENT, "data": None, "reason": "no container runtime or toolkit found"})})
+    new = replace(old, containers=replace(old.containers, status=Status.ABSENT, data=None,
+                                          reason="no container runtime or toolkit found"))
     paths = {c.path for c in diff_snapshots(old, new).changes if c.section == "containers"}
     assert "status" in paths and "tools.docker.version" in paths

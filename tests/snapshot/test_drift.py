@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from agent.collectors.amdgpu import AmdgpuInfo
 from agent.collectors.base import Section, Status
 from agent.collectors.dkms import DkmsInfo, DkmsModule
@@ -34,10 +36,10 @@ def _kinds(snap):
 
 def test_amdgpu_installed_newer_than_loaded() -> None:
     """amdgpu-dkms 6.10.5 installed while 6.8.5 is loaded is a warning naming both versions."""
-    snap = _base().model_copy(update={
-        "dpkg": _packages(amdgpu_dkms="1:6.10.5.60300-2084815.24.04"),
-        "amdgpu": _ok(AmdgpuInfo(module_loaded=True, driver_version="6.8.5", driver_kind="dkms", source="sysfs")),
-        "kernel": _ok(KernelInfo(running_release="6.8.0-45-generic"))})
+    snap = replace(
+        _base(), dpkg=_packages(amdgpu_dkms="1:6.10.5.60300-2084815.24.04"),
+        amdgpu=_ok(AmdgpuInfo(module_loaded=True, driver_version="6.8.5", driver_kind="dkms", source="sysfs")),
+        kernel=_ok(KernelInfo(running_release="6.8.0-45-generic")))
     findings = analyze(snap)
     assert [(f.kind, f.severity) for f in findings] == [("driver_installed_not_loaded", "warning")]
     assert findings[0].details == {"installed": "1:6.10.5.60300-2084815.24.04", "loaded": "6.8.5"}
@@ -45,41 +47,41 @@ def test_amdgpu_installed_newer_than_loaded() -> None:
 
 def test_amdgpu_matching_versions_raise_nothing() -> None:
     """The loaded module from the installed package is no drift."""
-    snap = _base().model_copy(update={
-        "dpkg": _packages(amdgpu_dkms="1:6.8.5.60202-2041575.22.04"),
-        "amdgpu": _ok(AmdgpuInfo(module_loaded=True, driver_version="6.8.5", driver_kind="dkms", source="amdsmi")),
-        "kernel": _ok(KernelInfo(running_release="6.5.0-41-generic"))})
+    snap = replace(
+        _base(), dpkg=_packages(amdgpu_dkms="1:6.8.5.60202-2041575.22.04"),
+        amdgpu=_ok(AmdgpuInfo(module_loaded=True, driver_version="6.8.5", driver_kind="dkms", source="amdsmi")),
+        kernel=_ok(KernelInfo(running_release="6.5.0-41-generic")))
     assert analyze(snap) == []
 
 
 def test_inbox_driver_loaded_despite_dkms_package_is_critical() -> None:
     """amdgpu-dkms installed but the inbox module loaded means the DKMS build did not load."""
-    snap = _base().model_copy(update={
-        "dpkg": _packages(amdgpu_dkms="1:6.8.5.60202-2041575.22.04"),
-        "amdgpu": _ok(AmdgpuInfo(module_loaded=True, driver_kind="inbox", source="sysfs")),
-        "kernel": _ok(KernelInfo(running_release="6.5.0-41-generic"))})
+    snap = replace(
+        _base(), dpkg=_packages(amdgpu_dkms="1:6.8.5.60202-2041575.22.04"),
+        amdgpu=_ok(AmdgpuInfo(module_loaded=True, driver_kind="inbox", source="sysfs")),
+        kernel=_ok(KernelInfo(running_release="6.5.0-41-generic")))
     assert _kinds(snap) == [("driver_installed_not_loaded", "amdgpu", "critical")]
 
 
 def test_next_boot_kernel_without_gpu_module_is_critical() -> None:
     """A pending kernel with no DKMS build of the loaded GPU module is flagged before the reboot."""
-    snap = _base().model_copy(update={
-        "dpkg": _packages(),
-        "kernel": _ok(KernelInfo(running_release="5.14.0-570.12.1.el9_6.x86_64",
-                                 next_boot="5.14.0-570.22.1.el9_6.x86_64", reboot_pending=True)),
-        "dkms": _ok(DkmsInfo(modules=[DkmsModule(module="amdgpu", version="6.14.14-2204008.el9",
-                                                 kernel="5.14.0-570.12.1.el9_6.x86_64", arch="x86_64",
-                                                 state="installed")]))})
+    snap = replace(
+        _base(), dpkg=_packages(),
+        kernel=_ok(KernelInfo(running_release="5.14.0-570.12.1.el9_6.x86_64",
+                              next_boot="5.14.0-570.22.1.el9_6.x86_64", reboot_pending=True)),
+        dkms=_ok(DkmsInfo(modules=[DkmsModule(module="amdgpu", version="6.14.14-2204008.el9",
+                                              kernel="5.14.0-570.12.1.el9_6.x86_64", arch="x86_64",
+                                              state="installed")])))
     assert _kinds(snap) == [("reboot_pending", "kernel", "info"), ("dkms_missing_for_next_boot", "amdgpu", "critical")]
 
 
 def test_nvidia_userspace_newer_than_loaded_module() -> None:
     """Unattended-upgraded NVIDIA libraries under an older loaded module are flagged per package."""
-    snap = _base().model_copy(update={
-        "dpkg": _packages(libnvidia_compute_580="580.105.08-0ubuntu1", nvidia_container_toolkit="1.17.8-1",
-                          cuda_compat_13_0="580.95.05-0ubuntu1"),
-        "nvidia": _ok(NvidiaInfo(module_loaded=True, driver_version="580.95.05", source="nvml")),
-        "kernel": _ok(KernelInfo(running_release="6.8.0-87-generic"))})
+    snap = replace(
+        _base(), dpkg=_packages(libnvidia_compute_580="580.105.08-0ubuntu1", nvidia_container_toolkit="1.17.8-1",
+                                cuda_compat_13_0="580.95.05-0ubuntu1"),
+        nvidia=_ok(NvidiaInfo(module_loaded=True, driver_version="580.95.05", source="nvml")),
+        kernel=_ok(KernelInfo(running_release="6.8.0-87-generic")))
     findings = analyze(snap)
     assert [(f.kind, f.details["package"]) for f in findings] == [("driver_installed_not_loaded",
                                                                     "libnvidia-compute-580")]
@@ -87,10 +89,9 @@ def test_nvidia_userspace_newer_than_loaded_module() -> None:
 
 def test_rocm_tree_and_package_disagree() -> None:
     """/opt/rocm saying 6.2.2 while rocm-core is 6.3.0 is a warning."""
-    snap = _base().model_copy(update={
-        "dpkg": _packages(rocm_core="6.3.0.60300-39~22.04"),
-        "rocm": _ok(RocmInfo(active_path="/opt/rocm-6.2.2", version="6.2.2-116")),
-        "kernel": _ok(KernelInfo(running_release="6.5.0-41-generic"))})
+    snap = replace(_base(), dpkg=_packages(rocm_core="6.3.0.60300-39~22.04"),
+                   rocm=_ok(RocmInfo(active_path="/opt/rocm-6.2.2", version="6.2.2-116")),
+                   kernel=_ok(KernelInfo(running_release="6.5.0-41-generic")))
     assert _kinds(snap) == [("rocm_version_mismatch", "rocm", "warning")]
 
 
@@ -98,5 +99,5 @@ def test_half_configured_package_is_flagged() -> None:
     """A watched package left half-configured by an interrupted dpkg run is a warning."""
     section = _ok(PackageSet(manager="dpkg", installed_count=1, packages={
         "amdgpu-dkms": PackageInfo(version="1:6.8.5.60202-2041575.22.04", arch="all", state="half-configured")}))
-    snap = _base().model_copy(update={"dpkg": section, "kernel": _ok(KernelInfo(running_release="6.5.0"))})
+    snap = replace(_base(), dpkg=section, kernel=_ok(KernelInfo(running_release="6.5.0")))
     assert _kinds(snap) == [("package_not_fully_installed", "packages", "warning")]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from agent.collectors import default_collectors
 from agent.errors import CollectorUnavailable, HostReadError
 from agent.snapshot.model import compute_content_hash
@@ -42,7 +44,7 @@ def test_content_hash_is_stable_and_ignores_time() -> None:
     host = make_fixture_host("gpuless-debian12")
     first = take_snapshot(host)
     second = take_snapshot(make_fixture_host("gpuless-debian12"))
-    later = second.model_copy(update={"taken_at": second.taken_at.replace(year=2030)})
+    later = replace(second, taken_at=second.taken_at.replace(year=2030))
     assert first.content_hash == second.content_hash == compute_content_hash(later)
     assert first.content_hash.startswith("sha256:")
 
@@ -51,9 +53,8 @@ def test_content_hash_changes_with_content() -> None:
     """A changed package version changes the hash."""
     snap = take_snapshot(make_fixture_host("gpuless-debian12"))
     packages = dict(snap.dpkg.data.packages)
-    packages["runc"] = packages["runc"].model_copy(update={"version": "1.1.12-1"})
-    changed = snap.model_copy(update={"dpkg": snap.dpkg.model_copy(
-        update={"data": snap.dpkg.data.model_copy(update={"packages": packages})})})
+    packages["runc"] = replace(packages["runc"], version="1.1.12-1")
+    changed = replace(snap, dpkg=replace(snap.dpkg, data=replace(snap.dpkg.data, packages=packages)))
     assert compute_content_hash(changed) != snap.content_hash
 
 
