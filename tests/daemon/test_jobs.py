@@ -6,6 +6,7 @@ import datetime as dt
 import os
 import random
 import types
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -99,10 +100,9 @@ def test_changed_package_is_reported_with_the_diff_and_asks_for_a_health_check(t
         snap = take_snapshot(h, collectors)
         dpkg = snap.dpkg.data
         packages = dict(dpkg.packages)
-        packages["containerd.io"] = packages["containerd.io"].model_copy(update={"version": "1.7.23-1"})
-        changed = snap.model_copy(update={"dpkg": snap.dpkg.model_copy(
-            update={"data": dpkg.model_copy(update={"packages": packages})})})
-        return changed.model_copy(update={"content_hash": compute_content_hash(changed)})
+        packages["containerd.io"] = replace(packages["containerd.io"], version="1.7.23-1")
+        changed = replace(snap, dpkg=replace(snap.dpkg, data=replace(dpkg, packages=packages)))
+        return replace(changed, content_hash=compute_content_hash(changed))
 
     SnapshotJob(rt, no_hooks().policy_check, on_stack_changed=asked.append).run()
     SnapshotJob(rt, no_hooks().policy_check, on_stack_changed=asked.append, take=moved_containerd).run()
