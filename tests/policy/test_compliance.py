@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from agent.config import Settings
@@ -52,8 +53,8 @@ def _without_driver_packages(snap):
     """The fixture host as the real H200 VM is: the driver comes from the VM host, no driver part packaged."""
     dpkg = snap.dpkg
     packages = {k: v for k, v in dpkg.data.packages.items() if not k.startswith(("nvidia-", "libnvidia-compute-"))}
-    data = dpkg.data.model_copy(update={"packages": packages})
-    return snap.model_copy(update={"dpkg": dpkg.model_copy(update={"data": data})})
+    data = replace(dpkg.data, packages=packages)
+    return replace(snap, dpkg=replace(dpkg, data=data))
 
 
 def test_h200_with_the_vm_hosts_driver_is_compliant(tmp_path: Path, fixture_host) -> None:
