@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from agent.policy import releases
-from agent.policy.compiled import CompiledPolicy
+from agent.policy.compiled import AMD_STACK_PACKAGES, CompiledPolicy
 from agent.policy.evaluate import HostState, evaluate, introduced, matching_pairing
 from agent.policy.spec import matches
 
@@ -44,12 +44,14 @@ def glob_prefix(pattern: str) -> str:
     return pattern
 
 
-def names_to_query(policy: CompiledPolicy) -> Tuple[List[str], List[str]]:
+def names_to_query(policy: CompiledPolicy, manager: str = "dpkg") -> Tuple[List[str], List[str]]:
     """(exact names, glob patterns) whose available versions the pins depend on."""
     patterns: List[str] = []
     amd = policy.section("amd")
     if amd and amd.get("pairings"):
         patterns += amd_judged_patterns(policy)
+        if manager == "rpm":
+            patterns += list(AMD_STACK_PACKAGES)
     kernel = policy.section("kernel")
     if (kernel and kernel.get("allow") is not None) or (amd and any(p.get("kernels") is not None
                                                                     for p in amd.get("pairings") or [])):
@@ -69,8 +71,14 @@ def names_to_query(policy: CompiledPolicy) -> Tuple[List[str], List[str]]:
 def amd_judged_patterns(policy: CompiledPolicy) -> List[str]:
     """The AMD packages the hook judges: the driver, its firmware (one build with it), ROCm and the versioned
     side-by-side ROCm installs (``rocm-core6.4.1``), as agent.policy.evaluate finds them."""
-    driver_name, rocm_name = policy.amd_packages
-    return [driver_name, driver_name + "-firmware", rocm_name, rocm_name + "[0-9]*"]
+    driver_name = policy.amd_packages[0]
+    return [driver_name, driver_name + "-firmware", *rocm_patterns(policy)]
+
+
+def rocm_patterns(policy: CompiledPolicy) -> List[str]:
+    """The ROCm package and its versioned side-by-side installs (``rocm-core``, ``rocm-core6.4.1``)."""
+    rocm_name = policy.amd_packages[1]
+    return [rocm_name, rocm_name + "[0-9]*"]
 
 
 def _match_any(name: str, patterns: Sequence[str]) -> bool:
@@ -117,7 +125,40 @@ def pin_records(policy: CompiledPolicy, installed: Mapping[str, str], available:
                 forbidden.append(Pin(name, version, -1, why))
     if manager == "rpm":
         forbidden += _kernel_companions(forbidden, available, installed_builds)
+        forbidden += _rocm_companions(forbidden, available, installed_builds, amd_judged,
+                                      rocm_patterns(policy) if pairings else [])
     return frozen_pins, forbidden
+
+
+# AMD's ROCm packages of one release build require each other at exactly that build (rocm-hip-runtime requires
+# rocm-core = 6.3.0.60300-39.el9) and carry its code and release in their versions (hip-runtime-amd
+# 6.3.42131.60300-39.el9). With rocm-core 6.3 excluded alone, a routine dnf upgrade (best=True) exits 1: "cannot
+# install the best update candidate for package rocm-hip-runtime". apt only keeps such a package back.
+def _rocm_build_tail(version: str) -> Optional[str]:
+    """``60300-39.el9`` of ``6.3.0.60300-39.el9``: the release code (5 or more digits) and the package release."""
+    upstream, dash, release = version.split(":", 1)[-1].rpartition("-")
+    code = upstream.rpartition(".")[2]
+    return f"{code}-{release}" if dash and code.isdigit() and len(code) >= 5 else None
+
+
+def _rocm_companions(forbidden: List[Pin], available: Mapping[str, Sequence[str]], installed_builds: set,
+                     amd_judged: Sequence[str], rocm: Sequence[str]) -> List[Pin]:
+    """The AMD stack packages of every forbidden ROCm build (``rocm``: its package patterns), at that build, kept
+    out with it (the judged packages have their own records)."""
+    builds: Dict[str, Pin] = {}
+    for pin in forbidden:
+        tail = _rocm_build_tail(pin.version) if _match_any(pin.package, rocm) else None
+        if tail:
+            builds.setdefault(tail, pin)
+    out = []
+    for name in sorted(available):
+        if not _match_any(name, AMD_STACK_PACKAGES) or _match_any(name, amd_judged):
+            continue
+        for version in available[name]:
+            rocm_pin = builds.get(_rocm_build_tail(version) or "")
+            if rocm_pin is not None and (name, version) not in installed_builds:
+                out.append(Pin(name, version, -1, f"goes with {rocm_pin.package} {rocm_pin.version}: {rocm_pin.why}"))
+    return out
 
 
 # rpm kernels come as several install-only packages of one build: kernel-modules, -modules-core and -modules-extra

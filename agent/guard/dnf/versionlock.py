@@ -218,7 +218,7 @@ def apply_versionlock(host: Host, policy: CompiledPolicy, tool: DnfTool, install
     from agent.files import write_atomically
     from agent.guard.pin_records import names_to_query, pin_records
 
-    exact, globs = names_to_query(policy)
+    exact, globs = names_to_query(policy, manager="rpm")
     available = tool.available_versions(sorted(set(exact)) + sorted(set(globs)))
     frozen, forbidden = pin_records(policy, installed, available, manager="rpm")
     stamp = f"# policy '{policy.name}' ({', '.join(policy.sources) or policy.path})"

@@ -152,8 +152,9 @@ def _host(tmp_path: Path, dnf5: bool):
     # dnf5 (found as /usr/bin/dnf5 under the root) ends each package of its --queryformat only when told to.
     query_format = "%{name}\t%{evr}\n" if dnf5 else "%{name}\t%{evr}"
     runner.add(tool.argv("-q", "repoquery", "--qf", query_format, "amdgpu-dkms", "amdgpu-dkms-firmware", "kernel",
-                         "kernel-core", "kernel-default", "kernel-uek", "rocm-core", "kernel-modules*",
-                         "linux-image-*", "linux-modules-*", "rocm-core[0-9]*"),
+                         "kernel-core", "kernel-default", "kernel-uek", "rocm-core", "amd-smi*", "amdgpu*", "hip-*",
+                         "hsa-*", "hsakmt*", "kernel-modules*", "linux-image-*", "linux-modules-*", "rocm*",
+                         "rocm-core[0-9]*"),
                stdout="".join(f"{n}\t{v}\n" for n, vs in AVAILABLE.items() for v in vs))
     return root, host, tool
 
@@ -189,3 +190,20 @@ def test_apply_dnf5_writes_versionlock_toml(tmp_path: Path) -> None:
     assert changes.removed == ["old: evr != 1-1"] and "rocm-core: evr = 6.2.2.60202-116.el9" in changes.added
     doc = tomllib.loads((root / "etc/dnf/versionlock.toml").read_text())
     assert [p["name"] for p in doc["packages"]] == ["bash", "rocm-core", "amdgpu-dkms", "kernel-core"]
+
+
+def test_the_rocm_packages_of_a_forbidden_rocm_build_are_excluded_with_it(tmp_path: Path) -> None:
+    """rocm-hip-runtime 6.3 requires rocm-core 6.3 at exactly its build: excluded with it (dnf upgrade with
+    best=True exits 1 otherwise); the 6.2 builds and packages of other numbering stay."""
+    available = {**AVAILABLE, "rocm-hip-runtime": [R62, R63], "hip-runtime-amd": ["6.3.42131.60300-39.el9"],
+                 "rocm-core6.3.0": [R63], "rocm-smi-lib": ["7.4.0.60400-1.el9"]}
+    policy = tmp_path / "two.toml"
+    policy.write_text(POLICY.replace("[frozen]", "[[amd.pairing]]\nname = \"6.3\"\namdgpu = \"6.3.*\"\n"
+                                                 "rocm = \"6.3.*\"\n[frozen]"))
+    _, forbidden = pin_records(compiled_from(load_policy(str(policy))), {**INSTALLED, "rocm-hip-runtime": R62},
+                               available, manager="rpm")
+    pins = {(p.package, p.version): p.why for p in forbidden}
+    assert pins[("rocm-hip-runtime", R63)].startswith(f"goes with rocm-core {R63}: ") and "amd.pairing: " in \
+        pins[("rocm-hip-runtime", R63)]
+    assert ("hip-runtime-amd", "6.3.42131.60300-39.el9") in pins and ("rocm-core6.3.0", R63) in pins
+    assert ("rocm-hip-runtime", R62) not in pins and ("rocm-smi-lib", "7.4.0.60400-1.el9") not in pins
