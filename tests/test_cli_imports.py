@@ -1,8 +1,9 @@
 """What ``gpuguard snapshot`` loads: only what a snapshot uses (issue #17, a lean agent).
 
 The command line builds its parser from plain default paths (agent/defaults.py) and each command imports its own
-code, so a snapshot loads no other area's settings model (guard, health, report, hub), no logger library when it
-logs nothing, no scheduler and no HTTP client. Checked in a fresh interpreter, the way the installed command runs.
+code, so a snapshot loads no other area's settings model (guard, health, report, hub), no pydantic (its snapshot
+types are frozen dataclasses), no logger library when it logs nothing, no scheduler and no HTTP client. Checked in
+a fresh interpreter, the way the installed command runs.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ FIXTURE_ROOT = REPO / "tests" / "fixtures" / "roots" / "gpuless-debian12"
 NOT_FOR_A_SNAPSHOT = (
     "agent.config", "agent.guard.settings", "agent.health", "agent.report", "agent.hub", "agent.daemon",
     "agent.daemon_jobs", "agent.snapshot.diff", "structlog", "rich", "asyncio", "apscheduler", "requests",
-    "urllib3", "fastapi", "uvicorn",
+    "urllib3", "fastapi", "uvicorn", "pydantic", "pydantic_core", "annotated_types", "agent.models",
 )
+# The libraries whose import alone would cost more than the operator's own reads (issue #17).
+HEAVY_LIBRARIES = ("pydantic", "pydantic_core", "structlog", "apscheduler", "requests")
 
 _PROBE = """
 import io, json, sys
@@ -61,6 +64,14 @@ def test_snapshot_with_a_config_file_reads_only_its_section(tmp_path: Path) -> N
                              '[report]\n[guard]\n')
     assert seen["code"] == 0
     assert _offenders(seen["modules"]) == []
+
+
+def test_snapshot_imports_no_pydantic_structlog_scheduler_or_http_client(tmp_path: Path) -> None:
+    """Neither pydantic nor structlog, apscheduler or requests, with or without a [snapshot] section to check."""
+    for config_text in ("", '[snapshot]\ninterval_seconds = 60\nwatched_packages = ["linux-image-*"]\n'):
+        seen = _loaded(tmp_path, config_text)
+        assert seen["code"] == 0
+        assert [m for m in seen["modules"] if m.split(".")[0] in HEAVY_LIBRARIES] == []
 
 
 def test_parser_needs_no_pydantic() -> None:
