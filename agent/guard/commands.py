@@ -162,7 +162,17 @@ def _pin_apply_apt(args: argparse.Namespace, host: Host, settings: Settings, pol
         out.write(f"left alone {settings.guard.preferences_dir}/{name} (not written by gpuguard)\n")
     if not (changes.written or changes.unchanged or changes.removed):
         out.write("nothing to pin\n")
+    _note_amd_pins("".join(wanted.values()), out)
     return 0
+
+
+def _note_amd_pins(rendered: str, out: TextIO) -> None:
+    """Say once that the AMD pins follow the installed stack, when any were rendered."""
+    from agent.guard.pin_records import AFTER_A_MOVE
+
+    if AFTER_A_MOVE in rendered:
+        out.write("note: the AMD pins keep this host on its installed pairing and driver build; "
+                  f"{AFTER_A_MOVE}\n")
 
 
 def _pin_apply_versionlock(args: argparse.Namespace, host: Host, settings: Settings, policy: CompiledPolicy,
@@ -190,6 +200,7 @@ def _pin_apply_versionlock(args: argparse.Namespace, host: Host, settings: Setti
         out.write(f"  - {entry}\n")
     if not total and not changes.removed:
         out.write("nothing to pin\n")
+    _note_amd_pins(changes.text, out)
     return 0
 
 

@@ -5,8 +5,9 @@
 - ``gpuguard-frozen.pref``: ``Pin-Priority: 1001`` on the installed version of every frozen package. apt keeps
   it as the candidate, and ``apt-get --allow-downgrades full-upgrade`` even brings it back.
 - ``gpuguard-forbidden.pref``: ``Pin-Priority: -1`` on every available version that no allowed state can contain
-  (a driver or ROCm release in no pairing, a kernel that is not allowed, a version outside a version rule). apt
-  never picks such a version as a candidate.
+  (a kernel that is not allowed, an NVIDIA release in no pairing, a version outside a version rule, an AMD driver,
+  firmware or ROCm build the hook would refuse beside the installed packages). apt never picks such a version as a
+  candidate. The AMD pins follow the installed pairing and driver build: rerun after moving them.
 
 Both are soft guards: an explicit ``apt-get install pkg=version`` overrides them (the hook still refuses it), and
 the first specific record matching a version wins. Only files that start with the gpuguard header are ever

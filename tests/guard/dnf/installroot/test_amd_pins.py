@@ -103,7 +103,7 @@ def test_unpinned_upgrade_is_refused_by_the_plugin(amd: Installroot) -> None:
 def test_pin_apply_then_dnf_upgrade_exits_0_and_moves_nothing_guarded(amd: Installroot) -> None:
     conf = enable_versionlock(amd)
     code, out = cli(amd, "pin", "apply", config=agent_config(amd))
-    assert code == 0, out
+    assert code == 0 and "run gpuguard pin apply again" in out, out
     locklist = (amd.root / "etc/dnf/plugins/versionlock.list").read_text()
     for name, evr in [("rocm-core", R63), ("rocm-core6.3.0", R63), ("amdgpu-dkms", D624), ("amdgpu-dkms", D63),
                       ("amdgpu-dkms-firmware", D624), ("amdgpu-dkms-firmware", D63), ("rocm-hip-runtime", R63)]:
