@@ -35,6 +35,8 @@ _GPU_CLASS_PREFIXES = ("0x03", "0x12")
 MODULE_DIR = "/sys/module/amdgpu"
 DRM_DIR = "/sys/class/drm"
 PCI_DEVICES_DIR = "/sys/bus/pci/devices"
+KFD_DEVICE = "/dev/kfd"
+SMI_NOT_LOADED = reason("amdsmi", f"not loaded (no {MODULE_DIR}, no {KFD_DEVICE})")
 _FW_PREFIX = "AMDSMI_FW_ID_"
 _BYTES_PER_MIB = 1024 * 1024
 
@@ -481,6 +483,10 @@ class AmdgpuCollector:
         module_present = host.is_dir(MODULE_DIR)
         version_file = _read_optional(host, f"{MODULE_DIR}/version")
         try:
+            if not module_present and not host.exists(KFD_DEVICE):
+                # amdsmi needs the driver (a container that hides /sys/module still has /dev/kfd): without either,
+                # loading it (a binding and libamd_smi.so, milliseconds) could only say so.
+                raise _SmiUnusable(SMI_NOT_LOADED)
             reading = read_amdsmi(host)
         except _SmiUnusable as exc:
             reason = str(exc)

@@ -29,6 +29,8 @@ NVIDIA_PCI_VENDOR = "0x10de"
 # PCI base class 0x03 (display controller): VGA 0x0300xx and 3D controller 0x0302xx (the data-center cards).
 _DISPLAY_CLASS_PREFIX = "0x03"
 PROC_DRIVER_DIR = "/proc/driver/nvidia"
+CONTROL_DEVICE = "/dev/nvidiactl"
+NVML_NOT_LOADED = reason("pynvml", f"not loaded (no /sys/module/nvidia, {PROC_DRIVER_DIR} or {CONTROL_DEVICE})")
 
 
 @dataclass(frozen=True)
@@ -315,6 +317,10 @@ class NvidiaCollector:
         flavor = module_flavor(flavor_text)
         module_loaded = host.exists("/sys/module/nvidia") or proc_version_text is not None
         try:
+            if not module_loaded and not host.exists(CONTROL_DEVICE):
+                # NVML needs the driver (a container without /proc/driver/nvidia still has /dev/nvidiactl): without
+                # either, loading it (the binding and libnvidia-ml, milliseconds) could only say so.
+                raise _NvmlUnusable(NVML_NOT_LOADED)
             reading = _read_nvml(host)
         except _NvmlUnusable as exc:
             reason = str(exc)

@@ -11,6 +11,7 @@ from typing import Any, Dict, Optional
 import pytest
 
 from agent.collectors.amdgpu import (
+    SMI_NOT_LOADED,
     AmdgpuCollector,
     EccCount,
     PciAddress,
@@ -378,8 +379,12 @@ def test_inbox_driver_ignores_amdsmi_kernel_release(tmp_path: Path) -> None:
 
 
 def test_amdsmi_in_a_container_without_sys_module(tmp_path: Path) -> None:
-    """amdsmi running proves the driver is loaded even when /sys/module is hidden; its version names the DKMS one."""
+    """amdsmi running proves the driver is loaded even when /sys/module is hidden; its version names the DKMS one.
+
+    The container still has /dev/kfd, which is what makes the collector ask amdsmi without /sys/module/amdgpu.
+    """
     _write(tmp_path, "proc/sys/kernel/osrelease", "6.8.0-45-generic\n")
+    _write(tmp_path, "dev/kfd")
     data = {"gpus": [{"bdf": "0000:c1:00.0",
                       "driver_info": {"driver_name": "amdgpu", "driver_version": "6.10.5", "driver_date": ""}}]}
     host = Host(root=tmp_path, load_module=fake_module_loader({"amdsmi": make_fake_amdsmi(data)}))
@@ -401,7 +406,21 @@ def test_gpu_present_but_driver_not_loaded(tmp_path: Path) -> None:
 
 
 def test_absent_without_module_gpu_or_amdsmi(tmp_path: Path) -> None:
-    """No module, no AMD PCI GPU and no amdsmi: absent, with amdsmi's reason in the message."""
+    """No module, no /dev/kfd, no AMD PCI GPU: absent, and amdsmi (installed or not) is not even loaded."""
     _write(tmp_path, "sys/class/drm/version", "drm 1.1.0 20060810\n")
-    with pytest.raises(CollectorUnavailable, match="not installed"):
-        AmdgpuCollector().collect(Host(root=tmp_path, load_module=fake_module_loader({})))
+    loaded = []
+    host = Host(root=tmp_path, load_module=lambda name: loaded.append(name) or make_fake_amdsmi({"gpus": []}))
+    with pytest.raises(CollectorUnavailable) as caught:
+        AmdgpuCollector().collect(host)
+    assert caught.value.reason == f"no amdgpu kernel module and no AMD PCI GPU; {SMI_NOT_LOADED}"
+    assert loaded == []
+
+
+def test_gpu_without_driver_is_recorded_without_loading_amdsmi(tmp_path: Path) -> None:
+    """An AMD GPU on the PCI bus with neither the module nor /dev/kfd: sysfs only, amdsmi's absence explained."""
+    for name, value in (("vendor", "0x1002"), ("class", "0x038000"), ("device", "0x740f")):
+        _write(tmp_path, f"sys/bus/pci/devices/0000:c1:00.0/{name}", value + "\n")
+    loaded = []
+    host = Host(root=tmp_path, load_module=lambda name: loaded.append(name) or make_fake_amdsmi({"gpus": []}))
+    info = AmdgpuCollector().collect(host)
+    assert (info.source, info.smi_unavailable_reason, loaded) == ("sysfs", SMI_NOT_LOADED, [])

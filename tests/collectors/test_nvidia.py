@@ -10,6 +10,7 @@ from typing import Dict, Optional
 import pytest
 
 from agent.collectors.nvidia import (
+    NVML_NOT_LOADED,
     GpuInformation,
     NvidiaCollector,
     NvidiaGpu,
@@ -335,8 +336,7 @@ def test_gpu_present_but_driver_not_loaded(tmp_path):
     host = tree_host(tmp_path, {**pci_device("0000:18:00.0", "0x10de", "0x030200"),
                                 **pci_device("0000:00:02.0", "0x8086", "0x030000")})
     info = NvidiaCollector().collect(host)
-    assert info == NvidiaInfo(module_loaded=False, source="procfs",
-                              nvml_unavailable_reason="NVML: not installed (fake host)",
+    assert info == NvidiaInfo(module_loaded=False, source="procfs", nvml_unavailable_reason=NVML_NOT_LOADED,
                               gpus=[NvidiaGpu(index=0, bdf="0000:18:00.0")])
 
 
@@ -359,8 +359,19 @@ def test_gpu_less_host_is_unavailable(tmp_path):
 
 
 def test_gpu_less_host_with_nvml_bindings_installed_is_unavailable(tmp_path):
-    """pynvml installed but libnvidia-ml.so missing on a GPU-less host is still absent, not broken."""
-    nvml = make_fake_pynvml({"init_error": "LibraryNotFound"})
-    host = tree_host(tmp_path, {"/etc/os-release": "ID=ubuntu\n"}, modules={"pynvml": nvml})
-    with pytest.raises(CollectorUnavailable, match="NVML: libnvidia-ml.so.1 not found"):
+    """pynvml installed on a host without the driver is not even loaded: absent, not broken, saying why."""
+    loaded = []
+    host = tree_host(tmp_path, {"/etc/os-release": "ID=ubuntu\n"})
+    host = replace(host, load_module=lambda name: loaded.append(name) or make_fake_pynvml(recorded_nvml()))
+    with pytest.raises(CollectorUnavailable) as caught:
         NvidiaCollector().collect(host)
+    assert caught.value.reason == f"no nvidia kernel module, /proc/driver/nvidia or NVIDIA PCI GPU; {NVML_NOT_LOADED}"
+    assert loaded == []
+
+
+def test_nvml_is_tried_where_only_the_control_device_shows_the_driver(tmp_path):
+    """A container without /proc/driver/nvidia or /sys/module still gets /dev/nvidiactl: NVML is asked there."""
+    host = tree_host(tmp_path, {"/dev/nvidiactl": ""}, modules={"pynvml": make_fake_pynvml(recorded_nvml())})
+    info = NvidiaCollector().collect(host)
+    assert (info.source, info.module_loaded, info.nvml_unavailable_reason) == ("nvml", True, None)
+    assert [g.bdf for g in info.gpus] == ["0000:18:00.0"]
