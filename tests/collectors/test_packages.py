@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import fnmatch
+
 import pytest
 
 from agent.collectors.dpkg import DpkgCollector, parse_dpkg_status
-from agent.collectors.packages import Watchlist, find_version
+from agent.collectors.packages import DEFAULT_WATCHED_PATTERNS, Watchlist, find_version
 from agent.collectors.rpm import RpmCollector, parse_rpm_query, rpm_query_argv
 from agent.errors import CollectorUnavailable
 from agent.host import Host
@@ -66,6 +68,24 @@ def test_parse_dpkg_status_keeps_watched_present_packages() -> None:
 def test_watchlist(name: str, watched: bool) -> None:
     """The default watchlist covers kernel, driver, ROCm/CUDA and container packages only."""
     assert (name in Watchlist()) is watched
+
+
+_NAMES = ("linux-image-6.8.0-45-generic", "linux-", "linux", "kernel", "kernel-core", "kernel-", "rocm", "rocminfo",
+          "hip-runtime-amd", "hip", "nvidia-driver-580", "cuda", "cuda-13-0", "cudatext", "lib32cuda1", "a?b", "a[b",
+          "abc", "x1y", "x.y", "", "Docker-ce", "docker-ce")
+
+
+@pytest.mark.parametrize("patterns", [
+    DEFAULT_WATCHED_PATTERNS,
+    ("kernel", "linux-*", "cuda"),                         # names and prefixes only
+    ("*cuda*", "x?y", "a[bc]*", "rocm*", "hip"),            # patterns that need fnmatch's full syntax
+    ("*",), (),
+])
+def test_watchlist_matches_as_fnmatch_does(patterns: tuple) -> None:
+    """Names, ``prefix*`` and full shell patterns match exactly as ``fnmatch.fnmatchcase`` does."""
+    watch = Watchlist(patterns)
+    for name in _NAMES + tuple(f"{p}x" for p in patterns):
+        assert (name in watch) is any(fnmatch.fnmatchcase(name, p) for p in patterns), (name, patterns)
 
 
 def test_parse_rpm_query() -> None:
