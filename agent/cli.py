@@ -51,6 +51,12 @@ def _cmd_run(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> i
     return run_daemon(args.config, make_host(args.root))
 
 
+def _cmd_job(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    from agent.daemon_jobs.child_main import parse_request, run_job
+
+    return run_job(args.job, args.config, make_host(args.root), parse_request(args.request), args.result)
+
+
 def _cmd_status(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
     from agent.status.command import status
 
@@ -196,6 +202,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"agent config file (default {DEFAULT_CONFIG_PATH}; missing means defaults)")
     run.add_argument("--root", default="/", help="read the host tree under DIR instead of / (chroot, fixture)")
     run.set_defaults(handler=_cmd_run)
+
+    # Internal: one job body in a child of ``gpuguard run`` (agent/daemon_jobs/children.py); not for people.
+    job = sub.add_parser("_job")
+    job.add_argument("job", choices=("snapshot", "guard_check", "health"))
+    job.add_argument("--config", default=DEFAULT_CONFIG_PATH)
+    job.add_argument("--root", default="/")
+    job.add_argument("--request", default="{}")
+    job.add_argument("--result", required=True)
+    job.set_defaults(handler=_cmd_job)
 
     schema = sub.add_parser("schema", help="print the JSON schema of report events (schemas/events-v1.json)")
     schema.add_argument("--output", "-o", metavar="FILE", help="write it to FILE (atomically) instead")

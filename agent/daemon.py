@@ -9,6 +9,12 @@ number of jobs, each with ``max_instances=1`` and ``coalesce=True``: a job never
                       the old one kept
     SIGUSR1           a package transaction happened (apt/dnf hook): guard check, snapshot and deliver now
 
+The snapshot, the guard's rollback check and the health check run in short-lived child processes
+(agent/daemon_jobs/children.py) so that the collectors, GPU bindings, policy engine and apt/dnf tooling never stay
+resident; the daemon keeps the schedule, the outbox, delivery, heartbeats, metrics and the package watch. SIGTERM
+reaches a running child through ``stopping`` and is waited for. Tests that hand in fake hooks run every body
+in-process.
+
 Under systemd (``Type=notify``) it sends READY=1 once running, WATCHDOG=1 at half of WATCHDOG_USEC from a
 scheduler job (so a wedged scheduler stops the pings), STATUS= lines, and STOPPING=1.
 """
@@ -23,9 +29,10 @@ import signal
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Dict, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Dict, Mapping, Optional, Union
 
 from agent.config import Settings, load_settings
+from agent.daemon_jobs.children import GuardCheckInChild, HealthInChild, SnapshotInChild
 from agent.daemon_jobs.delivery import DeliveryJob
 from agent.daemon_jobs.guard import GuardJob, recompile_policy
 from agent.daemon_jobs.guard_events import GuardEventForwarder
@@ -35,7 +42,6 @@ from agent.daemon_jobs.hooks import Hooks, default_hooks
 from agent.daemon_jobs.memory import limit_malloc_arenas, release_free_memory
 from agent.daemon_jobs.metrics import MetricsJob
 from agent.daemon_jobs.runtime import EventEmitter, Runtime, host_identity
-from agent.daemon_jobs.snapshot import SnapshotJob
 from agent.daemon_jobs.watch import PackageWatcher
 from agent.errors import ConfigError
 from agent.guard.hotpath.state import GuardPaths
@@ -48,6 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from apscheduler.schedulers.base import BaseScheduler
 
+    from agent.daemon_jobs.snapshot import SnapshotJob
     from agent.report.sender import Sender
 
 log = get_logger("daemon")
@@ -195,10 +202,13 @@ class Daemon:
     """Owns the scheduler, the jobs and the signal loop of one ``gpuguard run``."""
 
     def __init__(self, config_path: str, settings: Settings, host: Host,
-                 notifier: Optional[SystemdNotifier] = None, hooks: Optional[Hooks] = None) -> None:
+                 notifier: Optional[SystemdNotifier] = None, hooks: Optional[Hooks] = None,
+                 job_children: Optional[bool] = None) -> None:
         self.config_path = config_path
         self.notifier = notifier or SystemdNotifier()
-        self.hooks = hooks if hooks is not None else default_hooks()
+        # Heavy job bodies in child processes (agent/daemon_jobs/children.py) unless a test hands in fake hooks.
+        self.job_children = hooks is None if job_children is None else job_children
+        self.hooks = hooks if hooks is not None else _resident_hooks() if self.job_children else default_hooks()
         sender = build_sender(settings)
         state_dir = settings.agent.state_dir
         os.makedirs(state_dir, mode=0o755, exist_ok=True)
@@ -246,14 +256,22 @@ class Daemon:
         delivery = self._delivery = DeliveryJob(rt)
         deliver = self._add(scheduler, "deliver", delivery.run, s.report.delivery_interval_seconds, 0.0)
         rt.emitter.on_enqueued = lambda: deliver.request("event_enqueued")
-        health = HealthJob(rt, hooks)
+        health: Union[HealthJob, HealthInChild] = HealthInChild(rt, self.config_path, hooks) \
+            if self.job_children else HealthJob(rt, hooks)
         health_runner = self._add(scheduler, "health", _none(health.run), s.daemon.health_interval_seconds,
                                   s.daemon.health_first_run_seconds)
-        snapshot = SnapshotJob(rt, hooks.policy_check, on_stack_changed=health_runner.request)
+        if self.job_children:
+            snapshot: Union[SnapshotInChild, "SnapshotJob"] = SnapshotInChild(rt, self.config_path,
+                                                                             on_stack_changed=health_runner.request)
+        else:
+            from agent.daemon_jobs.snapshot import SnapshotJob  # collectors and GPU bindings: in-process only
+
+            snapshot = SnapshotJob(rt, hooks.policy_check, on_stack_changed=health_runner.request)
         snap_runner = self._add(scheduler, "snapshot", _none(snapshot.run), s.snapshot.interval_seconds, 0.0)
         # Guard files live under the Host root, where the apt hook of that root writes them.
         events_path = str(rt.host.path(GuardPaths(s.agent.state_dir).events))
-        guard = GuardJob(rt, GuardEventForwarder(rt, events_path), on_checked=snap_runner.request)
+        guard = GuardJob(rt, GuardEventForwarder(rt, events_path), on_checked=snap_runner.request,
+                         check=GuardCheckInChild(rt, self.config_path) if self.job_children else None)
         guard_runner = self._add(scheduler, "guard", _none(guard.run), s.snapshot.interval_seconds, 0.0)
         watcher = PackageWatcher(rt.host, on_change=guard_runner.request, guard_events_path=events_path,
                                  on_guard_events=guard_runner.request)
@@ -365,6 +383,13 @@ class Daemon:
                 signal.signal(sig, handler)
             os.close(read_fd)
             os.close(write_fd)
+
+
+def _resident_hooks() -> Hooks:
+    """With job children the daemon itself only reads the last health result back at start."""
+    from agent.health.runner import load_last_result
+
+    return Hooks(health_last=load_last_result)
 
 
 def _nothing() -> None:

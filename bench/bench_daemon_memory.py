@@ -5,6 +5,13 @@ check every second, a heartbeat every 0.2 s, delivery every 0.1 s, so the defaul
 and 1,440 heartbeats). The package watch runs every ``max(2 s / speedup, 0.05 s)``. The health check is off (it
 runs a separate probe process; its memory is not the daemon's). Without ``--endpoint`` events stay in the outbox.
 
+Since issue #17's structural fix the daemon runs the snapshot, the guard's rollback check and the health check in
+short-lived children (``python -m agent _job NAME``); each child's exit is logged (``job_child_exited``, with its
+peak RSS and CPU time from ``wait4``), so the bench runs the agent at ``log_level = "info"``, reads those lines and
+reports the children's peak RSS and CPU beside the resident daemon's RSS and CPU. ``rich`` is hidden from agent and
+children (``--hide rich``, a sitecustomize on PYTHONPATH): it is in .venv only as a test dependency, the .deb has
+none, and structlog imports it when present.
+
 node_exporter runs beside it on 127.0.0.1 (a free port) and is scraped every ``--scrape-seconds``; both RSS figures
 (/proc/PID/status VmRSS) are printed every ``--sample-seconds``. node_exporter comes from ``--node-exporter`` or is
 unpacked from the distribution's package without installing it (``apt-get download prometheus-node-exporter``,
@@ -14,6 +21,7 @@ Goal (issue #17): after warm-up (the first ``--warmup-seconds``) the agent's RSS
 most 2x node_exporter's.
 
 Run:  .venv/bin/python bench/bench_daemon_memory.py [--speedup 300] [--seconds 288] [--gpuguard gpuguard]
+      [--hide rich] [--json FILE]
 """
 
 from __future__ import annotations
@@ -48,6 +56,39 @@ def rss_mib(pid: int) -> Optional[float]:
     return None
 
 
+def cpu_seconds(pid: int) -> Optional[float]:
+    """utime + stime of a process (all its threads; not its children), in seconds."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def child_exits(log_path: Path) -> List[Dict[str, object]]:
+    """The daemon's ``job_child_exited`` log lines (JSON), as dicts."""
+    found = []
+    for line in log_path.read_text(errors="replace").splitlines():
+        if '"job_child_exited"' not in line:
+            continue
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            continue
+    return found
+
+
+def hide_modules(workdir: Path, names: List[str]) -> Optional[Path]:
+    """A directory with a sitecustomize.py that makes ``import NAME`` fail (as where the package is absent)."""
+    if not names:
+        return None
+    site = workdir / "hide"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys\n" + "".join(
+        f"sys.modules.setdefault({name!r}, None)\n" for name in names))
+    return site
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -79,7 +120,7 @@ def write_config(path: Path, state_dir: Path, speedup: float, endpoint: Optional
     intervals = {name: seconds / speedup for name, seconds in DEFAULTS.items()}
     intervals["package_watch"] = max(intervals["package_watch"], 0.05)
     report = f'endpoint_url = "{endpoint}"\n' if endpoint else ""
-    path.write_text(f'[agent]\nstate_dir = "{state_dir}"\nlog_level = "warning"\n'
+    path.write_text(f'[agent]\nstate_dir = "{state_dir}"\nlog_level = "info"\n'
                     f'[snapshot]\ninterval_seconds = {intervals["snapshot"]}\n'
                     f'[daemon]\nhealth_enabled = false\npackage_watch_interval_seconds = {intervals["package_watch"]}\n'
                     f'[report]\n{report}heartbeat_interval_seconds = {intervals["heartbeat"]}\n'
@@ -99,17 +140,23 @@ def main() -> int:
                         help="node_exporter binary (default: PATH or apt-get download)")
     parser.add_argument("--endpoint", default=None, help="report endpoint_url (default none: events stay queued)")
     parser.add_argument("--json", metavar="FILE", help="also write every sample as JSON")
+    parser.add_argument("--hide", action="append", default=None, metavar="MODULE",
+                        help="make MODULE unimportable in agent and children (default: rich; 'none' for nothing)")
     args = parser.parse_args()
     seconds = args.seconds if args.seconds is not None else 86400.0 / args.speedup
     with tempfile.TemporaryDirectory(prefix="gpuguard-soak-") as tmp:
         work = Path(tmp)
         intervals = write_config(work / "agent.toml", work / "state", args.speedup, args.endpoint)
         env = dict(os.environ)
+        hidden = [m for m in (args.hide if args.hide is not None else ["rich"]) if m != "none"]
+        site = hide_modules(work, hidden)
+        if site is not None:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH", "")]))
         if args.gpuguard:
             agent_cmd = [*shlex.split(args.gpuguard), "run", "--config", str(work / "agent.toml")]
         else:
             agent_cmd = [sys.executable, "-m", "agent", "run", "--config", str(work / "agent.toml")]
-            env["PYTHONPATH"] = str(REPO)
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH", ""), str(REPO)]))
         exporter_bin = find_node_exporter(args.node_exporter, work)
         exporter: Optional[subprocess.Popen] = None
         port = free_port()
@@ -118,7 +165,9 @@ def main() -> int:
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         else:
             print("node_exporter not available: agent RSS only", file=sys.stderr)
-        agent = subprocess.Popen(agent_cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        agent_log = work / "agent.log"
+        with open(agent_log, "wb") as log_file:
+            agent = subprocess.Popen(agent_cmd, env=env, stdout=subprocess.DEVNULL, stderr=log_file)
         print(f"agent: {shlex.join(agent_cmd)}")
         print(f"intervals (s): {json.dumps({k: round(v, 4) for k, v in intervals.items()})}; soak {seconds:.0f} s "
               f"= {seconds * args.speedup / 3600:.1f} h of default-interval jobs")
@@ -132,7 +181,7 @@ def main() -> int:
         try:
             while time.monotonic() - started <= seconds:
                 if agent.poll() is not None:
-                    print(f"agent exited early ({agent.returncode}): {agent.stderr.read().decode()[-800:]}",
+                    print(f"agent exited early ({agent.returncode}): {agent_log.read_text()[-800:]}",
                           file=sys.stderr)
                     return 1
                 if exporter is not None:
@@ -153,6 +202,8 @@ def main() -> int:
                     next_sample += args.sample_seconds
                 time.sleep(args.scrape_seconds)
         finally:
+            agent_cpu = cpu_seconds(agent.pid)
+            exporter_cpu = cpu_seconds(exporter.pid) if exporter is not None else None
             agent.send_signal(signal.SIGTERM)
             try:
                 agent.wait(timeout=30)
@@ -176,9 +227,29 @@ def main() -> int:
             print(f"node_exporter: {min(exporter_rss):.1f} to {ne_max:.1f} MiB over {scrapes} scrapes "
                   f"({scrape_failures} failed); agent max / node_exporter max = {ratio:.2f}x (goal <= 2x) -> "
                   f"{'OK' if ratio <= 2 else 'OVER GOAL'}")
+        exits = child_exits(agent_log)
+        children: Dict[str, Dict[str, float]] = {}
+        for entry in exits:
+            job = children.setdefault(str(entry.get("job")), {"runs": 0, "failed": 0, "max_rss_mib": 0.0,
+                                                               "cpu_seconds": 0.0})
+            job["runs"] += 1
+            job["failed"] += entry.get("exit_code") != 0
+            job["max_rss_mib"] = max(job["max_rss_mib"], float(entry.get("max_rss_kib") or 0) / 1024)
+            job["cpu_seconds"] += float(entry.get("cpu_seconds") or 0)
+        print(f"resident daemon CPU: {agent_cpu if agent_cpu is not None else '-'} s over the soak; node_exporter "
+              f"CPU: {exporter_cpu if exporter_cpu is not None else '-'} s")
+        if not children:
+            print("job children: none (the daemon ran every job in-process)")
+        for name, job in sorted(children.items()):
+            print(f"job children '{name}': {job['runs']:.0f} runs ({job['failed']:.0f} failed), peak RSS "
+                  f"{job['max_rss_mib']:.1f} MiB, CPU {job['cpu_seconds']:.2f} s in all "
+                  f"({job['cpu_seconds'] / max(job['runs'], 1):.3f} s a run)")
         if args.json:
             Path(args.json).write_text(json.dumps({"command": agent_cmd, "intervals": intervals, "seconds": seconds,
-                                                   "speedup": args.speedup, "samples": samples, "scrapes": scrapes},
+                                                   "speedup": args.speedup, "samples": samples, "scrapes": scrapes,
+                                                   "agent_cpu_seconds": agent_cpu,
+                                                   "node_exporter_cpu_seconds": exporter_cpu,
+                                                   "hidden_modules": hidden, "children": children},
                                                   indent=2) + "\n")
     return 0
 

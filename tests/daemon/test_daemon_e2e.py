@@ -32,7 +32,8 @@ def test_events_arrive_exactly_once_in_order_after_the_endpoint_was_down(agent: 
     finally:
         receiver.stop()
     stored = assert_delivered_once_in_order(receiver, agent.outbox())
-    assert stored[0] == 1 and receiver.kinds_stored()[0] == "snapshot_changed"
+    # The first snapshot runs in a child (about 0.4 s), so a 0.2 s heartbeat may come before its event.
+    assert stored[0] == 1 and "snapshot_changed" in receiver.kinds_stored()
     arrived = [event_id for event_id, _ in receiver.arrivals]
     assert len(arrived) == len(set(arrived)), "without a crash nothing is sent twice"
     assert {e["host_id"] for e in receiver.stored.values()} == {"test-host-1"}

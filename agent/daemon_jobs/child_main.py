@@ -1,0 +1,114 @@
+"""The child side of agent/daemon_jobs/children.py: ``gpuguard _job NAME`` runs one job body and writes its result.
+
+    snapshot     SnapshotJob.run: events into the outbox, last-snapshot.json; result: compliance, violated rules,
+                 a stack change (the daemon then asks for a health check)
+    guard_check  check_and_rollback (its records go to guard-events.jsonl, which the daemon forwards);
+                 result: status, detail, reboot_required, or the error / the interruption
+    health       HealthJob.run: events into the outbox; result: status and when
+
+The request (argv JSON) carries what the daemon's memory holds: the host id and name the events are stamped with,
+the rules already reported as violated. The outbox is opened as it is (damage is the daemon's to salvage).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from typing import Any, Dict, Optional
+
+from agent.files import write_atomically
+from agent.host import Host
+
+
+def run_job(job: str, config_path: str, host: Host, request: Dict[str, Any], result_path: str) -> int:
+    """Run ``job`` once as the daemon would, write its result (JSON) to ``result_path``; returns the exit code."""
+    from agent.config import Settings, load_settings
+    from agent.log import configure
+
+    # The daemon's settings in force (a reload it refused keeps the old ones); the file only when run by hand.
+    settings = Settings.model_validate(request["settings"]) if "settings" in request else load_settings(config_path)
+    configure(level=settings.agent.log_level)
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
+    if job == "guard_check":
+        result = _guard_check(host, settings, stopping)
+    else:
+        result = _with_outbox(job, host, settings, request, stopping)
+    write_atomically(result_path, json.dumps(result, sort_keys=True) + "\n", mode=0o600)
+    return 0
+
+
+def _guard_check(host: Host, settings: Any, stopping: threading.Event) -> Dict[str, Any]:
+    from agent.daemon_jobs.guard import _default_check
+    from agent.errors import GpuguardError, Interrupted
+
+    try:
+        result = _default_check(host, settings, stopping)
+    except Interrupted as exc:
+        return {"interrupted": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - reported by the daemon's guard job as a failed check
+        return {"error": f"{type(exc).__name__}: {exc}", "expected": isinstance(exc, (GpuguardError, OSError))}
+    if result is None:
+        return {"result": None}
+    return {"result": {"status": getattr(result, "status", None), "detail": str(getattr(result, "detail", "")),
+                       "reboot_required": bool(getattr(result, "reboot_required", False))}}
+
+
+def _with_outbox(job: str, host: Host, settings: Any, request: Dict[str, Any],
+                 stopping: threading.Event) -> Dict[str, Any]:
+    from agent.daemon_jobs.runtime import EventEmitter, Runtime
+    from agent.report.outbox import OUTBOX_FILENAME, Outbox
+
+    state_dir = settings.agent.state_dir
+    outbox = Outbox(os.path.join(state_dir, OUTBOX_FILENAME), settings.report.max_events)
+    emitted = [0]
+
+    def count() -> None:
+        emitted[0] += 1
+
+    emitter = EventEmitter(outbox, str(request["host_id"]), str(request["hostname"]), host.clock, on_enqueued=count)
+    rt = Runtime(host=host, settings=settings, state_dir=state_dir, outbox=outbox, emitter=emitter,
+                 stopping=stopping)
+    try:
+        if job == "snapshot":
+            result = _snapshot(rt, request)
+        elif job == "health":
+            result = _health(rt, str(request.get("reason")))
+        else:
+            raise ValueError(f"unknown job {job!r}")
+        rt.report_held_damage()
+    finally:
+        outbox.close()
+    result["events"] = emitted[0]
+    return result
+
+
+def _snapshot(rt: Any, request: Dict[str, Any]) -> Dict[str, Any]:
+    from agent.daemon_jobs.hooks import default_hooks
+    from agent.daemon_jobs.snapshot import SnapshotJob
+
+    rt.state.violated_rules = frozenset(request.get("violated_rules") or ())
+    asked: list = []
+    SnapshotJob(rt, default_hooks().policy_check, on_stack_changed=asked.append).run(str(request.get("reason")))
+    return {"compliant": rt.state.compliant, "violated_rules": sorted(rt.state.violated_rules),
+            "stack_changed": asked[0] if asked else None, "hostname": rt.emitter.hostname}
+
+
+def _health(rt: Any, reason: str) -> Dict[str, Any]:
+    from agent.daemon_jobs.health import HealthJob
+    from agent.daemon_jobs.hooks import default_hooks
+    from agent.daemon_jobs.snapshot import load_last_snapshot
+
+    rt.state.last_snapshot = load_last_snapshot(rt)
+    HealthJob(rt, default_hooks()).run(reason)
+    return {"status": rt.state.last_health_status, "at_seconds": rt.state.last_health_at_seconds}
+
+
+def parse_request(text: Optional[str]) -> Dict[str, Any]:
+    """The --request JSON object."""
+    value = json.loads(text or "{}")
+    if not isinstance(value, dict):
+        raise ValueError("--request must be a JSON object")
+    return value

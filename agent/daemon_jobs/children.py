@@ -1,0 +1,232 @@
+"""Heavy, infrequent job bodies in short-lived child processes, so the resident daemon stays small.
+
+The snapshot (collectors, GPU libraries, the policy engine), the guard's ``check_and_rollback`` (apt/dnf tooling)
+and the health check load far more code and native memory than scheduling needs, and run every few minutes or
+hours. The daemon runs each of them as ``<python> -m agent _job NAME`` (a hidden subcommand), which does the one
+run and exits; its memory goes with it.
+
+    resident (gpuguard run)                          child (python -m agent _job NAME)
+    request: host_id, hostname, state it needs  -->  argv --request JSON
+                                                     runs the body once; events straight into the outbox
+                                                     (SQLite, BEGIN IMMEDIATE: safe beside the resident)
+    reads the result file, updates its state    <--  --result FILE (JSON), exit 0
+
+The child inherits stderr (its log lines go where the daemon's go), not the daemon's signal handlers, nor
+$NOTIFY_SOCKET / $WATCHDOG_*. SIGTERM to the child sets its ``stopping`` event, exactly what SIGTERM to the daemon
+does to an in-process body (a lock wait gives up, a running step finishes); the daemon sends it when it is
+stopping and waits for the child. A child that fails, crashes or is killed raises :class:`ChildJobFailed` in the
+daemon (exit status or signal, and its peak RSS): the job runner logs it and the next run tries again.
+Each exit is logged as ``job_child_exited`` with the child's peak RSS and CPU time (``getrusage`` of the child).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, Optional, Sequence
+
+from agent.daemon_jobs.runtime import LAST_SNAPSHOT_FILENAME
+from agent.errors import GpuguardError
+from agent.log import get_logger
+
+log = get_logger("job_child")
+
+JOB_NAMES = ("snapshot", "guard_check", "health")
+# How often the daemon looks at a running child (and at its own stopping flag) while it waits.
+POLL_SECONDS = 0.05
+_ENV_DROPPED = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
+
+
+class ChildJobFailed(GpuguardError):
+    """A job child exited non-zero, was killed, or left no result."""
+
+    def __init__(self, job: str, problem: str) -> None:
+        super().__init__(f"job child {job}: {problem}")
+        self.job = job
+        self.problem = problem
+
+
+def child_argv(job: str, config_path: str, root: str, request_json: str, result_path: str) -> list:
+    """The child's command line: this interpreter, this agent package."""
+    return [sys.executable, "-m", "agent", "_job", job, "--config", config_path, "--root", root,
+            "--request", request_json, "--result", result_path]
+
+
+def child_env(environ: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The daemon's environment without systemd's per-process variables, with the daemon's import path."""
+    env = {k: v for k, v in (os.environ if environ is None else environ).items() if k not in _ENV_DROPPED}
+    # The .deb launcher puts /usr/lib/gpuguard and its vendor directory on sys.path; the child must import the same.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isabs(p))
+    return env
+
+
+def run_child(job: str, config_path: str, root: str, request: Dict[str, Any], state_dir: str,
+              stopping: threading.Event, argv: Optional[Callable[..., Sequence[str]]] = None) -> Dict[str, Any]:
+    """Run one job child to its end and return its result; raises ChildJobFailed.
+
+    When ``stopping`` is set while it runs, the child gets SIGTERM once and is waited for.
+    """
+    result_path = os.path.join(state_dir, f".job-{job}.result.json")
+    try:
+        os.unlink(result_path)
+    except FileNotFoundError:
+        pass
+    command = list((argv or child_argv)(job, config_path, root, json.dumps(request, sort_keys=True), result_path))
+    started = time.monotonic()
+    pid = _spawn(command)
+    terminated = False
+    while True:
+        waited, status, usage = os.wait4(pid, os.WNOHANG)
+        if waited == pid:
+            break
+        if stopping.is_set() and not terminated:
+            terminated = True
+            log.info("job_child_stopping", job=job, pid=pid)
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        stopping.wait(POLL_SECONDS) if not stopping.is_set() else time.sleep(POLL_SECONDS)
+    exit_code = os.waitstatus_to_exitcode(status)
+    log.info("job_child_exited", job=job, pid=pid, exit_code=exit_code, max_rss_kib=usage.ru_maxrss,
+             cpu_seconds=round(usage.ru_utime + usage.ru_stime, 3),
+             duration_seconds=round(time.monotonic() - started, 3))
+    try:
+        with open(result_path, "r", encoding="utf-8") as handle:
+            result = json.load(handle)
+    except (OSError, ValueError) as exc:
+        result = None
+        missing = f"{type(exc).__name__}: {exc}"
+    finally:
+        try:
+            os.unlink(result_path)
+        except OSError:
+            pass
+    if exit_code < 0:
+        raise ChildJobFailed(job, f"killed by {signal.Signals(-exit_code).name}")
+    if exit_code != 0:
+        raise ChildJobFailed(job, f"exited {exit_code}")
+    if not isinstance(result, dict):
+        raise ChildJobFailed(job, f"no result ({missing})" if result is None else "result is not an object")
+    return result
+
+
+def _spawn(command: Sequence[str]) -> int:
+    """posix_spawn the child: stdin and stdout /dev/null, stderr shared, default signal handling."""
+    devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        return os.posix_spawn(command[0], list(command), child_env(),
+                              file_actions=[(os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, devnull, 1)],
+                              setsigdef=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,
+                                         signal.SIGCHLD, signal.SIGPIPE),
+                              setsigmask=())
+    finally:
+        os.close(devnull)
+
+
+def job_request(runtime: Any, reason: str, **extra: Any) -> Dict[str, Any]:
+    """What every child needs from the daemon's memory: the settings in force (a SIGHUP-reloaded file, or the old
+    one kept after an invalid reload), the host id and name events are stamped with, the reason."""
+    return {"settings": runtime.settings.model_dump(mode="json"), "host_id": runtime.emitter.host_id,
+            "hostname": runtime.emitter.hostname, "reason": reason, **extra}
+
+
+class SnapshotInChild:
+    """The snapshot job's body run in a child; the daemon then reads the stored snapshot back for its state."""
+
+    def __init__(self, runtime: Any, config_path: str, on_stack_changed: Callable[[str], None]) -> None:
+        from agent.snapshot.pairing import pairing_of
+
+        self.runtime = runtime
+        self.config_path = config_path
+        self.on_stack_changed = on_stack_changed
+        self._pairing_of = pairing_of
+        state = runtime.state
+        if state.last_snapshot is None:
+            state.last_snapshot = self._load(runtime)
+            if state.last_snapshot is not None:
+                state.pairing = pairing_of(state.last_snapshot)
+
+    def run(self, reason: str = "interval") -> None:
+        rt = self.runtime
+        result = run_child("snapshot", self.config_path, str(rt.host.root),
+                           job_request(rt, reason, violated_rules=sorted(rt.state.violated_rules)),
+                           rt.state_dir, rt.stopping)
+        snap = self._load(rt, report_damage=False)  # the child reported a damaged file it found
+        with rt.state.lock:
+            rt.state.last_snapshot = snap
+            rt.state.pairing = self._pairing_of(snap) if snap is not None else None
+            rt.state.compliant = result.get("compliant")
+            rt.state.violated_rules = frozenset(result.get("violated_rules") or ())
+        if result.get("hostname"):
+            rt.emitter.hostname = str(result["hostname"])
+        if result.get("events"):
+            rt.emitter.on_enqueued()
+        if result.get("stack_changed"):
+            self.on_stack_changed(str(result["stack_changed"]))
+
+
+    @staticmethod
+    def _load(runtime: Any, report_damage: bool = True) -> Any:
+        """load_last_snapshot of agent/daemon_jobs/snapshot.py without importing the collectors it runs."""
+        from agent.errors import InputFileError
+        from agent.snapshot.io import load_snapshot
+
+        path = runtime.state_path(LAST_SNAPSHOT_FILENAME)
+        try:
+            return load_snapshot(path)
+        except InputFileError as exc:
+            if exc.reason != "no such file" and report_damage:
+                runtime.report_damaged_file(path, exc.reason, "starting without a previous snapshot")
+            return None
+
+
+class HealthInChild:
+    """The health job's body run in a child (skipped, as in-process, when disabled or under another root)."""
+
+    def __init__(self, runtime: Any, config_path: str, hooks: Any) -> None:
+        from agent.daemon_jobs.health import HealthJob
+
+        self.runtime = runtime
+        self.config_path = config_path
+        self._skip = HealthJob(runtime, hooks)  # restores the last status; its skip rules, logged once
+
+    def run(self, reason: str = "interval") -> None:
+        rt = self.runtime
+        if not rt.settings.daemon.health_enabled or not rt.host.is_live:
+            self._skip.run(reason)
+            return
+        result = run_child("health", self.config_path, str(rt.host.root), job_request(rt, reason),
+                           rt.state_dir, rt.stopping)
+        with rt.state.lock:
+            rt.state.last_health_status = result.get("status")
+            rt.state.last_health_at_seconds = result.get("at_seconds")
+        if result.get("events"):
+            rt.emitter.on_enqueued()
+
+
+class GuardCheckInChild:
+    """``check_and_rollback`` in a child, as the guard job's ``check`` callable: its result, or its error raised."""
+
+    def __init__(self, runtime: Any, config_path: str) -> None:
+        self.runtime = runtime
+        self.config_path = config_path
+
+    def __call__(self, host: Any, settings: Any) -> Any:
+        from types import SimpleNamespace
+
+        from agent.errors import Interrupted
+
+        rt = self.runtime
+        reply = run_child("guard_check", self.config_path, str(host.root), job_request(rt, "guard_check"),
+                          rt.state_dir, rt.stopping)
+        if "interrupted" in reply:
+            raise Interrupted(str(reply["interrupted"]))
+        if "error" in reply:
+            raise ChildJobFailed("guard_check", str(reply["error"]))
+        result = reply.get("result")
+        return None if result is None else SimpleNamespace(**result)

@@ -1,0 +1,165 @@
+"""Heavy jobs in child processes: failures, kills and SIGTERM in a child, events from children delivered once."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import List, Sequence
+
+import pytest
+
+from agent.daemon import JobRunner
+from agent.daemon_jobs.children import ChildJobFailed, child_env, run_child
+from agent.log import configure
+from tests.daemon.conftest import AgentProcess, agent_config, assert_delivered_once_in_order
+from tests.report.receiver import Receiver
+
+
+def python_child(code: str):
+    """An ``argv`` for run_child that runs ``code`` with the result path in ``sys.argv[1]``."""
+    def argv(job: str, config_path: str, root: str, request_json: str, result_path: str) -> Sequence[str]:
+        return [sys.executable, "-c", code, result_path, request_json]
+    return argv
+
+
+WRITES_RESULT = "import json, sys; open(sys.argv[1], 'w').write(json.dumps({'echo': json.loads(sys.argv[2])}))"
+
+
+def test_a_child_result_comes_back_and_its_file_is_removed(tmp_path: Path) -> None:
+    """The child's JSON result is returned; the result file does not stay behind."""
+    result = run_child("snapshot", "/nonexistent.toml", "/", {"reason": "interval"}, str(tmp_path),
+                       threading.Event(), argv=python_child(WRITES_RESULT))
+    assert result == {"echo": {"reason": "interval"}}
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("code, problem", [
+    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "killed by SIGKILL"),
+    ("raise SystemExit(3)", "exited 3"),
+    ("pass", "no result"),
+    ("import sys; open(sys.argv[1], 'w').write('[1]')", "result is not an object"),
+])
+def test_a_child_that_crashes_is_killed_or_says_nothing_raises(tmp_path: Path, code: str, problem: str) -> None:
+    """Every way a child can fail becomes one ChildJobFailed naming the job."""
+    with pytest.raises(ChildJobFailed, match=problem) as caught:
+        run_child("guard_check", "/nonexistent.toml", "/", {}, str(tmp_path), threading.Event(),
+                  argv=python_child(code))
+    assert caught.value.job == "guard_check"
+
+
+def test_a_killed_child_is_logged_and_the_next_run_tries_again(tmp_path: Path) -> None:
+    """The job runner logs the failed child once, the next interval runs a new child, which recovers."""
+    stream = io.StringIO()
+    configure(level="info", json_output=True, stream=stream)
+    codes = ["import os, signal; os.kill(os.getpid(), signal.SIGKILL)", WRITES_RESULT]
+
+    def body(reason: str) -> None:
+        run_child("snapshot", "/nonexistent.toml", "/", {}, str(tmp_path), threading.Event(),
+                  argv=python_child(codes.pop(0)))
+
+    runner = JobRunner("snapshot", body, threading.Event())
+    runner()
+    runner()
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    events = [e["event"] for e in lines]
+    assert events == ["job_child_exited", "job_failed", "job_child_exited", "job_recovered"]
+    assert lines[0]["exit_code"] == -signal.SIGKILL and lines[0]["max_rss_kib"] > 0
+    assert "killed by SIGKILL" in lines[1]["error"]
+
+
+def test_stopping_sends_the_child_sigterm_and_waits_for_it(tmp_path: Path) -> None:
+    """When the daemon stops, the child gets SIGTERM, finishes its step and is waited for (never left behind)."""
+    marker = tmp_path / "got-sigterm"
+    code = ("import json, signal, sys, time\n"
+            "def stop(signum, frame):\n"
+            f"    open({str(marker)!r}, 'w').write('1'); time.sleep(0.3)\n"
+            "    open(sys.argv[1], 'w').write(json.dumps({'stopped': True})); sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, stop)\n"
+            "time.sleep(30)\n")
+    stopping = threading.Event()
+    threading.Timer(0.5, stopping.set).start()
+    started = time.monotonic()
+    result = run_child("health", "/nonexistent.toml", "/", {}, str(tmp_path), stopping, argv=python_child(code))
+    assert result == {"stopped": True}
+    assert marker.exists()
+    assert time.monotonic() - started < 10
+
+
+def test_the_child_environment_drops_systemd_variables_and_keeps_the_import_path() -> None:
+    """$NOTIFY_SOCKET and the watchdog belong to the daemon; the child imports the same agent and vendor tree."""
+    env = child_env({"NOTIFY_SOCKET": "/run/systemd/notify", "WATCHDOG_USEC": "60000000", "WATCHDOG_PID": "1",
+                     "PATH": "/usr/bin"})
+    assert "NOTIFY_SOCKET" not in env and "WATCHDOG_USEC" not in env and "WATCHDOG_PID" not in env
+    assert env["PATH"] == "/usr/bin"
+    assert str(Path(__file__).resolve().parents[2]) in env["PYTHONPATH"].split(os.pathsep)
+
+
+def daemon_children(pid: int) -> List[int]:
+    """The daemon's child processes now (from /proc/PID/task/*/children)."""
+    found: List[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_a_snapshot_child_killed_mid_run_is_retried_and_events_arrive_once(agent: AgentProcess, receiver: Receiver,
+                                                                         token_file: Path) -> None:
+    """SIGKILL to a running snapshot child: the daemon logs it and lives; later children's events arrive once."""
+    agent.write_config(agent_config(agent.state_dir, receiver.url, token_file, log_level="info").replace(
+        "interval_seconds = 600", "interval_seconds = 0.5"))
+    agent.start()
+    agent.wait_for_log("job_child_exited", job="snapshot")
+    assert agent.proc is not None
+    deadline, killed = time.monotonic() + 20, None
+    while killed is None and time.monotonic() < deadline:
+        for child in daemon_children(agent.proc.pid):
+            try:
+                os.kill(child, signal.SIGKILL)
+                killed = child
+            except ProcessLookupError:
+                pass
+        time.sleep(0.01)
+    assert killed is not None, "no snapshot child seen"
+    agent.wait_for_log("job_failed", job="snapshot")
+    exits_before = len(agent.events_named("job_child_exited"))
+    agent.wait_for_log("job_child_exited", count=exits_before + 2, job="snapshot")
+    agent.wait_for_log("job_recovered", job="snapshot")
+    agent.send(signal.SIGUSR1)  # guard check, snapshot and delivery now
+    assert receiver.wait_for(lambda r: "snapshot_changed" in r.kinds_stored() and len(r.stored) >= 5)
+    assert agent.terminate() == 0
+    assert_delivered_once_in_order(receiver, agent.outbox())
+    stored = list(receiver.stored.values())
+    assert {e["host_id"] for e in stored} == {"test-host-1"}
+    assert sum(e["payload"]["kind"] == "snapshot_changed" for e in stored) == 1, "the unchanged stack re-reported"
+    assert not daemon_children(agent.proc.pid) if agent.proc.poll() is None else True
+
+
+@pytest.mark.slow
+def test_sigterm_while_a_snapshot_child_runs_stops_cleanly(agent: AgentProcess, token_file: Path) -> None:
+    """SIGTERM while a child runs: the daemon passes it on, waits for the child, exits 0 and leaves no process."""
+    agent.write_config(agent_config(agent.state_dir, None, token_file, log_level="info").replace(
+        "interval_seconds = 600", "interval_seconds = 0.2"))
+    agent.start()
+    agent.wait_for_log("job_child_exited", job="snapshot")
+    assert agent.proc is not None
+    deadline, children = time.monotonic() + 20, []
+    while not children and time.monotonic() < deadline:
+        children = daemon_children(agent.proc.pid)
+        time.sleep(0.005)
+    assert children, "no child running to stop"
+    assert agent.terminate() == 0
+    for child in children:
+        assert not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text(), \
+            "a job child outlived the daemon"
+    names = [e["event"] for e in agent.logs()]
+    assert names.index("daemon_stopping") < len(names) - 1 and names[-1] == "daemon_stopped"
