@@ -41,7 +41,7 @@ _FW_PREFIX = "AMDSMI_FW_ID_"
 _BYTES_PER_MIB = 1024 * 1024
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class AmdGpu(Frozen):
     """One AMD GPU (or partition) as the driver reports it."""
 
@@ -58,7 +58,7 @@ class AmdGpu(Frozen):
     ecc_uncorrectable_count: Optional[int] = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class AmdgpuInfo(Frozen):
     """The loaded amdgpu driver and the GPUs it drives."""
 

@@ -49,7 +49,7 @@ FIX = "nvidia-ctk system create-dev-char-symlinks --create-all"
 _CGROUP_DRIVER = re.compile(r"^native\.cgroupdriver\s*=\s*(\S+)$")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class ContainerCgroupsInfo(Frozen):
     """The container runtimes' cgroup driver, the NVIDIA toolkit, and the NVIDIA devices without /dev/char links."""
 

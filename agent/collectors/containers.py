@@ -43,7 +43,7 @@ _VERSION_CACHE_MAX = 64
 _VERSION = re.compile(r"\bv?(\d+\.\d+(?:\.\d+)?(?:[-+~][0-9A-Za-z.\-+~]*)?)")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class ContainerTool(Frozen):
     """One container tool found on the host."""
 
@@ -51,7 +51,7 @@ class ContainerTool(Frozen):
     version: Optional[str] = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class ContainersInfo(Frozen):
     """Tools present, and docker's runtime configuration."""
 

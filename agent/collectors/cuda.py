@@ -23,7 +23,7 @@ _COMPAT_LIBCUDA = re.compile(r"^libcuda\.so\.(\d+\.\d+(?:\.\d+)*)$")
 _CUDA_H_VERSION = re.compile(r"^\s*#\s*define\s+CUDA_VERSION\s+(\d+)\s*$", re.MULTILINE)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class CudaToolkit(Frozen):
     """One CUDA toolkit tree."""
 
@@ -32,7 +32,7 @@ class CudaToolkit(Frozen):
     compat_driver_version: Optional[str] = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class CudaInfo(Frozen):
     """Every toolkit on disk and which one /usr/local/cuda points at."""
 

@@ -16,7 +16,7 @@ DkmsState = Literal["added", "built", "installed"]
 _MODULE_SUFFIXES = (".ko", ".ko.xz", ".ko.zst", ".ko.gz")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class DkmsModule(Frozen):
     """One module version, and the kernel it was built for (None when only its source is registered)."""
 
@@ -27,7 +27,7 @@ class DkmsModule(Frozen):
     arch: Optional[str] = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class DkmsInfo(Frozen):
     """Every module version DKMS knows, with its per-kernel state."""
 

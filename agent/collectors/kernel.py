@@ -19,7 +19,7 @@ from agent.policy.versions import sort_key
 NextBootSource = Literal["grubenv", "grub_default", "newest_installed"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class KernelInfo(Frozen):
     """Running and next-boot kernel releases (``uname -r`` form)."""
 

@@ -33,7 +33,7 @@ CONTROL_DEVICE = "/dev/nvidiactl"
 NVML_NOT_LOADED = reason("pynvml", f"not loaded (no /sys/module/nvidia, {PROC_DRIVER_DIR} or {CONTROL_DEVICE})")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class NvidiaGpu(Frozen):
     """One NVIDIA GPU."""
 
@@ -49,7 +49,7 @@ class NvidiaGpu(Frozen):
     ecc_uncorrected_volatile_count: Optional[int] = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class NvidiaInfo(Frozen):
     """The loaded nvidia driver and the GPUs it drives."""
 

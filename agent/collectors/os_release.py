@@ -11,7 +11,7 @@ from agent.host import Host
 from agent.hostfacts.keyvalue import parse_key_value_lines
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class OsRelease(Frozen):
     """The fields of os-release(5) that matter for support matrices."""
 

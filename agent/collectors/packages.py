@@ -28,7 +28,7 @@ PackageManager = Literal["dpkg", "rpm"]
 _GLOB_CHARS = "*?["  # what makes fnmatch treat a pattern as more than a name
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class PackageInfo(Frozen):
     """One installed package version."""
 
@@ -37,7 +37,7 @@ class PackageInfo(Frozen):
     state: str = "installed"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class PackageSet(Frozen):
     """The watched packages of one package database, keyed by name (``name:arch`` where a name has several)."""
 

@@ -21,7 +21,7 @@ _INSTALL_DIR = re.compile(r"^rocm-\d+(?:\.\d+)*")
 _VERSION = re.compile(r"^\d+(?:\.\d+)+(?:[-+~.][0-9A-Za-z.~+-]*)?$")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class RocmInstall(Frozen):
     """One ROCm tree on disk."""
 
@@ -29,7 +29,7 @@ class RocmInstall(Frozen):
     version: Optional[str] = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class RocmInfo(Frozen):
     """Which ROCm is active and which are installed."""
 

@@ -33,7 +33,7 @@ _VOLATILE_FIELDS = {"taken_at", "agent_version", "content_hash"}
 Severity = Literal["info", "warning", "critical"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class Finding(Frozen):
     """Something the snapshot shows that an operator should know, e.g. an installed driver that is not loaded."""
 
@@ -48,7 +48,7 @@ class Finding(Frozen):
 _NOT_COLLECTED: "Section[ContainerCgroupsInfo]" = Section(status=Status.ABSENT, reason="not collected")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class Snapshot(Frozen):
     """Everything gpuguard knows about one host at one moment."""
 
