@@ -32,10 +32,18 @@ from agent.errors import ConfigError, InputFileError
 from agent.files import FileMissing, decode_text, read_bytes_bounded
 from agent.strictjson import MAX_NESTING_DEPTH, nesting_depth
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python < 3.11 hosts
-    import tomli as tomllib
+
+def toml_module() -> Any:
+    """``tomllib`` (Python 3.11+) or the vendored ``tomli``, imported when a TOML text is first read.
+
+    Most snapshots read none (no config file, no containerd config): importing it up front cost milliseconds.
+    """
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on Python < 3.11 hosts (the vendored tomli)
+        import tomli as tomllib
+    return tomllib
+
 
 if TYPE_CHECKING:  # pragma: no cover - pydantic is imported only where a pydantic model is validated
     from pydantic_core import CoreSchema
@@ -66,6 +74,7 @@ def validation_problems(errors: Iterable[Mapping[str, Any]], skip_loc: int = 0, 
 
 def parse_toml(text: str, path: str) -> Dict[str, Any]:
     """Parse TOML text; ConfigError for text that is not TOML or nests too deeply."""
+    tomllib = toml_module()
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

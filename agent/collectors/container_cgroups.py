@@ -18,19 +18,14 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from agent.collectors.base import Frozen
+from agent.configfile import toml_module
 from agent.errors import CollectorUnavailable
 from agent.host import Host
 from agent.log import get_logger
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python < 3.11 hosts (the vendored tomli)
-    import tomli as tomllib
 
 log = get_logger("collectors.container_cgroups")
 
@@ -93,6 +88,7 @@ def parse_containerd_systemd_cgroup(text: str) -> Optional[bool]:
 
     Raises ValueError when the file is not TOML.
     """
+    tomllib = toml_module()
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
