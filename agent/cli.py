@@ -128,7 +128,7 @@ def _add_guard_parsers(sub: "argparse._SubParsersAction[argparse.ArgumentParser]
             p.add_argument("--policy", metavar="PATH", help="policy file or directory (default: [guard] policy_path, "
                                                             "/etc/gpuguard/policy.d under --root)")
 
-    pol = sub.add_parser("policy", help="pairing policy: check, compile, explain")
+    pol = sub.add_parser("policy", help="pairing policy: check, compile, explain, freeze")
     pol_sub = pol.add_subparsers(dest="policy_command", metavar="POLICY_COMMAND")
     pol_sub.required = True
     check = pol_sub.add_parser("check", help="validate a policy file or directory; every problem on its own line "
@@ -143,6 +143,30 @@ def _add_guard_parsers(sub: "argparse._SubParsersAction[argparse.ArgumentParser]
     explain = pol_sub.add_parser("explain", help="show what this host is pinned to and what it may do")
     common(explain)
     explain.set_defaults(handler=_guard_command("policy_explain"))
+    freeze = pol_sub.add_parser(
+        "freeze", help="write a policy that keeps this host on its installed driver/ROCm or NVIDIA driver/CUDA "
+                       "builds and kernels, commented line by line (exit 10 when installed and loaded driver differ)",
+        description="Print (or write with --output) a policy from the host as it is now: the installed driver/ROCm "
+                    "or NVIDIA driver/CUDA pairing at its exact builds, the running and installed kernels, the rest "
+                    "of the GPU stack frozen, the other guarded packages. Save it as "
+                    "/etc/gpuguard/policy.d/50-freeze.toml, check it, then policy compile and pin apply. A host "
+                    "whose installed driver is not the loaded one is refused (exit 10).")
+    freeze.add_argument("--root", default="/", help="read the host tree under DIR instead of / (chroot, fixture)")
+    freeze.add_argument("--config", default=DEFAULT_CONFIG_PATH, metavar="PATH",
+                        help=f"agent config file (default {DEFAULT_CONFIG_PATH}; missing means defaults)")
+    freeze.add_argument("--output", "-o", metavar="FILE", help="write the policy to FILE (atomically) instead of "
+                                                               "stdout, e.g. /etc/gpuguard/policy.d/50-freeze.toml")
+    freeze.add_argument("--force", action="store_true", help="replace FILE when it exists")
+    freeze.add_argument("--name", help="the policy's name (default: freeze-HOSTNAME)")
+    freeze.add_argument("--allow-point-releases", action="store_true",
+                        help="allow point releases of the installed series (driver 6.2.*, ROCm 6.2.*, NVIDIA "
+                             "driver 580.*, CUDA 13.0.*) instead of the exact builds")
+    freeze.add_argument("--kernel-series", action="store_true",
+                        help="allow new kernels of the installed series (6.8.0-*-generic) instead of the exact "
+                             "kernel releases")
+    freeze.add_argument("--accept-inconsistent", action="store_true",
+                        help="freeze the installed packages even when the loaded driver differs (the policy says so)")
+    freeze.set_defaults(handler=_guard_command("policy_freeze"))
 
     pin = sub.add_parser("pin", help="native pins rendered from the policy (apt preferences.d, dnf versionlock)")
     pin_sub = pin.add_subparsers(dest="pin_command", metavar="PIN_COMMAND")

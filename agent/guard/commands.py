@@ -124,6 +124,50 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     return 0
 
 
+def policy_freeze(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    """Write a policy that keeps this host on what it runs now (agent/policy/freeze.py renders it): to stdout, or
+    atomically to --output, which must not exist unless --force; exit 10 when the host is inconsistent."""
+    import os
+    import sys
+
+    from agent.errors import UsageError
+    from agent.files import write_atomically
+    from agent.guard.manager import detect_manager
+    from agent.guard.rollback.core import read_installed
+    from agent.hostfacts.loaded_modules import loaded_drivers
+    from agent.hostfacts.os_release import read_os_release
+    from agent.policy.freeze import FREEZE_PACKAGES, FreezeFacts, FreezeOptions, FreezeRefused, render_freeze
+
+    if args.output and os.path.lexists(args.output) and not args.force:
+        raise UsageError(f"{args.output} exists; pass --force to replace it")
+    host = make_host(args.root)
+    settings = _settings(args)
+    os_fields = read_os_release(str(host.root)) or {}
+    modules = dict(loaded_drivers(str(host.root)))
+    amdgpu = host.read_first_line("/sys/module/amdgpu/version")  # a DKMS build's kernel base, e.g. 6.8.5
+    if amdgpu:
+        modules["amdgpu"] = amdgpu
+    installed = read_installed(host, list(FREEZE_PACKAGES), settings=settings)
+    facts = FreezeFacts(installed={k: v.version for k, v in installed.items()}, manager=detect_manager(host),
+                        running_kernel=host.read_first_line("/proc/sys/kernel/osrelease"), loaded_modules=modules,
+                        os_id=os_fields.get("ID"), os_version_id=os_fields.get("VERSION_ID"),
+                        hostname=host.hostname(), date=host.clock().date().isoformat())
+    options = FreezeOptions(name=args.name, point_releases=args.allow_point_releases,
+                            kernel_series=args.kernel_series, accept_inconsistent=args.accept_inconsistent)
+    try:
+        text = render_freeze(facts, options)
+    except FreezeRefused as exc:
+        print(f"gpuguard: refusing to freeze: {exc}", file=sys.stderr)
+        return EXIT_VIOLATIONS
+    if not args.output:
+        out.write(text)
+        return 0
+    write_atomically(args.output, text)
+    out.write(f"wrote {args.output}; next: gpuguard policy check {args.output}, then put it in /etc/gpuguard/policy.d/ "
+              f"and run gpuguard policy compile and gpuguard pin apply\n")
+    return 0
+
+
 def pin_apply(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
     """Render the policy as native pins: apt preferences on dpkg hosts, dnf versionlock entries on rpm hosts;
     gpuguard's stale ones are removed, nobody else's."""
