@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,11 @@ def test_a_snapshot_key_that_is_not_a_table(tmp_path: Path) -> None:
     command, daemon = _both(tmp_path, "snapshot = 5\n")
     assert command.problems == daemon.problems == ("snapshot: Input should be a valid dictionary or instance of "
                                                    "SnapshotSettings",)
+
+
+def test_the_daemons_settings_round_trip_through_json() -> None:
+    """Settings dumped to JSON (what a job child is handed) validate back to equal [snapshot] settings."""
+    settings = parse_settings('[snapshot]\ninterval_seconds = 60\nextra_watched_packages = ["python3"]\n')
+    dumped = json.loads(json.dumps(settings.model_dump(mode="json")))
+    assert dumped["snapshot"]["interval_seconds"] == 60.0
+    assert type(settings).model_validate(dumped).snapshot == settings.snapshot
