@@ -1,4 +1,4 @@
-"""The whole ``gpuguard snapshot`` process against the operator's own reads of the same facts, side by side.
+r"""The whole ``gpuguard snapshot`` process against the operator's own reads of the same facts, side by side.
 
 The operator's reads: ``dpkg-query -W`` of the watched patterns, ``uname -r`` and ``cat /etc/os-release``, each a
 process. The two are run as interleaved pairs (snapshot, reads, snapshot, reads, ...) so drift in the machine's load
@@ -9,6 +9,9 @@ Goal (issue #17): the snapshot's CPU within 3x of the reads'; under 0.2 s on the
 
 Run:  .venv/bin/python bench/bench_snapshot.py [--pairs 15] [--gpuguard "gpuguard"] [--json FILE]
       (default command: this checkout's ``python3 -m agent snapshot``; ``--gpuguard gpuguard`` for the installed one)
+An older build in the same rounds (its tree from ``git archive COMMIT agent | tar -x -C /tmp/old``):
+      --compare "sh -c 'cd /tmp && PYTHONPATH=/tmp/old exec $PWD/.venv/bin/python -m agent \"\$@\"' old"
+Figures and the last command used: docs/reporting.md, "What one gpuguard snapshot costs".
 """
 
 from __future__ import annotations
