@@ -371,8 +371,7 @@ def _nvidia_lines(facts: FreezeFacts, stack: _Stack, options: FreezeOptions) -> 
             "; and the loaded module" if loaded == release else "")
     elif loaded:
         release = loaded
-        where = "no package carries the driver: the loaded nvidia module is judged, and a driver package of " \
-                "another release is refused"
+        where = "no package carries it: the loaded nvidia module is judged"
     else:
         release = None
         where = ""
@@ -381,7 +380,7 @@ def _nvidia_lines(facts: FreezeFacts, stack: _Stack, options: FreezeOptions) -> 
                                              "refused"))
     elif options.point_releases:
         branch = releases.series(release, 1)
-        lines.append(_line("driver", f"{branch}.*", f"driver branch {branch} updates ({release} now: {where})"))
+        lines.append(_line("driver", f"{branch}.*", f"driver branch {branch} updates (now {release}; {where})"))
     else:
         lines.append(_line("driver", release, f"driver release {release} ({where})"))
     if not cuda:
