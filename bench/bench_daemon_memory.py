@@ -3,7 +3,9 @@
 The agent runs as a real process with every default interval divided by ``--speedup`` (300: a snapshot and a guard
 check every second, a heartbeat every 0.2 s, delivery every 0.1 s, so the default 288 s are a day's 288 snapshots
 and 1,440 heartbeats). The package watch runs every ``max(2 s / speedup, 0.05 s)``. The health check is off (it
-runs a separate probe process; its memory is not the daemon's). Without ``--endpoint`` events stay in the outbox.
+runs a separate probe process; its memory is not the daemon's). Events go to ``--endpoint``, by default a local
+ingest on 127.0.0.1 that acknowledges every batch (so requests and delivery are resident, as in production);
+``--endpoint none`` leaves them in the outbox.
 
 Since issue #17's structural fix the daemon runs the snapshot, the guard's rollback check and the health check in
 short-lived children (``python -m agent _job NAME``); each child's exit is logged (``job_child_exited``, with its
@@ -36,8 +38,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -89,6 +93,25 @@ def hide_modules(workdir: Path, names: List[str]) -> Optional[Path]:
     return site
 
 
+class _Ingest(BaseHTTPRequestHandler):
+    """Acknowledges every batch, as the hub would."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt: str, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        reply = json.dumps({"accepted": [e["event_id"] for e in body["events"]], "duplicates": []}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+        self.server.events += len(body["events"])  # type: ignore[attr-defined]
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -119,7 +142,12 @@ def find_node_exporter(given: Optional[str], workdir: Path) -> Optional[str]:
 def write_config(path: Path, state_dir: Path, speedup: float, endpoint: Optional[str]) -> Dict[str, float]:
     intervals = {name: seconds / speedup for name, seconds in DEFAULTS.items()}
     intervals["package_watch"] = max(intervals["package_watch"], 0.05)
-    report = f'endpoint_url = "{endpoint}"\n' if endpoint else ""
+    report = ""
+    if endpoint:
+        token = path.parent / "token"
+        with open(os.open(token, os.O_CREAT | os.O_WRONLY, 0o600), "w") as handle:
+            handle.write("bench-token-0123456789\n")
+        report = f'endpoint_url = "{endpoint}"\ntoken_file = "{token}"\n'
     path.write_text(f'[agent]\nstate_dir = "{state_dir}"\nlog_level = "info"\n'
                     f'[snapshot]\ninterval_seconds = {intervals["snapshot"]}\n'
                     f'[daemon]\nhealth_enabled = false\npackage_watch_interval_seconds = {intervals["package_watch"]}\n'
@@ -138,15 +166,23 @@ def main() -> int:
     parser.add_argument("--gpuguard", default=None, help="command prefix (default: python3 -m agent of this checkout)")
     parser.add_argument("--node-exporter", default=None,
                         help="node_exporter binary (default: PATH or apt-get download)")
-    parser.add_argument("--endpoint", default=None, help="report endpoint_url (default none: events stay queued)")
+    parser.add_argument("--endpoint", default=None,
+                        help="report endpoint_url (default: a local ingest; 'none': events stay queued)")
     parser.add_argument("--json", metavar="FILE", help="also write every sample as JSON")
     parser.add_argument("--hide", action="append", default=None, metavar="MODULE",
                         help="make MODULE unimportable in agent and children (default: rich; 'none' for nothing)")
     args = parser.parse_args()
     seconds = args.seconds if args.seconds is not None else 86400.0 / args.speedup
+    ingest: Optional[ThreadingHTTPServer] = None
+    endpoint = None if args.endpoint == "none" else args.endpoint
+    if args.endpoint is None:
+        ingest = ThreadingHTTPServer(("127.0.0.1", 0), _Ingest)
+        ingest.events = 0  # type: ignore[attr-defined]
+        threading.Thread(target=ingest.serve_forever, daemon=True).start()
+        endpoint = f"http://127.0.0.1:{ingest.server_port}"
     with tempfile.TemporaryDirectory(prefix="gpuguard-soak-") as tmp:
         work = Path(tmp)
-        intervals = write_config(work / "agent.toml", work / "state", args.speedup, args.endpoint)
+        intervals = write_config(work / "agent.toml", work / "state", args.speedup, endpoint)
         env = dict(os.environ)
         hidden = [m for m in (args.hide if args.hide is not None else ["rich"]) if m != "none"]
         site = hide_modules(work, hidden)
@@ -236,6 +272,9 @@ def main() -> int:
             job["failed"] += entry.get("exit_code") != 0
             job["max_rss_mib"] = max(job["max_rss_mib"], float(entry.get("max_rss_kib") or 0) / 1024)
             job["cpu_seconds"] += float(entry.get("cpu_seconds") or 0)
+        if ingest is not None:
+            ingest.shutdown()
+            print(f"local ingest {endpoint}: {ingest.events} events delivered")  # type: ignore[attr-defined]
         print(f"resident daemon CPU: {agent_cpu if agent_cpu is not None else '-'} s over the soak; node_exporter "
               f"CPU: {exporter_cpu if exporter_cpu is not None else '-'} s")
         if not children:

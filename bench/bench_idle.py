@@ -5,10 +5,14 @@ Starts ``gpuguard run`` with its default intervals (snapshot 300 s, heartbeat 60
 loaded as in production; lets it take its first snapshot and deliver; then samples /proc/<pid>/status (VmRSS) and
 /proc/<pid>/stat (utime + stime) over ``--seconds``. Sampled side by side in the same run: a second agent whose
 jobs are all an hour apart (its window holds only time between jobs), and ``python3 -c 'import time;
-time.sleep(...)'`` with the same interpreter.
+time.sleep(...)'`` with the same interpreter; with ``--before DIR``, the same default-interval agent from another
+tree (``git archive`` of an older commit) as ``agent_before``. CPU counts the agent's threads and its job children
+(the snapshot runs in a child since issue #17; /proc/PID/stat cutime + cstime once the daemon has reaped them).
+``rich`` is hidden from the agents (a sitecustomize on PYTHONPATH): .venv has it only as a test dependency, the .deb
+has none, and structlog imports it when present.
 
 Goals (issue #6): under 60 MB RSS; no measurable CPU between jobs.
-Run: .venv/bin/python bench/bench_idle.py [--seconds 20] [--root DIR] [--json]
+Run: .venv/bin/python bench/bench_idle.py [--seconds 20] [--root DIR] [--before DIR] [--json]
 """
 
 from __future__ import annotations
@@ -63,9 +67,10 @@ def rss_kib(pid: int) -> Dict[str, int]:
 
 
 def cpu_ticks(pid: int) -> int:
-    """utime + stime of a process (all threads), in clock ticks."""
+    """utime + stime of a process (all threads) and of its reaped children, in clock ticks."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5), counted after the comm field
+    # fields 14 to 17 of proc(5) (utime, stime, cutime, cstime), counted after the comm field
+    return int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
 
 
 def sample(pid: int, seconds: float, every_seconds: float = 0.5) -> Dict[str, float]:
@@ -96,14 +101,19 @@ def agent_config(state_dir: str, endpoint: str, token_file: str, quiet: bool) ->
     return "\n".join(lines) + "\n"
 
 
-def start_agent(tmp: str, name: str, root: str, endpoint: str, token_file: str, quiet: bool) -> subprocess.Popen:
+def start_agent(tmp: str, name: str, root: str, endpoint: str, token_file: str, quiet: bool,
+                tree: Path = REPO) -> subprocess.Popen:
     config = os.path.join(tmp, f"{name}.toml")
     Path(config).write_text(agent_config(os.path.join(tmp, f"state-{name}"), endpoint, token_file, quiet))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    hide = os.path.join(tmp, "hide")
+    if not os.path.isdir(hide):
+        os.mkdir(hide)
+        Path(hide, "sitecustomize.py").write_text("import sys\nsys.modules.setdefault('rich', None)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([hide, str(tree)])}
     env.pop("NOTIFY_SOCKET", None)
     with open(os.path.join(tmp, f"{name}.log"), "wb") as log:
         return subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", config, "--root", root],
-                                cwd=str(REPO), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                cwd=str(tree), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=log)
 
 
@@ -113,6 +123,7 @@ def main() -> int:
     parser.add_argument("--warmup-seconds", type=float, default=4.0, help="wait before sampling (default 4)")
     parser.add_argument("--root", help="host tree to watch (default: a copy of the gpuless-debian12 fixture)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--before", type=Path, help="also run the agent of this tree (an older commit), side by side")
     args = parser.parse_args()
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Ingest)
@@ -129,13 +140,15 @@ def main() -> int:
         endpoint = f"http://127.0.0.1:{server.server_port}"
         procs = {"agent": start_agent(tmp, "agent", root, endpoint, token_file, quiet=False),
                  "agent_no_job_due": start_agent(tmp, "agent_no_job_due", root, endpoint, token_file, quiet=True),
+                 **({"agent_before": start_agent(tmp, "agent_before", root, endpoint, token_file, quiet=False,
+                                                 tree=args.before.resolve())} if args.before else {}),
                  "bare_python": subprocess.Popen([sys.executable, "-c",
                                                   f"import time; time.sleep({args.seconds * 3 + 60})"],
                                                  stdin=subprocess.DEVNULL)}
         results: Dict[str, object] = {}
         try:
             time.sleep(args.warmup_seconds)
-            for name in ("agent", "agent_no_job_due"):
+            for name in [n for n in procs if n.startswith("agent")]:
                 if procs[name].poll() is not None:
                     sys.stderr.write(Path(tmp, f"{name}.log").read_text()[-3000:])
                     return 1
@@ -166,7 +179,9 @@ def main() -> int:
     print(f"window {a['window_seconds']} s, Python {results['python']}, CPU tick {1 / TICKS_PER_SECOND:g} s")
     print(f"{'':27}{'RSS end MB':>11}{'RSS max MB':>11}{'peak MB':>9}{'anon MB':>9}{'CPU s':>7}{'CPU %':>8}")
     for name, label in (("agent", "gpuguard run (defaults)"), ("agent_no_job_due", "gpuguard run (no job due)"),
-                        ("bare_python", "bare python")):
+                        ("agent_before", "--before tree (defaults)"), ("bare_python", "bare python")):
+        if name not in results:
+            continue
         r = results[name]
         print(f"{label:27}{r['rss_end_kib'] / 1024:11.1f}{r['rss_max_kib'] / 1024:11.1f}{r['rss_peak_kib'] / 1024:9.1f}"
               f"{r['rss_anon_kib'] / 1024:9.1f}{r['cpu_seconds']:7.2f}{r['cpu_percent']:8.3f}")

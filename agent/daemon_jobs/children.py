@@ -2,10 +2,10 @@
 
 The snapshot (collectors, GPU libraries, the policy engine), the guard's ``check_and_rollback`` (apt/dnf tooling)
 and the health check load far more code and native memory than scheduling needs, and run every few minutes or
-hours. The daemon runs each of them as ``<python> -m agent _job NAME`` (a hidden subcommand), which does the one
+hours. The daemon runs each of them as ``gpuguard _job NAME`` (a hidden subcommand; ``child_argv``), which does the one
 run and exits; its memory goes with it.
 
-    resident (gpuguard run)                          child (python -m agent _job NAME)
+    resident (gpuguard run)                          child (gpuguard _job NAME)
     request: host_id, hostname, state it needs  -->  argv --request JSON
                                                      runs the body once; events straight into the outbox
                                                      (SQLite, BEGIN IMMEDIATE: safe beside the resident)
@@ -27,7 +27,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from agent.daemon_jobs.runtime import LAST_SNAPSHOT_FILENAME
 from agent.errors import GpuguardError
@@ -50,18 +50,22 @@ class ChildJobFailed(GpuguardError):
         self.problem = problem
 
 
-def child_argv(job: str, config_path: str, root: str, request_json: str, result_path: str) -> list:
-    """The child's command line: this interpreter, this agent package."""
-    return [sys.executable, "-m", "agent", "_job", job, "--config", config_path, "--root", root,
+def child_argv(job: str, config_path: str, root: str, request_json: str, result_path: str) -> List[str]:
+    """The child's command line: this interpreter with the daemon's flags and import path, this agent package.
+
+    The .deb's launcher runs ``python3 -IS`` and puts /usr/lib/gpuguard and its vendor directory first on sys.path
+    (no PYTHON* variables, no host site-packages); the child starts the same way, with the same sys.path.
+    """
+    flags = [flag for flag, on in (("-I", sys.flags.isolated), ("-S", sys.flags.no_site)) if on]
+    paths = [p for p in sys.path if p and os.path.isabs(p)]
+    boot = f"import sys; sys.path[:0] = {paths!r}; from agent.cli import main; sys.exit(main())"
+    return [sys.executable, *flags, "-c", boot, "_job", job, "--config", config_path, "--root", root,
             "--request", request_json, "--result", result_path]
 
 
 def child_env(environ: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """The daemon's environment without systemd's per-process variables, with the daemon's import path."""
-    env = {k: v for k, v in (os.environ if environ is None else environ).items() if k not in _ENV_DROPPED}
-    # The .deb launcher puts /usr/lib/gpuguard and its vendor directory on sys.path; the child must import the same.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isabs(p))
-    return env
+    """The daemon's environment without systemd's per-process variables (the child is not the service)."""
+    return {k: v for k, v in (os.environ if environ is None else environ).items() if k not in _ENV_DROPPED}
 
 
 def run_child(job: str, config_path: str, root: str, request: Dict[str, Any], state_dir: str,

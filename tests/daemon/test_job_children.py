@@ -15,7 +15,7 @@ from typing import List, Sequence
 import pytest
 
 from agent.daemon import JobRunner
-from agent.daemon_jobs.children import ChildJobFailed, child_env, run_child
+from agent.daemon_jobs.children import ChildJobFailed, child_argv, child_env, run_child
 from agent.log import configure
 from tests.daemon.conftest import AgentProcess, agent_config, assert_delivered_once_in_order
 from tests.report.receiver import Receiver
@@ -91,13 +91,27 @@ def test_stopping_sends_the_child_sigterm_and_waits_for_it(tmp_path: Path) -> No
     assert time.monotonic() - started < 10
 
 
-def test_the_child_environment_drops_systemd_variables_and_keeps_the_import_path() -> None:
-    """$NOTIFY_SOCKET and the watchdog belong to the daemon; the child imports the same agent and vendor tree."""
+def test_the_child_environment_drops_systemd_variables() -> None:
+    """$NOTIFY_SOCKET and the watchdog belong to the daemon (NotifyAccess=main), not to its job children."""
     env = child_env({"NOTIFY_SOCKET": "/run/systemd/notify", "WATCHDOG_USEC": "60000000", "WATCHDOG_PID": "1",
                      "PATH": "/usr/bin"})
-    assert "NOTIFY_SOCKET" not in env and "WATCHDOG_USEC" not in env and "WATCHDOG_PID" not in env
-    assert env["PATH"] == "/usr/bin"
-    assert str(Path(__file__).resolve().parents[2]) in env["PYTHONPATH"].split(os.pathsep)
+    assert env == {"PATH": "/usr/bin"}
+
+
+def test_the_child_starts_with_the_daemons_import_path_and_flags(tmp_path: Path) -> None:
+    """Under ``python3 -IS`` (the .deb's launcher) the child is ``-IS`` too and imports the same agent tree."""
+    import subprocess
+
+    probe = ("import sys, agent.daemon_jobs.children as c; "
+             "print(' '.join(c.child_argv('snapshot', 'C', '/', '{}', 'R')[1:3]))")
+    repo = str(Path(__file__).resolve().parents[2])
+    paths = [repo, *(p for p in sys.path if p.endswith("site-packages"))]  # as the launcher's vendor directory
+    isolated = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:0] = {paths!r}; " + probe],
+                              capture_output=True, text=True, check=True, cwd=str(tmp_path))
+    assert isolated.stdout.split() == ["-I", "-S"]
+    argv = child_argv("snapshot", "C", "/", "{}", "R")
+    assert repo in argv[argv.index("-c") + 1]
+    assert argv[argv.index("-c") + 2:argv.index("-c") + 4] == ["_job", "snapshot"]
 
 
 def daemon_children(pid: int) -> List[int]:
