@@ -51,6 +51,7 @@ class DriverRow(FrozenModel):
     dkms_base: Optional[str] = None
     example_package: Optional[str] = None
     sources: List[str] = Field(min_length=1)
+    notes: List[str] = []
 
     _check_series = field_validator("series")(_series)
 

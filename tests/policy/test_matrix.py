@@ -60,3 +60,48 @@ def test_a_broken_matrix_reports_every_problem(tmp_path: Path) -> None:
     broken.write_text(text2)
     with pytest.raises(PolicyError, match="driver 9.9 has no row"):
         load_matrix(str(broken))
+
+
+def test_every_source_is_used_and_every_row_names_one() -> None:
+    """Each row cites listed sources; the only source no row cites is AMD's support policy, which covers the whole
+    driver table (+/- 2 releases before ROCm 6.4, about a year apart from 6.4 on)."""
+    matrix = load_matrix(str(MATRIX))
+    used = {s for row in matrix.driver for s in row.sources} | {s for row in matrix.rocm for s in row.sources}
+    assert {s.id for s in matrix.sources} - used == {"kernel-space-policy"}
+    assert all(row.sources for row in matrix.rocm)
+
+
+def test_newest_driver_rows_31_x_and_the_version_reporting_change() -> None:
+    """31.40 and 31.50 pair with ROCm 7.0-7.2, 7.14 and 10.0; 31.40's row records the 6.19.14 reporting change."""
+    matrix = load_matrix(str(MATRIX))
+    drivers = {d.series: d for d in matrix.driver}
+    for newest in ("31.50", "31.40"):
+        assert drivers[newest].rocm == ["7.0", "7.1", "7.2", "7.14", "10.0"]
+    row = drivers["31.40"]
+    assert row.dkms_base == "6.19.14" and "gpu-operator-1.5.1" in row.sources
+    assert any("6.19.14.31400000" in note for note in row.notes)
+    # 31.10-31.30 builds exist but AMD's table does not list them: require_amd_matrix refuses them.
+    assert not {"31.10", "31.20", "31.30"} & set(drivers)
+    assert [d.series for d in matrix.driver][:5] == ["31.50", "31.40", "30.30", "30.20", "30.10"]
+
+
+@pytest.mark.parametrize("version,release", [
+    ("6.19.14.31400000", "31.40.0"),                    # what amd-smi reports from 31.40 on
+    ("6.18.8.31200000-2295296", "31.20.0"),              # a 31.20 build seen in the field
+    ("1:6.16.13.30300400-2341068.24.04", "30.30.4"),     # 30.30.4, via amdgpu-install 7.2.4
+    ("1:6.14.14.30100100-2212064.24.04", "30.10.1"),
+    ("1:6.8.5.60202-2041575.22.04", "6.2.2"),
+])
+def test_release_codes_of_the_30_x_and_31_x_numbering(version: str, release: str) -> None:
+    assert amdgpu_driver_release(version) == release
+
+
+def test_rocm_7_2_row() -> None:
+    """ROCm 7.2.x: drivers 30.30 back to 6.4, RHEL 10.1/9.7 added, the same GPU targets as 7.1."""
+    matrix = load_matrix(str(MATRIX))
+    rows = {r.series: r for r in matrix.rocm}
+    row = rows["7.2"]
+    assert row.drivers == ["30.30", "30.20", "30.10", "6.4"] and row.releases[-1] == "7.2.3"
+    assert row.os["rhel"][:2] == ["10.1", "10.0"] and row.gpus == rows["7.1"].gpus
+    assert row.kernels == {} and "rocm-7.2-matrix" in row.sources
+    assert matrix.recorded == "2026-12-03"
