@@ -131,17 +131,26 @@ def _add_guard_parsers(sub: "argparse._SubParsersAction[argparse.ArgumentParser]
     pol = sub.add_parser("policy", help="pairing policy: check, compile, explain, freeze")
     pol_sub = pol.add_subparsers(dest="policy_command", metavar="POLICY_COMMAND")
     pol_sub.required = True
-    check = pol_sub.add_parser("check", help="validate a policy file or directory; every problem on its own line "
-                                             "(exit 0 valid, 3 invalid)")
-    check.add_argument("path", metavar="FILE|DIR")
-    check.add_argument("--matrix", metavar="PATH", help="AMD compatibility matrix file (default: the shipped one)")
+    check = pol_sub.add_parser("check", help="validate a policy file or directory, also for rules that can never "
+                                             "match or block everything; every problem on its own line, warnings "
+                                             "as 'warning: ...' (exit 0 valid, warnings allowed; 3 invalid)")
+    check.add_argument("path", metavar="FILE|DIR", nargs="?",
+                       help="default: /etc/gpuguard/policy.d under --root")
+    check.add_argument("--matrix", metavar="PATH", help="AMD compatibility matrix file (default: the shipped one, "
+                                                        "/usr/share/gpuguard/amd-compat-matrix.toml)")
+    check.add_argument("--root", default="/", help="check against the host tree under DIR instead of / (its "
+                                                   "packages and kernels: rules that match nothing are warnings)")
+    check.add_argument("--no-host", action="store_true", help="skip the checks against this host's packages")
+    check.add_argument("--json", action="store_true", help="print the result as JSON")
     check.set_defaults(handler=_guard_command("policy_check"))
     comp = pol_sub.add_parser("compile", help="write the compiled policy the apt hook reads (atomically)")
     common(comp)
     comp.add_argument("--output", "-o", metavar="FILE", help="write here instead of the state directory")
     comp.set_defaults(handler=_guard_command("policy_compile"))
-    explain = pol_sub.add_parser("explain", help="show what this host is pinned to and what it may do")
+    explain = pol_sub.add_parser("explain", help="show what this host is pinned to and what it may do (exit 0 "
+                                                 "compliant, 10 the host violates the policy, 3 invalid policy)")
     common(explain)
+    explain.add_argument("--json", action="store_true", help="print the result as JSON")
     explain.set_defaults(handler=_guard_command("policy_explain"))
     freeze = pol_sub.add_parser(
         "freeze", help="write a policy that keeps this host on its installed driver/ROCm or NVIDIA driver/CUDA "

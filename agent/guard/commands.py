@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Callable, Dict, Optional, TextIO, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, TextIO, Tuple
 
 from agent.errors import InputFileError, PolicyError
 from agent.host import Host
@@ -57,27 +57,102 @@ def _policy_for_host(args: argparse.Namespace, host: Host, settings: Settings) -
 
 
 def policy_check(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    """Validate a policy file or directory and print every problem, one per line."""
-    from pathlib import Path
+    """Validate a policy file or directory (default /etc/gpuguard/policy.d under --root): its structure, then the
+    semantic checks (agent/policy/semantic.py) against AMD's matrix and, unless --no-host, the host's packages and
+    kernels. Every problem on its own line; errors exit 3, warnings alone exit 0."""
+    from agent.policy.load import DEFAULT_POLICY_DIR, compiled_from, load_policy
+    from agent.policy.semantic import Problem, check_policy
 
-    from agent.policy.load import load_and_compile
+    host = make_host(getattr(args, "root", "/"))
+    path = args.path or str(host.path(DEFAULT_POLICY_DIR))
+    problems: List[Problem] = []
+    summary: Optional[Dict[str, Any]] = None
+    try:
+        loaded = load_policy(path)
+        matrix = _matrix_for_check(loaded.policy.policy.require_amd_matrix, getattr(args, "matrix", None))
+        compiled = compiled_from(loaded, matrix if loaded.policy.policy.require_amd_matrix else None)
+    except PolicyError as exc:
+        problems = [_problem_of(exc.path, text) for text in exc.problems]
+    else:
+        inventory = None
+        if not getattr(args, "no_host", False):
+            inventory, unread = _inventory(host, loaded.policy)
+            if unread is not None:
+                problems.append(unread)
+        problems += check_policy(loaded.parts, loaded.policy, matrix, inventory)
+        rules = loaded.policy.rule_count()
+        summary = {"name": compiled.name, "rules": rules, "action": compiled.action, "failsafe": compiled.failsafe,
+                   "files": [source for source, _ in loaded.sources], "host_checked": inventory is not None}
+    errors = [p for p in problems if p.severity == "error"]
+    warnings = [p for p in problems if p.severity != "error"]
+    code = PolicyError.exit_code if errors else 0
+    if getattr(args, "json", False):
+        out.write(json.dumps({"path": path, "ok": not errors, "exit_code": code, "policy": summary,
+                              "errors": [p.to_dict() for p in errors],
+                              "warnings": [p.to_dict() for p in warnings]}, indent=2, sort_keys=True) + "\n")
+        return code
+    for problem in problems:
+        out.write(("warning: " if problem.severity != "error" else "") + f"{problem.file}: {problem.text()}\n")
+    counted = f", {len(warnings)} warning{'s' if len(warnings) != 1 else ''}" if warnings else ""
+    if errors:
+        out.write(f"{len(errors)} problem{'s' if len(errors) != 1 else ''} found{counted}\n")
+        return code
+    assert summary is not None
+    out.write(f"{path}: ok: policy '{summary['name']}', {summary['rules']} rule{'s' if summary['rules'] != 1 else ''}"
+              f", action {summary['action']}, fail-safe {summary['failsafe']}, from {len(summary['files'])} file(s)"
+              f"{counted}\n")
+    return 0
+
+
+def _matrix_for_check(required: bool, path: Optional[str]) -> Optional[Any]:
+    """The AMD matrix: PolicyError when the policy requires it and it cannot be read; otherwise None then (the
+    checks that only use it as a reference are skipped)."""
+    from agent.policy.matrix import load_matrix
 
     try:
-        loaded, compiled = load_and_compile(args.path, getattr(args, "matrix", None))
-    except PolicyError as exc:
-        base = Path(exc.path)
-        for problem in exc.problems:
-            head, sep, rest = problem.partition(": ")
-            if base.is_dir() and sep and head.endswith(".toml"):
-                out.write(f"{base / head}: {rest}\n")
-            else:
-                out.write(f"{exc.path}: {problem}\n")
-        out.write(f"{len(exc.problems)} problem{'s' if len(exc.problems) != 1 else ''} found\n")
-        return exc.exit_code
-    rules = loaded.policy.rule_count()
-    out.write(f"{args.path}: ok: policy '{compiled.name}', {rules} rule{'s' if rules != 1 else ''}, action "
-              f"{compiled.action}, fail-safe {compiled.failsafe}, from {len(loaded.sources)} file(s)\n")
-    return 0
+        return load_matrix(path)
+    except PolicyError:
+        if required:
+            raise
+        return None
+
+
+def _problem_of(base: str, text: str) -> Any:
+    """A PolicyError problem (``10-site.toml: field -> 1: message`` for a directory) as a Problem naming its file."""
+    import re
+    from pathlib import Path
+
+    from agent.policy.semantic import Problem
+
+    file = base
+    head, sep, rest = text.partition(": ")
+    if sep and head.endswith(".toml") and Path(base).is_dir():
+        file, text = str(Path(base) / head), rest
+    where, sep, message = text.partition(": ")
+    if sep and re.fullmatch(r"[\w.-]+( -> [\w.-]+)*", where):
+        return Problem(where, message, file=file)
+    return Problem("", text, file=file)
+
+
+def _inventory(host: Host, policy: Any) -> Tuple[Optional[Any], Optional[Any]]:
+    """This host's guarded packages and kernel releases for the semantic checks, or a warning why they are not
+    known (no package database under --root, rpm not runnable)."""
+    from agent.errors import GpuguardError
+    from agent.guard.manager import detect_manager
+    from agent.guard.rollback.core import read_installed
+    from agent.policy.compiled import DEFAULT_KERNEL_PACKAGES
+    from agent.policy.load import guarded_patterns
+    from agent.policy.semantic import WARNING, Inventory, Problem, inventory_kernels
+
+    try:
+        found = read_installed(host, guarded_patterns(policy) + list(DEFAULT_KERNEL_PACKAGES))
+    except GpuguardError as exc:
+        return None, Problem("", f"the host's packages could not be read ({exc}); the checks against this host "
+                                 f"were skipped (--no-host skips them on purpose)", WARNING, str(host.root))
+    installed = {k: v.version for k, v in found.items()}
+    kernels = inventory_kernels(installed, detect_manager(host), host.read_first_line("/proc/sys/kernel/osrelease"),
+                                {k: v.arch for k, v in found.items()})
+    return Inventory(installed=installed, kernels=kernels), None
 
 
 def policy_compile(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
@@ -100,7 +175,8 @@ def _installed(host: Host, policy: CompiledPolicy, settings: Optional[Settings] 
 
 
 def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    """What the current host is pinned to and what it would be allowed to do (agent/policy/explain.py)."""
+    """What the current host is pinned to and what it would be allowed to do (agent/policy/explain.py); exit 10
+    (EXIT_VIOLATIONS) when the host violates the policy now."""
     from agent.guard.hotpath.overrides import active_windows, load_windows
     from agent.guard.manager import detect_manager
     from agent.hostfacts.loaded_modules import loaded_drivers
@@ -120,8 +196,18 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     facts = HostFacts(installed=_installed(host, policy, settings), manager=detect_manager(host),
                       os_id=os_fields.get("ID"), os_version_id=os_fields.get("VERSION_ID"),
                       loaded_drivers=loaded_drivers(str(host.root)), windows=windows, windows_problem=windows_problem)
-    out.write("\n".join(explain(policy, facts).lines) + "\n")
-    return 0
+    explanation = explain(policy, facts)
+    code = EXIT_VIOLATIONS if explanation.violations else 0
+    if getattr(args, "json", False):
+        out.write(json.dumps({"policy": policy.name, "sources": list(policy.sources), "manager": facts.manager,
+                              "os_id": facts.os_id, "os_version_id": facts.os_version_id,
+                              "installed": dict(sorted(facts.installed.items())),
+                              "compliant": not explanation.violations, "exit_code": code,
+                              "violations": [v.to_dict() for v in explanation.violations],
+                              "lines": explanation.lines}, indent=2, sort_keys=True) + "\n")
+        return code
+    out.write("\n".join(explanation.lines) + "\n")
+    return code
 
 
 def policy_freeze(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:

@@ -12,7 +12,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from pydantic import ValidationError
 
@@ -38,11 +38,13 @@ DEFAULT_POLICY_DIR = "/etc/gpuguard/policy.d"
 
 @dataclass(frozen=True)
 class LoadedPolicy:
-    """A validated policy and the files it came from (path, sha256)."""
+    """A validated policy, the files it came from (path, sha256) and each file's own policy (path, policy), which
+    the semantic checks (agent/policy/semantic.py) judge file by file."""
 
     policy: Policy
     sources: Tuple[Tuple[str, str], ...]
     path: str
+    parts: Tuple[Tuple[str, Policy], ...] = ()
 
 
 def _merge(into: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
@@ -65,7 +67,7 @@ def _policy_files(path: Path) -> List[Path]:
             raise PolicyError(str(path), [f"cannot list the directory: {exc.strerror or exc}"]) from None
         if not files:
             raise PolicyError(str(path), ["no policy files (*.toml) in this directory: nothing is pinned; add one "
-                                          "(see policies/example.toml)"])
+                                          "(see /etc/gpuguard/example-policy.toml)"])
         return files
     if not path.exists():
         raise PolicyError(str(path), ["no such file or directory"])
@@ -79,6 +81,7 @@ def load_policy(path: str = DEFAULT_POLICY_DIR) -> LoadedPolicy:
     problems: List[str] = []
     merged: Dict[str, Any] = {}
     sources = []
+    parts: List[Tuple[str, Policy]] = []
     for file in files:
         label = file.name if root.is_dir() else ""
         prefix = f"{label}: " if label else ""
@@ -100,9 +103,9 @@ def load_policy(path: str = DEFAULT_POLICY_DIR) -> LoadedPolicy:
             problems.append(f"{prefix}not valid TOML: nested deeper than {MAX_NESTING_DEPTH} levels")
             continue
         try:
-            Policy.model_validate(data)
+            parts.append((str(file), Policy.model_validate(data)))
         except ValidationError as exc:
-            problems += [prefix + p for p in validation_problems(exc.errors())]
+            problems += [prefix + p for p in validation_problems([_worded(e) for e in exc.errors()])]
             continue
         merged = _merge(merged, data)
     if problems:
@@ -111,7 +114,26 @@ def load_policy(path: str = DEFAULT_POLICY_DIR) -> LoadedPolicy:
     problems = _cross_checks(policy)
     if problems:
         raise PolicyError(str(root), problems)
-    return LoadedPolicy(policy=policy, sources=tuple(sources), path=str(root))
+    return LoadedPolicy(policy=policy, sources=tuple(sources), path=str(root), parts=tuple(parts))
+
+
+_TOML_TYPES = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list",
+               dict: "a table"}
+_WANTED = {"bool_type": "true or false", "int_type": "a whole number", "string_type": "a string in quotes"}
+
+
+def _worded(error: Mapping[str, Any]) -> Mapping[str, Any]:
+    """pydantic's strict-type messages said the TOML way: ``'yes' is a string: write true or false (no quotes)``."""
+    wanted = _WANTED.get(str(error.get("type")))
+    value = error.get("input")
+    if wanted is None or isinstance(value, (dict, list)):
+        return error
+    shown = ("true" if value else "false") if isinstance(value, bool) else repr(value)
+    if isinstance(value, float) and error.get("type") == "int_type":
+        return {**error, "msg": f"{shown} is not a whole number"}
+    given = _TOML_TYPES.get(type(value), "a value of another type")
+    hint = " (no quotes)" if isinstance(value, str) else ""
+    return {**error, "msg": f"{shown} is {given}: write {wanted}{hint}"}
 
 
 def _cross_checks(policy: Policy) -> List[str]:

@@ -3,14 +3,18 @@
 A policy pins what operators freeze (allowed amdgpu driver x ROCm pairings, kernels, NVIDIA driver x CUDA
 pairings, per-package version rules such as container toolkits, packages that must not move) and says what a
 violation does: ``warn``, ``block`` (refuse the transaction) or ``rollback`` (refuse it, and put back anything
-that slipped through, e.g. via ``dpkg -i``). See docs/guard.md and policies/example.toml.
+that slipped through, e.g. via ``dpkg -i``). See docs/guard.md and policies/example.toml (installed as
+/usr/share/doc/gpuguard/guard.md and /etc/gpuguard/example-policy.toml).
+
+Types are strict: TOML has booleans and numbers, so ``require_amd_matrix = "yes"`` or
+``max_override_minutes = "240"`` is an error, not something coerced (load.py words those messages).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, List, Literal, Optional, Union
 
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import BeforeValidator, ConfigDict, Field, field_validator
 
 from agent.models import FrozenModel
 from agent.policy.compiled import DEFAULT_CUDA_PACKAGES, DEFAULT_KERNEL_PACKAGES, DEFAULT_NVIDIA_DRIVER_PACKAGES
@@ -18,6 +22,12 @@ from agent.policy.spec import package_spec_errors, spec_errors
 
 Action = Literal["warn", "block", "rollback"]
 Failsafe = Literal["block-guarded", "block-all", "allow"]
+
+
+class PolicyModel(FrozenModel):
+    """A policy table: frozen, unknown keys refused, and strict (no string for a bool or a number)."""
+
+    model_config = ConfigDict(**FrozenModel.model_config, strict=True)
 
 
 def _spec_type(value: Any) -> Any:
@@ -56,7 +66,7 @@ def _check_patterns(value: List[str]) -> List[str]:
     return value
 
 
-class PolicySection(FrozenModel):
+class PolicySection(PolicyModel):
     """Defaults for the whole policy."""
 
     name: str = Field("unnamed", min_length=1)
@@ -69,7 +79,7 @@ class PolicySection(FrozenModel):
     _patterns = field_validator("guarded")(_check_patterns)
 
 
-class AmdPairing(FrozenModel):
+class AmdPairing(PolicyModel):
     """One allowed combination of amdgpu driver release and ROCm release."""
 
     name: str = Field(min_length=1)
@@ -84,7 +94,7 @@ class AmdPairing(FrozenModel):
     _package_specs = field_validator("amdgpu_package", "rocm_package")(_check_package_spec)
 
 
-class AmdSection(FrozenModel):
+class AmdSection(PolicyModel):
     """Which packages carry the AMD driver and ROCm, and the allowed pairings."""
 
     driver_package: str = "amdgpu-dkms"
@@ -94,7 +104,7 @@ class AmdSection(FrozenModel):
     pairing: List[AmdPairing] = []
 
 
-class KernelSection(FrozenModel):
+class KernelSection(PolicyModel):
     """The kernels a host may install (new kernels only: those already installed stay allowed)."""
 
     packages: List[str] = list(DEFAULT_KERNEL_PACKAGES)
@@ -105,7 +115,7 @@ class KernelSection(FrozenModel):
     _patterns = field_validator("packages")(_check_patterns)
 
 
-class NvidiaPairing(FrozenModel):
+class NvidiaPairing(PolicyModel):
     """One allowed combination of NVIDIA driver release and CUDA release."""
 
     name: str = Field(min_length=1)
@@ -116,7 +126,7 @@ class NvidiaPairing(FrozenModel):
     _specs = field_validator("driver", "cuda")(_check_spec)
 
 
-class NvidiaSection(FrozenModel):
+class NvidiaSection(PolicyModel):
     """Which packages carry the NVIDIA driver and CUDA, and the allowed pairings."""
 
     driver_packages: List[str] = list(DEFAULT_NVIDIA_DRIVER_PACKAGES)
@@ -128,7 +138,7 @@ class NvidiaSection(FrozenModel):
     _patterns = field_validator("driver_packages", "cuda_packages")(_check_patterns)
 
 
-class VersionRule(FrozenModel):
+class VersionRule(PolicyModel):
     """Allowed versions of some packages (e.g. the container toolkit)."""
 
     name: Optional[str] = None
@@ -140,7 +150,7 @@ class VersionRule(FrozenModel):
     _patterns = field_validator("packages")(_check_patterns)
 
 
-class FrozenSection(FrozenModel):
+class FrozenSection(PolicyModel):
     """Packages that must not move at all (install, upgrade, downgrade or removal)."""
 
     packages: List[str] = []
@@ -149,7 +159,7 @@ class FrozenSection(FrozenModel):
     _patterns = field_validator("packages")(_check_patterns)
 
 
-class Policy(FrozenModel):
+class Policy(PolicyModel):
     """A whole policy (one file, or several merged in name order)."""
 
     policy: PolicySection = PolicySection()
