@@ -224,6 +224,9 @@ def policy_freeze(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
     from agent.hostfacts.os_release import read_os_release
     from agent.policy.freeze import FREEZE_PACKAGES, FreezeFacts, FreezeOptions, FreezeRefused, render_freeze
 
+    if args.output and os.path.isdir(args.output):
+        raise UsageError(f"{args.output} is a directory; give a file name, e.g. {args.output.rstrip('/')}/"
+                         f"50-freeze.toml")
     if args.output and os.path.lexists(args.output) and not args.force:
         raise UsageError(f"{args.output} exists; pass --force to replace it")
     host = make_host(args.root)
@@ -248,7 +251,10 @@ def policy_freeze(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
     if not args.output:
         out.write(text)
         return 0
-    write_atomically(args.output, text)
+    try:
+        write_atomically(args.output, text)
+    except OSError as exc:
+        raise UsageError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     out.write(f"wrote {args.output}; next: gpuguard policy check {args.output}, then put it in /etc/gpuguard/policy.d/ "
               f"and run gpuguard policy compile and gpuguard pin apply\n")
     return 0

@@ -122,3 +122,17 @@ def test_the_drifted_amd_fixture_is_refused(capsys: pytest.CaptureFixture[str]) 
     assert err.startswith("gpuguard: refusing to freeze: the installed driver is not the loaded one: the loaded "
                           "amdgpu module is 6.8.5, the installed amdgpu-dkms 1:6.10.5.60300-2084815.24.04 builds "
                           "6.10.5;") and err.count("\n") == 1
+
+
+def test_an_output_that_cannot_be_written_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A directory, or a path under a regular file: exit 2 and one line, no traceback, nothing written."""
+    root = ROOTS / "gpuless-debian12"
+    assert _freeze(root, "--output", str(tmp_path), "--force") == (2, "")
+    assert capsys.readouterr().err == f"gpuguard: error: {tmp_path} is a directory; give a file name, e.g. " \
+                                      f"{tmp_path}/50-freeze.toml\n"
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    assert _freeze(root, "--output", str(blocker / "50-freeze.toml")) == (2, "")
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpuguard: error: cannot write {blocker}/50-freeze.toml: ") and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["not-a-dir"]
