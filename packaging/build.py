@@ -293,7 +293,8 @@ def stage_agent(stage: Stage, target: Target, version: str, vendor_wheels: Seque
     stage.add_file(PACKAGING / "config/agent.toml", "/etc/gpuguard/agent.toml", config=True)
     stage.add_file(REPO / "policies/example.toml", "/etc/gpuguard/example-policy.toml", config=True,
                    text="# Inactive example: copy it to /etc/gpuguard/policy.d/10-site.toml, edit, then run\n"
-                        "# `gpuguard policy check` and `gpuguard policy compile` (see docs/guard.md).\n"
+                        "# `gpuguard policy check` and `gpuguard policy compile`\n"
+                        "# (see /usr/share/doc/gpuguard/guard.md).\n"
                         + (REPO / "policies/example.toml").read_text(encoding="utf-8"))
     stage.add_dir("/var/lib/gpuguard", 0o750)
     if target.fmt == "deb":
