@@ -43,7 +43,7 @@ from agent.daemon_jobs.metrics import MetricsJob
 from agent.daemon_jobs.runtime import EventEmitter, Runtime, host_identity
 from agent.daemon_jobs.schedule import Scheduler
 from agent.daemon_jobs.watch import PackageWatcher
-from agent.errors import ConfigError
+from agent.errors import ConfigError, Interrupted
 from agent.guard.hotpath.state import GuardPaths
 from agent.host import Host
 from agent.log import configure, get_logger
@@ -155,6 +155,9 @@ class JobRunner:
             started = time.monotonic()
             try:
                 retry_in = self.body(reason)
+            except Interrupted as exc:  # the daemon is stopping: nothing failed
+                log.info("job_interrupted", job=self.job_id, reason=reason, detail=str(exc))
+                retry_in = None
             except Exception as exc:  # noqa: BLE001 - one job's failure is data, never the daemon's end
                 self._failed(reason, exc)
                 retry_in = None

@@ -30,7 +30,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from agent.daemon_jobs.runtime import LAST_SNAPSHOT_FILENAME
-from agent.errors import GpuguardError
+from agent.errors import GpuguardError, Interrupted
 from agent.log import get_logger
 
 log = get_logger("job_child")
@@ -110,6 +110,8 @@ def run_child(job: str, config_path: str, root: str, request: Dict[str, Any], st
             os.unlink(result_path)
         except OSError:
             pass
+    if terminated and exit_code == -signal.SIGTERM:  # stopped before it could set up its own SIGTERM handling
+        raise Interrupted(f"job child {job}: stopped by the daemon's shutdown")
     if exit_code < 0:
         raise ChildJobFailed(job, f"killed by {signal.Signals(-exit_code).name}")
     if exit_code != 0:
@@ -222,8 +224,6 @@ class GuardCheckInChild:
 
     def __call__(self, host: Any, settings: Any) -> Any:
         from types import SimpleNamespace
-
-        from agent.errors import Interrupted
 
         rt = self.runtime
         reply = run_child("guard_check", self.config_path, str(host.root), job_request(rt, "guard_check"),

@@ -91,6 +91,17 @@ def test_stopping_sends_the_child_sigterm_and_waits_for_it(tmp_path: Path) -> No
     assert time.monotonic() - started < 10
 
 
+def test_a_child_stopped_before_it_handles_sigterm_is_an_interruption_not_a_failure(tmp_path: Path) -> None:
+    """SIGTERM that ends a child still starting up (default handling) is the shutdown, logged as such."""
+    from agent.errors import Interrupted
+
+    stopping = threading.Event()
+    threading.Timer(0.3, stopping.set).start()
+    with pytest.raises(Interrupted, match="stopped by the daemon's shutdown"):
+        run_child("snapshot", "/nonexistent.toml", "/", {}, str(tmp_path), stopping,
+                  argv=python_child("import time; time.sleep(30)"))
+
+
 def test_the_child_environment_drops_systemd_variables() -> None:
     """$NOTIFY_SOCKET and the watchdog belong to the daemon (NotifyAccess=main), not to its job children."""
     env = child_env({"NOTIFY_SOCKET": "/run/systemd/notify", "WATCHDOG_USEC": "60000000", "WATCHDOG_PID": "1",
