@@ -150,8 +150,7 @@ def _inventory(host: Host, policy: Any) -> Tuple[Optional[Any], Optional[Any]]:
         return None, Problem("", f"the host's packages could not be read ({exc}); the checks against this host "
                                  f"were skipped (--no-host skips them on purpose)", WARNING, str(host.root))
     installed = {k: v.version for k, v in found.items()}
-    kernels = inventory_kernels(installed, detect_manager(host), host.read_first_line("/proc/sys/kernel/osrelease"),
-                                {k: v.arch for k, v in found.items()})
+    kernels = inventory_kernels(installed, detect_manager(host), host.read_first_line("/proc/sys/kernel/osrelease"))
     return Inventory(installed=installed, kernels=kernels), None
 
 

@@ -33,7 +33,6 @@ ROCM_CORE = "rocm-core"
 FREEZE_PACKAGES: Tuple[str, ...] = tuple(dict.fromkeys(
     (*DEFAULT_GUARDED, *DEFAULT_KERNEL_PACKAGES, *DEFAULT_NVIDIA_DRIVER_PACKAGES, *DEFAULT_CUDA_PACKAGES)))
 SUGGESTED_PATH = "/etc/gpuguard/policy.d/50-freeze.toml"
-_RPM_ARCHES = (".x86_64", ".aarch64", ".ppc64le", ".s390x", ".i686", ".noarch")
 
 
 class FreezeRefused(ValueError):
@@ -162,15 +161,6 @@ def _driver_release(version: str) -> str:
     return releases.dotted_release(version) or "unknown"
 
 
-def _strip_arch(release: str, manager: str) -> str:
-    """rpm kernel releases as the evaluator sees them (package version-release, no ``.x86_64``)."""
-    if manager == "rpm":
-        for arch in _RPM_ARCHES:
-            if release.endswith(arch):
-                return release[: -len(arch)]
-    return release
-
-
 def kernel_series(release: str, manager: str = "dpkg") -> str:
     """The kernel series glob of a release: ``6.8.0-45-generic`` -> ``6.8.0-*-generic``, ``6.1.0-26-amd64`` ->
     ``6.1.0-*-amd64``, rpm ``5.14.0-570.12.1.el9_6`` -> ``5.14.0-*`` (the upstream version; ABI and build vary)."""
@@ -286,7 +276,7 @@ def _header(facts: FreezeFacts, options: FreezeOptions, name: str, amd: bool, nv
 
 
 def _kernel_allow(facts: FreezeFacts, stack: _Stack, options: FreezeOptions) -> List[Tuple[str, str]]:
-    running = _strip_arch(facts.running_kernel, facts.manager) if facts.running_kernel else None
+    running = releases.policy_kernel_release(facts.running_kernel, facts.manager) if facts.running_kernel else None
     found: Dict[str, List[str]] = {}
     for release, (key, version) in sorted(stack.kernels.items()):
         found.setdefault(release, []).append(f"installed ({_base(key)} {version})")

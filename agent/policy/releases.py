@@ -86,6 +86,20 @@ def kernel_release_of(name: str, version: str, arch: str = "", manager: str = "d
     return None
 
 
+# The architecture suffix of an rpm kernel's ``uname -r`` (5.14.0-427.el9.x86_64).
+_RPM_KERNEL_ARCHES = (".x86_64", ".aarch64", ".ppc64le", ".s390x", ".i686", ".noarch")
+
+
+def policy_kernel_release(uname_release: str, manager: str = "dpkg") -> str:
+    """A running kernel's release (``uname -r``) as policies and the evaluator write it: on rpm hosts the package's
+    version-release, without the architecture (``5.14.0-427.el9.x86_64`` -> ``5.14.0-427.el9``)."""
+    if manager == "rpm":
+        for arch in _RPM_KERNEL_ARCHES:
+            if uname_release.endswith(arch):
+                return uname_release[: -len(arch)]
+    return uname_release
+
+
 def _is_kernel_release(text: str) -> bool:
     """``\\d+\\.\\d+`` then only letters, digits and ``.+~_-`` (``6.8.0-45-generic``), without ``re``."""
     major, dot, rest = text.partition(".")

@@ -366,12 +366,12 @@ def _kernels_unmatched(path: str, spec: Optional[Spec], inventory: Inventory) ->
     return [Problem(path, f"matches none of this host's kernels ({', '.join(inventory.kernels)})", WARNING)]
 
 
-def inventory_kernels(installed: Mapping[str, str], manager: str, running: Optional[str],
-                      arches: Optional[Mapping[str, str]] = None) -> Tuple[str, ...]:
-    """The host's kernel releases: the running one first, then those its kernel packages install."""
-    found: List[str] = [running] if running else []
+def inventory_kernels(installed: Mapping[str, str], manager: str, running: Optional[str]) -> Tuple[str, ...]:
+    """The host's kernel releases as policies write them (rpm: no architecture, as the evaluator judges them): the
+    running one first, then those its kernel packages install."""
+    found: List[str] = [releases.policy_kernel_release(running, manager)] if running else []
     for key, version in sorted(installed.items()):
-        release = releases.kernel_release_of(key, version, (arches or {}).get(key, ""), manager)
+        release = releases.kernel_release_of(key, version, manager=manager)
         if release and release not in found:
             found.append(release)
     return tuple(found)
