@@ -17,9 +17,7 @@ from typing import (
     Any,
     Callable,
     Dict,
-    Iterable,
     List,
-    Mapping,
     Optional,
     Sequence,
     Tuple,
@@ -31,6 +29,7 @@ from typing import (
 from agent.errors import ConfigError, InputFileError
 from agent.files import FileMissing, decode_text, read_bytes_bounded
 from agent.strictjson import MAX_NESTING_DEPTH, nesting_depth
+from agent.validation import validation_problems
 
 
 def toml_module() -> Any:
@@ -53,23 +52,6 @@ if TYPE_CHECKING:  # pragma: no cover - pydantic is imported only where a pydant
 M = TypeVar("M", bound="FrozenModel")
 D = TypeVar("D")
 Location = Tuple[Union[str, int], ...]
-
-
-def validation_problems(errors: Iterable[Mapping[str, Any]], skip_loc: int = 0, top: str = "(top level)") -> List[str]:
-    """``field -> 1 -> key: message`` for every error pydantic (or :func:`check_section`) found.
-
-    The one formatter of validation problems: list indexes count from 1, as an operator counts the entries of a
-    file; ``skip_loc`` drops leading location parts (FastAPI's ``body``), ``top`` names an error without one.
-    """
-    problems = []
-    for err in errors:
-        loc = list(err.get("loc", ()))[skip_loc:]
-        where = " -> ".join(str(p + 1) if isinstance(p, int) else str(p) for p in loc) or top
-        message = str(err.get("msg", "invalid"))
-        if message.startswith("Value error, "):
-            message = message[len("Value error, "):]
-        problems.append(f"{where}: {message}")
-    return problems
 
 
 def parse_toml(text: str, path: str) -> Dict[str, Any]:

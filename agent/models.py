@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from agent.configfile import validation_problems
+from agent.validation import validation_problems
 
-__all__ = ["FrozenModel", "first_validation_problem", "validation_problems"]
+__all__ = ["FrozenModel", "first_validation_problem"]
 
 try:  # gpuguard's models use no third-party pydantic plugin: skip the entry-point scan of every installed package
     from pydantic.plugin import _loader as _pydantic_plugins

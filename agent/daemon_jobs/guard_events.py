@@ -33,7 +33,6 @@ from agent.daemon_jobs.runtime import Runtime
 from agent.errors import InputFileError
 from agent.files import decode_text, write_atomically
 from agent.log import get_logger
-from agent.models import validation_problems
 from agent.report.events import (
     OverrideUsed,
     Payload,
@@ -44,6 +43,7 @@ from agent.report.events import (
     TransactionBlocked,
 )
 from agent.strictjson import parse_json_text
+from agent.validation import validation_problems
 
 log = get_logger("guard_events")
 

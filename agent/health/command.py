@@ -12,7 +12,7 @@ from agent.health.render import render_result
 from agent.health.runner import run_health_check
 from agent.health.settings import HealthSettings
 from agent.host import Host
-from agent.models import validation_problems
+from agent.validation import validation_problems
 
 
 def health_settings(base: HealthSettings, overrides: Dict[str, Any]) -> HealthSettings:

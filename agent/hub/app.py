@@ -46,8 +46,9 @@ from agent.hub.store import DRIFT_KINDS, BatchResult, EventQuery, HostState, Sto
 from agent.hub.tokens import Principal, TokenRegistry, bearer_token
 from agent.hub.writer import GroupCommitWriter, WriterBusy
 from agent.log import get_logger
-from agent.models import FrozenModel, validation_problems
+from agent.models import FrozenModel
 from agent.report.events import EVENT_SCHEMA_VERSION, PAYLOAD_KINDS, Event, EventBatch
+from agent.validation import validation_problems
 
 log = get_logger("hub.app")
 

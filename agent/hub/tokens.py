@@ -23,7 +23,8 @@ from pydantic import Field, ValidationError
 
 from agent.errors import ConfigError, UsageError
 from agent.log import get_logger
-from agent.models import FrozenModel, validation_problems
+from agent.models import FrozenModel
+from agent.validation import validation_problems
 
 Role = Literal["host", "reader"]
 TOKEN_PREFIX = "gg1"

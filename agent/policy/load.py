@@ -17,7 +17,6 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from pydantic import ValidationError
 
 from agent.errors import PolicyError
-from agent.models import validation_problems
 from agent.policy.compiled import (
     AMD_STACK_PACKAGES,
     COMPILED_FORMAT,
@@ -27,6 +26,7 @@ from agent.policy.compiled import (
 )
 from agent.policy.model import AmdSection, Policy
 from agent.strictjson import MAX_NESTING_DEPTH, nesting_depth
+from agent.validation import validation_problems
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -14,7 +14,8 @@ from typing import Dict, List, Optional
 from pydantic import Field, ValidationError, field_validator
 
 from agent.errors import PolicyError
-from agent.models import FrozenModel, validation_problems
+from agent.models import FrozenModel
+from agent.validation import validation_problems
 
 if sys.version_info >= (3, 11):
     import tomllib

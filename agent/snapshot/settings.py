@@ -18,10 +18,10 @@ from agent.configfile import (
     parse_toml,
     read_config_text,
     section_core_schema,
-    validation_problems,
 )
 from agent.defaults import DEFAULT_CONFIG_PATH
 from agent.errors import ConfigError
+from agent.validation import validation_problems
 
 if TYPE_CHECKING:  # pragma: no cover
     from pydantic_core import CoreSchema
