@@ -1,6 +1,6 @@
 """Giving freed memory back to the system between daemon jobs (glibc only; a no-op elsewhere).
 
-The daemon's jobs run on a pool of worker threads, and glibc gives each thread its own malloc arena; memory freed
+The daemon's jobs run on worker threads (one per job), and glibc gives each thread its own malloc arena; memory freed
 in one stays mapped. RSS climbed by about 1 MB per scheduled snapshot (50 MB at start, 110 MB after 84 snapshots)
 while Python's own heap did not grow (tracemalloc): native allocations on the job path over the real host (GPU
 library attempts, subprocesses). Two arenas for the process and ``malloc_trim(0)`` after each job keep RSS flat
