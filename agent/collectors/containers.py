@@ -7,13 +7,12 @@ runtimes from /etc/docker/daemon.json, where the NVIDIA/AMD runtime hooks are re
 from __future__ import annotations
 
 import json
-import os
 import re
-import threading
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from agent.collectors.base import Frozen
+from agent.collectors.factcache import MISSING, FactCache, file_identity
 from agent.errors import CollectorUnavailable, CommandError
 from agent.host import Host
 from agent.log import get_logger
@@ -31,14 +30,6 @@ TOOLS: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = (
     ("nvidia-container-cli", "nvidia-container-cli", ("--version",)),
     ("amd-container-toolkit", "amd-ctk", ("--version",)),
 )
-
-# A tool's version for its binary's identity (real path, inode, size, mtime): a binary that did not change is not
-# asked again for as long as the process runs (the daemon snapshots every few minutes); an upgrade replaces the file,
-# which changes the key. Failures are not cached: the next snapshot asks again.
-BinaryKey = Tuple[str, int, int, int]
-_version_cache: Dict[BinaryKey, Optional[str]] = {}
-_version_cache_lock = threading.Lock()
-_VERSION_CACHE_MAX = 64
 
 _VERSION = re.compile(r"\bv?(\d+\.\d+(?:\.\d+)?(?:[-+~][0-9A-Za-z.\-+~]*)?)")
 
@@ -83,22 +74,6 @@ def parse_docker_daemon_json(text: str) -> Tuple[Optional[str], List[str]]:
     return data.get("default-runtime"), sorted(runtimes) if isinstance(runtimes, dict) else []
 
 
-def binary_key(path: str) -> Optional[BinaryKey]:
-    """(real path, inode, size, mtime in ns) of the file a program path resolves to; None when it cannot be read."""
-    try:
-        real = os.path.realpath(path)
-        st = os.stat(real)
-    except (OSError, ValueError):
-        return None
-    return (real, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def clear_version_cache() -> None:
-    """Forget every cached tool version (tests)."""
-    with _version_cache_lock:
-        _version_cache.clear()
-
-
 class ContainersCollector:
     """Finds each tool under the host root and asks it for its version."""
 
@@ -109,11 +84,13 @@ class ContainersCollector:
 
     def collect(self, host: Host) -> ContainersInfo:
         tools: Dict[str, ContainerTool] = {}
+        versions = FactCache(host, "tool-versions")
         for tool, program, args in TOOLS:
             path = host.which(program)
             if path is None:
                 continue
-            tools[tool] = ContainerTool(path=path, version=self._version(host, tool, path, args))
+            tools[tool] = ContainerTool(path=path, version=self._version(host, versions, tool, path, args))
+        versions.save()
         default_runtime: Optional[str] = None
         runtimes: List[str] = []
         daemon_json = host.read_text("/etc/docker/daemon.json")
@@ -126,23 +103,18 @@ class ContainersCollector:
             raise CollectorUnavailable("no container runtime or toolkit found")
         return ContainersInfo(tools=tools, docker_default_runtime=default_runtime, docker_runtimes=runtimes)
 
-    def _version(self, host: Host, tool: str, path: str, args: Tuple[str, ...]) -> Optional[str]:
-        """The tool's ``--version``, run once per binary identity (see ``_version_cache``)."""
+    def _version(self, host: Host, versions: FactCache, tool: str, path: str, args: Tuple[str, ...]) -> Optional[str]:
+        """The tool's ``--version``, asked once per binary identity; a failure is not cached (asked again next time)."""
         program = str(host.path(path))
-        key = binary_key(program)
-        if key is not None:
-            with _version_cache_lock:
-                if key in _version_cache:
-                    return _version_cache[key]
+        identity = file_identity(program)
+        cached = versions.get(tool, identity)
+        if cached is not MISSING:
+            return cached if isinstance(cached, str) else None
         try:
             result = host.run([program, *args], self.timeout_seconds)
         except CommandError as exc:
             log.warning("container_tool_version_failed", tool=tool, error=str(exc))
             return None
         version = parse_tool_version(result.stdout + "\n" + result.stderr)
-        if key is not None:
-            with _version_cache_lock:
-                if len(_version_cache) >= _VERSION_CACHE_MAX:
-                    _version_cache.clear()
-                _version_cache[key] = version
+        versions.put(tool, identity, version)
         return version
