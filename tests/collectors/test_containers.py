@@ -66,7 +66,7 @@ def test_absent_without_any_tool(tmp_path: Path) -> None:
 
 
 def test_tool_version_is_asked_once_per_binary_identity(tmp_path: Path) -> None:
-    """``docker --version`` runs once while the binary is unchanged (across processes); a replaced one is asked again."""
+    """``docker --version`` runs once while the binary is unchanged; a replaced binary is asked again."""
     (tmp_path / "var/lib/gpuguard").mkdir(parents=True)
     _executable(tmp_path, "usr/bin/docker")
     docker = tmp_path / "usr/bin/docker"
