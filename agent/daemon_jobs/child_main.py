@@ -36,6 +36,9 @@ def run_job(job: str, config_path: str, host: Host, request: Dict[str, Any], res
         result = _guard_check(host, settings, stopping)
     else:
         result = _with_outbox(job, host, settings, request, stopping)
+    from agent.daemon_jobs.children import peak_rss_kib_of
+
+    result["peak_rss_kib"] = peak_rss_kib_of()  # this process's own peak, for the daemon's job_child_exited
     write_atomically(result_path, json.dumps(result, sort_keys=True) + "\n", mode=0o600)
     return 0
 

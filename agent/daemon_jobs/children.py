@@ -16,7 +16,10 @@ $NOTIFY_SOCKET / $WATCHDOG_*. SIGTERM to the child sets its ``stopping`` event, 
 does to an in-process body (a lock wait gives up, a running step finishes); the daemon sends it when it is
 stopping and waits for the child. A child that fails, crashes or is killed raises :class:`ChildJobFailed` in the
 daemon (exit status or signal, and its peak RSS): the job runner logs it and the next run tries again.
-Each exit is logged as ``job_child_exited`` with the child's peak RSS and CPU time (``getrusage`` of the child).
+Each exit is logged as ``job_child_exited`` with the child's CPU time (``wait4``) and peak RSS: VmHWM, which the
+child reports in its result and the daemon reads from /proc while it waits (for a child that leaves no result).
+Not ``ru_maxrss``: after posix_spawn's vfork it includes the daemon's own peak, the memory the child shared until
+its exec.
 """
 
 from __future__ import annotations
@@ -83,7 +86,9 @@ def run_child(job: str, config_path: str, root: str, request: Dict[str, Any], st
     started = time.monotonic()
     pid = _spawn(command)
     terminated = False
+    peak_rss_kib = 0
     while True:
+        peak_rss_kib = max(peak_rss_kib, peak_rss_kib_of(str(pid)))
         waited, status, usage = os.wait4(pid, os.WNOHANG)
         if waited == pid:
             break
@@ -96,9 +101,6 @@ def run_child(job: str, config_path: str, root: str, request: Dict[str, Any], st
                 pass
         stopping.wait(POLL_SECONDS) if not stopping.is_set() else time.sleep(POLL_SECONDS)
     exit_code = os.waitstatus_to_exitcode(status)
-    log.info("job_child_exited", job=job, pid=pid, exit_code=exit_code, max_rss_kib=usage.ru_maxrss,
-             cpu_seconds=round(usage.ru_utime + usage.ru_stime, 3),
-             duration_seconds=round(time.monotonic() - started, 3))
     try:
         with open(result_path, "r", encoding="utf-8") as handle:
             result = json.load(handle)
@@ -110,6 +112,11 @@ def run_child(job: str, config_path: str, root: str, request: Dict[str, Any], st
             os.unlink(result_path)
         except OSError:
             pass
+    if isinstance(result, dict) and isinstance(result.get("peak_rss_kib"), int):
+        peak_rss_kib = max(peak_rss_kib, result.pop("peak_rss_kib"))
+    log.info("job_child_exited", job=job, pid=pid, exit_code=exit_code, max_rss_kib=peak_rss_kib,
+             cpu_seconds=round(usage.ru_utime + usage.ru_stime, 3),
+             duration_seconds=round(time.monotonic() - started, 3))
     if terminated and exit_code == -signal.SIGTERM:  # stopped before it could set up its own SIGTERM handling
         raise Interrupted(f"job child {job}: stopped by the daemon's shutdown")
     if exit_code < 0:
@@ -119,6 +126,18 @@ def run_child(job: str, config_path: str, root: str, request: Dict[str, Any], st
     if not isinstance(result, dict):
         raise ChildJobFailed(job, f"no result ({missing})" if result is None else "result is not an object")
     return result
+
+
+def peak_rss_kib_of(pid: str = "self") -> int:
+    """VmHWM of a process in KiB (0 when it is gone or shows none)."""
+    try:
+        with open(f"/proc/{pid}/status", "r", encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _spawn(command: Sequence[str]) -> int:

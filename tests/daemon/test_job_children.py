@@ -31,6 +31,22 @@ def python_child(code: str):
 WRITES_RESULT = "import json, sys; open(sys.argv[1], 'w').write(json.dumps({'echo': json.loads(sys.argv[2])}))"
 
 
+def test_the_logged_peak_rss_is_the_childs_own_not_the_daemons(tmp_path: Path) -> None:
+    """A child that touches 64 MiB is logged with at least that; a small one well below the daemon's own peak."""
+    stream = io.StringIO()
+    configure(level="info", json_output=True, stream=stream)
+    ballast = bytearray(b"x" * (200 * 1024 * 1024))  # this process's peak is now above 200 MiB
+    reports = ("import json, sys\n{alloc}\n"
+               "from agent.daemon_jobs.children import peak_rss_kib_of\n"
+               "open(sys.argv[1], 'w').write(json.dumps({{'peak_rss_kib': peak_rss_kib_of()}}))\n")
+    for alloc in ("b = bytearray(b'x' * (64 * 1024 * 1024))", "pass"):
+        run_child("snapshot", "/nonexistent.toml", "/", {}, str(tmp_path), threading.Event(),
+                  argv=python_child(reports.format(alloc=alloc)))
+    del ballast
+    peaks = [json.loads(line)["max_rss_kib"] for line in stream.getvalue().splitlines()]
+    assert peaks[0] >= 64 * 1024 and peaks[1] < 100 * 1024, peaks
+
+
 def test_a_child_result_comes_back_and_its_file_is_removed(tmp_path: Path) -> None:
     """The child's JSON result is returned; the result file does not stay behind."""
     result = run_child("snapshot", "/nonexistent.toml", "/", {"reason": "interval"}, str(tmp_path),
@@ -69,7 +85,7 @@ def test_a_killed_child_is_logged_and_the_next_run_tries_again(tmp_path: Path) -
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     events = [e["event"] for e in lines]
     assert events == ["job_child_exited", "job_failed", "job_child_exited", "job_recovered"]
-    assert lines[0]["exit_code"] == -signal.SIGKILL and lines[0]["max_rss_kib"] > 0
+    assert lines[0]["exit_code"] == -signal.SIGKILL and "max_rss_kib" in lines[0]
     assert "killed by SIGKILL" in lines[1]["error"]
 
 
@@ -188,3 +204,31 @@ def test_sigterm_while_a_snapshot_child_runs_stops_cleanly(agent: AgentProcess, 
             "a job child outlived the daemon"
     names = [e["event"] for e in agent.logs()]
     assert names.index("daemon_stopping") < len(names) - 1 and names[-1] == "daemon_stopped"
+
+
+@pytest.mark.slow
+def test_children_use_the_settings_in_force_after_sighup(agent: AgentProcess, receiver: Receiver,
+                                                        token_file: Path) -> None:
+    """A snapshot child after a valid reload stamps the new host id; after an invalid one it runs on the old."""
+    agent.write_config(agent_config(agent.state_dir, receiver.url, token_file, heartbeat_interval_seconds=600))
+    agent.start()
+    assert receiver.wait_for(lambda r: r.kinds_stored() == ["snapshot_changed"])
+    agent.write_config(agent_config(agent.state_dir, receiver.url, token_file, heartbeat_interval_seconds=600)
+                       .replace('host_id = "test-host-1"', 'host_id = "test-host-2"'))
+    agent.send(signal.SIGHUP)
+    agent.wait_for_log("config_reloaded")
+    agent.config.write_text(agent.config.read_text() + 'endpoint_url = "ftp://nowhere"\n')  # invalid: kept old
+    agent.send(signal.SIGHUP)
+    agent.wait_for_log("config_reload_failed")
+    status = agent.root / "var/lib/dpkg/status"
+    new = agent.root / "var/lib/dpkg/status-new"
+    new.write_text(status.read_text().replace("Version: 1.7.22-1", "Version: 1.7.23-1"))
+    os.replace(new, status)
+    assert receiver.wait_for(lambda r: r.kinds_stored() == ["snapshot_changed"] * 2, timeout_seconds=15)
+    assert agent.terminate() == 0
+    second = receiver.stored[receiver.stored_order[1]]
+    assert second["host_id"] == "test-host-2"
+    names = [e["event"] for e in agent.logs()]
+    before_stop = agent.logs()[:names.index("daemon_stopping")]
+    assert not [e for e in before_stop if e["event"] == "job_child_exited" and e["exit_code"] != 0]
+    assert_delivered_once_in_order(receiver, agent.outbox())
