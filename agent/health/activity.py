@@ -21,6 +21,28 @@ log = get_logger("health.activity")
 
 
 @dataclass(frozen=True)
+class SmiProcess:
+    """A process with a context on one GPU, as the SMI library lists it."""
+
+    pid: int
+    used_memory_bytes: Optional[int]
+    name: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class SmiOccupancy:
+    """One GPU's compute processes, utilization and device memory at one moment; None where it cannot tell.
+
+    ``processes`` is None when the library could not list them (then only utilization and memory speak).
+    """
+
+    utilization_percent: Optional[float]
+    memory_total_bytes: Optional[int]
+    memory_free_bytes: Optional[int]
+    processes: Optional[List[SmiProcess]]
+
+
+@dataclass(frozen=True)
 class SmiDevice:
     """One GPU as the SMI library enumerates it."""
 
@@ -37,6 +59,8 @@ class SmiReader(Protocol):
 
     def read(self) -> List[Optional[float]]: ...
 
+    def occupancy(self) -> List[SmiOccupancy]: ...
+
     def close(self) -> None: ...
 
 
@@ -46,6 +70,13 @@ def _text(value: Any) -> Optional[str]:
     if isinstance(value, bytes):
         value = value.decode("utf-8", "replace")
     return str(value).strip("\x00 ") or None
+
+
+def _count(value: Any) -> Optional[int]:
+    """A byte count or pid; None for "N/A", None, negative values and NVML's not-available marker (2**64 - 1)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < (1 << 63):
+        return value
+    return None
 
 
 def _percent(value: Any) -> Optional[float]:
@@ -91,6 +122,37 @@ class NvmlReader:
                 out.append(None)
         return out
 
+    def _processes(self, handle: Any) -> Optional[List[SmiProcess]]:
+        """``nvmlDeviceGetComputeRunningProcesses`` (pynvml maps it to _v3), else the _v2 call older drivers have."""
+        calls = [getattr(self._nvml, name, None) for name in (
+            "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2")]
+        for call in calls:
+            if call is None:
+                continue
+            try:
+                infos = call(handle)
+            except Exception:  # noqa: BLE001 - NVMLError_FunctionNotFound on an older driver: try the next one
+                continue
+            out = []
+            for info in infos or []:
+                pid = _count(getattr(info, "pid", None))
+                if pid is not None:
+                    out.append(SmiProcess(pid, _count(getattr(info, "usedGpuMemory", None))))
+            return out
+        return None
+
+    def occupancy(self) -> List[SmiOccupancy]:
+        out: List[SmiOccupancy] = []
+        for handle, util in zip(self._handles, self.read()):
+            total = free = None
+            try:
+                memory = self._nvml.nvmlDeviceGetMemoryInfo(handle)
+                total, free = _count(memory.total), _count(memory.free)
+            except Exception:  # noqa: BLE001 - memory unknown: the budget falls back to the smallest size
+                pass
+            out.append(SmiOccupancy(util, total, free, self._processes(handle)))
+        return out
+
     def close(self) -> None:
         try:
             self._nvml.nvmlShutdown()
@@ -126,6 +188,47 @@ class AmdsmiReader:
                 out.append(_percent(self._amdsmi.amdsmi_get_gpu_activity(handle).get("gfx_activity")))
             except Exception:  # noqa: BLE001 - one failed reading is counted by the sampler
                 out.append(None)
+        return out
+
+    def _processes(self, handle: Any) -> Optional[List[SmiProcess]]:
+        """``amdsmi_get_gpu_process_list``: dicts (pid, name, memory_usage.vram_mem) in amdsmi 6.2 and later; older
+        bindings return process handles that ``amdsmi_get_gpu_process_info`` resolves to the same dicts."""
+        amdsmi = self._amdsmi
+        try:
+            entries = list(amdsmi.amdsmi_get_gpu_process_list(handle))
+        except Exception:  # noqa: BLE001 - no process list from this library or driver
+            return None
+        out = []
+        for entry in entries:
+            info = entry
+            if not isinstance(entry, dict):
+                try:
+                    info = amdsmi.amdsmi_get_gpu_process_info(handle, entry)
+                except Exception:  # noqa: BLE001 - a process that exited between the two calls
+                    continue
+            if not isinstance(info, dict):
+                continue
+            pid = _count(info.get("pid"))
+            usage = info.get("memory_usage")
+            vram = _count(usage.get("vram_mem")) if isinstance(usage, dict) else None
+            name = _text(info.get("name"))
+            if pid is not None:
+                out.append(SmiProcess(pid, vram if vram is not None else _count(info.get("mem")),
+                                      None if name in (None, "N/A") else name))
+        return out
+
+    def occupancy(self) -> List[SmiOccupancy]:
+        out: List[SmiOccupancy] = []
+        for handle, util in zip(self._handles, self.read()):
+            total = free = None
+            try:
+                vram = self._amdsmi.amdsmi_get_gpu_vram_usage(handle)  # MB
+                total_mb, used_mb = _count(vram.get("vram_total")), _count(vram.get("vram_used"))
+                if total_mb is not None and used_mb is not None:
+                    total, free = total_mb * (1 << 20), max(0, total_mb - used_mb) * (1 << 20)
+            except Exception:  # noqa: BLE001 - memory unknown: the budget falls back to the smallest size
+                pass
+            out.append(SmiOccupancy(util, total, free, self._processes(handle)))
         return out
 
     def close(self) -> None:
@@ -172,10 +275,15 @@ class ActivitySampler:
     """Reads activity on a thread from ``start()`` to ``stop()``; ``stop()`` returns the report."""
 
     def __init__(self, load_module: Callable[[str], ModuleType], vendor: Optional[str],
-                 interval_seconds: float) -> None:
+                 interval_seconds: float,
+                 on_occupancy: Optional[Callable[[Sequence[SmiDevice], List[SmiOccupancy]], None]] = None,
+                 occupancy_interval_seconds: float = 0.5) -> None:
         self._load_module = load_module
         self._vendor = vendor
         self._interval = interval_seconds
+        # Processes are listed less often than utilization is read: a tenant that starts mid-run holds on for longer.
+        self._on_occupancy = on_occupancy
+        self._occupancy_every = max(1, round(occupancy_interval_seconds / interval_seconds))
         self._reader: Optional[SmiReader] = None
         self._unavailable: Optional[str] = None
         self._readings: List[List[Optional[float]]] = []
@@ -195,13 +303,27 @@ class ActivitySampler:
 
     def _loop(self) -> None:
         assert self._reader is not None
+        ticks = 0
         while not self._stop.wait(self._interval):
             self._readings.append(self._reader.read())
+            ticks += 1
+            if self._on_occupancy is not None and ticks % self._occupancy_every == 0:
+                self.watch_occupancy()
+
+    def watch_occupancy(self) -> None:
+        """Hand the GPUs' current processes to ``on_occupancy`` (also called once more as the probe ends)."""
+        if self._reader is None or self._on_occupancy is None:
+            return
+        try:
+            self._on_occupancy(self._reader.devices, self._reader.occupancy())
+        except Exception as exc:  # noqa: BLE001 - a failed watch must not end the utilization sampling
+            log.warning("health_occupancy_watch_failed", error=f"{type(exc).__name__}: {exc}")
 
     def stop(self) -> ActivityReport:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+            self.watch_occupancy()
         if self._reader is None:
             return ActivityReport(unavailable_reason=self._unavailable, interval_seconds=self._interval)
         self._reader.close()

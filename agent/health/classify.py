@@ -68,6 +68,9 @@ def classify(outcome: ProbeOutcome, parsed: Optional[Union[ProbeResult, ParseFai
         return Verdict("timeout", f"the probe ran past its timeout ({outcome.wall_seconds:.0f} s) and was killed")
     if outcome.start_error is not None:
         return Verdict("failed", f"the probe could not start: {outcome.start_error}", [outcome.start_error])
+    if outcome.killed_for_memory is not None:
+        detail = f"the probe was killed for its host memory: {outcome.killed_for_memory}"
+        return Verdict("failed", detail, [detail])
     if parsed is None or isinstance(parsed, ParseFailure):
         why = parsed.reason if isinstance(parsed, ParseFailure) else "no output"
         if outcome.returncode not in (0, None):

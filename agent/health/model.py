@@ -15,10 +15,13 @@ from typing import Dict, List, Literal, Optional
 
 from agent.models import FrozenModel
 
-HealthStatus = Literal["pass", "regression", "cpu_fallback", "failed", "timeout", "skipped"]
+HealthStatus = Literal["pass", "regression", "cpu_fallback", "failed", "timeout", "skipped", "busy", "deferred"]
 # Distinct exit codes, so a systemd unit or a script can tell the outcomes apart; 1-8 are gpuguard's errors.
+# busy: the functional checks ran and passed on a GPU another job was using, its speed was not judged;
+# deferred: nothing could run without risk to that job (too little free device memory, or configured to wait).
 STATUS_EXIT_CODES: Dict[str, int] = {"pass": 0, "regression": 20, "cpu_fallback": 21, "failed": 22,
-                                     "timeout": 23, "skipped": 24}
+                                     "timeout": 23, "skipped": 24, "busy": 25, "deferred": 26}
+HealthMode = Literal["auto", "functional", "full"]
 RESULT_MARKER = "GPUGUARD_PROBE_RESULT "
 
 
@@ -119,6 +122,12 @@ class ProbeResult(FrozenModel):
     collective: Optional[CollectiveResult] = None
     phase_seconds: Dict[str, float] = {}
     throttle_fraction: float = 0.0
+    # Set when the agent gave the probe a device-memory budget (bytes per GPU): the work was sized to fit in it.
+    device_memory_budget_bytes: Optional[int] = None
+    # Who the probe ran as (os.getuid() etc. inside the probe), so the report shows the privilege drop held.
+    uid: Optional[int] = None
+    gid: Optional[int] = None
+    groups: List[int] = []
     errors: List[str] = []
 
 
@@ -203,6 +212,66 @@ class BaselineComparison(FrozenModel):
     noise_band_fraction: Dict[str, float] = {}
 
 
+class GpuTenant(FrozenModel):
+    """A process other than the probe that holds a GPU context, as the SMI library lists it."""
+
+    pid: int
+    # From /proc/<pid>/comm (the SMI library's name where /proc does not resolve it); None when neither tells.
+    name: Optional[str] = None
+    # Why the name is missing: a pid from another PID namespace (a container) is not in this /proc.
+    name_unresolved: Optional[str] = None
+    used_memory_bytes: Optional[int] = None
+    seen: Literal["before", "during"] = "before"
+
+
+class GpuOccupancy(FrozenModel):
+    """One GPU's other users before (and while) the probe ran, and its device memory before the probe."""
+
+    smi_index: int
+    bdf: Optional[str] = None
+    uuid: Optional[str] = None
+    utilization_percent: Optional[float] = None
+    memory_total_bytes: Optional[int] = None
+    memory_free_bytes: Optional[int] = None
+    tenants: List[GpuTenant] = []
+    busy: bool = False
+    reasons: List[str] = []
+
+
+class OccupancyReport(FrozenModel):
+    """What the agent saw of other jobs on the GPUs, and what it decided about the run."""
+
+    library: Optional[Literal["pynvml", "amdsmi"]] = None
+    unavailable_reason: Optional[str] = None
+    mode: HealthMode = "auto"
+    gpus: List[GpuOccupancy] = []
+    # The device-memory budget given to the probe (bytes per GPU); None: the full, idle-GPU workload.
+    device_memory_budget_bytes: Optional[int] = None
+    # Why the performance figures were not judged (a busy GPU, functional mode); None when they were.
+    performance_not_judged: Optional[str] = None
+
+    @property
+    def busy_gpus(self) -> List[GpuOccupancy]:
+        return [g for g in self.gpus if g.busy]
+
+
+class SandboxReport(FrozenModel):
+    """Who the probe ran as and which limits held it."""
+
+    user: str
+    uid: int
+    gid: int
+    groups: List[int] = []
+    dropped: bool = False
+    home: Optional[str] = None
+    # "cgroup <path> memory.max=N", "rss watchdog N bytes", or "none: <why>".
+    memory_limit: str = "none"
+    rlimits: Dict[str, int] = {}
+    notes: List[str] = []
+    # Set when the memory limit ended the probe.
+    killed_for_memory: Optional[str] = None
+
+
 class HealthResult(FrozenModel):
     """The outcome of one health check."""
 
@@ -223,6 +292,8 @@ class HealthResult(FrozenModel):
     failures: List[str] = []
     regressions: List[MetricRegression] = []
     baseline: Optional[BaselineComparison] = None
+    occupancy: Optional[OccupancyReport] = None
+    sandbox: Optional[SandboxReport] = None
 
     @property
     def exit_code(self) -> int:

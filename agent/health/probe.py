@@ -9,6 +9,10 @@ checkpoint save/load round trip; with several GPUs it also runs an all-reduce ac
 and checks the sum. It prints exactly one result line, ``GPUGUARD_PROBE_RESULT {json}``, and exits 0 whenever it
 could print that line: failed checks are data for the agent to judge, not a crash.
 
+``--device-memory-budget-bytes N`` (the agent passes it when another job uses the GPU): every step is sized to fit
+in N bytes of device memory per GPU (smaller GEMM, copy and all-reduce, short timing loops; the checks themselves
+unchanged in kind), the framework's allocator is capped at N, and the peak is reported as always.
+
 Options for tests: ``--size small`` (tiny problems), ``--cpu-ranks N`` (N gloo processes when no GPU is visible),
 ``--throttle-fraction F`` (stretch every timed section so its figures drop by F), ``--slow-rank R:F`` and
 ``--fail-rank R`` (one slow or one failing rank).
@@ -48,6 +52,13 @@ SIZES = {
               "copy_bytes": 16 * MIB, "copy_reps": 4, "copy_batches": 3, "train_width": 128, "train_batch": 32,
               "train_steps": 6, "allreduce_bytes": 1 * MIB, "allreduce_reps": 3, "allreduce_batches": 2},
 }
+# Under a budget: device memory the training, reference and checkpoint steps may take (full and small widths).
+STEP_RESERVE_BYTES = {"full": 160 * MIB, "small": 16 * MIB}
+# A budget below this runs the small training/reference sizes too.
+FULL_STEPS_MIN_BUDGET_BYTES = 768 * MIB
+# The smallest sizes a budget can shrink the GEMM and copy to: below these the checks stop meaning anything.
+MIN_GEMM_N = 256
+MIN_COPY_BYTES = 1 * MIB
 # bf16 inputs with fp32 accumulation land near 3e-3 relative error at these sizes; 2e-2 only fails real bugs.
 REFERENCE_TOLERANCE = 2e-2
 
@@ -67,10 +78,43 @@ def parse_args(argv):
     parser.add_argument("--rank-timeout-seconds", type=float, default=90.0,
                         help="with several ranks: stop and name the ranks still running after this long")
     parser.add_argument("--max-gpus", type=int, default=None, help="use at most this many GPUs")
+    parser.add_argument("--device-memory-budget-bytes", type=int, default=None, metavar="N",
+                        help="fit every step in N bytes of device memory per GPU (another job uses the GPU)")
     args = parser.parse_args(argv)
     if not 0.0 <= args.throttle_fraction < 1.0:
         parser.error("--throttle-fraction must be in [0, 1)")
+    if args.device_memory_budget_bytes is not None and args.device_memory_budget_bytes <= 0:
+        parser.error("--device-memory-budget-bytes must be positive")
     return args
+
+
+def fit_sizes(size, budget_bytes):
+    """The sizes of ``size`` shrunk so that no step needs more than ``budget_bytes`` of device memory.
+
+    Steps run one after another (the allocator's cache is emptied between them), so the peak is the largest step:
+    the GEMM holds three n x n bf16 matrices, the copy two buffers, the all-reduce one; training, the reference and
+    the checkpoint together stay within STEP_RESERVE_BYTES. The timing loops are the small ones: under a budget the
+    GPU is someone else's and its figures are not judged, so the probe keeps its time there short.
+    """
+    sizes = dict(SIZES[size])
+    sizes["device_memory_budget_bytes"] = budget_bytes
+    if budget_bytes is None:
+        return sizes
+    small = SIZES["small"]
+    for key in ("gemm_reps", "gemm_batches", "copy_reps", "copy_batches", "allreduce_reps", "allreduce_batches"):
+        sizes[key] = min(sizes[key], small[key])
+    steps = "full" if size == "full" and budget_bytes >= FULL_STEPS_MIN_BUDGET_BYTES else "small"
+    if steps == "small":
+        for key in ("ref_n", "train_width", "train_batch", "train_steps"):
+            sizes[key] = small[key]
+    room = max(0, budget_bytes - STEP_RESERVE_BYTES[steps]) * 0.9
+    n = sizes["gemm_n"]
+    while n > MIN_GEMM_N and 3 * n * n * 2 > room:
+        n //= 2
+    sizes["gemm_n"] = n
+    sizes["copy_bytes"] = max(MIN_COPY_BYTES, min(sizes["copy_bytes"], int(room / 2) // MIB * MIB))
+    sizes["allreduce_bytes"] = max(MIN_COPY_BYTES, min(sizes["allreduce_bytes"], int(room / 2) // MIB * MIB))
+    return sizes
 
 
 def finite_or_none(value):
@@ -196,8 +240,11 @@ def enumerate_devices(torch):
 # --- the per-device suite ------------------------------------------------------------------------------------------
 
 def device_suite(torch, device, index, size, throttle_fraction, name):
-    """Every per-device check on one device; each step records its own error so one failure hides nothing."""
-    sizes = SIZES[size]
+    """Every per-device check on one device; each step records its own error so one failure hides nothing.
+
+    ``size`` is a SIZES name or a dict of sizes (fit_sizes).
+    """
+    sizes = SIZES[size] if isinstance(size, str) else size
     started = time.perf_counter()
     on_gpu = device.type != "cpu"
 
@@ -209,6 +256,11 @@ def device_suite(torch, device, index, size, throttle_fraction, name):
     if on_gpu:
         torch.cuda.set_device(device)
         torch.cuda.reset_peak_memory_stats(device)
+        budget = sizes.get("device_memory_budget_bytes")
+        if budget:
+            # The allocator refuses (an out-of-memory error in that step) rather than take more than the budget.
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, float(budget) / total), device)
         # The reference check must compare against true fp32, and the GEMM figure must be what bf16 gives.
         torch.backends.cuda.matmul.allow_tf32 = False
     bf16 = (not on_gpu) or torch.cuda.is_bf16_supported()
@@ -429,7 +481,7 @@ def make_model(torch, width):
 
 def all_reduce_check(torch, dist, device, world, size, throttle_fraction):
     """A correct-sum check, then timed all-reduces; bus bandwidth as nccl-tests defines it."""
-    sizes = SIZES[size]
+    sizes = SIZES[size] if isinstance(size, str) else size
     on_gpu = device.type != "cpu"
 
     def sync():
@@ -563,7 +615,8 @@ def run_ranks(world, options, timeout_seconds):
 
 
 def gather(ranks, world, size):
-    """(per-GPU figures, collective dict) from the ranks' reports."""
+    """(per-GPU figures, collective dict) from the ranks' reports; ``size`` a SIZES name or a dict of sizes."""
+    size = SIZES[size] if isinstance(size, str) else size
     gpus, rank_rows, collectives = [], [], []
     for rank, exitcode, killed, data in ranks:
         if data and data.get("gpu"):
@@ -588,7 +641,7 @@ def gather(ranks, world, size):
     collective = {
         "backend": collectives[0]["backend"] if collectives else None,
         "world_size": world,
-        "bytes": collectives[0]["bytes"] if collectives else SIZES[size]["allreduce_bytes"],
+        "bytes": collectives[0]["bytes"] if collectives else size["allreduce_bytes"],
         "sum_correct": all(c["sum_correct"] for c in collectives) if all_ok else None,
         # The slowest rank's view: a collective is as fast as its slowest member.
         "bus_bandwidth_gbps": min(figures) if all_ok and figures else None,
@@ -612,7 +665,9 @@ def main(argv=None):
     result = {"probe_schema_version": PROBE_SCHEMA_VERSION, "python": platform.python_version(),
               "framework": None, "skipped_reason": None, "accelerator_available": False, "device_count": 0,
               "devices": [], "ran_on": None, "gpus": [], "collective": None, "phase_seconds": {},
-              "throttle_fraction": args.throttle_fraction, "errors": []}
+              "throttle_fraction": args.throttle_fraction,
+              "device_memory_budget_bytes": args.device_memory_budget_bytes, "uid": os.getuid(),
+              "gid": os.getgid(), "groups": sorted(set(os.getgroups())), "errors": []}
     try:
         torch, framework, skipped, import_seconds = import_framework()
         result["framework"] = framework
@@ -639,7 +694,8 @@ def run_workload(torch, args, result):
     used = devices[:args.max_gpus] if args.max_gpus else devices
     on_gpu = bool(used)
     result["ran_on"] = "gpu" if on_gpu else "cpu"
-    size = args.size if args.size != "auto" else ("full" if on_gpu else "small")
+    size = fit_sizes(args.size if args.size != "auto" else ("full" if on_gpu else "small"),
+                     args.device_memory_budget_bytes)
     world = len(used) if on_gpu else max(1, args.cpu_ranks)
     slow = parse_slow_rank(args.slow_rank)
     started = time.perf_counter()

@@ -1,11 +1,14 @@
 """Run one health check: spawn the probe where the host's ML jobs run, watch the GPUs, judge, compare, record.
 
-    snapshot ─────────────> inventory, pairing ──┐
-    SMI sampler thread ───> activity ─────────────┼──> fallback rules ──┐
-    probe (timeout) ──────> ProbeResult ──────────┴─────────────────────┴──> classify ──> baseline ──> HealthResult
+    SMI before the probe ─> other jobs? ─> plan: run (budget?, judge speed?) or defer ──────────────────────┐
+    snapshot ─────────────> inventory, pairing ──┐                                                            │
+    SMI sampler thread ───> activity, tenants ────┼──> fallback rules ──┐                                     │
+    probe (sandbox) ──────> ProbeResult ──────────┴─────────────────────┴──> classify ──> busy? ──> baseline ──> result
 
-The probe is an argv list (an interpreter, or a container runtime), never a shell line. Its environment is the
-host's plus NCCL_NVLS_ENABLE=0 and the other NVLink-multicast switches, always.
+The probe is an argv list (an interpreter, or a container runtime), never a shell line. It runs as the sandbox's
+user (sandbox.py) with a clean environment plus NCCL_NVLS_ENABLE=0 and the other NVLink-multicast switches, always.
+A GPU that another job uses is never judged on speed (tenants.py): the result is ``busy`` when the functional checks
+pass there, ``deferred`` when nothing could run safely, and such a run never touches the baseline.
 """
 
 from __future__ import annotations
@@ -16,11 +19,11 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from agent.errors import GpuguardError, InputFileError
+from agent.errors import GpuguardError, InputFileError, LibraryUnavailable, UsageError
 from agent.files import write_atomically
-from agent.health.activity import ActivitySampler
+from agent.health.activity import ActivitySampler, SmiDevice, SmiOccupancy, open_reader
 from agent.health.baseline import (
     BaselineStore,
     choose_reference,
@@ -31,12 +34,22 @@ from agent.health.baseline import (
     peer_outliers,
     record_run,
 )
-from agent.health.classify import classify
+from agent.health.classify import Verdict, classify
 from agent.health.fallback import Inventory, Vendor, detect_fallback, merge_inventory
 from agent.health.launch import Launcher, ProbeOutcome, launch_probe
-from agent.health.model import BaselineComparison, HealthResult, MetricRegression, ProbeResult
+from agent.health.model import (
+    BaselineComparison,
+    GpuTenant,
+    HealthMode,
+    HealthResult,
+    MetricRegression,
+    OccupancyReport,
+    ProbeResult,
+)
 from agent.health.parse import parse_probe_output
+from agent.health.sandbox import Sandbox, resolve_sandbox, sandbox_env
 from agent.health.settings import HealthSettings
+from agent.health.tenants import Plan, decide, describe_tenant, merge_during, occupancy_of, process_session, tenants_of
 from agent.host import Host
 from agent.log import get_logger
 from agent.snapshot.model import Snapshot
@@ -52,16 +65,21 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 _STDERR_TAIL_CHARS = 2000
 
 
-def probe_args(settings: HealthSettings) -> List[str]:
-    """The probe's own options: throttle, and a rank deadline that leaves it time to name hung ranks."""
+def probe_args(settings: HealthSettings, device_memory_budget_bytes: Optional[int] = None) -> List[str]:
+    """The probe's own options: throttle, a rank deadline that leaves it time to name hung ranks, a memory budget."""
     rank_timeout = max(5.0, settings.timeout_seconds * 0.75)
+    budget = ([] if device_memory_budget_bytes is None
+              else ["--device-memory-budget-bytes", str(device_memory_budget_bytes)])
     return ["--throttle-fraction", repr(settings.throttle_fraction), "--rank-timeout-seconds", f"{rank_timeout:g}",
-            *settings.probe_args]
+            *budget, *settings.probe_args]
 
 
-def probe_env(base: Mapping[str, str], settings: HealthSettings) -> Dict[str, str]:
-    """The host's environment (the framework needs its PATH, library paths, ROCm/CUDA variables) made safe."""
-    env = dict(base)
+def probe_env(base: Mapping[str, str], settings: HealthSettings, sandbox: Optional[Sandbox] = None) -> Dict[str, str]:
+    """What the framework needs of the host's environment (PATH, library paths, ROCm/CUDA variables), made safe.
+
+    With a sandbox only those variables pass, with the probe user's own HOME and TMPDIR (sandbox.sandbox_env).
+    """
+    env = dict(base) if sandbox is None else sandbox_env(base, sandbox)
     env.update(settings.extra_env)
     env.update(SAFE_ENV)
     return env
@@ -77,16 +95,23 @@ def container_device_args(runtime: str, vendor: Optional[Vendor]) -> List[str]:
 
 
 def build_probe_argv(settings: HealthSettings, probe_path: Path, vendor: Optional[Vendor],
-                     container_name: str) -> List[str]:
-    """The probe's argv: ``python probe.py ...``, or ``docker run ... IMAGE python /opt/gpuguard/probe.py ...``."""
-    args = probe_args(settings)
+                     container_name: str, device_memory_budget_bytes: Optional[int] = None,
+                     sandbox: Optional[Sandbox] = None) -> List[str]:
+    """The probe's argv: ``python probe.py ...``, or ``docker run ... IMAGE python /opt/gpuguard/probe.py ...``.
+
+    In a container the sandbox's user becomes ``--user UID:GID`` with its groups (the runtime itself is the agent).
+    """
+    args = probe_args(settings, device_memory_budget_bytes)
     if settings.container_image is None:
         return [settings.python, str(probe_path), *args]
     env_args: List[str] = []
     for key, value in sorted({**settings.extra_env, **SAFE_ENV}.items()):
         env_args += ["-e", f"{key}={value}"]
+    user_args: List[str] = []
+    if sandbox is not None and sandbox.dropped:
+        user_args = [f"--user={sandbox.uid}:{sandbox.gid}", *(f"--group-add={g}" for g in sandbox.groups)]
     return [settings.container_runtime, "run", "--rm", "--name", container_name,
-            *container_device_args(settings.container_runtime, vendor),
+            *container_device_args(settings.container_runtime, vendor), *user_args,
             "-v", f"{probe_path}:{CONTAINER_PROBE_PATH}:ro", *env_args, *settings.container_args,
             settings.container_image, settings.container_python, CONTAINER_PROBE_PATH, *args]
 
@@ -102,15 +127,30 @@ def snapshot_inventory(snapshot: Optional[Snapshot]) -> Tuple[Optional[Vendor], 
 
 
 def run_health_check(host: Host, settings: HealthSettings, state_dir: str, snapshot: Optional[Snapshot] = None,
-                     launcher: Launcher = launch_probe, probe_path: Path = PROBE_PATH) -> HealthResult:
-    """One whole health check; every outcome of the probe is a HealthResult, never an exception."""
+                     launcher: Launcher = launch_probe, probe_path: Path = PROBE_PATH,
+                     mode: Optional[HealthMode] = None) -> HealthResult:
+    """One whole health check; every outcome of the probe is a HealthResult, never an exception.
+
+    ``mode`` overrides ``settings.mode`` for this run (the daemon passes "functional" right after a package change).
+    """
     started = time.monotonic()
     started_at = host.clock()
+    mode = mode or settings.mode
+    try:
+        sandbox = resolve_sandbox(settings, state_dir)
+    except UsageError as exc:
+        return _without_probe(host, settings, state_dir, started, started_at, "failed", str(exc), None)
+    before, plan = look_before(host, settings, mode)
+    if not plan.run:
+        log.info("health_deferred", reason=plan.reason)
+        return _without_probe(host, settings, state_dir, started, started_at, "deferred",
+                              f"deferred: {plan.reason}", before)
     background: Optional[_SnapshotThenSampler] = None
+    watch = _TenantWatch(host, enabled=settings.container_image is None)
     if snapshot is None and settings.container_image is None:
         # The probe's argv does not depend on the snapshot here: start the probe first and take the snapshot (then
         # start the activity sampler) while it imports its framework, seconds that the snapshot would otherwise add.
-        background = _SnapshotThenSampler(host, settings)
+        background = _SnapshotThenSampler(host, settings, watch)
         background.start()
     elif snapshot is None:
         from agent.snapshot.take import take_snapshot
@@ -118,7 +158,7 @@ def run_health_check(host: Host, settings: HealthSettings, state_dir: str, snaps
         snapshot = take_snapshot(host)
     vendor, snapshot_count = snapshot_inventory(snapshot) if snapshot is not None else (None, 0)
     container_name = f"gpuguard-probe-{uuid.uuid4().hex[:12]}"
-    argv = build_probe_argv(settings, probe_path, vendor, container_name)
+    argv = build_probe_argv(settings, probe_path, vendor, container_name, plan.device_memory_budget_bytes, sandbox)
 
     def stop_container() -> None:
         if settings.container_image is None:
@@ -130,11 +170,17 @@ def run_health_check(host: Host, settings: HealthSettings, state_dir: str, snaps
 
     sampler: Optional[ActivitySampler] = None
     if background is None:
-        sampler = ActivitySampler(host.load_module, vendor, settings.activity_interval_seconds)
+        sampler = ActivitySampler(host.load_module, vendor, settings.activity_interval_seconds,
+                                  on_occupancy=watch.seen)
         sampler.start()
-    log.info("health_probe_started", argv=argv, timeout_seconds=settings.timeout_seconds)
+    log.info("health_probe_started", argv=argv, timeout_seconds=settings.timeout_seconds, user=sandbox.user,
+             device_memory_budget_bytes=plan.device_memory_budget_bytes)
+    # In a container the probe's pids are the runtime's children, not in the agent's session: a tenant that starts
+    # mid-run cannot be told apart from the probe there, so only the look before the run counts.
+    sandboxed = sandbox if settings.container_image is None else None
     try:
-        outcome = launcher(argv, probe_env(host.env, settings), settings.timeout_seconds, stop_container)
+        outcome = launcher(argv, probe_env(host.env, settings, sandboxed), settings.timeout_seconds,
+                           stop_container, sandbox=sandboxed, on_start=watch.probe_started)
     finally:
         if background is not None:
             snapshot, sampler = background.join()  # re-raises what the snapshot raised
@@ -151,29 +197,114 @@ def run_health_check(host: Host, settings: HealthSettings, state_dir: str, snaps
         probe.framework is not None and probe.framework.import_error)
     fallback = detect_fallback(probe, inventory, activity, settings) if judgeable and probe else []
     fingerprint = fingerprint_of(pairing_of(snapshot), probe)
+    occupancy = merge_during(before, watch.tenants())
+    busy = occupancy.busy_gpus
+    judge = plan.judge_performance and not busy
+    if busy:
+        occupancy = occupancy.model_copy(update={"performance_not_judged": "busy: " + "; ".join(
+            f"GPU {g.smi_index}: {', '.join(g.reasons)}" for g in busy)})
 
     regressions: List[MetricRegression] = []
     comparison: Optional[BaselineComparison] = None
-    if probe is not None and classify(outcome, parsed, fallback, []).status == "pass":
+    if judge and probe is not None and classify(outcome, parsed, fallback, []).status == "pass":
         regressions, comparison = _judge_against_baselines(probe, fingerprint, settings, state_dir, started_at)
     verdict = classify(outcome, parsed, fallback, regressions)
+    if verdict.status == "pass" and not judge:
+        verdict = _unjudged(verdict, occupancy)
     result = HealthResult(
         status=verdict.status, summary=verdict.summary, started_at=started_at,
         wall_seconds=round(time.monotonic() - started, 3), probe_wall_seconds=round(outcome.wall_seconds, 3),
         probe_argv=list(argv), probe_exit_code=outcome.returncode,
         probe_stderr_tail=outcome.stderr[-_STDERR_TAIL_CHARS:] or None, fingerprint=fingerprint,
         fingerprint_id=fingerprint.id, inventory_gpu_count=inventory.gpu_count, probe=probe, activity=activity,
-        fallback_reasons=fallback, failures=verdict.failures, regressions=regressions, baseline=comparison)
+        fallback_reasons=fallback, failures=verdict.failures, regressions=regressions, baseline=comparison,
+        occupancy=occupancy, sandbox=sandbox.report(outcome.memory_limit, outcome.killed_for_memory))
     _save_last(state_dir, result)
     _log_result(result, inventory)
     return result
 
 
+def look_before(host: Host, settings: HealthSettings, mode: HealthMode) -> Tuple[OccupancyReport, Plan]:
+    """Read every GPU's processes, utilization and free memory before the probe, and decide what may run.
+
+    Without an SMI library nothing is known about other jobs: the check runs as on an idle host (and says so).
+    """
+    try:
+        reader = open_reader(host.load_module, None)
+    except LibraryUnavailable as exc:
+        plan = decide([], settings, mode)
+        return OccupancyReport(unavailable_reason=str(exc), mode=mode,
+                               performance_not_judged=plan.reason), plan
+    try:
+        gpus = occupancy_of(host, reader.devices, reader.occupancy(), settings)
+    finally:
+        reader.close()
+    plan = decide(gpus, settings, mode)
+    report = OccupancyReport(library=reader.library, mode=mode, gpus=gpus,
+                             device_memory_budget_bytes=plan.device_memory_budget_bytes,
+                             performance_not_judged=None if plan.judge_performance else plan.reason)
+    return report, plan
+
+
+def _unjudged(verdict: Verdict, occupancy: OccupancyReport) -> Verdict:
+    """A passing run whose speed was not judged: ``busy`` when another job used a GPU, else a pass that says so."""
+    busy = occupancy.busy_gpus
+    if not busy:
+        return Verdict("pass", f"{verdict.summary} (functional only: {occupancy.performance_not_judged})",
+                       verdict.failures)
+    tenants = [describe_tenant(t) for g in busy for t in g.tenants]
+    who = ", ".join(dict.fromkeys(tenants)) or "; ".join(r for g in busy for r in g.reasons)
+    gpus = ", ".join(str(g.smi_index) for g in busy)
+    return Verdict("busy", f"busy: functional checks passed; GPU {gpus} in use by {who}; performance not judged",
+                   verdict.failures)
+
+
+def _without_probe(host: Host, settings: HealthSettings, state_dir: str, started: float, started_at: dt.datetime,
+                   status: str, summary: str, occupancy: Optional[OccupancyReport]) -> HealthResult:
+    """A result for a check that launched no probe (deferred, or a sandbox that cannot be set up)."""
+    result = HealthResult(status=status, summary=summary, started_at=started_at,
+                          wall_seconds=round(time.monotonic() - started, 3),
+                          failures=[summary] if status == "failed" else [], occupancy=occupancy)
+    _save_last(state_dir, result)
+    log.info("health_check_done", status=result.status, summary=result.summary, wall_seconds=result.wall_seconds)
+    return result
+
+
+class _TenantWatch:
+    """Collects, while the probe runs, the GPUs' processes that are not the probe's (its session is its pid)."""
+
+    def __init__(self, host: Host, enabled: bool) -> None:
+        self.host = host
+        self.enabled = enabled
+        self._probe_pid: Optional[int] = None
+        self._lock = threading.Lock()
+        self._seen: Dict[int, Dict[int, GpuTenant]] = {}
+
+    def probe_started(self, pid: int) -> None:
+        self._probe_pid = pid
+
+    def _is_own(self, pid: int) -> bool:
+        return self._probe_pid is not None and (pid == self._probe_pid
+                                                or process_session(self.host, pid) == self._probe_pid)
+
+    def seen(self, devices: Sequence[SmiDevice], readings: List[SmiOccupancy]) -> None:
+        if not self.enabled or self._probe_pid is None:
+            return
+        for dev, reading in zip(devices, readings):
+            for tenant in tenants_of(self.host, reading, "during", self._is_own):
+                with self._lock:
+                    self._seen.setdefault(dev.smi_index, {}).setdefault(tenant.pid, tenant)
+
+    def tenants(self) -> Dict[int, List[GpuTenant]]:
+        with self._lock:
+            return {index: list(by_pid.values()) for index, by_pid in self._seen.items()}
+
+
 class _SnapshotThenSampler:
     """On a thread: take the snapshot, then start the activity sampler for the vendor it found."""
 
-    def __init__(self, host: Host, settings: HealthSettings) -> None:
-        self.host, self.settings = host, settings
+    def __init__(self, host: Host, settings: HealthSettings, watch: Optional[_TenantWatch] = None) -> None:
+        self.host, self.settings, self.watch = host, settings, watch
         self.snapshot: Optional[Snapshot] = None
         self.sampler: Optional[ActivitySampler] = None
         self.error: Optional[BaseException] = None
@@ -188,7 +319,8 @@ class _SnapshotThenSampler:
         try:
             self.snapshot = take_snapshot(self.host)
             vendor, _ = snapshot_inventory(self.snapshot)
-            self.sampler = ActivitySampler(self.host.load_module, vendor, self.settings.activity_interval_seconds)
+            self.sampler = ActivitySampler(self.host.load_module, vendor, self.settings.activity_interval_seconds,
+                                           on_occupancy=self.watch.seen if self.watch is not None else None)
             self.sampler.start()
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread by join()
             self.error = exc

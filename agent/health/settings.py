@@ -6,7 +6,12 @@ from typing import Dict, List, Literal, Optional
 
 from pydantic import Field, model_validator
 
+from agent.health.model import HealthMode
 from agent.models import FrozenModel
+
+GIB = 1 << 30
+MIB = 1 << 20
+DEFAULT_PROBE_USER = "gpuguard-probe"
 
 
 class HealthSettings(FrozenModel):
@@ -42,8 +47,39 @@ class HealthSettings(FrozenModel):
     # False only on a CPU-only development box or in tests: a CPU run is then judged like a GPU run.
     require_accelerator: bool = True
 
+    # --- other jobs on the GPUs (docs/health.md "Busy GPUs") ---
+    # auto: judge performance on idle GPUs; on a busy GPU run the functional checks only (status busy).
+    # functional: never judge performance (the daemon's check right after a package change).
+    # full: performance must be judged: a busy GPU defers the whole check (status deferred).
+    mode: HealthMode = "auto"
+    # A GPU whose utilization is at least this before the probe starts is busy, even with no process listed.
+    busy_utilization_percent: float = Field(5.0, ge=0, le=100)
+    # What to do on a busy GPU in auto mode: run the functional checks in its free memory, or wait.
+    busy_action: Literal["functional", "defer"] = "functional"
+    # On a busy GPU the probe may allocate this fraction of the free device memory, less the reserve below.
+    busy_memory_fraction: float = Field(0.5, gt=0, le=0.9)
+    # Kept out of the budget for the probe's own CUDA/HIP context (about 0.5 GiB on an H200).
+    busy_memory_reserve_bytes: int = Field(GIB, ge=0)
+    # Below this budget not even the smallest functional check fits: the check is deferred.
+    busy_min_budget_bytes: int = Field(256 * MIB, ge=16 * MIB)
+
+    # --- who the probe runs as, and its limits (docs/health.md "The probe's user and limits") ---
+    # A system user with only GPU device access (the packages create gpuguard-probe in groups video and render).
+    # "root" keeps root, with a warning; when the agent itself is not root the probe runs as the agent's user.
+    run_as: str = DEFAULT_PROBE_USER
+    # Host memory of the probe and its children: a cgroup v2 memory.max where the agent can create one, else an
+    # RSS watchdog that kills the probe's process group. Not RLIMIT_AS: CUDA and ROCm reserve terabytes of
+    # virtual address space and fail under it.
+    memory_max_bytes: int = Field(32 * GIB, ge=64 * MIB)
+    cpu_seconds_max: int = Field(7200, ge=1)
+    open_files_max: int = Field(4096, ge=64)
+    # Processes and threads of the probe's user (enforced only for a dropped, non-root user).
+    processes_max: int = Field(4096, ge=16)
+
     @model_validator(mode="after")
     def _one_way_to_run(self) -> "HealthSettings":
         if self.container_image is not None and not self.container_image.strip():
             raise ValueError("container_image must not be empty (leave it out to use the python interpreter)")
+        if not self.run_as.strip() or any(c in self.run_as for c in ":/ \t\n"):
+            raise ValueError(f"run_as must be a user name or a numeric uid, not {self.run_as!r}")
         return self

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import pwd
 import sys
 import types
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from agent.collectors.base import Section, Status
 from agent.collectors.kernel import KernelInfo
@@ -33,11 +34,20 @@ def make_snapshot(nvidia_gpus: int = 1, driver: str = "580.159.04", kernel: str 
     return Snapshot(agent_version="test", hostname="test", taken_at=FIXED, **sections)
 
 
+H200_BYTES = 150754820096
+
+
 def make_fake_nvml(readings: Sequence[Sequence[float]], bus_ids: Sequence[str] = ("00000000:00:06.0",),
-                   init_error: Optional[str] = None) -> types.ModuleType:
-    """A fake pynvml: utilization of each GPU follows ``readings`` (one row per call round, the last repeats)."""
+                   init_error: Optional[str] = None,
+                   processes: Sequence[Sequence[Sequence[Tuple[int, Optional[int]]]]] = ((),),
+                   free_bytes: Optional[Sequence[int]] = None) -> types.ModuleType:
+    """A fake pynvml: utilization of each GPU follows ``readings`` (one row per call round, the last repeats).
+
+    ``processes[k][gpu]`` are the (pid, used bytes) that the k-th process listing of that GPU returns (the first one
+    is the look before the probe; the last repeats); ``free_bytes[gpu]`` its free memory (all free by default).
+    """
     module = types.ModuleType("pynvml")
-    state = {"round": 0, "calls": []}
+    state: Dict[str, Any] = {"round": 0, "calls": [], "listings": {}}
 
     class NVMLError(Exception):
         pass
@@ -60,13 +70,30 @@ def make_fake_nvml(readings: Sequence[Sequence[float]], bus_ids: Sequence[str] =
     module.nvmlDeviceGetHandleByIndex = lambda i: i
     module.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=bus_ids[h].encode())
     module.nvmlDeviceGetUUID = lambda h: f"GPU-5a1b2c3d-0000-0000-0000-00000000000{h}"
+    def running(handle: int) -> List[Any]:
+        k = state["listings"].get(handle, 0)
+        state["listings"][handle] = k + 1
+        row = processes[min(k, len(processes) - 1)]
+        procs = row[handle] if handle < len(row) else ()
+        return [types.SimpleNamespace(pid=pid, usedGpuMemory=used, gpuInstanceId=0xFFFFFFFF,
+                                      computeInstanceId=0xFFFFFFFF) for pid, used in procs]
+
+    def memory(handle: int) -> Any:
+        free = H200_BYTES if free_bytes is None else free_bytes[handle]
+        return types.SimpleNamespace(total=H200_BYTES, free=free, used=H200_BYTES - free)
+
     module.nvmlDeviceGetUtilizationRates = utilization
+    module.nvmlDeviceGetComputeRunningProcesses = running
+    module.nvmlDeviceGetMemoryInfo = memory
     module.state = state
     return module
 
 
-def make_fake_amdsmi(activity: Sequence[Any], bdfs: Sequence[str] = ("0000:c1:00.0",)) -> types.ModuleType:
-    """A fake amdsmi whose gfx_activity is ``activity[i]`` for GPU i (a number or "N/A")."""
+def make_fake_amdsmi(activity: Sequence[Any], bdfs: Sequence[str] = ("0000:c1:00.0",),
+                     processes: Sequence[Sequence[Dict[str, Any]]] = (), vram_used_mb: Sequence[int] = ()
+                     ) -> types.ModuleType:
+    """A fake amdsmi whose gfx_activity is ``activity[i]`` for GPU i (a number or "N/A"), with ``processes[i]`` (the
+    dicts amdsmi_get_gpu_process_list returns) and ``vram_used_mb[i]`` of 196,592 MB (an MI300X)."""
     module = types.ModuleType("amdsmi")
     calls: List[str] = []
     module.amdsmi_init = lambda: calls.append("amdsmi_init")
@@ -75,6 +102,9 @@ def make_fake_amdsmi(activity: Sequence[Any], bdfs: Sequence[str] = ("0000:c1:00
     module.amdsmi_get_gpu_device_bdf = lambda h: bdfs[h]
     module.amdsmi_get_gpu_activity = lambda h: {"gfx_activity": activity[h], "umc_activity": "N/A",
                                                 "mm_activity": "N/A"}
+    module.amdsmi_get_gpu_process_list = lambda h: list(processes[h]) if h < len(processes) else []
+    module.amdsmi_get_gpu_vram_usage = lambda h: {"vram_total": 196592,
+                                                  "vram_used": vram_used_mb[h] if h < len(vram_used_mb) else 0}
     module.calls = calls
     return module
 
@@ -88,7 +118,9 @@ def make_host(modules: Optional[Dict[str, types.ModuleType]] = None, root: Optio
 
 def fake_probe_settings(*probe_args: str, **overrides: Any) -> HealthSettings:
     """Settings that run tests/health/probes/fake_probe.py (through ``python``) with the given arguments."""
+    # The probe runs as the test's own user (as root here, explicitly; tests of the drop to another user set run_as).
     values: Dict[str, Any] = {"python": sys.executable, "probe_args": list(probe_args), "timeout_seconds": 20.0,
-                              "activity_interval_seconds": 0.01, "baseline_runs": 3}
+                              "activity_interval_seconds": 0.01, "baseline_runs": 3,
+                              "run_as": pwd.getpwuid(os.geteuid()).pw_name}
     values.update(overrides)
     return HealthSettings(**values)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import pwd
 import sys
 from pathlib import Path
 
@@ -21,7 +23,9 @@ def config_without_torch(tmp_path: Path) -> Path:
     site.mkdir(parents=True)
     (site / "__init__.py").write_text("raise ImportError(\"No module named 'torch'\")\n")
     config = tmp_path / "agent.toml"
-    config.write_text(f"[health]\ntimeout_seconds = 30\nextra_env = {{ PYTHONPATH = \"{tmp_path / 'site'}\" }}\n")
+    me = pwd.getpwuid(os.geteuid()).pw_name  # the probe runs as the test's user (root here: configured explicitly)
+    config.write_text(f"[health]\ntimeout_seconds = 30\nrun_as = \"{me}\"\n"
+                      f"extra_env = {{ PYTHONPATH = \"{tmp_path / 'site'}\" }}\n")
     return config
 
 

@@ -179,12 +179,11 @@ def test_probe_env_always_disables_nvlink_multicast(tmp_path: Path) -> None:
 
 def test_previous_fingerprint_baseline_catches_a_regression_after_a_driver_change(tmp_path: Path) -> None:
     """After a driver change the new stack is held against the old stack's baseline until it has its own."""
-    modules = {"pynvml": make_fake_nvml(BUSY)}
     state = str(tmp_path / "state")
     old = make_snapshot(driver="570.86.15")
-    for _ in range(3):
-        assert run_health_check(make_host(modules), fake_probe_settings(), state, snapshot=old,
-                                probe_path=FAKE_PROBE).status == "pass"
+    for _ in range(3):  # a fresh fake per run: its readings start idle (a GPU still at 97% would be busy)
+        assert run_health_check(make_host({"pynvml": make_fake_nvml(BUSY)}), fake_probe_settings(), state,
+                                snapshot=old, probe_path=FAKE_PROBE).status == "pass"
     new = make_snapshot(driver="580.159.04")
     modules = {"pynvml": make_fake_nvml(BUSY)}
     result = run_health_check(make_host(modules), fake_probe_settings("--scale", "0.8"), state, snapshot=new,

@@ -7,6 +7,8 @@
 --mode garbage    prints something that is not a result
 --mode crash      a traceback on stderr and exit 3
 --mode hang       starts a grandchild (its pid into --pid-file) and both sleep forever
+--mode hog        a grandchild that touches --hog-mib MiB of host memory and holds it (the memory limit's target)
+--device-memory-budget-bytes N   reported back, and the GEMM/copy sizes shrink as the real probe's would
 --env-file PATH   also write the environment it got, as JSON
 """
 
@@ -42,7 +44,9 @@ def result(args):
     out = {"probe_schema_version": 1, "python": "3.12.3", "framework": framework, "skipped_reason": None,
            "accelerator_available": True, "device_count": args.gpus, "devices": devices, "ran_on": "gpu",
            "gpus": [], "collective": None, "phase_seconds": {"import": 0.01, "total": 0.02},
-           "throttle_fraction": args.throttle_fraction, "errors": []}
+           "throttle_fraction": args.throttle_fraction,
+           "device_memory_budget_bytes": args.device_memory_budget_bytes, "uid": os.getuid(), "gid": os.getgid(),
+           "groups": sorted(set(os.getgroups())), "errors": []}
     if args.mode == "skip":
         out.update(framework=None, skipped_reason="no framework: ModuleNotFoundError: No module named 'torch'",
                    accelerator_available=False, device_count=0, devices=[], ran_on=None)
@@ -55,6 +59,10 @@ def result(args):
         return out
     out["gpus"] = [gpu(i, args.gemm * throttle * args.scale, args.copy * throttle * args.scale,
                        ref_ok=args.mode != "badcheck") for i in range(args.gpus)]
+    if args.device_memory_budget_bytes:
+        for g in out["gpus"]:
+            g.update(gemm_size=2048, copy_bytes=args.device_memory_budget_bytes // 4,
+                     device_memory_peak_bytes=args.device_memory_budget_bytes // 2)
     return out
 
 
@@ -68,6 +76,8 @@ def main():
     parser.add_argument("--throttle-fraction", type=float, default=0.0)
     parser.add_argument("--pid-file")
     parser.add_argument("--env-file")
+    parser.add_argument("--hog-mib", type=int, default=512)
+    parser.add_argument("--device-memory-budget-bytes", type=int, default=None)
     args, _ = parser.parse_known_args()
     if args.env_file:
         with open(args.env_file, "w") as handle:
@@ -79,6 +89,10 @@ def main():
         sys.stderr.write("Traceback (most recent call last):\n  File \"probe.py\"\nRuntimeError: CUDA error: "
                          "an illegal memory access was encountered\n")
         return 3
+    if args.mode == "hog":
+        code = "b = bytearray(%d << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nimport time; time.sleep(600)"
+        subprocess.Popen([sys.executable, "-c", code % args.hog_mib]).wait()
+        return 0
     if args.mode == "hang":
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         with open(args.pid_file, "w") as handle:

@@ -1,0 +1,276 @@
+"""Who the probe runs as, in which environment, under which limits: a broken or hostile ML stack must not harm the host.
+
+The probe runs the host's ML interpreter with whatever its site-packages import, every few hours. As root that would
+hand the host to anything in that environment, so the agent (when root) starts it as ``[health] run_as`` (the
+packages create the system user ``gpuguard-probe`` in the groups ``video`` and ``render``) with that user's
+supplementary groups, a clean environment (``HOME`` and ``TMPDIR`` in a private directory the user owns), and limits:
+RLIMIT_CPU, RLIMIT_NOFILE, RLIMIT_NPROC (a dropped user only), RLIMIT_CORE=0, and host memory. Host memory is never
+RLIMIT_AS (CUDA and ROCm reserve terabytes of address space and fail under it): a cgroup v2 child with
+``memory.max`` where the agent may create one, else a watchdog that kills the probe's process group when the resident
+memory of its processes passes the limit. The result says which limit applied.
+
+When the agent is not root (tests, an operator's ``gpuguard health run``) the probe runs as that user, and says so.
+``run_as = "root"`` keeps root, with a warning.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import resource
+import signal
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Tuple
+
+from agent.errors import UsageError
+from agent.health.model import SandboxReport
+from agent.health.settings import HealthSettings
+from agent.log import get_logger
+
+log = get_logger("health.sandbox")
+
+# What the framework needs from the agent's environment; everything else (credentials, SSH agents, sudo) stays out.
+_KEPT_NAMES = {"PATH", "LD_LIBRARY_PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX"}
+_KEPT_PREFIXES = ("LC_", "CUDA_", "ROCM_", "ROCR_", "HIP_", "HSA_", "NCCL_", "RCCL_", "NVIDIA_", "TORCH_",
+                  "PYTORCH_", "OMP_", "MKL_", "NVSHMEM_")
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+@dataclass
+class Sandbox:
+    """The identity and limits one probe run gets (``user``/``group``/``extra_groups`` None: no change)."""
+
+    user: str
+    uid: int
+    gid: int
+    groups: List[int]
+    dropped: bool
+    home: Optional[str]
+    memory_max_bytes: int
+    rlimits: Dict[str, int]
+    notes: List[str] = field(default_factory=list)
+    cgroup_root: str = _CGROUP_ROOT
+    own_cgroup_file: str = "/proc/self/cgroup"
+
+    def popen_kwargs(self) -> Dict[str, object]:
+        """``subprocess.Popen`` arguments for the identity: the drop happens in the child before exec."""
+        if not self.dropped:
+            return {}
+        return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
+
+    def report(self, memory_limit: str, killed_for_memory: Optional[str]) -> SandboxReport:
+        return SandboxReport(user=self.user, uid=self.uid, gid=self.gid, groups=list(self.groups),
+                             dropped=self.dropped, home=self.home, memory_limit=memory_limit,
+                             rlimits=dict(self.rlimits), notes=list(self.notes), killed_for_memory=killed_for_memory)
+
+
+def resolve_sandbox(settings: HealthSettings, state_dir: str, euid: Optional[int] = None) -> Sandbox:
+    """The sandbox for this run; UsageError naming ``[health] run_as`` when that user does not exist."""
+    euid = os.geteuid() if euid is None else euid
+    rlimits = {"RLIMIT_CPU": settings.cpu_seconds_max, "RLIMIT_NOFILE": settings.open_files_max, "RLIMIT_CORE": 0}
+    if euid != 0:
+        me = pwd.getpwuid(euid)
+        return Sandbox(me.pw_name, euid, os.getegid(), sorted(set(os.getgroups())), False, None,
+                       settings.memory_max_bytes, rlimits,
+                       [f"the agent is not root: the probe runs as {me.pw_name} (uid {euid})"])
+    name = settings.run_as
+    try:
+        entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
+    except (KeyError, ValueError):
+        raise UsageError(f"[health] run_as: user {name!r} does not exist (the gpuguard package creates "
+                         "gpuguard-probe; create it or set run_as)") from None
+    if entry.pw_uid == 0:
+        log.warning("health_probe_as_root", run_as=name,
+                    hint="the host's ML stack runs with full privileges; set [health] run_as = \"gpuguard-probe\"")
+        return Sandbox(entry.pw_name, 0, 0, [0], False, None, settings.memory_max_bytes, rlimits,
+                       ["run_as = root: the probe runs as root (configured; not recommended)"])
+    groups = sorted(set(os.getgrouplist(entry.pw_name, entry.pw_gid)))
+    rlimits["RLIMIT_NPROC"] = settings.processes_max
+    home = _private_home(Path(state_dir) / "health" / "probe-home", entry.pw_uid, entry.pw_gid)
+    notes = [f"runs as {entry.pw_name} (uid {entry.pw_uid}, groups {', '.join(_group_names(groups))})"]
+    return Sandbox(entry.pw_name, entry.pw_uid, entry.pw_gid, groups, True, home, settings.memory_max_bytes,
+                   rlimits, notes)
+
+
+def _group_names(gids: List[int]) -> List[str]:
+    out = []
+    for gid in gids:
+        try:
+            out.append(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            out.append(str(gid))
+    return out
+
+
+def _private_home(preferred: Path, uid: int, gid: int) -> str:
+    """A 0700 directory the probe's user owns: under the state directory, else a fresh one under /tmp."""
+    for make in (lambda: _own_dir(preferred), lambda: Path(tempfile.mkdtemp(prefix="gpuguard-probe-"))):
+        try:
+            path = make()
+            os.chown(path, uid, gid)
+            os.chmod(path, 0o700)
+            return str(path)
+        except OSError as exc:
+            log.info("health_probe_home_unusable", path=str(preferred), error=exc.strerror or str(exc))
+    raise UsageError(f"{preferred}: cannot make a private home directory for the probe's user")
+
+
+def _own_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink():
+        raise OSError(0, "is a symlink")
+    return path
+
+
+def sandbox_env(base: Mapping[str, str], sandbox: Sandbox) -> Dict[str, str]:
+    """The environment the probe gets: only what the framework needs, with its own HOME, TMPDIR and USER."""
+    env = {k: v for k, v in base.items() if k in _KEPT_NAMES or k.startswith(_KEPT_PREFIXES)}
+    if sandbox.dropped:
+        assert sandbox.home is not None
+        env.update(HOME=sandbox.home, TMPDIR=sandbox.home, USER=sandbox.user, LOGNAME=sandbox.user)
+    else:
+        for key in ("HOME", "TMPDIR", "USER", "LOGNAME"):
+            if key in base:
+                env[key] = base[key]
+    return env
+
+
+def apply_rlimits(pid: int, sandbox: Sandbox) -> None:
+    """Set the probe's limits from outside right after it starts (no preexec_fn: the agent has threads)."""
+    for name, value in sandbox.rlimits.items():
+        limit = getattr(resource, name)
+        try:
+            resource.prlimit(pid, limit, (value, value))
+        except (OSError, ValueError) as exc:
+            sandbox.notes.append(f"{name} not set: {exc}")
+
+
+# --- host memory ---------------------------------------------------------------------------------------------------
+
+class MemoryLimit:
+    """A cgroup v2 child with memory.max when the agent may create one, else an RSS watchdog on the process group."""
+
+    def __init__(self, sandbox: Sandbox, poll_seconds: float = 0.2) -> None:
+        self.sandbox = sandbox
+        self.limit = sandbox.memory_max_bytes
+        self.poll_seconds = poll_seconds
+        self.cgroup: Optional[Path] = None
+        self.description = "none"
+        self.killed: Optional[str] = None
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._cgroup_problem: Optional[str] = None
+        self._prepare_cgroup()
+
+    def _prepare_cgroup(self) -> None:
+        try:
+            parent = own_cgroup_dir(self.sandbox.cgroup_root, self.sandbox.own_cgroup_file)
+            controls = (parent / "cgroup.subtree_control").read_text().split()
+            if "memory" not in controls:
+                # Enabling it fails (EBUSY) where the agent's own cgroup holds processes, which is the usual case
+                # under systemd without a delegated leaf; the root cgroup is exempt.
+                (parent / "cgroup.subtree_control").write_text("+memory")
+            child = parent / f"gpuguard-probe-{uuid.uuid4().hex[:8]}"
+            child.mkdir()
+            (child / "memory.max").write_text(str(self.limit))
+            try:
+                (child / "memory.swap.max").write_text("0")
+            except OSError:
+                pass  # no swap accounting on this kernel: memory.max alone still holds
+            self.cgroup = child
+            self.description = f"cgroup {child} memory.max={self.limit}"
+        except (OSError, ValueError) as exc:
+            self._cgroup_problem = getattr(exc, "strerror", None) or str(exc)
+
+    def start(self, pid: int) -> None:
+        """Put the started probe under the limit: into the cgroup, else under the watchdog."""
+        if self.cgroup is not None:
+            try:
+                (self.cgroup / "cgroup.procs").write_text(str(pid))
+                return
+            except OSError as exc:
+                self._cgroup_problem = exc.strerror or str(exc)
+                self._remove_cgroup()
+        self.description = (f"rss watchdog {self.limit} bytes (no cgroup v2 memory.max: "
+                            f"{self._cgroup_problem or 'unavailable'})")
+        self._thread = threading.Thread(target=self._watch, args=(pid,), name="gpuguard-probe-rss", daemon=True)
+        self._thread.start()
+
+    def _watch(self, pgid: int) -> None:
+        while not self._stop.wait(self.poll_seconds):
+            rss = group_rss_bytes(pgid)
+            if rss > self.limit:
+                self.killed = f"resident memory {rss} bytes > limit {self.limit} bytes: process group killed"
+                log.warning("health_probe_memory_killed", pgid=pgid, rss_bytes=rss, limit_bytes=self.limit)
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                return
+
+    def finish(self) -> Tuple[str, Optional[str]]:
+        """Stop watching, read the cgroup's OOM kills, remove it: (how memory was limited, why it killed)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self.cgroup is not None:
+            try:
+                events = dict(line.split() for line in (self.cgroup / "memory.events").read_text().splitlines()
+                              if len(line.split()) == 2)
+                if int(events.get("oom_kill", "0")) > 0:
+                    self.killed = f"cgroup memory.max {self.limit} bytes reached: {events['oom_kill']} OOM kill(s)"
+            except (OSError, ValueError):
+                pass
+            self._remove_cgroup()
+        return self.description, self.killed
+
+    def _remove_cgroup(self) -> None:
+        if self.cgroup is None:
+            return
+        try:
+            procs = (self.cgroup / "cgroup.procs").read_text().split()
+            for pid in procs:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+            self.cgroup.rmdir()
+        except OSError as exc:
+            log.info("health_cgroup_left", path=str(self.cgroup), error=exc.strerror or str(exc))
+        self.cgroup = None
+
+
+def own_cgroup_dir(cgroup_root: str, own_cgroup_file: str) -> Path:
+    """The agent's own cgroup v2 directory (the ``0::`` line); OSError where there is none or it is not writable."""
+    for line in Path(own_cgroup_file).read_text().splitlines():
+        if line.startswith("0::"):
+            path = Path(cgroup_root) / line[3:].lstrip("/")
+            if not (path / "cgroup.subtree_control").exists():
+                raise OSError(0, f"{path}: not a cgroup v2 directory")
+            if not os.access(path, os.W_OK):
+                raise OSError(0, f"{path}: not writable")
+            return path
+    raise OSError(0, "no cgroup v2 (unified) hierarchy")
+
+
+def group_rss_bytes(pgid: int, proc: str = "/proc") -> int:
+    """Resident memory of every process in a process group, from /proc/<pid>/stat and statm."""
+    total = 0
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(proc, name, "stat").read_text()
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:
+                continue
+            total += int(Path(proc, name, "statm").read_text().split()[1]) * _PAGE_BYTES
+        except (OSError, IndexError, ValueError):
+            continue  # a process that exited while being read
+    return total
