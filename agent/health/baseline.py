@@ -15,7 +15,7 @@ import fcntl
 import json
 import statistics
 from pathlib import Path
-from typing import Dict, Iterator, List, Literal, Optional, Tuple
+from typing import Collection, Dict, Iterator, List, Literal, Optional, Tuple
 
 from pydantic import ValidationError
 
@@ -152,12 +152,20 @@ def compare(current: Dict[str, float], reference_id: str, reference: Fingerprint
     return regressions, bands
 
 
-def peer_outliers(probe: ProbeResult, settings: HealthSettings) -> List[MetricRegression]:
-    """GPUs of one model that fall behind the median of their peers in the same run: named, not averaged away."""
+def peer_outliers(probe: ProbeResult, settings: HealthSettings,
+                  skip: Collection[int] = ()) -> List[MetricRegression]:
+    """GPUs of one model slower than the mean of their peers in the same run by more than the peer tolerance.
+
+    As DCGM 4.5 judges a GPU against the system mean (``gflops_tolerance_pcnt``), with one difference: the mean is
+    of the *other* GPUs of the model, so a slow GPU does not pull its own reference down and the tolerance means the
+    same on 2 GPUs as on 8. GPUs in ``skip`` (busy with another job) are neither judged nor anyone's peer.
+    """
     regressions: List[MetricRegression] = []
     by_model: Dict[str, list] = {}
     for gpu in probe.gpus:
-        by_model.setdefault(gpu.name or "?", []).append(gpu)
+        if gpu.index not in skip:
+            by_model.setdefault(gpu.name or "?", []).append(gpu)
+    tolerance = settings.peer_tolerance_fraction
     for gpus in by_model.values():
         if len(gpus) < 2:
             continue
@@ -167,15 +175,14 @@ def peer_outliers(probe: ProbeResult, settings: HealthSettings) -> List[MetricRe
                 peers = [getattr(g, name) for g in gpus if g is not gpu and getattr(g, name) is not None]
                 if value is None or not peers:
                     continue
-                mid = statistics.median(peers)
-                if mid <= 0:
+                mean = statistics.fmean(peers)
+                if mean <= 0:
                     continue
-                drop = (mid - value) / mid
-                if drop > settings.noise_band_fraction:
+                drop = (mean - value) / mean
+                if drop > tolerance:
                     regressions.append(MetricRegression(metric=name, gpu=gpu.index, against="peers",
-                                                        baseline_value=round(mid, 6), current_value=round(value, 6),
-                                                        drop_fraction=round(drop, 6),
-                                                        threshold_fraction=settings.noise_band_fraction))
+                                                        baseline_value=round(mean, 6), current_value=round(value, 6),
+                                                        drop_fraction=round(drop, 6), threshold_fraction=tolerance))
     return regressions
 
 

@@ -76,6 +76,24 @@ def render_result(result: HealthResult) -> str:
         bad = [f"rank {r.rank} {r.status}" for r in c.ranks if r.status != "ok"]
         lines.append(f"collective {c.backend or '?'} all-reduce x{c.world_size}: {_num(c.bus_bandwidth_gbps)} GB/s "
                      f"bus bandwidth, {sum_text}" + (f"; {', '.join(bad)}" if bad else ""))
+    occ = result.occupancy
+    if occ is not None:
+        for g in occ.busy_gpus:
+            free = "" if g.memory_free_bytes is None else f", {g.memory_free_bytes / (1 << 30):.1f} GiB free"
+            lines.append(f"busy     GPU {g.smi_index}{free}: {'; '.join(g.reasons)}")
+        if occ.device_memory_budget_bytes is not None:
+            lines.append(f"budget   {occ.device_memory_budget_bytes / (1 << 20):,.0f} MiB of device memory per GPU")
+        if occ.performance_not_judged is not None and not occ.busy_gpus:
+            lines.append(f"speed    not judged: {occ.performance_not_judged}")
+        if occ.library is None and occ.unavailable_reason:
+            lines.append(f"tenants  not read: {occ.unavailable_reason[:150]}")
+    if result.sandbox is not None:
+        sb = result.sandbox
+        probe_uid = f", probe reported uid {probe.uid}" if probe is not None and probe.uid is not None else ""
+        lines.append(f"sandbox  user {sb.user} (uid {sb.uid}{', dropped' if sb.dropped else ''}{probe_uid}); "
+                     f"memory: {sb.memory_limit}")
+        if sb.killed_for_memory:
+            lines.append(f"killed   {sb.killed_for_memory}")
     if result.activity is not None and result.activity.library is None:
         lines.append(f"activity not sampled: {(result.activity.unavailable_reason or '')[:150]}")
     for reason in result.fallback_reasons:

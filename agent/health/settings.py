@@ -36,6 +36,8 @@ class HealthSettings(FrozenModel):
     # The noise band is never tighter than this many times the baseline's measured run-to-run spread.
     spread_multiplier: float = Field(3.0, ge=0.0)
     baseline_runs: int = Field(5, ge=1, le=100)
+    # A GPU slower than the mean of the host's other GPUs of its model by more than this is named (as DCGM does).
+    peer_tolerance_fraction: float = Field(0.10, gt=0.0, lt=1.0)
     activity_interval_seconds: float = Field(0.02, gt=0, le=5)
     # A GPU whose SMI activity never reached this (and never rose above its idle reading) did no work.
     activity_min_percent: float = Field(10.0, ge=0, le=100)

@@ -112,3 +112,20 @@ def test_gloo_failing_rank_is_named_and_the_others_are_stopped(tmp_path: Path) -
     assert probe is not None and probe.collective is not None
     assert [r.status for r in probe.collective.ranks] == ["aborted", "aborted", "failed"]
     assert result.wall_seconds < 70  # well inside the 75 s rank deadline: stopped, not timed out
+
+
+def test_budget_shrinks_the_work_to_fit(tmp_path: Path) -> None:
+    """With a 20 MiB device-memory budget the full-size problems shrink to fit: GEMM, copy, short loops; checks pass."""
+    budget = 20 << 20  # small enough for a bf16 GEMM on two shared CPU cores
+    env = {**os.environ, **NO_GPU_ENV}
+    done = subprocess.run([sys.executable, str(PROBE_PATH), "--size", "full", "--device-memory-budget-bytes",
+                           str(budget)], capture_output=True, text=True, timeout=100, check=False, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = [ln for ln in done.stdout.splitlines() if ln.startswith("GPUGUARD_PROBE_RESULT ")][-1]
+    result = json.loads(line.split(" ", 1)[1])
+    assert result["device_memory_budget_bytes"] == budget
+    (gpu,) = result["gpus"]
+    assert gpu["errors"] == [] and gpu["gemm_reference_ok"] and gpu["copy_verified"] and gpu["train_ok"]
+    assert gpu["checkpoint_ok"]
+    assert 3 * gpu["gemm_size"] ** 2 * 2 <= budget and 2 * gpu["copy_bytes"] <= budget
+    assert gpu["gemm_size"] < 8192 and gpu["copy_bytes"] < 4 << 30

@@ -7,6 +7,7 @@
 --mode garbage    prints something that is not a result
 --mode crash      a traceback on stderr and exit 3
 --mode hang       starts a grandchild (its pid into --pid-file) and both sleep forever
+--limits-file P   also write its RLIMIT_CPU/NOFILE/CORE, as JSON
 --mode hog        a grandchild that touches --hog-mib MiB of host memory and holds it (the memory limit's target)
 --device-memory-budget-bytes N   reported back, and the GEMM/copy sizes shrink as the real probe's would
 --env-file PATH   also write the environment it got, as JSON
@@ -77,11 +78,19 @@ def main():
     parser.add_argument("--pid-file")
     parser.add_argument("--env-file")
     parser.add_argument("--hog-mib", type=int, default=512)
+    parser.add_argument("--limits-file")
     parser.add_argument("--device-memory-budget-bytes", type=int, default=None)
     args, _ = parser.parse_known_args()
     if args.env_file:
         with open(args.env_file, "w") as handle:
             json.dump(dict(os.environ), handle)
+    if args.limits_file:
+        import resource
+
+        time.sleep(0.3)  # the agent sets the limits from outside right after the start
+        with open(args.limits_file, "w") as handle:
+            json.dump({name: list(resource.getrlimit(getattr(resource, name)))
+                       for name in ("RLIMIT_CPU", "RLIMIT_NOFILE", "RLIMIT_CORE")}, handle)
     if args.mode == "garbage":
         print("Warning: something framework-ish\n{not json at all")
         return 0

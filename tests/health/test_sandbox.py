@@ -1,0 +1,170 @@
+"""The probe's user, environment and limits (issue #20): a broken or hostile ML stack must not harm the host."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pwd
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from typing import Dict, Iterator, Tuple
+
+import pytest
+
+from agent.errors import UsageError
+from agent.health.runner import PROBE_PATH, run_health_check
+from agent.health.sandbox import MemoryLimit, Sandbox, group_rss_bytes, resolve_sandbox, sandbox_env
+from agent.health.settings import MIB, HealthSettings
+from tests import needs
+from tests.health.helpers import FAKE_PROBE, fake_probe_settings, make_fake_nvml, make_host, make_snapshot
+
+pytestmark = [pytest.mark.timeout(110)]
+GIB_ = 1 << 30
+
+NO_GPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "", "ROCR_VISIBLE_DEVICES": ""}
+
+
+@pytest.fixture
+def shared_state() -> Iterator[Path]:
+    """A state directory another user can reach (pytest's own tmp tree is root-only)."""
+    path = Path(tempfile.mkdtemp(prefix="gpuguard-sandbox-test-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        for sub in sorted(path.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            sub.rmdir() if sub.is_dir() and not sub.is_symlink() else sub.unlink()
+        path.rmdir()
+
+
+def test_not_root_runs_as_the_agents_user_and_says_so(tmp_path: Path) -> None:
+    """An agent that is not root cannot drop privileges: the probe runs as its user, and the note says so."""
+    nobody = pwd.getpwnam("nobody")
+    sandbox = resolve_sandbox(HealthSettings(), str(tmp_path), euid=nobody.pw_uid)
+    assert (sandbox.user, sandbox.dropped, sandbox.popen_kwargs()) == ("nobody", False, {})
+    assert "the agent is not root" in sandbox.notes[0]
+    assert sandbox.rlimits == {"RLIMIT_CPU": 7200, "RLIMIT_NOFILE": 4096, "RLIMIT_CORE": 0}
+
+
+def test_missing_run_as_user_is_one_line_naming_the_setting(tmp_path: Path) -> None:
+    """A run_as user that does not exist is refused (never silently root), naming [health] run_as."""
+    with pytest.raises(UsageError, match=r"\[health\] run_as: user 'gpuguard-no-such-user' does not exist"):
+        resolve_sandbox(HealthSettings(run_as="gpuguard-no-such-user"), str(tmp_path), euid=0)
+    with pytest.raises(ValueError, match="run_as must be a user name"):
+        HealthSettings(run_as="a b")
+
+
+def test_environment_keeps_the_frameworks_variables_only() -> None:
+    """Credentials, agents and the agent's HOME stay out; PATH and CUDA/ROCm variables pass; HOME is the probe's."""
+    base = {"PATH": "/usr/bin", "LD_LIBRARY_PATH": "/opt/rocm/lib", "CUDA_VISIBLE_DEVICES": "0",
+            "HSA_OVERRIDE_GFX_VERSION": "9.4.2", "HOME": "/root", "AWS_SECRET_ACCESS_KEY": "x",
+            "SSH_AUTH_SOCK": "/tmp/agent", "SUDO_USER": "admin", "GPUGUARD_HUB_TOKEN": "secret"}
+    sandbox = Sandbox("gpuguard-probe", 999, 999, [44, 993], True, "/var/lib/gpuguard/health/probe-home", GIB_,
+                      {})
+    env = sandbox_env(base, sandbox)
+    assert env == {"PATH": "/usr/bin", "LD_LIBRARY_PATH": "/opt/rocm/lib", "CUDA_VISIBLE_DEVICES": "0",
+                   "HSA_OVERRIDE_GFX_VERSION": "9.4.2", "HOME": "/var/lib/gpuguard/health/probe-home",
+                   "TMPDIR": "/var/lib/gpuguard/health/probe-home", "USER": "gpuguard-probe",
+                   "LOGNAME": "gpuguard-probe"}
+    assert sandbox.popen_kwargs() == {"user": 999, "group": 999, "extra_groups": [44, 993]}
+
+
+def interpreter_for(user: pwd.struct_passwd) -> Tuple[str, Dict[str, str]]:
+    """This test's interpreter with its torch, as ``user`` can run it: itself, or (when it lives where the user cannot
+    reach, e.g. under /root) the system's python3 of the same release with this interpreter's site-packages."""
+    candidates = [(sys.executable, {}),
+                  (f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}",
+                   {"PYTHONPATH": sysconfig.get_paths()["purelib"]})]
+    for python, env in candidates:
+        try:
+            done = subprocess.run([python, "-c", "import torch"], user=user.pw_uid, group=user.pw_gid,
+                                  extra_groups=[], env={**NO_GPU_ENV, **env}, capture_output=True, timeout=60,
+                                  cwd="/", check=False)
+        except OSError:
+            continue
+        if done.returncode == 0:
+            return python, env
+    needs.unavailable("the privilege-drop test", f"no interpreter with torch that {user.pw_name} can run")
+
+
+def test_real_probe_runs_as_nobody(shared_state: Path) -> None:
+    """As root, the real probe (torch on the CPU, GPUs hidden) runs as nobody and reports nobody's uid."""
+    if os.geteuid() != 0:
+        needs.unavailable("the privilege-drop test", "it must run as root to start the probe as nobody")
+    if importlib.util.find_spec("torch") is None:
+        needs.unavailable("probe tests with PyTorch", "torch is not installed (pip install -e '.[probe]')")
+    nobody = pwd.getpwnam("nobody")
+    python, env = interpreter_for(nobody)
+    settings = HealthSettings(python=python, run_as="nobody", probe_args=["--size", "small"],
+                              extra_env={**NO_GPU_ENV, **env}, timeout_seconds=100, require_accelerator=False,
+                              memory_max_bytes=8 << 30)
+    result = run_health_check(make_host(), settings, str(shared_state), snapshot=make_snapshot(nvidia_gpus=0),
+                              probe_path=PROBE_PATH)
+    assert result.probe is not None, (result.summary, result.probe_stderr_tail)
+    assert (result.probe.uid, result.probe.gid) == (nobody.pw_uid, nobody.pw_gid)
+    assert 0 not in result.probe.groups
+    assert result.sandbox is not None and result.sandbox.dropped and result.sandbox.user == "nobody"
+    assert result.sandbox.rlimits["RLIMIT_NPROC"] == 4096
+    home = shared_state / "health" / "probe-home"
+    assert home.stat().st_uid == nobody.pw_uid and oct(home.stat().st_mode & 0o777) == "0o700"
+    assert result.status == "pass", result.summary  # torch on the CPU, judged as a CPU run
+
+
+def test_memory_hog_is_killed_and_reported(tmp_path: Path) -> None:
+    """A probe stand-in whose child takes 400 MiB under a 160 MiB limit is killed; the result names the limit."""
+    settings = fake_probe_settings("--mode", "hog", "--hog-mib", "400", memory_max_bytes=160 * MIB)
+    result = run_health_check(make_host({"pynvml": make_fake_nvml([[0.0]])}), settings, str(tmp_path / "state"),
+                              snapshot=make_snapshot(), probe_path=FAKE_PROBE)
+    assert result.status == "failed", result.summary
+    assert result.sandbox is not None and result.sandbox.killed_for_memory is not None
+    assert result.sandbox.memory_limit.startswith(("rss watchdog", "cgroup"))
+    assert "killed for its host memory" in result.summary
+    assert result.wall_seconds < 15
+
+
+def test_limits_reach_the_probe(tmp_path: Path) -> None:
+    """RLIMIT_CPU, RLIMIT_NOFILE and RLIMIT_CORE=0 hold in the probe's process."""
+    limits = tmp_path / "limits.json"
+    settings = fake_probe_settings("--limits-file", str(limits), cpu_seconds_max=321, open_files_max=222)
+    result = run_health_check(make_host({"pynvml": make_fake_nvml([[0.0], [97.0]])}), settings,
+                              str(tmp_path / "state"), snapshot=make_snapshot(), probe_path=FAKE_PROBE)
+    assert result.status == "pass", result.summary
+    assert json.loads(limits.read_text()) == {"RLIMIT_CPU": [321, 321], "RLIMIT_NOFILE": [222, 222],
+                                              "RLIMIT_CORE": [0, 0]}
+
+
+def test_cgroup_child_with_memory_max_where_the_agent_may_create_one(tmp_path: Path) -> None:
+    """With a delegated cgroup v2 directory (memory enabled for children) the probe gets a child with memory.max."""
+    own = tmp_path / "cg" / "system.slice" / "gpuguard.service"
+    own.mkdir(parents=True)
+    (own / "cgroup.subtree_control").write_text("cpu memory\n")
+    (tmp_path / "self-cgroup").write_text("0::/system.slice/gpuguard.service\n")
+    sandbox = Sandbox("x", 1, 1, [], False, None, 300 * MIB, {}, cgroup_root=str(tmp_path / "cg"),
+                      own_cgroup_file=str(tmp_path / "self-cgroup"))
+    limit = MemoryLimit(sandbox)
+    assert limit.cgroup is not None and (limit.cgroup / "memory.max").read_text() == str(300 * MIB)
+    limit.start(123456789)
+    assert (limit.cgroup / "cgroup.procs").read_text() == "123456789"
+    (limit.cgroup / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    (limit.cgroup / "cgroup.procs").write_text("")
+    description, killed = limit.finish()
+    assert description.startswith("cgroup ") and "memory.max=314572800" in description
+    assert killed is not None and "OOM kill" in killed
+    # Without one (no 0:: line: cgroup v1), the watchdog takes over, and says why.
+    (tmp_path / "self-cgroup").write_text("4:memory:/x\n")
+    fallback = MemoryLimit(sandbox)
+    fallback.start(os.getpid())
+    description, killed = fallback.finish()
+    assert description.startswith("rss watchdog 314572800 bytes (no cgroup v2 memory.max: no cgroup v2")
+    assert killed is None
+
+
+def test_group_rss_counts_only_the_group() -> None:
+    """The watchdog's measure: resident memory of the processes of one process group."""
+    mine = group_rss_bytes(os.getpgrp())
+    assert mine > 10 * MIB
+    assert group_rss_bytes(2 ** 22 + 12345) == 0
