@@ -118,6 +118,7 @@ class Heartbeat(FrozenModel):
     outbox_depth: int = 0
     pairing: Optional[Pairing] = None
     compliant: Optional[bool] = None
+    # agent.health.model.HealthStatus: pass, busy, deferred, skipped, regression, cpu_fallback, failed, timeout.
     last_health_status: Optional[str] = None
 
 

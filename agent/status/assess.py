@@ -17,6 +17,9 @@ CheckState = Literal["ok", "info", "warn", "fail"]
 Verdict = Literal["ok", "attention", "failing"]
 STATUS_EXIT_CODES: Dict[str, int] = {"ok": 0, "attention": 30, "failing": 31}
 FAILED_HEALTH = ("regression", "cpu_fallback", "failed", "timeout")
+# No verdict on the stack: nothing to judge (skipped) or nothing could run beside another job yet (deferred).
+# busy (functional checks passed on a GPU another job used) is ok.
+UNJUDGED_HEALTH = ("skipped", "deferred")
 # Undelivered events are worth attention after this long, or after 10 delivery intervals if that is longer.
 OUTBOX_STUCK_SECONDS = 600.0
 
@@ -94,7 +97,7 @@ def _health(f: StatusFacts, now: dt.datetime) -> Check:
         return Check(name="health", state="fail", summary=summary)
     if f.health_enabled and (now - h.finished_at).total_seconds() > 2 * f.health_interval_seconds:
         return Check(name="health", state="warn", summary=f"stale: {summary}")
-    return Check(name="health", state="info" if h.status == "skipped" else "ok", summary=summary)
+    return Check(name="health", state="info" if h.status in UNJUDGED_HEALTH else "ok", summary=summary)
 
 
 def _guard(f: StatusFacts, now: dt.datetime) -> Check:
