@@ -47,7 +47,7 @@ from agent.health.model import (
     ProbeResult,
 )
 from agent.health.parse import parse_probe_output
-from agent.health.sandbox import Sandbox, resolve_sandbox, sandbox_env
+from agent.health.sandbox import Sandbox, remove_temporary_home, resolve_sandbox, sandbox_env
 from agent.health.settings import HealthSettings
 from agent.health.tenants import Plan, decide, describe_tenant, merge_during, occupancy_of, process_session, tenants_of
 from agent.host import Host
@@ -182,6 +182,7 @@ def run_health_check(host: Host, settings: HealthSettings, state_dir: str, snaps
         outcome = launcher(argv, probe_env(host.env, settings, sandboxed), settings.timeout_seconds,
                            stop_container, sandbox=sandboxed, on_start=watch.probe_started)
     finally:
+        remove_temporary_home(sandbox)
         if background is not None:
             snapshot, sampler = background.join()  # re-raises what the snapshot raised
             vendor, snapshot_count = snapshot_inventory(snapshot)

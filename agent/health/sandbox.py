@@ -19,7 +19,9 @@ import grp
 import os
 import pwd
 import resource
+import shutil
 import signal
+import stat
 import tempfile
 import threading
 import uuid
@@ -55,6 +57,8 @@ class Sandbox:
     memory_max_bytes: int
     rlimits: Dict[str, int]
     notes: List[str] = field(default_factory=list)
+    # A home made under /tmp for this run only (removed after it).
+    home_is_temporary: bool = False
     cgroup_root: str = _CGROUP_ROOT
     own_cgroup_file: str = "/proc/self/cgroup"
 
@@ -92,10 +96,16 @@ def resolve_sandbox(settings: HealthSettings, state_dir: str, euid: Optional[int
                        ["run_as = root: the probe runs as root (configured; not recommended)"])
     groups = sorted(set(os.getgrouplist(entry.pw_name, entry.pw_gid)))
     rlimits["RLIMIT_NPROC"] = settings.processes_max
-    home = _private_home(Path(state_dir) / "health" / "probe-home", entry.pw_uid, entry.pw_gid)
+    home = _private_home(entry, groups, Path(state_dir) / "health" / "probe-home")
     notes = [f"runs as {entry.pw_name} (uid {entry.pw_uid}, groups {', '.join(_group_names(groups))})"]
     return Sandbox(entry.pw_name, entry.pw_uid, entry.pw_gid, groups, True, home, settings.memory_max_bytes,
-                   rlimits, notes)
+                   rlimits, notes, home_is_temporary=Path(home).parent == Path(tempfile.gettempdir()))
+
+
+def remove_temporary_home(sandbox: Sandbox) -> None:
+    """Remove a home made under /tmp for one run (what the probe left there goes with it)."""
+    if sandbox.home_is_temporary and sandbox.home:
+        shutil.rmtree(sandbox.home, ignore_errors=True)
 
 
 def _group_names(gids: List[int]) -> List[str]:
@@ -108,17 +118,47 @@ def _group_names(gids: List[int]) -> List[str]:
     return out
 
 
-def _private_home(preferred: Path, uid: int, gid: int) -> str:
-    """A 0700 directory the probe's user owns: under the state directory, else a fresh one under /tmp."""
+def _private_home(entry: pwd.struct_passwd, groups: List[int], preferred: Path) -> str:
+    """A 0700 directory the probe's user owns and can reach: its own home (the packages make
+    /var/lib/gpuguard-probe), else one under the state directory, else a fresh one under /tmp.
+
+    The state directory is usually 0750 root: a home under it that the user cannot reach would break the
+    framework's caches and the checkpoint step's temporary files, so reachability is checked, not assumed.
+    """
+    uid, gid = entry.pw_uid, entry.pw_gid
+    own = Path(entry.pw_dir or "/nonexistent")
+    try:
+        st = own.lstat()
+        if own != Path("/") and stat.S_ISDIR(st.st_mode) and st.st_uid == uid and _reachable(own, uid, groups):
+            return str(own)
+    except OSError:
+        pass
     for make in (lambda: _own_dir(preferred), lambda: Path(tempfile.mkdtemp(prefix="gpuguard-probe-"))):
         try:
             path = make()
             os.chown(path, uid, gid)
             os.chmod(path, 0o700)
-            return str(path)
+            if _reachable(path, uid, groups):
+                return str(path)
+            log.info("health_probe_home_unreachable", path=str(path), user=entry.pw_name)
         except OSError as exc:
             log.info("health_probe_home_unusable", path=str(preferred), error=exc.strerror or str(exc))
-    raise UsageError(f"{preferred}: cannot make a private home directory for the probe's user")
+    raise UsageError(f"{preferred}: cannot make a private home directory for the probe's user {entry.pw_name}")
+
+
+def _reachable(path: Path, uid: int, groups: List[int]) -> bool:
+    """Whether ``uid`` (with ``groups``) may traverse every directory above ``path``."""
+    for parent in path.resolve().parents:
+        st = parent.stat()
+        if st.st_uid == uid:
+            bit = stat.S_IXUSR
+        elif st.st_gid in groups:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not st.st_mode & bit:
+            return False
+    return True
 
 
 def _own_dir(path: Path) -> Path:

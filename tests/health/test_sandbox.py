@@ -17,7 +17,14 @@ import pytest
 
 from agent.errors import UsageError
 from agent.health.runner import PROBE_PATH, run_health_check
-from agent.health.sandbox import MemoryLimit, Sandbox, group_rss_bytes, resolve_sandbox, sandbox_env
+from agent.health.sandbox import (
+    MemoryLimit,
+    Sandbox,
+    group_rss_bytes,
+    remove_temporary_home,
+    resolve_sandbox,
+    sandbox_env,
+)
 from agent.health.settings import MIB, HealthSettings
 from tests import needs
 from tests.health.helpers import FAKE_PROBE, fake_probe_settings, make_fake_nvml, make_host, make_snapshot
@@ -168,3 +175,17 @@ def test_group_rss_counts_only_the_group() -> None:
     mine = group_rss_bytes(os.getpgrp())
     assert mine > 10 * MIB
     assert group_rss_bytes(2 ** 22 + 12345) == 0
+
+
+def test_home_the_user_cannot_reach_is_not_used(tmp_path: Path) -> None:
+    """Under a 0750 root state directory the probe's user could not reach its home: a /tmp one is made instead."""
+    if os.geteuid() != 0:
+        needs.unavailable("the probe-home test", "it must run as root to give a directory to nobody")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o750)
+    sandbox = resolve_sandbox(HealthSettings(run_as="nobody"), str(state), euid=0)
+    assert sandbox.home is not None and not sandbox.home.startswith(str(state)) and sandbox.home_is_temporary
+    home = Path(sandbox.home)
+    assert home.stat().st_uid == pwd.getpwnam("nobody").pw_uid and home.parent == Path(tempfile.gettempdir())
+    remove_temporary_home(sandbox)
+    assert not home.exists()
