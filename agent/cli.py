@@ -103,7 +103,7 @@ def _cmd_health_run(args: argparse.Namespace, make_host: HostFactory, out: TextI
 
     return health_run(make_host, out, args.config, json_output=args.json, python=args.python,
                       timeout_seconds=args.timeout_seconds, throttle_fraction=args.throttle_fraction,
-                      state_dir=args.state_dir)
+                      state_dir=args.state_dir, mode=args.mode)
 
 
 def _guard_command(name: str) -> Callable[[argparse.Namespace, HostFactory, TextIO], int]:
@@ -270,12 +270,15 @@ def _add_health_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]
     health_sub.required = True
     run = health_sub.add_parser("run", help="run the probe once, compare with the baseline, print the result "
                                             "(exit 0 pass, 20 regression, 21 cpu_fallback, 22 failed, "
-                                            "23 timeout, 24 skipped)")
+                                            "23 timeout, 24 skipped, 25 busy, 26 deferred)")
     run.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     run.add_argument("--python", metavar="PATH", help="interpreter of the ML stack to probe (default: config)")
     run.add_argument("--timeout-seconds", type=float, metavar="N", help="kill the probe after N seconds")
     run.add_argument("--throttle-fraction", type=float, metavar="F",
                      help="make the probe slow its own work by F (tests the regression alarm)")
+    run.add_argument("--mode", choices=("auto", "functional", "full"),
+                     help="auto: judge speed on idle GPUs only; functional: never judge speed; full: wait (deferred) "
+                          "while another job uses a GPU (default: config, auto)")
     run.add_argument("--config", default=DEFAULT_CONFIG_PATH, metavar="PATH",
                      help=f"agent config file (default {DEFAULT_CONFIG_PATH}; missing means defaults)")
     run.add_argument("--state-dir", metavar="DIR", help="where baselines live (default: config, /var/lib/gpuguard)")

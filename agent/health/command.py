@@ -26,11 +26,12 @@ def health_settings(base: HealthSettings, overrides: Dict[str, Any]) -> HealthSe
 
 def health_run(make_host: Callable[[str], Host], out: TextIO, config_path: str, json_output: bool = False,
                python: Optional[str] = None, timeout_seconds: Optional[float] = None,
-               throttle_fraction: Optional[float] = None, state_dir: Optional[str] = None) -> int:
+               throttle_fraction: Optional[float] = None, state_dir: Optional[str] = None,
+               mode: Optional[str] = None) -> int:
     """Run the check, print a table (or JSON), return the status's exit code (0 only for a pass)."""
     settings = load_settings(config_path)
     health = health_settings(settings.health, {"python": python, "timeout_seconds": timeout_seconds,
-                                               "throttle_fraction": throttle_fraction})
+                                               "throttle_fraction": throttle_fraction, "mode": mode})
     result = run_health_check(make_host("/"), health, state_dir or settings.agent.state_dir)
     out.write(result.to_json() if json_output else render_result(result))
     return result.exit_code

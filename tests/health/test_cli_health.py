@@ -8,11 +8,13 @@ import os
 import pwd
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Dict, Optional
 
 import pytest
 
 from agent.cli import main
-from tests.health.helpers import make_host
+from tests.health.helpers import make_fake_nvml, make_host
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -29,11 +31,11 @@ def config_without_torch(tmp_path: Path) -> Path:
     return config
 
 
-def run_cli(tmp_path: Path, *args: str) -> tuple:
+def run_cli(tmp_path: Path, *args: str, modules: Optional[Dict[str, ModuleType]] = None) -> tuple:
     out = io.StringIO()
     code = main(["health", "run", "--config", str(config_without_torch(tmp_path)), "--state-dir",
-                 str(tmp_path / "state"), "--python", sys.executable, *args], make_host=lambda root: make_host(),
-                out=out)
+                 str(tmp_path / "state"), "--python", sys.executable, *args],
+                make_host=lambda root: make_host(modules), out=out)
     return code, out.getvalue()
 
 
@@ -59,3 +61,12 @@ def test_bad_flag_value_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureF
     code, _ = run_cli(tmp_path, "--throttle-fraction", "1.5")
     assert code == 2
     assert "throttle_fraction" in capsys.readouterr().err
+
+
+def test_mode_full_on_a_busy_gpu_is_deferred(tmp_path: Path) -> None:
+    """--mode full waits while another job uses the GPU: DEFERRED, exit 26, the tenant named in the table."""
+    nvml = make_fake_nvml([[80.0]], processes=[[[(4242, 1 << 30)]]])
+    code, text = run_cli(tmp_path, "--mode", "full", modules={"pynvml": nvml})
+    assert code == 26
+    assert text.startswith("health   DEFERRED  deferred: busy, waiting for idle GPUs (GPU 0: in use by pid 4242")
+    assert "busy     GPU 0" in text
