@@ -305,7 +305,7 @@ def stage_agent(stage: Stage, target: Target, version: str, vendor_wheels: Seque
         stage_dnf(stage, target)
     docs = "/usr/share/doc/gpuguard"
     stage.add_file(REPO / "README.md", f"{docs}/README.md")
-    for doc in ("guard.md", "reporting.md", "hub.md", "packaging.md"):
+    for doc in ("guard.md", "reporting.md", "hub.md", "packaging.md", "health.md"):
         if (REPO / "docs" / doc).is_file():
             stage.add_file(REPO / "docs" / doc, f"{docs}/{doc}")
     if target.fmt == "deb":
