@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Callable, List, Optional, TextIO
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, TextIO, Tuple
 
 from agent import __version__
 from agent.defaults import DEFAULT_CONFIG_PATH, DEFAULT_HUB_CONFIG_PATH
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from agent.host import Host
 
 HostFactory = Callable[[str], "Host"]
+ParserAdder = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
 
 def _cmd_snapshot(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
@@ -213,14 +214,7 @@ def _add_guard_parsers(sub: "argparse._SubParsersAction[argparse.ArgumentParser]
     rollback.set_defaults(handler=_guard_command("guard_rollback"))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpuguard", description="Keep a GPU host's driver/ROCm/CUDA stack frozen "
-                                                                   "and working.")
-    parser.add_argument("--version", action="version", version=f"gpuguard {__version__}")
-    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-
+def _add_snapshot_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     snap = sub.add_parser("snapshot", help="snapshot the kernel, OS, GPU driver, ROCm/CUDA and container stack")
     snap.add_argument("--json", action="store_true", help="print canonical JSON instead of a summary")
     snap.add_argument("--root", default="/", help="read the host tree under DIR instead of / (chroot, fixture)")
@@ -230,12 +224,16 @@ def build_parser() -> argparse.ArgumentParser:
     snap.add_argument("--diff", nargs=2, metavar=("OLD", "NEW"), help="compare two snapshot JSON files")
     snap.set_defaults(handler=_cmd_snapshot)
 
+
+def _add_run_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     run = sub.add_parser("run", help="run the agent daemon: snapshots, package watch, health checks, reporting")
     run.add_argument("--config", default=DEFAULT_CONFIG_PATH, metavar="PATH",
                      help=f"agent config file (default {DEFAULT_CONFIG_PATH}; missing means defaults)")
     run.add_argument("--root", default="/", help="read the host tree under DIR instead of / (chroot, fixture)")
     run.set_defaults(handler=_cmd_run)
 
+
+def _add_job_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     # Internal: one job body in a child of ``gpuguard run`` (agent/daemon_jobs/children.py); not for people.
     job = sub.add_parser("_job")
     job.add_argument("job", choices=("snapshot", "guard_check", "health"))
@@ -245,10 +243,14 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--result", required=True)
     job.set_defaults(handler=_cmd_job)
 
+
+def _add_schema_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     schema = sub.add_parser("schema", help="print the JSON schema of report events (schemas/events-v1.json)")
     schema.add_argument("--output", "-o", metavar="FILE", help="write it to FILE (atomically) instead")
     schema.set_defaults(handler=_cmd_schema)
 
+
+def _add_status_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     status = sub.add_parser("status", help="is the agent all right: daemon, last snapshot/health/guard results, "
                                            "compliance, outbox, hub (exit 0 ok, 30 attention, 31 failing)")
     status.add_argument("--json", action="store_true", help="print checks and facts as JSON instead of a table")
@@ -258,10 +260,41 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--root", default="/", help="look for the daemon under DIR's /proc instead of / (tests)")
     status.set_defaults(handler=_cmd_status)
 
-    _add_hub_parser(sub)
-    _add_guard_parsers(sub)
-    _add_health_parser(sub)
+
+def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
+    """The command line's parser: every command's, or only ``command``'s (see :func:`command_in`).
+
+    A command's own parser, its help and its usage are the same either way: each is built by the same function.
+    """
+    parser = argparse.ArgumentParser(prog="gpuguard", description="Keep a GPU host's driver/ROCm/CUDA stack frozen "
+                                                                   "and working.")
+    parser.add_argument("--version", action="version", version=f"gpuguard {__version__}")
+    parser.add_argument("--log-level", default="warning", choices=_LOG_LEVELS)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for names, add in _COMMAND_PARSERS:
+        if command is None or command in names:
+            add(sub)
     return parser
+
+
+def command_in(argv: Sequence[str]) -> Optional[str]:
+    """The command ``argv`` runs when only its parser is needed; None when the whole parser is (no command, an
+    unknown one, ``gpuguard --help``, an option argparse must judge), so help, errors and completion see every
+    command."""
+    expect_value = False
+    for arg in argv:
+        if expect_value:
+            expect_value = False
+        elif arg == "--log-level":
+            expect_value = True
+        elif arg.startswith("--log-level="):
+            continue
+        elif arg.startswith("-"):
+            return None
+        else:
+            return arg if any(arg in names for names, _ in _COMMAND_PARSERS) else None
+    return None
 
 
 def _add_health_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -304,6 +337,20 @@ def _add_hub_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         add.set_defaults(handler=_cmd_hub_add, role=role)
 
 
+_LOG_LEVELS = ["debug", "info", "warning", "error"]
+# Every command's parser, in the order ``gpuguard --help`` lists them; the guard's four commands are built together.
+_COMMAND_PARSERS: Tuple[Tuple[Tuple[str, ...], ParserAdder], ...] = (
+    (("snapshot",), _add_snapshot_parser),
+    (("run",), _add_run_parser),
+    (("_job",), _add_job_parser),
+    (("schema",), _add_schema_parser),
+    (("status",), _add_status_parser),
+    (("hub",), _add_hub_parser),
+    (("policy", "pin", "override", "guard"), _add_guard_parsers),
+    (("health",), _add_health_parser),
+)
+
+
 def _host_for_root(root: str) -> "Host":
     """The default host factory (agent.host imported only by the commands that read a host)."""
     from agent.host import Host
@@ -314,8 +361,9 @@ def _host_for_root(root: str) -> "Host":
 def main(argv: Optional[List[str]] = None, make_host: HostFactory = _host_for_root,
          out: Optional[TextIO] = None) -> int:
     """Entry point; returns the process exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    if argv is None:
+        argv = sys.argv[1:]
+    args = build_parser(command_in(argv)).parse_args(argv)
     configure(level=args.log_level)
     stream = out if out is not None else sys.stdout
     try:

@@ -1,0 +1,90 @@
+"""The lazily built parser: a command builds only its own parser, and every help, usage and error stays the same."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Dict, List, Tuple
+
+import pytest
+
+from agent.cli import build_parser, command_in, main
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> Dict[str, argparse.ArgumentParser]:
+    found = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(found[0].choices) if found else {}
+
+
+def _command_paths(parser: argparse.ArgumentParser, prefix: Tuple[str, ...] = ()) -> List[Tuple[str, ...]]:
+    paths = []
+    for name, child in _subparsers(parser).items():
+        paths.append((*prefix, name))
+        paths.extend(_command_paths(child, (*prefix, name)))
+    return paths
+
+
+COMMAND_PATHS = _command_paths(build_parser())
+
+
+def _outcome(argv: List[str], capsys: pytest.CaptureFixture) -> Tuple[object, str, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
+def test_every_command_path_is_covered() -> None:
+    """The walk finds the top-level commands and the nested ones (the table below is not empty by accident)."""
+    assert {"snapshot", "run", "status", "policy", "hub", "health"} <= {p[0] for p in COMMAND_PATHS}
+    assert ("policy", "check") in COMMAND_PATHS and ("hub", "add-host") in COMMAND_PATHS
+
+
+@pytest.mark.parametrize("path", COMMAND_PATHS, ids=" ".join)
+@pytest.mark.parametrize("tail", [["--help"], ["--no-such-option"]], ids=["help", "usage-error"])
+def test_help_and_usage_errors_match_the_whole_parser(path: Tuple[str, ...], tail: List[str],
+                                                      capsys: pytest.CaptureFixture) -> None:
+    """``gpuguard CMD ... --help`` and a usage error print exactly what the parser of every command prints."""
+    argv = [*path, *tail]
+    lazy = _outcome(argv, capsys)
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(argv)
+    captured = capsys.readouterr()
+    assert lazy == (exit_info.value.code, captured.out, captured.err)
+    assert lazy[1] or lazy[2]
+
+
+@pytest.mark.parametrize("argv", [[], ["--help"], ["-h"], ["no-such-command"], ["--version"],
+                                  ["--log-level", "debug", "--help"], ["--log-level", "snapshot"],
+                                  ["--log-level=info", "nope"]])
+def test_top_level_output_is_the_whole_parsers(argv: List[str], capsys: pytest.CaptureFixture) -> None:
+    """Top-level help, an unknown command and a missing command list every command, as before."""
+    lazy = _outcome(argv, capsys)
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(argv)
+    captured = capsys.readouterr()
+    assert lazy == (exit_info.value.code, captured.out, captured.err)
+
+
+@pytest.mark.parametrize("argv,command", [
+    (["snapshot", "--json"], "snapshot"),
+    (["--log-level", "debug", "snapshot"], "snapshot"),
+    (["--log-level=debug", "status", "--json"], "status"),
+    (["pin", "apply"], "pin"),
+    (["snapshot", "--help"], "snapshot"),
+    ([], None),
+    (["--help"], None),
+    (["-h", "snapshot"], None),
+    (["--version"], None),
+    (["--log-level", "snapshot"], None),
+    (["no-such-command"], None),
+])
+def test_command_in(argv: List[str], command: object) -> None:
+    """The command is the first word after the top-level options; help, version or an unknown word mean all."""
+    assert command_in(argv) == command
+
+
+def test_snapshot_builds_only_its_own_parser() -> None:
+    """``gpuguard snapshot`` builds one subparser; the guard's commands come as their group of four."""
+    assert list(_subparsers(build_parser("snapshot"))) == ["snapshot"]
+    assert list(_subparsers(build_parser("pin"))) == ["policy", "pin", "override", "guard"]
+    assert list(_subparsers(build_parser())) == [p[0] for p in COMMAND_PATHS if len(p) == 1]
