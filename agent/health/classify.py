@@ -8,6 +8,10 @@
     failed        a check went wrong: numerics, copy, training, checkpoint, collective sum, a rank
     regression    a figure dropped beyond its noise band (against the baseline, or against the other GPUs)
     pass          none of the above
+
+Two statuses are the runner's, never this function's (runner.py, tenants.py): ``deferred`` when no probe ran
+because another job holds a GPU, and ``busy`` in place of a pass when another job used a GPU, so that the speed was
+not judged. Everything above ``regression`` keeps its status on a busy GPU.
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ log = get_logger("health.sandbox")
 # What the framework needs from the agent's environment; everything else (credentials, SSH agents, sudo) stays out.
 _KEPT_NAMES = {"PATH", "LD_LIBRARY_PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX"}
 _KEPT_PREFIXES = ("LC_", "CUDA_", "ROCM_", "ROCR_", "HIP_", "HSA_", "NCCL_", "RCCL_", "NVIDIA_", "TORCH_",
-                  "PYTORCH_", "OMP_", "MKL_", "NVSHMEM_")
+                  "PYTORCH_", "OMP_", "MKL_", "NVSHMEM_", "MIOPEN_", "AMD_", "GPU_DEVICE_ORDINAL", "CUBLAS_",
+                  "CUDNN_")
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _CGROUP_ROOT = "/sys/fs/cgroup"
 
@@ -196,7 +197,8 @@ def apply_rlimits(pid: int, sandbox: Sandbox) -> None:
 class MemoryLimit:
     """A cgroup v2 child with memory.max when the agent may create one, else an RSS watchdog on the process group."""
 
-    def __init__(self, sandbox: Sandbox, poll_seconds: float = 0.2) -> None:
+    # Each poll reads /proc/<pid>/stat of every process on the host: twice a second is cheap on a busy host too.
+    def __init__(self, sandbox: Sandbox, poll_seconds: float = 0.5) -> None:
         self.sandbox = sandbox
         self.limit = sandbox.memory_max_bytes
         self.poll_seconds = poll_seconds
