@@ -56,6 +56,8 @@ class HealthSettings(FrozenModel):
     mode: HealthMode = "auto"
     # A GPU whose utilization is at least this before the probe starts is busy, even with no process listed.
     busy_utilization_percent: float = Field(5.0, ge=0, le=100)
+    # ... or whose used device memory is at least this with no process listed (idle: the driver's few hundred MiB).
+    busy_memory_used_bytes: int = Field(2 * GIB, ge=0)
     # What to do on a busy GPU in auto mode: run the functional checks in its free memory, or wait.
     busy_action: Literal["functional", "defer"] = "functional"
     # On a busy GPU the probe may allocate this fraction of the free device memory, less the reserve below.

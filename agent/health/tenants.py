@@ -67,6 +67,10 @@ def occupancy_of(host: Host, devices: Sequence[SmiDevice], readings: Sequence[Sm
         util = reading.utilization_percent
         if util is not None and util >= settings.busy_utilization_percent:
             reasons.append(f"utilization {util:.0f}% before the probe started")
+        total, free = reading.memory_total_bytes, reading.memory_free_bytes
+        if not tenants and total is not None and free is not None and total - free >= settings.busy_memory_used_bytes:
+            # Processes the library cannot list (another PID namespace, a sandboxed driver) still hold memory.
+            reasons.append(f"{(total - free) / (1 << 30):.1f} GiB of device memory in use by processes not listed")
         out.append(GpuOccupancy(smi_index=dev.smi_index, bdf=dev.bdf, uuid=dev.uuid, utilization_percent=util,
                                 memory_total_bytes=reading.memory_total_bytes,
                                 memory_free_bytes=reading.memory_free_bytes, tenants=tenants,

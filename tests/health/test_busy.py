@@ -184,3 +184,13 @@ def test_peer_outlier_against_the_mean_of_the_others_skips_busy_gpus() -> None:
     assert [(r.gpu, r.metric, r.against, r.baseline_value) for r in named] == [
         (2, "gemm_bf16_tflops", "peers", 750.0)]
     assert peer_outliers(run, HealthSettings(peer_tolerance_fraction=0.2), skip={3}) == []
+
+
+def test_memory_in_use_with_no_process_listed_is_busy(tmp_path: Path) -> None:
+    """60 GiB used and no process listed (a library that cannot see them): busy, said so, budget from what is free."""
+    nvml = make_fake_nvml(IDLE_THEN_WORKING, free_bytes=[H200_BYTES - 60 * GIB])
+    result = check(tmp_path, fake_probe_settings(), {"pynvml": nvml})
+    assert result.status == "busy", result.summary
+    assert "60.0 GiB of device memory in use by processes not listed" in result.summary
+    assert result.occupancy is not None
+    assert result.occupancy.device_memory_budget_bytes == int((H200_BYTES - 60 * GIB) * 0.5) - GIB
