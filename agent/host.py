@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -58,6 +57,8 @@ class SubprocessRunner:
             self._env.update(extra_env)
 
     def __call__(self, argv: Sequence[str], timeout_seconds: float) -> CommandResult:
+        import subprocess  # here, not at the top: a snapshot whose tool versions are cached runs no command
+
         started = time.monotonic()
         try:
             proc = subprocess.run(list(argv), capture_output=True, text=True, errors="replace",
@@ -116,6 +117,15 @@ class Host:
         except (FileNotFoundError, NotADirectoryError):
             return None
         except IsADirectoryError:
+            return None
+        except OSError as exc:
+            raise HostReadError(host_path, exc.strerror or str(exc)) from exc
+
+    def read_bytes(self, host_path: str) -> Optional[bytes]:
+        """The file's bytes, or None when it does not exist; HostReadError when it exists but cannot be read."""
+        try:
+            return self.path(host_path).read_bytes()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
         except OSError as exc:
             raise HostReadError(host_path, exc.strerror or str(exc)) from exc

@@ -5,7 +5,7 @@ from __future__ import annotations
 from agent.collectors.packages import DEFAULT_WATCHLIST, PackageInfo, PackageSet, Watchlist, key_packages
 from agent.errors import CollectorUnavailable
 from agent.host import Host
-from agent.hostfacts.dpkg_status import iter_dpkg_status  # stdlib-only parser, shared with the apt hook
+from agent.hostfacts.dpkg_status import count_present, iter_dpkg_status, iter_named  # stdlib only, as the apt hook
 
 
 def parse_dpkg_status(text: str, watch: Watchlist) -> PackageSet:
@@ -19,6 +19,18 @@ def parse_dpkg_status(text: str, watch: Watchlist) -> PackageSet:
     return PackageSet(manager="dpkg", installed_count=total, packages=key_packages(entries))
 
 
+def dpkg_package_set(data: bytes, watch: Watchlist) -> PackageSet:
+    """:func:`parse_dpkg_status` of the status file's bytes; where the watchlist is names and ``prefix*`` patterns
+    only, the watched stanzas are found in the bytes and the rest only counted, as the apt hook reads the file."""
+    chosen = watch.names_and_prefixes
+    if chosen is None:
+        return parse_dpkg_status(data.decode("utf-8", errors="replace"), watch)
+    names, prefixes = chosen
+    entries = [(name, PackageInfo(version=version, arch=arch, state=state))
+               for name, version, arch, state in iter_named(data, names=sorted(names), prefixes=prefixes)]
+    return PackageSet(manager="dpkg", installed_count=count_present(data), packages=key_packages(entries))
+
+
 class DpkgCollector:
     """Reads /var/lib/dpkg/status."""
 
@@ -28,7 +40,7 @@ class DpkgCollector:
         self.watch = watch
 
     def collect(self, host: Host) -> PackageSet:
-        text = host.read_text("/var/lib/dpkg/status")
-        if text is None:
+        data = host.read_bytes("/var/lib/dpkg/status")
+        if data is None:
             raise CollectorUnavailable("no dpkg database")
-        return parse_dpkg_status(text, self.watch)
+        return dpkg_package_set(data, self.watch)

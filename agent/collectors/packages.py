@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, Literal, Optional, Tuple
+from typing import Dict, FrozenSet, Iterable, Literal, Optional, Tuple
 
 from agent.collectors.base import Frozen
 
@@ -72,6 +72,11 @@ class Watchlist:
             import re
 
             self._regex = re.compile("|".join(fnmatch.translate(p) for p in others))
+
+    @property
+    def names_and_prefixes(self) -> Optional[Tuple[FrozenSet[str], Tuple[str, ...]]]:
+        """(names, prefixes) when every pattern is a name or a ``prefix*``; None when another glob needs fnmatch."""
+        return None if self._regex is not None else (self._names, self._prefixes)
 
     def __contains__(self, name: str) -> bool:
         return (name in self._names or name.startswith(self._prefixes)

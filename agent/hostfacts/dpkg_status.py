@@ -127,7 +127,7 @@ def iter_named(data: bytes, names: Sequence[str] = (), prefixes: Sequence[str] =
         return name in exact or name.startswith(prefix) or name.endswith(suffix)
 
     mine = ("", "all", native_arch)
-    if b"Package:  " in data or b"Package:\t" in data:
+    if not _dpkg_spaced(data):
         for row in iter_dpkg_status(data.decode("utf-8", errors="replace"), wanted):
             if row[0] not in known or row[2] not in mine:
                 yield row
@@ -161,6 +161,36 @@ def iter_named(data: bytes, names: Sequence[str] = (), prefixes: Sequence[str] =
         state = status.split()[-1] if status else ""
         if state in PRESENT_STATES:
             yield name, version, _field_at(data, begin, end, b"Architecture:"), state
+
+
+def _dpkg_spaced(data: bytes) -> bool:
+    """Whether the file's ``Package:`` lines are spaced as dpkg writes them (what the byte searches rely on)."""
+    return b"Package:  " not in data and b"Package:\t" not in data
+
+
+_PRESENT_STATES_BYTES = frozenset(state.encode("ascii") for state in PRESENT_STATES)
+
+
+def count_present(data: bytes) -> int:
+    """How many packages' files are present: what :func:`iter_dpkg_status` counts, read from the ``Status:`` lines
+    alone (dpkg writes Package and Version in every such stanza) without decoding the file.
+
+    The status value is found by ``bytes.find`` at C speed; a file not spaced as dpkg writes it is decoded and
+    counted by the full scan instead.
+    """
+    if not _dpkg_spaced(data) or data.startswith(b"Status:"):
+        return sum(1 for _ in iter_dpkg_status(data.decode("utf-8", errors="replace")))
+    count = 0
+    at = data.find(b"\nStatus:")
+    while at >= 0:
+        end = data.find(b"\n", at + 8)
+        if end < 0:
+            end = len(data)
+        words = data[at + 8:end].split()
+        if words and words[-1] in _PRESENT_STATES_BYTES:
+            count += 1
+        at = data.find(b"\nStatus:", end)
+    return count
 
 
 def _field_at(data: bytes, begin: int, end: int, key: bytes) -> str:

@@ -123,3 +123,44 @@ def test_dpkg_collector_absent_without_status(tmp_path) -> None:
     """No dpkg status file means no dpkg database."""
     with pytest.raises(CollectorUnavailable):
         DpkgCollector().collect(Host(root=tmp_path))
+
+
+def _status_files() -> list:
+    from tests.conftest import ROOTS
+
+    return sorted(str(p) for p in ROOTS.glob("*/**/var/lib/dpkg/status"))
+
+
+ODD_STATUS = [
+    STATUS,
+    STATUS.replace("Package: bash", "Package:\tbash"),  # not spaced as dpkg writes: the full scan
+    "Status: install ok installed\nPackage: rocm-core\nVersion: 1\n\nPackage: bash\nStatus: install ok unpacked\n"
+    "Version: 2\n",
+    "Package: a\nStatus: purge ok not-installed\n\nPackage: b\nStatus: hold ok triggers-pending\nVersion: 3\n"
+    "Description: x\n Status: install ok installed\n",
+    "",
+]
+
+
+@pytest.mark.parametrize("text", ODD_STATUS + [open(p, encoding="utf-8", errors="replace").read()
+                                               for p in _status_files()])
+@pytest.mark.parametrize("patterns", [DEFAULT_WATCHED_PATTERNS, ("bash", "rocm*", "b"), ("linux-image-[0-9]*",)])
+def test_bytes_reading_equals_the_full_scan(text: str, patterns: tuple) -> None:
+    """The collector's byte search and count give exactly the full parse's package set, odd files included."""
+    from agent.collectors.dpkg import dpkg_package_set
+    from agent.hostfacts.dpkg_status import count_present, iter_dpkg_status
+
+    watch = Watchlist(patterns)
+    assert dpkg_package_set(text.encode("utf-8"), watch) == parse_dpkg_status(text, watch)
+    assert count_present(text.encode("utf-8")) == sum(1 for _ in iter_dpkg_status(text))
+
+
+def test_fixture_status_files_are_found() -> None:
+    """The table above reads the fixture roots' real status files, not none."""
+    assert _status_files()
+
+
+def test_watchlist_names_and_prefixes() -> None:
+    """Names and prefix patterns come out for the byte search; any other glob needs the full scan."""
+    assert Watchlist(["bash", "rocm-*"]).names_and_prefixes == (frozenset({"bash"}), ("rocm-",))
+    assert Watchlist(["linux-image-[0-9]*"]).names_and_prefixes is None
