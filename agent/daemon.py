@@ -1,8 +1,8 @@
 """``gpuguard run``: the agent daemon. Wiring only: jobs on a scheduler, signals, systemd notifications, shutdown.
 
-Jobs (bodies in agent/daemon_jobs/) run on agent/daemon_jobs/schedule.py's scheduler, one thread per job: a job
-never overlaps itself, missed runs collapse into one, and a slow one (a health check) never holds up the others.
-The main thread only waits for signals:
+Jobs (bodies in agent/daemon_jobs/) run on an apscheduler BackgroundScheduler with a thread pool larger than the
+number of jobs, each with ``max_instances=1`` and ``coalesce=True``: a job never overlaps itself and a slow one
+(a health check) never holds up the others. The main thread only waits for signals:
 
     SIGTERM, SIGINT   finish the running job steps, flush metrics, exit 0
     SIGHUP            reload the config file and recompile the policy for the apt hook; an invalid file is logged,
@@ -22,6 +22,7 @@ scheduler job (so a wedged scheduler stops the pings), STATUS= lines, and STOPPI
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import select
 import signal
@@ -41,7 +42,6 @@ from agent.daemon_jobs.hooks import Hooks, default_hooks
 from agent.daemon_jobs.memory import limit_malloc_arenas, release_free_memory
 from agent.daemon_jobs.metrics import MetricsJob
 from agent.daemon_jobs.runtime import EventEmitter, Runtime, host_identity
-from agent.daemon_jobs.schedule import Scheduler
 from agent.daemon_jobs.watch import PackageWatcher
 from agent.errors import ConfigError, Interrupted
 from agent.guard.hotpath.state import GuardPaths
@@ -51,6 +51,8 @@ from agent.report.outbox import OUTBOX_FILENAME, Outbox
 
 if TYPE_CHECKING:  # pragma: no cover
     from types import FrameType
+
+    from apscheduler.schedulers.base import BaseScheduler
 
     from agent.daemon_jobs.snapshot import SnapshotJob
     from agent.report.sender import Sender
@@ -108,7 +110,7 @@ class JobRunner:
         self.body = body
         self.stopping = stopping
         self.after = after
-        self.scheduler: Optional[Scheduler] = None  # set when the job is added
+        self.scheduler: Optional[BaseScheduler] = None  # set when the job is added
         self._again = threading.Event()
         self._reason = "interval"
         self._busy = threading.Lock()
@@ -126,12 +128,8 @@ class JobRunner:
         when = dt.datetime.now(_UTC) + dt.timedelta(seconds=delay_seconds)
         try:
             self.scheduler.modify_job(self.job_id, next_run_time=when)
-        except Exception as exc:  # noqa: BLE001 - JobLookupError (a stopped scheduler) while shutting down
+        except Exception as exc:  # noqa: BLE001 - JobLookupError (or a stopped scheduler) while shutting down
             log.debug("job_reschedule_skipped", job=self.job_id, error=str(exc))
-
-    def pending(self) -> bool:
-        """A request came that the current run has not served yet."""
-        return self._again.is_set()
 
     def wait_idle(self) -> None:
         """Return once the body is not running (it finishes its current step after ``stopping`` is set)."""
@@ -222,11 +220,11 @@ class Daemon:
         self.runtime = Runtime(host=host, settings=settings, state_dir=state_dir, outbox=outbox, emitter=emitter,
                                sender=sender)
         self.runners: Dict[str, JobRunner] = {}
-        self.scheduler: Optional[Scheduler] = None
+        self.scheduler: Optional[BaseScheduler] = None
         self._metrics: Optional[MetricsJob] = None
         self._delivery: Optional[DeliveryJob] = None
 
-    def _add(self, scheduler: Scheduler, job_id: str, body: Callable[[str], Optional[float]],
+    def _add(self, scheduler: BaseScheduler, job_id: str, body: Callable[[str], Optional[float]],
              interval_seconds: float, first_in_seconds: Optional[float], refresh_metrics: bool = True) -> JobRunner:
         """Schedule a body every ``interval_seconds``, first after ``first_in_seconds`` (None: one interval)."""
         metrics = self._metrics
@@ -235,14 +233,26 @@ class Daemon:
                            trim=refresh_metrics)
         runner.scheduler = scheduler
         first_seconds = interval_seconds if first_in_seconds is None else first_in_seconds
-        scheduler.add_job(runner, job_id, interval_seconds, first_seconds, pending=runner.pending)
+        scheduler.add_job(runner, "interval", seconds=interval_seconds, id=job_id, name=job_id,
+                          next_run_time=dt.datetime.now(_UTC) + dt.timedelta(seconds=first_seconds))
         self.runners[job_id] = runner
         return runner
 
     def start(self) -> None:
+        from apscheduler.events import EVENT_JOB_MAX_INSTANCES
+        from apscheduler.executors.pool import ThreadPoolExecutor
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        # apscheduler logs through stdlib logging; its routine "skipped: still running" is ours to report.
+        logging.getLogger("apscheduler").setLevel(logging.ERROR)
         limit_malloc_arenas()  # before the worker threads exist (agent/daemon_jobs/memory.py)
         rt, s, hooks = self.runtime, self.runtime.settings, self.hooks
-        scheduler = Scheduler()
+        scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(max_workers=10)},
+                                        job_defaults={"max_instances": 1, "coalesce": True,
+                                                      "misfire_grace_time": None},
+                                        timezone=_UTC)
+        scheduler.add_listener(lambda event: log.debug("job_skipped_still_running", job=event.job_id),
+                               EVENT_JOB_MAX_INSTANCES)
         self.scheduler = scheduler
         self._metrics = MetricsJob(rt)
         self._add(scheduler, "metrics", _none(self._metrics.run), 60.0, 0.0, refresh_metrics=False)
@@ -330,7 +340,9 @@ class Daemon:
         self.notifier.notify("STOPPING=1", "STATUS=stopping")
         self.runtime.stopping.set()
         if self.scheduler is not None:
-            self.scheduler.shutdown(wait=False)  # each runner is waited for below, with its own lock
+            # Not shutdown(wait=True): apscheduler would hold its job store lock while waiting, and a job that
+            # reschedules itself in its last step would then wait for that lock forever.
+            self.scheduler.shutdown(wait=False)
         for runner in self.runners.values():
             runner.wait_idle()
         try:
