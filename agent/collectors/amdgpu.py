@@ -217,8 +217,7 @@ class _SmiUnusable(Exception):
     """amdsmi is present but cannot describe this host; carries the reason for the snapshot."""
 
 
-@dataclass(frozen=True)
-class _SmiReading:
+class _SmiReading(NamedTuple):  # a NamedTuple, not a dataclass: nothing generated and exec'd at import
     driver_version: Optional[str]
     library_version: Optional[str]
     gpus: List[AmdGpu]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable, List, Literal, Optional
+from typing import Any, Callable, List, Literal, NamedTuple, Optional
 
 from agent.collectors.base import Frozen
 from agent.errors import CollectorUnavailable, LibraryUnavailable
@@ -83,8 +83,7 @@ def normalise_bdf(text: str) -> str:
                                               int(match.group("function")))
 
 
-@dataclass(frozen=True)
-class GpuInformation:
+class GpuInformation(NamedTuple):  # a NamedTuple, not a dataclass: nothing generated and exec'd at import
     """What /proc/driver/nvidia/gpus/<bdf>/information says about one GPU; None where it says nothing usable."""
 
     bdf: Optional[str] = None
@@ -151,8 +150,7 @@ class _NvmlUnusable(Exception):
     """NVML is present but cannot describe this host; carries the reason for the snapshot."""
 
 
-@dataclass(frozen=True)
-class _NvmlReading:
+class _NvmlReading(NamedTuple):
     driver_version: Optional[str]
     cuda_driver_version: Optional[str]
     gpus: List[NvidiaGpu]
