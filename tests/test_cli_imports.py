@@ -36,11 +36,11 @@ print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
 """
 
 
-def _loaded(tmp_path: Path, config_text: str = "") -> dict:
+def _loaded(tmp_path: Path, config_text: str = "", root: Path = FIXTURE_ROOT) -> dict:
     config = tmp_path / "agent.toml"
     if config_text:
         config.write_text(config_text)
-    result = subprocess.run([sys.executable, "-I", "-c", _PROBE, str(REPO), str(FIXTURE_ROOT), str(config)],
+    result = subprocess.run([sys.executable, "-I", "-c", _PROBE, str(REPO), str(root), str(config)],
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -83,3 +83,24 @@ def test_parser_needs_no_pydantic() -> None:
                             timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
+
+
+
+def test_snapshot_with_cached_tool_versions_imports_no_subprocess(tmp_path: Path) -> None:
+    """The first snapshot asks docker its version and caches it under the state directory; the next, a new process,
+    answers from the cache, runs no command and so does not even import subprocess."""
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc/os-release").write_text('ID=debian\nVERSION_ID="12"\n')
+    (root / "var/lib/gpuguard").mkdir(parents=True)
+    docker = root / "usr/bin/docker"
+    docker.parent.mkdir(parents=True)
+    docker.write_text("#!/bin/sh\necho 'Docker version 28.2.2, build e6534b4'\n")
+    docker.chmod(0o755)
+    first = _loaded(tmp_path, root=root)
+    assert first["code"] == 0 and "subprocess" in first["modules"]
+    cache = json.loads((root / "var/lib/gpuguard/cache/tool-versions.json").read_text())
+    assert cache["docker"]["value"] == "28.2.2"
+    again = _loaded(tmp_path, root=root)
+    assert again["code"] == 0
+    assert "subprocess" not in again["modules"]
