@@ -62,6 +62,8 @@ class Rollback(FrozenModel):
     succeeded: bool
     reboot_required: bool = False
     detail: Optional[str] = None
+    # reason "health": the post-change health status that asked for it (cpu_fallback, failed, regression).
+    health_status: Optional[str] = None
 
 
 class OverriddenViolation(FrozenModel):
@@ -108,6 +110,22 @@ class CpuFallback(FrozenModel):
     detail: Optional[str] = None
 
 
+class HealthDeferred(FrozenModel):
+    """The GPUs stayed busy for the whole deferral window: the full health check (speed judged) could not run."""
+
+    kind: Literal["health_deferred"] = "health_deferred"
+    deferred_since: dt.datetime
+    window_seconds: float
+    attempts: int
+    # agent.health.model.HealthStatus of the last attempt (busy or deferred).
+    last_status: str
+    # True when the check that could not run was the one after a package change.
+    after_change: bool = False
+    # The other jobs on the GPUs at the last attempt, as ``gpu 0: pid 4242 (python3, 71.2 GiB)``.
+    tenants: List[str] = []
+    detail: Optional[str] = None
+
+
 class Heartbeat(FrozenModel):
     """The agent is alive; carries the current pairing and outbox depth."""
 
@@ -135,7 +153,8 @@ class StateFileDamaged(FrozenModel):
 
 
 Payload = Annotated[Union[SnapshotChanged, PolicyViolation, TransactionBlocked, Rollback, OverrideUsed,
-                          HealthRegression, CpuFallback, Heartbeat, StateFileDamaged], Field(discriminator="kind")]
+                          HealthRegression, CpuFallback, HealthDeferred, Heartbeat, StateFileDamaged],
+                    Field(discriminator="kind")]
 # Every payload kind, in schema order (the hub's query filter and docs derive from this, so a new kind is one edit).
 PAYLOAD_KINDS = tuple(model.model_fields["kind"].default for model in get_args(get_args(Payload)[0]))
 # Events the outbox never drops, whatever its size bound (an override's use is part of the audit trail).

@@ -273,13 +273,18 @@ def describe(event: Mapping[str, Any], e: Callable[[Any], str] = e) -> str:
                 f"({_versions(p.get('packages') or {}, e)})")
     if kind == "rollback":
         outcome = "rolled back" if p.get("succeeded") else "rollback FAILED"
-        return (f"{outcome} ({e(p.get('reason'))}): {_versions(p.get('from_versions') or {}, e)} \u2192 "
+        reason = e(p.get("reason")) + (f": {e(p.get('health_status'))}" if p.get("health_status") else "")
+        return (f"{outcome} ({reason}): {_versions(p.get('from_versions') or {}, e)} \u2192 "
                 f"{_versions(p.get('to_versions') or {}, e)}")
     if kind == "health_regression":
         return (f"health regression: {e(p.get('metric'))} {e(p.get('current_value'))} vs baseline "
                 f"{e(p.get('baseline_value'))} (\u2212{float(p.get('drop_fraction') or 0) * 100:.1f}%)")
     if kind == "cpu_fallback":
         return f"CPU fallback: {e(p.get('reason'))}"
+    if kind == "health_deferred":
+        tenants = "; ".join(str(t) for t in p.get("tenants") or []) or "no tenant named"
+        return (f"health check deferred: GPUs busy for {float(p.get('window_seconds') or 0) / 3600:g} h, "
+                f"{e(p.get('attempts'))} attempts ({e(tenants)})")
     if kind == "override_used":
         return f"override {e(p.get('window_id'))} used by {e(p.get('opened_by'))}: {e(p.get('reason'))}"
     if kind == "heartbeat":
