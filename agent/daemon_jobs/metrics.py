@@ -1,4 +1,5 @@
-"""The metrics job: rewrite the node_exporter textfile from the daemon's state and the outbox when it changed."""
+"""The metrics job: rewrite the node_exporter textfile from the daemon's state and the outbox when it changed, then
+the NFD features file from the same state (daemon_jobs/nfd.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections import Counter
 from typing import Optional
 
 from agent import __version__
+from agent.daemon_jobs.nfd import NfdJob
 from agent.daemon_jobs.runtime import Runtime
 from agent.report.metrics import MetricsView, render_metrics, write_textfile
 
@@ -28,14 +30,22 @@ def metrics_view(runtime: Runtime) -> MetricsView:
 
 
 class MetricsJob:
-    """Writes the textfile (atomically) whenever its content differs from what was last written."""
+    """Writes the textfile (atomically) whenever its content differs from what was last written; then the NFD
+    features file, which runs after every job and every minute with it."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        self.nfd = NfdJob(runtime)
         self._written: Optional[str] = None
         self._lock = threading.Lock()
 
     def run(self, reason: str = "interval") -> None:
+        try:
+            self._write_textfile()
+        finally:
+            self.nfd.run(reason)
+
+    def _write_textfile(self) -> None:
         path = self.runtime.settings.report.metrics_path(self.runtime.state_dir)
         if path is None:
             return

@@ -18,6 +18,8 @@ DEFAULT_TOKEN_FILE = "/etc/gpuguard/token"
 INGEST_PATH = "/v1/events"
 # EventBatch accepts at most this many events per request.
 MAX_BATCH_SIZE = 500
+# node-feature-discovery's local source reads this directory (docs/integrations.md).
+DEFAULT_NFD_FEATURES_FILE = "/etc/kubernetes/node-feature-discovery/features.d/gpuguard"
 
 
 def is_loopback_host(hostname: str) -> bool:
@@ -50,6 +52,10 @@ class ReportSettings(FrozenModel):
     startup_jitter_seconds: float = Field(60.0, ge=0, le=86400)
     metrics_enabled: bool = True
     metrics_textfile: Optional[str] = None
+    # The NFD features file, written only where its directory exists; "" turns it off. Its labels expire after
+    # nfd_lifetime_seconds unless rewritten (the daemon refreshes them every half lifetime, checked each minute).
+    nfd_features_file: str = DEFAULT_NFD_FEATURES_FILE
+    nfd_lifetime_seconds: float = Field(3600.0, ge=300, le=30 * 86400)
 
     @field_validator("endpoint_url")
     @classmethod
@@ -66,6 +72,13 @@ class ReportSettings(FrozenModel):
         # log) means the same hub, so accept it rather than POSTing to .../v1/events/v1/events (seen on the H200).
         if value.endswith(INGEST_PATH):
             value = value[: -len(INGEST_PATH)]
+        return value
+
+    @field_validator("nfd_features_file")
+    @classmethod
+    def _nfd_file_is_absolute(cls, value: str) -> str:
+        if value and not value.startswith("/"):
+            raise ValueError("must be an absolute path (or \"\" to turn the NFD features file off)")
         return value
 
     @model_validator(mode="after")
@@ -86,6 +99,10 @@ class ReportSettings(FrozenModel):
     def ingest_url(self) -> Optional[str]:
         """The full URL events are POSTed to, or None without an endpoint."""
         return None if self.endpoint_url is None else self.endpoint_url + INGEST_PATH
+
+    def nfd_path(self) -> Optional[str]:
+        """Where the NFD features file goes, or None when it is turned off."""
+        return self.nfd_features_file or None
 
     def metrics_path(self, state_dir: str) -> Optional[str]:
         """Where the node_exporter textfile goes, or None when metrics are off."""

@@ -1,0 +1,66 @@
+"""The NFD features file: rewritten after every job whose state it shows changed, and every half lifetime so its
+labels never expire while the daemon lives (agent/integrations/nfd.py renders and writes it)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from typing import Optional
+
+from agent import __version__
+from agent.daemon_jobs.runtime import Runtime
+from agent.integrations.nfd import NfdView, body_of, render_features, write_features
+from agent.log import get_logger
+
+log = get_logger("nfd")
+
+
+def nfd_view(runtime: Runtime) -> NfdView:
+    """Gather what the features file shows from the daemon's state (the metrics textfile's source)."""
+    state = runtime.state
+    with state.lock:
+        snap = state.last_snapshot
+        return NfdView(agent_version=__version__, compliant=state.compliant,
+                       violated_rules=len(state.violated_rules), pairing=state.pairing,
+                       snapshot_at_seconds=snap.taken_at.timestamp() if snap else None,
+                       finding_kinds=tuple(sorted({f.kind for f in snap.findings})) if snap else (),
+                       health_status=state.last_health_status, health_at_seconds=state.last_health_at_seconds)
+
+
+class NfdJob:
+    """Writes the features file when what it shows changed or half its lifetime has passed since the last write.
+
+    Not at shutdown: a stopped daemon's labels are meant to lapse at their expiry time."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self._body: Optional[str] = None
+        self._path: Optional[str] = None
+        self._written_at: Optional[dt.datetime] = None
+        self._absent_logged = False
+        self._lock = threading.Lock()
+
+    def run(self, reason: str = "interval") -> None:
+        report = self.runtime.settings.report
+        path = report.nfd_path()
+        if path is None or reason == "shutdown":
+            return
+        with self._lock:
+            now = self.runtime.host.clock()
+            lifetime = dt.timedelta(seconds=report.nfd_lifetime_seconds)
+            text = render_features(nfd_view(self.runtime), now + lifetime)
+            fresh = self._written_at is not None and now - self._written_at < lifetime / 2
+            if fresh and path == self._path and body_of(text) == self._body:
+                return
+            try:
+                written = write_features(path, text)
+            except (OSError, ValueError) as exc:
+                log.warning("nfd_write_failed", path=path, error=str(exc))
+                return
+            if not written:
+                if not self._absent_logged:
+                    log.info("nfd_directory_absent", path=path)
+                    self._absent_logged = True
+                return
+            self._body, self._path, self._written_at = body_of(text), path, now
+            log.debug("nfd_written", path=path, reason=reason)

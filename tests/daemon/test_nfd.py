@@ -1,0 +1,93 @@
+"""The daemon writes the NFD features file: after jobs change what it shows, every half lifetime, never at stop."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import List
+
+from agent.config import Settings
+from agent.daemon_jobs.metrics import MetricsJob
+from agent.daemon_jobs.nfd import NfdJob
+from agent.daemon_jobs.snapshot import SnapshotJob
+from agent.report.settings import ReportSettings
+from tests.conftest import FIXED_TIME, make_fixture_host
+from tests.daemon.conftest import AgentProcess, agent_config
+from tests.daemon.test_jobs import make_runtime, no_hooks
+from tests.integrations.features_format import parse_features
+
+
+def nfd_settings(path: Path, lifetime_seconds: float = 3600.0) -> Settings:
+    report = ReportSettings(nfd_features_file=str(path), nfd_lifetime_seconds=lifetime_seconds)
+    return Settings().model_copy(update={"report": report})
+
+
+def test_metrics_job_writes_the_features_file_from_the_daemon_state(tmp_path: Path) -> None:
+    """After a snapshot the labels name the pairing; the expiry is the clock plus the lifetime."""
+    features = tmp_path / "features.d"
+    features.mkdir()
+    rt = make_runtime(tmp_path, make_fixture_host("gpuless-debian12"), nfd_settings(features / "gpuguard"))
+    SnapshotJob(rt, no_hooks().policy_check).run()
+    MetricsJob(rt).run("after_snapshot")
+    expiry, found = parse_features((features / "gpuguard").read_text())
+    assert expiry == FIXED_TIME + dt.timedelta(hours=1)
+    assert found["gpuguard.io/kernel"] == "6.1.0-26-amd64" and found["gpuguard.io/compliant"] == "unknown"
+    assert found["gpuguard.io/os"] == "debian-12"
+
+
+def test_rewritten_when_the_state_changes_or_half_the_lifetime_passed_and_not_at_shutdown(tmp_path: Path) -> None:
+    """Same state within half a lifetime: no write; new health status or 30 min later: written; shutdown: kept."""
+    target = tmp_path / "gpuguard"
+    now: List[dt.datetime] = [FIXED_TIME]
+    host = replace(make_fixture_host("gpuless-debian12"), clock=lambda: now[0])
+    rt = make_runtime(tmp_path, host, nfd_settings(target))
+    job = NfdJob(rt)
+    job.run()
+    first = target.read_text()
+    now[0] += dt.timedelta(minutes=29)
+    job.run()
+    assert target.read_text() == first  # unchanged and fresh: the expiry is not pushed on every minute
+    rt.state.last_health_status, rt.state.last_health_at_seconds = "busy", now[0].timestamp()
+    job.run("after_health")
+    expiry, found = parse_features(target.read_text())
+    assert found["gpuguard.io/health"] == "busy" and expiry == now[0] + dt.timedelta(hours=1)
+    now[0] += dt.timedelta(minutes=31)
+    job.run()
+    assert parse_features(target.read_text())[0] == now[0] + dt.timedelta(hours=1)
+    before = target.read_text()
+    now[0] += dt.timedelta(hours=2)
+    rt.state.compliant = False
+    job.run("shutdown")
+    assert target.read_text() == before  # a stopping daemon's labels lapse at their expiry
+
+
+def test_turned_off_or_without_the_directory_nothing_is_written(tmp_path: Path) -> None:
+    """An empty nfd_features_file turns it off; a missing directory (no NFD here) is not created."""
+    rt = make_runtime(tmp_path, make_fixture_host("gpuless-debian12"),
+                      nfd_settings(tmp_path / "absent" / "gpuguard"))
+    NfdJob(rt).run()
+    assert not (tmp_path / "absent").exists()
+    off = Settings().model_copy(update={"report": ReportSettings(nfd_features_file="")})
+    assert off.report.nfd_path() is None
+
+
+def test_running_daemon_writes_the_features_file(agent: AgentProcess) -> None:
+    """``gpuguard run`` writes a valid file with the pairing and an expiry in the future, without a dot-file."""
+    features = agent.workdir / "features.d"
+    features.mkdir()
+    agent.write_config(agent_config(agent.state_dir, nfd_features_file=str(features / "gpuguard")))
+    agent.start()
+    deadline = time.monotonic() + 30
+    found: dict = {}
+    while time.monotonic() < deadline:
+        if (features / "gpuguard").exists():
+            expiry, found = parse_features((features / "gpuguard").read_text())
+            if "gpuguard.io/kernel" in found:
+                break
+        time.sleep(0.1)
+    assert found.get("gpuguard.io/kernel") == "6.1.0-26-amd64", agent.log_path.read_text()[-3000:]
+    assert expiry is not None and expiry > dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=59)
+    assert agent.terminate() == 0
+    assert [p.name for p in features.iterdir()] == ["gpuguard"]
