@@ -97,6 +97,11 @@ class CompiledPolicy:
         nvidia = self.section("nvidia") or {}
         return list(nvidia.get("driver_packages") or []), list(nvidia.get("cuda_packages") or [])
 
+    @property
+    def health_after_change(self) -> str:
+        """The policy's ``[health] after_change``: "alert" (the default) or "rollback"."""
+        return str((self.section("health") or {}).get("after_change") or "alert")
+
     def section(self, key: str) -> Optional[Dict[str, Any]]:
         value = self.data.get(key)
         return value if isinstance(value, dict) else None
@@ -223,6 +228,10 @@ def _check_document(data: Dict[str, Any]) -> None:
         _str_list(r["packages"], f"{where} -> packages", non_empty=True)
         _spec(r["allow"], f"{where} -> allow", package_versions=True)
         _action(r["action"], f"{where} -> action")
+    if data.get("health") is not None:
+        health = _table(data["health"], "health", ("after_change",))
+        _expect(health["after_change"] in (None, "alert", "rollback"), "health -> after_change",
+                f"{health['after_change']!r} is not alert or rollback")
     if data.get("matrix") is not None:
         matrix = _table(data["matrix"], "matrix", ("action", "driver_rocm", "rocm"))
         _action(matrix["action"], "matrix -> action")

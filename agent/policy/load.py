@@ -205,6 +205,8 @@ def compile_policy(loaded: LoadedPolicy, matrix: Optional[Any] = None,
     if policy.frozen:
         data["frozen"] = policy.frozen.model_dump()
     data["versions"] = [rule.model_dump() for rule in policy.versions]
+    if policy.health:
+        data["health"] = policy.health.model_dump()
     if p.require_amd_matrix:
         if matrix is None:
             raise PolicyError(loaded.path, ["policy -> require_amd_matrix: the AMD compatibility matrix is needed "

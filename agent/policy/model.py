@@ -159,6 +159,16 @@ class FrozenSection(PolicyModel):
     _patterns = field_validator("packages")(_check_patterns)
 
 
+class HealthSection(PolicyModel):
+    """What the daemon does when the health check after a package change finds the GPU stack broken.
+
+    ``alert`` reports it; ``rollback`` also restores the guarded packages recorded before the change (on
+    ``cpu_fallback`` or ``failed``, or a ``regression`` a second run on an idle GPU confirms; never on a busy GPU).
+    """
+
+    after_change: Literal["alert", "rollback"] = "alert"
+
+
 class Policy(PolicyModel):
     """A whole policy (one file, or several merged in name order)."""
 
@@ -168,6 +178,7 @@ class Policy(PolicyModel):
     nvidia: Optional[NvidiaSection] = None
     versions: List[VersionRule] = []
     frozen: Optional[FrozenSection] = None
+    health: Optional[HealthSection] = None
 
     def rule_count(self) -> int:
         """How many rules the policy defines (0 means it constrains nothing)."""

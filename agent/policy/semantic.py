@@ -82,7 +82,18 @@ def check_policy(parts: Sequence[Tuple[str, Policy]], merged: Policy, matrix: Op
         if inventory is not None:
             found += _host_problems(policy, inventory)
         out += [Problem(p.where, p.message, p.severity, file) for p in found]
-    return out
+    return out + _health_problems(parts, merged)
+
+
+def _health_problems(parts: Sequence[Tuple[str, Policy]], merged: Policy) -> List[Problem]:
+    """Files that set ``[health] after_change`` differently: the last one in name order wins, said once per file."""
+    settings = [(file, p.health.after_change) for file, p in parts
+                if p.health is not None and "after_change" in p.health.model_fields_set]
+    if len({value for _, value in settings}) < 2 or merged.health is None:
+        return []
+    winner = merged.health.after_change
+    return [Problem("health -> after_change", f"{value!r} is overridden by a later file: the merged policy says "
+                    f"{winner!r}", WARNING, file) for file, value in settings if value != winner]
 
 
 # --- the kind of value a field holds ---------------------------------------------------------------------------
