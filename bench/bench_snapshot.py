@@ -3,8 +3,10 @@ r"""The whole ``gpuguard snapshot`` process against the operator's own reads of 
 The operator's reads (issue #17's reference): ``dpkg-query -W`` of the watched patterns, ``uname -r`` and
 ``cat /etc/os-release``, each a process. A second reference, "the same facts by the operator's tools": those reads
 plus each tool the snapshot itself would otherwise run on this host (``--version`` of every container tool
-installed, ``rpm -qa`` of the watched patterns where an rpm database exists), which the snapshot answers from its
-fact cache while the tools' files are unchanged. Both ratios are printed.
+installed, ``rpm -qa`` of the watched patterns where an rpm database exists, ``nvidia-smi --query-gpu`` / ``amd-smi
+static`` of the inventory and driver where that driver is loaded, which the snapshot reads through NVML / amdsmi);
+the snapshot answers the tool versions and the rpm rows from its fact cache while their files are unchanged. Both
+ratios are printed, the issue's first.
 
 Every side runs once per round, who goes first rotating from round to round, so drift in the machine's load hits
 all of them; each side's CPU time (user + system, the process and everything it waited for) comes from
@@ -68,6 +70,12 @@ def operator_tools() -> List[List[str]]:
     tools = [[program, *args] for _, program, args in TOOLS if shutil.which(program, path=search)]
     if rpm_database_files("/") and shutil.which("rpm", path=search):
         tools.append(["rpm", "-qa", *DEFAULT_WATCHED_PATTERNS])
+    # The GPU inventory and driver the snapshot reads through NVML / amdsmi where that driver is loaded.
+    if os.path.isdir("/proc/driver/nvidia") and shutil.which("nvidia-smi", path=search):
+        tools.append(["nvidia-smi", "--query-gpu=index,name,pci.bus_id,uuid,driver_version,vbios_version,memory.total",
+                      "--format=csv"])
+    if os.path.isdir("/sys/module/amdgpu") and shutil.which("amd-smi", path=search):
+        tools.append(["amd-smi", "static", "--asic", "--vbios", "--driver"])
     return tools
 
 
