@@ -92,3 +92,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
         for folder, mark in _FOLDER_MARKS:
             if where.startswith(folder):
                 item.add_marker(mark)
+
+
+# The fixture roots are inputs: a test that writes into one (Debian's rpm creates <root>/root/.rpmdb under --root,
+# a cache, a compiled policy) changes what every later test reads. Any file that appears, disappears or changes there
+# during the session fails it, naming the paths.
+def _fixture_tree() -> Dict[str, int]:
+    out: Dict[str, int] = {}
+    for path in FIXTURES.rglob("*"):
+        if path.is_file() or path.is_symlink():
+            info = path.lstat()
+            out[str(path.relative_to(FIXTURES))] = hash((info.st_size, info.st_mtime_ns))
+    return out
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_FIXTURES_BEFORE] = _fixture_tree()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    before = session.config.stash.get(_FIXTURES_BEFORE, None)
+    if before is None:
+        return
+    after = _fixture_tree()
+    changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
+    if changed:
+        shown = ", ".join(changed[:10]) + (f" (+{len(changed) - 10} more)" if len(changed) > 10 else "")
+        session.config.get_terminal_writer().line(f"tests wrote into tests/fixtures: {shown}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_FIXTURES_BEFORE = pytest.StashKey[Dict[str, int]]()
