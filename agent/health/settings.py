@@ -66,6 +66,11 @@ class HealthSettings(FrozenModel):
     busy_memory_reserve_bytes: int = Field(GIB, ge=0)
     # Below this budget not even the smallest functional check fits: the check is deferred.
     busy_min_budget_bytes: int = Field(256 * MIB, ge=16 * MIB)
+    # The daemon retries a busy/deferred check with mode full after this, doubling up to the max, for this long;
+    # then it reports health_deferred and keeps its normal interval (docs/health.md "Deferral").
+    defer_window_seconds: float = Field(6 * 3600.0, gt=0)
+    defer_first_retry_seconds: float = Field(300.0, gt=0)
+    defer_max_retry_seconds: float = Field(3600.0, gt=0)
 
     # --- who the probe runs as, and its limits (docs/health.md "The probe's user and limits") ---
     # A system user with only GPU device access (the packages create gpuguard-probe in groups video and render).
