@@ -59,8 +59,10 @@ def _cmd_job(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> i
 
 
 def _cmd_status(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    from agent.status.command import status
+    from agent.status.command import slurm_check, status
 
+    if args.slurm or args.drain:
+        return slurm_check(make_host(args.root), args.config, args.drain, args.node_name, out)
     return status(make_host(args.root), args.config, args.json, args.offline, out)
 
 
@@ -258,6 +260,12 @@ def _add_status_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]
     status.add_argument("--config", default=DEFAULT_CONFIG_PATH, metavar="PATH",
                         help=f"agent config file (default {DEFAULT_CONFIG_PATH}; missing means defaults)")
     status.add_argument("--root", default="/", help="look for the daemon under DIR's /proc instead of / (tests)")
+    status.add_argument("--slurm", action="store_true", help="one line for a Slurm Prolog or HealthCheckProgram: "
+                        "exit 0 ok (a busy GPU included), 1 drain (docs/integrations.md); never asks the hub")
+    status.add_argument("--drain", action="store_true", help="with --slurm: drain this node through scontrol on a "
+                        "failure, resume it only when gpuguard drained it")
+    status.add_argument("--node-name", metavar="NAME", help="the Slurm node name for --drain (default "
+                        "$SLURMD_NODENAME, else the short host name)")
     status.set_defaults(handler=_cmd_status)
 
 

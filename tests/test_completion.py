@@ -65,8 +65,9 @@ def test_tables_list_every_command_path_of_the_parser() -> None:
     paths = {level.path: level for level in completion.levels(build_parser())}
     assert paths[""].subcommands == tuple(top_level_commands())
     assert "status" in paths[""].subcommands and "hub serve" in paths and "policy compile" in paths
-    assert paths["status"].options == ("--config", "--help", "--json", "--offline", "--root", "-h")
-    assert paths["status"].values == {"--config": "file", "--root": "dir"}
+    assert paths["status"].options == ("--config", "--drain", "--help", "--json", "--node-name", "--offline",
+                                       "--root", "--slurm", "-h")
+    assert paths["status"].values == {"--config": "file", "--root": "dir", "--node-name": "value"}
     assert paths[""].values["--log-level"] == "choices:debug info warning error"
 
 
@@ -78,7 +79,8 @@ def test_bash_completes_subcommands_options_choices_and_files(scripts: dict, tmp
     assert bash_complete(script, "gpuguard ") == top_level_commands()
     assert bash_complete(script, "gpuguard st") == ["status"]
     assert bash_complete(script, "gpuguard hub ") == ["serve", "add-host", "add-reader"]
-    assert bash_complete(script, "gpuguard status --") == ["--config", "--help", "--json", "--offline", "--root"]
+    assert bash_complete(script, "gpuguard status --") == ["--config", "--drain", "--help", "--json",
+                                                              "--node-name", "--offline", "--root", "--slurm"]
     assert bash_complete(script, "gpuguard --log-level ") == ["debug", "info", "warning", "error"]
     assert bash_complete(script, "gpuguard --log-level debug hub serve --c") == ["--config"]
     (tmp_path / "agent-test.toml").write_text("")
@@ -94,6 +96,7 @@ def test_zsh_completes_the_same(scripts: dict) -> None:
     assert script.read_text().startswith("#compdef gpuguard\n")
     assert zsh_complete(script, "gpuguard ") == top_level_commands()
     assert zsh_complete(script, "gpuguard hub ") == ["serve", "add-host", "add-reader"]
-    assert zsh_complete(script, "gpuguard status --") == ["--config", "--help", "--json", "--offline", "--root"]
+    assert zsh_complete(script, "gpuguard status --") == ["--config", "--drain", "--help", "--json",
+                                                              "--node-name", "--offline", "--root", "--slurm"]
     assert zsh_complete(script, "gpuguard --log-level ") == ["debug", "info", "warning", "error"]
     assert zsh_complete(script, "gpuguard status --config ") == ["<files>"]

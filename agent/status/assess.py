@@ -62,6 +62,12 @@ def _daemon(f: StatusFacts) -> Check:
     return Check(name="daemon", state="fail", summary="not running (no `gpuguard run` process)")
 
 
+def snapshot_stale(f: StatusFacts, now: dt.datetime) -> bool:
+    """True when the last snapshot is older than three intervals and a minute: the daemon is not doing its work."""
+    taken = f.snapshot.taken_at
+    return taken is not None and (now - taken).total_seconds() > 3 * f.snapshot_interval_seconds + 60
+
+
 def _snapshot(f: StatusFacts, now: dt.datetime) -> Check:
     s = f.snapshot
     if s.problem is not None:
@@ -69,7 +75,7 @@ def _snapshot(f: StatusFacts, now: dt.datetime) -> Check:
     if s.taken_at is None:
         return Check(name="snapshot", state="warn", summary="no snapshot yet")
     summary = f"taken {_age(now, s.taken_at)}, {s.critical_findings} critical / {s.warning_findings} warning findings"
-    if (now - s.taken_at).total_seconds() > 3 * f.snapshot_interval_seconds + 60:
+    if snapshot_stale(f, now):
         return Check(name="snapshot", state="warn", summary=f"stale: {summary}")
     return Check(name="snapshot", state="warn" if s.critical_findings else "ok", summary=summary)
 

@@ -1,10 +1,13 @@
-"""``gpuguard status [--json] [--offline]``: gather, assess, print a table (or JSON), exit with the verdict's code."""
+"""``gpuguard status [--json] [--offline]``: gather, assess, print a table (or JSON), exit with the verdict's code.
+
+``gpuguard status --slurm [--drain]``: the same facts judged for Slurm (agent/integrations/slurm.py), one line."""
 
 from __future__ import annotations
 
 import json
 from typing import Callable, Optional, TextIO
 
+from agent.errors import GpuguardError
 from agent.host import Host
 from agent.status.assess import Assessment, assess
 from agent.status.facts import HubFacts, StatusFacts, gather, probe_hub
@@ -36,3 +39,22 @@ def status(host: Host, config_path: str, as_json: bool, offline: bool, out: Text
     assessment = assess(facts)
     out.write(render_json(facts, assessment) if as_json else render_table(facts, assessment))
     return assessment.exit_code
+
+
+def slurm_check(host: Host, config_path: str, drain: bool, node: Optional[str], out: TextIO) -> int:
+    """Print ``gpuguard: ok|drain: REASON``; exit 0 (busy and deferred included) or 1 (drain). With ``drain``,
+    drain or resume the node through scontrol as well (for HealthCheckProgram, whose exit code slurmd ignores)."""
+    from agent.integrations.slurm import apply_to_node, node_name, slurm_verdict
+
+    facts = gather(host, config_path, offline=True)  # the hub is not Slurm's business, and must not slow a Prolog
+    verdict = slurm_verdict(facts, assess(facts))
+    line = f"gpuguard: {'drain' if verdict.drain else 'ok'}: {verdict.reason}"
+    if drain:
+        name = node_name(host, node)
+        try:
+            line += f" (node {name}: {apply_to_node(host, name, verdict)})"
+        except GpuguardError:
+            out.write(line + "\n")  # the verdict stands; the CLI adds scontrol's failure as its own line
+            raise
+    out.write(line + "\n")
+    return verdict.exit_code

@@ -1,0 +1,107 @@
+"""Slurm: should this node take jobs? A verdict from ``gpuguard status``'s assessment, and drain/resume.
+
+Used as a Prolog (slurmd drains the node when the Prolog exits non-zero) or as a HealthCheckProgram (whose exit
+code slurmd ignores: ``--drain`` drains through ``scontrol`` itself). A node is drained for a real failure only:
+the daemon not running or its snapshot stale, the stack not compliant with the pairing policy, a failed health
+check (regression, cpu_fallback, failed, timeout), a failed rollback, a damaged state file. Never for a busy GPU
+(health ``busy`` or ``deferred``), a delivery backlog or an unreachable hub: those are the hub's business.
+
+gpuguard resumes only a node it drained itself, known by the ``gpuguard:`` prefix of the drain reason; a node
+drained by anyone else is left alone whatever gpuguard thinks of it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Optional, Tuple
+
+from agent.errors import CommandError
+from agent.host import Host
+from agent.models import FrozenModel
+from agent.status.assess import Assessment, snapshot_stale
+from agent.status.facts import StatusFacts
+
+REASON_PREFIX = "gpuguard:"
+EXIT_OK = 0
+EXIT_DRAIN = 1
+# The checks whose failure means jobs must not land here; outbox and hub trouble never drains a node.
+DRAINING_CHECKS = ("daemon", "snapshot", "compliance", "health", "guard")
+MAX_REASON_CHARS = 200
+SCONTROL_TIMEOUT_SECONDS = 15.0
+
+
+class SlurmVerdict(FrozenModel):
+    """Drain or not, the exit code, and the one-line reason."""
+
+    drain: bool
+    exit_code: int
+    reason: str
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_REASON_CHARS else text[:MAX_REASON_CHARS - 3] + "..."
+
+
+def slurm_verdict(facts: StatusFacts, assessment: Assessment, now: Optional[dt.datetime] = None) -> SlurmVerdict:
+    """Drain for a failing check in DRAINING_CHECKS or a stale snapshot; otherwise ok (busy included). Pure."""
+    at = now or facts.gathered_at
+    failing = [c for c in assessment.checks if c.name in DRAINING_CHECKS and c.state == "fail"]
+    if snapshot_stale(facts, at):
+        failing += [c for c in assessment.checks if c.name == "snapshot" and c not in failing]
+    if failing:
+        return SlurmVerdict(drain=True, exit_code=EXIT_DRAIN,
+                            reason=_one_line("; ".join(f"{c.name}: {c.summary}" for c in failing)))
+    shown = [c for c in assessment.checks if c.name in ("compliance", "health")]
+    return SlurmVerdict(drain=False, exit_code=EXIT_OK,
+                        reason=_one_line("; ".join(f"{c.name}: {c.summary}" for c in shown)))
+
+
+def parse_node(text: str) -> Tuple[bool, Optional[str]]:
+    """From ``scontrol show node NAME``: whether the node is draining or drained, and its reason (without the
+    `` [user@time]`` slurmctld appends). Pure."""
+    drained, reason = False, None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("Reason="):
+            reason = stripped[len("Reason="):]
+            if reason.endswith("]") and " [" in reason:
+                reason = reason[:reason.rindex(" [")]
+            continue
+        for token in stripped.split():
+            if token.startswith("State="):  # IDLE+DRAIN, MIXED+DRAIN, DOWN+DRAIN+NOT_RESPONDING, DRAINED...
+                drained = any(flag.startswith("DRAIN") for flag in token[len("State="):].upper().split("+"))
+    return drained, reason
+
+
+def _scontrol(host: Host, argv: list) -> str:
+    result = host.run(["scontrol", *argv], timeout_seconds=SCONTROL_TIMEOUT_SECONDS)
+    if result.returncode != 0:
+        raise CommandError(result.argv, (result.stderr or result.stdout).strip()[:300] or "failed",
+                           result.returncode)
+    return result.stdout
+
+
+def apply_to_node(host: Host, node: str, verdict: SlurmVerdict) -> str:
+    """Drain the node for a failing verdict, resume it when gpuguard drained it and all is well; what was done.
+
+    A node drained by someone else (a reason without our prefix) is never touched: not resumed, not re-reasoned.
+    CommandError when scontrol is missing or refuses."""
+    drained, reason = parse_node(_scontrol(host, ["show", "node", node]))
+    ours = drained and (reason or "").startswith(REASON_PREFIX)
+    if verdict.drain:
+        if drained:
+            return "already drained by gpuguard" if ours else f"drained by someone else ({reason}): left alone"
+        _scontrol(host, ["update", f"nodename={node}", "state=drain", f"reason={REASON_PREFIX} {verdict.reason}"])
+        return "drained"
+    if ours:
+        _scontrol(host, ["update", f"nodename={node}", "state=resume"])
+        return "resumed"
+    if drained:
+        return f"drained by someone else ({reason}): left alone"
+    return "nothing to do"
+
+
+def node_name(host: Host, given: Optional[str]) -> str:
+    """``--node-name``, else $SLURMD_NODENAME (slurmd sets it), else the short host name."""
+    return given or host.env.get("SLURMD_NODENAME") or host.hostname().split(".")[0]
