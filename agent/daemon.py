@@ -37,6 +37,7 @@ from agent.daemon_jobs.delivery import DeliveryJob
 from agent.daemon_jobs.guard import GuardJob, recompile_policy
 from agent.daemon_jobs.guard_events import GuardEventForwarder
 from agent.daemon_jobs.health import HealthJob
+from agent.daemon_jobs.health_schedule import HealthSchedule
 from agent.daemon_jobs.heartbeat import HeartbeatJob, first_heartbeat_in_seconds
 from agent.daemon_jobs.hooks import Hooks, default_hooks
 from agent.daemon_jobs.memory import limit_malloc_arenas, release_free_memory
@@ -170,11 +171,11 @@ class JobRunner:
                 self.after()
             except Exception as exc:  # noqa: BLE001 - a failing after-hook must not end the job's loop
                 log.error("job_after_failed", job=self.job_id, error=f"{type(exc).__name__}: {exc}")
+            if self._again.is_set():
+                continue  # asked again while running: now, not at the body's retry time
             if retry_in is not None:
                 self.run_at(retry_in)
-                return
-            if not self._again.is_set():
-                return
+            return
 
 
     def _failed(self, reason: str, exc: Exception) -> None:
@@ -261,7 +262,9 @@ class Daemon:
         rt.emitter.on_enqueued = lambda: deliver.request("event_enqueued")
         health: Union[HealthJob, HealthInChild] = HealthInChild(rt, self.config_path, hooks) \
             if self.job_children else HealthJob(rt, hooks)
-        health_runner = self._add(scheduler, "health", _none(health.run), s.daemon.health_interval_seconds,
+        # The schedule picks the mode (functional right after a change) and retries while the GPUs are busy.
+        health_schedule = HealthSchedule(rt, health.run)
+        health_runner = self._add(scheduler, "health", health_schedule.run, s.daemon.health_interval_seconds,
                                   s.daemon.health_first_run_seconds)
         if self.job_children:
             snapshot: Union[SnapshotInChild, "SnapshotJob"] = SnapshotInChild(rt, self.config_path,

@@ -4,7 +4,8 @@
                  a stack change (the daemon then asks for a health check)
     guard_check  check_and_rollback (its records go to guard-events.jsonl, which the daemon forwards);
                  result: status, detail, reboot_required, or the error / the interruption
-    health       HealthJob.run: events into the outbox; result: status and when
+    health       HealthJob.run in the mode asked (the after-change gate and its rollback included): events into
+                 the outbox; result: status, when, busy, tenants, the rollback's status
 
 The request (argv JSON) carries what the daemon's memory holds: the host id and name the events are stamped with,
 the rules already reported as violated. The outbox is opened as it is (damage is the daemon's to salvage).
@@ -78,7 +79,7 @@ def _with_outbox(job: str, host: Host, settings: Any, request: Dict[str, Any],
         if job == "snapshot":
             result = _snapshot(rt, request)
         elif job == "health":
-            result = _health(rt, str(request.get("reason")))
+            result = _health(rt, request)
         else:
             raise ValueError(f"unknown job {job!r}")
         rt.report_held_damage()
@@ -99,14 +100,18 @@ def _snapshot(rt: Any, request: Dict[str, Any]) -> Dict[str, Any]:
             "stack_changed": asked[0] if asked else None, "hostname": rt.emitter.hostname}
 
 
-def _health(rt: Any, reason: str) -> Dict[str, Any]:
+def _health(rt: Any, request: Dict[str, Any]) -> Dict[str, Any]:
     from agent.daemon_jobs.health import HealthJob
     from agent.daemon_jobs.hooks import default_hooks
     from agent.daemon_jobs.snapshot import load_last_snapshot
 
     rt.state.last_snapshot = load_last_snapshot(rt)
-    HealthJob(rt, default_hooks()).run(reason)
-    return {"status": rt.state.last_health_status, "at_seconds": rt.state.last_health_at_seconds}
+    mode = request.get("mode")
+    summary = HealthJob(rt, default_hooks()).run(str(request.get("reason")), mode=str(mode) if mode else None,
+                                                 after_change=bool(request.get("after_change")))
+    if summary is None:  # no check ran: the last status stands
+        return {"status": rt.state.last_health_status, "at_seconds": rt.state.last_health_at_seconds, "ran": False}
+    return summary
 
 
 def parse_request(text: Optional[str]) -> Dict[str, Any]:

@@ -220,18 +220,19 @@ class HealthInChild:
         self.config_path = config_path
         self._skip = HealthJob(runtime, hooks)  # restores the last status; its skip rules, logged once
 
-    def run(self, reason: str = "interval") -> None:
+    def run(self, reason: str = "interval", mode: Optional[str] = None,
+            after_change: bool = False) -> Optional[Dict[str, Any]]:
         rt = self.runtime
         if not rt.settings.daemon.health_enabled or not rt.host.is_live:
-            self._skip.run(reason)
-            return
-        result = run_child("health", self.config_path, str(rt.host.root), job_request(rt, reason),
-                           rt.state_dir, rt.stopping)
+            return self._skip.run(reason)
+        result = run_child("health", self.config_path, str(rt.host.root),
+                           job_request(rt, reason, mode=mode, after_change=after_change), rt.state_dir, rt.stopping)
         with rt.state.lock:
             rt.state.last_health_status = result.get("status")
             rt.state.last_health_at_seconds = result.get("at_seconds")
         if result.get("events"):
             rt.emitter.on_enqueued()
+        return result if result.get("ran", True) and result.get("status") is not None else None
 
 
 class GuardCheckInChild:

@@ -2,11 +2,17 @@
 
 It runs on its own interval and after the snapshot job sees the kernel, driver, ROCm/CUDA or watched packages
 move. The probe measures the machine the agent runs on, so with ``--root`` pointing elsewhere it is skipped.
+
+One run (:meth:`HealthJob.check`) is one check in the mode the daemon's schedule asks for (health_schedule.py).
+After a package change, with the policy's ``[health] after_change = "rollback"``, a ``cpu_fallback`` or ``failed``
+result (or a ``regression`` that a second, full run confirms) restores the guarded packages kept before the change
+(agent/guard/rollback/health.py), commits the ``rollback`` event (reason ``health``) and runs the check again.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any, Dict, List, Optional
 
 from agent.daemon_jobs.hooks import Hooks
 from agent.daemon_jobs.runtime import Runtime
@@ -19,8 +25,39 @@ log = get_logger("health_job")
 _SEVERITY = {"cpu_fallback": "critical", "health_regression": "warning"}
 
 
+def tenants_of_result(result: Any) -> List[str]:
+    """The other jobs on the GPUs a result saw, as ``gpu 0: pid 4242 (python3, 71.2 GiB)``."""
+    occupancy = getattr(result, "occupancy", None)
+    if occupancy is None:
+        return []
+    from agent.health.tenants import describe_tenant
+
+    return [f"gpu {gpu.smi_index}: {describe_tenant(t)}" for gpu in occupancy.gpus for t in gpu.tenants]
+
+
+def result_busy(result: Any) -> bool:
+    """True when another job used a GPU (the status is then busy or deferred, or a failure found beside it)."""
+    occupancy = getattr(result, "occupancy", None)
+    return str(result.status) in ("busy", "deferred") or bool(occupancy is not None and occupancy.busy_gpus)
+
+
+def after_change_action(runtime: Runtime) -> str:
+    """The compiled policy's ``[health] after_change``; "alert" without a compiled policy or when it is unreadable."""
+    from agent.guard.hotpath.state import GuardPaths
+    from agent.policy.compiled import read_compiled
+
+    path = runtime.host.path(GuardPaths(runtime.settings.agent.state_dir).compiled_policy)
+    if not path.exists():
+        return "alert"
+    try:
+        return read_compiled(str(path)).health_after_change
+    except (GpuguardError, OSError) as exc:
+        log.warning("health_after_change_unknown", path=str(path), error=str(exc), action="alert")
+        return "alert"
+
+
 class HealthJob:
-    """Calls the health runner; records its status, commits the events it raises."""
+    """Calls the health runner; records its status, commits the events it raises, gates a change on it."""
 
     def __init__(self, runtime: Runtime, hooks: Hooks) -> None:
         self.runtime = runtime
@@ -42,26 +79,88 @@ class HealthJob:
                 self.runtime.state.last_health_status = str(last.status)
                 self.runtime.state.last_health_at_seconds = last.started_at.timestamp()
 
-    def run(self, reason: str = "interval") -> None:
+    def run(self, reason: str = "interval", mode: Optional[str] = None,
+            after_change: bool = False) -> Optional[Dict[str, Any]]:
+        """One check unless disabled, under another root or not installed; what it found (None: no check ran)."""
         rt = self.runtime
         if not rt.settings.daemon.health_enabled:
-            return
+            return None
         if not rt.host.is_live:
             if not self._skip_logged:
                 log.info("health_skipped", reason="the probe measures this machine, not the tree under --root",
                          root=str(rt.host.root))
                 self._skip_logged = True
-            return
+            return None
+        if self.hooks.health_run is None or self.hooks.health_payloads is None:
+            return None
+        return self.check(reason, mode, after_change)
+
+    def check(self, reason: str, mode: Optional[str] = None, after_change: bool = False) -> Dict[str, Any]:
+        """Run the check (and the after-change gate); {status, at_seconds, mode, busy, tenants, rollback, ...}."""
+        result = self._once(reason, mode)
+        summary: Dict[str, Any] = {"mode": mode}
+        if after_change:
+            result = self._gate(reason, result, summary)
+        summary.update(status=str(result.status), at_seconds=self.runtime.state.last_health_at_seconds,
+                       busy=result_busy(result), tenants=tenants_of_result(result))
+        return summary
+
+    def _once(self, reason: str, mode: Optional[str]) -> Any:
+        rt = self.runtime
         run_check, payloads_for = self.hooks.health_run, self.hooks.health_payloads
-        if run_check is None or payloads_for is None:
-            return
+        assert run_check is not None and payloads_for is not None
         started = time.monotonic()
-        result = run_check(rt.host, rt.settings.health, rt.state_dir, snapshot=rt.state.last_snapshot)
+        extra = {"mode": mode} if mode is not None else {}
+        result = run_check(rt.host, rt.settings.health, rt.state_dir, snapshot=rt.state.last_snapshot, **extra)
         payloads = list(payloads_for(result))
         for payload in payloads:
             rt.emitter.emit(payload, severity=_SEVERITY.get(payload.kind, "warning"))  # type: ignore[arg-type]
         with rt.state.lock:
             rt.state.last_health_status = str(result.status)
             rt.state.last_health_at_seconds = time.time()
-        log.info("health_job_done", reason=reason, status=str(result.status), events=len(payloads),
-                 duration_seconds=round(time.monotonic() - started, 3))
+        log.info("health_job_done", reason=reason, mode=mode or "settings", status=str(result.status),
+                 events=len(payloads), duration_seconds=round(time.monotonic() - started, 3))
+        return result
+
+    def _gate(self, reason: str, result: Any, summary: Dict[str, Any]) -> Any:
+        """The policy's after_change on a post-change result; the result that stands (the recheck's, after one)."""
+        from agent.guard.rollback.health import decide
+
+        action = after_change_action(self.runtime)
+        decision = decide(action, str(result.status))
+        if decision == "confirm":
+            log.info("health_regression_confirming", reason=reason, action=action)
+            result = self._once("confirm_regression", "full")  # full: a busy GPU defers, never judges speed
+            decision = decide(action, str(result.status), confirmed=True)
+        if decision != "rollback" or self.hooks.health_rollback is None:
+            return result
+        rt = self.runtime
+        trigger = str(result.status)
+
+        def commit(event: Any) -> None:
+            rt.emitter.emit(event, severity="warning" if event.succeeded else "critical")
+
+        try:
+            outcome = self.hooks.health_rollback(rt.host, rt.settings, trigger, sink=commit)
+        except Exception as exc:  # noqa: BLE001 - reported as a failed rollback, never the job's end
+            from agent.report.events import Rollback
+
+            detail = f"{type(exc).__name__}: {exc}"
+            log.error("health_rollback_failed", error=detail, exc_info=not isinstance(exc, (GpuguardError, OSError)))
+            commit(Rollback(reason="health", from_versions={}, to_versions={}, succeeded=False, health_status=trigger,
+                            detail=f"the health-gated rollback failed: {detail}"[:4000]))
+            summary["rollback"] = "failed"
+            return result
+        summary["rollback"] = str(outcome.status)
+        summary["reboot_required"] = bool(getattr(outcome, "reboot_required", False))
+        if outcome.status != "rolled_back":
+            log.warning("health_rollback_not_done", status=outcome.status, detail=outcome.detail, health_status=trigger)
+            return result
+        recheck = self._once("after_health_rollback", summary.get("mode"))
+        summary["recheck_status"] = str(recheck.status)
+        if decide("rollback", str(recheck.status), confirmed=True) == "rollback":
+            # Not retried: the kept set is used up, and health never rolls back to the set it removed.
+            log.error("health_rollback_not_fixed", health_status=trigger, recheck_status=str(recheck.status))
+        else:
+            log.info("health_rollback_rechecked", health_status=trigger, recheck_status=str(recheck.status))
+        return recheck

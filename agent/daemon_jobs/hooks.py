@@ -10,6 +10,8 @@ left ``None`` is skipped. The entry points:
 - ``agent.health.runner.run_health_check(host, health_settings, state_dir, snapshot=...) -> HealthResult`` and
   ``agent.health.events.payloads_for(result) -> [HealthRegression | CpuFallback]``; at start
   ``agent.health.runner.load_last_result(state_dir)`` gives the last status back.
+- ``agent.guard.rollback.health.rollback_before_change(host, settings, health_status, sink=...) -> GuardResult``
+  the health-gated rollback after a package change (apt/dnf tooling imported only when one is due).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class Hooks:
     health_run: Optional[Callable[..., Any]] = None
     health_last: Optional[Callable[[str], Any]] = None
     health_payloads: Optional[Callable[[Any], Any]] = None
+    health_rollback: Optional[Callable[..., Any]] = None
 
 
 def default_hooks() -> Hooks:
@@ -35,4 +38,10 @@ def default_hooks() -> Hooks:
     from agent.policy.compliance import check_snapshot
 
     return Hooks(policy_check=check_snapshot, health_run=run_health_check, health_last=load_last_result,
-                 health_payloads=payloads_for)
+                 health_payloads=payloads_for, health_rollback=_health_rollback)
+
+
+def _health_rollback(*args: Any, **kwargs: Any) -> Any:
+    from agent.guard.rollback.health import rollback_before_change
+
+    return rollback_before_change(*args, **kwargs)

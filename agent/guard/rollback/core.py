@@ -14,7 +14,7 @@ import datetime as dt
 import fnmatch
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from agent.errors import InputFileError
 from agent.files import read_json_file, write_atomically
@@ -70,7 +70,10 @@ def read_installed(host: Host, patterns: List[str], backend: Optional[PackageBac
 
 def load_known_good(host: Host, paths: GuardPaths) -> Optional[Dict[str, InstalledPackage]]:
     """The last known-good set, None when none was recorded; InputFileError when the file is corrupt."""
-    where = str(host.path(paths.known_good))
+    return _load_set(str(host.path(paths.known_good)))
+
+
+def _load_set(where: str) -> Optional[Dict[str, InstalledPackage]]:
     try:
         data = read_json_file(where)  # bounded size and depth, strict UTF-8, no NaN
     except InputFileError as exc:
@@ -102,6 +105,24 @@ def record_known_good(host: Host, paths: GuardPaths, installed: Dict[str, Instal
     write_atomically(str(host.path(paths.known_good)), json.dumps(data, indent=2, sort_keys=True) + "\n")
     log.info("known_good_recorded", packages=len(installed), files_cached=sum(1 for p in files.values() if p))
     return files
+
+
+def before_change_path(paths: GuardPaths) -> str:
+    """The known-good set as it was before the last compliant change (what a health-gated rollback restores)."""
+    return paths.state_dir.rstrip("/") + "/known-good.before-change.json"
+
+
+def keep_before_change(host: Host, paths: GuardPaths, known_good: Dict[str, InstalledPackage],
+                       now: dt.datetime) -> None:
+    """Keep the known-good set a compliant change is about to replace (docs/health.md "After a package change")."""
+    data = {"format": KNOWN_GOOD_FORMAT, "recorded_at": now.isoformat(),
+            "packages": {k: {"version": v.version, "arch": v.arch} for k, v in sorted(known_good.items())}}
+    write_atomically(str(host.path(before_change_path(paths))), json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def load_before_change(host: Host, paths: GuardPaths) -> Optional[Dict[str, InstalledPackage]]:
+    """The set kept by :func:`keep_before_change`, None when there is none; InputFileError when it is corrupt."""
+    return _load_set(str(host.path(before_change_path(paths))))
 
 
 def _uncached_note(files: Dict[str, Optional[str]], backend: Optional[PackageBackend]) -> str:
@@ -223,6 +244,7 @@ def check_and_rollback(host: Host, settings: Settings, policy: Optional[Compiled
             broken = backend.verify_database()
             if broken:
                 return _inconsistent(broken)
+            keep_before_change(host, paths, known_good, clock())
             files = record_known_good(host, paths, current, clock(), backend)
             return GuardResult("recorded", detail=f"compliant change of {len(state.changed())} packages recorded"
                                + _uncached_note(files, backend))
@@ -246,18 +268,24 @@ def check_and_rollback(host: Host, settings: Settings, policy: Optional[Compiled
     # The authorization covers the plan too: dnf runs its plugins (gpuguard's checker) on --assumeno as well.
     grant = _authorize(host, paths, known_good, rollback_violations[0].rule, clock())
     try:
-        return _plan_and_apply(host, policy, backend, paths, clock, dry_run, snapshot, known_good,
-                               violations, rollback_violations, targets, from_versions, to_versions)
+        return plan_and_apply(host, policy, backend, paths, clock, dry_run, snapshot, known_good, violations,
+                              rollback_violations[0].rule, "; ".join(v.message for v in rollback_violations),
+                              targets, from_versions, to_versions)
     finally:
         _revoke(host, paths, grant)
 
 
-def _plan_and_apply(host: Host, policy: CompiledPolicy, backend: PackageBackend,
-                    paths: GuardPaths, clock: Callable[[], dt.datetime], dry_run: bool,
-                    snapshot: Optional[Callable[[Host], object]], known_good: Dict[str, InstalledPackage],
-                    violations: List[Violation], rollback_violations: List[Violation], targets: List[str],
-                    from_versions: Dict[str, str], to_versions: Dict[str, str]) -> GuardResult:
-    """Plan the rollback, run it and verify it (check_and_rollback's second half, under the authorization)."""
+def plan_and_apply(host: Host, policy: CompiledPolicy, backend: PackageBackend,
+                   paths: GuardPaths, clock: Callable[[], dt.datetime], dry_run: bool,
+                   snapshot: Optional[Callable[[Host], object]], known_good: Dict[str, InstalledPackage],
+                   violations: List[Violation], reason: str, why: str, targets: List[str],
+                   from_versions: Dict[str, str], to_versions: Dict[str, str],
+                   sink: Optional[Callable[[Any], None]] = None, health_status: Optional[str] = None) -> GuardResult:
+    """Plan the rollback, run it and verify it (check_and_rollback's second half, under the authorization).
+
+    The Rollback event (``reason``; ``why`` starts its detail) goes to guard-events.jsonl for the daemon to forward,
+    or to ``sink`` (the health job commits it to the outbox itself); either way it is audited.
+    """
     from agent.report.events import Rollback
 
     plan, plan_error = backend.simulate(targets)
@@ -301,14 +329,20 @@ def _plan_and_apply(host: Host, policy: CompiledPolicy, backend: PackageBackend,
     if outcome.reboot_required and outcome.status == "rolled_back":
         _write_reboot_marker(host, paths, {k: f"{from_versions[k]} -> {to_versions[k]}" for k in moved_modules},
                              clock())
-    detail = "; ".join(v.message for v in rollback_violations)
+    detail = why
     if snapshot_hash:
         detail += f"; snapshot after rollback {snapshot_hash}"
     if outcome.detail:
         detail += f"; {outcome.detail}"
-    event = Rollback(reason=rollback_violations[0].rule, from_versions=from_versions, to_versions=to_versions,
-                     succeeded=outcome.status == "rolled_back", reboot_required=outcome.reboot_required, detail=detail)
-    _record_event(host, paths, event.model_dump(mode="json"), clock())
+    event = Rollback(reason=reason, from_versions=from_versions, to_versions=to_versions,
+                     succeeded=outcome.status == "rolled_back", reboot_required=outcome.reboot_required, detail=detail,
+                     health_status=health_status)
+    if sink is None:
+        _record_event(host, paths, event.model_dump(mode="json", exclude_none=True), clock())
+    else:
+        audit(str(host.path(paths.audit_log)), "rollback", clock(),
+              **{k: v for k, v in event.model_dump(mode="json").items() if k != "kind"})
+        sink(event)
     log.warning("guard_rollback", status=outcome.status, targets=targets, reboot_required=outcome.reboot_required)
     return outcome
 

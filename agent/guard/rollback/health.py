@@ -1,0 +1,153 @@
+"""Health-gated rollback: put back the guarded packages recorded before a change the health check found broken.
+
+The guard's check records every compliant change as the new known-good set and keeps the set it replaces
+(``known-good.before-change.json``, :func:`agent.guard.rollback.core.keep_before_change`). When the policy says
+``[health] after_change = "rollback"`` and the check after that change finds ``cpu_fallback`` or ``failed`` (or a
+confirmed ``regression``), the health job calls :func:`rollback_before_change`: the same plan, authorization,
+lock, apply, ``finish_pending`` and verification as the guard's rollback (core.plan_and_apply), with reason
+``health``. Then:
+
+- the kept set is used up (renamed ``.used``): one change gets one health rollback, never a retry;
+- ``health-rollback.json`` records what was removed; a later change back to exactly that set is never rolled back
+  to by health again (a rollback that did not fix the check must not ping-pong between two sets);
+- a kernel module package that moved marks a reboot as needed: gpuguard's ``reboot-required`` in the state
+  directory (``gpuguard status`` shows it) and Debian's ``/var/run/reboot-required`` with ``.pkgs``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
+
+from agent.errors import InputFileError
+from agent.files import read_json_file, write_atomically
+from agent.guard.hotpath.state import GuardPaths
+from agent.guard.rollback.backend import PackageBackend
+from agent.guard.rollback.core import (
+    GuardResult,
+    _authorize,
+    _module_packages_moved,
+    _revoke,
+    _versions,
+    before_change_path,
+    load_before_change,
+    plan_and_apply,
+)
+from agent.host import Host
+from agent.log import get_logger
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.config import Settings
+    from agent.policy.compiled import CompiledPolicy
+
+log = get_logger("guard.health_rollback")
+
+HEALTH_ROLLBACK_FILE = "health-rollback.json"
+# Debian's marker (update-notifier, unattended-upgrades and needrestart read it), under the Host root.
+DEBIAN_REBOOT_REQUIRED = "/var/run/reboot-required"
+# The health statuses that ask for a rollback at once; a regression asks only once a second idle run confirms it.
+ROLLBACK_STATUSES = frozenset({"cpu_fallback", "failed"})
+
+
+def decide(after_change: str, status: str, confirmed: bool = False) -> str:
+    """What a post-change health status asks for under the policy's ``after_change``: pure.
+
+    "rollback", "confirm" (a regression: run the full check once more on an idle GPU first) or "none". Busy,
+    deferred, timeout, skipped and pass never roll back: nothing was found broken.
+    """
+    if after_change != "rollback":
+        return "none"
+    if status in ROLLBACK_STATUSES:
+        return "rollback"
+    if status == "regression":
+        return "rollback" if confirmed else "confirm"
+    return "none"
+
+
+def _state_file(paths: GuardPaths) -> str:
+    return paths.state_dir.rstrip("/") + "/" + HEALTH_ROLLBACK_FILE
+
+
+def last_health_rollback(host: Host, paths: GuardPaths) -> Optional[Dict[str, Any]]:
+    """What the last health rollback removed and restored (None: none, or an unreadable record)."""
+    try:
+        data = read_json_file(str(host.path(_state_file(paths))))
+    except InputFileError as exc:
+        log.warning("health_rollback_record_unreadable", error=str(exc))
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def rollback_before_change(host: Host, settings: "Settings", health_status: str,
+                           sink: Callable[[Any], None], backend: Optional[PackageBackend] = None,
+                           policy: Optional["CompiledPolicy"] = None,
+                           now: Optional[Callable[[], dt.datetime]] = None,
+                           snapshot: Optional[Callable[[Host], object]] = None) -> GuardResult:
+    """Restore the set kept before the last change; the Rollback event (reason ``health``) goes to ``sink``.
+
+    Status ``rolled_back`` or ``failed`` (an event either way), or without an event: ``no_known_good`` (nothing
+    was kept before the change), ``compliant`` (already that set), ``refused`` (it is the set a health rollback
+    removed before).
+    """
+    from agent.guard.manager import backend_for
+    from agent.policy.compiled import read_compiled
+
+    clock = now or host.clock
+    paths = GuardPaths(settings.agent.state_dir)
+    if policy is None:
+        policy = read_compiled(str(host.path(paths.compiled_policy)))
+    backend = backend or backend_for(host, settings)
+    backend.wait_for_lock()
+    previous = load_before_change(host, paths)
+    if previous is None:
+        return GuardResult("no_known_good", detail="no known-good set was kept before the change: nothing to restore")
+    last = last_health_rollback(host, paths)
+    if last is not None and last.get("from_versions") == _versions(previous):
+        _use_up(host, paths)
+        return GuardResult("refused", detail="the set kept before the change is the one a health rollback removed "
+                                             f"at {last.get('at')}: not rolled back to it again")
+    current = backend.read_installed(policy.guarded)
+    if _versions(current) == _versions(previous):
+        _use_up(host, paths)
+        return GuardResult("compliant", detail="the installed set is already the one kept before the change")
+    targets, from_versions, to_versions = backend.plan_targets(previous, current)
+    why = f"the health check after the package change found {health_status}"
+    grant = _authorize(host, paths, previous, "health", clock())
+    try:
+        _use_up(host, paths)  # before apt runs: a crash mid-way must not lead to a second attempt
+        outcome = plan_and_apply(host, policy, backend, paths, clock, False, snapshot, previous, [], "health", why,
+                                 targets, from_versions, to_versions, sink=sink, health_status=health_status)
+    finally:
+        _revoke(host, paths, grant)
+    record = {"at": clock().isoformat(), "health_status": health_status, "status": outcome.status,
+              "from_versions": _versions(current), "to_versions": _versions(previous)}
+    write_atomically(str(host.path(_state_file(paths))), json.dumps(record, indent=2, sort_keys=True) + "\n")
+    if outcome.status == "rolled_back" and outcome.reboot_required:
+        mark_debian_reboot_required(host, _module_packages_moved(list(from_versions)))
+    log.warning("health_rollback", status=outcome.status, health_status=health_status, targets=targets,
+                reboot_required=outcome.reboot_required)
+    return outcome
+
+
+def _use_up(host: Host, paths: GuardPaths) -> None:
+    where = str(host.path(before_change_path(paths)))
+    try:
+        os.replace(where, where + ".used")
+    except FileNotFoundError:
+        pass
+
+
+def mark_debian_reboot_required(host: Host, packages: Any) -> None:
+    """Debian's /var/run/reboot-required, and the package names added to its ``.pkgs`` (kept, not replaced)."""
+    marker = host.path(DEBIAN_REBOOT_REQUIRED)
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(str(marker), "*** System restart required ***\n", mode=0o644)
+        pkgs = host.path(DEBIAN_REBOOT_REQUIRED + ".pkgs")
+        known = pkgs.read_text(encoding="utf-8").split() if pkgs.exists() else []
+        names = [n.split("@", 1)[0].split(":", 1)[0] for n in packages]
+        write_atomically(str(pkgs), "".join(f"{n}\n" for n in dict.fromkeys([*known, *names])), mode=0o644)
+    except OSError as exc:  # gpuguard's own marker is written; Debian's is a courtesy to its tools
+        log.warning("reboot_required_marker_failed", path=str(marker), error=exc.strerror or str(exc))

@@ -1,0 +1,148 @@
+"""The health-gated rollback after a package change: the decision table (pure) and the health job's gate with a
+fake runner and a fake rollback (the real one runs under apt in tests/guard/apt/chroot/test_health_rollback.py)."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+from typing import Any, List, Optional
+
+import pytest
+
+from agent.config import Settings
+from agent.daemon_jobs.health import HealthJob
+from agent.daemon_jobs.hooks import Hooks
+from agent.guard.hotpath.state import GuardPaths
+from agent.guard.rollback.health import decide
+from agent.host import Host
+from agent.policy.load import compiled_from, load_policy, write_compiled
+from agent.report.events import Rollback
+from tests.daemon.test_jobs import make_runtime
+
+
+@pytest.mark.parametrize("action,status,confirmed,expected", [
+    ("rollback", "cpu_fallback", False, "rollback"),
+    ("rollback", "failed", False, "rollback"),
+    ("rollback", "regression", False, "confirm"),
+    ("rollback", "regression", True, "rollback"),
+    ("rollback", "busy", False, "none"),
+    ("rollback", "deferred", False, "none"),
+    ("rollback", "timeout", False, "none"),
+    ("rollback", "skipped", False, "none"),
+    ("rollback", "pass", True, "none"),
+    ("alert", "cpu_fallback", False, "none"),
+    ("alert", "failed", False, "none"),
+    ("alert", "regression", True, "none"),
+])
+def test_decision_table(action: str, status: str, confirmed: bool, expected: str) -> None:
+    assert decide(action, status, confirmed) == expected
+
+
+class Fakes:
+    """A runner answering statuses in order (recording the modes) and a rollback recording its calls."""
+
+    def __init__(self, *statuses: str, rollback_status: str = "rolled_back") -> None:
+        self.statuses = list(statuses)
+        self.modes: List[Optional[str]] = []
+        self.rollbacks: List[str] = []
+        self.rollback_status = rollback_status
+
+    def run(self, host: Host, settings: Any, state_dir: str, snapshot: Any = None, mode: Optional[str] = None) -> Any:
+        self.modes.append(mode)
+        return types.SimpleNamespace(status=self.statuses.pop(0), occupancy=None)
+
+    def rollback(self, host: Host, settings: Any, health_status: str, sink: Any) -> Any:
+        self.rollbacks.append(health_status)
+        done = self.rollback_status == "rolled_back"
+        if self.rollback_status in ("rolled_back", "failed"):
+            sink(Rollback(reason="health", from_versions={"rocm-core": "6.3"}, to_versions={"rocm-core": "6.2"},
+                          succeeded=done, health_status=health_status))
+        return types.SimpleNamespace(status=self.rollback_status, reboot_required=False, detail="")
+
+    def hooks(self) -> Hooks:
+        return Hooks(health_run=self.run, health_payloads=lambda result: [], health_rollback=self.rollback)
+
+
+def _job(tmp_path: Path, fakes: Fakes, after_change: Optional[str]) -> HealthJob:
+    # The compiled policy is where the guard keeps it: the configured state directory under the Host root.
+    rt = make_runtime(tmp_path, Host(root=Path("/")),
+                      Settings.model_validate({"agent": {"state_dir": str(tmp_path / "state")}}))
+    if after_change is not None:
+        policy = tmp_path / "policy.toml"
+        policy.write_text(f'[frozen]\npackages = ["rocm-core"]\n[health]\nafter_change = "{after_change}"\n')
+        write_compiled(str(GuardPaths(rt.state_dir).compiled_policy), compiled_from(load_policy(str(policy))))
+    return HealthJob(rt, fakes.hooks())
+
+
+def test_cpu_fallback_after_a_change_rolls_back_reports_and_checks_again(tmp_path: Path) -> None:
+    fakes = Fakes("cpu_fallback", "pass")
+    job = _job(tmp_path, fakes, "rollback")
+    summary = job.check("stack_changed:rocm", "functional", after_change=True)
+    assert fakes.rollbacks == ["cpu_fallback"] and fakes.modes == ["functional", "functional"]
+    assert (summary["status"], summary["rollback"], summary["recheck_status"]) == ("pass", "rolled_back", "pass")
+    [event] = job.runtime.outbox.pending(10)
+    assert (event.kind, event.severity, event.payload.reason, event.payload.health_status) == (
+        "rollback", "warning", "health", "cpu_fallback")
+    assert job.runtime.state.last_health_status == "pass"
+
+
+def test_a_regression_is_confirmed_by_a_full_run_before_a_rollback(tmp_path: Path) -> None:
+    fakes = Fakes("regression", "regression", "pass")
+    summary = _job(tmp_path, fakes, "rollback").check("interval", None, after_change=True)
+    assert fakes.modes == [None, "full", None] and fakes.rollbacks == ["regression"]
+    assert summary["recheck_status"] == "pass"
+
+
+def test_a_regression_the_second_run_does_not_confirm_rolls_nothing_back(tmp_path: Path) -> None:
+    for second in ("pass", "deferred"):  # gone, or the GPU became busy: no judgement, no rollback
+        fakes = Fakes("regression", second)
+        summary = _job(tmp_path / second, fakes, "rollback").check("interval", None, after_change=True)
+        assert fakes.rollbacks == [] and summary["status"] == second and "rollback" not in summary
+
+
+@pytest.mark.parametrize("status", ["busy", "deferred", "timeout", "pass"])
+def test_never_a_rollback_on_busy_deferred_or_timeout(tmp_path: Path, status: str) -> None:
+    fakes = Fakes(status)
+    _job(tmp_path, fakes, "rollback").check("stack_changed:dpkg", "functional", after_change=True)
+    assert fakes.rollbacks == []
+
+
+@pytest.mark.parametrize("after_change", ["alert", None])
+def test_alert_or_no_policy_only_reports(tmp_path: Path, after_change: Optional[str]) -> None:
+    fakes = Fakes("cpu_fallback")
+    summary = _job(tmp_path, fakes, after_change).check("stack_changed:dpkg", "functional", after_change=True)
+    assert fakes.rollbacks == [] and summary["status"] == "cpu_fallback"
+
+
+def test_no_rollback_outside_the_check_after_a_change(tmp_path: Path) -> None:
+    fakes = Fakes("cpu_fallback")
+    _job(tmp_path, fakes, "rollback").check("interval", None, after_change=False)
+    assert fakes.rollbacks == []
+
+
+def test_a_rollback_that_does_not_fix_it_is_reported_once_not_retried(tmp_path: Path) -> None:
+    fakes = Fakes("failed", "failed")
+    summary = _job(tmp_path, fakes, "rollback").check("stack_changed:dpkg", "functional", after_change=True)
+    assert fakes.rollbacks == ["failed"] and summary["recheck_status"] == "failed"
+
+
+def test_a_rollback_with_nothing_kept_runs_no_recheck(tmp_path: Path) -> None:
+    fakes = Fakes("cpu_fallback", rollback_status="no_known_good")
+    job = _job(tmp_path, fakes, "rollback")
+    summary = job.check("stack_changed:dpkg", "functional", after_change=True)
+    assert summary["rollback"] == "no_known_good" and fakes.modes == ["functional"]
+    assert job.runtime.outbox.depth() == 0
+
+
+def test_a_rollback_that_raises_is_a_failed_rollback_event(tmp_path: Path) -> None:
+    fakes = Fakes("cpu_fallback")
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    rt = _job(tmp_path, fakes, "rollback").runtime
+    job = HealthJob(rt, Hooks(health_run=fakes.run, health_payloads=lambda r: [], health_rollback=broken))
+    summary = job.check("stack_changed:dpkg", "functional", after_change=True)
+    [event] = rt.outbox.pending(10)
+    assert (event.severity, event.payload.succeeded, summary["rollback"]) == ("critical", False, "failed")
+    assert "No space left" in (event.payload.detail or "")
