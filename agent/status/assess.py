@@ -93,6 +93,14 @@ def _compliance(f: StatusFacts) -> Check:
 
 
 def _health(f: StatusFacts, now: dt.datetime) -> Check:
+    check = _health_result(f, now)
+    deferral = f.health.deferral
+    if deferral is None:
+        return check
+    return check.model_copy(update={"summary": f"{check.summary}; {deferral}"})
+
+
+def _health_result(f: StatusFacts, now: dt.datetime) -> Check:
     h = f.health
     if h.problem is not None:
         return Check(name="health", state="fail", summary=h.problem)
@@ -111,12 +119,15 @@ def _guard(f: StatusFacts, now: dt.datetime) -> Check:
     if g.problem is not None:
         return Check(name="guard", state="warn", summary=g.problem)
     if g.last_kind is None:
-        return Check(name="guard", state="ok", summary="no guard events recorded")
-    when = _age(now, g.last_at) if g.last_at is not None else "at an unknown time"
-    summary = f"last: {g.last_kind} {when}" + (f" ({g.last_message})" if g.last_message else "")
+        summary = "no guard events recorded"
+    else:
+        when = _age(now, g.last_at) if g.last_at is not None else "at an unknown time"
+        summary = f"last: {g.last_kind} {when}" + (f" ({g.last_message})" if g.last_message else "")
+    if g.reboot_required is not None:
+        summary += f"; reboot needed: kernel module packages changed ({', '.join(g.reboot_required[:5])})"
     if g.last_kind == "rollback" and g.last_succeeded is False:
         return Check(name="guard", state="fail", summary=summary)
-    return Check(name="guard", state="ok", summary=summary)
+    return Check(name="guard", state="warn" if g.reboot_required is not None else "ok", summary=summary)
 
 
 def _outbox(f: StatusFacts, now: dt.datetime) -> Check:

@@ -45,6 +45,8 @@ class HealthFacts(FrozenModel):
     finished_at: Optional[dt.datetime] = None
     summary: Optional[str] = None
     problem: Optional[str] = None
+    # The daemon is waiting for idle GPUs to run the full check (health-deferral.json): one line, else None.
+    deferral: Optional[str] = None
 
 
 class GuardFacts(FrozenModel):
@@ -53,6 +55,8 @@ class GuardFacts(FrozenModel):
     last_message: Optional[str] = None
     last_succeeded: Optional[bool] = None
     problem: Optional[str] = None
+    # A rollback moved kernel module packages (reboot-required.pkgs in the state directory): their names.
+    reboot_required: Optional[List[str]] = None
 
 
 class MetricsFacts(FrozenModel):
@@ -219,6 +223,31 @@ def read_health(path: str) -> HealthFacts:
                        summary=summary[:200] if isinstance(summary, str) else None)
 
 
+def read_deferral(path: str) -> Optional[str]:
+    """The daemon's deferral in progress (agent/daemon_jobs/health_schedule.py) as one line; None without one."""
+    try:
+        data = read_json_file(path)
+    except GpuguardError:
+        return None
+    if not isinstance(data, dict) or _when(data.get("since")) is None:
+        return None
+    tenants = data.get("tenants") if isinstance(data.get("tenants"), list) else []
+    line = (f"full check deferred since {data['since']} ({data.get('attempts')} attempt(s), next at "
+            f"{data.get('next_attempt_at')})")
+    return line + (f"; in use by {'; '.join(str(t) for t in tenants[:3])}" if tenants else "")
+
+
+def read_reboot_required(path: str) -> Optional[List[str]]:
+    """The package names in gpuguard's reboot-required.pkgs, None when no reboot is marked as needed."""
+    try:
+        with open(path, "r", encoding="utf-8", errors="replace") as handle:
+            return [line.strip() for line in handle.read(65536).splitlines() if line.strip()]
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return ["(unreadable list)"]
+
+
 def _read_tail(path: str, max_bytes: int) -> Tuple[bytes, int, float]:
     """The last ``max_bytes`` of a regular file, where they start, and its mtime. Opened non-blocking: a FIFO in
     place of a state file is refused at once (OSError), not waited on."""
@@ -304,6 +333,7 @@ def gather(host: Host, config_path: str, offline: bool,
            hub_probe: Callable[[str, Optional[str]], HubFacts] = probe_hub) -> StatusFacts:
     """Every fact, read now. A broken agent.toml is the one error raised (ConfigError, exit 3)."""
     from agent.config import load_settings
+    from agent.daemon_jobs.health_schedule import DEFERRAL_FILE
     from agent.daemon_jobs.runtime import LAST_SNAPSHOT_FILENAME
     from agent.guard.hotpath.state import GuardPaths
     from agent.health.baseline import health_dir
@@ -329,7 +359,10 @@ def gather(host: Host, config_path: str, offline: bool,
         health_interval_seconds=settings.daemon.health_interval_seconds,
         delivery_interval_seconds=report.delivery_interval_seconds,
         daemon=read_daemon(host), snapshot=read_snapshot(in_state(LAST_SNAPSHOT_FILENAME)),
-        health=read_health(str(health_dir(state_dir) / LAST_RESULT_FILE)),
-        guard=read_guard(str(host.path(GuardPaths(state_dir).events))),
+        health=read_health(str(health_dir(state_dir) / LAST_RESULT_FILE)).model_copy(
+            update={"deferral": read_deferral(in_state(DEFERRAL_FILE))}),
+        guard=read_guard(str(host.path(GuardPaths(state_dir).events))).model_copy(
+            update={"reboot_required": read_reboot_required(str(host.path(GuardPaths(state_dir).reboot_required
+                                                                          + ".pkgs")))}),
         metrics=read_metrics(report.metrics_path(state_dir)), outbox=read_outbox(in_state(OUTBOX_FILENAME)),
         hub=hub)

@@ -1,0 +1,39 @@
+"""gpuguard status shows the daemon's deferral in progress and a reboot a health or guard rollback asked for."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from agent.status.assess import assess
+from agent.status.facts import GuardFacts, HealthFacts, read_deferral, read_reboot_required
+from tests.status.test_assess import MIN, NOW, healthy
+
+
+def test_a_deferral_in_progress_is_read_and_shown_with_the_health_check(tmp_path: Path) -> None:
+    path = tmp_path / "health-deferral.json"
+    assert read_deferral(str(path)) is None
+    path.write_text(json.dumps({"since": "2026-06-01T10:00:00+00:00", "attempts": 3,
+                                "next_attempt_at": "2026-06-01T12:20:00+00:00",
+                                "tenants": ["gpu 0: pid 4242 (python3, 71.2 GiB)"]}))
+    line = read_deferral(str(path))
+    assert line == ("full check deferred since 2026-06-01T10:00:00+00:00 (3 attempt(s), next at "
+                    "2026-06-01T12:20:00+00:00); in use by gpu 0: pid 4242 (python3, 71.2 GiB)")
+    health = HealthFacts(status="busy", finished_at=NOW - MIN, summary="busy: functional checks passed",
+                         deferral=line)
+    [check] = [c for c in assess(healthy(health=health)).checks if c.name == "health"]
+    assert check.state == "ok" and check.summary.endswith(line)
+    path.write_text("{not json")
+    assert read_deferral(str(path)) is None
+
+
+def test_a_reboot_marked_by_a_rollback_is_attention(tmp_path: Path) -> None:
+    pkgs = tmp_path / "reboot-required.pkgs"
+    assert read_reboot_required(str(pkgs)) is None
+    pkgs.write_text("amdgpu-dkms\n")
+    guard = GuardFacts(reboot_required=read_reboot_required(str(pkgs)))
+    result = assess(healthy(guard=guard))
+    [check] = [c for c in result.checks if c.name == "guard"]
+    assert (check.state, result.exit_code) == ("warn", 30)
+    assert check.summary == ("no guard events recorded; reboot needed: kernel module packages changed "
+                             "(amdgpu-dkms)")
