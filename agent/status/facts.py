@@ -237,15 +237,27 @@ def read_deferral(path: str) -> Optional[str]:
     return line + (f"; in use by {'; '.join(str(t) for t in tenants[:3])}" if tenants else "")
 
 
-def read_reboot_required(path: str) -> Optional[List[str]]:
-    """The package names in gpuguard's reboot-required.pkgs, None when no reboot is marked as needed."""
+def read_reboot_required(path: str, booted_at_seconds: Optional[float] = None) -> Optional[List[str]]:
+    """The package names in gpuguard's reboot-required.pkgs; None when no reboot is marked as needed, or the
+    machine booted after it was written (nothing removes the marker: the reboot it asked for is its end)."""
     try:
         with open(path, "r", encoding="utf-8", errors="replace") as handle:
+            if booted_at_seconds is not None and os.fstat(handle.fileno()).st_mtime < booted_at_seconds:
+                return None
             return [line.strip() for line in handle.read(65536).splitlines() if line.strip()]
     except FileNotFoundError:
         return None
     except OSError:
         return ["(unreadable list)"]
+
+
+def booted_at_seconds() -> Optional[float]:
+    """When this machine booted (now less /proc/uptime), None where /proc does not say."""
+    try:
+        with open("/proc/uptime", "r", encoding="ascii") as handle:
+            return time.time() - float(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _read_tail(path: str, max_bytes: int) -> Tuple[bytes, int, float]:
@@ -362,7 +374,7 @@ def gather(host: Host, config_path: str, offline: bool,
         health=read_health(str(health_dir(state_dir) / LAST_RESULT_FILE)).model_copy(
             update={"deferral": read_deferral(in_state(DEFERRAL_FILE))}),
         guard=read_guard(str(host.path(GuardPaths(state_dir).events))).model_copy(
-            update={"reboot_required": read_reboot_required(str(host.path(GuardPaths(state_dir).reboot_required
-                                                                          + ".pkgs")))}),
+            update={"reboot_required": read_reboot_required(
+                str(host.path(GuardPaths(state_dir).reboot_required + ".pkgs")), booted_at_seconds())}),
         metrics=read_metrics(report.metrics_path(state_dir)), outbox=read_outbox(in_state(OUTBOX_FILENAME)),
         hub=hub)

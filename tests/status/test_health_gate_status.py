@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from agent.status.assess import assess
@@ -31,6 +32,9 @@ def test_a_reboot_marked_by_a_rollback_is_attention(tmp_path: Path) -> None:
     pkgs = tmp_path / "reboot-required.pkgs"
     assert read_reboot_required(str(pkgs)) is None
     pkgs.write_text("amdgpu-dkms\n")
+    os.utime(pkgs, (1000.0, 1000.0))
+    assert read_reboot_required(str(pkgs), booted_at_seconds=2000.0) is None  # rebooted since: done
+    assert read_reboot_required(str(pkgs), booted_at_seconds=500.0) == ["amdgpu-dkms"]
     guard = GuardFacts(reboot_required=read_reboot_required(str(pkgs)))
     result = assess(healthy(guard=guard))
     [check] = [c for c in result.checks if c.name == "guard"]
