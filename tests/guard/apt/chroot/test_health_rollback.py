@@ -1,0 +1,104 @@
+"""Health-gated rollback under real apt and dpkg: an allowed driver + ROCm upgrade whose post-change check falls back
+to the CPU is rolled back to the exact previous versions, reported with reason health, and checked again."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+from typing import Any, List, Optional
+
+import pytest
+
+from agent.config import Settings
+from agent.daemon_jobs.health import HealthJob
+from agent.daemon_jobs.hooks import Hooks
+from agent.daemon_jobs.runtime import EventEmitter, Runtime
+from agent.guard.rollback.core import check_and_rollback
+from agent.guard.rollback.health import rollback_before_change
+from agent.host import Host
+from agent.report.events import CpuFallback
+from agent.report.outbox import Outbox
+from tests.guard.apt.chroot.conftest import gpuguard
+from tests.guard.apt.chroot.harness import AMDGPU_63, BASELINE, ROCM_63, Chroot
+
+pytestmark = pytest.mark.timeout(600)
+
+STACK = ("amdgpu-dkms", "rocm-core", "rocm-hip-runtime")
+HEALTH_POLICY = '[health]\nafter_change = "rollback"\n'
+
+
+class ProbeOfThisRoot:
+    """Stands in for run_health_check: ROCm 6.3 in the chroot "falls back to the CPU", anything else passes."""
+
+    def __init__(self, chroot: Chroot) -> None:
+        self.chroot = chroot
+        self.seen: List[tuple] = []
+
+    def __call__(self, host: Host, settings: Any, state_dir: str, snapshot: Any = None,
+                 mode: Optional[str] = None) -> Any:
+        rocm = self.chroot.installed().get("rocm-core")
+        status = "cpu_fallback" if rocm == ROCM_63 else "pass"
+        self.seen.append((mode, rocm, status))
+        return types.SimpleNamespace(status=status, occupancy=None)
+
+
+def _payloads(result: Any) -> List[Any]:
+    return [CpuFallback(reason="ran_on_cpu", fingerprint="fp")] if result.status == "cpu_fallback" else []
+
+
+def test_cpu_fallback_after_an_allowed_upgrade_restores_the_exact_previous_versions(chroot: Chroot,
+                                                                                    tmp_path: Path) -> None:
+    policy_file = chroot.root / "etc/gpuguard/policy.d/20-health.toml"
+    debian_marker = chroot.root / "var/run/reboot-required"
+    policy_file.write_text(HEALTH_POLICY)
+    try:
+        code, out = gpuguard(chroot, "policy", "compile")
+        assert code == 0, out
+        host = Host.for_root(str(chroot.root))
+        settings = Settings()
+        # The change the policy allows (the rocm-6.3 pairing), through apt and the hook; the guard records it.
+        result = chroot.apt("install", f"amdgpu-dkms={AMDGPU_63}", f"rocm-core={ROCM_63}",
+                            f"rocm-hip-runtime={ROCM_63}")
+        assert result.returncode == 0, result.stdout + result.stderr
+        checked = check_and_rollback(host, settings, snapshot=lambda h: None)
+        assert checked.status == "recorded", checked.summary()
+        assert (chroot.state_dir / "known-good.before-change.json").exists()
+
+        outbox = Outbox(str(tmp_path / "outbox.sqlite3"))
+        emitter = EventEmitter(outbox, "test-host", "chroot", host.clock)
+        rt = Runtime(host=host, settings=settings, state_dir=str(tmp_path), outbox=outbox, emitter=emitter)
+        probe = ProbeOfThisRoot(chroot)
+
+        def rollback(*args: Any, **kwargs: Any) -> Any:
+            return rollback_before_change(*args, snapshot=lambda h: None, **kwargs)
+
+        job = HealthJob(rt, Hooks(health_run=probe, health_payloads=_payloads, health_rollback=rollback))
+        summary = job.check("stack_changed:dpkg,amdgpu,rocm", "functional", after_change=True)
+
+        installed = chroot.installed()
+        assert {n: installed.get(n) for n in STACK} == {n: BASELINE[n] for n in STACK}
+        assert chroot.run("apt-get", "check").returncode == 0
+        assert (summary["rollback"], summary["recheck_status"], summary["status"]) == ("rolled_back", "pass", "pass")
+        assert probe.seen == [("functional", ROCM_63, "cpu_fallback"), ("functional", BASELINE["rocm-core"], "pass")]
+        events = [(e.kind, e.severity) for e in outbox.pending(10)]
+        assert events == [("cpu_fallback", "critical"), ("rollback", "warning")]
+        rolled = outbox.pending(10)[1].payload
+        assert (rolled.reason, rolled.health_status, rolled.succeeded, rolled.reboot_required) == (
+            "health", "cpu_fallback", True, True)
+        assert rolled.to_versions == {n: BASELINE[n] for n in STACK}
+        # amdgpu-dkms is a kernel module package: gpuguard's marker and Debian's.
+        assert "amdgpu-dkms" in (chroot.state_dir / "reboot-required.pkgs").read_text()
+        assert debian_marker.read_text() == "*** System restart required ***\n"
+        assert "amdgpu-dkms" in (chroot.root / "var/run/reboot-required.pkgs").read_text().split()
+        assert not (chroot.state_dir / "known-good.before-change.json").exists()
+
+        # The guard records the restored set; the set it replaced is the one health removed: never restored again.
+        assert check_and_rollback(host, settings, snapshot=lambda h: None).status == "recorded"
+        again = rollback_before_change(host, settings, "cpu_fallback", sink=lambda event: None)
+        assert again.status == "refused", again.detail
+        assert {n: chroot.installed().get(n) for n in STACK} == {n: BASELINE[n] for n in STACK}
+        outbox.close()
+    finally:
+        policy_file.unlink(missing_ok=True)
+        debian_marker.unlink(missing_ok=True)
+        (chroot.root / "var/run/reboot-required.pkgs").unlink(missing_ok=True)
