@@ -16,7 +16,13 @@ log = get_logger("nfd")
 
 
 def nfd_view(runtime: Runtime) -> NfdView:
-    """Gather what the features file shows from the daemon's state (the metrics textfile's source)."""
+    """Gather what the features file shows from the daemon's state (the metrics textfile's source) and the
+    reboot marker a rollback leaves (read as ``gpuguard status`` reads it)."""
+    from agent.guard.hotpath.state import GuardPaths
+    from agent.status.facts import booted_at_seconds, read_reboot_required
+
+    marker = runtime.host.path(GuardPaths(runtime.settings.agent.state_dir).reboot_required + ".pkgs")
+    reboot = read_reboot_required(str(marker), booted_at_seconds()) is not None
     state = runtime.state
     with state.lock:
         snap = state.last_snapshot
@@ -24,7 +30,8 @@ def nfd_view(runtime: Runtime) -> NfdView:
                        violated_rules=len(state.violated_rules), pairing=state.pairing,
                        snapshot_at_seconds=snap.taken_at.timestamp() if snap else None,
                        finding_kinds=tuple(sorted({f.kind for f in snap.findings})) if snap else (),
-                       health_status=state.last_health_status, health_at_seconds=state.last_health_at_seconds)
+                       health_status=state.last_health_status, health_at_seconds=state.last_health_at_seconds,
+                       rollback_needs_reboot=reboot)
 
 
 class NfdJob:

@@ -13,7 +13,8 @@ Labels (namespace ``gpuguard.io``; values are Kubernetes label values, see :func
     health-at        when the last health check finished, ``20261203T155737Z``
     kernel, amdgpu-driver, rocm, nvidia-driver, cuda, os       the pairing (each only when known)
     gpu-count        GPUs in the last snapshot
-    reboot-needed    true when the next boot kernel differs or an installed driver is not the loaded one
+    reboot-needed    true when the next boot kernel differs, an installed driver is not the loaded one, or a
+                     rollback moved kernel module packages since the last boot
     snapshot-at      when the last snapshot was taken
     agent-version    the gpuguard version
 """
@@ -53,6 +54,7 @@ class NfdView(FrozenModel):
     finding_kinds: Tuple[str, ...] = ()
     health_status: Optional[str] = None
     health_at_seconds: Optional[float] = None
+    rollback_needs_reboot: bool = False  # a rollback moved kernel module packages and the host has not rebooted
 
 
 def is_label_value(value: str) -> bool:
@@ -107,9 +109,11 @@ def labels(view: NfdView) -> List[Tuple[str, str]]:
         add("nvidia-driver", p.nvidia_loaded)
         add("cuda", p.cuda_driver_api)
         add("gpu-count", p.gpu_count)
-    if view.snapshot_at_seconds is not None:
+    if view.snapshot_at_seconds is not None or view.rollback_needs_reboot:
         pending = bool(p is not None and p.kernel_next_boot and p.kernel_next_boot != p.kernel_running)
-        add("reboot-needed", pending or any(kind in REBOOT_FINDINGS for kind in view.finding_kinds))
+        add("reboot-needed", pending or view.rollback_needs_reboot
+            or any(kind in REBOOT_FINDINGS for kind in view.finding_kinds))
+    if view.snapshot_at_seconds is not None:
         add("snapshot-at", label_time(view.snapshot_at_seconds))
     add("agent-version", view.agent_version)
     return out

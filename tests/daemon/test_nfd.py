@@ -91,3 +91,18 @@ def test_running_daemon_writes_the_features_file(agent: AgentProcess) -> None:
     assert expiry is not None and expiry > dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=59)
     assert agent.terminate() == 0
     assert [p.name for p in features.iterdir()] == ["gpuguard"]
+
+
+def test_a_rollback_reboot_marker_sets_reboot_needed(tmp_path: Path) -> None:
+    """reboot-required.pkgs written by a rollback (after this boot) shows as reboot-needed=true."""
+    from agent.guard.hotpath.state import GuardPaths
+
+    target = tmp_path / "gpuguard"
+    host = replace(make_fixture_host("gpuless-debian12"), root=tmp_path / "root")
+    rt = make_runtime(tmp_path, host, nfd_settings(target))
+    marker = host.path(GuardPaths(rt.settings.agent.state_dir).reboot_required + ".pkgs")
+    assert str(marker).startswith(str(tmp_path))
+    marker.parent.mkdir(parents=True)
+    marker.write_text("amdgpu-dkms\n")
+    NfdJob(rt).run()
+    assert parse_features(target.read_text())[1]["gpuguard.io/reboot-needed"] == "true"
