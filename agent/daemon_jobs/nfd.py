@@ -4,21 +4,47 @@ labels never expire while the daemon lives (agent/integrations/nfd.py renders an
 from __future__ import annotations
 
 import datetime as dt
+import os
 import threading
-from typing import Optional
+from typing import Optional, Tuple
 
 from agent import __version__
 from agent.daemon_jobs.runtime import Runtime
+from agent.errors import GpuguardError
+from agent.guard.hotpath.state import GuardPaths
 from agent.integrations.nfd import NfdView, body_of, render_features, write_features
 from agent.log import get_logger
 
 log = get_logger("nfd")
 
 
-def nfd_view(runtime: Runtime) -> NfdView:
+class PolicyName:
+    """The compiled policy's name, read again only when the file changed (one stat per run otherwise)."""
+
+    def __init__(self) -> None:
+        self._key: Optional[Tuple[int, int, int]] = None
+        self._name: Optional[str] = None
+
+    def __call__(self, path: str) -> Optional[str]:
+        from agent.policy.compiled import read_compiled
+
+        try:
+            info = os.stat(path)
+        except OSError:
+            return None  # no policy installed: compliance is unknown and so is its name
+        key = (info.st_ino, info.st_mtime_ns, info.st_size)
+        if key != self._key:
+            try:
+                name: Optional[str] = read_compiled(path).name
+            except GpuguardError:
+                name = None  # a broken file is the guard's and the snapshot's to report
+            self._key, self._name = key, name
+        return self._name
+
+
+def nfd_view(runtime: Runtime, policy_name: Optional[str] = None) -> NfdView:
     """Gather what the features file shows from the daemon's state (the metrics textfile's source) and the
     reboot marker a rollback leaves (read as ``gpuguard status`` reads it)."""
-    from agent.guard.hotpath.state import GuardPaths
     from agent.status.facts import booted_at_seconds, read_reboot_required
 
     marker = runtime.host.path(GuardPaths(runtime.settings.agent.state_dir).reboot_required + ".pkgs")
@@ -26,7 +52,7 @@ def nfd_view(runtime: Runtime) -> NfdView:
     state = runtime.state
     with state.lock:
         snap = state.last_snapshot
-        return NfdView(agent_version=__version__, compliant=state.compliant,
+        return NfdView(agent_version=__version__, compliant=state.compliant, policy=policy_name,
                        violated_rules=len(state.violated_rules), pairing=state.pairing,
                        snapshot_at_seconds=snap.taken_at.timestamp() if snap else None,
                        finding_kinds=tuple(sorted({f.kind for f in snap.findings})) if snap else (),
@@ -45,6 +71,7 @@ class NfdJob:
         self._path: Optional[str] = None
         self._written_at: Optional[dt.datetime] = None
         self._absent_logged = False
+        self._policy_name = PolicyName()
         self._lock = threading.Lock()
 
     def run(self, reason: str = "interval") -> None:
@@ -55,7 +82,9 @@ class NfdJob:
         with self._lock:
             now = self.runtime.host.clock()
             lifetime = dt.timedelta(seconds=report.nfd_lifetime_seconds)
-            text = render_features(nfd_view(self.runtime), now + lifetime)
+            policy = self._policy_name(str(self.runtime.host.path(
+                GuardPaths(self.runtime.settings.agent.state_dir).compiled_policy)))
+            text = render_features(nfd_view(self.runtime, policy), now + lifetime)
             fresh = self._written_at is not None and now - self._written_at < lifetime / 2
             if fresh and path == self._path and body_of(text) == self._body:
                 return

@@ -7,6 +7,7 @@ writer writes ``.gpuguard...`` beside the target and renames it, so NFD never re
 
 Labels (namespace ``gpuguard.io``; values are Kubernetes label values, see :func:`label_value`):
     compliant        true | false | unknown (no policy, or not evaluated yet)
+    policy           the compiled policy's name ([policy] name)
     violations       rules the installed stack violates (only when not compliant)
     health           pass, regression, cpu_fallback, failed, timeout, skipped, busy, deferred
     health-ok        true (pass, busy) | false (regression, cpu_fallback, failed, timeout); absent otherwise
@@ -48,6 +49,7 @@ class NfdView(FrozenModel):
 
     agent_version: str
     compliant: Optional[bool] = None
+    policy: Optional[str] = None
     violated_rules: int = 0
     pairing: Optional[Pairing] = None
     snapshot_at_seconds: Optional[float] = None
@@ -92,6 +94,7 @@ def labels(view: NfdView) -> List[Tuple[str, str]]:
             out.append((name, text))
 
     add("compliant", "unknown" if view.compliant is None else view.compliant)
+    add("policy", view.policy)
     if view.compliant is False and view.violated_rules:
         add("violations", view.violated_rules)
     if view.health_status is not None:

@@ -106,3 +106,23 @@ def test_a_rollback_reboot_marker_sets_reboot_needed(tmp_path: Path) -> None:
     marker.write_text("amdgpu-dkms\n")
     NfdJob(rt).run()
     assert parse_features(target.read_text())[1]["gpuguard.io/reboot-needed"] == "true"
+
+
+def test_the_compiled_policy_name_is_a_label_and_follows_a_recompile(tmp_path: Path) -> None:
+    """policy= names the compiled policy under the host root; a new compile shows its new name."""
+    from agent.guard.hotpath.state import GuardPaths
+    from agent.policy.load import load_and_compile, write_compiled
+
+    target = tmp_path / "gpuguard"
+    host = replace(make_fixture_host("gpuless-debian12"), root=tmp_path / "root")
+    rt = make_runtime(tmp_path, host, nfd_settings(target))
+    compiled_path = host.path(GuardPaths(rt.settings.agent.state_dir).compiled_policy)
+    compiled_path.parent.mkdir(parents=True)
+    job = NfdJob(rt)
+    for name in ("fleet-a", "fleet b"):
+        source = tmp_path / "p.toml"
+        source.write_text(f'[policy]\nname = "{name}"\n[[amd.pairing]]\nname = "r"\namdgpu = "6.3.*"\n'
+                          'rocm = "6.3.*"\n')
+        write_compiled(str(compiled_path), load_and_compile(str(source))[1])
+        job.run("after_guard")
+        assert parse_features(target.read_text())[1]["gpuguard.io/policy"] == name.replace(" ", "_")

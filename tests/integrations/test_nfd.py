@@ -25,11 +25,12 @@ CUDA_HOST = Pairing(os_id="rhel", os_version_id="9.4", kernel_running="5.14.0-42
 
 def test_compliant_rocm_host_renders_exactly() -> None:
     """A compliant ROCm host that passed its health check: expiry first, then the labels in a fixed order."""
-    view = NfdView(agent_version="0.9.0", compliant=True, pairing=ROCM_HOST, snapshot_at_seconds=NOW.timestamp(),
-                   health_status="pass", health_at_seconds=NOW.timestamp() - 60)
+    view = NfdView(agent_version="0.9.0", compliant=True, policy="MI300X fleet (2026 Q4)", pairing=ROCM_HOST,
+                   snapshot_at_seconds=NOW.timestamp(), health_status="pass", health_at_seconds=NOW.timestamp() - 60)
     assert render_features(view, EXPIRES) == (
         "# +expiry-time=2026-12-03T16:57:37Z\n"
         "gpuguard.io/compliant=true\n"
+        "gpuguard.io/policy=MI300X_fleet_2026_Q4\n"
         "gpuguard.io/health=pass\n"
         "gpuguard.io/health-ok=true\n"
         "gpuguard.io/health-at=20261203T155637Z\n"
