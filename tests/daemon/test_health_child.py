@@ -1,0 +1,41 @@
+"""The health check in a real job child (``gpuguard _job health``): the schedule's mode and the after-change flag
+reach the runner, and the child's summary comes back (a stand-in interpreter prints a CPU-fallback probe result)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.config import load_settings
+from agent.daemon_jobs.children import HealthInChild
+from agent.daemon_jobs.hooks import Hooks
+from agent.host import Host
+from tests.daemon.test_jobs import make_runtime
+
+FAKE_PROBE = Path(__file__).resolve().parents[1] / "health/probes/fake_probe.py"
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_functional_after_a_change_runs_in_the_child_and_reports_its_summary(tmp_path: Path) -> None:
+    python = tmp_path / "ml-python"
+    # The host's "ML interpreter": whatever probe it is handed, it prints a CPU-only build's result.
+    python.write_text(f"#!{sys.executable}\nimport os, sys\n"
+                      f"os.execv(sys.executable, [sys.executable, {str(FAKE_PROBE)!r}, '--mode', 'cpu'])\n")
+    python.chmod(0o755)
+    state = tmp_path / "state"
+    config = tmp_path / "agent.toml"
+    config.write_text(f'[agent]\nstate_dir = "{state}"\n[health]\npython = "{python}"\ntimeout_seconds = 60\n'
+                      f'run_as = "{pwd.getpwuid(os.geteuid()).pw_name}"\n')
+    rt = make_runtime(tmp_path, Host(root=Path("/")), load_settings(str(config)))
+    summary = HealthInChild(rt, str(config), Hooks()).run("stack_changed:dpkg", "functional", True)
+    assert summary is not None
+    assert (summary["status"], summary["mode"], summary["busy"], summary["tenants"]) == (
+        "cpu_fallback", "functional", False, [])
+    assert "rollback" not in summary  # no compiled policy: after_change is "alert"
+    assert rt.state.last_health_status == "cpu_fallback"
+    assert {e.kind for e in rt.outbox.pending(20)} == {"cpu_fallback"}
