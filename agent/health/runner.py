@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from agent.errors import GpuguardError, InputFileError, LibraryUnavailable, UsageError
 from agent.files import write_atomically
@@ -225,10 +225,13 @@ def run_health_check(host: Host, settings: HealthSettings, state_dir: str, snaps
     return result
 
 
-def look_before(host: Host, settings: HealthSettings, mode: HealthMode) -> Tuple[OccupancyReport, Plan]:
+def look_before(host: Host, settings: HealthSettings, mode: HealthMode,
+                sleep: Callable[[float], None] = time.sleep) -> Tuple[OccupancyReport, Plan]:
     """Read every GPU's processes, utilization and free memory before the probe, and decide what may run.
 
-    Without an SMI library nothing is known about other jobs: the check runs as on an idle host (and says so).
+    A GPU busy by its utilization alone is read again ``busy_utilization_confirm_seconds`` later and stays busy only
+    when that reading agrees. Without an SMI library nothing is known about other jobs: the check runs as on an idle
+    host (and says so).
     """
     try:
         reader = open_reader(host.load_module, None)
@@ -237,7 +240,12 @@ def look_before(host: Host, settings: HealthSettings, mode: HealthMode) -> Tuple
         return OccupancyReport(unavailable_reason=str(exc), mode=mode,
                                performance_not_judged=plan.reason), plan
     try:
-        gpus = occupancy_of(host, reader.devices, reader.occupancy(), settings)
+        first = reader.occupancy()
+        gpus = occupancy_of(host, reader.devices, first, settings)
+        if any(g.busy and not g.tenants and all(r.startswith("utilization ") for r in g.reasons) for g in gpus) \
+                and settings.busy_utilization_confirm_seconds > 0:
+            sleep(settings.busy_utilization_confirm_seconds)
+            gpus = occupancy_of(host, reader.devices, first, settings, confirmed=reader.occupancy())
     finally:
         reader.close()
     plan = decide(gpus, settings, mode)

@@ -56,6 +56,9 @@ class HealthSettings(FrozenModel):
     mode: HealthMode = "auto"
     # A GPU whose utilization is at least this before the probe starts is busy, even with no process listed.
     busy_utilization_percent: float = Field(5.0, ge=0, le=100)
+    # ... when a second reading this much later says so too: NVML and amdsmi report utilization averaged over their
+    # last sample period (up to a second), so a job that has just ended still reads 100% for a moment.
+    busy_utilization_confirm_seconds: float = Field(1.5, ge=0, le=30)
     # ... or whose used device memory is at least this with no process listed (idle: the driver's few hundred MiB).
     busy_memory_used_bytes: int = Field(2 * GIB, ge=0)
     # What to do on a busy GPU in auto mode: run the functional checks in its free memory, or wait.

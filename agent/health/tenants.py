@@ -56,15 +56,23 @@ def tenants_of(host: Host, occupancy: SmiOccupancy, seen: str,
 
 
 def occupancy_of(host: Host, devices: Sequence[SmiDevice], readings: Sequence[SmiOccupancy],
-                 settings: HealthSettings) -> List[GpuOccupancy]:
-    """Each GPU before the probe: its tenants, utilization, memory, and whether it is busy (with the reasons)."""
+                 settings: HealthSettings,
+                 confirmed: Optional[Sequence[SmiOccupancy]] = None) -> List[GpuOccupancy]:
+    """Each GPU before the probe: its tenants, utilization, memory, and whether it is busy (with the reasons).
+
+    ``confirmed``: a second reading taken ``busy_utilization_confirm_seconds`` later; where given, utilization makes
+    a GPU busy only when both readings reach the threshold (the first may still average a job that has just ended).
+    """
     out: List[GpuOccupancy] = []
-    for dev, reading in zip(devices, readings):
+    for index, (dev, reading) in enumerate(zip(devices, readings)):
         tenants = tenants_of(host, reading, "before")
         reasons: List[str] = []
         if tenants:
             reasons.append("in use by " + ", ".join(describe_tenant(t) for t in tenants))
         util = reading.utilization_percent
+        if confirmed is not None and index < len(confirmed):
+            later = confirmed[index].utilization_percent
+            util = None if util is None or later is None else min(util, later)
         if util is not None and util >= settings.busy_utilization_percent:
             reasons.append(f"utilization {util:.0f}% before the probe started")
         total, free = reading.memory_total_bytes, reading.memory_free_bytes

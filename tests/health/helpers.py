@@ -121,6 +121,7 @@ def fake_probe_settings(*probe_args: str, **overrides: Any) -> HealthSettings:
     # The probe runs as the test's own user (as root here, explicitly; tests of the drop to another user set run_as).
     values: Dict[str, Any] = {"python": sys.executable, "probe_args": list(probe_args), "timeout_seconds": 20.0,
                               "activity_interval_seconds": 0.01, "baseline_runs": 3,
+                              "busy_utilization_confirm_seconds": 0.01,
                               "run_as": pwd.getpwuid(os.geteuid()).pw_name}
     values.update(overrides)
     return HealthSettings(**values)

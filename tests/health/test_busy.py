@@ -88,6 +88,23 @@ def test_utilization_alone_makes_the_gpu_busy(tmp_path: Path) -> None:
     assert "utilization 60% before the probe started" in result.summary
 
 
+def test_utilization_of_a_job_that_just_ended_is_not_busy(tmp_path: Path) -> None:
+    """NVML averages utilization over its last sample period: a job that ended a moment ago still reads 100% once.
+    The second reading (``busy_utilization_confirm_seconds`` later) says idle, so the check runs and is judged (seen
+    on the H200: the check right after a tenant's exit read 100% and came out busy)."""
+    nvml = make_fake_nvml([[100.0], [0.0], [0.0], [97.0]])
+    result = check(tmp_path, fake_probe_settings(), {"pynvml": nvml})
+    assert result.status == "pass", result.summary
+    assert result.occupancy is not None and not result.occupancy.busy_gpus
+
+
+def test_utilization_confirmed_by_the_second_reading_is_busy(tmp_path: Path) -> None:
+    nvml = make_fake_nvml([[100.0], [80.0], [100.0]])
+    result = check(tmp_path, fake_probe_settings(), {"pynvml": nvml})
+    assert result.status == "busy", result.summary
+    assert "utilization 80% before the probe started" in result.summary  # the lower of the two readings
+
+
 def test_memory_held_by_the_tenant_defers_without_starting_the_probe(tmp_path: Path) -> None:
     """1 GiB free: even the smallest check does not fit beside the job, so nothing runs (deferred, exit 26)."""
     nvml = make_fake_nvml([[0.0]], processes=[[[(4242, H200_BYTES - GIB)]]], free_bytes=[GIB])
