@@ -11,7 +11,7 @@ lock, apply, ``finish_pending`` and verification as the guard's rollback (core.p
 - ``health-rollback.json`` records what was removed; a later change back to exactly that set is never rolled back
   to by health again (a rollback that did not fix the check must not ping-pong between two sets);
 - a kernel module package that moved marks a reboot as needed: gpuguard's ``reboot-required`` in the state
-  directory (``gpuguard status`` shows it) and Debian's ``/var/run/reboot-required`` with ``.pkgs``.
+  directory (``gpuguard status`` shows it) and, on dpkg hosts, Debian's ``/var/run/reboot-required`` with ``.pkgs``.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def rollback_before_change(host: Host, settings: "Settings", health_status: str,
     record = {"at": clock().isoformat(), "health_status": health_status, "status": outcome.status,
               "from_versions": _versions(current), "to_versions": _versions(previous)}
     write_atomically(str(host.path(_state_file(paths))), json.dumps(record, indent=2, sort_keys=True) + "\n")
-    if outcome.status == "rolled_back" and outcome.reboot_required:
+    if outcome.status == "rolled_back" and outcome.reboot_required and backend.manager == "dpkg":
         mark_debian_reboot_required(host, _module_packages_moved(list(from_versions)))
     log.warning("health_rollback", status=outcome.status, health_status=health_status, targets=targets,
                 reboot_required=outcome.reboot_required)
