@@ -5,7 +5,10 @@
     watch.py      notice package database changes (dpkg, rpm) cheaply and ask for a guard check at once
     guard.py      after a package change: check_and_rollback, forward guard events, then ask for the snapshot
     guard_events.py  forward guard-events.jsonl (apt hook, rollback) to the outbox, durably, at least once
-    health.py     run the health check (agent.health, when installed) and report regressions
+    health.py     run the health check (agent.health, when installed), report it; after a package change gate the
+                  change on it (the policy's [health] after_change: a health-gated rollback)
+    health_schedule.py  the health job's mode per run (functional right after a change) and its retries while the
+                  GPUs are busy, health_deferred when they never stop
     heartbeat.py  a periodic "alive" event with pairing, compliance, last health and outbox depth
     delivery.py   drain the outbox to the endpoint, in order, with backoff while it is down
     metrics.py    rewrite the node_exporter textfile from the state and the outbox
