@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Protocol, Sequence
 
-from agent.health.sandbox import MemoryLimit, Sandbox, apply_rlimits
+from agent.health.sandbox import MemoryLimit, Sandbox
 from agent.log import get_logger
 
 log = get_logger("health.launch")
@@ -74,8 +74,7 @@ def launch_probe(argv: Sequence[str], env: Mapping[str, str], timeout_seconds: f
         what = "not found" if isinstance(exc, FileNotFoundError) else f"not executable ({exc.strerror})"
         who = f" as {sandbox.user}" if sandbox is not None and sandbox.dropped else ""
         return ProbeOutcome(tuple(argv), None, "", "", False, 0.0, start_error=f"{argv[0]}: {what}{who}")
-    if sandbox is not None and memory is not None:
-        apply_rlimits(proc.pid, sandbox)
+    if memory is not None:
         memory.start(proc.pid)
     if on_start is not None:
         on_start(proc.pid)

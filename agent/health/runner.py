@@ -47,7 +47,14 @@ from agent.health.model import (
     ProbeResult,
 )
 from agent.health.parse import parse_probe_output
-from agent.health.sandbox import Sandbox, remove_temporary_home, resolve_sandbox, sandbox_env
+from agent.health.sandbox import (
+    Sandbox,
+    docker_ulimits,
+    remove_temporary_home,
+    resolve_sandbox,
+    sandbox_env,
+    with_limits,
+)
 from agent.health.settings import HealthSettings
 from agent.health.tenants import Plan, decide, describe_tenant, merge_during, occupancy_of, process_session, tenants_of
 from agent.host import Host
@@ -102,6 +109,7 @@ def build_probe_argv(settings: HealthSettings, probe_path: Path, vendor: Optiona
     In a container the sandbox's user becomes ``--user UID:GID`` with its groups (the runtime itself is the agent).
     """
     args = probe_args(settings, device_memory_budget_bytes)
+    rlimits = sandbox.rlimits if sandbox is not None else {}
     if settings.container_image is None:
         return [settings.python, str(probe_path), *args]
     env_args: List[str] = []
@@ -111,7 +119,7 @@ def build_probe_argv(settings: HealthSettings, probe_path: Path, vendor: Optiona
     if sandbox is not None and sandbox.dropped:
         user_args = [f"--user={sandbox.uid}:{sandbox.gid}", *(f"--group-add={g}" for g in sandbox.groups)]
     return [settings.container_runtime, "run", "--rm", "--name", container_name,
-            *container_device_args(settings.container_runtime, vendor), *user_args,
+            *container_device_args(settings.container_runtime, vendor), *user_args, *docker_ulimits(rlimits),
             "-v", f"{probe_path}:{CONTAINER_PROBE_PATH}:ro", *env_args, *settings.container_args,
             settings.container_image, settings.container_python, CONTAINER_PROBE_PATH, *args]
 
@@ -179,7 +187,9 @@ def run_health_check(host: Host, settings: HealthSettings, state_dir: str, snaps
     # mid-run cannot be told apart from the probe there, so only the look before the run counts.
     sandboxed = sandbox if settings.container_image is None else None
     try:
-        outcome = launcher(argv, probe_env(host.env, settings, sandboxed), settings.timeout_seconds,
+        # Outside a container the probe's interpreter sets the limits on itself before it becomes the probe.
+        exec_argv = argv if sandboxed is None else with_limits(settings.python, argv, sandboxed.rlimits)
+        outcome = launcher(exec_argv, probe_env(host.env, settings, sandboxed), settings.timeout_seconds,
                            stop_container, sandbox=sandboxed, on_start=watch.probe_started)
     finally:
         remove_temporary_home(sandbox)

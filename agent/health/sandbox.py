@@ -18,7 +18,6 @@ from __future__ import annotations
 import grp
 import os
 import pwd
-import resource
 import shutil
 import signal
 import stat
@@ -27,7 +26,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from agent.errors import UsageError
 from agent.health.model import SandboxReport
@@ -182,14 +181,39 @@ def sandbox_env(base: Mapping[str, str], sandbox: Sandbox) -> Dict[str, str]:
     return env
 
 
-def apply_rlimits(pid: int, sandbox: Sandbox) -> None:
-    """Set the probe's limits from outside right after it starts (no preexec_fn: the agent has threads)."""
-    for name, value in sandbox.rlimits.items():
-        limit = getattr(resource, name)
-        try:
-            resource.prlimit(pid, limit, (value, value))
-        except (OSError, ValueError) as exc:
-            sandbox.notes.append(f"{name} not set: {exc}")
+# The probe's limits are set by the probe's own process, before it becomes the probe: its interpreter starts
+# isolated (-I -S: no site-packages, so nothing of the ML stack runs yet), lowers its limits (lowering one's own
+# limits needs no privilege; a hard limit already lower is kept) and execs the real argv. Setting them from the
+# agent with prlimit(2) after the start needs CAP_SYS_RESOURCE once the probe runs as another user, which a
+# container's root usually lacks (seen on the H200: "Operation not permitted", the probe ran unlimited).
+LIMITS_TRAMPOLINE = (
+    "import os, resource, sys\n"
+    "for pair in sys.argv[1].split(','):\n"
+    "    name, _, value = pair.partition('=')\n"
+    "    which, want = getattr(resource, name), int(value)\n"
+    "    hard = resource.getrlimit(which)[1]\n"
+    "    hard = want if hard == resource.RLIM_INFINITY else min(want, hard)\n"
+    "    resource.setrlimit(which, (hard, hard))\n"
+    "try:\n"
+    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "except OSError as exc:\n"
+    "    sys.stderr.write('gpuguard: cannot start %s: %s\\n' % (sys.argv[2], exc.strerror))\n"
+    "    os._exit(127)\n"
+)
+
+
+def with_limits(python: str, argv: Sequence[str], rlimits: Mapping[str, int]) -> List[str]:
+    """``argv`` started through ``python``'s limits trampoline, which sets ``rlimits`` on itself and execs it."""
+    if not rlimits:
+        return list(argv)
+    spec = ",".join(f"{name}={value}" for name, value in sorted(rlimits.items()))
+    return [python, "-I", "-S", "-c", LIMITS_TRAMPOLINE, spec, *argv]
+
+
+def docker_ulimits(rlimits: Mapping[str, int]) -> List[str]:
+    """The same limits as ``--ulimit`` options of docker/podman run (the container's processes get them)."""
+    names = {"RLIMIT_CPU": "cpu", "RLIMIT_NOFILE": "nofile", "RLIMIT_CORE": "core", "RLIMIT_NPROC": "nproc"}
+    return [f"--ulimit={names[name]}={value}:{value}" for name, value in sorted(rlimits.items()) if name in names]
 
 
 # --- host memory ---------------------------------------------------------------------------------------------------

@@ -189,3 +189,51 @@ def test_home_the_user_cannot_reach_is_not_used(tmp_path: Path) -> None:
     assert home.stat().st_uid == pwd.getpwnam("nobody").pw_uid and home.parent == Path(tempfile.gettempdir())
     remove_temporary_home(sandbox)
     assert not home.exists()
+
+
+def test_limits_hold_for_a_dropped_user_without_cap_sys_resource(shared_state: Path) -> None:
+    """The agent as a container's root (no CAP_SYS_RESOURCE, as on the H200 host): the probe runs as nobody and its
+    limits still hold. Set from outside with prlimit(2) they failed there ("Operation not permitted") and the probe
+    ran unlimited; its own interpreter now sets them on itself before it becomes the probe."""
+    if os.geteuid() != 0:
+        needs.unavailable("the privilege-drop test", "it must run as root to start the probe as nobody")
+    setpriv = "/usr/bin/setpriv"
+    if not os.access(setpriv, os.X_OK):
+        needs.unavailable("the CAP_SYS_RESOURCE test", "setpriv (util-linux) is not installed")
+    python = f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}"
+    if not os.access(python, os.X_OK):
+        python = "/usr/bin/python3"
+    out = shared_state / "out"
+    out.mkdir()
+    out.chmod(0o777)  # the probe (nobody) writes its limits here
+    script = f"""
+import json
+from agent.health.runner import run_health_check
+from tests.health.helpers import FAKE_PROBE, fake_probe_settings, make_fake_nvml, make_host, make_snapshot
+settings = fake_probe_settings("--limits-file", {str(out / "limits.json")!r}, python={python!r}, run_as="nobody",
+                               cpu_seconds_max=321, open_files_max=222, processes_max=1234)
+result = run_health_check(make_host({{"pynvml": make_fake_nvml([[0.0], [97.0]])}}), settings,
+                          {str(shared_state / "state")!r}, snapshot=make_snapshot(), probe_path=FAKE_PROBE)
+print(json.dumps({{"status": result.status, "summary": result.summary, "notes": result.sandbox.notes}}))
+"""
+    repo = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run([setpriv, "--bounding-set=-sys_resource", sys.executable, "-c", script],
+                          capture_output=True, text=True, timeout=90, check=False,
+                          env={**os.environ, "PYTHONPATH": repo}, cwd=repo)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["status"] == "pass", report
+    assert not [n for n in report["notes"] if "not set" in n], report["notes"]
+    assert json.loads((out / "limits.json").read_text()) == {"RLIMIT_CPU": [321, 321], "RLIMIT_NOFILE": [222, 222],
+                                                             "RLIMIT_CORE": [0, 0]}
+
+
+def test_limits_in_a_container_are_ulimit_options() -> None:
+    from agent.health.sandbox import docker_ulimits, with_limits
+
+    limits = {"RLIMIT_CPU": 7200, "RLIMIT_NOFILE": 4096, "RLIMIT_CORE": 0, "RLIMIT_NPROC": 4096}
+    assert docker_ulimits(limits) == ["--ulimit=core=0:0", "--ulimit=cpu=7200:7200", "--ulimit=nofile=4096:4096",
+                                      "--ulimit=nproc=4096:4096"]
+    argv = with_limits("python3", ["python3", "probe.py"], {"RLIMIT_CORE": 0})
+    assert argv[:4] == ["python3", "-I", "-S", "-c"] and argv[5:] == ["RLIMIT_CORE=0", "python3", "probe.py"]
+    assert with_limits("python3", ["python3", "probe.py"], {}) == ["python3", "probe.py"]
