@@ -281,7 +281,8 @@ def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for names, add in _COMMAND_PARSERS:
-        if command is None or command in names:
+        # Internal commands (``_job``) exist only when run: help, usage errors and completion never list them.
+        if command in names or (command is None and not names[0].startswith("_")):
             add(sub)
     return parser
 

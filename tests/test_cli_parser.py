@@ -88,3 +88,14 @@ def test_snapshot_builds_only_its_own_parser() -> None:
     assert list(_subparsers(build_parser("snapshot"))) == ["snapshot"]
     assert list(_subparsers(build_parser("pin"))) == ["policy", "pin", "override", "guard"]
     assert list(_subparsers(build_parser())) == [p[0] for p in COMMAND_PATHS if len(p) == 1]
+
+
+def test_the_internal_job_command_is_built_only_when_run(capsys: pytest.CaptureFixture) -> None:
+    """``_job`` (a child of ``gpuguard run``) is not for people: help, a usage error and completion (the whole parser)
+    never name it; ``gpuguard _job`` itself still parses."""
+    assert "_job" not in _subparsers(build_parser())
+    assert list(_subparsers(build_parser("_job"))) == ["_job"]
+    code, out, err = _outcome(["no-such-command"], capsys)
+    assert code == 2 and "invalid choice: 'no-such-command'" in err and "_job" not in err
+    code, out, err = _outcome(["_job", "--help"], capsys)
+    assert code == 0 and out.startswith("usage: gpuguard _job")
