@@ -13,8 +13,13 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Any, Optional
 
 
-def write_atomically(path: str, text: str, mode: int = 0o644) -> None:
-    """Write text so that readers see the old or the new file, never half of one (fsync + rename)."""
+def write_atomically(path: str, text: str, mode: int = 0o644, fsync: bool = True) -> None:
+    """Write text so that readers see the old or the new file, never half of one (fsync + rename).
+
+    The temporary file is a dot-file in the same directory (``.<name>.<random>``): readers that skip dot-files or
+    match a suffix (NFD's features.d, node_exporter's ``*.prom``) never read it. ``fsync=False`` for files that are
+    rewritten within a job interval anyway, where only atomicity matters.
+    """
     import tempfile  # not at module level: the apt hook imports this module and never writes atomically
 
     directory = os.path.dirname(str(path)) or "."
@@ -23,8 +28,9 @@ def write_atomically(path: str, text: str, mode: int = 0o644) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
+            if fsync:
+                handle.flush()
+                os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:

@@ -25,9 +25,9 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
-import tempfile
 from typing import List, Optional, Tuple
 
+from agent.files import write_atomically
 from agent.models import FrozenModel
 from agent.snapshot.pairing import Pairing
 
@@ -154,15 +154,6 @@ def write_features(path: str, text: str) -> bool:
     data = text.encode("utf-8")
     if len(data) > MAX_FILE_BYTES:
         raise ValueError(f"features file is {len(data)} bytes, NFD reads at most {MAX_FILE_BYTES}")
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomically(path, text)
     return True
 

@@ -22,11 +22,9 @@ Metrics (all gauges unless said otherwise):
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
 from typing import Dict, List, Optional
 
+from agent.files import write_atomically
 from agent.models import FrozenModel
 from agent.snapshot.pairing import Pairing
 
@@ -130,15 +128,4 @@ def write_textfile(path: str, text: str) -> None:
     No fsync: after a crash the file is rewritten within one job interval, and the collector only needs atomicity.
     The temp name does not end in ``.prom`` so node_exporter never reads it.
     """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=str(target.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomically(path, text, fsync=False)
