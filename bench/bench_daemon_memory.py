@@ -87,14 +87,14 @@ def hide_modules(workdir: Path, names: List[str]) -> Optional[Path]:
     if not names:
         return None
     site = workdir / "hide"
-    site.mkdir()
+    site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text("import sys\n" + "".join(
         f"sys.modules.setdefault({name!r}, None)\n" for name in names))
     return site
 
 
-class _Ingest(BaseHTTPRequestHandler):
-    """Acknowledges every batch, as the hub would."""
+class AcceptingIngest(BaseHTTPRequestHandler):
+    """Acknowledges every batch, as the hub would (no dedupe needed here); bench_idle.py uses it too."""
 
     protocol_version = "HTTP/1.1"
 
@@ -176,7 +176,7 @@ def main() -> int:
     ingest: Optional[ThreadingHTTPServer] = None
     endpoint = None if args.endpoint == "none" else args.endpoint
     if args.endpoint is None:
-        ingest = ThreadingHTTPServer(("127.0.0.1", 0), _Ingest)
+        ingest = ThreadingHTTPServer(("127.0.0.1", 0), AcceptingIngest)
         ingest.events = 0  # type: ignore[attr-defined]
         threading.Thread(target=ingest.serve_forever, daemon=True).start()
         endpoint = f"http://127.0.0.1:{ingest.server_port}"

@@ -27,33 +27,16 @@ import sys
 import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Dict, List
+
+from bench_daemon_memory import AcceptingIngest, hide_modules  # the same local ingest and module hiding
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE_ROOT = REPO / "tests" / "fixtures" / "roots" / "gpuless-debian12"
 TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
-
-
-class _Ingest(BaseHTTPRequestHandler):
-    """Accepts every batch, as the hub would (no dedupe needed here)."""
-
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, fmt: str, *args: object) -> None:
-        pass
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-        reply = json.dumps({"accepted": [e["event_id"] for e in body["events"]], "duplicates": []}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(reply)))
-        self.end_headers()
-        self.wfile.write(reply)
-        self.server.batches += 1  # type: ignore[attr-defined]
 
 
 def rss_kib(pid: int) -> Dict[str, int]:
@@ -105,11 +88,8 @@ def start_agent(tmp: str, name: str, root: str, endpoint: str, token_file: str, 
                 tree: Path = REPO) -> subprocess.Popen:
     config = os.path.join(tmp, f"{name}.toml")
     Path(config).write_text(agent_config(os.path.join(tmp, f"state-{name}"), endpoint, token_file, quiet))
-    hide = os.path.join(tmp, "hide")
-    if not os.path.isdir(hide):
-        os.mkdir(hide)
-        Path(hide, "sitecustomize.py").write_text("import sys\nsys.modules.setdefault('rich', None)\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([hide, str(tree)])}
+    hide = hide_modules(Path(tmp), ["rich"])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(tree)])}
     env.pop("NOTIFY_SOCKET", None)
     with open(os.path.join(tmp, f"{name}.log"), "wb") as log:
         return subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", config, "--root", root],
@@ -126,7 +106,7 @@ def main() -> int:
     parser.add_argument("--before", type=Path, help="also run the agent of this tree (an older commit), side by side")
     args = parser.parse_args()
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Ingest)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), AcceptingIngest)
     server.batches = 0  # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     with tempfile.TemporaryDirectory(prefix="gpuguard-bench-idle-") as tmp:
