@@ -8,6 +8,7 @@ result is cached as a tarball under /var/tmp/gpuguard-test-cache keyed by a hash
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import json
 import os
@@ -17,7 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 SUITE = "bookworm"
@@ -276,6 +277,20 @@ class Chroot:
         packages = run(["apt-ftparchive", "packages", "pool"], cwd=str(repo)).stdout
         (repo / "Packages").write_text(packages)
         self.run("apt-get", "update", "-q", check=True)
+
+    @contextlib.contextmanager
+    def packages_in_repo(self, packages: Sequence[FakePackage], work: Path) -> Iterator[List[Path]]:
+        """``packages`` built into the repository (indexed) for the duration; taken out again after, from the pool
+        and the attic (a test may have dropped one), and the index rebuilt."""
+        debs = [build_deb(p, self.pool, work) for p in packages]
+        self.index_repo()
+        try:
+            yield debs
+        finally:
+            for deb in debs:
+                deb.unlink(missing_ok=True)
+                (self.attic / deb.name).unlink(missing_ok=True)
+            self.index_repo()
 
     def drop_from_repo(self, pkg_file: str) -> None:
         shutil.move(str(self.pool / pkg_file), str(self.attic / pkg_file))

@@ -20,7 +20,6 @@ from tests.guard.apt.chroot.harness import (
     ROCM_63,
     Chroot,
     FakePackage,
-    build_deb,
 )
 
 pytestmark = pytest.mark.timeout(900)
@@ -55,14 +54,9 @@ HOOK_LOG = "var/tmp/gpuguard-hook-calls"
 @pytest.fixture(scope="module")
 def amd_repo(chroot_session: Chroot, tmp_path_factory: pytest.TempPathFactory) -> Iterator[List[Path]]:
     """The packages above added to the session repository for this module, and taken out again after it."""
-    work = tmp_path_factory.mktemp("amd-debs")
-    debs = [build_deb(p, chroot_session.pool, work) for p in _amd_packages(chroot_session.native_arch)]
-    chroot_session.index_repo()
-    yield debs
-    for deb in debs:
-        deb.unlink(missing_ok=True)
-        (chroot_session.attic / deb.name).unlink(missing_ok=True)
-    chroot_session.index_repo()
+    packages = _amd_packages(chroot_session.native_arch)
+    with chroot_session.packages_in_repo(packages, tmp_path_factory.mktemp("amd-debs")) as debs:
+        yield debs
 
 
 def _versions(chroot: Chroot) -> Dict[str, str]:

@@ -14,7 +14,7 @@ from agent.config import Settings
 from agent.guard.rollback.core import GuardResult, check_and_rollback
 from agent.host import Host
 from tests.guard.apt.chroot.conftest import gpuguard
-from tests.guard.apt.chroot.harness import BASELINE, ROCM_62, ROCM_63, TEST_POLICY, Chroot, FakePackage, build_deb
+from tests.guard.apt.chroot.harness import BASELINE, ROCM_62, ROCM_63, TEST_POLICY, Chroot, FakePackage
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -82,14 +82,9 @@ allow = ">= 1.17.3, << 1.18"
 @pytest.fixture(scope="module")
 def nvidia_repo(chroot_session: Chroot, tmp_path_factory: pytest.TempPathFactory) -> Iterator[List[Path]]:
     """The NVIDIA packages added to the session repository for this module, and taken out again after it."""
-    work = tmp_path_factory.mktemp("nvidia-debs")
-    debs = [build_deb(p, chroot_session.pool, work) for p in _nvidia_packages(chroot_session.native_arch)]
-    chroot_session.index_repo()
-    yield debs
-    for deb in debs:
-        deb.unlink(missing_ok=True)
-        (chroot_session.attic / deb.name).unlink(missing_ok=True)
-    chroot_session.index_repo()
+    packages = _nvidia_packages(chroot_session.native_arch)
+    with chroot_session.packages_in_repo(packages, tmp_path_factory.mktemp("nvidia-debs")) as debs:
+        yield debs
 
 
 def _deb(chroot: Chroot, name: str, version: str) -> str:
