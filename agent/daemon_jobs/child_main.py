@@ -103,7 +103,7 @@ def _snapshot(rt: Any, request: Dict[str, Any]) -> Dict[str, Any]:
 def _health(rt: Any, request: Dict[str, Any]) -> Dict[str, Any]:
     from agent.daemon_jobs.health import HealthJob
     from agent.daemon_jobs.hooks import default_hooks
-    from agent.daemon_jobs.snapshot import load_last_snapshot
+    from agent.daemon_jobs.runtime import load_last_snapshot
 
     rt.state.last_snapshot = load_last_snapshot(rt)
     mode = request.get("mode")

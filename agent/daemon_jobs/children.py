@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from agent.daemon_jobs.runtime import LAST_SNAPSHOT_FILENAME
+from agent.daemon_jobs.runtime import load_last_snapshot
 from agent.errors import GpuguardError, Interrupted
 from agent.log import get_logger
 
@@ -172,7 +172,7 @@ class SnapshotInChild:
         self._pairing_of = pairing_of
         state = runtime.state
         if state.last_snapshot is None:
-            state.last_snapshot = self._load(runtime)
+            state.last_snapshot = load_last_snapshot(runtime)
             if state.last_snapshot is not None:
                 state.pairing = pairing_of(state.last_snapshot)
 
@@ -181,7 +181,7 @@ class SnapshotInChild:
         result = run_child("snapshot", self.config_path, str(rt.host.root),
                            job_request(rt, reason, violated_rules=sorted(rt.state.violated_rules)),
                            rt.state_dir, rt.stopping)
-        snap = self._load(rt, report_damage=False)  # the child reported a damaged file it found
+        snap = load_last_snapshot(rt, report_damage=False)  # the child reported a damaged file it found
         with rt.state.lock:
             rt.state.last_snapshot = snap
             rt.state.pairing = self._pairing_of(snap) if snap is not None else None
@@ -193,21 +193,6 @@ class SnapshotInChild:
             rt.emitter.on_enqueued()
         if result.get("stack_changed"):
             self.on_stack_changed(str(result["stack_changed"]))
-
-
-    @staticmethod
-    def _load(runtime: Any, report_damage: bool = True) -> Any:
-        """load_last_snapshot of agent/daemon_jobs/snapshot.py without importing the collectors it runs."""
-        from agent.errors import InputFileError
-        from agent.snapshot.io import load_snapshot
-
-        path = runtime.state_path(LAST_SNAPSHOT_FILENAME)
-        try:
-            return load_snapshot(path)
-        except InputFileError as exc:
-            if exc.reason != "no such file" and report_damage:
-                runtime.report_damaged_file(path, exc.reason, "starting without a previous snapshot")
-            return None
 
 
 class HealthInChild:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, List, Optional
 
 from agent.config import Settings
+from agent.errors import InputFileError
 from agent.files import move_aside
 from agent.host import Host
 from agent.log import get_logger
@@ -145,3 +146,17 @@ class Runtime:
                     self._held_damage = held + self._held_damage
                 log.warning("state_file_damaged_report_held", held=len(held), error=f"{type(exc).__name__}: {exc}")
                 return
+
+
+def load_last_snapshot(runtime: Runtime, report_damage: bool = True) -> Optional[Snapshot]:
+    """The snapshot stored by the previous run, or None: first start, or a damaged file (moved aside and reported,
+    unless ``report_damage`` is False because a job child already reported it)."""
+    from agent.snapshot.io import load_snapshot
+
+    path = runtime.state_path(LAST_SNAPSHOT_FILENAME)
+    try:
+        return load_snapshot(path)
+    except InputFileError as exc:
+        if exc.reason != "no such file" and report_damage:
+            runtime.report_damaged_file(path, exc.reason, "starting without a previous snapshot")
+        return None

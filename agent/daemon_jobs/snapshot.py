@@ -5,13 +5,11 @@ from __future__ import annotations
 from typing import Any, Callable, List, Optional
 
 from agent.collectors import default_collectors
-from agent.daemon_jobs.runtime import LAST_SNAPSHOT_FILENAME, Runtime
-from agent.errors import InputFileError
+from agent.daemon_jobs.runtime import LAST_SNAPSHOT_FILENAME, Runtime, load_last_snapshot
 from agent.files import write_atomically
 from agent.log import get_logger
 from agent.report.events import PolicyViolation, SnapshotChanged
 from agent.snapshot.diff import SnapshotDiff, diff_snapshots
-from agent.snapshot.io import load_snapshot
 from agent.snapshot.model import Snapshot
 from agent.snapshot.pairing import pairing_of
 from agent.snapshot.take import take_snapshot
@@ -20,17 +18,6 @@ log = get_logger("snapshot_job")
 
 # A change in any of these sections moves the GPU stack: the health check should run again.
 STACK_SECTIONS = frozenset({"kernel", "dkms", "dpkg", "rpm", "amdgpu", "rocm", "nvidia", "cuda"})
-
-
-def load_last_snapshot(runtime: Runtime) -> Optional[Snapshot]:
-    """The snapshot stored by the previous run, or None (first start, or a damaged file: moved aside, reported)."""
-    path = runtime.state_path(LAST_SNAPSHOT_FILENAME)
-    try:
-        return load_snapshot(path)
-    except InputFileError as exc:
-        if exc.reason != "no such file":
-            runtime.report_damaged_file(path, exc.reason, "starting without a previous snapshot")
-        return None
 
 
 def stack_changed(diff: SnapshotDiff) -> bool:
