@@ -2,16 +2,16 @@
 
 Kept apart from agent/config.py so a command that needs one section (``gpuguard snapshot`` reads only
 ``[snapshot]``) checks that section and does not import every area's settings. Most sections are pydantic models
-(:func:`parse_toml_model`); a section that a pydantic-free command reads (``[snapshot]``) is a frozen dataclass
-whose rules :func:`check_section` applies, on that command directly and inside the daemon's pydantic Settings through
-:func:`section_core_schema`: one declaration, one set of rules, the same ``file: section -> field: message`` lines.
+(:func:`parse_toml_model`); a section that a pydantic-free command reads (``[snapshot]``) is a frozen record
+(agent/frozen.py) whose rules :func:`check_section` applies, on that command directly and inside the daemon's pydantic
+Settings through :func:`section_core_schema`: one declaration, one set of rules, the same ``file: section -> field:
+message`` lines.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from dataclasses import fields
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -28,6 +28,7 @@ from typing import (
 
 from agent.errors import ConfigError, InputFileError
 from agent.files import FileMissing, decode_text, read_bytes_bounded
+from agent.frozen import record_fields
 from agent.strictjson import MAX_NESTING_DEPTH, nesting_depth
 from agent.validation import validation_problems
 
@@ -95,7 +96,7 @@ def read_config_text(path: str, required: bool = False) -> "str | None":
         raise ConfigError(path, [exc.reason]) from None
 
 
-# --- dataclass sections -------------------------------------------------------------------------------------------
+# --- record sections ---------------------------------------------------------------------------------------------
 
 
 class SectionInvalid(Exception):
@@ -129,7 +130,7 @@ def _string_list(value: object, loc: Location, problems: List[Tuple[Location, st
     return None if bad else list(value)
 
 
-# The field types a dataclass section may declare (its annotation, as written), and how each is checked.
+# The field types a record section may declare (its annotation, as written), and how each is checked.
 _KINDS: Dict[str, Callable[[object, Location, List[Tuple[Location, str]]], Any]] = {
     "float": _number,
     "List[str]": _string_list,
@@ -137,7 +138,7 @@ _KINDS: Dict[str, Callable[[object, Location, List[Tuple[Location, str]]], Any]]
 
 
 def check_section(cls: Type[D], data: object) -> D:
-    """A dataclass section from a TOML table: every field checked by its declared type and ``metadata``.
+    """A record section from a TOML table: every field checked by its declared type and ``metadata``.
 
     Unknown keys are refused; ``metadata={"gt": N}`` on a number field requires more than N. SectionInvalid lists
     every problem. An instance of ``cls`` is returned as it is (a default already in a pydantic model).
@@ -146,7 +147,7 @@ def check_section(cls: Type[D], data: object) -> D:
         return data
     if not isinstance(data, dict):
         raise SectionInvalid([((), f"Input should be a valid dictionary or instance of {cls.__name__}")])
-    declared = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
+    declared = {spec.name: spec for spec in record_fields(cls)}
     problems: List[Tuple[Location, str]] = [((key,), "Extra inputs are not permitted")
                                             for key in data if key not in declared]
     values: Dict[str, Any] = {}
@@ -154,7 +155,7 @@ def check_section(cls: Type[D], data: object) -> D:
         spec = declared.get(name)
         if spec is None:
             continue
-        checked = _KINDS[str(spec.type)](value, (name,), problems)
+        checked = _KINDS[spec.annotation](value, (name,), problems)
         if checked is None:
             continue
         floor = spec.metadata.get("gt")
@@ -168,7 +169,7 @@ def check_section(cls: Type[D], data: object) -> D:
 
 
 def section_core_schema(cls: type) -> "CoreSchema":
-    """How a pydantic model validates a dataclass section field: :func:`check_section`, problems kept by field.
+    """How a pydantic model validates a record section field: :func:`check_section`, problems kept by field.
 
     For the section's ``__get_pydantic_core_schema__``; imports pydantic only when a pydantic model is built.
     """

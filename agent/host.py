@@ -10,12 +10,12 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import ModuleType
 from typing import Callable, Iterator, List, Mapping, Optional, Protocol, Sequence
 
 from agent.errors import CommandError, CommandNotFound, CommandTimeout, HostReadError
+from agent.frozen import Frozen, field, frozen_record
 from agent.gpu_libraries import import_gpu_library, no_gpu_library
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
@@ -23,8 +23,8 @@ DEFAULT_TIMEOUT_SECONDS = 10.0
 _COMMAND_ENV = {"LC_ALL": "C", "LANG": "C", "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
 
-@dataclass(frozen=True)
-class CommandResult:
+@frozen_record
+class CommandResult(Frozen):
     """What one finished command printed and returned."""
 
     argv: tuple
@@ -79,8 +79,8 @@ def _utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-@dataclass(frozen=True)
-class Host:
+@frozen_record
+class Host(Frozen):
     """A view of one machine: files under ``root``, commands through ``runner``, libraries through ``load_module``."""
 
     root: Path = Path("/")

@@ -13,12 +13,11 @@ when that file is missing amdsmi reports the kernel release (from /proc/version)
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Dict, List, Literal, Mapping, NamedTuple, Optional, Tuple
 
-from agent.collectors.base import Frozen
 from agent.errors import CollectorUnavailable, HostReadError, LibraryUnavailable
+from agent.frozen import Frozen, field, frozen_record
 from agent.gpu_libraries import amdsmi_failure, reason, unavailable_reason
 from agent.host import Host
 from agent.hostfacts.kfd import gfx_target, read_kfd_nodes
@@ -41,7 +40,7 @@ _FW_PREFIX = "AMDSMI_FW_ID_"
 _BYTES_PER_MIB = 1024 * 1024
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@frozen_record
 class AmdGpu(Frozen):
     """One AMD GPU (or partition) as the driver reports it."""
 
@@ -58,7 +57,7 @@ class AmdGpu(Frozen):
     ecc_uncorrectable_count: Optional[int] = None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@frozen_record
 class AmdgpuInfo(Frozen):
     """The loaded amdgpu driver and the GPUs it drives."""
 

@@ -1,14 +1,14 @@
 """The collector interface, the snapshot's data types, and the runner that turns any collector failure into data.
 
-A collector reads one source through a Host and returns one frozen dataclass (a :class:`Frozen`). It raises
+A collector reads one source through a Host and returns one frozen record (agent/frozen.py). It raises
 CollectorUnavailable when the source is simply absent (no AMD GPU, no rpm database); anything else it raises is a
 broken collector. The runner records both as a Section, so one collector never aborts a snapshot.
 
-The data types are standard-library frozen dataclasses, not pydantic models: ``gpuguard snapshot`` imports no
-pydantic (issue #17: its import alone cost more than the operator's own reads). :func:`as_json_data` turns them into
-what pydantic's ``model_dump(mode="json")`` gave, byte for byte once printed, so content hashes stay. Where a snapshot
-is read back (a file, another process), pydantic validates the same dataclasses strictly (agent/snapshot/io.py),
-with the rules of :attr:`Frozen.__pydantic_config__`.
+The data types are frozen records, not pydantic models: ``gpuguard snapshot`` imports no pydantic (issue #17: its
+import alone cost more than the operator's own reads). :func:`as_json_data` turns them into what pydantic's
+``model_dump(mode="json")`` gave, byte for byte once printed, so content hashes stay. Where a snapshot is read back
+(a file, another process), pydantic validates the same records strictly (agent/snapshot/io.py), with the rules of
+:attr:`agent.frozen.Frozen.__pydantic_config__`.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import time
-from dataclasses import dataclass, fields
-from typing import Any, Dict, Generic, Optional, Protocol, Tuple, TypeVar
+from typing import Any, Generic, Optional, Protocol, TypeVar
 
 from agent.errors import CollectorUnavailable, GpuguardError
+from agent.frozen import Frozen, frozen_record
 from agent.host import Host
 from agent.log import get_logger
 
@@ -27,44 +27,6 @@ T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
 log = get_logger("collectors")
-
-
-_FIELD_NAMES: Dict[type, Tuple[str, ...]] = {}
-
-
-def _field_names(cls: type) -> Tuple[str, ...]:
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
-    return names
-
-
-class Frozen:
-    """Base of the snapshot's frozen dataclasses, declared ``@dataclass(frozen=True, eq=False, repr=False)``.
-
-    ``__pydantic_config__`` is how pydantic validates them where a snapshot is read back: a plain dict (pydantic's
-    ConfigDict is a TypedDict), so declaring them imports no pydantic; unknown fields and non-finite numbers (inf,
-    nan) are refused, as the pydantic models they replaced did. Equality (same type, same field values), the hash
-    and the repr are written once here: dataclasses generating them for each class cost the snapshot's start-up
-    about 6 ms of its budget (each is compiled with ``exec``).
-    """
-
-    __pydantic_config__ = {"extra": "forbid", "allow_inf_nan": False}
-
-    def _values(self) -> Tuple[Any, ...]:
-        return tuple(getattr(self, name) for name in _field_names(type(self)))
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
-            return NotImplemented
-        return self._values() == other._values()
-
-    def __hash__(self) -> int:
-        return hash((type(self).__qualname__, *self._values()))
-
-    def __repr__(self) -> str:
-        fields_text = ", ".join(f"{name}={getattr(self, name)!r}" for name in _field_names(type(self)))
-        return f"{type(self).__qualname__}({fields_text})"
 
 
 class Collector(Protocol[T_co]):
@@ -83,7 +45,7 @@ class Status(str, enum.Enum):
     ERROR = "error"
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@frozen_record
 class Section(Frozen, Generic[T]):
     """One collector's outcome: its data, or why there is none."""
 
@@ -111,7 +73,7 @@ def as_json_data(value: Any) -> Any:
         return value.value
     if isinstance(value, dt.datetime):
         return json_datetime(value)
-    return {name: as_json_data(getattr(value, name)) for name in _field_names(kind)}
+    return {name: as_json_data(getattr(value, name)) for name in kind.__record_names__}
 
 
 def run_collector(collector: Collector[T], host: Host) -> "Section[T]":

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from agent.collectors.base import Frozen
 from agent.configfile import toml_module
 from agent.errors import CollectorUnavailable
+from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
 from agent.log import get_logger
 
@@ -44,7 +43,7 @@ FIX = "nvidia-ctk system create-dev-char-symlinks --create-all"
 _CGROUP_DRIVER = re.compile(r"^native\.cgroupdriver\s*=\s*(\S+)$")
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@frozen_record
 class ContainerCgroupsInfo(Frozen):
     """The container runtimes' cgroup driver, the NVIDIA toolkit, and the NVIDIA devices without /dev/char links."""
 

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from agent.collectors.base import Frozen
 from agent.collectors.factcache import MISSING, FactCache, file_identity
 from agent.errors import CollectorUnavailable, CommandError
+from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
 from agent.log import get_logger
 
@@ -34,7 +33,7 @@ TOOLS: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = (
 _VERSION = re.compile(r"\bv?(\d+\.\d+(?:\.\d+)?(?:[-+~][0-9A-Za-z.\-+~]*)?)")
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@frozen_record
 class ContainerTool(Frozen):
     """One container tool found on the host."""
 
@@ -42,7 +41,7 @@ class ContainerTool(Frozen):
     version: Optional[str] = None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@frozen_record
 class ContainersInfo(Frozen):
     """Tools present, and docker's runtime configuration."""
 

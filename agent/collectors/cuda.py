@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from agent.collectors.base import Frozen
 from agent.collectors.nvidia import cuda_version_from_int
 from agent.errors import CollectorUnavailable
+from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
 from agent.log import get_logger
 
@@ -23,7 +22,7 @@ _COMPAT_LIBCUDA = re.compile(r"^libcuda\.so\.(\d+\.\d+(?:\.\d+)*)$")
 _CUDA_H_VERSION = re.compile(r"^\s*#\s*define\s+CUDA_VERSION\s+(\d+)\s*$", re.MULTILINE)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@frozen_record
 class CudaToolkit(Frozen):
     """One CUDA toolkit tree."""
 
@@ -32,7 +31,7 @@ class CudaToolkit(Frozen):
     compat_driver_version: Optional[str] = None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@frozen_record
 class CudaInfo(Frozen):
     """Every toolkit on disk and which one /usr/local/cuda points at."""
 

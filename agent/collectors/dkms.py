@@ -5,18 +5,17 @@ This is the signal for "no GPU module built for the next boot's kernel" (ROCm/RO
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import List, Literal, Optional
 
-from agent.collectors.base import Frozen
 from agent.errors import CollectorUnavailable
+from agent.frozen import Frozen, frozen_record
 from agent.host import Host
 
 DkmsState = Literal["added", "built", "installed"]
 _MODULE_SUFFIXES = (".ko", ".ko.xz", ".ko.zst", ".ko.gz")
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@frozen_record
 class DkmsModule(Frozen):
     """One module version, and the kernel it was built for (None when only its source is registered)."""
 
@@ -27,7 +26,7 @@ class DkmsModule(Frozen):
     arch: Optional[str] = None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@frozen_record
 class DkmsInfo(Frozen):
     """Every module version DKMS knows, with its per-kernel state."""
 

@@ -7,11 +7,10 @@ the next boot comes up on a kernel that has no amdgpu/nvidia module built for it
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import List, Literal, Optional
 
-from agent.collectors.base import Frozen
 from agent.errors import CollectorUnavailable
+from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
 from agent.hostfacts.keyvalue import parse_key_value_lines
 from agent.policy.versions import sort_key
@@ -19,7 +18,7 @@ from agent.policy.versions import sort_key
 NextBootSource = Literal["grubenv", "grub_default", "newest_installed"]
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@frozen_record
 class KernelInfo(Frozen):
     """Running and next-boot kernel releases (``uname -r`` form)."""
 

@@ -9,12 +9,11 @@ collector: the first two fall back to procfs with the reason recorded as one sho
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, List, Literal, NamedTuple, Optional
 
-from agent.collectors.base import Frozen
 from agent.errors import CollectorUnavailable, LibraryUnavailable
+from agent.frozen import Frozen, field, frozen_record
 from agent.gpu_libraries import nvml_failure, reason, unavailable_reason
 from agent.host import Host
 from agent.hostfacts.loaded_modules import parse_proc_driver_version
@@ -33,7 +32,7 @@ CONTROL_DEVICE = "/dev/nvidiactl"
 NVML_NOT_LOADED = reason("pynvml", f"not loaded (no /sys/module/nvidia, {PROC_DRIVER_DIR} or {CONTROL_DEVICE})")
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@frozen_record
 class NvidiaGpu(Frozen):
     """One NVIDIA GPU."""
 
@@ -49,7 +48,7 @@ class NvidiaGpu(Frozen):
     ecc_uncorrected_volatile_count: Optional[int] = None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@frozen_record
 class NvidiaInfo(Frozen):
     """The loaded nvidia driver and the GPUs it drives."""
 

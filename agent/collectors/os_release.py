@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import List, Optional
 
-from agent.collectors.base import Frozen
 from agent.errors import CollectorUnavailable
+from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
 from agent.hostfacts.keyvalue import parse_key_value_lines
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@frozen_record
 class OsRelease(Frozen):
     """The fields of os-release(5) that matter for support matrices."""
 

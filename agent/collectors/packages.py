@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, FrozenSet, Iterable, Literal, Optional, Tuple
 
-from agent.collectors.base import Frozen
+from agent.frozen import Frozen, frozen_record
 
 # Kernel, GPU driver, ROCm/CUDA user space, firmware and container stack: the packages whose movement matters.
 DEFAULT_WATCHED_PATTERNS: Tuple[str, ...] = (
@@ -28,7 +27,7 @@ PackageManager = Literal["dpkg", "rpm"]
 _GLOB_CHARS = "*?["  # what makes fnmatch treat a pattern as more than a name
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@frozen_record
 class PackageInfo(Frozen):
     """One installed package version."""
 
@@ -37,7 +36,7 @@ class PackageInfo(Frozen):
     state: str = "installed"
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@frozen_record
 class PackageSet(Frozen):
     """The watched packages of one package database, keyed by name (``name:arch`` where a name has several)."""
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import List, Optional
 
-from agent.collectors.base import Frozen
 from agent.errors import CollectorUnavailable, HostReadError, LibraryUnavailable
+from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
 from agent.log import get_logger
 from agent.policy.versions import sort_key
@@ -21,7 +20,7 @@ _INSTALL_DIR = re.compile(r"^rocm-\d+(?:\.\d+)*")
 _VERSION = re.compile(r"^\d+(?:\.\d+)+(?:[-+~.][0-9A-Za-z.~+-]*)?$")
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@frozen_record
 class RocmInstall(Frozen):
     """One ROCm tree on disk."""
 
@@ -29,7 +28,7 @@ class RocmInstall(Frozen):
     version: Optional[str] = None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@frozen_record
 class RocmInfo(Frozen):
     """Which ROCm is active and which are installed."""
 

@@ -1,7 +1,8 @@
 """Reading snapshots back: strict validation by pydantic, one-line errors that name the file.
 
 Only here (and in code that reads a snapshot from another process) is pydantic loaded for a snapshot: it validates
-the same frozen dataclasses ``gpuguard snapshot`` builds without it, with their ``__pydantic_config__`` rules.
+the same frozen records ``gpuguard snapshot`` builds without it (agent/frozen.py: made standard-library dataclasses
+for pydantic first), with their ``__pydantic_config__`` rules.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.errors import InputFileError
 from agent.files import read_json_file
+from agent.frozen import as_dataclasses
 from agent.models import first_validation_problem
 from agent.snapshot.model import Snapshot
 
@@ -22,6 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 def _adapter() -> "TypeAdapter[Snapshot]":
     from pydantic import TypeAdapter
 
+    as_dataclasses()
     return TypeAdapter(Snapshot)
 
 

@@ -1,18 +1,17 @@
 """The snapshot model: every collector's Section, the findings derived from them, and a stable content hash.
 
-Standard-library frozen dataclasses (see agent/collectors/base.py): taking and printing a snapshot imports no
-pydantic; reading one back validates it with pydantic (agent/snapshot/io.py).
+Frozen records (agent/frozen.py): taking and printing a snapshot imports no pydantic; reading one back validates it
+with pydantic (agent/snapshot/io.py).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass, field
 from typing import Dict, Final, List, Literal, Optional
 
 from agent.collectors.amdgpu import AmdgpuInfo
-from agent.collectors.base import Frozen, Section, Status, as_json_data
+from agent.collectors.base import Section, Status, as_json_data
 from agent.collectors.container_cgroups import ContainerCgroupsInfo
 from agent.collectors.containers import ContainersInfo
 from agent.collectors.cuda import CudaInfo
@@ -22,6 +21,7 @@ from agent.collectors.nvidia import NvidiaInfo
 from agent.collectors.os_release import OsRelease
 from agent.collectors.packages import PackageInfo, PackageSet
 from agent.collectors.rocm import RocmInfo
+from agent.frozen import Frozen, field, frozen_record
 
 try:  # CPython's own SHA-256 (3.12+ / earlier): hashlib would load OpenSSL's, 2.5 ms of the snapshot's start-up
     from _sha2 import sha256  # type: ignore[import-not-found, unused-ignore]
@@ -40,7 +40,7 @@ _VOLATILE_FIELDS = {"taken_at", "agent_version", "content_hash"}
 Severity = Literal["info", "warning", "critical"]
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@frozen_record
 class Finding(Frozen):
     """Something the snapshot shows that an operator should know, e.g. an installed driver that is not loaded."""
 
@@ -55,7 +55,7 @@ class Finding(Frozen):
 _NOT_COLLECTED: "Section[ContainerCgroupsInfo]" = Section(status=Status.ABSENT, reason="not collected")
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@frozen_record
 class Snapshot(Frozen):
     """Everything gpuguard knows about one host at one moment."""
 

@@ -1,14 +1,13 @@
 """``[snapshot]`` of agent.toml: what to watch and how often to snapshot.
 
 One declaration, read two ways: ``gpuguard snapshot`` checks only this section, without pydantic
-(``load_snapshot_settings``); the daemon's pydantic Settings (agent/config.py) embeds the same dataclass and checks
+(``load_snapshot_settings``); the daemon's pydantic Settings (agent/config.py) embeds the same frozen record and checks
 it with the same rules (agent/configfile.py ``check_section``), where unknown sections and every other area's
 mistakes are reported too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, List
 
 from agent.collectors.packages import DEFAULT_WATCHED_PATTERNS
@@ -21,6 +20,7 @@ from agent.configfile import (
 )
 from agent.defaults import DEFAULT_CONFIG_PATH
 from agent.errors import ConfigError
+from agent.frozen import Frozen, field, frozen_record
 from agent.validation import validation_problems
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -29,8 +29,8 @@ if TYPE_CHECKING:  # pragma: no cover
 SECTION = "snapshot"
 
 
-@dataclass(frozen=True)
-class SnapshotSettings:
+@frozen_record
+class SnapshotSettings(Frozen):
     """What to watch and how often to snapshot."""
 
     interval_seconds: float = field(default=300.0, metadata={"gt": 0})

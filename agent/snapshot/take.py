@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Any, Dict, Optional, Sequence
 
 from agent import __version__
 from agent.collectors import default_collectors
 from agent.collectors.base import Collector, run_collector
+from agent.frozen import replace
 from agent.host import Host
 from agent.log import get_logger
 from agent.snapshot.drift import analyze

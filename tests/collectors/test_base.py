@@ -1,8 +1,7 @@
-"""The snapshot's frozen dataclasses: value equality, hash, repr, immutability, and the JSON-ready form."""
+"""The snapshot's frozen records: value equality, hash, repr, immutability, and the JSON-ready form."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 
 import pytest
@@ -11,6 +10,7 @@ from agent.collectors.base import Section, Status, as_json_data, json_datetime
 from agent.collectors.containers import ContainerTool
 from agent.collectors.cuda import CudaToolkit
 from agent.collectors.rocm import RocmInstall
+from agent.frozen import FrozenInstanceError, replace
 
 
 def test_equal_by_type_and_values() -> None:
@@ -23,20 +23,20 @@ def test_equal_by_type_and_values() -> None:
 
 
 def test_repr_names_every_field() -> None:
-    """The repr reads like the dataclass one: the class and every field."""
+    """The repr reads like a dataclass's: the class and every field."""
     assert repr(RocmInstall(path="/opt/rocm", version=None)) == "RocmInstall(path='/opt/rocm', version=None)"
 
 
 def test_fields_cannot_be_assigned() -> None:
-    """Frozen: assignment raises, ``dataclasses.replace`` makes a changed copy."""
+    """Frozen: assignment raises, ``replace`` makes a changed copy."""
     install = RocmInstall(path="/opt/rocm")
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(FrozenInstanceError):
         install.version = "7.0"  # type: ignore[misc]
-    assert dataclasses.replace(install, version="7.0").version == "7.0" and install.version is None
+    assert replace(install, version="7.0").version == "7.0" and install.version is None
 
 
 def test_json_data_is_what_pydantic_json_mode_gave() -> None:
-    """Enums by value, nested dataclasses as dicts with every field (None kept), datetimes in ISO with Z for UTC."""
+    """Enums by value, nested records as dicts with every field (None kept), datetimes in ISO with Z for UTC."""
     section = Section(status=Status.OK, data=ContainerTool(path="/usr/bin/docker"))
     assert as_json_data(section) == {"status": "ok", "data": {"path": "/usr/bin/docker", "version": None},
                                      "reason": None}

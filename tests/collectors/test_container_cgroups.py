@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -21,6 +20,7 @@ from agent.collectors.container_cgroups import (
     parse_proc_devices,
 )
 from agent.errors import CollectorUnavailable
+from agent.frozen import replace
 from agent.host import Host
 from agent.snapshot.drift import analyze
 from agent.snapshot.io import validate_snapshot

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -21,6 +20,7 @@ from agent.collectors.nvidia import (
     parse_gpu_information,
 )
 from agent.errors import CollectorUnavailable
+from agent.frozen import replace
 from agent.host import Host
 from agent.hostfacts.loaded_modules import parse_proc_driver_version
 from tests.conftest import RECORDED, fake_module_loader, make_fixture_host

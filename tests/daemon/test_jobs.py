@@ -6,7 +6,6 @@ import datetime as dt
 import os
 import random
 import types
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -21,6 +20,7 @@ from agent.daemon_jobs.metrics import MetricsJob
 from agent.daemon_jobs.runtime import EventEmitter, Runtime, host_identity
 from agent.daemon_jobs.snapshot import SnapshotJob
 from agent.daemon_jobs.watch import PackageWatcher
+from agent.frozen import replace
 from agent.host import Host
 from agent.report.events import CpuFallback, PolicyViolation
 from agent.report.outbox import Outbox

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import List
 
@@ -12,6 +11,7 @@ from agent.config import Settings
 from agent.daemon_jobs.metrics import MetricsJob
 from agent.daemon_jobs.nfd import NfdJob
 from agent.daemon_jobs.snapshot import SnapshotJob
+from agent.frozen import replace
 from agent.report.settings import ReportSettings
 from tests.conftest import FIXED_TIME, make_fixture_host
 from tests.daemon.conftest import AgentProcess, agent_config

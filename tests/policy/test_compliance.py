@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from agent.config import Settings
+from agent.frozen import replace
 from agent.policy.compliance import check_snapshot
 from agent.policy.load import load_and_compile, write_compiled
 from agent.snapshot.take import take_snapshot

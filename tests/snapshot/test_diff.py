@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from agent.collectors.base import Status
+from agent.frozen import replace
 from agent.snapshot.diff import diff_snapshots, flatten, render_diff
 from agent.snapshot.take import take_snapshot
 from tests.conftest import make_fixture_host

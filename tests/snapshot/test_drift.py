@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from agent.collectors.amdgpu import AmdgpuInfo
 from agent.collectors.base import Section, Status
 from agent.collectors.dkms import DkmsInfo, DkmsModule
@@ -11,6 +9,7 @@ from agent.collectors.kernel import KernelInfo
 from agent.collectors.nvidia import NvidiaInfo
 from agent.collectors.packages import PackageInfo, PackageSet
 from agent.collectors.rocm import RocmInfo
+from agent.frozen import replace
 from agent.snapshot.drift import analyze
 from agent.snapshot.take import take_snapshot
 from tests.conftest import make_fixture_host

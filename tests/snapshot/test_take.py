@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from agent.collectors import default_collectors
 from agent.errors import CollectorUnavailable, HostReadError
+from agent.frozen import replace
 from agent.snapshot.model import compute_content_hash
 from agent.snapshot.take import take_snapshot
 from tests.conftest import make_fixture_host
