@@ -104,15 +104,17 @@ class Host(Frozen):
 
     def path(self, host_path: str) -> Path:
         """Where an absolute host path lives under this Host's root."""
-        rel = PurePosixPath(host_path)
-        if rel.is_absolute():
-            rel = rel.relative_to("/")
-        return self.root / rel
+        # One join, not PurePosixPath(...).relative_to("/") first: a snapshot asks this over a hundred times.
+        return self.root / host_path.lstrip("/")
 
-    def read_text(self, host_path: str) -> Optional[str]:
-        """The file's text, or None when it does not exist; HostReadError when it exists but cannot be read."""
+    def read_text(self, host_path: str, max_chars: Optional[int] = None) -> Optional[str]:
+        """The file's text (its first ``max_chars`` characters when given), or None when it does not exist;
+        HostReadError when it exists but cannot be read."""
         p = self.path(host_path)
         try:
+            if max_chars is not None:
+                with p.open(encoding="utf-8", errors="replace") as stream:
+                    return stream.read(max_chars)
             return p.read_text(encoding="utf-8", errors="replace")
         except (FileNotFoundError, NotADirectoryError):
             return None

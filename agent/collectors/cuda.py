@@ -20,6 +20,7 @@ _TOOLKIT_DIR = re.compile(r"^cuda-\d+(?:\.\d+)*$")
 _VERSION_TXT = re.compile(r"CUDA Version\s+(\d+(?:\.\d+)*)")
 _COMPAT_LIBCUDA = re.compile(r"^libcuda\.so\.(\d+\.\d+(?:\.\d+)*)$")
 _CUDA_H_VERSION = re.compile(r"^\s*#\s*define\s+CUDA_VERSION\s+(\d+)\s*$", re.MULTILINE)
+_CUDA_H_HEAD_CHARS = 64 * 1024
 
 
 @frozen_record
@@ -95,8 +96,16 @@ def read_toolkit_version(host: Host, path: str) -> Optional[str]:
     text = host.read_text(f"{path}/version.txt")
     version = parse_version_txt(text) if text is not None else None
     if version is None:
-        text = host.read_text(f"{path}/include/cuda.h")
-        version = parse_cuda_h_version(text) if text is not None else None
+        # CUDA_VERSION is defined near the top of cuda.h (line 263, about 10 KB into 13.0's 1.1 MB): read that much
+        # first and the whole file only when the define is not in it.
+        header = f"{path}/include/cuda.h"
+        text = host.read_text(header, max_chars=_CUDA_H_HEAD_CHARS)
+        if text is not None and len(text) == _CUDA_H_HEAD_CHARS:  # cut short: its last line may be cut too
+            version = parse_cuda_h_version(text[:text.rfind("\n") + 1])
+            if version is None:
+                text = host.read_text(header)
+        if version is None and text is not None:
+            version = parse_cuda_h_version(text)
     return version
 
 

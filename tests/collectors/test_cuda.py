@@ -9,6 +9,7 @@ from typing import Dict, Optional
 import pytest
 
 from agent.collectors.cuda import (
+    _CUDA_H_HEAD_CHARS,
     CudaCollector,
     CudaInfo,
     CudaToolkit,
@@ -123,6 +124,20 @@ def test_component_install_without_version_json_reads_cuda_h(tmp_path):
               "/usr/local/cuda-13": "cuda-13.0"})
     assert CudaCollector().collect(host) == CudaInfo(default_path="/usr/local/cuda-13.0", toolkits=[
         CudaToolkit(path="/usr/local/cuda-13.0", version="13.0", compat_driver_version="580.95.05")])
+
+
+@pytest.mark.parametrize("define_at", [
+    10_000,  # where CUDA 13.0's cuda.h has it (line 263): only the head is read
+    _CUDA_H_HEAD_CHARS - len("#define CUDA_VERSION 130"),  # the head ends inside the number: not read as 130
+    200_000,  # past the head: the whole file is read
+])
+def test_cuda_h_version_found_wherever_the_define_is(tmp_path, define_at):
+    """The define is read from cuda.h's head when it is there, from the whole file otherwise, never half."""
+    padding = ("/* " + "x" * 76 + " */\n") * (define_at // 82 + 1)
+    text = padding[:define_at - 1] + "\n#define CUDA_VERSION 13000\n" + "/* tail */\n" * 20_000
+    assert text.index("#define CUDA_VERSION") == define_at
+    host = tree_host(tmp_path, {"/usr/local/cuda-13.0/include/cuda.h": text}, links={"/usr/local/cuda": "cuda-13.0"})
+    assert [t.version for t in CudaCollector().collect(host).toolkits] == ["13.0"]
 
 
 def test_invalid_version_json_falls_back_to_version_txt(tmp_path):
