@@ -8,8 +8,9 @@ client and no logger it does not use (tests/test_cli_imports.py pins this).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, TextIO, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, TextIO, Tuple
 
 from agent import __version__
 from agent.defaults import DEFAULT_CONFIG_PATH, DEFAULT_HUB_CONFIG_PATH
@@ -269,13 +270,44 @@ def _add_status_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]
     status.set_defaults(handler=_cmd_status)
 
 
+def _terminal_columns() -> int:
+    """The width argparse would wrap help to (``shutil.get_terminal_size``: COLUMNS, the terminal, else 80)."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    stdout = sys.__stdout__
+    if columns <= 0 and stdout is not None:
+        try:
+            columns = os.get_terminal_size(stdout.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's own, given the width: argparse makes one for every argument added and would otherwise import
+    shutil (with bz2 and lzma) to ask the terminal, on every command, help or not (issue #17)."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=_terminal_columns() - 2)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose help formatter is :class:`_HelpFormatter`; subcommand parsers are of this class too."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(**kwargs)
+
+
 def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
     """The command line's parser: every command's, or only ``command``'s (see :func:`command_in`).
 
     A command's own parser, its help and its usage are the same either way: each is built by the same function.
     """
-    parser = argparse.ArgumentParser(prog="gpuguard", description="Keep a GPU host's driver/ROCm/CUDA stack frozen "
-                                                                   "and working.")
+    parser: argparse.ArgumentParser = _Parser(
+        prog="gpuguard", description="Keep a GPU host's driver/ROCm/CUDA stack frozen and working.")
     parser.add_argument("--version", action="version", version=f"gpuguard {__version__}")
     parser.add_argument("--log-level", default="warning", choices=_LOG_LEVELS)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
