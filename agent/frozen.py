@@ -15,6 +15,9 @@ Where pydantic validates records (a snapshot read back: agent/snapshot/io.py), :
 every record class a standard-library dataclass, in place and once: pydantic then validates them exactly as
 it validates dataclasses, with the rules of :attr:`Frozen.__pydantic_config__`. The classes keep their own
 ``__init__``, equality, hash, repr and refusal to assign, so a record behaves the same before and after.
+
+The package-manager hot path has its own, leaner kind (agent/records.py: ``__slots__``, a typed ``__init__`` per
+class, no registry): its values are never validated by pydantic and its start-up budget is tighter still.
 """
 
 from __future__ import annotations
