@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-from agent.collectors.base import as_json_data
 from agent.models import FrozenModel
-from agent.snapshot.model import SECTION_NAMES, Snapshot
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.snapshot.model import Snapshot
+
+# The report schema (agent/report/events.py) embeds Change: the snapshot's records are imported only by the functions
+# that compare snapshots, so the daemon, which only sends events, does not load them (issue #17).
 
 # List items are matched by identity, not position, so a new GPU or kernel shows as one change.
 _IDENTITY_KEYS = ("bdf", "path", "module")
@@ -62,6 +66,8 @@ def flatten(value: Any, prefix: str = "") -> Dict[str, str]:
 
 def _flatten_section(section: Any) -> Dict[str, str]:
     """A section's data paths without the ``data.`` prefix, plus its status and reason."""
+    from agent.collectors.base import as_json_data
+
     dumped = as_json_data(section)
     out = flatten(dumped.pop("data") or {})
     out.update(flatten({k: v for k, v in dumped.items()}))
@@ -70,6 +76,8 @@ def _flatten_section(section: Any) -> Dict[str, str]:
 
 def diff_snapshots(old: Snapshot, new: Snapshot) -> SnapshotDiff:
     """Every section value that changed, appeared or disappeared between two snapshots."""
+    from agent.snapshot.model import SECTION_NAMES
+
     changes: List[Change] = []
     if old.hostname != new.hostname:
         changes.append(Change(section="host", path="hostname", old=old.hostname, new=new.hostname))

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from agent.collectors.packages import find_version
 from agent.models import FrozenModel
-from agent.snapshot.model import Snapshot
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.snapshot.model import Snapshot
+
+# Pairing is part of the report schema (agent/report/events.py): the collectors are imported only by pairing_of, so
+# the daemon, which sends pairings it gets from its snapshot child, does not load them (issue #17).
 
 
 class Pairing(FrozenModel):
@@ -28,6 +32,8 @@ class Pairing(FrozenModel):
 
 def pairing_of(snap: Snapshot) -> Pairing:
     """Summarise a snapshot into its pairing."""
+    from agent.collectors.packages import find_version
+
     packages = snap.packages()
     amd, nv = snap.amdgpu.data, snap.nvidia.data
     models = sorted({g.market_name or "?" for g in (amd.gpus if amd else [])}
