@@ -392,8 +392,8 @@ class Daemon:
 
 
 def _resident_hooks() -> Hooks:
-    """With job children the daemon itself only reads the last health result back at start."""
-    from agent.health.runner import load_last_result
+    """With job children the daemon itself only reads the last health result back at start (not the runner)."""
+    from agent.health.last import load_last_result
 
     return Hooks(health_last=load_last_result)
 

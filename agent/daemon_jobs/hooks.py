@@ -9,7 +9,7 @@ left ``None`` is skipped. The entry points:
   policy) takes effect at the next snapshot.
 - ``agent.health.runner.run_health_check(host, health_settings, state_dir, snapshot=...) -> HealthResult`` and
   ``agent.health.events.payloads_for(result) -> [HealthRegression | CpuFallback]``; at start
-  ``agent.health.runner.load_last_result(state_dir)`` gives the last status back.
+  ``agent.health.last.load_last_result(state_dir)`` gives the last status back.
 - ``agent.guard.rollback.health.rollback_before_change(host, settings, health_status, sink=...) -> GuardResult``
   the health-gated rollback after a package change (apt/dnf tooling imported only when one is due).
 """
@@ -34,7 +34,8 @@ class Hooks:
 def default_hooks() -> Hooks:
     """The real policy engine and health runner (imported here, when the daemon starts)."""
     from agent.health.events import payloads_for
-    from agent.health.runner import load_last_result, run_health_check
+    from agent.health.last import load_last_result
+    from agent.health.runner import run_health_check
     from agent.policy.compliance import check_snapshot
 
     return Hooks(policy_check=check_snapshot, health_run=run_health_check, health_last=load_last_result,

@@ -255,6 +255,3 @@ class BaselineStore:
                          mode=0o644)
 
 
-def health_dir(state_dir: str) -> Path:
-    return Path(state_dir) / "health"
-

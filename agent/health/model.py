@@ -13,6 +13,7 @@ import hashlib
 import json
 from typing import Dict, List, Literal, Optional
 
+from agent.health.settings import HealthMode
 from agent.models import FrozenModel
 
 HealthStatus = Literal["pass", "regression", "cpu_fallback", "failed", "timeout", "skipped", "busy", "deferred"]
@@ -21,7 +22,6 @@ HealthStatus = Literal["pass", "regression", "cpu_fallback", "failed", "timeout"
 # deferred: nothing could run without risk to that job (too little free device memory, or configured to wait).
 STATUS_EXIT_CODES: Dict[str, int] = {"pass": 0, "regression": 20, "cpu_fallback": 21, "failed": 22,
                                      "timeout": 23, "skipped": 24, "busy": 25, "deferred": 26}
-HealthMode = Literal["auto", "functional", "full"]
 RESULT_MARKER = "GPUGUARD_PROBE_RESULT "
 
 

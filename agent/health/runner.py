@@ -14,7 +14,6 @@ pass there, ``deferred`` when nothing could run safely, and such a run never tou
 from __future__ import annotations
 
 import datetime as dt
-import json
 import threading
 import time
 import uuid
@@ -29,13 +28,13 @@ from agent.health.baseline import (
     choose_reference,
     compare,
     fingerprint_of,
-    health_dir,
     metrics_of,
     peer_outliers,
     record_run,
 )
 from agent.health.classify import Verdict, classify
 from agent.health.fallback import Inventory, Vendor, detect_fallback, merge_inventory
+from agent.health.last import LAST_RESULT_FILE, health_dir, load_last_result
 from agent.health.launch import Launcher, ProbeOutcome, launch_probe
 from agent.health.model import (
     BaselineComparison,
@@ -66,7 +65,6 @@ log = get_logger("health")
 
 PROBE_PATH = Path(__file__).with_name("probe.py")
 CONTAINER_PROBE_PATH = "/opt/gpuguard/probe.py"
-LAST_RESULT_FILE = "last.json"
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
             "PYTHONUNBUFFERED": "1"}
 _STDERR_TAIL_CHARS = 2000
@@ -398,17 +396,6 @@ def _log_result(result: HealthResult, inventory: Inventory) -> None:
     for reg in result.regressions:
         log.warning("health_regression", metric=reg.metric, gpu=reg.gpu, against=reg.against,
                     drop_fraction=reg.drop_fraction, threshold_fraction=reg.threshold_fraction)
-
-
-def load_last_result(state_dir: str) -> Optional[HealthResult]:
-    """The last check's result from the state directory, or None when there is none yet."""
-    path = health_dir(state_dir) / LAST_RESULT_FILE
-    try:
-        return HealthResult.model_validate(json.loads(path.read_text(encoding="utf-8")))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise InputFileError(str(path), f"unreadable health result: {exc}") from None
 
 
 __all__ = ["run_health_check", "build_probe_argv", "probe_env", "load_last_result", "PROBE_PATH", "ProbeOutcome"]

@@ -6,12 +6,13 @@ from typing import Dict, List, Literal, Optional
 
 from pydantic import Field, model_validator
 
-from agent.health.model import HealthMode
 from agent.models import FrozenModel
 
 GIB = 1 << 30
 MIB = 1 << 20
 DEFAULT_PROBE_USER = "gpuguard-probe"
+# auto: judge performance on idle GPUs; functional: never judge it; full: it must be judged (docs/health.md).
+HealthMode = Literal["auto", "functional", "full"]
 
 
 class HealthSettings(FrozenModel):

@@ -348,8 +348,7 @@ def gather(host: Host, config_path: str, offline: bool,
     from agent.daemon_jobs.health_schedule import DEFERRAL_FILE
     from agent.daemon_jobs.runtime import LAST_SNAPSHOT_FILENAME
     from agent.guard.hotpath.state import GuardPaths
-    from agent.health.baseline import health_dir
-    from agent.health.runner import LAST_RESULT_FILE
+    from agent.health.last import LAST_RESULT_FILE, health_dir
     from agent.report.outbox import OUTBOX_FILENAME
 
     settings = load_settings(config_path)

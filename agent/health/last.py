@@ -1,0 +1,39 @@
+"""Where the health check keeps its state and its last result, and how the last result is read back.
+
+Apart from runner.py: the daemon only reads the last status back at start, so it loads neither the runner nor, while
+there is no result yet, the health models (issue #17).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from agent.errors import InputFileError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.health.model import HealthResult
+
+LAST_RESULT_FILE = "last.json"
+
+
+def health_dir(state_dir: str) -> Path:
+    return Path(state_dir) / "health"
+
+
+def load_last_result(state_dir: str) -> Optional["HealthResult"]:
+    """The last check's result from the state directory, or None when there is none yet."""
+    path = health_dir(state_dir) / LAST_RESULT_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise InputFileError(str(path), f"unreadable health result: {exc}") from None
+    from agent.health.model import HealthResult  # the models only when there is a result to validate
+
+    try:
+        return HealthResult.model_validate(json.loads(text))
+    except ValueError as exc:
+        raise InputFileError(str(path), f"unreadable health result: {exc}") from None
