@@ -45,7 +45,7 @@ class PolicyName:
 def nfd_view(runtime: Runtime, policy_name: Optional[str] = None) -> NfdView:
     """Gather what the features file shows from the daemon's state (the metrics textfile's source) and the
     reboot marker a rollback leaves (read as ``gpuguard status`` reads it)."""
-    from agent.status.facts import booted_at_seconds, read_reboot_required
+    from agent.status.reboot import booted_at_seconds, read_reboot_required
 
     marker = runtime.host.path(GuardPaths(runtime.settings.agent.state_dir).reboot_required + ".pkgs")
     reboot = read_reboot_required(str(marker), booted_at_seconds()) is not None

@@ -20,6 +20,7 @@ from agent.errors import GpuguardError
 from agent.files import read_json_file
 from agent.host import Host
 from agent.models import FrozenModel
+from agent.status.reboot import booted_at_seconds, read_reboot_required
 
 GUARD_TAIL_BYTES = 64 * 1024
 METRICS_MAX_BYTES = 1024 * 1024
@@ -235,29 +236,6 @@ def read_deferral(path: str) -> Optional[str]:
     line = (f"full check deferred since {data['since']} ({data.get('attempts')} attempt(s), next at "
             f"{data.get('next_attempt_at')})")
     return line + (f"; in use by {'; '.join(str(t) for t in tenants[:3])}" if tenants else "")
-
-
-def read_reboot_required(path: str, booted_at_seconds: Optional[float] = None) -> Optional[List[str]]:
-    """The package names in gpuguard's reboot-required.pkgs; None when no reboot is marked as needed, or the
-    machine booted after it was written (nothing removes the marker: the reboot it asked for is its end)."""
-    try:
-        with open(path, "r", encoding="utf-8", errors="replace") as handle:
-            if booted_at_seconds is not None and os.fstat(handle.fileno()).st_mtime < booted_at_seconds:
-                return None
-            return [line.strip() for line in handle.read(65536).splitlines() if line.strip()]
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return ["(unreadable list)"]
-
-
-def booted_at_seconds() -> Optional[float]:
-    """When this machine booted (now less /proc/uptime), None where /proc does not say."""
-    try:
-        with open("/proc/uptime", "r", encoding="ascii") as handle:
-            return time.time() - float(handle.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _read_tail(path: str, max_bytes: int) -> Tuple[bytes, int, float]:
