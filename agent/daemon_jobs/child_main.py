@@ -1,7 +1,8 @@
 """The child side of agent/daemon_jobs/children.py: ``gpuguard _job NAME`` runs one job body and writes its result.
 
     snapshot     SnapshotJob.run: events into the outbox, last-snapshot.json; result: compliance, violated rules,
-                 a stack change (the daemon then asks for a health check)
+                 a stack change (the daemon then asks for a health check), the stored snapshot's facts and pairing
+                 (with ``stored_only``, at the daemon's start: only those of the snapshot already stored)
     guard_check  check_and_rollback (its records go to guard-events.jsonl, which the daemon forwards);
                  result: status, detail, reboot_required, or the error / the interruption
     health       HealthJob.run in the mode asked (the after-change gate and its rollback included): events into
@@ -95,9 +96,18 @@ def _snapshot(rt: Any, request: Dict[str, Any]) -> Dict[str, Any]:
 
     rt.state.violated_rules = frozenset(request.get("violated_rules") or ())
     asked: list = []
-    SnapshotJob(rt, default_hooks().policy_check, on_stack_changed=asked.append).run(str(request.get("reason")))
-    return {"compliant": rt.state.compliant, "violated_rules": sorted(rt.state.violated_rules),
-            "stack_changed": asked[0] if asked else None, "hostname": rt.emitter.hostname}
+    stored_only = bool(request.get("stored_only"))
+    # Reads the stored snapshot back (a damaged file is moved aside and reported).
+    job = SnapshotJob(rt, None if stored_only else default_hooks().policy_check, on_stack_changed=asked.append)
+    result: Dict[str, Any] = {}
+    if not stored_only:
+        job.run(str(request.get("reason")))
+        result = {"compliant": rt.state.compliant, "violated_rules": sorted(rt.state.violated_rules),
+                  "stack_changed": asked[0] if asked else None, "hostname": rt.emitter.hostname}
+    state = rt.state
+    result["snapshot"] = state.snapshot_facts.to_json() if state.snapshot_facts is not None else None
+    result["pairing"] = state.pairing.model_dump(mode="json") if state.pairing is not None else None
+    return result
 
 
 def _health(rt: Any, request: Dict[str, Any]) -> Dict[str, Any]:

@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from agent.daemon_jobs.runtime import load_last_snapshot
+from agent.daemon_jobs.runtime import LAST_SNAPSHOT_FILENAME, SnapshotFacts
 from agent.errors import GpuguardError, Interrupted
 from agent.log import get_logger
 
@@ -161,30 +161,35 @@ def job_request(runtime: Any, reason: str, **extra: Any) -> Dict[str, Any]:
 
 
 class SnapshotInChild:
-    """The snapshot job's body run in a child; the daemon then reads the stored snapshot back for its state."""
+    """The snapshot job's body run in a child; the child hands back what the daemon shows of the stored snapshot.
+
+    At start, when a snapshot is stored, a first child (``stored_only``) reads it back, reporting a damaged file, and
+    hands back its facts and pairing: the daemon itself never loads a snapshot (issue #17)."""
 
     def __init__(self, runtime: Any, config_path: str, on_stack_changed: Callable[[str], None]) -> None:
-        from agent.snapshot.pairing import pairing_of
-
         self.runtime = runtime
         self.config_path = config_path
         self.on_stack_changed = on_stack_changed
-        self._pairing_of = pairing_of
         state = runtime.state
-        if state.last_snapshot is None:
-            state.last_snapshot = load_last_snapshot(runtime)
-            if state.last_snapshot is not None:
-                state.pairing = pairing_of(state.last_snapshot)
+        if state.snapshot_facts is None and os.path.lexists(runtime.state_path(LAST_SNAPSHOT_FILENAME)):
+            try:
+                result = run_child("snapshot", config_path, str(runtime.host.root),
+                                   job_request(runtime, "start", stored_only=True), runtime.state_dir,
+                                   runtime.stopping)
+            except ChildJobFailed as exc:  # the first snapshot run (right after start) tells the same
+                log.warning("snapshot_read_back_failed", error=str(exc))
+                return
+            self._keep(result)
+            if result.get("events"):
+                runtime.emitter.on_enqueued()
 
     def run(self, reason: str = "interval") -> None:
         rt = self.runtime
         result = run_child("snapshot", self.config_path, str(rt.host.root),
                            job_request(rt, reason, violated_rules=sorted(rt.state.violated_rules)),
                            rt.state_dir, rt.stopping)
-        snap = load_last_snapshot(rt, report_damage=False)  # the child reported a damaged file it found
+        self._keep(result)
         with rt.state.lock:
-            rt.state.last_snapshot = snap
-            rt.state.pairing = self._pairing_of(snap) if snap is not None else None
             rt.state.compliant = result.get("compliant")
             rt.state.violated_rules = frozenset(result.get("violated_rules") or ())
         if result.get("hostname"):
@@ -193,6 +198,16 @@ class SnapshotInChild:
             rt.emitter.on_enqueued()
         if result.get("stack_changed"):
             self.on_stack_changed(str(result["stack_changed"]))
+
+    def _keep(self, result: Dict[str, Any]) -> None:
+        """The stored snapshot's facts and pairing from a child's result (None: no snapshot is stored)."""
+        from agent.snapshot.pairing import Pairing
+
+        facts, pairing = result.get("snapshot"), result.get("pairing")
+        state = self.runtime.state
+        with state.lock:
+            state.snapshot_facts = SnapshotFacts.from_json(facts) if isinstance(facts, dict) else None
+            state.pairing = Pairing.model_validate(pairing) if isinstance(pairing, dict) else None
 
 
 class HealthInChild:

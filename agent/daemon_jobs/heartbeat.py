@@ -29,9 +29,9 @@ class HeartbeatJob:
         rt.report_held_damage()
         state = rt.state
         with state.lock:
-            snap, pairing = state.last_snapshot, state.pairing
+            facts, pairing = state.snapshot_facts, state.pairing
             compliant, health = state.compliant, state.last_health_status
         rt.emitter.emit(Heartbeat(agent_version=__version__, uptime_seconds=round(state.uptime_seconds(), 3),
-                                  content_hash=snap.content_hash if snap else None,
+                                  content_hash=facts.content_hash if facts else None,
                                   outbox_depth=rt.outbox.depth(), pairing=pairing, compliant=compliant,
                                   last_health_status=health))

@@ -4,7 +4,6 @@ the NFD features file from the same state (daemon_jobs/nfd.py)."""
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from typing import Optional
 
 from agent import __version__
@@ -17,14 +16,14 @@ def metrics_view(runtime: Runtime) -> MetricsView:
     """Gather what the textfile shows."""
     state, outbox = runtime.state, runtime.outbox
     with state.lock:
-        snap = state.last_snapshot
+        facts = state.snapshot_facts
         view = dict(pairing=state.pairing, compliant=state.compliant, last_health_status=state.last_health_status,
                     last_health_timestamp_seconds=state.last_health_at_seconds,
                     last_delivery_success_seconds=state.last_delivery_success_seconds,
                     delivery_failures=dict(state.delivery_failures))
     return MetricsView(agent_version=__version__, start_time_seconds=round(state.started_at_seconds, 3),
-                       snapshot_timestamp_seconds=snap.taken_at.timestamp() if snap else None,
-                       findings_by_severity=dict(Counter(f.severity for f in snap.findings)) if snap else {},
+                       snapshot_timestamp_seconds=facts.taken_at_seconds if facts else None,
+                       findings_by_severity=dict(facts.findings_by_severity) if facts else {},
                        outbox_depth=outbox.depth(), outbox_oldest_age_seconds=outbox.oldest_age_seconds(),
                        outbox_dropped=outbox.dropped_counts(), outbox_rejected=outbox.rejected_count(), **view)
 

@@ -51,11 +51,11 @@ def nfd_view(runtime: Runtime, policy_name: Optional[str] = None) -> NfdView:
     reboot = read_reboot_required(str(marker), booted_at_seconds()) is not None
     state = runtime.state
     with state.lock:
-        snap = state.last_snapshot
+        facts = state.snapshot_facts
         return NfdView(agent_version=__version__, compliant=state.compliant, policy=policy_name,
                        violated_rules=len(state.violated_rules), pairing=state.pairing,
-                       snapshot_at_seconds=snap.taken_at.timestamp() if snap else None,
-                       finding_kinds=tuple(sorted({f.kind for f in snap.findings})) if snap else (),
+                       snapshot_at_seconds=facts.taken_at_seconds if facts else None,
+                       finding_kinds=facts.finding_kinds if facts else (),
                        health_status=state.last_health_status, health_at_seconds=state.last_health_at_seconds,
                        rollback_needs_reboot=reboot)
 

@@ -10,7 +10,7 @@ import datetime as dt
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from agent.config import Settings
 from agent.errors import InputFileError
@@ -19,11 +19,11 @@ from agent.host import Host
 from agent.log import get_logger
 from agent.report.events import Event, Payload, Severity, StateFileDamaged
 from agent.report.outbox import Outbox
-from agent.snapshot.model import Snapshot
 from agent.snapshot.pairing import Pairing
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.report.sender import Sender
+    from agent.snapshot.model import Snapshot
 
 LAST_SNAPSHOT_FILENAME = "last-snapshot.json"
 # Damage reports kept in memory while the outbox cannot take them (a full disk); the newest are kept.
@@ -32,13 +32,50 @@ MAX_HELD_DAMAGE_REPORTS = 100
 log = get_logger("runtime")
 
 
+@dataclass(frozen=True)
+class SnapshotFacts:
+    """What the daemon shows of the last snapshot (heartbeat, metrics textfile, NFD labels).
+
+    Small and plain, so that a snapshot child can hand it back in its JSON result: the resident daemon never reads a
+    snapshot itself (issue #17: the snapshot's records and their pydantic validator stay out of it)."""
+
+    content_hash: str
+    taken_at_seconds: float
+    findings_by_severity: Tuple[Tuple[str, int], ...] = ()  # in the order first seen, as collections.Counter counts
+    finding_kinds: Tuple[str, ...] = ()  # sorted, distinct
+
+    @classmethod
+    def of(cls, snap: Snapshot) -> SnapshotFacts:
+        severities: Dict[str, int] = {}
+        for finding in snap.findings:
+            severities[finding.severity] = severities.get(finding.severity, 0) + 1
+        return cls(content_hash=snap.content_hash, taken_at_seconds=snap.taken_at.timestamp(),
+                   findings_by_severity=tuple(severities.items()),
+                   finding_kinds=tuple(sorted({f.kind for f in snap.findings})))
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"content_hash": self.content_hash, "taken_at_seconds": self.taken_at_seconds,
+                "findings_by_severity": [list(pair) for pair in self.findings_by_severity],
+                "finding_kinds": list(self.finding_kinds)}
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> SnapshotFacts:
+        return cls(content_hash=str(data["content_hash"]), taken_at_seconds=float(data["taken_at_seconds"]),
+                   findings_by_severity=tuple((str(s), int(n)) for s, n in data.get("findings_by_severity") or ()),
+                   finding_kinds=tuple(str(k) for k in data.get("finding_kinds") or ()))
+
+
 @dataclass
 class AgentState:
-    """What the daemon knows between job runs; the last snapshot is also on disk and read back at start."""
+    """What the daemon knows between job runs; the last snapshot is also on disk and read back at start.
+
+    ``last_snapshot`` is kept only where snapshots are taken in-process (a job child, tests); what the daemon shows of
+    it is ``snapshot_facts`` and ``pairing``, which a snapshot child hands back (agent/daemon_jobs/children.py)."""
 
     started_at_seconds: float = field(default_factory=time.time)
     started_monotonic: float = field(default_factory=time.monotonic)
     last_snapshot: Optional[Snapshot] = None
+    snapshot_facts: Optional[SnapshotFacts] = None
     pairing: Optional[Pairing] = None
     compliant: Optional[bool] = None
     violated_rules: FrozenSet[str] = frozenset()
@@ -50,6 +87,13 @@ class AgentState:
 
     def uptime_seconds(self) -> float:
         return time.monotonic() - self.started_monotonic
+
+    def keep_snapshot(self, snap: Optional[Snapshot], pairing: Optional[Pairing]) -> None:
+        """The last snapshot taken or read back in this process (None: none), with its facts and its pairing."""
+        with self.lock:
+            self.last_snapshot = snap
+            self.snapshot_facts = SnapshotFacts.of(snap) if snap is not None else None
+            self.pairing = pairing
 
     def count_delivery_failure(self, category: str) -> None:
         with self.lock:
@@ -148,15 +192,14 @@ class Runtime:
                 return
 
 
-def load_last_snapshot(runtime: Runtime, report_damage: bool = True) -> Optional[Snapshot]:
-    """The snapshot stored by the previous run, or None: first start, or a damaged file (moved aside and reported,
-    unless ``report_damage`` is False because a job child already reported it)."""
+def load_last_snapshot(runtime: Runtime) -> Optional[Snapshot]:
+    """The snapshot stored by the previous run, or None: first start, or a damaged file (moved aside and reported)."""
     from agent.snapshot.io import load_snapshot
 
     path = runtime.state_path(LAST_SNAPSHOT_FILENAME)
     try:
         return load_snapshot(path)
     except InputFileError as exc:
-        if exc.reason != "no such file" and report_damage:
+        if exc.reason != "no such file":
             runtime.report_damaged_file(path, exc.reason, "starting without a previous snapshot")
         return None

@@ -37,9 +37,9 @@ class SnapshotJob:
         self._take = take
         state = runtime.state
         if state.last_snapshot is None:
-            state.last_snapshot = load_last_snapshot(runtime)
-            if state.last_snapshot is not None:
-                state.pairing = pairing_of(state.last_snapshot)
+            previous = load_last_snapshot(runtime)
+            if previous is not None:
+                state.keep_snapshot(previous, pairing_of(previous))
 
     def run(self, reason: str = "interval") -> None:
         rt = self.runtime
@@ -59,9 +59,7 @@ class SnapshotJob:
                      new_hash=snap.content_hash, changes=len(diff.changes) if diff else 0)
         self._evaluate_policy(snap)
         write_atomically(rt.state_path(LAST_SNAPSHOT_FILENAME), snap.to_json(), mode=0o600)
-        with rt.state.lock:
-            rt.state.last_snapshot = snap
-            rt.state.pairing = pairing
+        rt.state.keep_snapshot(snap, pairing)
         if rt.emitter.hostname != snap.hostname:
             rt.emitter.hostname = snap.hostname
         if diff is not None and stack_changed(diff):

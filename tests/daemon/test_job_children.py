@@ -232,3 +232,35 @@ def test_children_use_the_settings_in_force_after_sighup(agent: AgentProcess, re
     before_stop = agent.logs()[:names.index("daemon_stopping")]
     assert not [e for e in before_stop if e["event"] == "job_child_exited" and e["exit_code"] != 0]
     assert_delivered_once_in_order(receiver, agent.outbox())
+
+
+def test_the_snapshot_child_hands_back_what_the_daemon_shows(tmp_path: Path, host_root: Path) -> None:
+    """The daemon's facts and pairing come from the child's result, equal to the stored snapshot's; started again, a
+    child reads the stored snapshot back for it before any snapshot run."""
+    from agent.config import Settings
+    from agent.daemon_jobs.children import SnapshotInChild
+    from agent.daemon_jobs.runtime import EventEmitter, Runtime, SnapshotFacts
+    from agent.host import Host
+    from agent.report.outbox import Outbox
+    from agent.snapshot.io import load_snapshot
+    from agent.snapshot.pairing import pairing_of
+
+    host = Host.for_root(str(host_root))
+    settings = Settings.model_validate({"agent": {"state_dir": str(tmp_path / "state"), "host_id": "h-1"}})
+
+    def runtime() -> Runtime:
+        outbox = Outbox(str(tmp_path / "state" / "outbox.sqlite3"))
+        return Runtime(host=host, settings=settings, state_dir=str(tmp_path / "state"), outbox=outbox,
+                       emitter=EventEmitter(outbox, "h-1", "node-1", host.clock))
+
+    first = runtime()
+    SnapshotInChild(first, "/nonexistent.toml", on_stack_changed=lambda reason: None).run()
+    first.outbox.close()
+    stored = load_snapshot(str(tmp_path / "state" / "last-snapshot.json"))
+    assert first.state.snapshot_facts == SnapshotFacts.of(stored)
+    assert first.state.pairing == pairing_of(stored) and first.state.pairing is not None
+    again = runtime()
+    SnapshotInChild(again, "/nonexistent.toml", on_stack_changed=lambda reason: None)
+    again.outbox.close()
+    assert again.state.snapshot_facts == first.state.snapshot_facts
+    assert again.state.pairing == first.state.pairing
