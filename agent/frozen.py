@@ -185,7 +185,7 @@ def frozen_record(cls: Type[_T]) -> Type[_T]:
 def record_fields(record_or_class: Any) -> Tuple[FieldSpec, ...]:
     """The fields of a record (or record class), in declaration order."""
     cls = record_or_class if isinstance(record_or_class, type) else type(record_or_class)
-    if not issubclass(cls, Frozen) or cls not in _RECORDS:
+    if not issubclass(cls, Frozen) or not any(base in _RECORDS for base in cls.__mro__):
         raise TypeError(f"{cls.__name__} is not a frozen record")
     return cls.__record_fields__
 

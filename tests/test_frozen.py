@@ -114,8 +114,11 @@ def test_record_fields_in_declaration_order() -> None:
         ("index", "int", True), ("name", "Optional[str]", False), ("tags", "List[str]", False),
         ("slot", "str", False)]
     assert record_fields(Limits(interval_seconds=1.0))[0].metadata == {"gt": 0}
+    assert record_fields(type("Subclass", (Board,), {})) == specs  # a subclass that declares nothing more
     with pytest.raises(TypeError, match="not a frozen record"):
         record_fields(int)
+    with pytest.raises(TypeError, match="not a frozen record"):
+        record_fields(Frozen)
 
 
 def test_pydantic_validates_records_as_dataclasses() -> None:
