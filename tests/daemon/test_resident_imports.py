@@ -39,7 +39,7 @@ from agent.host import Host
 from agent.log import configure
 
 config, root, snapshot_file = sys.argv[2], sys.argv[3], sys.argv[4]
-configure(level="warning")
+configure(level="error")  # job_failed shows why a child did not run
 started_ns = time.time_ns()
 daemon = Daemon(config, load_settings(config), Host.for_root(root))
 daemon.start()
@@ -50,6 +50,9 @@ while time.monotonic() < deadline:
             state.snapshot_facts is not None and state.pairing is not None:
         break
     time.sleep(0.05)
+else:
+    daemon.stop()
+    sys.exit("no snapshot run finished within 60 s")
 time.sleep(0.5)  # heartbeats and delivery runs after the snapshot
 shown = {"content_hash": state.snapshot_facts.content_hash, "kernel": state.pairing.kernel_running}
 daemon.stop()
