@@ -183,4 +183,9 @@ def section_core_schema(cls: type) -> "CoreSchema":
                 {"type": PydanticCustomError("invalid_setting", msg), "loc": loc, "input": value}
                 for loc, msg in exc.problems]) from None
 
-    return core_schema.no_info_plain_validator_function(validate)
+    def serialize(value: object) -> Dict[str, Any]:
+        return {spec.name: getattr(value, spec.name) for spec in record_fields(cls)}
+
+    # Dumped as its fields: the settings handed to a job child (``model_dump``) and ``gpuguard`` JSON output.
+    return core_schema.no_info_plain_validator_function(
+        validate, serialization=core_schema.plain_serializer_function_ser_schema(serialize))

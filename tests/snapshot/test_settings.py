@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,8 @@ from agent.collectors.packages import DEFAULT_WATCHED_PATTERNS
 from agent.config import parse_settings
 from agent.errors import ConfigError
 from agent.snapshot.settings import SnapshotSettings, load_snapshot_settings
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _both(tmp_path: Path, text: str):
@@ -85,3 +89,16 @@ def test_the_daemons_settings_round_trip_through_json() -> None:
     dumped = json.loads(json.dumps(settings.model_dump(mode="json")))
     assert dumped["snapshot"]["interval_seconds"] == 60.0
     assert type(settings).model_validate(dumped).snapshot == settings.snapshot
+
+
+def test_settings_dump_in_a_fresh_process() -> None:
+    """A new process (the daemon handing settings to a job child) dumps [snapshot] before any snapshot was read
+    back, that is before the records are also dataclasses pydantic knows (agent/frozen.py as_dataclasses)."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from agent.config import Settings; "
+            "import agent.frozen as f; assert not f._as_dataclasses; "
+            "print(json.dumps(Settings().model_dump(mode='json')['snapshot']['interval_seconds']))")
+    result = subprocess.run([sys.executable, "-I", "-c", code, str(REPO)], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "300.0"
+
