@@ -1,9 +1,28 @@
-"""Default paths as plain constants: what the command line needs before it knows which command runs.
+"""Defaults as plain constants: what the command line needs before it knows which command runs, and the watched
+packages the settings default to.
 
 Nothing here imports anything: ``agent/cli.py`` reads these to build its parser, so ``gpuguard snapshot`` does not
-load the settings models (pydantic), the collectors or the logger just to print a default in ``--help``.
+load the settings models (pydantic), the collectors or the logger just to print a default in ``--help``; and the
+daemon's ``[snapshot]`` settings default to the watched packages without loading the collectors.
 """
 
 DEFAULT_CONFIG_PATH = "/etc/gpuguard/agent.toml"
 DEFAULT_HUB_CONFIG_PATH = "/etc/gpuguard/hub.toml"
 DEFAULT_STATE_DIR = "/var/lib/gpuguard"
+
+# Kernel, GPU driver, ROCm/CUDA user space, firmware and container stack: the packages whose movement matters.
+DEFAULT_WATCHED_PATTERNS = (
+    # kernels and what DKMS builds against
+    "linux-image-*", "linux-modules-*", "linux-headers-*", "linux-generic*", "linux-hwe-*", "linux-oem-*",
+    "linux-aws*", "linux-azure*", "linux-gcp*",
+    "kernel", "kernel-core", "kernel-modules*", "kernel-devel*", "kernel-headers", "kernel-uek*", "kernel-default*",
+    "dkms", "linux-firmware*", "firmware-amd-graphics", "firmware-nvidia-*",
+    # AMD driver and ROCm user space
+    "amdgpu*", "rocm*", "hip-*", "hipcc*", "hsa-*", "hsakmt*", "rocminfo", "amd-smi*", "comgr", "rccl*",
+    "miopen-hip*", "rocblas*", "hipblaslt*", "amd-container-toolkit*",
+    # NVIDIA driver and CUDA user space
+    "nvidia-*", "libnvidia-*", "cuda", "cuda-*", "libcuda*", "libcudnn*", "libnccl*", "kmod-nvidia*",
+    "xserver-xorg-video-nvidia*", "datacenter-gpu-manager*", "nvidia-container-toolkit*", "libnvidia-container*",
+    # container runtimes
+    "docker*", "containerd*", "moby-*", "podman", "runc", "crun", "cri-o*",
+)

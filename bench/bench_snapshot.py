@@ -41,7 +41,7 @@ from typing import Dict, List, Optional, Sequence
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agent.collectors.packages import DEFAULT_WATCHED_PATTERNS  # noqa: E402 - a tuple of strings, no I/O
+from agent.defaults import DEFAULT_WATCHED_PATTERNS  # noqa: E402 - a tuple of strings, no I/O
 
 
 def _children_cpu() -> float:

@@ -14,9 +14,10 @@ from agent.collectors.dpkg import DpkgCollector
 from agent.collectors.kernel import KernelCollector
 from agent.collectors.nvidia import NvidiaCollector
 from agent.collectors.os_release import OsReleaseCollector
-from agent.collectors.packages import DEFAULT_WATCHED_PATTERNS, Watchlist
+from agent.collectors.packages import Watchlist
 from agent.collectors.rocm import RocmCollector
 from agent.collectors.rpm import RpmCollector
+from agent.defaults import DEFAULT_WATCHED_PATTERNS
 
 
 def default_collectors(watched_patterns: Iterable[str] = DEFAULT_WATCHED_PATTERNS) -> Tuple[Collector, ...]:

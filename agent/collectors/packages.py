@@ -4,24 +4,8 @@ from __future__ import annotations
 
 from typing import Dict, FrozenSet, Iterable, Literal, Optional, Tuple
 
+from agent.defaults import DEFAULT_WATCHED_PATTERNS
 from agent.frozen import Frozen, frozen_record
-
-# Kernel, GPU driver, ROCm/CUDA user space, firmware and container stack: the packages whose movement matters.
-DEFAULT_WATCHED_PATTERNS: Tuple[str, ...] = (
-    # kernels and what DKMS builds against
-    "linux-image-*", "linux-modules-*", "linux-headers-*", "linux-generic*", "linux-hwe-*", "linux-oem-*",
-    "linux-aws*", "linux-azure*", "linux-gcp*",
-    "kernel", "kernel-core", "kernel-modules*", "kernel-devel*", "kernel-headers", "kernel-uek*", "kernel-default*",
-    "dkms", "linux-firmware*", "firmware-amd-graphics", "firmware-nvidia-*",
-    # AMD driver and ROCm user space
-    "amdgpu*", "rocm*", "hip-*", "hipcc*", "hsa-*", "hsakmt*", "rocminfo", "amd-smi*", "comgr", "rccl*",
-    "miopen-hip*", "rocblas*", "hipblaslt*", "amd-container-toolkit*",
-    # NVIDIA driver and CUDA user space
-    "nvidia-*", "libnvidia-*", "cuda", "cuda-*", "libcuda*", "libcudnn*", "libnccl*", "kmod-nvidia*",
-    "xserver-xorg-video-nvidia*", "datacenter-gpu-manager*", "nvidia-container-toolkit*", "libnvidia-container*",
-    # container runtimes
-    "docker*", "containerd*", "moby-*", "podman", "runc", "crun", "cri-o*",
-)
 
 PackageManager = Literal["dpkg", "rpm"]
 _GLOB_CHARS = "*?["  # what makes fnmatch treat a pattern as more than a name

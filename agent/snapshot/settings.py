@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, List
 
-from agent.collectors.packages import DEFAULT_WATCHED_PATTERNS
 from agent.configfile import (
     SectionInvalid,
     check_section,
@@ -18,7 +17,7 @@ from agent.configfile import (
     read_config_text,
     section_core_schema,
 )
-from agent.defaults import DEFAULT_CONFIG_PATH
+from agent.defaults import DEFAULT_CONFIG_PATH, DEFAULT_WATCHED_PATTERNS
 from agent.errors import ConfigError
 from agent.frozen import Frozen, field, frozen_record
 from agent.validation import validation_problems

@@ -7,8 +7,9 @@ import fnmatch
 import pytest
 
 from agent.collectors.dpkg import DpkgCollector, parse_dpkg_status
-from agent.collectors.packages import DEFAULT_WATCHED_PATTERNS, Watchlist, find_version
+from agent.collectors.packages import Watchlist, find_version
 from agent.collectors.rpm import RpmCollector, parse_rpm_query, rpm_query_argv
+from agent.defaults import DEFAULT_WATCHED_PATTERNS
 from agent.errors import CollectorUnavailable
 from agent.host import Host
 from tests.fakes.runner import FakeRunner

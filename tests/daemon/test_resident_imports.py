@@ -21,9 +21,9 @@ FIXTURE_ROOT = REPO / "tests" / "fixtures" / "roots" / "gpuless-debian12"
 
 # Modules (or packages: a name covers its submodules) the resident must not import: the snapshot's records, reader
 # and taker, the health runner and (without a stored result) the health models, the policy engine, the guard's
-# tooling and the status command's models. (agent.collectors is still loaded, through agent.snapshot.settings'
-# DEFAULT_WATCHED_PATTERNS.)
+# tooling, the status command's models, and the collectors.
 NOT_FOR_THE_RESIDENT = (
+    "agent.collectors",
     "agent.snapshot.io", "agent.snapshot.model", "agent.snapshot.take", "agent.snapshot.render",
     "agent.health.runner", "agent.health.model", "agent.health.probe", "agent.health.baseline",
     "agent.policy.compliance", "agent.policy.load", "agent.policy.evaluate", "agent.policy.model",

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.packages import DEFAULT_WATCHED_PATTERNS
 from agent.config import parse_settings
+from agent.defaults import DEFAULT_WATCHED_PATTERNS
 from agent.errors import ConfigError
 from agent.snapshot.settings import SnapshotSettings, load_snapshot_settings
 
