@@ -34,7 +34,7 @@ from agent.health.baseline import (
 )
 from agent.health.classify import Verdict, classify
 from agent.health.fallback import Inventory, Vendor, detect_fallback, merge_inventory
-from agent.health.last import LAST_RESULT_FILE, health_dir, load_last_result
+from agent.health.last import LAST_RESULT_FILE, health_dir
 from agent.health.launch import Launcher, ProbeOutcome, launch_probe
 from agent.health.model import (
     BaselineComparison,
@@ -398,4 +398,4 @@ def _log_result(result: HealthResult, inventory: Inventory) -> None:
                     drop_fraction=reg.drop_fraction, threshold_fraction=reg.threshold_fraction)
 
 
-__all__ = ["run_health_check", "build_probe_argv", "probe_env", "load_last_result", "PROBE_PATH", "ProbeOutcome"]
+__all__ = ["run_health_check", "build_probe_argv", "probe_env", "PROBE_PATH", "ProbeOutcome"]

@@ -57,7 +57,7 @@ def hooks_from(modules: Dict[str, Any]) -> Hooks:
 
     return Hooks(policy_check=find("agent.policy.compliance", "check_snapshot"),
                  health_run=find("agent.health.runner", "run_health_check"),
-                 health_last=find("agent.health.runner", "load_last_result"),
+                 health_last=find("agent.health.last", "load_last_result"),
                  health_payloads=find("agent.health.events", "payloads_for"))
 
 
@@ -192,8 +192,8 @@ def fake_health_modules(status: str, payloads: List[Any], calls: List[Any]) -> D
         calls.append((settings, state_dir))
         return result
 
-    return {"agent.health.runner": types.SimpleNamespace(run_health_check=run_health_check,
-                                                         load_last_result=lambda state_dir: None),
+    return {"agent.health.runner": types.SimpleNamespace(run_health_check=run_health_check),
+            "agent.health.last": types.SimpleNamespace(load_last_result=lambda state_dir: None),
             "agent.health.events": types.SimpleNamespace(payloads_for=lambda r: list(payloads))}
 
 
