@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from types import ModuleType
-from typing import Any, Dict, List, Literal, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple
 
 from agent.errors import CollectorUnavailable, HostReadError, LibraryUnavailable
 from agent.frozen import Frozen, field, frozen_record
@@ -77,7 +77,8 @@ _BDF = re.compile(r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2})
                   r"\.(?P<function>[0-7])$")
 
 
-class PciAddress(NamedTuple):
+@frozen_record
+class PciAddress(Frozen):
     """The parts of a PCI address (``domain:bus:device.function``)."""
 
     domain: int
@@ -86,7 +87,7 @@ class PciAddress(NamedTuple):
     function: int
 
     def __str__(self) -> str:
-        return "{:04x}:{:02x}:{:02x}.{:x}".format(*self)
+        return f"{self.domain:04x}:{self.bus:02x}:{self.device:02x}.{self.function:x}"
 
 
 def parse_bdf(text: str) -> PciAddress:
@@ -113,7 +114,8 @@ def parse_uevent(text: str) -> Dict[str, str]:
     return out
 
 
-class EccCount(NamedTuple):
+@frozen_record
+class EccCount(Frozen):
     """Corrected and uncorrected memory error counts."""
 
     correctable_count: int
@@ -216,7 +218,8 @@ class _SmiUnusable(Exception):
     """amdsmi is present but cannot describe this host; carries the reason for the snapshot."""
 
 
-class _SmiReading(NamedTuple):  # a NamedTuple, not a dataclass: nothing generated and exec'd at import
+@frozen_record
+class _SmiReading(Frozen):
     driver_version: Optional[str]
     library_version: Optional[str]
     gpus: List[AmdGpu]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from types import ModuleType
-from typing import Any, Callable, List, Literal, NamedTuple, Optional
+from typing import Any, Callable, List, Literal, Optional
 
 from agent.errors import CollectorUnavailable, LibraryUnavailable
 from agent.frozen import Frozen, field, frozen_record
@@ -82,7 +82,8 @@ def normalise_bdf(text: str) -> str:
                                               int(match.group("function")))
 
 
-class GpuInformation(NamedTuple):  # a NamedTuple, not a dataclass: nothing generated and exec'd at import
+@frozen_record
+class GpuInformation(Frozen):
     """What /proc/driver/nvidia/gpus/<bdf>/information says about one GPU; None where it says nothing usable."""
 
     bdf: Optional[str] = None
@@ -149,7 +150,8 @@ class _NvmlUnusable(Exception):
     """NVML is present but cannot describe this host; carries the reason for the snapshot."""
 
 
-class _NvmlReading(NamedTuple):
+@frozen_record
+class _NvmlReading(Frozen):
     driver_version: Optional[str]
     cuda_driver_version: Optional[str]
     gpus: List[NvidiaGpu]
