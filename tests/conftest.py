@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Callable, Dict, Optional
@@ -14,10 +16,21 @@ from agent.errors import LibraryUnavailable
 from agent.host import Host
 from tests.fakes.runner import FakeRunner
 
+REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
 ROOTS = FIXTURES / "roots"
 RECORDED = FIXTURES / "recorded"
 FIXED_TIME = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def run_fresh_python(code: str, *args: str, timeout_seconds: float = 60) -> str:
+    """Run ``code`` in a new isolated interpreter (``python -I -c``) with this checkout as ``sys.argv[1]`` and
+    ``args`` after it, as an installed command starts: what a process loads or does before anything else ran.
+    Returns its stdout; the test fails with its stderr when it exits non-zero."""
+    result = subprocess.run([sys.executable, "-I", "-c", code, str(REPO), *args], capture_output=True, text=True,
+                            timeout=timeout_seconds, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
 
 
 def fixed_clock() -> dt.datetime:

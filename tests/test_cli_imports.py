@@ -9,12 +9,11 @@ a fresh interpreter, the way the installed command runs.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-FIXTURE_ROOT = REPO / "tests" / "fixtures" / "roots" / "gpuless-debian12"
+from tests.conftest import ROOTS, run_fresh_python
+
+FIXTURE_ROOT = ROOTS / "gpuless-debian12"
 
 # Modules (or packages: a name covers its submodules) a snapshot must not import.
 NOT_FOR_A_SNAPSHOT = (
@@ -44,10 +43,7 @@ def _loaded(tmp_path: Path, config_text: str = "", root: Path = FIXTURE_ROOT) ->
     config = tmp_path / "agent.toml"
     if config_text:
         config.write_text(config_text)
-    result = subprocess.run([sys.executable, "-I", "-c", _PROBE, str(REPO), str(root), str(config)],
-                            capture_output=True, text=True, timeout=60, check=False)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(run_fresh_python(_PROBE, str(root), str(config)).strip().splitlines()[-1])
 
 
 def _offenders(modules: list) -> list:
@@ -83,10 +79,7 @@ def test_parser_needs_no_pydantic() -> None:
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from agent.cli import build_parser; build_parser(); "
             "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'structlog') "
             "or m in ('agent.models', 'agent.host'))))")
-    result = subprocess.run([sys.executable, "-I", "-c", code, str(REPO)], capture_output=True, text=True,
-                            timeout=60, check=False)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == ""
+    assert run_fresh_python(code).strip() == ""
 
 
 def test_snapshot_start_up_loads_no_dataclasses_inspect_or_shutil(tmp_path: Path) -> None:

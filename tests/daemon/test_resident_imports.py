@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
+from tests.conftest import ROOTS, run_fresh_python
 from tests.daemon.conftest import agent_config
 
-REPO = Path(__file__).resolve().parents[2]
-FIXTURE_ROOT = REPO / "tests" / "fixtures" / "roots" / "gpuless-debian12"
+FIXTURE_ROOT = ROOTS / "gpuless-debian12"
 
 # Modules (or packages: a name covers its submodules) the resident must not import: the snapshot's records, reader
 # and taker, the health runner and (without a stored result) the health models, the policy engine, the guard's
@@ -61,11 +59,9 @@ print(json.dumps({"shown": shown, "modules": sorted(sys.modules)}))
 
 
 def _resident_modules(tmp_path: Path) -> dict:
-    result = subprocess.run([sys.executable, "-I", "-c", _PROBE, str(REPO), str(tmp_path / "agent.toml"),
-                             str(tmp_path / "root"), str(tmp_path / "state" / "last-snapshot.json")],
-                            capture_output=True, text=True, timeout=120, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    out = run_fresh_python(_PROBE, str(tmp_path / "agent.toml"), str(tmp_path / "root"),
+                           str(tmp_path / "state" / "last-snapshot.json"), timeout_seconds=120)
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def _offenders(modules: list) -> list:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,8 +11,7 @@ from agent.config import parse_settings
 from agent.defaults import DEFAULT_WATCHED_PATTERNS
 from agent.errors import ConfigError
 from agent.snapshot.settings import SnapshotSettings, load_snapshot_settings
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import run_fresh_python
 
 
 def _both(tmp_path: Path, text: str):
@@ -97,8 +94,5 @@ def test_settings_dump_in_a_fresh_process() -> None:
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from agent.config import Settings; "
             "import agent.frozen as f; assert not f._as_dataclasses; "
             "print(json.dumps(Settings().model_dump(mode='json')['snapshot']['interval_seconds']))")
-    result = subprocess.run([sys.executable, "-I", "-c", code, str(REPO)], capture_output=True, text=True,
-                            timeout=60, check=False)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "300.0"
+    assert run_fresh_python(code).strip() == "300.0"
 
