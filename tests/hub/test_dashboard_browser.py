@@ -80,12 +80,26 @@ def shot(driver: Any, tmp_path: Path, name: str) -> None:
 def click_and_load(driver: Any, element: Any) -> None:
     """Click something that loads a page, and wait until the new page has replaced the old one (reading at once
     would find the old page's elements, gone a moment later)."""
-    from selenium.webdriver.support import expected_conditions
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
 
     old_page = driver.find_element("tag name", "html")
+
+    def replaced(_driver: Any) -> bool:
+        try:
+            old_page.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as exc:
+            # Asked in the very moment the new document replaces the old one, Chromium 156 answers "Node with given
+            # id does not belong to the document" (an unknown error, not a stale element): replaced as well.
+            if "does not belong to the document" in str(exc):
+                return True
+            raise
+        return False
+
     element.click()
-    WebDriverWait(driver, 15).until(expected_conditions.staleness_of(old_page))
+    WebDriverWait(driver, 15).until(replaced)
 
 
 def host_ids(driver: Any) -> List[str]:
