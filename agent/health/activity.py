@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, List, Optional, Protocol, Sequence
+from typing import Any, Callable, List, Optional, Protocol, Sequence, Tuple
 
 from agent.errors import LibraryUnavailable
 from agent.health.model import ActivityReport, GpuActivity
@@ -86,7 +86,42 @@ def _percent(value: Any) -> Optional[float]:
     return None
 
 
-class NvmlReader:
+class _HandleReader:
+    """What the NVML and amdsmi readers share: one reading per GPU handle, a failed one read as None."""
+
+    _handles: List[Any]
+
+    def _utilization(self, handle: Any) -> Optional[float]:
+        raise NotImplementedError
+
+    def _memory(self, handle: Any) -> Tuple[Optional[int], Optional[int]]:
+        """(total, free) device memory in bytes."""
+        raise NotImplementedError
+
+    def _processes(self, handle: Any) -> Optional[List[SmiProcess]]:
+        raise NotImplementedError
+
+    def read(self) -> List[Optional[float]]:
+        out: List[Optional[float]] = []
+        for handle in self._handles:
+            try:
+                out.append(self._utilization(handle))
+            except Exception:  # noqa: BLE001 - one failed reading is counted by the sampler
+                out.append(None)
+        return out
+
+    def occupancy(self) -> List[SmiOccupancy]:
+        out: List[SmiOccupancy] = []
+        for handle, util in zip(self._handles, self.read()):
+            try:
+                total, free = self._memory(handle)
+            except Exception:  # noqa: BLE001 - memory unknown: the budget falls back to the smallest size
+                total = free = None
+            out.append(SmiOccupancy(util, total, free, self._processes(handle)))
+        return out
+
+
+class NvmlReader(_HandleReader):
     """NVML utilization (``nvmlDeviceGetUtilizationRates(h).gpu``), one value per GPU."""
 
     library = "pynvml"
@@ -113,14 +148,12 @@ class NvmlReader:
         except Exception:  # noqa: BLE001 - an identity detail a GPU does not report only weakens the mapping
             return None
 
-    def read(self) -> List[Optional[float]]:
-        out: List[Optional[float]] = []
-        for handle in self._handles:
-            try:
-                out.append(_percent(self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu))
-            except Exception:  # noqa: BLE001 - one failed reading is counted by the sampler
-                out.append(None)
-        return out
+    def _utilization(self, handle: Any) -> Optional[float]:
+        return _percent(self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+
+    def _memory(self, handle: Any) -> Tuple[Optional[int], Optional[int]]:
+        memory = self._nvml.nvmlDeviceGetMemoryInfo(handle)
+        return _count(memory.total), _count(memory.free)
 
     def _processes(self, handle: Any) -> Optional[List[SmiProcess]]:
         """``nvmlDeviceGetComputeRunningProcesses`` (pynvml maps it to _v3), else the _v2 call older drivers have."""
@@ -141,18 +174,6 @@ class NvmlReader:
             return out
         return None
 
-    def occupancy(self) -> List[SmiOccupancy]:
-        out: List[SmiOccupancy] = []
-        for handle, util in zip(self._handles, self.read()):
-            total = free = None
-            try:
-                memory = self._nvml.nvmlDeviceGetMemoryInfo(handle)
-                total, free = _count(memory.total), _count(memory.free)
-            except Exception:  # noqa: BLE001 - memory unknown: the budget falls back to the smallest size
-                pass
-            out.append(SmiOccupancy(util, total, free, self._processes(handle)))
-        return out
-
     def close(self) -> None:
         try:
             self._nvml.nvmlShutdown()
@@ -160,7 +181,7 @@ class NvmlReader:
             pass
 
 
-class AmdsmiReader:
+class AmdsmiReader(_HandleReader):
     """amdsmi GFX activity (``amdsmi_get_gpu_activity(h)["gfx_activity"]``), one value per GPU."""
 
     library = "amdsmi"
@@ -181,14 +202,15 @@ class AmdsmiReader:
             devices.append(SmiDevice(i, bdf, None))
         self.devices: Sequence[SmiDevice] = devices
 
-    def read(self) -> List[Optional[float]]:
-        out: List[Optional[float]] = []
-        for handle in self._handles:
-            try:
-                out.append(_percent(self._amdsmi.amdsmi_get_gpu_activity(handle).get("gfx_activity")))
-            except Exception:  # noqa: BLE001 - one failed reading is counted by the sampler
-                out.append(None)
-        return out
+    def _utilization(self, handle: Any) -> Optional[float]:
+        return _percent(self._amdsmi.amdsmi_get_gpu_activity(handle).get("gfx_activity"))
+
+    def _memory(self, handle: Any) -> Tuple[Optional[int], Optional[int]]:
+        vram = self._amdsmi.amdsmi_get_gpu_vram_usage(handle)  # MB
+        total_mb, used_mb = _count(vram.get("vram_total")), _count(vram.get("vram_used"))
+        if total_mb is None or used_mb is None:
+            return None, None
+        return total_mb * (1 << 20), max(0, total_mb - used_mb) * (1 << 20)
 
     def _processes(self, handle: Any) -> Optional[List[SmiProcess]]:
         """``amdsmi_get_gpu_process_list``: dicts (pid, name, memory_usage.vram_mem) in amdsmi 6.2 and later; older
@@ -215,20 +237,6 @@ class AmdsmiReader:
             if pid is not None:
                 out.append(SmiProcess(pid, vram if vram is not None else _count(info.get("mem")),
                                       None if name in (None, "N/A") else name))
-        return out
-
-    def occupancy(self) -> List[SmiOccupancy]:
-        out: List[SmiOccupancy] = []
-        for handle, util in zip(self._handles, self.read()):
-            total = free = None
-            try:
-                vram = self._amdsmi.amdsmi_get_gpu_vram_usage(handle)  # MB
-                total_mb, used_mb = _count(vram.get("vram_total")), _count(vram.get("vram_used"))
-                if total_mb is not None and used_mb is not None:
-                    total, free = total_mb * (1 << 20), max(0, total_mb - used_mb) * (1 << 20)
-            except Exception:  # noqa: BLE001 - memory unknown: the budget falls back to the smallest size
-                pass
-            out.append(SmiOccupancy(util, total, free, self._processes(handle)))
         return out
 
     def close(self) -> None:
