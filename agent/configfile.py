@@ -28,7 +28,7 @@ from typing import (
 
 from agent.errors import ConfigError, InputFileError
 from agent.files import FileMissing, decode_text, read_bytes_bounded
-from agent.frozen import record_fields
+from agent.frozen import field_values, record_fields
 from agent.strictjson import MAX_NESTING_DEPTH, nesting_depth
 from agent.validation import validation_problems
 
@@ -183,9 +183,6 @@ def section_core_schema(cls: type) -> "CoreSchema":
                 {"type": PydanticCustomError("invalid_setting", msg), "loc": loc, "input": value}
                 for loc, msg in exc.problems]) from None
 
-    def serialize(value: object) -> Dict[str, Any]:
-        return {spec.name: getattr(value, spec.name) for spec in record_fields(cls)}
-
     # Dumped as its fields: the settings handed to a job child (``model_dump``) and ``gpuguard`` JSON output.
     return core_schema.no_info_plain_validator_function(
-        validate, serialization=core_schema.plain_serializer_function_ser_schema(serialize))
+        validate, serialization=core_schema.plain_serializer_function_ser_schema(field_values))

@@ -36,8 +36,8 @@ else:
     def dataclass_transform(**_kwargs):
         return lambda decorated: decorated
 
-__all__ = ["FieldSpec", "Frozen", "FrozenInstanceError", "as_dataclasses", "field", "frozen_record", "record_fields",
-           "replace"]
+__all__ = ["FieldSpec", "Frozen", "FrozenInstanceError", "as_dataclasses", "field", "field_values", "frozen_record",
+           "record_fields", "replace"]
 
 _MISSING = object()
 
@@ -190,9 +190,14 @@ def record_fields(record_or_class: Any) -> Tuple[FieldSpec, ...]:
     return cls.__record_fields__
 
 
+def field_values(record: Frozen) -> Dict[str, Any]:
+    """A record's fields by name, in declaration order (shallow: a nested record stays a record)."""
+    return {name: getattr(record, name) for name in type(record).__record_names__}
+
+
 def replace(record: _R, /, **changes: Any) -> _R:
     """A copy of ``record`` with some fields changed (``dataclasses.replace`` for records)."""
-    values = {name: getattr(record, name) for name in type(record).__record_names__}
+    values = field_values(record)
     values.update(changes)
     return type(record)(**values)
 

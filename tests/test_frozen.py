@@ -14,6 +14,7 @@ from agent.frozen import (
     FrozenInstanceError,
     as_dataclasses,
     field,
+    field_values,
     frozen_record,
     record_fields,
     replace,
@@ -100,8 +101,9 @@ def test_equality_hash_and_repr_by_type_and_values() -> None:
 
 
 def test_replace_makes_a_changed_copy() -> None:
-    """The copy has the changes, the original does not; an unknown field is refused."""
+    """The fields by name; the copy has the changes, the original does not; an unknown field is refused."""
     gpu = Gpu(0, "x", ["a"])
+    assert field_values(gpu) == {"index": 0, "name": "x", "tags": ["a"]}
     assert replace(gpu, name="y") == Gpu(0, "y", ["a"]) and gpu.name == "x"
     with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
         replace(gpu, colour="red")

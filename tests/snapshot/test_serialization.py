@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.frozen import record_fields
+from agent.frozen import field_values
 from agent.host import Host
 from agent.snapshot.io import load_snapshot
 from agent.snapshot.model import compute_content_hash
@@ -38,7 +38,7 @@ class _DriverDevicesShown(Host):
 
 def _as_pydantic_era_collectors_saw_it(scenario: str) -> Host:
     host = make_fixture_host(scenario)
-    return _DriverDevicesShown(**{f.name: getattr(host, f.name) for f in record_fields(host)})
+    return _DriverDevicesShown(**field_values(host))
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
