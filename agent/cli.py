@@ -13,7 +13,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, TextIO, Tuple
 
 from agent import __version__
-from agent.defaults import DEFAULT_CONFIG_PATH, DEFAULT_HUB_CONFIG_PATH
+from agent.defaults import DEFAULT_CONFIG_PATH, DEFAULT_HUB_CONFIG_PATH, JOB_NAMES
 from agent.errors import GpuguardError
 from agent.log import configure, get_logger
 
@@ -239,7 +239,7 @@ def _add_run_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 def _add_job_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     # Internal: one job body in a child of ``gpuguard run`` (agent/daemon_jobs/children.py); not for people.
     job = sub.add_parser("_job")
-    job.add_argument("job", choices=("snapshot", "guard_check", "health"))
+    job.add_argument("job", choices=JOB_NAMES)
     job.add_argument("--config", default=DEFAULT_CONFIG_PATH)
     job.add_argument("--root", default="/")
     job.add_argument("--request", default="{}")

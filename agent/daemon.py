@@ -9,9 +9,10 @@ number of jobs, each with ``max_instances=1`` and ``coalesce=True``: a job never
                       the old one kept
     SIGUSR1           a package transaction happened (apt/dnf hook): guard check, snapshot and deliver now
 
-The snapshot, the guard's rollback check and the health check run in short-lived child processes
-(agent/daemon_jobs/children.py) so that the collectors, GPU bindings, policy engine and apt/dnf tooling never stay
-resident; the daemon keeps the schedule, the outbox, delivery, heartbeats, metrics and the package watch. SIGTERM
+The snapshot, the guard's rollback check, the health check and delivery's sending run in short-lived child
+processes (agent/daemon_jobs/children.py) so that the collectors, GPU bindings, policy engine, apt/dnf tooling and
+requests never stay resident; the daemon keeps the schedule, the outbox, delivery's backoff, heartbeats, metrics and
+the package watch. SIGTERM
 reaches a running child through ``stopping`` and is waited for. Tests that hand in fake hooks run every body
 in-process.
 
@@ -32,7 +33,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Dict, Mapping, Optional, Union
 
 from agent.config import Settings, load_settings
-from agent.daemon_jobs.children import GuardCheckInChild, HealthInChild, SnapshotInChild
+from agent.daemon_jobs.children import DeliveryInChild, GuardCheckInChild, HealthInChild, SnapshotInChild
 from agent.daemon_jobs.delivery import DeliveryJob
 from agent.daemon_jobs.guard import GuardJob, recompile_policy
 from agent.daemon_jobs.guard_events import GuardEventForwarder
@@ -48,6 +49,7 @@ from agent.errors import ConfigError, Interrupted
 from agent.guard.hotpath.state import GuardPaths
 from agent.host import Host
 from agent.log import configure, get_logger
+from agent.report.credentials import read_credentials
 from agent.report.outbox import OUTBOX_FILENAME, Outbox
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -189,19 +191,6 @@ class JobRunner:
                   exc_info=True)
 
 
-def build_sender(settings: Settings) -> Optional["Sender"]:
-    """The Sender for the configured endpoint (token read and checked now), or None without an endpoint."""
-    report = settings.report
-    if report.endpoint_url is None:
-        return None
-    from agent.report.sender import Sender, check_ca_bundle, load_token  # requests only when it is needed
-
-    if report.ca_bundle:
-        check_ca_bundle(report.ca_bundle)
-    token = load_token(report.token_file) if report.token_file else None
-    return Sender(report, token)
-
-
 class Daemon:
     """Owns the scheduler, the jobs and the signal loop of one ``gpuguard run``."""
 
@@ -213,7 +202,7 @@ class Daemon:
         # Heavy job bodies in child processes (agent/daemon_jobs/children.py) unless a test hands in fake hooks.
         self.job_children = hooks is None if job_children is None else job_children
         self.hooks = hooks if hooks is not None else _resident_hooks() if self.job_children else default_hooks()
-        sender = build_sender(settings)
+        sender = self._sender(settings)
         state_dir = settings.agent.state_dir
         os.makedirs(state_dir, mode=0o755, exist_ok=True)
         outbox = Outbox.open_or_recover(os.path.join(state_dir, OUTBOX_FILENAME), settings.report.max_events)
@@ -224,6 +213,20 @@ class Daemon:
         self.scheduler: Optional[BaseScheduler] = None
         self._metrics: Optional[MetricsJob] = None
         self._delivery: Optional[DeliveryJob] = None
+
+    def _sender(self, settings: Settings) -> Optional["Sender"]:
+        """Refuse an unusable token file or CA bundle now (ConfigError); the Sender only for in-process delivery.
+
+        With job children each delivery child reads them again and builds its own (requests stays out of the
+        resident, issue #17)."""
+        if settings.report.endpoint_url is None:
+            return None
+        if self.job_children:
+            read_credentials(settings.report)
+            return None
+        from agent.report.sender import sender_for  # requests only when it is needed
+
+        return sender_for(settings.report)
 
     def _add(self, scheduler: BaseScheduler, job_id: str, body: Callable[[str], Optional[float]],
              interval_seconds: float, first_in_seconds: Optional[float], refresh_metrics: bool = True) -> JobRunner:
@@ -257,7 +260,8 @@ class Daemon:
         self.scheduler = scheduler
         self._metrics = MetricsJob(rt)
         self._add(scheduler, "metrics", _none(self._metrics.run), 60.0, 0.0, refresh_metrics=False)
-        delivery = self._delivery = DeliveryJob(rt)
+        delivery = self._delivery = DeliveryJob(rt, drain=DeliveryInChild(rt, self.config_path)
+                                                if self.job_children else None)
         deliver = self._add(scheduler, "deliver", delivery.run, s.report.delivery_interval_seconds, 0.0)
         rt.emitter.on_enqueued = lambda: deliver.request("event_enqueued")
         health: Union[HealthJob, HealthInChild] = HealthInChild(rt, self.config_path, hooks) \
@@ -302,7 +306,7 @@ class Daemon:
         old = self.runtime.settings
         try:
             new = load_settings(self.config_path)
-            sender = build_sender(new)
+            sender = self._sender(new)
         except ConfigError as exc:
             log.error("config_reload_failed", path=exc.path, problems=list(exc.problems),
                       kept="previous configuration")

@@ -10,6 +10,9 @@ DEFAULT_CONFIG_PATH = "/etc/gpuguard/agent.toml"
 DEFAULT_HUB_CONFIG_PATH = "/etc/gpuguard/hub.toml"
 DEFAULT_STATE_DIR = "/var/lib/gpuguard"
 
+# The job bodies ``gpuguard run`` runs in children (``gpuguard _job NAME``, agent/daemon_jobs/children.py).
+JOB_NAMES = ("snapshot", "guard_check", "health", "deliver")
+
 # Kernel, GPU driver, ROCm/CUDA user space, firmware and container stack: the packages whose movement matters.
 DEFAULT_WATCHED_PATTERNS = (
     # kernels and what DKMS builds against

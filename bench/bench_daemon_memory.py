@@ -4,13 +4,14 @@ The agent runs as a real process with every default interval divided by ``--spee
 check every second, a heartbeat every 0.2 s, delivery every 0.1 s, so the default 288 s are a day's 288 snapshots
 and 1,440 heartbeats). The package watch runs every ``max(2 s / speedup, 0.05 s)``. The health check is off (it
 runs a separate probe process; its memory is not the daemon's). Events go to ``--endpoint``, by default a local
-ingest on 127.0.0.1 that acknowledges every batch (so requests and delivery are resident, as in production);
+ingest on 127.0.0.1 that acknowledges every batch (delivery children run, as in production);
 ``--endpoint none`` leaves them in the outbox.
 
-Since issue #17's structural fix the daemon runs the snapshot, the guard's rollback check and the health check in
-short-lived children (``python -m agent _job NAME``); each child's exit is logged (``job_child_exited``, with its
-peak RSS and CPU time from ``wait4``), so the bench runs the agent at ``log_level = "info"``, reads those lines and
-reports the children's peak RSS and CPU beside the resident daemon's RSS and CPU. ``rich`` is hidden from agent and
+Since issue #17's structural fix the daemon runs the snapshot, the guard's rollback check, the health check and
+delivery's sending in short-lived children (``python -m agent _job NAME``); each child's exit is logged
+(``job_child_exited``, with its peak RSS and CPU time from ``wait4``; delivery's clean exits at debug), so the bench
+runs the agent at ``log_level = "debug"``, reads those lines and reports the children's peak RSS and CPU beside the
+resident daemon's RSS and CPU. ``rich`` is hidden from agent and
 children (``--hide rich``, a sitecustomize on PYTHONPATH): it is in .venv only as a test dependency, the .deb has
 none, and structlog imports it when present.
 
@@ -148,7 +149,7 @@ def write_config(path: Path, state_dir: Path, speedup: float, endpoint: Optional
         with open(os.open(token, os.O_CREAT | os.O_WRONLY, 0o600), "w") as handle:
             handle.write("bench-token-0123456789\n")
         report = f'endpoint_url = "{endpoint}"\ntoken_file = "{token}"\n'
-    path.write_text(f'[agent]\nstate_dir = "{state_dir}"\nlog_level = "info"\n'
+    path.write_text(f'[agent]\nstate_dir = "{state_dir}"\nlog_level = "debug"\n'
                     f'[snapshot]\ninterval_seconds = {intervals["snapshot"]}\n'
                     f'[daemon]\nhealth_enabled = false\npackage_watch_interval_seconds = {intervals["package_watch"]}\n'
                     f'[report]\n{report}heartbeat_interval_seconds = {intervals["heartbeat"]}\n'

@@ -7,6 +7,9 @@
                  result: status, detail, reboot_required, or the error / the interruption
     health       HealthJob.run in the mode asked (the after-change gate and its rollback included): events into
                  the outbox; result: status, when, busy, tenants, the rollback's status
+    deliver      drain_outbox with a Sender built here (the token file read again): acknowledged batches leave the
+                 outbox; result: when the last batch was taken, the failure that ended the drain (the daemon backs
+                 off); an unusable token file or CA bundle is an ``auth`` failure
 
 The request (argv JSON) carries what the daemon's memory holds: the host id and name the events are stamped with,
 the rules already reported as violated. The outbox is opened as it is (damage is the daemon's to salvage).
@@ -34,6 +37,7 @@ def run_job(job: str, config_path: str, host: Host, request: Dict[str, Any], res
     configure(level=settings.agent.log_level)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
+    _stop_with_the_daemon(request.get("daemon_pid"), stopping)
     if job == "guard_check":
         result = _guard_check(host, settings, stopping)
     else:
@@ -43,6 +47,26 @@ def run_job(job: str, config_path: str, host: Host, request: Dict[str, Any], res
     result["peak_rss_kib"] = peak_rss_kib_of()  # this process's own peak, for the daemon's job_child_exited
     write_atomically(result_path, json.dumps(result, sort_keys=True) + "\n", mode=0o600)
     return 0
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2) option number in linux/prctl.h
+
+
+def _stop_with_the_daemon(daemon_pid: Any, stopping: threading.Event) -> None:
+    """SIGTERM to this child when the daemon dies (SIGKILL, the OOM killer): it stops as at the daemon's shutdown
+    instead of running on, orphaned, beside the next daemon. systemd kills the whole unit anyway; this covers
+    hosts without it. Already orphaned (the daemon died before this line): stop at once. The kernel's "parent" is
+    the thread that spawned the child: the scheduler's pool threads, and the main thread, live as long as the daemon."""
+    if not isinstance(daemon_pid, int):
+        return  # run by hand
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux, or no prctl: the parent check below still holds
+        pass
+    if os.getppid() != daemon_pid:
+        stopping.set()
 
 
 def _guard_check(host: Host, settings: Any, stopping: threading.Event) -> Dict[str, Any]:
@@ -81,6 +105,8 @@ def _with_outbox(job: str, host: Host, settings: Any, request: Dict[str, Any],
             result = _snapshot(rt, request)
         elif job == "health":
             result = _health(rt, request)
+        elif job == "deliver":
+            result = _deliver(rt)
         else:
             raise ValueError(f"unknown job {job!r}")
         rt.report_held_damage()
@@ -122,6 +148,24 @@ def _health(rt: Any, request: Dict[str, Any]) -> Dict[str, Any]:
     if summary is None:  # no check ran: the last status stands
         return {"status": rt.state.last_health_status, "at_seconds": rt.state.last_health_at_seconds, "ran": False}
     return summary
+
+
+def _deliver(rt: Any) -> Dict[str, Any]:
+    from agent.daemon_jobs.delivery import Drained, drain_outbox
+    from agent.errors import ConfigError, DeliveryError
+    from agent.report.sender import sender_for
+
+    report = rt.settings.report
+    try:
+        sender = sender_for(report)
+    except ConfigError as exc:  # changed since the daemon checked it; the daemon logs it loudly and backs off
+        return {"drained": Drained(failure=DeliveryError(str(report.ingest_url), "auth", str(exc))).to_json()}
+    if sender is None:
+        return {"drained": Drained().to_json()}
+    try:
+        return {"drained": drain_outbox(rt, sender).to_json()}
+    finally:
+        sender.close()
 
 
 def parse_request(text: Optional[str]) -> Dict[str, Any]:

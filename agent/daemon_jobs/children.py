@@ -1,8 +1,10 @@
-"""Heavy, infrequent job bodies in short-lived child processes, so the resident daemon stays small.
+"""Heavy job bodies in short-lived child processes, so the resident daemon stays small.
 
 The snapshot (collectors, GPU libraries, the policy engine), the guard's ``check_and_rollback`` (apt/dnf tooling)
 and the health check load far more code and native memory than scheduling needs, and run every few minutes or
-hours. The daemon runs each of them as ``gpuguard _job NAME`` (a hidden subcommand; ``child_argv``), which does the one
+hours. Delivery's drain runs more often (only while the outbox holds events: after each heartbeat, about once a
+minute), but requests with urllib3, charset_normalizer and the loaded trust store held 6.5 MiB of the resident's
+46. The daemon runs each of them as ``gpuguard _job NAME`` (a hidden subcommand; ``child_argv``), which does the one
 run and exits; its memory goes with it.
 
     resident (gpuguard run)                          child (gpuguard _job NAME)
@@ -14,12 +16,13 @@ run and exits; its memory goes with it.
 The child inherits stderr (its log lines go where the daemon's go), not the daemon's signal handlers, nor
 $NOTIFY_SOCKET / $WATCHDOG_*. SIGTERM to the child sets its ``stopping`` event, exactly what SIGTERM to the daemon
 does to an in-process body (a lock wait gives up, a running step finishes); the daemon sends it when it is
-stopping and waits for the child. A child that fails, crashes or is killed raises :class:`ChildJobFailed` in the
-daemon (exit status or signal, and its peak RSS): the job runner logs it and the next run tries again.
-Each exit is logged as ``job_child_exited`` with the child's CPU time (``wait4``) and peak RSS: VmHWM, which the
-child reports in its result and the daemon reads from /proc while it waits (for a child that leaves no result).
-Not ``ru_maxrss``: after posix_spawn's vfork it includes the daemon's own peak, the memory the child shared until
-its exec.
+stopping and waits for the child, and the kernel sends it when the daemon dies (``PR_SET_PDEATHSIG``). A child
+that fails, crashes or is killed raises :class:`ChildJobFailed` in the daemon (exit status or signal, and its peak
+RSS): the job runner logs it and the next run tries again.
+Each exit is logged as ``job_child_exited`` (debug for delivery's clean ones) with the child's CPU time (``wait4``)
+and peak RSS: VmHWM, which the child reports in its result and the daemon reads from /proc while it waits (for a
+child that leaves no result). Not ``ru_maxrss``: after posix_spawn's vfork it includes the daemon's own peak, the
+memory the child shared until its exec.
 """
 
 from __future__ import annotations
@@ -32,13 +35,13 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from agent.daemon_jobs.delivery import Drained
 from agent.daemon_jobs.runtime import LAST_SNAPSHOT_FILENAME, SnapshotFacts
 from agent.errors import GpuguardError, Interrupted
 from agent.log import get_logger
 
 log = get_logger("job_child")
 
-JOB_NAMES = ("snapshot", "guard_check", "health")
 # How often the daemon looks at a running child (and at its own stopping flag) while it waits.
 POLL_SECONDS = 0.05
 _ENV_DROPPED = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
@@ -114,9 +117,10 @@ def run_child(job: str, config_path: str, root: str, request: Dict[str, Any], st
             pass
     if isinstance(result, dict) and isinstance(result.get("peak_rss_kib"), int):
         peak_rss_kib = max(peak_rss_kib, result.pop("peak_rss_kib"))
-    log.info("job_child_exited", job=job, pid=pid, exit_code=exit_code, max_rss_kib=peak_rss_kib,
-             cpu_seconds=round(usage.ru_utime + usage.ru_stime, 3),
-             duration_seconds=round(time.monotonic() - started, 3))
+    # Delivery's routine runs (about one a minute) would fill the journal: their clean exits are debug lines.
+    level = log.debug if job == "deliver" and exit_code == 0 else log.info
+    level("job_child_exited", job=job, pid=pid, exit_code=exit_code, max_rss_kib=peak_rss_kib,
+          cpu_seconds=round(usage.ru_utime + usage.ru_stime, 3), duration_seconds=round(time.monotonic() - started, 3))
     if terminated and exit_code == -signal.SIGTERM:  # stopped before it could set up its own SIGTERM handling
         raise Interrupted(f"job child {job}: stopped by the daemon's shutdown")
     if exit_code < 0:
@@ -157,7 +161,7 @@ def job_request(runtime: Any, reason: str, **extra: Any) -> Dict[str, Any]:
     """What every child needs from the daemon's memory: the settings in force (a SIGHUP-reloaded file, or the old
     one kept after an invalid reload), the host id and name events are stamped with, the reason."""
     return {"settings": runtime.settings.model_dump(mode="json"), "host_id": runtime.emitter.host_id,
-            "hostname": runtime.emitter.hostname, "reason": reason, **extra}
+            "hostname": runtime.emitter.hostname, "reason": reason, "daemon_pid": os.getpid(), **extra}
 
 
 class SnapshotInChild:
@@ -233,6 +237,23 @@ class HealthInChild:
         if result.get("events"):
             rt.emitter.on_enqueued()
         return result if result.get("ran", True) and result.get("status") is not None else None
+
+
+class DeliveryInChild:
+    """The delivery job's drain in a child, as DeliveryJob's ``drain``: what the child got through, or its failure."""
+
+    def __init__(self, runtime: Any, config_path: str) -> None:
+        self.runtime = runtime
+        self.config_path = config_path
+
+    def __call__(self, reason: str) -> Drained:
+        rt = self.runtime
+        result = run_child("deliver", self.config_path, str(rt.host.root), job_request(rt, reason), rt.state_dir,
+                           rt.stopping)
+        drained = result.get("drained")
+        if not isinstance(drained, dict):
+            raise ChildJobFailed("deliver", "result holds no drain")
+        return Drained.from_json(drained)
 
 
 class GuardCheckInChild:

@@ -7,19 +7,27 @@ outbox's ``rejected`` table so it cannot block the queue.
 
 Events queued before ``agent.host_id`` changed are sent under the current id: they are this host's events, and the
 hub, which authenticates each host's token against the events' host id, refused the old id with 403 forever.
+
+Two halves: :func:`drain_outbox` sends (it needs the Sender, hence requests), :class:`DeliveryJob` decides when to
+send and backs off. Under ``gpuguard run`` the drain runs in a job child (``gpuguard _job deliver``, started only
+while the outbox holds events), so requests, urllib3 and OpenSSL's trust store never stay resident (issue #17);
+the backoff, the failure counts and the log lines stay with the daemon.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from typing import Callable, List, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from agent.daemon_jobs.runtime import Runtime
 from agent.errors import DeliveryError
 from agent.log import get_logger
 from agent.report.events import Event, EventBatch
-from agent.report.sender import Backoff, Sender
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.report.sender import Sender
 
 log = get_logger("delivery")
 
@@ -27,15 +35,81 @@ log = get_logger("delivery")
 _LOUD_CATEGORIES = frozenset({"tls", "auth", "endpoint"})
 
 
+class Backoff:
+    """Exponential backoff with full jitter: a delay drawn uniformly from 0 to min(cap, base * 2**failures)."""
+
+    def __init__(self, base_seconds: float, cap_seconds: float, rng: Optional[random.Random] = None) -> None:
+        self.base_seconds = base_seconds
+        self.cap_seconds = cap_seconds
+        self.failures = 0
+        self._rng = rng or random.Random()
+
+    def next_delay_seconds(self) -> float:
+        """Count one more failure and return how long to wait before the next try."""
+        ceiling = min(self.cap_seconds, self.base_seconds * (2.0 ** min(self.failures, 60)))
+        self.failures += 1
+        return self._rng.uniform(0.0, ceiling)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+@dataclass(frozen=True)
+class Drained:
+    """How far one drain of the outbox got: when the receiver last took a batch, and the failure that ended it."""
+
+    acknowledged_at_seconds: Optional[float] = None  # wall clock
+    failure: Optional[DeliveryError] = None
+    failed_batch_events: int = 0
+
+    def to_json(self) -> Dict[str, Any]:
+        failure = self.failure
+        return {"acknowledged_at_seconds": self.acknowledged_at_seconds,
+                "failed_batch_events": self.failed_batch_events,
+                "failure": None if failure is None else {"url": failure.url, "category": failure.category,
+                                                         "reason": failure.reason, "status_code": failure.status_code}}
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> Drained:
+        """A child's drain from its result (as :meth:`to_json` wrote it)."""
+        failure = data.get("failure")
+        acknowledged = data.get("acknowledged_at_seconds")
+        return cls(acknowledged_at_seconds=None if acknowledged is None else float(acknowledged),
+                   failure=None if failure is None else DeliveryError(
+                       str(failure["url"]), str(failure["category"]), str(failure["reason"]),
+                       None if failure.get("status_code") is None else int(failure["status_code"])),
+                   failed_batch_events=int(data.get("failed_batch_events") or 0))
+
+
+def drain_outbox(runtime: Runtime, sender: Sender) -> Drained:
+    """Send pending events batch by batch until the outbox is empty, a batch fails, or the daemon is stopping."""
+    report = runtime.settings.report
+    acknowledged_at: Optional[float] = None
+    while not runtime.stopping.is_set():
+        events = _current_identity(runtime, runtime.outbox.pending(report.batch_size))
+        if not events:
+            break
+        try:
+            _deliver(runtime, sender, events)
+        except DeliveryError as exc:
+            return Drained(acknowledged_at, exc, len(events))
+        acknowledged_at = time.time()
+    return Drained(acknowledged_at)
+
+
 class DeliveryJob:
-    """Sends pending events batch by batch; ``run`` returns seconds until it wants to retry, or None."""
+    """Sends pending events when there are any; ``run`` returns seconds until it wants to retry, or None.
+
+    ``drain`` sends them: by default in this process through ``runtime.sender``; the daemon hands in a job child's.
+    """
 
     def __init__(self, runtime: Runtime, clock: Callable[[], float] = time.monotonic,
-                 rng: Optional[random.Random] = None) -> None:
+                 rng: Optional[random.Random] = None, drain: Optional[Callable[[str], Drained]] = None) -> None:
         self.runtime = runtime
         report = runtime.settings.report
         self.backoff = Backoff(report.backoff_base_seconds, report.backoff_cap_seconds, rng)
         self._clock = clock
+        self._drain = drain or self._drain_here
         self._retry_at: Optional[float] = None
         self._warned_no_endpoint = False
 
@@ -53,8 +127,8 @@ class DeliveryJob:
 
     def run(self, reason: str = "interval") -> Optional[float]:
         rt = self.runtime
-        sender = rt.sender
-        if sender is None:
+        report = rt.settings.report
+        if report.endpoint_url is None:
             if not self._warned_no_endpoint:
                 log.warning("report_endpoint_not_configured", outbox_depth=rt.outbox.depth(),
                             hint="set [report] endpoint_url; events stay queued in the outbox until then")
@@ -63,31 +137,24 @@ class DeliveryJob:
         waiting = self.retry_in_seconds
         if waiting:
             return waiting
-        report = rt.settings.report
         self.backoff.base_seconds, self.backoff.cap_seconds = report.backoff_base_seconds, report.backoff_cap_seconds
-        while not rt.stopping.is_set():
-            events = self._current_identity(rt.outbox.pending(report.batch_size))
-            if not events:
-                break
-            try:
-                self._deliver(sender, events)
-            except DeliveryError as exc:
-                return self._failed(exc, len(events))
-            if self.backoff.failures:
-                log.info("delivery_recovered", after_failures=self.backoff.failures)
-            self.backoff.reset()
-            self._retry_at = None
+        if rt.outbox.depth() == 0:
+            return None
+        drained = self._drain(reason)
+        if drained.acknowledged_at_seconds is not None:
+            with rt.state.lock:
+                rt.state.last_delivery_success_seconds = drained.acknowledged_at_seconds
+        if drained.failure is not None:
+            return self._failed(drained.failure, drained.failed_batch_events)
+        if self.backoff.failures:
+            log.info("delivery_recovered", after_failures=self.backoff.failures)
+        self.backoff.reset()
+        self._retry_at = None
         return None
 
-    def _current_identity(self, events: List[Event]) -> List[Event]:
-        """The events with the host's current id (see the module docstring); a change is logged once per batch."""
-        host_id = self.runtime.emitter.host_id
-        stale = [e for e in events if e.host_id != host_id]
-        if not stale:
-            return events
-        log.info("delivery_host_id_updated", events=len(stale), old_host_ids=sorted({e.host_id for e in stale}),
-                 host_id=host_id)
-        return [e if e.host_id == host_id else e.model_copy(update={"host_id": host_id}) for e in events]
+    def _drain_here(self, reason: str) -> Drained:
+        sender = self.runtime.sender
+        return Drained() if sender is None else drain_outbox(self.runtime, sender)
 
     def _failed(self, exc: DeliveryError, batch_events: int) -> float:
         delay = self.backoff.next_delay_seconds()
@@ -99,32 +166,42 @@ class DeliveryJob:
               outbox_depth=self.runtime.outbox.depth())
         return delay
 
-    def _deliver(self, sender: Sender, events: List[Event]) -> None:
-        """Send events in order; split on 413, narrow 400/422 to single events. Raises retryable errors."""
-        try:
-            result = sender.send(EventBatch(events=events))
-        except DeliveryError as exc:
-            if exc.category == "too_large" and len(events) > 1:
-                half = len(events) // 2
-                log.info("delivery_batch_split", batch_events=len(events))
-                self._deliver(sender, events[:half])
-                self._deliver(sender, events[half:])
-                return
-            if exc.category == "rejected" and len(events) > 1:
-                for event in events:
-                    self._deliver(sender, [event])
-                return
-            if exc.category in ("too_large", "rejected"):
-                self.runtime.outbox.reject(events[0].event_id, str(exc))
-                return
-            raise
-        sent = {e.event_id for e in events}
-        acknowledged = [i for i in result.acknowledged if i in sent]
-        if not acknowledged:
-            raise DeliveryError(sender.url, "endpoint", "200 reply acknowledged none of the batch's events", 200)
-        self.runtime.outbox.ack(acknowledged)
-        with self.runtime.state.lock:
-            self.runtime.state.last_delivery_success_seconds = time.time()
-        log.debug("delivery_batch_sent", events=len(events), accepted=len(result.accepted),
-                  duplicates=len(result.duplicates), first_sequence=events[0].sequence,
-                  last_sequence=events[-1].sequence)
+
+def _current_identity(runtime: Runtime, events: List[Event]) -> List[Event]:
+    """The events with the host's current id (see the module docstring); a change is logged once per batch."""
+    host_id = runtime.emitter.host_id
+    stale = [e for e in events if e.host_id != host_id]
+    if not stale:
+        return events
+    log.info("delivery_host_id_updated", events=len(stale), old_host_ids=sorted({e.host_id for e in stale}),
+             host_id=host_id)
+    return [e if e.host_id == host_id else e.model_copy(update={"host_id": host_id}) for e in events]
+
+
+def _deliver(runtime: Runtime, sender: Sender, events: List[Event]) -> None:
+    """Send events in order; split on 413, narrow 400/422 to single events. Raises retryable errors."""
+    try:
+        result = sender.send(EventBatch(events=events))
+    except DeliveryError as exc:
+        if exc.category == "too_large" and len(events) > 1:
+            half = len(events) // 2
+            log.info("delivery_batch_split", batch_events=len(events))
+            _deliver(runtime, sender, events[:half])
+            _deliver(runtime, sender, events[half:])
+            return
+        if exc.category == "rejected" and len(events) > 1:
+            for event in events:
+                _deliver(runtime, sender, [event])
+            return
+        if exc.category in ("too_large", "rejected"):
+            runtime.outbox.reject(events[0].event_id, str(exc))
+            return
+        raise
+    sent = {e.event_id for e in events}
+    acknowledged = [i for i in result.acknowledged if i in sent]
+    if not acknowledged:
+        raise DeliveryError(sender.url, "endpoint", "200 reply acknowledged none of the batch's events", 200)
+    runtime.outbox.ack(acknowledged)
+    log.debug("delivery_batch_sent", events=len(events), accepted=len(result.accepted),
+              duplicates=len(result.duplicates), first_sequence=events[0].sequence,
+              last_sequence=events[-1].sequence)

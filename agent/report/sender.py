@@ -1,23 +1,22 @@
-"""The sender: POSTs event batches to the endpoint over HTTPS, and the backoff used between failed tries.
+"""The sender: POSTs event batches to the endpoint over HTTPS.
 
 TLS verification is always on: against ``ca_bundle`` when set, else requests' default trust store. Every call has
 a connect and a read timeout; redirects are not followed (they could carry the token elsewhere). The bearer token
-comes from a file that only its owner (root or the agent's user) may read or write; the token is held by the
-Sender alone and never logged or put into an error message. requests' exceptions are mapped to DeliveryError here.
+comes from a file that only its owner (root or the agent's user) may read or write (agent/report/credentials.py); the
+token is held by the Sender alone and never logged or put into an error message. requests' exceptions are mapped to
+DeliveryError here. The resident daemon never imports this module: delivery runs in a job child (issue #17).
 """
 
 from __future__ import annotations
 
-import os
-import random
-import stat
 from typing import List, Optional
 
 import requests
 
 from agent import __version__
-from agent.errors import ConfigError, DeliveryError
+from agent.errors import DeliveryError
 from agent.models import FrozenModel
+from agent.report.credentials import read_credentials
 from agent.report.events import EventBatch
 from agent.report.settings import ReportSettings
 
@@ -36,67 +35,11 @@ class DeliveryResult(FrozenModel):
         return [*self.accepted, *self.duplicates]
 
 
-def load_token(path: str) -> str:
-    """Read the bearer token; ConfigError when the file is missing, empty, or open to group/others."""
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        raise ConfigError(path, ["token file does not exist"]) from None
-    except OSError as exc:
-        raise ConfigError(path, [f"token file cannot be read: {exc.strerror or exc}"]) from None
-    problems = []
-    mode = stat.S_IMODE(info.st_mode)
-    if not stat.S_ISREG(info.st_mode):
-        problems.append("token file is not a regular file")
-    if mode & 0o077:
-        problems.append(f"token file is accessible by group or others (mode {mode:04o}); "
-                        f"run: chmod 600 {path}")
-    if info.st_uid not in (0, os.geteuid()):
-        problems.append(f"token file is owned by uid {info.st_uid}, not by root or the agent's user")
-    if problems:
-        raise ConfigError(path, problems)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            token = handle.read().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(path, [f"token file cannot be read: {exc}"]) from None
-    if not token:
-        raise ConfigError(path, ["token file is empty"])
-    if any(ch.isspace() for ch in token):
-        raise ConfigError(path, ["token file holds more than one word; it must hold just the token"])
-    return token
-
-
-def check_ca_bundle(path: str) -> None:
-    """ConfigError when the configured CA bundle (a PEM file, or a c_rehash'ed directory) cannot be used."""
-    if os.path.isdir(path):
-        return
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(65536)
-    except OSError as exc:
-        raise ConfigError(path, [f"ca_bundle cannot be read: {exc.strerror or exc}"]) from None
-    if b"-----BEGIN CERTIFICATE-----" not in head:
-        raise ConfigError(path, ["ca_bundle holds no PEM certificate"])
-
-
-class Backoff:
-    """Exponential backoff with full jitter: a delay drawn uniformly from 0 to min(cap, base * 2**failures)."""
-
-    def __init__(self, base_seconds: float, cap_seconds: float, rng: Optional[random.Random] = None) -> None:
-        self.base_seconds = base_seconds
-        self.cap_seconds = cap_seconds
-        self.failures = 0
-        self._rng = rng or random.Random()
-
-    def next_delay_seconds(self) -> float:
-        """Count one more failure and return how long to wait before the next try."""
-        ceiling = min(self.cap_seconds, self.base_seconds * (2.0 ** min(self.failures, 60)))
-        self.failures += 1
-        return self._rng.uniform(0.0, ceiling)
-
-    def reset(self) -> None:
-        self.failures = 0
+def sender_for(report: ReportSettings) -> Optional["Sender"]:
+    """The Sender for the configured endpoint (token read and checked now), or None without an endpoint."""
+    if report.endpoint_url is None:
+        return None
+    return Sender(report, read_credentials(report))
 
 
 class Sender:

@@ -110,10 +110,17 @@ class AgentProcess:
         return self.proc.wait(timeout_seconds)
 
     def kill(self) -> None:
-        """SIGKILL, as the OOM killer or a power cut would end it."""
-        self.send(signal.SIGKILL)
+        """SIGKILL, as the OOM killer or a power cut would end it; returns once its job children have ended too
+        (the kernel sends them SIGTERM when the daemon dies: nothing touches the state after this)."""
         assert self.proc is not None
+        self.send(signal.SIGSTOP)  # no child spawned between the look below and the kill
+        children = daemon_children(self.proc.pid)
+        self.send(signal.SIGKILL)
         self.proc.wait(15)
+        deadline = time.monotonic() + 30
+        while any(os.path.exists(f"/proc/{pid}/cmdline") and _alive(pid) for pid in children):
+            assert time.monotonic() < deadline, f"job children {children} still run 30 s after the daemon died"
+            time.sleep(0.02)
 
     def cleanup(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -150,3 +157,26 @@ def assert_delivered_once_in_order(receiver: Receiver, outbox: Outbox) -> List[i
     assert set(stored) | set(pending) == set(range(1, last + 1)), "an event was lost"
     assert len(receiver.stored) == len(stored)
     return stored
+
+
+def daemon_children(pid: int) -> List[int]:
+    """The daemon's child processes now (from /proc/PID/task/*/children)."""
+    found: List[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            found += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, reaped by init, counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

@@ -17,7 +17,9 @@ import pytest
 from agent.daemon import JobRunner
 from agent.daemon_jobs.children import ChildJobFailed, child_argv, child_env, run_child
 from agent.log import configure
-from tests.daemon.conftest import AgentProcess, agent_config, assert_delivered_once_in_order
+from tests.conftest import run_fresh_python
+from tests.daemon.conftest import AgentProcess, agent_config, assert_delivered_once_in_order, daemon_children
+from tests.report.events import event
 from tests.report.receiver import Receiver
 
 
@@ -141,14 +143,16 @@ def test_the_child_starts_with_the_daemons_import_path_and_flags(tmp_path: Path)
     assert argv[argv.index("-c") + 2:argv.index("-c") + 4] == ["_job", "snapshot"]
 
 
-def daemon_children(pid: int) -> List[int]:
-    """The daemon's child processes now (from /proc/PID/task/*/children)."""
-    found: List[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
+def snapshot_children(pid: int) -> List[int]:
+    """The daemon's snapshot children now (delivery children come and go beside them)."""
+    found = []
+    for child in daemon_children(pid):
         try:
-            found += [int(p) for p in (task / "children").read_text().split()]
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
+        if b"_job" in argv and argv[argv.index(b"_job") + 1:argv.index(b"_job") + 2] == [b"snapshot"]:
+            found.append(child)
     return found
 
 
@@ -163,7 +167,7 @@ def test_a_snapshot_child_killed_mid_run_is_retried_and_events_arrive_once(agent
     assert agent.proc is not None
     deadline, killed = time.monotonic() + 20, None
     while killed is None and time.monotonic() < deadline:
-        for child in daemon_children(agent.proc.pid):
+        for child in snapshot_children(agent.proc.pid):
             try:
                 os.kill(child, signal.SIGKILL)
                 killed = child
@@ -264,3 +268,50 @@ def test_the_snapshot_child_hands_back_what_the_daemon_shows(tmp_path: Path, hos
     again.outbox.close()
     assert again.state.snapshot_facts == first.state.snapshot_facts
     assert again.state.pairing == first.state.pairing
+
+
+def test_a_child_started_after_the_daemon_died_stops_at_once() -> None:
+    """A child whose parent is not the daemon that asked for it (orphaned before it could ask the kernel for
+    SIGTERM on the daemon's death) stops before its job; one whose parent is the daemon carries on."""
+    code = """
+import os, sys, threading
+from agent.daemon_jobs.child_main import _stop_with_the_daemon
+seen = {}
+for name, pid in (("daemon", os.getppid()), ("another", os.getppid() + 1), ("by_hand", None)):
+    stopping = threading.Event()
+    _stop_with_the_daemon(pid, stopping)
+    seen[name] = stopping.is_set()
+print(seen)
+"""
+    assert run_fresh_python(code).strip().splitlines()[-1] == "{'daemon': False, 'another': True, 'by_hand': False}"
+
+
+@pytest.mark.slow
+def test_a_delivery_child_stops_when_the_daemon_is_sigkilled(agent: AgentProcess, receiver: Receiver,
+                                                             token_file: Path) -> None:
+    """SIGKILL to the daemon mid-delivery (the OOM killer, outside systemd's cgroup kill): the kernel's SIGTERM stops
+    its delivery child after the batch in flight. Orphaned, it would drain the whole outbox beside the next daemon."""
+    agent.write_config(agent_config(agent.state_dir, receiver.url, token_file, log_level="info", batch_size=1,
+                                    heartbeat_interval_seconds=600))
+    box = agent.outbox()
+    queued = [box.enqueue(event()).event_id for _ in range(20)]
+    box.close()
+    receiver.mode = "slow:0.2"
+    agent.start()
+    deadline = time.monotonic() + 30
+    while not receiver.stored_order:
+        assert time.monotonic() < deadline, "no batch arrived"
+        time.sleep(0.01)
+    assert agent.proc is not None
+    children = daemon_children(agent.proc.pid)
+    assert children, "no delivery child running"
+    os.kill(agent.proc.pid, signal.SIGKILL)
+    agent.proc.wait(15)
+    deadline = time.monotonic() + 15
+    while any(Path(f"/proc/{c}").exists() and "zombie" not in Path(f"/proc/{c}/status").read_text()
+              for c in children):
+        assert time.monotonic() < deadline, "a job child outlived the SIGKILLed daemon by 15 s"
+        time.sleep(0.02)
+    time.sleep(0.5)
+    assert 1 <= len(receiver.stored_order) <= 3, "the orphaned child went on draining"
+    assert receiver.stored_order == queued[:len(receiver.stored_order)]

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 from agent.config import Settings
-from agent.daemon_jobs.delivery import DeliveryJob
+from agent.daemon_jobs.delivery import Backoff, DeliveryJob, Drained
 from agent.daemon_jobs.health import HealthJob
 from agent.daemon_jobs.heartbeat import HeartbeatJob
 from agent.daemon_jobs.hooks import Hooks
@@ -20,6 +20,7 @@ from agent.daemon_jobs.metrics import MetricsJob
 from agent.daemon_jobs.runtime import EventEmitter, Runtime, host_identity
 from agent.daemon_jobs.snapshot import SnapshotJob
 from agent.daemon_jobs.watch import PackageWatcher
+from agent.errors import DeliveryError
 from agent.frozen import replace
 from agent.host import Host
 from agent.report.events import CpuFallback, PolicyViolation
@@ -317,6 +318,49 @@ def test_stopping_ends_the_drain_between_batches(tmp_path: Path, receiver: Recei
     rt.stopping.set()
     DeliveryJob(rt).run()
     assert receiver.requests == 0 and rt.outbox.depth() == 10
+
+
+def test_backoff_is_exponential_with_full_jitter_and_a_cap() -> None:
+    """Each delay lies in [0, min(cap, base * 2**n)], spreads over that range, and reset starts again."""
+    backoff = Backoff(0.5, 8.0, random.Random(7))
+    ceilings = [0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    for ceiling in ceilings:
+        assert 0.0 <= backoff.next_delay_seconds() <= ceiling
+    samples = [Backoff(1.0, 64.0, random.Random(seed)) for seed in range(200)]
+    for b in samples:
+        for _ in range(4):
+            b.next_delay_seconds()
+    fifth = [b.next_delay_seconds() for b in samples]
+    assert max(fifth) <= 16.0 and min(fifth) < 2.0 and max(fifth) > 14.0
+    backoff.reset()
+    assert backoff.failures == 0 and backoff.next_delay_seconds() <= 0.5
+
+
+def test_a_drain_elsewhere_is_asked_only_with_events_queued_and_its_outcome_kept(tmp_path: Path) -> None:
+    """The daemon's drain (a job child) is not started for an empty outbox; its failure backs off and is counted,
+    its acknowledgement time is kept, and what it hands back survives the trip through the child's JSON."""
+    rt = make_runtime(tmp_path, Host(root=Path("/")), endpoint="https://hub.example:8443")
+    asked: List[str] = []
+    outcomes = [Drained(acknowledged_at_seconds=1700000000.5,
+                        failure=DeliveryError("https://hub.example:8443/v1/events", "server", "HTTP 503", 503),
+                        failed_batch_events=5),
+                Drained(acknowledged_at_seconds=1700000060.25)]
+
+    def drain(reason: str) -> Drained:
+        asked.append(reason)
+        return Drained.from_json(outcomes.pop(0).to_json())
+
+    now = [100.0]
+    job = DeliveryJob(rt, clock=lambda: now[0], rng=random.Random(3), drain=drain)
+    assert job.run("interval") is None and asked == []
+    queue(rt, 2)
+    delay = job.run("event_enqueued")
+    assert asked == ["event_enqueued"] and delay is not None and 0.0 <= delay <= 0.05
+    assert rt.state.delivery_failures == {"server": 1} and rt.state.last_delivery_success_seconds == 1700000000.5
+    assert job.run("interval") == pytest.approx(delay) and asked == ["event_enqueued"]
+    now[0] += delay
+    assert job.run("interval") is None and asked == ["event_enqueued", "interval"]
+    assert job.backoff.failures == 0 and rt.state.last_delivery_success_seconds == 1700000060.25
 
 
 def test_events_queued_under_an_old_host_id_are_sent_under_the_current_one(tmp_path: Path,

@@ -3,7 +3,8 @@
 The snapshot, the guard's check and the health check run in job children (agent/daemon_jobs/children.py); the
 resident only shows what they hand back. Checked in a fresh interpreter, the way the installed command runs: the
 daemon is started against a fixture root, runs its first snapshot child (and, started again, reads the stored
-snapshot back through a child), heartbeats and delivery, and is stopped.
+snapshot back through a child), heartbeats and delivery (through delivery children, to an endpoint that is down),
+and is stopped.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ FIXTURE_ROOT = ROOTS / "gpuless-debian12"
 
 # Modules (or packages: a name covers its submodules) the resident must not import: the snapshot's records, reader
 # and taker, the health runner and (without a stored result) the health models, the policy engine, the guard's
-# tooling, the status command's models, and the collectors.
+# tooling, the status command's models, the collectors, and the sender with requests (delivery's drain).
 NOT_FOR_THE_RESIDENT = (
     "agent.collectors",
     "agent.snapshot.io", "agent.snapshot.model", "agent.snapshot.take", "agent.snapshot.render",
     "agent.health.runner", "agent.health.model", "agent.health.probe", "agent.health.baseline",
     "agent.policy.compliance", "agent.policy.load", "agent.policy.evaluate", "agent.policy.model",
     "agent.guard.rollback", "agent.guard.apt", "agent.guard.dnf", "agent.status.facts",
+    "agent.report.sender", "requests", "urllib3", "charset_normalizer", "idna", "certifi",
 )
 
 _PROBE = """
@@ -51,10 +53,13 @@ while time.monotonic() < deadline:
 else:
     daemon.stop()
     sys.exit("no snapshot run finished within 60 s")
+while time.monotonic() < deadline and not state.delivery_failures:  # a delivery child found the endpoint down
+    time.sleep(0.05)
 time.sleep(0.5)  # heartbeats and delivery runs after the snapshot
 shown = {"content_hash": state.snapshot_facts.content_hash, "kernel": state.pairing.kernel_running}
+failures = dict(state.delivery_failures)
 daemon.stop()
-print(json.dumps({"shown": shown, "modules": sorted(sys.modules)}))
+print(json.dumps({"shown": shown, "failures": failures, "modules": sorted(sys.modules)}))
 """
 
 
@@ -80,6 +85,7 @@ def test_the_resident_loads_no_snapshot_health_policy_or_status_code(tmp_path: P
     assert first["shown"]["kernel"] == "6.1.0-26-amd64"
     assert "agent.daemon_jobs.children" in first["modules"] and "apscheduler" in first["modules"]
     assert _offenders(first["modules"]) == []
+    assert set(first["failures"]) == {"unreachable"}  # the delivery child ran, found the endpoint down, said so
     again = _resident_modules(tmp_path)
     assert again["shown"] == first["shown"]
     assert _offenders(again["modules"]) == []

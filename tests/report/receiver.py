@@ -30,7 +30,7 @@ class Receiver:
         self.token = token
         self.tls = tls
         self.port = port
-        self.mode = "ok"  # ok | error500 | hang | too_large_over:<n> | reject:<event_id>
+        self.mode = "ok"  # ok | error500 | hang | too_large_over:<n> | reject:<event_id> | slow:<seconds>
         self.stored: Dict[str, dict] = {}
         self.stored_order: List[str] = []
         self.arrivals: List[Tuple[str, int]] = []
@@ -132,6 +132,8 @@ class Receiver:
         if mode == "hang":
             self._stop_hanging.wait(60)
             return None
+        if mode.startswith("slow:"):  # then answers as in "ok"
+            self._stop_hanging.wait(float(mode.split(":")[1]))
         try:
             batch = EventBatch.model_validate_json(raw)
         except ValidationError as exc:

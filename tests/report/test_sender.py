@@ -1,18 +1,15 @@
-"""The sender against a real HTTP(S) receiver on 127.0.0.1: outcomes, timeouts, TLS, the token file, backoff."""
+"""The sender against a real HTTP(S) receiver on 127.0.0.1: outcomes, timeouts, TLS."""
 
 from __future__ import annotations
 
-import os
-import random
 import socket
 import time
-from pathlib import Path
 
 import pytest
 
-from agent.errors import ConfigError, DeliveryError
+from agent.errors import DeliveryError
 from agent.report.events import EventBatch
-from agent.report.sender import Backoff, Sender, check_ca_bundle, load_token
+from agent.report.sender import Sender
 from agent.report.settings import ReportSettings
 from tests.report.events import event
 from tests.report.receiver import Receiver
@@ -122,57 +119,3 @@ def test_certificate_for_another_name_is_refused(certificates) -> None:  # type:
         assert caught.value.category == "tls"
     finally:
         tls_receiver.stop()
-
-
-def test_token_file_is_read_and_stripped(token_file: Path) -> None:
-    """A 0600 file owned by us gives its one word."""
-    assert load_token(str(token_file)) == TOKEN
-
-
-@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
-def test_token_file_open_to_group_or_others_is_refused(token_file: Path, mode: int) -> None:
-    """Group- or world-accessible token files are a config error naming the mode and the fix."""
-    os.chmod(token_file, mode)
-    with pytest.raises(ConfigError) as caught:
-        load_token(str(token_file))
-    assert f"mode {mode:04o}" in str(caught.value) and "chmod 600" in str(caught.value)
-    assert TOKEN not in str(caught.value)
-
-
-def test_missing_or_empty_token_file_is_refused(tmp_path: Path) -> None:
-    """Both are config errors that name the file."""
-    with pytest.raises(ConfigError, match="does not exist"):
-        load_token(str(tmp_path / "nope"))
-    empty = tmp_path / "empty"
-    empty.write_text("\n")
-    os.chmod(empty, 0o600)
-    with pytest.raises(ConfigError, match="empty"):
-        load_token(str(empty))
-
-
-def test_backoff_is_exponential_with_full_jitter_and_a_cap() -> None:
-    """Each delay lies in [0, min(cap, base * 2**n)], spreads over that range, and reset starts again."""
-    backoff = Backoff(0.5, 8.0, random.Random(7))
-    ceilings = [0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
-    for ceiling in ceilings:
-        assert 0.0 <= backoff.next_delay_seconds() <= ceiling
-    samples = [Backoff(1.0, 64.0, random.Random(seed)) for seed in range(200)]
-    for b in samples:
-        for _ in range(4):
-            b.next_delay_seconds()
-    fifth = [b.next_delay_seconds() for b in samples]
-    assert max(fifth) <= 16.0 and min(fifth) < 2.0 and max(fifth) > 14.0
-    backoff.reset()
-    assert backoff.failures == 0 and backoff.next_delay_seconds() <= 0.5
-
-
-def test_ca_bundle_must_be_a_readable_pem_file(tmp_path: Path, certificates) -> None:  # type: ignore[no-untyped-def]
-    """A missing or non-PEM bundle is a config error at start, not a TLS failure at every delivery."""
-    check_ca_bundle(certificates[0][0])
-    check_ca_bundle(str(tmp_path))  # a c_rehash'ed directory
-    with pytest.raises(ConfigError, match="cannot be read"):
-        check_ca_bundle(str(tmp_path / "missing.pem"))
-    junk = tmp_path / "junk.pem"
-    junk.write_text("not a certificate\n")
-    with pytest.raises(ConfigError, match="no PEM certificate"):
-        check_ca_bundle(str(junk))
