@@ -10,7 +10,6 @@ library attempts, subprocesses). Two arenas for the process and ``malloc_trim(0)
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import threading
 from typing import Any, Optional
 
@@ -22,13 +21,16 @@ _lock = threading.Lock()
 
 
 def _glibc() -> Optional[Any]:
-    """glibc through ctypes, once; None on another libc (musl has neither mallopt nor malloc_trim)."""
+    """glibc through ctypes, once; None on another libc (musl has neither mallopt nor malloc_trim).
+
+    The process's own symbols (``CDLL(None)``): libc is loaded already, and ``ctypes.util.find_library`` would start
+    ``ldconfig -p`` and keep subprocess resident for it."""
     global _libc, _loaded
     with _lock:
         if not _loaded:
             _loaded = True
             try:
-                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+                libc = ctypes.CDLL(None, use_errno=True)
                 _libc = libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
             except OSError:
                 _libc = None
