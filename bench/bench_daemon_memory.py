@@ -122,6 +122,8 @@ def free_port() -> int:
 def find_node_exporter(given: Optional[str], workdir: Path) -> Optional[str]:
     """The node_exporter binary: given, on PATH, or unpacked from the distribution's package (nothing installed)."""
     if given:
+        if not (os.path.isfile(given) and os.access(given, os.X_OK)):
+            raise SystemExit(f"bench_daemon_memory: --node-exporter {given}: not an executable file")
         return given
     found = shutil.which("node_exporter") or shutil.which("prometheus-node-exporter")
     if found:
