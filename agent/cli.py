@@ -48,6 +48,9 @@ def _cmd_snapshot(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
 
 
 def _cmd_run(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    from agent.daemon_jobs.openssl import keep_openssl_out
+
+    keep_openssl_out()  # before pydantic, structlog and apscheduler would load it
     from agent.daemon import run_daemon
 
     return run_daemon(args.config, make_host(args.root))

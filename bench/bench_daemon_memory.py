@@ -269,10 +269,12 @@ def main() -> int:
         exits = child_exits(agent_log)
         children: Dict[str, Dict[str, float]] = {}
         for entry in exits:
-            job = children.setdefault(str(entry.get("job")), {"runs": 0, "failed": 0, "max_rss_mib": 0.0,
-                                                               "cpu_seconds": 0.0})
+            job = children.setdefault(str(entry.get("job")), {"runs": 0, "failed": 0, "stopped": 0,
+                                                               "max_rss_mib": 0.0, "cpu_seconds": 0.0})
             job["runs"] += 1
-            job["failed"] += entry.get("exit_code") != 0
+            # SIGTERM comes only from the daemon's shutdown (passed on, or the kernel's when it died): not a failure.
+            job["stopped"] += entry.get("exit_code") == -signal.SIGTERM
+            job["failed"] += entry.get("exit_code") not in (0, -signal.SIGTERM)
             job["max_rss_mib"] = max(job["max_rss_mib"], float(entry.get("max_rss_kib") or 0) / 1024)
             job["cpu_seconds"] += float(entry.get("cpu_seconds") or 0)
         if ingest is not None:
@@ -283,7 +285,8 @@ def main() -> int:
         if not children:
             print("job children: none (the daemon ran every job in-process)")
         for name, job in sorted(children.items()):
-            print(f"job children '{name}': {job['runs']:.0f} runs ({job['failed']:.0f} failed), peak RSS "
+            print(f"job children '{name}': {job['runs']:.0f} runs ({job['failed']:.0f} failed, {job['stopped']:.0f} "
+                  f"stopped by the shutdown), peak RSS "
                   f"{job['max_rss_mib']:.1f} MiB, CPU {job['cpu_seconds']:.2f} s in all "
                   f"({job['cpu_seconds'] / max(job['runs'], 1):.3f} s a run)")
         if args.json:

@@ -10,11 +10,13 @@
     health_schedule.py  the health job's mode per run (functional right after a change) and its retries while the
                   GPUs are busy, health_deferred when they never stop
     heartbeat.py  a periodic "alive" event with pairing, compliance, last health and outbox depth
-    delivery.py   drain the outbox to the endpoint, in order, with backoff while it is down
+    delivery.py   drain the outbox to the endpoint, in order (in a child), with backoff while it is down
     metrics.py    rewrite the node_exporter textfile from the state and the outbox
-    children.py   run the snapshot, the guard's rollback check and the health check in short-lived children
+    children.py   run the snapshot, the guard's rollback check, the health check and delivery's sending in
+                  short-lived children
     child_main.py the child's side (``gpuguard _job NAME``)
     memory.py     cap glibc's malloc arenas, give freed memory back after each job
+    openssl.py    keep ssl and hashlib's OpenSSL backend out of the resident (``gpuguard run``)
 
 Every body may be slow or fail; none of them knows about the scheduler. A body that wants to run again sooner
 says so by its return value or through the ``request_*`` callables it was given.

@@ -33,6 +33,8 @@ NOT_FOR_THE_RESIDENT = (
 _PROBE = """
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
+from agent.daemon_jobs.openssl import keep_openssl_out
+keep_openssl_out()  # as gpuguard run does
 from agent.config import load_settings
 from agent.daemon import Daemon
 from agent.host import Host
