@@ -12,9 +12,8 @@ number of jobs, each with ``max_instances=1`` and ``coalesce=True``: a job never
 The snapshot, the guard's rollback check, the health check and delivery's sending run in short-lived child
 processes (agent/daemon_jobs/children.py) so that the collectors, GPU bindings, policy engine, apt/dnf tooling and
 requests never stay resident; the daemon keeps the schedule, the outbox, delivery's backoff, heartbeats, metrics and
-the package watch. SIGTERM
-reaches a running child through ``stopping`` and is waited for. Tests that hand in fake hooks run every body
-in-process.
+the package watch. SIGTERM reaches a running child through ``stopping`` and is waited for. Tests that hand in fake
+hooks run every body in-process. ``gpuguard run`` keeps OpenSSL out of the process (agent/daemon_jobs/openssl.py).
 
 Under systemd (``Type=notify``) it sends READY=1 once running, WATCHDOG=1 at half of WATCHDOG_USEC from a
 scheduler job (so a wedged scheduler stops the pings), STATUS= lines, and STOPPING=1.

@@ -26,6 +26,8 @@ from typing import Any, Dict, Optional
 from agent.files import write_atomically
 from agent.host import Host
 
+PR_SET_PDEATHSIG = 1  # prctl(2) option number in linux/prctl.h
+
 
 def run_job(job: str, config_path: str, host: Host, request: Dict[str, Any], result_path: str) -> int:
     """Run ``job`` once as the daemon would, write its result (JSON) to ``result_path``; returns the exit code."""
@@ -47,9 +49,6 @@ def run_job(job: str, config_path: str, host: Host, request: Dict[str, Any], res
     result["peak_rss_kib"] = peak_rss_kib_of()  # this process's own peak, for the daemon's job_child_exited
     write_atomically(result_path, json.dumps(result, sort_keys=True) + "\n", mode=0o600)
     return 0
-
-
-PR_SET_PDEATHSIG = 1  # prctl(2) option number in linux/prctl.h
 
 
 def _stop_with_the_daemon(daemon_pid: Any, stopping: threading.Event) -> None:
