@@ -117,10 +117,7 @@ class AgentProcess:
         children = daemon_children(self.proc.pid)
         self.send(signal.SIGKILL)
         self.proc.wait(15)
-        deadline = time.monotonic() + 30
-        while any(os.path.exists(f"/proc/{pid}/cmdline") and _alive(pid) for pid in children):
-            assert time.monotonic() < deadline, f"job children {children} still run 30 s after the daemon died"
-            time.sleep(0.02)
+        wait_until_ended(children, 30.0)
 
     def cleanup(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -174,8 +171,15 @@ def daemon_children(pid: int) -> List[int]:
     return found
 
 
+def wait_until_ended(pids: List[int], timeout_seconds: float) -> None:
+    """Return once none of ``pids`` runs (a zombie, reaped by init, counts as ended); fail after the timeout."""
+    deadline = time.monotonic() + timeout_seconds
+    while any(_alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"processes {pids} still run after {timeout_seconds} s"
+        time.sleep(0.02)
+
+
 def _alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie, reaped by init, counts as ended)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):

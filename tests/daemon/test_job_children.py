@@ -18,7 +18,13 @@ from agent.daemon import JobRunner
 from agent.daemon_jobs.children import ChildJobFailed, child_argv, child_env, run_child
 from agent.log import configure
 from tests.conftest import run_fresh_python
-from tests.daemon.conftest import AgentProcess, agent_config, assert_delivered_once_in_order, daemon_children
+from tests.daemon.conftest import (
+    AgentProcess,
+    agent_config,
+    assert_delivered_once_in_order,
+    daemon_children,
+    wait_until_ended,
+)
 from tests.report.events import event
 from tests.report.receiver import Receiver
 
@@ -307,11 +313,7 @@ def test_a_delivery_child_stops_when_the_daemon_is_sigkilled(agent: AgentProcess
     assert children, "no delivery child running"
     os.kill(agent.proc.pid, signal.SIGKILL)
     agent.proc.wait(15)
-    deadline = time.monotonic() + 15
-    while any(Path(f"/proc/{c}").exists() and "zombie" not in Path(f"/proc/{c}/status").read_text()
-              for c in children):
-        assert time.monotonic() < deadline, "a job child outlived the SIGKILLed daemon by 15 s"
-        time.sleep(0.02)
+    wait_until_ended(children, 15.0)  # the job child does not outlive the SIGKILLed daemon
     time.sleep(0.5)
     assert 1 <= len(receiver.stored_order) <= 3, "the orphaned child went on draining"
     assert receiver.stored_order == queued[:len(receiver.stored_order)]
