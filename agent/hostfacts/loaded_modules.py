@@ -41,7 +41,15 @@ def loaded_drivers(root: str) -> Dict[str, str]:
     the module that is running. ``/sys/module/nvidia/version`` first, then the ``Kernel Module`` line of
     ``/proc/driver/nvidia/version``.
     """
-    version = (read_small_text(root, "/sys/module/nvidia/version", 256) or "").strip().split("\n")[0].strip()
+    version = module_version(root, "nvidia")
     if not version:
-        version = parse_proc_driver_version(read_small_text(root, "/proc/driver/nvidia/version") or "")[0] or ""
+        version = parse_proc_driver_version(read_small_text(root, "/proc/driver/nvidia/version") or "")[0]
     return {"nvidia": version} if version else {}
+
+
+def module_version(root: str, module: str) -> Optional[str]:
+    """The first line of ``/sys/module/<module>/version`` under ``root``: what an out-of-tree build of a loaded
+    module reports (nvidia's driver version, a DKMS amdgpu's kernel base such as ``6.8.5``); None without one (the
+    module is not loaded, or is the kernel's own: the inbox amdgpu has no version file)."""
+    text = (read_small_text(root, f"/sys/module/{module}/version", 256) or "").strip()
+    return text.split("\n")[0].strip() or None
