@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # the commands import their modules lazily, for the CLI's sta
     from agent.config import Settings
     from agent.guard.hotpath.state import GuardPaths
     from agent.policy.compiled import CompiledPolicy
+    from agent.policy.freeze import FreezeFacts
     from agent.policy.load import LoadedPolicy
 
 HostFactory = Callable[[str], Host]
@@ -178,14 +179,12 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     (EXIT_VIOLATIONS) when the host violates the policy now."""
     from agent.guard.hotpath.overrides import active_windows, load_windows
     from agent.guard.manager import detect_manager
-    from agent.hostfacts.loaded_modules import loaded_drivers
-    from agent.hostfacts.os_release import read_os_release
+    from agent.hostfacts.context import read_host_context
     from agent.policy.explain import HostFacts, explain
 
     host = make_host(args.root)
     settings = _settings(args)
     policy = _policy_for_host(args, host, settings)
-    os_fields = read_os_release(str(host.root)) or {}
     windows, windows_problem = [], None
     try:
         windows = active_windows(load_windows(str(host.path(_paths(settings).overrides)), policy.max_override_minutes),
@@ -193,13 +192,12 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     except InputFileError as exc:
         windows_problem = str(exc)
     facts = HostFacts(installed=_installed(host, policy, settings), manager=detect_manager(host),
-                      os_id=os_fields.get("ID"), os_version_id=os_fields.get("VERSION_ID"),
-                      loaded_drivers=loaded_drivers(str(host.root)), windows=windows, windows_problem=windows_problem)
+                      context=read_host_context(str(host.root)), windows=windows, windows_problem=windows_problem)
     explanation = explain(policy, facts)
     code = EXIT_VIOLATIONS if explanation.violations else 0
     if getattr(args, "json", False):
         out.write(json.dumps({"policy": policy.name, "sources": list(policy.sources), "manager": facts.manager,
-                              "os_id": facts.os_id, "os_version_id": facts.os_version_id,
+                              "os_id": facts.context.os_id, "os_version_id": facts.context.os_version_id,
                               "installed": dict(sorted(facts.installed.items())),
                               "compliant": not explanation.violations, "exit_code": code,
                               "violations": [v.to_dict() for v in explanation.violations],
@@ -217,11 +215,7 @@ def policy_freeze(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
 
     from agent.errors import UsageError
     from agent.files import write_atomically
-    from agent.guard.manager import detect_manager
-    from agent.guard.rollback.core import read_installed
-    from agent.hostfacts.loaded_modules import loaded_drivers
-    from agent.hostfacts.os_release import read_os_release
-    from agent.policy.freeze import FREEZE_PACKAGES, FreezeFacts, FreezeOptions, FreezeRefused, render_freeze
+    from agent.policy.freeze import FreezeOptions, FreezeRefused, render_freeze
 
     if args.output and os.path.isdir(args.output):
         raise UsageError(f"{args.output} is a directory; give a file name, e.g. {args.output.rstrip('/')}/"
@@ -229,17 +223,7 @@ def policy_freeze(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
     if args.output and os.path.lexists(args.output) and not args.force:
         raise UsageError(f"{args.output} exists; pass --force to replace it")
     host = make_host(args.root)
-    settings = _settings(args)
-    os_fields = read_os_release(str(host.root)) or {}
-    modules = dict(loaded_drivers(str(host.root)))
-    amdgpu = host.read_first_line("/sys/module/amdgpu/version")  # a DKMS build's kernel base, e.g. 6.8.5
-    if amdgpu:
-        modules["amdgpu"] = amdgpu
-    installed = read_installed(host, list(FREEZE_PACKAGES), settings=settings)
-    facts = FreezeFacts(installed={k: v.version for k, v in installed.items()}, manager=detect_manager(host),
-                        running_kernel=host.read_first_line("/proc/sys/kernel/osrelease"), loaded_modules=modules,
-                        os_id=os_fields.get("ID"), os_version_id=os_fields.get("VERSION_ID"),
-                        hostname=host.hostname(), date=host.clock().date().isoformat())
+    facts = read_freeze_facts(host, _settings(args))
     options = FreezeOptions(name=args.name, point_releases=args.allow_point_releases,
                             kernel_series=args.kernel_series, accept_inconsistent=args.accept_inconsistent)
     try:
@@ -257,6 +241,20 @@ def policy_freeze(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
     out.write(f"wrote {args.output}; next: gpuguard policy check {args.output}, then put it in /etc/gpuguard/policy.d/ "
               f"and run gpuguard policy compile and gpuguard pin apply\n")
     return 0
+
+
+def read_freeze_facts(host: Host, settings: Settings) -> FreezeFacts:
+    """What ``policy freeze`` freezes: the packages it reads, the running kernel and the host context."""
+    from agent.guard.manager import detect_manager
+    from agent.guard.rollback.core import read_installed
+    from agent.hostfacts.context import read_host_context
+    from agent.policy.freeze import FREEZE_PACKAGES, FreezeFacts
+
+    installed = read_installed(host, list(FREEZE_PACKAGES), settings=settings)
+    return FreezeFacts(installed={k: v.version for k, v in installed.items()}, manager=detect_manager(host),
+                       running_kernel=host.read_first_line("/proc/sys/kernel/osrelease"),
+                       context=read_host_context(str(host.root)), hostname=host.hostname(),
+                       date=host.clock().date().isoformat())
 
 
 def pin_apply(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:

@@ -11,9 +11,10 @@ import os
 from typing import TYPE_CHECKING, List, Optional
 
 from agent.guard.hotpath.state import GuardPaths
+from agent.hostfacts.context import read_host_context
 from agent.log import get_logger
 from agent.policy.compiled import read_compiled
-from agent.policy.evaluate import HostState, evaluate
+from agent.policy.evaluate import HostState, evaluate, facts_used
 from agent.report.events import PolicyViolation
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,7 +27,8 @@ log = get_logger("policy.compliance")
 def check_snapshot(snapshot: Snapshot, settings: Settings, root: str = "/") -> Optional[List[PolicyViolation]]:
     """Report payloads for every rule the snapshot's installed stack violates (empty: compliant).
 
-    The compiled policy is read under ``root``, where the apt hook and the guard read it too. None when no policy
+    The compiled policy and the host context (OS, GPU targets, loaded modules) are read under ``root``, where
+    and as the apt hook and the guard read them; the snapshot gives the installed packages. None when no policy
     is installed (compliance unknown, not "compliant"); a corrupt one raises InputFileError.
     """
     path = os.path.join(root, GuardPaths(settings.agent.state_dir).compiled_policy.lstrip("/"))
@@ -35,13 +37,7 @@ def check_snapshot(snapshot: Snapshot, settings: Settings, root: str = "/") -> O
         return None
     policy = read_compiled(path)
     installed = {key: info.version for key, info in snapshot.packages().items()}
-    os_data = snapshot.os.data
-    gpus = snapshot.amdgpu.data.gpus if snapshot.amdgpu.data else []
-    nvidia = snapshot.nvidia.data
-    modules = {"nvidia": nvidia.driver_version} if nvidia and nvidia.module_loaded and nvidia.driver_version else {}
     state = HostState(before=installed, after=installed, manager=snapshot.package_manager or "dpkg",
-                      os_id=os_data.id if os_data else None, os_version_id=os_data.version_id if os_data else None,
-                      gpu_targets=tuple(sorted({g.gfx_target for g in gpus if g.gfx_target})),
-                      loaded_drivers=modules)
+                      context=read_host_context(root, facts_used(policy)))
     return [PolicyViolation(rule=v.rule, message=v.message, packages=dict(v.packages), action=v.action)
             for v in evaluate(state, policy)]

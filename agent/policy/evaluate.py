@@ -1,7 +1,8 @@
 """Evaluate a package state change against a compiled policy: pure, standard library only.
 
 Input: the installed set before and after a change (a transaction, or what dpkg did behind apt's back), plus the
-OS and GPU targets. Output: every violation with its rule, the packages involved, a message that names the
+host's context (agent/hostfacts/context.py: OS, GPU targets, loaded GPU modules), of which each caller reads the
+facts :func:`facts_used` names. Output: every violation with its rule, the packages involved, a message that names the
 pinned pairing being broken, the action the policy attaches to it and a hint on how to proceed. The apt hook,
 the dnf plugin, ``gpuguard policy explain`` and the rollback watcher all call :func:`evaluate`.
 """
@@ -18,31 +19,31 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
+    from agent.hostfacts.context import HostContext
+
 OVERRIDE_HINT = 'or open an audited maintenance window: gpuguard override start --minutes 60 --reason "..."'
 
 
 class HostState(Record):
     """The installed packages before and after a change (mappings keyed ``name``, ``name:arch`` for foreign
-    arches), the version scheme (``dpkg`` or ``rpm``), the OS (os-release ID and VERSION_ID), GPU targets, and
-    the versions of loaded GPU kernel modules (``{"nvidia": "580.159.04"}``): a driver that no package carries
-    (the .run installer, a VM or container host's driver) is judged by the module that is running.
+    arches), the version scheme (``dpkg`` or ``rpm``) and the host's context: the OS and GPU targets AMD's matrix
+    is checked against, and the loaded GPU kernel modules (a driver that no package carries, the .run installer or
+    a VM or container host's driver, is judged by the module that is running). Every caller reads the context with
+    ``read_host_context(root, facts_used(policy))``; None when the policy's rules read no host fact (the apt hook
+    then imports no part of agent.hostfacts.context).
 
     Records rather than dataclasses: this module is on the apt hook's start-up path.
     """
 
-    __slots__ = ("before", "after", "manager", "os_id", "os_version_id", "gpu_targets", "loaded_drivers")
+    __slots__ = ("before", "after", "manager", "context")
     before: Mapping[str, str]
     after: Mapping[str, str]
     manager: str
-    os_id: Optional[str]
-    os_version_id: Optional[str]
-    gpu_targets: Sequence[str]
-    loaded_drivers: Optional[Mapping[str, str]]
+    context: Optional[HostContext]
 
     def __init__(self, before: Mapping[str, str], after: Mapping[str, str], manager: str = "dpkg",
-                 os_id: Optional[str] = None, os_version_id: Optional[str] = None, gpu_targets: Sequence[str] = (),
-                 loaded_drivers: Optional[Mapping[str, str]] = None) -> None:
-        Record.__init__(self, before, after, manager, os_id, os_version_id, gpu_targets, loaded_drivers)
+                 context: Optional[HostContext] = None) -> None:
+        Record.__init__(self, before, after, manager, context)
 
     def changed(self) -> Set[str]:
         """Package keys whose version differs between before and after (installed, removed or moved)."""
@@ -148,6 +149,17 @@ def _kernels(mapping: Mapping[str, str], patterns: Sequence[str], manager: str) 
         if release:
             out[release] = key
     return out
+
+
+def facts_used(policy: CompiledPolicy) -> Tuple[str, ...]:
+    """The host facts :func:`evaluate` reads under ``policy`` (names from agent.hostfacts.context): the OS and
+    GPU targets for AMD's matrix, the loaded nvidia module for the NVIDIA rules; none for the rest."""
+    matrix, nvidia = policy.section("matrix"), policy.section("nvidia")
+    if not matrix and not nvidia:
+        return ()  # the apt hook's common case: the context module is not even imported
+    from agent.hostfacts.context import GPU_TARGETS, NVIDIA_MODULE, OS_RELEASE
+
+    return ((OS_RELEASE, GPU_TARGETS) if matrix else ()) + ((NVIDIA_MODULE,) if nvidia else ())
 
 
 def evaluate(state: HostState, policy: CompiledPolicy) -> List[Violation]:
@@ -423,7 +435,7 @@ def _check_nvidia(state: HostState, policy: CompiledPolicy) -> List[Violation]:
     if not pairings:
         return []
     driver_patterns, cuda_patterns = policy.nvidia_packages
-    module = (state.loaded_drivers or {}).get("nvidia")
+    module = state.context.loaded("nvidia") if state.context else None
     parts, parts_before = _nvidia_parts(state.after, driver_patterns), _nvidia_parts(state.before, driver_patterns)
     cuda, cuda_before = _cuda_releases(state.after, cuda_patterns), _cuda_releases(state.before, cuda_patterns)
     out = _nvidia_parts_agree(state, policy, section, parts, parts_before)
@@ -574,16 +586,18 @@ def _check_matrix(state: HostState, policy: CompiledPolicy) -> List[Violation]:
         out.append(Violation(rule="matrix.rocm", action=action, packages=packages, hint=hint,
                              message=f"ROCm {rocm_series}.x ({rocm_name} {rocm}) is not in AMD's compatibility matrix"))
         return out
-    if state.os_id and state.os_version_id:
-        ok = _os_supported(row.get("os") or {}, state.os_id, state.os_version_id)
+    context = state.context
+    os_id, os_version_id = (context.os_id, context.os_version_id) if context else (None, None)
+    if os_id and os_version_id:
+        ok = _os_supported(row.get("os") or {}, os_id, os_version_id)
         if ok is False:
             out.append(Violation(rule="matrix.os", action=action, packages=packages, hint=hint,
-                                 message=f"AMD's compatibility matrix does not list {state.os_id} "
-                                         f"{state.os_version_id} for ROCm {rocm_series}.x"))
+                                 message=f"AMD's compatibility matrix does not list {os_id} "
+                                         f"{os_version_id} for ROCm {rocm_series}.x"))
         kernel_table = row.get("kernels") or {}
-        major = state.os_version_id.split(".")[0]
-        series_allowed = kernel_table.get(f"{state.os_id}:{state.os_version_id}") or \
-            kernel_table.get(f"{state.os_id}:{major}")
+        major = os_version_id.split(".")[0]
+        series_allowed = kernel_table.get(f"{os_id}:{os_version_id}") or \
+            kernel_table.get(f"{os_id}:{major}")
         if series_allowed:
             patterns = policy.kernel_packages
             before = _kernels(state.before, patterns, state.manager)
@@ -595,9 +609,9 @@ def _check_matrix(state: HostState, policy: CompiledPolicy) -> List[Violation]:
                     out.append(Violation(
                         rule="matrix.kernel", action=action, packages={key: _move(state, key)}, hint=hint,
                         message=f"kernel {release} is not a kernel series AMD lists for ROCm {rocm_series}.x on "
-                                f"{state.os_id} {state.os_version_id} ({', '.join(series_allowed)})"))
+                                f"{os_id} {os_version_id} ({', '.join(series_allowed)})"))
     gpus = row.get("gpus") or []
-    for target in state.gpu_targets:
+    for target in (context.gpu_targets if context else ()):
         if gpus and target not in gpus:
             out.append(Violation(rule="matrix.gpu", action=action, packages=packages, hint=hint,
                                  message=f"GPU target {target} is not supported by ROCm {rocm_series}.x according to "

@@ -1,14 +1,16 @@
 """``gpuguard policy explain``: what a host is pinned to and what it may do, as lines of text (pure).
 
-The CLI (agent/guard/commands.py) reads the host (installed guarded packages, package manager, os-release, loaded
-GPU modules, open override windows) into :class:`HostFacts`; :func:`explain` turns policy and facts into lines.
+The CLI (agent/guard/commands.py) reads the host (installed guarded packages, package manager, the host context of
+agent/hostfacts/context.py, open override windows) into :class:`HostFacts`; :func:`explain` turns policy and facts
+into lines, judging the host by the same context as the apt hook.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List, Mapping, Optional, Sequence
 
+from agent.hostfacts.context import NO_FACTS, HostContext
 from agent.policy import releases
 from agent.policy.compiled import CompiledPolicy, guarded_names
 from agent.policy.evaluate import HostState, Violation, describe_pairing, evaluate, matching_pairing
@@ -24,9 +26,7 @@ class HostFacts:
 
     installed: Mapping[str, str]  # guarded package key -> installed version
     manager: str  # "dpkg" or "rpm"
-    os_id: Optional[str] = None
-    os_version_id: Optional[str] = None
-    loaded_drivers: Mapping[str, str] = field(default_factory=dict)
+    context: HostContext = NO_FACTS  # OS, GPU targets, loaded GPU modules
     windows: Sequence[OverrideWindow] = ()
     windows_problem: Optional[str] = None  # why the override windows could not be read
 
@@ -43,17 +43,17 @@ def explain(policy: CompiledPolicy, facts: HostFacts) -> Explanation:
     """The pinned pairings, the moves the policy allows, the rules, and the host's current compliance."""
     installed = facts.installed
     lines = [f"policy '{policy.name}' ({', '.join(policy.sources) or policy.path}); default action {policy.action}, "
-             f"fail-safe {policy.failsafe}", f"host: {facts.os_id or '?'} {facts.os_version_id or '?'}"]
+             f"fail-safe {policy.failsafe}", f"host: {facts.context.os_id or '?'} {facts.context.os_version_id or '?'}"]
     lines += _amd_lines(policy, installed, facts.manager)
     kernel = policy.section("kernel")
     if kernel and kernel.get("allow") is not None:
         lines.append(f"kernels: new kernels must match {describe(kernel['allow'])} "
                      f"[{policy.action_for(kernel.get('action'))}]")
     nvidia = policy.section("nvidia")
-    modules: Dict[str, str] = dict(facts.loaded_drivers) if nvidia else {}
-    if nvidia and modules.get("nvidia"):
+    module = facts.context.loaded("nvidia") if nvidia else None
+    if module:
         packaged = guarded_names(list(installed), policy.nvidia_packages[0])
-        lines.append(f"NVIDIA: loaded module {modules['nvidia']}"
+        lines.append(f"NVIDIA: loaded module {module}"
                      + (f"; driver packages: {', '.join(packaged)}" if packaged
                         else " (no driver package: the policy judges the running module)"))
     for pairing in (nvidia or {}).get("pairings") or []:
@@ -72,8 +72,7 @@ def explain(policy: CompiledPolicy, facts: HostFacts) -> Explanation:
     matrix = policy.section("matrix")
     if matrix:
         lines.append(f"AMD compatibility matrix required (recorded {matrix.get('recorded')})")
-    state = HostState(before=dict(installed), after=dict(installed), manager=facts.manager, os_id=facts.os_id,
-                      os_version_id=facts.os_version_id, loaded_drivers=modules)
+    state = HostState(before=dict(installed), after=dict(installed), manager=facts.manager, context=facts.context)
     violations = evaluate(state, policy)
     lines.append("current state: " + ("compliant" if not violations else f"{len(violations)} violation(s)"))
     lines += [f"  {v.rule} [{v.action}]: {v.message}" for v in violations]

@@ -1,9 +1,10 @@
 """``gpuguard policy freeze``: a policy that keeps a host on what it runs now, as commented TOML (pure).
 
-agent/guard/commands.py reads the host into :class:`FreezeFacts` (installed guarded packages, loaded GPU modules,
-running kernel, os-release); :func:`render_freeze` sorts the packages into the driver/ROCm or NVIDIA driver/CUDA
-pairing, the kernels, the rest of the GPU stack and the other guarded packages, and writes a policy in the policy
-model's own fields (agent/policy/model.py) with a comment on every line saying what it pins and why.
+agent/guard/commands.py reads the host into :class:`FreezeFacts` (installed guarded packages, running kernel, the host
+context of agent/hostfacts/context.py: os-release and the loaded GPU modules); :func:`render_freeze` sorts the
+packages into the driver/ROCm or NVIDIA driver/CUDA pairing, the kernels, the rest of the GPU stack and the other
+guarded packages, and writes a policy in the policy model's own fields (agent/policy/model.py) with a comment on
+every line saying what it pins and why.
 
 A host whose installed driver is not the one loaded (the driver moved and the host was not rebooted) is refused
 with :class:`FreezeRefused`, unless ``accept_inconsistent``; then the policy says so.
@@ -12,9 +13,10 @@ with :class:`FreezeRefused`, unless ``accept_inconsistent``; then the policy say
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from agent.hostfacts.context import NO_FACTS, HostContext
 from agent.policy import releases
 from agent.policy.compiled import (
     AMD_STACK_PACKAGES,
@@ -42,14 +44,12 @@ class FreezeRefused(ValueError):
 @dataclass(frozen=True)
 class FreezeFacts:
     """What the host is now: guarded package key -> version, the package manager (``dpkg``/``rpm``), the running
-    kernel (``uname -r``), the loaded GPU modules' versions (``{"nvidia": ..., "amdgpu": ...}``), OS and name."""
+    kernel (``uname -r``), the host context (OS, the loaded ``nvidia`` and ``amdgpu`` modules' versions) and name."""
 
     installed: Mapping[str, str]
     manager: str = "dpkg"
     running_kernel: Optional[str] = None
-    loaded_modules: Mapping[str, str] = field(default_factory=dict)
-    os_id: Optional[str] = None
-    os_version_id: Optional[str] = None
+    context: HostContext = NO_FACTS
     hostname: str = "unknown"
     date: str = ""  # when the facts were read (YYYY-MM-DD), for the header
 
@@ -189,12 +189,12 @@ def check_consistent(facts: FreezeFacts, options: FreezeOptions) -> List[str]:
         listed = "; ".join(f"{r}: {', '.join(names)}" for r, names in sorted(by_release.items()))
         raise FreezeRefused(f"the NVIDIA driver's packages are not one build ({listed}): finish or undo the driver "
                             f"change (every part at one release), then freeze")
-    amd_loaded = facts.loaded_modules.get("amdgpu")
+    amd_loaded = facts.context.loaded("amdgpu")
     amd_base = releases.amdgpu_kernel_base(stack.amd_driver) if stack.amd_driver else None
     if amd_loaded and amd_base and amd_loaded != amd_base:
         found.append(f"the loaded amdgpu module is {amd_loaded}, the installed {AMD_DRIVER} {stack.amd_driver} "
                      f"builds {amd_base}")
-    nvidia_loaded = facts.loaded_modules.get("nvidia")
+    nvidia_loaded = facts.context.loaded("nvidia")
     if nvidia_loaded and parts and nvidia_loaded not in parts.values():
         found.append(f"the loaded nvidia module is {nvidia_loaded}, the installed NVIDIA driver is "
                      f"{next(iter(parts.values()))} ({_listing(stack.nvidia_parts, 2)})")
@@ -210,7 +210,7 @@ def render_freeze(facts: FreezeFacts, options: FreezeOptions = FreezeOptions()) 
     inconsistent = check_consistent(facts, options)
     stack = _sort(facts)
     amd = bool(stack.amd_driver or stack.rocm)
-    nvidia = bool(stack.nvidia_parts or stack.cuda or facts.loaded_modules.get("nvidia"))
+    nvidia = bool(stack.nvidia_parts or stack.cuda or facts.context.loaded("nvidia"))
     name = options.name or f"freeze-{facts.hostname}"
     kernels = _kernel_allow(facts, stack, options)
     lines = _header(facts, options, name, amd, nvidia, inconsistent)
@@ -248,7 +248,7 @@ def _names(found: Mapping[str, str]) -> List[Tuple[str, str]]:
 
 def _header(facts: FreezeFacts, options: FreezeOptions, name: str, amd: bool, nvidia: bool,
             inconsistent: Sequence[str]) -> List[str]:
-    host = f"{facts.hostname} ({facts.os_id or '?'} {facts.os_version_id or '?'})"
+    host = f"{facts.hostname} ({facts.context.os_id or '?'} {facts.context.os_version_id or '?'})"
     lines = [f"# gpuguard policy '{name}': host {host} frozen as it was"
              + (f" on {facts.date}" if facts.date else "") + " by `gpuguard policy freeze`."]
     widened = [w for w, on in (("point releases", options.point_releases), ("a kernel series", options.kernel_series))
@@ -263,8 +263,9 @@ def _header(facts: FreezeFacts, options: FreezeOptions, name: str, amd: bool, nv
     else:
         lines.append("# No GPU driver was found (no amdgpu-dkms or ROCm package, no NVIDIA driver or CUDA package, "
                      "no loaded nvidia module): it freezes the kernels only.")
-        if facts.loaded_modules.get("amdgpu"):
-            lines.append(f"# The loaded amdgpu module {facts.loaded_modules['amdgpu']} comes from no package: "
+        amdgpu = facts.context.loaded("amdgpu")
+        if amdgpu:
+            lines.append(f"# The loaded amdgpu module {amdgpu} comes from no package: "
                          f"there is no driver package to pin.")
     for line in inconsistent:
         lines.append(f"# INCONSISTENT when frozen (--accept-inconsistent): {line}; this policy pins the installed "
@@ -303,7 +304,7 @@ def _amd_lines(facts: FreezeFacts, stack: _Stack, options: FreezeOptions, kernel
         lines.append(_line("side_by_side", True, "several ROCm releases are installed side by side now"))
     lines += ["", "[[amd.pairing]]  # the one allowed pairing: the installed one",
               _line("name", "frozen", "named in refusals")]
-    loaded = facts.loaded_modules.get("amdgpu")
+    loaded = facts.context.loaded("amdgpu")
     driver = stack.amd_driver
     if driver is None:
         lines.append(_line("amdgpu", "none", f"no {AMD_DRIVER} is installed (ROCm runs on the kernel's own amdgpu "
@@ -353,7 +354,7 @@ def _nvidia_lines(facts: FreezeFacts, stack: _Stack, options: FreezeOptions) -> 
         lines.append(_line("side_by_side", True, "several CUDA releases are installed side by side now"))
     lines += ["", "[[nvidia.pairing]]  # the one allowed pairing: the installed one",
               _line("name", "frozen", "named in refusals")]
-    loaded = facts.loaded_modules.get("nvidia")
+    loaded = facts.context.loaded("nvidia")
     parts = {k: _driver_release(v) for k, v in stack.nvidia_parts.items()}
     if parts:
         release = next(iter(parts.values()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from agent.config import Settings
@@ -9,6 +10,7 @@ from agent.frozen import replace
 from agent.policy.compliance import check_snapshot
 from agent.policy.load import load_and_compile, write_compiled
 from agent.snapshot.take import take_snapshot
+from tests.conftest import ROOTS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,16 +60,21 @@ def _without_driver_packages(snap):
 
 
 def test_h200_with_the_vm_hosts_driver_is_compliant(tmp_path: Path, fixture_host) -> None:
-    """The H200 fixture (real host: no driver package, module 580.159.04, CUDA 13.0) meets an r580/CUDA 13 pin."""
+    """The H200 fixture (real host: no driver package, module 580.159.04, CUDA 13.0) meets an r580/CUDA 13 pin;
+    the loaded module is read under the root, as the apt hook reads it (a copy of the fixture root holds the
+    compiled policy)."""
+    root = tmp_path / "root"
+    shutil.copytree(ROOTS / "nvidia-h200-ubuntu2404", root, symlinks=True)
+    compiled_path = root / "var/lib/gpuguard/policy.compiled.json"
+    settings = Settings()
     policy = tmp_path / "p.toml"
     policy.write_text('[policy]\nname = "t"\n[[nvidia.pairing]]\nname = "r580"\ndriver = "580.*"\ncuda = "13.0.*"\n')
     _, compiled = load_and_compile(str(policy))
-    write_compiled(str(tmp_path / "policy.compiled.json"), compiled)
+    write_compiled(str(compiled_path), compiled)
     snap = _without_driver_packages(take_snapshot(fixture_host("nvidia-h200-ubuntu2404")))
-    assert snap.nvidia.data.driver_version == "580.159.04"
-    assert check_snapshot(snap, _settings(tmp_path)) == []
+    assert check_snapshot(snap, settings, root=str(root)) == []
     policy.write_text('[policy]\nname = "t"\n[[nvidia.pairing]]\nname = "r590"\ndriver = "590.*"\ncuda = "13.*"\n')
     _, compiled = load_and_compile(str(policy))
-    write_compiled(str(tmp_path / "policy.compiled.json"), compiled)
-    (violation,) = check_snapshot(snap, _settings(tmp_path))
+    write_compiled(str(compiled_path), compiled)
+    (violation,) = check_snapshot(snap, settings, root=str(root))
     assert "NVIDIA driver 580.159.04 (loaded nvidia module, no driver package)" in violation.message

@@ -8,8 +8,9 @@ from typing import Dict, List
 
 import pytest
 
+from agent.hostfacts.context import GPU_TARGETS, NVIDIA_MODULE, OS_RELEASE, HostContext
 from agent.policy.compiled import read_compiled
-from agent.policy.evaluate import HostState, evaluate, introduced
+from agent.policy.evaluate import HostState, evaluate, facts_used, introduced
 from agent.policy.load import compiled_from, load_policy, write_compiled
 from agent.policy.matrix import load_matrix
 
@@ -100,7 +101,7 @@ def _verdict(violations) -> List[tuple]:
 
 @pytest.mark.parametrize("label,after,expected", CASES, ids=[c[0] for c in CASES])
 def test_evaluation_table(compiled, label: str, after: Dict[str, str], expected: List[tuple]) -> None:
-    state = HostState(before=BASE, after=after, os_id="ubuntu", os_version_id="22.04")
+    state = HostState(before=BASE, after=after, context=HostContext("ubuntu", "22.04"))
     assert _verdict(introduced(evaluate(state, compiled), state)) == sorted(expected)
 
 
@@ -109,16 +110,24 @@ def test_compiled_file_gives_the_same_verdicts(compiled, tmp_path: Path) -> None
     write_compiled(str(tmp_path / "c.json"), compiled)
     from_file = read_compiled(str(tmp_path / "c.json"))
     for label, after, _ in CASES:
-        state = HostState(before=BASE, after=after, os_id="ubuntu", os_version_id="22.04")
+        state = HostState(before=BASE, after=after, context=HostContext("ubuntu", "22.04"))
         assert [v.to_dict() for v in evaluate(state, from_file)] == [v.to_dict() for v in evaluate(state, compiled)], \
             label
     assert json.loads((tmp_path / "c.json").read_text())["matrix"]["driver_rocm"]["6.2"][0] == "6.0"
 
 
 def test_matrix_flags_unsupported_os_and_gpu(compiled) -> None:
-    state = HostState(before={}, after=BASE, os_id="debian", os_version_id="12", gpu_targets=("gfx950",))
+    state = HostState(before={}, after=BASE, context=HostContext("debian", "12", ("gfx950",)))
     rules = {v.rule for v in evaluate(state, compiled)}
     assert {"matrix.os", "matrix.gpu"} <= rules
+
+
+def test_facts_used_names_what_the_rules_read(compiled, tmp_path: Path) -> None:
+    """AMD's matrix reads the OS and GPU targets, the NVIDIA rules the loaded module; pairings alone read none."""
+    assert facts_used(compiled) == (OS_RELEASE, GPU_TARGETS, NVIDIA_MODULE)
+    path = tmp_path / "p.toml"
+    path.write_text('[policy]\nname = "t"\n[[amd.pairing]]\nname = "rocm-6.2"\namdgpu = "6.2.*"\nrocm = "6.2.*"\n')
+    assert facts_used(compiled_from(load_policy(str(path)), None)) == ()
 
 
 def test_breaking_message_names_the_pinned_pairing(compiled) -> None:
@@ -138,11 +147,12 @@ def test_old_violations_are_not_blamed_on_unrelated_changes(compiled) -> None:
 # --- a driver that no package carries (seen on the H200 VM: the host's module, CUDA 13 packages only) ---------
 
 H200_PACKAGES = {"cuda-cudart-13-0": "13.0.96-1", "cuda-compat-13-0": "580.95.05-0ubuntu1", "vim": "2:9.1"}
+H200_MODULE = HostContext(loaded_drivers={"nvidia": "580.159.04"})
 
 
 def test_unpackaged_driver_is_judged_by_the_loaded_module(compiled) -> None:
     """No nvidia-driver-* package, module 580.159.04 loaded, CUDA 13.0: the r580 pairing holds."""
-    state = HostState(before=H200_PACKAGES, after=H200_PACKAGES, loaded_drivers={"nvidia": "580.159.04"})
+    state = HostState(before=H200_PACKAGES, after=H200_PACKAGES, context=H200_MODULE)
     assert [v for v in evaluate(state, compiled) if v.rule == "nvidia.pairing"] == []
 
 
@@ -155,7 +165,7 @@ def test_without_the_module_an_unpackaged_driver_is_still_a_violation(compiled) 
 def test_cuda_move_away_from_the_loaded_module_is_blamed_on_the_cuda_package(compiled) -> None:
     after = {k: v for k, v in H200_PACKAGES.items() if k != "cuda-cudart-13-0"}
     after["cuda-cudart-12-8"] = "12.8.90-1"
-    state = HostState(before=H200_PACKAGES, after=after, loaded_drivers={"nvidia": "580.159.04"})
+    state = HostState(before=H200_PACKAGES, after=after, context=H200_MODULE)
     (violation,) = introduced(evaluate(state, compiled), state)
     assert violation.rule == "nvidia.pairing"
     assert "NVIDIA driver 580.159.04 (loaded nvidia module, no driver package) with CUDA 12.8.90" in violation.message
@@ -167,6 +177,6 @@ def test_cuda_move_away_from_the_loaded_module_is_blamed_on_the_cuda_package(com
 def test_a_driver_package_wins_over_the_loaded_module(compiled) -> None:
     """Installing nvidia-driver-590 is judged by the package (the module changes at the next boot)."""
     after = {**H200_PACKAGES, "nvidia-driver-590": "590.44.01-0ubuntu1"}
-    state = HostState(before=H200_PACKAGES, after=after, loaded_drivers={"nvidia": "580.159.04"})
+    state = HostState(before=H200_PACKAGES, after=after, context=H200_MODULE)
     (violation,) = introduced(evaluate(state, compiled), state)
     assert "NVIDIA driver 590.44.01 (nvidia-driver-590)" in violation.message

@@ -6,6 +6,7 @@ import datetime as dt
 from pathlib import Path
 
 from agent.guard.hotpath.overrides import OverrideWindow
+from agent.hostfacts.context import HostContext
 from agent.policy.compiled import CompiledPolicy
 from agent.policy.explain import HostFacts, explain
 from agent.policy.load import load_and_compile
@@ -36,8 +37,8 @@ def compiled(tmp_path: Path) -> CompiledPolicy:
 
 def test_a_compliant_host_names_its_pinned_pairing_and_the_moves_it_may_make(tmp_path: Path) -> None:
     """The pinned pairing, every allowed move, the rules and 'compliant'."""
-    result = explain(compiled(tmp_path), HostFacts(installed=PAIR, manager="dpkg", os_id="ubuntu",
-                                                   os_version_id="22.04"))
+    result = explain(compiled(tmp_path), HostFacts(installed=PAIR, manager="dpkg",
+                                                   context=HostContext("ubuntu", "22.04")))
     text = "\n".join(result.lines)
     assert result.violations == []
     assert "host: ubuntu 22.04" in text
@@ -53,7 +54,8 @@ def test_a_loaded_driver_without_package_and_an_open_window_are_shown(tmp_path: 
     window = OverrideWindow(id="w1", started_at=now, expires_at=now + dt.timedelta(hours=1), reason="upgrade",
                             opened_by="root")
     result = explain(compiled(tmp_path), HostFacts(installed={}, manager="dpkg",
-                                                   loaded_drivers={"nvidia": "580.159.04"}, windows=[window]))
+                                                   context=HostContext(loaded_drivers={"nvidia": "580.159.04"}),
+                                                   windows=[window]))
     assert "NVIDIA: loaded module 580.159.04 (no driver package: the policy judges the running module)" \
         in result.lines
     assert "NVIDIA: every driver part must be one build; several CUDA releases side by side are refused " \

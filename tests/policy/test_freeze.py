@@ -8,6 +8,7 @@ from typing import Dict
 
 import pytest
 
+from agent.hostfacts.context import HostContext
 from agent.policy.compiled import CompiledPolicy
 from agent.policy.evaluate import HostState, evaluate
 from agent.policy.freeze import FreezeFacts, FreezeOptions, FreezeRefused, kernel_series, render_freeze
@@ -18,13 +19,22 @@ ROCM_622 = "6.2.2.60202-116~22.04"
 AMD: Dict[str, str] = {"amdgpu-dkms": D62, "amdgpu-dkms-firmware": D62, "rocm-core": ROCM_622,
                        "hip-runtime-amd": "6.2.41134.60202-116~22.04", "linux-image-6.8.0-45-generic": "6.8.0-45.45",
                        "linux-image-6.8.0-40-generic": "6.8.0-40.40", "dkms": "3.0.11-1ubuntu13"}
-AMD_FACTS = FreezeFacts(installed=AMD, running_kernel="6.8.0-45-generic", loaded_modules={"amdgpu": "6.8.5"},
-                        os_id="ubuntu", os_version_id="22.04", hostname="mi300x-a", date="2026-12-03")
+
+
+def _loaded(**modules: str) -> HostContext:
+    """A host context with only these loaded modules (name=version)."""
+    return HostContext(loaded_drivers=modules)
+
+
+AMD_FACTS = FreezeFacts(installed=AMD, running_kernel="6.8.0-45-generic",
+                        context=HostContext("ubuntu", "22.04", loaded_drivers={"amdgpu": "6.8.5"}),
+                        hostname="mi300x-a", date="2026-12-03")
 # The real H200 (docs/hardware.md): the driver comes with no package, CUDA 13.0 from NVIDIA's cuda-* packages.
 H200: Dict[str, str] = {"cuda-cudart-13-0": "13.0.96-1", "cuda-toolkit-13-0": "13.0.2-1",
                         "linux-image-6.8.0-87-generic": "6.8.0-87.88"}
-H200_FACTS = FreezeFacts(installed=H200, running_kernel="6.8.0-87-generic", loaded_modules={"nvidia": "580.159.04"},
-                         os_id="ubuntu", os_version_id="24.04", hostname="h200", date="2026-12-03")
+H200_FACTS = FreezeFacts(installed=H200, running_kernel="6.8.0-87-generic",
+                         context=HostContext("ubuntu", "24.04", loaded_drivers={"nvidia": "580.159.04"}),
+                         hostname="h200", date="2026-12-03")
 NVIDIA_PARTS = {"nvidia-driver-580-open": "580.159.04-0ubuntu0.24.04.1", "nvidia-dkms-580-open":
                 "580.159.04-0ubuntu0.24.04.1", "libnvidia-compute-580": "580.159.04-0ubuntu0.24.04.1"}
 HEADER_TAIL = """\
@@ -142,7 +152,7 @@ allow = [  # any other kernel is refused
 """
 GPULESS_FACTS = FreezeFacts(installed={"linux-image-6.1.0-26-amd64": "6.1.112-1",
                                        "linux-image-6.1.0-27-amd64": "6.1.115-1", "linux-image-amd64": "6.1.115-1"},
-                            running_kernel="6.1.0-26-amd64", os_id="debian", os_version_id="12", hostname="runner",
+                            running_kernel="6.1.0-26-amd64", context=HostContext("debian", "12"), hostname="runner",
                             date="2026-12-03")
 
 
@@ -161,8 +171,7 @@ def _rules(policy: CompiledPolicy, facts: FreezeFacts, **moves: str) -> list:
             after[key] = version
         else:
             after.pop(key, None)
-    state = HostState(before=dict(facts.installed), after=after, manager=facts.manager,
-                      loaded_drivers=dict(facts.loaded_modules))
+    state = HostState(before=dict(facts.installed), after=after, manager=facts.manager, context=facts.context)
     return sorted({v.rule for v in evaluate(state, policy)})
 
 
@@ -181,7 +190,7 @@ def test_the_rendered_policy_is_exactly_this_text(facts: FreezeFacts, options: F
     (AMD_FACTS, FreezeOptions()), (AMD_FACTS, FreezeOptions(point_releases=True, kernel_series=True)),
     (H200_FACTS, FreezeOptions()), (H200_FACTS, FreezeOptions(point_releases=True)),
     (FreezeFacts(installed={**H200, **NVIDIA_PARTS, "nvidia-container-toolkit": "1.17.8-1",
-                            "cuda-compat-13-0": "580.95.05-0ubuntu1"}, loaded_modules={"nvidia": "580.159.04"},
+                            "cuda-compat-13-0": "580.95.05-0ubuntu1"}, context=_loaded(nvidia="580.159.04"),
                  running_kernel="6.8.0-87-generic"), FreezeOptions(point_releases=True)),
     (GPULESS_FACTS, FreezeOptions(kernel_series=True)),
 ])
@@ -225,7 +234,7 @@ def test_point_releases_and_a_kernel_series_widen_the_amd_freeze(tmp_path: Path)
 
 def test_every_nvidia_driver_and_cuda_move_is_refused(tmp_path: Path) -> None:
     """A driver package of another release (or build), another CUDA release, a second CUDA: refused."""
-    facts = FreezeFacts(installed={**H200, **NVIDIA_PARTS}, loaded_modules={"nvidia": "580.159.04"},
+    facts = FreezeFacts(installed={**H200, **NVIDIA_PARTS}, context=_loaded(nvidia="580.159.04"),
                         running_kernel="6.8.0-87-generic")
     policy = _compiled(tmp_path, render_freeze(facts))
     newer = {k.replace("-", "_"): "580.159.04-0ubuntu0.24.04.2" for k in NVIDIA_PARTS}
@@ -240,14 +249,14 @@ def test_every_nvidia_driver_and_cuda_move_is_refused(tmp_path: Path) -> None:
 
 def test_a_driver_installed_but_not_loaded_is_refused_in_one_line() -> None:
     """AMD (DKMS base vs loaded amdgpu) and NVIDIA (packages vs loaded module): what differs and how to proceed."""
-    amd = FreezeFacts(installed=AMD, loaded_modules={"amdgpu": "6.10.5"})
+    amd = FreezeFacts(installed=AMD, context=_loaded(amdgpu="6.10.5"))
     with pytest.raises(FreezeRefused) as refused:
         render_freeze(amd)
     assert str(refused.value) == (
         "the installed driver is not the loaded one: the loaded amdgpu module is 6.10.5, the installed amdgpu-dkms "
         "1:6.8.5.60202-2041575.22.04 builds 6.8.5; reboot into the installed driver and freeze again, or pass "
         "--accept-inconsistent to freeze the installed packages (what the next boot loads)")
-    nvidia = FreezeFacts(installed={**H200, **NVIDIA_PARTS}, loaded_modules={"nvidia": "580.95.05"})
+    nvidia = FreezeFacts(installed={**H200, **NVIDIA_PARTS}, context=_loaded(nvidia="580.95.05"))
     with pytest.raises(FreezeRefused, match=r"the loaded nvidia module is 580\.95\.05, the installed NVIDIA "
                                             r"driver is 580\.159\.04 \(libnvidia-compute-580 580\.159\.04-0ubuntu0"):
         render_freeze(nvidia)
@@ -255,7 +264,7 @@ def test_a_driver_installed_but_not_loaded_is_refused_in_one_line() -> None:
 
 def test_accept_inconsistent_freezes_the_installed_packages_and_says_so(tmp_path: Path) -> None:
     """The header names the difference; the pairing pins the installed driver, which the next boot loads."""
-    amd = FreezeFacts(installed=AMD, loaded_modules={"amdgpu": "6.10.5"}, hostname="h")
+    amd = FreezeFacts(installed=AMD, context=_loaded(amdgpu="6.10.5"), hostname="h")
     text = render_freeze(amd, FreezeOptions(accept_inconsistent=True))
     assert "# INCONSISTENT when frozen (--accept-inconsistent): the loaded amdgpu module is 6.10.5, the installed " \
            "amdgpu-dkms 1:6.8.5.60202-2041575.22.04 builds 6.8.5; this policy pins the installed packages, which " \

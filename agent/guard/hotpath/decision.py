@@ -166,26 +166,18 @@ class Decision:
         """Evaluate ``tx`` over ``installed`` (the installed set, keyed like the transaction) against ``policy``."""
         from agent.errors import InputFileError
         from agent.guard.hotpath.transaction import before_set, resulting_set
-        from agent.policy.evaluate import HostState, evaluate, introduced
+        from agent.policy.evaluate import HostState, evaluate, facts_used, introduced
 
         if not tx.changes:
             return EXIT_ALLOW
-        os_id = os_version = None
-        targets: Tuple[str, ...] = ()
-        if policy.section("matrix"):  # host facts are read (and their parsers imported) only when a rule needs them
-            from agent.hostfacts.kfd import gpu_targets
-            from agent.hostfacts.os_release import read_os_release
+        facts = facts_used(policy)
+        context = None
+        if facts:  # host facts are read (the builder and their parsers imported) only when a rule reads them
+            from agent.hostfacts.context import read_host_context
 
-            fields = read_os_release(self.root) or {}
-            os_id, os_version = fields.get("ID"), fields.get("VERSION_ID")
-            targets = gpu_targets(self.root)
-        modules: Dict[str, str] = {}
-        if policy.section("nvidia"):
-            from agent.hostfacts.loaded_modules import loaded_drivers
-
-            modules = loaded_drivers(self.root)
+            context = read_host_context(self.root, facts)
         state = HostState(before=before_set(installed, tx), after=resulting_set(installed, tx), manager=tx.manager,
-                          os_id=os_id, os_version_id=os_version, gpu_targets=targets, loaded_drivers=modules)
+                          context=context)
         violations = evaluate(state, policy)
         new = introduced(violations, state)
         new_ids = {id(v) for v in new}

@@ -23,10 +23,10 @@ from agent.guard.hotpath.state import GuardPaths, append_json_line
 from agent.guard.manager import PackageTool, backend_for
 from agent.guard.rollback.backend import InstalledPackage, PackageBackend, PlannedStep
 from agent.host import Host
-from agent.hostfacts.loaded_modules import loaded_drivers
+from agent.hostfacts.context import read_host_context
 from agent.log import get_logger
 from agent.policy.compiled import KERNEL_MODULE_PACKAGES, CompiledPolicy
-from agent.policy.evaluate import HostState, Violation, evaluate
+from agent.policy.evaluate import HostState, Violation, evaluate, facts_used
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.config import Settings
@@ -221,10 +221,10 @@ def check_and_rollback(host: Host, settings: Settings, policy: Optional[Compiled
     backend.wait_for_lock()
     current = backend.read_installed(policy.guarded)
     known_good = load_known_good(host, paths)
-    modules = loaded_drivers(str(host.root)) if policy.section("nvidia") else {}
+    context = read_host_context(str(host.root), facts_used(policy))
     if known_good is None:
         state = HostState(before=_versions(current), after=_versions(current), manager=backend.manager,
-                          loaded_drivers=modules)
+                          context=context)
         violations = [v for v in evaluate(state, policy) if v.action != "warn"]
         if violations:
             return GuardResult("no_known_good", violations,
@@ -237,7 +237,7 @@ def check_and_rollback(host: Host, settings: Settings, policy: Optional[Compiled
             detail += _uncached_note(record_known_good(host, paths, current, clock(), backend), backend)
         return GuardResult("recorded", detail=detail)
     state = HostState(before=_versions(known_good), after=_versions(current), manager=backend.manager,
-                      loaded_drivers=modules)
+                      context=context)
     violations = [v for v in evaluate(state, policy) if v.touches(state.changed())]
     if not violations:
         if state.changed() and not dry_run:

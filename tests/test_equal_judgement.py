@@ -1,0 +1,157 @@
+"""Every judgement of one host sees the same facts: the apt hook, ``policy explain``, the daemon's compliance check,
+the rollback check and the facts ``policy freeze`` reads give the same rule ids for one policy and one host.
+
+The host (built under tmp_path): Debian 12 with an MI355X (gfx950) in the KFD topology, amdgpu-dkms and ROCm 6.2
+in dpkg's status, the DKMS amdgpu module and an NVIDIA module loaded that no package carries. The policy requires
+AMD's compatibility matrix (ROCm 6.2 lists neither Debian 12 nor gfx950), pins ROCm 6.3 and the r570 NVIDIA
+driver. Before the host context had one builder, ``policy explain`` had no GPU targets (no ``matrix.gpu``) and the
+rollback check neither OS nor GPU targets.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+from typing import Dict, List, Set
+
+import pytest
+
+from agent.cli import main
+from agent.config import Settings
+from agent.guard.commands import read_freeze_facts
+from agent.guard.rollback.core import check_and_rollback
+from agent.host import Host
+from agent.policy.compiled import read_compiled
+from agent.policy.compliance import check_snapshot
+from agent.policy.evaluate import HostState, evaluate
+from agent.policy.load import load_and_compile, write_compiled
+from agent.snapshot.take import take_snapshot
+from tests.conftest import fake_module_loader, fixed_clock
+from tests.fakes.runner import FakeRunner
+from tests.guard.apt.test_hook import HEAD, line, run_hook
+
+POLICY = """
+[policy]
+name = "equal-judgement"
+require_amd_matrix = true
+[[amd.pairing]]
+name = "rocm-6.3"
+amdgpu = "6.3.*"
+rocm = "6.3.*"
+[[nvidia.pairing]]
+name = "r570"
+driver = "570.*"
+cuda = "any"
+"""
+EXPECTED = {"amd.pairing", "matrix.os", "matrix.gpu", "nvidia.pairing"}
+
+
+def _properties(**values: int) -> str:
+    return "".join(f"{name} {value}\n" for name, value in values.items())
+
+
+def _status(packages: Dict[str, str]) -> str:
+    return "".join(f"Package: {name}\nStatus: install ok installed\nArchitecture: amd64\nVersion: {version}\n"
+                   f"Description: {name}\n\n" for name, version in packages.items())
+
+
+HOST_FILES = {
+    "etc/os-release": 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\n'
+                      "VERSION_CODENAME=bookworm\n",
+    "proc/sys/kernel/osrelease": "6.1.0-26-amd64\n",
+    "proc/sys/kernel/hostname": "mi355x-bookworm\n",
+    "sys/class/kfd/kfd/topology/nodes/0/properties": _properties(cpu_cores_count=128, simd_count=0,
+                                                                 gfx_target_version=0, vendor_id=0, device_id=0),
+    "sys/class/kfd/kfd/topology/nodes/1/properties": _properties(cpu_cores_count=0, simd_count=1024,
+                                                                 gfx_target_version=90500, vendor_id=4098,
+                                                                 device_id=30115, location_id=1280, domain=0),
+    "sys/class/drm/card0/dev": "226:0\n",
+    "sys/class/drm/card0/device/uevent": "DRIVER=amdgpu\nPCI_CLASS=120000\nPCI_ID=1002:75A3\n"
+                                         "PCI_SLOT_NAME=0000:05:00.0\n",
+    "sys/class/drm/card0/device/vendor": "0x1002\n",
+    "sys/class/drm/card0/device/device": "0x75a3\n",
+    "sys/module/amdgpu/initstate": "live\n",
+    "sys/module/amdgpu/version": "6.8.5\n",
+    "sys/module/nvidia/version": "580.159.04\n",
+    "var/lib/dpkg/status": _status({"amdgpu-dkms": "1:6.8.5.60202-2041575.22.04",
+                                    "amdgpu-dkms-firmware": "1:6.8.5.60202-2041575.22.04",
+                                    "rocm-core": "6.2.2.60202-116~22.04",
+                                    "linux-image-6.1.0-26-amd64": "6.1.112-1", "vim": "2:9.0.1378-2"}),
+    "etc/gpuguard/policy.d/10-site.toml": POLICY,
+}
+CONFIG = ["--config", "/nonexistent/agent.toml"]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """The Debian 12 gfx950 host with the policy in policy.d and compiled in the state directory."""
+    host_root = tmp_path / "root"
+    for relative, text in HOST_FILES.items():
+        (host_root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (host_root / relative).write_text(text)
+    _, compiled = load_and_compile(str(host_root / "etc/gpuguard/policy.d"))
+    write_compiled(str(host_root / "var/lib/gpuguard/policy.compiled.json"), compiled)
+    return host_root
+
+
+def _host(root: Path) -> Host:
+    """A Host over the root that runs no command (an unrecorded one fails the test) and has no GPU library."""
+    return Host(root=root, runner=FakeRunner([], str(root)), load_module=fake_module_loader({}), clock=fixed_clock)
+
+
+def _cli(root: Path, *argv: str) -> str:
+    out = io.StringIO()
+    main(list(argv), make_host=lambda _: _host(root), out=out)
+    return out.getvalue()
+
+
+def hook_rules(root: Path) -> Set[str]:
+    """The apt hook (protocol v3) on a transaction that touches none of the stack: every violation is a note."""
+    code, out = run_hook(root, HEAD + line("vim", "2:9.0.1378-2", "2:9.0.1378-3"))
+    assert code == 0, out
+    return set(re.findall(r"note: the host already violates the policy \(([\w.]+)\)", out))
+
+
+def explain_rules(root: Path) -> Set[str]:
+    """``gpuguard policy explain --json`` under the root."""
+    data = json.loads(_cli(root, "policy", "explain", "--root", str(root), "--json", *CONFIG))
+    return {v["rule"] for v in data["violations"]}
+
+
+def compliance_rules(root: Path) -> Set[str]:
+    """The daemon's compliance check over a snapshot taken from the root."""
+    violations = check_snapshot(take_snapshot(_host(root)), Settings(), root=str(root))
+    assert violations is not None
+    return {v.rule for v in violations}
+
+
+def rollback_rules(root: Path) -> Set[str]:
+    """The rollback check in dry-run (no known-good set yet: it reports every violation and records nothing)."""
+    result = check_and_rollback(_host(root), Settings(), dry_run=True)
+    assert result.status == "no_known_good", result.summary()
+    return {v.rule for v in result.violations}
+
+
+def freeze_rules(root: Path) -> Set[str]:
+    """The facts ``policy freeze`` reads (packages, running kernel, host context), judged by the policy."""
+    facts = read_freeze_facts(_host(root), Settings())
+    policy = read_compiled(str(root / "var/lib/gpuguard/policy.compiled.json"))
+    state = HostState(before=facts.installed, after=facts.installed, manager=facts.manager, context=facts.context)
+    return {v.rule for v in evaluate(state, policy)}
+
+
+PATHS = [hook_rules, explain_rules, compliance_rules, rollback_rules, freeze_rules]
+
+
+@pytest.mark.parametrize("judge", PATHS, ids=[p.__name__ for p in PATHS])
+def test_each_path_finds_every_rule_the_host_breaks(root: Path, judge) -> None:
+    """Each path judges the host by the same facts: the matrix's OS and GPU rules, the pairings, the loaded module."""
+    assert judge(root) == EXPECTED
+
+
+def test_every_path_gives_the_same_rule_ids(root: Path) -> None:
+    """The hook, explain, compliance, the rollback check and freeze's facts agree, rule id for rule id."""
+    found: List[Set[str]] = [judge(root) for judge in PATHS]
+    assert all(rules == found[0] for rules in found), dict(zip([p.__name__ for p in PATHS], found))
