@@ -58,6 +58,14 @@ def test_snapshot_imports_only_what_it_uses(tmp_path: Path) -> None:
     assert _offenders(seen["modules"]) == []
 
 
+def test_snapshot_loads_no_other_command_family(tmp_path: Path) -> None:
+    """Of agent/commands/, a snapshot loads its own module and the shared options, no other command's."""
+    seen = _loaded(tmp_path)
+    assert seen["code"] == 0
+    assert [m for m in seen["modules"] if m.startswith("agent.commands")] == [
+        "agent.commands", "agent.commands.options", "agent.commands.snapshot"]
+
+
 def test_snapshot_with_a_config_file_reads_only_its_section(tmp_path: Path) -> None:
     """A config file with every section still loads only [snapshot]'s model."""
     seen = _loaded(tmp_path, '[snapshot]\nextra_watched_packages = ["python3"]\n[health]\nenabled = true\n'

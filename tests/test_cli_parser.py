@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import ast
+from pathlib import Path
 from typing import Dict, List, Tuple
 
 import pytest
 
+from agent import cli
 from agent.cli import build_parser, command_in, main
+
+COMMANDS_DIR = Path(cli.__file__).parent / "commands"
+# Options several commands declare: only agent/commands/options.py adds them, so flag, metavar and default agree.
+SHARED_OPTIONS = ("--root", "--config", "--policy", "--json", "--output", "--dry-run")
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> Dict[str, argparse.ArgumentParser]:
@@ -84,9 +91,9 @@ def test_command_in(argv: List[str], command: object) -> None:
 
 
 def test_snapshot_builds_only_its_own_parser() -> None:
-    """``gpuguard snapshot`` builds one subparser; the guard's commands come as their group of four."""
+    """``gpuguard snapshot`` builds one subparser, ``gpuguard pin`` too: each command family is built alone."""
     assert list(_subparsers(build_parser("snapshot"))) == ["snapshot"]
-    assert list(_subparsers(build_parser("pin"))) == ["policy", "pin", "override", "guard"]
+    assert list(_subparsers(build_parser("pin"))) == ["pin"]
     assert list(_subparsers(build_parser())) == [p[0] for p in COMMAND_PATHS if len(p) == 1]
 
 
@@ -99,3 +106,26 @@ def test_the_internal_job_command_is_built_only_when_run(capsys: pytest.CaptureF
     assert code == 2 and "invalid choice: 'no-such-command'" in err and "_job" not in err
     code, out, err = _outcome(["_job", "--help"], capsys)
     assert code == 0 and out.startswith("usage: gpuguard _job")
+
+
+def test_every_command_family_module_is_in_the_table() -> None:
+    """Each module of agent/commands/ with an ``add_parser`` is one row of cli.py's table, and each row's module
+    has one: no family that ``gpuguard`` cannot reach, no row without a parser."""
+    families = {f"agent.commands.{p.stem}" for p in COMMANDS_DIR.glob("*.py")
+                if "\ndef add_parser(" in p.read_text(encoding="utf-8")}
+    assert families == {module for _, module in cli._COMMANDS}
+    assert all(callable(cli._family(module).add_parser) for _, module in cli._COMMANDS)
+
+
+def test_shared_options_are_declared_only_by_the_options_module() -> None:
+    """``--root``, ``--config`` and the other shared options are added by agent/commands/options.py's helpers only,
+    never by a command module or cli.py itself."""
+    offenders = []
+    for path in sorted([*COMMANDS_DIR.glob("*.py"), Path(cli.__file__)]):
+        if path.name == "options.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"
+                    and any(isinstance(a, ast.Constant) and a.value in SHARED_OPTIONS for a in node.args)):
+                offenders.append(f"{path.name}:{node.lineno}")
+    assert offenders == []

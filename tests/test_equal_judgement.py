@@ -20,7 +20,7 @@ import pytest
 
 from agent.cli import main
 from agent.config import Settings
-from agent.guard.commands import read_freeze_facts
+from agent.commands.policy import read_freeze_facts
 from agent.guard.rollback.core import check_and_rollback
 from agent.host import Host
 from agent.policy.compiled import read_compiled

@@ -1,6 +1,6 @@
 """``gpuguard policy explain``: what a host is pinned to and what it may do, as lines of text (pure).
 
-The CLI (agent/guard/commands.py) reads the host (installed guarded packages, package manager, the host context of
+The CLI (agent/commands/policy.py) reads the host (installed guarded packages, package manager, the host context of
 agent/hostfacts/context.py, open override windows) into :class:`HostFacts`; :func:`explain` turns policy and facts
 into lines, judging the host by the same context as the apt hook.
 """

@@ -1,6 +1,6 @@
 """``gpuguard policy freeze``: a policy that keeps a host on what it runs now, as commented TOML (pure).
 
-agent/guard/commands.py reads the host into :class:`FreezeFacts` (installed guarded packages, running kernel, the host
+agent/commands/policy.py reads the host into :class:`FreezeFacts` (installed guarded packages, running kernel, the host
 context of agent/hostfacts/context.py: os-release and the loaded GPU modules); :func:`render_freeze` sorts the
 packages into the driver/ROCm or NVIDIA driver/CUDA pairing, the kernels, the rest of the GPU stack and the other
 guarded packages, and writes a policy in the policy model's own fields (agent/policy/model.py) with a comment on

@@ -9,7 +9,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = (REPO / "packaging/build.py").read_text()
-SPEAKERS = ["agent/policy/load.py", "agent/policy/semantic.py", "agent/policy/matrix.py", "agent/guard/commands.py",
+COMMANDS = sorted(str(p.relative_to(REPO)) for p in (REPO / "agent/commands").glob("*.py"))
+GUARD_COMMANDS = [f"agent/commands/{name}.py" for name in ("policy", "pin", "override", "guard", "guard_inputs")]
+SPEAKERS = ["agent/policy/load.py", "agent/policy/semantic.py", "agent/policy/matrix.py", *COMMANDS,
             "agent/cli.py", "packaging/deb/gpuguard.postinst", "packaging/rpm/gpuguard.spec.in"]
 NAMED = sorted({m for f in SPEAKERS for m in re.findall(r"/(?:usr/share/doc/gpuguard|usr/share/gpuguard|etc/gpuguard)"
                                                          r"/[\w.-]+\.(?:md|toml)", (REPO / f).read_text())})
@@ -17,8 +19,7 @@ NAMED = sorted({m for f in SPEAKERS for m in re.findall(r"/(?:usr/share/doc/gpug
 
 def test_the_messages_name_installed_files_not_repository_paths() -> None:
     assert "/etc/gpuguard/example-policy.toml" in NAMED and "/usr/share/doc/gpuguard/guard.md" in NAMED
-    for f in ("agent/policy/load.py", "agent/policy/semantic.py", "agent/guard/commands.py",
-              "packaging/deb/gpuguard.postinst"):
+    for f in ("agent/policy/load.py", "agent/policy/semantic.py", *GUARD_COMMANDS, "packaging/deb/gpuguard.postinst"):
         strings = re.findall(r'"[^"\n]*"', (REPO / f).read_text())
         assert not [s for s in strings if "policies/" in s or "docs/" in s], f
 

@@ -1,66 +1,82 @@
-"""The ``policy``, ``pin``, ``override`` and ``guard`` commands: glue from parsed arguments to the guard modules.
-
-agent/cli.py parses and dispatches here lazily; each function returns the exit code and raises known errors.
-"""
+"""``gpuguard policy check|compile|explain|freeze``: validate the pairing policy, compile it for the hot path, say
+what it means for this host, write one from the host as it is."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, TextIO, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, TextIO, Tuple
 
-from agent.errors import InputFileError, PolicyError
-from agent.host import Host
+from agent.commands.guard_inputs import (
+    EXIT_VIOLATIONS,
+    compile_policy,
+    guard_paths,
+    installed_versions,
+    policy_for_host,
+    settings_of,
+)
+from agent.commands.options import add_config, add_group, add_guard_options, add_json, add_output, add_root
 
-if TYPE_CHECKING:  # the commands import their modules lazily, for the CLI's start-up time
+if TYPE_CHECKING:
+    from agent.commands import HostFactory, Subparsers
     from agent.config import Settings
-    from agent.guard.hotpath.state import GuardPaths
-    from agent.policy.compiled import CompiledPolicy
+    from agent.host import Host
     from agent.policy.freeze import FreezeFacts
-    from agent.policy.load import LoadedPolicy
-
-HostFactory = Callable[[str], Host]
-EXIT_VIOLATIONS = 10
-EXIT_ROLLBACK_FAILED = 14
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    from agent.config import load_settings
-
-    return load_settings(args.config)
-
-
-def _policy_path(args: argparse.Namespace, host: Host, settings: Settings) -> str:
-    if getattr(args, "policy", None):
-        return str(args.policy)
-    return str(host.path(settings.guard.policy_path))
-
-
-def _paths(settings: Settings) -> GuardPaths:
-    from agent.guard.hotpath.state import GuardPaths
-
-    return GuardPaths(settings.agent.state_dir)
-
-
-def _compile(args: argparse.Namespace, host: Host, settings: Settings) -> Tuple[LoadedPolicy, CompiledPolicy]:
-    from agent.policy.load import load_and_compile
-
-    return load_and_compile(_policy_path(args, host, settings), settings.guard.matrix_path)
-
-
-def _policy_for_host(args: argparse.Namespace, host: Host, settings: Settings) -> CompiledPolicy:
-    """The policy from the policy files when they are there, else the compiled copy in the state directory."""
-    from agent.policy.compiled import read_compiled
-
-    if getattr(args, "policy", None) or host.path(settings.guard.policy_path).exists():
-        return _compile(args, host, settings)[1]
-    return read_compiled(str(host.path(_paths(settings).compiled_policy)))
+def add_parser(sub: Subparsers) -> None:
+    pol_sub = add_group(sub, "policy", "pairing policy: check, compile, explain, freeze")
+    check = pol_sub.add_parser("check", help="validate a policy file or directory, also for rules that can never "
+                                             "match or block everything; every problem on its own line, warnings "
+                                             "as 'warning: ...' (exit 0 valid, warnings allowed; 3 invalid)")
+    check.add_argument("path", metavar="FILE|DIR", nargs="?",
+                       help="default: /etc/gpuguard/policy.d under --root")
+    check.add_argument("--matrix", metavar="PATH", help="AMD compatibility matrix file (default: the shipped one, "
+                                                        "/usr/share/gpuguard/amd-compat-matrix.toml)")
+    add_root(check, "check against the host tree under DIR instead of / (its packages and kernels: rules that match "
+                    "nothing are warnings)")
+    check.add_argument("--no-host", action="store_true", help="skip the checks against this host's packages")
+    add_json(check, "print the result as JSON")
+    check.set_defaults(handler=policy_check)
+    comp = pol_sub.add_parser("compile", help="write the compiled policy the apt hook reads (atomically)")
+    add_guard_options(comp)
+    add_output(comp, "write here instead of the state directory")
+    comp.set_defaults(handler=policy_compile)
+    explain = pol_sub.add_parser("explain", help="show what this host is pinned to and what it may do (exit 0 "
+                                                 "compliant, 10 the host violates the policy, 3 invalid policy)")
+    add_guard_options(explain)
+    add_json(explain, "print the result as JSON")
+    explain.set_defaults(handler=policy_explain)
+    freeze = pol_sub.add_parser(
+        "freeze", help="write a policy that keeps this host on its installed driver/ROCm or NVIDIA driver/CUDA "
+                       "builds and kernels, commented line by line (exit 10 when installed and loaded driver differ)",
+        description="Print (or write with --output) a policy from the host as it is now: the installed driver/ROCm "
+                    "or NVIDIA driver/CUDA pairing at its exact builds, the running and installed kernels, the rest "
+                    "of the GPU stack frozen, the other guarded packages. Save it as "
+                    "/etc/gpuguard/policy.d/50-freeze.toml, check it, then policy compile and pin apply. A host "
+                    "whose installed driver is not the loaded one is refused (exit 10).")
+    add_root(freeze)
+    add_config(freeze)
+    add_output(freeze, "write the policy to FILE (atomically) instead of stdout, e.g. "
+                       "/etc/gpuguard/policy.d/50-freeze.toml")
+    freeze.add_argument("--force", action="store_true", help="replace FILE when it exists")
+    freeze.add_argument("--name", help="the policy's name (default: freeze-HOSTNAME)")
+    freeze.add_argument("--allow-point-releases", action="store_true",
+                        help="allow point releases of the installed series (driver 6.2.*, ROCm 6.2.*, NVIDIA "
+                             "driver 580.*, CUDA 13.0.*) instead of the exact builds")
+    freeze.add_argument("--kernel-series", action="store_true",
+                        help="allow new kernels of the installed series (6.8.0-*-generic) instead of the exact "
+                             "kernel releases")
+    freeze.add_argument("--accept-inconsistent", action="store_true",
+                        help="freeze the installed packages even when the loaded driver differs (the policy says so)")
+    freeze.set_defaults(handler=policy_freeze)
 
 
 def policy_check(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
     """Validate a policy file or directory (default /etc/gpuguard/policy.d under --root): its structure, then the
     semantic checks (agent/policy/semantic.py) against AMD's matrix and, unless --no-host, the host's packages and
     kernels. Every problem on its own line; errors exit 3, warnings alone exit 0."""
+    from agent.errors import PolicyError
     from agent.policy.load import DEFAULT_POLICY_DIR, compiled_from, load_policy
     from agent.policy.semantic import Problem, check_policy
 
@@ -108,6 +124,7 @@ def policy_check(args: argparse.Namespace, make_host: HostFactory, out: TextIO) 
 def _matrix_for_check(required: bool, path: Optional[str]) -> Optional[Any]:
     """The AMD matrix: PolicyError when the policy requires it and it cannot be read; otherwise None then (the
     checks that only use it as a reference are skipped)."""
+    from agent.errors import PolicyError
     from agent.policy.matrix import load_matrix
 
     try:
@@ -160,38 +177,33 @@ def policy_compile(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     from agent.policy.load import write_compiled
 
     host = make_host(args.root)
-    settings = _settings(args)
-    _, compiled = _compile(args, host, settings)
-    target = args.output or str(host.path(_paths(settings).compiled_policy))
+    settings = settings_of(args)
+    _, compiled = compile_policy(args, host, settings)
+    target = args.output or str(host.path(guard_paths(settings).compiled_policy))
     write_compiled(target, compiled)
     out.write(f"compiled policy '{compiled.name}' from {', '.join(compiled.sources)} -> {target}\n")
     return 0
 
 
-def _installed(host: Host, policy: CompiledPolicy, settings: Optional[Settings] = None) -> Dict[str, str]:
-    from agent.guard.rollback.core import read_installed
-
-    return {k: v.version for k, v in read_installed(host, policy.guarded, settings=settings).items()}
-
-
 def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
     """What the current host is pinned to and what it would be allowed to do (agent/policy/explain.py); exit 10
     (EXIT_VIOLATIONS) when the host violates the policy now."""
+    from agent.errors import InputFileError
     from agent.guard.hotpath.overrides import active_windows, load_windows
     from agent.guard.manager import detect_manager
     from agent.hostfacts.context import read_host_context
     from agent.policy.explain import HostFacts, explain
 
     host = make_host(args.root)
-    settings = _settings(args)
-    policy = _policy_for_host(args, host, settings)
+    settings = settings_of(args)
+    policy = policy_for_host(args, host, settings)
     windows, windows_problem = [], None
     try:
-        windows = active_windows(load_windows(str(host.path(_paths(settings).overrides)), policy.max_override_minutes),
-                                 host.clock())
+        windows = active_windows(load_windows(str(host.path(guard_paths(settings).overrides)),
+                                              policy.max_override_minutes), host.clock())
     except InputFileError as exc:
         windows_problem = str(exc)
-    facts = HostFacts(installed=_installed(host, policy, settings), manager=detect_manager(host),
+    facts = HostFacts(installed=installed_versions(host, policy, settings), manager=detect_manager(host),
                       context=read_host_context(str(host.root)), windows=windows, windows_problem=windows_problem)
     explanation = explain(policy, facts)
     code = EXIT_VIOLATIONS if explanation.violations else 0
@@ -223,7 +235,7 @@ def policy_freeze(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
     if args.output and os.path.lexists(args.output) and not args.force:
         raise UsageError(f"{args.output} exists; pass --force to replace it")
     host = make_host(args.root)
-    facts = read_freeze_facts(host, _settings(args))
+    facts = read_freeze_facts(host, settings_of(args))
     options = FreezeOptions(name=args.name, point_releases=args.allow_point_releases,
                             kernel_series=args.kernel_series, accept_inconsistent=args.accept_inconsistent)
     try:
@@ -255,152 +267,3 @@ def read_freeze_facts(host: Host, settings: Settings) -> FreezeFacts:
                        running_kernel=host.read_first_line("/proc/sys/kernel/osrelease"),
                        context=read_host_context(str(host.root)), hostname=host.hostname(),
                        date=host.clock().date().isoformat())
-
-
-def pin_apply(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    """Render the policy as native pins: apt preferences on dpkg hosts, dnf versionlock entries on rpm hosts;
-    gpuguard's stale ones are removed, nobody else's."""
-    from agent.guard.manager import detect_manager
-    from agent.policy.load import write_compiled
-
-    host = make_host(args.root)
-    settings = _settings(args)
-    _, policy = _compile(args, host, settings)
-    if not args.dry_run:
-        write_compiled(str(host.path(_paths(settings).compiled_policy)), policy)
-    if detect_manager(host) == "rpm":
-        return _pin_apply_versionlock(args, host, settings, policy, out)
-    return _pin_apply_apt(args, host, settings, policy, out)
-
-
-def _pin_apply_apt(args: argparse.Namespace, host: Host, settings: Settings, policy: CompiledPolicy,
-                   out: TextIO) -> int:
-    from agent.guard.apt.preferences import apply_pins
-    from agent.guard.apt.tool import AptTool
-
-    tool = AptTool(host, timeout_seconds=settings.guard.apt_timeout_seconds,
-                   lock_timeout_seconds=settings.guard.lock_timeout_seconds)
-    changes, wanted = apply_pins(host, policy, settings.guard.preferences_dir, tool, _installed(host, policy),
-                                 dry_run=args.dry_run)
-    verb = "would write" if args.dry_run else "wrote"
-    for name in changes.written:
-        out.write(f"{verb} {settings.guard.preferences_dir}/{name}\n")
-        if args.dry_run:
-            out.write(wanted[name])
-    for name in changes.unchanged:
-        out.write(f"unchanged {settings.guard.preferences_dir}/{name}\n")
-    for name in changes.removed:
-        out.write(f"{'would remove' if args.dry_run else 'removed'} stale {settings.guard.preferences_dir}/{name}\n")
-    for name in changes.foreign:
-        out.write(f"left alone {settings.guard.preferences_dir}/{name} (not written by gpuguard)\n")
-    if not (changes.written or changes.unchanged or changes.removed):
-        out.write("nothing to pin\n")
-    _note_amd_pins("".join(wanted.values()), out)
-    return 0
-
-
-def _note_amd_pins(rendered: str, out: TextIO) -> None:
-    """Say once that the AMD pins follow the installed stack, when any were rendered."""
-    from agent.guard.pin_records import AFTER_A_MOVE
-
-    if AFTER_A_MOVE in rendered:
-        out.write("note: the AMD pins keep this host on its installed pairing and driver build; "
-                  f"{AFTER_A_MOVE}\n")
-
-
-def _pin_apply_versionlock(args: argparse.Namespace, host: Host, settings: Settings, policy: CompiledPolicy,
-                           out: TextIO) -> int:
-    from agent.guard.dnf.versionlock import apply_versionlock
-    from agent.guard.manager import dnf_tool_for
-
-    tool = dnf_tool_for(host, settings)
-    installed = _installed(host, policy, settings)
-    changes = apply_versionlock(host, policy, tool, installed, dry_run=args.dry_run)
-    if changes.note:
-        out.write(f"note: {changes.note}\n")
-    total = changes.unchanged + len(changes.added)
-    if changes.changed:
-        verb = "would write" if args.dry_run else "wrote"
-        out.write(f"{verb} {changes.path}: {total} gpuguard entr{'y' if total == 1 else 'ies'} "
-                  f"({len(changes.added)} new, {len(changes.removed)} stale removed); other entries left alone\n")
-        if args.dry_run:
-            out.write(changes.text)
-    elif total:
-        out.write(f"unchanged {changes.path}: {total} gpuguard entr{'y' if total == 1 else 'ies'}\n")
-    for entry in changes.added:
-        out.write(f"  + {entry}\n")
-    for entry in changes.removed:
-        out.write(f"  - {entry}\n")
-    if not total and not changes.removed:
-        out.write("nothing to pin\n")
-    _note_amd_pins(changes.text, out)
-    return 0
-
-
-def _max_override_minutes(host: Host, settings: Settings) -> float:
-    from agent.policy.compiled import read_compiled
-
-    try:
-        return read_compiled(str(host.path(_paths(settings).compiled_policy))).max_override_minutes
-    except InputFileError:
-        return 240
-
-
-def override_start(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    from agent.guard.hotpath.overrides import start_window
-
-    host = make_host(args.root)
-    settings = _settings(args)
-    paths = _paths(settings)
-    window = start_window(str(host.path(paths.overrides)), str(host.path(paths.audit_log)), args.minutes,
-                          args.reason, _max_override_minutes(host, settings), now=host.clock)
-    out.write(f"override window {window.id} open until {window.expires_at.isoformat(timespec='seconds')} "
-              f"({window.reason!r}, by {window.opened_by}); audited in {paths.audit_log}\n")
-    return 0
-
-
-def override_list(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    from agent.guard.hotpath.overrides import load_windows
-
-    host = make_host(args.root)
-    settings = _settings(args)
-    paths = _paths(settings)
-    now = host.clock()
-    windows = load_windows(str(host.path(paths.overrides)), _max_override_minutes(host, settings))
-    if args.json:
-        out.write(json.dumps([dict(w.to_dict(), active=w.is_active(now)) for w in windows], indent=2) + "\n")
-        return 0
-    for window in windows:
-        state = "open" if window.is_active(now) else "expired"
-        out.write(f"{window.id} {state} {window.started_at.isoformat(timespec='seconds')} -> "
-                  f"{window.expires_at.isoformat(timespec='seconds')} by {window.opened_by}: {window.reason}\n")
-    if not windows:
-        out.write("no override windows\n")
-    return 0
-
-
-def override_end(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    from agent.guard.hotpath.overrides import end_windows
-
-    host = make_host(args.root)
-    paths = _paths(_settings(args))
-    closed = end_windows(str(host.path(paths.overrides)), str(host.path(paths.audit_log)), now=host.clock,
-                         window_id=args.id)
-    out.write("".join(f"closed override window {w.id} ({w.reason!r})\n" for w in closed) or "no open window\n")
-    return 0
-
-
-def guard_rollback(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    """Check the installed set against the last known-good one; roll back when the policy says so."""
-    from agent.guard.rollback.core import check_and_rollback
-
-    host = make_host(args.root)
-    settings = _settings(args)
-    policy = _policy_for_host(args, host, settings)
-    result = check_and_rollback(host, settings, policy=policy, dry_run=args.dry_run)
-    out.write(result.summary())
-    if result.status == "failed":
-        return EXIT_ROLLBACK_FAILED
-    if result.status in ("violations", "no_known_good", "override", "inconsistent"):
-        return EXIT_VIOLATIONS
-    return 0

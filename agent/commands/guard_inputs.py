@@ -1,0 +1,62 @@
+"""What the ``policy``, ``pin``, ``override`` and ``guard`` commands act on: the agent's settings, the guard's state
+files, the policy (from its files, else the compiled copy) and the installed guarded packages; and the exit codes
+they share."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Dict, Optional, Tuple
+
+if TYPE_CHECKING:  # the commands import their modules lazily, for the CLI's start-up time
+    from agent.config import Settings
+    from agent.guard.hotpath.state import GuardPaths
+    from agent.host import Host
+    from agent.policy.compiled import CompiledPolicy
+    from agent.policy.load import LoadedPolicy
+
+EXIT_VIOLATIONS = 10
+EXIT_ROLLBACK_FAILED = 14
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    """The agent's settings from --config."""
+    from agent.config import load_settings
+
+    return load_settings(args.config)
+
+
+def guard_paths(settings: Settings) -> GuardPaths:
+    """The guard's files in the state directory."""
+    from agent.guard.hotpath.state import GuardPaths
+
+    return GuardPaths(settings.agent.state_dir)
+
+
+def policy_path(args: argparse.Namespace, host: Host, settings: Settings) -> str:
+    """--policy, else [guard] policy_path under --root."""
+    if getattr(args, "policy", None):
+        return str(args.policy)
+    return str(host.path(settings.guard.policy_path))
+
+
+def compile_policy(args: argparse.Namespace, host: Host, settings: Settings) -> Tuple[LoadedPolicy, CompiledPolicy]:
+    """The policy files loaded and compiled."""
+    from agent.policy.load import load_and_compile
+
+    return load_and_compile(policy_path(args, host, settings), settings.guard.matrix_path)
+
+
+def policy_for_host(args: argparse.Namespace, host: Host, settings: Settings) -> CompiledPolicy:
+    """The policy from the policy files when they are there, else the compiled copy in the state directory."""
+    from agent.policy.compiled import read_compiled
+
+    if getattr(args, "policy", None) or host.path(settings.guard.policy_path).exists():
+        return compile_policy(args, host, settings)[1]
+    return read_compiled(str(host.path(guard_paths(settings).compiled_policy)))
+
+
+def installed_versions(host: Host, policy: CompiledPolicy, settings: Optional[Settings] = None) -> Dict[str, str]:
+    """The installed version of each package the policy guards."""
+    from agent.guard.rollback.core import read_installed
+
+    return {k: v.version for k, v in read_installed(host, policy.guarded, settings=settings).items()}
