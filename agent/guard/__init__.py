@@ -6,7 +6,7 @@
   backend and native pins (apt preferences, dnf versionlock). They never import each other.
 - ``rollback/``: the neutral rollback core and the backend Protocol both front ends implement.
 - ``manager.py`` picks apt or dnf for a host; ``pin_records.py`` computes the pins both render; ``locks.py`` waits
-  for a package manager's lock; ``commands.py`` is the CLI glue; ``settings.py`` the ``[guard]`` settings.
+  for a package manager's lock; ``settings.py`` the ``[guard]`` settings. The commands are in agent/commands/.
 
 tests/test_imports.py enforces the import rules; docs/architecture.md draws the flows.
 """

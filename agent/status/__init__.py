@@ -3,5 +3,5 @@
     facts.py    gather: read the state directory, /proc, systemd and the hub (I/O; damage becomes a reason)
     reboot.py   the reboot a rollback left to do (also for the daemon's NFD labels)
     assess.py   assess: facts and a time in, checks and an exit code out (pure)
-    command.py  the CLI glue: a table or --json
+    render.py   the views: a table or --json (the command: agent/commands/status.py)
 """
