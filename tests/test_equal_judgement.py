@@ -19,8 +19,8 @@ from typing import Dict, List, Set
 import pytest
 
 from agent.cli import main
-from agent.config import Settings
 from agent.commands.policy import read_freeze_facts
+from agent.config import Settings
 from agent.guard.rollback.core import check_and_rollback
 from agent.host import Host
 from agent.policy.compiled import read_compiled
