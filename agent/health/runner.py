@@ -38,6 +38,7 @@ from agent.health.last import LAST_RESULT_FILE, health_dir
 from agent.health.launch import Launcher, ProbeOutcome, launch_probe
 from agent.health.model import (
     BaselineComparison,
+    Fingerprint,
     GpuTenant,
     HealthMode,
     HealthResult,
@@ -352,7 +353,7 @@ class _SnapshotThenSampler:
         return self.snapshot, self.sampler
 
 
-def _judge_against_baselines(probe: ProbeResult, fingerprint, settings: HealthSettings, state_dir: str,
+def _judge_against_baselines(probe: ProbeResult, fingerprint: Fingerprint, settings: HealthSettings, state_dir: str,
                              now: dt.datetime) -> Tuple[List[MetricRegression], BaselineComparison]:
     metrics = metrics_of(probe)
     store = BaselineStore(health_dir(state_dir))
