@@ -5,6 +5,7 @@
     ├── ConfigError                    exit 3   config/policy file invalid; lists every problem
     │   └── PolicyError                exit 3   pairing policy invalid
     ├── InputFileError                 exit 4   a data file (snapshot JSON, state) is missing or corrupt
+    │   └── FileMissing                exit 4   the path does not exist (agent/files.py)
     ├── HostReadError                  exit 5   a host path could not be read (permission, I/O)
     ├── CommandError                   exit 6   an external command failed to start or exited non-zero
     │   ├── CommandNotFound            exit 6   the program is not installed
@@ -13,15 +14,28 @@
     ├── CollectorUnavailable           exit 8   a collector's source is absent on this host ("absent", not broken)
     ├── DeliveryError                  exit 9   the report endpoint did not take a batch (retryable or refused)
     ├── Interrupted                    exit 1   a wait was given up because the daemon is stopping
+    ├── ChildJobFailed                 exit 1   a job child of the daemon failed (agent/daemon_jobs/children.py)
     └── HubError                       exit 10  the reference hub cannot serve a request
         ├── StoreError                 exit 10  the hub's database failed or refused
         └── WriterBusy                 exit 10  the hub's write queue is full or shutting down
 
 Foreign exceptions (OSError, subprocess, pydantic, requests, amdsmi, pynvml) are mapped to these once, at the
-boundary where they happen; the CLI prints a known error as one line and exits with its code.
+boundary where they happen; the CLI prints a known error as one line and exits with its code. A class drawn with a
+file is defined beside the code that raises it; the others are below.
 
-Outcomes that are not errors have codes of their own: ``gpuguard health run`` 0 and 20-24 (agent/health/model.py),
-``gpuguard status`` 0 ok, 30 attention, 31 failing (agent/status/assess.py).
+Exceptions outside the tree, on purpose: each is caught where it is raised (or is a programming error) and never
+reaches the CLI.
+
+    SectionInvalid (agent/configfile.py): one settings section's problems, turned into its file's ConfigError
+    SpecError (agent/policy/spec.py): a ValueError, so the policy model's validators place it at its field
+    FreezeRefused (agent/policy/freeze.py): the pure renderer's refusal, which `policy freeze` prints and exits on
+    MalformedRecord (agent/daemon_jobs/guard_events.py): a guard-events line the forwarder quarantines and skips
+    ProtocolError (agent/guard/dnf/dnf5_action.py): garbage from dnf5 on the hot path, which the fail-safe decides
+    HubHTTPError (agent/hub/app.py): an HTTP refusal, which the hub app answers with its status and JSON body
+    FrozenInstanceError (agent/frozen.py): an AttributeError, as dataclasses' own is: assigning to a frozen record
+
+Outcomes that are not errors have exit codes of their own (the hot path's, ``health run``'s, ``status``'s):
+docs/architecture.md, "Exit codes", lists them all. tests/test_errors.py checks this docstring against the classes.
 """
 
 from __future__ import annotations
