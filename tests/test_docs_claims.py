@@ -1,4 +1,5 @@
-"""The checkable claims of docs/architecture.md hold: the banned process-spawning calls and where they are allowed.
+"""The checkable claims of the docs hold: the banned process-spawning calls and where they are allowed, and every
+exit-code table (docs/architecture.md, README.md, docs/guard.md, health.md, status.md, integrations.md).
 
 Each test reads the claim from the document and the fact from where it lives (pyproject.toml, the code), so an
 edit to one without the other fails here rather than leaving the document wrong.
@@ -6,39 +7,22 @@ edit to one without the other fails here rather than leaving the document wrong.
 
 from __future__ import annotations
 
+import importlib
 import re
-from pathlib import Path
-from typing import Dict, List, Set
+from types import ModuleType
+from typing import Dict, List, Set, Tuple
+
+import agent.errors
+from tests.doctext import REPO, backticked, coded_words, doc_text, drawn_exit_codes, markdown_table, numbers
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.9 and 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-REPO = Path(__file__).resolve().parents[1]
 ARCHITECTURE = REPO / "docs/architecture.md"
 PYPROJECT = REPO / "pyproject.toml"
 BANNED_RULE = "TID251"
-
-
-def markdown_table(text: str, header: str) -> List[List[str]]:
-    """The rows (cells stripped, header and rule left out) of the markdown table whose header line is ``header``."""
-    lines = text.splitlines()
-    starts = [i for i, line in enumerate(lines) if line.strip() == header]
-    assert len(starts) == 1, f"expected one table with header {header!r}, found {len(starts)}"
-    rows = []
-    for line in lines[starts[0] + 2:]:
-        line = line.strip()
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip("|").split("|")])
-    assert rows, f"the table {header!r} has no rows"
-    return rows
-
-
-def backticked(cell: str) -> List[str]:
-    """The `code` spans of a markdown cell or sentence, in order."""
-    return re.findall(r"`([^`]+)`", cell)
 
 
 def _ruff_settings() -> Dict[str, object]:
@@ -111,3 +95,133 @@ def test_every_spawn_allowance_names_a_file_that_exists() -> None:
     """No allowance is left behind for a file (or folder) that is gone."""
     for pattern in _spawn_allowances_in_pyproject():
         assert list(REPO.glob(pattern)), f"pyproject.toml allows {BANNED_RULE} in {pattern}, which matches nothing"
+
+
+# The error tree's exit codes as drawn; tests/test_errors.py proves the drawing equals the classes.
+ERROR_CODES = drawn_exit_codes(agent.errors.__doc__ or "")
+OUTCOMES_HEADER = "| command | exit codes | in the code |"
+
+
+def _module_named(cell: str) -> ModuleType:
+    files = [span for span in backticked(cell) if span.endswith(".py")]
+    assert len(files) == 1, f"{cell!r} names no module file (or several)"
+    return importlib.import_module(files[0][:-len(".py")].replace("/", "."))
+
+
+def constants_named(cell: str) -> Dict[str, int]:
+    """Name -> exit code of the constants a cell names (```NAME```, ```PREFIX_*```, or a dict ```NAME``` whose keys
+    are the names) in the one module file it names (```agent/x/y.py```)."""
+    module = _module_named(cell)
+    found: Dict[str, int] = {}
+    for name in (span for span in backticked(cell) if not span.endswith(".py")):
+        if name.endswith("*"):
+            hits = {key: value for key, value in vars(module).items()
+                    if key.startswith(name[:-1]) and isinstance(value, int)}
+            assert hits, f"{module.__name__} has no constant {name}"
+            found.update(hits)
+        else:
+            value = getattr(module, name)
+            found.update(value if isinstance(value, dict) else {name: value})
+    return found
+
+
+def names_a_table(cell: str) -> bool:
+    """Whether the cell names a dict of exit codes (status name -> code), whose names the docs must use."""
+    module = _module_named(cell)
+    return any(isinstance(getattr(module, span, None), dict) for span in backticked(cell))
+
+
+def _outcome_rows() -> List[Tuple[str, str, str]]:
+    return [(row[0], row[1], row[2]) for row in markdown_table(doc_text("docs/architecture.md"), OUTCOMES_HEADER)]
+
+
+def _one_outcome(command: str) -> Dict[str, int]:
+    """The constants of the architecture table's row whose command cell contains ``command``."""
+    rows = [row for row in _outcome_rows() if command in row[0]]
+    assert len(rows) == 1, f"docs/architecture.md: no single exit-code row for {command}"
+    return constants_named(rows[0][2])
+
+
+def test_the_error_exit_code_table_is_the_tree() -> None:
+    """docs/architecture.md's error table gives every class of the drawn tree, and only those, its exit code."""
+    in_docs: Dict[str, int] = {}
+    for row in markdown_table(doc_text("docs/architecture.md"), "| exit | error |"):
+        for name in backticked(row[1]):
+            assert name not in in_docs, f"{name} is in the error table twice"
+            in_docs[name] = int(row[0])
+    assert in_docs == ERROR_CODES
+
+
+def test_the_readmes_exit_codes_are_the_trees() -> None:
+    """README.md's list of exit codes is 0 and every code of the error tree, none missing and none extra."""
+    readme = doc_text("README.md")
+    start = readme.index("Exit codes: ")
+    listed = numbers(readme[start:readme.index("(the tree in `agent/errors.py`)", start)])
+    assert sorted(listed) == sorted({0} | set(ERROR_CODES.values()))
+
+
+def test_each_outcome_row_equals_its_constants() -> None:
+    """Each row of the outcome table lists exactly the codes (and for a status table, the names) of its constants."""
+    rows = _outcome_rows()
+    assert len(rows) >= 5
+    for command, codes, where in rows:
+        constants = constants_named(where)
+        if names_a_table(where):
+            assert sorted(coded_words(codes)) == sorted((code, name) for name, code in constants.items()), command
+        assert sorted(numbers(codes)) == sorted(set(constants.values())), f"docs/architecture.md: {command}"
+
+
+def test_every_exit_code_constant_of_agent_is_in_the_outcome_table() -> None:
+    """A module-level EXIT_* or *EXIT_CODES constant anywhere in agent/ is named by a row of the outcome table."""
+    covered: Set[Tuple[str, str]] = set()
+    for _command, _codes, where in _outcome_rows():
+        spans = backticked(where)
+        module_file = next(span for span in spans if span.endswith(".py"))
+        for name in constants_named(where):
+            covered.add((module_file, name))
+        covered |= {(module_file, span) for span in spans if not span.endswith((".py", "*"))}
+    found = set()
+    for path in sorted((REPO / "agent").rglob("*.py")):
+        for name in re.findall(r"^(EXIT_\w+|\w*EXIT_CODES)\b[^=\n]*=", path.read_text(encoding="utf-8"), re.MULTILINE):
+            found.add((path.relative_to(REPO).as_posix(), name))
+    assert found, "no exit-code constant found in agent/"
+    assert not found - covered, f"exit-code constants no row of docs/architecture.md names: {sorted(found - covered)}"
+
+
+def test_the_hot_path_exit_table_in_guard_md_is_decision_pys() -> None:
+    """docs/guard.md's table of the front ends' exits lists exactly the EXIT_* codes of hotpath/decision.py."""
+    rows = markdown_table(doc_text("docs/guard.md"), "| exit | meaning |")
+    assert sorted(int(row[0]) for row in rows) == sorted(set(_one_outcome("hot path").values()))
+
+
+def test_the_guard_command_exit_codes_in_guard_md_are_known() -> None:
+    """docs/guard.md's command table uses only known codes, and names the guard commands' own where they apply."""
+    own = _one_outcome("guard rollback")
+    known = {0} | set(ERROR_CODES.values()) | set(own.values())
+    rows = {backticked(row[0])[0].split(" [")[0]: row[2]
+            for row in markdown_table(doc_text("docs/guard.md"), "| command | what it does | exit codes |")}
+    for command, codes in rows.items():
+        assert set(numbers(codes)) <= known, f"docs/guard.md: {command} lists an exit code nothing defines: {codes}"
+    violations, rollback_failed = own["EXIT_VIOLATIONS"], own["EXIT_ROLLBACK_FAILED"]
+    for command in ("gpuguard policy explain", "gpuguard policy freeze", "gpuguard guard rollback"):
+        assert violations in numbers(rows[command]), f"docs/guard.md: {command} does not list {violations}"
+    assert rollback_failed in numbers(rows["gpuguard guard rollback"])
+
+
+def test_the_health_status_table_is_status_exit_codes() -> None:
+    """docs/health.md's statuses and exit codes are exactly agent/health/model.py's STATUS_EXIT_CODES."""
+    rows = markdown_table(doc_text("docs/health.md"), "| status | exit | meaning |")
+    assert {row[0]: int(row[1]) for row in rows} == _one_outcome("health run")
+
+
+def test_the_status_verdict_table_is_status_exit_codes() -> None:
+    """docs/status.md's verdicts and exit codes are exactly agent/status/assess.py's STATUS_EXIT_CODES."""
+    rows = markdown_table(doc_text("docs/status.md"), "| verdict | exit | meaning |")
+    assert {row[0]: int(row[1]) for row in rows} == _one_outcome("`gpuguard status` (")
+
+
+def test_the_slurm_exit_table_is_slurms_codes_and_the_config_error() -> None:
+    """docs/integrations.md's Slurm exits are slurm.py's EXIT_* and a broken agent.toml's ConfigError code."""
+    rows = markdown_table(doc_text("docs/integrations.md"), "| exit | meaning |")
+    expected = set(_one_outcome("--slurm").values()) | {ERROR_CODES["ConfigError"]}
+    assert sorted(int(row[0]) for row in rows) == sorted(expected)

@@ -8,15 +8,15 @@ interpreter, so a class added anywhere, or moved, is seen without anyone listing
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional
+from typing import Dict, NamedTuple, Optional
 
 import pytest
 
 import agent.errors
+from tests.doctext import DrawnClass, drawn_tree, listed_outside
 
 REPO = Path(__file__).resolve().parents[1]
 ROOT = "GpuguardError"
@@ -48,23 +48,6 @@ class RealClass(NamedTuple):
     exit_code: Optional[int]
 
 
-class DrawnClass(NamedTuple):
-    """One line of the drawn tree: the class, its parent in the drawing (None for the root), its exit code."""
-
-    name: str
-    parent: Optional[str]
-    exit_code: int
-    text: str
-
-
-class ListedClass(NamedTuple):
-    """One entry of the docstring's list of exceptions outside the tree: the class, its file, the reason."""
-
-    name: str
-    file: str
-    reason: str
-
-
 @pytest.fixture(scope="module")
 def real_classes() -> Dict[str, RealClass]:
     """Every public exception class defined in agent/, by name (names are unique, asserted here)."""
@@ -78,28 +61,6 @@ def real_classes() -> Dict[str, RealClass]:
                                            entry["parent"], ROOT in entry["ancestors"], entry["exit_code"])
     assert ROOT in classes and len(classes) > 10, f"discovery found too little: {sorted(classes)}"
     return classes
-
-
-def drawn_tree(doc: str) -> List[DrawnClass]:
-    """The tree lines of the docstring (``    ├── Name   exit N   text``), each with the parent its indent gives."""
-    drawn: List[DrawnClass] = []
-    stack: List[str] = []
-    for line in doc.splitlines():
-        match = re.match(r"^    ((?:[│ ]   )*)(?:[├└]── )?(\w+)\s+exit (\d+)\s+(.*)$", line)
-        if not match:
-            continue
-        depth = len(match.group(1)) // 4 + (1 if "──" in line else 0)
-        del stack[depth:]
-        assert len(stack) == depth, f"errors.py docstring: {line.strip()!r} is indented under nothing"
-        drawn.append(DrawnClass(match.group(2), stack[-1] if stack else None, int(match.group(3)), match.group(4)))
-        stack.append(match.group(2))
-    return drawn
-
-
-def listed_outside(doc: str) -> List[ListedClass]:
-    """The docstring's ``    Name (agent/file.py): reason`` lines: the exceptions kept outside the tree."""
-    return [ListedClass(*match.groups()) for match in
-            re.finditer(r"^    (\w+) \((agent/[\w/]+\.py)\): (.+)$", doc, re.MULTILINE)]
 
 
 DOC = agent.errors.__doc__ or ""

@@ -17,7 +17,7 @@ from agent.health.settings import HealthMode
 from agent.models import FrozenModel
 
 HealthStatus = Literal["pass", "regression", "cpu_fallback", "failed", "timeout", "skipped", "busy", "deferred"]
-# Distinct exit codes, so a systemd unit or a script can tell the outcomes apart; 1-8 are gpuguard's errors.
+# Distinct exit codes, so a systemd unit or a script can tell the outcomes apart; 1-10 are gpuguard's errors.
 # busy: the functional checks ran and passed on a GPU another job was using, its speed was not judged;
 # deferred: nothing could run without risk to that job (too little free device memory, or configured to wait).
 STATUS_EXIT_CODES: Dict[str, int] = {"pass": 0, "regression": 20, "cpu_fallback": 21, "failed": 22,

@@ -1,0 +1,91 @@
+"""Readers for the claims documents make: markdown tables, `code` spans, and the error tree drawn in a docstring.
+
+Shared by the tests that compare a document with the code (tests/test_docs_claims.py, tests/test_errors.py).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Dict, List, NamedTuple, Optional, Tuple
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def doc_text(relative: str) -> str:
+    """The text of a document of the repository, e.g. ``docs/architecture.md``."""
+    return (REPO / relative).read_text(encoding="utf-8")
+
+
+def markdown_table(text: str, header: str) -> List[List[str]]:
+    """The rows (cells stripped, header and rule left out) of the one markdown table whose header line is ``header``."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip() == header]
+    assert len(starts) == 1, f"expected one table with header {header!r}, found {len(starts)}"
+    rows = []
+    for line in lines[starts[0] + 2:]:
+        line = line.strip()
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", line.strip("|"))])
+    assert rows, f"the table {header!r} has no rows"
+    return rows
+
+
+def backticked(text: str) -> List[str]:
+    """The `code` spans of a markdown cell or sentence, in order."""
+    return re.findall(r"`([^`]+)`", text)
+
+
+def numbers(text: str) -> List[int]:
+    """Every whole number written in ``text``, in order (``0, 2 (bad window), 4`` -> [0, 2, 4])."""
+    return [int(n) for n in re.findall(r"(?<![\w.])(\d+)(?![\w.])", text)]
+
+
+def coded_words(text: str) -> List[Tuple[int, str]]:
+    """The ``N word`` pairs of a list such as ``0 pass, 20 regression`` -> [(0, "pass"), (20, "regression")]."""
+    return [(int(n), word) for n, word in re.findall(r"(?<![\w.])(\d+) (\w+)", text)]
+
+
+class DrawnClass(NamedTuple):
+    """One line of a drawn error tree: the class, its parent in the drawing (None for the root), its exit code."""
+
+    name: str
+    parent: Optional[str]
+    exit_code: int
+    text: str
+
+
+class ListedClass(NamedTuple):
+    """One entry of a docstring's list of exceptions outside the tree: the class, its file, the reason."""
+
+    name: str
+    file: str
+    reason: str
+
+
+def drawn_tree(doc: str) -> List[DrawnClass]:
+    """The tree lines of a docstring (``    ├── Name   exit N   text``), each with the parent its indent gives."""
+    drawn: List[DrawnClass] = []
+    stack: List[str] = []
+    for line in doc.splitlines():
+        match = re.match(r"^    ((?:[│ ]   )*)(?:[├└]── )?(\w+)\s+exit (\d+)\s+(.*)$", line)
+        if not match:
+            continue
+        depth = len(match.group(1)) // 4 + (1 if "──" in line else 0)
+        del stack[depth:]
+        assert len(stack) == depth, f"the drawn tree: {line.strip()!r} is indented under nothing"
+        drawn.append(DrawnClass(match.group(2), stack[-1] if stack else None, int(match.group(3)), match.group(4)))
+        stack.append(match.group(2))
+    return drawn
+
+
+def drawn_exit_codes(doc: str) -> Dict[str, int]:
+    """Class name -> exit code, as the drawn tree says."""
+    return {cls.name: cls.exit_code for cls in drawn_tree(doc)}
+
+
+def listed_outside(doc: str) -> List[ListedClass]:
+    """A docstring's ``    Name (agent/file.py): reason`` lines: the exceptions kept outside the tree."""
+    return [ListedClass(*match.groups()) for match in
+            re.finditer(r"^    (\w+) \((agent/[\w/]+\.py)\): (.+)$", doc, re.MULTILINE)]
