@@ -1,6 +1,6 @@
 """The base of every pydantic model that crosses an edge (config, policy, report, hub): frozen and strict.
 
-The snapshot's types are frozen dataclasses instead (agent/collectors/base.py), so ``gpuguard snapshot`` loads no
+The snapshot's types are frozen records instead (agent/frozen.py), so ``gpuguard snapshot`` loads no
 pydantic; pydantic validates them where a snapshot is read back (agent/snapshot/io.py).
 """
 

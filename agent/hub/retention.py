@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from typing import TYPE_CHECKING, Callable, Dict, NamedTuple, Optional, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Protocol
 
 from agent.errors import StoreError
 from agent.log import get_logger
@@ -33,7 +34,8 @@ PAUSE_BETWEEN_BATCHES_SECONDS = 0.05
 FIRST_PASS_AFTER_SECONDS = 60.0
 
 
-class RetentionPolicy(NamedTuple):
+@dataclass(frozen=True)
+class RetentionPolicy:
     """How long each kind of event is kept; 0 keeps it forever."""
 
     heartbeat_hours: float = 6.0
