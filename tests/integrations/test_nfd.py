@@ -149,7 +149,7 @@ def test_rendered_file_parses_with_an_expiry_in_the_future() -> None:
     expiry, found = parse_features(render_features(NfdView(agent_version="1", compliant=True,
                                                            pairing=CUDA_HOST), EXPIRES))
     assert expiry == EXPIRES and expiry > NOW
-    assert all(name.startswith("gpuguard.io/") for name in found)
+    assert found and all(name.startswith("gpuguard.io/") for name in found)
 
 
 # --- the writer -------------------------------------------------------------------------------------------------

@@ -132,6 +132,8 @@ def test_el8_launchers_use_python311_and_the_plugin_goes_to_platform_python(dist
         assert "/usr/lib/python3.6/site-packages/dnf-plugins/gpuguard.py" in files
     unpack_rpm(rpm, tmp_path)
     launchers = [tmp_path / "usr/bin/gpuguard", *(tmp_path / "usr/lib/gpuguard").glob("gpuguard-*")]
+    if (REPO / "packaging/dnf/gpuguard-dnf-check").is_file():
+        assert tmp_path / "usr/lib/gpuguard/gpuguard-dnf-check" in launchers, launchers
     for launcher in launchers:
         assert launcher.read_text().startswith("#!/usr/bin/python3.11 -IS\n"), launcher
 

@@ -56,6 +56,7 @@ def test_rpm_install_upgrade_erase_in_an_rpm_root(rpm_root: Path, el9: Dict[str,
     assert "no policy in /etc/gpuguard/policy.d yet" in result.stderr  # %post ran, in the root
     assert "could not byte-compile" in result.stderr                   # ... and warned: no python3 there
     listed = run(["rpm", "-qlp", str(agent)]).stdout.splitlines()
+    assert listed, "rpm -qlp listed no file"
     assert files_of(root, "gpuguard") == listed
     for path in listed:
         assert os.path.lexists(root / path.lstrip("/")), path

@@ -122,7 +122,7 @@ def test_forced_driver_is_rolled_back_when_only_the_kept_debs_have_the_old_build
     assert AMDGPU_62_U not in chroot.run("apt-cache", "madison", "amdgpu-dkms", FIRMWARE).stdout
     _force(chroot, chroot.deb("amdgpu-dkms", AMDGPU_63_U))
     result = _rollback(chroot)
-    assert all(t.startswith("/var/lib/gpuguard/debs/") for t in result.targets), result.targets
+    assert result.targets and all(t.startswith("/var/lib/gpuguard/debs/") for t in result.targets), result.targets
     _assert_rolled_back(chroot, result)
 
 
