@@ -38,12 +38,14 @@ def test_damaged_json_is_an_input_file_error_naming_the_file(tmp_path: Path, con
 
 
 def test_sixty_four_levels_and_finite_numbers_are_fine(tmp_path: Path) -> None:
+    """JSON nested 64 levels deep with large finite numbers is read."""
     path = tmp_path / "ok.json"
     path.write_bytes(b"[" * 63 + b'{"a": 1.5e300}' + b"]" * 63)
     assert nesting_depth(read_json_file(str(path))) == 64
 
 
 def test_size_is_bounded(tmp_path: Path) -> None:
+    """A JSON file over max_bytes is an InputFileError saying so."""
     path = tmp_path / "big.json"
     path.write_bytes(b" " * 101)
     with pytest.raises(InputFileError, match="larger than 100 bytes"):
@@ -62,6 +64,7 @@ def test_missing_and_dangling_files_are_missing(tmp_path: Path) -> None:
 
 
 def test_a_directory_is_an_error_not_missing(tmp_path: Path) -> None:
+    """A directory where a JSON file should be is an InputFileError, not FileMissing."""
     with pytest.raises(InputFileError) as caught:
         read_json_file(str(tmp_path))
     assert not isinstance(caught.value, FileMissing)

@@ -73,6 +73,7 @@ def test_a_failed_import_is_not_retried_in_the_same_process(tmp_path: Path, monk
     ("pynvml", RuntimeError("x" * 300), f"import failed (RuntimeError: {'x' * 117}...)"),
 ])
 def test_import_failures_are_named_once(name: str, exc: BaseException, reason: str) -> None:
+    """Each way importing a GPU library fails is named in one short reason."""
     assert import_failure(name, exc) == reason
 
 
@@ -86,6 +87,7 @@ def test_amdsmi_init_failures_are_short() -> None:
 
 
 def test_nvml_failures_are_short() -> None:
+    """NVML's errors become short reasons (driver not loaded, library not found), prefixed with the library."""
     nvml = make_fake_pynvml({"gpus": []})
     assert nvml_failure("nvmlInit", nvml.NVMLError(9)) == "driver not loaded"
     assert nvml_failure("nvmlInit", nvml.NVMLError(12)) == "libnvidia-ml.so.1 not found"

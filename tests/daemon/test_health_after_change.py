@@ -35,6 +35,7 @@ from tests.daemon.test_jobs import make_runtime
     ("alert", "regression", True, "none"),
 ])
 def test_decision_table(action: str, status: str, confirmed: bool, expected: str) -> None:
+    """decide() maps the after_change action, the health status and its confirmation to rollback or nothing."""
     assert decide(action, status, confirmed) == expected
 
 
@@ -75,6 +76,8 @@ def _job(tmp_path: Path, fakes: Fakes, after_change: Optional[str]) -> HealthJob
 
 
 def test_cpu_fallback_after_a_change_rolls_back_reports_and_checks_again(tmp_path: Path) -> None:
+    """A CPU fallback after a stack change rolls back, reports a rollback event for health, checks again and keeps
+    the pass."""
     fakes = Fakes("cpu_fallback", "pass")
     job = _job(tmp_path, fakes, "rollback")
     summary = job.check("stack_changed:rocm", "functional", after_change=True)
@@ -87,6 +90,7 @@ def test_cpu_fallback_after_a_change_rolls_back_reports_and_checks_again(tmp_pat
 
 
 def test_a_regression_is_confirmed_by_a_full_run_before_a_rollback(tmp_path: Path) -> None:
+    """A regression after a change is confirmed by a full run before the rollback, and checked again after it."""
     fakes = Fakes("regression", "regression", "pass")
     summary = _job(tmp_path, fakes, "rollback").check("interval", None, after_change=True)
     assert fakes.modes == [None, "full", None] and fakes.rollbacks == ["regression"]
@@ -94,6 +98,7 @@ def test_a_regression_is_confirmed_by_a_full_run_before_a_rollback(tmp_path: Pat
 
 
 def test_a_regression_the_second_run_does_not_confirm_rolls_nothing_back(tmp_path: Path) -> None:
+    """A regression that the confirming run does not repeat (pass, or deferred beside a busy GPU) rolls nothing back."""
     for second in ("pass", "deferred"):  # gone, or the GPU became busy: no judgement, no rollback
         fakes = Fakes("regression", second)
         summary = _job(tmp_path / second, fakes, "rollback").check("interval", None, after_change=True)
@@ -102,6 +107,7 @@ def test_a_regression_the_second_run_does_not_confirm_rolls_nothing_back(tmp_pat
 
 @pytest.mark.parametrize("status", ["busy", "deferred", "timeout", "pass"])
 def test_never_a_rollback_on_busy_deferred_or_timeout(tmp_path: Path, status: str) -> None:
+    """A busy, deferred, timed-out or passing check after a change never rolls back."""
     fakes = Fakes(status)
     _job(tmp_path, fakes, "rollback").check("stack_changed:dpkg", "functional", after_change=True)
     assert fakes.rollbacks == []
@@ -109,24 +115,28 @@ def test_never_a_rollback_on_busy_deferred_or_timeout(tmp_path: Path, status: st
 
 @pytest.mark.parametrize("after_change", ["alert", None])
 def test_alert_or_no_policy_only_reports(tmp_path: Path, after_change: Optional[str]) -> None:
+    """With after_change = alert or none set, a CPU fallback after a change is reported and nothing is rolled back."""
     fakes = Fakes("cpu_fallback")
     summary = _job(tmp_path, fakes, after_change).check("stack_changed:dpkg", "functional", after_change=True)
     assert fakes.rollbacks == [] and summary["status"] == "cpu_fallback"
 
 
 def test_no_rollback_outside_the_check_after_a_change(tmp_path: Path) -> None:
+    """A CPU fallback in a scheduled check (not the one after a change) rolls nothing back."""
     fakes = Fakes("cpu_fallback")
     _job(tmp_path, fakes, "rollback").check("interval", None, after_change=False)
     assert fakes.rollbacks == []
 
 
 def test_a_rollback_that_does_not_fix_it_is_reported_once_not_retried(tmp_path: Path) -> None:
+    """A rollback after which the check still fails is reported with the recheck's status and not tried again."""
     fakes = Fakes("failed", "failed")
     summary = _job(tmp_path, fakes, "rollback").check("stack_changed:dpkg", "functional", after_change=True)
     assert fakes.rollbacks == ["failed"] and summary["recheck_status"] == "failed"
 
 
 def test_a_rollback_with_nothing_kept_runs_no_recheck(tmp_path: Path) -> None:
+    """A rollback with no known-good set runs no second check and queues no event."""
     fakes = Fakes("cpu_fallback", rollback_status="no_known_good")
     job = _job(tmp_path, fakes, "rollback")
     summary = job.check("stack_changed:dpkg", "functional", after_change=True)
@@ -135,6 +145,8 @@ def test_a_rollback_with_nothing_kept_runs_no_recheck(tmp_path: Path) -> None:
 
 
 def test_a_rollback_that_raises_is_a_failed_rollback_event(tmp_path: Path) -> None:
+    """A rollback that raises (disk full) becomes a critical rollback event, not succeeded, with the reason in its
+    detail."""
     fakes = Fakes("cpu_fallback")
 
     def broken(*args: Any, **kwargs: Any) -> Any:

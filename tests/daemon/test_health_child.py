@@ -22,6 +22,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_functional_after_a_change_runs_in_the_child_and_reports_its_summary(tmp_path: Path) -> None:
+    """The functional check after a change runs in a job child under the host's ML interpreter and reports its
+    summary."""
     python = tmp_path / "ml-python"
     # The host's "ML interpreter": whatever probe it is handed, it prints a CPU-only build's result.
     python.write_text(f"#!{sys.executable}\nimport os, sys\n"

@@ -114,6 +114,7 @@ def test_after_a_change_on_a_busy_host_the_comparison_waits_for_an_idle_moment(t
 
 
 def test_a_change_during_a_deferral_starts_over_from_its_functional_check(tmp_path: Path) -> None:
+    """A stack change during a deferral starts the deferral over with a functional check after the change."""
     check = FakeCheck("busy")
     schedule, clock, rt = _schedule(tmp_path, check)
     schedule.run("interval")
@@ -126,6 +127,7 @@ def test_a_change_during_a_deferral_starts_over_from_its_functional_check(tmp_pa
 
 
 def test_a_finding_ends_the_deferral_without_health_deferred(tmp_path: Path) -> None:
+    """A retry that finds a problem ends the deferral and queues no health_deferred event."""
     check = FakeCheck("busy", "cpu_fallback")
     schedule, clock, rt = _schedule(tmp_path, check)
     assert _run_retries(schedule, clock) == [300, None]
@@ -133,6 +135,7 @@ def test_a_finding_ends_the_deferral_without_health_deferred(tmp_path: Path) -> 
 
 
 def test_a_disabled_check_changes_nothing(tmp_path: Path) -> None:
+    """With the health check turned off a stack change schedules nothing and starts no deferral."""
     schedule, clock, rt = _schedule(tmp_path, lambda reason, mode, after_change: None)
     assert schedule.run("stack_changed:dpkg") is None and schedule.deferral is None
 

@@ -99,6 +99,7 @@ def test_utilization_of_a_job_that_just_ended_is_not_busy(tmp_path: Path) -> Non
 
 
 def test_utilization_confirmed_by_the_second_reading_is_busy(tmp_path: Path) -> None:
+    """GPU utilization seen in two readings before the probe makes the check busy, quoting the lower reading."""
     nvml = make_fake_nvml([[100.0], [80.0], [100.0]])
     result = check(tmp_path, fake_probe_settings(), {"pynvml": nvml})
     assert result.status == "busy", result.summary

@@ -229,6 +229,7 @@ print(json.dumps({{"status": result.status, "summary": result.summary, "notes": 
 
 
 def test_limits_in_a_container_are_ulimit_options() -> None:
+    """Limits become docker --ulimit options in a container, and a limits trampoline around a bare interpreter."""
     from agent.health.sandbox import docker_ulimits, with_limits
 
     limits = {"RLIMIT_CPU": 7200, "RLIMIT_NOFILE": 4096, "RLIMIT_CORE": 0, "RLIMIT_NPROC": 4096}

@@ -49,6 +49,8 @@ def test_a_batch_is_accepted_then_answered_as_duplicates(client: TestClient, tok
 
 def test_a_partly_resent_batch_splits_into_accepted_and_duplicates(client: TestClient,
                                                                    tokens: Dict[str, str]) -> None:
+    """A batch holding an event the hub already stored and a new one answers the new one accepted and the old one a
+    duplicate."""
     old, new = event("host-a"), event("host-a")
     post(client, tokens["host-a"], batch_json([old]))
     answer = post(client, tokens["host-a"], batch_json([old, new])).json()
@@ -63,6 +65,8 @@ def test_a_partly_resent_batch_splits_into_accepted_and_duplicates(client: TestC
     ({"Authorization": "Bearer"}, "missing bearer token"),
 ])
 def test_missing_or_bad_token_is_401(client: TestClient, headers: Dict[str, str], detail: str) -> None:
+    """A post without a bearer token, or with an unknown or malformed one, is refused 401 with WWW-Authenticate:
+    Bearer."""
     response = client.post("/v1/events", content=batch_json([event("host-a")]), headers=headers)
     assert_refused(response, 401, "unauthorized", detail)
     assert response.headers["www-authenticate"] == "Bearer"
@@ -70,6 +74,7 @@ def test_missing_or_bad_token_is_401(client: TestClient, headers: Dict[str, str]
 
 def test_a_token_with_the_right_selector_and_a_wrong_secret_is_401(client: TestClient,
                                                                     tokens: Dict[str, str]) -> None:
+    """A token whose selector is known but whose secret differs by one character is refused 401."""
     prefix, selector, secret = tokens["host-a"].split(".")
     forged = f"{prefix}.{selector}.{secret[:-1]}{'A' if secret[-1] != 'A' else 'B'}"
     assert_refused(post(client, forged, batch_json([event("host-a")])), 401, "unauthorized")
@@ -83,6 +88,7 @@ def test_another_hosts_events_are_403(client: TestClient, tokens: Dict[str, str]
 
 
 def test_a_reader_token_cannot_post_events(client: TestClient, tokens: Dict[str, str]) -> None:
+    """A reader token is refused 403 on POST /v1/events: only a host's token may post."""
     assert_refused(post(client, tokens[READER], batch_json([event("host-a")])), 403, "forbidden", "reader")
 
 
@@ -94,6 +100,7 @@ def test_a_reader_token_cannot_post_events(client: TestClient, tokens: Dict[str,
     (b'{"s":"\xff"}', "not valid JSON"),
 ])
 def test_malformed_json_is_400(client: TestClient, tokens: Dict[str, str], body: bytes, detail: str) -> None:
+    """A body that is not JSON is refused 400 malformed_json with a detail saying what is wrong."""
     assert_refused(post(client, tokens["host-a"], body), 400, "malformed_json", detail)
 
 
@@ -119,12 +126,15 @@ def _with(event_dict: Dict[str, object], **changes: object) -> bytes:
 ])
 def test_schema_invalid_bodies_are_422_with_each_problem(client: TestClient, tokens: Dict[str, str], mutate,
                                                          detail: str) -> None:
+    """JSON that is not a valid EventBatch (or cannot be stored) is refused 422 schema_invalid, with its problems
+    listed."""
     valid = batch_dict([event("host-a")])["events"][0]
     body = assert_refused(post(client, tokens["host-a"], mutate(valid)), 422, "schema_invalid", detail)
     assert body["problems"]
 
 
 def test_every_problem_is_listed_and_the_detail_stays_one_line(client: TestClient, tokens: Dict[str, str]) -> None:
+    """A batch with many problems lists each in problems while the detail stays one line ending in '(N more)'."""
     body = json.dumps({"events": [{"host_id": "host-a"}, {"host_id": "host-a"}]}).encode()
     refused = assert_refused(post(client, tokens["host-a"], body), 422, "schema_invalid", "more)")
     assert len(refused["problems"]) >= 6
@@ -173,6 +183,7 @@ def fleet(client: TestClient, tokens: Dict[str, str]) -> List[Event]:
 
 def test_hosts_lists_each_hosts_latest_pairing_and_compliance(client: TestClient, tokens: Dict[str, str],
                                                                fleet: List[Event]) -> None:
+    """GET /v1/hosts gives each host its latest pairing, compliance, last event time and last-seen time."""
     answer = client.get("/v1/hosts", headers=bearer(tokens[READER])).json()
     hosts = {h["host_id"]: h for h in answer["hosts"]}
     assert answer["host_count"] == 3
@@ -184,6 +195,7 @@ def test_hosts_lists_each_hosts_latest_pairing_and_compliance(client: TestClient
 
 
 def test_pairings_counts_hosts_per_stack(client: TestClient, tokens: Dict[str, str], fleet: List[Event]) -> None:
+    """GET /v1/pairings groups the hosts by their driver/ROCm/CUDA stack and counts them."""
     answer = client.get("/v1/pairings", headers=bearer(tokens[READER])).json()
     by_stack = {(p["rocm"], p["nvidia_loaded"]): (p["host_count"], p["host_ids"]) for p in answer["pairings"]}
     assert by_stack == {("6.3.1", None): (1, ["host-a"]), ("6.2.0", None): (1, ["host-b"]),
@@ -192,6 +204,8 @@ def test_pairings_counts_hosts_per_stack(client: TestClient, tokens: Dict[str, s
 
 
 def test_drift_lists_who_drifted_since_when(client: TestClient, tokens: Dict[str, str], fleet: List[Event]) -> None:
+    """GET /v1/drift?since= lists the hosts with drift events since then, oldest first, with their first time and
+    kinds."""
     answer = client.get("/v1/drift", params={"since": "2026-01-02T00:00:00Z"},
                         headers=bearer(tokens[READER])).json()
     hosts = {h["host_id"]: h for h in answer["hosts"]}
@@ -214,6 +228,7 @@ def test_drift_since_accepts_a_date_and_offsets(client: TestClient, tokens: Dict
 
 
 def test_drift_defaults_to_the_last_day(client: TestClient, tokens: Dict[str, str], fleet: List[Event]) -> None:
+    """GET /v1/drift without since looks back one day from now."""
     answer = client.get("/v1/drift", headers=bearer(tokens[READER])).json()
     since = dt.datetime.fromisoformat(answer["since"].replace("Z", "+00:00"))
     assert abs((dt.datetime.now(dt.timezone.utc) - since) - dt.timedelta(days=1)) < dt.timedelta(minutes=1)
@@ -221,6 +236,7 @@ def test_drift_defaults_to_the_last_day(client: TestClient, tokens: Dict[str, st
 
 
 def test_events_filters_and_limits(client: TestClient, tokens: Dict[str, str], fleet: List[Event]) -> None:
+    """GET /v1/events honours limit, host_id, kind, order and since, newest first by default."""
     reader = bearer(tokens[READER])
     newest = client.get("/v1/events", params={"limit": 2}, headers=reader).json()
     assert newest["count"] == 2 and newest["events"][0]["event"]["payload"]["kind"] == "policy_violation"
@@ -237,11 +253,13 @@ def test_events_filters_and_limits(client: TestClient, tokens: Dict[str, str], f
 ])
 def test_bad_queries_are_422(client: TestClient, tokens: Dict[str, str], params: Dict[str, object],
                              detail: str) -> None:
+    """A query parameter out of range or of the wrong type is refused 422 invalid_request naming it."""
     response = client.get("/v1/events", params=params, headers=bearer(tokens[READER]))
     assert_refused(response, 422, "invalid_request", detail)
 
 
 def test_since_out_of_range_is_422(client: TestClient, tokens: Dict[str, str]) -> None:
+    """A since that falls outside the representable range once made UTC is refused 422, not a server error."""
     response = client.get("/v1/drift", params={"since": "0001-01-01T00:00:00+05:00"},
                           headers=bearer(tokens[READER]))
     assert_refused(response, 422, "invalid_request", "out of range")
@@ -249,12 +267,14 @@ def test_since_out_of_range_is_422(client: TestClient, tokens: Dict[str, str]) -
 
 @pytest.mark.parametrize("path", ["/v1/hosts", "/v1/pairings", "/v1/drift", "/v1/events"])
 def test_fleet_api_wants_a_reader_token(client: TestClient, tokens: Dict[str, str], path: str) -> None:
+    """Each fleet endpoint answers 401 without a token, 403 to a host's token and 200 to a reader token."""
     assert_refused(client.get(path), 401, "unauthorized")
     assert_refused(client.get(path, headers=bearer(tokens["host-a"])), 403, "forbidden", "reader token")
     assert client.get(path, headers=bearer(tokens[READER])).status_code == 200
 
 
 def test_fleet_api_can_be_opened_to_anyone(settings: HubSettings) -> None:
+    """With fleet_api_requires_token = false the fleet endpoints answer without any token."""
     from agent.hub.store import make_store
 
     opened = settings.model_copy(update={"fleet_api_requires_token": False})
@@ -263,10 +283,12 @@ def test_fleet_api_can_be_opened_to_anyone(settings: HubSettings) -> None:
 
 
 def test_healthz_needs_no_token(client: TestClient) -> None:
+    """GET /healthz answers without a token, naming the store and the event schema version."""
     assert client.get("/healthz").json() == {"status": "ok", "store": "SQLiteStore", "event_schema_version": 1}
 
 
 def test_unknown_paths_and_methods_answer_json(client: TestClient) -> None:
+    """An unknown path is a JSON 404 not_found and a wrong method a JSON 405 method_not_allowed."""
     assert_refused(client.get("/v2/nothing"), 404, "not_found")
     assert_refused(client.delete("/v1/events"), 405, "method_not_allowed")
 
@@ -278,6 +300,7 @@ def test_tokens_added_while_running_are_picked_up(client: TestClient, settings: 
 
 
 def test_a_corrupt_tokens_file_at_start_fails_loudly(tmp_path: Path) -> None:
+    """A tokens file that is not JSON stops the app at creation with a ConfigError naming the file."""
     from agent.errors import ConfigError
 
     bad = tmp_path / "tokens.json"
@@ -288,6 +311,7 @@ def test_a_corrupt_tokens_file_at_start_fails_loudly(tmp_path: Path) -> None:
 
 
 def test_openapi_spec_describes_the_batch_body_and_every_refusal(client: TestClient) -> None:
+    """The OpenAPI spec gives POST /v1/events its EventBatch body, every refusal status and the bearer scheme."""
     spec = client.get("/openapi.json").json()
     post_op = spec["paths"]["/v1/events"]["post"]
     assert post_op["requestBody"]["content"]["application/json"]["schema"] == {
@@ -338,6 +362,7 @@ class GatedStore(FailingStore):
 
 
 def test_a_failing_store_is_503_with_retry_after(settings: HubSettings, tokens: Dict[str, str]) -> None:
+    """A store that fails makes posts, fleet reads and /healthz answer 503 unavailable, posts with Retry-After."""
     with TestClient(create_app(settings, FailingStore())) as client:
         response = post(client, tokens["host-a"], batch_json([event("host-a")]))
         assert_refused(response, 503, "unavailable", "disk I/O error")
@@ -372,6 +397,7 @@ def test_a_full_write_queue_is_503_not_unbounded_memory(settings: HubSettings, t
 
 
 def test_a_write_slower_than_the_timeout_is_503(settings: HubSettings, tokens: Dict[str, str]) -> None:
+    """A write that takes longer than write_timeout_seconds is answered 503 unavailable, so the agent retries."""
     store = GatedStore()
     quick = settings.model_copy(update={"write_timeout_seconds": 0.2})
     with TestClient(create_app(quick, store)) as client:

@@ -20,6 +20,7 @@ def run(argv, capsys) -> tuple:
 
 
 def test_add_host_prints_a_token_that_authenticates(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """hub add-host prints a token once on stdout, which authenticates as the host, and keeps the file 0600."""
     tokens = tmp_path / "tokens.json"
     code, out, err = run(["hub", "add-host", "gpu-node-01", "--tokens-file", str(tokens)], capsys)
     assert code == 0
@@ -30,6 +31,7 @@ def test_add_host_prints_a_token_that_authenticates(tmp_path: Path, capsys: pyte
 
 
 def test_add_host_uses_the_configs_tokens_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """hub add-reader writes to the tokens file that hub.toml names."""
     tokens = tmp_path / "from-config.json"
     config = tmp_path / "hub.toml"
     config.write_text(f'tokens_file = "{tokens}"\n')
@@ -38,6 +40,7 @@ def test_add_host_uses_the_configs_tokens_file(tmp_path: Path, capsys: pytest.Ca
 
 
 def test_adding_a_host_twice_is_a_usage_error_unless_rotated(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Adding a host twice exits 2 with one line pointing to --rotate; with --rotate it prints a new token."""
     tokens = str(tmp_path / "tokens.json")
     run(["hub", "add-host", "h1", "--tokens-file", tokens], capsys)
     code, out, err = run(["hub", "add-host", "h1", "--tokens-file", tokens], capsys)
@@ -48,5 +51,6 @@ def test_adding_a_host_twice_is_a_usage_error_unless_rotated(tmp_path: Path, cap
 
 
 def test_an_explicit_missing_config_is_a_config_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """hub serve --config naming a missing file exits 3 saying so."""
     code, _, err = run(["hub", "serve", "--config", str(tmp_path / "absent.toml")], capsys)
     assert code == 3 and "no such file" in err

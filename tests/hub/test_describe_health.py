@@ -14,6 +14,7 @@ from tests.hub.factories import T0, batch_json
 
 
 def test_health_deferred_names_window_attempts_and_tenants() -> None:
+    """A health_deferred event is described with how long the GPUs were busy, the attempts and the tenants."""
     payload = HealthDeferred(deferred_since=dt.datetime(2026, 12, 3, tzinfo=dt.timezone.utc), window_seconds=21600,
                              attempts=7, last_status="deferred", tenants=["gpu 0: pid 4242 (python3, 71.2 GiB)"])
     text = describe({"payload": payload.model_dump(mode="json")})
@@ -21,6 +22,7 @@ def test_health_deferred_names_window_attempts_and_tenants() -> None:
 
 
 def test_health_rollback_names_the_status_that_asked_for_it() -> None:
+    """A rollback for health is described with the health status that asked for it."""
     payload = Rollback(reason="health", health_status="cpu_fallback", from_versions={"rocm-core": "6.3"},
                        to_versions={"rocm-core": "6.2"}, succeeded=True)
     assert describe({"payload": payload.model_dump(mode="json")}).startswith("rolled back (health: cpu_fallback): ")

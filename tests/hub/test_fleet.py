@@ -15,6 +15,7 @@ def host(host_id: str, pairing=None) -> HostState:
 
 
 def test_pairing_counts_group_by_stack_most_common_first() -> None:
+    """Hosts are counted per stack (the GPU count aside), the most common first, and hosts without a pairing apart."""
     hosts = [host("a", ROCM_62), host("b", ROCM_63), host("c", ROCM_62),
              host("d", ROCM_62.model_copy(update={"gpu_count": 4})), host("e", CUDA_12), host("f")]
     counts, without = pairing_counts(hosts)
@@ -27,6 +28,7 @@ def test_pairing_counts_group_by_stack_most_common_first() -> None:
 
 
 def test_drift_hosts_summarise_kinds_and_sort_by_first_drift() -> None:
+    """Drift rows sum up per host with its first and last time and kinds, the earliest drift first."""
     at = [T0 + dt.timedelta(hours=h) for h in range(6)]
     rows = [DriftRow(host_id="b", hostname="b.lab", kind="rollback", event_count=1, first_at=at[3], last_at=at[3]),
             DriftRow(host_id="a", hostname="a.lab", kind="snapshot_changed", event_count=2, first_at=at[4],
@@ -40,4 +42,5 @@ def test_drift_hosts_summarise_kinds_and_sort_by_first_drift() -> None:
 
 
 def test_no_rows_no_hosts() -> None:
+    """No rows give no drift hosts and no pairing counts."""
     assert drift_hosts([]) == [] and pairing_counts([]) == ([], 0)

@@ -68,6 +68,7 @@ schema.config.phases.update(phases=["examples", "fuzzing"])
 
 
 def test_the_served_spec_is_the_fuzzed_spec(fuzz_hub: Dict[str, Any]) -> None:
+    """The OpenAPI spec the running hub serves is the one the fuzzer was built from."""
     import requests
 
     served = requests.get(f"{fuzz_hub['process'].url}/openapi.json", timeout=10).json()

@@ -72,6 +72,7 @@ def raw_exchange(hub: HubProcess, request: bytes) -> bytes:
 
 
 def test_it_listens_on_loopback_and_answers_health(hub: HubProcess) -> None:
+    """The real hub server listens on loopback by default and answers /healthz ok."""
     assert hub.port and hub.port > 0
     [listening] = hub.events("hub_listening")
     assert listening["host"] == "127.0.0.1"
@@ -79,6 +80,7 @@ def test_it_listens_on_loopback_and_answers_health(hub: HubProcess) -> None:
 
 
 def test_real_batches_are_stored_once_and_resends_answered_as_duplicates(hub: HubProcess, host_token: str) -> None:
+    """A batch sent twice to the real server is stored once; the resend is answered all duplicates."""
     events = [event("host-a", kind="snapshot_changed", pairing=ROCM_62), event("host-a"), event("host-a")]
     with requests.Session() as session:
         first = post(hub, host_token, batch_json(events), session)
@@ -111,6 +113,7 @@ def test_concurrent_senders_lose_nothing_and_store_nothing_twice(hub: HubProcess
 
 
 def test_bad_and_missing_tokens_are_refused(hub: HubProcess, host_token: str) -> None:
+    """The real server refuses a missing or bad token (401) and another host's events (403), storing nothing."""
     body = batch_json([event("host-a")])
     missing = requests.post(f"{hub.url}/v1/events", data=body, timeout=TIMEOUT_SECONDS)
     bad = post(hub, host_token[:-2] + "xx", body)
@@ -120,6 +123,7 @@ def test_bad_and_missing_tokens_are_refused(hub: HubProcess, host_token: str) ->
 
 
 def test_malformed_and_schema_invalid_bodies_are_refused(hub: HubProcess, host_token: str) -> None:
+    """The real server refuses broken JSON with 400 and a body that is not an EventBatch with 422."""
     assert post(hub, host_token, b'{"events": [').status_code == 400
     refused = post(hub, host_token, b'{"events": [{"host_id": "host-a"}]}')
     assert refused.status_code == 422 and "EventBatch" in refused.json()["detail"]
@@ -154,6 +158,7 @@ def test_an_oversize_body_from_requests_is_413(hub: HubProcess, host_token: str)
 
 
 def test_sigterm_stops_gracefully_and_keeps_what_was_acknowledged(hub: HubProcess, host_token: str) -> None:
+    """SIGTERM stops the server with exit 0, and every event it acknowledged is stored."""
     events = [event("host-a") for _ in range(20)]
     assert post(hub, host_token, batch_json(events)).status_code == 200
     assert hub.stop() == 0, hub.log_text()

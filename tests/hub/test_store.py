@@ -102,6 +102,7 @@ def test_heartbeat_sets_compliance_and_a_pairing_only_when_it_carries_one(store:
 
 
 def test_hosts_without_pairing_are_listed_with_none(store: Store) -> None:
+    """A host whose events carry no pairing is listed with pairing and compliance None."""
     store.ingest([[event("host-b", kind="cpu_fallback")]], received_at=NOW)
     [host] = store.hosts()
     assert host.host_id == "host-b" and host.pairing is None and host.compliant is None
@@ -126,6 +127,7 @@ def test_drift_counts_each_drift_kind_per_host_since_a_time(store: Store) -> Non
 
 
 def test_events_filter_by_host_kind_and_time_in_either_order(store: Store) -> None:
+    """Stored events filter by host, kind and since, newest or oldest first, with a limit."""
     a1 = event("host-a", kind="heartbeat", at=T0 + dt.timedelta(minutes=1))
     a2 = event("host-a", kind="rollback", at=T0 + dt.timedelta(minutes=2))
     a3 = event("host-a", kind="heartbeat", at=T0 + dt.timedelta(minutes=3))
@@ -153,6 +155,7 @@ def test_offsets_are_normalised_so_time_order_holds_across_zones(store: Store) -
 
 
 def test_reopening_keeps_what_was_stored(store: Store) -> None:
+    """A store closed and opened again still knows the events it stored (they come back duplicates)."""
     sent = event("host-a")
     store.ingest([[sent]], received_at=NOW)
     store.close()
@@ -170,6 +173,7 @@ def test_large_group_spans_several_insert_statements(store: Store) -> None:
 
 
 def test_sqlite_refuses_a_database_of_a_newer_schema(tmp_path: Path) -> None:
+    """A SQLite database of a newer schema version is refused with a StoreError naming the version."""
     path = tmp_path / "hub.db"
     SQLiteStore(str(path)).open()
     with sqlite3.connect(path) as conn:
@@ -191,6 +195,7 @@ def test_sqlite_errors_become_store_errors(tmp_path: Path) -> None:
 
 
 def test_postgres_unreachable_is_a_store_error(tmp_path: Path) -> None:
+    """A PostgreSQL server that cannot be reached is a StoreError of the open, within the connect timeout."""
     store = PostgresStore(f"postgresql://nobody@/none?host={tmp_path}", connect_timeout_seconds=2)
     with pytest.raises(StoreError, match="hub store open failed"):
         store.open()
@@ -203,11 +208,13 @@ def test_postgres_unreachable_is_a_store_error(tmp_path: Path) -> None:
     ("postgres://hub@db.example/hub", PostgresStore),
 ])
 def test_make_store_picks_the_backend_by_url(url: str, kind: type) -> None:
+    """make_store picks the SQLite or PostgreSQL store from the database URL's scheme."""
     assert isinstance(make_store(url), kind)
 
 
 @pytest.mark.parametrize("url", ["mysql://x/y", "sqlite:///:memory:"])
 def test_make_store_refuses_what_it_cannot_serve(url: str) -> None:
+    """A database URL of another kind, or an in-memory SQLite one, is a ConfigError."""
     with pytest.raises(ConfigError):
         make_store(url)
 
@@ -218,4 +225,5 @@ def test_make_store_refuses_what_it_cannot_serve(url: str) -> None:
     ("sqlite:////var/lib/gpuguard/hub.db", "sqlite:////var/lib/gpuguard/hub.db"),
 ])
 def test_redact_url_hides_passwords(url: str, shown: str) -> None:
+    """redact_url replaces a URL's password with *** and leaves URLs without one as they are."""
     assert redact_url(url) == shown

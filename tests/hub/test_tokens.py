@@ -23,6 +23,8 @@ from agent.hub.tokens import (
 
 
 def test_add_token_stores_only_a_hash_in_a_0600_file(tmp_path: Path) -> None:
+    """add_token writes only the secret's hash, with the selector, to a 0600 file atomically (no temporary file
+    left)."""
     path = tmp_path / "etc" / "hub-tokens.json"
     token = add_token(str(path), "host", "gpu-node-01")
     text = path.read_text()
@@ -35,12 +37,14 @@ def test_add_token_stores_only_a_hash_in_a_0600_file(tmp_path: Path) -> None:
 
 
 def test_each_token_is_new_and_random(tmp_path: Path) -> None:
+    """Twenty tokens added in a row are all different and all well formed."""
     path = str(tmp_path / "t.json")
     tokens = {add_token(path, "host", f"h{i}") for i in range(20)}
     assert len(tokens) == 20 and all(split_token(t) for t in tokens)
 
 
 def test_a_second_token_for_the_same_host_needs_rotate(tmp_path: Path) -> None:
+    """A second token for one host is refused without --rotate; with it the old token stops working."""
     path = str(tmp_path / "t.json")
     old = add_token(path, "host", "h1")
     with pytest.raises(UsageError, match="--rotate"):
@@ -53,6 +57,7 @@ def test_a_second_token_for_the_same_host_needs_rotate(tmp_path: Path) -> None:
 
 
 def test_a_host_and_a_reader_may_share_a_name(tmp_path: Path) -> None:
+    """A host token and a reader token with the same subject both authenticate, each with its own role."""
     path = str(tmp_path / "t.json")
     host = add_token(path, "host", "ops")
     reader = add_token(path, "reader", "ops")
@@ -63,6 +68,7 @@ def test_a_host_and_a_reader_may_share_a_name(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("subject", ["", "x" * 129])
 def test_subject_length_is_checked(tmp_path: Path, subject: str) -> None:
+    """An empty subject or one longer than 128 characters is a UsageError."""
     with pytest.raises(UsageError):
         add_token(str(tmp_path / "t.json"), "host", subject)
 
@@ -72,12 +78,14 @@ def test_subject_length_is_checked(tmp_path: Path, subject: str) -> None:
     ("Basic abc", None), ("Bearer", None), ("Bearer   ", None), ("", None), (None, None),
 ])
 def test_bearer_token_parsing(header: str, token: str) -> None:
+    """The Authorization header yields the token for any case of 'Bearer' and surrounding spaces, else None."""
     assert bearer_token(header) == token
 
 
 @pytest.mark.parametrize("token", ["", "gg1", "gg1..secret", "gg2.0123456789abcdef.s", "gg1.0123.s",
                                    "gg1.0123456789abcdef.", "gg1.0123456789abcdef.a.b"])
 def test_malformed_tokens_authenticate_nobody(tmp_path: Path, token: str) -> None:
+    """A token with a wrong prefix, selector or number of parts authenticates nobody."""
     path = str(tmp_path / "t.json")
     add_token(path, "host", "h1")
     assert TokenRegistry(path).authenticate_token(token) is None
@@ -97,6 +105,7 @@ def test_registry_reloads_when_the_file_changes(tmp_path: Path) -> None:
 
 
 def test_a_corrupted_file_at_reload_keeps_the_old_tokens(tmp_path: Path) -> None:
+    """A tokens file broken after start is not taken: the tokens read before still authenticate."""
     path = tmp_path / "t.json"
     token = add_token(str(path), "host", "h1")
     registry = TokenRegistry(str(path), reload_seconds=0)
@@ -105,6 +114,7 @@ def test_a_corrupted_file_at_reload_keeps_the_old_tokens(tmp_path: Path) -> None
 
 
 def test_a_corrupt_file_at_start_is_a_config_error_listing_problems(tmp_path: Path) -> None:
+    """A tokens file with invalid entries at start is a ConfigError listing every problem."""
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"format": 1, "tokens": [{"selector": "zz", "role": "admin"}]}))
     with pytest.raises(ConfigError) as caught:
@@ -113,10 +123,12 @@ def test_a_corrupt_file_at_start_is_a_config_error_listing_problems(tmp_path: Pa
 
 
 def test_a_missing_file_means_no_tokens(tmp_path: Path) -> None:
+    """A tokens file that does not exist gives a registry with no tokens, not an error."""
     assert len(TokenRegistry(str(tmp_path / "absent.json"))) == 0
 
 
 def test_fixed_entries_registry() -> None:
+    """A registry built from entries authenticates the matching secret and refuses one differing in a letter's case."""
     entry = TokenEntry(selector="0123456789abcdef", sha256=hash_secret("s3cret"), role="reader", subject="ops",
                        created_at=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
     registry = TokenRegistry.of_entries([entry])

@@ -35,6 +35,7 @@ class RecordingStore:
 
 
 def test_batches_queued_during_a_commit_share_the_next_one() -> None:
+    """Batches submitted while a commit runs are all written in the next single commit, each answered on its own."""
     store = RecordingStore(hold_first=True)
     writer = GroupCommitWriter(store)  # type: ignore[arg-type]
     writer.start()
@@ -50,6 +51,7 @@ def test_batches_queued_during_a_commit_share_the_next_one() -> None:
 
 
 def test_a_commit_holds_at_most_max_events() -> None:
+    """A commit takes batches up to max_events_per_commit events and leaves the rest for the next one."""
     store = RecordingStore(hold_first=True)
     writer = GroupCommitWriter(store, max_events_per_commit=4)  # type: ignore[arg-type]
     writer.start()
@@ -64,6 +66,7 @@ def test_a_commit_holds_at_most_max_events() -> None:
 
 
 def test_a_store_failure_reaches_every_batch_of_the_commit() -> None:
+    """A store error in a commit is raised to the submitter of each batch in it."""
     store = RecordingStore()
     store.fail_with = StoreError("ingest", "disk full")
     writer = GroupCommitWriter(store)  # type: ignore[arg-type]
@@ -75,6 +78,7 @@ def test_a_store_failure_reaches_every_batch_of_the_commit() -> None:
 
 
 def test_stop_stores_what_is_queued_then_refuses() -> None:
+    """stop() writes every batch already queued, and later submits are refused with WriterBusy."""
     store = RecordingStore(hold_first=True)
     writer = GroupCommitWriter(store)  # type: ignore[arg-type]
     writer.start()
@@ -91,11 +95,13 @@ def test_stop_stores_what_is_queued_then_refuses() -> None:
 
 
 def test_submit_before_start_is_refused() -> None:
+    """A submit before the writer starts is refused with WriterBusy."""
     with pytest.raises(WriterBusy):
         GroupCommitWriter(RecordingStore()).submit([event()])  # type: ignore[arg-type]
 
 
 def test_a_cancelled_batch_is_not_written() -> None:
+    """A batch whose future was cancelled while it waited is not written."""
     store = RecordingStore(hold_first=True)
     writer = GroupCommitWriter(store)  # type: ignore[arg-type]
     writer.start()

@@ -132,6 +132,7 @@ def test_still_failing_and_already_drained_by_gpuguard_is_left() -> None:
 
 
 def test_a_healthy_undrained_node_gets_no_update() -> None:
+    """A healthy node that is not drained gets no scontrol update."""
     host, runner = scontrol_host("IDLE")
     assert apply_to_node(host, "gpu01", verdict(False)) == "nothing to do"
     assert updates(runner) == []
@@ -145,6 +146,7 @@ def test_scontrol_refusing_is_a_command_error() -> None:
 
 
 def test_node_name_prefers_the_option_then_slurmd_then_the_short_host_name(tmp_path: Path) -> None:
+    """The Slurm node name is the option's, else SLURMD_NODENAME, else the short host name."""
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc/hostname").write_text("gpu07.cluster.example\n")
     assert node_name(Host(root=tmp_path, env={"SLURMD_NODENAME": "n7"}), "given") == "given"

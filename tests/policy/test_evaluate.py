@@ -101,6 +101,7 @@ def _verdict(violations) -> List[tuple]:
 
 @pytest.mark.parametrize("label,after,expected", CASES, ids=[c[0] for c in CASES])
 def test_evaluation_table(compiled, label: str, after: Dict[str, str], expected: List[tuple]) -> None:
+    """Each move of the table from the base host is judged by the rules and actions listed for it, and no others."""
     state = HostState(before=BASE, after=after, context=HostContext("ubuntu", "22.04"))
     assert _verdict(introduced(evaluate(state, compiled), state)) == sorted(expected)
 
@@ -117,6 +118,7 @@ def test_compiled_file_gives_the_same_verdicts(compiled, tmp_path: Path) -> None
 
 
 def test_matrix_flags_unsupported_os_and_gpu(compiled) -> None:
+    """With the matrix required, a Debian 12 host with a gfx950 GPU breaks matrix.os and matrix.gpu."""
     state = HostState(before={}, after=BASE, context=HostContext("debian", "12", ("gfx950",)))
     rules = {v.rule for v in evaluate(state, compiled)}
     assert {"matrix.os", "matrix.gpu"} <= rules
@@ -131,6 +133,7 @@ def test_facts_used_names_what_the_rules_read(compiled, tmp_path: Path) -> None:
 
 
 def test_breaking_message_names_the_pinned_pairing(compiled) -> None:
+    """A ROCm move off the pairing names the pinned pairing, the packages old -> new, and the override as a hint."""
     state = HostState(before=BASE, after=change(rocm_core=R63))
     (violation,) = introduced(evaluate(state, compiled), state)
     assert "breaks the pinned AMD pairing 'rocm-6.2'" in violation.message
@@ -139,6 +142,7 @@ def test_breaking_message_names_the_pinned_pairing(compiled) -> None:
 
 
 def test_old_violations_are_not_blamed_on_unrelated_changes(compiled) -> None:
+    """A violation the host had before is not introduced by an unrelated change."""
     broken = change(rocm_core=R63)
     state = HostState(before=broken, after={**broken, "vim": "2:9.0"})
     assert evaluate(state, compiled) and not introduced(evaluate(state, compiled), state)
@@ -157,12 +161,14 @@ def test_unpackaged_driver_is_judged_by_the_loaded_module(compiled) -> None:
 
 
 def test_without_the_module_an_unpackaged_driver_is_still_a_violation(compiled) -> None:
+    """Without the loaded module an NVIDIA host whose driver no package carries violates the pairing (driver none)."""
     state = HostState(before=H200_PACKAGES, after=H200_PACKAGES)
     (violation,) = [v for v in evaluate(state, compiled) if v.rule == "nvidia.pairing"]
     assert "NVIDIA driver none (-)" in violation.message
 
 
 def test_cuda_move_away_from_the_loaded_module_is_blamed_on_the_cuda_package(compiled) -> None:
+    """A CUDA move away from the loaded module's pairing is blamed on the CUDA package, naming only real packages."""
     after = {k: v for k, v in H200_PACKAGES.items() if k != "cuda-cudart-13-0"}
     after["cuda-cudart-12-8"] = "12.8.90-1"
     state = HostState(before=H200_PACKAGES, after=after, context=H200_MODULE)

@@ -124,6 +124,7 @@ def test_the_mismatch_message_names_both_builds(compiled) -> None:
 
 
 def test_removal_names_the_parts_left_behind(compiled) -> None:
+    """Removing parts of the NVIDIA driver is a driver_removed violation naming each removed part."""
     state = HostState(before=UBUNTU_NVIDIA, after=_after(UBUNTU_NVIDIA, nvidia_dkms_580_open="-",
                                                          nvidia_driver_580_open="-"))
     (violation,) = [v for v in evaluate(state, compiled) if v.rule == "nvidia.driver_removed"]
@@ -153,6 +154,7 @@ def test_side_by_side_cuda_is_the_policys_choice(tmp_path: Path, allowed: str, e
 
 
 def test_a_whole_stack_upgrade_the_policy_allows_passes(tmp_path: Path) -> None:
+    """Moving every part of the NVIDIA driver together to a release the policy allows breaks no rule."""
     compiled = _compiled(tmp_path, SIDE_BY_SIDE.format(allowed="false"))
     moves = {k: (NV_NEW if v == NV else v) for k, v in UBUNTU_NVIDIA.items()}
     moves.update({"cuda-drivers": "580.105.08-1", "cuda-drivers-580": "580.105.08-1"})
@@ -188,6 +190,7 @@ AMD_CASES = [
 
 @pytest.mark.parametrize("label, moves, expected", AMD_CASES, ids=[c[0] for c in AMD_CASES])
 def test_amd_stack(compiled, label: str, moves: Dict[str, str], expected: List[str]) -> None:
+    """Each AMD stack move of the table breaks exactly the rules listed for it."""
     assert _rules(compiled, AMD, _after(AMD, **moves)) == expected
 
 
@@ -201,6 +204,7 @@ def test_side_by_side_rocm_is_the_policys_choice(tmp_path: Path) -> None:
 
 
 def test_the_versioned_rocm_names_its_release(compiled) -> None:
+    """A versioned rocm-core6.4.1 beside rocm-core is judged as ROCm 6.4.1 and named in the violation."""
     after = {**AMD, "rocm-core6.4.1": "6.4.1.60401-83~24.04"}
     (violation,) = evaluate(HostState(before=AMD, after=after), compiled)
     assert "rocm-core 6.2.2.60202-116~24.04 (ROCm 6.2.2) and rocm-core6.4.1 6.4.1.60401-83~24.04 (ROCm 6.4.1)" \
@@ -220,6 +224,7 @@ def test_a_mixed_host_is_judged_on_both_sides_at_once(compiled) -> None:
 
 
 def test_every_package_the_rules_read_is_guarded(tmp_path: Path) -> None:
+    """Every package the NVIDIA and AMD rules read is in the compiled guarded set."""
     path = tmp_path / "p.toml"
     path.write_text(POLICY)
     guarded = any_glob(compile_policy(load_policy(str(path)))["guarded"])
@@ -228,6 +233,7 @@ def test_every_package_the_rules_read_is_guarded(tmp_path: Path) -> None:
 
 
 def test_side_by_side_of_the_wrong_type_is_refused_by_the_compiled_check(tmp_path: Path) -> None:
+    """A compiled policy whose side_by_side is not a boolean is refused naming the field."""
     path = tmp_path / "p.toml"
     path.write_text(POLICY)
     data = compile_policy(load_policy(str(path)))

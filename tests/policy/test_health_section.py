@@ -22,6 +22,7 @@ def _compiled(tmp_path: Path, text: str):
 
 
 def test_default_is_alert_and_rollback_is_compiled(tmp_path: Path) -> None:
+    """[health] after_change defaults to alert, and rollback is carried into the compiled policy."""
     assert _compiled(tmp_path, BASE).health_after_change == "alert"
     compiled = _compiled(tmp_path, BASE + '[health]\nafter_change = "rollback"\n')
     assert compiled.health_after_change == "rollback"
@@ -30,18 +31,21 @@ def test_default_is_alert_and_rollback_is_compiled(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("value", ['"rolback"', "true", '"Rollback"'])
 def test_other_values_are_refused(tmp_path: Path, value: str) -> None:
+    """A misspelt, capitalised or non-string after_change is a PolicyError at health -> after_change."""
     with pytest.raises(PolicyError) as caught:
         _compiled(tmp_path, BASE + f"[health]\nafter_change = {value}\n")
     assert any("health -> after_change" in p for p in caught.value.problems), caught.value.problems
 
 
 def test_unknown_key_in_health_is_refused(tmp_path: Path) -> None:
+    """An unknown key in [health] is a PolicyError naming it."""
     with pytest.raises(PolicyError) as caught:
         _compiled(tmp_path, BASE + '[health]\nafter_chnage = "rollback"\n')
     assert any("after_chnage" in p for p in caught.value.problems), caught.value.problems
 
 
 def test_a_compiled_document_with_a_bad_value_is_refused(tmp_path: Path) -> None:
+    """A compiled policy whose health after_change is not a known value is refused naming the field."""
     data = json.loads(json.dumps(_compiled(tmp_path, BASE).data))
     data["health"] = {"after_change": "reboot"}
     with pytest.raises(Exception, match="health -> after_change"):
@@ -49,6 +53,7 @@ def test_a_compiled_document_with_a_bad_value_is_refused(tmp_path: Path) -> None
 
 
 def test_files_that_disagree_are_a_warning_on_the_overridden_one(tmp_path: Path) -> None:
+    """Policy files that set after_change differently warn on the overridden one; the last in name order wins."""
     (tmp_path / "10-a.toml").write_text(BASE + '[health]\nafter_change = "rollback"\n')
     (tmp_path / "20-b.toml").write_text('[health]\nafter_change = "alert"\n')
     (tmp_path / "30-c.toml").write_text("[health]\n")  # sets nothing: no opinion, no warning

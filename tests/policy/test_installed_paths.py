@@ -18,6 +18,7 @@ NAMED = sorted({m for f in SPEAKERS for m in re.findall(r"/(?:usr/share/doc/gpug
 
 
 def test_the_messages_name_installed_files_not_repository_paths() -> None:
+    """Messages name files where the packages install them, never paths of the source repository."""
     assert "/etc/gpuguard/example-policy.toml" in NAMED and "/usr/share/doc/gpuguard/guard.md" in NAMED
     for f in ("agent/policy/load.py", "agent/policy/semantic.py", *GUARD_COMMANDS, "packaging/deb/gpuguard.postinst"):
         strings = re.findall(r'"[^"\n]*"', (REPO / f).read_text())

@@ -39,11 +39,14 @@ packages = ["two words"]
 
 
 def test_shipped_example_policy_is_valid() -> None:
+    """policies/example.toml loads, with its name and its eight rules."""
     loaded = load_policy(str(REPO / "policies/example.toml"))
     assert loaded.policy.policy.name == "mi300x-rocm-6.2" and loaded.policy.rule_count() == 8
 
 
 def test_type_errors_are_all_reported_with_field_paths(tmp_path: Path) -> None:
+    """Every type and spec error of a policy file is reported at once, each with its field path, under the file's
+    name."""
     path = tmp_path / "p.toml"
     path.write_text(TYPE_ERRORS)
     with pytest.raises(PolicyError) as info:
@@ -61,6 +64,7 @@ def test_type_errors_are_all_reported_with_field_paths(tmp_path: Path) -> None:
 
 
 def test_directory_merges_in_name_order_and_names_files(tmp_path: Path) -> None:
+    """A policy directory merges its files in name order, and each file's problems are reported under its name."""
     (tmp_path / "10-base.toml").write_text(GOOD)
     (tmp_path / "20-more.toml").write_text('[policy]\nname = "override"\n[[amd.pairing]]\nname = "rocm-6.3"\n'
                                            'amdgpu = "6.3.*"\nrocm = "6.3.*"\n')
@@ -83,6 +87,7 @@ def test_directory_merges_in_name_order_and_names_files(tmp_path: Path) -> None:
      "name 'rocm-6.2' is used more than once"),
 ])
 def test_directory_level_problems(tmp_path: Path, setup, fragment: str) -> None:
+    """An empty directory, a policy without rules and a pairing name used twice are each a PolicyError."""
     setup(tmp_path)
     with pytest.raises(PolicyError) as info:
         load_policy(str(tmp_path))
@@ -90,11 +95,13 @@ def test_directory_level_problems(tmp_path: Path, setup, fragment: str) -> None:
 
 
 def test_missing_path_is_a_policy_error(tmp_path: Path) -> None:
+    """A policy path that does not exist is a PolicyError saying so."""
     with pytest.raises(PolicyError, match="no such file or directory"):
         load_policy(str(tmp_path / "nope"))
 
 
 def test_require_matrix_needs_the_matrix_to_compile(tmp_path: Path) -> None:
+    """A policy with require_amd_matrix = true does not compile without the matrix."""
     path = tmp_path / "p.toml"
     path.write_text("[policy]\nrequire_amd_matrix = true\n")
     with pytest.raises(PolicyError, match="matrix is needed"):
@@ -102,6 +109,7 @@ def test_require_matrix_needs_the_matrix_to_compile(tmp_path: Path) -> None:
 
 
 def test_cli_policy_check_prints_every_problem_and_exits_3(tmp_path: Path) -> None:
+    """policy check prints every problem on a line of its own under the file's name, then the count, and exits 3."""
     (tmp_path / "10-site.toml").write_text(TYPE_ERRORS)
     out = io.StringIO()
     assert main(["policy", "check", str(tmp_path)], out=out) == 3
@@ -112,12 +120,14 @@ def test_cli_policy_check_prints_every_problem_and_exits_3(tmp_path: Path) -> No
 
 
 def test_cli_policy_check_ok(tmp_path: Path) -> None:
+    """policy check on the shipped example says ok with the policy's name and exits 0."""
     out = io.StringIO()
     assert main(["policy", "check", str(REPO / "policies/example.toml")], out=out) == 0
     assert "ok: policy 'mi300x-rocm-6.2'" in out.getvalue()
 
 
 def test_cli_policy_compile_writes_atomically(tmp_path: Path) -> None:
+    """policy compile writes the compiled JSON to --output, creating its directory, and exits 0."""
     policy = tmp_path / "p.toml"
     policy.write_text(GOOD)
     target = tmp_path / "out/compiled.json"

@@ -15,11 +15,13 @@ MATRIX = REPO / "policies/amd-compat-matrix.toml"
 
 
 def test_matrix_loads_and_is_consistent() -> None:
+    """The shipped AMD compatibility matrix loads and has no consistency problem."""
     matrix = load_matrix(str(MATRIX))
     assert matrix.consistency_problems() == []
 
 
 def test_matrix_covers_rocm_6_0_to_7_x_with_os_kernels_and_gpus() -> None:
+    """The matrix has ROCm 6.0 to 7.1, each with OSes, GPUs, drivers and sources, and the known GPU and kernel facts."""
     matrix = load_matrix(str(MATRIX))
     rows = {r.series: r for r in matrix.rocm}
     assert {"6.0", "6.1", "6.2", "6.3", "6.4", "7.0", "7.1"} <= set(rows)
@@ -30,6 +32,7 @@ def test_matrix_covers_rocm_6_0_to_7_x_with_os_kernels_and_gpus() -> None:
 
 
 def test_every_source_has_an_address_and_every_table_a_source() -> None:
+    """Every source of the matrix has an https address and a place, and every driver row a source."""
     matrix = load_matrix(str(MATRIX))
     assert all(s.url.startswith("https://") and s.where for s in matrix.sources)
     assert all(row.sources for row in matrix.driver)
@@ -49,6 +52,7 @@ def test_driver_numbering_split() -> None:
 
 
 def test_a_broken_matrix_reports_every_problem(tmp_path: Path) -> None:
+    """A matrix with a bad date or a driver without a row is a PolicyError saying which."""
     text = MATRIX.read_text().replace('recorded = "', 'recorded = "x', 1).replace(
         'drivers = ["6.2", "6.1", "6.0", "5.7", "5.6"]', 'drivers = ["9.9", "6.1", "6.0", "5.7", "5.6"]')
     broken = tmp_path / "m.toml"
@@ -94,6 +98,7 @@ def test_newest_driver_rows_31_x_and_the_version_reporting_change() -> None:
     ("1:6.8.5.60202-2041575.22.04", "6.2.2"),
 ])
 def test_release_codes_of_the_30_x_and_31_x_numbering(version: str, release: str) -> None:
+    """amdgpu driver package versions map to their release, in the 6.x, 30.x and 31.x numberings."""
     assert amdgpu_driver_release(version) == release
 
 

@@ -31,6 +31,8 @@ def _write(tmp_path: Path, text: str, name: str = "10-site.toml") -> Path:
 
 
 def test_semantic_errors_exit_3_one_line_each(tmp_path: Path) -> None:
+    """policy check prints each semantic problem on its own 'file: field: message' line with a fix, a count, and
+    exits 3."""
     path = _write(tmp_path, '[kernel]\nallow = "linux-image-6.8.0-45-generic"\n[amd]\ndriver_package = "amdgpu-dkmss"\n'
                             '[[amd.pairing]]\nname = "p"\namdgpu = "6.2.*"\nrocm = "6.2.2.60202"\n')
     code, out = _run("policy", "check", str(path), "--no-host")
@@ -46,6 +48,7 @@ def test_semantic_errors_exit_3_one_line_each(tmp_path: Path) -> None:
 
 
 def test_strict_types_on_the_cli(tmp_path: Path) -> None:
+    """A quoted boolean or number in the policy is an error that says to write it without quotes."""
     path = _write(tmp_path, '[policy]\nrequire_amd_matrix = "yes"\nmax_override_minutes = "240"\n' + GOOD[9:])
     code, out = _run("policy", "check", str(path), "--no-host")
     assert code == 3 and out.splitlines() == [
@@ -55,6 +58,8 @@ def test_strict_types_on_the_cli(tmp_path: Path) -> None:
 
 
 def test_outside_the_matrix_while_required_is_an_error(tmp_path: Path) -> None:
+    """With require_amd_matrix = true, a pairing that admits no combination of AMD's matrix makes policy check exit
+    3."""
     path = _write(tmp_path, '[policy]\nrequire_amd_matrix = true\n[[amd.pairing]]\nname = "p"\namdgpu = "6.2.*"\n'
                             'rocm = "7.1.*"\n')
     code, out = _run("policy", "check", str(path), "--no-host", "--matrix",
@@ -86,6 +91,7 @@ def test_warnings_alone_exit_0_and_are_counted(tmp_path: Path) -> None:
     ("gpuless-debian12", ["amd -> driver_package: 'amdgpu-dkms' matches no package installed on this host"]),
 ])
 def test_host_warnings_per_fixture(tmp_path: Path, root: str, expected: List[str]) -> None:
+    """Checked against a fixture host, a driver package not installed there is a warning and the exit stays 0."""
     path = _write(tmp_path, '[amd]\ndriver_package = "amdgpu-dkms"\n' + GOOD[GOOD.index("[[amd"):])
     code, out = _run("policy", "check", str(path), "--root", str(ROOTS / root))
     assert code == 0
@@ -93,6 +99,7 @@ def test_host_warnings_per_fixture(tmp_path: Path, root: str, expected: List[str
 
 
 def test_a_host_without_a_package_database_is_one_warning(tmp_path: Path) -> None:
+    """A root with no package database gives one warning saying the host checks were skipped, and exit 0."""
     path = _write(tmp_path, GOOD)
     empty = tmp_path / "root"
     empty.mkdir()
@@ -104,6 +111,8 @@ def test_a_host_without_a_package_database_is_one_warning(tmp_path: Path) -> Non
 
 
 def test_check_json(tmp_path: Path) -> None:
+    """policy check --json gives errors and warnings with file, field and message, the exit code and the policy's
+    name."""
     path = _write(tmp_path, GOOD + '[kernel]\nallow = "linux-image-6.8.0-45-generic"\n')
     code, out = _run("policy", "check", str(path), "--root", str(MI300X), "--json")
     data = json.loads(out)
@@ -117,6 +126,7 @@ def test_check_json(tmp_path: Path) -> None:
 
 
 def test_check_json_on_a_structural_error_names_file_and_field(tmp_path: Path) -> None:
+    """A structural error in --json output names the file and the field, and the policy is null."""
     (tmp_path / "10-site.toml").write_text('[policy]\naction = "explode"\n')
     code, out = _run("policy", "check", str(tmp_path), "--json", "--no-host")
     data = json.loads(out)
@@ -126,6 +136,8 @@ def test_check_json_on_a_structural_error_names_file_and_field(tmp_path: Path) -
 
 
 def test_check_defaults_to_etc_gpuguard_policy_d_under_root(tmp_path: Path) -> None:
+    """Without a path policy check reads <root>/etc/gpuguard/policy.d: missing, empty and holding a policy each say
+    so."""
     code, out = _run("policy", "check", "--root", str(tmp_path), "--no-host")
     assert code == 3
     assert out.splitlines() == [f"{tmp_path}/etc/gpuguard/policy.d: no such file or directory", "1 problem found"]
@@ -146,11 +158,13 @@ def _explain(tmp_path: Path, policy: str, *extra: str) -> Tuple[int, str]:
 
 
 def test_explain_exits_0_when_compliant(tmp_path: Path) -> None:
+    """policy explain on a host the policy admits ends with 'current state: compliant' and exits 0."""
     code, out = _explain(tmp_path, GOOD)
     assert code == 0 and out.splitlines()[-1] == "current state: compliant"
 
 
 def test_explain_exits_10_when_the_host_violates_the_policy(tmp_path: Path) -> None:
+    """policy explain on a host the policy refuses lists the violation with the pairings allowed and exits 10."""
     code, out = _explain(tmp_path, GOOD.replace("6.2.*", "6.3.*"))
     assert code == 10
     assert out.splitlines()[-2:] == [
@@ -161,6 +175,7 @@ def test_explain_exits_10_when_the_host_violates_the_policy(tmp_path: Path) -> N
 
 
 def test_explain_json(tmp_path: Path) -> None:
+    """policy explain --json gives compliance, the installed versions, each violation and the exit code, both ways."""
     code, out = _explain(tmp_path, GOOD.replace("6.2.*", "6.3.*"), "--json")
     data = json.loads(out)
     assert code == 10 and data["exit_code"] == 10 and data["compliant"] is False
@@ -173,6 +188,7 @@ def test_explain_json(tmp_path: Path) -> None:
 
 
 def test_explain_invalid_policy_is_exit_3(tmp_path: Path) -> None:
+    """policy explain with an invalid policy exits 3."""
     out = io.StringIO()
     path = _write(tmp_path, '[policy]\nrequire_amd_matrix = "yes"\n')
     code = main(["policy", "explain", "--root", str(MI300X), "--policy", str(path), "--config",
@@ -181,6 +197,7 @@ def test_explain_invalid_policy_is_exit_3(tmp_path: Path) -> None:
 
 
 def test_help_documents_the_exit_codes_and_defaults() -> None:
+    """The help of policy check and policy explain names their default directory and their options."""
     from agent.cli import build_parser
 
     assert "policy" in build_parser().format_help()

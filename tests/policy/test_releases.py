@@ -18,10 +18,12 @@ from agent.policy.releases import amdgpu_driver_release, amdgpu_kernel_base, ker
     ("", None),
 ])
 def test_amdgpu_driver_release(version: str, release) -> None:
+    """amdgpu-dkms versions give their driver release (5.7 to 30.30), and an RPM version without the code none."""
     assert amdgpu_driver_release(version) == release
 
 
 def test_other_releases() -> None:
+    """The DKMS kernel base, the ROCm release of rocm-core and a release's series are read from versions."""
     assert amdgpu_kernel_base("1:6.8.5.60202-2041575.22.04") == "6.8.5"
     assert rocm_release("6.2.2.60202-116~22.04") == "6.2.2"
     assert rocm_release("7.0.1.70001-42~24.04") == "7.0.1"
@@ -40,4 +42,5 @@ def test_other_releases() -> None:
     ("kernel-tools", "5.14.0-427.el9", "x86_64", "rpm", None),
 ])
 def test_kernel_release_of(name, version, arch, manager, release) -> None:
+    """Kernel packages give the uname -r they install (dpkg and rpm), and meta or debug packages none."""
     assert kernel_release_of(name, version, arch, manager) == release

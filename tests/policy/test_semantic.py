@@ -160,6 +160,7 @@ def test_warnings_exact_revision_less_version(tmp_path: Path) -> None:
 
 
 def test_unknown_but_not_misspelt_driver_package_is_a_warning(tmp_path: Path) -> None:
+    """A driver package gpuguard does not know, and not a misspelling of one, is a warning, not an error."""
     problems = _check(tmp_path, '[amd]\ndriver_package = "site-amdgpu-build"\n' + PAIR
                       + 'amdgpu = "6.2.*"\nrocm = "6.2.*"\n')
     assert [(p.severity, p.text()) for p in problems] == [
@@ -183,10 +184,12 @@ GOOD = [
 
 @pytest.mark.parametrize("text", GOOD)
 def test_sound_policies_have_no_problems(tmp_path: Path, text: str) -> None:
+    """Sound policies, the shipped example among them, have no problem and no warning."""
     assert _check(tmp_path, text) == []
 
 
 def test_matrix_checks_only_when_required_and_available(tmp_path: Path) -> None:
+    """A pairing outside AMD's matrix is a problem only when the matrix is required and loaded."""
     text = '[amd]\n' + PAIR + 'amdgpu = "6.2.*"\nrocm = "7.1.*"\n'
     assert _check(tmp_path, text) == []
     assert _check(tmp_path, "[policy]\nrequire_amd_matrix = true\n" + text, matrix=None) == []
@@ -207,6 +210,7 @@ HOST = Inventory(installed={"amdgpu-dkms": "1:6.8.5.60202-2041575.22.04", "rocm-
 
 
 def test_rules_matching_nothing_on_this_host_are_warnings(tmp_path: Path) -> None:
+    """Globs, kernel specs and package names that match nothing on the host are each a warning naming the field."""
     text = ('[policy]\nguarded = ["hip-runtime-amd*"]\n[amd]\ndriver_package = "amdgpu-dkms"\n' + PAIR
             + 'amdgpu = "6.2.*"\nrocm = "6.2.*"\nkernels = "6.8.0-4[0-3]-generic"\n'
             '[kernel]\nallow = "5.15.0-*-generic"\n[[versions]]\npackages = ["nvidia-container-toolkt"]\n'
@@ -223,12 +227,14 @@ def test_rules_matching_nothing_on_this_host_are_warnings(tmp_path: Path) -> Non
 
 
 def test_rules_matching_this_host_have_no_warnings(tmp_path: Path) -> None:
+    """Rules that match the host's packages and kernels give no warning."""
     text = ('[amd]\ndriver_package = "amdgpu-dkms"\n' + PAIR + 'amdgpu = "6.2.*"\nrocm = "6.2.*"\n'
             '[kernel]\nallow = "6.5.0-*-generic"\n[frozen]\npackages = ["rocm-*"]\n')
     assert _check(tmp_path, text, inventory=HOST) == []
 
 
 def test_inventory_kernels_running_first_then_packages() -> None:
+    """The host's kernels are the running one first, then those of kernel packages, rpm's without the architecture."""
     installed = {"linux-image-6.8.0-45-generic": "6.8.0-45.45", "linux-modules-6.8.0-45-generic": "6.8.0-45.45",
                  "linux-image-6.8.0-41-generic": "6.8.0-41.41", "rocm-core": "6.2.2.60202-116~22.04"}
     assert inventory_kernels(installed, "dpkg", "6.8.0-45-generic") == ("6.8.0-45-generic", "6.8.0-41-generic")

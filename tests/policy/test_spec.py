@@ -31,6 +31,7 @@ from agent.policy.spec import SpecError, matches, parse_entry, spec_errors
     ("6.1.0-2[67]-amd64", "6.1.0-27-amd64", "dpkg", True),
 ])
 def test_matches(spec, value, scheme, expected) -> None:
+    """Each spec of the table matches a version, a missing package or a kernel glob as the table says."""
     assert matches(spec, value, scheme) is expected
 
 
@@ -44,11 +45,13 @@ def test_matches(spec, value, scheme, expected) -> None:
     (">= 1.0,", "empty constraint"),
 ])
 def test_bad_entries(text: str, fragment: str) -> None:
+    """A bad spec entry is a SpecError whose message says what is wrong."""
     with pytest.raises(SpecError) as info:
         parse_entry(text)
     assert fragment in str(info.value)
 
 
 def test_spec_errors_lists_every_bad_entry() -> None:
+    """spec_errors lists every bad entry of a list, and an empty list is one error."""
     assert len(spec_errors(["< 1", "6.2.*", "> 2"])) == 2
     assert spec_errors([]) == ["empty list: give at least one version spec (or 'any')"]

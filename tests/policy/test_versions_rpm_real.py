@@ -81,6 +81,7 @@ def test_compare_rpm_agrees_with_rpm_label_compare(real_rpm: RpmWorker, pairs) -
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(VERSION, VERSION), min_size=20, max_size=60))
 def test_rpmvercmp_agrees_with_rpm_on_single_strings(real_rpm: RpmWorker, pairs) -> None:
+    """rpmvercmp orders version strings exactly as the real rpm library does."""
     expected = real_rpm.ask([(("0", a, "1"), ("0", b, "1")) for a, b in pairs])
     got = [rpmvercmp(a, b) for a, b in pairs]
     assert [(a, b, g, e) for (a, b), g, e in zip(pairs, got, expected) if g != e] == []

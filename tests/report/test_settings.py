@@ -63,5 +63,6 @@ def test_the_full_ingest_url_means_the_same_hub(url: str) -> None:
 
 
 def test_a_hub_behind_a_path_prefix_keeps_its_prefix() -> None:
+    """An endpoint URL behind a path prefix is used as given, prefix kept."""
     settings = parse_settings('[report]\nendpoint_url = "https://proxy.example/gpuguard/v1/events"\n')
     assert settings.report.ingest_url == "https://proxy.example/gpuguard/v1/events"

@@ -12,6 +12,7 @@ from tests.status.test_assess import MIN, NOW, healthy
 
 
 def test_a_deferral_in_progress_is_read_and_shown_with_the_health_check(tmp_path: Path) -> None:
+    """A deferral in progress is read into one line shown with the health check; a damaged file is ignored."""
     path = tmp_path / "health-deferral.json"
     assert read_deferral(str(path)) is None
     path.write_text(json.dumps({"since": "2026-06-01T10:00:00+00:00", "attempts": 3,
@@ -29,6 +30,8 @@ def test_a_deferral_in_progress_is_read_and_shown_with_the_health_check(tmp_path
 
 
 def test_a_reboot_marked_by_a_rollback_is_attention(tmp_path: Path) -> None:
+    """A reboot marked by a rollback and not done since boot makes the guard check attention (exit 30), naming the
+    packages."""
     pkgs = tmp_path / "reboot-required.pkgs"
     assert read_reboot_required(str(pkgs)) is None
     pkgs.write_text("amdgpu-dkms\n")

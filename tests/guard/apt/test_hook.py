@@ -103,6 +103,7 @@ def test_allowed_pair_upgrade_exits_0(root: Path) -> None:
 
 
 def test_unrelated_transaction_exits_0(root: Path) -> None:
+    """A transaction that touches no guarded package passes silently with exit 0."""
     code, out = run_hook(root, HEAD + line("vim", "2:9.0.1378-2", "2:9.0.1378-3"))
     assert code == 0 and out == ""
 
@@ -120,12 +121,14 @@ def test_breaking_the_pairing_is_refused_with_a_useful_message(root: Path) -> No
 
 
 def test_unsupported_kernel_is_refused(root: Path) -> None:
+    """A kernel the policy does not allow is refused with exit 10, naming the kernel and both rules it breaks."""
     code, out = run_hook(root, HEAD + line("linux-image-6.1.0-28-amd64", "-", "6.1.119-1"))
     assert code == exits.EXIT_REFUSED
     assert "kernel.allow" in out and "amd.pairing.kernels" in out and "6.1.0-28-amd64" in out
 
 
 def test_warn_rule_lets_through_with_a_warning(root: Path) -> None:
+    """A package under a warn rule passes with exit 0 and a warning naming the rule."""
     code, out = run_hook(root, HEAD + line("nvidia-container-toolkit", "-", "1.16.0-1"))
     assert code == 0 and "warning (versions.toolkit)" in out
 
@@ -144,6 +147,7 @@ def test_open_override_window_allows_and_expired_one_does_not(root: Path) -> Non
 
 
 def test_corrupt_override_file_is_ignored_with_a_warning(root: Path) -> None:
+    """A corrupt overrides.json is ignored with a warning saying why, and the transaction is judged without windows."""
     (root / "var/lib/gpuguard/overrides.json").write_text("[1, 2")
     code, out = run_hook(root, HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12"))
     assert code == exits.EXIT_REFUSED and "ignoring override windows" in out and "not valid JSON" in out
@@ -204,6 +208,7 @@ def test_unreadable_input_let_through_says_what_it_recognised(root: Path) -> Non
 
 
 def test_block_all_failsafe_refuses_unguarded_input_too(root: Path) -> None:
+    """With failsafe block-all, input of an unknown protocol version is refused with exit 12."""
     compiled = root / "var/lib/gpuguard/policy.compiled.json"
     data = json.loads(compiled.read_text())
     data["failsafe"] = "block-all"
@@ -268,17 +273,20 @@ def test_fifo_in_place_of_the_compiled_policy_does_not_hang(root: Path) -> None:
 
 
 def test_oversized_compiled_policy_is_refused_unread(root: Path) -> None:
+    """A compiled policy larger than 8 MiB is refused by the fail-safe (exit 11) without being read."""
     (root / "var/lib/gpuguard/policy.compiled.json").write_bytes(b" " * ((8 << 20) + 1))
     code, out = run_hook(root, HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12"))
     assert code == exits.EXIT_FAILSAFE_POLICY and "larger than" in out
 
 
 def test_bad_arguments_exit_2(root: Path) -> None:
+    """An unknown hook argument is refused with exit 2 and 'bad hook arguments'."""
     code, out = run_hook(root, HEAD, args=["--frobnicate"])
     assert code == exits.EXIT_USAGE and "bad hook arguments" in out
 
 
 def test_stale_compiled_policy_is_flagged(root: Path) -> None:
+    """A policy file newer than the compiled policy is flagged by the hook, which still exits 0."""
     policy_dir = root / "etc/gpuguard/policy.d"
     policy_dir.mkdir(parents=True)
     compiled = root / "var/lib/gpuguard/policy.compiled.json"

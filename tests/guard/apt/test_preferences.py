@@ -38,6 +38,8 @@ def _policy(tmp_path: Path):
 
 
 def test_render_forbids_exact_versions_and_freezes_installed_ones(tmp_path: Path) -> None:
+    """apt pins forbid (-1) each available version the policy refuses and hold (1001) frozen packages at their
+    version."""
     files = render_pins(_policy(tmp_path), INSTALLED, AVAILABLE)
     assert set(files) == {"gpuguard-frozen.pref", "gpuguard-forbidden.pref"}
     frozen = files["gpuguard-frozen.pref"]
@@ -52,12 +54,14 @@ def test_render_forbids_exact_versions_and_freezes_installed_ones(tmp_path: Path
 
 
 def test_names_to_query(tmp_path: Path) -> None:
+    """The names to ask apt about are the policy's exact package names and its globs, kept apart."""
     exact, globs = names_to_query(_policy(tmp_path))
     assert {"amdgpu-dkms", "rocm-core", "nvidia-container-toolkit"} <= set(exact)
     assert "linux-image-*" in globs
 
 
 def test_only_files_with_the_header_are_rewritten_or_removed() -> None:
+    """pin apply rewrites or removes only preference files that carry gpuguard's header and leaves others alone."""
     existing = {"gpuguard-forbidden.pref": HEADER + "\nold", "gpuguard-old.pref": HEADER + "\nstale",
                 "gpuguard-frozen.pref": "operator's own file", "gpuguard-notes.pref": "mine"}
     wanted = {"gpuguard-forbidden.pref": HEADER + "\nnew", "gpuguard-frozen.pref": HEADER + "\nx"}
@@ -128,5 +132,6 @@ def test_amd_pins_forbid_what_a_warn_action_only_warns_about(tmp_path: Path) -> 
 
 
 def test_names_to_query_covers_every_judged_amd_package(tmp_path: Path) -> None:
+    """The names to query include the AMD firmware package and the versioned rocm-core names the rules judge."""
     exact, globs = names_to_query(_policy(tmp_path))
     assert "amdgpu-dkms-firmware" in exact and "rocm-core[0-9]*" in globs

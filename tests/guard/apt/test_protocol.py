@@ -50,6 +50,7 @@ def test_resulting_and_before_sets() -> None:
 
 
 def test_percent_decoding() -> None:
+    """apt's percent-encoded command line is decoded."""
     assert percent_decode("apt-get%20install%20x%3d1") == "apt-get install x=1"
 
 

@@ -60,10 +60,12 @@ def check(root: Path, text: str, now: dt.datetime = NOW, args: Optional[list] = 
 
 
 def test_allowed_pair_upgrade_exits_0_silently(root: Path) -> None:
+    """Upgrading driver and ROCm together to another allowed pairing passes silently with exit 0."""
     assert check(root, request(*upgrade(AMD62, AMD63), *upgrade(ROCM62, ROCM63))) == (0, "")
 
 
 def test_unrelated_upgrade_exits_0(root: Path) -> None:
+    """An upgrade of an unguarded package passes silently with exit 0."""
     assert check(root, request(*upgrade(HELLO, HELLO2))) == (0, "")
 
 
@@ -82,12 +84,14 @@ def test_breaking_the_pairing_is_refused_with_the_apt_message(root: Path) -> Non
 
 
 def test_new_unsupported_kernel_is_refused_and_a_supported_one_installs_beside(root: Path) -> None:
+    """A new kernel outside the pairing's kernels is refused (exit 10), a supported one installs beside the old."""
     code, out = check(root, request(K570 + ("in", "Install")))
     assert code == exits.EXIT_REFUSED and "amd.pairing.kernels" in out and "5.14.0-570.el9" in out
     assert check(root, request(K503 + ("in", "Install"))) == (0, "")
 
 
 def test_open_override_window_allows_and_expired_one_does_not(root: Path) -> None:
+    """An open override window lets a breaking upgrade through and audits it; after the window ends it is refused."""
     state = root / "var/lib/gpuguard"
     start_window(str(state / "overrides.json"), str(state / "audit.log"), minutes=30, reason="swap driver",
                  max_minutes=60, now=lambda: NOW, opened_by="ops")
@@ -132,6 +136,7 @@ def test_malformed_input_fails_safe(root: Path, text: str) -> None:
 
 
 def test_block_all_failsafe_refuses_unguarded_input_too(root: Path) -> None:
+    """With failsafe block-all a request of an unknown format is refused with exit 12."""
     compiled = root / "var/lib/gpuguard/policy.compiled.json"
     data = json.loads(compiled.read_text())
     data["failsafe"] = "block-all"
@@ -163,6 +168,7 @@ def test_wrong_type_in_the_compiled_policy_is_the_policy_fail_safe(root: Path) -
 
 
 def test_bad_arguments_exit_2(root: Path) -> None:
+    """An unknown checker argument is refused with exit 2 and names --disableplugin=gpuguard as the bypass."""
     code, out = check(root, request(), args=["--frobnicate"])
     assert code == exits.EXIT_USAGE and "bad checker arguments" in out and "--disableplugin=gpuguard" in out
 

@@ -126,6 +126,7 @@ def test_violation_exits_non_zero_and_is_logged_to_dnf5(root: Path) -> None:
 
 
 def test_allowed_transaction_exits_0(root: Path) -> None:
+    """An allowed dnf5 transaction exits 0 and the action writes nothing to the plugin's log."""
     amd63 = pkg("amdgpu-dkms", "1", "6.10.5.60300", "2084815.el9", "noarch")
     trans = UPGRADE_ROCM + [dict(amd63, direction="IN", action="U"), dict(AMD62, direction="OUT", action="E")]
     plugin = FakeActionsPlugin(trans, INSTALLED, str(root))
@@ -134,6 +135,8 @@ def test_allowed_transaction_exits_0(root: Path) -> None:
 
 
 def test_new_kernel_from_dnf5_is_an_install(root: Path) -> None:
+    """A new kernel in a dnf5 transaction is judged as an install of kernel-core@version and refused when not
+    allowed."""
     new = pkg("kernel-core", "0", "5.14.0", "570.el9", "x86_64", direction="IN", action="I")
     code, err = run_action(root, FakeActionsPlugin([new], INSTALLED, str(root)))
     assert code == EXIT_REFUSED and "kernel-core@5.14.0-570.el9 (not installed) -> 5.14.0-570.el9" in err
@@ -148,6 +151,8 @@ def test_garbage_from_dnf5_fails_safe_like_apt(root: Path, garbage: str) -> None
 
 
 def test_garbage_naming_a_guarded_package_is_refused(root: Path) -> None:
+    """A broken reply from dnf5 that names a guarded package is refused by the fail-safe (exit 12), with the bypass
+    named."""
     garbage = '{"op": "reply", "requested_op": "get", "return": {"trans_packages": [{"name": "rocm-core"'
     code, err = run_action(root, FakeActionsPlugin(UPGRADE_ROCM, INSTALLED, str(root), garbage=garbage))
     assert code == 12 and "REFUSED by fail-safe 'block-guarded'" in err and "rocm-core" in err
@@ -155,6 +160,7 @@ def test_garbage_naming_a_guarded_package_is_refused(root: Path) -> None:
 
 
 def test_missing_compiled_policy_fails_safe(root: Path) -> None:
+    """Without a compiled policy the dnf5 action refuses by the fail-safe with exit 11."""
     (root / "var/lib/gpuguard/policy.compiled.json").unlink()
     code, err = run_action(root, FakeActionsPlugin(UPGRADE_ROCM, INSTALLED, str(root)))
     assert code == 11 and "no compiled policy" in err

@@ -75,6 +75,8 @@ def _run(tmp_path: Path, checker_body: str) -> subprocess.CompletedProcess:
 
 
 def test_checker_that_never_reads_stdin_is_a_named_refusal_not_a_dead_dnf(tmp_path: Path) -> None:
+    """A checker that closes stdin and dies makes the dnf4 plugin refuse with a named reason and the bypass, not dnf
+    crash."""
     result = _run(tmp_path, "#!/bin/sh\nexec 0<&-\nexit 139\n")
     assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
     assert "exited 139 without a decision" in result.stdout
@@ -82,6 +84,7 @@ def test_checker_that_never_reads_stdin_is_a_named_refusal_not_a_dead_dnf(tmp_pa
 
 
 def test_checker_that_refuses_early_keeps_its_own_message(tmp_path: Path) -> None:
+    """A checker that refuses before reading its input keeps its own REFUSED message."""
     body = ("#!/bin/sh\n"
             "echo 'gpuguard: REFUSED (policy): amdgpu-dkms 6.2 is not paired with rocm-core 6.4' >&2\nexit 1\n")
     result = _run(tmp_path, body)

@@ -26,6 +26,7 @@ def doc(installed, items, **kw) -> str:
     ("12", "2", "", "12:2"),
 ])
 def test_rpm_evr_writes_the_epoch_only_when_it_is_not_zero(epoch, version, release, expected) -> None:
+    """rpm_evr writes epoch:version-release, leaving out a zero or missing epoch and an empty release."""
     assert rpm_evr(epoch, version, release) == expected
 
 
@@ -54,6 +55,7 @@ def test_new_kernel_is_an_install_beside_the_old_one() -> None:
 
 
 def test_installonly_names_from_the_front_end_are_honoured() -> None:
+    """A package the front end names installonly is keyed name@version, so a new one is an install beside the old."""
     vm = ("vm-tools-kmod", 0, "1", "1", "x86_64")
     vm2 = ("vm-tools-kmod", 0, "2", "1", "x86_64")
     req = parse_request(doc([vm], [vm2 + ("in", "Install")], installonly=["vm-tools-kmod"]))
@@ -61,12 +63,14 @@ def test_installonly_names_from_the_front_end_are_honoured() -> None:
 
 
 def test_oldest_kernel_dropped_by_installonly_limit_is_a_removal() -> None:
+    """The oldest kernel that installonly_limit drops is a removal of kernel-core@version."""
     req = parse_request(doc([KERNEL], [KERNEL + ("out", "Removed")]))
     (change,) = req.transaction.changes
     assert change.package == "kernel-core@5.14.0-427.el9" and change.kind == "remove"
 
 
 def test_multilib_names_are_keyed_by_arch() -> None:
+    """A package installed for two architectures is two changes keyed name:arch."""
     a64, a32 = ("glibc", 0, "2.34", "100.el9", "x86_64"), ("glibc", 0, "2.34", "100.el9", "i686")
     new64, new32 = ("glibc", 0, "2.34", "101.el9", "x86_64"), ("glibc", 0, "2.34", "101.el9", "i686")
     req = parse_request(doc([a64, a32], [new64 + ("in", "Upgrade"), a64 + ("out", "Upgraded"),
@@ -75,24 +79,29 @@ def test_multilib_names_are_keyed_by_arch() -> None:
 
 
 def test_arch_change_of_a_single_arch_package_is_one_change() -> None:
+    """An upgrade that changes the architecture of a single-arch package is one change from the old to the new
+    version."""
     old, new = ("hello", 0, "1", "1", "x86_64"), ("hello", 0, "2", "1", "noarch")
     req = parse_request(doc([old], [new + ("in", "Upgrade"), old + ("out", "Upgraded")]))
     assert [(c.package, c.old_version, c.new_version) for c in req.transaction.changes] == [("hello", "1-1", "2-1")]
 
 
 def test_reinstall_is_a_change_with_equal_versions() -> None:
+    """A reinstall is one change of kind reinstall."""
     req = parse_request(doc([ROCM], [ROCM + ("in", "Reinstall"), ROCM + ("out", "Reinstalled")]))
     (change,) = req.transaction.changes
     assert change.kind == "reinstall"
 
 
 def test_removal_and_obsoletes() -> None:
+    """An obsoleting package is an install and the obsoleted one a removal."""
     new = ("rocm-core-new", 0, "6.3.0", "1", "x86_64")
     req = parse_request(doc([ROCM], [new + ("in", "Obsoleting"), ROCM + ("out", "Obsoleted")]))
     assert {c.package: c.kind for c in req.transaction.changes} == {"rocm-core": "remove", "rocm-core-new": "install"}
 
 
 def test_dnf5_tool_is_kept() -> None:
+    """The request's tool (dnf5) is carried into the transaction."""
     assert parse_request(doc([], [ROCM + ("in", "I")], tool="dnf5")).transaction.tool == "dnf5"
 
 
@@ -110,6 +119,7 @@ def test_dnf5_tool_is_kept() -> None:
     ('{"format": 1, "tool": "yum", "installed": [], "items": []}', "tool: 'yum'"),
 ])
 def test_malformed_requests_name_the_field(text: str, fragment: str) -> None:
+    """A malformed request is an InputFileError naming its source and the field that is wrong."""
     with pytest.raises(InputFileError) as info:
         parse_request(text, "stdin")
     assert fragment in str(info.value) and str(info.value).startswith("stdin: ")

@@ -86,6 +86,7 @@ def test_installed_keys_kernels_by_version_and_the_32_bit_twin_by_arch() -> None
     ("x", "1-2", "", "x-1-2", "x-1-2.noarch.rpm"),
 ])
 def test_nevra_and_file_names(name: str, version: str, arch: str, want_nevra: str, want_file: str) -> None:
+    """nevra() and rpm_file_name() spell a package as dnf and rpm do, and split_nevra() reads both back."""
     assert nevra(name, version, arch) == want_nevra
     assert rpm_file_name(name, version, arch) == want_file
     assert split_nevra(want_nevra)[0] == name and split_nevra("/c/" + want_file)[:2] == (name, version.split(":")[-1])
@@ -129,6 +130,7 @@ def _rpm_root(tmp_path: Path, rpm_qa: str = RPM_QA):
 
 
 def test_argv_uses_installroot_for_a_foreign_root_and_the_backend_is_picked_from_the_rpmdb(tmp_path: Path) -> None:
+    """dnf runs with --installroot for a foreign root, and the backend follows the package database found there."""
     root, host, tool, _ = _rpm_root(tmp_path)
     assert tool.argv("shell", "x") == ["dnf", f"--installroot={root}", "-c", "/etc/test-dnf.conf", "shell", "x"]
     assert DnfTool(Host.for_root("/")).argv("upgrade") == ["dnf", "upgrade"]
@@ -153,6 +155,7 @@ def test_simulate_refuses_a_script_dnf_could_not_resolve_completely(tmp_path: Pa
 
 
 def test_apply_reports_a_line_dnf_skipped_even_with_exit_0(tmp_path: Path) -> None:
+    """A dnf shell run that exits 0 but could not find a package is reported as failed with dnf's line."""
     _, host, tool, runner = _rpm_root(tmp_path)
     runner.add(tool.argv("-y", "shell", str(host.path(tool.script_path))), returncode=0,
                stdout="Complete!\n", stderr="Error: Unable to find a match: x-1-1.noarch\n")

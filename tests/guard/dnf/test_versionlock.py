@@ -63,6 +63,7 @@ def test_records_lock_frozen_builds_and_forbid_unsupported_rpm_kernels(tmp_path:
 
 
 def test_dnf4_entries_spell_out_the_epoch_and_skip_excludes_of_a_locked_name() -> None:
+    """dnf4 versionlock entries write the epoch, each with its reason, and leave out excludes of a locked name."""
     frozen = [Pin("rocm-core", R62, 1001, "frozen by policy")]
     forbidden = [Pin("rocm-core", R63, -1, "x"), Pin("amdgpu-dkms", D63, -1, "driver release 6.3.0 is in no pairing"),
                  Pin("kernel-core", "5.14.0-570.el9", -1, "kernel")]
@@ -134,6 +135,7 @@ def test_merge_dnf5_keeps_other_entries_and_replaces_gpuguards(tmp_path: Path) -
     ("version = \"1.0\"\npackages = 3\n", "packages is not an array of tables"),
 ])
 def test_a_versionlock_toml_gpuguard_cannot_read_is_left_alone_with_one_line(text: str, message: str) -> None:
+    """A versionlock.toml that is not TOML or not of the known format is left alone, said in one line."""
     with pytest.raises(InputFileError, match=message) as caught:
         parse_dnf5(text, "/etc/dnf/versionlock.toml")
     assert "\n" not in str(caught.value) and "left it alone" in str(caught.value)
@@ -176,6 +178,7 @@ def test_apply_dnf4_writes_the_plugins_locklist_and_reports_stale_entries(tmp_pa
 
 
 def test_apply_without_the_plugin_config_writes_the_default_list_and_says_so(tmp_path: Path) -> None:
+    """Without the versionlock plugin's config, pin apply writes the default list and says which package reads it."""
     root, host, tool = _host(tmp_path, dnf5=False)
     changes = apply_versionlock(host, _policy(tmp_path), tool, INSTALLED)
     assert changes.path == "/etc/dnf/plugins/versionlock.list" and "python3-dnf-plugin-versionlock" in changes.note
@@ -183,6 +186,7 @@ def test_apply_without_the_plugin_config_writes_the_default_list_and_says_so(tmp
 
 
 def test_apply_dnf5_writes_versionlock_toml(tmp_path: Path) -> None:
+    """On dnf5 pin apply rewrites versionlock.toml, keeping the operator's entries and replacing gpuguard's old ones."""
     root, host, tool = _host(tmp_path, dnf5=True)
     (root / "etc/dnf/versionlock.toml").write_text(DNF5_EXISTING)
     changes = apply_versionlock(host, _policy(tmp_path), tool, INSTALLED)

@@ -39,6 +39,7 @@ HEAD = "VERSION 3\nAPT::Architecture=amd64\nCommandLine::AsString=apt-get%20inst
 
 
 def test_reads_the_real_h200_fixture() -> None:
+    """On the recorded H200 root the loaded nvidia module's version is read from sysfs."""
     assert loaded_drivers(str(H200_ROOT)) == {"nvidia": "580.159.04"}
 
 
@@ -49,12 +50,15 @@ def test_reads_the_real_h200_fixture() -> None:
     ("", {}),
 ])
 def test_proc_version_when_sysfs_has_no_version(tmp_path: Path, text: str, expected: dict) -> None:
+    """Without a sysfs version the NVIDIA version comes from /proc/driver/nvidia/version (open or proprietary), else
+    none."""
     (tmp_path / "proc/driver/nvidia").mkdir(parents=True)
     (tmp_path / "proc/driver/nvidia/version").write_text(text)
     assert loaded_drivers(str(tmp_path)) == expected
 
 
 def test_no_module_no_driver(tmp_path: Path) -> None:
+    """A root with no GPU module loaded gives no loaded driver."""
     assert loaded_drivers(str(tmp_path)) == {}
 
 
@@ -72,11 +76,14 @@ def h200(tmp_path: Path) -> Path:
 
 
 def test_unrelated_upgrade_on_the_h200_is_silent(h200: Path) -> None:
+    """On the H200 root an unrelated upgrade passes silently: the loaded module stands for the driver no package
+    carries."""
     code, out = run_hook(h200, HEAD + "vim 2:9.1.0016-1ubuntu7 amd64 none < 2:9.1.0016-1ubuntu8 amd64 none /x.deb\n")
     assert (code, out) == (exits.EXIT_ALLOW, "")
 
 
 def test_removing_the_frozen_package_is_refused_without_a_false_pairing_note(h200: Path) -> None:
+    """Removing a frozen package on the H200 is refused for that, with no false note that the host already violates."""
     code, out = run_hook(h200, HEAD + "cuda-compat-13-0 580.95.05-0ubuntu1 amd64 none < - - none **REMOVE**\n")
     assert code == exits.EXIT_REFUSED
     assert "REFUSED (frozen): cuda-compat-13-0 580.95.05-0ubuntu1 -> (removed)" in out
@@ -84,12 +91,14 @@ def test_removing_the_frozen_package_is_refused_without_a_false_pairing_note(h20
 
 
 def test_cuda_upgrade_past_the_pairing_names_the_loaded_module(h200: Path) -> None:
+    """A CUDA upgrade past the pairing is refused, naming the loaded nvidia module as the driver."""
     code, out = run_hook(h200, HEAD + "cuda-cudart-13-0 13.0.96-1 amd64 none < 13.1.80-1 amd64 none /x.deb\n")
     assert code == exits.EXIT_REFUSED
     assert "NVIDIA driver 580.159.04 (loaded nvidia module, no driver package) with CUDA 13.1.80" in out
 
 
 def test_without_the_module_the_old_false_note_would_show(h200: Path) -> None:
+    """Without the module's version the hook sees no driver and notes a violation: what reading the module prevents."""
     (h200 / "sys/module/nvidia/version").unlink()
     code, out = run_hook(h200, HEAD + "vim 2:9.1.0016-1ubuntu7 amd64 none < 2:9.1.0016-1ubuntu8 amd64 none /x.deb\n")
     assert code == exits.EXIT_ALLOW

@@ -19,6 +19,7 @@ def _paths(tmp_path: Path):
 
 
 def test_window_is_active_until_it_expires(tmp_path: Path) -> None:
+    """An override window is active until its minutes run out, and its opening is audited with the reason."""
     overrides, audit = _paths(tmp_path)
     window = start_window(overrides, audit, 60, "kernel swap", 240, now=lambda: T0, opened_by="ops")
     windows = load_windows(overrides)
@@ -29,6 +30,7 @@ def test_window_is_active_until_it_expires(tmp_path: Path) -> None:
 
 
 def test_ending_a_window_closes_it_now_and_audits(tmp_path: Path) -> None:
+    """Ending a window closes it at once and audits it; ending an unknown window is a UsageError."""
     overrides, audit = _paths(tmp_path)
     window = start_window(overrides, audit, 60, "x", 240, now=lambda: T0, opened_by="ops")
     closed = end_windows(overrides, audit, now=lambda: T0 + dt.timedelta(minutes=5))
@@ -42,6 +44,7 @@ def test_ending_a_window_closes_it_now_and_audits(tmp_path: Path) -> None:
 @pytest.mark.parametrize("minutes,reason,fragment", [(500, "x", "longer than the policy allows"),
                                                      (0, "x", "must be positive"), (10, "  ", "needs a --reason")])
 def test_limits(tmp_path: Path, minutes: float, reason: str, fragment: str) -> None:
+    """A window longer than the policy allows, of no minutes or without a reason is a UsageError saying which."""
     with pytest.raises(UsageError, match=fragment):
         start_window(*_paths(tmp_path), minutes, reason, 240, now=lambda: T0)
 
@@ -55,6 +58,7 @@ def test_limits(tmp_path: Path, minutes: float, reason: str, fragment: str) -> N
      "has no time zone"),
 ])
 def test_corrupt_state_file_is_an_input_file_error(tmp_path: Path, text: str, fragment: str) -> None:
+    """An overrides file of another format, a bad timestamp or one without a time zone is an InputFileError (exit 4)."""
     overrides, _ = _paths(tmp_path)
     Path(overrides).write_text(text)
     with pytest.raises(InputFileError, match=fragment) as info:

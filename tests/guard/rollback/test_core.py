@@ -82,11 +82,14 @@ def test_a_compliant_but_broken_database_is_not_recorded_as_known_good(tmp_path:
 
 
 def test_parse_simulation() -> None:
+    """An apt-get -s simulation is parsed into its install steps with old and new versions."""
     (step,) = parse_simulation(SIMULATION)
     assert (step.action, step.package, step.old_version, step.new_version) == ("install", "amdgpu-dkms", D63, D62)
 
 
 def test_first_compliant_check_records_known_good_then_plans_a_rollback(setup) -> None:
+    """The first compliant check records the known-good set; after a forced driver change a dry run plans the way
+    back."""
     root, host, tool, runner, policy, _ = setup
     for name, version in (("amdgpu-dkms", D62), ("rocm-core", R62)):
         runner.add(tool._download_argv(name, version, "/var/lib/gpuguard/debs"), returncode=100,
@@ -128,6 +131,8 @@ def test_versions_no_repository_offers_are_named_when_recorded_and_when_planning
                                      b'{"format": 1, "packages": {"\xff": {"version": "1"}}}'],
                          ids=["wrong-shape", "deeply-nested", "not-utf8"])
 def test_corrupt_known_good_state_is_exit_4_in_one_line(setup, capsys, content: bytes) -> None:
+    """A known-good file of the wrong shape, too deeply nested or not UTF-8 makes guard rollback exit 4 with one
+    line."""
     root, host, tool, runner, policy, policy_file = setup
     state = root / "var/lib/gpuguard"
     state.mkdir(parents=True)
@@ -142,6 +147,8 @@ def test_corrupt_known_good_state_is_exit_4_in_one_line(setup, capsys, content: 
 
 
 def test_waits_for_the_dpkg_lock_and_gives_up_after_the_timeout(setup, tmp_path: Path) -> None:
+    """The rollback waits for dpkg's frontend lock held by another process and gives up with CommandTimeout after the
+    timeout."""
     root, host, tool, *_ = setup
     lock = root / "var/lib/dpkg/lock-frontend"
     lock.write_text("")
@@ -194,6 +201,7 @@ def test_kept_files_are_planned_and_installed_without_the_repositories(setup) ->
 
 
 def test_a_local_plan_that_needs_a_repository_falls_back_to_the_repositories(setup) -> None:
+    """A rollback from kept .debs that apt cannot plan locally is planned and applied with the repositories too."""
     from agent.guard.apt.backend import AptBackend
 
     root, host, tool, runner, *_ = setup
@@ -212,6 +220,7 @@ def test_a_local_plan_that_needs_a_repository_falls_back_to_the_repositories(set
 
 
 def test_repository_targets_are_planned_with_the_repositories(setup) -> None:
+    """Rollback targets given as name=version are simulated once, with the repositories."""
     from agent.guard.apt.backend import AptBackend
 
     _, host, tool, runner, *_ = setup

@@ -75,6 +75,7 @@ def _setup(tmp_path: Path) -> Tuple[Host, Settings, Any, GuardPaths]:
 
 
 def test_restores_the_kept_set_once_reports_and_marks_the_reboot(tmp_path: Path) -> None:
+    """A health rollback restores the set kept before the change once, reports it, marks the reboot and audits it."""
     host, settings, policy, paths = _setup(tmp_path)
     keep_before_change(host, paths, OLD, fixed_clock())
     backend = MemoryBackend(NEW)
@@ -98,6 +99,7 @@ def test_restores_the_kept_set_once_reports_and_marks_the_reboot(tmp_path: Path)
 
 
 def test_never_back_to_the_set_a_health_rollback_removed(tmp_path: Path) -> None:
+    """A later health rollback is refused when it would go back to the set an earlier health rollback removed."""
     host, settings, policy, paths = _setup(tmp_path)
     keep_before_change(host, paths, OLD, fixed_clock())
     backend = MemoryBackend(NEW)
@@ -111,6 +113,7 @@ def test_never_back_to_the_set_a_health_rollback_removed(tmp_path: Path) -> None
 
 
 def test_nothing_to_do_when_the_kept_set_is_installed(tmp_path: Path) -> None:
+    """When the kept set is what is installed the health rollback says compliant and applies nothing."""
     host, settings, policy, paths = _setup(tmp_path)
     keep_before_change(host, paths, OLD, fixed_clock())
     backend = MemoryBackend(OLD)

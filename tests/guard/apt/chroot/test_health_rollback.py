@@ -48,6 +48,8 @@ def _payloads(result: Any) -> List[Any]:
 
 def test_cpu_fallback_after_an_allowed_upgrade_restores_the_exact_previous_versions(chroot: Chroot,
                                                                                     tmp_path: Path) -> None:
+    """Real apt: a CPU fallback after an allowed upgrade restores the exact previous versions once, with both reboot
+    markers."""
     policy_file = chroot.root / "etc/gpuguard/policy.d/20-health.toml"
     debian_marker = chroot.root / "var/run/reboot-required"
     policy_file.write_text(HEALTH_POLICY)

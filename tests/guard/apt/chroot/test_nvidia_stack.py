@@ -165,6 +165,7 @@ def test_a_second_cuda_release_is_refused(stack: Chroot) -> None:
 
 
 def test_the_cuda_meta_pulling_the_next_release_is_refused(stack: Chroot) -> None:
+    """Real apt: a CUDA meta package that pulls the next CUDA release is refused by the NVIDIA pairing."""
     out = _refused(stack, "install", "cuda-toolkit-13=13.1.0-1")
     assert "REFUSED (nvidia.pairing)" in out and "cuda-toolkit-13-1" in out, out
 
@@ -177,6 +178,7 @@ def test_removing_one_driver_part_is_refused(stack: Chroot, package: str) -> Non
 
 
 def test_container_toolkit_libraries_past_their_rule_are_refused(stack: Chroot) -> None:
+    """Real apt: container toolkit libraries past their versions rule are refused by that rule."""
     out = _refused(stack, "install", f"libnvidia-container1={CTK_NEW}", f"libnvidia-container-tools={CTK_NEW}")
     assert "REFUSED (versions.container-toolkit)" in out, out
 

@@ -99,6 +99,7 @@ def test_allowed_kernel_installs_side_by_side(dnf5_root: Dnf5Root) -> None:
 
 
 def test_override_window_lets_the_violation_through_and_is_audited(dnf5_root: Dnf5Root) -> None:
+    """Real dnf5: an open override window lets a breaking upgrade through, says so, and records override_used."""
     state = dnf5_root.state_dir
     start_window(str(state / "overrides.json"), str(state / "audit.log"), minutes=30, reason="swap driver",
                  max_minutes=60, opened_by="ops")

@@ -101,6 +101,7 @@ def test_unpinned_upgrade_is_refused_by_the_plugin(amd: Installroot) -> None:
 
 
 def test_pin_apply_then_dnf_upgrade_exits_0_and_moves_nothing_guarded(amd: Installroot) -> None:
+    """Real dnf: after pin apply a plain dnf upgrade exits 0, moves nothing guarded and leaves a consistent database."""
     conf = enable_versionlock(amd)
     code, out = cli(amd, "pin", "apply", config=agent_config(amd))
     assert code == 0 and "run gpuguard pin apply again" in out, out

@@ -105,6 +105,7 @@ def _refused(root: Installroot, *args: str) -> str:
 
 
 def test_a_second_cuda_release_is_refused(root: Installroot) -> None:
+    """Real dnf: installing a second CUDA release is refused by the NVIDIA pairing, naming it."""
     out = _refused(root, "install", "cuda-toolkit-13-1")
     assert "REFUSED (nvidia.pairing)" in out and "13.1.0 (cuda-toolkit-13-1)" in out, out
 
@@ -116,6 +117,7 @@ def test_removing_the_kernel_module_is_refused(root: Installroot) -> None:
 
 
 def test_the_whole_driver_moving_is_judged_by_the_pairing(root: Installroot) -> None:
+    """Real dnf: moving the whole NVIDIA driver is judged by the pairing, not as driver parts out of step."""
     out = _refused(root, "upgrade", "nvidia-driver", "cuda-drivers")
     assert "REFUSED (nvidia.pairing)" in out and "nvidia.driver_parts" not in out, out
 
