@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import importlib
 import re
+from pathlib import Path
 from types import ModuleType
 from typing import Dict, List, Set, Tuple
 
 import agent.errors
 from tests.doctext import REPO, backticked, coded_words, doc_text, drawn_exit_codes, markdown_table, numbers
+from tests.test_imports import agent_modules, imported_names
 
 try:
     import tomllib
@@ -227,3 +229,85 @@ def test_the_slurm_exit_table_is_slurms_codes_and_the_config_error() -> None:
     rows = markdown_table(doc_text("docs/integrations.md"), "| exit | meaning |")
     expected = set(_one_outcome("--slurm").values()) | {ERROR_CODES["ConfigError"]}
     assert sorted(int(row[0]) for row in rows) == sorted(expected)
+
+
+# --- the rooms of agent/ ------------------------------------------------------------------------------------------
+
+AGENT = REPO / "agent"
+MODULES_HEADER = "| module | what lives there |"
+PACKAGES_HEADER = "| package | what lives there |"
+
+
+def _resolve(token: str, package: Path) -> Path:
+    """Where a name in a package's row points: ``agent/...`` from the repository, else inside the package if it is
+    there, else from agent/ (``daemon_jobs/nfd.py`` named in another room's row)."""
+    if token.startswith("agent/"):
+        return REPO / token
+    inside = package / token
+    return inside if inside.exists() else AGENT / token
+
+
+def _room_rows() -> Dict[Path, List[Path]]:
+    """Package folder -> the files and folders its row in docs/architecture.md names (existing or not)."""
+    rooms: Dict[Path, List[Path]] = {}
+    for row in markdown_table(doc_text("docs/architecture.md"), PACKAGES_HEADER):
+        package = REPO / backticked(row[0])[0]
+        assert package not in rooms, f"two rows for {package.relative_to(REPO)}"
+        names = [name for name in backticked(row[1]) if name.endswith((".py", "/"))]
+        rooms[package] = [_resolve(name, package) for name in names]
+    return rooms
+
+
+def _agent_files() -> List[Path]:
+    return sorted(p for p in AGENT.rglob("*.py") if p.name != "__init__.py" and "__pycache__" not in p.parts)
+
+
+def test_the_module_table_names_every_top_level_module() -> None:
+    """docs/architecture.md's table of agent/'s top-level modules names each of them and nothing that is not."""
+    named = {REPO / backticked(row[0])[0] for row in markdown_table(doc_text("docs/architecture.md"), MODULES_HEADER)}
+    assert sorted(p.name for p in named) == sorted(p.name for p in AGENT.glob("*.py") if p.name != "__init__.py")
+
+
+def test_every_name_in_the_rooms_tables_exists() -> None:
+    """Every file or folder a row of the packages table names exists (a file moved away fails here)."""
+    missing = [f"{package.relative_to(REPO)}: {path.relative_to(REPO)}" for package, paths in _room_rows().items()
+               for path in [package, *paths] if not path.exists()]
+    assert not missing, f"docs/architecture.md names what does not exist: {missing}"
+
+
+def test_every_module_of_agent_is_in_a_room() -> None:
+    """Each module of agent/'s packages is named in the row of its package (or of a package above it)."""
+    rooms = _room_rows()
+    named = {path for paths in rooms.values() for path in paths}
+    unnamed = [p.relative_to(REPO).as_posix() for p in _agent_files()
+               if p.parent != AGENT and p not in named]
+    assert not unnamed, f"docs/architecture.md's packages table names no row for: {unnamed}"
+    folders = sorted({p.parent for p in _agent_files() if p.parent != AGENT})
+    roomless = [f.relative_to(REPO).as_posix() for f in folders if f not in rooms and f not in named]
+    assert not roomless, f"packages with neither a row nor a mention in one: {roomless}"
+
+
+def test_the_modules_importing_both_apt_and_dnf_are_the_docs_list() -> None:
+    """docs/architecture.md names exactly the modules of agent/ that import both agent.guard.apt and agent.guard.dnf."""
+    text = doc_text("docs/architecture.md")
+    sentence = re.search(r"The modules that import both:\s(.*?)\.\s", text, re.DOTALL)
+    assert sentence, "docs/architecture.md: no 'The modules that import both: ...' sentence"
+    in_docs = {name for name in backticked(sentence.group(1)) if name.startswith("agent/")}
+    importing = set()
+    for name, path in agent_modules().items():
+        targets = set(imported_names(path, name))
+        if any(t.startswith("agent.guard.apt") for t in targets) and any(t.startswith("agent.guard.dnf")
+                                                                         for t in targets):
+            importing.add(path.relative_to(REPO).as_posix())
+    assert importing, "no module imports both: the check would pass on nothing"
+    assert in_docs == importing
+
+
+def test_the_readme_layout_names_real_paths_and_every_package() -> None:
+    """README.md's layout table names only paths that exist, and each package of agent/ (docs/architecture.md has
+    every module)."""
+    rows = markdown_table(doc_text("README.md"), "| path | room |")
+    paths = [name for row in rows for name in backticked(row[0])]
+    assert [p for p in paths if not (REPO / p).exists()] == []
+    packages = {f"agent/{p.name}/" for p in AGENT.iterdir() if (p / "__init__.py").is_file()}
+    assert packages - set(paths) == set(), "README.md's layout leaves out a package of agent/"
