@@ -27,10 +27,10 @@ import requests
 
 from agent import __version__
 from agent.hub.alert_settings import AlertWebhook
-from agent.hub.dashboard.queries import create_tables, write
 from agent.hub.dashboard.render import describe
+from agent.hub.rows import utc_now
 from agent.hub.settings import HubSettings
-from agent.hub.store import utc
+from agent.hub.store import SqlStore
 from agent.log import get_logger
 from agent.report.events import Event
 
@@ -109,17 +109,17 @@ def backoff_seconds(attempts: int, initial: float, maximum: float, rand: Callabl
 class AlertQueue:
     """The queue table: enqueue from ingest, claim and settle from the delivery thread, counts for /metrics."""
 
-    def __init__(self, store: Any, webhooks: Sequence[AlertWebhook]) -> None:
+    def __init__(self, store: SqlStore, webhooks: Sequence[AlertWebhook]) -> None:
         self._store = store
         self.webhooks = {w.name: w for w in webhooks}
 
     def open(self) -> None:
         """Create the queue table; nothing to do (and no table) without webhooks."""
         if self.webhooks:
-            create_tables(self._store, _tables(self._store.timestamp_type))
+            self._store.create_tables(_tables(self._store.dialect.timestamp_type))
 
     def _t(self, value: dt.datetime) -> Any:
-        return self._store._to_db_time(utc(value))
+        return self._store.dialect.to_db_time(value)
 
     def wanted(self, events: Sequence[Event]) -> List[tuple]:
         return [(w, ev) for ev in events for w in self.webhooks.values() if w.wants(ev.payload.kind, ev.severity)]
@@ -129,7 +129,7 @@ class AlertQueue:
         pairs = self.wanted(events)
         if not pairs:
             return 0
-        sql = self._store._sql(
+        sql = self._store.dialect.sql(
             "INSERT INTO alert_deliveries (webhook, host_id, event_id, kind, severity, body, state, attempts, "
             "next_attempt_at, created_at) VALUES (?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?) "
             "ON CONFLICT (webhook, host_id, event_id) DO NOTHING")
@@ -140,12 +140,12 @@ class AlertQueue:
                 cur.execute(sql, (webhook.name, ev.host_id, ev.event_id, ev.payload.kind, ev.severity,
                                   ev.model_dump_json(), stamp, stamp))
 
-        write(self._store, "alert_enqueue", work)
+        self._store.write("alert_enqueue", work)
         return len(pairs)
 
     def claim(self, now: dt.datetime, lease_seconds: float, limit: int = _CLAIM_BATCH) -> List[Delivery]:
         """Lease up to ``limit`` due deliveries to this process."""
-        sql = self._store._sql
+        sql = self._store.dialect.sql
         stamp, lease = self._t(now), self._t(now + dt.timedelta(seconds=lease_seconds))
         names = list(self.webhooks)
         if not names:
@@ -165,7 +165,7 @@ class AlertQueue:
                     claimed.append(Delivery(*row))
             return claimed
 
-        return list(write(self._store, "alert_claim", work))
+        return self._store.write("alert_claim", work)
 
     def settle(self, delivery: Delivery, now: dt.datetime, error: Optional[str], max_attempts: int,
                retry_in_seconds: float) -> str:
@@ -177,10 +177,10 @@ class AlertQueue:
             state, next_at, finished = "dead", now, now
         else:
             state, next_at, finished = "pending", now + dt.timedelta(seconds=retry_in_seconds), None
-        sql = self._store._sql(
+        sql = self._store.dialect.sql(
             "UPDATE alert_deliveries SET state = ?, attempts = ?, next_attempt_at = ?, lease_until = NULL, "
             "finished_at = ?, last_error = ? WHERE webhook = ? AND host_id = ? AND event_id = ?")
-        write(self._store, "alert_settle", lambda cur: cur.execute(sql, (
+        self._store.write("alert_settle", lambda cur: cur.execute(sql, (
             state, attempts, self._t(next_at), None if finished is None else self._t(finished),
             None if error is None else error[:_ERROR_CHARS], delivery.webhook, delivery.host_id, delivery.event_id)))
         return state
@@ -189,16 +189,16 @@ class AlertQueue:
         """Deliveries by (webhook, state)."""
         if not self.webhooks:
             return {}
-        rows = self._store._query("alert_counts", "SELECT webhook, state, COUNT(*) FROM alert_deliveries "
-                                                  "GROUP BY webhook, state")
+        rows = self._store.query("alert_counts", "SELECT webhook, state, COUNT(*) FROM alert_deliveries "
+                                                 "GROUP BY webhook, state")
         return {(r[0], r[1]): int(r[2]) for r in rows}
 
     def rows(self, state: Optional[str] = None) -> List[Dict[str, Any]]:
         """Deliveries (oldest first) with their state, attempts and last error; for tests and inspection."""
         where, params = ("WHERE state = ?", [state]) if state else ("", [])
-        rows = self._store._query("alert_rows", "SELECT webhook, host_id, event_id, kind, severity, state, attempts, "
-                                                f"last_error FROM alert_deliveries {where} ORDER BY created_at, "
-                                                "event_id", params)
+        rows = self._store.query("alert_rows", "SELECT webhook, host_id, event_id, kind, severity, state, attempts, "
+                                               f"last_error FROM alert_deliveries {where} ORDER BY created_at, "
+                                               "event_id", params)
         keys = ("webhook", "host_id", "event_id", "kind", "severity", "state", "attempts", "last_error")
         return [dict(zip(keys, r)) for r in rows]
 
@@ -223,7 +223,7 @@ class AlertDeliverer:
     """The delivery thread: claims due deliveries, POSTs them, records the outcome; idle, it polls."""
 
     def __init__(self, settings: HubSettings, queue: AlertQueue,
-                 clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)) -> None:
+                 clock: Callable[[], dt.datetime] = utc_now) -> None:
         self._settings = settings
         self._queue = queue
         self._clock = clock

@@ -36,15 +36,17 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from agent import __version__
+from agent.errors import StoreError, WriterBusy
 from agent.hub.alerts import AlertDeliverer, AlertQueue
 from agent.hub.dashboard import mount_dashboard
 from agent.hub.fleet import DriftHost, PairingCount, drift_hosts, pairing_counts
 from agent.hub.metrics import HubMetrics
 from agent.hub.retention import retention_worker
+from agent.hub.rows import DRIFT_KINDS, BatchResult, EventQuery, HostState, utc, utc_now
 from agent.hub.settings import HubSettings
-from agent.hub.store import DRIFT_KINDS, BatchResult, EventQuery, HostState, Store, StoreError, utc
+from agent.hub.store import SqlStore
 from agent.hub.tokens import Principal, TokenRegistry, bearer_token
-from agent.hub.writer import GroupCommitWriter, WriterBusy
+from agent.hub.writer import GroupCommitWriter
 from agent.log import get_logger
 from agent.models import FrozenModel
 from agent.report.events import EVENT_SCHEMA_VERSION, PAYLOAD_KINDS, Event, EventBatch
@@ -352,7 +354,7 @@ class Ingest:
         if self.alerts is not None and self.alerts.wanted(batch.events):
             # Queued before the answer: if this fails the agent resends, and the duplicates are queued then.
             try:
-                await run_in_threadpool(self.alerts.enqueue, batch.events, _utcnow())
+                await run_in_threadpool(self.alerts.enqueue, batch.events, utc_now())
             except StoreError as exc:
                 raise HubHTTPError(503, "unavailable", f"storage unavailable: {exc.reason}",
                                    headers={"Retry-After": "5"}) from None
@@ -428,10 +430,6 @@ class HubApp(FastAPI):
 
 # --- the app ----------------------------------------------------------------------------------------------------
 
-def _utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
-
-
 _ERROR_RESPONSES: Dict[int, Dict[str, Any]] = {
     status: {"model": ErrorBody, "description": description} for status, description in (
         (400, "Malformed JSON"),
@@ -451,8 +449,8 @@ def _responses(*statuses: int) -> Dict[Union[int, str], Dict[str, Any]]:
 _READ_ERRORS = _responses(401, 403, 422, 503)
 
 
-def create_app(settings: HubSettings, store: Store, tokens: Optional[TokenRegistry] = None,
-               clock: Callable[[], dt.datetime] = _utcnow, fast_ingest: bool = True) -> FastAPI:
+def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenRegistry] = None,
+               clock: Callable[[], dt.datetime] = utc_now, fast_ingest: bool = True) -> FastAPI:
     """The hub app over ``store``; the lifespan opens the store and runs the group-commit writer.
 
     ``fast_ingest=False`` sends POST /v1/events through FastAPI's routing like every other route (the tests run

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from agent.hub.store import DriftRow, HostState
+from agent.hub.rows import DriftRow, HostState
 from agent.models import FrozenModel
 
 

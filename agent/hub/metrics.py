@@ -28,6 +28,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from agent.errors import StoreError
 from agent.hub.alerts import AlertQueue
 from agent.hub.dashboard import queries
+from agent.hub.store import SqlStore
 from agent.log import get_logger
 from agent.report.events import PAYLOAD_KINDS
 
@@ -45,7 +46,7 @@ _PAIRING_LABELS = {"os": "os_id", "os_version": "os_version_id", "kernel": "kern
 class FleetCollector:
     """Reads the fleet's state from the store at each scrape."""
 
-    def __init__(self, store: Any, alerts: AlertQueue, stale_after_seconds: float,
+    def __init__(self, store: SqlStore, alerts: AlertQueue, stale_after_seconds: float,
                  clock: Callable[[], dt.datetime]) -> None:
         self._store = store
         self._alerts = alerts
@@ -110,7 +111,7 @@ class FleetCollector:
 class HubMetrics:
     """This app's registry: the fleet collector and the ingest latency histogram."""
 
-    def __init__(self, store: Any, alerts: AlertQueue, stale_after_seconds: float,
+    def __init__(self, store: SqlStore, alerts: AlertQueue, stale_after_seconds: float,
                  clock: Callable[[], dt.datetime]) -> None:
         disable_created_metrics()  # no *_created series: a restart is visible from process metrics anyway
         self.registry = CollectorRegistry(auto_describe=False)

@@ -15,8 +15,9 @@ import threading
 import time
 from typing import Callable, List, Optional, Sequence
 
-from agent.errors import WriterBusy  # noqa: F401 - WriterBusy is part of the writer API
-from agent.hub.store import BatchResult, Store
+from agent.errors import WriterBusy
+from agent.hub.rows import BatchResult, utc_now
+from agent.hub.store import Store
 from agent.log import get_logger
 from agent.report.events import Event
 
@@ -38,7 +39,7 @@ class GroupCommitWriter:
     """One thread that owns all writes to the store."""
 
     def __init__(self, store: Store, max_pending_batches: int = 10_000, max_events_per_commit: int = 5_000,
-                 clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)) -> None:
+                 clock: Callable[[], dt.datetime] = utc_now) -> None:
         self._store = store
         self._max_events_per_commit = max_events_per_commit
         self._clock = clock

@@ -11,9 +11,10 @@ from typing import Dict, Iterator, List, Sequence
 import pytest
 from fastapi.testclient import TestClient
 
+from agent.errors import StoreError
 from agent.hub.app import create_app
+from agent.hub.rows import DRIFT_KINDS, BatchResult, DriftRow, EventQuery, HostState, StoredEvent
 from agent.hub.settings import HubSettings
-from agent.hub.store import DRIFT_KINDS, BatchResult, DriftRow, EventQuery, HostState, StoredEvent, StoreError
 from agent.hub.tokens import add_token
 from agent.report.events import Event
 from tests.hub.conftest import READER, bearer

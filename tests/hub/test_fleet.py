@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 from agent.hub.fleet import drift_hosts, pairing_counts
-from agent.hub.store import DriftRow, HostState
+from agent.hub.rows import DriftRow, HostState
 from tests.hub.factories import CUDA_12, ROCM_62, ROCM_63, T0
 
 

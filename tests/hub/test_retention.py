@@ -11,8 +11,9 @@ from typing import Dict, Iterator, List, Tuple
 import pytest
 
 from agent.hub.retention import RetentionPolicy, RetentionWorker, run_pass
+from agent.hub.rows import EventQuery
 from agent.hub.settings import HubSettings
-from agent.hub.store import EventQuery, SQLiteStore, Store, make_store
+from agent.hub.store import SQLiteStore, Store, make_store
 from agent.report.events import PAYLOAD_KINDS, Event
 from tests.hub.factories import ROCM_62, event
 

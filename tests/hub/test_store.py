@@ -9,17 +9,9 @@ from typing import Iterator
 
 import pytest
 
-from agent.errors import ConfigError
-from agent.hub.store import (
-    DRIFT_KINDS,
-    EventQuery,
-    PostgresStore,
-    SQLiteStore,
-    Store,
-    StoreError,
-    make_store,
-    redact_url,
-)
+from agent.errors import ConfigError, StoreError
+from agent.hub.rows import DRIFT_KINDS, EventQuery
+from agent.hub.store import PostgresStore, SQLiteStore, Store, make_store, redact_url
 from agent.report.events import Event
 from tests.hub.factories import CUDA_12, ROCM_62, ROCM_63, T0, event, ids
 

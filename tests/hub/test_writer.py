@@ -8,8 +8,9 @@ from typing import List, Sequence
 
 import pytest
 
-from agent.hub.store import BatchResult, StoreError
-from agent.hub.writer import GroupCommitWriter, WriterBusy
+from agent.errors import StoreError, WriterBusy
+from agent.hub.rows import BatchResult
+from agent.hub.writer import GroupCommitWriter
 from agent.report.events import Event
 from tests.hub.factories import event
 

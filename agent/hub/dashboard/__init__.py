@@ -17,17 +17,19 @@ and shows no fleet data. ``fleet_api_requires_token = false`` opens the dashboar
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Any, Callable, Mapping, Optional, Sequence, Tuple
+from typing import Annotated, Callable, Mapping, Optional, Sequence, Tuple
 from urllib.parse import parse_qs, quote
 
 from fastapi import FastAPI, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
+from agent.errors import StoreError
 from agent.hub.dashboard import queries, render
 from agent.hub.dashboard.session import COOKIE_NAME, SessionSigner
+from agent.hub.rows import DRIFT_KINDS
 from agent.hub.settings import HubSettings
-from agent.hub.store import DRIFT_KINDS, StoreError
+from agent.hub.store import SqlStore
 from agent.hub.tokens import TokenRegistry
 from agent.log import get_logger
 from agent.report.events import PAYLOAD_KINDS
@@ -79,7 +81,7 @@ def _over_https(request: Request) -> bool:
     return request.url.scheme == "https" or request.headers.get("x-forwarded-proto", "").lower() == "https"
 
 
-def mount_dashboard(app: FastAPI, settings: HubSettings, store: Any, registry: TokenRegistry,
+def mount_dashboard(app: FastAPI, settings: HubSettings, store: SqlStore, registry: TokenRegistry,
                     clock: Callable[[], dt.datetime],
                     alert_counts: Optional[Callable[[], Mapping[Tuple[str, str], int]]] = None) -> None:
     """Add the dashboard's routes to ``app`` (not in the OpenAPI spec: they answer HTML); ``alert_counts`` gives

@@ -1,8 +1,8 @@
 """Read queries for the dashboard and ``/metrics``: counts grouped in SQL, host lists filtered and paginated in SQL,
 so a page costs the same for 50 hosts as for 50,000.
 
-They run over the hub's SQL store (SQLite or PostgreSQL) through its reader pool and its dialect hooks; the tables
-are the store's own (``hosts``, ``events``), read only.
+They run over the hub's SQL store (SQLite or PostgreSQL) through ``SqlStore.query`` and its dialect; the tables are
+the store's own (``hosts``, ``events``), read only.
 """
 
 from __future__ import annotations
@@ -12,13 +12,12 @@ import json
 from typing import Any, Dict, List, Literal, NamedTuple, Optional, Sequence, Tuple
 
 from agent.hub.fleet import PAIRING_KEY_FIELDS, PairingKey
-from agent.hub.store import HostState, StoredEvent, utc
+from agent.hub.rows import HostState, StoredEvent
+from agent.hub.schema import HOST_COLUMNS, host_from_row
+from agent.hub.store import SqlStore
 from agent.models import FrozenModel
-from agent.snapshot.pairing import Pairing
 
 Compliance = Literal["compliant", "violating", "unknown"]
-_HOST_COLUMNS = ("host_id, hostname, first_seen_at, last_seen_at, last_event_at, last_sequence, pairing, "
-                 "pairing_at, content_hash, compliant, agent_version, last_health_status, heartbeat_at")
 # Query fields that filter on one pairing field; "driver" matches the amdgpu or the nvidia module version.
 PAIRING_FILTERS: Dict[str, Tuple[str, ...]] = {
     "os": ("os_id",), "os_version": ("os_version_id",), "kernel": ("kernel_running",),
@@ -74,18 +73,12 @@ def compliance_of(compliant: Optional[bool]) -> Compliance:
     return "unknown" if compliant is None else ("compliant" if compliant else "violating")
 
 
-def _json_field(store: Any, name: str) -> str:
-    if store.name == "postgresql":
-        return f"(pairing::jsonb ->> '{name}')"
-    return f"json_extract(pairing, '$.{name}')"
-
-
 def _like(text: str) -> str:
     escaped = text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return f"%{escaped}%"
 
 
-def _host_where(store: Any, f: HostFilter, stale_before: dt.datetime) -> Tuple[str, List[Any]]:
+def _host_where(store: SqlStore, f: HostFilter, stale_before: dt.datetime) -> Tuple[str, List[Any]]:
     where: List[str] = []
     params: List[Any] = []
     if f.search:
@@ -103,48 +96,33 @@ def _host_where(store: Any, f: HostFilter, stale_before: dt.datetime) -> Tuple[s
         params.append(f.health)
     if f.stale is not None:
         where.append("last_seen_at < ?" if f.stale else "last_seen_at >= ?")
-        params.append(store._to_db_time(utc(stale_before)))
+        params.append(store.dialect.to_db_time(stale_before))
     for field, columns in PAIRING_FILTERS.items():
         value = getattr(f, field)
         if value:
-            where.append("(" + " OR ".join(f"{_json_field(store, c)} = ?" for c in columns) + ")")
+            where.append("(" + " OR ".join(f"{store.dialect.json_field('pairing', c)} = ?" for c in columns) + ")")
             params += [value] * len(columns)
     return ("WHERE " + " AND ".join(where)) if where else "", params
 
 
-def _host_state(store: Any, row: Sequence[Any]) -> HostState:
-    (host_id, hostname, first_seen, last_seen, last_event, last_sequence, pairing, pairing_at, content_hash,
-     compliant, agent_version, last_health_status, heartbeat_at) = row
-
-    def t(value: Any) -> Optional[dt.datetime]:
-        return None if value is None else store._from_db_time(value)
-
-    return HostState(host_id=host_id, hostname=hostname, first_seen_at=t(first_seen), last_seen_at=t(last_seen),
-                     last_event_at=t(last_event), last_sequence=last_sequence,
-                     pairing=Pairing.model_validate_json(pairing) if pairing is not None else None,
-                     pairing_at=t(pairing_at), content_hash=content_hash,
-                     compliant=None if compliant is None else bool(compliant), agent_version=agent_version,
-                     last_health_status=last_health_status, heartbeat_at=t(heartbeat_at))
-
-
-def host_page(store: Any, f: HostFilter, stale_before: dt.datetime) -> HostPage:
+def host_page(store: SqlStore, f: HostFilter, stale_before: dt.datetime) -> HostPage:
     """One page of hosts matching ``f`` (by host_id), and how many match in all."""
     where, params = _host_where(store, f, stale_before)
-    total = store._query("dashboard_hosts", f"SELECT COUNT(*) FROM hosts {where}", params)[0][0]
-    rows = store._query("dashboard_hosts", f"SELECT {_HOST_COLUMNS} FROM hosts {where} ORDER BY host_id "
-                                           "LIMIT ? OFFSET ?", [*params, f.limit, f.offset])
-    return HostPage(int(total), [_host_state(store, r) for r in rows])
+    total = store.query("dashboard_hosts", f"SELECT COUNT(*) FROM hosts {where}", params)[0][0]
+    rows = store.query("dashboard_hosts", f"SELECT {HOST_COLUMNS} FROM hosts {where} ORDER BY host_id "
+                                          "LIMIT ? OFFSET ?", [*params, f.limit, f.offset])
+    return HostPage(int(total), [host_from_row(r, store.dialect.from_db_time) for r in rows])
 
 
-def host(store: Any, host_id: str) -> Optional[HostState]:
-    rows = store._query("dashboard_host", f"SELECT {_HOST_COLUMNS} FROM hosts WHERE host_id = ?", [host_id])
-    return _host_state(store, rows[0]) if rows else None
+def host(store: SqlStore, host_id: str) -> Optional[HostState]:
+    rows = store.query("dashboard_host", f"SELECT {HOST_COLUMNS} FROM hosts WHERE host_id = ?", [host_id])
+    return host_from_row(rows[0], store.dialect.from_db_time) if rows else None
 
 
-def fleet_counts(store: Any, stale_before: dt.datetime) -> FleetCounts:
-    rows = store._query(
+def fleet_counts(store: SqlStore, stale_before: dt.datetime) -> FleetCounts:
+    rows = store.query(
         "fleet_counts", "SELECT compliant, last_health_status, CASE WHEN last_seen_at < ? THEN 1 ELSE 0 END, "
-                        "COUNT(*) FROM hosts GROUP BY 1, 2, 3", [store._to_db_time(utc(stale_before))])
+                        "COUNT(*) FROM hosts GROUP BY 1, 2, 3", [store.dialect.to_db_time(stale_before)])
     compliance: Dict[str, int] = {"compliant": 0, "violating": 0, "unknown": 0}
     health: Dict[str, int] = {}
     stale = total = 0
@@ -156,9 +134,9 @@ def fleet_counts(store: Any, stale_before: dt.datetime) -> FleetCounts:
     return FleetCounts(host_count=total, compliance=compliance, health=dict(sorted(health.items())), stale=stale)
 
 
-def pairing_groups(store: Any) -> Tuple[List[PairingGroup], int]:
+def pairing_groups(store: SqlStore) -> Tuple[List[PairingGroup], int]:
     """Hosts per pairing (most common first), with compliance; and how many hosts have no pairing yet."""
-    rows = store._query("pairing_groups", "SELECT pairing, compliant, COUNT(*) FROM hosts GROUP BY pairing, compliant")
+    rows = store.query("pairing_groups", "SELECT pairing, compliant, COUNT(*) FROM hosts GROUP BY pairing, compliant")
     groups: Dict[Tuple[Optional[str], ...], Dict[str, int]] = {}
     without = 0
     for pairing, compliant, count in rows:
@@ -176,17 +154,17 @@ def pairing_groups(store: Any) -> Tuple[List[PairingGroup], int]:
     return out, without
 
 
-def event_counts(store: Any, since: dt.datetime, kinds: Sequence[str]) -> List[EventCount]:
+def event_counts(store: SqlStore, since: dt.datetime, kinds: Sequence[str]) -> List[EventCount]:
     """Events of ``kinds`` that occurred at or after ``since``, by kind and severity. Naming the kinds lets the
     (kind, occurred_at) index skip the heartbeats, which are most of the rows."""
     marks = ", ".join("?" * len(kinds))
-    rows = store._query("event_counts", f"SELECT kind, severity, COUNT(*) FROM events WHERE kind IN ({marks}) AND "
-                                        "occurred_at >= ? GROUP BY kind, severity ORDER BY kind, severity",
-                        [*kinds, store._to_db_time(utc(since))])
+    rows = store.query("event_counts", f"SELECT kind, severity, COUNT(*) FROM events WHERE kind IN ({marks}) AND "
+                                       "occurred_at >= ? GROUP BY kind, severity ORDER BY kind, severity",
+                       [*kinds, store.dialect.to_db_time(since)])
     return [EventCount(r[0], r[1], int(r[2])) for r in rows]
 
 
-def host_events(store: Any, host_id: str, kinds: Optional[Sequence[str]], limit: int,
+def host_events(store: SqlStore, host_id: str, kinds: Optional[Sequence[str]], limit: int,
                 offset: int = 0) -> List[StoredEvent]:
     """A host's events of ``kinds`` (all kinds when None), newest first."""
     where, params = "host_id = ?", [host_id]
@@ -195,30 +173,7 @@ def host_events(store: Any, host_id: str, kinds: Optional[Sequence[str]], limit:
         # means walking every host's rows; (host_id, occurred_at) reads only this host's.
         where += f" AND (kind || '') IN ({', '.join('?' * len(kinds))})"
         params += list(kinds)
-    rows = store._query("host_events", f"SELECT body, received_at FROM events WHERE {where} "
-                                       "ORDER BY occurred_at DESC, sequence DESC, event_id DESC LIMIT ? OFFSET ?",
-                        [*params, limit, offset])
-    return [StoredEvent(body=r[0], received_at=store._from_db_time(r[1])) for r in rows]
-
-
-# --- writes to the dashboard's and the alerts' own tables ----------------------------------------------------------
-
-_OWN_SCHEMA_LOCK_KEY = 0x67707567_0016  # PostgreSQL advisory lock: hubs starting together create these in turn
-
-
-def write(store: Any, operation: str, work: Any) -> Any:
-    """``work(cursor)`` in one write transaction on a pooled connection; driver errors become StoreError."""
-    with store._mapped(operation), store._pool.connection() as conn:
-        with store._transaction(conn) as cur:
-            return work(cur)
-
-
-def create_tables(store: Any, statements: Sequence[str]) -> None:
-    """CREATE TABLE/INDEX IF NOT EXISTS statements, safe when several hub processes start at once."""
-    def work(cur: Any) -> None:
-        if store.name == "postgresql":
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_OWN_SCHEMA_LOCK_KEY,))
-        for statement in statements:
-            cur.execute(statement)
-
-    write(store, "open", work)
+    rows = store.query("host_events", f"SELECT body, received_at FROM events WHERE {where} "
+                                      "ORDER BY occurred_at DESC, sequence DESC, event_id DESC LIMIT ? OFFSET ?",
+                       [*params, limit, offset])
+    return [StoredEvent(body=r[0], received_at=store.dialect.from_db_time(r[1])) for r in rows]

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 from urllib.parse import quote, urlencode
 
 from agent.hub.dashboard.queries import FleetCounts, HostFilter, HostPage, PairingGroup, compliance_of
-from agent.hub.store import HostState, StoredEvent
+from agent.hub.rows import HostState, StoredEvent
 from agent.snapshot.pairing import Pairing
 
 CSS = """

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from agent.hub.dashboard.queries import create_tables, write
+from agent.hub.store import SqlStore
 
 COOKIE_NAME = "gg_session"
 _VERSION = "v1"
@@ -27,7 +27,7 @@ _TABLES = ("CREATE TABLE IF NOT EXISTS dashboard_keys (name TEXT PRIMARY KEY, se
 class SessionSigner:
     """Makes and checks session cookies with the key shared through the database."""
 
-    def __init__(self, store: Any, lifetime_seconds: float, now: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: SqlStore, lifetime_seconds: float, now: Callable[[], float] = time.time) -> None:
         self._store = store
         self._lifetime_seconds = lifetime_seconds
         self._now = now
@@ -37,17 +37,17 @@ class SessionSigner:
     def _secret(self) -> bytes:
         with self._lock:
             if self._key is None:
-                create_tables(self._store, _TABLES)
+                self._store.create_tables(_TABLES)
                 proposed = secrets.token_hex(32)
 
                 def work(cur: Any) -> str:
-                    sql = self._store._sql
+                    sql = self._store.dialect.sql
                     cur.execute(sql("INSERT INTO dashboard_keys (name, secret) VALUES (?, ?) "
                                     "ON CONFLICT (name) DO NOTHING"), (_KEY_NAME, proposed))
                     cur.execute(sql("SELECT secret FROM dashboard_keys WHERE name = ?"), (_KEY_NAME,))
                     return str(cur.fetchone()[0])
 
-                self._key = bytes.fromhex(write(self._store, "dashboard_session_key", work))
+                self._key = bytes.fromhex(self._store.write("dashboard_session_key", work))
             return self._key
 
     def _mac(self, payload: str) -> str:

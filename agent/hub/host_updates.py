@@ -1,0 +1,69 @@
+"""The newest facts about each host in a set of events (pure): what one group commit writes into ``hosts``.
+
+Within the set the newest event by (occurred_at, sequence) gives the hostname; the newest snapshot_changed or
+heartbeat that carries one gives the pairing; the newest heartbeat gives compliance, agent version and health. The
+store's upsert (``schema.UPSERT_HOST``) then keeps, column group by column group, whichever of the stored row and
+this update is newer, so events arriving late or twice change nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from agent.hub.rows import utc
+from agent.report.events import Event
+
+
+class HostUpdate(NamedTuple):
+    """The newest facts about one host found in a set of events. A NamedTuple, not a model: it never leaves the
+    writer thread, and it is built once per host per commit on the hot path."""
+
+    host_id: str
+    hostname: str
+    last_event_at: dt.datetime
+    last_sequence: int
+    pairing_json: Optional[str] = None
+    content_hash: Optional[str] = None
+    pairing_at: Optional[dt.datetime] = None
+    compliant: Optional[bool] = None
+    agent_version: Optional[str] = None
+    last_health_status: Optional[str] = None
+    heartbeat_at: Optional[dt.datetime] = None
+
+
+def _order_key(event: Event) -> Tuple[dt.datetime, int]:
+    return utc(event.occurred_at), event.sequence
+
+
+def summarize_hosts(events: Sequence[Event]) -> List[HostUpdate]:
+    """Per host (by host_id), the newest identity, pairing and heartbeat among ``events``."""
+    by_host: Dict[str, List[Event]] = {}
+    for event in events:
+        by_host.setdefault(event.host_id, []).append(event)
+    updates = []
+    for host_id in sorted(by_host):
+        ordered = sorted(by_host[host_id], key=_order_key)
+        newest = ordered[-1]
+        fields: Dict[str, Any] = {"host_id": host_id, "hostname": newest.hostname,
+                                  "last_event_at": utc(newest.occurred_at), "last_sequence": newest.sequence}
+        for event in reversed(ordered):
+            payload = event.payload
+            content_hash: Optional[str]
+            if payload.kind == "snapshot_changed":
+                pairing, content_hash = payload.pairing, payload.new_hash
+            elif payload.kind == "heartbeat" and payload.pairing is not None:
+                pairing, content_hash = payload.pairing, payload.content_hash
+            else:
+                continue
+            fields.update(pairing_json=pairing.model_dump_json(), pairing_at=utc(event.occurred_at),
+                          content_hash=content_hash)
+            break
+        for event in reversed(ordered):
+            payload = event.payload
+            if payload.kind == "heartbeat":
+                fields.update(compliant=payload.compliant, agent_version=payload.agent_version,
+                              last_health_status=payload.last_health_status, heartbeat_at=utc(event.occurred_at))
+                break
+        updates.append(HostUpdate(**fields))
+    return updates

@@ -1,0 +1,78 @@
+"""What the hub's store answers: typed rows (a batch's result, a host's state, drift counts, stored events), the
+filters of an event query, and the one rule for times in them (aware, UTC)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import List, Optional
+
+from agent.models import FrozenModel
+from agent.snapshot.pairing import Pairing
+
+# Kinds that count as drift in the fleet API: the stack moved, a check regressed, or policy had to act.
+DRIFT_KINDS = ("snapshot_changed", "health_regression", "cpu_fallback", "policy_violation", "rollback")
+
+
+def utc(value: dt.datetime) -> dt.datetime:
+    """An aware UTC datetime; a naive one is taken as UTC."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=dt.timezone.utc)
+    return value.astimezone(dt.timezone.utc)
+
+
+def utc_now() -> dt.datetime:
+    """The hub's clock: now, aware, in UTC."""
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class BatchResult(FrozenModel):
+    """Per batch: event_ids stored now, and event_ids that were already stored (or repeated in the batch)."""
+
+    accepted: List[str]
+    duplicates: List[str]
+
+
+class HostState(FrozenModel):
+    """What the hub knows of one host."""
+
+    host_id: str
+    hostname: str
+    first_seen_at: dt.datetime
+    last_seen_at: dt.datetime
+    last_event_at: dt.datetime
+    last_sequence: int
+    pairing: Optional[Pairing] = None
+    pairing_at: Optional[dt.datetime] = None
+    content_hash: Optional[str] = None
+    compliant: Optional[bool] = None
+    agent_version: Optional[str] = None
+    last_health_status: Optional[str] = None
+    heartbeat_at: Optional[dt.datetime] = None
+
+
+class DriftRow(FrozenModel):
+    """Events of one drift kind on one host since a time."""
+
+    host_id: str
+    hostname: str
+    kind: str
+    event_count: int
+    first_at: dt.datetime
+    last_at: dt.datetime
+
+
+class EventQuery(FrozenModel):
+    """Filters of GET /v1/events."""
+
+    host_id: Optional[str] = None
+    kind: Optional[str] = None
+    since: Optional[dt.datetime] = None
+    limit: int = 100
+    newest_first: bool = True
+
+
+class StoredEvent(FrozenModel):
+    """An event as stored: its canonical JSON and when the hub received it."""
+
+    body: str
+    received_at: dt.datetime

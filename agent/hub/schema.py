@@ -1,0 +1,161 @@
+"""The store's tables, their version, and how rows go into them and come out of them.
+
+    hub_meta  key -> value: the schema version, when the last retention pass began
+    events    one row per (host_id, event_id), the idempotency key; the event as canonical JSON in ``body``
+    hosts     one row per host: last seen, and the latest pairing and heartbeat by ``occurred_at``
+
+The statements are written once with ``?`` placeholders; the dialect (``dialects.py``) adapts them. The latest-state
+columns of ``hosts`` move only forward in ``occurred_at`` (``UPSERT_HOST``), so batches arriving out of order or
+twice change nothing. The dashboard and the alert queue keep their own tables (``create_tables`` in the store).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Callable, List, Optional, Sequence
+
+from agent.hub.dialects import Dialect
+from agent.hub.host_updates import HostUpdate
+from agent.hub.rows import HostState
+from agent.report.events import Event
+from agent.snapshot.pairing import Pairing
+
+SCHEMA_VERSION = 1
+# PostgreSQL advisory locks held while a hub creates tables: hubs starting together take turns. The store's own
+# tables and the ones the dashboard and the alert queue add later each have their key.
+SCHEMA_LOCK_KEY = 0x67707567_0001
+EXTRA_TABLES_LOCK_KEY = 0x67707567_0016
+RETENTION_KEY = "retention_pass_started_at"  # hub_meta: when the last retention pass began (dialects.text_time)
+INSERT_META = "INSERT INTO hub_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING"
+ROWS_PER_INSERT = 200  # 9 parameters a row: well under SQLite's 32,766 bound variables
+
+TimeToDb = Callable[[dt.datetime], Any]
+
+
+def tables(timestamp_type: str) -> List[str]:
+    """CREATE TABLE/INDEX IF NOT EXISTS for every table, times as ``timestamp_type``."""
+    return [
+        "CREATE TABLE IF NOT EXISTS hub_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        f"""CREATE TABLE IF NOT EXISTS events (
+            host_id TEXT NOT NULL,
+            event_id TEXT NOT NULL,
+            sequence BIGINT NOT NULL,
+            kind TEXT NOT NULL,
+            severity TEXT NOT NULL,
+            hostname TEXT NOT NULL,
+            occurred_at {timestamp_type} NOT NULL,
+            received_at {timestamp_type} NOT NULL,
+            body TEXT NOT NULL,
+            PRIMARY KEY (host_id, event_id))""",
+        "CREATE INDEX IF NOT EXISTS events_host_occurred ON events (host_id, occurred_at)",
+        "CREATE INDEX IF NOT EXISTS events_kind_occurred ON events (kind, occurred_at)",
+        "CREATE INDEX IF NOT EXISTS events_occurred ON events (occurred_at)",
+        f"""CREATE TABLE IF NOT EXISTS hosts (
+            host_id TEXT PRIMARY KEY,
+            hostname TEXT NOT NULL,
+            first_seen_at {timestamp_type} NOT NULL,
+            last_seen_at {timestamp_type} NOT NULL,
+            last_event_at {timestamp_type} NOT NULL,
+            last_sequence BIGINT NOT NULL,
+            pairing TEXT,
+            content_hash TEXT,
+            pairing_at {timestamp_type},
+            compliant BOOLEAN,
+            agent_version TEXT,
+            last_health_status TEXT,
+            heartbeat_at {timestamp_type})""",
+    ]
+
+
+def create(dialect: Dialect, cur: Any) -> str:
+    """Create the tables that are missing, inside the caller's transaction; the schema version the database holds
+    (this hub's ``SCHEMA_VERSION`` for a new database)."""
+    dialect.lock(cur, SCHEMA_LOCK_KEY)
+    for statement in tables(dialect.timestamp_type):
+        cur.execute(statement)
+    cur.execute(dialect.sql(INSERT_META), ("schema_version", str(SCHEMA_VERSION)))
+    cur.execute(dialect.sql("SELECT value FROM hub_meta WHERE key = ?"), ("schema_version",))
+    return str(cur.fetchone()[0])
+
+
+# --- events ------------------------------------------------------------------------------------------------------
+
+def insert_events_sql(rows: int) -> str:
+    """INSERT of ``rows`` events that skips stored ones and returns the keys it stored."""
+    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?)"] * rows)
+    return ("INSERT INTO events (host_id, event_id, sequence, kind, severity, hostname, occurred_at, "
+            f"received_at, body) VALUES {values} "
+            "ON CONFLICT (host_id, event_id) DO NOTHING RETURNING host_id, event_id")
+
+
+def event_params(events: Sequence[Event], received: Any, to_db_time: TimeToDb) -> List[Any]:
+    """The parameters of ``insert_events_sql(len(events))``."""
+    params: List[Any] = []
+    for e in events:
+        params += [e.host_id, e.event_id, e.sequence, e.payload.kind, e.severity, e.hostname,
+                   to_db_time(e.occurred_at), received, e.model_dump_json()]
+    return params
+
+
+# --- hosts -------------------------------------------------------------------------------------------------------
+
+_NEWER_EVENT = "excluded.last_event_at >= hosts.last_event_at"
+_NEWER_PAIRING = ("excluded.pairing_at IS NOT NULL AND "
+                  "(hosts.pairing_at IS NULL OR excluded.pairing_at >= hosts.pairing_at)")
+_NEWER_HEARTBEAT = ("excluded.heartbeat_at IS NOT NULL AND "
+                    "(hosts.heartbeat_at IS NULL OR excluded.heartbeat_at >= hosts.heartbeat_at)")
+
+
+def _pick(column: str, condition: str) -> str:
+    return f"{column} = CASE WHEN {condition} THEN excluded.{column} ELSE hosts.{column} END"
+
+
+UPSERT_HOST = f"""
+INSERT INTO hosts (host_id, hostname, first_seen_at, last_seen_at, last_event_at, last_sequence,
+                   pairing, content_hash, pairing_at, compliant, agent_version, last_health_status, heartbeat_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (host_id) DO UPDATE SET
+    {_pick("hostname", _NEWER_EVENT)},
+    {_pick("last_sequence", _NEWER_EVENT)},
+    {_pick("last_event_at", _NEWER_EVENT)},
+    {_pick("last_seen_at", "excluded.last_seen_at >= hosts.last_seen_at")},
+    {_pick("pairing", _NEWER_PAIRING)},
+    {_pick("content_hash", _NEWER_PAIRING)},
+    {_pick("pairing_at", _NEWER_PAIRING)},
+    {_pick("compliant", _NEWER_HEARTBEAT)},
+    {_pick("agent_version", _NEWER_HEARTBEAT)},
+    {_pick("last_health_status", _NEWER_HEARTBEAT)},
+    {_pick("heartbeat_at", _NEWER_HEARTBEAT)}
+"""
+
+
+def host_params(u: HostUpdate, received: Any, to_db_time: TimeToDb) -> List[Any]:
+    """The parameters of ``UPSERT_HOST`` for one update received at ``received`` (already a database time)."""
+    def t(value: Optional[dt.datetime]) -> Any:
+        return None if value is None else to_db_time(value)
+
+    return [u.host_id, u.hostname, received, received, t(u.last_event_at), u.last_sequence, u.pairing_json,
+            u.content_hash, t(u.pairing_at), u.compliant, u.agent_version, u.last_health_status,
+            t(u.heartbeat_at)]
+
+
+# SELECT these from hosts, and host_from_row makes each row a HostState.
+HOST_COLUMNS = ("host_id, hostname, first_seen_at, last_seen_at, last_event_at, last_sequence, pairing, "
+                "pairing_at, content_hash, compliant, agent_version, last_health_status, heartbeat_at")
+
+
+def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]) -> HostState:
+    """A row of ``HOST_COLUMNS`` as the host's state."""
+    (host_id, hostname, first_seen, last_seen, last_event, last_sequence, pairing, pairing_at, content_hash,
+     compliant, agent_version, last_health_status, heartbeat_at) = row
+
+    def t(value: Any) -> Optional[dt.datetime]:
+        return None if value is None else from_db_time(value)
+
+    return HostState(host_id=host_id, hostname=hostname, first_seen_at=from_db_time(first_seen),
+                     last_seen_at=from_db_time(last_seen), last_event_at=from_db_time(last_event),
+                     last_sequence=last_sequence,
+                     pairing=Pairing.model_validate_json(pairing) if pairing is not None else None,
+                     pairing_at=t(pairing_at), content_hash=content_hash,
+                     compliant=None if compliant is None else bool(compliant), agent_version=agent_version,
+                     last_health_status=last_health_status, heartbeat_at=t(heartbeat_at))
