@@ -11,11 +11,17 @@
     writer.py          group commit: one writer thread turns concurrent batches into one transaction
     retention.py       old events deleted in small batches, in the background
     fleet.py           pure fleet answers (hosts, pairing counts, drift) over store rows
-    app.py             the FastAPI app: limits, auth, validation, routes
+    app.py             the FastAPI app: routes, refusal handlers, lifespan (writer, alerts, retention)
+      api_models.py      the API's bodies (the OpenAPI spec is generated from them)
+      responses.py       answers as JSON, and every refusal (HubHTTPError) as {error, detail, problems}
+      access.py          which token may call what (401/403)
+      middleware.py      ASGI middleware: the body's size limit (413) and deadline (408)
+      ingest.py          POST /v1/events: parse, check, queue for the writer (the hot path)
     dashboard/         the web dashboard under /ui/ (queries, HTML rendering, session cookie)
     metrics.py         GET /metrics (prometheus-client)
     alerts.py          alert webhooks: the delivery queue in the database and its delivery thread
-    server.py          uvicorn run with graceful shutdown and worker processes; timeouts.py cuts off slow clients
+    server.py          uvicorn run with graceful shutdown and worker processes; header_timeout.py cuts off slow
+                       request headers
 
 FastAPI, uvicorn, psycopg and prometheus-client are optional (``pip install 'gpuguard[hub]'``); nothing outside
 this package imports them.

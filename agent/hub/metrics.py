@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List
 
 from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -28,6 +28,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from agent.errors import StoreError
 from agent.hub.alerts import AlertQueue
 from agent.hub.dashboard import queries
+from agent.hub.middleware import WatchedSend
 from agent.hub.store import SqlStore
 from agent.log import get_logger
 from agent.report.events import PAYLOAD_KINDS
@@ -126,17 +127,11 @@ class HubMetrics:
 
         async def observed(scope: Dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
             started = time.perf_counter()
-            status: List[Optional[int]] = [None]
-
-            async def tracking_send(message: Dict[str, Any]) -> None:
-                if message["type"] == "http.response.start":
-                    status[0] = message["status"]
-                await send(message)
-
+            watched = WatchedSend(send)
             try:
-                await asgi(scope, receive, tracking_send)
+                await asgi(scope, receive, watched)
             finally:
-                code = f"{status[0] // 100}xx" if status[0] is not None else "none"
+                code = f"{watched.status // 100}xx" if watched.status is not None else "none"
                 histogram.labels(code).observe(time.perf_counter() - started)
 
         return observed

@@ -24,9 +24,9 @@ import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from agent.errors import GpuguardError, HubError
+from agent.hub.header_timeout import with_header_timeout
 from agent.hub.settings import HubSettings
 from agent.hub.store import make_store, redact_url
-from agent.hub.timeouts import BodyTimeout, with_header_timeout
 from agent.log import get_logger
 
 log = get_logger("hub.server")
@@ -76,6 +76,7 @@ def _run_server(settings: HubSettings, sock: Optional[socket.socket] = None, rea
     import uvicorn
 
     from agent.hub.app import create_app
+    from agent.hub.middleware import BodyTimeout
 
     store = make_store(settings.database_url, settings.sqlite_synchronous)
     # Opened here, not only in the lifespan, so a refusal is this process's one-line error (StoreError) rather

@@ -430,7 +430,7 @@ def test_event_kind_filter_accepts_every_schema_kind() -> None:
     """The hub's kind filter is derived from the event schema, so a new payload kind (override_used) is queryable."""
     from typing import get_args
 
-    from agent.hub.app import PayloadKind
+    from agent.hub.api_models import PayloadKind
     from agent.report.events import PAYLOAD_KINDS
 
     assert get_args(PayloadKind) == PAYLOAD_KINDS

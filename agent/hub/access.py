@@ -1,0 +1,41 @@
+"""Who may call the API: a host token posts its own host's events; a reader token reads the fleet API and /metrics.
+
+No token, or one the registry does not know, is 401 with ``WWW-Authenticate: Bearer``; the wrong kind of token is
+403. (The dashboard asks the registry itself: it redirects to its login form instead of refusing.)
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from agent.hub.responses import HubHTTPError
+from agent.hub.tokens import Principal, TokenRegistry
+
+_UNAUTHORIZED = {"WWW-Authenticate": "Bearer"}
+
+
+def principal_of(registry: TokenRegistry, token: Optional[str]) -> Principal:
+    """Whom ``token`` belongs to; 401 without a token or for one the registry does not know."""
+    if not token:
+        raise HubHTTPError(401, "unauthorized", "missing bearer token (Authorization: Bearer <token>)",
+                           headers=_UNAUTHORIZED)
+    principal = registry.authenticate_token(token)
+    if principal is None:
+        raise HubHTTPError(401, "unauthorized", "invalid bearer token", headers=_UNAUTHORIZED)
+    return principal
+
+
+def host_of(registry: TokenRegistry, token: Optional[str]) -> Principal:
+    """The host a token belongs to; 401 as ``principal_of``, 403 for a reader token."""
+    principal = principal_of(registry, token)
+    if principal.role != "host":
+        raise HubHTTPError(403, "forbidden", "a reader token cannot post events; use the host's token")
+    return principal
+
+
+def reader_of(registry: TokenRegistry, token: Optional[str]) -> Principal:
+    """The reader a token belongs to; 401 as ``principal_of``, 403 for a host token."""
+    principal = principal_of(registry, token)
+    if principal.role != "reader":
+        raise HubHTTPError(403, "forbidden", "a host token cannot read the fleet API; use a reader token")
+    return principal

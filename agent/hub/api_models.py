@@ -1,0 +1,61 @@
+"""The bodies of the hub's HTTP API, as typed models; the OpenAPI spec (``GET /openapi.json``) is generated from
+them. The request body of ``POST /v1/events`` is the agent's own ``EventBatch`` (``agent.report.events``).
+
+A docstring on a model becomes its description in the spec; the answers' models carry none.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import List, Literal
+
+from agent.hub.fleet import DriftHost, PairingCount
+from agent.hub.rows import HostState
+from agent.models import FrozenModel
+from agent.report.events import PAYLOAD_KINDS, Event
+
+# Every kind in the event schema; built from the tuple at run time, which a type checker cannot follow.
+PayloadKind = Literal[PAYLOAD_KINDS]  # type: ignore[valid-type]
+
+
+class ErrorBody(FrozenModel):
+    """Every refusal: a machine-readable ``error``, a one-line ``detail``, and each problem when there are several."""
+
+    error: str
+    detail: str
+    problems: List[str] = []
+
+
+class Health(FrozenModel):
+    status: Literal["ok"]
+    store: str
+    event_schema_version: int
+
+
+class HostsResponse(FrozenModel):
+    host_count: int
+    hosts: List[HostState]
+
+
+class PairingsResponse(FrozenModel):
+    host_count: int
+    hosts_without_pairing: int
+    pairings: List[PairingCount]
+
+
+class DriftResponse(FrozenModel):
+    since: dt.datetime
+    kinds: List[str]
+    host_count: int
+    hosts: List[DriftHost]
+
+
+class EventRecord(FrozenModel):
+    received_at: dt.datetime
+    event: Event
+
+
+class EventsResponse(FrozenModel):
+    count: int
+    events: List[EventRecord]
+
