@@ -162,6 +162,7 @@ class _Supervisor:
         self.settings = settings
         self.workers: Dict[int, float] = {}  # pid -> when it was started (monotonic)
         self.stopping = False
+        self._stopping_logged = False
         self.stopped_uncleanly = False
         self.quick_crashes = 0
 
@@ -206,14 +207,18 @@ class _Supervisor:
         log.info("hub_worker_started", pid=pid)
 
     def _on_signal(self, sig: int, frame: Any) -> None:
-        first = not self.stopping
+        # Nothing is logged here: a signal that lands while this thread writes a log line would wait forever for
+        # the log's write lock, which the interrupted write holds. The supervising loop says hub_stopping.
         self.stopping = True
         for pid in list(self.workers):
             try:
                 os.kill(pid, sig)  # a second signal reaches the workers too: they stop at once
             except ProcessLookupError:
                 pass
-        if first:
+
+    def _log_stopping_once(self) -> None:
+        if self.stopping and not self._stopping_logged:
+            self._stopping_logged = True
             log.info("hub_stopping", grace_seconds=self.settings.shutdown_timeout_seconds,
                      workers=len(self.workers))
 
@@ -235,6 +240,7 @@ class _Supervisor:
         deadline = time.monotonic() + _READY_TIMEOUT_SECONDS
         while len(ready) < self.settings.workers:
             if self.stopping:
+                self._log_stopping_once()
                 raise _not_started(self.settings, "stopped by a signal while starting")
             for pid, code, _ in self._reap():
                 log.error("hub_worker_failed_to_start", pid=pid, exit_code=code)
@@ -249,6 +255,7 @@ class _Supervisor:
     def _supervise(self, sock: socket.socket, ready_w: int, ready_r: int) -> None:
         while self.workers:
             time.sleep(0.2)
+            self._log_stopping_once()
             if select.select([ready_r], [], [], 0)[0]:
                 os.read(ready_r, 4 * 64)  # restarted workers say they are ready; nothing waits for it
             for pid, code, ran_seconds in self._reap():
