@@ -31,7 +31,8 @@ reaches the CLI.
     FreezeRefused (agent/policy/freeze.py): the pure renderer's refusal, which `policy freeze` prints and exits on
     MalformedRecord (agent/daemon_jobs/guard_events.py): a guard-events line the forwarder quarantines and skips
     ProtocolError (agent/guard/dnf/dnf5_action.py): garbage from dnf5 on the hot path, which the fail-safe decides
-    HubHTTPError (agent/hub/app.py): an HTTP refusal, which the hub app answers with its status and JSON body
+    HubHTTPError (agent/hub/responses.py): an HTTP refusal, which the hub app answers with its status and JSON body
+    BodyTooLarge (agent/hub/middleware.py): a request body over the limit, answered 413 by the body-size wrapper
     FrozenInstanceError (agent/frozen.py): an AttributeError, as dataclasses' own is: assigning to a frozen record
 
 Outcomes that are not errors have exit codes of their own (the hot path's, ``health run``'s, ``status``'s):
