@@ -13,7 +13,7 @@ from agent.errors import CollectorUnavailable
 from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
 from agent.hostfacts.keyvalue import parse_key_value_lines
-from agent.policy.versions import sort_key
+from agent.versions import sort_key
 
 NextBootSource = Literal["grubenv", "grub_default", "newest_installed"]
 

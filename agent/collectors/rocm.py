@@ -9,7 +9,7 @@ from agent.errors import CollectorUnavailable, HostReadError, LibraryUnavailable
 from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
 from agent.log import get_logger
-from agent.policy.versions import sort_key
+from agent.versions import sort_key
 
 log = get_logger("collectors.rocm")
 

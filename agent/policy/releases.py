@@ -8,7 +8,7 @@ Standard library only (used by the apt hook).
 
 from __future__ import annotations
 
-from agent.policy.versions import upstream_dotted
+from agent.versions import upstream_dotted
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget

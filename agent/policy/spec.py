@@ -16,7 +16,7 @@ Standard library only: the apt hook evaluates compiled specs on every apt run.
 from __future__ import annotations
 
 from agent.policy.globs import glob_match
-from agent.policy.versions import compare, compare_release
+from agent.versions import compare, compare_release
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
@@ -116,7 +116,7 @@ def spec_errors(value: SpecValue) -> List[str]:
 def package_spec_errors(value: SpecValue) -> List[str]:
     """spec_errors, and every constraint version must be one dpkg or rpm accepts (a spec on package versions
     serves both; ``1;6.8.5`` or ``1.17.3-`` would otherwise be compared by rules neither tool has)."""
-    from agent.policy.versions import dpkg_version_problem, rpm_version_problem
+    from agent.versions import dpkg_version_problem, rpm_version_problem
 
     problems = spec_errors(value)
     if problems:

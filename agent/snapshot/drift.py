@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 from agent.collectors.container_cgroups import FIX as DEV_CHAR_FIX
 from agent.collectors.packages import PackageInfo, find_version
-from agent.policy.versions import upstream_dotted
+from agent.versions import upstream_dotted
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.snapshot.model import Finding, Severity, Snapshot

@@ -19,8 +19,8 @@ from __future__ import annotations
 from agent.errors import InputFileError
 from agent.guard.hotpath.transaction import Change, Transaction
 from agent.hostfacts.dpkg_status import package_key
-from agent.policy.versions import dpkg_version_problem
 from agent.records import Record
+from agent.versions import dpkg_version_problem
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget

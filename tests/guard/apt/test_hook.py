@@ -17,7 +17,7 @@ from agent.guard.apt import hook as apt_hook
 from agent.guard.hotpath import decision as exits
 from agent.guard.hotpath.overrides import start_window
 from agent.policy.load import load_and_compile, write_compiled
-from agent.policy.versions import compare_dpkg
+from agent.versions import compare_dpkg
 
 REPO = Path(__file__).resolve().parents[3]
 NOW = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.timezone.utc)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.policy.versions import compare_rpm, rpmvercmp
+from agent.versions import compare_rpm, rpmvercmp
 from tests.rpm_worker import RpmWorker, start_rpm_worker
 
 pytestmark = pytest.mark.slow  # a real rpm worker process: left out of `make test-fast`
@@ -93,7 +93,7 @@ def test_rpmvercmp_agrees_with_rpm_on_single_strings(real_rpm: RpmWorker, pairs)
 ])
 def test_known_orderings(real_rpm: RpmWorker, a: str, b: str, expected: int) -> None:
     """Hand-picked cases, checked against rpm too."""
-    from agent.policy.versions import parse_rpm
+    from agent.versions import parse_rpm
 
     (epoch_a, version_a, release_a), (epoch_b, version_b, release_b) = parse_rpm(a), parse_rpm(b)
     (real,) = real_rpm.ask([((str(epoch_a), version_a, release_a), (str(epoch_b), version_b, release_b))])

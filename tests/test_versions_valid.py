@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.policy.versions import dpkg_version_problem, rpm_version_problem
+from agent.versions import dpkg_version_problem, rpm_version_problem
 from tests import needs
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.policy.versions import compare_dpkg, compare_rpm, parse_dpkg, parse_rpm, upstream_dotted
+from agent.versions import compare_dpkg, compare_rpm, parse_dpkg, parse_rpm, upstream_dotted
 
 DPKG_TABLE = [
     ("1.0", "1.0", 0),

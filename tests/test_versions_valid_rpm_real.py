@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from agent.policy.versions import rpm_version_problem
+from agent.versions import rpm_version_problem
 from tests.rpm_worker import RpmWorker, start_rpm_worker
 
 pytestmark = pytest.mark.slow  # a real rpm worker process: left out of `make test-fast`
