@@ -45,11 +45,11 @@ from agent.daemon_jobs.metrics import MetricsJob
 from agent.daemon_jobs.runtime import EventEmitter, Runtime, host_identity
 from agent.daemon_jobs.watch import PackageWatcher
 from agent.errors import ConfigError, Interrupted
-from agent.guard.hotpath.state import GuardPaths
 from agent.host import Host
 from agent.log import configure, get_logger
 from agent.report.credentials import read_credentials
-from agent.report.outbox import OUTBOX_FILENAME, Outbox
+from agent.report.outbox import Outbox
+from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
     from types import FrameType
@@ -204,7 +204,7 @@ class Daemon:
         sender = self._sender(settings)
         state_dir = settings.agent.state_dir
         os.makedirs(state_dir, mode=0o755, exist_ok=True)
-        outbox = Outbox.open_or_recover(os.path.join(state_dir, OUTBOX_FILENAME), settings.report.max_events)
+        outbox = Outbox.open_or_recover(StatePaths(state_dir).outbox, settings.report.max_events)
         emitter = EventEmitter(outbox, host_identity(host, settings), host.hostname(), host.clock)
         self.runtime = Runtime(host=host, settings=settings, state_dir=state_dir, outbox=outbox, emitter=emitter,
                                sender=sender)
@@ -278,7 +278,7 @@ class Daemon:
             snapshot = SnapshotJob(rt, hooks.policy_check, on_stack_changed=health_runner.request)
         snap_runner = self._add(scheduler, "snapshot", _none(snapshot.run), s.snapshot.interval_seconds, 0.0)
         # Guard files live under the Host root, where the apt hook of that root writes them.
-        events_path = str(rt.host.path(GuardPaths(s.agent.state_dir).events))
+        events_path = str(rt.host.path(StatePaths(s.agent.state_dir).guard_events))
         guard = GuardJob(rt, GuardEventForwarder(rt, events_path), on_checked=snap_runner.request,
                          check=GuardCheckInChild(rt, self.config_path) if self.job_children else None)
         guard_runner = self._add(scheduler, "guard", _none(guard.run), s.snapshot.interval_seconds, 0.0)

@@ -29,7 +29,8 @@ sys.path.insert(0, str(REPO))
 
 from agent.guard.hotpath.state import append_json_line  # noqa: E402
 from agent.hub.tokens import add_token  # noqa: E402
-from agent.report.outbox import OUTBOX_FILENAME, Outbox  # noqa: E402
+from agent.report.outbox import Outbox  # noqa: E402
+from agent.statepaths import StatePaths  # noqa: E402
 from tests.conftest import ROOTS  # noqa: E402
 from tests.daemon.conftest import AgentProcess, agent_config  # noqa: E402
 from tests.hub.process import HubProcess, write_config  # noqa: E402
@@ -126,7 +127,7 @@ def main() -> int:
             agent.start()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            box = Outbox(str(agent.state_dir / OUTBOX_FILENAME))
+            box = Outbox(StatePaths(str(agent.state_dir)).outbox)
             depth = box.depth()
             box.close()
             rows = hub_rows(hub_dir / "hub.db")
@@ -135,7 +136,7 @@ def main() -> int:
             time.sleep(0.5)
         agent.terminate()
         hub.stop()
-        box = Outbox(str(agent.state_dir / OUTBOX_FILENAME))
+        box = Outbox(StatePaths(str(agent.state_dir)).outbox)
         generated, pending = box.last_sequence(), [e.sequence for e in box.pending(1000000)]
         rows = hub_rows(hub_dir / "hub.db")
         sequences = [r[1] for r in rows]
@@ -153,7 +154,7 @@ def main() -> int:
             # A damaged copy written over before the agent read it is never seen: compare with what was moved aside.
             "snapshot_moved_aside": len(list(agent.state_dir.glob("last-snapshot.json.damaged-*"))),
             "snapshot_damage_reported": sum(1 for d in damaged if d["path"].endswith("last-snapshot.json")),
-            "outbox_damage_reported": sum(1 for d in damaged if d["path"].endswith(OUTBOX_FILENAME)),
+            "outbox_damage_reported": sum(1 for d in damaged if d["path"].endswith(StatePaths("").outbox)),
         }
         print(json.dumps(result, indent=2))
         ok = (result["lost"] == result["duplicated"] == result["gaps"] == 0

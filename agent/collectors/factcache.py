@@ -21,6 +21,7 @@ from agent.errors import InputFileError
 from agent.files import read_bytes_bounded, write_atomically
 from agent.host import Host
 from agent.log import get_logger
+from agent.statepaths import StatePaths
 
 log = get_logger("collectors.factcache")
 
@@ -55,7 +56,7 @@ class FactCache:
 
     def __init__(self, host: Host, name: str) -> None:
         self._state_dir = str(host.path(DEFAULT_STATE_DIR))
-        self.path = os.path.join(self._state_dir, "cache", f"{name}.json")
+        self.path = str(host.path(StatePaths().fact_cache(name)))
         self._stored = self._load()
         self._used: Dict[str, Any] = {}
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Dict, Optional, Tuple
 
+from agent.statepaths import StatePaths
+
 if TYPE_CHECKING:  # the commands import their modules lazily, for the CLI's start-up time
     from agent.config import Settings
-    from agent.guard.hotpath.state import GuardPaths
     from agent.host import Host
     from agent.policy.compiled import CompiledPolicy
     from agent.policy.load import LoadedPolicy
@@ -25,11 +26,9 @@ def settings_of(args: argparse.Namespace) -> Settings:
     return load_settings(args.config)
 
 
-def guard_paths(settings: Settings) -> GuardPaths:
-    """The guard's files in the state directory."""
-    from agent.guard.hotpath.state import GuardPaths
-
-    return GuardPaths(settings.agent.state_dir)
+def state_paths(settings: Settings) -> StatePaths:
+    """The files of the configured state directory."""
+    return StatePaths(settings.agent.state_dir)
 
 
 def policy_path(args: argparse.Namespace, host: Host, settings: Settings) -> str:
@@ -52,7 +51,7 @@ def policy_for_host(args: argparse.Namespace, host: Host, settings: Settings) ->
 
     if getattr(args, "policy", None) or host.path(settings.guard.policy_path).exists():
         return compile_policy(args, host, settings)[1]
-    return read_compiled(str(host.path(guard_paths(settings).compiled_policy)))
+    return read_compiled(str(host.path(state_paths(settings).compiled_policy)))
 
 
 def installed_versions(host: Host, policy: CompiledPolicy, settings: Optional[Settings] = None) -> Dict[str, str]:

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING, TextIO
 
-from agent.commands.guard_inputs import guard_paths, settings_of
+from agent.commands.guard_inputs import settings_of, state_paths
 from agent.commands.options import add_group, add_guard_options, add_json
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def _max_override_minutes(host: Host, settings: Settings) -> float:
     from agent.policy.compiled import read_compiled
 
     try:
-        return read_compiled(str(host.path(guard_paths(settings).compiled_policy))).max_override_minutes
+        return read_compiled(str(host.path(state_paths(settings).compiled_policy))).max_override_minutes
     except InputFileError:
         return 240
 
@@ -49,7 +49,7 @@ def override_start(args: argparse.Namespace, make_host: HostFactory, out: TextIO
 
     host = make_host(args.root)
     settings = settings_of(args)
-    paths = guard_paths(settings)
+    paths = state_paths(settings)
     window = start_window(str(host.path(paths.overrides)), str(host.path(paths.audit_log)), args.minutes,
                           args.reason, _max_override_minutes(host, settings), now=host.clock)
     out.write(f"override window {window.id} open until {window.expires_at.isoformat(timespec='seconds')} "
@@ -63,7 +63,7 @@ def override_list(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
 
     host = make_host(args.root)
     settings = settings_of(args)
-    paths = guard_paths(settings)
+    paths = state_paths(settings)
     now = host.clock()
     windows = load_windows(str(host.path(paths.overrides)), _max_override_minutes(host, settings))
     if args.json:
@@ -83,7 +83,7 @@ def override_end(args: argparse.Namespace, make_host: HostFactory, out: TextIO) 
     from agent.guard.hotpath.overrides import end_windows
 
     host = make_host(args.root)
-    paths = guard_paths(settings_of(args))
+    paths = state_paths(settings_of(args))
     closed = end_windows(str(host.path(paths.overrides)), str(host.path(paths.audit_log)), now=host.clock,
                          window_id=args.id)
     out.write("".join(f"closed override window {w.id} ({w.reason!r})\n" for w in closed) or "no open window\n")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, TextIO
 
-from agent.commands.guard_inputs import compile_policy, guard_paths, installed_versions, settings_of
+from agent.commands.guard_inputs import compile_policy, installed_versions, settings_of, state_paths
 from agent.commands.options import add_dry_run, add_group, add_guard_options
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ def pin_apply(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> 
     settings = settings_of(args)
     _, policy = compile_policy(args, host, settings)
     if not args.dry_run:
-        write_compiled(str(host.path(guard_paths(settings).compiled_policy)), policy)
+        write_compiled(str(host.path(state_paths(settings).compiled_policy)), policy)
     if detect_manager(host) == "rpm":
         return _pin_apply_versionlock(args, host, settings, policy, out)
     return _pin_apply_apt(args, host, settings, policy, out)

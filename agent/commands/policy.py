@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, TextIO, Tuple
 from agent.commands.guard_inputs import (
     EXIT_VIOLATIONS,
     compile_policy,
-    guard_paths,
     installed_versions,
     policy_for_host,
     settings_of,
+    state_paths,
 )
 from agent.commands.options import add_config, add_group, add_guard_options, add_json, add_output, add_root
 
@@ -179,7 +179,7 @@ def policy_compile(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     host = make_host(args.root)
     settings = settings_of(args)
     _, compiled = compile_policy(args, host, settings)
-    target = args.output or str(host.path(guard_paths(settings).compiled_policy))
+    target = args.output or str(host.path(state_paths(settings).compiled_policy))
     write_compiled(target, compiled)
     out.write(f"compiled policy '{compiled.name}' from {', '.join(compiled.sources)} -> {target}\n")
     return 0
@@ -199,7 +199,7 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     policy = policy_for_host(args, host, settings)
     windows, windows_problem = [], None
     try:
-        windows = active_windows(load_windows(str(host.path(guard_paths(settings).overrides)),
+        windows = active_windows(load_windows(str(host.path(state_paths(settings).overrides)),
                                               policy.max_override_minutes), host.clock())
     except InputFileError as exc:
         windows_problem = str(exc)

@@ -87,10 +87,11 @@ def _guard_check(host: Host, settings: Any, stopping: threading.Event) -> Dict[s
 def _with_outbox(job: str, host: Host, settings: Any, request: Dict[str, Any],
                  stopping: threading.Event) -> Dict[str, Any]:
     from agent.daemon_jobs.runtime import EventEmitter, Runtime
-    from agent.report.outbox import OUTBOX_FILENAME, Outbox
+    from agent.report.outbox import Outbox
+    from agent.statepaths import StatePaths
 
     state_dir = settings.agent.state_dir
-    outbox = Outbox(os.path.join(state_dir, OUTBOX_FILENAME), settings.report.max_events)
+    outbox = Outbox(StatePaths(state_dir).outbox, settings.report.max_events)
     emitted = [0]
 
     def count() -> None:

@@ -36,9 +36,10 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from agent.daemon_jobs.delivery import Drained
-from agent.daemon_jobs.runtime import LAST_SNAPSHOT_FILENAME, SnapshotFacts
+from agent.daemon_jobs.runtime import SnapshotFacts
 from agent.errors import GpuguardError, Interrupted
 from agent.log import get_logger
+from agent.statepaths import StatePaths
 
 log = get_logger("job_child")
 
@@ -80,7 +81,7 @@ def run_child(job: str, config_path: str, root: str, request: Dict[str, Any], st
 
     When ``stopping`` is set while it runs, the child gets SIGTERM once and is waited for.
     """
-    result_path = os.path.join(state_dir, f".job-{job}.result.json")
+    result_path = StatePaths(state_dir).job_result(job)
     try:
         os.unlink(result_path)
     except FileNotFoundError:
@@ -175,7 +176,7 @@ class SnapshotInChild:
         self.config_path = config_path
         self.on_stack_changed = on_stack_changed
         state = runtime.state
-        if state.snapshot_facts is None and os.path.lexists(runtime.state_path(LAST_SNAPSHOT_FILENAME)):
+        if state.snapshot_facts is None and os.path.lexists(runtime.paths.last_snapshot):
             try:
                 result = run_child("snapshot", config_path, str(runtime.host.root),
                                    job_request(runtime, "start", stored_only=True), runtime.state_dir,

@@ -22,11 +22,11 @@ from typing import Any, Callable, List, Optional
 from agent.daemon_jobs.guard_events import GuardEventForwarder
 from agent.daemon_jobs.runtime import Runtime
 from agent.errors import ConfigError, GpuguardError, Interrupted
-from agent.guard.hotpath.state import GuardPaths
 from agent.host import Host
 from agent.hostfacts.rpmdb import rpm_database_files
 from agent.log import get_logger
 from agent.report.events import Rollback
+from agent.statepaths import StatePaths
 
 log = get_logger("guard_job")
 
@@ -87,7 +87,7 @@ class GuardJob:
         """A hash of the package database and the compiled policy; None when either is missing (nothing to check)."""
         host = self.runtime.host
         digest = hashlib.sha256()
-        for host_path in (*self._package_db_files(), GuardPaths(self.runtime.settings.agent.state_dir).compiled_policy):
+        for host_path in (*self._package_db_files(), StatePaths(self.runtime.settings.agent.state_dir).compiled_policy):
             try:
                 digest.update(host.path(host_path).read_bytes())
             except FileNotFoundError:
@@ -144,7 +144,7 @@ def recompile_policy(host: Host, settings: Any) -> bool:
     if not source.exists():
         log.info("policy_compile_skipped", path=settings.guard.policy_path, cause="no policy files")
         return False
-    target = host.path(GuardPaths(settings.agent.state_dir).compiled_policy)
+    target = host.path(StatePaths(settings.agent.state_dir).compiled_policy)
     try:
         _, compiled = load_and_compile(str(source), settings.guard.matrix_path)
         write_compiled(str(target), compiled)

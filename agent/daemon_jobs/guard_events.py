@@ -47,8 +47,6 @@ from agent.validation import validation_problems
 
 log = get_logger("guard_events")
 
-POSITION_FILENAME = "guard-events.position.json"
-QUARANTINE_FILENAME = "guard-events.quarantine.jsonl"
 POSITION_FORMAT = 1
 # Store the position every this many lines, so a crash during a long backlog replays little.
 SAVE_EVERY_LINES = 200
@@ -126,8 +124,8 @@ class GuardEventForwarder:
     def __init__(self, runtime: Runtime, events_path: str, position_path: Optional[str] = None) -> None:
         self.runtime = runtime
         self.events_path = events_path
-        self.position_path = position_path or runtime.state_path(POSITION_FILENAME)
-        self.quarantine_path = runtime.state_path(QUARANTINE_FILENAME)
+        self.position_path = position_path or runtime.paths.guard_events_position
+        self.quarantine_path = runtime.paths.guard_events_quarantine
 
     def load_position(self) -> Position:
         """The stored position; the start of the file when none is stored or it is unreadable (logged)."""

@@ -43,10 +43,10 @@ def result_busy(result: Any) -> bool:
 
 def after_change_action(runtime: Runtime) -> str:
     """The compiled policy's ``[health] after_change``; "alert" without a compiled policy or when it is unreadable."""
-    from agent.guard.hotpath.state import GuardPaths
     from agent.policy.compiled import read_compiled
+    from agent.statepaths import StatePaths
 
-    path = runtime.host.path(GuardPaths(runtime.settings.agent.state_dir).compiled_policy)
+    path = runtime.host.path(StatePaths(runtime.settings.agent.state_dir).compiled_policy)
     if not path.exists():
         return "alert"
     try:

@@ -32,7 +32,6 @@ from agent.report.events import HealthDeferred
 
 log = get_logger("health_schedule")
 
-DEFERRAL_FILE = "health-deferral.json"
 STACK_CHANGED_PREFIX = "stack_changed"
 WAITING_STATUSES = frozenset({"busy", "deferred"})
 
@@ -134,7 +133,7 @@ class HealthSchedule:
             self._forget_file()
 
     def _path(self) -> str:
-        return self.runtime.state_path(DEFERRAL_FILE)
+        return self.runtime.paths.health_deferral
 
     def _write_file(self, d: Deferral, next_attempt_seconds: float) -> None:
         def iso(seconds: float) -> str:

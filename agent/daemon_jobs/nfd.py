@@ -11,9 +11,9 @@ from typing import Optional, Tuple
 from agent import __version__
 from agent.daemon_jobs.runtime import Runtime
 from agent.errors import GpuguardError
-from agent.guard.hotpath.state import GuardPaths
 from agent.integrations.nfd import NfdView, body_of, render_features, write_features
 from agent.log import get_logger
+from agent.statepaths import StatePaths
 
 log = get_logger("nfd")
 
@@ -47,7 +47,7 @@ def nfd_view(runtime: Runtime, policy_name: Optional[str] = None) -> NfdView:
     reboot marker a rollback leaves (read as ``gpuguard status`` reads it)."""
     from agent.status.reboot import booted_at_seconds, read_reboot_required
 
-    marker = runtime.host.path(GuardPaths(runtime.settings.agent.state_dir).reboot_required + ".pkgs")
+    marker = runtime.host.path(StatePaths(runtime.settings.agent.state_dir).reboot_required_packages)
     reboot = read_reboot_required(str(marker), booted_at_seconds()) is not None
     state = runtime.state
     with state.lock:
@@ -83,7 +83,7 @@ class NfdJob:
             now = self.runtime.host.clock()
             lifetime = dt.timedelta(seconds=report.nfd_lifetime_seconds)
             policy = self._policy_name(str(self.runtime.host.path(
-                GuardPaths(self.runtime.settings.agent.state_dir).compiled_policy)))
+                StatePaths(self.runtime.settings.agent.state_dir).compiled_policy)))
             text = render_features(nfd_view(self.runtime, policy), now + lifetime)
             fresh = self._written_at is not None and now - self._written_at < lifetime / 2
             if fresh and path == self._path and body_of(text) == self._body:

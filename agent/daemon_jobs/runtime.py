@@ -20,12 +20,12 @@ from agent.log import get_logger
 from agent.report.events import Event, Payload, Severity, StateFileDamaged
 from agent.report.outbox import Outbox
 from agent.snapshot.pairing import Pairing
+from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.report.sender import Sender
     from agent.snapshot.model import Snapshot
 
-LAST_SNAPSHOT_FILENAME = "last-snapshot.json"
 # Damage reports kept in memory while the outbox cannot take them (a full disk); the newest are kept.
 MAX_HELD_DAMAGE_REPORTS = 100
 
@@ -148,8 +148,10 @@ class Runtime:
     stopping: threading.Event = field(default_factory=threading.Event)
     _held_damage: List[StateFileDamaged] = field(default_factory=list, repr=False)
 
-    def state_path(self, name: str) -> str:
-        return f"{self.state_dir.rstrip('/')}/{name}"
+    @property
+    def paths(self) -> StatePaths:
+        """The files of the daemon's state directory."""
+        return StatePaths(self.state_dir)
 
     def check_outbox(self, reason: str = "interval") -> None:
         """Run the outbox's integrity check (a damaged file is salvaged) and report any damage found."""
@@ -196,7 +198,7 @@ def load_last_snapshot(runtime: Runtime) -> Optional[Snapshot]:
     """The snapshot stored by the previous run, or None: first start, or a damaged file (moved aside and reported)."""
     from agent.snapshot.io import load_snapshot
 
-    path = runtime.state_path(LAST_SNAPSHOT_FILENAME)
+    path = runtime.paths.last_snapshot
     try:
         return load_snapshot(path)
     except InputFileError as exc:

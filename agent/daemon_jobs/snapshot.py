@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable, List, Optional
 
 from agent.collectors import default_collectors
-from agent.daemon_jobs.runtime import LAST_SNAPSHOT_FILENAME, Runtime, load_last_snapshot
+from agent.daemon_jobs.runtime import Runtime, load_last_snapshot
 from agent.files import write_atomically
 from agent.log import get_logger
 from agent.report.events import PolicyViolation, SnapshotChanged
@@ -58,7 +58,7 @@ class SnapshotJob:
             log.info("snapshot_changed", reason=reason, old_hash=previous.content_hash if previous else None,
                      new_hash=snap.content_hash, changes=len(diff.changes) if diff else 0)
         self._evaluate_policy(snap)
-        write_atomically(rt.state_path(LAST_SNAPSHOT_FILENAME), snap.to_json(), mode=0o600)
+        write_atomically(rt.paths.last_snapshot, snap.to_json(), mode=0o600)
         rt.state.keep_snapshot(snap, pairing)
         if rt.emitter.hostname != snap.hostname:
             rt.emitter.hostname = snap.hostname

@@ -13,10 +13,10 @@ from agent.guard.apt.backend import AptBackend
 from agent.guard.apt.tool import AptTool
 from agent.guard.dnf.backend import RpmBackend
 from agent.guard.dnf.tool import DnfTool
-from agent.guard.hotpath.state import GuardPaths
 from agent.guard.rollback.backend import PackageBackend
 from agent.host import Host
 from agent.hostfacts.rpmdb import rpm_database_files
+from agent.statepaths import StatePaths
 
 # The package-manager front end a backend drives: apt for dpkg hosts, dnf for rpm hosts.
 PackageTool = Union[AptTool, DnfTool]
@@ -35,7 +35,7 @@ def backend_for(host: Host, settings: Settings, tool: Optional[PackageTool] = No
                 sleep: Callable[[float], None] = time.sleep) -> PackageBackend:
     """The backend for this host's package database; ``tool`` (an AptTool or DnfTool) replaces the default, whose
     lock waits sleep with ``sleep`` (the daemon's gives up when it is stopping)."""
-    paths = GuardPaths(settings.agent.state_dir)
+    paths = StatePaths(settings.agent.state_dir)
     if tool is None:
         tool = (dnf_tool_for(host, settings, sleep) if detect_manager(host) == "rpm"
                 else apt_tool_for(host, settings, sleep))
@@ -57,4 +57,4 @@ def dnf_tool_for(host: Host, settings: Settings, sleep: Callable[[float], None] 
     guard = settings.guard
     return DnfTool(host, timeout_seconds=guard.apt_timeout_seconds, lock_timeout_seconds=guard.lock_timeout_seconds,
                    sleep=sleep,
-                   options=list(guard.dnf_options), work_dir=settings.agent.state_dir)
+                   options=list(guard.dnf_options), paths=StatePaths(settings.agent.state_dir))

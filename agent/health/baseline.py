@@ -30,7 +30,6 @@ from agent.snapshot.pairing import Pairing
 # initialisation and are reported, not judged.
 GPU_METRICS = ("gemm_bf16_tflops", "gemm_fp16_tflops", "copy_bandwidth_gbps")
 COLLECTIVE_METRICS = ("bus_bandwidth_gbps",)
-BASELINES_FILE = "baselines.json"
 
 
 class BaselineRun(FrozenModel):
@@ -219,11 +218,11 @@ def record_run(data: BaselineFile, fingerprint: Fingerprint, metrics: Dict[str, 
 # --- I/O: the store ------------------------------------------------------------------------------------------------
 
 class BaselineStore:
-    """baselines.json in a directory (``<state_dir>/health``), read and written under an exclusive lock."""
+    """The baselines file (``StatePaths.health_baselines``), read and written under an exclusive lock."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = Path(directory)
-        self.path = self.directory / BASELINES_FILE
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.directory = self.path.parent
 
     @contextlib.contextmanager
     def locked(self) -> Iterator["BaselineStore"]:

@@ -1,4 +1,4 @@
-"""Where the health check keeps its state and its last result, and how the last result is read back.
+"""How the health check's last result is read back (``StatePaths.health_last_result``).
 
 Apart from runner.py: the daemon only reads the last status back at start, so it loads neither the runner nor, while
 there is no result yet, the health models (issue #17).
@@ -11,20 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from agent.errors import InputFileError
+from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.health.model import HealthResult
 
-LAST_RESULT_FILE = "last.json"
-
-
-def health_dir(state_dir: str) -> Path:
-    return Path(state_dir) / "health"
-
-
 def load_last_result(state_dir: str) -> Optional["HealthResult"]:
     """The last check's result from the state directory, or None when there is none yet."""
-    path = health_dir(state_dir) / LAST_RESULT_FILE
+    path = Path(StatePaths(state_dir).health_last_result)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

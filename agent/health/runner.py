@@ -34,7 +34,6 @@ from agent.health.baseline import (
 )
 from agent.health.classify import Verdict, classify
 from agent.health.fallback import Inventory, Vendor, detect_fallback, merge_inventory
-from agent.health.last import LAST_RESULT_FILE, health_dir
 from agent.health.launch import Launcher, ProbeOutcome, launch_probe
 from agent.health.model import (
     BaselineComparison,
@@ -61,6 +60,7 @@ from agent.host import Host
 from agent.log import get_logger
 from agent.snapshot.model import Snapshot
 from agent.snapshot.pairing import pairing_of
+from agent.statepaths import StatePaths
 
 log = get_logger("health")
 
@@ -356,7 +356,7 @@ class _SnapshotThenSampler:
 def _judge_against_baselines(probe: ProbeResult, fingerprint: Fingerprint, settings: HealthSettings, state_dir: str,
                              now: dt.datetime) -> Tuple[List[MetricRegression], BaselineComparison]:
     metrics = metrics_of(probe)
-    store = BaselineStore(health_dir(state_dir))
+    store = BaselineStore(Path(StatePaths(state_dir).health_baselines))
     try:
         with store.locked():
             data = store.load()
@@ -382,7 +382,7 @@ def _judge_against_baselines(probe: ProbeResult, fingerprint: Fingerprint, setti
 
 
 def _save_last(state_dir: str, result: HealthResult) -> None:
-    path = health_dir(state_dir) / LAST_RESULT_FILE
+    path = StatePaths(state_dir).health_last_result
     try:
         write_atomically(str(path), result.to_json())
     except OSError as exc:

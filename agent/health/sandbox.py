@@ -32,6 +32,7 @@ from agent.errors import UsageError
 from agent.health.model import SandboxReport
 from agent.health.settings import HealthSettings
 from agent.log import get_logger
+from agent.statepaths import StatePaths
 
 log = get_logger("health.sandbox")
 
@@ -96,7 +97,7 @@ def resolve_sandbox(settings: HealthSettings, state_dir: str, euid: Optional[int
                        ["run_as = root: the probe runs as root (configured; not recommended)"])
     groups = sorted(set(os.getgrouplist(entry.pw_name, entry.pw_gid)))
     rlimits["RLIMIT_NPROC"] = settings.processes_max
-    home = _private_home(entry, groups, Path(state_dir) / "health" / "probe-home")
+    home = _private_home(entry, groups, Path(StatePaths(state_dir).probe_home))
     notes = [f"runs as {entry.pw_name} (uid {entry.pw_uid}, groups {', '.join(_group_names(groups))})"]
     return Sandbox(entry.pw_name, entry.pw_uid, entry.pw_gid, groups, True, home, settings.memory_max_bytes,
                    rlimits, notes, home_is_temporary=Path(home).parent == Path(tempfile.gettempdir()))

@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, List, Optional
 
-from agent.guard.hotpath.state import GuardPaths
 from agent.hostfacts.context import read_host_context
 from agent.log import get_logger
 from agent.policy.compiled import read_compiled
 from agent.policy.evaluate import HostState, evaluate, facts_used
 from agent.report.events import PolicyViolation
+from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.config import Settings
@@ -31,7 +31,7 @@ def check_snapshot(snapshot: Snapshot, settings: Settings, root: str = "/") -> O
     and as the apt hook and the guard read them; the snapshot gives the installed packages. None when no policy
     is installed (compliance unknown, not "compliant"); a corrupt one raises InputFileError.
     """
-    path = os.path.join(root, GuardPaths(settings.agent.state_dir).compiled_policy.lstrip("/"))
+    path = os.path.join(root, StatePaths(settings.agent.state_dir).compiled_policy.lstrip("/"))
     if not os.path.exists(path):
         log.debug("policy_absent", path=path)
         return None

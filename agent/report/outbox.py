@@ -43,7 +43,6 @@ from agent.report.events import NEVER_DROPPED_KINDS, Event, StateFileDamaged
 
 log = get_logger("outbox")
 
-OUTBOX_FILENAME = "outbox.sqlite3"
 SCHEMA_VERSION = 1
 # Drop classes, lowest dropped first.
 DROP_FIRST, DROP_LATER, NEVER_DROP = 0, 1, 2

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from agent.models import FrozenModel
+from agent.statepaths import StatePaths
 
 DEFAULT_TOKEN_FILE = "/etc/gpuguard/token"
 INGEST_PATH = "/v1/events"
@@ -108,4 +109,4 @@ class ReportSettings(FrozenModel):
         """Where the node_exporter textfile goes, or None when metrics are off."""
         if not self.metrics_enabled:
             return None
-        return self.metrics_textfile or f"{state_dir.rstrip('/')}/metrics/gpuguard.prom"
+        return self.metrics_textfile or StatePaths(state_dir).metrics_textfile

@@ -20,6 +20,7 @@ from agent.errors import GpuguardError
 from agent.files import read_json_file
 from agent.host import Host
 from agent.models import FrozenModel
+from agent.statepaths import StatePaths
 from agent.status.reboot import booted_at_seconds, read_reboot_required
 
 GUARD_TAIL_BYTES = 64 * 1024
@@ -323,18 +324,11 @@ def gather(host: Host, config_path: str, offline: bool,
            hub_probe: Callable[[str, Optional[str]], HubFacts] = probe_hub) -> StatusFacts:
     """Every fact, read now. A broken agent.toml is the one error raised (ConfigError, exit 3)."""
     from agent.config import load_settings
-    from agent.daemon_jobs.health_schedule import DEFERRAL_FILE
-    from agent.daemon_jobs.runtime import LAST_SNAPSHOT_FILENAME
-    from agent.guard.hotpath.state import GuardPaths
-    from agent.health.last import LAST_RESULT_FILE, health_dir
-    from agent.report.outbox import OUTBOX_FILENAME
 
     settings = load_settings(config_path)
     state_dir = settings.agent.state_dir
+    paths = StatePaths(state_dir)
     report = settings.report
-
-    def in_state(*parts: str) -> str:
-        return os.path.join(state_dir, *parts)
 
     if report.endpoint_url is None:
         hub = HubFacts()
@@ -347,11 +341,11 @@ def gather(host: Host, config_path: str, offline: bool,
         snapshot_interval_seconds=settings.snapshot.interval_seconds, health_enabled=settings.daemon.health_enabled,
         health_interval_seconds=settings.daemon.health_interval_seconds,
         delivery_interval_seconds=report.delivery_interval_seconds,
-        daemon=read_daemon(host), snapshot=read_snapshot(in_state(LAST_SNAPSHOT_FILENAME)),
-        health=read_health(str(health_dir(state_dir) / LAST_RESULT_FILE)).model_copy(
-            update={"deferral": read_deferral(in_state(DEFERRAL_FILE))}),
-        guard=read_guard(str(host.path(GuardPaths(state_dir).events))).model_copy(
+        daemon=read_daemon(host), snapshot=read_snapshot(paths.last_snapshot),
+        health=read_health(paths.health_last_result).model_copy(
+            update={"deferral": read_deferral(paths.health_deferral)}),
+        guard=read_guard(str(host.path(paths.guard_events))).model_copy(
             update={"reboot_required": read_reboot_required(
-                str(host.path(GuardPaths(state_dir).reboot_required + ".pkgs")), booted_at_seconds())}),
-        metrics=read_metrics(report.metrics_path(state_dir)), outbox=read_outbox(in_state(OUTBOX_FILENAME)),
+                str(host.path(paths.reboot_required_packages)), booted_at_seconds())}),
+        metrics=read_metrics(report.metrics_path(state_dir)), outbox=read_outbox(paths.outbox),
         hub=hub)

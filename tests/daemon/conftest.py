@@ -14,7 +14,8 @@ from typing import Dict, Iterator, List, Optional
 
 import pytest
 
-from agent.report.outbox import OUTBOX_FILENAME, Outbox
+from agent.report.outbox import Outbox
+from agent.statepaths import StatePaths
 from tests.conftest import ROOTS
 from tests.report.conftest import certificates, receiver, token_file  # noqa: F401 - shared fixtures
 from tests.report.receiver import Receiver
@@ -125,7 +126,7 @@ class AgentProcess:
             self.proc.wait(15)
 
     def outbox(self) -> Outbox:
-        return Outbox(str(self.state_dir / OUTBOX_FILENAME))
+        return Outbox(StatePaths(str(self.state_dir)).outbox)
 
 
 @pytest.fixture

@@ -15,7 +15,8 @@ from typing import List
 import pytest
 
 from agent.guard.hotpath.state import append_json_line
-from agent.report.outbox import OUTBOX_FILENAME, Outbox
+from agent.report.outbox import Outbox
+from agent.statepaths import StatePaths
 from tests.daemon.conftest import AgentProcess, agent_config, assert_delivered_once_in_order
 from tests.report.receiver import Receiver
 
@@ -107,7 +108,7 @@ def _queue_events_with_the_endpoint_down(agent: AgentProcess, token_file: Path, 
     agent.write_config(agent_config(agent.state_dir, receiver.url, token_file, heartbeat_interval_seconds=0.05))
     agent.start()
     agent.wait_for_log("delivery_failed", category="unreachable")
-    outbox_path = agent.state_dir / OUTBOX_FILENAME
+    outbox_path = Path(StatePaths(str(agent.state_dir)).outbox)
     deadline_box = Outbox(str(outbox_path))
     try:
         while deadline_box.depth() < count:
@@ -121,7 +122,7 @@ def _queue_events_with_the_endpoint_down(agent: AgentProcess, token_file: Path, 
 def test_an_emptied_outbox_is_reported_with_the_lost_count(agent: AgentProcess, token_file: Path) -> None:
     """46+ queued events, the file truncated to 0 bytes: the restart says how many were lost, no sequence reused."""
     receiver = _queue_events_with_the_endpoint_down(agent, token_file, 46)
-    path = agent.state_dir / OUTBOX_FILENAME
+    path = Path(StatePaths(str(agent.state_dir)).outbox)
     box = Outbox(str(path))
     queued, last = box.depth(), box.last_sequence()
     box.close()
@@ -150,7 +151,7 @@ def test_an_emptied_outbox_is_reported_with_the_lost_count(agent: AgentProcess, 
 def test_a_damaged_outbox_page_is_salvaged_at_start(agent: AgentProcess, token_file: Path) -> None:
     """A bad page behind an intact header: found at open, the readable events delivered, the rest counted lost."""
     receiver = _queue_events_with_the_endpoint_down(agent, token_file, 60)
-    path = agent.state_dir / OUTBOX_FILENAME
+    path = Path(StatePaths(str(agent.state_dir)).outbox)
     box = Outbox(str(path))
     box._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     queued, last = box.depth(), box.last_sequence()

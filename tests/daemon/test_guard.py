@@ -21,12 +21,13 @@ from agent.daemon_jobs.watch import PackageWatcher
 from agent.errors import CommandTimeout
 from agent.guard.apt.tool import AptTool
 from agent.guard.hotpath import decision as exits
-from agent.guard.hotpath.state import GuardPaths, append_json_line
+from agent.guard.hotpath.state import append_json_line
 from agent.guard.rollback.core import check_and_rollback
 from agent.host import CommandResult, Host
 from agent.log import configure
 from agent.policy.load import load_and_compile, write_compiled
 from agent.report.outbox import Outbox
+from agent.statepaths import StatePaths
 from tests.conftest import fixed_clock
 from tests.daemon.test_jobs import make_runtime, no_hooks
 from tests.fakes.runner import FakeRunner
@@ -313,7 +314,7 @@ def test_reload_compiles_the_policy_and_an_invalid_one_keeps_the_old_file(tmp_pa
     (policy_dir / "10-site.toml").write_text(GOOD_POLICY)
     settings = Settings.model_validate({"agent": {"state_dir": str(tmp_path / "state")}})
     host = Host(root=root)
-    compiled = host.path(GuardPaths(settings.agent.state_dir).compiled_policy)
+    compiled = host.path(StatePaths(settings.agent.state_dir).compiled_policy)
     assert recompile_policy(host, settings)
     assert json.loads(compiled.read_text())["name"] == "v1"
     before = compiled.read_text()
@@ -390,7 +391,7 @@ def _daemon_over_rollback_root(tmp_path: Path, install_succeeds: bool) -> tuple:
     runner = AptRunner(root, install_succeeds)
     host = Host(root=root, runner=runner, clock=fixed_clock)
     tool = AptTool(host, lock_timeout_seconds=1)
-    debs = GuardPaths(settings.agent.state_dir).debs
+    debs = StatePaths(settings.agent.state_dir).debs
     for name, version in (("amdgpu-dkms", D62), ("rocm-core", R62)):
         runner.add(tool._download_argv(name, version, debs), returncode=100, stderr="E: Version not found")
     options = ["--allow-downgrades", "--allow-change-held-packages"]

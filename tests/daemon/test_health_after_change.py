@@ -12,11 +12,11 @@ import pytest
 from agent.config import Settings
 from agent.daemon_jobs.health import HealthJob
 from agent.daemon_jobs.hooks import Hooks
-from agent.guard.hotpath.state import GuardPaths
 from agent.guard.rollback.health import decide
 from agent.host import Host
 from agent.policy.load import compiled_from, load_policy, write_compiled
 from agent.report.events import Rollback
+from agent.statepaths import StatePaths
 from tests.daemon.test_jobs import make_runtime
 
 
@@ -71,7 +71,7 @@ def _job(tmp_path: Path, fakes: Fakes, after_change: Optional[str]) -> HealthJob
     if after_change is not None:
         policy = tmp_path / "policy.toml"
         policy.write_text(f'[frozen]\npackages = ["rocm-core"]\n[health]\nafter_change = "{after_change}"\n')
-        write_compiled(str(GuardPaths(rt.state_dir).compiled_policy), compiled_from(load_policy(str(policy))))
+        write_compiled(str(StatePaths(rt.state_dir).compiled_policy), compiled_from(load_policy(str(policy))))
     return HealthJob(rt, fakes.hooks())
 
 

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from agent.config import Settings
 from agent.daemon_jobs.health import HealthJob
-from agent.daemon_jobs.health_schedule import DEFERRAL_FILE, HealthSchedule
+from agent.daemon_jobs.health_schedule import HealthSchedule
 from agent.daemon_jobs.hooks import Hooks
 from agent.host import Host
 from agent.report.events import CpuFallback
@@ -64,14 +64,14 @@ def test_busy_twice_then_pass_retries_with_doubling_backoff_and_ends(tmp_path: P
     check = FakeCheck("busy", "busy", "pass")
     schedule, clock, rt = _schedule(tmp_path, check)
     assert schedule.run("interval") == 300
-    state = json.loads((Path(rt.state_dir) / DEFERRAL_FILE).read_text())
+    state = json.loads(Path(rt.paths.health_deferral).read_text())
     assert state["attempts"] == 1 and state["tenants"] == [TENANT] and state["last_status"] == "busy"
     clock.now += 300
     assert schedule.run("interval") == 600
     clock.now += 600
     assert schedule.run("interval") is None
     assert [mode for _, mode, _ in check.calls] == [None, "full", "full"]
-    assert schedule.deferral is None and not (Path(rt.state_dir) / DEFERRAL_FILE).exists()
+    assert schedule.deferral is None and not Path(rt.paths.health_deferral).exists()
     assert rt.outbox.depth() == 0
 
 

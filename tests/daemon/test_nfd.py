@@ -95,12 +95,12 @@ def test_running_daemon_writes_the_features_file(agent: AgentProcess) -> None:
 
 def test_a_rollback_reboot_marker_sets_reboot_needed(tmp_path: Path) -> None:
     """reboot-required.pkgs written by a rollback (after this boot) shows as reboot-needed=true."""
-    from agent.guard.hotpath.state import GuardPaths
+    from agent.statepaths import StatePaths
 
     target = tmp_path / "gpuguard"
     host = replace(make_fixture_host("gpuless-debian12"), root=tmp_path / "root")
     rt = make_runtime(tmp_path, host, nfd_settings(target))
-    marker = host.path(GuardPaths(rt.settings.agent.state_dir).reboot_required + ".pkgs")
+    marker = host.path(StatePaths(rt.settings.agent.state_dir).reboot_required_packages)
     assert str(marker).startswith(str(tmp_path))
     marker.parent.mkdir(parents=True)
     marker.write_text("amdgpu-dkms\n")
@@ -110,13 +110,13 @@ def test_a_rollback_reboot_marker_sets_reboot_needed(tmp_path: Path) -> None:
 
 def test_the_compiled_policy_name_is_a_label_and_follows_a_recompile(tmp_path: Path) -> None:
     """policy= names the compiled policy under the host root; a new compile shows its new name."""
-    from agent.guard.hotpath.state import GuardPaths
     from agent.policy.load import load_and_compile, write_compiled
+    from agent.statepaths import StatePaths
 
     target = tmp_path / "gpuguard"
     host = replace(make_fixture_host("gpuless-debian12"), root=tmp_path / "root")
     rt = make_runtime(tmp_path, host, nfd_settings(target))
-    compiled_path = host.path(GuardPaths(rt.settings.agent.state_dir).compiled_policy)
+    compiled_path = host.path(StatePaths(rt.settings.agent.state_dir).compiled_policy)
     compiled_path.parent.mkdir(parents=True)
     job = NfdJob(rt)
     for name in ("fleet-a", "fleet b"):

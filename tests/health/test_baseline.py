@@ -121,7 +121,7 @@ def test_peer_outlier_names_the_slow_gpu() -> None:
 
 def test_store_round_trip_and_corrupt_file(tmp_path: Path) -> None:
     """The store writes JSON atomically, reads it back, and names a corrupt file in its error."""
-    store = BaselineStore(tmp_path / "health")
+    store = BaselineStore(tmp_path / "health" / "baselines.json")
     assert store.load() == BaselineFile()
     data = established(FP_OLD, [750.0, 751.0, 752.0])
     with store.locked():
@@ -139,7 +139,7 @@ def test_store_round_trip_and_corrupt_file(tmp_path: Path) -> None:
 @pytest.mark.timeout(20)
 def test_store_lock_serialises_writers(tmp_path: Path) -> None:
     """Two writers under the lock never lose each other's runs."""
-    store = BaselineStore(tmp_path)
+    store = BaselineStore(tmp_path / "baselines.json")
 
     def add(fp: Fingerprint) -> None:
         for i in range(10):

@@ -29,6 +29,7 @@ from agent.guard.locks import record_lock_is_free, wait_for_locks
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep
 from agent.host import CommandResult, Host
 from agent.hostfacts.rpmdb import RPM_QUERY_FORMAT, parse_rpm_rows
+from agent.statepaths import StatePaths
 
 RPM_LOCK_FILES = ("/var/lib/rpm/.rpm.lock", "/usr/lib/sysimage/rpm/.rpm.lock")
 DNF_LOCK_FILES = ("/var/lib/dnf/rpmdb_lock.pid",)  # dnf4's ProcessLock: a pid file under persistdir
@@ -208,13 +209,13 @@ class DnfTool:
     manager = "rpm"
 
     def __init__(self, host: Host, timeout_seconds: float = 900.0, lock_timeout_seconds: float = 300.0,
-                 options: Sequence[str] = (), work_dir: str = "/var/lib/gpuguard",
+                 options: Sequence[str] = (), paths: Optional[StatePaths] = None,
                  sleep: Callable[[float], None] = time.sleep, program: str = "dnf") -> None:
         self.host = host
         self.timeout_seconds = timeout_seconds
         self.lock_timeout_seconds = lock_timeout_seconds
         self.options = list(options)
-        self.work_dir = work_dir
+        self.paths = paths or StatePaths()  # where the rollback script goes
         self.sleep = sleep
         self.program = program
         self._dnf5: Optional[bool] = None  # found on first use (is_dnf5), with the program to run
@@ -236,7 +237,7 @@ class DnfTool:
     @property
     def script_path(self) -> str:
         """Host path of the dnf shell script a rollback writes (under the state directory)."""
-        return f"{self.work_dir.rstrip('/')}/rollback.dnf"
+        return self.paths.dnf_script
 
     def _write_script(self, targets: Sequence[str]) -> str:
         from agent.files import write_atomically

@@ -3,7 +3,7 @@
 A rollback goes back to the recorded known-good set; the guard would refuse some of those transactions (a
 ``[frozen]`` package forced to another version must move back; a pairing rule sees the forced state as
 "before"). Before it runs apt or dnf, :func:`agent.guard.rollback.core.check_and_rollback` writes
-``<state_dir>/rollback-authorization.json`` (root-owned, mode 0600, written atomically) naming the exact target
+``StatePaths.rollback_authorization`` (root-owned, mode 0600, written atomically) naming the exact target
 set (every guarded package key and its known-good version) and an expiry a few minutes ahead; it removes the file
 when the rollback is over, whatever happened.
 
@@ -25,13 +25,7 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     import datetime as dt
     from typing import Dict, Mapping, Optional, Sequence
 
-FILE_NAME = "rollback-authorization.json"
 FORMAT = 1
-
-
-def authorization_path(state_dir: str) -> str:
-    """Host path (before any root prefix) of the authorization file."""
-    return state_dir.rstrip("/") + "/" + FILE_NAME
 
 
 def render(target: Mapping[str, str], reason: str, created_at: dt.datetime, expires_at: dt.datetime,

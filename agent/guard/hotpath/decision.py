@@ -46,11 +46,11 @@ class Decision:
     def __init__(self, tool: str, root: str, state_dir: str, say: Callable[[str], None],
                  now: Callable[[], dt.datetime], bypass_hint: str,
                  record: Optional[Callable[[Dict[str, object]], None]] = None) -> None:
-        from agent.guard.hotpath.state import GuardPaths
+        from agent.statepaths import StatePaths
 
         self.tool = tool
         self.root = root
-        self.paths = GuardPaths(state_dir)
+        self.paths = StatePaths(state_dir)
         self.say = say
         self.now = now
         self.bypass_hint = bypass_hint
@@ -67,7 +67,7 @@ class Decision:
         if not records:
             return
         at = self.now().isoformat()
-        lines = {self.paths.events: [{"occurred_at": at, **r} for r in records],
+        lines = {self.paths.guard_events: [{"occurred_at": at, **r} for r in records],
                  self.paths.audit_log: [{"at": at, "event": r.get("kind"), **r} for r in records]}
         for target, batch in lines.items():
             try:
@@ -113,9 +113,9 @@ class Decision:
     def rollback_authorized(self, policy: CompiledPolicy, tx: Transaction, after: Mapping[str, str],
                             blocking: Sequence[Violation]) -> bool:
         """True (audited) when gpuguard's own rollback authorization names exactly the set ``tx`` leaves."""
-        from agent.guard.hotpath.authorization import authorization_path, authorizing
+        from agent.guard.hotpath.authorization import authorizing
 
-        grant = authorizing(under(self.root, authorization_path(self.paths.state_dir)), self.now(), after,
+        grant = authorizing(under(self.root, self.paths.rollback_authorization), self.now(), after,
                             policy.guarded)
         if grant is None:
             return False

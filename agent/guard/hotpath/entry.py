@@ -8,6 +8,7 @@ traceback and never lets a transaction through because it crashed.
 
 from __future__ import annotations
 
+from agent.defaults import DEFAULT_STATE_DIR
 from agent.errors import InputFileError
 from agent.guard.hotpath.decision import EXIT_ALLOW, EXIT_FAILSAFE_INPUT, EXIT_FAILSAFE_POLICY, EXIT_INTERNAL, PREFIX
 from agent.policy.compiled import DEFAULT_FAILSAFE, DEFAULT_GUARDED
@@ -36,7 +37,7 @@ class Args:
 
     def __init__(self, tool: str) -> None:
         self.root = "/"
-        self.state_dir = "/var/lib/gpuguard"
+        self.state_dir = DEFAULT_STATE_DIR
         self.policy_file: Optional[str] = None
         self.policy_dir = "/etc/gpuguard/policy.d"
         self.tool = tool

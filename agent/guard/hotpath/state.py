@@ -1,6 +1,6 @@
-"""Where the guard keeps its state under the state directory, and the small file helpers it needs.
+"""Appending JSON lines to the guard's state files (named in agent/statepaths.py).
 
-Standard library only (the apt hook appends audit lines and reads override windows from here).
+Standard library only (the apt hook appends guard events and audit lines with these).
 """
 
 from __future__ import annotations
@@ -10,51 +10,6 @@ import errno
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Any, Dict, Sequence
-
-
-class GuardPaths:
-    """Host paths (absolute, before any root prefix) of the guard's files under ``state_dir``."""
-
-    __slots__ = ("state_dir",)
-
-    def __init__(self, state_dir: str = "/var/lib/gpuguard") -> None:
-        self.state_dir = state_dir
-
-    def _join(self, name: str) -> str:
-        return self.state_dir.rstrip("/") + "/" + name
-
-    @property
-    def compiled_policy(self) -> str:
-        return self._join("policy.compiled.json")
-
-    @property
-    def overrides(self) -> str:
-        return self._join("overrides.json")
-
-    @property
-    def audit_log(self) -> str:
-        return self._join("audit.log")
-
-    @property
-    def events(self) -> str:
-        """Guard events (blocked transactions, violations, rollbacks) waiting for the daemon's report outbox."""
-        return self._join("guard-events.jsonl")
-
-    @property
-    def known_good(self) -> str:
-        return self._join("known-good.json")
-
-    @property
-    def debs(self) -> str:
-        return self._join("debs")
-
-    @property
-    def rpms(self) -> str:
-        return self._join("rpms")
-
-    @property
-    def reboot_required(self) -> str:
-        return self._join("reboot-required")
 
 
 def append_json_line(path: str, record: Dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 from agent.errors import InputFileError
 from agent.files import read_json_file, write_atomically
 from agent.guard.hotpath.overrides import active_windows, audit, load_windows
-from agent.guard.hotpath.state import GuardPaths, append_json_line
+from agent.guard.hotpath.state import append_json_line
 from agent.guard.manager import PackageTool, backend_for
 from agent.guard.rollback.backend import InstalledPackage, PackageBackend, PlannedStep
 from agent.host import Host
@@ -27,6 +27,7 @@ from agent.hostfacts.context import read_host_context
 from agent.log import get_logger
 from agent.policy.compiled import KERNEL_MODULE_PACKAGES, CompiledPolicy
 from agent.policy.evaluate import HostState, Violation, evaluate, facts_used
+from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.config import Settings
@@ -68,7 +69,7 @@ def read_installed(host: Host, patterns: List[str], backend: Optional[PackageBac
     return backend.read_installed(patterns)
 
 
-def load_known_good(host: Host, paths: GuardPaths) -> Optional[Dict[str, InstalledPackage]]:
+def load_known_good(host: Host, paths: StatePaths) -> Optional[Dict[str, InstalledPackage]]:
     """The last known-good set, None when none was recorded; InputFileError when the file is corrupt."""
     return _load_set(str(host.path(paths.known_good)))
 
@@ -91,7 +92,7 @@ def _load_set(where: str) -> Optional[Dict[str, InstalledPackage]]:
                                     f"again once the host is compliant") from None
 
 
-def record_known_good(host: Host, paths: GuardPaths, installed: Dict[str, InstalledPackage], now: dt.datetime,
+def record_known_good(host: Host, paths: StatePaths, installed: Dict[str, InstalledPackage], now: dt.datetime,
                       backend: Optional[PackageBackend]) -> Dict[str, Optional[str]]:
     """Store ``installed`` as the known-good set and cache its package files; the cached path per package key."""
     files: Dict[str, Optional[str]] = {}
@@ -107,22 +108,17 @@ def record_known_good(host: Host, paths: GuardPaths, installed: Dict[str, Instal
     return files
 
 
-def before_change_path(paths: GuardPaths) -> str:
-    """The known-good set as it was before the last compliant change (what a health-gated rollback restores)."""
-    return paths.state_dir.rstrip("/") + "/known-good.before-change.json"
-
-
-def keep_before_change(host: Host, paths: GuardPaths, known_good: Dict[str, InstalledPackage],
+def keep_before_change(host: Host, paths: StatePaths, known_good: Dict[str, InstalledPackage],
                        now: dt.datetime) -> None:
     """Keep the known-good set a compliant change is about to replace (docs/health.md "After a package change")."""
     data = {"format": KNOWN_GOOD_FORMAT, "recorded_at": now.isoformat(),
             "packages": {k: {"version": v.version, "arch": v.arch} for k, v in sorted(known_good.items())}}
-    write_atomically(str(host.path(before_change_path(paths))), json.dumps(data, indent=2, sort_keys=True) + "\n")
+    write_atomically(str(host.path(paths.known_good_before_change)), json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def load_before_change(host: Host, paths: GuardPaths) -> Optional[Dict[str, InstalledPackage]]:
+def load_before_change(host: Host, paths: StatePaths) -> Optional[Dict[str, InstalledPackage]]:
     """The set kept by :func:`keep_before_change`, None when there is none; InputFileError when it is corrupt."""
-    return _load_set(str(host.path(before_change_path(paths))))
+    return _load_set(str(host.path(paths.known_good_before_change)))
 
 
 def _uncached_note(files: Dict[str, Optional[str]], backend: Optional[PackageBackend]) -> str:
@@ -144,18 +140,18 @@ def _module_packages_moved(moved: List[str]) -> List[str]:
             if any(fnmatch.fnmatchcase(n.split("@", 1)[0].split(":", 1)[0], p) for p in KERNEL_MODULE_PACKAGES)]
 
 
-def _record_event(host: Host, paths: GuardPaths, payload: dict, now: dt.datetime) -> None:
+def _record_event(host: Host, paths: StatePaths, payload: dict, now: dt.datetime) -> None:
     record = {"occurred_at": now.isoformat(), **payload}
-    append_json_line(str(host.path(paths.events)), record)
+    append_json_line(str(host.path(paths.guard_events)), record)
     audit(str(host.path(paths.audit_log)), str(payload.get("kind")), now,
           **{k: v for k, v in payload.items() if k != "kind"})
 
 
-def _write_reboot_marker(host: Host, paths: GuardPaths, moved: Dict[str, str], now: dt.datetime) -> None:
+def _write_reboot_marker(host: Host, paths: StatePaths, moved: Dict[str, str], now: dt.datetime) -> None:
     lines = [f"*** gpuguard: reboot required: kernel module packages changed ({now.isoformat()}) ***"]
     lines += [f"{name} {move}" for name, move in sorted(moved.items())]
     write_atomically(str(host.path(paths.reboot_required)), "\n".join(lines) + "\n")
-    write_atomically(str(host.path(paths.reboot_required + ".pkgs")),
+    write_atomically(str(host.path(paths.reboot_required_packages)),
                      "\n".join(n.split("@", 1)[0].split(":", 1)[0] for n in sorted(moved)) + "\n")
 
 
@@ -170,14 +166,14 @@ def _inconsistent(problem: str) -> GuardResult:
 AUTHORIZATION_MINUTES = 15  # longer than any rollback's apt/dnf run; the file is removed right after it anyway
 
 
-def _authorize(host: Host, paths: GuardPaths, known_good: Dict[str, InstalledPackage], reason: str,
+def _authorize(host: Host, paths: StatePaths, known_good: Dict[str, InstalledPackage], reason: str,
                now: dt.datetime) -> str:
     """Write the one-shot authorization for exactly the known-good set (root-only, 0600); its host path."""
     import secrets
 
-    from agent.guard.hotpath.authorization import authorization_path, render
+    from agent.guard.hotpath.authorization import render
 
-    path = str(host.path(authorization_path(paths.state_dir)))
+    path = str(host.path(paths.rollback_authorization))
     grant_id = secrets.token_hex(6)
     write_atomically(path, render(_versions(known_good), reason, now,
                                   now + dt.timedelta(minutes=AUTHORIZATION_MINUTES), grant_id), mode=0o600)
@@ -186,7 +182,7 @@ def _authorize(host: Host, paths: GuardPaths, known_good: Dict[str, InstalledPac
     return path
 
 
-def _revoke(host: Host, paths: GuardPaths, path: str) -> None:
+def _revoke(host: Host, paths: StatePaths, path: str) -> None:
     """Remove the authorization (a host-prefixed path) once the rollback's transaction is over; audited."""
     import os
 
@@ -213,7 +209,7 @@ def check_and_rollback(host: Host, settings: Settings, policy: Optional[Compiled
     from agent.report.events import PolicyViolation
 
     clock = now or host.clock
-    paths = GuardPaths(settings.agent.state_dir)
+    paths = StatePaths(settings.agent.state_dir)
     guard = settings.guard
     if policy is None:
         policy = read_compiled(str(host.path(paths.compiled_policy)))
@@ -276,7 +272,7 @@ def check_and_rollback(host: Host, settings: Settings, policy: Optional[Compiled
 
 
 def plan_and_apply(host: Host, policy: CompiledPolicy, backend: PackageBackend,
-                   paths: GuardPaths, clock: Callable[[], dt.datetime], dry_run: bool,
+                   paths: StatePaths, clock: Callable[[], dt.datetime], dry_run: bool,
                    snapshot: Optional[Callable[[Host], object]], known_good: Dict[str, InstalledPackage],
                    violations: List[Violation], reason: str, why: str, targets: List[str],
                    from_versions: Dict[str, str], to_versions: Dict[str, str],

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 from agent.errors import InputFileError
 from agent.files import read_json_file, write_atomically
-from agent.guard.hotpath.state import GuardPaths
 from agent.guard.rollback.backend import PackageBackend
 from agent.guard.rollback.core import (
     GuardResult,
@@ -31,12 +30,12 @@ from agent.guard.rollback.core import (
     _module_packages_moved,
     _revoke,
     _versions,
-    before_change_path,
     load_before_change,
     plan_and_apply,
 )
 from agent.host import Host
 from agent.log import get_logger
+from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.config import Settings
@@ -44,7 +43,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = get_logger("guard.health_rollback")
 
-HEALTH_ROLLBACK_FILE = "health-rollback.json"
 # Debian's marker (update-notifier, unattended-upgrades and needrestart read it), under the Host root.
 DEBIAN_REBOOT_REQUIRED = "/var/run/reboot-required"
 # The health statuses that ask for a rollback at once; a regression asks only once a second idle run confirms it.
@@ -66,14 +64,10 @@ def decide(after_change: str, status: str, confirmed: bool = False) -> str:
     return "none"
 
 
-def _state_file(paths: GuardPaths) -> str:
-    return paths.state_dir.rstrip("/") + "/" + HEALTH_ROLLBACK_FILE
-
-
-def last_health_rollback(host: Host, paths: GuardPaths) -> Optional[Dict[str, Any]]:
+def last_health_rollback(host: Host, paths: StatePaths) -> Optional[Dict[str, Any]]:
     """What the last health rollback removed and restored (None: none, or an unreadable record)."""
     try:
-        data = read_json_file(str(host.path(_state_file(paths))))
+        data = read_json_file(str(host.path(paths.health_rollback)))
     except InputFileError as exc:
         log.warning("health_rollback_record_unreadable", error=str(exc))
         return None
@@ -95,7 +89,7 @@ def rollback_before_change(host: Host, settings: "Settings", health_status: str,
     from agent.policy.compiled import read_compiled
 
     clock = now or host.clock
-    paths = GuardPaths(settings.agent.state_dir)
+    paths = StatePaths(settings.agent.state_dir)
     if policy is None:
         policy = read_compiled(str(host.path(paths.compiled_policy)))
     backend = backend or backend_for(host, settings)
@@ -123,7 +117,7 @@ def rollback_before_change(host: Host, settings: "Settings", health_status: str,
         _revoke(host, paths, grant)
     record = {"at": clock().isoformat(), "health_status": health_status, "status": outcome.status,
               "from_versions": _versions(current), "to_versions": _versions(previous)}
-    write_atomically(str(host.path(_state_file(paths))), json.dumps(record, indent=2, sort_keys=True) + "\n")
+    write_atomically(str(host.path(paths.health_rollback)), json.dumps(record, indent=2, sort_keys=True) + "\n")
     if outcome.status == "rolled_back" and outcome.reboot_required and backend.manager == "dpkg":
         mark_debian_reboot_required(host, _module_packages_moved(list(from_versions)))
     log.warning("health_rollback", status=outcome.status, health_status=health_status, targets=targets,
@@ -131,8 +125,8 @@ def rollback_before_change(host: Host, settings: "Settings", health_status: str,
     return outcome
 
 
-def _use_up(host: Host, paths: GuardPaths) -> None:
-    where = str(host.path(before_change_path(paths)))
+def _use_up(host: Host, paths: StatePaths) -> None:
+    where = str(host.path(paths.known_good_before_change))
     try:
         os.replace(where, where + ".used")
     except FileNotFoundError:

@@ -26,13 +26,13 @@ from agent.guard.dnf.tool import (
     rpm_file_name,
     split_nevra,
 )
-from agent.guard.hotpath.state import GuardPaths
 from agent.guard.manager import backend_for, detect_manager
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep
 from agent.guard.rollback.core import check_and_rollback, load_known_good
 from agent.host import CommandResult, Host
 from agent.hostfacts.rpmdb import RPM_QUERY_FORMAT
 from agent.policy.load import compiled_from, load_policy
+from agent.statepaths import StatePaths
 from tests.conftest import fixed_clock
 from tests.fakes.runner import FakeRunner
 
@@ -184,7 +184,7 @@ def test_check_records_then_plans_a_rollback_from_cached_rpms(tmp_path: Path) ->
     policy_file = tmp_path / "p.toml"
     policy_file.write_text(POLICY)
     policy = compiled_from(load_policy(str(policy_file)))
-    rpms = GuardPaths().rpms
+    rpms = StatePaths().rpms
     dnf_cache = root / "var/cache/dnf/fake-1234/packages"
     dnf_cache.mkdir(parents=True)
     (dnf_cache / rpm_file_name("amdgpu-dkms", D62, "noarch")).write_bytes(b"rpm")
@@ -198,7 +198,7 @@ def test_check_records_then_plans_a_rollback_from_cached_rpms(tmp_path: Path) ->
     backend = RpmBackend(host, tool, rpms)
     settings = Settings()
     assert check_and_rollback(host, settings, policy=policy, backend=backend).status == "recorded"
-    known_good = load_known_good(host, GuardPaths())
+    known_good = load_known_good(host, StatePaths())
     assert known_good["kernel-core@5.14.0-427.el9"].version == "5.14.0-427.el9"
     assert [p.name for p in (root / rpms.lstrip("/")).iterdir()] == [rpm_file_name("amdgpu-dkms", D62, "noarch")]
     forced = RPM_QA.replace(f"amdgpu-dkms\t{D62}", f"amdgpu-dkms\t{D63}")

@@ -14,10 +14,10 @@ from agent.cli import main
 from agent.config import Settings
 from agent.errors import CommandTimeout, InputFileError
 from agent.guard.apt.tool import AptTool, parse_simulation
-from agent.guard.hotpath.state import GuardPaths
 from agent.guard.rollback.core import check_and_rollback, load_known_good
 from agent.host import Host
 from agent.policy.load import compiled_from, load_policy
+from agent.statepaths import StatePaths
 from tests.conftest import fixed_clock
 from tests.fakes.runner import FakeRunner
 
@@ -78,7 +78,7 @@ def test_a_compliant_but_broken_database_is_not_recorded_as_known_good(tmp_path:
     _consistent(runner, tool, audit="The following packages are only half configured ...\n amdgpu-dkms\n")
     result = check_and_rollback(host, Settings(), policy=compiled_from(load_policy(str(policy_file))), tool=tool)
     assert result.status == "inconsistent" and "dpkg --audit" in result.detail
-    assert load_known_good(host, GuardPaths()) is None
+    assert load_known_good(host, StatePaths()) is None
 
 
 def test_parse_simulation() -> None:
@@ -96,7 +96,7 @@ def test_first_compliant_check_records_known_good_then_plans_a_rollback(setup) -
                    stderr="E: Version not found")
     result = check_and_rollback(host, Settings(), policy=policy, tool=tool)
     assert result.status == "recorded"
-    assert load_known_good(host, GuardPaths())["amdgpu-dkms"].version == D62
+    assert load_known_good(host, StatePaths())["amdgpu-dkms"].version == D62
     (root / "var/lib/dpkg/status").write_text(_status(D63))
     runner.add(tool.argv("apt-get", "-s", "-y", "--allow-downgrades", "--allow-change-held-packages",
                          *tool._apt_options(), "install", f"amdgpu-dkms={D62}"), stdout=SIMULATION)
@@ -138,7 +138,7 @@ def test_corrupt_known_good_state_is_exit_4_in_one_line(setup, capsys, content: 
     state.mkdir(parents=True)
     (state / "known-good.json").write_bytes(content)
     with pytest.raises(InputFileError, match="corrupt known-good state"):
-        load_known_good(host, GuardPaths())
+        load_known_good(host, StatePaths())
     code = main(["guard", "rollback", "--root", str(root), "--policy", str(policy_file), "--config",
                  str(root / "none.toml")], out=io.StringIO())
     err = capsys.readouterr().err

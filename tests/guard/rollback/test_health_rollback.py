@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from agent.config import Settings
-from agent.guard.hotpath.state import GuardPaths
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep
-from agent.guard.rollback.core import before_change_path, keep_before_change
+from agent.guard.rollback.core import keep_before_change
 from agent.guard.rollback.health import rollback_before_change
 from agent.host import Host
 from agent.policy.load import compiled_from, load_policy
+from agent.statepaths import StatePaths
 from tests.conftest import fixed_clock
 
 OLD = {"amdgpu-dkms": InstalledPackage("1:6.8.5", "all"), "rocm-core": InstalledPackage("6.2.2", "amd64")}
@@ -64,14 +64,14 @@ class MemoryBackend:
         return None
 
 
-def _setup(tmp_path: Path) -> Tuple[Host, Settings, Any, GuardPaths]:
+def _setup(tmp_path: Path) -> Tuple[Host, Settings, Any, StatePaths]:
     root = tmp_path / "root"
     root.mkdir()
     policy_file = tmp_path / "p.toml"
     policy_file.write_text('[frozen]\npackages = ["amdgpu-dkms", "rocm-core"]\n[health]\nafter_change = "rollback"\n')
     settings = Settings()
     return (Host(root=root, clock=fixed_clock), settings, compiled_from(load_policy(str(policy_file))),
-            GuardPaths(settings.agent.state_dir))
+            StatePaths(settings.agent.state_dir))
 
 
 def test_restores_the_kept_set_once_reports_and_marks_the_reboot(tmp_path: Path) -> None:
@@ -89,10 +89,10 @@ def test_restores_the_kept_set_once_reports_and_marks_the_reboot(tmp_path: Path)
     assert event.from_versions == {"amdgpu-dkms": "1:6.10.5", "rocm-core": "6.3.0"}
     assert (host.path("/var/run/reboot-required.pkgs")).read_text() == "amdgpu-dkms\n"
     assert "amdgpu-dkms" in host.path(paths.reboot_required + ".pkgs").read_text()
-    assert not host.path(before_change_path(paths)).exists()  # used up: a second failure finds nothing
+    assert not host.path(paths.known_good_before_change).exists()  # used up: a second failure finds nothing
     audit = [json.loads(line)["event"] for line in host.path(paths.audit_log).read_text().splitlines()]
     assert audit == ["rollback_authorization_written", "rollback", "rollback_authorization_removed"]
-    assert not host.path(paths.events).exists()  # committed by the health job itself, not forwarded
+    assert not host.path(paths.guard_events).exists()  # committed by the health job itself, not forwarded
     again = rollback_before_change(host, settings, "cpu_fallback", sink=events.append, backend=backend,
                                    policy=policy)
     assert again.status == "no_known_good" and len(events) == 1

@@ -186,11 +186,11 @@ def test_an_open_authorization_lets_nothing_else_through_the_hook(chroot: Chroot
     pairing-breaking ROCm 6.3 upgrade is refused and the status file stays byte-identical."""
     import datetime as dt
 
-    from agent.guard.hotpath.state import GuardPaths
     from agent.guard.rollback.core import _authorize, load_known_good
+    from agent.statepaths import StatePaths
 
     host = Host.for_root(str(chroot.root))
-    paths = GuardPaths()
+    paths = StatePaths()
     known_good = load_known_good(host, paths)
     assert known_good is not None
     grant = _authorize(host, paths, known_good, "test", dt.datetime.now(dt.timezone.utc))

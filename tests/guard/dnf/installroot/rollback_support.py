@@ -11,8 +11,8 @@ from typing import List, Tuple
 from agent.config import Settings
 from agent.guard.dnf.backend import RpmBackend
 from agent.guard.dnf.tool import DnfTool
-from agent.guard.hotpath.state import GuardPaths
 from agent.host import Host, SubprocessRunner
+from agent.statepaths import StatePaths
 from tests.guard.dnf.installroot.harness import Installroot
 
 
@@ -30,7 +30,7 @@ def dnf_tool(root: Installroot, host: Host, lock_timeout_seconds: float = 5.0) -
 
 def backend_for_root(root: Installroot) -> RpmBackend:
     host = host_for(root)
-    return RpmBackend(host, dnf_tool(root, host), GuardPaths(Settings().agent.state_dir).rpms)
+    return RpmBackend(host, dnf_tool(root, host), StatePaths(Settings().agent.state_dir).rpms)
 
 
 def events(root: Installroot) -> List[dict]:
@@ -39,7 +39,7 @@ def events(root: Installroot) -> List[dict]:
 
 
 def cached_rpms(root: Installroot) -> List[str]:
-    directory = root.root / GuardPaths(Settings().agent.state_dir).rpms.lstrip("/")
+    directory = root.root / StatePaths(Settings().agent.state_dir).rpms.lstrip("/")
     return sorted(p.name for p in directory.glob("*.rpm")) if directory.is_dir() else []
 
 

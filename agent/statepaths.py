@@ -1,0 +1,171 @@
+"""Every file gpuguard keeps in its state directory, named once.
+
+:class:`StatePaths` gives each file's host path (absolute, before any root prefix: a caller with a Host puts it
+under ``host.path``, the hot path under ``--root``). Who writes and who reads each file:
+
+============================  ============================================  ==========================================
+file                          written by                                    read by
+============================  ============================================  ==========================================
+policy.compiled.json          gpuguard policy compile, pin apply            the hook, the checkers, every judgement
+overrides.json                gpuguard override                             the hook, rollback, policy explain
+audit.log                     the hook, override, rollback (appends)        operators
+guard-events.jsonl            the hook, the checkers, rollback (appends)    the daemon's guard job, gpuguard status
+guard-events.position.json    the daemon's guard-event forwarder            the same
+guard-events.quarantine.jsonl the forwarder (lines it could not send)       operators
+known-good.json               rollback (the last compliant set)             rollback
+known-good.before-change.json rollback (the set before a compliant change)  the health-gated rollback
+rollback-authorization.json   rollback, while it runs apt or dnf            the hook, the checkers
+health-rollback.json          the health-gated rollback                     the same (never twice to one set)
+reboot-required, .pkgs        rollback (a kernel module package moved)      gpuguard status, the NFD labels
+debs/, rpms/                  rollback (the known-good package files)       rollback
+rollback.dnf                  rollback on rpm hosts (a dnf shell script)    dnf
+outbox.sqlite3                the daemon and its children                   the daemon's delivery, gpuguard status
+last-snapshot.json            the snapshot job                              the daemon at start, gpuguard status
+health-deferral.json          the daemon's health schedule                  the same, gpuguard status
+health/last.json              the health check                              the daemon at start, gpuguard status
+health/baselines.json         the health check                              the same
+health/probe-home/            the health check (the probe user's home)      the probe
+metrics/gpuguard.prom         the metrics job (when no textfile is set)     node_exporter, gpuguard status
+cache/<name>.json             the collectors' fact cache                    the same
+.job-<name>.result.json       a daemon job child                            the daemon
+============================  ============================================  ==========================================
+
+Files beside one of these carry its name with a suffix given where they are made (the outbox's ``.hwm`` high-water
+mark, SQLite's ``-wal``, the baselines' ``.baselines.lock``).
+
+Standard library only, importing nothing but :mod:`agent.defaults`: the apt hook builds one.
+"""
+
+from __future__ import annotations
+
+from agent.defaults import DEFAULT_STATE_DIR
+
+
+class StatePaths:
+    """Host paths (absolute, before any root prefix) of the files under ``state_dir``."""
+
+    __slots__ = ("state_dir",)
+
+    def __init__(self, state_dir: str = DEFAULT_STATE_DIR) -> None:
+        self.state_dir = state_dir
+
+    def _join(self, name: str) -> str:
+        return self.state_dir.rstrip("/") + "/" + name
+
+    def __repr__(self) -> str:
+        return f"StatePaths({self.state_dir!r})"
+
+    # --- the guard (the hook and the checkers read and append these) -------------------------------------------
+
+    @property
+    def compiled_policy(self) -> str:
+        return self._join("policy.compiled.json")
+
+    @property
+    def overrides(self) -> str:
+        return self._join("overrides.json")
+
+    @property
+    def audit_log(self) -> str:
+        return self._join("audit.log")
+
+    @property
+    def guard_events(self) -> str:
+        """Guard events (blocked transactions, violations, rollbacks) waiting for the daemon's report outbox."""
+        return self._join("guard-events.jsonl")
+
+    @property
+    def rollback_authorization(self) -> str:
+        """The one transaction a running rollback lets through the hook (agent/guard/hotpath/authorization.py)."""
+        return self._join("rollback-authorization.json")
+
+    # --- rollback ---------------------------------------------------------------------------------------------
+
+    @property
+    def known_good(self) -> str:
+        return self._join("known-good.json")
+
+    @property
+    def known_good_before_change(self) -> str:
+        """The known-good set as it was before the last compliant change (what a health-gated rollback restores)."""
+        return self._join("known-good.before-change.json")
+
+    @property
+    def health_rollback(self) -> str:
+        """What the last health-gated rollback removed and restored."""
+        return self._join("health-rollback.json")
+
+    @property
+    def reboot_required(self) -> str:
+        return self._join("reboot-required")
+
+    @property
+    def reboot_required_packages(self) -> str:
+        """The names of the kernel module packages a rollback moved, one a line (``reboot-required.pkgs``)."""
+        return self._join("reboot-required.pkgs")
+
+    @property
+    def debs(self) -> str:
+        return self._join("debs")
+
+    @property
+    def rpms(self) -> str:
+        return self._join("rpms")
+
+    @property
+    def dnf_script(self) -> str:
+        """The ``dnf shell`` script an rpm rollback runs."""
+        return self._join("rollback.dnf")
+
+    # --- the daemon -------------------------------------------------------------------------------------------
+
+    @property
+    def outbox(self) -> str:
+        return self._join("outbox.sqlite3")
+
+    @property
+    def guard_events_position(self) -> str:
+        """How far the daemon has forwarded guard-events.jsonl."""
+        return self._join("guard-events.position.json")
+
+    @property
+    def guard_events_quarantine(self) -> str:
+        """Guard-event lines the daemon could not turn into report events, kept as they were."""
+        return self._join("guard-events.quarantine.jsonl")
+
+    @property
+    def last_snapshot(self) -> str:
+        return self._join("last-snapshot.json")
+
+    @property
+    def health_deferral(self) -> str:
+        """The full health check the daemon waits to run until the GPUs are idle."""
+        return self._join("health-deferral.json")
+
+    def job_result(self, job: str) -> str:
+        """Where the child running the daemon job ``job`` writes its result."""
+        return self._join(f".job-{job}.result.json")
+
+    # --- health, metrics, caches ------------------------------------------------------------------------------
+
+    @property
+    def health_last_result(self) -> str:
+        return self._join("health/last.json")
+
+    @property
+    def health_baselines(self) -> str:
+        return self._join("health/baselines.json")
+
+    @property
+    def probe_home(self) -> str:
+        """The home directory the probe runs with when it has no other (agent/health/sandbox.py)."""
+        return self._join("health/probe-home")
+
+    @property
+    def metrics_textfile(self) -> str:
+        """The node_exporter textfile when ``[report] metrics_textfile`` names none."""
+        return self._join("metrics/gpuguard.prom")
+
+    def fact_cache(self, name: str) -> str:
+        """One collector fact cache (agent/collectors/factcache.py)."""
+        return self._join(f"cache/{name}.json")
