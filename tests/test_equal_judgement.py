@@ -24,9 +24,9 @@ from agent.config import Settings
 from agent.guard.rollback.core import check_and_rollback
 from agent.host import Host
 from agent.policy.compiled import read_compiled
-from agent.policy.compliance import check_snapshot
 from agent.policy.evaluate import HostState, evaluate
 from agent.policy.load import load_and_compile, write_compiled
+from agent.report.compliance import check_snapshot
 from agent.snapshot.take import take_snapshot
 from tests.conftest import fake_module_loader, fixed_clock
 from tests.fakes.runner import FakeRunner
@@ -122,7 +122,7 @@ def explain_rules(root: Path) -> Set[str]:
 
 def compliance_rules(root: Path) -> Set[str]:
     """The daemon's compliance check over a snapshot taken from the root."""
-    violations = check_snapshot(take_snapshot(_host(root)), Settings(), root=str(root))
+    violations = check_snapshot(take_snapshot(_host(root)), Settings().agent.state_dir, root=str(root))
     assert violations is not None
     return {v.rule for v in violations}
 

@@ -3,10 +3,10 @@
 :func:`default_hooks` wires the real ones; tests hand the jobs fakes (``Hooks(policy_check=...)``), and a hook
 left ``None`` is skipped. The entry points:
 
-- ``agent.policy.compliance.check_snapshot(snapshot, settings, root=...) -> Optional[Sequence[PolicyViolation]]``
+- ``agent.report.compliance.check_snapshot(snapshot, state_dir, root=...) -> Optional[Sequence[PolicyViolation]]``
   the report payloads for every rule the installed stack violates (empty: compliant; None: no policy). Called
-  after every snapshot with the current settings; it reads the compiled policy then, so a SIGHUP (or a recompiled
-  policy) takes effect at the next snapshot.
+  after every snapshot with the configured state directory; it reads the compiled policy then, so a SIGHUP (or a
+  recompiled policy) takes effect at the next snapshot.
 - ``agent.health.runner.run_health_check(host, health_settings, state_dir, snapshot=...) -> HealthResult`` and
   ``agent.health.events.payloads_for(result) -> [HealthRegression | CpuFallback]``; at start
   ``agent.health.last.load_last_result(state_dir)`` gives the last status back.
@@ -36,7 +36,7 @@ def default_hooks() -> Hooks:
     from agent.health.events import payloads_for
     from agent.health.last import load_last_result
     from agent.health.runner import run_health_check
-    from agent.policy.compliance import check_snapshot
+    from agent.report.compliance import check_snapshot
 
     return Hooks(policy_check=check_snapshot, health_run=run_health_check, health_last=load_last_result,
                  health_payloads=payloads_for, health_rollback=_health_rollback)

@@ -71,7 +71,7 @@ class SnapshotJob:
         if check is None:
             return
         try:
-            verdict = check(snap, rt.settings, root=str(rt.host.root))
+            verdict = check(snap, rt.settings.agent.state_dir, root=str(rt.host.root))
         except Exception as exc:  # noqa: BLE001 - the policy engine's failure must not stop snapshots
             log.error("policy_check_failed", error=f"{type(exc).__name__}: {exc}")
             rt.state.compliant = None

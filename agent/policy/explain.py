@@ -7,8 +7,9 @@ into lines, judging the host by the same context as the apt hook.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Protocol, Sequence
 
 from agent.hostfacts.context import NO_FACTS, HostContext
 from agent.policy import releases
@@ -16,8 +17,21 @@ from agent.policy.compiled import CompiledPolicy, guarded_names
 from agent.policy.evaluate import HostState, Violation, describe_pairing, evaluate, matching_pairing
 from agent.policy.spec import describe
 
-if TYPE_CHECKING:
-    from agent.guard.hotpath.overrides import OverrideWindow
+
+class OverrideWindow(Protocol):
+    """What ``explain`` shows of an open override window (the guard's OverrideWindow has these and more)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def expires_at(self) -> dt.datetime: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def opened_by(self) -> str: ...
 
 
 @dataclass(frozen=True)

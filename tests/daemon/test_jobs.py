@@ -52,11 +52,11 @@ def make_runtime(tmp_path: Path, host: Host, settings: Optional[Settings] = None
 
 
 def hooks_from(modules: Dict[str, Any]) -> Hooks:
-    """Hooks wired to fake ``agent.policy.compliance`` / ``agent.health.*`` modules; the rest left unwired."""
+    """Hooks wired to fake ``agent.report.compliance`` / ``agent.health.*`` modules; the rest left unwired."""
     def find(module: str, attribute: str) -> Any:
         return getattr(modules[module], attribute) if module in modules else None
 
-    return Hooks(policy_check=find("agent.policy.compliance", "check_snapshot"),
+    return Hooks(policy_check=find("agent.report.compliance", "check_snapshot"),
                  health_run=find("agent.health.runner", "run_health_check"),
                  health_last=find("agent.health.last", "load_last_result"),
                  health_payloads=find("agent.health.events", "payloads_for"))
@@ -118,8 +118,8 @@ def test_policy_violations_are_reported_when_they_appear(tmp_path: Path) -> None
     """A rule violated across snapshots is reported once; compliance follows the latest evaluation."""
     verdicts = [[PolicyViolation(rule="rocm-pin", message="rocm moved", action="rollback")],
                 [PolicyViolation(rule="rocm-pin", message="rocm moved", action="rollback")], []]
-    module = types.SimpleNamespace(check_snapshot=lambda snap, settings, root: verdicts.pop(0))
-    hook = hooks_from({"agent.policy.compliance": module}).policy_check
+    module = types.SimpleNamespace(check_snapshot=lambda snap, state_dir, root: verdicts.pop(0))
+    hook = hooks_from({"agent.report.compliance": module}).policy_check
     rt = make_runtime(tmp_path, make_fixture_host("gpuless-debian12"))
     job = SnapshotJob(rt, hook)
     job.run()
@@ -133,8 +133,8 @@ def test_policy_violations_are_reported_when_they_appear(tmp_path: Path) -> None
 
 def test_no_installed_policy_leaves_compliance_unknown(tmp_path: Path) -> None:
     """A policy engine that finds no compiled policy says nothing about compliance (not "compliant")."""
-    module = types.SimpleNamespace(check_snapshot=lambda snap, settings, root: None)
-    hook = hooks_from({"agent.policy.compliance": module}).policy_check
+    module = types.SimpleNamespace(check_snapshot=lambda snap, state_dir, root: None)
+    hook = hooks_from({"agent.report.compliance": module}).policy_check
     rt = make_runtime(tmp_path, make_fixture_host("gpuless-debian12"))
     SnapshotJob(rt, hook).run()
     assert rt.state.compliant is None

@@ -25,7 +25,7 @@ NOT_FOR_THE_RESIDENT = (
     "agent.collectors",
     "agent.snapshot.io", "agent.snapshot.model", "agent.snapshot.take", "agent.snapshot.render",
     "agent.health.runner", "agent.health.model", "agent.health.probe", "agent.health.baseline",
-    "agent.policy.compliance", "agent.policy.load", "agent.policy.evaluate", "agent.policy.model",
+    "agent.report.compliance", "agent.policy.load", "agent.policy.evaluate", "agent.policy.model",
     "agent.guard.rollback", "agent.guard.apt", "agent.guard.dnf", "agent.status.facts",
     "agent.report.sender", "requests", "urllib3", "charset_normalizer", "idna", "certifi",
 )

@@ -18,20 +18,20 @@ from agent.report.events import PolicyViolation
 from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
-    from agent.config import Settings
     from agent.snapshot.model import Snapshot
 
-log = get_logger("policy.compliance")
+log = get_logger("policy.compliance")  # the logger name operators filter on, kept from its old home
 
 
-def check_snapshot(snapshot: Snapshot, settings: Settings, root: str = "/") -> Optional[List[PolicyViolation]]:
+def check_snapshot(snapshot: Snapshot, state_dir: str, root: str = "/") -> Optional[List[PolicyViolation]]:
     """Report payloads for every rule the snapshot's installed stack violates (empty: compliant).
 
-    The compiled policy and the host context (OS, GPU targets, loaded modules) are read under ``root``, where
-    and as the apt hook and the guard read them; the snapshot gives the installed packages. None when no policy
-    is installed (compliance unknown, not "compliant"); a corrupt one raises InputFileError.
+    The compiled policy (from ``state_dir``, ``[agent] state_dir``) and the host context (OS, GPU targets, loaded
+    modules) are read under ``root``, where and as the apt hook and the guard read them; the snapshot gives the
+    installed packages. None when no policy is installed (compliance unknown, not "compliant"); a corrupt one
+    raises InputFileError.
     """
-    path = os.path.join(root, StatePaths(settings.agent.state_dir).compiled_policy.lstrip("/"))
+    path = os.path.join(root, StatePaths(state_dir).compiled_policy.lstrip("/"))
     if not os.path.exists(path):
         log.debug("policy_absent", path=path)
         return None

@@ -5,24 +5,20 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from agent.config import Settings
 from agent.frozen import replace
-from agent.policy.compliance import check_snapshot
 from agent.policy.load import load_and_compile, write_compiled
+from agent.report.compliance import check_snapshot
 from agent.snapshot.take import take_snapshot
+from agent.statepaths import StatePaths
 from tests.conftest import ROOTS
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _settings(tmp_path: Path) -> Settings:
-    return Settings.model_validate({"agent": {"state_dir": str(tmp_path)}})
-
-
 def test_no_compiled_policy_means_compliance_unknown(tmp_path: Path, fixture_host) -> None:
     """Without a compiled policy there is no verdict at all (None), not an empty list."""
     snap = take_snapshot(fixture_host("mi300x-rocm62-ubuntu2204"))
-    assert check_snapshot(snap, _settings(tmp_path)) is None
+    assert check_snapshot(snap, str(tmp_path)) is None
 
 
 def test_compiled_policy_is_read_under_the_root(tmp_path: Path, fixture_host) -> None:
@@ -34,9 +30,8 @@ def test_compiled_policy_is_read_under_the_root(tmp_path: Path, fixture_host) ->
     (root / state.relative_to("/")).mkdir(parents=True)
     write_compiled(str(root / state.relative_to("/") / "policy.compiled.json"), compiled)
     snap = take_snapshot(fixture_host("mi300x-rocm62-ubuntu2204"))
-    settings = Settings.model_validate({"agent": {"state_dir": str(state)}})
-    assert check_snapshot(snap, settings) is None
-    assert [v.rule for v in check_snapshot(snap, settings, root=str(root))] == ["amd.pairing"]
+    assert check_snapshot(snap, str(state)) is None
+    assert [v.rule for v in check_snapshot(snap, str(state), root=str(root))] == ["amd.pairing"]
 
 
 def test_violations_come_back_as_report_payloads(tmp_path: Path, fixture_host) -> None:
@@ -46,7 +41,7 @@ def test_violations_come_back_as_report_payloads(tmp_path: Path, fixture_host) -
     _, compiled = load_and_compile(str(policy))
     write_compiled(str(tmp_path / "policy.compiled.json"), compiled)
     snap = take_snapshot(fixture_host("mi300x-rocm62-ubuntu2204"))
-    violations = check_snapshot(snap, _settings(tmp_path))
+    violations = check_snapshot(snap, str(tmp_path))
     assert [v.rule for v in violations] == ["amd.pairing"]
     assert violations[0].kind == "policy_violation" and "rocm-core" in violations[0].packages
 
@@ -66,15 +61,15 @@ def test_h200_with_the_vm_hosts_driver_is_compliant(tmp_path: Path, fixture_host
     root = tmp_path / "root"
     shutil.copytree(ROOTS / "nvidia-h200-ubuntu2404", root, symlinks=True)
     compiled_path = root / "var/lib/gpuguard/policy.compiled.json"
-    settings = Settings()
+    state_dir = StatePaths().state_dir
     policy = tmp_path / "p.toml"
     policy.write_text('[policy]\nname = "t"\n[[nvidia.pairing]]\nname = "r580"\ndriver = "580.*"\ncuda = "13.0.*"\n')
     _, compiled = load_and_compile(str(policy))
     write_compiled(str(compiled_path), compiled)
     snap = _without_driver_packages(take_snapshot(fixture_host("nvidia-h200-ubuntu2404")))
-    assert check_snapshot(snap, settings, root=str(root)) == []
+    assert check_snapshot(snap, state_dir, root=str(root)) == []
     policy.write_text('[policy]\nname = "t"\n[[nvidia.pairing]]\nname = "r590"\ndriver = "590.*"\ncuda = "13.*"\n')
     _, compiled = load_and_compile(str(policy))
     write_compiled(str(compiled_path), compiled)
-    (violation,) = check_snapshot(snap, settings, root=str(root))
+    (violation,) = check_snapshot(snap, state_dir, root=str(root))
     assert "NVIDIA driver 580.159.04 (loaded nvidia module, no driver package)" in violation.message
