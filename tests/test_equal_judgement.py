@@ -21,7 +21,6 @@ import pytest
 from agent.cli import main
 from agent.commands.policy import read_freeze_facts
 from agent.config import Settings
-from agent.guard.rollback.core import check_and_rollback
 from agent.host import Host
 from agent.policy.compiled import read_compiled
 from agent.policy.evaluate import HostState, evaluate
@@ -31,6 +30,7 @@ from agent.snapshot.take import take_snapshot
 from tests.conftest import fake_module_loader, fixed_clock
 from tests.fakes.runner import FakeRunner
 from tests.guard.apt.test_hook import HEAD, line, run_hook
+from tests.guard.wiring import check
 
 POLICY = """
 [policy]
@@ -129,14 +129,14 @@ def compliance_rules(root: Path) -> Set[str]:
 
 def rollback_rules(root: Path) -> Set[str]:
     """The rollback check in dry-run (no known-good set yet: it reports every violation and records nothing)."""
-    result = check_and_rollback(_host(root), Settings(), dry_run=True)
+    result = check(_host(root), Settings(), dry_run=True)
     assert result.status == "no_known_good", result.summary()
     return {v.rule for v in result.violations}
 
 
 def freeze_rules(root: Path) -> Set[str]:
     """The facts ``policy freeze`` reads (packages, running kernel, host context), judged by the policy."""
-    facts = read_freeze_facts(_host(root), Settings())
+    facts = read_freeze_facts(_host(root))
     policy = read_compiled(str(root / "var/lib/gpuguard/policy.compiled.json"))
     state = HostState(before=facts.installed, after=facts.installed, manager=facts.manager, context=facts.context)
     return {v.rule for v in evaluate(state, policy)}

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, TextIO
 
-from agent.commands.guard_inputs import EXIT_ROLLBACK_FAILED, EXIT_VIOLATIONS, policy_for_host, settings_of
+from agent.commands.guard_inputs import (
+    EXIT_ROLLBACK_FAILED,
+    EXIT_VIOLATIONS,
+    policy_for_host,
+    settings_of,
+    state_paths,
+)
 from agent.commands.options import add_dry_run, add_group, add_guard_options
 
 if TYPE_CHECKING:
@@ -23,12 +29,15 @@ def add_parser(sub: Subparsers) -> None:
 
 def guard_rollback(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
     """Check the installed set against the last known-good one; roll back when the policy says so."""
+    from agent.guard.manager import backend_for
     from agent.guard.rollback.core import check_and_rollback
 
     host = make_host(args.root)
     settings = settings_of(args)
     policy = policy_for_host(args, host, settings)
-    result = check_and_rollback(host, settings, policy=policy, dry_run=args.dry_run)
+    paths = state_paths(settings)
+    result = check_and_rollback(host, settings.guard, paths, backend_for(host, settings.guard, paths), policy=policy,
+                                dry_run=args.dry_run)
     out.write(result.summary())
     if result.status == "failed":
         return EXIT_ROLLBACK_FAILED

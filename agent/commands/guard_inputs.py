@@ -5,7 +5,7 @@ they share."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Tuple
 
 from agent.statepaths import StatePaths
 
@@ -54,8 +54,8 @@ def policy_for_host(args: argparse.Namespace, host: Host, settings: Settings) ->
     return read_compiled(str(host.path(state_paths(settings).compiled_policy)))
 
 
-def installed_versions(host: Host, policy: CompiledPolicy, settings: Optional[Settings] = None) -> Dict[str, str]:
+def installed_versions(host: Host, policy: CompiledPolicy) -> Dict[str, str]:
     """The installed version of each package the policy guards."""
-    from agent.guard.rollback.core import read_installed
+    from agent.guard.installed import read_installed
 
-    return {k: v.version for k, v in read_installed(host, policy.guarded, settings=settings).items()}
+    return {k: v.version for k, v in read_installed(host, policy.guarded).items()}

@@ -28,7 +28,7 @@ def add_parser(sub: Subparsers) -> None:
 def pin_apply(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
     """Render the policy as native pins: apt preferences on dpkg hosts, dnf versionlock entries on rpm hosts;
     gpuguard's stale ones are removed, nobody else's."""
-    from agent.guard.manager import detect_manager
+    from agent.guard.installed import detect_manager
     from agent.policy.load import write_compiled
 
     host = make_host(args.root)
@@ -81,8 +81,8 @@ def _pin_apply_versionlock(args: argparse.Namespace, host: Host, settings: Setti
     from agent.guard.dnf.versionlock import apply_versionlock
     from agent.guard.manager import dnf_tool_for
 
-    tool = dnf_tool_for(host, settings)
-    installed = installed_versions(host, policy, settings)
+    tool = dnf_tool_for(host, settings.guard, state_paths(settings))
+    installed = installed_versions(host, policy)
     changes = apply_versionlock(host, policy, tool, installed, dry_run=args.dry_run)
     if changes.note:
         out.write(f"note: {changes.note}\n")

@@ -19,7 +19,6 @@ from agent.commands.options import add_config, add_group, add_guard_options, add
 
 if TYPE_CHECKING:
     from agent.commands import HostFactory, Subparsers
-    from agent.config import Settings
     from agent.host import Host
     from agent.policy.freeze import FreezeFacts
 
@@ -156,8 +155,7 @@ def _inventory(host: Host, policy: Any) -> Tuple[Optional[Any], Optional[Any]]:
     """This host's guarded packages and kernel releases for the semantic checks, or a warning why they are not
     known (no package database under --root, rpm not runnable)."""
     from agent.errors import GpuguardError
-    from agent.guard.manager import detect_manager
-    from agent.guard.rollback.core import read_installed
+    from agent.guard.installed import detect_manager, read_installed
     from agent.policy.compiled import DEFAULT_KERNEL_PACKAGES
     from agent.policy.load import guarded_patterns
     from agent.policy.semantic import WARNING, Inventory, Problem, inventory_kernels
@@ -190,7 +188,7 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     (EXIT_VIOLATIONS) when the host violates the policy now."""
     from agent.errors import InputFileError
     from agent.guard.hotpath.overrides import active_windows, load_windows
-    from agent.guard.manager import detect_manager
+    from agent.guard.installed import detect_manager
     from agent.hostfacts.context import read_host_context
     from agent.policy.explain import HostFacts, explain
 
@@ -203,7 +201,7 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
                                               policy.max_override_minutes), host.clock())
     except InputFileError as exc:
         windows_problem = str(exc)
-    facts = HostFacts(installed=installed_versions(host, policy, settings), manager=detect_manager(host),
+    facts = HostFacts(installed=installed_versions(host, policy), manager=detect_manager(host),
                       context=read_host_context(str(host.root)), windows=windows, windows_problem=windows_problem)
     explanation = explain(policy, facts)
     code = EXIT_VIOLATIONS if explanation.violations else 0
@@ -235,7 +233,8 @@ def policy_freeze(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
     if args.output and os.path.lexists(args.output) and not args.force:
         raise UsageError(f"{args.output} exists; pass --force to replace it")
     host = make_host(args.root)
-    facts = read_freeze_facts(host, settings_of(args))
+    settings_of(args)  # reads nothing from it, but a broken --config file stays an error (exit 3), as before
+    facts = read_freeze_facts(host)
     options = FreezeOptions(name=args.name, point_releases=args.allow_point_releases,
                             kernel_series=args.kernel_series, accept_inconsistent=args.accept_inconsistent)
     try:
@@ -255,14 +254,13 @@ def policy_freeze(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
     return 0
 
 
-def read_freeze_facts(host: Host, settings: Settings) -> FreezeFacts:
+def read_freeze_facts(host: Host) -> FreezeFacts:
     """What ``policy freeze`` freezes: the packages it reads, the running kernel and the host context."""
-    from agent.guard.manager import detect_manager
-    from agent.guard.rollback.core import read_installed
+    from agent.guard.installed import detect_manager, read_installed
     from agent.hostfacts.context import read_host_context
     from agent.policy.freeze import FREEZE_PACKAGES, FreezeFacts
 
-    installed = read_installed(host, list(FREEZE_PACKAGES), settings=settings)
+    installed = read_installed(host, list(FREEZE_PACKAGES))
     return FreezeFacts(installed={k: v.version for k, v in installed.items()}, manager=detect_manager(host),
                        running_kernel=host.read_first_line("/proc/sys/kernel/osrelease"),
                        context=read_host_context(str(host.root)), hostname=host.hostname(),

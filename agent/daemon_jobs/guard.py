@@ -48,7 +48,8 @@ def _default_check(host: Host, settings: Any, stopping: threading.Event) -> Any:
         if stopping.wait(seconds):
             raise Interrupted("the daemon is stopping: gave up waiting for the package manager's lock")
 
-    return check_and_rollback(host, settings, backend=backend_for(host, settings, sleep=sleep))
+    paths = StatePaths(settings.agent.state_dir)
+    return check_and_rollback(host, settings.guard, paths, backend_for(host, settings.guard, paths, sleep=sleep))
 
 
 class GuardJob:

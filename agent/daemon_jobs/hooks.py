@@ -10,8 +10,9 @@ left ``None`` is skipped. The entry points:
 - ``agent.health.runner.run_health_check(host, health_settings, state_dir, snapshot=...) -> HealthResult`` and
   ``agent.health.events.payloads_for(result) -> [HealthRegression | CpuFallback]``; at start
   ``agent.health.last.load_last_result(state_dir)`` gives the last status back.
-- ``agent.guard.rollback.health.rollback_before_change(host, settings, health_status, sink=...) -> GuardResult``
-  the health-gated rollback after a package change (apt/dnf tooling imported only when one is due).
+- ``agent.guard.rollback.health.rollback_before_change(host, paths, backend, health_status, sink=...)
+  -> GuardResult`` the health-gated rollback after a package change, called as ``health_rollback(host, settings,
+  health_status, sink=...)`` (apt/dnf tooling imported only when one is due).
 """
 
 from __future__ import annotations
@@ -42,7 +43,10 @@ def default_hooks() -> Hooks:
                  health_payloads=payloads_for, health_rollback=_health_rollback)
 
 
-def _health_rollback(*args: Any, **kwargs: Any) -> Any:
+def _health_rollback(host: Any, settings: Any, health_status: str, **kwargs: Any) -> Any:
+    from agent.guard.manager import backend_for
     from agent.guard.rollback.health import rollback_before_change
+    from agent.statepaths import StatePaths
 
-    return rollback_before_change(*args, **kwargs)
+    paths = StatePaths(settings.agent.state_dir)
+    return rollback_before_change(host, paths, backend_for(host, settings.guard, paths), health_status, **kwargs)

@@ -22,7 +22,6 @@ from agent.errors import CommandTimeout
 from agent.guard.apt.tool import AptTool
 from agent.guard.hotpath import decision as exits
 from agent.guard.hotpath.state import append_json_line
-from agent.guard.rollback.core import check_and_rollback
 from agent.host import CommandResult, Host
 from agent.log import configure
 from agent.policy.load import load_and_compile, write_compiled
@@ -31,6 +30,7 @@ from agent.statepaths import StatePaths
 from tests.conftest import fixed_clock
 from tests.daemon.test_jobs import make_runtime, no_hooks
 from tests.fakes.runner import FakeRunner
+from tests.guard.wiring import check
 
 BLOCKED = {"occurred_at": "2026-03-01T12:00:00+00:00", "kind": "transaction_blocked", "tool": "apt",
            "rule": "amd.pairing", "message": "breaks the pinned AMD pairing", "packages": {"rocm-core": "a -> b"},
@@ -405,7 +405,7 @@ def _daemon_over_rollback_root(tmp_path: Path, install_succeeds: bool) -> tuple:
                stdout="Reading package lists...\n")
     runner.add(tool.argv("dpkg", "--configure", "-a"))
     assert recompile_policy(host, settings)
-    assert check_and_rollback(host, settings).status == "recorded"  # the known-good set, as the package's postinst
+    assert check(host, settings).status == "recorded"  # the known-good set, as the package's postinst
     daemon = Daemon("/nonexistent/agent.toml", settings, host, SystemdNotifier({}), no_hooks())
     return daemon, root, runner
 

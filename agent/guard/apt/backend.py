@@ -14,6 +14,21 @@ from agent.hostfacts.dpkg_status import iter_dpkg_status, native_architecture, p
 from agent.log import get_logger
 
 log = get_logger("guard.apt.backend")
+DPKG_STATUS = "/var/lib/dpkg/status"
+
+
+def read_dpkg_installed(host: Host, patterns: Sequence[str]) -> Dict[str, InstalledPackage]:
+    """Installed packages matching the globs, from the host's dpkg status file; InputFileError without one."""
+    text = host.read_text(DPKG_STATUS)
+    if text is None:
+        raise InputFileError(str(host.path(DPKG_STATUS)), "no dpkg status database")
+    # Keyed as the apt hook keys them (name, or name:arch for a foreign architecture), so the known-good set,
+    # the rollback authorization and the hook's resulting set name a multi-arch package the same way.
+    native, wanted = native_architecture(text), list(patterns)
+    out = {}
+    for name, version, arch, _ in iter_dpkg_status(text, lambda n: any(fnmatch.fnmatchcase(n, p) for p in wanted)):
+        out[package_key(name, arch, native)] = InstalledPackage(version, arch)
+    return out
 
 
 def _last_line(text: str) -> str:
@@ -35,17 +50,7 @@ class AptBackend:
         self.mechanism = "apt-get install"  # how the last plan restores the set (for the rollback event)
 
     def read_installed(self, patterns: Sequence[str]) -> Dict[str, InstalledPackage]:
-        text = self.host.read_text("/var/lib/dpkg/status")
-        if text is None:
-            raise InputFileError(str(self.host.path("/var/lib/dpkg/status")), "no dpkg status database")
-        # Keyed as the apt hook keys them (name, or name:arch for a foreign architecture), so the known-good set,
-        # the rollback authorization and the hook's resulting set name a multi-arch package the same way.
-        native, wanted = native_architecture(text), list(patterns)
-        out = {}
-        for name, version, arch, _ in iter_dpkg_status(text,
-                                                       lambda n: any(fnmatch.fnmatchcase(n, p) for p in wanted)):
-            out[package_key(name, arch, native)] = InstalledPackage(version, arch)
-        return out
+        return read_dpkg_installed(self.host, patterns)
 
     def wait_for_lock(self) -> float:
         return self.tool.wait_for_dpkg_lock()

@@ -28,7 +28,7 @@ from agent.guard.dnf.request import DEFAULT_INSTALLONLY
 from agent.guard.locks import record_lock_is_free, wait_for_locks
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep
 from agent.host import CommandResult, Host
-from agent.hostfacts.rpmdb import RPM_QUERY_FORMAT, parse_rpm_rows
+from agent.hostfacts.rpmdb import parse_rpm_rows, rpm_query_argv
 from agent.statepaths import StatePaths
 
 RPM_LOCK_FILES = ("/var/lib/rpm/.rpm.lock", "/usr/lib/sysimage/rpm/.rpm.lock")
@@ -37,6 +37,7 @@ DNF_LOCK_FILES = ("/var/lib/dnf/rpmdb_lock.pid",)  # dnf4's ProcessLock: a pid f
 # (dnf.const.INSTALLONLYPKGS), by name and by what the package provides.
 INSTALLONLY_NAMES = frozenset(DEFAULT_INSTALLONLY | {"kernel-PAE"})
 INSTALLONLY_PROVIDES = ("installonlypkg(", "multiversion(kernel)")
+RPM_QUERY_TIMEOUT_SECONDS = 120.0
 _32BIT_ARCHES = ("i386", "i486", "i586", "i686", "athlon", "armv7hl", "armv7l")
 SECTION_ACTIONS = {"installing": "install", "upgrading": "upgrade", "downgrading": "downgrade",
                    "reinstalling": "reinstall", "removing": "remove", "installing dependencies": "install",
@@ -88,6 +89,12 @@ def parse_rpm_installed(text: str, patterns: Sequence[str]) -> Dict[str, Install
         for build in builds[1:]:
             out[f"{name}:{build.arch}"] = build
     return dict(sorted(out.items()))
+
+
+def read_rpm_installed(host: Host, patterns: Sequence[str]) -> Dict[str, InstalledPackage]:
+    """Installed packages matching the globs, from the rpm database under the host's root (``rpm -qa``)."""
+    result = host.run(rpm_query_argv(str(host.root)), timeout_seconds=RPM_QUERY_TIMEOUT_SECONDS).check()
+    return parse_rpm_installed(result.stdout, patterns)
 
 
 def split_nevra(spec: str) -> Tuple[str, str, str]:
@@ -231,8 +238,7 @@ class DnfTool:
 
     def installed(self, patterns: Sequence[str]) -> Dict[str, InstalledPackage]:
         """Guarded installed packages from the rpm database."""
-        result = self.host.run(self.rpm_argv("-qa", "--qf", RPM_QUERY_FORMAT), timeout_seconds=120.0).check()
-        return parse_rpm_installed(result.stdout, patterns)
+        return read_rpm_installed(self.host, patterns)
 
     @property
     def script_path(self) -> str:

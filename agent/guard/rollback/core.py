@@ -14,23 +14,20 @@ import datetime as dt
 import fnmatch
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from agent.errors import InputFileError
 from agent.files import read_json_file, write_atomically
 from agent.guard.hotpath.overrides import active_windows, audit, load_windows
 from agent.guard.hotpath.state import append_json_line
-from agent.guard.manager import PackageTool, backend_for
 from agent.guard.rollback.backend import InstalledPackage, PackageBackend, PlannedStep
+from agent.guard.settings import GuardSettings
 from agent.host import Host
 from agent.hostfacts.context import read_host_context
 from agent.log import get_logger
 from agent.policy.compiled import KERNEL_MODULE_PACKAGES, CompiledPolicy
 from agent.policy.evaluate import HostState, Violation, evaluate, facts_used
 from agent.statepaths import StatePaths
-
-if TYPE_CHECKING:  # pragma: no cover
-    from agent.config import Settings
 
 log = get_logger("guard.rollback")
 KNOWN_GOOD_FORMAT = 1
@@ -57,16 +54,6 @@ class GuardResult:
         if self.reboot_required:
             lines.append("  a kernel module package changed: reboot needed")
         return "\n".join(lines) + "\n"
-
-
-def read_installed(host: Host, patterns: List[str], backend: Optional[PackageBackend] = None,
-                   settings: Optional[Settings] = None) -> Dict[str, InstalledPackage]:
-    """Installed packages matching the guarded globs, from the host's package database (dpkg status or rpm)."""
-    if backend is None:
-        from agent.config import Settings
-
-        backend = backend_for(host, settings or Settings())
-    return backend.read_installed(patterns)
 
 
 def load_known_good(host: Host, paths: StatePaths) -> Optional[Dict[str, InstalledPackage]]:
@@ -193,27 +180,23 @@ def _revoke(host: Host, paths: StatePaths, path: str) -> None:
     audit(str(host.path(paths.audit_log)), "rollback_authorization_removed", host.clock())
 
 
-def check_and_rollback(host: Host, settings: Settings, policy: Optional[CompiledPolicy] = None,
-                       tool: Optional[PackageTool] = None,
+def check_and_rollback(host: Host, guard: GuardSettings, paths: StatePaths, backend: PackageBackend,
+                       policy: Optional[CompiledPolicy] = None,
                        now: Optional[Callable[[], dt.datetime]] = None, dry_run: bool = False,
-                       snapshot: Optional[Callable[[Host], object]] = None,
-                       backend: Optional[PackageBackend] = None) -> GuardResult:
+                       snapshot: Optional[Callable[[Host], object]] = None) -> GuardResult:
     """Compare the installed set with the last known-good one and act as the policy says.
 
-    ``settings`` is the agent Settings (``agent.state_dir`` and ``guard``). ``policy`` defaults to the compiled
-    policy in the state directory. ``snapshot`` is called after a rollback (default: a full snapshot, whose
-    content hash goes into the Rollback event). ``backend`` (or ``tool``, an AptTool or DnfTool) replaces the
-    package-manager backend picked from the host's package database.
+    ``guard`` is the ``[guard]`` settings, ``paths`` the state directory's files, ``backend`` the host's package
+    manager (agent.guard.manager.backend_for builds it). ``policy`` defaults to the compiled policy in the state
+    directory. ``snapshot`` is called after a rollback (default: a full snapshot, whose content hash goes into the
+    Rollback event).
     """
     from agent.policy.compiled import read_compiled
     from agent.report.events import PolicyViolation
 
     clock = now or host.clock
-    paths = StatePaths(settings.agent.state_dir)
-    guard = settings.guard
     if policy is None:
         policy = read_compiled(str(host.path(paths.compiled_policy)))
-    backend = backend or backend_for(host, settings, tool)
     backend.wait_for_lock()
     current = backend.read_installed(policy.guarded)
     known_good = load_known_good(host, paths)

@@ -38,7 +38,6 @@ from agent.log import get_logger
 from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
-    from agent.config import Settings
     from agent.policy.compiled import CompiledPolicy
 
 log = get_logger("guard.health_rollback")
@@ -74,9 +73,8 @@ def last_health_rollback(host: Host, paths: StatePaths) -> Optional[Dict[str, An
     return data if isinstance(data, dict) else None
 
 
-def rollback_before_change(host: Host, settings: "Settings", health_status: str,
-                           sink: Callable[[Any], None], backend: Optional[PackageBackend] = None,
-                           policy: Optional["CompiledPolicy"] = None,
+def rollback_before_change(host: Host, paths: StatePaths, backend: PackageBackend, health_status: str,
+                           sink: Callable[[Any], None], policy: Optional["CompiledPolicy"] = None,
                            now: Optional[Callable[[], dt.datetime]] = None,
                            snapshot: Optional[Callable[[Host], object]] = None) -> GuardResult:
     """Restore the set kept before the last change; the Rollback event (reason ``health``) goes to ``sink``.
@@ -85,14 +83,11 @@ def rollback_before_change(host: Host, settings: "Settings", health_status: str,
     was kept before the change), ``compliant`` (already that set), ``refused`` (it is the set a health rollback
     removed before).
     """
-    from agent.guard.manager import backend_for
     from agent.policy.compiled import read_compiled
 
     clock = now or host.clock
-    paths = StatePaths(settings.agent.state_dir)
     if policy is None:
         policy = read_compiled(str(host.path(paths.compiled_policy)))
-    backend = backend or backend_for(host, settings)
     backend.wait_for_lock()
     previous = load_before_change(host, paths)
     if previous is None:

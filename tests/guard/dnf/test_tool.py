@@ -26,15 +26,17 @@ from agent.guard.dnf.tool import (
     rpm_file_name,
     split_nevra,
 )
-from agent.guard.manager import backend_for, detect_manager
+from agent.guard.installed import detect_manager
+from agent.guard.manager import backend_for
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep
-from agent.guard.rollback.core import check_and_rollback, load_known_good
+from agent.guard.rollback.core import load_known_good
 from agent.host import CommandResult, Host
 from agent.hostfacts.rpmdb import RPM_QUERY_FORMAT
 from agent.policy.load import compiled_from, load_policy
 from agent.statepaths import StatePaths
 from tests.conftest import fixed_clock
 from tests.fakes.runner import FakeRunner
+from tests.guard.wiring import check
 
 GUARDED = ["amdgpu-dkms", "rocm-core", "kernel", "kernel-core", "hello*"]
 D62, D63, R62 = "1:6.8.5.60202-2041575.el9", "1:6.10.5.60300-2084815.el9", "6.2.2.60202-116.el9"
@@ -134,7 +136,7 @@ def test_argv_uses_installroot_for_a_foreign_root_and_the_backend_is_picked_from
     root, host, tool, _ = _rpm_root(tmp_path)
     assert tool.argv("shell", "x") == ["dnf", f"--installroot={root}", "-c", "/etc/test-dnf.conf", "shell", "x"]
     assert DnfTool(Host.for_root("/")).argv("upgrade") == ["dnf", "upgrade"]
-    assert detect_manager(host) == "rpm" and isinstance(backend_for(host, Settings()), RpmBackend)
+    assert detect_manager(host) == "rpm" and isinstance(backend_for(host, Settings().guard, StatePaths()), RpmBackend)
     (root / "var/lib/dpkg").mkdir(parents=True)
     (root / "var/lib/dpkg/status").write_text("")
     assert detect_manager(host) == "dpkg"
@@ -197,7 +199,7 @@ def test_check_records_then_plans_a_rollback_from_cached_rpms(tmp_path: Path) ->
     runner.add(tool.rpm_argv("-Va", "--nofiles", "--nodigest", "--nosignature"), stdout="")  # consistent
     backend = RpmBackend(host, tool, rpms)
     settings = Settings()
-    assert check_and_rollback(host, settings, policy=policy, backend=backend).status == "recorded"
+    assert check(host, settings, policy=policy, backend=backend).status == "recorded"
     known_good = load_known_good(host, StatePaths())
     assert known_good["kernel-core@5.14.0-427.el9"].version == "5.14.0-427.el9"
     assert [p.name for p in (root / rpms.lstrip("/")).iterdir()] == [rpm_file_name("amdgpu-dkms", D62, "noarch")]
@@ -208,7 +210,7 @@ def test_check_records_then_plans_a_rollback_from_cached_rpms(tmp_path: Path) ->
                stdout=ASSUMENO.replace(" a-very-long-package-name-that-dnf-wraps-onto-the-next-line\n"
                                        "                                 x86_64    2.0-1                   fake"
                                        "         6 k\n", ""))
-    planned = check_and_rollback(host, settings, policy=policy, backend=backend, dry_run=True)
+    planned = check(host, settings, policy=policy, backend=backend, dry_run=True)
     assert planned.status == "planned", planned.summary()
     assert planned.targets == [f"install {cached}", "remove kernel-core-5.14.0-570.el9.x86_64"]
     assert planned.to_versions == {"amdgpu-dkms": D62, "kernel-core@5.14.0-570.el9": "(removed)"}

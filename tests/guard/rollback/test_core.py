@@ -14,12 +14,13 @@ from agent.cli import main
 from agent.config import Settings
 from agent.errors import CommandTimeout, InputFileError
 from agent.guard.apt.tool import AptTool, parse_simulation
-from agent.guard.rollback.core import check_and_rollback, load_known_good
+from agent.guard.rollback.core import load_known_good
 from agent.host import Host
 from agent.policy.load import compiled_from, load_policy
 from agent.statepaths import StatePaths
 from tests.conftest import fixed_clock
 from tests.fakes.runner import FakeRunner
+from tests.guard.wiring import check
 
 POLICY = """
 [policy]
@@ -76,7 +77,7 @@ def test_a_compliant_but_broken_database_is_not_recorded_as_known_good(tmp_path:
     host = Host(root=root, runner=runner, clock=fixed_clock)
     tool = AptTool(host, lock_timeout_seconds=1)
     _consistent(runner, tool, audit="The following packages are only half configured ...\n amdgpu-dkms\n")
-    result = check_and_rollback(host, Settings(), policy=compiled_from(load_policy(str(policy_file))), tool=tool)
+    result = check(host, Settings(), policy=compiled_from(load_policy(str(policy_file))), tool=tool)
     assert result.status == "inconsistent" and "dpkg --audit" in result.detail
     assert load_known_good(host, StatePaths()) is None
 
@@ -94,13 +95,13 @@ def test_first_compliant_check_records_known_good_then_plans_a_rollback(setup) -
     for name, version in (("amdgpu-dkms", D62), ("rocm-core", R62)):
         runner.add(tool._download_argv(name, version, "/var/lib/gpuguard/debs"), returncode=100,
                    stderr="E: Version not found")
-    result = check_and_rollback(host, Settings(), policy=policy, tool=tool)
+    result = check(host, Settings(), policy=policy, tool=tool)
     assert result.status == "recorded"
     assert load_known_good(host, StatePaths())["amdgpu-dkms"].version == D62
     (root / "var/lib/dpkg/status").write_text(_status(D63))
     runner.add(tool.argv("apt-get", "-s", "-y", "--allow-downgrades", "--allow-change-held-packages",
                          *tool._apt_options(), "install", f"amdgpu-dkms={D62}"), stdout=SIMULATION)
-    planned = check_and_rollback(host, Settings(), policy=policy, tool=tool, dry_run=True)
+    planned = check(host, Settings(), policy=policy, tool=tool, dry_run=True)
     assert planned.status == "planned" and planned.targets == [f"amdgpu-dkms={D62}"]
     assert planned.reboot_required and planned.to_versions == {"amdgpu-dkms": D62}
     assert "plan: install amdgpu-dkms" in planned.summary()
@@ -113,14 +114,14 @@ def test_versions_no_repository_offers_are_named_when_recorded_and_when_planning
     for name, version in (("amdgpu-dkms", D62), ("rocm-core", R62)):
         runner.add(tool._download_argv(name, version, "/var/lib/gpuguard/debs"), returncode=100,
                    stderr=f"E: Can't find a source to download version '{version}' of '{name}:amd64'")
-    recorded = check_and_rollback(host, Settings(), policy=policy, tool=tool)
+    recorded = check(host, Settings(), policy=policy, tool=tool)
     assert recorded.status == "recorded"
     assert "no package file could be kept for 2 of them (amdgpu-dkms, rocm-core)" in recorded.detail
     (root / "var/lib/dpkg/status").write_text(_status(D63))
     runner.add(tool.argv("apt-get", "-s", "-y", "--allow-downgrades", "--allow-change-held-packages",
                          *tool._apt_options(), "install", f"amdgpu-dkms={D62}"), returncode=100,
                stderr="E: Version '1:6.8.5.60202-2041575' for 'amdgpu-dkms' was not found\n")
-    planned = check_and_rollback(host, Settings(), policy=policy, tool=tool, dry_run=True)
+    planned = check(host, Settings(), policy=policy, tool=tool, dry_run=True)
     assert planned.status == "failed"
     assert "apt-get -s could not plan the rollback: E: Version" in planned.detail
     assert f"no kept package file for amdgpu-dkms {D62}: put it in /var/lib/gpuguard/debs" in planned.detail

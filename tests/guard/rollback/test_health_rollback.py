@@ -10,11 +10,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from agent.config import Settings
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep
 from agent.guard.rollback.core import keep_before_change
-from agent.guard.rollback.health import rollback_before_change
 from agent.host import Host
 from agent.policy.load import compiled_from, load_policy
 from agent.statepaths import StatePaths
 from tests.conftest import fixed_clock
+from tests.guard.wiring import health_rollback
 
 OLD = {"amdgpu-dkms": InstalledPackage("1:6.8.5", "all"), "rocm-core": InstalledPackage("6.2.2", "amd64")}
 NEW = {"amdgpu-dkms": InstalledPackage("1:6.10.5", "all"), "rocm-core": InstalledPackage("6.3.0", "amd64")}
@@ -80,7 +80,7 @@ def test_restores_the_kept_set_once_reports_and_marks_the_reboot(tmp_path: Path)
     keep_before_change(host, paths, OLD, fixed_clock())
     backend = MemoryBackend(NEW)
     events: List[Any] = []
-    result = rollback_before_change(host, settings, "cpu_fallback", sink=events.append, backend=backend,
+    result = health_rollback(host, settings, "cpu_fallback", sink=events.append, backend=backend,
                                     policy=policy, snapshot=lambda h: None)
     assert result.status == "rolled_back" and backend.installed == OLD
     [event] = events
@@ -93,7 +93,7 @@ def test_restores_the_kept_set_once_reports_and_marks_the_reboot(tmp_path: Path)
     audit = [json.loads(line)["event"] for line in host.path(paths.audit_log).read_text().splitlines()]
     assert audit == ["rollback_authorization_written", "rollback", "rollback_authorization_removed"]
     assert not host.path(paths.guard_events).exists()  # committed by the health job itself, not forwarded
-    again = rollback_before_change(host, settings, "cpu_fallback", sink=events.append, backend=backend,
+    again = health_rollback(host, settings, "cpu_fallback", sink=events.append, backend=backend,
                                    policy=policy)
     assert again.status == "no_known_good" and len(events) == 1
 
@@ -103,12 +103,12 @@ def test_never_back_to_the_set_a_health_rollback_removed(tmp_path: Path) -> None
     host, settings, policy, paths = _setup(tmp_path)
     keep_before_change(host, paths, OLD, fixed_clock())
     backend = MemoryBackend(NEW)
-    rollback_before_change(host, settings, "failed", sink=lambda e: None, backend=backend, policy=policy,
+    health_rollback(host, settings, "failed", sink=lambda e: None, backend=backend, policy=policy,
                            snapshot=lambda h: None)
     # The guard records the restored set; the one it replaced (NEW, which health removed) is kept as "before".
     keep_before_change(host, paths, NEW, fixed_clock())
     events: List[Any] = []
-    result = rollback_before_change(host, settings, "failed", sink=events.append, backend=backend, policy=policy)
+    result = health_rollback(host, settings, "failed", sink=events.append, backend=backend, policy=policy)
     assert result.status == "refused" and events == [] and backend.installed == OLD
 
 
@@ -117,5 +117,5 @@ def test_nothing_to_do_when_the_kept_set_is_installed(tmp_path: Path) -> None:
     host, settings, policy, paths = _setup(tmp_path)
     keep_before_change(host, paths, OLD, fixed_clock())
     backend = MemoryBackend(OLD)
-    result = rollback_before_change(host, settings, "failed", sink=lambda e: None, backend=backend, policy=policy)
+    result = health_rollback(host, settings, "failed", sink=lambda e: None, backend=backend, policy=policy)
     assert result.status == "compliant" and "apply" not in backend.calls

@@ -11,7 +11,6 @@ import pytest
 from agent.config import Settings
 from agent.guard.apt.preferences import HEADER
 from agent.guard.hotpath.overrides import start_window
-from agent.guard.rollback.core import check_and_rollback
 from agent.host import Host
 from tests.guard.apt.chroot.conftest import gpuguard
 from tests.guard.apt.chroot.harness import (
@@ -25,6 +24,7 @@ from tests.guard.apt.chroot.harness import (
     ROCM_63,
     Chroot,
 )
+from tests.guard.wiring import check
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -35,7 +35,7 @@ def _events(chroot: Chroot) -> list:
 
 
 def _rollback(chroot: Chroot):
-    return check_and_rollback(Host.for_root(str(chroot.root)), Settings(), snapshot=lambda host: None)
+    return check(Host.for_root(str(chroot.root)), Settings(), snapshot=lambda host: None)
 
 
 def test_baseline_is_installed_through_the_hook(chroot: Chroot) -> None:

@@ -13,13 +13,12 @@ from agent.config import Settings
 from agent.daemon_jobs.health import HealthJob
 from agent.daemon_jobs.hooks import Hooks
 from agent.daemon_jobs.runtime import EventEmitter, Runtime
-from agent.guard.rollback.core import check_and_rollback
-from agent.guard.rollback.health import rollback_before_change
 from agent.host import Host
 from agent.report.events import CpuFallback
 from agent.report.outbox import Outbox
 from tests.guard.apt.chroot.conftest import gpuguard
 from tests.guard.apt.chroot.harness import AMDGPU_63, BASELINE, ROCM_63, Chroot
+from tests.guard.wiring import check, health_rollback
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -62,7 +61,7 @@ def test_cpu_fallback_after_an_allowed_upgrade_restores_the_exact_previous_versi
         result = chroot.apt("install", f"amdgpu-dkms={AMDGPU_63}", f"rocm-core={ROCM_63}",
                             f"rocm-hip-runtime={ROCM_63}")
         assert result.returncode == 0, result.stdout + result.stderr
-        checked = check_and_rollback(host, settings, snapshot=lambda h: None)
+        checked = check(host, settings, snapshot=lambda h: None)
         assert checked.status == "recorded", checked.summary()
         assert (chroot.state_dir / "known-good.before-change.json").exists()
 
@@ -72,7 +71,7 @@ def test_cpu_fallback_after_an_allowed_upgrade_restores_the_exact_previous_versi
         probe = ProbeOfThisRoot(chroot)
 
         def rollback(*args: Any, **kwargs: Any) -> Any:
-            return rollback_before_change(*args, snapshot=lambda h: None, **kwargs)
+            return health_rollback(*args, snapshot=lambda h: None, **kwargs)
 
         job = HealthJob(rt, Hooks(health_run=probe, health_payloads=_payloads, health_rollback=rollback))
         summary = job.check("stack_changed:dpkg,amdgpu,rocm", "functional", after_change=True)
@@ -95,8 +94,8 @@ def test_cpu_fallback_after_an_allowed_upgrade_restores_the_exact_previous_versi
         assert not (chroot.state_dir / "known-good.before-change.json").exists()
 
         # The guard records the restored set; the set it replaced is the one health removed: never restored again.
-        assert check_and_rollback(host, settings, snapshot=lambda h: None).status == "recorded"
-        again = rollback_before_change(host, settings, "cpu_fallback", sink=lambda event: None)
+        assert check(host, settings, snapshot=lambda h: None).status == "recorded"
+        again = health_rollback(host, settings, "cpu_fallback", sink=lambda event: None)
         assert again.status == "refused", again.detail
         assert {n: chroot.installed().get(n) for n in STACK} == {n: BASELINE[n] for n in STACK}
         outbox.close()

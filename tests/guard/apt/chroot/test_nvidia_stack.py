@@ -11,10 +11,11 @@ from typing import Dict, Iterator, List
 import pytest
 
 from agent.config import Settings
-from agent.guard.rollback.core import GuardResult, check_and_rollback
+from agent.guard.rollback.core import GuardResult
 from agent.host import Host
 from tests.guard.apt.chroot.conftest import gpuguard
 from tests.guard.apt.chroot.harness import BASELINE, ROCM_62, ROCM_63, TEST_POLICY, Chroot, FakePackage
+from tests.guard.wiring import check
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -102,7 +103,7 @@ def _versions(chroot: Chroot) -> Dict[str, str]:
 
 
 def _rollback(chroot: Chroot) -> GuardResult:
-    return check_and_rollback(Host.for_root(str(chroot.root)), Settings(), snapshot=lambda host: None)
+    return check(Host.for_root(str(chroot.root)), Settings(), snapshot=lambda host: None)
 
 
 def _assert_clean(chroot: Chroot) -> None:

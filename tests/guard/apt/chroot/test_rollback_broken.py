@@ -10,7 +10,7 @@ from typing import Dict
 import pytest
 
 from agent.config import Settings
-from agent.guard.rollback.core import GuardResult, check_and_rollback
+from agent.guard.rollback.core import GuardResult
 from agent.host import Host
 from tests.guard.apt.chroot.conftest import gpuguard
 from tests.guard.apt.chroot.harness import (
@@ -22,6 +22,7 @@ from tests.guard.apt.chroot.harness import (
     TEST_POLICY,
     Chroot,
 )
+from tests.guard.wiring import check
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -29,7 +30,7 @@ GOOD = {"amdgpu-dkms": AMDGPU_62_U, FIRMWARE: AMDGPU_62_U, "rocm-core": ROCM_62,
 
 
 def _rollback(chroot: Chroot) -> GuardResult:
-    return check_and_rollback(Host.for_root(str(chroot.root)), Settings(), snapshot=lambda host: None)
+    return check(Host.for_root(str(chroot.root)), Settings(), snapshot=lambda host: None)
 
 
 def _versions(chroot: Chroot) -> Dict[str, str]:

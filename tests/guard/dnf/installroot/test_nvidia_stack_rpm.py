@@ -10,11 +10,11 @@ from typing import Dict, Iterator, List
 import pytest
 
 from agent.config import Settings
-from agent.guard.rollback.core import check_and_rollback
 from tests import needs
 from tests.guard.dnf.installroot.conftest import compile_policy
 from tests.guard.dnf.installroot.harness import FakeRpm, Installroot, build_repo, missing_tools
 from tests.guard.dnf.installroot.rollback_support import backend_for_root
+from tests.guard.wiring import check
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -83,7 +83,7 @@ def root(session: Installroot) -> Installroot:
 
 def _check(root: Installroot):
     backend = backend_for_root(root)
-    return check_and_rollback(backend.host, Settings(), backend=backend, snapshot=lambda host: None)
+    return check(backend.host, Settings(), backend=backend, snapshot=lambda host: None)
 
 
 def _versions(root: Installroot) -> Dict[str, str]:

@@ -11,7 +11,6 @@ import pytest
 
 from agent.config import Settings
 from agent.guard.dnf.versionlock import BEGIN, END
-from agent.guard.rollback.core import check_and_rollback
 from tests.guard.dnf.installroot.harness import (
     AMDGPU_62,
     AMDGPU_63,
@@ -33,6 +32,7 @@ from tests.guard.dnf.installroot.rollback_support import (
     events,
     restore_repo,
 )
+from tests.guard.wiring import check
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.timeout(120)
 def _check(root: Installroot, **kwargs):
     backend = backend_for_root(root)
     kwargs.setdefault("snapshot", lambda host: None)
-    return check_and_rollback(backend.host, Settings(), backend=backend, **kwargs)
+    return check(backend.host, Settings(), backend=backend, **kwargs)
 
 
 @pytest.fixture(scope="session")
@@ -220,7 +220,7 @@ def test_rollback_removes_a_forced_kernel_that_versionlock_excludes(root: Instal
     _force(root, "-i", "--force", root.rpm_path("kernel-core", KERNEL_570), root.rpm_path("kernel", KERNEL_570))
     backend = backend_for_root(root)
     backend.tool.options = ["-c", str(conf), "--releasever=9"]
-    result = check_and_rollback(backend.host, Settings(), backend=backend, snapshot=lambda host: None)
+    result = check(backend.host, Settings(), backend=backend, snapshot=lambda host: None)
     assert result.status == "rolled_back", result.summary()
     assert root.nevras() == before
 
