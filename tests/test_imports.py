@@ -1,4 +1,5 @@
-"""The import rules the layout depends on: no cycle in agent/, apt/ and dnf/ apart, a stdlib-only hot path."""
+"""The import rules the layout depends on: the floors, no cycle in agent/, apt/ and dnf/ apart, policy/ pure, a
+stdlib-only hot path."""
 
 from __future__ import annotations
 
@@ -6,11 +7,50 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Set
+from typing import Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import pytest
 
 AGENT = Path(__file__).resolve().parents[1] / "agent"
+ARCHITECTURE = AGENT.parent / "docs" / "architecture.md"
+
+# The floors of agent/, lowest first (docs/architecture.md, "Floors"): a module imports from its own floor or below.
+# A name stands for a module or a package with everything in it; the longest name that covers a module decides.
+FLOORS: Dict[str, int] = {
+    # F0 ground: leaves every floor may use
+    "agent": 0, "agent.errors": 0, "agent.records": 0, "agent.frozen": 0, "agent.strictjson": 0, "agent.files": 0,
+    "agent.defaults": 0, "agent.log": 0, "agent.models": 0, "agent.validation": 0, "agent.statepaths": 0,
+    "agent.versions": 0, "agent.hostfacts": 0,
+    # F1 seams, and the policy engine (pure: the ground floor and itself, test_policy_is_pure)
+    "agent.host": 1, "agent.gpu_libraries": 1, "agent.configfile": 1, "agent.policy": 1,
+    # F2
+    "agent.collectors": 2,
+    # F3 areas
+    "agent.snapshot": 3, "agent.guard": 3, "agent.health": 3, "agent.report": 3,
+    # F4: what composes the areas
+    "agent.status": 4, "agent.integrations": 4, "agent.config": 4,
+    # F5: the daemon's jobs, the hub, the command families
+    "agent.daemon_jobs": 5, "agent.hub": 5, "agent.commands": 5,
+    # F6 top
+    "agent.cli": 6, "agent.daemon": 6, "agent.__main__": 6,
+}
+# Inside agent/guard/ the rule once more: the hot path, the neutral modules apt and dnf share, apt and dnf, what
+# reads through both (installed sets) and rollback, then the manager that builds tools and backends from settings.
+GUARD_STEPS: Dict[str, int] = {
+    "agent.guard.hotpath": 1,
+    "agent.guard": 2, "agent.guard.locks": 2, "agent.guard.pin_records": 2, "agent.guard.settings": 2,
+    "agent.guard.rollback.backend": 2,
+    "agent.guard.apt": 3, "agent.guard.dnf": 3,
+    "agent.guard.installed": 4, "agent.guard.rollback": 4,
+    "agent.guard.manager": 5,
+}
+# Upward imports that are allowed, each with its reason (the same list in docs/architecture.md, "Floors"); at most
+# MAX_UPWARD. An entry no import uses any more fails test_no_module_imports_a_higher_floor: delete it then.
+ALLOWED_UPWARD: Dict[Tuple[str, str], str] = {
+    ("agent.commands.run", "agent.daemon"):
+        "gpuguard run is the daemon: its handler hands the process to run_daemon, the top of what it runs",
+}
+MAX_UPWARD = 4
 
 # What runs inside every apt and dnf transaction: the apt hook, the dnf4 checker, the dnf5 action, and the folder
 # they share. Everything these import, transitively, must be the standard library or agent code obeying the same.
@@ -89,10 +129,84 @@ def test_no_import_cycle_in_agent() -> None:
 
 @pytest.mark.parametrize("one,other", [("agent.guard.apt", "agent.guard.dnf"), ("agent.guard.dnf", "agent.guard.apt")])
 def test_apt_and_dnf_never_import_each_other(one: str, other: str) -> None:
-    """agent/guard/apt/ and agent/guard/dnf/ meet only in agent/guard/manager.py and the neutral modules."""
+    """guard/apt/ and guard/dnf/ meet only in guard/installed.py, guard/manager.py and the neutral modules."""
     modules = agent_modules()
     offenders = sorted(f"{name} imports {target}" for name, targets in agent_edges(modules).items()
                        if name.startswith(one + ".") for target in targets if target.startswith(other))
+    assert offenders == []
+
+
+def covering(table: Dict[str, int], name: str) -> Optional[int]:
+    """The value of the longest name in ``table`` that is ``name`` or a package above it; None when none is."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        found = table.get(".".join(parts[:end]))
+        if found is not None:
+            return found
+    return None
+
+
+def is_upward(source: str, target: str, floor_of: Callable[[str], Optional[int]] = lambda m: covering(FLOORS, m),
+              step_of: Callable[[str], Optional[int]] = lambda m: covering(GUARD_STEPS, m)) -> bool:
+    """Whether importing ``target`` from ``source`` goes up a floor (or up a step inside agent/guard/)."""
+    source_floor, target_floor = floor_of(source), floor_of(target)
+    assert source_floor is not None and target_floor is not None, (source, target)
+    if target_floor != source_floor:
+        return target_floor > source_floor
+    source_step, target_step = step_of(source), step_of(target)
+    return source_step is not None and target_step is not None and target_step > source_step
+
+
+def upward_imports(edges: Dict[str, Set[str]]) -> List[Tuple[str, str]]:
+    return sorted((name, target) for name, targets in edges.items() for target in targets if is_upward(name, target))
+
+
+def test_the_floor_rule_itself() -> None:
+    """Up a floor is upward, down or level is not, and inside agent/guard/ the steps count (a toy table)."""
+    floors = {"a": 0, "b": 1, "b.g": 1}
+    steps = {"b.g.low": 1, "b.g": 2}
+
+    def upward(source: str, target: str) -> bool:
+        return is_upward(source, target, lambda m: covering(floors, m), lambda m: covering(steps, m))
+
+    assert upward("a.x", "b.y") and not upward("b.y", "a.x") and not upward("b.y", "b.z")
+    assert upward("b.g.low.x", "b.g.top") and not upward("b.g.top", "b.g.low.x") and not upward("b.y", "b.g.low")
+
+
+def test_every_module_has_a_floor_and_every_floor_names_a_module() -> None:
+    """Each module of agent/ is on a floor, and each name in FLOORS and GUARD_STEPS is a module or package."""
+    modules = agent_modules()
+    assert [m for m in modules if covering(FLOORS, m) is None] == []
+    assert sorted(set(FLOORS) | set(GUARD_STEPS)) == sorted(n for n in set(FLOORS) | set(GUARD_STEPS) if n in modules)
+
+
+def test_no_module_imports_a_higher_floor() -> None:
+    """No import (module- or function-level, TYPE_CHECKING blocks included) goes up a floor but the allowed ones,
+    and every allowed one is still there."""
+    found = upward_imports(agent_edges(agent_modules()))
+    unexplained = [f"{source} imports {target}" for source, target in found if (source, target) not in ALLOWED_UPWARD]
+    assert unexplained == [], ("imports that go up a floor (move the leaf down or hand the dependency in):\n"
+                               + "\n".join(unexplained))
+    assert sorted(set(ALLOWED_UPWARD) - set(found)) == []
+
+
+def test_at_most_four_upward_imports_each_with_its_reason_in_the_docs() -> None:
+    """The allowed upward imports are few, each has a reason, and docs/architecture.md lists the same ones."""
+    assert len(ALLOWED_UPWARD) <= MAX_UPWARD
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    assert "\n## Floors\n" in text
+    section = text.split("\n## Floors\n", 1)[1].split("\n## ", 1)[0]
+    for (source, target), reason in ALLOWED_UPWARD.items():
+        assert reason.strip() and f"`{source}` imports `{target}`" in section, (source, target)
+    assert section.count("` imports `") == len(ALLOWED_UPWARD)
+
+
+def test_policy_is_pure() -> None:
+    """agent/policy/ imports the ground floor and itself only: no Host, settings, collectors, guard or report."""
+    modules = agent_modules()
+    offenders = sorted(f"{name} imports {target}" for name, targets in agent_edges(modules).items()
+                       if name.startswith("agent.policy") for target in targets
+                       if not target.startswith("agent.policy") and covering(FLOORS, target) != 0)
     assert offenders == []
 
 
