@@ -11,7 +11,6 @@ message`` lines.
 from __future__ import annotations
 
 import math
-import sys
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -30,20 +29,8 @@ from agent.errors import ConfigError, InputFileError
 from agent.files import FileMissing, decode_text, read_bytes_bounded
 from agent.frozen import field_values, record_fields
 from agent.strictjson import MAX_NESTING_DEPTH, nesting_depth
+from agent.tomlreader import toml_module
 from agent.validation import validation_problems
-
-
-def toml_module() -> Any:
-    """``tomllib`` (Python 3.11+) or the vendored ``tomli``, imported when a TOML text is first read.
-
-    Most snapshots read none (no config file, no containerd config): importing it up front cost milliseconds.
-    """
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - exercised on Python < 3.11 hosts (the vendored tomli)
-        import tomli as tomllib
-    return tomllib
-
 
 if TYPE_CHECKING:  # pragma: no cover - pydantic is imported only where a pydantic model is validated
     from pydantic_core import CoreSchema

@@ -10,6 +10,11 @@ DEFAULT_CONFIG_PATH = "/etc/gpuguard/agent.toml"
 DEFAULT_HUB_CONFIG_PATH = "/etc/gpuguard/hub.toml"
 DEFAULT_STATE_DIR = "/var/lib/gpuguard"
 
+# The packages whose versions carry the AMD driver release and the ROCm release: the policy's [amd] defaults, what
+# the snapshot's pairing and drift findings read, what policy freeze pins.
+AMD_DRIVER_PACKAGE = "amdgpu-dkms"
+ROCM_CORE_PACKAGE = "rocm-core"
+
 # The job bodies ``gpuguard run`` runs in children (``gpuguard _job NAME``, agent/daemon_jobs/children.py).
 JOB_NAMES = ("snapshot", "guard_check", "health", "deliver")
 

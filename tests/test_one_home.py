@@ -63,3 +63,49 @@ def test_a_state_file_is_named_only_in_statepaths(name: str) -> None:
     """Each file of the state directory is named in agent/statepaths.py and in no other module's code."""
     found = homes(re.escape(name))
     assert found and all(h.startswith("agent/statepaths.py:") for h in found), found
+
+
+def test_the_state_directory_default_is_written_only_in_defaults() -> None:
+    """"/var/lib/gpuguard" (not /var/lib/gpuguard-probe) is a string in agent/defaults.py and nowhere else."""
+    found = homes(r"/var/lib/gpuguard(?![-\w])")
+    assert len(found) == 1 and found[0].startswith("agent/defaults.py:"), found
+
+
+@pytest.mark.parametrize("name", ["amdgpu-dkms", "rocm-core"])
+def test_the_amd_package_defaults_are_written_only_in_defaults(name: str) -> None:
+    """The AMD driver and ROCm package names the policy, the snapshot and freeze default to live in defaults.py."""
+    found = homes(f"^{re.escape(name)}$")
+    assert len(found) == 1 and found[0].startswith("agent/defaults.py:"), found
+
+
+def imported_modules(path: Path) -> Iterator[str]:
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            yield node.module
+
+
+def test_the_toml_fallback_is_chosen_only_in_files() -> None:
+    """tomllib or the vendored tomli is imported in agent/tomlreader.py (toml_module) and in no other module."""
+    found = sorted(str(path.relative_to(AGENT.parent)) for path in AGENT.rglob("*.py")
+                   if {"tomllib", "tomli"} & set(imported_modules(path)))
+    assert found == ["agent/tomlreader.py"]
+
+
+def test_the_package_name_of_a_key_is_computed_only_in_package_keys() -> None:
+    """The rule ``name:arch`` / ``name@version`` -> ``name`` is written once, agent/hostfacts/package_keys.py."""
+    rule = re.compile(r'split\("@", 1\)\[0\]\.split\(":", 1\)\[0\]|split\(":", 1\)\[0\]\.split\("@", 1\)\[0\]')
+    found = sorted(str(path.relative_to(AGENT.parent)) for path in AGENT.rglob("*.py")
+                   if rule.search(path.read_text(encoding="utf-8")))
+    assert found == ["agent/hostfacts/package_keys.py"]
+
+
+@pytest.mark.parametrize("key,name", [("rocm-core", "rocm-core"), ("libfoo:i386", "libfoo"),
+                                      ("kernel@6.1.0-1.el9", "kernel"), ("kernel-core@1:5.14.0-427.el9", "kernel-core"),
+                                      ("glibc:i686", "glibc")])
+def test_package_name_of_every_key_form(key: str, name: str) -> None:
+    """Each key form an installed set uses gives the package name back (an epoch's colon after @ included)."""
+    from agent.hostfacts.package_keys import package_name
+
+    assert package_name(key) == name

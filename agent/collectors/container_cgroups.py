@@ -20,11 +20,11 @@ import json
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from agent.configfile import toml_module
 from agent.errors import CollectorUnavailable
 from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
 from agent.log import get_logger
+from agent.tomlreader import toml_module
 
 log = get_logger("collectors.container_cgroups")
 

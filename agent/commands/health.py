@@ -6,6 +6,7 @@ import argparse
 from typing import TYPE_CHECKING, Any, Dict, TextIO
 
 from agent.commands.options import add_config, add_group, add_json
+from agent.defaults import DEFAULT_STATE_DIR
 
 if TYPE_CHECKING:
     from agent.commands import HostFactory, Subparsers
@@ -26,7 +27,7 @@ def add_parser(sub: Subparsers) -> None:
                      help="auto: judge speed on idle GPUs only; functional: never judge speed; full: wait (deferred) "
                           "while another job uses a GPU (default: config, auto)")
     add_config(run)
-    run.add_argument("--state-dir", metavar="DIR", help="where baselines live (default: config, /var/lib/gpuguard)")
+    run.add_argument("--state-dir", metavar="DIR", help=f"where baselines live (default: config, {DEFAULT_STATE_DIR})")
     run.set_defaults(handler=health_run)
 
 

@@ -6,6 +6,8 @@ time budget is a few tens of milliseconds).
 
 from __future__ import annotations
 
+from agent.hostfacts.package_keys import package_key
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import AbstractSet, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
@@ -212,13 +214,6 @@ def native_architecture(text: str) -> str:
     for _, _, arch, _ in iter_named(text.encode("utf-8"), names=("dpkg",)):
         return arch
     return ""
-
-
-def package_key(name: str, arch: str, native_arch: str = "") -> str:
-    """How a package is named in an installed set: ``name``, or ``name:arch`` for a foreign architecture."""
-    if not arch or arch in ("all", "-", "none") or not native_arch or arch == native_arch:
-        return name
-    return f"{name}:{arch}"
 
 
 def installed_versions(text: str, native_arch: str = "",

@@ -7,13 +7,13 @@ from typing import List, Literal
 from pydantic import Field, field_validator
 
 from agent.config import parse_toml_model
+from agent.defaults import DEFAULT_HUB_CONFIG_PATH, DEFAULT_STATE_DIR
 from agent.errors import ConfigError, InputFileError
 from agent.files import FileMissing, decode_text, read_bytes_bounded
 from agent.hub.alert_settings import AlertWebhook
 from agent.models import FrozenModel
 
-DEFAULT_HUB_CONFIG_PATH = "/etc/gpuguard/hub.toml"
-DEFAULT_DATABASE_URL = "sqlite:////var/lib/gpuguard/hub.db"
+DEFAULT_DATABASE_URL = f"sqlite:///{DEFAULT_STATE_DIR}/hub.db"
 DEFAULT_TOKENS_FILE = "/etc/gpuguard/hub-tokens.json"
 MIB = 1024 * 1024
 

@@ -6,7 +6,9 @@ the hook only checks its shape. Standard library only.
 
 from __future__ import annotations
 
+from agent.defaults import AMD_DRIVER_PACKAGE
 from agent.errors import InputFileError
+from agent.hostfacts.package_keys import package_name
 from agent.strictjson import nesting_depth, parse_json_text
 
 TYPE_CHECKING = False
@@ -45,7 +47,7 @@ DEFAULT_NVIDIA_DRIVER_PACKAGES: Sequence[str] = (
 NVIDIA_NOT_DRIVER_PARTS = frozenset({"nvidia-driver-assistant", "nvidia-driver-pinning"})
 DEFAULT_CUDA_PACKAGES: Sequence[str] = ("cuda-cudart-*", "cuda-runtime-*", "cuda-toolkit-*", "cuda-compat-*")
 # Packages whose change replaces a kernel module: a reboot is needed before the new one is running.
-KERNEL_MODULE_PACKAGES: Sequence[str] = ("amdgpu-dkms", "nvidia-dkms*", "nvidia-kernel-dkms", "kmod-nvidia*",
+KERNEL_MODULE_PACKAGES: Sequence[str] = (AMD_DRIVER_PACKAGE, "nvidia-dkms*", "nvidia-kernel-dkms", "kmod-nvidia*",
                                          "linux-image-*", "linux-modules-*", "kernel", "kernel-core")
 
 
@@ -300,4 +302,4 @@ def guarded_names(names: Sequence[str], guarded: Sequence[str]) -> list:
     from agent.policy.globs import any_glob
 
     match = any_glob(guarded)
-    return sorted(n for n in names if match(n.split(":", 1)[0].split("@", 1)[0]))
+    return sorted(n for n in names if match(package_name(n)))

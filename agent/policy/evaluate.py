@@ -9,6 +9,7 @@ the dnf plugin, ``gpuguard policy explain`` and the rollback watcher all call :f
 
 from __future__ import annotations
 
+from agent.hostfacts.package_keys import package_name
 from agent.policy import releases
 from agent.policy.compiled import NVIDIA_NOT_DRIVER_PARTS, CompiledPolicy
 from agent.policy.globs import any_glob
@@ -80,11 +81,6 @@ class Violation(Record):
                 "hint": self.hint, "pairing": self.pairing}
 
 
-def _base(key: str) -> str:
-    """The package name of a key: ``name:arch`` (foreign arch) and ``name@version`` (rpm install-only, kernels)."""
-    return key.split("@", 1)[0].split(":", 1)[0]
-
-
 class _Index:
     """One installed set's keys with their package names, sorted, and ``{package name: version}`` of the first key
     of each name (as a scan in key order would find it)."""
@@ -92,10 +88,10 @@ class _Index:
     __slots__ = ("named_keys", "by_base")
 
     def __init__(self, mapping: Mapping[str, str]) -> None:
-        self.named_keys = sorted((key, _base(key)) for key in mapping)
+        self.named_keys = sorted((key, package_name(key)) for key in mapping)
         self.by_base: Dict[str, str] = {}
         for key, version in mapping.items():
-            self.by_base.setdefault(_base(key), version)
+            self.by_base.setdefault(package_name(key), version)
 
 
 # One index per installed set, kept only while evaluate() runs (the sets do not change during one evaluation):
@@ -199,10 +195,10 @@ def _check_frozen(state: HostState, policy: CompiledPolicy) -> List[Violation]:
             continue
         out.append(Violation(
             rule="frozen", action=policy.action_for(section.get("action")),
-            message=f"{_base(key)} is frozen by policy '{policy.name}' and must not move "
+            message=f"{package_name(key)} is frozen by policy '{policy.name}' and must not move "
                     f"({old or '(not installed)'} -> {new or '(removed)'})",
             packages={key: f"{old or '(not installed)'} -> {new or '(removed)'}"},
-            hint=f"keep {_base(key)} at {old or 'its current state'}, remove it from [frozen] packages, "
+            hint=f"keep {package_name(key)} at {old or 'its current state'}, remove it from [frozen] packages, "
                  + OVERRIDE_HINT))
     return out
 
@@ -299,7 +295,7 @@ def _check_amd(state: HostState, policy: CompiledPolicy) -> List[Violation]:
             packages={n: _move(state, n) for n in (driver_name, driver_name + "-firmware")},
             hint=f"move {driver_name} and its firmware together, " + OVERRIDE_HINT))
     if now is None:
-        rocm_text = " and ".join(_label(_base(k), v, releases.rocm_release(v), "ROCm")
+        rocm_text = " and ".join(_label(package_name(k), v, releases.rocm_release(v), "ROCm")
                                  for k, v in sorted(rocms_after.items())) or f"no {rocm_name}"
         combo = (f"{_label(driver_name, driver_after, releases.amdgpu_driver_release(driver_after), 'driver')} "
                  f"with {rocm_text}")
@@ -319,7 +315,7 @@ def _check_amd(state: HostState, policy: CompiledPolicy) -> List[Violation]:
     if len(rocm_series) > 1 and not amd.get("side_by_side"):
         out.append(Violation(
             rule="amd.rocm_side_by_side", action=policy.action_for(now.get("action"), amd.get("action")),
-            message="ROCm " + ", ".join(f"{releases.rocm_release(v)} ({_base(k)})" for k, v in sorted(
+            message="ROCm " + ", ".join(f"{releases.rocm_release(v)} ({package_name(k)})" for k, v in sorted(
                 rocms_after.items())) + f": {len(rocm_series)} ROCm releases side by side, and policy "
                 f"'{policy.name}' does not allow that ([amd] side_by_side = false)",
             packages={k: _move(state, k) for k in rocms_after},
@@ -345,7 +341,7 @@ def _check_amd(state: HostState, policy: CompiledPolicy) -> List[Violation]:
         out.append(Violation(
             rule="amd.pairing.kernels",
             action=policy.action_for(now.get("action"), amd.get("action")),
-            message=f"kernel {release} ({_base(key)}) is not supported by the pinned AMD pairing "
+            message=f"kernel {release} ({package_name(key)}) is not supported by the pinned AMD pairing "
                     f"{pinned_text} with {driver_name} {driver_after}: supported kernels are {supported}",
             packages=involved,
             hint=f"stay on a supported kernel, add {release} to the pairing's kernels once the driver is known to "
@@ -371,7 +367,7 @@ def _check_kernel_allow(state: HostState, policy: CompiledPolicy) -> List[Violat
             continue
         out.append(Violation(
             rule="kernel.allow", action=policy.action_for(section.get("action")),
-            message=f"kernel {release} ({_base(key)} {state.after[key]}) is not on the allowed kernel list "
+            message=f"kernel {release} ({package_name(key)} {state.after[key]}) is not on the allowed kernel list "
                     f"({allowed})",
             packages={key: _move(state, key)},
             hint="hold the kernel (and its meta package) back, add the kernel to [kernel] allow once the GPU driver "
@@ -396,7 +392,7 @@ def _name_series(name: str) -> Optional[str]:
 def _nvidia_parts(mapping: Mapping[str, str], patterns: Sequence[str]) -> Dict[str, str]:
     """Every installed NVIDIA driver part (key -> driver release, ``unknown`` when the version carries none)."""
     return {k: releases.dotted_release(mapping[k]) or "unknown" for k in _matching(mapping, patterns)
-            if _base(k) not in NVIDIA_NOT_DRIVER_PARTS}
+            if package_name(k) not in NVIDIA_NOT_DRIVER_PARTS}
 
 
 def _cuda_releases(mapping: Mapping[str, str], patterns: Sequence[str]) -> Dict[str, str]:
@@ -405,7 +401,7 @@ def _cuda_releases(mapping: Mapping[str, str], patterns: Sequence[str]) -> Dict[
     out: Dict[str, str] = {}
     for key in _matching(mapping, patterns):
         release = releases.dotted_release(mapping[key]) or "unknown"
-        named = _name_series(_base(key))
+        named = _name_series(package_name(key))
         if named is not None and releases.series(release, 1) != releases.series(named, 1):
             continue
         out[key] = release
@@ -508,7 +504,7 @@ def _nvidia_parts_agree(state: HostState, policy: CompiledPolicy, section: Mappi
     if removed:
         out.append(Violation(
             rule="nvidia.driver_removed", action=action,
-            message=f"removing {', '.join(_base(k) for k in removed)} leaves the NVIDIA driver "
+            message=f"removing {', '.join(package_name(k) for k in removed)} leaves the NVIDIA driver "
                     f"{', '.join(sorted({parts_before[k] for k in removed}))} incomplete (still installed: "
                     f"{_grouped({k: r for k, r in parts.items() if r in {parts_before[x] for x in removed}})})",
             packages={k: _move(state, k) for k in removed},
@@ -530,10 +526,10 @@ def _check_versions(state: HostState, policy: CompiledPolicy) -> List[Violation]
                 continue
             out.append(Violation(
                 rule=f"versions.{label}", action=policy.action_for(rule.get("action")),
-                message=f"{_base(key)} {version} is outside the allowed versions of rule '{label}' "
+                message=f"{package_name(key)} {version} is outside the allowed versions of rule '{label}' "
                         f"({describe(rule.get('allow', 'any'))})",
                 packages={key: _move(state, key)},
-                hint=f"install a version of {_base(key)} matching {describe(rule.get('allow', 'any'))}, "
+                hint=f"install a version of {package_name(key)} matching {describe(rule.get('allow', 'any'))}, "
                      + OVERRIDE_HINT))
     return out
 

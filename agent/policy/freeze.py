@@ -16,7 +16,9 @@ import json
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE
 from agent.hostfacts.context import NO_FACTS, HostContext
+from agent.hostfacts.package_keys import package_name
 from agent.policy import releases
 from agent.policy.compiled import (
     AMD_STACK_PACKAGES,
@@ -28,9 +30,7 @@ from agent.policy.compiled import (
 )
 from agent.policy.globs import any_glob
 
-AMD_DRIVER = "amdgpu-dkms"
-AMD_FIRMWARE = AMD_DRIVER + "-firmware"
-ROCM_CORE = "rocm-core"
+AMD_FIRMWARE = AMD_DRIVER_PACKAGE + "-firmware"
 # Every package a freeze reads: what the guard protects by default and what the pairing rules judge.
 FREEZE_PACKAGES: Tuple[str, ...] = tuple(dict.fromkeys(
     (*DEFAULT_GUARDED, *DEFAULT_KERNEL_PACKAGES, *DEFAULT_NVIDIA_DRIVER_PACKAGES, *DEFAULT_CUDA_PACKAGES)))
@@ -79,10 +79,6 @@ class _Stack:
     rest: Dict[str, str]  # other guarded packages (dkms, headers, kernel meta packages)
 
 
-def _base(key: str) -> str:
-    return key.split("@", 1)[0].split(":", 1)[0]
-
-
 def _name_series(name: str) -> Optional[str]:
     """The CUDA release a versioned name carries (``cuda-toolkit-13-0`` -> ``13.0``), as the evaluator reads it."""
     head, _, minor = name.rpartition("-")
@@ -92,17 +88,17 @@ def _name_series(name: str) -> Optional[str]:
 
 def _sort(facts: FreezeFacts) -> _Stack:
     kernel_glob, amd_glob = any_glob(DEFAULT_KERNEL_PACKAGES), any_glob(AMD_STACK_PACKAGES)
-    rocm_glob = any_glob([ROCM_CORE, ROCM_CORE + "[0-9]*"])
+    rocm_glob = any_glob([ROCM_CORE_PACKAGE, ROCM_CORE_PACKAGE + "[0-9]*"])
     nvidia_glob, cuda_glob = any_glob(DEFAULT_NVIDIA_DRIVER_PACKAGES), any_glob(DEFAULT_CUDA_PACKAGES)
     gpu_glob = any_glob(("nvidia-*", "libnvidia-*", "cuda-*", "libcuda*", "kmod-nvidia*", "firmware-amd-graphics",
                          "firmware-nvidia-*"))
     stack = _Stack({}, None, None, {}, {}, {}, {}, {}, {})
     for key, version in sorted(facts.installed.items()):
-        name = _base(key)
+        name = package_name(key)
         release = releases.kernel_release_of(key, version, manager=facts.manager) if kernel_glob(name) else None
         if release:
             stack.kernels.setdefault(release, (key, version))
-        elif name == AMD_DRIVER and stack.amd_driver is None:
+        elif name == AMD_DRIVER_PACKAGE and stack.amd_driver is None:
             stack.amd_driver = version
         elif name == AMD_FIRMWARE and stack.amd_firmware is None:
             stack.amd_firmware = version
@@ -153,7 +149,7 @@ def _spec(values: Sequence[str]) -> object:
 
 
 def _listing(found: Mapping[str, str], limit: int = 3) -> str:
-    shown = [f"{_base(k)} {v}" for k, v in sorted(found.items())]
+    shown = [f"{package_name(k)} {v}" for k, v in sorted(found.items())]
     return ", ".join(shown[:limit]) + (f" and {len(shown) - limit} more" if len(shown) > limit else "")
 
 
@@ -179,20 +175,21 @@ def check_consistent(facts: FreezeFacts, options: FreezeOptions) -> List[str]:
     stack = _sort(facts)
     found: List[str] = []
     if stack.amd_driver and stack.amd_firmware and stack.amd_driver != stack.amd_firmware:
-        raise FreezeRefused(f"{AMD_DRIVER} {stack.amd_driver} and {AMD_FIRMWARE} {stack.amd_firmware} are not one "
-                            f"build: finish or undo the driver change (install both at one version), then freeze")
+        raise FreezeRefused(f"{AMD_DRIVER_PACKAGE} {stack.amd_driver} and {AMD_FIRMWARE} {stack.amd_firmware} are "
+                            f"not one build: finish or undo the driver change (install both at one version), "
+                            f"then freeze")
     parts = {k: _driver_release(v) for k, v in stack.nvidia_parts.items()}
     if len(set(parts.values())) > 1:
         by_release: Dict[str, List[str]] = {}
         for key, release in sorted(parts.items()):
-            by_release.setdefault(release, []).append(_base(key))
+            by_release.setdefault(release, []).append(package_name(key))
         listed = "; ".join(f"{r}: {', '.join(names)}" for r, names in sorted(by_release.items()))
         raise FreezeRefused(f"the NVIDIA driver's packages are not one build ({listed}): finish or undo the driver "
                             f"change (every part at one release), then freeze")
     amd_loaded = facts.context.loaded("amdgpu")
     amd_base = releases.amdgpu_kernel_base(stack.amd_driver) if stack.amd_driver else None
     if amd_loaded and amd_base and amd_loaded != amd_base:
-        found.append(f"the loaded amdgpu module is {amd_loaded}, the installed {AMD_DRIVER} {stack.amd_driver} "
+        found.append(f"the loaded amdgpu module is {amd_loaded}, the installed {AMD_DRIVER_PACKAGE} {stack.amd_driver} "
                      f"builds {amd_base}")
     nvidia_loaded = facts.context.loaded("nvidia")
     if nvidia_loaded and parts and nvidia_loaded not in parts.values():
@@ -216,7 +213,7 @@ def render_freeze(facts: FreezeFacts, options: FreezeOptions = FreezeOptions()) 
     lines = _header(facts, options, name, amd, nvidia, inconsistent)
     if options.point_releases and stack.amd_other:
         lines.insert(2, f"# With point releases, {', '.join(n for n, _ in _names(stack.amd_other))} are not pinned on "
-                        f"their own: AMD's packages depend on {ROCM_CORE} at exact versions and move with it.")
+                        f"their own: AMD's packages depend on {ROCM_CORE_PACKAGE} at exact versions and move with it.")
     lines += ["", "[policy]  # the whole policy",
               _line("name", name, "shown in every refusal and by policy explain"),
               _line("action", "block", "a violating apt or dnf transaction is refused before anything changes "
@@ -243,7 +240,7 @@ def render_freeze(facts: FreezeFacts, options: FreezeOptions = FreezeOptions()) 
 
 
 def _names(found: Mapping[str, str]) -> List[Tuple[str, str]]:
-    return list(dict.fromkeys((_base(k), v) for k, v in sorted(found.items())))
+    return list(dict.fromkeys((package_name(k), v) for k, v in sorted(found.items())))
 
 
 def _header(facts: FreezeFacts, options: FreezeOptions, name: str, amd: bool, nvidia: bool,
@@ -280,7 +277,7 @@ def _kernel_allow(facts: FreezeFacts, stack: _Stack, options: FreezeOptions) -> 
     running = releases.policy_kernel_release(facts.running_kernel, facts.manager) if facts.running_kernel else None
     found: Dict[str, List[str]] = {}
     for release, (key, version) in sorted(stack.kernels.items()):
-        found.setdefault(release, []).append(f"installed ({_base(key)} {version})")
+        found.setdefault(release, []).append(f"installed ({package_name(key)} {version})")
     if running:
         found.setdefault(running, []).insert(0, "running")
         if len(found[running]) == 1:
@@ -296,8 +293,9 @@ def _kernel_allow(facts: FreezeFacts, stack: _Stack, options: FreezeOptions) -> 
 def _amd_lines(facts: FreezeFacts, stack: _Stack, options: FreezeOptions, kernels: Sequence[Tuple[str, str]],
                inconsistent: Sequence[str]) -> List[str]:
     lines = ["", "[amd]  # the amdgpu driver and ROCm",
-             _line("driver_package", AMD_DRIVER, "its version carries the driver release (1:6.8.5.60202-... is 6.2.2)"),
-             _line("rocm_package", ROCM_CORE, "its version carries the ROCm release")]
+             _line("driver_package", AMD_DRIVER_PACKAGE,
+                   "its version carries the driver release (1:6.8.5.60202-... is 6.2.2)"),
+             _line("rocm_package", ROCM_CORE_PACKAGE, "its version carries the ROCm release")]
     rocm_releases = {k: releases.rocm_release(v) for k, v in stack.rocm.items()}
     known_rocm = sorted(r for r in rocm_releases.values() if r)
     if len({releases.series(r) for r in rocm_releases.values()}) > 1:
@@ -307,13 +305,13 @@ def _amd_lines(facts: FreezeFacts, stack: _Stack, options: FreezeOptions, kernel
     loaded = facts.context.loaded("amdgpu")
     driver = stack.amd_driver
     if driver is None:
-        lines.append(_line("amdgpu", "none", f"no {AMD_DRIVER} is installed (ROCm runs on the kernel's own amdgpu "
-                                             f"driver"
+        lines.append(_line("amdgpu", "none", f"no {AMD_DRIVER_PACKAGE} is installed (ROCm runs on the kernel's own "
+                                             f"amdgpu driver"
                                              + (f", loaded module {loaded}" if loaded else "") + "): installing one "
                                              "is refused"))
     else:
         release = releases.amdgpu_driver_release(driver)
-        where = f"{AMD_DRIVER} {driver}" + (f", loaded module {loaded}" if loaded and not inconsistent else "")
+        where = f"{AMD_DRIVER_PACKAGE} {driver}" + (f", loaded module {loaded}" if loaded and not inconsistent else "")
         if release is None:
             lines.append(_line("amdgpu", "any", f"{where} carries no release code: the exact build below pins it"))
         elif options.point_releases:
@@ -322,7 +320,7 @@ def _amd_lines(facts: FreezeFacts, stack: _Stack, options: FreezeOptions, kernel
         else:
             lines.append(_line("amdgpu", release, f"driver release {release} ({where})"))
     if not stack.rocm:
-        lines.append(_line("rocm", "none", f"no {ROCM_CORE} is installed: installing ROCm is refused"))
+        lines.append(_line("rocm", "none", f"no {ROCM_CORE_PACKAGE} is installed: installing ROCm is refused"))
     elif any(r is None for r in rocm_releases.values()):
         lines.append(_line("rocm", "any", "a ROCm package carries no release: the exact builds below pin it"))
     elif options.point_releases:
@@ -340,7 +338,7 @@ def _amd_lines(facts: FreezeFacts, stack: _Stack, options: FreezeOptions, kernel
     exact_rocm = stack.rocm and (not options.point_releases or any(r is None for r in rocm_releases.values()))
     if exact_rocm:
         lines.append(_line("rocm_package", _spec(sorted(stack.rocm.values())),
-                           f"this exact build of {ROCM_CORE}: any other ROCm build is refused"))
+                           f"this exact build of {ROCM_CORE_PACKAGE}: any other ROCm build is refused"))
     if driver is not None and kernels:
         lines.append(_line("kernels", [k for k, _ in kernels],
                            "the kernels DKMS builds this driver for (as [kernel] allow below)"))

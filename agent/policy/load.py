@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -26,12 +25,8 @@ from agent.policy.compiled import (
 )
 from agent.policy.model import AmdSection, Policy
 from agent.strictjson import MAX_NESTING_DEPTH, nesting_depth
+from agent.tomlreader import toml_module
 from agent.validation import validation_problems
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python < 3.11 hosts
-    import tomli as tomllib
 
 DEFAULT_POLICY_DIR = "/etc/gpuguard/policy.d"
 
@@ -82,6 +77,7 @@ def load_policy(path: str = DEFAULT_POLICY_DIR) -> LoadedPolicy:
     merged: Dict[str, Any] = {}
     sources = []
     parts: List[Tuple[str, Policy]] = []
+    tomllib = toml_module()
     for file in files:
         label = file.name if root.is_dir() else ""
         prefix = f"{label}: " if label else ""

@@ -7,7 +7,6 @@ parses TOML.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -15,12 +14,8 @@ from pydantic import Field, ValidationError, field_validator
 
 from agent.errors import PolicyError
 from agent.models import FrozenModel
+from agent.tomlreader import toml_module
 from agent.validation import validation_problems
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python < 3.11 hosts
-    import tomli as tomllib
 
 MATRIX_FILE_NAME = "amd-compat-matrix.toml"
 # Where the matrix is looked for, in order, when no path is configured: operator copy, packaged copy, source tree.
@@ -148,6 +143,7 @@ def find_matrix_file(explicit: Optional[str] = None) -> str:
 def load_matrix(path: Optional[str] = None) -> Matrix:
     """Read and validate the matrix; PolicyError lists every problem."""
     where = find_matrix_file(path)
+    tomllib = toml_module()
     try:
         data = tomllib.loads(Path(where).read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -16,6 +16,7 @@ from typing import Annotated, Any, List, Literal, Optional, Union
 
 from pydantic import BeforeValidator, ConfigDict, Field, field_validator
 
+from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE
 from agent.models import FrozenModel
 from agent.policy.compiled import DEFAULT_CUDA_PACKAGES, DEFAULT_KERNEL_PACKAGES, DEFAULT_NVIDIA_DRIVER_PACKAGES
 from agent.policy.spec import package_spec_errors, spec_errors
@@ -97,8 +98,8 @@ class AmdPairing(PolicyModel):
 class AmdSection(PolicyModel):
     """Which packages carry the AMD driver and ROCm, and the allowed pairings."""
 
-    driver_package: str = "amdgpu-dkms"
-    rocm_package: str = "rocm-core"
+    driver_package: str = AMD_DRIVER_PACKAGE
+    rocm_package: str = ROCM_CORE_PACKAGE
     action: Optional[Action] = None
     side_by_side: bool = False  # may several ROCm releases (rocm-core6.4.1 beside rocm-core) be installed?
     pairing: List[AmdPairing] = []

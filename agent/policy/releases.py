@@ -8,6 +8,7 @@ Standard library only (used by the apt hook).
 
 from __future__ import annotations
 
+from agent.hostfacts.package_keys import package_name
 from agent.versions import upstream_dotted
 
 TYPE_CHECKING = False
@@ -72,7 +73,7 @@ def kernel_release_of(name: str, version: str, arch: str = "", manager: str = "d
     """
     if manager == "rpm":
         # install-only packages (several kernels side by side) are keyed ``name@version`` in installed sets
-        base = name.split("@", 1)[0].split(":", 1)[0]
+        base = package_name(name)
         if base not in RPM_KERNEL_NAMES:
             return None
         evr = version.split(":", 1)[1] if ":" in version else version

@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE
+from agent.hostfacts.package_keys import package_name
 from agent.policy import releases
 from agent.policy.spec import SpecError, matches, parse_entry
 
@@ -33,8 +35,8 @@ if TYPE_CHECKING:
 
 ERROR, WARNING = "error", "warning"
 # Packages known to carry the amdgpu driver and the ROCm release (their versions encode the release).
-AMD_DRIVER_PACKAGES = ("amdgpu-dkms", "amdgpu")
-ROCM_PACKAGES = ("rocm-core",)
+AMD_DRIVER_PACKAGES = (AMD_DRIVER_PACKAGE, "amdgpu")
+ROCM_PACKAGES = (ROCM_CORE_PACKAGE,)
 _VERSIONED_ROCM_PACKAGE = re.compile(r"^rocm-core\d+(\.\d+)*$")  # rocm-core6.4.1, AMD's side-by-side installs
 # Ubuntu's linux-image version (ABI.upload): 6.8.0-45.45, 6.5.0-41.41~22.04.2; not a kernel release.
 _KERNEL_PACKAGE_VERSION = re.compile(r"^\d+\.\d+(\.\d+)*-\d+\.\d+(~\S*)?$")
@@ -335,12 +337,8 @@ def _describe(spec: Spec) -> str:
 # --- what this host has ----------------------------------------------------------------------------------------
 
 
-def _base_name(key: str) -> str:
-    return key.split("@", 1)[0].split(":", 1)[0]
-
-
 def _host_problems(policy: Policy, inventory: Inventory) -> List[Problem]:
-    names = sorted({_base_name(k) for k in inventory.installed})
+    names = sorted({package_name(k) for k in inventory.installed})
     out = []
 
     def unmatched(path: str, patterns: Sequence[str], numbered: bool = True) -> None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 from agent.collectors.container_cgroups import FIX as DEV_CHAR_FIX
 from agent.collectors.packages import PackageInfo, find_version
+from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE
 from agent.versions import upstream_dotted
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,18 +34,19 @@ def _finding(kind: str, severity: "Severity", component: str, message: str, **de
 
 def _amdgpu_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> List["Finding"]:
     amd = snap.amdgpu.data
-    installed = find_version(packages, "amdgpu-dkms")
+    installed = find_version(packages, AMD_DRIVER_PACKAGE)
     if amd is None or installed is None:
         return []
     installed_base = upstream_dotted(installed, 3)
     if amd.driver_kind == "inbox":
         return [_finding("driver_installed_not_loaded", "critical", "amdgpu",
-                         f"amdgpu-dkms {installed} is installed but the kernel's inbox amdgpu driver is loaded",
+                         f"{AMD_DRIVER_PACKAGE} {installed} is installed but the kernel's inbox amdgpu driver is "
+                         "loaded",
                          installed=installed, loaded=amd.driver_version or "inbox")]
     if amd.driver_kind == "dkms" and amd.driver_version and installed_base \
             and upstream_dotted(amd.driver_version, 3) != installed_base:
         return [_finding("driver_installed_not_loaded", "warning", "amdgpu",
-                         f"amdgpu-dkms {installed} is installed but amdgpu {amd.driver_version} is loaded; "
+                         f"{AMD_DRIVER_PACKAGE} {installed} is installed but amdgpu {amd.driver_version} is loaded; "
                          "a reboot or module reload is pending", installed=installed, loaded=amd.driver_version)]
     return []
 
@@ -92,12 +94,12 @@ def _kernel_findings(snap: "Snapshot") -> List["Finding"]:
 
 def _rocm_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> List["Finding"]:
     rocm = snap.rocm.data
-    installed = find_version(packages, "rocm-core")
+    installed = find_version(packages, ROCM_CORE_PACKAGE)
     if rocm is None or rocm.version is None or installed is None:
         return []
     if upstream_dotted(rocm.version, 3) != upstream_dotted(installed, 3):
         return [_finding("rocm_version_mismatch", "warning", "rocm",
-                         f"/opt/rocm says ROCm {rocm.version} but package rocm-core is {installed}",
+                         f"/opt/rocm says ROCm {rocm.version} but package {ROCM_CORE_PACKAGE} is {installed}",
                          on_disk=rocm.version, package=installed)]
     return []
 

@@ -33,6 +33,7 @@ class Pairing(FrozenModel):
 def pairing_of(snap: Snapshot) -> Pairing:
     """Summarise a snapshot into its pairing."""
     from agent.collectors.packages import find_version
+    from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE
 
     packages = snap.packages()
     amd, nv = snap.amdgpu.data, snap.nvidia.data
@@ -44,9 +45,9 @@ def pairing_of(snap: Snapshot) -> Pairing:
         kernel_running=snap.kernel.data.running_release if snap.kernel.data else None,
         kernel_next_boot=snap.kernel.data.next_boot if snap.kernel.data else None,
         amdgpu_loaded=amd.driver_version if amd else None,
-        amdgpu_dkms_package=find_version(packages, "amdgpu-dkms"),
+        amdgpu_dkms_package=find_version(packages, AMD_DRIVER_PACKAGE),
         rocm=snap.rocm.data.version if snap.rocm.data else None,
-        rocm_core_package=find_version(packages, "rocm-core"),
+        rocm_core_package=find_version(packages, ROCM_CORE_PACKAGE),
         nvidia_loaded=nv.driver_version if nv else None,
         cuda_driver_api=nv.cuda_driver_version if nv else None,
         gpu_count=(len(amd.gpus) if amd else 0) + (len(nv.gpus) if nv else 0),

@@ -10,7 +10,8 @@ from agent.guard.apt.deb_cache import DebCache, parse_deb_file_name
 from agent.guard.apt.tool import AptTool
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep, Targets
 from agent.host import Host
-from agent.hostfacts.dpkg_status import iter_dpkg_status, native_architecture, package_key
+from agent.hostfacts.dpkg_status import iter_dpkg_status, native_architecture
+from agent.hostfacts.package_keys import package_key
 from agent.log import get_logger
 
 log = get_logger("guard.apt.backend")

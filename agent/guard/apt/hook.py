@@ -28,7 +28,8 @@ from agent.errors import InputFileError
 from agent.guard.apt.protocol import guess_packages, parse_hook_input
 from agent.guard.hotpath import entry
 from agent.guard.hotpath.decision import EXIT_USAGE, PREFIX, Decision
-from agent.hostfacts.dpkg_status import installed_versions, iter_named, package_key
+from agent.hostfacts.dpkg_status import installed_versions, iter_named
+from agent.hostfacts.package_keys import package_key
 from agent.hostfacts.paths import read_regular_file, under
 from agent.policy.globs import any_glob, split_globs
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from agent.errors import InputFileError
 from agent.guard.hotpath.transaction import Change, Transaction
-from agent.hostfacts.dpkg_status import package_key
+from agent.hostfacts.package_keys import package_key
 from agent.records import Record
 from agent.versions import dpkg_version_problem
 

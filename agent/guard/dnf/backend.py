@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from agent.guard.dnf.rpm_cache import RpmCache
-from agent.guard.dnf.tool import DnfTool, nevra, package_name
+from agent.guard.dnf.tool import DnfTool, nevra
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep, Targets
 from agent.host import Host
+from agent.hostfacts.package_keys import package_name
 
 
 class RpmBackend:

@@ -50,11 +50,6 @@ _DNF5_ERROR_LINE = re.compile(r"^(Failed to resolve the transaction|Transaction 
                               r"gpuguard: REFUSED|File .* on line \d+: .*Exit code)", re.I)
 
 
-def package_name(key: str) -> str:
-    """The rpm name of an installed-set key (``kernel@6.1.0-1`` -> ``kernel``, ``foo:i686`` -> ``foo``)."""
-    return key.split("@", 1)[0].split(":", 1)[0]
-
-
 def nevra(name: str, version: str, arch: str) -> str:
     """``name-[epoch:]version-release.arch`` as dnf takes it (the arch left off when unknown)."""
     return f"{name}-{version}.{arch}" if arch else f"{name}-{version}"

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from agent.errors import InputFileError
 from agent.guard.pin_records import Pin
+from agent.tomlreader import toml_module
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.guard.dnf.tool import DnfTool
@@ -148,10 +148,7 @@ def _is_ours(package: Mapping[str, Any]) -> bool:
 
 def parse_dnf5(text: str, where: str) -> Dict[str, Any]:
     """A parsed versionlock.toml; InputFileError (one line) when it is not TOML or not version 1.0."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - exercised on Python < 3.11 hosts
-        import tomli as tomllib
+    tomllib = toml_module()
     document: Dict[str, Any]
     try:
         document = tomllib.loads(text) if text.strip() else {"version": TOML_VERSION}

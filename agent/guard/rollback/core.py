@@ -24,6 +24,7 @@ from agent.guard.rollback.backend import InstalledPackage, PackageBackend, Plann
 from agent.guard.settings import GuardSettings
 from agent.host import Host
 from agent.hostfacts.context import read_host_context
+from agent.hostfacts.package_keys import package_name
 from agent.log import get_logger
 from agent.policy.compiled import KERNEL_MODULE_PACKAGES, CompiledPolicy
 from agent.policy.evaluate import HostState, Violation, evaluate, facts_used
@@ -124,7 +125,7 @@ def _versions(packages: Dict[str, InstalledPackage]) -> Dict[str, str]:
 
 def _module_packages_moved(moved: List[str]) -> List[str]:
     return [n for n in moved
-            if any(fnmatch.fnmatchcase(n.split("@", 1)[0].split(":", 1)[0], p) for p in KERNEL_MODULE_PACKAGES)]
+            if any(fnmatch.fnmatchcase(package_name(n), p) for p in KERNEL_MODULE_PACKAGES)]
 
 
 def _record_event(host: Host, paths: StatePaths, payload: dict, now: dt.datetime) -> None:
@@ -139,7 +140,7 @@ def _write_reboot_marker(host: Host, paths: StatePaths, moved: Dict[str, str], n
     lines += [f"{name} {move}" for name, move in sorted(moved.items())]
     write_atomically(str(host.path(paths.reboot_required)), "\n".join(lines) + "\n")
     write_atomically(str(host.path(paths.reboot_required_packages)),
-                     "\n".join(n.split("@", 1)[0].split(":", 1)[0] for n in sorted(moved)) + "\n")
+                     "\n".join(package_name(n) for n in sorted(moved)) + "\n")
 
 
 def _inconsistent(problem: str) -> GuardResult:

@@ -34,6 +34,7 @@ from agent.guard.rollback.core import (
     plan_and_apply,
 )
 from agent.host import Host
+from agent.hostfacts.package_keys import package_name
 from agent.log import get_logger
 from agent.statepaths import StatePaths
 
@@ -136,7 +137,7 @@ def mark_debian_reboot_required(host: Host, packages: Any) -> None:
         write_atomically(str(marker), "*** System restart required ***\n", mode=0o644)
         pkgs = host.path(DEBIAN_REBOOT_REQUIRED + ".pkgs")
         known = pkgs.read_text(encoding="utf-8").split() if pkgs.exists() else []
-        names = [n.split("@", 1)[0].split(":", 1)[0] for n in packages]
+        names = [package_name(n) for n in packages]
         write_atomically(str(pkgs), "".join(f"{n}\n" for n in dict.fromkeys([*known, *names])), mode=0o644)
     except OSError as exc:  # gpuguard's own marker is written; Debian's is a courtesy to its tools
         log.warning("reboot_required_marker_failed", path=str(marker), error=exc.strerror or str(exc))
