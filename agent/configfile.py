@@ -62,7 +62,7 @@ def parse_toml_model(text: str, path: str, model: Type[M]) -> M:
 
     data = parse_toml(text, path)
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context={"path": path})  # a model's warnings name the file
     except ValidationError as exc:
         raise ConfigError(path, validation_problems(exc.errors())) from None
 

@@ -46,7 +46,7 @@ def _pin_apply_apt(args: argparse.Namespace, host: Host, settings: Settings, pol
     from agent.guard.apt.preferences import apply_pins
     from agent.guard.apt.tool import AptTool
 
-    tool = AptTool(host, timeout_seconds=settings.guard.apt_timeout_seconds,
+    tool = AptTool(host, timeout_seconds=settings.guard.package_tool_timeout_seconds,
                    lock_timeout_seconds=settings.guard.lock_timeout_seconds)
     changes, wanted = apply_pins(host, policy, settings.guard.preferences_dir, tool, installed_versions(host, policy),
                                  dry_run=args.dry_run)

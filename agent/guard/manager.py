@@ -39,13 +39,13 @@ def backend_for(host: Host, guard: GuardSettings, paths: StatePaths, tool: Optio
 
 def apt_tool_for(host: Host, guard: GuardSettings, sleep: Callable[[float], None] = time.sleep) -> AptTool:
     """An AptTool with the guard settings' timeouts."""
-    return AptTool(host, timeout_seconds=guard.apt_timeout_seconds, lock_timeout_seconds=guard.lock_timeout_seconds,
-                   sleep=sleep)
+    return AptTool(host, timeout_seconds=guard.package_tool_timeout_seconds,
+                   lock_timeout_seconds=guard.lock_timeout_seconds, sleep=sleep)
 
 
 def dnf_tool_for(host: Host, guard: GuardSettings, paths: StatePaths,
                  sleep: Callable[[float], None] = time.sleep) -> DnfTool:
     """A DnfTool with the guard settings' timeouts and dnf options, writing its script in the state directory."""
-    return DnfTool(host, timeout_seconds=guard.apt_timeout_seconds, lock_timeout_seconds=guard.lock_timeout_seconds,
-                   sleep=sleep,
-                   options=list(guard.dnf_options), paths=paths)
+    return DnfTool(host, timeout_seconds=guard.package_tool_timeout_seconds,
+                   lock_timeout_seconds=guard.lock_timeout_seconds, sleep=sleep, options=list(guard.dnf_options),
+                   paths=paths)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, model_validator
 
 from agent.models import FrozenModel
+
+# Keys of [guard] renamed for what they are, the old name -> the new one: the old is still read, with a warning.
+RENAMED_KEYS = {"apt_timeout_seconds": "package_tool_timeout_seconds"}
 
 
 class GuardSettings(FrozenModel):
@@ -17,7 +20,29 @@ class GuardSettings(FrozenModel):
     matrix_path: Optional[str] = None
     preferences_dir: str = "/etc/apt/preferences.d"
     lock_timeout_seconds: float = Field(300.0, gt=0)
-    apt_timeout_seconds: float = Field(900.0, gt=0)
+    # How long one package-manager command of a rollback or pin apply may run: apt-get/dpkg, or dnf/rpm.
+    package_tool_timeout_seconds: float = Field(900.0, gt=0)
     rollback_enabled: bool = True
     # Put before every dnf command of the rollback and pin apply (``-c FILE``, ``--setopt=...``); rpm hosts only.
     dnf_options: Tuple[str, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_renamed_keys(cls, data: Any, info: ValidationInfo) -> Any:
+        """An old key is read as its new one, with a ``config_key_renamed`` warning naming the file and both keys;
+        both at once is an error."""
+        if not isinstance(data, dict) or not any(old in data for old in RENAMED_KEYS):
+            return data
+        from agent.log import get_logger
+
+        path = (info.context or {}).get("path", "<settings>")
+        data = dict(data)
+        for old, new in RENAMED_KEYS.items():
+            if old not in data:
+                continue
+            if new in data:
+                raise ValueError(f"{old} is the old name of {new}: give only {new}")
+            get_logger("config").warning("config_key_renamed", path=path, key=f"guard.{old}",
+                                         replaced_by=f"guard.{new}")
+            data[new] = data.pop(old)
+        return data
