@@ -155,3 +155,35 @@ def test_every_path_gives_the_same_rule_ids(root: Path) -> None:
     """The hook, explain, compliance, the rollback check and freeze's facts agree, rule id for rule id."""
     found: List[Set[str]] = [judge(root) for judge in PATHS]
     assert all(rules == found[0] for rules in found), dict(zip([p.__name__ for p in PATHS], found))
+
+
+PIN_POLICY = """
+[policy]
+name = "pins-by-context"
+require_amd_matrix = true
+[[amd.pairing]]
+name = "driver-6.4"
+amdgpu = "6.4.*"
+rocm = "any"
+"""
+
+
+def test_pin_records_forbid_what_the_hook_refuses_for_this_hosts_gpu(root: Path, tmp_path: Path) -> None:
+    """``pin apply``'s records judge a build with the host's context as the hook does: on the gfx950 host ROCm 6.4
+    (not in the matrix for gfx950) beside driver 6.4 is pinned away for ``matrix.gpu``; without the context it was
+    let through, so the pins and the hook disagreed."""
+    from agent.guard.pin_records import pin_records
+    from agent.hostfacts.context import read_host_context
+    from agent.policy.evaluate import facts_used
+
+    policy_file = tmp_path / "pins.toml"
+    policy_file.write_text(PIN_POLICY)
+    _, policy = load_and_compile(str(policy_file))
+    installed = {"amdgpu-dkms": "1:6.12.12.60400-2147987.22.04", "rocm-core": "7.0.0.70000-38~22.04"}
+    available = {"rocm-core": ["6.4.0.60400-47~22.04", "7.0.0.70000-38~22.04"]}
+    context = read_host_context(str(root), facts_used(policy))
+    _, forbidden = pin_records(policy, installed, available, context=context)
+    assert [(p.package, p.version) for p in forbidden] == [("rocm-core", "6.4.0.60400-47~22.04")]
+    assert "matrix.gpu" in forbidden[0].why
+    _, blind = pin_records(policy, installed, available, context=None)
+    assert "matrix.gpu" not in " ".join(p.why for p in blind)

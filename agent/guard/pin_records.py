@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from agent.policy import releases
 from agent.policy.compiled import AMD_STACK_PACKAGES, CompiledPolicy
 from agent.policy.evaluate import HostState, evaluate, introduced, matching_pairing
 from agent.policy.spec import matches
+
+if TYPE_CHECKING:
+    from agent.hostfacts.context import HostContext
 
 
 @dataclass(frozen=True)
@@ -91,11 +94,13 @@ def _name(key: str) -> str:
 
 
 def pin_records(policy: CompiledPolicy, installed: Mapping[str, str], available: Mapping[str, Sequence[str]],
-                manager: str = "dpkg") -> Tuple[List[Pin], List[Pin]]:
+                manager: str = "dpkg", *, context: Optional[HostContext]) -> Tuple[List[Pin], List[Pin]]:
     """(frozen, forbidden) records, for apt preferences and dnf versionlock alike (pure).
 
     ``installed``: guarded packages and their installed versions (rpm kernels keyed ``name@version``);
-    ``available``: versions the repositories offer per name.
+    ``available``: versions the repositories offer per name; ``context``: the host's facts, as the hook reads them
+    (``read_host_context(root, facts_used(policy))``), so a build the hook would refuse for this host's OS or GPU
+    targets is pinned away too.
     """
     frozen_pins: List[Pin] = []
     forbidden: List[Pin] = []
@@ -118,7 +123,7 @@ def pin_records(policy: CompiledPolicy, installed: Mapping[str, str], available:
                 continue  # never pin away what is installed: the hook and rollback handle the installed set
             why = None
             if _match_any(name, amd_judged):
-                why = refused_beside_installed(policy, installed, name, version, manager)
+                why = refused_beside_installed(policy, installed, name, version, manager, context)
             why = why or _forbidden_reason(name, version, manager, pairings, driver_name, kernel,
                                            kernel_patterns, nvidia, nv_pairings, policy, installed)
             if why:
@@ -200,11 +205,12 @@ def with_build(installed: Mapping[str, str], name: str, version: str) -> Dict[st
 
 
 def refused_beside_installed(policy: CompiledPolicy, installed: Mapping[str, str], name: str, version: str,
-                             manager: str) -> Optional[str]:
+                             manager: str, context: Optional[HostContext]) -> Optional[str]:
     """Why the policy's judgement (the hook's) rejects ``name`` at ``version`` with everything else as installed
     now, or None when that move alone is allowed. Every violation counts, whatever its action, as for the other
     forbidden builds: a pin keeps out what the policy does not allow, a ``warn`` only decides what the hook does."""
-    state = HostState(before=installed, after=with_build(installed, name, version), manager=manager)
+    state = HostState(before=installed, after=with_build(installed, name, version), manager=manager,
+                      context=context)
     violations = introduced(evaluate(state, policy), state)
     if not violations:
         return None

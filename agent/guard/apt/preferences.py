@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from agent.files import write_atomically
 from agent.guard.apt.tool import AptTool
 from agent.guard.pin_records import Pin, glob_prefix, names_to_query, pin_records
 from agent.host import Host
+from agent.hostfacts.context import HostContext, read_host_context
 from agent.policy.compiled import CompiledPolicy
+from agent.policy.evaluate import facts_used
 
 HEADER = "# Managed by gpuguard (gpuguard pin apply): edits are overwritten; remove the policy rule instead."
 FILE_PREFIX = "gpuguard-"
@@ -38,12 +40,13 @@ def render_record(pin: Pin) -> str:
 
 
 def render_pins(policy: CompiledPolicy, installed: Mapping[str, str], available: Mapping[str, Sequence[str]],
-                manager: str = "dpkg") -> Dict[str, str]:
+                manager: str = "dpkg", *, context: Optional[HostContext]) -> Dict[str, str]:
     """File name -> content for every gpuguard preferences file (pure).
 
-    ``installed``: guarded packages and their installed versions; ``available``: versions the indexes offer.
+    ``installed``: guarded packages and their installed versions; ``available``: versions the indexes offer;
+    ``context``: the host's facts the policy's rules read (see :func:`pin_records`).
     """
-    frozen_pins, forbidden = pin_records(policy, installed, available, manager)
+    frozen_pins, forbidden = pin_records(policy, installed, available, manager, context=context)
     files = {}
     stamp = f"# policy '{policy.name}' ({', '.join(policy.sources) or policy.path})\n"
     if frozen_pins:
@@ -93,7 +96,8 @@ def apply_pins(host: Host, policy: CompiledPolicy, preferences_dir: str, tool: A
     for pattern in globs:
         names += [n for n in tool.package_names(glob_prefix(pattern)) if fnmatch.fnmatchcase(n, pattern)]
     available = tool.available_versions(sorted(set(names)))
-    wanted = render_pins(policy, installed, available)
+    wanted = render_pins(policy, installed, available,
+                         context=read_host_context(str(host.root), facts_used(policy)))
     existing = {}
     for name in host.list_dir(preferences_dir):
         if name.startswith(FILE_PREFIX):

@@ -214,10 +214,13 @@ def apply_versionlock(host: Host, policy: CompiledPolicy, tool: DnfTool, install
     """Query available builds, render gpuguard's entries and merge them into the host's versionlock file."""
     from agent.files import write_atomically
     from agent.guard.pin_records import names_to_query, pin_records
+    from agent.hostfacts.context import read_host_context
+    from agent.policy.evaluate import facts_used
 
     exact, globs = names_to_query(policy, manager="rpm")
     available = tool.available_versions(sorted(set(exact)) + sorted(set(globs)))
-    frozen, forbidden = pin_records(policy, installed, available, manager="rpm")
+    frozen, forbidden = pin_records(policy, installed, available, manager="rpm",
+                                    context=read_host_context(str(host.root), facts_used(policy)))
     stamp = f"# policy '{policy.name}' ({', '.join(policy.sources) or policy.path})"
     if uses_dnf5(host):
         path, note = DNF5_TOML, None

@@ -40,7 +40,7 @@ def _policy(tmp_path: Path):
 def test_render_forbids_exact_versions_and_freezes_installed_ones(tmp_path: Path) -> None:
     """apt pins forbid (-1) each available version the policy refuses and hold (1001) frozen packages at their
     version."""
-    files = render_pins(_policy(tmp_path), INSTALLED, AVAILABLE)
+    files = render_pins(_policy(tmp_path), INSTALLED, AVAILABLE, context=None)
     assert set(files) == {"gpuguard-frozen.pref", "gpuguard-forbidden.pref"}
     frozen = files["gpuguard-frozen.pref"]
     assert frozen.startswith(HEADER)
@@ -94,7 +94,7 @@ OFFERED = {"amdgpu-dkms": [D62, D624, D63], "amdgpu-dkms-firmware": [D62, D624, 
 def _forbidden(tmp_path: Path, policy_text: str, installed: dict) -> dict:
     path = tmp_path / "two.toml"
     path.write_text(policy_text)
-    _, forbidden = pin_records(compiled_from(load_policy(str(path))), installed, OFFERED)
+    _, forbidden = pin_records(compiled_from(load_policy(str(path))), installed, OFFERED, context=None)
     return {(p.package, p.version): p.why for p in forbidden}
 
 

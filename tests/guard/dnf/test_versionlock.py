@@ -56,7 +56,7 @@ def _policy(tmp_path: Path):
 
 def test_records_lock_frozen_builds_and_forbid_unsupported_rpm_kernels(tmp_path: Path) -> None:
     """rpm kernels share a name: every build but the installed ones is a new kernel, checked against the pairing."""
-    frozen, forbidden = pin_records(_policy(tmp_path), INSTALLED, AVAILABLE, manager="rpm")
+    frozen, forbidden = pin_records(_policy(tmp_path), INSTALLED, AVAILABLE, manager="rpm", context=None)
     assert [(p.package, p.version) for p in frozen] == [("rocm-core", R62)]
     assert sorted((p.package, p.version) for p in forbidden) == [
         ("amdgpu-dkms", D63), ("kernel-core", "5.14.0-570.el9"), ("rocm-core", R63)]
@@ -205,7 +205,7 @@ def test_the_rocm_packages_of_a_forbidden_rocm_build_are_excluded_with_it(tmp_pa
     policy.write_text(POLICY.replace("[frozen]", "[[amd.pairing]]\nname = \"6.3\"\namdgpu = \"6.3.*\"\n"
                                                  "rocm = \"6.3.*\"\n[frozen]"))
     _, forbidden = pin_records(compiled_from(load_policy(str(policy))), {**INSTALLED, "rocm-hip-runtime": R62},
-                               available, manager="rpm")
+                               available, manager="rpm", context=None)
     pins = {(p.package, p.version): p.why for p in forbidden}
     assert pins[("rocm-hip-runtime", R63)].startswith(f"goes with rocm-core {R63}: ") and "amd.pairing: " in \
         pins[("rocm-hip-runtime", R63)]
