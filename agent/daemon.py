@@ -26,10 +26,7 @@ import logging
 import os
 import select
 import signal
-import socket
-import threading
-import time
-from typing import TYPE_CHECKING, Callable, Dict, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Union
 
 from agent.config import Settings, load_settings
 from agent.daemon_jobs.children import DeliveryInChild, GuardCheckInChild, HealthInChild, SnapshotInChild
@@ -40,11 +37,13 @@ from agent.daemon_jobs.health import HealthJob
 from agent.daemon_jobs.health_schedule import HealthSchedule
 from agent.daemon_jobs.heartbeat import HeartbeatJob, first_heartbeat_in_seconds
 from agent.daemon_jobs.hooks import Hooks, default_hooks
-from agent.daemon_jobs.memory import limit_malloc_arenas, release_free_memory
+from agent.daemon_jobs.job_runner import JobRunner, without_retry
+from agent.daemon_jobs.memory import limit_malloc_arenas
 from agent.daemon_jobs.metrics import MetricsJob
 from agent.daemon_jobs.runtime import EventEmitter, Runtime, host_identity
+from agent.daemon_jobs.systemd_notify import SystemdNotifier
 from agent.daemon_jobs.watch import PackageWatcher
-from agent.errors import ConfigError, Interrupted
+from agent.errors import ConfigError
 from agent.host import Host
 from agent.log import configure, get_logger
 from agent.report.credentials import read_credentials
@@ -65,129 +64,6 @@ _UTC = dt.timezone.utc
 # PRAGMA quick_check of the outbox this often (also at every open): damage is found before every job trips on it.
 OUTBOX_CHECK_INTERVAL_SECONDS = 600.0
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
-
-
-class SystemdNotifier:
-    """sd_notify(3) over $NOTIFY_SOCKET (AF_UNIX datagram; '@' means the abstract namespace); no-op without it."""
-
-    def __init__(self, env: Mapping[str, str] = os.environ) -> None:
-        address = env.get("NOTIFY_SOCKET") or ""
-        self._address: Optional[str] = None
-        if address.startswith("@"):
-            self._address = "\0" + address[1:]
-        elif address.startswith("/"):
-            self._address = address
-        self.watchdog_seconds: Optional[float] = None
-        usec, pid = env.get("WATCHDOG_USEC"), env.get("WATCHDOG_PID")
-        if usec and usec.isdigit() and int(usec) > 0 and (not pid or pid == str(os.getpid())):
-            self.watchdog_seconds = int(usec) / 1_000_000
-
-    def notify(self, *lines: str) -> None:
-        if self._address is None:
-            return
-        try:
-            # Non-blocking: a full receive queue on the other side must never stall shutdown or the scheduler.
-            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK) as sock:
-                sock.sendto("\n".join(lines).encode("utf-8"), self._address)
-        except OSError as exc:
-            log.debug("sd_notify_failed", error=str(exc))
-
-
-class JobRunner:
-    """Calls one job body for the scheduler: never raises, runs again when asked while running, reschedules.
-
-    ``request(reason)`` asks for a run now. If the job is running at that moment the scheduler would skip the
-    extra run (max_instances=1), so the running call notices the request and loops once more instead.
-
-    A failure is logged once per state change: ``job_failed`` (with the traceback) when the job starts failing or
-    fails differently, ``job_recovered`` (with the count of failed runs) when it succeeds again. A job failing the
-    same way on every run (the disk is full) does not flood the log.
-    """
-
-    def __init__(self, job_id: str, body: Callable[[str], Optional[float]], stopping: threading.Event,
-                 after: Callable[[], None] = lambda: None, quiet: bool = False, trim: bool = True) -> None:
-        self.job_id = job_id
-        self.quiet = quiet
-        self.trim = trim  # give freed memory back to the system after each run (agent/daemon_jobs/memory.py)
-        self.body = body
-        self.stopping = stopping
-        self.after = after
-        self.scheduler: Optional[BaseScheduler] = None  # set when the job is added
-        self._again = threading.Event()
-        self._reason = "interval"
-        self._busy = threading.Lock()
-        self._failing: Optional[str] = None  # "Type: message" of the failure the log last reported
-        self._failed_runs = 0
-
-    def request(self, reason: str) -> None:
-        self._reason = reason
-        self._again.set()
-        self.run_at(0.0)
-
-    def run_at(self, delay_seconds: float) -> None:
-        if self.scheduler is None or self.stopping.is_set():
-            return
-        when = dt.datetime.now(_UTC) + dt.timedelta(seconds=delay_seconds)
-        try:
-            self.scheduler.modify_job(self.job_id, next_run_time=when)
-        except Exception as exc:  # noqa: BLE001 - JobLookupError (or a stopped scheduler) while shutting down
-            log.debug("job_reschedule_skipped", job=self.job_id, error=str(exc))
-
-    def wait_idle(self) -> None:
-        """Return once the body is not running (it finishes its current step after ``stopping`` is set)."""
-        with self._busy:
-            pass
-
-    def __call__(self) -> None:
-        with self._busy:
-            try:
-                self._run()
-            finally:
-                if self.trim:
-                    release_free_memory()
-
-    def _run(self) -> None:
-        reason = "interval"
-        while not self.stopping.is_set():
-            if self._again.is_set():
-                reason = self._reason
-            self._again.clear()
-            started = time.monotonic()
-            try:
-                retry_in = self.body(reason)
-            except Interrupted as exc:  # the daemon is stopping: nothing failed
-                log.info("job_interrupted", job=self.job_id, reason=reason, detail=str(exc))
-                retry_in = None
-            except Exception as exc:  # noqa: BLE001 - one job's failure is data, never the daemon's end
-                self._failed(reason, exc)
-                retry_in = None
-            else:
-                if self._failing is not None:
-                    log.info("job_recovered", job=self.job_id, failed_runs=self._failed_runs, last_error=self._failing)
-                    self._failing, self._failed_runs = None, 0
-            if not self.quiet:
-                log.debug("job_ran", job=self.job_id, reason=reason,
-                          duration_seconds=round(time.monotonic() - started, 3))
-            try:
-                self.after()
-            except Exception as exc:  # noqa: BLE001 - a failing after-hook must not end the job's loop
-                log.error("job_after_failed", job=self.job_id, error=f"{type(exc).__name__}: {exc}")
-            if self._again.is_set():
-                continue  # asked again while running: now, not at the body's retry time
-            if retry_in is not None:
-                self.run_at(retry_in)
-            return
-
-
-    def _failed(self, reason: str, exc: Exception) -> None:
-        error = f"{type(exc).__name__}: {exc}"
-        self._failed_runs += 1
-        if error == self._failing:
-            log.debug("job_still_failing", job=self.job_id, reason=reason, error=error, failed_runs=self._failed_runs)
-            return
-        self._failing = error
-        log.error("job_failed", job=self.job_id, reason=reason, error=error, failed_runs=self._failed_runs,
-                  exc_info=True)
 
 
 class Daemon:
@@ -258,7 +134,7 @@ class Daemon:
                                EVENT_JOB_MAX_INSTANCES)
         self.scheduler = scheduler
         self._metrics = MetricsJob(rt)
-        self._add(scheduler, "metrics", _none(self._metrics.run), 60.0, 0.0, refresh_metrics=False)
+        self._add(scheduler, "metrics", without_retry(self._metrics.run), 60.0, 0.0, refresh_metrics=False)
         delivery = self._delivery = DeliveryJob(rt, drain=DeliveryInChild(rt, self.config_path)
                                                 if self.job_children else None)
         deliver = self._add(scheduler, "deliver", delivery.run, s.report.delivery_interval_seconds, 0.0)
@@ -276,20 +152,20 @@ class Daemon:
             from agent.daemon_jobs.snapshot import SnapshotJob  # collectors and GPU bindings: in-process only
 
             snapshot = SnapshotJob(rt, hooks.policy_check, on_stack_changed=health_runner.request)
-        snap_runner = self._add(scheduler, "snapshot", _none(snapshot.run), s.snapshot.interval_seconds, 0.0)
+        snap_runner = self._add(scheduler, "snapshot", without_retry(snapshot.run), s.snapshot.interval_seconds, 0.0)
         # Guard files live under the Host root, where the apt hook of that root writes them.
         events_path = str(rt.host.path(StatePaths(s.agent.state_dir).guard_events))
         guard = GuardJob(rt, GuardEventForwarder(rt, events_path), on_checked=snap_runner.request,
                          check=GuardCheckInChild(rt, self.config_path) if self.job_children else None)
-        guard_runner = self._add(scheduler, "guard", _none(guard.run), s.snapshot.interval_seconds, 0.0)
+        guard_runner = self._add(scheduler, "guard", without_retry(guard.run), s.snapshot.interval_seconds, 0.0)
         watcher = PackageWatcher(rt.host, on_change=guard_runner.request, guard_events_path=events_path,
                                  on_guard_events=guard_runner.request)
-        self._add(scheduler, "package_watch", _none(watcher.run), s.daemon.package_watch_interval_seconds, None,
+        self._add(scheduler, "package_watch", without_retry(watcher.run), s.daemon.package_watch_interval_seconds, None,
                   refresh_metrics=False)
         rt.report_outbox_damage()  # found while opening it
-        self._add(scheduler, "outbox_check", _none(rt.check_outbox), OUTBOX_CHECK_INTERVAL_SECONDS, None)
+        self._add(scheduler, "outbox_check", without_retry(rt.check_outbox), OUTBOX_CHECK_INTERVAL_SECONDS, None)
         heartbeat = HeartbeatJob(rt)
-        self._add(scheduler, "heartbeat", _none(heartbeat.run), s.report.heartbeat_interval_seconds,
+        self._add(scheduler, "heartbeat", without_retry(heartbeat.run), s.report.heartbeat_interval_seconds,
                   first_heartbeat_in_seconds(s.report))
         if self.notifier.watchdog_seconds:
             self._add(scheduler, "watchdog", lambda reason: self.notifier.notify("WATCHDOG=1"),
@@ -407,13 +283,6 @@ def _nothing() -> None:
 
 def _ignore(signum: int, frame: Optional[FrameType]) -> None:
     """Python-level handler: the C handler already wrote the signal number to the wakeup pipe."""
-
-
-def _none(body: Callable[[str], None]) -> Callable[[str], Optional[float]]:
-    def call(reason: str) -> Optional[float]:
-        body(reason)
-        return None
-    return call
 
 
 def run_daemon(config_path: str, host: Host) -> int:

@@ -15,6 +15,8 @@
     children.py   run the snapshot, the guard's rollback check, the health check and delivery's sending in
                   short-lived children
     child_main.py the child's side (``gpuguard _job NAME``)
+    job_runner.py how the scheduler calls a body: never raises, runs again when asked while running, reschedules
+    systemd_notify.py  sd_notify: READY=1, WATCHDOG=1, STATUS=, STOPPING=1 under systemd (a no-op without it)
     memory.py     cap glibc's malloc arenas, give freed memory back after each job
     openssl.py    keep ssl and hashlib's OpenSSL backend out of the resident (``gpuguard run``)
 

@@ -13,10 +13,11 @@ from typing import List, Optional, Sequence
 import pytest
 
 from agent.config import Settings
-from agent.daemon import Daemon, SystemdNotifier
+from agent.daemon import Daemon
 from agent.daemon_jobs.guard import GuardJob, recompile_policy
 from agent.daemon_jobs.guard_events import GuardEventForwarder, Position, event_id_for_line, payload_from_record
 from agent.daemon_jobs.runtime import Runtime
+from agent.daemon_jobs.systemd_notify import SystemdNotifier
 from agent.daemon_jobs.watch import PackageWatcher
 from agent.errors import CommandTimeout
 from agent.guard.apt.tool import AptTool

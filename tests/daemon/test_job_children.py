@@ -14,8 +14,8 @@ from typing import List, Sequence
 
 import pytest
 
-from agent.daemon import JobRunner
 from agent.daemon_jobs.children import ChildJobFailed, child_argv, child_env, run_child
+from agent.daemon_jobs.job_runner import JobRunner
 from agent.log import configure
 from tests.conftest import run_fresh_python
 from tests.daemon.conftest import (

@@ -7,7 +7,7 @@ import json
 import threading
 from typing import List
 
-from agent.daemon import JobRunner
+from agent.daemon_jobs.job_runner import JobRunner
 from agent.log import configure
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.daemon import JobRunner
 from agent.daemon_jobs import memory
 from agent.daemon_jobs.hooks import Hooks
+from agent.daemon_jobs.job_runner import JobRunner
 from agent.daemon_jobs.snapshot import SnapshotJob
 from tests.conftest import make_fixture_host
 from tests.daemon.test_jobs import make_runtime
@@ -33,7 +33,7 @@ glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or ctypes.util.f
 def test_job_runner_trims_after_each_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every run of a trimming job ends with malloc_trim, a failing one too; a quiet job is not trimmed."""
     trims = []
-    monkeypatch.setattr("agent.daemon.release_free_memory", lambda: trims.append(1) or True)
+    monkeypatch.setattr("agent.daemon_jobs.job_runner.release_free_memory", lambda: trims.append(1) or True)
     stopping = threading.Event()
 
     def fails(reason: str) -> None:

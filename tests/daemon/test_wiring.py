@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import List, Optional
 
 from agent.config import Settings
-from agent.daemon import Daemon, JobRunner, SystemdNotifier
+from agent.daemon import Daemon
 from agent.daemon_jobs.hooks import Hooks
+from agent.daemon_jobs.job_runner import JobRunner
+from agent.daemon_jobs.systemd_notify import SystemdNotifier
 from agent.host import Host
 
 
