@@ -9,11 +9,13 @@ number of jobs, each with ``max_instances=1`` and ``coalesce=True``: a job never
                       the old one kept
     SIGUSR1           a package transaction happened (apt/dnf hook): guard check, snapshot and deliver now
 
-The snapshot, the guard's rollback check, the health check and delivery's sending run in short-lived child
-processes (agent/daemon_jobs/children.py) so that the collectors, GPU bindings, policy engine, apt/dnf tooling and
-requests never stay resident; the daemon keeps the schedule, the outbox, delivery's backoff, heartbeats, metrics and
-the package watch. SIGTERM reaches a running child through ``stopping`` and is waited for. Tests that hand in fake
-hooks run every body in-process. ``gpuguard run`` keeps OpenSSL out of the process (agent/daemon_jobs/openssl.py).
+The snapshot, the guard's rollback check and its guard-events forwarding, the health check, delivery's sending, and
+the config file's validation (at start and on SIGHUP) run in short-lived child processes (agent/daemon_jobs/
+children.py) so that the collectors, GPU bindings, policy engine, apt/dnf tooling, requests and pydantic never stay
+resident; the daemon keeps the schedule, the outbox, delivery's backoff, heartbeats, metrics and the package watch,
+and holds the settings as the config child hands them over (agent/daemon_jobs/resident_settings.py). SIGTERM
+reaches a running child through ``stopping`` and is waited for. Tests that hand in fake hooks run every body
+in-process. ``gpuguard run`` keeps OpenSSL out of the process (agent/daemon_jobs/openssl.py).
 
 Under systemd (``Type=notify``) it sends READY=1 once running, WATCHDOG=1 at half of WATCHDOG_USEC from a
 scheduler job (so a wedged scheduler stops the pings), STATUS= lines, and STOPPING=1.
@@ -26,13 +28,22 @@ import logging
 import os
 import select
 import signal
+import threading
 from typing import TYPE_CHECKING, Callable, Dict, Optional, Union
 
-from agent.config import Settings, load_settings
-from agent.daemon_jobs.children import DeliveryInChild, GuardCheckInChild, HealthInChild, SnapshotInChild
+from agent.daemon_jobs.children import (
+    ChildJobFailed,
+    DeliveryInChild,
+    GuardCheckInChild,
+    GuardEventsInChild,
+    HealthInChild,
+    SnapshotInChild,
+    load_config_in_child,
+    restore_in_child,
+)
 from agent.daemon_jobs.delivery import DeliveryJob
-from agent.daemon_jobs.guard import GuardJob, recompile_policy
-from agent.daemon_jobs.guard_events import GuardEventForwarder
+from agent.daemon_jobs.guard import GuardJob
+from agent.daemon_jobs.guard_events import GuardEventForwarder, guard_events_path
 from agent.daemon_jobs.health import HealthJob
 from agent.daemon_jobs.health_schedule import HealthSchedule
 from agent.daemon_jobs.heartbeat import HeartbeatJob, first_heartbeat_in_seconds
@@ -40,13 +51,14 @@ from agent.daemon_jobs.hooks import Hooks, default_hooks
 from agent.daemon_jobs.job_runner import JobRunner, without_retry
 from agent.daemon_jobs.memory import limit_malloc_arenas
 from agent.daemon_jobs.metrics import MetricsJob
+from agent.daemon_jobs.protocol import ConfigRequest, ConfigResult
+from agent.daemon_jobs.resident_settings import SettingsInForce
 from agent.daemon_jobs.runtime import EventEmitter, Runtime, host_identity
 from agent.daemon_jobs.systemd_notify import SystemdNotifier
 from agent.daemon_jobs.watch import PackageWatcher
 from agent.errors import ConfigError
 from agent.host import Host
 from agent.log import configure, get_logger
-from agent.report.credentials import read_credentials
 from agent.report.outbox import Outbox
 from agent.statepaths import StatePaths
 
@@ -69,39 +81,42 @@ _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 class Daemon:
     """Owns the scheduler, the jobs and the signal loop of one ``gpuguard run``."""
 
-    def __init__(self, config_path: str, settings: Settings, host: Host,
+    def __init__(self, config_path: str, settings: SettingsInForce, host: Host,
                  notifier: Optional[SystemdNotifier] = None, hooks: Optional[Hooks] = None,
                  job_children: Optional[bool] = None) -> None:
         self.config_path = config_path
         self.notifier = notifier or SystemdNotifier()
         # Heavy job bodies in child processes (agent/daemon_jobs/children.py) unless a test hands in fake hooks.
         self.job_children = hooks is None if job_children is None else job_children
-        self.hooks = hooks if hooks is not None else _resident_hooks() if self.job_children else default_hooks()
-        sender = self._sender(settings)
-        state_dir = settings.agent.state_dir
-        os.makedirs(state_dir, mode=0o755, exist_ok=True)
-        outbox = Outbox.open_or_recover(StatePaths(state_dir).outbox, settings.report.max_events)
-        emitter = EventEmitter(outbox, host_identity(host, settings), host.hostname(), host.clock)
-        self.runtime = Runtime(host=host, settings=settings, state_dir=state_dir, outbox=outbox, emitter=emitter,
-                               sender=sender)
+        self.hooks = hooks if hooks is not None else Hooks() if self.job_children else default_hooks()
+        view = settings.view
+        os.makedirs(view.state_dir, mode=0o755, exist_ok=True)
+        outbox = Outbox.open_or_recover(StatePaths(view.state_dir).outbox, view.max_events)
+        emitter = EventEmitter(outbox, host_identity(host, view.host_id), host.hostname(), host.clock)
+        self.runtime = Runtime(host=host, in_force=settings, state_dir=view.state_dir, outbox=outbox,
+                               emitter=emitter, sender=self._sender(settings))
         self.runners: Dict[str, JobRunner] = {}
         self.scheduler: Optional[BaseScheduler] = None
         self._metrics: Optional[MetricsJob] = None
         self._delivery: Optional[DeliveryJob] = None
 
-    def _sender(self, settings: Settings) -> Optional["Sender"]:
-        """Refuse an unusable token file or CA bundle now (ConfigError); the Sender only for in-process delivery.
-
-        With job children each delivery child reads them again and builds its own (requests stays out of the
-        resident, issue #17)."""
-        if settings.report.endpoint_url is None:
-            return None
-        if self.job_children:
-            read_credentials(settings.report)
+    def _sender(self, settings: SettingsInForce) -> Optional["Sender"]:
+        """The Sender for in-process delivery (tests); with job children each delivery child builds its own (requests
+        stays out of the resident, issue #17), the config child having checked the token file and CA bundle."""
+        if settings.view.endpoint_url is None or self.job_children:
             return None
         from agent.report.sender import sender_for  # requests only when it is needed
 
-        return sender_for(settings.report)
+        return sender_for(settings.model().report)
+
+    def _load_config(self, request: ConfigRequest) -> ConfigResult:
+        """The config file validated: in a child, or in-process where the bodies run in-process (tests)."""
+        rt = self.runtime
+        if self.job_children:
+            return load_config_in_child(self.config_path, str(rt.host.root), request, rt.state_dir, rt.stopping)
+        from agent.daemon_jobs.child_main import load_config
+
+        return load_config(self.config_path, rt.host, request)
 
     def _add(self, scheduler: BaseScheduler, job_id: str, body: Callable[[str], Optional[float]],
              interval_seconds: float, first_in_seconds: Optional[float], refresh_metrics: bool = True) -> JobRunner:
@@ -125,7 +140,9 @@ class Daemon:
         # apscheduler logs through stdlib logging; its routine "skipped: still running" is ours to report.
         logging.getLogger("apscheduler").setLevel(logging.ERROR)
         limit_malloc_arenas()  # before the worker threads exist (agent/daemon_jobs/memory.py)
-        rt, s, hooks = self.runtime, self.runtime.settings, self.hooks
+        rt, s, hooks, children = self.runtime, self.runtime.settings, self.hooks, self.job_children
+        if children:
+            restore_in_child(rt, self.config_path)  # what the previous run stored, before any job runs
         scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(max_workers=10)},
                                         job_defaults={"max_instances": 1, "coalesce": True,
                                                       "misfire_grace_time": None},
@@ -133,84 +150,75 @@ class Daemon:
         scheduler.add_listener(lambda event: log.debug("job_skipped_still_running", job=event.job_id),
                                EVENT_JOB_MAX_INSTANCES)
         self.scheduler = scheduler
+        intervals = s.intervals()
         self._metrics = MetricsJob(rt)
         self._add(scheduler, "metrics", without_retry(self._metrics.run), 60.0, 0.0, refresh_metrics=False)
-        delivery = self._delivery = DeliveryJob(rt, drain=DeliveryInChild(rt, self.config_path)
-                                                if self.job_children else None)
-        deliver = self._add(scheduler, "deliver", delivery.run, s.report.delivery_interval_seconds, 0.0)
+        delivery = self._delivery = DeliveryJob(rt, drain=DeliveryInChild(rt, self.config_path) if children else None)
+        deliver = self._add(scheduler, "deliver", delivery.run, intervals["deliver"], 0.0)
         rt.emitter.on_enqueued = lambda: deliver.request("event_enqueued")
-        health: Union[HealthJob, HealthInChild] = HealthInChild(rt, self.config_path, hooks) \
-            if self.job_children else HealthJob(rt, hooks)
+        health: Union[HealthJob, HealthInChild] = HealthInChild(rt, self.config_path) if children \
+            else HealthJob(rt, hooks)
         # The schedule picks the mode (functional right after a change) and retries while the GPUs are busy.
         health_schedule = HealthSchedule(rt, health.run)
-        health_runner = self._add(scheduler, "health", health_schedule.run, s.daemon.health_interval_seconds,
-                                  s.daemon.health_first_run_seconds)
-        if self.job_children:
+        health_runner = self._add(scheduler, "health", health_schedule.run, intervals["health"],
+                                  s.health_first_run_seconds)
+        if children:
             snapshot: Union[SnapshotInChild, "SnapshotJob"] = SnapshotInChild(rt, self.config_path,
                                                                              on_stack_changed=health_runner.request)
         else:
             from agent.daemon_jobs.snapshot import SnapshotJob  # collectors and GPU bindings: in-process only
 
             snapshot = SnapshotJob(rt, hooks.policy_check, on_stack_changed=health_runner.request)
-        snap_runner = self._add(scheduler, "snapshot", without_retry(snapshot.run), s.snapshot.interval_seconds, 0.0)
-        # Guard files live under the Host root, where the apt hook of that root writes them.
-        events_path = str(rt.host.path(StatePaths(s.agent.state_dir).guard_events))
-        guard = GuardJob(rt, GuardEventForwarder(rt, events_path), on_checked=snap_runner.request,
-                         check=GuardCheckInChild(rt, self.config_path) if self.job_children else None)
-        guard_runner = self._add(scheduler, "guard", without_retry(guard.run), s.snapshot.interval_seconds, 0.0)
+        snap_runner = self._add(scheduler, "snapshot", without_retry(snapshot.run), intervals["snapshot"], 0.0)
+        events_path = guard_events_path(rt)
+        forwarder = GuardEventForwarder(rt, events_path)
+        guard = GuardJob(rt, GuardEventsInChild(rt, self.config_path, forwarder) if children else forwarder.run,
+                         on_checked=snap_runner.request,
+                         check=GuardCheckInChild(rt, self.config_path) if children else None)
+        guard_runner = self._add(scheduler, "guard", without_retry(guard.run), intervals["guard"], 0.0)
         watcher = PackageWatcher(rt.host, on_change=guard_runner.request, guard_events_path=events_path,
                                  on_guard_events=guard_runner.request)
-        self._add(scheduler, "package_watch", without_retry(watcher.run), s.daemon.package_watch_interval_seconds, None,
+        self._add(scheduler, "package_watch", without_retry(watcher.run), intervals["package_watch"], None,
                   refresh_metrics=False)
         rt.report_outbox_damage()  # found while opening it
         self._add(scheduler, "outbox_check", without_retry(rt.check_outbox), OUTBOX_CHECK_INTERVAL_SECONDS, None)
         heartbeat = HeartbeatJob(rt)
-        self._add(scheduler, "heartbeat", without_retry(heartbeat.run), s.report.heartbeat_interval_seconds,
-                  first_heartbeat_in_seconds(s.report))
+        self._add(scheduler, "heartbeat", without_retry(heartbeat.run), intervals["heartbeat"],
+                  first_heartbeat_in_seconds(s))
         if self.notifier.watchdog_seconds:
             self._add(scheduler, "watchdog", lambda reason: self.notifier.notify("WATCHDOG=1"),
                       self.notifier.watchdog_seconds / 2, None, refresh_metrics=False)
         scheduler.start()
         log.info("daemon_started", root=str(rt.host.root), state_dir=rt.state_dir, host_id=rt.emitter.host_id,
-                 endpoint_url=s.report.endpoint_url, outbox_depth=rt.outbox.depth(),
+                 endpoint_url=s.endpoint_url, outbox_depth=rt.outbox.depth(),
                  watchdog_seconds=self.notifier.watchdog_seconds)
         self.notifier.notify("READY=1", f"STATUS=running; outbox depth {rt.outbox.depth()}")
 
     def reload(self) -> bool:
-        """Re-read the config file; on any problem keep running with the old settings."""
-        old = self.runtime.settings
-        try:
-            new = load_settings(self.config_path)
-            sender = self._sender(new)
-        except ConfigError as exc:
-            log.error("config_reload_failed", path=exc.path, problems=list(exc.problems),
-                      kept="previous configuration")
-            self.notifier.notify("STATUS=running; config reload failed, previous configuration kept")
-            recompile_policy(self.runtime.host, old)
-            return False
-        if new.agent.state_dir != old.agent.state_dir:
-            log.warning("config_reload_partial", ignored="agent.state_dir", reason="takes effect on restart")
-            new = new.model_copy(update={"agent": new.agent.model_copy(update={"state_dir": old.agent.state_dir})})
-        configure(level=new.agent.log_level)
+        """Re-read the config file (and recompile the policy) in a config child; on any problem keep the old
+        settings."""
         rt = self.runtime
-        rt.settings = new
-        rt.sender = sender
-        rt.outbox.max_events = new.report.max_events
-        rt.emitter.host_id = host_identity(rt.host, new)
+        try:
+            new = self._load_config(ConfigRequest(in_force=rt.in_force.dump, compile_policy=True,
+                                                  daemon_pid=os.getpid())).in_force()
+        except (ConfigError, ChildJobFailed) as exc:
+            path, problems = (exc.path, list(exc.problems)) if isinstance(exc, ConfigError) \
+                else (self.config_path, [str(exc)])
+            log.error("config_reload_failed", path=path, problems=problems, kept="previous configuration")
+            self.notifier.notify("STATUS=running; config reload failed, previous configuration kept")
+            return False
+        configure(level=new.view.log_level)
+        before = rt.settings.intervals()
+        rt.in_force = new
+        rt.sender = self._sender(new)
+        rt.outbox.max_events = new.view.max_events
+        rt.emitter.host_id = host_identity(rt.host, new.view.host_id)
         if self._delivery is not None:
             self._delivery.reset_backoff()  # the new endpoint, token or CA bundle deserves a try now
-        intervals = {"deliver": (old.report.delivery_interval_seconds, new.report.delivery_interval_seconds),
-                     "heartbeat": (old.report.heartbeat_interval_seconds, new.report.heartbeat_interval_seconds),
-                     "snapshot": (old.snapshot.interval_seconds, new.snapshot.interval_seconds),
-                     "guard": (old.snapshot.interval_seconds, new.snapshot.interval_seconds),
-                     "health": (old.daemon.health_interval_seconds, new.daemon.health_interval_seconds),
-                     "package_watch": (old.daemon.package_watch_interval_seconds,
-                                       new.daemon.package_watch_interval_seconds)}
-        for job_id, (before, after) in intervals.items():
-            if before != after and self.scheduler is not None:
-                self.scheduler.reschedule_job(job_id, trigger="interval", seconds=after)
-        log.info("config_reloaded", path=self.config_path, endpoint_url=new.report.endpoint_url)
-        recompile_policy(rt.host, new)  # the apt hook reads only the compiled file
+        for job_id, seconds in new.view.intervals().items():
+            if before[job_id] != seconds and self.scheduler is not None:
+                self.scheduler.reschedule_job(job_id, trigger="interval", seconds=seconds)
+        log.info("config_reloaded", path=self.config_path, endpoint_url=new.view.endpoint_url)
         self.notifier.notify("STATUS=running; configuration reloaded")
         self.runners["snapshot"].request("config_reloaded")
         self.runners["deliver"].request("config_reloaded")
@@ -270,13 +278,6 @@ class Daemon:
             os.close(write_fd)
 
 
-def _resident_hooks() -> Hooks:
-    """With job children the daemon itself only reads the last health result back at start (not the runner)."""
-    from agent.health.last import load_last_result
-
-    return Hooks(health_last=load_last_result)
-
-
 def _nothing() -> None:
     return None
 
@@ -286,8 +287,10 @@ def _ignore(signum: int, frame: Optional[FrameType]) -> None:
 
 
 def run_daemon(config_path: str, host: Host) -> int:
-    """Load the config (every problem at once), check the token, then serve until told to stop."""
-    settings = load_settings(config_path)
-    daemon = Daemon(config_path, settings, host)  # refuses a bad token file before anything is logged
-    configure(level=settings.agent.log_level)
+    """Validate the config file in a config child (every problem at once, the token file and CA bundle checked), then
+    serve until told to stop."""
+    first = ConfigRequest(daemon_pid=os.getpid())
+    settings = load_config_in_child(config_path, str(host.root), first, None, threading.Event()).in_force()
+    daemon = Daemon(config_path, settings, host)
+    configure(level=settings.view.log_level)
     return daemon.serve()

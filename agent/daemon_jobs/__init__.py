@@ -1,6 +1,8 @@
 """The bodies of the daemon's jobs, one per file; ``agent/daemon.py`` schedules them and owns signals.
 
-    runtime.py    what every job shares: the Host, current Settings, the outbox, in-memory state, the emitter
+    runtime.py    what every job shares: the Host, the settings in force, the outbox, in-memory state, the emitter
+    resident_settings.py  the settings as the resident holds them: validated by pydantic in a config child, read as
+                  a plain record (ResidentSettings) beside the validated JSON every child gets
     snapshot.py   take a snapshot, store it, report a changed content hash, evaluate the policy
     watch.py      notice package database changes (dpkg, rpm) cheaply and ask for a guard check at once
     guard.py      after a package change: check_and_rollback, forward guard events, then ask for the snapshot
@@ -12,9 +14,11 @@
     heartbeat.py  a periodic "alive" event with pairing, compliance, last health and outbox depth
     delivery.py   drain the outbox to the endpoint, in order (in a child), with backoff while it is down
     metrics.py    rewrite the node_exporter textfile from the state and the outbox
-    children.py   run the snapshot, the guard's rollback check, the health check and delivery's sending in
-                  short-lived children
+    children.py   run the config's validation, the read-back at start, the snapshot, the guard's rollback check and
+                  forwarding, the health check and delivery's sending in short-lived children
     child_main.py the child's side (``gpuguard _job NAME``)
+    protocol.py   each job's request and result record, checked field by field when read
+    hooks.py      the policy engine's, the health runner's and the health-gated rollback's entry points (Protocols)
     job_runner.py how the scheduler calls a body: never raises, runs again when asked while running, reschedules
     systemd_notify.py  sd_notify: READY=1, WATCHDOG=1, STATUS=, STOPPING=1 under systemd (a no-op without it)
     memory.py     cap glibc's malloc arenas, give freed memory back after each job

@@ -1,62 +1,145 @@
 """The child side of agent/daemon_jobs/children.py: ``gpuguard _job NAME`` runs one job body and writes its result.
 
+    config       load and validate the config file (pydantic), check the token file and CA bundle; on SIGHUP also
+                 keep the running state directory and compile the policy for the apt hook (the new settings', or the
+                 old ones' when the file is refused); result: the resident's view and the whole as JSON, or why not
+    restore      at the daemon's start: the stored snapshot read back (a damaged file moved aside and reported), its
+                 facts and pairing, the last health result's status
     snapshot     SnapshotJob.run: events into the outbox, last-snapshot.json; result: compliance, violated rules,
                  a stack change (the daemon then asks for a health check), the stored snapshot's facts and pairing
-                 (with ``stored_only``, at the daemon's start: only those of the snapshot already stored)
-    guard_check  check_and_rollback (its records go to guard-events.jsonl, which the daemon forwards);
+    guard_check  check_and_rollback (its records go to guard-events.jsonl, which guard_events forwards);
                  result: status, detail, reboot_required, or the error / the interruption
+    guard_events GuardEventForwarder.run: new guard-events.jsonl lines validated and committed to the outbox
     health       HealthJob.run in the mode asked (the after-change gate and its rollback included): events into
-                 the outbox; result: status, when, busy, tenants, the rollback's status
+                 the outbox; result: its summary, the last status
     deliver      drain_outbox with a Sender built here (the token file read again): acknowledged batches leave the
                  outbox; result: when the last batch was taken, the failure that ended the drain (the daemon backs
                  off); an unusable token file or CA bundle is an ``auth`` failure
 
-The request (argv JSON) carries what the daemon's memory holds: the host id and name the events are stamped with,
-the rules already reported as violated. The outbox is opened as it is (damage is the daemon's to salvage).
+Requests and results are the records of agent/daemon_jobs/protocol.py; a request that is not its job's record is a
+usage error (one line, exit 2). The request carries what the daemon's memory holds: the settings in force, the host
+id and name the events are stamped with, the rules already reported as violated. The outbox is opened as it is
+(damage is the daemon's to salvage).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import threading
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional, Type, TypeVar
 
+from agent.daemon_jobs.protocol import (
+    ChildReply,
+    ConfigRequest,
+    ConfigResult,
+    DeliverResult,
+    ForwardResult,
+    GuardChecked,
+    GuardCheckResult,
+    HealthChildResult,
+    HealthRequest,
+    HealthSeen,
+    JobRequest,
+    RestoreResult,
+    SnapshotRequest,
+    SnapshotResult,
+)
+from agent.errors import UsageError
 from agent.files import write_atomically
 from agent.host import Host
+from agent.jsonrecord import JsonObject, JsonRecord, RecordError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.config import Settings
+    from agent.daemon_jobs.runtime import Runtime
 
 PR_SET_PDEATHSIG = 1  # prctl(2) option number in linux/prctl.h
+Q = TypeVar("Q", bound=JsonRecord)
 
 
-def run_job(job: str, config_path: str, host: Host, request: Dict[str, Any], result_path: str) -> int:
+def run_job(job: str, config_path: str, host: Host, request: JsonObject, result_path: str) -> int:
     """Run ``job`` once as the daemon would, write its result (JSON) to ``result_path``; returns the exit code."""
-    from agent.config import Settings, load_settings
     from agent.log import configure
 
-    # The daemon's settings in force (a reload it refused keeps the old ones); the file only when run by hand.
-    settings = Settings.model_validate(request["settings"]) if "settings" in request else load_settings(config_path)
-    configure(level=settings.agent.log_level)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
-    _stop_with_the_daemon(request.get("daemon_pid"), stopping)
-    if job == "guard_check":
-        result = _guard_check(host, settings, stopping)
+    result: JsonRecord
+    if job == "config":
+        asked = _request(ConfigRequest, request)
+        _stop_with_the_daemon(asked.daemon_pid, stopping)
+        result = load_config(config_path, host, asked)
     else:
-        result = _with_outbox(job, host, settings, request, stopping)
+        job_request: JobRequest = _request(_REQUESTS.get(job, JobRequest), request)
+        settings = _settings_in_force(job_request)
+        configure(level=settings.agent.log_level)
+        _stop_with_the_daemon(job_request.context.daemon_pid, stopping)
+        if job == "guard_check":
+            result = _guard_check(host, settings, stopping)
+        else:
+            result = _with_outbox(job, host, settings, job_request, stopping)
     from agent.daemon_jobs.children import peak_rss_kib_of
 
-    result["peak_rss_kib"] = peak_rss_kib_of()  # this process's own peak, for the daemon's job_child_exited
-    write_atomically(result_path, json.dumps(result, sort_keys=True) + "\n", mode=0o600)
+    # This process's own peak, for the daemon's job_child_exited.
+    reply = ChildReply(peak_rss_kib=peak_rss_kib_of(), result=result.to_json())
+    write_atomically(result_path, json.dumps(reply.to_json(), sort_keys=True) + "\n", mode=0o600)
     return 0
 
 
-def _stop_with_the_daemon(daemon_pid: Any, stopping: threading.Event) -> None:
+# The jobs whose request says more than JobRequest.
+_REQUESTS: Dict[str, Type[JobRequest]] = {"snapshot": SnapshotRequest, "health": HealthRequest}
+
+
+def _request(kind: Type[Q], request: JsonObject) -> Q:
+    try:
+        return kind.from_json(request, ("--request",))
+    except RecordError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _settings_in_force(request: JobRequest) -> Settings:
+    from agent.config import Settings
+
+    return Settings.model_validate(request.context.settings)
+
+
+def load_config(config_path: str, host: Host, request: ConfigRequest) -> ConfigResult:
+    """The config file validated, the token file and CA bundle checked; on a reload (``in_force``: the settings the
+    daemon runs with) the state directory kept and, with ``compile_policy``, the policy compiled for the apt hook with
+    the settings that stand. Runs in the ``config`` child (and in-process when the daemon runs its bodies there)."""
+    from agent.config import Settings, load_settings
+    from agent.daemon_jobs.guard import recompile_policy
+    from agent.daemon_jobs.resident_settings import ConfigProblem, ResidentSettings
+    from agent.errors import ConfigError
+    from agent.log import get_logger
+    from agent.report.credentials import read_credentials
+
+    in_force = None if request.in_force is None else Settings.model_validate(request.in_force)
+    try:
+        new = load_settings(config_path)
+        if new.report.endpoint_url is not None:
+            read_credentials(new.report)  # a bad token file or CA bundle refuses the start or the reload
+    except ConfigError as exc:
+        if request.compile_policy and in_force is not None:
+            recompile_policy(host, in_force)
+        return ConfigResult(problem=ConfigProblem(exc.path, tuple(exc.problems)))
+    if in_force is not None and new.agent.state_dir != in_force.agent.state_dir:
+        get_logger("daemon").warning("config_reload_partial", ignored="agent.state_dir",
+                                     reason="takes effect on restart")
+        new = new.model_copy(update={"agent": new.agent.model_copy(update={"state_dir": in_force.agent.state_dir})})
+    if request.compile_policy:
+        recompile_policy(host, new)  # the apt hook reads only the compiled file
+    return ConfigResult(view=ResidentSettings.of(new), dump=new.model_dump(mode="json"))
+
+
+def _stop_with_the_daemon(daemon_pid: Optional[int], stopping: threading.Event) -> None:
     """SIGTERM to this child when the daemon dies (SIGKILL, the OOM killer): it stops as at the daemon's shutdown
     instead of running on, orphaned, beside the next daemon. systemd kills the whole unit anyway; this covers
     hosts without it. Already orphaned (the daemon died before this line): stop at once. The kernel's "parent" is
     the thread that spawned the child: the scheduler's pool threads, and the main thread, live as long as the daemon."""
-    if not isinstance(daemon_pid, int):
+    if daemon_pid is None:
         return  # run by hand
     try:
         import ctypes
@@ -68,24 +151,24 @@ def _stop_with_the_daemon(daemon_pid: Any, stopping: threading.Event) -> None:
         stopping.set()
 
 
-def _guard_check(host: Host, settings: Any, stopping: threading.Event) -> Dict[str, Any]:
+def _guard_check(host: Host, settings: Settings, stopping: threading.Event) -> GuardCheckResult:
     from agent.daemon_jobs.guard import _default_check
     from agent.errors import GpuguardError, Interrupted
 
     try:
         result = _default_check(host, settings, stopping)
     except Interrupted as exc:
-        return {"interrupted": str(exc)}
+        return GuardCheckResult(interrupted=str(exc))
     except Exception as exc:  # noqa: BLE001 - reported by the daemon's guard job as a failed check
-        return {"error": f"{type(exc).__name__}: {exc}", "expected": isinstance(exc, (GpuguardError, OSError))}
-    if result is None:
-        return {"result": None}
-    return {"result": {"status": getattr(result, "status", None), "detail": str(getattr(result, "detail", "")),
-                       "reboot_required": bool(getattr(result, "reboot_required", False))}}
+        return GuardCheckResult(error=f"{type(exc).__name__}: {exc}",
+                                expected=isinstance(exc, (GpuguardError, OSError)))
+    return GuardCheckResult(checked=GuardChecked.of(result))
 
 
-def _with_outbox(job: str, host: Host, settings: Any, request: Dict[str, Any],
-                 stopping: threading.Event) -> Dict[str, Any]:
+def _with_outbox(job: str, host: Host, settings: Settings, request: JobRequest,
+                 stopping: threading.Event) -> JsonRecord:
+    """Run a job that commits events, beside the resident's outbox; its result with the count of events committed."""
+    from agent.daemon_jobs.resident_settings import SettingsInForce
     from agent.daemon_jobs.runtime import EventEmitter, Runtime
     from agent.report.outbox import Outbox
     from agent.statepaths import StatePaths
@@ -97,80 +180,107 @@ def _with_outbox(job: str, host: Host, settings: Any, request: Dict[str, Any],
     def count() -> None:
         emitted[0] += 1
 
-    emitter = EventEmitter(outbox, str(request["host_id"]), str(request["hostname"]), host.clock, on_enqueued=count)
-    rt = Runtime(host=host, settings=settings, state_dir=state_dir, outbox=outbox, emitter=emitter,
-                 stopping=stopping)
+    context = request.context
+    emitter = EventEmitter(outbox, context.host_id, context.hostname, host.clock, on_enqueued=count)
+    rt = Runtime(host=host, in_force=SettingsInForce.of(settings), state_dir=state_dir, outbox=outbox,
+                 emitter=emitter, stopping=stopping)
     try:
-        if job == "snapshot":
+        result: JsonRecord
+        if job == "snapshot" and isinstance(request, SnapshotRequest):
             result = _snapshot(rt, request)
-        elif job == "health":
+        elif job == "health" and isinstance(request, HealthRequest):
             result = _health(rt, request)
+        elif job == "restore":
+            result = _restore(rt)
+        elif job == "guard_events":
+            result = _guard_events(rt, request)
         elif job == "deliver":
             result = _deliver(rt)
         else:
-            raise ValueError(f"unknown job {job!r}")
+            raise UsageError(f"unknown job {job!r}")
         rt.report_held_damage()
     finally:
         outbox.close()
-    result["events"] = emitted[0]
-    return result
+    return dataclasses.replace(result, events=emitted[0])
 
 
-def _snapshot(rt: Any, request: Dict[str, Any]) -> Dict[str, Any]:
+def _stored(rt: Runtime) -> RestoreResult:
+    """What the daemon shows of the snapshot this process took or read back."""
+    state = rt.state
+    return RestoreResult(events=0, snapshot=state.snapshot_facts, pairing=state.pairing)
+
+
+def _restore(rt: Runtime) -> RestoreResult:
+    from agent.daemon_jobs.health import HealthJob
+    from agent.daemon_jobs.hooks import Hooks
+    from agent.daemon_jobs.snapshot import SnapshotJob
+    from agent.health.last import load_last_result
+
+    SnapshotJob(rt, None)  # reads the stored snapshot back (a damaged file is moved aside and reported)
+    HealthJob(rt, Hooks(health_last=load_last_result))  # restores the last status (an unreadable one: logged)
+    state = rt.state
+    health = None if state.last_health_status is None else HealthSeen(state.last_health_status,
+                                                                       state.last_health_at_seconds)
+    return dataclasses.replace(_stored(rt), health=health)
+
+
+def _snapshot(rt: Runtime, request: SnapshotRequest) -> SnapshotResult:
     from agent.daemon_jobs.hooks import default_hooks
     from agent.daemon_jobs.snapshot import SnapshotJob
 
-    rt.state.violated_rules = frozenset(request.get("violated_rules") or ())
-    asked: list = []
-    stored_only = bool(request.get("stored_only"))
-    # Reads the stored snapshot back (a damaged file is moved aside and reported).
-    job = SnapshotJob(rt, None if stored_only else default_hooks().policy_check, on_stack_changed=asked.append)
-    result: Dict[str, Any] = {}
-    if not stored_only:
-        job.run(str(request.get("reason")))
-        result = {"compliant": rt.state.compliant, "violated_rules": sorted(rt.state.violated_rules),
-                  "stack_changed": asked[0] if asked else None, "hostname": rt.emitter.hostname}
-    state = rt.state
-    result["snapshot"] = state.snapshot_facts.to_json() if state.snapshot_facts is not None else None
-    result["pairing"] = state.pairing.model_dump(mode="json") if state.pairing is not None else None
-    return result
+    rt.state.violated_rules = frozenset(request.violated_rules)
+    asked: list[str] = []
+    SnapshotJob(rt, default_hooks().policy_check, on_stack_changed=asked.append).run(request.reason)
+    stored = _stored(rt)
+    return SnapshotResult(events=0, compliant=rt.state.compliant, violated_rules=tuple(sorted(rt.state.violated_rules)),
+                          stack_changed=asked[0] if asked else None, hostname=rt.emitter.hostname,
+                          snapshot=stored.snapshot, pairing=stored.pairing)
 
 
-def _health(rt: Any, request: Dict[str, Any]) -> Dict[str, Any]:
+def _health(rt: Runtime, request: HealthRequest) -> HealthChildResult:
     from agent.daemon_jobs.health import HealthJob
     from agent.daemon_jobs.hooks import default_hooks
     from agent.daemon_jobs.runtime import load_last_snapshot
 
     rt.state.last_snapshot = load_last_snapshot(rt)
-    mode = request.get("mode")
-    summary = HealthJob(rt, default_hooks()).run(str(request.get("reason")), mode=str(mode) if mode else None,
-                                                 after_change=bool(request.get("after_change")))
-    if summary is None:  # no check ran: the last status stands
-        return {"status": rt.state.last_health_status, "at_seconds": rt.state.last_health_at_seconds, "ran": False}
-    return summary
+    summary = HealthJob(rt, default_hooks()).run(request.reason, mode=request.mode, after_change=request.after_change)
+    state = rt.state
+    last = None if state.last_health_status is None else HealthSeen(state.last_health_status,
+                                                                    state.last_health_at_seconds)
+    return HealthChildResult(events=0, summary=summary, last=last)
 
 
-def _deliver(rt: Any) -> Dict[str, Any]:
-    from agent.daemon_jobs.delivery import Drained, drain_outbox
+def _guard_events(rt: Runtime, request: JobRequest) -> ForwardResult:
+    from agent.daemon_jobs.guard_events import GuardEventForwarder, guard_events_path
+
+    return ForwardResult(events=0, forwarded=GuardEventForwarder(rt, guard_events_path(rt)).run(request.reason))
+
+
+def _deliver(rt: Runtime) -> DeliverResult:
+    from agent.daemon_jobs.delivery import DeliveryFailure, Drained, drain_outbox
     from agent.errors import ConfigError, DeliveryError
     from agent.report.sender import sender_for
 
-    report = rt.settings.report
+    report = rt.job_settings().report
     try:
         sender = sender_for(report)
     except ConfigError as exc:  # changed since the daemon checked it; the daemon logs it loudly and backs off
-        return {"drained": Drained(failure=DeliveryError(str(report.ingest_url), "auth", str(exc))).to_json()}
+        failure = DeliveryFailure.of(DeliveryError(str(report.ingest_url), "auth", str(exc)))
+        return DeliverResult(events=0, drained=Drained(failure=failure))
     if sender is None:
-        return {"drained": Drained().to_json()}
+        return DeliverResult(events=0, drained=Drained())
     try:
-        return {"drained": drain_outbox(rt, sender).to_json()}
+        return DeliverResult(events=0, drained=drain_outbox(rt, sender))
     finally:
         sender.close()
 
 
-def parse_request(text: Optional[str]) -> Dict[str, Any]:
-    """The --request JSON object."""
-    value = json.loads(text or "{}")
+def parse_request(text: Optional[str]) -> JsonObject:
+    """The --request JSON object (read as its job's request record by :func:`run_job`)."""
+    try:
+        value = json.loads(text or "{}")
+    except ValueError as exc:
+        raise UsageError(f"--request: not JSON ({exc})") from None
     if not isinstance(value, dict):
-        raise ValueError("--request must be a JSON object")
+        raise UsageError("--request must be a JSON object")
     return value

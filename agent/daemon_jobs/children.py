@@ -1,55 +1,85 @@
 """Heavy job bodies in short-lived child processes, so the resident daemon stays small.
 
-The snapshot (collectors, GPU libraries, the policy engine), the guard's ``check_and_rollback`` (apt/dnf tooling)
-and the health check load far more code and native memory than scheduling needs, and run every few minutes or
-hours. Delivery's drain runs more often (only while the outbox holds events: after each heartbeat, about once a
-minute), but requests with urllib3, charset_normalizer and the loaded trust store held 6.5 MiB of the resident's
-46. The daemon runs each of them as ``gpuguard _job NAME`` (a hidden subcommand; ``child_argv``), which does the one
-run and exits; its memory goes with it.
+The snapshot (collectors, GPU libraries, the policy engine), the guard's ``check_and_rollback`` (apt/dnf tooling), the
+health check, delivery's sending (requests, urllib3, the trust store), the guard-events forwarding and the settings'
+validation (pydantic, issue #28) load far more code and native memory than scheduling needs. The daemon runs each of
+them as ``gpuguard _job NAME`` (a hidden subcommand; ``child_argv``), which does the one run and exits; its memory goes
+with it.
 
     resident (gpuguard run)                          child (gpuguard _job NAME)
-    request: host_id, hostname, state it needs  -->  argv --request JSON
-                                                     runs the body once; events straight into the outbox
+    request record (agent/daemon_jobs/protocol.py)   argv --request JSON
+      the settings in force, host id and name, ...   runs the body once; events straight into the outbox
                                                      (SQLite, BEGIN IMMEDIATE: safe beside the resident)
-    reads the result file, updates its state    <--  --result FILE (JSON), exit 0
+    reads the result record, updates its state  <--  --result FILE (JSON), exit 0
 
 The child inherits stderr (its log lines go where the daemon's go), not the daemon's signal handlers, nor
 $NOTIFY_SOCKET / $WATCHDOG_*. SIGTERM to the child sets its ``stopping`` event, exactly what SIGTERM to the daemon
 does to an in-process body (a lock wait gives up, a running step finishes); the daemon sends it when it is
 stopping and waits for the child, and the kernel sends it when the daemon dies (``PR_SET_PDEATHSIG``). A child
-that fails, crashes or is killed raises :class:`ChildJobFailed` in the daemon (exit status or signal, and its peak
-RSS): the job runner logs it and the next run tries again.
-Each exit is logged as ``job_child_exited`` (debug for delivery's clean ones) with the child's CPU time (``wait4``)
-and peak RSS: VmHWM, which the child reports in its result and the daemon reads from /proc while it waits (for a
-child that leaves no result). Not ``ru_maxrss``: after posix_spawn's vfork it includes the daemon's own peak, the
-memory the child shared until its exec.
+that fails, crashes, is killed, or writes a result that is not its job's record raises :class:`ChildJobFailed` in
+the daemon (exit status or signal, or the field that is wrong): the job runner logs it and the next run tries again.
+Each exit is logged as ``job_child_exited`` (debug for the clean exits of delivery's and the config's routine runs)
+with the child's CPU time (``wait4``) and peak RSS: VmHWM, which the child reports in its result and the daemon reads
+from /proc while it waits (for a child that leaves no result). Not ``ru_maxrss``: after posix_spawn's vfork it
+includes the daemon's own peak, the memory the child shared until its exec.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Type, TypeVar
 
 from agent.daemon_jobs.delivery import Drained
-from agent.daemon_jobs.runtime import SnapshotFacts
+from agent.daemon_jobs.health import HealthSkips
+from agent.daemon_jobs.protocol import (
+    AskedMode,
+    ChildContext,
+    ChildReply,
+    ConfigRequest,
+    ConfigResult,
+    DeliverResult,
+    ForwardResult,
+    GuardChecked,
+    GuardCheckResult,
+    HealthChildResult,
+    HealthRequest,
+    HealthSummary,
+    JobRequest,
+    RestoreResult,
+    SnapshotRequest,
+    SnapshotResult,
+)
+from agent.daemon_jobs.runtime import Runtime
 from agent.errors import GpuguardError, Interrupted
+from agent.jsonrecord import JsonRecord, RecordError
 from agent.log import get_logger
 from agent.statepaths import StatePaths
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.daemon_jobs.guard_events import GuardEventForwarder
 
 log = get_logger("job_child")
 
 # How often the daemon looks at a running child (and at its own stopping flag) while it waits.
 POLL_SECONDS = 0.05
 _ENV_DROPPED = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
+# Jobs whose clean exits are routine (delivery about once a minute, the config at every start and reload).
+_QUIET_JOBS = frozenset({"deliver", "config"})
+
+R = TypeVar("R", bound=JsonRecord)
+# (job, config path, root, request JSON, result path) -> the child's command line; tests hand in their own.
+ArgvFunction = Callable[[str, str, str, str, str], Sequence[str]]
 
 
 class ChildJobFailed(GpuguardError):
-    """A job child exited non-zero, was killed, or left no result."""
+    """A job child exited non-zero, was killed, or left no result (or not its job's)."""
 
     def __init__(self, job: str, problem: str) -> None:
         super().__init__(f"job child {job}: {problem}")
@@ -75,18 +105,20 @@ def child_env(environ: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     return {k: v for k, v in (os.environ if environ is None else environ).items() if k not in _ENV_DROPPED}
 
 
-def run_child(job: str, config_path: str, root: str, request: Dict[str, Any], state_dir: str,
-              stopping: threading.Event, argv: Optional[Callable[..., Sequence[str]]] = None) -> Dict[str, Any]:
-    """Run one job child to its end and return its result; raises ChildJobFailed.
+def run_child(job: str, config_path: str, root: str, request: JsonRecord, result_type: Type[R], result_dir: str,
+              stopping: threading.Event, argv: Optional[ArgvFunction] = None) -> R:
+    """Run one job child to its end and return its result, checked as ``result_type``; raises ChildJobFailed.
 
-    When ``stopping`` is set while it runs, the child gets SIGTERM once and is waited for.
+    The result file goes to ``result_dir`` (the state directory). When ``stopping`` is set while the child runs, it
+    gets SIGTERM once and is waited for.
     """
-    result_path = StatePaths(state_dir).job_result(job)
+    result_path = StatePaths(result_dir).job_result(job)
     try:
         os.unlink(result_path)
     except FileNotFoundError:
         pass
-    command = list((argv or child_argv)(job, config_path, root, json.dumps(request, sort_keys=True), result_path))
+    request_json = json.dumps(request.to_json(), sort_keys=True)
+    command = list((argv or child_argv)(job, config_path, root, request_json, result_path))
     started = time.monotonic()
     pid = _spawn(command)
     terminated = False
@@ -105,21 +137,22 @@ def run_child(job: str, config_path: str, root: str, request: Dict[str, Any], st
                 pass
         stopping.wait(POLL_SECONDS) if not stopping.is_set() else time.sleep(POLL_SECONDS)
     exit_code = os.waitstatus_to_exitcode(status)
+    reply: Optional[ChildReply] = None
+    unusable = "no result"
     try:
         with open(result_path, "r", encoding="utf-8") as handle:
-            result = json.load(handle)
-    except (OSError, ValueError) as exc:
-        result = None
-        missing = f"{type(exc).__name__}: {exc}"
+            reply = ChildReply.from_json(json.load(handle))
+    except (OSError, ValueError) as exc:  # RecordError is a ValueError
+        unusable = f"no result ({type(exc).__name__}: {exc})" if not isinstance(exc, RecordError) \
+            else f"result is not a child's reply ({exc})"
     finally:
         try:
             os.unlink(result_path)
         except OSError:
             pass
-    if isinstance(result, dict) and isinstance(result.get("peak_rss_kib"), int):
-        peak_rss_kib = max(peak_rss_kib, result.pop("peak_rss_kib"))
-    # Delivery's routine runs (about one a minute) would fill the journal: their clean exits are debug lines.
-    level = log.debug if job == "deliver" and exit_code == 0 else log.info
+    if reply is not None:
+        peak_rss_kib = max(peak_rss_kib, reply.peak_rss_kib)
+    level = log.debug if job in _QUIET_JOBS and exit_code == 0 else log.info
     level("job_child_exited", job=job, pid=pid, exit_code=exit_code, max_rss_kib=peak_rss_kib,
           cpu_seconds=round(usage.ru_utime + usage.ru_stime, 3), duration_seconds=round(time.monotonic() - started, 3))
     if terminated and exit_code == -signal.SIGTERM:  # stopped before it could set up its own SIGTERM handling
@@ -128,9 +161,12 @@ def run_child(job: str, config_path: str, root: str, request: Dict[str, Any], st
         raise ChildJobFailed(job, f"killed by {signal.Signals(-exit_code).name}")
     if exit_code != 0:
         raise ChildJobFailed(job, f"exited {exit_code}")
-    if not isinstance(result, dict):
-        raise ChildJobFailed(job, f"no result ({missing})" if result is None else "result is not an object")
-    return result
+    if reply is None:
+        raise ChildJobFailed(job, unusable)
+    try:
+        return result_type.from_json(reply.result, ("result",))
+    except RecordError as exc:
+        raise ChildJobFailed(job, f"malformed result: {exc}") from None
 
 
 def peak_rss_kib_of(pid: str = "self") -> int:
@@ -158,121 +194,150 @@ def _spawn(command: Sequence[str]) -> int:
         os.close(devnull)
 
 
-def job_request(runtime: Any, reason: str, **extra: Any) -> Dict[str, Any]:
+def child_context(runtime: Runtime) -> ChildContext:
     """What every child needs from the daemon's memory: the settings in force (a SIGHUP-reloaded file, or the old
-    one kept after an invalid reload), the host id and name events are stamped with, the reason."""
-    return {"settings": runtime.settings.model_dump(mode="json"), "host_id": runtime.emitter.host_id,
-            "hostname": runtime.emitter.hostname, "reason": reason, "daemon_pid": os.getpid(), **extra}
+    one kept after an invalid reload), the host id and name events are stamped with, this daemon's pid."""
+    return ChildContext(settings=runtime.in_force.dump, host_id=runtime.emitter.host_id,
+                        hostname=runtime.emitter.hostname, daemon_pid=os.getpid())
+
+
+def load_config_in_child(config_path: str, root: str, request: ConfigRequest, state_dir: Optional[str],
+                         stopping: threading.Event, argv: Optional[ArgvFunction] = None) -> ConfigResult:
+    """The config file validated in a ``config`` child (pydantic never loads in the resident); ``state_dir`` None
+    (the first load, which is what names it) puts the result file in a private temporary directory."""
+    if state_dir is not None:
+        return run_child("config", config_path, root, request, ConfigResult, state_dir, stopping, argv)
+    scratch = tempfile.mkdtemp(prefix="gpuguard-config-")
+    try:
+        return run_child("config", config_path, root, request, ConfigResult, scratch, stopping, argv)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def restore_in_child(runtime: Runtime, config_path: str) -> None:
+    """At start: what the previous run stored (the snapshot's facts and pairing, the last health status), read back
+    by a ``restore`` child into the daemon's state; nothing to do when neither file exists. A failed child is logged,
+    and the first snapshot and health runs tell the same."""
+    paths = runtime.paths
+    if not any(os.path.lexists(path) for path in (paths.last_snapshot, paths.health_last_result)):
+        return
+    try:
+        result = run_child("restore", config_path, str(runtime.host.root),
+                           JobRequest(context=child_context(runtime), reason="start"), RestoreResult,
+                           runtime.state_dir, runtime.stopping)
+    except ChildJobFailed as exc:
+        log.warning("state_read_back_failed", error=str(exc))
+        return
+    state = runtime.state
+    with state.lock:
+        state.snapshot_facts, state.pairing = result.snapshot, result.pairing
+        if result.health is not None:
+            state.last_health_status, state.last_health_at_seconds = result.health.status, result.health.at_seconds
+    if result.events:
+        runtime.emitter.on_enqueued()
 
 
 class SnapshotInChild:
-    """The snapshot job's body run in a child; the child hands back what the daemon shows of the stored snapshot.
+    """The snapshot job's body run in a child; the child hands back what the daemon shows of the stored snapshot."""
 
-    At start, when a snapshot is stored, a first child (``stored_only``) reads it back, reporting a damaged file, and
-    hands back its facts and pairing: the daemon itself never loads a snapshot (issue #17)."""
-
-    def __init__(self, runtime: Any, config_path: str, on_stack_changed: Callable[[str], None]) -> None:
+    def __init__(self, runtime: Runtime, config_path: str, on_stack_changed: Callable[[str], None]) -> None:
         self.runtime = runtime
         self.config_path = config_path
         self.on_stack_changed = on_stack_changed
-        state = runtime.state
-        if state.snapshot_facts is None and os.path.lexists(runtime.paths.last_snapshot):
-            try:
-                result = run_child("snapshot", config_path, str(runtime.host.root),
-                                   job_request(runtime, "start", stored_only=True), runtime.state_dir,
-                                   runtime.stopping)
-            except ChildJobFailed as exc:  # the first snapshot run (right after start) tells the same
-                log.warning("snapshot_read_back_failed", error=str(exc))
-                return
-            self._keep(result)
-            if result.get("events"):
-                runtime.emitter.on_enqueued()
 
     def run(self, reason: str = "interval") -> None:
         rt = self.runtime
-        result = run_child("snapshot", self.config_path, str(rt.host.root),
-                           job_request(rt, reason, violated_rules=sorted(rt.state.violated_rules)),
-                           rt.state_dir, rt.stopping)
-        self._keep(result)
+        request = SnapshotRequest(context=child_context(rt), reason=reason,
+                                  violated_rules=tuple(sorted(rt.state.violated_rules)))
+        result = run_child("snapshot", self.config_path, str(rt.host.root), request, SnapshotResult, rt.state_dir,
+                           rt.stopping)
         with rt.state.lock:
-            rt.state.compliant = result.get("compliant")
-            rt.state.violated_rules = frozenset(result.get("violated_rules") or ())
-        if result.get("hostname"):
-            rt.emitter.hostname = str(result["hostname"])
-        if result.get("events"):
+            rt.state.snapshot_facts, rt.state.pairing = result.snapshot, result.pairing
+            rt.state.compliant = result.compliant
+            rt.state.violated_rules = frozenset(result.violated_rules)
+        if result.hostname:
+            rt.emitter.hostname = result.hostname
+        if result.events:
             rt.emitter.on_enqueued()
-        if result.get("stack_changed"):
-            self.on_stack_changed(str(result["stack_changed"]))
-
-    def _keep(self, result: Dict[str, Any]) -> None:
-        """The stored snapshot's facts and pairing from a child's result (None: no snapshot is stored)."""
-        from agent.snapshot.pairing import Pairing
-
-        facts, pairing = result.get("snapshot"), result.get("pairing")
-        state = self.runtime.state
-        with state.lock:
-            state.snapshot_facts = SnapshotFacts.from_json(facts) if isinstance(facts, dict) else None
-            state.pairing = Pairing.model_validate(pairing) if isinstance(pairing, dict) else None
+        if result.stack_changed:
+            self.on_stack_changed(result.stack_changed)
 
 
 class HealthInChild:
     """The health job's body run in a child (skipped, as in-process, when disabled or under another root)."""
 
-    def __init__(self, runtime: Any, config_path: str, hooks: Any) -> None:
-        from agent.daemon_jobs.health import HealthJob
-
+    def __init__(self, runtime: Runtime, config_path: str) -> None:
         self.runtime = runtime
         self.config_path = config_path
-        self._skip = HealthJob(runtime, hooks)  # restores the last status; its skip rules, logged once
+        self._skips = HealthSkips(runtime)
 
-    def run(self, reason: str = "interval", mode: Optional[str] = None,
-            after_change: bool = False) -> Optional[Dict[str, Any]]:
+    def run(self, reason: str = "interval", mode: Optional[AskedMode] = None,
+            after_change: bool = False) -> Optional[HealthSummary]:
         rt = self.runtime
-        if not rt.settings.daemon.health_enabled or not rt.host.is_live:
-            return self._skip.run(reason)
-        result = run_child("health", self.config_path, str(rt.host.root),
-                           job_request(rt, reason, mode=mode, after_change=after_change), rt.state_dir, rt.stopping)
-        with rt.state.lock:
-            rt.state.last_health_status = result.get("status")
-            rt.state.last_health_at_seconds = result.get("at_seconds")
-        if result.get("events"):
+        if self._skips.skipped():
+            return None
+        request = HealthRequest(context=child_context(rt), reason=reason, mode=mode, after_change=after_change)
+        result = run_child("health", self.config_path, str(rt.host.root), request, HealthChildResult, rt.state_dir,
+                           rt.stopping)
+        if result.last is not None:
+            with rt.state.lock:
+                rt.state.last_health_status = result.last.status
+                rt.state.last_health_at_seconds = result.last.at_seconds
+        if result.events:
             rt.emitter.on_enqueued()
-        return result if result.get("ran", True) and result.get("status") is not None else None
+        return result.summary
 
 
 class DeliveryInChild:
     """The delivery job's drain in a child, as DeliveryJob's ``drain``: what the child got through, or its failure."""
 
-    def __init__(self, runtime: Any, config_path: str) -> None:
+    def __init__(self, runtime: Runtime, config_path: str) -> None:
         self.runtime = runtime
         self.config_path = config_path
 
     def __call__(self, reason: str) -> Drained:
         rt = self.runtime
-        result = run_child("deliver", self.config_path, str(rt.host.root), job_request(rt, reason), rt.state_dir,
+        result = run_child("deliver", self.config_path, str(rt.host.root),
+                           JobRequest(context=child_context(rt), reason=reason), DeliverResult, rt.state_dir,
                            rt.stopping)
-        drained = result.get("drained")
-        if not isinstance(drained, dict):
-            raise ChildJobFailed("deliver", "result holds no drain")
-        return Drained.from_json(drained)
+        return result.drained
 
 
 class GuardCheckInChild:
-    """``check_and_rollback`` in a child, as the guard job's ``check`` callable: its result, or its error raised."""
+    """``check_and_rollback`` in a child, as the guard job's ``check``: its result, or its error raised."""
 
-    def __init__(self, runtime: Any, config_path: str) -> None:
+    def __init__(self, runtime: Runtime, config_path: str) -> None:
         self.runtime = runtime
         self.config_path = config_path
 
-    def __call__(self, host: Any, settings: Any) -> Any:
-        from types import SimpleNamespace
-
+    def __call__(self) -> Optional[GuardChecked]:
         rt = self.runtime
-        reply = run_child("guard_check", self.config_path, str(host.root), job_request(rt, "guard_check"),
+        reply = run_child("guard_check", self.config_path, str(rt.host.root),
+                          JobRequest(context=child_context(rt), reason="guard_check"), GuardCheckResult,
                           rt.state_dir, rt.stopping)
-        if "interrupted" in reply:
-            raise Interrupted(str(reply["interrupted"]))
-        if "error" in reply:
-            raise ChildJobFailed("guard_check", str(reply["error"]))
-        result = reply.get("result")
-        return None if result is None else SimpleNamespace(**result)
+        if reply.interrupted is not None:
+            raise Interrupted(reply.interrupted)
+        if reply.error is not None:
+            raise ChildJobFailed("guard_check", reply.error)
+        return reply.checked
+
+
+class GuardEventsInChild:
+    """The guard-events forwarding in a child, as the guard job's ``forward``; started only when the file has lines
+    past the stored position (a stat and a small read here)."""
+
+    def __init__(self, runtime: Runtime, config_path: str, forwarder: GuardEventForwarder) -> None:
+        self.runtime = runtime
+        self.config_path = config_path
+        self.forwarder = forwarder
+
+    def __call__(self, reason: str) -> int:
+        if not self.forwarder.has_new_lines():
+            return 0
+        rt = self.runtime
+        result = run_child("guard_events", self.config_path, str(rt.host.root),
+                           JobRequest(context=child_context(rt), reason=reason), ForwardResult, rt.state_dir,
+                           rt.stopping)
+        if result.events:
+            rt.emitter.on_enqueued()
+        return result.forwarded

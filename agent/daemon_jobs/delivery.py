@@ -19,14 +19,15 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional
 
 from agent.daemon_jobs.runtime import Runtime
 from agent.errors import DeliveryError
+from agent.jsonrecord import JsonRecord
 from agent.log import get_logger
-from agent.report.events import Event, EventBatch
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:  # pragma: no cover - the sending half runs in a delivery child
+    from agent.report.events import Event
     from agent.report.sender import Sender
 
 log = get_logger("delivery")
@@ -55,44 +56,43 @@ class Backoff:
 
 
 @dataclass(frozen=True)
-class Drained:
+class DeliveryFailure(JsonRecord):
+    """Why a drain stopped, as a record (agent.errors.DeliveryError's fields)."""
+
+    url: str
+    category: str
+    reason: str
+    status_code: Optional[int] = None
+
+    @classmethod
+    def of(cls, exc: DeliveryError) -> DeliveryFailure:
+        return cls(url=exc.url, category=exc.category, reason=exc.reason, status_code=exc.status_code)
+
+    def error(self) -> DeliveryError:
+        return DeliveryError(self.url, self.category, self.reason, self.status_code)
+
+
+@dataclass(frozen=True)
+class Drained(JsonRecord):
     """How far one drain of the outbox got: when the receiver last took a batch, and the failure that ended it."""
 
     acknowledged_at_seconds: Optional[float] = None  # wall clock
-    failure: Optional[DeliveryError] = None
+    failure: Optional[DeliveryFailure] = None
     failed_batch_events: int = 0
-
-    def to_json(self) -> Dict[str, Any]:
-        failure = self.failure
-        return {"acknowledged_at_seconds": self.acknowledged_at_seconds,
-                "failed_batch_events": self.failed_batch_events,
-                "failure": None if failure is None else {"url": failure.url, "category": failure.category,
-                                                         "reason": failure.reason, "status_code": failure.status_code}}
-
-    @classmethod
-    def from_json(cls, data: Dict[str, Any]) -> Drained:
-        """A child's drain from its result (as :meth:`to_json` wrote it)."""
-        failure = data.get("failure")
-        acknowledged = data.get("acknowledged_at_seconds")
-        return cls(acknowledged_at_seconds=None if acknowledged is None else float(acknowledged),
-                   failure=None if failure is None else DeliveryError(
-                       str(failure["url"]), str(failure["category"]), str(failure["reason"]),
-                       None if failure.get("status_code") is None else int(failure["status_code"])),
-                   failed_batch_events=int(data.get("failed_batch_events") or 0))
 
 
 def drain_outbox(runtime: Runtime, sender: Sender) -> Drained:
     """Send pending events batch by batch until the outbox is empty, a batch fails, or the daemon is stopping."""
-    report = runtime.settings.report
+    batch_size = runtime.job_settings().report.batch_size
     acknowledged_at: Optional[float] = None
     while not runtime.stopping.is_set():
-        events = _current_identity(runtime, runtime.outbox.pending(report.batch_size))
+        events = _current_identity(runtime, runtime.outbox.pending(batch_size))
         if not events:
             break
         try:
             _deliver(runtime, sender, events)
         except DeliveryError as exc:
-            return Drained(acknowledged_at, exc, len(events))
+            return Drained(acknowledged_at, DeliveryFailure.of(exc), len(events))
         acknowledged_at = time.time()
     return Drained(acknowledged_at)
 
@@ -106,8 +106,8 @@ class DeliveryJob:
     def __init__(self, runtime: Runtime, clock: Callable[[], float] = time.monotonic,
                  rng: Optional[random.Random] = None, drain: Optional[Callable[[str], Drained]] = None) -> None:
         self.runtime = runtime
-        report = runtime.settings.report
-        self.backoff = Backoff(report.backoff_base_seconds, report.backoff_cap_seconds, rng)
+        settings = runtime.settings
+        self.backoff = Backoff(settings.backoff_base_seconds, settings.backoff_cap_seconds, rng)
         self._clock = clock
         self._drain = drain or self._drain_here
         self._retry_at: Optional[float] = None
@@ -127,8 +127,8 @@ class DeliveryJob:
 
     def run(self, reason: str = "interval") -> Optional[float]:
         rt = self.runtime
-        report = rt.settings.report
-        if report.endpoint_url is None:
+        settings = rt.settings
+        if settings.endpoint_url is None:
             if not self._warned_no_endpoint:
                 log.warning("report_endpoint_not_configured", outbox_depth=rt.outbox.depth(),
                             hint="set [report] endpoint_url; events stay queued in the outbox until then")
@@ -137,7 +137,8 @@ class DeliveryJob:
         waiting = self.retry_in_seconds
         if waiting:
             return waiting
-        self.backoff.base_seconds, self.backoff.cap_seconds = report.backoff_base_seconds, report.backoff_cap_seconds
+        self.backoff.base_seconds = settings.backoff_base_seconds
+        self.backoff.cap_seconds = settings.backoff_cap_seconds
         if rt.outbox.depth() == 0:
             return None
         drained = self._drain(reason)
@@ -145,7 +146,7 @@ class DeliveryJob:
             with rt.state.lock:
                 rt.state.last_delivery_success_seconds = drained.acknowledged_at_seconds
         if drained.failure is not None:
-            return self._failed(drained.failure, drained.failed_batch_events)
+            return self._failed(drained.failure.error(), drained.failed_batch_events)
         if self.backoff.failures:
             log.info("delivery_recovered", after_failures=self.backoff.failures)
         self.backoff.reset()
@@ -180,6 +181,8 @@ def _current_identity(runtime: Runtime, events: List[Event]) -> List[Event]:
 
 def _deliver(runtime: Runtime, sender: Sender, events: List[Event]) -> None:
     """Send events in order; split on 413, narrow 400/422 to single events. Raises retryable errors."""
+    from agent.report.events import EventBatch
+
     try:
         result = sender.send(EventBatch(events=events))
     except DeliveryError as exc:

@@ -17,16 +17,20 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from typing import Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional
 
-from agent.daemon_jobs.guard_events import GuardEventForwarder
+from agent.daemon_jobs.protocol import GuardChecked
 from agent.daemon_jobs.runtime import Runtime
 from agent.errors import ConfigError, GpuguardError, Interrupted
 from agent.host import Host
 from agent.hostfacts.rpmdb import rpm_database_files
 from agent.log import get_logger
-from agent.report.events import Rollback
+from agent.report.plain import PlainRollback
 from agent.statepaths import StatePaths
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.config import Settings
+    from agent.guard.rollback.core import GuardResult
 
 log = get_logger("guard_job")
 
@@ -34,10 +38,13 @@ DPKG_STATUS = "/var/lib/dpkg/status"
 # Reasons that mean "the installed set may have moved": check (and maybe roll back) before the snapshot.
 CHECK_REASONS = frozenset({"package_change", "package_transaction"})
 
-CheckFunction = Callable[[Host, Any], Any]
+# check_and_rollback once, in a child or in-process: what it found, or its error raised.
+CheckFunction = Callable[[], Optional[GuardChecked]]
+# Forward the new guard-events lines to the outbox (in a child or in-process): how many became events.
+ForwardFunction = Callable[[str], int]
 
 
-def _default_check(host: Host, settings: Any, stopping: threading.Event) -> Any:
+def _default_check(host: Host, settings: Settings, stopping: threading.Event) -> GuardResult:
     """``check_and_rollback`` whose wait for the package manager's lock gives up when the daemon is stopping:
     during an apt run (gpuguard's own prerm among them) the check waits for dpkg's lock, and ``systemctl stop``
     then hung until TimeoutStopSec and a SIGKILL."""
@@ -55,14 +62,14 @@ def _default_check(host: Host, settings: Any, stopping: threading.Event) -> Any:
 class GuardJob:
     """Runs the rollback check when the installed set may have moved, forwards guard events, then ``on_checked``."""
 
-    def __init__(self, runtime: Runtime, forwarder: GuardEventForwarder,
+    def __init__(self, runtime: Runtime, forward: ForwardFunction,
                  on_checked: Callable[[str], None] = lambda reason: None,
                  check: Optional[CheckFunction] = None) -> None:
         self.runtime = runtime
-        self.forwarder = forwarder
+        self.forward = forward
         self.on_checked = on_checked
-        self._check: CheckFunction = check or (lambda host, settings: _default_check(host, settings,
-                                                                                    runtime.stopping))
+        self._check: CheckFunction = check or (lambda: GuardChecked.of(_default_check(
+            runtime.host, runtime.job_settings(), runtime.stopping)))
         self._checked_once = False
         self._last_checked_key: Optional[str] = None
 
@@ -72,7 +79,7 @@ class GuardJob:
             if wants_check:
                 self._checked_once = True
                 self.check(reason)
-            self.forwarder.run(reason)
+            self.forward(reason)
         finally:
             if reason in CHECK_REASONS:
                 self.on_checked(reason)  # the snapshot follows even when the check or forwarding failed
@@ -88,7 +95,7 @@ class GuardJob:
         """A hash of the package database and the compiled policy; None when either is missing (nothing to check)."""
         host = self.runtime.host
         digest = hashlib.sha256()
-        for host_path in (*self._package_db_files(), StatePaths(self.runtime.settings.agent.state_dir).compiled_policy):
+        for host_path in (*self._package_db_files(), StatePaths(self.runtime.settings.state_dir).compiled_policy):
             try:
                 digest.update(host.path(host_path).read_bytes())
             except FileNotFoundError:
@@ -99,7 +106,7 @@ class GuardJob:
             digest.update(b"\0")
         return digest.hexdigest()
 
-    def check(self, reason: str) -> Optional[Any]:
+    def check(self, reason: str) -> Optional[GuardChecked]:
         """Call ``check_and_rollback`` unless nothing it reads changed since the last check; its result or None."""
         rt = self.runtime
         key = self._state_key()
@@ -112,7 +119,7 @@ class GuardJob:
                       cause="package database and policy unchanged since last check")
             return None
         try:
-            result = self._check(rt.host, rt.settings)
+            result = self._check()
         except Interrupted as exc:  # stopping while waiting for the lock: nothing was checked, nothing failed
             log.info("guard_check_interrupted", reason=reason, detail=str(exc))
             return None
@@ -120,20 +127,22 @@ class GuardJob:
             detail = f"{type(exc).__name__}: {exc}"
             expected = isinstance(exc, (GpuguardError, OSError))  # a traceback only for a bug
             log.error("guard_check_failed", reason=reason, error=detail, exc_info=not expected)
-            rt.emitter.emit(Rollback(reason="guard_check_failed", from_versions={}, to_versions={}, succeeded=False,
-                                     detail=f"the rollback check failed: {detail}"[:4000]), severity="critical")
+            rt.emitter.emit(PlainRollback(reason="guard_check_failed", from_versions={}, to_versions={},
+                                          succeeded=False, detail=f"the rollback check failed: {detail}"[:4000]),
+                            severity="critical")
             self._last_checked_key = self._state_key()
             return None
         self._last_checked_key = self._state_key()
-        status = getattr(result, "status", None)
-        level = log.error if status == "failed" else log.warning if status in (
+        if result is None:
+            return None
+        level = log.error if result.status == "failed" else log.warning if result.status in (
             "violations", "no_known_good", "override", "rolled_back") else log.info
-        level("guard_checked", reason=reason, status=status, detail=getattr(result, "detail", ""),
-              reboot_required=getattr(result, "reboot_required", False))
+        level("guard_checked", reason=reason, status=result.status, detail=result.detail,
+              reboot_required=result.reboot_required)
         return result
 
 
-def recompile_policy(host: Host, settings: Any) -> bool:
+def recompile_policy(host: Host, settings: Settings) -> bool:
     """Compile the policy files to the compiled policy the apt hook reads, as ``gpuguard policy compile`` does.
 
     An invalid policy logs every problem at once (``policy_compile_failed``) and keeps the old compiled file;

@@ -16,6 +16,10 @@ A line that is not a known guard record (bad JSON or UTF-8, nested too deeply, a
 quarantined: appended as it was to ``<daemon state_dir>/guard-events.quarantine.jsonl``, logged
 (``guard_event_malformed``) and reported as a ``state_file_damaged`` event; forwarding moves on to the next line.
 A failure to commit (the disk is full) stops the run at that line with the position of the lines before it stored.
+
+Under ``gpuguard run`` the forwarding runs in a job child (``gpuguard _job guard_events``, which validates the lines
+with the report models, pydantic); the resident only looks whether there is anything to forward
+(:meth:`GuardEventForwarder.has_new_lines`: a stat and the stored position).
 """
 
 from __future__ import annotations
@@ -25,25 +29,20 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Dict, Optional, Tuple, Type, Union
 
 from agent.daemon_jobs.runtime import Runtime
 from agent.errors import InputFileError
 from agent.files import decode_text, write_atomically
 from agent.log import get_logger
-from agent.report.events import (
-    OverrideUsed,
-    Payload,
-    PolicyViolation,
-    Rollback,
-    Severity,
-    StateFileDamaged,
-    TransactionBlocked,
-)
+from agent.report.plain import PlainStateFileDamaged, Severity
 from agent.strictjson import parse_json_text
-from agent.validation import validation_problems
+
+if TYPE_CHECKING:  # pragma: no cover - the report models only where lines are decoded (the guard_events child)
+    from agent.models import FrozenModel
+    from agent.report.events import OverrideUsed, PolicyViolation, Rollback, TransactionBlocked
+
+    GuardPayload = Union[TransactionBlocked, PolicyViolation, Rollback, OverrideUsed]
 
 log = get_logger("guard_events")
 
@@ -67,18 +66,28 @@ class Position:
     line_number: int = 0
 
 
+def guard_events_path(runtime: Runtime) -> str:
+    """Where the guard-events file is: under the Host root, where the apt hook of that root writes it."""
+    return str(runtime.host.path(runtime.paths.guard_events))
+
+
 def event_id_for_line(raw_line: bytes) -> str:
     """The deterministic event id of one raw line (without its newline): a replay gives the same id."""
     return hashlib.sha256(b"gpuguard-guard-event\0" + raw_line).hexdigest()[:32]
 
 
-def _fields(model: Any, record: Dict[str, Any]) -> Dict[str, Any]:
+def _fields(model: Type[FrozenModel], record: Dict[str, object]) -> Dict[str, object]:
     """The record's keys the model knows (a newer hook may add fields; they are not an error)."""
     return {k: v for k, v in record.items() if k in model.model_fields}
 
 
-def payload_from_record(record: Any) -> Tuple[Payload, Severity, Optional[dt.datetime]]:
+def payload_from_record(record: object) -> Tuple[GuardPayload, Severity, Optional[dt.datetime]]:
     """The report payload, severity and time of one decoded guard record; MalformedRecord says what is wrong."""
+    from pydantic import ValidationError
+
+    from agent.report.events import OverrideUsed, PolicyViolation, Rollback, TransactionBlocked
+    from agent.validation import validation_problems
+
     if not isinstance(record, dict):
         raise MalformedRecord("not a JSON object")
     kind = record.get("kind")
@@ -108,7 +117,7 @@ def payload_from_record(record: Any) -> Tuple[Payload, Severity, Optional[dt.dat
     raise MalformedRecord(f"unknown kind {kind!r}")
 
 
-def _parse_time(value: Any) -> Optional[dt.datetime]:
+def _parse_time(value: object) -> Optional[dt.datetime]:
     if not isinstance(value, str):
         return None
     try:
@@ -126,6 +135,18 @@ class GuardEventForwarder:
         self.events_path = events_path
         self.position_path = position_path or runtime.paths.guard_events_position
         self.quarantine_path = runtime.paths.guard_events_quarantine
+
+    def has_new_lines(self) -> bool:
+        """True when :meth:`run` would read anything: the file grew past the stored position, or was replaced or
+        truncated and is not empty. A stat and the position file: what the resident daemon checks."""
+        try:
+            info = os.stat(self.events_path)
+        except FileNotFoundError:
+            return False
+        position = self.load_position()
+        if position.inode != info.st_ino or info.st_size < position.offset_bytes:
+            return info.st_size > 0
+        return info.st_size != position.offset_bytes
 
     def load_position(self) -> Position:
         """The stored position; the start of the file when none is stored or it is unreadable (logged)."""
@@ -214,14 +235,14 @@ class GuardEventForwarder:
             os.fsync(handle.fileno())
         log.warning("guard_event_malformed", path=self.events_path, line_number=line_number, error=problem,
                     action="quarantined", quarantine_path=self.quarantine_path)
-        damaged = StateFileDamaged(path=self.events_path, problem=f"line {line_number}: {problem}"[:2000],
-                                   moved_to=self.quarantine_path, action="line quarantined; forwarding continues")
+        damaged = PlainStateFileDamaged(path=self.events_path, problem=f"line {line_number}: {problem}"[:2000],
+                                        moved_to=self.quarantine_path, action="line quarantined; forwarding continues")
         # The same id on a replay: the line is reported once.
         self.runtime.emitter.emit(damaged, severity="warning",
                                   event_id=hashlib.sha256(b"gpuguard-guard-quarantine\0" + raw).hexdigest()[:32])
 
 
-def decode_line(text: bytes) -> Tuple[Payload, Severity, Optional[dt.datetime]]:
+def decode_line(text: bytes) -> Tuple[GuardPayload, Severity, Optional[dt.datetime]]:
     """One line's payload, severity and time; MalformedRecord for anything else (whatever the line holds)."""
     try:
         record = parse_json_text("guard-events line", decode_text("guard-events line", text),

@@ -12,20 +12,21 @@ result (or a ``regression`` that a second, full run confirms) restores the guard
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from agent.daemon_jobs.hooks import Hooks
+from agent.daemon_jobs.protocol import AskedMode, HealthSummary
 from agent.daemon_jobs.runtime import Runtime
 from agent.errors import GpuguardError
 from agent.log import get_logger
 
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.health.model import HealthResult
+    from agent.report.events import Rollback
+
 log = get_logger("health_job")
 
-# Payload kinds the health check raises, and the severity they are reported with.
-_SEVERITY = {"cpu_fallback": "critical", "health_regression": "warning"}
-
-
-def tenants_of_result(result: Any) -> List[str]:
+def tenants_of_result(result: HealthResult) -> List[str]:
     """The other jobs on the GPUs a result saw, as ``gpu 0: pid 4242 (python3, 71.2 GiB)``."""
     occupancy = getattr(result, "occupancy", None)
     if occupancy is None:
@@ -35,7 +36,7 @@ def tenants_of_result(result: Any) -> List[str]:
     return [f"gpu {gpu.smi_index}: {describe_tenant(t)}" for gpu in occupancy.gpus for t in gpu.tenants]
 
 
-def result_busy(result: Any) -> bool:
+def result_busy(result: HealthResult) -> bool:
     """True when another job used a GPU (the status is then busy or deferred, or a failure found beside it)."""
     occupancy = getattr(result, "occupancy", None)
     return str(result.status) in ("busy", "deferred") or bool(occupancy is not None and occupancy.busy_gpus)
@@ -46,7 +47,7 @@ def after_change_action(runtime: Runtime) -> str:
     from agent.policy.compiled import read_compiled
     from agent.statepaths import StatePaths
 
-    path = runtime.host.path(StatePaths(runtime.settings.agent.state_dir).compiled_policy)
+    path = runtime.host.path(StatePaths(runtime.settings.state_dir).compiled_policy)
     if not path.exists():
         return "alert"
     try:
@@ -56,13 +57,33 @@ def after_change_action(runtime: Runtime) -> str:
         return "alert"
 
 
+class HealthSkips:
+    """When the health job does not run: disabled, or a Host root other than this machine (logged once)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self._logged = False
+
+    def skipped(self) -> bool:
+        rt = self.runtime
+        if not rt.settings.health_enabled:
+            return True
+        if not rt.host.is_live:
+            if not self._logged:
+                log.info("health_skipped", reason="the probe measures this machine, not the tree under --root",
+                         root=str(rt.host.root))
+                self._logged = True
+            return True
+        return False
+
+
 class HealthJob:
     """Calls the health runner; records its status, commits the events it raises, gates a change on it."""
 
     def __init__(self, runtime: Runtime, hooks: Hooks) -> None:
         self.runtime = runtime
         self.hooks = hooks
-        self._skip_logged = False
+        self._skips = HealthSkips(runtime)
         self._restore_last_status()
 
     def _restore_last_status(self) -> None:
@@ -79,42 +100,37 @@ class HealthJob:
                 self.runtime.state.last_health_status = str(last.status)
                 self.runtime.state.last_health_at_seconds = last.started_at.timestamp()
 
-    def run(self, reason: str = "interval", mode: Optional[str] = None,
-            after_change: bool = False) -> Optional[Dict[str, Any]]:
+    def run(self, reason: str = "interval", mode: Optional[AskedMode] = None,
+            after_change: bool = False) -> Optional[HealthSummary]:
         """One check unless disabled, under another root or not installed; what it found (None: no check ran)."""
-        rt = self.runtime
-        if not rt.settings.daemon.health_enabled:
-            return None
-        if not rt.host.is_live:
-            if not self._skip_logged:
-                log.info("health_skipped", reason="the probe measures this machine, not the tree under --root",
-                         root=str(rt.host.root))
-                self._skip_logged = True
-            return None
-        if self.hooks.health_run is None or self.hooks.health_payloads is None:
+        if self._skips.skipped() or self.hooks.health_run is None or self.hooks.health_payloads is None:
             return None
         return self.check(reason, mode, after_change)
 
-    def check(self, reason: str, mode: Optional[str] = None, after_change: bool = False) -> Dict[str, Any]:
-        """Run the check (and the after-change gate); {status, at_seconds, mode, busy, tenants, rollback, ...}."""
+    def check(self, reason: str, mode: Optional[AskedMode] = None, after_change: bool = False) -> HealthSummary:
+        """Run the check (and, after a change, the gate): what the result that stands says."""
         result = self._once(reason, mode)
-        summary: Dict[str, Any] = {"mode": mode}
+        gate = _Gate()
         if after_change:
-            result = self._gate(reason, result, summary)
-        summary.update(status=str(result.status), at_seconds=self.runtime.state.last_health_at_seconds,
-                       busy=result_busy(result), tenants=tenants_of_result(result))
-        return summary
+            result = self._gate(reason, result, mode, gate)
+        return HealthSummary(status=str(result.status), at_seconds=self.runtime.state.last_health_at_seconds,
+                             mode=mode, busy=result_busy(result), tenants=tuple(tenants_of_result(result)),
+                             rollback=gate.rollback, reboot_required=gate.reboot_required,
+                             recheck_status=gate.recheck_status)
 
-    def _once(self, reason: str, mode: Optional[str]) -> Any:
+    def _once(self, reason: str, mode: Optional[AskedMode]) -> HealthResult:
         rt = self.runtime
         run_check, payloads_for = self.hooks.health_run, self.hooks.health_payloads
         assert run_check is not None and payloads_for is not None
         started = time.monotonic()
-        extra = {"mode": mode} if mode is not None else {}
-        result = run_check(rt.host, rt.settings.health, rt.state_dir, snapshot=rt.state.last_snapshot, **extra)
+        settings = rt.job_settings().health
+        if mode is None:  # the configured mode (fakes in tests take no mode)
+            result = run_check(rt.host, settings, rt.state_dir, snapshot=rt.state.last_snapshot)
+        else:
+            result = run_check(rt.host, settings, rt.state_dir, snapshot=rt.state.last_snapshot, mode=mode)
         payloads = list(payloads_for(result))
         for payload in payloads:
-            rt.emitter.emit(payload, severity=_SEVERITY.get(payload.kind, "warning"))  # type: ignore[arg-type]
+            rt.emitter.emit(payload, severity="critical" if payload.kind == "cpu_fallback" else "warning")
         with rt.state.lock:
             rt.state.last_health_status = str(result.status)
             rt.state.last_health_at_seconds = time.time()
@@ -122,7 +138,7 @@ class HealthJob:
                  events=len(payloads), duration_seconds=round(time.monotonic() - started, 3))
         return result
 
-    def _gate(self, reason: str, result: Any, summary: Dict[str, Any]) -> Any:
+    def _gate(self, reason: str, result: HealthResult, mode: Optional[AskedMode], gate: _Gate) -> HealthResult:
         """The policy's after_change on a post-change result; the result that stands (the recheck's, after one)."""
         from agent.guard.rollback.health import decide
 
@@ -137,11 +153,11 @@ class HealthJob:
         rt = self.runtime
         trigger = str(result.status)
 
-        def commit(event: Any) -> None:
+        def commit(event: Rollback) -> None:
             rt.emitter.emit(event, severity="warning" if event.succeeded else "critical")
 
         try:
-            outcome = self.hooks.health_rollback(rt.host, rt.settings, trigger, sink=commit)
+            outcome = self.hooks.health_rollback(rt.host, rt.job_settings(), trigger, sink=commit)
         except Exception as exc:  # noqa: BLE001 - reported as a failed rollback, never the job's end
             from agent.report.events import Rollback
 
@@ -149,18 +165,27 @@ class HealthJob:
             log.error("health_rollback_failed", error=detail, exc_info=not isinstance(exc, (GpuguardError, OSError)))
             commit(Rollback(reason="health", from_versions={}, to_versions={}, succeeded=False, health_status=trigger,
                             detail=f"the health-gated rollback failed: {detail}"[:4000]))
-            summary["rollback"] = "failed"
+            gate.rollback = "failed"
             return result
-        summary["rollback"] = str(outcome.status)
-        summary["reboot_required"] = bool(getattr(outcome, "reboot_required", False))
+        gate.rollback = str(outcome.status)
+        gate.reboot_required = bool(getattr(outcome, "reboot_required", False))
         if outcome.status != "rolled_back":
             log.warning("health_rollback_not_done", status=outcome.status, detail=outcome.detail, health_status=trigger)
             return result
-        recheck = self._once("after_health_rollback", summary.get("mode"))
-        summary["recheck_status"] = str(recheck.status)
+        recheck = self._once("after_health_rollback", mode)
+        gate.recheck_status = str(recheck.status)
         if decide("rollback", str(recheck.status), confirmed=True) == "rollback":
             # Not retried: the kept set is used up, and health never rolls back to the set it removed.
             log.error("health_rollback_not_fixed", health_status=trigger, recheck_status=str(recheck.status))
         else:
             log.info("health_rollback_rechecked", health_status=trigger, recheck_status=str(recheck.status))
         return recheck
+
+
+class _Gate:
+    """What the after-change gate did in one check (HealthSummary's rollback fields)."""
+
+    def __init__(self) -> None:
+        self.rollback: Optional[str] = None
+        self.reboot_required = False
+        self.recheck_status: Optional[str] = None

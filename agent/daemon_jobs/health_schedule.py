@@ -23,19 +23,21 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Callable, List, Optional
 
+from agent.daemon_jobs.protocol import AskedMode, HealthSummary
 from agent.daemon_jobs.runtime import Runtime
 from agent.files import write_atomically
 from agent.log import get_logger
-from agent.report.events import HealthDeferred
+from agent.report.plain import PlainHealthDeferred
 
 log = get_logger("health_schedule")
 
 STACK_CHANGED_PREFIX = "stack_changed"
 WAITING_STATUSES = frozenset({"busy", "deferred"})
 
-CheckFunction = Callable[[str, Optional[str], bool], Optional[Dict[str, Any]]]
+# One check (reason, mode, after_change): what it found, None when none ran (disabled, another root, not installed).
+CheckFunction = Callable[[str, Optional[AskedMode], bool], Optional[HealthSummary]]
 
 
 @dataclass
@@ -66,7 +68,7 @@ class HealthSchedule:
         if reason.startswith(STACK_CHANGED_PREFIX):
             self._after_change = True
             self._end()  # a new change restarts from its functional check
-            mode: Optional[str] = "functional"
+            mode: Optional[AskedMode] = "functional"
         elif self.deferral is not None:
             mode = "full"
         else:
@@ -74,14 +76,14 @@ class HealthSchedule:
         summary = self.check(reason, mode, self._after_change)
         if summary is None:  # disabled, another root, not installed
             return None
-        status = str(summary.get("status"))
-        if summary.get("rollback"):
+        status = summary.status
+        if summary.rollback:
             self._after_change = False  # that change was judged (and its recheck ran)
             self._end()
             return None
         if status in WAITING_STATUSES:
             return self._defer(summary)
-        if mode == "functional" and status == "pass" and not summary.get("busy"):
+        if mode == "functional" and status == "pass" and not summary.busy:
             log.info("health_full_after_change", reason=reason)
             return 0.0
         self._after_change = False
@@ -91,16 +93,16 @@ class HealthSchedule:
         self._end()
         return None
 
-    def _defer(self, summary: Dict[str, Any]) -> Optional[float]:
-        settings = self.runtime.settings.health
+    def _defer(self, summary: HealthSummary) -> Optional[float]:
+        settings = self.runtime.settings
         now = self.clock()
         d = self.deferral
         if d is None:
             d = self.deferral = Deferral(since_seconds=now, next_delay_seconds=settings.defer_first_retry_seconds,
                                          after_change=self._after_change)
         d.attempts += 1
-        d.last_status = str(summary.get("status"))
-        d.tenants = [str(t) for t in summary.get("tenants") or []][:50]
+        d.last_status = summary.status
+        d.tenants = list(summary.tenants[:50])
         waited = now - d.since_seconds
         if waited >= settings.defer_window_seconds:
             self._report(d, settings.defer_window_seconds)
@@ -120,10 +122,10 @@ class HealthSchedule:
         since = dt.datetime.fromtimestamp(d.since_seconds, dt.timezone.utc)
         detail = ("the comparison after a package change " if d.after_change else "the full check ") + \
             f"found no idle moment in {window_seconds:g} s; back to the normal interval"
-        self.runtime.emitter.emit(HealthDeferred(deferred_since=since, window_seconds=window_seconds,
-                                                 attempts=d.attempts, last_status=d.last_status,
-                                                 after_change=d.after_change, tenants=d.tenants, detail=detail),
-                                  severity="warning")
+        self.runtime.emitter.emit(PlainHealthDeferred(deferred_since=since, window_seconds=window_seconds,
+                                                      attempts=d.attempts, last_status=d.last_status,
+                                                      after_change=d.after_change, tenants=tuple(d.tenants),
+                                                      detail=detail), severity="warning")
         log.warning("health_deferred_window_closed", attempts=d.attempts, window_seconds=window_seconds,
                     after_change=d.after_change, tenants=d.tenants[:5])
 
@@ -141,7 +143,7 @@ class HealthSchedule:
 
         data = {"since": iso(d.since_seconds), "next_attempt_at": iso(next_attempt_seconds), "attempts": d.attempts,
                 "last_status": d.last_status, "after_change": d.after_change, "tenants": d.tenants,
-                "window_seconds": self.runtime.settings.health.defer_window_seconds}
+                "window_seconds": self.runtime.settings.defer_window_seconds}
         try:
             write_atomically(self._path(), json.dumps(data, indent=2, sort_keys=True) + "\n")
         except OSError as exc:  # status only: the deferral itself lives in memory

@@ -6,16 +6,16 @@ import random
 from typing import Optional
 
 from agent import __version__
+from agent.daemon_jobs.resident_settings import ResidentSettings
 from agent.daemon_jobs.runtime import Runtime
-from agent.report.events import Heartbeat
-from agent.report.settings import ReportSettings
+from agent.report.plain import PlainHeartbeat
 
 
-def first_heartbeat_in_seconds(report: ReportSettings, rng: Optional[random.Random] = None) -> float:
+def first_heartbeat_in_seconds(settings: ResidentSettings, rng: Optional[random.Random] = None) -> float:
     """Seconds from start to the first heartbeat: one interval plus a random phase of at most
     ``startup_jitter_seconds`` (and at most one interval). Later heartbeats keep that phase."""
-    interval = report.heartbeat_interval_seconds
-    return interval + (rng or random.Random()).uniform(0.0, min(interval, report.startup_jitter_seconds))
+    interval = settings.heartbeat_interval_seconds
+    return interval + (rng or random.Random()).uniform(0.0, min(interval, settings.startup_jitter_seconds))
 
 
 class HeartbeatJob:
@@ -31,7 +31,7 @@ class HeartbeatJob:
         with state.lock:
             facts, pairing = state.snapshot_facts, state.pairing
             compliant, health = state.compliant, state.last_health_status
-        rt.emitter.emit(Heartbeat(agent_version=__version__, uptime_seconds=round(state.uptime_seconds(), 3),
-                                  content_hash=facts.content_hash if facts else None,
-                                  outbox_depth=rt.outbox.depth(), pairing=pairing, compliant=compliant,
-                                  last_health_status=health))
+        rt.emitter.emit(PlainHeartbeat(agent_version=__version__, uptime_seconds=round(state.uptime_seconds(), 3),
+                                       content_hash=facts.content_hash if facts else None,
+                                       outbox_depth=rt.outbox.depth(), pairing=pairing, compliant=compliant,
+                                       last_health_status=health))

@@ -1,39 +1,78 @@
-"""The daemon's entry points into the policy engine and the health runner, as typed callables.
+"""The daemon's entry points into the policy engine, the health runner and the health-gated rollback, as Protocols.
 
-:func:`default_hooks` wires the real ones; tests hand the jobs fakes (``Hooks(policy_check=...)``), and a hook
-left ``None`` is skipped. The entry points:
+:func:`default_hooks` wires the real ones; tests hand the jobs fakes (``Hooks(policy_check=...)``), and a hook left
+``None`` is skipped. Each is a small Protocol, the call the job makes, so a fake is checked against the same shape:
 
-- ``agent.report.compliance.check_snapshot(snapshot, state_dir, root=...) -> Optional[Sequence[PolicyViolation]]``
-  the report payloads for every rule the installed stack violates (empty: compliant; None: no policy). Called
-  after every snapshot with the configured state directory; it reads the compiled policy then, so a SIGHUP (or a
-  recompiled policy) takes effect at the next snapshot.
-- ``agent.health.runner.run_health_check(host, health_settings, state_dir, snapshot=...) -> HealthResult`` and
-  ``agent.health.events.payloads_for(result) -> [HealthRegression | CpuFallback]``; at start
-  ``agent.health.last.load_last_result(state_dir)`` gives the last status back.
-- ``agent.guard.rollback.health.rollback_before_change(host, paths, backend, health_status, sink=...)
-  -> GuardResult`` the health-gated rollback after a package change, called as ``health_rollback(host, settings,
-  health_status, sink=...)`` (apt/dnf tooling imported only when one is due).
+- :class:`PolicyCheck`: ``agent.report.compliance.check_snapshot``, the report payloads for every rule the installed
+  stack violates (empty: compliant; None: no policy). Called after every snapshot with the configured state
+  directory; it reads the compiled policy then, so a SIGHUP (or a recompiled policy) takes effect at the next snapshot.
+- :class:`HealthRun`, :class:`HealthPayloads`: ``agent.health.runner.run_health_check`` and
+  ``agent.health.events.payloads_for``; :class:`HealthLast`: ``agent.health.last.load_last_result``, the last result
+  given back at start.
+- :class:`HealthRollback`: the health-gated rollback after a package change,
+  ``agent.guard.rollback.health.rollback_before_change`` with the settings' StatePaths and package backend (apt/dnf
+  tooling imported only when one is due).
+
+They run where the job bodies that call them run: in a job child (agent/daemon_jobs/child_main.py), or in-process in
+tests; the resident daemon holds none of them (their types are imported for the type checker only).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.config import Settings
+    from agent.guard.rollback.core import GuardResult
+    from agent.health.events import HealthPayload
+    from agent.health.model import HealthResult
+    from agent.health.settings import HealthMode, HealthSettings
+    from agent.host import Host
+    from agent.report.events import PolicyViolation, Rollback
+    from agent.snapshot.model import Snapshot
+
+
+class PolicyCheck(Protocol):
+    def __call__(self, snapshot: Snapshot, state_dir: str, root: str = ...) -> Optional[Sequence[PolicyViolation]]:
+        ...
+
+
+class HealthRun(Protocol):
+    def __call__(self, host: Host, settings: HealthSettings, state_dir: str, snapshot: Optional[Snapshot] = ...,
+                 *, mode: Optional[HealthMode] = ...) -> HealthResult:
+        ...
+
+
+class HealthLast(Protocol):
+    def __call__(self, state_dir: str) -> Optional[HealthResult]:
+        ...
+
+
+class HealthPayloads(Protocol):
+    def __call__(self, result: HealthResult) -> Sequence[HealthPayload]:
+        ...
+
+
+class HealthRollback(Protocol):
+    def __call__(self, host: Host, settings: Settings, health_status: str,
+                 sink: Callable[[Rollback], None]) -> GuardResult:
+        ...
 
 
 @dataclass(frozen=True)
 class Hooks:
     """The callables the snapshot and health jobs use; None: that part is not wired (tests)."""
 
-    policy_check: Optional[Callable[..., Any]] = None
-    health_run: Optional[Callable[..., Any]] = None
-    health_last: Optional[Callable[[str], Any]] = None
-    health_payloads: Optional[Callable[[Any], Any]] = None
-    health_rollback: Optional[Callable[..., Any]] = None
+    policy_check: Optional[PolicyCheck] = None
+    health_run: Optional[HealthRun] = None
+    health_last: Optional[HealthLast] = None
+    health_payloads: Optional[HealthPayloads] = None
+    health_rollback: Optional[HealthRollback] = None
 
 
 def default_hooks() -> Hooks:
-    """The real policy engine and health runner (imported here, when the daemon starts)."""
+    """The real policy engine and health runner (imported here, in the job child that runs them)."""
     from agent.health.events import payloads_for
     from agent.health.last import load_last_result
     from agent.health.runner import run_health_check
@@ -43,10 +82,11 @@ def default_hooks() -> Hooks:
                  health_payloads=payloads_for, health_rollback=_health_rollback)
 
 
-def _health_rollback(host: Any, settings: Any, health_status: str, **kwargs: Any) -> Any:
+def _health_rollback(host: Host, settings: Settings, health_status: str,
+                     sink: Callable[[Rollback], None]) -> GuardResult:
     from agent.guard.manager import backend_for
     from agent.guard.rollback.health import rollback_before_change
     from agent.statepaths import StatePaths
 
     paths = StatePaths(settings.agent.state_dir)
-    return rollback_before_change(host, paths, backend_for(host, settings.guard, paths), health_status, **kwargs)
+    return rollback_before_change(host, paths, backend_for(host, settings.guard, paths), health_status, sink=sink)

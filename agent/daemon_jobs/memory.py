@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Any, Optional
+from typing import Optional
 
 M_ARENA_MAX = -8  # mallopt(3) parameter number in glibc's malloc.h
 
-_libc: Optional[Any] = None
+_libc: Optional[ctypes.CDLL] = None
 _loaded = False
 _lock = threading.Lock()
 
 
-def _glibc() -> Optional[Any]:
+def _glibc() -> Optional[ctypes.CDLL]:
     """glibc through ctypes, once; None on another libc (musl has neither mallopt nor malloc_trim).
 
     The process's own symbols (``CDLL(None)``): libc is loaded already, and ``ctypes.util.find_library`` would start

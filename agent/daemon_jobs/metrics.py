@@ -15,17 +15,19 @@ from agent.report.metrics import MetricsView, render_metrics, write_textfile
 def metrics_view(runtime: Runtime) -> MetricsView:
     """Gather what the textfile shows."""
     state, outbox = runtime.state, runtime.outbox
+    depth, oldest = outbox.depth(), outbox.oldest_age_seconds()
+    dropped, rejected = outbox.dropped_counts(), outbox.rejected_count()
     with state.lock:
         facts = state.snapshot_facts
-        view = dict(pairing=state.pairing, compliant=state.compliant, last_health_status=state.last_health_status,
-                    last_health_timestamp_seconds=state.last_health_at_seconds,
-                    last_delivery_success_seconds=state.last_delivery_success_seconds,
-                    delivery_failures=dict(state.delivery_failures))
-    return MetricsView(agent_version=__version__, start_time_seconds=round(state.started_at_seconds, 3),
-                       snapshot_timestamp_seconds=facts.taken_at_seconds if facts else None,
-                       findings_by_severity=dict(facts.findings_by_severity) if facts else {},
-                       outbox_depth=outbox.depth(), outbox_oldest_age_seconds=outbox.oldest_age_seconds(),
-                       outbox_dropped=outbox.dropped_counts(), outbox_rejected=outbox.rejected_count(), **view)
+        return MetricsView(agent_version=__version__, start_time_seconds=round(state.started_at_seconds, 3),
+                           pairing=state.pairing, compliant=state.compliant,
+                           snapshot_timestamp_seconds=facts.taken_at_seconds if facts else None,
+                           findings_by_severity=dict(facts.findings_by_severity) if facts else {},
+                           last_health_status=state.last_health_status,
+                           last_health_timestamp_seconds=state.last_health_at_seconds,
+                           outbox_depth=depth, outbox_oldest_age_seconds=oldest, outbox_dropped=dropped,
+                           outbox_rejected=rejected, last_delivery_success_seconds=state.last_delivery_success_seconds,
+                           delivery_failures=dict(state.delivery_failures))
 
 
 class MetricsJob:
@@ -45,7 +47,7 @@ class MetricsJob:
             self.nfd.run(reason)
 
     def _write_textfile(self) -> None:
-        path = self.runtime.settings.report.metrics_path(self.runtime.state_dir)
+        path = self.runtime.settings.metrics_path
         if path is None:
             return
         with self._lock:

@@ -47,7 +47,7 @@ def nfd_view(runtime: Runtime, policy_name: Optional[str] = None) -> NfdView:
     reboot marker a rollback leaves (read as ``gpuguard status`` reads it)."""
     from agent.status.reboot import booted_at_seconds, read_reboot_required
 
-    marker = runtime.host.path(StatePaths(runtime.settings.agent.state_dir).reboot_required_packages)
+    marker = runtime.host.path(StatePaths(runtime.settings.state_dir).reboot_required_packages)
     reboot = read_reboot_required(str(marker), booted_at_seconds()) is not None
     state = runtime.state
     with state.lock:
@@ -75,15 +75,14 @@ class NfdJob:
         self._lock = threading.Lock()
 
     def run(self, reason: str = "interval") -> None:
-        report = self.runtime.settings.report
-        path = report.nfd_path()
+        settings = self.runtime.settings
+        path = settings.nfd_path
         if path is None or reason == "shutdown":
             return
         with self._lock:
             now = self.runtime.host.clock()
-            lifetime = dt.timedelta(seconds=report.nfd_lifetime_seconds)
-            policy = self._policy_name(str(self.runtime.host.path(
-                StatePaths(self.runtime.settings.agent.state_dir).compiled_policy)))
+            lifetime = dt.timedelta(seconds=settings.nfd_lifetime_seconds)
+            policy = self._policy_name(str(self.runtime.host.path(StatePaths(settings.state_dir).compiled_policy)))
             text = render_features(nfd_view(self.runtime, policy), now + lifetime)
             fresh = self._written_at is not None and now - self._written_at < lifetime / 2
             if fresh and path == self._path and body_of(text) == self._body:

@@ -1,7 +1,8 @@
-"""What the daemon's jobs share: the Host, the current Settings, the outbox, state kept between runs, the emitter.
+"""What the daemon's jobs share: the Host, the settings in force, the outbox, state kept between runs, the emitter.
 
-Settings are swapped as a whole on SIGHUP (jobs read ``runtime.settings`` at the start of each run); the state,
-the outbox and the sender's backoff survive a reload.
+The settings are swapped as a whole on SIGHUP (``runtime.in_force``; jobs read ``runtime.settings``, the resident's
+plain view, at the start of each run, and bodies that run in a job child the whole model, ``job_settings()``); the
+state, the outbox and the sender's backoff survive a reload. Nothing here imports pydantic (issue #28).
 """
 
 from __future__ import annotations
@@ -10,21 +11,23 @@ import datetime as dt
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, List, Optional, Tuple
 
-from agent.config import Settings
+from agent.daemon_jobs.resident_settings import ResidentSettings, SettingsInForce
 from agent.errors import InputFileError
 from agent.files import move_aside
 from agent.host import Host
+from agent.jsonrecord import JsonRecord
 from agent.log import get_logger
-from agent.report.events import Event, Payload, Severity, StateFileDamaged
 from agent.report.outbox import Outbox
-from agent.snapshot.pairing import Pairing
+from agent.report.plain import PlainEvent, PlainPairing, PlainStateFileDamaged, ReportPayload, Severity
 from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
+    from agent.config import Settings
     from agent.report.sender import Sender
     from agent.snapshot.model import Snapshot
+    from agent.snapshot.pairing import Pairing
 
 # Damage reports kept in memory while the outbox cannot take them (a full disk); the newest are kept.
 MAX_HELD_DAMAGE_REPORTS = 100
@@ -33,7 +36,7 @@ log = get_logger("runtime")
 
 
 @dataclass(frozen=True)
-class SnapshotFacts:
+class SnapshotFacts(JsonRecord):
     """What the daemon shows of the last snapshot (heartbeat, metrics textfile, NFD labels).
 
     Small and plain, so that a snapshot child can hand it back in its JSON result: the resident daemon never reads a
@@ -53,17 +56,6 @@ class SnapshotFacts:
                    findings_by_severity=tuple(severities.items()),
                    finding_kinds=tuple(sorted({f.kind for f in snap.findings})))
 
-    def to_json(self) -> Dict[str, Any]:
-        return {"content_hash": self.content_hash, "taken_at_seconds": self.taken_at_seconds,
-                "findings_by_severity": [list(pair) for pair in self.findings_by_severity],
-                "finding_kinds": list(self.finding_kinds)}
-
-    @classmethod
-    def from_json(cls, data: Dict[str, Any]) -> SnapshotFacts:
-        return cls(content_hash=str(data["content_hash"]), taken_at_seconds=float(data["taken_at_seconds"]),
-                   findings_by_severity=tuple((str(s), int(n)) for s, n in data.get("findings_by_severity") or ()),
-                   finding_kinds=tuple(str(k) for k in data.get("finding_kinds") or ()))
-
 
 @dataclass
 class AgentState:
@@ -76,7 +68,7 @@ class AgentState:
     started_monotonic: float = field(default_factory=time.monotonic)
     last_snapshot: Optional[Snapshot] = None
     snapshot_facts: Optional[SnapshotFacts] = None
-    pairing: Optional[Pairing] = None
+    pairing: Optional[PlainPairing] = None
     compliant: Optional[bool] = None
     violated_rules: FrozenSet[str] = frozenset()
     last_health_status: Optional[str] = None
@@ -90,20 +82,21 @@ class AgentState:
 
     def keep_snapshot(self, snap: Optional[Snapshot], pairing: Optional[Pairing]) -> None:
         """The last snapshot taken or read back in this process (None: none), with its facts and its pairing."""
+        plain = None if pairing is None else PlainPairing.from_json(pairing.model_dump(mode="json"), ("pairing",))
         with self.lock:
             self.last_snapshot = snap
             self.snapshot_facts = SnapshotFacts.of(snap) if snap is not None else None
-            self.pairing = pairing
+            self.pairing = plain
 
     def count_delivery_failure(self, category: str) -> None:
         with self.lock:
             self.delivery_failures[category] = self.delivery_failures.get(category, 0) + 1
 
 
-def host_identity(host: Host, settings: Settings) -> str:
-    """The host's stable id: configured ``agent.host_id``, else /etc/machine-id, else the host name."""
-    if settings.agent.host_id:
-        return settings.agent.host_id
+def host_identity(host: Host, configured: Optional[str]) -> str:
+    """The host's stable id: ``agent.host_id`` when configured, else /etc/machine-id, else the host name."""
+    if configured:
+        return configured
     machine_id = host.read_first_line("/etc/machine-id")
     return machine_id or host.hostname()
 
@@ -119,16 +112,14 @@ class EventEmitter:
         self._clock = clock
         self.on_enqueued = on_enqueued
 
-    def emit(self, payload: Payload, severity: Severity = "info", event_id: Optional[str] = None,
-             occurred_at: Optional[dt.datetime] = None) -> Event:
+    def emit(self, payload: ReportPayload, severity: Severity = "info", event_id: Optional[str] = None,
+             occurred_at: Optional[dt.datetime] = None) -> PlainEvent:
         """Commit one event; returns it as stored (with its sequence).
 
         ``event_id`` (default: a random one) makes a re-emitted fact the same event for the outbox and receiver;
         ``occurred_at`` (default: now) is when it happened, for facts recorded by another process.
         """
-        extra = {"event_id": event_id} if event_id is not None else {}
-        event = Event(host_id=self.host_id, hostname=self.hostname, occurred_at=occurred_at or self._clock(),
-                      severity=severity, payload=payload, **extra)
+        event = PlainEvent.of(payload, self.host_id, self.hostname, occurred_at or self._clock(), severity, event_id)
         stored = self.outbox.enqueue(event)
         self.on_enqueued()
         return stored
@@ -136,17 +127,26 @@ class EventEmitter:
 
 @dataclass
 class Runtime:
-    """Everything a job body needs; built once by the daemon, ``settings`` and ``sender`` replaced on reload."""
+    """Everything a job body needs; built once by the daemon, ``in_force`` and ``sender`` replaced on reload."""
 
     host: Host
-    settings: Settings
+    in_force: SettingsInForce
     state_dir: str
     outbox: Outbox
     emitter: EventEmitter
     state: AgentState = field(default_factory=AgentState)
     sender: Optional["Sender"] = None
     stopping: threading.Event = field(default_factory=threading.Event)
-    _held_damage: List[StateFileDamaged] = field(default_factory=list, repr=False)
+    _held_damage: List[PlainStateFileDamaged] = field(default_factory=list, repr=False)
+
+    @property
+    def settings(self) -> ResidentSettings:
+        """What the resident's jobs read of the settings in force."""
+        return self.in_force.view
+
+    def job_settings(self) -> Settings:
+        """The whole settings model in force, for bodies that run in a job child (imports pydantic)."""
+        return self.in_force.model()
 
     @property
     def paths(self) -> StatePaths:
@@ -171,15 +171,15 @@ class Runtime:
         """
         moved_to = move_aside(path)
         log.error("state_file_damaged", path=path, problem=problem, moved_to=moved_to, action=action)
-        self._report_damage([StateFileDamaged(path=path, problem=problem[:2000], moved_to=moved_to,
-                                              action=action[:500])])
+        self._report_damage([PlainStateFileDamaged(path=path, problem=problem[:2000], moved_to=moved_to,
+                                                   action=action[:500])])
         return moved_to
 
     def report_held_damage(self) -> None:
         """Commit damage reports held back because the outbox could not take them."""
         self._report_damage([])
 
-    def _report_damage(self, reports: List[StateFileDamaged]) -> None:
+    def _report_damage(self, reports: List[PlainStateFileDamaged]) -> None:
         with self.state.lock:
             pending = self._held_damage + reports
             self._held_damage = []

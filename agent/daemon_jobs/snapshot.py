@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 from agent.collectors import default_collectors
+from agent.collectors.base import Collector
+from agent.daemon_jobs.hooks import PolicyCheck
 from agent.daemon_jobs.runtime import Runtime, load_last_snapshot
 from agent.files import write_atomically
+from agent.host import Host
 from agent.log import get_logger
 from agent.report.events import PolicyViolation, SnapshotChanged
 from agent.snapshot.diff import SnapshotDiff, diff_snapshots
@@ -28,9 +31,9 @@ def stack_changed(diff: SnapshotDiff) -> bool:
 class SnapshotJob:
     """Takes snapshots; on a new content hash commits SnapshotChanged (with the diff) before storing the snapshot."""
 
-    def __init__(self, runtime: Runtime, policy_check: Optional[Callable[..., Any]],
+    def __init__(self, runtime: Runtime, policy_check: Optional[PolicyCheck],
                  on_stack_changed: Callable[[str], None] = lambda reason: None,
-                 take: Callable[..., Snapshot] = take_snapshot) -> None:
+                 take: Callable[[Host, Sequence[Collector]], Snapshot] = take_snapshot) -> None:
         self.runtime = runtime
         self.policy_check = policy_check
         self.on_stack_changed = on_stack_changed
@@ -43,7 +46,7 @@ class SnapshotJob:
 
     def run(self, reason: str = "interval") -> None:
         rt = self.runtime
-        snap = self._take(rt.host, default_collectors(rt.settings.snapshot.all_watched_packages))
+        snap = self._take(rt.host, default_collectors(rt.job_settings().snapshot.all_watched_packages))
         previous = rt.state.last_snapshot
         pairing = pairing_of(snap)
         diff: Optional[SnapshotDiff] = None
@@ -71,7 +74,7 @@ class SnapshotJob:
         if check is None:
             return
         try:
-            verdict = check(snap, rt.settings.agent.state_dir, root=str(rt.host.root))
+            verdict = check(snap, rt.settings.state_dir, root=str(rt.host.root))
         except Exception as exc:  # noqa: BLE001 - the policy engine's failure must not stop snapshots
             log.error("policy_check_failed", error=f"{type(exc).__name__}: {exc}")
             rt.state.compliant = None

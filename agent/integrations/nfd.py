@@ -25,11 +25,11 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
+from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from agent.files import write_atomically
-from agent.models import FrozenModel
-from agent.snapshot.pairing import Pairing
+from agent.report.plain import PlainPairing
 
 NAMESPACE = "gpuguard.io"
 MAX_FILE_BYTES = 64 * 1024  # NFD reads at most this much of one features file
@@ -44,14 +44,15 @@ _NOT_LABEL_CHARS = re.compile(r"[^-_.A-Za-z0-9]+")
 _EDGE_CHARS = "-_."
 
 
-class NfdView(FrozenModel):
+@dataclass(frozen=True)
+class NfdView:
     """What the features file shows, gathered by the daemon from its state."""
 
     agent_version: str
     compliant: Optional[bool] = None
     policy: Optional[str] = None
     violated_rules: int = 0
-    pairing: Optional[Pairing] = None
+    pairing: Optional[PlainPairing] = None
     snapshot_at_seconds: Optional[float] = None
     finding_kinds: Tuple[str, ...] = ()
     health_status: Optional[str] = None

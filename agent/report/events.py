@@ -9,19 +9,25 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Annotated, Dict, Final, List, Literal, Optional, Union, get_args
+from typing import Annotated, Dict, List, Literal, Optional, Union, get_args
 
 from pydantic import Field
 
+from agent.jsonrecord import JsonObject
 from agent.models import FrozenModel
+from agent.report.plain import EVENT_SCHEMA_VERSION, Severity
 from agent.snapshot.diff import Change
 from agent.snapshot.pairing import Pairing
 
-EVENT_SCHEMA_VERSION: Final = 1
-Severity = Literal["info", "warning", "critical"]
+
+class PayloadModel(FrozenModel):
+    """A payload's JSON as the outbox stores it (agent.report.plain.ReportPayload)."""
+
+    def to_json(self) -> JsonObject:
+        return self.model_dump(mode="json")
 
 
-class SnapshotChanged(FrozenModel):
+class SnapshotChanged(PayloadModel):
     """The host's snapshot content hash moved; ``changes`` says component by component how."""
 
     kind: Literal["snapshot_changed"] = "snapshot_changed"
@@ -31,7 +37,7 @@ class SnapshotChanged(FrozenModel):
     pairing: Pairing
 
 
-class PolicyViolation(FrozenModel):
+class PolicyViolation(PayloadModel):
     """The installed set violates the pinned pairing policy."""
 
     kind: Literal["policy_violation"] = "policy_violation"
@@ -41,7 +47,7 @@ class PolicyViolation(FrozenModel):
     action: Literal["warn", "block", "rollback"] = "warn"
 
 
-class TransactionBlocked(FrozenModel):
+class TransactionBlocked(PayloadModel):
     """apt/dnf was stopped before changing anything."""
 
     kind: Literal["transaction_blocked"] = "transaction_blocked"
@@ -52,7 +58,7 @@ class TransactionBlocked(FrozenModel):
     command_line: Optional[str] = None
 
 
-class Rollback(FrozenModel):
+class Rollback(PayloadModel):
     """gpuguard put packages back to the last known-good versions (or tried to)."""
 
     kind: Literal["rollback"] = "rollback"
@@ -75,7 +81,7 @@ class OverriddenViolation(FrozenModel):
     packages: Dict[str, str] = {}
 
 
-class OverrideUsed(FrozenModel):
+class OverrideUsed(PayloadModel):
     """An open override window let through a package transaction the policy would have refused."""
 
     kind: Literal["override_used"] = "override_used"
@@ -87,7 +93,7 @@ class OverrideUsed(FrozenModel):
     violations: List[OverriddenViolation] = []
 
 
-class HealthRegression(FrozenModel):
+class HealthRegression(PayloadModel):
     """A health-check figure dropped beyond the noise band against the previous fingerprint's baseline."""
 
     kind: Literal["health_regression"] = "health_regression"
@@ -101,7 +107,7 @@ class HealthRegression(FrozenModel):
     gpu: Optional[str] = None
 
 
-class CpuFallback(FrozenModel):
+class CpuFallback(PayloadModel):
     """The health workload did not really run on the GPU."""
 
     kind: Literal["cpu_fallback"] = "cpu_fallback"
@@ -110,7 +116,7 @@ class CpuFallback(FrozenModel):
     detail: Optional[str] = None
 
 
-class HealthDeferred(FrozenModel):
+class HealthDeferred(PayloadModel):
     """The GPUs stayed busy for the whole deferral window: the full health check (speed judged) could not run."""
 
     kind: Literal["health_deferred"] = "health_deferred"
@@ -126,7 +132,7 @@ class HealthDeferred(FrozenModel):
     detail: Optional[str] = None
 
 
-class Heartbeat(FrozenModel):
+class Heartbeat(PayloadModel):
     """The agent is alive; carries the current pairing and outbox depth."""
 
     kind: Literal["heartbeat"] = "heartbeat"
@@ -140,7 +146,7 @@ class Heartbeat(FrozenModel):
     last_health_status: Optional[str] = None
 
 
-class StateFileDamaged(FrozenModel):
+class StateFileDamaged(PayloadModel):
     """A state file or the outbox was unreadable or damaged; it was moved aside and the agent carried on."""
 
     kind: Literal["state_file_damaged"] = "state_file_damaged"
@@ -157,9 +163,6 @@ Payload = Annotated[Union[SnapshotChanged, PolicyViolation, TransactionBlocked, 
                     Field(discriminator="kind")]
 # Every payload kind, in schema order (the hub's query filter and docs derive from this, so a new kind is one edit).
 PAYLOAD_KINDS = tuple(model.model_fields["kind"].default for model in get_args(get_args(Payload)[0]))
-# Events the outbox never drops, whatever its size bound (an override's use is part of the audit trail).
-NEVER_DROPPED_KINDS = frozenset({"policy_violation", "transaction_blocked", "rollback", "override_used",
-                                 "state_file_damaged"})
 
 
 class Event(FrozenModel):
@@ -177,6 +180,13 @@ class Event(FrozenModel):
     @property
     def kind(self) -> str:
         return self.payload.kind
+
+    def with_sequence(self, sequence: int) -> Event:
+        """The event as the outbox stored it (agent.report.outbox.OutboxEvent)."""
+        return self.model_copy(update={"sequence": sequence})
+
+    def to_json_text(self) -> str:
+        return self.model_dump_json()
 
 
 class EventBatch(FrozenModel):

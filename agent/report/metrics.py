@@ -22,34 +22,35 @@ Metrics (all gauges unless said otherwise):
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
 
 from agent.files import write_atomically
-from agent.models import FrozenModel
-from agent.snapshot.pairing import Pairing
+from agent.report.plain import PlainPairing
 
 _PAIRING_LABELS = ("os_id", "os_version_id", "kernel_running", "kernel_next_boot", "amdgpu_loaded",
                    "amdgpu_dkms_package", "rocm", "rocm_core_package", "nvidia_loaded", "cuda_driver_api",
                    "gpu_models")
 
 
-class MetricsView(FrozenModel):
+@dataclass(frozen=True)
+class MetricsView:
     """Everything the textfile shows, gathered by the daemon from its state and the outbox."""
 
     agent_version: str
     start_time_seconds: float
-    pairing: Optional[Pairing] = None
+    pairing: Optional[PlainPairing] = None
     snapshot_timestamp_seconds: Optional[float] = None
-    findings_by_severity: Dict[str, int] = {}
+    findings_by_severity: Dict[str, int] = field(default_factory=dict)
     compliant: Optional[bool] = None
     last_health_status: Optional[str] = None
     last_health_timestamp_seconds: Optional[float] = None
     outbox_depth: int = 0
     outbox_oldest_age_seconds: Optional[float] = None
-    outbox_dropped: Dict[str, int] = {}
+    outbox_dropped: Dict[str, int] = field(default_factory=dict)
     outbox_rejected: int = 0
     last_delivery_success_seconds: Optional[float] = None
-    delivery_failures: Dict[str, int] = {}
+    delivery_failures: Dict[str, int] = field(default_factory=dict)
 
 
 def escape_label_value(value: str) -> str:
@@ -71,7 +72,7 @@ class _Writer:
     def __init__(self) -> None:
         self.lines: List[str] = []
 
-    def family(self, name: str, kind: str, help_text: str, samples: List[tuple]) -> None:
+    def family(self, name: str, kind: str, help_text: str, samples: List[Tuple[Dict[str, str], float]]) -> None:
         if not samples:
             return
         self.lines.append(f"# HELP {name} {help_text}")
@@ -87,7 +88,7 @@ def render_metrics(view: MetricsView) -> str:
     w.family("gpuguard_agent_start_time_seconds", "gauge", "When the gpuguard daemon started (Unix time).",
              [({}, view.start_time_seconds)])
     if view.pairing is not None:
-        dumped = view.pairing.model_dump()
+        dumped = view.pairing.to_json()
         labels = {name: "" if dumped.get(name) is None else str(dumped[name]) for name in _PAIRING_LABELS}
         w.family("gpuguard_pairing_info", "gauge", "The host's current kernel/driver/ROCm/CUDA pairing.",
                  [(labels, 1)])

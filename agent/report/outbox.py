@@ -34,12 +34,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Type
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Protocol, Tuple, Type, TypeVar
 
 from agent.errors import InputFileError
 from agent.files import move_aside, read_json_file, write_atomically
 from agent.log import get_logger
-from agent.report.events import NEVER_DROPPED_KINDS, Event, StateFileDamaged
+from agent.report.plain import NEVER_DROPPED_KINDS, PlainStateFileDamaged
+
+if TYPE_CHECKING:  # pragma: no cover - pydantic's Event only where events are read back (a delivery child, the hub)
+    from agent.report.events import Event
 
 log = get_logger("outbox")
 
@@ -80,6 +83,25 @@ CREATE TABLE IF NOT EXISTS delivered (
 DELIVERED_IDS_KEPT = 20000
 
 
+class OutboxEvent(Protocol):
+    """What the outbox stores: the resident's ``PlainEvent`` (agent/report/plain.py) or the pydantic ``Event``."""
+
+    @property
+    def event_id(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    def with_sequence(self: E, sequence: int) -> E: ...
+
+    def to_json_text(self) -> str: ...
+
+
+E = TypeVar("E", bound=OutboxEvent)
+# One row of the events table: sequence, event_id, kind, drop_class, enqueued_at, body.
+EventRow = Tuple[object, ...]
+
+
 def drop_class_of(kind: str) -> int:
     """Which drop class an event kind belongs to under the size bound."""
     if kind in NEVER_DROPPED_KINDS:
@@ -99,7 +121,7 @@ class Outbox:
         self._lock = threading.Lock()
         self._conn = self._open(path)
         # Damage found (and survived) since the last take_damage(): the daemon reports each as state_file_damaged.
-        self._damage: List[StateFileDamaged] = []
+        self._damage: List[PlainStateFileDamaged] = []
         self._hwm_failing = False
         self._reserved_through = 0
         self._check_high_water_mark()
@@ -119,7 +141,7 @@ class Outbox:
         log.error("outbox_replaced_or_emptied", path=self.path, high_water_sequence=mark.last_sequence,
                   found_sequence=found, lost_events=lost)
         self._set_sequence_floor(last_sequence)
-        self._damage.append(StateFileDamaged(path=self.path, problem=problem, action=(
+        self._damage.append(PlainStateFileDamaged(path=self.path, problem=problem, action=(
             f"carrying on; new events continue after sequence {last_sequence}, the receiver sees the lost ones "
             "as a gap"), lost_events=lost))
 
@@ -146,7 +168,7 @@ class Outbox:
             log.info("outbox_high_water_mark_written_again", path=self.path + HWM_SUFFIX)
         self._hwm_failing = False
 
-    def take_damage(self) -> List[StateFileDamaged]:
+    def take_damage(self) -> List[PlainStateFileDamaged]:
         """The damage found since the last call, to be reported (each reported once)."""
         with self._lock:
             damage, self._damage = self._damage, []
@@ -224,7 +246,7 @@ class Outbox:
         with self._lock:
             self._conn.close()
 
-    def enqueue(self, event: Event) -> Event:
+    def enqueue(self, event: E) -> E:
         """Commit the event with the next sequence number and return it as stored (sequence set)."""
         kind = event.kind
         with self._lock:
@@ -235,13 +257,13 @@ class Outbox:
                                      "SELECT sequence FROM delivered WHERE event_id = ?",
                                      (event.event_id, event.event_id)).fetchone()
             if row is not None:
-                return event.model_copy(update={"sequence": row[0]})
+                return event.with_sequence(int(row[0]))
             cursor = self._conn.execute(
                 "INSERT INTO events (event_id, kind, drop_class, enqueued_at, body) VALUES (?, ?, ?, ?, '')",
                 (event.event_id, kind, drop_class_of(kind), self._clock()))
-            stored = event.model_copy(update={"sequence": cursor.lastrowid})
+            stored = event.with_sequence(int(cursor.lastrowid or 0))
             self._conn.execute("UPDATE events SET body = ? WHERE sequence = ?",
-                               (stored.model_dump_json(), cursor.lastrowid))
+                               (stored.to_json_text(), cursor.lastrowid))
             self._enforce_bound()
         with self._lock:
             self._write_high_water_mark()
@@ -268,7 +290,9 @@ class Outbox:
                         reason="only never-dropped events (violations, blocks, rollbacks, overrides) are left")
 
     def pending(self, limit: int) -> List[Event]:
-        """Up to ``limit`` queued events, lowest sequence first."""
+        """Up to ``limit`` queued events, lowest sequence first (validated by pydantic: a delivery child's read)."""
+        from agent.report.events import Event
+
         with self._lock:
             rows = self._conn.execute("SELECT sequence, body FROM events ORDER BY sequence LIMIT ?",
                                       (limit,)).fetchall()
@@ -413,21 +437,21 @@ class Salvage:
 
     problem: str
     moved_to: Optional[str]
-    rows: List[Tuple[Any, ...]]
+    rows: List[EventRow]
     last_sequence: int
     mark: HighWater  # as it was before the damaged file was moved aside
 
-    def report(self, path: str) -> StateFileDamaged:
+    def report(self, path: str) -> PlainStateFileDamaged:
         lost = max(0, self.mark.queued - len(self.rows)) if self.mark.queued else None
-        return StateFileDamaged(path=path, problem=self.problem[:2000], moved_to=self.moved_to,
+        return PlainStateFileDamaged(path=path, problem=self.problem[:2000], moved_to=self.moved_to,
                                 action="salvaged the readable events into a fresh outbox", salvaged_events=len(
                                     self.rows), lost_events=lost)
 
 
-def salvage_rows(path: str) -> Tuple[List[Tuple[Any, ...]], int]:
+def salvage_rows(path: str) -> Tuple[List[EventRow], int]:
     """The readable event rows of a (damaged) outbox file and its last sequence; best effort, never raises."""
     columns = "sequence, event_id, kind, drop_class, enqueued_at, body"
-    rows: Dict[int, Tuple[Any, ...]] = {}
+    rows: Dict[int, EventRow] = {}
     last_sequence = 0
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any, Dict
 
-from agent.report.events import EVENT_SCHEMA_VERSION, EventBatch
+from agent.report.events import EventBatch
+from agent.report.plain import EVENT_SCHEMA_VERSION
 
 SCHEMA_ID = f"https://gpuguard.dev/schemas/events-v{EVENT_SCHEMA_VERSION}.json"
 SCHEMA_FILENAME = f"events-v{EVENT_SCHEMA_VERSION}.json"

@@ -16,6 +16,8 @@ from agent.config import Settings
 from agent.daemon import Daemon
 from agent.daemon_jobs.guard import GuardJob, recompile_policy
 from agent.daemon_jobs.guard_events import GuardEventForwarder, Position, event_id_for_line, payload_from_record
+from agent.daemon_jobs.protocol import GuardChecked
+from agent.daemon_jobs.resident_settings import SettingsInForce
 from agent.daemon_jobs.runtime import Runtime
 from agent.daemon_jobs.systemd_notify import SystemdNotifier
 from agent.daemon_jobs.watch import PackageWatcher
@@ -206,19 +208,13 @@ class RecordingCheck:
         self.error = error
         self.calls: List[str] = []
 
-    def __call__(self, host: Host, settings: Settings) -> object:
-        self.calls.append(settings.agent.state_dir)
+    def __call__(self) -> GuardChecked:
+        self.calls.append(str(self.events_path))
         for record in self.records:
             append_json_line(str(self.events_path), record)
         if self.error is not None:
             raise self.error
-        return types_result("rolled_back")
-
-
-def types_result(status: str) -> object:
-    import types
-
-    return types.SimpleNamespace(status=status, detail="", reboot_required=False)
+        return GuardChecked(status="rolled_back")
 
 
 def _guard_root(tmp_path: Path) -> tuple:
@@ -227,7 +223,7 @@ def _guard_root(tmp_path: Path) -> tuple:
     (root / "var/lib/dpkg").mkdir(parents=True)
     (root / "var/lib/dpkg/status").write_text("Package: vim\nStatus: install ok installed\nVersion: 1\n\n")
     rt = make_runtime(tmp_path, Host(root=root, clock=fixed_clock))
-    guard_dir = root / rt.settings.agent.state_dir.lstrip("/")
+    guard_dir = root / rt.settings.state_dir.lstrip("/")
     guard_dir.mkdir(parents=True)
     (guard_dir / "policy.compiled.json").write_text("{}")
     return rt, root, guard_dir
@@ -239,10 +235,10 @@ def test_package_change_checks_then_forwards_then_asks_for_the_snapshot(tmp_path
     events = guard_dir / "guard-events.jsonl"
     check = RecordingCheck(events, [ROLLED])
     order: List[str] = []
-    job = GuardJob(rt, GuardEventForwarder(rt, str(events)),
+    job = GuardJob(rt, GuardEventForwarder(rt, str(events)).run,
                    on_checked=lambda reason: order.append(f"snapshot:{reason}:{len(_pending(rt))}"), check=check)
     job.run("package_change")
-    assert check.calls == [rt.settings.agent.state_dir]
+    assert check.calls == [str(events)]
     assert order == ["snapshot:package_change:1"]
     assert [e.kind for e in _pending(rt)] == ["rollback"]
     job.run("package_change")  # the rollback's own status change: nothing it reads moved, no second check
@@ -261,7 +257,7 @@ def test_a_failing_check_is_reported_and_never_stops_forwarding_or_the_snapshot(
     events = guard_dir / "guard-events.jsonl"
     check = RecordingCheck(events, [BLOCKED], error=CommandTimeout(["wait-for-lock"], 300))
     asked: List[str] = []
-    GuardJob(rt, GuardEventForwarder(rt, str(events)), on_checked=asked.append, check=check).run("package_change")
+    GuardJob(rt, GuardEventForwarder(rt, str(events)).run, on_checked=asked.append, check=check).run("package_change")
     pending = _pending(rt)
     assert [e.kind for e in pending] == ["rollback", "transaction_blocked"]
     assert pending[0].payload.succeeded is False and pending[0].severity == "critical"
@@ -275,7 +271,7 @@ def test_without_a_compiled_policy_the_check_is_skipped(tmp_path: Path) -> None:
     rt, root, guard_dir = _guard_root(tmp_path)
     (guard_dir / "policy.compiled.json").unlink()
     check = RecordingCheck(guard_dir / "guard-events.jsonl")
-    GuardJob(rt, GuardEventForwarder(rt, str(guard_dir / "guard-events.jsonl")), check=check).run("package_change")
+    GuardJob(rt, GuardEventForwarder(rt, str(guard_dir / "guard-events.jsonl")).run, check=check).run("package_change")
     assert check.calls == []
     rt.outbox.close()
 
@@ -340,7 +336,8 @@ def test_sighup_reload_recompiles_the_policy(tmp_path: Path) -> None:
     from agent.config import load_settings
 
     settings = load_settings(str(config))
-    daemon = Daemon(str(config), settings, Host(root=root, clock=fixed_clock), SystemdNotifier({}), no_hooks())
+    daemon = Daemon(str(config), SettingsInForce.of(settings), Host(root=root, clock=fixed_clock), SystemdNotifier({}),
+                    no_hooks())
     daemon.start()
     try:
         assert daemon.reload()
@@ -407,7 +404,7 @@ def _daemon_over_rollback_root(tmp_path: Path, install_succeeds: bool) -> tuple:
     runner.add(tool.argv("dpkg", "--configure", "-a"))
     assert recompile_policy(host, settings)
     assert check(host, settings).status == "recorded"  # the known-good set, as the package's postinst
-    daemon = Daemon("/nonexistent/agent.toml", settings, host, SystemdNotifier({}), no_hooks())
+    daemon = Daemon("/nonexistent/agent.toml", SettingsInForce.of(settings), host, SystemdNotifier({}), no_hooks())
     return daemon, root, runner
 
 
@@ -480,7 +477,7 @@ def test_a_check_waiting_for_the_dpkg_lock_gives_up_when_the_daemon_stops(tmp_pa
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         rt = make_runtime(tmp_path, Host(root=root, clock=fixed_clock))
-        job = GuardJob(rt, GuardEventForwarder(rt, str(tmp_path / "events.jsonl")))
+        job = GuardJob(rt, GuardEventForwarder(rt, str(tmp_path / "events.jsonl")).run)
         threading.Timer(1.0, rt.stopping.set).start()
         started = time.monotonic()
         assert job.check("package_change") is None

@@ -82,7 +82,7 @@ def test_cpu_fallback_after_a_change_rolls_back_reports_and_checks_again(tmp_pat
     job = _job(tmp_path, fakes, "rollback")
     summary = job.check("stack_changed:rocm", "functional", after_change=True)
     assert fakes.rollbacks == ["cpu_fallback"] and fakes.modes == ["functional", "functional"]
-    assert (summary["status"], summary["rollback"], summary["recheck_status"]) == ("pass", "rolled_back", "pass")
+    assert (summary.status, summary.rollback, summary.recheck_status) == ("pass", "rolled_back", "pass")
     [event] = job.runtime.outbox.pending(10)
     assert (event.kind, event.severity, event.payload.reason, event.payload.health_status) == (
         "rollback", "warning", "health", "cpu_fallback")
@@ -94,7 +94,7 @@ def test_a_regression_is_confirmed_by_a_full_run_before_a_rollback(tmp_path: Pat
     fakes = Fakes("regression", "regression", "pass")
     summary = _job(tmp_path, fakes, "rollback").check("interval", None, after_change=True)
     assert fakes.modes == [None, "full", None] and fakes.rollbacks == ["regression"]
-    assert summary["recheck_status"] == "pass"
+    assert summary.recheck_status == "pass"
 
 
 def test_a_regression_the_second_run_does_not_confirm_rolls_nothing_back(tmp_path: Path) -> None:
@@ -102,7 +102,7 @@ def test_a_regression_the_second_run_does_not_confirm_rolls_nothing_back(tmp_pat
     for second in ("pass", "deferred"):  # gone, or the GPU became busy: no judgement, no rollback
         fakes = Fakes("regression", second)
         summary = _job(tmp_path / second, fakes, "rollback").check("interval", None, after_change=True)
-        assert fakes.rollbacks == [] and summary["status"] == second and "rollback" not in summary
+        assert fakes.rollbacks == [] and summary.status == second and summary.rollback is None
 
 
 @pytest.mark.parametrize("status", ["busy", "deferred", "timeout", "pass"])
@@ -118,7 +118,7 @@ def test_alert_or_no_policy_only_reports(tmp_path: Path, after_change: Optional[
     """With after_change = alert or none set, a CPU fallback after a change is reported and nothing is rolled back."""
     fakes = Fakes("cpu_fallback")
     summary = _job(tmp_path, fakes, after_change).check("stack_changed:dpkg", "functional", after_change=True)
-    assert fakes.rollbacks == [] and summary["status"] == "cpu_fallback"
+    assert fakes.rollbacks == [] and summary.status == "cpu_fallback"
 
 
 def test_no_rollback_outside_the_check_after_a_change(tmp_path: Path) -> None:
@@ -132,7 +132,7 @@ def test_a_rollback_that_does_not_fix_it_is_reported_once_not_retried(tmp_path: 
     """A rollback after which the check still fails is reported with the recheck's status and not tried again."""
     fakes = Fakes("failed", "failed")
     summary = _job(tmp_path, fakes, "rollback").check("stack_changed:dpkg", "functional", after_change=True)
-    assert fakes.rollbacks == ["failed"] and summary["recheck_status"] == "failed"
+    assert fakes.rollbacks == ["failed"] and summary.recheck_status == "failed"
 
 
 def test_a_rollback_with_nothing_kept_runs_no_recheck(tmp_path: Path) -> None:
@@ -140,7 +140,7 @@ def test_a_rollback_with_nothing_kept_runs_no_recheck(tmp_path: Path) -> None:
     fakes = Fakes("cpu_fallback", rollback_status="no_known_good")
     job = _job(tmp_path, fakes, "rollback")
     summary = job.check("stack_changed:dpkg", "functional", after_change=True)
-    assert summary["rollback"] == "no_known_good" and fakes.modes == ["functional"]
+    assert summary.rollback == "no_known_good" and fakes.modes == ["functional"]
     assert job.runtime.outbox.depth() == 0
 
 
@@ -156,5 +156,5 @@ def test_a_rollback_that_raises_is_a_failed_rollback_event(tmp_path: Path) -> No
     job = HealthJob(rt, Hooks(health_run=fakes.run, health_payloads=lambda r: [], health_rollback=broken))
     summary = job.check("stack_changed:dpkg", "functional", after_change=True)
     [event] = rt.outbox.pending(10)
-    assert (event.severity, event.payload.succeeded, summary["rollback"]) == ("critical", False, "failed")
+    assert (event.severity, event.payload.succeeded, summary.rollback) == ("critical", False, "failed")
     assert "No space left" in (event.payload.detail or "")

@@ -12,7 +12,6 @@ import pytest
 
 from agent.config import load_settings
 from agent.daemon_jobs.children import HealthInChild
-from agent.daemon_jobs.hooks import Hooks
 from agent.host import Host
 from tests.daemon.test_jobs import make_runtime
 
@@ -34,10 +33,10 @@ def test_functional_after_a_change_runs_in_the_child_and_reports_its_summary(tmp
     config.write_text(f'[agent]\nstate_dir = "{state}"\n[health]\npython = "{python}"\ntimeout_seconds = 60\n'
                       f'run_as = "{pwd.getpwuid(os.geteuid()).pw_name}"\n')
     rt = make_runtime(tmp_path, Host(root=Path("/")), load_settings(str(config)))
-    summary = HealthInChild(rt, str(config), Hooks()).run("stack_changed:dpkg", "functional", True)
+    summary = HealthInChild(rt, str(config)).run("stack_changed:dpkg", "functional", True)
     assert summary is not None
-    assert (summary["status"], summary["mode"], summary["busy"], summary["tenants"]) == (
-        "cpu_fallback", "functional", False, [])
-    assert "rollback" not in summary  # no compiled policy: after_change is "alert"
+    assert (summary.status, summary.mode, summary.busy, summary.tenants) == (
+        "cpu_fallback", "functional", False, ())
+    assert summary.rollback is None  # no compiled policy: after_change is "alert"
     assert rt.state.last_health_status == "cpu_fallback"
     assert {e.kind for e in rt.outbox.pending(20)} == {"cpu_fallback"}

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import types
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from agent.config import Settings
 from agent.daemon_jobs.health import HealthJob
 from agent.daemon_jobs.health_schedule import HealthSchedule
 from agent.daemon_jobs.hooks import Hooks
+from agent.daemon_jobs.protocol import HealthSummary
 from agent.host import Host
 from agent.report.events import CpuFallback
 from tests.daemon.test_jobs import make_runtime
@@ -37,11 +38,12 @@ class FakeCheck:
         self.busy = busy
         self.calls: List[Tuple[str, Optional[str], bool]] = []
 
-    def __call__(self, reason: str, mode: Optional[str], after_change: bool) -> Optional[Dict[str, Any]]:
+    def __call__(self, reason: str, mode: Optional[str], after_change: bool) -> Optional[HealthSummary]:
         self.calls.append((reason, mode, after_change))
         status = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
         waiting = status in ("busy", "deferred")
-        return {"status": status, "busy": waiting or self.busy, "tenants": [TENANT] if waiting else []}
+        return HealthSummary(status=status, at_seconds=None, busy=waiting or self.busy,
+                             tenants=(TENANT,) if waiting else ())
 
 
 def _schedule(tmp_path: Path, check: Any) -> Tuple[HealthSchedule, Clock, Any]:

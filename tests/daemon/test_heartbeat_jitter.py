@@ -6,8 +6,14 @@ import random
 
 import pytest
 
+from agent.config import Settings
 from agent.daemon_jobs.heartbeat import first_heartbeat_in_seconds
+from agent.daemon_jobs.resident_settings import ResidentSettings
 from agent.report.settings import ReportSettings
+
+
+def view(**report: float) -> ResidentSettings:
+    return ResidentSettings.of(Settings(report=ReportSettings(**report)))
 
 
 @pytest.mark.parametrize("interval, jitter, low, high", [
@@ -19,19 +25,19 @@ from agent.report.settings import ReportSettings
 ])
 def test_first_heartbeat_falls_in_its_window(interval: float, jitter: float, low: float, high: float) -> None:
     """Every draw lies in [interval, interval + min(interval, jitter)]."""
-    report = ReportSettings(heartbeat_interval_seconds=interval, startup_jitter_seconds=jitter)
+    settings = view(heartbeat_interval_seconds=interval, startup_jitter_seconds=jitter)
     rng = random.Random(7)
-    draws = [first_heartbeat_in_seconds(report, rng) for _ in range(2000)]
+    draws = [first_heartbeat_in_seconds(settings, rng) for _ in range(2000)]
     assert low <= min(draws) and max(draws) <= high
 
 
 def test_a_fleet_started_together_spreads_over_the_interval() -> None:
     """10,000 hosts started at once at the defaults (60 s, 60 s): no one-second slot gets more than 2x its share."""
-    report = ReportSettings()
+    settings = view()
     rng = random.Random(1)
     slots = [0] * 60
     for _ in range(10_000):
-        slots[int(first_heartbeat_in_seconds(report, rng) - report.heartbeat_interval_seconds) % 60] += 1
+        slots[int(first_heartbeat_in_seconds(settings, rng) - settings.heartbeat_interval_seconds) % 60] += 1
     assert max(slots) < 2 * 10_000 / 60 and min(slots) > 0.5 * 10_000 / 60
 
 

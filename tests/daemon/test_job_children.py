@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Sequence
 
@@ -16,6 +17,8 @@ import pytest
 
 from agent.daemon_jobs.children import ChildJobFailed, child_argv, child_env, run_child
 from agent.daemon_jobs.job_runner import JobRunner
+from agent.daemon_jobs.protocol import ChildContext, DeliverResult, GuardCheckResult, JobRequest
+from agent.jsonrecord import JsonObject, JsonRecord
 from agent.log import configure
 from tests.conftest import run_fresh_python
 from tests.daemon.conftest import (
@@ -36,7 +39,16 @@ def python_child(code: str):
     return argv
 
 
-WRITES_RESULT = "import json, sys; open(sys.argv[1], 'w').write(json.dumps({'echo': json.loads(sys.argv[2])}))"
+@dataclass(frozen=True)
+class Echo(JsonRecord):
+    """A test job's result: the request it was given."""
+
+    echo: JsonObject
+
+
+REQUEST = JobRequest(context=ChildContext(settings={}, host_id="h-1", hostname="node-1"), reason="interval")
+WRITES_RESULT = ("import json, sys; open(sys.argv[1], 'w').write(json.dumps("
+                 "{'peak_rss_kib': 0, 'result': {'echo': json.loads(sys.argv[2])}}))")
 
 
 def test_the_logged_peak_rss_is_the_childs_own_not_the_daemons(tmp_path: Path) -> None:
@@ -46,9 +58,10 @@ def test_the_logged_peak_rss_is_the_childs_own_not_the_daemons(tmp_path: Path) -
     ballast = bytearray(b"x" * (200 * 1024 * 1024))  # this process's peak is now above 200 MiB
     reports = ("import json, sys\n{alloc}\n"
                "from agent.daemon_jobs.children import peak_rss_kib_of\n"
-               "open(sys.argv[1], 'w').write(json.dumps({{'peak_rss_kib': peak_rss_kib_of()}}))\n")
+               "reply = {{'peak_rss_kib': peak_rss_kib_of(), 'result': {{'echo': {{}}}}}}\n"
+               "open(sys.argv[1], 'w').write(json.dumps(reply))\n")
     for alloc in ("b = bytearray(b'x' * (64 * 1024 * 1024))", "pass"):
-        run_child("snapshot", "/nonexistent.toml", "/", {}, str(tmp_path), threading.Event(),
+        run_child("snapshot", "/nonexistent.toml", "/", REQUEST, Echo, str(tmp_path), threading.Event(),
                   argv=python_child(reports.format(alloc=alloc)))
     del ballast
     peaks = [json.loads(line)["max_rss_kib"] for line in stream.getvalue().splitlines()]
@@ -57,9 +70,9 @@ def test_the_logged_peak_rss_is_the_childs_own_not_the_daemons(tmp_path: Path) -
 
 def test_a_child_result_comes_back_and_its_file_is_removed(tmp_path: Path) -> None:
     """The child's JSON result is returned; the result file does not stay behind."""
-    result = run_child("snapshot", "/nonexistent.toml", "/", {"reason": "interval"}, str(tmp_path),
-                       threading.Event(), argv=python_child(WRITES_RESULT))
-    assert result == {"echo": {"reason": "interval"}}
+    result = run_child("snapshot", "/nonexistent.toml", "/", REQUEST, Echo, str(tmp_path), threading.Event(),
+                       argv=python_child(WRITES_RESULT))
+    assert result == Echo(echo=REQUEST.to_json())
     assert list(tmp_path.iterdir()) == []
 
 
@@ -67,14 +80,32 @@ def test_a_child_result_comes_back_and_its_file_is_removed(tmp_path: Path) -> No
     ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "killed by SIGKILL"),
     ("raise SystemExit(3)", "exited 3"),
     ("pass", "no result"),
-    ("import sys; open(sys.argv[1], 'w').write('[1]')", "result is not an object"),
+    ("import sys; open(sys.argv[1], 'w').write('[1]')", "result is not a child's reply"),
+    ("import sys; open(sys.argv[1], 'w').write('{\"peak_rss_kib\": 1}')", "result: missing"),
 ])
 def test_a_child_that_crashes_is_killed_or_says_nothing_raises(tmp_path: Path, code: str, problem: str) -> None:
     """Every way a child can fail becomes one ChildJobFailed naming the job."""
     with pytest.raises(ChildJobFailed, match=problem) as caught:
-        run_child("guard_check", "/nonexistent.toml", "/", {}, str(tmp_path), threading.Event(),
-                  argv=python_child(code))
+        run_child("guard_check", "/nonexistent.toml", "/", REQUEST, GuardCheckResult, str(tmp_path),
+                  threading.Event(), argv=python_child(code))
     assert caught.value.job == "guard_check"
+
+
+@pytest.mark.parametrize("result, problem", [
+    ({"events": 0}, "result -> drained: missing"),
+    ({"events": 0, "drained": {"failure": {"url": "https://hub", "category": 5, "reason": "x"}}},
+     "result -> drained -> failure -> category: expected a string, got int"),
+    ({"events": "3", "drained": {}}, "result -> events: expected an integer, got str"),
+    ({"events": 0, "drained": {}, "sent": 4}, "result -> sent: unknown field"),
+])
+def test_a_malformed_result_is_a_failed_child_naming_the_field(tmp_path: Path, result: dict, problem: str) -> None:
+    """A result that is not its job's record (a field missing, of another type, or unknown) fails the child with the
+    field's path, never a KeyError or AttributeError in the daemon."""
+    code = f"import json, sys; open(sys.argv[1], 'w').write(json.dumps({{'peak_rss_kib': 0, 'result': {result!r}}}))"
+    with pytest.raises(ChildJobFailed) as caught:
+        run_child("deliver", "/nonexistent.toml", "/", REQUEST, DeliverResult, str(tmp_path), threading.Event(),
+                  argv=python_child(code))
+    assert caught.value.problem == f"malformed result: {problem}"
 
 
 def test_a_killed_child_is_logged_and_the_next_run_tries_again(tmp_path: Path) -> None:
@@ -84,7 +115,7 @@ def test_a_killed_child_is_logged_and_the_next_run_tries_again(tmp_path: Path) -
     codes = ["import os, signal; os.kill(os.getpid(), signal.SIGKILL)", WRITES_RESULT]
 
     def body(reason: str) -> None:
-        run_child("snapshot", "/nonexistent.toml", "/", {}, str(tmp_path), threading.Event(),
+        run_child("snapshot", "/nonexistent.toml", "/", REQUEST, Echo, str(tmp_path), threading.Event(),
                   argv=python_child(codes.pop(0)))
 
     runner = JobRunner("snapshot", body, threading.Event())
@@ -103,14 +134,15 @@ def test_stopping_sends_the_child_sigterm_and_waits_for_it(tmp_path: Path) -> No
     code = ("import json, signal, sys, time\n"
             "def stop(signum, frame):\n"
             f"    open({str(marker)!r}, 'w').write('1'); time.sleep(0.3)\n"
-            "    open(sys.argv[1], 'w').write(json.dumps({'stopped': True})); sys.exit(0)\n"
+            "    open(sys.argv[1], 'w').write(json.dumps({'peak_rss_kib': 0, 'result': {'echo': {}}})); sys.exit(0)\n"
             "signal.signal(signal.SIGTERM, stop)\n"
             "time.sleep(30)\n")
     stopping = threading.Event()
     threading.Timer(0.5, stopping.set).start()
     started = time.monotonic()
-    result = run_child("health", "/nonexistent.toml", "/", {}, str(tmp_path), stopping, argv=python_child(code))
-    assert result == {"stopped": True}
+    result = run_child("health", "/nonexistent.toml", "/", REQUEST, Echo, str(tmp_path), stopping,
+                       argv=python_child(code))
+    assert result == Echo(echo={})
     assert marker.exists()
     assert time.monotonic() - started < 10
 
@@ -122,7 +154,7 @@ def test_a_child_stopped_before_it_handles_sigterm_is_an_interruption_not_a_fail
     stopping = threading.Event()
     threading.Timer(0.3, stopping.set).start()
     with pytest.raises(Interrupted, match="stopped by the daemon's shutdown"):
-        run_child("snapshot", "/nonexistent.toml", "/", {}, str(tmp_path), stopping,
+        run_child("snapshot", "/nonexistent.toml", "/", REQUEST, Echo, str(tmp_path), stopping,
                   argv=python_child("import time; time.sleep(30)"))
 
 
@@ -246,12 +278,14 @@ def test_children_use_the_settings_in_force_after_sighup(agent: AgentProcess, re
 
 def test_the_snapshot_child_hands_back_what_the_daemon_shows(tmp_path: Path, host_root: Path) -> None:
     """The daemon's facts and pairing come from the child's result, equal to the stored snapshot's; started again, a
-    child reads the stored snapshot back for it before any snapshot run."""
+    restore child reads the stored snapshot (and the last health result) back for it before any snapshot run."""
     from agent.config import Settings
-    from agent.daemon_jobs.children import SnapshotInChild
+    from agent.daemon_jobs.children import SnapshotInChild, restore_in_child
+    from agent.daemon_jobs.resident_settings import SettingsInForce
     from agent.daemon_jobs.runtime import EventEmitter, Runtime, SnapshotFacts
     from agent.host import Host
     from agent.report.outbox import Outbox
+    from agent.report.plain import PlainPairing
     from agent.snapshot.io import load_snapshot
     from agent.snapshot.pairing import pairing_of
 
@@ -260,20 +294,26 @@ def test_the_snapshot_child_hands_back_what_the_daemon_shows(tmp_path: Path, hos
 
     def runtime() -> Runtime:
         outbox = Outbox(str(tmp_path / "state" / "outbox.sqlite3"))
-        return Runtime(host=host, settings=settings, state_dir=str(tmp_path / "state"), outbox=outbox,
-                       emitter=EventEmitter(outbox, "h-1", "node-1", host.clock))
+        return Runtime(host=host, in_force=SettingsInForce.of(settings), state_dir=str(tmp_path / "state"),
+                       outbox=outbox, emitter=EventEmitter(outbox, "h-1", "node-1", host.clock))
 
     first = runtime()
     SnapshotInChild(first, "/nonexistent.toml", on_stack_changed=lambda reason: None).run()
     first.outbox.close()
     stored = load_snapshot(str(tmp_path / "state" / "last-snapshot.json"))
     assert first.state.snapshot_facts == SnapshotFacts.of(stored)
-    assert first.state.pairing == pairing_of(stored) and first.state.pairing is not None
+    assert first.state.pairing == PlainPairing.from_json(pairing_of(stored).model_dump(mode="json"))
+    assert first.state.pairing is not None and first.state.pairing.kernel_running == "6.1.0-26-amd64"
+    health = tmp_path / "state" / "health" / "last.json"
+    health.parent.mkdir()
+    health.write_text(json.dumps({"status": "regression", "summary": "gemm slower",
+                                  "started_at": "2026-06-01T12:00:00+00:00", "wall_seconds": 42.0}))
     again = runtime()
-    SnapshotInChild(again, "/nonexistent.toml", on_stack_changed=lambda reason: None)
+    restore_in_child(again, "/nonexistent.toml")
     again.outbox.close()
     assert again.state.snapshot_facts == first.state.snapshot_facts
     assert again.state.pairing == first.state.pairing
+    assert (again.state.last_health_status, again.state.last_health_at_seconds) == ("regression", 1780315200.0)
 
 
 def test_a_child_started_after_the_daemon_died_stops_at_once() -> None:

@@ -12,11 +12,12 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 from agent.config import Settings
-from agent.daemon_jobs.delivery import Backoff, DeliveryJob, Drained
+from agent.daemon_jobs.delivery import Backoff, DeliveryFailure, DeliveryJob, Drained
 from agent.daemon_jobs.health import HealthJob
 from agent.daemon_jobs.heartbeat import HeartbeatJob
 from agent.daemon_jobs.hooks import Hooks
 from agent.daemon_jobs.metrics import MetricsJob
+from agent.daemon_jobs.resident_settings import SettingsInForce
 from agent.daemon_jobs.runtime import EventEmitter, Runtime, host_identity
 from agent.daemon_jobs.snapshot import SnapshotJob
 from agent.daemon_jobs.watch import PackageWatcher
@@ -46,9 +47,10 @@ def make_runtime(tmp_path: Path, host: Host, settings: Optional[Settings] = None
         settings = settings.model_copy(update={"report": ReportSettings.model_validate(report.model_dump())})
     state_dir = str(tmp_path / "state")
     outbox = Outbox(f"{state_dir}/outbox.sqlite3")
-    emitter = EventEmitter(outbox, host_identity(host, settings), host.hostname(), host.clock)
+    emitter = EventEmitter(outbox, host_identity(host, settings.agent.host_id), host.hostname(), host.clock)
     sender = Sender(settings.report, TOKEN) if endpoint else None
-    return Runtime(host=host, settings=settings, state_dir=state_dir, outbox=outbox, emitter=emitter, sender=sender)
+    return Runtime(host=host, in_force=SettingsInForce.of(settings), state_dir=state_dir, outbox=outbox,
+                   emitter=emitter, sender=sender)
 
 
 def hooks_from(modules: Dict[str, Any]) -> Hooks:
@@ -242,7 +244,8 @@ def test_heartbeat_carries_pairing_and_outbox_depth(tmp_path: Path) -> None:
 
 def test_metrics_job_writes_the_textfile_under_the_state_dir(tmp_path: Path) -> None:
     """Pairing and outbox depth appear in <state_dir>/metrics/gpuguard.prom."""
-    rt = make_runtime(tmp_path, make_fixture_host("gpuless-debian12"))
+    settings = Settings.model_validate({"agent": {"state_dir": str(tmp_path / "state")}})
+    rt = make_runtime(tmp_path, make_fixture_host("gpuless-debian12"), settings)
     SnapshotJob(rt, no_hooks().policy_check).run()
     MetricsJob(rt).run()
     text = (tmp_path / "state" / "metrics" / "gpuguard.prom").read_text()
@@ -342,7 +345,8 @@ def test_a_drain_elsewhere_is_asked_only_with_events_queued_and_its_outcome_kept
     rt = make_runtime(tmp_path, Host(root=Path("/")), endpoint="https://hub.example:8443")
     asked: List[str] = []
     outcomes = [Drained(acknowledged_at_seconds=1700000000.5,
-                        failure=DeliveryError("https://hub.example:8443/v1/events", "server", "HTTP 503", 503),
+                        failure=DeliveryFailure.of(DeliveryError("https://hub.example:8443/v1/events", "server",
+                                                                 "HTTP 503", 503)),
                         failed_batch_events=5),
                 Drained(acknowledged_at_seconds=1700000060.25)]
 

@@ -79,6 +79,7 @@ import os, sys, tempfile, time
 sys.path.insert(0, sys.argv[1])
 from agent.config import parse_settings
 from agent.daemon import Daemon
+from agent.daemon_jobs.resident_settings import SettingsInForce
 from agent.host import Host
 from agent.log import configure
 state = tempfile.mkdtemp()
@@ -86,7 +87,7 @@ settings = parse_settings(f'[agent]\\nstate_dir = "{state}"\\n[snapshot]\\ninter
                           '[daemon]\\nhealth_enabled = false\\npackage_watch_interval_seconds = 0.5\\n'
                           '[report]\\nheartbeat_interval_seconds = 0.5\\ndelivery_interval_seconds = 0.5\\n')
 configure(level="error", json_output=True, stream=open(os.devnull, "w"))
-daemon = Daemon("/nonexistent", settings, Host.for_root("/"))
+daemon = Daemon("/nonexistent", SettingsInForce.of(settings), Host.for_root("/"))
 daemon.start()
 rss = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096
 time.sleep(float(sys.argv[2]))

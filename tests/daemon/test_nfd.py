@@ -100,7 +100,7 @@ def test_a_rollback_reboot_marker_sets_reboot_needed(tmp_path: Path) -> None:
     target = tmp_path / "gpuguard"
     host = replace(make_fixture_host("gpuless-debian12"), root=tmp_path / "root")
     rt = make_runtime(tmp_path, host, nfd_settings(target))
-    marker = host.path(StatePaths(rt.settings.agent.state_dir).reboot_required_packages)
+    marker = host.path(StatePaths(rt.settings.state_dir).reboot_required_packages)
     assert str(marker).startswith(str(tmp_path))
     marker.parent.mkdir(parents=True)
     marker.write_text("amdgpu-dkms\n")
@@ -116,7 +116,7 @@ def test_the_compiled_policy_name_is_a_label_and_follows_a_recompile(tmp_path: P
     target = tmp_path / "gpuguard"
     host = replace(make_fixture_host("gpuless-debian12"), root=tmp_path / "root")
     rt = make_runtime(tmp_path, host, nfd_settings(target))
-    compiled_path = host.path(StatePaths(rt.settings.agent.state_dir).compiled_policy)
+    compiled_path = host.path(StatePaths(rt.settings.state_dir).compiled_policy)
     compiled_path.parent.mkdir(parents=True)
     job = NfdJob(rt)
     for name in ("fleet-a", "fleet b"):

@@ -1,10 +1,12 @@
-"""What the resident ``gpuguard run`` loads: scheduling, outbox, delivery; not what its job children use (#17).
+"""What the resident ``gpuguard run`` loads: scheduling, outbox, delivery; not what its job children use (#17, #28).
 
-The snapshot, the guard's check and the health check run in job children (agent/daemon_jobs/children.py); the
-resident only shows what they hand back. Checked in a fresh interpreter, the way the installed command runs: the
-daemon is started against a fixture root, runs its first snapshot child (and, started again, reads the stored
-snapshot back through a child), heartbeats and delivery (through delivery children, to an endpoint that is down),
-and is stopped.
+The config's validation, the snapshot, the guard's check and forwarding, and the health check run in job children
+(agent/daemon_jobs/children.py); the resident only shows what they hand back. Checked in a fresh interpreter, the way
+the installed command runs (OpenSSL kept out first, as ``gpuguard run`` does): the daemon's settings come
+from a config child, it is started against a fixture root, runs its first snapshot child (and, started again, reads
+the stored snapshot and health result back through a child), heartbeats, delivery (through delivery children, to an
+endpoint that is down), forwards a guard-events line (through a child), reloads its config (SIGHUP's path, through a
+config child that compiles the policy), logs at info, and is stopped.
 """
 
 from __future__ import annotations
@@ -18,36 +20,55 @@ from tests.daemon.conftest import agent_config
 
 FIXTURE_ROOT = ROOTS / "gpuless-debian12"
 
-# Modules (or packages: a name covers its submodules) the resident must not import: the snapshot's records, reader
-# and taker, the health runner and (without a stored result) the health models, the policy engine, the guard's
-# tooling, the status command's models, the collectors, and the sender with requests (delivery's drain).
+# Modules (or packages: a name covers its submodules) the resident must not import: pydantic and every model built
+# on it (the settings, the report events, the pairing, the health and policy models), the snapshot's records, reader
+# and taker, the health runner, the policy engine and its loader, the guard's tooling, the status command's models,
+# the collectors, and the sender with requests (delivery's drain).
 NOT_FOR_THE_RESIDENT = (
+    "pydantic", "pydantic_core", "annotated_types", "agent.models", "agent.config", "agent.configfile",
+    "agent.report.events", "agent.report.settings", "agent.report.credentials", "agent.snapshot.pairing",
     "agent.collectors",
     "agent.snapshot.io", "agent.snapshot.model", "agent.snapshot.take", "agent.snapshot.render",
-    "agent.health.runner", "agent.health.model", "agent.health.probe", "agent.health.baseline",
+    "agent.health.runner", "agent.health.model", "agent.health.probe", "agent.health.baseline", "agent.health.last",
     "agent.report.compliance", "agent.policy.load", "agent.policy.evaluate", "agent.policy.model",
     "agent.guard.rollback", "agent.guard.apt", "agent.guard.dnf", "agent.status.facts",
+    "agent.daemon_jobs.child_main", "agent.daemon_jobs.snapshot",
     "agent.report.sender", "requests", "urllib3", "charset_normalizer", "idna", "certifi",
 )
 
+POLICY = '[policy]\nname = "resident"\n[kernel]\nallow = ["6.1.0-26-amd64"]\n'
+BLOCKED = {"occurred_at": "2026-03-01T12:00:00+00:00", "kind": "transaction_blocked", "tool": "apt",
+           "rule": "kernel.allow", "message": "linux-image-6.2 is not allowed", "packages": {"linux-image-6.2": "1"}}
+
 _PROBE = """
-import json, os, sys, time
+import json, os, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 from agent.daemon_jobs.openssl import keep_openssl_out
 keep_openssl_out()  # as gpuguard run does
-from agent.config import load_settings
 from agent.daemon import Daemon
+from agent.daemon_jobs.children import load_config_in_child
+from agent.daemon_jobs.protocol import ConfigRequest
 from agent.host import Host
-from agent.log import configure
+from agent.log import configure, get_logger
 
-config, root, snapshot_file = sys.argv[2], sys.argv[3], sys.argv[4]
-configure(level="error")  # job_failed shows why a child did not run
+config, root, snapshot_file, events_file = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+import sqlite3
+
+
+def blocked():
+    with sqlite3.connect(os.path.join(os.path.dirname(snapshot_file), "outbox.sqlite3")) as db:
+        return db.execute("SELECT COUNT(*) FROM events WHERE kind = 'transaction_blocked'").fetchone()[0]
+
+
+configure(level="info")
+get_logger("probe").info("probe_started")  # structlog loaded, as in a daemon that logs
 started_ns = time.time_ns()
-daemon = Daemon(config, load_settings(config), Host.for_root(root))
+settings = load_config_in_child(config, root, ConfigRequest(daemon_pid=os.getpid()), None, threading.Event())
+daemon = Daemon(config, settings.in_force(), Host.for_root(root))
 daemon.start()
+state = daemon.runtime.state
 deadline = time.monotonic() + 60
 while time.monotonic() < deadline:
-    state = daemon.runtime.state
     if os.path.exists(snapshot_file) and os.stat(snapshot_file).st_mtime_ns >= started_ns and \\
             state.snapshot_facts is not None and state.pairing is not None:
         break
@@ -55,29 +76,46 @@ while time.monotonic() < deadline:
 else:
     daemon.stop()
     sys.exit("no snapshot run finished within 60 s")
+restored = {"health": state.last_health_status}
 while time.monotonic() < deadline and not state.delivery_failures:  # a delivery child found the endpoint down
     time.sleep(0.05)
+with open(events_file, "a") as handle:  # what the apt hook appends when it blocks a transaction
+    handle.write(sys.argv[6] + "\\n")
+daemon.runners["guard"].request("guard_events_written")
+while time.monotonic() < deadline and not blocked():
+    time.sleep(0.05)
+reloaded = daemon.reload()
 time.sleep(0.5)  # heartbeats and delivery runs after the snapshot
 shown = {"content_hash": state.snapshot_facts.content_hash, "kernel": state.pairing.kernel_running}
-failures = dict(state.delivery_failures)
+result = {"shown": shown, "restored": restored, "failures": dict(state.delivery_failures), "reloaded": reloaded,
+          "blocked": blocked()}
 daemon.stop()
-print(json.dumps({"shown": shown, "failures": failures, "modules": sorted(sys.modules)}))
+print(json.dumps({**result, "modules": sorted(sys.modules)}))
 """
 
 
 def _resident_modules(tmp_path: Path) -> dict:
     out = run_fresh_python(_PROBE, str(tmp_path / "agent.toml"), str(tmp_path / "root"),
-                           str(tmp_path / "state" / "last-snapshot.json"), timeout_seconds=120)
+                           str(tmp_path / "state" / "last-snapshot.json"), str(_guard_events(tmp_path)),
+                           json.dumps(BLOCKED), timeout_seconds=120)
     return json.loads(out.strip().splitlines()[-1])
+
+
+def _guard_events(tmp_path: Path) -> Path:
+    return tmp_path / "root" / str(tmp_path / "state").lstrip("/") / "guard-events.jsonl"
 
 
 def _offenders(modules: list) -> list:
     return sorted(m for m in modules if any(m == bad or m.startswith(bad + ".") for bad in NOT_FOR_THE_RESIDENT))
 
 
-def test_the_resident_loads_no_snapshot_health_policy_or_status_code(tmp_path: Path) -> None:
-    """Neither at the first start nor at a start with a stored snapshot, which a child reads back for it."""
+def test_the_resident_loads_no_pydantic_snapshot_health_policy_or_status_code(tmp_path: Path) -> None:
+    """Neither at the first start nor at a start with a stored snapshot and health result, which a child reads back
+    for it; nor while it forwards a guard event and reloads its config."""
     shutil.copytree(FIXTURE_ROOT, tmp_path / "root", symlinks=True)
+    (tmp_path / "root/etc/gpuguard/policy.d").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "root/etc/gpuguard/policy.d/10-site.toml").write_text(POLICY)
+    _guard_events(tmp_path).parent.mkdir(parents=True)
     token = tmp_path / "token"
     token.write_text("resident-imports-token-0123\n")
     token.chmod(0o600)
@@ -86,8 +124,16 @@ def test_the_resident_loads_no_snapshot_health_policy_or_status_code(tmp_path: P
     first = _resident_modules(tmp_path)
     assert first["shown"]["kernel"] == "6.1.0-26-amd64"
     assert "agent.daemon_jobs.children" in first["modules"] and "apscheduler" in first["modules"]
+    assert "structlog" in first["modules"]
     assert _offenders(first["modules"]) == []
     assert set(first["failures"]) == {"unreachable"}  # the delivery child ran, found the endpoint down, said so
+    assert first["blocked"] == 1 and first["reloaded"] is True  # the forwarding and config children ran
+    compiled = tmp_path / "root" / str(tmp_path / "state").lstrip("/") / "policy.compiled.json"
+    assert json.loads(compiled.read_text())["name"] == "resident"  # compiled by the reload's config child
+    health = tmp_path / "state" / "health" / "last.json"
+    health.parent.mkdir(exist_ok=True)
+    health.write_text(json.dumps({"status": "pass", "summary": "ok", "started_at": "2026-06-01T12:00:00+00:00",
+                                  "wall_seconds": 42.0}))
     again = _resident_modules(tmp_path)
-    assert again["shown"] == first["shown"]
+    assert again["shown"] == first["shown"] and again["restored"] == {"health": "pass"}
     assert _offenders(again["modules"]) == []

@@ -13,6 +13,7 @@ from agent.config import Settings
 from agent.daemon import Daemon
 from agent.daemon_jobs.hooks import Hooks
 from agent.daemon_jobs.job_runner import JobRunner
+from agent.daemon_jobs.resident_settings import SettingsInForce
 from agent.daemon_jobs.systemd_notify import SystemdNotifier
 from agent.host import Host
 
@@ -114,7 +115,7 @@ def test_slow_job_never_overlaps_itself_nor_stalls_the_others(tmp_path: Path) ->
                                                            "health_interval_seconds": 0.1,
                                                            "health_first_run_seconds": 0},
         "report": {"heartbeat_interval_seconds": 0.1, "metrics_enabled": False}})
-    daemon = Daemon("/nonexistent/agent.toml", settings, Host(root=Path("/")), SystemdNotifier({}),
+    daemon = Daemon("/nonexistent/agent.toml", SettingsInForce.of(settings), Host(root=Path("/")), SystemdNotifier({}),
                     hooks)
     daemon.start()
     time.sleep(0.3)

@@ -10,15 +10,15 @@ import pytest
 
 from agent.integrations import nfd
 from agent.integrations.nfd import NfdView, is_label_value, label_value, render_features, write_features
-from agent.snapshot.pairing import Pairing
+from agent.report.plain import PlainPairing
 from tests.integrations.features_format import FormatError, parse_features
 
 NOW = dt.datetime(2026, 12, 3, 15, 57, 37, tzinfo=dt.timezone.utc)
 EXPIRES = NOW + dt.timedelta(hours=1)
-ROCM_HOST = Pairing(os_id="ubuntu", os_version_id="22.04", kernel_running="6.8.0-45-generic",
+ROCM_HOST = PlainPairing(os_id="ubuntu", os_version_id="22.04", kernel_running="6.8.0-45-generic",
                     kernel_next_boot="6.8.0-45-generic", amdgpu_loaded="6.8.5", rocm="6.2.4",
                     gpu_count=8, gpu_models="AMD Instinct MI300X")
-CUDA_HOST = Pairing(os_id="rhel", os_version_id="9.4", kernel_running="5.14.0-427.13.1.el9_4.x86_64",
+CUDA_HOST = PlainPairing(os_id="rhel", os_version_id="9.4", kernel_running="5.14.0-427.13.1.el9_4.x86_64",
                     kernel_next_boot="5.14.0-503.11.1.el9_5.x86_64", nvidia_loaded="550.54.15",
                     cuda_driver_api="12.4", gpu_count=8, gpu_models="NVIDIA H200")
 
@@ -117,7 +117,7 @@ def test_is_label_value_follows_the_kubernetes_rule(value: str, valid: bool) -> 
 
 def test_hostile_pairing_strings_still_render_a_valid_file() -> None:
     """Spaces, colons, slashes, newlines and overlong strings from a host never break the format."""
-    odd = Pairing(os_id="evil\nhost=1", os_version_id="x/y", kernel_running="k " * 80, rocm=":::",
+    odd = PlainPairing(os_id="evil\nhost=1", os_version_id="x/y", kernel_running="k " * 80, rocm=":::",
                   amdgpu_loaded="\u00e9" * 5, gpu_count=1)
     _, found = parse_features(render_features(NfdView(agent_version="v", pairing=odd), EXPIRES))
     assert found["gpuguard.io/os"] == "evil_host_1-x_y"

@@ -7,7 +7,7 @@ import stat
 from pathlib import Path
 
 from agent.report.metrics import MetricsView, escape_label_value, render_metrics, write_textfile
-from agent.snapshot.pairing import Pairing
+from agent.report.plain import PlainPairing
 
 EXPECTED = """\
 # HELP gpuguard_agent_info gpuguard agent version.
@@ -58,7 +58,7 @@ gpuguard_delivery_failures_total{category="unreachable"} 2
 
 def test_render_shows_pairing_compliance_health_and_outbox() -> None:
     """The whole textfile for a typical MI300X host that is out of policy, with a queued backlog."""
-    pairing = Pairing(os_id="ubuntu", os_version_id="22.04", kernel_running="6.8.0-45-generic",
+    pairing = PlainPairing(os_id="ubuntu", os_version_id="22.04", kernel_running="6.8.0-45-generic",
                       amdgpu_loaded="6.8.5", amdgpu_dkms_package="1:6.8.5.60202-2041575.22.04", rocm="6.2.2",
                       rocm_core_package="6.2.2.60202-116~22.04", gpu_count=8, gpu_models="MI300X")
     view = MetricsView(agent_version="0.1.0", start_time_seconds=1700000000.0, pairing=pairing,

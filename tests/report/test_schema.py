@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agent.report.events import NEVER_DROPPED_KINDS
+from agent.report.plain import NEVER_DROPPED_KINDS
 from agent.report.schema import SCHEMA_FILENAME, event_batch_schema, render_schema
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"

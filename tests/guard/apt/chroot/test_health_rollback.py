@@ -79,7 +79,7 @@ def test_cpu_fallback_after_an_allowed_upgrade_restores_the_exact_previous_versi
         installed = chroot.installed()
         assert {n: installed.get(n) for n in STACK} == {n: BASELINE[n] for n in STACK}
         assert chroot.run("apt-get", "check").returncode == 0
-        assert (summary["rollback"], summary["recheck_status"], summary["status"]) == ("rolled_back", "pass", "pass")
+        assert (summary.rollback, summary.recheck_status, summary.status) == ("rolled_back", "pass", "pass")
         assert probe.seen == [("functional", ROCM_63, "cpu_fallback"), ("functional", BASELINE["rocm-core"], "pass")]
         events = [(e.kind, e.severity) for e in outbox.pending(10)]
         assert events == [("cpu_fallback", "critical"), ("rollback", "warning")]

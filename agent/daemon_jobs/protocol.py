@@ -1,0 +1,200 @@
+"""What the resident daemon and its job children say to each other: one request and one result record per job.
+
+    job           request            result
+    config        ConfigRequest      ConfigResult       the settings validated (start, SIGHUP), the policy compiled
+    restore       JobRequest         RestoreResult      what the previous run stored: the snapshot's facts, the health
+    snapshot      SnapshotRequest    SnapshotResult     compliance, a stack change, the stored snapshot's facts
+    guard_check   JobRequest         GuardCheckResult   check_and_rollback's status, or its error / interruption
+    guard_events  JobRequest         ForwardResult      guard-events.jsonl lines forwarded to the outbox
+    health        HealthRequest      HealthChildResult  what the check found (HealthSummary), the last status
+    deliver       JobRequest         DeliverResult      how far the drain got (delivery.Drained)
+
+The request travels as JSON on the child's command line (``--request``), the result as a JSON file the child writes
+(``--result``), wrapped in a :class:`ChildReply` with the child's peak RSS. Both are :class:`JsonRecord` s, read back
+checked field by field: a result that is not what its record says (a field missing, of another type, unknown) is a
+failed child (``ChildJobFailed`` naming the field, agent/daemon_jobs/children.py), never a KeyError in the daemon.
+Every result of a job that writes to the outbox says how many ``events`` it committed, so the daemon wakes delivery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Optional, Tuple
+
+from agent.daemon_jobs.delivery import Drained
+from agent.daemon_jobs.resident_settings import ConfigProblem, ResidentSettings, SettingsInForce
+from agent.daemon_jobs.runtime import SnapshotFacts
+from agent.errors import ConfigError
+from agent.jsonrecord import JsonObject, JsonRecord
+from agent.report.plain import PlainPairing
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.guard.rollback.core import GuardResult
+
+# The health modes the daemon's schedule asks for (None: the configured mode).
+AskedMode = Literal["functional", "full"]
+
+
+@dataclass(frozen=True)
+class ChildContext(JsonRecord):
+    """What every job child needs from the daemon's memory: the settings in force (the validated JSON of the config
+    child: a reload it refused keeps the old ones), the host id and name events are stamped with, the daemon's pid."""
+
+    settings: JsonObject
+    host_id: str
+    hostname: str
+    daemon_pid: Optional[int] = None  # None: run by hand (no stop on the daemon's death)
+
+
+@dataclass(frozen=True)
+class JobRequest(JsonRecord):
+    """A job's request: the context and why it runs (``interval``, ``package_change``, ...)."""
+
+    context: ChildContext
+    reason: str
+
+
+@dataclass(frozen=True)
+class SnapshotRequest(JobRequest):
+    """The snapshot job's: also the rules already reported as violated (each violation is reported once)."""
+
+    violated_rules: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HealthRequest(JobRequest):
+    """The health job's: the mode the schedule asks for, and whether a package change is being judged."""
+
+    mode: Optional[AskedMode] = None
+    after_change: bool = False
+
+
+@dataclass(frozen=True)
+class ConfigRequest(JsonRecord):
+    """The config job's: the settings in force (None at start), and whether to compile the policy (SIGHUP)."""
+
+    in_force: Optional[JsonObject] = None
+    compile_policy: bool = False
+    daemon_pid: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class ChildReply(JsonRecord):
+    """What a child writes to its result file: its job's result and its own peak RSS (VmHWM)."""
+
+    peak_rss_kib: int
+    result: JsonObject
+
+
+@dataclass(frozen=True)
+class ConfigResult(JsonRecord):
+    """The config file validated: the resident's view and the whole as JSON, or why it cannot be used."""
+
+    view: Optional[ResidentSettings] = None
+    dump: Optional[JsonObject] = None
+    problem: Optional[ConfigProblem] = None
+
+    def __post_init__(self) -> None:
+        if (self.problem is None) == (self.view is None or self.dump is None):
+            raise ValueError("a config result holds either the settings (view and dump) or a problem")
+
+    def in_force(self) -> SettingsInForce:
+        """The settings to run with; ConfigError with every problem of a file that cannot be used."""
+        if self.problem is not None:
+            raise ConfigError(self.problem.path, self.problem.problems)
+        assert self.view is not None and self.dump is not None  # __post_init__
+        return SettingsInForce(self.view, self.dump)
+
+
+@dataclass(frozen=True)
+class HealthSeen(JsonRecord):
+    """A health result's status and when the check started (Unix time)."""
+
+    status: str
+    at_seconds: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class RestoreResult(JsonRecord):
+    """What the previous run stored, read back for the daemon at its start (a damaged file reported by the child)."""
+
+    events: int
+    snapshot: Optional[SnapshotFacts] = None
+    pairing: Optional[PlainPairing] = None
+    health: Optional[HealthSeen] = None
+
+
+@dataclass(frozen=True)
+class SnapshotResult(JsonRecord):
+    """One snapshot run: compliance, the rules violated now, a stack change, the stored snapshot's facts."""
+
+    events: int
+    compliant: Optional[bool]
+    violated_rules: Tuple[str, ...]
+    stack_changed: Optional[str]  # the reason the health check is asked with, None: the stack did not move
+    hostname: str
+    snapshot: Optional[SnapshotFacts] = None
+    pairing: Optional[PlainPairing] = None
+
+
+@dataclass(frozen=True)
+class GuardChecked(JsonRecord):
+    """What one ``check_and_rollback`` found and did (agent.guard.rollback.core.GuardResult, as the daemon logs it)."""
+
+    status: str
+    detail: str = ""
+    reboot_required: bool = False
+
+    @classmethod
+    def of(cls, result: GuardResult) -> GuardChecked:
+        return cls(status=result.status, detail=result.detail, reboot_required=result.reboot_required)
+
+
+@dataclass(frozen=True)
+class GuardCheckResult(JsonRecord):
+    """The guard check child's outcome: checked, failed (``expected``: a known error, no traceback) or interrupted."""
+
+    checked: Optional[GuardChecked] = None
+    error: Optional[str] = None
+    expected: bool = False
+    interrupted: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class ForwardResult(JsonRecord):
+    """guard-events.jsonl forwarded: how many lines became events (``events`` also counts quarantine reports)."""
+
+    events: int
+    forwarded: int
+
+
+@dataclass(frozen=True)
+class HealthSummary(JsonRecord):
+    """What one health check found: its status, when, in which mode, whether other jobs were on the GPUs, and what
+    the after-change gate did (a rollback and its recheck)."""
+
+    status: str
+    at_seconds: Optional[float]
+    mode: Optional[str] = None
+    busy: bool = False
+    tenants: Tuple[str, ...] = ()
+    rollback: Optional[str] = None
+    reboot_required: bool = False
+    recheck_status: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class HealthChildResult(JsonRecord):
+    """The health child's outcome: the check's summary (None: none ran) and the last status it knows."""
+
+    events: int
+    summary: Optional[HealthSummary] = None
+    last: Optional[HealthSeen] = None
+
+
+@dataclass(frozen=True)
+class DeliverResult(JsonRecord):
+    """The delivery child's drain."""
+
+    events: int
+    drained: Drained
