@@ -15,7 +15,8 @@ children.py) so that the collectors, GPU bindings, policy engine, apt/dnf toolin
 resident; the daemon keeps the schedule, the outbox, delivery's backoff, heartbeats, metrics and the package watch,
 and holds the settings as the config child hands them over (agent/daemon_jobs/resident_settings.py). SIGTERM
 reaches a running child through ``stopping`` and is waited for. Tests that hand in fake hooks run every body
-in-process. ``gpuguard run`` keeps OpenSSL out of the process (agent/daemon_jobs/openssl.py).
+in-process. ``gpuguard run`` keeps OpenSSL and asyncio out of the process (agent/daemon_jobs/openssl.py,
+lazy_asyncio.py).
 
 Under systemd (``Type=notify``) it sends READY=1 once running, WATCHDOG=1 at half of WATCHDOG_USEC from a
 scheduler job (so a wedged scheduler stops the pings), STATUS= lines, and STOPPING=1.

@@ -2,7 +2,7 @@
 
 The config's validation, the snapshot, the guard's check and forwarding, and the health check run in job children
 (agent/daemon_jobs/children.py); the resident only shows what they hand back. Checked in a fresh interpreter, the way
-the installed command runs (OpenSSL kept out first, as ``gpuguard run`` does): the daemon's settings come
+the installed command runs (OpenSSL and asyncio kept out first, as ``gpuguard run`` does): the daemon's settings come
 from a config child, it is started against a fixture root, runs its first snapshot child (and, started again, reads
 the stored snapshot and health result back through a child), heartbeats, delivery (through delivery children, to an
 endpoint that is down), forwards a guard-events line (through a child), reloads its config (SIGHUP's path, through a
@@ -23,7 +23,8 @@ FIXTURE_ROOT = ROOTS / "gpuless-debian12"
 # Modules (or packages: a name covers its submodules) the resident must not import: pydantic and every model built
 # on it (the settings, the report events, the pairing, the health and policy models), the snapshot's records, reader
 # and taker, the health runner, the policy engine and its loader, the guard's tooling, the status command's models,
-# the collectors, and the sender with requests (delivery's drain).
+# the collectors, the sender with requests (delivery's drain), and asyncio's event loop (agent/daemon_jobs/
+# lazy_asyncio.py).
 NOT_FOR_THE_RESIDENT = (
     "pydantic", "pydantic_core", "annotated_types", "agent.models", "agent.config", "agent.configfile",
     "agent.report.events", "agent.report.settings", "agent.report.credentials", "agent.snapshot.pairing",
@@ -34,6 +35,7 @@ NOT_FOR_THE_RESIDENT = (
     "agent.guard.rollback", "agent.guard.apt", "agent.guard.dnf", "agent.status.facts",
     "agent.daemon_jobs.child_main", "agent.daemon_jobs.snapshot",
     "agent.report.sender", "requests", "urllib3", "charset_normalizer", "idna", "certifi",
+    "asyncio.base_events", "asyncio.events",
 )
 
 POLICY = '[policy]\nname = "resident"\n[kernel]\nallow = ["6.1.0-26-amd64"]\n'
@@ -44,7 +46,9 @@ _PROBE = """
 import json, os, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 from agent.daemon_jobs.openssl import keep_openssl_out
+from agent.daemon_jobs.lazy_asyncio import defer_asyncio
 keep_openssl_out()  # as gpuguard run does
+defer_asyncio()
 from agent.daemon import Daemon
 from agent.daemon_jobs.children import load_config_in_child
 from agent.daemon_jobs.protocol import ConfigRequest

@@ -1,0 +1,68 @@
+"""asyncio left unloaded in the resident daemon until something really uses it.
+
+structlog (``structlog/_native.py``, ``stdlib.py``) and apscheduler (``apscheduler/util.py``, ``from asyncio import
+iscoroutinefunction``) import asyncio at their top, and neither uses it in ``gpuguard run``: structlog only in its
+``a*`` coroutine methods, apscheduler only in its asyncio and tornado executors (the daemon runs a thread pool).
+Loaded, asyncio and the modules only it brings (its event loops, ``subprocess``, ``selectors``...) held about 1.3 MiB
+of the resident's RSS, a twentieth (issue #28).
+
+:func:`defer_asyncio` puts a stand-in in ``sys.modules``: the first read of any attribute (``asyncio.get_running_loop``,
+its ``__all__``) imports the real asyncio and answers from it, and from then on ``import asyncio`` gives the real
+module; ``iscoroutinefunction``, which apscheduler binds at import, does the same when first called. The stand-in
+has asyncio's ``__path__`` (found, not run), so ``from asyncio import iscoroutinefunction`` does not load it to ask
+whether asyncio is a package. So nothing that uses asyncio breaks: it only loads later, which in the daemon is never.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import threading
+import types
+from typing import Callable
+
+_lock = threading.RLock()
+
+
+class DeferredAsyncio(types.ModuleType):
+    """Stands in for asyncio in ``sys.modules`` until an attribute is read."""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(_real_asyncio(), name)
+
+
+def _real_asyncio() -> types.ModuleType:
+    with _lock:
+        found = sys.modules.get("asyncio")
+        if isinstance(found, DeferredAsyncio):
+            del sys.modules["asyncio"]
+            try:
+                return importlib.import_module("asyncio")
+            except BaseException:
+                sys.modules["asyncio"] = found
+                raise
+        if found is None:
+            return importlib.import_module("asyncio")
+        return found
+
+
+def _iscoroutinefunction(func: Callable[..., object]) -> bool:
+    real: Callable[[Callable[..., object]], bool] = _real_asyncio().iscoroutinefunction
+    return real(func)
+
+
+def defer_asyncio() -> bool:
+    """Put the stand-in in place (call before structlog or apscheduler is imported); False when asyncio is loaded
+    already (then nothing changes)."""
+    with _lock:
+        if "asyncio" in sys.modules:
+            return False
+        spec = importlib.util.find_spec("asyncio")
+        if spec is None or spec.submodule_search_locations is None:
+            return False
+        stand_in = DeferredAsyncio("asyncio", "asyncio, imported when first used (agent/daemon_jobs/lazy_asyncio.py)")
+        stand_in.__path__ = list(spec.submodule_search_locations)
+        stand_in.iscoroutinefunction = _iscoroutinefunction  # type: ignore[attr-defined]
+        sys.modules["asyncio"] = stand_in
+        return True
