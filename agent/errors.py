@@ -30,6 +30,7 @@ reaches the CLI.
     SpecError (agent/policy/spec.py): a ValueError, so the policy model's validators place it at its field
     FreezeRefused (agent/policy/freeze.py): the pure renderer's refusal, which `policy freeze` prints and exits on
     MalformedRecord (agent/daemon_jobs/guard_events.py): a guard-events line the forwarder quarantines and skips
+    RecordError (agent/jsonrecord.py): a job child's malformed JSON, made ChildJobFailed or UsageError where read
     ProtocolError (agent/guard/dnf/dnf5_action.py): garbage from dnf5 on the hot path, which the fail-safe decides
     HubHTTPError (agent/hub/responses.py): an HTTP refusal, which the hub app answers with its status and JSON body
     BodyTooLarge (agent/hub/middleware.py): a request body over the limit, answered 413 by the body-size wrapper
