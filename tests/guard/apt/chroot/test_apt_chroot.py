@@ -266,7 +266,7 @@ def test_one_daemon_guard_tick_rolls_back_dpkg_i_and_queues_the_events(chroot: C
     assert forced.returncode == 0, forced.stderr
     rt = make_runtime(tmp_path, Host.for_root(str(chroot.root)))
     asked = []
-    job = GuardJob(rt, GuardEventForwarder(rt, str(chroot.state_dir / "guard-events.jsonl")),
+    job = GuardJob(rt, GuardEventForwarder(rt, str(chroot.state_dir / "guard-events.jsonl")).run,
                    on_checked=lambda reason: asked.append((reason, [e.kind for e in rt.outbox.pending(1000)])))
     try:
         job.run("package_change")

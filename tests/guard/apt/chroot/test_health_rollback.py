@@ -12,6 +12,7 @@ import pytest
 from agent.config import Settings
 from agent.daemon_jobs.health import HealthJob
 from agent.daemon_jobs.hooks import Hooks
+from agent.daemon_jobs.resident_settings import SettingsInForce
 from agent.daemon_jobs.runtime import EventEmitter, Runtime
 from agent.host import Host
 from agent.report.events import CpuFallback
@@ -67,7 +68,8 @@ def test_cpu_fallback_after_an_allowed_upgrade_restores_the_exact_previous_versi
 
         outbox = Outbox(str(tmp_path / "outbox.sqlite3"))
         emitter = EventEmitter(outbox, "test-host", "chroot", host.clock)
-        rt = Runtime(host=host, settings=settings, state_dir=str(tmp_path), outbox=outbox, emitter=emitter)
+        rt = Runtime(host=host, in_force=SettingsInForce.of(settings), state_dir=str(tmp_path), outbox=outbox,
+                     emitter=emitter)
         probe = ProbeOfThisRoot(chroot)
 
         def rollback(*args: Any, **kwargs: Any) -> Any:

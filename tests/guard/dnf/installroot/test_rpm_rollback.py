@@ -289,7 +289,7 @@ def test_one_daemon_guard_tick_rolls_back_rpm_u_and_queues_the_events(root: Inst
     settings = AgentSettings.model_validate({"guard": {"dnf_options": ["-c", str(root.dnf_conf), "--releasever=9"],
                                                        "lock_timeout_seconds": 5}})
     rt = make_runtime(tmp_path, host_for(root), settings)
-    job = GuardJob(rt, GuardEventForwarder(rt, str(root.state_dir / "guard-events.jsonl")))
+    job = GuardJob(rt, GuardEventForwarder(rt, str(root.state_dir / "guard-events.jsonl")).run)
     try:
         job.run("package_change")
         assert root.nevras() == before
