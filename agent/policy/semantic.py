@@ -393,8 +393,9 @@ def _companion_problems(enabled: Sequence[str], inventory: Inventory) -> List[Pr
             if package_name(key) in companions.DCGM_EXPORTER_PACKAGES and companions.exporter_pairing(version) is None:
                 out.append(Problem("companions -> dcgm_exporter",
                                    f"{package_name(key)} {version} installed here is not in gpuguard's dcgm-exporter "
-                                   f"table (recorded {companions.EXPORTER_TABLE_RECORDED}): the rule refuses any "
-                                   f"change while it is installed; set dcgm_exporter = false or update gpuguard",
+                                   f"table (recorded {companions.EXPORTER_TABLE_RECORDED}): changes to DCGM or the "
+                                   f"exporter are refused while it is installed; set dcgm_exporter = false or "
+                                   f"update gpuguard",
                                    WARNING))
     return out
 

@@ -196,3 +196,86 @@ def test_semantic_check_warns_about_rules_with_nothing_to_judge(tmp_path: Path) 
     off = load_policy(str(_write(tmp_path, POLICY + "fabricmanager = false\namdsmi = false\ndcgm = false\n"
                                                     "dcgm_exporter = true\n")))
     assert not [p for p in check_policy(off.parts, off.policy, None, None) if p.where == "companions"]
+
+
+# --- DCGM and dcgm-exporter -------------------------------------------------------------------------------------
+
+DCGM_HOST = {"datacenter-gpu-manager-4-core": "1:4.6.1-1", "datacenter-gpu-manager-4-cuda13": "1:4.6.1-1",
+             "datacenter-gpu-manager-4-proprietary": "1:4.6.1-1", "dcgm-exporter": "4.8.4-ubuntu24.04u1"}
+
+
+def test_dcgm_split_across_releases_is_refused_naming_each_release(tmp_path: Path) -> None:
+    """4.7.1's core beside 4.7.0's cuda13 package (rpm versions, epoch 1): libdcgm and nv-hostengine of two
+    releases, refused with both named."""
+    policy = _compiled(tmp_path, POLICY + "dcgm_exporter = false\n")
+    before = {"datacenter-gpu-manager-4-core": "1:4.7.0-1", "datacenter-gpu-manager-4-cuda13": "1:4.7.0-1"}
+    found = _judge(policy, before, {**before, "datacenter-gpu-manager-4-core": "1:4.7.1-1"})
+    assert [v.message for v in found] == [
+        "DCGM's packages are not one release: 4.7.0 (datacenter-gpu-manager-4-cuda13), 4.7.1 "
+        "(datacenter-gpu-manager-4-core); libdcgm and nv-hostengine of different releases fail with 'API version "
+        "mismatch'"]
+    assert _judge(policy, before, {k: "1:4.7.1-1" for k in before}) == []
+
+
+def test_dcgm_3_beside_dcgm_4_is_two_releases(tmp_path: Path) -> None:
+    """The monolithic DCGM 3 package left beside DCGM 4's split packages is judged like any split."""
+    policy = _compiled(tmp_path, POLICY + "dcgm_exporter = false\n")
+    found = _judge(policy, {"datacenter-gpu-manager": "1:3.3.6"},
+                   {"datacenter-gpu-manager": "1:3.3.6", "datacenter-gpu-manager-4-core": "1:4.5.2-1"})
+    assert [v.rule for v in found] == ["companion.dcgm"]
+
+
+@pytest.mark.parametrize("version, expected", [
+    ("4.8.4-ubuntu24.04u1", ("4.8.4", "4.6.1", ("4.6",))),  # Microsoft's build: the exporter's version only
+    ("4.9.0-1", ("4.9.0", "4.7.0", ("4.7",))),
+    ("4.8.3-1.el9", ("4.8.3", "4.6.0", ("4.6",))),
+    ("1:4.5.2-4.8.1-1", ("4.8.1", "4.5.2", ("4.5",))),  # the release tag's form: the pair is in the version
+    ("4.4.1-4.5.2", ("4.5.2", "4.4.1", ("4.4",))),
+    ("4.8.9-1", None),  # a release the table does not know
+])
+def test_exporter_versions_say_which_dcgm_they_were_built_for(version: str, expected) -> None:
+    """Package versions carry the exporter's release (looked up in the table) or the ``<dcgm>-<exporter>`` pair."""
+    from agent.policy.companions import exporter_pairing
+
+    found = exporter_pairing(version)
+    assert (found[:3] if found else None) == expected
+
+
+def test_exporter_beside_a_dcgm_of_another_series_is_refused(tmp_path: Path) -> None:
+    """DCGM moving to 4.7 under dcgm-exporter 4.8.4 (built with 4.6.1): refused, naming both; the exporter
+    moving with it to 4.9.0 passes; no DCGM at all is refused too."""
+    policy = _compiled(tmp_path)
+    dcgm = [k for k in DCGM_HOST if k != "dcgm-exporter"]
+    found = _judge(policy, DCGM_HOST, _upgrade(DCGM_HOST, dcgm, "1:4.7.0-1"))
+    assert [v.message for v in found] == [
+        "dcgm-exporter 4.8.4 (built with DCGM 4.6.1) needs DCGM 4.6.x; the host has DCGM 4.7.0 "
+        "(datacenter-gpu-manager-4-core, datacenter-gpu-manager-4-cuda13, datacenter-gpu-manager-4-proprietary)"]
+    assert set(found[0].packages) == {"dcgm-exporter", *dcgm}
+    assert _judge(policy, DCGM_HOST, {**_upgrade(DCGM_HOST, dcgm, "1:4.7.0-1"), "dcgm-exporter": "4.9.0-1"}) == []
+    gone = _judge(policy, DCGM_HOST, {"dcgm-exporter": DCGM_HOST["dcgm-exporter"]})
+    assert [v.message.split("; ")[1] for v in gone] == ["the host has no DCGM package"]
+
+
+def test_explain_and_freeze_know_the_dcgm_rules(tmp_path: Path) -> None:
+    """A host with DCGM 4.6.1 and the exporter built for it: explain is compliant and names both rules; freeze
+    turns both on."""
+    explanation = explain(_compiled(tmp_path), HostFacts(installed=DCGM_HOST, manager="dpkg"))
+    assert explanation.violations == []
+    assert any(ln.startswith("companion.dcgm_exporter: dcgm-exporter must run with a DCGM of the series")
+               for ln in explanation.lines)
+    text = render_freeze(FreezeFacts(installed=DCGM_HOST, hostname="dgx", running_kernel="6.8.0-45-generic"))
+    assert "dcgm = true  # DCGM's packages must be one release" in text
+    assert "dcgm_exporter = true  # dcgm-exporter must run with" in text
+    assert '"datacenter-gpu-manager-4-core",  # installed 1:4.6.1-1' in text  # and frozen at its build
+
+
+def test_semantic_check_warns_about_an_exporter_the_table_does_not_know(tmp_path: Path) -> None:
+    """``policy check`` on a host with an exporter release outside the table says the rule refuses changes
+    while it is installed."""
+    loaded = load_policy(str(_write(tmp_path, POLICY)))
+    problems = check_policy(loaded.parts, loaded.policy, None,
+                            Inventory(installed={**DCGM_HOST, "dcgm-exporter": "4.8.9-1"}))
+    assert [p.message for p in problems if p.where == "companions -> dcgm_exporter"] == [
+        "dcgm-exporter 4.8.9-1 installed here is not in gpuguard's dcgm-exporter table (recorded 2026-12-04): "
+        "changes to DCGM or the exporter are refused while it is installed; set dcgm_exporter = false or update "
+        "gpuguard"]

@@ -90,6 +90,39 @@ def test_fabric_manager_against_the_loaded_module_when_no_package_carries_the_dr
     assert run_hook(root, HEAD + line("nvidia-fabricmanager-580", "-", "580.95.05-1"), now=NOW)[0] == exits.EXIT_ALLOW
 
 
+def test_half_a_dcgm_upgrade_is_refused(root: Path) -> None:
+    """Upgrading datacenter-gpu-manager-4-core to 4.7.1 without -cuda13 splits DCGM across releases: refused;
+    the exporter built with 4.6 is refused beside 4.7 too."""
+    code, out = run_hook(root, HEAD + line("datacenter-gpu-manager-4-core", "1:4.6.1-1", "1:4.7.1-1"), now=NOW)
+    assert code == exits.EXIT_REFUSED
+    assert {r.split(")")[0] for r in _refusals(out)} == {"gpuguard: REFUSED (companion.dcgm",
+                                                          "gpuguard: REFUSED (companion.dcgm_exporter"}
+    assert "DCGM's packages are not one release: 4.6.1 (datacenter-gpu-manager-4-cuda13), 4.7.1 " \
+           "(datacenter-gpu-manager-4-core)" in out
+    assert "dcgm-exporter 4.8.4 (built with DCGM 4.6.1) needs DCGM 4.6.x; the host has DCGM 4.6.1 " \
+           "(datacenter-gpu-manager-4-cuda13), 4.7.1 (datacenter-gpu-manager-4-core)" in out
+
+
+def test_dcgm_and_exporter_moving_to_a_tested_pairing_pass(root: Path) -> None:
+    """DCGM 4.7.0 (both packages) with dcgm-exporter 4.9.0, which NVIDIA tested with DCGM 4.7, passes."""
+    text = HEAD + line("datacenter-gpu-manager-4-core", "1:4.6.1-1", "1:4.7.0-1")
+    text += line("datacenter-gpu-manager-4-cuda13", "1:4.6.1-1", "1:4.7.0-1") + line("dcgm-exporter", "4.8.4-1",
+                                                                                   "4.9.0-1")
+    assert run_hook(root, text, now=NOW) == (exits.EXIT_ALLOW, "")
+
+
+def test_exporter_upgrade_beyond_the_host_dcgm_is_refused(root: Path) -> None:
+    """dcgm-exporter 4.9.0 (built with DCGM 4.7) on the host's DCGM 4.6.1 is refused; an exporter release the table
+    does not know is refused saying so."""
+    code, out = run_hook(root, HEAD + line("dcgm-exporter", "4.8.4-1", "4.9.0-1"), now=NOW)
+    assert code == exits.EXIT_REFUSED
+    assert "dcgm-exporter 4.9.0 (built with DCGM 4.7.0) needs DCGM 4.7.x; the host has DCGM 4.6.1 " \
+           "(datacenter-gpu-manager-4-core, datacenter-gpu-manager-4-cuda13)" in out
+    code, out = run_hook(root, HEAD + line("dcgm-exporter", "4.8.4-1", "4.8.9-1"), now=NOW)
+    assert code == exits.EXIT_REFUSED
+    assert "dcgm-exporter 4.8.9-1 is not in gpuguard's dcgm-exporter table" in out
+
+
 def _check(root: Path, installed, items) -> Tuple[int, str]:
     err = io.StringIO()
     text = json.dumps(request_document(installed, items, command_line="dnf upgrade"))
