@@ -279,3 +279,56 @@ def test_semantic_check_warns_about_an_exporter_the_table_does_not_know(tmp_path
         "dcgm-exporter 4.8.9-1 installed here is not in gpuguard's dcgm-exporter table (recorded 2026-12-04): "
         "changes to DCGM or the exporter are refused while it is installed; set dcgm_exporter = false or update "
         "gpuguard"]
+
+
+# --- the amdsmi binding and libamd_smi --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, version, release", [
+    ("amd-smi-lib", "26.0.2.70002-56~24.04", "7.0.2"),  # ROCm's code in the library's own version
+    ("amd-smi-lib", "24.7.1.60300-39~22.04", "6.3.0"),
+    ("amd-smi-lib7.0.2", "26.0.2.70002-56~24.04", "7.0.2"),  # a side-by-side install names its release
+    ("amdrocm-amdsmi7.13", "7.13.0-1", "7.13"),  # TheRock's release in the name
+    ("libamd-smi27", "10.1-1", "10.1"),  # Debian's library: the upstream version
+    ("libamd-smi0", "6.1.2-1", "6.1.2"),
+])
+def test_amdsmi_library_releases(name: str, version: str, release: str) -> None:
+    """The ROCm release an amdsmi library package stands for, from its name or its version."""
+    from agent.policy.companions import amdsmi_library_release
+
+    assert amdsmi_library_release(name, version) == release
+
+
+def test_debian_binding_and_library_of_one_release(tmp_path: Path) -> None:
+    """Debian's amd-smi (the binding) beside libamd-smi0 of its own release passes; with the library moved to
+    another release (or removed) it is refused naming both."""
+    policy = _compiled(tmp_path)
+    host = {"amd-smi": "6.1.2-1", "libamd-smi0": "6.1.2-1"}
+    assert _judge(policy, {}, host) == []
+    assert [v.message for v in _judge(policy, host, {**host, "libamd-smi0": "6.4.1-1"})] == [
+        "amd-smi 6.1.2-1 needs libamd_smi of ROCm 6.1; the transaction leaves libamd_smi of 6.4.1 (libamd-smi0)"]
+    assert [v.message for v in _judge(policy, host, {"amd-smi": "6.1.2-1"})] == [
+        "amd-smi 6.1.2-1 needs libamd_smi of ROCm 6.1; the transaction leaves no amdsmi library package"]
+
+
+def test_pip_binding_judged_against_every_library_release_present(tmp_path: Path) -> None:
+    """A pip amdsmi 7.13.0 binding on a host with classic ROCm 6.4 and TheRock 7.13 side by side passes (a library
+    of its release is there); removing TheRock's amdsmi leaves it none."""
+    policy = _compiled(tmp_path)
+    context = HostContext(amdsmi_binding=("7.13.0", "/usr/local/lib/python3.12/dist-packages"))
+    host = {"amd-smi-lib": "25.5.1.60401-83~24.04", "amdrocm-amdsmi7.13": "7.13.0-1"}
+    assert _judge(policy, host, host, context) == []
+    found = _judge(policy, host, {"amd-smi-lib": host["amd-smi-lib"]}, context)
+    assert [v.message for v in found] == [
+        "the pip amdsmi binding 7.13.0 (/usr/local/lib/python3.12/dist-packages) needs libamd_smi of ROCm 7.13; the "
+        "transaction leaves libamd_smi of 6.4.1 (amd-smi-lib)"]
+    assert set(found[0].packages) == {"amd-smi-lib", "amdrocm-amdsmi7.13"}
+
+
+def test_freeze_with_a_pip_binding_that_disagrees_leaves_amdsmi_off(tmp_path: Path) -> None:
+    """Freeze on a host whose pip binding (PyPI 7.0.2) sits on ROCm 6.4's library: amdsmi off, saying why."""
+    text = render_freeze(FreezeFacts(installed={"amd-smi-lib": "25.5.1.60401-83~24.04"}, hostname="mi300x",
+                                     context=HostContext(amdsmi_binding=("7.0.2", "/usr/local/lib/python3.12"
+                                                                                  "/dist-packages"))))
+    line = next(ln for ln in text.splitlines() if ln.startswith("amdsmi = "))
+    assert line.startswith("amdsmi = false  # OFF: the host disagrees now (the pip amdsmi binding 7.0.2")

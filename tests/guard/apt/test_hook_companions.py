@@ -123,6 +123,28 @@ def test_exporter_upgrade_beyond_the_host_dcgm_is_refused(root: Path) -> None:
     assert "dcgm-exporter 4.8.9-1 is not in gpuguard's dcgm-exporter table" in out
 
 
+def test_amdsmi_binding_left_behind_its_library_is_refused(root: Path) -> None:
+    """Debian's libamd-smi upgraded to another ROCm release while the amd-smi binding package stays: refused."""
+    code, out = run_hook(root, HEAD + line("libamd-smi0", "6.1.2-1", "6.4.1-1"), now=NOW)
+    assert code == exits.EXIT_REFUSED
+    assert "REFUSED (companion.amdsmi)" in out
+    assert "amd-smi 6.1.2-1 needs libamd_smi of ROCm 6.1; the transaction leaves libamd_smi of 6.4.1 (libamd-smi0)" \
+           in out
+
+
+def test_pip_binding_judged_at_transaction_time(tmp_path: Path) -> None:
+    """A pip amdsmi 7.0.2 binding in /usr/local's dist-packages with ROCm 7.0.2's amd-smi-lib: upgrading the
+    library to ROCm 7.1 is refused naming the binding's place; moving to 7.0.3 passes."""
+    root = _root(tmp_path, {"amd-smi-lib": "26.0.2.70002-56~24.04"})
+    (root / "usr/local/lib/python3.12/dist-packages/amdsmi-7.0.2.dist-info").mkdir(parents=True)
+    code, out = run_hook(root, HEAD + line("amd-smi-lib", "26.0.2.70002-56~24.04", "26.1.0.70100-20~24.04"), now=NOW)
+    assert code == exits.EXIT_REFUSED
+    assert "the pip amdsmi binding 7.0.2 (/usr/local/lib/python3.12/dist-packages) needs libamd_smi of ROCm 7.0; " \
+           "the transaction leaves libamd_smi of 7.1.0 (amd-smi-lib)" in out
+    ok = run_hook(root, HEAD + line("amd-smi-lib", "26.0.2.70002-56~24.04", "26.0.3.70003-1~24.04"), now=NOW)
+    assert ok == (exits.EXIT_ALLOW, "")
+
+
 def _check(root: Path, installed, items) -> Tuple[int, str]:
     err = io.StringIO()
     text = json.dumps(request_document(installed, items, command_line="dnf upgrade"))
