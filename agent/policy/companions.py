@@ -33,9 +33,11 @@ FABRICMANAGER, DCGM, DCGM_EXPORTER, AMDSMI = ("companion.fabricmanager", "compan
 # The [companions] fields, in the order the rules are judged and shown; each is the rule id's tail.
 RULE_FIELDS: Tuple[str, ...] = ("fabricmanager", "dcgm", "dcgm_exporter", "amdsmi")
 
-# Fabric manager and NSCQ as NVIDIA's repositories name them: Ubuntu/Debian per branch (nvidia-fabricmanager-580,
-# nvidia-fabricmanager-dev-580, libnvidia-nscq-580), the unversioned names of newer CUDA repositories and rpm's
-# (nvidia-fabricmanager, nvidia-fabric-manager, nvidia-fabric-manager-devel, libnvidia-nscq).
+# Fabric manager and NSCQ as NVIDIA's packaging templates name them ("the version of fabricmanager must match the
+# NVIDIA driver installed", the same of libnvidia-nscq: NVIDIA/yum-packaging-fabric-manager,
+# NVIDIA/yum-packaging-libnvidia-nscq, apt-packaging-fabric-manager): nvidia-fabricmanager-580,
+# nvidia-fabricmanager-dev-580 / -devel-580, libnvidia-nscq-580, versioned 580.95.05-1; and the unversioned names
+# some repositories use (nvidia-fabricmanager, nvidia-fabric-manager, libnvidia-nscq: not seen in an index).
 FABRICMANAGER_PACKAGES: Tuple[str, ...] = ("nvidia-fabricmanager*", "nvidia-fabric-manager*", "libnvidia-nscq*")
 # DCGM 3 (datacenter-gpu-manager) and DCGM 4's split packages (datacenter-gpu-manager-4-core, -4-cuda12, -4-cuda13,
 # -4-proprietary, -4-proprietary-cuda13, -4-dev, ...); not the exporter and not DCGM 1's fabric manager.
