@@ -36,9 +36,11 @@ RULE_FIELDS: Tuple[str, ...] = ("fabricmanager", "dcgm", "dcgm_exporter", "amdsm
 # Fabric manager and NSCQ as NVIDIA's packaging templates name them ("the version of fabricmanager must match the
 # NVIDIA driver installed", the same of libnvidia-nscq: NVIDIA/yum-packaging-fabric-manager,
 # NVIDIA/yum-packaging-libnvidia-nscq, apt-packaging-fabric-manager): nvidia-fabricmanager-580,
-# nvidia-fabricmanager-dev-580 / -devel-580, libnvidia-nscq-580, versioned 580.95.05-1; and the unversioned names
-# some repositories use (nvidia-fabricmanager, nvidia-fabric-manager, libnvidia-nscq: not seen in an index).
-FABRICMANAGER_PACKAGES: Tuple[str, ...] = ("nvidia-fabricmanager*", "nvidia-fabric-manager*", "libnvidia-nscq*")
+# nvidia-fabricmanager-dev-580 / -devel-580, libnvidia-nscq-580, the cuda-drivers-fabricmanager(-580) meta packages,
+# versioned 580.95.05-1; and the unversioned names some repositories use (nvidia-fabricmanager,
+# nvidia-fabric-manager, libnvidia-nscq: not seen in an index).
+FABRICMANAGER_PACKAGES: Tuple[str, ...] = ("nvidia-fabricmanager*", "nvidia-fabric-manager*", "libnvidia-nscq*",
+                                           "cuda-drivers-fabricmanager*")
 # DCGM 3 (datacenter-gpu-manager) and DCGM 4's split packages (datacenter-gpu-manager-4-core, -4-cuda12, -4-cuda13,
 # -4-proprietary, -4-proprietary-cuda13, -4-dev, ...); not the exporter and not DCGM 1's fabric manager.
 DCGM_PACKAGES: Tuple[str, ...] = ("datacenter-gpu-manager", "datacenter-gpu-manager-[0-9]*")

@@ -332,3 +332,14 @@ def test_freeze_with_a_pip_binding_that_disagrees_leaves_amdsmi_off(tmp_path: Pa
                                                                                   "/dist-packages"))))
     line = next(ln for ln in text.splitlines() if ln.startswith("amdsmi = "))
     assert line.startswith("amdsmi = false  # OFF: the host disagrees now (the pip amdsmi binding 7.0.2")
+
+
+def test_the_fabric_manager_meta_package_is_a_companion_not_a_driver_part(tmp_path: Path) -> None:
+    """cuda-drivers-fabricmanager-580 (NVIDIA's meta package, versioned after the driver) left behind is named as
+    a companion that needs its build, not counted as a second driver build."""
+    host = {**HGX, "cuda-drivers-fabricmanager-580": FM}
+    found = _judge(_compiled(tmp_path), host, _upgrade(_upgrade(host, DRIVER, NV_NEW),
+                                                       ("nvidia-fabricmanager-580", "libnvidia-nscq-580"), FM_NEW))
+    assert [v.message for v in found] == [
+        f"cuda-drivers-fabricmanager-580 580.95.05 needs driver 580.95.05; the transaction leaves driver 580.105.08 "
+        f"{PARTS}"]
