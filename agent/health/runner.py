@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from agent.errors import GpuguardError, InputFileError, LibraryUnavailable, UsageError
+from agent.errors import GpuguardError, InputFileError, LibraryUnavailable
 from agent.files import write_atomically
 from agent.health.activity import ActivitySampler, SmiDevice, SmiOccupancy, open_reader
 from agent.health.baseline import (
@@ -46,6 +46,7 @@ from agent.health.model import (
     ProbeResult,
 )
 from agent.health.parse import parse_probe_output
+from agent.health.presence import no_gpu_reason
 from agent.health.sandbox import (
     Sandbox,
     docker_ulimits,
@@ -143,10 +144,15 @@ def run_health_check(host: Host, settings: HealthSettings, state_dir: str, snaps
     started = time.monotonic()
     started_at = host.clock()
     mode = mode or settings.mode
-    try:
-        sandbox = resolve_sandbox(settings, state_dir)
-    except UsageError as exc:
-        return _without_probe(host, settings, state_dir, started, started_at, "failed", str(exc), None)
+    # First of all: a host without GPUs has nothing to check (no probe user looked up, no framework imported).
+    # require_accelerator = false asks for a CPU run judged like a GPU run (a development box, the tests).
+    nothing_to_check = no_gpu_reason(host, snapshot) if settings.require_accelerator else None
+    if nothing_to_check is not None:
+        log.info("health_skipped_no_gpu", reason=nothing_to_check)
+        return _without_probe(host, settings, state_dir, started, started_at, "skipped",
+                              f"skipped: {nothing_to_check}", None)
+    # A missing probe user is a set-up step (SetupError, the command's own exit code), never a health verdict.
+    sandbox = resolve_sandbox(settings, state_dir)
     before, plan = look_before(host, settings, mode)
     if not plan.run:
         log.info("health_deferred", reason=plan.reason)
@@ -279,7 +285,7 @@ def _unjudged(verdict: Verdict, occupancy: OccupancyReport) -> Verdict:
 
 def _without_probe(host: Host, settings: HealthSettings, state_dir: str, started: float, started_at: dt.datetime,
                    status: str, summary: str, occupancy: Optional[OccupancyReport]) -> HealthResult:
-    """A result for a check that launched no probe (deferred, or a sandbox that cannot be set up)."""
+    """A result for a check that launched no probe (deferred, or no GPU to check)."""
     result = HealthResult(status=status, summary=summary, started_at=started_at,
                           wall_seconds=round(time.monotonic() - started, 3),
                           failures=[summary] if status == "failed" else [], occupancy=occupancy)

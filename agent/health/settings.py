@@ -47,7 +47,8 @@ class HealthSettings(FrozenModel):
     min_copy_gbps: float = Field(150.0, ge=0)
     # How many GPUs the framework must see; None: as many as the snapshot and the SMI library report.
     expected_gpu_count: Optional[int] = Field(None, ge=0)
-    # False only on a CPU-only development box or in tests: a CPU run is then judged like a GPU run.
+    # False only on a CPU-only development box or in tests: a CPU run is then judged like a GPU run (and a host
+    # without GPUs is checked on its CPU, not skipped: agent/health/presence.py).
     require_accelerator: bool = True
 
     # --- other jobs on the GPUs (docs/health.md "Busy GPUs") ---

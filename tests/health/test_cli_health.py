@@ -14,7 +14,12 @@ from typing import Dict, Optional
 import pytest
 
 from agent.cli import main
+from agent.health.sandbox import probe_user_command, resolve_sandbox
+from agent.health.settings import HealthSettings
+from tests import needs
 from tests.health.helpers import make_fake_nvml, make_host
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,11 +36,21 @@ def config_without_torch(tmp_path: Path) -> Path:
     return config
 
 
-def run_cli(tmp_path: Path, *args: str, modules: Optional[Dict[str, ModuleType]] = None) -> tuple:
+def gpu_root(tmp_path: Path) -> Path:
+    """A host root with one NVIDIA GPU's device node (/dev/nvidia0): a host the check has something to check on."""
+    root = tmp_path / "gpu-root"
+    (root / "dev").mkdir(parents=True)
+    (root / "dev" / "nvidia0").write_text("")
+    return root
+
+
+def run_cli(tmp_path: Path, *args: str, modules: Optional[Dict[str, ModuleType]] = None,
+            config: Optional[Path] = None, root: Optional[Path] = None) -> tuple:
     out = io.StringIO()
-    code = main(["health", "run", "--config", str(config_without_torch(tmp_path)), "--state-dir",
+    host_root = root or gpu_root(tmp_path)
+    code = main(["health", "run", "--config", str(config or config_without_torch(tmp_path)), "--state-dir",
                  str(tmp_path / "state"), "--python", sys.executable, *args],
-                make_host=lambda root: make_host(modules), out=out)
+                make_host=lambda _: make_host(modules, root=host_root), out=out)
     return code, out.getvalue()
 
 
@@ -70,3 +85,45 @@ def test_mode_full_on_a_busy_gpu_is_deferred(tmp_path: Path) -> None:
     assert code == 26
     assert text.startswith("health   DEFERRED  deferred: busy, waiting for idle GPUs (GPU 0: in use by pid 4242")
     assert "busy     GPU 0" in text
+
+
+def config_with_missing_probe_user(tmp_path: Path) -> Path:
+    """A config as a source install has it: the default probe user's place taken by one that does not exist."""
+    config = tmp_path / "missing-user.toml"
+    config.write_text("[health]\ntimeout_seconds = 30\nrun_as = \"gpuguard-no-such-probe-user\"\n")
+    return config
+
+
+def test_gpuless_host_is_skipped_before_the_probe_user_is_looked_up(tmp_path: Path) -> None:
+    """As root without the probe user on a host without GPUs, health run says skipped (24), no probe, no failure."""
+    gpuless = tmp_path / "gpuless-root"
+    (gpuless / "sys" / "bus" / "pci" / "devices").mkdir(parents=True)
+    code, text = run_cli(tmp_path, "--json", config=config_with_missing_probe_user(tmp_path), root=gpuless)
+    data = json.loads(text)
+    assert (code, data["status"]) == (24, "skipped")
+    assert data["summary"].startswith("skipped: no GPU on this host")
+    assert data["probe_argv"] == [] and data["failures"] == [] and data["sandbox"] is None
+
+
+def test_missing_probe_user_as_root_is_a_setup_error_with_the_packages_useradd_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """As root with GPUs and no probe user, health run exits 15 with one line: the packages' own useradd command."""
+    if os.geteuid() != 0:
+        needs.unavailable("the missing-probe-user test", "it must run as root (a non-root agent never switches)")
+    code, text = run_cli(tmp_path, "--json", config=config_with_missing_probe_user(tmp_path))
+    err = capsys.readouterr().err.strip()
+    assert (code, text) == (15, "")
+    assert len(err.splitlines()) == 1 and "user 'gpuguard-no-such-probe-user' does not exist" in err
+    assert not (tmp_path / "state" / "health" / "last.json").exists()  # no verdict recorded
+    packaged = probe_user_command()
+    spec = " ".join((REPO / "packaging" / "rpm" / "gpuguard.spec.in").read_text().replace("\\\n", " ").split())
+    assert packaged in spec  # the line the rpm's %post runs, word for word
+    assert probe_user_command("gpuguard-no-such-probe-user") in err
+
+
+def test_not_root_runs_the_probe_as_itself_whatever_run_as_says(tmp_path: Path) -> None:
+    """A non-root agent never looks up run_as: even a missing probe user leaves the probe running as the agent."""
+    nobody = pwd.getpwnam("nobody")
+    settings = HealthSettings(run_as="gpuguard-no-such-probe-user")
+    sandbox = resolve_sandbox(settings, str(tmp_path), euid=nobody.pw_uid)
+    assert (sandbox.user, sandbox.uid, sandbox.dropped, sandbox.popen_kwargs()) == ("nobody", nobody.pw_uid, False, {})
