@@ -51,6 +51,10 @@ class HealthSettings(FrozenModel):
     # without GPUs is checked on its CPU, not skipped: agent/health/presence.py).
     require_accelerator: bool = True
 
+    # How long a check waits for another one to finish (the daemon's and `gpuguard health run` never run together;
+    # docs/health.md "One check at a time"); still running then, this check is deferred.
+    check_lock_wait_seconds: float = Field(600.0, ge=0, le=7200)
+
     # --- other jobs on the GPUs (docs/health.md "Busy GPUs") ---
     # auto: judge performance on idle GPUs; on a busy GPU run the functional checks only (status busy).
     # functional: never judge performance (the daemon's check right after a package change).
