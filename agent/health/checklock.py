@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Callable, Optional
 
 from agent.errors import InputFileError
+from agent.jsonrecord import JsonRecord, iso_time
 from agent.log import get_logger
 from agent.statepaths import StatePaths
 
@@ -32,31 +33,25 @@ _RECORD_MAX_BYTES = 4096
 
 
 @dataclass(frozen=True)
-class CheckHolder:
+class CheckHolder(JsonRecord):
     """Who holds (or last held) the health-check lock, as its lock-file record says."""
 
     pid: int
-    started_at: str
+    started_at: dt.datetime
     probe_session: Optional[int] = None
     probe_uid: Optional[int] = None
 
     def describe(self) -> str:
-        return f"pid {self.pid}, started {self.started_at}"
+        return f"pid {self.pid}, started {iso_time(self.started_at)}"
 
 
 def parse_holder(text: str) -> Optional[CheckHolder]:
-    """The record of a lock file's text; None for an empty, partly written or foreign one."""
+    """The record of a lock file's text; None for an empty, partly written or foreign one (RecordError is a
+    ValueError, as json's own)."""
     try:
-        data = json.loads(text)
+        return CheckHolder.from_json(json.loads(text))
     except ValueError:
         return None
-    if not isinstance(data, dict):
-        return None
-    pid, started, session, uid = (data.get(k) for k in ("pid", "started_at", "probe_session", "probe_uid"))
-    if not isinstance(pid, int) or not isinstance(started, str):
-        return None
-    return CheckHolder(pid, started, session if isinstance(session, int) else None,
-                       uid if isinstance(uid, int) else None)
 
 
 def read_holder(state_dir: str) -> Optional[CheckHolder]:
@@ -81,8 +76,7 @@ class CheckLock:
     def _write(self, holder: CheckHolder) -> None:
         self._stream.seek(0)
         self._stream.truncate()
-        self._stream.write(json.dumps({"pid": holder.pid, "started_at": holder.started_at,
-                                       "probe_session": holder.probe_session, "probe_uid": holder.probe_uid}))
+        self._stream.write(json.dumps(holder.to_json()))
         self._stream.flush()
 
     def record_probe(self, session: int, uid: Optional[int]) -> None:
@@ -145,5 +139,5 @@ def acquire_check_lock(state_dir: str, wait_seconds: float, on_wait: Optional[Ca
         sleep(min(_POLL_SECONDS, max(0.0, deadline - clock())))
     stream.seek(0)
     previous = parse_holder(stream.read(_RECORD_MAX_BYTES))
-    now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     return CheckLock(stream, CheckHolder(os.getpid(), now), previous)
