@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from agent.errors import GpuguardError
 from agent.health.activity import SmiDevice, SmiOccupancy
 from agent.health.model import GpuOccupancy, GpuTenant, HealthMode, OccupancyReport
 from agent.health.settings import HealthSettings
@@ -44,7 +45,10 @@ def process_session(host: Host, pid: int) -> Optional[int]:
 
 def process_uid(host: Host, pid: int) -> Optional[int]:
     """The real uid of a process (the first ``Uid:`` field of ``/proc/<pid>/status``), None when unreadable."""
-    text = host.read_text(f"/proc/{pid}/status")
+    try:
+        text = host.read_text(f"/proc/{pid}/status")
+    except GpuguardError:  # gone or hidden mid-read: not known to be gpuguard's, so it counts
+        return None
     for line in (text or "").splitlines():
         if line.startswith("Uid:"):
             fields = line.split()
