@@ -54,6 +54,14 @@ def parse_holder(text: str) -> Optional[CheckHolder]:
         return None
 
 
+def state_file_error(path: str, exc: OSError) -> InputFileError:
+    """One line for a state file the check cannot make or open; an unwritable state directory says what to do."""
+    reason = exc.strerror or str(exc)
+    if isinstance(exc, PermissionError):
+        reason += " (the state directory is not this user's: run as root, or give --state-dir DIR)"
+    return InputFileError(path, reason)
+
+
 def read_holder(state_dir: str) -> Optional[CheckHolder]:
     """The lock file's record (the holder now, or the last one), read without the lock; None when there is none."""
     try:
@@ -113,7 +121,7 @@ def acquire_check_lock(state_dir: str, wait_seconds: float, on_wait: Optional[Ca
         path.parent.mkdir(parents=True, exist_ok=True)
         stream = open(path, "a+", encoding="utf-8")
     except OSError as exc:
-        raise InputFileError(str(path), exc.strerror or str(exc)) from None
+        raise state_file_error(str(path), exc) from None
     deadline = clock() + wait_seconds
     told = False
     while True:

@@ -36,7 +36,7 @@ from agent.health.baseline import (
     peer_outliers,
     record_run,
 )
-from agent.health.checklock import CheckHolder, CheckLock, acquire_check_lock, read_holder
+from agent.health.checklock import CheckHolder, CheckLock, acquire_check_lock, read_holder, state_file_error
 from agent.health.classify import Verdict, classify
 from agent.health.fallback import Inventory, Vendor, detect_fallback, merge_inventory
 from agent.health.launch import Launcher, ProbeOutcome, launch_probe
@@ -449,7 +449,7 @@ def _save_last(state_dir: str, result: HealthResult) -> None:
     try:
         write_atomically(str(path), result.to_json())
     except OSError as exc:
-        raise InputFileError(str(path), exc.strerror or str(exc)) from None
+        raise state_file_error(str(path), exc) from None
 
 
 def _log_result(result: HealthResult, inventory: Inventory) -> None:

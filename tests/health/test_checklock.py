@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import InputFileError
-from agent.health.checklock import acquire_check_lock, parse_holder, read_holder
+from agent.health.checklock import acquire_check_lock, parse_holder, read_holder, state_file_error
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -36,3 +36,11 @@ def test_an_unwritable_state_directory_is_one_line(tmp_path: Path) -> None:
     blocker.write_text("a file where the state directory should be")
     with pytest.raises(InputFileError, match="check.lock"):
         acquire_check_lock(str(blocker), 0)
+
+
+def test_a_state_directory_of_another_user_says_what_to_do() -> None:
+    """Permission denied on a state file (a non-root user and root's state directory) names --state-dir."""
+    error = state_file_error("/var/lib/x/health/check.lock", PermissionError(13, "Permission denied"))
+    assert str(error) == ("/var/lib/x/health/check.lock: Permission denied (the state directory is not this user's: "
+                          "run as root, or give --state-dir DIR)")
+    assert str(state_file_error("/s/f", FileNotFoundError(2, "No such file or directory"))).endswith("directory")
