@@ -5,7 +5,8 @@
     ├── ConfigError                    exit 3   config/policy file invalid; lists every problem
     │   └── PolicyError                exit 3   pairing policy invalid
     ├── InputFileError                 exit 4   a data file (snapshot JSON, state) is missing or corrupt
-    │   └── FileMissing                exit 4   the path does not exist (agent/files.py)
+    │   ├── FileMissing                exit 4   the path does not exist (agent/files.py)
+    │   └── InputNotWhole              exit 4   hot-path input not readable as a whole (cut, other protocol, bad bytes)
     ├── HostReadError                  exit 5   a host path could not be read (permission, I/O)
     ├── CommandError                   exit 6   an external command failed to start or exited non-zero
     │   ├── CommandNotFound            exit 6   the program is not installed
@@ -91,6 +92,11 @@ class InputFileError(GpuguardError):
         self.path = path
         self.reason = reason
         super().__init__(f"{path}: {reason}")
+
+
+class InputNotWhole(InputFileError):
+    """Hot-path input that cannot be read as a whole: cut short, of another protocol version, not text, too large,
+    or never ended. No word of it can stand for the transaction, so the fail-safe cannot judge it by its names."""
 
 
 class HostReadError(GpuguardError):
