@@ -16,6 +16,7 @@ import pytest
 
 from agent.cli import main
 from agent.policy import load as policy_load
+from tests.conftest import fill_disk
 
 REPO = Path(__file__).resolve().parents[2]
 MATRIX = REPO / "policies/amd-compat-matrix.toml"
@@ -100,3 +101,18 @@ def test_wrong_types_in_the_matrix_are_one_line_each(tmp_path: Path, line: str, 
     code = main(["policy", "check", "--no-host", "--matrix", str(matrix), str(policy)], out=out)
     lines = out.getvalue().splitlines()
     assert code == 3 and lines[0].startswith(f"{matrix}: {fragment}") and lines[1:] == ["1 problem found"], lines
+
+
+def test_compile_on_a_full_disk_is_exit_15_and_keeps_the_compiled_policy(tmp_path: Path, small_disk: Path,
+                                                                          capsys: pytest.CaptureFixture) -> None:
+    """ENOSPC while the compiled policy is written: one line, exit 15, the hook's old compiled policy intact."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(GOOD)
+    target = small_disk / "policy.compiled.json"
+    target.write_text('{"old": true}\n')
+    fill_disk(small_disk / "filler")
+    code = main(["policy", "compile", "--policy", str(policy), "-o", str(target)], out=io.StringIO())
+    err = capsys.readouterr().err
+    assert code == 15 and err.splitlines() == [
+        f"gpuguard: error: {target}: cannot be written (No space left on device): the old file is kept"]
+    assert target.read_text() == '{"old": true}\n'
