@@ -69,15 +69,20 @@ def test_line_helper_writes_the_direction_apt_writes() -> None:
             [("-", "1"), ("1", "1:0"), ("1", "-"), ("2", "1~rc"), ("1", "1")]] == ["<", "<", ">", ">", "="]
 
 
+def hook_root(base: Path, policy_text: str = POLICY, status: str = STATUS) -> Path:
+    """A host root for the hook: dpkg's status file and the policy compiled where the hook reads it."""
+    (base / "var/lib/dpkg").mkdir(parents=True)
+    (base / "var/lib/dpkg/status").write_text(status)
+    policy = base / "policy.toml"
+    policy.write_text(policy_text)
+    _, compiled = load_and_compile(str(policy))
+    write_compiled(str(base / "var/lib/gpuguard/policy.compiled.json"), compiled)
+    return base
+
+
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    (tmp_path / "var/lib/dpkg").mkdir(parents=True)
-    (tmp_path / "var/lib/dpkg/status").write_text(STATUS)
-    policy = tmp_path / "policy.toml"
-    policy.write_text(POLICY)
-    _, compiled = load_and_compile(str(policy))
-    write_compiled(str(tmp_path / "var/lib/gpuguard/policy.compiled.json"), compiled)
-    return tmp_path
+    return hook_root(tmp_path)
 
 
 def run_hook(root: Path, text: str, now: dt.datetime = NOW, args: Optional[list] = None) -> Tuple[int, str]:

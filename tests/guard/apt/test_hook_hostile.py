@@ -17,8 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.guard.hotpath import decision as exits
-from agent.policy.load import load_and_compile, write_compiled
-from tests.guard.apt.test_hook import HEAD, POLICY, REPO, STATUS, line
+from tests.guard.apt.test_hook import HEAD, REPO, hook_root, line
 
 ROCM_UP = line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12", "/var/cache/apt/archives/r_6.3_amd64.deb")
 KERNEL_IN = line("linux-image-6.1.0-28-amd64", "-", "6.1.119-1", "/var/cache/apt/archives/l_6.1.119-1_amd64.deb")
@@ -37,12 +36,7 @@ BAD_BYTES = [b"\x00", b"\x01", b"\x1b[2J", b"\t", b"\r", b"\x7f", b"\xff", b"\xc
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    base = tmp_path_factory.mktemp("hostileroot")
-    (base / "var/lib/dpkg").mkdir(parents=True)
-    (base / "var/lib/dpkg/status").write_text(STATUS)
-    (base / "policy.toml").write_text(POLICY)
-    _, compiled = load_and_compile(str(base / "policy.toml"))
-    write_compiled(str(base / "var/lib/gpuguard/policy.compiled.json"), compiled)
+    base = hook_root(tmp_path_factory.mktemp("hostileroot"))
     launcher = (REPO / "packaging/apt/gpuguard-apt-hook").read_text().replace(
         'GPUGUARD_LIB = "/usr/lib/gpuguard"', f'GPUGUARD_LIB = "{REPO}"')
     (base / "gpuguard-apt-hook").write_text(launcher)
