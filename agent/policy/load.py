@@ -11,11 +11,12 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from pydantic import ValidationError
 
-from agent.errors import PolicyError
+from agent.errors import InputFileError, PolicyError
+from agent.files import read_bytes_bounded
 from agent.policy.compiled import (
     AMD_STACK_PACKAGES,
     COMPILED_FORMAT,
@@ -26,7 +27,7 @@ from agent.policy.compiled import (
 )
 from agent.policy.model import AmdSection, Policy
 from agent.strictjson import MAX_NESTING_DEPTH, nesting_depth
-from agent.tomlreader import toml_module
+from agent.tomlreader import MAX_TOML_BYTES, toml_module, toml_worded
 from agent.validation import validation_problems
 
 DEFAULT_POLICY_DIR = "/etc/gpuguard/policy.d"
@@ -82,10 +83,10 @@ def load_policy(path: str = DEFAULT_POLICY_DIR) -> LoadedPolicy:
     for file in files:
         label = file.name if root.is_dir() else ""
         prefix = f"{label}: " if label else ""
-        try:
-            raw = file.read_bytes()
-        except OSError as exc:
-            problems.append(f"{prefix}{exc.strerror or exc}")
+        try:  # never blocks (a FIFO or a device in place of the file) and never reads past the cap
+            raw = read_bytes_bounded(str(file), MAX_TOML_BYTES)
+        except InputFileError as exc:
+            problems.append(f"{prefix}{exc.reason}")
             continue
         sources.append((str(file), hashlib.sha256(raw).hexdigest()))
         try:
@@ -102,7 +103,7 @@ def load_policy(path: str = DEFAULT_POLICY_DIR) -> LoadedPolicy:
         try:
             parts.append((str(file), Policy.model_validate(data)))
         except ValidationError as exc:
-            problems += [prefix + p for p in validation_problems([_worded(e) for e in exc.errors()])]
+            problems += [prefix + p for p in validation_problems([toml_worded(e) for e in exc.errors()])]
             continue
         merged = _merge(merged, data)
     if problems:
@@ -112,25 +113,6 @@ def load_policy(path: str = DEFAULT_POLICY_DIR) -> LoadedPolicy:
     if problems:
         raise PolicyError(str(root), problems)
     return LoadedPolicy(policy=policy, sources=tuple(sources), path=str(root), parts=tuple(parts))
-
-
-_TOML_TYPES = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list",
-               dict: "a table"}
-_WANTED = {"bool_type": "true or false", "int_type": "a whole number", "string_type": "a string in quotes"}
-
-
-def _worded(error: Mapping[str, Any]) -> Mapping[str, Any]:
-    """pydantic's strict-type messages said the TOML way: ``'yes' is a string: write true or false (no quotes)``."""
-    wanted = _WANTED.get(str(error.get("type")))
-    value = error.get("input")
-    if wanted is None or isinstance(value, (dict, list)):
-        return error
-    shown = ("true" if value else "false") if isinstance(value, bool) else repr(value)
-    if isinstance(value, float) and error.get("type") == "int_type":
-        return {**error, "msg": f"{shown} is not a whole number"}
-    given = _TOML_TYPES.get(type(value), "a value of another type")
-    hint = " (no quotes)" if isinstance(value, str) else ""
-    return {**error, "msg": f"{shown} is {given}: write {wanted}{hint}"}
 
 
 def _cross_checks(policy: Policy) -> List[str]:
