@@ -4,11 +4,17 @@ Host.run suits commands that exit on their own. The probe starts grandchildren (
 output pipes, and a hung GPU call ignores SIGTERM, so it needs what Host.run does not give: a new session, a
 SIGKILL to the whole process group, and a cleanup hook (a container is stopped by name, not by signal). With a
 ``Sandbox`` (sandbox.py) the probe starts as the sandbox's user, under its limits.
+
+The probe is untrusted (it runs whatever the host's ML environment imports): what it prints is read through bounded
+captures, at most ``OUTPUT_CAP_BYTES`` of each pipe (the head of stdout, the tail of stderr); the rest is read and
+discarded, counted, and the outcome says the output was too large, so a probe that prints gigabytes costs the agent
+no memory.
 """
 
 from __future__ import annotations
 
 import os
+import selectors
 import signal
 import subprocess
 import time
@@ -21,6 +27,9 @@ from agent.log import get_logger
 log = get_logger("health.launch")
 # After the kill, how long to wait for the pipes to drain before giving up on what the probe printed.
 _DRAIN_SECONDS = 5.0
+# What the agent keeps of each of the probe's pipes: its result line is a few kilobytes, a framework's warnings more.
+OUTPUT_CAP_BYTES = 1 << 20
+_READ_BYTES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,64 @@ class ProbeOutcome:
     # How host memory was limited ("none" without a sandbox), and why that limit ended the probe.
     memory_limit: str = "none"
     killed_for_memory: Optional[str] = None
+    # Set when a pipe said more than OUTPUT_CAP_BYTES: which, how much, and that the excess was discarded.
+    output_too_large: Optional[str] = None
+
+
+class BoundedCapture:
+    """One pipe's bytes: at most ``cap_bytes`` kept (the first, or with ``keep_tail`` the last), all counted."""
+
+    def __init__(self, cap_bytes: int = OUTPUT_CAP_BYTES, keep_tail: bool = False) -> None:
+        self.cap_bytes = cap_bytes
+        self.keep_tail = keep_tail
+        self.total_bytes = 0
+        self._kept = bytearray()
+
+    def feed(self, chunk: bytes) -> None:
+        self.total_bytes += len(chunk)
+        if self.keep_tail:
+            self._kept += chunk[-self.cap_bytes:]
+            del self._kept[:max(0, len(self._kept) - self.cap_bytes)]
+        elif len(self._kept) < self.cap_bytes:
+            self._kept += chunk[:self.cap_bytes - len(self._kept)]
+
+    @property
+    def overflowed(self) -> bool:
+        return self.total_bytes > self.cap_bytes
+
+    def text(self) -> str:
+        return self._kept.decode("utf-8", errors="replace")
+
+
+def _read_until(proc: "subprocess.Popen[bytes]", captures: Mapping[int, BoundedCapture], deadline: float) -> bool:
+    """Read the probe's pipes into their captures until both close (True) or ``deadline`` passes (False)."""
+    with selectors.DefaultSelector() as selector:
+        for fd in captures:
+            selector.register(fd, selectors.EVENT_READ)
+        while selector.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            for key, _ in selector.select(timeout=remaining):
+                fd = key.fd
+                assert isinstance(fd, int)
+                try:
+                    chunk = os.read(fd, _READ_BYTES)
+                except OSError:
+                    chunk = b""
+                if chunk:
+                    captures[fd].feed(chunk)
+                else:
+                    selector.unregister(fd)
+    return True
+
+
+def _too_large(stdout: BoundedCapture, stderr: BoundedCapture) -> Optional[str]:
+    said = [f"{name} {cap.total_bytes} bytes" for name, cap in (("stdout", stdout), ("stderr", stderr))
+            if cap.overflowed]
+    if not said:
+        return None
+    return f"{' and '.join(said)} > cap {OUTPUT_CAP_BYTES} bytes each: the excess was discarded"
 
 
 class Launcher(Protocol):
@@ -65,7 +132,7 @@ def launch_probe(argv: Sequence[str], env: Mapping[str, str], timeout_seconds: f
     memory = MemoryLimit(sandbox) if sandbox is not None else None
     try:
         proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=dict(env), start_new_session=True, text=True, errors="replace",
+                                env=dict(env), start_new_session=True,
                                 cwd=(sandbox.home if sandbox is not None and sandbox.home else None),
                                 **(sandbox.popen_kwargs() if sandbox is not None else {}))  # type: ignore[call-overload]
     except (FileNotFoundError, PermissionError) as exc:
@@ -79,24 +146,38 @@ def launch_probe(argv: Sequence[str], env: Mapping[str, str], timeout_seconds: f
     if on_start is not None:
         on_start(proc.pid)
     timed_out = False
+    stdout, stderr = BoundedCapture(), BoundedCapture(keep_tail=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    captures = {proc.stdout.fileno(): stdout, proc.stderr.fileno(): stderr}
+    lost = False
     try:
-        stdout, stderr = proc.communicate(timeout=timeout_seconds)
-    except subprocess.TimeoutExpired:
-        # The probe's own process may have exited while a grandchild still holds the pipes: that is a hang too.
-        timed_out = True
-        log.warning("health_probe_timeout", timeout_seconds=timeout_seconds, pid=proc.pid)
-        _kill_group(proc.pid)
-        if on_timeout is not None:
-            on_timeout()
-        try:
-            stdout, stderr = proc.communicate(timeout=_DRAIN_SECONDS)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = "", "output lost: the pipes stayed open after the kill"
+        deadline = started + timeout_seconds
+        # Its own process may have exited while a grandchild still holds the pipes, or it may have closed its pipes
+        # and run on: either past the timeout is a hang.
+        if _read_until(proc, captures, deadline):
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+        else:
+            timed_out = True
+        if timed_out:
+            log.warning("health_probe_timeout", timeout_seconds=timeout_seconds, pid=proc.pid)
+            _kill_group(proc.pid)
+            if on_timeout is not None:
+                on_timeout()
+            if not _read_until(proc, captures, time.monotonic() + _DRAIN_SECONDS):
+                proc.kill()
+                lost = True
     finally:
         # Whatever the probe left running (a rank that outlived it) goes with it.
         _kill_group(proc.pid)
+        proc.stdout.close()
+        proc.stderr.close()
     returncode = proc.wait()
     limit, killed = memory.finish() if memory is not None else ("none", None)
-    return ProbeOutcome(tuple(argv), None if timed_out else returncode, stdout or "", stderr or "", timed_out,
-                        time.monotonic() - started, memory_limit=limit, killed_for_memory=killed)
+    out_text, err_text = ("", "output lost: the pipes stayed open after the kill") if lost else (
+        stdout.text(), stderr.text())
+    return ProbeOutcome(tuple(argv), None if timed_out else returncode, out_text, err_text, timed_out,
+                        time.monotonic() - started, memory_limit=limit, killed_for_memory=killed,
+                        output_too_large=_too_large(stdout, stderr))

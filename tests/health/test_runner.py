@@ -217,3 +217,12 @@ def test_interpreter_argv_has_throttle_and_rank_deadline() -> None:
     argv = build_probe_argv(HealthSettings(python="/opt/venv/bin/python", timeout_seconds=40, throttle_fraction=0.15),
                             Path("/p.py"), None, "n")
     assert argv == ["/opt/venv/bin/python", "/p.py", "--throttle-fraction", "0.15", "--rank-timeout-seconds", "30"]
+
+
+@pytest.mark.timeout(60)
+def test_a_probe_printing_past_the_cap_is_failed_as_too_large(tmp_path: Path) -> None:
+    """A probe that prints more than the cap before a valid result is 'failed' with a summary saying so."""
+    result = check(tmp_path, fake_probe_settings("--mode", "flood", "--flood-mib", "3"))
+    assert result.status == "failed"
+    assert result.summary.startswith("the probe's output was too large: stdout ")
+    assert result.probe_stderr_tail is not None and len(result.probe_stderr_tail) <= 2000
