@@ -8,7 +8,7 @@ SIGKILL to the whole process group, and a cleanup hook (a container is stopped b
 The probe is untrusted (it runs whatever the host's ML environment imports): what it prints is read through bounded
 captures, at most ``OUTPUT_CAP_BYTES`` of each pipe (the head of stdout, the tail of stderr); the rest is read and
 discarded, counted, and the outcome says the output was too large, so a probe that prints gigabytes costs the agent
-no memory.
+no memory. Its control characters are escaped (agent/printable.py) before anything shows them.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Callable, Mapping, Optional, Protocol, Sequence
 
 from agent.health.sandbox import MemoryLimit, Sandbox
 from agent.log import get_logger
+from agent.printable import printable
 
 log = get_logger("health.launch")
 # After the kill, how long to wait for the pipes to drain before giving up on what the probe printed.
@@ -176,8 +177,10 @@ def launch_probe(argv: Sequence[str], env: Mapping[str, str], timeout_seconds: f
         proc.stderr.close()
     returncode = proc.wait()
     limit, killed = memory.finish() if memory is not None else ("none", None)
+    # stderr is shown as it is (a crash's last line, the result's stderr tail): its escapes go here, once; stdout is
+    # parsed, and parse.py escapes what it takes from it.
     out_text, err_text = ("", "output lost: the pipes stayed open after the kill") if lost else (
-        stdout.text(), stderr.text())
+        stdout.text(), printable(stderr.text(), keep_newlines=True))
     return ProbeOutcome(tuple(argv), None if timed_out else returncode, out_text, err_text, timed_out,
                         time.monotonic() - started, memory_limit=limit, killed_for_memory=killed,
                         output_too_large=_too_large(stdout, stderr))

@@ -2,7 +2,8 @@
 
 The probe is untrusted, so the result line is parsed like any hostile input: at most ``MAX_RESULT_LINE_BYTES`` long,
 strict JSON (agent/strictjson.py: no NaN, bounded nesting, no deep recursion), and validated in pydantic's strict
-mode (no string for a number, no bool for an int). Every way it can be unusable is a ``ParseFailure`` with a
+mode (no string for a number, no bool for an int). Every string in it has its control characters escaped
+(agent/printable.py) before anything stores or shows it. Every way it can be unusable is a ``ParseFailure`` with a
 one-line reason, never an exception.
 """
 
@@ -16,6 +17,7 @@ from pydantic import ValidationError
 from agent.errors import InputFileError
 from agent.health.model import RESULT_MARKER, ProbeResult
 from agent.models import first_validation_problem
+from agent.printable import printable, printable_tree
 from agent.strictjson import parse_json_text
 
 # The real probe's line for eight GPUs and a collective is about 20 KB.
@@ -39,8 +41,8 @@ def parse_probe_output(stdout: str) -> Union[ProbeResult, ParseFailure]:
             line = raw[len(RESULT_MARKER):]
             break
     if line is None:
-        shown = " ".join(stdout.split())[:160]
-        return ParseFailure(f"no result line in the probe's output ({len(stdout)} bytes: {shown!r})")
+        shown = printable(" ".join(stdout.split())[:160])
+        return ParseFailure(f"no result line in the probe's output ({len(stdout)} bytes: '{shown}')")
     size = len(line.encode("utf-8", errors="replace"))
     if size > MAX_RESULT_LINE_BYTES:
         return ParseFailure(f"result line too long ({size} bytes > {MAX_RESULT_LINE_BYTES})")
@@ -49,6 +51,6 @@ def parse_probe_output(stdout: str) -> Union[ProbeResult, ParseFailure]:
     except InputFileError as exc:
         return ParseFailure(f"result line is {exc.reason}")
     try:
-        return ProbeResult.model_validate(data, strict=True)
+        return ProbeResult.model_validate(printable_tree(data), strict=True)
     except ValidationError as exc:
         return ParseFailure(f"result does not match the probe schema: {first_validation_problem(exc)}")

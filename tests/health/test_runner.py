@@ -226,3 +226,18 @@ def test_a_probe_printing_past_the_cap_is_failed_as_too_large(tmp_path: Path) ->
     assert result.status == "failed"
     assert result.summary.startswith("the probe's output was too large: stdout ")
     assert result.probe_stderr_tail is not None and len(result.probe_stderr_tail) <= 2000
+
+
+def test_terminal_escapes_from_the_probe_reach_neither_the_result_nor_the_table(tmp_path: Path) -> None:
+    """ESC[2J, OSC 52, BEL and CR in the probe's strings and stderr are stored and shown escaped, never raw."""
+    from agent.health.render import render_result
+
+    result = check(tmp_path, fake_probe_settings("--mode", "escapes"))
+    assert result.status == "failed", result.summary
+    assert result.probe is not None
+    assert result.probe.gpus[0].name == "H200\\x1b[2J\\x1b]52;c;cm0gLXJmIH4=\\x07\\rok\\x1b[0m"
+    stored = (tmp_path / "state" / "health" / "last.json").read_text()
+    table = render_result(result)
+    for text in (result.to_json(), stored, table, result.probe_stderr_tail or "", result.summary):
+        assert not [c for c in text if c in "\x1b\x07\r\x9b"], text[:200]
+    assert "\\x1b[2J" in table
