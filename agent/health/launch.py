@@ -1,9 +1,13 @@
-"""Start the probe in its own process group, bounded by a timeout; on timeout kill the whole group.
+"""Start the probe under its supervisor, bounded by a timeout; whatever it started ends with it.
 
 Host.run suits commands that exit on their own. The probe starts grandchildren (one process per GPU) that hold its
-output pipes, and a hung GPU call ignores SIGTERM, so it needs what Host.run does not give: a new session, a
-SIGKILL to the whole process group, and a cleanup hook (a container is stopped by name, not by signal). With a
-``Sandbox`` (sandbox.py) the probe starts as the sandbox's user, under its limits.
+output pipes, and a hung GPU call ignores SIGTERM, so it needs what Host.run does not give: a new session, an end
+for its whole process tree, and a cleanup hook (a container is stopped by name, not by signal). The probe runs below
+reaper.py, started with the agent's own interpreter (as the agent's user): a PID namespace where the agent may make
+one, else a child subreaper, so a grandchild that left the session with setsid() still ends with the probe
+(reaper.py says why not a process group or a cgroup). On timeout the supervisor gets SIGTERM and kills the tree;
+the session's process group gets SIGKILL after it. With a ``Sandbox`` (sandbox.py) the supervisor starts the probe as
+the sandbox's user, under its limits; the probe cannot signal a supervisor that kept root.
 
 The probe is untrusted (it runs whatever the host's ML environment imports): what it prints is read through bounded
 captures, at most ``OUTPUT_CAP_BYTES`` of each pipe (the head of stdout, the tail of stderr); the rest is read and
@@ -17,9 +21,11 @@ import os
 import selectors
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Protocol, Sequence
+from pathlib import Path
+from typing import Callable, List, Mapping, Optional, Protocol, Sequence
 
 from agent.health.sandbox import MemoryLimit, Sandbox
 from agent.log import get_logger
@@ -31,6 +37,9 @@ _DRAIN_SECONDS = 5.0
 # What the agent keeps of each of the probe's pipes: its result line is a few kilobytes, a framework's warnings more.
 OUTPUT_CAP_BYTES = 1 << 20
 _READ_BYTES = 1 << 16
+REAPER_PATH = Path(__file__).with_name("reaper.py")
+# reaper.py's word for a command it could not start (kept equal to its START_ERROR_MARKER by a test).
+_START_ERROR_MARKER = "GPUGUARD_REAPER_START_ERROR"
 
 
 @dataclass(frozen=True)
@@ -122,20 +131,45 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
+def _stop_tree(pid: int) -> None:
+    """SIGTERM the supervisor, which kills the probe and everything below it; SIGKILL the group where it is gone."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        _kill_group(pid)
+
+
+def supervised_argv(argv: Sequence[str], sandbox: Optional[Sandbox] = None,
+                    pid_namespace: bool = True) -> List[str]:
+    """``argv`` under reaper.py, run by the agent's own interpreter, isolated (-I -S: nothing of the site runs)."""
+    extra = [] if pid_namespace else ["--no-pid-namespace"]
+    return [sys.executable, "-I", "-S", str(REAPER_PATH), *(sandbox.reaper_args() if sandbox is not None else []),
+            *extra, "--", *argv]
+
+
+def _start_error(stderr: str) -> Optional[str]:
+    """What reaper.py said when it could not start the command: "not found" or "not executable (why)"."""
+    for line in reversed(stderr.splitlines()[-5:]):
+        if line.startswith(_START_ERROR_MARKER + " "):
+            what, _, why = line[len(_START_ERROR_MARKER) + 1:].partition(" ")
+            return "not found" if what == "not-found" else f"not executable ({why})"
+    return None
+
+
 def launch_probe(argv: Sequence[str], env: Mapping[str, str], timeout_seconds: float,
                  on_timeout: Optional[Callable[[], None]] = None, sandbox: Optional[Sandbox] = None,
-                 on_start: Optional[Callable[[int], None]] = None) -> ProbeOutcome:
-    """Run argv (never through a shell) in a new session; SIGKILL its process group on timeout and at the end.
+                 on_start: Optional[Callable[[int], None]] = None, pid_namespace: bool = True) -> ProbeOutcome:
+    """Run argv (never through a shell) below reaper.py in a new session; end its whole tree on timeout and at the end.
 
-    ``on_start(pid)`` is called as soon as the process exists: its pid is also its session and process group id.
+    ``on_start(pid)`` is called as soon as the supervisor exists: its pid is also the session and process group id
+    of the probe. ``pid_namespace=False`` makes the supervisor use its subreaper fallback (tests of it).
     """
     started = time.monotonic()
     memory = MemoryLimit(sandbox) if sandbox is not None else None
     try:
-        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=dict(env), start_new_session=True,
-                                cwd=(sandbox.home if sandbox is not None and sandbox.home else None),
-                                **(sandbox.popen_kwargs() if sandbox is not None else {}))  # type: ignore[call-overload]
+        proc = subprocess.Popen(supervised_argv(argv, sandbox, pid_namespace), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(env), start_new_session=True,
+                                cwd=(sandbox.home if sandbox is not None and sandbox.home else None))
     except (FileNotFoundError, PermissionError) as exc:
         if memory is not None:
             memory.finish()
@@ -164,18 +198,25 @@ def launch_probe(argv: Sequence[str], env: Mapping[str, str], timeout_seconds: f
             timed_out = True
         if timed_out:
             log.warning("health_probe_timeout", timeout_seconds=timeout_seconds, pid=proc.pid)
-            _kill_group(proc.pid)
+            _stop_tree(proc.pid)
             if on_timeout is not None:
                 on_timeout()
             if not _read_until(proc, captures, time.monotonic() + _DRAIN_SECONDS):
                 proc.kill()
                 lost = True
     finally:
-        # Whatever the probe left running (a rank that outlived it) goes with it.
+        # Whatever is left in the session (the supervisor killed, or gone before its sweep) goes with it.
         _kill_group(proc.pid)
         proc.stdout.close()
         proc.stderr.close()
     returncode = proc.wait()
+    not_started = _start_error(stderr.text()) if returncode == 127 and not timed_out else None
+    if not_started is not None:
+        if memory is not None:
+            memory.finish()
+        who = f" as {sandbox.user}" if sandbox is not None and sandbox.dropped else ""
+        return ProbeOutcome(tuple(argv), None, "", "", False, time.monotonic() - started,
+                            start_error=f"{argv[0]}: {not_started}{who}")
     limit, killed = memory.finish() if memory is not None else ("none", None)
     # stderr is shown as it is (a crash's last line, the result's stderr tail): its escapes go here, once; stdout is
     # parsed, and parse.py escapes what it takes from it.

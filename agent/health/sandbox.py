@@ -63,11 +63,11 @@ class Sandbox:
     cgroup_root: str = _CGROUP_ROOT
     own_cgroup_file: str = "/proc/self/cgroup"
 
-    def popen_kwargs(self) -> Dict[str, object]:
-        """``subprocess.Popen`` arguments for the identity: the drop happens in the child before exec."""
+    def reaper_args(self) -> List[str]:
+        """reaper.py's options for the identity: the supervisor drops to it in the probe's process before exec."""
         if not self.dropped:
-            return {}
-        return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
+            return []
+        return ["--uid", str(self.uid), "--gid", str(self.gid), "--groups", ",".join(str(g) for g in self.groups)]
 
     def report(self, memory_limit: str, killed_for_memory: Optional[str]) -> SandboxReport:
         return SandboxReport(user=self.user, uid=self.uid, gid=self.gid, groups=list(self.groups),
@@ -275,10 +275,14 @@ class MemoryLimit:
             if rss > self.limit:
                 self.killed = f"resident memory {rss} bytes > limit {self.limit} bytes: process group killed"
                 log.warning("health_probe_memory_killed", pgid=pgid, rss_bytes=rss, limit_bytes=self.limit)
-                try:
-                    os.killpg(pgid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                # The group's leader is the probe's supervisor (launch.py, reaper.py): SIGTERM makes it end the whole
+                # tree, setsid() escapees included; the SIGKILL to the group after it is for whatever is left.
+                for send in (lambda: os.kill(pgid, signal.SIGTERM), lambda: os.killpg(pgid, signal.SIGKILL)):
+                    try:
+                        send()
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                    self._stop.wait(2.0)
                 return
 
     def finish(self) -> Tuple[str, Optional[str]]:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from agent.health.launch import OUTPUT_CAP_BYTES, BoundedCapture
+from agent.health.launch import OUTPUT_CAP_BYTES, BoundedCapture, launch_probe
 from tests.health.helpers import FAKE_PROBE
 
 pytestmark = pytest.mark.slow  # real processes per test: left out of `make test-fast`
@@ -54,3 +57,95 @@ def test_a_flooding_probe_does_not_grow_the_agent() -> None:
     assert report["stdout"] <= OUTPUT_CAP_BYTES and report["stderr"] <= OUTPUT_CAP_BYTES
     assert report["returncode"] == 0
     assert f"stderr {400 << 20} bytes > cap" in report["too_large"], report
+
+
+def _pids_with(token: str) -> list:
+    """Host pids of the processes whose command line holds ``token``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if token.encode() in Path("/proc", name, "cmdline").read_bytes().split(b"\0"):
+                    found.append(int(name))
+            except OSError:
+                continue
+    return found
+
+
+def _gone_within(token: str, seconds: float) -> list:
+    """The processes holding ``token`` still alive (not zombies) after up to ``seconds``; [] once all are gone."""
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = [pid for pid in _pids_with(token) if _state(pid) not in ("Z", None)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> "str | None":
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("pid_namespace", [True, False], ids=["pid-namespace", "subreaper"])
+def test_a_setsid_grandchild_ends_with_the_probe(tmp_path: Path, pid_namespace: bool) -> None:
+    """A grandchild the probe starts in its own session (sleep 60, pipes closed) is gone once the check returns."""
+    token = f"gpuguard-test-escapee-{uuid.uuid4().hex}"
+    argv = [sys.executable, str(FAKE_PROBE), "--mode", "setsid", "--token", token]
+    try:
+        started = time.monotonic()
+        outcome = launch_probe(argv, {"PATH": "/usr/bin:/bin"}, 30.0, pid_namespace=pid_namespace)
+        assert outcome.returncode == 0 and not outcome.timed_out and time.monotonic() - started < 20
+        assert "GPUGUARD_PROBE_RESULT" in outcome.stdout
+        assert _gone_within(token, 2.0) == []
+    finally:
+        for pid in _pids_with(token):  # only what this test started
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.mark.timeout(60)
+def test_a_timeout_ends_the_tree_in_subreaper_mode(tmp_path: Path) -> None:
+    """Without a PID namespace, a hung probe's setsid grandchild still dies with it at the timeout."""
+    token = f"gpuguard-test-escapee-{uuid.uuid4().hex}"
+    code = ("import subprocess, sys, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', sys.argv[1]],"
+            " start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+            "time.sleep(60)\n")
+    try:
+        outcome = launch_probe([sys.executable, "-c", code, token], {"PATH": "/usr/bin:/bin"}, 1.5,
+                               pid_namespace=False)
+        assert outcome.timed_out
+        assert _gone_within(token, 2.0) == []
+    finally:
+        for pid in _pids_with(token):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_command_that_cannot_start_is_a_start_error() -> None:
+    """A missing interpreter is reported as the old launcher did: 'PATH: not found', no returncode."""
+    outcome = launch_probe(["/nonexistent/python3", "probe.py"], {"PATH": "/usr/bin:/bin"}, 10.0)
+    assert outcome.start_error == "/nonexistent/python3: not found" and outcome.returncode is None
+
+
+def test_the_reaper_is_standalone_and_shares_the_launchers_marker() -> None:
+    """reaper.py imports only the standard library (it runs as python -I -S) and words start errors as launch reads."""
+    import ast
+
+    from agent.health import launch, reaper
+
+    tree = ast.parse(launch.REAPER_PATH.read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported <= set(sys.stdlib_module_names), imported
+    assert reaper.START_ERROR_MARKER == launch._START_ERROR_MARKER

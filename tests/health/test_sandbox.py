@@ -52,7 +52,7 @@ def test_not_root_runs_as_the_agents_user_and_says_so(tmp_path: Path) -> None:
     """An agent that is not root cannot drop privileges: the probe runs as its user, and the note says so."""
     nobody = pwd.getpwnam("nobody")
     sandbox = resolve_sandbox(HealthSettings(), str(tmp_path), euid=nobody.pw_uid)
-    assert (sandbox.user, sandbox.dropped, sandbox.popen_kwargs()) == ("nobody", False, {})
+    assert (sandbox.user, sandbox.dropped, sandbox.reaper_args()) == ("nobody", False, [])
     assert "the agent is not root" in sandbox.notes[0]
     assert sandbox.rlimits == {"RLIMIT_CPU": 7200, "RLIMIT_NOFILE": 4096, "RLIMIT_CORE": 0}
 
@@ -77,7 +77,7 @@ def test_environment_keeps_the_frameworks_variables_only() -> None:
                    "HSA_OVERRIDE_GFX_VERSION": "9.4.2", "HOME": "/var/lib/gpuguard/health/probe-home",
                    "TMPDIR": "/var/lib/gpuguard/health/probe-home", "USER": "gpuguard-probe",
                    "LOGNAME": "gpuguard-probe"}
-    assert sandbox.popen_kwargs() == {"user": 999, "group": 999, "extra_groups": [44, 993]}
+    assert sandbox.reaper_args() == ["--uid", "999", "--gid", "999", "--groups", "44,993"]
 
 
 def interpreter_for(user: pwd.struct_passwd) -> Tuple[str, Dict[str, str]]:

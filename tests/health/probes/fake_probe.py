@@ -109,9 +109,11 @@ def main():
         subprocess.Popen([sys.executable, "-c", code % args.hog_mib]).wait()
         return 0
     if args.mode == "hang":
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        with open(args.pid_file, "w") as handle:
-            handle.write(str(child.pid))
+        # The grandchild writes its own pid as the host sees it: the probe may run in a PID namespace (the agent's
+        # supervisor makes one), where child.pid is the namespace's number; /proc is the host's.
+        code = ("import os, sys, time\nwith open(sys.argv[1], 'w') as f: f.write(os.readlink('/proc/self'))\n"
+                "time.sleep(600)")
+        subprocess.Popen([sys.executable, "-c", code, args.pid_file])
         time.sleep(600)
         return 0
     if args.mode == "flood":
