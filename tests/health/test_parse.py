@@ -68,3 +68,19 @@ def test_a_nan_in_the_result_is_refused() -> None:
     result = parse_probe_output('GPUGUARD_PROBE_RESULT {"probe_schema_version": 1, "python": "3", '
                                 '"throttle_fraction": NaN}\n')
     assert isinstance(result, ParseFailure) and "NaN" in result.reason
+
+
+@pytest.mark.parametrize("changes, where", [
+    ({"errors": ["x" * 5000]}, "errors -> 1"),
+    ({"errors": ["e"] * 2000}, "errors"),
+    ({"device_count": 10**9}, "device_count"),
+    ({"gpus": [{"index": 10**9, "device": "cuda:0", "gemm_dtype": "bf16"}]}, "gpus -> 1 -> index"),
+    ({"gpus": [{"index": 0, "device": "cuda:0", "gemm_dtype": "bf16", "gemm_bf16_tflops": 1e300}]},
+     "gpus -> 1 -> gemm_bf16_tflops"),
+    ({"gpus": [{"index": 0, "device": "cuda:0", "gemm_dtype": "bf16", "copy_bandwidth_gbps": -5.0}]},
+     "gpus -> 1 -> copy_bandwidth_gbps"),
+])
+def test_out_of_bounds_values_are_refused(changes: dict, where: str) -> None:
+    """Overlong strings and lists, absurd counts and indexes, figures beyond any device or negative are refused."""
+    result = parse_probe_output("GPUGUARD_PROBE_RESULT " + json.dumps({**MINIMAL, **changes}) + "\n")
+    assert isinstance(result, ParseFailure) and where in result.reason, result

@@ -241,3 +241,11 @@ def test_terminal_escapes_from_the_probe_reach_neither_the_result_nor_the_table(
     for text in (result.to_json(), stored, table, result.probe_stderr_tail or "", result.summary):
         assert not [c for c in text if c in "\x1b\x07\r\x9b"], text[:200]
     assert "\\x1b[2J" in table
+
+
+def test_a_figure_beyond_any_device_fails_and_never_enters_the_baseline(tmp_path: Path) -> None:
+    """A probe claiming 1e300 TFLOP/s is 'failed' and the baseline file records nothing of it."""
+    result = check(tmp_path, fake_probe_settings("--gemm", "1e300"))
+    assert result.status == "failed" and "gemm_bf16_tflops" in result.summary, result.summary
+    baselines = tmp_path / "state" / "health" / "baselines.json"
+    assert not baselines.exists() or "1e+300" not in baselines.read_text()
