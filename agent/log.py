@@ -64,7 +64,9 @@ def _escape_strings(logger: Any, method: str, event: MutableMapping[str, Any]) -
     """
     from agent.printable import printable
 
-    return {key: printable(value) if isinstance(value, str) else value for key, value in event.items()}
+    # A traceback (format_exc_info's "exception") keeps its lines; any other value is one line.
+    return {key: printable(value, keep_newlines=key == "exception") if isinstance(value, str) else value
+            for key, value in event.items()}
 
 
 class Logger:

@@ -55,3 +55,19 @@ def test_log_lines_carry_no_terminal_escapes(json_output: bool) -> None:
     assert "\x1b" not in line and "\x07" not in line and "probe_said" in line
     if json_output:
         assert json.loads(line)["stderr"].startswith("\\x1b[2J")
+
+
+def test_a_logged_traceback_keeps_its_lines_and_other_values_do_not() -> None:
+    """The console format shows a traceback on its lines; a value with a newline cannot forge a second log line."""
+    out = io.StringIO()
+    log.configure("info", json_output=False, stream=out)
+    try:
+        try:
+            raise ValueError("bad\x1b[2J")
+        except ValueError:
+            log.get_logger("test").error("failed_here", detail="one\nfake_event level=info", exc_info=True)
+    finally:
+        log.configure("info")
+    text = out.getvalue()
+    assert "\x1b" not in text and "\nfake_event" not in text and "fake_event" in text
+    assert "Traceback (most recent call last):\n" in text
