@@ -7,7 +7,10 @@ reaper.py, started with the agent's own interpreter (as the agent's user): a PID
 one, else a child subreaper, so a grandchild that left the session with setsid() still ends with the probe
 (reaper.py says why not a process group or a cgroup). On timeout the supervisor gets SIGTERM and kills the tree;
 the session's process group gets SIGKILL after it. With a ``Sandbox`` (sandbox.py) the supervisor starts the probe as
-the sandbox's user, under its limits; the probe cannot signal a supervisor that kept root.
+the sandbox's user, under its limits; the probe cannot signal a supervisor that kept root. A probe in a container
+is not supervised (``supervise=False``): its processes are the container runtime's, in the container's own PID
+namespace, and the runner stops the container by name; a PID namespace or a sweep around the runtime's client would
+kill what the runtime leaves to clean up after it (podman's conmon).
 
 The probe is untrusted (it runs whatever the host's ML environment imports): what it prints is read through bounded
 captures, at most ``OUTPUT_CAP_BYTES`` of each pipe (the head of stdout, the tail of stderr); the rest is read and
@@ -121,7 +124,7 @@ class Launcher(Protocol):
 
     def __call__(self, argv: Sequence[str], env: Mapping[str, str], timeout_seconds: float,
                  on_timeout: Optional[Callable[[], None]] = None, sandbox: Optional[Sandbox] = None,
-                 on_start: Optional[Callable[[int], None]] = None) -> ProbeOutcome: ...
+                 on_start: Optional[Callable[[int], None]] = None, supervise: bool = True) -> ProbeOutcome: ...
 
 
 def _kill_group(pgid: int) -> None:
@@ -158,18 +161,22 @@ def _start_error(stderr: str) -> Optional[str]:
 
 def launch_probe(argv: Sequence[str], env: Mapping[str, str], timeout_seconds: float,
                  on_timeout: Optional[Callable[[], None]] = None, sandbox: Optional[Sandbox] = None,
-                 on_start: Optional[Callable[[int], None]] = None, pid_namespace: bool = True) -> ProbeOutcome:
+                 on_start: Optional[Callable[[int], None]] = None, supervise: bool = True,
+                 pid_namespace: bool = True) -> ProbeOutcome:
     """Run argv (never through a shell) below reaper.py in a new session; end its whole tree on timeout and at the end.
 
     ``on_start(pid)`` is called as soon as the supervisor exists: its pid is also the session and process group id
-    of the probe. ``pid_namespace=False`` makes the supervisor use its subreaper fallback (tests of it).
+    of the probe. ``supervise=False`` (a container runtime's client, as the sandbox's user when given one) runs argv
+    itself and kills its process group; ``pid_namespace=False`` makes the supervisor use its subreaper fallback.
     """
     started = time.monotonic()
     memory = MemoryLimit(sandbox) if sandbox is not None else None
     try:
-        proc = subprocess.Popen(supervised_argv(argv, sandbox, pid_namespace), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(env), start_new_session=True,
-                                cwd=(sandbox.home if sandbox is not None and sandbox.home else None))
+        proc = subprocess.Popen(supervised_argv(argv, sandbox, pid_namespace) if supervise else list(argv),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=dict(env), start_new_session=True,
+                                cwd=(sandbox.home if sandbox is not None and sandbox.home else None),
+                                **({} if supervise or sandbox is None else sandbox.popen_kwargs()))
     except (FileNotFoundError, PermissionError) as exc:
         if memory is not None:
             memory.finish()
@@ -198,7 +205,10 @@ def launch_probe(argv: Sequence[str], env: Mapping[str, str], timeout_seconds: f
             timed_out = True
         if timed_out:
             log.warning("health_probe_timeout", timeout_seconds=timeout_seconds, pid=proc.pid)
-            _stop_tree(proc.pid)
+            if supervise:
+                _stop_tree(proc.pid)
+            else:
+                _kill_group(proc.pid)
             if on_timeout is not None:
                 on_timeout()
             if not _read_until(proc, captures, time.monotonic() + _DRAIN_SECONDS):
@@ -210,7 +220,7 @@ def launch_probe(argv: Sequence[str], env: Mapping[str, str], timeout_seconds: f
         proc.stdout.close()
         proc.stderr.close()
     returncode = proc.wait()
-    not_started = _start_error(stderr.text()) if returncode == 127 and not timed_out else None
+    not_started = _start_error(stderr.text()) if supervise and returncode == 127 and not timed_out else None
     if not_started is not None:
         if memory is not None:
             memory.finish()

@@ -188,8 +188,10 @@ def run_health_check(host: Host, settings: HealthSettings, state_dir: str, snaps
     try:
         # Outside a container the probe's interpreter sets the limits on itself before it becomes the probe.
         exec_argv = argv if sandboxed is None else with_limits(settings.python, argv, sandboxed.rlimits)
+        # A container's processes are the runtime's (its own PID namespace, stopped by name): not supervised.
         outcome = launcher(exec_argv, probe_env(host.env, settings, sandboxed), settings.timeout_seconds,
-                           stop_container, sandbox=sandboxed, on_start=watch.probe_started)
+                           stop_container, sandbox=sandboxed, on_start=watch.probe_started,
+                           supervise=settings.container_image is None)
     finally:
         remove_temporary_home(sandbox)
         if background is not None:

@@ -31,7 +31,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from agent.errors import UsageError
 from agent.health.model import SandboxReport
@@ -67,6 +67,12 @@ class Sandbox:
     home_is_temporary: bool = False
     cgroup_root: str = _CGROUP_ROOT
     own_cgroup_file: str = "/proc/self/cgroup"
+
+    def popen_kwargs(self) -> Dict[str, Any]:
+        """``subprocess.Popen`` arguments for the identity, for a command started without the supervisor."""
+        if not self.dropped:
+            return {}
+        return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
 
     def reaper_args(self) -> List[str]:
         """reaper.py's options for the identity: the supervisor drops to it in the probe's process before exec."""

@@ -149,3 +149,13 @@ def test_the_reaper_is_standalone_and_shares_the_launchers_marker() -> None:
                  if isinstance(node, ast.ImportFrom) and node.module}
     assert imported <= set(sys.stdlib_module_names), imported
     assert reaper.START_ERROR_MARKER == launch._START_ERROR_MARKER
+
+
+def test_an_unsupervised_command_runs_itself_in_its_own_session() -> None:
+    """supervise=False (a container runtime's client) runs argv directly: its pid is the command's, a session leader."""
+    code = "import os; print(os.getpid() == os.getsid(0), os.readlink('/proc/self'))"
+    seen = []
+    outcome = launch_probe([sys.executable, "-c", code], {"PATH": "/usr/bin:/bin"}, 10.0, supervise=False,
+                           on_start=seen.append)
+    leader, pid = outcome.stdout.split()
+    assert leader == "True" and [int(pid)] == seen
