@@ -6,10 +6,12 @@ launch.py starts this with the agent's own interpreter (as root when the agent i
 starts ARGV in a child as the given user and waits. A process group does not hold the probe's tree: a grandchild
 that calls setsid() leaves it, and one that also closes its pipes outlives every kill the launcher can aim. So:
 
-1. **A PID namespace** where this process may make one (CAP_SYS_ADMIN: the agent as root). The probe is the
-   namespace's first process; when it exits, or is killed, the kernel kills every process in the namespace, and no
-   process can leave a PID namespace. The probe also gets PR_SET_PDEATHSIG=SIGKILL (set after the drop, which would
-   clear it), so a killed supervisor takes the namespace with it.
+1. **A PID namespace** where this process may make one (CAP_SYS_ADMIN: the agent as root). Its first process (its
+   init) is a fork of this one, still the agent's user: it starts the probe, reaps whatever is orphaned in the
+   namespace, and exits when the probe does; the kernel then kills every process left in the namespace, and no
+   process can leave a PID namespace. The probe is not the init itself, so signals and exits work for it as anywhere
+   (an init ignores the signals it has no handler for), and it cannot signal an init that kept root. The init has
+   PR_SET_PDEATHSIG=SIGKILL, so a killed supervisor takes the namespace with it.
 2. Else **a child subreaper** (PR_SET_CHILD_SUBREAPER, no privilege needed): an orphan anywhere below is re-parented
    to this process, not to init, so after the probe exits every process left below is killed and reaped. Its limit:
    the probe must not be able to kill this process, which holds when it dropped to another user (the agent is
@@ -116,20 +118,15 @@ def _drop(uid: Optional[int], gid: Optional[int], groups: Optional[List[int]]) -
         os.setresuid(uid, uid, uid)
 
 
-def _start_child(argv: Sequence[str], uid: Optional[int], gid: Optional[int], groups: Optional[List[int]],
-                 mode: str) -> int:
-    """Fork, drop to the user, exec ``argv``; in the child an exec failure is reported and exits 127."""
-    parent = os.getpid()
-    pid = os.fork()
-    if pid:
-        return pid
+def _exec_probe(argv: Sequence[str], uid: Optional[int], gid: Optional[int], groups: Optional[List[int]],
+                parent: int) -> None:
+    """In a fresh child: default signals, drop to the user, exec ``argv``; an exec failure is reported, exit 127."""
     try:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         _drop(uid, gid, groups)
-        _call("prctl", _PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        # The supervisor died before the line above (in a PID namespace the parent is outside it: pid 0).
-        if mode != "pid-namespace" and os.getppid() != parent:
+        _call("prctl", _PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # after the drop, which clears it
+        if os.getppid() != parent:  # the parent died before the line above
             os._exit(137)
         os.execvp(argv[0], list(argv))
     except OSError as exc:
@@ -137,6 +134,45 @@ def _start_child(argv: Sequence[str], uid: Optional[int], gid: Optional[int], gr
         os.write(2, ("%s %s %s\n" % (START_ERROR_MARKER, what, exc.strerror)).encode())
     finally:
         os._exit(127)
+
+
+def _namespace_init(argv: Sequence[str], uid: Optional[int], gid: Optional[int], groups: Optional[List[int]],
+                    status_fd: int) -> None:
+    """PID 1 of the new namespace: start the probe, reap every orphan, write the probe's wait status, exit."""
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        _call("prctl", _PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        me = os.getpid()
+        probe = os.fork()
+        if probe == 0:
+            _exec_probe(argv, uid, gid, groups, me)
+        while True:
+            pid, status = os.wait()
+            if pid == probe:
+                os.write(status_fd, b"%d\n" % status)
+                break
+    finally:
+        os._exit(0)  # the kernel now kills everything left in the namespace
+
+
+def _start_child(argv: Sequence[str], uid: Optional[int], gid: Optional[int], groups: Optional[List[int]],
+                 mode: str) -> Tuple[int, Optional[int]]:
+    """(the child to wait for, the pipe its probe's wait status comes through in a PID namespace, else None)."""
+    parent = os.getpid()
+    read_fd: Optional[int] = None
+    if mode == "pid-namespace":
+        read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        if read_fd is None:
+            _exec_probe(argv, uid, gid, groups, parent)
+        else:
+            os.close(read_fd)
+            _namespace_init(argv, uid, gid, groups, write_fd)
+    if read_fd is not None:
+        os.close(write_fd)
+    return pid, read_fd
 
 
 def parse_args(args: Sequence[str]) -> Tuple[Optional[int], Optional[int], Optional[List[int]], bool, List[str]]:
@@ -170,30 +206,39 @@ def parse_args(args: Sequence[str]) -> Tuple[Optional[int], Optional[int], Optio
 def main(args: Sequence[str]) -> int:
     uid, gid, groups, pid_namespace, argv = parse_args(args)
     mode = contain(pid_namespace)
-    child = _start_child(argv, uid, gid, groups, mode)
+    child: List[int] = []
     stopping: List[int] = []
 
     def stop(signum: int, frame: object) -> None:
         stopping.append(signum)
-        try:
-            os.kill(child, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        for pid in child:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
+    # Before the fork: a SIGTERM that comes while the child starts must not end this process unswept.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop)
-    while True:
-        try:
-            _, status = os.waitpid(child, 0)
-            break
-        except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for older interpreters
-            continue
+    pid, status_fd = _start_child(argv, uid, gid, groups, mode)
+    child.append(pid)
+    if stopping:
+        stop(stopping[0], None)
+    _, status = os.waitpid(pid, 0)
+    if status_fd is not None:
+        # The probe's own status, as the namespace's init saw it; nothing when the init was killed (the timeout).
+        said = os.read(status_fd, 64).strip()
+        os.close(status_fd)
+        if said:
+            status = int(said)
     sweep()
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signum, signal.SIG_DFL)
+        for number in (int(signal.SIGTERM), int(signal.SIGINT), int(signal.SIGHUP), signum):
+            try:
+                signal.signal(number, signal.SIG_DFL)
+            except (OSError, ValueError):  # SIGKILL and SIGSTOP have no handler to reset
+                pass
         os.kill(os.getpid(), signum)
         return 128 + signum
     return os.WEXITSTATUS(status)

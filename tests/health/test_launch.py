@@ -159,3 +159,13 @@ def test_an_unsupervised_command_runs_itself_in_its_own_session() -> None:
                            on_start=seen.append)
     leader, pid = outcome.stdout.split()
     assert leader == "True" and [int(pid)] == seen
+
+
+@pytest.mark.parametrize("pid_namespace", [True, False], ids=["pid-namespace", "subreaper"])
+@pytest.mark.parametrize("code, returncode", [("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -15),
+                                              ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", -9),
+                                              ("import sys; sys.exit(3)", 3)])
+def test_the_supervisor_ends_as_the_probe_did(pid_namespace: bool, code: str, returncode: int) -> None:
+    """A probe that signals itself dies of it (it is not a namespace's init) and the launcher sees its code or signal."""
+    outcome = launch_probe([sys.executable, "-c", code], {"PATH": "/usr/bin:/bin"}, 20.0, pid_namespace=pid_namespace)
+    assert (outcome.returncode, outcome.timed_out, outcome.stderr) == (returncode, False, "")
