@@ -166,6 +166,6 @@ def test_an_unsupervised_command_runs_itself_in_its_own_session() -> None:
                                               ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", -9),
                                               ("import sys; sys.exit(3)", 3)])
 def test_the_supervisor_ends_as_the_probe_did(pid_namespace: bool, code: str, returncode: int) -> None:
-    """A probe that signals itself dies of it (it is not a namespace's init) and the launcher sees its code or signal."""
+    """A probe that signals itself dies of it (it is no namespace init) and the launcher sees its code or signal."""
     outcome = launch_probe([sys.executable, "-c", code], {"PATH": "/usr/bin:/bin"}, 20.0, pid_namespace=pid_namespace)
     assert (outcome.returncode, outcome.timed_out, outcome.stderr) == (returncode, False, "")
