@@ -31,6 +31,8 @@ DEFAULT_WATCHED_PATTERNS = (
     # NVIDIA driver and CUDA user space
     "nvidia-*", "libnvidia-*", "cuda", "cuda-*", "libcuda*", "libcudnn*", "libnccl*", "kmod-nvidia*",
     "xserver-xorg-video-nvidia*", "datacenter-gpu-manager*", "nvidia-container-toolkit*", "libnvidia-container*",
+    # companions judged beside them: dcgm-exporter, the amdsmi library and binding as distributions package them
+    "dcgm-exporter", "datacenter-gpu-manager-exporter", "libamd-smi*", "python3-amdsmi*",
     # container runtimes
     "docker*", "containerd*", "moby-*", "podman", "runc", "crun", "cri-o*",
 )

@@ -13,6 +13,7 @@
     ├── LibraryUnavailable             exit 7   a GPU library (amdsmi, NVML) cannot be loaded or initialised
     ├── CollectorUnavailable           exit 8   a collector's source is absent on this host ("absent", not broken)
     ├── DeliveryError                  exit 9   the report endpoint did not take a batch (retryable or refused)
+    ├── SetupError                     exit 15  the host lacks what gpuguard's set-up makes (the probe's user)
     ├── Interrupted                    exit 1   a wait was given up because the daemon is stopping
     ├── ChildJobFailed                 exit 1   a job child of the daemon failed (agent/daemon_jobs/children.py)
     └── HubError                       exit 10  the reference hub cannot serve a request
@@ -173,6 +174,20 @@ class DeliveryError(GpuguardError):
         self.status_code = status_code
         self.retryable = category not in ("too_large", "rejected")
         super().__init__(f"{url}: {category}: {reason}")
+
+
+class SetupError(GpuguardError):
+    """The host lacks something gpuguard's packages set up (the health probe's user): a set-up step, never a verdict.
+
+    ``remedy`` is the one command line that makes it, as the packages' maintainer scripts do.
+    """
+
+    exit_code = 15
+
+    def __init__(self, problem: str, remedy: str) -> None:
+        self.problem = problem
+        self.remedy = remedy
+        super().__init__(f"{problem}; create it as the packages do: {remedy}")
 
 
 class HubError(GpuguardError):

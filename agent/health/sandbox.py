@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from agent.errors import UsageError
+from agent.errors import SetupError
 from agent.health.model import SandboxReport
-from agent.health.settings import HealthSettings
+from agent.health.settings import DEFAULT_PROBE_USER, HealthSettings
 from agent.log import get_logger
 from agent.statepaths import StatePaths
 
@@ -86,8 +86,15 @@ class Sandbox:
                              rlimits=dict(self.rlimits), notes=list(self.notes), killed_for_memory=killed_for_memory)
 
 
+def probe_user_command(name: str = DEFAULT_PROBE_USER) -> str:
+    """The ``useradd`` line the packages' maintainer scripts create the probe's user with (deb postinst, rpm %post)."""
+    return (f"useradd --system --user-group --home-dir /var/lib/{name} --create-home --shell /usr/sbin/nologin "
+            f'--comment "gpuguard health probe" {name}')
+
+
 def resolve_sandbox(settings: HealthSettings, state_dir: str, euid: Optional[int] = None) -> Sandbox:
-    """The sandbox for this run; UsageError naming ``[health] run_as`` when that user does not exist."""
+    """The sandbox for this run: the agent's own user when it is not root (no switch, no lookup), else
+    ``[health] run_as``; SetupError (with the command that makes it) when that user does not exist."""
     euid = os.geteuid() if euid is None else euid
     rlimits = {"RLIMIT_CPU": settings.cpu_seconds_max, "RLIMIT_NOFILE": settings.open_files_max, "RLIMIT_CORE": 0}
     if euid != 0:
@@ -99,8 +106,8 @@ def resolve_sandbox(settings: HealthSettings, state_dir: str, euid: Optional[int
     try:
         entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
     except (KeyError, ValueError):
-        raise UsageError(f"[health] run_as: user {name!r} does not exist (the gpuguard package creates "
-                         "gpuguard-probe; create it or set run_as)") from None
+        raise SetupError(f"[health] run_as: user {name!r} does not exist (the gpuguard packages create it; "
+                         "or set [health] run_as)", probe_user_command(name)) from None
     if entry.pw_uid == 0:
         log.warning("health_probe_as_root", run_as=name,
                     hint="the host's ML stack runs with full privileges; set [health] run_as = \"gpuguard-probe\"")
@@ -154,7 +161,9 @@ def _private_home(entry: pwd.struct_passwd, groups: List[int], preferred: Path) 
             log.info("health_probe_home_unreachable", path=str(path), user=entry.pw_name)
         except OSError as exc:
             log.info("health_probe_home_unusable", path=str(preferred), error=exc.strerror or str(exc))
-    raise UsageError(f"{preferred}: cannot make a private home directory for the probe's user {entry.pw_name}")
+    home = entry.pw_dir if entry.pw_dir and entry.pw_dir != "/" else f"/var/lib/{entry.pw_name}"
+    raise SetupError(f"{preferred}: cannot make a private home directory for the probe's user {entry.pw_name}",
+                     f"install -d -m 0700 -o {entry.pw_name} -g {entry.pw_gid} {home}")
 
 
 def _reachable(path: Path, uid: int, groups: List[int]) -> bool:

@@ -230,6 +230,13 @@ def _check_document(data: Dict[str, Any]) -> None:
         _str_list(r["packages"], f"{where} -> packages", non_empty=True)
         _spec(r["allow"], f"{where} -> allow", package_versions=True)
         _action(r["action"], f"{where} -> action")
+    if data.get("companions") is not None:
+        companions = _table(data["companions"], "companions", ("fabricmanager", "dcgm", "dcgm_exporter", "amdsmi",
+                                                                "action"))
+        for key in ("fabricmanager", "dcgm", "dcgm_exporter", "amdsmi"):
+            _expect(companions[key] is None or isinstance(companions[key], bool), f"companions -> {key}",
+                    "not true or false")
+        _action(companions["action"], "companions -> action")
     if data.get("health") is not None:
         health = _table(data["health"], "health", ("after_change",))
         _expect(health["after_change"] in (None, "alert", "rollback"), "health -> after_change",

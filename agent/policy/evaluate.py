@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from agent.hostfacts.package_keys import package_name
 from agent.policy import releases
-from agent.policy.compiled import NVIDIA_NOT_DRIVER_PARTS, CompiledPolicy
+from agent.policy.compiled import DEFAULT_NVIDIA_DRIVER_PACKAGES, NVIDIA_NOT_DRIVER_PARTS, CompiledPolicy
 from agent.policy.globs import any_glob
 from agent.policy.spec import describe, matches
 from agent.records import Record
@@ -150,12 +150,15 @@ def _kernels(mapping: Mapping[str, str], patterns: Sequence[str], manager: str) 
 def facts_used(policy: CompiledPolicy) -> Tuple[str, ...]:
     """The host facts :func:`evaluate` reads under ``policy`` (names from agent.hostfacts.context): the OS and
     GPU targets for AMD's matrix, the loaded nvidia module for the NVIDIA rules; none for the rest."""
-    matrix, nvidia = policy.section("matrix"), policy.section("nvidia")
-    if not matrix and not nvidia:
+    matrix, nvidia, companions = policy.section("matrix"), policy.section("nvidia"), policy.section("companions")
+    fabricmanager = bool(companions and companions.get("fabricmanager"))
+    amdsmi = bool(companions and companions.get("amdsmi"))
+    if not matrix and not nvidia and not fabricmanager and not amdsmi:
         return ()  # the apt hook's common case: the context module is not even imported
-    from agent.hostfacts.context import GPU_TARGETS, NVIDIA_MODULE, OS_RELEASE
+    from agent.hostfacts.context import AMDSMI_BINDING, GPU_TARGETS, NVIDIA_MODULE, OS_RELEASE
 
-    return ((OS_RELEASE, GPU_TARGETS) if matrix else ()) + ((NVIDIA_MODULE,) if nvidia else ())
+    return (((OS_RELEASE, GPU_TARGETS) if matrix else ()) + ((NVIDIA_MODULE,) if nvidia or fabricmanager else ())
+            + ((AMDSMI_BINDING,) if amdsmi else ()))
 
 
 def evaluate(state: HostState, policy: CompiledPolicy) -> List[Violation]:
@@ -169,6 +172,7 @@ def evaluate(state: HostState, policy: CompiledPolicy) -> List[Violation]:
         out += _check_nvidia(state, policy)
         out += _check_versions(state, policy)
         out += _check_matrix(state, policy)
+        out += _check_companions(state, policy)
         return out
     finally:
         _INDEXES.clear()
@@ -531,6 +535,45 @@ def _check_versions(state: HostState, policy: CompiledPolicy) -> List[Violation]
                 packages={key: _move(state, key)},
                 hint=f"install a version of {package_name(key)} matching {describe(rule.get('allow', 'any'))}, "
                      + OVERRIDE_HINT))
+    return out
+
+
+# --- companion pairings (agent/policy/companions.py) -----------------------------------------------------------
+
+
+def _check_companions(state: HostState, policy: CompiledPolicy) -> List[Violation]:
+    """Fabric manager, DCGM, dcgm-exporter and the amdsmi binding against what they serve, in the set after the
+    change. A violation names the judged packages and those of the rule's family that moved, so that a driver
+    upgrade that leaves fabric manager behind is this change's."""
+    section = policy.section("companions")
+    if not section:
+        return []
+    from agent.policy import companions
+
+    driver = policy.nvidia_packages[0] or list(DEFAULT_NVIDIA_DRIVER_PACKAGES)
+    leaves = "the transaction leaves" if state.changed() else "the host has"
+    context = state.context
+    found: List[companions.Disagreement] = []
+    if section.get("fabricmanager"):
+        found += companions.fabricmanager(state.after, driver, context.loaded("nvidia") if context else None,
+                                          tuple(NVIDIA_NOT_DRIVER_PARTS), leaves)
+    if section.get("dcgm"):
+        found += companions.dcgm(state.after)
+    if section.get("dcgm_exporter"):
+        found += companions.dcgm_exporter(state.after)
+    if section.get("amdsmi"):
+        found += companions.amdsmi(state.after, context.amdsmi_binding if context else None, leaves)
+    out = []
+    for item in found:
+        moved = _matching(state.before, companions.family(item.rule, driver))
+        moved += _matching(state.after, companions.family(item.rule, driver))
+        keys = dict.fromkeys([*item.packages, *sorted(k for k in set(moved) if state.before.get(k) !=
+                                                       state.after.get(k))])
+        out.append(Violation(
+            rule=item.rule, action=policy.action_for(section.get("action")), message=item.message,
+            packages={k: _move(state, k) for k in keys},
+            hint=f"{companions.HINTS[item.rule]}, set {item.rule.split('.', 1)[1]} = false in [companions], "
+                 + OVERRIDE_HINT))
     return out
 
 

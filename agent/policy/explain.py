@@ -83,6 +83,13 @@ def explain(policy: CompiledPolicy, facts: HostFacts) -> Explanation:
     if frozen and frozen.get("packages"):
         lines.append(f"frozen (must not move): {', '.join(frozen['packages'])} "
                      f"[{policy.action_for(frozen.get('action'))}]")
+    companions = policy.section("companions")
+    if companions:
+        from agent.policy.companions import DESCRIPTIONS, RULE_FIELDS
+
+        for field in (f for f in RULE_FIELDS if companions.get(f)):
+            lines.append(f"companion.{field}: {DESCRIPTIONS['companion.' + field]} "
+                         f"[{policy.action_for(companions.get('action'))}]")
     matrix = policy.section("matrix")
     if matrix:
         lines.append(f"AMD compatibility matrix required (recorded {matrix.get('recorded')})")

@@ -19,7 +19,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE
 from agent.hostfacts.context import NO_FACTS, HostContext
 from agent.hostfacts.package_keys import package_name
-from agent.policy import releases
+from agent.policy import companions, releases
 from agent.policy.compiled import (
     AMD_STACK_PACKAGES,
     DEFAULT_CUDA_PACKAGES,
@@ -33,7 +33,8 @@ from agent.policy.globs import any_glob
 AMD_FIRMWARE = AMD_DRIVER_PACKAGE + "-firmware"
 # Every package a freeze reads: what the guard protects by default and what the pairing rules judge.
 FREEZE_PACKAGES: Tuple[str, ...] = tuple(dict.fromkeys(
-    (*DEFAULT_GUARDED, *DEFAULT_KERNEL_PACKAGES, *DEFAULT_NVIDIA_DRIVER_PACKAGES, *DEFAULT_CUDA_PACKAGES)))
+    (*DEFAULT_GUARDED, *DEFAULT_KERNEL_PACKAGES, *DEFAULT_NVIDIA_DRIVER_PACKAGES, *DEFAULT_CUDA_PACKAGES,
+     *(p for rule in companions.RULE_FIELDS for p in companions.family(f"companion.{rule}")))))
 SUGGESTED_PATH = "/etc/gpuguard/policy.d/50-freeze.toml"
 
 
@@ -91,7 +92,8 @@ def _sort(facts: FreezeFacts) -> _Stack:
     rocm_glob = any_glob([ROCM_CORE_PACKAGE, ROCM_CORE_PACKAGE + "[0-9]*"])
     nvidia_glob, cuda_glob = any_glob(DEFAULT_NVIDIA_DRIVER_PACKAGES), any_glob(DEFAULT_CUDA_PACKAGES)
     gpu_glob = any_glob(("nvidia-*", "libnvidia-*", "cuda-*", "libcuda*", "kmod-nvidia*", "firmware-amd-graphics",
-                         "firmware-nvidia-*"))
+                         "firmware-nvidia-*", "datacenter-gpu-manager*", "dcgm-exporter", "libamd-smi*",
+                         "python3-amdsmi*"))
     stack = _Stack({}, None, None, {}, {}, {}, {}, {}, {})
     for key, version in sorted(facts.installed.items()):
         name = package_name(key)
@@ -232,6 +234,7 @@ def render_freeze(facts: FreezeFacts, options: FreezeOptions = FreezeOptions()) 
     lines += _array("allow", kernels, "any other kernel is refused" if not options.kernel_series else
                     "kernels of these series only")
     lines += _versions_lines(stack, options)
+    lines += _companion_lines(facts)
     frozen = _frozen(stack, options)
     if frozen:
         lines += ["", "[frozen]  # must not move at all: no upgrade, downgrade, reinstall at another build or removal"]
@@ -406,3 +409,40 @@ def _frozen(stack: _Stack, options: FreezeOptions) -> List[Tuple[str, str]]:
         return []
     found = {**stack.amd_other, **stack.nvidia_parts, **stack.cuda, **stack.gpu_other}
     return [(n, f"installed {v}") for n, v in _names(found)]
+
+
+def _companion_lines(facts: FreezeFacts) -> List[str]:
+    """``[companions]``: each rule on where the host has its packages and they agree now; off, saying why, where
+    they already disagree (fix the host, then turn it on) or the host has none of them."""
+    installed = facts.installed
+    names = {package_name(k) for k in installed}
+    binding = facts.context.amdsmi_binding
+    driver = list(DEFAULT_NVIDIA_DRIVER_PACKAGES)
+    present = {
+        "fabricmanager": any_glob(companions.FABRICMANAGER_PACKAGES),
+        "dcgm": any_glob(companions.DCGM_PACKAGES),
+        "dcgm_exporter": any_glob(companions.DCGM_EXPORTER_PACKAGES),
+        "amdsmi": any_glob(companions.AMDSMI_BINDING_PACKAGES + companions.AMDSMI_LIBRARY_PACKAGES),
+    }
+    found = {
+        "fabricmanager": companions.fabricmanager(installed, driver, facts.context.loaded("nvidia"),
+                                                  tuple(NVIDIA_NOT_DRIVER_PARTS)),
+        "dcgm": companions.dcgm(installed),
+        "dcgm_exporter": companions.dcgm_exporter(installed),
+        "amdsmi": companions.amdsmi(installed, binding),
+    }
+    have = {rule: any(match(n) for n in names) or (rule == "amdsmi" and binding is not None)
+            for rule, match in present.items()}
+    if not any(have.values()):
+        return []
+    lines = ["", "[companions]  # packages that must stay paired with what they serve"]
+    for rule in companions.RULE_FIELDS:
+        what = companions.DESCRIPTIONS[f"companion.{rule}"]
+        if not have[rule]:
+            lines.append(_line(rule, False, f"none of its packages is installed now ({what})"))
+        elif found[rule]:
+            lines.append(_line(rule, False, f"OFF: the host disagrees now ({found[rule][0].message}); put it right, "
+                                            f"then set true"))
+        else:
+            lines.append(_line(rule, True, what))
+    return lines

@@ -20,6 +20,7 @@ from agent.policy.compiled import (
     AMD_STACK_PACKAGES,
     COMPILED_FORMAT,
     DEFAULT_KERNEL_PACKAGES,
+    DEFAULT_NVIDIA_DRIVER_PACKAGES,
     CompiledPolicy,
     check_compiled,
 )
@@ -136,7 +137,7 @@ def _cross_checks(policy: Policy) -> List[str]:
     problems = []
     if policy.rule_count() == 0:
         problems.append("the policy defines no rules (amd.pairing, kernel.allow, nvidia.pairing, versions, "
-                        "frozen.packages or policy.require_amd_matrix): it would pin nothing")
+                        "frozen.packages, companions or policy.require_amd_matrix): it would pin nothing")
     for section, pairings in (("amd", policy.amd.pairing if policy.amd else []),
                               ("nvidia", policy.nvidia.pairing if policy.nvidia else [])):
         names = [p.name for p in pairings]
@@ -166,6 +167,12 @@ def guarded_patterns(policy: Policy) -> List[str]:
         patterns += rule.packages
     if policy.frozen:
         patterns += policy.frozen.packages
+    if policy.companions:
+        from agent.policy.companions import family
+
+        driver = policy.nvidia.driver_packages if policy.nvidia else DEFAULT_NVIDIA_DRIVER_PACKAGES
+        for name in policy.companions.enabled():
+            patterns += family(f"companion.{name}", driver)
     return list(dict.fromkeys(patterns))
 
 
@@ -186,6 +193,8 @@ def compile_policy(loaded: LoadedPolicy, matrix: Optional[Any] = None,
         "kernel_packages": kernel_packages(policy),
         "amd": None, "kernel": None, "nvidia": None, "frozen": None, "matrix": None, "versions": [],
     }
+    if policy.companions:
+        data["companions"] = policy.companions.model_dump()
     # The matrix judges the AMD packages too: their names are compiled in even without pairings.
     amd = policy.amd or (AmdSection() if p.require_amd_matrix else None)
     if amd:

@@ -287,6 +287,9 @@ def _kind_problems(policy: Policy, matrix: Optional[Matrix]) -> List[Problem]:
         out += _package_version_problems(f"versions -> {i} -> allow", "allow", rule.allow)
     if policy.frozen:
         out += _name_problems("frozen -> packages", policy.frozen.packages)
+    if policy.companions and not policy.companions.enabled():
+        out.append(Problem("companions", "every companion rule is set to false: the section judges nothing",
+                           WARNING))
     return out
 
 
@@ -366,6 +369,34 @@ def _host_problems(policy: Policy, inventory: Inventory) -> List[Problem]:
         unmatched(f"versions -> {i} -> packages", rule.packages)
     if policy.frozen:
         unmatched("frozen -> packages", policy.frozen.packages)
+    if policy.companions:
+        out += _companion_problems(policy.companions.enabled(), inventory)
+    return out
+
+
+def _companion_problems(enabled: Sequence[str], inventory: Inventory) -> List[Problem]:
+    """Companion rules with none of their packages on this host (they judge nothing here yet), and installed
+    dcgm-exporter releases gpuguard's table does not know (the rule refuses them)."""
+    from agent.policy import companions
+
+    names = sorted({package_name(k) for k in inventory.installed})
+    judged = {"fabricmanager": companions.FABRICMANAGER_PACKAGES, "dcgm": companions.DCGM_PACKAGES,
+              "dcgm_exporter": companions.DCGM_EXPORTER_PACKAGES,
+              "amdsmi": companions.AMDSMI_BINDING_PACKAGES + companions.AMDSMI_LIBRARY_PACKAGES}
+    out = []
+    for rule in enabled:
+        if not any(fnmatch.fnmatchcase(n, p) for n in names for p in judged[rule]):
+            out.append(Problem(f"companions -> {rule}", f"none of its packages ({', '.join(judged[rule])}) is "
+                                                        f"installed on this host: it judges nothing here yet", WARNING))
+    if "dcgm_exporter" in enabled:
+        for key, version in sorted(inventory.installed.items()):
+            if package_name(key) in companions.DCGM_EXPORTER_PACKAGES and companions.exporter_pairing(version) is None:
+                out.append(Problem("companions -> dcgm_exporter",
+                                   f"{package_name(key)} {version} installed here is not in gpuguard's dcgm-exporter "
+                                   f"table (recorded {companions.EXPORTER_TABLE_RECORDED}): changes to DCGM or the "
+                                   f"exporter are refused while it is installed; set dcgm_exporter = false or "
+                                   f"update gpuguard",
+                                   WARNING))
     return out
 
 

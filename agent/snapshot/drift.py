@@ -1,5 +1,5 @@
-"""Pure analysis of one snapshot: installed-but-not-loaded drivers, pending reboots, missing DKMS builds, GPU
-containers that a systemd daemon-reload would cut off.
+"""Pure analysis of one snapshot: installed-but-not-loaded drivers, pending reboots, missing DKMS builds, companions
+that disagree with what they serve, GPU containers that a systemd daemon-reload would cut off.
 
 Every rule reads only the snapshot, so it runs the same on a live host, a fixture and a stored JSON file.
 """
@@ -7,7 +7,7 @@ Every rule reads only the snapshot, so it runs the same on a live host, a fixtur
 from __future__ import annotations
 
 import fnmatch
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from agent.collectors.container_cgroups import FIX as DEV_CHAR_FIX
 from agent.collectors.packages import PackageInfo, find_version
@@ -104,6 +104,33 @@ def _rocm_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> List["
     return []
 
 
+# Companion rule -> (severity, component): fabric manager at another build leaves an NVSwitch system's GPUs unusable.
+_COMPANION_KINDS: Dict[str, Tuple["Severity", str]] = {
+    "companion.fabricmanager": ("critical", "nvidia"), "companion.dcgm": ("warning", "dcgm"),
+    "companion.dcgm_exporter": ("warning", "dcgm"), "companion.amdsmi": ("warning", "amdsmi")}
+
+
+def _companion_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> List["Finding"]:
+    """Companions that already disagree with what they serve (agent/policy/companions.py, the rules the guard
+    refuses such a change by): fabric manager or NSCQ not the driver's build, DCGM's packages of two releases,
+    dcgm-exporter beside a DCGM of another series, an amdsmi binding package of another ROCm release."""
+    from agent.policy import companions
+    from agent.policy.compiled import DEFAULT_NVIDIA_DRIVER_PACKAGES, NVIDIA_NOT_DRIVER_PARTS
+
+    installed = {key: info.version for key, info in packages.items()}
+    nv = snap.nvidia.data
+    loaded = upstream_dotted(nv.driver_version) if nv is not None and nv.driver_version else None
+    found = [*companions.fabricmanager(installed, DEFAULT_NVIDIA_DRIVER_PACKAGES, loaded,
+                                       tuple(NVIDIA_NOT_DRIVER_PARTS)),
+             *companions.dcgm(installed), *companions.dcgm_exporter(installed), *companions.amdsmi(installed)]
+    out = []
+    for item in found:
+        severity, component = _COMPANION_KINDS[item.rule]
+        out.append(_finding("companion_mismatch", severity, component, item.message, rule=item.rule,
+                            packages=" ".join(f"{k}={installed[k]}" for k in item.packages if k in installed)))
+    return out
+
+
 def _package_state_findings(packages: Dict[str, PackageInfo]) -> List["Finding"]:
     return [_finding("package_not_fully_installed", "warning", "packages",
                      f"{key} {info.version} is in state {info.state}", package=key, state=info.state)
@@ -133,4 +160,5 @@ def analyze(snap: "Snapshot") -> List["Finding"]:
     """Every finding the snapshot supports, in a stable order."""
     packages = snap.packages()
     return [*_kernel_findings(snap), *_amdgpu_findings(snap, packages), *_rocm_findings(snap, packages),
-            *_nvidia_findings(snap, packages), *_container_cgroup_findings(snap), *_package_state_findings(packages)]
+            *_nvidia_findings(snap, packages), *_companion_findings(snap, packages), *_container_cgroup_findings(snap),
+            *_package_state_findings(packages)]

@@ -15,7 +15,7 @@ from typing import Dict, Iterator, Tuple
 
 import pytest
 
-from agent.errors import UsageError
+from agent.errors import SetupError
 from agent.health.runner import PROBE_PATH, run_health_check
 from agent.health.sandbox import (
     MemoryLimit,
@@ -59,7 +59,7 @@ def test_not_root_runs_as_the_agents_user_and_says_so(tmp_path: Path) -> None:
 
 def test_missing_run_as_user_is_one_line_naming_the_setting(tmp_path: Path) -> None:
     """A run_as user that does not exist is refused (never silently root), naming [health] run_as."""
-    with pytest.raises(UsageError, match=r"\[health\] run_as: user 'gpuguard-no-such-user' does not exist"):
+    with pytest.raises(SetupError, match=r"\[health\] run_as: user 'gpuguard-no-such-user' does not exist"):
         resolve_sandbox(HealthSettings(run_as="gpuguard-no-such-user"), str(tmp_path), euid=0)
     with pytest.raises(ValueError, match="run_as must be a user name"):
         HealthSettings(run_as="a b")

@@ -100,3 +100,31 @@ def test_half_configured_package_is_flagged() -> None:
         "amdgpu-dkms": PackageInfo(version="1:6.8.5.60202-2041575.22.04", arch="all", state="half-configured")}))
     snap = replace(_base(), dpkg=section, kernel=_ok(KernelInfo(running_release="6.5.0")))
     assert _kinds(snap) == [("package_not_fully_installed", "packages", "warning")]
+
+
+def test_companions_that_already_disagree_are_findings() -> None:
+    """A host whose NSCQ is not the driver's build, whose DCGM is split across releases and whose exporter was
+    built for another DCGM series: one companion_mismatch finding per disagreement, fabric manager critical."""
+    nv = "580.95.05-0ubuntu0.24.04.2"
+    snap = replace(_base(), dpkg=_packages(
+        nvidia_driver_580_open=nv, libnvidia_compute_580=nv, nvidia_fabricmanager_580="580.95.05-1",
+        libnvidia_nscq_580="580.82.07-1", datacenter_gpu_manager_4_core="1:4.7.1-1",
+        datacenter_gpu_manager_4_cuda13="1:4.7.0-1", dcgm_exporter="4.8.4-1"))
+    findings = [f for f in analyze(snap) if f.kind == "companion_mismatch"]
+    assert [(f.details["rule"], f.severity, f.component) for f in findings] == [
+        ("companion.fabricmanager", "critical", "nvidia"), ("companion.dcgm", "warning", "dcgm"),
+        ("companion.dcgm_exporter", "warning", "dcgm")]
+    assert findings[0].message == ("libnvidia-nscq-580 580.82.07 needs driver 580.82.07; the host has driver "
+                                   "580.95.05 (libnvidia-compute-580, nvidia-driver-580-open)")
+    assert findings[0].details["packages"].startswith("libnvidia-nscq-580=580.82.07-1 ")
+
+
+def test_fabric_manager_judged_against_the_loaded_driver_without_a_package() -> None:
+    """Fabric manager beside a driver no package carries is judged by the loaded module; at its build, nothing."""
+    base = replace(_base(), dpkg=_packages(nvidia_fabricmanager_580="580.95.05-1"))
+    loaded = replace(base, nvidia=_ok(NvidiaInfo(module_loaded=True, driver_version="580.95.05", source="procfs")))
+    assert [f for f in analyze(loaded) if f.kind == "companion_mismatch"] == []
+    other = replace(base, nvidia=_ok(NvidiaInfo(module_loaded=True, driver_version="580.105.08", source="procfs")))
+    assert [f.message for f in analyze(other) if f.kind == "companion_mismatch"] == [
+        "nvidia-fabricmanager-580 580.95.05 needs driver 580.95.05; the host has driver 580.105.08 (the loaded "
+        "nvidia module; no driver package)"]
