@@ -239,8 +239,10 @@ def _run_locked(host: Host, settings: HealthSettings, state_dir: str, snapshot: 
             watch.probe_started(pid)
             lock.record_probe(pid, sandbox.uid if sandboxed is not None else None)
 
+        # A container's processes are the runtime's (its own PID namespace, stopped by name): not supervised.
         outcome = launcher(exec_argv, probe_env(host.env, settings, sandboxed), settings.timeout_seconds,
-                           stop_container, sandbox=sandboxed, on_start=probe_started)
+                           stop_container, sandbox=sandboxed, on_start=probe_started,
+                           supervise=settings.container_image is None)
     finally:
         if background is not None:
             snapshot, sampler = background.join()  # re-raises what the snapshot raised

@@ -202,7 +202,7 @@ def test_the_lock_is_held_for_the_whole_check(tmp_path: Path) -> None:
                 "except BlockingIOError:\n    print('held')\n")
 
     def launcher(argv: Any, env: Any, timeout_seconds: float, on_timeout: Any = None, sandbox: Any = None,
-                 on_start: Any = None) -> ProbeOutcome:
+                 on_start: Any = None, supervise: bool = True) -> ProbeOutcome:
         probe = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
         try:
             on_start(probe.pid)

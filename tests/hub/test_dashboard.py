@@ -262,3 +262,10 @@ def test_the_overview_shows_dead_alert_deliveries(seeded: HubSettings, tokens: D
     with TestClient(create_app(seeded, make_store(seeded.database_url), clock=lambda: NOW)) as client:
         login(client, tokens[READER])
         assert 'id="alert-webhooks"' not in client.get("/ui/").text
+
+
+def test_dashboard_text_escapes_terminal_controls_as_well_as_html() -> None:
+    """e() writes ESC, BEL and CR from a node's report out as visible escapes, after escaping HTML."""
+    from agent.hub.dashboard.render import e
+
+    assert e("<b>\x1b[2J\x1b]52;c;eA==\x07\r") == "&lt;b&gt;\\x1b[2J\\x1b]52;c;eA==\\x07\\r"

@@ -90,3 +90,14 @@ def test_summaries_are_one_line_with_ages() -> None:
     assert text["outbox"] == "2 event(s) waiting, oldest enqueued 10 s ago, last delivery 5 min ago"
     assert text["snapshot"].startswith("taken 2 min ago") and text["health"].startswith("pass 60 min ago")
     assert all("\n" not in c.summary for c in result.checks)
+
+
+def test_the_status_table_shows_escapes_in_a_health_summary_as_text() -> None:
+    """A health summary holding ESC[2J, OSC 52 and CR (from an older result file) is shown escaped in the table."""
+    from agent.status.render import render_table
+
+    facts = healthy(health=HealthFacts(status="failed", finished_at=NOW - MIN,
+                                       summary="x\x1b[2J\x1b]52;c;eA==\x07\rPASS"))
+    table = render_table(facts, assess(facts, NOW))
+    assert "\x1b" not in table and "\x07" not in table and "\r" not in table
+    assert "x\\x1b[2J\\x1b]52;c;eA==\\x07\\rPASS" in table

@@ -18,6 +18,7 @@ from urllib.parse import quote, urlencode
 
 from agent.hub.dashboard.queries import FleetCounts, HostFilter, HostPage, PairingGroup, compliance_of
 from agent.hub.rows import HostState, StoredEvent
+from agent.printable import printable
 from agent.snapshot.pairing import Pairing
 
 CSS = """
@@ -53,7 +54,7 @@ _STALE = ' <span class="badge bad stale">stale</span>'
 
 def e(value: Any) -> str:
     """Escaped text for HTML text and attribute values; None shows as a dash."""
-    return _DASH if value is None else html.escape(str(value), quote=True)
+    return _DASH if value is None else html.escape(printable(str(value)), quote=True)
 
 
 def when(value: Optional[dt.datetime], now: dt.datetime) -> str:
