@@ -8,12 +8,13 @@ Standard library only (used by the apt hook).
 
 from __future__ import annotations
 
+from agent.defaults import THEROCK_BASE_PACKAGE
 from agent.hostfacts.package_keys import package_name
 from agent.versions import upstream_dotted
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import Optional
+    from typing import Optional, Tuple
 
 # Kernel image package names are PREFIX + release, the release ``\d+\.\d+`` then [A-Za-z0-9.+~_-]*.
 _KERNEL_PREFIXES = ("linux-image-unsigned-", "linux-modules-unsigned-", "linux-image-", "linux-modules-")
@@ -49,8 +50,17 @@ def amdgpu_kernel_base(version: Optional[str]) -> Optional[str]:
 
 
 def rocm_release(version: Optional[str]) -> Optional[str]:
-    """The ROCm release of a rocm-core version (``6.2.2.60202-116~22.04`` -> ``6.2.2``)."""
+    """The ROCm release of a rocm-core version (``6.2.2.60202-116~22.04`` -> ``6.2.2``) or a TheRock amdrocm-base
+    version (deb ``10.0.0-4``, rpm ``7.13.0``, nightly ``7.13.0~20260401`` -> ``10.0.0``, ``7.13.0``)."""
     return upstream_dotted(version, parts=3) if version else None
+
+
+def rocm_package_patterns(rocm_name: str) -> Tuple[str, ...]:
+    """The packages whose versions carry the ROCm releases present: the policy's ROCm package and its versioned
+    side-by-side installs (``rocm-core``, ``rocm-core6.4.1``), and TheRock's base package with its versioned
+    installs (``amdrocm-base``, ``amdrocm-base7.13``, ``amdrocm-base10.0``). Globs, one home for the hook, the
+    pins, freeze and the snapshot."""
+    return (rocm_name, rocm_name + "[0-9]*", THEROCK_BASE_PACKAGE, THEROCK_BASE_PACKAGE + "[0-9]*")
 
 
 def dotted_release(version: Optional[str], parts: Optional[int] = None) -> Optional[str]:
