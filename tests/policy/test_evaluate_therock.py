@@ -135,3 +135,21 @@ def test_removing_only_the_base_package_behind_apts_back_is_refused(tmp_path: Pa
     assert len(violations) == 1 and violations[0].action == "block"
     assert violations[0].message.startswith("removing amdrocm-base7.13 7.13.0-1 leaves TheRock ROCm 7.13 without its "
                                             "base package (still installed: amdrocm-amdsmi7.13, amdrocm-blas7.13, ")
+
+
+def test_the_matrix_knows_10_0_on_driver_30_30_and_names_7_13_as_unknown(tmp_path: Path) -> None:
+    """require_amd_matrix: TheRock 10.0 on driver 30.30 passes (AMD's driver table lists it; OS and GPUs are not
+    checked, there is no table); 7.13 is refused as a release the matrix does not know, naming its package."""
+    from agent.policy.matrix import load_matrix
+
+    path = tmp_path / "m.toml"
+    path.write_text('[policy]\nrequire_amd_matrix = true\n[amd]\n[[amd.pairing]]\nname = "any"\namdgpu = "any"\n'
+                    'rocm = "any"\n')
+    policy = compiled_from(load_policy(str(path)), load_matrix())
+    context = HostContext("ubuntu", "24.04", ("gfx950",))
+    t10 = {"amdgpu-dkms": DRIVER, "amdgpu-dkms-firmware": DRIVER, **therock("10.0", "10.0.0-4")}
+    assert evaluate(HostState({}, t10, "dpkg", context), policy) == []
+    violations = evaluate(HostState({}, T713, "dpkg", context), policy)
+    assert [v.rule for v in violations] == ["matrix.driver_rocm", "matrix.rocm"]
+    assert violations[1].message == "ROCm 7.13.x (amdrocm-base 7.13.0-1) is not in AMD's compatibility matrix"
+    assert "(amdrocm-base 7.13.0-1) on amdgpu driver 30.30.x" in violations[0].message

@@ -105,15 +105,15 @@ ERRORS = [
     # outside AMD's matrix while the matrix is required
     ('[policy]\nrequire_amd_matrix = true\n[amd]\n' + PAIR + 'amdgpu = "6.2.*"\nrocm = "7.1.*"\n',
      "amd -> pairing -> 1: 'p' (amdgpu 6.2.* + ROCm 7.1.*) admits no combination in AMD's compatibility matrix "
-     "(recorded 2026-12-03), and require_amd_matrix = true refuses everything outside it (driver 6.2.x supports "
+     "(recorded 2026-12-04), and require_amd_matrix = true refuses everything outside it (driver 6.2.x supports "
      "ROCm 6.0, 6.1, 6.2, 6.3, 6.4, 7.0)"),
     ('[policy]\nrequire_amd_matrix = true\n[amd]\n' + PAIR + 'amdgpu = "31.*"\nrocm = "6.*"\n',
      "amd -> pairing -> 1: 'p' (amdgpu 31.* + ROCm 6.*) admits no combination in AMD's compatibility matrix "
-     "(recorded 2026-12-03), and require_amd_matrix = true refuses everything outside it (driver 31.50.x supports "
+     "(recorded 2026-12-04), and require_amd_matrix = true refuses everything outside it (driver 31.50.x supports "
      "ROCm 7.0, 7.1, 7.2, 7.14, 10.0; driver 31.40.x supports ROCm 7.0, 7.1, 7.2, 7.14, 10.0)"),
     ('[policy]\nrequire_amd_matrix = true\n[amd]\n' + PAIR + 'amdgpu = "6.2.*"\nrocm = "5.1.*"\n',
      "amd -> pairing -> 1: 'p' (amdgpu 6.2.* + ROCm 5.1.*) admits no combination in AMD's compatibility matrix "
-     "(recorded 2026-12-03), and require_amd_matrix = true refuses everything outside it (driver 6.2.x supports "
+     "(recorded 2026-12-04), and require_amd_matrix = true refuses everything outside it (driver 6.2.x supports "
      "ROCm 6.0, 6.1, 6.2, 6.3, 6.4, 7.0)"),
 ]
 
@@ -265,4 +265,4 @@ def test_a_host_on_a_rocm_release_the_matrix_does_not_know_is_warned(tmp_path: P
     problems = _check(tmp_path, '[amd]\n' + PAIR + 'amdgpu = "any"\nrocm = "any"\n', inventory=host)
     assert [p.text() for p in problems] == [
         "amd: this host has ROCm 7.13.0 (amdrocm-base7.13 7.13.0-1), a release AMD's compatibility matrix "
-        "(recorded 2026-12-03) does not know"]
+        "(recorded 2026-12-04) does not know"]
