@@ -7,26 +7,14 @@ rolled back, and a classic rocm-core 6.2 beside TheRock 7.13 is judged as the su
 from __future__ import annotations
 
 import io
-import shutil
 from typing import Dict, Iterator, List
 
 import pytest
 
-from agent.config import Settings
-from tests import needs
 from tests.guard.dnf.installroot.conftest import compile_policy
-from tests.guard.dnf.installroot.harness import (
-    AMDGPU_62,
-    KERNEL_427,
-    ROCM_62,
-    FakeRpm,
-    Installroot,
-    build_repo,
-    missing_tools,
-)
-from tests.guard.dnf.installroot.rollback_support import backend_for_root, host_for
+from tests.guard.dnf.installroot.harness import AMDGPU_62, KERNEL_427, ROCM_62, FakeRpm, Installroot
+from tests.guard.dnf.installroot.rollback_support import back_to_baseline, guard_check, host_for, own_installroot
 from tests.guard.therock_packages import RELEASES, release_packages
-from tests.guard.wiring import check
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -64,41 +52,25 @@ def _freeze(root: Installroot) -> str:
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installroot]:
-    missing = missing_tools()
-    if missing:
-        needs.unavailable("installroot tests", f"missing: {', '.join(missing)}")
-    base = tmp_path_factory.mktemp("therock-rpm")
     packages = [*_rpms("7.13"), *_rpms("10.0"), FakeRpm("amdgpu-dkms", AMDGPU_62),
                 FakeRpm("rocm-core", ROCM_62, "x86_64"),
                 FakeRpm("kernel-core", KERNEL_427, "x86_64", provides="installonlypkg(kernel)")]
-    repo = build_repo(base / "repo", base / "rpmbuild", packages)
-    root = Installroot(base / "root", repo, base / "work")
-    root.install_gpuguard(PLACEHOLDER)
-    root.dnf("install", "amdgpu-dkms", "kernel-core", *(f"{m}-{E713}" for m in
-                                        ("amdrocm", "amdrocm-core", "amdrocm-core-sdk", "amdrocm-base")),
-             plugin=False, check=True)
-    assert _versions(root) == BASELINE
-    text = _freeze(root)
-    assert 'rocm = "7.13.0"' in text, text
-    result = _check(root)
-    assert result.status == "recorded", result.summary()
-    root.save(base / "baseline")
-    try:
+    with own_installroot(tmp_path_factory, "therock-rpm", packages, PLACEHOLDER) as root:
+        root.dnf("install", "amdgpu-dkms", "kernel-core", *(f"{m}-{E713}" for m in
+                                                            ("amdrocm", "amdrocm-core", "amdrocm-core-sdk",
+                                                             "amdrocm-base")), plugin=False, check=True)
+        assert _versions(root) == BASELINE
+        text = _freeze(root)
+        assert 'rocm = "7.13.0"' in text, text
+        result = guard_check(root)
+        assert result.status == "recorded", result.summary()
+        root.save(root.root.parent / "baseline")
         yield root
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture
 def root(session: Installroot) -> Installroot:
-    session.restore(session.root.parent / "baseline")
-    session.write_plugin_conf()
-    return session
-
-
-def _check(root: Installroot):
-    backend = backend_for_root(root)
-    return check(backend.host, Settings(), backend=backend, snapshot=lambda host: None)
+    return back_to_baseline(session)
 
 
 def _versions(root: Installroot) -> Dict[str, str]:
@@ -146,11 +118,11 @@ def test_an_rpm_bypass_to_10_0_is_rolled_back(root: Installroot) -> None:
     new = next(p for p in _rpms("10.0") if p.name == "amdrocm-base10.0")
     forced = root.rpm("-i", "--nodeps", str(root.repo_dir / new.file_name))
     assert forced.returncode == 0, forced.stderr
-    result = _check(root)
+    result = guard_check(root)
     assert result.status == "rolled_back", result.summary()
     assert "amd.pairing" in {v.rule for v in result.violations}
     assert _versions(root) == BASELINE
-    assert _check(root).status == "compliant"
+    assert guard_check(root).status == "compliant"
 
 
 def test_a_mixed_classic_and_therock_host_is_judged_as_the_sum(root: Installroot) -> None:
