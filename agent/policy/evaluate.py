@@ -320,7 +320,7 @@ def _check_amd(state: HostState, policy: CompiledPolicy) -> List[Violation]:
     out: List[Violation] = []
     out += _therock_base_removed(state, policy, amd, pinned or now)
     firmware = _find(state.after, driver_name + "-firmware")
-    if driver_after is not None and firmware is not None and firmware != driver_after:
+    if driver_after is not None and firmware is not None and not releases.amdgpu_same_build(driver_after, firmware):
         out.append(Violation(
             rule="amd.driver_parts", action=policy.action_for((now or pinned or {}).get("action"), amd.get("action")),
             message=f"{driver_name} {driver_after} and {driver_name}-firmware {firmware} are not one build",

@@ -174,7 +174,8 @@ def check_consistent(facts: FreezeFacts, options: FreezeOptions) -> List[str]:
     ``accept_inconsistent``); FreezeRefused otherwise, and always for a driver whose packages are not one build."""
     stack = _sort(facts)
     found: List[str] = []
-    if stack.amd_driver and stack.amd_firmware and stack.amd_driver != stack.amd_firmware:
+    if stack.amd_driver and stack.amd_firmware and not releases.amdgpu_same_build(stack.amd_driver,
+                                                                                 stack.amd_firmware):
         raise FreezeRefused(f"{AMD_DRIVER_PACKAGE} {stack.amd_driver} and {AMD_FIRMWARE} {stack.amd_firmware} are "
                             f"not one build: finish or undo the driver change (install both at one version), "
                             f"then freeze")
@@ -188,7 +189,8 @@ def check_consistent(facts: FreezeFacts, options: FreezeOptions) -> List[str]:
                             f"change (every part at one release), then freeze")
     amd_loaded = facts.context.loaded("amdgpu")
     amd_base = releases.amdgpu_kernel_base(stack.amd_driver) if stack.amd_driver else None
-    if amd_loaded and amd_base and amd_loaded != amd_base:
+    # from 31.40 the module reports its release code too (6.19.14.31400000): the kernel base is what it builds
+    if amd_loaded and amd_base and releases.dotted_release(amd_loaded, parts=3) != amd_base:
         found.append(f"the loaded amdgpu module is {amd_loaded}, the installed {AMD_DRIVER_PACKAGE} {stack.amd_driver} "
                      f"builds {amd_base}")
     nvidia_loaded = facts.context.loaded("nvidia")

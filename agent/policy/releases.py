@@ -44,6 +44,23 @@ def amdgpu_driver_release(version: Optional[str]) -> Optional[str]:
     return None
 
 
+def amdgpu_same_build(driver: str, firmware: str) -> bool:
+    """Whether an amdgpu-dkms and an amdgpu-dkms-firmware version are one build. Equal versions always are; in the
+    31.x numbering the firmware is versioned apart (``1:31.60.0.0.31600000-2403767.26.04`` beside the driver's
+    ``1:7.1.9.31600000-2403767.26.04``, seen on a 31.60 host), so there the 8-digit release code and the build
+    (the revision) must agree."""
+    if driver == firmware:
+        return True
+    key = _build_key(driver)
+    return key is not None and key == _build_key(firmware)
+
+
+def _build_key(version: str) -> Optional[Tuple[str, str]]:
+    upstream, dash, revision = version.rpartition("-")
+    code = (upstream_dotted(upstream) or "").rpartition(".")[2]
+    return (code, revision) if dash and len(code) == 8 and code.isdigit() else None
+
+
 def amdgpu_kernel_base(version: Optional[str]) -> Optional[str]:
     """The DKMS kernel-driver base of an amdgpu-dkms version (``1:6.8.5.60202-...`` -> ``6.8.5``)."""
     return upstream_dotted(version, parts=3) if version else None

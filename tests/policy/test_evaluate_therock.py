@@ -28,9 +28,9 @@ CLASSIC = {"rocm-core": "6.4.1.60401-83~24.04", "rocm-core6.4.1": "6.4.1.60401-8
            "amd-smi-lib": "25.3.0.60401-83~24.04", "hip-runtime-amd": "6.4.43482.60401-83~24.04"}
 
 
-def _frozen(tmp_path: Path, installed: Dict[str, str], manager: str = "dpkg"):
+def _frozen(tmp_path: Path, installed: Dict[str, str], manager: str = "dpkg", loaded: str = "6.16.13"):
     text = render_freeze(FreezeFacts(installed=installed, manager=manager, running_kernel="6.8.0-45-generic",
-                                     context=HostContext("ubuntu", "24.04", loaded_drivers={"amdgpu": "6.16.13"}),
+                                     context=HostContext("ubuntu", "24.04", loaded_drivers={"amdgpu": loaded}),
                                      hostname="rock"))
     path = tmp_path / "50-freeze.toml"
     path.write_text(text)
@@ -153,3 +153,16 @@ def test_the_matrix_knows_10_0_on_driver_30_30_and_names_7_13_as_unknown(tmp_pat
     assert [v.rule for v in violations] == ["matrix.driver_rocm", "matrix.rocm"]
     assert violations[1].message == "ROCm 7.13.x (amdrocm-base 7.13.0-1) is not in AMD's compatibility matrix"
     assert "(amdrocm-base 7.13.0-1) on amdgpu driver 30.30.x" in violations[0].message
+
+
+def test_a_31_60_driver_and_its_apart_versioned_firmware_are_one_build(tmp_path: Path) -> None:
+    """amdgpu 31.60 (driver 1:7.1.9.31600000-2403767, firmware 1:31.60.0.0.31600000-2403767, as seen beside ROCm
+    10.0) with the module reporting 7.1.9.31600000: freeze accepts them as one build, loaded and installed, and
+    nothing is refused; another firmware build is amd.driver_parts."""
+    driver, firmware = "1:7.1.9.31600000-2403767.26.04", "1:31.60.0.0.31600000-2403767.26.04"
+    host = {"amdgpu-dkms": driver, "amdgpu-dkms-firmware": firmware, **therock("10.0", "10.0.0-4")}
+    text, policy = _frozen(tmp_path, host, loaded="7.1.9.31600000")  # the module reports its release code too
+    assert 'amdgpu = "31.60.0"' in text
+    assert _judged(policy, host, dict(host)) == [] and evaluate(HostState(host, host), policy) == []
+    other = {**host, "amdgpu-dkms-firmware": "1:31.60.0.0.31600000-2410000.26.04"}
+    assert "amd.driver_parts" in [v.rule for v in _judged(policy, host, other)]
