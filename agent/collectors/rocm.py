@@ -35,11 +35,12 @@ _VERSION = re.compile(r"^\d+(?:\.\d+)+(?:[-+~.][0-9A-Za-z.~+-]*)?$")
 class RocmInstall(Frozen):
     """One ROCm tree on disk."""
 
-    __json_omit_empty__ = ("amd_smi_sonames",)  # added after snapshots were stored (see as_json_data)
+    __json_omit_empty__ = ("amd_smi_soname",)  # added after snapshots were stored (see as_json_data)
 
     path: str
     version: Optional[str] = None
-    amd_smi_sonames: List[str] = field(default_factory=list)  # libamd_smi.so.27: the binding must be of its release
+    # libamd_smi.so.27: the amdsmi binding must be of its release (the newest SONAME when a tree has several)
+    amd_smi_soname: Optional[str] = None
 
 
 @frozen_record
@@ -117,7 +118,8 @@ def _install(host: Host, tree: str, real: Optional[str] = None) -> RocmInstall:
     names: List[str] = []
     for lib in _LIB_DIRS:
         names += host.list_dir(f"{where}/{lib}")
-    return RocmInstall(path=tree, version=_read_version(host, where), amd_smi_sonames=amd_smi_sonames(names))
+    sonames = amd_smi_sonames(names)
+    return RocmInstall(path=tree, version=_read_version(host, where), amd_smi_soname=sonames[-1] if sonames else None)
 
 
 def _therock_trees(host: Host) -> List[Tuple[str, str]]:

@@ -142,7 +142,7 @@ def test_therock_only_host_reports_its_release() -> None:
     info = RocmCollector().collect(make_fixture_host("therock-mi300x-ubuntu2204"))
     assert (info.active_path, info.version, info.smi_rocm_version) == ("/opt/rocm/core-10.0", "10.0.0", "10.0.0")
     assert info.installs == [RocmInstall(path="/opt/rocm/core-10.0", version="10.0.0",
-                                         amd_smi_sonames=["libamd_smi.so.27"])]
+                                         amd_smi_soname="libamd_smi.so.27")]
 
 
 def test_mixed_host_reports_the_classic_and_the_therock_release() -> None:
@@ -150,8 +150,8 @@ def test_mixed_host_reports_the_classic_and_the_therock_release() -> None:
     info = RocmCollector().collect(make_fixture_host("mixed-rocm641-therock713-ubuntu2204"))
     assert (info.active_path, info.version) == ("/opt/rocm-6.4.1", "6.4.1-83")
     assert info.installs == [
-        RocmInstall(path="/opt/rocm-6.4.1", version="6.4.1-83", amd_smi_sonames=["libamd_smi.so.25"]),
-        RocmInstall(path="/opt/rocm/core-7.13", version="7.13.0", amd_smi_sonames=["libamd_smi.so.27"])]
+        RocmInstall(path="/opt/rocm-6.4.1", version="6.4.1-83", amd_smi_soname="libamd_smi.so.25"),
+        RocmInstall(path="/opt/rocm/core-7.13", version="7.13.0", amd_smi_soname="libamd_smi.so.27")]
 
 
 def test_therock_releases_side_by_side_without_core_link(tmp_path: Path) -> None:

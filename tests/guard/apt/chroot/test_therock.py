@@ -92,7 +92,7 @@ def test_a_therock_host_is_reported_frozen_and_kept_on_its_release(rock: Chroot)
     code, out = gpuguard(rock, "snapshot", "--json")
     assert code == 0, out
     snap = json.loads(out)
-    assert snap["rocm"]["data"]["installs"] == [{"amd_smi_sonames": ["libamd_smi.so.27"], "path": "/opt/rocm/core-7.13",
+    assert snap["rocm"]["data"]["installs"] == [{"amd_smi_soname": "libamd_smi.so.27", "path": "/opt/rocm/core-7.13",
                                                  "version": "7.13.0"}]
     assert snap["rocm"]["data"]["version"] == "7.13.0"
     assert snap["dpkg"]["data"]["packages"]["amdrocm-core-sdk7.13"]["version"] == V713
