@@ -1,8 +1,8 @@
 """ROCm built with TheRock under real apt and dpkg: a repository with two TheRock releases (7.13 and 10.0, meta
 packages over versioned packages at exact = dependencies). On a TheRock host the snapshot reports the release,
 `policy freeze` pins it, the upgrade of the meta packages to 10.0 and the removal of the base package are refused
-with nothing changed, a second release side by side is judged, and a classic 6.2 + TheRock 7.13 host is judged as
-the sum of both."""
+with nothing changed, a second release side by side is judged, a classic 6.2 + TheRock 7.13 host is judged as
+the sum of both, and a dpkg -i bypass to 10.0 is rolled back."""
 
 from __future__ import annotations
 
@@ -130,3 +130,36 @@ def test_a_mixed_classic_and_therock_host_is_judged_as_the_sum(rock: Chroot) -> 
     assert 'rocm = ["6.2.2", "7.13.0"]' in text and "side_by_side = true" in text
     _refused(rock, "amd.pairing", "install", f"rocm-core={ROCM_63}", f"rocm-hip-runtime={ROCM_63}")
     _refused(rock, "amd.pairing", "install", "amdrocm-core-sdk", "amdrocm-base")
+
+
+def test_a_dpkg_i_bypass_to_10_0_is_rolled_back(rock: Chroot) -> None:
+    """On the mixed host frozen with action = rollback, dpkg -i --force-depends of amdrocm-base10.0 skips apt's
+    hook; the watcher sees the broken pairing and removes it: the ROCm packages are as before."""
+    got = rock.apt("install", f"amdrocm-core-sdk={V713}", f"amdrocm-base={V713}", hook=False)
+    assert got.returncode == 0, got.stdout + got.stderr
+    frozen = rock.root / "etc/gpuguard/policy.d/50-freeze.toml"
+    _freeze(rock)
+    frozen.write_text(frozen.read_text().replace('\naction = "block"', '\naction = "rollback"', 1))
+    code, out = gpuguard(rock, "policy", "compile")
+    assert code == 0, out
+    (rock.state_dir / "known-good.json").unlink()  # TheRock went in without the hook: record the host as frozen
+    assert _watch(rock).status == "recorded"
+    before = _rocm(rock)
+    deb = next(p for p in _debs(rock.native_arch) if p.name == "amdrocm-base10.0")
+    forced = rock.run("dpkg", "-i", "--force-depends", f"/srv/repo/pool/{deb.file_name}")
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert _rocm(rock)["amdrocm-base10.0"] == V10
+    result = _watch(rock)
+    assert result.status == "rolled_back", result.summary()
+    assert "amd.pairing" in {v.rule for v in result.violations}
+    assert _rocm(rock) == before
+    assert _watch(rock).status == "compliant"
+
+
+def _watch(chroot: Chroot):
+    """One run of the rollback watcher over the chroot (no snapshot)."""
+    from agent.config import Settings
+    from agent.host import Host
+    from tests.guard.wiring import check
+
+    return check(Host.for_root(str(chroot.root)), Settings(), snapshot=lambda host: None)
