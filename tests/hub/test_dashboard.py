@@ -262,3 +262,17 @@ def test_the_overview_shows_dead_alert_deliveries(seeded: HubSettings, tokens: D
     with TestClient(create_app(seeded, make_store(seeded.database_url), clock=lambda: NOW)) as client:
         login(client, tokens[READER])
         assert 'id="alert-webhooks"' not in client.get("/ui/").text
+
+
+def test_the_host_page_shows_every_rocm_release_of_a_mixed_host(settings: HubSettings, tokens: Dict[str, str]) -> None:
+    """A classic 6.4.1 + TheRock 7.13 host's page lists both releases with the packages carrying them."""
+    mixed = ROCM_62.model_copy(update={"rocm": "6.4.1-83", "rocm_releases": "7.13.0 (amdrocm-base7.13), "
+                                                                             "6.4.1 (rocm-core)"})
+    store = make_store(settings.database_url)
+    store.open()
+    store.ingest([[event("gpu-mixed-01", "heartbeat", at=NOW, pairing=mixed)]], NOW)
+    store.close()
+    with TestClient(create_app(settings, make_store(settings.database_url), clock=lambda: NOW)) as client:
+        login(client, tokens[READER])
+        page = client.get("/ui/hosts/gpu-mixed-01").text
+    assert "<tr><th>ROCm releases installed</th><td>7.13.0 (amdrocm-base7.13), 6.4.1 (rocm-core)</td></tr>" in page
