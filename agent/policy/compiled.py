@@ -22,7 +22,7 @@ DEFAULT_FAILSAFE = "block-guarded"
 # The AMD driver and user-space stack, guarded whenever a policy has an [amd] section: AMD's packages depend on
 # each other at exact versions (amdgpu-dkms on amdgpu-dkms-firmware, rocm-libs on rocm-core, ...), so a rollback
 # that restores the driver or ROCm must be able to restore all of them.
-AMD_STACK_PACKAGES: Sequence[str] = ("amdgpu*", "rocm*", "hip-*", "hsa-*", "hsakmt*", "amd-smi*")
+AMD_STACK_PACKAGES: Sequence[str] = ("amdgpu*", "rocm*", "amdrocm*", "hip-*", "hsa-*", "hsakmt*", "amd-smi*")
 # Guarded when no readable compiled policy says otherwise: the kernel, GPU driver and GPU user-space packages.
 DEFAULT_GUARDED: Sequence[str] = tuple(AMD_STACK_PACKAGES) + (
     "linux-image-*", "linux-modules-*",

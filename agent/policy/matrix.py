@@ -72,8 +72,8 @@ class RocmRow(MatrixModel):
     series: str
     releases: List[str] = Field(min_length=1)
     drivers: List[str] = Field(min_length=1)
-    gpus: List[str] = Field(min_length=1)
-    os: Dict[str, List[str]] = Field(min_length=1)
+    gpus: List[str] = []  # empty: AMD's table for the series was not found, GPUs are not checked (notes say so)
+    os: Dict[str, List[str]] = {}  # empty: likewise for OS releases
     kernels: Dict[str, List[str]] = {}
     sources: List[str] = Field(min_length=1)
     notes: List[str] = []
@@ -120,6 +120,8 @@ class Matrix(MatrixModel):
                 elif rocm_row.series not in drivers[d].rocm:
                     problems.append(f"rocm -> {i}: ROCm {rocm_row.series} lists driver {d}, but the driver table "
                                     f"does not list ROCm {rocm_row.series} for it")
+            if (not rocm_row.os or not rocm_row.gpus) and not rocm_row.notes:
+                problems.append(f"rocm -> {i}: no os or gpus table and no note saying why")
             for key in rocm_row.kernels:
                 os_id, _, version = key.partition(":")
                 if os_id not in rocm_row.os or not version:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from agent.collectors.container_cgroups import FIX as DEV_CHAR_FIX
 from agent.collectors.packages import PackageInfo, find_version
-from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE
+from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE, THEROCK_BASE_PACKAGE
 from agent.versions import upstream_dotted
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -92,16 +92,32 @@ def _kernel_findings(snap: "Snapshot") -> List["Finding"]:
     return out
 
 
+THEROCK_TREE_PREFIX = "/opt/rocm/core-"  # /opt/rocm/core-10.0: TheRock's release tree, of amdrocm-base10.0
+
+
 def _rocm_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> List["Finding"]:
     rocm = snap.rocm.data
-    installed = find_version(packages, ROCM_CORE_PACKAGE)
-    if rocm is None or rocm.version is None or installed is None:
+    if rocm is None:
         return []
-    if upstream_dotted(rocm.version, 3) != upstream_dotted(installed, 3):
-        return [_finding("rocm_version_mismatch", "warning", "rocm",
-                         f"/opt/rocm says ROCm {rocm.version} but package {ROCM_CORE_PACKAGE} is {installed}",
-                         on_disk=rocm.version, package=installed)]
-    return []
+    out = []
+    installed = find_version(packages, ROCM_CORE_PACKAGE)
+    classic_active = rocm.active_path is not None and not rocm.active_path.startswith(THEROCK_TREE_PREFIX)
+    if classic_active and rocm.version is not None and installed is not None and \
+            upstream_dotted(rocm.version, 3) != upstream_dotted(installed, 3):
+        out.append(_finding("rocm_version_mismatch", "warning", "rocm",
+                            f"/opt/rocm says ROCm {rocm.version} but package {ROCM_CORE_PACKAGE} is {installed}",
+                            on_disk=rocm.version, package=installed))
+    for tree in rocm.installs:
+        # TheRock: /opt/rocm/core-X.Y belongs to amdrocm-baseX.Y; its version file and the package must agree
+        if not tree.path.startswith(THEROCK_TREE_PREFIX) or tree.version is None:
+            continue
+        name = THEROCK_BASE_PACKAGE + tree.path[len(THEROCK_TREE_PREFIX):]
+        package = find_version(packages, name)
+        if package is not None and upstream_dotted(tree.version, 3) != upstream_dotted(package, 3):
+            out.append(_finding("rocm_version_mismatch", "warning", "rocm",
+                                f"{tree.path} says ROCm {tree.version} but package {name} is {package}",
+                                on_disk=tree.version, package=package))
+    return out
 
 
 # Companion rule -> (severity, component): fabric manager at another build leaves an NVSwitch system's GPUs unusable.
