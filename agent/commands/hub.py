@@ -1,4 +1,5 @@
-"""``gpuguard hub serve|add-host|add-reader``: run the reference hub, make its tokens."""
+"""``gpuguard hub serve|add-host|add-reader|add-admin|policy``: run the reference hub, make its tokens, manage its
+policy bundles."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def add_parser(sub: Subparsers) -> None:
     serve = hub_sub.add_parser("serve", help="run the hub (uvicorn) until SIGINT/SIGTERM")
     add_hub_config(serve)
     serve.set_defaults(handler=hub_serve)
-    for role, name, what in (("host", "add-host", "HOST_ID"), ("reader", "add-reader", "NAME")):
+    for role, name, what in (("host", "add-host", "HOST_ID"), ("reader", "add-reader", "NAME"),
+                             ("admin", "add-admin", "NAME")):
         add = hub_sub.add_parser(name, help=f"make a {role} token, print it once, store only its hash")
         add.add_argument("subject", metavar=what)
         add_hub_config(add)
@@ -48,7 +50,7 @@ def hub_serve(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> 
 
 
 def hub_add(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    """Make a host or reader token: the token on stdout, once; its hash in the tokens file."""
+    """Make a host, reader or admin token: the token on stdout, once; its hash in the tokens file."""
     from agent.hub.tokens import add_token
 
     tokens_file = args.tokens_file or _settings(args).tokens_file

@@ -96,7 +96,7 @@ def mount_dashboard(app: FastAPI, settings: HubSettings, store: SqlStore, regist
         authorization = request.headers.get("authorization")
         if authorization:
             principal = registry.authenticate(authorization)
-            return principal.subject if principal is not None and principal.role == "reader" else None
+            return principal.subject if principal is not None and principal.can_read else None
         return signer.reader_of(request.cookies.get(COOKIE_NAME))
 
     def to_login(request: Request) -> Response:
@@ -186,7 +186,7 @@ def mount_dashboard(app: FastAPI, settings: HubSettings, store: SqlStore, regist
         token = (form.get("token") or [""])[0].strip()
         next_path = _safe_next((form.get("next") or [""])[0])
         principal = registry.authenticate_token(token)
-        if principal is None or principal.role != "reader":
+        if principal is None or not principal.can_read:
             problem = "a host token cannot open the dashboard; use a reader token" if principal is not None \
                 else "invalid reader token"
             log.info("hub_dashboard_login_refused", reason=problem, client=request.client.host if request.client
