@@ -27,6 +27,8 @@ class Dialect(Protocol):
 
     name: str  # in logs and in StoreError: "sqlite", "postgresql"
     timestamp_type: str  # the column type of a time
+    bytes_type: str  # the column type of raw bytes
+    key_type: str  # a generated integer primary key, in creation order
     driver_errors: Tuple[Type[BaseException], ...]  # what the store maps to StoreError
 
     def connect_reader(self) -> Any:
@@ -59,6 +61,8 @@ class SQLiteDialect:
 
     name = "sqlite"
     timestamp_type = "TEXT"
+    bytes_type = "BLOB"
+    key_type = "INTEGER PRIMARY KEY"
     driver_errors: Tuple[Type[BaseException], ...] = (sqlite3.Error, OSError)  # OSError: the directory cannot be made
 
     def __init__(self, path: str, synchronous: str = "full", busy_timeout_seconds: float = 10.0) -> None:
@@ -117,6 +121,8 @@ class PostgresDialect:
 
     name = "postgresql"
     timestamp_type = "TIMESTAMPTZ"
+    bytes_type = "BYTEA"
+    key_type = "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
 
     def __init__(self, url: str, connect_timeout_seconds: int = 10) -> None:
         try:

@@ -4,7 +4,7 @@ filters of an event query, and the one rule for times in them (aware, UTC)."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from agent.models import FrozenModel
 from agent.snapshot.pairing import Pairing
@@ -48,6 +48,13 @@ class HostState(FrozenModel):
     agent_version: Optional[str] = None
     last_health_status: Optional[str] = None
     heartbeat_at: Optional[dt.datetime] = None
+    # From the newest heartbeat (None from an agent that does not send them): labels, the policy in force, and
+    # the last bundle the host refused with why.
+    labels: Optional[Dict[str, str]] = None
+    policy_source: Optional[str] = None
+    policy_serial: Optional[int] = None
+    policy_refused_serial: Optional[int] = None
+    policy_refused_reason: Optional[str] = None
 
 
 class DriftRow(FrozenModel):
