@@ -5,7 +5,8 @@
     ├── ConfigError                    exit 3   config/policy file invalid; lists every problem
     │   └── PolicyError                exit 3   pairing policy invalid
     ├── InputFileError                 exit 4   a data file (snapshot JSON, state) is missing or corrupt
-    │   └── FileMissing                exit 4   the path does not exist (agent/files.py)
+    │   ├── FileMissing                exit 4   the path does not exist (agent/files.py)
+    │   └── BundleInvalid              exit 4   a policy bundle file is not one (agent/bundle/format.py)
     ├── HostReadError                  exit 5   a host path could not be read (permission, I/O)
     ├── CommandError                   exit 6   an external command failed to start or exited non-zero
     │   ├── CommandNotFound            exit 6   the program is not installed
