@@ -117,7 +117,8 @@ class SQLiteDialect:
 
 
 class PostgresDialect:
-    """PostgreSQL through psycopg 3: readers autocommit, the writer commits per transaction."""
+    """PostgreSQL through psycopg 3: readers autocommit (``transaction`` opens an explicit block on them), the
+    writer commits per transaction."""
 
     name = "postgresql"
     timestamp_type = "TIMESTAMPTZ"
@@ -152,6 +153,12 @@ class PostgresDialect:
 
     @contextlib.contextmanager
     def transaction(self, conn: Any) -> Iterator[Any]:
+        if conn.autocommit:
+            # A reader connection: without an explicit block each statement would commit alone, and a
+            # transaction-scoped lock (``lock``) would end with the statement that took it.
+            with conn.transaction():
+                yield conn.cursor()
+            return
         cur = conn.cursor()
         try:
             yield cur

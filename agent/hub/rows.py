@@ -1,10 +1,10 @@
-"""What the hub's store answers: typed rows (a batch's result, a host's state, drift counts, stored events), the
-filters of an event query, and the one rule for times in them (aware, UTC)."""
+"""What the hub's store answers: typed rows (a batch's result, a host's state, drift counts, stored events, policy
+bundles and audit entries), the filters of an event query, and the one rule for times in them (aware, UTC)."""
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from agent.models import FrozenModel
 from agent.snapshot.pairing import Pairing
@@ -83,3 +83,30 @@ class StoredEvent(FrozenModel):
 
     body: str
     received_at: dt.datetime
+
+
+class BundleSummary(FrozenModel):
+    """A stored bundle without its bytes: what list and show answer."""
+
+    serial: int
+    sha256: str
+    bundle_bytes: int
+    scope: Dict[str, Any]
+    matrix_version: Optional[str] = None
+    created_at: str
+    created_by: str
+    pushed_at: dt.datetime
+    pushed_by: str
+    withdrawn_at: Optional[dt.datetime] = None
+    withdrawn_by: Optional[str] = None
+
+
+class AuditEntry(FrozenModel):
+    """One push, refused push or withdrawal."""
+
+    at: dt.datetime
+    actor: str
+    role: str
+    action: str
+    serial: Optional[int] = None
+    detail: str

@@ -87,7 +87,7 @@ def tables(timestamp_type: str, bytes_type: str = "BLOB", key_type: str = "INTEG
             sha256 TEXT NOT NULL,
             scope TEXT NOT NULL,
             matrix_version TEXT,
-            created_at {timestamp_type} NOT NULL,
+            created_at TEXT NOT NULL,
             created_by TEXT NOT NULL,
             pushed_at {timestamp_type} NOT NULL,
             pushed_by TEXT NOT NULL,
