@@ -9,6 +9,7 @@
     GET  /v1/policy/bundles                 every stored bundle, newest first (reader or admin)
     GET  /v1/policy/bundles/{serial}        one bundle, with its bytes and signature (reader or admin)
     POST /v1/policy/bundles/{serial}/withdraw  stop offering a bundle (admin)
+    GET  /v1/policy/hosts                   each host's serial in force, the one offered, behind, refused (reader)
     GET  /v1/audit                          pushes, refused pushes and withdrawals, newest first (reader or admin)
     GET  /v1/policy/bundle                  the newest bundle in the calling host's scope (host token; ETag, 304, 204)
     GET  /healthz     liveness and database reachability (no token)
@@ -58,7 +59,7 @@ from agent.hub.api_models import (
     PairingsResponse,
     PayloadKind,
 )
-from agent.hub.bundles import PolicyBundles, etag_of
+from agent.hub.bundles import PolicyBundles, PolicyRollout, etag_of
 from agent.hub.dashboard import mount_dashboard
 from agent.hub.fleet import drift_hosts, pairing_counts
 from agent.hub.ingest import Ingest
@@ -162,8 +163,8 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
     retention = retention_worker(settings, store, clock)
     alert_queue = AlertQueue(store, settings.alert_webhooks)
     deliverer = AlertDeliverer(settings, alert_queue, clock)
-    hub_metrics = HubMetrics(store, alert_queue, settings.stale_after_seconds, clock)
     bundles = PolicyBundles(store, clock)
+    hub_metrics = HubMetrics(store, alert_queue, settings.stale_after_seconds, clock, policy_rollout=bundles.rollout)
     bearer = HTTPBearer(auto_error=False, description="`gpuguard hub add-host HOST_ID` (host token), "
                                                       "`gpuguard hub add-reader NAME` (reader token) or "
                                                       "`gpuguard hub add-admin NAME` (admin token)")
@@ -313,6 +314,12 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
         principal = admin_of(registry, token_of(credentials))
         return json_response(read(lambda: bundles.withdraw(principal, serial)))
 
+    @app.get("/v1/policy/hosts", response_model=PolicyRollout,
+             summary="Each host's policy serial in force, the serial offered to it, and its last refusal",
+             responses=_READ_ERRORS, dependencies=[Depends(require_reader)])
+    def policy_hosts() -> Response:
+        return json_response(read(bundles.rollout))
+
     @app.get("/v1/audit", response_model=AuditResponse, summary="Policy pushes and withdrawals, newest first",
              responses=_READ_ERRORS, dependencies=[Depends(require_reader)])
     def get_audit(limit: int = Query(100, ge=1, le=1000)) -> Response:
@@ -346,7 +353,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
         # Same access rule as the fleet API: Prometheus sends the reader token (authorization: credentials_file).
         return Response(generate_latest(hub_metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    mount_dashboard(app, settings, store, registry, clock, alert_counts=alert_queue.counts)
+    mount_dashboard(app, settings, store, registry, clock, alert_counts=alert_queue.counts, bundles=bundles)
 
     def openapi() -> Dict[str, Any]:
         if app.openapi_schema is None:

@@ -19,7 +19,7 @@ import datetime as dt
 import hashlib
 import json
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from agent.bundle.format import BundleInvalid, BundleScope, PolicyBundle, parse_bundle
 from agent.bundle.scope import scope_facts, scope_refusal
@@ -51,6 +51,16 @@ class Offer(FrozenModel):
         return etag_of(self.serial)
 
 
+def scope_text(scope: Mapping[str, Any]) -> str:
+    """A bundle scope (its JSON) as one short line: ``all hosts``, or each selector."""
+    if scope.get("all"):
+        return "all hosts"
+    parts = [f"{name}={','.join(scope[name])}" for name in ("host_ids", "gpu_models", "os", "pairings")
+             if scope.get(name)]
+    parts += [f"label {key}={value}" for key, value in sorted((scope.get("labels") or {}).items())]
+    return "; ".join(parts) or "no host"
+
+
 def etag_of(serial: int) -> str:
     """The ETag of the bundle with ``serial`` (a bundle's bytes never change under its serial)."""
     return f'"bundle-{serial}"'
@@ -65,6 +75,50 @@ def offered_serial(scopes: Sequence[Tuple[int, BundleScope]], host_id: str,
         if scope_refusal(scope, facts) is None:
             return serial
     return None
+
+
+class HostPolicy(FrozenModel):
+    """One host's policy as the fleet sees it: what it enforces, what it is offered, what it refused."""
+
+    host_id: str
+    hostname: str
+    policy_source: Optional[str] = None
+    policy_serial: Optional[int] = None
+    offered_serial: Optional[int] = None  # the newest bundle in its scope, not withdrawn (None: none)
+    behind: bool = False  # offered a serial it does not enforce yet
+    refused_serial: Optional[int] = None  # the last bundle it refused, when newer than the one it enforces
+    refused_reason: Optional[str] = None
+
+
+class PolicyRollout(FrozenModel):
+    """Where the fleet stands with its policy bundles."""
+
+    newest_serial: Optional[int] = None  # the newest bundle not withdrawn, whatever its scope
+    host_count: int
+    behind_count: int
+    refused_count: int
+    hosts: List[HostPolicy]
+
+
+def host_policy(host: HostState, scopes: Sequence[Tuple[int, BundleScope]]) -> HostPolicy:
+    """One host's standing against the offered bundles ``scopes`` (newest first); pure."""
+    offered = offered_serial(scopes, host.host_id, host)
+    enforced = host.policy_serial
+    refused = host.policy_refused_serial
+    refused_now = refused is not None and (enforced is None or refused > enforced)
+    return HostPolicy(host_id=host.host_id, hostname=host.hostname, policy_source=host.policy_source,
+                      policy_serial=enforced, offered_serial=offered,
+                      behind=offered is not None and (enforced is None or enforced < offered),
+                      refused_serial=refused if refused_now else None,
+                      refused_reason=host.policy_refused_reason if refused_now else None)
+
+
+def policy_rollout(hosts: Sequence[HostState], scopes: Sequence[Tuple[int, BundleScope]]) -> PolicyRollout:
+    """Every host's standing, and the counts /metrics and the dashboard show; pure."""
+    rows = [host_policy(host, scopes) for host in hosts]
+    return PolicyRollout(newest_serial=scopes[0][0] if scopes else None, host_count=len(rows),
+                         behind_count=sum(r.behind for r in rows),
+                         refused_count=sum(r.refused_serial is not None for r in rows), hosts=rows)
 
 
 class PolicyBundles:
@@ -213,6 +267,14 @@ class PolicyBundles:
         if not scopes:
             return None
         return offered_serial(scopes, host_id, self.store.host(host_id))
+
+    def rollout(self) -> PolicyRollout:
+        """Every host's standing with the bundles offered now."""
+        return policy_rollout(self.store.hosts(), self.offered_scopes())
+
+    def host_policy(self, host: HostState) -> HostPolicy:
+        """One host's standing with the bundles offered now."""
+        return host_policy(host, self.offered_scopes())
 
     def offer(self, serial: int) -> Offer:
         """Bundle ``serial`` as a host fetches it."""

@@ -16,6 +16,7 @@ import requests
 
 from agent import __version__
 from agent.errors import HubError, UsageError
+from agent.hub.bundles import scope_text
 from agent.report.credentials import load_token
 
 ENV_URL = "GPUGUARD_HUB_URL"
@@ -116,22 +117,13 @@ class HubClient:
         return self._call("POST", f"/v1/policy/bundles/{serial}/withdraw")
 
 
-def _scope_text(scope: Mapping[str, Any]) -> str:
-    if scope.get("all"):
-        return "all hosts"
-    parts = [f"{name}={','.join(scope[name])}" for name in ("host_ids", "gpu_models", "os", "pairings")
-             if scope.get(name)]
-    parts += [f"label {key}={value}" for key, value in sorted((scope.get("labels") or {}).items())]
-    return "; ".join(parts) or "no host"
-
-
 def bundles_table(bundles: Sequence[Mapping[str, Any]]) -> str:
     """``hub policy list``: one line per bundle, newest first (serial, state, pushed when and by whom, scope)."""
     lines = [f"{'SERIAL':>8}  {'STATE':<9}  {'PUSHED_AT':<20}  {'PUSHED_BY':<16}  SCOPE"]
     for b in bundles:
         state = "withdrawn" if b.get("withdrawn_at") else "offered"
         lines.append(f"{b.get('serial', '?'):>8}  {state:<9}  {str(b.get('pushed_at', ''))[:19]:<20}  "
-                     f"{str(b.get('pushed_by', '')):<16}  {_scope_text(b.get('scope') or {})}")
+                     f"{str(b.get('pushed_by', '')):<16}  {scope_text(b.get('scope') or {})}")
     if not bundles:
         lines.append("(no bundles)")
     return "\n".join(lines) + "\n"
@@ -141,7 +133,7 @@ def bundle_lines(summary: Mapping[str, Any], policy_files: Sequence[str]) -> str
     """``hub policy show``: the bundle's summary, one field a line."""
     withdrawn = (f"withdrawn {summary.get('withdrawn_at')} by {summary.get('withdrawn_by')}"
                  if summary.get("withdrawn_at") else "offered to hosts in scope")
-    rows = [("serial", summary.get("serial")), ("state", withdrawn), ("scope", _scope_text(summary.get("scope") or {})),
+    rows = [("serial", summary.get("serial")), ("state", withdrawn), ("scope", scope_text(summary.get("scope") or {})),
             ("created", f"{summary.get('created_at')} by {summary.get('created_by')}"),
             ("pushed", f"{summary.get('pushed_at')} by {summary.get('pushed_by')}"),
             ("matrix_version", summary.get("matrix_version") or "-"),

@@ -204,3 +204,58 @@ def test_two_hubs_pushing_one_serial_at_once_store_it_once(kind: str, tmp_path: 
     finally:
         for store in stores:
             store.close()
+
+
+@pytest.fixture
+def rollout_fleet(hub: TestClient, admin_token: str, tokens: Dict[str, str]) -> TestClient:
+    """Serial 11 offered to all; host-a enforces 10, host-b enforces 10 and refused 11 (an escaped reason), host-c
+    enforces 11."""
+    push(hub, admin_token, bundle_bytes(10))
+    push(hub, admin_token, bundle_bytes(11))
+    heartbeat(hub, tokens["host-a"], "host-a", policy_source="bundle", policy_serial=10)
+    heartbeat(hub, tokens["host-b"], "host-b", policy_source="bundle", policy_serial=10, policy_refused_serial=11,
+              policy_refused_reason="signature: BADSIG <key ABCD>")
+    heartbeat(hub, tokens["host-c"], "host-c", policy_source="bundle", policy_serial=11)
+    return hub
+
+
+def test_the_fleet_api_shows_each_hosts_serial_offer_and_refusal(rollout_fleet: TestClient,
+                                                                 tokens: Dict[str, str]) -> None:
+    """/v1/policy/hosts: hosts on an older serial than offered and the one that refused, with why; /v1/hosts rows
+    carry the heartbeat's policy fields."""
+    reader = bearer(tokens["ops"])
+    rollout = rollout_fleet.get("/v1/policy/hosts", headers=reader).json()
+    assert (rollout["newest_serial"], rollout["behind_count"], rollout["refused_count"]) == (11, 2, 1)
+    by_host = {h["host_id"]: h for h in rollout["hosts"]}
+    assert (by_host["host-a"]["behind"], by_host["host-a"]["refused_serial"]) == (True, None)
+    assert (by_host["host-b"]["refused_serial"], by_host["host-b"]["refused_reason"]) == (
+        11, "signature: BADSIG <key ABCD>")
+    assert (by_host["host-c"]["behind"], by_host["host-c"]["offered_serial"]) == (False, 11)
+    hosts = {h["host_id"]: h for h in rollout_fleet.get("/v1/hosts", headers=reader).json()["hosts"]}
+    assert (hosts["host-b"]["policy_source"], hosts["host-b"]["policy_serial"]) == ("bundle", 10)
+
+
+def test_metrics_show_serials_hosts_behind_and_refusals(rollout_fleet: TestClient, tokens: Dict[str, str]) -> None:
+    """/metrics carries each host's serial, the newest serial, hosts behind and hosts that refused."""
+    text = rollout_fleet.get("/metrics", headers=bearer(tokens["ops"])).text
+    for line in ('gpuguard_hub_host_policy_serial{host_id="host-a"} 10.0',
+                 'gpuguard_hub_host_policy_serial{host_id="host-c"} 11.0', "gpuguard_hub_policy_newest_serial 11.0",
+                 "gpuguard_hub_hosts_policy_behind 2.0", "gpuguard_hub_hosts_policy_refused 1.0"):
+        assert line in text.splitlines(), line
+
+
+def test_the_dashboard_shows_hosts_behind_and_refusals_with_why(rollout_fleet: TestClient,
+                                                               tokens: Dict[str, str]) -> None:
+    """The overview lists the host that refused (reason escaped) and the hosts behind; the host page says behind;
+    /ui/policy lists both bundles and the audit trail."""
+    reader = bearer(tokens["ops"])
+    overview = rollout_fleet.get("/ui/", headers=reader).text
+    assert 'id="policy-refused-count">1<' in overview and 'id="policy-behind-count">2<' in overview
+    assert 'class="refused" data-host-id="host-b"' in overview and "BADSIG &lt;key ABCD&gt;" in overview
+    assert 'class="behind" data-host-id="host-a"' in overview and 'data-host-id="host-c"' not in \
+        overview.split('id="policy-behind"')[1].split("</table>")[0]
+    host_page = rollout_fleet.get("/ui/hosts/host-a", headers=reader).text
+    assert 'id="policy-behind"' in host_page and "<th>Offered serial</th><td>11</td>" in host_page
+    policy_page = rollout_fleet.get("/ui/policy", headers=reader).text
+    assert 'data-serial="11"' in policy_page and 'data-serial="10"' in policy_page
+    assert policy_page.count('<tr class="audit">') == 2
