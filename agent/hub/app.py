@@ -41,6 +41,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from agent import __version__
+from agent.bundle.format import MAX_SERIAL
 from agent.errors import StoreError
 from agent.hub.access import admin_of, host_of, reader_of
 from agent.hub.alerts import AlertDeliverer, AlertQueue
@@ -300,7 +301,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
 
     @app.get("/v1/policy/bundles/{serial}", response_model=BundleDetail, summary="One policy bundle with its bytes",
              responses=_responses(401, 403, 404, 422, 503), dependencies=[Depends(require_reader)])
-    def show_bundle(serial: int = Path(..., ge=1)) -> Response:
+    def show_bundle(serial: int = Path(..., ge=1, le=MAX_SERIAL)) -> Response:
         summary = read(lambda: bundles.summary(serial))
         data, signature = read(lambda: bundles.content(serial))
         parsed = read(lambda: bundles.bundle(serial))
@@ -308,8 +309,9 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
                                           bundle=_b64(data), signature=_b64(signature)))
 
     @app.post("/v1/policy/bundles/{serial}/withdraw", response_model=BundleSummary,
-              summary="Stop offering a policy bundle to hosts (admin)", responses=_responses(401, 403, 404, 409, 503))
-    def withdraw_bundle(serial: int = Path(..., ge=1),
+              summary="Stop offering a policy bundle to hosts (admin)",
+              responses=_responses(401, 403, 404, 409, 422, 503))
+    def withdraw_bundle(serial: int = Path(..., ge=1, le=MAX_SERIAL),
                         credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
         principal = admin_of(registry, token_of(credentials))
         return json_response(read(lambda: bundles.withdraw(principal, serial)))
