@@ -27,7 +27,7 @@ import base64
 import binascii
 import contextlib
 import datetime as dt
-from typing import Any, AsyncIterator, Callable, Dict, Literal, Optional, TypeVar, Union
+from typing import Any, AsyncIterator, Callable, Dict, Literal, Optional, Sequence, TypeVar, Union
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -103,6 +103,12 @@ def _since(value: Optional[dt.datetime], default: _Default) -> Union[dt.datetime
     except OverflowError:
         raise HubHTTPError(422, "invalid_request", "since: out of range", ["query -> since: out of range"]) \
             from None
+
+
+def _invalid(errors: Sequence[Any]) -> HubHTTPError:
+    """422 for a request the schema refuses: the first problem in the one-line detail, every one in ``problems``."""
+    problems = validation_problems(errors, top="(body)")
+    return HubHTTPError(422, "invalid_request", one_line("invalid request", problems), problems)
 
 
 def _base64(value: str, field: str) -> bytes:
@@ -208,9 +214,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, exc: RequestValidationError) -> Response:
-        problems = validation_problems(exc.errors(), top="(body)")
-        return await _hub_error(request, HubHTTPError(422, "invalid_request", one_line("invalid request",
-                                                                                        problems), problems))
+        return await _hub_error(request, _invalid(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -287,8 +291,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
         try:
             body = BundlePush.model_validate_json(await request.body())
         except ValidationError as exc:
-            problems = validation_problems(exc.errors(), top="(body)")
-            raise HubHTTPError(422, "invalid_request", one_line("invalid request", problems), problems) from None
+            raise _invalid(exc.errors()) from None
         data, signature = _base64(body.bundle, "bundle"), _base64(body.signature, "signature")
         summary = await run_in_threadpool(read, lambda: bundles.push(principal, data, signature))
         return json_response(summary, status=201, headers={"Location": f"/v1/policy/bundles/{summary.serial}"})
