@@ -333,7 +333,9 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
 
     @app.get("/v1/policy/bundle", response_model=BundleOffer,
              summary="The newest policy bundle in this host's scope (host token); 304 when unchanged, 204 when none",
-             responses=_responses(401, 403, 503))
+             responses={204: {"description": "No bundle is offered in this host's scope"},
+                        304: {"description": "The bundle If-None-Match names is still the one offered"},
+                        **_responses(401, 403, 503)})
     def fetch_bundle(request: Request,
                      credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
         principal = host_of(registry, token_of(credentials))
@@ -341,7 +343,8 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
         if serial is None:
             return Response(status_code=204)
         etag = etag_of(serial)
-        if etag in [tag.strip() for tag in (request.headers.get("if-none-match") or "").split(",")]:
+        tags = [tag.strip() for tag in (request.headers.get("if-none-match") or "").split(",")]
+        if etag in tags or "*" in tags:
             return Response(status_code=304, headers={"ETag": etag})
         offer = read(lambda: bundles.offer(serial))
         return json_response(BundleOffer(serial=serial, bundle=_b64(offer.bundle), signature=_b64(offer.signature)),

@@ -144,6 +144,8 @@ def test_a_host_fetches_the_newest_bundle_in_its_scope(hub: TestClient, admin_to
     assert base64.b64decode(first.json()["bundle"]) == bundle_bytes(10)
     again = hub.get("/v1/policy/bundle", headers={**host, "If-None-Match": '"bundle-10"'})
     assert again.status_code == 304 and again.content == b""
+    assert hub.get("/v1/policy/bundle", headers={**host, "If-None-Match": '"bundle-9", *'}).status_code == 304
+    assert hub.get("/v1/policy/bundle", headers={**host, "If-None-Match": '"bundle-9"'}).status_code == 200
     push(hub, admin_token, bundle_bytes(11, labels={"rack": "a7"}))
     assert hub.get("/v1/policy/bundle", headers={**host, "If-None-Match": '"bundle-10"'}).status_code == 304
     heartbeat(hub, tokens["host-a"], "host-a", labels={"rack": "a7"})
