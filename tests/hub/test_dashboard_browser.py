@@ -31,6 +31,11 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]:
     tmp = tmp_path_factory.mktemp("dashboard")
     url = f"sqlite:///{tmp}/hub.db"
     seed(url)
+    yield from serving(tmp, url)
+
+
+def serving(tmp: Path, url: str) -> Iterator[HubProcess]:
+    """A hub process over the database at ``url``, with a reader token in ``reader_token``, until the test ends."""
     tokens = tmp / "tokens.json"
     hub = HubProcess(write_config(tmp / "hub.toml", listen_port=0, database_url=url, tokens_file=tokens,
                                   tokens_reload_seconds=0))
@@ -190,13 +195,7 @@ def policy_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]
         agent_version="1.0", uptime_seconds=1.0, pairing=ROCM_62, labels={"rack": "a7"}, policy_source="bundle",
         **fields)}) for host, fields in beats]], received_at=now)
     store.close()
-    tokens = tmp / "tokens.json"
-    hub = HubProcess(write_config(tmp / "hub.toml", listen_port=0, database_url=url, tokens_file=tokens,
-                                  tokens_reload_seconds=0))
-    hub.reader_token = add_token(str(tokens), "reader", "ops")
-    hub.start()
-    yield hub
-    hub.stop()
+    yield from serving(tmp, url)
 
 
 def test_the_policy_pages_in_chromium(policy_hub: HubProcess, browser: Any, tmp_path: Path) -> None:
