@@ -6,7 +6,8 @@
     │   └── PolicyError                exit 3   pairing policy invalid
     ├── InputFileError                 exit 4   a data file (snapshot JSON, state) is missing or corrupt
     │   ├── FileMissing                exit 4   the path does not exist (agent/files.py)
-    │   └── InputNotWhole              exit 4   hot-path input not readable as a whole (cut, other protocol, bad bytes)
+    │   ├── InputNotWhole              exit 4   hot-path input not readable as a whole (cut, other protocol, bad bytes)
+    │   └── BundleInvalid              exit 4   a policy bundle file is not one (agent/bundle/format.py)
     ├── HostReadError                  exit 5   a host path could not be read (permission, I/O)
     ├── StateWriteError                exit 16  a state file could not be written (disk full, read-only): old one kept
     ├── CommandError                   exit 6   an external command failed to start or exited non-zero
@@ -20,7 +21,8 @@
     ├── ChildJobFailed                 exit 1   a job child of the daemon failed (agent/daemon_jobs/children.py)
     └── HubError                       exit 10  the reference hub cannot serve a request
         ├── StoreError                 exit 10  the hub's database failed or refused
-        └── WriterBusy                 exit 10  the hub's write queue is full or shutting down
+        ├── WriterBusy                 exit 10  the hub's write queue is full or shutting down
+        └── HubClientError             exit 10  the hub refused a `hub policy` call (agent/hub/client.py)
 
 Foreign exceptions (OSError, subprocess, pydantic, requests, amdsmi, pynvml) are mapped to these once, at the
 boundary where they happen; the CLI prints a known error as one line and exits with its code. A class drawn with a
