@@ -82,8 +82,8 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def _add_bundle_parsers(pol_sub: Any) -> None:
-    """``policy bundle`` and ``policy install``: make a signed policy bundle, install one (docs/guard.md, "Signed
-    policy")."""
+    """``policy bundle`` and ``policy install``: make a signed policy bundle, install one
+    (/usr/share/doc/gpuguard/guard.md, "Signed policy")."""
     bundle = pol_sub.add_parser(
         "bundle", help="make a policy bundle (one JSON file to sign and install) from a policy file or directory, "
                        "after the same checks as policy check (exit 3 when they find an error)")
