@@ -14,10 +14,14 @@ import pytest
 from agent.bundle.format import BUNDLE_FORMAT, BundleScope, PolicyBundle, render_bundle
 from agent.bundle.state import read_bundle_state
 from agent.cli import main
+from agent.config import parse_settings
 from agent.guard.hotpath import decision as exits
 from agent.host import Host
+from agent.status.assess import assess
+from agent.status.facts import read_policy
 from tests.bundle.keys import Signer
 from tests.guard.apt.test_hook import HEAD, POLICY, STATUS, line, run_hook
+from tests.status.test_assess import healthy
 
 REPO = Path(__file__).resolve().parents[2]
 MATRIX = REPO / "policies/amd-compat-matrix.toml"
@@ -97,6 +101,8 @@ def test_a_good_bundle_is_enforced(tmp_path: Path) -> None:
     assert json.loads(site.compiled.read_text())["sources"][0]["path"].endswith("policy-bundle/policy.d/10-site.toml")
     code, out, _ = site.install(tmp_path / "bundle-5.json")
     assert code == 0 and "is installed already: nothing changed" in out
+    _, out, err = run("policy", "explain", "--root", str(site.root), "--config", str(site.config))
+    assert out.splitlines()[0] == f"policy source: bundle serial 5 from file, key {site.signer.fingerprint}", err
 
 
 def refusals(site: Site) -> List[Tuple[str, Path]]:
@@ -136,6 +142,12 @@ def test_every_bad_bundle_is_refused_and_the_old_policy_keeps_guarding(tmp_path:
         state = read_bundle_state(str(site.state / "policy-bundle/state.json"))
         assert state.serial == 10 and state.refused is not None and state.refused.reason.startswith(reason)
         assert state.refusal_pending == (state.refused.serial is None or state.refused.serial > 10)
+    facts = read_policy(Host.for_root(str(site.root)), parse_settings(site.config.read_text()).guard,
+                        "/var/lib/gpuguard")
+    check = next(c for c in assess(healthy(policy=facts)).checks if c.name == "policy")
+    assert check.state == "warn" and check.summary == (
+        f"bundle serial 10 from file, key {site.signer.fingerprint}; serial 17 refused: does not compile: policy.d: "
+        f"10-site.toml: policy -> name: 1 is a number: write a string in quotes")
 
 
 def test_a_bundle_carrying_a_matrix_is_compiled_with_it(tmp_path: Path) -> None:
