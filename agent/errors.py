@@ -19,7 +19,8 @@
     ├── BundleRefused                  exit 17  a policy bundle was refused (signature, serial, scope, compile)
     └── HubError                       exit 10  the reference hub cannot serve a request
         ├── StoreError                 exit 10  the hub's database failed or refused
-        └── WriterBusy                 exit 10  the hub's write queue is full or shutting down
+        ├── WriterBusy                 exit 10  the hub's write queue is full or shutting down
+        └── HubClientError             exit 10  the hub refused a `hub policy` call (agent/hub/client.py)
 
 Foreign exceptions (OSError, subprocess, pydantic, requests, amdsmi, pynvml) are mapped to these once, at the
 boundary where they happen; the CLI prints a known error as one line and exits with its code. A class drawn with a
