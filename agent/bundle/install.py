@@ -97,8 +97,9 @@ class BundleInstaller:
         return read_bundle_state(str(self.host.path(self.paths.policy_bundle_state)))
 
     def install(self, bundle_data: bytes, signature_data: bytes, *, origin: str, source: Literal["hub", "file"],
-                facts: Callable[[], ScopeFacts]) -> Installed:
-        """Check and install one bundle (``origin`` names it in messages); BundleRefused, recorded, otherwise."""
+                facts: Callable[[], ScopeFacts], claimed_serial: Optional[int] = None) -> Installed:
+        """Check and install one bundle (``origin`` names it in messages); BundleRefused, recorded, otherwise.
+        ``claimed_serial`` (the hub's offer) is recorded for a refusal made before the bundle itself was read."""
         self.directory.mkdir(parents=True, exist_ok=True)
         with _locked(self.directory):
             state = self.state()
@@ -106,9 +107,10 @@ class BundleInstaller:
                 try:
                     return self._install(Path(work), state, bundle_data, signature_data, origin, source, facts)
                 except BundleRefused as exc:
+                    serial = exc.serial if exc.serial is not None else claimed_serial
                     write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)),
-                                       state.with_refusal(exc.serial, exc.reason, self.host.clock()))
-                    raise
+                                       state.with_refusal(serial, exc.reason, self.host.clock()))
+                    raise BundleRefused(exc.source, exc.reason, serial) from None
 
     def _install(self, work: Path, state: BundleState, bundle_data: bytes, signature_data: bytes, origin: str,
                  source: Literal["hub", "file"], facts: Callable[[], ScopeFacts]) -> Installed:
