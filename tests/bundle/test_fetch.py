@@ -7,7 +7,7 @@ import base64
 import json
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, List
 
 import pytest
 
@@ -119,3 +119,27 @@ def test_a_host_outside_the_scope_is_offered_nothing(hub: HubProcess, tmp_path: 
     settings = parse_settings(site.config.read_text())
     assert fetch_and_install(Host.for_root(str(site.root)), settings, "node-1").outcome == "none"
     assert not (site.state / "policy-bundle/state.json").exists()
+
+
+def test_the_daemon_fetches_in_a_job_child(hub: HubProcess, tmp_path: Path) -> None:
+    """PolicyFetchInChild runs ``gpuguard _job policy_fetch``: the pushed bundle is installed under the host root
+    and the guard check and heartbeat are asked to run."""
+    from agent.config import load_settings
+    from agent.daemon_jobs.children import PolicyFetchInChild
+    from tests.daemon.test_jobs import make_runtime
+
+    site = Site(tmp_path)
+    host_token = token(hub, tmp_path, "host", "node-1")
+    admin = token(hub, tmp_path, "admin", "alice")
+    site.config.write_text(site.config.read_text() + f'[report]\nendpoint_url = "{hub.url}"\n'
+                                                     f'token_file = "{host_token}"\n')
+    bundle = site.bundle(3, POLICY, "--host-id", "node-1")
+    assert run("hub", "policy", "push", str(bundle), "--hub", hub.url, "--token-file", str(admin))[0] == 0
+    host = Host.for_root(str(site.root))
+    rt = make_runtime(tmp_path, host, load_settings(str(site.config)))
+    asked: List[str] = []
+    PolicyFetchInChild(rt, str(site.config), asked.append).run()
+    assert asked == ["policy_bundle_installed"]
+    assert read_bundle_state(str(site.state / "policy-bundle/state.json")).serial == 3 and site.hook_refuses()
+    PolicyFetchInChild(rt, str(site.config), asked.append).run()
+    assert asked == ["policy_bundle_installed"]  # 304: nothing to do
