@@ -7,7 +7,7 @@ import base64
 import json
 import os
 from pathlib import Path
-from typing import Iterator, List
+from typing import List, Tuple
 
 import pytest
 
@@ -19,7 +19,8 @@ from agent.host import Host
 from agent.hub.tokens import add_token
 from tests.bundle.keys import Signer
 from tests.bundle.test_install import PERMISSIVE, POLICY, Site, run
-from tests.hub.process import HubProcess, write_config
+from tests.hub.process import HubProcess
+from tests.hub.test_cli_hub_policy import hub  # noqa: F401 - the real hub fixture
 
 pytestmark = pytest.mark.slow  # a real hub process
 
@@ -45,19 +46,7 @@ def test_an_offer_decodes() -> None:
     assert parse_offer(body) == (7, b"B", b"S")
 
 
-@pytest.fixture
-def hub(tmp_path: Path) -> Iterator[HubProcess]:
-    tokens_file = tmp_path / "tokens.json"
-    config = write_config(tmp_path / "hub.toml", listen_host="127.0.0.1", listen_port=0,
-                          database_url=f"sqlite:///{tmp_path}/hub.db", tokens_file=tokens_file,
-                          tokens_reload_seconds=0, shutdown_timeout_seconds=5)
-    process = HubProcess(config).start()
-    process.tokens_file = tokens_file  # type: ignore[attr-defined]
-    yield process
-    process.stop()
-
-
-def token(hub: HubProcess, tmp_path: Path, role: str, subject: str) -> Path:
+def token(hub: HubProcess, tmp_path: Path, role: str, subject: str) -> Path:  # noqa: F811
     """A token of ``role`` for ``subject`` in a 0600 file."""
     path = tmp_path / f"{role}-{subject}.token"
     path.write_text(add_token(str(hub.tokens_file), role, subject) + "\n")  # type: ignore[arg-type, attr-defined]
@@ -65,14 +54,21 @@ def token(hub: HubProcess, tmp_path: Path, role: str, subject: str) -> Path:
     return path
 
 
-def test_fetch_installs_then_304_then_refuses_then_survives_an_outage(hub: HubProcess, tmp_path: Path) -> None:
-    """Push 1 -> installed and enforced; again -> unchanged (304); push 2 by an unknown key -> refused and recorded,
-    1 still in force; hub stopped -> failed, nothing changed."""
+def hub_site(hub: HubProcess, tmp_path: Path) -> Tuple[Site, Path, Path]:  # noqa: F811
+    """A Site whose agent reports to ``hub`` as node-1: the site, its host token file and an admin token file."""
     site = Site(tmp_path)
     host_token = token(hub, tmp_path, "host", "node-1")
     admin = token(hub, tmp_path, "admin", "alice")
     site.config.write_text(site.config.read_text() + f'[report]\nendpoint_url = "{hub.url}"\n'
                                                      f'token_file = "{host_token}"\n')
+    return site, host_token, admin
+
+
+def test_fetch_installs_then_304_then_refuses_then_survives_an_outage(hub: HubProcess,  # noqa: F811
+                                                                      tmp_path: Path) -> None:
+    """Push 1 -> installed and enforced; again -> unchanged (304); push 2 by an unknown key -> refused and recorded,
+    1 still in force; hub stopped -> failed, nothing changed."""
+    site, host_token, admin = hub_site(hub, tmp_path)
     settings = parse_settings(site.config.read_text())
     host = Host.for_root(str(site.root))
     assert fetch_and_install(host, settings, "node-1").outcome == "none"  # 204: nothing pushed yet
@@ -107,13 +103,9 @@ def test_fetch_installs_then_304_then_refuses_then_survives_an_outage(hub: HubPr
     assert read_bundle_state(str(site.state / "policy-bundle/state.json")).serial == 1
 
 
-def test_a_host_outside_the_scope_is_offered_nothing(hub: HubProcess, tmp_path: Path) -> None:
+def test_a_host_outside_the_scope_is_offered_nothing(hub: HubProcess, tmp_path: Path) -> None:  # noqa: F811
     """A bundle for another host id is not offered (204): the host keeps what it has and records no refusal."""
-    site = Site(tmp_path)
-    host_token = token(hub, tmp_path, "host", "node-1")
-    admin = token(hub, tmp_path, "admin", "alice")
-    site.config.write_text(site.config.read_text() + f'[report]\nendpoint_url = "{hub.url}"\n'
-                                                     f'token_file = "{host_token}"\n')
+    site, host_token, admin = hub_site(hub, tmp_path)
     bundle = site.bundle(1, PERMISSIVE, "--host-id", "node-2")
     assert run("hub", "policy", "push", str(bundle), "--hub", hub.url, "--token-file", str(admin))[0] == 0
     settings = parse_settings(site.config.read_text())
@@ -121,18 +113,14 @@ def test_a_host_outside_the_scope_is_offered_nothing(hub: HubProcess, tmp_path: 
     assert not (site.state / "policy-bundle/state.json").exists()
 
 
-def test_the_daemon_fetches_in_a_job_child(hub: HubProcess, tmp_path: Path) -> None:
+def test_the_daemon_fetches_in_a_job_child(hub: HubProcess, tmp_path: Path) -> None:  # noqa: F811
     """PolicyFetchInChild runs ``gpuguard _job policy_fetch``: the pushed bundle is installed under the host root
     and the guard check and heartbeat are asked to run."""
     from agent.config import load_settings
     from agent.daemon_jobs.children import PolicyFetchInChild
     from tests.daemon.test_jobs import make_runtime
 
-    site = Site(tmp_path)
-    host_token = token(hub, tmp_path, "host", "node-1")
-    admin = token(hub, tmp_path, "admin", "alice")
-    site.config.write_text(site.config.read_text() + f'[report]\nendpoint_url = "{hub.url}"\n'
-                                                     f'token_file = "{host_token}"\n')
+    site, host_token, admin = hub_site(hub, tmp_path)
     bundle = site.bundle(3, POLICY, "--host-id", "node-1")
     assert run("hub", "policy", "push", str(bundle), "--hub", hub.url, "--token-file", str(admin))[0] == 0
     host = Host.for_root(str(site.root))
