@@ -27,7 +27,7 @@ import base64
 import binascii
 import contextlib
 import datetime as dt
-from typing import Any, AsyncIterator, Callable, Dict, Literal, Optional, TypeVar, Union
+from typing import Any, AsyncIterator, Callable, Dict, Literal, Optional, Sequence, TypeVar, Union
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -41,6 +41,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from agent import __version__
+from agent.bundle.format import MAX_SERIAL
 from agent.errors import StoreError
 from agent.hub.access import admin_of, host_of, reader_of
 from agent.hub.alerts import AlertDeliverer, AlertQueue
@@ -102,6 +103,12 @@ def _since(value: Optional[dt.datetime], default: _Default) -> Union[dt.datetime
     except OverflowError:
         raise HubHTTPError(422, "invalid_request", "since: out of range", ["query -> since: out of range"]) \
             from None
+
+
+def _invalid(errors: Sequence[Any]) -> HubHTTPError:
+    """422 for a request the schema refuses: the first problem in the one-line detail, every one in ``problems``."""
+    problems = validation_problems(errors, top="(body)")
+    return HubHTTPError(422, "invalid_request", one_line("invalid request", problems), problems)
 
 
 def _base64(value: str, field: str) -> bytes:
@@ -207,9 +214,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, exc: RequestValidationError) -> Response:
-        problems = validation_problems(exc.errors(), top="(body)")
-        return await _hub_error(request, HubHTTPError(422, "invalid_request", one_line("invalid request",
-                                                                                        problems), problems))
+        return await _hub_error(request, _invalid(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -286,8 +291,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
         try:
             body = BundlePush.model_validate_json(await request.body())
         except ValidationError as exc:
-            problems = validation_problems(exc.errors(), top="(body)")
-            raise HubHTTPError(422, "invalid_request", one_line("invalid request", problems), problems) from None
+            raise _invalid(exc.errors()) from None
         data, signature = _base64(body.bundle, "bundle"), _base64(body.signature, "signature")
         summary = await run_in_threadpool(read, lambda: bundles.push(principal, data, signature))
         return json_response(summary, status=201, headers={"Location": f"/v1/policy/bundles/{summary.serial}"})
@@ -300,7 +304,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
 
     @app.get("/v1/policy/bundles/{serial}", response_model=BundleDetail, summary="One policy bundle with its bytes",
              responses=_responses(401, 403, 404, 422, 503), dependencies=[Depends(require_reader)])
-    def show_bundle(serial: int = Path(..., ge=1)) -> Response:
+    def show_bundle(serial: int = Path(..., ge=1, le=MAX_SERIAL)) -> Response:
         summary = read(lambda: bundles.summary(serial))
         data, signature = read(lambda: bundles.content(serial))
         parsed = read(lambda: bundles.bundle(serial))
@@ -308,8 +312,9 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
                                           bundle=_b64(data), signature=_b64(signature)))
 
     @app.post("/v1/policy/bundles/{serial}/withdraw", response_model=BundleSummary,
-              summary="Stop offering a policy bundle to hosts (admin)", responses=_responses(401, 403, 404, 409, 503))
-    def withdraw_bundle(serial: int = Path(..., ge=1),
+              summary="Stop offering a policy bundle to hosts (admin)",
+              responses=_responses(401, 403, 404, 409, 422, 503))
+    def withdraw_bundle(serial: int = Path(..., ge=1, le=MAX_SERIAL),
                         credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
         principal = admin_of(registry, token_of(credentials))
         return json_response(read(lambda: bundles.withdraw(principal, serial)))
@@ -328,7 +333,9 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
 
     @app.get("/v1/policy/bundle", response_model=BundleOffer,
              summary="The newest policy bundle in this host's scope (host token); 304 when unchanged, 204 when none",
-             responses=_responses(401, 403, 503))
+             responses={204: {"description": "No bundle is offered in this host's scope"},
+                        304: {"description": "The bundle If-None-Match names is still the one offered"},
+                        **_responses(401, 403, 503)})
     def fetch_bundle(request: Request,
                      credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
         principal = host_of(registry, token_of(credentials))
@@ -336,7 +343,8 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
         if serial is None:
             return Response(status_code=204)
         etag = etag_of(serial)
-        if etag in [tag.strip() for tag in (request.headers.get("if-none-match") or "").split(",")]:
+        tags = [tag.strip() for tag in (request.headers.get("if-none-match") or "").split(",")]
+        if etag in tags or "*" in tags:
             return Response(status_code=304, headers={"ETag": etag})
         offer = read(lambda: bundles.offer(serial))
         return json_response(BundleOffer(serial=serial, bundle=_b64(offer.bundle), signature=_b64(offer.signature)),

@@ -126,6 +126,8 @@ def test_withdrawal_is_admin_only_once_and_audited(hub: TestClient, admin_token:
             "already withdrawn by release-admin")
     refused(hub.post("/v1/policy/bundles/8/withdraw", headers=bearer(admin_token)), 404, "not_found", "serial 8")
     refused(hub.get("/v1/policy/bundles/8", headers=bearer(tokens["ops"])), 404, "not_found", "serial 8")
+    for path in (f"/v1/policy/bundles/{2**70}", "/v1/policy/bundles/0"):  # beyond a database integer, below 1
+        refused(hub.get(path, headers=bearer(tokens["ops"])), 422, "invalid_request", "path -> serial")
     entries = hub.get("/v1/audit", headers=bearer(tokens["ops"])).json()["entries"]
     assert [(e["action"], e["serial"]) for e in entries] == [("withdraw", 7), ("push", 7)]
 
@@ -142,6 +144,8 @@ def test_a_host_fetches_the_newest_bundle_in_its_scope(hub: TestClient, admin_to
     assert base64.b64decode(first.json()["bundle"]) == bundle_bytes(10)
     again = hub.get("/v1/policy/bundle", headers={**host, "If-None-Match": '"bundle-10"'})
     assert again.status_code == 304 and again.content == b""
+    assert hub.get("/v1/policy/bundle", headers={**host, "If-None-Match": '"bundle-9", *'}).status_code == 304
+    assert hub.get("/v1/policy/bundle", headers={**host, "If-None-Match": '"bundle-9"'}).status_code == 200
     push(hub, admin_token, bundle_bytes(11, labels={"rack": "a7"}))
     assert hub.get("/v1/policy/bundle", headers={**host, "If-None-Match": '"bundle-10"'}).status_code == 304
     heartbeat(hub, tokens["host-a"], "host-a", labels={"rack": "a7"})
