@@ -144,7 +144,8 @@ def _stop_with_the_daemon(daemon_pid: Optional[int], stopping: threading.Event) 
     """SIGTERM to this child when the daemon dies (SIGKILL, the OOM killer): it stops as at the daemon's shutdown
     instead of running on, orphaned, beside the next daemon. systemd kills the whole unit anyway; this covers
     hosts without it. Already orphaned (the daemon died before this line): stop at once. The kernel's "parent" is
-    the thread that spawned the child: the scheduler's pool threads, and the main thread, live as long as the daemon."""
+    the thread that spawned the child: a job's thread (agent/daemon_jobs/scheduler.py) ends only after the child it
+    waits for, and the main thread lives as long as the daemon."""
     if daemon_pid is None:
         return  # run by hand
     try:

@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Type, TypeVar
@@ -59,6 +57,7 @@ from agent.daemon_jobs.protocol import (
 )
 from agent.daemon_jobs.runtime import Runtime
 from agent.errors import GpuguardError, Interrupted
+from agent.files import make_private_directory, remove_flat_directory
 from agent.jsonrecord import JsonRecord, RecordError
 from agent.log import get_logger
 from agent.statepaths import StatePaths
@@ -208,11 +207,11 @@ def load_config_in_child(config_path: str, root: str, request: ConfigRequest, st
     (the first load, which is what names it) puts the result file in a private temporary directory."""
     if state_dir is not None:
         return run_child("config", config_path, root, request, ConfigResult, state_dir, stopping, argv)
-    scratch = tempfile.mkdtemp(prefix="gpuguard-config-")
+    scratch = make_private_directory("gpuguard-config-")
     try:
         return run_child("config", config_path, root, request, ConfigResult, scratch, stopping, argv)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        remove_flat_directory(scratch)
 
 
 def restore_in_child(runtime: Runtime, config_path: str) -> None:
