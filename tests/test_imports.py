@@ -39,7 +39,7 @@ FLOORS: Dict[str, int] = {
 GUARD_STEPS: Dict[str, int] = {
     "agent.guard.hotpath": 1,
     "agent.guard": 2, "agent.guard.locks": 2, "agent.guard.pin_records": 2, "agent.guard.settings": 2,
-    "agent.guard.rollback.backend": 2,
+    "agent.guard.rollback.backend": 2, "agent.guard.rollback.kept": 2,
     "agent.guard.apt": 3, "agent.guard.dnf": 3,
     "agent.guard.installed": 4, "agent.guard.rollback": 4,
     "agent.guard.manager": 5,

@@ -9,6 +9,7 @@ from agent.errors import InputFileError
 from agent.guard.apt.deb_cache import DebCache, parse_deb_file_name
 from agent.guard.apt.tool import AptTool
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep, Targets
+from agent.guard.rollback.kept import KeptFile, Manifest
 from agent.host import Host
 from agent.hostfacts.dpkg_status import iter_dpkg_status, native_architecture
 from agent.hostfacts.package_keys import package_key
@@ -56,10 +57,16 @@ class AptBackend:
     def wait_for_lock(self) -> float:
         return self.tool.wait_for_dpkg_lock()
 
-    def cache_known_good(self, installed: Dict[str, InstalledPackage]) -> Dict[str, Optional[str]]:
+    def cache_known_good(self, installed: Dict[str, InstalledPackage]) -> Dict[str, KeptFile]:
         # One kept file per key: a name installed for two architectures keeps both (name_version_arch.deb).
-        debs = {k: self.cache.ensure(k.split(":", 1)[0], v.version, v.arch) for k, v in sorted(installed.items())}
-        self.cache.prune([p for p in debs.values() if p])
+        manifest = Manifest.load(self.host, self.cache.directory)
+        debs = {k: self.cache.ensure(k.split(":", 1)[0], v.version, v.arch, manifest)
+                for k, v in sorted(installed.items())}
+        kept = [p.path for p in debs.values() if p.path]
+        self.cache.prune(kept)
+        manifest.forget_files_except([p.rsplit("/", 1)[-1] for p in kept])
+        manifest.forget_misses_except([(k.split(":", 1)[0], v.version, v.arch) for k, v in installed.items()])
+        manifest.save(self.host, self.cache.directory)
         return debs
 
     def has_cached(self, key: str, package: InstalledPackage) -> bool:

@@ -7,6 +7,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from agent.guard.dnf.rpm_cache import RpmCache
 from agent.guard.dnf.tool import DnfTool, nevra
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep, Targets
+from agent.guard.rollback.kept import KeptFile, Manifest
 from agent.host import Host
 from agent.hostfacts.package_keys import package_name
 
@@ -34,9 +35,15 @@ class RpmBackend:
     def wait_for_lock(self) -> float:
         return self.tool.wait_for_rpm_lock()
 
-    def cache_known_good(self, installed: Dict[str, InstalledPackage]) -> Dict[str, Optional[str]]:
-        files = {k: self.cache.ensure(package_name(k), v.version, v.arch) for k, v in sorted(installed.items())}
-        self.cache.prune([p for p in files.values() if p])
+    def cache_known_good(self, installed: Dict[str, InstalledPackage]) -> Dict[str, KeptFile]:
+        manifest = Manifest.load(self.host, self.cache.directory)
+        files = {k: self.cache.ensure(package_name(k), v.version, v.arch, manifest)
+                 for k, v in sorted(installed.items())}
+        kept = [p.path for p in files.values() if p.path]
+        self.cache.prune(kept)
+        manifest.forget_files_except([p.rsplit("/", 1)[-1] for p in kept])
+        manifest.forget_misses_except([(package_name(k), v.version, v.arch) for k, v in installed.items()])
+        manifest.save(self.host, self.cache.directory)
         return files
 
     def has_cached(self, key: str, package: InstalledPackage) -> bool:

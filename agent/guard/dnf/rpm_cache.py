@@ -14,6 +14,7 @@ from urllib.parse import unquote, urlparse
 
 from agent.errors import CommandError
 from agent.guard.dnf.tool import DnfTool, rpm_file_name
+from agent.guard.rollback.kept import KeptFile, Manifest
 from agent.host import Host
 from agent.log import get_logger
 
@@ -43,32 +44,42 @@ class RpmCache:
                     return candidate
         return None
 
-    def ensure(self, name: str, version: str, arch: str) -> Optional[str]:
-        """Make sure the .rpm is cached; its host path, or None when it cannot be had (logged)."""
+    def ensure(self, name: str, version: str, arch: str, manifest: Manifest) -> KeptFile:
+        """Make sure the .rpm is kept; a miss is logged the first time for a package version, not on every check."""
         target = self.path(name, version, arch)
         real = self.host.path(target)
         if real.is_file():
-            return target
+            return manifest.known(target)
+        found = self._fetch(name, version, arch, target)
+        if found is not None:
+            manifest.remember(found)
+            return found
+        reason = "no dnf cache or configured repository offers it"
+        if manifest.first_miss(name, version, arch, reason):
+            log.warning("rpm_cache_miss", package=name, version=version, arch=arch)
+        return KeptFile(None, reason=reason)
+
+    def _fetch(self, name: str, version: str, arch: str, target: str) -> Optional[KeptFile]:
+        real = self.host.path(target)
         real.parent.mkdir(parents=True, exist_ok=True)
         cached = self._from_dnf_cache(real.name)
         if cached is not None:
             shutil.copy2(self.host.path(cached), real)
-            return target
+            return KeptFile(target, "archive cache")
         try:
             self.tool.download(name, version, arch, self.directory).check()
         except CommandError as exc:
-            log.info("rpm_download_failed", package=name, version=version, error=str(exc))
+            log.debug("rpm_download_failed", package=name, version=version, error=str(exc))
         if real.is_file():
-            return target
+            return KeptFile(target, "repository")
         url = self.tool.location(name, version, arch)
         if url and urlparse(url).scheme == "file":
             source = unquote(urlparse(url).path)
             try:
                 shutil.copy2(source, real)
-                return target
+                return KeptFile(target, "repository")
             except OSError as exc:
                 log.warning("rpm_cache_copy_failed", package=name, source=source, error=exc.strerror or str(exc))
-        log.warning("rpm_cache_miss", package=name, version=version, arch=arch)
         return None
 
     def prune(self, keep: List[str]) -> List[str]:

@@ -1,0 +1,128 @@
+"""Rollback coverage: how many guarded packages a rollback can restore, and from what, as one fact.
+
+Written (``rollback-coverage.json``) whenever a known-good set is recorded, that is by the daemon's guard job and
+by ``gpuguard guard rollback``; read by ``gpuguard status``, the heartbeat, the metrics and the NFD labels. The
+reader checks that every kept file is still there, so a file removed by hand counts as not restorable at once.
+Standard library only: the daemon's resident jobs read it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+from agent.errors import InputFileError
+from agent.files import read_json_file, write_atomically
+
+if TYPE_CHECKING:
+    import datetime as dt
+
+    from agent.guard.rollback.backend import InstalledPackage
+    from agent.guard.rollback.kept import KeptFile
+
+COVERAGE_FORMAT = 1
+# How each source reads in the status line, in the order the line lists them.
+SOURCE_PHRASES = (("archive cache", "from the archive cache"), ("repository", "from a repository"),
+                  ("rebuilt", "rebuilt from the installed files"))
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """The coverage of one known-good set."""
+
+    guarded: int
+    by_source: Dict[str, int] = field(default_factory=dict)  # source -> packages restorable from it
+    not_restorable: Tuple[str, ...] = ()  # package keys with no kept file
+    inexact: Dict[str, Tuple[str, ...]] = field(default_factory=dict)  # key -> its rebuilt file's differences
+    recorded_at: str = ""
+
+    @property
+    def restorable(self) -> int:
+        return sum(self.by_source.values())
+
+    @property
+    def complete(self) -> bool:
+        """Every guarded package restorable, and exactly."""
+        return not self.not_restorable and not self.inexact
+
+    def summary(self) -> str:
+        """``33/33 guarded packages restorable: 1 from the archive cache, 32 rebuilt from the installed files``."""
+        parts = [f"{self.by_source[s]} {phrase}" for s, phrase in SOURCE_PHRASES if self.by_source.get(s)]
+        head = f"{self.restorable}/{self.guarded} guarded packages restorable"
+        return head + (": " + ", ".join(parts) if parts else "")
+
+    def attention(self) -> List[str]:
+        """What an operator must know: the packages a rollback cannot restore, or not exactly."""
+        out = []
+        if self.not_restorable:
+            shown = ", ".join(self.not_restorable[:10])
+            more = f" and {len(self.not_restorable) - 10} more" if len(self.not_restorable) > 10 else ""
+            out.append(f"not restorable (no package file kept): {shown}{more}")
+        for key, differences in sorted(self.inexact.items()):
+            out.append(f"{key} restorable only inexactly ({'; '.join(differences[:3])})")
+        return out
+
+    def as_dict(self) -> dict:
+        return {"guarded": self.guarded, "restorable": self.restorable,
+                "by_source": dict(sorted(self.by_source.items())),
+                "not_restorable": list(self.not_restorable), "inexact": {k: list(v) for k, v in self.inexact.items()},
+                "recorded_at": self.recorded_at}
+
+
+def coverage_of(installed: "Dict[str, InstalledPackage]", files: "Dict[str, KeptFile]") -> Coverage:
+    """The coverage of a known-good set from what keeping its files gave."""
+    by_source: Dict[str, int] = {}
+    missing, inexact = [], {}
+    for key in sorted(installed):
+        kept = files.get(key)
+        if kept is None or kept.path is None:
+            missing.append(key)
+            continue
+        by_source[kept.source] = by_source.get(kept.source, 0) + 1
+        if kept.inexact:
+            inexact[key] = tuple(kept.inexact)
+    return Coverage(len(installed), by_source, tuple(missing), inexact)
+
+
+def write_coverage(path: str, installed: "Dict[str, InstalledPackage]", files: "Dict[str, KeptFile]",
+                   now: "dt.datetime") -> Coverage:
+    """Write ``rollback-coverage.json`` (``path`` with any root prefix) for a recorded set; the coverage."""
+    coverage = coverage_of(installed, files)
+    packages = {}
+    for key, package in sorted(installed.items()):
+        kept = files.get(key)
+        entry: dict = {"version": package.version, "arch": package.arch}
+        if kept is not None:
+            entry.update(kept.entry())
+            entry["path"] = kept.path
+        packages[key] = entry
+    data = {"format": COVERAGE_FORMAT, "recorded_at": now.isoformat(), "packages": packages}
+    write_atomically(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return Coverage(coverage.guarded, coverage.by_source, coverage.not_restorable, coverage.inexact,
+                    now.isoformat())
+
+
+def read_coverage(path: str, root: str = "/") -> Optional[Coverage]:
+    """The coverage recorded in ``path`` (with any root prefix), each kept file checked to exist under ``root``;
+    None when none was recorded or the file is unreadable."""
+    try:
+        data = read_json_file(path)
+    except InputFileError:  # an unreadable fact is an absent one to its readers: the next record rewrites it
+        return None
+    if not isinstance(data, dict) or data.get("format") != COVERAGE_FORMAT or not isinstance(data.get("packages"),
+                                                                                             dict):
+        return None
+    by_source: Dict[str, int] = {}
+    missing, inexact = [], {}
+    for key, entry in sorted(data["packages"].items()):
+        kept_path = entry.get("path") if isinstance(entry, dict) else None
+        if not isinstance(kept_path, str) or not os.path.isfile(os.path.join(root, kept_path.lstrip("/"))):
+            missing.append(str(key))
+            continue
+        source = str(entry.get("source", "archive cache"))
+        by_source[source] = by_source.get(source, 0) + 1
+        if entry.get("inexact"):
+            inexact[str(key)] = tuple(str(d) for d in entry["inexact"])
+    return Coverage(len(data["packages"]), by_source, tuple(missing), inexact, str(data.get("recorded_at", "")))
