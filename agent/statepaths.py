@@ -108,7 +108,7 @@ class StatePaths:
 
     @property
     def rollback_coverage(self) -> str:
-        """How many guarded packages a rollback can restore, and from what (agent.guard.rollback.coverage)."""
+        """How many guarded packages a rollback can restore, and from what (agent.rollback_coverage)."""
         return self._join("rollback-coverage.json")
 
     @property

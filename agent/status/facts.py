@@ -320,7 +320,7 @@ def read_outbox(path: str) -> OutboxFacts:
 
 def read_rollback_coverage(host: Host, paths: StatePaths) -> RollbackFacts:
     """The rollback coverage the last recording wrote, each kept file checked to be there still."""
-    from agent.guard.rollback.coverage import read_coverage
+    from agent.rollback_coverage import read_coverage
 
     coverage = read_coverage(str(host.path(paths.rollback_coverage)), str(host.root))
     if coverage is None:

@@ -21,7 +21,6 @@ from agent.files import read_json_file, write_atomically
 from agent.guard.hotpath.overrides import active_windows, audit, load_windows
 from agent.guard.hotpath.state import append_json_line
 from agent.guard.rollback.backend import InstalledPackage, PackageBackend, PlannedStep
-from agent.guard.rollback.coverage import write_coverage
 from agent.guard.rollback.kept import KeptFile
 from agent.guard.settings import GuardSettings
 from agent.host import Host
@@ -30,6 +29,7 @@ from agent.hostfacts.package_keys import package_name
 from agent.log import get_logger
 from agent.policy.compiled import KERNEL_MODULE_PACKAGES, CompiledPolicy
 from agent.policy.evaluate import HostState, Violation, evaluate, facts_used
+from agent.rollback_coverage import write_coverage
 from agent.statepaths import StatePaths
 
 log = get_logger("guard.rollback")
@@ -97,7 +97,9 @@ def record_known_good(host: Host, paths: StatePaths, installed: Dict[str, Instal
         packages[k] = {"version": v.version, "arch": v.arch, field_name: kept.path, **kept.entry()}
     data = {"format": KNOWN_GOOD_FORMAT, "recorded_at": now.isoformat(), "packages": packages}
     write_atomically(str(host.path(paths.known_good)), json.dumps(data, indent=2, sort_keys=True) + "\n")
-    coverage = write_coverage(str(host.path(paths.rollback_coverage)), installed, files, now)
+    coverage = write_coverage(str(host.path(paths.rollback_coverage)),
+                              {k: {"version": v.version, "arch": v.arch, "path": files.get(k, KeptFile(None)).path,
+                                   **files.get(k, KeptFile(None)).entry()} for k, v in installed.items()}, now)
     log.info("known_good_recorded", packages=len(installed), coverage=coverage.summary(),
              not_restorable=list(coverage.not_restorable), inexact=sorted(coverage.inexact))
     return files

@@ -1,9 +1,9 @@
 """Rollback coverage: how many guarded packages a rollback can restore, and from what, as one fact.
 
 Written (``rollback-coverage.json``) whenever a known-good set is recorded, that is by the daemon's guard job and
-by ``gpuguard guard rollback``; read by ``gpuguard status``, the heartbeat, the metrics and the NFD labels. The
-reader checks that every kept file is still there, so a file removed by hand counts as not restorable at once.
-Standard library only: the daemon's resident jobs read it.
+by ``gpuguard guard rollback`` (agent.guard.rollback.core); read by ``gpuguard status``, the heartbeat and the NFD
+labels. The reader checks that every kept file is still there, so a file removed by hand counts as not restorable
+at once. On the ground floor, standard library only: the resident daemon reads it without loading the guard.
 """
 
 from __future__ import annotations
@@ -11,17 +11,13 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Tuple
 
 from agent.errors import InputFileError
 from agent.files import read_json_file, write_atomically
 
 if TYPE_CHECKING:
     import datetime as dt
-
-    from agent.guard.rollback.backend import InstalledPackage
-    from agent.guard.rollback.kept import KeptFile
-
 COVERAGE_FORMAT = 1
 # How each source reads in the status line, in the order the line lists them.
 SOURCE_PHRASES = (("archive cache", "from the archive cache"), ("repository", "from a repository"),
@@ -71,37 +67,16 @@ class Coverage:
                 "recorded_at": self.recorded_at}
 
 
-def coverage_of(installed: "Dict[str, InstalledPackage]", files: "Dict[str, KeptFile]") -> Coverage:
-    """The coverage of a known-good set from what keeping its files gave."""
-    by_source: Dict[str, int] = {}
-    missing, inexact = [], {}
-    for key in sorted(installed):
-        kept = files.get(key)
-        if kept is None or kept.path is None:
-            missing.append(key)
-            continue
-        by_source[kept.source] = by_source.get(kept.source, 0) + 1
-        if kept.inexact:
-            inexact[key] = tuple(kept.inexact)
-    return Coverage(len(installed), by_source, tuple(missing), inexact)
+def write_coverage(path: str, packages: Mapping[str, Mapping[str, object]], now: "dt.datetime") -> Coverage:
+    """Write ``rollback-coverage.json`` (``path`` with any root prefix) for a recorded set; its coverage.
 
-
-def write_coverage(path: str, installed: "Dict[str, InstalledPackage]", files: "Dict[str, KeptFile]",
-                   now: "dt.datetime") -> Coverage:
-    """Write ``rollback-coverage.json`` (``path`` with any root prefix) for a recorded set; the coverage."""
-    coverage = coverage_of(installed, files)
-    packages = {}
-    for key, package in sorted(installed.items()):
-        kept = files.get(key)
-        entry: dict = {"version": package.version, "arch": package.arch}
-        if kept is not None:
-            entry.update(kept.entry())
-            entry["path"] = kept.path
-        packages[key] = entry
-    data = {"format": COVERAGE_FORMAT, "recorded_at": now.isoformat(), "packages": packages}
+    ``packages``: per package key, its ``version`` and ``arch`` and the kept file's ``path`` (None when none),
+    ``source``, ``inexact`` and ``conffiles_edited`` (agent.guard.rollback.kept.KeptFile.entry).
+    """
+    data = {"format": COVERAGE_FORMAT, "recorded_at": now.isoformat(),
+            "packages": {k: dict(v) for k, v in sorted(packages.items())}}
     write_atomically(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
-    return Coverage(coverage.guarded, coverage.by_source, coverage.not_restorable, coverage.inexact,
-                    now.isoformat())
+    return _coverage(data["packages"], now.isoformat(), lambda kept_path: True)
 
 
 def read_coverage(path: str, root: str = "/") -> Optional[Coverage]:
@@ -114,15 +89,21 @@ def read_coverage(path: str, root: str = "/") -> Optional[Coverage]:
     if not isinstance(data, dict) or data.get("format") != COVERAGE_FORMAT or not isinstance(data.get("packages"),
                                                                                              dict):
         return None
+    return _coverage(data["packages"], str(data.get("recorded_at", "")),
+                     lambda kept_path: os.path.isfile(os.path.join(root, kept_path.lstrip("/"))))
+
+
+def _coverage(packages: Mapping[str, object], recorded_at: str, present: Callable[[str], bool]) -> Coverage:
     by_source: Dict[str, int] = {}
-    missing, inexact = [], {}
-    for key, entry in sorted(data["packages"].items()):
+    missing: List[str] = []
+    inexact: Dict[str, Tuple[str, ...]] = {}
+    for key, entry in sorted(packages.items()):
         kept_path = entry.get("path") if isinstance(entry, dict) else None
-        if not isinstance(kept_path, str) or not os.path.isfile(os.path.join(root, kept_path.lstrip("/"))):
+        if not isinstance(entry, dict) or not isinstance(kept_path, str) or not present(kept_path):
             missing.append(str(key))
             continue
         source = str(entry.get("source", "archive cache"))
         by_source[source] = by_source.get(source, 0) + 1
-        if entry.get("inexact"):
+        if isinstance(entry.get("inexact"), list) and entry["inexact"]:
             inexact[str(key)] = tuple(str(d) for d in entry["inexact"])
-    return Coverage(len(data["packages"]), by_source, tuple(missing), inexact, str(data.get("recorded_at", "")))
+    return Coverage(len(packages), by_source, tuple(missing), inexact, recorded_at)
