@@ -76,7 +76,7 @@ def write_coverage(path: str, packages: Mapping[str, Mapping[str, object]], now:
     data = {"format": COVERAGE_FORMAT, "recorded_at": now.isoformat(),
             "packages": {k: dict(v) for k, v in sorted(packages.items())}}
     write_atomically(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
-    return _coverage(data["packages"], now.isoformat(), lambda kept_path: True)
+    return _coverage(packages, now.isoformat(), lambda kept_path: True)
 
 
 def read_coverage(path: str, root: str = "/") -> Optional[Coverage]:

@@ -10,7 +10,7 @@ installed (agent.guard.apt.deb_rebuild). Where each came from is kept in the dir
 from __future__ import annotations
 
 import shutil
-from typing import List, Tuple
+from typing import Tuple
 
 from agent.errors import CommandError, InputFileError
 from agent.guard.apt.deb_rebuild import DebRebuilder
@@ -90,13 +90,3 @@ class DebCache:
     def _kept(manifest: Manifest, kept: KeptFile) -> KeptFile:
         manifest.remember(kept)
         return kept
-
-    def prune(self, keep: List[str]) -> List[str]:
-        """Delete cached files not in ``keep`` (host paths); returns what was deleted."""
-        keep_names = {k.rsplit("/", 1)[-1] for k in keep}
-        removed = []
-        for name in self.host.list_dir(self.directory):
-            if name.endswith(".deb") and name not in keep_names:
-                self.host.path(f"{self.directory}/{name}").unlink()
-                removed.append(name)
-        return removed

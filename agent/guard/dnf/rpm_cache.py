@@ -9,7 +9,7 @@ while the build is still in a repository, or by copying the file a ``file://`` r
 from __future__ import annotations
 
 import shutil
-from typing import List, Optional
+from typing import Optional
 from urllib.parse import unquote, urlparse
 
 from agent.errors import CommandError
@@ -81,13 +81,3 @@ class RpmCache:
             except OSError as exc:
                 log.warning("rpm_cache_copy_failed", package=name, source=source, error=exc.strerror or str(exc))
         return None
-
-    def prune(self, keep: List[str]) -> List[str]:
-        """Delete cached files not in ``keep`` (host paths); returns what was deleted."""
-        keep_names = {k.rsplit("/", 1)[-1] for k in keep}
-        removed = []
-        for name in self.host.list_dir(self.directory):
-            if name.endswith(".rpm") and name not in keep_names:
-                self.host.path(f"{self.directory}/{name}").unlink()
-                removed.append(name)
-        return removed

@@ -89,7 +89,11 @@ def record_known_good(host: Host, paths: StatePaths, installed: Dict[str, Instal
     files: Dict[str, KeptFile] = {}
     field_name = "deb"
     if backend is not None:
-        files = backend.cache_known_good(installed)
+        try:
+            before_change = load_before_change(host, paths) or {}
+        except InputFileError:
+            before_change = {}  # the health-gated rollback reports it; keeping files must not stop on it
+        files = backend.cache_known_good(installed, before_change)
         field_name = backend.file_field
     packages = {}
     for k, v in sorted(installed.items()):
@@ -120,11 +124,15 @@ def load_before_change(host: Host, paths: StatePaths) -> Optional[Dict[str, Inst
 
 def _uncached_note(files: Dict[str, KeptFile], backend: Optional[PackageBackend]) -> str:
     """What the operator must know when some known-good package files could not be kept, or not exactly."""
-    missing = sorted(k for k, kept in files.items() if not kept.restorable)
+    capped = sorted(k for k, kept in files.items() if not kept.restorable and "kept_packages_max_bytes" in kept.reason)
+    missing = sorted(k for k, kept in files.items() if not kept.restorable and k not in capped)
     inexact = sorted(k for k, kept in files.items() if kept.inexact)
-    if backend is None or not (missing or inexact):
+    if backend is None or not (missing or inexact or capped):
         return ""
     note = ""
+    if capped:
+        shown = ", ".join(capped[:5]) + (f" and {len(capped) - 5} more" if len(capped) > 5 else "")
+        note += (f"; {len(capped)} not kept: {files[capped[0]].reason} ({shown})")
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         note += (f"; no package file could be kept for {len(missing)} of them ({shown}): no configured repository "

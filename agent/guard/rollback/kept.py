@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Protocol, Tuple
 
 from agent.errors import InputFileError
 from agent.files import read_json_file, write_atomically
 from agent.host import Host
+from agent.hostfacts.package_keys import package_name
 from agent.log import get_logger
 
 log = get_logger("guard.kept")
@@ -104,3 +105,82 @@ class Manifest:
     def forget_files_except(self, names: List[str]) -> None:
         keep = set(names)
         self.files = {k: v for k, v in self.files.items() if k in keep}
+
+
+class Versioned(Protocol):
+    """An installed package's version and architecture (agent.guard.rollback.backend.InstalledPackage)."""
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def arch(self) -> str: ...
+
+
+class KeptFiles(Protocol):
+    """A directory of kept package files (agent.guard.apt.deb_cache.DebCache, agent.guard.dnf.rpm_cache.RpmCache)."""
+
+    directory: str
+
+    def path(self, name: str, version: str, arch: str) -> str: ...
+
+    def ensure(self, name: str, version: str, arch: str, manifest: Manifest) -> KeptFile: ...
+
+
+def keep_set(host: Host, cache: KeptFiles, suffix: str, installed: Mapping[str, Versioned],
+             also_keep: Mapping[str, Versioned], max_bytes: int) -> Dict[str, KeptFile]:
+    """Keep a file for every package of ``installed`` (one per name, version and architecture, the file's name,
+    which both sets may share), then bound the directory (:func:`settle`); the kept file per package key."""
+    manifest = Manifest.load(host, cache.directory)
+    files = {k: cache.ensure(package_name(k), v.version, v.arch, manifest) for k, v in sorted(installed.items())}
+    older = [cache.path(package_name(k), v.version, v.arch) for k, v in also_keep.items()]
+    return settle(host, cache.directory, suffix, files, older, manifest,
+                  [(package_name(k), v.version, v.arch) for k, v in installed.items()], max_bytes)
+
+
+def _size(host: Host, host_path: str) -> int:
+    try:
+        return host.path(host_path).stat().st_size
+    except OSError:
+        return 0
+
+
+def settle(host: Host, directory: str, suffix: str, files: Dict[str, KeptFile], also_keep: List[str],
+           manifest: Manifest, wanted: List[Tuple[str, str, str]], max_bytes: int) -> Dict[str, KeptFile]:
+    """Bound the kept-files directory once a set's files are ensured; the set's kept files as they stand after.
+
+    Files no kept set references are removed: neither ``files`` (the set being recorded) nor ``also_keep`` (host
+    paths of the set kept before the last change, which the health-gated rollback restores). One file per
+    name, version and architecture serves both sets. Over ``max_bytes`` (0: no cap), the older set's files go
+    first, then the recorded set's largest files, each then not restorable with the reason, and one
+    ``kept_packages_cap_reached`` warning says what was dropped.
+    """
+    current = {kept.path for kept in files.values() if kept.path}
+    keep = current | set(also_keep)
+    for name in host.list_dir(directory):
+        if name.endswith(suffix) and f"{directory.rstrip('/')}/{name}" not in keep:
+            host.path(f"{directory.rstrip('/')}/{name}").unlink()
+    present = {p: _size(host, p) for p in keep if host.path(p).is_file()}
+    total = sum(present.values())
+    out = dict(files)
+    if max_bytes and total > max_bytes:
+        dropped: List[str] = []
+        older = sorted((p for p in present if p not in current), key=lambda p: -present[p])
+        by_size = sorted(((k, kept) for k, kept in files.items() if kept.path in present),
+                         key=lambda item: -present[str(item[1].path)])
+        for victim in older + [str(kept.path) for _, kept in by_size]:
+            if total <= max_bytes:
+                break
+            host.path(victim).unlink()
+            total -= present.pop(victim)
+            dropped.append(victim.rsplit("/", 1)[-1])
+        reason = (f"over [guard] kept_packages_max_bytes ({max_bytes} bytes): raise it, or free the space the kept "
+                  f"files need")
+        for key, kept in files.items():
+            if kept.path is not None and kept.path not in present:
+                out[key] = KeptFile(None, reason=reason)
+        log.warning("kept_packages_cap_reached", max_bytes=max_bytes, kept_bytes=total, dropped=dropped)
+    manifest.forget_files_except([p.rsplit("/", 1)[-1] for p in present])
+    manifest.forget_misses_except(wanted)
+    manifest.save(host, directory)
+    return out

@@ -30,7 +30,7 @@ from agent.guard.installed import detect_manager
 from agent.guard.manager import backend_for
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep
 from agent.guard.rollback.core import load_known_good
-from agent.guard.rollback.kept import KeptFile, Manifest
+from agent.guard.rollback.kept import KeptFile, Manifest, settle
 from agent.host import CommandResult, Host
 from agent.hostfacts.rpmdb import RPM_QUERY_FORMAT
 from agent.policy.load import compiled_from, load_policy
@@ -233,7 +233,7 @@ class _DownloadingRunner(FakeRunner):
 
 
 def test_rpm_cache_downloads_then_copies_a_file_repository_then_prunes(tmp_path: Path) -> None:
-    """dnf download first; without it, the file a file:// repository serves; unwanted files are pruned."""
+    """dnf download first; without it, the file a file:// repository serves; files no kept set references go."""
     root = tmp_path / "root"
     root.mkdir()
     runner = _DownloadingRunner()
@@ -256,7 +256,9 @@ def test_rpm_cache_downloads_then_copies_a_file_repository_then_prunes(tmp_path:
     runner.add(tool.argv("-q", "download", "--destdir", dest, "c-1-1.noarch"), returncode=1)
     runner.add(tool.argv("-q", "repoquery", "--location", "c-1-1.noarch"), stdout="")
     assert cache.ensure("c", "1-1", "noarch", manifest).path is None
-    assert cache.prune([cache.path("b", "2-1", "x86_64")]) == ["a-1-1.noarch.rpm"]
+    kept = {"b": KeptFile(cache.path("b", "2-1", "x86_64"), "repository")}
+    settle(host, cache.directory, ".rpm", kept, [], manifest, [("b", "2-1", "x86_64")], 0)
+    assert sorted(p.name for p in (root / "var/lib/gpuguard/rpms").glob("*.rpm")) == ["b-2-1.x86_64.rpm"]
 
 
 def _hold(argv: List[str]) -> subprocess.Popen:

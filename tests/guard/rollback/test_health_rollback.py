@@ -37,7 +37,8 @@ class MemoryBackend:
         self.calls.append("lock")
         return 0.0
 
-    def cache_known_good(self, installed: Dict[str, InstalledPackage]) -> Dict[str, KeptFile]:
+    def cache_known_good(self, installed: Dict[str, InstalledPackage],
+                         also_keep: Optional[Dict[str, InstalledPackage]] = None) -> Dict[str, KeptFile]:
         return {k: KeptFile(None) for k in installed}
 
     def has_cached(self, key: str, package: InstalledPackage) -> bool:
