@@ -3,7 +3,8 @@
 Files are named as rpmbuild and repositories name them (``name-version-release.arch.rpm``, no epoch). They come,
 in this order, from dnf's package cache under the host root (``keepcache``), from ``dnf download --destdir``
 while the build is still in a repository, or by copying the file a ``file://`` repository serves
-(``dnf repoquery --location``), which needs no download plugin.
+(``dnf repoquery --location``), which needs no download plugin, and otherwise are rebuilt from what rpm has
+installed (agent.guard.dnf.rpm_rebuild).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Optional
 from urllib.parse import unquote, urlparse
 
 from agent.errors import CommandError
-from agent.guard.dnf.tool import DnfTool, rpm_file_name
+from agent.guard.dnf.rpm_rebuild import RpmRebuilder
+from agent.guard.dnf.tool import DnfTool, nevra, rpm_file_name
 from agent.guard.rollback.kept import KeptFile, Manifest
 from agent.host import Host
 from agent.log import get_logger
@@ -54,9 +56,22 @@ class RpmCache:
         if found is not None:
             manifest.remember(found)
             return found
-        reason = "no dnf cache or configured repository offers it"
+        try:
+            rebuilt = RpmRebuilder(self.host, self.tool.rpm_argv()).rebuild(nevra(name, version, arch), target)
+        except (CommandError, ValueError, OSError) as exc:
+            reason = f"no dnf cache or configured repository offers it, and rebuilding it failed: {exc}"
+        else:
+            if rebuilt is not None:
+                if not rebuilt.exact:
+                    log.warning("rpm_rebuilt_inexact", package=name, version=version,
+                                differences=rebuilt.differences())
+                kept = KeptFile(target, "rebuilt", tuple(rebuilt.differences()), rebuilt.conffiles_edited,
+                                size_bytes=real.stat().st_size)
+                manifest.remember(kept)
+                return kept
+            reason = "no dnf cache or configured repository offers it, and rpm does not have it installed to rebuild"
         if manifest.first_miss(name, version, arch, reason):
-            log.warning("rpm_cache_miss", package=name, version=version, arch=arch)
+            log.warning("rpm_cache_miss", package=name, version=version, arch=arch, reason=reason)
         return KeptFile(None, reason=reason)
 
     def _fetch(self, name: str, version: str, arch: str, target: str) -> Optional[KeptFile]:

@@ -15,6 +15,7 @@ from agent.config import Settings
 from agent.errors import CommandTimeout
 from agent.guard.dnf.backend import RpmBackend
 from agent.guard.dnf.rpm_cache import RpmCache
+from agent.guard.dnf.rpm_rebuild import query_format
 from agent.guard.dnf.tool import (
     DnfTool,
     dnf5_do_args,
@@ -197,6 +198,9 @@ def test_check_records_then_plans_a_rollback_from_cached_rpms(tmp_path: Path) ->
         runner.add(tool.argv("-q", "download", "--destdir", str(host.path(rpms)), nevra(name, version, arch)),
                    returncode=1, stderr="No such command: download")
         runner.add(tool.argv("-q", "repoquery", "--location", nevra(name, version, arch)), stdout="")
+        # rpm has no header to rebuild from here (the chroot's rpm database is not real)
+        runner.add(tool.rpm_argv("-q", "--qf", query_format(), nevra(name, version, arch)), returncode=1,
+                   stdout=f"package {nevra(name, version, arch)} is not installed\n")
     runner.add(tool.rpm_argv("-Va", "--nofiles", "--nodigest", "--nosignature"), stdout="")  # consistent
     backend = RpmBackend(host, tool, rpms)
     settings = Settings()
@@ -255,6 +259,7 @@ def test_rpm_cache_downloads_then_copies_a_file_repository_then_prunes(tmp_path:
     assert (root / "var/lib/gpuguard/rpms/b-2-1.x86_64.rpm").read_bytes() == b"from the repo"
     runner.add(tool.argv("-q", "download", "--destdir", dest, "c-1-1.noarch"), returncode=1)
     runner.add(tool.argv("-q", "repoquery", "--location", "c-1-1.noarch"), stdout="")
+    runner.add(tool.rpm_argv("-q", "--qf", query_format(), "c-1-1.noarch"), returncode=1)
     assert cache.ensure("c", "1-1", "noarch", manifest).path is None
     kept = {"b": KeptFile(cache.path("b", "2-1", "x86_64"), "repository")}
     settle(host, cache.directory, ".rpm", kept, [], manifest, [("b", "2-1", "x86_64")], 0)
