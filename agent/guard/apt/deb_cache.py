@@ -12,10 +12,10 @@ from __future__ import annotations
 import shutil
 from typing import Tuple
 
-from agent.errors import CommandError, InputFileError
+from agent.errors import CommandError
 from agent.guard.apt.deb_rebuild import DebRebuilder
 from agent.guard.apt.tool import AptTool
-from agent.guard.rollback.kept import KeptFile, Manifest
+from agent.guard.rollback.kept import KeptFile, Manifest, keep_rebuilt
 from agent.host import Host
 from agent.log import get_logger
 
@@ -70,21 +70,9 @@ class DebCache:
             download_error = "apt-get download wrote no file"
         except CommandError as exc:
             download_error = str(exc)
-        try:
-            rebuilt = DebRebuilder(self.host).rebuild(name, version, arch, target)
-        except (InputFileError, OSError) as exc:
-            reason = f"no repository offers it ({download_error}) and rebuilding it failed: {exc}"
-        else:
-            if rebuilt is not None:
-                if not rebuilt.exact:
-                    log.warning("deb_rebuilt_inexact", package=name, version=version,
-                                differences=rebuilt.differences())
-                return self._kept(manifest, KeptFile(target, "rebuilt", tuple(rebuilt.differences()),
-                                                     rebuilt.conffiles_edited, size_bytes=rebuilt.size_bytes))
-            reason = f"no repository offers it ({download_error}) and dpkg does not have it installed to rebuild"
-        if manifest.first_miss(name, version, arch, reason):
-            log.warning("deb_cache_miss", package=name, version=version, arch=arch, reason=reason)
-        return KeptFile(None, reason=reason)
+        return keep_rebuilt(self.host, manifest, (name, version, arch), target,
+                            lambda: DebRebuilder(self.host).rebuild(name, version, arch, target),
+                            f"no repository offers it ({download_error})", "dpkg")
 
     @staticmethod
     def _kept(manifest: Manifest, kept: KeptFile) -> KeptFile:

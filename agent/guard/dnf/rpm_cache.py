@@ -16,7 +16,7 @@ from urllib.parse import unquote, urlparse
 from agent.errors import CommandError
 from agent.guard.dnf.rpm_rebuild import RpmRebuilder
 from agent.guard.dnf.tool import DnfTool, nevra, rpm_file_name
-from agent.guard.rollback.kept import KeptFile, Manifest
+from agent.guard.rollback.kept import KeptFile, Manifest, keep_rebuilt
 from agent.host import Host
 from agent.log import get_logger
 
@@ -56,23 +56,10 @@ class RpmCache:
         if found is not None:
             manifest.remember(found)
             return found
-        try:
-            rebuilt = RpmRebuilder(self.host, self.tool.rpm_argv()).rebuild(nevra(name, version, arch), target)
-        except (CommandError, ValueError, OSError) as exc:
-            reason = f"no dnf cache or configured repository offers it, and rebuilding it failed: {exc}"
-        else:
-            if rebuilt is not None:
-                if not rebuilt.exact:
-                    log.warning("rpm_rebuilt_inexact", package=name, version=version,
-                                differences=rebuilt.differences())
-                kept = KeptFile(target, "rebuilt", tuple(rebuilt.differences()), rebuilt.conffiles_edited,
-                                size_bytes=real.stat().st_size)
-                manifest.remember(kept)
-                return kept
-            reason = "no dnf cache or configured repository offers it, and rpm does not have it installed to rebuild"
-        if manifest.first_miss(name, version, arch, reason):
-            log.warning("rpm_cache_miss", package=name, version=version, arch=arch, reason=reason)
-        return KeptFile(None, reason=reason)
+        return keep_rebuilt(self.host, manifest, (name, version, arch), target,
+                            lambda: RpmRebuilder(self.host, self.tool.rpm_argv()).rebuild(nevra(name, version, arch),
+                                                                                        target),
+                            "no dnf cache or configured repository offers it", "rpm")
 
     def _fetch(self, name: str, version: str, arch: str, target: str) -> Optional[KeptFile]:
         real = self.host.path(target)

@@ -11,10 +11,11 @@ logged once per package version, not on every check.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Protocol, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Protocol, Tuple
 
-from agent.errors import InputFileError
+from agent.errors import GpuguardError, InputFileError
 from agent.files import read_json_file, write_atomically
 from agent.host import Host
 from agent.hostfacts.package_keys import package_name
@@ -107,6 +108,43 @@ class Manifest:
         self.files = {k: v for k, v in self.files.items() if k in keep}
 
 
+class Rebuilt(Protocol):
+    """What a rebuild wrote (agent.guard.apt.deb_rebuild.RebuiltDeb, agent.guard.dnf.rpm_rebuild.RebuiltRpm)."""
+
+    @property
+    def exact(self) -> bool: ...
+
+    @property
+    def conffiles_edited(self) -> Tuple[str, ...]: ...
+
+    def differences(self) -> List[str]: ...
+
+
+def keep_rebuilt(host: Host, manifest: Manifest, package: Tuple[str, str, str], target: str,
+                 rebuild: Callable[[], Optional[Rebuilt]], unavailable: str, manager: str) -> KeptFile:
+    """The last resort of a cache: ``rebuild()`` the installed package into ``target``; the kept file, or why there
+    is none (``unavailable`` says why no cache or repository had it). An inexact rebuild is logged once (the file
+    stays, so the next check finds it kept); a miss is logged the first time for a package version."""
+    name, version, arch = package
+    try:
+        rebuilt = rebuild()
+    except (GpuguardError, ValueError, OSError) as exc:
+        reason = f"{unavailable}, and rebuilding it failed: {exc}"
+    else:
+        if rebuilt is not None:
+            if not rebuilt.exact:
+                log.warning("package_rebuilt_inexact", package=name, version=version, arch=arch,
+                            differences=rebuilt.differences())
+            kept = KeptFile(target, "rebuilt", tuple(rebuilt.differences()), tuple(rebuilt.conffiles_edited),
+                            size_bytes=_size(host, target))
+            manifest.remember(kept)
+            return kept
+        reason = f"{unavailable}, and {manager} does not have it installed to rebuild"
+    if manifest.first_miss(name, version, arch, reason):
+        log.warning("package_file_miss", manager=manager, package=name, version=version, arch=arch, reason=reason)
+    return KeptFile(None, reason=reason)
+
+
 class Versioned(Protocol):
     """An installed package's version and architecture (agent.guard.rollback.backend.InstalledPackage)."""
 
@@ -158,8 +196,11 @@ def settle(host: Host, directory: str, suffix: str, files: Dict[str, KeptFile], 
     current = {kept.path for kept in files.values() if kept.path}
     keep = current | set(also_keep)
     for name in host.list_dir(directory):
-        if name.endswith(suffix) and f"{directory.rstrip('/')}/{name}" not in keep:
-            host.path(f"{directory.rstrip('/')}/{name}").unlink()
+        where = f"{directory.rstrip('/')}/{name}"
+        if (name.endswith(suffix) and where not in keep) or name.endswith(".partial"):
+            host.path(where).unlink()  # ".partial": a rebuild killed half-way (the guard child's time limit)
+        elif name.startswith(".rebuild-"):
+            shutil.rmtree(host.path(where), ignore_errors=True)
     present = {p: _size(host, p) for p in keep if host.path(p).is_file()}
     total = sum(present.values())
     out = dict(files)

@@ -193,4 +193,4 @@ def test_cache_rebuilds_when_no_repository_offers_it_and_logs_a_miss_once_per_ve
     finally:
         log.configure("info")
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
-    assert [e["event"] for e in events if e["package"] == "cuda-cudart-13-0"] == ["deb_cache_miss"]
+    assert [e["event"] for e in events if e["package"] == "cuda-cudart-13-0"] == ["package_file_miss"]

@@ -49,7 +49,7 @@ def _names(root: Path) -> list:
 def test_the_set_before_the_change_keeps_its_files_and_the_rest_go(tmp_path: Path) -> None:
     """A compliant change of one package: the new set's file is added, the old set's kept (the health-gated
     rollback restores it), an unchanged package's one file serves both, and a set no one references any more
-    loses its files at the next change."""
+    loses its files at the next change, as do what a killed rebuild left."""
     host = Host(root=tmp_path, runner=FakeRunner())
     cache = SizedCache(host, {"libnvidia-compute-580": 10, "cuda-cudart-13-0": 10})
     first = _set(libnvidia_compute_580="580.95.05-1", cuda_cudart_13_0="13.0.96-1")
@@ -59,10 +59,14 @@ def test_the_set_before_the_change_keeps_its_files_and_the_rest_go(tmp_path: Pat
     assert all(k.restorable for k in files.values()) and cache.ensured == 3
     assert _names(tmp_path) == ["cuda-cudart-13-0_13.0.96-1_amd64.deb", "libnvidia-compute-580_580.105.08-1_amd64.deb",
                                 "libnvidia-compute-580_580.95.05-1_amd64.deb"]
+    (tmp_path / DIRECTORY.lstrip("/") / "cuda-cudart-13-0_13.0.97-1_amd64.deb.partial").write_bytes(b"killed")
+    (tmp_path / DIRECTORY.lstrip("/") / ".rebuild-x.rpm/stage").mkdir(parents=True)
     third = _set(libnvidia_compute_580="580.105.08-1", cuda_cudart_13_0="13.0.97-1")
     keep_set(host, cache, ".deb", third, second, 0)
     assert _names(tmp_path) == ["cuda-cudart-13-0_13.0.96-1_amd64.deb", "cuda-cudart-13-0_13.0.97-1_amd64.deb",
                                 "libnvidia-compute-580_580.105.08-1_amd64.deb"]
+    left = sorted(p.name for p in (tmp_path / DIRECTORY.lstrip("/")).iterdir())
+    assert left == sorted([*_names(tmp_path), "kept.json"])
     manifest = json.loads((tmp_path / DIRECTORY.lstrip("/") / "kept.json").read_text())
     assert sorted(manifest["files"]) == _names(tmp_path)
 
