@@ -33,15 +33,11 @@ class Coverage:
     not_restorable: Tuple[str, ...] = ()  # package keys with no kept file
     inexact: Dict[str, Tuple[str, ...]] = field(default_factory=dict)  # key -> its rebuilt file's differences
     recorded_at: str = ""
+    reasons: Dict[str, str] = field(default_factory=dict)  # a key not restorable -> why
 
     @property
     def restorable(self) -> int:
         return sum(self.by_source.values())
-
-    @property
-    def complete(self) -> bool:
-        """Every guarded package restorable, and exactly."""
-        return not self.not_restorable and not self.inexact
 
     def summary(self) -> str:
         """``33/33 guarded packages restorable: 1 from the archive cache, 32 rebuilt from the installed files``."""
@@ -52,19 +48,15 @@ class Coverage:
     def attention(self) -> List[str]:
         """What an operator must know: the packages a rollback cannot restore, or not exactly."""
         out = []
-        if self.not_restorable:
-            shown = ", ".join(self.not_restorable[:10])
-            more = f" and {len(self.not_restorable) - 10} more" if len(self.not_restorable) > 10 else ""
-            out.append(f"not restorable (no package file kept): {shown}{more}")
+        by_reason: Dict[str, List[str]] = {}
+        for key in self.not_restorable:
+            by_reason.setdefault(self.reasons.get(key, ""), []).append(key)
+        for reason, keys in by_reason.items():
+            shown = ", ".join(keys[:10]) + (f" and {len(keys) - 10} more" if len(keys) > 10 else "")
+            out.append(f"not restorable (no package file kept): {shown}" + (f" ({reason})" if reason else ""))
         for key, differences in sorted(self.inexact.items()):
             out.append(f"{key} restorable only inexactly ({'; '.join(differences[:3])})")
         return out
-
-    def as_dict(self) -> dict:
-        return {"guarded": self.guarded, "restorable": self.restorable,
-                "by_source": dict(sorted(self.by_source.items())),
-                "not_restorable": list(self.not_restorable), "inexact": {k: list(v) for k, v in self.inexact.items()},
-                "recorded_at": self.recorded_at}
 
 
 def write_coverage(path: str, packages: Mapping[str, Mapping[str, object]], now: "dt.datetime") -> Coverage:
@@ -97,13 +89,17 @@ def _coverage(packages: Mapping[str, object], recorded_at: str, present: Callabl
     by_source: Dict[str, int] = {}
     missing: List[str] = []
     inexact: Dict[str, Tuple[str, ...]] = {}
+    reasons: Dict[str, str] = {}
     for key, entry in sorted(packages.items()):
         kept_path = entry.get("path") if isinstance(entry, dict) else None
         if not isinstance(entry, dict) or not isinstance(kept_path, str) or not present(kept_path):
             missing.append(str(key))
+            why = entry.get("reason") if isinstance(entry, dict) else None
+            reasons[str(key)] = (str(why)[:300] if why else
+                                 "its kept file is gone" if isinstance(kept_path, str) else "")
             continue
         source = str(entry.get("source", "archive cache"))
         by_source[source] = by_source.get(source, 0) + 1
         if isinstance(entry.get("inexact"), list) and entry["inexact"]:
             inexact[str(key)] = tuple(str(d) for d in entry["inexact"])
-    return Coverage(len(packages), by_source, tuple(missing), inexact, recorded_at)
+    return Coverage(len(packages), by_source, tuple(missing), inexact, recorded_at, reasons)

@@ -245,4 +245,5 @@ def test_rollback_coverage_row_in_the_table_and_the_json(state: StateDir) -> Non
     assert code == 30 and document["facts"]["rollback"]["restorable"] == 32
     assert document["facts"]["rollback"]["not_restorable"] == ["cuda-lib-07"]
     row = [c for c in document["checks"] if c["name"] == "rollback"][0]
-    assert row["state"] == "warn" and "not restorable (no package file kept): cuda-lib-07" in row["summary"]
+    assert row["state"] == "warn" and "not restorable (no package file kept): cuda-lib-07 (its kept file is gone)" \
+        in row["summary"]
