@@ -14,6 +14,11 @@ DEFAULT_STATE_DIR = "/var/lib/gpuguard"
 # the snapshot's pairing and drift findings read, what policy freeze pins.
 AMD_DRIVER_PACKAGE = "amdgpu-dkms"
 ROCM_CORE_PACKAGE = "rocm-core"
+# ROCm built with TheRock (7.13 on) is packaged as amdrocm-*: amdrocm-base (rocminfo and the version component, what
+# rocm-core was) carries the release, in a versioned name for side-by-side installs (amdrocm-base10.0, version
+# 10.0.0-4) behind a non-versioned meta package (amdrocm-base). Its release is judged beside rocm-core's: a host can
+# hold a classic stack and TheRock releases at once (../shared/reference/therock-packaging-facts.md).
+THEROCK_BASE_PACKAGE = "amdrocm-base"
 
 # The job bodies ``gpuguard run`` runs in children (``gpuguard _job NAME``, agent/daemon_jobs/children.py).
 JOB_NAMES = ("config", "restore", "snapshot", "guard_check", "guard_events", "health", "deliver")
@@ -26,11 +31,13 @@ DEFAULT_WATCHED_PATTERNS = (
     "kernel", "kernel-core", "kernel-modules*", "kernel-devel*", "kernel-headers", "kernel-uek*", "kernel-default*",
     "dkms", "linux-firmware*", "firmware-amd-graphics", "firmware-nvidia-*",
     # AMD driver and ROCm user space
-    "amdgpu*", "rocm*", "hip-*", "hipcc*", "hsa-*", "hsakmt*", "rocminfo", "amd-smi*", "comgr", "rccl*",
+    "amdgpu*", "rocm*", "amdrocm*", "hip-*", "hipcc*", "hsa-*", "hsakmt*", "rocminfo", "amd-smi*", "comgr", "rccl*",
     "miopen-hip*", "rocblas*", "hipblaslt*", "amd-container-toolkit*",
     # NVIDIA driver and CUDA user space
     "nvidia-*", "libnvidia-*", "cuda", "cuda-*", "libcuda*", "libcudnn*", "libnccl*", "kmod-nvidia*",
     "xserver-xorg-video-nvidia*", "datacenter-gpu-manager*", "nvidia-container-toolkit*", "libnvidia-container*",
+    # companions judged beside them: dcgm-exporter, the amdsmi library and binding as distributions package them
+    "dcgm-exporter", "datacenter-gpu-manager-exporter", "libamd-smi*", "python3-amdsmi*",
     # container runtimes
     "docker*", "containerd*", "moby-*", "podman", "runc", "crun", "cri-o*",
 )

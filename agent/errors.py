@@ -5,14 +5,17 @@
     ├── ConfigError                    exit 3   config/policy file invalid; lists every problem
     │   └── PolicyError                exit 3   pairing policy invalid
     ├── InputFileError                 exit 4   a data file (snapshot JSON, state) is missing or corrupt
-    │   └── FileMissing                exit 4   the path does not exist (agent/files.py)
+    │   ├── FileMissing                exit 4   the path does not exist (agent/files.py)
+    │   └── InputNotWhole              exit 4   hot-path input not readable as a whole (cut, other protocol, bad bytes)
     ├── HostReadError                  exit 5   a host path could not be read (permission, I/O)
+    ├── StateWriteError                exit 16  a state file could not be written (disk full, read-only): old one kept
     ├── CommandError                   exit 6   an external command failed to start or exited non-zero
     │   ├── CommandNotFound            exit 6   the program is not installed
     │   └── CommandTimeout             exit 6   the program ran past its timeout and was killed
     ├── LibraryUnavailable             exit 7   a GPU library (amdsmi, NVML) cannot be loaded or initialised
     ├── CollectorUnavailable           exit 8   a collector's source is absent on this host ("absent", not broken)
     ├── DeliveryError                  exit 9   the report endpoint did not take a batch (retryable or refused)
+    ├── SetupError                     exit 15  the host lacks what gpuguard's set-up makes (the probe's user)
     ├── Interrupted                    exit 1   a wait was given up because the daemon is stopping
     ├── ChildJobFailed                 exit 1   a job child of the daemon failed (agent/daemon_jobs/children.py)
     └── HubError                       exit 10  the reference hub cannot serve a request
@@ -93,6 +96,11 @@ class InputFileError(GpuguardError):
         super().__init__(f"{path}: {reason}")
 
 
+class InputNotWhole(InputFileError):
+    """Hot-path input that cannot be read as a whole: cut short, of another protocol version, not text, too large,
+    or never ended. No word of it can stand for the transaction, so the fail-safe cannot judge it by its names."""
+
+
 class HostReadError(GpuguardError):
     """A host file exists but could not be read."""
 
@@ -102,6 +110,32 @@ class HostReadError(GpuguardError):
         self.path = path
         self.reason = reason
         super().__init__(f"cannot read {path}: {reason}")
+
+
+class StateWriteError(GpuguardError, OSError):
+    """A state file could not be written (ENOSPC, EDQUOT, EROFS, EIO): the old file is kept whole (atomic writes
+    replace it only once the new one is on disk; appends add nothing or a line the reader quarantines).
+
+    Also an OSError (``errno``, ``strerror``, ``filename``), so that the daemon's jobs, which treat a failed write as
+    a failed run and try again, catch it as before; the CLI prints it as one line and exits 16.
+    """
+
+    exit_code = 16
+
+    def __init__(self, path: str, errno_number: Optional[int], reason: str) -> None:
+        GpuguardError.__init__(self, f"{path}: cannot be written ({reason}): the old file is kept")
+        self.errno = errno_number
+        self.strerror = reason
+        self.filename = path
+        self.path = path
+        self.reason = reason
+
+    @classmethod
+    def of(cls, path: str, exc: OSError) -> StateWriteError:
+        """The error for ``exc`` raised while writing ``path`` (itself when it is one already)."""
+        if isinstance(exc, StateWriteError):
+            return exc
+        return cls(path, exc.errno, exc.strerror or str(exc))
 
 
 class CommandError(GpuguardError):
@@ -173,6 +207,20 @@ class DeliveryError(GpuguardError):
         self.status_code = status_code
         self.retryable = category not in ("too_large", "rejected")
         super().__init__(f"{url}: {category}: {reason}")
+
+
+class SetupError(GpuguardError):
+    """The host lacks something gpuguard's packages set up (the health probe's user): a set-up step, never a verdict.
+
+    ``remedy`` is the one command line that makes it, as the packages' maintainer scripts do.
+    """
+
+    exit_code = 15
+
+    def __init__(self, problem: str, remedy: str) -> None:
+        self.problem = problem
+        self.remedy = remedy
+        super().__init__(f"{problem}; create it as the packages do: {remedy}")
 
 
 class HubError(GpuguardError):

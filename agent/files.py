@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from agent.errors import InputFileError
+from agent.errors import InputFileError, StateWriteError
 from agent.hostfacts.paths import read_regular_file
 from agent.strictjson import MAX_NESTING_DEPTH, parse_json_text
 
@@ -16,6 +16,9 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
 def write_atomically(path: str, text: str, mode: int = 0o644, fsync: bool = True) -> None:
     """Write text so that readers see the old or the new file, never half of one (fsync + rename).
 
+    StateWriteError (an OSError too) when it cannot: a full disk, a read-only or missing directory; the old file is
+    then kept as it was and no temporary file is left behind.
+
     The temporary file is a dot-file in the same directory (``.<name>.<random>``): readers that skip dot-files or
     match a suffix (NFD's features.d, node_exporter's ``*.prom``) never read it. ``fsync=False`` for files that are
     rewritten within a job interval anyway, where only atomicity matters.
@@ -23,9 +26,10 @@ def write_atomically(path: str, text: str, mode: int = 0o644, fsync: bool = True
     import tempfile  # not at module level: the apt hook imports this module and never writes atomically
 
     directory = os.path.dirname(str(path)) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(str(path)) + ".", dir=directory)
+    tmp = None
     try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(str(path)) + ".", dir=directory)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             if fsync:
@@ -33,9 +37,11 @@ def write_atomically(path: str, text: str, mode: int = 0o644, fsync: bool = True
                 os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as exc:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError):  # a full disk (often only at the close's flush): the old file stays whole
+            raise StateWriteError.of(str(path), exc) from None
         raise
 
 

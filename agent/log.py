@@ -8,7 +8,7 @@ only records the choice until then; ``get_logger`` hands out a small proxy that 
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional, TextIO
+from typing import Any, Mapping, MutableMapping, Optional, TextIO
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
@@ -46,6 +46,7 @@ def _apply() -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            _escape_strings,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
@@ -53,6 +54,19 @@ def _apply() -> None:
         cache_logger_on_first_use=False,
     )
     _applied = _config
+
+
+def _escape_strings(logger: Any, method: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
+    """A structlog processor: every string value escaped (agent/printable.py), so no log line carries a terminal escape.
+
+    The console format writes strings as they are; a probe's stderr or a package name from outside must not drive
+    the terminal of whoever reads the log.
+    """
+    from agent.printable import printable
+
+    # A traceback (format_exc_info's "exception") keeps its lines; any other value is one line.
+    return {key: printable(value, keep_newlines=key == "exception") if isinstance(value, str) else value
+            for key, value in event.items()}
 
 
 class Logger:

@@ -26,6 +26,7 @@ last-snapshot.json            the snapshot job                              the 
 health-deferral.json          the daemon's health schedule                  the same, gpuguard status
 health/last.json              the health check                              the daemon at start, gpuguard status
 health/baselines.json         the health check                              the same
+health/check.lock             whoever runs a health check (flock, holder)   the next check (waits, own probe)
 health/probe-home/            the health check (the probe user's home)      the probe
 metrics/gpuguard.prom         the metrics job (when no textfile is set)     node_exporter, gpuguard status
 cache/<name>.json             the collectors' fact cache                    the same
@@ -162,6 +163,11 @@ class StatePaths:
     @property
     def health_baselines(self) -> str:
         return self._join("health/baselines.json")
+
+    @property
+    def health_check_lock(self) -> str:
+        """Held (flock) by whoever runs a health check; names the holder and its probe (agent/health/checklock.py)."""
+        return self._join("health/check.lock")
 
     @property
     def probe_home(self) -> str:

@@ -31,7 +31,7 @@ from agent.guard.hotpath.state import append_json_line  # noqa: E402
 from agent.hub.tokens import add_token  # noqa: E402
 from agent.report.outbox import Outbox  # noqa: E402
 from agent.statepaths import StatePaths  # noqa: E402
-from tests.conftest import ROOTS  # noqa: E402
+from tests.conftest import ROOTS, fill_disk  # noqa: E402
 from tests.daemon.conftest import AgentProcess, agent_config  # noqa: E402
 from tests.hub.process import HubProcess, write_config  # noqa: E402
 
@@ -114,13 +114,7 @@ def main() -> int:
             elif action == "disk_full" and mounted:
                 counts["disk_full_phases"] += 1
                 filler = small_disk / "filler"
-                try:
-                    with open(filler, "wb") as handle:
-                        while True:
-                            handle.write(b"\0" * 65536)
-                            handle.flush()
-                except OSError:
-                    pass
+                fill_disk(filler)
                 time.sleep(rng.uniform(2, 4))
                 filler.unlink()
         if agent.proc is None or agent.proc.poll() is not None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Iterator, Optional
 
 import pytest
 
@@ -78,6 +79,35 @@ def make_fixture_host(scenario: str, modules: Optional[Dict[str, ModuleType]] = 
 @pytest.fixture
 def fixture_host() -> Callable[..., Host]:
     return make_fixture_host
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs, unmounted after the test (needs root; skipped where mount is refused); fill it with
+    fill_disk for ENOSPC."""
+    mount_point = tmp_path / "small-disk"
+    mount_point.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"mount refused: {done.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def fill_disk(path: Path) -> None:
+    """Write until the file system says ENOSPC (the close's flush may say it too)."""
+    try:
+        with open(path, "wb") as handle:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+    except OSError:
+        pass
 
 
 @pytest.fixture(autouse=True)

@@ -84,16 +84,20 @@ HOST_FILES = {
 CONFIG = ["--config", "/nonexistent/agent.toml"]
 
 
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    """The Debian 12 gfx950 host with the policy in policy.d and compiled in the state directory."""
-    host_root = tmp_path / "root"
-    for relative, text in HOST_FILES.items():
+def _build_root(host_root: Path, files: Dict[str, str]) -> Path:
+    """The files under ``host_root``, the policy in policy.d compiled into the state directory."""
+    for relative, text in files.items():
         (host_root / relative).parent.mkdir(parents=True, exist_ok=True)
         (host_root / relative).write_text(text)
     _, compiled = load_and_compile(str(host_root / "etc/gpuguard/policy.d"))
     write_compiled(str(host_root / "var/lib/gpuguard/policy.compiled.json"), compiled)
     return host_root
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """The Debian 12 gfx950 host with the policy in policy.d and compiled in the state directory."""
+    return _build_root(tmp_path / "root", HOST_FILES)
 
 
 def _host(root: Path) -> Host:
@@ -187,3 +191,22 @@ def test_pin_records_forbid_what_the_hook_refuses_for_this_hosts_gpu(root: Path,
     assert "matrix.gpu" in forbidden[0].why
     _, blind = pin_records(policy, installed, available, context=None)
     assert "matrix.gpu" not in " ".join(p.why for p in blind)
+
+
+@pytest.fixture
+def companion_root(tmp_path: Path) -> Path:
+    """The same host with [companions] in its policy, fabric manager 580.105.08 beside the loaded module 580.159.04
+    (no driver package), and PyPI's amdsmi 7.0.2 pip installed beside ROCm 6.4's amd-smi-lib."""
+    files = dict(HOST_FILES)
+    files["etc/gpuguard/policy.d/10-site.toml"] = POLICY + "[companions]\n"
+    files["var/lib/dpkg/status"] += _status({"nvidia-fabricmanager-580": "580.105.08-1",
+                                             "amd-smi-lib": "25.5.1.60401-83~22.04"})
+    files["usr/local/lib/python3.11/dist-packages/amdsmi-7.0.2.dist-info/METADATA"] = "Name: amdsmi\nVersion: 7.0.2\n"
+    return _build_root(tmp_path / "root", files)
+
+
+@pytest.mark.parametrize("judge", PATHS, ids=[p.__name__ for p in PATHS])
+def test_each_path_sees_the_companions_host_facts(companion_root: Path, judge) -> None:
+    """Fabric manager judged against the loaded module and the pip amdsmi binding against the library: every path
+    reads both facts through the one host-context builder and finds both companion rules."""
+    assert judge(companion_root) == EXPECTED | {"companion.fabricmanager", "companion.amdsmi"}

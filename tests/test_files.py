@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -12,9 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.errors import InputFileError
-from agent.files import FileMissing, move_aside, read_bytes_bounded, read_json_file
+from agent.errors import InputFileError, StateWriteError
+from agent.files import FileMissing, move_aside, read_bytes_bounded, read_json_file, write_atomically
 from agent.strictjson import nesting_depth, parse_json_text
+from tests.conftest import fill_disk
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -144,3 +146,26 @@ def test_invalid_json_in_a_fresh_interpreter_is_an_input_file_error(text: str) -
                          timeout=30)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("refused p.json"), out.stdout
+
+
+def test_write_atomically_on_a_full_disk_keeps_the_old_file(small_disk: Path) -> None:
+    """ENOSPC: StateWriteError (an OSError too, exit 16) in one line, the old file byte for byte, no temporary."""
+    state = small_disk / "state"
+    state.mkdir()
+    (state / "known-good.json").write_text('{"old": true}\n')
+    fill_disk(small_disk / "filler")
+    with pytest.raises(StateWriteError) as info:
+        write_atomically(str(state / "known-good.json"), json.dumps({"new": "x" * 300000}))
+    error = info.value
+    assert isinstance(error, OSError) and error.errno == errno.ENOSPC and error.exit_code == 16
+    assert str(error) == f"{state / 'known-good.json'}: cannot be written (No space left on device): the old file " \
+                         f"is kept"
+    assert (state / "known-good.json").read_text() == '{"old": true}\n'
+    assert sorted(p.name for p in state.iterdir()) == ["known-good.json"]
+
+
+def test_write_atomically_into_an_unwritable_place_is_state_write_error(tmp_path: Path) -> None:
+    """A directory that cannot be made (a file in its place) is StateWriteError too, not a bare OSError."""
+    (tmp_path / "state").write_text("a file, not a directory")
+    with pytest.raises(StateWriteError, match="cannot be written"):
+        write_atomically(str(tmp_path / "state" / "x.json"), "{}")

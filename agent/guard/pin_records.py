@@ -79,9 +79,9 @@ def amd_judged_patterns(policy: CompiledPolicy) -> List[str]:
 
 
 def rocm_patterns(policy: CompiledPolicy) -> List[str]:
-    """The ROCm package and its versioned side-by-side installs (``rocm-core``, ``rocm-core6.4.1``)."""
-    rocm_name = policy.amd_packages[1]
-    return [rocm_name, rocm_name + "[0-9]*"]
+    """The ROCm package and its versioned side-by-side installs (``rocm-core``, ``rocm-core6.4.1``), and TheRock's
+    (``amdrocm-base``, ``amdrocm-base7.13``)."""
+    return list(releases.rocm_package_patterns(policy.amd_packages[1]))
 
 
 def _match_any(name: str, patterns: Sequence[str]) -> bool:
@@ -146,13 +146,22 @@ def _rocm_build_tail(version: str) -> Optional[str]:
     return f"{code}-{release}" if dash and code.isdigit() and len(code) >= 5 else None
 
 
+def _build_key(name: str, version: str) -> Optional[str]:
+    """What ties a package to its ROCm build: classic packages share the release code and package release
+    (:func:`_rocm_build_tail`); TheRock's amdrocm-* packages of one release share their whole version (``10.0.0-4``,
+    every one of them, meta packages included, at exact ``=`` dependencies)."""
+    if name.startswith("amdrocm-"):
+        return "amdrocm:" + version
+    return _rocm_build_tail(version)
+
+
 def _rocm_companions(forbidden: List[Pin], available: Mapping[str, Sequence[str]], installed_builds: set,
                      amd_judged: Sequence[str], rocm: Sequence[str]) -> List[Pin]:
     """The AMD stack packages of every forbidden ROCm build (``rocm``: its package patterns), at that build, kept
     out with it (the judged packages have their own records)."""
     builds: Dict[str, Pin] = {}
     for pin in forbidden:
-        tail = _rocm_build_tail(pin.version) if _match_any(pin.package, rocm) else None
+        tail = _build_key(pin.package, pin.version) if _match_any(pin.package, rocm) else None
         if tail:
             builds.setdefault(tail, pin)
     out = []
@@ -160,7 +169,7 @@ def _rocm_companions(forbidden: List[Pin], available: Mapping[str, Sequence[str]
         if not _match_any(name, AMD_STACK_PACKAGES) or _match_any(name, amd_judged):
             continue
         for version in available[name]:
-            rocm_pin = builds.get(_rocm_build_tail(version) or "")
+            rocm_pin = builds.get(_build_key(name, version) or "")
             if rocm_pin is not None and (name, version) not in installed_builds:
                 out.append(Pin(name, version, -1, f"goes with {rocm_pin.package} {rocm_pin.version}: {rocm_pin.why}"))
     return out

@@ -1,7 +1,8 @@
 """Classification (pure): one status for a health check, in a fixed order of precedence.
 
     timeout       the probe ran past its timeout and was killed
-    failed        the probe could not start, crashed, printed no usable result, or its framework cannot import
+    failed        the probe could not start, crashed, printed more than the agent reads (launch.OUTPUT_CAP_BYTES),
+                  printed no usable result, or its framework cannot import
     skipped       no ML framework is installed where the probe ran ("skipped: no framework", never a pass)
     cpu_fallback  evidence that the work did not run on the host's GPUs (see fallback.py); beats failed checks,
                   because a CPU that computes wrongly is still first of all not the GPU
@@ -74,6 +75,9 @@ def classify(outcome: ProbeOutcome, parsed: Optional[Union[ProbeResult, ParseFai
         return Verdict("failed", f"the probe could not start: {outcome.start_error}", [outcome.start_error])
     if outcome.killed_for_memory is not None:
         detail = f"the probe was killed for its host memory: {outcome.killed_for_memory}"
+        return Verdict("failed", detail, [detail])
+    if outcome.output_too_large is not None:
+        detail = f"the probe's output was too large: {outcome.output_too_large}"
         return Verdict("failed", detail, [detail])
     if parsed is None or isinstance(parsed, ParseFailure):
         why = parsed.reason if isinstance(parsed, ParseFailure) else "no output"

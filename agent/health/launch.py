@@ -1,26 +1,48 @@
-"""Start the probe in its own process group, bounded by a timeout; on timeout kill the whole group.
+"""Start the probe under its supervisor, bounded by a timeout; whatever it started ends with it.
 
 Host.run suits commands that exit on their own. The probe starts grandchildren (one process per GPU) that hold its
-output pipes, and a hung GPU call ignores SIGTERM, so it needs what Host.run does not give: a new session, a
-SIGKILL to the whole process group, and a cleanup hook (a container is stopped by name, not by signal). With a
-``Sandbox`` (sandbox.py) the probe starts as the sandbox's user, under its limits.
+output pipes, and a hung GPU call ignores SIGTERM, so it needs what Host.run does not give: a new session, an end
+for its whole process tree, and a cleanup hook (a container is stopped by name, not by signal). The probe runs below
+reaper.py, started with the agent's own interpreter (as the agent's user): a PID namespace where the agent may make
+one, else a child subreaper, so a grandchild that left the session with setsid() still ends with the probe
+(reaper.py says why not a process group or a cgroup). On timeout the supervisor gets SIGTERM and kills the tree;
+the session's process group gets SIGKILL after it. With a ``Sandbox`` (sandbox.py) the supervisor starts the probe as
+the sandbox's user, under its limits; the probe cannot signal a supervisor that kept root. A probe in a container
+is not supervised (``supervise=False``): its processes are the container runtime's, in the container's own PID
+namespace, and the runner stops the container by name; a PID namespace or a sweep around the runtime's client would
+kill what the runtime leaves to clean up after it (podman's conmon).
+
+The probe is untrusted (it runs whatever the host's ML environment imports): what it prints is read through bounded
+captures, at most ``OUTPUT_CAP_BYTES`` of each pipe (the head of stdout, the tail of stderr); the rest is read and
+discarded, counted, and the outcome says the output was too large, so a probe that prints gigabytes costs the agent
+no memory. Its control characters are escaped (agent/printable.py) before anything shows them.
 """
 
 from __future__ import annotations
 
 import os
+import selectors
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Protocol, Sequence
+from pathlib import Path
+from typing import Callable, List, Mapping, Optional, Protocol, Sequence
 
 from agent.health.sandbox import MemoryLimit, Sandbox
 from agent.log import get_logger
+from agent.printable import printable
 
 log = get_logger("health.launch")
 # After the kill, how long to wait for the pipes to drain before giving up on what the probe printed.
 _DRAIN_SECONDS = 5.0
+# What the agent keeps of each of the probe's pipes: its result line is a few kilobytes, a framework's warnings more.
+OUTPUT_CAP_BYTES = 1 << 20
+_READ_BYTES = 1 << 16
+REAPER_PATH = Path(__file__).with_name("reaper.py")
+# reaper.py's word for a command it could not start (kept equal to its START_ERROR_MARKER by a test).
+_START_ERROR_MARKER = "GPUGUARD_REAPER_START_ERROR"
 
 
 @dataclass(frozen=True)
@@ -37,6 +59,64 @@ class ProbeOutcome:
     # How host memory was limited ("none" without a sandbox), and why that limit ended the probe.
     memory_limit: str = "none"
     killed_for_memory: Optional[str] = None
+    # Set when a pipe said more than OUTPUT_CAP_BYTES: which, how much, and that the excess was discarded.
+    output_too_large: Optional[str] = None
+
+
+class BoundedCapture:
+    """One pipe's bytes: at most ``cap_bytes`` kept (the first, or with ``keep_tail`` the last), all counted."""
+
+    def __init__(self, cap_bytes: int = OUTPUT_CAP_BYTES, keep_tail: bool = False) -> None:
+        self.cap_bytes = cap_bytes
+        self.keep_tail = keep_tail
+        self.total_bytes = 0
+        self._kept = bytearray()
+
+    def feed(self, chunk: bytes) -> None:
+        self.total_bytes += len(chunk)
+        if self.keep_tail:
+            self._kept += chunk[-self.cap_bytes:]
+            del self._kept[:max(0, len(self._kept) - self.cap_bytes)]
+        elif len(self._kept) < self.cap_bytes:
+            self._kept += chunk[:self.cap_bytes - len(self._kept)]
+
+    @property
+    def overflowed(self) -> bool:
+        return self.total_bytes > self.cap_bytes
+
+    def text(self) -> str:
+        return self._kept.decode("utf-8", errors="replace")
+
+
+def _read_until(proc: "subprocess.Popen[bytes]", captures: Mapping[int, BoundedCapture], deadline: float) -> bool:
+    """Read the probe's pipes into their captures until both close (True) or ``deadline`` passes (False)."""
+    with selectors.DefaultSelector() as selector:
+        for fd in captures:
+            selector.register(fd, selectors.EVENT_READ)
+        while selector.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            for key, _ in selector.select(timeout=remaining):
+                fd = key.fd
+                assert isinstance(fd, int)
+                try:
+                    chunk = os.read(fd, _READ_BYTES)
+                except OSError:
+                    chunk = b""
+                if chunk:
+                    captures[fd].feed(chunk)
+                else:
+                    selector.unregister(fd)
+    return True
+
+
+def _too_large(stdout: BoundedCapture, stderr: BoundedCapture) -> Optional[str]:
+    said = [f"{name} {cap.total_bytes} bytes" for name, cap in (("stdout", stdout), ("stderr", stderr))
+            if cap.overflowed]
+    if not said:
+        return None
+    return f"{' and '.join(said)} > cap {OUTPUT_CAP_BYTES} bytes each: the excess was discarded"
 
 
 class Launcher(Protocol):
@@ -44,7 +124,7 @@ class Launcher(Protocol):
 
     def __call__(self, argv: Sequence[str], env: Mapping[str, str], timeout_seconds: float,
                  on_timeout: Optional[Callable[[], None]] = None, sandbox: Optional[Sandbox] = None,
-                 on_start: Optional[Callable[[int], None]] = None) -> ProbeOutcome: ...
+                 on_start: Optional[Callable[[int], None]] = None, supervise: bool = True) -> ProbeOutcome: ...
 
 
 def _kill_group(pgid: int) -> None:
@@ -54,20 +134,49 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
+def _stop_tree(pid: int) -> None:
+    """SIGTERM the supervisor, which kills the probe and everything below it; SIGKILL the group where it is gone."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        _kill_group(pid)
+
+
+def supervised_argv(argv: Sequence[str], sandbox: Optional[Sandbox] = None,
+                    pid_namespace: bool = True) -> List[str]:
+    """``argv`` under reaper.py, run by the agent's own interpreter, isolated (-I -S: nothing of the site runs)."""
+    extra = [] if pid_namespace else ["--no-pid-namespace"]
+    return [sys.executable, "-I", "-S", str(REAPER_PATH), *(sandbox.reaper_args() if sandbox is not None else []),
+            *extra, "--", *argv]
+
+
+def _start_error(stderr: str) -> Optional[str]:
+    """What reaper.py said when it could not start the command: "not found" or "not executable (why)"."""
+    for line in reversed(stderr.splitlines()[-5:]):
+        if line.startswith(_START_ERROR_MARKER + " "):
+            what, _, why = line[len(_START_ERROR_MARKER) + 1:].partition(" ")
+            return "not found" if what == "not-found" else f"not executable ({why})"
+    return None
+
+
 def launch_probe(argv: Sequence[str], env: Mapping[str, str], timeout_seconds: float,
                  on_timeout: Optional[Callable[[], None]] = None, sandbox: Optional[Sandbox] = None,
-                 on_start: Optional[Callable[[int], None]] = None) -> ProbeOutcome:
-    """Run argv (never through a shell) in a new session; SIGKILL its process group on timeout and at the end.
+                 on_start: Optional[Callable[[int], None]] = None, supervise: bool = True,
+                 pid_namespace: bool = True) -> ProbeOutcome:
+    """Run argv (never through a shell) below reaper.py in a new session; end its whole tree on timeout and at the end.
 
-    ``on_start(pid)`` is called as soon as the process exists: its pid is also its session and process group id.
+    ``on_start(pid)`` is called as soon as the supervisor exists: its pid is also the session and process group id
+    of the probe. ``supervise=False`` (a container runtime's client, as the sandbox's user when given one) runs argv
+    itself and kills its process group; ``pid_namespace=False`` makes the supervisor use its subreaper fallback.
     """
     started = time.monotonic()
     memory = MemoryLimit(sandbox) if sandbox is not None else None
     try:
-        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=dict(env), start_new_session=True, text=True, errors="replace",
+        proc = subprocess.Popen(supervised_argv(argv, sandbox, pid_namespace) if supervise else list(argv),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=dict(env), start_new_session=True,
                                 cwd=(sandbox.home if sandbox is not None and sandbox.home else None),
-                                **(sandbox.popen_kwargs() if sandbox is not None else {}))  # type: ignore[call-overload]
+                                **({} if supervise or sandbox is None else sandbox.popen_kwargs()))
     except (FileNotFoundError, PermissionError) as exc:
         if memory is not None:
             memory.finish()
@@ -79,24 +188,50 @@ def launch_probe(argv: Sequence[str], env: Mapping[str, str], timeout_seconds: f
     if on_start is not None:
         on_start(proc.pid)
     timed_out = False
+    stdout, stderr = BoundedCapture(), BoundedCapture(keep_tail=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    captures = {proc.stdout.fileno(): stdout, proc.stderr.fileno(): stderr}
+    lost = False
     try:
-        stdout, stderr = proc.communicate(timeout=timeout_seconds)
-    except subprocess.TimeoutExpired:
-        # The probe's own process may have exited while a grandchild still holds the pipes: that is a hang too.
-        timed_out = True
-        log.warning("health_probe_timeout", timeout_seconds=timeout_seconds, pid=proc.pid)
-        _kill_group(proc.pid)
-        if on_timeout is not None:
-            on_timeout()
-        try:
-            stdout, stderr = proc.communicate(timeout=_DRAIN_SECONDS)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = "", "output lost: the pipes stayed open after the kill"
+        deadline = started + timeout_seconds
+        # Its own process may have exited while a grandchild still holds the pipes, or it may have closed its pipes
+        # and run on: either past the timeout is a hang.
+        if _read_until(proc, captures, deadline):
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+        else:
+            timed_out = True
+        if timed_out:
+            log.warning("health_probe_timeout", timeout_seconds=timeout_seconds, pid=proc.pid)
+            if supervise:
+                _stop_tree(proc.pid)
+            else:
+                _kill_group(proc.pid)
+            if on_timeout is not None:
+                on_timeout()
+            if not _read_until(proc, captures, time.monotonic() + _DRAIN_SECONDS):
+                proc.kill()
+                lost = True
     finally:
-        # Whatever the probe left running (a rank that outlived it) goes with it.
+        # Whatever is left in the session (the supervisor killed, or gone before its sweep) goes with it.
         _kill_group(proc.pid)
+        proc.stdout.close()
+        proc.stderr.close()
     returncode = proc.wait()
+    not_started = _start_error(stderr.text()) if supervise and returncode == 127 and not timed_out else None
+    if not_started is not None:
+        if memory is not None:
+            memory.finish()
+        who = f" as {sandbox.user}" if sandbox is not None and sandbox.dropped else ""
+        return ProbeOutcome(tuple(argv), None, "", "", False, time.monotonic() - started,
+                            start_error=f"{argv[0]}: {not_started}{who}")
     limit, killed = memory.finish() if memory is not None else ("none", None)
-    return ProbeOutcome(tuple(argv), None if timed_out else returncode, stdout or "", stderr or "", timed_out,
-                        time.monotonic() - started, memory_limit=limit, killed_for_memory=killed)
+    # stderr is shown as it is (a crash's last line, the result's stderr tail): its escapes go here, once; stdout is
+    # parsed, and parse.py escapes what it takes from it.
+    out_text, err_text = ("", "output lost: the pipes stayed open after the kill") if lost else (
+        stdout.text(), printable(stderr.text(), keep_newlines=True))
+    return ProbeOutcome(tuple(argv), None if timed_out else returncode, out_text, err_text, timed_out,
+                        time.monotonic() - started, memory_limit=limit, killed_for_memory=killed,
+                        output_too_large=_too_large(stdout, stderr))

@@ -11,7 +11,9 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from typing import Dict, List, Literal, Optional
+from typing import Annotated, Any, Dict, List, Literal, Optional
+
+from pydantic import ConfigDict, Field
 
 from agent.health.settings import HealthMode
 from agent.models import FrozenModel
@@ -24,8 +26,28 @@ STATUS_EXIT_CODES: Dict[str, int] = {"pass": 0, "regression": 20, "cpu_fallback"
                                      "timeout": 23, "skipped": 24, "busy": 25, "deferred": 26}
 RESULT_MARKER = "GPUGUARD_PROBE_RESULT "
 
+# Bounds on what the probe may say: it runs the host's ML stack and is not trusted. A real result for eight GPUs is
+# far inside them; a figure above FIGURE_MAX is no device's (an H200's dense bf16 GEMM is about 1,000 TFLOP/s, its
+# device copy about 9,000 GB/s) and would only poison the baseline it is recorded into.
+PROBE_TEXT_MAX_CHARS = 4096
+PROBE_ITEMS_MAX = 1024
+FIGURE_MAX = 1e7
+Figure = Annotated[float, Field(ge=0, le=FIGURE_MAX)]
+DeviceIndex = Annotated[int, Field(ge=0, lt=PROBE_ITEMS_MAX)]
 
-class ProbeFramework(FrozenModel):
+
+def _items(default: Any) -> Any:
+    """A list or mapping field of at most PROBE_ITEMS_MAX items."""
+    return Field(default=default, max_length=PROBE_ITEMS_MAX)
+
+
+class ProbeModel(FrozenModel):
+    """A part of the probe's result: every string at most PROBE_TEXT_MAX_CHARS long."""
+
+    model_config = ConfigDict(str_max_length=PROBE_TEXT_MAX_CHARS)
+
+
+class ProbeFramework(ProbeModel):
     """The ML framework the probe imported, and what it was built for."""
 
     name: str
@@ -37,10 +59,10 @@ class ProbeFramework(FrozenModel):
     import_error: Optional[str] = None
 
 
-class ProbeDevice(FrozenModel):
+class ProbeDevice(ProbeModel):
     """One device as the framework enumerates it."""
 
-    index: int
+    index: DeviceIndex
     name: Optional[str] = None
     memory_total_bytes: Optional[int] = None
     uuid: Optional[str] = None
@@ -50,21 +72,21 @@ class ProbeDevice(FrozenModel):
     gcn_arch: Optional[str] = None
 
 
-class GpuFigures(FrozenModel):
+class GpuFigures(ProbeModel):
     """Every figure and check of one device (a GPU index, or the CPU when the framework saw no GPU)."""
 
-    index: int
+    index: DeviceIndex
     device: str
     name: Optional[str] = None
     gemm_dtype: Literal["bf16", "fp16"]
     gemm_size: Optional[int] = None
-    gemm_bf16_tflops: Optional[float] = None
-    gemm_fp16_tflops: Optional[float] = None
+    gemm_bf16_tflops: Optional[Figure] = None
+    gemm_fp16_tflops: Optional[Figure] = None
     gemm_batch_spread_fraction: Optional[float] = None
     gemm_reference_rel_error: Optional[float] = None
     gemm_reference_ok: Optional[bool] = None
     copy_bytes: Optional[int] = None
-    copy_bandwidth_gbps: Optional[float] = None
+    copy_bandwidth_gbps: Optional[Figure] = None
     copy_batch_spread_fraction: Optional[float] = None
     copy_verified: Optional[bool] = None
     train_steps: Optional[int] = None
@@ -77,9 +99,9 @@ class GpuFigures(FrozenModel):
     checkpoint_seconds: Optional[float] = None
     checkpoint_ok: Optional[bool] = None
     device_memory_peak_bytes: Optional[int] = None
-    step_seconds: Dict[str, float] = {}
+    step_seconds: Dict[str, float] = _items({})
     seconds: Optional[float] = None
-    errors: List[str] = []
+    errors: List[str] = _items([])
 
     @property
     def gemm_tflops(self) -> Optional[float]:
@@ -87,27 +109,27 @@ class GpuFigures(FrozenModel):
         return self.gemm_bf16_tflops if self.gemm_dtype == "bf16" else self.gemm_fp16_tflops
 
 
-class CollectiveRank(FrozenModel):
+class CollectiveRank(ProbeModel):
     """How one rank of the all-reduce ended."""
 
-    rank: int
+    rank: DeviceIndex
     status: Literal["ok", "failed", "aborted", "timeout"]
     error: Optional[str] = None
-    bus_bandwidth_gbps: Optional[float] = None
+    bus_bandwidth_gbps: Optional[Figure] = None
 
 
-class CollectiveResult(FrozenModel):
+class CollectiveResult(ProbeModel):
     """The all-reduce across the host's GPUs: a correct sum, and its bus bandwidth (the slowest rank's view)."""
 
     backend: Optional[str] = None
-    world_size: int
+    world_size: Annotated[int, Field(ge=0, le=PROBE_ITEMS_MAX)]
     bytes: int
     sum_correct: Optional[bool] = None
-    bus_bandwidth_gbps: Optional[float] = None
-    ranks: List[CollectiveRank] = []
+    bus_bandwidth_gbps: Optional[Figure] = None
+    ranks: List[CollectiveRank] = _items([])
 
 
-class ProbeResult(FrozenModel):
+class ProbeResult(ProbeModel):
     """The probe's one JSON line."""
 
     probe_schema_version: Literal[1]
@@ -115,20 +137,20 @@ class ProbeResult(FrozenModel):
     framework: Optional[ProbeFramework] = None
     skipped_reason: Optional[str] = None
     accelerator_available: bool = False
-    device_count: int = 0
-    devices: List[ProbeDevice] = []
+    device_count: Annotated[int, Field(ge=0, le=PROBE_ITEMS_MAX)] = 0
+    devices: List[ProbeDevice] = _items([])
     ran_on: Optional[Literal["gpu", "cpu"]] = None
-    gpus: List[GpuFigures] = []
+    gpus: List[GpuFigures] = _items([])
     collective: Optional[CollectiveResult] = None
-    phase_seconds: Dict[str, float] = {}
+    phase_seconds: Dict[str, float] = _items({})
     throttle_fraction: float = 0.0
     # Set when the agent gave the probe a device-memory budget (bytes per GPU): the work was sized to fit in it.
     device_memory_budget_bytes: Optional[int] = None
     # Who the probe ran as (os.getuid() etc. inside the probe), so the report shows the privilege drop held.
     uid: Optional[int] = None
     gid: Optional[int] = None
-    groups: List[int] = []
-    errors: List[str] = []
+    groups: List[int] = _items([])
+    errors: List[str] = _items([])
 
 
 class Fingerprint(FrozenModel):

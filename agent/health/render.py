@@ -6,6 +6,7 @@ from typing import Dict, List, Optional, Sequence
 
 from agent.health.fallback import match_activity
 from agent.health.model import GpuActivity, GpuFigures, HealthResult, MetricRegression
+from agent.printable import printable
 
 
 def _num(value: Optional[float], digits: int = 1) -> str:
@@ -104,4 +105,5 @@ def render_result(result: HealthResult) -> str:
         where = f"GPU {reg.gpu} " if reg.gpu is not None else ""
         lines.append(f"regression {where}{reg.metric}: {reg.current_value:,.1f} vs {reg.baseline_value:,.1f} "
                      f"({reg.against}), -{reg.drop_fraction:.1%} > band {reg.threshold_fraction:.1%}")
-    return "\n".join(lines) + "\n"
+    # The probe's strings are escaped where they are parsed; a result read back from an older file is escaped here.
+    return "\n".join(printable(line) for line in lines) + "\n"

@@ -5,6 +5,9 @@
     SMI sampler thread ───> activity, tenants ────┼──> fallback rules ──┐                                     │
     probe (sandbox) ──────> ProbeResult ──────────┴─────────────────────┴──> classify ──> busy? ──> baseline ──> result
 
+A host without GPUs is ``skipped`` before anything else (presence.py); the rest runs under the health-check lock
+(checklock.py), so that the daemon's check and ``gpuguard health run`` never share the GPUs.
+
 The probe is an argv list (an interpreter, or a container runtime), never a shell line. It runs as the sandbox's
 user (sandbox.py) with a clean environment plus NCCL_NVLS_ENABLE=0 and the other NVLink-multicast switches, always.
 A GPU that another job uses is never judged on speed (tenants.py): the result is ``busy`` when the functional checks
@@ -14,13 +17,14 @@ pass there, ``deferred`` when nothing could run safely, and such a run never tou
 from __future__ import annotations
 
 import datetime as dt
+import os
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from agent.errors import GpuguardError, InputFileError, LibraryUnavailable, UsageError
+from agent.errors import GpuguardError, InputFileError, LibraryUnavailable
 from agent.files import write_atomically
 from agent.health.activity import ActivitySampler, SmiDevice, SmiOccupancy, open_reader
 from agent.health.baseline import (
@@ -32,6 +36,7 @@ from agent.health.baseline import (
     peer_outliers,
     record_run,
 )
+from agent.health.checklock import CheckHolder, CheckLock, acquire_check_lock, read_holder, state_file_error
 from agent.health.classify import Verdict, classify
 from agent.health.fallback import Inventory, Vendor, detect_fallback, merge_inventory
 from agent.health.launch import Launcher, ProbeOutcome, launch_probe
@@ -46,6 +51,7 @@ from agent.health.model import (
     ProbeResult,
 )
 from agent.health.parse import parse_probe_output
+from agent.health.presence import no_gpu_reason
 from agent.health.sandbox import (
     Sandbox,
     docker_ulimits,
@@ -55,7 +61,17 @@ from agent.health.sandbox import (
     with_limits,
 )
 from agent.health.settings import HealthSettings
-from agent.health.tenants import Plan, decide, describe_tenant, merge_during, occupancy_of, process_session, tenants_of
+from agent.health.tenants import (
+    NO_OWN_PROBES,
+    OwnProbes,
+    Plan,
+    decide,
+    describe_tenant,
+    merge_during,
+    occupancy_of,
+    process_session,
+    tenants_of,
+)
 from agent.host import Host
 from agent.log import get_logger
 from agent.snapshot.model import Snapshot
@@ -135,25 +151,56 @@ def snapshot_inventory(snapshot: Optional[Snapshot]) -> Tuple[Optional[Vendor], 
 
 def run_health_check(host: Host, settings: HealthSettings, state_dir: str, snapshot: Optional[Snapshot] = None,
                      launcher: Launcher = launch_probe, probe_path: Path = PROBE_PATH,
-                     mode: Optional[HealthMode] = None) -> HealthResult:
+                     mode: Optional[HealthMode] = None, lock_wait_seconds: Optional[float] = None,
+                     on_lock_wait: Optional[Callable[[str], None]] = None) -> HealthResult:
     """One whole health check; every outcome of the probe is a HealthResult, never an exception.
 
     ``mode`` overrides ``settings.mode`` for this run (the daemon passes "functional" right after a package change).
+    The check holds the health-check lock (checklock.py) while it looks at the GPUs and runs the probe: another
+    check running is waited for up to ``lock_wait_seconds`` (default ``[health] check_lock_wait_seconds``),
+    ``on_lock_wait`` told once; still running then, the result is ``deferred`` (not recorded as the last result).
     """
     started = time.monotonic()
     started_at = host.clock()
     mode = mode or settings.mode
+    # First of all: a host without GPUs has nothing to check (no probe user looked up, no framework imported).
+    # require_accelerator = false asks for a CPU run judged like a GPU run (a development box, the tests).
+    nothing_to_check = no_gpu_reason(host, snapshot) if settings.require_accelerator else None
+    if nothing_to_check is not None:
+        log.info("health_skipped_no_gpu", reason=nothing_to_check)
+        return _without_probe(host, settings, state_dir, started, started_at, "skipped",
+                              f"skipped: {nothing_to_check}", None)
+    # A missing probe user is a set-up step (SetupError, the command's own exit code), never a health verdict.
+    sandbox = resolve_sandbox(settings, state_dir)
+    wait = settings.check_lock_wait_seconds if lock_wait_seconds is None else lock_wait_seconds
     try:
-        sandbox = resolve_sandbox(settings, state_dir)
-    except UsageError as exc:
-        return _without_probe(host, settings, state_dir, started, started_at, "failed", str(exc), None)
-    before, plan = look_before(host, settings, mode)
+        lock = acquire_check_lock(state_dir, wait, on_lock_wait)
+        if lock is None:
+            holder = read_holder(state_dir)
+            why = (f"another health check is still running ({holder.describe() if holder else 'holder unknown'}) "
+                   f"after waiting {wait:g} s")
+            log.info("health_deferred", reason=why)
+            return _without_probe(host, settings, state_dir, started, started_at, "deferred", f"deferred: {why}",
+                                  None, save=False)
+        with lock:
+            return _run_locked(host, settings, state_dir, snapshot, launcher, probe_path, mode, started, started_at,
+                               sandbox, lock)
+    finally:
+        remove_temporary_home(sandbox)
+
+
+def _run_locked(host: Host, settings: HealthSettings, state_dir: str, snapshot: Optional[Snapshot],
+                launcher: Launcher, probe_path: Path, mode: HealthMode, started: float, started_at: dt.datetime,
+                sandbox: Sandbox, lock: CheckLock) -> HealthResult:
+    """The check itself, under the health-check lock: look at the GPUs, run the probe, judge, record."""
+    own = own_probes(sandbox, lock.previous)
+    before, plan = look_before(host, settings, mode, own=own)
     if not plan.run:
         log.info("health_deferred", reason=plan.reason)
         return _without_probe(host, settings, state_dir, started, started_at, "deferred",
                               f"deferred: {plan.reason}", before)
     background: Optional[_SnapshotThenSampler] = None
-    watch = _TenantWatch(host, enabled=settings.container_image is None)
+    watch = _TenantWatch(host, enabled=settings.container_image is None, own=own)
     if snapshot is None and settings.container_image is None:
         # The probe's argv does not depend on the snapshot here: start the probe first and take the snapshot (then
         # start the activity sampler) while it imports its framework, seconds that the snapshot would otherwise add.
@@ -188,10 +235,15 @@ def run_health_check(host: Host, settings: HealthSettings, state_dir: str, snaps
     try:
         # Outside a container the probe's interpreter sets the limits on itself before it becomes the probe.
         exec_argv = argv if sandboxed is None else with_limits(settings.python, argv, sandboxed.rlimits)
+        def probe_started(pid: int) -> None:
+            watch.probe_started(pid)
+            lock.record_probe(pid, sandbox.uid if sandboxed is not None else None)
+
+        # A container's processes are the runtime's (its own PID namespace, stopped by name): not supervised.
         outcome = launcher(exec_argv, probe_env(host.env, settings, sandboxed), settings.timeout_seconds,
-                           stop_container, sandbox=sandboxed, on_start=watch.probe_started)
+                           stop_container, sandbox=sandboxed, on_start=probe_started,
+                           supervise=settings.container_image is None)
     finally:
-        remove_temporary_home(sandbox)
         if background is not None:
             snapshot, sampler = background.join()  # re-raises what the snapshot raised
             vendor, snapshot_count = snapshot_inventory(snapshot)
@@ -234,8 +286,18 @@ def run_health_check(host: Host, settings: HealthSettings, state_dir: str, snaps
     return result
 
 
+def own_probes(sandbox: Sandbox, previous: Optional[CheckHolder]) -> OwnProbes:
+    """gpuguard's own probes for the busy-GPU detection: the dedicated probe user's processes (a sandbox that
+    dropped to a user other than root and the agent's), and the probe the lock's previous holder recorded."""
+    uid = sandbox.uid if sandbox.dropped and sandbox.uid not in (0, os.geteuid()) else None
+    sessions = (((previous.probe_session, previous.probe_uid),)
+                if previous is not None and previous.probe_session is not None else ())
+    return OwnProbes(uid=uid, sessions=sessions)
+
+
 def look_before(host: Host, settings: HealthSettings, mode: HealthMode,
-                sleep: Callable[[float], None] = time.sleep) -> Tuple[OccupancyReport, Plan]:
+                sleep: Callable[[float], None] = time.sleep,
+                own: OwnProbes = NO_OWN_PROBES) -> Tuple[OccupancyReport, Plan]:
     """Read every GPU's processes, utilization and free memory before the probe, and decide what may run.
 
     A GPU busy by its utilization alone is read again ``busy_utilization_confirm_seconds`` later and stays busy only
@@ -250,11 +312,11 @@ def look_before(host: Host, settings: HealthSettings, mode: HealthMode,
                                performance_not_judged=plan.reason), plan
     try:
         first = reader.occupancy()
-        gpus = occupancy_of(host, reader.devices, first, settings)
+        gpus = occupancy_of(host, reader.devices, first, settings, own=own)
         if any(g.busy and not g.tenants and all(r.startswith("utilization ") for r in g.reasons) for g in gpus) \
                 and settings.busy_utilization_confirm_seconds > 0:
             sleep(settings.busy_utilization_confirm_seconds)
-            gpus = occupancy_of(host, reader.devices, first, settings, confirmed=reader.occupancy())
+            gpus = occupancy_of(host, reader.devices, first, settings, confirmed=reader.occupancy(), own=own)
     finally:
         reader.close()
     plan = decide(gpus, settings, mode)
@@ -278,12 +340,13 @@ def _unjudged(verdict: Verdict, occupancy: OccupancyReport) -> Verdict:
 
 
 def _without_probe(host: Host, settings: HealthSettings, state_dir: str, started: float, started_at: dt.datetime,
-                   status: str, summary: str, occupancy: Optional[OccupancyReport]) -> HealthResult:
-    """A result for a check that launched no probe (deferred, or a sandbox that cannot be set up)."""
+                   status: str, summary: str, occupancy: Optional[OccupancyReport], save: bool = True) -> HealthResult:
+    """A result for a check that launched no probe (deferred, or no GPU to check); ``save``: as the last result."""
     result = HealthResult(status=status, summary=summary, started_at=started_at,
                           wall_seconds=round(time.monotonic() - started, 3),
                           failures=[summary] if status == "failed" else [], occupancy=occupancy)
-    _save_last(state_dir, result)
+    if save:
+        _save_last(state_dir, result)
     log.info("health_check_done", status=result.status, summary=result.summary, wall_seconds=result.wall_seconds)
     return result
 
@@ -291,9 +354,10 @@ def _without_probe(host: Host, settings: HealthSettings, state_dir: str, started
 class _TenantWatch:
     """Collects, while the probe runs, the GPUs' processes that are not the probe's (its session is its pid)."""
 
-    def __init__(self, host: Host, enabled: bool) -> None:
+    def __init__(self, host: Host, enabled: bool, own: OwnProbes = NO_OWN_PROBES) -> None:
         self.host = host
         self.enabled = enabled
+        self.own = own
         self._probe_pid: Optional[int] = None
         self._lock = threading.Lock()
         self._seen: Dict[int, Dict[int, GpuTenant]] = {}
@@ -302,8 +366,9 @@ class _TenantWatch:
         self._probe_pid = pid
 
     def _is_own(self, pid: int) -> bool:
-        return self._probe_pid is not None and (pid == self._probe_pid
-                                                or process_session(self.host, pid) == self._probe_pid)
+        return (self._probe_pid is not None and (pid == self._probe_pid
+                                                 or process_session(self.host, pid) == self._probe_pid)
+                ) or self.own.is_own(self.host, pid)
 
     def seen(self, devices: Sequence[SmiDevice], readings: List[SmiOccupancy]) -> None:
         if not self.enabled or self._probe_pid is None:
@@ -386,7 +451,7 @@ def _save_last(state_dir: str, result: HealthResult) -> None:
     try:
         write_atomically(str(path), result.to_json())
     except OSError as exc:
-        raise InputFileError(str(path), exc.strerror or str(exc)) from None
+        raise state_file_error(str(path), exc) from None
 
 
 def _log_result(result: HealthResult, inventory: Inventory) -> None:

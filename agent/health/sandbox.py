@@ -9,12 +9,17 @@ RLIMIT_AS (CUDA and ROCm reserve terabytes of address space and fail under it): 
 ``memory.max`` where the agent may create one, else a watchdog that kills the probe's process group when the resident
 memory of its processes passes the limit. The result says which limit applied.
 
+The probe's home is handed over through file descriptors (O_NOFOLLOW, fchown, fchmod): never through a link, never
+below a parent that anyone but the agent may write, never a directory of a third user. The agent reads nothing back
+from that home; what the probe says comes only through its bounded, escaped output (launch.py, parse.py).
+
 When the agent is not root (tests, an operator's ``gpuguard health run``) the probe runs as that user, and says so.
 ``run_as = "root"`` keeps root, with a warning.
 """
 
 from __future__ import annotations
 
+import errno
 import grp
 import os
 import pwd
@@ -26,11 +31,11 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from agent.errors import UsageError
+from agent.errors import SetupError
 from agent.health.model import SandboxReport
-from agent.health.settings import HealthSettings
+from agent.health.settings import DEFAULT_PROBE_USER, HealthSettings
 from agent.log import get_logger
 from agent.statepaths import StatePaths
 
@@ -63,11 +68,17 @@ class Sandbox:
     cgroup_root: str = _CGROUP_ROOT
     own_cgroup_file: str = "/proc/self/cgroup"
 
-    def popen_kwargs(self) -> Dict[str, object]:
-        """``subprocess.Popen`` arguments for the identity: the drop happens in the child before exec."""
+    def popen_kwargs(self) -> Dict[str, Any]:
+        """``subprocess.Popen`` arguments for the identity, for a command started without the supervisor."""
         if not self.dropped:
             return {}
         return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
+
+    def reaper_args(self) -> List[str]:
+        """reaper.py's options for the identity: the supervisor drops to it in the probe's process before exec."""
+        if not self.dropped:
+            return []
+        return ["--uid", str(self.uid), "--gid", str(self.gid), "--groups", ",".join(str(g) for g in self.groups)]
 
     def report(self, memory_limit: str, killed_for_memory: Optional[str]) -> SandboxReport:
         return SandboxReport(user=self.user, uid=self.uid, gid=self.gid, groups=list(self.groups),
@@ -75,8 +86,15 @@ class Sandbox:
                              rlimits=dict(self.rlimits), notes=list(self.notes), killed_for_memory=killed_for_memory)
 
 
+def probe_user_command(name: str = DEFAULT_PROBE_USER) -> str:
+    """The ``useradd`` line the packages' maintainer scripts create the probe's user with (deb postinst, rpm %post)."""
+    return (f"useradd --system --user-group --home-dir /var/lib/{name} --create-home --shell /usr/sbin/nologin "
+            f'--comment "gpuguard health probe" {name}')
+
+
 def resolve_sandbox(settings: HealthSettings, state_dir: str, euid: Optional[int] = None) -> Sandbox:
-    """The sandbox for this run; UsageError naming ``[health] run_as`` when that user does not exist."""
+    """The sandbox for this run: the agent's own user when it is not root (no switch, no lookup), else
+    ``[health] run_as``; SetupError (with the command that makes it) when that user does not exist."""
     euid = os.geteuid() if euid is None else euid
     rlimits = {"RLIMIT_CPU": settings.cpu_seconds_max, "RLIMIT_NOFILE": settings.open_files_max, "RLIMIT_CORE": 0}
     if euid != 0:
@@ -88,8 +106,8 @@ def resolve_sandbox(settings: HealthSettings, state_dir: str, euid: Optional[int
     try:
         entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
     except (KeyError, ValueError):
-        raise UsageError(f"[health] run_as: user {name!r} does not exist (the gpuguard package creates "
-                         "gpuguard-probe; create it or set run_as)") from None
+        raise SetupError(f"[health] run_as: user {name!r} does not exist (the gpuguard packages create it; "
+                         "or set [health] run_as)", probe_user_command(name)) from None
     if entry.pw_uid == 0:
         log.warning("health_probe_as_root", run_as=name,
                     hint="the host's ML stack runs with full privileges; set [health] run_as = \"gpuguard-probe\"")
@@ -137,14 +155,15 @@ def _private_home(entry: pwd.struct_passwd, groups: List[int], preferred: Path) 
     for make in (lambda: _own_dir(preferred), lambda: Path(tempfile.mkdtemp(prefix="gpuguard-probe-"))):
         try:
             path = make()
-            os.chown(path, uid, gid)
-            os.chmod(path, 0o700)
+            _give_dir(path, uid, gid)
             if _reachable(path, uid, groups):
                 return str(path)
             log.info("health_probe_home_unreachable", path=str(path), user=entry.pw_name)
         except OSError as exc:
             log.info("health_probe_home_unusable", path=str(preferred), error=exc.strerror or str(exc))
-    raise UsageError(f"{preferred}: cannot make a private home directory for the probe's user {entry.pw_name}")
+    home = entry.pw_dir if entry.pw_dir and entry.pw_dir != "/" else f"/var/lib/{entry.pw_name}"
+    raise SetupError(f"{preferred}: cannot make a private home directory for the probe's user {entry.pw_name}",
+                     f"install -d -m 0700 -o {entry.pw_name} -g {entry.pw_gid} {home}")
 
 
 def _reachable(path: Path, uid: int, groups: List[int]) -> bool:
@@ -162,11 +181,46 @@ def _reachable(path: Path, uid: int, groups: List[int]) -> bool:
     return True
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def _own_dir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    if path.is_symlink():
-        raise OSError(0, "is a symlink")
+    """``path`` made (or found) below a parent that is the agent's and writable by no one else, neither a symlink.
+
+    The probe's user owns what it finds inside; a parent it (or anyone else) could write would let it put a link
+    where the agent is about to hand a directory over.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    parent = os.open(path.parent, _DIR_FLAGS)
+    try:
+        st = os.fstat(parent)
+        if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise OSError(errno.EPERM, f"{path.parent}: not the agent's own directory (uid {st.st_uid}, mode "
+                                       f"{stat.S_IMODE(st.st_mode):o})")
+        try:
+            os.mkdir(path.name, 0o700, dir_fd=parent)
+        except FileExistsError:
+            pass
+    finally:
+        os.close(parent)
     return path
+
+
+def _give_dir(path: Path, uid: int, gid: int) -> None:
+    """Hand the directory ``path`` to uid:gid as 0700, through its file descriptor (never following a link).
+
+    Only a directory that is the agent's or already the user's is handed over: another user's would give the probe
+    that user's files.
+    """
+    fd = os.open(path, _DIR_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid not in (os.geteuid(), uid):
+            raise OSError(errno.EPERM, f"owned by uid {st.st_uid}, neither the agent's nor the probe user's")
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
 
 
 def sandbox_env(base: Mapping[str, str], sandbox: Sandbox) -> Dict[str, str]:
@@ -275,10 +329,14 @@ class MemoryLimit:
             if rss > self.limit:
                 self.killed = f"resident memory {rss} bytes > limit {self.limit} bytes: process group killed"
                 log.warning("health_probe_memory_killed", pgid=pgid, rss_bytes=rss, limit_bytes=self.limit)
-                try:
-                    os.killpg(pgid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                # The group's leader is the probe's supervisor (launch.py, reaper.py): SIGTERM makes it end the whole
+                # tree, setsid() escapees included; the SIGKILL to the group after it is for whatever is left.
+                for send in (lambda: os.kill(pgid, signal.SIGTERM), lambda: os.killpg(pgid, signal.SIGKILL)):
+                    try:
+                        send()
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                    self._stop.wait(2.0)
                 return
 
     def finish(self) -> Tuple[str, Optional[str]]:

@@ -47,8 +47,13 @@ class HealthSettings(FrozenModel):
     min_copy_gbps: float = Field(150.0, ge=0)
     # How many GPUs the framework must see; None: as many as the snapshot and the SMI library report.
     expected_gpu_count: Optional[int] = Field(None, ge=0)
-    # False only on a CPU-only development box or in tests: a CPU run is then judged like a GPU run.
+    # False only on a CPU-only development box or in tests: a CPU run is then judged like a GPU run (and a host
+    # without GPUs is checked on its CPU, not skipped: agent/health/presence.py).
     require_accelerator: bool = True
+
+    # How long a check waits for another one to finish (the daemon's and `gpuguard health run` never run together;
+    # docs/health.md "One check at a time"); still running then, this check is deferred.
+    check_lock_wait_seconds: float = Field(600.0, ge=0, le=7200)
 
     # --- other jobs on the GPUs (docs/health.md "Busy GPUs") ---
     # auto: judge performance on idle GPUs; on a busy GPU run the functional checks only (status busy).

@@ -14,8 +14,9 @@ or when configured to wait, nothing runs and the check is deferred. Performance 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from agent.errors import GpuguardError
 from agent.health.activity import SmiDevice, SmiOccupancy
 from agent.health.model import GpuOccupancy, GpuTenant, HealthMode, OccupancyReport
 from agent.health.settings import HealthSettings
@@ -42,6 +43,47 @@ def process_session(host: Host, pid: int) -> Optional[int]:
         return None
 
 
+def process_uid(host: Host, pid: int) -> Optional[int]:
+    """The real uid of a process (the first ``Uid:`` field of ``/proc/<pid>/status``), None when unreadable."""
+    try:
+        text = host.read_text(f"/proc/{pid}/status")
+    except GpuguardError:  # gone or hidden mid-read: not known to be gpuguard's, so it counts
+        return None
+    for line in (text or "").splitlines():
+        if line.startswith("Uid:"):
+            fields = line.split()
+            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return None
+
+
+@dataclass(frozen=True)
+class OwnProbes:
+    """How gpuguard's own probes are told from other jobs on the GPUs: by identity, never by process name.
+
+    ``uid``: the dedicated probe user's uid (a sandbox that dropped to ``gpuguard-probe``): a process of that user is
+    a probe, whoever started it. ``sessions``: probe sessions (a probe's pid is its session id) that a check-lock
+    record names, each with the uid it ran as (None: not recorded), so that a probe left behind by a killed check
+    is still gpuguard's own, and a reused pid of another user is not.
+    """
+
+    uid: Optional[int] = None
+    sessions: Tuple[Tuple[int, Optional[int]], ...] = ()
+
+    def is_own(self, host: Host, pid: int) -> bool:
+        if self.uid is None and not self.sessions:
+            return False
+        uid = process_uid(host, pid)
+        if self.uid is not None and uid == self.uid:
+            return True
+        if self.sessions:
+            session = process_session(host, pid)
+            return any(session == s and (want is None or uid == want) for s, want in self.sessions)
+        return False
+
+
+NO_OWN_PROBES = OwnProbes()
+
+
 def tenants_of(host: Host, occupancy: SmiOccupancy, seen: str,
                is_own: Callable[[int], bool] = lambda pid: False) -> List[GpuTenant]:
     """The GPU's processes other than the probe's own, named from /proc (else by the SMI library)."""
@@ -56,16 +98,17 @@ def tenants_of(host: Host, occupancy: SmiOccupancy, seen: str,
 
 
 def occupancy_of(host: Host, devices: Sequence[SmiDevice], readings: Sequence[SmiOccupancy],
-                 settings: HealthSettings,
-                 confirmed: Optional[Sequence[SmiOccupancy]] = None) -> List[GpuOccupancy]:
+                 settings: HealthSettings, confirmed: Optional[Sequence[SmiOccupancy]] = None,
+                 own: OwnProbes = NO_OWN_PROBES) -> List[GpuOccupancy]:
     """Each GPU before the probe: its tenants, utilization, memory, and whether it is busy (with the reasons).
 
     ``confirmed``: a second reading taken ``busy_utilization_confirm_seconds`` later; where given, utilization makes
     a GPU busy only when both readings reach the threshold (the first may still average a job that has just ended).
+    ``own``: gpuguard's own probes, which are never tenants.
     """
     out: List[GpuOccupancy] = []
     for index, (dev, reading) in enumerate(zip(devices, readings)):
-        tenants = tenants_of(host, reading, "before")
+        tenants = tenants_of(host, reading, "before", lambda pid: own.is_own(host, pid))
         reasons: List[str] = []
         if tenants:
             reasons.append("in use by " + ", ".join(describe_tenant(t) for t in tenants))
@@ -76,7 +119,8 @@ def occupancy_of(host: Host, devices: Sequence[SmiDevice], readings: Sequence[Sm
         if util is not None and util >= settings.busy_utilization_percent:
             reasons.append(f"utilization {util:.0f}% before the probe started")
         total, free = reading.memory_total_bytes, reading.memory_free_bytes
-        if not tenants and total is not None and free is not None and total - free >= settings.busy_memory_used_bytes:
+        if not reading.processes and total is not None and free is not None \
+                and total - free >= settings.busy_memory_used_bytes:
             # Processes the library cannot list (another PID namespace, a sandboxed driver) still hold memory.
             reasons.append(f"{(total - free) / (1 << 30):.1f} GiB of device memory in use by processes not listed")
         out.append(GpuOccupancy(smi_index=dev.smi_index, bdf=dev.bdf, uuid=dev.uuid, utilization_percent=util,

@@ -2,10 +2,11 @@
 
 The apt hook and the dnf checkers, ``gpuguard policy explain`` and ``policy freeze``, the daemon's compliance check
 and the rollback check all judge a host by one :class:`HostContext`, read by :func:`read_host_context` through the
-parsers beside this module: os-release's ID and VERSION_ID, the GPUs' gfx targets from the KFD topology and the
-versions of the loaded GPU kernel modules. A caller names the facts it needs (the evaluator says which a policy
-reads: ``agent.policy.evaluate.facts_used``) and only those are read, their parsers imported only then: the apt hook
-pays nothing for them under a policy without AMD-matrix or NVIDIA rules.
+parsers beside this module: os-release's ID and VERSION_ID, the GPUs' gfx targets from the KFD topology, the
+versions of the loaded GPU kernel modules and the amdsmi binding pip installed. A caller names the facts it needs
+(the evaluator says which a policy reads: ``agent.policy.evaluate.facts_used``) and only those are read, their
+parsers imported only then: the apt hook pays nothing for them under a policy without AMD-matrix, NVIDIA or
+companion rules.
 
 The package manager is not part of it: it is the version scheme of the installed sets, which each caller reads
 with them (the apt hook is dpkg's, the dnf checker rpm's, the snapshot and the rollback backend say which).
@@ -26,27 +27,31 @@ OS_RELEASE = "os_release"  # ID and VERSION_ID of /etc/os-release (else /usr/lib
 GPU_TARGETS = "gpu_targets"  # the distinct gfx targets of the KFD topology's GPU nodes
 NVIDIA_MODULE = "nvidia_module"  # the loaded nvidia module's version (a driver no package carries is judged by it)
 AMDGPU_MODULE = "amdgpu_module"  # /sys/module/amdgpu/version: a DKMS build's kernel base (the inbox driver has none)
-EVERY_FACT: Tuple[str, ...] = (OS_RELEASE, GPU_TARGETS, NVIDIA_MODULE, AMDGPU_MODULE)
+AMDSMI_BINDING = "amdsmi_binding"  # the amdsmi Python binding pip installed in a system site directory
+EVERY_FACT: Tuple[str, ...] = (OS_RELEASE, GPU_TARGETS, NVIDIA_MODULE, AMDGPU_MODULE, AMDSMI_BINDING)
 
 
 class HostContext(Record):
     """The OS (os-release ID and VERSION_ID, None when unknown or not read), the GPU targets (``("gfx950",)``,
     sorted) and the loaded GPU kernel modules with their versions (``(("nvidia", "580.159.04"),)``, sorted by
-    module; :meth:`loaded` reads one).
+    module; :meth:`loaded` reads one) and the amdsmi binding pip installed (``("7.0.2",
+    "/usr/local/lib/python3.12/dist-packages")``, None when none was found or it was not read).
 
     A Record, not a dataclass: the apt hook builds one.
     """
 
-    __slots__ = ("os_id", "os_version_id", "gpu_targets", "loaded_drivers")
+    __slots__ = ("os_id", "os_version_id", "gpu_targets", "loaded_drivers", "amdsmi_binding")
     os_id: Optional[str]
     os_version_id: Optional[str]
     gpu_targets: Tuple[str, ...]
     loaded_drivers: Tuple[Tuple[str, str], ...]
+    amdsmi_binding: Optional[Tuple[str, str]]
 
     def __init__(self, os_id: Optional[str] = None, os_version_id: Optional[str] = None,
-                 gpu_targets: Sequence[str] = (), loaded_drivers: Optional[Mapping[str, str]] = None) -> None:
+                 gpu_targets: Sequence[str] = (), loaded_drivers: Optional[Mapping[str, str]] = None,
+                 amdsmi_binding: Optional[Tuple[str, str]] = None) -> None:
         Record.__init__(self, os_id, os_version_id, tuple(sorted(set(gpu_targets))),
-                        tuple(sorted((loaded_drivers or {}).items())))
+                        tuple(sorted((loaded_drivers or {}).items())), amdsmi_binding)
 
     def loaded(self, module: str) -> Optional[str]:
         """The version of the loaded kernel module ``module`` (``nvidia``, ``amdgpu``); None when not loaded or
@@ -91,4 +96,9 @@ def read_host_context(root: str, facts: Iterable[str] = EVERY_FACT) -> HostConte
         amdgpu = module_version(root, "amdgpu")
         if amdgpu:
             drivers["amdgpu"] = amdgpu
-    return HostContext(os_id, os_version_id, targets, drivers)
+    binding = None
+    if AMDSMI_BINDING in wanted:
+        from agent.hostfacts.python_dists import find_distribution
+
+        binding = find_distribution(root, "amdsmi")
+    return HostContext(os_id, os_version_id, targets, drivers, binding)

@@ -13,7 +13,6 @@ import hashlib
 import hmac
 import os
 import secrets
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Callable, Dict, List, Literal, Optional, Tuple
 from pydantic import Field, ValidationError
 
 from agent.errors import ConfigError, UsageError
+from agent.files import write_atomically
 from agent.log import get_logger
 from agent.models import FrozenModel
 from agent.validation import validation_problems
@@ -98,20 +98,9 @@ def read_tokens_file(path: str) -> TokensFile:
 
 
 def _write_atomically_0600(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    """write_atomically (mkstemp makes the file 0600 from the start; StateWriteError on a full disk, the old file
+    kept), then the directory fsynced so that the rename survives a crash."""
+    write_atomically(str(path), text, mode=0o600)
     dir_fd = os.open(str(path.parent), os.O_RDONLY)
     try:
         os.fsync(dir_fd)

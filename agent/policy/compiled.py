@@ -22,7 +22,7 @@ DEFAULT_FAILSAFE = "block-guarded"
 # The AMD driver and user-space stack, guarded whenever a policy has an [amd] section: AMD's packages depend on
 # each other at exact versions (amdgpu-dkms on amdgpu-dkms-firmware, rocm-libs on rocm-core, ...), so a rollback
 # that restores the driver or ROCm must be able to restore all of them.
-AMD_STACK_PACKAGES: Sequence[str] = ("amdgpu*", "rocm*", "hip-*", "hsa-*", "hsakmt*", "amd-smi*")
+AMD_STACK_PACKAGES: Sequence[str] = ("amdgpu*", "rocm*", "amdrocm*", "hip-*", "hsa-*", "hsakmt*", "amd-smi*")
 # Guarded when no readable compiled policy says otherwise: the kernel, GPU driver and GPU user-space packages.
 DEFAULT_GUARDED: Sequence[str] = tuple(AMD_STACK_PACKAGES) + (
     "linux-image-*", "linux-modules-*",
@@ -230,6 +230,13 @@ def _check_document(data: Dict[str, Any]) -> None:
         _str_list(r["packages"], f"{where} -> packages", non_empty=True)
         _spec(r["allow"], f"{where} -> allow", package_versions=True)
         _action(r["action"], f"{where} -> action")
+    if data.get("companions") is not None:
+        companions = _table(data["companions"], "companions", ("fabricmanager", "dcgm", "dcgm_exporter", "amdsmi",
+                                                                "action"))
+        for key in ("fabricmanager", "dcgm", "dcgm_exporter", "amdsmi"):
+            _expect(companions[key] is None or isinstance(companions[key], bool), f"companions -> {key}",
+                    "not true or false")
+        _action(companions["action"], "companions -> action")
     if data.get("health") is not None:
         health = _table(data["health"], "health", ("after_change",))
         _expect(health["after_change"] in (None, "alert", "rollback"), "health -> after_change",

@@ -9,9 +9,10 @@ the dnf plugin, ``gpuguard policy explain`` and the rollback watcher all call :f
 
 from __future__ import annotations
 
+from agent.defaults import THEROCK_BASE_PACKAGE
 from agent.hostfacts.package_keys import package_name
 from agent.policy import releases
-from agent.policy.compiled import NVIDIA_NOT_DRIVER_PARTS, CompiledPolicy
+from agent.policy.compiled import DEFAULT_NVIDIA_DRIVER_PACKAGES, NVIDIA_NOT_DRIVER_PARTS, CompiledPolicy
 from agent.policy.globs import any_glob
 from agent.policy.spec import describe, matches
 from agent.records import Record
@@ -150,12 +151,15 @@ def _kernels(mapping: Mapping[str, str], patterns: Sequence[str], manager: str) 
 def facts_used(policy: CompiledPolicy) -> Tuple[str, ...]:
     """The host facts :func:`evaluate` reads under ``policy`` (names from agent.hostfacts.context): the OS and
     GPU targets for AMD's matrix, the loaded nvidia module for the NVIDIA rules; none for the rest."""
-    matrix, nvidia = policy.section("matrix"), policy.section("nvidia")
-    if not matrix and not nvidia:
+    matrix, nvidia, companions = policy.section("matrix"), policy.section("nvidia"), policy.section("companions")
+    fabricmanager = bool(companions and companions.get("fabricmanager"))
+    amdsmi = bool(companions and companions.get("amdsmi"))
+    if not matrix and not nvidia and not fabricmanager and not amdsmi:
         return ()  # the apt hook's common case: the context module is not even imported
-    from agent.hostfacts.context import GPU_TARGETS, NVIDIA_MODULE, OS_RELEASE
+    from agent.hostfacts.context import AMDSMI_BINDING, GPU_TARGETS, NVIDIA_MODULE, OS_RELEASE
 
-    return ((OS_RELEASE, GPU_TARGETS) if matrix else ()) + ((NVIDIA_MODULE,) if nvidia else ())
+    return (((OS_RELEASE, GPU_TARGETS) if matrix else ()) + ((NVIDIA_MODULE,) if nvidia or fabricmanager else ())
+            + ((AMDSMI_BINDING,) if amdsmi else ()))
 
 
 def evaluate(state: HostState, policy: CompiledPolicy) -> List[Violation]:
@@ -169,6 +173,7 @@ def evaluate(state: HostState, policy: CompiledPolicy) -> List[Violation]:
         out += _check_nvidia(state, policy)
         out += _check_versions(state, policy)
         out += _check_matrix(state, policy)
+        out += _check_companions(state, policy)
         return out
     finally:
         _INDEXES.clear()
@@ -204,11 +209,6 @@ def _check_frozen(state: HostState, policy: CompiledPolicy) -> List[Violation]:
 
 
 # --- AMD driver x ROCm pairings --------------------------------------------------------------------------------
-
-
-def _amd_sides(mapping: Mapping[str, str], policy: CompiledPolicy) -> Tuple[Optional[str], Optional[str]]:
-    driver_name, rocm_name = policy.amd_packages
-    return _find(mapping, driver_name), _find(mapping, rocm_name)
 
 
 def _pairing_matches(pairing: Mapping[str, Any], driver_version: Optional[str], rocm_version: Optional[str],
@@ -256,9 +256,44 @@ def _label(name: str, version: Optional[str], release: Optional[str], what: str)
 
 
 def _rocm_versions(mapping: Mapping[str, str], rocm_name: str) -> Dict[str, str]:
-    """Every ROCm release present: the ROCm package and its versioned side-by-side installs (``rocm-core6.4.1``,
-    which ``apt install rocm6.4.1`` brings for AMD's multi-version installs), key -> version."""
-    return {k: mapping[k] for k in _matching(mapping, [rocm_name, rocm_name + "[0-9]*"])}
+    """Every ROCm release present, key -> version: the ROCm package and its versioned side-by-side installs
+    (``rocm-core6.4.1``, which ``apt install rocm6.4.1`` brings for AMD's multi-version installs), and TheRock's
+    base package with its versioned installs (``amdrocm-base7.13``, ``amdrocm-base10.0``): a host with a classic
+    stack and a TheRock release is judged by both."""
+    return {k: mapping[k] for k in _matching(mapping, releases.rocm_package_patterns(rocm_name))}
+
+
+def _release_suffix(name: str) -> Optional[str]:
+    """The release a versioned TheRock name ends in (``amdrocm-runtime7.13`` -> ``7.13``), else None."""
+    i = len(name)
+    while i > 0 and (name[i - 1].isdigit() or name[i - 1] == "."):
+        i -= 1
+    tail = name[i:]
+    return tail if "." in tail and tail[0].isdigit() and tail[-1].isdigit() else None
+
+
+def _therock_base_removed(state: HostState, policy: CompiledPolicy, amd: Mapping[str, Any],
+                          pairing: Optional[Mapping[str, Any]]) -> List[Violation]:
+    """A TheRock base package (``amdrocm-base7.13``, the release's version component) removed while packages of its
+    release stay (``dpkg --remove --force-depends``): the release is left without its version, unjudged."""
+    base = THEROCK_BASE_PACKAGE
+    out: List[Violation] = []
+    for key in _matching(state.before, [base + "[0-9]*"]):
+        if key in state.after:
+            continue
+        release = package_name(key)[len(base):]
+        left = [k for k in _matching(state.after, ["amdrocm-*"]) if _release_suffix(package_name(k)) == release]
+        if not left:
+            continue
+        out.append(Violation(
+            rule="amd.rocm_base_removed", action=policy.action_for((pairing or {}).get("action"), amd.get("action")),
+            message=f"removing {package_name(key)} {state.before[key]} leaves TheRock ROCm {release} without its base "
+                    f"package (still installed: {', '.join(package_name(k) for k in left[:3])}"
+                    + (f" and {len(left) - 3} more" if len(left) > 3 else "") + ")",
+            packages={key: _move(state, key)},
+            hint=f"remove the whole ROCm {release} release or none of it, " + OVERRIDE_HINT,
+            pairing=(pairing or {}).get("name")))
+    return out
 
 
 def _pairing_for_all(pairings: Sequence[Mapping[str, Any]], driver: Optional[str], rocms: Mapping[str, str],
@@ -279,16 +314,17 @@ def _check_amd(state: HostState, policy: CompiledPolicy) -> List[Violation]:
     driver_name, rocm_name = policy.amd_packages
     driver_after, driver_before = _find(state.after, driver_name), _find(state.before, driver_name)
     rocms_after, rocms_before = _rocm_versions(state.after, rocm_name), _rocm_versions(state.before, rocm_name)
-    if not pairings or (driver_after is None and not rocms_after):
-        return []
+    if not pairings or (driver_after is None and not rocms_after and driver_before is None and not rocms_before):
+        return []  # no AMD stack before or after: nothing to judge (removing the last of it is judged)
     scheme = state.manager
     pinned = _pairing_for_all(pairings, driver_before, rocms_before, scheme)
     now = _pairing_for_all(pairings, driver_after, rocms_after, scheme)
     packages = {n: _move(state, n) for n in sorted({driver_name, *rocms_after, *rocms_before})
                 if _find(state.after, n) is not None or _find(state.before, n) is not None}
     out: List[Violation] = []
+    out += _therock_base_removed(state, policy, amd, pinned or now)
     firmware = _find(state.after, driver_name + "-firmware")
-    if driver_after is not None and firmware is not None and firmware != driver_after:
+    if driver_after is not None and firmware is not None and not releases.amdgpu_same_build(driver_after, firmware):
         out.append(Violation(
             rule="amd.driver_parts", action=policy.action_for((now or pinned or {}).get("action"), amd.get("action")),
             message=f"{driver_name} {driver_after} and {driver_name}-firmware {firmware} are not one build",
@@ -307,8 +343,8 @@ def _check_amd(state: HostState, policy: CompiledPolicy) -> List[Violation]:
         out.append(Violation(
             rule="amd.pairing", action=policy.action_for((pinned or {}).get("action"), amd.get("action")),
             message=f"{message} (allowed: {allowed})", packages=packages,
-            hint=f"move {driver_name} and {rocm_name} together to an allowed pairing, change the policy, "
-                 + OVERRIDE_HINT,
+            hint=f"move {driver_name} and {rocm_name} (or TheRock's amdrocm-base<release>) together to an allowed "
+                 f"pairing, change the policy, " + OVERRIDE_HINT,
             pairing=(pinned or {}).get("name")))
         return out
     rocm_series = {releases.series(releases.rocm_release(v)) for v in rocms_after.values()}
@@ -534,6 +570,45 @@ def _check_versions(state: HostState, policy: CompiledPolicy) -> List[Violation]
     return out
 
 
+# --- companion pairings (agent/policy/companions.py) -----------------------------------------------------------
+
+
+def _check_companions(state: HostState, policy: CompiledPolicy) -> List[Violation]:
+    """Fabric manager, DCGM, dcgm-exporter and the amdsmi binding against what they serve, in the set after the
+    change. A violation names the judged packages and those of the rule's family that moved, so that a driver
+    upgrade that leaves fabric manager behind is this change's."""
+    section = policy.section("companions")
+    if not section:
+        return []
+    from agent.policy import companions
+
+    driver = policy.nvidia_packages[0] or list(DEFAULT_NVIDIA_DRIVER_PACKAGES)
+    leaves = "the transaction leaves" if state.changed() else "the host has"
+    context = state.context
+    found: List[companions.Disagreement] = []
+    if section.get("fabricmanager"):
+        found += companions.fabricmanager(state.after, driver, context.loaded("nvidia") if context else None,
+                                          tuple(NVIDIA_NOT_DRIVER_PARTS), leaves)
+    if section.get("dcgm"):
+        found += companions.dcgm(state.after)
+    if section.get("dcgm_exporter"):
+        found += companions.dcgm_exporter(state.after)
+    if section.get("amdsmi"):
+        found += companions.amdsmi(state.after, context.amdsmi_binding if context else None, leaves)
+    out = []
+    for item in found:
+        moved = _matching(state.before, companions.family(item.rule, driver))
+        moved += _matching(state.after, companions.family(item.rule, driver))
+        keys = dict.fromkeys([*item.packages, *sorted(k for k in set(moved) if state.before.get(k) !=
+                                                       state.after.get(k))])
+        out.append(Violation(
+            rule=item.rule, action=policy.action_for(section.get("action")), message=item.message,
+            packages={k: _move(state, k) for k in keys},
+            hint=f"{companions.HINTS[item.rule]}, set {item.rule.split('.', 1)[1]} = false in [companions], "
+                 + OVERRIDE_HINT))
+    return out
+
+
 # --- AMD's published compatibility matrix ----------------------------------------------------------------------
 
 
@@ -547,18 +622,37 @@ def _os_supported(os_table: Mapping[str, Any], os_id: str, version_id: str) -> O
 
 
 def _check_matrix(state: HostState, policy: CompiledPolicy) -> List[Violation]:
+    """Every ROCm release present (classic and TheRock, side by side included) against AMD's matrix."""
     matrix = policy.section("matrix")
     if not matrix:
         return []
     driver_name, rocm_name = policy.amd_packages
-    driver, rocm = _amd_sides(state.after, policy)
-    if rocm is None:
+    rocms = _rocm_versions(state.after, rocm_name)
+    if not rocms:
         return []
+    driver = _find(state.after, driver_name)
+    out: List[Violation] = []
+    judged: Set[Optional[str]] = set()
+    for key, rocm in sorted(rocms.items()):
+        rocm_series = releases.series(releases.rocm_release(rocm))
+        if rocm_series in judged:
+            continue  # the meta package and its versioned install carry one release
+        judged.add(rocm_series)
+        out += _check_matrix_release(state, policy, matrix, driver, key, rocm, rocm_series)
+    unique: Dict[Tuple[str, str], Violation] = {}  # a driver the matrix does not know is said once, not per release
+    for violation in out:
+        unique.setdefault((violation.rule, violation.message), violation)
+    return list(unique.values())
+
+
+def _check_matrix_release(state: HostState, policy: CompiledPolicy, matrix: Mapping[str, Any], driver: Optional[str],
+                          rocm_key: str, rocm: str, rocm_series: Optional[str]) -> List[Violation]:
+    driver_name = policy.amd_packages[0]
+    rocm_name = package_name(rocm_key)
     action = policy.action_for(matrix.get("action"))
     hint = "pick a combination from AMD's compatibility matrix, set require_amd_matrix = false, " + OVERRIDE_HINT
-    rocm_series = releases.series(releases.rocm_release(rocm))
-    packages = {n: _move(state, n) for n in (driver_name, rocm_name) if _find(state.after, n) or _find(state.before,
-                                                                                                        n)}
+    packages = {n: _move(state, n) for n in (driver_name, rocm_key) if _find(state.after, n) or _find(state.before,
+                                                                                                       n)}
     out = []
     rocm_rows = matrix.get("rocm") or {}
     if driver is not None:
@@ -574,8 +668,8 @@ def _check_matrix(state: HostState, policy: CompiledPolicy) -> List[Violation]:
                                          f"compatibility matrix"))
         elif rocm_series not in supported:
             out.append(Violation(rule="matrix.driver_rocm", action=action, packages=packages, hint=hint,
-                                 message=f"AMD's compatibility matrix does not support ROCm {rocm_series}.x on amdgpu "
-                                         f"driver {driver_series}.x (it supports ROCm "
+                                 message=f"AMD's compatibility matrix does not support ROCm {rocm_series}.x "
+                                         f"({rocm_name} {rocm}) on amdgpu driver {driver_series}.x (it supports ROCm "
                                          f"{', '.join(s + '.x' for s in supported)})"))
     row = rocm_rows.get(rocm_series or "")
     if row is None:

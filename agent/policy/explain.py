@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from typing import List, Mapping, Optional, Protocol, Sequence
 
 from agent.hostfacts.context import NO_FACTS, HostContext
+from agent.hostfacts.package_keys import package_name
 from agent.policy import releases
 from agent.policy.compiled import CompiledPolicy, guarded_names
 from agent.policy.evaluate import HostState, Violation, describe_pairing, evaluate, matching_pairing
+from agent.policy.globs import any_glob
 from agent.policy.spec import describe
 
 
@@ -83,6 +85,13 @@ def explain(policy: CompiledPolicy, facts: HostFacts) -> Explanation:
     if frozen and frozen.get("packages"):
         lines.append(f"frozen (must not move): {', '.join(frozen['packages'])} "
                      f"[{policy.action_for(frozen.get('action'))}]")
+    companions = policy.section("companions")
+    if companions:
+        from agent.policy.companions import DESCRIPTIONS, RULE_FIELDS
+
+        for field in (f for f in RULE_FIELDS if companions.get(f)):
+            lines.append(f"companion.{field}: {DESCRIPTIONS['companion.' + field]} "
+                         f"[{policy.action_for(companions.get('action'))}]")
     matrix = policy.section("matrix")
     if matrix:
         lines.append(f"AMD compatibility matrix required (recorded {matrix.get('recorded')})")
@@ -103,14 +112,18 @@ def _amd_lines(policy: CompiledPolicy, installed: Mapping[str, str], manager: st
     if not amd or not amd.get("pairings"):
         return []
     driver_name, rocm_name = policy.amd_packages
-    driver, rocm = installed.get(driver_name), installed.get(rocm_name)
+    driver = installed.get(driver_name)
+    carries_rocm = any_glob(releases.rocm_package_patterns(rocm_name))
+    rocms = {k: v for k, v in sorted(installed.items()) if carries_rocm(package_name(k))}  # classic and TheRock
+    rocm_text = ", ".join(f"{package_name(k)} {v} (ROCm {releases.rocm_release(v) or '-'})" for k, v in rocms.items())
     lines = [f"AMD: {driver_name} {driver or '(not installed)'} (driver "
-             f"{releases.amdgpu_driver_release(driver) or '-'}), {rocm_name} {rocm or '(not installed)'} "
-             f"(ROCm {releases.rocm_release(rocm) or '-'})"]
-    pinned = matching_pairing(amd["pairings"], driver, rocm, manager)
+             f"{releases.amdgpu_driver_release(driver) or '-'}), {rocm_text or rocm_name + ' (not installed)'}"]
+    versions: List[Optional[str]] = [*rocms.values()] or [None]
+    pinned = next((p for p in amd["pairings"] if all(matching_pairing([p], driver, v, manager) is not None
+                                                     for v in versions)), None)
     if pinned is not None:
         lines.append(f"  pinned pairing: {describe_pairing(pinned)}")
-    elif driver is None and rocm is None:
+    elif driver is None and not rocms:
         lines.append("  pinned pairing: none (neither package is installed)")
     else:
         lines.append("  pinned pairing: none matches the installed pair (violation)")

@@ -16,10 +16,10 @@ import json
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE
+from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE, THEROCK_BASE_PACKAGE
 from agent.hostfacts.context import NO_FACTS, HostContext
 from agent.hostfacts.package_keys import package_name
-from agent.policy import releases
+from agent.policy import companions, releases
 from agent.policy.compiled import (
     AMD_STACK_PACKAGES,
     DEFAULT_CUDA_PACKAGES,
@@ -33,7 +33,8 @@ from agent.policy.globs import any_glob
 AMD_FIRMWARE = AMD_DRIVER_PACKAGE + "-firmware"
 # Every package a freeze reads: what the guard protects by default and what the pairing rules judge.
 FREEZE_PACKAGES: Tuple[str, ...] = tuple(dict.fromkeys(
-    (*DEFAULT_GUARDED, *DEFAULT_KERNEL_PACKAGES, *DEFAULT_NVIDIA_DRIVER_PACKAGES, *DEFAULT_CUDA_PACKAGES)))
+    (*DEFAULT_GUARDED, *DEFAULT_KERNEL_PACKAGES, *DEFAULT_NVIDIA_DRIVER_PACKAGES, *DEFAULT_CUDA_PACKAGES,
+     *(p for rule in companions.RULE_FIELDS for p in companions.family(f"companion.{rule}")))))
 SUGGESTED_PATH = "/etc/gpuguard/policy.d/50-freeze.toml"
 
 
@@ -88,10 +89,11 @@ def _name_series(name: str) -> Optional[str]:
 
 def _sort(facts: FreezeFacts) -> _Stack:
     kernel_glob, amd_glob = any_glob(DEFAULT_KERNEL_PACKAGES), any_glob(AMD_STACK_PACKAGES)
-    rocm_glob = any_glob([ROCM_CORE_PACKAGE, ROCM_CORE_PACKAGE + "[0-9]*"])
+    rocm_glob = any_glob(releases.rocm_package_patterns(ROCM_CORE_PACKAGE))
     nvidia_glob, cuda_glob = any_glob(DEFAULT_NVIDIA_DRIVER_PACKAGES), any_glob(DEFAULT_CUDA_PACKAGES)
     gpu_glob = any_glob(("nvidia-*", "libnvidia-*", "cuda-*", "libcuda*", "kmod-nvidia*", "firmware-amd-graphics",
-                         "firmware-nvidia-*"))
+                         "firmware-nvidia-*", "datacenter-gpu-manager*", "dcgm-exporter", "libamd-smi*",
+                         "python3-amdsmi*"))
     stack = _Stack({}, None, None, {}, {}, {}, {}, {}, {})
     for key, version in sorted(facts.installed.items()):
         name = package_name(key)
@@ -174,7 +176,8 @@ def check_consistent(facts: FreezeFacts, options: FreezeOptions) -> List[str]:
     ``accept_inconsistent``); FreezeRefused otherwise, and always for a driver whose packages are not one build."""
     stack = _sort(facts)
     found: List[str] = []
-    if stack.amd_driver and stack.amd_firmware and stack.amd_driver != stack.amd_firmware:
+    if stack.amd_driver and stack.amd_firmware and not releases.amdgpu_same_build(stack.amd_driver,
+                                                                                 stack.amd_firmware):
         raise FreezeRefused(f"{AMD_DRIVER_PACKAGE} {stack.amd_driver} and {AMD_FIRMWARE} {stack.amd_firmware} are "
                             f"not one build: finish or undo the driver change (install both at one version), "
                             f"then freeze")
@@ -188,7 +191,8 @@ def check_consistent(facts: FreezeFacts, options: FreezeOptions) -> List[str]:
                             f"change (every part at one release), then freeze")
     amd_loaded = facts.context.loaded("amdgpu")
     amd_base = releases.amdgpu_kernel_base(stack.amd_driver) if stack.amd_driver else None
-    if amd_loaded and amd_base and amd_loaded != amd_base:
+    # from 31.40 the module reports its release code too (6.19.14.31400000): the kernel base is what it builds
+    if amd_loaded and amd_base and releases.dotted_release(amd_loaded, parts=3) != amd_base:
         found.append(f"the loaded amdgpu module is {amd_loaded}, the installed {AMD_DRIVER_PACKAGE} {stack.amd_driver} "
                      f"builds {amd_base}")
     nvidia_loaded = facts.context.loaded("nvidia")
@@ -213,7 +217,8 @@ def render_freeze(facts: FreezeFacts, options: FreezeOptions = FreezeOptions()) 
     lines = _header(facts, options, name, amd, nvidia, inconsistent)
     if options.point_releases and stack.amd_other:
         lines.insert(2, f"# With point releases, {', '.join(n for n, _ in _names(stack.amd_other))} are not pinned on "
-                        f"their own: AMD's packages depend on {ROCM_CORE_PACKAGE} at exact versions and move with it.")
+                        f"their own: AMD's packages depend on {ROCM_CORE_PACKAGE} (TheRock's on "
+                        f"{THEROCK_BASE_PACKAGE}<release>) at exact versions and move with it.")
     lines += ["", "[policy]  # the whole policy",
               _line("name", name, "shown in every refusal and by policy explain"),
               _line("action", "block", "a violating apt or dnf transaction is refused before anything changes "
@@ -232,6 +237,7 @@ def render_freeze(facts: FreezeFacts, options: FreezeOptions = FreezeOptions()) 
     lines += _array("allow", kernels, "any other kernel is refused" if not options.kernel_series else
                     "kernels of these series only")
     lines += _versions_lines(stack, options)
+    lines += _companion_lines(facts)
     frozen = _frozen(stack, options)
     if frozen:
         lines += ["", "[frozen]  # must not move at all: no upgrade, downgrade, reinstall at another build or removal"]
@@ -295,7 +301,8 @@ def _amd_lines(facts: FreezeFacts, stack: _Stack, options: FreezeOptions, kernel
     lines = ["", "[amd]  # the amdgpu driver and ROCm",
              _line("driver_package", AMD_DRIVER_PACKAGE,
                    "its version carries the driver release (1:6.8.5.60202-... is 6.2.2)"),
-             _line("rocm_package", ROCM_CORE_PACKAGE, "its version carries the ROCm release")]
+             _line("rocm_package", ROCM_CORE_PACKAGE, f"its version carries the ROCm release (TheRock's "
+                                                      f"{THEROCK_BASE_PACKAGE}<release> is judged beside it)")]
     rocm_releases = {k: releases.rocm_release(v) for k, v in stack.rocm.items()}
     known_rocm = sorted(r for r in rocm_releases.values() if r)
     if len({releases.series(r) for r in rocm_releases.values()}) > 1:
@@ -320,7 +327,8 @@ def _amd_lines(facts: FreezeFacts, stack: _Stack, options: FreezeOptions, kernel
         else:
             lines.append(_line("amdgpu", release, f"driver release {release} ({where})"))
     if not stack.rocm:
-        lines.append(_line("rocm", "none", f"no {ROCM_CORE_PACKAGE} is installed: installing ROCm is refused"))
+        lines.append(_line("rocm", "none", f"no {ROCM_CORE_PACKAGE} or {THEROCK_BASE_PACKAGE} is installed: "
+                                           f"installing ROCm is refused"))
     elif any(r is None for r in rocm_releases.values()):
         lines.append(_line("rocm", "any", "a ROCm package carries no release: the exact builds below pin it"))
     elif options.point_releases:
@@ -338,7 +346,8 @@ def _amd_lines(facts: FreezeFacts, stack: _Stack, options: FreezeOptions, kernel
     exact_rocm = stack.rocm and (not options.point_releases or any(r is None for r in rocm_releases.values()))
     if exact_rocm:
         lines.append(_line("rocm_package", _spec(sorted(stack.rocm.values())),
-                           f"this exact build of {ROCM_CORE_PACKAGE}: any other ROCm build is refused"))
+                           (f"this exact build of {package_name(next(iter(stack.rocm)))}" if len(stack.rocm) == 1
+                            else f"these exact builds ({_listing(stack.rocm)})") + ": any other ROCm build is refused"))
     if driver is not None and kernels:
         lines.append(_line("kernels", [k for k, _ in kernels],
                            "the kernels DKMS builds this driver for (as [kernel] allow below)"))
@@ -406,3 +415,40 @@ def _frozen(stack: _Stack, options: FreezeOptions) -> List[Tuple[str, str]]:
         return []
     found = {**stack.amd_other, **stack.nvidia_parts, **stack.cuda, **stack.gpu_other}
     return [(n, f"installed {v}") for n, v in _names(found)]
+
+
+def _companion_lines(facts: FreezeFacts) -> List[str]:
+    """``[companions]``: each rule on where the host has its packages and they agree now; off, saying why, where
+    they already disagree (fix the host, then turn it on) or the host has none of them."""
+    installed = facts.installed
+    names = {package_name(k) for k in installed}
+    binding = facts.context.amdsmi_binding
+    driver = list(DEFAULT_NVIDIA_DRIVER_PACKAGES)
+    present = {
+        "fabricmanager": any_glob(companions.FABRICMANAGER_PACKAGES),
+        "dcgm": any_glob(companions.DCGM_PACKAGES),
+        "dcgm_exporter": any_glob(companions.DCGM_EXPORTER_PACKAGES),
+        "amdsmi": any_glob(companions.AMDSMI_BINDING_PACKAGES + companions.AMDSMI_LIBRARY_PACKAGES),
+    }
+    found = {
+        "fabricmanager": companions.fabricmanager(installed, driver, facts.context.loaded("nvidia"),
+                                                  tuple(NVIDIA_NOT_DRIVER_PARTS)),
+        "dcgm": companions.dcgm(installed),
+        "dcgm_exporter": companions.dcgm_exporter(installed),
+        "amdsmi": companions.amdsmi(installed, binding),
+    }
+    have = {rule: any(match(n) for n in names) or (rule == "amdsmi" and binding is not None)
+            for rule, match in present.items()}
+    if not any(have.values()):
+        return []
+    lines = ["", "[companions]  # packages that must stay paired with what they serve"]
+    for rule in companions.RULE_FIELDS:
+        what = companions.DESCRIPTIONS[f"companion.{rule}"]
+        if not have[rule]:
+            lines.append(_line(rule, False, f"none of its packages is installed now ({what})"))
+        elif found[rule]:
+            lines.append(_line(rule, False, f"OFF: the host disagrees now ({found[rule][0].message}); put it right, "
+                                            f"then set true"))
+        else:
+            lines.append(_line(rule, True, what))
+    return lines

@@ -11,21 +11,23 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from pydantic import ValidationError
 
-from agent.errors import PolicyError
+from agent.errors import InputFileError, PolicyError
+from agent.files import read_bytes_bounded
 from agent.policy.compiled import (
     AMD_STACK_PACKAGES,
     COMPILED_FORMAT,
     DEFAULT_KERNEL_PACKAGES,
+    DEFAULT_NVIDIA_DRIVER_PACKAGES,
     CompiledPolicy,
     check_compiled,
 )
 from agent.policy.model import AmdSection, Policy
 from agent.strictjson import MAX_NESTING_DEPTH, nesting_depth
-from agent.tomlreader import toml_module
+from agent.tomlreader import MAX_TOML_BYTES, toml_module, toml_worded
 from agent.validation import validation_problems
 
 DEFAULT_POLICY_DIR = "/etc/gpuguard/policy.d"
@@ -81,10 +83,10 @@ def load_policy(path: str = DEFAULT_POLICY_DIR) -> LoadedPolicy:
     for file in files:
         label = file.name if root.is_dir() else ""
         prefix = f"{label}: " if label else ""
-        try:
-            raw = file.read_bytes()
-        except OSError as exc:
-            problems.append(f"{prefix}{exc.strerror or exc}")
+        try:  # never blocks (a FIFO or a device in place of the file) and never reads past the cap
+            raw = read_bytes_bounded(str(file), MAX_TOML_BYTES)
+        except InputFileError as exc:
+            problems.append(f"{prefix}{exc.reason}")
             continue
         sources.append((str(file), hashlib.sha256(raw).hexdigest()))
         try:
@@ -101,7 +103,7 @@ def load_policy(path: str = DEFAULT_POLICY_DIR) -> LoadedPolicy:
         try:
             parts.append((str(file), Policy.model_validate(data)))
         except ValidationError as exc:
-            problems += [prefix + p for p in validation_problems([_worded(e) for e in exc.errors()])]
+            problems += [prefix + p for p in validation_problems([toml_worded(e) for e in exc.errors()])]
             continue
         merged = _merge(merged, data)
     if problems:
@@ -113,30 +115,11 @@ def load_policy(path: str = DEFAULT_POLICY_DIR) -> LoadedPolicy:
     return LoadedPolicy(policy=policy, sources=tuple(sources), path=str(root), parts=tuple(parts))
 
 
-_TOML_TYPES = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list",
-               dict: "a table"}
-_WANTED = {"bool_type": "true or false", "int_type": "a whole number", "string_type": "a string in quotes"}
-
-
-def _worded(error: Mapping[str, Any]) -> Mapping[str, Any]:
-    """pydantic's strict-type messages said the TOML way: ``'yes' is a string: write true or false (no quotes)``."""
-    wanted = _WANTED.get(str(error.get("type")))
-    value = error.get("input")
-    if wanted is None or isinstance(value, (dict, list)):
-        return error
-    shown = ("true" if value else "false") if isinstance(value, bool) else repr(value)
-    if isinstance(value, float) and error.get("type") == "int_type":
-        return {**error, "msg": f"{shown} is not a whole number"}
-    given = _TOML_TYPES.get(type(value), "a value of another type")
-    hint = " (no quotes)" if isinstance(value, str) else ""
-    return {**error, "msg": f"{shown} is {given}: write {wanted}{hint}"}
-
-
 def _cross_checks(policy: Policy) -> List[str]:
     problems = []
     if policy.rule_count() == 0:
         problems.append("the policy defines no rules (amd.pairing, kernel.allow, nvidia.pairing, versions, "
-                        "frozen.packages or policy.require_amd_matrix): it would pin nothing")
+                        "frozen.packages, companions or policy.require_amd_matrix): it would pin nothing")
     for section, pairings in (("amd", policy.amd.pairing if policy.amd else []),
                               ("nvidia", policy.nvidia.pairing if policy.nvidia else [])):
         names = [p.name for p in pairings]
@@ -166,6 +149,12 @@ def guarded_patterns(policy: Policy) -> List[str]:
         patterns += rule.packages
     if policy.frozen:
         patterns += policy.frozen.packages
+    if policy.companions:
+        from agent.policy.companions import family
+
+        driver = policy.nvidia.driver_packages if policy.nvidia else DEFAULT_NVIDIA_DRIVER_PACKAGES
+        for name in policy.companions.enabled():
+            patterns += family(f"companion.{name}", driver)
     return list(dict.fromkeys(patterns))
 
 
@@ -186,6 +175,8 @@ def compile_policy(loaded: LoadedPolicy, matrix: Optional[Any] = None,
         "kernel_packages": kernel_packages(policy),
         "amd": None, "kernel": None, "nvidia": None, "frozen": None, "matrix": None, "versions": [],
     }
+    if policy.companions:
+        data["companions"] = policy.companions.model_dump()
     # The matrix judges the AMD packages too: their names are compiled in even without pairings.
     amd = policy.amd or (AmdSection() if p.require_amd_matrix else None)
     if amd:

@@ -10,11 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 
-from agent.errors import PolicyError
+from agent.errors import InputFileError, PolicyError
+from agent.files import decode_text, read_bytes_bounded
 from agent.models import FrozenModel
-from agent.tomlreader import toml_module
+from agent.tomlreader import MAX_TOML_BYTES, toml_module, toml_worded
 from agent.validation import validation_problems
 
 MATRIX_FILE_NAME = "amd-compat-matrix.toml"
@@ -30,7 +31,13 @@ def _series(value: str) -> str:
     return value
 
 
-class Source(FrozenModel):
+class MatrixModel(FrozenModel):
+    """A matrix table: frozen, unknown keys refused, and strict (no string or float or boolean for a number)."""
+
+    model_config = ConfigDict(**FrozenModel.model_config, strict=True)
+
+
+class Source(MatrixModel):
     """Where a table came from."""
 
     id: str = Field(min_length=1)
@@ -39,7 +46,7 @@ class Source(FrozenModel):
     what: str = Field(min_length=1)
 
 
-class DriverRow(FrozenModel):
+class DriverRow(MatrixModel):
     """One amdgpu driver series and the ROCm series AMD supports on it."""
 
     series: str
@@ -59,14 +66,14 @@ class DriverRow(FrozenModel):
         return value
 
 
-class RocmRow(FrozenModel):
+class RocmRow(MatrixModel):
     """One ROCm series: the drivers, OS releases, kernel series and GPU targets AMD lists for it."""
 
     series: str
     releases: List[str] = Field(min_length=1)
     drivers: List[str] = Field(min_length=1)
-    gpus: List[str] = Field(min_length=1)
-    os: Dict[str, List[str]] = Field(min_length=1)
+    gpus: List[str] = []  # empty: AMD's table for the series was not found, GPUs are not checked (notes say so)
+    os: Dict[str, List[str]] = {}  # empty: likewise for OS releases
     kernels: Dict[str, List[str]] = {}
     sources: List[str] = Field(min_length=1)
     notes: List[str] = []
@@ -82,7 +89,7 @@ class RocmRow(FrozenModel):
         return value
 
 
-class Matrix(FrozenModel):
+class Matrix(MatrixModel):
     """The whole matrix file."""
 
     format: int = Field(ge=1, le=1)
@@ -113,6 +120,8 @@ class Matrix(FrozenModel):
                 elif rocm_row.series not in drivers[d].rocm:
                     problems.append(f"rocm -> {i}: ROCm {rocm_row.series} lists driver {d}, but the driver table "
                                     f"does not list ROCm {rocm_row.series} for it")
+            if (not rocm_row.os or not rocm_row.gpus) and not rocm_row.notes:
+                problems.append(f"rocm -> {i}: no os or gpus table and no note saying why")
             for key in rocm_row.kernels:
                 os_id, _, version = key.partition(":")
                 if os_id not in rocm_row.os or not version:
@@ -144,18 +153,18 @@ def load_matrix(path: Optional[str] = None) -> Matrix:
     """Read and validate the matrix; PolicyError lists every problem."""
     where = find_matrix_file(path)
     tomllib = toml_module()
-    try:
-        data = tomllib.loads(Path(where).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PolicyError(where, ["no such file"]) from None
-    except OSError as exc:
-        raise PolicyError(where, [exc.strerror or str(exc)]) from None
+    try:  # never blocks (a FIFO or a device in place of the file) and never reads past the cap
+        data = tomllib.loads(decode_text(where, read_bytes_bounded(where, MAX_TOML_BYTES)))
+    except InputFileError as exc:
+        raise PolicyError(where, [exc.reason]) from None
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError(where, [f"not valid TOML: {exc}"]) from None
+    except RecursionError:
+        raise PolicyError(where, ["not valid TOML: nested too deeply"]) from None
     try:
         matrix = Matrix.model_validate(data)
     except ValidationError as exc:
-        raise PolicyError(where, validation_problems(exc.errors())) from None
+        raise PolicyError(where, validation_problems([toml_worded(e) for e in exc.errors()])) from None
     problems = matrix.consistency_problems()
     if problems:
         raise PolicyError(where, problems)

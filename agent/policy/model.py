@@ -160,6 +160,26 @@ class FrozenSection(PolicyModel):
     _patterns = field_validator("packages")(_check_patterns)
 
 
+class CompanionsSection(PolicyModel):
+    """Packages that must stay paired with the package they serve (agent/policy/companions.py); each rule is on
+    unless set to false, and judges only the packages a host has.
+
+    ``fabricmanager``: fabric manager and NSCQ exactly the NVIDIA driver's build; ``dcgm``: DCGM's packages of one
+    release; ``dcgm_exporter``: dcgm-exporter with a DCGM of the series it was built for; ``amdsmi``: the amdsmi
+    Python binding and libamd_smi of one ROCm release.
+    """
+
+    fabricmanager: bool = True
+    dcgm: bool = True
+    dcgm_exporter: bool = True
+    amdsmi: bool = True
+    action: Optional[Action] = None
+
+    def enabled(self) -> List[str]:
+        """The rules turned on (field names, in the order they are judged)."""
+        return [name for name in ("fabricmanager", "dcgm", "dcgm_exporter", "amdsmi") if getattr(self, name)]
+
+
 class HealthSection(PolicyModel):
     """What the daemon does when the health check after a package change finds the GPU stack broken.
 
@@ -179,6 +199,7 @@ class Policy(PolicyModel):
     nvidia: Optional[NvidiaSection] = None
     versions: List[VersionRule] = []
     frozen: Optional[FrozenSection] = None
+    companions: Optional[CompanionsSection] = None
     health: Optional[HealthSection] = None
 
     def rule_count(self) -> int:
@@ -192,4 +213,6 @@ class Policy(PolicyModel):
             count += len(self.nvidia.pairing)
         if self.frozen:
             count += len(self.frozen.packages)
+        if self.companions:
+            count += len(self.companions.enabled())
         return count

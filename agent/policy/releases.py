@@ -8,12 +8,13 @@ Standard library only (used by the apt hook).
 
 from __future__ import annotations
 
+from agent.defaults import THEROCK_BASE_PACKAGE
 from agent.hostfacts.package_keys import package_name
 from agent.versions import upstream_dotted
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import Optional
+    from typing import Optional, Tuple
 
 # Kernel image package names are PREFIX + release, the release ``\d+\.\d+`` then [A-Za-z0-9.+~_-]*.
 _KERNEL_PREFIXES = ("linux-image-unsigned-", "linux-modules-unsigned-", "linux-image-", "linux-modules-")
@@ -43,14 +44,40 @@ def amdgpu_driver_release(version: Optional[str]) -> Optional[str]:
     return None
 
 
+def amdgpu_same_build(driver: str, firmware: str) -> bool:
+    """Whether an amdgpu-dkms and an amdgpu-dkms-firmware version are one build. Equal versions always are; in the
+    31.x numbering the firmware is versioned apart (``1:31.60.0.0.31600000-2403767.26.04`` beside the driver's
+    ``1:7.1.9.31600000-2403767.26.04``, seen on a 31.60 host), so there the 8-digit release code and the build
+    (the revision) must agree."""
+    if driver == firmware:
+        return True
+    key = _build_key(driver)
+    return key is not None and key == _build_key(firmware)
+
+
+def _build_key(version: str) -> Optional[Tuple[str, str]]:
+    upstream, dash, revision = version.rpartition("-")
+    code = (upstream_dotted(upstream) or "").rpartition(".")[2]
+    return (code, revision) if dash and len(code) == 8 and code.isdigit() else None
+
+
 def amdgpu_kernel_base(version: Optional[str]) -> Optional[str]:
     """The DKMS kernel-driver base of an amdgpu-dkms version (``1:6.8.5.60202-...`` -> ``6.8.5``)."""
     return upstream_dotted(version, parts=3) if version else None
 
 
 def rocm_release(version: Optional[str]) -> Optional[str]:
-    """The ROCm release of a rocm-core version (``6.2.2.60202-116~22.04`` -> ``6.2.2``)."""
+    """The ROCm release of a rocm-core version (``6.2.2.60202-116~22.04`` -> ``6.2.2``) or a TheRock amdrocm-base
+    version (deb ``10.0.0-4``, rpm ``7.13.0``, nightly ``7.13.0~20260401`` -> ``10.0.0``, ``7.13.0``)."""
     return upstream_dotted(version, parts=3) if version else None
+
+
+def rocm_package_patterns(rocm_name: str) -> Tuple[str, ...]:
+    """The packages whose versions carry the ROCm releases present: the policy's ROCm package and its versioned
+    side-by-side installs (``rocm-core``, ``rocm-core6.4.1``), and TheRock's base package with its versioned
+    installs (``amdrocm-base``, ``amdrocm-base7.13``, ``amdrocm-base10.0``). Globs, one home for the hook, the
+    pins, freeze and the snapshot."""
+    return (rocm_name, rocm_name + "[0-9]*", THEROCK_BASE_PACKAGE, THEROCK_BASE_PACKAGE + "[0-9]*")
 
 
 def dotted_release(version: Optional[str], parts: Optional[int] = None) -> Optional[str]:

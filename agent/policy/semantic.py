@@ -8,6 +8,8 @@ Structural validation (load.py, model.py) proves a policy is well-typed; these c
   "6.2.*"``), an exact release too short to equal any real one (``rocm = "6.2"``);
 - package names that are misspelt (``driver_package = "amdgpu-dkmss"``) or are versions;
 - with ``require_amd_matrix = true``, a pairing that admits no combination of AMD's compatibility matrix;
+- a ROCm release (a pairing's ``rocm``, or one installed on this host, classic or TheRock) that AMD's matrix does
+  not know (a warning: AMD has published no table for ROCm 7.13, for one);
 - with the host's facts (:class:`Inventory`, gathered by the command): package globs and kernel specs that match
   nothing installed on this host (warnings: a policy may be written before the packages arrive).
 
@@ -19,14 +21,14 @@ shape PolicyError uses (errors) or with a leading ``warning:`` (warnings).
 from __future__ import annotations
 
 import difflib
-import fnmatch
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE
+from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE, THEROCK_BASE_PACKAGE
 from agent.hostfacts.package_keys import package_name
 from agent.policy import releases
+from agent.policy.globs import matched_by_some
 from agent.policy.spec import SpecError, matches, parse_entry
 
 if TYPE_CHECKING:
@@ -36,8 +38,9 @@ if TYPE_CHECKING:
 ERROR, WARNING = "error", "warning"
 # Packages known to carry the amdgpu driver and the ROCm release (their versions encode the release).
 AMD_DRIVER_PACKAGES = (AMD_DRIVER_PACKAGE, "amdgpu")
-ROCM_PACKAGES = (ROCM_CORE_PACKAGE,)
-_VERSIONED_ROCM_PACKAGE = re.compile(r"^rocm-core\d+(\.\d+)*$")  # rocm-core6.4.1, AMD's side-by-side installs
+ROCM_PACKAGES = (ROCM_CORE_PACKAGE, THEROCK_BASE_PACKAGE)
+# AMD's side-by-side installs: rocm-core6.4.1 (classic), amdrocm-base7.13 and amdrocm-base10.0 (TheRock)
+_VERSIONED_ROCM_PACKAGE = re.compile(r"^(rocm-core|amdrocm-base)\d+(\.\d+)*$")
 # Ubuntu's linux-image version (ABI.upload): 6.8.0-45.45, 6.5.0-41.41~22.04.2; not a kernel release.
 _KERNEL_PACKAGE_VERSION = re.compile(r"^\d+\.\d+(\.\d+)*-\d+\.\d+(~\S*)?$")
 _KERNEL_NAME_PREFIXES = ("linux-image-unsigned-", "linux-modules-unsigned-", "linux-image-", "linux-modules-",
@@ -77,12 +80,16 @@ def check_policy(parts: Sequence[Tuple[str, Policy]], merged: Policy, matrix: Op
     for file, policy in parts:
         found = _kind_problems(policy, matrix)
         bad_pairings = {p.where.split(" -> ")[2] for p in found if p.where.startswith("amd -> pairing -> ")}
-        if merged.policy.require_amd_matrix and matrix is not None and policy.amd:
+        if matrix is not None and policy.amd:
             for i, pairing in enumerate(policy.amd.pairing, 1):
-                if str(i) not in bad_pairings:
-                    found += _matrix_problems(i, pairing, matrix)
+                if str(i) in bad_pairings:
+                    continue
+                outside = _matrix_problems(i, pairing, matrix) if merged.policy.require_amd_matrix else []
+                found += outside or _unknown_release_problems(i, pairing, matrix)  # the error says it already
         if inventory is not None:
             found += _host_problems(policy, inventory)
+            if matrix is not None and policy.amd:
+                found += _installed_release_problems(inventory, matrix)
         out += [Problem(p.where, p.message, p.severity, file) for p in found]
     return out + _health_problems(parts, merged)
 
@@ -287,6 +294,9 @@ def _kind_problems(policy: Policy, matrix: Optional[Matrix]) -> List[Problem]:
         out += _package_version_problems(f"versions -> {i} -> allow", "allow", rule.allow)
     if policy.frozen:
         out += _name_problems("frozen -> packages", policy.frozen.packages)
+    if policy.companions and not policy.companions.enabled():
+        out.append(Problem("companions", "every companion rule is set to false: the section judges nothing",
+                           WARNING))
     return out
 
 
@@ -330,6 +340,60 @@ def _matrix_problems(index: int, pairing: AmdPairing, matrix: Matrix) -> List[Pr
                     + (f" ({known})" if known else ""))]
 
 
+def _known_rocm_series(matrix: Matrix) -> List[str]:
+    """The ROCm series the matrix has a row for, or that a driver row lists (7.14 and 10.0: AMD's driver table)."""
+    return sorted({row.series for row in matrix.rocm} | {r for row in matrix.driver for r in row.rocm},
+                  key=lambda s: [int(p) for p in s.split(".")])
+
+
+def _spec_series(item: str) -> Optional[str]:
+    """The ROCm series an exact release or a series glob names (``7.13.0``, ``7.13.*``, ``== 7.13.1`` -> ``7.13``);
+    None for ranges and for ``any``/``none``."""
+    kind, texts = _texts(item)
+    if kind == "glob" and texts:
+        head = texts[0][1].split("*", 1)[0].rstrip(".")
+    elif kind == "range" and len(texts) == 1 and texts[0][0] == "==":
+        head = texts[0][1]
+    else:
+        return None
+    parts = head.split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+        return None
+    return ".".join(parts[:2])
+
+
+def _unknown_release_problems(index: int, pairing: AmdPairing, matrix: Matrix) -> List[Problem]:
+    """A pairing's ROCm release that AMD's compatibility matrix does not know (a warning: the pairing may be right,
+    the matrix cannot say)."""
+    known = _known_rocm_series(matrix)
+    out = []
+    for i, item in _items(pairing.rocm):
+        series = _spec_series(item)
+        if series is not None and series not in known:
+            out.append(Problem(_where(f"amd -> pairing -> {index} -> rocm", pairing.rocm, i),
+                               f"ROCm {series} is a release AMD's compatibility matrix (recorded {matrix.recorded}) "
+                               f"does not know (it knows ROCm {', '.join(known)}): its drivers, OS releases and GPUs "
+                               f"cannot be checked, and require_amd_matrix = true refuses it", WARNING))
+    return out
+
+
+def _installed_release_problems(inventory: Inventory, matrix: Matrix) -> List[Problem]:
+    """ROCm releases installed on this host (rocm-core<ver>, amdrocm-base<X.Y>) that the matrix does not know."""
+    known = _known_rocm_series(matrix)
+    carries = [ROCM_CORE_PACKAGE, THEROCK_BASE_PACKAGE]
+    out = []
+    for key, version in sorted(inventory.installed.items()):
+        name = package_name(key)
+        if name not in carries and not _VERSIONED_ROCM_PACKAGE.match(name):
+            continue
+        series = releases.series(releases.rocm_release(version))
+        if series is not None and series not in known:
+            out.append(Problem("amd", f"this host has ROCm {releases.rocm_release(version)} ({name} {version}), a "
+                                      f"release AMD's compatibility matrix (recorded {matrix.recorded}) does not know",
+                               WARNING))
+    return out
+
+
 def _describe(spec: Spec) -> str:
     return " or ".join([spec] if isinstance(spec, str) else list(spec))
 
@@ -338,12 +402,12 @@ def _describe(spec: Spec) -> str:
 
 
 def _host_problems(policy: Policy, inventory: Inventory) -> List[Problem]:
-    names = sorted({package_name(k) for k in inventory.installed})
+    matches_some = matched_by_some([package_name(k) for k in inventory.installed])
     out = []
 
     def unmatched(path: str, patterns: Sequence[str], numbered: bool = True) -> None:
-        for index, pattern in enumerate(patterns, 1):
-            if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
+        for index, pattern in enumerate(patterns, 1):  # one binary search each: a policy may name 100,000
+            if not matches_some(pattern):
                 out.append(Problem(f"{path} -> {index}" if numbered else path,
                                    f"{pattern!r} matches no package installed on this host", WARNING))
 
@@ -366,6 +430,34 @@ def _host_problems(policy: Policy, inventory: Inventory) -> List[Problem]:
         unmatched(f"versions -> {i} -> packages", rule.packages)
     if policy.frozen:
         unmatched("frozen -> packages", policy.frozen.packages)
+    if policy.companions:
+        out += _companion_problems(policy.companions.enabled(), inventory)
+    return out
+
+
+def _companion_problems(enabled: Sequence[str], inventory: Inventory) -> List[Problem]:
+    """Companion rules with none of their packages on this host (they judge nothing here yet), and installed
+    dcgm-exporter releases gpuguard's table does not know (the rule refuses them)."""
+    from agent.policy import companions
+
+    matches_some = matched_by_some([package_name(k) for k in inventory.installed])
+    judged = {"fabricmanager": companions.FABRICMANAGER_PACKAGES, "dcgm": companions.DCGM_PACKAGES,
+              "dcgm_exporter": companions.DCGM_EXPORTER_PACKAGES,
+              "amdsmi": companions.AMDSMI_BINDING_PACKAGES + companions.AMDSMI_LIBRARY_PACKAGES}
+    out = []
+    for rule in enabled:
+        if not any(matches_some(pattern) for pattern in judged[rule]):
+            out.append(Problem(f"companions -> {rule}", f"none of its packages ({', '.join(judged[rule])}) is "
+                                                        f"installed on this host: it judges nothing here yet", WARNING))
+    if "dcgm_exporter" in enabled:
+        for key, version in sorted(inventory.installed.items()):
+            if package_name(key) in companions.DCGM_EXPORTER_PACKAGES and companions.exporter_pairing(version) is None:
+                out.append(Problem("companions -> dcgm_exporter",
+                                   f"{package_name(key)} {version} installed here is not in gpuguard's dcgm-exporter "
+                                   f"table (recorded {companions.EXPORTER_TABLE_RECORDED}): changes to DCGM or the "
+                                   f"exporter are refused while it is installed; set dcgm_exporter = false or "
+                                   f"update gpuguard",
+                                   WARNING))
     return out
 
 

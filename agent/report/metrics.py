@@ -4,8 +4,8 @@ Metrics (all gauges unless said otherwise):
     gpuguard_agent_info{version}                   1
     gpuguard_agent_start_time_seconds              when the daemon started (Unix time)
     gpuguard_pairing_info{os_id, os_version_id, kernel_running, kernel_next_boot, amdgpu_loaded,
-                          amdgpu_dkms_package, rocm, rocm_core_package, nvidia_loaded, cuda_driver_api,
-                          gpu_models}               1 (labels say the current pairing; "" when absent)
+                          amdgpu_dkms_package, rocm, rocm_core_package, rocm_releases, nvidia_loaded,
+                          cuda_driver_api, gpu_models}  1 (labels say the current pairing; "" when absent)
     gpuguard_gpu_count                             GPUs in the last snapshot
     gpuguard_snapshot_timestamp_seconds            when the last snapshot was taken
     gpuguard_snapshot_findings{severity}           findings in the last snapshot, per severity
@@ -29,8 +29,8 @@ from agent.files import write_atomically
 from agent.report.plain import PlainPairing
 
 _PAIRING_LABELS = ("os_id", "os_version_id", "kernel_running", "kernel_next_boot", "amdgpu_loaded",
-                   "amdgpu_dkms_package", "rocm", "rocm_core_package", "nvidia_loaded", "cuda_driver_api",
-                   "gpu_models")
+                   "amdgpu_dkms_package", "rocm", "rocm_core_package", "rocm_releases", "nvidia_loaded",
+                   "cuda_driver_api", "gpu_models")
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ class PlainPairing(JsonRecord):
     amdgpu_dkms_package: Optional[str] = None
     rocm: Optional[str] = None
     rocm_core_package: Optional[str] = None
+    rocm_releases: str = ""
     nvidia_loaded: Optional[str] = None
     cuda_driver_api: Optional[str] = None
     gpu_count: int = 0

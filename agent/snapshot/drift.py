@@ -1,5 +1,5 @@
-"""Pure analysis of one snapshot: installed-but-not-loaded drivers, pending reboots, missing DKMS builds, GPU
-containers that a systemd daemon-reload would cut off.
+"""Pure analysis of one snapshot: installed-but-not-loaded drivers, pending reboots, missing DKMS builds, companions
+that disagree with what they serve, GPU containers that a systemd daemon-reload would cut off.
 
 Every rule reads only the snapshot, so it runs the same on a live host, a fixture and a stored JSON file.
 """
@@ -7,11 +7,11 @@ Every rule reads only the snapshot, so it runs the same on a live host, a fixtur
 from __future__ import annotations
 
 import fnmatch
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from agent.collectors.container_cgroups import FIX as DEV_CHAR_FIX
 from agent.collectors.packages import PackageInfo, find_version
-from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE
+from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE, THEROCK_BASE_PACKAGE
 from agent.versions import upstream_dotted
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -92,16 +92,59 @@ def _kernel_findings(snap: "Snapshot") -> List["Finding"]:
     return out
 
 
+THEROCK_TREE_PREFIX = "/opt/rocm/core-"  # /opt/rocm/core-10.0: TheRock's release tree, of amdrocm-base10.0
+
+
 def _rocm_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> List["Finding"]:
     rocm = snap.rocm.data
-    installed = find_version(packages, ROCM_CORE_PACKAGE)
-    if rocm is None or rocm.version is None or installed is None:
+    if rocm is None:
         return []
-    if upstream_dotted(rocm.version, 3) != upstream_dotted(installed, 3):
-        return [_finding("rocm_version_mismatch", "warning", "rocm",
-                         f"/opt/rocm says ROCm {rocm.version} but package {ROCM_CORE_PACKAGE} is {installed}",
-                         on_disk=rocm.version, package=installed)]
-    return []
+    out = []
+    installed = find_version(packages, ROCM_CORE_PACKAGE)
+    classic_active = rocm.active_path is not None and not rocm.active_path.startswith(THEROCK_TREE_PREFIX)
+    if classic_active and rocm.version is not None and installed is not None and \
+            upstream_dotted(rocm.version, 3) != upstream_dotted(installed, 3):
+        out.append(_finding("rocm_version_mismatch", "warning", "rocm",
+                            f"/opt/rocm says ROCm {rocm.version} but package {ROCM_CORE_PACKAGE} is {installed}",
+                            on_disk=rocm.version, package=installed))
+    for tree in rocm.installs:
+        # TheRock: /opt/rocm/core-X.Y belongs to amdrocm-baseX.Y; its version file and the package must agree
+        if not tree.path.startswith(THEROCK_TREE_PREFIX) or tree.version is None:
+            continue
+        name = THEROCK_BASE_PACKAGE + tree.path[len(THEROCK_TREE_PREFIX):]
+        package = find_version(packages, name)
+        if package is not None and upstream_dotted(tree.version, 3) != upstream_dotted(package, 3):
+            out.append(_finding("rocm_version_mismatch", "warning", "rocm",
+                                f"{tree.path} says ROCm {tree.version} but package {name} is {package}",
+                                on_disk=tree.version, package=package))
+    return out
+
+
+# Companion rule -> (severity, component): fabric manager at another build leaves an NVSwitch system's GPUs unusable.
+_COMPANION_KINDS: Dict[str, Tuple["Severity", str]] = {
+    "companion.fabricmanager": ("critical", "nvidia"), "companion.dcgm": ("warning", "dcgm"),
+    "companion.dcgm_exporter": ("warning", "dcgm"), "companion.amdsmi": ("warning", "amdsmi")}
+
+
+def _companion_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> List["Finding"]:
+    """Companions that already disagree with what they serve (agent/policy/companions.py, the rules the guard
+    refuses such a change by): fabric manager or NSCQ not the driver's build, DCGM's packages of two releases,
+    dcgm-exporter beside a DCGM of another series, an amdsmi binding package of another ROCm release."""
+    from agent.policy import companions
+    from agent.policy.compiled import DEFAULT_NVIDIA_DRIVER_PACKAGES, NVIDIA_NOT_DRIVER_PARTS
+
+    installed = {key: info.version for key, info in packages.items()}
+    nv = snap.nvidia.data
+    loaded = upstream_dotted(nv.driver_version) if nv is not None and nv.driver_version else None
+    found = [*companions.fabricmanager(installed, DEFAULT_NVIDIA_DRIVER_PACKAGES, loaded,
+                                       tuple(NVIDIA_NOT_DRIVER_PARTS)),
+             *companions.dcgm(installed), *companions.dcgm_exporter(installed), *companions.amdsmi(installed)]
+    out = []
+    for item in found:
+        severity, component = _COMPANION_KINDS[item.rule]
+        out.append(_finding("companion_mismatch", severity, component, item.message, rule=item.rule,
+                            packages=" ".join(f"{k}={installed[k]}" for k in item.packages if k in installed)))
+    return out
 
 
 def _package_state_findings(packages: Dict[str, PackageInfo]) -> List["Finding"]:
@@ -133,4 +176,5 @@ def analyze(snap: "Snapshot") -> List["Finding"]:
     """Every finding the snapshot supports, in a stable order."""
     packages = snap.packages()
     return [*_kernel_findings(snap), *_amdgpu_findings(snap, packages), *_rocm_findings(snap, packages),
-            *_nvidia_findings(snap, packages), *_container_cgroup_findings(snap), *_package_state_findings(packages)]
+            *_nvidia_findings(snap, packages), *_companion_findings(snap, packages), *_container_cgroup_findings(snap),
+            *_package_state_findings(packages)]

@@ -24,6 +24,7 @@ class Pairing(FrozenModel):
     amdgpu_dkms_package: Optional[str] = None
     rocm: Optional[str] = None
     rocm_core_package: Optional[str] = None
+    rocm_releases: str = ""  # every ROCm release installed, classic and TheRock: "6.4.1 (rocm-core), 7.13.0 (...)"
     nvidia_loaded: Optional[str] = None
     cuda_driver_api: Optional[str] = None
     gpu_count: int = 0
@@ -34,9 +35,14 @@ def pairing_of(snap: Snapshot) -> Pairing:
     """Summarise a snapshot into its pairing."""
     from agent.collectors.packages import find_version
     from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE
+    from agent.policy.globs import any_glob
+    from agent.policy.releases import rocm_package_patterns, rocm_release
 
     packages = snap.packages()
     amd, nv = snap.amdgpu.data, snap.nvidia.data
+    carries_rocm = any_glob(rocm_package_patterns(ROCM_CORE_PACKAGE))
+    rocm_found = sorted((key.split(":", 1)[0], info.version) for key, info in packages.items()
+                        if carries_rocm(key.split(":", 1)[0]))
     models = sorted({g.market_name or "?" for g in (amd.gpus if amd else [])}
                     | {g.name or "?" for g in (nv.gpus if nv else [])})
     return Pairing(
@@ -48,6 +54,7 @@ def pairing_of(snap: Snapshot) -> Pairing:
         amdgpu_dkms_package=find_version(packages, AMD_DRIVER_PACKAGE),
         rocm=snap.rocm.data.version if snap.rocm.data else None,
         rocm_core_package=find_version(packages, ROCM_CORE_PACKAGE),
+        rocm_releases=", ".join(f"{rocm_release(v) or v} ({n})" for n, v in rocm_found),
         nvidia_loaded=nv.driver_version if nv else None,
         cuda_driver_api=nv.cuda_driver_version if nv else None,
         gpu_count=(len(amd.gpus) if amd else 0) + (len(nv.gpus) if nv else 0),

@@ -30,8 +30,9 @@ def render_snapshot(snap: Snapshot) -> str:
             vbios = gpu.vbios_version or gpu.vbios_part_number or '-'
             lines.append(f"  {gpu.bdf}  {gpu.market_name or '?'}  {gpu.gfx_target or ''}  vbios {vbios}")
     if snap.rocm.data:
+        installed = ", ".join(f"{i.version or '?'} at {i.path}" for i in snap.rocm.data.installs)
         lines.append(f"rocm     {snap.rocm.data.version or '-'} at {snap.rocm.data.active_path or '-'}"
-                     f" ({len(snap.rocm.data.installs)} installed)")
+                     f" (installed: {installed or 'none'})")
     if snap.nvidia.data:
         n = snap.nvidia.data
         lines.append(f"nvidia   {n.driver_version or '-'} ({n.module_flavor or '?'} module, via {n.source}), "

@@ -1,7 +1,8 @@
 """Judge gathered facts: one Check per area, an overall verdict and its exit code. Pure: no I/O, no clock.
 
 Exit codes (``STATUS_EXIT_CODES``): 0 ok; 30 attention (something is stale, undelivered, unreachable or
-unknown-but-expected; a guarded package a rollback cannot restore exactly); 31 failing (the daemon is not running,
+unknown-but-expected, a health rollback within the last snapshot interval, a guarded package a rollback cannot
+restore exactly); 31 failing (the daemon is not running,
 the host is not compliant, the last health check failed, a state file is damaged, the last rollback failed).
 gpuguard's errors keep theirs (a broken agent.toml: 3).
 """
@@ -12,7 +13,7 @@ import datetime as dt
 from typing import Dict, List, Literal, Optional
 
 from agent.models import FrozenModel
-from agent.status.facts import StatusFacts
+from agent.status.facts import ChangeFacts, StatusFacts
 
 CheckState = Literal["ok", "info", "warn", "fail"]
 Verdict = Literal["ok", "attention", "failing"]
@@ -21,6 +22,9 @@ FAILED_HEALTH = ("regression", "cpu_fallback", "failed", "timeout")
 # No verdict on the stack: nothing to judge (skipped) or nothing could run beside another job yet (deferred).
 # busy (functional checks passed on a GPU another job used) is ok.
 UNJUDGED_HEALTH = ("skipped", "deferred")
+CHANGE_NAMES = {"health_rollback": "health rollback", "rollback": "rollback", "transaction_blocked": "blocked"}
+# Package moves a change shows; the rest are counted.
+MOVES_SHOWN = 3
 # Undelivered events are worth attention after this long, or after 10 delivery intervals if that is longer.
 OUTBOX_STUCK_SECONDS = 600.0
 
@@ -115,20 +119,40 @@ def _health_result(f: StatusFacts, now: dt.datetime) -> Check:
     return Check(name="health", state="info" if h.status in UNJUDGED_HEALTH else "ok", summary=summary)
 
 
+def describe_change(c: ChangeFacts, now: dt.datetime) -> str:
+    """``last change: health rollback 15 s ago (the health check found cpu_fallback: cuda-cudart 13.1 -> 13.0)``."""
+    when = _age(now, c.at) if c.at is not None else "at an unknown time"
+    failed = " FAILED" if c.succeeded is False and c.kind != "transaction_blocked" else ""
+    moves = ", ".join(c.moves[:MOVES_SHOWN]) + (f" (+{len(c.moves) - MOVES_SHOWN} more)"
+                                                 if len(c.moves) > MOVES_SHOWN else "")
+    detail = ": ".join(part for part in (c.reason, moves) if part)
+    return f"last change: {CHANGE_NAMES[c.kind]}{failed} {when}" + (f" ({detail})" if detail else "")
+
+
 def _guard(f: StatusFacts, now: dt.datetime) -> Check:
     g = f.guard
+    change = g.last_change
     if g.problem is not None:
-        return Check(name="guard", state="warn", summary=g.problem)
-    if g.last_kind is None:
+        return Check(name="guard", state="warn", summary=g.problem + (
+            f"; {describe_change(change, now)}" if change is not None else ""))
+    if change is not None:
+        summary = describe_change(change, now)
+    elif g.last_kind is None:
         summary = "no guard events recorded"
     else:
         when = _age(now, g.last_at) if g.last_at is not None else "at an unknown time"
         summary = f"last: {g.last_kind} {when}" + (f" ({g.last_message})" if g.last_message else "")
     if g.reboot_required is not None:
         summary += f"; reboot needed: kernel module packages changed ({', '.join(g.reboot_required[:5])})"
-    if g.last_kind == "rollback" and g.last_succeeded is False:
+    failed_rollback = (change.kind != "transaction_blocked" and change.succeeded is False if change is not None
+                       else g.last_kind == "rollback" and g.last_succeeded is False)
+    if failed_rollback:
         return Check(name="guard", state="fail", summary=summary)
-    return Check(name="guard", state="warn" if g.reboot_required is not None else "ok", summary=summary)
+    # A health rollback since the last snapshot: the stack was just found broken and put back; look at it.
+    recent_health_rollback = (change is not None and change.kind == "health_rollback" and change.at is not None
+                              and (now - change.at).total_seconds() <= f.snapshot_interval_seconds)
+    attention = g.reboot_required is not None or recent_health_rollback
+    return Check(name="guard", state="warn" if attention else "ok", summary=summary)
 
 
 def _rollback(f: StatusFacts) -> Check:

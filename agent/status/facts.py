@@ -14,7 +14,7 @@ import os
 import sqlite3
 import stat
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Literal, Optional, Tuple
 
 from agent.errors import GpuguardError
 from agent.files import read_json_file
@@ -51,7 +51,25 @@ class HealthFacts(FrozenModel):
     deferral: Optional[str] = None
 
 
+ChangeKind = Literal["health_rollback", "rollback", "transaction_blocked"]
+
+
+class ChangeFacts(FrozenModel):
+    """One change of the guarded packages gpuguard made or stopped: a rollback by the pairing policy (guard-events
+    .jsonl), a health-gated rollback (health-rollback.json), a blocked transaction (guard-events.jsonl)."""
+
+    kind: ChangeKind
+    at: Optional[dt.datetime] = None
+    # The rule (a pairing rollback, a block), or the health status that asked for a health rollback.
+    reason: Optional[str] = None
+    succeeded: Optional[bool] = None
+    # Each package that moved, as ``name from -> to`` (a health rollback: the broken set -> the one kept before).
+    moves: List[str] = []
+
+
 class GuardFacts(FrozenModel):
+    # The newest change of any kind (ChangeFacts), by its time; None: none recorded.
+    last_change: Optional[ChangeFacts] = None
     last_kind: Optional[str] = None
     last_at: Optional[dt.datetime] = None
     last_message: Optional[str] = None
@@ -177,6 +195,59 @@ def last_json_line(tail: bytes, first_line_cut: bool = False) -> Optional[Dict[s
     return None
 
 
+def package_moves(from_versions: object, to_versions: object) -> List[str]:
+    """``name from -> to`` for each package whose version differs between the two maps (absent: ``none``)."""
+    before = from_versions if isinstance(from_versions, dict) else {}
+    after = to_versions if isinstance(to_versions, dict) else {}
+    return [f"{name} {before.get(name, 'none')} -> {after.get(name, 'none')}"
+            for name in sorted(set(before) | set(after), key=str) if before.get(name) != after.get(name)]
+
+
+def guard_change(record: Dict[str, object]) -> Optional[ChangeFacts]:
+    """A guard-events line as a change (a rollback or a blocked transaction); None for any other kind."""
+    kind = record.get("kind")
+    if kind not in ("rollback", "transaction_blocked"):
+        return None
+    reason = record.get("rule") or record.get("reason")
+    succeeded = record.get("succeeded")
+    return ChangeFacts(kind="rollback" if kind == "rollback" else "transaction_blocked",
+                       at=_when(record.get("occurred_at")), reason=str(reason)[:200] if reason else None,
+                       succeeded=succeeded if isinstance(succeeded, bool) else None,
+                       moves=package_moves(record.get("from_versions"), record.get("to_versions")))
+
+
+def last_guard_change(tail: bytes, first_line_cut: bool = False) -> Optional[ChangeFacts]:
+    """The last rollback or blocked transaction in a guard-events tail (the file is in the order things happened)."""
+    lines = tail.split(b"\n")
+    for raw in reversed(lines[1:] if first_line_cut else lines):
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue
+        change = guard_change(record) if isinstance(record, dict) else None
+        if change is not None:
+            return change
+    return None
+
+
+def health_rollback_change(data: object) -> Optional[ChangeFacts]:
+    """health-rollback.json (agent/guard/rollback/health.py) as a change; None when it is no such record."""
+    if not isinstance(data, dict) or _when(data.get("at")) is None:
+        return None
+    status = data.get("health_status")
+    return ChangeFacts(kind="health_rollback", at=_when(data["at"]),
+                       reason=f"the health check found {status}" if isinstance(status, str) else None,
+                       succeeded=data.get("status") == "rolled_back",
+                       moves=package_moves(data.get("from_versions"), data.get("to_versions")))
+
+
+def newest_change(*changes: Optional[ChangeFacts]) -> Optional[ChangeFacts]:
+    """The change with the latest time (one without a time counts as the oldest); None when there is none."""
+    known = [c for c in changes if c is not None]
+    floor = dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+    return max(known, key=lambda c: c.at or floor) if known else None
+
+
 # --- readers -----------------------------------------------------------------------------------------------------
 
 def read_daemon(host: Host) -> DaemonFacts:
@@ -283,7 +354,24 @@ def read_guard(path: str) -> GuardFacts:
     succeeded = record.get("succeeded")
     return GuardFacts(last_kind=kind if isinstance(kind, str) else "unknown", last_at=_when(record.get("occurred_at")),
                       last_message=str(message)[:200] if message is not None else None,
-                      last_succeeded=succeeded if isinstance(succeeded, bool) else None)
+                      last_succeeded=succeeded if isinstance(succeeded, bool) else None,
+                      last_change=last_guard_change(tail, first_line_cut=start > 0))
+
+
+def read_health_rollback(path: str) -> Optional[ChangeFacts]:
+    """The last health-gated rollback (health-rollback.json) as a change; None without one or when unreadable."""
+    try:
+        return health_rollback_change(read_json_file(path))
+    except GpuguardError:
+        return None
+
+
+def read_changes(guard_events_path: str, health_rollback_path: str) -> GuardFacts:
+    """The guard's facts with the newest change of any kind: the log's last rollback or block, or the health
+    rollback, whichever happened last (a health rollback is in its own file, not in the guard's log)."""
+    guard = read_guard(guard_events_path)
+    newest = newest_change(guard.last_change, read_health_rollback(health_rollback_path))
+    return guard.model_copy(update={"last_change": newest})
 
 
 def read_metrics(path: Optional[str]) -> MetricsFacts:
@@ -372,7 +460,7 @@ def gather(host: Host, config_path: str, offline: bool,
         daemon=read_daemon(host), snapshot=read_snapshot(paths.last_snapshot),
         health=read_health(paths.health_last_result).model_copy(
             update={"deferral": read_deferral(paths.health_deferral)}),
-        guard=read_guard(str(host.path(paths.guard_events))).model_copy(
+        guard=read_changes(str(host.path(paths.guard_events)), str(host.path(paths.health_rollback))).model_copy(
             update={"reboot_required": read_reboot_required(
                 str(host.path(paths.reboot_required_packages)), booted_at_seconds())}),
         rollback=read_rollback_coverage(host, paths),

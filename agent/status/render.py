@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from agent.printable import printable
 from agent.status.assess import Assessment
 from agent.status.facts import StatusFacts
 
@@ -16,7 +17,7 @@ def render_table(facts: StatusFacts, assessment: Assessment) -> str:
     lines = [f"{_MARKS[c.state]:<4}  {c.name:<{width}}  {c.summary}" for c in assessment.checks]
     lines.append(f"status: {assessment.verdict} (exit {assessment.exit_code}); state {facts.state_dir}, "
                  f"config {facts.config_path}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(printable(line) for line in lines) + "\n"
 
 
 def render_json(facts: StatusFacts, assessment: Assessment) -> str:

@@ -7,7 +7,13 @@ from typing import Any, Optional
 
 import pytest
 
-from agent.collectors.rocm import RocmCollector, RocmInstall, parse_rocm_version_file, smi_rocm_version
+from agent.collectors.rocm import (
+    RocmCollector,
+    RocmInstall,
+    amd_smi_sonames,
+    parse_rocm_version_file,
+    smi_rocm_version,
+)
 from agent.errors import CollectorUnavailable
 from agent.host import Host
 from tests.conftest import fake_module_loader, make_fixture_host
@@ -119,3 +125,43 @@ def test_absent_without_any_rocm_tree(tmp_path: Path) -> None:
     (tmp_path / "opt/other").mkdir(parents=True)
     with pytest.raises(CollectorUnavailable):
         RocmCollector().collect(Host(root=tmp_path, load_module=fake_module_loader({})))
+
+
+@pytest.mark.parametrize("names,expected", [
+    (["libamd_smi.so", "libamd_smi.so.27", "libamd_smi.so.27.0.0", "librocm-core.so.1"], ["libamd_smi.so.27"]),
+    (["libamd_smi.so.26.2.0", "libamd_smi.so.27"], ["libamd_smi.so.26", "libamd_smi.so.27"]),
+    (["libamd_smi.so", "libamd_smi64.so.27", "libamd_smi.so.x"], []),
+])
+def test_amd_smi_sonames(names: list, expected: list) -> None:
+    """The SONAMEs (libamd_smi.so.N) among a lib directory's names, each major once, sorted; others ignored."""
+    assert amd_smi_sonames(names) == expected
+
+
+def test_therock_only_host_reports_its_release() -> None:
+    """A TheRock 10.0 host (/opt/rocm a directory, core -> core-10.0): the release, its tree and libamd_smi.so.27."""
+    info = RocmCollector().collect(make_fixture_host("therock-mi300x-ubuntu2204"))
+    assert (info.active_path, info.version, info.smi_rocm_version) == ("/opt/rocm/core-10.0", "10.0.0", "10.0.0")
+    assert info.installs == [RocmInstall(path="/opt/rocm/core-10.0", version="10.0.0",
+                                         amd_smi_soname="libamd_smi.so.27")]
+
+
+def test_mixed_host_reports_the_classic_and_the_therock_release() -> None:
+    """Classic 6.4.1 (the /opt/rocm link) and TheRock 7.13 inside its target: both trees, each with its SONAME."""
+    info = RocmCollector().collect(make_fixture_host("mixed-rocm641-therock713-ubuntu2204"))
+    assert (info.active_path, info.version) == ("/opt/rocm-6.4.1", "6.4.1-83")
+    assert info.installs == [
+        RocmInstall(path="/opt/rocm-6.4.1", version="6.4.1-83", amd_smi_soname="libamd_smi.so.25"),
+        RocmInstall(path="/opt/rocm/core-7.13", version="7.13.0", amd_smi_soname="libamd_smi.so.27")]
+
+
+def test_therock_releases_side_by_side_without_core_link(tmp_path: Path) -> None:
+    """Two TheRock releases, no /opt/rocm/core link: both listed in version order, the newest is the active one;
+    the core-10 major link is not a release of its own."""
+    for release in ("10.0", "7.14"):
+        (tmp_path / "opt/rocm" / f"core-{release}/.info").mkdir(parents=True)
+        (tmp_path / "opt/rocm" / f"core-{release}/.info/version").write_text(f"{release}.0\n")
+    (tmp_path / "opt/rocm/core-10").symlink_to("core-10.0")
+    info = RocmCollector().collect(Host(root=tmp_path, load_module=fake_module_loader({})))
+    assert [(i.path, i.version) for i in info.installs] == [("/opt/rocm/core-7.14", "7.14.0"),
+                                                             ("/opt/rocm/core-10.0", "10.0.0")]
+    assert (info.active_path, info.version) == ("/opt/rocm/core-10.0", "10.0.0")

@@ -3,46 +3,16 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
+from tests.conftest import fill_disk
 from tests.daemon.conftest import AgentProcess, agent_config, assert_delivered_once_in_order
 from tests.report.receiver import Receiver
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MiB tmpfs (needs root; skipped where mount is refused)."""
-    mount_point = tmp_path / "small-disk"
-    mount_point.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"mount refused: {done.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
-
-
-def _fill(path: Path) -> None:
-    """Write until the file system says ENOSPC."""
-    with open(path, "wb") as handle:
-        try:
-            while True:
-                handle.write(b"\0" * 65536)
-                handle.flush()
-        except OSError:
-            pass
-    # flush() may have raised with bytes still buffered; the close may raise too.
 
 
 def test_a_full_disk_logs_once_per_state_change_and_recovers_without_loss(tmp_path: Path, host_root: Path,
@@ -56,10 +26,7 @@ def test_a_full_disk_logs_once_per_state_change_and_recovers_without_loss(tmp_pa
         agent.start()
         assert receiver.wait_for(lambda r: r.kinds_stored().count("heartbeat") >= 5)
         filler = small_disk / "filler"
-        try:
-            _fill(filler)
-        except OSError:
-            pass
+        fill_disk(filler)
         agent.wait_for_log("job_failed", job="heartbeat", timeout_seconds=10)
         time.sleep(3)
         failures = agent.events_named("job_failed")

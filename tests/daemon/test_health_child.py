@@ -30,8 +30,11 @@ def test_functional_after_a_change_runs_in_the_child_and_reports_its_summary(tmp
     python.chmod(0o755)
     state = tmp_path / "state"
     config = tmp_path / "agent.toml"
+    # This machine has no GPU, and a GPU-less host is skipped before any probe runs: require_accelerator = false
+    # runs the probe all the same, and expected_gpu_count = 1 stands for the GPU the framework fails to see.
     config.write_text(f'[agent]\nstate_dir = "{state}"\n[health]\npython = "{python}"\ntimeout_seconds = 60\n'
-                      f'run_as = "{pwd.getpwuid(os.geteuid()).pw_name}"\n')
+                      f'run_as = "{pwd.getpwuid(os.geteuid()).pw_name}"\nrequire_accelerator = false\n'
+                      'expected_gpu_count = 1\n')
     rt = make_runtime(tmp_path, Host(root=Path("/")), load_settings(str(config)))
     summary = HealthInChild(rt, str(config)).run("stack_changed:dpkg", "functional", True)
     assert summary is not None

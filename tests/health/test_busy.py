@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Dict, Optional
 
 import pytest
 
-from agent.health.activity import NvmlReader
+from agent.health.activity import NvmlReader, open_reader
 from agent.health.baseline import peer_outliers
 from agent.health.launch import ProbeOutcome
 from agent.health.model import STATUS_EXIT_CODES, GpuOccupancy, HealthResult
 from agent.health.runner import run_health_check
 from agent.health.settings import GIB, MIB, HealthSettings
-from agent.health.tenants import budget_for, decide
+from agent.health.tenants import OwnProbes, budget_for, decide, occupancy_of
 from tests.health.helpers import (
     FAKE_PROBE,
     H200_BYTES,
@@ -212,3 +213,43 @@ def test_memory_in_use_with_no_process_listed_is_busy(tmp_path: Path) -> None:
     assert "60.0 GiB of device memory in use by processes not listed" in result.summary
     assert result.occupancy is not None
     assert result.occupancy.device_memory_budget_bytes == int((H200_BYTES - 60 * GIB) * 0.5) - GIB
+
+
+def proc_entry(root: Path, pid: int, name: str, uid: int, session: int) -> None:
+    """/proc/<pid>/{comm,status,stat} under a fake root: the process's name, real uid and session id."""
+    base = root / "proc" / str(pid)
+    base.mkdir(parents=True)
+    (base / "comm").write_text(name + "\n")
+    (base / "status").write_text(f"Name:\t{name}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    (base / "stat").write_text(f"{pid} ({name}) S 1 {session} {session} 0 -1\n")
+
+
+def test_own_probe_is_never_a_tenant_and_a_foreign_job_still_is(tmp_path: Path) -> None:
+    """gpuguard's probe (the probe user's uid, or a probe session the check lock recorded) is no tenant; a job of
+    another user is, though all are called python3 and one sits in a reused pid of a recorded session."""
+    root = tmp_path / "root"
+    proc_entry(root, 5001, "python3", uid=998, session=5001)   # the probe user's: another check's probe
+    proc_entry(root, 7001, "python3", uid=997, session=7000)   # a rank of the probe a killed check left behind
+    proc_entry(root, 7002, "python3", uid=1000, session=7000)  # not of that probe: another user in that session id
+    proc_entry(root, 4242, "python3", uid=1000, session=4242)  # a training job
+    nvml = make_fake_nvml([[0.0]], processes=[[[(5001, GIB), (7001, GIB), (7002, GIB), (4242, 70 * GIB)]]])
+    reader = open_reader(make_host({"pynvml": nvml}, root=root).load_module, "nvidia")
+    own = OwnProbes(uid=998, sessions=((7000, 997),))
+    (gpu,) = occupancy_of(make_host(root=root), reader.devices, reader.occupancy(), fake_probe_settings(), own=own)
+    assert sorted(t.pid for t in gpu.tenants) == [4242, 7002]
+    (unaware,) = occupancy_of(make_host(root=root), reader.devices, reader.occupancy(), fake_probe_settings())
+    assert sorted(t.pid for t in unaware.tenants) == [4242, 5001, 7001, 7002]  # what the old detection said
+
+
+def test_check_lock_record_of_a_left_probe_keeps_it_out_of_the_tenants(tmp_path: Path) -> None:
+    """A probe a killed check left on the GPU (named in the check lock's record) does not make the next check busy."""
+    root = tmp_path / "root"
+    proc_entry(root, 7001, "python3", uid=os.geteuid(), session=7000)
+    lock = tmp_path / "state" / "health" / "check.lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text(json.dumps({"pid": 6999, "started_at": "2026-01-01T00:00:00+00:00", "probe_session": 7000,
+                                "probe_uid": os.geteuid()}))
+    nvml = make_fake_nvml(IDLE_THEN_WORKING, processes=[[[(7001, GIB)]]])
+    result = check(tmp_path, fake_probe_settings(), {"pynvml": nvml}, root=root)
+    assert result.status == "pass", result.summary
+    assert result.occupancy is not None and result.occupancy.gpus[0].tenants == []

@@ -73,3 +73,11 @@ def test_check_failures_name_ranks_and_gpus() -> None:
     assert "rank 2: reported no figures" in failures
     assert "rank 1: all-reduce failed: NCCL error" in failures
     assert "all-reduce over 3 ranks gave a wrong sum" in failures
+
+
+def test_output_over_the_cap_is_failed_whatever_it_said() -> None:
+    """A probe whose output passed the launcher's cap fails, saying so, even when a valid result was read."""
+    flood = ProbeOutcome(("p",), 0, "", "", False, 1.0, output_too_large="stdout 419430400 bytes > cap 1048576 bytes")
+    verdict = classify(flood, probe(), [], [])
+    assert verdict.status == "failed"
+    assert verdict.summary == "the probe's output was too large: stdout 419430400 bytes > cap 1048576 bytes"

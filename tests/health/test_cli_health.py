@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import pwd
+import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
-from typing import Dict, Optional
+from typing import Any, Dict, Iterator, Optional
+from unittest.mock import ANY
 
 import pytest
 
 from agent.cli import main
-from tests.health.helpers import make_fake_nvml, make_host
+from agent.health.launch import ProbeOutcome
+from agent.health.runner import run_health_check
+from agent.health.sandbox import probe_user_command, resolve_sandbox
+from agent.health.settings import HealthSettings
+from tests import needs
+from tests.health.helpers import fake_probe_settings, make_fake_nvml, make_host
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,11 +42,21 @@ def config_without_torch(tmp_path: Path) -> Path:
     return config
 
 
-def run_cli(tmp_path: Path, *args: str, modules: Optional[Dict[str, ModuleType]] = None) -> tuple:
+def gpu_root(tmp_path: Path) -> Path:
+    """A host root with one NVIDIA GPU's device node (/dev/nvidia0): a host the check has something to check on."""
+    root = tmp_path / "gpu-root"
+    (root / "dev").mkdir(parents=True)
+    (root / "dev" / "nvidia0").write_text("")
+    return root
+
+
+def run_cli(tmp_path: Path, *args: str, modules: Optional[Dict[str, ModuleType]] = None,
+            config: Optional[Path] = None, root: Optional[Path] = None) -> tuple:
     out = io.StringIO()
-    code = main(["health", "run", "--config", str(config_without_torch(tmp_path)), "--state-dir",
+    host_root = root or gpu_root(tmp_path)
+    code = main(["health", "run", "--config", str(config or config_without_torch(tmp_path)), "--state-dir",
                  str(tmp_path / "state"), "--python", sys.executable, *args],
-                make_host=lambda root: make_host(modules), out=out)
+                make_host=lambda _: make_host(modules, root=host_root), out=out)
     return code, out.getvalue()
 
 
@@ -70,3 +91,132 @@ def test_mode_full_on_a_busy_gpu_is_deferred(tmp_path: Path) -> None:
     assert code == 26
     assert text.startswith("health   DEFERRED  deferred: busy, waiting for idle GPUs (GPU 0: in use by pid 4242")
     assert "busy     GPU 0" in text
+
+
+def config_with_missing_probe_user(tmp_path: Path) -> Path:
+    """A config as a source install has it: the default probe user's place taken by one that does not exist."""
+    config = tmp_path / "missing-user.toml"
+    config.write_text("[health]\ntimeout_seconds = 30\nrun_as = \"gpuguard-no-such-probe-user\"\n")
+    return config
+
+
+def test_gpuless_host_is_skipped_before_the_probe_user_is_looked_up(tmp_path: Path) -> None:
+    """As root without the probe user on a host without GPUs, health run says skipped (24), no probe, no failure."""
+    gpuless = tmp_path / "gpuless-root"
+    (gpuless / "sys" / "bus" / "pci" / "devices").mkdir(parents=True)
+    code, text = run_cli(tmp_path, "--json", config=config_with_missing_probe_user(tmp_path), root=gpuless)
+    data = json.loads(text)
+    assert (code, data["status"]) == (24, "skipped")
+    assert data["summary"].startswith("skipped: no GPU on this host")
+    assert data["probe_argv"] == [] and data["failures"] == [] and data["sandbox"] is None
+
+
+def test_missing_probe_user_as_root_is_a_setup_error_with_the_packages_useradd_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """As root with GPUs and no probe user, health run exits 15 with one line: the packages' own useradd command."""
+    if os.geteuid() != 0:
+        needs.unavailable("the missing-probe-user test", "it must run as root (a non-root agent never switches)")
+    code, text = run_cli(tmp_path, "--json", config=config_with_missing_probe_user(tmp_path))
+    err = capsys.readouterr().err.strip()
+    assert (code, text) == (15, "")
+    assert len(err.splitlines()) == 1 and "user 'gpuguard-no-such-probe-user' does not exist" in err
+    assert not (tmp_path / "state" / "health" / "last.json").exists()  # no verdict recorded
+    packaged = probe_user_command()
+    spec = " ".join((REPO / "packaging" / "rpm" / "gpuguard.spec.in").read_text().replace("\\\n", " ").split())
+    assert packaged in spec  # the line the rpm's %post runs, word for word
+    assert probe_user_command("gpuguard-no-such-probe-user") in err
+
+
+def test_not_root_runs_the_probe_as_itself_whatever_run_as_says(tmp_path: Path) -> None:
+    """A non-root agent never looks up run_as: even a missing probe user leaves the probe running as the agent."""
+    nobody = pwd.getpwnam("nobody")
+    settings = HealthSettings(run_as="gpuguard-no-such-probe-user")
+    sandbox = resolve_sandbox(settings, str(tmp_path), euid=nobody.pw_uid)
+    assert (sandbox.user, sandbox.uid, sandbox.dropped, sandbox.popen_kwargs()) == ("nobody", nobody.pw_uid, False, {})
+
+
+HOLD_LOCK = r"""
+import fcntl, json, os, sys, time
+path, hold_seconds = sys.argv[1], float(sys.argv[2])
+os.makedirs(os.path.dirname(path), exist_ok=True)
+stream = open(path, "a+")
+fcntl.flock(stream.fileno(), fcntl.LOCK_EX)
+stream.truncate(0)
+stream.write(json.dumps({"pid": os.getpid(), "started_at": "2026-01-01T00:00:00+00:00", "probe_session": None,
+                         "probe_uid": None}))
+stream.flush()
+print("held", flush=True)
+time.sleep(hold_seconds)
+"""
+
+
+@contextlib.contextmanager
+def lock_held_by_another_process(state: Path, hold_seconds: float) -> Iterator[subprocess.Popen]:
+    """A second process (as the daemon's health child would be) holding the health-check lock of ``state``."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(state / "health" / "check.lock"),
+                               str(hold_seconds)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+
+
+def test_a_check_still_running_after_the_wait_is_deferred_and_named(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """While another process holds the check lock past --wait-seconds, health run waits (saying so), then answers
+    deferred (exit 26) naming the holder's pid, records no last result and starts no probe."""
+    with lock_held_by_another_process(tmp_path / "state", 60) as holder:
+        started = time.monotonic()
+        code, text = run_cli(tmp_path, "--json", "--wait-seconds", "0.5")
+        waited = time.monotonic() - started
+    data = json.loads(text)
+    err = capsys.readouterr().err
+    assert (code, data["status"]) == (26, "deferred")
+    assert f"another health check is still running (pid {holder.pid}" in data["summary"]
+    assert f"another health check is running (pid {holder.pid}" in err and "waiting up to 0.5 s" in err
+    assert 0.5 <= waited < 10 and data["probe_argv"] == []
+    assert not (tmp_path / "state" / "health" / "last.json").exists()
+
+
+def test_health_run_waits_for_the_running_check_then_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A check lock released after about 1.5 s: health run says it waits, then runs its own check (the probe ran)."""
+    with lock_held_by_another_process(tmp_path / "state", 1.5) as holder:
+        started = time.monotonic()
+        code, text = run_cli(tmp_path, "--json", "--wait-seconds", "30")
+        waited = time.monotonic() - started
+    data = json.loads(text)
+    assert f"another health check is running (pid {holder.pid}" in capsys.readouterr().err
+    assert (code, data["status"]) == (24, "skipped") and data["summary"].startswith("skipped: no framework")
+    assert waited >= 1.0 and data["probe_argv"]
+    record = json.loads((tmp_path / "state" / "health" / "check.lock").read_text())
+    assert record["pid"] == os.getpid() and record["probe_session"] is not None  # this check's probe, recorded
+
+
+def test_the_lock_is_held_for_the_whole_check(tmp_path: Path) -> None:
+    """While the probe runs, another process cannot take the check lock, and the record names the probe."""
+    seen: Dict[str, object] = {}
+    try_lock = ("import fcntl, sys\nstream = open(sys.argv[1], 'a+')\n"
+                "try:\n    fcntl.flock(stream.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)\n    print('free')\n"
+                "except BlockingIOError:\n    print('held')\n")
+
+    def launcher(argv: Any, env: Any, timeout_seconds: float, on_timeout: Any = None, sandbox: Any = None,
+                 on_start: Any = None, supervise: bool = True) -> ProbeOutcome:
+        probe = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+        try:
+            on_start(probe.pid)
+            lock = tmp_path / "state" / "health" / "check.lock"
+            seen["other"] = subprocess.run([sys.executable, "-c", try_lock, str(lock)], capture_output=True,
+                                           text=True, timeout=30, check=True).stdout.strip()
+            seen["record"], seen["probe"] = json.loads(lock.read_text()), probe.pid
+        finally:
+            probe.kill()
+            probe.wait(timeout=10)
+        return ProbeOutcome(tuple(argv), 0, "", "", False, 0.1)
+
+    run_health_check(make_host(root=gpu_root(tmp_path)), fake_probe_settings(), str(tmp_path / "state"),
+                     launcher=launcher)
+    assert seen["other"] == "held"
+    assert seen["record"] == {"pid": os.getpid(), "started_at": ANY, "probe_session": seen["probe"],
+                              "probe_uid": os.geteuid()}

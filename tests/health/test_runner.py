@@ -217,3 +217,35 @@ def test_interpreter_argv_has_throttle_and_rank_deadline() -> None:
     argv = build_probe_argv(HealthSettings(python="/opt/venv/bin/python", timeout_seconds=40, throttle_fraction=0.15),
                             Path("/p.py"), None, "n")
     assert argv == ["/opt/venv/bin/python", "/p.py", "--throttle-fraction", "0.15", "--rank-timeout-seconds", "30"]
+
+
+@pytest.mark.timeout(60)
+def test_a_probe_printing_past_the_cap_is_failed_as_too_large(tmp_path: Path) -> None:
+    """A probe that prints more than the cap before a valid result is 'failed' with a summary saying so."""
+    result = check(tmp_path, fake_probe_settings("--mode", "flood", "--flood-mib", "3"))
+    assert result.status == "failed"
+    assert result.summary.startswith("the probe's output was too large: stdout ")
+    assert result.probe_stderr_tail is not None and len(result.probe_stderr_tail) <= 2000
+
+
+def test_terminal_escapes_from_the_probe_reach_neither_the_result_nor_the_table(tmp_path: Path) -> None:
+    """ESC[2J, OSC 52, BEL and CR in the probe's strings and stderr are stored and shown escaped, never raw."""
+    from agent.health.render import render_result
+
+    result = check(tmp_path, fake_probe_settings("--mode", "escapes"))
+    assert result.status == "failed", result.summary
+    assert result.probe is not None
+    assert result.probe.gpus[0].name == "H200\\x1b[2J\\x1b]52;c;cm0gLXJmIH4=\\x07\\rok\\x1b[0m"
+    stored = (tmp_path / "state" / "health" / "last.json").read_text()
+    table = render_result(result)
+    for text in (result.to_json(), stored, table, result.probe_stderr_tail or "", result.summary):
+        assert not [c for c in text if c in "\x1b\x07\r\x9b"], text[:200]
+    assert "\\x1b[2J" in table
+
+
+def test_a_figure_beyond_any_device_fails_and_never_enters_the_baseline(tmp_path: Path) -> None:
+    """A probe claiming 1e300 TFLOP/s is 'failed' and the baseline file records nothing of it."""
+    result = check(tmp_path, fake_probe_settings("--gemm", "1e300"))
+    assert result.status == "failed" and "gemm_bf16_tflops" in result.summary, result.summary
+    baselines = tmp_path / "state" / "health" / "baselines.json"
+    assert not baselines.exists() or "1e+300" not in baselines.read_text()

@@ -15,7 +15,7 @@ from typing import Dict, Iterator, Tuple
 
 import pytest
 
-from agent.errors import UsageError
+from agent.errors import SetupError
 from agent.health.runner import PROBE_PATH, run_health_check
 from agent.health.sandbox import (
     MemoryLimit,
@@ -52,14 +52,14 @@ def test_not_root_runs_as_the_agents_user_and_says_so(tmp_path: Path) -> None:
     """An agent that is not root cannot drop privileges: the probe runs as its user, and the note says so."""
     nobody = pwd.getpwnam("nobody")
     sandbox = resolve_sandbox(HealthSettings(), str(tmp_path), euid=nobody.pw_uid)
-    assert (sandbox.user, sandbox.dropped, sandbox.popen_kwargs()) == ("nobody", False, {})
+    assert (sandbox.user, sandbox.dropped, sandbox.reaper_args()) == ("nobody", False, [])
     assert "the agent is not root" in sandbox.notes[0]
     assert sandbox.rlimits == {"RLIMIT_CPU": 7200, "RLIMIT_NOFILE": 4096, "RLIMIT_CORE": 0}
 
 
 def test_missing_run_as_user_is_one_line_naming_the_setting(tmp_path: Path) -> None:
     """A run_as user that does not exist is refused (never silently root), naming [health] run_as."""
-    with pytest.raises(UsageError, match=r"\[health\] run_as: user 'gpuguard-no-such-user' does not exist"):
+    with pytest.raises(SetupError, match=r"\[health\] run_as: user 'gpuguard-no-such-user' does not exist"):
         resolve_sandbox(HealthSettings(run_as="gpuguard-no-such-user"), str(tmp_path), euid=0)
     with pytest.raises(ValueError, match="run_as must be a user name"):
         HealthSettings(run_as="a b")
@@ -77,7 +77,7 @@ def test_environment_keeps_the_frameworks_variables_only() -> None:
                    "HSA_OVERRIDE_GFX_VERSION": "9.4.2", "HOME": "/var/lib/gpuguard/health/probe-home",
                    "TMPDIR": "/var/lib/gpuguard/health/probe-home", "USER": "gpuguard-probe",
                    "LOGNAME": "gpuguard-probe"}
-    assert sandbox.popen_kwargs() == {"user": 999, "group": 999, "extra_groups": [44, 993]}
+    assert sandbox.reaper_args() == ["--uid", "999", "--gid", "999", "--groups", "44,993"]
 
 
 def interpreter_for(user: pwd.struct_passwd) -> Tuple[str, Dict[str, str]]:
@@ -238,3 +238,43 @@ def test_limits_in_a_container_are_ulimit_options() -> None:
     argv = with_limits("python3", ["python3", "probe.py"], {"RLIMIT_CORE": 0})
     assert argv[:4] == ["python3", "-I", "-S", "-c"] and argv[5:] == ["RLIMIT_CORE=0", "python3", "probe.py"]
     assert with_limits("python3", ["python3", "probe.py"], {}) == ["python3", "probe.py"]
+
+
+def _root_only(what: str) -> None:
+    if os.geteuid() != 0:
+        needs.unavailable(what, "it must run as root to give a directory to nobody")
+
+
+def test_a_probe_home_owned_by_another_user_is_not_handed_to_the_probe(tmp_path: Path) -> None:
+    """An existing probe-home that belongs to a third user keeps its owner and its files; the probe gets another."""
+    _root_only("the foreign probe-home test")
+    state = tmp_path / "state"
+    foreign = state / "health" / "probe-home"
+    foreign.mkdir(parents=True)
+    (foreign / "secret").write_text("someone else's")
+    os.chown(foreign, 4242, 4242)
+    sandbox = resolve_sandbox(HealthSettings(run_as="nobody"), str(state), euid=0)
+    try:
+        assert foreign.stat().st_uid == 4242 and sandbox.home != str(foreign)
+    finally:
+        remove_temporary_home(sandbox)
+
+
+@pytest.mark.parametrize("layout", ["health is a symlink", "health is world-writable"])
+def test_a_probe_home_below_a_parent_others_control_is_refused(tmp_path: Path, layout: str) -> None:
+    """Where the probe-home's parent is a link or writable by others, nothing there is made or handed to the probe."""
+    _root_only("the probe-home parent test")
+    state, elsewhere = tmp_path / "state", tmp_path / "elsewhere"
+    state.mkdir()
+    elsewhere.mkdir()
+    if layout == "health is a symlink":
+        (state / "health").symlink_to(elsewhere)
+    else:
+        (state / "health").mkdir()
+        (state / "health").chmod(0o777)
+    sandbox = resolve_sandbox(HealthSettings(run_as="nobody"), str(state), euid=0)
+    try:
+        assert sandbox.home_is_temporary
+        assert not (elsewhere / "probe-home").exists() and not (state / "health" / "probe-home").exists()
+    finally:
+        remove_temporary_home(sandbox)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Dict, Iterator
+from typing import Any, Dict, Iterator
 
 import pytest
 from fastapi.testclient import TestClient
@@ -229,16 +229,21 @@ def test_the_cookie_is_secure_behind_a_tls_proxy(ui: TestClient, tokens: Dict[st
 
 def test_a_host_id_with_a_slash_has_its_page(settings: HubSettings, tokens: Dict[str, str]) -> None:
     """Host ids are free text: one with '/' and spaces gets a working link and page."""
+    overview, page = _pages_of_one_host(settings, tokens, "rack 4/gpu-9", ROCM_62, "/ui/",
+                                        "/ui/hosts/rack%204%2Fgpu-9")
+    assert 'href="/ui/hosts/rack%204%2Fgpu-9"' in overview.text
+    assert page.status_code == 200 and "<h1>rack 4/gpu-9" in page.text
+
+
+def _pages_of_one_host(settings: HubSettings, tokens: Dict[str, str], host: str, pairing: Any, *paths: str) -> list:
+    """The answers to ``paths`` of a hub that has one heartbeat of ``host`` with ``pairing``, read as a reader."""
     store = make_store(settings.database_url)
     store.open()
-    store.ingest([[event("rack 4/gpu-9", "heartbeat", at=NOW, pairing=ROCM_62)]], NOW)
+    store.ingest([[event(host, "heartbeat", at=NOW, pairing=pairing)]], NOW)
     store.close()
     with TestClient(create_app(settings, make_store(settings.database_url), clock=lambda: NOW)) as client:
         login(client, tokens[READER])
-        overview = client.get("/ui/").text
-        assert 'href="/ui/hosts/rack%204%2Fgpu-9"' in overview
-        page = client.get("/ui/hosts/rack%204%2Fgpu-9")
-    assert page.status_code == 200 and "<h1>rack 4/gpu-9" in page.text
+        return [client.get(path) for path in paths]
 
 
 def test_the_overview_shows_dead_alert_deliveries(seeded: HubSettings, tokens: Dict[str, str]) -> None:
@@ -279,3 +284,19 @@ def test_the_host_page_shows_the_rollback_coverage_of_the_newest_heartbeat(ui: T
     assert '<span class="badge bad" id="rollback-coverage">incomplete</span> 31/33 guarded packages restorable' in html
     assert "(1 archive cache, 30 rebuilt)" in html and "not restorable: cuda-cudart-13-0, cuda-nvrtc-13-0" in html
     assert '<span class="badge unk" id="rollback-coverage">' in ui.get("/ui/hosts/gpu-regressed-01").text
+
+
+def test_dashboard_text_escapes_terminal_controls_as_well_as_html() -> None:
+    """e() writes ESC, BEL and CR from a node's report out as visible escapes, after escaping HTML."""
+    from agent.hub.dashboard.render import e
+
+    assert e("<b>\x1b[2J\x1b]52;c;eA==\x07\r") == "&lt;b&gt;\\x1b[2J\\x1b]52;c;eA==\\x07\\r"
+
+
+def test_the_host_page_shows_every_rocm_release_of_a_mixed_host(settings: HubSettings, tokens: Dict[str, str]) -> None:
+    """A classic 6.4.1 + TheRock 7.13 host's page lists both releases with the packages carrying them."""
+    mixed = ROCM_62.model_copy(update={"rocm": "6.4.1-83", "rocm_releases": "7.13.0 (amdrocm-base7.13), "
+                                                                             "6.4.1 (rocm-core)"})
+    (answer,) = _pages_of_one_host(settings, tokens, "gpu-mixed-01", mixed, "/ui/hosts/gpu-mixed-01")
+    page = answer.text
+    assert "<tr><th>ROCm releases installed</th><td>7.13.0 (amdrocm-base7.13), 6.4.1 (rocm-core)</td></tr>" in page

@@ -71,3 +71,13 @@ def test_a_broken_pairing_is_a_violation(tmp_path: Path) -> None:
     assert "  pinned pairing: none matches the installed pair (violation)" in result.lines
     assert "current state: 1 violation(s)" in result.lines
     assert result.lines[-1] == "override windows unreadable: bad JSON"
+
+
+def test_a_mixed_classic_and_therock_host_shows_every_rocm_release(tmp_path: Path) -> None:
+    """rocm-core 6.2.2 beside amdrocm-base7.13: both are listed, and no pairing accepts the sum (a violation)."""
+    installed = {**PAIR, "amdrocm-base7.13": "7.13.0-1"}
+    result = explain(compiled(tmp_path), HostFacts(installed=installed, manager="dpkg"))
+    assert "AMD: amdgpu-dkms 1:6.8.5.60202-2041575.22.04 (driver 6.2.2), amdrocm-base7.13 7.13.0-1 (ROCm 7.13.0), " \
+           "rocm-core 6.2.2.60202-116~22.04 (ROCm 6.2.2)" in result.lines
+    assert "  pinned pairing: none matches the installed pair (violation)" in result.lines
+    assert [v.rule for v in result.violations] == ["amd.pairing"]

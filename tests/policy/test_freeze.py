@@ -62,7 +62,7 @@ set holds them
 
 [amd]  # the amdgpu driver and ROCm
 driver_package = "amdgpu-dkms"  # its version carries the driver release (1:6.8.5.60202-... is 6.2.2)
-rocm_package = "rocm-core"  # its version carries the ROCm release
+rocm_package = "rocm-core"  # its version carries the ROCm release (TheRock's amdrocm-base<release> is judged beside it)
 
 [[amd.pairing]]  # the one allowed pairing: the installed one
 name = "frozen"  # named in refusals
@@ -221,7 +221,7 @@ def test_point_releases_and_a_kernel_series_widen_the_amd_freeze(tmp_path: Path)
     assert 'amdgpu = "6.2.*"  # driver 6.2 point releases (installed: 6.2.2, amdgpu-dkms ' in text
     assert "amdgpu_package" not in text and 'rocm_package = "6.' not in text and "[frozen]" not in text
     assert "# With point releases, hip-runtime-amd are not pinned on their own: AMD's packages depend on rocm-core " \
-           "at exact versions and move with it." in text
+           "(TheRock's on amdrocm-base<release>) at exact versions and move with it." in text
     policy = _compiled(tmp_path, text)
     d624 = "1:6.8.5.60204-2055000.22.04"
     assert _rules(policy, AMD_FACTS, amdgpu_dkms=d624, amdgpu_dkms_firmware=d624,

@@ -40,6 +40,11 @@ def _check_and_explain(root: Path, policy: Path) -> List[str]:
     ("nvidia-h200-ubuntu2404", ['driver = "580.159.04"', 'cuda = ["13.0.2", "13.0.96"]',
                                 '  "nvidia-driver-580-open",  # installed 580.159.04-0ubuntu0.24.04.1']),
     ("gpuless-debian12", ["# No GPU driver was found", '  "6.1.0-27-amd64",  # installed']),
+    ("therock-mi300x-ubuntu2204", ['rocm = "10.0.0"  # ROCm release (amdrocm-base10.0 10.0.0-4)',
+                                   'amdgpu = "30.30.0"', '  "amdrocm-core-sdk10.0",  # installed 10.0.0-4']),
+    ("mixed-rocm641-therock713-ubuntu2204", ['rocm = ["6.4.1", "7.13.0"]', "side_by_side = true",
+                                             '  "amdrocm-runtime7.13",  # installed 7.13.0-1',
+                                             '  "hip-runtime-amd",  # installed 6.4.43482.60401-83~22.04']),
     ("rocm7-rhel9", ["# The loaded amdgpu module 6.14.14 comes from no package",
                      '  "5.14.0-570.12.1.el9_6",  # running, no installed package carries it']),
 ])

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.policy.globs import any_glob, glob_match
+from agent.policy.globs import any_glob, glob_match, matched_by_some
 
 # Few characters, so generated patterns often hit what matters: stars, classes, ranges, negation, stray brackets.
 PATTERN_CHARS = st.sampled_from(list("ab-c*?[]!^\\z.") + ["[!", "[a-c]", "[!b]", "*-"])
@@ -31,6 +31,13 @@ def test_glob_match_agrees_with_fnmatchcase(pattern: str, text: str) -> None:
 def test_any_glob_agrees_with_fnmatchcase(patterns: list, text: str) -> None:
     """A set of patterns matches when fnmatch says one of them does."""
     assert any_glob(patterns)(text) == any(fnmatch.fnmatchcase(text, p) for p in patterns), (patterns, text)
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(PATTERNS, st.lists(TEXTS, max_size=6))
+def test_matched_by_some_agrees_with_fnmatchcase(pattern: str, texts: list) -> None:
+    """A pattern matches some of the texts when fnmatch says it matches one of them (binary searches included)."""
+    assert matched_by_some(texts)(pattern) == any(fnmatch.fnmatchcase(t, pattern) for t in texts), (pattern, texts)
 
 
 @pytest.mark.parametrize("pattern,text,expected", [

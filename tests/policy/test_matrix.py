@@ -26,7 +26,8 @@ def test_matrix_covers_rocm_6_0_to_7_x_with_os_kernels_and_gpus() -> None:
     rows = {r.series: r for r in matrix.rocm}
     assert {"6.0", "6.1", "6.2", "6.3", "6.4", "7.0", "7.1"} <= set(rows)
     for row in rows.values():
-        assert row.os and row.gpus and row.drivers and row.sources
+        assert row.drivers and row.sources
+        assert (row.os and row.gpus) or row.series in ("7.14", "10.0")  # TheRock: only AMD's driver table is known
     assert "gfx950" in rows["7.0"].gpus and "gfx950" not in rows["6.4"].gpus
     assert rows["6.3"].kernels["debian:12"] == ["6.1"]
 
@@ -110,4 +111,33 @@ def test_rocm_7_2_row() -> None:
     assert row.drivers == ["30.30", "30.20", "30.10", "6.4"] and row.releases[-1] == "7.2.3"
     assert row.os["rhel"][:2] == ["10.1", "10.0"] and row.gpus == rows["7.1"].gpus
     assert row.kernels == {} and "rocm-7.2-matrix" in row.sources
-    assert matrix.recorded == "2026-12-03"
+    assert matrix.recorded == "2026-12-04"
+
+
+def test_therock_releases_7_14_and_10_0_are_known_by_their_drivers_and_7_13_is_not() -> None:
+    """7.14 and 10.0 have rows with the drivers AMD's driver table lists (31.50 to 30.10) and a note that OS and GPUs
+    are not checked; 7.13 is in no table found and has no row."""
+    matrix = load_matrix(str(MATRIX))
+    rows = {r.series: r for r in matrix.rocm}
+    assert "7.13" not in rows and not any("7.13" in d.rocm for d in matrix.driver)
+    for name in ("7.14", "10.0"):
+        row = rows[name]
+        assert row.drivers == ["31.50", "31.40", "30.30", "30.20", "30.10"]
+        assert row.os == {} and row.gpus == [] and any("only the driver is checked" in n for n in row.notes)
+        assert "therock-packaging" in row.sources
+
+
+def test_a_row_without_os_or_gpus_must_say_why(tmp_path: Path) -> None:
+    """A ROCm row with no os or gpus table and no note is a consistency problem."""
+    text = MATRIX.read_text().replace(
+        'notes = ["built with TheRock: packages amdrocm-* (amdrocm-base7.14 carries the release), installed under '
+        '/opt/rocm/core-7.14",\n         "no OS, kernel or GPU table was found for 7.14: only the driver is checked '
+        'against the matrix for this series"]\n', "")
+    assert text != MATRIX.read_text()
+    path = tmp_path / "matrix.toml"
+    path.write_text(text)
+    with pytest.raises(PolicyError) as caught:
+        load_matrix(str(path))
+    rows = load_matrix(str(MATRIX)).rocm
+    index = [r.series for r in rows].index("7.14") + 1
+    assert f"rocm -> {index}: no os or gpus table and no note saying why" in str(caught.value)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from agent.policy.releases import amdgpu_driver_release, amdgpu_kernel_base, kernel_release_of, rocm_release, series
+from agent.policy.releases import (
+    amdgpu_driver_release,
+    amdgpu_kernel_base,
+    amdgpu_same_build,
+    kernel_release_of,
+    rocm_release,
+    series,
+)
 
 
 @pytest.mark.parametrize("version,release", [
@@ -44,3 +51,15 @@ def test_other_releases() -> None:
 def test_kernel_release_of(name, version, arch, manager, release) -> None:
     """Kernel packages give the uname -r they install (dpkg and rpm), and meta or debug packages none."""
     assert kernel_release_of(name, version, arch, manager) == release
+
+
+@pytest.mark.parametrize("driver,firmware,same", [
+    ("1:6.8.5.60202-2041575.24.04", "1:6.8.5.60202-2041575.24.04", True),
+    ("1:7.1.9.31600000-2403767.26.04", "1:31.60.0.0.31600000-2403767.26.04", True),  # 31.60 as seen on a host
+    ("1:7.1.9.31600000-2403767.26.04", "1:31.60.0.0.31600000-2410000.26.04", False),  # another build
+    ("1:7.1.9.31600000-2403767.26.04", "1:31.50.0.0.31500000-2403767.26.04", False),  # another release
+    ("1:6.8.5.60202-2041575.24.04", "1:6.8.5.60204-2041575.24.04", False),  # before 31.x: equal versions only
+])
+def test_amdgpu_same_build(driver: str, firmware: str, same: bool) -> None:
+    """The driver and its firmware are one build when equal or, in the 31.x numbering, of one code and build."""
+    assert amdgpu_same_build(driver, firmware) is same

@@ -105,15 +105,15 @@ ERRORS = [
     # outside AMD's matrix while the matrix is required
     ('[policy]\nrequire_amd_matrix = true\n[amd]\n' + PAIR + 'amdgpu = "6.2.*"\nrocm = "7.1.*"\n',
      "amd -> pairing -> 1: 'p' (amdgpu 6.2.* + ROCm 7.1.*) admits no combination in AMD's compatibility matrix "
-     "(recorded 2026-12-03), and require_amd_matrix = true refuses everything outside it (driver 6.2.x supports "
+     "(recorded 2026-12-04), and require_amd_matrix = true refuses everything outside it (driver 6.2.x supports "
      "ROCm 6.0, 6.1, 6.2, 6.3, 6.4, 7.0)"),
     ('[policy]\nrequire_amd_matrix = true\n[amd]\n' + PAIR + 'amdgpu = "31.*"\nrocm = "6.*"\n',
      "amd -> pairing -> 1: 'p' (amdgpu 31.* + ROCm 6.*) admits no combination in AMD's compatibility matrix "
-     "(recorded 2026-12-03), and require_amd_matrix = true refuses everything outside it (driver 31.50.x supports "
+     "(recorded 2026-12-04), and require_amd_matrix = true refuses everything outside it (driver 31.50.x supports "
      "ROCm 7.0, 7.1, 7.2, 7.14, 10.0; driver 31.40.x supports ROCm 7.0, 7.1, 7.2, 7.14, 10.0)"),
     ('[policy]\nrequire_amd_matrix = true\n[amd]\n' + PAIR + 'amdgpu = "6.2.*"\nrocm = "5.1.*"\n',
      "amd -> pairing -> 1: 'p' (amdgpu 6.2.* + ROCm 5.1.*) admits no combination in AMD's compatibility matrix "
-     "(recorded 2026-12-03), and require_amd_matrix = true refuses everything outside it (driver 6.2.x supports "
+     "(recorded 2026-12-04), and require_amd_matrix = true refuses everything outside it (driver 6.2.x supports "
      "ROCm 6.0, 6.1, 6.2, 6.3, 6.4, 7.0)"),
 ]
 
@@ -242,3 +242,27 @@ def test_inventory_kernels_running_first_then_packages() -> None:
     assert inventory_kernels(rpm, "rpm", None) == ("5.14.0-427.el9",)
     # rpm: the running kernel's uname -r loses its architecture, as policies write it and the evaluator judges it
     assert inventory_kernels(rpm, "rpm", "5.14.0-570.12.1.el9_6.x86_64") == ("5.14.0-570.12.1.el9_6", "5.14.0-427.el9")
+
+
+def test_a_rocm_release_the_matrix_does_not_know_is_named(tmp_path: Path) -> None:
+    """rocm = ["7.13.*", "10.0.*"]: 7.13 (no AMD table) is named in a warning; 10.0 (AMD's driver table) is not."""
+    problems = _check(tmp_path, '[amd]\n' + PAIR + 'amdgpu = "30.30.*"\nrocm = ["7.13.*", "10.0.*"]\n')
+    assert [(p.severity, p.where) for p in problems] == [(WARNING, "amd -> pairing -> 1 -> rocm -> 1")]
+    assert problems[0].message.startswith("ROCm 7.13 is a release AMD's compatibility matrix (recorded ")
+    assert "7.2, 7.14, 10.0" in problems[0].message
+
+
+def test_therock_base_package_is_a_known_rocm_package(tmp_path: Path) -> None:
+    """rocm_package = "amdrocm-base" and its versioned form amdrocm-base7.13 are packages gpuguard knows."""
+    for name in ("amdrocm-base", "amdrocm-base7.13"):
+        assert _check(tmp_path, f'[amd]\nrocm_package = "{name}"\n' + PAIR + 'amdgpu = "any"\nrocm = "any"\n') == []
+
+
+def test_a_host_on_a_rocm_release_the_matrix_does_not_know_is_warned(tmp_path: Path) -> None:
+    """A mixed host with classic 6.4.1 and TheRock 7.13: 7.13 is named with its package; 6.4.1 is known."""
+    host = Inventory(installed={"rocm-core": "6.4.1.60401-83~22.04", "amdrocm-base7.13": "7.13.0-1",
+                                "amdrocm-base10.0": "10.0.0-4"})
+    problems = _check(tmp_path, '[amd]\n' + PAIR + 'amdgpu = "any"\nrocm = "any"\n', inventory=host)
+    assert [p.text() for p in problems] == [
+        "amd: this host has ROCm 7.13.0 (amdrocm-base7.13 7.13.0-1), a release AMD's compatibility matrix "
+        "(recorded 2026-12-04) does not know"]

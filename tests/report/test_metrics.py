@@ -20,7 +20,8 @@ gpuguard_agent_start_time_seconds 1700000000
 # TYPE gpuguard_pairing_info gauge
 gpuguard_pairing_info{os_id="ubuntu",os_version_id="22.04",kernel_running="6.8.0-45-generic",\
 kernel_next_boot="",amdgpu_loaded="6.8.5",amdgpu_dkms_package="1:6.8.5.60202-2041575.22.04",rocm="6.2.2",\
-rocm_core_package="6.2.2.60202-116~22.04",nvidia_loaded="",cuda_driver_api="",gpu_models="MI300X"} 1
+rocm_core_package="6.2.2.60202-116~22.04",rocm_releases="6.2.2 (rocm-core)",nvidia_loaded="",cuda_driver_api="",\
+gpu_models="MI300X"} 1
 # HELP gpuguard_gpu_count GPUs seen in the last snapshot.
 # TYPE gpuguard_gpu_count gauge
 gpuguard_gpu_count 8
@@ -60,7 +61,8 @@ def test_render_shows_pairing_compliance_health_and_outbox() -> None:
     """The whole textfile for a typical MI300X host that is out of policy, with a queued backlog."""
     pairing = PlainPairing(os_id="ubuntu", os_version_id="22.04", kernel_running="6.8.0-45-generic",
                       amdgpu_loaded="6.8.5", amdgpu_dkms_package="1:6.8.5.60202-2041575.22.04", rocm="6.2.2",
-                      rocm_core_package="6.2.2.60202-116~22.04", gpu_count=8, gpu_models="MI300X")
+                      rocm_core_package="6.2.2.60202-116~22.04", rocm_releases="6.2.2 (rocm-core)", gpu_count=8,
+                      gpu_models="MI300X")
     view = MetricsView(agent_version="0.1.0", start_time_seconds=1700000000.0, pairing=pairing,
                        snapshot_timestamp_seconds=1700000100.0, findings_by_severity={"warning": 1},
                        compliant=False, last_health_status="regression", outbox_depth=3,

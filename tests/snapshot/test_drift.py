@@ -8,7 +8,7 @@ from agent.collectors.dkms import DkmsInfo, DkmsModule
 from agent.collectors.kernel import KernelInfo
 from agent.collectors.nvidia import NvidiaInfo
 from agent.collectors.packages import PackageInfo, PackageSet
-from agent.collectors.rocm import RocmInfo
+from agent.collectors.rocm import RocmInfo, RocmInstall
 from agent.frozen import replace
 from agent.snapshot.drift import analyze
 from agent.snapshot.take import take_snapshot
@@ -100,3 +100,73 @@ def test_half_configured_package_is_flagged() -> None:
         "amdgpu-dkms": PackageInfo(version="1:6.8.5.60202-2041575.22.04", arch="all", state="half-configured")}))
     snap = replace(_base(), dpkg=section, kernel=_ok(KernelInfo(running_release="6.5.0")))
     assert _kinds(snap) == [("package_not_fully_installed", "packages", "warning")]
+
+
+def test_companions_that_already_disagree_are_findings() -> None:
+    """A host whose NSCQ is not the driver's build, whose DCGM is split across releases and whose exporter was
+    built for another DCGM series: one companion_mismatch finding per disagreement, fabric manager critical."""
+    nv = "580.95.05-0ubuntu0.24.04.2"
+    snap = replace(_base(), dpkg=_packages(
+        nvidia_driver_580_open=nv, libnvidia_compute_580=nv, nvidia_fabricmanager_580="580.95.05-1",
+        libnvidia_nscq_580="580.82.07-1", datacenter_gpu_manager_4_core="1:4.7.1-1",
+        datacenter_gpu_manager_4_cuda13="1:4.7.0-1", dcgm_exporter="4.8.4-1"))
+    findings = [f for f in analyze(snap) if f.kind == "companion_mismatch"]
+    assert [(f.details["rule"], f.severity, f.component) for f in findings] == [
+        ("companion.fabricmanager", "critical", "nvidia"), ("companion.dcgm", "warning", "dcgm"),
+        ("companion.dcgm_exporter", "warning", "dcgm")]
+    assert findings[0].message == ("libnvidia-nscq-580 580.82.07 needs driver 580.82.07; the host has driver "
+                                   "580.95.05 (libnvidia-compute-580, nvidia-driver-580-open)")
+    assert findings[0].details["packages"].startswith("libnvidia-nscq-580=580.82.07-1 ")
+
+
+def test_fabric_manager_judged_against_the_loaded_driver_without_a_package() -> None:
+    """Fabric manager beside a driver no package carries is judged by the loaded module; at its build, nothing."""
+    base = replace(_base(), dpkg=_packages(nvidia_fabricmanager_580="580.95.05-1"))
+    loaded = replace(base, nvidia=_ok(NvidiaInfo(module_loaded=True, driver_version="580.95.05", source="procfs")))
+    assert [f for f in analyze(loaded) if f.kind == "companion_mismatch"] == []
+    other = replace(base, nvidia=_ok(NvidiaInfo(module_loaded=True, driver_version="580.105.08", source="procfs")))
+    assert [f.message for f in analyze(other) if f.kind == "companion_mismatch"] == [
+        "nvidia-fabricmanager-580 580.95.05 needs driver 580.95.05; the host has driver 580.105.08 (the loaded "
+        "nvidia module; no driver package)"]
+
+
+def test_therock_tree_and_its_base_package_disagree() -> None:
+    """/opt/rocm/core-7.13 saying 7.13.0 while amdrocm-base7.13 is 7.13.1 is a warning naming both; the classic
+    /opt/rocm beside it, matching rocm-core, raises nothing."""
+    snap = replace(_base(), dpkg=_packages(rocm_core="6.4.1.60401-83~22.04", **{"amdrocm-base7.13": "7.13.1-1"}),
+                   rocm=_ok(RocmInfo(active_path="/opt/rocm-6.4.1", version="6.4.1-83", installs=[
+                       RocmInstall(path="/opt/rocm-6.4.1", version="6.4.1-83"),
+                       RocmInstall(path="/opt/rocm/core-7.13", version="7.13.0")])),
+                   kernel=_ok(KernelInfo(running_release="6.5.0-41-generic")))
+    findings = analyze(snap)
+    assert [(f.kind, f.component) for f in findings] == [("rocm_version_mismatch", "rocm")]
+    assert findings[0].message == "/opt/rocm/core-7.13 says ROCm 7.13.0 but package amdrocm-base7.13 is 7.13.1-1"
+
+
+def test_therock_only_host_has_no_rocm_core_finding() -> None:
+    """A TheRock host (active tree /opt/rocm/core-10.0, no rocm-core) whose amdrocm-base10.0 agrees: no finding."""
+    snap = replace(_base(), dpkg=_packages(**{"amdrocm-base10.0": "10.0.0-4"}),
+                   rocm=_ok(RocmInfo(active_path="/opt/rocm/core-10.0", version="10.0.0", installs=[
+                       RocmInstall(path="/opt/rocm/core-10.0", version="10.0.0")])),
+                   kernel=_ok(KernelInfo(running_release="6.5.0-41-generic")))
+    assert _kinds(snap) == []
+
+
+def test_pairing_sums_every_rocm_release_of_a_mixed_host() -> None:
+    """The pairing of a classic 6.4.1 + TheRock 7.13 host names every release and the package carrying it."""
+    from agent.snapshot.pairing import pairing_of
+
+    pairing = pairing_of(take_snapshot(make_fixture_host("mixed-rocm641-therock713-ubuntu2204")))
+    assert pairing.rocm == "6.4.1-83"
+    assert pairing.rocm_core_package == "6.4.1.60401-83~22.04"
+    assert pairing.rocm_releases == ("7.13.0 (amdrocm-base), 7.13.0 (amdrocm-base7.13), 6.4.1 (rocm-core), "
+                                     "6.4.1 (rocm-core6.4.1)")
+
+
+def test_pairing_of_a_therock_host_is_not_no_rocm() -> None:
+    """A TheRock-only host: the pairing's ROCm is the 10.0 release, from its tree and amdrocm-base10.0."""
+    from agent.snapshot.pairing import pairing_of
+
+    pairing = pairing_of(take_snapshot(make_fixture_host("therock-mi300x-ubuntu2204")))
+    assert (pairing.rocm, pairing.rocm_core_package, pairing.rocm_releases) == ("10.0.0", None,
+                                                                               "10.0.0 (amdrocm-base10.0)")

@@ -115,3 +115,14 @@ def test_rollback_row_says_the_coverage_and_names_what_cannot_be_restored_exactl
     assert "libnvidia-compute-580 restorable only inexactly" in row.summary
     none = {c.name: c for c in assess(healthy(rollback=RollbackFacts())).checks}["rollback"]
     assert none.state == "info" and none.summary == "no known-good set recorded yet"
+
+
+def test_the_status_table_shows_escapes_in_a_health_summary_as_text() -> None:
+    """A health summary holding ESC[2J, OSC 52 and CR (from an older result file) is shown escaped in the table."""
+    from agent.status.render import render_table
+
+    facts = healthy(health=HealthFacts(status="failed", finished_at=NOW - MIN,
+                                       summary="x\x1b[2J\x1b]52;c;eA==\x07\rPASS"))
+    table = render_table(facts, assess(facts, NOW))
+    assert "\x1b" not in table and "\x07" not in table and "\r" not in table
+    assert "x\\x1b[2J\\x1b]52;c;eA==\\x07\\rPASS" in table

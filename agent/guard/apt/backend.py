@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from agent.errors import InputFileError
@@ -14,6 +13,7 @@ from agent.host import Host
 from agent.hostfacts.dpkg_status import iter_dpkg_status, native_architecture
 from agent.hostfacts.package_keys import package_key
 from agent.log import get_logger
+from agent.policy.globs import any_glob
 
 log = get_logger("guard.apt.backend")
 DPKG_STATUS = "/var/lib/dpkg/status"
@@ -28,7 +28,7 @@ def read_dpkg_installed(host: Host, patterns: Sequence[str]) -> Dict[str, Instal
     # the rollback authorization and the hook's resulting set name a multi-arch package the same way.
     native, wanted = native_architecture(text), list(patterns)
     out = {}
-    for name, version, arch, _ in iter_dpkg_status(text, lambda n: any(fnmatch.fnmatchcase(n, p) for p in wanted)):
+    for name, version, arch, _ in iter_dpkg_status(text, any_glob(wanted)):
         out[package_key(name, arch, native)] = InstalledPackage(version, arch)
     return out
 

@@ -9,14 +9,16 @@ descriptor in ``APT_HOOK_INFO_FD``. It reads the compiled policy (plain JSON) an
     10  refused: the transaction breaks the policy
     11  refused by the fail-safe: the compiled policy is missing or invalid (wrong types, not UTF-8, too deep, too
         large, not a regular file)
-    12  refused by the fail-safe: the hook input is malformed, of another protocol version than 3 or larger than
-        64 MiB, or dpkg's status file cannot be read
+    12  refused by the fail-safe: the hook input is malformed, of another protocol version than 3, not UTF-8,
+        larger than 64 MiB or not ended within --input-timeout-seconds (default 60), or dpkg's status file cannot
+        be read
     13  refused by the fail-safe: internal error
 
 Any non-zero exit makes apt stop with exit code 100 before dpkg touches anything. When the policy cannot be read
 or the input cannot be parsed, the fail-safe mode decides (default ``block-guarded``: refuse only transactions
-that touch guarded packages). It never prints a traceback. It imports the standard library only: it is on the
-hot path of every apt run and must not need the agent's daemon or its dependencies.
+that touch guarded packages; input not read whole, being cut short, of another protocol or not text, is refused
+since what it does not show may touch them). It never prints a traceback. It imports the standard library only:
+it is on the hot path of every apt run and must not need the agent's daemon or its dependencies.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from __future__ import annotations
 import posix  # os's own functions, without importing os (see agent/hostfacts/paths.py)
 import sys
 
-from agent.errors import InputFileError
+from agent.errors import InputFileError, InputNotWhole
 from agent.guard.apt.protocol import guess_packages, parse_hook_input
 from agent.guard.hotpath import entry
 from agent.guard.hotpath.decision import EXIT_USAGE, PREFIX, Decision
+from agent.guard.hotpath.stream import read_bounded
 from agent.hostfacts.dpkg_status import installed_versions, iter_named
 from agent.hostfacts.package_keys import package_key
 from agent.hostfacts.paths import read_regular_file, under
@@ -49,24 +52,16 @@ MAX_INPUT_BYTES = 64 << 20
 MAX_STATUS_BYTES = 512 << 20
 
 
-def _read_input(environ: Dict[str, str], fd: Optional[int]) -> Tuple[str, str, bool]:
-    """The raw hook input (at most MAX_INPUT_BYTES of it), where it came from, and whether there was more."""
+def _read_input(environ: Dict[str, str], fd: Optional[int], timeout_seconds: float) -> Tuple[bytes, str, Optional[str]]:
+    """The raw hook input (at most MAX_INPUT_BYTES of it, waiting at most ``timeout_seconds`` for its end), where it
+    came from, and what kept it from being read whole (None when nothing did)."""
     if fd is None:
         raw_fd = environ.get("APT_HOOK_INFO_FD", "0")
         if not raw_fd.isdigit():
             raise ValueError(f"APT_HOOK_INFO_FD={raw_fd!r} is not a file descriptor number")
         fd = int(raw_fd)
-    chunks = []
-    total = 0
-    while total <= MAX_INPUT_BYTES:
-        chunk = posix.read(fd, min(1 << 20, MAX_INPUT_BYTES + 1 - total))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        total += len(chunk)
-    data = b"".join(chunks)
-    oversized = len(data) > MAX_INPUT_BYTES
-    return data[:MAX_INPUT_BYTES].decode("utf-8", errors="replace"), f"apt hook input (fd {fd})", oversized
+    data, problem = read_bounded(fd, MAX_INPUT_BYTES, timeout_seconds)
+    return data, f"apt hook input (fd {fd})", problem
 
 
 def _read_status(root: str) -> bytes:
@@ -86,11 +81,16 @@ def run(args: entry.Args, environ: Dict[str, str], fd: Optional[int], err: TextI
     def say(line: str) -> None:
         err.write(f"{PREFIX}: {line}\n")
 
-    text, source, oversized = _read_input(environ, fd)
+    data, source, problem = _read_input(environ, fd, args.input_timeout_seconds)
+    text = data.decode("utf-8", errors="replace")  # for the fail-safe's guess only: parse() reads it strictly
 
     def parse(raw: str) -> entry.Parsed:
-        if oversized:
-            raise InputFileError(source, f"larger than {MAX_INPUT_BYTES} bytes: refused unread")
+        if problem:
+            raise InputNotWhole(source, problem)
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputNotWhole(source, f"byte {exc.start}: not UTF-8: not what apt writes") from None
         request = parse_hook_input(raw, source)
 
         def installed(policy: CompiledPolicy) -> Dict[str, str]:

@@ -9,14 +9,17 @@ as ``key=value`` lines (values %-encoded), a blank line, then one line per actio
 is a .deb path, ``**CONFIGURE**`` or ``**REMOVE**`` (apt.conf(5); apt-pkg/deb/dpkgpm.cc ``SendPkgsInfo``). The
 configuration may hold proxy credentials: only ``APT::Architecture`` and ``CommandLine::AsString`` are kept.
 Version 1 (no header, one .deb path per line) and version 2 (five fields, no architectures) are refused by name;
-anything that is not exactly what apt writes is refused rather than guessed at (the fail-safe then decides on
-every word that may be a package name: :func:`guess_packages`).
+anything that is not exactly what apt writes is refused rather than guessed at. Input not read whole (empty, cut
+short, another first line than ``VERSION 3``, control characters or non-ASCII outside a .deb path, an over-long
+action line) raises InputNotWhole, which the fail-safe refuses whatever it names; a whole stream with a field apt
+would not write raises InputFileError, and the fail-safe then decides on every word that may be a package name
+(:func:`guess_packages`).
 Standard library only.
 """
 
 from __future__ import annotations
 
-from agent.errors import InputFileError
+from agent.errors import InputFileError, InputNotWhole
 from agent.guard.hotpath.transaction import Change, Transaction
 from agent.hostfacts.package_keys import package_key
 from agent.records import Record
@@ -37,6 +40,8 @@ _NAME_CHARS = _LOWER_ALNUM + "+.-"
 _ARCH_CHARS = _LOWER_ALNUM + "-"
 _MULTIARCH = ("none", "same", "foreign", "allowed", "all")
 _GUESS_TOKEN = r"[a-z0-9][a-z0-9+.:-]*"  # only for input that did not parse: not compiled at start-up
+# An action line is nine short fields and a .deb path (PATH_MAX is 4096): anything longer is not apt's.
+MAX_ACTION_LINE_CHARS = 65536
 
 
 class AptRequest(Record):
@@ -82,38 +87,41 @@ def parse_hook_input(text: str, source: str = "apt hook input") -> AptRequest:
     Versions 1 (one .deb path per line: no old versions, no removals) and 2 (no architectures) are refused by
     name: they cannot say what the transaction does to an installed set.
     """
+    if not text:
+        raise InputNotWhole(source, "empty input: apt sent nothing (is the hook's InfoFD option set?)")
     lines = text.split("\n")
-    first = lines[0].strip() if lines else ""
-    if not first:
-        raise InputFileError(source, "empty input: apt sent nothing (is the hook's InfoFD option set?)")
-    if not first.startswith("VERSION "):
+    first = lines[0]
+    if first != f"VERSION {PROTOCOL_VERSION}":
+        if len(lines) == 1:
+            raise InputNotWhole(source, f"the input was cut short inside its first line {first[:40]!r}")
         if first.endswith(".deb") and " " not in first:
-            raise InputFileError(source, "hook protocol version 1 (one .deb path per line) cannot be checked: it "
-                                         "names neither old versions nor removals (set "
-                                         "DPkg::Tools::Options::<hook>::Version \"3\")")
-        raise InputFileError(source, f"line 1: expected 'VERSION 3', got {first[:40]!r}")
-    version = first[len("VERSION "):].strip()
-    if version == "2":
-        raise InputFileError(source, "hook protocol version 2 cannot be checked: it names no architectures, so "
-                                     "foreign-architecture packages cannot be told apart (set "
-                                     "DPkg::Tools::Options::<hook>::Version \"3\")")
-    if version != str(PROTOCOL_VERSION):
-        raise InputFileError(source, f"unknown hook protocol version {version[:20]!r}: gpuguard speaks version "
-                                     f"{PROTOCOL_VERSION} (set DPkg::Tools::Options::<hook>::Version \"3\")")
+            raise InputNotWhole(source, "hook protocol version 1 (one .deb path per line) cannot be checked: it "
+                                        "names neither old versions nor removals (set "
+                                        "DPkg::Tools::Options::<hook>::Version \"3\")")
+        if first == "VERSION 2":
+            raise InputNotWhole(source, "hook protocol version 2 cannot be checked: it names no architectures, so "
+                                        "foreign-architecture packages cannot be told apart (set "
+                                        "DPkg::Tools::Options::<hook>::Version \"3\")")
+        if first.startswith("VERSION "):
+            raise InputNotWhole(source, f"unknown hook protocol version {first[8:28]!r}: gpuguard speaks version "
+                                        f"{PROTOCOL_VERSION} (set DPkg::Tools::Options::<hook>::Version \"3\")")
+        raise InputNotWhole(source, f"line 1: expected 'VERSION 3', got {first[:40]!r}")
+    if not text.endswith("\n"):
+        raise InputNotWhole(source, f"line {len(lines)}: the last line has no newline: the input was cut short")
     config: Dict[str, str] = {}
     index = 1
-    while index < len(lines) and lines[index].strip():
+    while index < len(lines) and lines[index]:
         line = lines[index]
         key, sep, value = line.partition("=")
-        if not sep:
-            raise InputFileError(source, f"line {index + 1}: configuration line without '=' before the blank line")
+        # apt %-encodes every byte of a key or value that is not printable ASCII, and the "=" and spaces of a key
+        if not sep or not key or " " in key or not (line.isascii() and line.isprintable()):
+            raise InputNotWhole(source, f"line {index + 1}: not a configuration line ('Key::Sub=value' in printable "
+                                        f"ASCII) before the blank line")
         if key in _KEPT_CONFIG_KEYS:
             config[key] = percent_decode(value)
         index += 1
     if index >= len(lines) - 1:  # the blank line itself must end with a newline: "...\n\n"
-        raise InputFileError(source, "no blank line after the configuration: the input was cut short")
-    if text and not text.endswith("\n"):
-        raise InputFileError(source, f"line {len(lines)}: the last line has no newline: the input was cut short")
+        raise InputNotWhole(source, "no blank line after the configuration: the input was cut short")
     native_arch = config.get("APT::Architecture", "")
     if native_arch and not _is_arch(native_arch):
         raise InputFileError(source, f"APT::Architecture {native_arch[:40]!r} is not an architecture")
@@ -124,6 +132,11 @@ def parse_hook_input(text: str, source: str = "apt hook input") -> AptRequest:
     for number, line in enumerate(lines[index + 1:], start=index + 2):
         if line.endswith(" **CONFIGURE**") and line[:-14] in unpacked:
             continue  # the configure step of a package unpacked above, byte for byte: it changes nothing
+        if not (line.isascii() and line.isprintable()):
+            _check_characters(line, number, source)
+        if len(line) > MAX_ACTION_LINE_CHARS:
+            raise InputNotWhole(source, f"line {number}: longer than {MAX_ACTION_LINE_CHARS} characters: not what "
+                                        f"apt writes")
         if not line.strip():
             continue
         fields = line.split(maxsplit=8)
@@ -155,6 +168,15 @@ def parse_hook_input(text: str, source: str = "apt hook input") -> AptRequest:
                      changes=tuple(Change(k, v[0], v[1], arches[k]) for k, v in changes.items()),
                      command_line=config.get("CommandLine::AsString"))
     return AptRequest(transaction=tx, native_arch=native_arch, config=config)
+
+
+def _check_characters(line: str, number: int, source: str) -> None:
+    """InputNotWhole unless ``line`` is printable and its package fields ASCII: apt writes control characters and
+    non-ASCII nowhere but in a local .deb path (the action field), where the words a guess reads could hide."""
+    fields = line.split(" ", 8)
+    if not all(field.isascii() and field.isprintable() for field in fields[:8]) or not fields[-1].isprintable():
+        raise InputNotWhole(source, f"line {number}: control characters or non-ASCII outside a .deb path: not what "
+                                    f"apt writes")
 
 
 def _line_problem(name: str, old_ver: str, old_arch: str, old_ma: str, direction: str, new_ver: str,

@@ -9,7 +9,8 @@ decision as the apt hook (agent/guard/hotpath/decision.py), prints the same ``gp
     2   bad arguments (the plugin configuration is wrong): refused
     10  refused: the transaction breaks the policy
     11  refused by the fail-safe: the compiled policy is missing or invalid
-    12  refused by the fail-safe: the input is malformed or of an unknown format
+    12  refused by the fail-safe: the input is malformed, of an unknown format, not UTF-8, larger than 64 MiB or
+        not ended within --input-timeout-seconds (default 60)
     13  refused by the fail-safe: internal error
 
 When the policy cannot be read or the input cannot be parsed, the compiled policy's fail-safe mode decides
@@ -22,10 +23,11 @@ from __future__ import annotations
 import datetime as dt
 import sys
 
-from agent.errors import InputFileError
+from agent.errors import InputNotWhole
 from agent.guard.dnf.request import guess_packages, parse_request
 from agent.guard.hotpath import entry
 from agent.guard.hotpath.decision import EXIT_USAGE, PREFIX, Decision
+from agent.guard.hotpath.stream import DEFAULT_TIMEOUT_SECONDS, read_bounded
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the checker's start-up budget
@@ -46,16 +48,17 @@ def parse_args(argv: Sequence[str]) -> entry.Args:
 
 
 def check(text: str, args: entry.Args, err: TextIO, now: Callable[[], dt.datetime],
-          source: str = "dnf plugin input", oversized: bool = False) -> int:
-    """Decide on one request text; every outcome is lines on ``err`` and an exit code."""
+          source: str = "dnf plugin input", problem: Optional[str] = None) -> int:
+    """Decide on one request text; every outcome is lines on ``err`` and an exit code. ``problem``: what kept the
+    input from being read whole (too large, never ended, not UTF-8, a broken conversation with dnf5), or None."""
     def say(line: str) -> None:
         err.write(f"{PREFIX}: {line}\n")
 
     decision = Decision(args.tool, args.root, args.state_dir, say, now, BYPASS_HINTS[args.tool])
 
     def parse(raw: str) -> entry.Parsed:
-        if oversized:
-            raise InputFileError(source, f"larger than {MAX_INPUT_BYTES} bytes: refused unread")
+        if problem:
+            raise InputNotWhole(source, problem)
         request = parse_request(raw, source, tool=args.tool)
         decision.tool = request.tool  # the request names its front end (dnf5 through the dnf4 checker is dnf5)
         decision.bypass_hint = BYPASS_HINTS[request.tool]
@@ -64,11 +67,28 @@ def check(text: str, args: entry.Args, err: TextIO, now: Callable[[], dt.datetim
     return entry.check(decision, args.policy_file, args.policy_dir, text, parse, guess_packages)
 
 
-def read_all(stream: BinaryIO, limit_bytes: int = MAX_INPUT_BYTES) -> Tuple[str, bool]:
-    """The input (at most ``limit_bytes`` of it), decoded leniently (a bad byte must end in the fail-safe, not in a
-    UnicodeDecodeError), and whether there was more."""
-    data = stream.read(limit_bytes + 1)
-    return data[:limit_bytes].decode("utf-8", errors="replace"), len(data) > limit_bytes
+def read_all(stream: BinaryIO, limit_bytes: int = MAX_INPUT_BYTES,
+             timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> Tuple[str, Optional[str]]:
+    """The input (at most ``limit_bytes`` of it, waiting at most ``timeout_seconds`` for its end when ``stream``
+    has a file descriptor), decoded leniently for the fail-safe's guess, and what kept it from being read whole
+    (too large, never ended, not UTF-8), or None."""
+    try:
+        fd: Optional[int] = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # an in-memory stream (tests): no descriptor to wait on
+        fd = None
+    problem: Optional[str] = None
+    if fd is None:
+        data = stream.read(limit_bytes + 1)
+        if len(data) > limit_bytes:
+            data, problem = data[:limit_bytes], f"larger than {limit_bytes} bytes: refused unread"
+    else:
+        data, problem = read_bounded(fd, limit_bytes, timeout_seconds)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        text = data.decode("utf-8", errors="replace")
+        problem = problem or f"byte {exc.start}: not UTF-8"
+    return text, problem
 
 
 def main(argv: Optional[Sequence[str]] = None, stdin: Optional[BinaryIO] = None, err: Optional[TextIO] = None,
@@ -83,8 +103,9 @@ def main(argv: Optional[Sequence[str]] = None, stdin: Optional[BinaryIO] = None,
                      f"/etc/dnf/plugins/gpuguard.conf, or {BYPASS_HINTS['dnf']}\n")
         return EXIT_USAGE
     def run() -> int:
-        text, oversized = read_all(stdin if stdin is not None else sys.stdin.buffer, MAX_INPUT_BYTES)
-        return check(text, args, stream, clock, oversized=oversized)
+        text, problem = read_all(stdin if stdin is not None else sys.stdin.buffer, MAX_INPUT_BYTES,
+                                 args.input_timeout_seconds)
+        return check(text, args, stream, clock, problem=problem)
 
     return entry.never_raise(run, stream, BYPASS_HINTS[args.tool])
 

@@ -13,7 +13,8 @@ the transaction packages, the installed packages, the install-only names and ``i
 request the dnf4 plugin sends (agent/guard/dnf/request.py) and decides with the dnf checker (agent/guard/dnf/check.py):
 same lines on stderr, same exit codes. A refusal is also sent to dnf5's logger (``{"op": "log"}``) and ends with a
 non-zero exit, which with ``raise_error=1`` makes dnf5 throw and abort the transaction (dnf5 >= 5.2.11.0; older
-actions plugins only log it: see docs/guard.md). Standard library only.
+actions plugins only log it: see docs/guard.md). Every reply is read bounded (MAX_REPLIES_BYTES in all, within
+``--input-timeout-seconds``); no usable reply is the fail-safe's input not read whole. Standard library only.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from agent.guard.dnf.check import BYPASS_HINTS
 from agent.guard.dnf.request import REQUEST_FORMAT
 from agent.guard.hotpath import entry
 from agent.guard.hotpath.decision import EXIT_USAGE, PREFIX
+from agent.guard.hotpath.stream import DEFAULT_TIMEOUT_SECONDS, Reader
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,17 +38,48 @@ PACKAGE_ATTRS = ["name", "epoch", "version", "release", "arch"]
 SOURCE = "dnf5 actions plugin"
 
 
+MAX_REPLIES_BYTES = 64 << 20  # all the replies of one run together, as the dnf4 checker's whole input
+
+
 class ProtocolError(Exception):
-    """The actions plugin's answer was missing, not JSON, or not the reply asked for."""
+    """The actions plugin's answer was missing, cut short, too large, late, not JSON, or not the reply asked for."""
 
 
 class Peer:
-    """The actions plugin at the other end of our stdout (requests) and stdin (replies)."""
+    """The actions plugin at the other end of our stdout (requests) and stdin (replies); every reply of one run
+    is read within MAX_REPLIES_BYTES and ``timeout_seconds`` from the first request."""
 
-    def __init__(self, requests: BinaryIO, replies: BinaryIO) -> None:
+    def __init__(self, requests: BinaryIO, replies: BinaryIO,
+                 timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> None:
         self.requests = requests
         self.replies = replies
+        self.timeout_seconds = timeout_seconds
         self.received: List[str] = []
+        self._reader: Optional[Reader] = None
+
+    def _reply_line(self, what: str) -> bytes:
+        """The next reply line, whole (ending in a newline); ProtocolError otherwise."""
+        if self._reader is None:
+            try:
+                fd: Optional[int] = self.replies.fileno()
+            except (AttributeError, OSError, ValueError):  # an in-memory stream (tests)
+                fd = None
+            if fd is None:
+                line = self.replies.readline(MAX_REPLIES_BYTES + 1)
+                problem = f"larger than {MAX_REPLIES_BYTES} bytes" if len(line) > MAX_REPLIES_BYTES else None
+            else:
+                self._reader = Reader(fd, MAX_REPLIES_BYTES, self.timeout_seconds)
+        if self._reader is not None:
+            line = self._reader.read_line()
+            problem = self._reader.problem
+        self.received.append(line.decode("utf-8", errors="replace"))
+        if problem:
+            raise ProtocolError(f"the reply to the {what} request: {problem}")
+        if not line.strip():
+            raise ProtocolError(f"no reply to the {what} request (pipe closed)")
+        if not line.endswith(b"\n"):
+            raise ProtocolError(f"the reply to the {what} request was cut short (no newline)")
+        return line
 
     def call(self, op: str, domain: Optional[str], args: Dict[str, Any]) -> Dict[str, Any]:
         request: Dict[str, Any] = {"op": op, "args": args}
@@ -57,10 +90,11 @@ class Peer:
             self.requests.flush()
         except OSError as exc:
             raise ProtocolError(f"cannot send the {op} {domain or ''} request ({exc.strerror or exc})") from None
-        line = self.replies.readline(16 << 20).decode("utf-8", errors="replace")
-        self.received.append(line)
-        if not line.strip():
-            raise ProtocolError(f"no reply to the {op} {domain or ''} request (pipe closed)")
+        raw = self._reply_line(f"{op} {domain or ''}".strip())
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProtocolError(f"reply to the {op} {domain or ''} request: byte {exc.start}: not UTF-8") from None
         try:
             reply = json.loads(line)
         except ValueError as exc:
@@ -117,11 +151,13 @@ def run(argv: Sequence[str], peer: Peer, err: TextIO, now: Callable[[], dt.datet
                   f"gpuguard.actions, or {BYPASS_HINTS['dnf5']}\n")
         return EXIT_USAGE
     lines = io.StringIO()
+    peer.timeout_seconds = args.input_timeout_seconds
     try:
         document = fetch_request(peer)
     except ProtocolError as exc:
-        # Garbage from dnf5 is malformed input, as on apt: the fail-safe mode decides, on whatever names it carried.
-        code = dnf_check.check("".join(peer.received), args, lines, now, source=f"{SOURCE} ({exc})")
+        # No transaction from dnf5 (garbage, an error, a conversation broken off) is input not read whole, as on
+        # apt: the fail-safe decides, and block-guarded refuses it whatever names what was received carries.
+        code = dnf_check.check("".join(peer.received), args, lines, now, source=SOURCE, problem=str(exc))
     else:
         if "--root" not in argv:
             args.root = document["root"]

@@ -28,7 +28,7 @@ import json
 import re
 from collections import namedtuple
 
-from agent.errors import InputFileError
+from agent.errors import InputFileError, InputNotWhole
 from agent.guard.hotpath.transaction import Change, Transaction
 
 TYPE_CHECKING = False
@@ -109,11 +109,11 @@ def _list(doc: Mapping[str, Any], key: str, source: str) -> List[Any]:
 def parse_request(text: str, source: str = "dnf plugin input", tool: str = "dnf") -> DnfRequest:
     """Parse the plugin's JSON into a DnfRequest; InputFileError names the field that is wrong."""
     if not text.strip():
-        raise InputFileError(source, "empty input: the dnf plugin sent nothing")
+        raise InputNotWhole(source, "empty input: the dnf plugin sent nothing")
     try:
         doc = json.loads(text)
-    except ValueError as exc:
-        raise InputFileError(source, f"not valid JSON ({exc})") from None
+    except ValueError as exc:  # cut short or not the plugin's: either way not the whole transaction
+        raise InputNotWhole(source, f"not valid JSON ({exc})") from None
     if not isinstance(doc, dict):
         raise InputFileError(source, f"expected a JSON object, got {type(doc).__name__}")
     if doc.get("format") != REQUEST_FORMAT:

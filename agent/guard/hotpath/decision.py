@@ -133,15 +133,17 @@ class Decision:
         return True
 
     def failsafe(self, mode: str, guarded: Sequence[str], names: Sequence[str], why: str, code: int,
-                 command_line: Optional[str], guessed: bool = False) -> int:
+                 command_line: Optional[str], guessed: bool = False, whole: bool = True) -> int:
         """The fail-safe decision: let through (``allow``, or ``block-guarded`` without guarded packages) or
         refuse with ``code``.
 
         ``guessed``: ``names`` are only what could be recognised in input that could not be read; the messages
-        then say so and never claim to know what the transaction touches.
+        then say so and never claim to know what the transaction touches. ``whole=False``: the input was not even
+        read whole (cut short, another protocol, not text, too large, never ended), so the names in it may not be
+        all the transaction touches: ``block-guarded`` refuses it whatever they are.
         """
         touched = guarded_names(list(names), guarded)
-        if mode == "allow" or (mode == "block-guarded" and not touched):
+        if mode == "allow" or (mode == "block-guarded" and whole and not touched):
             if mode == "allow":
                 detail = ""
             elif not guessed:
@@ -154,7 +156,12 @@ class Decision:
             self.say(f"warning: {why}; fail-safe '{mode}' lets this transaction through{detail}")
             return EXIT_ALLOW
         verb = "it names" if guessed else "it touches"
-        what = f"{verb} guarded packages: {', '.join(touched[:8])}" if touched else "it cannot be checked"
+        if touched:
+            what = f"{verb} guarded packages: {', '.join(touched[:8])}"
+        elif not whole:
+            what = "it cannot be checked: what it does not show may touch guarded packages"
+        else:
+            what = "it cannot be checked"
         self.say(f"REFUSED by fail-safe '{mode}': {why}; {what}")
         self.say("to proceed: fix the problem above (gpuguard policy check / gpuguard policy compile), or "
                  + self.bypass_hint)

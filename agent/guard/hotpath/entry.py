@@ -9,8 +9,9 @@ traceback and never lets a transaction through because it crashed.
 from __future__ import annotations
 
 from agent.defaults import DEFAULT_STATE_DIR
-from agent.errors import InputFileError
+from agent.errors import InputFileError, InputNotWhole
 from agent.guard.hotpath.decision import EXIT_ALLOW, EXIT_FAILSAFE_INPUT, EXIT_FAILSAFE_POLICY, EXIT_INTERNAL, PREFIX
+from agent.guard.hotpath.stream import DEFAULT_TIMEOUT_SECONDS
 from agent.policy.compiled import DEFAULT_FAILSAFE, DEFAULT_GUARDED
 
 TYPE_CHECKING = False
@@ -33,7 +34,8 @@ class Parsed:
 
 
 class Args:
-    """A front end's command line: host root, state directory, compiled policy, policy sources, front end name."""
+    """A front end's command line: host root, state directory, compiled policy, policy sources, front end name, and
+    how long to wait for the whole input."""
 
     def __init__(self, tool: str) -> None:
         self.root = "/"
@@ -41,11 +43,12 @@ class Args:
         self.policy_file: Optional[str] = None
         self.policy_dir = "/etc/gpuguard/policy.d"
         self.tool = tool
+        self.input_timeout_seconds = DEFAULT_TIMEOUT_SECONDS
 
 
 def parse_args(argv: Sequence[str], tool: str, tools: Sequence[str] = ()) -> Args:
-    """``--root``, ``--state-dir``, ``--policy-file``, ``--policy-dir`` (and ``--tool`` when ``tools`` names the
-    front ends allowed); ValueError says what is wrong."""
+    """``--root``, ``--state-dir``, ``--policy-file``, ``--policy-dir``, ``--input-timeout-seconds`` (and
+    ``--tool`` when ``tools`` names the front ends allowed); ValueError says what is wrong."""
     args = Args(tool)
     flags = ("--root", "--state-dir", "--policy-file", "--policy-dir") + (("--tool",) if tools else ())
     items = list(argv)
@@ -53,6 +56,14 @@ def parse_args(argv: Sequence[str], tool: str, tools: Sequence[str] = ()) -> Arg
         flag = items.pop(0)
         if flag in flags and items:
             setattr(args, flag[2:].replace("-", "_"), items.pop(0))
+        elif flag == "--input-timeout-seconds" and items:
+            value = items.pop(0)
+            try:
+                args.input_timeout_seconds = float(value)
+            except ValueError:
+                args.input_timeout_seconds = -1.0
+            if not 0 < args.input_timeout_seconds < 86400:
+                raise ValueError(f"--input-timeout-seconds {value[:20]!r} is not a number of seconds in (0, 86400)")
         else:
             raise ValueError(f"unknown or incomplete argument {flag!r}")
     if tools and args.tool not in tools:
@@ -69,6 +80,9 @@ def check(decision: Decision, policy_file: Optional[str], policy_dir: str, text:
     guarded = policy.guarded if policy else list(DEFAULT_GUARDED)
     try:
         parsed = parse(text)
+    except InputNotWhole as exc:  # cut, another protocol, not text, too large, never ended: its words are not all
+        return decision.failsafe(mode, guarded, guess_packages(text), f"cannot read the transaction: {exc}",
+                                 EXIT_FAILSAFE_INPUT, None, guessed=True, whole=False)
     except InputFileError as exc:
         return decision.failsafe(mode, guarded, guess_packages(text), f"cannot read the transaction: {exc}",
                                  EXIT_FAILSAFE_INPUT, None, guessed=True)

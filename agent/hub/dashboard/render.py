@@ -25,6 +25,7 @@ from agent.hub.dashboard.queries import (
     rollback_state,
 )
 from agent.hub.rows import HostState, StoredEvent
+from agent.printable import printable
 from agent.snapshot.pairing import Pairing
 
 CSS = """
@@ -60,7 +61,7 @@ _STALE = ' <span class="badge bad stale">stale</span>'
 
 def e(value: Any) -> str:
     """Escaped text for HTML text and attribute values; None shows as a dash."""
-    return _DASH if value is None else html.escape(str(value), quote=True)
+    return _DASH if value is None else html.escape(printable(str(value)), quote=True)
 
 
 def when(value: Optional[dt.datetime], now: dt.datetime) -> str:
@@ -407,8 +408,8 @@ def host_page(h: HostState, now: dt.datetime, stale_after_seconds: float, drift:
         ("os_id", "OS"), ("os_version_id", "OS version"), ("kernel_running", "Kernel running"),
         ("kernel_next_boot", "Kernel at next boot"), ("amdgpu_loaded", "amdgpu loaded"),
         ("amdgpu_dkms_package", "amdgpu-dkms package"), ("rocm", "ROCm"), ("rocm_core_package", "rocm-core package"),
-        ("nvidia_loaded", "nvidia loaded"), ("cuda_driver_api", "CUDA driver API"), ("gpu_count", "GPUs"),
-        ("gpu_models", "GPU models"))]
+        ("rocm_releases", "ROCm releases installed"), ("nvidia_loaded", "nvidia loaded"),
+        ("cuda_driver_api", "CUDA driver API"), ("gpu_count", "GPUs"), ("gpu_models", "GPU models"))]
     snapshot = ('<table id="snapshot">' + "".join(f"<tr><th>{label}</th><td>{value}</td></tr>"
                                                    for label, value in facts) + "</table>")
     drift_items, _ = _event_items(drift, "drift-entry")

@@ -69,15 +69,20 @@ def test_line_helper_writes_the_direction_apt_writes() -> None:
             [("-", "1"), ("1", "1:0"), ("1", "-"), ("2", "1~rc"), ("1", "1")]] == ["<", "<", ">", ">", "="]
 
 
+def hook_root(base: Path, policy_text: str = POLICY, status: str = STATUS) -> Path:
+    """A host root for the hook: dpkg's status file and the policy compiled where the hook reads it."""
+    (base / "var/lib/dpkg").mkdir(parents=True)
+    (base / "var/lib/dpkg/status").write_text(status)
+    policy = base / "policy.toml"
+    policy.write_text(policy_text)
+    _, compiled = load_and_compile(str(policy))
+    write_compiled(str(base / "var/lib/gpuguard/policy.compiled.json"), compiled)
+    return base
+
+
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    (tmp_path / "var/lib/dpkg").mkdir(parents=True)
-    (tmp_path / "var/lib/dpkg/status").write_text(STATUS)
-    policy = tmp_path / "policy.toml"
-    policy.write_text(POLICY)
-    _, compiled = load_and_compile(str(policy))
-    write_compiled(str(tmp_path / "var/lib/gpuguard/policy.compiled.json"), compiled)
-    return tmp_path
+    return hook_root(tmp_path)
 
 
 def run_hook(root: Path, text: str, now: dt.datetime = NOW, args: Optional[list] = None) -> Tuple[int, str]:
@@ -173,15 +178,24 @@ def test_missing_or_invalid_policy_fails_safe(root: Path, compiled_text: Optiona
     assert code == 0 and "lets this transaction through" in out
 
 
-@pytest.mark.parametrize("text", ["", "VERSION 2\nAPT::Architecture=amd64\n\nrocm-core 6.2.2 < 6.3.0 r.deb\n",
-                                  "VERSION 3\n\nrocm-core 6.2.2 amd64\n", "\x00\x01binary"])
+@pytest.mark.parametrize("text", ["VERSION 3\n\nrocm-core 6.2.2 amd64\n", "VERSION 3\n\nvim 2 amd64\n"])
 def test_malformed_input_fails_safe(root: Path, text: str) -> None:
-    """Unparsable input: refused (12) when it names a guarded package, else let through with a warning."""
+    """A whole stream that does not parse: refused (12) when it names a guarded package, else let through with a
+    warning."""
     code, out = run_hook(root, text)
     if "rocm-core" in text:
         assert code == exits.EXIT_FAILSAFE_INPUT and "cannot read the transaction" in out
     else:
         assert code == 0 and "cannot read the transaction" in out
+
+
+@pytest.mark.parametrize("text", ["", "\x00\x01binary", "VERSION 3\nAPT::Architecture=amd64\n",
+                                  "/var/cache/apt/archives/vim_2%3a9.0.1378-3_amd64.deb\n", "VERSION 9\n\n"])
+def test_input_not_read_whole_is_refused_whatever_it_names(root: Path, text: str) -> None:
+    """Empty, garbage, cut short or of another protocol: what it does not show may be guarded, so exit 12."""
+    code, out = run_hook(root, text)
+    assert code == exits.EXIT_FAILSAFE_INPUT and "cannot read the transaction" in out
+    assert "what it does not show may touch guarded packages" in out and "lets this transaction through" not in out
 
 
 @pytest.mark.parametrize("text", [
@@ -201,9 +215,9 @@ def test_unreadable_input_naming_a_guarded_package_is_refused(root: Path, text: 
 
 def test_unreadable_input_let_through_says_what_it_recognised(root: Path) -> None:
     """When block-guarded lets unreadable input through, the warning names what it saw, not what it touches."""
-    code, out = run_hook(root, "/var/cache/apt/archives/vim_2%3a9.0.1378-3_amd64.deb\n")
+    code, out = run_hook(root, "VERSION 3\n\nvim 2:9.0.1378-2 amd64 none < 2:9.0.1378-3 amd64 none /x.rpm\n")
     assert code == exits.EXIT_ALLOW
-    assert "hook protocol version 1" in out and "none of the names it could recognise is guarded: " in out
+    assert "action '/x.rpm'" in out and "none of the names it could recognise is guarded: " in out
     assert "vim" in out and "touches no guarded package" not in out
 
 

@@ -17,7 +17,7 @@ from agent.errors import InputFileError
 from agent.guard.apt import hook as apt_hook
 from agent.guard.apt.protocol import parse_hook_input
 from agent.guard.hotpath import decision as exits
-from agent.policy.load import load_and_compile, write_compiled
+from tests.guard.apt.test_hook import hook_root
 
 NOW = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.timezone.utc)
 POLICY = """
@@ -43,13 +43,7 @@ CODES = {exits.EXIT_ALLOW, exits.EXIT_REFUSED, exits.EXIT_FAILSAFE_POLICY, exits
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    base = tmp_path_factory.mktemp("fuzzroot")
-    (base / "var/lib/dpkg").mkdir(parents=True)
-    (base / "var/lib/dpkg/status").write_text(STATUS)
-    (base / "policy.toml").write_text(POLICY)
-    _, compiled = load_and_compile(str(base / "policy.toml"))
-    write_compiled(str(base / "var/lib/gpuguard/policy.compiled.json"), compiled)
-    yield base
+    yield hook_root(tmp_path_factory.mktemp("fuzzroot"), POLICY, STATUS)
 
 
 names = st.sampled_from(GUARDED + OTHERS)

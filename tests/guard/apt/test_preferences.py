@@ -135,3 +135,24 @@ def test_names_to_query_covers_every_judged_amd_package(tmp_path: Path) -> None:
     """The names to query include the AMD firmware package and the versioned rocm-core names the rules judge."""
     exact, globs = names_to_query(_policy(tmp_path))
     assert "amdgpu-dkms-firmware" in exact and "rocm-core[0-9]*" in globs
+
+
+
+def test_therock_pins_keep_the_next_release_out_with_its_companions(tmp_path: Path) -> None:
+    """A host pinned to TheRock 7.13: amdrocm-base 10.0.0 and amdrocm-base10.0 are forbidden by the pairing (apt and
+    dnf); on rpm every other amdrocm-* package at that build goes with them (one release at exact = requirements,
+    else dnf's best update fails); 7.13's builds stay."""
+    policy = tmp_path / "rock.toml"
+    policy.write_text('[amd]\n[[amd.pairing]]\nname = "rock-7.13"\namdgpu = "any"\nrocm = "7.13.*"\n')
+    old, new = "7.13.0-1.el9", "10.0.0-1.el9"
+    installed = {"amdrocm-base": old, "amdrocm-base7.13": old, "amdrocm-core-sdk": old, "amdrocm-runtime7.13": old}
+    offered = {"amdrocm-base": [old, new], "amdrocm-base7.13": [old], "amdrocm-base10.0": [new],
+               "amdrocm-core-sdk": [old, new], "amdrocm-runtime10.0": [new], "amdrocm-runtime7.13": [old]}
+    for manager in ("dpkg", "rpm"):
+        _, pins = pin_records(compiled_from(load_policy(str(policy))), installed, offered, manager, context=None)
+        forbidden = {(p.package, p.version): p.why for p in pins}
+        assert forbidden[("amdrocm-base", new)].startswith("amd.pairing: breaks the pinned AMD pairing 'rock-7.13'")
+        assert forbidden[("amdrocm-base10.0", new)].startswith("amd.pairing: ")
+        assert not [key for key in forbidden if key[1] == old]
+    assert forbidden[("amdrocm-core-sdk", new)].startswith("goes with amdrocm-base")
+    assert forbidden[("amdrocm-runtime10.0", new)].startswith("goes with amdrocm-base")

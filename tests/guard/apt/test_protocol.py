@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.errors import InputFileError
+from agent.errors import InputFileError, InputNotWhole
 from agent.guard.apt.protocol import guess_packages, parse_hook_input, percent_decode
 from agent.guard.hotpath.transaction import Change, before_set, resulting_set
 from tests.conftest import RECORDED
@@ -70,7 +70,7 @@ def test_percent_decoding() -> None:
     ("VERSION 3\n\nrocm-core 6.2.2 amd64 none < 6.3.0 amd64 none x.rpm\n", "action 'x.rpm'"),
     ("VERSION 3\n\nrocm-core - - none < - - none x.deb\n", "neither an old nor a new version"),
     ("VERSION 4\n\n", "unknown hook protocol version '4'"),
-    ("VERSION 3\nAPT::Architecture=amd64\nno equals sign here\n\n", "line 3: configuration line without '='"),
+    ("VERSION 3\nAPT::Architecture=amd64\nno equals sign here\n\n", "line 3: not a configuration line"),
     ("VERSION 3\nAPT::Architecture=amd64\n", "no blank line"),
     ("VERSION 3\n\nrocm-core 6.2.2 amd64 none < 6.3.0 amd64 none\n", "line 3: expected 9 fields"),
     ("VERSION 3\n\nrocm-core 6.2.2 amd64 none ~ 6.3.0 amd64 none x.deb\n", "direction '~'"),
@@ -80,6 +80,49 @@ def test_malformed_input_is_one_clear_error(text: str, fragment: str) -> None:
     with pytest.raises(InputFileError) as info:
         parse_hook_input(text, "fd 20")
     assert fragment in str(info.value) and str(info.value).startswith("fd 20: ")
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("", "empty input"),
+    ("VERS", "cut short inside its first line"),
+    ("VERSION 3", "the last line has no newline"),
+    ("VERSION 3\nAPT::Archi", "the last line has no newline"),
+    ("VERSION 3\nAPT::Architecture=amd64\n", "no blank line"),
+    ("VERSION 3\n\nrocm-core 6.2.2 amd64 none < 6.3", "the last line has no newline"),
+    ("VERSION 3 \n\n", "unknown hook protocol version '3 '"),
+    ("VERSION 03\n\n", "unknown hook protocol version '03'"),
+    ("\ufeffVERSION 3\n\n", "expected 'VERSION 3'"),
+    ("VERSION 3\nAPT::Architecture=amd64\nquiet=\x01\n\n", "line 3: not a configuration line"),
+    ("VERSION 3\nAPT::Architecture=amd64\n \n\n", "line 3: not a configuration line"),
+    ("VERSION 3\nCommandLine::AsString=apt%20install%20rocm-c\u00f6re\n\n", "line 2: not a configuration line"),
+    ("VERSION 3\n\nrocm-core\x00 6.2.2 amd64 none < 6.3.0 amd64 none x.deb\n", "line 3: control characters"),
+    ("VERSION 3\n\nrocm-c\u00f6re 6.2.2 amd64 none < 6.3.0 amd64 none x.deb\n", "line 3: control characters or non"),
+    ("VERSION 3\n\nrocm-core 6.2.2 amd64 none < 6.3.0 amd64 none /x\x1b[2J.deb\n", "line 3: control characters"),
+    ("VERSION 3\n\nrocm-core 6.2.2 amd64 none < 6.3.0 amd64 none /" + "x" * 70000 + ".deb\n", "longer than 65536"),
+])
+def test_input_not_read_whole_is_input_not_whole(text: str, fragment: str) -> None:
+    """Cut, another protocol version, bytes apt never writes, over-long lines: InputNotWhole, so the fail-safe
+    refuses whatever names it carries."""
+    with pytest.raises(InputNotWhole) as info:
+        parse_hook_input(text, "fd 20")
+    assert fragment in str(info.value) and str(info.value).startswith("fd 20: ")
+
+
+@pytest.mark.parametrize("text", [
+    "VERSION 3\n\nrocm-core 6.2.2 amd64 none < 1;6.3.0 amd64 none x.deb\n",
+    "VERSION 3\n\nrocm-core 6.2.2 amd64 none < 6.3.0 amd64 none\n",
+])
+def test_a_bad_field_in_a_whole_stream_is_not_input_not_whole(text: str) -> None:
+    """A whole stream with one field apt would not write leaves the fail-safe its names: plain InputFileError."""
+    with pytest.raises(InputFileError) as info:
+        parse_hook_input(text, "fd 20")
+    assert not isinstance(info.value, InputNotWhole)
+
+
+def test_a_local_deb_path_may_carry_non_ascii() -> None:
+    """``apt install ./résumé.deb``: non-ASCII in the action's path is apt's and parses."""
+    request = parse_hook_input("VERSION 3\n\nvim - - none < 2:9.0 amd64 none /tmp/résumé x.deb\n")
+    assert [c.package for c in request.transaction.changes] == ["vim"]
 
 
 @pytest.mark.parametrize("text,name", [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -123,16 +124,47 @@ def test_missing_or_invalid_policy_fails_safe(root: Path, compiled_text: Optiona
     assert code == 0 and "lets this transaction through" in out and len(out.splitlines()) == 1
 
 
-@pytest.mark.parametrize("text", ["", "{", "[]", '{"format": 1, "items": [{"name": "rocm-core"}], "installed": []}',
-                                  "\x00\x01binary", "garbage hello-fake"])
+@pytest.mark.parametrize("text", ["[]", '{"format": 1, "items": [{"name": "rocm-core"}], "installed": []}',
+                                  '{"format": 1, "items": [{"name": "hello-fake"}], "installed": []}'])
 def test_malformed_input_fails_safe(root: Path, text: str) -> None:
-    """Unparsable input: refused (12) when it names a guarded package, else let through with one warning."""
+    """A whole JSON document that is not a request: refused (12) when it names a guarded package, else let through
+    with one warning."""
     code, out = check(root, text)
     assert "cannot read the transaction" in out
     if "rocm-core" in text:
         assert code == exits.EXIT_FAILSAFE_INPUT and "REFUSED by fail-safe" in out
     else:
         assert code == 0 and len(out.splitlines()) == 1
+
+
+@pytest.mark.parametrize("raw", [b"", b"{", b"\x00\x01binary", b"garbage hello-fake",
+                                 b'{"format": 1, "items": [{"name": "hello-\xff"}], "installed": []}'])
+def test_input_not_read_whole_is_refused_whatever_it_names(root: Path, raw: bytes) -> None:
+    """Empty, cut JSON, garbage or not UTF-8: what it does not show may be guarded, so exit 12."""
+    err = io.StringIO()
+    code = dnf_check.main(["--root", str(root)], stdin=io.BytesIO(raw), err=err, now=lambda: NOW)
+    out = err.getvalue()
+    assert code == exits.EXIT_FAILSAFE_INPUT and "cannot read the transaction" in out, out
+    assert "what it does not show may touch guarded packages" in out and "Traceback" not in out
+
+
+def test_a_plugin_that_never_closes_stdin_is_refused_after_the_timeout(root: Path) -> None:
+    """The checker under python3 -I -S with stdin left open by its writer: refused after the timeout (exit 12)."""
+    script = Path(__file__).resolve().parents[3] / "packaging/dnf/gpuguard-dnf-check"
+    launcher = script.read_text().replace('GPUGUARD_LIB = "/usr/lib/gpuguard"',
+                                          f'GPUGUARD_LIB = "{script.parents[2]}"')
+    (root / "check.py").write_text(launcher)
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, request(*upgrade(ROCM62, ROCM63)).encode())
+    try:
+        result = subprocess.run([sys.executable, "-I", "-S", str(root / "check.py"), "--root", str(root),
+                                 "--input-timeout-seconds", "1"], stdin=read_fd, capture_output=True, text=True,
+                                timeout=20)
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+    assert result.returncode == exits.EXIT_FAILSAFE_INPUT, result.stderr
+    assert "no end of input after 1 seconds" in result.stderr and "rocm-core" in result.stderr
 
 
 def test_block_all_failsafe_refuses_unguarded_input_too(root: Path) -> None:

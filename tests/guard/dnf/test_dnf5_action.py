@@ -145,9 +145,10 @@ def test_new_kernel_from_dnf5_is_an_install(root: Path) -> None:
 @pytest.mark.parametrize("garbage", ["this is not json", '{"op": "reply", "requested_op": "get", "status": "ERROR", '
                                                         '"message": "Bad json type"}', '{"op": "hello"}'])
 def test_garbage_from_dnf5_fails_safe_like_apt(root: Path, garbage: str) -> None:
-    """Malformed answers are malformed input: block-guarded lets through what names no guarded package."""
+    """Malformed answers leave the transaction unknown: block-guarded refuses it whatever they name (exit 12)."""
     code, err = run_action(root, FakeActionsPlugin(UPGRADE_ROCM, INSTALLED, str(root), garbage=garbage))
-    assert code == 0 and "cannot read the transaction" in err and len(err.splitlines()) == 1
+    assert code == 12 and "cannot read the transaction" in err and "Traceback" not in err
+    assert "what it does not show may touch guarded packages" in err
 
 
 def test_garbage_naming_a_guarded_package_is_refused(root: Path) -> None:
@@ -167,13 +168,13 @@ def test_missing_compiled_policy_fails_safe(root: Path) -> None:
 
 
 def test_peer_that_closes_the_pipe_is_handled_in_process(root: Path) -> None:
-    """No reply at all (dnf5 closed the pipes): one warning line, fail-safe decides, no exception."""
+    """No reply at all (dnf5 closed the pipes): the transaction is unknown, the fail-safe refuses, no exception."""
     import io
 
     err = io.StringIO()
     code = dnf5_action.main(["--root", str(root)], requests=io.BytesIO(), replies=io.BytesIO(b""), err=err,
                             now=lambda: NOW)
-    assert code == 0 and "no reply to the get trans_packages request" in err.getvalue()
+    assert code == 12 and "no reply to the get trans_packages request" in err.getvalue()
 
 
 def test_actions_file_runs_the_launcher_once_at_goal_resolved() -> None:
@@ -181,3 +182,22 @@ def test_actions_file_runs_the_launcher_once_at_goal_resolved() -> None:
     lines = [ln for ln in (REPO / "packaging/dnf5/gpuguard.actions").read_text().splitlines()
              if ln and not ln.startswith("#")]
     assert lines == ["goal_resolved:::enabled=1 mode=json raise_error=1:/usr/lib/gpuguard/gpuguard-dnf5-action"]
+
+
+def test_a_peer_that_never_replies_is_refused_after_the_timeout(root: Path) -> None:
+    """dnf5 keeps the pipe open and never answers: refused after --input-timeout-seconds (exit 12), no hang."""
+    import io
+    import os
+    import time
+
+    read_fd, write_fd = os.pipe()
+    err = io.StringIO()
+    started = time.monotonic()
+    with os.fdopen(read_fd, "rb") as replies:
+        try:
+            code = dnf5_action.main(["--root", str(root), "--input-timeout-seconds", "0.5"], requests=io.BytesIO(),
+                                    replies=replies, err=err, now=lambda: NOW)
+        finally:
+            os.close(write_fd)
+    assert code == 12 and time.monotonic() - started < 10
+    assert "no end of input after 0.5 seconds" in err.getvalue()

@@ -18,7 +18,7 @@ from agent.guard.rollback.core import load_known_good
 from agent.host import Host
 from agent.policy.load import compiled_from, load_policy
 from agent.statepaths import StatePaths
-from tests.conftest import fixed_clock
+from tests.conftest import fill_disk, fixed_clock
 from tests.fakes.runner import FakeRunner
 from tests.guard.wiring import check
 
@@ -229,3 +229,25 @@ def test_repository_targets_are_planned_with_the_repositories(setup) -> None:
     runner.add(_simulate_argv(tool, f"amdgpu-dkms={D62}", local_only=False), stdout=SIMULATION)
     plan, error = backend.simulate([f"amdgpu-dkms={D62}"])
     assert error is None and runner.calls == [tuple(_simulate_argv(tool, f"amdgpu-dkms={D62}", local_only=False))]
+
+
+def test_a_full_disk_while_the_known_good_set_is_written_is_exit_15_and_keeps_it(setup, capsys, small_disk) -> None:
+    """A compliant change recorded on a full state disk: guard rollback exits 16 with one line, and the old
+    known-good set (and no half-written file) stays."""
+    root, host, tool, runner, policy, policy_file = setup
+    (root / "var/lib/gpuguard").symlink_to(small_disk)
+    for name, version in (("amdgpu-dkms", D62), ("rocm-core", R62)):
+        runner.add(tool._download_argv(name, version, "/var/lib/gpuguard/debs"), returncode=100,
+                   stderr="E: Version not found")
+    assert check(host, Settings(), policy=policy, tool=tool).status == "recorded"
+    before = (small_disk / "known-good.json").read_bytes()
+    (root / "var/lib/dpkg/status").write_text(_status(D62).replace(R62, "6.2.4.60204-139~12"))
+    fill_disk(small_disk / "filler")
+    code = main(["guard", "rollback", "--root", str(root), "--policy", str(policy_file), "--config",
+                 str(root / "none.toml")], make_host=lambda _root: host, out=io.StringIO())
+    err = capsys.readouterr().err
+    assert code == 16, err
+    assert err.splitlines() == [f"gpuguard: error: {root}/var/lib/gpuguard/known-good.before-change.json: cannot be "
+                                f"written (No space left on device): the old file is kept"]
+    assert (small_disk / "known-good.json").read_bytes() == before
+    assert sorted(p.name for p in small_disk.iterdir() if p.name.startswith(".")) == []

@@ -11,6 +11,10 @@
 --mode hog        a grandchild that touches --hog-mib MiB of host memory and holds it (the memory limit's target)
 --device-memory-budget-bytes N   reported back, and the GEMM/copy sizes shrink as the real probe's would
 --env-file PATH   also write the environment it got, as JSON
+--mode flood      prints --flood-mib MiB of noise on stdout and on stderr, then a valid result
+--mode nested     a result line of 100,000 nested '['
+--mode escapes    a valid result whose strings (and stderr) hold terminal escapes: ESC[2J, OSC 52, BEL, CR
+--mode setsid     starts a grandchild in its own session (sleep 60, --token in its argv), then passes
 """
 
 import argparse
@@ -80,6 +84,8 @@ def main():
     parser.add_argument("--hog-mib", type=int, default=512)
     parser.add_argument("--limits-file")
     parser.add_argument("--device-memory-budget-bytes", type=int, default=None)
+    parser.add_argument("--flood-mib", type=int, default=400)
+    parser.add_argument("--token", default="gpuguard-fake-grandchild")
     args, _ = parser.parse_known_args()
     if args.env_file:
         with open(args.env_file, "w") as handle:
@@ -103,13 +109,34 @@ def main():
         subprocess.Popen([sys.executable, "-c", code % args.hog_mib]).wait()
         return 0
     if args.mode == "hang":
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        with open(args.pid_file, "w") as handle:
-            handle.write(str(child.pid))
+        # The grandchild writes its own pid as the host sees it: the probe may run in a PID namespace (the agent's
+        # supervisor makes one), where child.pid is the namespace's number; /proc is the host's.
+        code = ("import os, sys, time\nwith open(sys.argv[1], 'w') as f: f.write(os.readlink('/proc/self'))\n"
+                "time.sleep(600)")
+        subprocess.Popen([sys.executable, "-c", code, args.pid_file])
         time.sleep(600)
         return 0
+    if args.mode == "flood":
+        noise = (b"x" * 1023 + b"\n") * 1024
+        for _ in range(args.flood_mib):
+            os.write(1, noise)
+            os.write(2, noise)
+    if args.mode == "nested":
+        print(MARKER + "[" * 100000)
+        return 0
+    out = result(args)
+    if args.mode == "escapes":
+        nasty = "\x1b[2J\x1b]52;c;cm0gLXJmIH4=\x07\rok\x1b[0m"
+        out["framework"]["version"] = "2.11.0" + nasty
+        out["gpus"][0]["name"] = "H200" + nasty
+        out["gpus"][0]["errors"] = ["bad" + nasty]
+        sys.stderr.write("warning" + nasty + "\n")
+    if args.mode == "setsid":
+        # Its own session, and not holding the probe's pipes: nothing but the tree's end can reach it.
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", args.token], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     print("UserWarning: noise a framework prints before the result")
-    print(MARKER + json.dumps(result(args)))
+    print(MARKER + json.dumps(out))
     return 0
 
 

@@ -18,7 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 SUITE = "bookworm"
@@ -48,6 +48,7 @@ class FakePackage:
     arch: str = "all"
     depends: Optional[str] = None
     multi_arch: Optional[str] = None
+    files: Tuple[Tuple[str, str], ...] = ()  # (absolute path, content) shipped besides the VERSION marker
 
     @property
     def file_name(self) -> str:
@@ -192,6 +193,10 @@ def build_deb(pkg: FakePackage, out_dir: Path, work: Path) -> Path:
     payload = tree / "usr/share/gpuguard-fake" / pkg.name
     payload.mkdir(parents=True)
     (payload / "VERSION").write_text(pkg.version + "\n")
+    for path, content in pkg.files:
+        target = tree / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content)
     control = [f"Package: {pkg.name}", f"Version: {pkg.version}", f"Architecture: {pkg.arch}",
                "Maintainer: gpuguard tests <tests@example.invalid>", "Section: misc", "Priority: optional"]
     if pkg.depends:

@@ -245,7 +245,8 @@ def test_open_override_window_suspends_rollback(chroot: Chroot) -> None:
 
 
 def test_hook_configured_for_protocol_2_fails_safe(chroot: Chroot) -> None:
-    """A snippet that forgot Version "3": apt sends version 2, the hook refuses guarded packages (exit 12)."""
+    """A snippet that forgot Version "3": apt sends version 2, the hook refuses every transaction (exit 12): a
+    stream it cannot read whole may touch guarded packages whatever it names."""
     conf = chroot.root / "etc/apt/apt.conf.d/50gpuguard"
     conf.write_text(conf.read_text().replace('::Version "3"', '::Version "2"'))
     before = chroot.status_bytes()
@@ -253,7 +254,9 @@ def test_hook_configured_for_protocol_2_fails_safe(chroot: Chroot) -> None:
     assert refused.returncode == 100
     assert "hook protocol version 2 cannot be checked" in refused.stderr and "error code (12)" in refused.stderr
     assert chroot.status_bytes() == before
-    assert chroot.apt("install", "hello-fake").returncode == 0
+    unguarded = chroot.apt("install", "hello-fake")
+    assert unguarded.returncode == 100 and "what it does not show may touch guarded packages" in unguarded.stderr
+    assert chroot.status_bytes() == before
 
 
 def test_one_daemon_guard_tick_rolls_back_dpkg_i_and_queues_the_events(chroot: Chroot, tmp_path) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import shutil
 import subprocess
 from pathlib import Path
-from typing import List, Tuple
+from typing import Any, Iterator, List, Sequence, Tuple
 
 from agent.config import Settings
 from agent.guard.dnf.backend import RpmBackend
@@ -113,3 +115,38 @@ def dnf_vl(root: Installroot, conf: Path, *args: str) -> subprocess.CompletedPro
 
     return run(["/usr/bin/dnf", "-c", str(conf), f"--installroot={root.root}", "--releasever=9",
                 "--disableplugin=gpuguard", *args], root.env, check=False)
+
+
+def guard_check(root: Installroot) -> Any:
+    """One run of the rollback watcher over the installroot (no snapshot), as the daemon's guard job runs it."""
+    from tests.guard.wiring import check
+
+    backend = backend_for_root(root)
+    return check(backend.host, Settings(), backend=backend, snapshot=lambda host: None)
+
+
+@contextlib.contextmanager
+def own_installroot(tmp_path_factory: Any, name: str, packages: Sequence[Any], policy: str) -> Iterator[Installroot]:
+    """A module's own repository of ``packages`` and installroot with gpuguard and ``policy`` in it (skipped or
+    failed like the session's when tools are missing); the caller installs its baseline and saves it with
+    ``root.save(root.root.parent / "baseline")``; everything is removed after."""
+    from tests import needs
+    from tests.guard.dnf.installroot.harness import build_repo, missing_tools
+
+    missing = missing_tools()
+    if missing:
+        needs.unavailable("installroot tests", f"missing: {', '.join(missing)}")
+    base = tmp_path_factory.mktemp(name)
+    root = Installroot(base / "root", build_repo(base / "repo", base / "rpmbuild", packages), base / "work")
+    root.install_gpuguard(policy)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def back_to_baseline(root: Installroot) -> Installroot:
+    """The root as :func:`own_installroot`'s caller saved it, with the plugin config rewritten."""
+    root.restore(root.root.parent / "baseline")
+    root.write_plugin_conf()
+    return root

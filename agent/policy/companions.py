@@ -1,0 +1,270 @@
+"""Companion pairings: packages that break monitoring or the GPUs when they drift from the package they serve.
+
+- ``companion.fabricmanager``: NVIDIA fabric manager (``nvidia-fabricmanager-580``, ``nvidia-fabricmanager``,
+  rpm's ``nvidia-fabric-manager``) and NSCQ (``libnvidia-nscq-580``) must be the exact build of the NVIDIA driver,
+  or fabric manager refuses to start and the GPUs of an NVSwitch system stay unusable.
+- ``companion.dcgm``: DCGM's packages (``datacenter-gpu-manager-4-core``, ``-4-cuda13``, ``-4-proprietary``, ...)
+  of one release: in DCGM 4.7.1, libdcgm and ``nv-hostengine`` of different releases fail with an API version
+  mismatch.
+- ``companion.dcgm_exporter``: dcgm-exporter within the DCGM release series it was built and tested for
+  (:data:`EXPORTER_TABLE`, with sources): package versions carry only the exporter's own version.
+- ``companion.amdsmi``: the amdsmi Python binding and ``libamd_smi.so.N`` of one ROCm release (a binding of another
+  release fails at ``import amdsmi``).
+
+Pure judgements over an installed set (key -> version), shared by the evaluator (agent/policy/evaluate.py: the apt
+hook, the dnf checkers, ``policy explain``, compliance, the rollback check) and the snapshot's drift findings
+(agent/snapshot/drift.py), so a host is judged the same way before and during a transaction. Standard library only
+(the apt hook imports it when a policy has a ``[companions]`` section).
+"""
+
+from __future__ import annotations
+
+from agent.hostfacts.package_keys import package_name
+from agent.policy import releases
+from agent.policy.globs import any_glob
+from agent.records import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
+    from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+FABRICMANAGER, DCGM, DCGM_EXPORTER, AMDSMI = ("companion.fabricmanager", "companion.dcgm", "companion.dcgm_exporter",
+                                              "companion.amdsmi")
+# The [companions] fields, in the order the rules are judged and shown; each is the rule id's tail.
+RULE_FIELDS: Tuple[str, ...] = ("fabricmanager", "dcgm", "dcgm_exporter", "amdsmi")
+
+# Fabric manager and NSCQ as NVIDIA's packaging templates name them ("the version of fabricmanager must match the
+# NVIDIA driver installed", the same of libnvidia-nscq: NVIDIA/yum-packaging-fabric-manager,
+# NVIDIA/yum-packaging-libnvidia-nscq, apt-packaging-fabric-manager): nvidia-fabricmanager-580,
+# nvidia-fabricmanager-dev-580 / -devel-580, libnvidia-nscq-580, the cuda-drivers-fabricmanager(-580) meta packages,
+# versioned 580.95.05-1; and the unversioned names some repositories use (nvidia-fabricmanager,
+# nvidia-fabric-manager, libnvidia-nscq: not seen in an index).
+FABRICMANAGER_PACKAGES: Tuple[str, ...] = ("nvidia-fabricmanager*", "nvidia-fabric-manager*", "libnvidia-nscq*",
+                                           "cuda-drivers-fabricmanager*")
+# DCGM 3 (datacenter-gpu-manager) and DCGM 4's split packages (datacenter-gpu-manager-4-core, -4-cuda12, -4-cuda13,
+# -4-proprietary, -4-proprietary-cuda13, -4-dev, ...); not the exporter and not DCGM 1's fabric manager.
+DCGM_PACKAGES: Tuple[str, ...] = ("datacenter-gpu-manager", "datacenter-gpu-manager-[0-9]*")
+# dcgm-exporter as a package: Microsoft's build (dcgm-exporter 4.8.3-ubuntu24.04u5) and the name NVIDIA's
+# repositories are expected to use (datacenter-gpu-manager-exporter: not seen in a package index).
+DCGM_EXPORTER_PACKAGES: Tuple[str, ...] = ("dcgm-exporter", "datacenter-gpu-manager-exporter")
+# The amdsmi Python binding packaged on its own: Debian's amd-smi (module and CLI, beside libamd-smiN) and
+# python3-amdsmi. ROCm's amd-smi-lib and TheRock's amdrocm-amdsmi<release> carry binding and library together.
+AMDSMI_BINDING_PACKAGES: Tuple[str, ...] = ("amd-smi", "python3-amdsmi")
+AMDSMI_LIBRARY_PACKAGES: Tuple[str, ...] = ("libamd-smi[0-9]*", "amd-smi-lib", "amd-smi-lib[0-9]*", "amdrocm-amdsmi*")
+
+# dcgm-exporter release -> (the DCGM release it was built with, the DCGM release series it supports, source). The
+# package version carries the exporter's version only ("RPM and Debian package versions identify the exporter
+# version", NVIDIA's install guide); the pair is in the release tag ``<dcgm>-<exporter>``. An exporter release
+# this table does not know cannot be judged, and is a violation of the rule (update gpuguard, or turn the rule off).
+EXPORTER_TABLE_RECORDED = "2026-12-04"
+EXPORTER_TABLE: Tuple[Tuple[str, str, Tuple[str, ...], str], ...] = (
+    ("3.1.7", "3.2.5", ("3.2",), "nixpkgs dcgm-exporter 3.2.5-3.1.7 (\"the first portion ... a compatible DCGM\")"),
+    ("3.4.0", "3.3.5", ("3.3",), "release tag 3.3.5-3.4.0"),
+    ("3.4.1", "3.3.5", ("3.3",), "release tag 3.3.5-3.4.1"),
+    ("4.8.1", "4.5.2", ("4.5",), "image tag 4.5.2-4.8.1-ubuntu22.04 (NVIDIA/dcgm-exporter pull request 736)"),
+    ("4.8.2", "4.5.3", ("4.5",), "release 4.5.3-4.8.2 (NVIDIA/dcgm-exporter issue 700)"),
+    ("4.8.3", "4.6.0", ("4.6",), "image tag 4.6.0-4.8.3; Microsoft's dcgm-exporter 4.8.3 builds against "
+                                 "datacenter-gpu-manager-4-core (= 1:4.6.0-1)"),
+    ("4.8.4", "4.6.1", ("4.6",), "dcgm-exporter 4.8.4 release notes: tested with DCGM 4.6.1"),
+    ("4.9.0", "4.7.0", ("4.7",), "dcgm-exporter 4.9.0 release notes: tested with DCGM 4.7.0 and 4.7.1, ships 4.7.0"),
+)
+
+# What each rule asks, as ``policy explain`` shows it.
+DESCRIPTIONS = {
+    FABRICMANAGER: "fabric manager and libnvidia-nscq must be the NVIDIA driver's exact build",
+    DCGM: "DCGM's packages must be one release (libdcgm and nv-hostengine)",
+    DCGM_EXPORTER: f"dcgm-exporter must run with a DCGM of the series it was built for (table recorded "
+                   f"{EXPORTER_TABLE_RECORDED})",
+    AMDSMI: "the amdsmi Python binding and libamd_smi must be of one ROCm release",
+}
+HINTS = {
+    FABRICMANAGER: "move fabric manager (and libnvidia-nscq) with the driver to the same build in one transaction",
+    DCGM: "move every DCGM package to one release in one transaction",
+    DCGM_EXPORTER: "move dcgm-exporter and DCGM together to a pairing NVIDIA tested",
+    AMDSMI: "install the amdsmi binding of the ROCm release whose libamd_smi is installed (or the reverse)",
+}
+
+
+class Disagreement(Record):
+    """One companion rule a set breaks: the rule id, a message naming both sides, and the package keys of both
+    sides (the judged ones; the caller adds what moved)."""
+
+    __slots__ = ("rule", "message", "packages")
+    rule: str
+    message: str
+    packages: Tuple[str, ...]
+
+    def __init__(self, rule: str, message: str, packages: Sequence[str]) -> None:
+        Record.__init__(self, rule, message, tuple(packages))
+
+
+def family(rule: str, driver_patterns: Sequence[str] = ()) -> Tuple[str, ...]:
+    """The package globs a rule reads (the NVIDIA driver's for fabric manager), as names and ``prefix*`` only (the
+    apt hook looks those up without scanning every stanza): what a policy with the rule must guard, so the hook
+    sees them, and whose moves a disagreement is caused by."""
+    if rule == FABRICMANAGER:
+        return FABRICMANAGER_PACKAGES + tuple(driver_patterns)
+    if rule == DCGM:
+        return ("datacenter-gpu-manager*",)
+    if rule == DCGM_EXPORTER:
+        return DCGM_EXPORTER_PACKAGES + ("datacenter-gpu-manager*",)
+    return ("amd-smi*", "python3-amdsmi*", "libamd-smi*", "amdrocm-amdsmi*")
+
+
+def _keys(installed: Mapping[str, str], patterns: Sequence[str]) -> List[str]:
+    match = any_glob(patterns)
+    return sorted(k for k in installed if match(package_name(k)))
+
+
+def _grouped(found: Mapping[str, str], limit: int = 3) -> str:
+    """``580.105.08 (libnvidia-compute-580, nvidia-driver-580-open and 4 more)`` for messages."""
+    by_release: Dict[str, List[str]] = {}
+    for key, release in sorted(found.items()):
+        by_release.setdefault(release, []).append(package_name(key))
+    parts = []
+    for release, names in sorted(by_release.items()):
+        cut = limit if len(names) > limit + 1 else len(names)  # "and 1 more" says less than the name
+        shown = ", ".join(names[:cut]) + (f" and {len(names) - cut} more" if len(names) > cut else "")
+        parts.append(f"{release} ({shown})")
+    return ", ".join(parts)
+
+
+def _release(version: str) -> str:
+    return releases.dotted_release(version) or "unknown"
+
+
+# --- fabric manager x the NVIDIA driver ------------------------------------------------------------------------
+
+
+def fabricmanager(installed: Mapping[str, str], driver_patterns: Sequence[str], loaded_module: Optional[str],
+                  not_driver: Sequence[str] = (), leaves: str = "the host has") -> List[Disagreement]:
+    """Fabric manager and NSCQ at a build other than the NVIDIA driver's (every driver part present, else the
+    loaded module; none at all is a disagreement too). ``leaves`` words the driver's side (``the transaction
+    leaves``)."""
+    fm = {k: _release(installed[k]) for k in _keys(installed, FABRICMANAGER_PACKAGES)}
+    if not fm:
+        return []
+    companion = any_glob(FABRICMANAGER_PACKAGES)
+    driver = {k: _release(installed[k]) for k in _keys(installed, driver_patterns)
+              if not companion(package_name(k)) and package_name(k) not in not_driver}
+    if driver:
+        driver_text = f"driver {_grouped(driver)}"
+        driver_releases = set(driver.values())
+    elif loaded_module:
+        driver_text = f"driver {loaded_module} (the loaded nvidia module; no driver package)"
+        driver_releases = {loaded_module}
+    else:
+        driver_text = "no NVIDIA driver (no driver package, no loaded nvidia module)"
+        driver_releases = set()
+    out = []
+    for key, release in sorted(fm.items()):
+        if driver_releases == {release}:
+            continue
+        others = sorted(k for k, r in driver.items() if r != release)
+        out.append(Disagreement(FABRICMANAGER, f"{package_name(key)} {release} needs driver {release}; {leaves} "
+                                               f"{driver_text}", [key, *others]))
+    return out
+
+
+# --- DCGM's packages of one release ----------------------------------------------------------------------------
+
+
+def dcgm(installed: Mapping[str, str]) -> List[Disagreement]:
+    """DCGM's packages at more than one release (libdcgm and nv-hostengine must be one release)."""
+    found = {k: releases.dotted_release(installed[k], parts=3) or "unknown" for k in _keys(installed, DCGM_PACKAGES)}
+    if len(set(found.values())) < 2:
+        return []
+    return [Disagreement(DCGM, f"DCGM's packages are not one release: {_grouped(found)}; libdcgm and "
+                               f"nv-hostengine of different releases fail with 'API version mismatch'", sorted(found))]
+
+
+# --- dcgm-exporter x DCGM --------------------------------------------------------------------------------------
+
+
+def exporter_pairing(version: str) -> Optional[Tuple[str, str, Tuple[str, ...], str]]:
+    """(exporter release, DCGM release it was built with, DCGM series it supports, source) of a dcgm-exporter
+    package version, or None when unknown. A version in the release tag's form (``4.5.2-4.8.1``, as some
+    repackagings write it) carries the pair itself; otherwise :data:`EXPORTER_TABLE` says."""
+    text = version.split(":", 1)[1] if ":" in version.split("-", 1)[0] else version
+    head = text.split("-")
+    if len(head) >= 2 and all(_three_part(p) for p in head[:2]):
+        return head[1], head[0], (releases.series(head[0]) or head[0],), "the package version (<dcgm>-<exporter>)"
+    release = releases.dotted_release(text, parts=3)
+    for row in EXPORTER_TABLE:
+        if row[0] == release:
+            return row
+    return None
+
+
+def _three_part(text: str) -> bool:
+    parts = text.split(".")
+    return len(parts) == 3 and all(p.isdecimal() for p in parts)
+
+
+def dcgm_exporter(installed: Mapping[str, str]) -> List[Disagreement]:
+    """dcgm-exporter with a DCGM outside the release series its release was built for (or no DCGM, or a release
+    the table does not know)."""
+    exporters = _keys(installed, DCGM_EXPORTER_PACKAGES)
+    if not exporters:
+        return []
+    found = {k: releases.dotted_release(installed[k], parts=3) or "unknown" for k in _keys(installed, DCGM_PACKAGES)}
+    dcgm_text = f"DCGM {_grouped(found, 2)}" if found else "no DCGM package"
+    out = []
+    for key in exporters:
+        version = installed[key]
+        pairing = exporter_pairing(version)
+        if pairing is None:
+            out.append(Disagreement(DCGM_EXPORTER, f"{package_name(key)} {version} is not in gpuguard's dcgm-exporter "
+                                                   f"table (recorded {EXPORTER_TABLE_RECORDED}): which DCGM it "
+                                                   f"supports is unknown (the host has {dcgm_text})", [key]))
+            continue
+        exporter, built, supported, _source = pairing
+        wrong = sorted(k for k, r in found.items() if releases.series(r) not in supported)
+        if found and not wrong:
+            continue
+        want = " or ".join(f"{s}.x" for s in supported)
+        out.append(Disagreement(DCGM_EXPORTER, f"{package_name(key)} {exporter} (built with DCGM {built}) needs DCGM "
+                                               f"{want}; the host has {dcgm_text}", [key, *wrong]))
+    return out
+
+
+# --- the amdsmi binding x libamd_smi ---------------------------------------------------------------------------
+
+
+def amdsmi_library_release(name: str, version: str) -> Optional[str]:
+    """The ROCm release of an amdsmi library package: TheRock's release in the name (``amdrocm-amdsmi7.13``), ROCm's
+    code in amd-smi-lib's version (``26.0.2.70002-56~24.04`` -> ``7.0.2``), else the upstream version (Debian's
+    ``libamd-smi27`` ``10.1-1``)."""
+    for prefix in ("amdrocm-amdsmi", "amd-smi-lib"):
+        tail = name[len(prefix):] if name.startswith(prefix) else ""
+        if tail and tail[0].isdigit():
+            return tail
+    if name.startswith("amd-smi-lib"):
+        code = (releases.dotted_release(version) or "").split(".")
+        if len(code) >= 4 and code[3].isdigit() and len(code[3]) in (5, 6):
+            number = int(code[3])
+            return f"{number // 10000}.{(number // 100) % 100}.{number % 100}"
+    return releases.dotted_release(version)
+
+
+def amdsmi(installed: Mapping[str, str], binding: Optional[Tuple[str, str]] = None,
+           leaves: str = "the host has") -> List[Disagreement]:
+    """The amdsmi binding packaged on its own (Debian's amd-smi, python3-amdsmi) or installed with pip (``binding``:
+    (version, where), a host fact) at a ROCm release series no amdsmi library present has."""
+    libraries = {k: amdsmi_library_release(package_name(k), installed[k]) or "unknown"
+                 for k in _keys(installed, AMDSMI_LIBRARY_PACKAGES)}
+    # A binding pip-installed from ROCm's own tree is numbered like the library (amd-smi-lib 26.0.2 is ROCm 7.0.2)
+    lib_series = {releases.series(r) for r in libraries.values()}
+    lib_series |= {releases.series(_release(installed[k])) for k in libraries}
+    lib_text = f"libamd_smi of {_grouped(libraries, 2)}" if libraries else "no amdsmi library package"
+    sides = [(k, f"{package_name(k)} {installed[k]}", _release(installed[k]))
+             for k in _keys(installed, AMDSMI_BINDING_PACKAGES)]
+    if binding is not None:
+        sides.append(("", f"the pip amdsmi binding {binding[0]} ({binding[1]})", _release(binding[0])))
+    out = []
+    for key, label, release in sides:
+        if releases.series(release) in lib_series:
+            continue
+        out.append(Disagreement(AMDSMI, f"{label} needs libamd_smi of ROCm {releases.series(release)}; {leaves} "
+                                        f"{lib_text}", [k for k in (key, *sorted(libraries)) if k]))
+    return out

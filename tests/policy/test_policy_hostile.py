@@ -1,0 +1,118 @@
+"""``gpuguard policy check`` and ``policy compile`` on hostile files: a FIFO never hangs them, an oversized file is
+refused unread, 100,000 guarded names are checked against a host in seconds, and the matrix's types are strict:
+every refusal one line naming file and field."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Tuple
+
+import pytest
+
+from agent.cli import main
+from agent.policy import load as policy_load
+from tests.conftest import fill_disk
+
+REPO = Path(__file__).resolve().parents[2]
+MATRIX = REPO / "policies/amd-compat-matrix.toml"
+GOOD = '[policy]\nname = "site"\n[[amd.pairing]]\nname = "rocm-6.2"\namdgpu = "6.2.*"\nrocm = "6.2.*"\n'
+
+
+def _cli(*argv: str, timeout_seconds: float = 60) -> Tuple[int, str, float]:
+    """``python -m agent ARGV`` in a child (a hang on main must end at the timeout, not hang the suite)."""
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "agent", *argv], capture_output=True, text=True,
+                            timeout=timeout_seconds, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return result.returncode, result.stdout + result.stderr, time.monotonic() - started
+
+
+@pytest.mark.parametrize("command", ["check", "compile"])
+def test_a_fifo_as_the_policy_is_refused_in_one_line(tmp_path: Path, command: str) -> None:
+    """A FIFO in place of the policy file: exit 3 at once with 'not a regular file', never a wait for a writer."""
+    fifo = tmp_path / "policy.toml"
+    os.mkfifo(fifo)
+    argv = ["policy", "check", "--no-host", str(fifo)] if command == "check" else [
+        "policy", "compile", "--policy", str(fifo), "-o", str(tmp_path / "compiled.json")]
+    code, out, seconds = _cli(*argv, timeout_seconds=30)
+    assert code == 3 and seconds < 20, out
+    assert f"{fifo}: not a regular file" in out.splitlines()[0] and "Traceback" not in out
+    assert not (tmp_path / "compiled.json").exists()
+
+
+def test_a_fifo_as_the_matrix_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A FIFO given as --matrix to a policy that requires the matrix: exit 3 at once, file and reason named."""
+    fifo = tmp_path / "matrix.toml"
+    os.mkfifo(fifo)
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[policy]\nname = "m"\nrequire_amd_matrix = true\n')
+    code, out, seconds = _cli("policy", "check", "--no-host", "--matrix", str(fifo), str(policy), timeout_seconds=30)
+    assert code == 3 and seconds < 20, out
+    assert out.splitlines()[0] == f"{fifo}: not a regular file"
+
+
+def test_an_oversized_policy_is_refused_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A policy file over MAX_TOML_BYTES is one line naming the file and the cap (exit 3)."""
+    monkeypatch.setattr(policy_load, "MAX_TOML_BYTES", 100)
+    path = tmp_path / "policy.toml"
+    path.write_text(GOOD + "#" * 200 + "\n")
+    out = io.StringIO()
+    code = main(["policy", "check", "--no-host", str(path)], out=out)
+    assert code == 3 and out.getvalue().splitlines()[0] == f"{path}: larger than 100 bytes"
+
+
+def test_100000_guarded_names_are_checked_against_a_host_in_seconds(tmp_path: Path) -> None:
+    """policy check over a host of 3,000 packages and a policy guarding 100,000 names: well within 30 s (main
+    matched every name against every pattern: minutes)."""
+    (tmp_path / "var/lib/dpkg").mkdir(parents=True)
+    (tmp_path / "var/lib/dpkg/status").write_text("".join(
+        f"Package: lib{i}-x\nStatus: install ok installed\nArchitecture: amd64\nVersion: 1.{i}\n\n"
+        for i in range(3000)))
+    (tmp_path / "etc/gpuguard/policy.d").mkdir(parents=True)
+    names = ", ".join(f'"pkg-{i}"' for i in range(100000))
+    (tmp_path / "etc/gpuguard/policy.d/10-big.toml").write_text(
+        f'[policy]\nname = "big"\nguarded = [{names}, "lib7-*", "*-x", "lib1[0-9]-x"]\n[kernel]\nallow = "6.1.*"\n')
+    code, out, seconds = _cli("policy", "check", "--root", str(tmp_path), timeout_seconds=90)
+    assert code == 0 and seconds < 30, (seconds, out[-2000:])
+    lines = out.splitlines()
+    assert len([ln for ln in lines if "matches no package installed on this host" in ln]) == 100000
+    assert not [ln for ln in lines if "'lib7-*'" in ln or "'*-x'" in ln or "'lib1[0-9]-x'" in ln]
+
+
+@pytest.mark.parametrize("line,value,fragment", [
+    ("format = 1", 'format = "1"', "format: '1' is a string: write a whole number (no quotes)"),
+    ("format = 1", "format = 1.0", "format: 1.0 is not a whole number"),
+    ("format = 1", "format = true", "format: true is a boolean: write a whole number"),
+])
+def test_wrong_types_in_the_matrix_are_one_line_each(tmp_path: Path, line: str, value: str, fragment: str) -> None:
+    """The matrix is strict like the policy: no string, float or boolean for a number; one line naming the file and
+    the field (exit 3)."""
+    matrix = tmp_path / "matrix.toml"
+    text = MATRIX.read_text()
+    assert f"\n{line}\n" in text
+    matrix.write_text(text.replace(f"\n{line}\n", f"\n{value}\n", 1))
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[policy]\nname = "m"\nrequire_amd_matrix = true\n')
+    out = io.StringIO()
+    code = main(["policy", "check", "--no-host", "--matrix", str(matrix), str(policy)], out=out)
+    lines = out.getvalue().splitlines()
+    assert code == 3 and lines[0].startswith(f"{matrix}: {fragment}") and lines[1:] == ["1 problem found"], lines
+
+
+def test_compile_on_a_full_disk_is_exit_15_and_keeps_the_compiled_policy(tmp_path: Path, small_disk: Path,
+                                                                          capsys: pytest.CaptureFixture) -> None:
+    """ENOSPC while the compiled policy is written: one line, exit 16, the hook's old compiled policy intact."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(GOOD)
+    target = small_disk / "policy.compiled.json"
+    target.write_text('{"old": true}\n')
+    fill_disk(small_disk / "filler")
+    code = main(["policy", "compile", "--policy", str(policy), "-o", str(target)], out=io.StringIO())
+    err = capsys.readouterr().err
+    assert code == 16 and err.splitlines() == [
+        f"gpuguard: error: {target}: cannot be written (No space left on device): the old file is kept"]
+    assert target.read_text() == '{"old": true}\n'
