@@ -85,6 +85,11 @@ def read_coverage(path: str, root: str = "/") -> Optional[Coverage]:
                      lambda kept_path: os.path.isfile(os.path.join(root, kept_path.lstrip("/"))))
 
 
+def summarize(packages: Mapping[str, Mapping[str, object]]) -> Coverage:
+    """The coverage of entries as :func:`write_coverage` takes them, every named file taken as present."""
+    return _coverage(packages, "", lambda kept_path: True)
+
+
 def _coverage(packages: Mapping[str, object], recorded_at: str, present: Callable[[str], bool]) -> Coverage:
     by_source: Dict[str, int] = {}
     missing: List[str] = []

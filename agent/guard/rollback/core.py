@@ -29,7 +29,7 @@ from agent.hostfacts.package_keys import package_name
 from agent.log import get_logger
 from agent.policy.compiled import KERNEL_MODULE_PACKAGES, CompiledPolicy
 from agent.policy.evaluate import HostState, Violation, evaluate, facts_used
-from agent.rollback_coverage import write_coverage
+from agent.rollback_coverage import summarize, write_coverage
 from agent.statepaths import StatePaths
 
 log = get_logger("guard.rollback")
@@ -123,13 +123,14 @@ def load_before_change(host: Host, paths: StatePaths) -> Optional[Dict[str, Inst
 
 
 def _uncached_note(files: Dict[str, KeptFile], backend: Optional[PackageBackend]) -> str:
-    """What the operator must know when some known-good package files could not be kept, or not exactly."""
+    """The coverage of the recorded set, and what the operator must know when some package files could not be
+    kept, or not exactly."""
+    if backend is None:
+        return ""
+    note = "; " + summarize({k: {"path": kept.path, "source": kept.source} for k, kept in files.items()}).summary()
     capped = sorted(k for k, kept in files.items() if not kept.restorable and "kept_packages_max_bytes" in kept.reason)
     missing = sorted(k for k, kept in files.items() if not kept.restorable and k not in capped)
     inexact = sorted(k for k, kept in files.items() if kept.inexact)
-    if backend is None or not (missing or inexact or capped):
-        return ""
-    note = ""
     if capped:
         shown = ", ".join(capped[:5]) + (f" and {len(capped) - 5} more" if len(capped) > 5 else "")
         note += (f"; {len(capped)} not kept: {files[capped[0]].reason} ({shown})")
