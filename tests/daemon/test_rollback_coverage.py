@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from agent.config import Settings
 from agent.daemon_jobs.heartbeat import HeartbeatJob
+from agent.daemon_jobs.metrics import MetricsJob
 from agent.daemon_jobs.nfd import NfdJob
 from agent.host import Host
 from agent.statepaths import StatePaths
@@ -61,3 +63,20 @@ def test_nfd_labels_say_whether_every_guarded_package_is_restorable(tmp_path: Pa
     found = parse_features(features.read_text())[1]
     assert found["gpuguard.io/rollback-restorable"] == "false"
     assert found["gpuguard.io/rollback-coverage"] == "32-of-33"
+
+
+def test_the_metrics_textfile_carries_the_rollback_coverage(tmp_path: Path) -> None:
+    """gpuguard.prom says how many guarded packages there are, how many are restorable per source, and how many
+    only inexactly."""
+    settings = Settings.model_validate({"agent": {"state_dir": str(tmp_path / "state")}})
+    root = _root_with_coverage(tmp_path, 32, 33)
+    (root / str(tmp_path / "state").lstrip("/")).mkdir(parents=True)
+    coverage = root / StatePaths().rollback_coverage.lstrip("/")
+    coverage.rename(root / StatePaths(str(tmp_path / "state")).rollback_coverage.lstrip("/"))
+    rt = make_runtime(tmp_path, Host(root=root, clock=fixed_clock), settings)
+    MetricsJob(rt).run()
+    text = (tmp_path / "state" / "metrics" / "gpuguard.prom").read_text()
+    assert "gpuguard_rollback_guarded_packages 33" in text
+    assert 'gpuguard_rollback_restorable_packages{source="rebuilt"} 31' in text
+    assert 'gpuguard_rollback_restorable_packages{source="archive cache"} 1' in text
+    assert "gpuguard_rollback_inexact_packages 1" in text
