@@ -6,7 +6,7 @@ defaults. Each area (snapshot, health, report) owns its own settings model next 
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Dict, Literal, Optional
 
 from pydantic import Field
 
@@ -28,6 +28,8 @@ class AgentSettings(FrozenModel):
     state_dir: str = DEFAULT_STATE_DIR
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     host_id: Optional[str] = None
+    # Labels of this host (rack, role, ...): sent in the heartbeat, matched by a policy bundle's scope.
+    labels: Dict[str, str] = Field(default_factory=dict)
 
 
 class DaemonSettings(FrozenModel):

@@ -38,6 +38,7 @@ from agent.daemon_jobs.children import (
     GuardCheckInChild,
     GuardEventsInChild,
     HealthInChild,
+    PolicyFetchInChild,
     SnapshotInChild,
     load_config_in_child,
     restore_in_child,
@@ -47,7 +48,7 @@ from agent.daemon_jobs.guard import GuardJob
 from agent.daemon_jobs.guard_events import GuardEventForwarder, guard_events_path
 from agent.daemon_jobs.health import HealthJob
 from agent.daemon_jobs.health_schedule import HealthSchedule
-from agent.daemon_jobs.heartbeat import HeartbeatJob, first_heartbeat_in_seconds
+from agent.daemon_jobs.heartbeat import HeartbeatJob, first_heartbeat_in_seconds, first_policy_fetch_in_seconds
 from agent.daemon_jobs.hooks import Hooks, default_hooks
 from agent.daemon_jobs.job_runner import JobRunner, without_retry
 from agent.daemon_jobs.memory import limit_malloc_arenas
@@ -184,8 +185,16 @@ class Daemon:
         rt.report_outbox_damage()  # found while opening it
         self._add(scheduler, "outbox_check", without_retry(rt.check_outbox), OUTBOX_CHECK_INTERVAL_SECONDS, None)
         heartbeat = HeartbeatJob(rt)
-        self._add(scheduler, "heartbeat", without_retry(heartbeat.run), intervals["heartbeat"],
-                  first_heartbeat_in_seconds(s))
+        heartbeat_runner = self._add(scheduler, "heartbeat", without_retry(heartbeat.run), intervals["heartbeat"],
+                                     first_heartbeat_in_seconds(s))
+        # The hub's policy bundle, on the heartbeat's schedule (a little before it); a new one checked by the guard.
+        def policy_changed(why: str) -> None:
+            guard_runner.request(why)
+            heartbeat_runner.request(why)
+
+        fetch = PolicyFetchInChild(rt, self.config_path, policy_changed, in_child=children)
+        self._add(scheduler, "policy_fetch", without_retry(fetch.run), intervals["policy_fetch"],
+                  first_policy_fetch_in_seconds(s))
         if self.notifier.watchdog_seconds:
             self._add(scheduler, "watchdog", lambda reason: self.notifier.notify("WATCHDOG=1"),
                       self.notifier.watchdog_seconds / 2, None, refresh_metrics=False)

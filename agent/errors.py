@@ -6,7 +6,8 @@
     │   └── PolicyError                exit 3   pairing policy invalid
     ├── InputFileError                 exit 4   a data file (snapshot JSON, state) is missing or corrupt
     │   ├── FileMissing                exit 4   the path does not exist (agent/files.py)
-    │   └── InputNotWhole              exit 4   hot-path input not readable as a whole (cut, other protocol, bad bytes)
+    │   ├── InputNotWhole              exit 4   hot-path input not readable as a whole (cut, other protocol, bad bytes)
+    │   └── BundleInvalid              exit 4   a policy bundle file is not one (agent/bundle/format.py)
     ├── HostReadError                  exit 5   a host path could not be read (permission, I/O)
     ├── StateWriteError                exit 16  a state file could not be written (disk full, read-only): old one kept
     ├── CommandError                   exit 6   an external command failed to start or exited non-zero
@@ -18,9 +19,11 @@
     ├── SetupError                     exit 15  the host lacks what gpuguard's set-up makes (the probe's user)
     ├── Interrupted                    exit 1   a wait was given up because the daemon is stopping
     ├── ChildJobFailed                 exit 1   a job child of the daemon failed (agent/daemon_jobs/children.py)
+    ├── BundleRefused                  exit 17  a policy bundle was refused (signature, serial, scope, compile)
     └── HubError                       exit 10  the reference hub cannot serve a request
         ├── StoreError                 exit 10  the hub's database failed or refused
-        └── WriterBusy                 exit 10  the hub's write queue is full or shutting down
+        ├── WriterBusy                 exit 10  the hub's write queue is full or shutting down
+        └── HubClientError             exit 10  the hub refused a `hub policy` call (agent/hub/client.py)
 
 Foreign exceptions (OSError, subprocess, pydantic, requests, amdsmi, pynvml) are mapped to these once, at the
 boundary where they happen; the CLI prints a known error as one line and exits with its code. A class drawn with a
@@ -240,3 +243,16 @@ class StoreError(HubError):
 
 class WriterBusy(HubError):
     """The hub's writer queue is full, or it is shutting down."""
+
+
+class BundleRefused(GpuguardError):
+    """A policy bundle was refused: its signature, a serial below the one in force, out of scope, or it does not
+    compile; the policy in force keeps guarding. ``reason`` is the one line saying why."""
+
+    exit_code = 17
+
+    def __init__(self, source: str, reason: str, serial: Optional[int] = None) -> None:
+        self.source = source
+        self.reason = reason
+        self.serial = serial
+        super().__init__(f"{source}: refused: {reason}")

@@ -30,8 +30,13 @@ health/check.lock             whoever runs a health check (flock, holder)   the 
 health/probe-home/            the health check (the probe user's home)      the probe
 metrics/gpuguard.prom         the metrics job (when no textfile is set)     node_exporter, gpuguard status
 cache/<name>.json             the collectors' fact cache                    the same
+policy-bundle/                policy install, the daemon's bundle fetch     policy compile, status, the heartbeat
 .job-<name>.result.json       a daemon job child                            the daemon
 ============================  ============================================  ==========================================
+
+policy-bundle/ holds the signed policy bundle in force (bundle.json, bundle.json.sig), its policy files extracted
+(policy.d/) and its matrix (amd-compat-matrix.toml, when it carries one), and state.json (the serial in force, the
+signing key, where it came from, the last refusal).
 
 Files beside one of these carry its name with a suffix given where they are made (the outbox's ``.hwm`` high-water
 mark, SQLite's ``-wal``, the baselines' ``.baselines.lock``).
@@ -178,6 +183,36 @@ class StatePaths:
     def metrics_textfile(self) -> str:
         """The node_exporter textfile when ``[report] metrics_textfile`` names none."""
         return self._join("metrics/gpuguard.prom")
+
+    # --- the signed policy bundle (agent/bundle/) ----------------------------------------------------------------
+
+    @property
+    def policy_bundle_dir(self) -> str:
+        return self._join("policy-bundle")
+
+    @property
+    def policy_bundle(self) -> str:
+        """The bundle in force, as its signature covers it."""
+        return self._join("policy-bundle/bundle.json")
+
+    @property
+    def policy_bundle_signature(self) -> str:
+        return self._join("policy-bundle/bundle.json.sig")
+
+    @property
+    def policy_bundle_policy_dir(self) -> str:
+        """The bundle's policy files, extracted: what ``policy_source = "bundle"`` compiles."""
+        return self._join("policy-bundle/policy.d")
+
+    @property
+    def policy_bundle_matrix(self) -> str:
+        """The AMD matrix the bundle carries (absent when it carries none)."""
+        return self._join("policy-bundle/amd-compat-matrix.toml")
+
+    @property
+    def policy_bundle_state(self) -> str:
+        """Serial in force, signing key, source, install time, last refusal (agent/bundle/state.py)."""
+        return self._join("policy-bundle/state.json")
 
     def fact_cache(self, name: str) -> str:
         """One collector fact cache (agent/collectors/factcache.py)."""

@@ -28,6 +28,7 @@ FLOORS: Dict[str, int] = {
     "agent.collectors": 2,
     # F3 areas
     "agent.snapshot": 3, "agent.guard": 3, "agent.health": 3, "agent.report": 3,
+    "agent.bundle": 3,
     # F4: what composes the areas
     "agent.status": 4, "agent.integrations": 4, "agent.config": 4,
     # F5: the daemon's jobs, the hub, the command families

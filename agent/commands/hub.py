@@ -1,4 +1,5 @@
-"""``gpuguard hub serve|add-host|add-reader``: run the reference hub, make its tokens."""
+"""``gpuguard hub serve|add-host|add-reader|add-admin|policy``: run the reference hub, make its tokens, manage its
+policy bundles."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, TextIO
 
-from agent.commands.options import add_group, add_hub_config
+from agent.commands.options import add_group, add_hub_config, add_json
 from agent.defaults import DEFAULT_HUB_CONFIG_PATH
 
 if TYPE_CHECKING:
@@ -19,7 +20,8 @@ def add_parser(sub: Subparsers) -> None:
     serve = hub_sub.add_parser("serve", help="run the hub (uvicorn) until SIGINT/SIGTERM")
     add_hub_config(serve)
     serve.set_defaults(handler=hub_serve)
-    for role, name, what in (("host", "add-host", "HOST_ID"), ("reader", "add-reader", "NAME")):
+    for role, name, what in (("host", "add-host", "HOST_ID"), ("reader", "add-reader", "NAME"),
+                             ("admin", "add-admin", "NAME")):
         add = hub_sub.add_parser(name, help=f"make a {role} token, print it once, store only its hash")
         add.add_argument("subject", metavar=what)
         add_hub_config(add)
@@ -27,6 +29,24 @@ def add_parser(sub: Subparsers) -> None:
         add.add_argument("--rotate", action="store_true", help="replace an existing token (the old one stops "
                                                                "working)")
         add.set_defaults(handler=hub_add, role=role)
+    policy = add_group(hub_sub, "policy", "push, list, show and withdraw the signed policy bundles a hub offers")
+    push = policy.add_parser("push", help="store a signed bundle at the hub (admin token); its serial must be new")
+    push.add_argument("bundle", metavar="BUNDLE", help="the bundle file (gpuguard policy bundle)")
+    push.add_argument("--signature", metavar="SIG", help="its detached OpenPGP signature (default: BUNDLE.sig)")
+    listing = policy.add_parser("list", help="every bundle the hub stores, newest first")
+    show = policy.add_parser("show", help="one bundle: serial, scope, who made and pushed it, its policy files")
+    withdraw = policy.add_parser("withdraw", help="stop offering a bundle to hosts (admin token); hosts keep "
+                                                  "enforcing what they have")
+    for parser in (show, withdraw):
+        parser.add_argument("serial", metavar="SERIAL", type=int)
+    for parser in (push, listing, show, withdraw):
+        parser.add_argument("--hub", metavar="URL", help="the hub's base URL (default: $GPUGUARD_HUB_URL)")
+        parser.add_argument("--token-file", metavar="PATH",
+                            help="file holding the bearer token, mode 0600 (default: $GPUGUARD_HUB_TOKEN_FILE, "
+                                 "else the token in $GPUGUARD_HUB_TOKEN)")
+        parser.add_argument("--ca-bundle", metavar="PATH", help="CA certificates to verify the hub's TLS with")
+        add_json(parser, "print the hub's JSON answer")
+        parser.set_defaults(handler=hub_policy)
 
 
 def _settings(args: argparse.Namespace) -> HubSettings:
@@ -48,7 +68,7 @@ def hub_serve(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> 
 
 
 def hub_add(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    """Make a host or reader token: the token on stdout, once; its hash in the tokens file."""
+    """Make a host, reader or admin token: the token on stdout, once; its hash in the tokens file."""
     from agent.hub.tokens import add_token
 
     tokens_file = args.tokens_file or _settings(args).tokens_file
@@ -56,4 +76,42 @@ def hub_add(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> in
     out.write(token + "\n")
     print(f"gpuguard: {args.role} token for {args.subject!r} stored (hash only) in {tokens_file}; "
           "it is shown this once", file=sys.stderr)
+    return 0
+
+
+def hub_policy(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    """``hub policy push|list|show|withdraw``: one call to the hub's policy API, its answer printed."""
+    import json
+
+    from agent.files import read_bytes_bounded
+    from agent.hub.bundles import MAX_SIGNATURE_BYTES
+    from agent.hub.client import HubClient, bundle_lines, bundles_table, hub_token, hub_url
+
+    env = make_host("/").env
+    client = HubClient(hub_url(args.hub, env), hub_token(args.token_file, env), ca_bundle=args.ca_bundle)
+    command = args.policy_command
+    try:
+        if command == "push":
+            from agent.bundle.format import MAX_BUNDLE_BYTES
+
+            data = read_bytes_bounded(args.bundle, MAX_BUNDLE_BYTES)
+            signature = read_bytes_bounded(args.signature or args.bundle + ".sig", MAX_SIGNATURE_BYTES)
+            answer = client.push(data, signature)
+        elif command == "list":
+            answer = client.list()
+        elif command == "show":
+            answer = client.show(args.serial)
+        else:
+            answer = client.withdraw(args.serial)
+    finally:
+        client.close()
+    if args.json:
+        out.write(json.dumps(answer, indent=2, sort_keys=True) + "\n")
+    elif command == "list":
+        out.write(bundles_table(answer.get("bundles", [])))
+    elif command == "show":
+        out.write(bundle_lines(answer.get("summary", {}), answer.get("policy_files", [])))
+    else:
+        verb = "pushed" if command == "push" else "withdrew"
+        out.write(f"{verb} bundle serial {answer.get('serial')} (sha256 {answer.get('sha256')})\n")
     return 0

@@ -15,6 +15,8 @@
     deliver      drain_outbox with a Sender built here (the token file read again): acknowledged batches leave the
                  outbox; result: when the last batch was taken, the failure that ended the drain (the daemon backs
                  off); an unusable token file or CA bundle is an ``auth`` failure
+    policy_fetch the hub's policy bundle for this host fetched (conditional GET) and installed as policy install
+                 does (agent/daemon_jobs/policy_fetch.py); result: unchanged, installed, refused (why) or failed
 
 Requests and results are the records of agent/daemon_jobs/protocol.py; a request that is not its job's record is a
 usage error (one line, exit 2). The request carries what the daemon's memory holds: the settings in force, the host
@@ -78,6 +80,10 @@ def run_job(job: str, config_path: str, host: Host, request: JsonObject, result_
         _stop_with_the_daemon(job_request.context.daemon_pid, stopping)
         if job == "guard_check":
             result = _guard_check(host, settings, stopping)
+        elif job == "policy_fetch":
+            from agent.daemon_jobs.policy_fetch import fetch_and_install
+
+            result = fetch_and_install(host, settings, job_request.context.host_id)
         else:
             result = _with_outbox(job, host, settings, job_request, stopping)
     from agent.daemon_jobs.children import peak_rss_kib_of

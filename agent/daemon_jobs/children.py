@@ -52,6 +52,7 @@ from agent.daemon_jobs.protocol import (
     HealthRequest,
     HealthSummary,
     JobRequest,
+    PolicyFetchResult,
     RestoreResult,
     SnapshotRequest,
     SnapshotResult,
@@ -341,3 +342,39 @@ class GuardEventsInChild:
         if result.events:
             rt.emitter.on_enqueued()
         return result.forwarded
+
+
+class PolicyFetchInChild:
+    """The daemon's policy fetch (agent/daemon_jobs/policy_fetch.py) in a child, or in process (tests, ``in_child``
+    False); logs the outcome and, when a bundle was installed or refused, calls ``on_changed``."""
+
+    def __init__(self, runtime: Runtime, config_path: str, on_changed: Callable[[str], None],
+                 in_child: bool = True) -> None:
+        self.runtime = runtime
+        self.config_path = config_path
+        self.on_changed = on_changed
+        self.in_child = in_child
+
+    def run(self, reason: str = "interval") -> None:
+        rt = self.runtime
+        if rt.settings.endpoint_url is None:
+            return
+        if self.in_child:
+            result = run_child("policy_fetch", self.config_path, str(rt.host.root),
+                               JobRequest(context=child_context(rt), reason=reason), PolicyFetchResult, rt.state_dir,
+                               rt.stopping)
+        else:
+            from agent.daemon_jobs.policy_fetch import fetch_and_install
+
+            result = fetch_and_install(rt.host, rt.job_settings(), rt.emitter.host_id)
+        if result.outcome == "installed":
+            log.info("policy_bundle_installed", serial=result.serial, detail=result.detail)
+        elif result.outcome == "refused":
+            log.warning("policy_bundle_refused", serial=result.serial, reason=result.detail,
+                        kept="the policy in force")
+        elif result.outcome == "failed":
+            log.warning("policy_fetch_failed", detail=result.detail, kept="the policy in force")
+        else:
+            log.debug("policy_fetch_done", outcome=result.outcome, serial=result.serial)
+        if result.outcome in ("installed", "refused"):
+            self.on_changed(f"policy_bundle_{result.outcome}")

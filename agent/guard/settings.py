@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Literal, Optional, Tuple
 
 from pydantic import Field, ValidationInfo, model_validator
 
@@ -28,6 +28,11 @@ class GuardSettings(FrozenModel):
     kept_packages_max_bytes: int = Field(32 * 1024 ** 3, ge=0)
     # Put before every dnf command of the rollback and pin apply (``-c FILE``, ``--setopt=...``); rpm hosts only.
     dnf_options: Tuple[str, ...] = ()
+    # Which policy the compiled file comes from: the files in policy_path ("local"), or the signed policy bundle
+    # in force (``gpuguard policy install``, the daemon's fetch from the hub: "bundle"). docs/guard.md, "Signed policy".
+    policy_source: Literal["local", "bundle"] = "local"
+    # The trusted OpenPGP keyrings (*.gpg) a policy bundle's signature is checked against.
+    keys_dir: str = "/etc/gpuguard/keys"
 
     @model_validator(mode="before")
     @classmethod

@@ -9,8 +9,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import List, Literal
 
+from pydantic import Field
+
 from agent.hub.fleet import DriftHost, PairingCount
-from agent.hub.rows import HostState
+from agent.hub.rows import AuditEntry, BundleSummary, HostState
 from agent.models import FrozenModel
 from agent.report.events import PAYLOAD_KINDS, Event
 
@@ -59,3 +61,33 @@ class EventsResponse(FrozenModel):
     count: int
     events: List[EventRecord]
 
+
+
+class BundlePush(FrozenModel):
+    """A policy bundle to store: its exact bytes and its detached OpenPGP signature, each base64 (standard alphabet)."""
+
+    bundle: str = Field(min_length=1)
+    signature: str = Field(min_length=1)
+
+
+class BundlesResponse(FrozenModel):
+    count: int
+    bundles: List[BundleSummary]
+
+
+class BundleDetail(FrozenModel):
+    summary: BundleSummary
+    policy_files: List[str]
+    bundle: str
+    signature: str
+
+
+class BundleOffer(FrozenModel):
+    serial: int
+    bundle: str
+    signature: str
+
+
+class AuditResponse(FrozenModel):
+    count: int
+    entries: List[AuditEntry]

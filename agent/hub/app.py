@@ -5,6 +5,13 @@
     GET  /v1/pairings hosts per driver/ROCm/CUDA/kernel pairing               (reader token)
     GET  /v1/drift    hosts with drift/regression/fallback/violation/rollback events since a time (reader)
     GET  /v1/events   stored events by host, kind, time                        (reader token)
+    POST /v1/policy/bundles                 store a signed policy bundle (admin token; 409 unless its serial is new)
+    GET  /v1/policy/bundles                 every stored bundle, newest first (reader or admin)
+    GET  /v1/policy/bundles/{serial}        one bundle, with its bytes and signature (reader or admin)
+    POST /v1/policy/bundles/{serial}/withdraw  stop offering a bundle (admin)
+    GET  /v1/policy/hosts                   each host's serial in force, the one offered, behind, refused (reader)
+    GET  /v1/audit                          pushes, refused pushes and withdrawals, newest first (reader or admin)
+    GET  /v1/policy/bundle                  the newest bundle in the calling host's scope (host token; ETag, 304, 204)
     GET  /healthz     liveness and database reachability (no token)
     GET  /metrics     Prometheus text format (reader token; agent/hub/metrics.py)
     GET  /ui/...      the web dashboard (reader token or session; agent/hub/dashboard/)
@@ -16,25 +23,34 @@ access.py. The bodies are the models of api_models.py, from which the OpenAPI sp
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import datetime as dt
-from typing import Any, AsyncIterator, Callable, Dict, Literal, Optional, TypeVar, Union
+from typing import Any, AsyncIterator, Callable, Dict, Literal, Optional, Sequence, TypeVar, Union
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from agent import __version__
+from agent.bundle.format import MAX_SERIAL
 from agent.errors import StoreError
-from agent.hub.access import host_of, reader_of
+from agent.hub.access import admin_of, host_of, reader_of
 from agent.hub.alerts import AlertDeliverer, AlertQueue
 from agent.hub.api_models import (
+    AuditResponse,
+    BundleDetail,
+    BundleOffer,
+    BundlePush,
+    BundlesResponse,
     DriftResponse,
     ErrorBody,
     EventRecord,
@@ -44,6 +60,7 @@ from agent.hub.api_models import (
     PairingsResponse,
     PayloadKind,
 )
+from agent.hub.bundles import PolicyBundles, PolicyRollout, etag_of
 from agent.hub.dashboard import mount_dashboard
 from agent.hub.fleet import drift_hosts, pairing_counts
 from agent.hub.ingest import Ingest
@@ -60,7 +77,7 @@ from agent.hub.responses import (
     storage_unavailable,
 )
 from agent.hub.retention import retention_worker
-from agent.hub.rows import DRIFT_KINDS, BatchResult, EventQuery, utc, utc_now
+from agent.hub.rows import DRIFT_KINDS, BatchResult, BundleSummary, EventQuery, utc, utc_now
 from agent.hub.settings import HubSettings
 from agent.hub.store import SqlStore
 from agent.hub.tokens import TokenRegistry
@@ -88,6 +105,24 @@ def _since(value: Optional[dt.datetime], default: _Default) -> Union[dt.datetime
             from None
 
 
+def _invalid(errors: Sequence[Any]) -> HubHTTPError:
+    """422 for a request the schema refuses: the first problem in the one-line detail, every one in ``problems``."""
+    problems = validation_problems(errors, top="(body)")
+    return HubHTTPError(422, "invalid_request", one_line("invalid request", problems), problems)
+
+
+def _base64(value: str, field: str) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise HubHTTPError(422, "invalid_request", f"{field}: not base64 (standard alphabet, padded)",
+                           [f"(body) -> {field}: not base64"]) from None
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
 class HubApp(FastAPI):
     """FastAPI, with POST /v1/events answered by ``Ingest.asgi`` before the framework's stack when ``fast_ingest``
     is set. The FastAPI route stays: it documents the operation in the OpenAPI spec and runs the same steps."""
@@ -107,6 +142,8 @@ _ERROR_RESPONSES: Dict[int, Dict[str, Any]] = {
         (400, "Malformed JSON"),
         (401, "Missing or invalid bearer token"),
         (403, "Token valid but not allowed this (wrong host, or wrong kind of token)"),
+        (404, "No such policy bundle"),
+        (409, "Conflicts with what is stored (a serial not above the highest, a bundle already withdrawn)"),
         (413, "Body over the size limit"),
         (422, "Body or query does not match the schema"),
         (503, "Storage busy or unavailable; retry after Retry-After seconds"),
@@ -133,9 +170,11 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
     retention = retention_worker(settings, store, clock)
     alert_queue = AlertQueue(store, settings.alert_webhooks)
     deliverer = AlertDeliverer(settings, alert_queue, clock)
-    hub_metrics = HubMetrics(store, alert_queue, settings.stale_after_seconds, clock)
-    bearer = HTTPBearer(auto_error=False, description="`gpuguard hub add-host HOST_ID` (host token) or "
-                                                      "`gpuguard hub add-reader NAME` (reader token)")
+    bundles = PolicyBundles(store, clock)
+    hub_metrics = HubMetrics(store, alert_queue, settings.stale_after_seconds, clock, policy_rollout=bundles.rollout)
+    bearer = HTTPBearer(auto_error=False, description="`gpuguard hub add-host HOST_ID` (host token), "
+                                                      "`gpuguard hub add-reader NAME` (reader token) or "
+                                                      "`gpuguard hub add-admin NAME` (admin token)")
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -175,9 +214,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, exc: RequestValidationError) -> Response:
-        problems = validation_problems(exc.errors(), top="(body)")
-        return await _hub_error(request, HubHTTPError(422, "invalid_request", one_line("invalid request",
-                                                                                        problems), problems))
+        return await _hub_error(request, _invalid(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -241,6 +278,78 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
         records = [EventRecord(received_at=s.received_at, event=Event.model_validate_json(s.body)) for s in stored]
         return json_response(EventsResponse(count=len(records), events=records))
 
+    def token_of(credentials: Optional[HTTPAuthorizationCredentials]) -> Optional[str]:
+        return credentials.credentials if credentials is not None else None
+
+    @app.post("/v1/policy/bundles", response_model=BundleSummary, status_code=201,
+              summary="Store a signed policy bundle (admin)", responses=_responses(401, 403, 409, 413, 422, 503),
+              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                  "schema": BundlePush.model_json_schema()}}}})
+    async def push_bundle(request: Request,
+                          credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
+        principal = admin_of(registry, token_of(credentials))
+        try:
+            body = BundlePush.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise _invalid(exc.errors()) from None
+        data, signature = _base64(body.bundle, "bundle"), _base64(body.signature, "signature")
+        summary = await run_in_threadpool(read, lambda: bundles.push(principal, data, signature))
+        return json_response(summary, status=201, headers={"Location": f"/v1/policy/bundles/{summary.serial}"})
+
+    @app.get("/v1/policy/bundles", response_model=BundlesResponse, summary="Every stored policy bundle, newest first",
+             responses=_READ_ERRORS, dependencies=[Depends(require_reader)])
+    def list_bundles() -> Response:
+        found = read(bundles.summaries)
+        return json_response(BundlesResponse(count=len(found), bundles=found))
+
+    @app.get("/v1/policy/bundles/{serial}", response_model=BundleDetail, summary="One policy bundle with its bytes",
+             responses=_responses(401, 403, 404, 422, 503), dependencies=[Depends(require_reader)])
+    def show_bundle(serial: int = Path(..., ge=1, le=MAX_SERIAL)) -> Response:
+        summary = read(lambda: bundles.summary(serial))
+        data, signature = read(lambda: bundles.content(serial))
+        parsed = read(lambda: bundles.bundle(serial))
+        return json_response(BundleDetail(summary=summary, policy_files=sorted(parsed.policy_files),
+                                          bundle=_b64(data), signature=_b64(signature)))
+
+    @app.post("/v1/policy/bundles/{serial}/withdraw", response_model=BundleSummary,
+              summary="Stop offering a policy bundle to hosts (admin)",
+              responses=_responses(401, 403, 404, 409, 422, 503))
+    def withdraw_bundle(serial: int = Path(..., ge=1, le=MAX_SERIAL),
+                        credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
+        principal = admin_of(registry, token_of(credentials))
+        return json_response(read(lambda: bundles.withdraw(principal, serial)))
+
+    @app.get("/v1/policy/hosts", response_model=PolicyRollout,
+             summary="Each host's policy serial in force, the serial offered to it, and its last refusal",
+             responses=_READ_ERRORS, dependencies=[Depends(require_reader)])
+    def policy_hosts() -> Response:
+        return json_response(read(bundles.rollout))
+
+    @app.get("/v1/audit", response_model=AuditResponse, summary="Policy pushes and withdrawals, newest first",
+             responses=_READ_ERRORS, dependencies=[Depends(require_reader)])
+    def get_audit(limit: int = Query(100, ge=1, le=1000)) -> Response:
+        entries = read(lambda: bundles.audit(limit))
+        return json_response(AuditResponse(count=len(entries), entries=entries))
+
+    @app.get("/v1/policy/bundle", response_model=BundleOffer,
+             summary="The newest policy bundle in this host's scope (host token); 304 when unchanged, 204 when none",
+             responses={204: {"description": "No bundle is offered in this host's scope"},
+                        304: {"description": "The bundle If-None-Match names is still the one offered"},
+                        **_responses(401, 403, 503)})
+    def fetch_bundle(request: Request,
+                     credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
+        principal = host_of(registry, token_of(credentials))
+        serial = read(lambda: bundles.offer_serial(principal.subject))
+        if serial is None:
+            return Response(status_code=204)
+        etag = etag_of(serial)
+        tags = [tag.strip() for tag in (request.headers.get("if-none-match") or "").split(",")]
+        if etag in tags or "*" in tags:
+            return Response(status_code=304, headers={"ETag": etag})
+        offer = read(lambda: bundles.offer(serial))
+        return json_response(BundleOffer(serial=serial, bundle=_b64(offer.bundle), signature=_b64(offer.signature)),
+                             headers={"ETag": etag, "Cache-Control": "no-cache"})
+
     @app.get("/healthz", response_model=Health, summary="Liveness and database reachability",
              responses=_responses(503))
     def healthz() -> Response:
@@ -252,7 +361,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
         # Same access rule as the fleet API: Prometheus sends the reader token (authorization: credentials_file).
         return Response(generate_latest(hub_metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    mount_dashboard(app, settings, store, registry, clock, alert_counts=alert_queue.counts)
+    mount_dashboard(app, settings, store, registry, clock, alert_counts=alert_queue.counts, bundles=bundles)
 
     def openapi() -> Dict[str, Any]:
         if app.openapi_schema is None:

@@ -27,6 +27,8 @@ class Dialect(Protocol):
 
     name: str  # in logs and in StoreError: "sqlite", "postgresql"
     timestamp_type: str  # the column type of a time
+    bytes_type: str  # the column type of raw bytes
+    key_type: str  # a generated integer primary key, in creation order
     driver_errors: Tuple[Type[BaseException], ...]  # what the store maps to StoreError
 
     def connect_reader(self) -> Any:
@@ -59,6 +61,8 @@ class SQLiteDialect:
 
     name = "sqlite"
     timestamp_type = "TEXT"
+    bytes_type = "BLOB"
+    key_type = "INTEGER PRIMARY KEY"
     driver_errors: Tuple[Type[BaseException], ...] = (sqlite3.Error, OSError)  # OSError: the directory cannot be made
 
     def __init__(self, path: str, synchronous: str = "full", busy_timeout_seconds: float = 10.0) -> None:
@@ -113,10 +117,13 @@ class SQLiteDialect:
 
 
 class PostgresDialect:
-    """PostgreSQL through psycopg 3: readers autocommit, the writer commits per transaction."""
+    """PostgreSQL through psycopg 3: readers autocommit (``transaction`` opens an explicit block on them), the
+    writer commits per transaction."""
 
     name = "postgresql"
     timestamp_type = "TIMESTAMPTZ"
+    bytes_type = "BYTEA"
+    key_type = "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
 
     def __init__(self, url: str, connect_timeout_seconds: int = 10) -> None:
         try:
@@ -146,6 +153,12 @@ class PostgresDialect:
 
     @contextlib.contextmanager
     def transaction(self, conn: Any) -> Iterator[Any]:
+        if conn.autocommit:
+            # A reader connection: without an explicit block each statement would commit alone, and a
+            # transaction-scoped lock (``lock``) would end with the statement that took it.
+            with conn.transaction():
+                yield conn.cursor()
+            return
         cur = conn.cursor()
         try:
             yield cur

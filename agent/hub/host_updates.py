@@ -1,14 +1,15 @@
 """The newest facts about each host in a set of events (pure): what one group commit writes into ``hosts``.
 
 Within the set the newest event by (occurred_at, sequence) gives the hostname; the newest snapshot_changed or
-heartbeat that carries one gives the pairing; the newest heartbeat gives compliance, agent version and health. The
-store's upsert (``schema.UPSERT_HOST``) then keeps, column group by column group, whichever of the stored row and
-this update is newer, so events arriving late or twice change nothing.
+heartbeat that carries one gives the pairing; the newest heartbeat gives compliance, agent version, health, labels
+and the policy in force. The store's upsert (``schema.UPSERT_HOST``) then keeps, column group by column group,
+whichever of the stored row and this update is newer, so events arriving late or twice change nothing.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from agent.hub.rows import utc
@@ -30,6 +31,11 @@ class HostUpdate(NamedTuple):
     agent_version: Optional[str] = None
     last_health_status: Optional[str] = None
     heartbeat_at: Optional[dt.datetime] = None
+    labels_json: Optional[str] = None
+    policy_source: Optional[str] = None
+    policy_serial: Optional[int] = None
+    policy_refused_serial: Optional[int] = None
+    policy_refused_reason: Optional[str] = None
 
 
 def _order_key(event: Event) -> Tuple[dt.datetime, int]:
@@ -63,7 +69,12 @@ def summarize_hosts(events: Sequence[Event]) -> List[HostUpdate]:
             payload = event.payload
             if payload.kind == "heartbeat":
                 fields.update(compliant=payload.compliant, agent_version=payload.agent_version,
-                              last_health_status=payload.last_health_status, heartbeat_at=utc(event.occurred_at))
+                              last_health_status=payload.last_health_status, heartbeat_at=utc(event.occurred_at),
+                              labels_json=None if payload.labels is None else json.dumps(payload.labels,
+                                                                                         sort_keys=True),
+                              policy_source=payload.policy_source, policy_serial=payload.policy_serial,
+                              policy_refused_serial=payload.policy_refused_serial,
+                              policy_refused_reason=payload.policy_refused_reason)
                 break
         updates.append(HostUpdate(**fields))
     return updates

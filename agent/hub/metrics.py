@@ -12,6 +12,10 @@ Fleet figures are read from the database at each scrape (grouped queries over ``
     gpuguard_hub_guarded_packages_not_restorable    guarded packages no kept file can restore, all hosts together
     gpuguard_hub_events_last_hour{kind,severity}    events (not heartbeats) that occurred in the last hour
     gpuguard_hub_alert_deliveries{webhook,state}    alert webhook deliveries: pending, delivered, dead
+    gpuguard_hub_policy_newest_serial               the newest policy bundle not withdrawn (0: none)
+    gpuguard_hub_host_policy_serial{host_id}        per host, the serial of the bundle it enforces (hosts with one)
+    gpuguard_hub_hosts_policy_behind                hosts offered a newer bundle (in their scope) than they enforce
+    gpuguard_hub_hosts_policy_refused               hosts whose last refused bundle is newer than the one they enforce
     gpuguard_hub_store_up                           1 when the database answered this scrape
 
 and one figure of this process:
@@ -23,13 +27,14 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from agent.errors import StoreError
 from agent.hub.alerts import AlertQueue
+from agent.hub.bundles import PolicyRollout
 from agent.hub.dashboard import queries
 from agent.hub.middleware import WatchedSend
 from agent.hub.store import SqlStore
@@ -51,9 +56,11 @@ class FleetCollector:
     """Reads the fleet's state from the store at each scrape."""
 
     def __init__(self, store: SqlStore, alerts: AlertQueue, stale_after_seconds: float,
-                 clock: Callable[[], dt.datetime]) -> None:
+                 clock: Callable[[], dt.datetime],
+                 policy_rollout: Optional[Callable[[], PolicyRollout]] = None) -> None:
         self._store = store
         self._alerts = alerts
+        self._policy_rollout = policy_rollout
         self._stale_after_seconds = stale_after_seconds
         self._clock = clock
 
@@ -118,17 +125,40 @@ class FleetCollector:
         unrestorable = GaugeMetricFamily("gpuguard_hub_guarded_packages_not_restorable",
                                          "Guarded packages no kept package file can restore, all hosts together.")
         unrestorable.add_metric([], rollback.not_restorable)
-        return [hosts, health, stale, pairing, no_pairing, coverage, unrestorable, recent, alerts]
+        return [hosts, health, stale, pairing, no_pairing, coverage, unrestorable, recent, alerts,
+                *self._policy_families()]
+
+    def _policy_families(self) -> List[Metric]:
+        if self._policy_rollout is None:
+            return []
+        rollout = self._policy_rollout()
+        newest = GaugeMetricFamily("gpuguard_hub_policy_newest_serial", "The newest policy bundle not withdrawn "
+                                                                         "(0: none).")
+        newest.add_metric([], rollout.newest_serial or 0)
+        per_host = GaugeMetricFamily("gpuguard_hub_host_policy_serial", "The serial of the policy bundle each host "
+                                                                        "enforces (newest heartbeat).",
+                                     labels=["host_id"])
+        for row in rollout.hosts:
+            if row.policy_serial is not None:
+                per_host.add_metric([row.host_id], row.policy_serial)
+        behind = GaugeMetricFamily("gpuguard_hub_hosts_policy_behind", "Hosts offered a newer bundle in their scope "
+                                                                       "than the one they enforce.")
+        behind.add_metric([], rollout.behind_count)
+        refused = GaugeMetricFamily("gpuguard_hub_hosts_policy_refused", "Hosts whose last refused bundle is newer "
+                                                                         "than the one they enforce.")
+        refused.add_metric([], rollout.refused_count)
+        return [newest, per_host, behind, refused]
 
 
 class HubMetrics:
     """This app's registry: the fleet collector and the ingest latency histogram."""
 
     def __init__(self, store: SqlStore, alerts: AlertQueue, stale_after_seconds: float,
-                 clock: Callable[[], dt.datetime]) -> None:
+                 clock: Callable[[], dt.datetime],
+                 policy_rollout: Optional[Callable[[], PolicyRollout]] = None) -> None:
         disable_created_metrics()  # no *_created series: a restart is visible from process metrics anyway
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(FleetCollector(store, alerts, stale_after_seconds, clock))
+        self.registry.register(FleetCollector(store, alerts, stale_after_seconds, clock, policy_rollout))
         self.ingest_seconds = Histogram("gpuguard_hub_ingest_seconds", "POST /v1/events: from the request's start "
                                         "to the answer, by status code class (this process).", ["code"],
                                         buckets=INGEST_BUCKETS_SECONDS, registry=self.registry)

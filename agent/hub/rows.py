@@ -1,10 +1,10 @@
-"""What the hub's store answers: typed rows (a batch's result, a host's state, drift counts, stored events), the
-filters of an event query, and the one rule for times in them (aware, UTC)."""
+"""What the hub's store answers: typed rows (a batch's result, a host's state, drift counts, stored events, policy
+bundles and audit entries), the filters of an event query, and the one rule for times in them (aware, UTC)."""
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 from agent.models import FrozenModel
 from agent.snapshot.pairing import Pairing
@@ -48,6 +48,13 @@ class HostState(FrozenModel):
     agent_version: Optional[str] = None
     last_health_status: Optional[str] = None
     heartbeat_at: Optional[dt.datetime] = None
+    # From the newest heartbeat (None from an agent that does not send them): labels, the policy in force, and
+    # the last bundle the host refused with why.
+    labels: Optional[Dict[str, str]] = None
+    policy_source: Optional[str] = None
+    policy_serial: Optional[int] = None
+    policy_refused_serial: Optional[int] = None
+    policy_refused_reason: Optional[str] = None
 
 
 class DriftRow(FrozenModel):
@@ -76,3 +83,30 @@ class StoredEvent(FrozenModel):
 
     body: str
     received_at: dt.datetime
+
+
+class BundleSummary(FrozenModel):
+    """A stored bundle without its bytes: what list and show answer."""
+
+    serial: int
+    sha256: str
+    bundle_bytes: int
+    scope: Dict[str, Any]
+    matrix_version: Optional[str] = None
+    created_at: str
+    created_by: str
+    pushed_at: dt.datetime
+    pushed_by: str
+    withdrawn_at: Optional[dt.datetime] = None
+    withdrawn_by: Optional[str] = None
+
+
+class AuditEntry(FrozenModel):
+    """One push, refused push or withdrawal."""
+
+    at: dt.datetime
+    actor: str
+    role: str
+    action: str
+    serial: Optional[int] = None
+    detail: str

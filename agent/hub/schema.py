@@ -2,16 +2,25 @@
 
     hub_meta  key -> value: the schema version, when the last retention pass began
     events    one row per (host_id, event_id), the idempotency key; the event as canonical JSON in ``body``
-    hosts     one row per host: last seen, and the latest pairing and heartbeat by ``occurred_at``
+    hosts     one row per host: last seen, and the latest pairing and heartbeat by ``occurred_at`` (with the
+              heartbeat's labels and policy fields since schema version 2)
+    policy_bundles  one row per pushed policy bundle, by serial: its bytes, signature, scope, who made and pushed
+                    it, and its withdrawal (agent/hub/bundles.py)
+    audit     one row per push and withdrawal of a policy bundle: when, who, what
 
 The statements are written once with ``?`` placeholders; the dialect (``dialects.py``) adapts them. The latest-state
 columns of ``hosts`` move only forward in ``occurred_at`` (``UPSERT_HOST``), so batches arriving out of order or
 twice change nothing. The dashboard and the alert queue keep their own tables (``create_tables`` in the store).
+
+A database of an older schema version is migrated forward in ``create``, inside the same locked transaction
+(``MIGRATIONS``: each step's statements, then the version stored), so hubs of the new version starting together
+migrate it once; a hub never opens a database newer than it knows.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any, Callable, List, Optional, Sequence
 
 from agent.hub.dialects import Dialect
@@ -20,7 +29,7 @@ from agent.hub.rows import HostState
 from agent.report.events import Event
 from agent.snapshot.pairing import Pairing
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # PostgreSQL advisory locks held while a hub creates tables: hubs starting together take turns. The store's own
 # tables and the ones the dashboard and the alert queue add later each have their key.
 SCHEMA_LOCK_KEY = 0x67707567_0001
@@ -32,8 +41,15 @@ ROWS_PER_INSERT = 200  # 9 parameters a row: well under SQLite's 32,766 bound va
 TimeToDb = Callable[[dt.datetime], Any]
 
 
-def tables(timestamp_type: str) -> List[str]:
-    """CREATE TABLE/INDEX IF NOT EXISTS for every table, times as ``timestamp_type``."""
+# Columns of ``hosts`` added by schema version 2: the newest heartbeat's labels (JSON) and policy fields.
+_HOST_POLICY_COLUMNS = (("labels", "TEXT"), ("policy_source", "TEXT"), ("policy_serial", "BIGINT"),
+                        ("policy_refused_serial", "BIGINT"), ("policy_refused_reason", "TEXT"))
+
+
+def tables(timestamp_type: str, bytes_type: str = "BLOB", key_type: str = "INTEGER PRIMARY KEY") -> List[str]:
+    """CREATE TABLE/INDEX IF NOT EXISTS for every table, times as ``timestamp_type``, bytes as ``bytes_type``, an
+    audit row's generated key as ``key_type``."""
+    policy_columns = "".join(f",\n            {name} {kind}" for name, kind in _HOST_POLICY_COLUMNS)
     return [
         "CREATE TABLE IF NOT EXISTS hub_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
         f"""CREATE TABLE IF NOT EXISTS events (
@@ -63,15 +79,52 @@ def tables(timestamp_type: str) -> List[str]:
             compliant BOOLEAN,
             agent_version TEXT,
             last_health_status TEXT,
-            heartbeat_at {timestamp_type})""",
+            heartbeat_at {timestamp_type}{policy_columns})""",
+        f"""CREATE TABLE IF NOT EXISTS policy_bundles (
+            serial BIGINT PRIMARY KEY,
+            bundle {bytes_type} NOT NULL,
+            signature {bytes_type} NOT NULL,
+            sha256 TEXT NOT NULL,
+            scope TEXT NOT NULL,
+            matrix_version TEXT,
+            created_at TEXT NOT NULL,
+            created_by TEXT NOT NULL,
+            pushed_at {timestamp_type} NOT NULL,
+            pushed_by TEXT NOT NULL,
+            withdrawn_at {timestamp_type},
+            withdrawn_by TEXT)""",
+        f"""CREATE TABLE IF NOT EXISTS audit (
+            id {key_type},
+            at {timestamp_type} NOT NULL,
+            actor TEXT NOT NULL,
+            role TEXT NOT NULL,
+            action TEXT NOT NULL,
+            serial BIGINT,
+            detail TEXT NOT NULL)""",
+        "CREATE INDEX IF NOT EXISTS audit_at ON audit (at)",
     ]
+
+
+# Per older version, what brings a database of that version to the next; ``tables`` then adds the new tables.
+MIGRATIONS = {
+    "1": [f"ALTER TABLE hosts ADD COLUMN {name} {kind}" for name, kind in _HOST_POLICY_COLUMNS],
+}
 
 
 def create(dialect: Dialect, cur: Any) -> str:
     """Create the tables that are missing, inside the caller's transaction; the schema version the database holds
     (this hub's ``SCHEMA_VERSION`` for a new database)."""
     dialect.lock(cur, SCHEMA_LOCK_KEY)
-    for statement in tables(dialect.timestamp_type):
+    cur.execute("CREATE TABLE IF NOT EXISTS hub_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    cur.execute(dialect.sql("SELECT value FROM hub_meta WHERE key = ?"), ("schema_version",))
+    row = cur.fetchone()
+    found = str(row[0]) if row is not None else None
+    while found in MIGRATIONS:
+        for statement in MIGRATIONS[found]:
+            cur.execute(statement)
+        found = str(int(found) + 1)
+        cur.execute(dialect.sql("UPDATE hub_meta SET value = ? WHERE key = ?"), (found, "schema_version"))
+    for statement in tables(dialect.timestamp_type, dialect.bytes_type, dialect.key_type):
         cur.execute(statement)
     cur.execute(dialect.sql(INSERT_META), ("schema_version", str(SCHEMA_VERSION)))
     cur.execute(dialect.sql("SELECT value FROM hub_meta WHERE key = ?"), ("schema_version",))
@@ -112,8 +165,9 @@ def _pick(column: str, condition: str) -> str:
 
 UPSERT_HOST = f"""
 INSERT INTO hosts (host_id, hostname, first_seen_at, last_seen_at, last_event_at, last_sequence,
-                   pairing, content_hash, pairing_at, compliant, agent_version, last_health_status, heartbeat_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   pairing, content_hash, pairing_at, compliant, agent_version, last_health_status, heartbeat_at,
+                   labels, policy_source, policy_serial, policy_refused_serial, policy_refused_reason)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (host_id) DO UPDATE SET
     {_pick("hostname", _NEWER_EVENT)},
     {_pick("last_sequence", _NEWER_EVENT)},
@@ -125,6 +179,11 @@ ON CONFLICT (host_id) DO UPDATE SET
     {_pick("compliant", _NEWER_HEARTBEAT)},
     {_pick("agent_version", _NEWER_HEARTBEAT)},
     {_pick("last_health_status", _NEWER_HEARTBEAT)},
+    {_pick("labels", _NEWER_HEARTBEAT)},
+    {_pick("policy_source", _NEWER_HEARTBEAT)},
+    {_pick("policy_serial", _NEWER_HEARTBEAT)},
+    {_pick("policy_refused_serial", _NEWER_HEARTBEAT)},
+    {_pick("policy_refused_reason", _NEWER_HEARTBEAT)},
     {_pick("heartbeat_at", _NEWER_HEARTBEAT)}
 """
 
@@ -136,18 +195,21 @@ def host_params(u: HostUpdate, received: Any, to_db_time: TimeToDb) -> List[Any]
 
     return [u.host_id, u.hostname, received, received, t(u.last_event_at), u.last_sequence, u.pairing_json,
             u.content_hash, t(u.pairing_at), u.compliant, u.agent_version, u.last_health_status,
-            t(u.heartbeat_at)]
+            t(u.heartbeat_at), u.labels_json, u.policy_source, u.policy_serial, u.policy_refused_serial,
+            u.policy_refused_reason]
 
 
 # SELECT these from hosts, and host_from_row makes each row a HostState.
 HOST_COLUMNS = ("host_id, hostname, first_seen_at, last_seen_at, last_event_at, last_sequence, pairing, "
-                "pairing_at, content_hash, compliant, agent_version, last_health_status, heartbeat_at")
+                "pairing_at, content_hash, compliant, agent_version, last_health_status, heartbeat_at, labels, "
+                "policy_source, policy_serial, policy_refused_serial, policy_refused_reason")
 
 
 def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]) -> HostState:
     """A row of ``HOST_COLUMNS`` as the host's state."""
     (host_id, hostname, first_seen, last_seen, last_event, last_sequence, pairing, pairing_at, content_hash,
-     compliant, agent_version, last_health_status, heartbeat_at) = row
+     compliant, agent_version, last_health_status, heartbeat_at, labels, policy_source, policy_serial,
+     policy_refused_serial, policy_refused_reason) = row
 
     def t(value: Any) -> Optional[dt.datetime]:
         return None if value is None else from_db_time(value)
@@ -158,4 +220,7 @@ def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]
                      pairing=Pairing.model_validate_json(pairing) if pairing is not None else None,
                      pairing_at=t(pairing_at), content_hash=content_hash,
                      compliant=None if compliant is None else bool(compliant), agent_version=agent_version,
-                     last_health_status=last_health_status, heartbeat_at=t(heartbeat_at))
+                     last_health_status=last_health_status, heartbeat_at=t(heartbeat_at),
+                     labels=json.loads(labels) if labels is not None else None, policy_source=policy_source,
+                     policy_serial=policy_serial, policy_refused_serial=policy_refused_serial,
+                     policy_refused_reason=policy_refused_reason)

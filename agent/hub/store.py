@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from typing import Any, Callable, Dict, Iterator, List, Protocol, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
 from agent.errors import ConfigError, StoreError
 from agent.hub import schema
@@ -207,6 +207,11 @@ class SqlStore:
     def hosts(self) -> List[HostState]:
         rows = self.query("hosts", f"SELECT {schema.HOST_COLUMNS} FROM hosts ORDER BY host_id")
         return [schema.host_from_row(row, self.dialect.from_db_time) for row in rows]
+
+    def host(self, host_id: str) -> Optional[HostState]:
+        """One host's state; None for a host the hub has not heard from."""
+        rows = self.query("hosts", f"SELECT {schema.HOST_COLUMNS} FROM hosts WHERE host_id = ?", [host_id])
+        return schema.host_from_row(rows[0], self.dialect.from_db_time) if rows else None
 
     def drift(self, since: dt.datetime, kinds: Sequence[str] = DRIFT_KINDS) -> List[DriftRow]:
         if not kinds:

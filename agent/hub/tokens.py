@@ -1,4 +1,6 @@
-"""Bearer tokens for the hub: a host token per host (may post that host's events) and reader tokens (fleet API).
+"""Bearer tokens for the hub: a host token per host (may post that host's events and fetch its policy bundle),
+reader tokens (fleet API, dashboard, policy bundles and audit read-only) and admin tokens (everything a reader may,
+and pushing and withdrawing policy bundles).
 
 A token reads ``gg1.<selector>.<secret>``: the selector (random, 16 hex digits) finds the entry, the secret is
 checked in constant time against the sha256 stored for it. Only hashes are written, to a JSON file kept 0600 and
@@ -26,7 +28,9 @@ from agent.log import get_logger
 from agent.models import FrozenModel
 from agent.validation import validation_problems
 
-Role = Literal["host", "reader"]
+Role = Literal["host", "reader", "admin"]
+# Roles that may read the fleet API, /metrics, the dashboard, the bundles and the audit trail.
+READ_ROLES = frozenset({"reader", "admin"})
 TOKEN_PREFIX = "gg1"
 _SELECTOR_HEX_DIGITS = 16
 _SECRET_BYTES = 32
@@ -42,7 +46,7 @@ class TokenEntry(FrozenModel):
     selector: str = Field(pattern=r"^[0-9a-f]{16}$")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     role: Role
-    subject: str = Field(min_length=1, max_length=128)  # host_id for a host token, a name for a reader
+    subject: str = Field(min_length=1, max_length=128)  # host_id for a host token, a name for a reader or admin
     created_at: dt.datetime
 
 
@@ -58,6 +62,11 @@ class Principal(FrozenModel):
 
     role: Role
     subject: str
+
+    @property
+    def can_read(self) -> bool:
+        """True for a reader or an admin token."""
+        return self.role in READ_ROLES
 
 
 def hash_secret(secret: str) -> str:

@@ -156,6 +156,16 @@ class Heartbeat(PayloadModel):
     # agent.health.model.HealthStatus: pass, busy, deferred, skipped, regression, cpu_fallback, failed, timeout.
     last_health_status: Optional[str] = None
     rollback_coverage: Optional[RollbackCoverage] = None
+    # Signed policy bundles (issue 32); all optional, so a heartbeat of an older agent still validates.
+    # The host's labels ([report] labels): the hub matches a bundle's scope "labels" selector against them.
+    labels: Optional[Dict[str, str]] = None
+    # Which policy is in force: the local policy.d files, or an installed bundle.
+    policy_source: Optional[Literal["local", "bundle"]] = None
+    # The serial of the bundle in force (None with policy_source "local" and no bundle installed).
+    policy_serial: Optional[int] = Field(None, ge=1)
+    # The last bundle this host refused, and the one-line reason (signature, serial rollback, scope, compile).
+    policy_refused_serial: Optional[int] = Field(None, ge=1)
+    policy_refused_reason: Optional[str] = Field(None, max_length=2000)
 
 
 class StateFileDamaged(PayloadModel):

@@ -100,6 +100,18 @@ class PlainHeartbeat(PlainPayload):
     compliant: Optional[bool] = None
     last_health_status: Optional[str] = None
     rollback_coverage: Optional[PlainRollbackCoverage] = None
+    labels: Optional[Dict[str, str]] = None
+    policy_source: Optional[Literal["local", "bundle"]] = None
+    policy_serial: Optional[int] = None
+    policy_refused_serial: Optional[int] = None
+    policy_refused_reason: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        for name in ("policy_serial", "policy_refused_serial"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name}: at least 1, got {value}")
+        _bounded("policy_refused_reason", self.policy_refused_reason, 2000)
 
 
 @dataclass(frozen=True)

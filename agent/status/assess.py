@@ -195,11 +195,26 @@ def _hub(f: StatusFacts) -> Check:
                  summary=f"{h.endpoint_url}: HTTP {h.status_code} in {h.latency_ms:.0f} ms")
 
 
+def _policy(f: StatusFacts) -> Check:
+    p = f.policy
+    if p.problem is not None:
+        return Check(name="policy", state="warn", summary=p.problem)
+    summary = p.description
+    if p.source == "local" and p.bundle_serial is not None:
+        summary += f" (bundle serial {p.bundle_serial} installed, not in force: [guard] policy_source is local)"
+    if p.refusal_pending:
+        serial = f"serial {p.refused_serial}" if p.refused_serial is not None else "a bundle"
+        return Check(name="policy", state="warn", summary=f"{summary}; {serial} refused: {p.refused_reason}")
+    if p.source == "bundle" and p.bundle_serial is None:
+        return Check(name="policy", state="warn", summary=summary)
+    return Check(name="policy", state="ok", summary=summary)
+
+
 def assess(facts: StatusFacts, now: Optional[dt.datetime] = None) -> Assessment:
     """The checks for ``facts`` as of ``now`` (default: when they were gathered)."""
     at = now or facts.gathered_at
     checks = [_daemon(facts), _snapshot(facts, at), _compliance(facts), _health(facts, at), _guard(facts, at),
-              _rollback(facts), _outbox(facts, at), _hub(facts)]
+              _rollback(facts), _policy(facts), _outbox(facts, at), _hub(facts)]
     states = {c.state for c in checks}
     verdict: Verdict = "failing" if "fail" in states else "attention" if "warn" in states else "ok"
     return Assessment(verdict=verdict, exit_code=STATUS_EXIT_CODES[verdict], checks=checks)

@@ -14,7 +14,7 @@ import os
 import sqlite3
 import stat
 import time
-from typing import Callable, Dict, List, Literal, Optional, Tuple
+from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
 
 from agent.errors import GpuguardError
 from agent.files import read_json_file
@@ -116,6 +116,19 @@ class HubFacts(FrozenModel):
     error: Optional[str] = None
 
 
+class PolicyFacts(FrozenModel):
+    """Which policy is compiled ([guard] policy_source) and what the agent remembers of policy bundles."""
+
+    source: str = "local"
+    description: str = "local /etc/gpuguard/policy.d"
+    bundle_serial: Optional[int] = None
+    refused_serial: Optional[int] = None
+    refused_reason: Optional[str] = None
+    refused_at: Optional[dt.datetime] = None
+    refusal_pending: bool = False
+    problem: Optional[str] = None
+
+
 class StatusFacts(FrozenModel):
     gathered_at: dt.datetime
     config_path: str
@@ -132,6 +145,7 @@ class StatusFacts(FrozenModel):
     metrics: MetricsFacts
     outbox: OutboxFacts
     hub: HubFacts
+    policy: PolicyFacts = PolicyFacts()
 
 
 def _when(value: object) -> Optional[dt.datetime]:
@@ -436,6 +450,26 @@ def probe_hub(endpoint_url: str, ca_bundle: Optional[str], timeout_seconds: floa
                     latency_ms=(time.monotonic() - started) * 1000)
 
 
+def read_policy(host: Host, guard: Any, state_dir: str) -> PolicyFacts:
+    """The policy source the settings choose and the bundle state (agent/bundle/state.py)."""
+    from agent.bundle.source import describe_bundle
+    from agent.bundle.state import read_bundle_state
+    from agent.errors import GpuguardError
+
+    described = f"local {guard.policy_path}"
+    try:
+        state = read_bundle_state(str(host.path(StatePaths(state_dir).policy_bundle_state)))
+    except GpuguardError as exc:
+        return PolicyFacts(source=guard.policy_source, description=described, problem=str(exc))
+    if guard.policy_source == "bundle":
+        described = describe_bundle(state)
+    refused = state.refused
+    return PolicyFacts(source=guard.policy_source, description=described, bundle_serial=state.serial,
+                       refused_serial=refused.serial if refused else None,
+                       refused_reason=refused.reason if refused else None, refused_at=refused.at if refused else None,
+                       refusal_pending=state.refusal_pending)
+
+
 def gather(host: Host, config_path: str, offline: bool,
            hub_probe: Callable[[str, Optional[str]], HubFacts] = probe_hub) -> StatusFacts:
     """Every fact, read now. A broken agent.toml is the one error raised (ConfigError, exit 3)."""
@@ -465,4 +499,4 @@ def gather(host: Host, config_path: str, offline: bool,
                 str(host.path(paths.reboot_required_packages)), booted_at_seconds())}),
         rollback=read_rollback_coverage(host, paths),
         metrics=read_metrics(report.metrics_path(state_dir)), outbox=read_outbox(paths.outbox),
-        hub=hub)
+        hub=hub, policy=read_policy(host, settings.guard, state_dir))

@@ -18,6 +18,7 @@ from tests.hub.postgres import PostgresServer, PostgresUnavailable
 
 HOSTS = ("host-a", "host-b", "host-c")
 READER = "ops"
+ADMIN = "release-admin"
 _db_numbers = itertools.count(1)
 
 
@@ -32,6 +33,12 @@ def tokens(tokens_file: Path) -> Dict[str, str]:
     made = {host: add_token(str(tokens_file), "host", host) for host in HOSTS}
     made[READER] = add_token(str(tokens_file), "reader", READER)
     return made
+
+
+@pytest.fixture
+def admin_token(tokens_file: Path, tokens: Dict[str, str]) -> str:
+    """An admin token under ADMIN, in the same tokens file as ``tokens``."""
+    return add_token(str(tokens_file), "admin", ADMIN)
 
 
 def bearer(token: str) -> Dict[str, str]:

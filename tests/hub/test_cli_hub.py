@@ -54,3 +54,13 @@ def test_an_explicit_missing_config_is_a_config_error(tmp_path: Path, capsys: py
     """hub serve --config naming a missing file exits 3 saying so."""
     code, _, err = run(["hub", "serve", "--config", str(tmp_path / "absent.toml")], capsys)
     assert code == 3 and "no such file" in err
+
+
+def test_add_admin_prints_an_admin_token(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """hub add-admin prints a token that authenticates with the admin role, which may also read."""
+    tokens = tmp_path / "tokens.json"
+    code, out, err = run(["hub", "add-admin", "alice", "--tokens-file", str(tokens)], capsys)
+    principal = TokenRegistry(str(tokens)).authenticate_token(out.strip())
+    assert code == 0 and "admin token for 'alice'" in err
+    assert principal is not None and (principal.role, principal.subject, principal.can_read) == ("admin", "alice",
+                                                                                                 True)

@@ -31,6 +31,11 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]:
     tmp = tmp_path_factory.mktemp("dashboard")
     url = f"sqlite:///{tmp}/hub.db"
     seed(url)
+    yield from serving(tmp, url)
+
+
+def serving(tmp: Path, url: str) -> Iterator[HubProcess]:
+    """A hub process over the database at ``url``, with a reader token in ``reader_token``, until the test ends."""
     tokens = tmp / "tokens.json"
     hub = HubProcess(write_config(tmp / "hub.toml", listen_port=0, database_url=url, tokens_file=tokens,
                                   tokens_reload_seconds=0))
@@ -159,3 +164,65 @@ def test_the_dashboard_in_chromium(hub: HubProcess, browser: Any, tmp_path: Path
     click_and_load(d, d.find_element(By.CSS_SELECTOR, "header form button"))
     d.get(f"{hub.url}/ui/pairings")
     assert "/ui/login" in d.current_url
+
+
+@pytest.fixture(scope="module")
+def policy_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]:
+    """A hub with bundles 41 (all hosts) and 42 (rack a7 only) and three hosts: one current, one behind, one that
+    refused 42 with a reason an attacker could have written."""
+    import datetime as dt
+
+    from agent.hub.bundles import PolicyBundles
+    from agent.hub.store import make_store
+    from agent.hub.tokens import Principal
+    from agent.report.events import Heartbeat
+    from tests.hub.factories import ROCM_62, event
+    from tests.hub.test_policy_bundles import SIGNATURE, bundle_bytes
+
+    tmp = tmp_path_factory.mktemp("policy-dashboard")
+    url = f"sqlite:///{tmp}/hub.db"
+    store = make_store(url)
+    store.open()
+    bundles = PolicyBundles(store)
+    admin = Principal(role="admin", subject="alice")
+    bundles.push(admin, bundle_bytes(41), SIGNATURE)
+    bundles.push(admin, bundle_bytes(42, labels={"rack": "a7"}), SIGNATURE)
+    now = dt.datetime.now(dt.timezone.utc)
+    beats = [("node-current", {"policy_serial": 42}), ("node-behind", {"policy_serial": 41}),
+             ("node-refused", {"policy_serial": 41, "policy_refused_serial": 42,
+                               "policy_refused_reason": HOSTILE_VERSION})]
+    store.ingest([[event(host, at=now).model_copy(update={"payload": Heartbeat(
+        agent_version="1.0", uptime_seconds=1.0, pairing=ROCM_62, labels={"rack": "a7"}, policy_source="bundle",
+        **fields)}) for host, fields in beats]], received_at=now)
+    store.close()
+    yield from serving(tmp, url)
+
+
+def test_the_policy_pages_in_chromium(policy_hub: HubProcess, browser: Any, tmp_path: Path) -> None:
+    """The overview's policy section names the host that refused (its reason shown as text) and the host behind;
+    the host page shows its serials; /ui/policy lists both bundles and the audit trail."""
+    from selenium.webdriver.common.by import By
+
+    d = browser
+    d.get(f"{policy_hub.url}/ui/login")
+    d.find_element(By.ID, "token").send_keys(policy_hub.reader_token)
+    click_and_load(d, d.find_element(By.ID, "login"))
+    assert d.find_element(By.ID, "policy-newest").text == "42"
+    assert (d.find_element(By.ID, "policy-behind-count").text, d.find_element(By.ID, "policy-refused-count").text) \
+        == ("2", "1")
+    refused = d.find_element(By.CSS_SELECTOR, 'table#policy-refused tr.refused[data-host-id="node-refused"]')
+    assert HOSTILE_VERSION in refused.text and not refused.find_elements(By.TAG_NAME, "img")
+    behind = [r.get_attribute("data-host-id") for r in d.find_elements(By.CSS_SELECTOR, "table#policy-behind tr")
+              if r.get_attribute("data-host-id")]
+    assert behind == ["node-behind", "node-refused"]
+    shot(d, tmp_path, "policy-overview")
+
+    click_and_load(d, d.find_element(By.CSS_SELECTOR, 'table#policy-behind a[href="/ui/hosts/node-behind"]'))
+    assert d.find_element(By.ID, "policy-behind").text == "behind"
+    assert "42" in d.find_element(By.XPATH, "//th[text()='Offered serial']/following-sibling::td").text
+
+    click_and_load(d, d.find_element(By.LINK_TEXT, "Policy"))
+    serials = [r.get_attribute("data-serial") for r in d.find_elements(By.CSS_SELECTOR, "table#bundles tr.bundle")]
+    assert serials == ["42", "41"]
+    assert len(d.find_elements(By.CSS_SELECTOR, "table#audit tr.audit")) == 2
+    shot(d, tmp_path, "policy")

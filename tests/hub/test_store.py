@@ -219,3 +219,50 @@ def test_make_store_refuses_what_it_cannot_serve(url: str) -> None:
 def test_redact_url_hides_passwords(url: str, shown: str) -> None:
     """redact_url replaces a URL's password with *** and leaves URLs without one as they are."""
     assert redact_url(url) == shown
+
+
+def _heartbeat(at: dt.datetime, **fields: object) -> Event:
+    from agent.report.events import Heartbeat
+    return event("host-p", at=at).model_copy(update={"payload": Heartbeat(agent_version="1.0", uptime_seconds=1.0,
+                                                                          **fields)})  # type: ignore[arg-type]
+
+
+def test_a_hosts_labels_and_policy_fields_come_from_its_newest_heartbeat(store: Store) -> None:
+    """labels, policy_source, policy_serial and the last refusal are the newest heartbeat's, whatever the order."""
+    newer = _heartbeat(T0 + dt.timedelta(minutes=2), labels={"rack": "a7"}, policy_source="bundle", policy_serial=42,
+                       policy_refused_serial=43, policy_refused_reason="signature: BADSIG")
+    older = _heartbeat(T0, labels={"rack": "b1"}, policy_source="local")
+    store.ingest([[newer]], received_at=NOW)
+    store.ingest([[older]], received_at=NOW)
+    [host] = store.hosts()
+    assert (host.labels, host.policy_source, host.policy_serial, host.policy_refused_serial,
+            host.policy_refused_reason) == ({"rack": "a7"}, "bundle", 42, 43, "signature: BADSIG")
+
+
+def test_a_schema_version_1_database_is_migrated_with_its_rows(store: Store) -> None:
+    """A database of schema version 1 (hosts without the policy columns, no bundle tables) opens as version 2 with
+    its hosts kept and the new columns empty."""
+    from agent.hub import schema
+    from agent.hub.store import SqlStore
+
+    assert isinstance(store, SqlStore)
+    store.ingest([[event("host-old", at=T0)]], received_at=NOW)
+
+    def downgrade(cur: object) -> None:
+        for statement in ["DROP TABLE policy_bundles", "DROP TABLE audit",
+                          *(f"ALTER TABLE hosts DROP COLUMN {name}" for name, _ in schema._HOST_POLICY_COLUMNS),
+                          "UPDATE hub_meta SET value = '1' WHERE key = 'schema_version'"]:
+            cur.execute(statement)  # type: ignore[attr-defined]
+
+    store.write("test", downgrade)
+    store.close()
+    reopened = type(store).__new__(type(store))
+    SqlStore.__init__(reopened, store.dialect)
+    reopened.open()
+    try:
+        [host] = reopened.hosts()
+        assert (host.host_id, host.policy_serial, host.labels) == ("host-old", None, None)
+        assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [("2",)]
+        assert reopened.query("test", "SELECT COUNT(*) FROM policy_bundles") == [(0,)]
+    finally:
+        reopened.close()

@@ -50,7 +50,10 @@ TWINS = [
     (PlainRollbackCoverage, RollbackCoverage, COVERAGE),
     (PlainHeartbeat, Heartbeat, PlainHeartbeat(agent_version="0.1.0", uptime_seconds=12.5, content_hash="sha256:ab",
                                                outbox_depth=3, pairing=PAIRING, compliant=False,
-                                               last_health_status="busy", rollback_coverage=COVERAGE)),
+                                               last_health_status="busy", rollback_coverage=COVERAGE,
+                                               labels={"rack": "a7"},
+                                               policy_source="bundle", policy_serial=42, policy_refused_serial=43,
+                                               policy_refused_reason="signature: no trusted key")),
     (PlainStateFileDamaged, StateFileDamaged, PlainStateFileDamaged(path="/var/lib/gpuguard/outbox.sqlite3",
                                                                     problem="damaged", action="salvaged",
                                                                     moved_to="/var/lib/gpuguard/x", salvaged_events=4,
@@ -126,6 +129,21 @@ def test_a_damage_report_refuses_what_the_model_refuses() -> None:
             PlainStateFileDamaged(**values)
         with pytest.raises(ValidationError):
             StateFileDamaged(**values)
+
+
+def test_a_heartbeat_refuses_what_the_model_refuses() -> None:
+    """The policy fields' bounds (serials at least 1, a reason of at most 2000 characters) hold for the record too."""
+    for bad in ({"policy_serial": 0}, {"policy_refused_serial": 0}, {"policy_refused_reason": "r" * 2001}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            PlainHeartbeat(agent_version="1", uptime_seconds=1.0, **bad)  # type: ignore[arg-type]
+        with pytest.raises(ValidationError):
+            Heartbeat(agent_version="1", uptime_seconds=1.0, **bad)  # type: ignore[arg-type]
+
+
+def test_an_old_agents_heartbeat_still_validates() -> None:
+    """A heartbeat without any policy field (an agent from before signed bundles) is valid, the fields None."""
+    heartbeat = Heartbeat.model_validate({"kind": "heartbeat", "agent_version": "0.9", "uptime_seconds": 3.0})
+    assert (heartbeat.labels, heartbeat.policy_source, heartbeat.policy_serial) == (None, None, None)
 
 
 def test_the_never_dropped_kinds_are_payload_kinds() -> None:

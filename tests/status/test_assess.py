@@ -15,6 +15,7 @@ from agent.status.facts import (
     HubFacts,
     MetricsFacts,
     OutboxFacts,
+    PolicyFacts,
     RollbackFacts,
     SnapshotFacts,
     StatusFacts,
@@ -49,7 +50,7 @@ def test_a_healthy_host_is_ok_and_exits_0() -> None:
     assert (result.verdict, result.exit_code) == ("ok", 0)
     assert {c.name: c.state for c in result.checks} == {
         "daemon": "ok", "snapshot": "ok", "compliance": "ok", "health": "ok", "guard": "ok", "rollback": "ok",
-        "outbox": "ok", "hub": "ok"}
+        "policy": "ok", "outbox": "ok", "hub": "ok"}
 
 
 @pytest.mark.parametrize("changes, check, state", [
@@ -78,6 +79,12 @@ def test_a_healthy_host_is_ok_and_exits_0() -> None:
     ({"hub": HubFacts(endpoint_url="https://hub", checked=True, status_code=404)}, "hub", "ok"),
     ({"hub": HubFacts(endpoint_url="https://hub")}, "hub", "info"),
     ({"hub": HubFacts()}, "hub", "info"),
+    ({"policy": PolicyFacts(source="bundle", description="bundle serial 4 from hub, key AB", bundle_serial=4)},
+     "policy", "ok"),
+    ({"policy": PolicyFacts(source="bundle", description="bundle (none installed)")}, "policy", "warn"),
+    ({"policy": PolicyFacts(source="bundle", bundle_serial=4, refused_serial=5, refused_reason="signature: bad",
+                            refusal_pending=True)}, "policy", "warn"),
+    ({"policy": PolicyFacts(problem="policy-bundle/state.json: not valid JSON")}, "policy", "warn"),
 ])
 def test_each_rule(changes: Dict[str, Any], check: str, state: str) -> None:
     """One changed fact group moves its check to the expected state and the verdict and exit code with it."""

@@ -101,7 +101,7 @@ def test_json_carries_checks_and_facts(state: StateDir) -> None:
     assert document["facts"]["outbox"]["depth"] == 1
     assert document["facts"]["metrics"]["compliant"] is True
     assert [c["name"] for c in document["checks"]] == ["daemon", "snapshot", "compliance", "health", "guard",
-                                                       "rollback", "outbox", "hub"]
+                                                       "rollback", "policy", "outbox", "hub"]
 
 
 def test_no_daemon_and_nothing_yet_is_failing_31(state: StateDir) -> None:

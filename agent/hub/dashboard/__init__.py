@@ -3,6 +3,7 @@
     /ui/                 fleet overview: counts, host list with search and filters (query parameters), paginated
     /ui/hosts/{host_id}  one host: snapshot, health trend (inline SVG), drift timeline, events
     /ui/pairings         hosts per driver/ROCm/CUDA/kernel pairing
+    /ui/policy           policy bundles, hosts on an older serial, hosts that refused a bundle and why, the audit
     /ui/login, /ui/logout
 
 Access needs a reader token, like the fleet API: either ``Authorization: Bearer`` on every request, or once at
@@ -11,6 +12,7 @@ and shows no fleet data. ``fleet_api_requires_token = false`` opens the dashboar
 
     queries.py  counts and paginated host lists in SQL
     render.py   HTML from query results (pure)
+    policy.py   the policy section, page and host rows (pure)
     session.py  the session cookie
 """
 
@@ -25,7 +27,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from agent.errors import StoreError
-from agent.hub.dashboard import queries, render
+from agent.hub.bundles import PolicyBundles
+from agent.hub.dashboard import policy, queries, render
 from agent.hub.dashboard.session import COOKIE_NAME, SessionSigner
 from agent.hub.rows import DRIFT_KINDS
 from agent.hub.settings import HubSettings
@@ -40,6 +43,7 @@ HOSTS_PER_PAGE = 50
 DRIFT_PER_PAGE = 50
 EVENTS_SHOWN = 50
 HEARTBEATS_PLOTTED = 200
+AUDIT_SHOWN = 100
 # The timeline: everything in the fleet API's drift kinds, plus what the guard refused.
 TIMELINE_KINDS = (*DRIFT_KINDS, "transaction_blocked", "override_used")
 # One alias for every text filter: FastAPI copies the Query per parameter (one shared Query() default would not).
@@ -83,9 +87,10 @@ def _over_https(request: Request) -> bool:
 
 def mount_dashboard(app: FastAPI, settings: HubSettings, store: SqlStore, registry: TokenRegistry,
                     clock: Callable[[], dt.datetime],
-                    alert_counts: Optional[Callable[[], Mapping[Tuple[str, str], int]]] = None) -> None:
+                    alert_counts: Optional[Callable[[], Mapping[Tuple[str, str], int]]] = None,
+                    bundles: Optional[PolicyBundles] = None) -> None:
     """Add the dashboard's routes to ``app`` (not in the OpenAPI spec: they answer HTML); ``alert_counts`` gives
-    the alert deliveries by (webhook, state) for the overview."""
+    the alert deliveries by (webhook, state) for the overview; ``bundles`` the policy bundles and their rollout."""
     signer = SessionSigner(store, settings.dashboard_session_seconds)
     stale_after = settings.stale_after_seconds
 
@@ -96,7 +101,7 @@ def mount_dashboard(app: FastAPI, settings: HubSettings, store: SqlStore, regist
         authorization = request.headers.get("authorization")
         if authorization:
             principal = registry.authenticate(authorization)
-            return principal.subject if principal is not None and principal.role == "reader" else None
+            return principal.subject if principal is not None and principal.can_read else None
         return signer.reader_of(request.cookies.get(COOKIE_NAME))
 
     def to_login(request: Request) -> Response:
@@ -141,7 +146,8 @@ def mount_dashboard(app: FastAPI, settings: HubSettings, store: SqlStore, regist
             groups, without = queries.pairing_groups(store)
             webhooks = [w.name for w in settings.alert_webhooks]
             alerts = render.alerts_line(alert_counts(), webhooks) if alert_counts is not None and webhooks else ""
-            return render.overview_page(counts, hosts, f, groups, without, now, stale_after, reader, alerts)
+            section = policy.policy_section(bundles.rollout()) if bundles is not None else ""
+            return render.overview_page(counts, hosts, f, groups, without, now, stale_after, reader, alerts, section)
 
         return guarded(request, build)
 
@@ -150,6 +156,16 @@ def mount_dashboard(app: FastAPI, settings: HubSettings, store: SqlStore, regist
         def build(reader: str) -> str:
             groups, without = queries.pairing_groups(store)
             return render.pairings_page(groups, without, reader)
+
+        return guarded(request, build)
+
+    @app.get("/ui/policy", include_in_schema=False)
+    def policy_overview(request: Request) -> Response:
+        def build(reader: str) -> str:
+            if bundles is None:
+                raise _BadQuery("this hub keeps no policy bundles", 404)
+            return policy.policy_page(bundles.rollout(), bundles.summaries(), bundles.audit(AUDIT_SHOWN), clock(),
+                                      reader)
 
         return guarded(request, build)
 
@@ -166,8 +182,9 @@ def mount_dashboard(app: FastAPI, settings: HubSettings, store: SqlStore, regist
             shown_kinds = [event_kind] if event_kind else [k for k in PAYLOAD_KINDS if k != "heartbeat"]
             events = queries.host_events(store, host_id, shown_kinds, EVENTS_SHOWN)
             heartbeats = queries.host_events(store, host_id, ["heartbeat"], HEARTBEATS_PLOTTED)
+            facts = policy.host_policy_facts(bundles.host_policy(state)) if bundles is not None else []
             return render.host_page(state, clock(), stale_after, drift, offset, DRIFT_PER_PAGE, events, event_kind,
-                                    PAYLOAD_KINDS, heartbeats, reader)
+                                    PAYLOAD_KINDS, heartbeats, reader, facts)
 
         return guarded(request, build)
 
@@ -186,7 +203,7 @@ def mount_dashboard(app: FastAPI, settings: HubSettings, store: SqlStore, regist
         token = (form.get("token") or [""])[0].strip()
         next_path = _safe_next((form.get("next") or [""])[0])
         principal = registry.authenticate_token(token)
-        if principal is None or principal.role != "reader":
+        if principal is None or not principal.can_read:
             problem = "a host token cannot open the dashboard; use a reader token" if principal is not None \
                 else "invalid reader token"
             log.info("hub_dashboard_login_refused", reason=problem, client=request.client.host if request.client

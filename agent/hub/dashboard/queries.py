@@ -132,8 +132,7 @@ def host_page(store: SqlStore, f: HostFilter, stale_before: dt.datetime) -> Host
 
 
 def host(store: SqlStore, host_id: str) -> Optional[HostState]:
-    rows = store.query("dashboard_host", f"SELECT {HOST_COLUMNS} FROM hosts WHERE host_id = ?", [host_id])
-    return host_from_row(rows[0], store.dialect.from_db_time) if rows else None
+    return store.host(host_id)
 
 
 def fleet_counts(store: SqlStore, stale_before: dt.datetime) -> FleetCounts:

@@ -96,8 +96,8 @@ def page(title: str, body: str, reader: Optional[str], active: str = "") -> str:
     nav = ""
     if reader is not None:
         links = "".join(f'<a href="{href}"{" aria-current=page" if name == active else ""}>{label}</a>'
-                        for name, href, label in (("fleet", "/ui/", "Fleet"), ("pairings", "/ui/pairings",
-                                                                                             "Pairings")))
+                        for name, href, label in (("fleet", "/ui/", "Fleet"), ("pairings", "/ui/pairings", "Pairings"),
+                                                  ("policy", "/ui/policy", "Policy")))
         logout = ('<form method="post" action="/ui/logout"><span class="muted">' + e(reader) +
                   '</span> <button type="submit">Log out</button></form>') if reader else ""
         nav = links + logout
@@ -194,7 +194,7 @@ def alerts_line(deliveries: Mapping[Tuple[str, str], int], webhooks: Sequence[st
 
 def overview_page(counts: FleetCounts, hosts: HostPage, f: HostFilter, groups: Sequence[PairingGroup],
                   without_pairing: int, now: dt.datetime, stale_after_seconds: float, reader: Optional[str],
-                  alerts: str = "") -> str:
+                  alerts: str = "", policy: str = "") -> str:
     c = counts.compliance
     cards = "".join([
         _card("hosts", counts.host_count, "/ui/", "count-hosts"),
@@ -241,7 +241,7 @@ def overview_page(counts: FleetCounts, hosts: HostPage, f: HostFilter, groups: S
            f"{without_pairing} host(s) without a pairing yet</p>")
     body = (f'<h1>Fleet</h1><div class="cards">{cards}</div><p>Last health: {health}</p>{alerts}{form}{summary}'
             f"{table}"
-            f"{pager('/ui/', filter_params(f), f.offset, f.limit, hosts.total)}{top}")
+            f"{pager('/ui/', filter_params(f), f.offset, f.limit, hosts.total)}{top}{policy}")
     return page("Fleet", body, reader, "fleet")
 
 
@@ -393,7 +393,8 @@ def health_plot(heartbeats: Sequence[Mapping[str, Any]], regressions: Sequence[M
 
 def host_page(h: HostState, now: dt.datetime, stale_after_seconds: float, drift: Sequence[StoredEvent],
               drift_offset: int, drift_limit: int, events: Sequence[StoredEvent], event_kind: Optional[str],
-              kinds: Iterable[str], heartbeats: Sequence[StoredEvent], reader: Optional[str]) -> str:
+              kinds: Iterable[str], heartbeats: Sequence[StoredEvent], reader: Optional[str],
+              policy_facts: Sequence[Tuple[str, str]] = ()) -> str:
     stale = h.last_seen_at < now - dt.timedelta(seconds=stale_after_seconds)
     p = h.pairing or Pairing()
     hb_events = [json.loads(s.body) for s in heartbeats]
@@ -403,7 +404,8 @@ def host_page(h: HostState, now: dt.datetime, stale_after_seconds: float, drift:
              ("Agent version", e(h.agent_version)),
              ("Last seen", when(h.last_seen_at, now) + (_STALE if stale else "")),
              ("Last heartbeat", when(h.heartbeat_at, now)), ("First seen", when(h.first_seen_at, now)),
-             ("Pairing reported", when(h.pairing_at, now)), ("Content hash", f"<code>{e(h.content_hash)}</code>")]
+             ("Pairing reported", when(h.pairing_at, now)), ("Content hash", f"<code>{e(h.content_hash)}</code>"),
+             *policy_facts]
     facts += [(label, e(getattr(p, name))) for name, label in (
         ("os_id", "OS"), ("os_version_id", "OS version"), ("kernel_running", "Kernel running"),
         ("kernel_next_boot", "Kernel at next boot"), ("amdgpu_loaded", "amdgpu loaded"),

@@ -1,0 +1,286 @@
+"""The policy bundles the hub keeps and offers: push, list, show, withdraw, the audit trail, and which bundle a host
+gets.
+
+A push is parsed as the agent parses a bundle (``agent.bundle.format.parse_bundle``); the hub does not verify the
+signature (the agents do, against their own trusted keys) but keeps it beside the bytes it signs. Whether a serial
+is new is decided in the database: one transaction holds every other push off (``Dialect.lock``; SQLite's BEGIN
+IMMEDIATE), reads the highest stored serial and inserts only above it, so of two pushes of one serial exactly one
+is stored and the other is 409. Every push, refused push and withdrawal is a row of ``audit``.
+
+A host is offered the newest bundle that is not withdrawn and whose scope takes it, judged by
+``agent.bundle.scope.scope_refusal`` over the facts its heartbeats gave the hub (labels, pairing): the same
+function the agent judges by. A withdrawn bundle is no longer offered; an agent never goes back to a lower serial
+by itself, so to revert an operator pushes the old policy again under a new serial.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import threading
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from agent.bundle.format import BundleInvalid, BundleScope, PolicyBundle, parse_bundle
+from agent.bundle.scope import scope_facts, scope_refusal
+from agent.hub.responses import HubHTTPError
+from agent.hub.rows import AuditEntry, BundleSummary, HostState, utc_now
+from agent.hub.store import SqlStore
+from agent.hub.tokens import Principal
+from agent.log import get_logger
+from agent.models import FrozenModel
+
+log = get_logger("hub.bundles")
+
+# PostgreSQL advisory lock held by a push's transaction: pushes from several hub processes take turns.
+PUSH_LOCK_KEY = 0x67707567_0032
+MAX_SIGNATURE_BYTES = 64 * 1024
+_SUMMARY_COLUMNS = ("serial, sha256, scope, matrix_version, created_at, created_by, pushed_at, pushed_by, "
+                    "withdrawn_at, withdrawn_by, LENGTH(bundle)")
+
+
+class Offer(FrozenModel):
+    """The bundle a host is offered: its serial, bytes and signature."""
+
+    serial: int
+    bundle: bytes
+    signature: bytes
+
+    @property
+    def etag(self) -> str:
+        return etag_of(self.serial)
+
+
+def scope_text(scope: Mapping[str, Any]) -> str:
+    """A bundle scope (its JSON) as one short line: ``all hosts``, or each selector."""
+    if scope.get("all"):
+        return "all hosts"
+    parts = [f"{name}={','.join(scope[name])}" for name in ("host_ids", "gpu_models", "os", "pairings")
+             if scope.get(name)]
+    parts += [f"label {key}={value}" for key, value in sorted((scope.get("labels") or {}).items())]
+    return "; ".join(parts) or "no host"
+
+
+def etag_of(serial: int) -> str:
+    """The ETag of the bundle with ``serial`` (a bundle's bytes never change under its serial)."""
+    return f'"bundle-{serial}"'
+
+
+def offered_serial(scopes: Sequence[Tuple[int, BundleScope]], host_id: str,
+                   host: Optional[HostState]) -> Optional[int]:
+    """The newest serial among ``scopes`` (newest first, none withdrawn) whose scope takes the host, judged by what
+    its heartbeats told (``host``; None for a host not heard from yet: only its id is known); pure."""
+    facts = scope_facts(host_id, (host.labels if host else None) or {}, host.pairing if host else None)
+    for serial, scope in scopes:
+        if scope_refusal(scope, facts) is None:
+            return serial
+    return None
+
+
+class HostPolicy(FrozenModel):
+    """One host's policy as the fleet sees it: what it enforces, what it is offered, what it refused."""
+
+    host_id: str
+    hostname: str
+    policy_source: Optional[str] = None
+    policy_serial: Optional[int] = None
+    offered_serial: Optional[int] = None  # the newest bundle in its scope, not withdrawn (None: none)
+    behind: bool = False  # offered a serial it does not enforce yet
+    refused_serial: Optional[int] = None  # the last bundle it refused, when newer than the one it enforces
+    refused_reason: Optional[str] = None
+
+
+class PolicyRollout(FrozenModel):
+    """Where the fleet stands with its policy bundles."""
+
+    newest_serial: Optional[int] = None  # the newest bundle not withdrawn, whatever its scope
+    host_count: int
+    behind_count: int
+    refused_count: int
+    hosts: List[HostPolicy]
+
+
+def host_policy(host: HostState, scopes: Sequence[Tuple[int, BundleScope]]) -> HostPolicy:
+    """One host's standing against the offered bundles ``scopes`` (newest first); pure."""
+    offered = offered_serial(scopes, host.host_id, host)
+    enforced = host.policy_serial
+    refused = host.policy_refused_serial
+    refused_now = refused is not None and (enforced is None or refused > enforced)
+    return HostPolicy(host_id=host.host_id, hostname=host.hostname, policy_source=host.policy_source,
+                      policy_serial=enforced, offered_serial=offered,
+                      behind=offered is not None and (enforced is None or enforced < offered),
+                      refused_serial=refused if refused_now else None,
+                      refused_reason=host.policy_refused_reason if refused_now else None)
+
+
+def policy_rollout(hosts: Sequence[HostState], scopes: Sequence[Tuple[int, BundleScope]]) -> PolicyRollout:
+    """Every host's standing, and the counts /metrics and the dashboard show; pure."""
+    rows = [host_policy(host, scopes) for host in hosts]
+    return PolicyRollout(newest_serial=scopes[0][0] if scopes else None, host_count=len(rows),
+                         behind_count=sum(r.behind for r in rows),
+                         refused_count=sum(r.refused_serial is not None for r in rows), hosts=rows)
+
+
+class PolicyBundles:
+    """The bundles in the hub's store, and their audit trail."""
+
+    def __init__(self, store: SqlStore, clock: Callable[[], dt.datetime] = utc_now) -> None:
+        self.store = store
+        self.clock = clock
+        self._scopes: Dict[int, BundleScope] = {}  # a serial's scope never changes: parsed once per process
+        self._lock = threading.Lock()
+
+    def _db_time(self, value: dt.datetime) -> Any:
+        return self.store.dialect.to_db_time(value)
+
+    def _audit(self, cur: Any, principal: Principal, action: str, serial: Optional[int], detail: str) -> None:
+        cur.execute(self.store.dialect.sql("INSERT INTO audit (at, actor, role, action, serial, detail) "
+                                           "VALUES (?, ?, ?, ?, ?, ?)"),
+                    (self._db_time(self.clock()), principal.subject, principal.role, action, serial, detail))
+
+    def _refused(self, principal: Principal, serial: Optional[int], exc: HubHTTPError) -> HubHTTPError:
+        """Record a refused push in the audit trail (its own transaction: the push's was rolled back)."""
+        self.store.write("audit", lambda cur: self._audit(cur, principal, "push_refused", serial, exc.detail))
+        log.info("hub_bundle_push_refused", actor=principal.subject, serial=serial, error=exc.error,
+                 detail=exc.detail)
+        return exc
+
+    # --- writes -------------------------------------------------------------------------------------------
+    def push(self, principal: Principal, data: bytes, signature: bytes) -> BundleSummary:
+        """Store a bundle pushed by ``principal``; 422 for one that does not parse, 409 for a serial not above
+        every stored one."""
+        try:
+            bundle = parse_bundle(data, "bundle")
+        except BundleInvalid as exc:
+            raise self._refused(principal, None, HubHTTPError(422, "invalid_bundle", str(exc))) from None
+        if not signature or len(signature) > MAX_SIGNATURE_BYTES:
+            raise self._refused(principal, bundle.serial, HubHTTPError(
+                422, "invalid_signature", f"signature: must be 1 to {MAX_SIGNATURE_BYTES} bytes, got "
+                                          f"{len(signature)} (gpg --detach-sign BUNDLE makes BUNDLE.sig)"))
+        sha256 = hashlib.sha256(data).hexdigest()
+        now = self.clock()
+        sql = self.store.dialect.sql
+
+        def work(cur: Any) -> None:
+            self.store.dialect.lock(cur, PUSH_LOCK_KEY)
+            cur.execute("SELECT MAX(serial) FROM policy_bundles")
+            newest = cur.fetchone()[0]
+            if newest is not None and bundle.serial <= int(newest):
+                raise HubHTTPError(409, "serial_not_newer",
+                                   f"serial {bundle.serial} is not above {int(newest)}, the highest stored; "
+                                   f"make the bundle again with --serial {int(newest) + 1} or higher")
+            cur.execute(sql("INSERT INTO policy_bundles (serial, bundle, signature, sha256, scope, matrix_version, "
+                            "created_at, created_by, pushed_at, pushed_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+                        (bundle.serial, data, signature, sha256, bundle.scope.model_dump_json(),
+                         bundle.matrix_version, bundle.created_at, bundle.created_by, self._db_time(now),
+                         principal.subject))
+            self._audit(cur, principal, "push", bundle.serial, f"sha256 {sha256}, {len(data)} bytes, "
+                                                               f"created by {bundle.created_by}")
+
+        try:
+            self.store.write("policy_push", work)
+        except HubHTTPError as exc:
+            raise self._refused(principal, bundle.serial, exc) from None
+        log.info("hub_bundle_pushed", actor=principal.subject, serial=bundle.serial, sha256=sha256)
+        return self.summary(bundle.serial)
+
+    def withdraw(self, principal: Principal, serial: int) -> BundleSummary:
+        """Stop offering bundle ``serial``; 404 for an unknown serial, 409 for one already withdrawn."""
+        sql = self.store.dialect.sql
+
+        def work(cur: Any) -> None:
+            cur.execute(sql("UPDATE policy_bundles SET withdrawn_at = ?, withdrawn_by = ? "
+                            "WHERE serial = ? AND withdrawn_at IS NULL"),
+                        (self._db_time(self.clock()), principal.subject, serial))
+            if cur.rowcount != 1:
+                cur.execute(sql("SELECT withdrawn_by FROM policy_bundles WHERE serial = ?"), (serial,))
+                row = cur.fetchone()
+                if row is None:
+                    raise _not_found(serial)
+                raise HubHTTPError(409, "already_withdrawn", f"bundle {serial} was already withdrawn by {row[0]}")
+            self._audit(cur, principal, "withdraw", serial, "no longer offered to hosts")
+
+        self.store.write("policy_withdraw", work)
+        log.info("hub_bundle_withdrawn", actor=principal.subject, serial=serial)
+        return self.summary(serial)
+
+    # --- reads --------------------------------------------------------------------------------------------
+    def _summary_of(self, row: Sequence[Any]) -> BundleSummary:
+        from_db_time = self.store.dialect.from_db_time
+        (serial, sha256, scope, matrix_version, created_at, created_by, pushed_at, pushed_by, withdrawn_at,
+         withdrawn_by, size) = row
+        return BundleSummary(serial=serial, sha256=sha256, bundle_bytes=size, scope=json.loads(scope),
+                             matrix_version=matrix_version, created_at=created_at, created_by=created_by,
+                             pushed_at=from_db_time(pushed_at), pushed_by=pushed_by,
+                             withdrawn_at=None if withdrawn_at is None else from_db_time(withdrawn_at),
+                             withdrawn_by=withdrawn_by)
+
+    def summaries(self) -> List[BundleSummary]:
+        """Every stored bundle, newest serial first."""
+        rows = self.store.query("policy_list", f"SELECT {_SUMMARY_COLUMNS} FROM policy_bundles ORDER BY serial DESC")
+        return [self._summary_of(row) for row in rows]
+
+    def summary(self, serial: int) -> BundleSummary:
+        """Bundle ``serial`` without its bytes; 404 when there is none."""
+        rows = self.store.query("policy_show", f"SELECT {_SUMMARY_COLUMNS} FROM policy_bundles WHERE serial = ?",
+                                [serial])
+        if not rows:
+            raise _not_found(serial)
+        return self._summary_of(rows[0])
+
+    def content(self, serial: int) -> Tuple[bytes, bytes]:
+        """Bundle ``serial``'s bytes and signature; 404 when there is none."""
+        rows = self.store.query("policy_show", "SELECT bundle, signature FROM policy_bundles WHERE serial = ?",
+                                [serial])
+        if not rows:
+            raise _not_found(serial)
+        return bytes(rows[0][0]), bytes(rows[0][1])
+
+    def bundle(self, serial: int) -> PolicyBundle:
+        """Bundle ``serial`` parsed (it parsed when it was pushed)."""
+        return parse_bundle(self.content(serial)[0], f"bundle {serial}")
+
+    def audit(self, limit: int = 100) -> List[AuditEntry]:
+        """The newest ``limit`` audit entries, newest first."""
+        rows = self.store.query("audit", "SELECT at, actor, role, action, serial, detail FROM audit "
+                                         "ORDER BY at DESC, id DESC LIMIT ?", [limit])
+        from_db_time = self.store.dialect.from_db_time
+        return [AuditEntry(at=from_db_time(r[0]), actor=r[1], role=r[2], action=r[3], serial=r[4], detail=r[5])
+                for r in rows]
+
+    def offered_scopes(self) -> List[Tuple[int, BundleScope]]:
+        """(serial, scope) of every bundle not withdrawn, newest first."""
+        rows = self.store.query("policy_offer", "SELECT serial, scope FROM policy_bundles "
+                                                "WHERE withdrawn_at IS NULL ORDER BY serial DESC")
+        scopes = []
+        with self._lock:
+            for serial, scope_json in rows:
+                scope = self._scopes.get(serial)
+                if scope is None:
+                    scope = self._scopes[serial] = BundleScope.model_validate_json(scope_json)
+                scopes.append((int(serial), scope))
+        return scopes
+
+    def offer_serial(self, host_id: str) -> Optional[int]:
+        """The serial a host is offered now (None: no bundle in its scope)."""
+        scopes = self.offered_scopes()
+        if not scopes:
+            return None
+        return offered_serial(scopes, host_id, self.store.host(host_id))
+
+    def rollout(self) -> PolicyRollout:
+        """Every host's standing with the bundles offered now."""
+        return policy_rollout(self.store.hosts(), self.offered_scopes())
+
+    def host_policy(self, host: HostState) -> HostPolicy:
+        """One host's standing with the bundles offered now."""
+        return host_policy(host, self.offered_scopes())
+
+    def offer(self, serial: int) -> Offer:
+        """Bundle ``serial`` as a host fetches it."""
+        data, signature = self.content(serial)
+        return Offer(serial=serial, bundle=data, signature=signature)
+
+
+def _not_found(serial: int) -> HubHTTPError:
+    return HubHTTPError(404, "not_found", f"no bundle with serial {serial}")

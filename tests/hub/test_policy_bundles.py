@@ -1,0 +1,265 @@
+"""Policy bundles at the hub: admins push and withdraw, readers list and show, every change audited, a new serial
+decided in the database, and each host fetching the newest bundle in its scope (ETag, 304, 204)."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import threading
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+import pytest
+from fastapi.testclient import TestClient
+
+from agent.bundle.format import PolicyBundle, render_bundle
+from agent.hub.app import create_app
+from agent.hub.bundles import PolicyBundles
+from agent.hub.responses import HubHTTPError
+from agent.hub.settings import HubSettings
+from agent.hub.store import PostgresStore, SQLiteStore, SqlStore, make_store
+from agent.hub.tokens import Principal
+from agent.report.events import Heartbeat
+from tests.hub.conftest import bearer
+from tests.hub.factories import CUDA_12, ROCM_62, T0, batch_json, event
+
+SIGNATURE = b"\x88\x75\x04\x00\x16\x0a\x00\x1d\x16\x21\x04fake-detached-signature"
+ADMIN = Principal(role="admin", subject="alice")
+
+
+def bundle_bytes(serial: int, **scope: Any) -> bytes:
+    """A well-formed bundle's canonical bytes (the hub parses but does not verify)."""
+    return render_bundle(PolicyBundle.model_validate({
+        "format": "gpuguard-policy-bundle/1", "serial": serial, "created_at": "2026-12-04T23:00:00Z",
+        "created_by": "ops@example.com", "matrix_version": "2026.11",
+        "scope": scope or {"all": True}, "policy_files": {"10-pairing.toml": "# pin\n"}, "matrix": None}))
+
+
+def push_body(data: bytes, signature: bytes = SIGNATURE) -> Dict[str, str]:
+    return {"bundle": base64.b64encode(data).decode(), "signature": base64.b64encode(signature).decode()}
+
+
+@pytest.fixture
+def hub(settings: HubSettings) -> Iterator[TestClient]:
+    """The real app over SQLite in tmp_path (its lifespan runs for the test)."""
+    with TestClient(create_app(settings, make_store(settings.database_url))) as client:
+        yield client
+
+
+def refused(response: Any, status: int, error: str, words: str) -> None:
+    """One JSON error body with the status, code and a one-line detail containing ``words``."""
+    body = response.json()
+    assert response.status_code == status, body
+    assert body["error"] == error and words in body["detail"] and "\n" not in body["detail"], body
+
+
+def push(hub: TestClient, token: str, data: bytes) -> Any:
+    return hub.post("/v1/policy/bundles", json=push_body(data), headers=bearer(token))
+
+
+def heartbeat(hub: TestClient, token: str, host_id: str, **fields: Any) -> None:
+    beat = event(host_id, at=T0 + dt.timedelta(minutes=1)).model_copy(
+        update={"payload": Heartbeat(agent_version="1.0", uptime_seconds=1.0, **fields)})
+    assert hub.post("/v1/events", content=batch_json([beat]), headers=bearer(token)).status_code == 200
+
+
+def test_an_admin_pushes_and_a_reader_lists_shows_and_audits(hub: TestClient, tokens: Dict[str, str],
+                                                             admin_token: str) -> None:
+    """A pushed bundle is stored byte for byte with its signature and pusher, listed, shown and audited."""
+    data = bundle_bytes(42)
+    answer = push(hub, admin_token, data)
+    assert answer.status_code == 201 and answer.headers["location"] == "/v1/policy/bundles/42"
+    assert (answer.json()["serial"], answer.json()["pushed_by"], answer.json()["bundle_bytes"]) == (42, "release-admin",
+                                                                                                   len(data))
+    reader = bearer(tokens["ops"])
+    listed = hub.get("/v1/policy/bundles", headers=reader).json()
+    assert [b["serial"] for b in listed["bundles"]] == [42] and listed["bundles"][0]["scope"]["all"] is True
+    shown = hub.get("/v1/policy/bundles/42", headers=reader).json()
+    assert base64.b64decode(shown["bundle"]) == data and base64.b64decode(shown["signature"]) == SIGNATURE
+    assert shown["policy_files"] == ["10-pairing.toml"] and shown["summary"]["matrix_version"] == "2026.11"
+    [entry] = hub.get("/v1/audit", headers=reader).json()["entries"]
+    assert (entry["actor"], entry["role"], entry["action"], entry["serial"]) == ("release-admin", "admin", "push", 42)
+
+
+def test_only_an_admin_may_push_or_withdraw(hub: TestClient, tokens: Dict[str, str], admin_token: str) -> None:
+    """A reader or host token is 403 on push and withdraw, no token 401; nothing is stored by them."""
+    for token, who in ((tokens["ops"], "a reader"), (tokens["host-a"], "a host")):
+        refused(push(hub, token, bundle_bytes(1)), 403, "forbidden", f"{who} token cannot change policy bundles")
+    refused(hub.post("/v1/policy/bundles", json=push_body(bundle_bytes(1))), 401, "unauthorized", "missing bearer")
+    assert push(hub, admin_token, bundle_bytes(1)).status_code == 201
+    refused(hub.post("/v1/policy/bundles/1/withdraw", headers=bearer(tokens["ops"])), 403, "forbidden", "admin token")
+    refused(hub.get("/v1/policy/bundles", headers=bearer(tokens["host-a"])), 403, "forbidden", "host token")
+    assert hub.get("/v1/hosts", headers=bearer(admin_token)).status_code == 200  # an admin reads as a reader does
+
+
+def test_a_serial_not_above_every_stored_one_is_409_and_audited(hub: TestClient, admin_token: str,
+                                                               tokens: Dict[str, str]) -> None:
+    """After serial 5, pushing 5 or 3 is 409 naming the highest stored serial; the refusal is in the audit trail."""
+    assert push(hub, admin_token, bundle_bytes(5)).status_code == 201
+    refused(push(hub, admin_token, bundle_bytes(5)), 409, "serial_not_newer", "serial 5 is not above 5")
+    refused(push(hub, admin_token, bundle_bytes(3)), 409, "serial_not_newer", "--serial 6 or higher")
+    assert push(hub, admin_token, bundle_bytes(6)).status_code == 201
+    entries = hub.get("/v1/audit", headers=bearer(tokens["ops"])).json()["entries"]
+    actions = [(e["action"], e["serial"]) for e in entries]
+    assert actions == [("push", 6), ("push_refused", 3), ("push_refused", 5), ("push", 5)]
+
+
+@pytest.mark.parametrize("body, error, words", [
+    (push_body(b"{\"format\": \"something-else\"}"), "invalid_bundle", "format"),
+    (push_body(bundle_bytes(1), signature=b""), "invalid_request", "signature"),
+    ({"bundle": "%%% not base64", "signature": "c2ln"}, "invalid_request", "bundle: not base64"),
+    ({"bundle": "e30="}, "invalid_request", "signature"),
+], ids=["not-a-bundle", "empty-signature", "bad-base64", "no-signature"])
+def test_a_push_that_is_not_a_bundle_is_422_in_one_line(hub: TestClient, admin_token: str, body: Dict[str, str],
+                                                        error: str, words: str) -> None:
+    """A body whose bundle does not parse, is not base64 or lacks a signature is 422 with one line naming it."""
+    refused(hub.post("/v1/policy/bundles", json=body, headers=bearer(admin_token)), 422, error, words)
+    assert hub.get("/v1/policy/bundles", headers=bearer(admin_token)).json()["count"] == 0
+
+
+def test_withdrawal_is_admin_only_once_and_audited(hub: TestClient, admin_token: str, tokens: Dict[str, str]) -> None:
+    """Withdrawing marks the bundle with who and when; a second withdrawal is 409, an unknown serial 404."""
+    push(hub, admin_token, bundle_bytes(7))
+    answer = hub.post("/v1/policy/bundles/7/withdraw", headers=bearer(admin_token))
+    assert answer.status_code == 200 and answer.json()["withdrawn_by"] == "release-admin"
+    refused(hub.post("/v1/policy/bundles/7/withdraw", headers=bearer(admin_token)), 409, "already_withdrawn",
+            "already withdrawn by release-admin")
+    refused(hub.post("/v1/policy/bundles/8/withdraw", headers=bearer(admin_token)), 404, "not_found", "serial 8")
+    refused(hub.get("/v1/policy/bundles/8", headers=bearer(tokens["ops"])), 404, "not_found", "serial 8")
+    for path in (f"/v1/policy/bundles/{2**70}", "/v1/policy/bundles/0"):  # beyond a database integer, below 1
+        refused(hub.get(path, headers=bearer(tokens["ops"])), 422, "invalid_request", "path -> serial")
+    entries = hub.get("/v1/audit", headers=bearer(tokens["ops"])).json()["entries"]
+    assert [(e["action"], e["serial"]) for e in entries] == [("withdraw", 7), ("push", 7)]
+
+
+def test_a_host_fetches_the_newest_bundle_in_its_scope(hub: TestClient, admin_token: str,
+                                                      tokens: Dict[str, str]) -> None:
+    """No bundle is 204; an in-scope one is 200 with ETag "bundle-N"; If-None-Match with it is 304; a newer bundle
+    out of the host's scope is not offered, and a withdrawn one no longer."""
+    host = bearer(tokens["host-a"])
+    assert hub.get("/v1/policy/bundle", headers=host).status_code == 204
+    push(hub, admin_token, bundle_bytes(10))
+    first = hub.get("/v1/policy/bundle", headers=host)
+    assert first.status_code == 200 and first.headers["etag"] == '"bundle-10"' and first.json()["serial"] == 10
+    assert base64.b64decode(first.json()["bundle"]) == bundle_bytes(10)
+    again = hub.get("/v1/policy/bundle", headers={**host, "If-None-Match": '"bundle-10"'})
+    assert again.status_code == 304 and again.content == b""
+    assert hub.get("/v1/policy/bundle", headers={**host, "If-None-Match": '"bundle-9", *'}).status_code == 304
+    assert hub.get("/v1/policy/bundle", headers={**host, "If-None-Match": '"bundle-9"'}).status_code == 200
+    push(hub, admin_token, bundle_bytes(11, labels={"rack": "a7"}))
+    assert hub.get("/v1/policy/bundle", headers={**host, "If-None-Match": '"bundle-10"'}).status_code == 304
+    heartbeat(hub, tokens["host-a"], "host-a", labels={"rack": "a7"})
+    assert hub.get("/v1/policy/bundle", headers={**host, "If-None-Match": '"bundle-10"'}).json()["serial"] == 11
+    assert hub.get("/v1/policy/bundle", headers=bearer(tokens["host-b"])).json()["serial"] == 10
+    hub.post("/v1/policy/bundles/11/withdraw", headers=bearer(admin_token))
+    assert hub.get("/v1/policy/bundle", headers=host).json()["serial"] == 10
+    refused(hub.get("/v1/policy/bundle", headers=bearer(tokens["ops"])), 403, "forbidden", "use the host's token")
+
+
+def test_scope_is_judged_by_the_pairing_and_os_the_host_reported(hub: TestClient, admin_token: str,
+                                                                tokens: Dict[str, str]) -> None:
+    """A bundle for NVIDIA hosts on Debian 12 reaches the host whose heartbeat carried that pairing, not the
+    ROCm host nor a host never heard from."""
+    push(hub, admin_token, bundle_bytes(20, pairings=["nvidia 550.*"], os=["debian-12"]))
+    heartbeat(hub, tokens["host-a"], "host-a", pairing=CUDA_12)
+    heartbeat(hub, tokens["host-b"], "host-b", pairing=ROCM_62)
+    assert hub.get("/v1/policy/bundle", headers=bearer(tokens["host-a"])).json()["serial"] == 20
+    assert hub.get("/v1/policy/bundle", headers=bearer(tokens["host-b"])).status_code == 204
+    assert hub.get("/v1/policy/bundle", headers=bearer(tokens["host-c"])).status_code == 204
+
+
+def _stores(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> List[SqlStore]:
+    if kind == "sqlite":
+        return [SQLiteStore(str(tmp_path / "hub.db")) for _ in range(2)]
+    url = request.getfixturevalue("postgres_url")
+    return [PostgresStore(url) for _ in range(2)]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_two_hubs_pushing_one_serial_at_once_store_it_once(kind: str, tmp_path: Path,
+                                                           request: pytest.FixtureRequest) -> None:
+    """Two hub processes' stores pushing serial 9 at the same moment, eight times over: each time exactly one
+    push is stored and the other is 409, decided in the database."""
+    stores = _stores(kind, tmp_path, request)
+    for store in stores:
+        store.open()
+    try:
+        hubs = [PolicyBundles(store) for store in stores]
+        for serial in range(9, 17):
+            barrier = threading.Barrier(2)
+            outcomes: List[Optional[int]] = [None, None]
+
+            def attempt(index: int, serial: int = serial, barrier: threading.Barrier = barrier,
+                        outcomes: List[Optional[int]] = outcomes) -> None:
+                barrier.wait(timeout=10)
+                try:
+                    hubs[index].push(ADMIN, bundle_bytes(serial), SIGNATURE)
+                    outcomes[index] = 201
+                except HubHTTPError as exc:
+                    outcomes[index] = exc.status
+
+            threads = [threading.Thread(target=attempt, args=(i,)) for i in range(2)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=30)
+            assert sorted(outcomes, key=str) == [201, 409], (serial, outcomes)
+        assert [s.serial for s in hubs[0].summaries()] == list(range(16, 8, -1))
+    finally:
+        for store in stores:
+            store.close()
+
+
+@pytest.fixture
+def rollout_fleet(hub: TestClient, admin_token: str, tokens: Dict[str, str]) -> TestClient:
+    """Serial 11 offered to all; host-a enforces 10, host-b enforces 10 and refused 11 (an escaped reason), host-c
+    enforces 11."""
+    push(hub, admin_token, bundle_bytes(10))
+    push(hub, admin_token, bundle_bytes(11))
+    heartbeat(hub, tokens["host-a"], "host-a", policy_source="bundle", policy_serial=10)
+    heartbeat(hub, tokens["host-b"], "host-b", policy_source="bundle", policy_serial=10, policy_refused_serial=11,
+              policy_refused_reason="signature: BADSIG <key ABCD>")
+    heartbeat(hub, tokens["host-c"], "host-c", policy_source="bundle", policy_serial=11)
+    return hub
+
+
+def test_the_fleet_api_shows_each_hosts_serial_offer_and_refusal(rollout_fleet: TestClient,
+                                                                 tokens: Dict[str, str]) -> None:
+    """/v1/policy/hosts: hosts on an older serial than offered and the one that refused, with why; /v1/hosts rows
+    carry the heartbeat's policy fields."""
+    reader = bearer(tokens["ops"])
+    rollout = rollout_fleet.get("/v1/policy/hosts", headers=reader).json()
+    assert (rollout["newest_serial"], rollout["behind_count"], rollout["refused_count"]) == (11, 2, 1)
+    by_host = {h["host_id"]: h for h in rollout["hosts"]}
+    assert (by_host["host-a"]["behind"], by_host["host-a"]["refused_serial"]) == (True, None)
+    assert (by_host["host-b"]["refused_serial"], by_host["host-b"]["refused_reason"]) == (
+        11, "signature: BADSIG <key ABCD>")
+    assert (by_host["host-c"]["behind"], by_host["host-c"]["offered_serial"]) == (False, 11)
+    hosts = {h["host_id"]: h for h in rollout_fleet.get("/v1/hosts", headers=reader).json()["hosts"]}
+    assert (hosts["host-b"]["policy_source"], hosts["host-b"]["policy_serial"]) == ("bundle", 10)
+
+
+def test_metrics_show_serials_hosts_behind_and_refusals(rollout_fleet: TestClient, tokens: Dict[str, str]) -> None:
+    """/metrics carries each host's serial, the newest serial, hosts behind and hosts that refused."""
+    text = rollout_fleet.get("/metrics", headers=bearer(tokens["ops"])).text
+    for line in ('gpuguard_hub_host_policy_serial{host_id="host-a"} 10.0',
+                 'gpuguard_hub_host_policy_serial{host_id="host-c"} 11.0', "gpuguard_hub_policy_newest_serial 11.0",
+                 "gpuguard_hub_hosts_policy_behind 2.0", "gpuguard_hub_hosts_policy_refused 1.0"):
+        assert line in text.splitlines(), line
+
+
+def test_the_dashboard_shows_hosts_behind_and_refusals_with_why(rollout_fleet: TestClient,
+                                                               tokens: Dict[str, str]) -> None:
+    """The overview lists the host that refused (reason escaped) and the hosts behind; the host page says behind;
+    /ui/policy lists both bundles and the audit trail."""
+    reader = bearer(tokens["ops"])
+    overview = rollout_fleet.get("/ui/", headers=reader).text
+    assert 'id="policy-refused-count">1<' in overview and 'id="policy-behind-count">2<' in overview
+    assert 'class="refused" data-host-id="host-b"' in overview and "BADSIG &lt;key ABCD&gt;" in overview
+    assert 'class="behind" data-host-id="host-a"' in overview and 'data-host-id="host-c"' not in \
+        overview.split('id="policy-behind"')[1].split("</table>")[0]
+    host_page = rollout_fleet.get("/ui/hosts/host-a", headers=reader).text
+    assert 'id="policy-behind"' in host_page and "<th>Offered serial</th><td>11</td>" in host_page
+    policy_page = rollout_fleet.get("/ui/policy", headers=reader).text
+    assert 'data-serial="11"' in policy_page and 'data-serial="10"' in policy_page
+    assert policy_page.count('<tr class="audit">') == 2
