@@ -18,6 +18,8 @@ rollback-authorization.json   rollback, while it runs apt or dnf            the 
 health-rollback.json          the health-gated rollback                     the same (never twice to one set)
 reboot-required, .pkgs        rollback (a kernel module package moved)      gpuguard status, the NFD labels
 debs/, rpms/                  rollback (the known-good package files)       rollback
+rollback-coverage.json        rollback (how many guarded packages it can    gpuguard status, the heartbeat, metrics,
+                              restore, and from what)                       the NFD labels
 rollback.dnf                  rollback on rpm hosts (a dnf shell script)    dnf
 outbox.sqlite3                the daemon and its children                   the daemon's delivery, gpuguard status
 last-snapshot.json            the snapshot job                              the daemon at start, gpuguard status
@@ -109,6 +111,11 @@ class StatePaths:
     def reboot_required_packages(self) -> str:
         """The names of the kernel module packages a rollback moved, one a line (``reboot-required.pkgs``)."""
         return self._join("reboot-required.pkgs")
+
+    @property
+    def rollback_coverage(self) -> str:
+        """How many guarded packages a rollback can restore, and from what (agent.rollback_coverage)."""
+        return self._join("rollback-coverage.json")
 
     @property
     def debs(self) -> str:

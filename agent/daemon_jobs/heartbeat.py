@@ -1,4 +1,5 @@
-"""The heartbeat job: one "alive" event with the pairing, compliance, last health result and outbox depth."""
+"""The heartbeat job: one "alive" event with the pairing, compliance, last health result, rollback coverage and
+outbox depth."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from agent.daemon_jobs.resident_settings import ResidentSettings
 from agent.daemon_jobs.runtime import Runtime
 from agent.errors import GpuguardError
 from agent.log import get_logger
-from agent.report.plain import PlainHeartbeat
+from agent.report.plain import PlainHeartbeat, PlainRollbackCoverage
+from agent.rollback_coverage import read_coverage
+from agent.statepaths import StatePaths
 
 log = get_logger("daemon.heartbeat")
 
@@ -49,7 +52,18 @@ class HeartbeatJob:
                                        content_hash=facts.content_hash if facts else None,
                                        outbox_depth=rt.outbox.depth(), pairing=pairing, compliant=compliant,
                                        last_health_status=health, labels=dict(settings.labels) or None,
-                                       **policy))
+                                       rollback_coverage=rollback_coverage(rt), **policy))
+
+
+def rollback_coverage(rt: Runtime) -> Optional[PlainRollbackCoverage]:
+    """The rollback coverage the last known-good recording wrote (each kept file checked), None before any."""
+    path = rt.host.path(StatePaths(rt.settings.state_dir).rollback_coverage)
+    coverage = read_coverage(str(path), str(rt.host.root))
+    if coverage is None:
+        return None
+    return PlainRollbackCoverage(guarded=coverage.guarded, restorable=coverage.restorable,
+                                 by_source=dict(coverage.by_source), not_restorable=coverage.not_restorable[:200],
+                                 inexact=tuple(sorted(coverage.inexact))[:200])
 
 
 def policy_fields(rt: Runtime) -> Dict[str, Any]:

@@ -79,6 +79,19 @@ class GuardFacts(FrozenModel):
     reboot_required: Optional[List[str]] = None
 
 
+class RollbackFacts(FrozenModel):
+    """How many guarded packages a rollback can restore (rollback-coverage.json), None before any record."""
+
+    guarded: Optional[int] = None
+    restorable: Optional[int] = None
+    by_source: Dict[str, int] = {}
+    not_restorable: List[str] = []
+    inexact: Dict[str, List[str]] = {}
+    summary: Optional[str] = None  # "33/33 guarded packages restorable: 1 from the archive cache, 32 rebuilt ..."
+    attention: List[str] = []  # the packages not restorable, or only inexactly, in words
+    recorded_at: Optional[dt.datetime] = None
+
+
 class MetricsFacts(FrozenModel):
     """What the daemon last published in its node_exporter textfile."""
 
@@ -128,6 +141,7 @@ class StatusFacts(FrozenModel):
     snapshot: SnapshotFacts
     health: HealthFacts
     guard: GuardFacts
+    rollback: RollbackFacts = RollbackFacts()
     metrics: MetricsFacts
     outbox: OutboxFacts
     hub: HubFacts
@@ -406,6 +420,20 @@ def read_outbox(path: str) -> OutboxFacts:
     return OutboxFacts(depth=int(depth), oldest_enqueued_at=_epoch(oldest), dropped_total=int(dropped))
 
 
+def read_rollback_coverage(host: Host, paths: StatePaths) -> RollbackFacts:
+    """The rollback coverage the last recording wrote, each kept file checked to be there still."""
+    from agent.rollback_coverage import read_coverage
+
+    coverage = read_coverage(str(host.path(paths.rollback_coverage)), str(host.root))
+    if coverage is None:
+        return RollbackFacts()
+    return RollbackFacts(guarded=coverage.guarded, restorable=coverage.restorable, by_source=coverage.by_source,
+                         not_restorable=list(coverage.not_restorable),
+                         inexact={k: list(v) for k, v in coverage.inexact.items()}, summary=coverage.summary(),
+                         attention=coverage.attention(),
+                         recorded_at=_when(coverage.recorded_at))
+
+
 def probe_hub(endpoint_url: str, ca_bundle: Optional[str], timeout_seconds: float = HUB_TIMEOUT_SECONDS) -> HubFacts:
     """GET the hub's /healthz once, bounded by ``timeout_seconds``; any HTTP answer means reachable."""
     import requests
@@ -469,5 +497,6 @@ def gather(host: Host, config_path: str, offline: bool,
         guard=read_changes(str(host.path(paths.guard_events)), str(host.path(paths.health_rollback))).model_copy(
             update={"reboot_required": read_reboot_required(
                 str(host.path(paths.reboot_required_packages)), booted_at_seconds())}),
+        rollback=read_rollback_coverage(host, paths),
         metrics=read_metrics(report.metrics_path(state_dir)), outbox=read_outbox(paths.outbox),
         hub=hub, policy=read_policy(host, settings.guard, state_dir))
