@@ -14,6 +14,7 @@ from agent.configfile import parse_toml_model, read_config_text
 from agent.defaults import DEFAULT_CONFIG_PATH, DEFAULT_STATE_DIR
 from agent.guard.settings import GuardSettings
 from agent.health.settings import HealthSettings
+from agent.integrations.settings import IntegrationsSettings
 from agent.models import FrozenModel
 from agent.report.settings import ReportSettings
 from agent.snapshot.settings import SnapshotSettings
@@ -51,6 +52,7 @@ class Settings(FrozenModel):
     report: ReportSettings = ReportSettings()
     guard: GuardSettings = GuardSettings()
     health: HealthSettings = HealthSettings()
+    integrations: IntegrationsSettings = IntegrationsSettings()
 
 
 def parse_settings(text: str, path: str = "<string>") -> Settings:

@@ -24,6 +24,7 @@ rollback.dnf                  rollback on rpm hosts (a dnf shell script)    dnf
 outbox.sqlite3                the daemon and its children                   the daemon's delivery, gpuguard status
 last-snapshot.json            the snapshot job                              the daemon at start, gpuguard status
 health-deferral.json          the daemon's health schedule                  the same, gpuguard status
+maintenance.json              the maintenance hand-off (integrations/)      the same, gpuguard maintenance status
 health/last.json              the health check                              the daemon at start, gpuguard status
 health/baselines.json         the health check                              the same
 health/check.lock             whoever runs a health check (flock, holder)   the next check (waits, own probe)
@@ -154,6 +155,11 @@ class StatePaths:
     def health_deferral(self) -> str:
         """The full health check the daemon waits to run until the GPUs are idle."""
         return self._join("health-deferral.json")
+
+    @property
+    def maintenance(self) -> str:
+        """The node this host holds from its scheduler while it changes (agent/integrations/maintenance.py)."""
+        return self._join("maintenance.json")
 
     def job_result(self, job: str) -> str:
         """Where the child running the daemon job ``job`` writes its result."""
