@@ -164,3 +164,27 @@ def test_the_command_begins_reports_and_ends(tmp_path: Path) -> None:
     code, line = run("maintenance", "end", "--check", "pass")
     assert code == EXIT_MAINTENANCE_OK and "resumed" in line and RESUME in runner.calls
     assert run("maintenance", "status") == (0, "gpuguard: maintenance: none\n")
+
+
+def test_the_command_reports_scheduler_and_file_trouble_in_one_line(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    """A missing scontrol is gpuguard's one-line error (exit 6); a damaged maintenance.json names the file
+    (exit 4); neither prints a traceback."""
+    from tests.fakes.runner import FakeRunner
+
+    config = tmp_path / "agent.toml"
+    config.write_text(f'[agent]\nstate_dir = "{tmp_path / "state"}"\n[integrations]\nscheduler = "slurm"\n'
+                      'slurm_node_name = "vm"\n')
+    runner = FakeRunner()
+    runner.add(list(SHOW), not_found=True)
+
+    def run(*argv: str) -> int:
+        return cli.main([*argv, "--config", str(config)], make_host=lambda root: Host(root=Path(root), runner=runner),
+                        out=io.StringIO())
+
+    assert run("maintenance", "begin", "--reason", "r") == 6
+    assert "scontrol" in capsys.readouterr().err
+    (tmp_path / "state" / "maintenance.json").write_text("[1]")
+    assert run("maintenance", "status") == 4
+    err = capsys.readouterr().err
+    assert "maintenance.json: not a maintenance record" in err and "Traceback" not in err
