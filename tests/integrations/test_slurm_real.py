@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Iterator, List, Tuple
@@ -34,8 +35,10 @@ def _free_port() -> int:
 class SlurmCluster:
     """munged, slurmctld and slurmd of one node, in ``base``; each started here and stopped by its PID."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, extra_conf: Tuple[str, ...] = ()) -> None:
         self.base = base
+        self.extra_conf = extra_conf
+        self.prolog_out = base / "prolog.out"  # where a test's Prolog writes what it printed
         self.node = socket.gethostname().split(".")[0]
         self.conf = base / "slurm.conf"
         self.env = dict(os.environ, SLURM_CONF=str(self.conf))
@@ -60,7 +63,7 @@ class SlurmCluster:
             "AccountingStorageType=accounting_storage/none", "SchedulerType=sched/builtin",
             "SelectType=select/linear", "MpiDefault=none", "ReturnToService=2",
             f"NodeName={self.node} NodeAddr=127.0.0.1 NodeHostname={self.node} CPUs=1 RealMemory=1 State=UNKNOWN",
-            f"PartitionName=debug Nodes={self.node} Default=YES MaxTime=10 State=UP", ""]))
+            f"PartitionName=debug Nodes={self.node} Default=YES MaxTime=10 State=UP", *self.extra_conf, ""]))
         self._spawn(["munged", "-F", "-f", f"--socket={socket_path}", f"--key-file={key}",
                      f"--pid-file={b}/munge/munged.pid", f"--log-file={b}/log/munged.log",
                      f"--seed-file={b}/munge/seed"])
@@ -114,19 +117,43 @@ class SlurmCluster:
                     process.wait(timeout=10)
 
 
-@pytest.fixture
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+def _cluster(tmp_path_factory: pytest.TempPathFactory, *extra_conf: str) -> Iterator[SlurmCluster]:
     if os.geteuid() != 0:
         unavailable("the real Slurm tests", "root (slurmd runs jobs as root here)")
     missing = [p for p in PROGRAMS if shutil.which(p) is None]
     if missing:
         unavailable("the real Slurm tests", f"{', '.join(missing)} (apt-get install slurm-wlm munge)")
-    cluster = SlurmCluster(Path(tmp_path_factory.mktemp("slurm")))  # short: munge's socket path is bounded
+    # A short directory: munge's socket path is bounded.
+    cluster = SlurmCluster(Path(tmp_path_factory.mktemp("slurm")), extra_conf)
     try:
         cluster.start()
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    yield from _cluster(tmp_path_factory)
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def slurm_with_prolog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A cluster whose Prolog is ``gpuguard status --slurm`` on a host root where no daemon runs (a drain verdict)."""
+    base = Path(tmp_path_factory.mktemp("prolog"))
+    (base / "root/proc").mkdir(parents=True)
+    (base / "root/var/lib/gpuguard").mkdir(parents=True)
+    (base / "agent.toml").write_text(f'[agent]\nstate_dir = "{base}/root/var/lib/gpuguard"\n')
+    prolog = base / "prolog"
+    prolog.write_text(f"#!/bin/sh\ncd {REPO}\nPYTHONPATH={REPO} {sys.executable} -m agent status --slurm "
+                      f"--config {base}/agent.toml --root {base}/root > {base}/prolog.out 2>&1\n")
+    prolog.chmod(0o755)
+    for cluster in _cluster(tmp_path_factory, f"Prolog={prolog}"):
+        cluster.prolog_out = base / "prolog.out"
+        yield cluster
 
 
 def gpuguard(cluster: SlurmCluster, tmp: Path, *argv: str) -> Tuple[int, str]:
@@ -182,3 +209,27 @@ def test_a_failed_check_keeps_the_drain_and_an_operator_drain_is_never_resumed(s
     code, line = gpuguard(slurm, tmp_path, "maintenance", "end", "--check", "pass")
     assert code == 0 and "not resumed" in line, line
     assert "DRAIN" in slurm.state() and slurm.reason() == "bad DIMM"
+
+
+def test_a_failing_gpuguard_prolog_drains_the_node_and_requeues_the_job(slurm_with_prolog: SlurmCluster,
+                                                                         tmp_path: Path) -> None:
+    """``gpuguard status --slurm`` as the Prolog, judging a host whose daemon is not running, exits 1: slurmd
+    drains the node and the batch job goes back to the queue instead of running on it; gpuguard's hand-off never
+    resumes that drain (it is slurmd's, not gpuguard's)."""
+    cluster = slurm_with_prolog
+    submitted = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "true"], env=cluster.env,
+                               capture_output=True, text=True, timeout=15, check=True)
+    job_id = submitted.stdout.strip().split(";")[0]
+    cluster._wait(lambda: "DRAIN" in cluster.state(), "the node drained by the failing Prolog")
+    assert cluster.prolog_out.read_text().startswith("gpuguard: drain: daemon")
+    assert "prolog" in cluster.reason().lower()
+
+    def job() -> str:
+        return cluster.scontrol("show", "job", "-o", job_id).stdout
+
+    cluster._wait(lambda: "JobState=PENDING" in job() and "Restarts=1" in job(), "the job requeued")
+    reason = cluster.reason()
+    code, line = gpuguard(cluster, tmp_path, "maintenance", "begin", "--reason", "rollout R stage 2")
+    assert code == 0 and "someone else" in line, line
+    code, line = gpuguard(cluster, tmp_path, "maintenance", "end", "--check", "pass")
+    assert "not resumed" in line and "DRAIN" in cluster.state() and cluster.reason() == reason
