@@ -12,7 +12,7 @@ from tests.conftest import ROOTS
 
 def test_the_last_snapshot_is_read_at_the_state_directorys_own_path(tmp_path: Path) -> None:
     """The snapshot job writes last-snapshot.json in the state directory itself (not under the root): the scope
-    facts use its pairing (ROCm 6.2 on Ubuntu 22.04 here) instead of taking a new snapshot of the root (which has no GPU)."""
+    facts use its pairing (ROCm 6.2 on Ubuntu 22.04) instead of a new snapshot of the root (no GPU, Debian 12)."""
     last = tmp_path / "state/last-snapshot.json"
     last.parent.mkdir()
     last.write_text(take_snapshot(Host.for_root(str(ROOTS / "mi300x-rocm62-ubuntu2204"))).to_json())
