@@ -51,3 +51,8 @@ class Signer:
         armored = certificate.with_suffix(".asc")
         armored.write_text(certificate.read_text().replace(":-----BEGIN", "-----BEGIN"))
         _run(self.home, ["--import", str(armored)])
+
+    def close(self) -> None:
+        """End the gpg-agent that gpg started for this GNUPGHOME (gpgconf names it by its home, not by a PID)."""
+        subprocess.run(["gpgconf", "--homedir", str(self.home), "--kill", "gpg-agent"], capture_output=True,
+                       timeout=30, check=False)
