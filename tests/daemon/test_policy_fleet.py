@@ -14,7 +14,7 @@ from typing import Callable, Dict, Iterator, List, Optional
 
 import pytest
 
-from agent.hub.tokens import add_token
+from agent.hub.tokens import Role, add_token
 from tests.bundle.keys import Signer
 from tests.bundle.test_install import PERMISSIVE, POLICY, run
 from tests.conftest import ROOTS
@@ -46,6 +46,15 @@ def agent_config(state_dir: Path, host_id: str, ring: str, hub_url: str, token_f
         "connect_timeout_seconds = 1", "read_timeout_seconds = 3"]) + "\n"
 
 
+class FleetAgent(AgentProcess):
+    """One agent of the fleet: its host id and host token file besides the process."""
+
+    def __init__(self, workdir: Path, root: Path, host_id: str, token_file: Path) -> None:
+        super().__init__(workdir, root)
+        self.host_id = host_id
+        self.token_file = token_file
+
+
 class Fleet:
     """The hub, its tokens, and the agents with their roots."""
 
@@ -60,11 +69,11 @@ class Fleet:
         self.admin = self.token("admin", "alice")
         self.reader = self.token("reader", "bob").read_text().strip()
         self.signer = Signer(tmp_path, "ops")
-        self.agents: List[AgentProcess] = []
+        self.agents: List[FleetAgent] = []
 
-    def token(self, role: str, subject: str) -> Path:
+    def token(self, role: Role, subject: str) -> Path:
         path = self.tmp / f"{role}-{subject}.token"
-        path.write_text(add_token(str(self.tokens), role, subject) + "\n")  # type: ignore[arg-type]
+        path.write_text(add_token(str(self.tokens), role, subject) + "\n")
         os.chmod(path, 0o600)
         return path
 
@@ -75,20 +84,18 @@ class Fleet:
             root = workdir / "root"
             shutil.copytree(ROOTS / "gpuless-debian12", root, symlinks=True)
             self.signer.export(root / "etc/gpuguard/keys/ops.gpg")
-            agent = AgentProcess(workdir, root)
-            agent.host_id = f"fleet-{n:02d}"  # type: ignore[attr-defined]
-            agent.token_file = self.token("host", agent.host_id)  # type: ignore[attr-defined]
-            self.agents.append(agent)
+            host_id = f"fleet-{n:02d}"
+            self.agents.append(FleetAgent(workdir, root, host_id, self.token("host", host_id)))
 
     def configure(self) -> None:
         for n, agent in enumerate(self.agents):
-            agent.write_config(agent_config(agent.state_dir, agent.host_id, "main" if n in OUT_OF_SCOPE else "canary",  # type: ignore
-                                            self.hub.url, agent.token_file))  # type: ignore[attr-defined]
+            ring = "main" if n in OUT_OF_SCOPE else "canary"
+            agent.write_config(agent_config(agent.state_dir, agent.host_id, ring, self.hub.url, agent.token_file))
 
-    def in_scope(self) -> List[AgentProcess]:
+    def in_scope(self) -> List[FleetAgent]:
         return [a for n, a in enumerate(self.agents) if n not in OUT_OF_SCOPE]
 
-    def out_of_scope(self) -> List[AgentProcess]:
+    def out_of_scope(self) -> List[FleetAgent]:
         return [a for n, a in enumerate(self.agents) if n in OUT_OF_SCOPE]
 
     def bundle(self, serial: int, policy: str) -> Path:
@@ -187,32 +194,33 @@ def test_a_pushed_bundle_reaches_its_scope_survives_a_hub_outage_and_catches_up(
                        pushed + 2 * INTERVAL_SECONDS, lambda: [serial_in_force(a) for a in fleet.agents])
     print(f"serial 1 on {len(fleet.in_scope())} hosts {reached - pushed:.1f} s after the push")
     for agent in fleet.in_scope():
-        assert bundle_state(agent)["fingerprint"] == fleet.signer.fingerprint  # type: ignore[index]
+        state = bundle_state(agent)
+        assert state is not None and state["fingerprint"] == fleet.signer.fingerprint
         compiled = json.loads((rooted_state(agent) / "policy.compiled.json").read_text())
         assert compiled["sources"][0]["path"].endswith("policy-bundle/policy.d/10-site.toml")
     wait_for("the hub shows serial 1 for every host in scope", lambda: all(
-        fleet.policy_hosts()[a.host_id]["policy_serial"] == 1 for a in fleet.in_scope()),  # type: ignore
+        fleet.policy_hosts()[a.host_id]["policy_serial"] == 1 for a in fleet.in_scope()),
         time.monotonic() + 2 * INTERVAL_SECONDS, fleet.policy_hosts)
     view = fleet.policy_hosts()
     for agent in fleet.out_of_scope():
-        row = view[agent.host_id]  # type: ignore[attr-defined]
+        row = view[agent.host_id]
         assert (row["policy_serial"], row["offered_serial"], row["behind"]) == (None, None, False), row
         assert bundle_state(agent) is None  # never offered, so never taken nor refused
     assert not any(a.events_named("policy_bundle_refused") for a in fleet.agents)
 
     fleet.hub.stop()
-    before = {a.host_id: host_files(a) for a in fleet.agents}  # type: ignore[attr-defined]
-    failed_before = {a.host_id: failed_fetches(a) for a in fleet.agents}  # type: ignore[attr-defined]
+    before = {a.host_id: host_files(a) for a in fleet.agents}
+    failed_before = {a.host_id: failed_fetches(a) for a in fleet.agents}
     second = fleet.bundle(2, PERMISSIVE)
     code, out, err = fleet.push(second)
     assert code != 0 and len(err.strip().splitlines()) == 1, (code, out, err)
     down = time.monotonic()
     wait_for("every host tried the hub that is down", lambda: all(
-        failed_fetches(a) > failed_before[a.host_id] for a in fleet.agents),  # type: ignore[attr-defined]
+        failed_fetches(a) > failed_before[a.host_id] for a in fleet.agents),
         down + 3 * INTERVAL_SECONDS, lambda: [failed_fetches(a) for a in fleet.agents])
     for agent in fleet.agents:
         assert agent.proc is not None and agent.proc.poll() is None, agent.log_path.read_text()[-2000:]
-        assert host_files(agent) == before[agent.host_id]  # type: ignore[attr-defined]
+        assert host_files(agent) == before[agent.host_id]
     assert all(serial_in_force(a) == 1 for a in fleet.in_scope())
 
     fleet.hub.config_path.write_text(fleet.hub.config_path.read_text().replace("listen_port = 0",
@@ -226,7 +234,7 @@ def test_a_pushed_bundle_reaches_its_scope_survives_a_hub_outage_and_catches_up(
         pushed + 2 * INTERVAL_SECONDS, lambda: [serial_in_force(a) for a in fleet.agents])
     print(f"serial 2 on {len(fleet.in_scope())} hosts {reached - pushed:.1f} s after the hub came back")
     wait_for("the hub shows serial 2 for every host in scope", lambda: all(
-        fleet.policy_hosts()[a.host_id]["policy_serial"] == 2 for a in fleet.in_scope()),  # type: ignore
+        fleet.policy_hosts()[a.host_id]["policy_serial"] == 2 for a in fleet.in_scope()),
         time.monotonic() + 2 * INTERVAL_SECONDS, fleet.policy_hosts)
     assert all(bundle_state(a) is None for a in fleet.out_of_scope())
     for agent in fleet.agents:
