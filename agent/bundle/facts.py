@@ -1,8 +1,13 @@
 """This host's scope facts, read the way every other judgement reads them: the last snapshot's pairing (or a new
-snapshot when there is none), the host context for the OS, the configured id and labels."""
+snapshot when there is none), the host context for the OS, the configured id and labels.
+
+The last snapshot is read where the daemon's snapshot job writes it and ``gpuguard status`` reads it: the state
+directory's own path, not a path under the Host's root (as the outbox; the policy files the hooks read are the ones
+under the root). Under ``--root`` a rooted read found nothing and took a new snapshot in every install."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Dict, Optional
 
 from agent.bundle.scope import ScopeFacts, scope_facts
@@ -13,15 +18,15 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def host_pairing(host: "Host", last_snapshot_path: str) -> Optional["Pairing"]:
-    """The pairing of the last snapshot (a host path), or of a new one when it is missing or unreadable."""
+    """The pairing of the last snapshot (the state directory's real path, as the snapshot job writes it), or of a
+    new one when it is missing or unreadable."""
     from agent.errors import GpuguardError
     from agent.snapshot.io import load_snapshot
     from agent.snapshot.pairing import pairing_of
 
-    path = host.path(last_snapshot_path)
-    if path.is_file():
+    if os.path.isfile(last_snapshot_path):
         try:
-            return pairing_of(load_snapshot(str(path)))
+            return pairing_of(load_snapshot(last_snapshot_path))
         except GpuguardError:
             pass
     from agent.snapshot.take import take_snapshot

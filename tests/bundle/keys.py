@@ -12,10 +12,21 @@ from tests.needs import unavailable
 
 
 def _run(home: Path, args: List[str]) -> str:
+    """gpg in ``home``; the gpg-agent it starts for the secret key is ended again, so no test leaves one running."""
     env = {"GNUPGHOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
-    done = subprocess.run(["gpg", "--batch", "--yes", *args], env=env, capture_output=True, timeout=60, check=False)
+    try:
+        done = subprocess.run(["gpg", "--batch", "--yes", *args], env=env, capture_output=True, timeout=60,
+                              check=False)
+    finally:
+        _end_agent(home)
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     return done.stdout.decode()
+
+
+def _end_agent(home: Path) -> None:
+    """End the gpg-agent of ``home``, if one runs (gpgconf finds it by its home's socket, not by a name)."""
+    subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, timeout=30,
+                   check=False)
 
 
 class Signer:
@@ -51,3 +62,7 @@ class Signer:
         armored = certificate.with_suffix(".asc")
         armored.write_text(certificate.read_text().replace(":-----BEGIN", "-----BEGIN"))
         _run(self.home, ["--import", str(armored)])
+
+    def close(self) -> None:
+        """End this home's gpg-agent (each gpg run here ends it already; for a test that ran gpg itself)."""
+        _end_agent(self.home)

@@ -191,6 +191,7 @@ def test_policy_bundle_checks_first_and_signs_with_gpg(tmp_path: Path) -> None:
     code = main(["policy", "bundle", str(site.policy_dir), "--serial", "2", "-o", str(target), "--no-host", "--all",
                  "--sign-with", site.signer.fingerprint],
                 make_host=lambda root: Host(env={"GNUPGHOME": str(site.signer.home)}), out=out_stream)
+    site.signer.close()  # gpg ran by the CLI, not by the test's Signer: its agent is ended here
     assert code == 0 and f"signed -> {target}.sig" in out_stream.getvalue()
     code, out, err = site.install(target)
     assert code == 0, err
