@@ -195,3 +195,39 @@ def counts_by_stage(hosts: Sequence[RolloutHost]) -> Mapping[str, int]:
         key = "waiting" if h.stage is None else str(h.stage)
         counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+class RolloutRow(FrozenModel):
+    """One rollout as stored."""
+
+    rollout_id: str
+    target_serial: int
+    previous_serial: Optional[int] = None
+    spec: RolloutSpec
+    state: str
+    stage: int  # the open stage; -1 before the canaries
+    stage_started_at: Optional[dt.datetime] = None
+    created_at: dt.datetime
+    created_by: str
+    updated_at: dt.datetime
+    reason: str  # why it waits, halted, was paused or aborted
+
+
+class RolloutStatus(FrozenModel):
+    """A rollout with its hosts: what ``status`` answers."""
+
+    rollout: RolloutRow
+    hosts_by_stage: Dict[str, int]
+    hosts: List[RolloutHost]
+
+
+class HostOffer(FrozenModel):
+    """What a host is offered while rollouts exist: the serial (None: none) and the notice it may show."""
+
+    serial: Optional[int] = None
+    notice: Optional[str] = None
+
+
+class RolloutsResponse(FrozenModel):
+    count: int
+    rollouts: List[RolloutRow]

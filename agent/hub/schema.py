@@ -6,7 +6,10 @@
               heartbeat's labels and policy fields since schema version 2)
     policy_bundles  one row per pushed policy bundle, by serial: its bytes, signature, scope, who made and pushed
                     it, and its withdrawal (agent/hub/bundles.py)
-    audit     one row per push and withdrawal of a policy bundle: when, who, what
+    audit     one row per push and withdrawal of a policy bundle, and per rollout decision: when, who, what
+    rollouts  one row per staged rollout of a bundle (schema version 3): target and previous serial, its spec as
+              JSON, state, the open stage and when it opened, why it halted (agent/hub/rollouts.py)
+    rollout_hosts  one row per host of a rollout: cohort, stage and time of admission, its newest evidence
 
 The statements are written once with ``?`` placeholders; the dialect (``dialects.py``) adapts them. The latest-state
 columns of ``hosts`` move only forward in ``occurred_at`` (``UPSERT_HOST``), so batches arriving out of order or
@@ -29,7 +32,7 @@ from agent.hub.rows import HostState
 from agent.report.events import Event
 from agent.snapshot.pairing import Pairing
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # PostgreSQL advisory locks held while a hub creates tables: hubs starting together take turns. The store's own
 # tables and the ones the dashboard and the alert queue add later each have their key.
 SCHEMA_LOCK_KEY = 0x67707567_0001
@@ -102,12 +105,34 @@ def tables(timestamp_type: str, bytes_type: str = "BLOB", key_type: str = "INTEG
             serial BIGINT,
             detail TEXT NOT NULL)""",
         "CREATE INDEX IF NOT EXISTS audit_at ON audit (at)",
+        f"""CREATE TABLE IF NOT EXISTS rollouts (
+            rollout_id TEXT PRIMARY KEY,
+            target_serial BIGINT NOT NULL,
+            previous_serial BIGINT,
+            spec TEXT NOT NULL,
+            state TEXT NOT NULL,
+            stage INTEGER NOT NULL,
+            stage_started_at {timestamp_type},
+            created_at {timestamp_type} NOT NULL,
+            created_by TEXT NOT NULL,
+            updated_at {timestamp_type} NOT NULL,
+            reason TEXT NOT NULL)""",
+        f"""CREATE TABLE IF NOT EXISTS rollout_hosts (
+            rollout_id TEXT NOT NULL,
+            host_id TEXT NOT NULL,
+            cohort TEXT NOT NULL,
+            stage INTEGER,
+            admitted_at {timestamp_type},
+            evidence TEXT,
+            evidence_detail TEXT,
+            PRIMARY KEY (rollout_id, host_id))""",
     ]
 
 
 # Per older version, what brings a database of that version to the next; ``tables`` then adds the new tables.
 MIGRATIONS = {
     "1": [f"ALTER TABLE hosts ADD COLUMN {name} {kind}" for name, kind in _HOST_POLICY_COLUMNS],
+    "2": [],  # version 3 only adds the rollout tables
 }
 
 

@@ -26,7 +26,8 @@ FAIL = Evidence(result="fail", detail="cpu_fallback reported after admission")
 WAIT = Evidence(result="wait", detail="health busy")
 
 
-def state(serial: Optional[int] = 7, health: Optional[str] = "pass", beat: dt.datetime = T0, **extra: object) -> HostState:
+def state(serial: Optional[int] = 7, health: Optional[str] = "pass", beat: dt.datetime = T0,
+          **extra: object) -> HostState:
     return HostState(host_id="h1", hostname="h1", first_seen_at=T0, last_seen_at=beat, last_event_at=beat,
                      last_sequence=1, heartbeat_at=beat, policy_serial=serial, last_health_status=health,
                      **extra)  # type: ignore[arg-type]
