@@ -180,7 +180,8 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
     bundles = PolicyBundles(store, clock)
     rollouts = Rollouts(store, bundles, alert_queue, clock)
     rollout_worker = RolloutWorker(rollouts, settings.rollout_tick_seconds)
-    hub_metrics = HubMetrics(store, alert_queue, settings.stale_after_seconds, clock, policy_rollout=bundles.rollout)
+    hub_metrics = HubMetrics(store, alert_queue, settings.stale_after_seconds, clock, policy_rollout=bundles.rollout,
+                             staged_rollout=rollouts.current)
     bearer = HTTPBearer(auto_error=False, description="`gpuguard hub add-host HOST_ID` (host token), "
                                                       "`gpuguard hub add-reader NAME` (reader token) or "
                                                       "`gpuguard hub add-admin NAME` (admin token)")

@@ -27,6 +27,7 @@ from agent.hub.rows import HostState
 from agent.models import FrozenModel
 
 RolloutState = Literal["running", "paused", "halted", "aborted", "done"]
+ROLLOUT_STATES = ("running", "paused", "halted", "aborted", "done")
 ACTIVE_STATES = ("running", "paused", "halted")  # the target is offered only to admitted hosts
 FAILED_HEALTH = ("regression", "cpu_fallback", "failed", "timeout")
 FAILURE_EVENT_KINDS = ("rollback", "cpu_fallback", "health_regression")

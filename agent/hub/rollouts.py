@@ -307,6 +307,17 @@ class Rollouts:
                                 list(ACTIVE_STATES))
         return self._row(rows[0]) if rows else None
 
+    def current(self) -> Optional[RolloutStatus]:
+        """The active rollout, else the newest one, with its hosts; None when there was none."""
+        row = self.active()
+        if row is None:
+            newest = self.store.query("rollout_list", "SELECT rollout_id FROM rollouts ORDER BY created_at DESC, "
+                                                      "rollout_id LIMIT 1")
+            if not newest:
+                return None
+            return self.status(newest[0][0])
+        return self.status(row.rollout_id)
+
     def offer(self, host_id: str) -> HostOffer:
         """The serial ``host_id`` is offered now, and the rollout's notice for a host that is held back."""
         scopes = self.bundles.offered_scopes()

@@ -171,8 +171,8 @@ def test_a_hub_restart_resumes_from_the_rows(sqlite: SqlStore, tmp_path: Path) -
 
 def test_the_api_starts_serves_and_aborts_a_rollout(settings: HubSettings, tokens: Dict[str, str],
                                                     admin_token: str) -> None:
-    """Admins start and abort through the API, readers see the status, a held-back host's fetch carries the
-    X-Gpuguard-Rollout notice and the previous bundle."""
+    """Admins start and abort through the API, readers see the status and /metrics, a held-back host's fetch carries
+    the X-Gpuguard-Rollout notice and the previous bundle."""
     clock = Clock()
     store = make_store(settings.database_url)
     seed(store, clock)
@@ -193,6 +193,9 @@ def test_the_api_starts_serves_and_aborts_a_rollout(settings: HubSettings, token
         assert fetched.json()["rollout"] == fetched.headers["x-gpuguard-rollout"]
         shown = hub.get(f"/v1/rollouts/{rid}", headers=bearer(tokens["ops"])).json()
         assert shown["rollout"]["state"] == "running" and shown["hosts_by_stage"]["0"] == len(admitted)
+        scraped = hub.get("/metrics", headers=bearer(tokens["ops"])).text
+        assert f'gpuguard_hub_rollout_state{{rollout_id="{rid}",state="running"}} 1.0' in scraped
+        assert f'gpuguard_hub_rollout_hosts{{rollout_id="{rid}",stage="0"}} {float(len(admitted))}' in scraped
         assert hub.post(f"/v1/rollouts/{rid}/abort", headers=bearer(tokens["ops"])).status_code == 403
         aborted = hub.post(f"/v1/rollouts/{rid}/abort", headers=bearer(admin_token))
         assert aborted.status_code == 200 and aborted.json()["state"] == "aborted"
