@@ -413,7 +413,8 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
         # Same access rule as the fleet API: Prometheus sends the reader token (authorization: credentials_file).
         return Response(generate_latest(hub_metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    mount_dashboard(app, settings, store, registry, clock, alert_counts=alert_queue.counts, bundles=bundles)
+    mount_dashboard(app, settings, store, registry, clock, alert_counts=alert_queue.counts, bundles=bundles,
+                    rollouts=rollouts)
 
     def openapi() -> Dict[str, Any]:
         if app.openapi_schema is None:

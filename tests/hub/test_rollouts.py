@@ -248,3 +248,23 @@ def test_two_hub_processes_on_one_postgresql_decide_each_stage_once(postgres_url
     finally:
         first.close()
         second.close()
+
+
+def test_the_dashboard_shows_a_halted_rollout_and_why(settings: HubSettings, tokens: Dict[str, str]) -> None:
+    """/ui/rollouts lists the rollout as halted; its page names the failing canary and its result, escaped."""
+    clock = Clock()
+    store = make_store(settings.database_url)
+    _, rollouts = seed(store, clock)
+    rid = rollouts.start(ADMIN, SPEC).rollout.rollout_id
+    clock.advance(10)
+    report(store, clock, ["nv-0"], health="failed")
+    assert rollouts.evaluate(rid).action == "halt"  # type: ignore[union-attr]
+    store.close()
+    with TestClient(create_app(settings, make_store(settings.database_url), clock=clock)) as hub:
+        listed = hub.get("/ui/rollouts", headers=bearer(tokens["ops"]))
+        assert listed.status_code == 200 and f'data-rollout-id="{rid}"' in listed.text and ">halted<" in listed.text
+        shown = hub.get(f"/ui/rollouts/{rid}", headers=bearer(tokens["ops"])).text
+        assert "1 of 2 canaries failed: nv-0 (health failed on serial 2)" in shown
+        assert 'class="rollout-host fail" data-host-id="nv-0"' in shown
+        assert hub.get("/ui/rollouts/nope", headers=bearer(tokens["ops"])).status_code == 404
+        assert hub.get("/ui/rollouts", follow_redirects=False).status_code == 303  # no token: to the login form
