@@ -149,8 +149,9 @@ _ERROR_RESPONSES: Dict[int, Dict[str, Any]] = {
         (400, "Malformed JSON"),
         (401, "Missing or invalid bearer token"),
         (403, "Token valid but not allowed this (wrong host, or wrong kind of token)"),
-        (404, "No such policy bundle"),
-        (409, "Conflicts with what is stored (a serial not above the highest, a bundle already withdrawn)"),
+        (404, "No such policy bundle or rollout"),
+        (409, "Conflicts with what is stored (a serial not above the highest, a bundle already withdrawn, a rollout "
+              "already active or in a state that does not allow the action)"),
         (413, "Body over the size limit"),
         (422, "Body or query does not match the schema"),
         (503, "Storage busy or unavailable; retry after Retry-After seconds"),
@@ -389,7 +390,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
 
     @app.get("/v1/rollouts/{rollout_id}", response_model=RolloutStatus,
              summary="One rollout with its hosts, their stage and evidence",
-             responses=_responses(401, 403, 404, 503), dependencies=[Depends(require_reader)])
+             responses=_responses(401, 403, 404, 422, 503), dependencies=[Depends(require_reader)])
     def show_rollout(rollout_id: str = Path(..., max_length=64)) -> Response:
         return json_response(read(lambda: rollouts.status(rollout_id)))
 
