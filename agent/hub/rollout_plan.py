@@ -10,8 +10,10 @@ next stage opens only when every admitted host passed and ``soak_seconds`` have 
 opened. The halt rule: any canary failing, or more than ``halt_percent`` of the current batch's hosts failing.
 
 A host's evidence (``host_evidence``): it passes when its heartbeat after admission names the target serial in
-force, its last health status is ``pass``, and no rollback / cpu_fallback / health_regression event arrived since
-admission; it fails on such an event, or on a status of regression, cpu_fallback, failed or timeout on the
+force, its last health status is ``pass`` (from a check that finished after admission and followed a change, when
+the agent sends ``last_health_at`` / ``last_health_after_change``; older agents do not, and then the heartbeat's
+time stands for the check's), and no rollback / cpu_fallback / health_regression event arrived since admission;
+it fails on such an event, or on a status of regression, cpu_fallback, failed or timeout on the
 target serial; anything else (busy, deferred, skipped, not on the target yet, no heartbeat since) is waiting.
 """
 
@@ -111,6 +113,10 @@ def host_evidence(target_serial: int, admitted_at: dt.datetime, host: Optional[H
     if host.policy_serial != target_serial:
         return Evidence(result="wait", detail=f"serial {host.policy_serial} in force, not {target_serial} yet")
     status = host.last_health_status
+    if host.last_health_at is not None and host.last_health_at < admitted_at:
+        return Evidence(result="wait", detail=f"last health check ({status or 'none'}) finished before admission")
+    if host.last_health_after_change is False and status not in FAILED_HEALTH:
+        return Evidence(result="wait", detail=f"health {status or 'not reported'}, not yet a post-change check")
     if status in FAILED_HEALTH:
         return Evidence(result="fail", detail=f"health {status} on serial {target_serial}")
     if status == "pass":

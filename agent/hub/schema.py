@@ -26,7 +26,7 @@ import datetime as dt
 import json
 from typing import Any, Callable, List, Optional, Sequence
 
-from agent.hub.dialects import Dialect
+from agent.hub.dialects import Dialect, text_time
 from agent.hub.host_updates import HostUpdate
 from agent.hub.rows import HostState
 from agent.report.events import Event
@@ -47,12 +47,16 @@ TimeToDb = Callable[[dt.datetime], Any]
 # Columns of ``hosts`` added by schema version 2: the newest heartbeat's labels (JSON) and policy fields.
 _HOST_POLICY_COLUMNS = (("labels", "TEXT"), ("policy_source", "TEXT"), ("policy_serial", "BIGINT"),
                         ("policy_refused_serial", "BIGINT"), ("policy_refused_reason", "TEXT"))
+# Columns of ``hosts`` added by schema version 3: when the newest heartbeat's health check finished, and whether it
+# followed a change (staged rollouts' evidence). The time is text in either database (``dialects.text_time``).
+_HOST_HEALTH_COLUMNS = (("last_health_at", "TEXT"), ("last_health_after_change", "BOOLEAN"))
 
 
 def tables(timestamp_type: str, bytes_type: str = "BLOB", key_type: str = "INTEGER PRIMARY KEY") -> List[str]:
     """CREATE TABLE/INDEX IF NOT EXISTS for every table, times as ``timestamp_type``, bytes as ``bytes_type``, an
     audit row's generated key as ``key_type``."""
-    policy_columns = "".join(f",\n            {name} {kind}" for name, kind in _HOST_POLICY_COLUMNS)
+    policy_columns = "".join(f",\n            {name} {kind}"
+                             for name, kind in _HOST_POLICY_COLUMNS + _HOST_HEALTH_COLUMNS)
     return [
         "CREATE TABLE IF NOT EXISTS hub_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
         f"""CREATE TABLE IF NOT EXISTS events (
@@ -132,7 +136,7 @@ def tables(timestamp_type: str, bytes_type: str = "BLOB", key_type: str = "INTEG
 # Per older version, what brings a database of that version to the next; ``tables`` then adds the new tables.
 MIGRATIONS = {
     "1": [f"ALTER TABLE hosts ADD COLUMN {name} {kind}" for name, kind in _HOST_POLICY_COLUMNS],
-    "2": [],  # version 3 only adds the rollout tables
+    "2": [f"ALTER TABLE hosts ADD COLUMN {name} {kind}" for name, kind in _HOST_HEALTH_COLUMNS],
 }
 
 
@@ -191,8 +195,9 @@ def _pick(column: str, condition: str) -> str:
 UPSERT_HOST = f"""
 INSERT INTO hosts (host_id, hostname, first_seen_at, last_seen_at, last_event_at, last_sequence,
                    pairing, content_hash, pairing_at, compliant, agent_version, last_health_status, heartbeat_at,
-                   labels, policy_source, policy_serial, policy_refused_serial, policy_refused_reason)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   labels, policy_source, policy_serial, policy_refused_serial, policy_refused_reason,
+                   last_health_at, last_health_after_change)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (host_id) DO UPDATE SET
     {_pick("hostname", _NEWER_EVENT)},
     {_pick("last_sequence", _NEWER_EVENT)},
@@ -209,6 +214,8 @@ ON CONFLICT (host_id) DO UPDATE SET
     {_pick("policy_serial", _NEWER_HEARTBEAT)},
     {_pick("policy_refused_serial", _NEWER_HEARTBEAT)},
     {_pick("policy_refused_reason", _NEWER_HEARTBEAT)},
+    {_pick("last_health_at", _NEWER_HEARTBEAT)},
+    {_pick("last_health_after_change", _NEWER_HEARTBEAT)},
     {_pick("heartbeat_at", _NEWER_HEARTBEAT)}
 """
 
@@ -221,20 +228,22 @@ def host_params(u: HostUpdate, received: Any, to_db_time: TimeToDb) -> List[Any]
     return [u.host_id, u.hostname, received, received, t(u.last_event_at), u.last_sequence, u.pairing_json,
             u.content_hash, t(u.pairing_at), u.compliant, u.agent_version, u.last_health_status,
             t(u.heartbeat_at), u.labels_json, u.policy_source, u.policy_serial, u.policy_refused_serial,
-            u.policy_refused_reason]
+            u.policy_refused_reason, None if u.last_health_at is None else text_time(u.last_health_at),
+            u.last_health_after_change]
 
 
 # SELECT these from hosts, and host_from_row makes each row a HostState.
 HOST_COLUMNS = ("host_id, hostname, first_seen_at, last_seen_at, last_event_at, last_sequence, pairing, "
                 "pairing_at, content_hash, compliant, agent_version, last_health_status, heartbeat_at, labels, "
-                "policy_source, policy_serial, policy_refused_serial, policy_refused_reason")
+                "policy_source, policy_serial, policy_refused_serial, policy_refused_reason, last_health_at, "
+                "last_health_after_change")
 
 
 def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]) -> HostState:
     """A row of ``HOST_COLUMNS`` as the host's state."""
     (host_id, hostname, first_seen, last_seen, last_event, last_sequence, pairing, pairing_at, content_hash,
      compliant, agent_version, last_health_status, heartbeat_at, labels, policy_source, policy_serial,
-     policy_refused_serial, policy_refused_reason) = row
+     policy_refused_serial, policy_refused_reason, last_health_at, last_health_after_change) = row
 
     def t(value: Any) -> Optional[dt.datetime]:
         return None if value is None else from_db_time(value)
@@ -248,4 +257,8 @@ def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]
                      last_health_status=last_health_status, heartbeat_at=t(heartbeat_at),
                      labels=json.loads(labels) if labels is not None else None, policy_source=policy_source,
                      policy_serial=policy_serial, policy_refused_serial=policy_refused_serial,
-                     policy_refused_reason=policy_refused_reason)
+                     policy_refused_reason=policy_refused_reason,
+                     last_health_at=None if last_health_at is None else dt.datetime.fromisoformat(
+                         last_health_at[:-1]).replace(tzinfo=dt.timezone.utc),
+                     last_health_after_change=None if last_health_after_change is None
+                     else bool(last_health_after_change))

@@ -79,10 +79,15 @@ LATER = T0 + dt.timedelta(minutes=5)
     (state(beat=LATER, serial=6, health="failed"), [], "wait", "serial 6"),  # not on the target: not its fault
     (state(beat=T0), [], "wait", "no heartbeat since admission"),
     (None, [], "wait", "no heartbeat"),
+    (state(beat=LATER, last_health_at=T0, last_health_after_change=True), [], "wait", "finished before admission"),
+    (state(beat=LATER, last_health_at=LATER, last_health_after_change=False), [], "wait", "not yet a post-change"),
+    (state(beat=LATER, health="cpu_fallback", last_health_at=LATER, last_health_after_change=False), [], "fail",
+     "cpu_fallback"),
+    (state(beat=LATER, last_health_at=LATER, last_health_after_change=True), [], "pass", "health pass"),
 ])
 def test_host_evidence(host: Optional[HostState], failures: list, result: str, words: str) -> None:
-    """A host passes on the target with health pass after admission, fails on a failure event or a failed health
-    result on the target, and waits otherwise."""
+    """A host passes on the target with health pass after admission (a post-change check finished after admission,
+    when the agent says), fails on a failure event or a failed health result on the target, and waits otherwise."""
     evidence = host_evidence(7, ADMITTED, host, failures)
     assert evidence.result == result and words in evidence.detail
 

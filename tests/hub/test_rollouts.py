@@ -268,3 +268,29 @@ def test_the_dashboard_shows_a_halted_rollout_and_why(settings: HubSettings, tok
         assert 'class="rollout-host fail" data-host-id="nv-0"' in shown
         assert hub.get("/ui/rollouts/nope", headers=bearer(tokens["ops"])).status_code == 404
         assert hub.get("/ui/rollouts", follow_redirects=False).status_code == 303  # no token: to the login form
+
+
+def test_a_pass_from_before_admission_or_not_after_a_change_does_not_count(sqlite: SqlStore) -> None:
+    """With the optional heartbeat fields, a pass from a check that finished before admission, or one that was not a
+    post-change check, keeps the canary waiting; a post-change pass after admission counts."""
+    clock = Clock()
+    _, rollouts = seed(sqlite, clock)
+    rid = rollouts.start(ADMIN, SPEC.model_copy(update={"soak_seconds": 0})).rollout.rollout_id
+    admitted_at = clock.now
+    clock.advance(10)
+
+    def canaries(health_at: dt.datetime, after_change: bool) -> None:
+        sqlite.ingest([[beat(h, clock.now, 2).model_copy(update={"payload": beat(h, clock.now, 2).payload.model_copy(
+            update={"last_health_at": health_at, "last_health_after_change": after_change})})
+            for h in ("amd-0", "nv-0")]], received_at=clock.now)
+
+    canaries(admitted_at - dt.timedelta(seconds=1), True)
+    assert rollouts.evaluate(rid).action == "wait"  # type: ignore[union-attr]
+    assert {h.evidence.detail for h in rollouts.status(rid).hosts if h.evidence} == {
+        "last health check (pass) finished before admission"}
+    clock.advance(1)
+    canaries(clock.now, False)
+    assert rollouts.evaluate(rid).action == "wait"  # type: ignore[union-attr]
+    clock.advance(1)
+    canaries(clock.now, True)
+    assert rollouts.evaluate(rid).action == "admit"  # type: ignore[union-attr]

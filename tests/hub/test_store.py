@@ -251,7 +251,8 @@ def test_a_schema_version_1_database_is_migrated_with_its_rows(store: Store) -> 
     def downgrade(cur: object) -> None:
         for statement in ["DROP TABLE policy_bundles", "DROP TABLE audit", "DROP TABLE rollouts",
                           "DROP TABLE rollout_hosts",
-                          *(f"ALTER TABLE hosts DROP COLUMN {name}" for name, _ in schema._HOST_POLICY_COLUMNS),
+                          *(f"ALTER TABLE hosts DROP COLUMN {name}"
+                            for name, _ in schema._HOST_POLICY_COLUMNS + schema._HOST_HEALTH_COLUMNS),
                           "UPDATE hub_meta SET value = '1' WHERE key = 'schema_version'"]:
             cur.execute(statement)  # type: ignore[attr-defined]
 
@@ -262,7 +263,7 @@ def test_a_schema_version_1_database_is_migrated_with_its_rows(store: Store) -> 
     reopened.open()
     try:
         [host] = reopened.hosts()
-        assert (host.host_id, host.policy_serial, host.labels) == ("host-old", None, None)
+        assert (host.host_id, host.policy_serial, host.labels, host.last_health_at) == ("host-old", None, None, None)
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [("3",)]
         assert reopened.query("test", "SELECT COUNT(*) FROM policy_bundles") == [(0,)]
         assert reopened.query("test", "SELECT COUNT(*) FROM rollout_hosts") == [(0,)]
