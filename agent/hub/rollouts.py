@@ -340,14 +340,22 @@ class Rollouts:
 
 
 class RolloutWorker:
-    """A thread that evaluates the running rollouts every ``interval_seconds`` (every hub process runs one; the
-    row lock makes each decision once)."""
+    """A thread that evaluates the running rollouts every ``interval_seconds``, and soon after evidence arrives
+    (``nudge``: a heartbeat or a failure event was stored), at most once per ``min_gap_seconds``. Every hub process
+    runs one; the row lock makes each decision once."""
 
-    def __init__(self, rollouts: Rollouts, interval_seconds: float) -> None:
+    def __init__(self, rollouts: Rollouts, interval_seconds: float, min_gap_seconds: float = 1.0) -> None:
         self._rollouts = rollouts
         self._interval_seconds = interval_seconds
+        self._min_gap_seconds = min(min_gap_seconds, interval_seconds)
         self._stopping = threading.Event()
+        self._wake = threading.Event()
         self._thread: Optional[threading.Thread] = None
+
+    def nudge(self, events: Sequence[Any]) -> None:
+        """Evaluate soon when ``events`` (just stored) may be a rollout's evidence; never blocks."""
+        if any(e.payload.kind == "heartbeat" or e.payload.kind in FAILURE_EVENT_KINDS for e in events):
+            self._wake.set()
 
     def start(self) -> None:
         if self._thread is None:
@@ -357,16 +365,23 @@ class RolloutWorker:
 
     def stop(self, timeout_seconds: float = 10.0) -> None:
         self._stopping.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_seconds)
             self._thread = None
 
     def _run(self) -> None:
-        while not self._stopping.wait(self._interval_seconds):
+        while True:
+            self._wake.wait(self._interval_seconds)
+            self._wake.clear()
+            if self._stopping.is_set():
+                return
             try:
                 self._rollouts.evaluate_running()
             except StoreError as exc:  # logged by the store; the next tick tries again
                 log.warning("hub_rollout_tick_failed", error=exc.reason)
             except Exception as exc:  # noqa: BLE001 - never take the hub down for a tick
                 log.error("hub_rollout_tick_failed", error=repr(exc))
+            if self._stopping.wait(self._min_gap_seconds):
+                return
 

@@ -294,3 +294,37 @@ def test_a_pass_from_before_admission_or_not_after_a_change_does_not_count(sqlit
     clock.advance(1)
     canaries(clock.now, True)
     assert rollouts.evaluate(rid).action == "admit"  # type: ignore[union-attr]
+
+
+def test_evidence_arriving_is_evaluated_without_waiting_for_the_tick(settings: HubSettings,
+                                                                     tokens: Dict[str, str]) -> None:
+    """With an hour-long tick, the canaries' passing heartbeats posted to the hub open the next stage within
+    seconds: storing evidence nudges the rollout worker."""
+    import time
+
+    from tests.hub.factories import batch_json
+
+    clock = Clock()
+    store = make_store(settings.database_url)
+    store.open()
+    store.ingest([[beat(h, clock.now).model_copy(update={"host_id": h}) for h in ("host-a", "host-b", "host-c")]],
+                 received_at=clock.now)
+    bundles = PolicyBundles(store, clock)
+    bundles.push(ADMIN, bundle_bytes(1), SIGNATURE)
+    bundles.push(ADMIN, bundle_bytes(2), SIGNATURE)
+    rid = Rollouts(store, bundles, None, clock).start(ADMIN, SPEC.model_copy(update={"soak_seconds": 0})) \
+        .rollout.rollout_id
+    store.close()
+    clock.advance(5)
+    slow_tick = settings.model_copy(update={"rollout_tick_seconds": 3600.0})
+    with TestClient(create_app(slow_tick, make_store(settings.database_url), clock=clock)) as hub:
+        [canary] = [h["host_id"] for h in hub.get(f"/v1/rollouts/{rid}", headers=bearer(tokens["ops"]))
+                    .json()["hosts"] if h["stage"] == 0]
+        passing = beat(canary, clock.now, 2).model_copy(update={"host_id": canary})
+        assert hub.post("/v1/events", content=batch_json([passing]), headers=bearer(tokens[canary])).status_code == 200
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if hub.get(f"/v1/rollouts/{rid}", headers=bearer(tokens["ops"])).json()["rollout"]["stage"] >= 1:
+                break
+            time.sleep(0.05)
+        assert hub.get(f"/v1/rollouts/{rid}", headers=bearer(tokens["ops"])).json()["rollout"]["stage"] >= 1
