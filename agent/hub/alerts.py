@@ -44,6 +44,10 @@ STATES = ("pending", "delivered", "dead")
 _CLAIM_BATCH = 20
 _LEASE_MARGIN_SECONDS = 30.0
 _ERROR_CHARS = 500
+# One delivery queued once per (webhook, host_id, event_id); a hub alert's host_id is "-".
+_INSERT_DELIVERY = ("INSERT INTO alert_deliveries (webhook, host_id, event_id, kind, severity, body, state, attempts, "
+                    "next_attempt_at, created_at) VALUES (?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?) "
+                    "ON CONFLICT (webhook, host_id, event_id) DO NOTHING")
 
 
 def _tables(timestamp_type: str) -> List[str]:
@@ -143,10 +147,7 @@ class AlertQueue:
         pairs = self.wanted(events)
         if not pairs:
             return 0
-        sql = self._store.dialect.sql(
-            "INSERT INTO alert_deliveries (webhook, host_id, event_id, kind, severity, body, state, attempts, "
-            "next_attempt_at, created_at) VALUES (?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?) "
-            "ON CONFLICT (webhook, host_id, event_id) DO NOTHING")
+        sql = self._store.dialect.sql(_INSERT_DELIVERY)
         stamp = self._t(now)
 
         def work(cur: Any) -> None:
@@ -162,13 +163,10 @@ class AlertQueue:
         transaction ``cur``, once per ``key``; how many webhooks it was queued for."""
         if not self.webhooks:
             return 0
-        sql = self._store.dialect.sql(
-            "INSERT INTO alert_deliveries (webhook, host_id, event_id, kind, severity, body, state, attempts, "
-            "next_attempt_at, created_at) VALUES (?, '-', ?, ?, ?, ?, 'pending', 0, ?, ?) "
-            "ON CONFLICT (webhook, host_id, event_id) DO NOTHING")
+        sql = self._store.dialect.sql(_INSERT_DELIVERY)
         stamp = self._t(now)
         for name in self.webhooks:
-            cur.execute(sql, (name, key, alert["kind"], alert["severity"], json.dumps({"hub_alert": alert}), stamp,
+            cur.execute(sql, (name, "-", key, alert["kind"], alert["severity"], json.dumps({"hub_alert": alert}), stamp,
                               stamp))
         return len(self.webhooks)
 

@@ -32,14 +32,14 @@ import base64
 import binascii
 import contextlib
 import datetime as dt
-from typing import Any, AsyncIterator, Callable, Dict, Literal, Optional, Sequence, TypeVar, Union
+from typing import Any, AsyncIterator, Callable, Dict, Literal, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
@@ -87,7 +87,7 @@ from agent.hub.rollouts import Rollouts, RolloutWorker
 from agent.hub.rows import DRIFT_KINDS, BatchResult, BundleSummary, EventQuery, utc, utc_now
 from agent.hub.settings import HubSettings
 from agent.hub.store import SqlStore
-from agent.hub.tokens import TokenRegistry
+from agent.hub.tokens import Principal, TokenRegistry
 from agent.hub.writer import GroupCommitWriter
 from agent.log import get_logger
 from agent.report.events import EVENT_SCHEMA_VERSION, Event, EventBatch
@@ -100,6 +100,7 @@ _DEFAULT_DRIFT_WINDOW = dt.timedelta(days=1)
 
 _Default = TypeVar("_Default", bound=Optional[dt.datetime])
 _Read = TypeVar("_Read")
+_Body = TypeVar("_Body", bound=BaseModel)
 
 
 def _since(value: Optional[dt.datetime], default: _Default) -> Union[dt.datetime, _Default]:
@@ -295,17 +296,22 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
     def token_of(credentials: Optional[HTTPAuthorizationCredentials]) -> Optional[str]:
         return credentials.credentials if credentials is not None else None
 
+    async def admin_body(request: Request, credentials: Optional[HTTPAuthorizationCredentials],
+                         model: Type[_Body]) -> Tuple[Principal, _Body]:
+        """The admin calling, and the request's JSON body as ``model`` (401/403 before the body is read, 422)."""
+        principal = admin_of(registry, token_of(credentials))
+        try:
+            return principal, model.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise _invalid(exc.errors()) from None
+
     @app.post("/v1/policy/bundles", response_model=BundleSummary, status_code=201,
               summary="Store a signed policy bundle (admin)", responses=_responses(401, 403, 409, 413, 422, 503),
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                   "schema": BundlePush.model_json_schema()}}}})
     async def push_bundle(request: Request,
                           credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
-        principal = admin_of(registry, token_of(credentials))
-        try:
-            body = BundlePush.model_validate_json(await request.body())
-        except ValidationError as exc:
-            raise _invalid(exc.errors()) from None
+        principal, body = await admin_body(request, credentials, BundlePush)
         data, signature = _base64(body.bundle, "bundle"), _base64(body.signature, "signature")
         summary = await run_in_threadpool(read, lambda: bundles.push(principal, data, signature))
         return json_response(summary, status=201, headers={"Location": f"/v1/policy/bundles/{summary.serial}"})
@@ -374,11 +380,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
                   "schema": RolloutSpec.model_json_schema()}}}})
     async def start_rollout(request: Request,
                             credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
-        principal = admin_of(registry, token_of(credentials))
-        try:
-            spec = RolloutSpec.model_validate_json(await request.body())
-        except ValidationError as exc:
-            raise _invalid(exc.errors()) from None
+        principal, spec = await admin_body(request, credentials, RolloutSpec)
         status = await run_in_threadpool(read, lambda: rollouts.start(principal, spec))
         return json_response(status, status=201, headers={"Location": f"/v1/rollouts/{status.rollout.rollout_id}"})
 
