@@ -155,20 +155,25 @@ def decide(spec: RolloutSpec, stage: int, stage_started_at: Optional[dt.datetime
     if failed_canaries:
         return Decision(action="halt", stage=stage, reason=f"{len(failed_canaries)} of {len(canaries)} canaries "
                                                            f"failed: {_named(failed_canaries)}")
-    batch = [h for h in hosts if h.stage == stage] if stage > 0 else []
-    failed_batch = _failed(batch)
-    if batch and failed_batch and 100.0 * len(failed_batch) / len(batch) > spec.halt_percent:
-        return Decision(action="halt", stage=stage,
-                        reason=f"{len(failed_batch)} of {len(batch)} hosts of stage {stage} failed (more than "
-                               f"{spec.halt_percent:g}%): {_named(failed_batch)}")
+    for batch_stage in range(1, stage + 1):  # a host of an earlier batch failing later counts against its batch
+        batch = [h for h in hosts if h.stage == batch_stage]
+        failed_batch = _failed(batch)
+        if batch and failed_batch and 100.0 * len(failed_batch) / len(batch) > spec.halt_percent:
+            return Decision(action="halt", stage=stage,
+                            reason=f"{len(failed_batch)} of {len(batch)} hosts of stage {batch_stage} failed (more "
+                                   f"than {spec.halt_percent:g}%): {_named(failed_batch)}")
     admitted = [h for h in hosts if h.stage is not None]
     if any(h.evidence is None or h.evidence.result != "pass" for h in admitted):
         return Decision(action="wait", stage=stage, reason=waiting_line(spec, stage, stage_started_at, hosts))
     if stage_started_at is not None and now < stage_started_at + dt.timedelta(seconds=spec.soak_seconds):
         return Decision(action="wait", stage=stage, reason=waiting_line(spec, stage, stage_started_at, hosts))
-    if stage >= last_stage(spec) or len(admitted) == len(hosts):
-        return Decision(action="done", stage=stage, reason=f"{len(admitted)} hosts admitted and passed")
-    return Decision(action="admit", stage=stage + 1, admit=_to_admit(spec, stage + 1, hosts))
+    following = stage + 1
+    while following <= last_stage(spec) and len(admitted) < len(hosts):
+        chosen = _to_admit(spec, following, hosts)
+        if chosen:  # a stage that would admit nobody (its quota is already met) is skipped, and so is its soak
+            return Decision(action="admit", stage=following, admit=chosen)
+        following += 1
+    return Decision(action="done", stage=stage, reason=f"{len(admitted)} hosts admitted and passed")
 
 
 def _to_admit(spec: RolloutSpec, stage: int, hosts: Sequence[RolloutHost]) -> List[str]:

@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 
 log = get_logger("hub.rollouts")
 
+# PostgreSQL advisory lock held by a start's transaction (SQLite: BEGIN IMMEDIATE), so one rollout is active at a time.
+START_LOCK_KEY = 0x67707567_0033
 HUB_ACTOR = Principal(role="admin", subject="hub")  # the actor of automatic decisions in the audit trail
 _ROLLOUT_COLUMNS = ("rollout_id, target_serial, previous_serial, spec, state, stage, stage_started_at, created_at, "
                     "created_by, updated_at, reason")
@@ -113,8 +115,8 @@ class Rollouts:
         sql = self.store.dialect.sql
 
         def work(cur: Any) -> None:
-            cur.execute(sql("SELECT rollout_id FROM rollouts WHERE state IN (?, ?, ?)" + self.store.dialect.for_update),
-                        ACTIVE_STATES)
+            self.store.dialect.lock(cur, START_LOCK_KEY)  # two starts at once: the second sees the first's row
+            cur.execute(sql("SELECT rollout_id FROM rollouts WHERE state IN (?, ?, ?)"), ACTIVE_STATES)
             active = cur.fetchone()
             if active is not None:
                 raise HubHTTPError(409, "rollout_active", f"rollout {active[0]} is still active; abort it or let it "

@@ -115,9 +115,8 @@ def test_widening_waits_for_every_pass_and_for_the_soak() -> None:
     hosts = fleet((("a", 20), ("b", 3)), stages, {"a-000": PASS, "b-000": PASS})
     assert decide(SPEC, 0, T0, hosts, T0 + dt.timedelta(seconds=599)).action == "wait"
     widened = decide(SPEC, 0, T0, hosts, T0 + dt.timedelta(seconds=600))
-    assert (widened.action, widened.stage, widened.admit) == ("admit", 1, [])  # 5% of 20 and of 3 is one: the canary
-    next_ = decide(SPEC, 1, T0, hosts, T0 + dt.timedelta(seconds=600))
-    assert (next_.action, next_.stage, next_.admit) == ("admit", 2, ["a-001", "a-002", "a-003", "a-004"])
+    # 5% of 20 and of 3 is one, the canary: stage 1 would admit nobody, so stage 2 opens (25%: 5 of a, 1 of b)
+    assert (widened.action, widened.stage, widened.admit) == ("admit", 2, ["a-001", "a-002", "a-003", "a-004"])
 
 
 def test_a_failing_canary_halts_naming_it() -> None:
@@ -136,6 +135,14 @@ def test_a_batch_halts_only_above_its_percentage() -> None:
     three_bad = one_bad | {"a-006": FAIL, "a-007": FAIL}
     decision = decide(SPEC, 2, T0, fleet((("a", 20),), stage_of, three_bad), T0 + dt.timedelta(days=1))
     assert decision.action == "halt" and "3 of 19 hosts of stage 2 failed" in decision.reason
+
+
+def test_a_late_failure_in_an_earlier_batch_still_halts() -> None:
+    """A host of batch 1 that fails while batch 2 is open counts against batch 1: above the percentage, a halt."""
+    stage_of = {"a-000": 0, "a-001": 1, "a-002": 2, "a-003": 2}
+    evidence = {h: PASS for h in stage_of} | {"a-001": FAIL}
+    decision = decide(SPEC, 2, T0, fleet((("a", 20),), stage_of, evidence), T0 + dt.timedelta(days=1))
+    assert decision.action == "halt" and "1 of 1 hosts of stage 1 failed" in decision.reason
 
 
 def test_done_after_the_last_stage_passed_and_soaked() -> None:

@@ -328,3 +328,27 @@ def test_evidence_arriving_is_evaluated_without_waiting_for_the_tick(settings: H
                 break
             time.sleep(0.05)
         assert hub.get(f"/v1/rollouts/{rid}", headers=bearer(tokens["ops"])).json()["rollout"]["stage"] >= 1
+
+
+def test_the_halt_alert_reads_as_json_and_as_slack(sqlite: SqlStore) -> None:
+    """The queued halt alert is sent as the JSON envelope (kind rollout_halted, the failing hosts) and, to a Slack
+    webhook, as one escaped text naming the rollout and the host."""
+    import json
+
+    from agent.hub.alerts import Delivery, message
+
+    clock = Clock()
+    _, rollouts = seed(sqlite, clock)
+    rid = rollouts.start(ADMIN, SPEC).rollout.rollout_id
+    clock.advance(10)
+    report(sqlite, clock, ["amd-0"], health="regression")
+    rollouts.evaluate(rid)
+    [(body, attempts)] = sqlite.query("test", "SELECT body, attempts FROM alert_deliveries WHERE kind = ?",
+                                      ["rollout_halted"])
+    delivery = Delivery(webhook="pager", host_id="-", event_id=f"rollout-{rid}-halt", attempts=attempts, body=body)
+    sent = json.loads(message(AlertWebhook(name="pager", url="http://127.0.0.1:9/h"), delivery))
+    assert (sent["kind"], sent["severity"], sent["hub_alert"]["rollout_id"]) == ("rollout_halted", "critical", rid)
+    assert sent["hub_alert"]["hosts"] == [{"host_id": "amd-0", "result": "fail",
+                                           "detail": "health regression on serial 2"}]
+    slack = json.loads(message(AlertWebhook(name="chat", url="http://127.0.0.1:9/s", format="slack"), delivery))
+    assert slack["text"].startswith("*[critical] rollout_halted*") and "amd-0 (health regression" in slack["text"]
