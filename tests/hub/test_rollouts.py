@@ -72,6 +72,15 @@ def sqlite(tmp_path: Path) -> Iterator[SqlStore]:
     store.close()
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlStore]:
+    """The store over SQLite in tmp_path, and over a fresh PostgreSQL database."""
+    store: SqlStore = (SQLiteStore(str(tmp_path / "hub.db")) if request.param == "sqlite"
+                       else PostgresStore(request.getfixturevalue("postgres_url")))
+    yield store
+    store.close()
+
+
 def report(store: SqlStore, clock: Clock, hosts: List[str], serial: int = 2, health: str = "pass") -> None:
     store.ingest([[beat(h, clock.now, serial, health) for h in hosts]], received_at=clock.now)
 
@@ -80,11 +89,11 @@ def stages(rollouts: Rollouts, rollout_id: str) -> Dict[str, Any]:
     return {h.host_id: h.stage for h in rollouts.status(rollout_id).hosts}
 
 
-def test_canaries_widen_on_evidence_and_soak_then_a_failure_halts_with_an_alert(sqlite: SqlStore) -> None:
+def test_canaries_widen_on_evidence_and_soak_then_a_failure_halts_with_an_alert(any_store: SqlStore) -> None:
     """One canary per cohort is admitted; the next stage opens only after both passed and the soak elapsed; a
     cpu_fallback in the batch halts, queues one alert naming the host, and audits each decision once."""
     clock = Clock()
-    bundles, rollouts = seed(sqlite, clock)
+    bundles, rollouts = seed(any_store, clock)
     rid = rollouts.start(ADMIN, SPEC).rollout.rollout_id
     assert stages(rollouts, rid) == {"amd-0": 0, "amd-1": None, "amd-2": None, "amd-3": None, "nv-0": 0, "nv-1": None}
     assert rollouts.offer("amd-0").serial == 2
@@ -92,7 +101,7 @@ def test_canaries_widen_on_evidence_and_soak_then_a_failure_halts_with_an_alert(
     assert held.serial == 1 and held.notice == f"rollout {rid}: waiting for stage 1 (0/2 canaries passed, soak " \
                                                "ends 01:01 UTC)"
     clock.advance(30)
-    report(sqlite, clock, ["amd-0", "nv-0"])
+    report(any_store, clock, ["amd-0", "nv-0"])
     assert rollouts.evaluate(rid).action == "wait"  # type: ignore[union-attr]
     assert "2/2 canaries passed" in (rollouts.offer("amd-1").notice or "")
     clock.advance(31)
@@ -100,28 +109,28 @@ def test_canaries_widen_on_evidence_and_soak_then_a_failure_halts_with_an_alert(
     assert decision is not None and (decision.action, decision.stage, decision.admit) == ("admit", 1, ["amd-1"])
     assert rollouts.offer("amd-1").serial == 2 and rollouts.offer("amd-2").serial == 1
     clock.advance(5)
-    sqlite.ingest([[event("amd-1", kind="cpu_fallback", at=clock.now)]], received_at=clock.now)
+    any_store.ingest([[event("amd-1", kind="cpu_fallback", at=clock.now)]], received_at=clock.now)
     decision = rollouts.evaluate(rid)
     assert decision is not None and decision.action == "halt" and "amd-1 (cpu_fallback" in decision.reason
     status = rollouts.status(rid)
     assert status.rollout.state == "halted" and "amd-1" in status.rollout.reason
     assert rollouts.evaluate(rid) is None  # halted: no more admissions
     assert rollouts.offer("amd-2").serial == 1 and "halted" in (rollouts.offer("amd-2").notice or "")
-    [alert] = [r for r in AlertQueue(sqlite, [AlertWebhook(name="pager", url="http://127.0.0.1:9/hook")]).rows()
+    [alert] = [r for r in AlertQueue(any_store, [AlertWebhook(name="pager", url="http://127.0.0.1:9/hook")]).rows()
                if r["kind"] == "rollout_halted"]
     assert alert["state"] == "pending" and alert["event_id"] == f"rollout-{rid}-halt"
     actions = [e.action for e in reversed(bundles.audit())]
     assert actions[-4:] == ["rollout_start", "rollout_stage", "rollout_stage", "rollout_halted"]
 
 
-def test_a_failing_canary_halts_and_abort_withdraws_the_target(sqlite: SqlStore) -> None:
+def test_a_failing_canary_halts_and_abort_withdraws_the_target(any_store: SqlStore) -> None:
     """A canary whose post-change health is cpu_fallback halts the rollout; abort withdraws the target, so no
     host is offered it again and the held-back hosts keep the previous bundle."""
     clock = Clock()
-    bundles, rollouts = seed(sqlite, clock)
+    bundles, rollouts = seed(any_store, clock)
     rid = rollouts.start(ADMIN, SPEC).rollout.rollout_id
     clock.advance(10)
-    report(sqlite, clock, ["amd-0"], health="cpu_fallback")
+    report(any_store, clock, ["amd-0"], health="cpu_fallback")
     decision = rollouts.evaluate(rid)
     assert decision is not None and decision.action == "halt" and "1 of 2 canaries failed" in decision.reason
     with pytest.raises(HubHTTPError) as refused:
