@@ -113,6 +113,7 @@ _COMMANDS: Tuple[Tuple[str, str], ...] = (
     ("override", "agent.commands.override"),
     ("guard", "agent.commands.guard"),
     ("health", "agent.commands.health"),
+    ("maintenance", "agent.commands.maintenance"),
 )
 
 

@@ -6,7 +6,7 @@ defaults. Each area (snapshot, health, report) owns its own settings model next 
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Dict, Literal, Optional
 
 from pydantic import Field
 
@@ -14,6 +14,7 @@ from agent.configfile import parse_toml_model, read_config_text
 from agent.defaults import DEFAULT_CONFIG_PATH, DEFAULT_STATE_DIR
 from agent.guard.settings import GuardSettings
 from agent.health.settings import HealthSettings
+from agent.integrations.settings import IntegrationsSettings
 from agent.models import FrozenModel
 from agent.report.settings import ReportSettings
 from agent.snapshot.settings import SnapshotSettings
@@ -28,6 +29,8 @@ class AgentSettings(FrozenModel):
     state_dir: str = DEFAULT_STATE_DIR
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     host_id: Optional[str] = None
+    # Labels of this host (rack, role, ...): sent in the heartbeat, matched by a policy bundle's scope.
+    labels: Dict[str, str] = Field(default_factory=dict)
 
 
 class DaemonSettings(FrozenModel):
@@ -49,6 +52,7 @@ class Settings(FrozenModel):
     report: ReportSettings = ReportSettings()
     guard: GuardSettings = GuardSettings()
     health: HealthSettings = HealthSettings()
+    integrations: IntegrationsSettings = IntegrationsSettings()
 
 
 def parse_settings(text: str, path: str = "<string>") -> Settings:

@@ -1,8 +1,9 @@
 """``gpuguard run``: the agent daemon. Wiring only: jobs on a scheduler, signals, systemd notifications, shutdown.
 
-Jobs (bodies in agent/daemon_jobs/) run on an apscheduler BackgroundScheduler with a thread pool larger than the
-number of jobs, each with ``max_instances=1`` and ``coalesce=True``: a job never overlaps itself and a slow one
-(a health check) never holds up the others. The main thread only waits for signals:
+Jobs (bodies in agent/daemon_jobs/) run on the resident's scheduler (agent/daemon_jobs/scheduler.py: each job on
+its own thread, as apscheduler's BackgroundScheduler ran them with ``max_instances=1`` and ``coalesce=True``): a job
+never overlaps itself and a slow one (a health check) never holds up the others. The main thread only waits for
+signals:
 
     SIGTERM, SIGINT   finish the running job steps, flush metrics, exit 0
     SIGHUP            reload the config file and recompile the policy for the apt hook; an invalid file is logged,
@@ -24,8 +25,6 @@ scheduler job (so a wedged scheduler stops the pings), STATUS= lines, and STOPPI
 
 from __future__ import annotations
 
-import datetime as dt
-import logging
 import os
 import select
 import signal
@@ -38,6 +37,7 @@ from agent.daemon_jobs.children import (
     GuardCheckInChild,
     GuardEventsInChild,
     HealthInChild,
+    PolicyFetchInChild,
     SnapshotInChild,
     load_config_in_child,
     restore_in_child,
@@ -47,7 +47,7 @@ from agent.daemon_jobs.guard import GuardJob
 from agent.daemon_jobs.guard_events import GuardEventForwarder, guard_events_path
 from agent.daemon_jobs.health import HealthJob
 from agent.daemon_jobs.health_schedule import HealthSchedule
-from agent.daemon_jobs.heartbeat import HeartbeatJob, first_heartbeat_in_seconds
+from agent.daemon_jobs.heartbeat import HeartbeatJob, first_heartbeat_in_seconds, first_policy_fetch_in_seconds
 from agent.daemon_jobs.hooks import Hooks, default_hooks
 from agent.daemon_jobs.job_runner import JobRunner, without_retry
 from agent.daemon_jobs.memory import limit_malloc_arenas
@@ -55,6 +55,7 @@ from agent.daemon_jobs.metrics import MetricsJob
 from agent.daemon_jobs.protocol import ConfigRequest, ConfigResult
 from agent.daemon_jobs.resident_settings import SettingsInForce
 from agent.daemon_jobs.runtime import EventEmitter, Runtime, host_identity
+from agent.daemon_jobs.scheduler import IntervalScheduler
 from agent.daemon_jobs.systemd_notify import SystemdNotifier
 from agent.daemon_jobs.watch import PackageWatcher
 from agent.errors import ConfigError
@@ -66,14 +67,11 @@ from agent.statepaths import StatePaths
 if TYPE_CHECKING:  # pragma: no cover
     from types import FrameType
 
-    from apscheduler.schedulers.base import BaseScheduler
-
     from agent.daemon_jobs.snapshot import SnapshotJob
     from agent.report.sender import Sender
 
 log = get_logger("daemon")
 
-_UTC = dt.timezone.utc
 # PRAGMA quick_check of the outbox this often (also at every open): damage is found before every job trips on it.
 OUTBOX_CHECK_INTERVAL_SECONDS = 600.0
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
@@ -97,7 +95,7 @@ class Daemon:
         self.runtime = Runtime(host=host, in_force=settings, state_dir=view.state_dir, outbox=outbox,
                                emitter=emitter, sender=self._sender(settings))
         self.runners: Dict[str, JobRunner] = {}
-        self.scheduler: Optional[BaseScheduler] = None
+        self.scheduler: Optional[IntervalScheduler] = None
         self._metrics: Optional[MetricsJob] = None
         self._delivery: Optional[DeliveryJob] = None
 
@@ -119,7 +117,7 @@ class Daemon:
 
         return load_config(self.config_path, rt.host, request)
 
-    def _add(self, scheduler: BaseScheduler, job_id: str, body: Callable[[str], Optional[float]],
+    def _add(self, scheduler: IntervalScheduler, job_id: str, body: Callable[[str], Optional[float]],
              interval_seconds: float, first_in_seconds: Optional[float], refresh_metrics: bool = True) -> JobRunner:
         """Schedule a body every ``interval_seconds``, first after ``first_in_seconds`` (None: one interval)."""
         metrics = self._metrics
@@ -127,30 +125,17 @@ class Daemon:
         runner = JobRunner(job_id, body, self.runtime.stopping, after=after, quiet=not refresh_metrics,
                            trim=refresh_metrics)
         runner.scheduler = scheduler
-        first_seconds = interval_seconds if first_in_seconds is None else first_in_seconds
-        scheduler.add_job(runner, "interval", seconds=interval_seconds, id=job_id, name=job_id,
-                          next_run_time=dt.datetime.now(_UTC) + dt.timedelta(seconds=first_seconds))
+        scheduler.add(job_id, runner, interval_seconds,
+                      interval_seconds if first_in_seconds is None else first_in_seconds)
         self.runners[job_id] = runner
         return runner
 
     def start(self) -> None:
-        from apscheduler.events import EVENT_JOB_MAX_INSTANCES
-        from apscheduler.executors.pool import ThreadPoolExecutor
-        from apscheduler.schedulers.background import BackgroundScheduler
-
-        # apscheduler logs through stdlib logging; its routine "skipped: still running" is ours to report.
-        logging.getLogger("apscheduler").setLevel(logging.ERROR)
         limit_malloc_arenas()  # before the worker threads exist (agent/daemon_jobs/memory.py)
         rt, s, hooks, children = self.runtime, self.runtime.settings, self.hooks, self.job_children
         if children:
             restore_in_child(rt, self.config_path)  # what the previous run stored, before any job runs
-        scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(max_workers=10)},
-                                        job_defaults={"max_instances": 1, "coalesce": True,
-                                                      "misfire_grace_time": None},
-                                        timezone=_UTC)
-        scheduler.add_listener(lambda event: log.debug("job_skipped_still_running", job=event.job_id),
-                               EVENT_JOB_MAX_INSTANCES)
-        self.scheduler = scheduler
+        scheduler = self.scheduler = IntervalScheduler()
         intervals = s.intervals()
         self._metrics = MetricsJob(rt)
         self._add(scheduler, "metrics", without_retry(self._metrics.run), 60.0, 0.0, refresh_metrics=False)
@@ -184,8 +169,16 @@ class Daemon:
         rt.report_outbox_damage()  # found while opening it
         self._add(scheduler, "outbox_check", without_retry(rt.check_outbox), OUTBOX_CHECK_INTERVAL_SECONDS, None)
         heartbeat = HeartbeatJob(rt)
-        self._add(scheduler, "heartbeat", without_retry(heartbeat.run), intervals["heartbeat"],
-                  first_heartbeat_in_seconds(s))
+        heartbeat_runner = self._add(scheduler, "heartbeat", without_retry(heartbeat.run), intervals["heartbeat"],
+                                     first_heartbeat_in_seconds(s))
+        # The hub's policy bundle, on the heartbeat's schedule (a little before it); a new one checked by the guard.
+        def policy_changed(why: str) -> None:
+            guard_runner.request(why)
+            heartbeat_runner.request(why)
+
+        fetch = PolicyFetchInChild(rt, self.config_path, policy_changed, in_child=children)
+        self._add(scheduler, "policy_fetch", without_retry(fetch.run), intervals["policy_fetch"],
+                  first_policy_fetch_in_seconds(s))
         if self.notifier.watchdog_seconds:
             self._add(scheduler, "watchdog", lambda reason: self.notifier.notify("WATCHDOG=1"),
                       self.notifier.watchdog_seconds / 2, None, refresh_metrics=False)
@@ -218,7 +211,7 @@ class Daemon:
             self._delivery.reset_backoff()  # the new endpoint, token or CA bundle deserves a try now
         for job_id, seconds in new.view.intervals().items():
             if before[job_id] != seconds and self.scheduler is not None:
-                self.scheduler.reschedule_job(job_id, trigger="interval", seconds=seconds)
+                self.scheduler.set_interval(job_id, seconds)
         log.info("config_reloaded", path=self.config_path, endpoint_url=new.view.endpoint_url)
         self.notifier.notify("STATUS=running; configuration reloaded")
         self.runners["snapshot"].request("config_reloaded")
@@ -231,9 +224,7 @@ class Daemon:
         self.notifier.notify("STOPPING=1", "STATUS=stopping")
         self.runtime.stopping.set()
         if self.scheduler is not None:
-            # Not shutdown(wait=True): apscheduler would hold its job store lock while waiting, and a job that
-            # reschedules itself in its last step would then wait for that lock forever.
-            self.scheduler.shutdown(wait=False)
+            self.scheduler.shutdown()  # no job starts again; the running ones are waited for below
         for runner in self.runners.values():
             runner.wait_idle()
         try:

@@ -21,7 +21,7 @@ ROCM_CORE_PACKAGE = "rocm-core"
 THEROCK_BASE_PACKAGE = "amdrocm-base"
 
 # The job bodies ``gpuguard run`` runs in children (``gpuguard _job NAME``, agent/daemon_jobs/children.py).
-JOB_NAMES = ("config", "restore", "snapshot", "guard_check", "guard_events", "health", "deliver")
+JOB_NAMES = ("config", "restore", "snapshot", "guard_check", "guard_events", "health", "deliver", "policy_fetch")
 
 # Kernel, GPU driver, ROCm/CUDA user space, firmware and container stack: the packages whose movement matters.
 DEFAULT_WATCHED_PATTERNS = (

@@ -19,6 +19,7 @@
     ├── SetupError                     exit 15  the host lacks what gpuguard's set-up makes (the probe's user)
     ├── Interrupted                    exit 1   a wait was given up because the daemon is stopping
     ├── ChildJobFailed                 exit 1   a job child of the daemon failed (agent/daemon_jobs/children.py)
+    ├── BundleRefused                  exit 17  a policy bundle was refused (signature, serial, scope, compile)
     └── HubError                       exit 10  the reference hub cannot serve a request
         ├── StoreError                 exit 10  the hub's database failed or refused
         ├── WriterBusy                 exit 10  the hub's write queue is full or shutting down
@@ -242,3 +243,16 @@ class StoreError(HubError):
 
 class WriterBusy(HubError):
     """The hub's writer queue is full, or it is shutting down."""
+
+
+class BundleRefused(GpuguardError):
+    """A policy bundle was refused: its signature, a serial below the one in force, out of scope, or it does not
+    compile; the policy in force keeps guarding. ``reason`` is the one line saying why."""
+
+    exit_code = 17
+
+    def __init__(self, source: str, reason: str, serial: Optional[int] = None) -> None:
+        self.source = source
+        self.reason = reason
+        self.serial = serial
+        super().__init__(f"{source}: refused: {reason}")

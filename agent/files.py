@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 from agent.errors import InputFileError, StateWriteError
@@ -10,7 +11,7 @@ from agent.strictjson import MAX_NESTING_DEPTH, parse_json_text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import Any, Optional
+    from typing import Any, Mapping, Optional, Tuple
 
 
 def write_atomically(path: str, text: str, mode: int = 0o644, fsync: bool = True) -> None:
@@ -23,13 +24,11 @@ def write_atomically(path: str, text: str, mode: int = 0o644, fsync: bool = True
     match a suffix (NFD's features.d, node_exporter's ``*.prom``) never read it. ``fsync=False`` for files that are
     rewritten within a job interval anyway, where only atomicity matters.
     """
-    import tempfile  # not at module level: the apt hook imports this module and never writes atomically
-
     directory = os.path.dirname(str(path)) or "."
     tmp = None
     try:
         os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(str(path)) + ".", dir=directory)
+        fd, tmp = create_exclusive(directory, "." + os.path.basename(str(path)) + ".")
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             if fsync:
@@ -43,6 +42,58 @@ def write_atomically(path: str, text: str, mode: int = 0o644, fsync: bool = True
         if isinstance(exc, OSError):  # a full disk (often only at the close's flush): the old file stays whole
             raise StateWriteError.of(str(path), exc) from None
         raise
+
+
+# tempfile's mkstemp and mkdtemp without tempfile, which brings shutil with bz2 and lzma: 0.7 MiB that would stay in
+# the resident daemon for its metrics file and one directory at start (issue #28). The same guarantees: O_EXCL and
+# O_NOFOLLOW, mode 0600 (0700 for a directory), a random name, tried again when taken.
+_ATTEMPTS = 100
+# Where tempfile.gettempdir looks, in its order (the working directory aside).
+_TEMPORARY_VARIABLES = ("TMPDIR", "TEMP", "TMP")
+_TEMPORARY_DIRECTORIES = ("/tmp", "/var/tmp", "/usr/tmp")
+
+
+def create_exclusive(directory: str, prefix: str) -> "Tuple[int, str]":
+    """A new file ``directory/prefix<random>`` only this user can read, opened for writing: (fd, path)."""
+    for _ in range(_ATTEMPTS):
+        path = os.path.join(directory, prefix + os.urandom(6).hex())
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary file name", directory)
+
+
+def make_private_directory(prefix: str, environ: "Optional[Mapping[str, str]]" = None) -> str:
+    """A new directory ``prefix<random>`` (mode 0700) where tempfile.mkdtemp would make it: $TMPDIR, $TEMP, $TMP,
+    /tmp, /var/tmp, /usr/tmp, the first that takes it."""
+    env = os.environ if environ is None else environ
+    bases = [env[name] for name in _TEMPORARY_VARIABLES if env.get(name)] + list(_TEMPORARY_DIRECTORIES)
+    for base in bases:
+        for _ in range(_ATTEMPTS):
+            path = os.path.join(base, prefix + os.urandom(6).hex())
+            try:
+                os.mkdir(path, 0o700)
+                return path
+            except FileExistsError:
+                continue
+            except OSError:
+                break  # missing or not writable: the next place
+    raise FileNotFoundError(errno.ENOENT, f"no usable temporary directory found in {bases}")
+
+
+def remove_flat_directory(path: str) -> None:
+    """Remove a directory and the files in it (a child's result, a write it did not finish); never raises."""
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                try:
+                    os.unlink(entry.path)
+                except OSError:
+                    pass
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 # Bounds for every state and config file: none of ours comes near them; a file past them is damaged or hostile.

@@ -18,18 +18,26 @@ rollback-authorization.json   rollback, while it runs apt or dnf            the 
 health-rollback.json          the health-gated rollback                     the same (never twice to one set)
 reboot-required, .pkgs        rollback (a kernel module package moved)      gpuguard status, the NFD labels
 debs/, rpms/                  rollback (the known-good package files)       rollback
+rollback-coverage.json        rollback (how many guarded packages it can    gpuguard status, the heartbeat, metrics,
+                              restore, and from what)                       the NFD labels
 rollback.dnf                  rollback on rpm hosts (a dnf shell script)    dnf
 outbox.sqlite3                the daemon and its children                   the daemon's delivery, gpuguard status
 last-snapshot.json            the snapshot job                              the daemon at start, gpuguard status
 health-deferral.json          the daemon's health schedule                  the same, gpuguard status
+maintenance.json              the maintenance hand-off (integrations/)      the same, gpuguard maintenance status
 health/last.json              the health check                              the daemon at start, gpuguard status
 health/baselines.json         the health check                              the same
 health/check.lock             whoever runs a health check (flock, holder)   the next check (waits, own probe)
 health/probe-home/            the health check (the probe user's home)      the probe
 metrics/gpuguard.prom         the metrics job (when no textfile is set)     node_exporter, gpuguard status
 cache/<name>.json             the collectors' fact cache                    the same
+policy-bundle/                policy install, the daemon's bundle fetch     policy compile, status, the heartbeat
 .job-<name>.result.json       a daemon job child                            the daemon
 ============================  ============================================  ==========================================
+
+policy-bundle/ holds the signed policy bundle in force (bundle.json, bundle.json.sig), its policy files extracted
+(policy.d/) and its matrix (amd-compat-matrix.toml, when it carries one), and state.json (the serial in force, the
+signing key, where it came from, the last refusal).
 
 Files beside one of these carry its name with a suffix given where they are made (the outbox's ``.hwm`` high-water
 mark, SQLite's ``-wal``, the baselines' ``.baselines.lock``).
@@ -106,6 +114,11 @@ class StatePaths:
         return self._join("reboot-required.pkgs")
 
     @property
+    def rollback_coverage(self) -> str:
+        """How many guarded packages a rollback can restore, and from what (agent.rollback_coverage)."""
+        return self._join("rollback-coverage.json")
+
+    @property
     def debs(self) -> str:
         return self._join("debs")
 
@@ -143,6 +156,11 @@ class StatePaths:
         """The full health check the daemon waits to run until the GPUs are idle."""
         return self._join("health-deferral.json")
 
+    @property
+    def maintenance(self) -> str:
+        """The node this host holds from its scheduler while it changes (agent/integrations/maintenance.py)."""
+        return self._join("maintenance.json")
+
     def job_result(self, job: str) -> str:
         """Where the child running the daemon job ``job`` writes its result."""
         return self._join(f".job-{job}.result.json")
@@ -171,6 +189,36 @@ class StatePaths:
     def metrics_textfile(self) -> str:
         """The node_exporter textfile when ``[report] metrics_textfile`` names none."""
         return self._join("metrics/gpuguard.prom")
+
+    # --- the signed policy bundle (agent/bundle/) ----------------------------------------------------------------
+
+    @property
+    def policy_bundle_dir(self) -> str:
+        return self._join("policy-bundle")
+
+    @property
+    def policy_bundle(self) -> str:
+        """The bundle in force, as its signature covers it."""
+        return self._join("policy-bundle/bundle.json")
+
+    @property
+    def policy_bundle_signature(self) -> str:
+        return self._join("policy-bundle/bundle.json.sig")
+
+    @property
+    def policy_bundle_policy_dir(self) -> str:
+        """The bundle's policy files, extracted: what ``policy_source = "bundle"`` compiles."""
+        return self._join("policy-bundle/policy.d")
+
+    @property
+    def policy_bundle_matrix(self) -> str:
+        """The AMD matrix the bundle carries (absent when it carries none)."""
+        return self._join("policy-bundle/amd-compat-matrix.toml")
+
+    @property
+    def policy_bundle_state(self) -> str:
+        """Serial in force, signing key, source, install time, last refusal (agent/bundle/state.py)."""
+        return self._join("policy-bundle/state.json")
 
     def fact_cache(self, name: str) -> str:
         """One collector fact cache (agent/collectors/factcache.py)."""

@@ -290,6 +290,7 @@ def stage_agent(stage: Stage, target: Target, version: str, vendor_wheels: Seque
     stage.add_file(REPO / "systemd/gpuguard.service", f"{target.unit_dir}/gpuguard.service")
     stage.add_dir("/etc/gpuguard")
     stage.add_dir("/etc/gpuguard/policy.d")
+    stage.add_dir("/etc/gpuguard/keys")  # trusted keyrings for signed policy bundles (docs/guard.md)
     stage.add_file(PACKAGING / "config/agent.toml", "/etc/gpuguard/agent.toml", config=True)
     stage.add_file(REPO / "policies/example.toml", "/etc/gpuguard/example-policy.toml", config=True,
                    text="# Inactive example: copy it to /etc/gpuguard/policy.d/10-site.toml, edit, then run\n"

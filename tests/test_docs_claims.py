@@ -231,6 +231,12 @@ def test_the_slurm_exit_table_is_slurms_codes_and_the_config_error() -> None:
     assert sorted(int(row[0]) for row in rows) == sorted(expected)
 
 
+def test_the_maintenance_exit_table_is_maintenance_pys_codes() -> None:
+    """docs/integrations.md's ``gpuguard maintenance`` exits are maintenance.py's EXIT_MAINTENANCE_*."""
+    rows = markdown_table(doc_text("docs/integrations.md"), "| exit | what it means |")
+    assert sorted(int(row[0]) for row in rows) == sorted(set(_one_outcome("gpuguard maintenance").values()))
+
+
 # --- the rooms of agent/ ------------------------------------------------------------------------------------------
 
 AGENT = REPO / "agent"

@@ -14,7 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.errors import InputFileError, StateWriteError
-from agent.files import FileMissing, move_aside, read_bytes_bounded, read_json_file, write_atomically
+from agent.files import (
+    FileMissing,
+    create_exclusive,
+    make_private_directory,
+    move_aside,
+    read_bytes_bounded,
+    read_json_file,
+    remove_flat_directory,
+    write_atomically,
+)
 from agent.strictjson import nesting_depth, parse_json_text
 from tests.conftest import fill_disk
 
@@ -169,3 +178,31 @@ def test_write_atomically_into_an_unwritable_place_is_state_write_error(tmp_path
     (tmp_path / "state").write_text("a file, not a directory")
     with pytest.raises(StateWriteError, match="cannot be written"):
         write_atomically(str(tmp_path / "state" / "x.json"), "{}")
+
+
+def test_atomic_writes_leave_no_temporary_file_and_never_follow_a_planted_link(tmp_path: Path) -> None:
+    """The temporary file is new (O_EXCL, O_NOFOLLOW, mode 0600 until the final chmod): a link planted at any name
+    is never written through; the write leaves only the target."""
+    target = tmp_path / "metrics.prom"
+    write_atomically(str(target), "a 1\n", mode=0o640)
+    assert target.read_text() == "a 1\n" and oct(target.stat().st_mode & 0o777) == "0o640"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.prom"]
+    fd, path = create_exclusive(str(tmp_path), ".x.")
+    os.close(fd)
+    assert os.path.basename(path).startswith(".x.") and oct(os.stat(path).st_mode & 0o777) == "0o600"
+    with pytest.raises(FileExistsError):
+        os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW)
+
+
+def test_private_directory_is_made_where_tempfile_would_and_removed_with_its_files(tmp_path: Path) -> None:
+    """$TMPDIR first, the next place when it is missing; mode 0700; removal takes the files left in it."""
+    made = make_private_directory("gpuguard-config-", {"TMPDIR": str(tmp_path)})
+    assert os.path.dirname(made) == str(tmp_path) and os.path.basename(made).startswith("gpuguard-config-")
+    assert oct(os.stat(made).st_mode & 0o777) == "0o700"
+    fallback = make_private_directory("gpuguard-config-", {"TMPDIR": str(tmp_path / "missing")})
+    assert os.path.dirname(fallback) == "/tmp"
+    for directory in (made, fallback):
+        Path(directory, ".result.json.0a1b").write_text("{}")
+        remove_flat_directory(directory)
+        assert not os.path.exists(directory)
+    remove_flat_directory(made)  # gone already: nothing raised

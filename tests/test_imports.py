@@ -20,6 +20,7 @@ FLOORS: Dict[str, int] = {
     # F0 ground: leaves every floor may use
     "agent": 0, "agent.errors": 0, "agent.records": 0, "agent.frozen": 0, "agent.strictjson": 0, "agent.files": 0,
     "agent.defaults": 0, "agent.log": 0, "agent.models": 0, "agent.validation": 0, "agent.statepaths": 0,
+    "agent.rollback_coverage": 0,
     "agent.versions": 0, "agent.tomlreader": 0, "agent.jsonrecord": 0, "agent.hostfacts": 0,
     # F1 seams, and the policy engine (pure: the ground floor and itself, test_policy_is_pure)
     "agent.host": 1, "agent.gpu_libraries": 1, "agent.configfile": 1, "agent.policy": 1,
@@ -40,7 +41,7 @@ FLOORS: Dict[str, int] = {
 GUARD_STEPS: Dict[str, int] = {
     "agent.guard.hotpath": 1,
     "agent.guard": 2, "agent.guard.locks": 2, "agent.guard.pin_records": 2, "agent.guard.settings": 2,
-    "agent.guard.rollback.backend": 2,
+    "agent.guard.rollback.backend": 2, "agent.guard.rollback.kept": 2,
     "agent.guard.apt": 3, "agent.guard.dnf": 3,
     "agent.guard.installed": 4, "agent.guard.rollback": 4,
     "agent.guard.manager": 5,

@@ -11,6 +11,7 @@ other command's code (tests/test_cli_imports.py).
     job.py        gpuguard _job (internal)     policy.py     gpuguard policy check|compile|explain|freeze
     schema.py     gpuguard schema              pin.py        gpuguard pin apply
     health.py     gpuguard health run          override.py   gpuguard override start|list|end
+    maintenance.py  gpuguard maintenance begin|end|status
                                                guard.py      gpuguard guard rollback
 
     options.py       the options several commands share (--root, --config, --json, --output, ...)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Dict, Tuple
 from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # the commands import their modules lazily, for the CLI's start-up time
+    from agent.bundle.source import PolicySource
     from agent.config import Settings
     from agent.host import Host
     from agent.policy.compiled import CompiledPolicy
@@ -31,25 +32,35 @@ def state_paths(settings: Settings) -> StatePaths:
     return StatePaths(settings.agent.state_dir)
 
 
-def policy_path(args: argparse.Namespace, host: Host, settings: Settings) -> str:
-    """--policy, else [guard] policy_path under --root."""
+def chosen_source(args: argparse.Namespace, host: Host, settings: Settings) -> PolicySource:
+    """--policy, else what ``[guard] policy_source`` chooses: the local policy files or the bundle in force."""
+    from agent.bundle.source import PolicySource, policy_source
+
     if getattr(args, "policy", None):
-        return str(args.policy)
-    return str(host.path(settings.guard.policy_path))
+        return PolicySource("local", str(args.policy), settings.guard.matrix_path, f"local {args.policy}")
+    return policy_source(host, settings.guard, settings.agent.state_dir)
+
+
+def policy_path(args: argparse.Namespace, host: Host, settings: Settings) -> str:
+    """--policy, else the chosen source's files under --root ([guard] policy_path, or the bundle's policy.d)."""
+    return chosen_source(args, host, settings).policy_path
 
 
 def compile_policy(args: argparse.Namespace, host: Host, settings: Settings) -> Tuple[LoadedPolicy, CompiledPolicy]:
-    """The policy files loaded and compiled."""
-    from agent.policy.load import load_and_compile
+    """The chosen policy's files loaded and compiled."""
+    from agent.bundle.source import compile_source
 
-    return load_and_compile(policy_path(args, host, settings), settings.guard.matrix_path)
+    return compile_source(chosen_source(args, host, settings))
 
 
 def policy_for_host(args: argparse.Namespace, host: Host, settings: Settings) -> CompiledPolicy:
-    """The policy from the policy files when they are there, else the compiled copy in the state directory."""
+    """The policy from the chosen source's files when they are there, else the compiled copy in the state
+    directory."""
+    from pathlib import Path
+
     from agent.policy.compiled import read_compiled
 
-    if getattr(args, "policy", None) or host.path(settings.guard.policy_path).exists():
+    if Path(chosen_source(args, host, settings).policy_path).exists():
         return compile_policy(args, host, settings)[1]
     return read_compiled(str(host.path(state_paths(settings).compiled_policy)))
 

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, TextIO
 
-from agent.commands.options import add_group, add_hub_config
+from agent.commands.options import add_group, add_hub_config, add_json
 from agent.defaults import DEFAULT_HUB_CONFIG_PATH
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def _add_client_options(parser: argparse.ArgumentParser) -> None:
                         help="file holding the bearer token, mode 0600 (default: $GPUGUARD_HUB_TOKEN_FILE, "
                              "else the token in $GPUGUARD_HUB_TOKEN)")
     parser.add_argument("--ca-bundle", metavar="PATH", help="CA certificates to verify the hub's TLS with")
-    parser.add_argument("--json", action="store_true", help="print the hub's JSON answer")
+    add_json(parser, "print the hub's JSON answer")
 
 
 def _settings(args: argparse.Namespace) -> HubSettings:

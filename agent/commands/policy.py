@@ -9,13 +9,22 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, TextIO, Tuple
 
 from agent.commands.guard_inputs import (
     EXIT_VIOLATIONS,
+    chosen_source,
     compile_policy,
     installed_versions,
     policy_for_host,
     settings_of,
     state_paths,
 )
-from agent.commands.options import add_config, add_group, add_guard_options, add_json, add_output, add_root
+from agent.commands.options import (
+    ACT_ROOT_HELP,
+    add_config,
+    add_group,
+    add_guard_options,
+    add_json,
+    add_output,
+    add_root,
+)
 
 if TYPE_CHECKING:
     from agent.commands import HostFactory, Subparsers
@@ -24,7 +33,7 @@ if TYPE_CHECKING:
 
 
 def add_parser(sub: Subparsers) -> None:
-    pol_sub = add_group(sub, "policy", "pairing policy: check, compile, explain, freeze")
+    pol_sub = add_group(sub, "policy", "pairing policy: check, compile, explain, freeze, bundle, install")
     check = pol_sub.add_parser("check", help="validate a policy file or directory, also for rules that can never "
                                              "match or block everything; every problem on its own line, warnings "
                                              "as 'warning: ...' (exit 0 valid, warnings allowed; 3 invalid)")
@@ -69,6 +78,48 @@ def add_parser(sub: Subparsers) -> None:
     freeze.add_argument("--accept-inconsistent", action="store_true",
                         help="freeze the installed packages even when the loaded driver differs (the policy says so)")
     freeze.set_defaults(handler=policy_freeze)
+    _add_bundle_parsers(pol_sub)
+
+
+def _add_bundle_parsers(pol_sub: Any) -> None:
+    """``policy bundle`` and ``policy install``: make a signed policy bundle, install one
+    (/usr/share/doc/gpuguard/guard.md, "Signed policy")."""
+    bundle = pol_sub.add_parser(
+        "bundle", help="make a policy bundle (one JSON file to sign and install) from a policy file or directory, "
+                       "after the same checks as policy check (exit 3 when they find an error)")
+    bundle.add_argument("path", metavar="FILE|DIR", help="the policy files, e.g. a policy.d directory")
+    bundle.add_argument("--serial", type=int, required=True,
+                        help="the bundle's serial: greater than every serial pushed or installed before")
+    add_output(bundle, "write the bundle here (atomically; required)")
+    bundle.add_argument("--created-by", metavar="WHO", help="who made it (default: USER@HOSTNAME)")
+    bundle.add_argument("--all", dest="scope_all", action="store_true", help="for every host")
+    bundle.add_argument("--host-id", dest="host_ids", action="append", default=[], metavar="GLOB",
+                        help="for these host ids (repeat; any matches)")
+    bundle.add_argument("--label", dest="labels", action="append", default=[], metavar="NAME=VALUE",
+                        help="for hosts with this label (repeat; all must be equal)")
+    bundle.add_argument("--gpu-model", dest="gpu_models", action="append", default=[], metavar="GLOB",
+                        help="for hosts with a GPU model matching (repeat), e.g. '*H200*'")
+    bundle.add_argument("--os", dest="os", action="append", default=[], metavar="GLOB",
+                        help="for hosts on OS_ID-VERSION_ID matching (repeat), e.g. ubuntu-24.04")
+    bundle.add_argument("--pairing", dest="pairings", action="append", default=[], metavar="GLOB",
+                        help="for hosts whose pairing matches (repeat), e.g. 'nvidia 580.*'")
+    bundle.add_argument("--matrix", metavar="PATH", help="AMD compatibility matrix to check against (default: the "
+                                                         "shipped one)")
+    bundle.add_argument("--with-matrix", action="store_true",
+                        help="carry that matrix in the bundle: the hosts compile with it instead of their own")
+    add_root(bundle, "check against the host tree under DIR instead of / (as policy check does)")
+    bundle.add_argument("--no-host", action="store_true", help="skip the checks against this host's packages")
+    bundle.add_argument("--sign-with", metavar="KEYID", help="sign it with gpg --detach-sign as this key "
+                                                             "(writes FILE.sig)")
+    bundle.set_defaults(handler=policy_bundle)
+    install = pol_sub.add_parser(
+        "install", help="verify and install a signed policy bundle (exit 17 refused: signature, older serial, out "
+                        "of scope, does not compile; the policy in force keeps guarding)")
+    install.add_argument("bundle", metavar="BUNDLE", help="the bundle file")
+    install.add_argument("--signature", metavar="SIG", help="its detached signature (default: BUNDLE.sig)")
+    add_root(install, ACT_ROOT_HELP)
+    add_config(install)
+    install.set_defaults(handler=policy_install)
 
 
 def policy_check(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
@@ -76,29 +127,11 @@ def policy_check(args: argparse.Namespace, make_host: HostFactory, out: TextIO) 
     semantic checks (agent/policy/semantic.py) against AMD's matrix and, unless --no-host, the host's packages and
     kernels. Every problem on its own line; errors exit 3, warnings alone exit 0."""
     from agent.errors import PolicyError
-    from agent.policy.load import DEFAULT_POLICY_DIR, compiled_from, load_policy
-    from agent.policy.semantic import Problem, check_policy
+    from agent.policy.load import DEFAULT_POLICY_DIR
 
     host = make_host(getattr(args, "root", "/"))
     path = args.path or str(host.path(DEFAULT_POLICY_DIR))
-    problems: List[Problem] = []
-    summary: Optional[Dict[str, Any]] = None
-    try:
-        loaded = load_policy(path)
-        matrix = _matrix_for_check(loaded.policy.policy.require_amd_matrix, getattr(args, "matrix", None))
-        compiled = compiled_from(loaded, matrix if loaded.policy.policy.require_amd_matrix else None)
-    except PolicyError as exc:
-        problems = [_problem_of(exc.path, text) for text in exc.problems]
-    else:
-        inventory = None
-        if not getattr(args, "no_host", False):
-            inventory, unread = _inventory(host, loaded.policy)
-            if unread is not None:
-                problems.append(unread)
-        problems += check_policy(loaded.parts, loaded.policy, matrix, inventory)
-        rules = loaded.policy.rule_count()
-        summary = {"name": compiled.name, "rules": rules, "action": compiled.action, "failsafe": compiled.failsafe,
-                   "files": [source for source, _ in loaded.sources], "host_checked": inventory is not None}
+    problems, summary, _ = _checked(host, path, getattr(args, "matrix", None), getattr(args, "no_host", False))
     errors = [p for p in problems if p.severity == "error"]
     warnings = [p for p in problems if p.severity != "error"]
     code = PolicyError.exit_code if errors else 0
@@ -118,6 +151,36 @@ def policy_check(args: argparse.Namespace, make_host: HostFactory, out: TextIO) 
               f", action {summary['action']}, fail-safe {summary['failsafe']}, from {len(summary['files'])} file(s)"
               f"{counted}\n")
     return 0
+
+
+def _checked(host: Host, path: str, matrix_path: Optional[str],
+             no_host: bool) -> Tuple[List[Any], Optional[Dict[str, Any]], Optional[Any]]:
+    """``policy check``'s judgement of a policy file or directory: every problem (errors and warnings), the
+    summary when it loads, and the AMD matrix it was checked against (None when none could be read)."""
+    from agent.errors import PolicyError
+    from agent.policy.load import compiled_from, load_policy
+    from agent.policy.semantic import Problem, check_policy
+
+    problems: List[Problem] = []
+    summary: Optional[Dict[str, Any]] = None
+    matrix = None
+    try:
+        loaded = load_policy(path)
+        matrix = _matrix_for_check(loaded.policy.policy.require_amd_matrix, matrix_path)
+        compiled = compiled_from(loaded, matrix if loaded.policy.policy.require_amd_matrix else None)
+    except PolicyError as exc:
+        problems = [_problem_of(exc.path, text) for text in exc.problems]
+    else:
+        inventory = None
+        if not no_host:
+            inventory, unread = _inventory(host, loaded.policy)
+            if unread is not None:
+                problems.append(unread)
+        problems += check_policy(loaded.parts, loaded.policy, matrix, inventory)
+        rules = loaded.policy.rule_count()
+        summary = {"name": compiled.name, "rules": rules, "action": compiled.action, "failsafe": compiled.failsafe,
+                   "files": [source for source, _ in loaded.sources], "host_checked": inventory is not None}
+    return problems, summary, matrix
 
 
 def _matrix_for_check(required: bool, path: Optional[str]) -> Optional[Any]:
@@ -195,6 +258,7 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     host = make_host(args.root)
     settings = settings_of(args)
     policy = policy_for_host(args, host, settings)
+    source = chosen_source(args, host, settings).description
     windows, windows_problem = [], None
     try:
         windows = active_windows(load_windows(str(host.path(state_paths(settings).overrides)),
@@ -206,14 +270,15 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     explanation = explain(policy, facts)
     code = EXIT_VIOLATIONS if explanation.violations else 0
     if getattr(args, "json", False):
-        out.write(json.dumps({"policy": policy.name, "sources": list(policy.sources), "manager": facts.manager,
+        out.write(json.dumps({"policy": policy.name, "source": source, "sources": list(policy.sources),
+                              "manager": facts.manager,
                               "os_id": facts.context.os_id, "os_version_id": facts.context.os_version_id,
                               "installed": dict(sorted(facts.installed.items())),
                               "compliant": not explanation.violations, "exit_code": code,
                               "violations": [v.to_dict() for v in explanation.violations],
                               "lines": explanation.lines}, indent=2, sort_keys=True) + "\n")
         return code
-    out.write("\n".join(explanation.lines) + "\n")
+    out.write("\n".join([f"policy source: {source}", *explanation.lines]) + "\n")
     return code
 
 
@@ -251,6 +316,100 @@ def policy_freeze(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
         raise UsageError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     out.write(f"wrote {args.output}; next: gpuguard policy check {args.output}, then put it in /etc/gpuguard/policy.d/ "
               f"and run gpuguard policy compile and gpuguard pin apply\n")
+    return 0
+
+
+def _scope_of(args: argparse.Namespace) -> Any:
+    """The bundle's scope from the command line; UsageError naming what is wrong."""
+    from pydantic import ValidationError
+
+    from agent.bundle.format import BundleScope
+    from agent.errors import UsageError
+    from agent.models import first_validation_problem
+
+    labels = {}
+    for item in args.labels:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--label {item}: give NAME=VALUE")
+        labels[name] = value
+    try:
+        return BundleScope(all=args.scope_all, host_ids=tuple(args.host_ids), labels=labels,
+                           gpu_models=tuple(args.gpu_models), os=tuple(args.os), pairings=tuple(args.pairings))
+    except ValidationError as exc:
+        problem = first_validation_problem(exc).removeprefix("(top level): ")
+        raise UsageError(f"scope: {problem} (--all, --host-id, --label, --gpu-model, --os, --pairing)") from None
+
+
+def policy_bundle(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    """Make a policy bundle from policy files after ``policy check``'s checks (exit 3 on an error), write it
+    canonically to --output, and sign it with gpg when --sign-with names a key."""
+    import getpass
+    import socket
+
+    from agent.bundle.format import render_bundle
+    from agent.bundle.make import make_bundle
+    from agent.errors import PolicyError, UsageError
+    from agent.files import write_atomically
+    from agent.policy.matrix import find_matrix_file
+
+    if not args.output:
+        raise UsageError("policy bundle: give --output FILE")
+    scope = _scope_of(args)
+    host = make_host(args.root)
+    problems, summary, matrix = _checked(host, args.path, args.matrix, args.no_host)
+    errors = [p for p in problems if p.severity == "error"]
+    for problem in problems:
+        out.write(("warning: " if problem.severity != "error" else "") + f"{problem.file}: {problem.text()}\n")
+    if errors or summary is None:
+        out.write(f"{len(errors)} problem{'s' if len(errors) != 1 else ''} found: no bundle written\n")
+        return PolicyError.exit_code
+    created_by = args.created_by or f"{getpass.getuser()}@{socket.gethostname()}"
+    bundle = make_bundle(args.path, args.serial, scope, created_by, host.clock().strftime("%Y-%m-%dT%H:%M:%SZ"),
+                         matrix_path=find_matrix_file(args.matrix) if args.with_matrix else None,
+                         matrix_version=matrix.recorded if matrix is not None else None)
+    write_atomically(args.output, render_bundle(bundle).decode("utf-8"))
+    signed = ""
+    if args.sign_with:
+        signature = args.output + ".sig"
+        # gpg runs with the runner's fixed environment: the signer's GNUPGHOME is handed over as --homedir.
+        home = ["--homedir", host.env["GNUPGHOME"]] if host.env.get("GNUPGHOME") else []
+        host.run(["gpg", *home, "--batch", "--yes", "--local-user", args.sign_with, "--detach-sign", "-o",
+                  signature, args.output], 120.0).check()
+        signed = f", signed -> {signature}"
+    out.write(f"wrote {args.output}: policy bundle serial {bundle.serial}, policy '{summary['name']}' from "
+              f"{len(bundle.policy_files)} file(s){' and its matrix' if bundle.matrix else ''}{signed}\n")
+    return 0
+
+
+def policy_install(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    """Verify and install a signed policy bundle (agent/bundle/install.py): BundleRefused (exit 17) names why a
+    bundle is refused, and the policy in force keeps guarding."""
+    from agent.bundle.facts import host_scope_facts
+    from agent.bundle.format import MAX_BUNDLE_BYTES
+    from agent.bundle.install import BundleInstaller
+    from agent.daemon_jobs.runtime import host_identity
+    from agent.files import read_bytes_bounded
+
+    host = make_host(args.root)
+    settings = settings_of(args)
+    data = read_bytes_bounded(args.bundle, MAX_BUNDLE_BYTES)
+    signature = read_bytes_bounded(args.signature or args.bundle + ".sig", 1 << 20)
+    paths = state_paths(settings)
+
+    def facts() -> Any:
+        return host_scope_facts(host, host_identity(host, settings.agent.host_id), dict(settings.agent.labels),
+                                paths.last_snapshot)
+
+    installed = BundleInstaller(host, settings.guard, settings.agent.state_dir).install(
+        data, signature, origin=args.bundle, source="file", facts=facts)
+    if installed.unchanged:
+        out.write(f"policy bundle serial {installed.serial} is installed already: nothing changed\n")
+        return 0
+    where = (f"in force: compiled -> {host.path(paths.compiled_policy)}" if installed.compiled else
+             'not in force: [guard] policy_source is "local" (set it to "bundle" and run gpuguard policy compile)')
+    out.write(f"installed policy bundle serial {installed.serial}, policy '{installed.policy_name}', key "
+              f"{installed.fingerprint}; {where}\n")
     return 0
 
 

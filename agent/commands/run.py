@@ -23,10 +23,10 @@ def run(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
     """Run the daemon until it is stopped; its exit code."""
     from agent.daemon_jobs.openssl import keep_openssl_out
 
-    keep_openssl_out()  # before structlog and apscheduler would load it
+    keep_openssl_out()  # before structlog (through asyncio) would load it
     from agent.daemon_jobs.lazy_asyncio import defer_asyncio
 
-    defer_asyncio()  # before structlog and apscheduler import it
+    defer_asyncio()  # before structlog imports it
     from agent.daemon import run_daemon
 
     return run_daemon(args.config, make_host(args.root))

@@ -20,10 +20,11 @@
     protocol.py   each job's request and result record, checked field by field when read
     hooks.py      the policy engine's, the health runner's and the health-gated rollback's entry points (Protocols)
     job_runner.py how the scheduler calls a body: never raises, runs again when asked while running, reschedules
+    scheduler.py  the resident's scheduler: each job on its own thread at its interval, never overlapping itself
     systemd_notify.py  sd_notify: READY=1, WATCHDOG=1, STATUS=, STOPPING=1 under systemd (a no-op without it)
     memory.py     cap glibc's malloc arenas, give freed memory back after each job
     openssl.py    keep ssl and hashlib's OpenSSL backend out of the resident (``gpuguard run``)
-    lazy_asyncio.py  asyncio unloaded in the resident until something uses it (structlog and apscheduler import it)
+    lazy_asyncio.py  asyncio unloaded in the resident until something uses it (structlog imports it)
 
 Every body may be slow or fail; none of them knows about the scheduler. A body that wants to run again sooner
 says so by its return value or through the ``request_*`` callables it was given.

@@ -11,10 +11,14 @@
                  result: status, detail, reboot_required, or the error / the interruption
     guard_events GuardEventForwarder.run: new guard-events.jsonl lines validated and committed to the outbox
     health       HealthJob.run in the mode asked (the after-change gate and its rollback included): events into
-                 the outbox; result: its summary, the last status
+                 the outbox; after a change, the maintenance hand-off's verdict (daemon_jobs/handoff.py); result:
+                 its summary, the last status
     deliver      drain_outbox with a Sender built here (the token file read again): acknowledged batches leave the
                  outbox; result: when the last batch was taken, the failure that ended the drain (the daemon backs
                  off); an unusable token file or CA bundle is an ``auth`` failure
+    policy_fetch the hub's policy bundle for this host fetched (conditional GET) and installed as policy install
+                 does (agent/daemon_jobs/policy_fetch.py), a new one beginning the maintenance hand-off; result:
+                 unchanged, installed, refused (why) or failed
 
 Requests and results are the records of agent/daemon_jobs/protocol.py; a request that is not its job's record is a
 usage error (one line, exit 2). The request carries what the daemon's memory holds: the settings in force, the host
@@ -78,6 +82,15 @@ def run_job(job: str, config_path: str, host: Host, request: JsonObject, result_
         _stop_with_the_daemon(job_request.context.daemon_pid, stopping)
         if job == "guard_check":
             result = _guard_check(host, settings, stopping)
+        elif job == "policy_fetch":
+            from agent.daemon_jobs.policy_fetch import fetch_and_install
+
+            fetched = fetch_and_install(host, settings, job_request.context.host_id)
+            if fetched.outcome == "installed":  # the host is about to change under a new bundle
+                from agent.daemon_jobs.handoff import begin_for_change
+
+                begin_for_change(host, settings, f"policy bundle serial {fetched.serial}")
+            result = fetched
         else:
             result = _with_outbox(job, host, settings, job_request, stopping)
     from agent.daemon_jobs.children import peak_rss_kib_of
@@ -138,7 +151,8 @@ def _stop_with_the_daemon(daemon_pid: Optional[int], stopping: threading.Event) 
     """SIGTERM to this child when the daemon dies (SIGKILL, the OOM killer): it stops as at the daemon's shutdown
     instead of running on, orphaned, beside the next daemon. systemd kills the whole unit anyway; this covers
     hosts without it. Already orphaned (the daemon died before this line): stop at once. The kernel's "parent" is
-    the thread that spawned the child: the scheduler's pool threads, and the main thread, live as long as the daemon."""
+    the thread that spawned the child: a job's thread (agent/daemon_jobs/scheduler.py) ends only after the child it
+    waits for, and the main thread lives as long as the daemon."""
     if daemon_pid is None:
         return  # run by hand
     try:
@@ -244,6 +258,10 @@ def _health(rt: Runtime, request: HealthRequest) -> HealthChildResult:
 
     rt.state.last_snapshot = load_last_snapshot(rt)
     summary = HealthJob(rt, default_hooks()).run(request.reason, mode=request.mode, after_change=request.after_change)
+    if summary is not None and request.after_change:  # the post-change check: give the node back, or keep it out
+        from agent.daemon_jobs.handoff import end_after_check
+
+        end_after_check(rt.host, rt.job_settings(), summary.status)
     state = rt.state
     last = None if state.last_health_status is None else HealthSeen(state.last_health_status,
                                                                     state.last_health_at_seconds)

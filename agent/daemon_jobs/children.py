@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Type, TypeVar
@@ -52,12 +50,14 @@ from agent.daemon_jobs.protocol import (
     HealthRequest,
     HealthSummary,
     JobRequest,
+    PolicyFetchResult,
     RestoreResult,
     SnapshotRequest,
     SnapshotResult,
 )
 from agent.daemon_jobs.runtime import Runtime
 from agent.errors import GpuguardError, Interrupted
+from agent.files import make_private_directory, remove_flat_directory
 from agent.jsonrecord import JsonRecord, RecordError
 from agent.log import get_logger
 from agent.statepaths import StatePaths
@@ -207,11 +207,11 @@ def load_config_in_child(config_path: str, root: str, request: ConfigRequest, st
     (the first load, which is what names it) puts the result file in a private temporary directory."""
     if state_dir is not None:
         return run_child("config", config_path, root, request, ConfigResult, state_dir, stopping, argv)
-    scratch = tempfile.mkdtemp(prefix="gpuguard-config-")
+    scratch = make_private_directory("gpuguard-config-")
     try:
         return run_child("config", config_path, root, request, ConfigResult, scratch, stopping, argv)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        remove_flat_directory(scratch)
 
 
 def restore_in_child(runtime: Runtime, config_path: str) -> None:
@@ -341,3 +341,39 @@ class GuardEventsInChild:
         if result.events:
             rt.emitter.on_enqueued()
         return result.forwarded
+
+
+class PolicyFetchInChild:
+    """The daemon's policy fetch (agent/daemon_jobs/policy_fetch.py) in a child, or in process (tests, ``in_child``
+    False); logs the outcome and, when a bundle was installed or refused, calls ``on_changed``."""
+
+    def __init__(self, runtime: Runtime, config_path: str, on_changed: Callable[[str], None],
+                 in_child: bool = True) -> None:
+        self.runtime = runtime
+        self.config_path = config_path
+        self.on_changed = on_changed
+        self.in_child = in_child
+
+    def run(self, reason: str = "interval") -> None:
+        rt = self.runtime
+        if rt.settings.endpoint_url is None:
+            return
+        if self.in_child:
+            result = run_child("policy_fetch", self.config_path, str(rt.host.root),
+                               JobRequest(context=child_context(rt), reason=reason), PolicyFetchResult, rt.state_dir,
+                               rt.stopping)
+        else:
+            from agent.daemon_jobs.policy_fetch import fetch_and_install
+
+            result = fetch_and_install(rt.host, rt.job_settings(), rt.emitter.host_id)
+        if result.outcome == "installed":
+            log.info("policy_bundle_installed", serial=result.serial, detail=result.detail)
+        elif result.outcome == "refused":
+            log.warning("policy_bundle_refused", serial=result.serial, reason=result.detail,
+                        kept="the policy in force")
+        elif result.outcome == "failed":
+            log.warning("policy_fetch_failed", detail=result.detail, kept="the policy in force")
+        else:
+            log.debug("policy_fetch_done", outcome=result.outcome, serial=result.serial)
+        if result.outcome in ("installed", "refused"):
+            self.on_changed(f"policy_bundle_{result.outcome}")

@@ -16,6 +16,7 @@ A failure of the check is logged (``guard_check_failed``) and reported as a Roll
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from typing import TYPE_CHECKING, Callable, List, Optional
 
@@ -148,15 +149,21 @@ def recompile_policy(host: Host, settings: Settings) -> bool:
     An invalid policy logs every problem at once (``policy_compile_failed``) and keeps the old compiled file;
     without policy files nothing happens. True when a new compiled file was written.
     """
-    from agent.policy.load import load_and_compile, write_compiled
+    from agent.bundle.source import compile_source, policy_source
+    from agent.policy.load import write_compiled
 
-    source = host.path(settings.guard.policy_path)
-    if not source.exists():
-        log.info("policy_compile_skipped", path=settings.guard.policy_path, cause="no policy files")
+    try:
+        chosen = policy_source(host, settings.guard, settings.agent.state_dir)
+    except GpuguardError as exc:  # a damaged bundle state file: the compiled policy in force stays
+        log.error("policy_compile_failed", problems=[str(exc)], kept="previous compiled policy")
+        return False
+    source = chosen.policy_path
+    if not os.path.exists(source):
+        log.info("policy_compile_skipped", path=source, source=chosen.description, cause="no policy files")
         return False
     target = host.path(StatePaths(settings.agent.state_dir).compiled_policy)
     try:
-        _, compiled = load_and_compile(str(source), settings.guard.matrix_path)
+        _, compiled = compile_source(chosen)
         write_compiled(str(target), compiled)
     except ConfigError as exc:  # PolicyError: every problem of every file
         log.error("policy_compile_failed", path=exc.path, problems=list(exc.problems),
@@ -165,5 +172,6 @@ def recompile_policy(host: Host, settings: Settings) -> bool:
     except (GpuguardError, OSError) as exc:
         log.error("policy_compile_failed", path=str(source), problems=[str(exc)], kept="previous compiled policy")
         return False
-    log.info("policy_compiled", name=compiled.name, sources=compiled.sources, path=str(target))
+    log.info("policy_compiled", name=compiled.name, sources=compiled.sources, source=chosen.description,
+             path=str(target))
     return True

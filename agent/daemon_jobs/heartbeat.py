@@ -1,14 +1,22 @@
-"""The heartbeat job: one "alive" event with the pairing, compliance, last health result and outbox depth."""
+"""The heartbeat job: one "alive" event with the pairing, compliance, last health result, rollback coverage and
+outbox depth."""
 
 from __future__ import annotations
 
 import random
-from typing import Optional
+from typing import Any, Dict, Optional
 
 from agent import __version__
+from agent.bundle.state import read_bundle_state
 from agent.daemon_jobs.resident_settings import ResidentSettings
 from agent.daemon_jobs.runtime import Runtime
-from agent.report.plain import PlainHeartbeat
+from agent.errors import GpuguardError
+from agent.log import get_logger
+from agent.report.plain import PlainHeartbeat, PlainRollbackCoverage
+from agent.rollback_coverage import read_coverage
+from agent.statepaths import StatePaths
+
+log = get_logger("daemon.heartbeat")
 
 
 def first_heartbeat_in_seconds(settings: ResidentSettings, rng: Optional[random.Random] = None) -> float:
@@ -16,6 +24,13 @@ def first_heartbeat_in_seconds(settings: ResidentSettings, rng: Optional[random.
     ``startup_jitter_seconds`` (and at most one interval). Later heartbeats keep that phase."""
     interval = settings.heartbeat_interval_seconds
     return interval + (rng or random.Random()).uniform(0.0, min(interval, settings.startup_jitter_seconds))
+
+
+def first_policy_fetch_in_seconds(settings: ResidentSettings, rng: Optional[random.Random] = None) -> float:
+    """Seconds from start to the first policy fetch: a random phase of at most ``startup_jitter_seconds`` (and at
+    most one heartbeat interval), so a fleet restarted at once does not ask the hub at once."""
+    interval = settings.heartbeat_interval_seconds
+    return (rng or random.Random()).uniform(0.0, min(interval, settings.startup_jitter_seconds))
 
 
 class HeartbeatJob:
@@ -31,7 +46,38 @@ class HeartbeatJob:
         with state.lock:
             facts, pairing = state.snapshot_facts, state.pairing
             compliant, health = state.compliant, state.last_health_status
+        settings = rt.settings
+        policy = policy_fields(rt)
         rt.emitter.emit(PlainHeartbeat(agent_version=__version__, uptime_seconds=round(state.uptime_seconds(), 3),
                                        content_hash=facts.content_hash if facts else None,
                                        outbox_depth=rt.outbox.depth(), pairing=pairing, compliant=compliant,
-                                       last_health_status=health))
+                                       last_health_status=health, labels=dict(settings.labels) or None,
+                                       rollback_coverage=rollback_coverage(rt), **policy))
+
+
+def rollback_coverage(rt: Runtime) -> Optional[PlainRollbackCoverage]:
+    """The rollback coverage the last known-good recording wrote (each kept file checked), None before any."""
+    path = rt.host.path(StatePaths(rt.settings.state_dir).rollback_coverage)
+    coverage = read_coverage(str(path), str(rt.host.root))
+    if coverage is None:
+        return None
+    return PlainRollbackCoverage(guarded=coverage.guarded, restorable=coverage.restorable,
+                                 by_source=dict(coverage.by_source), not_restorable=coverage.not_restorable[:200],
+                                 inexact=tuple(sorted(coverage.inexact))[:200])
+
+
+def policy_fields(rt: Runtime) -> Dict[str, Any]:
+    """The heartbeat's policy fields: the source, the bundle serial in force, a refusal newer than it (from
+    policy-bundle/state.json, agent/bundle/state.py); a damaged state file reports the source alone."""
+    source = rt.settings.policy_source
+    fields: Dict[str, Any] = {"policy_source": source if source in ("local", "bundle") else None}
+    try:
+        bundle = read_bundle_state(str(rt.host.path(rt.paths.policy_bundle_state)))
+    except GpuguardError as exc:
+        log.warning("policy_bundle_state_unreadable", error=str(exc))
+        return fields
+    fields["policy_serial"] = bundle.serial
+    if bundle.refusal_pending and bundle.refused is not None:
+        fields["policy_refused_serial"] = bundle.refused.serial
+        fields["policy_refused_reason"] = bundle.refused.reason[:2000]
+    return fields

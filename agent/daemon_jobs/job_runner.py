@@ -1,27 +1,29 @@
 """How the daemon calls one job body for the scheduler: never raises, runs again when asked while running, reschedules.
 
-The scheduler (apscheduler's BackgroundScheduler, wired in agent/daemon.py) calls a :class:`JobRunner` on its interval
-and never more than once at a time (``max_instances=1``); what a body returns or raises is the runner's to handle.
+The scheduler (agent/daemon_jobs/scheduler.py, wired in agent/daemon.py) calls a :class:`JobRunner` on its interval
+and never more than once at a time; what a body returns or raises is the runner's to handle.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional, Protocol
 
 from agent.daemon_jobs.memory import release_free_memory
 from agent.errors import Interrupted
 from agent.log import get_logger
 
-if TYPE_CHECKING:  # pragma: no cover
-    from apscheduler.schedulers.base import BaseScheduler
-
 log = get_logger("daemon")
 
-_UTC = dt.timezone.utc
 Body = Callable[[str], Optional[float]]
+
+
+class Rescheduler(Protocol):
+    """What a runner asks of the scheduler (agent/daemon_jobs/scheduler.py's IntervalScheduler)."""
+
+    def run_in(self, job_id: str, delay_seconds: float) -> None:
+        """Run the job ``delay_seconds`` from now."""
 
 
 def without_retry(body: Callable[[str], None]) -> Body:
@@ -35,8 +37,8 @@ def without_retry(body: Callable[[str], None]) -> Body:
 class JobRunner:
     """Calls one job body for the scheduler: never raises, runs again when asked while running, reschedules.
 
-    ``request(reason)`` asks for a run now. If the job is running at that moment the scheduler would skip the
-    extra run (max_instances=1), so the running call notices the request and loops once more instead.
+    ``request(reason)`` asks for a run now. If the job is running at that moment the scheduler skips the extra run
+    (a job never overlaps itself), so the running call notices the request and loops once more instead.
 
     A failure is logged once per state change: ``job_failed`` (with the traceback) when the job starts failing or
     fails differently, ``job_recovered`` (with the count of failed runs) when it succeeds again. A job failing the
@@ -51,7 +53,7 @@ class JobRunner:
         self.body = body
         self.stopping = stopping
         self.after = after
-        self.scheduler: Optional[BaseScheduler] = None  # set when the job is added
+        self.scheduler: Optional[Rescheduler] = None  # set when the job is added
         self._again = threading.Event()
         self._reason = "interval"
         self._busy = threading.Lock()
@@ -66,10 +68,9 @@ class JobRunner:
     def run_at(self, delay_seconds: float) -> None:
         if self.scheduler is None or self.stopping.is_set():
             return
-        when = dt.datetime.now(_UTC) + dt.timedelta(seconds=delay_seconds)
         try:
-            self.scheduler.modify_job(self.job_id, next_run_time=when)
-        except Exception as exc:  # noqa: BLE001 - JobLookupError (or a stopped scheduler) while shutting down
+            self.scheduler.run_in(self.job_id, delay_seconds)
+        except Exception as exc:  # noqa: BLE001 - never the runner's end: a job not (or no longer) scheduled
             log.debug("job_reschedule_skipped", job=self.job_id, error=str(exc))
 
     def wait_idle(self) -> None:

@@ -1,10 +1,10 @@
 """asyncio left unloaded in the resident daemon until something really uses it.
 
-structlog (``structlog/_native.py``, ``stdlib.py``) and apscheduler (``apscheduler/util.py``, ``from asyncio import
-iscoroutinefunction``) import asyncio at their top, and neither uses it in ``gpuguard run``: structlog only in its
-``a*`` coroutine methods, apscheduler only in its asyncio and tornado executors (the daemon runs a thread pool).
-Loaded, asyncio and the modules only it brings (its event loops, ``subprocess``, ``selectors``...) held about 1.3 MiB
-of the resident's RSS, a twentieth (issue #28).
+structlog (``structlog/_native.py``, ``stdlib.py``) imports asyncio at its top and never uses it in ``gpuguard run``
+(only in its ``a*`` coroutine methods); apscheduler (``apscheduler/util.py``, ``from asyncio import
+iscoroutinefunction``) did too, until the resident left it for agent/daemon_jobs/scheduler.py. Loaded, asyncio and
+the modules only it brings (its event loops, ``subprocess``, ``selectors``...) held about 1.3 MiB of the resident's
+RSS, a twentieth (issue #28). The stand-in works under apscheduler too (tests/daemon/test_lazy_asyncio.py).
 
 :func:`defer_asyncio` puts a stand-in in ``sys.modules``: the first read of any attribute (``asyncio.get_running_loop``,
 its ``__all__``) imports the real asyncio and answers from it, and from then on ``import asyncio`` gives the real
@@ -53,7 +53,7 @@ def _iscoroutinefunction(func: Callable[..., object]) -> bool:
 
 
 def defer_asyncio() -> bool:
-    """Put the stand-in in place (call before structlog or apscheduler is imported); False when asyncio is loaded
+    """Put the stand-in in place (call before structlog is imported); False when asyncio is loaded
     already (then nothing changes)."""
     with _lock:
         if "asyncio" in sys.modules:

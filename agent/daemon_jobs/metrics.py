@@ -10,12 +10,16 @@ from agent import __version__
 from agent.daemon_jobs.nfd import NfdJob
 from agent.daemon_jobs.runtime import Runtime
 from agent.report.metrics import MetricsView, render_metrics, write_textfile
+from agent.rollback_coverage import read_coverage
+from agent.statepaths import StatePaths
 
 
 def metrics_view(runtime: Runtime) -> MetricsView:
     """Gather what the textfile shows."""
     state, outbox = runtime.state, runtime.outbox
     depth, oldest = outbox.depth(), outbox.oldest_age_seconds()
+    coverage = read_coverage(str(runtime.host.path(StatePaths(runtime.settings.state_dir).rollback_coverage)),
+                             str(runtime.host.root))
     dropped, rejected = outbox.dropped_counts(), outbox.rejected_count()
     with state.lock:
         facts = state.snapshot_facts
@@ -27,7 +31,10 @@ def metrics_view(runtime: Runtime) -> MetricsView:
                            last_health_timestamp_seconds=state.last_health_at_seconds,
                            outbox_depth=depth, outbox_oldest_age_seconds=oldest, outbox_dropped=dropped,
                            outbox_rejected=rejected, last_delivery_success_seconds=state.last_delivery_success_seconds,
-                           delivery_failures=dict(state.delivery_failures))
+                           delivery_failures=dict(state.delivery_failures),
+                           rollback_guarded=coverage.guarded if coverage else None,
+                           rollback_by_source=dict(coverage.by_source) if coverage else {},
+                           rollback_inexact=len(coverage.inexact) if coverage else 0)
 
 
 class MetricsJob:

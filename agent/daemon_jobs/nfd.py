@@ -43,12 +43,15 @@ class PolicyName:
 
 
 def nfd_view(runtime: Runtime, policy_name: Optional[str] = None) -> NfdView:
-    """Gather what the features file shows from the daemon's state (the metrics textfile's source) and the
-    reboot marker a rollback leaves (read as ``gpuguard status`` reads it)."""
+    """Gather what the features file shows from the daemon's state (the metrics textfile's source), the
+    reboot marker a rollback leaves and the rollback coverage (read as ``gpuguard status`` reads them)."""
+    from agent.rollback_coverage import read_coverage
     from agent.status.reboot import booted_at_seconds, read_reboot_required
 
-    marker = runtime.host.path(StatePaths(runtime.settings.state_dir).reboot_required_packages)
-    reboot = read_reboot_required(str(marker), booted_at_seconds()) is not None
+    paths = StatePaths(runtime.settings.state_dir)
+    reboot = read_reboot_required(str(runtime.host.path(paths.reboot_required_packages)),
+                                  booted_at_seconds()) is not None
+    coverage = read_coverage(str(runtime.host.path(paths.rollback_coverage)), str(runtime.host.root))
     state = runtime.state
     with state.lock:
         facts = state.snapshot_facts
@@ -57,7 +60,10 @@ def nfd_view(runtime: Runtime, policy_name: Optional[str] = None) -> NfdView:
                        snapshot_at_seconds=facts.taken_at_seconds if facts else None,
                        finding_kinds=facts.finding_kinds if facts else (),
                        health_status=state.last_health_status, health_at_seconds=state.last_health_at_seconds,
-                       rollback_needs_reboot=reboot)
+                       rollback_needs_reboot=reboot,
+                       rollback_guarded=coverage.guarded if coverage else None,
+                       rollback_restorable=coverage.restorable if coverage else None,
+                       rollback_exact=not coverage.inexact if coverage else None)
 
 
 class NfdJob:

@@ -2,7 +2,7 @@
 
 The resident sends nothing (delivery's sending runs in a job child, which loads requests and OpenSSL itself) and
 hashes only guard-event lines into event ids, which CPython's built-in SHA-256 does. Left alone, asyncio (imported
-by structlog and apscheduler) would load ``ssl`` and pydantic (through secrets and hmac) hashlib's ``_hashlib``:
+by structlog) would load ``ssl`` and pydantic (through secrets and hmac) hashlib's ``_hashlib``:
 libssl and libcrypto, 4.6 MiB of the resident's RSS, about a ninth (issue #17). A long-running process that never
 maps them also needs no restart after an OpenSSL update (needrestart flags processes that keep a replaced library
 mapped); each job child loads the library current at its start.

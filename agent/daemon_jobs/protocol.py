@@ -8,6 +8,8 @@
     guard_events  JobRequest         ForwardResult      guard-events.jsonl lines forwarded to the outbox
     health        HealthRequest      HealthChildResult  what the check found (HealthSummary), the last status
     deliver       JobRequest         DeliverResult      how far the drain got (delivery.Drained)
+    policy_fetch  JobRequest         PolicyFetchResult  the hub's policy bundle for this host: unchanged, installed,
+                                                        refused (why) or the fetch failed
 
 The request travels as JSON on the child's command line (``--request``), the result as a JSON file the child writes
 (``--result``), wrapped in a :class:`ChildReply` with the child's peak RSS. Both are :class:`JsonRecord` s, read back
@@ -198,3 +200,13 @@ class DeliverResult(JsonRecord):
 
     events: int
     drained: Drained
+
+
+@dataclass(frozen=True)
+class PolicyFetchResult(JsonRecord):
+    """The policy fetch child's outcome (agent/daemon_jobs/policy_fetch.py): ``off`` (no hub configured),
+    ``unchanged`` (304, or the bundle in force), ``none`` (204), ``installed``, ``refused`` or ``failed``."""
+
+    outcome: Literal["off", "unchanged", "none", "installed", "refused", "failed"]
+    serial: Optional[int] = None
+    detail: str = ""

@@ -18,7 +18,7 @@ from it (:meth:`SettingsInForce.model`), validated once, there.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, Optional, Tuple
 
 from agent.jsonrecord import JsonObject, JsonRecord
@@ -52,6 +52,9 @@ class ResidentSettings(JsonRecord):
     defer_first_retry_seconds: float
     defer_max_retry_seconds: float
     defer_window_seconds: float
+    # The heartbeat carries these (agent/daemon_jobs/heartbeat.py); defaults for a view written before they existed.
+    labels: Dict[str, str] = field(default_factory=dict)
+    policy_source: str = "local"
 
     @classmethod
     def of(cls, settings: Settings) -> ResidentSettings:
@@ -70,13 +73,15 @@ class ResidentSettings(JsonRecord):
                    health_first_run_seconds=daemon.health_first_run_seconds,
                    defer_first_retry_seconds=health.defer_first_retry_seconds,
                    defer_max_retry_seconds=health.defer_max_retry_seconds,
-                   defer_window_seconds=health.defer_window_seconds)
+                   defer_window_seconds=health.defer_window_seconds, labels=dict(agent.labels),
+                   policy_source=settings.guard.policy_source)
 
     def intervals(self) -> Dict[str, float]:
         """Seconds between runs of each scheduled job whose interval is a setting, by job id."""
         return {"deliver": self.delivery_interval_seconds, "heartbeat": self.heartbeat_interval_seconds,
                 "snapshot": self.snapshot_interval_seconds, "guard": self.snapshot_interval_seconds,
-                "health": self.health_interval_seconds, "package_watch": self.package_watch_interval_seconds}
+                "health": self.health_interval_seconds, "package_watch": self.package_watch_interval_seconds,
+                "policy_fetch": self.heartbeat_interval_seconds}
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ def backend_for(host: Host, guard: GuardSettings, paths: StatePaths, tool: Optio
                 else apt_tool_for(host, guard, sleep))
     # The tool's ``manager`` says which it is (not isinstance: tests hand in fakes of either tool).
     if getattr(tool, "manager", "dpkg") == "rpm":
-        return RpmBackend(host, cast(DnfTool, tool), paths.rpms)
-    return AptBackend(host, cast(AptTool, tool), paths.debs)
+        return RpmBackend(host, cast(DnfTool, tool), paths.rpms, guard.kept_packages_max_bytes)
+    return AptBackend(host, cast(AptTool, tool), paths.debs, guard.kept_packages_max_bytes)
 
 
 def apt_tool_for(host: Host, guard: GuardSettings, sleep: Callable[[float], None] = time.sleep) -> AptTool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Literal, Optional, Tuple
 
 from pydantic import Field, ValidationInfo, model_validator
 
@@ -23,8 +23,16 @@ class GuardSettings(FrozenModel):
     # How long one package-manager command of a rollback or pin apply may run: apt-get/dpkg, or dnf/rpm.
     package_tool_timeout_seconds: float = Field(900.0, gt=0)
     rollback_enabled: bool = True
+    # The most the kept package files (known-good set and the set before the last change) may take; 0: no cap.
+    # docs/guard.md "Bounded disk" says what CUDA and ROCm sets cost.
+    kept_packages_max_bytes: int = Field(32 * 1024 ** 3, ge=0)
     # Put before every dnf command of the rollback and pin apply (``-c FILE``, ``--setopt=...``); rpm hosts only.
     dnf_options: Tuple[str, ...] = ()
+    # Which policy the compiled file comes from: the files in policy_path ("local"), or the signed policy bundle
+    # in force (``gpuguard policy install``, the daemon's fetch from the hub: "bundle"). docs/guard.md, "Signed policy".
+    policy_source: Literal["local", "bundle"] = "local"
+    # The trusted OpenPGP keyrings (*.gpg) a policy bundle's signature is checked against.
+    keys_dir: str = "/etc/gpuguard/keys"
 
     @model_validator(mode="before")
     @classmethod

@@ -7,6 +7,9 @@ Fleet figures are read from the database at each scrape (grouped queries over ``
     gpuguard_hub_hosts_by_health{status}            hosts by last reported health status ("none": not yet)
     gpuguard_hub_hosts_stale                        hosts silent for longer than stale_after_seconds
     gpuguard_hub_hosts_by_pairing{os,...}           hosts per driver/ROCm/CUDA/kernel pairing
+    gpuguard_hub_hosts_by_rollback_coverage{coverage}  hosts by their newest heartbeat's rollback coverage:
+                                                    complete, incomplete, inexact, unknown
+    gpuguard_hub_guarded_packages_not_restorable    guarded packages no kept file can restore, all hosts together
     gpuguard_hub_events_last_hour{kind,severity}    events (not heartbeats) that occurred in the last hour
     gpuguard_hub_alert_deliveries{webhook,state}    alert webhook deliveries: pending, delivered, dead
     gpuguard_hub_policy_newest_serial               the newest policy bundle not withdrawn (0: none)
@@ -85,6 +88,7 @@ class FleetCollector:
         now = self._clock()
         counts = queries.fleet_counts(self._store, now - dt.timedelta(seconds=self._stale_after_seconds))
         groups, without = queries.pairing_groups(self._store)
+        rollback = queries.rollback_counts(self._store)
         events = queries.event_counts(self._store, now - EVENT_WINDOW, COUNTED_KINDS)
         deliveries = self._alerts.counts()
 
@@ -120,8 +124,16 @@ class FleetCollector:
         for webhook, states in sorted(by_webhook.items()):
             for state in ("pending", "delivered", "dead"):
                 alerts.add_metric([webhook, state], states.get(state, 0))
-        return [hosts, health, stale, pairing, no_pairing, recent, alerts, *self._policy_families(),
-                *self._rollout_families()]
+        coverage = GaugeMetricFamily("gpuguard_hub_hosts_by_rollback_coverage", "Hosts by the rollback coverage of "
+                                     "their newest heartbeat: complete (every guarded package restorable exactly), "
+                                     "incomplete, inexact, unknown.", labels=["coverage"])
+        for state, count in rollback.hosts.items():
+            coverage.add_metric([state], count)
+        unrestorable = GaugeMetricFamily("gpuguard_hub_guarded_packages_not_restorable",
+                                         "Guarded packages no kept package file can restore, all hosts together.")
+        unrestorable.add_metric([], rollback.not_restorable)
+        return [hosts, health, stale, pairing, no_pairing, coverage, unrestorable, recent, alerts,
+                *self._policy_families(), *self._rollout_families()]
 
     def _rollout_families(self) -> List[Metric]:
         status = self._staged_rollout() if self._staged_rollout is not None else None

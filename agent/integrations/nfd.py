@@ -16,6 +16,9 @@ Labels (namespace ``gpuguard.io``; values are Kubernetes label values, see :func
     gpu-count        GPUs in the last snapshot
     reboot-needed    true when the next boot kernel differs, an installed driver is not the loaded one, or a
                      rollback moved kernel module packages since the last boot
+    rollback-restorable  true when a rollback can restore every guarded package exactly (rollback-coverage.json),
+                     false when some cannot be restored or only inexactly; absent before any known-good set
+    rollback-coverage    ``33-of-33``: guarded packages restorable, of the known-good set's
     snapshot-at      when the last snapshot was taken
     agent-version    the gpuguard version
 """
@@ -58,6 +61,9 @@ class NfdView:
     health_status: Optional[str] = None
     health_at_seconds: Optional[float] = None
     rollback_needs_reboot: bool = False  # a rollback moved kernel module packages and the host has not rebooted
+    rollback_guarded: Optional[int] = None  # the known-good set's guarded packages (None: none recorded)
+    rollback_restorable: Optional[int] = None  # of them, restorable from a kept file
+    rollback_exact: Optional[bool] = None  # every kept file exact
 
 
 def is_label_value(value: str) -> bool:
@@ -117,6 +123,9 @@ def labels(view: NfdView) -> List[Tuple[str, str]]:
         pending = bool(p is not None and p.kernel_next_boot and p.kernel_next_boot != p.kernel_running)
         add("reboot-needed", pending or view.rollback_needs_reboot
             or any(kind in REBOOT_FINDINGS for kind in view.finding_kinds))
+    if view.rollback_guarded is not None and view.rollback_restorable is not None:
+        add("rollback-restorable", view.rollback_restorable == view.rollback_guarded and bool(view.rollback_exact))
+        add("rollback-coverage", f"{view.rollback_restorable}-of-{view.rollback_guarded}")
     if view.snapshot_at_seconds is not None:
         add("snapshot-at", label_time(view.snapshot_at_seconds))
     add("agent-version", view.agent_version)

@@ -7,13 +7,14 @@ check (regression, cpu_fallback, failed, timeout), a failed rollback, a damaged 
 (health ``busy`` or ``deferred``), a delivery backlog or an unreachable hub: those are the hub's business.
 
 gpuguard resumes only a node it drained itself, known by the ``gpuguard:`` prefix of the drain reason; a node
-drained by anyone else is left alone whatever gpuguard thinks of it.
+drained by anyone else is left alone whatever gpuguard thinks of it, and so is a node the maintenance hand-off
+holds (``gpuguard: maintenance``: slurm_handoff.py resumes it after the post-change check).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from agent.errors import CommandError
 from agent.host import Host
@@ -22,6 +23,8 @@ from agent.status.assess import Assessment, snapshot_stale
 from agent.status.facts import StatusFacts
 
 REASON_PREFIX = "gpuguard:"
+# The maintenance hand-off's drains (slurm_handoff.py): never resumed by a health check's --drain.
+MAINTENANCE_REASON_PREFIX = f"{REASON_PREFIX} maintenance"
 EXIT_OK = 0
 EXIT_DRAIN = 1
 # The checks whose failure means jobs must not land here; outbox and hub trouble never drains a node.
@@ -62,19 +65,19 @@ def parse_node(text: str) -> Tuple[bool, Optional[str]]:
     `` [user@time]`` slurmctld appends). Pure."""
     drained, reason = False, None
     for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("Reason="):
-            reason = stripped[len("Reason="):]
+        stripped = " " + line.strip()
+        if " Reason=" in stripped:  # its own line, or the last field of ``show node -o``'s one line
+            stripped, reason = stripped.split(" Reason=", 1)
             if reason.endswith("]") and " [" in reason:
                 reason = reason[:reason.rindex(" [")]
-            continue
         for token in stripped.split():
             if token.startswith("State="):  # IDLE+DRAIN, MIXED+DRAIN, DOWN+DRAIN+NOT_RESPONDING, DRAINED...
                 drained = any(flag.startswith("DRAIN") for flag in token[len("State="):].upper().split("+"))
     return drained, reason
 
 
-def _scontrol(host: Host, argv: list) -> str:
+def run_scontrol(host: Host, argv: List[str]) -> str:
+    """scontrol's output; CommandError when it is missing or refuses."""
     result = host.run(["scontrol", *argv], timeout_seconds=SCONTROL_TIMEOUT_SECONDS)
     if result.returncode != 0:
         raise CommandError(result.argv, (result.stderr or result.stdout).strip()[:300] or "failed",
@@ -87,15 +90,18 @@ def apply_to_node(host: Host, node: str, verdict: SlurmVerdict) -> str:
 
     A node drained by someone else (a reason without our prefix) is never touched: not resumed, not re-reasoned.
     CommandError when scontrol is missing or refuses."""
-    drained, reason = parse_node(_scontrol(host, ["show", "node", node]))
+    drained, reason = parse_node(run_scontrol(host, ["show", "node", node]))
+    if drained and (reason or "").startswith(MAINTENANCE_REASON_PREFIX):
+        # A maintenance hand-off holds the node (integrations/maintenance.py): only its own end resumes it.
+        return f"held for maintenance ({reason}): left alone"
     ours = drained and (reason or "").startswith(REASON_PREFIX)
     if verdict.drain:
         if drained:
             return "already drained by gpuguard" if ours else f"drained by someone else ({reason}): left alone"
-        _scontrol(host, ["update", f"nodename={node}", "state=drain", f"reason={REASON_PREFIX} {verdict.reason}"])
+        run_scontrol(host, ["update", f"nodename={node}", "state=drain", f"reason={REASON_PREFIX} {verdict.reason}"])
         return "drained"
     if ours:
-        _scontrol(host, ["update", f"nodename={node}", "state=resume"])
+        run_scontrol(host, ["update", f"nodename={node}", "state=resume"])
         return "resumed"
     if drained:
         return f"drained by someone else ({reason}): left alone"

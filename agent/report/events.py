@@ -132,6 +132,17 @@ class HealthDeferred(PayloadModel):
     detail: Optional[str] = None
 
 
+class RollbackCoverage(FrozenModel):
+    """How many guarded packages a rollback can restore, and from what (the agent's rollback-coverage.json)."""
+
+    guarded: int
+    restorable: int
+    # source ("archive cache", "repository", "rebuilt") -> packages restorable from it
+    by_source: Dict[str, int] = {}
+    not_restorable: List[str] = Field([], max_length=200)  # package keys no file could be kept for
+    inexact: List[str] = Field([], max_length=200)  # package keys whose rebuilt file differs from what was installed
+
+
 class Heartbeat(PayloadModel):
     """The agent is alive; carries the current pairing and outbox depth."""
 
@@ -144,6 +155,7 @@ class Heartbeat(PayloadModel):
     compliant: Optional[bool] = None
     # agent.health.model.HealthStatus: pass, busy, deferred, skipped, regression, cpu_fallback, failed, timeout.
     last_health_status: Optional[str] = None
+    rollback_coverage: Optional[RollbackCoverage] = None
     # Signed policy bundles (issue 32); all optional, so a heartbeat of an older agent still validates.
     # The host's labels ([report] labels): the hub matches a bundle's scope "labels" selector against them.
     labels: Optional[Dict[str, str]] = None

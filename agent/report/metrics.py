@@ -18,6 +18,10 @@ Metrics (all gauges unless said otherwise):
     gpuguard_outbox_rejected_total                 counter: events the endpoint refused as invalid
     gpuguard_last_delivery_success_timestamp_seconds   last time a batch was acknowledged
     gpuguard_delivery_failures_total{category}     counter since start: failed delivery attempts, per cause
+    gpuguard_rollback_guarded_packages             guarded packages of the known-good set (absent: none recorded)
+    gpuguard_rollback_restorable_packages{source}  of them, restorable from a kept file, per source (archive cache,
+                                                   repository, rebuilt)
+    gpuguard_rollback_inexact_packages             of them, restorable only from an inexact rebuild
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ class MetricsView:
     outbox_rejected: int = 0
     last_delivery_success_seconds: Optional[float] = None
     delivery_failures: Dict[str, int] = field(default_factory=dict)
+    rollback_guarded: Optional[int] = None  # rollback-coverage.json (agent.rollback_coverage); None: no record
+    rollback_by_source: Dict[str, int] = field(default_factory=dict)
+    rollback_inexact: int = 0
 
 
 def escape_label_value(value: str) -> str:
@@ -120,6 +127,15 @@ def render_metrics(view: MetricsView) -> str:
                  [({}, view.last_delivery_success_seconds)])
     w.family("gpuguard_delivery_failures_total", "counter", "Failed delivery attempts since start, per cause.",
              [({"category": k}, v) for k, v in sorted(view.delivery_failures.items())])
+    if view.rollback_guarded is not None:
+        w.family("gpuguard_rollback_guarded_packages", "gauge", "Guarded packages of the known-good set.",
+                 [({}, view.rollback_guarded)])
+        w.family("gpuguard_rollback_restorable_packages", "gauge", "Guarded packages a rollback can restore from a "
+                 "kept package file, per source.",
+                 [({"source": s}, view.rollback_by_source.get(s, 0)) for s in ("archive cache", "repository",
+                                                                               "rebuilt")])
+        w.family("gpuguard_rollback_inexact_packages", "gauge", "Guarded packages restorable only from a rebuild "
+                 "that differs from what was installed.", [({}, view.rollback_inexact)])
     return "\n".join(w.lines) + "\n"
 
 

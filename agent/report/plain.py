@@ -72,6 +72,22 @@ class PlainPairing(JsonRecord):
 
 
 @dataclass(frozen=True)
+class PlainRollbackCoverage(JsonRecord):
+    """How many guarded packages a rollback can restore, and from what (agent.report.events.RollbackCoverage)."""
+
+    guarded: int
+    restorable: int
+    by_source: Dict[str, int] = field(default_factory=dict)
+    not_restorable: Tuple[str, ...] = ()
+    inexact: Tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("not_restorable", "inexact"):
+            if len(getattr(self, name)) > 200:
+                raise ValueError(f"{name}: at most 200 items, got {len(getattr(self, name))}")
+
+
+@dataclass(frozen=True)
 class PlainHeartbeat(PlainPayload):
     """The agent is alive; carries the current pairing and outbox depth (agent.report.events.Heartbeat)."""
 
@@ -83,6 +99,7 @@ class PlainHeartbeat(PlainPayload):
     pairing: Optional[PlainPairing] = None
     compliant: Optional[bool] = None
     last_health_status: Optional[str] = None
+    rollback_coverage: Optional[PlainRollbackCoverage] = None
     labels: Optional[Dict[str, str]] = None
     policy_source: Optional[Literal["local", "bundle"]] = None
     policy_serial: Optional[int] = None

@@ -1,7 +1,8 @@
 """Judge gathered facts: one Check per area, an overall verdict and its exit code. Pure: no I/O, no clock.
 
 Exit codes (``STATUS_EXIT_CODES``): 0 ok; 30 attention (something is stale, undelivered, unreachable or
-unknown-but-expected, a health rollback within the last snapshot interval); 31 failing (the daemon is not running,
+unknown-but-expected, a health rollback within the last snapshot interval, a guarded package a rollback cannot
+restore exactly); 31 failing (the daemon is not running,
 the host is not compliant, the last health check failed, a state file is damaged, the last rollback failed).
 gpuguard's errors keep theirs (a broken agent.toml: 3).
 """
@@ -154,6 +155,16 @@ def _guard(f: StatusFacts, now: dt.datetime) -> Check:
     return Check(name="guard", state="warn" if attention else "ok", summary=summary)
 
 
+def _rollback(f: StatusFacts) -> Check:
+    """Whether every guarded package of the known-good set can be restored, exactly (rollback-coverage.json)."""
+    r = f.rollback
+    if r.summary is None:
+        return Check(name="rollback", state="info", summary="no known-good set recorded yet")
+    if r.attention:
+        return Check(name="rollback", state="warn", summary=f"{r.summary}; " + "; ".join(r.attention))
+    return Check(name="rollback", state="ok", summary=r.summary)
+
+
 def _outbox(f: StatusFacts, now: dt.datetime) -> Check:
     o = f.outbox
     if o.problem is not None:
@@ -184,11 +195,26 @@ def _hub(f: StatusFacts) -> Check:
                  summary=f"{h.endpoint_url}: HTTP {h.status_code} in {h.latency_ms:.0f} ms")
 
 
+def _policy(f: StatusFacts) -> Check:
+    p = f.policy
+    if p.problem is not None:
+        return Check(name="policy", state="warn", summary=p.problem)
+    summary = p.description
+    if p.source == "local" and p.bundle_serial is not None:
+        summary += f" (bundle serial {p.bundle_serial} installed, not in force: [guard] policy_source is local)"
+    if p.refusal_pending:
+        serial = f"serial {p.refused_serial}" if p.refused_serial is not None else "a bundle"
+        return Check(name="policy", state="warn", summary=f"{summary}; {serial} refused: {p.refused_reason}")
+    if p.source == "bundle" and p.bundle_serial is None:
+        return Check(name="policy", state="warn", summary=summary)
+    return Check(name="policy", state="ok", summary=summary)
+
+
 def assess(facts: StatusFacts, now: Optional[dt.datetime] = None) -> Assessment:
     """The checks for ``facts`` as of ``now`` (default: when they were gathered)."""
     at = now or facts.gathered_at
     checks = [_daemon(facts), _snapshot(facts, at), _compliance(facts), _health(facts, at), _guard(facts, at),
-              _outbox(facts, at), _hub(facts)]
+              _rollback(facts), _policy(facts), _outbox(facts, at), _hub(facts)]
     states = {c.state for c in checks}
     verdict: Verdict = "failing" if "fail" in states else "attention" if "warn" in states else "ok"
     return Assessment(verdict=verdict, exit_code=STATUS_EXIT_CODES[verdict], checks=checks)

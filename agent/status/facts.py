@@ -14,7 +14,7 @@ import os
 import sqlite3
 import stat
 import time
-from typing import Callable, Dict, List, Literal, Optional, Tuple
+from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
 
 from agent.errors import GpuguardError
 from agent.files import read_json_file
@@ -79,6 +79,19 @@ class GuardFacts(FrozenModel):
     reboot_required: Optional[List[str]] = None
 
 
+class RollbackFacts(FrozenModel):
+    """How many guarded packages a rollback can restore (rollback-coverage.json), None before any record."""
+
+    guarded: Optional[int] = None
+    restorable: Optional[int] = None
+    by_source: Dict[str, int] = {}
+    not_restorable: List[str] = []
+    inexact: Dict[str, List[str]] = {}
+    summary: Optional[str] = None  # "33/33 guarded packages restorable: 1 from the archive cache, 32 rebuilt ..."
+    attention: List[str] = []  # the packages not restorable, or only inexactly, in words
+    recorded_at: Optional[dt.datetime] = None
+
+
 class MetricsFacts(FrozenModel):
     """What the daemon last published in its node_exporter textfile."""
 
@@ -103,6 +116,19 @@ class HubFacts(FrozenModel):
     error: Optional[str] = None
 
 
+class PolicyFacts(FrozenModel):
+    """Which policy is compiled ([guard] policy_source) and what the agent remembers of policy bundles."""
+
+    source: str = "local"
+    description: str = "local /etc/gpuguard/policy.d"
+    bundle_serial: Optional[int] = None
+    refused_serial: Optional[int] = None
+    refused_reason: Optional[str] = None
+    refused_at: Optional[dt.datetime] = None
+    refusal_pending: bool = False
+    problem: Optional[str] = None
+
+
 class StatusFacts(FrozenModel):
     gathered_at: dt.datetime
     config_path: str
@@ -115,9 +141,11 @@ class StatusFacts(FrozenModel):
     snapshot: SnapshotFacts
     health: HealthFacts
     guard: GuardFacts
+    rollback: RollbackFacts = RollbackFacts()
     metrics: MetricsFacts
     outbox: OutboxFacts
     hub: HubFacts
+    policy: PolicyFacts = PolicyFacts()
 
 
 def _when(value: object) -> Optional[dt.datetime]:
@@ -392,6 +420,20 @@ def read_outbox(path: str) -> OutboxFacts:
     return OutboxFacts(depth=int(depth), oldest_enqueued_at=_epoch(oldest), dropped_total=int(dropped))
 
 
+def read_rollback_coverage(host: Host, paths: StatePaths) -> RollbackFacts:
+    """The rollback coverage the last recording wrote, each kept file checked to be there still."""
+    from agent.rollback_coverage import read_coverage
+
+    coverage = read_coverage(str(host.path(paths.rollback_coverage)), str(host.root))
+    if coverage is None:
+        return RollbackFacts()
+    return RollbackFacts(guarded=coverage.guarded, restorable=coverage.restorable, by_source=coverage.by_source,
+                         not_restorable=list(coverage.not_restorable),
+                         inexact={k: list(v) for k, v in coverage.inexact.items()}, summary=coverage.summary(),
+                         attention=coverage.attention(),
+                         recorded_at=_when(coverage.recorded_at))
+
+
 def probe_hub(endpoint_url: str, ca_bundle: Optional[str], timeout_seconds: float = HUB_TIMEOUT_SECONDS) -> HubFacts:
     """GET the hub's /healthz once, bounded by ``timeout_seconds``; any HTTP answer means reachable."""
     import requests
@@ -406,6 +448,26 @@ def probe_hub(endpoint_url: str, ca_bundle: Optional[str], timeout_seconds: floa
                         latency_ms=(time.monotonic() - started) * 1000)
     return HubFacts(endpoint_url=endpoint_url, checked=True, status_code=answer.status_code,
                     latency_ms=(time.monotonic() - started) * 1000)
+
+
+def read_policy(host: Host, guard: Any, state_dir: str) -> PolicyFacts:
+    """The policy source the settings choose and the bundle state (agent/bundle/state.py)."""
+    from agent.bundle.source import describe_bundle
+    from agent.bundle.state import read_bundle_state
+    from agent.errors import GpuguardError
+
+    described = f"local {guard.policy_path}"
+    try:
+        state = read_bundle_state(str(host.path(StatePaths(state_dir).policy_bundle_state)))
+    except GpuguardError as exc:
+        return PolicyFacts(source=guard.policy_source, description=described, problem=str(exc))
+    if guard.policy_source == "bundle":
+        described = describe_bundle(state)
+    refused = state.refused
+    return PolicyFacts(source=guard.policy_source, description=described, bundle_serial=state.serial,
+                       refused_serial=refused.serial if refused else None,
+                       refused_reason=refused.reason if refused else None, refused_at=refused.at if refused else None,
+                       refusal_pending=state.refusal_pending)
 
 
 def gather(host: Host, config_path: str, offline: bool,
@@ -435,5 +497,6 @@ def gather(host: Host, config_path: str, offline: bool,
         guard=read_changes(str(host.path(paths.guard_events)), str(host.path(paths.health_rollback))).model_copy(
             update={"reboot_required": read_reboot_required(
                 str(host.path(paths.reboot_required_packages)), booted_at_seconds())}),
+        rollback=read_rollback_coverage(host, paths),
         metrics=read_metrics(report.metrics_path(state_dir)), outbox=read_outbox(paths.outbox),
-        hub=hub)
+        hub=hub, policy=read_policy(host, settings.guard, state_dir))

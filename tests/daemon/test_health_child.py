@@ -43,3 +43,30 @@ def test_functional_after_a_change_runs_in_the_child_and_reports_its_summary(tmp
     assert summary.rollback is None  # no compiled policy: after_change is "alert"
     assert rt.state.last_health_status == "cpu_fallback"
     assert {e.kind for e in rt.outbox.pending(20)} == {"cpu_fallback"}
+
+
+def test_a_failed_post_change_check_in_the_child_keeps_the_node_out(tmp_path: Path) -> None:
+    """With [integrations] scheduler = "kubernetes" and a hold begun, a cpu_fallback after a change keeps the
+    node's maintenance label and adds the failure (the scheduler never gets a broken node back)."""
+    from agent.daemon_jobs.handoff import begin_for_change
+
+    python = tmp_path / "ml-python"
+    python.write_text(f"#!{sys.executable}\nimport os, sys\n"
+                      f"os.execv(sys.executable, [sys.executable, {str(FAKE_PROBE)!r}, '--mode', 'cpu'])\n")
+    python.chmod(0o755)
+    features = tmp_path / "features.d"
+    features.mkdir()
+    config = tmp_path / "agent.toml"
+    config.write_text(f'[agent]\nstate_dir = "{tmp_path / "state"}"\n[health]\npython = "{python}"\n'
+                      f'timeout_seconds = 60\nrun_as = "{pwd.getpwuid(os.geteuid()).pw_name}"\n'
+                      'require_accelerator = false\nexpected_gpu_count = 1\n'
+                      f'[report]\nnfd_features_file = "{features / "gpuguard"}"\n'
+                      '[integrations]\nscheduler = "kubernetes"\n')
+    settings = load_settings(str(config))
+    assert begin_for_change(Host(root=Path("/")), settings, "policy bundle serial 7") is not None
+    rt = make_runtime(tmp_path, Host(root=Path("/")), settings)
+    summary = HealthInChild(rt, str(config)).run("stack_changed:dpkg", "functional", True)
+    assert summary is not None and summary.status == "cpu_fallback"
+    labels = (features / "gpuguard-maintenance").read_text()
+    assert "gpuguard.io/maintenance=policy_bundle_serial_7\n" in labels
+    assert "gpuguard.io/maintenance-failed=post-change_check_cpu_fallback" in labels

@@ -242,6 +242,32 @@ def test_heartbeat_carries_pairing_and_outbox_depth(tmp_path: Path) -> None:
     assert beat.pairing is not None and beat.pairing.os_id == "debian"
 
 
+def test_heartbeat_carries_labels_and_the_policy_bundle_state(tmp_path: Path) -> None:
+    """Labels, the policy source, the bundle serial in force and a refusal newer than it go in the heartbeat; a
+    refusal of an older serial (a withdrawal's re-offer) does not."""
+    import datetime as dt
+
+    from agent.bundle.state import BundleRefusal, BundleState, write_bundle_state
+
+    settings = Settings.model_validate({"agent": {"state_dir": str(tmp_path / "state"), "labels": {"rack": "a7"}},
+                                        "guard": {"policy_source": "bundle"}})
+    rt = make_runtime(tmp_path, Host(root=Path("/")), settings)
+    HeartbeatJob(rt).run()
+    beat = rt.outbox.pending(10)[-1].payload
+    assert (beat.labels, beat.policy_source, beat.policy_serial, beat.policy_refused_serial) == (
+        {"rack": "a7"}, "bundle", None, None)
+    at = dt.datetime(2026, 12, 4, tzinfo=dt.timezone.utc)
+    path = str(tmp_path / "state/policy-bundle/state.json")
+    write_bundle_state(path, BundleState(serial=4, source="hub", refused=BundleRefusal(5, "out of scope: x", at)))
+    HeartbeatJob(rt).run()
+    beat = rt.outbox.pending(10)[-1].payload
+    assert (beat.policy_serial, beat.policy_refused_serial, beat.policy_refused_reason) == (4, 5, "out of scope: x")
+    write_bundle_state(path, BundleState(serial=6, source="hub", refused=BundleRefusal(5, "out of scope: x", at)))
+    HeartbeatJob(rt).run()
+    beat = rt.outbox.pending(10)[-1].payload
+    assert (beat.policy_serial, beat.policy_refused_serial, beat.policy_refused_reason) == (6, None, None)
+
+
 def test_metrics_job_writes_the_textfile_under_the_state_dir(tmp_path: Path) -> None:
     """Pairing and outbox depth appear in <state_dir>/metrics/gpuguard.prom."""
     settings = Settings.model_validate({"agent": {"state_dir": str(tmp_path / "state")}})

@@ -19,13 +19,13 @@ from agent.host import Host
 
 
 class FakeScheduler:
-    """Records modify_job calls the way apscheduler would receive them."""
+    """Records run_in calls the way the daemon's scheduler would receive them."""
 
     def __init__(self) -> None:
         self.modified: List[tuple] = []
 
-    def modify_job(self, job_id: str, **changes: object) -> None:
-        self.modified.append((job_id, changes))
+    def run_in(self, job_id: str, delay_seconds: float) -> None:
+        self.modified.append((job_id, delay_seconds))
 
 
 def test_notifier_sends_datagrams_to_a_path_socket(tmp_path: Path) -> None:
@@ -80,8 +80,7 @@ def test_body_failure_is_contained_and_retry_delay_reschedules() -> None:
     delayed = JobRunner("deliver", lambda reason: 2.5, threading.Event())
     delayed.scheduler = scheduler
     delayed()
-    assert [job for job, _ in scheduler.modified] == ["deliver"]
-    assert "next_run_time" in scheduler.modified[0][1]
+    assert scheduler.modified == [("deliver", 2.5)]
 
 
 def test_runner_does_nothing_once_stopping() -> None:

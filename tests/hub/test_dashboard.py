@@ -12,8 +12,9 @@ from agent.hub.app import create_app
 from agent.hub.dashboard.session import COOKIE_NAME, SessionSigner
 from agent.hub.settings import HubSettings
 from agent.hub.store import make_store
+from agent.report.events import Heartbeat, RollbackCoverage
 from tests.hub.conftest import READER, bearer
-from tests.hub.factories import ROCM_62, event
+from tests.hub.factories import ROCM_62, batch_json, event
 from tests.hub.fleet_seed import EXPECTED, HOSTILE_HOSTNAME, HOSTILE_VERSION, NOW, REGRESSED_HEALTH, seed
 
 PAGES = ("/ui/", "/ui/pairings", "/ui/hosts/gpu-bad-01", "/ui/?q=gpu")
@@ -267,6 +268,22 @@ def test_the_overview_shows_dead_alert_deliveries(seeded: HubSettings, tokens: D
     with TestClient(create_app(seeded, make_store(seeded.database_url), clock=lambda: NOW)) as client:
         login(client, tokens[READER])
         assert 'id="alert-webhooks"' not in client.get("/ui/").text
+
+
+def test_the_host_page_shows_the_rollback_coverage_of_the_newest_heartbeat(ui: TestClient,
+                                                                         tokens: Dict[str, str]) -> None:
+    """A host whose newest heartbeat says 31 of 33 guarded packages restorable: an 'incomplete' badge, the count,
+    the sources and the two packages no file was kept for; a host that never reported one shows a dash."""
+    coverage = RollbackCoverage(guarded=33, restorable=31, by_source={"rebuilt": 30, "archive cache": 1},
+                                not_restorable=["cuda-cudart-13-0", "cuda-nvrtc-13-0"])
+    beat = event("host-a", at=NOW).model_copy(update={"payload": Heartbeat(
+        agent_version="0.1.0", uptime_seconds=1.0, rollback_coverage=coverage)})
+    assert ui.post("/v1/events", content=batch_json([beat]), headers=bearer(tokens["host-a"])).status_code == 200
+    login(ui, tokens[READER])
+    html = ui.get("/ui/hosts/host-a").text
+    assert '<span class="badge bad" id="rollback-coverage">incomplete</span> 31/33 guarded packages restorable' in html
+    assert "(1 archive cache, 30 rebuilt)" in html and "not restorable: cuda-cudart-13-0, cuda-nvrtc-13-0" in html
+    assert '<span class="badge unk" id="rollback-coverage">' in ui.get("/ui/hosts/gpu-regressed-01").text
 
 
 def test_dashboard_text_escapes_terminal_controls_as_well_as_html() -> None:

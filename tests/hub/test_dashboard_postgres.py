@@ -41,6 +41,8 @@ def test_pages_and_metrics_over_postgresql(settings: HubSettings, tokens: Dict[s
         metrics = client.get("/metrics", headers=auth).text
         assert 'gpuguard_hub_hosts{compliance="violating"} 1.0' in metrics
         assert 'gpuguard_hub_events_last_hour{kind="cpu_fallback",severity="critical"} 2.0' in metrics
+        # the join of each host's newest heartbeat runs on PostgreSQL too (the seeded fleet reports no coverage)
+        assert f'gpuguard_hub_hosts_by_rollback_coverage{{coverage="unknown"}} {EXPECTED["host_count"]}.0' in metrics
 
 
 def test_the_alert_queue_over_postgresql(postgres_url: str) -> None:

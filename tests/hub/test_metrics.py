@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from agent.hub.app import create_app
 from agent.hub.settings import HubSettings
 from agent.hub.store import make_store
+from agent.report.events import Heartbeat, RollbackCoverage
 from tests import needs
 from tests.hub.conftest import READER, bearer
 from tests.hub.factories import batch_json, event
@@ -61,6 +62,26 @@ def test_metrics_count_hosts_and_events(scraped: TestClient, tokens: Dict[str, s
                         'nvidia="",os="ubuntu",os_version="22.04",rocm="6.3.1"}') == 1
     assert sample(text, 'gpuguard_hub_events_last_hour{kind="cpu_fallback",severity="critical"}') == 2
     assert 'kind="policy_violation"' not in text  # 90 minutes ago: outside the window
+
+
+def test_rollback_coverage_of_each_hosts_newest_heartbeat(scraped: TestClient, tokens: Dict[str, str]) -> None:
+    """Hosts by the rollback coverage their newest heartbeat carried, and the guarded packages no host can restore;
+    hosts whose heartbeats carry none are unknown."""
+    coverages = {"host-a": RollbackCoverage(guarded=33, restorable=33, by_source={"rebuilt": 32, "archive cache": 1}),
+                 "host-b": RollbackCoverage(guarded=33, restorable=31, by_source={"rebuilt": 31},
+                                            not_restorable=["cuda-cudart-13-0", "cuda-nvrtc-13-0"]),
+                 "host-c": RollbackCoverage(guarded=12, restorable=12, by_source={"rebuilt": 12},
+                                            inexact=["libnvidia-compute-580"])}
+    for host_id, coverage in coverages.items():
+        beat = event(host_id, at=NOW).model_copy(update={"payload": Heartbeat(
+            agent_version="0.1.0", uptime_seconds=1.0, rollback_coverage=coverage)})
+        assert scraped.post("/v1/events", content=batch_json([beat]),
+                            headers=bearer(tokens[host_id])).status_code == 200
+    text = metrics_text(scraped, tokens[READER])
+    for state, hosts in (("complete", 1), ("incomplete", 1), ("inexact", 1)):
+        assert sample(text, f'gpuguard_hub_hosts_by_rollback_coverage{{coverage="{state}"}}') == hosts
+    assert sample(text, 'gpuguard_hub_hosts_by_rollback_coverage{coverage="unknown"}') >= 1  # the seeded fleet
+    assert sample(text, "gpuguard_hub_guarded_packages_not_restorable") == 2
 
 
 def test_ingest_latency_is_observed(scraped: TestClient, tokens: Dict[str, str]) -> None:

@@ -213,3 +213,15 @@ def test_a_relative_features_path_is_a_config_error() -> None:
         ReportSettings(nfd_features_file="features.d/gpuguard")
     with pytest.raises(ValidationError):
         ReportSettings(nfd_lifetime_seconds=60)
+
+
+@pytest.mark.parametrize("restorable, exact, label", [(33, True, "true"), (32, True, "false"), (33, False, "false")])
+def test_rollback_labels_say_whether_every_guarded_package_is_restorable_exactly(restorable: int, exact: bool,
+                                                                                  label: str) -> None:
+    """rollback-restorable is true only when all guarded packages have an exact kept file; rollback-coverage counts."""
+    view = NfdView(agent_version="1", rollback_guarded=33, rollback_restorable=restorable, rollback_exact=exact)
+    found = parse_features(render_features(view, EXPIRES))[1]
+    assert found["gpuguard.io/rollback-restorable"] == label
+    assert found["gpuguard.io/rollback-coverage"] == f"{restorable}-of-33"
+    assert "gpuguard.io/rollback-restorable" not in parse_features(render_features(NfdView(agent_version="1"),
+                                                                                    EXPIRES))[1]

@@ -20,6 +20,7 @@ from agent.report.events import (
     HealthDeferred,
     Heartbeat,
     Rollback,
+    RollbackCoverage,
     StateFileDamaged,
 )
 from agent.report.plain import (
@@ -32,6 +33,7 @@ from agent.report.plain import (
     PlainHeartbeat,
     PlainPairing,
     PlainRollback,
+    PlainRollbackCoverage,
     PlainStateFileDamaged,
 )
 from agent.report.schema import event_batch_schema
@@ -40,12 +42,16 @@ from agent.snapshot.pairing import Pairing
 NOW = dt.datetime(2026, 12, 4, 12, 30, 15, 250000, tzinfo=dt.timezone.utc)
 PAIRING = PlainPairing(os_id="ubuntu", os_version_id="24.04", kernel_running="6.8.0-45-generic",
                        nvidia_loaded="580.159.04", cuda_driver_api="13.0", gpu_count=8, gpu_models="NVIDIA H200")
+COVERAGE = PlainRollbackCoverage(guarded=33, restorable=32, by_source={"archive cache": 1, "rebuilt": 31},
+                                 not_restorable=("cuda-cudart-13-0",), inexact=("libnvidia-compute-580",))
 # Each record, its model, and an instance with every field set.
 TWINS = [
     (PlainPairing, Pairing, PAIRING),
+    (PlainRollbackCoverage, RollbackCoverage, COVERAGE),
     (PlainHeartbeat, Heartbeat, PlainHeartbeat(agent_version="0.1.0", uptime_seconds=12.5, content_hash="sha256:ab",
                                                outbox_depth=3, pairing=PAIRING, compliant=False,
-                                               last_health_status="busy", labels={"rack": "a7"},
+                                               last_health_status="busy", rollback_coverage=COVERAGE,
+                                               labels={"rack": "a7"},
                                                policy_source="bundle", policy_serial=42, policy_refused_serial=43,
                                                policy_refused_reason="signature: no trusted key")),
     (PlainStateFileDamaged, StateFileDamaged, PlainStateFileDamaged(path="/var/lib/gpuguard/outbox.sqlite3",
@@ -62,8 +68,10 @@ TWINS = [
 
 
 def _defaults(record: Type[JsonRecord]) -> Dict[str, Any]:
-    return {f.name: f.default for f in dataclasses.fields(record)
-            if f.default is not dataclasses.MISSING}
+    out = {f.name: f.default for f in dataclasses.fields(record) if f.default is not dataclasses.MISSING}
+    out.update({f.name: f.default_factory() for f in dataclasses.fields(record)
+                if f.default_factory is not dataclasses.MISSING})
+    return out
 
 
 def _model_defaults(model: Type[FrozenModel]) -> Dict[str, Any]:
@@ -89,7 +97,7 @@ def test_what_a_record_writes_its_model_reads_back_unchanged(record: Type[JsonRe
 
 def test_a_plain_event_is_a_valid_event_of_the_published_schema() -> None:
     """The envelope the resident stores validates as an Event (in a batch, as delivery sends it)."""
-    for _, _, payload in TWINS[1:]:
+    for _, _, payload in TWINS[2:]:
         stored = PlainEvent.of(payload, "h-1", "node-1", NOW, "warning").with_sequence(7)
         event = Event.model_validate_json(stored.to_json_text())
         assert (event.event_id, event.sequence, event.kind, event.occurred_at) == (stored.event_id, 7, payload.kind,

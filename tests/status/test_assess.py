@@ -15,6 +15,8 @@ from agent.status.facts import (
     HubFacts,
     MetricsFacts,
     OutboxFacts,
+    PolicyFacts,
+    RollbackFacts,
     SnapshotFacts,
     StatusFacts,
 )
@@ -32,6 +34,9 @@ def healthy(**changes: Any) -> StatusFacts:
         snapshot=SnapshotFacts(taken_at=NOW - 2 * MIN, content_hash="c" * 64),
         health=HealthFacts(status="pass", finished_at=NOW - 60 * MIN, summary="8 GPUs, gemm within baseline"),
         guard=GuardFacts(last_kind="transaction_blocked", last_at=NOW - 90 * MIN, last_message="rocm-pin"),
+        rollback=RollbackFacts(guarded=33, restorable=33, by_source={"archive cache": 1, "rebuilt": 32},
+                               summary="33/33 guarded packages restorable: 1 from the archive cache, 32 rebuilt "
+                                       "from the installed files"),
         metrics=MetricsFacts(compliant=True, written_at=NOW - MIN),
         outbox=OutboxFacts(depth=2, oldest_enqueued_at=NOW - 10 * dt.timedelta(seconds=1)),
         hub=HubFacts(endpoint_url="https://hub.example:8470", checked=True, status_code=200, latency_ms=12.0))
@@ -44,8 +49,8 @@ def test_a_healthy_host_is_ok_and_exits_0() -> None:
     result = assess(healthy())
     assert (result.verdict, result.exit_code) == ("ok", 0)
     assert {c.name: c.state for c in result.checks} == {
-        "daemon": "ok", "snapshot": "ok", "compliance": "ok", "health": "ok", "guard": "ok", "outbox": "ok",
-        "hub": "ok"}
+        "daemon": "ok", "snapshot": "ok", "compliance": "ok", "health": "ok", "guard": "ok", "rollback": "ok",
+        "policy": "ok", "outbox": "ok", "hub": "ok"}
 
 
 @pytest.mark.parametrize("changes, check, state", [
@@ -74,6 +79,12 @@ def test_a_healthy_host_is_ok_and_exits_0() -> None:
     ({"hub": HubFacts(endpoint_url="https://hub", checked=True, status_code=404)}, "hub", "ok"),
     ({"hub": HubFacts(endpoint_url="https://hub")}, "hub", "info"),
     ({"hub": HubFacts()}, "hub", "info"),
+    ({"policy": PolicyFacts(source="bundle", description="bundle serial 4 from hub, key AB", bundle_serial=4)},
+     "policy", "ok"),
+    ({"policy": PolicyFacts(source="bundle", description="bundle (none installed)")}, "policy", "warn"),
+    ({"policy": PolicyFacts(source="bundle", bundle_serial=4, refused_serial=5, refused_reason="signature: bad",
+                            refusal_pending=True)}, "policy", "warn"),
+    ({"policy": PolicyFacts(problem="policy-bundle/state.json: not valid JSON")}, "policy", "warn"),
 ])
 def test_each_rule(changes: Dict[str, Any], check: str, state: str) -> None:
     """One changed fact group moves its check to the expected state and the verdict and exit code with it."""
@@ -90,6 +101,27 @@ def test_summaries_are_one_line_with_ages() -> None:
     assert text["outbox"] == "2 event(s) waiting, oldest enqueued 10 s ago, last delivery 5 min ago"
     assert text["snapshot"].startswith("taken 2 min ago") and text["health"].startswith("pass 60 min ago")
     assert all("\n" not in c.summary for c in result.checks)
+
+
+def test_rollback_row_says_the_coverage_and_names_what_cannot_be_restored_exactly() -> None:
+    """The rollback row: ok with the coverage line when complete; attention naming the packages no file was kept
+    for and the ones only restorable inexactly; info before any known-good set."""
+    complete = {c.name: c for c in assess(healthy()).checks}["rollback"]
+    assert complete.state == "ok" and complete.summary == ("33/33 guarded packages restorable: 1 from the archive "
+                                                           "cache, 32 rebuilt from the installed files")
+    partial = RollbackFacts(guarded=33, restorable=31, by_source={"rebuilt": 31},
+                            not_restorable=["cuda-cudart-13-0"], inexact={"libnvidia-compute-580": ["changed"]},
+                            summary="31/33 guarded packages restorable: 31 rebuilt from the installed files",
+                            attention=["not restorable (no package file kept): cuda-cudart-13-0",
+                                       "libnvidia-compute-580 restorable only inexactly (changed since installation:"
+                                       " /usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05)"])
+    result = assess(healthy(rollback=partial))
+    row = {c.name: c for c in result.checks}["rollback"]
+    assert row.state == "warn" and (result.verdict, result.exit_code) == ("attention", 30)
+    assert "31/33 guarded packages restorable" in row.summary and "cuda-cudart-13-0" in row.summary
+    assert "libnvidia-compute-580 restorable only inexactly" in row.summary
+    none = {c.name: c for c in assess(healthy(rollback=RollbackFacts())).checks}["rollback"]
+    assert none.state == "info" and none.summary == "no known-good set recorded yet"
 
 
 def test_the_status_table_shows_escapes_in_a_health_summary_as_text() -> None:

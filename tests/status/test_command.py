@@ -101,7 +101,7 @@ def test_json_carries_checks_and_facts(state: StateDir) -> None:
     assert document["facts"]["outbox"]["depth"] == 1
     assert document["facts"]["metrics"]["compliant"] is True
     assert [c["name"] for c in document["checks"]] == ["daemon", "snapshot", "compliance", "health", "guard",
-                                                       "outbox", "hub"]
+                                                       "rollback", "policy", "outbox", "hub"]
 
 
 def test_no_daemon_and_nothing_yet_is_failing_31(state: StateDir) -> None:
@@ -218,3 +218,32 @@ def test_pure_parsers() -> None:
     assert last_json_line(b'"kind": "x"}\n', first_line_cut=True) is None
     assert last_json_line(b'{"only": "one"}') == {"only": "one"}
     assert last_json_line(b"") is None
+
+
+def test_rollback_coverage_row_in_the_table_and_the_json(state: StateDir) -> None:
+    """The coverage the last recording wrote is one row and one fact: a kept file since removed counts as not
+    restorable, and the row names it and asks for attention (exit 30)."""
+    state.healthy()
+    coverage = state.root / str(state.state).lstrip("/") / "rollback-coverage.json"
+    debs = state.root / "var/lib/gpuguard/debs"
+    debs.mkdir(parents=True)
+    packages: Dict[str, Any] = {}
+    for i in range(33):
+        name = f"cuda-lib-{i:02d}"
+        (debs / f"{name}_13.0.96-1_amd64.deb").write_bytes(b"!<arch>\n")
+        packages[name] = {"version": "13.0.96-1", "arch": "amd64", "source": "rebuilt" if i else "archive cache",
+                          "path": f"/var/lib/gpuguard/debs/{name}_13.0.96-1_amd64.deb"}
+    coverage.parent.mkdir(parents=True, exist_ok=True)
+    coverage.write_text(json.dumps({"format": 1, "recorded_at": NOW.isoformat(), "packages": packages}))
+    code, text = run_status(state, "--offline")
+    assert code == 0, text
+    assert ("ok    rollback    33/33 guarded packages restorable: 1 from the archive cache, 32 rebuilt from the "
+            "installed files") in text
+    (debs / "cuda-lib-07_13.0.96-1_amd64.deb").unlink()
+    code, text = run_status(state, "--json", "--offline")
+    document = json.loads(text)
+    assert code == 30 and document["facts"]["rollback"]["restorable"] == 32
+    assert document["facts"]["rollback"]["not_restorable"] == ["cuda-lib-07"]
+    row = [c for c in document["checks"] if c["name"] == "rollback"][0]
+    assert row["state"] == "warn" and "not restorable (no package file kept): cuda-lib-07 (its kept file is gone)" \
+        in row["summary"]

@@ -8,6 +8,7 @@ from agent.errors import InputFileError
 from agent.guard.apt.deb_cache import DebCache, parse_deb_file_name
 from agent.guard.apt.tool import AptTool
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep, Targets
+from agent.guard.rollback.kept import KeptFile, keep_set
 from agent.host import Host
 from agent.hostfacts.dpkg_status import iter_dpkg_status, native_architecture
 from agent.hostfacts.package_keys import package_key
@@ -43,8 +44,9 @@ class AptBackend:
     tool_name = "apt-get"
     file_field = "deb"
 
-    def __init__(self, host: Host, tool: AptTool, cache_dir: str) -> None:
+    def __init__(self, host: Host, tool: AptTool, cache_dir: str, max_bytes: int = 0) -> None:
         self.host = host
+        self.max_bytes = max_bytes  # [guard] kept_packages_max_bytes (0: no cap)
         self.tool = tool
         self.cache = DebCache(host, cache_dir, tool)
         self._local_only = False  # set by simulate(): apply() runs in the mode that planned
@@ -56,11 +58,9 @@ class AptBackend:
     def wait_for_lock(self) -> float:
         return self.tool.wait_for_dpkg_lock()
 
-    def cache_known_good(self, installed: Dict[str, InstalledPackage]) -> Dict[str, Optional[str]]:
-        # One kept file per key: a name installed for two architectures keeps both (name_version_arch.deb).
-        debs = {k: self.cache.ensure(k.split(":", 1)[0], v.version, v.arch) for k, v in sorted(installed.items())}
-        self.cache.prune([p for p in debs.values() if p])
-        return debs
+    def cache_known_good(self, installed: Dict[str, InstalledPackage],
+                         also_keep: Optional[Dict[str, InstalledPackage]] = None) -> Dict[str, KeptFile]:
+        return keep_set(self.host, self.cache, ".deb", installed, also_keep or {}, self.max_bytes)
 
     def has_cached(self, key: str, package: InstalledPackage) -> bool:
         return self.cache.has(key.split(":", 1)[0], package.version, package.arch)

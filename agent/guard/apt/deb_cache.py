@@ -2,16 +2,20 @@
 
 Files are named like apt names them (``name_version_arch.deb`` with the epoch colon as ``%3a``). They are copied
 from apt's archive cache when apt downloaded them there, otherwise fetched with ``apt-get download`` (which also
-copies from ``file:`` repositories) while the version is still in an index.
+copies from ``file:`` repositories) while the version is still in an index, otherwise rebuilt from what dpkg has
+installed (agent.guard.apt.deb_rebuild). Where each came from is kept in the directory's manifest
+(agent.guard.rollback.kept).
 """
 
 from __future__ import annotations
 
 import shutil
-from typing import List, Optional, Tuple
+from typing import Tuple
 
 from agent.errors import CommandError
+from agent.guard.apt.deb_rebuild import DebRebuilder
 from agent.guard.apt.tool import AptTool
+from agent.guard.rollback.kept import KeptFile, Manifest, keep_rebuilt
 from agent.host import Host
 from agent.log import get_logger
 
@@ -45,30 +49,32 @@ class DebCache:
     def has(self, name: str, version: str, arch: str) -> bool:
         return self.host.path(self.path(name, version, arch)).is_file()
 
-    def ensure(self, name: str, version: str, arch: str) -> Optional[str]:
-        """Make sure the .deb is cached; its host path, or None when it cannot be had (logged)."""
+    def ensure(self, name: str, version: str, arch: str, manifest: Manifest) -> KeptFile:
+        """Make sure the .deb is kept: from the archive cache, a repository, or rebuilt from the installed files.
+
+        A miss (none of the three) is logged the first time for a package version, not on every check.
+        """
         target = self.path(name, version, arch)
         if self.host.path(target).is_file():
-            return target
+            return manifest.known(target)
         self.host.path(self.directory).mkdir(parents=True, exist_ok=True)
         for candidate_arch in dict.fromkeys([arch, "all"]):
             archived = self.host.path(f"{APT_ARCHIVES}/{deb_file_name(name, version, candidate_arch)}")
             if archived.is_file():
                 shutil.copy2(archived, self.host.path(target))
-                return target
+                return self._kept(manifest, KeptFile(target, "archive cache"))
         try:
             self.tool.download(name, version, self.directory).check()
+            if self.host.path(target).is_file():
+                return self._kept(manifest, KeptFile(target, "repository"))
+            download_error = "apt-get download wrote no file"
         except CommandError as exc:
-            log.warning("deb_cache_miss", package=name, version=version, error=str(exc))
-            return None
-        return target if self.host.path(target).is_file() else None
+            download_error = str(exc)
+        return keep_rebuilt(self.host, manifest, (name, version, arch), target,
+                            lambda: DebRebuilder(self.host).rebuild(name, version, arch, target),
+                            f"no repository offers it ({download_error})", "dpkg")
 
-    def prune(self, keep: List[str]) -> List[str]:
-        """Delete cached files not in ``keep`` (host paths); returns what was deleted."""
-        keep_names = {k.rsplit("/", 1)[-1] for k in keep}
-        removed = []
-        for name in self.host.list_dir(self.directory):
-            if name.endswith(".deb") and name not in keep_names:
-                self.host.path(f"{self.directory}/{name}").unlink()
-                removed.append(name)
-        return removed
+    @staticmethod
+    def _kept(manifest: Manifest, kept: KeptFile) -> KeptFile:
+        manifest.remember(kept)
+        return kept

@@ -51,7 +51,10 @@ class AptTool:
         return self.host.run(self.argv(*args), timeout_seconds=timeout_seconds)
 
     def _apt_options(self) -> List[str]:
-        return ["-o", f"DPkg::Lock::Timeout={int(self.lock_timeout_seconds)}", "-o", "Dpkg::Use-Pty=0"]
+        # A rollback never prompts and never overwrites an operator's edit of a conffile: the old package's
+        # version of the file is taken only where the operator left the file as it was (dpkg's confdef).
+        return ["-o", f"DPkg::Lock::Timeout={int(self.lock_timeout_seconds)}", "-o", "Dpkg::Use-Pty=0",
+                "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold"]
 
     @staticmethod
     def _source_options(local_only: bool) -> List[str]:
@@ -75,7 +78,8 @@ class AptTool:
 
     def dpkg_install(self, debs: Sequence[str]) -> CommandResult:
         """``dpkg -i DEBS`` in one run (dpkg unpacks them all, then configures): the exact set, no resolver."""
-        return self._run(["dpkg", "--force-downgrade", "-i", *debs], self.timeout_seconds)
+        return self._run(["dpkg", "--force-downgrade", "--force-confdef", "--force-confold", "-i", *debs],
+                         self.timeout_seconds)
 
     def dpkg_remove(self, names: Sequence[str], force_depends: bool = False) -> CommandResult:
         """``dpkg -r NAMES`` (with ``--force-depends`` when what depends on them is about to be reinstalled)."""

@@ -7,6 +7,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from agent.guard.dnf.rpm_cache import RpmCache
 from agent.guard.dnf.tool import DnfTool, nevra
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep, Targets
+from agent.guard.rollback.kept import KeptFile, keep_set
 from agent.host import Host
 from agent.hostfacts.package_keys import package_name
 
@@ -18,8 +19,9 @@ class RpmBackend:
     tool_name = "dnf"
     file_field = "rpm"
 
-    def __init__(self, host: Host, tool: DnfTool, cache_dir: str) -> None:
+    def __init__(self, host: Host, tool: DnfTool, cache_dir: str, max_bytes: int = 0) -> None:
         self.host = host
+        self.max_bytes = max_bytes  # [guard] kept_packages_max_bytes (0: no cap)
         self.tool = tool
         self.cache = RpmCache(host, cache_dir, tool)
 
@@ -34,10 +36,9 @@ class RpmBackend:
     def wait_for_lock(self) -> float:
         return self.tool.wait_for_rpm_lock()
 
-    def cache_known_good(self, installed: Dict[str, InstalledPackage]) -> Dict[str, Optional[str]]:
-        files = {k: self.cache.ensure(package_name(k), v.version, v.arch) for k, v in sorted(installed.items())}
-        self.cache.prune([p for p in files.values() if p])
-        return files
+    def cache_known_good(self, installed: Dict[str, InstalledPackage],
+                         also_keep: Optional[Dict[str, InstalledPackage]] = None) -> Dict[str, KeptFile]:
+        return keep_set(self.host, self.cache, ".rpm", installed, also_keep or {}, self.max_bytes)
 
     def has_cached(self, key: str, package: InstalledPackage) -> bool:
         return self.cache.has(package_name(key), package.version, package.arch)

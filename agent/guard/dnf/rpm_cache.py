@@ -3,17 +3,20 @@
 Files are named as rpmbuild and repositories name them (``name-version-release.arch.rpm``, no epoch). They come,
 in this order, from dnf's package cache under the host root (``keepcache``), from ``dnf download --destdir``
 while the build is still in a repository, or by copying the file a ``file://`` repository serves
-(``dnf repoquery --location``), which needs no download plugin.
+(``dnf repoquery --location``), which needs no download plugin, and otherwise are rebuilt from what rpm has
+installed (agent.guard.dnf.rpm_rebuild).
 """
 
 from __future__ import annotations
 
 import shutil
-from typing import List, Optional
+from typing import Optional
 from urllib.parse import unquote, urlparse
 
 from agent.errors import CommandError
-from agent.guard.dnf.tool import DnfTool, rpm_file_name
+from agent.guard.dnf.rpm_rebuild import RpmRebuilder
+from agent.guard.dnf.tool import DnfTool, nevra, rpm_file_name
+from agent.guard.rollback.kept import KeptFile, Manifest, keep_rebuilt
 from agent.host import Host
 from agent.log import get_logger
 
@@ -43,40 +46,40 @@ class RpmCache:
                     return candidate
         return None
 
-    def ensure(self, name: str, version: str, arch: str) -> Optional[str]:
-        """Make sure the .rpm is cached; its host path, or None when it cannot be had (logged)."""
+    def ensure(self, name: str, version: str, arch: str, manifest: Manifest) -> KeptFile:
+        """Make sure the .rpm is kept; a miss is logged the first time for a package version, not on every check."""
         target = self.path(name, version, arch)
         real = self.host.path(target)
         if real.is_file():
-            return target
+            return manifest.known(target)
+        found = self._fetch(name, version, arch, target)
+        if found is not None:
+            manifest.remember(found)
+            return found
+        return keep_rebuilt(self.host, manifest, (name, version, arch), target,
+                            lambda: RpmRebuilder(self.host, self.tool.rpm_argv()).rebuild(nevra(name, version, arch),
+                                                                                        target),
+                            "no dnf cache or configured repository offers it", "rpm")
+
+    def _fetch(self, name: str, version: str, arch: str, target: str) -> Optional[KeptFile]:
+        real = self.host.path(target)
         real.parent.mkdir(parents=True, exist_ok=True)
         cached = self._from_dnf_cache(real.name)
         if cached is not None:
             shutil.copy2(self.host.path(cached), real)
-            return target
+            return KeptFile(target, "archive cache")
         try:
             self.tool.download(name, version, arch, self.directory).check()
         except CommandError as exc:
-            log.info("rpm_download_failed", package=name, version=version, error=str(exc))
+            log.debug("rpm_download_failed", package=name, version=version, error=str(exc))
         if real.is_file():
-            return target
+            return KeptFile(target, "repository")
         url = self.tool.location(name, version, arch)
         if url and urlparse(url).scheme == "file":
             source = unquote(urlparse(url).path)
             try:
                 shutil.copy2(source, real)
-                return target
+                return KeptFile(target, "repository")
             except OSError as exc:
                 log.warning("rpm_cache_copy_failed", package=name, source=source, error=exc.strerror or str(exc))
-        log.warning("rpm_cache_miss", package=name, version=version, arch=arch)
         return None
-
-    def prune(self, keep: List[str]) -> List[str]:
-        """Delete cached files not in ``keep`` (host paths); returns what was deleted."""
-        keep_names = {k.rsplit("/", 1)[-1] for k in keep}
-        removed = []
-        for name in self.host.list_dir(self.directory):
-            if name.endswith(".rpm") and name not in keep_names:
-                self.host.path(f"{self.directory}/{name}").unlink()
-                removed.append(name)
-        return removed

@@ -7,7 +7,9 @@ goes through a :class:`PackageBackend`:
 - ``read_installed``: the guarded packages, keyed ``name`` (``name:arch`` for a foreign arch; ``name@version``
   for rpm install-only packages such as kernels, which sit side by side)
 - ``wait_for_lock``: wait until no package manager holds the database
-- ``cache_known_good``: keep the package files of the known-good set (ensure, then prune the rest)
+- ``cache_known_good``: keep the package files of the known-good set (ensure, then prune the rest but the files
+  of ``also_keep``, the set before the last change; within [guard] kept_packages_max_bytes): from the package
+  manager's cache, a repository, or rebuilt from the installed files (agent.guard.rollback.kept)
 - ``plan_targets``: what restores the known-good set (cached files first, versions otherwise, removals)
 - ``simulate``, ``apply``, ``finish_pending``: plan without change, run it, never leave a half-done state
   (``mechanism`` says how the last plan restores the set, for the rollback event)
@@ -21,7 +23,10 @@ agent.guard.manager.backend_for picks one from the host's package database, in t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Protocol, Sequence, Tuple
+
+if TYPE_CHECKING:
+    from agent.guard.rollback.kept import KeptFile
 
 Targets = Tuple[List[str], Dict[str, str], Dict[str, str]]
 
@@ -58,7 +63,8 @@ class PackageBackend(Protocol):
 
     def wait_for_lock(self) -> float: ...
 
-    def cache_known_good(self, installed: Dict[str, InstalledPackage]) -> Dict[str, Optional[str]]: ...
+    def cache_known_good(self, installed: Dict[str, InstalledPackage],
+                         also_keep: Optional[Dict[str, InstalledPackage]] = None) -> "Dict[str, KeptFile]": ...
 
     def has_cached(self, key: str, package: InstalledPackage) -> bool: ...
 

@@ -21,6 +21,7 @@ from agent.files import read_json_file, write_atomically
 from agent.guard.hotpath.overrides import active_windows, audit, load_windows
 from agent.guard.hotpath.state import append_json_line
 from agent.guard.rollback.backend import InstalledPackage, PackageBackend, PlannedStep
+from agent.guard.rollback.kept import KeptFile
 from agent.guard.settings import GuardSettings
 from agent.host import Host
 from agent.hostfacts.context import read_host_context
@@ -28,6 +29,7 @@ from agent.hostfacts.package_keys import package_name
 from agent.log import get_logger
 from agent.policy.compiled import KERNEL_MODULE_PACKAGES, CompiledPolicy
 from agent.policy.evaluate import HostState, Violation, evaluate, facts_used
+from agent.rollback_coverage import summarize, write_coverage
 from agent.statepaths import StatePaths
 
 log = get_logger("guard.rollback")
@@ -81,18 +83,29 @@ def _load_set(where: str) -> Optional[Dict[str, InstalledPackage]]:
 
 
 def record_known_good(host: Host, paths: StatePaths, installed: Dict[str, InstalledPackage], now: dt.datetime,
-                      backend: Optional[PackageBackend]) -> Dict[str, Optional[str]]:
-    """Store ``installed`` as the known-good set and cache its package files; the cached path per package key."""
-    files: Dict[str, Optional[str]] = {}
+                      backend: Optional[PackageBackend]) -> Dict[str, KeptFile]:
+    """Store ``installed`` as the known-good set, keep its package files and write the rollback coverage; the kept
+    file per package key."""
+    files: Dict[str, KeptFile] = {}
     field_name = "deb"
     if backend is not None:
-        files = backend.cache_known_good(installed)
+        try:
+            before_change = load_before_change(host, paths) or {}
+        except InputFileError:
+            before_change = {}  # the health-gated rollback reports it; keeping files must not stop on it
+        files = backend.cache_known_good(installed, before_change)
         field_name = backend.file_field
-    data = {"format": KNOWN_GOOD_FORMAT, "recorded_at": now.isoformat(),
-            "packages": {k: {"version": v.version, "arch": v.arch, field_name: files.get(k)}
-                         for k, v in sorted(installed.items())}}
+    packages = {}
+    for k, v in sorted(installed.items()):
+        kept = files.get(k, KeptFile(None))
+        packages[k] = {"version": v.version, "arch": v.arch, field_name: kept.path, **kept.entry()}
+    data = {"format": KNOWN_GOOD_FORMAT, "recorded_at": now.isoformat(), "packages": packages}
     write_atomically(str(host.path(paths.known_good)), json.dumps(data, indent=2, sort_keys=True) + "\n")
-    log.info("known_good_recorded", packages=len(installed), files_cached=sum(1 for p in files.values() if p))
+    coverage = write_coverage(str(host.path(paths.rollback_coverage)),
+                              {k: {"version": v.version, "arch": v.arch, "path": files.get(k, KeptFile(None)).path,
+                                   **files.get(k, KeptFile(None)).entry()} for k, v in installed.items()}, now)
+    log.info("known_good_recorded", packages=len(installed), coverage=coverage.summary(),
+             not_restorable=list(coverage.not_restorable), inexact=sorted(coverage.inexact))
     return files
 
 
@@ -109,14 +122,27 @@ def load_before_change(host: Host, paths: StatePaths) -> Optional[Dict[str, Inst
     return _load_set(str(host.path(paths.known_good_before_change)))
 
 
-def _uncached_note(files: Dict[str, Optional[str]], backend: Optional[PackageBackend]) -> str:
-    """What the operator must know when some known-good package files could not be kept."""
-    missing = sorted(k for k, path in files.items() if not path)
-    if backend is None or not missing:
+def _uncached_note(files: Dict[str, KeptFile], backend: Optional[PackageBackend]) -> str:
+    """The coverage of the recorded set, and what the operator must know when some package files could not be
+    kept, or not exactly."""
+    if backend is None:
         return ""
-    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-    return (f"; no package file could be kept for {len(missing)} of them ({shown}): no configured repository "
-            f"offers those versions now, so a rollback to them needs one that does")
+    note = "; " + summarize({k: {"path": kept.path, "source": kept.source} for k, kept in files.items()}).summary()
+    capped = sorted(k for k, kept in files.items() if not kept.restorable and "kept_packages_max_bytes" in kept.reason)
+    missing = sorted(k for k, kept in files.items() if not kept.restorable and k not in capped)
+    inexact = sorted(k for k, kept in files.items() if kept.inexact)
+    if capped:
+        shown = ", ".join(capped[:5]) + (f" and {len(capped) - 5} more" if len(capped) > 5 else "")
+        note += (f"; {len(capped)} not kept: {files[capped[0]].reason} ({shown})")
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        note += (f"; no package file could be kept for {len(missing)} of them ({shown}): no configured repository "
+                 f"offers those versions now and they could not be rebuilt from the installed files")
+    if inexact:
+        shown = ", ".join(inexact[:5]) + (f" and {len(inexact) - 5} more" if len(inexact) > 5 else "")
+        note += (f"; {len(inexact)} rebuilt inexactly ({shown}): files changed since installation "
+                 f"(gpuguard status names them)")
+    return note
 
 
 def _versions(packages: Dict[str, InstalledPackage]) -> Dict[str, str]:

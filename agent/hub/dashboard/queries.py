@@ -63,6 +63,23 @@ class PairingGroup(PairingKey):
     violating_count: int
 
 
+class RollbackCounts(NamedTuple):
+    """Hosts by the rollback coverage of their newest heartbeat, and the guarded packages no host can restore."""
+
+    hosts: Dict[str, int]  # complete | incomplete | inexact | unknown -> hosts
+    not_restorable: int
+
+
+def rollback_state(coverage: Optional[Dict[str, Any]]) -> str:
+    """complete (every guarded package restorable, exactly), incomplete (some not restorable), inexact (all
+    restorable, some only inexactly), unknown (no coverage reported)."""
+    if not isinstance(coverage, dict):
+        return "unknown"
+    if int(coverage.get("restorable") or 0) < int(coverage.get("guarded") or 0):
+        return "incomplete"
+    return "inexact" if coverage.get("inexact") else "complete"
+
+
 class EventCount(NamedTuple):
     kind: str
     severity: str
@@ -131,6 +148,20 @@ def fleet_counts(store: SqlStore, stale_before: dt.datetime) -> FleetCounts:
         health[status or "none"] = health.get(status or "none", 0) + count
         stale += count if is_stale else 0
     return FleetCounts(host_count=total, compliance=compliance, health=dict(sorted(health.items())), stale=stale)
+
+
+def rollback_counts(store: SqlStore) -> RollbackCounts:
+    """The rollback coverage each host's newest heartbeat carried (one (host_id, occurred_at) lookup per host)."""
+    rows = store.query("rollback_counts", "SELECT e.body FROM hosts h LEFT JOIN events e ON e.host_id = h.host_id "
+                                          "AND e.occurred_at = h.heartbeat_at AND e.kind = 'heartbeat'", [])
+    hosts = {"complete": 0, "incomplete": 0, "inexact": 0, "unknown": 0}
+    missing = 0
+    for (body,) in rows:
+        coverage = json.loads(body).get("payload", {}).get("rollback_coverage") if body else None
+        hosts[rollback_state(coverage)] += 1
+        if isinstance(coverage, dict):
+            missing += max(0, int(coverage.get("guarded") or 0) - int(coverage.get("restorable") or 0))
+    return RollbackCounts(hosts, missing)
 
 
 def pairing_groups(store: SqlStore) -> Tuple[List[PairingGroup], int]:

@@ -16,7 +16,14 @@ import json
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import quote, urlencode
 
-from agent.hub.dashboard.queries import FleetCounts, HostFilter, HostPage, PairingGroup, compliance_of
+from agent.hub.dashboard.queries import (
+    FleetCounts,
+    HostFilter,
+    HostPage,
+    PairingGroup,
+    compliance_of,
+    rollback_state,
+)
 from agent.hub.rows import HostState, StoredEvent
 from agent.printable import printable
 from agent.snapshot.pairing import Pairing
@@ -120,6 +127,26 @@ def health_badge(status: Optional[str]) -> str:
         return f'<span class="badge unk">{_DASH}</span>'
     css = {2: "ok", 1: "warn", 0: "bad"}.get(HEALTH_LEVELS.get(status, 1), "warn")
     return f'<span class="badge {css}">{e(status)}</span>'
+
+
+def rollback_cell(heartbeats: Sequence[Mapping[str, Any]]) -> str:
+    """The rollback coverage of the newest heartbeat that carried one: a badge, the count, what is missing."""
+    newest = max((hb for hb in heartbeats if isinstance(hb.get("payload", {}).get("rollback_coverage"), dict)),
+                 key=lambda hb: str(hb.get("occurred_at")), default=None)
+    if newest is None:
+        return f'<span class="badge unk" id="rollback-coverage">{_DASH}</span>'
+    c = newest["payload"]["rollback_coverage"]
+    state = rollback_state(c)
+    css = {"complete": "ok", "inexact": "warn", "incomplete": "bad"}.get(state, "unk")
+    sources = ", ".join(f"{count} {e(source)}" for source, count in sorted((c.get("by_source") or {}).items()))
+    text = (f'<span class="badge {css}" id="rollback-coverage">{e(state)}</span> '
+            f'{e(c.get("restorable"))}/{e(c.get("guarded"))} guarded packages restorable'
+            + (f" ({sources})" if sources else ""))
+    if c.get("not_restorable"):
+        text += f'; not restorable: {e(", ".join(str(k) for k in c["not_restorable"][:20]))}'
+    if c.get("inexact"):
+        text += f'; only inexactly: {e(", ".join(str(k) for k in c["inexact"][:20]))}'
+    return text
 
 
 def driver_of(pairing: Optional[Pairing]) -> str:
@@ -371,8 +398,11 @@ def host_page(h: HostState, now: dt.datetime, stale_after_seconds: float, drift:
               policy_facts: Sequence[Tuple[str, str]] = ()) -> str:
     stale = h.last_seen_at < now - dt.timedelta(seconds=stale_after_seconds)
     p = h.pairing or Pairing()
+    hb_events = [json.loads(s.body) for s in heartbeats]
     facts = [("Host id", e(h.host_id)), ("Hostname", e(h.hostname)), ("Compliance", compliance_badge(h.compliant)),
-             ("Last health", health_badge(h.last_health_status)), ("Agent version", e(h.agent_version)),
+             ("Last health", health_badge(h.last_health_status)),
+             ("Rollback coverage", rollback_cell(hb_events)),
+             ("Agent version", e(h.agent_version)),
              ("Last seen", when(h.last_seen_at, now) + (_STALE if stale else "")),
              ("Last heartbeat", when(h.heartbeat_at, now)), ("First seen", when(h.first_seen_at, now)),
              ("Pairing reported", when(h.pairing_at, now)), ("Content hash", f"<code>{e(h.content_hash)}</code>"),
@@ -400,7 +430,6 @@ def host_page(h: HostState, now: dt.datetime, stale_after_seconds: float, drift:
     kind_options = [("", "all but heartbeats")] + [(k, k) for k in kinds]
     event_form = (f'<form class="filters" method="get" action="{e(base)}"><label>Kind'
                   f'{_select("kind", event_kind, kind_options)}</label><button type="submit">Show</button></form>')
-    hb_events = [json.loads(s.body) for s in heartbeats]
     regressions = [json.loads(s.body) for s in drift if '"health_regression"' in s.body]
     body = (f'<h1>{e(h.host_id)} <span class="muted">{e(h.hostname)}</span></h1>'
             f"<h2>Snapshot</h2>{snapshot}"

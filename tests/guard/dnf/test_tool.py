@@ -15,6 +15,7 @@ from agent.config import Settings
 from agent.errors import CommandTimeout
 from agent.guard.dnf.backend import RpmBackend
 from agent.guard.dnf.rpm_cache import RpmCache
+from agent.guard.dnf.rpm_rebuild import query_format
 from agent.guard.dnf.tool import (
     DnfTool,
     dnf5_do_args,
@@ -30,6 +31,7 @@ from agent.guard.installed import detect_manager
 from agent.guard.manager import backend_for
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep
 from agent.guard.rollback.core import load_known_good
+from agent.guard.rollback.kept import KeptFile, Manifest, settle
 from agent.host import CommandResult, Host
 from agent.hostfacts.rpmdb import RPM_QUERY_FORMAT
 from agent.policy.load import compiled_from, load_policy
@@ -196,13 +198,16 @@ def test_check_records_then_plans_a_rollback_from_cached_rpms(tmp_path: Path) ->
         runner.add(tool.argv("-q", "download", "--destdir", str(host.path(rpms)), nevra(name, version, arch)),
                    returncode=1, stderr="No such command: download")
         runner.add(tool.argv("-q", "repoquery", "--location", nevra(name, version, arch)), stdout="")
+        # rpm has no header to rebuild from here (the chroot's rpm database is not real)
+        runner.add(tool.rpm_argv("-q", "--qf", query_format(), nevra(name, version, arch)), returncode=1,
+                   stdout=f"package {nevra(name, version, arch)} is not installed\n")
     runner.add(tool.rpm_argv("-Va", "--nofiles", "--nodigest", "--nosignature"), stdout="")  # consistent
     backend = RpmBackend(host, tool, rpms)
     settings = Settings()
     assert check(host, settings, policy=policy, backend=backend).status == "recorded"
     known_good = load_known_good(host, StatePaths())
     assert known_good["kernel-core@5.14.0-427.el9"].version == "5.14.0-427.el9"
-    assert [p.name for p in (root / rpms.lstrip("/")).iterdir()] == [rpm_file_name("amdgpu-dkms", D62, "noarch")]
+    assert [p.name for p in (root / rpms.lstrip("/")).glob("*.rpm")] == [rpm_file_name("amdgpu-dkms", D62, "noarch")]
     forced = RPM_QA.replace(f"amdgpu-dkms\t{D62}", f"amdgpu-dkms\t{D63}")
     runner.add(tool.rpm_argv("-qa", "--qf", RPM_QUERY_FORMAT), stdout=forced)
     cached = str(host.path(f"{rpms}/{rpm_file_name('amdgpu-dkms', D62, 'noarch')}"))
@@ -232,7 +237,7 @@ class _DownloadingRunner(FakeRunner):
 
 
 def test_rpm_cache_downloads_then_copies_a_file_repository_then_prunes(tmp_path: Path) -> None:
-    """dnf download first; without it, the file a file:// repository serves; unwanted files are pruned."""
+    """dnf download first; without it, the file a file:// repository serves; files no kept set references go."""
     root = tmp_path / "root"
     root.mkdir()
     runner = _DownloadingRunner()
@@ -241,19 +246,24 @@ def test_rpm_cache_downloads_then_copies_a_file_repository_then_prunes(tmp_path:
     cache = RpmCache(host, "/var/lib/gpuguard/rpms", tool)
     dest = str(host.path(cache.directory))
     runner.add(tool.argv("-q", "download", "--destdir", dest, "a-1-1.noarch"))
-    assert cache.ensure("a", "1-1", "noarch") == "/var/lib/gpuguard/rpms/a-1-1.noarch.rpm"
+    manifest = Manifest()
+    assert cache.ensure("a", "1-1", "noarch", manifest) == KeptFile("/var/lib/gpuguard/rpms/a-1-1.noarch.rpm",
+                                                                    "repository")
     repo = tmp_path / "my repo"
     repo.mkdir()
     (repo / "b-2-1.x86_64.rpm").write_bytes(b"from the repo")
     runner.add(tool.argv("-q", "download", "--destdir", dest, "b-2-1.x86_64"), returncode=1, stderr="no plugin")
     runner.add(tool.argv("-q", "repoquery", "--location", "b-2-1.x86_64"),
                stdout=f"file://{str(repo).replace(' ', '%20')}/b-2-1.x86_64.rpm\n")
-    assert cache.ensure("b", "2-1", "x86_64") and cache.has("b", "2-1", "x86_64")
+    assert cache.ensure("b", "2-1", "x86_64", manifest).restorable and cache.has("b", "2-1", "x86_64")
     assert (root / "var/lib/gpuguard/rpms/b-2-1.x86_64.rpm").read_bytes() == b"from the repo"
     runner.add(tool.argv("-q", "download", "--destdir", dest, "c-1-1.noarch"), returncode=1)
     runner.add(tool.argv("-q", "repoquery", "--location", "c-1-1.noarch"), stdout="")
-    assert cache.ensure("c", "1-1", "noarch") is None
-    assert cache.prune([cache.path("b", "2-1", "x86_64")]) == ["a-1-1.noarch.rpm"]
+    runner.add(tool.rpm_argv("-q", "--qf", query_format(), "c-1-1.noarch"), returncode=1)
+    assert cache.ensure("c", "1-1", "noarch", manifest).path is None
+    kept = {"b": KeptFile(cache.path("b", "2-1", "x86_64"), "repository")}
+    settle(host, cache.directory, ".rpm", kept, [], manifest, [("b", "2-1", "x86_64")], 0)
+    assert sorted(p.name for p in (root / "var/lib/gpuguard/rpms").glob("*.rpm")) == ["b-2-1.x86_64.rpm"]
 
 
 def _hold(argv: List[str]) -> subprocess.Popen:

@@ -117,6 +117,7 @@ def test_versions_no_repository_offers_are_named_when_recorded_and_when_planning
     recorded = check(host, Settings(), policy=policy, tool=tool)
     assert recorded.status == "recorded"
     assert "no package file could be kept for 2 of them (amdgpu-dkms, rocm-core)" in recorded.detail
+    assert "; 0/2 guarded packages restorable;" in recorded.detail  # the coverage, as status shows it
     (root / "var/lib/dpkg/status").write_text(_status(D63))
     runner.add(tool.argv("apt-get", "-s", "-y", "--allow-downgrades", "--allow-change-held-packages",
                          *tool._apt_options(), "install", f"amdgpu-dkms={D62}"), returncode=100,

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from agent.config import Settings
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep
 from agent.guard.rollback.core import keep_before_change
+from agent.guard.rollback.kept import KeptFile
 from agent.host import Host
 from agent.policy.load import compiled_from, load_policy
 from agent.statepaths import StatePaths
@@ -36,8 +37,9 @@ class MemoryBackend:
         self.calls.append("lock")
         return 0.0
 
-    def cache_known_good(self, installed: Dict[str, InstalledPackage]) -> Dict[str, Optional[str]]:
-        return {k: None for k in installed}
+    def cache_known_good(self, installed: Dict[str, InstalledPackage],
+                         also_keep: Optional[Dict[str, InstalledPackage]] = None) -> Dict[str, KeptFile]:
+        return {k: KeptFile(None) for k in installed}
 
     def has_cached(self, key: str, package: InstalledPackage) -> bool:
         return False

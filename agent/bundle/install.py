@@ -1,0 +1,175 @@
+"""Install a signed policy bundle: verify, no serial rollback, in scope, compiles; then it is the bundle in force.
+
+Each check refuses with BundleRefused (exit 17) and one line naming why, recorded as the last refusal in
+``policy-bundle/state.json``; nothing else changes then, so the compiled policy in force keeps guarding. Only a
+bundle that passed every check replaces the one in force, and only with ``[guard] policy_source = "bundle"`` is
+it compiled into the file the apt hook and the dnf checkers read. Signature checks run gpgv
+(agent/bundle/verify.py), never on the hot path. One install at a time (a lock file in ``policy-bundle/``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator, Literal, Optional
+
+from agent.bundle.format import MATRIX_FILE_NAME, BundleInvalid, PolicyBundle, parse_bundle
+from agent.bundle.scope import ScopeFacts, scope_refusal
+from agent.bundle.state import BundleState, read_bundle_state, write_bundle_state
+from agent.bundle.verify import verify_signature
+from agent.errors import BundleRefused, GpuguardError
+from agent.statepaths import StatePaths
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.guard.settings import GuardSettings
+    from agent.host import Host
+    from agent.policy.compiled import CompiledPolicy
+
+
+@dataclass(frozen=True)
+class Installed:
+    """A bundle now in force: its serial and signing key; ``compiled`` when it was compiled for the hook
+    (``policy_source = "bundle"``); ``unchanged`` when the very same bundle was in force already."""
+
+    serial: int
+    fingerprint: str
+    policy_name: str
+    compiled: bool
+    unchanged: bool = False
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+@contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    import fcntl
+
+    with open(directory / ".lock", "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _extract(bundle: PolicyBundle, target: Path) -> Path:
+    """Write the bundle's policy files to ``target/policy.d`` and its matrix beside; the policy.d path."""
+    policy_dir = target / "policy.d"
+    policy_dir.mkdir(parents=True)
+    for name, text in sorted(bundle.policy_files.items()):
+        _write_bytes(policy_dir / name, text.encode("utf-8"))
+    if bundle.matrix is not None:
+        _write_bytes(target / MATRIX_FILE_NAME, bundle.matrix.encode("utf-8"))
+    return policy_dir
+
+
+def _compile(policy_dir: Path, matrix_path: Optional[str], source: str, serial: int) -> "CompiledPolicy":
+    """The bundle's policy compiled as ``policy compile`` does; BundleRefused naming every problem otherwise."""
+    from agent.policy.load import load_and_compile
+
+    try:
+        return load_and_compile(str(policy_dir), matrix_path)[1]
+    except GpuguardError as exc:
+        text = str(exc).replace(str(policy_dir) + "/", "").replace(str(policy_dir), "policy.d")
+        raise BundleRefused(source, f"does not compile: {text}", serial) from None
+
+
+class BundleInstaller:
+    """Installs bundles into one state directory of one Host under the ``[guard]`` settings."""
+
+    def __init__(self, host: "Host", guard: "GuardSettings", state_dir: str) -> None:
+        self.host = host
+        self.guard = guard
+        self.paths = StatePaths(state_dir)
+        self.directory = host.path(self.paths.policy_bundle_dir)
+
+    def state(self) -> BundleState:
+        return read_bundle_state(str(self.host.path(self.paths.policy_bundle_state)))
+
+    def install(self, bundle_data: bytes, signature_data: bytes, *, origin: str, source: Literal["hub", "file"],
+                facts: Callable[[], ScopeFacts], claimed_serial: Optional[int] = None) -> Installed:
+        """Check and install one bundle (``origin`` names it in messages); BundleRefused, recorded, otherwise.
+        ``claimed_serial`` (the hub's offer) is recorded for a refusal made before the bundle itself was read."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with _locked(self.directory):
+            state = self.state()
+            with tempfile.TemporaryDirectory(prefix=".incoming-", dir=self.directory) as work:
+                try:
+                    return self._install(Path(work), state, bundle_data, signature_data, origin, source, facts)
+                except BundleRefused as exc:
+                    serial = exc.serial if exc.serial is not None else claimed_serial
+                    write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)),
+                                       state.with_refusal(serial, exc.reason, self.host.clock()))
+                    raise BundleRefused(exc.source, exc.reason, serial) from None
+
+    def _install(self, work: Path, state: BundleState, bundle_data: bytes, signature_data: bytes, origin: str,
+                 source: Literal["hub", "file"], facts: Callable[[], ScopeFacts]) -> Installed:
+        bundle_file, signature_file = work / "bundle.json", work / "bundle.json.sig"
+        _write_bytes(bundle_file, bundle_data)
+        _write_bytes(signature_file, signature_data)
+        fingerprint = verify_signature(self.host, str(bundle_file), str(signature_file), self.guard.keys_dir, origin)
+        try:
+            bundle = parse_bundle(bundle_data, origin)
+        except BundleInvalid as exc:
+            raise BundleRefused(origin, f"not a policy bundle: {exc.reason}") from None
+        digest = hashlib.sha256(bundle_data).hexdigest()
+        if state.serial is not None and bundle.serial <= state.serial:
+            if bundle.serial == state.serial and digest == state.sha256:
+                return Installed(bundle.serial, fingerprint, "", compiled=False, unchanged=True)
+            if bundle.serial == state.serial:
+                raise BundleRefused(origin, f"serial {bundle.serial} is in force already with other content "
+                                            f"(a new bundle needs a higher serial)", bundle.serial)
+            raise BundleRefused(origin, f"serial {bundle.serial} is below serial {state.serial} in force (no "
+                                        f"rollback: push the older policy again with a new serial)", bundle.serial)
+        refusal = None if bundle.scope.all else scope_refusal(bundle.scope, facts())
+        if refusal is not None:
+            raise BundleRefused(origin, refusal, bundle.serial)
+        staged = work / "staged"
+        policy_dir = _extract(bundle, staged)
+        matrix = str(staged / MATRIX_FILE_NAME) if bundle.matrix is not None else self.guard.matrix_path
+        compiled = _compile(policy_dir, matrix, origin, bundle.serial)
+        self._commit(staged, bundle_file, signature_file)
+        installed = Installed(bundle.serial, fingerprint, compiled.name, compiled=False)
+        if self.guard.policy_source == "bundle":
+            installed = replace(installed, compiled=self._compile_in_force(origin, bundle.serial))
+        write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)),
+                           BundleState(serial=bundle.serial, fingerprint=fingerprint, source=source,
+                                       installed_at=self.host.clock(), sha256=digest, refused=state.refused))
+        return installed
+
+    def _commit(self, staged: Path, bundle_file: Path, signature_file: Path) -> None:
+        """Move the checked bundle into place: its policy.d swapped by renames, then matrix, signature, bundle."""
+        live = self.host.path(self.paths.policy_bundle_policy_dir)
+        old = staged.parent / "old-policy.d"
+        if live.exists():
+            os.replace(live, old)
+        os.replace(staged / "policy.d", live)
+        shutil.rmtree(old, ignore_errors=True)
+        matrix = self.host.path(self.paths.policy_bundle_matrix)
+        if (staged / MATRIX_FILE_NAME).exists():
+            os.replace(staged / MATRIX_FILE_NAME, matrix)
+        elif matrix.exists():
+            matrix.unlink()
+        os.replace(signature_file, self.host.path(self.paths.policy_bundle_signature))
+        os.replace(bundle_file, self.host.path(self.paths.policy_bundle))
+
+    def _compile_in_force(self, origin: str, serial: int) -> bool:
+        """Compile the bundle now in place into the compiled policy the hook reads (atomically)."""
+        from agent.bundle.source import policy_source
+        from agent.policy.load import write_compiled
+
+        chosen = policy_source(self.host, self.guard, self.paths.state_dir)
+        compiled = _compile(Path(chosen.policy_path), chosen.matrix_path, origin, serial)
+        write_compiled(str(self.host.path(self.paths.compiled_policy)), compiled)
+        return True
+

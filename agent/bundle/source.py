@@ -1,0 +1,63 @@
+"""Which policy is compiled: the local policy files or the signed bundle in force (``[guard] policy_source``).
+
+Every command and job that compiles the policy (``policy compile``, ``policy explain``, ``pin apply``, the daemon's
+recompile) asks :func:`policy_source`, so the choice is made in one place and named the same way everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Tuple
+
+from agent.bundle.state import BundleState, read_bundle_state
+from agent.statepaths import StatePaths
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.guard.settings import GuardSettings
+    from agent.host import Host
+    from agent.policy.compiled import CompiledPolicy
+    from agent.policy.load import LoadedPolicy
+
+
+@dataclass(frozen=True)
+class PolicySource:
+    """Where the policy comes from: ``kind`` local or bundle, the real path of its files and of its AMD matrix
+    (None: the shipped matrix), and the line that names it (``bundle serial 42 from hub, key ABCD...``)."""
+
+    kind: str
+    policy_path: str
+    matrix_path: Optional[str]
+    description: str
+    state: Optional[BundleState] = None
+
+
+def describe_bundle(state: BundleState) -> str:
+    """``bundle serial 42 from hub, key ABCD...``, or that none is installed."""
+    if state.serial is None:
+        return "bundle (none installed: gpuguard policy install BUNDLE, or the hub's)"
+    return f"bundle serial {state.serial} from {state.source or '?'}, key {state.fingerprint or '?'}"
+
+
+def policy_source(host: "Host", guard: "GuardSettings", state_dir: str) -> PolicySource:
+    """The policy source the settings choose, with its paths under the Host's root."""
+    if guard.policy_source == "local":
+        return PolicySource("local", str(host.path(guard.policy_path)), guard.matrix_path,
+                            f"local {guard.policy_path}")
+    paths = StatePaths(state_dir)
+    state = read_bundle_state(str(host.path(paths.policy_bundle_state)))
+    matrix = host.path(paths.policy_bundle_matrix)
+    return PolicySource("bundle", str(host.path(paths.policy_bundle_policy_dir)),
+                        str(matrix) if matrix.is_file() else guard.matrix_path, describe_bundle(state), state)
+
+
+def compile_source(source: PolicySource) -> Tuple["LoadedPolicy", "CompiledPolicy"]:
+    """Load and compile the chosen policy; PolicyError, and for a bundle source with none installed, one saying so."""
+    from pathlib import Path
+
+    from agent.errors import PolicyError
+    from agent.policy.load import load_and_compile
+
+    if source.kind == "bundle" and not Path(source.policy_path).is_dir():
+        raise PolicyError(source.policy_path, ['no policy bundle is installed ([guard] policy_source = "bundle"): '
+                                               "gpuguard policy install BUNDLE, or let the daemon fetch the hub's"])
+    return load_and_compile(source.policy_path, source.matrix_path)

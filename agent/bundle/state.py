@@ -1,0 +1,70 @@
+"""What the agent remembers of policy bundles: the serial in force, its key and source, the last refusal.
+
+``policy-bundle/state.json`` in the state directory, written atomically by ``gpuguard policy install`` and the
+daemon's bundle fetch, read by ``gpuguard status``, ``policy explain`` and the heartbeat. Standard library only
+(a JsonRecord), so the resident daemon reads it without pydantic.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, replace
+from typing import Literal, Optional
+
+from agent.errors import InputFileError
+from agent.files import FileMissing, read_bytes_bounded
+from agent.jsonrecord import JsonRecord, RecordError
+from agent.strictjson import parse_json_text
+
+MAX_STATE_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class BundleRefusal(JsonRecord):
+    """The last bundle refused: its serial (None when it could not be read), why, and when."""
+
+    serial: Optional[int]
+    reason: str
+    at: dt.datetime
+
+
+@dataclass(frozen=True)
+class BundleState(JsonRecord):
+    """The bundle in force (serial None: none yet) and the last refusal."""
+
+    serial: Optional[int] = None
+    fingerprint: Optional[str] = None
+    source: Optional[Literal["hub", "file"]] = None
+    installed_at: Optional[dt.datetime] = None
+    sha256: Optional[str] = None
+    refused: Optional[BundleRefusal] = None
+
+    def with_refusal(self, serial: Optional[int], reason: str, at: dt.datetime) -> "BundleState":
+        return replace(self, refused=BundleRefusal(serial, reason, at))
+
+    @property
+    def refusal_pending(self) -> bool:
+        """A refusal newer than what is in force: attention (a later good install of a higher serial clears it)."""
+        if self.refused is None:
+            return False
+        return self.serial is None or self.refused.serial is None or self.refused.serial > self.serial
+
+
+def read_bundle_state(path: str) -> BundleState:
+    """The state file's record; an empty one when there is none; InputFileError when it is damaged."""
+    try:
+        data = read_bytes_bounded(path, MAX_STATE_BYTES)
+    except FileMissing:
+        return BundleState()
+    try:
+        return BundleState.from_json(parse_json_text(path, data.decode("utf-8", errors="replace")))
+    except RecordError as exc:
+        raise InputFileError(path, f"not a policy bundle state: {exc}") from None
+
+
+def write_bundle_state(path: str, state: BundleState) -> None:
+    """Write the state file atomically."""
+    from agent.files import write_atomically
+
+    write_atomically(path, json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,106 @@
+"""A bundle's detached OpenPGP signature, checked with gpgv against the operator's trusted keyrings.
+
+Why gpgv: it is on every apt host (apt depends on it) and in gnupg2 on RHEL, operators already audit apt
+repositories this way, and it adds no Python dependency. The trusted keys are binary keyrings
+``/etc/gpuguard/keys/*.gpg`` (as ``/etc/apt/trusted.gpg.d``), each passed with ``--keyring``: a key rotates by
+adding one file and, once every bundle is signed by the new key, removing the old one. gpgv runs through the Host's
+runner, never on the apt/dnf hot path. :func:`parse_gpgv_status` (pure) reads its ``[GNUPG:]`` status lines: a
+signature is good only with exactly one VALIDSIG and no BADSIG, ERRSIG, EXPSIG, EXPKEYSIG, REVKEYSIG, NO_PUBKEY
+or NODATA, and gpgv's exit 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List, Optional
+
+from agent.errors import BundleRefused, CommandError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.host import Host
+
+DEFAULT_KEYS_DIR = "/etc/gpuguard/keys"
+GPGV_TIMEOUT_SECONDS = 30.0
+STATUS_PREFIX = "[GNUPG:] "
+# Each status word that refuses a signature, and how the refusal says it.
+_REFUSING = {
+    "BADSIG": "bad signature (the bundle or the signature was changed) from key {0}",
+    "EXPSIG": "the signature by key {0} has expired",
+    "EXPKEYSIG": "key {0} has expired",
+    "REVKEYSIG": "key {0} is revoked",
+    "NO_PUBKEY": "signed by key {0}, which no trusted keyring holds",
+    "ERRSIG": "the signature by key {0} cannot be checked",
+    "NODATA": "the signature file holds no OpenPGP signature",
+}
+_ORDER = ("BADSIG", "REVKEYSIG", "EXPKEYSIG", "EXPSIG", "NO_PUBKEY", "ERRSIG", "NODATA")
+
+
+@dataclass(frozen=True)
+class SignatureVerdict:
+    """What gpgv said: the signing key's primary fingerprint when good, else the one-line refusal."""
+
+    fingerprint: Optional[str] = None
+    refusal: Optional[str] = None
+
+
+def parse_gpgv_status(text: str, returncode: int) -> SignatureVerdict:
+    """Judge gpgv's ``--status-fd`` output and exit status (pure)."""
+    words: dict = {}
+    valid: List[List[str]] = []
+    for line in text.splitlines():
+        if not line.startswith(STATUS_PREFIX):
+            continue
+        fields = line[len(STATUS_PREFIX):].split()
+        if not fields:
+            continue
+        if fields[0] == "VALIDSIG":
+            valid.append(fields[1:])
+        elif fields[0] in _REFUSING:
+            words.setdefault(fields[0], fields[1] if len(fields) > 1 else "?")
+    for word in _ORDER:
+        if word in words:
+            return SignatureVerdict(refusal=_REFUSING[word].format(words[word]))
+    if len(valid) != 1:
+        found = "no valid signature" if not valid else f"{len(valid)} signatures (exactly one is accepted)"
+        return SignatureVerdict(refusal=f"{found} (gpgv exit {returncode})")
+    if returncode != 0:
+        return SignatureVerdict(refusal=f"gpgv exit {returncode}")
+    fields = valid[0]
+    # VALIDSIG <fpr> <date> <ts> <expire> <ver> <reserved> <algo> <hash> <class> [<primary-key-fpr>]
+    fingerprint = fields[9] if len(fields) >= 10 else fields[0] if fields else ""
+    if not fingerprint:
+        return SignatureVerdict(refusal="gpgv gave a VALIDSIG without a fingerprint")
+    return SignatureVerdict(fingerprint=fingerprint)
+
+
+def trusted_keyrings(host: "Host", keys_dir: str = DEFAULT_KEYS_DIR) -> List[str]:
+    """The real paths of the trusted keyrings (``*.gpg`` under ``keys_dir`` under the Host's root), sorted."""
+    directory = host.path(keys_dir)
+    try:
+        names = sorted(p.name for p in directory.iterdir() if p.suffix == ".gpg" and p.is_file())
+    except OSError:
+        return []
+    return [str(directory / name) for name in names]
+
+
+def verify_signature(host: "Host", bundle_path: str, signature_path: str, keys_dir: str = DEFAULT_KEYS_DIR,
+                     source: Optional[str] = None) -> str:
+    """The primary fingerprint of the trusted key that signed ``bundle_path`` (real paths); BundleRefused (one
+    line naming why) otherwise."""
+    source = source or bundle_path
+    keyrings = trusted_keyrings(host, keys_dir)
+    if not keyrings:
+        raise BundleRefused(source, f"no trusted key in {keys_dir} (install the signers' keyrings as *.gpg there)")
+    argv = ["gpgv", "--status-fd", "1"]
+    for keyring in keyrings:
+        argv += ["--keyring", keyring]
+    argv += [signature_path, bundle_path]
+    try:
+        result = host.run(argv, GPGV_TIMEOUT_SECONDS)
+    except CommandError as exc:
+        raise BundleRefused(source, f"the signature cannot be checked: {exc.reason}") from None
+    verdict = parse_gpgv_status(result.stdout, result.returncode)
+    if verdict.refusal is not None:
+        raise BundleRefused(source, f"signature: {verdict.refusal}")
+    assert verdict.fingerprint is not None
+    return verdict.fingerprint

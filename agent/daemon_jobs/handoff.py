@@ -1,0 +1,62 @@
+"""When the daemon hands its node to the scheduler: a new policy bundle (the host is about to change under it)
+begins the hand-off; the post-change health check ends it (pass, busy) or keeps the node out (a failure).
+
+Both calls run in a job child (the policy fetch's, the health check's) and never raise: a scheduler that cannot
+be reached is logged (``maintenance_failed``) and the job's own result stands. ``[integrations] scheduler = "none"``
+(the default) makes both no-ops. A rollout that admits this host calls :func:`begin_for_change` with its own
+reason ("rollout R stage 2").
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Optional
+
+from agent.errors import GpuguardError
+from agent.log import get_logger
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.config import Settings
+    from agent.host import Host
+    from agent.integrations.maintenance import MaintenanceOutcome
+    from agent.statepaths import StatePaths
+
+log = get_logger("maintenance")
+
+Step = Callable[["StatePaths"], "Optional[MaintenanceOutcome]"]
+
+
+def _step(settings: "Settings", name: str, call: Step, **context: str) -> Optional[str]:
+    """Run one hand-off step unless no scheduler is configured; its line, or None (nothing done, or it failed:
+    logged, never raised)."""
+    if settings.integrations.scheduler == "none":
+        return None
+    from agent.statepaths import StatePaths
+
+    try:
+        outcome = call(StatePaths(settings.agent.state_dir))
+    except (GpuguardError, OSError) as exc:
+        log.error("maintenance_failed", step=name, error=str(exc), **context)
+        return None
+    if outcome is None:
+        return None
+    log.info("maintenance_step", step=name, exit_code=outcome.exit_code, detail=outcome.line, **context)
+    return outcome.line
+
+
+def begin_for_change(host: "Host", settings: "Settings", reason: str, wait_seconds: float = 0.0) -> Optional[str]:
+    """Begin the hand-off before a change (by default without waiting: the drain runs while the change waits for
+    its window); the outcome's line, or None when no scheduler is configured or the scheduler failed."""
+    from agent.integrations.maintenance import begin_maintenance
+
+    return _step(settings, "begin", lambda paths: begin_maintenance(
+        host, paths, settings.integrations, settings.report.nfd_features_file, reason, wait_seconds), reason=reason)
+
+
+def end_after_check(host: "Host", settings: "Settings", health_status: str, summary: str = "") -> Optional[str]:
+    """The post-change check's verdict on a held node (pass/busy give it back, a failure keeps it out); the
+    outcome's line, or None when nothing was held, nothing judged, or the scheduler failed."""
+    from agent.integrations.maintenance import after_check
+
+    return _step(settings, "after_check", lambda paths: after_check(
+        host, paths, settings.integrations, settings.report.nfd_features_file, health_status, summary),
+        health_status=health_status)

@@ -1,0 +1,59 @@
+"""The daemon's policy fetch: on the heartbeat's schedule, ask the hub for the newest bundle in this host's scope
+and install it as ``gpuguard policy install`` does (agent/bundle/install.py).
+
+A 304 (the serial in force) costs nothing; a refused bundle is recorded in ``policy-bundle/state.json`` and
+reported by the next heartbeat; a hub that cannot be reached changes nothing (the policy in force keeps guarding).
+Runs in a job child (``gpuguard _job policy_fetch``): requests, pydantic and gpgv stay out of the resident.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agent.daemon_jobs.protocol import PolicyFetchResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.config import Settings
+    from agent.host import Host
+
+
+def fetch_and_install(host: "Host", settings: "Settings", host_id: str) -> PolicyFetchResult:
+    """One fetch and, for a new offer, one install; never raises for what the hub, the network or the bundle does."""
+    from agent.bundle.facts import host_scope_facts
+    from agent.bundle.fetch import fetch_offer
+    from agent.bundle.install import BundleInstaller
+    from agent.bundle.scope import ScopeFacts
+    from agent.errors import BundleRefused, GpuguardError
+    from agent.report.credentials import read_credentials
+    from agent.statepaths import StatePaths
+
+    report = settings.report
+    if report.endpoint_url is None:
+        return PolicyFetchResult(outcome="off")
+    installer = BundleInstaller(host, settings.guard, settings.agent.state_dir)
+    try:
+        token = read_credentials(report)
+        state = installer.state()
+    except GpuguardError as exc:
+        return PolicyFetchResult(outcome="failed", detail=str(exc))
+    offer = fetch_offer(report.endpoint_url, token, report.ca_bundle, state.serial,
+                        (report.connect_timeout_seconds, report.read_timeout_seconds))
+    if offer.status != "offered":
+        outcome = {"unchanged": "unchanged", "none": "none"}.get(offer.status, "failed")
+        return PolicyFetchResult(outcome=outcome, serial=offer.serial, detail=offer.detail)  # type: ignore[arg-type]
+
+    def facts() -> ScopeFacts:
+        return host_scope_facts(host, host_id, dict(settings.agent.labels),
+                                StatePaths(settings.agent.state_dir).last_snapshot)
+
+    try:
+        installed = installer.install(offer.bundle, offer.signature, origin=f"hub bundle serial {offer.serial}",
+                                      source="hub", facts=facts, claimed_serial=offer.serial)
+    except BundleRefused as exc:
+        return PolicyFetchResult(outcome="refused", serial=exc.serial or offer.serial, detail=exc.reason)
+    except (GpuguardError, OSError) as exc:
+        return PolicyFetchResult(outcome="failed", serial=offer.serial, detail=f"install: {exc}")
+    if installed.unchanged:
+        return PolicyFetchResult(outcome="unchanged", serial=installed.serial)
+    return PolicyFetchResult(outcome="installed", serial=installed.serial,
+                             detail="compiled" if installed.compiled else "kept: [guard] policy_source is local")

@@ -1,0 +1,190 @@
+"""The maintenance hand-off: take this host's node from the scheduler before a change, give it back after the
+post-change check passes, keep it out when the check fails.
+
+    begin_maintenance(reason)      drain (Slurm) or label (Kubernetes), wait bounded until nothing runs there
+    end_maintenance()              give the node back, only when the hold is gpuguard's own
+    after_check(status, summary)   the post-change health check's verdict: pass/busy end it, a failure keeps it
+    maintenance_status()           what this host holds now
+
+The hold is written to ``<state_dir>/maintenance.json`` before the scheduler is asked, so a restart mid-change
+knows it holds the node (and whether it drained it or found it drained by an operator, who then keeps it).
+Which scheduler: ``[integrations] scheduler`` (none, slurm, kubernetes); with ``none`` every call is a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, replace
+from typing import Optional
+
+from agent.errors import InputFileError, StateWriteError
+from agent.files import read_json_file, write_atomically
+from agent.host import Host
+from agent.integrations.handoff import HandoffStep, SchedulerHandoff
+from agent.integrations.settings import IntegrationsSettings
+from agent.statepaths import StatePaths
+
+EXIT_MAINTENANCE_OK = 0
+EXIT_MAINTENANCE_NOT_READY = 40  # begin: jobs still run on the node after the wait (Slurm DRAINING)
+EXIT_MAINTENANCE_KEPT = 41  # the post-change check failed: the node stays out of service
+# Health statuses after which the node goes back; those that fail keep it out; the rest (skipped, deferred) wait.
+CHECK_PASSED = ("pass", "busy")
+CHECK_FAILED = ("regression", "cpu_fallback", "failed", "timeout")
+MAX_STATE_BYTES = 64 * 1024
+PHASES = ("draining", "held", "kept")
+
+
+@dataclass(frozen=True)
+class MaintenanceState:
+    """The hold this host has on its node, as persisted."""
+
+    scheduler: str
+    node: str
+    reason: str
+    began_at_seconds: float
+    drained_by_us: bool
+    phase: str  # draining (begun, jobs may still run), held (nothing runs), kept (a post-change check failed)
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class MaintenanceOutcome:
+    """What a call did: the exit code, one line, and the hold after it (None: no hold)."""
+
+    exit_code: int
+    line: str
+    state: Optional[MaintenanceState]
+
+
+def state_path(host: Host, paths: StatePaths) -> str:
+    return str(host.path(paths.maintenance))
+
+
+def read_state(host: Host, paths: StatePaths) -> Optional[MaintenanceState]:
+    """The persisted hold, or None; InputFileError naming the file when it is damaged."""
+    path = state_path(host, paths)
+    data = read_json_file(path, max_bytes=MAX_STATE_BYTES)
+    if data is None:
+        return None
+    try:
+        if not isinstance(data, dict):
+            raise TypeError("not an object")
+        state = MaintenanceState(**data)
+        if not all(isinstance(getattr(state, name), str) for name in ("scheduler", "node", "reason", "phase")) \
+                or not isinstance(state.drained_by_us, bool) or state.phase not in PHASES:
+            raise TypeError("a field has the wrong type or value")
+        return state
+    except TypeError as exc:
+        raise InputFileError(path, f"not a maintenance record: {exc}") from None
+
+
+def _write_state(host: Host, paths: StatePaths, state: MaintenanceState) -> None:
+    write_atomically(state_path(host, paths), json.dumps(asdict(state), sort_keys=True) + "\n")
+
+
+def _clear_state(host: Host, paths: StatePaths) -> None:
+    try:
+        os.unlink(state_path(host, paths))
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise StateWriteError.of(state_path(host, paths), exc) from None
+
+
+def node_for(host: Host, settings: IntegrationsSettings) -> str:
+    """The node's name for the scheduler: the setting, $SLURMD_NODENAME, else the short host name."""
+    from agent.integrations.slurm import node_name
+
+    return node_name(host, settings.slurm_node_name)
+
+
+def make_handoff(host: Host, settings: IntegrationsSettings, nfd_features_file: str,
+                 reason: str = "") -> Optional[SchedulerHandoff]:
+    """The hand-off for ``[integrations] scheduler``; None for ``none``."""
+    if settings.scheduler == "slurm":
+        from agent.integrations.slurm_handoff import SlurmHandoff
+
+        return SlurmHandoff(host, node_for(host, settings), poll_seconds=settings.drain_poll_seconds)
+    if settings.scheduler == "kubernetes":
+        from agent.integrations.kubernetes_handoff import KubernetesHandoff
+
+        return KubernetesHandoff(str(host.path(nfd_features_file)), host.clock, reason=reason)
+    return None
+
+
+def _line(scheduler: str, step: HandoffStep) -> str:
+    state = f" [{step.scheduler_state}]" if step.scheduler_state else ""
+    return f"gpuguard: maintenance: {scheduler}: {step.detail}{state}"
+
+
+def begin_maintenance(host: Host, paths: StatePaths, settings: IntegrationsSettings, nfd_features_file: str,
+                      reason: str, wait_seconds: Optional[float] = None) -> MaintenanceOutcome:
+    """Hand the node to the scheduler before a change: 0 when nothing runs there any more, 40 when jobs still do
+    after the wait (the hold stays; call again to wait more). A hold from before a restart is taken up again."""
+    previous = read_state(host, paths)
+    if previous is not None and previous.phase == "kept":
+        return MaintenanceOutcome(EXIT_MAINTENANCE_KEPT, f"gpuguard: maintenance: node {previous.node} is kept out "
+                                  f"of service: {previous.detail}; end it first", previous)
+    handoff = make_handoff(host, settings, nfd_features_file, reason)
+    if handoff is None:
+        return MaintenanceOutcome(EXIT_MAINTENANCE_OK, "gpuguard: maintenance: no scheduler configured "
+                                  "([integrations] scheduler = \"none\")", None)
+    state = previous or MaintenanceState(handoff.name, node_for(host, settings), reason,
+                                         host.clock().timestamp(), True, "draining")
+    _write_state(host, paths, state)  # before the scheduler is asked: a restart in between knows it may hold it
+    step = handoff.begin(state.reason, settings.drain_wait_seconds if wait_seconds is None else wait_seconds)
+    drained_by_us = step.drained_by_us and (previous is None or previous.drained_by_us)
+    state = replace(state, drained_by_us=drained_by_us, phase="held" if step.ready else "draining",
+                    detail=step.detail)
+    _write_state(host, paths, state)
+    return MaintenanceOutcome(EXIT_MAINTENANCE_OK if step.ready else EXIT_MAINTENANCE_NOT_READY,
+                              _line(handoff.name, step), state)
+
+
+def end_maintenance(host: Host, paths: StatePaths, settings: IntegrationsSettings,
+                    nfd_features_file: str) -> MaintenanceOutcome:
+    """Give the node back (resumed only when gpuguard drained it) and forget the hold."""
+    state = read_state(host, paths)
+    handoff = make_handoff(host, settings, nfd_features_file, state.reason if state else "")
+    if handoff is None:
+        return MaintenanceOutcome(EXIT_MAINTENANCE_OK, "gpuguard: maintenance: no scheduler configured "
+                                  "([integrations] scheduler = \"none\")", state)
+    if state is None:
+        return MaintenanceOutcome(EXIT_MAINTENANCE_OK, "gpuguard: maintenance: no hold to end", None)
+    step = handoff.end(state.drained_by_us)
+    _clear_state(host, paths)
+    return MaintenanceOutcome(EXIT_MAINTENANCE_OK, _line(handoff.name, step), None)
+
+
+def after_check(host: Host, paths: StatePaths, settings: IntegrationsSettings, nfd_features_file: str,
+                health_status: str, summary: str = "") -> Optional[MaintenanceOutcome]:
+    """The post-change health check's verdict on a held node: pass or busy ends the hold; regression,
+    cpu_fallback, failed or timeout keep the node out with the reason; no hold, or no verdict: None."""
+    state = read_state(host, paths)
+    if state is None:
+        return None
+    if health_status in CHECK_PASSED:
+        return end_maintenance(host, paths, settings, nfd_features_file)
+    if health_status not in CHECK_FAILED:
+        return None
+    handoff = make_handoff(host, settings, nfd_features_file, state.reason)
+    if handoff is None:
+        return None
+    why = f"post-change check {health_status}" + (f": {summary}" if summary else "") + f" ({state.reason})"
+    step = handoff.keep(state.drained_by_us, why)
+    kept = replace(state, drained_by_us=step.drained_by_us and state.drained_by_us, phase="kept", detail=why)
+    _write_state(host, paths, kept)
+    return MaintenanceOutcome(EXIT_MAINTENANCE_KEPT, _line(handoff.name, step), kept)
+
+
+def maintenance_status(host: Host, paths: StatePaths) -> MaintenanceOutcome:
+    """The hold as persisted: 0 none or held, 40 still draining, 41 kept after a failed check."""
+    state = read_state(host, paths)
+    if state is None:
+        return MaintenanceOutcome(EXIT_MAINTENANCE_OK, "gpuguard: maintenance: none", None)
+    code = {"kept": EXIT_MAINTENANCE_KEPT, "draining": EXIT_MAINTENANCE_NOT_READY}.get(state.phase,
+                                                                                     EXIT_MAINTENANCE_OK)
+    owner = "drained by gpuguard" if state.drained_by_us else "drained by someone else (not resumed by gpuguard)"
+    return MaintenanceOutcome(code, f"gpuguard: maintenance: {state.scheduler} node {state.node}: {state.phase}, "
+                              f"{owner}: {state.reason}" + (f"; {state.detail}" if state.detail else ""), state)

@@ -1,0 +1,53 @@
+"""Real OpenPGP keys and signatures for the bundle tests: gpg in a throwaway GNUPGHOME, keyrings by ``gpg --export``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import List, Optional
+
+from tests.needs import unavailable
+
+
+def _run(home: Path, args: List[str]) -> str:
+    env = {"GNUPGHOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
+    done = subprocess.run(["gpg", "--batch", "--yes", *args], env=env, capture_output=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    return done.stdout.decode()
+
+
+class Signer:
+    """One signing key in its own GNUPGHOME: sign files, export its public keyring, revoke it."""
+
+    def __init__(self, directory: Path, name: str, expire: str = "never", faked_time: Optional[str] = None) -> None:
+        if shutil.which("gpg") is None or shutil.which("gpgv") is None:
+            unavailable("signed bundle tests", "gpg and gpgv are not installed")
+        self.home = directory / f"gnupg-{name}"
+        self.home.mkdir(mode=0o700)
+        self.faked = ["--faked-system-time", faked_time] if faked_time else []
+        _run(self.home, [*self.faked, "--passphrase", "", "--quick-gen-key", f"{name} <{name}@example>", "ed25519",
+                         "sign", expire])
+        self.fingerprint = next(line.split(":")[9] for line in _run(
+            self.home, ["--with-colons", "--list-keys"]).splitlines() if line.startswith("fpr:"))
+
+    def sign(self, path: Path, signature: Optional[Path] = None) -> Path:
+        """A detached binary signature of ``path`` (``path.sig`` unless given)."""
+        target = signature or path.with_name(path.name + ".sig")
+        _run(self.home, [*self.faked, "--detach-sign", "-o", str(target), str(path)])
+        return target
+
+    def export(self, keyring: Path) -> Path:
+        """Write the public key as a binary keyring file (what an operator puts in /etc/gpuguard/keys/)."""
+        keyring.parent.mkdir(parents=True, exist_ok=True)
+        keyring.write_bytes(subprocess.run(["gpg", "--batch", "--export"], env={"GNUPGHOME": str(self.home)},
+                                           capture_output=True, timeout=60, check=True).stdout)
+        return keyring
+
+    def revoke(self) -> None:
+        """Import the revocation certificate gpg made with the key, so its export says revoked."""
+        (certificate,) = (self.home / "openpgp-revocs.d").glob("*.rev")
+        armored = certificate.with_suffix(".asc")
+        armored.write_text(certificate.read_text().replace(":-----BEGIN", "-----BEGIN"))
+        _run(self.home, ["--import", str(armored)])

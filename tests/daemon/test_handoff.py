@@ -1,0 +1,35 @@
+"""The daemon's hand-off triggers: no-ops without a scheduler, and never raising when the scheduler fails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.config import parse_settings
+from agent.daemon_jobs.handoff import begin_for_change, end_after_check
+from agent.host import Host
+from agent.integrations.maintenance import read_state
+from agent.statepaths import StatePaths
+from tests.fakes.runner import FakeRunner
+
+
+def test_without_a_scheduler_nothing_is_asked(tmp_path: Path) -> None:
+    """scheduler = "none" (the default): neither trigger runs a command or writes a hold."""
+    runner = FakeRunner()
+    settings = parse_settings(f'[agent]\nstate_dir = "{tmp_path}"\n')
+    assert begin_for_change(Host(root=Path("/"), runner=runner), settings, "policy bundle serial 3") is None
+    assert end_after_check(Host(root=Path("/"), runner=runner), settings, "pass") is None
+    assert runner.calls == [] and not (tmp_path / "maintenance.json").exists()
+
+
+def test_a_missing_scontrol_is_logged_not_raised(tmp_path: Path) -> None:
+    """scheduler = "slurm" without scontrol: begin returns None (the job's own result stands); the hold written
+    before asking says the node may be held, so the post-change check still asks to give it back."""
+    runner = FakeRunner()
+    runner.add(["scontrol", "show", "node", "-o", "vm"], not_found=True)
+    settings = parse_settings(f'[agent]\nstate_dir = "{tmp_path}"\n[integrations]\nscheduler = "slurm"\n'
+                              'slurm_node_name = "vm"\n')
+    host = Host(root=Path("/"), runner=runner)
+    assert begin_for_change(host, settings, "policy bundle serial 3") is None
+    assert read_state(host, StatePaths(str(tmp_path))) is not None
+    assert end_after_check(host, settings, "pass") is None  # scontrol still missing: logged, the hold kept
+    assert read_state(host, StatePaths(str(tmp_path))) is not None
