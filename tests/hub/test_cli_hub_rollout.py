@@ -1,6 +1,6 @@
-"""`gpuguard hub rollout start|status|pause|resume|abort` and the agent's own bundle fetch against a real hub process on
-127.0.0.1: the canaries
-admitted at start, the status printed, each operator action answered, a reader's start refused in one line."""
+"""`gpuguard hub rollout start|status|pause|resume|abort` and the agent's own bundle fetch against a real hub process
+on 127.0.0.1: the canaries admitted at start, the status printed, each operator action answered, a reader's start
+refused in one line, and what the agent's fetch gets at each stage."""
 
 from __future__ import annotations
 
