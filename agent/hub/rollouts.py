@@ -31,6 +31,7 @@ from agent.hub.bundles import PolicyBundles, offered_serial
 from agent.hub.responses import HubHTTPError
 from agent.hub.rollout_plan import (
     ACTIVE_STATES,
+    FAILED_HEALTH,
     FAILURE_EVENT_KINDS,
     Decision,
     Evidence,
@@ -342,9 +343,11 @@ class Rollouts:
 
 
 class RolloutWorker:
-    """A thread that evaluates the running rollouts every ``interval_seconds``, and soon after evidence arrives
-    (``nudge``: a heartbeat or a failure event was stored), at most once per ``min_gap_seconds``. Every hub process
-    runs one; the row lock makes each decision once."""
+    """A thread that evaluates the running rollouts every ``interval_seconds``, and soon after failing evidence
+    arrives (``nudge``: a failure event, or a heartbeat with a failed health status, was stored), at most once per
+    ``min_gap_seconds``: a halt is decided within about a second, widening waits for the tick (a soak is minutes,
+    and one evaluation of a 10,000-host rollout costs about half a CPU second: bench/bench_rollout.py). Every hub
+    process runs one; the row lock makes each decision once."""
 
     def __init__(self, rollouts: Rollouts, interval_seconds: float, min_gap_seconds: float = 1.0) -> None:
         self._rollouts = rollouts
@@ -355,8 +358,9 @@ class RolloutWorker:
         self._thread: Optional[threading.Thread] = None
 
     def nudge(self, events: Sequence[Any]) -> None:
-        """Evaluate soon when ``events`` (just stored) may be a rollout's evidence; never blocks."""
-        if any(e.payload.kind == "heartbeat" or e.payload.kind in FAILURE_EVENT_KINDS for e in events):
+        """Evaluate soon when ``events`` (just stored) may halt a rollout; never blocks."""
+        if any(e.payload.kind in FAILURE_EVENT_KINDS
+               or (e.payload.kind == "heartbeat" and e.payload.last_health_status in FAILED_HEALTH) for e in events):
             self._wake.set()
 
     def start(self) -> None:

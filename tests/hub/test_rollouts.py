@@ -305,10 +305,10 @@ def test_a_pass_from_before_admission_or_not_after_a_change_does_not_count(sqlit
     assert rollouts.evaluate(rid).action == "admit"  # type: ignore[union-attr]
 
 
-def test_evidence_arriving_is_evaluated_without_waiting_for_the_tick(settings: HubSettings,
+def test_a_failing_report_halts_without_waiting_for_the_tick(settings: HubSettings,
                                                                      tokens: Dict[str, str]) -> None:
-    """With an hour-long tick, the canaries' passing heartbeats posted to the hub open the next stage within
-    seconds: storing evidence nudges the rollout worker."""
+    """With an hour-long tick, a canary's failing heartbeat posted to the hub halts the rollout within seconds:
+    storing failing evidence nudges the rollout worker."""
     import time
 
     from tests.hub.factories import batch_json
@@ -329,14 +329,14 @@ def test_evidence_arriving_is_evaluated_without_waiting_for_the_tick(settings: H
     with TestClient(create_app(slow_tick, make_store(settings.database_url), clock=clock)) as hub:
         [canary] = [h["host_id"] for h in hub.get(f"/v1/rollouts/{rid}", headers=bearer(tokens["ops"]))
                     .json()["hosts"] if h["stage"] == 0]
-        passing = beat(canary, clock.now, 2).model_copy(update={"host_id": canary})
-        assert hub.post("/v1/events", content=batch_json([passing]), headers=bearer(tokens[canary])).status_code == 200
+        failing = beat(canary, clock.now, 2, health="cpu_fallback").model_copy(update={"host_id": canary})
+        assert hub.post("/v1/events", content=batch_json([failing]), headers=bearer(tokens[canary])).status_code == 200
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            if hub.get(f"/v1/rollouts/{rid}", headers=bearer(tokens["ops"])).json()["rollout"]["stage"] >= 1:
+            if hub.get(f"/v1/rollouts/{rid}", headers=bearer(tokens["ops"])).json()["rollout"]["state"] == "halted":
                 break
             time.sleep(0.05)
-        assert hub.get(f"/v1/rollouts/{rid}", headers=bearer(tokens["ops"])).json()["rollout"]["stage"] >= 1
+        assert hub.get(f"/v1/rollouts/{rid}", headers=bearer(tokens["ops"])).json()["rollout"]["state"] == "halted"
 
 
 def test_the_halt_alert_reads_as_json_and_as_slack(sqlite: SqlStore) -> None:
