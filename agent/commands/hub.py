@@ -1,5 +1,5 @@
-"""``gpuguard hub serve|add-host|add-reader|add-admin|policy``: run the reference hub, make its tokens, manage its
-policy bundles."""
+"""``gpuguard hub serve|add-host|add-reader|add-admin|policy|rollout``: run the reference hub, make its tokens, manage
+its policy bundles and their staged rollouts."""
 
 from __future__ import annotations
 
@@ -39,14 +39,44 @@ def add_parser(sub: Subparsers) -> None:
                                                   "enforcing what they have")
     for parser in (show, withdraw):
         parser.add_argument("serial", metavar="SERIAL", type=int)
+    rollout = add_group(hub_sub, "rollout", "roll a pushed bundle out in stages: canaries per cohort, batches, "
+                                            "soak, automatic halt")
+    start = rollout.add_parser("start", help="start a staged rollout of a pushed bundle (admin token)")
+    start.add_argument("serial", metavar="SERIAL", type=int, help="the target bundle's serial")
+    start.add_argument("--canaries", type=int, default=1, help="canaries per cohort (default 1)")
+    start.add_argument("--batches", default="5,25,100", help="cumulative percentages per cohort after the "
+                                                            "canaries (default 5,25,100)")
+    start.add_argument("--soak-seconds", type=int, default=600, help="wait per stage after every host passed "
+                                                                    "(default 600)")
+    start.add_argument("--halt-percent", type=float, default=0.0,
+                       help="halt when more than this percentage of a batch fails (default 0: any failure); any "
+                            "failing canary halts")
+    start.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                       help="take only hosts with this label (repeatable)")
+    status = rollout.add_parser("status", help="every rollout, or one with its hosts, stages and evidence")
+    status.add_argument("rollout_id", metavar="ROLLOUT", nargs="?")
+    actions = []
+    for action, what in (("pause", "stop admitting hosts until resumed"), ("resume", "admit again after a pause"),
+                         ("abort", "end the rollout and withdraw its target (admin token)")):
+        parser = rollout.add_parser(action, help=what)
+        parser.add_argument("rollout_id", metavar="ROLLOUT")
+        actions.append(parser)
+    for parser in (start, status, *actions):
+        _add_client_options(parser)
+        parser.set_defaults(handler=hub_rollout)
     for parser in (push, listing, show, withdraw):
-        parser.add_argument("--hub", metavar="URL", help="the hub's base URL (default: $GPUGUARD_HUB_URL)")
-        parser.add_argument("--token-file", metavar="PATH",
-                            help="file holding the bearer token, mode 0600 (default: $GPUGUARD_HUB_TOKEN_FILE, "
-                                 "else the token in $GPUGUARD_HUB_TOKEN)")
-        parser.add_argument("--ca-bundle", metavar="PATH", help="CA certificates to verify the hub's TLS with")
-        add_json(parser, "print the hub's JSON answer")
+        _add_client_options(parser)
         parser.set_defaults(handler=hub_policy)
+
+
+def _add_client_options(parser: argparse.ArgumentParser) -> None:
+    """The options every command calling the hub's API takes."""
+    parser.add_argument("--hub", metavar="URL", help="the hub's base URL (default: $GPUGUARD_HUB_URL)")
+    parser.add_argument("--token-file", metavar="PATH",
+                        help="file holding the bearer token, mode 0600 (default: $GPUGUARD_HUB_TOKEN_FILE, "
+                             "else the token in $GPUGUARD_HUB_TOKEN)")
+    parser.add_argument("--ca-bundle", metavar="PATH", help="CA certificates to verify the hub's TLS with")
+    add_json(parser, "print the hub's JSON answer")
 
 
 def _settings(args: argparse.Namespace) -> HubSettings:
@@ -114,4 +144,46 @@ def hub_policy(args: argparse.Namespace, make_host: HostFactory, out: TextIO) ->
     else:
         verb = "pushed" if command == "push" else "withdrew"
         out.write(f"{verb} bundle serial {answer.get('serial')} (sha256 {answer.get('sha256')})\n")
+    return 0
+
+
+def hub_rollout(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    """``hub rollout start|status|pause|resume|abort``: one call to the hub's rollout API, its answer printed."""
+    import json
+
+    from agent.errors import UsageError
+    from agent.hub.client import HubClient, hub_token, hub_url, rollout_lines, rollouts_table
+
+    command = args.rollout_command
+    spec = None
+    if command == "start":
+        try:
+            batches = [int(b) for b in args.batches.split(",")]
+        except ValueError:
+            raise UsageError(f"--batches {args.batches!r}: comma-separated whole percentages, e.g. 5,25,100") \
+                from None
+        labels = dict(item.partition("=")[::2] for item in args.label)
+        if any(not k or not v for k, v in labels.items()):
+            raise UsageError("--label: KEY=VALUE")
+        spec = {"target_serial": args.serial, "canaries": args.canaries, "batches": batches,
+                "soak_seconds": args.soak_seconds, "halt_percent": args.halt_percent, "labels": labels}
+    env = make_host("/").env
+    client = HubClient(hub_url(args.hub, env), hub_token(args.token_file, env), ca_bundle=args.ca_bundle)
+    try:
+        if spec is not None:
+            answer = client.rollout_start(spec)
+        elif command == "status":
+            answer = client.rollout_status(args.rollout_id)
+        else:
+            answer = client.rollout_action(args.rollout_id, command)
+    finally:
+        client.close()
+    if args.json:
+        out.write(json.dumps(answer, indent=2, sort_keys=True) + "\n")
+    elif command == "status" and not args.rollout_id:
+        out.write(rollouts_table(answer.get("rollouts", [])))
+    elif command in ("start", "status"):
+        out.write(rollout_lines(answer))
+    else:
+        out.write(f"rollout {answer.get('rollout_id')}: {answer.get('state')} ({answer.get('reason')})\n")
     return 0

@@ -13,6 +13,10 @@ hub restart resumes the queue. A receiver may see one alert more than once (a de
 sent again): ``X-Gpuguard-Delivery`` carries a stable id to drop repeats by.
 
 Several hub processes may share the queue: a row is leased (``lease_until``) by the process that sends it.
+
+The hub raises alerts of its own too (``enqueue_hub_alert``: a staged rollout halted, agent/hub/rollouts.py): queued
+for every webhook, whatever its ``kinds``, inside the transaction that made the decision, keyed by the decision so
+that it is queued once; the body is ``{"hub_alert": {kind, severity, summary, ...}}`` instead of an event.
 """
 
 from __future__ import annotations
@@ -40,6 +44,10 @@ STATES = ("pending", "delivered", "dead")
 _CLAIM_BATCH = 20
 _LEASE_MARGIN_SECONDS = 30.0
 _ERROR_CHARS = 500
+# One delivery queued once per (webhook, host_id, event_id); a hub alert's host_id is "-".
+_INSERT_DELIVERY = ("INSERT INTO alert_deliveries (webhook, host_id, event_id, kind, severity, body, state, attempts, "
+                    "next_attempt_at, created_at) VALUES (?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?) "
+                    "ON CONFLICT (webhook, host_id, event_id) DO NOTHING")
 
 
 def _tables(timestamp_type: str) -> List[str]:
@@ -87,6 +95,16 @@ def _slack_escape(value: Any) -> str:
 def message(webhook: AlertWebhook, delivery: Delivery) -> bytes:
     """The POST body: the generic JSON envelope, or a Slack-compatible ``{"text": ...}``."""
     event = json.loads(delivery.body)
+    if "hub_alert" in event:
+        alert = event["hub_alert"]
+        if webhook.format == "slack":
+            e = _slack_escape
+            return json.dumps({"text": f"*[{e(alert['severity'])}] {e(alert['kind'])}* from the gpuguard hub\n"
+                                       f"{e(alert['summary'])}"}).encode()
+        return json.dumps({"version": 1, "source": "gpuguard-hub", "delivery_id": delivery.delivery_id,
+                           "webhook": webhook.name, "attempt": delivery.attempts + 1, "kind": alert["kind"],
+                           "severity": alert["severity"], "host_id": None, "hostname": None,
+                           "summary": alert["summary"], "hub_alert": alert}).encode()
     kind = event["payload"]["kind"]
     if webhook.format == "slack":
         e = _slack_escape
@@ -129,10 +147,7 @@ class AlertQueue:
         pairs = self.wanted(events)
         if not pairs:
             return 0
-        sql = self._store.dialect.sql(
-            "INSERT INTO alert_deliveries (webhook, host_id, event_id, kind, severity, body, state, attempts, "
-            "next_attempt_at, created_at) VALUES (?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?) "
-            "ON CONFLICT (webhook, host_id, event_id) DO NOTHING")
+        sql = self._store.dialect.sql(_INSERT_DELIVERY)
         stamp = self._t(now)
 
         def work(cur: Any) -> None:
@@ -142,6 +157,18 @@ class AlertQueue:
 
         self._store.write("alert_enqueue", work)
         return len(pairs)
+
+    def enqueue_hub_alert(self, cur: Any, key: str, alert: Dict[str, Any], now: dt.datetime) -> int:
+        """Queue the hub's own ``alert`` (kind, severity, summary, ...) for every webhook, in the caller's
+        transaction ``cur``, once per ``key``; how many webhooks it was queued for."""
+        if not self.webhooks:
+            return 0
+        sql = self._store.dialect.sql(_INSERT_DELIVERY)
+        stamp = self._t(now)
+        for name in self.webhooks:
+            cur.execute(sql, (name, "-", key, alert["kind"], alert["severity"], json.dumps({"hub_alert": alert}), stamp,
+                              stamp))
+        return len(self.webhooks)
 
     def claim(self, now: dt.datetime, lease_seconds: float, limit: int = _CLAIM_BATCH) -> List[Delivery]:
         """Lease up to ``limit`` due deliveries to this process."""

@@ -7,7 +7,7 @@ A docstring on a model becomes its description in the spec; the answers' models 
 from __future__ import annotations
 
 import datetime as dt
-from typing import List, Literal
+from typing import List, Literal, Optional
 
 from pydantic import Field
 
@@ -86,6 +86,9 @@ class BundleOffer(FrozenModel):
     serial: int
     bundle: str
     signature: str
+    # While a staged rollout is active (agent/hub/rollouts.py): why this host is held back, or that it is admitted;
+    # also sent as the X-Gpuguard-Rollout header (on 200, 204 and 304).
+    rollout: Optional[str] = None
 
 
 class AuditResponse(FrozenModel):

@@ -11,7 +11,12 @@
     POST /v1/policy/bundles/{serial}/withdraw  stop offering a bundle (admin)
     GET  /v1/policy/hosts                   each host's serial in force, the one offered, behind, refused (reader)
     GET  /v1/audit                          pushes, refused pushes and withdrawals, newest first (reader or admin)
-    GET  /v1/policy/bundle                  the newest bundle in the calling host's scope (host token; ETag, 304, 204)
+    GET  /v1/policy/bundle                  the newest bundle in the calling host's scope (host token; ETag, 304, 204);
+                                            while a staged rollout is active, its target only to admitted hosts
+    POST /v1/rollouts                       start a staged rollout of a pushed bundle (admin; agent/hub/rollouts.py)
+    GET  /v1/rollouts                       every rollout, newest first (reader or admin)
+    GET  /v1/rollouts/{id}                  one rollout with its hosts, stages and evidence (reader or admin)
+    POST /v1/rollouts/{id}/pause|resume|abort  operator actions (admin)
     GET  /healthz     liveness and database reachability (no token)
     GET  /metrics     Prometheus text format (reader token; agent/hub/metrics.py)
     GET  /ui/...      the web dashboard (reader token or session; agent/hub/dashboard/)
@@ -27,14 +32,14 @@ import base64
 import binascii
 import contextlib
 import datetime as dt
-from typing import Any, AsyncIterator, Callable, Dict, Literal, Optional, Sequence, TypeVar, Union
+from typing import Any, AsyncIterator, Callable, Dict, Literal, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
@@ -77,10 +82,12 @@ from agent.hub.responses import (
     storage_unavailable,
 )
 from agent.hub.retention import retention_worker
+from agent.hub.rollout_plan import RolloutRow, RolloutSpec, RolloutsResponse, RolloutStatus
+from agent.hub.rollouts import Rollouts, RolloutWorker
 from agent.hub.rows import DRIFT_KINDS, BatchResult, BundleSummary, EventQuery, utc, utc_now
 from agent.hub.settings import HubSettings
 from agent.hub.store import SqlStore
-from agent.hub.tokens import TokenRegistry
+from agent.hub.tokens import Principal, TokenRegistry
 from agent.hub.writer import GroupCommitWriter
 from agent.log import get_logger
 from agent.report.events import EVENT_SCHEMA_VERSION, Event, EventBatch
@@ -93,6 +100,7 @@ _DEFAULT_DRIFT_WINDOW = dt.timedelta(days=1)
 
 _Default = TypeVar("_Default", bound=Optional[dt.datetime])
 _Read = TypeVar("_Read")
+_Body = TypeVar("_Body", bound=BaseModel)
 
 
 def _since(value: Optional[dt.datetime], default: _Default) -> Union[dt.datetime, _Default]:
@@ -142,8 +150,9 @@ _ERROR_RESPONSES: Dict[int, Dict[str, Any]] = {
         (400, "Malformed JSON"),
         (401, "Missing or invalid bearer token"),
         (403, "Token valid but not allowed this (wrong host, or wrong kind of token)"),
-        (404, "No such policy bundle"),
-        (409, "Conflicts with what is stored (a serial not above the highest, a bundle already withdrawn)"),
+        (404, "No such policy bundle or rollout"),
+        (409, "Conflicts with what is stored (a serial not above the highest, a bundle already withdrawn, a rollout "
+              "already active or in a state that does not allow the action)"),
         (413, "Body over the size limit"),
         (422, "Body or query does not match the schema"),
         (503, "Storage busy or unavailable; retry after Retry-After seconds"),
@@ -171,7 +180,10 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
     alert_queue = AlertQueue(store, settings.alert_webhooks)
     deliverer = AlertDeliverer(settings, alert_queue, clock)
     bundles = PolicyBundles(store, clock)
-    hub_metrics = HubMetrics(store, alert_queue, settings.stale_after_seconds, clock, policy_rollout=bundles.rollout)
+    rollouts = Rollouts(store, bundles, alert_queue, clock)
+    rollout_worker = RolloutWorker(rollouts, settings.rollout_tick_seconds)
+    hub_metrics = HubMetrics(store, alert_queue, settings.stale_after_seconds, clock, policy_rollout=bundles.rollout,
+                             staged_rollout=rollouts.current)
     bearer = HTTPBearer(auto_error=False, description="`gpuguard hub add-host HOST_ID` (host token), "
                                                       "`gpuguard hub add-reader NAME` (reader token) or "
                                                       "`gpuguard hub add-admin NAME` (admin token)")
@@ -183,6 +195,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
         await run_in_threadpool(alert_queue.open)
         deliverer.start()
         retention.start()
+        rollout_worker.start()
         log.info("hub_started", store=type(store).__name__, token_count=len(registry),
                  max_body_bytes=settings.max_body_bytes)
         if len(registry) == 0:
@@ -191,6 +204,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
         try:
             yield
         finally:
+            await run_in_threadpool(rollout_worker.stop, settings.shutdown_timeout_seconds)
             await run_in_threadpool(retention.stop, settings.shutdown_timeout_seconds)
             await run_in_threadpool(deliverer.stop, settings.shutdown_timeout_seconds)
             await run_in_threadpool(writer.stop, settings.shutdown_timeout_seconds)
@@ -202,7 +216,8 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
                  description="Receives gpuguard host reports (event schema v1) and answers fleet questions.")
     app.state.writer = writer
     app.state.store = store
-    ingest = Ingest(settings, registry, writer, alert_queue)
+    app.state.rollouts = rollouts
+    ingest = Ingest(settings, registry, writer, alert_queue, on_stored=rollout_worker.nudge)
     if fast_ingest:
         app.fast_ingest = hub_metrics.timed(BodySizeLimit(ingest.asgi, settings.max_body_bytes))
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes)
@@ -281,17 +296,22 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
     def token_of(credentials: Optional[HTTPAuthorizationCredentials]) -> Optional[str]:
         return credentials.credentials if credentials is not None else None
 
+    async def admin_body(request: Request, credentials: Optional[HTTPAuthorizationCredentials],
+                         model: Type[_Body]) -> Tuple[Principal, _Body]:
+        """The admin calling, and the request's JSON body as ``model`` (401/403 before the body is read, 422)."""
+        principal = admin_of(registry, token_of(credentials))
+        try:
+            return principal, model.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise _invalid(exc.errors()) from None
+
     @app.post("/v1/policy/bundles", response_model=BundleSummary, status_code=201,
               summary="Store a signed policy bundle (admin)", responses=_responses(401, 403, 409, 413, 422, 503),
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                   "schema": BundlePush.model_json_schema()}}}})
     async def push_bundle(request: Request,
                           credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
-        principal = admin_of(registry, token_of(credentials))
-        try:
-            body = BundlePush.model_validate_json(await request.body())
-        except ValidationError as exc:
-            raise _invalid(exc.errors()) from None
+        principal, body = await admin_body(request, credentials, BundlePush)
         data, signature = _base64(body.bundle, "bundle"), _base64(body.signature, "signature")
         summary = await run_in_threadpool(read, lambda: bundles.push(principal, data, signature))
         return json_response(summary, status=201, headers={"Location": f"/v1/policy/bundles/{summary.serial}"})
@@ -339,16 +359,51 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
     def fetch_bundle(request: Request,
                      credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
         principal = host_of(registry, token_of(credentials))
-        serial = read(lambda: bundles.offer_serial(principal.subject))
+        offered = read(lambda: rollouts.offer(principal.subject))
+        serial = offered.serial
+        notice = {"X-Gpuguard-Rollout": offered.notice} if offered.notice else {}
         if serial is None:
-            return Response(status_code=204)
+            return Response(status_code=204, headers=notice)
         etag = etag_of(serial)
         tags = [tag.strip() for tag in (request.headers.get("if-none-match") or "").split(",")]
         if etag in tags or "*" in tags:
-            return Response(status_code=304, headers={"ETag": etag})
+            return Response(status_code=304, headers={"ETag": etag, **notice})
         offer = read(lambda: bundles.offer(serial))
-        return json_response(BundleOffer(serial=serial, bundle=_b64(offer.bundle), signature=_b64(offer.signature)),
-                             headers={"ETag": etag, "Cache-Control": "no-cache"})
+        return json_response(BundleOffer(serial=serial, bundle=_b64(offer.bundle), signature=_b64(offer.signature),
+                                         rollout=offered.notice),
+                             headers={"ETag": etag, "Cache-Control": "no-cache", **notice})
+
+    @app.post("/v1/rollouts", response_model=RolloutStatus, status_code=201,
+              summary="Start a staged rollout of a pushed bundle (admin)",
+              responses=_responses(401, 403, 404, 409, 422, 503),
+              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                  "schema": RolloutSpec.model_json_schema()}}}})
+    async def start_rollout(request: Request,
+                            credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
+        principal, spec = await admin_body(request, credentials, RolloutSpec)
+        status = await run_in_threadpool(read, lambda: rollouts.start(principal, spec))
+        return json_response(status, status=201, headers={"Location": f"/v1/rollouts/{status.rollout.rollout_id}"})
+
+    @app.get("/v1/rollouts", response_model=RolloutsResponse, summary="Every staged rollout, newest first",
+             responses=_READ_ERRORS, dependencies=[Depends(require_reader)])
+    def list_rollouts() -> Response:
+        found = read(rollouts.rows)
+        return json_response(RolloutsResponse(count=len(found), rollouts=found))
+
+    @app.get("/v1/rollouts/{rollout_id}", response_model=RolloutStatus,
+             summary="One rollout with its hosts, their stage and evidence",
+             responses=_responses(401, 403, 404, 422, 503), dependencies=[Depends(require_reader)])
+    def show_rollout(rollout_id: str = Path(..., max_length=64)) -> Response:
+        return json_response(read(lambda: rollouts.status(rollout_id)))
+
+    @app.post("/v1/rollouts/{rollout_id}/{action}", response_model=RolloutRow,
+              summary="Pause, resume or abort a rollout (admin)", responses=_responses(401, 403, 404, 409, 422, 503))
+    def change_rollout(rollout_id: str = Path(..., max_length=64),
+                       action: Literal["pause", "resume", "abort"] = Path(...),
+                       credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
+        principal = admin_of(registry, token_of(credentials))
+        operation = {"pause": rollouts.pause, "resume": rollouts.resume, "abort": rollouts.abort}[action]
+        return json_response(read(lambda: operation(principal, rollout_id)))
 
     @app.get("/healthz", response_model=Health, summary="Liveness and database reachability",
              responses=_responses(503))
@@ -361,7 +416,8 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
         # Same access rule as the fleet API: Prometheus sends the reader token (authorization: credentials_file).
         return Response(generate_latest(hub_metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    mount_dashboard(app, settings, store, registry, clock, alert_counts=alert_queue.counts, bundles=bundles)
+    mount_dashboard(app, settings, store, registry, clock, alert_counts=alert_queue.counts, bundles=bundles,
+                    rollouts=rollouts)
 
     def openapi() -> Dict[str, Any]:
         if app.openapi_schema is None:

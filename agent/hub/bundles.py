@@ -133,14 +133,15 @@ class PolicyBundles:
     def _db_time(self, value: dt.datetime) -> Any:
         return self.store.dialect.to_db_time(value)
 
-    def _audit(self, cur: Any, principal: Principal, action: str, serial: Optional[int], detail: str) -> None:
+    def audit_in(self, cur: Any, principal: Principal, action: str, serial: Optional[int], detail: str) -> None:
+        """One audit row, in the caller's transaction ``cur``."""
         cur.execute(self.store.dialect.sql("INSERT INTO audit (at, actor, role, action, serial, detail) "
                                            "VALUES (?, ?, ?, ?, ?, ?)"),
                     (self._db_time(self.clock()), principal.subject, principal.role, action, serial, detail))
 
     def _refused(self, principal: Principal, serial: Optional[int], exc: HubHTTPError) -> HubHTTPError:
         """Record a refused push in the audit trail (its own transaction: the push's was rolled back)."""
-        self.store.write("audit", lambda cur: self._audit(cur, principal, "push_refused", serial, exc.detail))
+        self.store.write("audit", lambda cur: self.audit_in(cur, principal, "push_refused", serial, exc.detail))
         log.info("hub_bundle_push_refused", actor=principal.subject, serial=serial, error=exc.error,
                  detail=exc.detail)
         return exc
@@ -174,7 +175,7 @@ class PolicyBundles:
                         (bundle.serial, data, signature, sha256, bundle.scope.model_dump_json(),
                          bundle.matrix_version, bundle.created_at, bundle.created_by, self._db_time(now),
                          principal.subject))
-            self._audit(cur, principal, "push", bundle.serial, f"sha256 {sha256}, {len(data)} bytes, "
+            self.audit_in(cur, principal, "push", bundle.serial, f"sha256 {sha256}, {len(data)} bytes, "
                                                                f"created by {bundle.created_by}")
 
         try:
@@ -186,23 +187,28 @@ class PolicyBundles:
 
     def withdraw(self, principal: Principal, serial: int) -> BundleSummary:
         """Stop offering bundle ``serial``; 404 for an unknown serial, 409 for one already withdrawn."""
-        sql = self.store.dialect.sql
-
-        def work(cur: Any) -> None:
-            cur.execute(sql("UPDATE policy_bundles SET withdrawn_at = ?, withdrawn_by = ? "
-                            "WHERE serial = ? AND withdrawn_at IS NULL"),
-                        (self._db_time(self.clock()), principal.subject, serial))
-            if cur.rowcount != 1:
-                cur.execute(sql("SELECT withdrawn_by FROM policy_bundles WHERE serial = ?"), (serial,))
-                row = cur.fetchone()
-                if row is None:
-                    raise _not_found(serial)
-                raise HubHTTPError(409, "already_withdrawn", f"bundle {serial} was already withdrawn by {row[0]}")
-            self._audit(cur, principal, "withdraw", serial, "no longer offered to hosts")
-
-        self.store.write("policy_withdraw", work)
+        self.store.write("policy_withdraw",
+                         lambda cur: self.withdraw_in(cur, principal, serial, "no longer offered to hosts"))
         log.info("hub_bundle_withdrawn", actor=principal.subject, serial=serial)
         return self.summary(serial)
+
+    def withdraw_in(self, cur: Any, principal: Principal, serial: int, detail: str, missing_ok: bool = False) -> bool:
+        """Withdraw bundle ``serial`` in the caller's transaction ``cur`` and audit it; True when it was withdrawn
+        now. 404/409 for an unknown or already withdrawn serial unless ``missing_ok``."""
+        sql = self.store.dialect.sql
+        cur.execute(sql("UPDATE policy_bundles SET withdrawn_at = ?, withdrawn_by = ? "
+                        "WHERE serial = ? AND withdrawn_at IS NULL"),
+                    (self._db_time(self.clock()), principal.subject, serial))
+        if cur.rowcount != 1:
+            if missing_ok:
+                return False
+            cur.execute(sql("SELECT withdrawn_by FROM policy_bundles WHERE serial = ?"), (serial,))
+            row = cur.fetchone()
+            if row is None:
+                raise _not_found(serial)
+            raise HubHTTPError(409, "already_withdrawn", f"bundle {serial} was already withdrawn by {row[0]}")
+        self.audit_in(cur, principal, "withdraw", serial, detail)
+        return True
 
     # --- reads --------------------------------------------------------------------------------------------
     def _summary_of(self, row: Sequence[Any]) -> BundleSummary:

@@ -1,5 +1,5 @@
-"""The hub's policy API as an operator's command calls it: push, list, show and withdraw policy bundles, and how
-their answers print.
+"""The hub's policy API as an operator's command calls it: push, list, show and withdraw policy bundles, start and
+steer staged rollouts, and how their answers print.
 
 Every call sends the admin's (or, to read, a reader's) bearer token; TLS is verified against ``ca_bundle`` when
 set, else requests' default trust store. Whatever goes wrong is one HubClientError line: the hub's own refusal
@@ -116,6 +116,18 @@ class HubClient:
         """Stop offering a bundle (admin); its summary."""
         return self._call("POST", f"/v1/policy/bundles/{serial}/withdraw")
 
+    def rollout_start(self, spec: Dict[str, Any]) -> Dict[str, Any]:
+        """Start a staged rollout (admin); its status."""
+        return self._call("POST", "/v1/rollouts", spec)
+
+    def rollout_status(self, rollout_id: Optional[str]) -> Dict[str, Any]:
+        """One rollout with its hosts, or (None) every rollout."""
+        return self._call("GET", f"/v1/rollouts/{rollout_id}" if rollout_id else "/v1/rollouts")
+
+    def rollout_action(self, rollout_id: str, action: str) -> Dict[str, Any]:
+        """Pause, resume or abort a rollout (admin); the rollout."""
+        return self._call("POST", f"/v1/rollouts/{rollout_id}/{action}")
+
 
 def bundles_table(bundles: Sequence[Mapping[str, Any]]) -> str:
     """``hub policy list``: one line per bundle, newest first (serial, state, pushed when and by whom, scope)."""
@@ -140,6 +152,37 @@ def bundle_lines(summary: Mapping[str, Any], policy_files: Sequence[str]) -> str
             ("sha256", summary.get("sha256")), ("bytes", summary.get("bundle_bytes")),
             ("policy_files", ", ".join(policy_files) or "-")]
     return "".join(f"{name + ':':<16}{value}\n" for name, value in rows)
+
+
+def rollout_lines(status: Mapping[str, Any]) -> str:
+    """``hub rollout status ID``: the rollout, hosts per stage, then one line per host (stage, evidence)."""
+    r = status.get("rollout", {})
+    spec = r.get("spec", {})
+    stages = ", ".join(f"{k}: {v}" for k, v in sorted((status.get("hosts_by_stage") or {}).items()))
+    rows = [("rollout", r.get("rollout_id")), ("state", r.get("state")), ("why", r.get("reason")),
+            ("target", f"serial {r.get('target_serial')} (previous {r.get('previous_serial')})"),
+            ("stage", f"{r.get('stage')} of {len(spec.get('batches', []))}, opened {r.get('stage_started_at')}"),
+            ("plan", f"{spec.get('canaries')} canaries per cohort, then {spec.get('batches')}%, soak "
+                     f"{spec.get('soak_seconds')} s, halt above {spec.get('halt_percent')}%"),
+            ("hosts by stage", stages)]
+    lines = [f"{name + ':':<16}{value}" for name, value in rows]
+    lines.append(f"{'HOST':<24}  {'STAGE':<7}  {'RESULT':<6}  DETAIL")
+    for h in status.get("hosts", []):
+        evidence = h.get("evidence") or {}
+        stage = "-" if h.get("stage") is None else str(h.get("stage"))
+        lines.append(f"{h.get('host_id', ''):<24}  {stage:<7}  {evidence.get('result', '-'):<6}  "
+                     f"{evidence.get('detail', '')}")
+    return "\n".join(lines) + "\n"
+
+
+def rollouts_table(rollouts: Sequence[Mapping[str, Any]]) -> str:
+    """``hub rollout status``: one line per rollout, newest first."""
+    lines = [f"{'ROLLOUT':<16}  {'STATE':<8}  {'TARGET':>6}  {'STAGE':>5}  WHY"]
+    lines += [f"{r.get('rollout_id', ''):<16}  {r.get('state', ''):<8}  {r.get('target_serial', ''):>6}  "
+              f"{r.get('stage', ''):>5}  {r.get('reason', '')}" for r in rollouts]
+    if not rollouts:
+        lines.append("(no rollouts)")
+    return "\n".join(lines) + "\n"
 
 
 def _refusal(reply: requests.Response) -> str:

@@ -30,6 +30,8 @@ class Dialect(Protocol):
     bytes_type: str  # the column type of raw bytes
     key_type: str  # a generated integer primary key, in creation order
     driver_errors: Tuple[Type[BaseException], ...]  # what the store maps to StoreError
+    for_update: str  # appended to a SELECT that locks its rows until the transaction ends ("" where BEGIN IMMEDIATE
+    # already holds every other writer off)
 
     def connect_reader(self) -> Any:
         """A connection for reads and small writes (autocommit where the driver has it)."""
@@ -63,6 +65,7 @@ class SQLiteDialect:
     timestamp_type = "TEXT"
     bytes_type = "BLOB"
     key_type = "INTEGER PRIMARY KEY"
+    for_update = ""
     driver_errors: Tuple[Type[BaseException], ...] = (sqlite3.Error, OSError)  # OSError: the directory cannot be made
 
     def __init__(self, path: str, synchronous: str = "full", busy_timeout_seconds: float = 10.0) -> None:
@@ -124,6 +127,7 @@ class PostgresDialect:
     timestamp_type = "TIMESTAMPTZ"
     bytes_type = "BYTEA"
     key_type = "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
+    for_update = " FOR UPDATE"
 
     def __init__(self, url: str, connect_timeout_seconds: int = 10) -> None:
         try:

@@ -36,6 +36,8 @@ class HostUpdate(NamedTuple):
     policy_serial: Optional[int] = None
     policy_refused_serial: Optional[int] = None
     policy_refused_reason: Optional[str] = None
+    last_health_at: Optional[dt.datetime] = None
+    last_health_after_change: Optional[bool] = None
 
 
 def _order_key(event: Event) -> Tuple[dt.datetime, int]:
@@ -74,7 +76,9 @@ def summarize_hosts(events: Sequence[Event]) -> List[HostUpdate]:
                                                                                          sort_keys=True),
                               policy_source=payload.policy_source, policy_serial=payload.policy_serial,
                               policy_refused_serial=payload.policy_refused_serial,
-                              policy_refused_reason=payload.policy_refused_reason)
+                              policy_refused_reason=payload.policy_refused_reason,
+                              last_health_at=None if payload.last_health_at is None else utc(payload.last_health_at),
+                              last_health_after_change=payload.last_health_after_change)
                 break
         updates.append(HostUpdate(**fields))
     return updates

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -37,7 +37,7 @@ from agent.hub.settings import HubSettings
 from agent.hub.tokens import Principal, TokenRegistry, bearer_token
 from agent.hub.writer import GroupCommitWriter
 from agent.log import get_logger
-from agent.report.events import EVENT_SCHEMA_VERSION, EventBatch
+from agent.report.events import EVENT_SCHEMA_VERSION, Event, EventBatch
 from agent.validation import validation_problems
 
 log = get_logger("hub.app")
@@ -116,11 +116,13 @@ class Ingest:
     """POST /v1/events, step by step; the FastAPI route and the direct ASGI path both run these steps."""
 
     def __init__(self, settings: HubSettings, registry: TokenRegistry, writer: GroupCommitWriter,
-                 alerts: Optional[AlertQueue] = None) -> None:
+                 alerts: Optional[AlertQueue] = None,
+                 on_stored: Optional[Callable[[Sequence[Event]], None]] = None) -> None:
         self.settings = settings
         self.registry = registry
         self.writer = writer
         self.alerts = alerts
+        self.on_stored = on_stored  # told of every stored batch (must not block: the rollout worker's nudge)
 
     async def store(self, principal: Principal, body: bytes) -> BatchResult:
         """Parse, check the hosts, queue for the writer and wait for the commit."""
@@ -147,6 +149,8 @@ class Ingest:
                 await run_in_threadpool(self.alerts.enqueue, batch.events, utc_now())
             except StoreError as exc:
                 raise storage_unavailable(exc) from None
+        if self.on_stored is not None:
+            self.on_stored(batch.events)
         log.debug("hub_batch_stored", host_id=principal.subject, accepted_count=len(result.accepted),
                   duplicate_count=len(result.duplicates))
         return result

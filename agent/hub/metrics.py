@@ -16,6 +16,10 @@ Fleet figures are read from the database at each scrape (grouped queries over ``
     gpuguard_hub_host_policy_serial{host_id}        per host, the serial of the bundle it enforces (hosts with one)
     gpuguard_hub_hosts_policy_behind                hosts offered a newer bundle (in their scope) than they enforce
     gpuguard_hub_hosts_policy_refused               hosts whose last refused bundle is newer than the one they enforce
+    gpuguard_hub_rollout_state{rollout_id,state}    the active (else newest) staged rollout: 1 for its state, 0 others
+    gpuguard_hub_rollout_stage{rollout_id}          its open stage (-1: none yet, 0: canaries)
+    gpuguard_hub_rollout_hosts{rollout_id,stage}    its hosts per stage ("waiting": not admitted)
+    gpuguard_hub_rollout_hosts_by_result{rollout_id,result}  admitted hosts by evidence: pass, fail, wait
     gpuguard_hub_store_up                           1 when the database answered this scrape
 
 and one figure of this process:
@@ -37,6 +41,7 @@ from agent.hub.alerts import AlertQueue
 from agent.hub.bundles import PolicyRollout
 from agent.hub.dashboard import queries
 from agent.hub.middleware import WatchedSend
+from agent.hub.rollout_plan import ROLLOUT_STATES, RolloutStatus
 from agent.hub.store import SqlStore
 from agent.log import get_logger
 from agent.report.events import PAYLOAD_KINDS
@@ -57,8 +62,10 @@ class FleetCollector:
 
     def __init__(self, store: SqlStore, alerts: AlertQueue, stale_after_seconds: float,
                  clock: Callable[[], dt.datetime],
-                 policy_rollout: Optional[Callable[[], PolicyRollout]] = None) -> None:
+                 policy_rollout: Optional[Callable[[], PolicyRollout]] = None,
+                 staged_rollout: Optional[Callable[[], Optional[RolloutStatus]]] = None) -> None:
         self._store = store
+        self._staged_rollout = staged_rollout
         self._alerts = alerts
         self._policy_rollout = policy_rollout
         self._stale_after_seconds = stale_after_seconds
@@ -126,7 +133,30 @@ class FleetCollector:
                                          "Guarded packages no kept package file can restore, all hosts together.")
         unrestorable.add_metric([], rollback.not_restorable)
         return [hosts, health, stale, pairing, no_pairing, coverage, unrestorable, recent, alerts,
-                *self._policy_families()]
+                *self._policy_families(), *self._rollout_families()]
+
+    def _rollout_families(self) -> List[Metric]:
+        status = self._staged_rollout() if self._staged_rollout is not None else None
+        if status is None:
+            return []
+        rid = status.rollout.rollout_id
+        state = GaugeMetricFamily("gpuguard_hub_rollout_state", "The active (else newest) staged rollout: 1 for "
+                                                                "its state.", labels=["rollout_id", "state"])
+        for name in ROLLOUT_STATES:
+            state.add_metric([rid, name], 1 if status.rollout.state == name else 0)
+        stage = GaugeMetricFamily("gpuguard_hub_rollout_stage", "The rollout's open stage (-1: none, 0: canaries).",
+                                  labels=["rollout_id"])
+        stage.add_metric([rid], status.rollout.stage)
+        per_stage = GaugeMetricFamily("gpuguard_hub_rollout_hosts", "The rollout's hosts per stage (waiting: not "
+                                                                    "admitted).", labels=["rollout_id", "stage"])
+        for name, count in sorted(status.hosts_by_stage.items()):
+            per_stage.add_metric([rid, name], count)
+        results = GaugeMetricFamily("gpuguard_hub_rollout_hosts_by_result", "The rollout's admitted hosts by evidence.",
+                                    labels=["rollout_id", "result"])
+        for result in ("pass", "fail", "wait"):
+            results.add_metric([rid, result], sum(h.stage is not None and h.evidence is not None
+                                                  and h.evidence.result == result for h in status.hosts))
+        return [state, stage, per_stage, results]
 
     def _policy_families(self) -> List[Metric]:
         if self._policy_rollout is None:
@@ -155,10 +185,12 @@ class HubMetrics:
 
     def __init__(self, store: SqlStore, alerts: AlertQueue, stale_after_seconds: float,
                  clock: Callable[[], dt.datetime],
-                 policy_rollout: Optional[Callable[[], PolicyRollout]] = None) -> None:
+                 policy_rollout: Optional[Callable[[], PolicyRollout]] = None,
+                 staged_rollout: Optional[Callable[[], Optional[RolloutStatus]]] = None) -> None:
         disable_created_metrics()  # no *_created series: a restart is visible from process metrics anyway
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(FleetCollector(store, alerts, stale_after_seconds, clock, policy_rollout))
+        self.registry.register(FleetCollector(store, alerts, stale_after_seconds, clock, policy_rollout,
+                                                             staged_rollout))
         self.ingest_seconds = Histogram("gpuguard_hub_ingest_seconds", "POST /v1/events: from the request's start "
                                         "to the answer, by status code class (this process).", ["code"],
                                         buckets=INGEST_BUCKETS_SECONDS, registry=self.registry)

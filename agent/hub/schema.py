@@ -6,7 +6,10 @@
               heartbeat's labels and policy fields since schema version 2)
     policy_bundles  one row per pushed policy bundle, by serial: its bytes, signature, scope, who made and pushed
                     it, and its withdrawal (agent/hub/bundles.py)
-    audit     one row per push and withdrawal of a policy bundle: when, who, what
+    audit     one row per push and withdrawal of a policy bundle, and per rollout decision: when, who, what
+    rollouts  one row per staged rollout of a bundle (schema version 3): target and previous serial, its spec as
+              JSON, state, the open stage and when it opened, why it halted (agent/hub/rollouts.py)
+    rollout_hosts  one row per host of a rollout: cohort, stage and time of admission, its newest evidence
 
 The statements are written once with ``?`` placeholders; the dialect (``dialects.py``) adapts them. The latest-state
 columns of ``hosts`` move only forward in ``occurred_at`` (``UPSERT_HOST``), so batches arriving out of order or
@@ -23,13 +26,13 @@ import datetime as dt
 import json
 from typing import Any, Callable, List, Optional, Sequence
 
-from agent.hub.dialects import Dialect
+from agent.hub.dialects import Dialect, text_time
 from agent.hub.host_updates import HostUpdate
 from agent.hub.rows import HostState
 from agent.report.events import Event
 from agent.snapshot.pairing import Pairing
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # PostgreSQL advisory locks held while a hub creates tables: hubs starting together take turns. The store's own
 # tables and the ones the dashboard and the alert queue add later each have their key.
 SCHEMA_LOCK_KEY = 0x67707567_0001
@@ -44,12 +47,16 @@ TimeToDb = Callable[[dt.datetime], Any]
 # Columns of ``hosts`` added by schema version 2: the newest heartbeat's labels (JSON) and policy fields.
 _HOST_POLICY_COLUMNS = (("labels", "TEXT"), ("policy_source", "TEXT"), ("policy_serial", "BIGINT"),
                         ("policy_refused_serial", "BIGINT"), ("policy_refused_reason", "TEXT"))
+# Columns of ``hosts`` added by schema version 3: when the newest heartbeat's health check finished, and whether it
+# followed a change (staged rollouts' evidence). The time is text in either database (``dialects.text_time``).
+_HOST_HEALTH_COLUMNS = (("last_health_at", "TEXT"), ("last_health_after_change", "BOOLEAN"))
 
 
 def tables(timestamp_type: str, bytes_type: str = "BLOB", key_type: str = "INTEGER PRIMARY KEY") -> List[str]:
     """CREATE TABLE/INDEX IF NOT EXISTS for every table, times as ``timestamp_type``, bytes as ``bytes_type``, an
     audit row's generated key as ``key_type``."""
-    policy_columns = "".join(f",\n            {name} {kind}" for name, kind in _HOST_POLICY_COLUMNS)
+    policy_columns = "".join(f",\n            {name} {kind}"
+                             for name, kind in _HOST_POLICY_COLUMNS + _HOST_HEALTH_COLUMNS)
     return [
         "CREATE TABLE IF NOT EXISTS hub_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
         f"""CREATE TABLE IF NOT EXISTS events (
@@ -102,12 +109,34 @@ def tables(timestamp_type: str, bytes_type: str = "BLOB", key_type: str = "INTEG
             serial BIGINT,
             detail TEXT NOT NULL)""",
         "CREATE INDEX IF NOT EXISTS audit_at ON audit (at)",
+        f"""CREATE TABLE IF NOT EXISTS rollouts (
+            rollout_id TEXT PRIMARY KEY,
+            target_serial BIGINT NOT NULL,
+            previous_serial BIGINT,
+            spec TEXT NOT NULL,
+            state TEXT NOT NULL,
+            stage INTEGER NOT NULL,
+            stage_started_at {timestamp_type},
+            created_at {timestamp_type} NOT NULL,
+            created_by TEXT NOT NULL,
+            updated_at {timestamp_type} NOT NULL,
+            reason TEXT NOT NULL)""",
+        f"""CREATE TABLE IF NOT EXISTS rollout_hosts (
+            rollout_id TEXT NOT NULL,
+            host_id TEXT NOT NULL,
+            cohort TEXT NOT NULL,
+            stage INTEGER,
+            admitted_at {timestamp_type},
+            evidence TEXT,
+            evidence_detail TEXT,
+            PRIMARY KEY (rollout_id, host_id))""",
     ]
 
 
 # Per older version, what brings a database of that version to the next; ``tables`` then adds the new tables.
 MIGRATIONS = {
     "1": [f"ALTER TABLE hosts ADD COLUMN {name} {kind}" for name, kind in _HOST_POLICY_COLUMNS],
+    "2": [f"ALTER TABLE hosts ADD COLUMN {name} {kind}" for name, kind in _HOST_HEALTH_COLUMNS],
 }
 
 
@@ -166,8 +195,9 @@ def _pick(column: str, condition: str) -> str:
 UPSERT_HOST = f"""
 INSERT INTO hosts (host_id, hostname, first_seen_at, last_seen_at, last_event_at, last_sequence,
                    pairing, content_hash, pairing_at, compliant, agent_version, last_health_status, heartbeat_at,
-                   labels, policy_source, policy_serial, policy_refused_serial, policy_refused_reason)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   labels, policy_source, policy_serial, policy_refused_serial, policy_refused_reason,
+                   last_health_at, last_health_after_change)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (host_id) DO UPDATE SET
     {_pick("hostname", _NEWER_EVENT)},
     {_pick("last_sequence", _NEWER_EVENT)},
@@ -184,6 +214,8 @@ ON CONFLICT (host_id) DO UPDATE SET
     {_pick("policy_serial", _NEWER_HEARTBEAT)},
     {_pick("policy_refused_serial", _NEWER_HEARTBEAT)},
     {_pick("policy_refused_reason", _NEWER_HEARTBEAT)},
+    {_pick("last_health_at", _NEWER_HEARTBEAT)},
+    {_pick("last_health_after_change", _NEWER_HEARTBEAT)},
     {_pick("heartbeat_at", _NEWER_HEARTBEAT)}
 """
 
@@ -196,20 +228,22 @@ def host_params(u: HostUpdate, received: Any, to_db_time: TimeToDb) -> List[Any]
     return [u.host_id, u.hostname, received, received, t(u.last_event_at), u.last_sequence, u.pairing_json,
             u.content_hash, t(u.pairing_at), u.compliant, u.agent_version, u.last_health_status,
             t(u.heartbeat_at), u.labels_json, u.policy_source, u.policy_serial, u.policy_refused_serial,
-            u.policy_refused_reason]
+            u.policy_refused_reason, None if u.last_health_at is None else text_time(u.last_health_at),
+            u.last_health_after_change]
 
 
 # SELECT these from hosts, and host_from_row makes each row a HostState.
 HOST_COLUMNS = ("host_id, hostname, first_seen_at, last_seen_at, last_event_at, last_sequence, pairing, "
                 "pairing_at, content_hash, compliant, agent_version, last_health_status, heartbeat_at, labels, "
-                "policy_source, policy_serial, policy_refused_serial, policy_refused_reason")
+                "policy_source, policy_serial, policy_refused_serial, policy_refused_reason, last_health_at, "
+                "last_health_after_change")
 
 
 def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]) -> HostState:
     """A row of ``HOST_COLUMNS`` as the host's state."""
     (host_id, hostname, first_seen, last_seen, last_event, last_sequence, pairing, pairing_at, content_hash,
      compliant, agent_version, last_health_status, heartbeat_at, labels, policy_source, policy_serial,
-     policy_refused_serial, policy_refused_reason) = row
+     policy_refused_serial, policy_refused_reason, last_health_at, last_health_after_change) = row
 
     def t(value: Any) -> Optional[dt.datetime]:
         return None if value is None else from_db_time(value)
@@ -223,4 +257,8 @@ def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]
                      last_health_status=last_health_status, heartbeat_at=t(heartbeat_at),
                      labels=json.loads(labels) if labels is not None else None, policy_source=policy_source,
                      policy_serial=policy_serial, policy_refused_serial=policy_refused_serial,
-                     policy_refused_reason=policy_refused_reason)
+                     policy_refused_reason=policy_refused_reason,
+                     last_health_at=None if last_health_at is None else dt.datetime.fromisoformat(
+                         last_health_at[:-1]).replace(tzinfo=dt.timezone.utc),
+                     last_health_after_change=None if last_health_after_change is None
+                     else bool(last_health_after_change))

@@ -49,6 +49,8 @@ class HubSettings(FrozenModel):
     retention_event_days: float = Field(90.0, ge=0)
     retention_interval_seconds: float = Field(600.0, ge=1)
     retention_batch_rows: int = Field(2000, ge=1, le=100_000)
+    # Staged rollouts (agent/hub/rollouts.py): every hub process evaluates the running rollout this often.
+    rollout_tick_seconds: float = Field(10.0, ge=0.05, le=3600)
     # Dashboard (agent/hub/dashboard/) and /metrics: a host not heard from this long is stale.
     stale_after_seconds: float = Field(900.0, gt=0)
     dashboard_session_seconds: float = Field(8 * 3600.0, ge=60, le=30 * 86400)

@@ -166,6 +166,11 @@ class Heartbeat(PayloadModel):
     # The last bundle this host refused, and the one-line reason (signature, serial rollback, scope, compile).
     policy_refused_serial: Optional[int] = Field(None, ge=1)
     policy_refused_reason: Optional[str] = Field(None, max_length=2000)
+    # Staged rollouts (issue 33), optional too: when the last health check (last_health_status) finished, and
+    # whether it was the check after a package change. The hub counts a pass as a rollout's evidence only when it
+    # finished after the host's admission and, when the flag is sent, was a post-change check.
+    last_health_at: Optional[dt.datetime] = None
+    last_health_after_change: Optional[bool] = None
 
 
 class StateFileDamaged(PayloadModel):

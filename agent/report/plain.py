@@ -105,6 +105,8 @@ class PlainHeartbeat(PlainPayload):
     policy_serial: Optional[int] = None
     policy_refused_serial: Optional[int] = None
     policy_refused_reason: Optional[str] = None
+    last_health_at: Optional[dt.datetime] = None
+    last_health_after_change: Optional[bool] = None
 
     def __post_init__(self) -> None:
         for name in ("policy_serial", "policy_refused_serial"):

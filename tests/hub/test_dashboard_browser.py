@@ -226,3 +226,64 @@ def test_the_policy_pages_in_chromium(policy_hub: HubProcess, browser: Any, tmp_
     assert serials == ["42", "41"]
     assert len(d.find_elements(By.CSS_SELECTOR, "table#audit tr.audit")) == 2
     shot(d, tmp_path, "policy")
+
+
+@pytest.fixture(scope="module")
+def rollout_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]:
+    """A hub whose rollout of bundle 2 halted: the canary of the AMD cohort reported cpu_fallback on serial 2."""
+    import datetime as dt
+
+    from agent.hub.bundles import PolicyBundles
+    from agent.hub.rollout_plan import RolloutSpec
+    from agent.hub.rollouts import Rollouts
+    from agent.hub.store import make_store
+    from agent.hub.tokens import Principal
+    from agent.report.events import Heartbeat
+    from tests.hub.factories import CUDA_12, ROCM_62, event
+    from tests.hub.test_policy_bundles import SIGNATURE, bundle_bytes
+
+    tmp = tmp_path_factory.mktemp("rollout-dashboard")
+    url = f"sqlite:///{tmp}/hub.db"
+    store = make_store(url)
+    store.open()
+    admin = Principal(role="admin", subject="alice")
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def beats(hosts: List[str], serial: int, health: str) -> None:
+        store.ingest([[event(h, at=dt.datetime.now(dt.timezone.utc)).model_copy(update={"payload": Heartbeat(
+            agent_version="1.0", uptime_seconds=1.0, pairing=ROCM_62 if h.startswith("amd") else CUDA_12,
+            policy_source="bundle", policy_serial=serial, last_health_status=health)}) for h in hosts]],
+            received_at=now)
+
+    beats(["amd-1", "amd-2", "amd-3", "nv-1", "nv-2"], 1, "pass")
+    bundles = PolicyBundles(store)
+    bundles.push(admin, bundle_bytes(1), SIGNATURE)
+    bundles.push(admin, bundle_bytes(2), SIGNATURE)
+    rollouts = Rollouts(store, bundles)
+    rid = rollouts.start(admin, RolloutSpec(target_serial=2, batches=(50, 100), soak_seconds=60)).rollout.rollout_id
+    beats(["amd-1"], 2, "cpu_fallback")
+    rollouts.evaluate(rid)
+    store.close()
+    yield from serving(tmp, url)
+
+
+def test_the_rollout_pages_in_chromium(rollout_hub: HubProcess, browser: Any, tmp_path: Path) -> None:
+    """/ui/rollouts shows the halted rollout; its page says why, naming the failing canary and its result, and
+    marks that host's row as failed."""
+    from selenium.webdriver.common.by import By
+
+    d = browser
+    d.get(f"{rollout_hub.url}/ui/login")
+    d.find_element(By.ID, "token").send_keys(rollout_hub.reader_token)
+    click_and_load(d, d.find_element(By.ID, "login"))
+    click_and_load(d, d.find_element(By.LINK_TEXT, "Rollouts"))
+    [row] = d.find_elements(By.CSS_SELECTOR, "table#rollouts tr.rollout")
+    assert "halted" in row.text and "amd-1" in row.text
+    shot(d, tmp_path, "rollouts")
+    click_and_load(d, row.find_element(By.TAG_NAME, "a"))
+    assert d.find_element(By.ID, "rollout-state").text == "halted"
+    assert d.find_element(By.ID, "rollout-reason").text == \
+        "1 of 2 canaries failed: amd-1 (health cpu_fallback on serial 2)"
+    failed = d.find_elements(By.CSS_SELECTOR, "table#rollout-hosts tr.rollout-host.fail")
+    assert [r.get_attribute("data-host-id") for r in failed] == ["amd-1"]
+    shot(d, tmp_path, "rollout")

@@ -240,8 +240,8 @@ def test_a_hosts_labels_and_policy_fields_come_from_its_newest_heartbeat(store: 
 
 
 def test_a_schema_version_1_database_is_migrated_with_its_rows(store: Store) -> None:
-    """A database of schema version 1 (hosts without the policy columns, no bundle tables) opens as version 2 with
-    its hosts kept and the new columns empty."""
+    """A database of schema version 1 (hosts without the policy columns, no bundle or rollout tables) opens as the
+    newest version with its hosts kept, the new columns empty and the new tables there."""
     from agent.hub import schema
     from agent.hub.store import SqlStore
 
@@ -249,8 +249,10 @@ def test_a_schema_version_1_database_is_migrated_with_its_rows(store: Store) -> 
     store.ingest([[event("host-old", at=T0)]], received_at=NOW)
 
     def downgrade(cur: object) -> None:
-        for statement in ["DROP TABLE policy_bundles", "DROP TABLE audit",
-                          *(f"ALTER TABLE hosts DROP COLUMN {name}" for name, _ in schema._HOST_POLICY_COLUMNS),
+        for statement in ["DROP TABLE policy_bundles", "DROP TABLE audit", "DROP TABLE rollouts",
+                          "DROP TABLE rollout_hosts",
+                          *(f"ALTER TABLE hosts DROP COLUMN {name}"
+                            for name, _ in schema._HOST_POLICY_COLUMNS + schema._HOST_HEALTH_COLUMNS),
                           "UPDATE hub_meta SET value = '1' WHERE key = 'schema_version'"]:
             cur.execute(statement)  # type: ignore[attr-defined]
 
@@ -261,8 +263,9 @@ def test_a_schema_version_1_database_is_migrated_with_its_rows(store: Store) -> 
     reopened.open()
     try:
         [host] = reopened.hosts()
-        assert (host.host_id, host.policy_serial, host.labels) == ("host-old", None, None)
-        assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [("2",)]
+        assert (host.host_id, host.policy_serial, host.labels, host.last_health_at) == ("host-old", None, None, None)
+        assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [("3",)]
         assert reopened.query("test", "SELECT COUNT(*) FROM policy_bundles") == [(0,)]
+        assert reopened.query("test", "SELECT COUNT(*) FROM rollout_hosts") == [(0,)]
     finally:
         reopened.close()

@@ -4,6 +4,7 @@
     /ui/hosts/{host_id}  one host: snapshot, health trend (inline SVG), drift timeline, events
     /ui/pairings         hosts per driver/ROCm/CUDA/kernel pairing
     /ui/policy           policy bundles, hosts on an older serial, hosts that refused a bundle and why, the audit
+    /ui/rollouts         staged rollouts; /ui/rollouts/{id}: state and why (a halt names the hosts), hosts' evidence
     /ui/login, /ui/logout
 
 Access needs a reader token, like the fleet API: either ``Authorization: Bearer`` on every request, or once at
@@ -13,6 +14,7 @@ and shows no fleet data. ``fleet_api_requires_token = false`` opens the dashboar
     queries.py  counts and paginated host lists in SQL
     render.py   HTML from query results (pure)
     policy.py   the policy section, page and host rows (pure)
+    rollouts.py the staged-rollout pages (pure)
     session.py  the session cookie
 """
 
@@ -29,7 +31,9 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from agent.errors import StoreError
 from agent.hub.bundles import PolicyBundles
 from agent.hub.dashboard import policy, queries, render
+from agent.hub.dashboard import rollouts as rollout_pages
 from agent.hub.dashboard.session import COOKIE_NAME, SessionSigner
+from agent.hub.rollouts import Rollouts
 from agent.hub.rows import DRIFT_KINDS
 from agent.hub.settings import HubSettings
 from agent.hub.store import SqlStore
@@ -88,9 +92,10 @@ def _over_https(request: Request) -> bool:
 def mount_dashboard(app: FastAPI, settings: HubSettings, store: SqlStore, registry: TokenRegistry,
                     clock: Callable[[], dt.datetime],
                     alert_counts: Optional[Callable[[], Mapping[Tuple[str, str], int]]] = None,
-                    bundles: Optional[PolicyBundles] = None) -> None:
+                    bundles: Optional[PolicyBundles] = None, rollouts: Optional[Rollouts] = None) -> None:
     """Add the dashboard's routes to ``app`` (not in the OpenAPI spec: they answer HTML); ``alert_counts`` gives
-    the alert deliveries by (webhook, state) for the overview; ``bundles`` the policy bundles and their rollout."""
+    the alert deliveries by (webhook, state) for the overview; ``bundles`` the policy bundles and their rollout;
+    ``rollouts`` the staged rollouts."""
     signer = SessionSigner(store, settings.dashboard_session_seconds)
     stale_after = settings.stale_after_seconds
 
@@ -166,6 +171,24 @@ def mount_dashboard(app: FastAPI, settings: HubSettings, store: SqlStore, regist
                 raise _BadQuery("this hub keeps no policy bundles", 404)
             return policy.policy_page(bundles.rollout(), bundles.summaries(), bundles.audit(AUDIT_SHOWN), clock(),
                                       reader)
+
+        return guarded(request, build)
+
+    @app.get("/ui/rollouts", include_in_schema=False)
+    def rollouts_overview(request: Request) -> Response:
+        def build(reader: str) -> str:
+            if rollouts is None:
+                raise _BadQuery("this hub runs no rollouts", 404)
+            return rollout_pages.rollouts_page(rollouts.rows(), clock(), reader)
+
+        return guarded(request, build)
+
+    @app.get("/ui/rollouts/{rollout_id}", include_in_schema=False)
+    def rollout_detail(request: Request, rollout_id: str) -> Response:
+        def build(reader: str) -> str:
+            if rollouts is None or not any(r.rollout_id == rollout_id for r in rollouts.rows()):
+                raise _BadQuery(f"no rollout {rollout_id!r}", 404)
+            return rollout_pages.rollout_page(rollouts.status(rollout_id), clock(), reader)
 
         return guarded(request, build)
 

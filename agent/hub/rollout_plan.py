@@ -1,0 +1,245 @@
+"""Staged rollouts of a policy bundle (issue #33), the pure part: cohorts, each host's evidence, and the next stage
+decision. No I/O here: ``agent/hub/rollouts.py`` reads the rows, calls ``decide`` inside a transaction that holds
+the rollout's row lock, and writes what it says.
+
+A rollout takes the hosts in its target bundle's scope (narrowed by an optional label selector) and groups them in
+cohorts: GPU model, OS release, kernel series and the current pairing, so a change that breaks one kind of host
+shows on a canary of that kind first. Stage 0 admits ``canaries`` hosts of every cohort; stage i >= 1 admits, per
+cohort, hosts up to ``batches[i-1]`` percent of the cohort (cumulative, rounded up; the last batch is 100). The
+next stage opens only when every admitted host passed and ``soak_seconds`` have elapsed since the current stage
+opened. The halt rule: any canary failing, or more than ``halt_percent`` of the current batch's hosts failing.
+
+A host's evidence (``host_evidence``): it passes when its heartbeat after admission names the target serial in
+force, its last health status is ``pass`` (from a check that finished after admission and followed a change, when
+the agent sends ``last_health_at`` / ``last_health_after_change``; older agents do not, and then the heartbeat's
+time stands for the check's), and no rollback / cpu_fallback / health_regression event arrived since admission;
+it fails on such an event, or on a status of regression, cpu_fallback, failed or timeout on the
+target serial; anything else (busy, deferred, skipped, not on the target yet, no heartbeat since) is waiting.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+from typing import Dict, List, Literal, Mapping, Optional, Sequence, Tuple
+
+from agent.bundle.scope import pairing_text
+from agent.hub.rows import HostState
+from agent.models import FrozenModel
+
+RolloutState = Literal["running", "paused", "halted", "aborted", "done"]
+ROLLOUT_STATES = ("running", "paused", "halted", "aborted", "done")
+ACTIVE_STATES = ("running", "paused", "halted")  # the target is offered only to admitted hosts
+FAILED_HEALTH = ("regression", "cpu_fallback", "failed", "timeout")
+FAILURE_EVENT_KINDS = ("rollback", "cpu_fallback", "health_regression")
+
+
+class RolloutSpec(FrozenModel):
+    """What an operator asks for: the target, canaries per cohort, cumulative batch percentages, soak, halt rule."""
+
+    target_serial: int
+    canaries: int = 1
+    batches: Tuple[int, ...] = (5, 25, 100)
+    soak_seconds: int = 600
+    halt_percent: float = 0.0  # more than this percentage of a batch failing halts (0: any failure halts)
+    labels: Dict[str, str] = {}  # narrows the hosts taken (all must be equal)
+
+    def problems(self) -> List[str]:
+        """What is wrong with the spec, one line each (empty: fine)."""
+        found = []
+        if self.canaries < 1:
+            found.append("canaries: must be at least 1")
+        if not self.batches or any(not 0 < b <= 100 for b in self.batches) or list(self.batches) != sorted(
+                set(self.batches)) or self.batches[-1] != 100:
+            found.append("batches: increasing percentages in 1..100 ending with 100, e.g. 5,25,100")
+        if self.soak_seconds < 0:
+            found.append("soak_seconds: must be 0 or more")
+        if not 0 <= self.halt_percent < 100:
+            found.append("halt_percent: must be in 0..100 (exclusive)")
+        return found
+
+
+class Evidence(FrozenModel):
+    """One admitted host's standing: pass, fail or wait, and the one-line why."""
+
+    result: Literal["pass", "fail", "wait"]
+    detail: str
+
+
+class RolloutHost(FrozenModel):
+    """One host of a rollout: its cohort, and when it was admitted (stage None: not yet) and its evidence."""
+
+    host_id: str
+    cohort: str
+    stage: Optional[int] = None
+    admitted_at: Optional[dt.datetime] = None
+    evidence: Optional[Evidence] = None
+
+
+class Decision(FrozenModel):
+    """What to do now: admit hosts into ``stage``, halt (``reason`` names hosts and results), done, or wait."""
+
+    action: Literal["admit", "halt", "done", "wait"]
+    stage: int
+    admit: List[str] = []
+    reason: str = ""
+
+
+def kernel_series(kernel: Optional[str]) -> str:
+    """``6.8.0-51-generic`` -> ``6.8``; ``?`` when unknown."""
+    match = re.match(r"(\d+\.\d+)", kernel or "")
+    return match.group(1) if match else "?"
+
+
+def cohort_of(host: Optional[HostState]) -> str:
+    """The cohort key of a host: GPU model, OS release, kernel series and pairing, from its newest heartbeat."""
+    pairing = host.pairing if host else None
+    if pairing is None:
+        return "unknown"
+    os = f"{pairing.os_id or '?'}-{pairing.os_version_id or '?'}"
+    return " | ".join((pairing.gpu_models or "no GPU", os, f"kernel {kernel_series(pairing.kernel_running)}",
+                       pairing_text(pairing) or "no driver"))
+
+
+def host_evidence(target_serial: int, admitted_at: dt.datetime, host: Optional[HostState],
+                  failure_events: Sequence[Tuple[str, dt.datetime]]) -> Evidence:
+    """An admitted host's evidence from its state and the failure events (kind, occurred_at) it sent; pure."""
+    failures = sorted((kind for kind, at in failure_events if at >= admitted_at))
+    if failures:
+        return Evidence(result="fail", detail=f"{failures[0]} reported after admission")
+    if host is None or host.heartbeat_at is None or host.heartbeat_at < admitted_at:
+        return Evidence(result="wait", detail="no heartbeat since admission")
+    if host.policy_serial != target_serial:
+        return Evidence(result="wait", detail=f"serial {host.policy_serial} in force, not {target_serial} yet")
+    status = host.last_health_status
+    if host.last_health_at is not None and host.last_health_at < admitted_at:
+        return Evidence(result="wait", detail=f"last health check ({status or 'none'}) finished before admission")
+    if host.last_health_after_change is False and status not in FAILED_HEALTH:
+        return Evidence(result="wait", detail=f"health {status or 'not reported'}, not yet a post-change check")
+    if status in FAILED_HEALTH:
+        return Evidence(result="fail", detail=f"health {status} on serial {target_serial}")
+    if status == "pass":
+        return Evidence(result="pass", detail=f"health pass on serial {target_serial}")
+    return Evidence(result="wait", detail=f"health {status or 'not reported'}")
+
+
+def stage_quota(stage: int, cohort_size: int, spec: RolloutSpec) -> int:
+    """How many hosts of a cohort are admitted once ``stage`` is open (cumulative)."""
+    if stage == 0:
+        return min(spec.canaries, cohort_size)
+    percent = spec.batches[min(stage, len(spec.batches)) - 1]
+    return max(min(spec.canaries, cohort_size), math.ceil(cohort_size * percent / 100))
+
+
+def last_stage(spec: RolloutSpec) -> int:
+    return len(spec.batches)
+
+
+def _failed(hosts: Sequence[RolloutHost]) -> List[RolloutHost]:
+    return [h for h in hosts if h.evidence is not None and h.evidence.result == "fail"]
+
+
+def _named(hosts: Sequence[RolloutHost]) -> str:
+    return ", ".join(f"{h.host_id} ({h.evidence.detail if h.evidence else '?'})" for h in hosts[:10]) + (
+        f" and {len(hosts) - 10} more" if len(hosts) > 10 else "")
+
+
+def decide(spec: RolloutSpec, stage: int, stage_started_at: Optional[dt.datetime], hosts: Sequence[RolloutHost],
+           now: dt.datetime) -> Decision:
+    """The next step of a running rollout at ``now``; ``stage`` is the open stage (-1: none opened yet); pure."""
+    if stage < 0:
+        return Decision(action="admit", stage=0, admit=_to_admit(spec, 0, hosts))
+    canaries = [h for h in hosts if h.stage == 0]
+    failed_canaries = _failed(canaries)
+    if failed_canaries:
+        return Decision(action="halt", stage=stage, reason=f"{len(failed_canaries)} of {len(canaries)} canaries "
+                                                           f"failed: {_named(failed_canaries)}")
+    for batch_stage in range(1, stage + 1):  # a host of an earlier batch failing later counts against its batch
+        batch = [h for h in hosts if h.stage == batch_stage]
+        failed_batch = _failed(batch)
+        if batch and failed_batch and 100.0 * len(failed_batch) / len(batch) > spec.halt_percent:
+            return Decision(action="halt", stage=stage,
+                            reason=f"{len(failed_batch)} of {len(batch)} hosts of stage {batch_stage} failed (more "
+                                   f"than {spec.halt_percent:g}%): {_named(failed_batch)}")
+    admitted = [h for h in hosts if h.stage is not None]
+    if any(h.evidence is None or h.evidence.result != "pass" for h in admitted):
+        return Decision(action="wait", stage=stage, reason=waiting_line(spec, stage, stage_started_at, hosts))
+    if stage_started_at is not None and now < stage_started_at + dt.timedelta(seconds=spec.soak_seconds):
+        return Decision(action="wait", stage=stage, reason=waiting_line(spec, stage, stage_started_at, hosts))
+    following = stage + 1
+    while following <= last_stage(spec) and len(admitted) < len(hosts):
+        chosen = _to_admit(spec, following, hosts)
+        if chosen:  # a stage that would admit nobody (its quota is already met) is skipped, and so is its soak
+            return Decision(action="admit", stage=following, admit=chosen)
+        following += 1
+    return Decision(action="done", stage=stage, reason=f"{len(admitted)} hosts admitted and passed")
+
+
+def _to_admit(spec: RolloutSpec, stage: int, hosts: Sequence[RolloutHost]) -> List[str]:
+    """Per cohort, the hosts (by host id) that fill the cohort up to the stage's quota."""
+    cohorts: Dict[str, List[RolloutHost]] = {}
+    for h in sorted(hosts, key=lambda h: h.host_id):
+        cohorts.setdefault(h.cohort, []).append(h)
+    chosen: List[str] = []
+    for members in cohorts.values():
+        quota = stage_quota(stage, len(members), spec) - sum(h.stage is not None for h in members)
+        chosen += [h.host_id for h in members if h.stage is None][:max(quota, 0)]
+    return sorted(chosen)
+
+
+def waiting_line(spec: RolloutSpec, stage: int, stage_started_at: Optional[dt.datetime],
+                 hosts: Sequence[RolloutHost]) -> str:
+    """``waiting for stage 2 (3/3 canaries passed, soak ends 14:20)``: why the next stage is not open yet."""
+    in_stage = [h for h in hosts if h.stage == stage]
+    passed = sum(h.evidence is not None and h.evidence.result == "pass" for h in in_stage)
+    what = "canaries" if stage == 0 else f"stage {stage} hosts"
+    soak = ""
+    if stage_started_at is not None:
+        soak = f", soak ends {(stage_started_at + dt.timedelta(seconds=spec.soak_seconds)):%H:%M} UTC"
+    return f"waiting for stage {stage + 1} ({passed}/{len(in_stage)} {what} passed{soak})"
+
+
+def counts_by_stage(hosts: Sequence[RolloutHost]) -> Mapping[str, int]:
+    """Hosts per stage ("0", "1", ...) and ``waiting`` (not admitted)."""
+    counts: Dict[str, int] = {}
+    for h in hosts:
+        key = "waiting" if h.stage is None else str(h.stage)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+class RolloutRow(FrozenModel):
+    """One rollout as stored."""
+
+    rollout_id: str
+    target_serial: int
+    previous_serial: Optional[int] = None
+    spec: RolloutSpec
+    state: str
+    stage: int  # the open stage; -1 before the canaries
+    stage_started_at: Optional[dt.datetime] = None
+    created_at: dt.datetime
+    created_by: str
+    updated_at: dt.datetime
+    reason: str  # why it waits, halted, was paused or aborted
+
+
+class RolloutStatus(FrozenModel):
+    """A rollout with its hosts: what ``status`` answers."""
+
+    rollout: RolloutRow
+    hosts_by_stage: Dict[str, int]
+    hosts: List[RolloutHost]
+
+
+class HostOffer(FrozenModel):
+    """What a host is offered while rollouts exist: the serial (None: none) and the notice it may show."""
+
+    serial: Optional[int] = None
+    notice: Optional[str] = None
+
+
+class RolloutsResponse(FrozenModel):
+    count: int
+    rollouts: List[RolloutRow]

@@ -1,0 +1,393 @@
+"""Staged rollouts of a policy bundle (issue #33): their rows, what each host is offered, and the stage decision
+made exactly once across hub processes.
+
+    start    an admin names a pushed bundle (the target) and the stages; the hosts in the target's scope (and the
+             label selector) become rows of ``rollout_hosts`` with their cohort; the canaries are admitted at once
+    evaluate in one transaction holding the rollout's row lock (``SELECT ... FOR UPDATE`` on PostgreSQL, BEGIN
+             IMMEDIATE on SQLite): read the hosts and their evidence, ``rollout_plan.decide``, write what it says
+             (admit, halt with an alert, done) and audit it. Whichever hub process evaluates first decides; the
+             others then see the stage already open. A restarted hub carries on from the rows.
+    offer    while a rollout is running, paused or halted, its target is offered only to admitted hosts; every
+             other host is offered the newest bundle below the target in its scope (so its hook keeps refusing the
+             change) with a one-line notice ("rollout R: waiting for stage 2 (...)").
+    abort    withdraws the target bundle (an audited withdrawal): no host is offered it again. Hosts that already
+             enforce it keep it, because an agent never installs a lower serial (agent/bundle); to return them,
+             push the previous policy again under a new serial, which every host in its scope is then offered.
+
+One rollout is active at a time (running, paused or halted); a halted rollout is ended by abort.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from agent.bundle.scope import scope_facts, scope_refusal
+from agent.errors import StoreError
+from agent.hub import schema
+from agent.hub.bundles import PolicyBundles, offered_serial
+from agent.hub.responses import HubHTTPError
+from agent.hub.rollout_plan import (
+    ACTIVE_STATES,
+    FAILED_HEALTH,
+    FAILURE_EVENT_KINDS,
+    Decision,
+    Evidence,
+    HostOffer,
+    RolloutHost,
+    RolloutRow,
+    RolloutSpec,
+    RolloutStatus,
+    cohort_of,
+    counts_by_stage,
+    decide,
+    host_evidence,
+    waiting_line,
+)
+from agent.hub.rows import HostState, utc_now
+from agent.hub.store import SqlStore
+from agent.hub.tokens import Principal
+from agent.log import get_logger
+
+if TYPE_CHECKING:
+    from agent.hub.alerts import AlertQueue
+
+log = get_logger("hub.rollouts")
+
+# PostgreSQL advisory lock held by a start's transaction (SQLite: BEGIN IMMEDIATE), so one rollout is active at a time.
+START_LOCK_KEY = 0x67707567_0033
+HUB_ACTOR = Principal(role="admin", subject="hub")  # the actor of automatic decisions in the audit trail
+_ROLLOUT_COLUMNS = ("rollout_id, target_serial, previous_serial, spec, state, stage, stage_started_at, created_at, "
+                    "created_by, updated_at, reason")
+
+
+class Rollouts:
+    """Rollouts in the hub's store."""
+
+    def __init__(self, store: SqlStore, bundles: PolicyBundles, alerts: Optional["AlertQueue"] = None,
+                 clock: Callable[[], dt.datetime] = utc_now) -> None:
+        self.store = store
+        self.bundles = bundles
+        self.alerts = alerts
+        self.clock = clock
+
+    def _t(self, value: Optional[dt.datetime]) -> Any:
+        return None if value is None else self.store.dialect.to_db_time(value)
+
+    def _from(self, value: Any) -> Optional[dt.datetime]:
+        return None if value is None else self.store.dialect.from_db_time(value)
+
+    def _row(self, r: Sequence[Any]) -> RolloutRow:
+        return RolloutRow(rollout_id=r[0], target_serial=int(r[1]), previous_serial=None if r[2] is None else int(r[2]),
+                          spec=RolloutSpec.model_validate_json(r[3]), state=r[4], stage=int(r[5]),
+                          stage_started_at=self._from(r[6]), created_at=self._from(r[7]), created_by=r[8],
+                          updated_at=self._from(r[9]), reason=r[10])
+
+    def _audit(self, cur: Any, principal: Principal, action: str, rollout: RolloutRow, detail: str) -> None:
+        self.bundles.audit_in(cur, principal, action, rollout.target_serial, f"rollout {rollout.rollout_id}: {detail}")
+
+    # --- start ---------------------------------------------------------------------------------------------
+    def start(self, principal: Principal, spec: RolloutSpec) -> RolloutStatus:
+        """Start a rollout of ``spec.target_serial``; 422 for a bad spec, 404/409 for a target that cannot be
+        rolled out, 409 while another rollout is active."""
+        problems = spec.problems()
+        if problems:
+            raise HubHTTPError(422, "invalid_request", f"rollout: {problems[0]}", [f"(body) -> {p}" for p in problems])
+        target = self.bundles.summary(spec.target_serial)
+        if target.withdrawn_at is not None:
+            raise HubHTTPError(409, "target_withdrawn", f"bundle {spec.target_serial} was withdrawn; push it again "
+                                                        "under a new serial")
+        scope = self.bundles.bundle(spec.target_serial).scope
+        older = [s for s in self.bundles.offered_scopes() if s[0] < spec.target_serial]
+        previous = older[0][0] if older else None
+        members: List[Tuple[str, str]] = []
+        for host in self.store.hosts():
+            facts = scope_facts(host.host_id, host.labels or {}, host.pairing)
+            if scope_refusal(scope, facts) is None and all((host.labels or {}).get(k) == v
+                                                           for k, v in spec.labels.items()):
+                members.append((host.host_id, cohort_of(host)))
+        if not members:
+            raise HubHTTPError(409, "no_hosts", f"no host the hub knows is in bundle {spec.target_serial}'s scope"
+                                                f"{' and the label selector' if spec.labels else ''}")
+        rollout_id = f"r{spec.target_serial}-{secrets.token_hex(3)}"
+        now = self.clock()
+        sql = self.store.dialect.sql
+
+        def work(cur: Any) -> None:
+            self.store.dialect.lock(cur, START_LOCK_KEY)  # two starts at once: the second sees the first's row
+            cur.execute(sql("SELECT rollout_id FROM rollouts WHERE state IN (?, ?, ?)"), ACTIVE_STATES)
+            active = cur.fetchone()
+            if active is not None:
+                raise HubHTTPError(409, "rollout_active", f"rollout {active[0]} is still active; abort it or let it "
+                                                          "finish first")
+            cur.execute(sql(f"INSERT INTO rollouts ({_ROLLOUT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+                        (rollout_id, spec.target_serial, previous, spec.model_dump_json(), "running", -1, None,
+                         self._t(now), principal.subject, self._t(now), "starting"))
+            for host_id, cohort in members:
+                cur.execute(sql("INSERT INTO rollout_hosts (rollout_id, host_id, cohort) VALUES (?, ?, ?)"),
+                            (rollout_id, host_id, cohort))
+            row = self._locked(cur, rollout_id)
+            cohorts = len({c for _, c in members})
+            self._audit(cur, principal, "rollout_start", row,
+                        f"{len(members)} hosts in {cohorts} cohorts, previous serial {previous}, canaries "
+                        f"{spec.canaries}, batches {','.join(map(str, spec.batches))}%, soak {spec.soak_seconds}s, "
+                        f"halt above {spec.halt_percent:g}%")
+
+        self.store.write("rollout_start", work)
+        log.info("hub_rollout_started", rollout_id=rollout_id, actor=principal.subject, target=spec.target_serial,
+                 host_count=len(members))
+        self.evaluate(rollout_id)
+        return self.status(rollout_id)
+
+    # --- the decision --------------------------------------------------------------------------------------
+    def _locked(self, cur: Any, rollout_id: str) -> RolloutRow:
+        cur.execute(self.store.dialect.sql(f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?"
+                                           + self.store.dialect.for_update), (rollout_id,))
+        row = cur.fetchone()
+        if row is None:
+            raise HubHTTPError(404, "not_found", f"no rollout {rollout_id}")
+        return self._row(row)
+
+    def _hosts(self, cur: Any, rollout_id: str) -> List[RolloutHost]:
+        cur.execute(self.store.dialect.sql("SELECT host_id, cohort, stage, admitted_at, evidence, evidence_detail "
+                                           "FROM rollout_hosts WHERE rollout_id = ? ORDER BY host_id"), (rollout_id,))
+        return [RolloutHost(host_id=r[0], cohort=r[1], stage=r[2], admitted_at=self._from(r[3]),
+                            evidence=Evidence(result=r[4], detail=r[5] or "") if r[4] else None)
+                for r in cur.fetchall()]
+
+    def _evidence(self, cur: Any, rollout: RolloutRow, hosts: List[RolloutHost]) -> List[RolloutHost]:
+        """The admitted hosts' evidence now, from their heartbeats and failure events since admission."""
+        sql = self.store.dialect.sql
+        cur.execute(sql(f"SELECT {', '.join('h.' + c.strip() for c in schema.HOST_COLUMNS.split(','))} FROM hosts h "
+                        "JOIN rollout_hosts r ON r.host_id = h.host_id WHERE r.rollout_id = ? "
+                        "AND r.admitted_at IS NOT NULL"), (rollout.rollout_id,))
+        states: Dict[str, HostState] = {}
+        for row in cur.fetchall():
+            state = schema.host_from_row(row, self.store.dialect.from_db_time)
+            states[state.host_id] = state
+        marks = ", ".join("?" * len(FAILURE_EVENT_KINDS))
+        cur.execute(sql("SELECT e.host_id, e.kind, e.occurred_at FROM events e JOIN rollout_hosts r "
+                        "ON r.host_id = e.host_id WHERE r.rollout_id = ? AND r.admitted_at IS NOT NULL "
+                        f"AND e.kind IN ({marks}) AND e.occurred_at >= r.admitted_at"),
+                    (rollout.rollout_id, *FAILURE_EVENT_KINDS))
+        failures: Dict[str, List[Tuple[str, dt.datetime]]] = {}
+        for host_id, kind, at in cur.fetchall():
+            failures.setdefault(host_id, []).append((kind, self.store.dialect.from_db_time(at)))
+        judged = []
+        for h in hosts:
+            if h.stage is not None and h.admitted_at is not None:
+                evidence = host_evidence(rollout.target_serial, h.admitted_at, states.get(h.host_id),
+                                         failures.get(h.host_id, []))
+                if evidence != h.evidence:
+                    cur.execute(sql("UPDATE rollout_hosts SET evidence = ?, evidence_detail = ? "
+                                    "WHERE rollout_id = ? AND host_id = ?"),
+                                (evidence.result, evidence.detail, rollout.rollout_id, h.host_id))
+                h = h.model_copy(update={"evidence": evidence})
+            judged.append(h)
+        return judged
+
+    def evaluate(self, rollout_id: str) -> Optional[Decision]:
+        """Decide the next step of a running rollout and carry it out, in one transaction under its row lock;
+        the decision (None when the rollout is not running)."""
+        now = self.clock()
+        sql = self.store.dialect.sql
+
+        def work(cur: Any) -> Optional[Decision]:
+            rollout = self._locked(cur, rollout_id)
+            if rollout.state != "running":
+                return None
+            hosts = self._evidence(cur, rollout, self._hosts(cur, rollout_id))
+            decision = decide(rollout.spec, rollout.stage, rollout.stage_started_at, hosts, now)
+            if decision.action == "admit":
+                for host_id in decision.admit:
+                    cur.execute(sql("UPDATE rollout_hosts SET stage = ?, admitted_at = ? "
+                                    "WHERE rollout_id = ? AND host_id = ? AND stage IS NULL"),
+                                (decision.stage, self._t(now), rollout_id, host_id))
+                chosen = set(decision.admit)
+                reason = waiting_line(rollout.spec, decision.stage, now, [
+                    h.model_copy(update={"stage": decision.stage}) if h.host_id in chosen else h for h in hosts])
+                cur.execute(sql("UPDATE rollouts SET stage = ?, stage_started_at = ?, updated_at = ?, reason = ? "
+                                "WHERE rollout_id = ?"), (decision.stage, self._t(now), self._t(now), reason,
+                                                          rollout_id))
+                self._audit(cur, HUB_ACTOR, "rollout_stage", rollout,
+                            f"stage {decision.stage} opened, {len(decision.admit)} hosts admitted"
+                            + (f": {', '.join(decision.admit[:20])}" if decision.admit else ""))
+            elif decision.action in ("halt", "done"):
+                state = "halted" if decision.action == "halt" else "done"
+                cur.execute(sql("UPDATE rollouts SET state = ?, updated_at = ?, reason = ? WHERE rollout_id = ?"),
+                            (state, self._t(now), decision.reason, rollout_id))
+                self._audit(cur, HUB_ACTOR, f"rollout_{state}", rollout, decision.reason)
+                if state == "halted" and self.alerts is not None:
+                    self.alerts.enqueue_hub_alert(cur, f"rollout-{rollout_id}-halt", {
+                        "kind": "rollout_halted", "severity": "critical", "rollout_id": rollout_id,
+                        "target_serial": rollout.target_serial, "stage": rollout.stage,
+                        "summary": f"rollout {rollout_id} of bundle {rollout.target_serial} halted: "
+                                   f"{decision.reason}",
+                        "hosts": [{"host_id": h.host_id, "result": h.evidence.result, "detail": h.evidence.detail}
+                                  for h in hosts if h.evidence is not None and h.evidence.result == "fail"]}, now)
+            elif decision.reason != rollout.reason:
+                cur.execute(sql("UPDATE rollouts SET reason = ? WHERE rollout_id = ?"), (decision.reason, rollout_id))
+            return decision
+
+        decision = self.store.write("rollout_evaluate", work)
+        if decision is not None and decision.action != "wait":
+            log.info("hub_rollout_decision", rollout_id=rollout_id, action=decision.action, stage=decision.stage,
+                     admitted=len(decision.admit), reason=decision.reason)
+        return decision
+
+    def evaluate_running(self) -> int:
+        """Evaluate every running rollout; how many decisions other than wait were made."""
+        made = 0
+        for (rollout_id,) in self.store.query("rollout_list", "SELECT rollout_id FROM rollouts WHERE state = ?",
+                                              ["running"]):
+            decision = self.evaluate(rollout_id)
+            made += decision is not None and decision.action != "wait"
+        return made
+
+    # --- operator actions ----------------------------------------------------------------------------------
+    def _transition(self, principal: Principal, rollout_id: str, allowed: Sequence[str], state: str,
+                    reason: str) -> RolloutRow:
+        now = self.clock()
+        sql = self.store.dialect.sql
+
+        def work(cur: Any) -> RolloutRow:
+            rollout = self._locked(cur, rollout_id)
+            if rollout.state not in allowed:
+                raise HubHTTPError(409, "wrong_state", f"rollout {rollout_id} is {rollout.state}; {state} needs "
+                                                       f"{' or '.join(allowed)}")
+            cur.execute(sql("UPDATE rollouts SET state = ?, updated_at = ?, reason = ? WHERE rollout_id = ?"),
+                        (state, self._t(now), reason, rollout_id))
+            self._audit(cur, principal, f"rollout_{state}", rollout, reason)
+            if state == "aborted":
+                self.bundles.withdraw_in(cur, principal, rollout.target_serial,
+                                         f"rollout {rollout_id} aborted", missing_ok=True)
+            return rollout
+
+        self.store.write(f"rollout_{state}", work)
+        log.info("hub_rollout_changed", rollout_id=rollout_id, actor=principal.subject, state=state)
+        return self.status(rollout_id).rollout
+
+    def pause(self, principal: Principal, rollout_id: str) -> RolloutRow:
+        """No more admissions until resumed; admitted hosts keep the target."""
+        return self._transition(principal, rollout_id, ("running",), "paused", f"paused by {principal.subject}")
+
+    def resume(self, principal: Principal, rollout_id: str) -> RolloutRow:
+        """A paused rollout runs again (a halted one is ended by abort)."""
+        row = self._transition(principal, rollout_id, ("paused",), "running", f"resumed by {principal.subject}")
+        self.evaluate(rollout_id)
+        return row
+
+    def abort(self, principal: Principal, rollout_id: str) -> RolloutRow:
+        """End the rollout and withdraw its target (see the module docstring for what that returns)."""
+        return self._transition(principal, rollout_id, ACTIVE_STATES, "aborted",
+                                f"aborted by {principal.subject}; target withdrawn: push the previous policy "
+                                "under a new serial to return admitted hosts")
+
+    # --- reads ---------------------------------------------------------------------------------------------
+    def rows(self) -> List[RolloutRow]:
+        """Every rollout, newest first."""
+        return [self._row(r) for r in self.store.query("rollout_list", f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts "
+                                                                       "ORDER BY created_at DESC, rollout_id")]
+
+    def status(self, rollout_id: str) -> RolloutStatus:
+        """One rollout with its hosts; 404 for an unknown id."""
+        found = self.store.query("rollout_show", f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?",
+                                 [rollout_id])
+        if not found:
+            raise HubHTTPError(404, "not_found", f"no rollout {rollout_id}")
+        rows = self.store.query("rollout_show", "SELECT host_id, cohort, stage, admitted_at, evidence, "
+                                                "evidence_detail FROM rollout_hosts WHERE rollout_id = ? "
+                                                "ORDER BY host_id", [rollout_id])
+        hosts = [RolloutHost(host_id=r[0], cohort=r[1], stage=r[2], admitted_at=self._from(r[3]),
+                             evidence=Evidence(result=r[4], detail=r[5] or "") if r[4] else None) for r in rows]
+        return RolloutStatus(rollout=self._row(found[0]), hosts_by_stage=dict(counts_by_stage(hosts)), hosts=hosts)
+
+    def active(self) -> Optional[RolloutRow]:
+        """The active rollout (running, paused or halted), if any."""
+        rows = self.store.query("rollout_active", f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE state IN (?, ?, ?)",
+                                list(ACTIVE_STATES))
+        return self._row(rows[0]) if rows else None
+
+    def current(self) -> Optional[RolloutStatus]:
+        """The active rollout, else the newest one, with its hosts; None when there was none."""
+        row = self.active()
+        if row is None:
+            newest = self.store.query("rollout_list", "SELECT rollout_id FROM rollouts ORDER BY created_at DESC, "
+                                                      "rollout_id LIMIT 1")
+            if not newest:
+                return None
+            return self.status(newest[0][0])
+        return self.status(row.rollout_id)
+
+    def offer(self, host_id: str) -> HostOffer:
+        """The serial ``host_id`` is offered now, and the rollout's notice for a host that is held back."""
+        scopes = self.bundles.offered_scopes()
+        host = self.store.host(host_id)
+        rollout = self.active()
+        if rollout is None:
+            return HostOffer(serial=offered_serial(scopes, host_id, host) if scopes else None)
+        admitted = self.store.query("rollout_offer", "SELECT stage FROM rollout_hosts WHERE rollout_id = ? AND "
+                                                     "host_id = ?", [rollout.rollout_id, host_id])
+        if admitted and admitted[0][0] is not None:
+            return HostOffer(serial=offered_serial(scopes, host_id, host),
+                             notice=f"rollout {rollout.rollout_id}: admitted at stage {admitted[0][0]}")
+        below = [s for s in scopes if s[0] < rollout.target_serial]
+        serial = offered_serial(below, host_id, host) if below else None
+        why = {"running": rollout.reason, "paused": f"paused ({rollout.reason})",
+               "halted": f"halted ({rollout.reason})"}[rollout.state]
+        if not admitted:
+            why = f"this host is not part of it ({rollout.state})"
+        return HostOffer(serial=serial, notice=f"rollout {rollout.rollout_id}: {why}"[:300])
+
+
+class RolloutWorker:
+    """A thread that evaluates the running rollouts every ``interval_seconds``, and soon after failing evidence
+    arrives (``nudge``: a failure event, or a heartbeat with a failed health status, was stored), at most once per
+    ``min_gap_seconds``: a halt is decided within about a second, widening waits for the tick (a soak is minutes,
+    and one evaluation of a 10,000-host rollout costs about half a CPU second: bench/bench_rollout.py). Every hub
+    process runs one; the row lock makes each decision once."""
+
+    def __init__(self, rollouts: Rollouts, interval_seconds: float, min_gap_seconds: float = 1.0) -> None:
+        self._rollouts = rollouts
+        self._interval_seconds = interval_seconds
+        self._min_gap_seconds = min(min_gap_seconds, interval_seconds)
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def nudge(self, events: Sequence[Any]) -> None:
+        """Evaluate soon when ``events`` (just stored) may halt a rollout; never blocks."""
+        if any(e.payload.kind in FAILURE_EVENT_KINDS
+               or (e.payload.kind == "heartbeat" and e.payload.last_health_status in FAILED_HEALTH) for e in events):
+            self._wake.set()
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stopping.clear()
+            self._thread = threading.Thread(target=self._run, name="hub-rollouts", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_seconds: float = 10.0) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_seconds)
+            self._thread = None
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._interval_seconds)
+            self._wake.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                self._rollouts.evaluate_running()
+            except StoreError as exc:  # logged by the store; the next tick tries again
+                log.warning("hub_rollout_tick_failed", error=exc.reason)
+            except Exception as exc:  # noqa: BLE001 - never take the hub down for a tick
+                log.error("hub_rollout_tick_failed", error=repr(exc))
+            if self._stopping.wait(self._min_gap_seconds):
+                return
+

@@ -1,0 +1,363 @@
+"""Staged rollouts in the hub's store: canaries first, widening on evidence and soak, an automatic halt with an alert
+and an audit trail, what each host is offered, abort, the API, and one decision per stage across hub processes on
+one PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Tuple
+
+import pytest
+from fastapi.testclient import TestClient
+
+from agent.hub.alert_settings import AlertWebhook
+from agent.hub.alerts import AlertQueue
+from agent.hub.app import create_app
+from agent.hub.bundles import PolicyBundles
+from agent.hub.responses import HubHTTPError
+from agent.hub.rollout_plan import RolloutSpec
+from agent.hub.rollouts import Rollouts
+from agent.hub.settings import HubSettings
+from agent.hub.store import PostgresStore, SQLiteStore, SqlStore, make_store
+from agent.hub.tokens import Principal
+from agent.report.events import Event, Heartbeat
+from tests.hub.conftest import bearer
+from tests.hub.factories import CUDA_12, ROCM_62, T0, event
+from tests.hub.test_policy_bundles import SIGNATURE, bundle_bytes
+
+ADMIN = Principal(role="admin", subject="alice")
+AMD = [f"amd-{i}" for i in range(4)]
+NV = [f"nv-{i}" for i in range(2)]
+SPEC = RolloutSpec(target_serial=2, canaries=1, batches=(50, 100), soak_seconds=60, halt_percent=0)
+
+
+class Clock:
+    """A hub clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = T0 + dt.timedelta(hours=1)
+
+    def __call__(self) -> dt.datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += dt.timedelta(seconds=seconds)
+
+
+def beat(host_id: str, at: dt.datetime, serial: int = 1, health: str = "pass") -> Event:
+    pairing = ROCM_62 if host_id.startswith("amd") else CUDA_12
+    return event(host_id, at=at).model_copy(update={"payload": Heartbeat(
+        agent_version="1.0", uptime_seconds=1.0, pairing=pairing, policy_source="bundle", policy_serial=serial,
+        last_health_status=health)})
+
+
+def seed(store: SqlStore, clock: Clock) -> Tuple[PolicyBundles, Rollouts]:
+    """Six hosts in two cohorts on serial 1, bundles 1 and 2 pushed; the hub's rollouts over them."""
+    store.open()
+    store.ingest([[beat(h, clock.now - dt.timedelta(minutes=5)) for h in AMD + NV]], received_at=clock.now)
+    bundles = PolicyBundles(store, clock)
+    bundles.push(ADMIN, bundle_bytes(1), SIGNATURE)
+    bundles.push(ADMIN, bundle_bytes(2), SIGNATURE)
+    alerts = AlertQueue(store, [AlertWebhook(name="pager", url="http://127.0.0.1:9/hook")])
+    alerts.open()
+    return bundles, Rollouts(store, bundles, alerts, clock)
+
+
+@pytest.fixture
+def sqlite(tmp_path: Path) -> Iterator[SqlStore]:
+    store = SQLiteStore(str(tmp_path / "hub.db"))
+    yield store
+    store.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlStore]:
+    """The store over SQLite in tmp_path, and over a fresh PostgreSQL database."""
+    store: SqlStore = (SQLiteStore(str(tmp_path / "hub.db")) if request.param == "sqlite"
+                       else PostgresStore(request.getfixturevalue("postgres_url")))
+    yield store
+    store.close()
+
+
+def report(store: SqlStore, clock: Clock, hosts: List[str], serial: int = 2, health: str = "pass") -> None:
+    store.ingest([[beat(h, clock.now, serial, health) for h in hosts]], received_at=clock.now)
+
+
+def stages(rollouts: Rollouts, rollout_id: str) -> Dict[str, Any]:
+    return {h.host_id: h.stage for h in rollouts.status(rollout_id).hosts}
+
+
+def test_canaries_widen_on_evidence_and_soak_then_a_failure_halts_with_an_alert(any_store: SqlStore) -> None:
+    """One canary per cohort is admitted; the next stage opens only after both passed and the soak elapsed; a
+    cpu_fallback in the batch halts, queues one alert naming the host, and audits each decision once."""
+    clock = Clock()
+    bundles, rollouts = seed(any_store, clock)
+    rid = rollouts.start(ADMIN, SPEC).rollout.rollout_id
+    assert stages(rollouts, rid) == {"amd-0": 0, "amd-1": None, "amd-2": None, "amd-3": None, "nv-0": 0, "nv-1": None}
+    assert rollouts.offer("amd-0").serial == 2
+    held = rollouts.offer("amd-1")
+    assert held.serial == 1 and held.notice == f"rollout {rid}: waiting for stage 1 (0/2 canaries passed, soak " \
+                                               "ends 01:01 UTC)"
+    clock.advance(30)
+    report(any_store, clock, ["amd-0", "nv-0"])
+    assert rollouts.evaluate(rid).action == "wait"  # type: ignore[union-attr]
+    assert "2/2 canaries passed" in (rollouts.offer("amd-1").notice or "")
+    clock.advance(31)
+    decision = rollouts.evaluate(rid)
+    assert decision is not None and (decision.action, decision.stage, decision.admit) == ("admit", 1, ["amd-1"])
+    assert rollouts.offer("amd-1").serial == 2 and rollouts.offer("amd-2").serial == 1
+    clock.advance(5)
+    any_store.ingest([[event("amd-1", kind="cpu_fallback", at=clock.now)]], received_at=clock.now)
+    decision = rollouts.evaluate(rid)
+    assert decision is not None and decision.action == "halt" and "amd-1 (cpu_fallback" in decision.reason
+    status = rollouts.status(rid)
+    assert status.rollout.state == "halted" and "amd-1" in status.rollout.reason
+    assert rollouts.evaluate(rid) is None  # halted: no more admissions
+    assert rollouts.offer("amd-2").serial == 1 and "halted" in (rollouts.offer("amd-2").notice or "")
+    [alert] = [r for r in AlertQueue(any_store, [AlertWebhook(name="pager", url="http://127.0.0.1:9/hook")]).rows()
+               if r["kind"] == "rollout_halted"]
+    assert alert["state"] == "pending" and alert["event_id"] == f"rollout-{rid}-halt"
+    actions = [e.action for e in reversed(bundles.audit())]
+    assert actions[-4:] == ["rollout_start", "rollout_stage", "rollout_stage", "rollout_halted"]
+
+
+def test_a_failing_canary_halts_and_abort_withdraws_the_target(any_store: SqlStore) -> None:
+    """A canary whose post-change health is cpu_fallback halts the rollout; abort withdraws the target, so no
+    host is offered it again and the held-back hosts keep the previous bundle."""
+    clock = Clock()
+    bundles, rollouts = seed(any_store, clock)
+    rid = rollouts.start(ADMIN, SPEC).rollout.rollout_id
+    clock.advance(10)
+    report(any_store, clock, ["amd-0"], health="cpu_fallback")
+    decision = rollouts.evaluate(rid)
+    assert decision is not None and decision.action == "halt" and "1 of 2 canaries failed" in decision.reason
+    with pytest.raises(HubHTTPError) as refused:
+        rollouts.resume(ADMIN, rid)
+    assert refused.value.status == 409
+    assert rollouts.abort(ADMIN, rid).state == "aborted"
+    assert bundles.summary(2).withdrawn_by == "alice"
+    assert {h: rollouts.offer(h).serial for h in AMD + NV} == {h: 1 for h in AMD + NV}
+    assert rollouts.offer("amd-0").notice is None  # no active rollout any more
+    bundles.push(ADMIN, bundle_bytes(3), SIGNATURE)  # the previous policy again, under a new serial
+    assert rollouts.offer("amd-0").serial == 3
+
+
+def test_pause_stops_admissions_and_a_second_rollout_waits(sqlite: SqlStore) -> None:
+    """A paused rollout admits nobody until resumed; a second rollout is refused while one is active."""
+    clock = Clock()
+    _, rollouts = seed(sqlite, clock)
+    rid = rollouts.start(ADMIN, SPEC).rollout.rollout_id
+    rollouts.pause(ADMIN, rid)
+    clock.advance(120)
+    report(sqlite, clock, ["amd-0", "nv-0"])
+    assert rollouts.evaluate(rid) is None and "paused" in (rollouts.offer("amd-3").notice or "")
+    with pytest.raises(HubHTTPError) as refused:
+        rollouts.start(ADMIN, SPEC)
+    assert (refused.value.status, refused.value.error) == (409, "rollout_active")
+    rollouts.resume(ADMIN, rid)
+    assert stages(rollouts, rid)["amd-1"] == 1
+
+
+def test_a_hub_restart_resumes_from_the_rows(sqlite: SqlStore, tmp_path: Path) -> None:
+    """A new hub process over the same database carries the rollout on where the old one left it."""
+    clock = Clock()
+    _, rollouts = seed(sqlite, clock)
+    rid = rollouts.start(ADMIN, SPEC).rollout.rollout_id
+    sqlite.close()
+    again = SQLiteStore(str(tmp_path / "hub.db"))
+    again.open()
+    try:
+        restarted = Rollouts(again, PolicyBundles(again, clock), None, clock)
+        clock.advance(61)
+        report(again, clock, ["amd-0", "nv-0"])
+        decision = restarted.evaluate(rid)
+        assert decision is not None and (decision.action, decision.stage) == ("admit", 1)
+    finally:
+        again.close()
+
+
+def test_the_api_starts_serves_and_aborts_a_rollout(settings: HubSettings, tokens: Dict[str, str],
+                                                    admin_token: str) -> None:
+    """Admins start and abort through the API, readers see the status and /metrics, a held-back host's fetch carries
+    the X-Gpuguard-Rollout notice and the previous bundle."""
+    clock = Clock()
+    store = make_store(settings.database_url)
+    seed(store, clock)
+    for host in ("host-a", "host-b"):
+        store.ingest([[beat(host, clock.now).model_copy(update={"host_id": host})]], received_at=clock.now)
+    store.close()
+    with TestClient(create_app(settings, make_store(settings.database_url), clock=clock)) as hub:
+        body = SPEC.model_dump(mode="json") | {"labels": {}}
+        assert hub.post("/v1/rollouts", json=body, headers=bearer(tokens["ops"])).status_code == 403
+        started = hub.post("/v1/rollouts", json=body, headers=bearer(admin_token))
+        assert started.status_code == 201, started.json()
+        rid = started.json()["rollout"]["rollout_id"]
+        admitted = {h["host_id"] for h in started.json()["hosts"] if h["stage"] == 0}
+        held = sorted({"host-a", "host-b"} - admitted)[0]
+        fetched = hub.get("/v1/policy/bundle", headers=bearer(tokens[held]))
+        assert fetched.status_code == 200 and fetched.json()["serial"] == 1
+        assert fetched.headers["x-gpuguard-rollout"].startswith(f"rollout {rid}: waiting for stage 1")
+        assert fetched.json()["rollout"] == fetched.headers["x-gpuguard-rollout"]
+        shown = hub.get(f"/v1/rollouts/{rid}", headers=bearer(tokens["ops"])).json()
+        assert shown["rollout"]["state"] == "running" and shown["hosts_by_stage"]["0"] == len(admitted)
+        scraped = hub.get("/metrics", headers=bearer(tokens["ops"])).text
+        assert f'gpuguard_hub_rollout_state{{rollout_id="{rid}",state="running"}} 1.0' in scraped
+        assert f'gpuguard_hub_rollout_hosts{{rollout_id="{rid}",stage="0"}} {float(len(admitted))}' in scraped
+        assert hub.post(f"/v1/rollouts/{rid}/abort", headers=bearer(tokens["ops"])).status_code == 403
+        aborted = hub.post(f"/v1/rollouts/{rid}/abort", headers=bearer(admin_token))
+        assert aborted.status_code == 200 and aborted.json()["state"] == "aborted"
+        assert hub.post(f"/v1/rollouts/{rid}/resume", headers=bearer(admin_token)).status_code == 409
+        listed = hub.get("/v1/rollouts", headers=bearer(tokens["ops"])).json()
+        assert [r["state"] for r in listed["rollouts"]] == ["aborted"]
+
+
+@pytest.mark.timeout(120)
+def test_two_hub_processes_on_one_postgresql_decide_each_stage_once(postgres_url: str) -> None:
+    """Two stores on one PostgreSQL evaluating the same rollout at once open each stage exactly once: one audit
+    row per stage, every host admitted once."""
+    clock = Clock()
+    first, second = PostgresStore(postgres_url), PostgresStore(postgres_url)
+    try:
+        _, rollouts_a = seed(first, clock)
+        second.open()
+        rollouts_b = Rollouts(second, PolicyBundles(second, clock), None, clock)
+        spec = SPEC.model_copy(update={"batches": (25, 50, 75, 100), "soak_seconds": 0})
+        rid = rollouts_a.start(ADMIN, spec).rollout.rollout_id
+        for _ in range(6):
+            clock.advance(1)
+            admitted = [h.host_id for h in rollouts_a.status(rid).hosts if h.stage is not None]
+            report(first, clock, admitted)
+            clock.advance(1)
+            barrier = threading.Barrier(4)
+            errors: List[BaseException] = []
+
+            def race(rollouts: Rollouts, barrier: threading.Barrier = barrier,
+                     errors: List[BaseException] = errors) -> None:
+                try:
+                    barrier.wait(10)
+                    rollouts.evaluate(rid)
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=race, args=(r,)) for r in (rollouts_a, rollouts_b) * 2]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            assert not errors
+        status = rollouts_a.status(rid)
+        assert status.rollout.state == "done" and all(h.stage is not None for h in status.hosts)
+        audit = [e for e in PolicyBundles(first, clock).audit(1000) if e.action == "rollout_stage"]
+        opened = [e.detail.split("stage ")[1].split(" ")[0] for e in audit]
+        assert sorted(opened) == sorted(set(opened)) and len(opened) >= 3
+        done = [e for e in PolicyBundles(first, clock).audit(1000) if e.action == "rollout_done"]
+        assert len(done) == 1
+    finally:
+        first.close()
+        second.close()
+
+
+def test_the_dashboard_shows_a_halted_rollout_and_why(settings: HubSettings, tokens: Dict[str, str]) -> None:
+    """/ui/rollouts lists the rollout as halted; its page names the failing canary and its result, escaped."""
+    clock = Clock()
+    store = make_store(settings.database_url)
+    _, rollouts = seed(store, clock)
+    rid = rollouts.start(ADMIN, SPEC).rollout.rollout_id
+    clock.advance(10)
+    report(store, clock, ["nv-0"], health="failed")
+    assert rollouts.evaluate(rid).action == "halt"  # type: ignore[union-attr]
+    store.close()
+    with TestClient(create_app(settings, make_store(settings.database_url), clock=clock)) as hub:
+        listed = hub.get("/ui/rollouts", headers=bearer(tokens["ops"]))
+        assert listed.status_code == 200 and f'data-rollout-id="{rid}"' in listed.text and ">halted<" in listed.text
+        shown = hub.get(f"/ui/rollouts/{rid}", headers=bearer(tokens["ops"])).text
+        assert "1 of 2 canaries failed: nv-0 (health failed on serial 2)" in shown
+        assert 'class="rollout-host fail" data-host-id="nv-0"' in shown
+        assert hub.get("/ui/rollouts/nope", headers=bearer(tokens["ops"])).status_code == 404
+        assert hub.get("/ui/rollouts", follow_redirects=False).status_code == 303  # no token: to the login form
+
+
+def test_a_pass_from_before_admission_or_not_after_a_change_does_not_count(sqlite: SqlStore) -> None:
+    """With the optional heartbeat fields, a pass from a check that finished before admission, or one that was not a
+    post-change check, keeps the canary waiting; a post-change pass after admission counts."""
+    clock = Clock()
+    _, rollouts = seed(sqlite, clock)
+    rid = rollouts.start(ADMIN, SPEC.model_copy(update={"soak_seconds": 0})).rollout.rollout_id
+    admitted_at = clock.now
+    clock.advance(10)
+
+    def canaries(health_at: dt.datetime, after_change: bool) -> None:
+        sqlite.ingest([[beat(h, clock.now, 2).model_copy(update={"payload": beat(h, clock.now, 2).payload.model_copy(
+            update={"last_health_at": health_at, "last_health_after_change": after_change})})
+            for h in ("amd-0", "nv-0")]], received_at=clock.now)
+
+    canaries(admitted_at - dt.timedelta(seconds=1), True)
+    assert rollouts.evaluate(rid).action == "wait"  # type: ignore[union-attr]
+    assert {h.evidence.detail for h in rollouts.status(rid).hosts if h.evidence} == {
+        "last health check (pass) finished before admission"}
+    clock.advance(1)
+    canaries(clock.now, False)
+    assert rollouts.evaluate(rid).action == "wait"  # type: ignore[union-attr]
+    clock.advance(1)
+    canaries(clock.now, True)
+    assert rollouts.evaluate(rid).action == "admit"  # type: ignore[union-attr]
+
+
+def test_a_failing_report_halts_without_waiting_for_the_tick(settings: HubSettings,
+                                                                     tokens: Dict[str, str]) -> None:
+    """With an hour-long tick, a canary's failing heartbeat posted to the hub halts the rollout within seconds:
+    storing failing evidence nudges the rollout worker."""
+    import time
+
+    from tests.hub.factories import batch_json
+
+    clock = Clock()
+    store = make_store(settings.database_url)
+    store.open()
+    store.ingest([[beat(h, clock.now).model_copy(update={"host_id": h}) for h in ("host-a", "host-b", "host-c")]],
+                 received_at=clock.now)
+    bundles = PolicyBundles(store, clock)
+    bundles.push(ADMIN, bundle_bytes(1), SIGNATURE)
+    bundles.push(ADMIN, bundle_bytes(2), SIGNATURE)
+    rid = Rollouts(store, bundles, None, clock).start(ADMIN, SPEC.model_copy(update={"soak_seconds": 0})) \
+        .rollout.rollout_id
+    store.close()
+    clock.advance(5)
+    slow_tick = settings.model_copy(update={"rollout_tick_seconds": 3600.0})
+    with TestClient(create_app(slow_tick, make_store(settings.database_url), clock=clock)) as hub:
+        [canary] = [h["host_id"] for h in hub.get(f"/v1/rollouts/{rid}", headers=bearer(tokens["ops"]))
+                    .json()["hosts"] if h["stage"] == 0]
+        failing = beat(canary, clock.now, 2, health="cpu_fallback").model_copy(update={"host_id": canary})
+        assert hub.post("/v1/events", content=batch_json([failing]), headers=bearer(tokens[canary])).status_code == 200
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if hub.get(f"/v1/rollouts/{rid}", headers=bearer(tokens["ops"])).json()["rollout"]["state"] == "halted":
+                break
+            time.sleep(0.05)
+        assert hub.get(f"/v1/rollouts/{rid}", headers=bearer(tokens["ops"])).json()["rollout"]["state"] == "halted"
+
+
+def test_the_halt_alert_reads_as_json_and_as_slack(sqlite: SqlStore) -> None:
+    """The queued halt alert is sent as the JSON envelope (kind rollout_halted, the failing hosts) and, to a Slack
+    webhook, as one escaped text naming the rollout and the host."""
+    import json
+
+    from agent.hub.alerts import Delivery, message
+
+    clock = Clock()
+    _, rollouts = seed(sqlite, clock)
+    rid = rollouts.start(ADMIN, SPEC).rollout.rollout_id
+    clock.advance(10)
+    report(sqlite, clock, ["amd-0"], health="regression")
+    rollouts.evaluate(rid)
+    [(body, attempts)] = sqlite.query("test", "SELECT body, attempts FROM alert_deliveries WHERE kind = ?",
+                                      ["rollout_halted"])
+    delivery = Delivery(webhook="pager", host_id="-", event_id=f"rollout-{rid}-halt", attempts=attempts, body=body)
+    sent = json.loads(message(AlertWebhook(name="pager", url="http://127.0.0.1:9/h"), delivery))
+    assert (sent["kind"], sent["severity"], sent["hub_alert"]["rollout_id"]) == ("rollout_halted", "critical", rid)
+    assert sent["hub_alert"]["hosts"] == [{"host_id": "amd-0", "result": "fail",
+                                           "detail": "health regression on serial 2"}]
+    slack = json.loads(message(AlertWebhook(name="chat", url="http://127.0.0.1:9/s", format="slack"), delivery))
+    assert slack["text"].startswith("*[critical] rollout_halted*") and "amd-0 (health regression" in slack["text"]
