@@ -71,6 +71,7 @@ from agent.hub.fleet import drift_hosts, pairing_counts
 from agent.hub.ingest import Ingest
 from agent.hub.metrics import HubMetrics
 from agent.hub.middleware import BodySizeLimit
+from agent.hub.periodic import Periodic
 from agent.hub.responses import (
     STATUS_ERRORS,
     HubHTTPError,
@@ -182,6 +183,9 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
     bundles = PolicyBundles(store, clock)
     rollouts = Rollouts(store, bundles, alert_queue, clock)
     rollout_worker = RolloutWorker(rollouts, settings.rollout_tick_seconds)
+    periodic = Periodic()
+    retention.schedule(periodic)
+    rollout_worker.schedule(periodic)
     hub_metrics = HubMetrics(store, alert_queue, settings.stale_after_seconds, clock, policy_rollout=bundles.rollout,
                              staged_rollout=rollouts.current)
     bearer = HTTPBearer(auto_error=False, description="`gpuguard hub add-host HOST_ID` (host token), "
@@ -194,8 +198,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
         writer.start()
         await run_in_threadpool(alert_queue.open)
         deliverer.start()
-        retention.start()
-        rollout_worker.start()
+        periodic.start()
         log.info("hub_started", store=type(store).__name__, token_count=len(registry),
                  max_body_bytes=settings.max_body_bytes)
         if len(registry) == 0:
@@ -204,8 +207,8 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
         try:
             yield
         finally:
-            await run_in_threadpool(rollout_worker.stop, settings.shutdown_timeout_seconds)
-            await run_in_threadpool(retention.stop, settings.shutdown_timeout_seconds)
+            retention.stop()
+            await run_in_threadpool(periodic.stop, settings.shutdown_timeout_seconds)
             await run_in_threadpool(deliverer.stop, settings.shutdown_timeout_seconds)
             await run_in_threadpool(writer.stop, settings.shutdown_timeout_seconds)
             await run_in_threadpool(store.close)

@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Dict, Optional, Protocol
 
-from agent.errors import StoreError
+from agent.hub.periodic import Periodic
 from agent.log import get_logger
 from agent.report.events import PAYLOAD_KINDS
 
@@ -83,7 +83,8 @@ def run_pass(store: PrunableStore, policy: RetentionPolicy, now: dt.datetime, ba
 
 
 class RetentionWorker:
-    """A thread that runs a pass every ``interval_seconds`` (when this process wins the claim)."""
+    """The retention pass as a periodic job of the hub (agent/hub/periodic.py): every ``interval_seconds``, when this
+    process wins the claim."""
 
     def __init__(self, store: PrunableStore, policy: RetentionPolicy, interval_seconds: float, batch_rows: int,
                  clock: Callable[[], dt.datetime]) -> None:
@@ -93,20 +94,18 @@ class RetentionWorker:
         self._batch_rows = batch_rows
         self._clock = clock
         self._stopping = threading.Event()
-        self._thread: Optional[threading.Thread] = None
         self.pass_count = 0
 
-    def start(self) -> None:
-        if self._thread is None and self._policy.cutoffs(self._clock()):
-            self._stopping.clear()
-            self._thread = threading.Thread(target=self._run, name="hub-retention", daemon=True)
-            self._thread.start()
+    def schedule(self, periodic: Periodic) -> None:
+        """Add the pass to ``periodic`` when anything is ever deleted; not at once: a hub that just started has
+        ingest to catch up on (agents resending after an outage)."""
+        if self._policy.cutoffs(self._clock()):
+            periodic.add("retention", self.run_once, self._interval_seconds,
+                         first_after_seconds=min(self._interval_seconds, FIRST_PASS_AFTER_SECONDS))
 
-    def stop(self, timeout_seconds: float = 10.0) -> None:
+    def stop(self) -> None:
+        """End a pass in flight between two batches (the hub is stopping)."""
         self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout_seconds)
-            self._thread = None
 
     def run_once(self) -> Optional[Dict[str, int]]:
         """One pass if this process wins the claim; None when another process ran one within the interval."""
@@ -120,18 +119,6 @@ class RetentionWorker:
         log.info("hub_retention_pass", deleted_events=sum(deleted.values()), deleted_by_kind=deleted,
                  duration_seconds=round((dt.datetime.now(dt.timezone.utc) - started).total_seconds(), 3))
         return deleted
-
-    def _run(self) -> None:
-        # Not at once: a hub that just started has ingest to catch up on (agents resending after an outage).
-        self._stopping.wait(min(self._interval_seconds, FIRST_PASS_AFTER_SECONDS))
-        while not self._stopping.is_set():
-            try:
-                self.run_once()
-            except StoreError as exc:  # logged by the store; the next pass tries again
-                log.warning("hub_retention_pass_failed", error=exc.reason)
-            except Exception as exc:  # noqa: BLE001 - never take the hub down for a cleanup task
-                log.error("hub_retention_pass_failed", error=repr(exc))
-            self._stopping.wait(self._interval_seconds)
 
 
 def retention_worker(settings: "HubSettings", store: PrunableStore,

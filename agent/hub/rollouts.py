@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
-import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from agent.bundle.scope import scope_facts, scope_refusal
-from agent.errors import StoreError
 from agent.hub import schema
 from agent.hub.bundles import PolicyBundles, offered_serial
+from agent.hub.periodic import Periodic
 from agent.hub.responses import HubHTTPError
 from agent.hub.rollout_plan import (
     ACTIVE_STATES,
@@ -343,51 +342,30 @@ class Rollouts:
 
 
 class RolloutWorker:
-    """A thread that evaluates the running rollouts every ``interval_seconds``, and soon after failing evidence
-    arrives (``nudge``: a failure event, or a heartbeat with a failed health status, was stored), at most once per
-    ``min_gap_seconds``: a halt is decided within about a second, widening waits for the tick (a soak is minutes,
-    and one evaluation of a 10,000-host rollout costs about half a CPU second: bench/bench_rollout.py). Every hub
-    process runs one; the row lock makes each decision once."""
+    """The rollout tick as a periodic job of the hub (agent/hub/periodic.py): the running rollouts evaluated every
+    ``interval_seconds``, and soon after failing evidence arrives (``nudge``: a failure event, or a heartbeat with a
+    failed health status, was stored), at most once per ``min_gap_seconds``: a halt is decided within about a
+    second, widening waits for the tick (a soak is minutes, and one evaluation of a 10,000-host rollout costs about
+    half a CPU second: bench/bench_rollout.py). Every hub process runs one; the row lock makes each decision once."""
+
+    JOB = "rollouts"
 
     def __init__(self, rollouts: Rollouts, interval_seconds: float, min_gap_seconds: float = 1.0) -> None:
         self._rollouts = rollouts
         self._interval_seconds = interval_seconds
-        self._min_gap_seconds = min(min_gap_seconds, interval_seconds)
-        self._stopping = threading.Event()
-        self._wake = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._min_gap_seconds = min_gap_seconds
+        self._periodic: Optional[Periodic] = None
+
+    def schedule(self, periodic: Periodic) -> None:
+        """Add the tick to ``periodic``; its first run at once (a hub restarted mid-rollout resumes it)."""
+        periodic.add(self.JOB, self._rollouts.evaluate_running, self._interval_seconds, first_after_seconds=0.0,
+                     min_gap_seconds=self._min_gap_seconds)
+        self._periodic = periodic
 
     def nudge(self, events: Sequence[Any]) -> None:
         """Evaluate soon when ``events`` (just stored) may halt a rollout; never blocks."""
-        if any(e.payload.kind in FAILURE_EVENT_KINDS
-               or (e.payload.kind == "heartbeat" and e.payload.last_health_status in FAILED_HEALTH) for e in events):
-            self._wake.set()
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._stopping.clear()
-            self._thread = threading.Thread(target=self._run, name="hub-rollouts", daemon=True)
-            self._thread.start()
-
-    def stop(self, timeout_seconds: float = 10.0) -> None:
-        self._stopping.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout_seconds)
-            self._thread = None
-
-    def _run(self) -> None:
-        while True:
-            self._wake.wait(self._interval_seconds)
-            self._wake.clear()
-            if self._stopping.is_set():
-                return
-            try:
-                self._rollouts.evaluate_running()
-            except StoreError as exc:  # logged by the store; the next tick tries again
-                log.warning("hub_rollout_tick_failed", error=exc.reason)
-            except Exception as exc:  # noqa: BLE001 - never take the hub down for a tick
-                log.error("hub_rollout_tick_failed", error=repr(exc))
-            if self._stopping.wait(self._min_gap_seconds):
-                return
+        if self._periodic is not None and any(
+                e.payload.kind in FAILURE_EVENT_KINDS
+                or (e.payload.kind == "heartbeat" and e.payload.last_health_status in FAILED_HEALTH) for e in events):
+            self._periodic.run_soon(self.JOB)
 

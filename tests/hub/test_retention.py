@@ -4,12 +4,14 @@ host's newest event of each kind and the hosts table stay, and one of several hu
 from __future__ import annotations
 
 import datetime as dt
+import time
 import threading
 from pathlib import Path
 from typing import Dict, Iterator, List, Tuple
 
 import pytest
 
+from agent.hub.periodic import Periodic
 from agent.hub.retention import RetentionPolicy, RetentionWorker, run_pass
 from agent.hub.rows import EventQuery
 from agent.hub.settings import HubSettings
@@ -122,18 +124,37 @@ def test_of_several_hubs_on_one_database_one_runs_each_pass(store_url: str, stor
         other.close()
 
 
-def test_the_worker_thread_does_not_prune_at_start_and_stops_promptly(tmp_path: Path) -> None:
-    """A hub that just started leaves the database alone for its first minute; stop() ends the thread."""
+def test_the_scheduled_pass_does_not_prune_at_start_and_stops_promptly(tmp_path: Path) -> None:
+    """A hub that just started leaves the database alone for its first minute; the scheduler stops at once."""
     store = SQLiteStore(str(tmp_path / "hub.db"))
     store.open()
+    periodic = Periodic()
     try:
         store.ingest([[event("host-a", at=NOW - 48 * HOUR), event("host-a", at=NOW)]], received_at=NOW)
         worker = RetentionWorker(store, RetentionPolicy(24, 90), 600, 100, lambda: NOW)
-        worker.start()
-        worker.stop(timeout_seconds=5)
+        worker.schedule(periodic)
+        periodic.start()
+        started = time.monotonic()
+        worker.stop()
+        periodic.stop()
+        assert time.monotonic() - started < 2
         assert worker.pass_count == 0 and len(stored(store)) == 2
     finally:
         store.close()
+
+
+def test_retention_keeping_everything_schedules_nothing() -> None:
+    """0 hours and 0 days delete nothing ever: no job is added."""
+    periodic = Periodic()
+    RetentionWorker(_NoStore(), RetentionPolicy(0, 0), 600, 100, lambda: NOW).schedule(periodic)
+    assert periodic.job_names() == []
+
+
+class _NoStore:
+    """A store the test never reaches (the worker must not touch it)."""
+
+    def __getattr__(self, name: str) -> None:
+        raise AssertionError(f"store.{name} used")
 
 
 def test_settings_carry_the_retention_and_worker_knobs() -> None:

@@ -1,0 +1,82 @@
+"""The hub's periodic work on apscheduler: intervals, a run moved forward with its minimum gap, a failing job."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, List
+
+from agent.errors import StoreError
+from agent.hub.periodic import Periodic
+
+
+def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
+    """Whether ``condition`` held within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
+
+
+def test_a_job_runs_at_its_interval_and_never_twice_at_once() -> None:
+    """A 0.1 s job that takes 0.25 s runs again only after it ended (max_instances=1), missed runs merged."""
+    starts: List[float] = []
+    running = threading.Event()
+    overlaps: List[bool] = []
+
+    def body() -> None:
+        overlaps.append(running.is_set())
+        running.set()
+        starts.append(time.monotonic())
+        time.sleep(0.25)
+        running.clear()
+
+    periodic = Periodic()
+    periodic.add("job", body, interval_seconds=0.1, first_after_seconds=0.0)
+    periodic.start()
+    try:
+        assert _wait_for(lambda: len(starts) >= 3, 5)
+    finally:
+        periodic.stop()
+    assert overlaps[:3] == [False, False, False]
+    assert all(b - a >= 0.2 for a, b in zip(starts, starts[1:]))
+
+
+def test_run_soon_moves_the_next_run_forward_but_keeps_the_minimum_gap() -> None:
+    """A job due in an hour runs within a second of run_soon; a second run_soon right after waits out the gap."""
+    ended: List[float] = []
+    periodic = Periodic()
+    periodic.add("tick", lambda: ended.append(time.monotonic()), interval_seconds=3600, first_after_seconds=3600,
+                 min_gap_seconds=0.5)
+    periodic.start()
+    try:
+        asked = time.monotonic()
+        periodic.run_soon("tick")
+        assert _wait_for(lambda: len(ended) == 1, 2) and ended[0] - asked < 1
+        periodic.run_soon("tick")
+        assert _wait_for(lambda: len(ended) == 2, 3)
+        assert ended[1] - ended[0] >= 0.45
+    finally:
+        periodic.stop()
+
+
+def test_a_failing_job_is_logged_and_runs_again() -> None:
+    """A StoreError or any other exception in a run does not stop the job (nor the hub)."""
+    calls: List[int] = []
+
+    def body() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise StoreError("write", "database is locked")
+        if len(calls) == 2:
+            raise RuntimeError("bug")
+
+    periodic = Periodic()
+    periodic.add("flaky", body, interval_seconds=0.05, first_after_seconds=0.0)
+    periodic.start()
+    try:
+        assert _wait_for(lambda: len(calls) >= 3, 5)
+    finally:
+        periodic.stop()
