@@ -4,8 +4,8 @@ host's newest event of each kind and the hosts table stay, and one of several hu
 from __future__ import annotations
 
 import datetime as dt
-import time
 import threading
+import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Tuple
 
