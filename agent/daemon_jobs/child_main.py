@@ -87,9 +87,10 @@ def run_job(job: str, config_path: str, host: Host, request: JsonObject, result_
 
             fetched = fetch_and_install(host, settings, job_request.context.host_id)
             if fetched.outcome == "installed":  # the host is about to change under a new bundle
+                from agent.bundle.rollout import handoff_reason
                 from agent.daemon_jobs.handoff import begin_for_change
 
-                begin_for_change(host, settings, f"policy bundle serial {fetched.serial}")
+                begin_for_change(host, settings, handoff_reason(fetched.rollout, fetched.serial))
             result = fetched
         else:
             result = _with_outbox(job, host, settings, job_request, stopping)

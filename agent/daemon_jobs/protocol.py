@@ -210,3 +210,4 @@ class PolicyFetchResult(JsonRecord):
     outcome: Literal["off", "unchanged", "none", "installed", "refused", "failed"]
     serial: Optional[int] = None
     detail: str = ""
+    rollout: Optional[str] = None  # the hub's staged-rollout notice (agent/bundle/rollout.py)
