@@ -265,7 +265,8 @@ def _health(rt: Runtime, request: HealthRequest) -> HealthChildResult:
         end_after_check(rt.host, rt.job_settings(), summary.status)
     state = rt.state
     last = None if state.last_health_status is None else HealthSeen(state.last_health_status,
-                                                                    state.last_health_at_seconds)
+                                                                    state.last_health_at_seconds,
+                                                                    state.last_health_after_change)
     return HealthChildResult(events=0, summary=summary, last=last)
 
 

@@ -99,6 +99,7 @@ class HealthJob:
             with self.runtime.state.lock:
                 self.runtime.state.last_health_status = str(last.status)
                 self.runtime.state.last_health_at_seconds = last.started_at.timestamp()
+                self.runtime.state.last_health_after_change = None  # the stored result does not say
 
     def run(self, reason: str = "interval", mode: Optional[AskedMode] = None,
             after_change: bool = False) -> Optional[HealthSummary]:
@@ -113,6 +114,8 @@ class HealthJob:
         gate = _Gate()
         if after_change:
             result = self._gate(reason, result, mode, gate)
+        with self.runtime.state.lock:  # the heartbeat's last_health_after_change (the rollout's evidence)
+            self.runtime.state.last_health_after_change = after_change
         return HealthSummary(status=str(result.status), at_seconds=self.runtime.state.last_health_at_seconds,
                              mode=mode, busy=result_busy(result), tenants=tuple(tenants_of_result(result)),
                              rollback=gate.rollback, reboot_required=gate.reboot_required,
