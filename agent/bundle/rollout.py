@@ -20,6 +20,7 @@ from agent.printable import printable
 
 MAX_NOTICE_CHARS = 300  # the hub cuts its notice there too (agent/hub/rollouts.py)
 _ADMITTED = re.compile(r"rollout ([A-Za-z0-9._-]{1,64}): admitted at stage (\d{1,4})")
+_HANDOFF = re.compile(r"rollout ([A-Za-z0-9._-]{1,64}) stage \d{1,4}")
 
 
 def clean_notice(text: Optional[str]) -> Optional[str]:
@@ -45,3 +46,9 @@ def handoff_reason(notice: Optional[str], serial: Optional[int]) -> str:
     if admitted is not None:
         return f"rollout {admitted[0]} stage {admitted[1]}"
     return f"policy bundle serial {serial}"
+
+
+def rollout_of_reason(reason: str) -> Optional[str]:
+    """The rollout id of a hand-off reason that :func:`handoff_reason` made for a rollout; None for any other."""
+    found = _HANDOFF.fullmatch(reason)
+    return found.group(1) if found else None

@@ -180,3 +180,34 @@ def test_status_and_explain_show_the_notice(tmp_path: Path) -> None:
     code, out, _ = run(*explain)
     assert out.splitlines()[1] == f"staged rollout: {WAITING}"
     assert json.loads(run(*explain, "--json")[1])["rollout"] == WAITING
+
+
+def test_an_admitted_hosts_handoff_names_the_rollout(fake_hub: FakeHub, tmp_path: Path) -> None:
+    """The fetch child installs the bundle a rollout admitted this host to: the hold's reason is "rollout R stage
+    0" and the NFD labels say maintenance=true with the rollout id."""
+    from agent.config import load_settings
+    from agent.daemon_jobs.children import PolicyFetchInChild
+    from tests.daemon.test_jobs import make_runtime
+
+    features = "etc/kubernetes/node-feature-discovery/features.d"
+    site = Site(tmp_path)
+    token = tmp_path / "host.token"
+    token.write_text("secret-host-token\n")
+    os.chmod(token, 0o600)
+    site.config.write_text(site.config.read_text() + f'[report]\nendpoint_url = "{fake_hub.url}"\n'
+                                                     f'token_file = "{token}"\n'
+                                                     f'nfd_features_file = "/{features}/gpuguard"\n'
+                                                     '[integrations]\nscheduler = "kubernetes"\n')
+    (site.root / features).mkdir(parents=True)
+    admitted = "rollout r2-1a2b3c: admitted at stage 0"
+    fake_hub.answers.append((200, {"ETag": '"bundle-2"', "X-Gpuguard-Rollout": admitted},
+                             offer_body(site.bundle(2, POLICY), 2, admitted)))
+    rt = make_runtime(tmp_path, Host.for_root(str(site.root)), load_settings(str(site.config)))
+    asked: List[str] = []
+    PolicyFetchInChild(rt, str(site.config), asked.append).run()
+    assert asked == ["policy_bundle_installed"]
+    assert json.loads((site.state / "maintenance.json").read_text())["reason"] == "rollout r2-1a2b3c stage 0"
+    labels = (site.root / features / "gpuguard-maintenance").read_text().splitlines()
+    assert labels[:3] == ["gpuguard.io/maintenance=true", "gpuguard.io/maintenance-reason=rollout_r2-1a2b3c_stage_0",
+                          "gpuguard.io/maintenance-rollout=r2-1a2b3c"]
+    assert read_bundle_state(str(site.state / "policy-bundle/state.json")).rollout == admitted

@@ -195,3 +195,25 @@ def test_the_heartbeat_says_when_the_last_check_finished_and_whether_it_followed
     beat = restarted.runtime.outbox.pending(10)[-1].payload
     assert beat.last_health_at == dt.datetime(2026, 12, 5, 0, 30, tzinfo=dt.timezone.utc)
     assert beat.last_health_after_change is None
+
+
+def test_a_fallback_found_during_a_maintenance_hold_is_reported_as_maintenance(tmp_path: Path) -> None:
+    """While a hand-off holds the node, a cpu_fallback event carries the hold's reason and is a warning; without a
+    hold it is critical with no maintenance field."""
+    import json
+
+    from agent.report.events import CpuFallback
+
+    fakes = Fakes("cpu_fallback", "cpu_fallback")
+    job = HealthJob(_job(tmp_path, fakes, None).runtime, Hooks(
+        health_run=fakes.run, health_payloads=lambda result: [CpuFallback(reason="no_gpu", fingerprint="f")]))
+    job.check("interval", None)
+    event = job.runtime.outbox.pending(10)[-1]
+    assert (event.severity, event.payload.maintenance) == ("critical", None)
+    Path(StatePaths(job.runtime.state_dir).maintenance).write_text(json.dumps({
+        "scheduler": "slurm", "node": "gpu-07", "reason": "rollout r2-1a2b3c stage 0", "began_at_seconds": 1.0,
+        "drained_by_us": True, "phase": "held", "detail": ""}))
+    job.check("stack_changed:rocm", None)
+    event = job.runtime.outbox.pending(10)[-1]
+    assert (event.severity, event.kind, event.payload.maintenance) == ("warning", "cpu_fallback",
+                                                                       "rollout r2-1a2b3c stage 0")
