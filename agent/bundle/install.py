@@ -112,6 +112,15 @@ class BundleInstaller:
                                        state.with_refusal(serial, exc.reason, self.host.clock()))
                     raise BundleRefused(exc.source, exc.reason, serial) from None
 
+    def record_rollout(self, notice: Optional[str]) -> None:
+        """Keep the hub's newest rollout notice (None clears it); the file is written only when it changes."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with _locked(self.directory):
+            state = self.state()
+            if state.rollout != notice:
+                write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)),
+                                   state.with_rollout(notice, self.host.clock()))
+
     def _install(self, work: Path, state: BundleState, bundle_data: bytes, signature_data: bytes, origin: str,
                  source: Literal["hub", "file"], facts: Callable[[], ScopeFacts]) -> Installed:
         bundle_file, signature_file = work / "bundle.json", work / "bundle.json.sig"
@@ -144,7 +153,8 @@ class BundleInstaller:
             installed = replace(installed, compiled=self._compile_in_force(origin, bundle.serial))
         write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)),
                            BundleState(serial=bundle.serial, fingerprint=fingerprint, source=source,
-                                       installed_at=self.host.clock(), sha256=digest, refused=state.refused))
+                                       installed_at=self.host.clock(), sha256=digest, refused=state.refused,
+                                       rollout=state.rollout, rollout_at=state.rollout_at))
         return installed
 
     def _commit(self, staged: Path, bundle_file: Path, signature_file: Path) -> None:

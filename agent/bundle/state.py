@@ -1,4 +1,5 @@
-"""What the agent remembers of policy bundles: the serial in force, its key and source, the last refusal.
+"""What the agent remembers of policy bundles: the serial in force, its key and source, the last refusal, the
+hub's staged-rollout notice.
 
 ``policy-bundle/state.json`` in the state directory, written atomically by ``gpuguard policy install`` and the
 daemon's bundle fetch, read by ``gpuguard status``, ``policy explain`` and the heartbeat. Standard library only
@@ -31,7 +32,8 @@ class BundleRefusal(JsonRecord):
 
 @dataclass(frozen=True)
 class BundleState(JsonRecord):
-    """The bundle in force (serial None: none yet) and the last refusal."""
+    """The bundle in force (serial None: none yet), the last refusal, and the newest rollout notice the hub sent
+    (``rollout``, agent/bundle/rollout.py; None: the last answer had none) with when it first arrived."""
 
     serial: Optional[int] = None
     fingerprint: Optional[str] = None
@@ -39,9 +41,14 @@ class BundleState(JsonRecord):
     installed_at: Optional[dt.datetime] = None
     sha256: Optional[str] = None
     refused: Optional[BundleRefusal] = None
+    rollout: Optional[str] = None
+    rollout_at: Optional[dt.datetime] = None
 
     def with_refusal(self, serial: Optional[int], reason: str, at: dt.datetime) -> "BundleState":
         return replace(self, refused=BundleRefusal(serial, reason, at))
+
+    def with_rollout(self, notice: Optional[str], at: dt.datetime) -> "BundleState":
+        return replace(self, rollout=notice, rollout_at=None if notice is None else at)
 
     @property
     def refusal_pending(self) -> bool:

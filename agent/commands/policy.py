@@ -251,6 +251,7 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     (EXIT_VIOLATIONS) when the host violates the policy now."""
     from agent.errors import InputFileError
     from agent.guard.hotpath.overrides import active_windows, load_windows
+    from agent.guard.hotpath.rollout import rollout_notice  # the hub's staged-rollout notice, as the hook shows it
     from agent.guard.installed import detect_manager
     from agent.hostfacts.context import read_host_context
     from agent.policy.explain import HostFacts, explain
@@ -269,8 +270,10 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
                       context=read_host_context(str(host.root)), windows=windows, windows_problem=windows_problem)
     explanation = explain(policy, facts)
     code = EXIT_VIOLATIONS if explanation.violations else 0
+    rollout = rollout_notice(str(host.path(state_paths(settings).policy_bundle_state)))
     if getattr(args, "json", False):
         out.write(json.dumps({"policy": policy.name, "source": source, "sources": list(policy.sources),
+                              "rollout": rollout,
                               "manager": facts.manager,
                               "os_id": facts.context.os_id, "os_version_id": facts.context.os_version_id,
                               "installed": dict(sorted(facts.installed.items())),
@@ -278,7 +281,8 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
                               "violations": [v.to_dict() for v in explanation.violations],
                               "lines": explanation.lines}, indent=2, sort_keys=True) + "\n")
         return code
-    out.write("\n".join([f"policy source: {source}", *explanation.lines]) + "\n")
+    held = [f"staged rollout: {rollout}"] if rollout else []
+    out.write("\n".join([f"policy source: {source}", *held, *explanation.lines]) + "\n")
     return code
 
 

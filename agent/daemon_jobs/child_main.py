@@ -87,9 +87,10 @@ def run_job(job: str, config_path: str, host: Host, request: JsonObject, result_
 
             fetched = fetch_and_install(host, settings, job_request.context.host_id)
             if fetched.outcome == "installed":  # the host is about to change under a new bundle
+                from agent.bundle.rollout import handoff_reason
                 from agent.daemon_jobs.handoff import begin_for_change
 
-                begin_for_change(host, settings, f"policy bundle serial {fetched.serial}")
+                begin_for_change(host, settings, handoff_reason(fetched.rollout, fetched.serial))
             result = fetched
         else:
             result = _with_outbox(job, host, settings, job_request, stopping)
@@ -264,7 +265,8 @@ def _health(rt: Runtime, request: HealthRequest) -> HealthChildResult:
         end_after_check(rt.host, rt.job_settings(), summary.status)
     state = rt.state
     last = None if state.last_health_status is None else HealthSeen(state.last_health_status,
-                                                                    state.last_health_at_seconds)
+                                                                    state.last_health_at_seconds,
+                                                                    state.last_health_after_change)
     return HealthChildResult(events=0, summary=summary, last=last)
 
 

@@ -233,6 +233,7 @@ def restore_in_child(runtime: Runtime, config_path: str) -> None:
         state.snapshot_facts, state.pairing = result.snapshot, result.pairing
         if result.health is not None:
             state.last_health_status, state.last_health_at_seconds = result.health.status, result.health.at_seconds
+            state.last_health_after_change = result.health.after_change
     if result.events:
         runtime.emitter.on_enqueued()
 
@@ -283,6 +284,7 @@ class HealthInChild:
             with rt.state.lock:
                 rt.state.last_health_status = result.last.status
                 rt.state.last_health_at_seconds = result.last.at_seconds
+                rt.state.last_health_after_change = result.last.after_change
         if result.events:
             rt.emitter.on_enqueued()
         return result.summary

@@ -77,6 +77,19 @@ class HealthSkips:
         return False
 
 
+
+def maintenance_hold(rt: Runtime) -> Optional[str]:
+    """The reason of the maintenance hand-off holding this node now (agent/integrations/maintenance.py), or None;
+    a damaged record is logged and counts as none (the events are then reported as they are)."""
+    from agent.integrations.maintenance import read_state
+
+    try:
+        state = read_state(rt.host, rt.paths)
+    except GpuguardError as exc:
+        log.warning("maintenance_state_unreadable", error=str(exc))
+        return None
+    return None if state is None else state.reason
+
 class HealthJob:
     """Calls the health runner; records its status, commits the events it raises, gates a change on it."""
 
@@ -99,6 +112,7 @@ class HealthJob:
             with self.runtime.state.lock:
                 self.runtime.state.last_health_status = str(last.status)
                 self.runtime.state.last_health_at_seconds = last.started_at.timestamp()
+                self.runtime.state.last_health_after_change = None  # the stored result does not say
 
     def run(self, reason: str = "interval", mode: Optional[AskedMode] = None,
             after_change: bool = False) -> Optional[HealthSummary]:
@@ -113,6 +127,8 @@ class HealthJob:
         gate = _Gate()
         if after_change:
             result = self._gate(reason, result, mode, gate)
+        with self.runtime.state.lock:  # the heartbeat's last_health_after_change (the rollout's evidence)
+            self.runtime.state.last_health_after_change = after_change
         return HealthSummary(status=str(result.status), at_seconds=self.runtime.state.last_health_at_seconds,
                              mode=mode, busy=result_busy(result), tenants=tuple(tenants_of_result(result)),
                              rollback=gate.rollback, reboot_required=gate.reboot_required,
@@ -129,8 +145,12 @@ class HealthJob:
         else:
             result = run_check(rt.host, settings, rt.state_dir, snapshot=rt.state.last_snapshot, mode=mode)
         payloads = list(payloads_for(result))
+        hold = maintenance_hold(rt)
         for payload in payloads:
-            rt.emitter.emit(payload, severity="critical" if payload.kind == "cpu_fallback" else "warning")
+            if hold is not None:  # the node is out of service for a change: reported as maintenance, not a fault
+                payload = payload.model_copy(update={"maintenance": hold[:300]})
+            rt.emitter.emit(payload, severity="critical" if payload.kind == "cpu_fallback" and hold is None
+                            else "warning")
         with rt.state.lock:
             rt.state.last_health_status = str(result.status)
             rt.state.last_health_at_seconds = time.time()

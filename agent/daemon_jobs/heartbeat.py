@@ -1,8 +1,14 @@
 """The heartbeat job: one "alive" event with the pairing, compliance, last health result, rollback coverage and
-outbox depth."""
+outbox depth.
+
+The last health result comes with when the daemon saw it finish (``last_health_at``; after a restart, when the
+stored check started) and whether it was the check after a package change (``last_health_after_change``; not
+sent when the daemon does not know, e.g. after a restart): a staged rollout counts a pass as evidence only when it
+finished after the host's admission (docs/hub.md, "Staged rollouts")."""
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 from typing import Any, Dict, Optional
 
@@ -46,13 +52,20 @@ class HeartbeatJob:
         with state.lock:
             facts, pairing = state.snapshot_facts, state.pairing
             compliant, health = state.compliant, state.last_health_status
+            health_at_seconds, after_change = state.last_health_at_seconds, state.last_health_after_change
         settings = rt.settings
         policy = policy_fields(rt)
         rt.emitter.emit(PlainHeartbeat(agent_version=__version__, uptime_seconds=round(state.uptime_seconds(), 3),
                                        content_hash=facts.content_hash if facts else None,
                                        outbox_depth=rt.outbox.depth(), pairing=pairing, compliant=compliant,
-                                       last_health_status=health, labels=dict(settings.labels) or None,
+                                       last_health_status=health, last_health_at=_utc(health_at_seconds),
+                                       last_health_after_change=after_change if health else None,
+                                       labels=dict(settings.labels) or None,
                                        rollback_coverage=rollback_coverage(rt), **policy))
+
+
+def _utc(seconds: Optional[float]) -> Optional[dt.datetime]:
+    return None if seconds is None else dt.datetime.fromtimestamp(seconds, dt.timezone.utc)
 
 
 def rollback_coverage(rt: Runtime) -> Optional[PlainRollbackCoverage]:

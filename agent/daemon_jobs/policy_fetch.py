@@ -3,6 +3,8 @@ and install it as ``gpuguard policy install`` does (agent/bundle/install.py).
 
 A 304 (the serial in force) costs nothing; a refused bundle is recorded in ``policy-bundle/state.json`` and
 reported by the next heartbeat; a hub that cannot be reached changes nothing (the policy in force keeps guarding).
+The hub's staged-rollout notice of every answer is kept in the same state (none clears it; a failed fetch keeps
+the one before): the hook's refusal, ``gpuguard status`` and ``policy explain`` show it.
 Runs in a job child (``gpuguard _job policy_fetch``): requests, pydantic and gpgv stay out of the resident.
 """
 
@@ -38,9 +40,15 @@ def fetch_and_install(host: "Host", settings: "Settings", host_id: str) -> Polic
         return PolicyFetchResult(outcome="failed", detail=str(exc))
     offer = fetch_offer(report.endpoint_url, token, report.ca_bundle, state.serial,
                         (report.connect_timeout_seconds, report.read_timeout_seconds))
+    if offer.status != "failed":
+        try:
+            installer.record_rollout(offer.notice)
+        except (GpuguardError, OSError) as exc:
+            return PolicyFetchResult(outcome="failed", serial=offer.serial, detail=f"rollout notice: {exc}")
     if offer.status != "offered":
         outcome = {"unchanged": "unchanged", "none": "none"}.get(offer.status, "failed")
-        return PolicyFetchResult(outcome=outcome, serial=offer.serial, detail=offer.detail)  # type: ignore[arg-type]
+        return PolicyFetchResult(outcome=outcome, serial=offer.serial, detail=offer.detail,  # type: ignore[arg-type]
+                                 rollout=offer.notice)
 
     def facts() -> ScopeFacts:
         return host_scope_facts(host, host_id, dict(settings.agent.labels),
@@ -50,10 +58,11 @@ def fetch_and_install(host: "Host", settings: "Settings", host_id: str) -> Polic
         installed = installer.install(offer.bundle, offer.signature, origin=f"hub bundle serial {offer.serial}",
                                       source="hub", facts=facts, claimed_serial=offer.serial)
     except BundleRefused as exc:
-        return PolicyFetchResult(outcome="refused", serial=exc.serial or offer.serial, detail=exc.reason)
+        return PolicyFetchResult(outcome="refused", serial=exc.serial or offer.serial, detail=exc.reason,
+                                 rollout=offer.notice)
     except (GpuguardError, OSError) as exc:
         return PolicyFetchResult(outcome="failed", serial=offer.serial, detail=f"install: {exc}")
     if installed.unchanged:
-        return PolicyFetchResult(outcome="unchanged", serial=installed.serial)
-    return PolicyFetchResult(outcome="installed", serial=installed.serial,
+        return PolicyFetchResult(outcome="unchanged", serial=installed.serial, rollout=offer.notice)
+    return PolicyFetchResult(outcome="installed", serial=installed.serial, rollout=offer.notice,
                              detail="compiled" if installed.compiled else "kept: [guard] policy_source is local")

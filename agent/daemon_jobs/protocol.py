@@ -110,10 +110,12 @@ class ConfigResult(JsonRecord):
 
 @dataclass(frozen=True)
 class HealthSeen(JsonRecord):
-    """A health result's status and when the check started (Unix time)."""
+    """A health result's status, when the check started (Unix time), and whether it followed a package change
+    (None: not known)."""
 
     status: str
     at_seconds: Optional[float] = None
+    after_change: Optional[bool] = None
 
 
 @dataclass(frozen=True)
@@ -210,3 +212,4 @@ class PolicyFetchResult(JsonRecord):
     outcome: Literal["off", "unchanged", "none", "installed", "refused", "failed"]
     serial: Optional[int] = None
     detail: str = ""
+    rollout: Optional[str] = None  # the hub's staged-rollout notice (agent/bundle/rollout.py)

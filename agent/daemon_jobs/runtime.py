@@ -73,6 +73,8 @@ class AgentState:
     violated_rules: FrozenSet[str] = frozenset()
     last_health_status: Optional[str] = None
     last_health_at_seconds: Optional[float] = None
+    # Whether that check was the one after a package change (None: not known, e.g. read back after a restart).
+    last_health_after_change: Optional[bool] = None
     last_delivery_success_seconds: Optional[float] = None
     delivery_failures: Dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

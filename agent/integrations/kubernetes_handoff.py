@@ -2,8 +2,12 @@
 
 ``begin`` writes ``features.d/gpuguard-maintenance`` beside the daemon's own labels file::
 
-    gpuguard.io/maintenance=rollout-r-stage-2
+    gpuguard.io/maintenance=true
+    gpuguard.io/maintenance-reason=rollout_r43-1a2b3c_stage_2
+    gpuguard.io/maintenance-rollout=r43-1a2b3c
     gpuguard.io/maintenance-since=20261204T230000Z
+
+(``maintenance-rollout`` only when a staged rollout admitted the host: agent/bundle/rollout.py's reason.)
 
 ``keep`` adds ``gpuguard.io/maintenance-failed=<why>`` (a failed post-change check); ``end`` removes the file.
 The file has no expiry line on purpose: a node whose agent died mid-change stays marked until someone looks.
@@ -21,6 +25,7 @@ import errno
 import os
 from typing import Callable
 
+from agent.bundle.rollout import rollout_of_reason
 from agent.errors import StateWriteError
 from agent.files import write_atomically
 from agent.integrations.handoff import HandoffStep
@@ -42,7 +47,11 @@ def reason_id(reason: str) -> str:
 
 def render_maintenance(reason: str, since_seconds: float, failed: str = "") -> str:
     """The features file of a node under maintenance. Pure."""
-    lines = [f"{MAINTENANCE_LABEL}={reason_id(reason)}", f"{MAINTENANCE_LABEL}-since={label_time(since_seconds)}"]
+    lines = [f"{MAINTENANCE_LABEL}=true", f"{MAINTENANCE_LABEL}-reason={reason_id(reason)}"]
+    rollout = rollout_of_reason(reason)
+    if rollout is not None and label_value(rollout):
+        lines.append(f"{MAINTENANCE_LABEL}-rollout={label_value(rollout)}")
+    lines.append(f"{MAINTENANCE_LABEL}-since={label_time(since_seconds)}")
     if failed and label_value(failed):
         lines.append(f"{MAINTENANCE_LABEL}-failed={label_value(failed)}")
     return "\n".join(lines) + "\n"
@@ -68,7 +77,7 @@ class KubernetesHandoff:
     def begin(self, reason: str, wait_seconds: float) -> HandoffStep:
         self._reason = reason
         self._write(render_maintenance(reason, self._clock().timestamp()))
-        return HandoffStep(True, True, f"labelled {MAINTENANCE_LABEL}={reason_id(reason)} in {self.path}; "
+        return HandoffStep(True, True, f"labelled {MAINTENANCE_LABEL}=true ({reason_id(reason)}) in {self.path}; "
                            "cordoning is the cluster's policy", reason_id(reason))
 
     def end(self, drained_by_us: bool) -> HandoffStep:

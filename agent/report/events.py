@@ -105,6 +105,9 @@ class HealthRegression(PayloadModel):
     fingerprint: str
     baseline_fingerprint: str
     gpu: Optional[str] = None
+    # Found while a maintenance hand-off held the node (issue 33): the hold's reason ("rollout R stage 2"); the
+    # event is then "warning", not a fault of a node in service. Optional: absent from agents before it.
+    maintenance: Optional[str] = Field(None, max_length=300)
 
 
 class CpuFallback(PayloadModel):
@@ -114,6 +117,8 @@ class CpuFallback(PayloadModel):
     reason: str
     fingerprint: str
     detail: Optional[str] = None
+    # As HealthRegression.maintenance: the hold's reason when found during a maintenance hand-off ("warning").
+    maintenance: Optional[str] = Field(None, max_length=300)
 
 
 class HealthDeferred(PayloadModel):

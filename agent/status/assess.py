@@ -202,6 +202,8 @@ def _policy(f: StatusFacts) -> Check:
     summary = p.description
     if p.source == "local" and p.bundle_serial is not None:
         summary += f" (bundle serial {p.bundle_serial} installed, not in force: [guard] policy_source is local)"
+    if p.rollout is not None:
+        summary += f"; {p.rollout}"
     if p.refusal_pending:
         serial = f"serial {p.refused_serial}" if p.refused_serial is not None else "a bundle"
         return Check(name="policy", state="warn", summary=f"{summary}; {serial} refused: {p.refused_reason}")

@@ -126,6 +126,7 @@ class PolicyFacts(FrozenModel):
     refused_reason: Optional[str] = None
     refused_at: Optional[dt.datetime] = None
     refusal_pending: bool = False
+    rollout: Optional[str] = None  # the hub's staged-rollout notice (agent/bundle/rollout.py)
     problem: Optional[str] = None
 
 
@@ -467,7 +468,7 @@ def read_policy(host: Host, guard: Any, state_dir: str) -> PolicyFacts:
     return PolicyFacts(source=guard.policy_source, description=described, bundle_serial=state.serial,
                        refused_serial=refused.serial if refused else None,
                        refused_reason=refused.reason if refused else None, refused_at=refused.at if refused else None,
-                       refusal_pending=state.refusal_pending)
+                       refusal_pending=state.refusal_pending, rollout=state.rollout)
 
 
 def gather(host: Host, config_path: str, offline: bool,

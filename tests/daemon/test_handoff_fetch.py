@@ -36,7 +36,8 @@ def test_an_installed_bundle_labels_the_node_for_maintenance(hub: HubProcess, tm
     PolicyFetchInChild(rt, str(site.config), asked.append).run()
     label = site.root / FEATURES / "gpuguard-maintenance"
     assert asked == ["policy_bundle_installed"]
-    assert label.read_text().startswith("gpuguard.io/maintenance=policy_bundle_serial_3\n")
+    assert label.read_text().startswith("gpuguard.io/maintenance=true\n"
+                                        "gpuguard.io/maintenance-reason=policy_bundle_serial_3\n")
     hold = (site.state / "maintenance.json").read_text()
     PolicyFetchInChild(rt, str(site.config), asked.append).run()
     assert asked == ["policy_bundle_installed"] and (site.state / "maintenance.json").read_text() == hold

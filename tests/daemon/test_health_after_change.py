@@ -158,3 +158,62 @@ def test_a_rollback_that_raises_is_a_failed_rollback_event(tmp_path: Path) -> No
     [event] = rt.outbox.pending(10)
     assert (event.severity, event.payload.succeeded, summary.rollback) == ("critical", False, "failed")
     assert "No space left" in (event.payload.detail or "")
+
+
+def test_the_heartbeat_says_when_the_last_check_finished_and_whether_it_followed_a_change(tmp_path: Path) -> None:
+    """A post-change pass goes in the next heartbeat as last_health_at and last_health_after_change true; a later
+    interval check makes the flag false; a daemon that read the result back after a restart sends no flag."""
+    import datetime as dt
+    import json
+    import os
+
+    from agent.daemon_jobs.heartbeat import HeartbeatJob
+
+    fakes = Fakes("pass", "pass")
+    job = _job(tmp_path, fakes, "rollback")
+    before = dt.datetime.now(dt.timezone.utc)
+    job.check("stack_changed:rocm", None, after_change=True)
+    HeartbeatJob(job.runtime).run()
+    beat = job.runtime.outbox.pending(10)[-1].payload
+    assert beat.last_health_status == "pass" and beat.last_health_after_change is True
+    assert beat.last_health_at is not None and before <= beat.last_health_at <= dt.datetime.now(dt.timezone.utc)
+    job.check("interval", None)
+    HeartbeatJob(job.runtime).run()
+    assert job.runtime.outbox.pending(10)[-1].payload.last_health_after_change is False
+
+    stored = Path(job.runtime.state_dir) / "health/last.json"
+    stored.parent.mkdir(parents=True, exist_ok=True)
+    stored.write_text(json.dumps({"status": "pass", "summary": "ok", "started_at": "2026-12-05T00:30:00+00:00",
+                                  "wall_seconds": 42.0}))
+    from agent.health.last import load_last_result
+
+    again = tmp_path / "again"
+    (again / "state/health").mkdir(parents=True)
+    os.replace(stored, again / "state/health/last.json")
+    restarted = HealthJob(make_runtime(again, Host(root=Path("/"))), Hooks(health_last=load_last_result))
+    HeartbeatJob(restarted.runtime).run()
+    beat = restarted.runtime.outbox.pending(10)[-1].payload
+    assert beat.last_health_at == dt.datetime(2026, 12, 5, 0, 30, tzinfo=dt.timezone.utc)
+    assert beat.last_health_after_change is None
+
+
+def test_a_fallback_found_during_a_maintenance_hold_is_reported_as_maintenance(tmp_path: Path) -> None:
+    """While a hand-off holds the node, a cpu_fallback event carries the hold's reason and is a warning; without a
+    hold it is critical with no maintenance field."""
+    import json
+
+    from agent.report.events import CpuFallback
+
+    fakes = Fakes("cpu_fallback", "cpu_fallback")
+    job = HealthJob(_job(tmp_path, fakes, None).runtime, Hooks(
+        health_run=fakes.run, health_payloads=lambda result: [CpuFallback(reason="no_gpu", fingerprint="f")]))
+    job.check("interval", None)
+    event = job.runtime.outbox.pending(10)[-1]
+    assert (event.severity, event.payload.maintenance) == ("critical", None)
+    Path(StatePaths(job.runtime.state_dir).maintenance).write_text(json.dumps({
+        "scheduler": "slurm", "node": "gpu-07", "reason": "rollout r2-1a2b3c stage 0", "began_at_seconds": 1.0,
+        "drained_by_us": True, "phase": "held", "detail": ""}))
+    job.check("stack_changed:rocm", None)
+    event = job.runtime.outbox.pending(10)[-1]
+    assert (event.severity, event.kind, event.payload.maintenance) == ("warning", "cpu_fallback",
+                                                                       "rollout r2-1a2b3c stage 0")

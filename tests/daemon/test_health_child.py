@@ -68,5 +68,6 @@ def test_a_failed_post_change_check_in_the_child_keeps_the_node_out(tmp_path: Pa
     summary = HealthInChild(rt, str(config)).run("stack_changed:dpkg", "functional", True)
     assert summary is not None and summary.status == "cpu_fallback"
     labels = (features / "gpuguard-maintenance").read_text()
-    assert "gpuguard.io/maintenance=policy_bundle_serial_7\n" in labels
+    assert "gpuguard.io/maintenance=true\ngpuguard.io/maintenance-reason=policy_bundle_serial_7\n" in labels
+    assert "maintenance-rollout" not in labels
     assert "gpuguard.io/maintenance-failed=post-change_check_cpu_fallback" in labels

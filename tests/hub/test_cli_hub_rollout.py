@@ -56,8 +56,9 @@ def test_start_status_pause_resume_abort(hub: HubProcess, admin_file: Path, tmp_
 
 def test_the_agents_fetch_sees_the_stages(hub: HubProcess, admin_file: Path, tmp_path: Path,  # noqa: F811
                                           capsys: pytest.CaptureFixture) -> None:
-    """The agent's own fetch (agent.bundle.fetch) against the real hub: the canary is offered the target, a held-back
-    host on the previous serial gets 304 (nothing to install), and after abort no host is offered the target."""
+    """The agent's own fetch (agent.bundle.fetch) against the real hub: the canary is offered the target with the
+    "admitted" notice, a held-back host on the previous serial gets 304 (nothing to install) with the "waiting"
+    notice, and after abort no host is offered the target."""
     from agent.bundle.fetch import fetch_offer
 
     now = dt.datetime.now(dt.timezone.utc)
@@ -75,9 +76,10 @@ def test_the_agents_fetch_sees_the_stages(hub: HubProcess, admin_file: Path, tmp
     assert code == 0, err
     rid = json.loads(out)["rollout"]["rollout_id"]
     canary = fetch_offer(hub.url, tokens["gpu-1"], None, 1, (5.0, 10.0))
-    assert (canary.status, canary.serial) == ("offered", 2)
+    assert (canary.status, canary.serial, canary.notice) == ("offered", 2, f"rollout {rid}: admitted at stage 0")
     held = fetch_offer(hub.url, tokens["gpu-2"], None, 1, (5.0, 10.0))
     assert (held.status, held.serial) == ("unchanged", 1)
+    assert held.notice is not None and held.notice.startswith(f"rollout {rid}: waiting for stage 1 (0/1 canaries")
     notice = requests.get(f"{hub.url}/v1/policy/bundle", timeout=10, headers={
         "Authorization": f"Bearer {tokens['gpu-2']}", "If-None-Match": '"bundle-1"'})
     assert notice.status_code == 304 and notice.headers["X-Gpuguard-Rollout"].startswith(f"rollout {rid}: waiting")

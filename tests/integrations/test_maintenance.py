@@ -126,20 +126,25 @@ def test_a_damaged_hold_is_one_error_naming_the_file(tmp_path: Path) -> None:
 
 
 def test_kubernetes_labels_keep_and_remove(tmp_path: Path) -> None:
-    """Kubernetes: begin writes the maintenance label beside the NFD labels, a failed check adds -failed, a
-    passing one removes the file."""
+    """Kubernetes: begin writes maintenance=true with the reason and the rollout id beside the NFD labels, a failed
+    check adds -failed, a passing one removes the file."""
     features = tmp_path / "features.d"
     features.mkdir()
     nfd_file = str(features / "gpuguard")
     host, paths = setup(tmp_path, ScriptedScontrol({}))
     k8s = IntegrationsSettings(scheduler="kubernetes")
-    assert begin_maintenance(host, paths, k8s, nfd_file, "rollout R stage 2").exit_code == EXIT_MAINTENANCE_OK
+    assert begin_maintenance(host, paths, k8s, nfd_file, "rollout r2-1a2b3c stage 2").exit_code == \
+        EXIT_MAINTENANCE_OK
     label_file = features / "gpuguard-maintenance"
-    assert label_file.read_text() == ("gpuguard.io/maintenance=rollout_R_stage_2\n"
+    assert label_file.read_text() == ("gpuguard.io/maintenance=true\n"
+                                      "gpuguard.io/maintenance-reason=rollout_r2-1a2b3c_stage_2\n"
+                                      "gpuguard.io/maintenance-rollout=r2-1a2b3c\n"
                                       "gpuguard.io/maintenance-since=20261204T230000Z\n")
     after_check(host, paths, k8s, nfd_file, "regression")
-    assert "gpuguard.io/maintenance=rollout_R_stage_2\n" in label_file.read_text()
-    assert "gpuguard.io/maintenance-failed=post-change_check_regression_rollout_R_stage_2" in label_file.read_text()
+    assert "gpuguard.io/maintenance=true\n" in label_file.read_text()
+    assert "gpuguard.io/maintenance-rollout=r2-1a2b3c\n" in label_file.read_text()
+    assert "gpuguard.io/maintenance-failed=post-change_check_regression_rollout_r2-1a2b3c_stage_2" in \
+        label_file.read_text()
     end_maintenance(host, paths, k8s, nfd_file)
     assert not label_file.exists() and read_state(host, paths) is None
 

@@ -2,7 +2,8 @@
 
 Given the compiled policy, a neutral Transaction and the installed set, :class:`Decision` evaluates the set the
 transaction would leave, reports pre-existing violations as notes and ``warn`` rules as warnings, lets an open
-override window through (audited), or prints the ``REFUSED (...)`` lines with hints, records the events for the
+override window through (audited), or prints the ``REFUSED (...)`` lines with hints (and the hub's staged-rollout
+notice, hotpath/rollout.py), records the events for the
 daemon and returns an exit code. :meth:`Decision.failsafe` is the single fail-safe policy (``block-guarded``,
 ``block-all``, ``allow``) for a policy that cannot be read, input that cannot be parsed or an internal error.
 Every line goes through ``say`` (stderr, prefixed ``gpuguard:``). Standard library only, and the heavier modules
@@ -226,5 +227,10 @@ class Decision:
         hints = list(dict.fromkeys(v.hint for v in blocking if v.hint))
         for hint in hints:
             self.say(f"to proceed: {hint}")
+        from agent.guard.hotpath.rollout import rollout_notice  # only when refusing: a held-back host's "why"
+
+        notice = rollout_notice(under(self.root, self.paths.policy_bundle_state))
+        if notice:
+            self.say(notice)
         self.say(f"policy '{policy.name}' ({', '.join(policy.sources) or policy.path}); nothing was changed")
         return EXIT_REFUSED

@@ -84,6 +84,16 @@ def test_breaking_the_pairing_is_refused_with_the_apt_message(root: Path) -> Non
     assert (event["kind"], event["tool"], event["command_line"]) == ("transaction_blocked", "dnf", "dnf upgrade")
 
 
+def test_a_refusal_names_the_staged_rollout_that_holds_the_host_back(root: Path) -> None:
+    """With a rollout notice in the bundle state the refusal adds it as one line, escaped, before the last line."""
+    state = root / "var/lib/gpuguard/policy-bundle/state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps({"serial": 42, "rollout": "rollout r43-1a2b3c: waiting for stage 2 (soak\x1b[2J)"}))
+    code, out = check(root, request(*upgrade(ROCM62, ROCM63)))
+    assert code == exits.EXIT_REFUSED
+    assert out.splitlines()[-2] == "gpuguard: rollout r43-1a2b3c: waiting for stage 2 (soak\\x1b[2J)"
+
+
 def test_new_unsupported_kernel_is_refused_and_a_supported_one_installs_beside(root: Path) -> None:
     """A new kernel outside the pairing's kernels is refused (exit 10), a supported one installs beside the old."""
     code, out = check(root, request(K570 + ("in", "Install")))
