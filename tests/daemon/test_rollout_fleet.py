@@ -11,6 +11,7 @@ no host outside the admitted stages ever takes either target."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import pwd
@@ -21,13 +22,19 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Set
+from typing import Callable, Dict, Iterator, List, Optional, Set
 
 import pytest
 
 from tests.bundle.test_install import PERMISSIVE, POLICY, run
 from tests.daemon.conftest import daemon_children
-from tests.daemon.test_policy_fleet import INTERVAL_SECONDS, Fleet, FleetAgent, serial_in_force, wait_for
+from tests.daemon.test_policy_fleet import (
+    INTERVAL_SECONDS,
+    Fleet,
+    FleetAgent,
+    serial_in_force,
+    wait_for,
+)
 from tests.hub.conftest import postgres_server, postgres_url  # noqa: F401 - fixtures
 from tests.hub.process import HubProcess, write_config
 from tests.hub.webhook_receiver import Receiver
@@ -75,16 +82,18 @@ class RolloutAgent(FleetAgent):
                                      "mode])\n")
         self.probe_python.chmod(0o755)
         self.changed = False
+        self.upgrades = 0
 
     def change(self) -> None:
         """The upgrade the target allows, in this host's root: a newer kernel metapackage (a watched package)."""
         status = self.root / "var/lib/dpkg/status"
         text = status.read_text()
-        upgraded = re.sub(r"(Package: linux-image-amd64\n(?:[^\n]+\n)*?Version: )[^\n]+", r"\g<1>6.1.999-1",
-                          text, count=1)
+        upgraded = re.sub(r"(Package: linux-image-amd64\n(?:[^\n]+\n)*?Version: )[^\n]+",
+                          rf"\g<1>6.1.{999 + self.upgrades}-1", text, count=1)
         assert upgraded != text, "no linux-image-amd64 in the fake root's dpkg status"
         status.write_text(upgraded)
         self.changed = True
+        self.upgrades += 1
 
 
 class RolloutFleet(Fleet):
@@ -120,16 +129,24 @@ class RolloutFleet(Fleet):
     def rollout_agents(self) -> List[RolloutAgent]:
         return [a for a in self.agents if isinstance(a, RolloutAgent)]
 
-    def observe(self, target: Optional[int] = None, failing: Set[str] = frozenset()) -> None:
-        """Record each host's serial; a host that enforces ``target`` gets its change (``failing``: cpu probe)."""
+    def observe(self, target: Optional[int] = None, failing: Set[str] = frozenset(),
+                rollout_id: Optional[str] = None) -> None:
+        """Record each host's serial; a host that enforces ``target`` gets its change (``failing``: cpu probe) and
+        must be admitted to ``rollout_id`` already (read after the hosts, so an admission just made counts)."""
+        on_target = []
         for agent in self.rollout_agents():
             serial = serial_in_force(agent)
             if serial is not None:
                 self.seen.setdefault(agent.host_id, set()).add(serial)
-            if target is not None and serial == target and not agent.changed:
-                if agent.host_id in failing:
-                    agent.mode_file.write_text("cpu\n")
-                agent.change()
+            if target is not None and serial == target:
+                on_target.append(agent.host_id)
+                if not agent.changed:
+                    if agent.host_id in failing:
+                        agent.mode_file.write_text("cpu\n")
+                    agent.change()
+        if rollout_id is not None and on_target:
+            outside = set(on_target) - admitted(self.rollout(rollout_id))
+            assert not outside, f"hosts outside the admitted stages enforce serial {target}: {sorted(outside)}"
 
     def api(self, method: str, path: str, admin: bool = False) -> dict:
         token = self.admin.read_text().strip() if admin else self.reader
@@ -204,11 +221,12 @@ def admitted(status: dict) -> Set[str]:
     return {h["host_id"] for h in status["hosts"] if h["stage"] is not None}
 
 
-def wait_observing(fleet: RolloutFleet, what: str, predicate, seconds: float, detail, target: Optional[int] = None,
-                   failing: Set[str] = frozenset()) -> float:
+def wait_observing(fleet: RolloutFleet, what: str, predicate: Callable[[], object], seconds: float,
+                   detail: Callable[[], object], target: Optional[int] = None, failing: Set[str] = frozenset(),
+                   rollout_id: Optional[str] = None) -> float:
     """``wait_for`` that simulates each admitted host's change as it takes ``target`` and records every serial."""
     def check() -> bool:
-        fleet.observe(target, failing)
+        fleet.observe(target, failing, rollout_id)
         return bool(predicate())
     return wait_for(what, check, time.monotonic() + seconds, detail)
 
@@ -238,7 +256,7 @@ def test_canaries_widen_restart_abort_and_a_failing_canary_halts(fleet: RolloutF
                    STAGE_DEADLINE_SECONDS, lambda: [serial_in_force(a) for a in agents])
     print(f"fleet of {AGENTS} on serial 1 after {time.monotonic() - started:.1f} s")
 
-    # --- rollout A: target 2 ---------------------------------------------------------------------------------
+    # --- rollout A: target 2, canaries, then 50 %, then 100 % of each cohort ---------------------------------
     rid = fleet.frozen_push_and_start(2, PERMISSIVE, SOAK_SECONDS)
     status = fleet.rollout(rid)
     cohorts = {h["cohort"] for h in status["hosts"]}
@@ -249,75 +267,84 @@ def test_canaries_widen_restart_abort_and_a_failing_canary_halts(fleet: RolloutF
     a_start = time.monotonic()
     wait_observing(fleet, "the canaries on serial 2 and passing", lambda: all(
         passed(h) for h in fleet.rollout(rid)["hosts"] if h["stage"] == 0),
-        STAGE_DEADLINE_SECONDS, lambda: fleet.rollout(rid)["hosts"], target=2)
+        STAGE_DEADLINE_SECONDS, lambda: fleet.rollout(rid)["hosts"], target=2, rollout_id=rid)
     assert all(by_id[h].changed for h in canaries)
-    assert {a.host_id for a in agents if 2 in fleet.seen.get(a.host_id, set())} == canaries
-    assert fleet.rollout(rid)["rollout"]["stage"] == 0  # the soak holds stage 1
+    assert canaries <= {a.host_id for a in agents if 2 in fleet.seen.get(a.host_id, set())}
 
-    widened = wait_observing(fleet, "stage 1 opened after the soak", lambda: fleet.rollout(rid)["rollout"]["stage"] == 1,
-                             SOAK_SECONDS + 30, lambda: fleet.rollout(rid)["rollout"], target=2)
+    widened = wait_observing(fleet, "stage 1 opened after the soak", lambda: fleet.rollout(rid)["rollout"][
+        "stage"] >= 1, SOAK_SECONDS + 30, lambda: fleet.rollout(rid)["rollout"], target=2, rollout_id=rid)
     before = fleet.rollout(rid)
-    stage_one = admitted(before)
-    assert len(stage_one) == 2 * -(-(AGENTS // 2) // 2), before  # 50 % of each cohort, rounded up
-    print(f"rollout A: stage 1 ({len(stage_one)} hosts) {widened - a_start:.1f} s after the start")
+    stage_one = {h["host_id"] for h in before["hosts"] if h["stage"] == 1}
+    assert len(stage_one | canaries) == 2 * -(-(AGENTS // 2) // 2), before  # 50 % of each cohort, rounded up
+    opened = min(dt.datetime.fromisoformat(h["admitted_at"]) for h in before["hosts"] if h["stage"] == 1)
+    canary_at = max(dt.datetime.fromisoformat(h["admitted_at"]) for h in before["hosts"] if h["stage"] == 0)
+    assert opened - canary_at >= dt.timedelta(seconds=SOAK_SECONDS)  # the soak held stage 1 back
+    print(f"rollout A: stage 1 ({len(stage_one)} more hosts) {widened - a_start:.1f} s after the start")
 
-    # A hub restart mid-rollout (stage 1 open, its hosts not all on the target yet) loses nothing.
+    # A hub restart mid-rollout (stage 1 just opened) loses nothing, and the rollout carries on from the rows.
     assert fleet.hub.stop() == 0, fleet.hub.log_text()
     fleet.hub.config_path.write_text(fleet.hub.config_path.read_text().replace("listen_port = 0",
                                                                                f"listen_port = {port}"))
     fleet.hub.start()
     after = fleet.rollout(rid)
-    assert after["rollout"]["stage"] == before["rollout"]["stage"] == 1
-    assert after["rollout"]["stage_started_at"] == before["rollout"]["stage_started_at"]
-    assert after["rollout"]["state"] == "running"
-    assert [(h["host_id"], h["stage"], h["admitted_at"], h["cohort"]) for h in after["hosts"]] == \
-        [(h["host_id"], h["stage"], h["admitted_at"], h["cohort"]) for h in before["hosts"]]
-    wait_observing(fleet, "stage 1 hosts on serial 2 and passing after the restart", lambda: all(
-        passed(h) for h in fleet.rollout(rid)["hosts"] if h["stage"] is not None),
-        STAGE_DEADLINE_SECONDS, lambda: fleet.rollout(rid)["hosts"], target=2)
-    assert {a.host_id for a in agents if 2 in fleet.seen.get(a.host_id, set())} == stage_one
-    audit = [r["action"] for r in fleet.api("GET", "/v1/audit?limit=1000")["entries"]
-             if r.get("action", "").startswith("rollout")]
-    assert audit.count("rollout_stage") == 1, audit  # stage 1 opened once; stage 0 at start
+    assert after["rollout"]["state"] in ("running", "done")
+    assert after["rollout"]["created_at"] == before["rollout"]["created_at"]
+    assert after["rollout"]["stage"] >= 1
+    assert [(h["host_id"], h["cohort"]) for h in after["hosts"]] == [(h["host_id"], h["cohort"])
+                                                                     for h in before["hosts"]]
+    for mine, theirs in zip(after["hosts"], before["hosts"]):
+        if theirs["stage"] is not None:
+            assert (mine["stage"], mine["admitted_at"]) == (theirs["stage"], theirs["admitted_at"])
+    wait_observing(fleet, "rollout A done, serial 2 on every host", lambda: fleet.rollout(rid)["rollout"][
+        "state"] == "done" and all(serial_in_force(a) == 2 for a in agents), 2 * STAGE_DEADLINE_SECONDS + SOAK_SECONDS,
+        lambda: (fleet.rollout(rid), [serial_in_force(a) for a in agents]), target=2, rollout_id=rid)
+    final = fleet.rollout(rid)
+    assert {h["stage"] for h in final["hosts"]} == {0, 1, 2} and all(passed(h) for h in final["hosts"])
+    stages = [e["detail"] for e in fleet.api("GET", "/v1/audit?limit=1000")["entries"]
+              if e["action"] == "rollout_stage" and e["serial"] == 2]
+    opened_stages = sorted(int(re.search(r"stage (\d+) opened", d).group(1)) for d in stages)  # type: ignore[union-attr]
+    assert opened_stages == [0, 1, 2], stages  # each stage opened once, restart or not
+    assert all(a.changed for a in agents)
+    print(f"rollout A: done {time.monotonic() - a_start:.1f} s after its start")
 
-    # Abort: the target is withdrawn; the previous policy under a new serial returns the admitted hosts.
-    code, out, err = run("hub", "rollout", "abort", rid, "--hub", fleet.hub.url, "--token-file", str(fleet.admin))
-    assert code == 0 and "aborted" in out, out + err
-    code, out, err = fleet.push(fleet.bundle(3, POLICY))
-    assert code == 0, out + err
-    wait_observing(fleet, "serial 3 (the previous policy) on every host", lambda: all(
-        serial_in_force(a) == 3 for a in agents), STAGE_DEADLINE_SECONDS, lambda: [serial_in_force(a) for a in agents])
-    assert {a.host_id for a in agents if 2 in fleet.seen.get(a.host_id, set())} == stage_one
-    print(f"rollout A: aborted and returned {time.monotonic() - a_start:.1f} s after its start")
-
-    # --- rollout B: target 4, the Debian 13 canary's post-change check falls back to the CPU ------------------
+    # --- rollout B: target 3; the Debian 13 canary's post-change check falls back to the CPU -----------------
     for agent in agents:
         agent.changed = False
     bad = f"fleet-{AGENTS // 2:02d}"
-    rid_b = fleet.frozen_push_and_start(4, PERMISSIVE, 600)
+    rid_b = fleet.frozen_push_and_start(3, PERMISSIVE.replace('name = "unit"', 'name = "unit-b"'), 600)
     b_start = time.monotonic()
     assert admitted(fleet.rollout(rid_b)) == canaries
     wait_observing(fleet, "rollout B halted", lambda: fleet.rollout(rid_b)["rollout"]["state"] == "halted",
-                   STAGE_DEADLINE_SECONDS, lambda: fleet.rollout(rid_b), target=4, failing={bad})
+                   STAGE_DEADLINE_SECONDS, lambda: fleet.rollout(rid_b), target=3, failing={bad}, rollout_id=rid_b)
     halted = fleet.rollout(rid_b)
     assert bad in halted["rollout"]["reason"] and "cpu_fallback" in halted["rollout"]["reason"], halted
-    assert by_id[bad].events_named("policy_bundle_installed")
-    alerts = wait_for("the halt alert at the webhook", lambda: [
-        r["body"]["hub_alert"] for r in receiver.delivered() if r["body"].get("hub_alert", {}).get(
-            "kind") == "rollout_halted"], time.monotonic() + 30, lambda: receiver.requests)
-    assert alerts
-    halt_alerts = [r["body"]["hub_alert"] for r in receiver.delivered()
-                   if r["body"].get("hub_alert", {}).get("kind") == "rollout_halted"]
-    assert len(halt_alerts) == 1 and halt_alerts[0]["rollout_id"] == rid_b, halt_alerts
-    assert [h["host_id"] for h in halt_alerts[0]["hosts"]] == [bad] and bad in halt_alerts[0]["summary"]
-    print(f"rollout B: halted {time.monotonic() - b_start:.1f} s after its start")
-    time.sleep(INTERVAL_SECONDS)  # a whole fetch interval more: still nobody else takes serial 4
-    fleet.observe()
+    print(f"rollout B: halted {time.monotonic() - b_start:.1f} s after its start: {halted['rollout']['reason']}")
+
+    def halt_alerts() -> List[dict]:
+        return [r["body"]["hub_alert"] for r in receiver.delivered()
+                if r["body"].get("hub_alert", {}).get("kind") == "rollout_halted"]
+    wait_for("the halt alert at the webhook", lambda: bool(halt_alerts()), time.monotonic() + 30,
+             lambda: receiver.requests)
+    alert = halt_alerts()[0]
+    assert alert["rollout_id"] == rid_b and bad in alert["summary"], alert
+    assert [(h["host_id"], h["result"]) for h in alert["hosts"]] == [(bad, "fail")], alert
+    deadline = time.monotonic() + INTERVAL_SECONDS
+    while time.monotonic() < deadline:
+        fleet.observe(3, {bad}, rid_b)
+        time.sleep(0.5)
     assert admitted(fleet.rollout(rid_b)) == canaries
-    assert {a.host_id for a in agents if 4 in fleet.seen.get(a.host_id, set())} <= canaries
+    assert {a.host_id for a in agents if 3 in fleet.seen.get(a.host_id, set())} <= canaries
+    assert len(halt_alerts()) == 1
+
+    # Abort: the target is withdrawn; the previous policy pushed under a new serial returns the admitted hosts.
     code, out, err = run("hub", "rollout", "abort", rid_b, "--hub", fleet.hub.url, "--token-file", str(fleet.admin))
+    assert code == 0 and "aborted" in out, out + err
+    code, out, err = fleet.push(fleet.bundle(4, PERMISSIVE))
     assert code == 0, out + err
-    assert all(4 not in fleet.seen.get(a.host_id, set()) for a in agents if a.host_id not in canaries)
+    wait_observing(fleet, "serial 4 (the previous policy) on every host", lambda: all(
+        serial_in_force(a) == 4 for a in agents), STAGE_DEADLINE_SECONDS, lambda: [serial_in_force(a) for a in agents])
+    took_b = {a.host_id for a in agents if 3 in fleet.seen.get(a.host_id, set())}
+    assert took_b <= canaries and "fleet-00" in took_b, took_b
     for agent in agents:
         assert agent.terminate() == 0, agent.log_path.read_text()[-2000:]
     print(f"whole rollout test {time.monotonic() - started:.1f} s")
