@@ -217,6 +217,12 @@ def passed(host: dict) -> bool:
     return bool(host["evidence"]) and host["evidence"]["result"] == "pass"
 
 
+def post_change_checks(agent: FleetAgent, status: str) -> int:
+    """How many health checks the agent ran after a change of its stack (its root's dpkg status) with ``status``."""
+    return sum(str(e.get("reason", "")).startswith("stack_changed") and e.get("status") == status
+               for e in agent.events_named("health_job_done"))
+
+
 def admitted(status: dict) -> Set[str]:
     return {h["host_id"] for h in status["hosts"] if h["stage"] is not None}
 
@@ -305,6 +311,9 @@ def test_canaries_widen_restart_abort_and_a_failing_canary_halts(fleet: RolloutF
     opened_stages = sorted(int(re.search(r"stage (\d+) opened", d).group(1)) for d in stages)  # type: ignore[union-attr]
     assert opened_stages == [0, 1, 2], stages  # each stage opened once, restart or not
     assert all(a.changed for a in agents)
+    wait_for("every host's own post-change check passed", lambda: all(
+        post_change_checks(a, "pass") for a in agents), time.monotonic() + STAGE_DEADLINE_SECONDS,
+        lambda: {a.host_id: post_change_checks(a, "pass") for a in agents})
     print(f"rollout A: done {time.monotonic() - a_start:.1f} s after its start")
 
     # --- rollout B: target 3; the Debian 13 canary's post-change check falls back to the CPU -----------------
@@ -317,6 +326,7 @@ def test_canaries_widen_restart_abort_and_a_failing_canary_halts(fleet: RolloutF
     wait_observing(fleet, "rollout B halted", lambda: fleet.rollout(rid_b)["rollout"]["state"] == "halted",
                    STAGE_DEADLINE_SECONDS, lambda: fleet.rollout(rid_b), target=3, failing={bad}, rollout_id=rid_b)
     halted = fleet.rollout(rid_b)
+    assert post_change_checks(by_id[bad], "cpu_fallback") == 1  # the check after its change for serial 3
     assert bad in halted["rollout"]["reason"] and "cpu_fallback" in halted["rollout"]["reason"], halted
     print(f"rollout B: halted {time.monotonic() - b_start:.1f} s after its start: {halted['rollout']['reason']}")
 
