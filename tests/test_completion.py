@@ -78,7 +78,8 @@ def test_bash_completes_subcommands_options_choices_and_files(scripts: dict, tmp
     script = scripts["bash"]
     assert bash_complete(script, "gpuguard ") == top_level_commands()
     assert bash_complete(script, "gpuguard st") == ["status"]
-    assert bash_complete(script, "gpuguard hub ") == ["serve", "add-host", "add-reader", "add-admin", "policy", "rollout"]
+    assert bash_complete(script, "gpuguard hub ") == ["serve", "add-host", "add-reader", "add-admin", "policy",
+                                                      "rollout"]
     assert bash_complete(script, "gpuguard status --") == ["--config", "--drain", "--help", "--json",
                                                               "--node-name", "--offline", "--root", "--slurm"]
     assert bash_complete(script, "gpuguard --log-level ") == ["debug", "info", "warning", "error"]
@@ -95,7 +96,8 @@ def test_zsh_completes_the_same(scripts: dict) -> None:
     subprocess.run(["zsh", "-n", str(script)], check=True, timeout=TIMEOUT_SECONDS)
     assert script.read_text().startswith("#compdef gpuguard\n")
     assert zsh_complete(script, "gpuguard ") == top_level_commands()
-    assert zsh_complete(script, "gpuguard hub ") == ["serve", "add-host", "add-reader", "add-admin", "policy", "rollout"]
+    assert zsh_complete(script, "gpuguard hub ") == ["serve", "add-host", "add-reader", "add-admin", "policy",
+                                                     "rollout"]
     assert zsh_complete(script, "gpuguard status --") == ["--config", "--drain", "--help", "--json",
                                                               "--node-name", "--offline", "--root", "--slurm"]
     assert zsh_complete(script, "gpuguard --log-level ") == ["debug", "info", "warning", "error"]
