@@ -169,7 +169,8 @@ class RolloutFleet(Fleet):
 
     def frozen_push_and_start(self, serial: int, policy: str, soak_seconds: int) -> str:
         """Push the target and start its rollout while every agent and its job children are stopped (SIGSTOP by
-        PID): a pushed bundle is offered to its whole scope until a rollout of it starts (see the report)."""
+        PID): a pushed bundle is offered to its whole scope until a rollout of it starts (docs/hub.md, "End to
+        end")."""
         bundle = self.bundle(serial, policy)
         stopped: List[int] = []
         for agent in self.agents:
