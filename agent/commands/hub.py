@@ -33,6 +33,9 @@ def add_parser(sub: Subparsers) -> None:
     push = policy.add_parser("push", help="store a signed bundle at the hub (admin token); its serial must be new")
     push.add_argument("bundle", metavar="BUNDLE", help="the bundle file (gpuguard policy bundle)")
     push.add_argument("--signature", metavar="SIG", help="its detached OpenPGP signature (default: BUNDLE.sig)")
+    push.add_argument("--staged", action="store_true", help="offer it to no host until a staged rollout admits it "
+                                                            "(gpuguard hub rollout start); its whole scope once "
+                                                            "the rollout is done")
     listing = policy.add_parser("list", help="every bundle the hub stores, newest first")
     show = policy.add_parser("show", help="one bundle: serial, scope, who made and pushed it, its policy files")
     withdraw = policy.add_parser("withdraw", help="stop offering a bundle to hosts (admin token); hosts keep "
@@ -126,7 +129,7 @@ def hub_policy(args: argparse.Namespace, make_host: HostFactory, out: TextIO) ->
 
             data = read_bytes_bounded(args.bundle, MAX_BUNDLE_BYTES)
             signature = read_bytes_bounded(args.signature or args.bundle + ".sig", MAX_SIGNATURE_BYTES)
-            answer = client.push(data, signature)
+            answer = client.push(data, signature, args.staged)
         elif command == "list":
             answer = client.list()
         elif command == "show":

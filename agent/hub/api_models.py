@@ -68,6 +68,8 @@ class BundlePush(FrozenModel):
 
     bundle: str = Field(min_length=1)
     signature: str = Field(min_length=1)
+    # Offered only through a staged rollout (to its admitted hosts) until the rollout is done.
+    staged: bool = False
 
 
 class BundlesResponse(FrozenModel):

@@ -36,7 +36,7 @@ log = get_logger("hub.bundles")
 PUSH_LOCK_KEY = 0x67707567_0032
 MAX_SIGNATURE_BYTES = 64 * 1024
 _SUMMARY_COLUMNS = ("serial, sha256, scope, matrix_version, created_at, created_by, pushed_at, pushed_by, "
-                    "withdrawn_at, withdrawn_by, LENGTH(bundle)")
+                    "withdrawn_at, withdrawn_by, LENGTH(bundle), staged")
 
 
 class Offer(FrozenModel):
@@ -147,9 +147,11 @@ class PolicyBundles:
         return exc
 
     # --- writes -------------------------------------------------------------------------------------------
-    def push(self, principal: Principal, data: bytes, signature: bytes) -> BundleSummary:
+    def push(self, principal: Principal, data: bytes, signature: bytes, staged: bool = False) -> BundleSummary:
         """Store a bundle pushed by ``principal``; 422 for one that does not parse, 409 for a serial not above
-        every stored one."""
+        every stored one. A ``staged`` bundle is offered to no host until a staged rollout admits it, and to its
+        whole scope once that rollout is done (a push and ``rollout start`` are two steps: without it, a host
+        fetching in between would take the target)."""
         try:
             bundle = parse_bundle(data, "bundle")
         except BundleInvalid as exc:
@@ -171,12 +173,15 @@ class PolicyBundles:
                                    f"serial {bundle.serial} is not above {int(newest)}, the highest stored; "
                                    f"make the bundle again with --serial {int(newest) + 1} or higher")
             cur.execute(sql("INSERT INTO policy_bundles (serial, bundle, signature, sha256, scope, matrix_version, "
-                            "created_at, created_by, pushed_at, pushed_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+                            "created_at, created_by, pushed_at, pushed_by, staged) "
+                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
                         (bundle.serial, data, signature, sha256, bundle.scope.model_dump_json(),
                          bundle.matrix_version, bundle.created_at, bundle.created_by, self._db_time(now),
-                         principal.subject))
+                         principal.subject, int(staged)))
             self.audit_in(cur, principal, "push", bundle.serial, f"sha256 {sha256}, {len(data)} bytes, "
-                                                               f"created by {bundle.created_by}")
+                                                               f"created by {bundle.created_by}"
+                                                               + (", staged (offered through a rollout only)"
+                                                                  if staged else ""))
 
         try:
             self.store.write("policy_push", work)
@@ -214,12 +219,12 @@ class PolicyBundles:
     def _summary_of(self, row: Sequence[Any]) -> BundleSummary:
         from_db_time = self.store.dialect.from_db_time
         (serial, sha256, scope, matrix_version, created_at, created_by, pushed_at, pushed_by, withdrawn_at,
-         withdrawn_by, size) = row
+         withdrawn_by, size, staged) = row
         return BundleSummary(serial=serial, sha256=sha256, bundle_bytes=size, scope=json.loads(scope),
                              matrix_version=matrix_version, created_at=created_at, created_by=created_by,
                              pushed_at=from_db_time(pushed_at), pushed_by=pushed_by,
                              withdrawn_at=None if withdrawn_at is None else from_db_time(withdrawn_at),
-                             withdrawn_by=withdrawn_by)
+                             withdrawn_by=withdrawn_by, staged=bool(staged))
 
     def summaries(self) -> List[BundleSummary]:
         """Every stored bundle, newest serial first."""
@@ -254,13 +259,16 @@ class PolicyBundles:
         return [AuditEntry(at=from_db_time(r[0]), actor=r[1], role=r[2], action=r[3], serial=r[4], detail=r[5])
                 for r in rows]
 
-    def offered_scopes(self) -> List[Tuple[int, BundleScope]]:
-        """(serial, scope) of every bundle not withdrawn, newest first."""
-        rows = self.store.query("policy_offer", "SELECT serial, scope FROM policy_bundles "
+    def offered_scopes(self, staged_serial: Optional[int] = None) -> List[Tuple[int, BundleScope]]:
+        """(serial, scope) of every bundle not withdrawn and not staged (but ``staged_serial``, a rollout's target
+        for its admitted hosts), newest first."""
+        rows = self.store.query("policy_offer", "SELECT serial, scope, staged FROM policy_bundles "
                                                 "WHERE withdrawn_at IS NULL ORDER BY serial DESC")
         scopes = []
         with self._lock:
-            for serial, scope_json in rows:
+            for serial, scope_json, staged in rows:
+                if staged and int(serial) != staged_serial:
+                    continue
                 scope = self._scopes.get(serial)
                 if scope is None:
                     scope = self._scopes[serial] = BundleScope.model_validate_json(scope_json)

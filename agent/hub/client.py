@@ -99,10 +99,11 @@ class HubClient:
             return answer
         raise HubClientError(url, _refusal(reply), reply.status_code)
 
-    def push(self, bundle: bytes, signature: bytes) -> Dict[str, Any]:
+    def push(self, bundle: bytes, signature: bytes, staged: bool = False) -> Dict[str, Any]:
         """Store a signed bundle (admin); the stored bundle's summary."""
         return self._call("POST", "/v1/policy/bundles", {"bundle": base64.b64encode(bundle).decode("ascii"),
-                                                         "signature": base64.b64encode(signature).decode("ascii")})
+                                                         "signature": base64.b64encode(signature).decode("ascii"),
+                                                         "staged": staged})
 
     def list(self) -> Dict[str, Any]:
         """Every stored bundle, newest first."""

@@ -218,6 +218,9 @@ class Rollouts:
                 cur.execute(sql("UPDATE rollouts SET state = ?, updated_at = ?, reason = ? WHERE rollout_id = ?"),
                             (state, self._t(now), decision.reason, rollout_id))
                 self._audit(cur, HUB_ACTOR, f"rollout_{state}", rollout, decision.reason)
+                if state == "done":  # a staged target now goes to its whole scope
+                    cur.execute(sql("UPDATE policy_bundles SET staged = 0 WHERE serial = ?"),
+                                (rollout.target_serial,))
                 if state == "halted" and self.alerts is not None:
                     self.alerts.enqueue_hub_alert(cur, f"rollout-{rollout_id}-halt", {
                         "kind": "rollout_halted", "severity": "critical", "rollout_id": rollout_id,
@@ -330,7 +333,8 @@ class Rollouts:
         admitted = self.store.query("rollout_offer", "SELECT stage FROM rollout_hosts WHERE rollout_id = ? AND "
                                                      "host_id = ?", [rollout.rollout_id, host_id])
         if admitted and admitted[0][0] is not None:
-            return HostOffer(serial=offered_serial(scopes, host_id, host),
+            return HostOffer(serial=offered_serial(self.bundles.offered_scopes(staged_serial=rollout.target_serial),
+                                                   host_id, host),
                              notice=f"rollout {rollout.rollout_id}: admitted at stage {admitted[0][0]}")
         below = [s for s in scopes if s[0] < rollout.target_serial]
         serial = offered_serial(below, host_id, host) if below else None

@@ -102,6 +102,7 @@ class BundleSummary(FrozenModel):
     pushed_by: str
     withdrawn_at: Optional[dt.datetime] = None
     withdrawn_by: Optional[str] = None
+    staged: bool = False  # offered only through a staged rollout until it is done
 
 
 class AuditEntry(FrozenModel):

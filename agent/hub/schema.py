@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from agent.hub.dialects import Dialect, text_time
 from agent.hub.host_updates import HostUpdate
@@ -32,7 +32,7 @@ from agent.hub.rows import HostState
 from agent.report.events import Event
 from agent.snapshot.pairing import Pairing
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # PostgreSQL advisory locks held while a hub creates tables: hubs starting together take turns. The store's own
 # tables and the ones the dashboard and the alert queue add later each have their key.
 SCHEMA_LOCK_KEY = 0x67707567_0001
@@ -50,6 +50,28 @@ _HOST_POLICY_COLUMNS = (("labels", "TEXT"), ("policy_source", "TEXT"), ("policy_
 # Columns of ``hosts`` added by schema version 3: when the newest heartbeat's health check finished, and whether it
 # followed a change (staged rollouts' evidence). The time is text in either database (``dialects.text_time``).
 _HOST_HEALTH_COLUMNS = (("last_health_at", "TEXT"), ("last_health_after_change", "BOOLEAN"))
+
+
+# Version 4's column of ``policy_bundles``: a bundle pushed staged is offered only through a staged rollout (to its
+# admitted hosts) until the rollout is done.
+_STAGED_COLUMN = "staged INTEGER NOT NULL DEFAULT 0"
+
+
+def _policy_bundles_table(timestamp_type: str, bytes_type: str) -> str:
+    """CREATE TABLE IF NOT EXISTS policy_bundles as schema versions 2 and 3 had it, without its closing bracket."""
+    return f"""CREATE TABLE IF NOT EXISTS policy_bundles (
+            serial BIGINT PRIMARY KEY,
+            bundle {bytes_type} NOT NULL,
+            signature {bytes_type} NOT NULL,
+            sha256 TEXT NOT NULL,
+            scope TEXT NOT NULL,
+            matrix_version TEXT,
+            created_at TEXT NOT NULL,
+            created_by TEXT NOT NULL,
+            pushed_at {timestamp_type} NOT NULL,
+            pushed_by TEXT NOT NULL,
+            withdrawn_at {timestamp_type},
+            withdrawn_by TEXT"""
 
 
 def tables(timestamp_type: str, bytes_type: str = "BLOB", key_type: str = "INTEGER PRIMARY KEY") -> List[str]:
@@ -87,19 +109,7 @@ def tables(timestamp_type: str, bytes_type: str = "BLOB", key_type: str = "INTEG
             agent_version TEXT,
             last_health_status TEXT,
             heartbeat_at {timestamp_type}{policy_columns})""",
-        f"""CREATE TABLE IF NOT EXISTS policy_bundles (
-            serial BIGINT PRIMARY KEY,
-            bundle {bytes_type} NOT NULL,
-            signature {bytes_type} NOT NULL,
-            sha256 TEXT NOT NULL,
-            scope TEXT NOT NULL,
-            matrix_version TEXT,
-            created_at TEXT NOT NULL,
-            created_by TEXT NOT NULL,
-            pushed_at {timestamp_type} NOT NULL,
-            pushed_by TEXT NOT NULL,
-            withdrawn_at {timestamp_type},
-            withdrawn_by TEXT)""",
+        _policy_bundles_table(timestamp_type, bytes_type) + f",\n            {_STAGED_COLUMN})",
         f"""CREATE TABLE IF NOT EXISTS audit (
             id {key_type},
             at {timestamp_type} NOT NULL,
@@ -134,9 +144,12 @@ def tables(timestamp_type: str, bytes_type: str = "BLOB", key_type: str = "INTEG
 
 
 # Per older version, what brings a database of that version to the next; ``tables`` then adds the new tables.
-MIGRATIONS = {
-    "1": [f"ALTER TABLE hosts ADD COLUMN {name} {kind}" for name, kind in _HOST_POLICY_COLUMNS],
-    "2": [f"ALTER TABLE hosts ADD COLUMN {name} {kind}" for name, kind in _HOST_HEALTH_COLUMNS],
+MIGRATIONS: Dict[str, Callable[[Dialect], List[str]]] = {
+    "1": lambda _dialect: [f"ALTER TABLE hosts ADD COLUMN {name} {kind}" for name, kind in _HOST_POLICY_COLUMNS],
+    "2": lambda _dialect: [f"ALTER TABLE hosts ADD COLUMN {name} {kind}" for name, kind in _HOST_HEALTH_COLUMNS],
+    # A version 1 database has no policy_bundles yet: made as version 3 had it, then given the new column.
+    "3": lambda dialect: [_policy_bundles_table(dialect.timestamp_type, dialect.bytes_type) + ")",
+                          f"ALTER TABLE policy_bundles ADD COLUMN {_STAGED_COLUMN}"],
 }
 
 
@@ -149,7 +162,7 @@ def create(dialect: Dialect, cur: Any) -> str:
     row = cur.fetchone()
     found = str(row[0]) if row is not None else None
     while found in MIGRATIONS:
-        for statement in MIGRATIONS[found]:
+        for statement in MIGRATIONS[found](dialect):
             cur.execute(statement)
         found = str(int(found) + 1)
         cur.execute(dialect.sql("UPDATE hub_meta SET value = ? WHERE key = ?"), (found, "schema_version"))

@@ -123,6 +123,32 @@ def test_canaries_widen_on_evidence_and_soak_then_a_failure_halts_with_an_alert(
     assert actions[-4:] == ["rollout_start", "rollout_stage", "rollout_stage", "rollout_halted"]
 
 
+def test_a_staged_target_reaches_no_host_before_the_rollout_and_its_whole_scope_once_done(
+        any_store: SqlStore) -> None:
+    """A bundle pushed staged is offered to nobody between the push and rollout start (hosts keep serial 1), only
+    to admitted hosts while the rollout runs, and to every host in its scope once the rollout is done."""
+    clock = Clock()
+    any_store.open()
+    any_store.ingest([[beat(h, clock.now - dt.timedelta(minutes=5)) for h in AMD + NV]], received_at=clock.now)
+    bundles = PolicyBundles(any_store, clock)
+    bundles.push(ADMIN, bundle_bytes(1), SIGNATURE)
+    assert bundles.push(ADMIN, bundle_bytes(2), SIGNATURE, staged=True).staged
+    rollouts = Rollouts(any_store, bundles, None, clock)
+    assert {h: rollouts.offer(h).serial for h in AMD + NV} == {h: 1 for h in AMD + NV}
+    assert bundles.offer_serial("amd-0") == 1 and bundles.rollout().newest_serial == 1
+    spec = RolloutSpec(target_serial=2, canaries=1, batches=(100,), soak_seconds=60, halt_percent=0)
+    rid = rollouts.start(ADMIN, spec).rollout.rollout_id
+    assert (rollouts.offer("amd-0").serial, rollouts.offer("nv-0").serial, rollouts.offer("amd-1").serial) == (2, 2, 1)
+    clock.advance(61)
+    report(any_store, clock, ["amd-0", "nv-0"])
+    assert rollouts.evaluate(rid).action == "admit"  # type: ignore[union-attr]
+    clock.advance(61)
+    report(any_store, clock, AMD + NV)
+    assert rollouts.evaluate(rid).action == "done"  # type: ignore[union-attr]
+    assert not bundles.summary(2).staged
+    assert {h: bundles.offer_serial(h) for h in AMD + NV} == {h: 2 for h in AMD + NV}
+
+
 def test_a_failing_canary_halts_and_abort_withdraws_the_target(any_store: SqlStore) -> None:
     """A canary whose post-change health is cpu_fallback halts the rollout; abort withdraws the target, so no
     host is offered it again and the held-back hosts keep the previous bundle."""

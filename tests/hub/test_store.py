@@ -239,6 +239,35 @@ def test_a_hosts_labels_and_policy_fields_come_from_its_newest_heartbeat(store: 
             host.policy_refused_reason) == ({"rack": "a7"}, "bundle", 42, 43, "signature: BADSIG")
 
 
+def test_a_schema_version_3_database_keeps_its_bundles_offered_after_the_migration(store: Store) -> None:
+    """Version 3 to 4: stored bundles get the new staged column as not staged, so hosts are offered them as before."""
+    from agent.hub import schema
+    from agent.hub.bundles import PolicyBundles
+    from agent.hub.store import SqlStore
+    from agent.hub.tokens import Principal
+    from tests.hub.test_policy_bundles import SIGNATURE, bundle_bytes
+
+    assert isinstance(store, SqlStore)
+    PolicyBundles(store).push(Principal(role="admin", subject="alice"), bundle_bytes(7), SIGNATURE)
+
+    def downgrade(cur: object) -> None:
+        for statement in ["ALTER TABLE policy_bundles DROP COLUMN staged",
+                          "UPDATE hub_meta SET value = '3' WHERE key = 'schema_version'"]:
+            cur.execute(statement)  # type: ignore[attr-defined]
+
+    store.write("test", downgrade)
+    store.close()
+    reopened = type(store).__new__(type(store))
+    SqlStore.__init__(reopened, store.dialect)
+    reopened.open()
+    try:
+        assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
+            (str(schema.SCHEMA_VERSION),)]
+        assert PolicyBundles(reopened).offer_serial("any-host") == 7
+    finally:
+        reopened.close()
+
+
 def test_a_schema_version_1_database_is_migrated_with_its_rows(store: Store) -> None:
     """A database of schema version 1 (hosts without the policy columns, no bundle or rollout tables) opens as the
     newest version with its hosts kept, the new columns empty and the new tables there."""
@@ -264,8 +293,9 @@ def test_a_schema_version_1_database_is_migrated_with_its_rows(store: Store) -> 
     try:
         [host] = reopened.hosts()
         assert (host.host_id, host.policy_serial, host.labels, host.last_health_at) == ("host-old", None, None, None)
-        assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [("3",)]
-        assert reopened.query("test", "SELECT COUNT(*) FROM policy_bundles") == [(0,)]
+        assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
+            (str(schema.SCHEMA_VERSION),)]
+        assert reopened.query("test", "SELECT COUNT(*) FROM policy_bundles WHERE staged = 0") == [(0,)]
         assert reopened.query("test", "SELECT COUNT(*) FROM rollout_hosts") == [(0,)]
     finally:
         reopened.close()
