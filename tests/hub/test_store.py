@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import sqlite3
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, List
 
 import pytest
 
@@ -239,6 +239,24 @@ def test_a_hosts_labels_and_policy_fields_come_from_its_newest_heartbeat(store: 
             host.policy_refused_reason) == ({"rack": "a7"}, "bundle", 42, 43, "signature: BADSIG")
 
 
+def _reopened_after(store: Store, downgrade: List[str]) -> Store:
+    """``store`` taken back to an older schema by ``downgrade``, closed, and opened again by a new store object."""
+    from agent.hub.store import SqlStore
+
+    assert isinstance(store, SqlStore)
+
+    def work(cur: object) -> None:
+        for statement in downgrade:
+            cur.execute(statement)  # type: ignore[attr-defined]
+
+    store.write("test", work)
+    store.close()
+    reopened = type(store).__new__(type(store))
+    SqlStore.__init__(reopened, store.dialect)
+    reopened.open()
+    return reopened
+
+
 def test_a_schema_version_3_database_keeps_its_bundles_offered_after_the_migration(store: Store) -> None:
     """Version 3 to 4: stored bundles get the new staged column as not staged, so hosts are offered them as before."""
     from agent.hub import schema
@@ -250,16 +268,8 @@ def test_a_schema_version_3_database_keeps_its_bundles_offered_after_the_migrati
     assert isinstance(store, SqlStore)
     PolicyBundles(store).push(Principal(role="admin", subject="alice"), bundle_bytes(7), SIGNATURE)
 
-    def downgrade(cur: object) -> None:
-        for statement in ["ALTER TABLE policy_bundles DROP COLUMN staged",
-                          "UPDATE hub_meta SET value = '3' WHERE key = 'schema_version'"]:
-            cur.execute(statement)  # type: ignore[attr-defined]
-
-    store.write("test", downgrade)
-    store.close()
-    reopened = type(store).__new__(type(store))
-    SqlStore.__init__(reopened, store.dialect)
-    reopened.open()
+    reopened = _reopened_after(store, ["ALTER TABLE policy_bundles DROP COLUMN staged",
+                                       "UPDATE hub_meta SET value = '3' WHERE key = 'schema_version'"])
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
             (str(schema.SCHEMA_VERSION),)]
@@ -277,19 +287,11 @@ def test_a_schema_version_1_database_is_migrated_with_its_rows(store: Store) -> 
     assert isinstance(store, SqlStore)
     store.ingest([[event("host-old", at=T0)]], received_at=NOW)
 
-    def downgrade(cur: object) -> None:
-        for statement in ["DROP TABLE policy_bundles", "DROP TABLE audit", "DROP TABLE rollouts",
-                          "DROP TABLE rollout_hosts",
-                          *(f"ALTER TABLE hosts DROP COLUMN {name}"
-                            for name, _ in schema._HOST_POLICY_COLUMNS + schema._HOST_HEALTH_COLUMNS),
-                          "UPDATE hub_meta SET value = '1' WHERE key = 'schema_version'"]:
-            cur.execute(statement)  # type: ignore[attr-defined]
-
-    store.write("test", downgrade)
-    store.close()
-    reopened = type(store).__new__(type(store))
-    SqlStore.__init__(reopened, store.dialect)
-    reopened.open()
+    reopened = _reopened_after(store, [
+        "DROP TABLE policy_bundles", "DROP TABLE audit", "DROP TABLE rollouts", "DROP TABLE rollout_hosts",
+        *(f"ALTER TABLE hosts DROP COLUMN {name}"
+          for name, _ in schema._HOST_POLICY_COLUMNS + schema._HOST_HEALTH_COLUMNS),
+        "UPDATE hub_meta SET value = '1' WHERE key = 'schema_version'"])
     try:
         [host] = reopened.hosts()
         assert (host.host_id, host.policy_serial, host.labels, host.last_health_at) == ("host-old", None, None, None)
