@@ -24,7 +24,7 @@ rollback.dnf                  rollback on rpm hosts (a dnf shell script)    dnf
 outbox.sqlite3                the daemon and its children                   the daemon's delivery, gpuguard status
 last-snapshot.json            the snapshot job                              the daemon at start, gpuguard status
 health-deferral.json          the daemon's health schedule                  the same, gpuguard status
-maintenance.json              the maintenance hand-off (integrations/)      the same, gpuguard maintenance status
+maintenance.json              the maintenance hand-off (integrations/)      the same, the hook, the checkers, status
 health/last.json              the health check                              the daemon at start, gpuguard status
 health/baselines.json         the health check                              the same
 health/check.lock             whoever runs a health check (flock, holder)   the next check (waits, own probe)

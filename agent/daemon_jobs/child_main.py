@@ -17,7 +17,8 @@
                  outbox; result: when the last batch was taken, the failure that ended the drain (the daemon backs
                  off); an unusable token file or CA bundle is an ``auth`` failure
     policy_fetch the hub's policy bundle for this host fetched (conditional GET) and installed as policy install
-                 does (agent/daemon_jobs/policy_fetch.py), a new one beginning the maintenance hand-off; result:
+                 does (agent/daemon_jobs/policy_fetch.py), a new one beginning the maintenance hand-off, any
+                 other outcome looking once more at a hold still draining (handoff.poll_drain); result:
                  unchanged, installed, refused (why) or failed
 
 Requests and results are the records of agent/daemon_jobs/protocol.py; a request that is not its job's record is a
@@ -91,6 +92,10 @@ def run_job(job: str, config_path: str, host: Host, request: JsonObject, result_
                 from agent.daemon_jobs.handoff import begin_for_change
 
                 begin_for_change(host, settings, handoff_reason(fetched.rollout, fetched.serial))
+            else:  # a hold begun by an earlier fetch may be waiting for Slurm to drain the node
+                from agent.daemon_jobs.handoff import poll_drain
+
+                poll_drain(host, settings)
             result = fetched
         else:
             result = _with_outbox(job, host, settings, job_request, stopping)

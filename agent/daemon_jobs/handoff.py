@@ -4,7 +4,9 @@ begins the hand-off; the post-change health check ends it (pass, busy) or keeps 
 Both calls run in a job child (the policy fetch's, the health check's) and never raise: a scheduler that cannot
 be reached is logged (``maintenance_failed``) and the job's own result stands. ``[integrations] scheduler = "none"``
 (the default) makes both no-ops. A rollout that admits this host calls :func:`begin_for_change` with its own
-reason ("rollout R stage 2").
+reason ("rollout R stage 2"). Each later policy fetch calls :func:`poll_drain`: a hold still draining is
+looked at once more and recorded as drained once Slurm shows it DRAINED (the apt hook and dnf checker refuse
+guarded changes until then).
 """
 
 from __future__ import annotations
@@ -50,6 +52,16 @@ def begin_for_change(host: "Host", settings: "Settings", reason: str, wait_secon
 
     return _step(settings, "begin", lambda paths: begin_maintenance(
         host, paths, settings.integrations, settings.report.nfd_features_file, reason, wait_seconds), reason=reason)
+
+
+def poll_drain(host: "Host", settings: "Settings") -> Optional[str]:
+    """A hold begun but still draining, looked at once (one ``scontrol show node`` round, no wait): records the
+    node as drained once it is, so the held-back change may go ahead; its line, or None (no hold waiting, no
+    scheduler, or the scheduler failed)."""
+    from agent.integrations.maintenance import poll_drain as poll
+
+    return _step(settings, "poll_drain", lambda paths: poll(
+        host, paths, settings.integrations, settings.report.nfd_features_file))
 
 
 def end_after_check(host: "Host", settings: "Settings", health_status: str, summary: str = "") -> Optional[str]:

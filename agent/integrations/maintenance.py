@@ -2,6 +2,7 @@
 post-change check passes, keep it out when the check fails.
 
     begin_maintenance(reason)      drain (Slurm) or label (Kubernetes), wait bounded until nothing runs there
+    poll_drain()                   a hold still draining: look once more, record drained_at when it is drained
     end_maintenance()              give the node back, only when the hold is gpuguard's own
     after_check(status, summary)   the post-change health check's verdict: pass/busy end it, a failure keeps it
     maintenance_status()           what this host holds now
@@ -46,6 +47,9 @@ class MaintenanceState:
     drained_by_us: bool
     phase: str  # draining (begun, jobs may still run), held (nothing runs), kept (a post-change check failed)
     detail: str = ""
+    # When the scheduler was first seen with nothing running (Slurm DRAINED); until then the apt hook and dnf
+    # checker refuse guarded changes on a Slurm node (agent/guard/hotpath/maintenance.py).
+    drained_at_seconds: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,9 @@ def read_state(host: Host, paths: StatePaths) -> Optional[MaintenanceState]:
             raise TypeError("not an object")
         state = MaintenanceState(**data)
         if not all(isinstance(getattr(state, name), str) for name in ("scheduler", "node", "reason", "phase")) \
-                or not isinstance(state.drained_by_us, bool) or state.phase not in PHASES:
+                or not isinstance(state.drained_by_us, bool) or state.phase not in PHASES \
+                or not isinstance(state.drained_at_seconds, (int, float, type(None))) \
+                or isinstance(state.drained_at_seconds, bool):
             raise TypeError("a field has the wrong type or value")
         return state
     except TypeError as exc:
@@ -135,11 +141,23 @@ def begin_maintenance(host: Host, paths: StatePaths, settings: IntegrationsSetti
     _write_state(host, paths, state)  # before the scheduler is asked: a restart in between knows it may hold it
     step = handoff.begin(state.reason, settings.drain_wait_seconds if wait_seconds is None else wait_seconds)
     drained_by_us = step.drained_by_us and (previous is None or previous.drained_by_us)
+    drained_at = (state.drained_at_seconds or host.clock().timestamp()) if step.ready else None
     state = replace(state, drained_by_us=drained_by_us, phase="held" if step.ready else "draining",
-                    detail=step.detail)
+                    detail=step.detail, drained_at_seconds=drained_at)
     _write_state(host, paths, state)
     return MaintenanceOutcome(EXIT_MAINTENANCE_OK if step.ready else EXIT_MAINTENANCE_NOT_READY,
                               _line(handoff.name, step), state)
+
+
+def poll_drain(host: Host, paths: StatePaths, settings: IntegrationsSettings,
+               nfd_features_file: str) -> Optional[MaintenanceOutcome]:
+    """A hold still draining looked at once more, without waiting: the node recorded as drained (phase ``held``,
+    ``drained_at_seconds``) once the scheduler shows nothing running, which lets the held-back change through the
+    apt hook and dnf checker. None when there is no hold, or it is not draining."""
+    state = read_state(host, paths)
+    if state is None or state.phase != "draining":
+        return None
+    return begin_maintenance(host, paths, settings, nfd_features_file, state.reason, wait_seconds=0.0)
 
 
 def end_maintenance(host: Host, paths: StatePaths, settings: IntegrationsSettings,

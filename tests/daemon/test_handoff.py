@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.config import parse_settings
-from agent.daemon_jobs.handoff import begin_for_change, end_after_check
+from agent.daemon_jobs.handoff import begin_for_change, end_after_check, poll_drain
 from agent.host import Host
 from agent.integrations.maintenance import read_state
 from agent.statepaths import StatePaths
@@ -33,3 +33,24 @@ def test_a_missing_scontrol_is_logged_not_raised(tmp_path: Path) -> None:
     assert read_state(host, StatePaths(str(tmp_path))) is not None
     assert end_after_check(host, settings, "pass") is None  # scontrol still missing: logged, the hold kept
     assert read_state(host, StatePaths(str(tmp_path))) is not None
+
+
+def test_a_later_fetch_records_the_drain_the_hook_waits_for(tmp_path: Path) -> None:
+    """The policy fetch's poll: nothing to do without a hold; a hold begun while a job ran becomes drained (with
+    drained_at_seconds) once scontrol shows the node DRAINED."""
+    from tests.integrations.test_slurm_handoff import DRAINED, DRAINING, SHOW
+
+    settings = parse_settings(f'[agent]\nstate_dir = "{tmp_path}"\n[integrations]\nscheduler = "slurm"\n'
+                              'slurm_node_name = "vm"\ndrain_wait_seconds = 0\n')
+    runner = FakeRunner()
+    host = Host(root=Path("/"), runner=runner)
+    assert poll_drain(host, settings) is None and runner.calls == []
+    runner.add(list(SHOW), stdout=DRAINING)  # a job still runs on the node gpuguard drains
+    assert begin_for_change(host, settings, "rollout R stage 2") is not None
+    state = read_state(host, StatePaths(str(tmp_path)))
+    assert state is not None and state.phase == "draining" and state.drained_at_seconds is None
+    runner.add(list(SHOW), stdout=DRAINED)
+    line = poll_drain(host, settings)
+    state = read_state(host, StatePaths(str(tmp_path)))
+    assert line is not None and "DRAINED" in line
+    assert state is not None and state.phase == "held" and state.drained_at_seconds is not None

@@ -21,6 +21,7 @@ from agent.integrations.maintenance import (
     begin_maintenance,
     end_maintenance,
     maintenance_status,
+    poll_drain,
     read_state,
 )
 from agent.integrations.settings import IntegrationsSettings
@@ -64,6 +65,30 @@ def test_a_restart_mid_change_takes_up_its_own_hold(tmp_path: Path) -> None:
     assert begin_maintenance(host2, paths, SLURM, "", "ignored").exit_code == EXIT_MAINTENANCE_OK
     state = read_state(host2, paths)
     assert state is not None and state.drained_by_us and state.phase == "held" and DRAIN not in again.calls
+
+
+def test_poll_drain_records_drained_at_once_slurm_shows_drained(tmp_path: Path) -> None:
+    """A hold still draining is looked at again without waiting: still DRAINING keeps it draining (no second
+    drain); the recorded DRAINED line makes it held with drained_at_seconds, which the apt hook lets through."""
+    host, paths = setup(tmp_path, ScriptedScontrol({SHOW: [IDLE, DRAINING], DRAIN: [""]}))
+    begin_maintenance(host, paths, SLURM, "", "rollout R stage 2")
+    still = ScriptedScontrol({SHOW: [DRAINING]})
+    outcome = poll_drain(Host(root=Path("/"), runner=still, clock=lambda: NOW), paths, SLURM, "")
+    state = read_state(host, paths)
+    assert outcome is not None and outcome.exit_code == EXIT_MAINTENANCE_NOT_READY and DRAIN not in still.calls
+    assert state is not None and state.phase == "draining" and state.drained_at_seconds is None
+    drained = ScriptedScontrol({SHOW: [DRAINED]})
+    outcome = poll_drain(Host(root=Path("/"), runner=drained, clock=lambda: NOW), paths, SLURM, "")
+    state = read_state(host, paths)
+    assert outcome is not None and outcome.exit_code == EXIT_MAINTENANCE_OK
+    assert state is not None and (state.phase, state.drained_at_seconds, state.reason) == \
+        ("held", NOW.timestamp(), "rollout R stage 2")
+    from agent.guard.hotpath.maintenance import drain_wait
+
+    assert drain_wait(paths.maintenance) == (None, False)
+    nothing = ScriptedScontrol({})
+    assert poll_drain(Host(root=Path("/"), runner=nothing, clock=lambda: NOW), paths, SLURM, "") is None
+    assert nothing.calls == []  # held already: no scontrol at all
 
 
 def test_a_passing_check_resumes_and_forgets_the_hold(tmp_path: Path) -> None:
@@ -123,6 +148,10 @@ def test_a_damaged_hold_is_one_error_naming_the_file(tmp_path: Path) -> None:
     Path(paths.maintenance).write_text('{"scheduler": "slurm"}')
     with pytest.raises(InputFileError, match="maintenance.json: not a maintenance record"):
         read_state(host, paths)
+    from agent.guard.hotpath.maintenance import drain_wait
+
+    line, damaged = drain_wait(paths.maintenance)
+    assert damaged and line is not None and "maintenance.json: not a maintenance record" in line
 
 
 def test_kubernetes_labels_keep_and_remove(tmp_path: Path) -> None:

@@ -133,6 +133,28 @@ class Decision:
             self.say(f"warning: cannot record to {self.paths.audit_log}: {exc.strerror or exc}")
         return True
 
+    def maintenance_gate(self, guarded: Sequence[str], tx: Transaction) -> Optional[int]:
+        """EXIT_REFUSED (one line, audited) while a maintenance hold waits for Slurm to drain the node, or its file
+        is damaged, and ``tx`` touches guarded packages; None when the change may go ahead."""
+        touched = guarded_names([c.package for c in tx.changes], guarded)
+        if not touched:
+            return None
+        from agent.guard.hotpath.maintenance import drain_wait  # only for guarded changes: one bounded read
+
+        line, damaged = drain_wait(under(self.root, self.paths.maintenance))
+        if line is None:
+            return None
+        self.say(f"REFUSED: {line}; it touches guarded packages: {', '.join(touched[:8])}" if damaged else line)
+        from agent.guard.hotpath.state import append_json_line
+
+        try:  # audit only: waiting for a drain is not a policy refusal (no transaction_blocked alert)
+            append_json_line(under(self.root, self.paths.audit_log), {
+                "at": self.now().isoformat(), "event": "maintenance_wait", "tool": self.tool, "message": line,
+                "packages": list(touched), "command_line": tx.command_line})
+        except OSError as exc:
+            self.say(f"warning: cannot record to {self.paths.audit_log}: {exc.strerror or exc}")
+        return EXIT_REFUSED
+
     def failsafe(self, mode: str, guarded: Sequence[str], names: Sequence[str], why: str, code: int,
                  command_line: Optional[str], guessed: bool = False, whole: bool = True) -> int:
         """The fail-safe decision: let through (``allow``, or ``block-guarded`` without guarded packages) or

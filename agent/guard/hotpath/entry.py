@@ -93,6 +93,9 @@ def check(decision: Decision, policy_file: Optional[str], policy_dir: str, text:
                                  tx.command_line)
     if not tx.changes:
         return EXIT_ALLOW
+    waiting = decision.maintenance_gate(policy.guarded, tx)
+    if waiting is not None:
+        return waiting
     try:
         installed: Mapping[str, str] = parsed.installed(policy)
     except InputFileError as exc:

@@ -404,3 +404,46 @@ def test_a_refused_run_still_records_its_events(root: Path) -> None:
     assert events and '"kind":"transaction_blocked"' in events[-1]
     audit = (root / "var/lib/gpuguard/audit.log").read_text().splitlines()
     assert len(audit) == len(events) and '"event":"transaction_blocked"' in audit[-1]
+
+
+def _hold(root: Path, phase: str, scheduler: str = "slurm", drained_at: Optional[float] = None) -> None:
+    """maintenance.json as agent/integrations/maintenance.py writes it."""
+    (root / "var/lib/gpuguard/maintenance.json").write_text(json.dumps({
+        "scheduler": scheduler, "node": "vm", "reason": "rollout r43 stage 2", "began_at_seconds": 1.0,
+        "drained_by_us": True, "phase": phase, "detail": "", "drained_at_seconds": drained_at}))
+
+
+ALLOWED_UPGRADE = HEAD + line("amdgpu-dkms", "1:6.8.5.60202-2041575", "1:6.10.5.60300-1") + line(
+    "rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12")
+
+
+def test_a_hold_still_draining_on_slurm_refuses_guarded_changes_until_drained(root: Path) -> None:
+    """While Slurm drains the node an allowed guarded upgrade is refused (exit 10, one line naming the rollout and
+    the node); once the hold records the node drained it goes through; unguarded changes never wait."""
+    _hold(root, "draining")
+    code, out = run_hook(root, ALLOWED_UPGRADE)
+    assert code == exits.EXIT_REFUSED
+    assert out == ("gpuguard: maintenance for rollout r43 stage 2: waiting for Slurm to drain node vm (jobs still "
+                   "running); the change will be allowed once it is drained\n")
+    assert '"event":"maintenance_wait"' in (root / "var/lib/gpuguard/audit.log").read_text()
+    assert run_hook(root, HEAD + line("vim", "2:9.0.1378-2", "2:9.0.1378-3")) == (exits.EXIT_ALLOW, "")
+    _hold(root, "held", drained_at=2.0)
+    assert run_hook(root, ALLOWED_UPGRADE) == (exits.EXIT_ALLOW, "")
+
+
+@pytest.mark.parametrize("phase, scheduler", [("draining", "kubernetes"), ("kept", "slurm")])
+def test_a_kubernetes_or_kept_hold_does_not_wait(root: Path, phase: str, scheduler: str) -> None:
+    """Kubernetes' label is enough, and a node kept out after a failed check takes changes (its rollback)."""
+    _hold(root, phase, scheduler)
+    assert run_hook(root, ALLOWED_UPGRADE) == (exits.EXIT_ALLOW, "")
+
+
+@pytest.mark.parametrize("text", ['{"scheduler": "slurm"', '{"scheduler": "slurm", "phase": "drained"}', "[]"])
+def test_a_damaged_hold_refuses_guarded_changes_only(root: Path, text: str) -> None:
+    """A maintenance.json that is not a hold fails closed for guarded packages (one line naming the file) and lets
+    unguarded changes through."""
+    (root / "var/lib/gpuguard/maintenance.json").write_text(text)
+    code, out = run_hook(root, ALLOWED_UPGRADE)
+    assert code == exits.EXIT_REFUSED and out.count("\n") == 1
+    assert out.startswith("gpuguard: REFUSED: ") and "maintenance.json" in out and "amdgpu-dkms" in out
+    assert run_hook(root, HEAD + line("vim", "2:9.0.1378-2", "2:9.0.1378-3")) == (exits.EXIT_ALLOW, "")

@@ -244,3 +244,19 @@ def test_oversized_request_is_refused_unread(root: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(dnf_check, "MAX_INPUT_BYTES", 200)
     code, out = check(root, request(*upgrade(ROCM62, ROCM63)))
     assert code == exits.EXIT_FAILSAFE_INPUT and "larger than 200 bytes: refused unread" in out
+
+
+def test_a_hold_still_draining_on_slurm_refuses_until_drained(root: Path) -> None:
+    """As on apt: a guarded upgrade waits (exit 10, one line) while Slurm drains the node, and goes through once
+    the hold records it drained."""
+    hold = {"scheduler": "slurm", "node": "gpu7", "reason": "rollout r43 stage 2", "began_at_seconds": 1.0,
+            "drained_by_us": True, "phase": "draining", "detail": ""}
+    path = root / "var/lib/gpuguard/maintenance.json"
+    path.write_text(json.dumps(hold))
+    text = request(*upgrade(AMD62, AMD63), *upgrade(ROCM62, ROCM63))
+    code, out = check(root, text)
+    assert code == exits.EXIT_REFUSED and out == (
+        "gpuguard: maintenance for rollout r43 stage 2: waiting for Slurm to drain node gpu7 (jobs still running); "
+        "the change will be allowed once it is drained\n")
+    path.write_text(json.dumps({**hold, "phase": "held", "drained_at_seconds": 2.0}))
+    assert check(root, text) == (0, "")
