@@ -12,6 +12,7 @@ read only when a transaction touches guarded packages.
 from __future__ import annotations
 
 from agent.hostfacts.paths import read_regular_file
+from agent.printable import printable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
@@ -23,8 +24,8 @@ _PHASES = ("draining", "held", "kept")
 
 
 def _printable(text: str) -> str:
-    text = "".join(c if c.isprintable() else "?" for c in text[:MAX_FIELD_CHARS])
-    return " ".join(text.split())
+    """One bounded line of ``text`` with control characters escaped (agent/printable.py, the one rule for that)."""
+    return " ".join(printable(text[:MAX_FIELD_CHARS]).split())
 
 
 def drain_wait(path: str) -> Tuple[Optional[str], bool]:
