@@ -3,14 +3,13 @@ nothing of the driver's build), and DCGM 4's split packages; the plugin refuses 
 
 from __future__ import annotations
 
-import shutil
 from typing import Dict, Iterator, List
 
 import pytest
 
-from tests import needs
 from tests.guard.dnf.installroot.conftest import compile_policy
-from tests.guard.dnf.installroot.harness import FakeRpm, Installroot, build_repo, missing_tools
+from tests.guard.dnf.installroot.harness import FakeRpm, Installroot
+from tests.guard.dnf.installroot.rollback_support import back_to_baseline, own_installroot
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -44,27 +43,16 @@ BASELINE = {p.name: p.evr for p in _packages() if p.evr in (NV, FM, DCGM)}
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installroot]:
-    missing = missing_tools()
-    if missing:
-        needs.unavailable("installroot tests", f"missing: {', '.join(missing)}")
-    base = tmp_path_factory.mktemp("rhel9-companions")
-    repo = build_repo(base / "repo", base / "rpmbuild", _packages())
-    root = Installroot(base / "root", repo, base / "work")
-    root.install_gpuguard(POLICY)
-    compile_policy(root)
-    root.dnf("install", *(f"{n}-{v.split(':', 1)[-1]}" for n, v in BASELINE.items()), plugin=False, check=True)
-    root.save(base / "baseline")
-    try:
+    with own_installroot(tmp_path_factory, "rhel9-companions", _packages(), POLICY) as root:
+        compile_policy(root)
+        root.dnf("install", *(f"{n}-{v.split(':', 1)[-1]}" for n, v in BASELINE.items()), plugin=False, check=True)
+        root.save(root.root.parent / "baseline")
         yield root
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture
 def root(session: Installroot) -> Installroot:
-    session.restore(session.root.parent / "baseline")
-    session.write_plugin_conf()
-    return session
+    return back_to_baseline(session)
 
 
 def _versions(root: Installroot) -> Dict[str, str]:
