@@ -253,13 +253,18 @@ class Chroot:
         return (self.root / "var/lib/dpkg/status").read_bytes()
 
     def installed(self) -> Dict[str, str]:
+        """Package -> version of what dpkg has fully installed (``ii``)."""
+        return {name: version for name, (version, status) in self._dpkg_rows().items() if status.startswith("ii")}
+
+    def present(self) -> Dict[str, str]:
+        """Package -> version of what dpkg has in any state but not-installed or config-files (half-installed,
+        unpacked, half-configured count: what a forced or broken change leaves)."""
+        return {name: version for name, (version, status) in self._dpkg_rows().items() if status[1] not in "nc"}
+
+    def _dpkg_rows(self) -> Dict[str, Tuple[str, str]]:
         result = self.run("dpkg-query", "-W", "-f", "${Package} ${Version} ${db:Status-Abbrev}\n", check=True)
-        out = {}
-        for line in result.stdout.splitlines():
-            parts = line.split()
-            if len(parts) >= 3 and parts[2].startswith("ii"):
-                out[parts[0]] = parts[1]
-        return out
+        rows = [line.split() for line in result.stdout.splitlines()]
+        return {r[0]: (r[1], r[2]) for r in rows if len(r) >= 3}
 
     # --- repository --------------------------------------------------------------------------------------------
 

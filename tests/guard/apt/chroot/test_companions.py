@@ -51,9 +51,7 @@ def fm_repo(chroot_session: Chroot, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 def _versions(chroot: Chroot) -> Dict[str, str]:
-    out = chroot.run("dpkg-query", "-W", "-f", "${Package} ${Version} ${db:Status-Abbrev}\n", check=True).stdout
-    rows = [line.split() for line in out.splitlines()]
-    return {r[0]: r[1] for r in rows if len(r) >= 3 and r[2][1] not in "nc" and r[0] in {*STACK, *BASELINE}}
+    return {name: version for name, version in chroot.present().items() if name in {*STACK, *BASELINE}}
 
 
 def _rollback(chroot: Chroot) -> GuardResult:

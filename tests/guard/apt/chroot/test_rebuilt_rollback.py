@@ -92,9 +92,7 @@ def _packages(work: Path, arch: str) -> Dict[Tuple[str, str], Path]:
 
 
 def _versions(chroot: Chroot) -> Dict[str, str]:
-    out = chroot.run("dpkg-query", "-W", "-f", "${Package} ${Version} ${db:Status-Abbrev}\n", check=True).stdout
-    rows = [line.split() for line in out.splitlines()]
-    return {r[0]: r[1] for r in rows if len(r) >= 3 and r[2][1] not in "nc" and r[0] in GOOD}
+    return {name: version for name, version in chroot.present().items() if name in GOOD}
 
 
 def _info(chroot: Chroot, name: str, arch: str) -> Dict[str, object]:

@@ -40,9 +40,7 @@ def rock_repo(chroot_session: Chroot, tmp_path_factory: pytest.TempPathFactory) 
 
 def _rocm(chroot: Chroot) -> Dict[str, str]:
     """Every ROCm package dpkg has in any present state, classic and TheRock."""
-    out = chroot.run("dpkg-query", "-W", "-f", "${Package} ${Version} ${db:Status-Abbrev}\n", check=True).stdout
-    rows = [line.split() for line in out.splitlines()]
-    return {r[0]: r[1] for r in rows if len(r) >= 3 and r[2][1] not in "nc" and r[0].startswith(("rocm", "amdrocm"))}
+    return {name: version for name, version in chroot.present().items() if name.startswith(("rocm", "amdrocm"))}
 
 
 @pytest.fixture
