@@ -34,6 +34,8 @@ class Periodic:
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
             timezone=dt.timezone.utc)
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._running = 0
         self._last_ended: Dict[str, dt.datetime] = {}
         self._min_gap_seconds: Dict[str, float] = {}
 
@@ -64,12 +66,16 @@ class Periodic:
         self._scheduler.start()
 
     def stop(self, timeout_seconds: float = 10.0) -> None:
-        """Stop scheduling and wait for the runs in flight (each job ends its own work at its stop signal)."""
-        del timeout_seconds  # the jobs' own stop signals bound the wait (RetentionWorker.stop, a rollout tick)
+        """Stop scheduling and wait up to ``timeout_seconds`` for the runs in flight (each job ends its own work at
+        its stop signal: RetentionWorker.stop; a rollout tick is one transaction), as a thread join would."""
         if self._scheduler.running:
-            self._scheduler.shutdown(wait=True)
+            self._scheduler.shutdown(wait=False)
+        with self._idle:
+            self._idle.wait_for(lambda: self._running == 0, timeout_seconds)
 
     def _guarded(self, name: str, body: Callable[[], object]) -> None:
+        with self._lock:
+            self._running += 1
         try:
             body()
         except StoreError as exc:  # logged by the store; the next run tries again
@@ -79,6 +85,8 @@ class Periodic:
         finally:
             with self._lock:
                 self._last_ended[name] = _now()
+                self._running -= 1
+                self._idle.notify_all()
 
 
 def _now() -> dt.datetime:

@@ -80,3 +80,33 @@ def test_a_failing_job_is_logged_and_runs_again() -> None:
         assert _wait_for(lambda: len(calls) >= 3, 5)
     finally:
         periodic.stop()
+
+
+def test_stop_waits_for_a_run_in_flight_but_no_longer_than_its_timeout() -> None:
+    """A run that ends within the timeout is waited for; one that does not is left after the timeout."""
+    release = threading.Event()
+    started = threading.Event()
+    finished: List[bool] = []
+
+    def body() -> None:
+        started.set()
+        release.wait(5)
+        finished.append(True)
+
+    periodic = Periodic()
+    periodic.add("slow", body, interval_seconds=3600, first_after_seconds=0.0)
+    periodic.start()
+    assert started.wait(5)
+    threading.Timer(0.2, release.set).start()
+    periodic.stop(timeout_seconds=5)
+    assert finished == [True]
+
+    stuck = threading.Event()
+    other = Periodic()
+    other.add("stuck", lambda: stuck.wait(5), interval_seconds=3600, first_after_seconds=0.0)
+    other.start()
+    time.sleep(0.2)
+    begun = time.monotonic()
+    other.stop(timeout_seconds=0.3)
+    assert time.monotonic() - begun < 2
+    stuck.set()
