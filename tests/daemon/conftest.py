@@ -97,8 +97,12 @@ class AgentProcess:
             assert self.proc is not None and self.proc.poll() is None, \
                 f"agent exited {self.proc.returncode if self.proc else None}: {self.log_path.read_text()[-3000:]}"
             time.sleep(0.05)
-        raise AssertionError(f"no {count}x {name} {match} within {timeout_seconds} s; log tail: "
-                             f"{self.log_path.read_text()[-3000:]}")
+        raise AssertionError(f"no {count}x {name} {match} within {timeout_seconds} s; the log but job_ran: "
+                             f"{self.log_without_job_ran()[-6000:]}")
+
+    def log_without_job_ran(self) -> str:
+        """The log's lines but the scheduler's job_ran ones, which fill a failed wait's tail at short intervals."""
+        return "\n".join(line for line in self.log_path.read_text().splitlines() if '"event": "job_ran"' not in line)
 
     def send(self, sig: int) -> None:
         assert self.proc is not None
