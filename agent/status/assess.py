@@ -2,8 +2,9 @@
 
 Exit codes (``STATUS_EXIT_CODES``): 0 ok; 30 attention (something is stale, undelivered, unreachable or
 unknown-but-expected, a health rollback within the last snapshot interval, a guarded package a rollback cannot
-restore exactly); 31 failing (the daemon is not running,
-the host is not compliant, the last health check failed, a state file is damaged, the last rollback failed).
+restore exactly, a maintenance hold still draining); 31 failing (the daemon is not running, the host is not
+compliant, the last health check failed, a state file is damaged, the last rollback failed, a maintenance hold
+kept after a failed post-change check).
 gpuguard's errors keep theirs (a broken agent.toml: 3).
 """
 
@@ -25,6 +26,8 @@ UNJUDGED_HEALTH = ("skipped", "deferred")
 CHANGE_NAMES = {"health_rollback": "health rollback", "rollback": "rollback", "transaction_blocked": "blocked"}
 # Package moves a change shows; the rest are counted.
 MOVES_SHOWN = 3
+# A maintenance hold's phase as a check (agent/integrations/maintenance.py PHASES); held is "info".
+MAINTENANCE_STATES: Dict[str, CheckState] = {"kept": "fail", "draining": "warn"}
 # Undelivered events are worth attention after this long, or after 10 delivery intervals if that is longer.
 OUTBOX_STUCK_SECONDS = 600.0
 
@@ -212,11 +215,30 @@ def _policy(f: StatusFacts) -> Check:
     return Check(name="policy", state="ok", summary=summary)
 
 
+def _maintenance(f: StatusFacts, now: dt.datetime) -> Optional[Check]:
+    """The scheduler hand-off, only while there is one: draining is worth attention (jobs still run there, the hook
+    refuses guarded changes), held is the change window, kept means a post-change check failed and the node stays
+    out of service until an operator looks."""
+    m = f.maintenance
+    if m.problem is not None:
+        return Check(name="maintenance", state="fail", summary=m.problem)
+    if m.phase is None:
+        return None
+    since = f" (begun {_age(now, m.began_at)})" if m.began_at is not None else ""
+    owner = "" if m.drained_by_us else " (drained by someone else: gpuguard will not resume it)"
+    summary = f"{m.scheduler} node {m.node} {m.phase}{since}{owner}: {m.reason}" + (
+        f"; {m.detail}" if m.detail else "")
+    return Check(name="maintenance", state=MAINTENANCE_STATES.get(m.phase, "info"), summary=summary)
+
+
 def assess(facts: StatusFacts, now: Optional[dt.datetime] = None) -> Assessment:
     """The checks for ``facts`` as of ``now`` (default: when they were gathered)."""
     at = now or facts.gathered_at
     checks = [_daemon(facts), _snapshot(facts, at), _compliance(facts), _health(facts, at), _guard(facts, at),
               _rollback(facts), _policy(facts), _outbox(facts, at), _hub(facts)]
+    held = _maintenance(facts, at)
+    if held is not None:
+        checks.insert(1, held)
     states = {c.state for c in checks}
     verdict: Verdict = "failing" if "fail" in states else "attention" if "warn" in states else "ok"
     return Assessment(verdict=verdict, exit_code=STATUS_EXIT_CODES[verdict], checks=checks)

@@ -130,6 +130,19 @@ class PolicyFacts(FrozenModel):
     problem: Optional[str] = None
 
 
+class MaintenanceFacts(FrozenModel):
+    """The scheduler hand-off this host holds (maintenance.json, agent/integrations/maintenance.py); no phase: none."""
+
+    phase: Optional[str] = None  # draining, held, kept (a post-change check failed)
+    scheduler: Optional[str] = None
+    node: Optional[str] = None
+    reason: Optional[str] = None
+    detail: Optional[str] = None
+    drained_by_us: bool = True
+    began_at: Optional[dt.datetime] = None
+    problem: Optional[str] = None
+
+
 class StatusFacts(FrozenModel):
     gathered_at: dt.datetime
     config_path: str
@@ -147,6 +160,7 @@ class StatusFacts(FrozenModel):
     outbox: OutboxFacts
     hub: HubFacts
     policy: PolicyFacts = PolicyFacts()
+    maintenance: MaintenanceFacts = MaintenanceFacts()
 
 
 def _when(value: object) -> Optional[dt.datetime]:
@@ -435,6 +449,21 @@ def read_rollback_coverage(host: Host, paths: StatePaths) -> RollbackFacts:
                          recorded_at=_when(coverage.recorded_at))
 
 
+def read_maintenance(host: Host, paths: StatePaths) -> MaintenanceFacts:
+    """The hand-off hold as persisted; a damaged record is a one-line problem naming the file."""
+    from agent.integrations.maintenance import read_state
+
+    try:
+        state = read_state(host, paths)
+    except GpuguardError as exc:
+        return MaintenanceFacts(problem=str(exc))
+    if state is None:
+        return MaintenanceFacts()
+    return MaintenanceFacts(phase=state.phase, scheduler=state.scheduler, node=state.node, reason=state.reason,
+                            detail=state.detail or None, drained_by_us=state.drained_by_us,
+                            began_at=_epoch(state.began_at_seconds))
+
+
 def probe_hub(endpoint_url: str, ca_bundle: Optional[str], timeout_seconds: float = HUB_TIMEOUT_SECONDS) -> HubFacts:
     """GET the hub's /healthz once, bounded by ``timeout_seconds``; any HTTP answer means reachable."""
     import requests
@@ -500,4 +529,4 @@ def gather(host: Host, config_path: str, offline: bool,
                 str(host.path(paths.reboot_required_packages)), booted_at_seconds())}),
         rollback=read_rollback_coverage(host, paths),
         metrics=read_metrics(report.metrics_path(state_dir)), outbox=read_outbox(paths.outbox),
-        hub=hub, policy=read_policy(host, settings.guard, state_dir))
+        hub=hub, policy=read_policy(host, settings.guard, state_dir), maintenance=read_maintenance(host, paths))

@@ -247,3 +247,39 @@ def test_rollback_coverage_row_in_the_table_and_the_json(state: StateDir) -> Non
     row = [c for c in document["checks"] if c["name"] == "rollback"][0]
     assert row["state"] == "warn" and "not restorable (no package file kept): cuda-lib-07 (its kept file is gone)" \
         in row["summary"]
+
+
+def _hold(state: StateDir, phase: str, drained_by_us: bool = True, detail: str = "") -> None:
+    path = state.root / str(state.state).lstrip("/") / "maintenance.json"  # under the Host root, as the hand-off
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"scheduler": "slurm", "node": "gpu-a17", "reason": "rollout 7 stage 2",
+                                "began_at_seconds": (NOW - dt.timedelta(minutes=12)).timestamp(),
+                                "drained_by_us": drained_by_us, "phase": phase, "detail": detail,
+                                "drained_at_seconds": None}))
+
+
+def test_a_maintenance_hold_is_a_row_while_it_lasts(state: StateDir) -> None:
+    """No hold: no row. Draining: attention (jobs still run there); held: information; kept after a failed
+    post-change check: failing (31), the reason and the check named; a damaged record: one line naming the file."""
+    state.healthy()
+    code, text = run_status(state, "--offline")
+    assert code == 0 and " maintenance " not in text, text
+    _hold(state, "draining")
+    code, text = run_status(state, "--offline")
+    assert code == 30, text
+    assert "WARN  maintenance  slurm node gpu-a17 draining (begun 12 min ago): rollout 7 stage 2" in text
+    _hold(state, "held", drained_by_us=False)
+    code, text = run_status(state, "--json", "--offline")
+    document = json.loads(text)
+    row = [c for c in document["checks"] if c["name"] == "maintenance"][0]
+    assert code == 0 and row["state"] == "info", text
+    assert "drained by someone else: gpuguard will not resume it" in row["summary"]
+    assert document["facts"]["maintenance"]["node"] == "gpu-a17"
+    _hold(state, "kept", detail="post-change check cpu_fallback: torch sees no GPU (rollout 7 stage 2)")
+    code, text = run_status(state, "--offline")
+    assert code == 31, text
+    assert "FAIL  maintenance  slurm node gpu-a17 kept (begun 12 min ago): rollout 7 stage 2; post-change check " \
+           "cpu_fallback: torch sees no GPU" in text
+    (state.root / str(state.state).lstrip("/") / "maintenance.json").write_text("{\"phase\": 3")
+    code, text = run_status(state, "--offline")
+    assert code == 31 and "maintenance.json" in text and "Traceback" not in text, text
