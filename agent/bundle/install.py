@@ -16,13 +16,14 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Literal, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Literal, Optional, Tuple
 
-from agent.bundle.format import MATRIX_FILE_NAME, BundleInvalid, PolicyBundle, parse_bundle
+from agent.bundle.format import MATRIX_FILE_NAME, MAX_BUNDLE_BYTES, BundleInvalid, PolicyBundle, parse_bundle
 from agent.bundle.scope import ScopeFacts, scope_refusal
 from agent.bundle.state import BundleState, read_bundle_state, write_bundle_state
 from agent.bundle.verify import verify_signature
-from agent.errors import BundleRefused, GpuguardError
+from agent.errors import BundleRefused, GpuguardError, InputFileError
+from agent.files import FileMissing, read_bytes_bounded
 from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -132,14 +133,18 @@ class BundleInstaller:
         except BundleInvalid as exc:
             raise BundleRefused(origin, f"not a policy bundle: {exc.reason}") from None
         digest = hashlib.sha256(bundle_data).hexdigest()
-        if state.serial is not None and bundle.serial <= state.serial:
-            if bundle.serial == state.serial and digest == state.sha256:
-                return Installed(bundle.serial, fingerprint, "", compiled=False, unchanged=True)
-            if bundle.serial == state.serial:
+        floor, floor_digest = self._in_force(state, origin)
+        if floor is not None and bundle.serial <= floor:
+            if bundle.serial == floor and digest == floor_digest:
+                if state.serial == floor:
+                    return Installed(bundle.serial, fingerprint, "", compiled=False, unchanged=True)
+                # The very bundle in place, its state lost: installed again, which writes the state anew.
+            elif bundle.serial == floor:
                 raise BundleRefused(origin, f"serial {bundle.serial} is in force already with other content "
                                             f"(a new bundle needs a higher serial)", bundle.serial)
-            raise BundleRefused(origin, f"serial {bundle.serial} is below serial {state.serial} in force (no "
-                                        f"rollback: push the older policy again with a new serial)", bundle.serial)
+            else:
+                raise BundleRefused(origin, f"serial {bundle.serial} is below serial {floor} in force (no rollback: "
+                                            f"push the older policy again with a new serial)", bundle.serial)
         refusal = None if bundle.scope.all else scope_refusal(bundle.scope, facts())
         if refusal is not None:
             raise BundleRefused(origin, refusal, bundle.serial)
@@ -156,6 +161,26 @@ class BundleInstaller:
                                        installed_at=self.host.clock(), sha256=digest, refused=state.refused,
                                        rollout=state.rollout, rollout_at=state.rollout_at))
         return installed
+
+    def _in_force(self, state: BundleState, origin: str) -> Tuple[Optional[int], Optional[str]]:
+        """The serial in force and its bundle's sha256: the higher of the state's and the bundle file's in place, so
+        a lost or reset state file never lowers the floor a bundle must rise above (the file was verified when it
+        was installed). BundleRefused when the file in place is damaged and the state names no serial."""
+        path = self.host.path(self.paths.policy_bundle)
+        try:
+            data = read_bytes_bounded(str(path), MAX_BUNDLE_BYTES)
+            placed = parse_bundle(data, str(path))
+        except FileMissing:
+            return state.serial, state.sha256
+        except (InputFileError, OSError) as exc:
+            if state.serial is not None:
+                return state.serial, state.sha256
+            raise BundleRefused(origin, f"the serial in force cannot be told: {exc} (and "
+                                        f"{self.paths.policy_bundle_state} names none); remove "
+                                        f"{self.paths.policy_bundle_dir} to start over") from None
+        if state.serial is not None and state.serial >= placed.serial:
+            return state.serial, state.sha256
+        return placed.serial, hashlib.sha256(data).hexdigest()
 
     def _commit(self, staged: Path, bundle_file: Path, signature_file: Path) -> None:
         """Move the checked bundle into place: its policy.d swapped by renames, then matrix, signature, bundle."""

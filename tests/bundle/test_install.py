@@ -211,3 +211,28 @@ def test_a_serial_below_one_is_refused(tmp_path: Path, serial: str) -> None:
     code, _, err = run("policy", "bundle", str(site.policy_dir), "--serial", serial, "-o", str(tmp_path / "b.json"),
                        "--no-host", "--all")
     assert code == 4 and "serial: Input should be greater than or equal to 1" in err
+
+
+def test_a_lost_state_file_keeps_the_serial_floor(tmp_path: Path) -> None:
+    """With state.json removed (or reset), the bundle file in place still forbids a lower serial; the same bundle
+    installs again and writes the state anew; a damaged bundle file with no state refuses, naming both."""
+    site = Site(tmp_path)
+    assert site.install(site.bundle(10))[0] == 0
+    older = site.bundle(9, PERMISSIVE)
+    state_file = site.state / "policy-bundle/state.json"
+    state_file.unlink()
+    code, _, err = site.install(older)
+    assert code == 17 and "refused: serial 9 is below serial 10 in force" in err, err
+    assert site.hook_refuses()
+    state_file.write_text("{}\n")
+    assert site.install(older)[0] == 17
+    state_file.unlink()
+    code, out, err = site.install(tmp_path / "bundle-10.json")
+    assert code == 0 and out.startswith("installed policy bundle serial 10"), out + err
+    assert read_bundle_state(str(state_file)).serial == 10
+    state_file.unlink()
+    (site.state / "policy-bundle/bundle.json").write_bytes(b'{"format": "gpuguard-policy-bun')
+    code, _, err = site.install(older)
+    assert code == 17 and err.count("\n") == 1, err
+    assert "refused: the serial in force cannot be told: " in err and "remove /var/lib/gpuguard/policy-bundle" in err
+    assert site.hook_refuses()
