@@ -35,13 +35,15 @@ if TYPE_CHECKING:  # pragma: no cover
 @dataclass(frozen=True)
 class Installed:
     """A bundle now in force: its serial and signing key; ``compiled`` when it was compiled for the hook
-    (``policy_source = "bundle"``); ``unchanged`` when the very same bundle was in force already."""
+    (``policy_source = "bundle"``); ``unchanged`` when the very same bundle was in force already;
+    ``rolled_back_from`` the serial in force before, when an operator's ``allow_rollback`` let a lower one in."""
 
     serial: int
     fingerprint: str
     policy_name: str
     compiled: bool
     unchanged: bool = False
+    rolled_back_from: Optional[int] = None
 
 
 def _write_bytes(path: Path, data: bytes) -> None:
@@ -98,15 +100,19 @@ class BundleInstaller:
         return read_bundle_state(str(self.host.path(self.paths.policy_bundle_state)))
 
     def install(self, bundle_data: bytes, signature_data: bytes, *, origin: str, source: Literal["hub", "file"],
-                facts: Callable[[], ScopeFacts], claimed_serial: Optional[int] = None) -> Installed:
+                facts: Callable[[], ScopeFacts], claimed_serial: Optional[int] = None,
+                allow_rollback: bool = False) -> Installed:
         """Check and install one bundle (``origin`` names it in messages); BundleRefused, recorded, otherwise.
-        ``claimed_serial`` (the hub's offer) is recorded for a refusal made before the bundle itself was read."""
+        ``claimed_serial`` (the hub's offer) is recorded for a refusal made before the bundle itself was read.
+        ``allow_rollback`` (an operator's explicit revert, never the hub's path) lets a serial below the one in
+        force, or the same serial with other content, in; every other check still applies."""
         self.directory.mkdir(parents=True, exist_ok=True)
         with _locked(self.directory):
             state = self.state()
             with tempfile.TemporaryDirectory(prefix=".incoming-", dir=self.directory) as work:
                 try:
-                    return self._install(Path(work), state, bundle_data, signature_data, origin, source, facts)
+                    return self._install(Path(work), state, bundle_data, signature_data, origin, source, facts,
+                                         allow_rollback)
                 except BundleRefused as exc:
                     serial = exc.serial if exc.serial is not None else claimed_serial
                     write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)),
@@ -123,7 +129,7 @@ class BundleInstaller:
                                    state.with_rollout(notice, self.host.clock()))
 
     def _install(self, work: Path, state: BundleState, bundle_data: bytes, signature_data: bytes, origin: str,
-                 source: Literal["hub", "file"], facts: Callable[[], ScopeFacts]) -> Installed:
+                 source: Literal["hub", "file"], facts: Callable[[], ScopeFacts], allow_rollback: bool) -> Installed:
         bundle_file, signature_file = work / "bundle.json", work / "bundle.json.sig"
         _write_bytes(bundle_file, bundle_data)
         _write_bytes(signature_file, signature_data)
@@ -134,11 +140,14 @@ class BundleInstaller:
             raise BundleRefused(origin, f"not a policy bundle: {exc.reason}") from None
         digest = hashlib.sha256(bundle_data).hexdigest()
         floor, floor_digest = self._in_force(state, origin)
+        rolled_back_from = None
         if floor is not None and bundle.serial <= floor:
             if bundle.serial == floor and digest == floor_digest:
                 if state.serial == floor:
                     return Installed(bundle.serial, fingerprint, "", compiled=False, unchanged=True)
                 # The very bundle in place, its state lost: installed again, which writes the state anew.
+            elif allow_rollback:
+                rolled_back_from = floor
             elif bundle.serial == floor:
                 raise BundleRefused(origin, f"serial {bundle.serial} is in force already with other content "
                                             f"(a new bundle needs a higher serial)", bundle.serial)
@@ -153,7 +162,8 @@ class BundleInstaller:
         matrix = str(staged / MATRIX_FILE_NAME) if bundle.matrix is not None else self.guard.matrix_path
         compiled = _compile(policy_dir, matrix, origin, bundle.serial)
         self._commit(staged, bundle_file, signature_file)
-        installed = Installed(bundle.serial, fingerprint, compiled.name, compiled=False)
+        installed = Installed(bundle.serial, fingerprint, compiled.name, compiled=False,
+                              rolled_back_from=rolled_back_from)
         if self.guard.policy_source == "bundle":
             installed = replace(installed, compiled=self._compile_in_force(origin, bundle.serial))
         write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)),

@@ -236,3 +236,29 @@ def test_a_lost_state_file_keeps_the_serial_floor(tmp_path: Path) -> None:
     assert code == 17 and err.count("\n") == 1, err
     assert "refused: the serial in force cannot be told: " in err and "remove /var/lib/gpuguard/policy-bundle" in err
     assert site.hook_refuses()
+
+
+def test_an_operator_rollback_is_explicit_and_audited(tmp_path: Path) -> None:
+    """--allow-rollback takes a lower serial (every other check still applies) only with a --reason, and writes
+    who, why and both serials to the audit log; without it the lower serial stays refused."""
+    site = Site(tmp_path)
+    assert site.install(site.bundle(10, PERMISSIVE))[0] == 0
+    assert not site.hook_refuses()
+    older = site.bundle(9)
+    code, _, err = site.install(older, "--allow-rollback")
+    assert code == 2 and "--allow-rollback needs a --reason" in err
+    stranger = Signer(site.tmp, "mallory")
+    forged = site.bundle(8, sign=False, name="forged.json")
+    stranger.sign(forged)
+    code, _, err = site.install(forged, "--allow-rollback", "--reason", "10 breaks the fabric")
+    assert code == 17 and "which no trusted keyring holds" in err
+    code, out, err = site.install(older, "--allow-rollback", "--reason", "10 breaks the fabric")
+    assert code == 0, err
+    assert out.startswith("rolled back from serial 10 to 9 (recorded in ") and "withdraw serial 10 on the hub" in out
+    assert site.hook_refuses()
+    assert read_bundle_state(str(site.state / "policy-bundle/state.json")).serial == 9
+    (line,) = [entry for entry in map(json.loads, (site.state / "audit.log").read_text().splitlines())
+               if entry["event"] == "policy_bundle_rolled_back"]
+    assert (line["event"], line["from_serial"], line["to_serial"], line["reason"], line["key"]) == (
+        "policy_bundle_rolled_back", 10, 9, "10 breaks the fabric", site.signer.fingerprint)
+    assert line["by"]
