@@ -1,7 +1,9 @@
 """Install a signed policy bundle: verify, no serial rollback, in scope, compiles; then it is the bundle in force.
 
 Each check refuses with BundleRefused (exit 17) and one line naming why, recorded as the last refusal in
-``policy-bundle/state.json``; nothing else changes then, so the compiled policy in force keeps guarding. Only a
+``policy-bundle/state.json`` until a bundle is installed (a bundle still offered is refused again at the next
+fetch; the serial a hub claims for a bundle that fails its signature is its word only, so it never holds an
+attention above every serial to come); nothing else changes then, so the compiled policy in force keeps guarding. Only a
 bundle that passed every check replaces the one in force, and only with ``[guard] policy_source = "bundle"`` is
 it compiled into the file the apt hook and the dnf checkers read. Signature checks run gpgv
 (agent/bundle/verify.py), never on the hot path. One install at a time (a lock file in ``policy-bundle/``).
@@ -168,7 +170,7 @@ class BundleInstaller:
             installed = replace(installed, compiled=self._compile_in_force(origin, bundle.serial))
         write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)),
                            BundleState(serial=bundle.serial, fingerprint=fingerprint, source=source,
-                                       installed_at=self.host.clock(), sha256=digest, refused=state.refused,
+                                       installed_at=self.host.clock(), sha256=digest, refused=None,
                                        rollout=state.rollout, rollout_at=state.rollout_at))
         return installed
 

@@ -262,3 +262,32 @@ def test_an_operator_rollback_is_explicit_and_audited(tmp_path: Path) -> None:
     assert (line["event"], line["from_serial"], line["to_serial"], line["reason"], line["key"]) == (
         "policy_bundle_rolled_back", 10, 9, "10 breaks the fabric", site.signer.fingerprint)
     assert line["by"]
+
+
+def test_an_install_clears_the_refusal_before_it(tmp_path: Path) -> None:
+    """A refusal holding no verified serial (a hub's claim of serial 2**63-1 for a bundle whose signature fails, or
+    an unreadable file) is attention only until the next install: it no longer stays pending above every serial."""
+    from agent.bundle.install import BundleInstaller
+    from agent.bundle.scope import ScopeFacts
+    from agent.errors import BundleRefused
+
+    site = Site(tmp_path)
+    assert site.install(site.bundle(10))[0] == 0
+    state_file = str(site.state / "policy-bundle/state.json")
+    installer = BundleInstaller(Host.for_root(str(site.root)), parse_settings(site.config.read_text()).guard,
+                                "/var/lib/gpuguard")
+    with pytest.raises(BundleRefused, match="holds no OpenPGP signature"):
+        installer.install(b"{}", b"garbage", origin="hub bundle serial 9223372036854775807", source="hub",
+                          facts=lambda: ScopeFacts(host_id="node-1"), claimed_serial=2**63 - 1)
+    state = read_bundle_state(state_file)
+    assert state.refusal_pending and state.refused is not None and state.refused.serial == 2**63 - 1
+    assert site.install(site.bundle(11, PERMISSIVE))[0] == 0
+    state = read_bundle_state(state_file)
+    assert (state.serial, state.refused, state.refusal_pending) == (11, None, False)
+    garbage = tmp_path / "garbage.json"
+    garbage.write_bytes(b"not a bundle")
+    (tmp_path / "garbage.json.sig").write_bytes(b"not a signature")
+    assert site.install(garbage)[0] == 17
+    assert read_bundle_state(state_file).refusal_pending
+    assert site.install(site.bundle(12))[0] == 0
+    assert not read_bundle_state(state_file).refusal_pending and site.hook_refuses()
