@@ -40,10 +40,13 @@ class OneAnswerHub:
             with conn:
                 conn.settimeout(5.0)
                 head = b""
-                while b"\r\n\r\n" not in head:
-                    head += conn.recv(4096)
-                self.requests.append(head)
                 try:
+                    while b"\r\n\r\n" not in head:
+                        received = conn.recv(4096)
+                        if not received:
+                            break
+                        head += received
+                    self.requests.append(head)
                     self._answer(conn)
                 except OSError:
                     pass
