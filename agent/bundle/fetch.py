@@ -6,17 +6,25 @@ answer (200, 204, 304) carries the hub's notice (header ``X-Gpuguard-Rollout``, 
 kept as ``Offer.notice`` (agent/bundle/rollout.py; None: no rollout concerns this host). Every other outcome (the hub
 unreachable, a refusal, a malformed answer) is a failed fetch: logged, and nothing changes on the host (the policy
 in force keeps guarding; the next interval asks again). :func:`parse_offer` is pure.
+
+The whole exchange is bounded: at most :data:`MAX_OFFER_BYTES` read (uncompressed: ``Accept-Encoding: identity``,
+and a compressed answer is refused, so no small answer inflates in memory), and at most ``deadline_seconds`` from
+the connect to the last byte (the request runs on a worker thread; the connect and read timeouts alone bound each
+socket read, so a hub trickling a byte a second could hold the fetch for days).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import threading
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from agent.bundle.format import MAX_BUNDLE_BYTES
 from agent.bundle.rollout import clean_notice
+from agent.printable import printable
 
 if TYPE_CHECKING:  # pragma: no cover
     import requests
@@ -26,6 +34,9 @@ ROLLOUT_HEADER = "X-Gpuguard-Rollout"
 MAX_SIGNATURE_BYTES = 64 * 1024
 # base64 of the largest bundle and signature, and the JSON around them.
 MAX_OFFER_BYTES = (MAX_BUNDLE_BYTES + MAX_SIGNATURE_BYTES) * 4 // 3 + 4096
+# From the connect to the last byte: the largest answer at 48 KiB/s.
+FETCH_DEADLINE_SECONDS = 120.0
+_CHUNK_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -82,12 +93,35 @@ def parse_offer_with_notice(body: bytes) -> Tuple[int, bytes, bytes, Optional[st
 
 
 def fetch_offer(endpoint_url: str, token: Optional[str], ca_bundle: Optional[str], serial_in_force: Optional[int],
-                timeout_seconds: Tuple[float, float], session: Optional["requests.Session"] = None) -> Offer:
-    """One conditional GET of the hub's offer for this host; never raises for what the hub or network does."""
-    import requests
-
+                timeout_seconds: Tuple[float, float], session: Optional["requests.Session"] = None,
+                deadline_seconds: float = FETCH_DEADLINE_SECONDS) -> Offer:
+    """One conditional GET of the hub's offer for this host, over within ``deadline_seconds``; never raises for what
+    the hub or network does."""
     url = endpoint_url.rstrip("/") + BUNDLE_PATH
-    headers = {"Accept": "application/json"}
+    answers: List[Offer] = []
+    cancelled = threading.Event()
+
+    def ask() -> None:
+        answers.append(_fetch(url, token, ca_bundle, serial_in_force, timeout_seconds, session, cancelled,
+                              time.monotonic() + deadline_seconds))
+
+    # A daemon thread: one the hub still holds after the deadline ends with the job child that started it.
+    worker = threading.Thread(target=ask, name="policy-fetch", daemon=True)
+    worker.start()
+    worker.join(deadline_seconds)
+    cancelled.set()
+    if not answers:
+        return Offer("failed", detail=f"{url}: no complete answer within {deadline_seconds:g} s")
+    return answers[0]
+
+
+def _fetch(url: str, token: Optional[str], ca_bundle: Optional[str], serial_in_force: Optional[int],
+           timeout_seconds: Tuple[float, float], session: Optional["requests.Session"], cancelled: threading.Event,
+           deadline: float) -> Offer:
+    import requests
+    import urllib3
+
+    headers = {"Accept": "application/json", "Accept-Encoding": "identity"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     etag = etag_for(serial_in_force)
@@ -104,12 +138,24 @@ def fetch_offer(endpoint_url: str, token: Optional[str], ca_bundle: Optional[str
                 return Offer("none", notice=notice)
             if reply.status_code != 200:
                 return Offer("failed", detail=f"{url}: HTTP {reply.status_code}")
-            body = reply.raw.read(MAX_OFFER_BYTES + 1, decode_content=True)
-    except requests.RequestException as exc:
+            encoding = reply.headers.get("Content-Encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):
+                return Offer("failed", detail=f"{url}: a {printable(encoding)[:40]}-encoded answer (asked for none)")
+            received = bytearray()
+            while len(received) <= MAX_OFFER_BYTES and not cancelled.is_set() and time.monotonic() < deadline:
+                chunk = reply.raw.read(_CHUNK_BYTES, decode_content=False)
+                if not chunk:
+                    break
+                received += chunk
+            body = bytes(received)
+    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+        # urllib3's own errors (a body cut short, a read timeout) come through reply.raw unwrapped.
         return Offer("failed", detail=f"{url}: {type(exc).__name__}")
     finally:
         if session is None:
             http.close()
+    if cancelled.is_set() or time.monotonic() >= deadline:
+        return Offer("failed", detail=f"{url}: the answer did not end in time")
     try:
         serial, bundle, signature, body_notice = parse_offer_with_notice(body)
     except ValueError as exc:

@@ -1,7 +1,9 @@
 """Install a signed policy bundle: verify, no serial rollback, in scope, compiles; then it is the bundle in force.
 
 Each check refuses with BundleRefused (exit 17) and one line naming why, recorded as the last refusal in
-``policy-bundle/state.json``; nothing else changes then, so the compiled policy in force keeps guarding. Only a
+``policy-bundle/state.json`` until a bundle is installed (a bundle still offered is refused again at the next
+fetch; the serial a hub claims for a bundle that fails its signature is its word only, so it never holds an
+attention above every serial to come); nothing else changes then, so the compiled policy in force keeps guarding. Only a
 bundle that passed every check replaces the one in force, and only with ``[guard] policy_source = "bundle"`` is
 it compiled into the file the apt hook and the dnf checkers read. Signature checks run gpgv
 (agent/bundle/verify.py), never on the hot path. One install at a time (a lock file in ``policy-bundle/``).
@@ -16,13 +18,14 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Literal, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Literal, Optional, Tuple
 
-from agent.bundle.format import MATRIX_FILE_NAME, BundleInvalid, PolicyBundle, parse_bundle
+from agent.bundle.format import MATRIX_FILE_NAME, MAX_BUNDLE_BYTES, BundleInvalid, PolicyBundle, parse_bundle
 from agent.bundle.scope import ScopeFacts, scope_refusal
 from agent.bundle.state import BundleState, read_bundle_state, write_bundle_state
 from agent.bundle.verify import verify_signature
-from agent.errors import BundleRefused, GpuguardError
+from agent.errors import BundleRefused, GpuguardError, InputFileError
+from agent.files import FileMissing, read_bytes_bounded
 from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,13 +37,15 @@ if TYPE_CHECKING:  # pragma: no cover
 @dataclass(frozen=True)
 class Installed:
     """A bundle now in force: its serial and signing key; ``compiled`` when it was compiled for the hook
-    (``policy_source = "bundle"``); ``unchanged`` when the very same bundle was in force already."""
+    (``policy_source = "bundle"``); ``unchanged`` when the very same bundle was in force already;
+    ``rolled_back_from`` the serial in force before, when an operator's ``allow_rollback`` let a lower one in."""
 
     serial: int
     fingerprint: str
     policy_name: str
     compiled: bool
     unchanged: bool = False
+    rolled_back_from: Optional[int] = None
 
 
 def _write_bytes(path: Path, data: bytes) -> None:
@@ -97,15 +102,19 @@ class BundleInstaller:
         return read_bundle_state(str(self.host.path(self.paths.policy_bundle_state)))
 
     def install(self, bundle_data: bytes, signature_data: bytes, *, origin: str, source: Literal["hub", "file"],
-                facts: Callable[[], ScopeFacts], claimed_serial: Optional[int] = None) -> Installed:
+                facts: Callable[[], ScopeFacts], claimed_serial: Optional[int] = None,
+                allow_rollback: bool = False) -> Installed:
         """Check and install one bundle (``origin`` names it in messages); BundleRefused, recorded, otherwise.
-        ``claimed_serial`` (the hub's offer) is recorded for a refusal made before the bundle itself was read."""
+        ``claimed_serial`` (the hub's offer) is recorded for a refusal made before the bundle itself was read.
+        ``allow_rollback`` (an operator's explicit revert, never the hub's path) lets a serial below the one in
+        force, or the same serial with other content, in; every other check still applies."""
         self.directory.mkdir(parents=True, exist_ok=True)
         with _locked(self.directory):
             state = self.state()
             with tempfile.TemporaryDirectory(prefix=".incoming-", dir=self.directory) as work:
                 try:
-                    return self._install(Path(work), state, bundle_data, signature_data, origin, source, facts)
+                    return self._install(Path(work), state, bundle_data, signature_data, origin, source, facts,
+                                         allow_rollback)
                 except BundleRefused as exc:
                     serial = exc.serial if exc.serial is not None else claimed_serial
                     write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)),
@@ -122,7 +131,7 @@ class BundleInstaller:
                                    state.with_rollout(notice, self.host.clock()))
 
     def _install(self, work: Path, state: BundleState, bundle_data: bytes, signature_data: bytes, origin: str,
-                 source: Literal["hub", "file"], facts: Callable[[], ScopeFacts]) -> Installed:
+                 source: Literal["hub", "file"], facts: Callable[[], ScopeFacts], allow_rollback: bool) -> Installed:
         bundle_file, signature_file = work / "bundle.json", work / "bundle.json.sig"
         _write_bytes(bundle_file, bundle_data)
         _write_bytes(signature_file, signature_data)
@@ -132,14 +141,21 @@ class BundleInstaller:
         except BundleInvalid as exc:
             raise BundleRefused(origin, f"not a policy bundle: {exc.reason}") from None
         digest = hashlib.sha256(bundle_data).hexdigest()
-        if state.serial is not None and bundle.serial <= state.serial:
-            if bundle.serial == state.serial and digest == state.sha256:
-                return Installed(bundle.serial, fingerprint, "", compiled=False, unchanged=True)
-            if bundle.serial == state.serial:
+        floor, floor_digest = self._in_force(state, origin)
+        rolled_back_from = None
+        if floor is not None and bundle.serial <= floor:
+            if bundle.serial == floor and digest == floor_digest:
+                if state.serial == floor:
+                    return Installed(bundle.serial, fingerprint, "", compiled=False, unchanged=True)
+                # The very bundle in place, its state lost: installed again, which writes the state anew.
+            elif allow_rollback:
+                rolled_back_from = floor
+            elif bundle.serial == floor:
                 raise BundleRefused(origin, f"serial {bundle.serial} is in force already with other content "
                                             f"(a new bundle needs a higher serial)", bundle.serial)
-            raise BundleRefused(origin, f"serial {bundle.serial} is below serial {state.serial} in force (no "
-                                        f"rollback: push the older policy again with a new serial)", bundle.serial)
+            else:
+                raise BundleRefused(origin, f"serial {bundle.serial} is below serial {floor} in force (no rollback: "
+                                            f"push the older policy again with a new serial)", bundle.serial)
         refusal = None if bundle.scope.all else scope_refusal(bundle.scope, facts())
         if refusal is not None:
             raise BundleRefused(origin, refusal, bundle.serial)
@@ -148,14 +164,35 @@ class BundleInstaller:
         matrix = str(staged / MATRIX_FILE_NAME) if bundle.matrix is not None else self.guard.matrix_path
         compiled = _compile(policy_dir, matrix, origin, bundle.serial)
         self._commit(staged, bundle_file, signature_file)
-        installed = Installed(bundle.serial, fingerprint, compiled.name, compiled=False)
+        installed = Installed(bundle.serial, fingerprint, compiled.name, compiled=False,
+                              rolled_back_from=rolled_back_from)
         if self.guard.policy_source == "bundle":
             installed = replace(installed, compiled=self._compile_in_force(origin, bundle.serial))
         write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)),
                            BundleState(serial=bundle.serial, fingerprint=fingerprint, source=source,
-                                       installed_at=self.host.clock(), sha256=digest, refused=state.refused,
+                                       installed_at=self.host.clock(), sha256=digest, refused=None,
                                        rollout=state.rollout, rollout_at=state.rollout_at))
         return installed
+
+    def _in_force(self, state: BundleState, origin: str) -> Tuple[Optional[int], Optional[str]]:
+        """The serial in force and its bundle's sha256: the higher of the state's and the bundle file's in place, so
+        a lost or reset state file never lowers the floor a bundle must rise above (the file was verified when it
+        was installed). BundleRefused when the file in place is damaged and the state names no serial."""
+        path = self.host.path(self.paths.policy_bundle)
+        try:
+            data = read_bytes_bounded(str(path), MAX_BUNDLE_BYTES)
+            placed = parse_bundle(data, str(path))
+        except FileMissing:
+            return state.serial, state.sha256
+        except (InputFileError, OSError) as exc:
+            if state.serial is not None:
+                return state.serial, state.sha256
+            raise BundleRefused(origin, f"the serial in force cannot be told: {exc} (and "
+                                        f"{self.paths.policy_bundle_state} names none); remove "
+                                        f"{self.paths.policy_bundle_dir} to start over") from None
+        if state.serial is not None and state.serial >= placed.serial:
+            return state.serial, state.sha256
+        return placed.serial, hashlib.sha256(data).hexdigest()
 
     def _commit(self, staged: Path, bundle_file: Path, signature_file: Path) -> None:
         """Move the checked bundle into place: its policy.d swapped by renames, then matrix, signature, bundle."""

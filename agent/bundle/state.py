@@ -52,7 +52,7 @@ class BundleState(JsonRecord):
 
     @property
     def refusal_pending(self) -> bool:
-        """A refusal newer than what is in force: attention (a later good install of a higher serial clears it)."""
+        """A refusal newer than what is in force: attention (a later install clears it, agent/bundle/install.py)."""
         if self.refused is None:
             return False
         return self.serial is None or self.refused.serial is None or self.refused.serial > self.serial

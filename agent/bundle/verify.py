@@ -6,12 +6,21 @@ repositories this way, and it adds no Python dependency. The trusted keys are bi
 adding one file and, once every bundle is signed by the new key, removing the old one. gpgv runs through the Host's
 runner, never on the apt/dnf hot path. :func:`parse_gpgv_status` (pure) reads its ``[GNUPG:]`` status lines: a
 signature is good only with exactly one VALIDSIG and no BADSIG, ERRSIG, EXPSIG, EXPKEYSIG, REVKEYSIG, NO_PUBKEY
-or NODATA, and gpgv's exit 0.
+or NODATA, and gpgv's exit 0; SHA-1 (and weaker) signatures are refused (``--weak-digest SHA1``).
+
+Whoever can write a keyring can sign any policy, so the keys are refused, each with a line naming the file, unless
+the keys directory, the directories above it (within the Host's root) and every keyring are owned by root (or by
+the user the agent runs as) and writable by no one else (group-writable only for group root), and unless every
+keyring is a binary OpenPGP keyring (gpgv refuses every signature when one ``--keyring`` is armored or damaged,
+saying only that no key was found).
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
 from agent.errors import BundleRefused, CommandError
@@ -33,6 +42,10 @@ _REFUSING = {
     "NODATA": "the signature file holds no OpenPGP signature",
 }
 _ORDER = ("BADSIG", "REVKEYSIG", "EXPKEYSIG", "EXPSIG", "NO_PUBKEY", "ERRSIG", "NODATA")
+# ERRSIG's return code 5: gpgv refused the digest algorithm (--weak-digest).
+_WEAK_DIGEST_RC = "5"
+# The first byte of a binary keyring: a public-key packet (tag 6), old format (any length type) or new format.
+_PUBLIC_KEY_PACKET = frozenset({0x98, 0x99, 0x9A, 0x9B, 0xC6})
 
 
 @dataclass(frozen=True)
@@ -57,8 +70,13 @@ def parse_gpgv_status(text: str, returncode: int) -> SignatureVerdict:
             valid.append(fields[1:])
         elif fields[0] in _REFUSING:
             words.setdefault(fields[0], fields[1] if len(fields) > 1 else "?")
+            if fields[0] == "ERRSIG" and len(fields) > 6 and fields[6] == _WEAK_DIGEST_RC:
+                words.setdefault("weak", fields[1])
     for word in _ORDER:
         if word in words:
+            if word == "ERRSIG" and "weak" in words:
+                return SignatureVerdict(refusal=f"the signature by key {words['weak']} uses a refused digest "
+                                                f"algorithm (SHA-1 or weaker: sign with SHA-256 or better)")
             return SignatureVerdict(refusal=_REFUSING[word].format(words[word]))
     if len(valid) != 1:
         found = "no valid signature" if not valid else f"{len(valid)} signatures (exactly one is accepted)"
@@ -71,6 +89,45 @@ def parse_gpgv_status(text: str, returncode: int) -> SignatureVerdict:
     if not fingerprint:
         return SignatureVerdict(refusal="gpgv gave a VALIDSIG without a fingerprint")
     return SignatureVerdict(fingerprint=fingerprint)
+
+
+def _unsafe(path: Path, what: str) -> Optional[str]:
+    """Why ``path`` (followed through links) cannot be trusted to hold keys; None when it can."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        return f"{what} {path} cannot be read: {exc.strerror}"
+    if info.st_uid not in (0, os.geteuid()):
+        return f"{what} {path} is owned by uid {info.st_uid}, not root (whoever owns it can add a key)"
+    writable = info.st_mode & stat.S_IWOTH or (info.st_mode & stat.S_IWGRP and info.st_gid != 0)
+    if writable:
+        return (f"{what} {path} is writable by others (mode {stat.S_IMODE(info.st_mode):04o}: anyone who can "
+                f"write there can add a key; chmod go-w it)")
+    return None
+
+
+def keyring_problem(host: "Host", keyrings: List[str], keys_dir: str = DEFAULT_KEYS_DIR) -> Optional[str]:
+    """The first reason the trusted keys cannot be used as they are (one line naming the file); None when they can."""
+    directory = host.path(keys_dir)
+    for above in [directory, *directory.parents]:
+        if above == host.root or not str(above).startswith(str(host.root)):
+            break
+        problem = _unsafe(above, "keys directory" if above == directory else "directory")
+        if problem is not None:
+            return problem
+    for keyring in keyrings:
+        problem = _unsafe(Path(keyring), "keyring")
+        if problem is not None:
+            return problem
+        try:
+            with open(keyring, "rb") as handle:
+                first = handle.read(1)
+        except OSError as exc:
+            return f"keyring {keyring} cannot be read: {exc.strerror}"
+        if not first or first[0] not in _PUBLIC_KEY_PACKET:
+            kind = "empty" if not first else "armored (gpg --dearmor it)" if first == b"-" else "not a key"
+            return f"keyring {keyring} is not a binary OpenPGP keyring ({kind}); gpgv would trust no key at all"
+    return None
 
 
 def trusted_keyrings(host: "Host", keys_dir: str = DEFAULT_KEYS_DIR) -> List[str]:
@@ -91,7 +148,10 @@ def verify_signature(host: "Host", bundle_path: str, signature_path: str, keys_d
     keyrings = trusted_keyrings(host, keys_dir)
     if not keyrings:
         raise BundleRefused(source, f"no trusted key in {keys_dir} (install the signers' keyrings as *.gpg there)")
-    argv = ["gpgv", "--status-fd", "1"]
+    problem = keyring_problem(host, keyrings, keys_dir)
+    if problem is not None:
+        raise BundleRefused(source, f"trusted keys: {problem}")
+    argv = ["gpgv", "--status-fd", "1", "--weak-digest", "SHA1", "--weak-digest", "RIPEMD160"]
     for keyring in keyrings:
         argv += ["--keyring", keyring]
     argv += [signature_path, bundle_path]

@@ -117,6 +117,10 @@ def _add_bundle_parsers(pol_sub: Any) -> None:
                         "of scope, does not compile; the policy in force keeps guarding)")
     install.add_argument("bundle", metavar="BUNDLE", help="the bundle file")
     install.add_argument("--signature", metavar="SIG", help="its detached signature (default: BUNDLE.sig)")
+    install.add_argument("--allow-rollback", action="store_true",
+                         help="an operator's revert: take a bundle below the serial in force (or the same serial "
+                              "with other content); every other check still applies; needs --reason, audited")
+    install.add_argument("--reason", help="why the rollback (it goes to the audit log)")
     add_root(install, ACT_ROOT_HELP)
     add_config(install)
     install.set_defaults(handler=policy_install)
@@ -393,8 +397,11 @@ def policy_install(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     from agent.bundle.format import MAX_BUNDLE_BYTES
     from agent.bundle.install import BundleInstaller
     from agent.daemon_jobs.runtime import host_identity
+    from agent.errors import UsageError
     from agent.files import read_bytes_bounded
 
+    if args.allow_rollback and not (args.reason or "").strip():
+        raise UsageError("--allow-rollback needs a --reason (it goes to the audit log)")
     host = make_host(args.root)
     settings = settings_of(args)
     data = read_bytes_bounded(args.bundle, MAX_BUNDLE_BYTES)
@@ -406,7 +413,17 @@ def policy_install(args: argparse.Namespace, make_host: HostFactory, out: TextIO
                                 paths.last_snapshot)
 
     installed = BundleInstaller(host, settings.guard, settings.agent.state_dir).install(
-        data, signature, origin=args.bundle, source="file", facts=facts)
+        data, signature, origin=args.bundle, source="file", facts=facts, allow_rollback=args.allow_rollback)
+    if installed.rolled_back_from is not None:
+        from agent.guard.hotpath.overrides import audit, who
+
+        audit_path = host.path(paths.audit_log)
+        audit(str(audit_path), "policy_bundle_rolled_back", host.clock(), from_serial=installed.rolled_back_from,
+              to_serial=installed.serial, key=installed.fingerprint, bundle=args.bundle, reason=args.reason.strip(),
+              by=who())
+        out.write(f"rolled back from serial {installed.rolled_back_from} to {installed.serial} (recorded in "
+                  f"{audit_path}); withdraw serial {installed.rolled_back_from} on the hub, or the daemon installs "
+                  f"it again\n")
     if installed.unchanged:
         out.write(f"policy bundle serial {installed.serial} is installed already: nothing changed\n")
         return 0

@@ -1,10 +1,12 @@
 """The daemon's policy fetch: on the heartbeat's schedule, ask the hub for the newest bundle in this host's scope
 and install it as ``gpuguard policy install`` does (agent/bundle/install.py).
 
-A 304 (the serial in force) costs nothing; a refused bundle is recorded in ``policy-bundle/state.json`` and
-reported by the next heartbeat; a hub that cannot be reached changes nothing (the policy in force keeps guarding).
-The hub's staged-rollout notice of every answer is kept in the same state (none clears it; a failed fetch keeps
-the one before): the hook's refusal, ``gpuguard status`` and ``policy explain`` show it.
+A 304 (the serial in force) costs nothing, and so does an offer below the serial in force (the hub offers an older
+bundle once the newer is withdrawn: an agent never goes back by itself); a refused bundle is recorded in
+``policy-bundle/state.json`` and reported by the next heartbeat; a hub that cannot be reached changes nothing (the
+policy in force keeps guarding). The hub's staged-rollout notice of every answer is kept in the same state (none
+clears it; a failed fetch keeps the one before): the hook's refusal, ``gpuguard status`` and ``policy explain``
+show it.
 Runs in a job child (``gpuguard _job policy_fetch``): requests, pydantic and gpgv stay out of the resident.
 """
 
@@ -49,6 +51,12 @@ def fetch_and_install(host: "Host", settings: "Settings", host_id: str) -> Polic
         outcome = {"unchanged": "unchanged", "none": "none"}.get(offer.status, "failed")
         return PolicyFetchResult(outcome=outcome, serial=offer.serial, detail=offer.detail,  # type: ignore[arg-type]
                                  rollout=offer.notice)
+
+    if state.serial is not None and offer.serial is not None and offer.serial < state.serial:
+        # An older bundle than the one in force (the newer one withdrawn, a rollout aborted): never installed, so
+        # not checked, recorded or reported as a refusal at every interval on every host that took the newer one.
+        return PolicyFetchResult(outcome="unchanged", serial=state.serial, rollout=offer.notice,
+                                 detail=f"the hub offers serial {offer.serial}, below serial {state.serial} in force")
 
     def facts() -> ScopeFacts:
         return host_scope_facts(host, host_id, dict(settings.agent.labels),

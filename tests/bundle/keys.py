@@ -43,10 +43,11 @@ class Signer:
         self.fingerprint = next(line.split(":")[9] for line in _run(
             self.home, ["--with-colons", "--list-keys"]).splitlines() if line.startswith("fpr:"))
 
-    def sign(self, path: Path, signature: Optional[Path] = None) -> Path:
-        """A detached binary signature of ``path`` (``path.sig`` unless given)."""
+    def sign(self, path: Path, signature: Optional[Path] = None, digest: Optional[str] = None) -> Path:
+        """A detached binary signature of ``path`` (``path.sig`` unless given), with gpg's digest unless given."""
         target = signature or path.with_name(path.name + ".sig")
-        _run(self.home, [*self.faked, "--detach-sign", "-o", str(target), str(path)])
+        chosen = ["--digest-algo", digest] if digest else []
+        _run(self.home, [*self.faked, *chosen, "--detach-sign", "-o", str(target), str(path)])
         return target
 
     def export(self, keyring: Path) -> Path:

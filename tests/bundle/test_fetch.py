@@ -131,3 +131,29 @@ def test_the_daemon_fetches_in_a_job_child(hub: HubProcess, tmp_path: Path) -> N
     assert read_bundle_state(str(site.state / "policy-bundle/state.json")).serial == 3 and site.hook_refuses()
     PolicyFetchInChild(rt, str(site.config), asked.append).run()
     assert asked == ["policy_bundle_installed"]  # 304: nothing to do
+
+
+def test_an_older_offer_after_a_withdrawal_is_not_a_refusal(hub: HubProcess, tmp_path: Path) -> None:  # noqa: F811
+    """Serial 2 installed then withdrawn: the hub offers 1 again, which the host keeps out without gpgv, without a
+    refusal in its state and without asking the guard and heartbeat to run, at every interval."""
+    from agent.config import load_settings
+    from agent.daemon_jobs.children import PolicyFetchInChild
+    from tests.daemon.test_jobs import make_runtime
+
+    site, _, admin = hub_site(hub, tmp_path)
+    for serial in (1, 2):
+        bundle = site.bundle(serial, POLICY if serial == 2 else PERMISSIVE)
+        assert run("hub", "policy", "push", str(bundle), "--hub", hub.url, "--token-file", str(admin))[0] == 0
+    host = Host.for_root(str(site.root))
+    rt = make_runtime(tmp_path, host, load_settings(str(site.config)))
+    asked: List[str] = []
+    PolicyFetchInChild(rt, str(site.config), asked.append, in_child=False).run()
+    assert asked == ["policy_bundle_installed"]
+    assert run("hub", "policy", "withdraw", "2", "--hub", hub.url, "--token-file", str(admin))[0] == 0
+    result = fetch_and_install(host, parse_settings(site.config.read_text()), "node-1")
+    assert (result.outcome, result.serial) == ("unchanged", 2)
+    assert result.detail == "the hub offers serial 1, below serial 2 in force"
+    PolicyFetchInChild(rt, str(site.config), asked.append, in_child=False).run()
+    assert asked == ["policy_bundle_installed"]
+    state = read_bundle_state(str(site.state / "policy-bundle/state.json"))
+    assert (state.serial, state.refused) == (2, None) and site.hook_refuses()

@@ -211,3 +211,83 @@ def test_a_serial_below_one_is_refused(tmp_path: Path, serial: str) -> None:
     code, _, err = run("policy", "bundle", str(site.policy_dir), "--serial", serial, "-o", str(tmp_path / "b.json"),
                        "--no-host", "--all")
     assert code == 4 and "serial: Input should be greater than or equal to 1" in err
+
+
+def test_a_lost_state_file_keeps_the_serial_floor(tmp_path: Path) -> None:
+    """With state.json removed (or reset), the bundle file in place still forbids a lower serial; the same bundle
+    installs again and writes the state anew; a damaged bundle file with no state refuses, naming both."""
+    site = Site(tmp_path)
+    assert site.install(site.bundle(10))[0] == 0
+    older = site.bundle(9, PERMISSIVE)
+    state_file = site.state / "policy-bundle/state.json"
+    state_file.unlink()
+    code, _, err = site.install(older)
+    assert code == 17 and "refused: serial 9 is below serial 10 in force" in err, err
+    assert site.hook_refuses()
+    state_file.write_text("{}\n")
+    assert site.install(older)[0] == 17
+    state_file.unlink()
+    code, out, err = site.install(tmp_path / "bundle-10.json")
+    assert code == 0 and out.startswith("installed policy bundle serial 10"), out + err
+    assert read_bundle_state(str(state_file)).serial == 10
+    state_file.unlink()
+    (site.state / "policy-bundle/bundle.json").write_bytes(b'{"format": "gpuguard-policy-bun')
+    code, _, err = site.install(older)
+    assert code == 17 and err.count("\n") == 1, err
+    assert "refused: the serial in force cannot be told: " in err and "remove /var/lib/gpuguard/policy-bundle" in err
+    assert site.hook_refuses()
+
+
+def test_an_operator_rollback_is_explicit_and_audited(tmp_path: Path) -> None:
+    """--allow-rollback takes a lower serial (every other check still applies) only with a --reason, and writes
+    who, why and both serials to the audit log; without it the lower serial stays refused."""
+    site = Site(tmp_path)
+    assert site.install(site.bundle(10, PERMISSIVE))[0] == 0
+    assert not site.hook_refuses()
+    older = site.bundle(9)
+    code, _, err = site.install(older, "--allow-rollback")
+    assert code == 2 and "--allow-rollback needs a --reason" in err
+    stranger = Signer(site.tmp, "mallory")
+    forged = site.bundle(8, sign=False, name="forged.json")
+    stranger.sign(forged)
+    code, _, err = site.install(forged, "--allow-rollback", "--reason", "10 breaks the fabric")
+    assert code == 17 and "which no trusted keyring holds" in err
+    code, out, err = site.install(older, "--allow-rollback", "--reason", "10 breaks the fabric")
+    assert code == 0, err
+    assert out.startswith("rolled back from serial 10 to 9 (recorded in ") and "withdraw serial 10 on the hub" in out
+    assert site.hook_refuses()
+    assert read_bundle_state(str(site.state / "policy-bundle/state.json")).serial == 9
+    (line,) = [entry for entry in map(json.loads, (site.state / "audit.log").read_text().splitlines())
+               if entry["event"] == "policy_bundle_rolled_back"]
+    assert (line["event"], line["from_serial"], line["to_serial"], line["reason"], line["key"]) == (
+        "policy_bundle_rolled_back", 10, 9, "10 breaks the fabric", site.signer.fingerprint)
+    assert line["by"]
+
+
+def test_an_install_clears_the_refusal_before_it(tmp_path: Path) -> None:
+    """A refusal holding no verified serial (a hub's claim of serial 2**63-1 for a bundle whose signature fails, or
+    an unreadable file) is attention only until the next install: it no longer stays pending above every serial."""
+    from agent.bundle.install import BundleInstaller
+    from agent.bundle.scope import ScopeFacts
+    from agent.errors import BundleRefused
+
+    site = Site(tmp_path)
+    assert site.install(site.bundle(10))[0] == 0
+    state_file = str(site.state / "policy-bundle/state.json")
+    installer = BundleInstaller(Host.for_root(str(site.root)), parse_settings(site.config.read_text()).guard,
+                                "/var/lib/gpuguard")
+    with pytest.raises(BundleRefused, match="holds no OpenPGP signature"):
+        installer.install(b"{}", b"garbage", origin="hub bundle serial 9223372036854775807", source="hub",
+                          facts=lambda: ScopeFacts(host_id="node-1"), claimed_serial=2**63 - 1)
+    state = read_bundle_state(state_file)
+    assert state.refusal_pending and state.refused is not None and state.refused.serial == 2**63 - 1
+    assert site.install(site.bundle(11, PERMISSIVE))[0] == 0
+    state = read_bundle_state(state_file)
+    assert (state.serial, state.refused, state.refusal_pending) == (11, None, False)
+    garbage = tmp_path / "garbage.json"
+    garbage.write_bytes(b"not a bundle")
+    (tmp_path / "garbage.json.sig").write_bytes(b"not a signature")
+    assert site.install(garbage)[0] == 17
+    assert read_bundle_state(state_file).refusal_pending
+    assert site.install(site.bundle(12))[0] == 0
+    assert not read_bundle_state(state_file).refusal_pending and site.hook_refuses()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -38,6 +41,8 @@ REVOKED = ("[GNUPG:] NEWSIG\n[GNUPG:] REVKEYSIG 35A2F064130B5E86 rev <r@example>
     (GOOD + GOOD, 0, None, "2 signatures (exactly one is accepted)"),
     (GOOD, 2, None, "gpgv exit 2"),
     (GOOD.replace(f" {FPR}\n", "\n"), 0, FPR, None),
+    (f"[GNUPG:] NEWSIG\n[GNUPG:] ERRSIG 39DA316696D82B1C 22 2 00 1796437029 5 {FPR}\n", 2, None,
+     "the signature by key 39DA316696D82B1C uses a refused digest algorithm (SHA-1 or weaker"),
 ])
 def test_status_lines_are_judged(text: str, returncode: int, fingerprint: str, refusal: str) -> None:
     """One VALIDSIG and none of the refusing words with exit 0 is good (the primary fingerprint); else one reason."""
@@ -138,3 +143,60 @@ def test_a_signature_file_that_is_not_one_is_refused(tmp_path: Path) -> None:
     garbage.write_bytes(b"not a signature\n")
     with pytest.raises(BundleRefused, match="holds no OpenPGP signature"):
         verify_signature(host_with_keys(tmp_path, signer), str(bundle), str(garbage))
+
+
+def test_a_sha1_signature_is_refused(tmp_path: Path) -> None:
+    """A signature over a SHA-1 digest (collisions can be bought) is refused naming the digest, SHA-256 accepted."""
+    signer = Signer(tmp_path, "ops")
+    bundle = bundle_file(tmp_path)
+    host = host_with_keys(tmp_path, signer)
+    weak = signer.sign(bundle, tmp_path / "sha1.sig", digest="SHA1")
+    with pytest.raises(BundleRefused, match=f"signature: the signature by key {signer.fingerprint[-16:]} uses a "
+                                            "refused digest algorithm \\(SHA-1 or weaker"):
+        verify_signature(host, str(bundle), str(weak))
+    strong = signer.sign(bundle, tmp_path / "sha256.sig", digest="SHA256")
+    assert verify_signature(host, str(bundle), str(strong)) == signer.fingerprint
+
+
+@pytest.mark.parametrize(("what", "change"), [
+    ("keys directory", lambda keys: os.chmod(keys, 0o777)),
+    ("directory", lambda keys: os.chmod(keys.parent, 0o757)),
+    ("keyring", lambda keys: os.chmod(keys / "00-signer.gpg", 0o666)),
+    ("keyring", lambda keys: os.chown(keys / "00-signer.gpg", 65534, 65534)),
+    ("keys directory", lambda keys: os.chown(keys, 65534, 0)),
+])
+def test_keys_others_could_change_are_refused(tmp_path: Path, what: str, change: Callable[[Path], None]) -> None:
+    """A keys directory, directory above it or keyring that a user other than root can write: every bundle refused,
+    naming the file (an unprivileged user could otherwise add a key and sign any policy)."""
+    if os.geteuid() != 0:
+        pytest.skip("changing a file's owner needs root")
+    signer = Signer(tmp_path, "ops")
+    bundle = bundle_file(tmp_path)
+    signature = signer.sign(bundle)
+    host = host_with_keys(tmp_path, signer)
+    keys = host.root / "etc/gpuguard/keys"
+    change(keys)
+    with pytest.raises(BundleRefused, match=f"refused: trusted keys: {what} {host.root}/etc/gpuguard") as caught:
+        verify_signature(host, str(bundle), str(signature))
+    assert "\n" not in str(caught.value) and ("writable by others" in str(caught.value)
+                                              or "owned by uid 65534" in str(caught.value))
+
+
+@pytest.mark.parametrize(("content", "kind"), [
+    (b"-----BEGIN PGP PUBLIC KEY BLOCK-----\n", "armored (gpg --dearmor it)"),
+    (b"", "empty"),
+    (b"ssh-ed25519 AAAA\n", "not a key"),
+])
+def test_a_file_that_is_no_keyring_is_named(tmp_path: Path, content: bytes, kind: str) -> None:
+    """An armored, empty or foreign file beside a good keyring is named in the refusal (gpgv alone refuses every
+    signature then, saying only that no keyring holds the key)."""
+    signer = Signer(tmp_path, "ops")
+    bundle = bundle_file(tmp_path)
+    signature = signer.sign(bundle)
+    host = host_with_keys(tmp_path, signer)
+    (host.root / "etc/gpuguard/keys/99-new.gpg").write_bytes(content)
+    with pytest.raises(BundleRefused, match=f"keyring {host.root}/etc/gpuguard/keys/99-new.gpg is not a binary "
+                                            f"OpenPGP keyring \\({re.escape(kind)}\\)"):
+        verify_signature(host, str(bundle), str(signature))
+    (host.root / "etc/gpuguard/keys/99-new.gpg").unlink()
+    assert verify_signature(host, str(bundle), str(signature)) == signer.fingerprint
