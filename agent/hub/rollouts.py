@@ -43,6 +43,7 @@ from agent.hub.rollout_plan import (
     counts_by_stage,
     decide,
     host_evidence,
+    overdue,
     waiting_line,
 )
 from agent.hub.rows import HostState, utc_now
@@ -156,8 +157,10 @@ class Rollouts:
                             evidence=Evidence(result=r[4], detail=r[5] or "") if r[4] else None)
                 for r in cur.fetchall()]
 
-    def _evidence(self, cur: Any, rollout: RolloutRow, hosts: List[RolloutHost]) -> List[RolloutHost]:
-        """The admitted hosts' evidence now, from their heartbeats and failure events since admission."""
+    def _evidence(self, cur: Any, rollout: RolloutRow, hosts: List[RolloutHost],
+                  now: dt.datetime) -> List[RolloutHost]:
+        """The admitted hosts' evidence now, from their heartbeats and failure events since admission, the evidence
+        they had (a pass stands) and the report deadline."""
         sql = self.store.dialect.sql
         cur.execute(sql(f"SELECT {', '.join('h.' + c.strip() for c in schema.HOST_COLUMNS.split(','))} FROM hosts h "
                         "JOIN rollout_hosts r ON r.host_id = h.host_id WHERE r.rollout_id = ? "
@@ -177,8 +180,9 @@ class Rollouts:
         judged = []
         for h in hosts:
             if h.stage is not None and h.admitted_at is not None:
-                evidence = host_evidence(rollout.target_serial, h.admitted_at, states.get(h.host_id),
-                                         failures.get(h.host_id, []))
+                evidence = overdue(host_evidence(rollout.target_serial, h.admitted_at, states.get(h.host_id),
+                                                 failures.get(h.host_id, []), h.evidence),
+                                   h.admitted_at, now, rollout.spec)
                 if evidence != h.evidence:
                     cur.execute(sql("UPDATE rollout_hosts SET evidence = ?, evidence_detail = ? "
                                     "WHERE rollout_id = ? AND host_id = ?"),
@@ -189,15 +193,17 @@ class Rollouts:
 
     def evaluate(self, rollout_id: str) -> Optional[Decision]:
         """Decide the next step of a running rollout and carry it out, in one transaction under its row lock;
-        the decision (None when the rollout is not running)."""
+        the decision (None when the rollout is not running; a paused one's evidence is brought up to date)."""
         now = self.clock()
         sql = self.store.dialect.sql
 
         def work(cur: Any) -> Optional[Decision]:
             rollout = self._locked(cur, rollout_id)
-            if rollout.state != "running":
+            if rollout.state not in ("running", "paused"):
                 return None
-            hosts = self._evidence(cur, rollout, self._hosts(cur, rollout_id))
+            hosts = self._evidence(cur, rollout, self._hosts(cur, rollout_id), now)
+            if rollout.state == "paused":  # evidence kept current (a pass seen now stands), nothing decided
+                return None
             decision = decide(rollout.spec, rollout.stage, rollout.stage_started_at, hosts, now)
             if decision.action == "admit":
                 for host_id in decision.admit:
@@ -240,10 +246,11 @@ class Rollouts:
         return decision
 
     def evaluate_running(self) -> int:
-        """Evaluate every running rollout; how many decisions other than wait were made."""
+        """Evaluate every running rollout (and keep a paused one's evidence current); how many decisions other than
+        wait were made."""
         made = 0
-        for (rollout_id,) in self.store.query("rollout_list", "SELECT rollout_id FROM rollouts WHERE state = ?",
-                                              ["running"]):
+        for (rollout_id,) in self.store.query("rollout_list", "SELECT rollout_id FROM rollouts WHERE state IN (?, ?)",
+                                              ["running", "paused"]):
             decision = self.evaluate(rollout_id)
             made += decision is not None and decision.action != "wait"
         return made

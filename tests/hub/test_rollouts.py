@@ -5,6 +5,7 @@ one PostgreSQL."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
@@ -368,7 +369,6 @@ def test_a_failing_report_halts_without_waiting_for_the_tick(settings: HubSettin
 def test_the_halt_alert_reads_as_json_and_as_slack(sqlite: SqlStore) -> None:
     """The queued halt alert is sent as the JSON envelope (kind rollout_halted, the failing hosts) and, to a Slack
     webhook, as one escaped text naming the rollout and the host."""
-    import json
 
     from agent.hub.alerts import Delivery, message
 
@@ -387,3 +387,69 @@ def test_the_halt_alert_reads_as_json_and_as_slack(sqlite: SqlStore) -> None:
                                            "detail": "health regression on serial 2"}]
     slack = json.loads(message(AlertWebhook(name="chat", url="http://127.0.0.1:9/s", format="slack"), delivery))
     assert slack["text"].startswith("*[critical] rollout_halted*") and "amd-0 (health regression" in slack["text"]
+
+
+def test_a_silent_canary_fails_at_the_report_deadline_and_halts_with_an_alert_naming_it(any_store: SqlStore) -> None:
+    """A canary that never reports after admission (powered off, agent dead) holds the stage only until the report
+    deadline; then it fails as overdue, the rollout halts and the alert names it."""
+    clock = Clock()
+    _, rollouts = seed(any_store, clock)
+    rid = rollouts.start(ADMIN, SPEC.model_copy(update={"report_deadline_seconds": 600})).rollout.rollout_id
+    clock.advance(10)
+    report(any_store, clock, ["amd-0"])  # nv-0 stays silent
+    clock.advance(589)
+    assert rollouts.evaluate(rid).action == "wait"  # type: ignore[union-attr]
+    clock.advance(2)
+    decision = rollouts.evaluate(rid)
+    assert decision is not None and decision.action == "halt"
+    assert "1 of 2 canaries failed: nv-0 (overdue: no pass within 600s of admission (no heartbeat since " \
+           "admission))" in decision.reason
+    assert "halted" in (rollouts.offer("amd-1").notice or "") and rollouts.offer("amd-1").serial == 1
+    [(body,)] = any_store.query("test", "SELECT body FROM alert_deliveries WHERE kind = ?", ["rollout_halted"])
+    assert json.loads(body)["hub_alert"]["hosts"] == [{
+        "host_id": "nv-0", "result": "fail",
+        "detail": "overdue: no pass within 600s of admission (no heartbeat since admission)"}]
+
+
+def health_beat(host_id: str, at: dt.datetime, health_at: dt.datetime, after_change: Any,
+                health: str = "pass") -> Event:
+    """A heartbeat on serial 2 that says when its last check finished and whether it followed a change."""
+    plain = beat(host_id, at, 2, health)
+    return plain.model_copy(update={"payload": plain.payload.model_copy(
+        update={"last_health_at": health_at, "last_health_after_change": after_change})})
+
+
+def test_a_canary_that_passed_keeps_its_pass_after_a_periodic_check_and_an_agent_restart(any_store: SqlStore) -> None:
+    """A post-change pass stands through the soak when the canary's next heartbeats carry that result read back after
+    an agent restart (after_change absent) and then a periodic check (after_change false)."""
+    clock = Clock()
+    _, rollouts = seed(any_store, clock)
+    rid = rollouts.start(ADMIN, SPEC.model_copy(update={"soak_seconds": 3600})).rollout.rollout_id
+    clock.advance(60)
+    checked_at = clock.now
+    any_store.ingest([[health_beat(h, clock.now, checked_at, True) for h in ("amd-0", "nv-0")]], received_at=clock.now)
+    assert rollouts.evaluate(rid).action == "wait"  # type: ignore[union-attr]
+    assert "2/2 canaries passed" in (rollouts.offer("amd-1").notice or "")
+    clock.advance(1800)
+    any_store.ingest([[health_beat(h, clock.now, checked_at, None) for h in ("amd-0", "nv-0")]], received_at=clock.now)
+    assert rollouts.evaluate(rid).action == "wait"  # type: ignore[union-attr]
+    clock.advance(1800)
+    any_store.ingest([[health_beat(h, clock.now, clock.now, False) for h in ("amd-0", "nv-0")]], received_at=clock.now)
+    decision = rollouts.evaluate(rid)
+    assert decision is not None and (decision.action, decision.stage) == ("admit", 1)
+
+
+def test_a_paused_rollout_keeps_its_evidence_current(sqlite: SqlStore) -> None:
+    """While paused, the tick records the canaries' post-change passes, so a periodic check during the pause does
+    not make them wait again after resume."""
+    clock = Clock()
+    _, rollouts = seed(sqlite, clock)
+    rid = rollouts.start(ADMIN, SPEC).rollout.rollout_id
+    rollouts.pause(ADMIN, rid)
+    clock.advance(30)
+    sqlite.ingest([[health_beat(h, clock.now, clock.now, True) for h in ("amd-0", "nv-0")]], received_at=clock.now)
+    assert rollouts.evaluate_running() == 0
+    clock.advance(3600)
+    sqlite.ingest([[health_beat(h, clock.now, clock.now, False) for h in ("amd-0", "nv-0")]], received_at=clock.now)
+    rollouts.resume(ADMIN, rid)
+    assert stages(rollouts, rid)["amd-1"] == 1
