@@ -181,7 +181,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
     alert_queue = AlertQueue(store, settings.alert_webhooks)
     deliverer = AlertDeliverer(settings, alert_queue, clock)
     bundles = PolicyBundles(store, clock)
-    rollouts = Rollouts(store, bundles, alert_queue, clock)
+    rollouts = Rollouts(store, bundles, alert_queue, clock, stale_after_seconds=settings.stale_after_seconds)
     rollout_worker = RolloutWorker(rollouts, settings.rollout_tick_seconds)
     periodic = Periodic()
     retention.schedule(periodic)

@@ -67,11 +67,13 @@ class Rollouts:
     """Rollouts in the hub's store."""
 
     def __init__(self, store: SqlStore, bundles: PolicyBundles, alerts: Optional["AlertQueue"] = None,
-                 clock: Callable[[], dt.datetime] = utc_now) -> None:
+                 clock: Callable[[], dt.datetime] = utc_now, stale_after_seconds: Optional[float] = None) -> None:
         self.store = store
         self.bundles = bundles
         self.alerts = alerts
         self.clock = clock
+        # a host not heard from this long when a rollout starts is left out of it (None: none is)
+        self.stale_after_seconds = stale_after_seconds
 
     def _t(self, value: Optional[dt.datetime]) -> Any:
         return None if value is None else self.store.dialect.to_db_time(value)
@@ -102,17 +104,25 @@ class Rollouts:
         scope = self.bundles.bundle(spec.target_serial).scope
         older = [s for s in self.bundles.offered_scopes() if s[0] < spec.target_serial]
         previous = older[0][0] if older else None
+        now = self.clock()
+        silent_since = None if self.stale_after_seconds is None else now - dt.timedelta(
+            seconds=self.stale_after_seconds)
         members: List[Tuple[str, str]] = []
+        silent = 0
         for host in self.store.hosts():
             facts = scope_facts(host.host_id, host.labels or {}, host.pairing)
             if scope_refusal(scope, facts) is None and all((host.labels or {}).get(k) == v
                                                            for k, v in spec.labels.items()):
+                if silent_since is not None and host.last_seen_at < silent_since:
+                    silent += 1  # decommissioned or down: it would be admitted and never report
+                    continue
                 members.append((host.host_id, cohort_of(host)))
         if not members:
             raise HubHTTPError(409, "no_hosts", f"no host the hub knows is in bundle {spec.target_serial}'s scope"
-                                                f"{' and the label selector' if spec.labels else ''}")
+                                                f"{' and the label selector' if spec.labels else ''}"
+                                                + (f" and was heard from in the last {self.stale_after_seconds:g}s "
+                                                   f"({silent} silent)" if silent else ""))
         rollout_id = f"r{spec.target_serial}-{secrets.token_hex(3)}"
-        now = self.clock()
         sql = self.store.dialect.sql
 
         def work(cur: Any) -> None:
@@ -133,11 +143,13 @@ class Rollouts:
             self._audit(cur, principal, "rollout_start", row,
                         f"{len(members)} hosts in {cohorts} cohorts, previous serial {previous}, canaries "
                         f"{spec.canaries}, batches {','.join(map(str, spec.batches))}%, soak {spec.soak_seconds}s, "
-                        f"halt above {spec.halt_percent:g}%")
+                        f"halt above {spec.halt_percent:g}%"
+                        + (f", {silent} hosts silent for over {self.stale_after_seconds:g}s left out"
+                           if silent else ""))
 
         self.store.write("rollout_start", work)
         log.info("hub_rollout_started", rollout_id=rollout_id, actor=principal.subject, target=spec.target_serial,
-                 host_count=len(members))
+                 host_count=len(members), silent_host_count=silent)
         self.evaluate(rollout_id)
         return self.status(rollout_id)
 

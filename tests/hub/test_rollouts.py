@@ -453,3 +453,23 @@ def test_a_paused_rollout_keeps_its_evidence_current(sqlite: SqlStore) -> None:
     sqlite.ingest([[health_beat(h, clock.now, clock.now, False) for h in ("amd-0", "nv-0")]], received_at=clock.now)
     rollouts.resume(ADMIN, rid)
     assert stages(rollouts, rid)["amd-1"] == 1
+
+
+def test_a_host_silent_when_the_rollout_starts_is_left_out_and_never_made_a_canary(
+        settings: HubSettings, admin_token: str) -> None:
+    """A host the hub last heard from two days ago (decommissioned, powered off) would sort first in its cohort; the
+    hub's rollout leaves it out (audited), so the canary is a live host and the silent one is held back."""
+    clock = Clock()
+    store = make_store(settings.database_url)
+    seed(store, clock)
+    two_days_ago = clock.now - dt.timedelta(days=2)
+    store.ingest([[beat("amd--dead", two_days_ago)]], received_at=two_days_ago)
+    store.close()
+    with TestClient(create_app(settings, make_store(settings.database_url), clock=clock)) as hub:
+        started = hub.post("/v1/rollouts", json=SPEC.model_dump(mode="json"), headers=bearer(admin_token))
+        assert started.status_code == 201, started.json()
+        hosts = {h["host_id"]: h["stage"] for h in started.json()["hosts"]}
+        assert "amd--dead" not in hosts and hosts["amd-0"] == 0 and hosts["nv-0"] == 0
+        audit = hub.get("/v1/audit", headers=bearer(admin_token)).json()
+        [detail] = [e["detail"] for e in audit["entries"] if e["action"] == "rollout_start"]
+        assert "1 hosts silent for over 900s left out" in detail
