@@ -28,7 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from typing import Dict, List, Literal, Mapping, Optional, Sequence, Tuple
+from typing import AbstractSet, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
 from agent.bundle.scope import pairing_text
 from agent.hub.rows import HostState
@@ -179,10 +179,11 @@ def _named(hosts: Sequence[RolloutHost]) -> str:
 
 
 def decide(spec: RolloutSpec, stage: int, stage_started_at: Optional[dt.datetime], hosts: Sequence[RolloutHost],
-           now: dt.datetime) -> Decision:
-    """The next step of a running rollout at ``now``; ``stage`` is the open stage (-1: none opened yet); pure."""
+           now: dt.datetime, silent: AbstractSet[str] = frozenset()) -> Decision:
+    """The next step of a running rollout at ``now``; ``stage`` is the open stage (-1: none opened yet); ``silent``
+    the hosts not heard from lately, which are not admitted (they would never report) until they are back; pure."""
     if stage < 0:
-        return Decision(action="admit", stage=0, admit=_to_admit(spec, 0, hosts))
+        return Decision(action="admit", stage=0, admit=_to_admit(spec, 0, hosts, silent))
     canaries = [h for h in hosts if h.stage == 0]
     failed_canaries = _failed(canaries)
     if failed_canaries:
@@ -203,7 +204,7 @@ def decide(spec: RolloutSpec, stage: int, stage_started_at: Optional[dt.datetime
         return Decision(action="wait", stage=stage, reason=waiting_line(spec, stage, stage_started_at, hosts))
     following = stage + 1
     while following <= last_stage(spec) and len(admitted) < len(hosts):
-        chosen = _to_admit(spec, following, hosts)
+        chosen = _to_admit(spec, following, hosts, silent)
         if chosen:  # a stage that would admit nobody (its quota is already met) is skipped, and so is its soak
             return Decision(action="admit", stage=following, admit=chosen)
         following += 1
@@ -211,18 +212,21 @@ def decide(spec: RolloutSpec, stage: int, stage_started_at: Optional[dt.datetime
     return Decision(action="done", stage=stage, reason=f"{len(admitted)} hosts admitted, "
                                                        f"{len(admitted) - len(tolerated)} passed"
                                                        + (f", {len(tolerated)} failed within the halt rule: "
-                                                          f"{_named(tolerated)}" if tolerated else ""))
+                                                          f"{_named(tolerated)}" if tolerated else "")
+                                                       + (f", {len(hosts) - len(admitted)} silent hosts never "
+                                                          "admitted" if len(admitted) < len(hosts) else ""))
 
 
-def _to_admit(spec: RolloutSpec, stage: int, hosts: Sequence[RolloutHost]) -> List[str]:
-    """Per cohort, the hosts (by host id) that fill the cohort up to the stage's quota."""
+def _to_admit(spec: RolloutSpec, stage: int, hosts: Sequence[RolloutHost],
+              silent: AbstractSet[str] = frozenset()) -> List[str]:
+    """Per cohort, the hosts (by host id, none of ``silent``) that fill the cohort up to the stage's quota."""
     cohorts: Dict[str, List[RolloutHost]] = {}
     for h in sorted(hosts, key=lambda h: h.host_id):
         cohorts.setdefault(h.cohort, []).append(h)
     chosen: List[str] = []
     for members in cohorts.values():
         quota = stage_quota(stage, len(members), spec) - sum(h.stage is not None for h in members)
-        chosen += [h.host_id for h in members if h.stage is None][:max(quota, 0)]
+        chosen += [h.host_id for h in members if h.stage is None and h.host_id not in silent][:max(quota, 0)]
     return sorted(chosen)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from agent.bundle.scope import scope_facts, scope_refusal
 from agent.hub import schema
@@ -203,6 +203,16 @@ class Rollouts:
             judged.append(h)
         return judged
 
+    def _silent(self, cur: Any, rollout_id: str, now: dt.datetime) -> FrozenSet[str]:
+        """The rollout's hosts not admitted yet that the hub has not heard from for ``stale_after_seconds``."""
+        if self.stale_after_seconds is None:
+            return frozenset()
+        cur.execute(self.store.dialect.sql(
+            "SELECT r.host_id FROM rollout_hosts r LEFT JOIN hosts h ON h.host_id = r.host_id WHERE r.rollout_id = ? "
+            "AND r.stage IS NULL AND (h.last_seen_at IS NULL OR h.last_seen_at < ?)"),
+            (rollout_id, self._t(now - dt.timedelta(seconds=self.stale_after_seconds))))
+        return frozenset(r[0] for r in cur.fetchall())
+
     def evaluate(self, rollout_id: str) -> Optional[Decision]:
         """Decide the next step of a running rollout and carry it out, in one transaction under its row lock;
         the decision (None when the rollout is not running; a paused one's evidence is brought up to date)."""
@@ -216,7 +226,8 @@ class Rollouts:
             hosts = self._evidence(cur, rollout, self._hosts(cur, rollout_id), now)
             if rollout.state == "paused":  # evidence kept current (a pass seen now stands), nothing decided
                 return None
-            decision = decide(rollout.spec, rollout.stage, rollout.stage_started_at, hosts, now)
+            decision = decide(rollout.spec, rollout.stage, rollout.stage_started_at, hosts, now,
+                              self._silent(cur, rollout_id, now))
             if decision.action == "admit":
                 for host_id in decision.admit:
                     cur.execute(sql("UPDATE rollout_hosts SET stage = ?, admitted_at = ? "
