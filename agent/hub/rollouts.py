@@ -224,7 +224,11 @@ class Rollouts:
             if rollout.state not in ("running", "paused"):
                 return None
             hosts = self._evidence(cur, rollout, self._hosts(cur, rollout_id), now)
-            if rollout.state == "paused":  # evidence kept current (a pass seen now stands), nothing decided
+            if rollout.state == "paused":  # evidence and the tally kept current (a pass seen now stands), no decision
+                paused_by = rollout.reason.split("; waiting for stage")[0]
+                why = f"{paused_by}; {waiting_line(rollout.spec, rollout.stage, rollout.stage_started_at, hosts)}"
+                if rollout.stage >= 0 and why != rollout.reason:
+                    cur.execute(sql("UPDATE rollouts SET reason = ? WHERE rollout_id = ?"), (why, rollout_id))
                 return None
             decision = decide(rollout.spec, rollout.stage, rollout.stage_started_at, hosts, now,
                               self._silent(cur, rollout_id, now))
@@ -289,9 +293,12 @@ class Rollouts:
             if rollout.state not in allowed:
                 raise HubHTTPError(409, "wrong_state", f"rollout {rollout_id} is {rollout.state}; {state} needs "
                                                        f"{' or '.join(allowed)}")
+            why = reason
+            if state == "paused" and rollout.reason.startswith("waiting for stage"):
+                why = f"{reason}; {rollout.reason}"  # a held-back host still sees the stage, tally and soak
             cur.execute(sql("UPDATE rollouts SET state = ?, updated_at = ?, reason = ? WHERE rollout_id = ?"),
-                        (state, self._t(now), reason, rollout_id))
-            self._audit(cur, principal, f"rollout_{state}", rollout, reason)
+                        (state, self._t(now), why, rollout_id))
+            self._audit(cur, principal, f"rollout_{state}", rollout, why)
             if state == "aborted":
                 self.bundles.withdraw_in(cur, principal, rollout.target_serial,
                                          f"rollout {rollout_id} aborted", missing_ok=True)

@@ -172,14 +172,17 @@ def test_a_failing_canary_halts_and_abort_withdraws_the_target(any_store: SqlSto
 
 
 def test_pause_stops_admissions_and_a_second_rollout_waits(sqlite: SqlStore) -> None:
-    """A paused rollout admits nobody until resumed; a second rollout is refused while one is active."""
+    """A paused rollout admits nobody until resumed, while a held-back host's notice still says the stage, the
+    canaries' current tally and the soak; a second rollout is refused while one is active."""
     clock = Clock()
     _, rollouts = seed(sqlite, clock)
     rid = rollouts.start(ADMIN, SPEC).rollout.rollout_id
     rollouts.pause(ADMIN, rid)
     clock.advance(120)
     report(sqlite, clock, ["amd-0", "nv-0"])
-    assert rollouts.evaluate(rid) is None and "paused" in (rollouts.offer("amd-3").notice or "")
+    assert rollouts.evaluate(rid) is None
+    assert rollouts.offer("amd-3").notice == f"rollout {rid}: paused (paused by alice; waiting for stage 1 (2/2 " \
+                                             "canaries passed, soak ends 01:01 UTC))"
     with pytest.raises(HubHTTPError) as refused:
         rollouts.start(ADMIN, SPEC)
     assert (refused.value.status, refused.value.error) == (409, "rollout_active")
