@@ -238,7 +238,10 @@ def waiting_line(spec: RolloutSpec, stage: int, stage_started_at: Optional[dt.da
     what = "canaries" if stage == 0 else f"stage {stage} hosts"
     soak = ""
     if stage_started_at is not None:
-        soak = f", soak ends {(stage_started_at + dt.timedelta(seconds=spec.soak_seconds)):%H:%M} UTC"
+        ends = stage_started_at + dt.timedelta(seconds=spec.soak_seconds)
+        # a soak of half a day or more names the day too: "14:20" alone would be read as today's
+        soak = f", soak ends {ends:%Y-%m-%d %H:%M} UTC" if spec.soak_seconds >= 43200 else \
+            f", soak ends {ends:%H:%M} UTC"
     return f"waiting for stage {stage + 1} ({passed}/{len(in_stage)} {what} passed{soak})"
 
 

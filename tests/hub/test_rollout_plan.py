@@ -135,6 +135,13 @@ def test_widening_waits_for_every_pass_and_for_the_soak() -> None:
     assert (widened.action, widened.stage, widened.admit) == ("admit", 2, ["a-001", "a-002", "a-003", "a-004"])
 
 
+def test_a_soak_of_a_day_or_more_names_the_day_it_ends() -> None:
+    """The waiting line of a two-day soak says the date the soak ends, not only a time of day."""
+    long_soak = SPEC.model_copy(update={"soak_seconds": 2 * 86400})
+    hosts = fleet((("a", 20),), {"a-000": 0}, {"a-000": PASS})
+    assert "soak ends 2026-01-03 00:00 UTC" in decide(long_soak, 0, T0, hosts, T0).reason
+
+
 def test_a_failing_canary_halts_naming_it() -> None:
     """Any failed canary halts the rollout, whatever the halt percentage; the reason names the host and result."""
     hosts = fleet((("a", 20), ("b", 3)), {"a-000": 0, "b-000": 0}, {"a-000": PASS, "b-000": FAIL})
