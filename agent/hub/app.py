@@ -316,7 +316,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
                           credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
         principal, body = await admin_body(request, credentials, BundlePush)
         data, signature = _base64(body.bundle, "bundle"), _base64(body.signature, "signature")
-        summary = await run_in_threadpool(read, lambda: bundles.push(principal, data, signature, body.staged))
+        summary = await run_in_threadpool(read, lambda: rollouts.push(principal, data, signature, body.staged))
         return json_response(summary, status=201, headers={"Location": f"/v1/policy/bundles/{summary.serial}"})
 
     @app.get("/v1/policy/bundles", response_model=BundlesResponse, summary="Every stored policy bundle, newest first",

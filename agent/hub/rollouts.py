@@ -46,7 +46,7 @@ from agent.hub.rollout_plan import (
     overdue,
     waiting_line,
 )
-from agent.hub.rows import HostState, utc_now
+from agent.hub.rows import BundleSummary, HostState, utc_now
 from agent.hub.store import SqlStore
 from agent.hub.tokens import Principal
 from agent.log import get_logger
@@ -152,6 +152,17 @@ class Rollouts:
                  host_count=len(members), silent_host_count=silent)
         self.evaluate(rollout_id)
         return self.status(rollout_id)
+
+    def push(self, principal: Principal, data: bytes, signature: bytes, staged: bool = False) -> BundleSummary:
+        """Store a pushed bundle (``PolicyBundles.push``); 409 for one offered at once while a rollout is active: its
+        serial is above the target, so it would reach only the admitted hosts while every other host, held below
+        the target, never saw it until the rollout ended."""
+        active = self.active()
+        if active is not None and not staged:
+            raise HubHTTPError(409, "rollout_active", f"rollout {active.rollout_id} of bundle {active.target_serial} "
+                                                      f"is {active.state}: a bundle pushed now would reach only its "
+                                                      "admitted hosts; push it staged, or end the rollout first")
+        return self.bundles.push(principal, data, signature, staged)
 
     # --- the decision --------------------------------------------------------------------------------------
     def _locked(self, cur: Any, rollout_id: str) -> RolloutRow:

@@ -501,3 +501,26 @@ def test_a_host_gone_silent_before_its_stage_is_not_admitted_until_it_is_back(sq
     decision = rollouts.evaluate(rid)
     assert decision is not None and decision.action == "done" and "1 silent hosts never admitted" in decision.reason
     assert stages(rollouts, rid)["amd-1"] is None
+
+
+def test_a_bundle_pushed_during_a_rollout_must_be_staged(settings: HubSettings, admin_token: str) -> None:
+    """While a rollout is active, a plain push (which would reach only its admitted hosts, every other host being
+    held below the target) is refused with 409 naming the rollout; a staged push is stored; after abort a plain
+    push is stored and offered to every host."""
+    from tests.hub.test_policy_bundles import push_body, refused
+
+    clock = Clock()
+    store = make_store(settings.database_url)
+    seed(store, clock)
+    store.close()
+    with TestClient(create_app(settings, make_store(settings.database_url), clock=clock)) as hub:
+        started = hub.post("/v1/rollouts", json=SPEC.model_dump(mode="json"), headers=bearer(admin_token))
+        rid = started.json()["rollout"]["rollout_id"]
+        refused(hub.post("/v1/policy/bundles", json=push_body(bundle_bytes(3)), headers=bearer(admin_token)), 409,
+                "rollout_active", f"rollout {rid} of bundle 2 is running: a bundle pushed now would reach only")
+        staged = hub.post("/v1/policy/bundles", json=push_body(bundle_bytes(3)) | {"staged": True},
+                          headers=bearer(admin_token))
+        assert staged.status_code == 201 and staged.json()["staged"] is True
+        assert hub.post(f"/v1/rollouts/{rid}/abort", headers=bearer(admin_token)).status_code == 200
+        assert hub.post("/v1/policy/bundles", json=push_body(bundle_bytes(4)),
+                        headers=bearer(admin_token)).status_code == 201
