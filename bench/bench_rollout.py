@@ -70,7 +70,7 @@ def main() -> int:
         bundles = PolicyBundles(store)
         bundles.push(ADMIN, bundle_bytes(1), SIGNATURE)
         bundles.push(ADMIN, bundle_bytes(2), SIGNATURE)
-        rollouts = Rollouts(store, bundles)
+        rollouts = Rollouts(store, bundles, stale_after_seconds=900.0)  # as the hub has it (its default)
         spec = RolloutSpec(target_serial=2, canaries=1, batches=(5, 25, 100), soak_seconds=0)
         started = time.perf_counter()
         rid = rollouts.start(ADMIN, spec).rollout.rollout_id

@@ -54,6 +54,9 @@ def add_parser(sub: Subparsers) -> None:
     start.add_argument("--halt-percent", type=float, default=0.0,
                        help="halt when more than this percentage of a batch fails (default 0: any failure); any "
                             "failing canary halts")
+    start.add_argument("--report-deadline-seconds", type=int, default=172800,
+                       help="an admitted host that has not passed this long after admission fails (silent, dead, "
+                            "never changed); default 172800 (two days), 0: wait for it forever")
     start.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                        help="take only hosts with this label (repeatable)")
     status = rollout.add_parser("status", help="every rollout, or one with its hosts, stages and evidence")
@@ -169,7 +172,8 @@ def hub_rollout(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -
         if any(not k or not v for k, v in labels.items()):
             raise UsageError("--label: KEY=VALUE")
         spec = {"target_serial": args.serial, "canaries": args.canaries, "batches": batches,
-                "soak_seconds": args.soak_seconds, "halt_percent": args.halt_percent, "labels": labels}
+                "soak_seconds": args.soak_seconds, "halt_percent": args.halt_percent,
+                "report_deadline_seconds": args.report_deadline_seconds, "labels": labels}
     env = make_host("/").env
     client = HubClient(hub_url(args.hub, env), hub_token(args.token_file, env), ca_bundle=args.ca_bundle)
     try:

@@ -84,18 +84,13 @@ def run_job(job: str, config_path: str, host: Host, request: JsonObject, result_
         if job == "guard_check":
             result = _guard_check(host, settings, stopping)
         elif job == "policy_fetch":
+            from agent.daemon_jobs.handoff import after_fetch
             from agent.daemon_jobs.policy_fetch import fetch_and_install
 
             fetched = fetch_and_install(host, settings, job_request.context.host_id)
-            if fetched.outcome == "installed":  # the host is about to change under a new bundle
-                from agent.bundle.rollout import handoff_reason
-                from agent.daemon_jobs.handoff import begin_for_change
-
-                begin_for_change(host, settings, handoff_reason(fetched.rollout, fetched.serial))
-            else:  # a hold begun by an earlier fetch may be waiting for Slurm to drain the node
-                from agent.daemon_jobs.handoff import poll_drain
-
-                poll_drain(host, settings)
+            # admitted by a rollout: the host is about to change, so the hand-off begins; else a hold begun by an
+            # earlier fetch may be waiting for Slurm to drain the node
+            after_fetch(host, settings, fetched.outcome, fetched.rollout, fetched.serial)
             result = fetched
         else:
             result = _with_outbox(job, host, settings, job_request, stopping)

@@ -1,5 +1,8 @@
-"""When the daemon hands its node to the scheduler: a new policy bundle (the host is about to change under it)
-begins the hand-off; the post-change health check ends it (pass, busy) or keeps the node out (a failure).
+"""When the daemon hands its node to the scheduler: a bundle installed because a staged rollout admitted this host
+(the host is about to change under it) begins the hand-off; the post-change health check ends it (pass, busy) or
+keeps the node out (a failure). A bundle installed outside a rollout begins nothing: it reaches every host in its
+scope at once, and draining them all would empty the whole partition, each node held until a package change that
+may never come (a bundle that only tightens a rule changes no package).
 
 Both calls run in a job child (the policy fetch's, the health check's) and never raise: a scheduler that cannot
 be reached is logged (``maintenance_failed``) and the job's own result stands. ``[integrations] scheduler = "none"``
@@ -52,6 +55,19 @@ def begin_for_change(host: "Host", settings: "Settings", reason: str, wait_secon
 
     return _step(settings, "begin", lambda paths: begin_maintenance(
         host, paths, settings.integrations, settings.report.nfd_features_file, reason, wait_seconds), reason=reason)
+
+
+def after_fetch(host: "Host", settings: "Settings", outcome: str, notice: Optional[str],
+                serial: Optional[int]) -> Optional[str]:
+    """The hand-off after a policy fetch: an installed bundle whose notice says a rollout admitted this host begins
+    it ("rollout R stage N"); anything else looks at a draining hold once more (:func:`poll_drain`)."""
+    from agent.bundle.rollout import admission, handoff_reason
+
+    if outcome == "installed" and admission(notice) is not None:
+        return begin_for_change(host, settings, handoff_reason(notice, serial))
+    if outcome == "installed":
+        log.info("maintenance_not_begun", serial=serial, why="bundle installed outside a staged rollout")
+    return poll_drain(host, settings)
 
 
 def poll_drain(host: "Host", settings: "Settings") -> Optional[str]:

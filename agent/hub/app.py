@@ -181,7 +181,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
     alert_queue = AlertQueue(store, settings.alert_webhooks)
     deliverer = AlertDeliverer(settings, alert_queue, clock)
     bundles = PolicyBundles(store, clock)
-    rollouts = Rollouts(store, bundles, alert_queue, clock)
+    rollouts = Rollouts(store, bundles, alert_queue, clock, stale_after_seconds=settings.stale_after_seconds)
     rollout_worker = RolloutWorker(rollouts, settings.rollout_tick_seconds)
     periodic = Periodic()
     retention.schedule(periodic)
@@ -316,7 +316,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
                           credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
         principal, body = await admin_body(request, credentials, BundlePush)
         data, signature = _base64(body.bundle, "bundle"), _base64(body.signature, "signature")
-        summary = await run_in_threadpool(read, lambda: bundles.push(principal, data, signature, body.staged))
+        summary = await run_in_threadpool(read, lambda: rollouts.push(principal, data, signature, body.staged))
         return json_response(summary, status=201, headers={"Location": f"/v1/policy/bundles/{summary.serial}"})
 
     @app.get("/v1/policy/bundles", response_model=BundlesResponse, summary="Every stored policy bundle, newest first",

@@ -164,7 +164,8 @@ def rollout_lines(status: Mapping[str, Any]) -> str:
             ("target", f"serial {r.get('target_serial')} (previous {r.get('previous_serial')})"),
             ("stage", f"{r.get('stage')} of {len(spec.get('batches', []))}, opened {r.get('stage_started_at')}"),
             ("plan", f"{spec.get('canaries')} canaries per cohort, then {spec.get('batches')}%, soak "
-                     f"{spec.get('soak_seconds')} s, halt above {spec.get('halt_percent')}%"),
+                     f"{spec.get('soak_seconds')} s, halt above {spec.get('halt_percent')}%, report deadline "
+                     f"{spec.get('report_deadline_seconds')} s"),
             ("hosts by stage", stages)]
     lines = [f"{name + ':':<16}{value}" for name, value in rows]
     lines.append(f"{'HOST':<24}  {'STAGE':<7}  {'RESULT':<6}  DETAIL")

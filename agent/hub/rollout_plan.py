@@ -6,15 +6,21 @@ A rollout takes the hosts in its target bundle's scope (narrowed by an optional 
 cohorts: GPU model, OS release, kernel series and the current pairing, so a change that breaks one kind of host
 shows on a canary of that kind first. Stage 0 admits ``canaries`` hosts of every cohort; stage i >= 1 admits, per
 cohort, hosts up to ``batches[i-1]`` percent of the cohort (cumulative, rounded up; the last batch is 100). The
-next stage opens only when every admitted host passed and ``soak_seconds`` have elapsed since the current stage
-opened. The halt rule: any canary failing, or more than ``halt_percent`` of the current batch's hosts failing.
+next stage opens only when every admitted host passed (or failed within the halt rule's tolerance) and
+``soak_seconds`` have elapsed since the current stage opened. The halt rule: any canary failing, or more than
+``halt_percent`` of a batch's hosts failing. A host still waiting ``report_deadline_seconds`` after its admission
+(powered off, agent dead, cut off, never taking the change, busy for days) fails (``overdue``), so a silent host halts
+the rollout with an alert naming it instead of holding its stage open forever.
 
 A host's evidence (``host_evidence``): it passes when its heartbeat after admission names the target serial in
 force, its last health status is ``pass`` (from a check that finished after admission and followed a change, when
 the agent sends ``last_health_at`` / ``last_health_after_change``; older agents do not, and then the heartbeat's
 time stands for the check's), and no rollback / cpu_fallback / health_regression event arrived since admission;
 it fails on such an event, or on a status of regression, cpu_fallback, failed or timeout on the
-target serial; anything else (busy, deferred, skipped, not on the target yet, no heartbeat since) is waiting.
+target serial; anything else (busy, deferred, skipped, not on the target yet, no heartbeat since) is waiting. A check
+the agent cannot place (``last_health_at`` sent without ``last_health_after_change``: a result read back after an
+agent restart) does not pass. A pass stands (``previous``) until failing evidence arrives: a later periodic check,
+which is not a post-change check, or an agent restart does not take it back.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from typing import Dict, List, Literal, Mapping, Optional, Sequence, Tuple
+from typing import AbstractSet, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
 from agent.bundle.scope import pairing_text
 from agent.hub.rows import HostState
@@ -43,6 +49,9 @@ class RolloutSpec(FrozenModel):
     batches: Tuple[int, ...] = (5, 25, 100)
     soak_seconds: int = 600
     halt_percent: float = 0.0  # more than this percentage of a batch failing halts (0: any failure halts)
+    # a host admitted this long ago that has not passed fails (0: wait for it forever); two days by default, so a
+    # change taken by a daily unattended-upgrades run is not counted as overdue
+    report_deadline_seconds: int = 172800
     labels: Dict[str, str] = {}  # narrows the hosts taken (all must be equal)
 
     def problems(self) -> List[str]:
@@ -57,6 +66,8 @@ class RolloutSpec(FrozenModel):
             found.append("soak_seconds: must be 0 or more")
         if not 0 <= self.halt_percent < 100:
             found.append("halt_percent: must be in 0..100 (exclusive)")
+        if self.report_deadline_seconds < 0:
+            found.append("report_deadline_seconds: must be 0 (no deadline) or more")
         return found
 
 
@@ -103,11 +114,21 @@ def cohort_of(host: Optional[HostState]) -> str:
 
 
 def host_evidence(target_serial: int, admitted_at: dt.datetime, host: Optional[HostState],
-                  failure_events: Sequence[Tuple[str, dt.datetime]]) -> Evidence:
-    """An admitted host's evidence from its state and the failure events (kind, occurred_at) it sent; pure."""
+                  failure_events: Sequence[Tuple[str, dt.datetime]],
+                  previous: Optional[Evidence] = None) -> Evidence:
+    """An admitted host's evidence from its state and the failure events (kind, occurred_at) it sent, given the
+    evidence it had (a pass stands until failing evidence arrives); pure."""
     failures = sorted((kind for kind, at in failure_events if at >= admitted_at))
     if failures:
         return Evidence(result="fail", detail=f"{failures[0]} reported after admission")
+    now = _evidence_now(target_serial, admitted_at, host)
+    if now.result == "wait" and previous is not None and previous.result == "pass":
+        return previous
+    return now
+
+
+def _evidence_now(target_serial: int, admitted_at: dt.datetime, host: Optional[HostState]) -> Evidence:
+    """What the host's newest heartbeat says on its own."""
     if host is None or host.heartbeat_at is None or host.heartbeat_at < admitted_at:
         return Evidence(result="wait", detail="no heartbeat since admission")
     if host.policy_serial != target_serial:
@@ -117,11 +138,23 @@ def host_evidence(target_serial: int, admitted_at: dt.datetime, host: Optional[H
         return Evidence(result="wait", detail=f"last health check ({status or 'none'}) finished before admission")
     if host.last_health_after_change is False and status not in FAILED_HEALTH:
         return Evidence(result="wait", detail=f"health {status or 'not reported'}, not yet a post-change check")
+    if host.last_health_at is not None and host.last_health_after_change is None and status not in FAILED_HEALTH:
+        return Evidence(result="wait", detail=f"health {status or 'not reported'} read back after an agent "
+                                              "restart, not known to be a post-change check")
     if status in FAILED_HEALTH:
         return Evidence(result="fail", detail=f"health {status} on serial {target_serial}")
     if status == "pass":
         return Evidence(result="pass", detail=f"health pass on serial {target_serial}")
     return Evidence(result="wait", detail=f"health {status or 'not reported'}")
+
+
+def overdue(evidence: Evidence, admitted_at: dt.datetime, now: dt.datetime, spec: RolloutSpec) -> Evidence:
+    """A waiting host's evidence turned into a failure once ``report_deadline_seconds`` passed since admission."""
+    if evidence.result != "wait" or not spec.report_deadline_seconds or \
+            now < admitted_at + dt.timedelta(seconds=spec.report_deadline_seconds):
+        return evidence
+    return Evidence(result="fail", detail=f"overdue: no pass within {spec.report_deadline_seconds}s of admission "
+                                          f"({evidence.detail})")
 
 
 def stage_quota(stage: int, cohort_size: int, spec: RolloutSpec) -> int:
@@ -146,10 +179,11 @@ def _named(hosts: Sequence[RolloutHost]) -> str:
 
 
 def decide(spec: RolloutSpec, stage: int, stage_started_at: Optional[dt.datetime], hosts: Sequence[RolloutHost],
-           now: dt.datetime) -> Decision:
-    """The next step of a running rollout at ``now``; ``stage`` is the open stage (-1: none opened yet); pure."""
+           now: dt.datetime, silent: AbstractSet[str] = frozenset()) -> Decision:
+    """The next step of a running rollout at ``now``; ``stage`` is the open stage (-1: none opened yet); ``silent``
+    the hosts not heard from lately, which are not admitted (they would never report) until they are back; pure."""
     if stage < 0:
-        return Decision(action="admit", stage=0, admit=_to_admit(spec, 0, hosts))
+        return Decision(action="admit", stage=0, admit=_to_admit(spec, 0, hosts, silent))
     canaries = [h for h in hosts if h.stage == 0]
     failed_canaries = _failed(canaries)
     if failed_canaries:
@@ -163,28 +197,36 @@ def decide(spec: RolloutSpec, stage: int, stage_started_at: Optional[dt.datetime
                             reason=f"{len(failed_batch)} of {len(batch)} hosts of stage {batch_stage} failed (more "
                                    f"than {spec.halt_percent:g}%): {_named(failed_batch)}")
     admitted = [h for h in hosts if h.stage is not None]
-    if any(h.evidence is None or h.evidence.result != "pass" for h in admitted):
+    # failures the halt rule tolerates (at or under halt_percent of their batch) do not hold the rollout back
+    if any(h.evidence is None or h.evidence.result == "wait" for h in admitted):
         return Decision(action="wait", stage=stage, reason=waiting_line(spec, stage, stage_started_at, hosts))
     if stage_started_at is not None and now < stage_started_at + dt.timedelta(seconds=spec.soak_seconds):
         return Decision(action="wait", stage=stage, reason=waiting_line(spec, stage, stage_started_at, hosts))
     following = stage + 1
     while following <= last_stage(spec) and len(admitted) < len(hosts):
-        chosen = _to_admit(spec, following, hosts)
+        chosen = _to_admit(spec, following, hosts, silent)
         if chosen:  # a stage that would admit nobody (its quota is already met) is skipped, and so is its soak
             return Decision(action="admit", stage=following, admit=chosen)
         following += 1
-    return Decision(action="done", stage=stage, reason=f"{len(admitted)} hosts admitted and passed")
+    tolerated = _failed(admitted)
+    return Decision(action="done", stage=stage, reason=f"{len(admitted)} hosts admitted, "
+                                                       f"{len(admitted) - len(tolerated)} passed"
+                                                       + (f", {len(tolerated)} failed within the halt rule: "
+                                                          f"{_named(tolerated)}" if tolerated else "")
+                                                       + (f", {len(hosts) - len(admitted)} silent hosts never "
+                                                          "admitted" if len(admitted) < len(hosts) else ""))
 
 
-def _to_admit(spec: RolloutSpec, stage: int, hosts: Sequence[RolloutHost]) -> List[str]:
-    """Per cohort, the hosts (by host id) that fill the cohort up to the stage's quota."""
+def _to_admit(spec: RolloutSpec, stage: int, hosts: Sequence[RolloutHost],
+              silent: AbstractSet[str] = frozenset()) -> List[str]:
+    """Per cohort, the hosts (by host id, none of ``silent``) that fill the cohort up to the stage's quota."""
     cohorts: Dict[str, List[RolloutHost]] = {}
     for h in sorted(hosts, key=lambda h: h.host_id):
         cohorts.setdefault(h.cohort, []).append(h)
     chosen: List[str] = []
     for members in cohorts.values():
         quota = stage_quota(stage, len(members), spec) - sum(h.stage is not None for h in members)
-        chosen += [h.host_id for h in members if h.stage is None][:max(quota, 0)]
+        chosen += [h.host_id for h in members if h.stage is None and h.host_id not in silent][:max(quota, 0)]
     return sorted(chosen)
 
 
@@ -196,7 +238,10 @@ def waiting_line(spec: RolloutSpec, stage: int, stage_started_at: Optional[dt.da
     what = "canaries" if stage == 0 else f"stage {stage} hosts"
     soak = ""
     if stage_started_at is not None:
-        soak = f", soak ends {(stage_started_at + dt.timedelta(seconds=spec.soak_seconds)):%H:%M} UTC"
+        ends = stage_started_at + dt.timedelta(seconds=spec.soak_seconds)
+        # a soak of half a day or more names the day too: "14:20" alone would be read as today's
+        soak = f", soak ends {ends:%Y-%m-%d %H:%M} UTC" if spec.soak_seconds >= 43200 else \
+            f", soak ends {ends:%H:%M} UTC"
     return f"waiting for stage {stage + 1} ({passed}/{len(in_stage)} {what} passed{soak})"
 
 

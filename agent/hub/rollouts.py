@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from agent.bundle.scope import scope_facts, scope_refusal
 from agent.hub import schema
@@ -43,9 +43,10 @@ from agent.hub.rollout_plan import (
     counts_by_stage,
     decide,
     host_evidence,
+    overdue,
     waiting_line,
 )
-from agent.hub.rows import HostState, utc_now
+from agent.hub.rows import BundleSummary, HostState, utc_now
 from agent.hub.store import SqlStore
 from agent.hub.tokens import Principal
 from agent.log import get_logger
@@ -66,11 +67,13 @@ class Rollouts:
     """Rollouts in the hub's store."""
 
     def __init__(self, store: SqlStore, bundles: PolicyBundles, alerts: Optional["AlertQueue"] = None,
-                 clock: Callable[[], dt.datetime] = utc_now) -> None:
+                 clock: Callable[[], dt.datetime] = utc_now, stale_after_seconds: Optional[float] = None) -> None:
         self.store = store
         self.bundles = bundles
         self.alerts = alerts
         self.clock = clock
+        # a host not heard from this long when a rollout starts is left out of it (None: none is)
+        self.stale_after_seconds = stale_after_seconds
 
     def _t(self, value: Optional[dt.datetime]) -> Any:
         return None if value is None else self.store.dialect.to_db_time(value)
@@ -101,17 +104,25 @@ class Rollouts:
         scope = self.bundles.bundle(spec.target_serial).scope
         older = [s for s in self.bundles.offered_scopes() if s[0] < spec.target_serial]
         previous = older[0][0] if older else None
+        now = self.clock()
+        silent_since = None if self.stale_after_seconds is None else now - dt.timedelta(
+            seconds=self.stale_after_seconds)
         members: List[Tuple[str, str]] = []
+        silent = 0
         for host in self.store.hosts():
             facts = scope_facts(host.host_id, host.labels or {}, host.pairing)
             if scope_refusal(scope, facts) is None and all((host.labels or {}).get(k) == v
                                                            for k, v in spec.labels.items()):
+                if silent_since is not None and host.last_seen_at < silent_since:
+                    silent += 1  # decommissioned or down: it would be admitted and never report
+                    continue
                 members.append((host.host_id, cohort_of(host)))
         if not members:
             raise HubHTTPError(409, "no_hosts", f"no host the hub knows is in bundle {spec.target_serial}'s scope"
-                                                f"{' and the label selector' if spec.labels else ''}")
+                                                f"{' and the label selector' if spec.labels else ''}"
+                                                + (f" and was heard from in the last {self.stale_after_seconds:g}s "
+                                                   f"({silent} silent)" if silent else ""))
         rollout_id = f"r{spec.target_serial}-{secrets.token_hex(3)}"
-        now = self.clock()
         sql = self.store.dialect.sql
 
         def work(cur: Any) -> None:
@@ -132,13 +143,26 @@ class Rollouts:
             self._audit(cur, principal, "rollout_start", row,
                         f"{len(members)} hosts in {cohorts} cohorts, previous serial {previous}, canaries "
                         f"{spec.canaries}, batches {','.join(map(str, spec.batches))}%, soak {spec.soak_seconds}s, "
-                        f"halt above {spec.halt_percent:g}%")
+                        f"halt above {spec.halt_percent:g}%"
+                        + (f", {silent} hosts silent for over {self.stale_after_seconds:g}s left out"
+                           if silent else ""))
 
         self.store.write("rollout_start", work)
         log.info("hub_rollout_started", rollout_id=rollout_id, actor=principal.subject, target=spec.target_serial,
-                 host_count=len(members))
+                 host_count=len(members), silent_host_count=silent)
         self.evaluate(rollout_id)
         return self.status(rollout_id)
+
+    def push(self, principal: Principal, data: bytes, signature: bytes, staged: bool = False) -> BundleSummary:
+        """Store a pushed bundle (``PolicyBundles.push``); 409 for one offered at once while a rollout is active: its
+        serial is above the target, so it would reach only the admitted hosts while every other host, held below
+        the target, never saw it until the rollout ended."""
+        active = self.active()
+        if active is not None and not staged:
+            raise HubHTTPError(409, "rollout_active", f"rollout {active.rollout_id} of bundle {active.target_serial} "
+                                                      f"is {active.state}: a bundle pushed now would reach only its "
+                                                      "admitted hosts; push it staged, or end the rollout first")
+        return self.bundles.push(principal, data, signature, staged)
 
     # --- the decision --------------------------------------------------------------------------------------
     def _locked(self, cur: Any, rollout_id: str) -> RolloutRow:
@@ -156,8 +180,10 @@ class Rollouts:
                             evidence=Evidence(result=r[4], detail=r[5] or "") if r[4] else None)
                 for r in cur.fetchall()]
 
-    def _evidence(self, cur: Any, rollout: RolloutRow, hosts: List[RolloutHost]) -> List[RolloutHost]:
-        """The admitted hosts' evidence now, from their heartbeats and failure events since admission."""
+    def _evidence(self, cur: Any, rollout: RolloutRow, hosts: List[RolloutHost],
+                  now: dt.datetime) -> List[RolloutHost]:
+        """The admitted hosts' evidence now, from their heartbeats and failure events since admission, the evidence
+        they had (a pass stands) and the report deadline."""
         sql = self.store.dialect.sql
         cur.execute(sql(f"SELECT {', '.join('h.' + c.strip() for c in schema.HOST_COLUMNS.split(','))} FROM hosts h "
                         "JOIN rollout_hosts r ON r.host_id = h.host_id WHERE r.rollout_id = ? "
@@ -177,8 +203,9 @@ class Rollouts:
         judged = []
         for h in hosts:
             if h.stage is not None and h.admitted_at is not None:
-                evidence = host_evidence(rollout.target_serial, h.admitted_at, states.get(h.host_id),
-                                         failures.get(h.host_id, []))
+                evidence = overdue(host_evidence(rollout.target_serial, h.admitted_at, states.get(h.host_id),
+                                                 failures.get(h.host_id, []), h.evidence),
+                                   h.admitted_at, now, rollout.spec)
                 if evidence != h.evidence:
                     cur.execute(sql("UPDATE rollout_hosts SET evidence = ?, evidence_detail = ? "
                                     "WHERE rollout_id = ? AND host_id = ?"),
@@ -187,18 +214,35 @@ class Rollouts:
             judged.append(h)
         return judged
 
+    def _silent(self, cur: Any, rollout_id: str, now: dt.datetime) -> FrozenSet[str]:
+        """The rollout's hosts not admitted yet that the hub has not heard from for ``stale_after_seconds``."""
+        if self.stale_after_seconds is None:
+            return frozenset()
+        cur.execute(self.store.dialect.sql(
+            "SELECT r.host_id FROM rollout_hosts r LEFT JOIN hosts h ON h.host_id = r.host_id WHERE r.rollout_id = ? "
+            "AND r.stage IS NULL AND (h.last_seen_at IS NULL OR h.last_seen_at < ?)"),
+            (rollout_id, self._t(now - dt.timedelta(seconds=self.stale_after_seconds))))
+        return frozenset(r[0] for r in cur.fetchall())
+
     def evaluate(self, rollout_id: str) -> Optional[Decision]:
         """Decide the next step of a running rollout and carry it out, in one transaction under its row lock;
-        the decision (None when the rollout is not running)."""
+        the decision (None when the rollout is not running; a paused one's evidence is brought up to date)."""
         now = self.clock()
         sql = self.store.dialect.sql
 
         def work(cur: Any) -> Optional[Decision]:
             rollout = self._locked(cur, rollout_id)
-            if rollout.state != "running":
+            if rollout.state not in ("running", "paused"):
                 return None
-            hosts = self._evidence(cur, rollout, self._hosts(cur, rollout_id))
-            decision = decide(rollout.spec, rollout.stage, rollout.stage_started_at, hosts, now)
+            hosts = self._evidence(cur, rollout, self._hosts(cur, rollout_id), now)
+            if rollout.state == "paused":  # evidence and the tally kept current (a pass seen now stands), no decision
+                paused_by = rollout.reason.split("; waiting for stage")[0]
+                why = f"{paused_by}; {waiting_line(rollout.spec, rollout.stage, rollout.stage_started_at, hosts)}"
+                if rollout.stage >= 0 and why != rollout.reason:
+                    cur.execute(sql("UPDATE rollouts SET reason = ? WHERE rollout_id = ?"), (why, rollout_id))
+                return None
+            decision = decide(rollout.spec, rollout.stage, rollout.stage_started_at, hosts, now,
+                              self._silent(cur, rollout_id, now))
             if decision.action == "admit":
                 for host_id in decision.admit:
                     cur.execute(sql("UPDATE rollout_hosts SET stage = ?, admitted_at = ? "
@@ -240,10 +284,11 @@ class Rollouts:
         return decision
 
     def evaluate_running(self) -> int:
-        """Evaluate every running rollout; how many decisions other than wait were made."""
+        """Evaluate every running rollout (and keep a paused one's evidence current); how many decisions other than
+        wait were made."""
         made = 0
-        for (rollout_id,) in self.store.query("rollout_list", "SELECT rollout_id FROM rollouts WHERE state = ?",
-                                              ["running"]):
+        for (rollout_id,) in self.store.query("rollout_list", "SELECT rollout_id FROM rollouts WHERE state IN (?, ?)",
+                                              ["running", "paused"]):
             decision = self.evaluate(rollout_id)
             made += decision is not None and decision.action != "wait"
         return made
@@ -259,9 +304,12 @@ class Rollouts:
             if rollout.state not in allowed:
                 raise HubHTTPError(409, "wrong_state", f"rollout {rollout_id} is {rollout.state}; {state} needs "
                                                        f"{' or '.join(allowed)}")
+            why = reason
+            if state == "paused" and rollout.reason.startswith("waiting for stage"):
+                why = f"{reason}; {rollout.reason}"  # a held-back host still sees the stage, tally and soak
             cur.execute(sql("UPDATE rollouts SET state = ?, updated_at = ?, reason = ? WHERE rollout_id = ?"),
-                        (state, self._t(now), reason, rollout_id))
-            self._audit(cur, principal, f"rollout_{state}", rollout, reason)
+                        (state, self._t(now), why, rollout_id))
+            self._audit(cur, principal, f"rollout_{state}", rollout, why)
             if state == "aborted":
                 self.bundles.withdraw_in(cur, principal, rollout.target_serial,
                                          f"rollout {rollout_id} aborted", missing_ok=True)

@@ -54,3 +54,23 @@ def test_a_later_fetch_records_the_drain_the_hook_waits_for(tmp_path: Path) -> N
     state = read_state(host, StatePaths(str(tmp_path)))
     assert line is not None and "DRAINED" in line
     assert state is not None and state.phase == "held" and state.drained_at_seconds is not None
+
+
+def test_only_a_bundle_a_rollout_admitted_this_host_for_drains_the_node(tmp_path: Path) -> None:
+    """After a fetch that installed a plain bundle (pushed to the whole scope at once) the node is not drained and no
+    hold is written; a bundle installed with the hub's admission notice drains it naming the rollout and stage."""
+    from agent.daemon_jobs.handoff import after_fetch
+    from tests.integrations.test_slurm_handoff import DRAINED, SHOW
+
+    settings = parse_settings(f'[agent]\nstate_dir = "{tmp_path}"\n[integrations]\nscheduler = "slurm"\n'
+                              'slurm_node_name = "vm"\ndrain_wait_seconds = 0\n')
+    runner = FakeRunner()
+    host = Host(root=Path("/"), runner=runner)
+    for notice in (None, "rollout r43-1a2b3c: waiting for stage 1 (0/2 canaries passed, soak ends 01:01 UTC)"):
+        assert after_fetch(host, settings, "installed", notice, 44) is None
+    assert runner.calls == [] and read_state(host, StatePaths(str(tmp_path))) is None
+    runner.add(list(SHOW), stdout=DRAINED)
+    assert after_fetch(host, settings, "installed", "rollout r43-1a2b3c: admitted at stage 2", 43) is not None
+    state = read_state(host, StatePaths(str(tmp_path)))
+    assert state is not None and state.reason == "rollout r43-1a2b3c stage 2"
+    assert runner.calls and set(runner.calls) == {SHOW}  # asked; already drained under this hold's reason

@@ -1,5 +1,6 @@
-"""A newly installed policy bundle begins the maintenance hand-off: the daemon's policy fetch in a real job child,
-against a real hub on 127.0.0.1, marks the node for Kubernetes; an unchanged bundle (304) begins nothing more."""
+"""A policy bundle pushed outside a staged rollout does not begin the maintenance hand-off: the daemon's policy
+fetch in a real job child, against a real hub on 127.0.0.1, installs it and leaves the node to the scheduler (a
+rollout's admission does begin it: tests/bundle/test_rollout.py)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ pytestmark = pytest.mark.slow  # a real hub process
 FEATURES = "etc/kubernetes/node-feature-discovery/features.d"
 
 
-def test_an_installed_bundle_labels_the_node_for_maintenance(hub: HubProcess, tmp_path: Path) -> None:  # noqa: F811
-    """The fetch child installs serial 3 and writes gpuguard.io/maintenance=policy_bundle_serial_3 with the hold
-    in maintenance.json; the next fetch (304) leaves both as they are."""
+def test_a_bundle_installed_outside_a_rollout_leaves_the_node_in_service(hub: HubProcess,  # noqa: F811
+                                                                         tmp_path: Path) -> None:
+    """The fetch child installs serial 3, pushed to its whole scope at once: no maintenance label and no hold (that
+    would drain every node in the scope together, each until a package change that may never come); the next fetch
+    (304) changes nothing either."""
     site, _host_token, admin = hub_site(hub, tmp_path)
     site.config.write_text(site.config.read_text() + f'nfd_features_file = "/{FEATURES}/gpuguard"\n'
                                                      '[integrations]\nscheduler = "kubernetes"\n')
@@ -33,11 +36,8 @@ def test_an_installed_bundle_labels_the_node_for_maintenance(hub: HubProcess, tm
     assert run("hub", "policy", "push", str(bundle), "--hub", hub.url, "--token-file", str(admin))[0] == 0
     rt = make_runtime(tmp_path, Host.for_root(str(site.root)), load_settings(str(site.config)))
     asked: List[str] = []
-    PolicyFetchInChild(rt, str(site.config), asked.append).run()
-    label = site.root / FEATURES / "gpuguard-maintenance"
-    assert asked == ["policy_bundle_installed"]
-    assert label.read_text().startswith("gpuguard.io/maintenance=true\n"
-                                        "gpuguard.io/maintenance-reason=policy_bundle_serial_3\n")
-    hold = (site.state / "maintenance.json").read_text()
-    PolicyFetchInChild(rt, str(site.config), asked.append).run()
-    assert asked == ["policy_bundle_installed"] and (site.state / "maintenance.json").read_text() == hold
+    for _ in range(2):
+        PolicyFetchInChild(rt, str(site.config), asked.append).run()
+        assert asked == ["policy_bundle_installed"]
+        assert not (site.root / FEATURES / "gpuguard-maintenance").exists()
+        assert not (site.state / "maintenance.json").exists()

@@ -84,12 +84,28 @@ LATER = T0 + dt.timedelta(minutes=5)
     (state(beat=LATER, health="cpu_fallback", last_health_at=LATER, last_health_after_change=False), [], "fail",
      "cpu_fallback"),
     (state(beat=LATER, last_health_at=LATER, last_health_after_change=True), [], "pass", "health pass"),
+    # a result read back after an agent restart: the check may have been a periodic one before the change
+    (state(beat=LATER, last_health_at=LATER, last_health_after_change=None), [], "wait", "after an agent restart"),
+    (state(beat=LATER, health="failed", last_health_at=LATER, last_health_after_change=None), [], "fail", "failed"),
 ])
 def test_host_evidence(host: Optional[HostState], failures: list, result: str, words: str) -> None:
     """A host passes on the target with health pass after admission (a post-change check finished after admission,
     when the agent says), fails on a failure event or a failed health result on the target, and waits otherwise."""
     evidence = host_evidence(7, ADMITTED, host, failures)
     assert evidence.result == result and words in evidence.detail
+
+
+def test_a_pass_stands_until_failing_evidence_arrives() -> None:
+    """A host that passed keeps its pass when its newest check is a later periodic one or a result read back after
+    an agent restart, but not against a failure event or a failed check on the target."""
+    periodic = state(beat=LATER, last_health_at=LATER, last_health_after_change=False)
+    restarted = state(beat=LATER, last_health_at=LATER, last_health_after_change=None)
+    for host in (periodic, restarted, state(beat=T0)):
+        assert host_evidence(7, ADMITTED, host, [], previous=PASS) == PASS
+    assert host_evidence(7, ADMITTED, periodic, [("rollback", LATER)], previous=PASS).result == "fail"
+    assert host_evidence(7, ADMITTED, state(beat=LATER, health="cpu_fallback", last_health_at=LATER,
+                                            last_health_after_change=False), [], previous=PASS).result == "fail"
+    assert host_evidence(7, ADMITTED, periodic, [], previous=WAIT).result == "wait"
 
 
 @pytest.mark.parametrize("stage, size, quota", [(0, 40, 1), (1, 40, 2), (2, 40, 10), (3, 40, 40), (1, 3, 1),
@@ -119,6 +135,13 @@ def test_widening_waits_for_every_pass_and_for_the_soak() -> None:
     assert (widened.action, widened.stage, widened.admit) == ("admit", 2, ["a-001", "a-002", "a-003", "a-004"])
 
 
+def test_a_soak_of_a_day_or_more_names_the_day_it_ends() -> None:
+    """The waiting line of a two-day soak says the date the soak ends, not only a time of day."""
+    long_soak = SPEC.model_copy(update={"soak_seconds": 2 * 86400})
+    hosts = fleet((("a", 20),), {"a-000": 0}, {"a-000": PASS})
+    assert "soak ends 2026-01-03 00:00 UTC" in decide(long_soak, 0, T0, hosts, T0).reason
+
+
 def test_a_failing_canary_halts_naming_it() -> None:
     """Any failed canary halts the rollout, whatever the halt percentage; the reason names the host and result."""
     hosts = fleet((("a", 20), ("b", 3)), {"a-000": 0, "b-000": 0}, {"a-000": PASS, "b-000": FAIL})
@@ -127,11 +150,19 @@ def test_a_failing_canary_halts_naming_it() -> None:
 
 
 def test_a_batch_halts_only_above_its_percentage() -> None:
-    """In a batch stage, failures up to halt_percent wait (they never widen), more halt."""
+    """In a batch stage, failures up to halt_percent are tolerated (the rollout widens past them once the others
+    passed and soaked), more halt."""
     stage_of = {f"a-{i:03d}": (0 if i == 0 else 2) for i in range(20)}
+    stage_of |= {f"b-{i:03d}": (0 if i == 0 else 2) for i in range(5)}
     one_bad = {h: PASS for h in stage_of} | {"a-005": FAIL}
-    decision = decide(SPEC, 2, T0, fleet((("a", 20),), stage_of, one_bad), T0 + dt.timedelta(days=1))
-    assert decision.action == "wait"  # 1 of 19 is 5.3%, under 10%: not a halt, but no widening either
+    cohorts = (("a", 40), ("b", 20))
+    decision = decide(SPEC, 2, T0, fleet(cohorts, stage_of, one_bad | {"a-009": WAIT}), T0 + dt.timedelta(days=1))
+    assert decision.action == "wait"  # a host still waiting holds the stage
+    decision = decide(SPEC, 2, T0, fleet(cohorts, stage_of, one_bad), T0 + dt.timedelta(days=1))
+    assert (decision.action, decision.stage, len(decision.admit)) == ("admit", 3, 35)  # 1 of 23 (4.3%) tolerated
+    done = decide(SPEC, 3, T0, fleet((("a", 20),), {h: 3 for h in one_bad if h.startswith("a")}, one_bad),
+                  T0 + dt.timedelta(days=1))
+    assert done.action == "done" and "1 failed within the halt rule: a-005" in done.reason
     three_bad = one_bad | {"a-006": FAIL, "a-007": FAIL}
     decision = decide(SPEC, 2, T0, fleet((("a", 20),), stage_of, three_bad), T0 + dt.timedelta(days=1))
     assert decision.action == "halt" and "3 of 19 hosts of stage 2 failed" in decision.reason

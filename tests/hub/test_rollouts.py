@@ -5,6 +5,7 @@ one PostgreSQL."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
@@ -171,14 +172,17 @@ def test_a_failing_canary_halts_and_abort_withdraws_the_target(any_store: SqlSto
 
 
 def test_pause_stops_admissions_and_a_second_rollout_waits(sqlite: SqlStore) -> None:
-    """A paused rollout admits nobody until resumed; a second rollout is refused while one is active."""
+    """A paused rollout admits nobody until resumed, while a held-back host's notice still says the stage, the
+    canaries' current tally and the soak; a second rollout is refused while one is active."""
     clock = Clock()
     _, rollouts = seed(sqlite, clock)
     rid = rollouts.start(ADMIN, SPEC).rollout.rollout_id
     rollouts.pause(ADMIN, rid)
     clock.advance(120)
     report(sqlite, clock, ["amd-0", "nv-0"])
-    assert rollouts.evaluate(rid) is None and "paused" in (rollouts.offer("amd-3").notice or "")
+    assert rollouts.evaluate(rid) is None
+    assert rollouts.offer("amd-3").notice == f"rollout {rid}: paused (paused by alice; waiting for stage 1 (2/2 " \
+                                             "canaries passed, soak ends 01:01 UTC))"
     with pytest.raises(HubHTTPError) as refused:
         rollouts.start(ADMIN, SPEC)
     assert (refused.value.status, refused.value.error) == (409, "rollout_active")
@@ -368,7 +372,6 @@ def test_a_failing_report_halts_without_waiting_for_the_tick(settings: HubSettin
 def test_the_halt_alert_reads_as_json_and_as_slack(sqlite: SqlStore) -> None:
     """The queued halt alert is sent as the JSON envelope (kind rollout_halted, the failing hosts) and, to a Slack
     webhook, as one escaped text naming the rollout and the host."""
-    import json
 
     from agent.hub.alerts import Delivery, message
 
@@ -387,3 +390,137 @@ def test_the_halt_alert_reads_as_json_and_as_slack(sqlite: SqlStore) -> None:
                                            "detail": "health regression on serial 2"}]
     slack = json.loads(message(AlertWebhook(name="chat", url="http://127.0.0.1:9/s", format="slack"), delivery))
     assert slack["text"].startswith("*[critical] rollout_halted*") and "amd-0 (health regression" in slack["text"]
+
+
+def test_a_silent_canary_fails_at_the_report_deadline_and_halts_with_an_alert_naming_it(any_store: SqlStore) -> None:
+    """A canary that never reports after admission (powered off, agent dead) holds the stage only until the report
+    deadline; then it fails as overdue, the rollout halts and the alert names it."""
+    clock = Clock()
+    _, rollouts = seed(any_store, clock)
+    rid = rollouts.start(ADMIN, SPEC.model_copy(update={"report_deadline_seconds": 600})).rollout.rollout_id
+    clock.advance(10)
+    report(any_store, clock, ["amd-0"])  # nv-0 stays silent
+    clock.advance(589)
+    assert rollouts.evaluate(rid).action == "wait"  # type: ignore[union-attr]
+    clock.advance(2)
+    decision = rollouts.evaluate(rid)
+    assert decision is not None and decision.action == "halt"
+    assert "1 of 2 canaries failed: nv-0 (overdue: no pass within 600s of admission (no heartbeat since " \
+           "admission))" in decision.reason
+    assert "halted" in (rollouts.offer("amd-1").notice or "") and rollouts.offer("amd-1").serial == 1
+    [(body,)] = any_store.query("test", "SELECT body FROM alert_deliveries WHERE kind = ?", ["rollout_halted"])
+    assert json.loads(body)["hub_alert"]["hosts"] == [{
+        "host_id": "nv-0", "result": "fail",
+        "detail": "overdue: no pass within 600s of admission (no heartbeat since admission)"}]
+
+
+def health_beat(host_id: str, at: dt.datetime, health_at: dt.datetime, after_change: Any,
+                health: str = "pass") -> Event:
+    """A heartbeat on serial 2 that says when its last check finished and whether it followed a change."""
+    plain = beat(host_id, at, 2, health)
+    return plain.model_copy(update={"payload": plain.payload.model_copy(
+        update={"last_health_at": health_at, "last_health_after_change": after_change})})
+
+
+def test_a_canary_that_passed_keeps_its_pass_after_a_periodic_check_and_an_agent_restart(any_store: SqlStore) -> None:
+    """A post-change pass stands through the soak when the canary's next heartbeats carry that result read back after
+    an agent restart (after_change absent) and then a periodic check (after_change false)."""
+    clock = Clock()
+    _, rollouts = seed(any_store, clock)
+    rid = rollouts.start(ADMIN, SPEC.model_copy(update={"soak_seconds": 3600})).rollout.rollout_id
+    clock.advance(60)
+    checked_at = clock.now
+    any_store.ingest([[health_beat(h, clock.now, checked_at, True) for h in ("amd-0", "nv-0")]], received_at=clock.now)
+    assert rollouts.evaluate(rid).action == "wait"  # type: ignore[union-attr]
+    assert "2/2 canaries passed" in (rollouts.offer("amd-1").notice or "")
+    clock.advance(1800)
+    any_store.ingest([[health_beat(h, clock.now, checked_at, None) for h in ("amd-0", "nv-0")]], received_at=clock.now)
+    assert rollouts.evaluate(rid).action == "wait"  # type: ignore[union-attr]
+    clock.advance(1800)
+    any_store.ingest([[health_beat(h, clock.now, clock.now, False) for h in ("amd-0", "nv-0")]], received_at=clock.now)
+    decision = rollouts.evaluate(rid)
+    assert decision is not None and (decision.action, decision.stage) == ("admit", 1)
+
+
+def test_a_paused_rollout_keeps_its_evidence_current(sqlite: SqlStore) -> None:
+    """While paused, the tick records the canaries' post-change passes, so a periodic check during the pause does
+    not make them wait again after resume."""
+    clock = Clock()
+    _, rollouts = seed(sqlite, clock)
+    rid = rollouts.start(ADMIN, SPEC).rollout.rollout_id
+    rollouts.pause(ADMIN, rid)
+    clock.advance(30)
+    sqlite.ingest([[health_beat(h, clock.now, clock.now, True) for h in ("amd-0", "nv-0")]], received_at=clock.now)
+    assert rollouts.evaluate_running() == 0
+    clock.advance(3600)
+    sqlite.ingest([[health_beat(h, clock.now, clock.now, False) for h in ("amd-0", "nv-0")]], received_at=clock.now)
+    rollouts.resume(ADMIN, rid)
+    assert stages(rollouts, rid)["amd-1"] == 1
+
+
+def test_a_host_silent_when_the_rollout_starts_is_left_out_and_never_made_a_canary(
+        settings: HubSettings, admin_token: str) -> None:
+    """A host the hub last heard from two days ago (decommissioned, powered off) would sort first in its cohort; the
+    hub's rollout leaves it out (audited), so the canary is a live host and the silent one is held back."""
+    clock = Clock()
+    store = make_store(settings.database_url)
+    seed(store, clock)
+    two_days_ago = clock.now - dt.timedelta(days=2)
+    store.ingest([[beat("amd--dead", two_days_ago)]], received_at=two_days_ago)
+    store.close()
+    with TestClient(create_app(settings, make_store(settings.database_url), clock=clock)) as hub:
+        started = hub.post("/v1/rollouts", json=SPEC.model_dump(mode="json"), headers=bearer(admin_token))
+        assert started.status_code == 201, started.json()
+        hosts = {h["host_id"]: h["stage"] for h in started.json()["hosts"]}
+        assert "amd--dead" not in hosts and hosts["amd-0"] == 0 and hosts["nv-0"] == 0
+        audit = hub.get("/v1/audit", headers=bearer(admin_token)).json()
+        [detail] = [e["detail"] for e in audit["entries"] if e["action"] == "rollout_start"]
+        assert "1 hosts silent for over 900s left out" in detail
+
+
+def test_a_host_gone_silent_before_its_stage_is_passed_over(any_store: SqlStore) -> None:
+    """When a stage opens, a host of the rollout the hub has not heard from for stale_after_seconds is passed over
+    (the next live host of its cohort is admitted), and a rollout whose only hosts left are silent ends done, saying
+    so."""
+    clock = Clock()
+    bundles, _ = seed(any_store, clock)
+    rollouts = Rollouts(any_store, bundles, None, clock, stale_after_seconds=900)
+    rid = rollouts.start(ADMIN, SPEC).rollout.rollout_id
+    clock.advance(1000)
+    report(any_store, clock, ["amd-0", "nv-0"])
+    report(any_store, clock, ["amd-2", "amd-3", "nv-1"], serial=1)  # alive; amd-1 is powered off
+    decision = rollouts.evaluate(rid)
+    assert decision is not None and (decision.action, decision.stage, decision.admit) == ("admit", 1, ["amd-2"])
+    clock.advance(61)
+    report(any_store, clock, ["amd-0", "nv-0", "amd-2"])
+    report(any_store, clock, ["amd-3", "nv-1"], serial=1)
+    decision = rollouts.evaluate(rid)
+    assert decision is not None and (decision.action, decision.admit) == ("admit", ["amd-3", "nv-1"])
+    clock.advance(61)
+    report(any_store, clock, ["amd-0", "nv-0", "amd-2", "amd-3", "nv-1"])
+    decision = rollouts.evaluate(rid)
+    assert decision is not None and decision.action == "done" and "1 silent hosts never admitted" in decision.reason
+    assert stages(rollouts, rid)["amd-1"] is None
+
+
+def test_a_bundle_pushed_during_a_rollout_must_be_staged(settings: HubSettings, admin_token: str) -> None:
+    """While a rollout is active, a plain push (which would reach only its admitted hosts, every other host being
+    held below the target) is refused with 409 naming the rollout; a staged push is stored; after abort a plain
+    push is stored and offered to every host."""
+    from tests.hub.test_policy_bundles import push_body, refused
+
+    clock = Clock()
+    store = make_store(settings.database_url)
+    seed(store, clock)
+    store.close()
+    with TestClient(create_app(settings, make_store(settings.database_url), clock=clock)) as hub:
+        started = hub.post("/v1/rollouts", json=SPEC.model_dump(mode="json"), headers=bearer(admin_token))
+        rid = started.json()["rollout"]["rollout_id"]
+        refused(hub.post("/v1/policy/bundles", json=push_body(bundle_bytes(3)), headers=bearer(admin_token)), 409,
+                "rollout_active", f"rollout {rid} of bundle 2 is running: a bundle pushed now would reach only")
+        staged = hub.post("/v1/policy/bundles", json=push_body(bundle_bytes(3)) | {"staged": True},
+                          headers=bearer(admin_token))
+        assert staged.status_code == 201 and staged.json()["staged"] is True
+        assert hub.post(f"/v1/rollouts/{rid}/abort", headers=bearer(admin_token)).status_code == 200
+        assert hub.post("/v1/policy/bundles", json=push_body(bundle_bytes(4)),
+                        headers=bearer(admin_token)).status_code == 201

@@ -45,7 +45,8 @@ def rollout_page(status: RolloutStatus, now: dt.datetime, reader: Optional[str])
              ("Stage", f"{e(r.stage)} of {len(spec.batches)}, opened {when(r.stage_started_at, now)}"),
              ("Plan", f"{spec.canaries} canaries per cohort, then {e(', '.join(f'{b}%' for b in spec.batches))}; "
                       f"soak {spec.soak_seconds} s; halt when a canary fails or more than {spec.halt_percent:g}% "
-                      "of a batch"),
+                      "of a batch; " + (f"a host not passed {spec.report_deadline_seconds} s after admission "
+                                        "fails" if spec.report_deadline_seconds else "no report deadline")),
              ("Hosts per stage", stages), ("Started", f"{when(r.created_at, now)} by {e(r.created_by)}")]
     rows = "".join(
         f'<tr class="rollout-host {e(h.evidence.result if h.evidence else "none")}" data-host-id="{e(h.host_id)}">'
