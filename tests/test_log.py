@@ -103,3 +103,13 @@ def test_processes_sharing_one_unbuffered_stderr_file_never_merge_lines(tmp_path
         seen.add((entry["writer"], entry["i"]))
     assert unparsed == [], f"{len(unparsed)} lines do not parse, e.g. {unparsed[:3]}"
     assert seen == {(str(n), i) for n in range(writers) for i in range(lines_each)}
+
+
+def test_the_cli_error_line_is_one_write(raw: RecordingRaw, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command's (a job child's) ``gpuguard: error:`` line and its newline reach the shared stderr in one write."""
+    from agent.cli import main
+
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(raw, encoding="utf-8", write_through=True))
+    assert main(["_job", "config", "--request", "[]", "--result", "/nonexistent/result.json"],
+                make_host=lambda root: None) == 2  # type: ignore[arg-type,return-value]
+    assert raw.writes == [b"gpuguard: error: --request must be a JSON object\n"]
