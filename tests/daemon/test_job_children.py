@@ -158,6 +158,66 @@ def test_a_child_stopped_before_it_handles_sigterm_is_an_interruption_not_a_fail
                   argv=python_child("import time; time.sleep(30)"))
 
 
+def test_a_child_still_running_at_its_timeout_is_killed_and_fails(tmp_path: Path) -> None:
+    """A child past ``timeout_seconds`` gets SIGKILL (a SIGTERM handler cannot keep it) and is a failed child."""
+    stream = io.StringIO()
+    configure(level="info", json_output=True, stream=stream)
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(30)"
+    started = time.monotonic()
+    with pytest.raises(ChildJobFailed, match=r"no result within 0.5 s: killed"):
+        run_child("config", "/nonexistent.toml", "/", REQUEST, Echo, str(tmp_path), threading.Event(),
+                  argv=python_child(code), timeout_seconds=0.5)
+    assert time.monotonic() - started < 10
+    events = [json.loads(line)["event"] for line in stream.getvalue().splitlines()]
+    assert events == ["job_child_timed_out", "job_child_exited"]
+
+
+def test_a_reload_whose_config_child_hangs_fails_at_the_timeout_and_keeps_the_settings(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGHUP's config child that never ends (here stopped) is killed at the timeout: the reload fails, the old
+    settings stay, and the signal loop is free again instead of waiting for ever."""
+    import agent.daemon
+    from agent.config import Settings
+    from agent.daemon_jobs.resident_settings import SettingsInForce
+    from agent.daemon_jobs.systemd_notify import SystemdNotifier
+    from agent.host import Host
+
+    monkeypatch.setattr(agent.daemon, "CONFIG_RELOAD_TIMEOUT_SECONDS", 2.0)
+    stream = io.StringIO()
+    configure(level="info", json_output=True, stream=stream)
+    config = tmp_path / "agent.toml"
+    config.write_text(agent_config(tmp_path / "state"))
+    settings = SettingsInForce.of(Settings.model_validate({"agent": {"state_dir": str(tmp_path / "state")}}))
+    daemon = agent.daemon.Daemon(str(config), settings, Host(root=Path("/")), SystemdNotifier({}),
+                                 job_children=True)
+    outcome: List[bool] = []
+    reload = threading.Thread(target=lambda: outcome.append(daemon.reload()), daemon=True)
+    reload.start()
+    stopped: List[int] = []
+    deadline = time.monotonic() + 20
+    while not stopped and time.monotonic() < deadline:
+        for pid in daemon_children(os.getpid()):
+            os.kill(pid, signal.SIGSTOP)  # hangs as a child stuck on a dead mount would
+            stopped.append(pid)
+        time.sleep(0.01)
+    assert stopped, "no config child appeared"
+    reload.join(30)
+    try:
+        assert not reload.is_alive(), "the reload still waits for its hung config child"
+    finally:
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        reload.join(10)
+        daemon.runtime.outbox.close()
+    assert outcome == [False]
+    failed = [json.loads(line) for line in stream.getvalue().splitlines() if '"config_reload_failed"' in line]
+    assert failed and failed[0]["problems"] == ["job child config: no result within 2 s: killed"]
+    assert daemon.runtime.in_force is settings
+
+
 def test_the_child_environment_drops_systemd_variables() -> None:
     """$NOTIFY_SOCKET and the watchdog belong to the daemon (NotifyAccess=main), not to its job children."""
     env = child_env({"NOTIFY_SOCKET": "/run/systemd/notify", "WATCHDOG_USEC": "60000000", "WATCHDOG_PID": "1",
