@@ -6,6 +6,7 @@ import io
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -20,7 +21,7 @@ from agent.daemon_jobs.job_runner import JobRunner
 from agent.daemon_jobs.protocol import ChildContext, DeliverResult, GuardCheckResult, JobRequest
 from agent.jsonrecord import JsonObject, JsonRecord
 from agent.log import configure
-from tests.conftest import run_fresh_python
+from tests.conftest import REPO, run_fresh_python
 from tests.daemon.conftest import (
     AgentProcess,
     agent_config,
@@ -390,6 +391,60 @@ for name, pid in (("daemon", os.getppid()), ("another", os.getppid() + 1), ("by_
 print(seen)
 """
     assert run_fresh_python(code).strip().splitlines()[-1] == "{'daemon': False, 'another': True, 'by_hand': False}"
+
+
+_STOPS_ON_SIGTERM = """
+import os, sys, threading
+sys.path.insert(0, sys.argv[1])
+from agent.daemon_jobs.child_main import _stop_on_sigterm
+stopping = threading.Event()
+_stop_on_sigterm(stopping)
+print("ready", flush=True)
+while not stopping.wait(0):  # holds the Event's lock again and again, as a job's waits do
+    pass
+print("stopped", flush=True)
+os._exit(0)  # not the interpreter's exit, which gives SIGTERM its default back while the burst may still arrive
+"""
+
+
+_SIGTERM_WHILE_WAITING = """
+import os, signal, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from agent.daemon_jobs.child_main import _stop_on_sigterm
+stopping = threading.Event()
+_stop_on_sigterm(stopping)
+with stopping._cond:  # this thread inside stopping.wait() or set(), holding the Event's lock
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)  # the Python-level handler runs here
+print(stopping.wait(10), flush=True)
+"""
+
+
+def test_sigterm_while_the_child_holds_the_stopping_lock_still_stops_it() -> None:
+    """SIGTERM arriving while the child's own thread holds ``stopping``'s lock sets it once the lock is free; the
+    handler that called ``stopping.set()`` itself waited for that lock in the same thread for ever."""
+    assert run_fresh_python(_SIGTERM_WHILE_WAITING, timeout_seconds=30).splitlines() == ["True"]
+
+
+def test_a_burst_of_sigterms_stops_a_child_instead_of_deadlocking_it() -> None:
+    """Many SIGTERMs at once (the kernel sends one per daemon thread that dies) set ``stopping`` and the child ends;
+    a handler calling ``stopping.set()`` itself deadlocked on the Event's lock when run again inside itself."""
+    for _ in range(3):
+        child = subprocess.Popen([sys.executable, "-I", "-c", _STOPS_ON_SIGTERM, str(REPO)], stdout=subprocess.PIPE,
+                                 stdin=subprocess.DEVNULL, text=True)
+        try:
+            assert child.stdout is not None and child.stdout.readline() == "ready\n"
+            for _ in range(500):
+                try:
+                    os.kill(child.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    break
+            assert child.wait(20) == 0
+            assert child.stdout.read() == "stopped\n"
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(10)
 
 
 @pytest.mark.slow
