@@ -136,10 +136,11 @@ def main(argv: Optional[List[str]] = None, make_host: HostFactory = _host_for_ro
         return args.handler(args, make_host, stream)
     except GpuguardError as exc:
         get_logger("cli").debug("command_failed", error=str(exc), exit_code=exc.exit_code)
-        print(f"gpuguard: error: {exc}", file=sys.stderr)
+        # One write with its newline (print makes two): a job child shares the daemon's stderr (agent/log.py).
+        sys.stderr.write(f"gpuguard: error: {exc}\n")
         return exc.exit_code
     except KeyboardInterrupt:
-        print("gpuguard: interrupted", file=sys.stderr)
+        sys.stderr.write("gpuguard: interrupted\n")
         return 130
     except BrokenPipeError:
         return 0

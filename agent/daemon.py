@@ -6,8 +6,8 @@ never overlaps itself and a slow one (a health check) never holds up the others.
 signals:
 
     SIGTERM, SIGINT   finish the running job steps, flush metrics, exit 0
-    SIGHUP            reload the config file and recompile the policy for the apt hook; an invalid file is logged,
-                      the old one kept
+    SIGHUP            reload the config file and recompile the policy for the apt hook; an invalid file (or a
+                      config child still running after CONFIG_RELOAD_TIMEOUT_SECONDS) is logged, the old one kept
     SIGUSR1           a package transaction happened (apt/dnf hook): guard check, snapshot and deliver now
 
 The snapshot, the guard's rollback check and its guard-events forwarding, the health check, delivery's sending, and
@@ -74,6 +74,9 @@ log = get_logger("daemon")
 
 # PRAGMA quick_check of the outbox this often (also at every open): damage is found before every job trips on it.
 OUTBOX_CHECK_INTERVAL_SECONDS = 600.0
+# A SIGHUP's config child (about 0.3 s) still running after this is killed and the reload fails: the main thread
+# waits for it, and no later SIGHUP or SIGTERM is read until it ends (a config file on a hung mount, a FIFO).
+CONFIG_RELOAD_TIMEOUT_SECONDS = 120.0
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 
 
@@ -112,7 +115,8 @@ class Daemon:
         """The config file validated: in a child, or in-process where the bodies run in-process (tests)."""
         rt = self.runtime
         if self.job_children:
-            return load_config_in_child(self.config_path, str(rt.host.root), request, rt.state_dir, rt.stopping)
+            return load_config_in_child(self.config_path, str(rt.host.root), request, rt.state_dir, rt.stopping,
+                                        timeout_seconds=CONFIG_RELOAD_TIMEOUT_SECONDS)
         from agent.daemon_jobs.child_main import load_config
 
         return load_config(self.config_path, rt.host, request)

@@ -3,11 +3,17 @@
 structlog (with asyncio and, where installed, rich) is imported on the first log line that passes the level, not
 on import: a command that logs nothing (``gpuguard snapshot`` at the default level) never loads it. ``configure``
 only records the choice until then; ``get_logger`` hands out a small proxy that checks the level first.
+
+Each line goes out with its newline in one write (:class:`LineWriter`): the daemon and its job children share one
+stderr (a file, a pipe, journald's socket), and structlog's PrintLogger (``print``) writes the text and the newline
+apart when the stream is unbuffered (``PYTHONUNBUFFERED``, ``-u``) or the line is 8 KiB or longer, so another
+process's line could land between them and make two lines one that does not parse.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any, Mapping, MutableMapping, Optional, TextIO
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
@@ -50,10 +56,31 @@ def _apply() -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=out),
+        logger_factory=lambda *args: LineWriter(out),
         cache_logger_on_first_use=False,
     )
     _applied = _config
+
+
+class LineWriter:
+    """structlog's logger: each rendered line and its newline in one write to the stream, lines of this process's
+    threads one after another."""
+
+    __slots__ = ("_file",)
+
+    def __init__(self, file: TextIO) -> None:
+        self._file = file
+
+    def msg(self, message: str) -> None:
+        with _write_lock:
+            self._file.write(message + "\n")
+            self._file.flush()
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
+
+
+_write_lock = threading.Lock()
 
 
 def _escape_strings(logger: Any, method: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:

@@ -70,7 +70,7 @@ def run_job(job: str, config_path: str, host: Host, request: JsonObject, result_
     from agent.log import configure
 
     stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
+    _stop_on_sigterm(stopping)
     result: JsonRecord
     if job == "config":
         asked = _request(ConfigRequest, request)
@@ -146,6 +146,32 @@ def load_config(config_path: str, host: Host, request: ConfigRequest) -> ConfigR
     if request.compile_policy:
         recompile_policy(host, new)  # the apt hook reads only the compiled file
     return ConfigResult(view=ResidentSettings.of(new), dump=new.model_dump(mode="json"))
+
+
+def _stop_on_sigterm(stopping: threading.Event) -> None:
+    """SIGTERM sets ``stopping``, from a thread that reads the signal's wakeup pipe, never from the handler.
+
+    A handler that called ``stopping.set()`` deadlocked this process for ever: the Event's lock is not reentrant, and
+    a second SIGTERM ran the handler again while the first was inside ``set()`` (or while this thread held the lock in
+    ``stopping.wait()``). Several come when the daemon is killed: the kernel sends PR_SET_PDEATHSIG each time this
+    child is handed from a dying daemon thread to the next. The pipe is close-on-exec (nothing this job starts keeps
+    it), and its writing end non-blocking, as ``signal.set_wakeup_fd`` asks.
+    """
+    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+    os.set_blocking(write_fd, False)
+    signal.signal(signal.SIGTERM, _no_op)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while not stopping.is_set():
+            if signal.SIGTERM in os.read(read_fd, 64):
+                stopping.set()
+
+    threading.Thread(target=watch, name="sigterm", daemon=True).start()
+
+
+def _no_op(signum: int, frame: object) -> None:
+    """The Python-level SIGTERM handler: the C handler already wrote the signal number to the wakeup pipe."""
 
 
 def _stop_with_the_daemon(daemon_pid: Optional[int], stopping: threading.Event) -> None:

@@ -16,8 +16,9 @@ The child inherits stderr (its log lines go where the daemon's go), not the daem
 $NOTIFY_SOCKET / $WATCHDOG_*. SIGTERM to the child sets its ``stopping`` event, exactly what SIGTERM to the daemon
 does to an in-process body (a lock wait gives up, a running step finishes); the daemon sends it when it is
 stopping and waits for the child, and the kernel sends it when the daemon dies (``PR_SET_PDEATHSIG``). A child
-that fails, crashes, is killed, or writes a result that is not its job's record raises :class:`ChildJobFailed` in
-the daemon (exit status or signal, or the field that is wrong): the job runner logs it and the next run tries again.
+that fails, crashes, is killed, outlives its timeout (the SIGHUP's config child: SIGKILL, ``job_child_timed_out``), or
+writes a result that is not its job's record raises :class:`ChildJobFailed` in the daemon (exit status or signal,
+or the field that is wrong): the job runner logs it and the next run tries again.
 Each exit is logged as ``job_child_exited`` (debug for the clean exits of delivery's and the config's routine runs)
 with the child's CPU time (``wait4``) and peak RSS: VmHWM, which the child reports in its result and the daemon reads
 from /proc while it waits (for a child that leaves no result). Not ``ru_maxrss``: after posix_spawn's vfork it
@@ -106,11 +107,13 @@ def child_env(environ: Optional[Dict[str, str]] = None) -> Dict[str, str]:
 
 
 def run_child(job: str, config_path: str, root: str, request: JsonRecord, result_type: Type[R], result_dir: str,
-              stopping: threading.Event, argv: Optional[ArgvFunction] = None) -> R:
+              stopping: threading.Event, argv: Optional[ArgvFunction] = None,
+              timeout_seconds: Optional[float] = None) -> R:
     """Run one job child to its end and return its result, checked as ``result_type``; raises ChildJobFailed.
 
     The result file goes to ``result_dir`` (the state directory). When ``stopping`` is set while the child runs, it
-    gets SIGTERM once and is waited for.
+    gets SIGTERM once and is waited for. A child still running ``timeout_seconds`` after its start (None: no limit)
+    gets SIGKILL and fails.
     """
     result_path = StatePaths(result_dir).job_result(job)
     try:
@@ -121,13 +124,20 @@ def run_child(job: str, config_path: str, root: str, request: JsonRecord, result
     command = list((argv or child_argv)(job, config_path, root, request_json, result_path))
     started = time.monotonic()
     pid = _spawn(command)
-    terminated = False
+    terminated = timed_out = False
     peak_rss_kib = 0
     while True:
         peak_rss_kib = max(peak_rss_kib, peak_rss_kib_of(str(pid)))
         waited, status, usage = os.wait4(pid, os.WNOHANG)
         if waited == pid:
             break
+        if timeout_seconds is not None and not timed_out and time.monotonic() - started > timeout_seconds:
+            timed_out = True
+            log.error("job_child_timed_out", job=job, pid=pid, timeout_seconds=timeout_seconds)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         if stopping.is_set() and not terminated:
             terminated = True
             log.info("job_child_stopping", job=job, pid=pid)
@@ -155,6 +165,8 @@ def run_child(job: str, config_path: str, root: str, request: JsonRecord, result
     level = log.debug if job in _QUIET_JOBS and exit_code == 0 else log.info
     level("job_child_exited", job=job, pid=pid, exit_code=exit_code, max_rss_kib=peak_rss_kib,
           cpu_seconds=round(usage.ru_utime + usage.ru_stime, 3), duration_seconds=round(time.monotonic() - started, 3))
+    if timed_out and exit_code == -signal.SIGKILL:
+        raise ChildJobFailed(job, f"no result within {timeout_seconds:g} s: killed")
     if terminated and exit_code == -signal.SIGTERM:  # stopped before it could set up its own SIGTERM handling
         raise Interrupted(f"job child {job}: stopped by the daemon's shutdown")
     if exit_code < 0:
@@ -202,14 +214,17 @@ def child_context(runtime: Runtime) -> ChildContext:
 
 
 def load_config_in_child(config_path: str, root: str, request: ConfigRequest, state_dir: Optional[str],
-                         stopping: threading.Event, argv: Optional[ArgvFunction] = None) -> ConfigResult:
+                         stopping: threading.Event, argv: Optional[ArgvFunction] = None,
+                         timeout_seconds: Optional[float] = None) -> ConfigResult:
     """The config file validated in a ``config`` child (pydantic never loads in the resident); ``state_dir`` None
     (the first load, which is what names it) puts the result file in a private temporary directory."""
     if state_dir is not None:
-        return run_child("config", config_path, root, request, ConfigResult, state_dir, stopping, argv)
+        return run_child("config", config_path, root, request, ConfigResult, state_dir, stopping, argv,
+                         timeout_seconds)
     scratch = make_private_directory("gpuguard-config-")
     try:
-        return run_child("config", config_path, root, request, ConfigResult, scratch, stopping, argv)
+        return run_child("config", config_path, root, request, ConfigResult, scratch, stopping, argv,
+                         timeout_seconds)
     finally:
         remove_flat_directory(scratch)
 

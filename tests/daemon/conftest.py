@@ -97,7 +97,9 @@ class AgentProcess:
             assert self.proc is not None and self.proc.poll() is None, \
                 f"agent exited {self.proc.returncode if self.proc else None}: {self.log_path.read_text()[-3000:]}"
             time.sleep(0.05)
-        raise AssertionError(f"no {count}x {name} {match} within {timeout_seconds} s; the log but job_ran: "
+        unparsed = [e["line"][:300] for e in self.logs() if e.get("event") == "not_json"]
+        raise AssertionError(f"no {count}x {name} {match} within {timeout_seconds} s; lines that are not JSON "
+                             f"(two merged?): {unparsed[-5:]}; the log but job_ran: "
                              f"{self.log_without_job_ran()[-6000:]}")
 
     def log_without_job_ran(self) -> str:

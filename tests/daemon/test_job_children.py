@@ -6,6 +6,7 @@ import io
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -20,7 +21,7 @@ from agent.daemon_jobs.job_runner import JobRunner
 from agent.daemon_jobs.protocol import ChildContext, DeliverResult, GuardCheckResult, JobRequest
 from agent.jsonrecord import JsonObject, JsonRecord
 from agent.log import configure
-from tests.conftest import run_fresh_python
+from tests.conftest import REPO, run_fresh_python
 from tests.daemon.conftest import (
     AgentProcess,
     agent_config,
@@ -156,6 +157,66 @@ def test_a_child_stopped_before_it_handles_sigterm_is_an_interruption_not_a_fail
     with pytest.raises(Interrupted, match="stopped by the daemon's shutdown"):
         run_child("snapshot", "/nonexistent.toml", "/", REQUEST, Echo, str(tmp_path), stopping,
                   argv=python_child("import time; time.sleep(30)"))
+
+
+def test_a_child_still_running_at_its_timeout_is_killed_and_fails(tmp_path: Path) -> None:
+    """A child past ``timeout_seconds`` gets SIGKILL (a SIGTERM handler cannot keep it) and is a failed child."""
+    stream = io.StringIO()
+    configure(level="info", json_output=True, stream=stream)
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(30)"
+    started = time.monotonic()
+    with pytest.raises(ChildJobFailed, match=r"no result within 0.5 s: killed"):
+        run_child("config", "/nonexistent.toml", "/", REQUEST, Echo, str(tmp_path), threading.Event(),
+                  argv=python_child(code), timeout_seconds=0.5)
+    assert time.monotonic() - started < 10
+    events = [json.loads(line)["event"] for line in stream.getvalue().splitlines()]
+    assert events == ["job_child_timed_out", "job_child_exited"]
+
+
+def test_a_reload_whose_config_child_hangs_fails_at_the_timeout_and_keeps_the_settings(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGHUP's config child that never ends (here stopped) is killed at the timeout: the reload fails, the old
+    settings stay, and the signal loop is free again instead of waiting for ever."""
+    import agent.daemon
+    from agent.config import Settings
+    from agent.daemon_jobs.resident_settings import SettingsInForce
+    from agent.daemon_jobs.systemd_notify import SystemdNotifier
+    from agent.host import Host
+
+    monkeypatch.setattr(agent.daemon, "CONFIG_RELOAD_TIMEOUT_SECONDS", 2.0)
+    stream = io.StringIO()
+    configure(level="info", json_output=True, stream=stream)
+    config = tmp_path / "agent.toml"
+    config.write_text(agent_config(tmp_path / "state"))
+    settings = SettingsInForce.of(Settings.model_validate({"agent": {"state_dir": str(tmp_path / "state")}}))
+    daemon = agent.daemon.Daemon(str(config), settings, Host(root=Path("/")), SystemdNotifier({}),
+                                 job_children=True)
+    outcome: List[bool] = []
+    reload = threading.Thread(target=lambda: outcome.append(daemon.reload()), daemon=True)
+    reload.start()
+    stopped: List[int] = []
+    deadline = time.monotonic() + 20
+    while not stopped and time.monotonic() < deadline:
+        for pid in daemon_children(os.getpid()):
+            os.kill(pid, signal.SIGSTOP)  # hangs as a child stuck on a dead mount would
+            stopped.append(pid)
+        time.sleep(0.01)
+    assert stopped, "no config child appeared"
+    reload.join(30)
+    try:
+        assert not reload.is_alive(), "the reload still waits for its hung config child"
+    finally:
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        reload.join(10)
+        daemon.runtime.outbox.close()
+    assert outcome == [False]
+    failed = [json.loads(line) for line in stream.getvalue().splitlines() if '"config_reload_failed"' in line]
+    assert failed and failed[0]["problems"] == ["job child config: no result within 2 s: killed"]
+    assert daemon.runtime.in_force is settings
 
 
 def test_the_child_environment_drops_systemd_variables() -> None:
@@ -330,6 +391,60 @@ for name, pid in (("daemon", os.getppid()), ("another", os.getppid() + 1), ("by_
 print(seen)
 """
     assert run_fresh_python(code).strip().splitlines()[-1] == "{'daemon': False, 'another': True, 'by_hand': False}"
+
+
+_STOPS_ON_SIGTERM = """
+import os, sys, threading
+sys.path.insert(0, sys.argv[1])
+from agent.daemon_jobs.child_main import _stop_on_sigterm
+stopping = threading.Event()
+_stop_on_sigterm(stopping)
+print("ready", flush=True)
+while not stopping.wait(0):  # holds the Event's lock again and again, as a job's waits do
+    pass
+print("stopped", flush=True)
+os._exit(0)  # not the interpreter's exit, which gives SIGTERM its default back while the burst may still arrive
+"""
+
+
+_SIGTERM_WHILE_WAITING = """
+import os, signal, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from agent.daemon_jobs.child_main import _stop_on_sigterm
+stopping = threading.Event()
+_stop_on_sigterm(stopping)
+with stopping._cond:  # this thread inside stopping.wait() or set(), holding the Event's lock
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)  # the Python-level handler runs here
+print(stopping.wait(10), flush=True)
+"""
+
+
+def test_sigterm_while_the_child_holds_the_stopping_lock_still_stops_it() -> None:
+    """SIGTERM arriving while the child's own thread holds ``stopping``'s lock sets it once the lock is free; the
+    handler that called ``stopping.set()`` itself waited for that lock in the same thread for ever."""
+    assert run_fresh_python(_SIGTERM_WHILE_WAITING, timeout_seconds=30).splitlines() == ["True"]
+
+
+def test_a_burst_of_sigterms_stops_a_child_instead_of_deadlocking_it() -> None:
+    """Many SIGTERMs at once (the kernel sends one per daemon thread that dies) set ``stopping`` and the child ends;
+    a handler calling ``stopping.set()`` itself deadlocked on the Event's lock when run again inside itself."""
+    for _ in range(3):
+        child = subprocess.Popen([sys.executable, "-I", "-c", _STOPS_ON_SIGTERM, str(REPO)], stdout=subprocess.PIPE,
+                                 stdin=subprocess.DEVNULL, text=True)
+        try:
+            assert child.stdout is not None and child.stdout.readline() == "ready\n"
+            for _ in range(500):
+                try:
+                    os.kill(child.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    break
+            assert child.wait(20) == 0
+            assert child.stdout.read() == "stopped\n"
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(10)
 
 
 @pytest.mark.slow
