@@ -57,6 +57,9 @@ def add_parser(sub: Subparsers) -> None:
     start.add_argument("--report-deadline-seconds", type=int, default=172800,
                        help="an admitted host that has not passed this long after admission fails (silent, dead, "
                             "never changed); default 172800 (two days), 0: wait for it forever")
+    start.add_argument("--revert-serial", type=int, default=None, metavar="SERIAL",
+                       help="a bundle pushed --staged above the target with the previous policy, signed now: "
+                            "abort releases it so admitted hosts go back (the hub cannot sign one then)")
     start.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                        help="take only hosts with this label (repeatable)")
     status = rollout.add_parser("status", help="every rollout, or one with its hosts, stages and evidence")
@@ -173,7 +176,8 @@ def hub_rollout(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -
             raise UsageError("--label: KEY=VALUE")
         spec = {"target_serial": args.serial, "canaries": args.canaries, "batches": batches,
                 "soak_seconds": args.soak_seconds, "halt_percent": args.halt_percent,
-                "report_deadline_seconds": args.report_deadline_seconds, "labels": labels}
+                "report_deadline_seconds": args.report_deadline_seconds, "labels": labels,
+                "revert_serial": args.revert_serial}
     env = make_host("/").env
     client = HubClient(hub_url(args.hub, env), hub_token(args.token_file, env), ca_bundle=args.ca_bundle)
     try:

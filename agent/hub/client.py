@@ -161,7 +161,9 @@ def rollout_lines(status: Mapping[str, Any]) -> str:
     spec = r.get("spec", {})
     stages = ", ".join(f"{k}: {v}" for k, v in sorted((status.get("hosts_by_stage") or {}).items()))
     rows = [("rollout", r.get("rollout_id")), ("state", r.get("state")), ("why", r.get("reason")),
-            ("target", f"serial {r.get('target_serial')} (previous {r.get('previous_serial')})"),
+            ("target", f"serial {r.get('target_serial')} (previous {r.get('previous_serial')}"
+                       + (f", revert {spec['revert_serial']}" if spec.get("revert_serial") is not None else "")
+                       + ")"),
             ("stage", f"{r.get('stage')} of {len(spec.get('batches', []))}, opened {r.get('stage_started_at')}"),
             ("plan", f"{spec.get('canaries')} canaries per cohort, then {spec.get('batches')}%, soak "
                      f"{spec.get('soak_seconds')} s, halt above {spec.get('halt_percent')}%, report deadline "

@@ -53,6 +53,10 @@ class RolloutSpec(FrozenModel):
     # change taken by a daily unattended-upgrades run is not counted as overdue
     report_deadline_seconds: int = 172800
     labels: Dict[str, str] = {}  # narrows the hosts taken (all must be equal)
+    # A bundle pushed staged above the target that carries the previous policy, signed in advance (the hub holds
+    # no signing key): abort releases it to its whole scope, so admitted hosts go back and their guard rolls the
+    # packages back; done withdraws it. None: abort only withdraws the target.
+    revert_serial: Optional[int] = None
 
     def problems(self) -> List[str]:
         """What is wrong with the spec, one line each (empty: fine)."""
@@ -68,6 +72,8 @@ class RolloutSpec(FrozenModel):
             found.append("halt_percent: must be in 0..100 (exclusive)")
         if self.report_deadline_seconds < 0:
             found.append("report_deadline_seconds: must be 0 (no deadline) or more")
+        if self.revert_serial is not None and self.revert_serial <= self.target_serial:
+            found.append("revert_serial: must be above target_serial (an agent never installs a lower serial)")
         return found
 
 

@@ -11,8 +11,11 @@ made exactly once across hub processes.
              other host is offered the newest bundle below the target in its scope (so its hook keeps refusing the
              change) with a one-line notice ("rollout R: waiting for stage 2 (...)").
     abort    withdraws the target bundle (an audited withdrawal): no host is offered it again. Hosts that already
-             enforce it keep it, because an agent never installs a lower serial (agent/bundle); to return them,
-             push the previous policy again under a new serial, which every host in its scope is then offered.
+             enforce it keep it, because an agent never installs a lower serial (agent/bundle). To return them
+             the previous policy must come back under a higher serial, signed by the operator's offline key: the
+             rollout's revert bundle (``revert_serial``, pushed staged with the target) is released to its whole
+             scope at abort (and withdrawn when the rollout is done); without one, push the previous policy again
+             under a new serial.
 
 One rollout is active at a time (running, paused or halted); a halted rollout is ended by abort.
 """
@@ -102,6 +105,8 @@ class Rollouts:
             raise HubHTTPError(409, "target_withdrawn", f"bundle {spec.target_serial} was withdrawn; push it again "
                                                         "under a new serial")
         scope = self.bundles.bundle(spec.target_serial).scope
+        if spec.revert_serial is not None:
+            self._check_revert(spec.revert_serial, scope)
         older = [s for s in self.bundles.offered_scopes() if s[0] < spec.target_serial]
         previous = older[0][0] if older else None
         now = self.clock()
@@ -152,6 +157,17 @@ class Rollouts:
                  host_count=len(members), silent_host_count=silent)
         self.evaluate(rollout_id)
         return self.status(rollout_id)
+
+    def _check_revert(self, serial: int, target_scope: Any) -> None:
+        """A revert bundle must wait unseen until an abort (staged, not withdrawn) and reach every host the target
+        can: the same scope."""
+        revert = self.bundles.summary(serial)
+        if revert.withdrawn_at is not None or not revert.staged:
+            raise HubHTTPError(409, "revert_not_staged", f"revert bundle {serial} must be pushed staged and not be "
+                                                         "withdrawn: otherwise it reaches hosts before any abort")
+        if self.bundles.bundle(serial).scope != target_scope:
+            raise HubHTTPError(409, "revert_scope", f"revert bundle {serial}'s scope differs from the target's: "
+                                                    "admitted hosts outside it would keep the target after an abort")
 
     def push(self, principal: Principal, data: bytes, signature: bytes, staged: bool = False) -> BundleSummary:
         """Store a pushed bundle (``PolicyBundles.push``); 409 for one offered at once while a rollout is active: its
@@ -262,9 +278,13 @@ class Rollouts:
                 cur.execute(sql("UPDATE rollouts SET state = ?, updated_at = ?, reason = ? WHERE rollout_id = ?"),
                             (state, self._t(now), decision.reason, rollout_id))
                 self._audit(cur, HUB_ACTOR, f"rollout_{state}", rollout, decision.reason)
-                if state == "done":  # a staged target now goes to its whole scope
+                if state == "done":  # a staged target now goes to its whole scope; its revert is not needed
                     cur.execute(sql("UPDATE policy_bundles SET staged = 0 WHERE serial = ?"),
                                 (rollout.target_serial,))
+                    if rollout.spec.revert_serial is not None:
+                        self.bundles.withdraw_in(cur, HUB_ACTOR, rollout.spec.revert_serial,
+                                                 f"rollout {rollout_id} done: its revert bundle is not needed",
+                                                 missing_ok=True)
                 if state == "halted" and self.alerts is not None:
                     self.alerts.enqueue_hub_alert(cur, f"rollout-{rollout_id}-halt", {
                         "kind": "rollout_halted", "severity": "critical", "rollout_id": rollout_id,
@@ -313,6 +333,13 @@ class Rollouts:
             if state == "aborted":
                 self.bundles.withdraw_in(cur, principal, rollout.target_serial,
                                          f"rollout {rollout_id} aborted", missing_ok=True)
+                revert = rollout.spec.revert_serial
+                if revert is not None:
+                    cur.execute(sql("UPDATE policy_bundles SET staged = 0 WHERE serial = ? AND withdrawn_at IS NULL"),
+                                (revert,))
+                    self.bundles.audit_in(cur, principal, "rollout_revert_released", revert,
+                                          f"rollout {rollout_id} aborted: revert bundle {revert} offered to its "
+                                          "whole scope")
             return rollout
 
         self.store.write(f"rollout_{state}", work)
@@ -330,10 +357,14 @@ class Rollouts:
         return row
 
     def abort(self, principal: Principal, rollout_id: str) -> RolloutRow:
-        """End the rollout and withdraw its target (see the module docstring for what that returns)."""
+        """End the rollout, withdraw its target and release its revert bundle (see the module docstring)."""
+        found = self.store.query("rollout_show", f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?",
+                                 [rollout_id])
+        revert = self._row(found[0]).spec.revert_serial if found else None
+        then = f"revert bundle {revert} released to return admitted hosts" if revert is not None \
+            else "push the previous policy under a new serial to return admitted hosts"
         return self._transition(principal, rollout_id, ACTIVE_STATES, "aborted",
-                                f"aborted by {principal.subject}; target withdrawn: push the previous policy "
-                                "under a new serial to return admitted hosts")
+                                f"aborted by {principal.subject}; target withdrawn; {then}")
 
     # --- reads ---------------------------------------------------------------------------------------------
     def rows(self) -> List[RolloutRow]:

@@ -4,9 +4,10 @@ enforces the target bundle, the test upgrades a watched package in its dpkg stat
 health check (a real job child running tests/health/probes/fake_probe.py) reports what the host's probe says.
 
 Rollout A: the canaries are admitted first and only they take the target; after the soak the hub widens; a hub
-restart mid-rollout loses nothing and the rollout carries on; abort withdraws the target and pushing the previous
-policy under a new serial returns the admitted hosts (docs/hub.md, "Abort"). Rollout B: a canary whose post-change
-check reports ``cpu_fallback`` halts it; the halt alert reaches a webhook receiver on 127.0.0.1 and names that host;
+restart mid-rollout loses nothing and the rollout carries on. Rollout B, started with a staged revert bundle
+(rollout A's policy under serial 4, signed in advance): a canary whose post-change check reports ``cpu_fallback``
+halts it; the halt alert reaches a webhook receiver on 127.0.0.1 and names that host; abort withdraws the target and
+releases the revert, which returns the admitted hosts with no new push (docs/hub.md, "Abort");
 no host outside the admitted stages ever takes either target."""
 
 from __future__ import annotations
@@ -159,15 +160,17 @@ class RolloutFleet(Fleet):
     def rollout(self, rollout_id: str) -> dict:
         return self.api("GET", f"/v1/rollouts/{rollout_id}")
 
-    def start_rollout(self, serial: int, soak_seconds: int) -> str:
-        """Push nothing: start a rollout of the pushed ``serial`` (one canary a cohort, then 50 %, then 100 %)."""
+    def start_rollout(self, serial: int, soak_seconds: int, revert: Optional[int] = None) -> str:
+        """Push nothing: start a rollout of the pushed ``serial`` (one canary a cohort, then 50 %, then 100 %),
+        with the staged ``revert`` bundle abort would release."""
         code, out, err = run("hub", "rollout", "start", str(serial), "--canaries", "1", "--batches", "50,100",
                              "--soak-seconds", str(soak_seconds), "--json", "--hub", self.hub.url,
-                             "--token-file", str(self.admin))
+                             "--token-file", str(self.admin),
+                             *(["--revert-serial", str(revert)] if revert is not None else []))
         assert code == 0, out + err
         return str(json.loads(out)["rollout"]["rollout_id"])
 
-    def frozen_push_and_start(self, serial: int, policy: str, soak_seconds: int) -> str:
+    def frozen_push_and_start(self, serial: int, policy: str, soak_seconds: int, revert: Optional[int] = None) -> str:
         """Push the target and start its rollout while every agent and its job children are stopped (SIGSTOP by
         PID): a pushed bundle is offered to its whole scope until a rollout of it starts (docs/hub.md, "End to
         end")."""
@@ -187,7 +190,7 @@ class RolloutFleet(Fleet):
             time.sleep(1)  # a fetch sent just before the stop is answered before the push
             code, out, err = self.push(bundle)
             assert code == 0, out + err
-            return self.start_rollout(serial, soak_seconds)
+            return self.start_rollout(serial, soak_seconds, revert)
         finally:
             for pid in reversed(stopped):
                 try:
@@ -240,9 +243,9 @@ def wait_observing(fleet: RolloutFleet, what: str, predicate: Callable[[], objec
 
 def test_canaries_widen_restart_abort_and_a_failing_canary_halts(fleet: RolloutFleet,
                                                                   receiver: Receiver) -> None:
-    """Rollout A: canaries first, widening after the soak, a hub restart losing nothing, abort and the previous
-    policy under a new serial returning the admitted hosts; rollout B: a cpu_fallback canary halts it with an alert
-    naming it; no host outside the admitted stages ever takes a target."""
+    """Rollout A: canaries first, widening after the soak, a hub restart losing nothing; rollout B: a cpu_fallback
+    canary halts it with an alert naming it, abort releases its staged revert bundle and the admitted hosts return;
+    no host outside the admitted stages ever takes a target."""
     agents = fleet.add_rollout_agents()
     fleet.hub.start()
     port = fleet.hub.port
@@ -321,7 +324,11 @@ def test_canaries_widen_restart_abort_and_a_failing_canary_halts(fleet: RolloutF
     for agent in agents:
         agent.changed = False
     bad = f"fleet-{AGENTS // 2:02d}"
-    rid_b = fleet.frozen_push_and_start(3, PERMISSIVE.replace('name = "unit"', 'name = "unit-b"'), 600)
+    # The way back, signed now with the target: serial 4 carries rollout A's policy, staged (offered to nobody).
+    code, out, err = run("hub", "policy", "push", str(fleet.bundle(4, PERMISSIVE)), "--staged", "--hub",
+                         fleet.hub.url, "--token-file", str(fleet.admin))
+    assert code == 0, out + err
+    rid_b = fleet.frozen_push_and_start(3, PERMISSIVE.replace('name = "unit"', 'name = "unit-b"'), 600, revert=4)
     b_start = time.monotonic()
     assert admitted(fleet.rollout(rid_b)) == canaries
     wait_observing(fleet, "rollout B halted", lambda: fleet.rollout(rid_b)["rollout"]["state"] == "halted",
@@ -347,11 +354,11 @@ def test_canaries_widen_restart_abort_and_a_failing_canary_halts(fleet: RolloutF
     assert {a.host_id for a in agents if 3 in fleet.seen.get(a.host_id, set())} <= canaries
     assert len(halt_alerts()) == 1
 
-    # Abort: the target is withdrawn; the previous policy pushed under a new serial returns the admitted hosts.
+    assert all(serial_in_force(a) != 4 for a in agents)  # the staged revert reached nobody
+
+    # Abort: the target is withdrawn and the revert bundle released: the admitted hosts return with no new push.
     code, out, err = run("hub", "rollout", "abort", rid_b, "--hub", fleet.hub.url, "--token-file", str(fleet.admin))
-    assert code == 0 and "aborted" in out, out + err
-    code, out, err = fleet.push(fleet.bundle(4, PERMISSIVE))
-    assert code == 0, out + err
+    assert code == 0 and "aborted" in out and "revert bundle 4 released" in out, out + err
     wait_observing(fleet, "serial 4 (the previous policy) on every host", lambda: all(
         serial_in_force(a) == 4 for a in agents), STAGE_DEADLINE_SECONDS, lambda: [serial_in_force(a) for a in agents])
     took_b = {a.host_id for a in agents if 3 in fleet.seen.get(a.host_id, set())}

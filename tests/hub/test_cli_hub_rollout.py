@@ -22,9 +22,9 @@ pytestmark = pytest.mark.slow  # a real hub process per test: left out of `make 
 
 def test_start_status_pause_resume_abort(hub: HubProcess, admin_file: Path, tmp_path: Path,  # noqa: F811
                                          capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Three hosts heard from, bundles 1 and 2 pushed: start (with a report deadline) admits one canary, status
-    shows it and the plan, pause/resume/abort each answer with the new state, and a reader's start is exit 10 with
-    the hub's 403 line."""
+    """Three hosts heard from, bundles 1 and 2 pushed and 3 staged: start (with a report deadline and 3 as the
+    revert) admits one canary, status shows it and the plan, pause/resume/abort each answer with the new state (abort
+    releasing the revert), and a reader's start is exit 10 with the hub's 403 line."""
     now = dt.datetime.now(dt.timezone.utc)
     for host in ("gpu-1", "gpu-2", "gpu-3"):
         token = add_token(str(hub.tokens_file), "host", host)  # type: ignore[attr-defined]
@@ -36,11 +36,12 @@ def test_start_status_pause_resume_abort(hub: HubProcess, admin_file: Path, tmp_
     common = ["--hub", hub.url, "--token-file", str(admin_file)]
     for serial in (1, 2):
         assert run(["hub", "policy", "push", str(bundle_file(tmp_path, serial)), *common], capsys)[0] == 0
+    assert run(["hub", "policy", "push", str(bundle_file(tmp_path, 3)), "--staged", *common], capsys)[0] == 0
     code, out, err = run(["hub", "rollout", "start", "2", "--batches", "50,100", "--soak-seconds", "0",
-                          "--report-deadline-seconds", "3600", *common], capsys)
+                          "--report-deadline-seconds", "3600", "--revert-serial", "3", *common], capsys)
     assert code == 0, err
     assert "state:          running" in out and "waiting for stage 1 (0/1 canaries passed" in out
-    assert "report deadline 3600 s" in out
+    assert "report deadline 3600 s" in out and "serial 2 (previous 1, revert 3)" in out
     assert "gpu-1                     0" in out and "gpu-2                     -" in out
     rid = out.split("rollout:", 1)[1].split()[0]
     code, out, _ = run(["hub", "rollout", "status", *common], capsys)
@@ -48,6 +49,7 @@ def test_start_status_pause_resume_abort(hub: HubProcess, admin_file: Path, tmp_
     for action, state in (("pause", "paused"), ("resume", "running"), ("abort", "aborted")):
         code, out, err = run(["hub", "rollout", action, rid, *common], capsys)
         assert code == 0 and out.startswith(f"rollout {rid}: {state}"), err
+    assert "revert bundle 3 released" in out
     code, out, _ = run(["hub", "rollout", "status", rid, "--json", *common], capsys)
     assert code == 0 and json.loads(out)["rollout"]["state"] == "aborted"
     monkeypatch.setenv("GPUGUARD_HUB_URL", hub.url)

@@ -171,6 +171,48 @@ def test_a_failing_canary_halts_and_abort_withdraws_the_target(any_store: SqlSto
     assert rollouts.offer("amd-0").serial == 3
 
 
+def test_abort_releases_the_revert_bundle_to_every_host_and_done_withdraws_it(any_store: SqlStore) -> None:
+    """A revert bundle (the previous policy pushed staged above the target, signed in advance) reaches no host while
+    the rollout runs; abort offers it to every host of its scope, so the admitted ones leave the target without a
+    new push; a completed rollout withdraws it instead. A revert that is not staged, not above the target or of
+    another scope is refused at start."""
+    clock = Clock()
+    bundles, rollouts = seed(any_store, clock)
+    bundles.push(ADMIN, bundle_bytes(3), SIGNATURE, staged=True)
+    bundles.push(ADMIN, bundle_bytes(4), SIGNATURE)  # offered at once: no revert
+    bundles.withdraw(ADMIN, 4)
+    bundles.push(ADMIN, bundle_bytes(5, host_ids=["amd-*"]), SIGNATURE, staged=True)
+    for revert, code in ((4, "revert_not_staged"), (5, "revert_scope")):
+        with pytest.raises(HubHTTPError) as refused:
+            rollouts.start(ADMIN, SPEC.model_copy(update={"revert_serial": revert}))
+        assert refused.value.error == code, refused.value
+    assert "revert_serial: must be above target_serial" in RolloutSpec(target_serial=2, revert_serial=2).problems()[0]
+    rid = rollouts.start(ADMIN, SPEC.model_copy(update={"revert_serial": 3})).rollout.rollout_id
+    assert {h: rollouts.offer(h).serial for h in AMD + NV} == {"amd-0": 2, "amd-1": 1, "amd-2": 1, "amd-3": 1,
+                                                              "nv-0": 2, "nv-1": 1}
+    clock.advance(10)
+    report(any_store, clock, ["amd-0"], health="cpu_fallback")
+    assert rollouts.evaluate(rid).action == "halt"  # type: ignore[union-attr]
+    aborted = rollouts.abort(ADMIN, rid)
+    assert aborted.state == "aborted" and "revert bundle 3 released" in aborted.reason
+    assert {h: rollouts.offer(h).serial for h in AMD + NV} == {h: 3 for h in AMD + NV}
+    assert not bundles.summary(3).staged and bundles.summary(2).withdrawn_at is not None
+    assert [e.action for e in bundles.audit()][:3] == ["rollout_revert_released", "withdraw", "rollout_aborted"]
+
+    bundles.push(ADMIN, bundle_bytes(6), SIGNATURE, staged=True)
+    bundles.push(ADMIN, bundle_bytes(7), SIGNATURE, staged=True)
+    spec = RolloutSpec(target_serial=6, canaries=1, batches=(100,), soak_seconds=0, revert_serial=7)
+    done = rollouts.start(ADMIN, spec).rollout.rollout_id
+    clock.advance(10)
+    report(any_store, clock, ["amd-0", "nv-0"], serial=6)
+    rollouts.evaluate(done)
+    clock.advance(10)
+    report(any_store, clock, AMD + NV, serial=6)
+    assert rollouts.evaluate(done).action == "done"  # type: ignore[union-attr]
+    assert bundles.summary(7).withdrawn_by == "hub"
+    assert {h: bundles.offer_serial(h) for h in AMD + NV} == {h: 6 for h in AMD + NV}
+
+
 def test_pause_stops_admissions_and_a_second_rollout_waits(sqlite: SqlStore) -> None:
     """A paused rollout admits nobody until resumed, while a held-back host's notice still says the stage, the
     canaries' current tally and the soak; a second rollout is refused while one is active."""

@@ -41,7 +41,8 @@ def rollout_page(status: RolloutStatus, now: dt.datetime, reader: Optional[str])
     r, spec = status.rollout, status.rollout.spec
     stages = ", ".join(f"{e(k)}: {v}" for k, v in sorted(status.hosts_by_stage.items()))
     facts = [("State", _state(r)), ("Why", f'<span id="rollout-reason">{e(r.reason)}</span>'),
-             ("Target", f"serial {e(r.target_serial)} (previous {e(r.previous_serial)})"),
+             ("Target", f"serial {e(r.target_serial)} (previous {e(r.previous_serial)}"
+                        + (f", revert {e(spec.revert_serial)}" if spec.revert_serial is not None else "") + ")"),
              ("Stage", f"{e(r.stage)} of {len(spec.batches)}, opened {when(r.stage_started_at, now)}"),
              ("Plan", f"{spec.canaries} canaries per cohort, then {e(', '.join(f'{b}%' for b in spec.batches))}; "
                       f"soak {spec.soak_seconds} s; halt when a canary fails or more than {spec.halt_percent:g}% "
