@@ -14,7 +14,7 @@ guarded changes until then).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional
 
 from agent.errors import GpuguardError
 from agent.log import get_logger
@@ -67,7 +67,74 @@ def after_fetch(host: "Host", settings: "Settings", outcome: str, notice: Option
         return begin_for_change(host, settings, handoff_reason(notice, serial))
     if outcome == "installed":
         log.info("maintenance_not_begun", serial=serial, why="bundle installed outside a staged rollout")
+        ended = end_unapplied_rollout(host, settings, serial)
+        if ended is not None:
+            return ended
     return poll_drain(host, settings)
+
+
+def end_unapplied_rollout(host: "Host", settings: "Settings", serial: Optional[int]) -> Optional[str]:
+    """After a bundle installed outside a rollout's admission (the rollout aborted, its revert or the previous
+    policy under a new serial installed): a hold begun for a rollout (draining or held; a kept one waits for an
+    operator) is ended when the installed guarded packages comply with the policy now compiled, since no package
+    change, so no post-change check, is coming to end it; the end's line, or None (hold left as it is)."""
+    if settings.integrations.scheduler == "none":
+        return None
+    from agent.bundle.rollout import rollout_of_reason
+    from agent.integrations.maintenance import read_state
+    from agent.statepaths import StatePaths
+
+    paths = StatePaths(settings.agent.state_dir)
+    try:
+        state = read_state(host, paths)
+    except (GpuguardError, OSError) as exc:
+        log.error("maintenance_failed", step="end_unapplied_rollout", error=str(exc))
+        return None
+    if state is None or rollout_of_reason(state.reason) is None:
+        return None  # no hold, or an operator's own (gpuguard maintenance begin): theirs to end
+    if state.phase == "kept":
+        log.info("maintenance_hold_kept", reason=state.reason, serial=serial,
+                 why="kept out after a failed post-change check: an operator ends it (gpuguard maintenance end)")
+        return None
+    try:
+        violations = _installed_violations(host, settings)
+    except (GpuguardError, OSError) as exc:
+        log.warning("maintenance_hold_kept", reason=state.reason, serial=serial, error=str(exc),
+                    why="whether the installed packages comply is unknown: the hold stays (fail safe)")
+        return None
+    if violations:
+        log.info("maintenance_hold_kept", reason=state.reason, serial=serial, rules=violations,
+                 why="the installed packages violate the policy now in force: the guard rolls them back and the "
+                     "post-change check that follows ends the hold")
+        return None
+    why = (f"{state.reason} no longer applies to this host: nothing changed (policy bundle serial {serial} "
+           f"installed outside the rollout, and the installed guarded packages comply with it)")
+
+    def end(step_paths: "StatePaths") -> "MaintenanceOutcome":
+        from dataclasses import replace
+
+        from agent.integrations.maintenance import end_maintenance
+
+        ended = end_maintenance(host, step_paths, settings.integrations, settings.report.nfd_features_file)
+        return replace(ended, line=f"{why}; {ended.line}")
+
+    return _step(settings, "end_unapplied_rollout", end, reason=state.reason)
+
+
+def _installed_violations(host: "Host", settings: "Settings") -> List[str]:
+    """The rules (other than warn: those ask nothing of the guard) that the installed guarded packages violate
+    under the compiled policy in the state directory, judged as the snapshot's policy check judges them (no
+    rollback, no plan). A GpuguardError when the compiled policy or the package database is missing or damaged
+    (InputFileError), or rpm cannot be asked."""
+    from agent.guard.installed import detect_manager, read_installed
+    from agent.policy.compiled import read_compiled
+    from agent.report.compliance import check_installed
+    from agent.statepaths import StatePaths
+
+    policy = read_compiled(str(host.path(StatePaths(settings.agent.state_dir).compiled_policy)))
+    installed = {key: package.version for key, package in read_installed(host, policy.guarded).items()}
+    return sorted({v.rule for v in check_installed(policy, installed, detect_manager(host), str(host.root))
+                   if v.action != "warn"})
 
 
 def poll_drain(host: "Host", settings: "Settings") -> Optional[str]:

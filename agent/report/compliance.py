@@ -8,11 +8,11 @@ snapshot. Rolling back what slipped through is ``agent.guard.rollback.core.check
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, List, Mapping, Optional
 
 from agent.hostfacts.context import read_host_context
 from agent.log import get_logger
-from agent.policy.compiled import read_compiled
+from agent.policy.compiled import CompiledPolicy, read_compiled
 from agent.policy.evaluate import HostState, evaluate, facts_used
 from agent.report.events import PolicyViolation
 from agent.statepaths import StatePaths
@@ -35,9 +35,17 @@ def check_snapshot(snapshot: Snapshot, state_dir: str, root: str = "/") -> Optio
     if not os.path.exists(path):
         log.debug("policy_absent", path=path)
         return None
-    policy = read_compiled(path)
     installed = {key: info.version for key, info in snapshot.packages().items()}
-    state = HostState(before=installed, after=installed, manager=snapshot.package_manager or "dpkg",
+    return check_installed(read_compiled(path), installed, snapshot.package_manager or "dpkg", root)
+
+
+def check_installed(policy: CompiledPolicy, installed: Mapping[str, str], manager: str,
+                    root: str = "/") -> List[PolicyViolation]:
+    """Report payloads for every rule an installed set (package key -> version, ``manager`` dpkg or rpm) violates
+    under ``policy`` (empty: compliant), judged with the host context read under ``root``; pure but for that read,
+    nothing rolled back. :func:`check_snapshot` and the maintenance hand-off (agent/daemon_jobs/handoff.py) share it.
+    """
+    state = HostState(before=dict(installed), after=dict(installed), manager=manager,
                       context=read_host_context(root, facts_used(policy)))
     return [PolicyViolation(rule=v.rule, message=v.message, packages=dict(v.packages), action=v.action)
             for v in evaluate(state, policy)]
