@@ -2,7 +2,14 @@
 (the host is about to change under it) begins the hand-off; the post-change health check ends it (pass, busy) or
 keeps the node out (a failure). A bundle installed outside a rollout begins nothing: it reaches every host in its
 scope at once, and draining them all would empty the whole partition, each node held until a package change that
-may never come (a bundle that only tightens a rule changes no package).
+may never come (a bundle that only tightens a rule changes no package). Such a bundle may end a rollout's hold,
+though (:func:`end_unapplied_rollout`): when the rollout was aborted before this host changed, its revert (or the
+previous policy under a new serial) arrives outside any admission, no package changes, no post-change check comes,
+and the node would stay drained for good. A hold begun for a rollout (draining or held) is ended then when the
+installed guarded packages comply with the policy now compiled (judged as the snapshot's policy check judges them,
+``agent.report.compliance.check_installed``, nothing rolled back); when they violate it the guard rolls them back
+and the post-change check after that ends it as usual; when they cannot be judged the hold stays (fail safe). A
+kept hold (a failed check) and an operator's own hold are never ended here.
 
 Both calls run in a job child (the policy fetch's, the health check's) and never raise: a scheduler that cannot
 be reached is logged (``maintenance_failed``) and the job's own result stands. ``[integrations] scheduler = "none"``

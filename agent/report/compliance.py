@@ -2,7 +2,8 @@
 
 The daemon calls :func:`check_snapshot` after every snapshot (agent/daemon_jobs/hooks.py). It reads the compiled
 policy from the state directory each time, so ``gpuguard policy compile`` (or a SIGHUP) takes effect at the next
-snapshot. Rolling back what slipped through is ``agent.guard.rollback.core.check_and_rollback``.
+snapshot; :func:`check_installed` is its judgement of an installed set, which the maintenance hand-off shares
+(agent/daemon_jobs/handoff.py). Rolling back what slipped through is ``agent.guard.rollback.core.check_and_rollback``.
 """
 
 from __future__ import annotations
