@@ -9,7 +9,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from agent.config import parse_settings
+from agent.config import Settings, parse_settings
 from agent.daemon_jobs.handoff import after_fetch, begin_for_change, end_after_check, poll_drain
 from agent.host import Host
 from agent.integrations.maintenance import read_state
@@ -88,11 +88,10 @@ CTK_POLICY = ('[policy]\nname = "previous"\n[[versions]]\nname = "ctk"\npackages
 ADMITTED = "rollout R: admitted at stage 2"
 
 
-def _held_root(tmp_path: Path, ctk_version: str, answers: Dict[Tuple[str, ...], List[str]]):
-    """A fake root enforcing CTK_POLICY with nvidia-container-toolkit at ``ctk_version``, its Slurm node ``vm``
-    answering ``answers`` (scripted scontrol), and the settings that hand it to Slurm."""
+def enforcing_root(tmp_path: Path, ctk_version: str) -> Path:
+    """A fake host root whose compiled policy is CTK_POLICY and whose dpkg database has nvidia-container-toolkit
+    at ``ctk_version``."""
     from agent.policy.load import load_and_compile, write_compiled
-    from tests.integrations.test_slurm_handoff import ScriptedScontrol
 
     root = tmp_path / "root"
     (root / "var/lib/dpkg").mkdir(parents=True)
@@ -101,10 +100,22 @@ def _held_root(tmp_path: Path, ctk_version: str, answers: Dict[Tuple[str, ...], 
     (tmp_path / "policy.toml").write_text(CTK_POLICY)
     write_compiled(str(root / "var/lib/gpuguard/policy.compiled.json"),
                    load_and_compile(str(tmp_path / "policy.toml"))[1])
-    settings = parse_settings('[agent]\nstate_dir = "/var/lib/gpuguard"\n[integrations]\nscheduler = "slurm"\n'
-                              'slurm_node_name = "vm"\ndrain_wait_seconds = 0\n')
+    return root
+
+
+def slurm_settings(node: str) -> Settings:
+    """The settings that hand node ``node`` to Slurm, the state directory /var/lib/gpuguard under the root."""
+    return parse_settings('[agent]\nstate_dir = "/var/lib/gpuguard"\n[integrations]\nscheduler = "slurm"\n'
+                          f'slurm_node_name = "{node}"\ndrain_wait_seconds = 0\n')
+
+
+def _held_root(tmp_path: Path, ctk_version: str, answers: Dict[Tuple[str, ...], List[str]]):
+    """enforcing_root, its Slurm node ``vm`` answering ``answers`` (scripted scontrol), and its settings."""
+    from tests.integrations.test_slurm_handoff import ScriptedScontrol
+
     runner = ScriptedScontrol(answers)
-    return Host(root=root, runner=runner), settings, runner, StatePaths("/var/lib/gpuguard")
+    return (Host(root=enforcing_root(tmp_path, ctk_version), runner=runner), slurm_settings("vm"), runner,
+            StatePaths("/var/lib/gpuguard"))
 
 
 def _logged() -> io.StringIO:

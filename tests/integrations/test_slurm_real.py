@@ -233,3 +233,23 @@ def test_a_failing_gpuguard_prolog_drains_the_node_and_requeues_the_job(slurm_wi
     assert code == 0 and "someone else" in line, line
     code, line = gpuguard(cluster, tmp_path, "maintenance", "end", "--check", "pass")
     assert "not resumed" in line and "DRAIN" in cluster.state() and cluster.reason() == reason
+
+
+def test_a_revert_after_an_aborted_rollout_resumes_the_node_it_drained(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """The daemon's fetch drains the node for rollout R (admitted at stage 1); R is aborted before the host's
+    packages moved, and the revert (serial 45, no admission) finds them compliant: the real node is resumed, its
+    maintenance reason gone, instead of staying drained for good."""
+    from agent.daemon_jobs.handoff import after_fetch
+    from agent.integrations.maintenance import read_state
+    from agent.statepaths import StatePaths
+    from tests.daemon.test_handoff import enforcing_root, slurm_settings
+
+    host = Host(root=enforcing_root(tmp_path, "1.17.4-1"),
+                runner=SubprocessRunner(extra_env={"SLURM_CONF": str(slurm.conf)}))
+    settings = slurm_settings(slurm.node)
+    assert after_fetch(host, settings, "installed", "rollout R: admitted at stage 1", 44) is not None
+    slurm._wait(lambda: "DRAIN" in slurm.state(), "the node drained for the rollout")
+    assert slurm.reason() == "gpuguard: maintenance: rollout R stage 1"
+    line = after_fetch(host, settings, "installed", None, 45)
+    assert line is not None and "no longer applies to this host: nothing changed" in line and "resumed" in line
+    assert "DRAIN" not in slurm.state() and read_state(host, StatePaths("/var/lib/gpuguard")) is None
