@@ -88,7 +88,7 @@ def end_unapplied_rollout(host: "Host", settings: "Settings", serial: Optional[i
     if settings.integrations.scheduler == "none":
         return None
     from agent.bundle.rollout import rollout_of_reason
-    from agent.integrations.maintenance import read_state
+    from agent.integrations.hold import read_state
     from agent.statepaths import StatePaths
 
     paths = StatePaths(settings.agent.state_dir)

@@ -81,7 +81,7 @@ class HealthSkips:
 def maintenance_hold(rt: Runtime) -> Optional[str]:
     """The reason of the maintenance hand-off holding this node now (agent/integrations/maintenance.py), or None;
     a damaged record is logged and counts as none (the events are then reported as they are)."""
-    from agent.integrations.maintenance import read_state
+    from agent.integrations.hold import read_state
 
     try:
         state = read_state(rt.host, rt.paths)

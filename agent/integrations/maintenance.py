@@ -14,15 +14,12 @@ Which scheduler: ``[integrations] scheduler`` (none, slurm, kubernetes); with ``
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Optional
 
-from agent.errors import InputFileError, StateWriteError
-from agent.files import read_json_file, write_atomically
 from agent.host import Host
 from agent.integrations.handoff import HandoffStep, SchedulerHandoff
+from agent.integrations.hold import MaintenanceState, clear_state, read_state, write_state
 from agent.integrations.settings import IntegrationsSettings
 from agent.statepaths import StatePaths
 
@@ -32,26 +29,6 @@ EXIT_MAINTENANCE_KEPT = 41  # the post-change check failed: the node stays out o
 # Health statuses after which the node goes back; those that fail keep it out; the rest (skipped, deferred) wait.
 CHECK_PASSED = ("pass", "busy")
 CHECK_FAILED = ("regression", "cpu_fallback", "failed", "timeout")
-MAX_STATE_BYTES = 64 * 1024
-PHASES = ("draining", "held", "kept")
-
-
-@dataclass(frozen=True)
-class MaintenanceState:
-    """The hold this host has on its node, as persisted."""
-
-    scheduler: str
-    node: str
-    reason: str
-    began_at_seconds: float
-    drained_by_us: bool
-    phase: str  # draining (begun, jobs may still run), held (nothing runs), kept (a post-change check failed)
-    detail: str = ""
-    # When the scheduler was first seen with nothing running (Slurm DRAINED); until then the apt hook and dnf
-    # checker refuse guarded changes on a Slurm node (agent/guard/hotpath/maintenance.py).
-    drained_at_seconds: Optional[float] = None
-
-
 @dataclass(frozen=True)
 class MaintenanceOutcome:
     """What a call did: the exit code, one line, and the hold after it (None: no hold)."""
@@ -59,43 +36,6 @@ class MaintenanceOutcome:
     exit_code: int
     line: str
     state: Optional[MaintenanceState]
-
-
-def state_path(host: Host, paths: StatePaths) -> str:
-    return str(host.path(paths.maintenance))
-
-
-def read_state(host: Host, paths: StatePaths) -> Optional[MaintenanceState]:
-    """The persisted hold, or None; InputFileError naming the file when it is damaged."""
-    path = state_path(host, paths)
-    data = read_json_file(path, max_bytes=MAX_STATE_BYTES)
-    if data is None:
-        return None
-    try:
-        if not isinstance(data, dict):
-            raise TypeError("not an object")
-        state = MaintenanceState(**data)
-        if not all(isinstance(getattr(state, name), str) for name in ("scheduler", "node", "reason", "phase")) \
-                or not isinstance(state.drained_by_us, bool) or state.phase not in PHASES \
-                or not isinstance(state.drained_at_seconds, (int, float, type(None))) \
-                or isinstance(state.drained_at_seconds, bool):
-            raise TypeError("a field has the wrong type or value")
-        return state
-    except TypeError as exc:
-        raise InputFileError(path, f"not a maintenance record: {exc}") from None
-
-
-def _write_state(host: Host, paths: StatePaths, state: MaintenanceState) -> None:
-    write_atomically(state_path(host, paths), json.dumps(asdict(state), sort_keys=True) + "\n")
-
-
-def _clear_state(host: Host, paths: StatePaths) -> None:
-    try:
-        os.unlink(state_path(host, paths))
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise StateWriteError.of(state_path(host, paths), exc) from None
 
 
 def node_for(host: Host, settings: IntegrationsSettings) -> str:
@@ -138,13 +78,13 @@ def begin_maintenance(host: Host, paths: StatePaths, settings: IntegrationsSetti
                                   "([integrations] scheduler = \"none\")", None)
     state = previous or MaintenanceState(handoff.name, node_for(host, settings), reason,
                                          host.clock().timestamp(), True, "draining")
-    _write_state(host, paths, state)  # before the scheduler is asked: a restart in between knows it may hold it
+    write_state(host, paths, state)  # before the scheduler is asked: a restart in between knows it may hold it
     step = handoff.begin(state.reason, settings.drain_wait_seconds if wait_seconds is None else wait_seconds)
     drained_by_us = step.drained_by_us and (previous is None or previous.drained_by_us)
     drained_at = (state.drained_at_seconds or host.clock().timestamp()) if step.ready else None
     state = replace(state, drained_by_us=drained_by_us, phase="held" if step.ready else "draining",
                     detail=step.detail, drained_at_seconds=drained_at)
-    _write_state(host, paths, state)
+    write_state(host, paths, state)
     return MaintenanceOutcome(EXIT_MAINTENANCE_OK if step.ready else EXIT_MAINTENANCE_NOT_READY,
                               _line(handoff.name, step), state)
 
@@ -171,7 +111,7 @@ def end_maintenance(host: Host, paths: StatePaths, settings: IntegrationsSetting
     if state is None:
         return MaintenanceOutcome(EXIT_MAINTENANCE_OK, "gpuguard: maintenance: no hold to end", None)
     step = handoff.end(state.drained_by_us)
-    _clear_state(host, paths)
+    clear_state(host, paths)
     return MaintenanceOutcome(EXIT_MAINTENANCE_OK, _line(handoff.name, step), None)
 
 
@@ -192,7 +132,7 @@ def after_check(host: Host, paths: StatePaths, settings: IntegrationsSettings, n
     why = f"post-change check {health_status}" + (f": {summary}" if summary else "") + f" ({state.reason})"
     step = handoff.keep(state.drained_by_us, why)
     kept = replace(state, drained_by_us=step.drained_by_us and state.drained_by_us, phase="kept", detail=why)
-    _write_state(host, paths, kept)
+    write_state(host, paths, kept)
     return MaintenanceOutcome(EXIT_MAINTENANCE_KEPT, _line(handoff.name, step), kept)
 
 

@@ -451,7 +451,7 @@ def read_rollback_coverage(host: Host, paths: StatePaths) -> RollbackFacts:
 
 def read_maintenance(host: Host, paths: StatePaths) -> MaintenanceFacts:
     """The hand-off hold as persisted; a damaged record is a one-line problem naming the file."""
-    from agent.integrations.maintenance import read_state
+    from agent.integrations.hold import read_state
 
     try:
         state = read_state(host, paths)

@@ -12,7 +12,7 @@ import pytest
 from agent.config import Settings, parse_settings
 from agent.daemon_jobs.handoff import after_fetch, begin_for_change, end_after_check, poll_drain
 from agent.host import Host
-from agent.integrations.maintenance import read_state
+from agent.integrations.hold import read_state
 from agent.log import configure
 from agent.statepaths import StatePaths
 from tests.fakes.runner import FakeRunner

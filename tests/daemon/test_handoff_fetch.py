@@ -50,7 +50,7 @@ def test_a_bundle_installed_after_an_aborted_rollout_ends_its_hold(hub: HubProce
     and the fetch child installs serial 3 outside any admission: the host's packages comply with it, so the hold
     and its label are gone (they used to stay until an operator ended them)."""
     from agent.daemon_jobs.handoff import begin_for_change
-    from agent.integrations.maintenance import read_state
+    from agent.integrations.hold import read_state
     from agent.statepaths import StatePaths
 
     site, _host_token, admin = hub_site(hub, tmp_path)

@@ -170,10 +170,11 @@ class RolloutFleet(Fleet):
         assert code == 0, out + err
         return str(json.loads(out)["rollout"]["rollout_id"])
 
-    def frozen_push_and_start(self, serial: int, policy: str, soak_seconds: int, revert: Optional[int] = None) -> str:
-        """Push the target and start its rollout while every agent and its job children are stopped (SIGSTOP by
-        PID): a pushed bundle is offered to its whole scope until a rollout of it starts (docs/hub.md, "End to
-        end")."""
+    def frozen_push_and_start(self, serial: int, policy: str, soak_seconds: int,
+                              revert_policy: Optional[str] = None) -> str:
+        """Push the target (and, with ``revert_policy``, its revert bundle staged under the next serial) and start
+        its rollout while every agent and its job children are stopped (SIGSTOP by PID): a pushed bundle is offered
+        to its whole scope until a rollout of it starts (docs/hub.md, "End to end")."""
         bundle = self.bundle(serial, policy)
         stopped: List[int] = []
         for agent in self.agents:
@@ -190,7 +191,13 @@ class RolloutFleet(Fleet):
             time.sleep(1)  # a fetch sent just before the stop is answered before the push
             code, out, err = self.push(bundle)
             assert code == 0, out + err
-            return self.start_rollout(serial, soak_seconds, revert)
+            if revert_policy is None:
+                return self.start_rollout(serial, soak_seconds)
+            # the way back, signed with the target: the next serial, staged (offered to nobody until an abort)
+            code, out, err = run("hub", "policy", "push", str(self.bundle(serial + 1, revert_policy)), "--staged",
+                                 "--hub", self.hub.url, "--token-file", str(self.admin))
+            assert code == 0, out + err
+            return self.start_rollout(serial, soak_seconds, serial + 1)
         finally:
             for pid in reversed(stopped):
                 try:
@@ -324,11 +331,9 @@ def test_canaries_widen_restart_abort_and_a_failing_canary_halts(fleet: RolloutF
     for agent in agents:
         agent.changed = False
     bad = f"fleet-{AGENTS // 2:02d}"
-    # The way back, signed now with the target: serial 4 carries rollout A's policy, staged (offered to nobody).
-    code, out, err = run("hub", "policy", "push", str(fleet.bundle(4, PERMISSIVE)), "--staged", "--hub",
-                         fleet.hub.url, "--token-file", str(fleet.admin))
-    assert code == 0, out + err
-    rid_b = fleet.frozen_push_and_start(3, PERMISSIVE.replace('name = "unit"', 'name = "unit-b"'), 600, revert=4)
+    # With its way back: serial 4 carries rollout A's policy, signed and pushed staged with the target.
+    rid_b = fleet.frozen_push_and_start(3, PERMISSIVE.replace('name = "unit"', 'name = "unit-b"'), 600,
+                                        revert_policy=PERMISSIVE)
     b_start = time.monotonic()
     assert admitted(fleet.rollout(rid_b)) == canaries
     wait_observing(fleet, "rollout B halted", lambda: fleet.rollout(rid_b)["rollout"]["state"] == "halted",

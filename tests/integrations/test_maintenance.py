@@ -13,6 +13,7 @@ import pytest
 from agent import cli
 from agent.errors import InputFileError
 from agent.host import Host
+from agent.integrations.hold import read_state
 from agent.integrations.maintenance import (
     EXIT_MAINTENANCE_KEPT,
     EXIT_MAINTENANCE_NOT_READY,
@@ -22,7 +23,6 @@ from agent.integrations.maintenance import (
     end_maintenance,
     maintenance_status,
     poll_drain,
-    read_state,
 )
 from agent.integrations.settings import IntegrationsSettings
 from agent.integrations.slurm_handoff import maintenance_reason

@@ -240,7 +240,7 @@ def test_a_revert_after_an_aborted_rollout_resumes_the_node_it_drained(slurm: Sl
     packages moved, and the revert (serial 45, no admission) finds them compliant: the real node is resumed, its
     maintenance reason gone, instead of staying drained for good."""
     from agent.daemon_jobs.handoff import after_fetch
-    from agent.integrations.maintenance import read_state
+    from agent.integrations.hold import read_state
     from agent.statepaths import StatePaths
     from tests.daemon.test_handoff import enforcing_root, slurm_settings
 

@@ -18,7 +18,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Optional, Tuple
 
-MAX_STATE_BYTES = 64 * 1024  # agent/integrations/maintenance.py's bound
+MAX_STATE_BYTES = 64 * 1024  # agent/integrations/hold.py's bound
 MAX_FIELD_CHARS = 200
 _PHASES = ("draining", "held", "kept")
 
