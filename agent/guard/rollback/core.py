@@ -6,6 +6,12 @@ directory. A compliant state becomes the new known-good set (and its package fil
 whose action is ``rollback`` is planned (``apt-get -s``, ``dnf --assumeno``), run once the package database lock
 is free, checked against the known-good versions, and recorded as a Rollback event; a reboot marker is written
 when a kernel module package moved. What differs between apt/dpkg and dnf/rpm lives in agent.guard.rollback.backend.
+
+When nothing changed since the known-good set but the policy in force moved under it (a revert bundle after an
+aborted rollout, a tightened policy: the daemon also checks after a new compiled policy), a violation of the
+installed set whose action is ``rollback`` rolls back to the set kept before the last change
+(:func:`keep_before_change`), only when that set complies with the policy in force; the restored set becomes the
+known-good one. Without such a set the result is ``violations`` (events recorded), never ``compliant``.
 """
 
 from __future__ import annotations
