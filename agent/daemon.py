@@ -218,6 +218,7 @@ class Daemon:
                 self.scheduler.set_interval(job_id, seconds)
         log.info("config_reloaded", path=self.config_path, endpoint_url=new.view.endpoint_url)
         self.notifier.notify("STATUS=running; configuration reloaded")
+        self.runners["guard"].request("config_reloaded")  # the recompiled policy may no longer allow the installed set
         self.runners["snapshot"].request("config_reloaded")
         self.runners["deliver"].request("config_reloaded")
         return True

@@ -5,9 +5,12 @@ dpkg lock, compares with the known-good set and rolls a ``dpkg -i`` violation ba
 recording its PolicyViolation / Rollback records in guard-events.jsonl), then the forwarder commits those records
 to the outbox, then the snapshot job runs, so the snapshot's diff comes after the rollback's events and shows the
 state the rollback left. When the guard-events file alone grew (the apt hook blocked something), only the
-forwarder runs. With a Host root other than ``/`` the check runs against that root as a chroot (that is how
-``check_and_rollback`` runs apt there, or dnf with ``--installroot``); it is skipped without a compiled policy or
-without a package database (dpkg status, or rpm's database under /var/lib/rpm or /usr/lib/sysimage/rpm).
+forwarder runs. A new compiled policy (a hub bundle installed by the policy fetch, a SIGHUP recompile) runs the check
+too, with no package change: the installed set may violate the new policy (a revert bundle after an aborted rollout
+rolls the host back to the set before the rollout, agent.guard.rollback.core). With a Host root other than ``/`` the
+check runs against that root as a chroot (that is how ``check_and_rollback`` runs apt there, or dnf with
+``--installroot``); it is skipped without a compiled policy or without a package database (dpkg status, or rpm's
+database under /var/lib/rpm or /usr/lib/sysimage/rpm).
 
 A failure of the check is logged (``guard_check_failed``) and reported as a Rollback event with
 ``succeeded = false``; it never ends the job, the forwarding or the snapshot.
@@ -38,6 +41,10 @@ log = get_logger("guard_job")
 DPKG_STATUS = "/var/lib/dpkg/status"
 # Reasons that mean "the installed set may have moved": check (and maybe roll back) before the snapshot.
 CHECK_REASONS = frozenset({"package_change", "package_transaction"})
+# Reasons that mean "the policy in force may have moved" (a bundle from the hub compiled, SIGHUP's recompile): check
+# even though no package moved, since the installed set may violate the new policy (a revert bundle after an aborted
+# rollout); the state key still skips the check when the compiled policy's bytes did not change.
+POLICY_REASONS = frozenset({"policy_bundle_installed", "config_reloaded"})
 
 # check_and_rollback once, in a child or in-process: what it found, or its error raised.
 CheckFunction = Callable[[], Optional[GuardChecked]]
@@ -75,7 +82,7 @@ class GuardJob:
         self._last_checked_key: Optional[str] = None
 
     def run(self, reason: str = "interval") -> None:
-        wants_check = reason in CHECK_REASONS or not self._checked_once
+        wants_check = reason in CHECK_REASONS or reason in POLICY_REASONS or not self._checked_once
         try:
             if wants_check:
                 self._checked_once = True

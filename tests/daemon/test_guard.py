@@ -251,6 +251,25 @@ def test_package_change_checks_then_forwards_then_asks_for_the_snapshot(tmp_path
     rt.outbox.close()
 
 
+@pytest.mark.parametrize("reason", ["policy_bundle_installed", "config_reloaded"])
+def test_a_new_compiled_policy_runs_the_check_without_a_package_change(tmp_path: Path, reason: str) -> None:
+    """A bundle the policy fetch installed (or a SIGHUP recompile) runs the check though dpkg's status did not move:
+    a revert bundle must reach check_and_rollback; an unchanged compiled policy is still skipped."""
+    rt, root, guard_dir = _guard_root(tmp_path)
+    events = guard_dir / "guard-events.jsonl"
+    check = RecordingCheck(events)
+    asked: List[str] = []
+    job = GuardJob(rt, GuardEventForwarder(rt, str(events)).run, on_checked=asked.append, check=check)
+    job.run("package_change")
+    assert len(check.calls) == 1
+    (guard_dir / "policy.compiled.json").write_text('{"name": "revert"}')
+    job.run(reason)
+    assert len(check.calls) == 2, "the new policy was checked"
+    job.run(reason)
+    assert len(check.calls) == 2, "the same policy again: nothing it reads moved"
+    rt.outbox.close()
+
+
 def test_a_failing_check_is_reported_and_never_stops_forwarding_or_the_snapshot(tmp_path: Path) -> None:
     """An exception becomes a Rollback event with succeeded=false; records already written still arrive."""
     rt, root, guard_dir = _guard_root(tmp_path)
@@ -325,8 +344,9 @@ def test_reload_compiles_the_policy_and_an_invalid_one_keeps_the_old_file(tmp_pa
     assert failure["kept"] == "previous compiled policy"
 
 
-def test_sighup_reload_recompiles_the_policy(tmp_path: Path) -> None:
-    """Daemon.reload writes the compiled policy the apt hook reads."""
+def test_sighup_reload_recompiles_the_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Daemon.reload writes the compiled policy the apt hook reads and asks the guard job to check the installed set
+    against it."""
     root = tmp_path / "root"
     (root / "etc/gpuguard/policy.d").mkdir(parents=True)
     (root / "etc/gpuguard/policy.d/10-site.toml").write_text(GOOD_POLICY)
@@ -339,10 +359,13 @@ def test_sighup_reload_recompiles_the_policy(tmp_path: Path) -> None:
     daemon = Daemon(str(config), SettingsInForce.of(settings), Host(root=root, clock=fixed_clock), SystemdNotifier({}),
                     no_hooks())
     daemon.start()
+    guard_requests: List[str] = []
     try:
+        monkeypatch.setattr(daemon.runners["guard"], "request", guard_requests.append)
         assert daemon.reload()
     finally:
         daemon.stop()
+    assert guard_requests == ["config_reloaded"]
     compiled = root / str(tmp_path / "state").lstrip("/") / "policy.compiled.json"
     assert json.loads(compiled.read_text())["name"] == "v1"
 

@@ -6,6 +6,12 @@ directory. A compliant state becomes the new known-good set (and its package fil
 whose action is ``rollback`` is planned (``apt-get -s``, ``dnf --assumeno``), run once the package database lock
 is free, checked against the known-good versions, and recorded as a Rollback event; a reboot marker is written
 when a kernel module package moved. What differs between apt/dpkg and dnf/rpm lives in agent.guard.rollback.backend.
+
+When nothing changed since the known-good set but the policy in force moved under it (a revert bundle after an
+aborted rollout, a tightened policy: the daemon also checks after a new compiled policy), a violation of the
+installed set whose action is ``rollback`` rolls back to the set kept before the last change
+(:func:`keep_before_change`), only when that set complies with the policy in force; the restored set becomes the
+known-good one. Without such a set the result is ``violations`` (events recorded), never ``compliant``.
 """
 
 from __future__ import annotations
@@ -244,7 +250,10 @@ def check_and_rollback(host: Host, guard: GuardSettings, paths: StatePaths, back
         return GuardResult("recorded", detail=detail)
     state = HostState(before=_versions(known_good), after=_versions(current), manager=backend.manager,
                       context=context)
-    violations = [v for v in evaluate(state, policy) if v.touches(state.changed())]
+    judged = evaluate(state, policy)
+    violations = [v for v in judged if v.touches(state.changed())]
+    target: Optional[Dict[str, InstalledPackage]] = known_good
+    why, policy_moved = "", False
     if not violations:
         if state.changed() and not dry_run:
             broken = backend.verify_database()
@@ -254,7 +263,14 @@ def check_and_rollback(host: Host, guard: GuardSettings, paths: StatePaths, back
             files = record_known_good(host, paths, current, clock(), backend)
             return GuardResult("recorded", detail=f"compliant change of {len(state.changed())} packages recorded"
                                + _uncached_note(files, backend))
-        return GuardResult("compliant")
+        standing = [v for v in judged if v.action != "warn"]
+        if state.changed() or not any(v.action == "rollback" for v in standing):
+            return GuardResult("compliant")
+        # The policy moved under an unchanged set (a revert bundle, an aborted rollout, a tightened policy): the
+        # known-good set itself violates it, so the way back is the set kept before the last change, if it complies.
+        violations, policy_moved = standing, True
+        why = "the policy in force changed and the installed (known-good) set violates it: "
+        target = _compliant_before_change(host, paths, backend, policy, context, current)
     for v in violations:
         if not dry_run:
             payload = PolicyViolation(rule=v.rule, message=v.message, packages=v.packages, action=v.action)
@@ -270,15 +286,44 @@ def check_and_rollback(host: Host, guard: GuardSettings, paths: StatePaths, back
         windows = []
     if windows:
         return GuardResult("override", violations, detail=f"override window {windows[0].id} is open: not rolling back")
-    targets, from_versions, to_versions = backend.plan_targets(known_good, current)
+    if target is None:
+        return GuardResult("violations", violations,
+                           detail="the policy in force changed and the installed set violates it; no compliant set "
+                                  "was kept before the last change: not rolled back")
+    targets, from_versions, to_versions = backend.plan_targets(target, current)
     # The authorization covers the plan too: dnf runs its plugins (gpuguard's checker) on --assumeno as well.
-    grant = _authorize(host, paths, known_good, rollback_violations[0].rule, clock())
+    grant = _authorize(host, paths, target, rollback_violations[0].rule, clock())
     try:
-        return plan_and_apply(host, policy, backend, paths, clock, dry_run, snapshot, known_good, violations,
-                              rollback_violations[0].rule, "; ".join(v.message for v in rollback_violations),
-                              targets, from_versions, to_versions)
+        outcome = plan_and_apply(host, policy, backend, paths, clock, dry_run, snapshot, target, violations,
+                                 rollback_violations[0].rule, why + "; ".join(v.message for v in rollback_violations),
+                                 targets, from_versions, to_versions)
     finally:
         _revoke(host, paths, grant)
+    if policy_moved and outcome.status == "rolled_back":
+        # The restored set is the new known-good one (its files were kept with the set it replaced).
+        record_known_good(host, paths, backend.read_installed(policy.guarded), clock(), backend)
+    return outcome
+
+
+def _compliant_before_change(host: Host, paths: StatePaths, backend: PackageBackend, policy: CompiledPolicy,
+                             context: Any, current: Dict[str, InstalledPackage]
+                             ) -> Optional[Dict[str, InstalledPackage]]:
+    """The set kept before the last change when it differs from ``current`` and no rule of ``policy`` (but a warn
+    one) finds fault with it; None otherwise (none kept, an unreadable one, or one the policy forbids too)."""
+    try:
+        previous = load_before_change(host, paths)
+    except InputFileError as exc:
+        log.warning("before_change_unreadable", error=str(exc))
+        return None
+    if previous is None or _versions(previous) == _versions(current):
+        return None
+    state = HostState(before=_versions(previous), after=_versions(previous), manager=backend.manager,
+                      context=context)
+    faults = [v for v in evaluate(state, policy) if v.action != "warn"]
+    if faults:
+        log.warning("before_change_violates_policy", rules=sorted({v.rule for v in faults}))
+        return None
+    return previous
 
 
 def plan_and_apply(host: Host, policy: CompiledPolicy, backend: PackageBackend,

@@ -186,3 +186,34 @@ def test_a_changed_library_makes_the_rebuilt_package_inexact(nvidia) -> None:
     assert entry["source"] == "rebuilt" and entry["path"]
     assert entry["inexact"] == [f"changed since installation: /{lib.relative_to(chroot.root)}"]
     assert "inexact" not in coverage["cuda-cudart-13-0"]
+
+
+def test_a_revert_policy_rolls_a_compliant_change_back_with_real_dpkg(nvidia) -> None:
+    """A newer driver taken as a compliant change under a rollout's target policy, then the revert policy (the one
+    before) compiled with no package change: the guard puts the driver back from the kept .deb with real dpkg and
+    records the restored set as known-good."""
+    chroot, debs = nvidia
+    target = POLICY.replace('allow = "<< 1:580.100"', 'allow = "<< 1:580.200"')
+    (chroot.root / "etc/gpuguard/policy.d/10-test.toml").write_text(target)
+    code, out = gpuguard(chroot, "policy", "compile")
+    assert code == 0, out
+    assert _rollback(chroot).status == "recorded"  # GOOD becomes known-good (and its .debs are rebuilt and kept)
+    took = chroot.run("dpkg", "-i", debs[("libnvidia-compute-580", NV_NEW)])
+    assert took.returncode == 0, took.stderr
+    changed = _rollback(chroot)
+    assert changed.status == "recorded" and "compliant change of 1 packages" in changed.detail, changed.summary()
+
+    (chroot.root / "etc/gpuguard/policy.d/10-test.toml").write_text(POLICY)  # the revert: only << 1:580.100
+    code, out = gpuguard(chroot, "policy", "compile")
+    assert code == 0, out
+    result = _rollback(chroot)
+    assert result.status == "rolled_back", result.summary()
+    assert result.to_versions == {"libnvidia-compute-580": NV} and _versions(chroot) == GOOD
+    known_good = json.loads((chroot.state_dir / "known-good.json").read_text())["packages"]
+    assert known_good["libnvidia-compute-580"]["version"] == NV
+    audit = chroot.run("dpkg", "--audit")
+    assert audit.returncode == 0 and not audit.stdout.strip(), audit.stdout
+    events = [json.loads(line) for line in (chroot.state_dir / "guard-events.jsonl").read_text().splitlines()]
+    assert events[-1]["kind"] == "rollback" and events[-1]["succeeded"] is True
+    assert "the policy in force changed" in events[-1]["detail"], events[-1]
+    assert _rollback(chroot).status == "compliant"
