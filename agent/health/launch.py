@@ -151,10 +151,13 @@ def supervised_argv(argv: Sequence[str], sandbox: Optional[Sandbox] = None,
 
 
 def _start_error(stderr: str) -> Optional[str]:
-    """What reaper.py said when it could not start the command: "not found" or "not executable (why)"."""
+    """What reaper.py said when it could not start the command: "not found", "not executable (why)", or that its
+    PID namespace could not have its own /proc."""
     for line in reversed(stderr.splitlines()[-5:]):
         if line.startswith(_START_ERROR_MARKER + " "):
             what, _, why = line[len(_START_ERROR_MARKER) + 1:].partition(" ")
+            if what == "no-proc":
+                return f"no /proc of its own could be mounted in its PID namespace ({why})"
             return "not found" if what == "not-found" else f"not executable ({why})"
     return None
 

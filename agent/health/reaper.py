@@ -7,9 +7,12 @@ starts ARGV in a child as the given user and waits. A process group does not hol
 that calls setsid() leaves it, and one that also closes its pipes outlives every kill the launcher can aim. So:
 
 1. **A PID namespace** where this process may make one (CAP_SYS_ADMIN: the agent as root). Its first process (its
-   init) is a fork of this one, still the agent's user: it starts the probe, reaps whatever is orphaned in the
-   namespace, and exits when the probe does; the kernel then kills every process left in the namespace, and no
-   process can leave a PID namespace. The probe is not the init itself, so signals and exits work for it as anywhere
+   init) is a fork of this one, still the agent's user: it mounts the namespace's own /proc in a mount namespace of
+   its own, starts the probe, reaps whatever is orphaned in the namespace, and exits when the probe does; the kernel
+   then kills every process left in the namespace, and no process can leave a PID namespace. The /proc is needed:
+   with the host's, the probe's PIDs do not match what it reads there, and CUDA's initialisation fails (torch sees
+   no GPU: seen on the H200, docs/hardware.md). Where no private mount namespace can be made, no PID namespace is
+   made either: the subreaper below. The probe is not the init itself, so signals and exits work for it as anywhere
    (an init ignores the signals it has no handler for), and it cannot signal an init that kept root. The init has
    PR_SET_PDEATHSIG=SIGKILL, so a killed supervisor takes the namespace with it.
 2. Else **a child subreaper** (PR_SET_CHILD_SUBREAPER, no privilege needed): an orphan anywhere below is re-parented
@@ -37,6 +40,8 @@ from typing import List, Optional, Sequence, Tuple
 
 START_ERROR_MARKER = "GPUGUARD_REAPER_START_ERROR"
 _CLONE_NEWPID = 0x20000000
+_CLONE_NEWNS = 0x00020000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 # How long the sweep may take: a process stuck in the kernel (a hung GPU call) can take a while to die.
@@ -56,9 +61,29 @@ def _call(name: str, *args: int) -> bool:
         return False
 
 
+def _mount(source: Optional[str], target: str, fstype: Optional[str], flags: int) -> bool:
+    """mount(2); False (errno kept) when it failed."""
+    global _libc
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        encode = (lambda text: None if text is None else text.encode())  # noqa: E731 - three arguments
+        return int(_libc.mount(encode(source), target.encode(), encode(fstype), ctypes.c_ulong(flags),
+                               None)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _private_mounts() -> bool:
+    """This process in a mount namespace of its own whose mounts propagate nowhere (so a /proc mounted below it
+    stays there); False when it cannot have one (no CAP_SYS_ADMIN, seccomp)."""
+    return _call("unshare", _CLONE_NEWNS) and _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+
+
 def contain(pid_namespace: bool = True) -> str:
-    """Make this process's next child the first of a new PID namespace, else a subreaper: which one it got."""
-    if pid_namespace and _call("unshare", _CLONE_NEWPID):
+    """Make this process's next child the first of a new PID namespace (with mounts of its own, for its /proc),
+    else a subreaper: which one it got."""
+    if pid_namespace and _private_mounts() and _call("unshare", _CLONE_NEWPID):
         return "pid-namespace"
     if _call("prctl", _PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0):
         return "subreaper"
@@ -138,11 +163,17 @@ def _exec_probe(argv: Sequence[str], uid: Optional[int], gid: Optional[int], gro
 
 def _namespace_init(argv: Sequence[str], uid: Optional[int], gid: Optional[int], groups: Optional[List[int]],
                     status_fd: int) -> None:
-    """PID 1 of the new namespace: start the probe, reap every orphan, write the probe's wait status, exit."""
+    """PID 1 of the new namespace: mount its /proc, start the probe, reap every orphan, write the probe's wait
+    status, exit. A /proc that cannot be mounted is a start error: the probe would misjudge the GPUs without it."""
     try:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         _call("prctl", _PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        # Its own mount namespace again (the supervisor's keeps the host's /proc, which its sweep reads).
+        if not (_private_mounts() and _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)):
+            reason = os.strerror(ctypes.get_errno() or errno.EPERM)
+            os.write(2, ("%s no-proc %s\n" % (START_ERROR_MARKER, reason)).encode())
+            os._exit(127)
         me = os.getpid()
         probe = os.fork()
         if probe == 0:

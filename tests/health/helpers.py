@@ -6,6 +6,7 @@ import datetime as dt
 import os
 import pwd
 import sys
+import time
 import types
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -125,3 +126,33 @@ def fake_probe_settings(*probe_args: str, **overrides: Any) -> HealthSettings:
                               "run_as": pwd.getpwuid(os.geteuid()).pw_name}
     values.update(overrides)
     return HealthSettings(**values)
+
+
+def pids_with(token: str) -> list:
+    """Host pids of the processes whose command line holds ``token``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if token.encode() in Path("/proc", name, "cmdline").read_bytes().split(b"\0"):
+                    found.append(int(name))
+            except OSError:
+                continue
+    return found
+
+
+def gone_within(token: str, seconds: float) -> list:
+    """The processes holding ``token`` still alive (not zombies) after up to ``seconds``; [] once all are gone."""
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = [pid for pid in pids_with(token) if process_state(pid) not in ("Z", None)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def process_state(pid: int) -> "str | None":
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None

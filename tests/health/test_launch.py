@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent.health.launch import OUTPUT_CAP_BYTES, BoundedCapture, launch_probe
-from tests.health.helpers import FAKE_PROBE
+from tests.health.helpers import FAKE_PROBE, gone_within, pids_with
 
 pytestmark = pytest.mark.slow  # real processes per test: left out of `make test-fast`
 
@@ -59,36 +59,6 @@ def test_a_flooding_probe_does_not_grow_the_agent() -> None:
     assert f"stderr {400 << 20} bytes > cap" in report["too_large"], report
 
 
-def _pids_with(token: str) -> list:
-    """Host pids of the processes whose command line holds ``token``."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if token.encode() in Path("/proc", name, "cmdline").read_bytes().split(b"\0"):
-                    found.append(int(name))
-            except OSError:
-                continue
-    return found
-
-
-def _gone_within(token: str, seconds: float) -> list:
-    """The processes holding ``token`` still alive (not zombies) after up to ``seconds``; [] once all are gone."""
-    deadline = time.monotonic() + seconds
-    while True:
-        alive = [pid for pid in _pids_with(token) if _state(pid) not in ("Z", None)]
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.05)
-
-
-def _state(pid: int) -> "str | None":
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("pid_namespace", [True, False], ids=["pid-namespace", "subreaper"])
 def test_a_setsid_grandchild_ends_with_the_probe(tmp_path: Path, pid_namespace: bool) -> None:
@@ -100,9 +70,9 @@ def test_a_setsid_grandchild_ends_with_the_probe(tmp_path: Path, pid_namespace: 
         outcome = launch_probe(argv, {"PATH": "/usr/bin:/bin"}, 30.0, pid_namespace=pid_namespace)
         assert outcome.returncode == 0 and not outcome.timed_out and time.monotonic() - started < 20
         assert "GPUGUARD_PROBE_RESULT" in outcome.stdout
-        assert _gone_within(token, 2.0) == []
+        assert gone_within(token, 2.0) == []
     finally:
-        for pid in _pids_with(token):  # only what this test started
+        for pid in pids_with(token):  # only what this test started
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -121,9 +91,9 @@ def test_a_timeout_ends_the_tree_in_subreaper_mode(tmp_path: Path) -> None:
         outcome = launch_probe([sys.executable, "-c", code, token], {"PATH": "/usr/bin:/bin"}, 1.5,
                                pid_namespace=False)
         assert outcome.timed_out
-        assert _gone_within(token, 2.0) == []
+        assert gone_within(token, 2.0) == []
     finally:
-        for pid in _pids_with(token):
+        for pid in pids_with(token):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -169,3 +139,17 @@ def test_the_supervisor_ends_as_the_probe_did(pid_namespace: bool, code: str, re
     """A probe that signals itself dies of it (it is no namespace init) and the launcher sees its code or signal."""
     outcome = launch_probe([sys.executable, "-c", code], {"PATH": "/usr/bin:/bin"}, 20.0, pid_namespace=pid_namespace)
     assert (outcome.returncode, outcome.timed_out, outcome.stderr) == (returncode, False, "")
+
+
+def test_a_probe_in_its_pid_namespace_reads_its_own_proc_and_the_hosts_is_untouched() -> None:
+    """In the PID namespace the probe's /proc is the namespace's own (its PID and /proc/self agree, as CUDA needs:
+    with the host's /proc torch saw no GPU on the H200), and the host's /proc is not remounted by it."""
+    code = "import os; print(os.getpid(), os.readlink('/proc/self'), len([p for p in os.listdir('/proc') " \
+           "if p.isdigit()]))"
+    outcome = launch_probe([sys.executable, "-c", code], {"PATH": "/usr/bin:/bin"}, 20.0, pid_namespace=True)
+    assert outcome.returncode == 0, outcome.stderr
+    pid, self_link, processes = outcome.stdout.split()
+    assert pid == self_link == "2" and int(processes) <= 3, outcome.stdout  # init, the probe (and nothing else)
+    assert os.readlink("/proc/self") == str(os.getpid())
+    with open("/proc/mounts") as mounts:
+        assert sum(1 for line in mounts if line.split()[1] == "/proc") == 1

@@ -109,8 +109,8 @@ def main():
         subprocess.Popen([sys.executable, "-c", code % args.hog_mib]).wait()
         return 0
     if args.mode == "hang":
-        # The grandchild writes its own pid as the host sees it: the probe may run in a PID namespace (the agent's
-        # supervisor makes one), where child.pid is the namespace's number; /proc is the host's.
+        # The grandchild writes the pid its /proc says (in the supervisor's PID namespace, the namespace's own);
+        # its command line holds the pid file's path, by which a test finds it on the host.
         code = ("import os, sys, time\nwith open(sys.argv[1], 'w') as f: f.write(os.readlink('/proc/self'))\n"
                 "time.sleep(600)")
         subprocess.Popen([sys.executable, "-c", code, args.pid_file])
