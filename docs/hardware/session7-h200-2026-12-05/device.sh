@@ -69,6 +69,7 @@ for f in /var/lib/dpkg/info/cuda-cudart-13-0*.list /var/lib/dpkg/info/cuda-cudar
 } > $G/part2.txt 2>&1
 cat $G/part2.txt
 sed -i 's|^# python = "python3".*|python = "/opt/torch/.venv/bin/python3"|' /etc/gpuguard/agent.toml
+printf '\n[daemon]\nhealth_first_run_seconds = 0\n' >> /etc/gpuguard/agent.toml
 gpuguard run --config /etc/gpuguard/agent.toml > $G/daemon.log 2>&1 &
 dpid=$!
 for i in $(seq 1 60); do grep -q daemon_started $G/daemon.log && break; sleep 0.5; done
@@ -87,7 +88,9 @@ for f in /var/lib/dpkg/info/cuda-cudart-13-0*.list /var/lib/dpkg/info/cuda-cudar
 ls /usr/share/doc/cuda-cudart-13-0-hotfix.txt 2>&1
 } > $G/part3.txt 2>&1
 cat $G/part3.txt
+for i in $(seq 1 60); do grep -q '"health_checked\|"event": "health_' $G/daemon.log && grep -q 'job_child_exited.*"job": "health"' $G/daemon.log && break; sleep 1; done
 kill -TERM $dpid; wait $dpid; echo "daemon exit $?" >> $G/part3.txt
+grep -E '"job": "health"|health_' $G/daemon.log | cut -c1-400 | head -8
 grep -E '"event": "(guard_|rollback|policy_violation|package_db|health_)' $G/daemon.log | cut -c1-600 | head -40
 gpuguard guard rollback > $G/after.out 2>&1; echo "guard after exit $?" >> $G/after.out; tail -3 $G/after.out
 el "health"; timeout 60 gpuguard health run --python /opt/torch/.venv/bin/python3 > $G/health.txt 2>&1; echo "health exit $?" >> $G/health.txt; tail -4 $G/health.txt
@@ -110,3 +113,4 @@ gpuguard guard rollback; echo "guard under the bundle exit $?"
 } > $B/bundle.txt 2>&1
 cat $B/bundle.txt | cut -c1-400
 el end
+cd $OUT && tar czf results.tgz r && rm -rf r
