@@ -47,6 +47,12 @@ class HostState(Record):
                  context: Optional[HostContext] = None) -> None:
         Record.__init__(self, before, after, manager, context)
 
+    @classmethod
+    def standing(cls, installed: Mapping[str, str], manager: str = "dpkg",
+                 context: Optional[HostContext] = None) -> "HostState":
+        """An installed set judged as it stands (before and after the same): what violates the policy already."""
+        return cls(dict(installed), dict(installed), manager, context)
+
     def changed(self) -> Set[str]:
         """Package keys whose version differs between before and after (installed, removed or moved)."""
         keys = set(self.before) | set(self.after)

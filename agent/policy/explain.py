@@ -95,7 +95,7 @@ def explain(policy: CompiledPolicy, facts: HostFacts) -> Explanation:
     matrix = policy.section("matrix")
     if matrix:
         lines.append(f"AMD compatibility matrix required (recorded {matrix.get('recorded')})")
-    state = HostState(before=dict(installed), after=dict(installed), manager=facts.manager, context=facts.context)
+    state = HostState.standing(installed, facts.manager, facts.context)
     violations = evaluate(state, policy)
     lines.append("current state: " + ("compliant" if not violations else f"{len(violations)} violation(s)"))
     lines += [f"  {v.rule} [{v.action}]: {v.message}" for v in violations]

@@ -46,7 +46,6 @@ def check_installed(policy: CompiledPolicy, installed: Mapping[str, str], manage
     under ``policy`` (empty: compliant), judged with the host context read under ``root``; pure but for that read,
     nothing rolled back. :func:`check_snapshot` and the maintenance hand-off (agent/daemon_jobs/handoff.py) share it.
     """
-    state = HostState(before=dict(installed), after=dict(installed), manager=manager,
-                      context=read_host_context(root, facts_used(policy)))
+    state = HostState.standing(installed, manager, read_host_context(root, facts_used(policy)))
     return [PolicyViolation(rule=v.rule, message=v.message, packages=dict(v.packages), action=v.action)
             for v in evaluate(state, policy)]

@@ -235,9 +235,7 @@ def check_and_rollback(host: Host, guard: GuardSettings, paths: StatePaths, back
     known_good = load_known_good(host, paths)
     context = read_host_context(str(host.root), facts_used(policy))
     if known_good is None:
-        state = HostState(before=_versions(current), after=_versions(current), manager=backend.manager,
-                          context=context)
-        violations = [v for v in evaluate(state, policy) if v.action != "warn"]
+        violations = _faults(current, backend, policy, context)
         if violations:
             return GuardResult("no_known_good", violations,
                                detail="the host violates the policy and no known-good set was recorded yet")
@@ -305,6 +303,13 @@ def check_and_rollback(host: Host, guard: GuardSettings, paths: StatePaths, back
     return outcome
 
 
+def _faults(packages: Dict[str, InstalledPackage], backend: PackageBackend, policy: CompiledPolicy,
+            context: Any) -> List[Violation]:
+    """What ``policy`` finds wrong with a set as it stands, warn rules aside (they ask nothing of the guard)."""
+    state = HostState.standing(_versions(packages), backend.manager, context)
+    return [v for v in evaluate(state, policy) if v.action != "warn"]
+
+
 def _compliant_before_change(host: Host, paths: StatePaths, backend: PackageBackend, policy: CompiledPolicy,
                              context: Any, current: Dict[str, InstalledPackage]
                              ) -> Optional[Dict[str, InstalledPackage]]:
@@ -317,9 +322,7 @@ def _compliant_before_change(host: Host, paths: StatePaths, backend: PackageBack
         return None
     if previous is None or _versions(previous) == _versions(current):
         return None
-    state = HostState(before=_versions(previous), after=_versions(previous), manager=backend.manager,
-                      context=context)
-    faults = [v for v in evaluate(state, policy) if v.action != "warn"]
+    faults = _faults(previous, backend, policy, context)
     if faults:
         log.warning("before_change_violates_policy", rules=sorted({v.rule for v in faults}))
         return None
