@@ -327,6 +327,10 @@ class Rollouts:
             why = reason
             if state == "paused" and rollout.reason.startswith("waiting for stage"):
                 why = f"{reason}; {rollout.reason}"  # a held-back host still sees the stage, tally and soak
+            if state == "aborted":
+                revert = rollout.spec.revert_serial
+                why += (f"; revert bundle {revert} released to return admitted hosts" if revert is not None
+                        else "; push the previous policy under a new serial to return admitted hosts")
             cur.execute(sql("UPDATE rollouts SET state = ?, updated_at = ?, reason = ? WHERE rollout_id = ?"),
                         (state, self._t(now), why, rollout_id))
             self._audit(cur, principal, f"rollout_{state}", rollout, why)
@@ -358,13 +362,8 @@ class Rollouts:
 
     def abort(self, principal: Principal, rollout_id: str) -> RolloutRow:
         """End the rollout, withdraw its target and release its revert bundle (see the module docstring)."""
-        found = self.store.query("rollout_show", f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?",
-                                 [rollout_id])
-        revert = self._row(found[0]).spec.revert_serial if found else None
-        then = f"revert bundle {revert} released to return admitted hosts" if revert is not None \
-            else "push the previous policy under a new serial to return admitted hosts"
         return self._transition(principal, rollout_id, ACTIVE_STATES, "aborted",
-                                f"aborted by {principal.subject}; target withdrawn; {then}")
+                                f"aborted by {principal.subject}; target withdrawn")
 
     # --- reads ---------------------------------------------------------------------------------------------
     def rows(self) -> List[RolloutRow]:
