@@ -39,11 +39,18 @@ def agent_config(state_dir: Path, host_id: str, ring: str, hub_url: str, token_f
         f'labels = {{ ring = "{ring}" }}',
         "[snapshot]", "interval_seconds = 600",
         "[daemon]", "package_watch_interval_seconds = 5", "health_enabled = false",
-        "[guard]", 'policy_source = "bundle"',
-        "[report]", f'endpoint_url = "{hub_url}"', f'token_file = "{token_file}"',
-        f"heartbeat_interval_seconds = {INTERVAL_SECONDS}", f"delivery_interval_seconds = {INTERVAL_SECONDS}",
-        "startup_jitter_seconds = 1", "backoff_base_seconds = 0.2", "backoff_cap_seconds = 1",
-        "connect_timeout_seconds = 1", "read_timeout_seconds = 3"]) + "\n"
+        *bundle_and_report_lines(hub_url, token_file, INTERVAL_SECONDS)]) + "\n"
+
+
+def bundle_and_report_lines(hub_url: str, token_file: Path, delivery_interval_seconds: float) -> List[str]:
+    """A fleet agent's [guard] (policy from bundles) and [report] sections: the short heartbeat (= policy fetch),
+    a quick start and quick retries against the test hub."""
+    return ["[guard]", 'policy_source = "bundle"',
+            "[report]", f'endpoint_url = "{hub_url}"', f'token_file = "{token_file}"',
+            f"heartbeat_interval_seconds = {INTERVAL_SECONDS}",
+            f"delivery_interval_seconds = {delivery_interval_seconds}",
+            "startup_jitter_seconds = 1", "backoff_base_seconds = 0.2", "backoff_cap_seconds = 1",
+            "connect_timeout_seconds = 1", "read_timeout_seconds = 3"]
 
 
 class FleetAgent(AgentProcess):

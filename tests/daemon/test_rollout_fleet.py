@@ -33,6 +33,7 @@ from tests.daemon.test_policy_fleet import (
     INTERVAL_SECONDS,
     Fleet,
     FleetAgent,
+    bundle_and_report_lines,
     serial_in_force,
     wait_for,
 )
@@ -61,11 +62,7 @@ def agent_config(agent: "RolloutAgent", hub_url: str) -> str:
         "health_first_run_seconds = 0",
         "[health]", f'python = "{agent.probe_python}"', "timeout_seconds = 60",
         f'run_as = "{pwd.getpwuid(os.geteuid()).pw_name}"', "require_accelerator = false", "expected_gpu_count = 1",
-        "[guard]", 'policy_source = "bundle"',
-        "[report]", f'endpoint_url = "{hub_url}"', f'token_file = "{agent.token_file}"',
-        f"heartbeat_interval_seconds = {INTERVAL_SECONDS}", f"delivery_interval_seconds = {INTERVAL_SECONDS / 4}",
-        "startup_jitter_seconds = 1", "backoff_base_seconds = 0.2", "backoff_cap_seconds = 1",
-        "connect_timeout_seconds = 1", "read_timeout_seconds = 3"]) + "\n"
+        *bundle_and_report_lines(hub_url, agent.token_file, INTERVAL_SECONDS / 4)]) + "\n"
 
 
 class RolloutAgent(FleetAgent):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, List
+from contextlib import contextmanager
+from typing import Callable, Iterator, List
 
 from agent.errors import StoreError
 from agent.hub.periodic import Periodic
@@ -18,6 +19,16 @@ def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
             return True
         time.sleep(0.01)
     return condition()
+
+
+@contextmanager
+def _running(periodic: Periodic) -> Iterator[Periodic]:
+    """The scheduler started for the block and stopped after it, whatever the block asserts."""
+    periodic.start()
+    try:
+        yield periodic
+    finally:
+        periodic.stop()
 
 
 def test_a_job_runs_at_its_interval_and_never_twice_at_once() -> None:
@@ -35,11 +46,8 @@ def test_a_job_runs_at_its_interval_and_never_twice_at_once() -> None:
 
     periodic = Periodic()
     periodic.add("job", body, interval_seconds=0.1, first_after_seconds=0.0)
-    periodic.start()
-    try:
+    with _running(periodic):
         assert _wait_for(lambda: len(starts) >= 3, 5)
-    finally:
-        periodic.stop()
     assert overlaps[:3] == [False, False, False]
     assert all(b - a >= 0.2 for a, b in zip(starts, starts[1:]))
 
@@ -50,16 +58,13 @@ def test_run_soon_moves_the_next_run_forward_but_keeps_the_minimum_gap() -> None
     periodic = Periodic()
     periodic.add("tick", lambda: ended.append(time.monotonic()), interval_seconds=3600, first_after_seconds=3600,
                  min_gap_seconds=0.5)
-    periodic.start()
-    try:
+    with _running(periodic):
         asked = time.monotonic()
         periodic.run_soon("tick")
         assert _wait_for(lambda: len(ended) == 1, 2) and ended[0] - asked < 1
         periodic.run_soon("tick")
         assert _wait_for(lambda: len(ended) == 2, 3)
         assert ended[1] - ended[0] >= 0.45
-    finally:
-        periodic.stop()
 
 
 def test_a_failing_job_is_logged_and_runs_again() -> None:
@@ -75,11 +80,8 @@ def test_a_failing_job_is_logged_and_runs_again() -> None:
 
     periodic = Periodic()
     periodic.add("flaky", body, interval_seconds=0.05, first_after_seconds=0.0)
-    periodic.start()
-    try:
+    with _running(periodic):
         assert _wait_for(lambda: len(calls) >= 3, 5)
-    finally:
-        periodic.stop()
 
 
 def test_stop_waits_for_a_run_in_flight_but_no_longer_than_its_timeout() -> None:
