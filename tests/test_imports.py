@@ -1,5 +1,5 @@
-"""The import rules the layout depends on: the floors, no cycle in agent/, apt/ and dnf/ apart, policy/ pure, a
-stdlib-only hot path."""
+"""The import rules the layout depends on: the floors, no cycle in agent/, no two top-level packages importing each
+other, apt/ and dnf/ apart, policy/ pure, a stdlib-only hot path."""
 
 from __future__ import annotations
 
@@ -127,6 +127,37 @@ def test_no_import_cycle_in_agent() -> None:
     """No module of agent/ imports itself back through others (function-level imports included)."""
     cycle = find_cycle(agent_edges(agent_modules()))
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def top_level(name: str) -> str:
+    """The direct child of agent/ that ``name`` is or is in: ``agent.guard.apt.hook`` -> ``agent.guard``."""
+    return ".".join(name.split(".")[:2])
+
+
+def mutual_imports(edges: Dict[str, Set[str]]) -> List[str]:
+    """Each pair of top-level packages (or modules) of agent/ that import each other, with one import each way."""
+    example: Dict[Tuple[str, str], str] = {}
+    for source, targets in sorted(edges.items()):
+        for target in sorted(targets):
+            one, other = top_level(source), top_level(target)
+            if "agent" not in (one, other) and one != other:
+                example.setdefault((one, other), f"{source} imports {target}")
+    return [f"{one} <-> {other}: {example[one, other]}; {example[other, one]}"
+            for one, other in sorted(example) if one < other and (other, one) in example]
+
+
+def test_mutual_imports_finds_a_pair() -> None:
+    """The mutual-import finder itself: a.x -> b.y with b.z -> a.w is a pair; one way, or inside one package, is not."""
+    pair = {"agent.a.x": {"agent.b.y"}, "agent.b.z": {"agent.a.w"}, "agent.a.w": set(), "agent.b.y": set()}
+    assert mutual_imports(pair) == ["agent.a <-> agent.b: agent.a.x imports agent.b.y; agent.b.z imports agent.a.w"]
+    assert mutual_imports({"agent.a.x": {"agent.b.y"}, "agent.b.y": {"agent.c"}, "agent.c": set()}) == []
+    assert mutual_imports({"agent.a.x": {"agent.a.y"}, "agent.a.y": {"agent.a.x"}}) == []
+
+
+def test_no_two_top_level_packages_import_each_other() -> None:
+    """No two direct children of agent/ (guard/ and bundle/, status/ and integrations/, ...) import each other,
+    function-level and TYPE_CHECKING imports included: what both need moves down or to one side."""
+    assert mutual_imports(agent_edges(agent_modules())) == []
 
 
 @pytest.mark.parametrize("one,other", [("agent.guard.apt", "agent.guard.dnf"), ("agent.guard.dnf", "agent.guard.apt")])
