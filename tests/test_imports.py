@@ -243,6 +243,31 @@ def test_policy_is_pure() -> None:
     assert offenders == []
 
 
+def loads(start: str, modules: Dict[str, Path]) -> Set[str]:
+    """The modules of agent/ that importing ``start`` can load, at any depth: what each imports (function-level and
+    TYPE_CHECKING imports included) and the packages above each, whose ``__init__`` importing it runs."""
+    edges = agent_edges(modules)
+    todo, seen = [start], set()
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            parts = name.split(".")
+            todo.extend(".".join(parts[:end]) for end in range(1, len(parts)) if ".".join(parts[:end]) in modules)
+            todo.extend(edges[name])
+    return seen
+
+
+def test_alert_webhooks_load_nothing_of_the_dashboard() -> None:
+    """agent/hub/alerts.py words an event through agent/hub/describe.py and loads no module of agent/hub/dashboard/
+    (the renderer included), at any depth."""
+    modules = agent_modules()
+    loaded = loads("agent.hub.alerts", modules)
+    assert "agent.hub.describe" in loaded and "agent.hub.store" in loaded
+    assert sorted(m for m in loaded if m.startswith("agent.hub.dashboard")) == []
+    assert "agent.hub.dashboard.render" in loads("agent.hub.app", modules)  # the walk does reach the renderer
+
+
 def hot_path_closure(modules: Dict[str, Path]) -> Set[str]:
     edges = agent_edges(modules)
     todo = list(HOT_PATH_ENTRIES) + [m for m in modules if m.startswith(HOT_PATH_FOLDERS)]
