@@ -11,8 +11,11 @@ from typing import Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import pytest
 
+from tests.doctext import backticked
+
 AGENT = Path(__file__).resolve().parents[1] / "agent"
 ARCHITECTURE = AGENT.parent / "docs" / "architecture.md"
+CONTRIBUTING = AGENT.parent / "CONTRIBUTING.md"
 
 # The floors of agent/, lowest first (docs/architecture.md, "Floors"): a module imports from its own floor or below.
 # A name stands for a module or a package with everything in it; the longest name that covers a module decides.
@@ -305,3 +308,59 @@ def test_hot_path_entries_load_on_a_bare_interpreter() -> None:
                             text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
+
+
+def hot_path_modules(modules: Dict[str, Path]) -> Set[str]:
+    """The hot path as a process loads it: the closure above and every package above one of its modules, whose
+    ``__init__`` importing it runs."""
+    closure = hot_path_closure(modules)
+    return closure | {".".join(name.split(".")[:end]) for name in closure for end in range(1, name.count(".") + 1)}
+
+
+def named_as_in_the_docs(names: Set[str]) -> Set[str]:
+    """Module names as the documents list them: a module of HOT_PATH_FOLDERS by its folder (which is named whole)."""
+    return {next((folder for folder in HOT_PATH_FOLDERS if name.startswith(folder + ".")), name) for name in names}
+
+
+def documented_hot_path(text: str, start: str, end: str) -> Set[str]:
+    """The agent modules a document names between ``start`` and ``end`` (paths or dotted names), as dotted names."""
+    flat = " ".join(text.split())
+    assert flat.count(start) == 1, f"expected {start!r} once"
+    section = flat.split(start, 1)[1]
+    assert end in section, f"expected {end!r} after {start!r}"
+    names = set()
+    for span in backticked(start + section.split(end, 1)[0]):
+        if span == "agent" or span.startswith(("agent.", "agent/")):
+            dotted = span.strip("/").replace("/", ".")
+            names.add(dotted[:-len(".py")] if dotted.endswith(".py") else dotted)
+    return names
+
+
+def hot_path_differences(documented: Set[str], computed: Set[str]) -> List[str]:
+    """What a document's hot-path list leaves out of the computed one, and what it names that is not on it."""
+    real = named_as_in_the_docs(computed)
+    return ([f"missing: {name}" for name in sorted(real - documented)]
+            + [f"not on the hot path: {name}" for name in sorted(documented - real)])
+
+
+def test_the_hot_path_list_comparison_itself() -> None:
+    """A list naming a folder, a file path and dotted modules matches; one leaving a module out or naming an extra
+    one does not (a toy text and closure)."""
+    text = "x The hot path is `agent/guard/hotpath/`, `agent/guard/apt/hook.py` and `agent.errors`, `agent`. Stop"
+    listed = documented_hot_path(text, "The hot path is", "Stop")
+    assert listed == {"agent.guard.hotpath", "agent.guard.apt.hook", "agent.errors", "agent"}
+    computed = {"agent.guard.hotpath.entry", "agent.guard.apt.hook", "agent.errors", "agent"}
+    assert hot_path_differences(listed, computed) == []
+    assert hot_path_differences(listed, computed | {"agent.files"}) == ["missing: agent.files"]
+    assert hot_path_differences(listed | {"agent.log"}, computed) == ["not on the hot path: agent.log"]
+
+
+@pytest.mark.parametrize("document,start,end", [
+    (ARCHITECTURE, "The hot path is", "The launchers"),
+    (CONTRIBUTING, "So `agent/guard/hotpath/`", "import the standard library only:"),
+])
+def test_the_documented_hot_path_is_the_computed_one(document: Path, start: str, end: str) -> None:
+    """docs/architecture.md ("Rules") and CONTRIBUTING.md name every module the hot path loads, the package
+    ``__init__`` files included, and nothing else."""
+    listed = documented_hot_path(document.read_text(encoding="utf-8"), start, end)
+    assert hot_path_differences(listed, hot_path_modules(agent_modules())) == []
