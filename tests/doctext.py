@@ -89,3 +89,29 @@ def listed_outside(doc: str) -> List[ListedClass]:
     """A docstring's ``    Name (agent/file.py): reason`` lines: the exceptions kept outside the tree."""
     return [ListedClass(*match.groups()) for match in
             re.finditer(r"^    (\w+) \((agent/[\w/]+\.py)\): (.+)$", doc, re.MULTILINE)]
+
+
+class DrawnCommand(NamedTuple):
+    """One line of a drawn command tree: the command's words from the top (``("hub", "policy", "push")``) and what
+    the line says after it (a module path, or empty)."""
+
+    words: Tuple[str, ...]
+    note: str
+
+
+def drawn_commands(block: str) -> List[DrawnCommand]:
+    """The lines of a command tree drawn as ``├── name   note`` under one top line, each with its words from the
+    top command down (the top line itself left out)."""
+    drawn: List[DrawnCommand] = []
+    stack: List[str] = []
+    for line in block.splitlines():
+        match = re.match(r"^((?:[│ ]   )*)(?:[├└]── )?(\S+)(?:\s+(.*))?$", line)
+        if not match:
+            continue
+        depth = len(match.group(1)) // 4 + (1 if "──" in line else 0)
+        del stack[depth:]
+        assert len(stack) == depth, f"the drawn commands: {line.strip()!r} is indented under nothing"
+        stack.append(match.group(2))
+        if depth:
+            drawn.append(DrawnCommand(tuple(stack[1:]), (match.group(3) or "").strip()))
+    return drawn

@@ -1,5 +1,6 @@
-"""The checkable claims of the docs hold: the banned process-spawning calls and where they are allowed, and every
-exit-code table (docs/architecture.md, README.md, docs/guard.md, health.md, status.md, integrations.md).
+"""The checkable claims of the docs hold: the banned process-spawning calls and where they are allowed, every
+exit-code table (docs/architecture.md, README.md, docs/guard.md, health.md, status.md, integrations.md), and the
+drawing of the commands (docs/architecture.md).
 
 Each test reads the claim from the document and the fact from where it lives (pyproject.toml, the code), so an
 edit to one without the other fails here rather than leaving the document wrong.
@@ -7,14 +8,26 @@ edit to one without the other fails here rather than leaving the document wrong.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import re
 from pathlib import Path
 from types import ModuleType
-from typing import Dict, List, Set, Tuple
+from typing import Dict, Iterator, List, Set, Tuple
 
 import agent.errors
-from tests.doctext import REPO, backticked, coded_words, doc_text, drawn_exit_codes, markdown_table, numbers
+from agent import cli
+from tests.doctext import (
+    REPO,
+    DrawnCommand,
+    backticked,
+    coded_words,
+    doc_text,
+    drawn_commands,
+    drawn_exit_codes,
+    markdown_table,
+    numbers,
+)
 from tests.test_imports import agent_modules, imported_names
 
 try:
@@ -317,3 +330,59 @@ def test_the_readme_layout_names_real_paths_and_every_package() -> None:
     assert [p for p in paths if not (REPO / p).exists()] == []
     packages = {f"agent/{p.name}/" for p in AGENT.iterdir() if (p / "__init__.py").is_file()}
     assert packages - set(paths) == set(), "README.md's layout leaves out a package of agent/"
+
+
+def parser_commands(parser: argparse.ArgumentParser, above: Tuple[str, ...] = ()) -> Iterator[Tuple[str, ...]]:
+    """Every command and subcommand a parser accepts, as its words from the top (``("hub", "policy", "push")``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield above + (name,)
+                yield from parser_commands(sub, above + (name,))
+
+
+def command_differences(drawn: List[DrawnCommand], parsed: List[Tuple[str, ...]]) -> List[str]:
+    """The commands the parser accepts that the drawing leaves out, and those it draws that the parser lacks."""
+    words = {command.words for command in drawn}
+    return ([f"not drawn: {' '.join(c)}" for c in sorted(set(parsed) - words)]
+            + [f"no such command: {' '.join(c)}" for c in sorted(words - set(parsed))])
+
+
+def _drawing() -> List[DrawnCommand]:
+    text = doc_text("docs/architecture.md")
+    assert "\n## The commands\n" in text
+    section = text.split("\n## The commands\n", 1)[1].split("\n## ", 1)[0]
+    blocks = section.split("```")
+    assert len(blocks) == 3, "expected one drawing in docs/architecture.md, 'The commands'"
+    return drawn_commands(blocks[1])
+
+
+def test_the_command_drawing_check_itself() -> None:
+    """A drawn tree is read with each command's words; a command the parser has and the drawing lacks, or the other
+    way round, is reported (a toy parser)."""
+    drawn = drawn_commands("tool\n├── a         a.py\n│   └── x\n└── b\n    └── y\n")
+    assert drawn == [DrawnCommand(("a",), "a.py"), DrawnCommand(("a", "x"), ""), DrawnCommand(("b",), ""),
+                     DrawnCommand(("b", "y"), "")]
+    parser = argparse.ArgumentParser()
+    families = parser.add_subparsers()
+    families.add_parser("a").add_subparsers().add_parser("x")
+    b = families.add_parser("b").add_subparsers()
+    b.add_parser("y")
+    assert command_differences(drawn, list(parser_commands(parser))) == []
+    b.add_parser("z")
+    assert command_differences(drawn[:-1], list(parser_commands(parser))) == ["not drawn: b y", "not drawn: b z"]
+    assert command_differences(drawn + [DrawnCommand(("c",), "")], [("a",), ("a", "x"), ("b",), ("b", "y")]) == [
+        "no such command: c"]
+
+
+def test_the_command_drawing_is_the_parsers() -> None:
+    """docs/architecture.md draws every command and subcommand agent/cli.py's parser accepts (help's, so not the
+    internal ``_job``), and no other."""
+    assert command_differences(_drawing(), list(parser_commands(cli.build_parser()))) == []
+
+
+def test_each_drawn_command_family_names_its_module() -> None:
+    """Each top-level command of the drawing names the module of agent/commands/ that cli._COMMANDS gives it."""
+    families = {c.words[0]: c.note for c in _drawing() if len(c.words) == 1}
+    assert families == {name: module.replace(".", "/") + ".py" for name, module in cli._COMMANDS
+                        if not name.startswith("_")}

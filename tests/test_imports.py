@@ -1,5 +1,5 @@
-"""The import rules the layout depends on: the floors, no cycle in agent/, apt/ and dnf/ apart, policy/ pure, a
-stdlib-only hot path."""
+"""The import rules the layout depends on: the floors, no cycle in agent/, no two top-level packages importing each
+other, apt/ and dnf/ apart, policy/ pure, a stdlib-only hot path."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ from typing import Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import pytest
 
+from tests.doctext import backticked
+
 AGENT = Path(__file__).resolve().parents[1] / "agent"
 ARCHITECTURE = AGENT.parent / "docs" / "architecture.md"
+CONTRIBUTING = AGENT.parent / "CONTRIBUTING.md"
 
 # The floors of agent/, lowest first (docs/architecture.md, "Floors"): a module imports from its own floor or below.
 # A name stands for a module or a package with everything in it; the longest name that covers a module decides.
@@ -129,6 +132,37 @@ def test_no_import_cycle_in_agent() -> None:
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
+def top_level(name: str) -> str:
+    """The direct child of agent/ that ``name`` is or is in: ``agent.guard.apt.hook`` -> ``agent.guard``."""
+    return ".".join(name.split(".")[:2])
+
+
+def mutual_imports(edges: Dict[str, Set[str]]) -> List[str]:
+    """Each pair of top-level packages (or modules) of agent/ that import each other, with one import each way."""
+    example: Dict[Tuple[str, str], str] = {}
+    for source, targets in sorted(edges.items()):
+        for target in sorted(targets):
+            one, other = top_level(source), top_level(target)
+            if "agent" not in (one, other) and one != other:
+                example.setdefault((one, other), f"{source} imports {target}")
+    return [f"{one} <-> {other}: {example[one, other]}; {example[other, one]}"
+            for one, other in sorted(example) if one < other and (other, one) in example]
+
+
+def test_mutual_imports_finds_a_pair() -> None:
+    """The mutual-import finder itself: a.x -> b.y with b.z -> a.w is a pair; one way, or inside one package, is not."""
+    pair = {"agent.a.x": {"agent.b.y"}, "agent.b.z": {"agent.a.w"}, "agent.a.w": set(), "agent.b.y": set()}
+    assert mutual_imports(pair) == ["agent.a <-> agent.b: agent.a.x imports agent.b.y; agent.b.z imports agent.a.w"]
+    assert mutual_imports({"agent.a.x": {"agent.b.y"}, "agent.b.y": {"agent.c"}, "agent.c": set()}) == []
+    assert mutual_imports({"agent.a.x": {"agent.a.y"}, "agent.a.y": {"agent.a.x"}}) == []
+
+
+def test_no_two_top_level_packages_import_each_other() -> None:
+    """No two direct children of agent/ (guard/ and bundle/, status/ and integrations/, ...) import each other,
+    function-level and TYPE_CHECKING imports included: what both need moves down or to one side."""
+    assert mutual_imports(agent_edges(agent_modules())) == []
+
+
 @pytest.mark.parametrize("one,other", [("agent.guard.apt", "agent.guard.dnf"), ("agent.guard.dnf", "agent.guard.apt")])
 def test_apt_and_dnf_never_import_each_other(one: str, other: str) -> None:
     """guard/apt/ and guard/dnf/ meet only in guard/installed.py, guard/manager.py and the neutral modules."""
@@ -212,6 +246,31 @@ def test_policy_is_pure() -> None:
     assert offenders == []
 
 
+def loads(start: str, modules: Dict[str, Path]) -> Set[str]:
+    """The modules of agent/ that importing ``start`` can load, at any depth: what each imports (function-level and
+    TYPE_CHECKING imports included) and the packages above each, whose ``__init__`` importing it runs."""
+    edges = agent_edges(modules)
+    todo, seen = [start], set()
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            parts = name.split(".")
+            todo.extend(".".join(parts[:end]) for end in range(1, len(parts)) if ".".join(parts[:end]) in modules)
+            todo.extend(edges[name])
+    return seen
+
+
+def test_alert_webhooks_load_nothing_of_the_dashboard() -> None:
+    """agent/hub/alerts.py words an event through agent/hub/describe.py and loads no module of agent/hub/dashboard/
+    (the renderer included), at any depth."""
+    modules = agent_modules()
+    loaded = loads("agent.hub.alerts", modules)
+    assert "agent.hub.describe" in loaded and "agent.hub.store" in loaded
+    assert sorted(m for m in loaded if m.startswith("agent.hub.dashboard")) == []
+    assert "agent.hub.dashboard.render" in loads("agent.hub.app", modules)  # the walk does reach the renderer
+
+
 def hot_path_closure(modules: Dict[str, Path]) -> Set[str]:
     edges = agent_edges(modules)
     todo = list(HOT_PATH_ENTRIES) + [m for m in modules if m.startswith(HOT_PATH_FOLDERS)]
@@ -249,3 +308,59 @@ def test_hot_path_entries_load_on_a_bare_interpreter() -> None:
                             text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
+
+
+def hot_path_modules(modules: Dict[str, Path]) -> Set[str]:
+    """The hot path as a process loads it: the closure above and every package above one of its modules, whose
+    ``__init__`` importing it runs."""
+    closure = hot_path_closure(modules)
+    return closure | {".".join(name.split(".")[:end]) for name in closure for end in range(1, name.count(".") + 1)}
+
+
+def named_as_in_the_docs(names: Set[str]) -> Set[str]:
+    """Module names as the documents list them: a module of HOT_PATH_FOLDERS by its folder (which is named whole)."""
+    return {next((folder for folder in HOT_PATH_FOLDERS if name.startswith(folder + ".")), name) for name in names}
+
+
+def documented_hot_path(text: str, start: str, end: str) -> Set[str]:
+    """The agent modules a document names between ``start`` and ``end`` (paths or dotted names), as dotted names."""
+    flat = " ".join(text.split())
+    assert flat.count(start) == 1, f"expected {start!r} once"
+    section = flat.split(start, 1)[1]
+    assert end in section, f"expected {end!r} after {start!r}"
+    names = set()
+    for span in backticked(start + section.split(end, 1)[0]):
+        if span == "agent" or span.startswith(("agent.", "agent/")):
+            dotted = span.strip("/").replace("/", ".")
+            names.add(dotted[:-len(".py")] if dotted.endswith(".py") else dotted)
+    return names
+
+
+def hot_path_differences(documented: Set[str], computed: Set[str]) -> List[str]:
+    """What a document's hot-path list leaves out of the computed one, and what it names that is not on it."""
+    real = named_as_in_the_docs(computed)
+    return ([f"missing: {name}" for name in sorted(real - documented)]
+            + [f"not on the hot path: {name}" for name in sorted(documented - real)])
+
+
+def test_the_hot_path_list_comparison_itself() -> None:
+    """A list naming a folder, a file path and dotted modules matches; one leaving a module out or naming an extra
+    one does not (a toy text and closure)."""
+    text = "x The hot path is `agent/guard/hotpath/`, `agent/guard/apt/hook.py` and `agent.errors`, `agent`. Stop"
+    listed = documented_hot_path(text, "The hot path is", "Stop")
+    assert listed == {"agent.guard.hotpath", "agent.guard.apt.hook", "agent.errors", "agent"}
+    computed = {"agent.guard.hotpath.entry", "agent.guard.apt.hook", "agent.errors", "agent"}
+    assert hot_path_differences(listed, computed) == []
+    assert hot_path_differences(listed, computed | {"agent.files"}) == ["missing: agent.files"]
+    assert hot_path_differences(listed | {"agent.log"}, computed) == ["not on the hot path: agent.log"]
+
+
+@pytest.mark.parametrize("document,start,end", [
+    (ARCHITECTURE, "The hot path is", "The launchers"),
+    (CONTRIBUTING, "So `agent/guard/hotpath/`", "import the standard library only:"),
+])
+def test_the_documented_hot_path_is_the_computed_one(document: Path, start: str, end: str) -> None:
+    """docs/architecture.md ("Rules") and CONTRIBUTING.md name every module the hot path loads, the package
+    ``__init__`` files included, and nothing else."""
+    listed = documented_hot_path(document.read_text(encoding="utf-8"), start, end)
+    assert hot_path_differences(listed, hot_path_modules(agent_modules())) == []

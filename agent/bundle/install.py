@@ -29,7 +29,7 @@ from agent.files import FileMissing, read_bytes_bounded
 from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
-    from agent.guard.settings import GuardSettings
+    from agent.bundle.source import PolicySettings
     from agent.host import Host
     from agent.policy.compiled import CompiledPolicy
 
@@ -92,7 +92,7 @@ def _compile(policy_dir: Path, matrix_path: Optional[str], source: str, serial: 
 class BundleInstaller:
     """Installs bundles into one state directory of one Host under the ``[guard]`` settings."""
 
-    def __init__(self, host: "Host", guard: "GuardSettings", state_dir: str) -> None:
+    def __init__(self, host: "Host", guard: "PolicySettings", state_dir: str) -> None:
         self.host = host
         self.guard = guard
         self.paths = StatePaths(state_dir)

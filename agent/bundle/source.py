@@ -7,16 +7,32 @@ recompile) asks :func:`policy_source`, so the choice is made in one place and na
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import TYPE_CHECKING, Optional, Protocol, Tuple
 
 from agent.bundle.state import BundleState, read_bundle_state
 from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
-    from agent.guard.settings import GuardSettings
     from agent.host import Host
     from agent.policy.compiled import CompiledPolicy
     from agent.policy.load import LoadedPolicy
+
+
+class PolicySettings(Protocol):
+    """The four ``[guard]`` settings that choose and check the policy (agent/guard/settings.py's GuardSettings has
+    them): what bundle/ reads of the guard's settings, so that it imports nothing of guard/ (guard/ imports bundle/)."""
+
+    @property
+    def policy_path(self) -> str: ...
+
+    @property
+    def matrix_path(self) -> Optional[str]: ...
+
+    @property
+    def policy_source(self) -> str: ...
+
+    @property
+    def keys_dir(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -38,7 +54,7 @@ def describe_bundle(state: BundleState) -> str:
     return f"bundle serial {state.serial} from {state.source or '?'}, key {state.fingerprint or '?'}"
 
 
-def policy_source(host: "Host", guard: "GuardSettings", state_dir: str) -> PolicySource:
+def policy_source(host: "Host", guard: PolicySettings, state_dir: str) -> PolicySource:
     """The policy source the settings choose, with its paths under the Host's root."""
     if guard.policy_source == "local":
         return PolicySource("local", str(host.path(guard.policy_path)), guard.matrix_path,

@@ -51,9 +51,10 @@ def slurm_check(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -
     """Print ``gpuguard: ok|drain: REASON``; exit 0 (busy and deferred included) or 1 (drain). With --drain,
     drain or resume the node through scontrol as well (for HealthCheckProgram, whose exit code slurmd ignores)."""
     from agent.errors import GpuguardError
-    from agent.integrations.slurm import apply_to_node, node_name, slurm_verdict
+    from agent.integrations.slurm import apply_to_node, node_name
     from agent.status.assess import assess
     from agent.status.facts import gather
+    from agent.status.slurm import slurm_verdict
 
     host = make_host(args.root)
     facts = gather(host, args.config, offline=True)  # the hub is not Slurm's business, and must not slow a Prolog

@@ -31,7 +31,7 @@ import requests
 
 from agent import __version__
 from agent.hub.alert_settings import AlertWebhook
-from agent.hub.dashboard.render import describe
+from agent.hub.describe import describe_event
 from agent.hub.rows import utc_now
 from agent.hub.settings import HubSettings
 from agent.hub.store import SqlStore
@@ -109,12 +109,12 @@ def message(webhook: AlertWebhook, delivery: Delivery) -> bytes:
     if webhook.format == "slack":
         e = _slack_escape
         text = (f"*[{e(event['severity'])}] {e(kind)}* on `{e(event['host_id'])}` ({e(event['hostname'])}) at "
-                f"{e(event['occurred_at'])}\n{describe(event, e)}")
+                f"{e(event['occurred_at'])}\n{describe_event(event, e)}")
         return json.dumps({"text": text}).encode()
     return json.dumps({"version": 1, "source": "gpuguard-hub", "delivery_id": delivery.delivery_id,
                        "webhook": webhook.name, "attempt": delivery.attempts + 1, "kind": kind,
                        "severity": event["severity"], "host_id": event["host_id"], "hostname": event["hostname"],
-                       "summary": describe(event, _plain), "event": event}).encode()
+                       "summary": describe_event(event, _plain), "event": event}).encode()
 
 
 def backoff_seconds(attempts: int, initial: float, maximum: float, rand: Callable[[], float] = random.random) -> float:

@@ -32,7 +32,20 @@ import base64
 import binascii
 import contextlib
 import datetime as dt
-from typing import Any, AsyncIterator, Callable, Dict, Literal, Optional, Sequence, Tuple, Type, TypeVar, Union
+from typing import (
+    Any,
+    AsyncContextManager,
+    AsyncIterator,
+    Callable,
+    Dict,
+    Literal,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    TypeVar,
+    Union,
+)
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -82,7 +95,7 @@ from agent.hub.responses import (
     one_line,
     storage_unavailable,
 )
-from agent.hub.retention import retention_worker
+from agent.hub.retention import RetentionWorker, retention_worker
 from agent.hub.rollout_plan import RolloutRow, RolloutSpec, RolloutsResponse, RolloutStatus
 from agent.hub.rollouts import Rollouts, RolloutWorker
 from agent.hub.rows import DRIFT_KINDS, BatchResult, BundleSummary, EventQuery, utc, utc_now
@@ -168,29 +181,11 @@ def _responses(*statuses: int) -> Dict[Union[int, str], Dict[str, Any]]:
 _READ_ERRORS = _responses(401, 403, 422, 503)
 
 
-def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenRegistry] = None,
-               clock: Callable[[], dt.datetime] = utc_now, fast_ingest: bool = True) -> FastAPI:
-    """The hub app over ``store``; the lifespan opens the store and runs the group-commit writer.
-
-    ``fast_ingest=False`` sends POST /v1/events through FastAPI's routing like every other route (the tests run
-    both ways and expect the same answers)."""
-    registry = tokens if tokens is not None else TokenRegistry(settings.tokens_file, settings.tokens_reload_seconds)
-    writer = GroupCommitWriter(store, max_pending_batches=settings.max_pending_batches,
-                               max_events_per_commit=settings.max_events_per_commit, clock=clock)
-    retention = retention_worker(settings, store, clock)
-    alert_queue = AlertQueue(store, settings.alert_webhooks)
-    deliverer = AlertDeliverer(settings, alert_queue, clock)
-    bundles = PolicyBundles(store, clock)
-    rollouts = Rollouts(store, bundles, alert_queue, clock, stale_after_seconds=settings.stale_after_seconds)
-    rollout_worker = RolloutWorker(rollouts, settings.rollout_tick_seconds)
-    periodic = Periodic()
-    retention.schedule(periodic)
-    rollout_worker.schedule(periodic)
-    hub_metrics = HubMetrics(store, alert_queue, settings.stale_after_seconds, clock, policy_rollout=bundles.rollout,
-                             staged_rollout=rollouts.current)
-    bearer = HTTPBearer(auto_error=False, description="`gpuguard hub add-host HOST_ID` (host token), "
-                                                      "`gpuguard hub add-reader NAME` (reader token) or "
-                                                      "`gpuguard hub add-admin NAME` (admin token)")
+def _lifespan(settings: HubSettings, store: SqlStore, registry: TokenRegistry, writer: GroupCommitWriter,
+              alert_queue: AlertQueue, deliverer: AlertDeliverer, periodic: Periodic,
+              retention: RetentionWorker) -> Callable[[FastAPI], AsyncContextManager[None]]:
+    """What runs beside the app while it serves: the store opened, the writer, the alert deliverer and the periodic
+    work started, and all of it stopped in the reverse order when the server stops."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -214,16 +209,12 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
             await run_in_threadpool(store.close)
             log.info("hub_stopped", commit_count=writer.commit_count, batch_count=writer.batch_count)
 
-    app = HubApp(title="gpuguard hub", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
-                 separate_input_output_schemas=False,
-                 description="Receives gpuguard host reports (event schema v1) and answers fleet questions.")
-    app.state.writer = writer
-    app.state.store = store
-    app.state.rollouts = rollouts
-    ingest = Ingest(settings, registry, writer, alert_queue, on_stored=rollout_worker.nudge)
-    if fast_ingest:
-        app.fast_ingest = hub_metrics.timed(BodySizeLimit(ingest.asgi, settings.max_body_bytes))
-    app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes)
+    return lifespan
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every refusal as the JSON of responses.py: the hub's own, the schema's (422), Starlette's, and anything
+    unexpected (500, logged)."""
 
     @app.exception_handler(HubHTTPError)
     async def _hub_error(request: Request, exc: HubHTTPError) -> Response:
@@ -243,15 +234,41 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
     async def _unexpected(request: Request, exc: Exception) -> Response:
         return error_response(internal_error(request.url.path, exc))
 
+
+def _reader_check(settings: HubSettings, registry: TokenRegistry, bearer: HTTPBearer) -> Callable[..., None]:
+    """The dependency of the fleet API's routes: a reader token, unless ``fleet_api_requires_token`` is off."""
+
     def require_reader(credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
         if settings.fleet_api_requires_token:
             reader_of(registry, credentials.credentials if credentials is not None else None)
 
-    def read(operation: Callable[[], _Read]) -> _Read:
-        try:
-            return operation()
-        except StoreError as exc:
-            raise storage_unavailable(exc) from None
+    return require_reader
+
+
+def read(operation: Callable[[], _Read]) -> _Read:
+    """What ``operation`` reads from the store; 503 when the store is busy or unavailable."""
+    try:
+        return operation()
+    except StoreError as exc:
+        raise storage_unavailable(exc) from None
+
+
+def token_of(credentials: Optional[HTTPAuthorizationCredentials]) -> Optional[str]:
+    return credentials.credentials if credentials is not None else None
+
+
+async def admin_body(registry: TokenRegistry, request: Request, credentials: Optional[HTTPAuthorizationCredentials],
+                     model: Type[_Body]) -> Tuple[Principal, _Body]:
+    """The admin calling, and the request's JSON body as ``model`` (401/403 before the body is read, 422)."""
+    principal = admin_of(registry, token_of(credentials))
+    try:
+        return principal, model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise _invalid(exc.errors()) from None
+
+
+def _add_ingest_route(app: FastAPI, ingest: Ingest, registry: TokenRegistry, bearer: HTTPBearer) -> None:
+    """POST /v1/events through FastAPI's routing (the fast path, HubApp.fast_ingest, runs the same steps)."""
 
     @app.post(INGEST_PATH, response_model=BatchResult, summary="Ingest a host's EventBatch",
               responses=_responses(400, 401, 403, 413, 422, 503),
@@ -261,6 +278,11 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
                           credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
         principal = host_of(registry, credentials.credentials if credentials is not None else None)
         return json_response(await ingest.store(principal, await request.body()))
+
+
+def _add_fleet_routes(app: FastAPI, store: SqlStore, clock: Callable[[], dt.datetime],
+                      require_reader: Callable[..., None]) -> None:
+    """The fleet API (reader token): hosts, pairings, drift, stored events."""
 
     @app.get("/v1/hosts", response_model=HostsResponse, summary="Each host's latest pairing, last seen, compliance",
              responses=_READ_ERRORS, dependencies=[Depends(require_reader)])
@@ -296,17 +318,11 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
         records = [EventRecord(received_at=s.received_at, event=Event.model_validate_json(s.body)) for s in stored]
         return json_response(EventsResponse(count=len(records), events=records))
 
-    def token_of(credentials: Optional[HTTPAuthorizationCredentials]) -> Optional[str]:
-        return credentials.credentials if credentials is not None else None
 
-    async def admin_body(request: Request, credentials: Optional[HTTPAuthorizationCredentials],
-                         model: Type[_Body]) -> Tuple[Principal, _Body]:
-        """The admin calling, and the request's JSON body as ``model`` (401/403 before the body is read, 422)."""
-        principal = admin_of(registry, token_of(credentials))
-        try:
-            return principal, model.model_validate_json(await request.body())
-        except ValidationError as exc:
-            raise _invalid(exc.errors()) from None
+def _add_policy_routes(app: FastAPI, registry: TokenRegistry, bearer: HTTPBearer,
+                       require_reader: Callable[..., None], bundles: PolicyBundles, rollouts: Rollouts) -> None:
+    """Signed policy bundles: push and withdraw (admin), list, show, the hosts' serials and the audit (reader), and
+    the offer a host fetches (host token)."""
 
     @app.post("/v1/policy/bundles", response_model=BundleSummary, status_code=201,
               summary="Store a signed policy bundle (admin)", responses=_responses(401, 403, 409, 413, 422, 503),
@@ -314,7 +330,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
                   "schema": BundlePush.model_json_schema()}}}})
     async def push_bundle(request: Request,
                           credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
-        principal, body = await admin_body(request, credentials, BundlePush)
+        principal, body = await admin_body(registry, request, credentials, BundlePush)
         data, signature = _base64(body.bundle, "bundle"), _base64(body.signature, "signature")
         summary = await run_in_threadpool(read, lambda: rollouts.push(principal, data, signature, body.staged))
         return json_response(summary, status=201, headers={"Location": f"/v1/policy/bundles/{summary.serial}"})
@@ -376,6 +392,11 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
                                          rollout=offered.notice),
                              headers={"ETag": etag, "Cache-Control": "no-cache", **notice})
 
+
+def _add_rollout_routes(app: FastAPI, registry: TokenRegistry, bearer: HTTPBearer,
+                        require_reader: Callable[..., None], rollouts: Rollouts) -> None:
+    """Staged rollouts: start, pause, resume and abort (admin), list and show (reader)."""
+
     @app.post("/v1/rollouts", response_model=RolloutStatus, status_code=201,
               summary="Start a staged rollout of a pushed bundle (admin)",
               responses=_responses(401, 403, 404, 409, 422, 503),
@@ -383,7 +404,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
                   "schema": RolloutSpec.model_json_schema()}}}})
     async def start_rollout(request: Request,
                             credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
-        principal, spec = await admin_body(request, credentials, RolloutSpec)
+        principal, spec = await admin_body(registry, request, credentials, RolloutSpec)
         status = await run_in_threadpool(read, lambda: rollouts.start(principal, spec))
         return json_response(status, status=201, headers={"Location": f"/v1/rollouts/{status.rollout.rollout_id}"})
 
@@ -408,6 +429,11 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
         operation = {"pause": rollouts.pause, "resume": rollouts.resume, "abort": rollouts.abort}[action]
         return json_response(read(lambda: operation(principal, rollout_id)))
 
+
+def _add_health_and_metrics(app: FastAPI, store: SqlStore, hub_metrics: HubMetrics,
+                            require_reader: Callable[..., None]) -> None:
+    """/healthz (no token) and /metrics (reader token, as the fleet API)."""
+
     @app.get("/healthz", response_model=Health, summary="Liveness and database reachability",
              responses=_responses(503))
     def healthz() -> Response:
@@ -419,8 +445,9 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
         # Same access rule as the fleet API: Prometheus sends the reader token (authorization: credentials_file).
         return Response(generate_latest(hub_metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    mount_dashboard(app, settings, store, registry, clock, alert_counts=alert_queue.counts, bundles=bundles,
-                    rollouts=rollouts)
+
+def _install_openapi(app: FastAPI) -> None:
+    """The OpenAPI spec, with EventBatch's schema (the body POST /v1/events reads itself) among its components."""
 
     def openapi() -> Dict[str, Any]:
         if app.openapi_schema is None:
@@ -434,4 +461,50 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenRegistry] = None,
+               clock: Callable[[], dt.datetime] = utc_now, fast_ingest: bool = True) -> FastAPI:
+    """The hub app over ``store``; the lifespan opens the store and runs the group-commit writer.
+
+    ``fast_ingest=False`` sends POST /v1/events through FastAPI's routing like every other route (the tests run
+    both ways and expect the same answers)."""
+    registry = tokens if tokens is not None else TokenRegistry(settings.tokens_file, settings.tokens_reload_seconds)
+    writer = GroupCommitWriter(store, max_pending_batches=settings.max_pending_batches,
+                               max_events_per_commit=settings.max_events_per_commit, clock=clock)
+    retention = retention_worker(settings, store, clock)
+    alert_queue = AlertQueue(store, settings.alert_webhooks)
+    deliverer = AlertDeliverer(settings, alert_queue, clock)
+    bundles = PolicyBundles(store, clock)
+    rollouts = Rollouts(store, bundles, alert_queue, clock, stale_after_seconds=settings.stale_after_seconds)
+    rollout_worker = RolloutWorker(rollouts, settings.rollout_tick_seconds)
+    periodic = Periodic()
+    retention.schedule(periodic)
+    rollout_worker.schedule(periodic)
+    hub_metrics = HubMetrics(store, alert_queue, settings.stale_after_seconds, clock, policy_rollout=bundles.rollout,
+                             staged_rollout=rollouts.current)
+    bearer = HTTPBearer(auto_error=False, description="`gpuguard hub add-host HOST_ID` (host token), "
+                                                      "`gpuguard hub add-reader NAME` (reader token) or "
+                                                      "`gpuguard hub add-admin NAME` (admin token)")
+    lifespan = _lifespan(settings, store, registry, writer, alert_queue, deliverer, periodic, retention)
+    app = HubApp(title="gpuguard hub", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                 separate_input_output_schemas=False,
+                 description="Receives gpuguard host reports (event schema v1) and answers fleet questions.")
+    app.state.writer = writer
+    app.state.store = store
+    app.state.rollouts = rollouts
+    ingest = Ingest(settings, registry, writer, alert_queue, on_stored=rollout_worker.nudge)
+    if fast_ingest:
+        app.fast_ingest = hub_metrics.timed(BodySizeLimit(ingest.asgi, settings.max_body_bytes))
+    app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes)
+    _add_error_handlers(app)
+    require_reader = _reader_check(settings, registry, bearer)
+    _add_ingest_route(app, ingest, registry, bearer)
+    _add_fleet_routes(app, store, clock, require_reader)
+    _add_policy_routes(app, registry, bearer, require_reader, bundles, rollouts)
+    _add_rollout_routes(app, registry, bearer, require_reader, rollouts)
+    _add_health_and_metrics(app, store, hub_metrics, require_reader)
+    mount_dashboard(app, settings, store, registry, clock, alert_counts=alert_queue.counts, bundles=bundles,
+                    rollouts=rollouts)
+    _install_openapi(app)
     return app

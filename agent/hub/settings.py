@@ -1,4 +1,8 @@
-"""Hub settings: one frozen model, loaded from /etc/gpuguard/hub.toml; every problem reported at once."""
+"""Hub settings: one frozen model, loaded from /etc/gpuguard/hub.toml; every problem reported at once.
+
+Read through agent/configfile.py, as every settings file is, and not agent/config.py, which composes the agent's
+settings models (guard, health, report, ...): the hub loads its own model only (tests/hub/test_settings.py).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,8 @@ from typing import List, Literal
 
 from pydantic import Field, field_validator
 
-from agent.config import parse_toml_model
+from agent.configfile import parse_toml_model, read_config_text
 from agent.defaults import DEFAULT_HUB_CONFIG_PATH, DEFAULT_STATE_DIR
-from agent.errors import ConfigError, InputFileError
-from agent.files import FileMissing, decode_text, read_bytes_bounded
 from agent.hub.alert_settings import AlertWebhook
 from agent.models import FrozenModel
 
@@ -78,12 +80,5 @@ def parse_hub_settings(text: str, path: str = "<string>") -> HubSettings:
 
 def load_hub_settings(path: str = DEFAULT_HUB_CONFIG_PATH, required: bool = False) -> HubSettings:
     """Read the hub config file; defaults when it does not exist (unless ``required``)."""
-    try:
-        text = decode_text(path, read_bytes_bounded(path))
-    except FileMissing:
-        if required:
-            raise ConfigError(path, ["no such file"]) from None
-        return HubSettings()
-    except InputFileError as exc:
-        raise ConfigError(path, [exc.reason]) from None
-    return parse_hub_settings(text, path)
+    text = read_config_text(path, required)
+    return HubSettings() if text is None else parse_hub_settings(text, path)

@@ -1,10 +1,8 @@
-"""Slurm: should this node take jobs? A verdict from ``gpuguard status``'s assessment, and drain/resume.
+"""Slurm: the verdict it is told (drain or not, the exit code, the reason), and drain/resume through ``scontrol``.
 
 Used as a Prolog (slurmd drains the node when the Prolog exits non-zero) or as a HealthCheckProgram (whose exit
-code slurmd ignores: ``--drain`` drains through ``scontrol`` itself). A node is drained for a real failure only:
-the daemon not running or its snapshot stale, the stack not compliant with the pairing policy, a failed health
-check (regression, cpu_fallback, failed, timeout), a failed rollback, a damaged state file. Never for a busy GPU
-(health ``busy`` or ``deferred``), a delivery backlog or an unreachable hub: those are the hub's business.
+code slurmd ignores: ``--drain`` drains through ``scontrol`` itself). The verdict is judged from ``gpuguard
+status``'s assessment by agent/status/slurm.py: a node is drained for a real failure only.
 
 gpuguard resumes only a node it drained itself, known by the ``gpuguard:`` prefix of the drain reason; a node
 drained by anyone else is left alone whatever gpuguard thinks of it, and so is a node the maintenance hand-off
@@ -13,22 +11,17 @@ holds (``gpuguard: maintenance``: slurm_handoff.py resumes it after the post-cha
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import List, Optional, Tuple
 
 from agent.errors import CommandError
 from agent.host import Host
 from agent.models import FrozenModel
-from agent.status.assess import Assessment, snapshot_stale
-from agent.status.facts import StatusFacts
 
 REASON_PREFIX = "gpuguard:"
 # The maintenance hand-off's drains (slurm_handoff.py): never resumed by a health check's --drain.
 MAINTENANCE_REASON_PREFIX = f"{REASON_PREFIX} maintenance"
 EXIT_OK = 0
 EXIT_DRAIN = 1
-# The checks whose failure means jobs must not land here; outbox and hub trouble never drains a node.
-DRAINING_CHECKS = ("daemon", "snapshot", "compliance", "health", "guard")
 MAX_REASON_CHARS = 200
 SCONTROL_TIMEOUT_SECONDS = 15.0
 
@@ -39,25 +32,6 @@ class SlurmVerdict(FrozenModel):
     drain: bool
     exit_code: int
     reason: str
-
-
-def _one_line(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= MAX_REASON_CHARS else text[:MAX_REASON_CHARS - 3] + "..."
-
-
-def slurm_verdict(facts: StatusFacts, assessment: Assessment, now: Optional[dt.datetime] = None) -> SlurmVerdict:
-    """Drain for a failing check in DRAINING_CHECKS or a stale snapshot; otherwise ok (busy included). Pure."""
-    at = now or facts.gathered_at
-    failing = [c for c in assessment.checks if c.name in DRAINING_CHECKS and c.state == "fail"]
-    if snapshot_stale(facts, at):
-        failing += [c for c in assessment.checks if c.name == "snapshot" and c not in failing]
-    if failing:
-        return SlurmVerdict(drain=True, exit_code=EXIT_DRAIN,
-                            reason=_one_line("; ".join(f"{c.name}: {c.summary}" for c in failing)))
-    shown = [c for c in assessment.checks if c.name in ("compliance", "health")]
-    return SlurmVerdict(drain=False, exit_code=EXIT_OK,
-                        reason=_one_line("; ".join(f"{c.name}: {c.summary}" for c in shown)))
 
 
 def parse_node(text: str) -> Tuple[bool, Optional[str]]:

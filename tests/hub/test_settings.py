@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import List
 
 import pytest
 from pydantic import ValidationError
 
 from agent.errors import ConfigError
 from agent.hub.settings import HubSettings, load_hub_settings, parse_hub_settings
+from tests.conftest import run_fresh_python
+
+_LOAD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import agent.hub.app, agent.hub.server
+from agent.hub.settings import load_hub_settings
+load_hub_settings(sys.argv[2], required=True)
+print(json.dumps(sorted(sys.modules)))
+"""
 
 
 def test_defaults_listen_on_loopback_with_sqlite_and_a_1_mib_limit() -> None:
@@ -56,3 +68,26 @@ def test_settings_are_frozen() -> None:
     """Hub settings cannot be assigned to after they are made."""
     with pytest.raises(ValidationError, match="frozen"):
         HubSettings().listen_port = 1  # type: ignore[misc]
+
+
+def agent_settings_modules(modules: List[str]) -> List[str]:
+    """The agent's settings modules among ``modules``: agent/config.py and any area's ``settings`` module but the hub's
+    own (``agent.hub.settings``, ``agent.hub.alert_settings``)."""
+    return sorted(m for m in modules if m == "agent.config" or (
+        m.startswith("agent.") and m.rsplit(".", 1)[-1].endswith("settings") and not m.startswith("agent.hub.")))
+
+
+def test_the_settings_module_filter_finds_agent_settings() -> None:
+    """The filter itself: agent/config.py and guard's settings are found, the hub's own and other modules are not."""
+    assert agent_settings_modules(["agent.config", "agent.guard.settings", "agent.hub.settings",
+                                   "agent.hub.alert_settings", "agent.configfile", "agent.report.events"]) == [
+        "agent.config", "agent.guard.settings"]
+
+
+def test_the_hub_loads_only_its_own_settings(tmp_path: Path) -> None:
+    """Loading hub.toml with the app and the server imported loads no agent settings model, nor agent/config.py."""
+    config = tmp_path / "hub.toml"
+    config.write_text("listen_port = 9000\n")
+    modules = json.loads(run_fresh_python(_LOAD, str(config)).strip().splitlines()[-1])
+    assert "agent.hub.settings" in modules and "agent.configfile" in modules
+    assert agent_settings_modules(modules) == []

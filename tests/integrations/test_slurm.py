@@ -12,9 +12,10 @@ import pytest
 from agent import cli
 from agent.errors import CommandError
 from agent.host import Host
-from agent.integrations.slurm import EXIT_DRAIN, EXIT_OK, apply_to_node, node_name, parse_node, slurm_verdict
+from agent.integrations.slurm import EXIT_DRAIN, EXIT_OK, apply_to_node, node_name, parse_node
 from agent.status.assess import assess
 from agent.status.facts import DaemonFacts, GuardFacts, HealthFacts, MetricsFacts, OutboxFacts, SnapshotFacts
+from agent.status.slurm import slurm_verdict
 from tests.fakes.runner import FakeRunner
 from tests.status.test_assess import MIN, NOW, healthy
 from tests.status.test_command import StateDir

@@ -24,6 +24,8 @@ from agent.hub.dashboard.queries import (
     compliance_of,
     rollback_state,
 )
+from agent.hub.describe import DASH as _DASH
+from agent.hub.describe import describe_event
 from agent.hub.rows import HostState, StoredEvent
 from agent.printable import printable
 from agent.snapshot.pairing import Pairing
@@ -55,7 +57,6 @@ CONTENT_SECURITY_POLICY = (f"default-src 'none'; style-src 'sha256-{CSS_HASH}'; 
 # deferred (nothing ran beside the job) is no failure but stays visible, with skipped.
 HEALTH_LEVELS = {"pass": 2, "busy": 2, "regression": 1, "cpu_fallback": 1, "skipped": 1, "deferred": 1, "failed": 0,
                  "timeout": 0}
-_DASH = "\u2014"
 _STALE = ' <span class="badge bad stale">stale</span>'
 
 
@@ -281,47 +282,9 @@ def pairings_page(groups: Sequence[PairingGroup], without: int, reader: Optional
     return page("Pairings", body, reader, "pairings")
 
 
-def _versions(versions: Mapping[str, str], e: Callable[[Any], str] = e) -> str:
-    return ", ".join(f"{e(k)} {e(v)}" for k, v in sorted(versions.items())) or _DASH
-
-
 def describe(event: Mapping[str, Any], e: Callable[[Any], str] = e) -> str:
-    """One line saying what an event reports, each value passed through ``e`` (HTML escaping by default; the
-    alert webhooks pass their own)."""
-    p = event.get("payload", {})
-    kind = p.get("kind")
-    if kind == "snapshot_changed":
-        changes = p.get("changes") or []
-        moved = "; ".join(f"{e(c.get('section'))}/{e(c.get('path'))}: {e(c.get('old'))} \u2192 {e(c.get('new'))}"
-                          for c in changes[:8] if isinstance(c, dict))
-        return f"snapshot changed{': ' + moved if moved else ''} (hash {e(str(p.get('new_hash'))[:12])})"
-    if kind == "policy_violation":
-        return f"policy violation ({e(p.get('action'))}) {e(p.get('rule'))}: {e(p.get('message'))}"
-    if kind == "transaction_blocked":
-        return (f"{e(p.get('tool'))} transaction blocked by {e(p.get('rule'))}: {e(p.get('message'))} "
-                f"({_versions(p.get('packages') or {}, e)})")
-    if kind == "rollback":
-        outcome = "rolled back" if p.get("succeeded") else "rollback FAILED"
-        reason = e(p.get("reason")) + (f": {e(p.get('health_status'))}" if p.get("health_status") else "")
-        return (f"{outcome} ({reason}): {_versions(p.get('from_versions') or {}, e)} \u2192 "
-                f"{_versions(p.get('to_versions') or {}, e)}")
-    if kind == "health_regression":
-        return (f"health regression: {e(p.get('metric'))} {e(p.get('current_value'))} vs baseline "
-                f"{e(p.get('baseline_value'))} (\u2212{float(p.get('drop_fraction') or 0) * 100:.1f}%)")
-    if kind == "cpu_fallback":
-        return f"CPU fallback: {e(p.get('reason'))}"
-    if kind == "health_deferred":
-        tenants = "; ".join(str(t) for t in p.get("tenants") or []) or "no tenant named"
-        return (f"health check deferred: GPUs busy for {float(p.get('window_seconds') or 0) / 3600:g} h, "
-                f"{e(p.get('attempts'))} attempts ({e(tenants)})")
-    if kind == "override_used":
-        return f"override {e(p.get('window_id'))} used by {e(p.get('opened_by'))}: {e(p.get('reason'))}"
-    if kind == "heartbeat":
-        return (f"heartbeat: agent {e(p.get('agent_version'))}, health {e(p.get('last_health_status'))}, "
-                f"outbox {e(p.get('outbox_depth'))}")
-    if kind == "state_file_damaged":
-        return f"state file damaged: {e(p.get('path'))}: {e(p.get('problem'))}"
-    return e(kind)
+    """One line saying what an event reports, HTML-escaped (agent/hub/describe.py, with the dashboard's ``e``)."""
+    return describe_event(event, e)
 
 
 def _event_items(stored: Sequence[StoredEvent], css: str) -> Tuple[str, List[Dict[str, Any]]]:
