@@ -493,7 +493,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
     app.state.writer = writer
     app.state.store = store
     app.state.rollouts = rollouts
-    ingest = Ingest(settings, registry, writer, alert_queue, on_stored=rollout_worker.nudge)
+    ingest = Ingest(settings, registry, writer, alert_queue, on_stored=rollout_worker.nudge, clock=clock)
     if fast_ingest:
         app.fast_ingest = hub_metrics.timed(BodySizeLimit(ingest.asgi, settings.max_body_bytes))
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes)

@@ -12,6 +12,7 @@ FastAPI's route and the direct ASGI path (``Ingest.asgi``) run the same steps an
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import math
 import re
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
@@ -117,8 +118,10 @@ class Ingest:
 
     def __init__(self, settings: HubSettings, registry: TokenRegistry, writer: GroupCommitWriter,
                  alerts: Optional[AlertQueue] = None,
-                 on_stored: Optional[Callable[[Sequence[Event]], None]] = None) -> None:
+                 on_stored: Optional[Callable[[Sequence[Event]], None]] = None,
+                 clock: Callable[[], dt.datetime] = utc_now) -> None:
         self.settings = settings
+        self.clock = clock  # the hub's clock: when an alert was queued
         self.registry = registry
         self.writer = writer
         self.alerts = alerts
@@ -146,7 +149,7 @@ class Ingest:
         if self.alerts is not None and self.alerts.wanted(batch.events):
             # Queued before the answer: if this fails the agent resends, and the duplicates are queued then.
             try:
-                await run_in_threadpool(self.alerts.enqueue, batch.events, utc_now())
+                await run_in_threadpool(self.alerts.enqueue, batch.events, self.clock())
             except StoreError as exc:
                 raise storage_unavailable(exc) from None
         if self.on_stored is not None:

@@ -3,6 +3,7 @@ receiver at least once through refusals, 500s, a hang and a hub restart; past th
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 from pathlib import Path
@@ -165,3 +166,30 @@ def test_the_shipped_hub_toml_examples_parse_and_show_the_defaults() -> None:
     for key in ("stale_after_seconds", "dashboard_session_seconds", "alert_max_attempts", "alert_retry_initial_seconds",
                 "alert_retry_max_seconds", "alert_timeout_seconds", "alert_poll_seconds"):
         assert getattr(parsed, key) == getattr(defaults, key), key
+
+
+
+def test_an_alert_queued_by_ingest_is_stamped_with_the_hubs_clock(settings: HubSettings,
+                                                                  tokens: Dict[str, str]) -> None:
+    """A critical event posted to /v1/events is queued at the app's clock (here 2020), not the wall clock: a
+    claim one second after the hub's time finds it due."""
+    from fastapi.testclient import TestClient
+
+    from agent.hub.app import create_app
+    from tests.hub.conftest import bearer
+
+    hook = AlertWebhook(name="ops", url="http://127.0.0.1:9/")
+    hooked = settings.model_copy(update={"alert_webhooks": [hook]})
+    hub_now = dt.datetime(2020, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+    bad = event("host-a", "cpu_fallback").model_copy(update={"severity": "critical"})
+    with TestClient(create_app(hooked, make_store(hooked.database_url), clock=lambda: hub_now)) as client:
+        assert client.post("/v1/events", content=batch_json([bad]), headers=bearer(tokens["host-a"])).status_code == 200
+    store = make_store(hooked.database_url)
+    store.open()
+    try:
+        queue = AlertQueue(store, [hook])
+        queue.open()
+        due = queue.claim(hub_now + dt.timedelta(seconds=1), 60)
+    finally:
+        store.close()
+    assert [(d.host_id, d.event_id) for d in due] == [("host-a", bad.event_id)]
