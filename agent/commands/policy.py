@@ -132,7 +132,6 @@ def policy_check(args: argparse.Namespace, make_host: HostFactory, out: TextIO) 
     semantic checks (agent/policy/semantic.py) against AMD's matrix and, unless --no-host, the host's packages and
     kernels. Every problem on its own line; errors exit 3, warnings alone exit 0."""
     from agent.errors import PolicyError
-    from agent.policy.load import DEFAULT_POLICY_DIR
 
     host = make_host(getattr(args, "root", "/"))
     path = args.path or str(host.path(DEFAULT_POLICY_DIR))
