@@ -9,6 +9,9 @@ daemon's ``[snapshot]`` settings default to the watched packages without loading
 DEFAULT_CONFIG_PATH = "/etc/gpuguard/agent.toml"
 DEFAULT_HUB_CONFIG_PATH = "/etc/gpuguard/hub.toml"
 DEFAULT_STATE_DIR = "/var/lib/gpuguard"
+# The local policy files ([guard] policy_path) and the trusted keyrings of signed policy bundles ([guard] keys_dir).
+DEFAULT_POLICY_DIR = "/etc/gpuguard/policy.d"
+DEFAULT_KEYS_DIR = "/etc/gpuguard/keys"
 
 # The packages whose versions carry the AMD driver release and the ROCm release: the policy's [amd] defaults, what
 # the snapshot's pairing and drift findings read, what policy freeze pins.

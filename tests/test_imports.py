@@ -23,7 +23,7 @@ FLOORS: Dict[str, int] = {
     # F0 ground: leaves every floor may use
     "agent": 0, "agent.errors": 0, "agent.records": 0, "agent.frozen": 0, "agent.strictjson": 0, "agent.files": 0,
     "agent.defaults": 0, "agent.log": 0, "agent.models": 0, "agent.validation": 0, "agent.statepaths": 0,
-    "agent.rollback_coverage": 0,
+    "agent.rollback_coverage": 0, "agent.wire": 0,
     "agent.versions": 0, "agent.tomlreader": 0, "agent.jsonrecord": 0, "agent.hostfacts": 0,
     # F1 seams, and the policy engine (pure: the ground floor and itself, test_policy_is_pure)
     "agent.host": 1, "agent.gpu_libraries": 1, "agent.configfile": 1, "agent.policy": 1,

@@ -109,3 +109,72 @@ def test_package_name_of_every_key_form(key: str, name: str) -> None:
     from agent.hostfacts.package_keys import package_name
 
     assert package_name(key) == name
+
+
+# --- the wire contract between hub and agent (agent/wire.py) and the default config paths (agent/defaults.py) ---
+
+@pytest.mark.parametrize(("pattern", "home", "count"), [
+    (r'"bundle-', "agent/wire.py", 1),  # the ETag form
+    (r"^X-Gpuguard-Rollout", "agent/wire.py", 4),  # the rollout notice and its three typed-field headers
+    (r"^/v1/events$", "agent/wire.py", 1),  # the ingest path
+    (r"^/v1/policy/bundle$", "agent/wire.py", 1),  # the bundle path
+    (r"/etc/gpuguard/policy\.d", "agent/defaults.py", 1),
+    (r"/etc/gpuguard/keys", "agent/defaults.py", 1),
+])
+def test_a_contract_string_is_written_once(pattern: str, home: str, count: int) -> None:
+    """The ETag form, the rollout header names, the hub's paths and the policy and keys directories are string
+    literals in their one home and nowhere else in agent/."""
+    found = homes(pattern)
+    assert len(found) == count and all(h.startswith(f"{home}:") for h in found), found
+
+
+def assigned(name: str) -> List[str]:
+    """``path:line`` of every assignment to ``name`` (a module or class constant) in agent/."""
+    found = []
+    for path in sorted(AGENT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign) else []
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                found.append(f"{path.relative_to(AGENT.parent)}:{node.lineno}")
+    return found
+
+
+@pytest.mark.parametrize("name", ["MAX_SIGNATURE_BYTES", "MAX_NOTICE_CHARS", "MAX_STATE_FILE_BYTES",
+                                  "MAX_ROLLOUT_ID_CHARS", "MAX_STAGE", "INGEST_PATH", "BUNDLE_PATH",
+                                  "OFFER_ROLLOUT_ID_FIELD", "OFFER_STATE_FIELD", "OFFER_STAGE_FIELD",
+                                  "HEALTH_STATUSES", "FAILED_HEALTH_STATUSES", "PASSED_HEALTH_STATUSES"])
+def test_a_wire_limit_or_name_is_assigned_only_in_wire(name: str) -> None:
+    """The signature, notice, state-file, rollout id and stage bounds, the paths, the offer's field names and the
+    health status sets are assigned in agent/wire.py and nowhere else (the old per-module copies are gone)."""
+    assert assigned(name) == [h for h in assigned(name) if h.startswith("agent/wire.py:")] and assigned(name)
+
+
+@pytest.mark.parametrize("name", ["MAX_STATE_BYTES", "FAILED_HEALTH", "CHECK_FAILED", "CHECK_PASSED",
+                                  "HEALTH_NOT_OK", "HEALTH_OK", "ROLLOUT_HEADER", "DEFAULT_KEYS_DIR",
+                                  "DEFAULT_POLICY_DIR"])
+def test_an_old_copy_is_not_assigned_again(name: str) -> None:
+    """The names the copies had are assigned at most once: in agent/wire.py or agent/defaults.py (their home)."""
+    found = assigned(name)
+    assert len(found) <= 1 and all(h.split(":")[0] in ("agent/wire.py", "agent/defaults.py") for h in found), found
+
+
+def test_the_failing_health_statuses_are_one_set() -> None:
+    """A tuple or set literal holding regression, cpu_fallback, failed and timeout (a failing-health set) is
+    written only in agent/wire.py; the probe's typed Literal names the same statuses as wire's HEALTH_STATUSES."""
+    import typing
+
+    from agent.health.model import HealthStatus
+    from agent.wire import FAILED_HEALTH_STATUSES, HEALTH_STATUSES
+
+    failing = set(FAILED_HEALTH_STATUSES)
+    found = []
+    for path in sorted(AGENT.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        slices = {id(n.slice) for n in ast.walk(tree) if isinstance(n, ast.Subscript)}  # Literal[...] is a type
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Tuple, ast.Set, ast.List)) and id(node) not in slices and failing <= {
+                    e.value for e in node.elts if isinstance(e, ast.Constant)}:
+                found.append(f"{path.relative_to(AGENT.parent)}:{node.lineno}")
+    assert found and all(h.startswith("agent/wire.py:") for h in found), found
+    assert typing.get_args(HealthStatus) == HEALTH_STATUSES

@@ -2,8 +2,10 @@
 
 ``If-None-Match`` carries the ETag of the serial in force (``"bundle-N"``), so an unchanged bundle costs a 304.
 200 is ``{"serial": N, "bundle": b64, "signature": b64}``, 204 means none is in scope. During a staged rollout every
-answer (200, 204, 304) carries the hub's notice (header ``X-Gpuguard-Rollout``, on 200 also the field ``rollout``),
-kept as ``Offer.notice`` (agent/bundle/rollout.py; None: no rollout concerns this host). Every other outcome (the hub
+answer (200, 204, 304) carries the rollout's typed fields (``rollout_id``, ``state``, ``admitted_stage``: headers,
+and on 200 JSON fields; agent/wire.py), kept as ``Offer.rollout`` (agent/bundle/rollout_fields.py, checked strictly:
+malformed in the body refuses the answer, in the headers is ignored), and the hub's notice, display text only (header
+``X-Gpuguard-Rollout``, field ``rollout``), kept as ``Offer.notice``. Every other outcome (the hub
 unreachable, a refusal, a malformed answer) is a failed fetch: logged, and nothing changes on the host (the policy
 in force keeps guarding; the next interval asks again). :func:`parse_offer` is pure.
 
@@ -24,14 +26,22 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from agent.bundle.format import MAX_BUNDLE_BYTES
 from agent.bundle.rollout import clean_notice
+from agent.bundle.rollout_fields import RolloutFields, read_rollout_fields, rollout_fields_of_headers
 from agent.printable import printable
+from agent.wire import (
+    BUNDLE_PATH,
+    MAX_SIGNATURE_BYTES,
+    OFFER_NOTICE_FIELD,
+    OFFER_ROLLOUT_ID_FIELD,
+    OFFER_STAGE_FIELD,
+    OFFER_STATE_FIELD,
+    ROLLOUT_HEADER,
+    etag_of,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import requests
 
-BUNDLE_PATH = "/v1/policy/bundle"
-ROLLOUT_HEADER = "X-Gpuguard-Rollout"
-MAX_SIGNATURE_BYTES = 64 * 1024
 # base64 of the largest bundle and signature, and the JSON around them.
 MAX_OFFER_BYTES = (MAX_BUNDLE_BYTES + MAX_SIGNATURE_BYTES) * 4 // 3 + 4096
 # From the connect to the last byte: the largest answer at 48 KiB/s.
@@ -48,22 +58,24 @@ class Offer:
     bundle: bytes = b""
     signature: bytes = b""
     detail: str = ""
-    notice: Optional[str] = None
+    notice: Optional[str] = None  # display text only
+    rollout: Optional[RolloutFields] = None  # what decides (None: no rollout concerns this host)
 
 
 def etag_for(serial: Optional[int]) -> Optional[str]:
     """The ETag the hub gives the bundle with ``serial`` (None: no bundle in force, nothing to match)."""
-    return None if serial is None else f'"bundle-{serial}"'
+    return None if serial is None else etag_of(serial)
 
 
 def parse_offer(body: bytes) -> Tuple[int, bytes, bytes]:
     """The serial, bundle and signature bytes of a 200 answer; ValueError with one line otherwise."""
-    serial, bundle, signature, _ = parse_offer_with_notice(body)
+    serial, bundle, signature, _, _ = parse_offer_with_rollout(body)
     return serial, bundle, signature
 
 
-def parse_offer_with_notice(body: bytes) -> Tuple[int, bytes, bytes, Optional[str]]:
-    """:func:`parse_offer` and the rollout notice of the body (``rollout``: a string, or null/absent: None)."""
+def parse_offer_with_rollout(body: bytes) -> Tuple[int, bytes, bytes, Optional[str], Optional[RolloutFields]]:
+    """:func:`parse_offer`, the rollout notice of the body (``rollout``: a string, or null/absent: None) and its
+    rollout fields (``rollout_id``, ``state``, ``admitted_stage``; ValueError for a malformed one)."""
     from agent.strictjson import parse_json_text
 
     if len(body) > MAX_OFFER_BYTES:
@@ -86,10 +98,12 @@ def parse_offer_with_notice(body: bytes) -> Tuple[int, bytes, bytes, Optional[st
             decoded.append(base64.b64decode(text, validate=True))
         except (binascii.Error, ValueError):
             raise ValueError(f"{name}: not base64") from None
-    notice = value.get("rollout")
+    notice = value.get(OFFER_NOTICE_FIELD)
     if notice is not None and not isinstance(notice, str):
-        raise ValueError("rollout: not a string")
-    return serial, decoded[0], decoded[1], clean_notice(notice)
+        raise ValueError(f"{OFFER_NOTICE_FIELD}: not a string")
+    fields = read_rollout_fields(value.get(OFFER_ROLLOUT_ID_FIELD), value.get(OFFER_STATE_FIELD),
+                                 value.get(OFFER_STAGE_FIELD))
+    return serial, decoded[0], decoded[1], clean_notice(notice), fields
 
 
 def fetch_offer(endpoint_url: str, token: Optional[str], ca_bundle: Optional[str], serial_in_force: Optional[int],
@@ -132,10 +146,11 @@ def _fetch(url: str, token: Optional[str], ca_bundle: Optional[str], serial_in_f
         with http.get(url, headers=headers, timeout=timeout_seconds, verify=ca_bundle or True,
                       allow_redirects=False, stream=True) as reply:
             notice = clean_notice(reply.headers.get(ROLLOUT_HEADER))
+            rollout = rollout_fields_of_headers(reply.headers)
             if reply.status_code == 304:
-                return Offer("unchanged", serial_in_force, notice=notice)
+                return Offer("unchanged", serial_in_force, notice=notice, rollout=rollout)
             if reply.status_code == 204:
-                return Offer("none", notice=notice)
+                return Offer("none", notice=notice, rollout=rollout)
             if reply.status_code != 200:
                 return Offer("failed", detail=f"{url}: HTTP {reply.status_code}")
             encoding = reply.headers.get("Content-Encoding", "identity").strip().lower()
@@ -157,9 +172,9 @@ def _fetch(url: str, token: Optional[str], ca_bundle: Optional[str], serial_in_f
     if cancelled.is_set() or time.monotonic() >= deadline:
         return Offer("failed", detail=f"{url}: the answer did not end in time")
     try:
-        serial, bundle, signature, body_notice = parse_offer_with_notice(body)
+        serial, bundle, signature, body_notice, body_rollout = parse_offer_with_rollout(body)
     except ValueError as exc:
         return Offer("failed", detail=f"{url}: {exc}")
     if len(signature) > MAX_SIGNATURE_BYTES:
         return Offer("failed", detail=f"{url}: signature larger than {MAX_SIGNATURE_BYTES} bytes")
-    return Offer("offered", serial, bundle, signature, notice=body_notice or notice)
+    return Offer("offered", serial, bundle, signature, notice=body_notice or notice, rollout=body_rollout or rollout)

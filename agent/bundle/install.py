@@ -30,6 +30,7 @@ from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.bundle.source import PolicySettings
+    from agent.bundle.rollout_fields import RolloutFields
     from agent.host import Host
     from agent.policy.compiled import CompiledPolicy
 
@@ -121,14 +122,15 @@ class BundleInstaller:
                                        state.with_refusal(serial, exc.reason, self.host.clock()))
                     raise BundleRefused(exc.source, exc.reason, serial) from None
 
-    def record_rollout(self, notice: Optional[str]) -> None:
-        """Keep the hub's newest rollout notice (None clears it); the file is written only when it changes."""
+    def record_rollout(self, notice: Optional[str], fields: Optional[RolloutFields] = None) -> None:
+        """Keep the hub's newest rollout fields and notice (None clears each); the file is written only when one
+        changes."""
         self.directory.mkdir(parents=True, exist_ok=True)
         with _locked(self.directory):
             state = self.state()
-            if state.rollout != notice:
+            if state.rollout != notice or state.rollout_fields != fields:
                 write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)),
-                                   state.with_rollout(notice, self.host.clock()))
+                                   state.with_rollout(notice, self.host.clock(), fields))
 
     def _install(self, work: Path, state: BundleState, bundle_data: bytes, signature_data: bytes, origin: str,
                  source: Literal["hub", "file"], facts: Callable[[], ScopeFacts], allow_rollback: bool) -> Installed:
@@ -171,7 +173,8 @@ class BundleInstaller:
         write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)),
                            BundleState(serial=bundle.serial, fingerprint=fingerprint, source=source,
                                        installed_at=self.host.clock(), sha256=digest, refused=None,
-                                       rollout=state.rollout, rollout_at=state.rollout_at))
+                                       rollout=state.rollout, rollout_at=state.rollout_at,
+                                       rollout_fields=state.rollout_fields))
         return installed
 
     def _in_force(self, state: BundleState, origin: str) -> Tuple[Optional[int], Optional[str]]:

@@ -1,26 +1,26 @@
-"""The hub's staged-rollout notice as the agent keeps it: one bounded, printable line, and what it says of this host.
+"""The hub's staged-rollout notice as the agent keeps it: one bounded, printable line, display text only.
 
 The hub answers ``GET /v1/policy/bundle`` during a rollout with a notice (header ``X-Gpuguard-Rollout``, and the
 JSON field ``rollout`` on 200; docs/hub.md, "Staged rollouts"), for example::
 
     rollout r43-1a2b3c: waiting for stage 2 (3/3 stage 1 hosts passed, soak ends 14:20 UTC)
-    rollout r43-1a2b3c: admitted at stage 0
 
-:func:`clean_notice` makes what the hub sent safe to keep and show (agent/printable.py, at most
-:data:`MAX_NOTICE_CHARS`); :func:`admission` reads the rollout id and stage of an admitted host. Both pure, standard
-library only.
+:func:`clean_notice` makes it safe to keep and show (agent/printable.py, at most ``MAX_NOTICE_CHARS``). Nothing
+decides on the notice: whether this host was admitted, and at which stage, comes in the offer's typed fields
+(agent/bundle/rollout_fields.py). :func:`handoff_reason` words those fields for a person. Both pure; standard
+library only and light (the apt hook shows the notice when it refuses).
 """
 
 from __future__ import annotations
 
-import re
-from typing import Optional, Tuple
-
 from agent.printable import printable
+from agent.wire import MAX_NOTICE_CHARS
 
-MAX_NOTICE_CHARS = 300  # the hub cuts its notice there too (agent/hub/rollouts.py)
-_ADMITTED = re.compile(r"rollout ([A-Za-z0-9._-]{1,64}): admitted at stage (\d{1,4})")
-_HANDOFF = re.compile(r"rollout ([A-Za-z0-9._-]{1,64}) stage \d{1,4}")
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
+    from typing import Optional
+
+    from agent.bundle.rollout_fields import RolloutFields
 
 
 def clean_notice(text: Optional[str]) -> Optional[str]:
@@ -33,22 +33,9 @@ def clean_notice(text: Optional[str]) -> Optional[str]:
     return line if len(line) <= MAX_NOTICE_CHARS else line[:MAX_NOTICE_CHARS - 3] + "..."
 
 
-def admission(notice: Optional[str]) -> Optional[Tuple[str, int]]:
-    """The rollout id and stage when the notice says this host was admitted; None otherwise."""
-    found = _ADMITTED.fullmatch(notice or "")
-    return (found.group(1), int(found.group(2))) if found else None
-
-
-def handoff_reason(notice: Optional[str], serial: Optional[int]) -> str:
-    """Why the host hands its node to the scheduler for an installed bundle: ``rollout R stage N`` when the
-    notice says this host was admitted, else ``policy bundle serial N``."""
-    admitted = admission(notice)
-    if admitted is not None:
-        return f"rollout {admitted[0]} stage {admitted[1]}"
+def handoff_reason(rollout: Optional[RolloutFields], serial: Optional[int]) -> str:
+    """Why the host hands its node to the scheduler for an installed bundle, for people: ``rollout R stage N``
+    when the offer's fields say a rollout admitted this host, else ``policy bundle serial N``."""
+    if rollout is not None and rollout.admitted_stage is not None:
+        return f"rollout {rollout.rollout_id} stage {rollout.admitted_stage}"
     return f"policy bundle serial {serial}"
-
-
-def rollout_of_reason(reason: str) -> Optional[str]:
-    """The rollout id of a hand-off reason that :func:`handoff_reason` made for a rollout; None for any other."""
-    found = _HANDOFF.fullmatch(reason)
-    return found.group(1) if found else None

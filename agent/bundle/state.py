@@ -1,5 +1,5 @@
 """What the agent remembers of policy bundles: the serial in force, its key and source, the last refusal, the
-hub's staged-rollout notice.
+hub's staged-rollout fields (typed: what decides) and notice (display text).
 
 ``policy-bundle/state.json`` in the state directory, written atomically by ``gpuguard policy install`` and the
 daemon's bundle fetch, read by ``gpuguard status``, ``policy explain`` and the heartbeat. Standard library only
@@ -13,12 +13,12 @@ import json
 from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
+from agent.bundle.rollout_fields import RolloutFields
 from agent.errors import InputFileError
 from agent.files import FileMissing, read_bytes_bounded
 from agent.jsonrecord import JsonRecord, RecordError
 from agent.strictjson import parse_json_text
-
-MAX_STATE_BYTES = 64 * 1024
+from agent.wire import MAX_STATE_FILE_BYTES
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,10 @@ class BundleRefusal(JsonRecord):
 
 @dataclass(frozen=True)
 class BundleState(JsonRecord):
-    """The bundle in force (serial None: none yet), the last refusal, and the newest rollout notice the hub sent
-    (``rollout``, agent/bundle/rollout.py; None: the last answer had none) with when it first arrived."""
+    """The bundle in force (serial None: none yet), the last refusal, and what the hub's newest answer said of a
+    staged rollout: its typed fields (``rollout_fields``, agent/bundle/rollout_fields.py; None: no rollout concerns
+    this host, also in a state file written before the field existed) and its notice (``rollout``, display text
+    only), with when the notice first arrived."""
 
     serial: Optional[int] = None
     fingerprint: Optional[str] = None
@@ -43,12 +45,16 @@ class BundleState(JsonRecord):
     refused: Optional[BundleRefusal] = None
     rollout: Optional[str] = None
     rollout_at: Optional[dt.datetime] = None
+    rollout_fields: Optional[RolloutFields] = None
 
     def with_refusal(self, serial: Optional[int], reason: str, at: dt.datetime) -> "BundleState":
         return replace(self, refused=BundleRefusal(serial, reason, at))
 
-    def with_rollout(self, notice: Optional[str], at: dt.datetime) -> "BundleState":
-        return replace(self, rollout=notice, rollout_at=None if notice is None else at)
+    def with_rollout(self, notice: Optional[str], at: dt.datetime,
+                     fields: Optional[RolloutFields] = None) -> "BundleState":
+        rollout_at = None if notice is None else (self.rollout_at if notice == self.rollout and self.rollout_at
+                                                  else at)
+        return replace(self, rollout=notice, rollout_at=rollout_at, rollout_fields=fields)
 
     @property
     def refusal_pending(self) -> bool:
@@ -61,7 +67,7 @@ class BundleState(JsonRecord):
 def read_bundle_state(path: str) -> BundleState:
     """The state file's record; an empty one when there is none; InputFileError when it is damaged."""
     try:
-        data = read_bytes_bounded(path, MAX_STATE_BYTES)
+        data = read_bytes_bounded(path, MAX_STATE_FILE_BYTES)
     except FileMissing:
         return BundleState()
     try:

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
+from agent.defaults import DEFAULT_KEYS_DIR
 from agent.errors import BundleRefused, CommandError
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.host import Host
 
-DEFAULT_KEYS_DIR = "/etc/gpuguard/keys"
 GPGV_TIMEOUT_SECONDS = 30.0
 STATUS_PREFIX = "[GNUPG:] "
 # Each status word that refuses a signature, and how the refusal says it.

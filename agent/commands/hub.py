@@ -123,8 +123,8 @@ def hub_policy(args: argparse.Namespace, make_host: HostFactory, out: TextIO) ->
     import json
 
     from agent.files import read_bytes_bounded
-    from agent.hub.bundles import MAX_SIGNATURE_BYTES
     from agent.hub.client import HubClient, bundle_lines, bundles_table, hub_token, hub_url
+    from agent.wire import MAX_SIGNATURE_BYTES
 
     env = make_host("/").env
     client = HubClient(hub_url(args.hub, env), hub_token(args.token_file, env), ca_bundle=args.ca_bundle)

@@ -12,11 +12,10 @@ import argparse
 from typing import TYPE_CHECKING, TextIO
 
 from agent.commands.options import add_config, add_group, add_root
+from agent.wire import HEALTH_STATUSES
 
 if TYPE_CHECKING:
     from agent.commands import HostFactory, Subparsers
-
-HEALTH_STATUSES = ("pass", "regression", "cpu_fallback", "failed", "timeout", "skipped", "busy", "deferred")
 
 
 def add_parser(sub: Subparsers) -> None:

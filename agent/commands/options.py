@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Optional
 
-from agent.defaults import DEFAULT_CONFIG_PATH, DEFAULT_HUB_CONFIG_PATH
+from agent.defaults import DEFAULT_CONFIG_PATH, DEFAULT_HUB_CONFIG_PATH, DEFAULT_POLICY_DIR
 
 if TYPE_CHECKING:
     from agent.commands import Subparsers
@@ -16,7 +16,7 @@ READ_ROOT_HELP = "read the host tree under DIR instead of / (chroot, fixture)"
 ACT_ROOT_HELP = "act on the host tree under DIR instead of / (chroot, fixture)"
 AGENT_CONFIG_HELP = f"agent config file (default {DEFAULT_CONFIG_PATH}; missing means defaults)"
 HUB_CONFIG_HELP = f"hub config file (default {DEFAULT_HUB_CONFIG_PATH}; missing means defaults)"
-POLICY_HELP = "policy file or directory (default: [guard] policy_path, /etc/gpuguard/policy.d under --root)"
+POLICY_HELP = f"policy file or directory (default: [guard] policy_path, {DEFAULT_POLICY_DIR} under --root)"
 
 
 def add_group(sub: Subparsers, name: str, help: str) -> Subparsers:

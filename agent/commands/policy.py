@@ -25,6 +25,7 @@ from agent.commands.options import (
     add_output,
     add_root,
 )
+from agent.defaults import DEFAULT_POLICY_DIR
 
 if TYPE_CHECKING:
     from agent.commands import HostFactory, Subparsers
@@ -38,7 +39,7 @@ def add_parser(sub: Subparsers) -> None:
                                              "match or block everything; every problem on its own line, warnings "
                                              "as 'warning: ...' (exit 0 valid, warnings allowed; 3 invalid)")
     check.add_argument("path", metavar="FILE|DIR", nargs="?",
-                       help="default: /etc/gpuguard/policy.d under --root")
+                       help=f"default: {DEFAULT_POLICY_DIR} under --root")
     check.add_argument("--matrix", metavar="PATH", help="AMD compatibility matrix file (default: the shipped one, "
                                                         "/usr/share/gpuguard/amd-compat-matrix.toml)")
     add_root(check, "check against the host tree under DIR instead of / (its packages and kernels: rules that match "
@@ -61,12 +62,12 @@ def add_parser(sub: Subparsers) -> None:
         description="Print (or write with --output) a policy from the host as it is now: the installed driver/ROCm "
                     "or NVIDIA driver/CUDA pairing at its exact builds, the running and installed kernels, the rest "
                     "of the GPU stack frozen, the other guarded packages. Save it as "
-                    "/etc/gpuguard/policy.d/50-freeze.toml, check it, then policy compile and pin apply. A host "
+                    f"{DEFAULT_POLICY_DIR}/50-freeze.toml, check it, then policy compile and pin apply. A host "
                     "whose installed driver is not the loaded one is refused (exit 10).")
     add_root(freeze)
     add_config(freeze)
-    add_output(freeze, "write the policy to FILE (atomically) instead of stdout, e.g. "
-                       "/etc/gpuguard/policy.d/50-freeze.toml")
+    add_output(freeze, f"write the policy to FILE (atomically) instead of stdout, e.g. "
+                       f"{DEFAULT_POLICY_DIR}/50-freeze.toml")
     freeze.add_argument("--force", action="store_true", help="replace FILE when it exists")
     freeze.add_argument("--name", help="the policy's name (default: freeze-HOSTNAME)")
     freeze.add_argument("--allow-point-releases", action="store_true",
@@ -131,7 +132,6 @@ def policy_check(args: argparse.Namespace, make_host: HostFactory, out: TextIO) 
     semantic checks (agent/policy/semantic.py) against AMD's matrix and, unless --no-host, the host's packages and
     kernels. Every problem on its own line; errors exit 3, warnings alone exit 0."""
     from agent.errors import PolicyError
-    from agent.policy.load import DEFAULT_POLICY_DIR
 
     host = make_host(getattr(args, "root", "/"))
     path = args.path or str(host.path(DEFAULT_POLICY_DIR))
@@ -322,7 +322,7 @@ def policy_freeze(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
         write_atomically(args.output, text)
     except OSError as exc:
         raise UsageError(f"cannot write {args.output}: {exc.strerror or exc}") from None
-    out.write(f"wrote {args.output}; next: gpuguard policy check {args.output}, then put it in /etc/gpuguard/policy.d/ "
+    out.write(f"wrote {args.output}; next: gpuguard policy check {args.output}, then put it in {DEFAULT_POLICY_DIR}/ "
               f"and run gpuguard policy compile and gpuguard pin apply\n")
     return 0
 

@@ -90,7 +90,7 @@ def run_job(job: str, config_path: str, host: Host, request: JsonObject, result_
             fetched = fetch_and_install(host, settings, job_request.context.host_id)
             # admitted by a rollout: the host is about to change, so the hand-off begins; else a hold begun by an
             # earlier fetch may be waiting for Slurm to drain the node
-            after_fetch(host, settings, fetched.outcome, fetched.rollout, fetched.serial)
+            after_fetch(host, settings, fetched.outcome, fetched.rollout_fields, fetched.serial)
             result = fetched
         else:
             result = _with_outbox(job, host, settings, job_request, stopping)

@@ -9,12 +9,15 @@ and the node would stay drained for good. A hold begun for a rollout (draining o
 installed guarded packages comply with the policy now compiled (judged as the snapshot's policy check judges them,
 ``agent.report.compliance.check_installed``, nothing rolled back); when they violate it the guard rolls them back
 and the post-change check after that ends it as usual; when they cannot be judged the hold stays (fail safe). A
-kept hold (a failed check) and an operator's own hold are never ended here.
+kept hold (a failed check) and an operator's own hold are never ended here. Whose hold it is, is a typed field of
+the hold (``rollout_id``, written only by :func:`begin_for_change` for an admitted host), never read from its
+reason: an operator's ``gpuguard maintenance begin --reason "rollout R stage 2"`` is the operator's.
 
 Both calls run in a job child (the policy fetch's, the health check's) and never raise: a scheduler that cannot
 be reached is logged (``maintenance_failed``) and the job's own result stands. ``[integrations] scheduler = "none"``
-(the default) makes both no-ops. A rollout that admits this host calls :func:`begin_for_change` with its own
-reason ("rollout R stage 2"). Each later policy fetch calls :func:`poll_drain`: a hold still draining is
+(the default) makes both no-ops. A rollout that admits this host (the offer's ``admitted_stage``,
+agent/bundle/rollout_fields.py) calls :func:`begin_for_change` with its id and a reason for people ("rollout R
+stage 2"). Each later policy fetch calls :func:`poll_drain`: a hold still draining is
 looked at once more and recorded as drained once Slurm shows it DRAINED (the apt hook and dnf checker refuse
 guarded changes until then).
 """
@@ -27,6 +30,7 @@ from agent.errors import GpuguardError
 from agent.log import get_logger
 
 if TYPE_CHECKING:  # pragma: no cover
+    from agent.bundle.rollout_fields import RolloutFields
     from agent.config import Settings
     from agent.host import Host
     from agent.integrations.maintenance import MaintenanceOutcome
@@ -55,23 +59,27 @@ def _step(settings: "Settings", name: str, call: Step, **context: str) -> Option
     return outcome.line
 
 
-def begin_for_change(host: "Host", settings: "Settings", reason: str, wait_seconds: float = 0.0) -> Optional[str]:
+def begin_for_change(host: "Host", settings: "Settings", reason: str, wait_seconds: float = 0.0,
+                     rollout_id: Optional[str] = None) -> Optional[str]:
     """Begin the hand-off before a change (by default without waiting: the drain runs while the change waits for
-    its window); the outcome's line, or None when no scheduler is configured or the scheduler failed."""
+    its window), for the rollout ``rollout_id`` (recorded in the hold: gpuguard's own) or None; the outcome's line,
+    or None when no scheduler is configured or the scheduler failed."""
     from agent.integrations.maintenance import begin_maintenance
 
     return _step(settings, "begin", lambda paths: begin_maintenance(
-        host, paths, settings.integrations, settings.report.nfd_features_file, reason, wait_seconds), reason=reason)
+        host, paths, settings.integrations, settings.report.nfd_features_file, reason, wait_seconds,
+        rollout_id=rollout_id), reason=reason)
 
 
-def after_fetch(host: "Host", settings: "Settings", outcome: str, notice: Optional[str],
+def after_fetch(host: "Host", settings: "Settings", outcome: str, rollout: "Optional[RolloutFields]",
                 serial: Optional[int]) -> Optional[str]:
-    """The hand-off after a policy fetch: an installed bundle whose notice says a rollout admitted this host begins
-    it ("rollout R stage N"); anything else looks at a draining hold once more (:func:`poll_drain`)."""
-    from agent.bundle.rollout import admission, handoff_reason
+    """The hand-off after a policy fetch: an installed bundle whose offer's fields say a rollout admitted this host
+    begins it (for that rollout id, "rollout R stage N" for people); anything else looks at a draining hold once
+    more (:func:`poll_drain`)."""
+    from agent.bundle.rollout import handoff_reason
 
-    if outcome == "installed" and admission(notice) is not None:
-        return begin_for_change(host, settings, handoff_reason(notice, serial))
+    if outcome == "installed" and rollout is not None and rollout.admitted_stage is not None:
+        return begin_for_change(host, settings, handoff_reason(rollout, serial), rollout_id=rollout.rollout_id)
     if outcome == "installed":
         log.info("maintenance_not_begun", serial=serial, why="bundle installed outside a staged rollout")
         ended = end_unapplied_rollout(host, settings, serial)
@@ -87,7 +95,6 @@ def end_unapplied_rollout(host: "Host", settings: "Settings", serial: Optional[i
     change, so no post-change check, is coming to end it; the end's line, or None (hold left as it is)."""
     if settings.integrations.scheduler == "none":
         return None
-    from agent.bundle.rollout import rollout_of_reason
     from agent.integrations.hold import read_state
     from agent.statepaths import StatePaths
 
@@ -97,8 +104,8 @@ def end_unapplied_rollout(host: "Host", settings: "Settings", serial: Optional[i
     except (GpuguardError, OSError) as exc:
         log.error("maintenance_failed", step="end_unapplied_rollout", error=str(exc))
         return None
-    if state is None or rollout_of_reason(state.reason) is None:
-        return None  # no hold, or an operator's own (gpuguard maintenance begin): theirs to end
+    if state is None or state.rollout_id is None:
+        return None  # no hold, or an operator's own (gpuguard maintenance begin, whatever its reason): theirs to end
     if state.phase == "kept":
         log.info("maintenance_hold_kept", reason=state.reason, serial=serial,
                  why="kept out after a failed post-change check: an operator ends it (gpuguard maintenance end)")

@@ -4,9 +4,9 @@ and install it as ``gpuguard policy install`` does (agent/bundle/install.py).
 A 304 (the serial in force) costs nothing, and so does an offer below the serial in force (the hub offers an older
 bundle once the newer is withdrawn: an agent never goes back by itself); a refused bundle is recorded in
 ``policy-bundle/state.json`` and reported by the next heartbeat; a hub that cannot be reached changes nothing (the
-policy in force keeps guarding). The hub's staged-rollout notice of every answer is kept in the same state (none
-clears it; a failed fetch keeps the one before): the hook's refusal, ``gpuguard status`` and ``policy explain``
-show it.
+policy in force keeps guarding). The hub's staged-rollout fields and notice of every answer are kept in the same
+state (none clears them; a failed fetch keeps the ones before): the fields decide the maintenance hand-off, the
+hook's refusal, ``gpuguard status`` and ``policy explain`` show the notice.
 Runs in a job child (``gpuguard _job policy_fetch``): requests, pydantic and gpgv stay out of the resident.
 """
 
@@ -44,18 +44,19 @@ def fetch_and_install(host: "Host", settings: "Settings", host_id: str) -> Polic
                         (report.connect_timeout_seconds, report.read_timeout_seconds))
     if offer.status != "failed":
         try:
-            installer.record_rollout(offer.notice)
+            installer.record_rollout(offer.notice, offer.rollout)
         except (GpuguardError, OSError) as exc:
             return PolicyFetchResult(outcome="failed", serial=offer.serial, detail=f"rollout notice: {exc}")
     if offer.status != "offered":
         outcome = {"unchanged": "unchanged", "none": "none"}.get(offer.status, "failed")
         return PolicyFetchResult(outcome=outcome, serial=offer.serial, detail=offer.detail,  # type: ignore[arg-type]
-                                 rollout=offer.notice)
+                                 rollout=offer.notice, rollout_fields=offer.rollout)
 
     if state.serial is not None and offer.serial is not None and offer.serial < state.serial:
         # An older bundle than the one in force (the newer one withdrawn, a rollout aborted): never installed, so
         # not checked, recorded or reported as a refusal at every interval on every host that took the newer one.
         return PolicyFetchResult(outcome="unchanged", serial=state.serial, rollout=offer.notice,
+                                 rollout_fields=offer.rollout,
                                  detail=f"the hub offers serial {offer.serial}, below serial {state.serial} in force")
 
     def facts() -> ScopeFacts:
@@ -67,10 +68,12 @@ def fetch_and_install(host: "Host", settings: "Settings", host_id: str) -> Polic
                                       source="hub", facts=facts, claimed_serial=offer.serial)
     except BundleRefused as exc:
         return PolicyFetchResult(outcome="refused", serial=exc.serial or offer.serial, detail=exc.reason,
-                                 rollout=offer.notice)
+                                 rollout=offer.notice, rollout_fields=offer.rollout)
     except (GpuguardError, OSError) as exc:
         return PolicyFetchResult(outcome="failed", serial=offer.serial, detail=f"install: {exc}")
     if installed.unchanged:
-        return PolicyFetchResult(outcome="unchanged", serial=installed.serial, rollout=offer.notice)
+        return PolicyFetchResult(outcome="unchanged", serial=installed.serial, rollout=offer.notice,
+                                 rollout_fields=offer.rollout)
     return PolicyFetchResult(outcome="installed", serial=installed.serial, rollout=offer.notice,
+                             rollout_fields=offer.rollout,
                              detail="compiled" if installed.compiled else "kept: [guard] policy_source is local")

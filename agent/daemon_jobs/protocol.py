@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Optional, Tuple
 
+from agent.bundle.rollout_fields import RolloutFields
 from agent.daemon_jobs.delivery import Drained
 from agent.daemon_jobs.resident_settings import ConfigProblem, ResidentSettings, SettingsInForce
 from agent.daemon_jobs.runtime import SnapshotFacts
@@ -212,4 +213,5 @@ class PolicyFetchResult(JsonRecord):
     outcome: Literal["off", "unchanged", "none", "installed", "refused", "failed"]
     serial: Optional[int] = None
     detail: str = ""
-    rollout: Optional[str] = None  # the hub's staged-rollout notice (agent/bundle/rollout.py)
+    rollout: Optional[str] = None  # the hub's staged-rollout notice, display text (agent/bundle/rollout.py)
+    rollout_fields: Optional[RolloutFields] = None  # what the hand-off decides on (agent/bundle/rollout_fields.py)

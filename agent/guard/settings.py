@@ -6,6 +6,7 @@ from typing import Any, Literal, Optional, Tuple
 
 from pydantic import Field, ValidationInfo, model_validator
 
+from agent.defaults import DEFAULT_KEYS_DIR, DEFAULT_POLICY_DIR
 from agent.models import FrozenModel
 
 # Keys of [guard] renamed for what they are, the old name -> the new one: the old is still read, with a warning.
@@ -15,7 +16,7 @@ RENAMED_KEYS = {"apt_timeout_seconds": "package_tool_timeout_seconds"}
 class GuardSettings(FrozenModel):
     """Where the policy lives and how rollbacks wait and run; paths are host paths (under --root in tests)."""
 
-    policy_path: str = "/etc/gpuguard/policy.d"
+    policy_path: str = DEFAULT_POLICY_DIR
     # Default: policies/amd-compat-matrix.toml as shipped (see agent.policy.matrix.MATRIX_SEARCH_PATHS).
     matrix_path: Optional[str] = None
     preferences_dir: str = "/etc/apt/preferences.d"
@@ -32,7 +33,7 @@ class GuardSettings(FrozenModel):
     # in force (``gpuguard policy install``, the daemon's fetch from the hub: "bundle"). docs/guard.md, "Signed policy".
     policy_source: Literal["local", "bundle"] = "local"
     # The trusted OpenPGP keyrings (*.gpg) a policy bundle's signature is checked against.
-    keys_dir: str = "/etc/gpuguard/keys"
+    keys_dir: str = DEFAULT_KEYS_DIR
 
     @model_validator(mode="before")
     @classmethod

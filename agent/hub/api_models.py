@@ -88,9 +88,14 @@ class BundleOffer(FrozenModel):
     serial: int
     bundle: str
     signature: str
-    # While a staged rollout is active (agent/hub/rollouts.py): why this host is held back, or that it is admitted;
-    # also sent as the X-Gpuguard-Rollout header (on 200, 204 and 304).
+    # While a staged rollout is active (agent/hub/rollouts.py), the same as the X-Gpuguard-Rollout* headers (sent on
+    # 200, 204 and 304; agent/wire.py): the notice, display text only (why this host is held back, or that it is
+    # admitted), and the typed fields the agent decides on: the rollout, its state, the stage that admitted this
+    # host (None: held back).
     rollout: Optional[str] = None
+    rollout_id: Optional[str] = None
+    state: Optional[str] = None
+    admitted_stage: Optional[int] = None
 
 
 class AuditResponse(FrozenModel):

@@ -78,7 +78,7 @@ from agent.hub.api_models import (
     PairingsResponse,
     PayloadKind,
 )
-from agent.hub.bundles import PolicyBundles, PolicyRollout, etag_of
+from agent.hub.bundles import PolicyBundles, PolicyRollout
 from agent.hub.dashboard import mount_dashboard
 from agent.hub.fleet import drift_hosts, pairing_counts
 from agent.hub.ingest import Ingest
@@ -106,10 +106,10 @@ from agent.hub.writer import GroupCommitWriter
 from agent.log import get_logger
 from agent.report.events import EVENT_SCHEMA_VERSION, Event, EventBatch
 from agent.validation import validation_problems
+from agent.wire import BUNDLE_PATH, INGEST_PATH, etag_of
 
 log = get_logger("hub.app")
 
-INGEST_PATH = "/v1/events"
 _DEFAULT_DRIFT_WINDOW = dt.timedelta(days=1)
 
 _Default = TypeVar("_Default", bound=Optional[dt.datetime])
@@ -305,7 +305,7 @@ def _add_fleet_routes(app: FastAPI, store: SqlStore, clock: Callable[[], dt.date
         hosts = drift_hosts(read(lambda: store.drift(start, DRIFT_KINDS)))
         return json_response(DriftResponse(since=start, kinds=list(DRIFT_KINDS), host_count=len(hosts), hosts=hosts))
 
-    @app.get("/v1/events", response_model=EventsResponse, summary="Stored events, newest first by default",
+    @app.get(INGEST_PATH, response_model=EventsResponse, summary="Stored events, newest first by default",
              responses=_READ_ERRORS, dependencies=[Depends(require_reader)])
     def get_events(host_id: Optional[str] = Query(None, min_length=1, max_length=128),
                    kind: Optional[PayloadKind] = Query(None),
@@ -370,7 +370,7 @@ def _add_policy_routes(app: FastAPI, registry: TokenRegistry, bearer: HTTPBearer
         entries = read(lambda: bundles.audit(limit))
         return json_response(AuditResponse(count=len(entries), entries=entries))
 
-    @app.get("/v1/policy/bundle", response_model=BundleOffer,
+    @app.get(BUNDLE_PATH, response_model=BundleOffer,
              summary="The newest policy bundle in this host's scope (host token); 304 when unchanged, 204 when none",
              responses={204: {"description": "No bundle is offered in this host's scope"},
                         304: {"description": "The bundle If-None-Match names is still the one offered"},
@@ -380,7 +380,7 @@ def _add_policy_routes(app: FastAPI, registry: TokenRegistry, bearer: HTTPBearer
         principal = host_of(registry, token_of(credentials))
         offered = read(lambda: rollouts.offer(principal.subject))
         serial = offered.serial
-        notice = {"X-Gpuguard-Rollout": offered.notice} if offered.notice else {}
+        notice = offered.headers()
         if serial is None:
             return Response(status_code=204, headers=notice)
         etag = etag_of(serial)
@@ -389,7 +389,8 @@ def _add_policy_routes(app: FastAPI, registry: TokenRegistry, bearer: HTTPBearer
             return Response(status_code=304, headers={"ETag": etag, **notice})
         offer = read(lambda: bundles.offer(serial))
         return json_response(BundleOffer(serial=serial, bundle=_b64(offer.bundle), signature=_b64(offer.signature),
-                                         rollout=offered.notice),
+                                         rollout=offered.notice, rollout_id=offered.rollout_id, state=offered.state,
+                                         admitted_stage=offered.admitted_stage),
                              headers={"ETag": etag, "Cache-Control": "no-cache", **notice})
 
 

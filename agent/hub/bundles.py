@@ -29,12 +29,12 @@ from agent.hub.store import SqlStore
 from agent.hub.tokens import Principal
 from agent.log import get_logger
 from agent.models import FrozenModel
+from agent.wire import MAX_SIGNATURE_BYTES, etag_of
 
 log = get_logger("hub.bundles")
 
 # PostgreSQL advisory lock held by a push's transaction: pushes from several hub processes take turns.
 PUSH_LOCK_KEY = 0x67707567_0032
-MAX_SIGNATURE_BYTES = 64 * 1024
 _SUMMARY_COLUMNS = ("serial, sha256, scope, matrix_version, created_at, created_by, pushed_at, pushed_by, "
                     "withdrawn_at, withdrawn_by, LENGTH(bundle), staged")
 
@@ -59,11 +59,6 @@ def scope_text(scope: Mapping[str, Any]) -> str:
              if scope.get(name)]
     parts += [f"label {key}={value}" for key, value in sorted((scope.get("labels") or {}).items())]
     return "; ".join(parts) or "no host"
-
-
-def etag_of(serial: int) -> str:
-    """The ETag of the bundle with ``serial`` (a bundle's bytes never change under its serial)."""
-    return f'"bundle-{serial}"'
 
 
 def offered_serial(scopes: Sequence[Tuple[int, BundleScope]], host_id: str,

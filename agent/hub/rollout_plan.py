@@ -33,11 +33,19 @@ from typing import AbstractSet, Dict, List, Literal, Mapping, Optional, Sequence
 from agent.bundle.scope import pairing_text
 from agent.hub.rows import HostState
 from agent.models import FrozenModel
+from agent.wire import (
+    FAILED_HEALTH_STATUSES,
+    OFFER_ROLLOUT_STATES,
+    ROLLOUT_HEADER,
+    ROLLOUT_ID_HEADER,
+    ROLLOUT_STAGE_HEADER,
+    ROLLOUT_STATE_HEADER,
+)
 
 RolloutState = Literal["running", "paused", "halted", "aborted", "done"]
 ROLLOUT_STATES = ("running", "paused", "halted", "aborted", "done")
-ACTIVE_STATES = ("running", "paused", "halted")  # the target is offered only to admitted hosts
-FAILED_HEALTH = ("regression", "cpu_fallback", "failed", "timeout")
+# the target is offered only to admitted hosts; the states an offer names (agent/wire.py)
+ACTIVE_STATES = OFFER_ROLLOUT_STATES
 FAILURE_EVENT_KINDS = ("rollback", "cpu_fallback", "health_regression")
 
 
@@ -142,12 +150,13 @@ def _evidence_now(target_serial: int, admitted_at: dt.datetime, host: Optional[H
     status = host.last_health_status
     if host.last_health_at is not None and host.last_health_at < admitted_at:
         return Evidence(result="wait", detail=f"last health check ({status or 'none'}) finished before admission")
-    if host.last_health_after_change is False and status not in FAILED_HEALTH:
+    if host.last_health_after_change is False and status not in FAILED_HEALTH_STATUSES:
         return Evidence(result="wait", detail=f"health {status or 'not reported'}, not yet a post-change check")
-    if host.last_health_at is not None and host.last_health_after_change is None and status not in FAILED_HEALTH:
+    if host.last_health_at is not None and host.last_health_after_change is None \
+            and status not in FAILED_HEALTH_STATUSES:
         return Evidence(result="wait", detail=f"health {status or 'not reported'} read back after an agent "
                                               "restart, not known to be a post-change check")
-    if status in FAILED_HEALTH:
+    if status in FAILED_HEALTH_STATUSES:
         return Evidence(result="fail", detail=f"health {status} on serial {target_serial}")
     if status == "pass":
         return Evidence(result="pass", detail=f"health pass on serial {target_serial}")
@@ -273,7 +282,8 @@ class RolloutRow(FrozenModel):
     created_at: dt.datetime
     created_by: str
     updated_at: dt.datetime
-    reason: str  # why it waits, halted, was paused or aborted
+    reason: str  # why it waits, halted, was paused or aborted (text for people: nothing decides on it)
+    paused_by: Optional[str] = None  # who paused it, while it is paused (a typed column, never read from reason)
 
 
 class RolloutStatus(FrozenModel):
@@ -288,7 +298,25 @@ class HostOffer(FrozenModel):
     """What a host is offered while rollouts exist: the serial (None: none) and the notice it may show."""
 
     serial: Optional[int] = None
-    notice: Optional[str] = None
+    notice: Optional[str] = None  # display text only
+    # The typed fields the agent decides on (agent/wire.py): the active rollout, its state, and the stage that
+    # admitted this host (None: held back). None, None, None: no active rollout.
+    rollout_id: Optional[str] = None
+    state: Optional[str] = None
+    admitted_stage: Optional[int] = None
+
+    def headers(self) -> Dict[str, str]:
+        """The offer's rollout as the ``X-Gpuguard-Rollout*`` headers of every answer (200, 204, 304); none when
+        no rollout is active."""
+        found: Dict[str, str] = {}
+        if self.notice:
+            found[ROLLOUT_HEADER] = self.notice
+        if self.rollout_id is not None and self.state is not None:
+            found[ROLLOUT_ID_HEADER] = self.rollout_id
+            found[ROLLOUT_STATE_HEADER] = self.state
+            if self.admitted_stage is not None:
+                found[ROLLOUT_STAGE_HEADER] = str(self.admitted_stage)
+        return found
 
 
 class RolloutsResponse(FrozenModel):

@@ -9,7 +9,10 @@ made exactly once across hub processes.
              others then see the stage already open. A restarted hub carries on from the rows.
     offer    while a rollout is running, paused or halted, its target is offered only to admitted hosts; every
              other host is offered the newest bundle below the target in its scope (so its hook keeps refusing the
-             change) with a one-line notice ("rollout R: waiting for stage 2 (...)").
+             change). Every answer names the rollout in typed fields (``HostOffer.rollout_id``, ``state``,
+             ``admitted_stage``: what the agent decides on, agent/wire.py) and a one-line notice for people
+             ("rollout R: waiting for stage 2 (...)"), which nothing reads back.
+    pause    who paused it is the row's ``paused_by`` column (the reason is text for people).
     abort    withdraws the target bundle (an audited withdrawal): no host is offered it again. Hosts that already
              enforce it keep it, because an agent never installs a lower serial (agent/bundle). To return them
              the previous policy must come back under a higher serial, signed by the operator's offline key: the
@@ -33,7 +36,6 @@ from agent.hub.periodic import Periodic
 from agent.hub.responses import HubHTTPError
 from agent.hub.rollout_plan import (
     ACTIVE_STATES,
-    FAILED_HEALTH,
     FAILURE_EVENT_KINDS,
     Decision,
     Evidence,
@@ -53,6 +55,7 @@ from agent.hub.rows import BundleSummary, HostState, utc_now
 from agent.hub.store import SqlStore
 from agent.hub.tokens import Principal
 from agent.log import get_logger
+from agent.wire import FAILED_HEALTH_STATUSES, MAX_NOTICE_CHARS
 
 if TYPE_CHECKING:
     from agent.hub.alerts import AlertQueue
@@ -63,7 +66,12 @@ log = get_logger("hub.rollouts")
 START_LOCK_KEY = 0x67707567_0033
 HUB_ACTOR = Principal(role="admin", subject="hub")  # the actor of automatic decisions in the audit trail
 _ROLLOUT_COLUMNS = ("rollout_id, target_serial, previous_serial, spec, state, stage, stage_started_at, created_at, "
-                    "created_by, updated_at, reason")
+                    "created_by, updated_at, reason, paused_by")
+
+
+def _paused_line(paused_by: Optional[str]) -> str:
+    """``paused by alice``, from the row's typed ``paused_by`` (None: a row paused before the column existed)."""
+    return f"paused by {paused_by}" if paused_by else "paused"
 
 
 class Rollouts:
@@ -88,7 +96,7 @@ class Rollouts:
         return RolloutRow(rollout_id=r[0], target_serial=int(r[1]), previous_serial=None if r[2] is None else int(r[2]),
                           spec=RolloutSpec.model_validate_json(r[3]), state=r[4], stage=int(r[5]),
                           stage_started_at=self._from(r[6]), created_at=self._from(r[7]), created_by=r[8],
-                          updated_at=self._from(r[9]), reason=r[10])
+                          updated_at=self._from(r[9]), reason=r[10], paused_by=r[11])
 
     def _audit(self, cur: Any, principal: Principal, action: str, rollout: RolloutRow, detail: str) -> None:
         self.bundles.audit_in(cur, principal, action, rollout.target_serial, f"rollout {rollout.rollout_id}: {detail}")
@@ -137,9 +145,9 @@ class Rollouts:
             if active is not None:
                 raise HubHTTPError(409, "rollout_active", f"rollout {active[0]} is still active; abort it or let it "
                                                           "finish first")
-            cur.execute(sql(f"INSERT INTO rollouts ({_ROLLOUT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+            cur.execute(sql(f"INSERT INTO rollouts ({_ROLLOUT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
                         (rollout_id, spec.target_serial, previous, spec.model_dump_json(), "running", -1, None,
-                         self._t(now), principal.subject, self._t(now), "starting"))
+                         self._t(now), principal.subject, self._t(now), "starting", None))
             for host_id, cohort in members:
                 cur.execute(sql("INSERT INTO rollout_hosts (rollout_id, host_id, cohort) VALUES (?, ?, ?)"),
                             (rollout_id, host_id, cohort))
@@ -252,8 +260,8 @@ class Rollouts:
                 return None
             hosts = self._evidence(cur, rollout, self._hosts(cur, rollout_id), now)
             if rollout.state == "paused":  # evidence and the tally kept current (a pass seen now stands), no decision
-                paused_by = rollout.reason.split("; waiting for stage")[0]
-                why = f"{paused_by}; {waiting_line(rollout.spec, rollout.stage, rollout.stage_started_at, hosts)}"
+                why = f"{_paused_line(rollout.paused_by)}; " \
+                      f"{waiting_line(rollout.spec, rollout.stage, rollout.stage_started_at, hosts)}"
                 if rollout.stage >= 0 and why != rollout.reason:
                     cur.execute(sql("UPDATE rollouts SET reason = ? WHERE rollout_id = ?"), (why, rollout_id))
                 return None
@@ -325,14 +333,17 @@ class Rollouts:
                 raise HubHTTPError(409, "wrong_state", f"rollout {rollout_id} is {rollout.state}; {state} needs "
                                                        f"{' or '.join(allowed)}")
             why = reason
-            if state == "paused" and rollout.reason.startswith("waiting for stage"):
-                why = f"{reason}; {rollout.reason}"  # a held-back host still sees the stage, tally and soak
+            paused_by = principal.subject if state == "paused" else None
+            if state == "paused":
+                why = _paused_line(paused_by)
+                if rollout.stage >= 0:  # a held-back host still sees the stage, tally and soak
+                    why = f"{why}; {rollout.reason}"
             if state == "aborted":
                 revert = rollout.spec.revert_serial
                 why += (f"; revert bundle {revert} released to return admitted hosts" if revert is not None
                         else "; push the previous policy under a new serial to return admitted hosts")
-            cur.execute(sql("UPDATE rollouts SET state = ?, updated_at = ?, reason = ? WHERE rollout_id = ?"),
-                        (state, self._t(now), why, rollout_id))
+            cur.execute(sql("UPDATE rollouts SET state = ?, updated_at = ?, reason = ?, paused_by = ? "
+                            "WHERE rollout_id = ?"), (state, self._t(now), why, paused_by, rollout_id))
             self._audit(cur, principal, f"rollout_{state}", rollout, why)
             if state == "aborted":
                 self.bundles.withdraw_in(cur, principal, rollout.target_serial,
@@ -352,7 +363,7 @@ class Rollouts:
 
     def pause(self, principal: Principal, rollout_id: str) -> RolloutRow:
         """No more admissions until resumed; admitted hosts keep the target."""
-        return self._transition(principal, rollout_id, ("running",), "paused", f"paused by {principal.subject}")
+        return self._transition(principal, rollout_id, ("running",), "paused", "")
 
     def resume(self, principal: Principal, rollout_id: str) -> RolloutRow:
         """A paused rollout runs again (a halted one is ended by abort)."""
@@ -402,7 +413,8 @@ class Rollouts:
         return self.status(row.rollout_id)
 
     def offer(self, host_id: str) -> HostOffer:
-        """The serial ``host_id`` is offered now, and the rollout's notice for a host that is held back."""
+        """The serial ``host_id`` is offered now, the active rollout's typed fields (its id, state, and the stage
+        that admitted this host, None: held back) and its notice for people."""
         scopes = self.bundles.offered_scopes()
         host = self.store.host(host_id)
         rollout = self.active()
@@ -413,14 +425,16 @@ class Rollouts:
         if admitted and admitted[0][0] is not None:
             return HostOffer(serial=offered_serial(self.bundles.offered_scopes(staged_serial=rollout.target_serial),
                                                    host_id, host),
-                             notice=f"rollout {rollout.rollout_id}: admitted at stage {admitted[0][0]}")
+                             notice=f"rollout {rollout.rollout_id}: admitted at stage {admitted[0][0]}",
+                             rollout_id=rollout.rollout_id, state=rollout.state, admitted_stage=int(admitted[0][0]))
         below = [s for s in scopes if s[0] < rollout.target_serial]
         serial = offered_serial(below, host_id, host) if below else None
         why = {"running": rollout.reason, "paused": f"paused ({rollout.reason})",
                "halted": f"halted ({rollout.reason})"}[rollout.state]
         if not admitted:
             why = f"this host is not part of it ({rollout.state})"
-        return HostOffer(serial=serial, notice=f"rollout {rollout.rollout_id}: {why}"[:300])
+        return HostOffer(serial=serial, notice=f"rollout {rollout.rollout_id}: {why}"[:MAX_NOTICE_CHARS],
+                         rollout_id=rollout.rollout_id, state=rollout.state)
 
 
 class RolloutWorker:
@@ -448,6 +462,7 @@ class RolloutWorker:
         """Evaluate soon when ``events`` (just stored) may halt a rollout; never blocks."""
         if self._periodic is not None and any(
                 e.payload.kind in FAILURE_EVENT_KINDS
-                or (e.payload.kind == "heartbeat" and e.payload.last_health_status in FAILED_HEALTH) for e in events):
+                or (e.payload.kind == "heartbeat" and e.payload.last_health_status in FAILED_HEALTH_STATUSES)
+                for e in events):
             self._periodic.run_soon(self.JOB)
 

@@ -8,7 +8,8 @@
                     it, and its withdrawal (agent/hub/bundles.py)
     audit     one row per push and withdrawal of a policy bundle, and per rollout decision: when, who, what
     rollouts  one row per staged rollout of a bundle (schema version 3): target and previous serial, its spec as
-              JSON, state, the open stage and when it opened, why it halted (agent/hub/rollouts.py)
+              JSON, state, the open stage and when it opened, why it halted (agent/hub/rollouts.py), who paused it
+              (``paused_by``, schema version 5: a typed column, never read back from the reason)
     rollout_hosts  one row per host of a rollout: cohort, stage and time of admission, its newest evidence
 
 The statements are written once with ``?`` placeholders; the dialect (``dialects.py``) adapts them. The latest-state
@@ -32,7 +33,7 @@ from agent.hub.rows import HostState
 from agent.report.events import Event
 from agent.snapshot.pairing import Pairing
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # PostgreSQL advisory locks held while a hub creates tables: hubs starting together take turns. The store's own
 # tables and the ones the dashboard and the alert queue add later each have their key.
 SCHEMA_LOCK_KEY = 0x67707567_0001
@@ -55,6 +56,26 @@ _HOST_HEALTH_COLUMNS = (("last_health_at", "TEXT"), ("last_health_after_change",
 # Version 4's column of ``policy_bundles``: a bundle pushed staged is offered only through a staged rollout (to its
 # admitted hosts) until the rollout is done.
 _STAGED_COLUMN = "staged INTEGER NOT NULL DEFAULT 0"
+
+
+# Version 5's column of ``rollouts``: who paused it (NULL while not paused).
+_PAUSED_BY_COLUMN = "paused_by TEXT"
+
+
+def _rollouts_table(timestamp_type: str) -> str:
+    """CREATE of ``rollouts`` as schema version 4 had it, without the closing parenthesis."""
+    return f"""CREATE TABLE IF NOT EXISTS rollouts (
+            rollout_id TEXT PRIMARY KEY,
+            target_serial BIGINT NOT NULL,
+            previous_serial BIGINT,
+            spec TEXT NOT NULL,
+            state TEXT NOT NULL,
+            stage INTEGER NOT NULL,
+            stage_started_at {timestamp_type},
+            created_at {timestamp_type} NOT NULL,
+            created_by TEXT NOT NULL,
+            updated_at {timestamp_type} NOT NULL,
+            reason TEXT NOT NULL"""
 
 
 def _policy_bundles_table(timestamp_type: str, bytes_type: str) -> str:
@@ -119,18 +140,7 @@ def tables(timestamp_type: str, bytes_type: str = "BLOB", key_type: str = "INTEG
             serial BIGINT,
             detail TEXT NOT NULL)""",
         "CREATE INDEX IF NOT EXISTS audit_at ON audit (at)",
-        f"""CREATE TABLE IF NOT EXISTS rollouts (
-            rollout_id TEXT PRIMARY KEY,
-            target_serial BIGINT NOT NULL,
-            previous_serial BIGINT,
-            spec TEXT NOT NULL,
-            state TEXT NOT NULL,
-            stage INTEGER NOT NULL,
-            stage_started_at {timestamp_type},
-            created_at {timestamp_type} NOT NULL,
-            created_by TEXT NOT NULL,
-            updated_at {timestamp_type} NOT NULL,
-            reason TEXT NOT NULL)""",
+        _rollouts_table(timestamp_type) + f",\n            {_PAUSED_BY_COLUMN})",
         f"""CREATE TABLE IF NOT EXISTS rollout_hosts (
             rollout_id TEXT NOT NULL,
             host_id TEXT NOT NULL,
@@ -150,6 +160,9 @@ MIGRATIONS: Dict[str, Callable[[Dialect], List[str]]] = {
     # A version 1 database has no policy_bundles yet: made as version 3 had it, then given the new column.
     "3": lambda dialect: [_policy_bundles_table(dialect.timestamp_type, dialect.bytes_type) + ")",
                           f"ALTER TABLE policy_bundles ADD COLUMN {_STAGED_COLUMN}"],
+    # A version 1 or 2 database has no rollouts yet: made as version 4 had it, then given the new column.
+    "4": lambda dialect: [_rollouts_table(dialect.timestamp_type) + ")",
+                          f"ALTER TABLE rollouts ADD COLUMN {_PAUSED_BY_COLUMN}"],
 }
 
 

@@ -15,8 +15,8 @@ from agent.errors import InputFileError, StateWriteError
 from agent.files import read_json_file, write_atomically
 from agent.host import Host
 from agent.statepaths import StatePaths
+from agent.wire import MAX_STATE_FILE_BYTES, rollout_id_ok
 
-MAX_STATE_BYTES = 64 * 1024
 PHASES = ("draining", "held", "kept")
 
 
@@ -34,6 +34,10 @@ class MaintenanceState:
     # When the scheduler was first seen with nothing running (Slurm DRAINED); until then the apt hook and dnf
     # checker refuse guarded changes on a Slurm node (agent/guard/hotpath/maintenance.py).
     drained_at_seconds: Optional[float] = None
+    # The staged rollout whose admission began the hold (agent/daemon_jobs/handoff.py), written only by gpuguard's
+    # own hand-off; None: an operator's hold (gpuguard maintenance begin), also in a file from before the field.
+    # Whose hold it is, is read here, never from ``reason`` (text for people).
+    rollout_id: Optional[str] = None
 
 
 def state_path(host: Host, paths: StatePaths) -> str:
@@ -43,7 +47,7 @@ def state_path(host: Host, paths: StatePaths) -> str:
 def read_state(host: Host, paths: StatePaths) -> Optional[MaintenanceState]:
     """The persisted hold, or None; InputFileError naming the file when it is damaged."""
     path = state_path(host, paths)
-    data = read_json_file(path, max_bytes=MAX_STATE_BYTES)
+    data = read_json_file(path, max_bytes=MAX_STATE_FILE_BYTES)
     if data is None:
         return None
     try:
@@ -53,7 +57,8 @@ def read_state(host: Host, paths: StatePaths) -> Optional[MaintenanceState]:
         if not all(isinstance(getattr(state, name), str) for name in ("scheduler", "node", "reason", "phase")) \
                 or not isinstance(state.drained_by_us, bool) or state.phase not in PHASES \
                 or not isinstance(state.drained_at_seconds, (int, float, type(None))) \
-                or isinstance(state.drained_at_seconds, bool):
+                or isinstance(state.drained_at_seconds, bool) \
+                or (state.rollout_id is not None and not rollout_id_ok(state.rollout_id)):
             raise TypeError("a field has the wrong type or value")
         return state
     except TypeError as exc:

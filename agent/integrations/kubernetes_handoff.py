@@ -7,7 +7,8 @@
     gpuguard.io/maintenance-rollout=r43-1a2b3c
     gpuguard.io/maintenance-since=20261204T230000Z
 
-(``maintenance-rollout`` only when a staged rollout admitted the host: agent/bundle/rollout.py's reason.)
+(``maintenance-rollout`` only for a hold a staged rollout's admission began: the hold's typed ``rollout_id``,
+agent/integrations/hold.py; never read from the reason, which is text for people.)
 
 ``keep`` adds ``gpuguard.io/maintenance-failed=<why>`` (a failed post-change check); ``end`` removes the file.
 The file has no expiry line on purpose: a node whose agent died mid-change stays marked until someone looks.
@@ -23,9 +24,8 @@ from __future__ import annotations
 import datetime as dt
 import errno
 import os
-from typing import Callable
+from typing import Callable, Optional
 
-from agent.bundle.rollout import rollout_of_reason
 from agent.errors import StateWriteError
 from agent.files import write_atomically
 from agent.integrations.handoff import HandoffStep
@@ -45,12 +45,12 @@ def reason_id(reason: str) -> str:
     return label_value(reason) or "true"
 
 
-def render_maintenance(reason: str, since_seconds: float, failed: str = "") -> str:
-    """The features file of a node under maintenance. Pure."""
+def render_maintenance(reason: str, since_seconds: float, failed: str = "", rollout_id: Optional[str] = None) -> str:
+    """The features file of a node under maintenance (``rollout_id``: the rollout that began the hold, None: an
+    operator's). Pure."""
     lines = [f"{MAINTENANCE_LABEL}=true", f"{MAINTENANCE_LABEL}-reason={reason_id(reason)}"]
-    rollout = rollout_of_reason(reason)
-    if rollout is not None and label_value(rollout):
-        lines.append(f"{MAINTENANCE_LABEL}-rollout={label_value(rollout)}")
+    if rollout_id is not None and label_value(rollout_id):
+        lines.append(f"{MAINTENANCE_LABEL}-rollout={label_value(rollout_id)}")
     lines.append(f"{MAINTENANCE_LABEL}-since={label_time(since_seconds)}")
     if failed and label_value(failed):
         lines.append(f"{MAINTENANCE_LABEL}-failed={label_value(failed)}")
@@ -62,10 +62,12 @@ class KubernetesHandoff:
 
     name = "kubernetes"
 
-    def __init__(self, nfd_features_file: str, clock: Callable[[], dt.datetime], reason: str = "") -> None:
+    def __init__(self, nfd_features_file: str, clock: Callable[[], dt.datetime], reason: str = "",
+                 rollout_id: Optional[str] = None) -> None:
         self.path = maintenance_file(nfd_features_file)
         self._clock = clock
         self._reason = reason  # the hold's reason (kept in the label after a failed check)
+        self._rollout_id = rollout_id  # the hold's rollout (None: an operator's)
 
     def _write(self, text: str) -> None:
         directory = os.path.dirname(self.path)
@@ -76,7 +78,7 @@ class KubernetesHandoff:
 
     def begin(self, reason: str, wait_seconds: float) -> HandoffStep:
         self._reason = reason
-        self._write(render_maintenance(reason, self._clock().timestamp()))
+        self._write(render_maintenance(reason, self._clock().timestamp(), rollout_id=self._rollout_id))
         return HandoffStep(True, True, f"labelled {MAINTENANCE_LABEL}=true ({reason_id(reason)}) in {self.path}; "
                            "cordoning is the cluster's policy", reason_id(reason))
 
@@ -91,6 +93,6 @@ class KubernetesHandoff:
 
     def keep(self, drained_by_us: bool, why: str) -> HandoffStep:
         reason = self._reason or why
-        self._write(render_maintenance(reason, self._clock().timestamp(), failed=why))
+        self._write(render_maintenance(reason, self._clock().timestamp(), failed=why, rollout_id=self._rollout_id))
         return HandoffStep(True, False, f"kept {MAINTENANCE_LABEL} with {MAINTENANCE_LABEL}-failed: {why}",
                            reason_id(reason))

@@ -22,13 +22,13 @@ from agent.integrations.handoff import HandoffStep, SchedulerHandoff
 from agent.integrations.hold import MaintenanceState, clear_state, read_state, write_state
 from agent.integrations.settings import IntegrationsSettings
 from agent.statepaths import StatePaths
+from agent.wire import FAILED_HEALTH_STATUSES, PASSED_HEALTH_STATUSES
 
 EXIT_MAINTENANCE_OK = 0
 EXIT_MAINTENANCE_NOT_READY = 40  # begin: jobs still run on the node after the wait (Slurm DRAINING)
 EXIT_MAINTENANCE_KEPT = 41  # the post-change check failed: the node stays out of service
-# Health statuses after which the node goes back; those that fail keep it out; the rest (skipped, deferred) wait.
-CHECK_PASSED = ("pass", "busy")
-CHECK_FAILED = ("regression", "cpu_fallback", "failed", "timeout")
+# Health statuses after which the node goes back (agent/wire.py PASSED_HEALTH_STATUSES); those that fail keep it out
+# (FAILED_HEALTH_STATUSES); the rest (skipped, deferred) wait.
 @dataclass(frozen=True)
 class MaintenanceOutcome:
     """What a call did: the exit code, one line, and the hold after it (None: no hold)."""
@@ -46,8 +46,9 @@ def node_for(host: Host, settings: IntegrationsSettings) -> str:
 
 
 def make_handoff(host: Host, settings: IntegrationsSettings, nfd_features_file: str,
-                 reason: str = "") -> Optional[SchedulerHandoff]:
-    """The hand-off for ``[integrations] scheduler``; None for ``none``."""
+                 reason: str = "", rollout_id: Optional[str] = None) -> Optional[SchedulerHandoff]:
+    """The hand-off for ``[integrations] scheduler`` (for the hold's reason and rollout, None: an operator's);
+    None for ``none``."""
     if settings.scheduler == "slurm":
         from agent.integrations.slurm_handoff import SlurmHandoff
 
@@ -55,7 +56,7 @@ def make_handoff(host: Host, settings: IntegrationsSettings, nfd_features_file: 
     if settings.scheduler == "kubernetes":
         from agent.integrations.kubernetes_handoff import KubernetesHandoff
 
-        return KubernetesHandoff(str(host.path(nfd_features_file)), host.clock, reason=reason)
+        return KubernetesHandoff(str(host.path(nfd_features_file)), host.clock, reason=reason, rollout_id=rollout_id)
     return None
 
 
@@ -65,19 +66,23 @@ def _line(scheduler: str, step: HandoffStep) -> str:
 
 
 def begin_maintenance(host: Host, paths: StatePaths, settings: IntegrationsSettings, nfd_features_file: str,
-                      reason: str, wait_seconds: Optional[float] = None) -> MaintenanceOutcome:
+                      reason: str, wait_seconds: Optional[float] = None,
+                      rollout_id: Optional[str] = None) -> MaintenanceOutcome:
     """Hand the node to the scheduler before a change: 0 when nothing runs there any more, 40 when jobs still do
-    after the wait (the hold stays; call again to wait more). A hold from before a restart is taken up again."""
+    after the wait (the hold stays; call again to wait more). A hold from before a restart is taken up again, as
+    it is: an operator's hold stays the operator's. ``rollout_id``: the staged rollout whose admission begins it
+    (gpuguard's own hand-off only; ``gpuguard maintenance begin`` never passes one)."""
     previous = read_state(host, paths)
     if previous is not None and previous.phase == "kept":
         return MaintenanceOutcome(EXIT_MAINTENANCE_KEPT, f"gpuguard: maintenance: node {previous.node} is kept out "
                                   f"of service: {previous.detail}; end it first", previous)
-    handoff = make_handoff(host, settings, nfd_features_file, reason)
+    owner = rollout_id if previous is None else previous.rollout_id
+    handoff = make_handoff(host, settings, nfd_features_file, reason if previous is None else previous.reason, owner)
     if handoff is None:
         return MaintenanceOutcome(EXIT_MAINTENANCE_OK, "gpuguard: maintenance: no scheduler configured "
                                   "([integrations] scheduler = \"none\")", None)
     state = previous or MaintenanceState(handoff.name, node_for(host, settings), reason,
-                                         host.clock().timestamp(), True, "draining")
+                                         host.clock().timestamp(), True, "draining", rollout_id=rollout_id)
     write_state(host, paths, state)  # before the scheduler is asked: a restart in between knows it may hold it
     step = handoff.begin(state.reason, settings.drain_wait_seconds if wait_seconds is None else wait_seconds)
     drained_by_us = step.drained_by_us and (previous is None or previous.drained_by_us)
@@ -97,14 +102,16 @@ def poll_drain(host: Host, paths: StatePaths, settings: IntegrationsSettings,
     state = read_state(host, paths)
     if state is None or state.phase != "draining":
         return None
-    return begin_maintenance(host, paths, settings, nfd_features_file, state.reason, wait_seconds=0.0)
+    return begin_maintenance(host, paths, settings, nfd_features_file, state.reason, wait_seconds=0.0,
+                             rollout_id=state.rollout_id)
 
 
 def end_maintenance(host: Host, paths: StatePaths, settings: IntegrationsSettings,
                     nfd_features_file: str) -> MaintenanceOutcome:
     """Give the node back (resumed only when gpuguard drained it) and forget the hold."""
     state = read_state(host, paths)
-    handoff = make_handoff(host, settings, nfd_features_file, state.reason if state else "")
+    handoff = make_handoff(host, settings, nfd_features_file, state.reason if state else "",
+                           state.rollout_id if state else None)
     if handoff is None:
         return MaintenanceOutcome(EXIT_MAINTENANCE_OK, "gpuguard: maintenance: no scheduler configured "
                                   "([integrations] scheduler = \"none\")", state)
@@ -122,11 +129,11 @@ def after_check(host: Host, paths: StatePaths, settings: IntegrationsSettings, n
     state = read_state(host, paths)
     if state is None:
         return None
-    if health_status in CHECK_PASSED:
+    if health_status in PASSED_HEALTH_STATUSES:
         return end_maintenance(host, paths, settings, nfd_features_file)
-    if health_status not in CHECK_FAILED:
+    if health_status not in FAILED_HEALTH_STATUSES:
         return None
-    handoff = make_handoff(host, settings, nfd_features_file, state.reason)
+    handoff = make_handoff(host, settings, nfd_features_file, state.reason, state.rollout_id)
     if handoff is None:
         return None
     why = f"post-change check {health_status}" + (f": {summary}" if summary else "") + f" ({state.reason})"

@@ -33,12 +33,11 @@ from typing import List, Optional, Tuple
 
 from agent.files import write_atomically
 from agent.report.plain import PlainPairing
+from agent.wire import FAILED_HEALTH_STATUSES, PASSED_HEALTH_STATUSES
 
 NAMESPACE = "gpuguard.io"
 MAX_FILE_BYTES = 64 * 1024  # NFD reads at most this much of one features file
 MAX_LABEL_VALUE_CHARS = 63
-HEALTH_OK = ("pass", "busy")
-HEALTH_NOT_OK = ("regression", "cpu_fallback", "failed", "timeout")
 # Snapshot finding kinds that a reboot (or a module reload) settles.
 REBOOT_FINDINGS = ("reboot_pending", "driver_installed_not_loaded")
 
@@ -106,8 +105,8 @@ def labels(view: NfdView) -> List[Tuple[str, str]]:
         add("violations", view.violated_rules)
     if view.health_status is not None:
         add("health", view.health_status)
-        add("health-ok", True if view.health_status in HEALTH_OK else False
-            if view.health_status in HEALTH_NOT_OK else None)
+        add("health-ok", True if view.health_status in PASSED_HEALTH_STATUSES else False
+            if view.health_status in FAILED_HEALTH_STATUSES else None)
     if view.health_at_seconds is not None:
         add("health-at", label_time(view.health_at_seconds))
     p = view.pairing

@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE, THEROCK_BASE_PACKAGE
+from agent.defaults import AMD_DRIVER_PACKAGE, DEFAULT_POLICY_DIR, ROCM_CORE_PACKAGE, THEROCK_BASE_PACKAGE
 from agent.hostfacts.context import NO_FACTS, HostContext
 from agent.hostfacts.package_keys import package_name
 from agent.policy import companions, releases
@@ -35,7 +35,7 @@ AMD_FIRMWARE = AMD_DRIVER_PACKAGE + "-firmware"
 FREEZE_PACKAGES: Tuple[str, ...] = tuple(dict.fromkeys(
     (*DEFAULT_GUARDED, *DEFAULT_KERNEL_PACKAGES, *DEFAULT_NVIDIA_DRIVER_PACKAGES, *DEFAULT_CUDA_PACKAGES,
      *(p for rule in companions.RULE_FIELDS for p in companions.family(f"companion.{rule}")))))
-SUGGESTED_PATH = "/etc/gpuguard/policy.d/50-freeze.toml"
+SUGGESTED_PATH = f"{DEFAULT_POLICY_DIR}/50-freeze.toml"
 
 
 class FreezeRefused(ValueError):

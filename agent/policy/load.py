@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from pydantic import ValidationError
 
+from agent.defaults import DEFAULT_POLICY_DIR
 from agent.errors import InputFileError, PolicyError
 from agent.files import read_bytes_bounded
 from agent.policy.compiled import (
@@ -29,8 +30,6 @@ from agent.policy.model import AmdSection, Policy
 from agent.strictjson import MAX_NESTING_DEPTH, nesting_depth
 from agent.tomlreader import MAX_TOML_BYTES, toml_module, toml_worded
 from agent.validation import validation_problems
-
-DEFAULT_POLICY_DIR = "/etc/gpuguard/policy.d"
 
 
 @dataclass(frozen=True)

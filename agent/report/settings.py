@@ -14,9 +14,9 @@ from pydantic import Field, field_validator, model_validator
 
 from agent.models import FrozenModel
 from agent.statepaths import StatePaths
+from agent.wire import INGEST_PATH
 
 DEFAULT_TOKEN_FILE = "/etc/gpuguard/token"
-INGEST_PATH = "/v1/events"
 # EventBatch accepts at most this many events per request.
 MAX_BATCH_SIZE = 500
 # node-feature-discovery's local source reads this directory (docs/integrations.md).

@@ -15,11 +15,11 @@ from typing import Dict, List, Literal, Optional
 
 from agent.models import FrozenModel
 from agent.status.facts import ChangeFacts, StatusFacts
+from agent.wire import FAILED_HEALTH_STATUSES
 
 CheckState = Literal["ok", "info", "warn", "fail"]
 Verdict = Literal["ok", "attention", "failing"]
 STATUS_EXIT_CODES: Dict[str, int] = {"ok": 0, "attention": 30, "failing": 31}
-FAILED_HEALTH = ("regression", "cpu_fallback", "failed", "timeout")
 # No verdict on the stack: nothing to judge (skipped) or nothing could run beside another job yet (deferred).
 # busy (functional checks passed on a GPU another job used) is ok.
 UNJUDGED_HEALTH = ("skipped", "deferred")
@@ -115,7 +115,7 @@ def _health_result(f: StatusFacts, now: dt.datetime) -> Check:
     if h.status is None or h.finished_at is None:
         return Check(name="health", state="info", summary="no health check yet")
     summary = f"{h.status} {_age(now, h.finished_at)}" + (f": {h.summary}" if h.summary else "")
-    if h.status in FAILED_HEALTH:
+    if h.status in FAILED_HEALTH_STATUSES:
         return Check(name="health", state="fail", summary=summary)
     if f.health_enabled and (now - h.finished_at).total_seconds() > 2 * f.health_interval_seconds:
         return Check(name="health", state="warn", summary=f"stale: {summary}")

@@ -16,6 +16,7 @@ import stat
 import time
 from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
 
+from agent.defaults import DEFAULT_POLICY_DIR
 from agent.errors import GpuguardError
 from agent.files import read_json_file
 from agent.host import Host
@@ -120,7 +121,7 @@ class PolicyFacts(FrozenModel):
     """Which policy is compiled ([guard] policy_source) and what the agent remembers of policy bundles."""
 
     source: str = "local"
-    description: str = "local /etc/gpuguard/policy.d"
+    description: str = f"local {DEFAULT_POLICY_DIR}"
     bundle_serial: Optional[int] = None
     refused_serial: Optional[int] = None
     refused_reason: Optional[str] = None

@@ -1,5 +1,6 @@
-"""The hub's staged-rollout notice on the agent: made one bounded printable line, kept in the bundle state by the
-policy fetch (a missing notice clears it), shown by the apt hook's refusal, naming the maintenance hand-off."""
+"""The hub's staged rollout on the agent: the typed fields (rollout_id, state, admitted_stage) checked strictly and
+kept in the bundle state, deciding the maintenance hand-off; the notice made one bounded printable line, kept by the
+policy fetch (a missing notice clears it) and shown by the apt hook's refusal, deciding nothing."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
-from agent.bundle.rollout import MAX_NOTICE_CHARS, admission, clean_notice, handoff_reason
+from agent.bundle.rollout import clean_notice, handoff_reason
+from agent.bundle.rollout_fields import RolloutFields, read_rollout_fields, rollout_fields_of_headers
 from agent.bundle.state import read_bundle_state
 from agent.config import parse_settings
 from agent.daemon_jobs.policy_fetch import fetch_and_install
 from agent.guard.hotpath import decision as exits
 from agent.host import Host
+from agent.wire import MAX_NOTICE_CHARS
 from tests.bundle.test_install import BREAKING, POLICY, Site
 from tests.guard.apt.test_hook import run_hook
 
@@ -39,17 +42,62 @@ def test_a_notice_is_kept_as_one_printable_bounded_line(sent: Optional[str], kep
     assert clean_notice(sent) == kept
 
 
-@pytest.mark.parametrize(("notice", "reason"), [
-    ("rollout r43-1a2b3c: admitted at stage 2", "rollout r43-1a2b3c stage 2"),
-    ("rollout r43-1a2b3c: admitted at stage 0", "rollout r43-1a2b3c stage 0"),
-    (WAITING, "policy bundle serial 7"),
-    ("rollout r43: admitted at stage 2 (forged tail)", "policy bundle serial 7"),
+@pytest.mark.parametrize(("fields", "reason"), [
+    (RolloutFields("r43-1a2b3c", "running", 2), "rollout r43-1a2b3c stage 2"),
+    (RolloutFields("r43-1a2b3c", "paused", 0), "rollout r43-1a2b3c stage 0"),
+    (RolloutFields("r43-1a2b3c", "running", None), "policy bundle serial 7"),
     (None, "policy bundle serial 7"),
 ])
-def test_the_handoff_reason_names_an_admitting_rollout(notice: Optional[str], reason: str) -> None:
-    """Only a notice that says this host was admitted names the rollout and stage; anything else names the serial."""
-    assert handoff_reason(notice, 7) == reason
-    assert (admission(notice) is not None) == reason.startswith("rollout")
+def test_the_handoff_reason_names_an_admitting_rollout(fields: Optional[RolloutFields], reason: str) -> None:
+    """Only fields that say this host was admitted name the rollout and stage; anything else names the serial."""
+    assert handoff_reason(fields, 7) == reason
+
+
+@pytest.mark.parametrize(("rollout_id", "state", "stage"), [
+    ("r43-1a2b3c", "running", 0), ("r43-1a2b3c", "halted", None), ("A.b_c-9" * 9 + "x", "paused", 100),
+])
+def test_well_formed_rollout_fields_are_believed(rollout_id: str, state: str, stage: Optional[int]) -> None:
+    """An id of A-Za-z0-9._- up to 64 characters, an offered state and a stage in 0..100 make the record."""
+    fields = read_rollout_fields(rollout_id, state, stage)
+    assert fields == RolloutFields(rollout_id, state, stage) and (fields.admitted == (stage is not None))
+
+
+HOSTILE_FIELDS = [
+    ("r43 stage 2", "running", 0), ("r43\n", "running", 0), ("", "running", 0), ("r" * 65, "running", 0),
+    ("r43/../x", "running", 0), ("r4\u0663", "running", 0), (43, "running", 0), ("r43", "done", 0),
+    ("r43", "RUNNING", 0), ("r43", ["running"], 0), ("r43", "running", -1), ("r43", "running", 101),
+    ("r43", "running", True), ("r43", "running", 2.0), ("r43", "running", "2"), (None, "running", 0),
+    ("r43", None, 0), (None, None, 3),
+]
+
+
+@pytest.mark.parametrize(("rollout_id", "state", "stage"), HOSTILE_FIELDS)
+def test_hostile_rollout_fields_are_refused(rollout_id: object, state: object, stage: object) -> None:
+    """A wrong charset, length, type, state or stage range (or an id without a state) is a ValueError, never a
+    record; no fields at all is no rollout."""
+    with pytest.raises(ValueError):
+        read_rollout_fields(rollout_id, state, stage)
+    assert read_rollout_fields(None, None, None) is None
+
+
+@pytest.mark.parametrize(("headers", "expected"), [
+    ({"X-Gpuguard-Rollout-Id": "r2-ab", "X-Gpuguard-Rollout-State": "running",
+      "X-Gpuguard-Rollout-Admitted-Stage": "1"}, RolloutFields("r2-ab", "running", 1)),
+    ({"X-Gpuguard-Rollout-Id": "r2-ab", "X-Gpuguard-Rollout-State": "paused"}, RolloutFields("r2-ab", "paused")),
+    ({"X-Gpuguard-Rollout-Id": "r2-ab", "X-Gpuguard-Rollout-State": "running",
+      "X-Gpuguard-Rollout-Admitted-Stage": "+1"}, None),
+    ({"X-Gpuguard-Rollout-Id": "r2-ab", "X-Gpuguard-Rollout-State": "running",
+      "X-Gpuguard-Rollout-Admitted-Stage": "\u0661"}, None),
+    ({"X-Gpuguard-Rollout-Id": "r2 ab", "X-Gpuguard-Rollout-State": "running",
+      "X-Gpuguard-Rollout-Admitted-Stage": "1"}, None),
+    ({"X-Gpuguard-Rollout": "rollout r2-ab: admitted at stage 1"}, None),
+    ({}, None),
+])
+def test_the_headers_fields_are_believed_only_when_well_formed(headers: Dict[str, str],
+                                                                expected: Optional[RolloutFields]) -> None:
+    """The X-Gpuguard-Rollout-* headers make the record; a malformed one is ignored (None), and the notice header
+    alone, even one saying "admitted", admits nothing."""
+    assert rollout_fields_of_headers(headers) == expected
 
 
 class FakeHub:
@@ -94,11 +142,11 @@ def fake_hub() -> Iterator[FakeHub]:
     hub.close()
 
 
-def offer_body(bundle: Path, serial: int, notice: Optional[str]) -> bytes:
-    """The hub's 200 body for a signed bundle file, with the rollout field."""
+def offer_body(bundle: Path, serial: int, notice: Optional[str], **fields: object) -> bytes:
+    """The hub's 200 body for a signed bundle file, with the rollout notice and the typed fields given."""
     return json.dumps({"serial": serial, "bundle": base64.b64encode(bundle.read_bytes()).decode(),
                        "signature": base64.b64encode(bundle.with_name(bundle.name + ".sig").read_bytes()).decode(),
-                       "rollout": notice}).encode()
+                       "rollout": notice, **fields}).encode()
 
 
 def test_the_fetch_keeps_the_newest_notice_and_the_hook_shows_it(fake_hub: FakeHub, tmp_path: Path) -> None:
@@ -201,13 +249,101 @@ def test_an_admitted_hosts_handoff_names_the_rollout(fake_hub: FakeHub, tmp_path
     (site.root / features).mkdir(parents=True)
     admitted = "rollout r2-1a2b3c: admitted at stage 0"
     fake_hub.answers.append((200, {"ETag": '"bundle-2"', "X-Gpuguard-Rollout": admitted},
-                             offer_body(site.bundle(2, POLICY), 2, admitted)))
+                             offer_body(site.bundle(2, POLICY), 2, admitted, rollout_id="r2-1a2b3c", state="running",
+                                        admitted_stage=0)))
     rt = make_runtime(tmp_path, Host.for_root(str(site.root)), load_settings(str(site.config)))
     asked: List[str] = []
     PolicyFetchInChild(rt, str(site.config), asked.append).run()
     assert asked == ["policy_bundle_installed"]
-    assert json.loads((site.state / "maintenance.json").read_text())["reason"] == "rollout r2-1a2b3c stage 0"
+    hold = json.loads((site.state / "maintenance.json").read_text())
+    assert (hold["reason"], hold["rollout_id"]) == ("rollout r2-1a2b3c stage 0", "r2-1a2b3c")
     labels = (site.root / features / "gpuguard-maintenance").read_text().splitlines()
     assert labels[:3] == ["gpuguard.io/maintenance=true", "gpuguard.io/maintenance-reason=rollout_r2-1a2b3c_stage_0",
                           "gpuguard.io/maintenance-rollout=r2-1a2b3c"]
-    assert read_bundle_state(str(site.state / "policy-bundle/state.json")).rollout == admitted
+    state = read_bundle_state(str(site.state / "policy-bundle/state.json"))
+    assert state.rollout == admitted and state.rollout_fields == RolloutFields("r2-1a2b3c", "running", 0)
+
+
+
+def test_the_fetch_keeps_the_typed_fields_and_refuses_hostile_ones(fake_hub: FakeHub, tmp_path: Path) -> None:
+    """200 with well-formed fields keeps them in the bundle state; a 304's headers replace them; a body with a
+    hostile stage is a failed fetch (nothing installed, the fields before stand); hostile headers on a 304 are
+    ignored (no rollout kept), and a 304 without any clears them."""
+    site = Site(tmp_path)
+    token = tmp_path / "host.token"
+    token.write_text("secret-host-token\n")
+    os.chmod(token, 0o600)
+    site.config.write_text(site.config.read_text() + f'[report]\nendpoint_url = "{fake_hub.url}"\n'
+                                                     f'token_file = "{token}"\n')
+    settings = parse_settings(site.config.read_text())
+    host = Host.for_root(str(site.root))
+    state_file = str(site.state / "policy-bundle/state.json")
+
+    fake_hub.answers.append((200, {"ETag": '"bundle-1"'}, offer_body(
+        site.bundle(1, POLICY), 1, WAITING, rollout_id="r2-1a2b3c", state="running", admitted_stage=None)))
+    result = fetch_and_install(host, settings, "node-1")
+    assert (result.outcome, result.rollout_fields) == ("installed", RolloutFields("r2-1a2b3c", "running"))
+    assert read_bundle_state(state_file).rollout_fields == RolloutFields("r2-1a2b3c", "running")
+
+    fake_hub.answers.append((304, {"ETag": '"bundle-1"', "X-Gpuguard-Rollout-Id": "r2-1a2b3c",
+                                   "X-Gpuguard-Rollout-State": "paused"}, b""))
+    assert fetch_and_install(host, settings, "node-1").outcome == "unchanged"
+    assert read_bundle_state(state_file).rollout_fields == RolloutFields("r2-1a2b3c", "paused")
+
+    fake_hub.answers.append((200, {"ETag": '"bundle-2"'}, offer_body(
+        site.bundle(2, POLICY), 2, None, rollout_id="r2-1a2b3c", state="running", admitted_stage=1000)))
+    result = fetch_and_install(host, settings, "node-1")
+    assert result.outcome == "failed" and "admitted_stage" in result.detail
+    state = read_bundle_state(state_file)
+    assert state.serial == 1 and state.rollout_fields == RolloutFields("r2-1a2b3c", "paused")
+
+    fake_hub.answers.append((304, {"ETag": '"bundle-1"', "X-Gpuguard-Rollout-Id": "r2 stage 1",
+                                   "X-Gpuguard-Rollout-State": "running",
+                                   "X-Gpuguard-Rollout-Admitted-Stage": "1"}, b""))
+    result = fetch_and_install(host, settings, "node-1")
+    assert result.outcome == "unchanged" and result.rollout_fields is None
+    assert read_bundle_state(state_file).rollout_fields is None
+
+
+def test_a_state_file_from_before_the_fields_loads_and_a_damaged_field_is_named(tmp_path: Path) -> None:
+    """A bundle state written before rollout_fields existed loads with none (no rollout); one whose kept fields
+    are malformed is an InputFileError naming the field, never a traceback or a believed rollout."""
+    from agent.errors import InputFileError
+
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps({"serial": 3, "source": "hub", "rollout": "rollout r3-aa: admitted at stage 1",
+                                "rollout_at": "2026-01-01T00:00:00+00:00"}))
+    state = read_bundle_state(str(path))
+    assert state.serial == 3 and state.rollout_fields is None
+    path.write_text(json.dumps({"serial": 3, "rollout_fields": {"rollout_id": "r3 stage 1", "state": "running",
+                                                                "admitted_stage": 1}}))
+    with pytest.raises(InputFileError, match="rollout_fields"):
+        read_bundle_state(str(path))
+
+
+def test_a_notice_that_says_admitted_without_the_fields_begins_no_handoff(fake_hub: FakeHub, tmp_path: Path) -> None:
+    """The notice is display text: a 200 whose notice reads "admitted at stage 0" but whose fields say nothing
+    (or say held back) installs the bundle and writes no maintenance hold."""
+    from agent.config import load_settings
+    from agent.daemon_jobs.children import PolicyFetchInChild
+    from tests.daemon.test_jobs import make_runtime
+
+    features = "etc/kubernetes/node-feature-discovery/features.d"
+    site = Site(tmp_path)
+    token = tmp_path / "host.token"
+    token.write_text("secret-host-token\n")
+    os.chmod(token, 0o600)
+    site.config.write_text(site.config.read_text() + f'[report]\nendpoint_url = "{fake_hub.url}"\n'
+                                                     f'token_file = "{token}"\n'
+                                                     f'nfd_features_file = "/{features}/gpuguard"\n'
+                                                     '[integrations]\nscheduler = "kubernetes"\n')
+    (site.root / features).mkdir(parents=True)
+    forged = "rollout r2-1a2b3c: admitted at stage 0"
+    fake_hub.answers.append((200, {"ETag": '"bundle-2"', "X-Gpuguard-Rollout": forged},
+                             offer_body(site.bundle(2, POLICY), 2, forged, rollout_id="r2-1a2b3c", state="running")))
+    rt = make_runtime(tmp_path, Host.for_root(str(site.root)), load_settings(str(site.config)))
+    asked: List[str] = []
+    PolicyFetchInChild(rt, str(site.config), asked.append).run()
+    assert asked == ["policy_bundle_installed"]
+    assert not (site.state / "maintenance.json").exists()
+    assert not (site.root / features / "gpuguard-maintenance").exists()

@@ -9,6 +9,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 
+from agent.bundle.rollout_fields import RolloutFields
 from agent.config import Settings, parse_settings
 from agent.daemon_jobs.handoff import after_fetch, begin_for_change, end_after_check, poll_drain
 from agent.host import Host
@@ -63,21 +64,22 @@ def test_a_later_fetch_records_the_drain_the_hook_waits_for(tmp_path: Path) -> N
 
 
 def test_only_a_bundle_a_rollout_admitted_this_host_for_drains_the_node(tmp_path: Path) -> None:
-    """After a fetch that installed a plain bundle (pushed to the whole scope at once) the node is not drained and no
-    hold is written; a bundle installed with the hub's admission notice drains it naming the rollout and stage."""
+    """After a fetch that installed a plain bundle (pushed to the whole scope at once), or one a rollout holds this
+    host back from, the node is not drained and no hold is written; a bundle installed with the offer's fields
+    saying a rollout admitted this host drains it, the hold naming the rollout and stage and keeping its id."""
     from tests.integrations.test_slurm_handoff import DRAINED, SHOW
 
     settings = parse_settings(f'[agent]\nstate_dir = "{tmp_path}"\n[integrations]\nscheduler = "slurm"\n'
                               'slurm_node_name = "vm"\ndrain_wait_seconds = 0\n')
     runner = FakeRunner()
     host = Host(root=Path("/"), runner=runner)
-    for notice in (None, "rollout r43-1a2b3c: waiting for stage 1 (0/2 canaries passed, soak ends 01:01 UTC)"):
-        assert after_fetch(host, settings, "installed", notice, 44) is None
+    for fields in (None, RolloutFields("r43-1a2b3c", "running"), RolloutFields("r43-1a2b3c", "paused")):
+        assert after_fetch(host, settings, "installed", fields, 44) is None
     assert runner.calls == [] and read_state(host, StatePaths(str(tmp_path))) is None
     runner.add(list(SHOW), stdout=DRAINED)
-    assert after_fetch(host, settings, "installed", "rollout r43-1a2b3c: admitted at stage 2", 43) is not None
+    assert after_fetch(host, settings, "installed", RolloutFields("r43-1a2b3c", "running", 2), 43) is not None
     state = read_state(host, StatePaths(str(tmp_path)))
-    assert state is not None and state.reason == "rollout r43-1a2b3c stage 2"
+    assert state is not None and (state.reason, state.rollout_id) == ("rollout r43-1a2b3c stage 2", "r43-1a2b3c")
     assert runner.calls and set(runner.calls) == {SHOW}  # asked; already drained under this hold's reason
 
 
@@ -85,7 +87,7 @@ def test_only_a_bundle_a_rollout_admitted_this_host_for_drains_the_node(tmp_path
 
 CTK_POLICY = ('[policy]\nname = "previous"\n[[versions]]\nname = "ctk"\npackages = ["nvidia-container-toolkit"]\n'
               'allow = ">= 1.17.3, << 1.18"\naction = "rollback"\n')
-ADMITTED = "rollout R: admitted at stage 2"
+ADMITTED = RolloutFields("R", "running", 2)
 
 
 def enforcing_root(tmp_path: Path, ctk_version: str) -> Path:
@@ -219,3 +221,58 @@ def test_a_node_an_operator_drained_is_never_resumed_when_the_rollouts_hold_ends
     line = after_fetch(host, settings, "installed", None, 45)
     assert line is not None and "no longer applies" in line and "bad DIMM slot 3" in line and "not resumed" in line
     assert read_state(host, paths) is None and set(runner.calls) == {SHOW}
+
+
+def test_an_operators_hold_whose_reason_reads_like_a_rollouts_survives_an_unrelated_install(tmp_path: Path) -> None:
+    """An operator drains the node by hand with the reason "rollout R stage 2" (gpuguard maintenance begin's own
+    example): the hold records no rollout, so the next bundle installed outside any admission, with the packages
+    compliant, neither ends the hold nor resumes the node (before the typed field it did both)."""
+    from agent.integrations.maintenance import begin_maintenance
+    from tests.integrations.test_slurm_handoff import DRAIN, DRAINED, IDLE, SHOW
+
+    host, settings, runner, paths = _held_root(tmp_path, "1.17.4-1", {SHOW: [IDLE, DRAINED], DRAIN: [""]})
+    # what ``gpuguard maintenance begin --reason "rollout R stage 2"`` calls (agent/commands/maintenance.py)
+    begin_maintenance(host, paths, settings.integrations, settings.report.nfd_features_file, "rollout R stage 2", 0.0)
+    held = read_state(host, paths)
+    assert held is not None and held.phase == "held" and held.drained_by_us and held.rollout_id is None
+    calls = len(runner.calls)
+    assert after_fetch(host, settings, "installed", None, 45) is None  # RESUME unscripted: asking it would fail
+    assert read_state(host, paths) == held and runner.calls[calls:] == []
+
+
+def test_an_operators_kubernetes_hold_keeps_its_label_through_an_unrelated_install(tmp_path: Path) -> None:
+    """The same operator's hold on Kubernetes: its label carries no rollout id, and an unrelated compliant install
+    leaves the maintenance label in place."""
+    from agent.integrations.maintenance import begin_maintenance
+
+    root = enforcing_root(tmp_path, "1.17.4-1")
+    features = root / "etc/kubernetes/node-feature-discovery/features.d"
+    features.mkdir(parents=True)
+    settings = parse_settings('[agent]\nstate_dir = "/var/lib/gpuguard"\n[integrations]\nscheduler = "kubernetes"\n'
+                              '[report]\nnfd_features_file = "/etc/kubernetes/node-feature-discovery/features.d/'
+                              'gpuguard"\n')
+    host, paths = Host(root=root, runner=FakeRunner()), StatePaths("/var/lib/gpuguard")
+    begin_maintenance(host, paths, settings.integrations, settings.report.nfd_features_file, "rollout R stage 2", 0.0)
+    label = (features / "gpuguard-maintenance").read_text()
+    assert "maintenance-reason=rollout_R_stage_2" in label and "maintenance-rollout" not in label
+    assert after_fetch(host, settings, "installed", None, 45) is None
+    assert (features / "gpuguard-maintenance").read_text() == label
+    held = read_state(host, paths)
+    assert held is not None and held.rollout_id is None
+
+
+def test_a_hold_file_from_before_the_rollout_field_is_an_operators(tmp_path: Path) -> None:
+    """A maintenance.json written before rollout_id existed loads as an operator's hold (never a traceback), and
+    one whose rollout_id is malformed is refused as damaged, never believed."""
+    from agent.errors import InputFileError
+
+    host, paths = Host(root=tmp_path), StatePaths("/state")
+    (tmp_path / "state").mkdir()
+    record = {"scheduler": "slurm", "node": "vm", "reason": "rollout R stage 2", "began_at_seconds": 1.0,
+              "drained_by_us": True, "phase": "held", "detail": "", "drained_at_seconds": 2.0}
+    host.path(paths.maintenance).write_text(json.dumps(record))
+    state = read_state(host, paths)
+    assert state is not None and state.rollout_id is None and state.reason == "rollout R stage 2"
+    host.path(paths.maintenance).write_text(json.dumps({**record, "rollout_id": "R stage 2"}))
+    with pytest.raises(InputFileError):
+        read_state(host, paths)

@@ -58,7 +58,7 @@ def test_a_bundle_installed_after_an_aborted_rollout_ends_its_hold(hub: HubProce
                                                      '[integrations]\nscheduler = "kubernetes"\n')
     (site.root / FEATURES).mkdir(parents=True)
     host, settings = Host.for_root(str(site.root)), load_settings(str(site.config))
-    assert begin_for_change(host, settings, "rollout r2-ab12cd stage 1") is not None
+    assert begin_for_change(host, settings, "rollout r2-ab12cd stage 1", rollout_id="r2-ab12cd") is not None
     label = site.root / FEATURES / "gpuguard-maintenance"
     assert "gpuguard.io/maintenance-rollout=r2-ab12cd" in label.read_text()
     bundle = site.bundle(3, POLICY, "--host-id", "node-1")

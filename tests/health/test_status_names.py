@@ -9,8 +9,9 @@ import pytest
 from agent.health.events import payloads_for
 from agent.health.model import STATUS_EXIT_CODES, HealthResult
 from agent.hub.dashboard.render import HEALTH_LEVELS, health_badge
-from agent.status.assess import FAILED_HEALTH, _health
+from agent.status.assess import _health
 from agent.status.facts import HealthFacts, StatusFacts
+from agent.wire import FAILED_HEALTH_STATUSES as FAILED_HEALTH
 
 NOW = dt.datetime(2026, 12, 3, 12, 0, tzinfo=dt.timezone.utc)
 

@@ -232,6 +232,42 @@ def test_pause_stops_admissions_and_a_second_rollout_waits(sqlite: SqlStore) -> 
     assert stages(rollouts, rid)["amd-1"] == 1
 
 
+def test_the_offer_carries_typed_fields_and_the_row_keeps_who_paused_it(any_store: SqlStore) -> None:
+    """The offer names the rollout, its state and the admitting stage as typed fields (held back: no stage); pause
+    keeps the pauser in the row's paused_by column, which a paused evaluation reads, never the reason text (here
+    overwritten with prose naming someone else); resume clears it."""
+    clock = Clock()
+    _, rollouts = seed(any_store, clock)
+    rid = rollouts.start(ADMIN, SPEC).rollout.rollout_id
+    canary, held = rollouts.offer("amd-0"), rollouts.offer("amd-1")
+    assert (canary.rollout_id, canary.state, canary.admitted_stage) == (rid, "running", 0)
+    assert (held.rollout_id, held.state, held.admitted_stage) == (rid, "running", None)
+    row = rollouts.pause(ADMIN, rid)
+    assert (row.state, row.paused_by) == ("paused", "alice") and row.reason.startswith("paused by alice; waiting")
+    assert (rollouts.offer("amd-0").state, rollouts.offer("amd-0").admitted_stage) == ("paused", 0)
+    any_store.write("test", lambda cur: cur.execute(any_store.dialect.sql(
+        "UPDATE rollouts SET reason = ? WHERE rollout_id = ?"), ("paused by mallory; waiting for stage 9", rid)))
+    clock.advance(5)
+    assert rollouts.evaluate(rid) is None
+    status = rollouts.status(rid).rollout
+    assert status.paused_by == "alice" and status.reason.startswith("paused by alice; waiting for stage 1")
+    assert rollouts.resume(ADMIN, rid).paused_by is None
+    assert rollouts.status(rid).rollout.paused_by is None and rollouts.offer("amd-1").state == "running"
+
+
+def test_no_active_rollout_offers_no_rollout_fields(sqlite: SqlStore) -> None:
+    """Without a rollout (or after abort) the offer has no id, state or stage, and no X-Gpuguard-Rollout* header."""
+    clock = Clock()
+    _, rollouts = seed(sqlite, clock)
+    offered = rollouts.offer("amd-0")
+    assert (offered.rollout_id, offered.state, offered.admitted_stage, offered.headers()) == (None, None, None, {})
+    rid = rollouts.start(ADMIN, SPEC).rollout.rollout_id
+    assert set(rollouts.offer("amd-0").headers()) == {"X-Gpuguard-Rollout", "X-Gpuguard-Rollout-Id",
+                                                      "X-Gpuguard-Rollout-State", "X-Gpuguard-Rollout-Admitted-Stage"}
+    rollouts.abort(ADMIN, rid)
+    assert rollouts.offer("amd-0").headers() == {}
+
+
 def test_a_hub_restart_resumes_from_the_rows(sqlite: SqlStore, tmp_path: Path) -> None:
     """A new hub process over the same database carries the rollout on where the old one left it."""
     clock = Clock()
@@ -253,7 +289,8 @@ def test_a_hub_restart_resumes_from_the_rows(sqlite: SqlStore, tmp_path: Path) -
 def test_the_api_starts_serves_and_aborts_a_rollout(settings: HubSettings, tokens: Dict[str, str],
                                                     admin_token: str) -> None:
     """Admins start and abort through the API, readers see the status and /metrics, a held-back host's fetch carries
-    the X-Gpuguard-Rollout notice and the previous bundle."""
+    the X-Gpuguard-Rollout notice and the previous bundle, and every fetch (200 and 304) carries the typed fields
+    rollout_id, state and admitted_stage as JSON fields and X-Gpuguard-Rollout-* headers."""
     clock = Clock()
     store = make_store(settings.database_url)
     seed(store, clock)
@@ -272,6 +309,18 @@ def test_the_api_starts_serves_and_aborts_a_rollout(settings: HubSettings, token
         assert fetched.status_code == 200 and fetched.json()["serial"] == 1
         assert fetched.headers["x-gpuguard-rollout"].startswith(f"rollout {rid}: waiting for stage 1")
         assert fetched.json()["rollout"] == fetched.headers["x-gpuguard-rollout"]
+        assert {k: fetched.json()[k] for k in ("rollout_id", "state", "admitted_stage")} == {
+            "rollout_id": rid, "state": "running", "admitted_stage": None}
+        assert (fetched.headers["x-gpuguard-rollout-id"], fetched.headers["x-gpuguard-rollout-state"]) == (
+            rid, "running") and "x-gpuguard-rollout-admitted-stage" not in fetched.headers
+        again = hub.get("/v1/policy/bundle", headers={**bearer(tokens[held]), "If-None-Match": '"bundle-1"'})
+        assert again.status_code == 304 and again.headers["x-gpuguard-rollout-id"] == rid
+        canary = sorted(admitted & {"host-a", "host-b"})
+        if canary:
+            got = hub.get("/v1/policy/bundle", headers=bearer(tokens[canary[0]]))
+            assert got.status_code == 200 and got.json()["serial"] == 2
+            assert (got.json()["rollout_id"], got.json()["state"], got.json()["admitted_stage"]) == (rid, "running", 0)
+            assert got.headers["x-gpuguard-rollout-admitted-stage"] == "0"
         shown = hub.get(f"/v1/rollouts/{rid}", headers=bearer(tokens["ops"])).json()
         assert shown["rollout"]["state"] == "running" and shown["hosts_by_stage"]["0"] == len(admitted)
         scraped = hub.get("/metrics", headers=bearer(tokens["ops"])).text

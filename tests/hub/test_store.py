@@ -258,7 +258,7 @@ def _reopened_after(store: Store, downgrade: List[str]) -> Store:
 
 
 def test_a_schema_version_3_database_keeps_its_bundles_offered_after_the_migration(store: Store) -> None:
-    """Version 3 to 4: stored bundles get the new staged column as not staged, so hosts are offered them as before."""
+    """Version 3 to 5: stored bundles get the new staged column as not staged, so hosts are offered them as before."""
     from agent.hub import schema
     from agent.hub.bundles import PolicyBundles
     from agent.hub.store import SqlStore
@@ -269,11 +269,45 @@ def test_a_schema_version_3_database_keeps_its_bundles_offered_after_the_migrati
     PolicyBundles(store).push(Principal(role="admin", subject="alice"), bundle_bytes(7), SIGNATURE)
 
     reopened = _reopened_after(store, ["ALTER TABLE policy_bundles DROP COLUMN staged",
+                                       "ALTER TABLE rollouts DROP COLUMN paused_by",
                                        "UPDATE hub_meta SET value = '3' WHERE key = 'schema_version'"])
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
             (str(schema.SCHEMA_VERSION),)]
         assert PolicyBundles(reopened).offer_serial("any-host") == 7
+    finally:
+        reopened.close()
+
+
+def test_a_schema_version_4_paused_rollout_gets_an_empty_paused_by_after_the_migration(store: Store) -> None:
+    """Version 4 to 5: a rollout row (paused then, its pauser only in the reason text) gets paused_by NULL, loads,
+    and a paused evaluation words it "paused" without reading the reason back."""
+    from agent.hub import schema
+    from agent.hub.bundles import PolicyBundles
+    from agent.hub.rollout_plan import RolloutSpec
+    from agent.hub.rollouts import Rollouts
+    from agent.hub.store import SqlStore
+    from agent.hub.tokens import Principal
+    from tests.hub.test_policy_bundles import SIGNATURE, bundle_bytes
+
+    assert isinstance(store, SqlStore)
+    admin = Principal(role="admin", subject="alice")
+    store.ingest([[event("host-old", at=T0)]], received_at=NOW)
+    bundles = PolicyBundles(store)
+    bundles.push(admin, bundle_bytes(1), SIGNATURE)
+    bundles.push(admin, bundle_bytes(2), SIGNATURE)
+    rid = Rollouts(store, bundles).start(admin, RolloutSpec(target_serial=2)).rollout.rollout_id
+    Rollouts(store, bundles).pause(admin, rid)
+    reopened = _reopened_after(store, ["ALTER TABLE rollouts DROP COLUMN paused_by",
+                                       "UPDATE hub_meta SET value = '4' WHERE key = 'schema_version'"])
+    try:
+        assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
+            (str(schema.SCHEMA_VERSION),)]
+        rollouts = Rollouts(reopened, PolicyBundles(reopened))
+        row = rollouts.status(rid).rollout
+        assert (row.state, row.paused_by) == ("paused", None)
+        rollouts.evaluate(rid)
+        assert rollouts.status(rid).rollout.reason.startswith("paused; waiting for stage")
     finally:
         reopened.close()
 

@@ -155,14 +155,15 @@ def test_a_damaged_hold_is_one_error_naming_the_file(tmp_path: Path) -> None:
 
 
 def test_kubernetes_labels_keep_and_remove(tmp_path: Path) -> None:
-    """Kubernetes: begin writes maintenance=true with the reason and the rollout id beside the NFD labels, a failed
-    check adds -failed, a passing one removes the file."""
+    """Kubernetes: begin for a rollout writes maintenance=true with the reason and the hold's rollout id beside the
+    NFD labels, a failed check adds -failed, a passing one removes the file."""
     features = tmp_path / "features.d"
     features.mkdir()
     nfd_file = str(features / "gpuguard")
     host, paths = setup(tmp_path, ScriptedScontrol({}))
     k8s = IntegrationsSettings(scheduler="kubernetes")
-    assert begin_maintenance(host, paths, k8s, nfd_file, "rollout r2-1a2b3c stage 2").exit_code == \
+    assert begin_maintenance(host, paths, k8s, nfd_file, "rollout r2-1a2b3c stage 2",
+                             rollout_id="r2-1a2b3c").exit_code == \
         EXIT_MAINTENANCE_OK
     label_file = features / "gpuguard-maintenance"
     assert label_file.read_text() == ("gpuguard.io/maintenance=true\n"

@@ -239,6 +239,7 @@ def test_a_revert_after_an_aborted_rollout_resumes_the_node_it_drained(slurm: Sl
     """The daemon's fetch drains the node for rollout R (admitted at stage 1); R is aborted before the host's
     packages moved, and the revert (serial 45, no admission) finds them compliant: the real node is resumed, its
     maintenance reason gone, instead of staying drained for good."""
+    from agent.bundle.rollout_fields import RolloutFields
     from agent.daemon_jobs.handoff import after_fetch
     from agent.integrations.hold import read_state
     from agent.statepaths import StatePaths
@@ -247,9 +248,34 @@ def test_a_revert_after_an_aborted_rollout_resumes_the_node_it_drained(slurm: Sl
     host = Host(root=enforcing_root(tmp_path, "1.17.4-1"),
                 runner=SubprocessRunner(extra_env={"SLURM_CONF": str(slurm.conf)}))
     settings = slurm_settings(slurm.node)
-    assert after_fetch(host, settings, "installed", "rollout R: admitted at stage 1", 44) is not None
+    assert after_fetch(host, settings, "installed", RolloutFields("R", "running", 1), 44) is not None
     slurm._wait(lambda: "DRAIN" in slurm.state(), "the node drained for the rollout")
     assert slurm.reason() == "gpuguard: maintenance: rollout R stage 1"
     line = after_fetch(host, settings, "installed", None, 45)
     assert line is not None and "no longer applies to this host: nothing changed" in line and "resumed" in line
     assert "DRAIN" not in slurm.state() and read_state(host, StatePaths("/var/lib/gpuguard")) is None
+
+
+def test_an_operators_rollout_like_hold_keeps_the_real_node_drained_through_an_unrelated_install(
+        slurm: SlurmCluster, tmp_path: Path) -> None:
+    """An operator drains the real node with ``gpuguard maintenance begin --reason "rollout R stage 2"``; the next
+    bundle installed outside any admission (the packages compliant) leaves the hold and the drain alone."""
+    from agent.daemon_jobs.handoff import after_fetch
+    from agent.integrations.hold import read_state
+    from agent.statepaths import StatePaths
+    from tests.daemon.test_handoff import enforcing_root, slurm_settings
+
+    root = enforcing_root(tmp_path, "1.17.4-1")
+    (tmp_path / "agent.toml").write_text('[agent]\nstate_dir = "/var/lib/gpuguard"\n[integrations]\n'
+                                         f'scheduler = "slurm"\nslurm_node_name = "{slurm.node}"\n')
+    code, line = gpuguard(slurm, tmp_path, "maintenance", "begin", "--reason", "rollout R stage 2", "--root",
+                          str(root))
+    assert code == 0 and "DRAIN" in slurm.state(), line
+    host = Host(root=root, runner=SubprocessRunner(extra_env={"SLURM_CONF": str(slurm.conf)}))
+    held = read_state(host, StatePaths("/var/lib/gpuguard"))
+    assert held is not None and held.rollout_id is None
+    assert after_fetch(host, slurm_settings(slurm.node), "installed", None, 45) is None
+    assert "DRAIN" in slurm.state() and slurm.reason() == "gpuguard: maintenance: rollout R stage 2"
+    assert read_state(host, StatePaths("/var/lib/gpuguard")) == held
+    assert gpuguard(slurm, tmp_path, "maintenance", "end", "--root", str(root))[0] == 0  # the operator's to end
+    assert "DRAIN" not in slurm.state()

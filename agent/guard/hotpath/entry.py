@@ -8,7 +8,7 @@ traceback and never lets a transaction through because it crashed.
 
 from __future__ import annotations
 
-from agent.defaults import DEFAULT_STATE_DIR
+from agent.defaults import DEFAULT_POLICY_DIR, DEFAULT_STATE_DIR
 from agent.errors import InputFileError, InputNotWhole
 from agent.guard.hotpath.decision import EXIT_ALLOW, EXIT_FAILSAFE_INPUT, EXIT_FAILSAFE_POLICY, EXIT_INTERNAL, PREFIX
 from agent.guard.hotpath.stream import DEFAULT_TIMEOUT_SECONDS
@@ -41,7 +41,7 @@ class Args:
         self.root = "/"
         self.state_dir = DEFAULT_STATE_DIR
         self.policy_file: Optional[str] = None
-        self.policy_dir = "/etc/gpuguard/policy.d"
+        self.policy_dir = DEFAULT_POLICY_DIR
         self.tool = tool
         self.input_timeout_seconds = DEFAULT_TIMEOUT_SECONDS
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from agent.hostfacts.paths import read_regular_file
 from agent.printable import printable
+from agent.wire import MAX_STATE_FILE_BYTES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Optional, Tuple
 
-MAX_STATE_BYTES = 64 * 1024  # agent/integrations/hold.py's bound
 MAX_FIELD_CHARS = 200
 _PHASES = ("draining", "held", "kept")
 
@@ -33,7 +33,7 @@ def drain_wait(path: str) -> Tuple[Optional[str], bool]:
     drained node, a Kubernetes or kept hold), (the line saying why it waits, False) while Slurm drains, (the line
     saying what is wrong, True) when the file is damaged."""
     try:
-        data = read_regular_file(path, MAX_STATE_BYTES)
+        data = read_regular_file(path, MAX_STATE_FILE_BYTES)
     except FileNotFoundError:
         return None, False
     except OSError as exc:  # a FIFO, a directory, too large, unreadable

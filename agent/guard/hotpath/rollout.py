@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from agent.bundle.rollout import clean_notice
 from agent.hostfacts.paths import read_regular_file
+from agent.wire import MAX_STATE_FILE_BYTES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Optional
 
-MAX_STATE_BYTES = 64 * 1024  # agent/bundle/state.py's bound
 
 
 def rollout_notice(state_path: str) -> Optional[str]:
@@ -23,7 +23,7 @@ def rollout_notice(state_path: str) -> Optional[str]:
     import json
 
     try:
-        value = json.loads(read_regular_file(state_path, MAX_STATE_BYTES).decode("utf-8"))
+        value = json.loads(read_regular_file(state_path, MAX_STATE_FILE_BYTES).decode("utf-8"))
     except (OSError, ValueError, RecursionError):  # missing, unreadable, too large, not UTF-8, not JSON
         return None
     notice = value.get("rollout") if isinstance(value, dict) else None

@@ -1,0 +1,63 @@
+"""The wire contract between hub and agent, written once: both agent/hub/ and the agent side import it.
+
+    paths        INGEST_PATH (POST a host's EventBatch), BUNDLE_PATH (GET the policy bundle offered to a host)
+    ETag         etag_of(serial): ``"bundle-N"``, what If-None-Match names
+    the offer    200 ``{"serial", "bundle", "signature", "rollout", "rollout_id", "state", "admitted_stage"}``; on
+                 200, 204 and 304 the same rollout fields as headers (ROLLOUT_*_HEADER). ``rollout`` /
+                 ROLLOUT_HEADER is the notice, display text only: nothing decides on it. ``rollout_id``, ``state``
+                 (OFFER_ROLLOUT_STATES) and ``admitted_stage`` (None: held back) are what the agent decides on,
+                 after :func:`rollout_id_ok`, :func:`rollout_state_ok` and :func:`stage_ok` (a trust boundary)
+    limits       MAX_SIGNATURE_BYTES, MAX_NOTICE_CHARS, MAX_ROLLOUT_ID_CHARS, MAX_STAGE, MAX_STATE_FILE_BYTES
+    health       HEALTH_STATUSES, and the two verdicts over them: PASSED_HEALTH_STATUSES give a held node back,
+                 FAILED_HEALTH_STATUSES keep it out, halt a rollout's batch, label a node and colour status
+
+Standard library only and no imports at all: the apt hook's hot path reads MAX_STATE_FILE_BYTES from here.
+"""
+
+INGEST_PATH = "/v1/events"
+BUNDLE_PATH = "/v1/policy/bundle"
+
+# The offer's rollout fields: JSON names on a 200, header names on 200, 204 and 304.
+OFFER_NOTICE_FIELD = "rollout"
+OFFER_ROLLOUT_ID_FIELD = "rollout_id"
+OFFER_STATE_FIELD = "state"
+OFFER_STAGE_FIELD = "admitted_stage"
+ROLLOUT_HEADER = "X-Gpuguard-Rollout"  # the notice
+ROLLOUT_ID_HEADER = "X-Gpuguard-Rollout-Id"
+ROLLOUT_STATE_HEADER = "X-Gpuguard-Rollout-State"
+ROLLOUT_STAGE_HEADER = "X-Gpuguard-Rollout-Admitted-Stage"
+# The states a rollout is offered in (active: the target goes only to admitted hosts).
+OFFER_ROLLOUT_STATES = ("running", "paused", "halted")
+
+MAX_SIGNATURE_BYTES = 64 * 1024
+MAX_NOTICE_CHARS = 300  # the hub cuts its notice here; the agent keeps at most this much
+MAX_ROLLOUT_ID_CHARS = 64
+MAX_STAGE = 100  # a stage per batch, batches strictly increasing percentages up to 100, after stage 0
+# Every JSON state file the agent keeps of the hub's answers and of its hold (bundle state, maintenance.json).
+MAX_STATE_FILE_BYTES = 64 * 1024
+
+HEALTH_STATUSES = ("pass", "regression", "cpu_fallback", "failed", "timeout", "skipped", "busy", "deferred")
+PASSED_HEALTH_STATUSES = ("pass", "busy")
+FAILED_HEALTH_STATUSES = ("regression", "cpu_fallback", "failed", "timeout")
+
+_ROLLOUT_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+
+
+def etag_of(serial: int) -> str:
+    """The ETag of the bundle with ``serial`` (a bundle's bytes never change under its serial)."""
+    return f'"bundle-{serial}"'
+
+
+def rollout_id_ok(value: object) -> bool:
+    """A rollout id as the hub makes them: 1 to MAX_ROLLOUT_ID_CHARS of ``A-Za-z0-9._-``."""
+    return isinstance(value, str) and 0 < len(value) <= MAX_ROLLOUT_ID_CHARS and _ROLLOUT_ID_CHARS.issuperset(value)
+
+
+def rollout_state_ok(value: object) -> bool:
+    """One of the states a rollout is offered in."""
+    return isinstance(value, str) and value in OFFER_ROLLOUT_STATES
+
+
+def stage_ok(value: object) -> bool:
+    """A stage number: a whole number (not a bool) in 0..MAX_STAGE."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STAGE
