@@ -60,7 +60,7 @@ MAX_UPWARD = 4
 # What runs inside every apt and dnf transaction: the apt hook, the dnf4 checker, the dnf5 action, and the folder
 # they share. Everything these import, transitively, must be the standard library or agent code obeying the same.
 HOT_PATH_ENTRIES = ("agent.guard.apt.hook", "agent.guard.dnf.check", "agent.guard.dnf.dnf5_action")
-HOT_PATH_FOLDERS = ("agent.guard.hotpath", "agent.hostfacts")
+HOT_PATH_FOLDERS = ("agent.guard.hotpath", "agent.hostfacts", "agent.policy.families")
 
 
 def module_name(path: Path) -> str:

@@ -29,8 +29,8 @@ from agent.files import FileMissing, read_bytes_bounded
 from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
-    from agent.bundle.source import PolicySettings
     from agent.bundle.rollout_fields import RolloutFields
+    from agent.bundle.source import PolicySettings
     from agent.host import Host
     from agent.policy.compiled import CompiledPolicy
 

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from agent.policy import releases
 from agent.policy.compiled import AMD_STACK_PACKAGES, CompiledPolicy
-from agent.policy.evaluate import HostState, evaluate, introduced, matching_pairing
+from agent.policy.evaluate import HostState, evaluate, introduced
+from agent.policy.families.amd import matching_pairing
 from agent.policy.spec import matches
 
 if TYPE_CHECKING:

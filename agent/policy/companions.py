@@ -11,8 +11,9 @@
 - ``companion.amdsmi``: the amdsmi Python binding and ``libamd_smi.so.N`` of one ROCm release (a binding of another
   release fails at ``import amdsmi``).
 
-Pure judgements over an installed set (key -> version), shared by the evaluator (agent/policy/evaluate.py: the apt
-hook, the dnf checkers, ``policy explain``, compliance, the rollback check) and the snapshot's drift findings
+Pure judgements over an installed set (key -> version), shared by the evaluator (its companions family,
+agent/policy/families/companions.py: the apt hook, the dnf checkers, ``policy explain``, compliance, the rollback
+check) and the snapshot's drift findings
 (agent/snapshot/drift.py), so a host is judged the same way before and during a transaction. Standard library only
 (the apt hook imports it when a policy has a ``[companions]`` section).
 """

@@ -1,0 +1,185 @@
+"""The policy's rule families, one module each, and what they share: the state judged, a violation, and the
+lookups over the installed sets.
+
+A family's module (``<name>.py``, its name the compiled policy's section key) holds the host facts it reads
+(``facts``), its check (``check``) and its ``gpuguard policy explain`` lines (``explain``): the protocol
+:class:`Family`. agent/policy/evaluate.py's ``FAMILIES`` lists them in the order they are judged; a policy without a
+family's section neither imports nor runs it. These modules are on the apt hook's path: standard library and
+agent/policy only, records rather than dataclasses (the shared part lives here rather than in a module of its own:
+one module fewer to import on every apt run). The section's pydantic model stays in agent/policy/model.py, which the
+hook never imports. CONTRIBUTING.md ("A new rule family") lists what a new family touches.
+"""
+
+from __future__ import annotations
+
+from agent.hostfacts.package_keys import package_name
+from agent.policy import releases
+from agent.policy.globs import any_glob
+from agent.records import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
+    from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Protocol, Sequence, Set, Tuple
+
+    from agent.hostfacts.context import HostContext
+    from agent.policy.compiled import CompiledPolicy
+
+    class Family(Protocol):
+        """One rule family's module: what it reads of the host, its check and its ``policy explain`` lines. The
+        module's name is the compiled policy's section key; a policy without that section neither imports nor
+        runs it (agent/policy/evaluate.py)."""
+
+        def facts(self, policy: CompiledPolicy) -> Tuple[str, ...]:
+            """The host facts (names from agent.hostfacts.context) the check reads under ``policy``."""
+
+        def check(self, state: HostState, policy: CompiledPolicy) -> List[Violation]:
+            """Every violation of this family's rules in the state after the change."""
+
+        def explain(self, policy: CompiledPolicy, installed: Mapping[str, str], manager: str,
+                    context: HostContext) -> List[str]:
+            """The lines ``gpuguard policy explain`` prints for this family's rules on a host."""
+
+OVERRIDE_HINT = 'or open an audited maintenance window: gpuguard override start --minutes 60 --reason "..."'
+
+
+class HostState(Record):
+    """The installed packages before and after a change (mappings keyed ``name``, ``name:arch`` for foreign
+    arches), the version scheme (``dpkg`` or ``rpm``) and the host's context: the OS and GPU targets AMD's matrix
+    is checked against, and the loaded GPU kernel modules (a driver that no package carries, the .run installer or
+    a VM or container host's driver, is judged by the module that is running). Every caller reads the context with
+    ``read_host_context(root, facts_used(policy))``; None when the policy's rules read no host fact (the apt hook
+    then imports no part of agent.hostfacts.context).
+
+    Records rather than dataclasses: this module is on the apt hook's start-up path.
+    """
+
+    __slots__ = ("before", "after", "manager", "context")
+    before: Mapping[str, str]
+    after: Mapping[str, str]
+    manager: str
+    context: Optional[HostContext]
+
+    def __init__(self, before: Mapping[str, str], after: Mapping[str, str], manager: str = "dpkg",
+                 context: Optional[HostContext] = None) -> None:
+        Record.__init__(self, before, after, manager, context)
+
+    @classmethod
+    def standing(cls, installed: Mapping[str, str], manager: str = "dpkg",
+                 context: Optional[HostContext] = None) -> "HostState":
+        """An installed set judged as it stands (before and after the same): what violates the policy already."""
+        return cls(dict(installed), dict(installed), manager, context)
+
+    def changed(self) -> Set[str]:
+        """Package keys whose version differs between before and after (installed, removed or moved)."""
+        keys = set(self.before) | set(self.after)
+        return {k for k in keys if self.before.get(k) != self.after.get(k)}
+
+
+class Violation(Record):
+    """One broken rule: its name, action, message, the packages involved (name -> version or move), a hint on how
+    to proceed and the pinned pairing it breaks (if any)."""
+
+    __slots__ = ("rule", "action", "message", "packages", "hint", "pairing")
+    rule: str
+    action: str
+    message: str
+    packages: Mapping[str, str]
+    hint: str
+    pairing: Optional[str]
+
+    def __init__(self, rule: str, action: str, message: str, packages: Optional[Mapping[str, str]] = None,
+                 hint: str = "", pairing: Optional[str] = None) -> None:
+        Record.__init__(self, rule, action, message, {} if packages is None else packages, hint, pairing)
+
+    def touches(self, keys: Iterable[str]) -> bool:
+        """Whether any of the given package keys is involved in this violation."""
+        return self.touches_names({k.split(":", 1)[0] for k in keys})
+
+    def touches_names(self, bases: Set[str]) -> bool:
+        """Whether any package involved has one of these names (keys without ``:arch``)."""
+        return any(p.split(":", 1)[0] in bases for p in self.packages)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"rule": self.rule, "action": self.action, "message": self.message, "packages": dict(self.packages),
+                "hint": self.hint, "pairing": self.pairing}
+
+
+class _Index:
+    """One installed set's keys with their package names, sorted, and ``{package name: version}`` of the first key
+    of each name (as a scan in key order would find it)."""
+
+    __slots__ = ("named_keys", "by_base")
+
+    def __init__(self, mapping: Mapping[str, str]) -> None:
+        self.named_keys = sorted((key, package_name(key)) for key in mapping)
+        self.by_base: Dict[str, str] = {}
+        for key, version in mapping.items():
+            self.by_base.setdefault(package_name(key), version)
+
+
+# One index per installed set, kept only while evaluate() runs (the sets do not change during one evaluation):
+# find is called per violation, and a scan of the whole set each time made a 10,000-violation transaction
+# quadratic (27 s in the hook); matching runs once per rule over the same sets.
+_INDEXES: List[Tuple[Mapping[str, str], _Index]] = []
+
+
+def indexing(state: HostState) -> None:
+    """Index the state's two installed sets until :func:`forget_indexes` (evaluate() brackets its run)."""
+    _INDEXES[:] = [(state.before, _Index(state.before)), (state.after, _Index(state.after))]
+
+
+def forget_indexes() -> None:
+    """Drop the indexes :func:`indexing` made."""
+    _INDEXES.clear()
+
+
+def _index(mapping: Mapping[str, str]) -> _Index:
+    for cached, index in _INDEXES:
+        if cached is mapping:
+            return index
+    return _Index(mapping)
+
+
+def by_base(mapping: Mapping[str, str]) -> Dict[str, str]:
+    """``{package name: version}`` of an installed set, the first key of each name."""
+    return _index(mapping).by_base
+
+
+def find(mapping: Mapping[str, str], name: str) -> Optional[str]:
+    """The version of a package key, or of the first key with that package name; None when absent."""
+    if name in mapping:
+        return mapping[name]
+    return by_base(mapping).get(name)
+
+
+_GLOBS: Dict[Tuple[str, ...], Callable[[str], bool]] = {}
+
+
+def matching(mapping: Mapping[str, str], patterns: Sequence[str]) -> List[str]:
+    """The keys of an installed set whose package name matches one of the globs, in key order."""
+    key = tuple(patterns)
+    match = _GLOBS.get(key)
+    if match is None:
+        if len(_GLOBS) > 64:
+            _GLOBS.clear()
+        match = _GLOBS[key] = any_glob(key)
+    return [k for k, name in _index(mapping).named_keys if match(name)]
+
+
+def move(state: HostState, name: str) -> str:
+    """``old -> new`` of a package for a violation's packages (its version when it did not move)."""
+    old, new = find(state.before, name), find(state.after, name)
+    if old == new:
+        return old or "(absent)"
+    return f"{old or '(not installed)'} -> {new or '(removed)'}"
+
+
+def kernels(mapping: Mapping[str, str], patterns: Sequence[str], manager: str) -> Dict[str, str]:
+    """Kernel release -> package key, for kernel image packages in an installed set."""
+    out: Dict[str, str] = {}
+    for key in matching(mapping, patterns):
+        release = releases.kernel_release_of(key, mapping[key], manager=manager)
+        if release:
+            out[release] = key
+    return out
+

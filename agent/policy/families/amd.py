@@ -1,0 +1,228 @@
+"""``[amd]``: the allowed amdgpu driver x ROCm pairings (classic ROCm and TheRock's releases, side by side)."""
+
+from __future__ import annotations
+
+from agent.defaults import THEROCK_BASE_PACKAGE
+from agent.hostfacts.package_keys import package_name
+from agent.policy import releases
+from agent.policy.families import OVERRIDE_HINT, HostState, Violation, find, kernels, matching, move
+from agent.policy.globs import any_glob
+from agent.policy.spec import describe, matches
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
+    from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+    from agent.hostfacts.context import HostContext
+    from agent.policy.compiled import CompiledPolicy
+
+
+def facts(policy: CompiledPolicy) -> Tuple[str, ...]:
+    """No host fact: the rule reads the installed sets only."""
+    return ()
+
+
+def _pairing_matches(pairing: Mapping[str, Any], driver_version: Optional[str], rocm_version: Optional[str],
+                     scheme: str) -> bool:
+    driver_release = releases.amdgpu_driver_release(driver_version) if driver_version else None
+    rocm_rel = releases.rocm_release(rocm_version) if rocm_version else None
+    if driver_version is not None and driver_release is None:
+        driver_release = "unknown"
+    if rocm_version is not None and rocm_rel is None:
+        rocm_rel = "unknown"
+    if not matches(pairing.get("amdgpu", "any"), driver_release):
+        return False
+    if not matches(pairing.get("rocm", "any"), rocm_rel):
+        return False
+    if pairing.get("amdgpu_package") is not None and not matches(pairing["amdgpu_package"], driver_version, scheme):
+        return False
+    if pairing.get("rocm_package") is not None and not matches(pairing["rocm_package"], rocm_version, scheme):
+        return False
+    return True
+
+
+def describe_pairing(pairing: Mapping[str, Any]) -> str:
+    """``'rocm-6.2' (amdgpu 6.2.* + ROCm 6.2.*)`` for messages."""
+    parts = [f"amdgpu {describe(pairing.get('amdgpu', 'any'))}", f"ROCm {describe(pairing.get('rocm', 'any'))}"]
+    if pairing.get("amdgpu_package") is not None:
+        parts.append(f"amdgpu package {describe(pairing['amdgpu_package'])}")
+    if pairing.get("rocm_package") is not None:
+        parts.append(f"rocm package {describe(pairing['rocm_package'])}")
+    return f"'{pairing.get('name', '?')}' ({' + '.join(parts)})"
+
+
+def matching_pairing(pairings: Sequence[Mapping[str, Any]], driver_version: Optional[str],
+                     rocm_version: Optional[str], scheme: str) -> Optional[Mapping[str, Any]]:
+    """The first pairing that accepts this driver/ROCm combination, or None."""
+    for pairing in pairings:
+        if _pairing_matches(pairing, driver_version, rocm_version, scheme):
+            return pairing
+    return None
+
+
+def _label(name: str, version: Optional[str], release: Optional[str], what: str) -> str:
+    if version is None:
+        return f"no {name}"
+    return f"{name} {version} ({what} {release or 'unknown'})"
+
+
+def rocm_versions(mapping: Mapping[str, str], rocm_name: str) -> Dict[str, str]:
+    """Every ROCm release present, key -> version: the ROCm package and its versioned side-by-side installs
+    (``rocm-core6.4.1``, which ``apt install rocm6.4.1`` brings for AMD's multi-version installs), and TheRock's
+    base package with its versioned installs (``amdrocm-base7.13``, ``amdrocm-base10.0``): a host with a classic
+    stack and a TheRock release is judged by both."""
+    return {k: mapping[k] for k in matching(mapping, releases.rocm_package_patterns(rocm_name))}
+
+
+def _release_suffix(name: str) -> Optional[str]:
+    """The release a versioned TheRock name ends in (``amdrocm-runtime7.13`` -> ``7.13``), else None."""
+    i = len(name)
+    while i > 0 and (name[i - 1].isdigit() or name[i - 1] == "."):
+        i -= 1
+    tail = name[i:]
+    return tail if "." in tail and tail[0].isdigit() and tail[-1].isdigit() else None
+
+
+def _therock_base_removed(state: HostState, policy: CompiledPolicy, amd: Mapping[str, Any],
+                          pairing: Optional[Mapping[str, Any]]) -> List[Violation]:
+    """A TheRock base package (``amdrocm-base7.13``, the release's version component) removed while packages of its
+    release stay (``dpkg --remove --force-depends``): the release is left without its version, unjudged."""
+    base = THEROCK_BASE_PACKAGE
+    out: List[Violation] = []
+    for key in matching(state.before, [base + "[0-9]*"]):
+        if key in state.after:
+            continue
+        release = package_name(key)[len(base):]
+        left = [k for k in matching(state.after, ["amdrocm-*"]) if _release_suffix(package_name(k)) == release]
+        if not left:
+            continue
+        out.append(Violation(
+            rule="amd.rocm_base_removed", action=policy.action_for((pairing or {}).get("action"), amd.get("action")),
+            message=f"removing {package_name(key)} {state.before[key]} leaves TheRock ROCm {release} without its base "
+                    f"package (still installed: {', '.join(package_name(k) for k in left[:3])}"
+                    + (f" and {len(left) - 3} more" if len(left) > 3 else "") + ")",
+            packages={key: move(state, key)},
+            hint=f"remove the whole ROCm {release} release or none of it, " + OVERRIDE_HINT,
+            pairing=(pairing or {}).get("name")))
+    return out
+
+
+def _pairing_for_all(pairings: Sequence[Mapping[str, Any]], driver: Optional[str], rocms: Mapping[str, str],
+                     scheme: str) -> Optional[Mapping[str, Any]]:
+    """The first pairing that accepts the driver with every ROCm release present, or None."""
+    versions: List[Optional[str]] = [*rocms.values()] or [None]
+    for pairing in pairings:
+        if all(_pairing_matches(pairing, driver, v, scheme) for v in versions):
+            return pairing
+    return None
+
+
+def check(state: HostState, policy: CompiledPolicy) -> List[Violation]:
+    """The driver and every ROCm release present in one allowed pairing, the driver and its firmware one build,
+    several ROCm releases only with ``side_by_side``, the kernels the pairing supports, TheRock releases whole."""
+    amd = policy.section("amd")
+    if not amd:
+        return []
+    pairings = [p for p in amd.get("pairings") or [] if isinstance(p, dict)]
+    driver_name, rocm_name = policy.amd_packages
+    driver_after, driver_before = find(state.after, driver_name), find(state.before, driver_name)
+    rocms_after, rocms_before = rocm_versions(state.after, rocm_name), rocm_versions(state.before, rocm_name)
+    if not pairings or (driver_after is None and not rocms_after and driver_before is None and not rocms_before):
+        return []  # no AMD stack before or after: nothing to judge (removing the last of it is judged)
+    scheme = state.manager
+    pinned = _pairing_for_all(pairings, driver_before, rocms_before, scheme)
+    now = _pairing_for_all(pairings, driver_after, rocms_after, scheme)
+    packages = {n: move(state, n) for n in sorted({driver_name, *rocms_after, *rocms_before})
+                if find(state.after, n) is not None or find(state.before, n) is not None}
+    out: List[Violation] = []
+    out += _therock_base_removed(state, policy, amd, pinned or now)
+    firmware = find(state.after, driver_name + "-firmware")
+    if driver_after is not None and firmware is not None and not releases.amdgpu_same_build(driver_after, firmware):
+        out.append(Violation(
+            rule="amd.driver_parts", action=policy.action_for((now or pinned or {}).get("action"), amd.get("action")),
+            message=f"{driver_name} {driver_after} and {driver_name}-firmware {firmware} are not one build",
+            packages={n: move(state, n) for n in (driver_name, driver_name + "-firmware")},
+            hint=f"move {driver_name} and its firmware together, " + OVERRIDE_HINT))
+    if now is None:
+        rocm_text = " and ".join(_label(package_name(k), v, releases.rocm_release(v), "ROCm")
+                                 for k, v in sorted(rocms_after.items())) or f"no {rocm_name}"
+        combo = (f"{_label(driver_name, driver_after, releases.amdgpu_driver_release(driver_after), 'driver')} "
+                 f"with {rocm_text}")
+        allowed = "; ".join(describe_pairing(p) for p in pairings)
+        if pinned is not None:
+            message = f"breaks the pinned AMD pairing {describe_pairing(pinned)}: {combo} matches no allowed pairing"
+        else:
+            message = f"{combo} matches no allowed AMD pairing"
+        out.append(Violation(
+            rule="amd.pairing", action=policy.action_for((pinned or {}).get("action"), amd.get("action")),
+            message=f"{message} (allowed: {allowed})", packages=packages,
+            hint=f"move {driver_name} and {rocm_name} (or TheRock's amdrocm-base<release>) together to an allowed "
+                 f"pairing, change the policy, " + OVERRIDE_HINT,
+            pairing=(pinned or {}).get("name")))
+        return out
+    rocm_series = {releases.series(releases.rocm_release(v)) for v in rocms_after.values()}
+    if len(rocm_series) > 1 and not amd.get("side_by_side"):
+        out.append(Violation(
+            rule="amd.rocm_side_by_side", action=policy.action_for(now.get("action"), amd.get("action")),
+            message="ROCm " + ", ".join(f"{releases.rocm_release(v)} ({package_name(k)})" for k, v in sorted(
+                rocms_after.items())) + f": {len(rocm_series)} ROCm releases side by side, and policy "
+                f"'{policy.name}' does not allow that ([amd] side_by_side = false)",
+            packages={k: move(state, k) for k in rocms_after},
+            hint="keep one ROCm release, set side_by_side = true in [amd], " + OVERRIDE_HINT,
+            pairing=now.get("name")))
+    kernels_spec = now.get("kernels")
+    if kernels_spec is None:
+        return out
+    kernel_patterns = policy.kernel_packages
+    kernels_before = kernels(state.before, kernel_patterns, state.manager)
+    kernels_after = kernels(state.after, kernel_patterns, state.manager)
+    driver_moved = driver_before != driver_after
+    # DKMS builds the module for every installed kernel: a new driver must suit them all, a new kernel must suit
+    # the driver that stays.
+    to_check = kernels_after if driver_moved else {r: k for r, k in kernels_after.items() if r not in kernels_before}
+    pinned_text, supported = describe_pairing(now), describe(kernels_spec)  # once, not once per kernel
+    for release, key in sorted(to_check.items()):
+        if matches(kernels_spec, release):
+            continue
+        involved = {key: move(state, key)}
+        if driver_moved:
+            involved[driver_name] = move(state, driver_name)
+        out.append(Violation(
+            rule="amd.pairing.kernels",
+            action=policy.action_for(now.get("action"), amd.get("action")),
+            message=f"kernel {release} ({package_name(key)}) is not supported by the pinned AMD pairing "
+                    f"{pinned_text} with {driver_name} {driver_after}: supported kernels are {supported}",
+            packages=involved,
+            hint=f"stay on a supported kernel, add {release} to the pairing's kernels once the driver is known to "
+                 f"build for it, " + OVERRIDE_HINT,
+            pairing=now.get("name")))
+    return out
+
+
+def explain(policy: CompiledPolicy, installed: Mapping[str, str], manager: str, context: HostContext) -> List[str]:
+    """The installed driver and ROCm, the pinned pairing and the pairings a host may move to."""
+    amd = policy.section("amd")
+    if not amd or not amd.get("pairings"):
+        return []
+    driver_name, rocm_name = policy.amd_packages
+    driver = installed.get(driver_name)
+    carries_rocm = any_glob(releases.rocm_package_patterns(rocm_name))
+    rocms = {k: v for k, v in sorted(installed.items()) if carries_rocm(package_name(k))}  # classic and TheRock
+    rocm_text = ", ".join(f"{package_name(k)} {v} (ROCm {releases.rocm_release(v) or '-'})" for k, v in rocms.items())
+    lines = [f"AMD: {driver_name} {driver or '(not installed)'} (driver "
+             f"{releases.amdgpu_driver_release(driver) or '-'}), {rocm_text or rocm_name + ' (not installed)'}"]
+    versions: List[Optional[str]] = [*rocms.values()] or [None]
+    pinned = next((p for p in amd["pairings"] if all(matching_pairing([p], driver, v, manager) is not None
+                                                     for v in versions)), None)
+    if pinned is not None:
+        lines.append(f"  pinned pairing: {describe_pairing(pinned)}")
+    elif driver is None and not rocms:
+        lines.append("  pinned pairing: none (neither package is installed)")
+    else:
+        lines.append("  pinned pairing: none matches the installed pair (violation)")
+    for pairing in amd["pairings"]:
+        kernels_text = f"; kernels {describe(pairing['kernels'])}" if pairing.get("kernels") is not None else ""
+        lines.append(f"  may move to {describe_pairing(pairing)}{kernels_text} "
+                     f"[{policy.action_for(pairing.get('action'), amd.get('action'))}]")
+    lines.append(f"  changing only one of {driver_name}/{rocm_name} must land in one of these pairings")
+    return lines

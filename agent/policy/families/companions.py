@@ -1,0 +1,72 @@
+"""``[companions]``: fabric manager, DCGM, dcgm-exporter and the amdsmi binding against what they serve.
+
+The judgements themselves are agent/policy/companions.py's (the snapshot's drift and ``policy freeze`` use them
+too); this module turns them into violations. The apt hook imports it when a policy has a ``[companions]`` section.
+"""
+
+from __future__ import annotations
+
+from agent.policy import companions
+from agent.policy.compiled import DEFAULT_NVIDIA_DRIVER_PACKAGES, NVIDIA_NOT_DRIVER_PARTS
+from agent.policy.families import OVERRIDE_HINT, HostState, Violation, matching, move
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
+    from typing import List, Mapping, Tuple
+
+    from agent.hostfacts.context import HostContext
+    from agent.policy.compiled import CompiledPolicy
+
+
+def facts(policy: CompiledPolicy) -> Tuple[str, ...]:
+    """The loaded nvidia module for fabric manager, the amdsmi binding for its rule."""
+    section = policy.section("companions") or {}
+    fabricmanager, amdsmi = bool(section.get("fabricmanager")), bool(section.get("amdsmi"))
+    if not fabricmanager and not amdsmi:
+        return ()
+    from agent.hostfacts.context import AMDSMI_BINDING, NVIDIA_MODULE
+
+    return ((NVIDIA_MODULE,) if fabricmanager else ()) + ((AMDSMI_BINDING,) if amdsmi else ())
+
+
+def check(state: HostState, policy: CompiledPolicy) -> List[Violation]:
+    """Fabric manager, DCGM, dcgm-exporter and the amdsmi binding against what they serve, in the set after the
+    change. A violation names the judged packages and those of the rule's family that moved, so that a driver
+    upgrade that leaves fabric manager behind is this change's."""
+    section = policy.section("companions")
+    if not section:
+        return []
+    driver = policy.nvidia_packages[0] or list(DEFAULT_NVIDIA_DRIVER_PACKAGES)
+    leaves = "the transaction leaves" if state.changed() else "the host has"
+    context = state.context
+    found: List[companions.Disagreement] = []
+    if section.get("fabricmanager"):
+        found += companions.fabricmanager(state.after, driver, context.loaded("nvidia") if context else None,
+                                          tuple(NVIDIA_NOT_DRIVER_PARTS), leaves)
+    if section.get("dcgm"):
+        found += companions.dcgm(state.after)
+    if section.get("dcgm_exporter"):
+        found += companions.dcgm_exporter(state.after)
+    if section.get("amdsmi"):
+        found += companions.amdsmi(state.after, context.amdsmi_binding if context else None, leaves)
+    out = []
+    for item in found:
+        moved = matching(state.before, companions.family(item.rule, driver))
+        moved += matching(state.after, companions.family(item.rule, driver))
+        keys = dict.fromkeys([*item.packages, *sorted(k for k in set(moved) if state.before.get(k) !=
+                                                       state.after.get(k))])
+        out.append(Violation(
+            rule=item.rule, action=policy.action_for(section.get("action")), message=item.message,
+            packages={k: move(state, k) for k in keys},
+            hint=f"{companions.HINTS[item.rule]}, set {item.rule.split('.', 1)[1]} = false in [companions], "
+                 + OVERRIDE_HINT))
+    return out
+
+
+def explain(policy: CompiledPolicy, installed: Mapping[str, str], manager: str, context: HostContext) -> List[str]:
+    """One line per companion rule turned on."""
+    section = policy.section("companions")
+    if not section:
+        return []
+    return [f"companion.{field}: {companions.DESCRIPTIONS['companion.' + field]} "
+            f"[{policy.action_for(section.get('action'))}]" for field in companions.RULE_FIELDS if section.get(field)]
