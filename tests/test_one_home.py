@@ -178,3 +178,28 @@ def test_the_failing_health_statuses_are_one_set() -> None:
                 found.append(f"{path.relative_to(AGENT.parent)}:{node.lineno}")
     assert found and all(h.startswith("agent/wire.py:") for h in found), found
     assert typing.get_args(HealthStatus) == HEALTH_STATUSES
+
+
+def class_names(paths: List[Path]) -> dict:
+    """Class name -> the files that define a class of that name."""
+    found: dict = {}
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, []).append(str(path))
+    return found
+
+
+def test_a_shared_class_name_is_found(tmp_path: Path) -> None:
+    """The class-name scan reports a name two files define (so the test below can fail)."""
+    (tmp_path / "a.py").write_text("class Offer:\n    pass\n")
+    (tmp_path / "b.py").write_text("class Offer(object):\n    pass\n\nclass Other:\n    pass\n")
+    shared = {name: files for name, files in class_names(sorted(tmp_path.glob("*.py"))).items() if len(files) > 1}
+    assert list(shared) == ["Offer"] and len(shared["Offer"]) == 2
+
+
+def test_each_class_name_means_one_thing() -> None:
+    """No two classes in agent/ share a name (the hub's host row is HostRow, not the evaluator's HostState; the
+    rollout's StageStep, not the guard's Decision; the hub's OfferedBundle, not the fetch's FetchOutcome)."""
+    shared = {name: files for name, files in class_names(sorted(AGENT.rglob("*.py"))).items() if len(files) > 1}
+    assert shared == {}

@@ -3,9 +3,10 @@
 ``If-None-Match`` carries the ETag of the serial in force (``"bundle-N"``), so an unchanged bundle costs a 304.
 200 is ``{"serial": N, "bundle": b64, "signature": b64}``, 204 means none is in scope. During a staged rollout every
 answer (200, 204, 304) carries the rollout's typed fields (``rollout_id``, ``state``, ``admitted_stage``: headers,
-and on 200 JSON fields; agent/wire.py), kept as ``Offer.rollout`` (agent/bundle/rollout_fields.py, checked strictly:
-malformed in the body refuses the answer, in the headers is ignored), and the hub's notice, display text only (header
-``X-Gpuguard-Rollout``, field ``rollout``), kept as ``Offer.notice``. Every other outcome (the hub
+and on 200 JSON fields; agent/wire.py), kept as ``FetchOutcome.rollout`` (agent/bundle/rollout_fields.py,
+checked strictly: malformed in the body refuses the answer, in the headers is ignored), and the hub's notice,
+display text only (header ``X-Gpuguard-Rollout``, field ``rollout``), kept as ``FetchOutcome.notice``. Every other
+outcome (the hub
 unreachable, a refusal, a malformed answer) is a failed fetch: logged, and nothing changes on the host (the policy
 in force keeps guarding; the next interval asks again). :func:`parse_offer` is pure.
 
@@ -50,7 +51,7 @@ _CHUNK_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
-class Offer:
+class FetchOutcome:
     """What the hub answered: ``status`` unchanged (304), none (204), offered (200) or failed (with ``detail``)."""
 
     status: str
@@ -108,11 +109,11 @@ def parse_offer_with_rollout(body: bytes) -> Tuple[int, bytes, bytes, Optional[s
 
 def fetch_offer(endpoint_url: str, token: Optional[str], ca_bundle: Optional[str], serial_in_force: Optional[int],
                 timeout_seconds: Tuple[float, float], session: Optional["requests.Session"] = None,
-                deadline_seconds: float = FETCH_DEADLINE_SECONDS) -> Offer:
+                deadline_seconds: float = FETCH_DEADLINE_SECONDS) -> FetchOutcome:
     """One conditional GET of the hub's offer for this host, over within ``deadline_seconds``; never raises for what
     the hub or network does."""
     url = endpoint_url.rstrip("/") + BUNDLE_PATH
-    answers: List[Offer] = []
+    answers: List[FetchOutcome] = []
     cancelled = threading.Event()
 
     def ask() -> None:
@@ -125,13 +126,13 @@ def fetch_offer(endpoint_url: str, token: Optional[str], ca_bundle: Optional[str
     worker.join(deadline_seconds)
     cancelled.set()
     if not answers:
-        return Offer("failed", detail=f"{url}: no complete answer within {deadline_seconds:g} s")
+        return FetchOutcome("failed", detail=f"{url}: no complete answer within {deadline_seconds:g} s")
     return answers[0]
 
 
 def _fetch(url: str, token: Optional[str], ca_bundle: Optional[str], serial_in_force: Optional[int],
            timeout_seconds: Tuple[float, float], session: Optional["requests.Session"], cancelled: threading.Event,
-           deadline: float) -> Offer:
+           deadline: float) -> FetchOutcome:
     import requests
     import urllib3
 
@@ -148,14 +149,15 @@ def _fetch(url: str, token: Optional[str], ca_bundle: Optional[str], serial_in_f
             notice = clean_notice(reply.headers.get(ROLLOUT_HEADER))
             rollout = rollout_fields_of_headers(reply.headers)
             if reply.status_code == 304:
-                return Offer("unchanged", serial_in_force, notice=notice, rollout=rollout)
+                return FetchOutcome("unchanged", serial_in_force, notice=notice, rollout=rollout)
             if reply.status_code == 204:
-                return Offer("none", notice=notice, rollout=rollout)
+                return FetchOutcome("none", notice=notice, rollout=rollout)
             if reply.status_code != 200:
-                return Offer("failed", detail=f"{url}: HTTP {reply.status_code}")
+                return FetchOutcome("failed", detail=f"{url}: HTTP {reply.status_code}")
             encoding = reply.headers.get("Content-Encoding", "identity").strip().lower()
             if encoding not in ("", "identity"):
-                return Offer("failed", detail=f"{url}: a {printable(encoding)[:40]}-encoded answer (asked for none)")
+                return FetchOutcome("failed",
+                                    detail=f"{url}: a {printable(encoding)[:40]}-encoded answer (asked for none)")
             received = bytearray()
             while len(received) <= MAX_OFFER_BYTES and not cancelled.is_set() and time.monotonic() < deadline:
                 chunk = reply.raw.read(_CHUNK_BYTES, decode_content=False)
@@ -165,16 +167,17 @@ def _fetch(url: str, token: Optional[str], ca_bundle: Optional[str], serial_in_f
             body = bytes(received)
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
         # urllib3's own errors (a body cut short, a read timeout) come through reply.raw unwrapped.
-        return Offer("failed", detail=f"{url}: {type(exc).__name__}")
+        return FetchOutcome("failed", detail=f"{url}: {type(exc).__name__}")
     finally:
         if session is None:
             http.close()
     if cancelled.is_set() or time.monotonic() >= deadline:
-        return Offer("failed", detail=f"{url}: the answer did not end in time")
+        return FetchOutcome("failed", detail=f"{url}: the answer did not end in time")
     try:
         serial, bundle, signature, body_notice, body_rollout = parse_offer_with_rollout(body)
     except ValueError as exc:
-        return Offer("failed", detail=f"{url}: {exc}")
+        return FetchOutcome("failed", detail=f"{url}: {exc}")
     if len(signature) > MAX_SIGNATURE_BYTES:
-        return Offer("failed", detail=f"{url}: signature larger than {MAX_SIGNATURE_BYTES} bytes")
-    return Offer("offered", serial, bundle, signature, notice=body_notice or notice, rollout=body_rollout or rollout)
+        return FetchOutcome("failed", detail=f"{url}: signature larger than {MAX_SIGNATURE_BYTES} bytes")
+    return FetchOutcome("offered", serial, bundle, signature, notice=body_notice or notice,
+                        rollout=body_rollout or rollout)

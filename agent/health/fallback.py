@@ -19,7 +19,7 @@ _BUSY_BEFORE_PERCENT = 90.0
 _BDF = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
 
 
-class Inventory(FrozenModel):
+class GpuInventory(FrozenModel):
     """The GPUs the host has, from the snapshot and the SMI library: what the framework must see."""
 
     vendor: Optional[Vendor] = None
@@ -47,7 +47,7 @@ def normalise_uuid(text: Optional[str]) -> Optional[str]:
 
 
 def merge_inventory(snapshot_vendor: Optional[Vendor], snapshot_count: int, activity: Optional[ActivityReport],
-                    expected_count: Optional[int]) -> Inventory:
+                    expected_count: Optional[int]) -> GpuInventory:
     """The host's GPUs: the configured count if set, else the larger of the snapshot's and the SMI library's."""
     sources = []
     vendor = snapshot_vendor
@@ -60,11 +60,11 @@ def merge_inventory(snapshot_vendor: Optional[Vendor], snapshot_count: int, acti
         if vendor is None:
             vendor = "nvidia" if activity.library == "pynvml" else "amd"
     if expected_count is not None:
-        return Inventory(vendor=vendor, gpu_count=expected_count, sources=["config"])
-    return Inventory(vendor=vendor, gpu_count=count, sources=sources)
+        return GpuInventory(vendor=vendor, gpu_count=expected_count, sources=["config"])
+    return GpuInventory(vendor=vendor, gpu_count=count, sources=sources)
 
 
-def build_rules(probe: ProbeResult, inventory: Inventory, settings: HealthSettings) -> List[FallbackReason]:
+def build_rules(probe: ProbeResult, inventory: GpuInventory, settings: HealthSettings) -> List[FallbackReason]:
     """A CPU-only or wrong-vendor framework build, or fewer GPUs than the host has, or a run on the CPU."""
     reasons: List[FallbackReason] = []
     fw = probe.framework
@@ -163,7 +163,7 @@ def throughput_rules(probe: ProbeResult, settings: HealthSettings) -> List[Fallb
     return reasons
 
 
-def detect_fallback(probe: ProbeResult, inventory: Inventory, activity: Optional[ActivityReport],
+def detect_fallback(probe: ProbeResult, inventory: GpuInventory, activity: Optional[ActivityReport],
                     settings: HealthSettings) -> List[FallbackReason]:
     """Every fallback reason the evidence supports, in a stable order."""
     return [*build_rules(probe, inventory, settings), *activity_rules(probe, activity, settings),

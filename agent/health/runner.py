@@ -38,7 +38,7 @@ from agent.health.baseline import (
 )
 from agent.health.checklock import CheckHolder, CheckLock, acquire_check_lock, read_holder, state_file_error
 from agent.health.classify import Verdict, classify
-from agent.health.fallback import Inventory, Vendor, detect_fallback, merge_inventory
+from agent.health.fallback import GpuInventory, Vendor, detect_fallback, merge_inventory
 from agent.health.launch import Launcher, ProbeOutcome, launch_probe
 from agent.health.model import (
     BaselineComparison,
@@ -454,7 +454,7 @@ def _save_last(state_dir: str, result: HealthResult) -> None:
         raise state_file_error(str(path), exc) from None
 
 
-def _log_result(result: HealthResult, inventory: Inventory) -> None:
+def _log_result(result: HealthResult, inventory: GpuInventory) -> None:
     log.info("health_check_done", status=result.status, summary=result.summary, wall_seconds=result.wall_seconds,
              fingerprint=result.fingerprint_id, inventory_gpus=inventory.gpu_count)
     for reason in result.fallback_reasons:

@@ -12,7 +12,7 @@ from typing import List, Literal, Optional
 from pydantic import Field
 
 from agent.hub.fleet import DriftHost, PairingCount
-from agent.hub.rows import AuditEntry, BundleSummary, HostState
+from agent.hub.rows import AuditEntry, BundleSummary, HostRow
 from agent.models import FrozenModel
 from agent.report.events import PAYLOAD_KINDS, Event
 
@@ -36,7 +36,7 @@ class Health(FrozenModel):
 
 class HostsResponse(FrozenModel):
     host_count: int
-    hosts: List[HostState]
+    hosts: List[HostRow]
 
 
 class PairingsResponse(FrozenModel):

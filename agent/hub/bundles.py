@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from agent.bundle.format import BundleInvalid, BundleScope, PolicyBundle, parse_bundle
 from agent.bundle.scope import scope_facts, scope_refusal
 from agent.hub.responses import HubHTTPError
-from agent.hub.rows import AuditEntry, BundleSummary, HostState, utc_now
+from agent.hub.rows import AuditEntry, BundleSummary, HostRow, utc_now
 from agent.hub.store import SqlStore
 from agent.hub.tokens import Principal
 from agent.log import get_logger
@@ -39,7 +39,7 @@ _SUMMARY_COLUMNS = ("serial, sha256, scope, matrix_version, created_at, created_
                     "withdrawn_at, withdrawn_by, LENGTH(bundle), staged")
 
 
-class Offer(FrozenModel):
+class OfferedBundle(FrozenModel):
     """The bundle a host is offered: its serial, bytes and signature."""
 
     serial: int
@@ -62,7 +62,7 @@ def scope_text(scope: Mapping[str, Any]) -> str:
 
 
 def offered_serial(scopes: Sequence[Tuple[int, BundleScope]], host_id: str,
-                   host: Optional[HostState]) -> Optional[int]:
+                   host: Optional[HostRow]) -> Optional[int]:
     """The newest serial among ``scopes`` (newest first, none withdrawn) whose scope takes the host, judged by what
     its heartbeats told (``host``; None for a host not heard from yet: only its id is known); pure."""
     facts = scope_facts(host_id, (host.labels if host else None) or {}, host.pairing if host else None)
@@ -95,7 +95,7 @@ class PolicyRollout(FrozenModel):
     hosts: List[HostPolicy]
 
 
-def host_policy(host: HostState, scopes: Sequence[Tuple[int, BundleScope]]) -> HostPolicy:
+def host_policy(host: HostRow, scopes: Sequence[Tuple[int, BundleScope]]) -> HostPolicy:
     """One host's standing against the offered bundles ``scopes`` (newest first); pure."""
     offered = offered_serial(scopes, host.host_id, host)
     enforced = host.policy_serial
@@ -108,7 +108,7 @@ def host_policy(host: HostState, scopes: Sequence[Tuple[int, BundleScope]]) -> H
                       refused_reason=host.policy_refused_reason if refused_now else None)
 
 
-def policy_rollout(hosts: Sequence[HostState], scopes: Sequence[Tuple[int, BundleScope]]) -> PolicyRollout:
+def policy_rollout(hosts: Sequence[HostRow], scopes: Sequence[Tuple[int, BundleScope]]) -> PolicyRollout:
     """Every host's standing, and the counts /metrics and the dashboard show; pure."""
     rows = [host_policy(host, scopes) for host in hosts]
     return PolicyRollout(newest_serial=scopes[0][0] if scopes else None, host_count=len(rows),
@@ -281,14 +281,14 @@ class PolicyBundles:
         """Every host's standing with the bundles offered now."""
         return policy_rollout(self.store.hosts(), self.offered_scopes())
 
-    def host_policy(self, host: HostState) -> HostPolicy:
+    def host_policy(self, host: HostRow) -> HostPolicy:
         """One host's standing with the bundles offered now."""
         return host_policy(host, self.offered_scopes())
 
-    def offer(self, serial: int) -> Offer:
+    def offer(self, serial: int) -> OfferedBundle:
         """Bundle ``serial`` as a host fetches it."""
         data, signature = self.content(serial)
-        return Offer(serial=serial, bundle=data, signature=signature)
+        return OfferedBundle(serial=serial, bundle=data, signature=signature)
 
 
 def _not_found(serial: int) -> HubHTTPError:

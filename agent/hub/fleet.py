@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from agent.hub.rows import DriftRow, HostState
+from agent.hub.rows import DriftRow, HostRow
 from agent.models import FrozenModel
 
 
@@ -54,7 +54,7 @@ def _sort_text(value: Optional[str]) -> Tuple[int, str]:
     return (1, "") if value is None else (0, value)
 
 
-def pairing_counts(hosts: Sequence[HostState]) -> Tuple[List[PairingCount], int]:
+def pairing_counts(hosts: Sequence[HostRow]) -> Tuple[List[PairingCount], int]:
     """Hosts grouped by pairing, most common first; and how many hosts have not reported a pairing yet."""
     groups: Dict[Tuple[Optional[str], ...], List[str]] = {}
     without = 0

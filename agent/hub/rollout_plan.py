@@ -31,7 +31,7 @@ import re
 from typing import AbstractSet, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
 from agent.bundle.scope import pairing_text
-from agent.hub.rows import HostState
+from agent.hub.rows import HostRow
 from agent.models import FrozenModel
 from agent.wire import (
     FAILED_HEALTH_STATUSES,
@@ -102,7 +102,7 @@ class RolloutHost(FrozenModel):
     evidence: Optional[Evidence] = None
 
 
-class Decision(FrozenModel):
+class StageStep(FrozenModel):
     """What to do now: admit hosts into ``stage``, halt (``reason`` names hosts and results), done, or wait."""
 
     action: Literal["admit", "halt", "done", "wait"]
@@ -111,23 +111,23 @@ class Decision(FrozenModel):
     reason: str = ""
 
 
-def kernel_series(kernel: Optional[str]) -> str:
+def kernel_major_minor(kernel: Optional[str]) -> str:
     """``6.8.0-51-generic`` -> ``6.8``; ``?`` when unknown."""
     match = re.match(r"(\d+\.\d+)", kernel or "")
     return match.group(1) if match else "?"
 
 
-def cohort_of(host: Optional[HostState]) -> str:
+def cohort_of(host: Optional[HostRow]) -> str:
     """The cohort key of a host: GPU model, OS release, kernel series and pairing, from its newest heartbeat."""
     pairing = host.pairing if host else None
     if pairing is None:
         return "unknown"
     os = f"{pairing.os_id or '?'}-{pairing.os_version_id or '?'}"
-    return " | ".join((pairing.gpu_models or "no GPU", os, f"kernel {kernel_series(pairing.kernel_running)}",
+    return " | ".join((pairing.gpu_models or "no GPU", os, f"kernel {kernel_major_minor(pairing.kernel_running)}",
                        pairing_text(pairing) or "no driver"))
 
 
-def host_evidence(target_serial: int, admitted_at: dt.datetime, host: Optional[HostState],
+def host_evidence(target_serial: int, admitted_at: dt.datetime, host: Optional[HostRow],
                   failure_events: Sequence[Tuple[str, dt.datetime]],
                   previous: Optional[Evidence] = None) -> Evidence:
     """An admitted host's evidence from its state and the failure events (kind, occurred_at) it sent, given the
@@ -141,7 +141,7 @@ def host_evidence(target_serial: int, admitted_at: dt.datetime, host: Optional[H
     return now
 
 
-def _evidence_now(target_serial: int, admitted_at: dt.datetime, host: Optional[HostState]) -> Evidence:
+def _evidence_now(target_serial: int, admitted_at: dt.datetime, host: Optional[HostRow]) -> Evidence:
     """What the host's newest heartbeat says on its own."""
     if host is None or host.heartbeat_at is None or host.heartbeat_at < admitted_at:
         return Evidence(result="wait", detail="no heartbeat since admission")
@@ -194,37 +194,37 @@ def _named(hosts: Sequence[RolloutHost]) -> str:
 
 
 def decide(spec: RolloutSpec, stage: int, stage_started_at: Optional[dt.datetime], hosts: Sequence[RolloutHost],
-           now: dt.datetime, silent: AbstractSet[str] = frozenset()) -> Decision:
+           now: dt.datetime, silent: AbstractSet[str] = frozenset()) -> StageStep:
     """The next step of a running rollout at ``now``; ``stage`` is the open stage (-1: none opened yet); ``silent``
     the hosts not heard from lately, which are not admitted (they would never report) until they are back; pure."""
     if stage < 0:
-        return Decision(action="admit", stage=0, admit=_to_admit(spec, 0, hosts, silent))
+        return StageStep(action="admit", stage=0, admit=_to_admit(spec, 0, hosts, silent))
     canaries = [h for h in hosts if h.stage == 0]
     failed_canaries = _failed(canaries)
     if failed_canaries:
-        return Decision(action="halt", stage=stage, reason=f"{len(failed_canaries)} of {len(canaries)} canaries "
+        return StageStep(action="halt", stage=stage, reason=f"{len(failed_canaries)} of {len(canaries)} canaries "
                                                            f"failed: {_named(failed_canaries)}")
     for batch_stage in range(1, stage + 1):  # a host of an earlier batch failing later counts against its batch
         batch = [h for h in hosts if h.stage == batch_stage]
         failed_batch = _failed(batch)
         if batch and failed_batch and 100.0 * len(failed_batch) / len(batch) > spec.halt_percent:
-            return Decision(action="halt", stage=stage,
+            return StageStep(action="halt", stage=stage,
                             reason=f"{len(failed_batch)} of {len(batch)} hosts of stage {batch_stage} failed (more "
                                    f"than {spec.halt_percent:g}%): {_named(failed_batch)}")
     admitted = [h for h in hosts if h.stage is not None]
     # failures the halt rule tolerates (at or under halt_percent of their batch) do not hold the rollout back
     if any(h.evidence is None or h.evidence.result == "wait" for h in admitted):
-        return Decision(action="wait", stage=stage, reason=waiting_line(spec, stage, stage_started_at, hosts))
+        return StageStep(action="wait", stage=stage, reason=waiting_line(spec, stage, stage_started_at, hosts))
     if stage_started_at is not None and now < stage_started_at + dt.timedelta(seconds=spec.soak_seconds):
-        return Decision(action="wait", stage=stage, reason=waiting_line(spec, stage, stage_started_at, hosts))
+        return StageStep(action="wait", stage=stage, reason=waiting_line(spec, stage, stage_started_at, hosts))
     following = stage + 1
     while following <= last_stage(spec) and len(admitted) < len(hosts):
         chosen = _to_admit(spec, following, hosts, silent)
         if chosen:  # a stage that would admit nobody (its quota is already met) is skipped, and so is its soak
-            return Decision(action="admit", stage=following, admit=chosen)
+            return StageStep(action="admit", stage=following, admit=chosen)
         following += 1
     tolerated = _failed(admitted)
-    return Decision(action="done", stage=stage, reason=f"{len(admitted)} hosts admitted, "
+    return StageStep(action="done", stage=stage, reason=f"{len(admitted)} hosts admitted, "
                                                        f"{len(admitted) - len(tolerated)} passed"
                                                        + (f", {len(tolerated)} failed within the halt rule: "
                                                           f"{_named(tolerated)}" if tolerated else "")

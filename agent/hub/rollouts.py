@@ -37,13 +37,13 @@ from agent.hub.responses import HubHTTPError
 from agent.hub.rollout_plan import (
     ACTIVE_STATES,
     FAILURE_EVENT_KINDS,
-    Decision,
     Evidence,
     HostOffer,
     RolloutHost,
     RolloutRow,
     RolloutSpec,
     RolloutStatus,
+    StageStep,
     cohort_of,
     counts_by_stage,
     decide,
@@ -51,7 +51,7 @@ from agent.hub.rollout_plan import (
     overdue,
     waiting_line,
 )
-from agent.hub.rows import BundleSummary, HostState, utc_now
+from agent.hub.rows import BundleSummary, HostRow, utc_now
 from agent.hub.store import SqlStore
 from agent.hub.tokens import Principal
 from agent.log import get_logger
@@ -212,7 +212,7 @@ class Rollouts:
         cur.execute(sql(f"SELECT {', '.join('h.' + c.strip() for c in schema.HOST_COLUMNS.split(','))} FROM hosts h "
                         "JOIN rollout_hosts r ON r.host_id = h.host_id WHERE r.rollout_id = ? "
                         "AND r.admitted_at IS NOT NULL"), (rollout.rollout_id,))
-        states: Dict[str, HostState] = {}
+        states: Dict[str, HostRow] = {}
         for row in cur.fetchall():
             state = schema.host_from_row(row, self.store.dialect.from_db_time)
             states[state.host_id] = state
@@ -248,13 +248,13 @@ class Rollouts:
             (rollout_id, self._t(now - dt.timedelta(seconds=self.stale_after_seconds))))
         return frozenset(r[0] for r in cur.fetchall())
 
-    def evaluate(self, rollout_id: str) -> Optional[Decision]:
+    def evaluate(self, rollout_id: str) -> Optional[StageStep]:
         """Decide the next step of a running rollout and carry it out, in one transaction under its row lock;
         the decision (None when the rollout is not running; a paused one's evidence is brought up to date)."""
         now = self.clock()
         sql = self.store.dialect.sql
 
-        def work(cur: Any) -> Optional[Decision]:
+        def work(cur: Any) -> Optional[StageStep]:
             rollout = self._locked(cur, rollout_id)
             if rollout.state not in ("running", "paused"):
                 return None

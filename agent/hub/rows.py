@@ -32,7 +32,7 @@ class BatchResult(FrozenModel):
     duplicates: List[str]
 
 
-class HostState(FrozenModel):
+class HostRow(FrozenModel):
     """What the hub knows of one host."""
 
     host_id: str

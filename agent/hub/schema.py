@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from agent.hub.dialects import Dialect, text_time
 from agent.hub.host_updates import HostUpdate
-from agent.hub.rows import HostState
+from agent.hub.rows import HostRow
 from agent.report.events import Event
 from agent.snapshot.pairing import Pairing
 
@@ -258,14 +258,14 @@ def host_params(u: HostUpdate, received: Any, to_db_time: TimeToDb) -> List[Any]
             u.last_health_after_change]
 
 
-# SELECT these from hosts, and host_from_row makes each row a HostState.
+# SELECT these from hosts, and host_from_row makes each row a HostRow.
 HOST_COLUMNS = ("host_id, hostname, first_seen_at, last_seen_at, last_event_at, last_sequence, pairing, "
                 "pairing_at, content_hash, compliant, agent_version, last_health_status, heartbeat_at, labels, "
                 "policy_source, policy_serial, policy_refused_serial, policy_refused_reason, last_health_at, "
                 "last_health_after_change")
 
 
-def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]) -> HostState:
+def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]) -> HostRow:
     """A row of ``HOST_COLUMNS`` as the host's state."""
     (host_id, hostname, first_seen, last_seen, last_event, last_sequence, pairing, pairing_at, content_hash,
      compliant, agent_version, last_health_status, heartbeat_at, labels, policy_source, policy_serial,
@@ -274,7 +274,7 @@ def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]
     def t(value: Any) -> Optional[dt.datetime]:
         return None if value is None else from_db_time(value)
 
-    return HostState(host_id=host_id, hostname=hostname, first_seen_at=from_db_time(first_seen),
+    return HostRow(host_id=host_id, hostname=hostname, first_seen_at=from_db_time(first_seen),
                      last_seen_at=from_db_time(last_seen), last_event_at=from_db_time(last_event),
                      last_sequence=last_sequence,
                      pairing=Pairing.model_validate_json(pairing) if pairing is not None else None,

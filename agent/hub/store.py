@@ -1,7 +1,7 @@
 """Where the hub keeps events: the Store protocol the hub codes against, and the one SQL store behind it, over
 SQLite by default or PostgreSQL when configured (``make_store``).
 
-    rows.py         what the store answers (BatchResult, HostState, DriftRow, StoredEvent) and EventQuery
+    rows.py         what the store answers (BatchResult, HostRow, DriftRow, StoredEvent) and EventQuery
     schema.py       the tables, their version, and how rows go in and come out
     host_updates.py the newest facts per host in a set of events (pure), folded into ``hosts`` at each commit
     dialects.py     how SQLite and PostgreSQL differ (connect, placeholders, times, transactions, locks, JSON)
@@ -24,7 +24,7 @@ from agent.hub import schema
 from agent.hub.connections import ReaderPool, WriterConnection
 from agent.hub.dialects import Dialect, PostgresDialect, SQLiteDialect, text_time
 from agent.hub.host_updates import summarize_hosts
-from agent.hub.rows import DRIFT_KINDS, BatchResult, DriftRow, EventQuery, HostState, StoredEvent, utc
+from agent.hub.rows import DRIFT_KINDS, BatchResult, DriftRow, EventQuery, HostRow, StoredEvent, utc
 from agent.log import get_logger
 from agent.report.events import Event
 
@@ -48,7 +48,7 @@ class Store(Protocol):
     def ingest(self, batches: Sequence[Sequence[Event]], received_at: dt.datetime) -> List[BatchResult]:
         """Store the batches in one transaction; one result per batch, in order."""
 
-    def hosts(self) -> List[HostState]:
+    def hosts(self) -> List[HostRow]:
         """Every host, by host_id."""
 
     def drift(self, since: dt.datetime, kinds: Sequence[str] = DRIFT_KINDS) -> List[DriftRow]:
@@ -204,11 +204,11 @@ class SqlStore:
         return self.write("retention", work)
 
     # --- reads ---------------------------------------------------------------------------------------------
-    def hosts(self) -> List[HostState]:
+    def hosts(self) -> List[HostRow]:
         rows = self.query("hosts", f"SELECT {schema.HOST_COLUMNS} FROM hosts ORDER BY host_id")
         return [schema.host_from_row(row, self.dialect.from_db_time) for row in rows]
 
-    def host(self, host_id: str) -> Optional[HostState]:
+    def host(self, host_id: str) -> Optional[HostRow]:
         """One host's state; None for a host the hub has not heard from."""
         rows = self.query("hosts", f"SELECT {schema.HOST_COLUMNS} FROM hosts WHERE host_id = ?", [host_id])
         return schema.host_from_row(rows[0], self.dialect.from_db_time) if rows else None

@@ -24,7 +24,7 @@ from agent.report.events import Event
 log = get_logger("hub.writer")
 
 
-class _Job:
+class _PendingBatch:
     __slots__ = ("events", "future")
 
     def __init__(self, events: Sequence[Event]) -> None:
@@ -60,7 +60,7 @@ class GroupCommitWriter:
 
     def submit(self, events: Sequence[Event]) -> "concurrent.futures.Future[BatchResult]":
         """Queue one batch; the future gives its BatchResult or the StoreError that stopped it."""
-        job = _Job(events)
+        job = _PendingBatch(events)
         with self._lock:
             if self._closed or self._thread is None:
                 raise WriterBusy("hub is not accepting writes (starting or shutting down)")
@@ -98,7 +98,7 @@ class GroupCommitWriter:
             item = self._queue.get()
             if item is _STOP:
                 return
-            group: List[_Job] = [item]  # type: ignore[list-item]
+            group: List[_PendingBatch] = [item]  # type: ignore[list-item]
             event_count = len(group[0].events)
             stop_after = False
             while event_count < self._max_events_per_commit:
@@ -115,7 +115,7 @@ class GroupCommitWriter:
             if stop_after:
                 return
 
-    def _commit(self, group: List[_Job]) -> None:
+    def _commit(self, group: List[_PendingBatch]) -> None:
         live = [job for job in group if job.future.set_running_or_notify_cancel()]
         if not live:
             return

@@ -16,7 +16,7 @@ from agent.policy.compiled import CompiledPolicy
 from agent.policy.evaluate import HostState, Violation, evaluate, used_families
 
 
-class OverrideWindow(Protocol):
+class ShownWindow(Protocol):
     """What ``explain`` shows of an open override window (the guard's OverrideWindow has these and more)."""
 
     @property
@@ -39,7 +39,7 @@ class HostFacts:
     installed: Mapping[str, str]  # guarded package key -> installed version
     manager: str  # "dpkg" or "rpm"
     context: HostContext = NO_FACTS  # OS, GPU targets, loaded GPU modules
-    windows: Sequence[OverrideWindow] = ()
+    windows: Sequence[ShownWindow] = ()
     windows_problem: Optional[str] = None  # why the override windows could not be read
 
 

@@ -35,7 +35,7 @@ class DaemonFacts(FrozenModel):
     systemd_state: Optional[str] = None  # None: no systemd on this host (or it could not be asked)
 
 
-class SnapshotFacts(FrozenModel):
+class LastSnapshot(FrozenModel):
     taken_at: Optional[dt.datetime] = None
     content_hash: Optional[str] = None
     critical_findings: int = 0
@@ -153,7 +153,7 @@ class StatusFacts(FrozenModel):
     health_interval_seconds: float
     delivery_interval_seconds: float
     daemon: DaemonFacts
-    snapshot: SnapshotFacts
+    snapshot: LastSnapshot
     health: HealthFacts
     guard: GuardFacts
     rollback: RollbackFacts = RollbackFacts()
@@ -306,19 +306,19 @@ def read_daemon(host: Host) -> DaemonFacts:
     return DaemonFacts(pids=sorted(pids), systemd_state=systemd_state)
 
 
-def read_snapshot(path: str) -> SnapshotFacts:
+def read_snapshot(path: str) -> LastSnapshot:
     try:
         data = read_json_file(path)
     except GpuguardError as exc:
-        return SnapshotFacts(problem=str(exc))
+        return LastSnapshot(problem=str(exc))
     if data is None:
-        return SnapshotFacts()
+        return LastSnapshot()
     if not isinstance(data, dict) or _when(data.get("taken_at")) is None:
-        return SnapshotFacts(problem=f"{path}: not a gpuguard snapshot (no taken_at)")
+        return LastSnapshot(problem=f"{path}: not a gpuguard snapshot (no taken_at)")
     findings = data.get("findings")
     severities = [f.get("severity") for f in findings if isinstance(f, dict)] if isinstance(findings, list) else []
     hash_value = data.get("content_hash")
-    return SnapshotFacts(taken_at=_when(data["taken_at"]), content_hash=hash_value if isinstance(hash_value, str)
+    return LastSnapshot(taken_at=_when(data["taken_at"]), content_hash=hash_value if isinstance(hash_value, str)
                          else None, critical_findings=severities.count("critical"),
                          warning_findings=severities.count("warning"))
 

@@ -7,7 +7,7 @@ from typing import List, Optional
 import pytest
 
 from agent.health.fallback import (
-    Inventory,
+    GpuInventory,
     activity_rose,
     detect_fallback,
     match_activity,
@@ -18,8 +18,8 @@ from agent.health.model import ActivityReport, GpuActivity
 from agent.health.settings import HealthSettings
 from tests.health.probe_results import gpu_row, probe
 
-NV = Inventory(vendor="nvidia", gpu_count=1, sources=["snapshot"])
-AMD = Inventory(vendor="amd", gpu_count=1, sources=["snapshot"])
+NV = GpuInventory(vendor="nvidia", gpu_count=1, sources=["snapshot"])
+AMD = GpuInventory(vendor="amd", gpu_count=1, sources=["snapshot"])
 SETTINGS = HealthSettings()
 
 
@@ -47,16 +47,16 @@ def test_healthy_gpu_run_has_no_reason() -> None:
     ("cuda", AMD, ["wrong_vendor_build"]),
     ("rocm", NV, ["wrong_vendor_build"]),
     ("rocm", AMD, []),
-    ("cuda", Inventory(), []),
+    ("cuda", GpuInventory(), []),
 ])
-def test_build_rules(build: str, inventory: Inventory, expected: List[str]) -> None:
+def test_build_rules(build: str, inventory: GpuInventory, expected: List[str]) -> None:
     """CPU-only builds, and CUDA builds on AMD (or ROCm builds on NVIDIA) hosts, are fallbacks."""
     assert codes(detect_fallback(probe(build=build), inventory, None, SETTINGS)) == expected
 
 
 def test_fewer_gpus_than_inventory_names_the_counts() -> None:
     """A framework that sees 2 of the host's 4 GPUs is a fallback that says so."""
-    reasons = detect_fallback(probe([gpu_row(0), gpu_row(1)]), Inventory(vendor="nvidia", gpu_count=4), None,
+    reasons = detect_fallback(probe([gpu_row(0), gpu_row(1)]), GpuInventory(vendor="nvidia", gpu_count=4), None,
                               SETTINGS)
     assert codes(reasons) == ["fewer_gpus_than_inventory"]
     assert "sees 2 of the host's 4 GPUs" in reasons[0].message
@@ -65,20 +65,20 @@ def test_fewer_gpus_than_inventory_names_the_counts() -> None:
 def test_cpu_run_without_inventory_is_still_a_fallback() -> None:
     """A CUDA build that saw no GPU and ran on the CPU is a fallback even when the inventory is unknown."""
     cpu = probe([gpu_row(0, gemm=0.3, copy=15.0, device="cpu")], device_count=0, ran_on="cpu")
-    assert codes(detect_fallback(cpu, Inventory(), None, SETTINGS)) == ["ran_on_cpu"]
+    assert codes(detect_fallback(cpu, GpuInventory(), None, SETTINGS)) == ["ran_on_cpu"]
 
 
 def test_require_accelerator_false_lets_a_cpu_run_pass() -> None:
     """On a CPU-only development box (require_accelerator false) a CPU run raises no fallback."""
     cpu = probe([gpu_row(0, gemm=0.3, copy=15.0, device="cpu")], build="cpu", device_count=0, ran_on="cpu")
-    assert detect_fallback(cpu, Inventory(), None, HealthSettings(require_accelerator=False)) == []
+    assert detect_fallback(cpu, GpuInventory(), None, HealthSettings(require_accelerator=False)) == []
 
 
 def test_flat_activity_names_the_gpu_matched_by_bdf() -> None:
     """Of two GPUs, the one whose NVML utilization never rose is named; matched by PCI address."""
     two = probe([gpu_row(0), gpu_row(1)])
     report = activity(act(0, 0.0, 97.0, bdf="00000000:00:06.0"), act(1, 0.0, 0.0, bdf="00000000:00:07.0"))
-    reasons = detect_fallback(two, Inventory(vendor="nvidia", gpu_count=2), report, SETTINGS)
+    reasons = detect_fallback(two, GpuInventory(vendor="nvidia", gpu_count=2), report, SETTINGS)
     assert [(r.code, r.gpu) for r in reasons] == [("smi_activity_flat", 1)]
 
 
@@ -94,8 +94,8 @@ def test_unmatched_activity_is_judged_by_count() -> None:
     one = probe([gpu_row(0)], devices=[{"index": 0, "name": "GPU"}])
     flat = activity(act(0, 0.0, 0.0), act(1, 0.0, 0.0))
     risen = activity(act(0, 0.0, 0.0), act(1, 0.0, 60.0))
-    assert codes(detect_fallback(one, Inventory(), flat, SETTINGS)) == ["smi_activity_flat"]
-    assert detect_fallback(one, Inventory(), risen, SETTINGS) == []
+    assert codes(detect_fallback(one, GpuInventory(), flat, SETTINGS)) == ["smi_activity_flat"]
+    assert detect_fallback(one, GpuInventory(), risen, SETTINGS) == []
 
 
 @pytest.mark.parametrize("idle, peak, expected", [
@@ -116,7 +116,7 @@ def test_no_smi_library_means_no_activity_verdict() -> None:
 def test_implausible_throughput_names_the_gpu() -> None:
     """A GEMM at CPU speed on a 'GPU' is a fallback for that GPU, as is a copy slower than any GPU memory."""
     slow = probe([gpu_row(0), gpu_row(1, gemm=1.2, copy=40.0)])
-    reasons = detect_fallback(slow, Inventory(vendor="nvidia", gpu_count=2), None, SETTINGS)
+    reasons = detect_fallback(slow, GpuInventory(vendor="nvidia", gpu_count=2), None, SETTINGS)
     assert [(r.code, r.gpu) for r in reasons] == [("implausible_throughput", 1)] * 2
 
 

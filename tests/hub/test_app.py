@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from agent.errors import StoreError
 from agent.hub.app import create_app
-from agent.hub.rows import DRIFT_KINDS, BatchResult, DriftRow, EventQuery, HostState, StoredEvent
+from agent.hub.rows import DRIFT_KINDS, BatchResult, DriftRow, EventQuery, HostRow, StoredEvent
 from agent.hub.settings import HubSettings
 from agent.hub.tokens import add_token
 from agent.report.events import Event
@@ -339,7 +339,7 @@ class FailingStore:
     def ingest(self, batches: Sequence[Sequence[Event]], received_at: dt.datetime) -> List[BatchResult]:
         raise StoreError("ingest", "disk I/O error")
 
-    def hosts(self) -> List[HostState]:
+    def hosts(self) -> List[HostRow]:
         raise StoreError("hosts", "connection refused")
 
     def drift(self, since: dt.datetime, kinds: Sequence[str] = DRIFT_KINDS) -> List[DriftRow]:

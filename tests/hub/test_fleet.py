@@ -5,12 +5,12 @@ from __future__ import annotations
 import datetime as dt
 
 from agent.hub.fleet import drift_hosts, pairing_counts
-from agent.hub.rows import DriftRow, HostState
+from agent.hub.rows import DriftRow, HostRow
 from tests.hub.factories import CUDA_12, ROCM_62, ROCM_63, T0
 
 
-def host(host_id: str, pairing=None) -> HostState:
-    return HostState(host_id=host_id, hostname=f"{host_id}.lab", first_seen_at=T0, last_seen_at=T0,
+def host(host_id: str, pairing=None) -> HostRow:
+    return HostRow(host_id=host_id, hostname=f"{host_id}.lab", first_seen_at=T0, last_seen_at=T0,
                      last_event_at=T0, last_sequence=1, pairing=pairing)
 
 

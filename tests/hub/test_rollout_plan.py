@@ -14,10 +14,10 @@ from agent.hub.rollout_plan import (
     cohort_of,
     decide,
     host_evidence,
-    kernel_series,
+    kernel_major_minor,
     stage_quota,
 )
-from agent.hub.rows import HostState
+from agent.hub.rows import HostRow
 from tests.hub.factories import CUDA_12, ROCM_62, T0
 
 SPEC = RolloutSpec(target_serial=7, canaries=1, batches=(5, 25, 100), soak_seconds=600, halt_percent=10)
@@ -27,8 +27,8 @@ WAIT = Evidence(result="wait", detail="health busy")
 
 
 def state(serial: Optional[int] = 7, health: Optional[str] = "pass", beat: dt.datetime = T0,
-          **extra: object) -> HostState:
-    return HostState(host_id="h1", hostname="h1", first_seen_at=T0, last_seen_at=beat, last_event_at=beat,
+          **extra: object) -> HostRow:
+    return HostRow(host_id="h1", hostname="h1", first_seen_at=T0, last_seen_at=beat, last_event_at=beat,
                      last_sequence=1, heartbeat_at=beat, policy_serial=serial, last_health_status=health,
                      **extra)  # type: ignore[arg-type]
 
@@ -50,7 +50,7 @@ def fleet(cohorts: Tuple[Tuple[str, int], ...], stage_of: Optional[dict] = None,
                                             (None, "?"), ("weird", "?")])
 def test_kernel_series_is_major_dot_minor(kernel: Optional[str], series: str) -> None:
     """A kernel's series is its major.minor, unknown as '?'."""
-    assert kernel_series(kernel) == series
+    assert kernel_major_minor(kernel) == series
 
 
 def test_cohorts_split_by_gpu_os_kernel_and_pairing() -> None:
@@ -88,7 +88,7 @@ LATER = T0 + dt.timedelta(minutes=5)
     (state(beat=LATER, last_health_at=LATER, last_health_after_change=None), [], "wait", "after an agent restart"),
     (state(beat=LATER, health="failed", last_health_at=LATER, last_health_after_change=None), [], "fail", "failed"),
 ])
-def test_host_evidence(host: Optional[HostState], failures: list, result: str, words: str) -> None:
+def test_host_evidence(host: Optional[HostRow], failures: list, result: str, words: str) -> None:
     """A host passes on the target with health pass after admission (a post-change check finished after admission,
     when the agent says), fails on a failure event or a failed health result on the target, and waits otherwise."""
     evidence = host_evidence(7, ADMITTED, host, failures)

@@ -14,7 +14,7 @@ from agent.errors import CommandError
 from agent.host import Host
 from agent.integrations.slurm import EXIT_DRAIN, EXIT_OK, apply_to_node, node_name, parse_node
 from agent.status.assess import assess
-from agent.status.facts import DaemonFacts, GuardFacts, HealthFacts, MetricsFacts, OutboxFacts, SnapshotFacts
+from agent.status.facts import DaemonFacts, GuardFacts, HealthFacts, LastSnapshot, MetricsFacts, OutboxFacts
 from agent.status.slurm import slurm_verdict
 from tests.fakes.runner import FakeRunner
 from tests.status.test_assess import MIN, NOW, healthy
@@ -43,14 +43,14 @@ def node_text(state: str, reason: Optional[str] = None) -> str:
     ({"health": HealthFacts(status="pass", finished_at=NOW - 3 * 21600 * dt.timedelta(seconds=1))}, False,
      "stale"),
     ({"outbox": OutboxFacts(depth=5000, oldest_enqueued_at=NOW - 600 * MIN, dropped_total=3)}, False, "pass"),
-    ({"snapshot": SnapshotFacts()}, False, "pass"),
+    ({"snapshot": LastSnapshot()}, False, "pass"),
     ({"metrics": MetricsFacts(compliant=False)}, True, "compliance: NOT compliant"),
     ({"health": HealthFacts(status="cpu_fallback", finished_at=NOW - MIN)}, True, "health: cpu_fallback"),
     ({"health": HealthFacts(status="regression", finished_at=NOW - MIN)}, True, "health: regression"),
     ({"health": HealthFacts(status="failed", finished_at=NOW - MIN)}, True, "health: failed"),
     ({"health": HealthFacts(status="timeout", finished_at=NOW - MIN)}, True, "health: timeout"),
     ({"daemon": DaemonFacts(systemd_state="failed")}, True, "daemon: gpuguard.service is failed"),
-    ({"snapshot": SnapshotFacts(taken_at=NOW - 60 * MIN)}, True, "snapshot: stale"),
+    ({"snapshot": LastSnapshot(taken_at=NOW - 60 * MIN)}, True, "snapshot: stale"),
     ({"guard": GuardFacts(last_kind="rollback", last_at=NOW - MIN, last_succeeded=False)}, True, "guard:"),
 ])
 def test_verdict_drains_for_real_failures_only(changes: dict, drain: bool, words: str) -> None:

@@ -20,7 +20,7 @@ Standard library only.
 from __future__ import annotations
 
 from agent.errors import InputFileError, InputNotWhole
-from agent.guard.hotpath.transaction import Change, Transaction
+from agent.guard.hotpath.transaction import PackageChange, Transaction
 from agent.hostfacts.package_keys import package_key
 from agent.records import Record
 from agent.versions import dpkg_version_problem
@@ -165,7 +165,7 @@ def parse_hook_input(text: str, source: str = "apt hook input") -> AptRequest:
             changes[key] = [old, new]
             arches[key] = arch
     tx = Transaction(manager="dpkg", tool="apt",
-                     changes=tuple(Change(k, v[0], v[1], arches[k]) for k, v in changes.items()),
+                     changes=tuple(PackageChange(k, v[0], v[1], arches[k]) for k, v in changes.items()),
                      command_line=config.get("CommandLine::AsString"))
     return AptRequest(transaction=tx, native_arch=native_arch, config=config)
 

@@ -12,8 +12,8 @@ The front end sends one JSON object (format 1)::
 
 ``items`` is every package of the resolved transaction: ``in`` comes onto the system (install, upgrade, downgrade,
 reinstall), ``out`` leaves it (upgraded, downgraded, reinstalled, removed, obsoleted). The installed set after the
-transaction is the installed set minus ``out`` plus ``in``; a Change is every package key whose version differs
-(a reinstall is a Change with equal versions, as on apt).
+transaction is the installed set minus ``out`` plus ``in``; a PackageChange is every package key whose version differs
+(a reinstall is a PackageChange with equal versions, as on apt).
 
 Versions are rpm EVR strings as the rpm collector writes them: ``version-release``, with ``epoch:`` in front only
 when the epoch is not 0 (``1:6.8.5.60202-2041575.el9``); compare_rpm treats a missing epoch as 0. Package keys
@@ -29,7 +29,7 @@ import re
 from collections import namedtuple
 
 from agent.errors import InputFileError, InputNotWhole
-from agent.guard.hotpath.transaction import Change, Transaction
+from agent.guard.hotpath.transaction import PackageChange, Transaction
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the checker's start-up budget
@@ -157,7 +157,7 @@ def build_request(installed: Sequence[RpmPackage], incoming: Sequence[RpmPackage
     for key in list(dict.fromkeys(list(before_map) + list(after_map))):
         old, new = before_map.get(key), after_map.get(key)
         if old != new or key in reinstalled:
-            changes.append(Change(key, old, new, arches.get(key, "")))
+            changes.append(PackageChange(key, old, new, arches.get(key, "")))
     tx = Transaction(manager="rpm", tool=tool, changes=tuple(changes), command_line=command_line)
     return DnfRequest(transaction=tx, installed=before_map, tool=tool)
 

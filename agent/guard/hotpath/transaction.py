@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Dict, Mapping, Optional, Tuple
 
 
-class Change(Record):
+class PackageChange(Record):
     """One package's move: install (old_version None), removal (new_version None), upgrade, downgrade or reinstall.
 
     ``package`` is the package key (``name``, or ``name:arch`` for a foreign architecture).
@@ -40,7 +40,7 @@ class Change(Record):
 
 
 class Transaction(Record):
-    """What a package manager is about to do, as one change per package key (``changes``: a tuple of Change).
+    """What a package manager is about to do, as one change per package key (``changes``: a tuple of PackageChange).
 
     ``manager`` is the version scheme (``dpkg`` or ``rpm``), ``tool`` the front end (``apt``, ``dnf``, ``dnf5``),
     ``command_line`` what the operator typed when the front end says so.
@@ -49,14 +49,14 @@ class Transaction(Record):
     __slots__ = ("manager", "tool", "changes", "command_line")
     manager: str
     tool: str
-    changes: Tuple[Change, ...]
+    changes: Tuple[PackageChange, ...]
     command_line: Optional[str]
 
-    def __init__(self, manager: str, tool: str, changes: Tuple[Change, ...],
+    def __init__(self, manager: str, tool: str, changes: Tuple[PackageChange, ...],
                  command_line: Optional[str] = None) -> None:
         Record.__init__(self, manager, tool, tuple(changes), command_line)
 
-    def packages(self) -> Dict[str, Change]:
+    def packages(self) -> Dict[str, PackageChange]:
         return {c.package: c for c in self.changes}
 
     def describe(self, limit: int = 6) -> str:

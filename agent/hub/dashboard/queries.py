@@ -12,7 +12,7 @@ import json
 from typing import Any, Dict, List, Literal, NamedTuple, Optional, Sequence, Tuple
 
 from agent.hub.fleet import PAIRING_KEY_FIELDS, PairingKey
-from agent.hub.rows import HostState, StoredEvent
+from agent.hub.rows import HostRow, StoredEvent
 from agent.hub.schema import HOST_COLUMNS, host_from_row
 from agent.hub.store import SqlStore
 from agent.models import FrozenModel
@@ -43,7 +43,7 @@ class HostFilter(FrozenModel):
 
 class HostPage(NamedTuple):
     total: int
-    hosts: List[HostState]
+    hosts: List[HostRow]
 
 
 class FleetCounts(FrozenModel):
@@ -131,7 +131,7 @@ def host_page(store: SqlStore, f: HostFilter, stale_before: dt.datetime) -> Host
     return HostPage(int(total), [host_from_row(r, store.dialect.from_db_time) for r in rows])
 
 
-def host(store: SqlStore, host_id: str) -> Optional[HostState]:
+def host(store: SqlStore, host_id: str) -> Optional[HostRow]:
     return store.host(host_id)
 
 

@@ -26,7 +26,7 @@ from agent.hub.dashboard.queries import (
 )
 from agent.hub.describe import DASH as _DASH
 from agent.hub.describe import describe_event
-from agent.hub.rows import HostState, StoredEvent
+from agent.hub.rows import HostRow, StoredEvent
 from agent.printable import printable
 from agent.snapshot.pairing import Pairing
 
@@ -355,7 +355,7 @@ def health_plot(heartbeats: Sequence[Mapping[str, Any]], regressions: Sequence[M
             f'{grid}<polyline points="{line}" fill="none" stroke="#8899aa"/>{dots}{"".join(ticks)}{axis}</svg>')
 
 
-def host_page(h: HostState, now: dt.datetime, stale_after_seconds: float, drift: Sequence[StoredEvent],
+def host_page(h: HostRow, now: dt.datetime, stale_after_seconds: float, drift: Sequence[StoredEvent],
               drift_offset: int, drift_limit: int, events: Sequence[StoredEvent], event_kind: Optional[str],
               kinds: Iterable[str], heartbeats: Sequence[StoredEvent], reader: Optional[str],
               policy_facts: Sequence[Tuple[str, str]] = ()) -> str:

@@ -6,7 +6,7 @@ import pytest
 
 from agent.errors import InputFileError, InputNotWhole
 from agent.guard.apt.protocol import guess_packages, parse_hook_input, percent_decode
-from agent.guard.hotpath.transaction import Change, before_set, resulting_set
+from agent.guard.hotpath.transaction import PackageChange, before_set, resulting_set
 from tests.conftest import RECORDED
 
 CAPTURED = (RECORDED / "apt-hook" / "v3-upgrade-rocm-core.txt").read_text()
@@ -18,17 +18,17 @@ def test_captured_refused_upgrade_parses_to_one_change() -> None:
     request = parse_hook_input(CAPTURED)
     assert request.native_arch == "amd64"
     assert request.transaction.command_line == "apt-get install -y rocm-core"
-    assert request.transaction.changes == (Change("rocm-core", "6.2.2", "6.3.0", "amd64"),)
+    assert request.transaction.changes == (PackageChange("rocm-core", "6.2.2", "6.3.0", "amd64"),)
 
 
 def test_install_downgrade_multiarch_and_removal() -> None:
     """New install, downgrade, a foreign-arch copy, and **REMOVE** each become the right change."""
     changes = {c.package: c for c in parse_hook_input(MIXED).transaction.changes}
-    assert changes["amdgpu-dkms"] == Change("amdgpu-dkms", None, "6.8.5", "amd64")
-    assert changes["rocm-core"] == Change("rocm-core", "6.3.0", "6.2.2", "amd64")
+    assert changes["amdgpu-dkms"] == PackageChange("amdgpu-dkms", None, "6.8.5", "amd64")
+    assert changes["rocm-core"] == PackageChange("rocm-core", "6.3.0", "6.2.2", "amd64")
     assert changes["libssl3:i386"].old_version is None
     assert changes["libssl3"].old_version == "3.0.15-1~deb12u1"
-    assert changes["old-tool"] == Change("old-tool", "1.0", None, "amd64")
+    assert changes["old-tool"] == PackageChange("old-tool", "1.0", None, "amd64")
     assert changes["old-tool"].kind == "remove" and changes["amdgpu-dkms"].kind == "install"
 
 
