@@ -20,11 +20,11 @@ from agent.health.baseline import (
     fingerprint_of,
     metrics_of,
     peer_outliers,
-    record_run,
 )
 from agent.health.model import Fingerprint
 from agent.health.settings import HealthSettings
 from agent.snapshot.pairing import Pairing
+from tests.health.baseline_helpers import note
 from tests.health.probe_results import gpu_row, probe
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
@@ -37,7 +37,7 @@ SETTINGS = HealthSettings(baseline_runs=3)
 def established(fp: Fingerprint, values, at: dt.datetime = T0, data: Optional[BaselineFile] = None) -> BaselineFile:
     data = data if data is not None else BaselineFile()
     for i, value in enumerate(values):
-        data, _ = record_run(data, fp, {"gpu0.gemm_bf16_tflops": value}, True, at + dt.timedelta(minutes=i), 3)
+        data, _ = note(data, fp, {"gpu0.gemm_bf16_tflops": value}, True, at + dt.timedelta(minutes=i), 3)
     return data
 
 
@@ -71,14 +71,14 @@ def test_baseline_established_after_n_good_runs_then_frozen() -> None:
     assert data.records[FP_OLD.id].established_at is None
     data = established(FP_OLD, [760.0], data=data)
     assert data.records[FP_OLD.id].established_at is not None
-    data, joined = record_run(data, FP_OLD, {"gpu0.gemm_bf16_tflops": 100.0}, True, T0, 3)
-    assert not joined and len(data.records[FP_OLD.id].runs) == 3
+    data, recorded = note(data, FP_OLD, {"gpu0.gemm_bf16_tflops": 100.0}, True, T0, 3)
+    assert not recorded.joined and len(data.records[FP_OLD.id].runs) == 3
 
 
 def test_bad_run_never_joins() -> None:
     """A run that is not good only updates last_seen."""
-    data, joined = record_run(BaselineFile(), FP_OLD, {"gpu0.gemm_bf16_tflops": 1.0}, False, T0, 3)
-    assert not joined and data.records[FP_OLD.id].runs == []
+    data, recorded = note(BaselineFile(), FP_OLD, {"gpu0.gemm_bf16_tflops": 1.0}, False, T0, 3)
+    assert not recorded.joined and data.records[FP_OLD.id].runs == []
 
 
 @pytest.mark.parametrize("current, regressed", [(750.0, False), (690.0, False), (670.0, True), (600.0, True)])
@@ -144,7 +144,7 @@ def test_store_lock_serialises_writers(tmp_path: Path) -> None:
     def add(fp: Fingerprint) -> None:
         for i in range(10):
             with store.locked():
-                data, _ = record_run(store.load(), fp, {"gpu0.gemm_bf16_tflops": 700.0 + i}, True, T0, 100)
+                data, _ = note(store.load(), fp, {"gpu0.gemm_bf16_tflops": 700.0 + i}, True, T0, 100)
                 store.save(data)
 
     threads = [threading.Thread(target=add, args=(fp,)) for fp in (FP_OLD, FP_NEW)]
