@@ -34,11 +34,12 @@ from typing import Callable, Collection, Dict, Iterator, List, Literal, Optional
 
 from pydantic import ValidationError
 
-from agent.errors import InputFileError
-from agent.files import write_atomically
+from agent.errors import GpuguardError, InputFileError
+from agent.files import read_json_file, write_atomically
 from agent.health.model import Fingerprint, MetricRegression, ProbeResult
 from agent.health.settings import HealthSettings
 from agent.health.sku_limits import VENDOR_IDS, SkuLimits, beyond, bound_for, lookup
+from agent.host import Host
 from agent.models import FrozenModel, first_validation_problem
 from agent.snapshot.pairing import Pairing
 
@@ -504,6 +505,24 @@ def host_limits(identities: List[GpuIdentity], read_text: Callable[[str], Option
             device = (read_text(f"/sys/bus/pci/devices/{gpu.bdf}/device") or "").strip() or None
         skus.append(lookup(gpu.model, device, VENDOR_IDS[gpu.vendor]))
     return bound_for(skus)
+
+
+def last_snapshot_limits(host: Host, snapshot_path: str) -> SkuLimits:
+    """The host's SKU limits from the daemon's last snapshot file (root's view of its GPUs, for ``status`` and
+    ``baseline show``; a state-directory path, read as it is, as status reads every state file); the fastest
+    known part without one."""
+    try:
+        snapshot = read_json_file(snapshot_path)
+    except GpuguardError:
+        snapshot = None
+
+    def read(path: str) -> Optional[str]:
+        try:
+            return host.read_text(path, max_chars=64)
+        except GpuguardError:
+            return None
+
+    return host_limits(gpu_identities(snapshot), read)
 
 
 # --- I/O: the store ------------------------------------------------------------------------------------------------
