@@ -122,7 +122,7 @@ def baseline_reset(args: argparse.Namespace, make_host: HostFactory, out: TextIO
         raise InputFileError(str(store.path), exc.strerror or str(exc)) from None
     cleared = [v.model_dump(mode="json") for v in scope_views(before)
                if args.gpu is None or v.scope == f"gpu{args.gpu}"]
-    audit(str(host.path(paths.audit_log)), "health_baseline_reset", now, gpu=args.gpu, by=by, reason=args.reason,
+    audit(paths.audit_log, "health_baseline_reset", now, gpu=args.gpu, by=by, reason=args.reason,
           cleared=cleared)
     what = "every baseline" if args.gpu is None else f"GPU {args.gpu}'s baseline figures"
     out.write(f"reset {what} ({len(cleared)} cleared); the next corroborated runs establish them again; "
