@@ -232,6 +232,15 @@ class BaselineComparison(FrozenModel):
     established: bool = False
     recorded: bool = False
     noise_band_fraction: Dict[str, float] = {}
+    # Whether root believed the run enough to let it feed the baseline (runner.corroborated), and why it did not
+    # join when it did not; the rule that moved the baseline on this run (baseline.py), if any.
+    corroborated: bool = False
+    refused: List[str] = []
+    moved: Optional[Literal["first_runs", "relearned", "drift", "reset"]] = None
+    # The SKU whose physical limits bounded the figures (agent/health/sku_limits.py), and the stored baselines
+    # beyond them (never compared with).
+    sku_limits: Optional[str] = None
+    suspicious: List[str] = []
 
 
 class GpuTenant(FrozenModel):

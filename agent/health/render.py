@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from agent.health.fallback import match_activity
 from agent.health.model import GpuActivity, GpuFigures, HealthResult, MetricRegression
 from agent.printable import printable
+
+if TYPE_CHECKING:
+    from agent.health.baseline import BaselineMove, ScopeView, SuspiciousFigure
 
 
 def _num(value: Optional[float], digits: int = 1) -> str:
@@ -53,6 +56,12 @@ def render_result(result: HealthResult) -> str:
         bands = sorted(set(b.noise_band_fraction.values()))
         band = f", noise band {bands[0]:.1%}" + (f"-{bands[-1]:.1%}" if len(bands) > 1 else "") if bands else ""
         lines.append(f"baseline {own}; compared with {ref}{band}")
+        if b.refused:
+            lines.append(f"baseline not fed by this run: {'; '.join(b.refused[:3])}")
+        if b.moved is not None:
+            lines.append(f"baseline moved by this run: {b.moved}")
+        for suspicious in b.suspicious[:3]:
+            lines.append(f"baseline SUSPICIOUS, not used: {suspicious}")
     probe = result.probe
     if probe is not None and probe.framework is not None:
         fw = probe.framework
@@ -106,4 +115,29 @@ def render_result(result: HealthResult) -> str:
         lines.append(f"regression {where}{reg.metric}: {reg.current_value:,.1f} vs {reg.baseline_value:,.1f} "
                      f"({reg.against}), -{reg.drop_fraction:.1%} > band {reg.threshold_fraction:.1%}")
     # The probe's strings are escaped where they are parsed; a result read back from an older file is escaped here.
+    return "\n".join(printable(line) for line in lines) + "\n"
+
+
+def render_baselines(views: Sequence[ScopeView], suspicious: Sequence[SuspiciousFigure],
+                     resets: Sequence[BaselineMove], limits_name: str) -> str:
+    """``gpuguard health baseline show``: one row per fingerprint and GPU, then what is suspicious."""
+    lines: List[str] = []
+    if views:
+        rows = [["fingerprint", "gpu", "figures", "runs", "state", "since", "rule"]]
+        for v in views:
+            figures = ", ".join(f"{k.partition('.')[2]} {value:,.1f}" for k, value in sorted(v.figures.items()))
+            state = "established" if v.established else "learning"
+            rule = (v.rule or "-") + (f" by {v.by}" if v.by else "") + (
+                f" (drift streak {v.drift_streak})" if v.drift_streak else "")
+            rows.append([v.fingerprint_id, v.scope, figures or "-", str(v.runs), state,
+                         v.since.isoformat(timespec="seconds") if v.since else "-", rule])
+        lines += _table(rows)
+    else:
+        lines.append("no baselines recorded")
+    if resets:
+        last = resets[-1]
+        lines.append(f"last reset of every baseline: {last.at.isoformat(timespec='seconds')} by {last.by or '?'}")
+    lines.append(f"limits: {limits_name}")
+    for figure in suspicious:
+        lines.append(f"SUSPICIOUS (never compared with; gpuguard health baseline reset): {figure.describe()}")
     return "\n".join(printable(line) for line in lines) + "\n"

@@ -17,6 +17,7 @@ pass there, ``deferred`` when nothing could run safely, and such a run never tou
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import threading
 import time
@@ -24,17 +25,22 @@ import uuid
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from agent.errors import GpuguardError, InputFileError, LibraryUnavailable
+from agent.errors import GpuguardError, HostReadError, InputFileError, LibraryUnavailable
 from agent.files import write_atomically
 from agent.health.activity import ActivitySampler, SmiDevice, SmiOccupancy, open_reader
 from agent.health.baseline import (
     BaselineStore,
+    RunSample,
+    beyond_limits,
     choose_reference,
     compare,
     fingerprint_of,
+    gpu_identities,
+    host_limits,
     metrics_of,
     peer_outliers,
     record_run,
+    suspicious_baselines,
 )
 from agent.health.checklock import CheckHolder, CheckLock, acquire_check_lock, read_holder, state_file_error
 from agent.health.classify import Verdict, classify
@@ -61,6 +67,7 @@ from agent.health.sandbox import (
     with_limits,
 )
 from agent.health.settings import HealthSettings
+from agent.health.sku_limits import SkuLimits
 from agent.health.tenants import (
     NO_OWN_PROBES,
     OwnProbes,
@@ -269,8 +276,12 @@ def _run_locked(host: Host, settings: HealthSettings, state_dir: str, snapshot: 
     regressions: List[MetricRegression] = []
     comparison: Optional[BaselineComparison] = None
     if judge and probe is not None and classify(outcome, parsed, fallback, []).status == "pass":
-        regressions, comparison = _judge_against_baselines(probe, fingerprint, settings, state_dir, started_at)
+        regressions, comparison = _judge_against_baselines(probe, fingerprint, settings, state_dir, started_at,
+                                                           sku_limits_of(host, snapshot))
     verdict = classify(outcome, parsed, fallback, regressions)
+    if comparison is not None and comparison.suspicious and verdict.status == "pass":
+        verdict = Verdict("pass", f"{verdict.summary}; baseline suspicious, not used: {comparison.suspicious[0]} "
+                          "(gpuguard health baseline show|reset)", verdict.failures)
     if verdict.status == "pass" and not judge:
         verdict = _unjudged(verdict, occupancy)
     result = HealthResult(
@@ -418,14 +429,37 @@ class _SnapshotThenSampler:
         return self.snapshot, self.sampler
 
 
+def sku_limits_of(host: Host, snapshot: Optional[Snapshot]) -> SkuLimits:
+    """The physical limits of the host's GPUs as root sees them (the snapshot, sysfs): never the probe's word."""
+    def read(path: str) -> Optional[str]:
+        try:
+            return host.read_text(path, max_chars=64)
+        except HostReadError:
+            return None
+
+    data = json.loads(snapshot.to_json(indent=None)) if snapshot is not None else None
+    return host_limits(gpu_identities(data), read)
+
+
+def corroborated(probe: ProbeResult, limits: SkuLimits) -> bool:
+    """The corroboration seam: whether root believes a passing run enough to let it feed the baseline.
+
+    Until agent/health/corroborate.py lands, what exists: the run passed (the caller only asks then) and every
+    compared figure is within the SKU's physical limits. Corroboration's verdict replaces this body.
+    """
+    return not beyond_limits(metrics_of(probe), limits)
+
+
 def _judge_against_baselines(probe: ProbeResult, fingerprint: Fingerprint, settings: HealthSettings, state_dir: str,
-                             now: dt.datetime) -> Tuple[List[MetricRegression], BaselineComparison]:
+                             now: dt.datetime, limits: SkuLimits) -> Tuple[List[MetricRegression], BaselineComparison]:
     metrics = metrics_of(probe)
     store = BaselineStore(Path(StatePaths(state_dir).health_baselines))
     try:
         with store.locked():
             data = store.load()
-            reference = choose_reference(data, fingerprint.id)
+            # A baseline beyond what the SKU can do was captured: it is never used to call a regression.
+            suspicious = [s.describe() for s in suspicious_baselines(data, limits)]
+            reference = choose_reference(data, fingerprint.id, limits)
             regressions: List[MetricRegression] = []
             bands: Dict[str, float] = {}
             if reference is not None:
@@ -433,16 +467,27 @@ def _judge_against_baselines(probe: ProbeResult, fingerprint: Fingerprint, setti
             regressions += peer_outliers(probe, settings)
             # A throttled run is a test of the alarm, never a sample of the stack's real speed.
             good = not regressions and probe.throttle_fraction == 0
-            data, joined = record_run(data, fingerprint, metrics, good, now, settings.baseline_runs)
+            sample = RunSample(fingerprint=fingerprint, metrics=metrics, good=good,
+                               corroborated=corroborated(probe, limits))
+            data, recorded = record_run(data, sample, now, settings, limits)
             store.save(data)
     except OSError as exc:
         raise InputFileError(str(store.path), exc.strerror or str(exc)) from None
+    if recorded.refused and good:
+        log.warning("health_baseline_refused", fingerprint=fingerprint.id, reasons=list(recorded.refused))
+    if recorded.moved is not None:
+        log.warning("health_baseline_moved", fingerprint=fingerprint.id, rule=recorded.moved.rule,
+                    scopes=recorded.moved.scopes, detail=recorded.moved.detail)
+    if suspicious:
+        log.warning("health_baseline_suspicious", figures=suspicious[:5], limits=limits.name)
     own = data.records[fingerprint.id]
     comparison = BaselineComparison(
         fingerprint_id=fingerprint.id, reference_fingerprint_id=reference[0] if reference else None,
         reference_runs=len(reference[1].runs) if reference else 0, own_runs=len(own.runs),
-        runs_needed=settings.baseline_runs, established=own.established_at is not None, recorded=joined,
-        noise_band_fraction=bands)
+        runs_needed=settings.baseline_runs, established=own.established_at is not None, recorded=recorded.joined,
+        noise_band_fraction=bands, corroborated=sample.corroborated, refused=list(recorded.refused),
+        moved=recorded.moved.rule if recorded.moved is not None else None, sku_limits=limits.name,
+        suspicious=suspicious)
     return regressions, comparison
 
 

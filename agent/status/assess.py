@@ -1,7 +1,8 @@
 """Judge gathered facts: one Check per area, an overall verdict and its exit code. Pure: no I/O, no clock.
 
 Exit codes (``STATUS_EXIT_CODES``): 0 ok; 30 attention (something is stale, undelivered, unreachable or
-unknown-but-expected, a health rollback within the last snapshot interval, a guarded package a rollback cannot
+unknown-but-expected, a stored health baseline beyond what the GPUs can do, a health rollback within the last
+snapshot interval, a guarded package a rollback cannot
 restore exactly, a maintenance hold still draining); 31 failing (the daemon is not running, the host is not
 compliant, the last health check failed, a state file is damaged, the last rollback failed, a maintenance hold
 kept after a failed post-change check).
@@ -103,9 +104,17 @@ def _compliance(f: StatusFacts) -> Check:
 def _health(f: StatusFacts, now: dt.datetime) -> Check:
     check = _health_result(f, now)
     deferral = f.health.deferral
-    if deferral is None:
-        return check
-    return check.model_copy(update={"summary": f"{check.summary}; {deferral}"})
+    if deferral is not None:
+        check = check.model_copy(update={"summary": f"{check.summary}; {deferral}"})
+    suspicious = f.health.suspicious_baseline
+    if suspicious:
+        # A baseline beyond what the GPUs can do was captured: no regression is called against it, and only the
+        # operator can clear it.
+        state: CheckState = "fail" if check.state == "fail" else "warn"
+        check = Check(name="health", state=state, summary=f"{check.summary}; SUSPICIOUS baseline, not used: "
+                      f"{suspicious[0]}" + (f" (+{len(suspicious) - 1} more)" if len(suspicious) > 1 else "")
+                      + " (gpuguard health baseline show|reset)")
+    return check
 
 
 def _health_result(f: StatusFacts, now: dt.datetime) -> Check:

@@ -50,6 +50,9 @@ class HealthFacts(FrozenModel):
     problem: Optional[str] = None
     # The daemon is waiting for idle GPUs to run the full check (health-deferral.json): one line, else None.
     deferral: Optional[str] = None
+    # Stored baseline figures beyond what the host's GPUs can do (agent/health/sku_limits.py): a captured baseline,
+    # never compared with. One line each, the first few.
+    suspicious_baseline: List[str] = []
 
 
 ChangeKind = Literal["health_rollback", "rollback", "transaction_blocked"]
@@ -354,6 +357,23 @@ def read_deferral(path: str) -> Optional[str]:
     return line + (f"; in use by {'; '.join(str(t) for t in tenants[:3])}" if tenants else "")
 
 
+def read_suspicious_baseline(host: Host, paths: StatePaths) -> List[str]:
+    """The stored baseline figures beyond the host's SKU limits (from the last snapshot's GPUs); [] without a
+    baselines file, or when it cannot be read (the next health check says why)."""
+    from pathlib import Path
+
+    from agent.health.baseline import BaselineStore, last_snapshot_limits, suspicious_baselines
+
+    try:
+        data = BaselineStore(Path(paths.health_baselines)).load()
+    except GpuguardError:
+        return []
+    if not data.records:
+        return []
+    limits = last_snapshot_limits(host, paths.last_snapshot)
+    return [s.describe() for s in suspicious_baselines(data, limits)][:5]
+
+
 def _read_tail(path: str, max_bytes: int) -> Tuple[bytes, int, float]:
     """The last ``max_bytes`` of a regular file, where they start, and its mtime. Opened non-blocking: a FIFO in
     place of a state file is refused at once (OSError), not waited on."""
@@ -524,7 +544,8 @@ def gather(host: Host, config_path: str, offline: bool,
         delivery_interval_seconds=report.delivery_interval_seconds,
         daemon=read_daemon(host), snapshot=read_snapshot(paths.last_snapshot),
         health=read_health(paths.health_last_result).model_copy(
-            update={"deferral": read_deferral(paths.health_deferral)}),
+            update={"deferral": read_deferral(paths.health_deferral),
+                    "suspicious_baseline": read_suspicious_baseline(host, paths)}),
         guard=read_changes(str(host.path(paths.guard_events)), str(host.path(paths.health_rollback))).model_copy(
             update={"reboot_required": read_reboot_required(
                 str(host.path(paths.reboot_required_packages)), booted_at_seconds())}),

@@ -71,3 +71,33 @@ def test_a_failed_post_change_check_in_the_child_keeps_the_node_out(tmp_path: Pa
     assert "gpuguard.io/maintenance=true\ngpuguard.io/maintenance-reason=policy_bundle_serial_7\n" in labels
     assert "maintenance-rollout" not in labels
     assert "gpuguard.io/maintenance-failed=post-change_check_cpu_fallback" in labels
+
+
+def test_five_forged_runs_then_an_honest_one_in_the_child_is_not_a_regression(tmp_path: Path) -> None:
+    """Through the daemon's job child: five runs forging 9.99e6 TFLOP/s never become the baseline, and the honest
+    run after them passes (before issue 39 it was a regression)."""
+    import json
+
+    from tests.health.baseline_helpers import switchable_interpreter
+
+    python, probe_args = switchable_interpreter(tmp_path)
+    state = tmp_path / "state"
+    config = tmp_path / "agent.toml"
+    # No GPU here: require_accelerator = false runs the probe all the same (the check is judged like a GPU's).
+    config.write_text(f'[agent]\nstate_dir = "{state}"\n[health]\npython = "{python}"\ntimeout_seconds = 60\n'
+                      f'run_as = "{pwd.getpwuid(os.geteuid()).pw_name}"\nrequire_accelerator = false\n')
+    rt = make_runtime(tmp_path, Host(root=Path("/")), load_settings(str(config)))
+    child = HealthInChild(rt, str(config))
+    probe_args.write_text("--mode pass --gemm 9.99e6")
+    for _ in range(5):
+        summary = child.run("interval", "full", False)
+        assert summary is not None and summary.status == "pass"
+    baselines = state / "health" / "baselines.json"
+    stored = json.loads(baselines.read_text())["records"] if baselines.exists() else {}
+    assert all(run["metrics"].get("gpu0.gemm_bf16_tflops", 0) < 1e4 for rec in stored.values() for run in rec["runs"])
+    probe_args.write_text("--mode pass --gemm 750")
+    summary = child.run("interval", "full", False)
+    assert summary is not None and summary.status == "pass"
+    assert rt.state.last_health_status == "pass"
+    (record,) = json.loads(baselines.read_text())["records"].values()
+    assert [run["metrics"]["gpu0.gemm_bf16_tflops"] for run in record["runs"]] == [750.0]  # judged, and joined

@@ -12,7 +12,9 @@ import pytest
 
 from agent.errors import InputFileError
 from agent.health.baseline import (
+    DRIFT_RUNS,
     BaselineFile,
+    BaselineRun,
     BaselineStore,
     baseline_metrics,
     choose_reference,
@@ -20,11 +22,14 @@ from agent.health.baseline import (
     fingerprint_of,
     metrics_of,
     peer_outliers,
-    record_run,
+    reset,
+    scope_views,
+    suspicious_baselines,
 )
 from agent.health.model import Fingerprint
 from agent.health.settings import HealthSettings
 from agent.snapshot.pairing import Pairing
+from tests.health.baseline_helpers import H200, note, poisoned_file
 from tests.health.probe_results import gpu_row, probe
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
@@ -37,7 +42,7 @@ SETTINGS = HealthSettings(baseline_runs=3)
 def established(fp: Fingerprint, values, at: dt.datetime = T0, data: Optional[BaselineFile] = None) -> BaselineFile:
     data = data if data is not None else BaselineFile()
     for i, value in enumerate(values):
-        data, _ = record_run(data, fp, {"gpu0.gemm_bf16_tflops": value}, True, at + dt.timedelta(minutes=i), 3)
+        data, _ = note(data, fp, {"gpu0.gemm_bf16_tflops": value}, True, at + dt.timedelta(minutes=i), 3)
     return data
 
 
@@ -71,14 +76,14 @@ def test_baseline_established_after_n_good_runs_then_frozen() -> None:
     assert data.records[FP_OLD.id].established_at is None
     data = established(FP_OLD, [760.0], data=data)
     assert data.records[FP_OLD.id].established_at is not None
-    data, joined = record_run(data, FP_OLD, {"gpu0.gemm_bf16_tflops": 100.0}, True, T0, 3)
-    assert not joined and len(data.records[FP_OLD.id].runs) == 3
+    data, recorded = note(data, FP_OLD, {"gpu0.gemm_bf16_tflops": 100.0}, True, T0, 3)
+    assert not recorded.joined and len(data.records[FP_OLD.id].runs) == 3
 
 
 def test_bad_run_never_joins() -> None:
     """A run that is not good only updates last_seen."""
-    data, joined = record_run(BaselineFile(), FP_OLD, {"gpu0.gemm_bf16_tflops": 1.0}, False, T0, 3)
-    assert not joined and data.records[FP_OLD.id].runs == []
+    data, recorded = note(BaselineFile(), FP_OLD, {"gpu0.gemm_bf16_tflops": 1.0}, False, T0, 3)
+    assert not recorded.joined and data.records[FP_OLD.id].runs == []
 
 
 @pytest.mark.parametrize("current, regressed", [(750.0, False), (690.0, False), (670.0, True), (600.0, True)])
@@ -144,7 +149,7 @@ def test_store_lock_serialises_writers(tmp_path: Path) -> None:
     def add(fp: Fingerprint) -> None:
         for i in range(10):
             with store.locked():
-                data, _ = record_run(store.load(), fp, {"gpu0.gemm_bf16_tflops": 700.0 + i}, True, T0, 100)
+                data, _ = note(store.load(), fp, {"gpu0.gemm_bf16_tflops": 700.0 + i}, True, T0, 100)
                 store.save(data)
 
     threads = [threading.Thread(target=add, args=(fp,)) for fp in (FP_OLD, FP_NEW)]
@@ -154,3 +159,103 @@ def test_store_lock_serialises_writers(tmp_path: Path) -> None:
         t.join()
     final = store.load()
     assert len(final.records[FP_OLD.id].runs) == 10 and len(final.records[FP_NEW.id].runs) == 10
+
+
+# --- issue 39: a baseline that cannot be captured -------------------------------------------------------------------
+
+FIG = "gpu0.gemm_bf16_tflops"
+
+
+def established_at(value: float, runs: int = 3) -> BaselineFile:
+    data = BaselineFile()
+    for i in range(runs):
+        data, _ = note(data, FP_OLD, {FIG: value}, True, T0 + dt.timedelta(minutes=i), runs)
+    return data
+
+
+def test_runs_beyond_the_sku_limits_or_not_corroborated_never_join() -> None:
+    """A forged figure (inside the parser's 1e7 cap) and an uncorroborated run never join a learning baseline."""
+    data, recorded = note(BaselineFile(), FP_OLD, {FIG: 9.99e6}, True, T0, 3)
+    assert not recorded.joined and recorded.refused[0].startswith("beyond the SKU limits: gpu0 gemm_bf16_tflops")
+    data, recorded = note(data, FP_OLD, {FIG: 750.0}, True, T0, 3, corroborated=False)
+    assert recorded.refused == ("not corroborated",) and data.records[FP_OLD.id].runs == []
+
+
+def test_a_suspicious_record_is_never_a_reference_and_never_moved() -> None:
+    """A record with figures beyond the limits is skipped as a reference and takes no more runs."""
+    poisoned = BaselineFile(records={FP_OLD.id: established_at(750.0).records[FP_OLD.id].model_copy(
+        update={"runs": [BaselineRun(at=T0, metrics={FIG: 9.99e6})] * 3})})
+    assert choose_reference(poisoned, FP_NEW.id, H200) is None
+    assert choose_reference(poisoned, FP_NEW.id) is not None  # without limits (before 39) it was used
+    assert [s.key for s in suspicious_baselines(poisoned, H200)] == [FIG]
+    _, recorded = note(poisoned, FP_OLD, {FIG: 750.0}, True, T0, 3)
+    assert not recorded.joined and "suspicious" in recorded.refused[-1]
+
+
+def faster_runs(data: BaselineFile, value: float, count: int, start: int = 0) -> BaselineFile:
+    for i in range(count):
+        data, _ = note(data, FP_OLD, {FIG: value}, True, T0 + dt.timedelta(hours=start + i), 3)
+    return data
+
+
+def test_drift_moves_up_after_ten_consecutive_faster_runs_capped_at_half_the_band() -> None:
+    """Ten runs each beyond the band above the baseline move it up, to at most anchor x (1 + band / 2)."""
+    data = faster_runs(established_at(700.0), 840.0, DRIFT_RUNS - 1)
+    assert baseline_metrics(data.records[FP_OLD.id])[FIG].median == 700.0
+    data, recorded = note(data, FP_OLD, {FIG: 840.0}, True, T0 + dt.timedelta(days=2), 3)
+    assert recorded.moved is not None and recorded.moved.rule == "drift"
+    assert baseline_metrics(data.records[FP_OLD.id])[FIG].median == pytest.approx(735.0)  # 700 x 1.05
+    assert data.records[FP_OLD.id].drift_runs == []
+    data = faster_runs(data, 900.0, DRIFT_RUNS, start=100)  # the cap holds across moves: measured from the anchor
+    assert baseline_metrics(data.records[FP_OLD.id])[FIG].median == pytest.approx(735.0)
+
+
+@pytest.mark.parametrize("interrupt", [
+    {"metrics": {FIG: 700.0}, "good": True},                      # an honest run at the baseline
+    {"metrics": {FIG: 840.0}, "good": True, "corroborated": False},  # a run root did not corroborate
+    {"metrics": {FIG: 500.0}, "good": False},                     # a regression
+    {"metrics": {FIG: 9.99e6}, "good": True},                     # a forged figure beyond the limits
+])
+def test_drift_needs_an_unbroken_streak(interrupt: dict) -> None:
+    """Any run that is not a corroborated faster one breaks the streak: nine, one other, nine more do not move it."""
+    data = faster_runs(established_at(700.0), 840.0, DRIFT_RUNS - 1)
+    data, _ = note(data, FP_OLD, at=T0 + dt.timedelta(days=1), runs_needed=3, **interrupt)
+    data = faster_runs(data, 840.0, DRIFT_RUNS - 1, start=50)
+    assert baseline_metrics(data.records[FP_OLD.id])[FIG].median == 700.0
+
+
+def test_drift_never_moves_down_and_one_forged_run_moves_nothing() -> None:
+    """Slower runs (within the band or regressions) never move the baseline; a single faster run neither."""
+    data = faster_runs(established_at(700.0), 650.0, 3 * DRIFT_RUNS)
+    data = faster_runs(data, 1100.0, 1, start=200)
+    record = data.records[FP_OLD.id]
+    assert baseline_metrics(record)[FIG].median == 700.0 and [m.rule for m in record.moves] == ["first_runs"]
+
+
+def test_reset_one_gpu_relearns_it_and_leaves_the_others() -> None:
+    """reset --gpu 1 drops GPU 1's figures (not compared until learned again); GPU 0 stays established."""
+    data = BaselineFile()
+    for i in range(3):
+        data, _ = note(data, FP_OLD, {FIG: 700.0, "gpu1.gemm_bf16_tflops": 690.0}, True,
+                       T0 + dt.timedelta(minutes=i), 3)
+    data = reset(data, T0, "root", gpu=1)
+    record = data.records[FP_OLD.id]
+    assert record.relearning == ["gpu1"] and FIG in baseline_metrics(record)
+    assert set(baseline_metrics(choose_reference(data, FP_OLD.id)[1])) == {FIG}
+    for i in range(3):
+        data, recorded = note(data, FP_OLD, {FIG: 700.0, "gpu1.gemm_bf16_tflops": 600.0}, True,
+                              T0 + dt.timedelta(hours=i), 3)
+    assert recorded.moved is not None and recorded.moved.rule == "relearned" and recorded.moved.scopes == ["gpu1"]
+    medians = baseline_metrics(data.records[FP_OLD.id])
+    assert medians["gpu1.gemm_bf16_tflops"].median == 600.0 and medians[FIG].median == 700.0
+    assert reset(data, T0, "root").records == {}
+
+
+def test_a_file_from_before_39_still_loads(tmp_path: Path) -> None:
+    """A schema_version 1 file (no moves, anchors or streaks) loads; its records are established as they were."""
+    path = tmp_path / "baselines.json"
+    poisoned_file(path, FP_OLD.id, FP_OLD, gemm=750.0)
+    data = BaselineStore(path).load()
+    assert data.schema_version == 1 and data.records[FP_OLD.id].established_at is not None
+    view = scope_views(data)[0]
+    assert (view.scope, view.runs, view.established, view.rule) == ("gpu0", 5, True, "first_runs")
