@@ -54,6 +54,11 @@ SKUS: Dict[str, SkuLimits] = {
     # sparsity, 4.8 TB/s; NVL 1,671 TFLOPS with sparsity, 4.8 TB/s.
     "H200 SXM": SkuLimits("H200 SXM", 989.5, 989.5, 4800.0),
     "H200 NVL": SkuLimits("H200 NVL", 835.5, 835.5, 4800.0),
+    # NVIDIA B200 and GB200 (Blackwell): bf16/fp16 2,250 TFLOPS dense (4,500 with sparsity) for HGX B200 at
+    # 1,000 W, 2,500 dense for the GB200's B200 at 1,200 W; HBM3e 8 TB/s (NVIDIA's HGX/GB200 figures as tabulated
+    # at glennklockwood.com/garden/processors/B200; 2026-12-06).
+    "B200": SkuLimits("B200", 2250.0, 2250.0, 8000.0),
+    "GB200": SkuLimits("GB200", 2500.0, 2500.0, 8000.0),
     # NVIDIA A100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/a100): bf16/fp16 312 TFLOPS dense (624
     # with sparsity); 80GB SXM 2,039 GB/s, 80GB PCIe 1,935 GB/s, 40GB (SXM and PCIe) 1,555 GB/s.
     "A100 SXM 80GB": SkuLimits("A100 SXM 80GB", 312.0, 312.0, 2039.0),
@@ -65,6 +70,10 @@ SKUS: Dict[str, SkuLimits] = {
     # AMD Instinct MI325X data sheet (amd.com/en/products/accelerators/instinct/mi300/mi325x.html): fp16/bf16
     # 1,307.4 TFLOPS dense, HBM3E 6 TB/s.
     "MI325X": SkuLimits("MI325X", 1307.4, 1307.4, 6000.0),
+    # AMD Instinct MI355X (CDNA 4): FP8 5 PFLOPS dense (AMD at ISSCC 2026), so fp16/bf16 2,500 dense; HBM3E 8 TB/s;
+    # the MI350X trades about 8 % of the MI355X's peak for 1 kW (AMD's launch figures, The Register 2025-06-12).
+    "MI355X": SkuLimits("MI355X", 2500.0, 2500.0, 8000.0),
+    "MI350X": SkuLimits("MI350X", 2300.0, 2300.0, 8000.0),
     # AMD Instinct MI250X data sheet (amd.com/en/products/accelerators/instinct/mi200/mi250x.html): fp16/bf16
     # 383 TFLOPS, HBM2e 3.2 TB/s (3,276.8 GB/s). The MI250 (362.1 TFLOPS) shares its PCI id: the MI250X bounds both.
     "MI250X": SkuLimits("MI250X", 383.0, 383.0, 3276.8),
@@ -99,9 +108,13 @@ _NAME_PATTERNS: Tuple[Tuple[str, str], ...] = (
     (r"\bH100\b.*\bNVL\b", "H100 NVL"),
     (r"\bH100\b.*\bPCIE\b", "H100 PCIe"),
     (r"\bH100\b", "H100 SXM"),
+    (r"\bGB200\b", "GB200"),
+    (r"\bB200\b", "B200"),
     (r"\bA100\b.*\bPCIE\b.*\b80GB\b|\bA100\b.*\b80GB\b.*\bPCIE\b", "A100 PCIe 80GB"),
     (r"\bA100\b.*\b40GB\b", "A100 40GB"),
     (r"\bA100\b", "A100 SXM 80GB"),
+    (r"\bMI355X\b", "MI355X"),
+    (r"\bMI350X\b", "MI350X"),
     (r"\bMI325X\b", "MI325X"),
     (r"\bMI300X\b", "MI300X"),
     (r"\bMI250X?\b", "MI250X"),
