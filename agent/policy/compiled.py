@@ -9,6 +9,7 @@ from __future__ import annotations
 from agent.defaults import AMD_DRIVER_PACKAGE
 from agent.errors import InputFileError
 from agent.hostfacts.package_keys import package_name
+from agent.policy.families import FAMILIES
 from agent.strictjson import nesting_depth, parse_json_text
 
 TYPE_CHECKING = False
@@ -125,140 +126,76 @@ MAX_COMPILED_BYTES = 8 << 20
 MAX_COMPILED_DEPTH = 16
 
 
-class _Problem(Exception):
-    """One thing wrong with a compiled document, as ``where: message``."""
+class Problem(Exception):
+    """One thing wrong with a compiled document, as ``where: message`` (the families' ``shape`` raise it)."""
 
 
-def _expect(ok: bool, where: str, message: str) -> None:
+def expect(ok: bool, where: str, message: str) -> None:
+    """Raise :class:`Problem` unless ``ok``."""
     if not ok:
-        raise _Problem(f"{where}: {message}")
+        raise Problem(f"{where}: {message}")
 
 
-def _str_list(value: Any, where: str, non_empty: bool = False) -> None:
-    _expect(isinstance(value, list) and all(isinstance(item, str) for item in value), where,
-            "not a list of strings")
-    _expect(not non_empty or bool(value), where, "empty list")
+def str_list(value: Any, where: str, non_empty: bool = False) -> None:
+    """A list of strings (not empty, if asked)."""
+    expect(isinstance(value, list) and all(isinstance(item, str) for item in value), where,
+           "not a list of strings")
+    expect(not non_empty or bool(value), where, "empty list")
 
 
-def _optional_str(value: Any, where: str) -> None:
-    _expect(value is None or isinstance(value, str), where, "not a string")
+def optional_str(value: Any, where: str) -> None:
+    """A string or nothing."""
+    expect(value is None or isinstance(value, str), where, "not a string")
 
 
-def _action(value: Any, where: str) -> None:
-    _expect(value is None or value in ACTIONS, where, f"{value!r} is not one of {', '.join(ACTIONS)}")
+def optional_bool(value: Any, where: str) -> None:
+    """true, false or nothing."""
+    expect(value is None or isinstance(value, bool), where, "not true or false")
 
 
-def _spec(value: Any, where: str, package_versions: bool = False) -> None:
+def action(value: Any, where: str) -> None:
+    """One of :data:`ACTIONS`, or nothing."""
+    expect(value is None or value in ACTIONS, where, f"{value!r} is not one of {', '.join(ACTIONS)}")
+
+
+def spec(value: Any, where: str, package_versions: bool = False) -> None:
+    """A version spec (agent/policy/spec.py), of package versions if asked."""
     from agent.policy.spec import package_spec_errors, spec_errors
 
-    _expect(isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value)), where,
-            "not a version spec (a string or a list of strings)")
+    expect(isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value)), where,
+           "not a version spec (a string or a list of strings)")
     problems = package_spec_errors(value) if package_versions else spec_errors(value)
-    _expect(not problems, where, "; ".join(problems))
+    expect(not problems, where, "; ".join(problems))
 
 
-def _table(value: Any, where: str, keys: Sequence[str]) -> Dict[str, Any]:
-    _expect(isinstance(value, dict), where, "not an object")
+def table(value: Any, where: str, keys: Sequence[str]) -> Dict[str, Any]:
+    """An object, as ``{key: its value or None}`` for these keys."""
+    expect(isinstance(value, dict), where, "not an object")
     return {key: value.get(key) for key in keys}
 
 
 def _check_document(data: Dict[str, Any]) -> None:
-    """Every field the readers use, with its type: a string where a list belongs must not drop a rule."""
-    _expect(isinstance(data.get("name", ""), str), "name", "not a string")
-    _expect(isinstance(data.get("compiled_at", ""), str), "compiled_at", "not a string")
+    """Every field the readers use, with its type: a string where a list belongs must not drop a rule. The
+    policy-wide fields here, each family's section by the family's ``shape`` (agent/policy/families/), in the
+    order of their table; a family whose section is absent (None, or an empty list) is not imported."""
+    expect(isinstance(data.get("name", ""), str), "name", "not a string")
+    expect(isinstance(data.get("compiled_at", ""), str), "compiled_at", "not a string")
     sources = data.get("sources", [])
-    _expect(isinstance(sources, list) and all(isinstance(s, dict) and isinstance(s.get("path"), str)
-                                              for s in sources), "sources", "not a list of {path, sha256}")
+    expect(isinstance(sources, list) and all(isinstance(s, dict) and isinstance(s.get("path"), str)
+                                             for s in sources), "sources", "not a list of {path, sha256}")
     minutes = data.get("max_override_minutes", 240)
-    _expect(isinstance(minutes, int) and not isinstance(minutes, bool) and 0 < minutes <= 7 * 24 * 60,
-            "max_override_minutes", f"{minutes!r} is not a number of minutes from 1 to {7 * 24 * 60}")
-    _str_list(data.get("guarded"), "guarded")
-    _str_list(data.get("kernel_packages"), "kernel_packages")
-    if data.get("amd") is not None:
-        amd = _table(data["amd"], "amd", ("driver_package", "rocm_package", "action", "pairings", "side_by_side"))
-        _expect(amd["side_by_side"] is None or isinstance(amd["side_by_side"], bool), "amd -> side_by_side",
-                "not true or false")
-        for key in ("driver_package", "rocm_package"):
-            _expect(isinstance(amd[key], str) and bool(amd[key]), f"amd -> {key}", "not a package name")
-        _action(amd["action"], "amd -> action")
-        _expect(isinstance(amd["pairings"] or [], list), "amd -> pairings", "not a list")
-        for index, pairing in enumerate(amd["pairings"] or [], 1):
-            where = f"amd -> pairings -> {index}"
-            p = _table(pairing, where, ("name", "amdgpu", "rocm", "amdgpu_package", "rocm_package", "kernels",
-                                        "action"))
-            _expect(isinstance(p["name"], str), f"{where} -> name", "not a string")
-            _spec(p["amdgpu"], f"{where} -> amdgpu")
-            _spec(p["rocm"], f"{where} -> rocm")
-            for key in ("amdgpu_package", "rocm_package"):
-                if p[key] is not None:
-                    _spec(p[key], f"{where} -> {key}", package_versions=True)
-            if p["kernels"] is not None:
-                _spec(p["kernels"], f"{where} -> kernels")
-            _action(p["action"], f"{where} -> action")
-    if data.get("kernel") is not None:
-        kernel = _table(data["kernel"], "kernel", ("packages", "allow", "action"))
-        if kernel["packages"] is not None:
-            _str_list(kernel["packages"], "kernel -> packages")
-        if kernel["allow"] is not None:
-            _spec(kernel["allow"], "kernel -> allow")
-        _action(kernel["action"], "kernel -> action")
-    if data.get("nvidia") is not None:
-        nvidia = _table(data["nvidia"], "nvidia", ("driver_packages", "cuda_packages", "action", "pairings",
-                                                    "side_by_side"))
-        _expect(nvidia["side_by_side"] is None or isinstance(nvidia["side_by_side"], bool),
-                "nvidia -> side_by_side", "not true or false")
-        _str_list(nvidia["driver_packages"], "nvidia -> driver_packages")
-        _str_list(nvidia["cuda_packages"], "nvidia -> cuda_packages")
-        _action(nvidia["action"], "nvidia -> action")
-        _expect(isinstance(nvidia["pairings"] or [], list), "nvidia -> pairings", "not a list")
-        for index, pairing in enumerate(nvidia["pairings"] or [], 1):
-            where = f"nvidia -> pairings -> {index}"
-            p = _table(pairing, where, ("name", "driver", "cuda", "action"))
-            _expect(isinstance(p["name"], str), f"{where} -> name", "not a string")
-            _spec(p["driver"], f"{where} -> driver")
-            _spec(p["cuda"], f"{where} -> cuda")
-            _action(p["action"], f"{where} -> action")
-    if data.get("frozen") is not None:
-        frozen = _table(data["frozen"], "frozen", ("packages", "action"))
-        _str_list(frozen["packages"], "frozen -> packages")
-        _action(frozen["action"], "frozen -> action")
-    _expect(isinstance(data.get("versions", []), list), "versions", "not a list")
-    for index, rule in enumerate(data.get("versions") or [], 1):
-        where = f"versions -> {index}"
-        r = _table(rule, where, ("name", "packages", "allow", "action"))
-        _optional_str(r["name"], f"{where} -> name")
-        _str_list(r["packages"], f"{where} -> packages", non_empty=True)
-        _spec(r["allow"], f"{where} -> allow", package_versions=True)
-        _action(r["action"], f"{where} -> action")
-    if data.get("companions") is not None:
-        companions = _table(data["companions"], "companions", ("fabricmanager", "dcgm", "dcgm_exporter", "amdsmi",
-                                                                "action"))
-        for key in ("fabricmanager", "dcgm", "dcgm_exporter", "amdsmi"):
-            _expect(companions[key] is None or isinstance(companions[key], bool), f"companions -> {key}",
-                    "not true or false")
-        _action(companions["action"], "companions -> action")
+    expect(isinstance(minutes, int) and not isinstance(minutes, bool) and 0 < minutes <= 7 * 24 * 60,
+           "max_override_minutes", f"{minutes!r} is not a number of minutes from 1 to {7 * 24 * 60}")
+    str_list(data.get("guarded"), "guarded")
+    str_list(data.get("kernel_packages"), "kernel_packages")
+    for name in FAMILIES:
+        value = data.get(name)
+        if value is not None and value != []:
+            __import__("agent.policy.families." + name, None, None, ("shape",)).shape(data)
     if data.get("health") is not None:
-        health = _table(data["health"], "health", ("after_change",))
-        _expect(health["after_change"] in (None, "alert", "rollback"), "health -> after_change",
-                f"{health['after_change']!r} is not alert or rollback")
-    if data.get("matrix") is not None:
-        matrix = _table(data["matrix"], "matrix", ("action", "driver_rocm", "rocm"))
-        _action(matrix["action"], "matrix -> action")
-        driver_rocm = matrix["driver_rocm"] or {}
-        _expect(isinstance(driver_rocm, dict), "matrix -> driver_rocm", "not an object")
-        for series, rocm in driver_rocm.items():
-            _str_list(rocm, f"matrix -> driver_rocm -> {series}")
-        rows = matrix["rocm"] or {}
-        _expect(isinstance(rows, dict), "matrix -> rocm", "not an object")
-        for series, row in rows.items():
-            where = f"matrix -> rocm -> {series}"
-            r = _table(row, where, ("os", "kernels", "gpus"))
-            for key in ("os", "kernels"):
-                table = r[key] or {}
-                _expect(isinstance(table, dict), f"{where} -> {key}", "not an object")
-                for name, values in table.items():
-                    _str_list(values, f"{where} -> {key} -> {name}")
-            _str_list(r["gpus"] or [], f"{where} -> gpus")
+        health = table(data["health"], "health", ("after_change",))
+        expect(health["after_change"] in (None, "alert", "rollback"), "health -> after_change",
+               f"{health['after_change']!r} is not alert or rollback")
 
 
 def check_compiled(data: Any, path: str) -> CompiledPolicy:
@@ -278,7 +215,7 @@ def check_compiled(data: Any, path: str) -> CompiledPolicy:
         raise InputFileError(path, f"failsafe {data.get('failsafe')!r} is not one of {', '.join(FAILSAFE_MODES)}")
     try:
         _check_document(data)
-    except _Problem as exc:
+    except Problem as exc:
         raise InputFileError(path, f"invalid compiled policy: {exc}") from None
     return CompiledPolicy(data, path)
 

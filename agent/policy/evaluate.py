@@ -6,29 +6,59 @@ facts :func:`facts_used` names. Output: every violation with its rule, the packa
 pinned pairing being broken, the action the policy attaches to it and a hint on how to proceed. The apt hook,
 the dnf plugin, ``gpuguard policy explain`` and the rollback watcher all call :func:`evaluate`.
 
-The rules come in families, one module each under agent/policy/families/ (its check, the host facts it reads, its
-explain lines), run in the order of :data:`FAMILIES`. A family whose section the compiled policy lacks is neither
-imported nor run: the apt hook loads only the families its policy uses.
+The rules come in families, one module each under agent/policy/families/ (the protocol :class:`Family`), run in the
+order of their table, :data:`FAMILIES` (agent/policy/families/__init__.py). A family whose section the compiled
+policy lacks is neither imported nor run: the apt hook loads only the families its policy uses.
 """
 
 from __future__ import annotations
 
-from agent.policy.families import OVERRIDE_HINT, HostState, Violation, forget_indexes, indexing
+from agent.policy.families import FAMILIES, OVERRIDE_HINT, HostState, Violation, forget_indexes, indexing
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import List, Sequence, Tuple
+    from typing import Any, Dict, List, Mapping, Protocol, Sequence, Tuple
 
+    from agent.hostfacts.context import HostContext
     from agent.policy.compiled import CompiledPolicy
-    from agent.policy.families import Family
+    from agent.policy.families import CompileSource, FreezeHost
+
+    class Family(Protocol):
+        """One rule family's module (agent/policy/families/<name>.py): what it reads of the host, its check, its
+        ``policy explain`` lines, its compiled form, the globs it guards, the shape check of its compiled part and
+        its ``policy freeze`` lines. The module's name is the compiled policy's section key; a policy without that
+        section neither imports nor runs it. Its pydantic model, if it has a TOML section, is
+        agent/policy/sections/<name>.py (agent/policy/model.py)."""
+
+        # Where its lines go in ``policy freeze`` output, lowest first: the file reads the pairings first, then the
+        # kernels and the rest (the table's order is the order rules are judged in).
+        FREEZE_PLACE: int
+
+        def facts(self, policy: CompiledPolicy) -> Tuple[str, ...]:
+            """The host facts (names from agent.hostfacts.context) the check reads under ``policy``."""
+
+        def check(self, state: HostState, policy: CompiledPolicy) -> List[Violation]:
+            """Every violation of this family's rules in the state after the change."""
+
+        def explain(self, policy: CompiledPolicy, installed: Mapping[str, str], manager: str,
+                    context: HostContext) -> List[str]:
+            """The lines ``gpuguard policy explain`` prints for this family's rules on a host."""
+
+        def compiled(self, source: CompileSource) -> Dict[str, Any]:
+            """The compiled document's keys this family writes (its section: None or [] when absent)."""
+
+        def guarded(self, source: CompileSource) -> List[str]:
+            """The package globs the policy guards because of this family's section."""
+
+        def shape(self, data: Mapping[str, Any]) -> None:
+            """Check this family's part of a decoded compiled document (present: neither None nor []); raise
+            agent.policy.compiled.Problem on the first thing wrong."""
+
+        def freeze(self, host: FreezeHost) -> List[str]:
+            """This family's lines of ``policy freeze`` output (none when the host has nothing it pins)."""
 
 __all__ = ["FAMILIES", "OVERRIDE_HINT", "HostState", "Violation", "evaluate", "facts_used", "family", "introduced",
            "used_families"]
-
-# The rule families in the order they are judged (and a violation is reported): each name is a module of
-# agent/policy/families/ and the compiled policy's section key it judges.
-FAMILIES: Tuple[str, ...] = ("frozen", "amd", "kernel", "nvidia", "versions", "matrix", "companions")
-
 
 def family(name: str) -> Family:
     """The module of one family of :data:`FAMILIES` (imported on first use)."""

@@ -4,7 +4,8 @@ agent/commands/policy.py reads the host into :class:`FreezeFacts` (installed gua
 context of agent/hostfacts/context.py: os-release and the loaded GPU modules); :func:`render_freeze` sorts the
 packages into the driver/ROCm or NVIDIA driver/CUDA pairing, the kernels, the rest of the GPU stack and the other
 guarded packages, and writes a policy in the policy model's own fields (agent/policy/model.py) with a comment on
-every line saying what it pins and why.
+every line saying what it pins and why: the header, ``[policy]`` and ``guarded`` here, each rule family's section
+by the family's ``freeze`` (agent/policy/families/), in the order of their ``FREEZE_PLACE``.
 
 A host whose installed driver is not the one loaded (the driver moved and the host was not rebooted) is refused
 with :class:`FreezeRefused`, unless ``accept_inconsistent``; then the policy says so.
@@ -28,6 +29,7 @@ from agent.policy.compiled import (
     DEFAULT_NVIDIA_DRIVER_PACKAGES,
     NVIDIA_NOT_DRIVER_PARTS,
 )
+from agent.policy.evaluate import FAMILIES, family
 from agent.policy.globs import any_glob
 
 AMD_FIRMWARE = AMD_DRIVER_PACKAGE + "-firmware"
@@ -78,6 +80,51 @@ class _Stack:
     cuda: Dict[str, str]  # key -> version, only packages the pairing judges by their version
     gpu_other: Dict[str, str]  # other GPU packages (container toolkit, cuda-compat, firmware): no pairing reads them
     rest: Dict[str, str]  # other guarded packages (dkms, headers, kernel meta packages)
+
+
+@dataclass(frozen=True)
+class _Host:
+    """What the families' ``freeze`` read (agent/policy/families/__init__.py, ``FreezeHost``): the facts, the
+    options, the sorted stack, the kernel allow entries, and this module's TOML writers."""
+
+    facts: FreezeFacts
+    options: FreezeOptions
+    stack: _Stack
+    kernels: List[Tuple[str, str]]
+    inconsistent: List[str]
+    amd: bool
+    nvidia: bool
+
+    @property
+    def installed(self) -> Mapping[str, str]:
+        return self.facts.installed
+
+    @property
+    def context(self) -> HostContext:
+        return self.facts.context
+
+    @property
+    def point_releases(self) -> bool:
+        return self.options.point_releases
+
+    @property
+    def kernel_series(self) -> bool:
+        return self.options.kernel_series
+
+    def line(self, key: str, value: object, comment: str) -> str:
+        return _line(key, value, comment)
+
+    def array(self, key: str, items: Sequence[Tuple[str, str]], comment: str) -> List[str]:
+        return _array(key, items, comment)
+
+    def spec(self, values: Sequence[str]) -> object:
+        return _spec(values)
+
+    def listing(self, found: Mapping[str, str], limit: int = 3) -> str:
+        return _listing(found, limit)
+
+    def names(self, found: Mapping[str, str]) -> List[Tuple[str, str]]:
+        return _names(found)
 
 
 def _name_series(name: str) -> Optional[str]:
@@ -229,19 +276,9 @@ def render_freeze(facts: FreezeFacts, options: FreezeOptions = FreezeOptions()) 
         lines += _array("guarded", [(n, f"installed {v}") for n, v in _names(stack.rest)],
                         "installed now and named by no rule below: the fail-safe protects them, the known-good "
                         "set holds them")
-    if amd:
-        lines += _amd_lines(facts, stack, options, kernels, inconsistent)
-    if nvidia:
-        lines += _nvidia_lines(facts, stack, options)
-    lines += ["", "[kernel]  # kernels: new ones must be on this list (those installed stay allowed)"]
-    lines += _array("allow", kernels, "any other kernel is refused" if not options.kernel_series else
-                    "kernels of these series only")
-    lines += _versions_lines(stack, options)
-    lines += _companion_lines(facts)
-    frozen = _frozen(stack, options)
-    if frozen:
-        lines += ["", "[frozen]  # must not move at all: no upgrade, downgrade, reinstall at another build or removal"]
-        lines += _array("packages", frozen, "the rest of the GPU stack, at the builds installed now")
+    host = _Host(facts, options, stack, kernels, inconsistent, amd, nvidia)
+    for module in sorted((family(name) for name in FAMILIES), key=lambda module: module.FREEZE_PLACE):
+        lines += module.freeze(host)
     return "\n".join(lines) + "\n"
 
 
@@ -294,161 +331,3 @@ def _kernel_allow(facts: FreezeFacts, stack: _Stack, options: FreezeOptions) -> 
     for release in sorted(found):
         series.setdefault(kernel_series(release, facts.manager), []).append(release)
     return [(glob, f"the series of {', '.join(members)}") for glob, members in sorted(series.items())]
-
-
-def _amd_lines(facts: FreezeFacts, stack: _Stack, options: FreezeOptions, kernels: Sequence[Tuple[str, str]],
-               inconsistent: Sequence[str]) -> List[str]:
-    lines = ["", "[amd]  # the amdgpu driver and ROCm",
-             _line("driver_package", AMD_DRIVER_PACKAGE,
-                   "its version carries the driver release (1:6.8.5.60202-... is 6.2.2)"),
-             _line("rocm_package", ROCM_CORE_PACKAGE, f"its version carries the ROCm release (TheRock's "
-                                                      f"{THEROCK_BASE_PACKAGE}<release> is judged beside it)")]
-    rocm_releases = {k: releases.rocm_release(v) for k, v in stack.rocm.items()}
-    known_rocm = sorted(r for r in rocm_releases.values() if r)
-    if len({releases.series(r) for r in rocm_releases.values()}) > 1:
-        lines.append(_line("side_by_side", True, "several ROCm releases are installed side by side now"))
-    lines += ["", "[[amd.pairing]]  # the one allowed pairing: the installed one",
-              _line("name", "frozen", "named in refusals")]
-    loaded = facts.context.loaded("amdgpu")
-    driver = stack.amd_driver
-    if driver is None:
-        lines.append(_line("amdgpu", "none", f"no {AMD_DRIVER_PACKAGE} is installed (ROCm runs on the kernel's own "
-                                             f"amdgpu driver"
-                                             + (f", loaded module {loaded}" if loaded else "") + "): installing one "
-                                             "is refused"))
-    else:
-        release = releases.amdgpu_driver_release(driver)
-        where = f"{AMD_DRIVER_PACKAGE} {driver}" + (f", loaded module {loaded}" if loaded and not inconsistent else "")
-        if release is None:
-            lines.append(_line("amdgpu", "any", f"{where} carries no release code: the exact build below pins it"))
-        elif options.point_releases:
-            lines.append(_line("amdgpu", f"{releases.series(release)}.*",
-                               f"driver {releases.series(release)} point releases (installed: {release}, {where})"))
-        else:
-            lines.append(_line("amdgpu", release, f"driver release {release} ({where})"))
-    if not stack.rocm:
-        lines.append(_line("rocm", "none", f"no {ROCM_CORE_PACKAGE} or {THEROCK_BASE_PACKAGE} is installed: "
-                                           f"installing ROCm is refused"))
-    elif any(r is None for r in rocm_releases.values()):
-        lines.append(_line("rocm", "any", "a ROCm package carries no release: the exact builds below pin it"))
-    elif options.point_releases:
-        lines.append(_line("rocm", _spec([f"{releases.series(r)}.*" for r in known_rocm]),
-                           f"ROCm point releases (installed: {_listing(stack.rocm)})"))
-    else:
-        lines.append(_line("rocm", _spec(known_rocm),
-                           f"ROCm release ({_listing(stack.rocm)})"))
-    exact_driver = driver is not None and (not options.point_releases or releases.amdgpu_driver_release(driver)
-                                           is None)
-    if exact_driver:
-        lines.append(_line("amdgpu_package", driver, "this exact build: any other driver build is refused"
-                                                     + (f" ({AMD_FIRMWARE} must stay at the same build)"
-                                                        if stack.amd_firmware else "")))
-    exact_rocm = stack.rocm and (not options.point_releases or any(r is None for r in rocm_releases.values()))
-    if exact_rocm:
-        lines.append(_line("rocm_package", _spec(sorted(stack.rocm.values())),
-                           (f"this exact build of {package_name(next(iter(stack.rocm)))}" if len(stack.rocm) == 1
-                            else f"these exact builds ({_listing(stack.rocm)})") + ": any other ROCm build is refused"))
-    if driver is not None and kernels:
-        lines.append(_line("kernels", [k for k, _ in kernels],
-                           "the kernels DKMS builds this driver for (as [kernel] allow below)"))
-    return lines
-
-
-def _nvidia_lines(facts: FreezeFacts, stack: _Stack, options: FreezeOptions) -> List[str]:
-    lines = ["", "[nvidia]  # the NVIDIA driver and CUDA"]
-    cuda = {k: releases.dotted_release(v) or "unknown" for k, v in stack.cuda.items()}
-    if len({releases.series(r) for r in cuda.values()}) > 1:
-        lines.append(_line("side_by_side", True, "several CUDA releases are installed side by side now"))
-    lines += ["", "[[nvidia.pairing]]  # the one allowed pairing: the installed one",
-              _line("name", "frozen", "named in refusals")]
-    loaded = facts.context.loaded("nvidia")
-    parts = {k: _driver_release(v) for k, v in stack.nvidia_parts.items()}
-    if parts:
-        release = next(iter(parts.values()))
-        where = f"every driver package: {_listing(stack.nvidia_parts, 2)}" + (
-            "; and the loaded module" if loaded == release else "")
-    elif loaded:
-        release = loaded
-        where = "no package carries it: the loaded nvidia module is judged"
-    else:
-        release = None
-        where = ""
-    if release is None:
-        lines.append(_line("driver", "none", "no NVIDIA driver package and no loaded module: installing a driver is "
-                                             "refused"))
-    elif options.point_releases:
-        branch = releases.series(release, 1)
-        lines.append(_line("driver", f"{branch}.*", f"driver branch {branch} updates (now {release}; {where})"))
-    else:
-        lines.append(_line("driver", release, f"driver release {release} ({where})"))
-    if not cuda:
-        lines.append(_line("cuda", "none", "no CUDA package is installed: installing CUDA is refused"))
-    elif options.point_releases:
-        lines.append(_line("cuda", _spec([f"{releases.series(r)}.*" for r in sorted(cuda.values())]),
-                           f"CUDA point releases (installed: {_listing(stack.cuda)})"))
-    else:
-        lines.append(_line("cuda", _spec(sorted(cuda.values())),
-                           f"every CUDA release installed ({_listing(stack.cuda)})"))
-    return lines
-
-
-def _versions_lines(stack: _Stack, options: FreezeOptions) -> List[str]:
-    """With point releases, the GPU packages no pairing reads keep their own version series."""
-    if not options.point_releases:
-        return []
-    lines: List[str] = []
-    for name, version in _names(stack.gpu_other):
-        dotted = releases.dotted_release(version, parts=2)
-        allow = f"{dotted}.*" if dotted and "." in dotted else version
-        lines += ["", "[[versions]]  # a GPU package no pairing reads",
-                  _line("name", name, "named in refusals"),
-                  _line("packages", [name], f"installed {version}"),
-                  _line("allow", allow, "its point releases only" if allow != version else
-                        "this exact version (it has no release series)")]
-    return lines
-
-
-def _frozen(stack: _Stack, options: FreezeOptions) -> List[Tuple[str, str]]:
-    """Exact builds: every GPU package that the pairing does not pin at its exact build. With point releases
-    none: AMD's and NVIDIA's packages depend on each other at exact versions and follow the pairing."""
-    if options.point_releases:
-        return []
-    found = {**stack.amd_other, **stack.nvidia_parts, **stack.cuda, **stack.gpu_other}
-    return [(n, f"installed {v}") for n, v in _names(found)]
-
-
-def _companion_lines(facts: FreezeFacts) -> List[str]:
-    """``[companions]``: each rule on where the host has its packages and they agree now; off, saying why, where
-    they already disagree (fix the host, then turn it on) or the host has none of them."""
-    installed = facts.installed
-    names = {package_name(k) for k in installed}
-    binding = facts.context.amdsmi_binding
-    driver = list(DEFAULT_NVIDIA_DRIVER_PACKAGES)
-    present = {
-        "fabricmanager": any_glob(companions.FABRICMANAGER_PACKAGES),
-        "dcgm": any_glob(companions.DCGM_PACKAGES),
-        "dcgm_exporter": any_glob(companions.DCGM_EXPORTER_PACKAGES),
-        "amdsmi": any_glob(companions.AMDSMI_BINDING_PACKAGES + companions.AMDSMI_LIBRARY_PACKAGES),
-    }
-    found = {
-        "fabricmanager": companions.fabricmanager(installed, driver, facts.context.loaded("nvidia"),
-                                                  tuple(NVIDIA_NOT_DRIVER_PARTS)),
-        "dcgm": companions.dcgm(installed),
-        "dcgm_exporter": companions.dcgm_exporter(installed),
-        "amdsmi": companions.amdsmi(installed, binding),
-    }
-    have = {rule: any(match(n) for n in names) or (rule == "amdsmi" and binding is not None)
-            for rule, match in present.items()}
-    if not any(have.values()):
-        return []
-    lines = ["", "[companions]  # packages that must stay paired with what they serve"]
-    for rule in companions.RULE_FIELDS:
-        what = companions.DESCRIPTIONS[f"companion.{rule}"]
-        if not have[rule]:
-            lines.append(_line(rule, False, f"none of its packages is installed now ({what})"))
-        elif found[rule]:
-            lines.append(_line(rule, False, f"OFF: the host disagrees now ({found[rule][0].message}); put it right, "
-                                            f"then set true"))
-        else:
-            lines.append(_line(rule, True, what))
-    return lines

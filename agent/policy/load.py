@@ -11,22 +11,16 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, get_args
 
 from pydantic import ValidationError
 
 from agent.defaults import DEFAULT_POLICY_DIR
 from agent.errors import InputFileError, PolicyError
 from agent.files import read_bytes_bounded
-from agent.policy.compiled import (
-    AMD_STACK_PACKAGES,
-    COMPILED_FORMAT,
-    DEFAULT_KERNEL_PACKAGES,
-    DEFAULT_NVIDIA_DRIVER_PACKAGES,
-    CompiledPolicy,
-    check_compiled,
-)
-from agent.policy.model import AmdSection, Policy
+from agent.policy.compiled import COMPILED_FORMAT, CompiledPolicy, check_compiled
+from agent.policy.evaluate import FAMILIES, family
+from agent.policy.model import SECTIONS, Policy
 from agent.strictjson import MAX_NESTING_DEPTH, nesting_depth
 from agent.tomlreader import MAX_TOML_BYTES, toml_module, toml_worded
 from agent.validation import validation_problems
@@ -119,47 +113,50 @@ def _cross_checks(policy: Policy) -> List[str]:
     if policy.rule_count() == 0:
         problems.append("the policy defines no rules (amd.pairing, kernel.allow, nvidia.pairing, versions, "
                         "frozen.packages, companions or policy.require_amd_matrix): it would pin nothing")
-    for section, pairings in (("amd", policy.amd.pairing if policy.amd else []),
-                              ("nvidia", policy.nvidia.pairing if policy.nvidia else [])):
-        names = [p.name for p in pairings]
-        for name in sorted({n for n in names if names.count(n) > 1}):
-            problems.append(f"{section} -> pairing: name {name!r} is used more than once")
+    for name, section in SECTIONS.items():
+        problems += section.merged_problems(getattr(policy, name))
     return problems
 
 
-def kernel_packages(policy: Policy) -> List[str]:
-    """The kernel package globs: the [kernel] section's, or the defaults when the policy has none."""
-    return list(policy.kernel.packages if policy.kernel else DEFAULT_KERNEL_PACKAGES)
+class _Source:
+    """A validated policy as the families read it when compiling (agent/policy/families/__init__.py,
+    ``CompileSource``): plain data, no pydantic."""
+
+    def __init__(self, policy: Policy, path: str, matrix: Optional[Any]) -> None:
+        self._policy = policy
+        self.path = path
+        self.policy: Dict[str, Any] = policy.policy.model_dump()
+        self.matrix: Optional[Dict[str, Any]] = matrix.to_compiled() if matrix is not None else None
+
+    def section(self, key: str) -> Any:
+        value = getattr(self._policy, key, None)
+        if isinstance(value, list):
+            return [item.model_dump() for item in value]
+        return value.model_dump() if value is not None else None
+
+    def section_or_default(self, key: str) -> Dict[str, Any]:
+        found = self.section(key)
+        if found is not None:
+            return dict(found)
+        model = next(t for t in get_args(Policy.model_fields[key].annotation) if t is not type(None))
+        return dict(model().model_dump())
 
 
 def guarded_patterns(policy: Policy) -> List[str]:
     """Package globs the policy guards: what the fail-safe protects when the policy cannot be read, what the
-    known-good set holds and what a rollback restores. With [amd], the whole AMD stack (AMD_STACK_PACKAGES) and
-    every ``<driver_package>-*`` (its firmware) besides the driver and ROCm packages."""
+    known-good set holds and what a rollback restores: ``[policy] guarded``, then each family's (agent/policy/
+    families/), in the order of their table."""
+    source = _Source(policy, "<policy>", None)
     patterns: List[str] = list(policy.policy.guarded)
-    if policy.amd:
-        patterns += [policy.amd.driver_package, f"{policy.amd.driver_package}-*", policy.amd.rocm_package]
-        patterns += AMD_STACK_PACKAGES
-    if policy.amd or policy.kernel:
-        patterns += kernel_packages(policy)
-    if policy.nvidia:
-        patterns += policy.nvidia.driver_packages + policy.nvidia.cuda_packages
-    for rule in policy.versions:
-        patterns += rule.packages
-    if policy.frozen:
-        patterns += policy.frozen.packages
-    if policy.companions:
-        from agent.policy.companions import family
-
-        driver = policy.nvidia.driver_packages if policy.nvidia else DEFAULT_NVIDIA_DRIVER_PACKAGES
-        for name in policy.companions.enabled():
-            patterns += family(f"companion.{name}", driver)
+    for name in FAMILIES:
+        patterns += family(name).guarded(source)
     return list(dict.fromkeys(patterns))
 
 
 def compile_policy(loaded: LoadedPolicy, matrix: Optional[Any] = None,
                    now: Optional[dt.datetime] = None) -> Dict[str, Any]:
-    """The plain-JSON form the hook evaluates; ``matrix`` (a Matrix) is required when the policy asks for it."""
+    """The plain-JSON form the hook evaluates; ``matrix`` (a Matrix) is required when the policy asks for it. The
+    policy-wide fields here, each family's section by the family (agent/policy/families/), in table order."""
     policy = loaded.policy
     p = policy.policy
     data: Dict[str, Any] = {
@@ -171,33 +168,12 @@ def compile_policy(loaded: LoadedPolicy, matrix: Optional[Any] = None,
         "failsafe": p.failsafe,
         "max_override_minutes": p.max_override_minutes,
         "guarded": guarded_patterns(policy),
-        "kernel_packages": kernel_packages(policy),
-        "amd": None, "kernel": None, "nvidia": None, "frozen": None, "matrix": None, "versions": [],
     }
-    if policy.companions:
-        data["companions"] = policy.companions.model_dump()
-    # The matrix judges the AMD packages too: their names are compiled in even without pairings.
-    amd = policy.amd or (AmdSection() if p.require_amd_matrix else None)
-    if amd:
-        data["amd"] = {"driver_package": amd.driver_package, "rocm_package": amd.rocm_package,
-                       "action": amd.action, "side_by_side": amd.side_by_side,
-                       "pairings": [pair.model_dump() for pair in amd.pairing]}
-    if policy.kernel:
-        data["kernel"] = policy.kernel.model_dump()
-    if policy.nvidia:
-        section = policy.nvidia.model_dump()
-        section["pairings"] = section.pop("pairing")
-        data["nvidia"] = section
-    if policy.frozen:
-        data["frozen"] = policy.frozen.model_dump()
-    data["versions"] = [rule.model_dump() for rule in policy.versions]
+    source = _Source(policy, loaded.path, matrix)
+    for name in FAMILIES:
+        data.update(family(name).compiled(source))
     if policy.health:
         data["health"] = policy.health.model_dump()
-    if p.require_amd_matrix:
-        if matrix is None:
-            raise PolicyError(loaded.path, ["policy -> require_amd_matrix: the AMD compatibility matrix is needed "
-                                            "to compile this policy"])
-        data["matrix"] = {"action": None, **matrix.to_compiled()}
     check_compiled(json.loads(json.dumps(data)), "<compiled>")
     return data
 

@@ -33,7 +33,9 @@ from agent.policy.spec import SpecError, matches, parse_entry
 
 if TYPE_CHECKING:
     from agent.policy.matrix import Matrix
-    from agent.policy.model import AmdPairing, Policy, Spec
+    from agent.policy.model import Policy
+    from agent.policy.sections import Spec
+    from agent.policy.sections.amd import AmdPairing
 
 ERROR, WARNING = "error", "warning"
 # Packages known to carry the amdgpu driver and the ROCm release (their versions encode the release).

@@ -1,13 +1,18 @@
-"""The policy's rule families, one module each, and what they share: the state judged, a violation, and the
-lookups over the installed sets.
+"""The policy's rule families, one module each, their ordered table, and what they share: the state judged, a
+violation, and the lookups over the installed sets.
 
-A family's module (``<name>.py``, its name the compiled policy's section key) holds the host facts it reads
-(``facts``), its check (``check``) and its ``gpuguard policy explain`` lines (``explain``): the protocol
-:class:`Family`. agent/policy/evaluate.py's ``FAMILIES`` lists them in the order they are judged; a policy without a
-family's section neither imports nor runs it. These modules are on the apt hook's path: standard library and
-agent/policy only, records rather than dataclasses (the shared part lives here rather than in a module of its own:
-one module fewer to import on every apt run). The section's pydantic model stays in agent/policy/model.py, which the
-hook never imports. CONTRIBUTING.md ("A new rule family") lists what a new family touches.
+A family's module (``<name>.py``, its name the compiled policy's section key) holds everything of the family that
+needs no pydantic: the host facts it reads (``facts``), its check (``check``), its ``gpuguard policy explain`` lines
+(``explain``), its compiled form (``compiled``), the package globs it guards (``guarded``), the shape check of its
+part of a compiled document (``shape``) and its ``gpuguard policy freeze`` lines (``freeze``, placed by
+``FREEZE_PLACE``): the protocol ``Family`` of agent/policy/evaluate.py. :data:`FAMILIES` lists them in the order
+they are judged, as agent/collectors/__init__.py lists the collectors; evaluate.py, load.py, compiled.py,
+explain.py and freeze.py loop over it, and a policy without a family's section neither imports nor runs it. The
+section's pydantic model, where the family has a TOML section, is agent/policy/sections/<name>.py, which the hook
+never imports. These modules are on the apt hook's path: standard library and agent/policy only, records rather
+than dataclasses (the shared part lives here rather than in a module of its own: one module fewer to import on
+every apt run); what compiling or freezing needs beyond that is imported inside the function. CONTRIBUTING.md ("A
+new rule family") lists what a new family touches.
 """
 
 from __future__ import annotations
@@ -22,22 +27,112 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Protocol, Sequence, Set, Tuple
 
     from agent.hostfacts.context import HostContext
-    from agent.policy.compiled import CompiledPolicy
 
-    class Family(Protocol):
-        """One rule family's module: what it reads of the host, its check and its ``policy explain`` lines. The
-        module's name is the compiled policy's section key; a policy without that section neither imports nor
-        runs it (agent/policy/evaluate.py)."""
+    class CompileSource(Protocol):
+        """A policy as validated, in plain data: what a family's ``compiled`` and ``guarded`` read (agent/policy/
+        load.py builds it from the pydantic model)."""
 
-        def facts(self, policy: CompiledPolicy) -> Tuple[str, ...]:
-            """The host facts (names from agent.hostfacts.context) the check reads under ``policy``."""
+        @property
+        def path(self) -> str:
+            """The policy file or directory, for errors."""
 
-        def check(self, state: HostState, policy: CompiledPolicy) -> List[Violation]:
-            """Every violation of this family's rules in the state after the change."""
+        @property
+        def policy(self) -> Mapping[str, Any]:
+            """The ``[policy]`` section, its defaults filled in."""
 
-        def explain(self, policy: CompiledPolicy, installed: Mapping[str, str], manager: str,
-                    context: HostContext) -> List[str]:
-            """The lines ``gpuguard policy explain`` prints for this family's rules on a host."""
+        @property
+        def matrix(self) -> Optional[Mapping[str, Any]]:
+            """AMD's compatibility matrix in its compiled form, when it was loaded."""
+
+        def section(self, key: str) -> Any:
+            """A family's section as validated (dicts and lists, defaults filled in); None when the policy has
+            none (an empty list for a list of rules)."""
+
+        def section_or_default(self, key: str) -> Dict[str, Any]:
+            """The section as validated, or as its model reads with nothing set when the policy has none."""
+
+    class FreezeStack(Protocol):
+        """The installed packages sorted by the rule that pins them (agent/policy/freeze.py sorts them)."""
+
+        @property
+        def kernels(self) -> Mapping[str, Tuple[str, str]]:
+            """Kernel release -> (package key, version)."""
+
+        @property
+        def amd_driver(self) -> Optional[str]: ...
+
+        @property
+        def amd_firmware(self) -> Optional[str]: ...
+
+        @property
+        def rocm(self) -> Mapping[str, str]: ...
+
+        @property
+        def amd_other(self) -> Mapping[str, str]: ...
+
+        @property
+        def nvidia_parts(self) -> Mapping[str, str]: ...
+
+        @property
+        def cuda(self) -> Mapping[str, str]: ...
+
+        @property
+        def gpu_other(self) -> Mapping[str, str]: ...
+
+    class FreezeHost(Protocol):
+        """What ``policy freeze`` read of the host, sorted, and the writers of commented TOML lines (agent/policy/
+        freeze.py builds it; the families' ``freeze`` read it)."""
+
+        @property
+        def installed(self) -> Mapping[str, str]: ...
+
+        @property
+        def context(self) -> HostContext: ...
+
+        @property
+        def point_releases(self) -> bool: ...
+
+        @property
+        def kernel_series(self) -> bool: ...
+
+        @property
+        def stack(self) -> FreezeStack: ...
+
+        @property
+        def kernels(self) -> Sequence[Tuple[str, str]]:
+            """The ``[kernel] allow`` entries: (release or series glob, why)."""
+
+        @property
+        def inconsistent(self) -> Sequence[str]:
+            """What differs between installed and loaded (frozen with ``--accept-inconsistent``)."""
+
+        @property
+        def amd(self) -> bool:
+            """Whether the freeze pins the amdgpu driver and ROCm."""
+
+        @property
+        def nvidia(self) -> bool:
+            """Whether the freeze pins the NVIDIA driver and CUDA."""
+
+        def line(self, key: str, value: object, comment: str) -> str:
+            """``key = value  # comment``."""
+
+        def array(self, key: str, items: Sequence[Tuple[str, str]], comment: str) -> List[str]:
+            """A multi-line array, one commented item per line."""
+
+        def spec(self, values: Sequence[str]) -> object:
+            """One value, or the list of the distinct values."""
+
+        def listing(self, found: Mapping[str, str], limit: int = 3) -> str:
+            """``name version, name version and N more``."""
+
+        def names(self, found: Mapping[str, str]) -> List[Tuple[str, str]]:
+            """(package name, version) of each key, once per name and version, in key order."""
+
+# The rule families in the order they are judged (and a violation is reported): each name is a module of this
+# package and the compiled policy's section key it judges. The one table of families: agent/policy/evaluate.py,
+# load.py, compiled.py, explain.py, freeze.py and model.py (with agent/policy/sections/) loop over it.
+FAMILIES: Tuple[str, ...] = ("frozen", "amd", "kernel", "nvidia", "versions", "matrix", "companions")
 
 OVERRIDE_HINT = 'or open an audited maintenance window: gpuguard override start --minutes 60 --reason "..."'
 

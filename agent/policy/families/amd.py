@@ -15,6 +15,11 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
 
     from agent.hostfacts.context import HostContext
     from agent.policy.compiled import CompiledPolicy
+    from agent.policy.families import CompileSource, FreezeHost
+
+
+# Where its lines go in ``policy freeze`` output (agent/policy/evaluate.py, Family).
+FREEZE_PLACE = 10
 
 
 def facts(policy: CompiledPolicy) -> Tuple[str, ...]:
@@ -225,4 +230,117 @@ def explain(policy: CompiledPolicy, installed: Mapping[str, str], manager: str, 
         lines.append(f"  may move to {describe_pairing(pairing)}{kernels_text} "
                      f"[{policy.action_for(pairing.get('action'), amd.get('action'))}]")
     lines.append(f"  changing only one of {driver_name}/{rocm_name} must land in one of these pairings")
+    return lines
+
+
+def compiled(source: CompileSource) -> Dict[str, Any]:
+    """``amd``: the packages, action and pairings; None without an [amd] section, unless the policy requires AMD's
+    matrix, which judges the AMD packages too: their names are compiled in even without pairings."""
+    amd = source.section("amd")
+    if amd is None and source.policy.get("require_amd_matrix"):
+        amd = source.section_or_default("amd")
+    if amd is None:
+        return {"amd": None}
+    return {"amd": {"driver_package": amd["driver_package"], "rocm_package": amd["rocm_package"],
+                    "action": amd["action"], "side_by_side": amd["side_by_side"], "pairings": amd["pairing"]}}
+
+
+def guarded(source: CompileSource) -> List[str]:
+    """With [amd], the driver and ROCm packages, every ``<driver_package>-*`` (its firmware), the whole AMD stack
+    (AMD_STACK_PACKAGES) and the kernels DKMS builds the driver for."""
+    amd = source.section("amd")
+    if amd is None:
+        return []
+    from agent.policy.compiled import AMD_STACK_PACKAGES
+    from agent.policy.families.kernel import packages
+
+    return [amd["driver_package"], f"{amd['driver_package']}-*", amd["rocm_package"], *AMD_STACK_PACKAGES,
+            *packages(source)]
+
+
+def shape(data: Mapping[str, Any]) -> None:
+    from agent.policy.compiled import action, expect, optional_bool, spec, table
+
+    amd = table(data["amd"], "amd", ("driver_package", "rocm_package", "action", "pairings", "side_by_side"))
+    optional_bool(amd["side_by_side"], "amd -> side_by_side")
+    for key in ("driver_package", "rocm_package"):
+        expect(isinstance(amd[key], str) and bool(amd[key]), f"amd -> {key}", "not a package name")
+    action(amd["action"], "amd -> action")
+    expect(isinstance(amd["pairings"] or [], list), "amd -> pairings", "not a list")
+    for index, pairing in enumerate(amd["pairings"] or [], 1):
+        where = f"amd -> pairings -> {index}"
+        p = table(pairing, where, ("name", "amdgpu", "rocm", "amdgpu_package", "rocm_package", "kernels", "action"))
+        expect(isinstance(p["name"], str), f"{where} -> name", "not a string")
+        spec(p["amdgpu"], f"{where} -> amdgpu")
+        spec(p["rocm"], f"{where} -> rocm")
+        for key in ("amdgpu_package", "rocm_package"):
+            if p[key] is not None:
+                spec(p[key], f"{where} -> {key}", package_versions=True)
+        if p["kernels"] is not None:
+            spec(p["kernels"], f"{where} -> kernels")
+        action(p["action"], f"{where} -> action")
+
+
+def freeze(host: FreezeHost) -> List[str]:
+    """``[amd]`` and its one pairing, the installed one, where the host has the amdgpu driver or ROCm."""
+    if not host.amd:
+        return []
+    from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE
+
+    firmware = AMD_DRIVER_PACKAGE + "-firmware"
+    stack, line = host.stack, host.line
+    lines = ["", "[amd]  # the amdgpu driver and ROCm",
+             line("driver_package", AMD_DRIVER_PACKAGE,
+                  "its version carries the driver release (1:6.8.5.60202-... is 6.2.2)"),
+             line("rocm_package", ROCM_CORE_PACKAGE, f"its version carries the ROCm release (TheRock's "
+                                                     f"{THEROCK_BASE_PACKAGE}<release> is judged beside it)")]
+    rocm_releases = {k: releases.rocm_release(v) for k, v in stack.rocm.items()}
+    known_rocm = sorted(r for r in rocm_releases.values() if r)
+    if len({releases.series(r) for r in rocm_releases.values()}) > 1:
+        lines.append(line("side_by_side", True, "several ROCm releases are installed side by side now"))
+    lines += ["", "[[amd.pairing]]  # the one allowed pairing: the installed one",
+              line("name", "frozen", "named in refusals")]
+    loaded = host.context.loaded("amdgpu")
+    driver = stack.amd_driver
+    if driver is None:
+        lines.append(line("amdgpu", "none", f"no {AMD_DRIVER_PACKAGE} is installed (ROCm runs on the kernel's own "
+                                            f"amdgpu driver"
+                                            + (f", loaded module {loaded}" if loaded else "") + "): installing one "
+                                            "is refused"))
+    else:
+        release = releases.amdgpu_driver_release(driver)
+        where = f"{AMD_DRIVER_PACKAGE} {driver}" + (f", loaded module {loaded}" if loaded and not host.inconsistent
+                                                    else "")
+        if release is None:
+            lines.append(line("amdgpu", "any", f"{where} carries no release code: the exact build below pins it"))
+        elif host.point_releases:
+            lines.append(line("amdgpu", f"{releases.series(release)}.*",
+                              f"driver {releases.series(release)} point releases (installed: {release}, {where})"))
+        else:
+            lines.append(line("amdgpu", release, f"driver release {release} ({where})"))
+    if not stack.rocm:
+        lines.append(line("rocm", "none", f"no {ROCM_CORE_PACKAGE} or {THEROCK_BASE_PACKAGE} is installed: "
+                                          f"installing ROCm is refused"))
+    elif any(r is None for r in rocm_releases.values()):
+        lines.append(line("rocm", "any", "a ROCm package carries no release: the exact builds below pin it"))
+    elif host.point_releases:
+        lines.append(line("rocm", host.spec([f"{releases.series(r)}.*" for r in known_rocm]),
+                          f"ROCm point releases (installed: {host.listing(stack.rocm)})"))
+    else:
+        lines.append(line("rocm", host.spec(known_rocm), f"ROCm release ({host.listing(stack.rocm)})"))
+    exact_driver = driver is not None and (not host.point_releases or releases.amdgpu_driver_release(driver)
+                                           is None)
+    if exact_driver:
+        lines.append(line("amdgpu_package", driver, "this exact build: any other driver build is refused"
+                                                    + (f" ({firmware} must stay at the same build)"
+                                                       if stack.amd_firmware else "")))
+    exact_rocm = stack.rocm and (not host.point_releases or any(r is None for r in rocm_releases.values()))
+    if exact_rocm:
+        lines.append(line("rocm_package", host.spec(sorted(stack.rocm.values())),
+                          (f"this exact build of {package_name(next(iter(stack.rocm)))}" if len(stack.rocm) == 1
+                           else f"these exact builds ({host.listing(stack.rocm)})")
+                          + ": any other ROCm build is refused"))
+    if driver is not None and host.kernels:
+        lines.append(line("kernels", [k for k, _ in host.kernels],
+                          "the kernels DKMS builds this driver for (as [kernel] allow below)"))
     return lines

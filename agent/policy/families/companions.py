@@ -12,10 +12,15 @@ from agent.policy.families import OVERRIDE_HINT, HostState, Violation, matching,
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import List, Mapping, Tuple
+    from typing import Any, Dict, List, Mapping, Tuple
 
     from agent.hostfacts.context import HostContext
     from agent.policy.compiled import CompiledPolicy
+    from agent.policy.families import CompileSource, FreezeHost
+
+
+# Where its lines go in ``policy freeze`` output (agent/policy/evaluate.py, Family).
+FREEZE_PLACE = 50
 
 
 def facts(policy: CompiledPolicy) -> Tuple[str, ...]:
@@ -70,3 +75,69 @@ def explain(policy: CompiledPolicy, installed: Mapping[str, str], manager: str, 
         return []
     return [f"companion.{field}: {companions.DESCRIPTIONS['companion.' + field]} "
             f"[{policy.action_for(section.get('action'))}]" for field in companions.RULE_FIELDS if section.get(field)]
+
+
+def compiled(source: CompileSource) -> Dict[str, Any]:
+    """``companions``: the section as validated; no key at all without one."""
+    section = source.section("companions")
+    return {"companions": section} if section is not None else {}
+
+
+def guarded(source: CompileSource) -> List[str]:
+    """The packages of each rule turned on (fabric manager's follow the [nvidia] driver globs)."""
+    section = source.section("companions")
+    if section is None:
+        return []
+    nvidia = source.section("nvidia")
+    driver = nvidia["driver_packages"] if nvidia else DEFAULT_NVIDIA_DRIVER_PACKAGES
+    return [pattern for rule in companions.RULE_FIELDS if section[rule]
+            for pattern in companions.family(f"companion.{rule}", driver)]
+
+
+def shape(data: Mapping[str, Any]) -> None:
+    from agent.policy.compiled import action, optional_bool, table
+
+    section = table(data["companions"], "companions", (*companions.RULE_FIELDS, "action"))
+    for key in companions.RULE_FIELDS:
+        optional_bool(section[key], f"companions -> {key}")
+    action(section["action"], "companions -> action")
+
+
+def freeze(host: FreezeHost) -> List[str]:
+    """``[companions]``: each rule on where the host has its packages and they agree now; off, saying why, where
+    they already disagree (fix the host, then turn it on) or the host has none of them."""
+    from agent.hostfacts.package_keys import package_name
+    from agent.policy.globs import any_glob
+
+    installed = host.installed
+    names = {package_name(k) for k in installed}
+    binding = host.context.amdsmi_binding
+    driver = list(DEFAULT_NVIDIA_DRIVER_PACKAGES)
+    present = {
+        "fabricmanager": any_glob(companions.FABRICMANAGER_PACKAGES),
+        "dcgm": any_glob(companions.DCGM_PACKAGES),
+        "dcgm_exporter": any_glob(companions.DCGM_EXPORTER_PACKAGES),
+        "amdsmi": any_glob(companions.AMDSMI_BINDING_PACKAGES + companions.AMDSMI_LIBRARY_PACKAGES),
+    }
+    found = {
+        "fabricmanager": companions.fabricmanager(installed, driver, host.context.loaded("nvidia"),
+                                                  tuple(NVIDIA_NOT_DRIVER_PARTS)),
+        "dcgm": companions.dcgm(installed),
+        "dcgm_exporter": companions.dcgm_exporter(installed),
+        "amdsmi": companions.amdsmi(installed, binding),
+    }
+    have = {rule: any(match(n) for n in names) or (rule == "amdsmi" and binding is not None)
+            for rule, match in present.items()}
+    if not any(have.values()):
+        return []
+    lines = ["", "[companions]  # packages that must stay paired with what they serve"]
+    for rule in companions.RULE_FIELDS:
+        what = companions.DESCRIPTIONS[f"companion.{rule}"]
+        if not have[rule]:
+            lines.append(host.line(rule, False, f"none of its packages is installed now ({what})"))
+        elif found[rule]:
+            lines.append(host.line(rule, False, f"OFF: the host disagrees now ({found[rule][0].message}); put it "
+                                                f"right, then set true"))
+        else:
+            lines.append(host.line(rule, True, what))
+    return lines

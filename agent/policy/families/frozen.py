@@ -7,10 +7,15 @@ from agent.policy.families import OVERRIDE_HINT, HostState, Violation, matching
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import List, Mapping, Tuple
+    from typing import Any, Dict, List, Mapping, Tuple
 
     from agent.hostfacts.context import HostContext
     from agent.policy.compiled import CompiledPolicy
+    from agent.policy.families import CompileSource, FreezeHost
+
+
+# Where its lines go in ``policy freeze`` output (agent/policy/evaluate.py, Family).
+FREEZE_PLACE = 60
 
 
 def facts(policy: CompiledPolicy) -> Tuple[str, ...]:
@@ -44,3 +49,36 @@ def explain(policy: CompiledPolicy, installed: Mapping[str, str], manager: str, 
     if not frozen or not frozen.get("packages"):
         return []
     return [f"frozen (must not move): {', '.join(frozen['packages'])} [{policy.action_for(frozen.get('action'))}]"]
+
+
+def compiled(source: CompileSource) -> Dict[str, Any]:
+    """``frozen``: the section as validated, or None."""
+    return {"frozen": source.section("frozen")}
+
+
+def guarded(source: CompileSource) -> List[str]:
+    """The frozen packages."""
+    section = source.section("frozen")
+    return list(section["packages"]) if section else []
+
+
+def shape(data: Mapping[str, Any]) -> None:
+    from agent.policy.compiled import action, str_list, table
+
+    frozen = table(data["frozen"], "frozen", ("packages", "action"))
+    str_list(frozen["packages"], "frozen -> packages")
+    action(frozen["action"], "frozen -> action")
+
+
+def freeze(host: FreezeHost) -> List[str]:
+    """Exact builds: every GPU package that the pairing does not pin at its exact build. With point releases
+    none: AMD's and NVIDIA's packages depend on each other at exact versions and follow the pairing."""
+    if host.point_releases:
+        return []
+    stack = host.stack
+    found = {**stack.amd_other, **stack.nvidia_parts, **stack.cuda, **stack.gpu_other}
+    frozen = [(n, f"installed {v}") for n, v in host.names(found)]
+    if not frozen:
+        return []
+    return ["", "[frozen]  # must not move at all: no upgrade, downgrade, reinstall at another build or removal",
+            *host.array("packages", frozen, "the rest of the GPU stack, at the builds installed now")]

@@ -8,10 +8,15 @@ from agent.policy.spec import describe, matches
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import List, Mapping, Tuple
+    from typing import Any, Dict, List, Mapping, Tuple
 
     from agent.hostfacts.context import HostContext
     from agent.policy.compiled import CompiledPolicy
+    from agent.policy.families import CompileSource, FreezeHost
+
+
+# Where its lines go in ``policy freeze`` output (agent/policy/evaluate.py, Family).
+FREEZE_PLACE = 30
 
 
 def facts(policy: CompiledPolicy) -> Tuple[str, ...]:
@@ -47,3 +52,43 @@ def explain(policy: CompiledPolicy, installed: Mapping[str, str], manager: str, 
     if not kernel or kernel.get("allow") is None:
         return []
     return [f"kernels: new kernels must match {describe(kernel['allow'])} [{policy.action_for(kernel.get('action'))}]"]
+
+
+def packages(source: CompileSource) -> List[str]:
+    """The kernel package globs: the [kernel] section's, or the defaults when the policy has none (the amd
+    family guards them too)."""
+    section = source.section("kernel")
+    if section:
+        return list(section["packages"])
+    from agent.policy.compiled import DEFAULT_KERNEL_PACKAGES
+
+    return list(DEFAULT_KERNEL_PACKAGES)
+
+
+def compiled(source: CompileSource) -> Dict[str, Any]:
+    """``kernel``, the section as validated or None, and ``kernel_packages``, the globs every kernel rule reads
+    (the amd family's kernels too; a policy-wide field, checked with the others by agent/policy/compiled.py)."""
+    return {"kernel": source.section("kernel"), "kernel_packages": packages(source)}
+
+
+def guarded(source: CompileSource) -> List[str]:
+    """The kernel packages, with a [kernel] section."""
+    return packages(source) if source.section("kernel") is not None else []
+
+
+def shape(data: Mapping[str, Any]) -> None:
+    from agent.policy.compiled import action, spec, str_list, table
+
+    kernel = table(data["kernel"], "kernel", ("packages", "allow", "action"))
+    if kernel["packages"] is not None:
+        str_list(kernel["packages"], "kernel -> packages")
+    if kernel["allow"] is not None:
+        spec(kernel["allow"], "kernel -> allow")
+    action(kernel["action"], "kernel -> action")
+
+
+def freeze(host: FreezeHost) -> List[str]:
+    """``[kernel] allow``: the installed and running kernels (or their series)."""
+    return ["", "[kernel]  # kernels: new ones must be on this list (those installed stay allowed)",
+            *host.array("allow", host.kernels, "any other kernel is refused" if not host.kernel_series else
+                        "kernels of these series only")]

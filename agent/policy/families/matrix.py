@@ -17,6 +17,11 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
 
     from agent.hostfacts.context import HostContext
     from agent.policy.compiled import CompiledPolicy
+    from agent.policy.families import CompileSource, FreezeHost
+
+
+# Where its lines go in ``policy freeze`` output (agent/policy/evaluate.py, Family).
+FREEZE_PLACE = 70
 
 
 def facts(policy: CompiledPolicy) -> Tuple[str, ...]:
@@ -129,3 +134,48 @@ def explain(policy: CompiledPolicy, installed: Mapping[str, str], manager: str, 
     """That the matrix is required, and when it was recorded."""
     matrix = policy.section("matrix")
     return [f"AMD compatibility matrix required (recorded {matrix.get('recorded')})"] if matrix else []
+
+
+def compiled(source: CompileSource) -> Dict[str, Any]:
+    """``matrix``: AMD's matrix in its compiled form when ``[policy] require_amd_matrix``, else None; PolicyError
+    when the policy requires it and it was not loaded."""
+    if not source.policy.get("require_amd_matrix"):
+        return {"matrix": None}
+    if source.matrix is None:
+        from agent.errors import PolicyError
+
+        raise PolicyError(source.path, ["policy -> require_amd_matrix: the AMD compatibility matrix is needed to "
+                                        "compile this policy"])
+    return {"matrix": {"action": None, **source.matrix}}
+
+
+def guarded(source: CompileSource) -> List[str]:
+    """None of its own: the amd family's packages (compiled in for the matrix too) are guarded with [amd]."""
+    return []
+
+
+def shape(data: Mapping[str, Any]) -> None:
+    from agent.policy.compiled import action, expect, str_list, table
+
+    matrix = table(data["matrix"], "matrix", ("action", "driver_rocm", "rocm"))
+    action(matrix["action"], "matrix -> action")
+    driver_rocm = matrix["driver_rocm"] or {}
+    expect(isinstance(driver_rocm, dict), "matrix -> driver_rocm", "not an object")
+    for series, rocm in driver_rocm.items():
+        str_list(rocm, f"matrix -> driver_rocm -> {series}")
+    rows = matrix["rocm"] or {}
+    expect(isinstance(rows, dict), "matrix -> rocm", "not an object")
+    for series, row in rows.items():
+        where = f"matrix -> rocm -> {series}"
+        r = table(row, where, ("os", "kernels", "gpus"))
+        for key in ("os", "kernels"):
+            found = r[key] or {}
+            expect(isinstance(found, dict), f"{where} -> {key}", "not an object")
+            for name, values in found.items():
+                str_list(values, f"{where} -> {key} -> {name}")
+        str_list(r["gpus"] or [], f"{where} -> gpus")
+
+
+def freeze(host: FreezeHost) -> List[str]:
+    """None: a freeze pins exact builds; checking them against AMD's matrix is the operator's choice."""
+    return []

@@ -14,6 +14,11 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
 
     from agent.hostfacts.context import HostContext
     from agent.policy.compiled import CompiledPolicy
+    from agent.policy.families import CompileSource, FreezeHost
+
+
+# Where its lines go in ``policy freeze`` output (agent/policy/evaluate.py, Family).
+FREEZE_PLACE = 20
 
 
 def facts(policy: CompiledPolicy) -> Tuple[str, ...]:
@@ -178,4 +183,82 @@ def explain(policy: CompiledPolicy, installed: Mapping[str, str], manager: str, 
     if nvidia.get("pairings"):
         lines.append("NVIDIA: every driver part must be one build; several CUDA releases side by side are "
                      + ("allowed" if nvidia.get("side_by_side") else "refused (side_by_side = false)"))
+    return lines
+
+
+def compiled(source: CompileSource) -> Dict[str, Any]:
+    """``nvidia``: the section as validated, its ``pairing`` list as ``pairings``; None without one."""
+    section = source.section("nvidia")
+    if section is None:
+        return {"nvidia": None}
+    section = dict(section)
+    section["pairings"] = section.pop("pairing")
+    return {"nvidia": section}
+
+
+def guarded(source: CompileSource) -> List[str]:
+    """With [nvidia], its driver and CUDA package globs."""
+    section = source.section("nvidia")
+    return list(section["driver_packages"]) + list(section["cuda_packages"]) if section else []
+
+
+def shape(data: Mapping[str, Any]) -> None:
+    from agent.policy.compiled import action, expect, optional_bool, spec, str_list, table
+
+    nvidia = table(data["nvidia"], "nvidia", ("driver_packages", "cuda_packages", "action", "pairings",
+                                               "side_by_side"))
+    optional_bool(nvidia["side_by_side"], "nvidia -> side_by_side")
+    str_list(nvidia["driver_packages"], "nvidia -> driver_packages")
+    str_list(nvidia["cuda_packages"], "nvidia -> cuda_packages")
+    action(nvidia["action"], "nvidia -> action")
+    expect(isinstance(nvidia["pairings"] or [], list), "nvidia -> pairings", "not a list")
+    for index, pairing in enumerate(nvidia["pairings"] or [], 1):
+        where = f"nvidia -> pairings -> {index}"
+        p = table(pairing, where, ("name", "driver", "cuda", "action"))
+        expect(isinstance(p["name"], str), f"{where} -> name", "not a string")
+        spec(p["driver"], f"{where} -> driver")
+        spec(p["cuda"], f"{where} -> cuda")
+        action(p["action"], f"{where} -> action")
+
+
+def freeze(host: FreezeHost) -> List[str]:
+    """``[nvidia]`` and its one pairing, the installed one, where the host has an NVIDIA driver or CUDA."""
+    if not host.nvidia:
+        return []
+    stack, line = host.stack, host.line
+    lines = ["", "[nvidia]  # the NVIDIA driver and CUDA"]
+    cuda = {k: releases.dotted_release(v) or "unknown" for k, v in stack.cuda.items()}
+    if len({releases.series(r) for r in cuda.values()}) > 1:
+        lines.append(line("side_by_side", True, "several CUDA releases are installed side by side now"))
+    lines += ["", "[[nvidia.pairing]]  # the one allowed pairing: the installed one",
+              line("name", "frozen", "named in refusals")]
+    loaded = host.context.loaded("nvidia")
+    parts = {k: releases.dotted_release(v) or "unknown" for k, v in stack.nvidia_parts.items()}
+    release: Optional[str]
+    if parts:
+        release = next(iter(parts.values()))
+        where = f"every driver package: {host.listing(stack.nvidia_parts, 2)}" + (
+            "; and the loaded module" if loaded == release else "")
+    elif loaded:
+        release = loaded
+        where = "no package carries it: the loaded nvidia module is judged"
+    else:
+        release = None
+        where = ""
+    if release is None:
+        lines.append(line("driver", "none", "no NVIDIA driver package and no loaded module: installing a driver is "
+                                            "refused"))
+    elif host.point_releases:
+        branch = releases.series(release, 1)
+        lines.append(line("driver", f"{branch}.*", f"driver branch {branch} updates (now {release}; {where})"))
+    else:
+        lines.append(line("driver", release, f"driver release {release} ({where})"))
+    if not cuda:
+        lines.append(line("cuda", "none", "no CUDA package is installed: installing CUDA is refused"))
+    elif host.point_releases:
+        lines.append(line("cuda", host.spec([f"{releases.series(r)}.*" for r in sorted(cuda.values())]),
+                          f"CUDA point releases (installed: {host.listing(stack.cuda)})"))
+    else:
+        lines.append(line("cuda", host.spec(sorted(cuda.values())),
+                          f"every CUDA release installed ({host.listing(stack.cuda)})"))
     return lines

@@ -8,10 +8,15 @@ from agent.policy.spec import describe, matches
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import List, Mapping, Tuple
+    from typing import Any, Dict, List, Mapping, Tuple
 
     from agent.hostfacts.context import HostContext
     from agent.policy.compiled import CompiledPolicy
+    from agent.policy.families import CompileSource, FreezeHost
+
+
+# Where its lines go in ``policy freeze`` output (agent/policy/evaluate.py, Family).
+FREEZE_PLACE = 40
 
 
 def facts(policy: CompiledPolicy) -> Tuple[str, ...]:
@@ -44,3 +49,44 @@ def explain(policy: CompiledPolicy, installed: Mapping[str, str], manager: str, 
     return [f"versions '{rule.get('name') or '-'}': {', '.join(rule.get('packages') or [])} must match "
             f"{describe(rule.get('allow', 'any'))} [{policy.action_for(rule.get('action'))}]"
             for rule in policy.rules("versions")]
+
+
+def compiled(source: CompileSource) -> Dict[str, Any]:
+    """``versions``: the rules as validated (a list, empty without any)."""
+    return {"versions": source.section("versions")}
+
+
+def guarded(source: CompileSource) -> List[str]:
+    """Every rule's packages."""
+    return [pattern for rule in source.section("versions") for pattern in rule["packages"]]
+
+
+def shape(data: Mapping[str, Any]) -> None:
+    from agent.policy.compiled import action, expect, optional_str, spec, str_list, table
+
+    expect(isinstance(data["versions"], list), "versions", "not a list")
+    for index, rule in enumerate(data["versions"], 1):
+        where = f"versions -> {index}"
+        r = table(rule, where, ("name", "packages", "allow", "action"))
+        optional_str(r["name"], f"{where} -> name")
+        str_list(r["packages"], f"{where} -> packages", non_empty=True)
+        spec(r["allow"], f"{where} -> allow", package_versions=True)
+        action(r["action"], f"{where} -> action")
+
+
+def freeze(host: FreezeHost) -> List[str]:
+    """With point releases, the GPU packages no pairing reads keep their own version series."""
+    if not host.point_releases:
+        return []
+    from agent.policy import releases
+
+    lines: List[str] = []
+    for name, version in host.names(host.stack.gpu_other):
+        dotted = releases.dotted_release(version, parts=2)
+        allow = f"{dotted}.*" if dotted and "." in dotted else version
+        lines += ["", "[[versions]]  # a GPU package no pairing reads",
+                  host.line("name", name, "named in refusals"),
+                  host.line("packages", [name], f"installed {version}"),
+                  host.line("allow", allow, "its point releases only" if allow != version else
+                            "this exact version (it has no release series)")]
+    return lines
