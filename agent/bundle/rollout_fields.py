@@ -67,3 +67,11 @@ def rollout_fields_of_headers(headers: Mapping[str, str]) -> Optional[RolloutFie
         return read_rollout_fields(get(ROLLOUT_ID_HEADER), get(ROLLOUT_STATE_HEADER), stage)
     except ValueError:
         return None
+
+
+def handoff_reason(rollout: Optional[RolloutFields], serial: Optional[int]) -> str:
+    """Why the host hands its node to the scheduler for an installed bundle, for people: ``rollout R stage N``
+    when the offer's fields say a rollout admitted this host, else ``policy bundle serial N``."""
+    if rollout is not None and rollout.admitted_stage is not None:
+        return f"rollout {rollout.rollout_id} stage {rollout.admitted_stage}"
+    return f"policy bundle serial {serial}"

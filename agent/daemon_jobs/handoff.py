@@ -76,7 +76,7 @@ def after_fetch(host: "Host", settings: "Settings", outcome: str, rollout: "Opti
     """The hand-off after a policy fetch: an installed bundle whose offer's fields say a rollout admitted this host
     begins it (for that rollout id, "rollout R stage N" for people); anything else looks at a draining hold once
     more (:func:`poll_drain`)."""
-    from agent.bundle.rollout import handoff_reason
+    from agent.bundle.rollout_fields import handoff_reason
 
     if outcome == "installed" and rollout is not None and rollout.admitted_stage is not None:
         return begin_for_change(host, settings, handoff_reason(rollout, serial), rollout_id=rollout.rollout_id)

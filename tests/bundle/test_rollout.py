@@ -14,8 +14,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
-from agent.bundle.rollout import clean_notice, handoff_reason
-from agent.bundle.rollout_fields import RolloutFields, read_rollout_fields, rollout_fields_of_headers
+from agent.bundle.rollout import clean_notice
+from agent.bundle.rollout_fields import RolloutFields, handoff_reason, read_rollout_fields, rollout_fields_of_headers
 from agent.bundle.state import read_bundle_state
 from agent.config import parse_settings
 from agent.daemon_jobs.policy_fetch import fetch_and_install
