@@ -137,9 +137,11 @@ def probe_interpreter(python: str, user: str) -> Tuple[str, Dict[str, str]]:
 
 
 def write_config(path: Path, python: str, env: Dict[str, str], run_as: str, baseline_runs: int) -> None:
-    extra = ", ".join(f'{k} = "{v}"' for k, v in env.items())
+    # The probe's interpreter starts isolated (-I): the site-packages go to [health] python_path, not PYTHONPATH.
+    dirs = [d for d in env.get("PYTHONPATH", "").split(os.pathsep) if d]
+    extra = ", ".join(f'{k} = "{v}"' for k, v in env.items() if k != "PYTHONPATH")
     path.write_text(f'[health]\npython = "{python}"\nrun_as = "{run_as}"\nbaseline_runs = {baseline_runs}\n'
-                    f"timeout_seconds = 300\nextra_env = {{ {extra} }}\n")
+                    f"timeout_seconds = 300\nextra_env = {{ {extra} }}\npython_path = {json.dumps(dirs)}\n")
 
 
 def run_check(config: Path, state_dir: str, extra: Sequence[str]) -> dict:

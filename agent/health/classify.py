@@ -76,6 +76,9 @@ def classify(outcome: ProbeOutcome, parsed: Optional[Union[ProbeResult, ParseFai
     if outcome.killed_for_memory is not None:
         detail = f"the probe was killed for its host memory: {outcome.killed_for_memory}"
         return Verdict("failed", detail, [detail])
+    if outcome.killed_for_limit is not None:
+        detail = f"the probe was killed for a limit: {outcome.killed_for_limit}"
+        return Verdict("failed", detail, [detail])
     if outcome.output_too_large is not None:
         detail = f"the probe's output was too large: {outcome.output_too_large}"
         return Verdict("failed", detail, [detail])

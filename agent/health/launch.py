@@ -28,7 +28,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List, Mapping, Optional, Protocol, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Protocol, Sequence
 
 from agent.health.sandbox import MemoryLimit, Sandbox
 from agent.log import get_logger
@@ -61,6 +61,11 @@ class ProbeOutcome:
     killed_for_memory: Optional[str] = None
     # Set when a pipe said more than OUTPUT_CAP_BYTES: which, how much, and that the excess was discarded.
     output_too_large: Optional[str] = None
+    # What the supervisor said it got: "pid-namespace", "subreaper" or "process-group"; how the home was bounded.
+    containment: Optional[str] = None
+    home_limit: Optional[str] = None
+    # Set when the watchdog ended the probe for a limit other than memory (its processes, its home's size).
+    killed_for_limit: Optional[str] = None
 
 
 class BoundedCapture:
@@ -143,9 +148,10 @@ def _stop_tree(pid: int) -> None:
 
 
 def supervised_argv(argv: Sequence[str], sandbox: Optional[Sandbox] = None,
-                    pid_namespace: bool = True) -> List[str]:
+                    pid_namespace: bool = True, report_fd: Optional[int] = None) -> List[str]:
     """``argv`` under reaper.py, run by the agent's own interpreter, isolated (-I -S: nothing of the site runs)."""
-    extra = [] if pid_namespace else ["--no-pid-namespace"]
+    extra = ([] if pid_namespace else ["--no-pid-namespace"]) + (
+        [] if report_fd is None else ["--report-fd", str(report_fd)])
     return [sys.executable, "-I", "-S", str(REAPER_PATH), *(sandbox.reaper_args() if sandbox is not None else []),
             *extra, "--", *argv]
 
@@ -162,6 +168,41 @@ def _start_error(stderr: str) -> Optional[str]:
     return None
 
 
+_REPORT_MAX_BYTES = 4096
+
+
+def _read_report(fd: int) -> Dict[str, str]:
+    """The supervisor's ``key value`` lines (reaper.py), bounded; the probe never holds this pipe."""
+    said = b""
+    try:
+        os.set_blocking(fd, False)
+        while len(said) < _REPORT_MAX_BYTES:
+            chunk = os.read(fd, _REPORT_MAX_BYTES)
+            if not chunk:
+                break
+            said += chunk
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    report: Dict[str, str] = {}
+    for line in said[:_REPORT_MAX_BYTES].decode("utf-8", errors="replace").splitlines():
+        key, _, value = line.partition(" ")
+        report.setdefault(key, printable(value))
+    return report
+
+
+def _home_limit(sandbox: Optional[Sandbox], said: Optional[str]) -> Optional[str]:
+    """How the home was bounded: the supervisor's tmpfs, else the watchdog's check of the directory (and why)."""
+    if sandbox is None or sandbox.home is None or not sandbox.home_max_bytes:
+        return None
+    if said is not None and said.startswith("tmpfs "):
+        return f"tmpfs {sandbox.home_max_bytes} bytes (a private mount in the probe's namespace)"
+    why = said[len("directory "):] if said and said.startswith("directory ") else "(no report)"
+    return (f"directory checked by the watchdog, {sandbox.home_max_bytes} bytes, and RLIMIT_FSIZE "
+            f"{sandbox.home_max_bytes} {why}")
+
+
 def launch_probe(argv: Sequence[str], env: Mapping[str, str], timeout_seconds: float,
                  on_timeout: Optional[Callable[[], None]] = None, sandbox: Optional[Sandbox] = None,
                  on_start: Optional[Callable[[int], None]] = None, supervise: bool = True,
@@ -174,18 +215,29 @@ def launch_probe(argv: Sequence[str], env: Mapping[str, str], timeout_seconds: f
     """
     started = time.monotonic()
     memory = MemoryLimit(sandbox) if sandbox is not None else None
+    report_read: Optional[int] = None
+    report_write: Optional[int] = None
+    if supervise:
+        report_read, report_write = os.pipe()
     try:
-        proc = subprocess.Popen(supervised_argv(argv, sandbox, pid_namespace) if supervise else list(argv),
+        proc = subprocess.Popen(supervised_argv(argv, sandbox, pid_namespace, report_write) if supervise
+                                else list(argv),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=dict(env), start_new_session=True,
                                 cwd=(sandbox.home if sandbox is not None and sandbox.home else None),
+                                pass_fds=() if report_write is None else (report_write,),
                                 **({} if supervise or sandbox is None else sandbox.popen_kwargs()))
     except (FileNotFoundError, PermissionError) as exc:
+        for fd in (report_read, report_write):
+            if fd is not None:
+                os.close(fd)
         if memory is not None:
             memory.finish()
         what = "not found" if isinstance(exc, FileNotFoundError) else f"not executable ({exc.strerror})"
         who = f" as {sandbox.user}" if sandbox is not None and sandbox.dropped else ""
         return ProbeOutcome(tuple(argv), None, "", "", False, 0.0, start_error=f"{argv[0]}: {what}{who}")
+    if report_write is not None:
+        os.close(report_write)
     if memory is not None:
         memory.start(proc.pid)
     if on_start is not None:
@@ -223,6 +275,7 @@ def launch_probe(argv: Sequence[str], env: Mapping[str, str], timeout_seconds: f
         proc.stdout.close()
         proc.stderr.close()
     returncode = proc.wait()
+    said = _read_report(report_read) if report_read is not None else {}
     not_started = _start_error(stderr.text()) if supervise and returncode == 127 and not timed_out else None
     if not_started is not None:
         if memory is not None:
@@ -231,10 +284,12 @@ def launch_probe(argv: Sequence[str], env: Mapping[str, str], timeout_seconds: f
         return ProbeOutcome(tuple(argv), None, "", "", False, time.monotonic() - started,
                             start_error=f"{argv[0]}: {not_started}{who}")
     limit, killed = memory.finish() if memory is not None else ("none", None)
+    killed_for_limit = memory.killed_for_limit if memory is not None else None
     # stderr is shown as it is (a crash's last line, the result's stderr tail): its escapes go here, once; stdout is
     # parsed, and parse.py escapes what it takes from it.
     out_text, err_text = ("", "output lost: the pipes stayed open after the kill") if lost else (
         stdout.text(), printable(stderr.text(), keep_newlines=True))
     return ProbeOutcome(tuple(argv), None if timed_out else returncode, out_text, err_text, timed_out,
                         time.monotonic() - started, memory_limit=limit, killed_for_memory=killed,
-                        output_too_large=_too_large(stdout, stderr))
+                        output_too_large=_too_large(stdout, stderr), containment=said.get("containment"),
+                        home_limit=_home_limit(sandbox, said.get("home")), killed_for_limit=killed_for_limit)

@@ -301,6 +301,14 @@ class SandboxReport(FrozenModel):
     notes: List[str] = []
     # Set when the memory limit ended the probe.
     killed_for_memory: Optional[str] = None
+    # How the probe's whole tree was held (reaper.py): "pid-namespace", "subreaper" or "process-group".
+    containment: Optional[str] = None
+    # The process limits over the whole tree: RLIMIT_NPROC (a dropped user), the watchdog's count.
+    process_limit: str = "none"
+    # What bounded its writes: "tmpfs N bytes (...)" or "directory checked by the watchdog, N bytes, ...".
+    home_limit: str = "none"
+    # Set when the watchdog ended the probe for its processes or its home's size.
+    killed_for_limit: Optional[str] = None
 
 
 class HealthResult(FrozenModel):

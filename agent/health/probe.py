@@ -77,6 +77,8 @@ def parse_args(argv):
                         help="when no GPU is visible, run this many gloo processes on the CPU (tests)")
     parser.add_argument("--rank-timeout-seconds", type=float, default=90.0,
                         help="with several ranks: stop and name the ranks still running after this long")
+    parser.add_argument("--python-path", action="append", default=[], metavar="DIR",
+                        help="put DIR first on sys.path (the agent starts this interpreter isolated, -I)")
     parser.add_argument("--max-gpus", type=int, default=None, help="use at most this many GPUs")
     parser.add_argument("--device-memory-budget-bytes", type=int, default=None, metavar="N",
                         help="fit every step in N bytes of device memory per GPU (another job uses the GPU)")
@@ -660,6 +662,9 @@ def parse_slow_rank(text):
 def main(argv=None):
     wall_started = time.perf_counter()
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    # What PYTHONPATH did before the interpreter started isolated: before the framework is imported; the ranks get
+    # this sys.path from multiprocessing's spawn.
+    sys.path[:0] = [path for path in args.python_path if path not in sys.path]
     for key, value in SAFE_ENV.items():
         os.environ[key] = value
     result = {"probe_schema_version": PROBE_SCHEMA_VERSION, "python": platform.python_version(),

@@ -1,6 +1,7 @@
 """The probe's supervisor: whatever the probe starts ends with it, sessions included (standalone, stdlib only).
 
-    python3 -I -S reaper.py [--uid U --gid G --groups G1,G2] [--no-pid-namespace] -- ARGV...
+    python3 -I -S reaper.py [--uid U --gid G --groups G1,G2] [--no-pid-namespace]
+                            [--home DIR --home-max-bytes N --hide DIR] [--report-fd FD] -- ARGV...
 
 launch.py starts this with the agent's own interpreter (as root when the agent is root) in place of the probe; it
 starts ARGV in a child as the given user and waits. A process group does not hold the probe's tree: a grandchild
@@ -23,6 +24,12 @@ that calls setsid() leaves it, and one that also closes its pipes outlives every
 A cgroup would hold the tree as well, but the agent gets a writable one only with a delegated cgroup v2 subtree
 (sandbox.py uses one for memory.max when it can); this works under any systemd unit and in containers.
 
+In a PID namespace the init also gives the probe a home with nothing to keep: a tmpfs of ``--home-max-bytes`` on
+``--home`` (the fresh per-run directory the agent made, owned by the probe's user; the probe starts there), and an
+empty read-only tmpfs over each ``--hide`` directory (the probe user's own home, which would outlive the run). On
+``--report-fd`` it says what it got, one ``key value`` line each (``containment pid-namespace``, ``home tmpfs N``,
+``home directory <why>``), then closes it; the probe never inherits that descriptor.
+
 On SIGTERM (the launcher's timeout) the probe and everything below it is killed before this process exits. It exits
 as the probe did: the same code, or the same signal. When ARGV cannot be started it prints ``START_ERROR_MARKER``,
 the reason and the errno's text on stderr and exits 127.
@@ -41,7 +48,7 @@ from typing import List, Optional, Sequence, Tuple
 START_ERROR_MARKER = "GPUGUARD_REAPER_START_ERROR"
 _CLONE_NEWPID = 0x20000000
 _CLONE_NEWNS = 0x00020000
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 1, 2, 4, 8, 16384, 1 << 18
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 # How long the sweep may take: a process stuck in the kernel (a hung GPU call) can take a while to die.
@@ -61,15 +68,16 @@ def _call(name: str, *args: int) -> bool:
         return False
 
 
-def _mount(source: Optional[str], target: str, fstype: Optional[str], flags: int) -> bool:
+def _mount(source: Optional[str], target: str, fstype: Optional[str], flags: int,
+           data: Optional[str] = None) -> bool:
     """mount(2); False (errno kept) when it failed."""
     global _libc
     try:
         if _libc is None:
             _libc = ctypes.CDLL(None, use_errno=True)
-        encode = (lambda text: None if text is None else text.encode())  # noqa: E731 - three arguments
+        encode = (lambda text: None if text is None else text.encode())  # noqa: E731 - four arguments
         return int(_libc.mount(encode(source), target.encode(), encode(fstype), ctypes.c_ulong(flags),
-                               None)) == 0
+                               encode(data))) == 0
     except (OSError, AttributeError):
         return False
 
@@ -134,6 +142,58 @@ def sweep(deadline_seconds: float = SWEEP_SECONDS) -> int:
     return killed
 
 
+class Options:
+    """What the command line asked for (parse_args)."""
+
+    def __init__(self) -> None:
+        self.uid: Optional[int] = None
+        self.gid: Optional[int] = None
+        self.groups: Optional[List[int]] = None
+        self.pid_namespace = True
+        self.home: Optional[str] = None
+        self.home_max_bytes = 0
+        self.hide: List[str] = []
+        self.report_fd: Optional[int] = None
+        self.argv: List[str] = []
+
+
+def report(options: Options, key: str, value: str) -> None:
+    """One ``key value`` line on the report descriptor (nothing when there is none)."""
+    if options.report_fd is not None:
+        try:
+            os.write(options.report_fd, ("%s %s\n" % (key, value.replace("\n", " "))).encode())
+        except OSError:
+            pass
+
+
+def _close_report(options: Options) -> None:
+    if options.report_fd is not None:
+        try:
+            os.close(options.report_fd)
+        except OSError:
+            pass
+        options.report_fd = None
+
+
+def _private_home(options: Options) -> None:
+    """In the namespace's own mounts: a size-limited tmpfs on the probe's home, the user's own home hidden under an
+    empty read-only one, and the home as the working directory. Refused (no tmpfs here), the home stays a plain
+    directory whose size the agent checks, and the report says why."""
+    if options.home is None:
+        return
+    owner = "" if options.uid is None else ",uid=%d,gid=%d" % (options.uid, options.gid or 0)
+    if _mount("gpuguard-probe-run", options.home, "tmpfs", _MS_NOSUID | _MS_NODEV,
+              "size=%d,mode=0700%s" % (options.home_max_bytes, owner)):
+        report(options, "home", "tmpfs %d" % options.home_max_bytes)
+    else:
+        report(options, "home", "directory (tmpfs refused: %s)" % os.strerror(ctypes.get_errno() or errno.EPERM))
+    for path in options.hide:
+        if not _mount("gpuguard-probe-hidden", path, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+                      "size=4k,mode=0555"):
+            report(options, "hide", "%s refused: %s" % (path, os.strerror(ctypes.get_errno() or errno.EPERM)))
+    os.chdir(options.home)  # the directory below the tmpfs is not where the probe starts
+
+
 def _drop(uid: Optional[int], gid: Optional[int], groups: Optional[List[int]]) -> None:
     if groups is not None:
         os.setgroups(groups)
@@ -161,8 +221,7 @@ def _exec_probe(argv: Sequence[str], uid: Optional[int], gid: Optional[int], gro
         os._exit(127)
 
 
-def _namespace_init(argv: Sequence[str], uid: Optional[int], gid: Optional[int], groups: Optional[List[int]],
-                    status_fd: int) -> None:
+def _namespace_init(options: Options, status_fd: int) -> None:
     """PID 1 of the new namespace: mount its /proc, start the probe, reap every orphan, write the probe's wait
     status, exit. A /proc that cannot be mounted is a start error: the probe would misjudge the GPUs without it."""
     try:
@@ -174,10 +233,12 @@ def _namespace_init(argv: Sequence[str], uid: Optional[int], gid: Optional[int],
             reason = os.strerror(ctypes.get_errno() or errno.EPERM)
             os.write(2, ("%s no-proc %s\n" % (START_ERROR_MARKER, reason)).encode())
             os._exit(127)
+        _private_home(options)
+        _close_report(options)
         me = os.getpid()
         probe = os.fork()
         if probe == 0:
-            _exec_probe(argv, uid, gid, groups, me)
+            _exec_probe(options.argv, options.uid, options.gid, options.groups, me)
         while True:
             pid, status = os.wait()
             if pid == probe:
@@ -187,8 +248,7 @@ def _namespace_init(argv: Sequence[str], uid: Optional[int], gid: Optional[int],
         os._exit(0)  # the kernel now kills everything left in the namespace
 
 
-def _start_child(argv: Sequence[str], uid: Optional[int], gid: Optional[int], groups: Optional[List[int]],
-                 mode: str) -> Tuple[int, Optional[int]]:
+def _start_child(options: Options, mode: str) -> Tuple[int, Optional[int]]:
     """(the child to wait for, the pipe its probe's wait status comes through in a PID namespace, else None)."""
     parent = os.getpid()
     read_fd: Optional[int] = None
@@ -197,46 +257,58 @@ def _start_child(argv: Sequence[str], uid: Optional[int], gid: Optional[int], gr
     pid = os.fork()
     if pid == 0:
         if read_fd is None:
-            _exec_probe(argv, uid, gid, groups, parent)
+            _exec_probe(options.argv, options.uid, options.gid, options.groups, parent)
         else:
             os.close(read_fd)
-            _namespace_init(argv, uid, gid, groups, write_fd)
+            _namespace_init(options, write_fd)
     if read_fd is not None:
         os.close(write_fd)
     return pid, read_fd
 
 
-def parse_args(args: Sequence[str]) -> Tuple[Optional[int], Optional[int], Optional[List[int]], bool, List[str]]:
-    """(uid, gid, groups, PID namespace?, argv) from ``[--uid U] [--gid G] [--groups A,B] [--no-pid-namespace] --
-    ARGV...``."""
-    uid = gid = None
-    groups: Optional[List[int]] = None
-    pid_namespace = True
+def parse_args(args: Sequence[str]) -> Options:
+    """The options of ``[--uid U] [--gid G] [--groups A,B] [--no-pid-namespace] [--home DIR --home-max-bytes N]
+    [--hide DIR] [--report-fd FD] -- ARGV...``."""
+    options = Options()
     rest = list(args)
     while rest and rest[0] != "--":
         if rest[0] == "--no-pid-namespace":
-            pid_namespace, rest = False, rest[1:]
+            options.pid_namespace, rest = False, rest[1:]
             continue
         if len(rest) < 2:
             raise SystemExit("gpuguard reaper: %s needs a value" % rest[0])
         flag, value = rest[0], rest[1]
         if flag == "--uid":
-            uid = int(value)
+            options.uid = int(value)
         elif flag == "--gid":
-            gid = int(value)
+            options.gid = int(value)
         elif flag == "--groups":
-            groups = [int(g) for g in value.split(",") if g]
+            options.groups = [int(g) for g in value.split(",") if g]
+        elif flag == "--home":
+            options.home = value
+        elif flag == "--home-max-bytes":
+            options.home_max_bytes = int(value)
+        elif flag == "--hide":
+            options.hide.append(value)
+        elif flag == "--report-fd":
+            options.report_fd = int(value)
         else:
             raise SystemExit("gpuguard reaper: unknown option %s" % flag)
         rest = rest[2:]
     if not rest[1:]:
         raise SystemExit("gpuguard reaper: no command after --")
-    return uid, gid, groups, pid_namespace, rest[1:]
+    options.argv = rest[1:]
+    return options
 
 
 def main(args: Sequence[str]) -> int:
-    uid, gid, groups, pid_namespace, argv = parse_args(args)
-    mode = contain(pid_namespace)
+    options = parse_args(args)
+    if options.report_fd is not None:
+        os.set_inheritable(options.report_fd, False)  # the probe's exec closes it
+    mode = contain(options.pid_namespace)
+    report(options, "containment", mode)
+    if options.home is not None and mode != "pid-namespace":
+        report(options, "home", "directory (no mount namespace of its own)")
     child: List[int] = []
     stopping: List[int] = []
 
@@ -251,7 +323,8 @@ def main(args: Sequence[str]) -> int:
     # Before the fork: a SIGTERM that comes while the child starts must not end this process unswept.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop)
-    pid, status_fd = _start_child(argv, uid, gid, groups, mode)
+    pid, status_fd = _start_child(options, mode)
+    _close_report(options)
     child.append(pid)
     if stopping:
         stop(stopping[0], None)

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from agent.errors import GpuguardError, HostReadError, InputFileError, LibraryUnavailable
+from agent.errors import GpuguardError, HostReadError, InputFileError, LibraryUnavailable, StateWriteError
 from agent.files import write_atomically
 from agent.health.activity import ActivitySampler, SmiDevice, SmiOccupancy, open_reader
 from agent.health.baseline import (
@@ -133,7 +133,10 @@ def build_probe_argv(settings: HealthSettings, probe_path: Path, vendor: Optiona
     args = probe_args(settings, device_memory_budget_bytes)
     rlimits = sandbox.rlimits if sandbox is not None else {}
     if settings.container_image is None:
-        return [settings.python, str(probe_path), *args]
+        # Isolated (-I: no user site, no PYTHON* variables, no script directory on sys.path): nothing the probe's
+        # user could have left behind runs first. [health] python_path is what PYTHONPATH was, given explicitly.
+        return [settings.python, "-I", "-u", str(probe_path), *args,
+                *(f"--python-path={path}" for path in settings.python_path)]
     env_args: List[str] = []
     for key, value in sorted({**settings.extra_env, **SAFE_ENV}.items()):
         env_args += ["-e", f"{key}={value}"]
@@ -291,7 +294,9 @@ def _run_locked(host: Host, settings: HealthSettings, state_dir: str, snapshot: 
         probe_stderr_tail=outcome.stderr[-_STDERR_TAIL_CHARS:] or None, fingerprint=fingerprint,
         fingerprint_id=fingerprint.id, inventory_gpu_count=inventory.gpu_count, probe=probe, activity=activity,
         fallback_reasons=fallback, failures=verdict.failures, regressions=regressions, baseline=comparison,
-        occupancy=occupancy, sandbox=sandbox.report(outcome.memory_limit, outcome.killed_for_memory))
+        occupancy=occupancy, sandbox=sandbox.report(outcome.memory_limit, outcome.killed_for_memory,
+                                                    outcome.containment, outcome.home_limit,
+                                                    outcome.killed_for_limit))
     _save_last(state_dir, result)
     _log_result(result, inventory)
     return result
@@ -471,6 +476,8 @@ def _judge_against_baselines(probe: ProbeResult, fingerprint: Fingerprint, setti
                                corroborated=corroborated(probe, limits))
             data, recorded = record_run(data, sample, now, settings, limits)
             store.save(data)
+    except StateWriteError:
+        raise  # a full disk: exit 16, the old file kept
     except OSError as exc:
         raise InputFileError(str(store.path), exc.strerror or str(exc)) from None
     if recorded.refused and good:
@@ -495,6 +502,8 @@ def _save_last(state_dir: str, result: HealthResult) -> None:
     path = StatePaths(state_dir).health_last_result
     try:
         write_atomically(str(path), result.to_json())
+    except StateWriteError:
+        raise
     except OSError as exc:
         raise state_file_error(str(path), exc) from None
 

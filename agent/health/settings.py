@@ -91,8 +91,15 @@ class HealthSettings(FrozenModel):
     memory_max_bytes: int = Field(32 * GIB, ge=64 * MIB)
     cpu_seconds_max: int = Field(7200, ge=1)
     open_files_max: int = Field(4096, ge=64)
-    # Processes and threads of the probe's user (enforced only for a dropped, non-root user).
+    # Processes and threads of the probe's user (RLIMIT_NPROC, a dropped user only), and processes below the probe's
+    # supervisor (the watchdog, any user).
     processes_max: int = Field(4096, ge=16)
+    # What the probe may write in its per-run home and TMPDIR (a tmpfs of this size in its own mounts, else a
+    # directory the watchdog checks), and RLIMIT_FSIZE for each file anywhere.
+    home_max_bytes: int = Field(GIB, ge=MIB)
+    # Directories put first on the probe's sys.path (what PYTHONPATH did: the interpreter starts isolated, -I, and
+    # ignores every PYTHON* variable). Absolute paths, read as the probe's user.
+    python_path: List[str] = []
 
     @model_validator(mode="after")
     def _one_way_to_run(self) -> "HealthSettings":
@@ -100,4 +107,11 @@ class HealthSettings(FrozenModel):
             raise ValueError("container_image must not be empty (leave it out to use the python interpreter)")
         if not self.run_as.strip() or any(c in self.run_as for c in ":/ \t\n"):
             raise ValueError(f"run_as must be a user name or a numeric uid, not {self.run_as!r}")
+        python_vars = sorted(k for k in self.extra_env if k.upper().startswith("PYTHON"))
+        if python_vars and self.container_image is None:
+            raise ValueError(f"extra_env: {', '.join(python_vars)} would be ignored: the probe's interpreter starts "
+                             "isolated (-I); put directories in [health] python_path instead")
+        relative = [p for p in self.python_path if not p.startswith("/")]
+        if relative:
+            raise ValueError(f"python_path: {relative[0]!r} is not an absolute path")
         return self

@@ -3,8 +3,10 @@ reach the runner, and the child's summary comes back (a stand-in interpreter pri
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
+import shutil
 import sys
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from agent.config import load_settings
 from agent.daemon_jobs.children import HealthInChild
 from agent.host import Host
 from tests.daemon.test_jobs import make_runtime
+from tests.health.helpers import hostile_interpreter, shared_directory, small_filesystem
 
 FAKE_PROBE = Path(__file__).resolve().parents[1] / "health/probes/fake_probe.py"
 
@@ -101,3 +104,59 @@ def test_five_forged_runs_then_an_honest_one_in_the_child_is_not_a_regression(tm
     assert rt.state.last_health_status == "pass"
     (record,) = json.loads(baselines.read_text())["records"].values()
     assert [run["metrics"]["gpu0.gemm_bf16_tflops"] for run in record["runs"]] == [750.0]  # judged, and joined
+
+
+# --- a probe with nothing to keep, limits on its whole tree (issue #39), through the daemon's job child ---
+
+def hostile_child(shared: Path, python: Path, **settings: object) -> HealthInChild:
+    """The daemon's health job child over a state directory in ``shared``, the probe run as nobody."""
+    if os.geteuid() != 0:
+        pytest.skip("the hostile-probe tests must run as root to start the probe as nobody")
+    extra = "".join(f"{key} = {value!r}\n" for key, value in settings.items())
+    config = shared / "agent.toml"
+    config.write_text(f'[agent]\nstate_dir = "{shared / "state"}"\n[health]\npython = "{python}"\n'
+                      'timeout_seconds = 60\nrun_as = "nobody"\nrequire_accelerator = false\n'
+                      f"expected_gpu_count = 1\n{extra}")
+    rt = make_runtime(shared, Host(root=Path("/")), load_settings(str(config)))
+    return HealthInChild(rt, str(config))
+
+
+def test_a_planted_usercustomize_does_not_reach_the_next_check_in_the_child(tmp_path: Path) -> None:
+    """In the job child too: a hostile run plants usercustomize/sitecustomize/.pth, the next honest run (no
+    framework) is still skipped."""
+    with shared_directory() as shared:
+        python, mode = hostile_interpreter(shared)
+        child = hostile_child(shared, python)
+        mode.write_text("plant")
+        child.run("stack_changed:dpkg", "functional", True)
+        mode.write_text("skip")
+        summary = child.run("stack_changed:dpkg", "functional", True)
+        assert summary is not None and summary.status == "skipped", summary
+
+
+def test_a_setsid_child_over_the_memory_limit_is_killed_in_the_child(tmp_path: Path) -> None:
+    """In the job child too: a grandchild in its own session holding 200 MiB under a 64 MiB limit is killed and
+    the check is failed, killed_for_memory recorded."""
+    with shared_directory() as shared:
+        python, mode = hostile_interpreter(shared)
+        child = hostile_child(shared, python, memory_max_bytes=64 << 20)
+        mode.write_text("setsid-hog --hog-mib 200")
+        summary = child.run("stack_changed:dpkg", "functional", True)
+        assert summary is not None and summary.status == "failed", summary
+        last = json.loads((shared / "state" / "health" / "last.json").read_text())
+        assert last["sandbox"]["killed_for_memory"], last["sandbox"]
+
+
+def test_a_probe_filling_its_home_leaves_the_next_check_in_the_child_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the job child too: with the state and the probe's home on one 32 MiB filesystem, a probe writing 64 MiB
+    is held to 8 MiB, and the next honest check (a CPU-only build) reads cpu_fallback as before, not a disk error."""
+    with small_filesystem(32) as disk:
+        python, mode = hostile_interpreter(disk)
+        monkeypatch.setenv("TMPDIR", str(disk))  # the child's per-run homes land on the state's filesystem
+        child = hostile_child(disk, python, home_max_bytes=8 << 20)
+        mode.write_text("fill --fill-mib 64")
+        child.run("stack_changed:dpkg", "functional", True)
+        mode.write_text("cpu")
+        summary = child.run("stack_changed:dpkg", "functional", True)
+        assert summary is not None and summary.status == "cpu_fallback", summary
+        assert shutil.disk_usage(disk).used < 4 << 20

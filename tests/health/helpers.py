@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import pwd
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 import types
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import pytest
 
 from agent.collectors.base import Section, Status
 from agent.collectors.kernel import KernelInfo
@@ -156,3 +162,53 @@ def process_state(pid: int) -> "str | None":
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return None
+
+
+def system_python() -> str:
+    """An interpreter every user can run (this one may live under /root): the system's of this release."""
+    python = f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}"
+    return python if os.access(python, os.X_OK) else "/usr/bin/python3"
+
+
+def hostile_interpreter(directory: Path) -> Tuple[Path, Path]:
+    """(interpreter, mode file): a stand-in for the host's ML interpreter that any user can run. Whatever probe it is
+    handed, it runs fake_probe.py with the interpreter flags it got (-I, -u) and the mode the file says."""
+    mode = directory / "mode"
+    mode.write_text("pass")
+    python = directory / "ml-python"
+    # The limits trampoline (python -I -S -c CODE ...) runs as it is; it execs this again with the probe's argv.
+    python.write_text("#!/bin/sh\nflags=\"\"\n"
+                      "while [ $# -gt 0 ] && [ \"$1\" != -c ] && [ \"${1#-}\" != \"$1\" ]; do flags=\"$flags $1\"; "
+                      "shift; done\n"
+                      f"[ \"$1\" = -c ] && exec {system_python()} $flags \"$@\"\n"
+                      f"exec {system_python()} $flags {FAKE_PROBE} --mode $(cat {mode})\n")
+    python.chmod(0o755)
+    mode.chmod(0o644)
+    return python, mode
+
+
+@contextlib.contextmanager
+def shared_directory() -> Iterator[Path]:
+    """A directory the probe's user (nobody) can reach, removed after (pytest's own tmp tree is root-only)."""
+    path = Path(tempfile.mkdtemp(prefix="gpuguard-h39-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def small_filesystem(size_mib: int) -> Iterator[Path]:
+    """A tmpfs of ``size_mib`` MiB that anyone can reach, unmounted after (needs root; skipped where refused)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    with shared_directory() as path:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m,mode=0755", "tmpfs", str(path)],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            pytest.skip(f"mount refused: {done.stderr.strip()}")
+        try:
+            yield path
+        finally:
+            subprocess.run(["umount", "-l", str(path)], check=False)

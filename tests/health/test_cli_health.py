@@ -7,9 +7,12 @@ import io
 import json
 import os
 import pwd
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Dict, Iterator, Optional
@@ -20,10 +23,18 @@ import pytest
 from agent.cli import main
 from agent.health.launch import ProbeOutcome
 from agent.health.runner import run_health_check
-from agent.health.sandbox import probe_user_command, resolve_sandbox
+from agent.health.sandbox import probe_user_command, remove_temporary_home, resolve_sandbox
 from agent.health.settings import HealthSettings
 from tests import needs
-from tests.health.helpers import fake_probe_settings, make_fake_nvml, make_host
+from tests.conftest import fill_disk
+from tests.health.helpers import (
+    fake_probe_settings,
+    hostile_interpreter,
+    make_fake_nvml,
+    make_host,
+    shared_directory,
+    small_filesystem,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,7 +49,7 @@ def config_without_torch(tmp_path: Path) -> Path:
     config = tmp_path / "agent.toml"
     me = pwd.getpwuid(os.geteuid()).pw_name  # the probe runs as the test's user (root here: configured explicitly)
     config.write_text(f"[health]\ntimeout_seconds = 30\nrun_as = \"{me}\"\n"
-                      f"extra_env = {{ PYTHONPATH = \"{tmp_path / 'site'}\" }}\n")
+                      f"python_path = [\"{tmp_path / 'site'}\"]\n")
     return config
 
 
@@ -68,11 +79,12 @@ def test_table_and_exit_code(tmp_path: Path) -> None:
 
 
 def test_json_output(tmp_path: Path) -> None:
-    """--json prints the whole result as JSON, including the probe's argv with the throttle flag."""
+    """--json prints the whole result as JSON, including the probe's argv (isolated, -I) with the throttle flag."""
     code, text = run_cli(tmp_path, "--json", "--throttle-fraction", "0.15", "--timeout-seconds", "20")
     data = json.loads(text)
     assert code == 24 and data["status"] == "skipped"
-    assert data["probe_argv"][:4] == [sys.executable, data["probe_argv"][1], "--throttle-fraction", "0.15"]
+    assert data["probe_argv"][:6] == [sys.executable, "-I", "-u", data["probe_argv"][3], "--throttle-fraction",
+                                      "0.15"]
     assert data["probe_argv"][data["probe_argv"].index("--rank-timeout-seconds") + 1] == "15"
     assert (tmp_path / "state" / "health" / "last.json").exists()
 
@@ -132,6 +144,7 @@ def test_not_root_runs_the_probe_as_itself_whatever_run_as_says(tmp_path: Path) 
     nobody = pwd.getpwnam("nobody")
     settings = HealthSettings(run_as="gpuguard-no-such-probe-user")
     sandbox = resolve_sandbox(settings, str(tmp_path), euid=nobody.pw_uid)
+    remove_temporary_home(sandbox)
     assert (sandbox.user, sandbox.uid, sandbox.dropped, sandbox.popen_kwargs()) == ("nobody", nobody.pw_uid, False, {})
 
 
@@ -220,3 +233,88 @@ def test_the_lock_is_held_for_the_whole_check(tmp_path: Path) -> None:
     assert seen["other"] == "held"
     assert seen["record"] == {"pid": os.getpid(), "started_at": ANY, "probe_session": seen["probe"],
                               "probe_uid": os.geteuid()}
+
+
+# --- a probe with nothing to keep, limits on its whole tree, a full disk (issue #39) ---
+
+def run_hostile(state: Path, python: Path, mode_file: Path, mode: str, tmp_path: Path, run_as: str = "nobody",
+                **settings: Any) -> tuple:
+    """``gpuguard health run --json`` with the hostile interpreter in ``mode`` on a GPU host whose GPU worked."""
+    if os.geteuid() != 0:
+        needs.unavailable("the hostile-probe tests", "they must run as root to start the probe as nobody")
+    mode_file.write_text(mode)
+    config = tmp_path / f"agent-{uuid.uuid4().hex[:6]}.toml"
+    extra = "".join(f"{key} = {value!r}\n" for key, value in settings.items())
+    config.write_text(f'[health]\npython = "{python}"\nrun_as = "{run_as}"\ntimeout_seconds = 30\n'
+                      "activity_interval_seconds = 0.01\nbusy_utilization_confirm_seconds = 0.01\n"
+                      f"baseline_runs = 3\n{extra}")
+    out = io.StringIO()
+    root = tmp_path / "gpu-root" if (tmp_path / "gpu-root").exists() else gpu_root(tmp_path)
+    code = main(["health", "run", "--json", "--config", str(config), "--state-dir", str(state)],
+                make_host=lambda _: make_host({"pynvml": make_fake_nvml([[0.0], [97.0]])}, root=root), out=out)
+    return code, (json.loads(out.getvalue()) if out.getvalue().strip() else None)
+
+
+def test_a_planted_usercustomize_does_not_make_the_next_run_lie(tmp_path: Path) -> None:
+    """A hostile run plants usercustomize.py, sitecustomize.py and a .pth in its home; the next honest run (no
+    framework) is still skipped: a fresh home each run, and the interpreter starts isolated (-I)."""
+    with shared_directory() as shared:
+        python, mode = hostile_interpreter(shared)
+        state = shared / "state"
+        code, hostile = run_hostile(state, python, mode, "plant", tmp_path)
+        assert code == 0, hostile
+        code, honest = run_hostile(state, python, mode, "skip", tmp_path)
+        assert (code, honest["status"]) == (24, "skipped"), honest["summary"]
+        assert not Path(hostile["sandbox"]["home"]).exists(), "the hostile run's home was removed"
+
+
+def test_a_setsid_child_over_the_memory_limit_is_killed(tmp_path: Path) -> None:
+    """A grandchild in its own session holding 200 MiB under memory_max_bytes = 64 MiB is killed within seconds and
+    the check is failed, killed_for_memory set: the watchdog counts every process below the supervisor."""
+    with shared_directory() as shared:
+        python, mode = hostile_interpreter(shared)
+        code, result = run_hostile(shared / "state", python, mode, "setsid-hog --hog-mib 200", tmp_path,
+                                   memory_max_bytes=64 << 20)
+        assert (code, result["status"]) == (22, "failed"), result["summary"]
+        assert result["sandbox"]["killed_for_memory"], result["sandbox"]
+        assert "killed for its host memory" in result["summary"]
+        assert result["wall_seconds"] < 6, "killed before the probe's own 6 s were up"
+
+
+def test_a_probe_filling_its_home_leaves_the_state_and_the_next_check_alone(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The state directory and the probe's home share a 32 MiB filesystem; a probe writing 64 MiB into its home is
+    held to home_max_bytes (8 MiB), its home is removed, the next honest check passes and baselines.json is whole."""
+    with small_filesystem(32) as disk, shared_directory() as shared:
+        python, mode = hostile_interpreter(shared)
+        monkeypatch.setattr(tempfile, "tempdir", str(disk))  # the per-run homes land on the state's filesystem
+        state = disk / "state"
+        code, first = run_hostile(state, python, mode, "pass", tmp_path, home_max_bytes=8 << 20)
+        assert code == 0, first["summary"]
+        baselines = (state / "health" / "baselines.json").read_text()
+        code, hostile = run_hostile(state, python, mode, "fill --fill-mib 64", tmp_path, home_max_bytes=8 << 20)
+        assert hostile is not None and hostile["sandbox"]["home_limit"].startswith(("tmpfs", "directory"))
+        usage = shutil.disk_usage(disk)
+        assert usage.used < 4 << 20, f"what the probe wrote is gone ({usage.used} bytes used)"
+        assert sorted(p.name for p in disk.iterdir()) == ["state"]
+        code, honest = run_hostile(state, python, mode, "pass", tmp_path, home_max_bytes=8 << 20)
+        assert (code, honest["status"]) == (0, "pass"), honest["summary"]
+        after = json.loads((state / "health" / "baselines.json").read_text())
+        assert len(json.dumps(after)) >= len(baselines) - 2, "the honest runs are all there"
+
+
+def test_a_full_state_filesystem_exits_16_and_keeps_the_old_baselines(tmp_path: Path) -> None:
+    """With the state directory's filesystem full, `health run` exits 16 (a state write failed) and
+    baselines.json stays as it was; it did exit 4 ("baselines.json: No space left on device")."""
+    with small_filesystem(4) as disk, shared_directory() as shared:
+        python, mode = hostile_interpreter(shared)
+        state = disk / "state"
+        code, first = run_hostile(state, python, mode, "pass", tmp_path)
+        assert code == 0, first["summary"]
+        baselines = (state / "health" / "baselines.json").read_bytes()
+        fill_disk(disk / "filler")
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code, _ = run_hostile(state, python, mode, "pass", tmp_path)
+        assert code == 16, err.getvalue()
+        assert (state / "health" / "baselines.json").read_bytes() == baselines

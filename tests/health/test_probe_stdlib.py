@@ -83,7 +83,7 @@ def write_fake_torch(root: Path, body: str) -> Path:
 def test_no_framework_is_skipped(tmp_path: Path) -> None:
     """The real probe in an interpreter without torch reports 'skipped: no framework'."""
     fake = write_fake_torch(tmp_path / "site", "raise ImportError(\"No module named 'torch'\")\n")
-    settings = fake_probe_settings(extra_env={"PYTHONPATH": str(fake)})
+    settings = fake_probe_settings(python_path=[str(fake)])
     result = run_health_check(make_host(), settings, str(tmp_path / "state"), snapshot=make_snapshot(),
                               probe_path=PROBE_PATH)
     assert result.status == "skipped"
@@ -94,7 +94,7 @@ def test_no_framework_is_skipped(tmp_path: Path) -> None:
 def test_broken_framework_is_failed(tmp_path: Path) -> None:
     """A torch that is installed but cannot load its libraries makes the check 'failed', not 'skipped'."""
     fake = write_fake_torch(tmp_path / "site", "raise OSError('libcudart.so.13: cannot open shared object file')\n")
-    settings = fake_probe_settings(extra_env={"PYTHONPATH": str(fake)})
+    settings = fake_probe_settings(python_path=[str(fake)])
     result = run_health_check(make_host(), settings, str(tmp_path / "state"), snapshot=make_snapshot(),
                               probe_path=PROBE_PATH)
     assert result.status == "failed"

@@ -206,10 +206,14 @@ def test_container_argv_passes_gpus_mounts_the_probe_and_never_uses_a_shell() ->
 
 
 def test_interpreter_argv_has_throttle_and_rank_deadline() -> None:
-    """Interpreter mode is python, the probe path, the throttle and a rank deadline inside the timeout."""
+    """Interpreter mode is python (isolated, -I), the probe path, the throttle and a rank deadline inside the
+    timeout, then [health] python_path as --python-path options."""
     argv = build_probe_argv(HealthSettings(python="/opt/venv/bin/python", timeout_seconds=40, throttle_fraction=0.15),
                             Path("/p.py"), None, "n")
-    assert argv == ["/opt/venv/bin/python", "/p.py", "--throttle-fraction", "0.15", "--rank-timeout-seconds", "30"]
+    assert argv == ["/opt/venv/bin/python", "-I", "-u", "/p.py", "--throttle-fraction", "0.15",
+                    "--rank-timeout-seconds", "30"]
+    argv = build_probe_argv(HealthSettings(python="python3", python_path=["/opt/ml/lib"]), Path("/p.py"), None, "n")
+    assert argv[-1] == "--python-path=/opt/ml/lib"
 
 
 @pytest.mark.timeout(60)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from pathlib import Path
 from typing import Dict, Iterator, Tuple
 
@@ -20,10 +21,10 @@ from agent.health.runner import PROBE_PATH, run_health_check
 from agent.health.sandbox import (
     MemoryLimit,
     Sandbox,
-    group_rss_bytes,
     remove_temporary_home,
     resolve_sandbox,
     sandbox_env,
+    tree_usage,
 )
 from agent.health.settings import MIB, HealthSettings
 from tests import needs
@@ -52,9 +53,14 @@ def test_not_root_runs_as_the_agents_user_and_says_so(tmp_path: Path) -> None:
     """An agent that is not root cannot drop privileges: the probe runs as its user, and the note says so."""
     nobody = pwd.getpwnam("nobody")
     sandbox = resolve_sandbox(HealthSettings(), str(tmp_path), euid=nobody.pw_uid)
-    assert (sandbox.user, sandbox.dropped, sandbox.reaper_args()) == ("nobody", False, [])
-    assert "the agent is not root" in sandbox.notes[0]
-    assert sandbox.rlimits == {"RLIMIT_CPU": 7200, "RLIMIT_NOFILE": 4096, "RLIMIT_CORE": 0}
+    try:
+        assert (sandbox.user, sandbox.dropped) == ("nobody", False)
+        assert sandbox.reaper_args() == ["--home", sandbox.home, "--home-max-bytes", str(GIB_)]
+        assert "the agent is not root" in sandbox.notes[0]
+        assert sandbox.rlimits == {"RLIMIT_CPU": 7200, "RLIMIT_NOFILE": 4096, "RLIMIT_CORE": 0,
+                                   "RLIMIT_FSIZE": GIB_}
+    finally:
+        remove_temporary_home(sandbox)
 
 
 def test_missing_run_as_user_is_one_line_naming_the_setting(tmp_path: Path) -> None:
@@ -70,13 +76,12 @@ def test_environment_keeps_the_frameworks_variables_only() -> None:
     base = {"PATH": "/usr/bin", "LD_LIBRARY_PATH": "/opt/rocm/lib", "CUDA_VISIBLE_DEVICES": "0",
             "HSA_OVERRIDE_GFX_VERSION": "9.4.2", "HOME": "/root", "AWS_SECRET_ACCESS_KEY": "x",
             "SSH_AUTH_SOCK": "/tmp/agent", "SUDO_USER": "admin", "GPUGUARD_HUB_TOKEN": "secret"}
-    sandbox = Sandbox("gpuguard-probe", 999, 999, [44, 993], True, "/var/lib/gpuguard/health/probe-home", GIB_,
-                      {})
+    base["PYTHONPATH"], base["PYTHONSTARTUP"] = "/home/x/site", "/home/x/start.py"
+    sandbox = Sandbox("gpuguard-probe", 999, 999, [44, 993], True, "/tmp/gpuguard-probe-x/home", GIB_, {})
     env = sandbox_env(base, sandbox)
     assert env == {"PATH": "/usr/bin", "LD_LIBRARY_PATH": "/opt/rocm/lib", "CUDA_VISIBLE_DEVICES": "0",
-                   "HSA_OVERRIDE_GFX_VERSION": "9.4.2", "HOME": "/var/lib/gpuguard/health/probe-home",
-                   "TMPDIR": "/var/lib/gpuguard/health/probe-home", "USER": "gpuguard-probe",
-                   "LOGNAME": "gpuguard-probe"}
+                   "HSA_OVERRIDE_GFX_VERSION": "9.4.2", "HOME": "/tmp/gpuguard-probe-x/home",
+                   "TMPDIR": "/tmp/gpuguard-probe-x/home", "USER": "gpuguard-probe", "LOGNAME": "gpuguard-probe"}
     assert sandbox.reaper_args() == ["--uid", "999", "--gid", "999", "--groups", "44,993"]
 
 
@@ -107,8 +112,8 @@ def test_real_probe_runs_as_nobody(shared_state: Path) -> None:
     nobody = pwd.getpwnam("nobody")
     python, env = interpreter_for(nobody)
     settings = HealthSettings(python=python, run_as="nobody", probe_args=["--size", "small"],
-                              extra_env={**NO_GPU_ENV, **env}, timeout_seconds=100, require_accelerator=False,
-                              memory_max_bytes=8 << 30)
+                              extra_env=NO_GPU_ENV, python_path=[d for d in env.get("PYTHONPATH", "").split(":") if d],
+                              timeout_seconds=100, require_accelerator=False, memory_max_bytes=8 << 30)
     result = run_health_check(make_host(), settings, str(shared_state), snapshot=make_snapshot(nvidia_gpus=0),
                               probe_path=PROBE_PATH)
     assert result.probe is not None, (result.summary, result.probe_stderr_tail)
@@ -116,8 +121,8 @@ def test_real_probe_runs_as_nobody(shared_state: Path) -> None:
     assert 0 not in result.probe.groups
     assert result.sandbox is not None and result.sandbox.dropped and result.sandbox.user == "nobody"
     assert result.sandbox.rlimits["RLIMIT_NPROC"] == 4096
-    home = shared_state / "health" / "probe-home"
-    assert home.stat().st_uid == nobody.pw_uid and oct(home.stat().st_mode & 0o777) == "0o700"
+    assert result.sandbox.home is not None and not Path(result.sandbox.home).exists(), "removed after the run"
+    assert not (shared_state / "health" / "probe-home").exists()
     assert result.status == "pass", result.summary  # torch on the CPU, judged as a CPU run
 
 
@@ -166,29 +171,46 @@ def test_cgroup_child_with_memory_max_where_the_agent_may_create_one(tmp_path: P
     fallback = MemoryLimit(sandbox)
     fallback.start(os.getpid())
     description, killed = fallback.finish()
-    assert description.startswith("rss watchdog 314572800 bytes (no cgroup v2 memory.max: no cgroup v2")
+    assert description.startswith("rss watchdog 314572800 bytes over every process below the supervisor (no "
+                                  "cgroup v2 memory.max: no cgroup v2")
     assert killed is None
 
 
-def test_group_rss_counts_only_the_group() -> None:
-    """The watchdog's measure: resident memory of the processes of one process group."""
-    mine = group_rss_bytes(os.getpgrp())
-    assert mine > 10 * MIB
-    assert group_rss_bytes(2 ** 22 + 12345) == 0
+def test_tree_usage_counts_every_process_below_the_root_sessions_included() -> None:
+    """The watchdog's measure: resident memory and count of every process below a root, a setsid() child too."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while tree_usage(os.getpid())[0] < 5 * MIB and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rss, count = tree_usage(os.getpid())
+        assert count >= 1 and rss > 5 * MIB
+    finally:
+        child.kill()
+        child.wait()
+    assert tree_usage(2 ** 22 + 12345) == (0, 0)
 
 
-def test_home_the_user_cannot_reach_is_not_used(tmp_path: Path) -> None:
-    """Under a 0750 root state directory the probe's user could not reach its home: a /tmp one is made instead."""
-    if os.geteuid() != 0:
-        needs.unavailable("the probe-home test", "it must run as root to give a directory to nobody")
+def test_every_run_gets_a_fresh_home_outside_the_state_directory(tmp_path: Path) -> None:
+    """The probe's home is a new 0700 directory of its user inside a 0711 one of the agent's, never under the state
+    directory nor the user's own home, and it is gone after remove_temporary_home."""
+    _root_only("the probe-home test")
     state = tmp_path / "state"
     state.mkdir(mode=0o750)
-    sandbox = resolve_sandbox(HealthSettings(run_as="nobody"), str(state), euid=0)
-    assert sandbox.home is not None and not sandbox.home.startswith(str(state)) and sandbox.home_is_temporary
-    home = Path(sandbox.home)
-    assert home.stat().st_uid == pwd.getpwnam("nobody").pw_uid and home.parent == Path(tempfile.gettempdir())
-    remove_temporary_home(sandbox)
-    assert not home.exists()
+    nobody = pwd.getpwnam("nobody")
+    first = resolve_sandbox(HealthSettings(run_as="nobody"), str(state), euid=0)
+    second = resolve_sandbox(HealthSettings(run_as="nobody"), str(state), euid=0)
+    try:
+        assert first.home is not None and second.home is not None and first.home != second.home
+        home = Path(first.home)
+        assert not first.home.startswith(str(state)) and home.parent == Path(str(first.run_dir))
+        assert (home.stat().st_uid, oct(home.stat().st_mode & 0o777)) == (nobody.pw_uid, "0o700")
+        assert (home.parent.stat().st_uid, oct(home.parent.stat().st_mode & 0o777)) == (0, "0o711")
+        assert list(home.iterdir()) == []
+    finally:
+        remove_temporary_home(first)
+        remove_temporary_home(second)
+    assert not home.exists() and not home.parent.exists()
 
 
 def test_limits_hold_for_a_dropped_user_without_cap_sys_resource(shared_state: Path) -> None:
@@ -246,7 +268,8 @@ def _root_only(what: str) -> None:
 
 
 def test_a_probe_home_owned_by_another_user_is_not_handed_to_the_probe(tmp_path: Path) -> None:
-    """An existing probe-home that belongs to a third user keeps its owner and its files; the probe gets another."""
+    """An existing probe-home in the state directory (a third user's) keeps its owner and its files; the probe gets a
+    fresh one elsewhere."""
     _root_only("the foreign probe-home test")
     state = tmp_path / "state"
     foreign = state / "health" / "probe-home"
@@ -256,25 +279,35 @@ def test_a_probe_home_owned_by_another_user_is_not_handed_to_the_probe(tmp_path:
     sandbox = resolve_sandbox(HealthSettings(run_as="nobody"), str(state), euid=0)
     try:
         assert foreign.stat().st_uid == 4242 and sandbox.home != str(foreign)
+        assert (foreign / "secret").read_text() == "someone else's"
     finally:
         remove_temporary_home(sandbox)
 
 
-@pytest.mark.parametrize("layout", ["health is a symlink", "health is world-writable"])
-def test_a_probe_home_below_a_parent_others_control_is_refused(tmp_path: Path, layout: str) -> None:
-    """Where the probe-home's parent is a link or writable by others, nothing there is made or handed to the probe."""
-    _root_only("the probe-home parent test")
-    state, elsewhere = tmp_path / "state", tmp_path / "elsewhere"
-    state.mkdir()
-    elsewhere.mkdir()
-    if layout == "health is a symlink":
-        (state / "health").symlink_to(elsewhere)
-    else:
-        (state / "health").mkdir()
-        (state / "health").chmod(0o777)
-    sandbox = resolve_sandbox(HealthSettings(run_as="nobody"), str(state), euid=0)
+def test_pythonpath_in_extra_env_is_refused_for_the_isolated_interpreter() -> None:
+    """PYTHONPATH in extra_env would be ignored by the isolated interpreter (-I): a config error naming python_path;
+    a container's interpreter still gets it."""
+    with pytest.raises(ValueError, match=r"extra_env: PYTHONPATH would be ignored.*\[health\] python_path"):
+        HealthSettings(extra_env={"PYTHONPATH": "/opt/ml"})
+    assert HealthSettings(extra_env={"PYTHONPATH": "/opt/ml"}, container_image="ml:1").extra_env
+    with pytest.raises(ValueError, match="not an absolute path"):
+        HealthSettings(python_path=["lib"])
+
+
+def test_without_a_namespace_the_watchdog_bounds_the_home(tmp_path: Path) -> None:
+    """In subreaper mode (no private mounts, no tmpfs) a probe writing 64 MiB of 1 MiB files into its home is killed
+    by the watchdog at home_max_bytes, and the report says the directory was checked."""
+    from agent.health.launch import launch_probe
+
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    sandbox = resolve_sandbox(HealthSettings(home_max_bytes=8 * MIB, run_as=me), str(tmp_path))
     try:
-        assert sandbox.home_is_temporary
-        assert not (elsewhere / "probe-home").exists() and not (state / "health" / "probe-home").exists()
+        argv = [sys.executable, str(FAKE_PROBE), "--mode", "fill", "--fill-mib", "64"]
+        outcome = launch_probe(argv, sandbox_env({"PATH": os.environ["PATH"]}, sandbox), 20, sandbox=sandbox,
+                               pid_namespace=False)
     finally:
         remove_temporary_home(sandbox)
+    assert outcome.containment == "subreaper"
+    assert outcome.killed_for_limit is not None and "its home holds" in outcome.killed_for_limit, outcome
+    assert outcome.home_limit is not None and outcome.home_limit.startswith("directory checked by the watchdog")
+    assert sandbox.home is not None and not Path(sandbox.home).exists()

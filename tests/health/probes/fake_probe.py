@@ -15,11 +15,16 @@
 --mode nested     a result line of 100,000 nested '['
 --mode escapes    a valid result whose strings (and stderr) hold terminal escapes: ESC[2J, OSC 52, BEL, CR
 --mode setsid     starts a grandchild in its own session (sleep 60, --token in its argv), then passes
+--mode plant      a hostile run: plants usercustomize.py, sitecustomize.py and a .pth (each turning a later
+                  "--mode skip" into "--mode pass") in its user site, its HOME and TMPDIR, then passes
+--mode setsid-hog a grandchild in its own session touches --hog-mib MiB and holds it; passes after 6 s
+--mode fill       writes --fill-mib files of 1 MiB into its HOME (errors ignored), holds on 3 s, then passes
 """
 
 import argparse
 import json
 import os
+import site
 import subprocess
 import sys
 import time
@@ -71,6 +76,23 @@ def result(args):
     return out
 
 
+FORGE = "import sys; sys.argv[:] = ['pass' if a == 'skip' else a for a in sys.argv]\n"
+
+
+def plant():
+    """What a hostile probe leaves for the next run: code that Python runs at start-up if it finds it."""
+    places = {site.getusersitepackages(), os.environ.get("HOME", ""), os.environ.get("TMPDIR", "")}
+    for place in sorted(p for p in places if p):
+        try:
+            os.makedirs(place, exist_ok=True)
+            for name, text in (("usercustomize.py", FORGE), ("sitecustomize.py", FORGE),
+                               ("gpuguard-forge.pth", FORGE.replace("\n", "") + "\n")):
+                with open(os.path.join(place, name), "w") as handle:
+                    handle.write(text)
+        except OSError:
+            continue
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", default="pass")
@@ -86,6 +108,7 @@ def main():
     parser.add_argument("--device-memory-budget-bytes", type=int, default=None)
     parser.add_argument("--flood-mib", type=int, default=400)
     parser.add_argument("--token", default="gpuguard-fake-grandchild")
+    parser.add_argument("--fill-mib", type=int, default=64)
     args, _ = parser.parse_known_args()
     if args.env_file:
         with open(args.env_file, "w") as handle:
@@ -97,6 +120,22 @@ def main():
         with open(args.limits_file, "w") as handle:
             json.dump({name: list(resource.getrlimit(getattr(resource, name)))
                        for name in ("RLIMIT_CPU", "RLIMIT_NOFILE", "RLIMIT_CORE")}, handle)
+    if args.mode == "plant":
+        plant()
+    if args.mode == "setsid-hog":
+        code = "b = bytearray(%d << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nimport time; time.sleep(600)"
+        subprocess.Popen([sys.executable, "-c", code % args.hog_mib], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(6)
+    if args.mode == "fill":
+        chunk = b"\1" * (1 << 20)
+        for number in range(args.fill_mib):
+            try:
+                with open(os.path.join(os.environ.get("HOME", "."), "fill-%d" % number), "wb") as handle:
+                    handle.write(chunk)
+            except OSError:
+                break
+        time.sleep(3)
     if args.mode == "garbage":
         print("Warning: something framework-ish\n{not json at all")
         return 0
