@@ -157,3 +157,39 @@ def test_the_result_line_is_strict_json(line: str, reason: str) -> None:
     """A key named twice, an invalid byte (kept by launch.py as a lone surrogate) or a surrogate escape is refused."""
     parsed = parse_probe_output("GPUGUARD_PROBE_RESULT " + line)
     assert isinstance(parsed, ParseFailure) and reason in parsed.reason, parsed
+
+
+def recorded_real_results() -> List[Any]:
+    """Every passing result the real probe gave on the H100 and H200 (docs/hardware/), as recorded there."""
+    import json
+    from pathlib import Path
+
+    found = []
+    for path in sorted((Path(__file__).resolve().parents[2] / "docs" / "hardware").rglob("*.json*")):
+        lines = path.read_text().splitlines() if path.suffix == ".jsonl" else [path.read_text()]
+        for number, line in enumerate(lines):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            result = record.get("result", record) if isinstance(record, dict) else None
+            if isinstance(result, dict) and result.get("status") == "pass" and result.get("probe"):
+                found.append(pytest.param(result, id=f"{path.name}:{number}"))
+    return found
+
+
+@pytest.mark.parametrize("recorded", recorded_real_results())
+def test_every_recorded_real_result_is_corroborated(recorded: Dict[str, Any]) -> None:
+    """The real probe's passing results on the H100 and H200 agree with root's own view of those runs."""
+    from agent.health.model import HealthResult
+
+    result = HealthResult.model_validate(recorded)
+    assert result.probe is not None
+    models = result.fingerprint.gpu_models if result.fingerprint else ""
+    inventory = GpuInventory(vendor="nvidia", gpu_count=result.inventory_gpu_count, sources=["recorded"])
+    root = root_view(None, result.activity, inventory, result.probe_wall_seconds)
+    # The model as the snapshot gave it (the fingerprint's), for each GPU the SMI library listed.
+    root = RootView(root.inventory, tuple(RootGpu(g.bdf, g.uuid, models.split(",")[0].strip() or None)
+                                          for g in root.gpus), root.uuids_comparable, root.probe_wall_seconds)
+    found = corroborate(result.probe, root)
+    assert found.disagreements == [], found.disagreements
