@@ -4,6 +4,9 @@
     failed        the probe could not start, crashed, printed more than the agent reads (launch.OUTPUT_CAP_BYTES),
                   printed no usable result, or its framework cannot import
     skipped       no ML framework is installed where the probe ran ("skipped: no framework", never a pass)
+    failed        the result disagrees with what root saw itself (corroborate.py: more GPUs than the host has, a
+                  GPU twice, an impossible time or figure, a figure above the SKU's peak): nothing else in it is
+                  believed, so this comes before the fallback rules that read it
     cpu_fallback  evidence that the work did not run on the host's GPUs (see fallback.py); beats failed checks,
                   because a CPU that computes wrongly is still first of all not the GPU
     failed        a check went wrong: numerics, copy, training, checkpoint, collective sum, a rank
@@ -20,8 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Union
 
+from agent.health.corroborate import disagreement_lines
 from agent.health.launch import ProbeOutcome
-from agent.health.model import FallbackReason, HealthStatus, MetricRegression, ProbeResult
+from agent.health.model import FallbackReason, HealthStatus, MetricRegression, ProbeDisagreement, ProbeResult
 from agent.health.parse import ParseFailure
 
 
@@ -67,7 +71,8 @@ def check_failures(probe: ProbeResult) -> List[str]:
 
 
 def classify(outcome: ProbeOutcome, parsed: Optional[Union[ProbeResult, ParseFailure]],
-             fallback: Sequence[FallbackReason], regressions: Sequence[MetricRegression]) -> Verdict:
+             fallback: Sequence[FallbackReason], regressions: Sequence[MetricRegression],
+             disagreements: Sequence[ProbeDisagreement] = ()) -> Verdict:
     """The status of one check from how the probe ended, what it said, and the rules' findings."""
     if outcome.timed_out:
         return Verdict("timeout", f"the probe ran past its timeout ({outcome.wall_seconds:.0f} s) and was killed")
@@ -95,6 +100,10 @@ def classify(outcome: ProbeOutcome, parsed: Optional[Union[ProbeResult, ParseFai
     if probe.framework is not None and probe.framework.import_error:
         detail = f"the framework is installed but cannot be imported: {probe.framework.import_error}"
         return Verdict("failed", detail, [detail])
+    if disagreements:
+        lines = disagreement_lines(disagreements)
+        return Verdict("failed", f"failed: {lines[0]}" + (f" (+{len(lines) - 1} more)" if len(lines) > 1 else ""),
+                       lines)
     failures = check_failures(probe)
     if outcome.returncode not in (0, None):
         failures.append(f"the probe exited {outcome.returncode}: {_last_line(outcome.stderr)}")

@@ -89,8 +89,9 @@ class BoundedCapture:
     def overflowed(self) -> bool:
         return self.total_bytes > self.cap_bytes
 
-    def text(self) -> str:
-        return self._kept.decode("utf-8", errors="replace")
+    def text(self, errors: str = "replace") -> str:
+        """The kept bytes as text; ``errors="surrogateescape"`` keeps an invalid byte visible to a strict parser."""
+        return self._kept.decode("utf-8", errors=errors)
 
 
 def _read_until(proc: "subprocess.Popen[bytes]", captures: Mapping[int, BoundedCapture], deadline: float) -> bool:
@@ -286,9 +287,10 @@ def launch_probe(argv: Sequence[str], env: Mapping[str, str], timeout_seconds: f
     limit, killed = memory.finish() if memory is not None else ("none", None)
     killed_for_limit = memory.killed_for_limit if memory is not None else None
     # stderr is shown as it is (a crash's last line, the result's stderr tail): its escapes go here, once; stdout is
-    # parsed, and parse.py escapes what it takes from it.
+    # parsed, and parse.py escapes what it takes from it (and refuses a result line that is not UTF-8, so stdout keeps
+    # its invalid bytes as lone surrogates rather than U+FFFD, which a valid line may hold).
     out_text, err_text = ("", "output lost: the pipes stayed open after the kill") if lost else (
-        stdout.text(), printable(stderr.text(), keep_newlines=True))
+        stdout.text("surrogateescape"), printable(stderr.text(), keep_newlines=True))
     return ProbeOutcome(tuple(argv), None if timed_out else returncode, out_text, err_text, timed_out,
                         time.monotonic() - started, memory_limit=limit, killed_for_memory=killed,
                         output_too_large=_too_large(stdout, stderr), containment=said.get("containment"),

@@ -208,6 +208,31 @@ class FallbackReason(FrozenModel):
     gpu: Optional[int] = None
 
 
+# Why root does not believe a probe's result (agent/health/corroborate.py, in the order its rules run).
+DisagreementKind = Literal["more_gpus_than_host", "duplicate_gpu", "unlisted_index", "unknown_device",
+                           "impossible_time", "impossible_figure", "above_peak"]
+
+
+class ProbeDisagreement(FrozenModel):
+    """One claim of the probe's that what root saw itself contradicts; ``kind`` decides, ``message`` is for people."""
+
+    kind: DisagreementKind
+    message: str
+    gpu: Optional[int] = None
+
+
+class Corroboration(FrozenModel):
+    """What root held the probe's claims against: its own inventory, identities and the SKUs' datasheet peaks."""
+
+    # The GPUs root enumerated itself (None: it enumerated none, so the count was not checked) and from where.
+    inventory_gpu_count: Optional[int] = None
+    inventory_sources: List[str] = []
+    # One line per check that held, and per claim that could not be checked (and why); for people.
+    checked: List[str] = []
+    unverified: List[str] = []
+    disagreements: List[ProbeDisagreement] = []
+
+
 class MetricRegression(FrozenModel):
     """A figure that dropped beyond its noise band, against a baseline or against the host's other GPUs."""
 
@@ -328,6 +353,7 @@ class HealthResult(FrozenModel):
     probe: Optional[ProbeResult] = None
     activity: Optional[ActivityReport] = None
     fallback_reasons: List[FallbackReason] = []
+    corroboration: Optional[Corroboration] = None
     failures: List[str] = []
     regressions: List[MetricRegression] = []
     baseline: Optional[BaselineComparison] = None

@@ -4,6 +4,7 @@
     snapshot ─────────────> inventory, pairing ──┐                                                            │
     SMI sampler thread ───> activity, tenants ────┼──> fallback rules ──┐                                     │
     probe (sandbox) ──────> ProbeResult ──────────┴─────────────────────┴──> classify ──> busy? ──> baseline ──> result
+                                 └──> corroborate (against root's own inventory, clock, datasheet peaks) ──┘
 
 A host without GPUs is ``skipped`` before anything else (presence.py); the rest runs under the health-check lock
 (checklock.py), so that the daemon's check and ``gpuguard health run`` never share the GPUs.
@@ -44,6 +45,7 @@ from agent.health.baseline import (
 )
 from agent.health.checklock import CheckHolder, CheckLock, acquire_check_lock, read_holder, state_file_error
 from agent.health.classify import Verdict, classify
+from agent.health.corroborate import corroborate, root_view
 from agent.health.fallback import GpuInventory, Vendor, detect_fallback, merge_inventory
 from agent.health.launch import Launcher, ProbeOutcome, launch_probe
 from agent.health.model import (
@@ -268,6 +270,10 @@ def _run_locked(host: Host, settings: HealthSettings, state_dir: str, snapshot: 
     judgeable = probe is not None and probe.skipped_reason is None and not (
         probe.framework is not None and probe.framework.import_error)
     fallback = detect_fallback(probe, inventory, activity, settings) if judgeable and probe else []
+    # Root's own evidence against the probe's claims: a result that disagrees is failed and never reaches a baseline.
+    corroboration = corroborate(probe, root_view(snapshot, activity, inventory, outcome.wall_seconds)) \
+        if judgeable and probe else None
+    disagreements = corroboration.disagreements if corroboration is not None else []
     fingerprint = fingerprint_of(pairing_of(snapshot), probe)
     occupancy = merge_during(before, watch.tenants())
     busy = occupancy.busy_gpus
@@ -278,10 +284,10 @@ def _run_locked(host: Host, settings: HealthSettings, state_dir: str, snapshot: 
 
     regressions: List[MetricRegression] = []
     comparison: Optional[BaselineComparison] = None
-    if judge and probe is not None and classify(outcome, parsed, fallback, []).status == "pass":
+    if judge and probe is not None and classify(outcome, parsed, fallback, [], disagreements).status == "pass":
         regressions, comparison = _judge_against_baselines(probe, fingerprint, settings, state_dir, started_at,
                                                            sku_limits_of(host, snapshot))
-    verdict = classify(outcome, parsed, fallback, regressions)
+    verdict = classify(outcome, parsed, fallback, regressions, disagreements)
     if comparison is not None and comparison.suspicious and verdict.status == "pass":
         verdict = Verdict("pass", f"{verdict.summary}; baseline suspicious, not used: {comparison.suspicious[0]} "
                           "(gpuguard health baseline show|reset)", verdict.failures)
@@ -293,10 +299,10 @@ def _run_locked(host: Host, settings: HealthSettings, state_dir: str, snapshot: 
         probe_argv=list(argv), probe_exit_code=outcome.returncode,
         probe_stderr_tail=outcome.stderr[-_STDERR_TAIL_CHARS:] or None, fingerprint=fingerprint,
         fingerprint_id=fingerprint.id, inventory_gpu_count=inventory.gpu_count, probe=probe, activity=activity,
-        fallback_reasons=fallback, failures=verdict.failures, regressions=regressions, baseline=comparison,
-        occupancy=occupancy, sandbox=sandbox.report(outcome.memory_limit, outcome.killed_for_memory,
-                                                    outcome.containment, outcome.home_limit,
-                                                    outcome.killed_for_limit))
+        fallback_reasons=fallback, corroboration=corroboration, failures=verdict.failures,
+        regressions=regressions, baseline=comparison, occupancy=occupancy,
+        sandbox=sandbox.report(outcome.memory_limit, outcome.killed_for_memory, outcome.containment,
+                               outcome.home_limit, outcome.killed_for_limit))
     _save_last(state_dir, result)
     _log_result(result, inventory)
     return result

@@ -59,6 +59,10 @@ SKUS: Dict[str, SkuLimits] = {
     # at glennklockwood.com/garden/processors/B200; 2026-12-06).
     "B200": SkuLimits("B200", 2250.0, 2250.0, 8000.0),
     "GB200": SkuLimits("GB200", 2500.0, 2500.0, 8000.0),
+    # NVIDIA GH200 Grace Hopper Superchip page: bf16/fp16 1,979 TFLOPS with sparsity, HBM3e up to 4.9 TB/s.
+    "GH200": SkuLimits("GH200", 989.5, 989.5, 4900.0),
+    # NVIDIA L40S datasheet: bf16/fp16 733 TFLOPS with sparsity (366.5 dense), GDDR6 864 GB/s.
+    "L40S": SkuLimits("L40S", 366.5, 366.5, 864.0),
     # NVIDIA A100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/a100): bf16/fp16 312 TFLOPS dense (624
     # with sparsity); 80GB SXM 2,039 GB/s, 80GB PCIe 1,935 GB/s, 40GB (SXM and PCIe) 1,555 GB/s.
     "A100 SXM 80GB": SkuLimits("A100 SXM 80GB", 312.0, 312.0, 2039.0),
@@ -74,12 +78,16 @@ SKUS: Dict[str, SkuLimits] = {
     # the MI350X trades about 8 % of the MI355X's peak for 1 kW (AMD's launch figures, The Register 2025-06-12).
     "MI355X": SkuLimits("MI355X", 2500.0, 2500.0, 8000.0),
     "MI350X": SkuLimits("MI350X", 2300.0, 2300.0, 8000.0),
+    # AMD Instinct MI300A data sheet: fp16/bf16 980.6 TFLOPS dense, HBM3 5.3 TB/s.
+    "MI300A": SkuLimits("MI300A", 980.6, 980.6, 5300.0),
     # AMD Instinct MI250X data sheet (amd.com/en/products/accelerators/instinct/mi200/mi250x.html): fp16/bf16
     # 383 TFLOPS, HBM2e 3.2 TB/s (3,276.8 GB/s). The MI250 (362.1 TFLOPS) shares its PCI id: the MI250X bounds both.
     "MI250X": SkuLimits("MI250X", 383.0, 383.0, 3276.8),
     # AMD Instinct MI210 data sheet (amd.com/en/products/accelerators/instinct/mi200/mi210.html): fp16/bf16
     # 181 TFLOPS, HBM2e 1.6 TB/s (1,638.4 GB/s).
     "MI210": SkuLimits("MI210", 181.0, 181.0, 1638.4),
+    # AMD Instinct MI100 data sheet: bf16 92.3 TFLOPS, fp16 184.6 TFLOPS, HBM2 1.2288 TB/s.
+    "MI100": SkuLimits("MI100", 92.3, 184.6, 1228.8),
 }
 
 # (vendor id, device id) -> row. Ids as in the PCI ID repository (pci-ids.ucw.cz) and NVIDIA's gpu-admin-tools.
@@ -95,6 +103,8 @@ PCI_IDS: Dict[Tuple[int, int], str] = {
     (0x10DE, 0x20F1): "A100 40GB",       # GA100 [A100 PCIe 40GB]
     (0x1002, 0x74A1): "MI300X",          # Aqua Vanjaram [Instinct MI300X]
     (0x1002, 0x74A5): "MI325X",          # Aqua Vanjaram [Instinct MI325X]
+    (0x1002, 0x74A0): "MI300A",          # Aqua Vanjaram [Instinct MI300A]
+    (0x1002, 0x738C): "MI100",           # Arcturus GL-XL [Instinct MI100]
     (0x1002, 0x740C): "MI250X",          # Aldebaran/MI200 [Instinct MI250X/MI250]
     (0x1002, 0x740F): "MI210",           # Aldebaran/MI200 [Instinct MI210]
 }
@@ -108,7 +118,9 @@ _NAME_PATTERNS: Tuple[Tuple[str, str], ...] = (
     (r"\bH100\b.*\bNVL\b", "H100 NVL"),
     (r"\bH100\b.*\bPCIE\b", "H100 PCIe"),
     (r"\bH100\b", "H100 SXM"),
+    (r"\bGH200\b", "GH200"),
     (r"\bGB200\b", "GB200"),
+    (r"\bL40S\b", "L40S"),
     (r"\bB200\b", "B200"),
     (r"\bA100\b.*\bPCIE\b.*\b80GB\b|\bA100\b.*\b80GB\b.*\bPCIE\b", "A100 PCIe 80GB"),
     (r"\bA100\b.*\b40GB\b", "A100 40GB"),
@@ -116,9 +128,11 @@ _NAME_PATTERNS: Tuple[Tuple[str, str], ...] = (
     (r"\bMI355X\b", "MI355X"),
     (r"\bMI350X\b", "MI350X"),
     (r"\bMI325X\b", "MI325X"),
+    (r"\bMI300A\b", "MI300A"),
     (r"\bMI300X\b", "MI300X"),
     (r"\bMI250X?\b", "MI250X"),
     (r"\bMI210\b", "MI210"),
+    (r"\bMI100\b", "MI100"),
 )
 
 VENDOR_IDS = {"nvidia": 0x10DE, "amd": 0x1002}

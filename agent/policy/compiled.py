@@ -126,14 +126,14 @@ MAX_COMPILED_BYTES = 8 << 20
 MAX_COMPILED_DEPTH = 16
 
 
-class Problem(Exception):
+class ShapeProblem(Exception):
     """One thing wrong with a compiled document, as ``where: message`` (the families' ``shape`` raise it)."""
 
 
 def expect(ok: bool, where: str, message: str) -> None:
-    """Raise :class:`Problem` unless ``ok``."""
+    """Raise :class:`ShapeProblem` unless ``ok``."""
     if not ok:
-        raise Problem(f"{where}: {message}")
+        raise ShapeProblem(f"{where}: {message}")
 
 
 def str_list(value: Any, where: str, non_empty: bool = False) -> None:
@@ -215,7 +215,7 @@ def check_compiled(data: Any, path: str) -> CompiledPolicy:
         raise InputFileError(path, f"failsafe {data.get('failsafe')!r} is not one of {', '.join(FAILSAFE_MODES)}")
     try:
         _check_document(data)
-    except Problem as exc:
+    except ShapeProblem as exc:
         raise InputFileError(path, f"invalid compiled policy: {exc}") from None
     return CompiledPolicy(data, path)
 

@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
 
         def shape(self, data: Mapping[str, Any]) -> None:
             """Check this family's part of a decoded compiled document (present: neither None nor []); raise
-            agent.policy.compiled.Problem on the first thing wrong."""
+            agent.policy.compiled.ShapeProblem on the first thing wrong."""
 
         def freeze(self, host: FreezeHost) -> List[str]:
             """This family's lines of ``policy freeze`` output (none when the host has nothing it pins)."""

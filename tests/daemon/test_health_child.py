@@ -77,8 +77,8 @@ def test_a_failed_post_change_check_in_the_child_keeps_the_node_out(tmp_path: Pa
 
 
 def test_five_forged_runs_then_an_honest_one_in_the_child_is_not_a_regression(tmp_path: Path) -> None:
-    """Through the daemon's job child: five runs forging 9.99e6 TFLOP/s never become the baseline, and the honest
-    run after them passes (before issue 39 it was a regression)."""
+    """Through the daemon's job child: five runs forging 9.99e6 TFLOP/s fail corroboration and never become the
+    baseline, and the honest run after them passes (before issue 39 they passed and it was a regression)."""
     import json
 
     from tests.health.baseline_helpers import switchable_interpreter
@@ -94,7 +94,7 @@ def test_five_forged_runs_then_an_honest_one_in_the_child_is_not_a_regression(tm
     probe_args.write_text("--mode pass --gemm 9.99e6")
     for _ in range(5):
         summary = child.run("interval", "full", False)
-        assert summary is not None and summary.status == "pass"
+        assert summary is not None and summary.status == "failed"  # above any SKU's peak: not corroborated
     baselines = state / "health" / "baselines.json"
     stored = json.loads(baselines.read_text())["records"] if baselines.exists() else {}
     assert all(run["metrics"].get("gpu0.gemm_bf16_tflops", 0) < 1e4 for rec in stored.values() for run in rec["runs"])
@@ -160,3 +160,48 @@ def test_a_probe_filling_its_home_leaves_the_next_check_in_the_child_alone(monke
         summary = child.run("stack_changed:dpkg", "functional", True)
         assert summary is not None and summary.status == "cpu_fallback", summary
         assert shutil.disk_usage(disk).used < 4 << 20
+def forged_child(tmp_path: Path, *probe_args: str, expected_gpus: int = 1):
+    """The daemon's health job child after a change, its host interpreter making the probe print ``probe_args``'
+    result; this machine has no GPU, so the inventory root holds the claims against is ``expected_gpu_count``."""
+    from agent.health.last import load_last_result
+    from tests.health.helpers import wrapper_python
+
+    python = wrapper_python(tmp_path, *probe_args)
+    state = tmp_path / "state"
+    config = tmp_path / "agent.toml"
+    config.write_text(f'[agent]\nstate_dir = "{state}"\n[health]\npython = "{python}"\ntimeout_seconds = 60\n'
+                      f'run_as = "{pwd.getpwuid(os.geteuid()).pw_name}"\nrequire_accelerator = false\n'
+                      f'expected_gpu_count = {expected_gpus}\n')
+    rt = make_runtime(tmp_path, Host(root=Path("/")), load_settings(str(config)))
+    summary = HealthInChild(rt, str(config)).run("stack_changed:dpkg", "functional", True)
+    return summary, load_last_result(str(state))
+
+
+def test_an_honest_result_passes_in_the_child(tmp_path: Path) -> None:
+    """An honest result (the H200's real figures, one GPU as configured) passes in the job child."""
+    summary, last = forged_child(tmp_path, "--gemm", "792", "--copy", "4269")
+    assert summary is not None and summary.status == "pass", last.summary if last else None
+
+
+@pytest.mark.parametrize("probe_args,kind", [
+    pytest.param(("--gpus", "8"), "more_gpus_than_host", id="8-gpus-expected-1"),
+    pytest.param(("--gpus", "2", "--forge", "unlisted-index"), "unlisted_index", id="figures-for-an-unlisted-index"),
+    pytest.param(("--gpus", "1", "--forge", "duplicate-index"), "duplicate_gpu", id="one-gpu-twice"),
+    pytest.param(("--forge", "negative-time"), "impossible_time", id="negative-time"),
+    pytest.param(("--name", "NVIDIA H100 80GB HBM3", "--gemm", "5000"), "above_peak", id="5000-tflops-on-an-h100"),
+])
+def test_the_child_fails_a_result_the_host_cannot_have(tmp_path: Path, probe_args: tuple, kind: str) -> None:
+    """The daemon's job child answers failed for a result that disagrees with what root saw, naming the kind."""
+    summary, last = forged_child(tmp_path, *probe_args)
+    assert summary is not None and summary.status == "failed", last.summary if last else None
+    assert last is not None and last.corroboration is not None
+    assert kind in [d.kind for d in last.corroboration.disagreements], last.summary
+
+
+@pytest.mark.parametrize("forge,reason", [("duplicate-key", "duplicate key 'device_count'"),
+                                          ("non-utf8", "not UTF-8 (byte 0xff")])
+def test_the_child_refuses_a_result_line_that_is_not_strict_json(tmp_path: Path, forge: str, reason: str) -> None:
+    """In the job child too, a key named twice or a non-UTF-8 byte in the result line is failed, named."""
+    summary, last = forged_child(tmp_path, "--forge", forge)
+    assert summary is not None and summary.status == "failed"
+    assert last is not None and reason in last.summary

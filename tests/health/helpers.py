@@ -212,3 +212,37 @@ def small_filesystem(size_mib: int) -> Iterator[Path]:
             yield path
         finally:
             subprocess.run(["umount", "-l", str(path)], check=False)
+H200_ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "roots" / "nvidia-h200-ubuntu2404"
+
+
+def nvidia_root(tmp_path: Path, model: str = "NVIDIA H200", gpus: int = 1) -> Path:
+    """A host root modelled on the H200 fixture's (driver 580.159.04, /proc/driver/nvidia) with ``gpus`` GPUs of
+    ``model`` at the PCI addresses and UUIDs fake_probe.py names (0000:00:06.0, ...; 5a1b2c3d-...-00000000000N)."""
+    root = tmp_path / f"root-{gpus}x{model.replace(' ', '_')}"
+    for relative in ("proc/driver/nvidia/version", "sys/module/nvidia/version", "etc/os-release",
+                     "proc/sys/kernel/osrelease"):
+        target = root / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes((H200_ROOT / relative).read_bytes())
+    (root / "dev").mkdir(parents=True, exist_ok=True)
+    template = (H200_ROOT / "proc/driver/nvidia/gpus/0000:18:00.0/information").read_text()
+    for i in range(gpus):
+        bdf = f"0000:00:{6 + i:02x}.0"
+        info = (template.replace("NVIDIA H200", model).replace("0000:18:00.0", bdf)
+                .replace("GPU-5f0a3c7e-9b1d-4e2a-8c6f-2d4b7a9e1f03", f"GPU-5a1b2c3d-0000-0000-0000-00000000000{i}")
+                .replace("Device Minor: \t 0", f"Device Minor: \t {i}"))
+        gpu_dir = root / "proc/driver/nvidia/gpus" / bdf
+        gpu_dir.mkdir(parents=True, exist_ok=True)
+        (gpu_dir / "information").write_text(info)
+        (root / "dev" / f"nvidia{i}").write_text("")
+    return root
+
+
+def wrapper_python(tmp_path: Path, *probe_args: str) -> Path:
+    """A stand-in for the host's ML interpreter: whatever probe and limits it is handed, it runs fake_probe.py
+    with ``probe_args`` (what a hostile environment could make the probe print)."""
+    python = tmp_path / "ml-python"
+    python.write_text(f"#!{sys.executable}\nimport os, sys\n"
+                      f"os.execv(sys.executable, [sys.executable, {str(FAKE_PROBE)!r}, *{list(probe_args)!r}])\n")
+    python.chmod(0o755)
+    return python

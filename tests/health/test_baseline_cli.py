@@ -63,14 +63,15 @@ class Cli:
 
 
 def test_five_forged_runs_then_an_honest_one_is_not_a_regression(tmp_path: Path) -> None:
-    """Five runs forging 9.99e6 TFLOP/s never enter the baseline; the honest run after them is no regression."""
+    """Five runs forging 9.99e6 TFLOP/s never enter the baseline (corroboration fails them above the SKU's peak, so
+    they never reach it); the honest run after them is no regression."""
     cli = Cli(tmp_path)
     for _ in range(5):
         forged = cli.check(FORGED)
-        baseline = forged["baseline"]
-        assert isinstance(baseline, dict)
-        assert baseline["recorded"] is False and baseline["corroborated"] is False
-        assert any("beyond the SKU limits: gpu0 gemm_bf16_tflops" in r for r in baseline["refused"])
+        assert forged["status"] == "failed" and forged["baseline"] is None
+        corroboration = forged["corroboration"]
+        assert isinstance(corroboration, dict)
+        assert [d["kind"] for d in corroboration["disagreements"]] == ["above_peak"]
     assert all(v < 1e4 for v in cli.stored_figures())
     honest = cli.check(HONEST)
     assert honest["status"] == "pass" and honest["regressions"] == []
@@ -154,11 +155,11 @@ def test_reset_of_one_gpu_is_learned_again(tmp_path: Path) -> None:
 
 def test_a_figure_beyond_the_h200s_peak_never_joins_though_another_sku_could_reach_it(tmp_path: Path) -> None:
     """On a host whose snapshot names H200s, 1,200 TFLOP/s (above the H200's 989.5 x 1.15, below an MI300X's) is
-    refused: the SKU is root's, never the probe's."""
+    refused: the SKU is root's, never the probe's (corroboration fails the run, so it never reaches the baseline)."""
     settings = fake_probe_settings("--gemm", "1200")
     nvml = make_fake_nvml([[0.0], [90.0]])
     result = run_health_check(make_host({"pynvml": nvml}), settings, str(tmp_path / "state"),
                               snapshot=make_snapshot(), probe_path=FAKE_PROBE)
-    assert result.status == "pass" and result.baseline is not None
-    assert result.baseline.sku_limits == "H200 SXM" and result.baseline.recorded is False
-    assert result.baseline.refused[-1].startswith("beyond the SKU limits: gpu0 gemm_bf16_tflops 1200 > 1137.92")
+    assert result.status == "failed" and result.baseline is None and result.corroboration is not None
+    (disagreement,) = result.corroboration.disagreements
+    assert disagreement.kind == "above_peak" and "H200 SXM" in disagreement.message

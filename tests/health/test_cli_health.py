@@ -318,3 +318,73 @@ def test_a_full_state_filesystem_exits_16_and_keeps_the_old_baselines(tmp_path: 
             code, _ = run_hostile(state, python, mode, "pass", tmp_path)
         assert code == 16, err.getvalue()
         assert (state / "health" / "baselines.json").read_bytes() == baselines
+def forged_cli(tmp_path: Path, *probe_args: str, model: str = "NVIDIA H200", gpus: int = 1,
+               config_lines: str = "") -> tuple:
+    """``gpuguard health run --json`` on a root modelled on a real NVIDIA host (no SMI library: the inventory is the
+    snapshot's /proc/driver/nvidia), with a host interpreter that makes the probe print ``probe_args``' result."""
+    from tests.health.helpers import nvidia_root, wrapper_python
+
+    python = wrapper_python(tmp_path, *probe_args)
+    config = tmp_path / "forged.toml"
+    config.write_text(f"[health]\ntimeout_seconds = 30\nrun_as = \"{pwd.getpwuid(os.geteuid()).pw_name}\"\n"
+                      f"python = \"{python}\"\n{config_lines}")
+    out = io.StringIO()
+    root = nvidia_root(tmp_path, model, gpus)
+    code = main(["health", "run", "--json", "--config", str(config), "--state-dir", str(tmp_path / "state")],
+                make_host=lambda _: make_host({}, root=root), out=out)
+    return code, json.loads(out.getvalue())
+
+
+HONEST = [
+    pytest.param(("--gpus", "2", "--name", "NVIDIA H100 80GB HBM3", "--gemm", "700", "--copy", "3000"),
+                 "NVIDIA H100 80GB HBM3", 2, id="h100x2"),
+    # docs/hardware.md: the real probe on the H200, 792 TFLOP/s bf16 and 4269 GB/s copy at best.
+    pytest.param(("--gemm", "792", "--copy", "4269"), "NVIDIA H200", 1, id="h200-real-figures"),
+]
+
+
+@pytest.mark.parametrize("probe_args,model,gpus", HONEST)
+def test_an_honest_result_on_a_real_hosts_inventory_passes_and_says_what_was_corroborated(
+        tmp_path: Path, probe_args: tuple, model: str, gpus: int) -> None:
+    """An honest result on an inventory modelled on a real host passes, and --json lists the checks that held."""
+    code, data = forged_cli(tmp_path, *probe_args, model=model, gpus=gpus)
+    assert (code, data["status"]) == (0, "pass"), data["summary"]
+    corroboration = data["corroboration"]
+    assert corroboration["disagreements"] == [] and corroboration["inventory_gpu_count"] == gpus
+    assert any(line.startswith(f"GPU count: {gpus} <= {gpus}") for line in corroboration["checked"])
+    assert any("datasheet peaks" in line and "(root's inventory)" in line for line in corroboration["checked"])
+
+
+FORGED_CLI = [
+    pytest.param(("--gpus", "3"), 2, "", "more_gpus_than_host", id="3-gpus-on-a-2-gpu-host"),
+    pytest.param(("--gpus", "8"), 1, "expected_gpu_count = 1\n", "more_gpus_than_host", id="8-gpus-expected-1"),
+    pytest.param(("--forge", "unlisted-index"), 1, "", "unlisted_index", id="figures-for-an-unlisted-index"),
+    pytest.param(("--forge", "duplicate-index"), 1, "", "duplicate_gpu", id="one-gpu-twice-by-index"),
+    pytest.param(("--gpus", "2", "--forge", "duplicate-uuid"), 2, "", "duplicate_gpu", id="one-gpu-twice-by-uuid"),
+    pytest.param(("--forge", "negative-time"), 1, "", "impossible_time", id="negative-time"),
+    pytest.param(("--forge", "zero-time"), 1, "", "impossible_time", id="zero-time"),
+    pytest.param(("--name", "NVIDIA H100 80GB HBM3", "--gemm", "5000"), 1, "", "above_peak",
+                 id="5000-tflops-on-an-h100"),
+]
+
+
+@pytest.mark.parametrize("probe_args,gpus,config_lines,kind", FORGED_CLI)
+def test_health_run_fails_a_result_the_host_cannot_have_and_names_why(
+        tmp_path: Path, probe_args: tuple, gpus: int, config_lines: str, kind: str) -> None:
+    """``health run`` answers failed (exit 22) for a result that disagrees with root's own inventory, naming the
+    disagreement's kind, and records nothing of it in the baseline."""
+    model = "NVIDIA H100 80GB HBM3" if "above_peak" == kind else "NVIDIA H200"
+    code, data = forged_cli(tmp_path, *probe_args, model=model, gpus=gpus, config_lines=config_lines)
+    assert (code, data["status"]) == (22, "failed"), data["summary"]
+    assert kind in [d["kind"] for d in data["corroboration"]["disagreements"]]
+    assert f"not corroborated ({kind})" in data["summary"] or any(kind in f for f in data["failures"])
+    assert not (tmp_path / "state" / "health" / "baselines.json").exists()
+
+
+@pytest.mark.parametrize("forge,reason", [("duplicate-key", "duplicate key 'device_count'"),
+                                          ("non-utf8", "not UTF-8 (byte 0xff")])
+def test_health_run_refuses_a_result_line_that_is_not_strict_json(tmp_path: Path, forge: str, reason: str) -> None:
+    """A result line with a key named twice or a byte that is not UTF-8 is failed, the reason named."""
+    code, data = forged_cli(tmp_path, "--forge", forge)
+    assert (code, data["status"]) == (22, "failed"), data["summary"]
+    assert reason in data["summary"]

@@ -101,7 +101,8 @@ def test_fewer_gpus_than_nvml_sees_is_cpu_fallback(tmp_path: Path) -> None:
 
 def test_wrong_vendor_build_on_amd_host(tmp_path: Path) -> None:
     """A CUDA build of the framework on a host whose SMI library is amdsmi is cpu_fallback (wrong vendor)."""
-    modules = {"amdsmi": make_fake_amdsmi([0])}
+    # The GPU at the PCI address the fake probe names: the device is root's, only the build is wrong.
+    modules = {"amdsmi": make_fake_amdsmi([0], bdfs=("0000:00:06.0",))}
     result = run_health_check(make_host(modules), fake_probe_settings(), str(tmp_path),
                               snapshot=make_snapshot(nvidia_gpus=0), probe_path=FAKE_PROBE)
     assert result.status == "cpu_fallback"

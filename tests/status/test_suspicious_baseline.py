@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.health.model import Fingerprint
+from agent.health.sku_limits import fastest_known
 from tests.health.baseline_helpers import poisoned_file
 from tests.status.test_command import StateDir, run_status
 
@@ -42,7 +43,8 @@ def test_a_poisoned_baseline_is_attention_named_in_the_table_and_json(state: Sta
     document = json.loads(text)
     assert code == 30 and document["verdict"] == "attention"
     (figure,) = document["facts"]["health"]["suspicious_baseline"]
-    assert figure.startswith(f"baseline {FP.id} gpu0 gemm_bf16_tflops 9.99e+06 > 1503.51 (any known SKU")
+    bound = fastest_known().ceiling("gemm_bf16_tflops")
+    assert figure.startswith(f"baseline {FP.id} gpu0 gemm_bf16_tflops 9.99e+06 > {bound:g} (any known SKU")
 
 
 def test_the_limits_are_the_snapshots_gpus(state: StateDir) -> None:

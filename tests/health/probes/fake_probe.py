@@ -19,6 +19,12 @@
                   "--mode skip" into "--mode pass") in its user site, its HOME and TMPDIR, then passes
 --mode setsid-hog a grandchild in its own session touches --hog-mib MiB and holds it; passes after 6 s
 --mode fill       writes --fill-mib files of 1 MiB into its HOME (errors ignored), holds on 3 s, then passes
+--name NAME       the model name it claims for every GPU (default NVIDIA H200)
+--forge KIND      a result the host cannot have (the figures and names otherwise as --mode pass):
+                  unlisted-index (figures for GPU 5 too), duplicate-index (GPU 0's row twice),
+                  duplicate-uuid (every device with GPU 0's UUID), negative-time, zero-time (no time for done work),
+                  duplicate-key (device_count 8 first, the real one last: json keeps the last), non-utf8 (a 0xff
+                  byte in a string of the result line)
 """
 
 import argparse
@@ -32,24 +38,24 @@ import time
 MARKER = "GPUGUARD_PROBE_RESULT "
 
 
-def gpu(index, gemm, copy, ref_ok=True):
-    return {"index": index, "device": "cuda:%d" % index, "name": "NVIDIA H200", "gemm_dtype": "bf16",
+def gpu(index, gemm, copy, ref_ok=True, name="NVIDIA H200"):
+    return {"index": index, "device": "cuda:%d" % index, "name": name, "gemm_dtype": "bf16",
             "gemm_size": 8192, "gemm_bf16_tflops": gemm, "gemm_fp16_tflops": None,
             "gemm_batch_spread_fraction": 0.01, "gemm_reference_rel_error": 0.003 if ref_ok else 0.5,
             "gemm_reference_ok": ref_ok, "copy_bytes": 4 << 30, "copy_bandwidth_gbps": copy,
             "copy_batch_spread_fraction": 0.01, "copy_verified": True, "train_steps": 12,
-            "train_first_step_seconds": 0.2, "train_step_seconds": 0.002, "train_loss_first": 1.0,
+            "train_first_step_seconds": 0.02, "train_step_seconds": 0.002, "train_loss_first": 1.0,
             "train_loss_last": 0.5, "train_ok": True, "checkpoint_bytes": 1000, "checkpoint_seconds": 0.01,
-            "checkpoint_ok": True, "device_memory_peak_bytes": 8 << 30, "step_seconds": {"gemm": 0.5},
-            "seconds": 1.0, "errors": []}
+            "checkpoint_ok": True, "device_memory_peak_bytes": 8 << 30, "step_seconds": {"gemm": 0.02},
+            "seconds": 0.05, "errors": []}
 
 
 def result(args):
     throttle = 1.0 - args.throttle_fraction
     framework = {"name": "torch", "version": "2.11.0+cu130", "build": "cuda", "cuda": "13.0", "hip": None,
                  "nccl": "2.27.7", "import_error": None}
-    devices = [{"index": i, "name": "NVIDIA H200", "memory_total_bytes": 150754820096,
-                "uuid": "5a1b2c3d-0000-0000-0000-00000000000%d" % i, "pci_bus_id": "0000:00:0%d.0" % (6 + i),
+    devices = [{"index": i, "name": args.name, "memory_total_bytes": 150754820096,
+                "uuid": "5a1b2c3d-0000-0000-0000-00000000000%d" % i, "pci_bus_id": "0000:00:%02x.0" % (6 + i),
                 "capability": "9.0", "multiprocessors": 132, "gcn_arch": None} for i in range(args.gpus)]
     out = {"probe_schema_version": 1, "python": "3.12.3", "framework": framework, "skipped_reason": None,
            "accelerator_available": True, "device_count": args.gpus, "devices": devices, "ran_on": "gpu",
@@ -68,11 +74,12 @@ def result(args):
         out.update(accelerator_available=False, device_count=0, devices=[], ran_on="cpu", gpus=[cpu])
         return out
     out["gpus"] = [gpu(i, args.gemm * throttle * args.scale, args.copy * throttle * args.scale,
-                       ref_ok=args.mode != "badcheck") for i in range(args.gpus)]
+                       ref_ok=args.mode != "badcheck", name=args.name) for i in range(args.gpus)]
     if args.device_memory_budget_bytes:
         for g in out["gpus"]:
             g.update(gemm_size=2048, copy_bytes=args.device_memory_budget_bytes // 4,
                      device_memory_peak_bytes=args.device_memory_budget_bytes // 2)
+    forge(out, args.forge)
     return out
 
 
@@ -91,6 +98,21 @@ def plant():
                     handle.write(text)
         except OSError:
             continue
+def forge(out, kind):
+    """Make ``out`` a result the host cannot have (see --forge)."""
+    if kind == "unlisted-index":
+        extra = dict(out["gpus"][0], index=5, device="cuda:5")
+        out["gpus"].append(extra)
+    elif kind == "duplicate-index":
+        out["gpus"].append(dict(out["gpus"][0]))
+    elif kind == "duplicate-uuid":
+        for device in out["devices"]:
+            device["uuid"] = out["devices"][0]["uuid"]
+    elif kind == "negative-time":
+        out["gpus"][0]["seconds"] = -1.0
+    elif kind == "zero-time":
+        out["gpus"][0]["seconds"] = 0.0
+        out["gpus"][0]["train_step_seconds"] = 0.0
 
 
 def main():
@@ -109,6 +131,8 @@ def main():
     parser.add_argument("--flood-mib", type=int, default=400)
     parser.add_argument("--token", default="gpuguard-fake-grandchild")
     parser.add_argument("--fill-mib", type=int, default=64)
+    parser.add_argument("--name", default="NVIDIA H200")
+    parser.add_argument("--forge", default=None)
     args, _ = parser.parse_known_args()
     if args.env_file:
         with open(args.env_file, "w") as handle:
@@ -175,7 +199,15 @@ def main():
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", args.token], start_new_session=True,
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     print("UserWarning: noise a framework prints before the result")
-    print(MARKER + json.dumps(out))
+    line = json.dumps(out)
+    if args.forge == "duplicate-key":
+        line = '{"device_count": 8, ' + line[1:]
+    if args.forge == "non-utf8":
+        sys.stdout.flush()
+        head, tail = line.split('"python": "', 1)
+        os.write(1, (MARKER + head + '"python": "').encode() + b"3.12\xff" + tail.encode()[len("3.12"):] + b"\n")
+        return 0
+    print(MARKER + line)
     return 0
 
 
