@@ -102,10 +102,14 @@ def _compliance(f: StatusFacts) -> Check:
 
 def _health(f: StatusFacts, now: dt.datetime) -> Check:
     check = _health_result(f, now)
-    deferral = f.health.deferral
-    if deferral is None:
+    extra = [line for line in (f.health.deferral, f.health.gate) if line is not None]
+    if f.health.gate_problem is not None:
+        extra.append(f.health.gate_problem)
+        if check.state in ("ok", "info"):  # the gate cannot follow changes until the file is deleted
+            check = check.model_copy(update={"state": "warn"})
+    if not extra:
         return check
-    return check.model_copy(update={"summary": f"{check.summary}; {deferral}"})
+    return check.model_copy(update={"summary": "; ".join([check.summary, *extra])})
 
 
 def _health_result(f: StatusFacts, now: dt.datetime) -> Check:
