@@ -56,7 +56,7 @@ def _default_check(host: Host, settings: Settings, stopping: threading.Event) ->
     """``check_and_rollback`` whose wait for the package manager's lock gives up when the daemon is stopping:
     during an apt run (gpuguard's own prerm among them) the check waits for dpkg's lock, and ``systemctl stop``
     then hung until TimeoutStopSec and a SIGKILL. What it saw goes into the health gate's window
-    (agent/daemon_jobs/health_gate.py): every change the guard sees is one the next health verdict covers."""
+    (agent/guard/rollback/health_gate.py): every change the guard sees is one the next health verdict covers."""
     from agent.guard.manager import backend_for  # apt tooling only once a check is due
     from agent.guard.rollback.core import check_and_rollback
 
@@ -64,7 +64,7 @@ def _default_check(host: Host, settings: Settings, stopping: threading.Event) ->
         if stopping.wait(seconds):
             raise Interrupted("the daemon is stopping: gave up waiting for the package manager's lock")
 
-    from agent.daemon_jobs.health_gate import note_guard_check
+    from agent.guard.rollback.health_gate import note_guard_check
 
     paths = StatePaths(settings.agent.state_dir)
     backend = backend_for(host, settings.guard, paths, sleep=sleep)

@@ -22,7 +22,7 @@ from agent.errors import GpuguardError
 from agent.log import get_logger
 
 if TYPE_CHECKING:  # pragma: no cover
-    from agent.daemon_jobs.health_gate import GateState
+    from agent.guard.rollback.health_gate import GateState
     from agent.health.model import HealthResult
     from agent.report.events import Rollback
 
@@ -142,7 +142,7 @@ class HealthJob:
         """The guarded sets now, noted in the gate's window (a move since the last look is a change); None when the
         gate cannot follow (no compiled policy, not wired, a damaged state file: the set kept before the change is
         then what a rollback restores)."""
-        from agent.daemon_jobs.health_gate import GateStateDamaged, observe, update_gate
+        from agent.guard.rollback.health_gate import GateStateDamaged, observe, update_gate
 
         rt, sets_now = self.runtime, self.hooks.guarded_sets
         if sets_now is None or gate.off:
@@ -174,7 +174,7 @@ class HealthJob:
         return str(self.runtime.host.path(self.runtime.paths.health_gate))
 
     def _judged(self, change: Callable[[GateState], GateState]) -> Optional[GateState]:
-        from agent.daemon_jobs.health_gate import GateStateDamaged, update_gate
+        from agent.guard.rollback.health_gate import GateStateDamaged, update_gate
 
         try:
             return update_gate(self._gate_path(), change)
@@ -185,7 +185,7 @@ class HealthJob:
     def _passed(self, gate: _Gate, before: Optional[_Look], after: Optional[_Look], status: str) -> None:
         """A pass: the last set that passed when it covers the set installed throughout the check; else, when a
         change came during the check, a check after it (``again``)."""
-        from agent.daemon_jobs.health_gate import may_record_pass, record_pass
+        from agent.guard.rollback.health_gate import may_record_pass, record_pass
 
         if before is None or after is None:
             return
@@ -236,8 +236,8 @@ class HealthJob:
               before: Optional[_Look], after: Optional[_Look]) -> HealthResult:
         """The policy's after_change on a result judged against the last set that passed; the result that stands
         (the recheck's, after a rollback)."""
-        from agent.daemon_jobs.health_gate import gate_decision, judge
         from agent.guard.rollback.health import decide
+        from agent.guard.rollback.health_gate import gate_decision, judge
 
         if str(result.status) == "pass":
             self._passed(gate, before, after, "pass")

@@ -13,7 +13,7 @@
   ``agent.guard.rollback.health.rollback_before_change`` with the settings' StatePaths and package backend (apt/dnf
   tooling imported only when one is due), to the health gate's last set that passed when it has one.
 - :class:`GuardedSets`: the guarded packages installed now and the guard's known-good set, as the health gate
-  (agent/daemon_jobs/health_gate.py) compares them.
+  (agent/guard/rollback/health_gate.py) compares them.
 
 They run where the job bodies that call them run: in a job child (agent/daemon_jobs/child_main.py), or in-process in
 tests; the resident daemon holds none of them (their types are imported for the type checker only).
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Optional, Protocol, Sequence, Tuple
 
-# package key -> (version, arch): a guarded set as the health gate keeps it (agent/daemon_jobs/health_gate.py)
+# package key -> (version, arch): a guarded set as the health gate keeps it (agent/guard/rollback/health_gate.py)
 Installed = Mapping[str, Tuple[str, str]]
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -186,7 +186,7 @@ class HealthSummary(JsonRecord):
     rollback: Optional[str] = None
     reboot_required: bool = False
     recheck_status: Optional[str] = None
-    # The health gate (agent/daemon_jobs/health_gate.py): a change came during the check, so a check after it is
+    # The health gate (agent/guard/rollback/health_gate.py): a change came during the check, so a check after it is
     # due; and the package changes since the last pass that the verdict covers (for people).
     again: bool = False
     covers: str = ""

@@ -358,8 +358,8 @@ def read_deferral(path: str) -> Optional[str]:
 
 
 def read_gate(path: str) -> Tuple[Optional[str], Optional[str]]:
-    """The health gate's window (agent/daemon_jobs/health_gate.py) as one line, and the problem of a damaged file."""
-    from agent.daemon_jobs.health_gate import GateStateDamaged, describe_changes, load_gate
+    """The health gate's window (agent/guard/rollback/health_gate.py) as one line, and the problem of a damaged file."""
+    from agent.guard.rollback.health_gate import GateStateDamaged, describe_changes, load_gate
 
     try:
         state = load_gate(path)

@@ -49,7 +49,7 @@ def test_a_reboot_marked_by_a_rollback_is_attention(tmp_path: Path) -> None:
 def test_the_health_gate_window_and_its_verdict_are_shown_with_the_health_check(tmp_path: Path) -> None:
     """Status names the changes since the last pass while unjudged, then the verdict and the changes it covered; a
     damaged gate file makes the health check a warning naming the file."""
-    from agent.daemon_jobs.health_gate import GateState, judge, observe, record_pass, render_gate
+    from agent.guard.rollback.health_gate import GateState, judge, observe, record_pass, render_gate
     from agent.status.facts import read_gate
 
     a = {"rocm-core": ("6.2.2", "amd64")}

@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from agent.host import Host
     from agent.statepaths import StatePaths
 
-log = get_logger("health_gate")
+log = get_logger("guard.health_gate")
 
 GATE_FORMAT = 1
 MAX_CHANGES = 32  # changes kept in the window; older ones are counted (``dropped``), never silently lost

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.daemon_jobs.health_gate import (
+from agent.guard.rollback.health_gate import (
     MAX_CHANGES,
     GateState,
     GateStateDamaged,
