@@ -1,11 +1,12 @@
 """Health-gated rollback: put back the guarded packages recorded before a change the health check found broken.
 
-The guard's check records every compliant change as the new known-good set and keeps the set it replaces
-(``known-good.before-change.json``, :func:`agent.guard.rollback.core.keep_before_change`). When the policy says
-``[health] after_change = "rollback"`` and the check after that change finds ``cpu_fallback`` or ``failed`` (or a
-confirmed ``regression``), the health job calls :func:`rollback_before_change`: the same plan, authorization,
-lock, apply, ``finish_pending`` and verification as the guard's rollback (core.plan_and_apply), with reason
-``health``. Then:
+The health gate (agent/guard/rollback/health_gate.py) keeps the last guarded set that passed a health check and
+the package changes since. When the policy says ``[health] after_change = "rollback"`` and a check with changes
+unjudged (or the check after a change) finds ``cpu_fallback`` or ``failed`` (or a confirmed ``regression``), the
+health job calls :func:`rollback_before_change` with that set as ``target``; before anything passed, the set the
+guard kept before the last compliant change (``known-good.before-change.json``,
+:func:`agent.guard.rollback.core.keep_before_change`). The same plan, authorization, lock, apply,
+``finish_pending`` and verification as the guard's rollback (core.plan_and_apply), with reason ``health``. Then:
 
 - the kept set is used up (renamed ``.used``): one change gets one health rollback, never a retry;
 - ``health-rollback.json`` records what was removed; a later change back to exactly that set is never rolled back
