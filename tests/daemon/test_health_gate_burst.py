@@ -103,7 +103,9 @@ class Probe:
 
 
 @dataclasses.dataclass
-class Host_:
+class Scene:
+    """The fake host and the jobs that watch it."""
+
     root: Path
     runner: AptRunner
     clock: Clock
@@ -121,7 +123,7 @@ class Host_:
         return [e.payload for e in self.health.runtime.outbox.pending(100) if e.kind == "rollback"]
 
 
-def _host(tmp_path: Path) -> Host_:
+def _host(tmp_path: Path) -> Scene:
     root = tmp_path / "root"
     (root / "var/lib/dpkg").mkdir(parents=True)
     (root / "var/lib/dpkg/status").write_text(_status(GOOD))
@@ -157,7 +159,7 @@ def _host(tmp_path: Path) -> Host_:
     schedule = HealthSchedule(rt, lambda reason, mode, after: health.check(reason, mode, after),
                               clock=lambda: clock.seconds)
     guard = GuardJob(rt, forward=lambda reason: 0)
-    return Host_(root, runner, clock, guard, health, schedule, probe, root / str(tmp_path / "state").lstrip("/"))
+    return Scene(root, runner, clock, guard, health, schedule, probe, root / str(tmp_path / "state").lstrip("/"))
 
 
 def _no_snapshot(monkeypatch: Any) -> None:
@@ -209,7 +211,7 @@ def test_a_change_during_a_running_check_extends_the_window_and_gets_a_check_aft
 
 def test_a_periodic_check_that_fails_right_after_a_change_rolls_back(tmp_path: Path, monkeypatch: Any) -> None:
     """A periodic check (no stack change asked for it) that finds the fallback while a change since the last pass is
-    unjudged acts as the post-change check and rolls back; the next periodic failure does not roll back again."""
+    unjudged acts as the post-change check and rolls back to the last set that passed."""
     _no_snapshot(monkeypatch)
     h = _host(tmp_path)
     assert h.schedule.run("interval") is None
