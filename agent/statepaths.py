@@ -24,6 +24,8 @@ rollback.dnf                  rollback on rpm hosts (a dnf shell script)    dnf
 outbox.sqlite3                the daemon and its children                   the daemon's delivery, gpuguard status
 last-snapshot.json            the snapshot job                              the daemon at start, gpuguard status
 health-deferral.json          the daemon's health schedule                  the same, gpuguard status
+health-gate.json              the guard and health jobs (the last set that  the health gate, gpuguard status
+                              passed, the package changes since)
 maintenance.json              the maintenance hand-off (integrations/)      the same, the hook, the checkers, status
 health/last.json              the health check                              the daemon at start, gpuguard status
 health/baselines.json         the health check                              the same
@@ -155,6 +157,11 @@ class StatePaths:
     def health_deferral(self) -> str:
         """The full health check the daemon waits to run until the GPUs are idle."""
         return self._join("health-deferral.json")
+
+    @property
+    def health_gate(self) -> str:
+        """The last guarded set that passed a health check and the package changes since (the health gate's window)."""
+        return self._join("health-gate.json")
 
     @property
     def maintenance(self) -> str:

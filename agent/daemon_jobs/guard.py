@@ -55,7 +55,8 @@ ForwardFunction = Callable[[str], int]
 def _default_check(host: Host, settings: Settings, stopping: threading.Event) -> GuardResult:
     """``check_and_rollback`` whose wait for the package manager's lock gives up when the daemon is stopping:
     during an apt run (gpuguard's own prerm among them) the check waits for dpkg's lock, and ``systemctl stop``
-    then hung until TimeoutStopSec and a SIGKILL."""
+    then hung until TimeoutStopSec and a SIGKILL. What it saw goes into the health gate's window
+    (agent/guard/rollback/health_gate.py): every change the guard sees is one the next health verdict covers."""
     from agent.guard.manager import backend_for  # apt tooling only once a check is due
     from agent.guard.rollback.core import check_and_rollback
 
@@ -63,8 +64,13 @@ def _default_check(host: Host, settings: Settings, stopping: threading.Event) ->
         if stopping.wait(seconds):
             raise Interrupted("the daemon is stopping: gave up waiting for the package manager's lock")
 
+    from agent.guard.rollback.health_gate import note_guard_check
+
     paths = StatePaths(settings.agent.state_dir)
-    return check_and_rollback(host, settings.guard, paths, backend_for(host, settings.guard, paths, sleep=sleep))
+    backend = backend_for(host, settings.guard, paths, sleep=sleep)
+    result = check_and_rollback(host, settings.guard, paths, backend)
+    note_guard_check(host, paths, backend, result, host.clock().timestamp())  # the health gate's window
+    return result
 
 
 class GuardJob:

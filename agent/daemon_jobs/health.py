@@ -12,15 +12,17 @@ result (or a ``regression`` that a second, full run confirms) restores the guard
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, List, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, List, Optional
 
-from agent.daemon_jobs.hooks import Hooks
+from agent.daemon_jobs.hooks import GuardedNow, Hooks
 from agent.daemon_jobs.protocol import AskedMode, HealthSummary
 from agent.daemon_jobs.runtime import Runtime
 from agent.errors import GpuguardError
 from agent.log import get_logger
 
 if TYPE_CHECKING:  # pragma: no cover
+    from agent.guard.rollback.health_gate import GateState
     from agent.health.model import HealthResult
     from agent.report.events import Rollback
 
@@ -93,9 +95,10 @@ def maintenance_hold(rt: Runtime) -> Optional[str]:
 class HealthJob:
     """Calls the health runner; records its status, commits the events it raises, gates a change on it."""
 
-    def __init__(self, runtime: Runtime, hooks: Hooks) -> None:
+    def __init__(self, runtime: Runtime, hooks: Hooks, clock: Callable[[], float] = time.time) -> None:
         self.runtime = runtime
         self.hooks = hooks
+        self.clock = clock
         self._skips = HealthSkips(runtime)
         self._restore_last_status()
 
@@ -122,17 +125,88 @@ class HealthJob:
         return self.check(reason, mode, after_change)
 
     def check(self, reason: str, mode: Optional[AskedMode] = None, after_change: bool = False) -> HealthSummary:
-        """Run the check (and, after a change, the gate): what the result that stands says."""
-        result = self._once(reason, mode)
+        """Run the check and judge it at the gate: what the result that stands says."""
         gate = _Gate()
-        if after_change:
-            result = self._gate(reason, result, mode, gate)
+        before = self._look(gate)
+        result = self._once(reason, mode)
+        after = self._look(gate)
+        result = self._gate(reason, result, mode, gate, after_change, before, after)
         with self.runtime.state.lock:  # the heartbeat's last_health_after_change (the rollout's evidence)
             self.runtime.state.last_health_after_change = after_change
         return HealthSummary(status=str(result.status), at_seconds=self.runtime.state.last_health_at_seconds,
                              mode=mode, busy=result_busy(result), tenants=tuple(tenants_of_result(result)),
                              rollback=gate.rollback, reboot_required=gate.reboot_required,
-                             recheck_status=gate.recheck_status)
+                             recheck_status=gate.recheck_status, again=gate.again, covers=gate.covers[:2000])
+
+    def _look(self, gate: _Gate, by: str = "package_manager") -> Optional[_Look]:
+        """The guarded sets now, noted in the gate's window (a move since the last look is a change); None when the
+        gate cannot follow (no compiled policy, not wired, a damaged state file: the set kept before the change is
+        then what a rollback restores)."""
+        from agent.guard.rollback.health_gate import GateStateDamaged, observe, update_gate
+
+        rt, sets_now = self.runtime, self.hooks.guarded_sets
+        if sets_now is None or gate.off:
+            return None
+        try:
+            sets = sets_now(rt.host, rt.job_settings())
+        except Exception as exc:  # noqa: BLE001 - the check is reported either way; the gate falls back
+            log.warning("health_gate_sets_unreadable", error=f"{type(exc).__name__}: {exc}",
+                        exc_info=not isinstance(exc, (GpuguardError, OSError)))
+            return None
+        if sets is None:
+            return None
+        now = self.clock()
+        try:
+            state = update_gate(self._gate_path(), lambda s: observe(s, sets.installed, now, by=by))
+        except GateStateDamaged as exc:
+            log.error("health_gate_state_damaged", error=str(exc), fallback="the set kept before the change")
+            gate.off = True
+            return None
+        except OSError as exc:
+            log.error("health_gate_state_unwritable", error=exc.strerror or str(exc),
+                      fallback="the set kept before the change")
+            gate.off = True
+            return None
+        return _Look(state, sets)
+
+    def _gate_path(self) -> str:
+        """health-gate.json where the guard's files are (under the Host root, as the guard's check writes it)."""
+        return str(self.runtime.host.path(self.runtime.paths.health_gate))
+
+    def _judged(self, change: Callable[[GateState], GateState]) -> Optional[GateState]:
+        from agent.guard.rollback.health_gate import GateStateDamaged, update_gate
+
+        try:
+            return update_gate(self._gate_path(), change)
+        except (GateStateDamaged, OSError) as exc:
+            log.error("health_gate_state_unwritable", error=str(exc))
+            return None
+
+    def _passed(self, gate: _Gate, before: Optional[_Look], after: Optional[_Look], status: str) -> None:
+        """A pass: the last set that passed when it covers the set installed throughout the check; else, when a
+        change came during the check, a check after it (``again``)."""
+        from agent.guard.rollback.health_gate import may_record_pass, record_pass
+
+        if before is None or after is None:
+            return
+        if not may_record_pass(after.state, before.sets.installed, after.sets.installed, after.sets.known_good,
+                               before.state.noted):
+            if after.state.noted != before.state.noted or dict(before.sets.installed) != dict(after.sets.installed):
+                gate.again = True  # the pass does not cover the change that came during it: a check after it
+                log.info("health_gate_window_extended", changes=after.state.covered()[:500])
+            return
+        now, noted = self.clock(), after.state.noted
+
+        def passed(s: GateState) -> GateState:
+            return record_pass(s, after.sets.installed, now, status) if s.noted == noted else s
+
+        state = self._judged(passed)
+        if state is not None and state.verdict is not None and state.passed_at_seconds == now:
+            gate.covers = after.state.covered() if after.state.window_open else ""
+            if after.state.window_open:
+                log.info("health_gate_passed", covers=gate.covers[:500], packages=len(after.sets.installed))
+        elif state is not None:
+            gate.again = True  # a change was noted between the look and the record
 
     def _once(self, reason: str, mode: Optional[AskedMode]) -> HealthResult:
         rt = self.runtime
@@ -153,31 +227,50 @@ class HealthJob:
                             else "warning")
         with rt.state.lock:
             rt.state.last_health_status = str(result.status)
-            rt.state.last_health_at_seconds = time.time()
+            rt.state.last_health_at_seconds = self.clock()
         log.info("health_job_done", reason=reason, mode=mode or "settings", status=str(result.status),
                  events=len(payloads), duration_seconds=round(time.monotonic() - started, 3))
         return result
 
-    def _gate(self, reason: str, result: HealthResult, mode: Optional[AskedMode], gate: _Gate) -> HealthResult:
-        """The policy's after_change on a post-change result; the result that stands (the recheck's, after one)."""
+    def _gate(self, reason: str, result: HealthResult, mode: Optional[AskedMode], gate: _Gate, after_change: bool,
+              before: Optional[_Look], after: Optional[_Look]) -> HealthResult:
+        """The policy's after_change on a result judged against the last set that passed; the result that stands
+        (the recheck's, after a rollback)."""
         from agent.guard.rollback.health import decide
+        from agent.guard.rollback.health_gate import gate_decision, judge
 
+        if str(result.status) == "pass":
+            self._passed(gate, before, after, "pass")
+            return result
+        window_open = after is not None and after.state.window_open
         action = after_change_action(self.runtime)
-        decision = decide(action, str(result.status))
+        decision = gate_decision(action, str(result.status), after_change, window_open)
         if decision == "confirm":
             log.info("health_regression_confirming", reason=reason, action=action)
             result = self._once("confirm_regression", "full")  # full: a busy GPU defers, never judges speed
-            decision = decide(action, str(result.status), confirmed=True)
+            decision = gate_decision(action, str(result.status), after_change, window_open, confirmed=True)
+            if str(result.status) == "pass":
+                self._passed(gate, before, self._look(gate), "pass")
+                return result
         if decision != "rollback" or self.hooks.health_rollback is None:
             return result
         rt = self.runtime
         trigger = str(result.status)
+        target, covers = None, ""
+        if after is not None:
+            target = after.state.passed  # None: nothing passed yet here; the set kept before the change, as before
+            covers = after.state.covered()
+            gate.covers = covers
+            now = self.clock()
+            # Judged before apt runs: a crash half-way never leads to a second rollback for these changes.
+            self._judged(lambda s: judge(s, now, trigger, "rolling_back"))
 
         def commit(event: Rollback) -> None:
             rt.emitter.emit(event, severity="warning" if event.succeeded else "critical")
 
         try:
-            outcome = self.hooks.health_rollback(rt.host, rt.job_settings(), trigger, sink=commit)
+            outcome = self.hooks.health_rollback(rt.host, rt.job_settings(), trigger, sink=commit, target=target,
+                                                 covers=covers)
         except Exception as exc:  # noqa: BLE001 - reported as a failed rollback, never the job's end
             from agent.report.events import Rollback
 
@@ -186,20 +279,37 @@ class HealthJob:
             commit(Rollback(reason="health", from_versions={}, to_versions={}, succeeded=False, health_status=trigger,
                             detail=f"the health-gated rollback failed: {detail}"[:4000]))
             gate.rollback = "failed"
+            self._outcome("failed")
             return result
         gate.rollback = str(outcome.status)
         gate.reboot_required = bool(getattr(outcome, "reboot_required", False))
+        self._outcome(gate.rollback)
         if outcome.status != "rolled_back":
-            log.warning("health_rollback_not_done", status=outcome.status, detail=outcome.detail, health_status=trigger)
+            log.warning("health_rollback_not_done", status=outcome.status, detail=outcome.detail, health_status=trigger,
+                        covers=covers[:500])
             return result
+        restored = self._look(gate, by="health_rollback")  # the gate's own move: the recheck judges it
         recheck = self._once("after_health_rollback", mode)
         gate.recheck_status = str(recheck.status)
         if decide("rollback", str(recheck.status), confirmed=True) == "rollback":
-            # Not retried: the kept set is used up, and health never rolls back to the set it removed.
+            # Not retried: the changes are judged, and health never rolls back to the set it removed.
             log.error("health_rollback_not_fixed", health_status=trigger, recheck_status=str(recheck.status))
         else:
             log.info("health_rollback_rechecked", health_status=trigger, recheck_status=str(recheck.status))
+            if str(recheck.status) == "pass":
+                self._passed(gate, restored, self._look(gate), "pass")
         return recheck
+
+    def _outcome(self, outcome: str) -> None:
+        """What came of the verdict's rollback, in the gate's last verdict (gpuguard status)."""
+        import dataclasses
+
+        def settle(s: GateState) -> GateState:
+            if s.verdict is None or s.verdict.outcome != "rolling_back":
+                return s
+            return dataclasses.replace(s, verdict=dataclasses.replace(s.verdict, outcome=outcome))
+
+        self._judged(settle)
 
 
 class _Gate:
@@ -209,3 +319,14 @@ class _Gate:
         self.rollback: Optional[str] = None
         self.reboot_required = False
         self.recheck_status: Optional[str] = None
+        self.again = False  # a change came during the check: a check after it
+        self.covers = ""  # the changes the verdict covers, for people
+        self.off = False  # the gate's state cannot be used in this check (damaged, unwritable)
+
+
+@dataclass(frozen=True)
+class _Look:
+    """The gate's window and the guarded sets at one moment of a check."""
+
+    state: GateState
+    sets: GuardedNow

@@ -4,6 +4,7 @@ The daemon's ``health`` job body. Production GPUs are busy most of the time, and
 another job (docs/health.md "Busy GPUs"), so:
 
     package change (snapshot: stack moved) -> mode functional now (correct work on every GPU, no fallback)
+    a change during a check (gate: again)  -> the same, at once: the check after that change
         pass on idle GPUs                  -> the full check (the configured mode) right away
         busy (passed beside a job)         -> deferral: the full comparison later
     busy / deferred result                 -> deferral: retry with mode full after defer_first_retry_seconds,
@@ -61,11 +62,13 @@ class HealthSchedule:
         self.clock = clock
         self.deferral: Optional[Deferral] = None
         self._after_change = False  # the comparison after a package change has not run yet
+        self._change_pending = False  # a change came during the last check: the next one is the check after it
         self._forget_file()  # a deferral of an earlier daemon is not this one's
 
     def run(self, reason: str = "interval") -> Optional[float]:
         """One check; the seconds until the next one when it is sooner than the interval (None: the interval)."""
-        if reason.startswith(STACK_CHANGED_PREFIX):
+        if reason.startswith(STACK_CHANGED_PREFIX) or self._change_pending:
+            self._change_pending = False
             self._after_change = True
             self._end()  # a new change restarts from its functional check
             mode: Optional[AskedMode] = "functional"
@@ -77,6 +80,10 @@ class HealthSchedule:
         if summary is None:  # disabled, another root, not installed
             return None
         status = summary.status
+        if summary.again:  # a change came during the check: the same window, and a check after it at once
+            log.info("health_check_after_change_during_check", status=status, covers=summary.covers[:500])
+            self._change_pending = True
+            return 0.0
         if summary.rollback:
             self._after_change = False  # that change was judged (and its recheck ran)
             self._end()

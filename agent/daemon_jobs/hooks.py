@@ -11,7 +11,9 @@
   given back at start.
 - :class:`HealthRollback`: the health-gated rollback after a package change,
   ``agent.guard.rollback.health.rollback_before_change`` with the settings' StatePaths and package backend (apt/dnf
-  tooling imported only when one is due).
+  tooling imported only when one is due), to the health gate's last set that passed when it has one.
+- :class:`GuardedSets`: the guarded packages installed now and the guard's known-good set, as the health gate
+  (agent/guard/rollback/health_gate.py) compares them.
 
 They run where the job bodies that call them run: in a job child (agent/daemon_jobs/child_main.py), or in-process in
 tests; the resident daemon holds none of them (their types are imported for the type checker only).
@@ -20,7 +22,10 @@ tests; the resident daemon holds none of them (their types are imported for the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Protocol, Sequence, Tuple
+
+# package key -> (version, arch): a guarded set as the health gate keeps it (agent/guard/rollback/health_gate.py)
+Installed = Mapping[str, Tuple[str, str]]
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.config import Settings
@@ -55,9 +60,23 @@ class HealthPayloads(Protocol):
 
 
 class HealthRollback(Protocol):
-    def __call__(self, host: Host, settings: Settings, health_status: str,
-                 sink: Callable[[Rollback], None]) -> GuardResult:
+    def __call__(self, host: Host, settings: Settings, health_status: str, sink: Callable[[Rollback], None],
+                 target: Optional[Installed] = None, covers: str = "") -> GuardResult:
         ...
+
+
+class GuardedSets(Protocol):
+    def __call__(self, host: Host, settings: Settings) -> Optional[GuardedNow]:
+        ...
+
+
+@dataclass(frozen=True)
+class GuardedNow:
+    """The guarded packages installed now and the guard's known-good set (None: none recorded), as the health
+    gate compares them: package key -> (version, arch)."""
+
+    installed: Installed
+    known_good: Optional[Installed]
 
 
 @dataclass(frozen=True)
@@ -69,6 +88,7 @@ class Hooks:
     health_last: Optional[HealthLast] = None
     health_payloads: Optional[HealthPayloads] = None
     health_rollback: Optional[HealthRollback] = None
+    guarded_sets: Optional[GuardedSets] = None
 
 
 def default_hooks() -> Hooks:
@@ -79,14 +99,35 @@ def default_hooks() -> Hooks:
     from agent.report.compliance import check_snapshot
 
     return Hooks(policy_check=check_snapshot, health_run=run_health_check, health_last=load_last_result,
-                 health_payloads=payloads_for, health_rollback=_health_rollback)
+                 health_payloads=payloads_for, health_rollback=_health_rollback, guarded_sets=guarded_sets)
 
 
-def _health_rollback(host: Host, settings: Settings, health_status: str,
-                     sink: Callable[[Rollback], None]) -> GuardResult:
+def _health_rollback(host: Host, settings: Settings, health_status: str, sink: Callable[[Rollback], None],
+                     target: Optional[Installed] = None, covers: str = "") -> GuardResult:
     from agent.guard.manager import backend_for
+    from agent.guard.rollback.backend import InstalledPackage
     from agent.guard.rollback.health import rollback_before_change
     from agent.statepaths import StatePaths
 
     paths = StatePaths(settings.agent.state_dir)
-    return rollback_before_change(host, paths, backend_for(host, settings.guard, paths), health_status, sink=sink)
+    packages = None if target is None else {k: InstalledPackage(v[0], v[1]) for k, v in target.items()}
+    return rollback_before_change(host, paths, backend_for(host, settings.guard, paths), health_status, sink=sink,
+                                  target=packages, covers=covers)
+
+
+def guarded_sets(host: Host, settings: Settings) -> Optional[GuardedNow]:
+    """The guarded packages installed now and the known-good set; None without a compiled policy (no guarded set)."""
+    from agent.guard.manager import backend_for
+    from agent.guard.rollback.core import load_known_good
+    from agent.policy.compiled import read_compiled
+    from agent.statepaths import StatePaths
+
+    paths = StatePaths(settings.agent.state_dir)
+    compiled = host.path(paths.compiled_policy)
+    if not compiled.exists():
+        return None
+    policy = read_compiled(str(compiled))
+    installed = backend_for(host, settings.guard, paths).read_installed(policy.guarded)
+    known_good = load_known_good(host, paths)
+    return GuardedNow({k: (v.version, v.arch) for k, v in installed.items()},
+                      None if known_good is None else {k: (v.version, v.arch) for k, v in known_good.items()})

@@ -176,7 +176,7 @@ class ForwardResult(JsonRecord):
 @dataclass(frozen=True)
 class HealthSummary(JsonRecord):
     """What one health check found: its status, when, in which mode, whether other jobs were on the GPUs, and what
-    the after-change gate did (a rollback and its recheck)."""
+    the gate did (a rollback and its recheck, a check due after a change that came during it)."""
 
     status: str
     at_seconds: Optional[float]
@@ -186,6 +186,10 @@ class HealthSummary(JsonRecord):
     rollback: Optional[str] = None
     reboot_required: bool = False
     recheck_status: Optional[str] = None
+    # The health gate (agent/guard/rollback/health_gate.py): a change came during the check, so a check after it is
+    # due; and the package changes since the last pass that the verdict covers (for people).
+    again: bool = False
+    covers: str = ""
 
 
 @dataclass(frozen=True)

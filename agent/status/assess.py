@@ -103,9 +103,13 @@ def _compliance(f: StatusFacts) -> Check:
 
 def _health(f: StatusFacts, now: dt.datetime) -> Check:
     check = _health_result(f, now)
-    deferral = f.health.deferral
-    if deferral is not None:
-        check = check.model_copy(update={"summary": f"{check.summary}; {deferral}"})
+    extra = [line for line in (f.health.deferral, f.health.gate) if line is not None]
+    if f.health.gate_problem is not None:
+        extra.append(f.health.gate_problem)
+        if check.state in ("ok", "info"):  # the gate cannot follow changes until the file is deleted
+            check = check.model_copy(update={"state": "warn"})
+    if extra:
+        check = check.model_copy(update={"summary": "; ".join([check.summary, *extra])})
     suspicious = f.health.suspicious_baseline
     if suspicious:
         # A baseline beyond what the GPUs can do was captured: no regression is called against it, and only the

@@ -53,6 +53,9 @@ class HealthFacts(FrozenModel):
     # Stored baseline figures beyond what the host's GPUs can do (agent/health/sku_limits.py): a captured baseline,
     # never compared with. One line each, the first few.
     suspicious_baseline: List[str] = []
+    # The health gate's window (health-gate.json): the last pass, the changes since or the verdict that covered them.
+    gate: Optional[str] = None
+    gate_problem: Optional[str] = None  # a damaged health-gate.json (the gate falls back until it is deleted)
 
 
 ChangeKind = Literal["health_rollback", "rollback", "transaction_blocked"]
@@ -374,6 +377,30 @@ def read_suspicious_baseline(host: Host, paths: StatePaths) -> List[str]:
     return [s.describe() for s in suspicious_baselines(data, limits)][:5]
 
 
+def read_gate(path: str) -> Tuple[Optional[str], Optional[str]]:
+    """The health gate's window (agent/guard/rollback/health_gate.py) as one line, and the problem of a damaged file."""
+    from agent.guard.rollback.health_gate import GateStateDamaged, describe_changes, load_gate
+
+    try:
+        state = load_gate(path)
+    except GateStateDamaged as exc:
+        return None, str(exc)
+
+    def at(seconds: float) -> str:
+        return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    passed = f"last pass {at(state.passed_at_seconds)}" if state.passed_at_seconds is not None else "no pass yet"
+    if state.window_open:
+        return f"gate: {passed}; since then {describe_changes(state.changes, state.dropped)}, not judged yet", None
+    v = state.verdict
+    if v is None:
+        return (None if state.passed_at_seconds is None else f"gate: {passed}"), None
+    covered = describe_changes(v.covers, v.dropped)
+    if v.outcome == "passed":
+        return f"gate: {passed}" + (f", covering {covered}" if v.covers or v.dropped else ""), None
+    return f"gate: {passed}; {v.status} at {at(v.at_seconds)} ({v.outcome}) covering {covered}", None
+
+
 def _read_tail(path: str, max_bytes: int) -> Tuple[bytes, int, float]:
     """The last ``max_bytes`` of a regular file, where they start, and its mtime. Opened non-blocking: a FIFO in
     place of a state file is refused at once (OSError), not waited on."""
@@ -537,6 +564,7 @@ def gather(host: Host, config_path: str, offline: bool,
         hub = HubFacts(endpoint_url=report.endpoint_url)
     else:
         hub = hub_probe(report.endpoint_url, report.ca_bundle)
+    gate, gate_problem = read_gate(str(host.path(paths.health_gate)))  # where the guard's job child writes it
     return StatusFacts(
         gathered_at=host.clock(), config_path=config_path, state_dir=state_dir,
         snapshot_interval_seconds=settings.snapshot.interval_seconds, health_enabled=settings.daemon.health_enabled,
@@ -544,7 +572,7 @@ def gather(host: Host, config_path: str, offline: bool,
         delivery_interval_seconds=report.delivery_interval_seconds,
         daemon=read_daemon(host), snapshot=read_snapshot(paths.last_snapshot),
         health=read_health(paths.health_last_result).model_copy(
-            update={"deferral": read_deferral(paths.health_deferral),
+            update={"deferral": read_deferral(paths.health_deferral), "gate": gate, "gate_problem": gate_problem,
                     "suspicious_baseline": read_suspicious_baseline(host, paths)}),
         guard=read_changes(str(host.path(paths.guard_events)), str(host.path(paths.health_rollback))).model_copy(
             update={"reboot_required": read_reboot_required(

@@ -52,7 +52,8 @@ class Fakes:
         self.modes.append(mode)
         return types.SimpleNamespace(status=self.statuses.pop(0), occupancy=None)
 
-    def rollback(self, host: Host, settings: Any, health_status: str, sink: Any) -> Any:
+    def rollback(self, host: Host, settings: Any, health_status: str, sink: Any, target: Any = None,
+                 covers: str = "") -> Any:
         self.rollbacks.append(health_status)
         done = self.rollback_status == "rolled_back"
         if self.rollback_status in ("rolled_back", "failed"):

@@ -44,3 +44,37 @@ def test_a_reboot_marked_by_a_rollback_is_attention(tmp_path: Path) -> None:
     assert (check.state, result.exit_code) == ("warn", 30)
     assert check.summary == ("no guard events recorded; reboot needed: kernel module packages changed "
                              "(amdgpu-dkms)")
+
+
+def test_the_health_gate_window_and_its_verdict_are_shown_with_the_health_check(tmp_path: Path) -> None:
+    """Status names the changes since the last pass while unjudged, then the verdict and the changes it covered; a
+    damaged gate file makes the health check a warning naming the file."""
+    from agent.guard.rollback.health_gate import GateState, judge, observe, record_pass, render_gate
+    from agent.status.facts import read_gate
+
+    a = {"rocm-core": ("6.2.2", "amd64")}
+    b = {"rocm-core": ("6.2.4", "amd64")}
+    path = tmp_path / "health-gate.json"
+    assert read_gate(str(path)) == (None, None)
+    passed = record_pass(observe(GateState(), a, 1_796_000_000.0), a, 1_796_000_000.0)
+    window = observe(observe(passed, a, 1_796_000_005.0, by="guard_rollback",
+                             moved=({"amdgpu-dkms": "2"}, {"amdgpu-dkms": "1"})), b, 1_796_000_009.0)
+    path.write_text(render_gate(window))
+    line, problem = read_gate(str(path))
+    assert problem is None and line == (
+        "gate: last pass 2026-11-30T00:53:20Z; since then 2 package change(s): 2026-11-30T00:53:25Z the guard's "
+        "rollback: amdgpu-dkms 2 -> 1; 2026-11-30T00:53:29Z rocm-core 6.2.2 -> 6.2.4, not judged yet")
+    path.write_text(render_gate(judge(window, 1_796_000_020.0, "cpu_fallback", "rolled_back")))
+    line, _ = read_gate(str(path))
+    assert line is not None and line.startswith(
+        "gate: last pass 2026-11-30T00:53:20Z; cpu_fallback at 2026-11-30T00:53:40Z (rolled_back) covering 2 "
+        "package change(s): ")
+    health = HealthFacts(status="pass", finished_at=NOW - MIN, summary="ok", gate=line)
+    [check] = [c for c in assess(healthy(health=health)).checks if c.name == "health"]
+    assert check.state == "ok" and check.summary.endswith(line)
+    path.write_text("{damaged")
+    line, problem = read_gate(str(path))
+    assert line is None and problem is not None and str(path) in problem
+    health = HealthFacts(status="pass", finished_at=NOW - MIN, summary="ok", gate_problem=problem)
+    [check] = [c for c in assess(healthy(health=health)).checks if c.name == "health"]
+    assert check.state == "warn" and problem in check.summary

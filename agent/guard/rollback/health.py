@@ -1,11 +1,12 @@
 """Health-gated rollback: put back the guarded packages recorded before a change the health check found broken.
 
-The guard's check records every compliant change as the new known-good set and keeps the set it replaces
-(``known-good.before-change.json``, :func:`agent.guard.rollback.core.keep_before_change`). When the policy says
-``[health] after_change = "rollback"`` and the check after that change finds ``cpu_fallback`` or ``failed`` (or a
-confirmed ``regression``), the health job calls :func:`rollback_before_change`: the same plan, authorization,
-lock, apply, ``finish_pending`` and verification as the guard's rollback (core.plan_and_apply), with reason
-``health``. Then:
+The health gate (agent/guard/rollback/health_gate.py) keeps the last guarded set that passed a health check and
+the package changes since. When the policy says ``[health] after_change = "rollback"`` and a check with changes
+unjudged (or the check after a change) finds ``cpu_fallback`` or ``failed`` (or a confirmed ``regression``), the
+health job calls :func:`rollback_before_change` with that set as ``target``; before anything passed, the set the
+guard kept before the last compliant change (``known-good.before-change.json``,
+:func:`agent.guard.rollback.core.keep_before_change`). The same plan, authorization, lock, apply,
+``finish_pending`` and verification as the guard's rollback (core.plan_and_apply), with reason ``health``. Then:
 
 - the kept set is used up (renamed ``.used``): one change gets one health rollback, never a retry;
 - ``health-rollback.json`` records what was removed; a later change back to exactly that set is never rolled back
@@ -23,10 +24,11 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 from agent.errors import InputFileError
 from agent.files import read_json_file, write_atomically
-from agent.guard.rollback.backend import PackageBackend
+from agent.guard.rollback.backend import InstalledPackage, PackageBackend
 from agent.guard.rollback.core import (
     GuardResult,
     _authorize,
+    _faults,
     _module_packages_moved,
     _revoke,
     _versions,
@@ -34,8 +36,10 @@ from agent.guard.rollback.core import (
     plan_and_apply,
 )
 from agent.host import Host
+from agent.hostfacts.context import read_host_context
 from agent.hostfacts.package_keys import package_name
 from agent.log import get_logger
+from agent.policy.evaluate import facts_used
 from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,12 +81,14 @@ def last_health_rollback(host: Host, paths: StatePaths) -> Optional[Dict[str, An
 def rollback_before_change(host: Host, paths: StatePaths, backend: PackageBackend, health_status: str,
                            sink: Callable[[Any], None], policy: Optional["CompiledPolicy"] = None,
                            now: Optional[Callable[[], dt.datetime]] = None,
-                           snapshot: Optional[Callable[[Host], object]] = None) -> GuardResult:
-    """Restore the set kept before the last change; the Rollback event (reason ``health``) goes to ``sink``.
+                           snapshot: Optional[Callable[[Host], object]] = None,
+                           target: Optional[Dict[str, InstalledPackage]] = None, covers: str = "") -> GuardResult:
+    """Restore the last set that passed (``target``, the health gate's) or, without one, the set kept before the
+    last change; the Rollback event (reason ``health``, ``covers`` the changes its verdict covers) goes to ``sink``.
 
-    Status ``rolled_back`` or ``failed`` (an event either way), or without an event: ``no_known_good`` (nothing
-    was kept before the change), ``compliant`` (already that set), ``refused`` (it is the set a health rollback
-    removed before).
+    Status ``rolled_back`` or ``failed`` (an event either way), or without an event: ``no_known_good`` (no set to
+    restore), ``compliant`` (already that set), ``refused`` (it is the set a health rollback removed before),
+    ``not_compliant`` (the policy in force forbids that set now).
     """
     from agent.policy.compiled import read_compiled
 
@@ -90,20 +96,29 @@ def rollback_before_change(host: Host, paths: StatePaths, backend: PackageBacken
     if policy is None:
         policy = read_compiled(str(host.path(paths.compiled_policy)))
     backend.wait_for_lock()
-    previous = load_before_change(host, paths)
+    which = "the last set that passed a health check" if target is not None else "the set kept before the change"
+    previous = target if target is not None else load_before_change(host, paths)
     if previous is None:
         return GuardResult("no_known_good", detail="no known-good set was kept before the change: nothing to restore")
     last = last_health_rollback(host, paths)
     if last is not None and last.get("from_versions") == _versions(previous):
         _use_up(host, paths)
-        return GuardResult("refused", detail="the set kept before the change is the one a health rollback removed "
+        return GuardResult("refused", detail=f"{which} is the one a health rollback removed "
                                              f"at {last.get('at')}: not rolled back to it again")
     current = backend.read_installed(policy.guarded)
     if _versions(current) == _versions(previous):
         _use_up(host, paths)
-        return GuardResult("compliant", detail="the installed set is already the one kept before the change")
+        return GuardResult("compliant", detail=f"the installed set is already {which}")
+    if target is not None:
+        faults = _faults(previous, backend, policy, read_host_context(str(host.root), facts_used(policy)))
+        if faults:  # the policy moved since that set passed: never restore what it forbids now
+            _use_up(host, paths)
+            return GuardResult("not_compliant", detail=f"{which} violates the policy in force "
+                                                       f"({', '.join(sorted({v.rule for v in faults}))}): not restored")
     targets, from_versions, to_versions = backend.plan_targets(previous, current)
     why = f"the health check after the package change found {health_status}"
+    if covers:
+        why = f"the health check found {health_status} after {covers}; restoring {which}"
     grant = _authorize(host, paths, previous, "health", clock())
     try:
         _use_up(host, paths)  # before apt runs: a crash mid-way must not lead to a second attempt
@@ -112,7 +127,7 @@ def rollback_before_change(host: Host, paths: StatePaths, backend: PackageBacken
     finally:
         _revoke(host, paths, grant)
     record = {"at": clock().isoformat(), "health_status": health_status, "status": outcome.status,
-              "from_versions": _versions(current), "to_versions": _versions(previous)}
+              "from_versions": _versions(current), "to_versions": _versions(previous), "covers": covers[:4000]}
     write_atomically(str(host.path(paths.health_rollback)), json.dumps(record, indent=2, sort_keys=True) + "\n")
     if outcome.status == "rolled_back" and outcome.reboot_required and backend.manager == "dpkg":
         mark_debian_reboot_required(host, _module_packages_moved(list(from_versions)))

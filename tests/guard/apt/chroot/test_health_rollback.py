@@ -105,3 +105,51 @@ def test_cpu_fallback_after_an_allowed_upgrade_restores_the_exact_previous_versi
         policy_file.unlink(missing_ok=True)
         debian_marker.unlink(missing_ok=True)
         (chroot.root / "var/run/reboot-required.pkgs").unlink(missing_ok=True)
+
+
+def test_the_gate_restores_the_last_set_that_passed_when_the_check_comes_before_the_guards(chroot: Chroot,
+                                                                                         tmp_path: Path) -> None:
+    """Real apt: with the health gate wired, a pass records the baseline; an allowed upgrade checked by health before
+    the guard has seen it (no set kept before it) falls back to the CPU and is rolled back to that baseline."""
+    from agent.daemon_jobs.hooks import guarded_sets
+    from agent.guard.rollback.backend import InstalledPackage
+
+    policy_file = chroot.root / "etc/gpuguard/policy.d/20-health.toml"
+    debian_marker = chroot.root / "var/run/reboot-required"
+    policy_file.write_text(HEALTH_POLICY)
+    try:
+        code, out = gpuguard(chroot, "policy", "compile")
+        assert code == 0, out
+        host = Host.for_root(str(chroot.root))
+        settings = Settings()
+        assert check(host, settings, snapshot=lambda h: None).status in ("recorded", "compliant")
+        outbox = Outbox(str(tmp_path / "outbox.sqlite3"))
+        rt = Runtime(host=host, in_force=SettingsInForce.of(settings), state_dir=str(tmp_path), outbox=outbox,
+                     emitter=EventEmitter(outbox, "test-host", "chroot", host.clock))
+        probe = ProbeOfThisRoot(chroot)
+
+        def rollback(host: Host, settings: Settings, status: str, sink: Any, target: Any = None,
+                     covers: str = "") -> Any:
+            packages = None if target is None else {k: InstalledPackage(*v) for k, v in target.items()}
+            return health_rollback(host, settings, status, sink=sink, target=packages, covers=covers,
+                                   snapshot=lambda h: None)
+
+        job = HealthJob(rt, Hooks(health_run=probe, health_payloads=_payloads, health_rollback=rollback,
+                                  guarded_sets=guarded_sets))
+        assert job.check("interval", None).status == "pass"  # the baseline: the last set that passed
+        result = chroot.apt("install", f"amdgpu-dkms={AMDGPU_63}", f"rocm-core={ROCM_63}",
+                            f"rocm-hip-runtime={ROCM_63}")
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert not (chroot.state_dir / "known-good.before-change.json").exists()  # the guard has not checked yet
+        summary = job.check("stack_changed:dpkg,amdgpu,rocm", "functional", after_change=True)
+        assert (summary.rollback, summary.recheck_status, summary.status) == ("rolled_back", "pass", "pass")
+        installed = chroot.installed()
+        assert {n: installed.get(n) for n in STACK} == {n: BASELINE[n] for n in STACK}
+        assert chroot.run("apt-get", "check").returncode == 0
+        rolled = [e.payload for e in outbox.pending(10) if e.kind == "rollback"]
+        assert [r.succeeded for r in rolled] == [True] and "1 package change(s)" in (rolled[0].detail or "")
+        outbox.close()
+    finally:
+        policy_file.unlink(missing_ok=True)
+        debian_marker.unlink(missing_ok=True)
+        (chroot.root / "var/run/reboot-required.pkgs").unlink(missing_ok=True)
