@@ -117,7 +117,7 @@ class Decision:
         from agent.guard.hotpath.authorization import authorizing
 
         grant = authorizing(under(self.root, self.paths.rollback_authorization), self.now(), after,
-                            policy.guarded)
+                            policy.guarded, self.say)
         if grant is None:
             return False
         self.say(f"gpuguard's rollback {grant.get('id')} to the known-good set goes through "
