@@ -397,6 +397,19 @@ def test_fifo_in_place_of_the_rollback_authorization_refuses_at_once(root: Path)
             f"is ignored") in result.stderr
     assert "REFUSED (" in result.stderr
 
+
+def test_a_refusal_prints_control_characters_of_policy_values_escaped(tmp_path: Path) -> None:
+    """A policy and pairing name with NUL and ESC: the refusal's lines on apt's terminal show them as ``\\x00``
+    and ``\\x1b``, never raw."""
+    hostile = POLICY.replace('name = "unit"', 'name = "unit\\u0000\\u001b[2J"').replace(
+        'name = "rocm-6.2"', 'name = "rocm\\u001b]52;c;\\u0007"')
+    root = hook_root(tmp_path, hostile)
+    code, out = run_hook(root, HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12"))
+    assert code == exits.EXIT_REFUSED, out
+    assert [c for c in out if ord(c) < 0x20 and c != "\n"] == [], out
+    assert "policy 'unit\\x00\\x1b[2J'" in out and "rocm\\x1b]52;c;\\x07" in out
+
+
 # What an allowed run must not import: each costs the hook about as much as its whole decision (re and enum alone
 # about as long as starting Python), and the hook runs before every apt transaction.
 HEAVY_MODULES = ("re", "enum", "json", "collections", "functools", "fnmatch", "os", "stat", "datetime", "typing")
