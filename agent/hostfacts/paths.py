@@ -16,7 +16,7 @@ _S_IFREG = 0o100000
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import Optional
+    from typing import Optional, Tuple
 
 
 def under(root: str, path: str) -> str:
@@ -47,8 +47,8 @@ def read_small_text(root: str, path: str, limit_bytes: int = 1 << 20) -> Optiona
         posix.close(fd)
 
 
-def open_regular(path: str, nofollow: bool = False) -> int:
-    """A read-only descriptor of the regular file at ``path``, opened so that it can never block.
+def open_regular(path: str, nofollow: bool = False) -> Tuple[int, posix.stat_result]:
+    """A read-only descriptor of the regular file at ``path``, opened so that it can never block, and its fstat.
 
     O_NONBLOCK (a FIFO put in place of a state file opens at once instead of waiting for a writer), O_NOCTTY, and
     O_NOFOLLOW with ``nofollow`` (ELOOP for a symbolic link); then fstat: OSError(EINVAL, "not a regular file") for
@@ -60,12 +60,13 @@ def open_regular(path: str, nofollow: bool = False) -> int:
         flags |= posix.O_NOFOLLOW
     fd = posix.open(path, flags)
     try:
-        if posix.fstat(fd).st_mode & _S_IFMT != _S_IFREG:
+        info = posix.fstat(fd)
+        if info.st_mode & _S_IFMT != _S_IFREG:
             raise OSError(errno.EINVAL, "not a regular file")
     except BaseException:
         posix.close(fd)
         raise
-    return fd
+    return fd, info
 
 
 def read_regular_file(path: str, max_bytes: int, nofollow: bool = False) -> bytes:
@@ -75,9 +76,8 @@ def read_regular_file(path: str, max_bytes: int, nofollow: bool = False) -> byte
     caller (apt, dnf) or make it read without end. OSError for anything that is not a regular file of at most
     ``max_bytes`` bytes (FileNotFoundError when it does not exist; ELOOP for a link with ``nofollow``).
     """
-    fd = open_regular(path, nofollow)
+    fd, info = open_regular(path, nofollow)
     try:
-        info = posix.fstat(fd)
         if info.st_size > max_bytes:
             raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes")
         chunks = []

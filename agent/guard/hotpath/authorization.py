@@ -47,7 +47,7 @@ def load(path: str, now: dt.datetime, warn: Optional[Callable[[str], None]] = No
     from agent.hostfacts.paths import open_regular
 
     try:
-        fd = open_regular(path, nofollow=True)
+        fd, info = open_regular(path, nofollow=True)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -55,7 +55,6 @@ def load(path: str, now: dt.datetime, warn: Optional[Callable[[str], None]] = No
             warn(f"warning: {path}: {exc.strerror or exc}: the rollback authorization is ignored")
         return None
     try:
-        info = os.fstat(fd)
         if info.st_uid != 0 or info.st_mode & 0o077 or info.st_size > 1 << 20:
             return None
         raw = os.read(fd, info.st_size + 1)
