@@ -6,12 +6,12 @@ import errno
 import os
 
 from agent.errors import InputFileError, StateWriteError
-from agent.hostfacts.paths import read_regular_file
+from agent.hostfacts.paths import open_regular, read_regular_file
 from agent.strictjson import MAX_NESTING_DEPTH, parse_json_text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import Any, Mapping, Optional, Tuple
+    from typing import IO, Any, Mapping, Optional, Tuple
 
 
 def write_atomically(path: str, text: str, mode: int = 0o644, fsync: bool = True) -> None:
@@ -121,6 +121,18 @@ def read_bytes_bounded(path: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
         raise FileMissing(path, "no such file") from None
     except OSError as exc:
         raise InputFileError(path, exc.strerror or str(exc)) from None
+
+
+def open_regular_file(path: str, nofollow: bool = False) -> "IO[bytes]":
+    """The regular file at ``path`` opened to read as a binary stream, never blocking on what is in its place.
+
+    For the readers that stream or seek (the daemon's guard-events forwarder); the others read whole files with
+    :func:`read_bytes_bounded`. OSError as agent.hostfacts.paths.open_regular raises it: FileNotFoundError when
+    there is none, EINVAL ("not a regular file") for a FIFO, socket, device or directory, ELOOP for a link with
+    ``nofollow``.
+    """
+    fd, _ = open_regular(path, nofollow)
+    return os.fdopen(fd, "rb")
 
 
 def read_json_file(path: str, missing_reason: "Optional[str]" = None, max_bytes: int = MAX_FILE_BYTES,

@@ -44,3 +44,22 @@ def test_a_reboot_marked_by_a_rollback_is_attention(tmp_path: Path) -> None:
     assert (check.state, result.exit_code) == ("warn", 30)
     assert check.summary == ("no guard events recorded; reboot needed: kernel module packages changed "
                              "(amdgpu-dkms)")
+
+
+def test_a_fifo_in_place_of_the_reboot_list_is_unreadable_at_once(tmp_path: Path) -> None:
+    """A FIFO at reboot-required.pkgs is "(unreadable list)" at once (the daemon's NFD job reads it every minute),
+    never a wait for a writer."""
+    import signal
+
+    pkgs = tmp_path / "reboot-required.pkgs"
+    os.mkfifo(pkgs)
+
+    def expired(signum: int, frame: object) -> None:
+        raise AssertionError("blocked on a FIFO")  # not an OSError: the readers catch those
+
+    signal.signal(signal.SIGALRM, expired)
+    signal.alarm(10)
+    try:
+        assert read_reboot_required(str(pkgs)) == ["(unreadable list)"]
+    finally:
+        signal.alarm(0)
