@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 
 from agent.errors import InputFileError, StateWriteError
 from agent.hostfacts.paths import open_regular, read_regular_file
@@ -133,6 +134,24 @@ def open_regular_file(path: str, nofollow: bool = False) -> "IO[bytes]":
     """
     fd, _ = open_regular(path, nofollow)
     return os.fdopen(fd, "rb")
+
+
+def open_append_regular(path: str, mode: int = 0o640) -> int:
+    """A write-only, append-only descriptor of the regular file at ``path`` (created with ``mode`` when missing).
+
+    O_NONBLOCK (a FIFO put in place of the file fails or opens at once instead of waiting for a reader), O_NOFOLLOW
+    (ELOOP for a symbolic link), O_NOCTTY; then fstat: OSError(EINVAL, "not a regular file") for anything else, the
+    descriptor closed. The appending twin of agent.hostfacts.paths.open_regular.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY
+                 | os.O_CLOEXEC, mode)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def read_json_file(path: str, missing_reason: "Optional[str]" = None, max_bytes: int = MAX_FILE_BYTES,

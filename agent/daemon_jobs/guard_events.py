@@ -32,8 +32,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, Optional, Tuple, Type, Union
 
 from agent.daemon_jobs.runtime import Runtime
-from agent.errors import InputFileError
-from agent.files import FileMissing, decode_text, open_regular_file, read_bytes_bounded, write_atomically
+from agent.errors import InputFileError, StateWriteError
+from agent.files import (
+    FileMissing,
+    decode_text,
+    open_append_regular,
+    open_regular_file,
+    read_bytes_bounded,
+    write_atomically,
+)
 from agent.log import get_logger
 from agent.report.plain import PlainStateFileDamaged, Severity
 from agent.strictjson import parse_json_text
@@ -229,10 +236,17 @@ class GuardEventForwarder:
 
     def _quarantine(self, raw: bytes, line_number: int, problem: str) -> None:
         """Keep a malformed line in the quarantine file and report it; the caller moves on to the next line."""
-        with open(self.quarantine_path, "ab") as handle:
-            handle.write(raw + b"\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        try:  # never blocks on a FIFO in its place; a full disk or a non-file stops the run, the position kept
+            fd = open_append_regular(self.quarantine_path)
+            try:
+                view = memoryview(raw + b"\n")
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StateWriteError.of(self.quarantine_path, exc) from None
         log.warning("guard_event_malformed", path=self.events_path, line_number=line_number, error=problem,
                     action="quarantined", quarantine_path=self.quarantine_path)
         damaged = PlainStateFileDamaged(path=self.events_path, problem=f"line {line_number}: {problem}"[:2000],

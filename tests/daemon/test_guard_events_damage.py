@@ -128,3 +128,23 @@ def test_a_fifo_in_place_of_the_position_or_events_file_never_blocks(forwarding)
         assert forwarder.run() == 0
     finally:
         signal.alarm(0)
+
+
+def test_a_fifo_in_place_of_the_quarantine_file_never_blocks(forwarding) -> None:
+    """A FIFO at guard-events.quarantine.jsonl makes the run fail with the file named, without waiting for a reader,
+    and the position stays before the hostile line."""
+    import signal
+
+    from agent.errors import StateWriteError
+
+    rt, events, forwarder = forwarding
+    events.write_bytes(_raw(BLOCKED) + b"\n" + HOSTILE_LINES["nan"] + b"\n")
+    os.mkfifo(forwarder.quarantine_path)
+    _bounded(10)
+    try:
+        with pytest.raises(StateWriteError) as raised:
+            forwarder.run()
+    finally:
+        signal.alarm(0)
+    assert raised.value.path == forwarder.quarantine_path  # no reader: ENXIO at once, not a wait
+    assert forwarder.load_position().line_number <= 1
