@@ -20,7 +20,7 @@ from typing import Collection, Dict, Iterator, List, Literal, Optional, Tuple
 from pydantic import ValidationError
 
 from agent.errors import InputFileError
-from agent.files import write_atomically
+from agent.files import FileMissing, decode_text, read_bytes_bounded, write_atomically
 from agent.health.model import Fingerprint, MetricRegression, ProbeResult
 from agent.health.settings import HealthSettings
 from agent.models import FrozenModel, first_validation_problem
@@ -237,11 +237,9 @@ class BaselineStore:
     def load(self) -> BaselineFile:
         """The stored baselines; an empty file when none exist yet; InputFileError when the file is corrupt."""
         try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+            text = decode_text(str(self.path), read_bytes_bounded(str(self.path)))  # a FIFO there is refused at once
+        except FileMissing:
             return BaselineFile()
-        except OSError as exc:
-            raise InputFileError(str(self.path), exc.strerror or str(exc)) from None
         try:
             return BaselineFile.model_validate(json.loads(text))
         except json.JSONDecodeError as exc:
