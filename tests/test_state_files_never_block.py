@@ -84,6 +84,34 @@ def _health_baselines(fifo: Path) -> None:
         BaselineStore(fifo).load()
 
 
+def _health_check_lock_record(fifo: Path) -> None:
+    from agent.health.checklock import read_holder
+    from agent.statepaths import StatePaths
+
+    target = Path(StatePaths(str(fifo.parent)).health_check_lock)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(fifo, target)
+    assert read_holder(str(fifo.parent)) is None
+
+
+def _health_baselines_lock(fifo: Path) -> None:
+    from agent.health.baseline import BaselineStore
+
+    os.rename(fifo, fifo.parent / ".baselines.lock")
+    with pytest.raises(OSError, match="not a regular file|No such device"):
+        with BaselineStore(fifo.parent / "baselines.json").locked():
+            pass
+
+
+def _bundle_lock(fifo: Path) -> None:
+    from agent.bundle.install import _locked
+
+    os.rename(fifo, fifo.parent / ".lock")
+    with pytest.raises(OSError, match="not a regular file|No such device"):
+        with _locked(fifo.parent):
+            pass
+
+
 def _debian_reboot_pkgs(fifo: Path) -> None:
     from agent.guard.rollback.health import DEBIAN_REBOOT_REQUIRED, mark_debian_reboot_required
 
@@ -100,6 +128,8 @@ OPENERS: Dict[str, Callable[[Path], None]] = {
     "ca_bundle": _ca_bundle, "keyring": _keyring, "package_manager_lock": _package_manager_lock,
     "dnf_pid_lock": _dnf_pid_lock, "hub_tokens": _hub_tokens, "health_last_result": _health_last_result,
     "health_baselines": _health_baselines, "debian_reboot_pkgs": _debian_reboot_pkgs,
+    "health_check_lock_record": _health_check_lock_record, "health_baselines_lock": _health_baselines_lock,
+    "bundle_lock": _bundle_lock,
 }
 
 

@@ -13,6 +13,7 @@ import contextlib
 import datetime as dt
 import fcntl
 import json
+import os
 import statistics
 from pathlib import Path
 from typing import Collection, Dict, Iterator, List, Literal, Optional, Tuple
@@ -20,7 +21,7 @@ from typing import Collection, Dict, Iterator, List, Literal, Optional, Tuple
 from pydantic import ValidationError
 
 from agent.errors import InputFileError
-from agent.files import FileMissing, decode_text, read_bytes_bounded, write_atomically
+from agent.files import FileMissing, decode_text, open_append_regular, read_bytes_bounded, write_atomically
 from agent.health.model import Fingerprint, MetricRegression, ProbeResult
 from agent.health.settings import HealthSettings
 from agent.models import FrozenModel, first_validation_problem
@@ -227,7 +228,7 @@ class BaselineStore:
     @contextlib.contextmanager
     def locked(self) -> Iterator["BaselineStore"]:
         self.directory.mkdir(parents=True, exist_ok=True)
-        with open(self.directory / ".baselines.lock", "a") as handle:
+        with os.fdopen(open_append_regular(str(self.directory / ".baselines.lock"), 0o644), "ab") as handle:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
             try:
                 yield self
