@@ -141,7 +141,7 @@ def test_wrong_types_in_the_matrix_are_one_line_each(tmp_path: Path, line: str, 
     assert code == 3 and lines[0].startswith(f"{matrix}: {fragment}") and lines[1:] == ["1 problem found"], lines
 
 
-def test_compile_on_a_full_disk_is_exit_15_and_keeps_the_compiled_policy(tmp_path: Path, small_disk: Path,
+def test_compile_on_a_full_disk_is_exit_16_and_keeps_the_compiled_policy(tmp_path: Path, small_disk: Path,
                                                                           capsys: pytest.CaptureFixture) -> None:
     """ENOSPC while the compiled policy is written: one line, exit 16, the hook's old compiled policy intact."""
     policy = tmp_path / "policy.toml"
