@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 
 from agent.errors import InputFileError, StateWriteError
-from agent.hostfacts.paths import read_regular_file
+from agent.hostfacts.paths import open_regular, read_regular_file
 from agent.strictjson import MAX_NESTING_DEPTH, parse_json_text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import Any, Mapping, Optional, Tuple
+    from typing import IO, Any, Mapping, Optional, Tuple
 
 
 def write_atomically(path: str, text: str, mode: int = 0o644, fsync: bool = True) -> None:
@@ -121,6 +122,36 @@ def read_bytes_bounded(path: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
         raise FileMissing(path, "no such file") from None
     except OSError as exc:
         raise InputFileError(path, exc.strerror or str(exc)) from None
+
+
+def open_regular_file(path: str, nofollow: bool = False) -> "IO[bytes]":
+    """The regular file at ``path`` opened to read as a binary stream, never blocking on what is in its place.
+
+    For the readers that stream or seek (the daemon's guard-events forwarder); the others read whole files with
+    :func:`read_bytes_bounded`. OSError as agent.hostfacts.paths.open_regular raises it: FileNotFoundError when
+    there is none, EINVAL ("not a regular file") for a FIFO, socket, device or directory, ELOOP for a link with
+    ``nofollow``.
+    """
+    fd, _ = open_regular(path, nofollow)
+    return os.fdopen(fd, "rb")
+
+
+def open_append_regular(path: str, mode: int = 0o640) -> int:
+    """A write-only, append-only descriptor of the regular file at ``path`` (created with ``mode`` when missing).
+
+    O_NONBLOCK (a FIFO put in place of the file fails or opens at once instead of waiting for a reader), O_NOFOLLOW
+    (ELOOP for a symbolic link), O_NOCTTY; then fstat: OSError(EINVAL, "not a regular file") for anything else, the
+    descriptor closed. The appending twin of agent.hostfacts.paths.open_regular.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY
+                 | os.O_CLOEXEC, mode)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def read_json_file(path: str, missing_reason: "Optional[str]" = None, max_bytes: int = MAX_FILE_BYTES,

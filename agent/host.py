@@ -17,6 +17,7 @@ from typing import Callable, Iterator, List, Mapping, Optional, Protocol, Sequen
 from agent.errors import CommandError, CommandNotFound, CommandTimeout, HostReadError
 from agent.frozen import Frozen, field, frozen_record
 from agent.gpu_libraries import import_gpu_library, no_gpu_library
+from agent.hostfacts.paths import open_regular
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 # Commands get a fixed, predictable environment: C locale so output parsers see one language.
@@ -110,26 +111,38 @@ class Host(Frozen):
     def read_text(self, host_path: str, max_chars: Optional[int] = None) -> Optional[str]:
         """The file's text (its first ``max_chars`` characters when given), or None when it does not exist;
         HostReadError when it exists but cannot be read."""
-        p = self.path(host_path)
-        try:
-            if max_chars is not None:
-                with p.open(encoding="utf-8", errors="replace") as stream:
-                    return stream.read(max_chars)
-            return p.read_text(encoding="utf-8", errors="replace")
-        except (FileNotFoundError, NotADirectoryError):
+        fd = self._open_regular(host_path)
+        if fd is None:
             return None
-        except IsADirectoryError:
-            return None
-        except OSError as exc:
-            raise HostReadError(host_path, exc.strerror or str(exc)) from exc
+        with os.fdopen(fd, encoding="utf-8", errors="replace") as stream:
+            try:
+                return stream.read() if max_chars is None else stream.read(max_chars)
+            except OSError as exc:
+                raise HostReadError(host_path, exc.strerror or str(exc)) from exc
 
     def read_bytes(self, host_path: str) -> Optional[bytes]:
         """The file's bytes, or None when it does not exist; HostReadError when it exists but cannot be read."""
+        fd = self._open_regular(host_path)
+        if fd is None:
+            return None
+        with os.fdopen(fd, "rb") as stream:
+            try:
+                return stream.read()
+            except OSError as exc:
+                raise HostReadError(host_path, exc.strerror or str(exc)) from exc
+
+    def _open_regular(self, host_path: str) -> Optional[int]:
+        """A descriptor of the regular file at ``host_path``, opened so that it never blocks
+        (agent.hostfacts.paths.open_regular); None when there is none or a directory is there; HostReadError for a
+        FIFO, socket or device in its place, or a file that cannot be opened. /proc and /sys files are regular."""
+        path = str(self.path(host_path))
         try:
-            return self.path(host_path).read_bytes()
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return open_regular(path)[0]
+        except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
+            if os.path.isdir(path):  # as before: a directory where a file was looked for reads as nothing
+                return None
             raise HostReadError(host_path, exc.strerror or str(exc)) from exc
 
     def read_first_line(self, host_path: str) -> Optional[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -97,6 +98,24 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield mount_point
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+@contextlib.contextmanager
+def within_seconds(seconds: int) -> Iterator[None]:
+    """Fail the test (an AssertionError, which no reader under test catches as it would an OSError) when the block
+    runs past ``seconds``: a read that blocks on a FIFO fails instead of hanging the suite."""
+    import signal
+
+    def expired(signum: int, frame: object) -> None:
+        raise AssertionError(f"still blocked after {seconds} s (on a FIFO?)")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def fill_disk(path: Path) -> None:

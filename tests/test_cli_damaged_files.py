@@ -22,7 +22,7 @@ DEEP_JSON = "[" * 100000 + "]" * 100000
 def _run_cli(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True, text=True, env=env,
-                          timeout=60, check=False)
+                          timeout=30, check=False)  # a reader blocked on a FIFO fails the test
 
 
 def _one_line_error(proc: subprocess.CompletedProcess, path: Path, needle: str, exit_code: int) -> None:
@@ -121,3 +121,49 @@ def test_bad_hub_toml_is_one_line_exit_3(tmp_path: Path, name: str, content: byt
     config.write_bytes(content)
     proc = _run_cli("hub", "serve", "--config", str(config))
     _one_line_error(proc, config, needle, 3)
+
+
+def _fifo_setup(tmp_path: Path, state_file: str, under_root: bool) -> Tuple[Path, Path, Path]:
+    """A copy of a fixture root, a config whose state_dir is in tmp_path, and a FIFO at ``state_file`` (host-side
+    state under the root for the guard commands, the plain state directory for status); (root, config, fifo)."""
+    import shutil
+
+    root = tmp_path / "root"
+    shutil.copytree(ROOTS / "gpuless-debian12", root, symlinks=True)
+    state = tmp_path / "state"
+    config = tmp_path / "agent.toml"
+    config.write_text(f'[agent]\nstate_dir = "{state}"\n')
+    fifo = (root / str(state).lstrip("/") if under_root else state) / state_file
+    fifo.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(fifo)
+    return root, config, fifo
+
+
+FIFO_CASES = (
+    ("guard rollback --dry-run", "policy.compiled.json", True, 4),
+    ("guard rollback --dry-run --policy policies/example.toml", "known-good.json", True, 4),
+    ("policy explain", "policy.compiled.json", True, 4),
+)
+
+
+@pytest.mark.parametrize("command,state_file,under_root,exit_code", FIFO_CASES, ids=[f"{c[0].split(' --')[0]}:{c[1]}"
+                                                                                    for c in FIFO_CASES])
+def test_a_fifo_at_a_state_file_is_one_line_and_never_hangs(tmp_path: Path, command: str, state_file: str,
+                                                            under_root: bool, exit_code: int) -> None:
+    """guard rollback and policy explain stop with one line naming a FIFO put at a state file they read, within
+    the subprocess timeout instead of waiting for a writer."""
+    root, config, fifo = _fifo_setup(tmp_path, state_file, under_root)
+    argv = [str(REPO / a) if a.startswith("policies/") else a for a in command.split()]
+    proc = _run_cli(*argv, "--root", str(root), "--config", str(config))
+    _one_line_error(proc, fifo, "not a regular file", exit_code)
+
+
+@pytest.mark.parametrize("state_file,check", [("health/last.json", "health"), ("outbox.sqlite3", "outbox")])
+def test_a_fifo_at_a_state_file_is_named_on_its_status_line(tmp_path: Path, state_file: str, check: str) -> None:
+    """status reports a FIFO at the health result or the outbox on that check's FAIL line, naming the file, and
+    does not wait for a writer."""
+    root, config, fifo = _fifo_setup(tmp_path, state_file, under_root=False)
+    proc = _run_cli("status", "--offline", "--root", str(root), "--config", str(config))
+    assert "Traceback" not in proc.stderr and proc.returncode == 31, proc.stderr
+    line = next(line for line in proc.stdout.splitlines() if line.split()[1:2] == [check])
+    assert line.startswith("FAIL") and f"{fifo}: not a regular file" in line, line

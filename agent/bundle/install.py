@@ -25,7 +25,7 @@ from agent.bundle.scope import ScopeFacts, scope_refusal
 from agent.bundle.state import BundleState, read_bundle_state, write_bundle_state
 from agent.bundle.verify import verify_signature
 from agent.errors import BundleRefused, GpuguardError, InputFileError
-from agent.files import FileMissing, read_bytes_bounded
+from agent.files import FileMissing, open_append_regular, read_bytes_bounded
 from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,7 +60,7 @@ def _write_bytes(path: Path, data: bytes) -> None:
 def _locked(directory: Path) -> Iterator[None]:
     import fcntl
 
-    with open(directory / ".lock", "a") as handle:
+    with os.fdopen(open_append_regular(str(directory / ".lock"), 0o644), "ab") as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
             yield

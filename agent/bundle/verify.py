@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
 from agent.defaults import DEFAULT_KEYS_DIR
-from agent.errors import BundleRefused, CommandError
+from agent.errors import BundleRefused, CommandError, InputFileError
+from agent.files import read_bytes_bounded
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.host import Host
@@ -119,11 +120,10 @@ def keyring_problem(host: "Host", keyrings: List[str], keys_dir: str = DEFAULT_K
         problem = _unsafe(Path(keyring), "keyring")
         if problem is not None:
             return problem
-        try:
-            with open(keyring, "rb") as handle:
-                first = handle.read(1)
-        except OSError as exc:
-            return f"keyring {keyring} cannot be read: {exc.strerror}"
+        try:  # a FIFO in place of a keyring is refused at once, not waited on
+            first = read_bytes_bounded(keyring)[:1]
+        except InputFileError as exc:
+            return f"keyring {keyring} cannot be read: {exc.reason}"
         if not first or first[0] not in _PUBLIC_KEY_PACKET:
             kind = "empty" if not first else "armored (gpg --dearmor it)" if first == b"-" else "not a key"
             return f"keyring {keyring} is not a binary OpenPGP keyring ({kind}); gpgv would trust no key at all"

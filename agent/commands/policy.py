@@ -127,6 +127,15 @@ def _add_bundle_parsers(pol_sub: Any) -> None:
     install.set_defaults(handler=policy_install)
 
 
+def _show(out: TextIO, text: str) -> None:
+    """Write text a person reads with its control characters escaped (agent/printable.py; newlines kept): a policy's
+    name, package patterns and reasons come from files anyone who can write policy.d (or a bundle's signer) wrote,
+    and a NUL or an ESC in them must not reach the terminal as is. JSON output needs none: json escapes them."""
+    from agent.printable import printable
+
+    out.write(printable(text, keep_newlines=True))
+
+
 def policy_check(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
     """Validate a policy file or directory (default /etc/gpuguard/policy.d under --root): its structure, then the
     semantic checks (agent/policy/semantic.py) against AMD's matrix and, unless --no-host, the host's packages and
@@ -145,15 +154,15 @@ def policy_check(args: argparse.Namespace, make_host: HostFactory, out: TextIO) 
                               "warnings": [p.to_dict() for p in warnings]}, indent=2, sort_keys=True) + "\n")
         return code
     for problem in problems:
-        out.write(("warning: " if problem.severity != "error" else "") + f"{problem.file}: {problem.text()}\n")
+        _show(out, ("warning: " if problem.severity != "error" else "") + f"{problem.file}: {problem.text()}\n")
     counted = f", {len(warnings)} warning{'s' if len(warnings) != 1 else ''}" if warnings else ""
     if errors:
-        out.write(f"{len(errors)} problem{'s' if len(errors) != 1 else ''} found{counted}\n")
+        _show(out, f"{len(errors)} problem{'s' if len(errors) != 1 else ''} found{counted}\n")
         return code
     assert summary is not None
-    out.write(f"{path}: ok: policy '{summary['name']}', {summary['rules']} rule{'s' if summary['rules'] != 1 else ''}"
-              f", action {summary['action']}, fail-safe {summary['failsafe']}, from {len(summary['files'])} file(s)"
-              f"{counted}\n")
+    _show(out, f"{path}: ok: policy '{summary['name']}', {summary['rules']} rule{'s' if summary['rules'] != 1 else ''}"
+               f", action {summary['action']}, fail-safe {summary['failsafe']}, from {len(summary['files'])} file(s)"
+               f"{counted}\n")
     return 0
 
 
@@ -246,7 +255,7 @@ def policy_compile(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     _, compiled = compile_policy(args, host, settings)
     target = args.output or str(host.path(state_paths(settings).compiled_policy))
     write_compiled(target, compiled)
-    out.write(f"compiled policy '{compiled.name}' from {', '.join(compiled.sources)} -> {target}\n")
+    _show(out, f"compiled policy '{compiled.name}' from {', '.join(compiled.sources)} -> {target}\n")
     return 0
 
 
@@ -286,7 +295,7 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
                               "lines": explanation.lines}, indent=2, sort_keys=True) + "\n")
         return code
     held = [f"staged rollout: {rollout}"] if rollout else []
-    out.write("\n".join([f"policy source: {source}", *held, *explanation.lines]) + "\n")
+    _show(out, "\n".join([f"policy source: {source}", *held, *explanation.lines]) + "\n")
     return code
 
 
@@ -310,10 +319,14 @@ def policy_freeze(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
     facts = read_freeze_facts(host)
     options = FreezeOptions(name=args.name, point_releases=args.allow_point_releases,
                             kernel_series=args.kernel_series, accept_inconsistent=args.accept_inconsistent)
+    from agent.printable import printable
+
     try:
-        text = render_freeze(facts, options)
+        # Escaped at print (the file is printed too, by whoever reads it): a --name or a host's package name with
+        # a control character in a comment line; the TOML strings carry theirs as \u escapes already.
+        text = printable(render_freeze(facts, options), keep_newlines=True)
     except FreezeRefused as exc:
-        print(f"gpuguard: refusing to freeze: {exc}", file=sys.stderr)
+        print(printable(f"gpuguard: refusing to freeze: {exc}"), file=sys.stderr)
         return EXIT_VIOLATIONS
     if not args.output:
         out.write(text)
@@ -322,8 +335,8 @@ def policy_freeze(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
         write_atomically(args.output, text)
     except OSError as exc:
         raise UsageError(f"cannot write {args.output}: {exc.strerror or exc}") from None
-    out.write(f"wrote {args.output}; next: gpuguard policy check {args.output}, then put it in {DEFAULT_POLICY_DIR}/ "
-              f"and run gpuguard policy compile and gpuguard pin apply\n")
+    _show(out, f"wrote {args.output}; next: gpuguard policy check {args.output}, then put it in {DEFAULT_POLICY_DIR}/ "
+               f"and run gpuguard policy compile and gpuguard pin apply\n")
     return 0
 
 
@@ -368,9 +381,9 @@ def policy_bundle(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
     problems, summary, matrix = _checked(host, args.path, args.matrix, args.no_host)
     errors = [p for p in problems if p.severity == "error"]
     for problem in problems:
-        out.write(("warning: " if problem.severity != "error" else "") + f"{problem.file}: {problem.text()}\n")
+        _show(out, ("warning: " if problem.severity != "error" else "") + f"{problem.file}: {problem.text()}\n")
     if errors or summary is None:
-        out.write(f"{len(errors)} problem{'s' if len(errors) != 1 else ''} found: no bundle written\n")
+        _show(out, f"{len(errors)} problem{'s' if len(errors) != 1 else ''} found: no bundle written\n")
         return PolicyError.exit_code
     created_by = args.created_by or f"{getpass.getuser()}@{socket.gethostname()}"
     bundle = make_bundle(args.path, args.serial, scope, created_by, host.clock().strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -385,8 +398,8 @@ def policy_bundle(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
         host.run(["gpg", *home, "--batch", "--yes", "--local-user", args.sign_with, "--detach-sign", "-o",
                   signature, args.output], 120.0).check()
         signed = f", signed -> {signature}"
-    out.write(f"wrote {args.output}: policy bundle serial {bundle.serial}, policy '{summary['name']}' from "
-              f"{len(bundle.policy_files)} file(s){' and its matrix' if bundle.matrix else ''}{signed}\n")
+    _show(out, f"wrote {args.output}: policy bundle serial {bundle.serial}, policy '{summary['name']}' from "
+               f"{len(bundle.policy_files)} file(s){' and its matrix' if bundle.matrix else ''}{signed}\n")
     return 0
 
 
@@ -421,16 +434,16 @@ def policy_install(args: argparse.Namespace, make_host: HostFactory, out: TextIO
         audit(str(audit_path), "policy_bundle_rolled_back", host.clock(), from_serial=installed.rolled_back_from,
               to_serial=installed.serial, key=installed.fingerprint, bundle=args.bundle, reason=args.reason.strip(),
               by=who())
-        out.write(f"rolled back from serial {installed.rolled_back_from} to {installed.serial} (recorded in "
-                  f"{audit_path}); withdraw serial {installed.rolled_back_from} on the hub, or the daemon installs "
-                  f"it again\n")
+        _show(out, f"rolled back from serial {installed.rolled_back_from} to {installed.serial} (recorded in "
+                   f"{audit_path}); withdraw serial {installed.rolled_back_from} on the hub, or the daemon installs "
+                   f"it again\n")
     if installed.unchanged:
-        out.write(f"policy bundle serial {installed.serial} is installed already: nothing changed\n")
+        _show(out, f"policy bundle serial {installed.serial} is installed already: nothing changed\n")
         return 0
     where = (f"in force: compiled -> {host.path(paths.compiled_policy)}" if installed.compiled else
              'not in force: [guard] policy_source is "local" (set it to "bundle" and run gpuguard policy compile)')
-    out.write(f"installed policy bundle serial {installed.serial}, policy '{installed.policy_name}', key "
-              f"{installed.fingerprint}; {where}\n")
+    _show(out, f"installed policy bundle serial {installed.serial}, policy '{installed.policy_name}', key "
+               f"{installed.fingerprint}; {where}\n")
     return 0
 
 

@@ -58,7 +58,7 @@ from agent.daemon_jobs.protocol import (
 )
 from agent.daemon_jobs.runtime import Runtime
 from agent.errors import GpuguardError, Interrupted
-from agent.files import make_private_directory, remove_flat_directory
+from agent.files import make_private_directory, open_regular_file, remove_flat_directory
 from agent.jsonrecord import JsonRecord, RecordError
 from agent.log import get_logger
 from agent.statepaths import StatePaths
@@ -150,8 +150,8 @@ def run_child(job: str, config_path: str, root: str, request: JsonRecord, result
     reply: Optional[ChildReply] = None
     unusable = "no result"
     try:
-        with open(result_path, "r", encoding="utf-8") as handle:
-            reply = ChildReply.from_json(json.load(handle))
+        with open_regular_file(result_path, nofollow=True) as handle:  # never blocks on a FIFO put there
+            reply = ChildReply.from_json(json.loads(handle.read().decode("utf-8")))
     except (OSError, ValueError) as exc:  # RecordError is a ValueError
         unusable = f"no result ({type(exc).__name__}: {exc})" if not isinstance(exc, RecordError) \
             else f"result is not a child's reply ({exc})"

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Callable, List, Optional
 from agent.daemon_jobs.protocol import GuardChecked
 from agent.daemon_jobs.runtime import Runtime
 from agent.errors import ConfigError, GpuguardError, Interrupted
+from agent.files import open_regular_file
 from agent.host import Host
 from agent.hostfacts.rpmdb import rpm_database_files
 from agent.log import get_logger
@@ -110,8 +111,10 @@ class GuardJob:
         host = self.runtime.host
         digest = hashlib.sha256()
         for host_path in (*self._package_db_files(), StatePaths(self.runtime.settings.state_dir).compiled_policy):
-            try:
-                digest.update(host.path(host_path).read_bytes())
+            try:  # streamed, and never blocking on a FIFO in place of either file
+                with open_regular_file(str(host.path(host_path))) as stream:
+                    for chunk in iter(lambda: stream.read(1 << 20), b""):
+                        digest.update(chunk)
             except FileNotFoundError:
                 return None
             except OSError as exc:

@@ -32,8 +32,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, Optional, Tuple, Type, Union
 
 from agent.daemon_jobs.runtime import Runtime
-from agent.errors import InputFileError
-from agent.files import decode_text, write_atomically
+from agent.errors import InputFileError, StateWriteError
+from agent.files import (
+    FileMissing,
+    decode_text,
+    open_append_regular,
+    open_regular_file,
+    read_bytes_bounded,
+    write_atomically,
+)
 from agent.log import get_logger
 from agent.report.plain import PlainStateFileDamaged, Severity
 from agent.strictjson import parse_json_text
@@ -47,6 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover - the report models only where lines are d
 log = get_logger("guard_events")
 
 POSITION_FORMAT = 1
+POSITION_MAX_BYTES = 4096  # three integers and a format: anything larger is not ours
 # Store the position every this many lines, so a crash during a long backlog replays little.
 SAVE_EVERY_LINES = 200
 READ_CHUNK_BYTES = 1 << 16
@@ -151,14 +159,13 @@ class GuardEventForwarder:
     def load_position(self) -> Position:
         """The stored position; the start of the file when none is stored or it is unreadable (logged)."""
         try:
-            with open(self.position_path, "r", encoding="utf-8") as handle:
-                data = json.load(handle)
+            data = json.loads(read_bytes_bounded(self.position_path, POSITION_MAX_BYTES).decode("utf-8"))
             if data.get("format") != POSITION_FORMAT:
                 raise ValueError(f"format {data.get('format')!r} is not {POSITION_FORMAT}")
             return Position(int(data["inode"]), int(data["offset_bytes"]), int(data["line_number"]))
-        except FileNotFoundError:
+        except FileMissing:
             return Position()
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (InputFileError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("guard_events_position_unreadable", path=self.position_path, error=str(exc),
                         action="forwarding from the start of the file; event ids make the replay harmless")
             return Position()
@@ -184,7 +191,7 @@ class GuardEventForwarder:
             return 0
         forwarded = 0
         saved = position
-        with open(self.events_path, "rb") as handle:
+        with open_regular_file(self.events_path) as handle:  # a FIFO in its place: OSError, never a wait
             if os.fstat(handle.fileno()).st_ino != position.inode:
                 return 0  # replaced between stat and open: the next run starts on the new file
             handle.seek(position.offset_bytes)
@@ -229,10 +236,17 @@ class GuardEventForwarder:
 
     def _quarantine(self, raw: bytes, line_number: int, problem: str) -> None:
         """Keep a malformed line in the quarantine file and report it; the caller moves on to the next line."""
-        with open(self.quarantine_path, "ab") as handle:
-            handle.write(raw + b"\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        try:  # never blocks on a FIFO in its place; a full disk or a non-file stops the run, the position kept
+            fd = open_append_regular(self.quarantine_path)
+            try:
+                view = memoryview(raw + b"\n")
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StateWriteError.of(self.quarantine_path, exc) from None
         log.warning("guard_event_malformed", path=self.events_path, line_number=line_number, error=problem,
                     action="quarantined", quarantine_path=self.quarantine_path)
         damaged = PlainStateFileDamaged(path=self.events_path, problem=f"line {line_number}: {problem}"[:2000],

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import time
 from typing import Callable, Sequence, Tuple
 
@@ -19,10 +20,13 @@ LockCheck = Callable[[str], bool]
 
 def record_lock_is_free(path: str) -> bool:
     """Try the package manager's own kind of lock (an fcntl record lock) and give it back at once."""
-    try:
-        fd = os.open(path, os.O_RDWR)
+    try:  # O_NONBLOCK and a regular file only: a FIFO or a device put there is refused at once, never waited on
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
         raise CommandError(["open", path], exc.strerror or str(exc)) from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CommandError(["open", path], "not a regular file")
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:

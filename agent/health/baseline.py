@@ -27,6 +27,7 @@ import contextlib
 import datetime as dt
 import fcntl
 import json
+import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,14 @@ from typing import Callable, Collection, Dict, Iterator, List, Literal, Optional
 from pydantic import ValidationError
 
 from agent.errors import GpuguardError, InputFileError
-from agent.files import read_json_file, write_atomically
+from agent.files import (
+    FileMissing,
+    decode_text,
+    open_append_regular,
+    read_bytes_bounded,
+    read_json_file,
+    write_atomically,
+)
 from agent.health.model import Fingerprint, MetricRegression, ProbeResult
 from agent.health.settings import HealthSettings
 from agent.health.sku_limits import VENDOR_IDS, SkuLimits, beyond, bound_for, lookup
@@ -537,7 +545,7 @@ class BaselineStore:
     @contextlib.contextmanager
     def locked(self) -> Iterator["BaselineStore"]:
         self.directory.mkdir(parents=True, exist_ok=True)
-        with open(self.directory / ".baselines.lock", "a") as handle:
+        with os.fdopen(open_append_regular(str(self.directory / ".baselines.lock"), 0o644), "ab") as handle:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
             try:
                 yield self
@@ -547,11 +555,9 @@ class BaselineStore:
     def load(self) -> BaselineFile:
         """The stored baselines; an empty file when none exist yet; InputFileError when the file is corrupt."""
         try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+            text = decode_text(str(self.path), read_bytes_bounded(str(self.path)))  # a FIFO there is refused at once
+        except FileMissing:
             return BaselineFile()
-        except OSError as exc:
-            raise InputFileError(str(self.path), exc.strerror or str(exc)) from None
         try:
             return BaselineFile.model_validate(json.loads(text))
         except json.JSONDecodeError as exc:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Callable, Optional
 
 from agent.errors import InputFileError
+from agent.files import open_regular_file
 from agent.jsonrecord import JsonRecord, iso_time
 from agent.log import get_logger
 from agent.statepaths import StatePaths
@@ -65,8 +66,8 @@ def state_file_error(path: str, exc: OSError) -> InputFileError:
 def read_holder(state_dir: str) -> Optional[CheckHolder]:
     """The lock file's record (the holder now, or the last one), read without the lock; None when there is none."""
     try:
-        with open(StatePaths(state_dir).health_check_lock, encoding="utf-8", errors="replace") as stream:
-            return parse_holder(stream.read(_RECORD_MAX_BYTES))
+        with open_regular_file(StatePaths(state_dir).health_check_lock) as stream:  # a FIFO there: None at once
+            return parse_holder(stream.read(_RECORD_MAX_BYTES).decode("utf-8", errors="replace"))
     except OSError:
         return None
 

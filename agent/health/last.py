@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from agent.errors import InputFileError
+from agent.files import FileMissing, decode_text, read_bytes_bounded
 from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -20,11 +21,11 @@ def load_last_result(state_dir: str) -> Optional["HealthResult"]:
     """The last check's result from the state directory, or None when there is none yet."""
     path = Path(StatePaths(state_dir).health_last_result)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+        text = decode_text(str(path), read_bytes_bounded(str(path)))  # never blocks on a FIFO in its place
+    except FileMissing:
         return None
-    except (OSError, ValueError) as exc:
-        raise InputFileError(str(path), f"unreadable health result: {exc}") from None
+    except InputFileError as exc:
+        raise InputFileError(str(path), f"unreadable health result: {exc.reason}") from None
     from agent.health.model import HealthResult  # the models only when there is a result to validate
 
     try:

@@ -16,7 +16,7 @@ _S_IFREG = 0o100000
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import Optional
+    from typing import Optional, Tuple
 
 
 def under(root: str, path: str) -> str:
@@ -47,18 +47,37 @@ def read_small_text(root: str, path: str, limit_bytes: int = 1 << 20) -> Optiona
         posix.close(fd)
 
 
-def read_regular_file(path: str, max_bytes: int) -> bytes:
-    """The bytes of the regular file at ``path``, read without ever blocking or reading past ``max_bytes``.
+def open_regular(path: str, nofollow: bool = False) -> Tuple[int, posix.stat_result]:
+    """A read-only descriptor of the regular file at ``path``, opened so that it can never block, and its fstat.
 
-    Opened with O_NONBLOCK and checked with fstat, so that a FIFO, a device or a directory put in place of a file
-    cannot hang the caller (apt, dnf) or make it read without end. OSError for anything that is not a regular
-    file of at most ``max_bytes`` bytes (FileNotFoundError when it does not exist).
+    O_NONBLOCK (a FIFO put in place of a state file opens at once instead of waiting for a writer), O_NOCTTY, and
+    O_NOFOLLOW with ``nofollow`` (ELOOP for a symbolic link); then fstat: OSError(EINVAL, "not a regular file") for
+    a FIFO, socket, device or directory, the descriptor closed. FileNotFoundError when there is none. The one way
+    gpuguard opens a state or config file to read it (agent/files.py builds its readers on it).
     """
-    fd = posix.open(path, posix.O_RDONLY | posix.O_NONBLOCK | posix.O_NOCTTY | getattr(posix, "O_CLOEXEC", 0))
+    flags = posix.O_RDONLY | posix.O_NONBLOCK | posix.O_NOCTTY | getattr(posix, "O_CLOEXEC", 0)
+    if nofollow:
+        flags |= posix.O_NOFOLLOW
+    fd = posix.open(path, flags)
     try:
         info = posix.fstat(fd)
         if info.st_mode & _S_IFMT != _S_IFREG:
             raise OSError(errno.EINVAL, "not a regular file")
+    except BaseException:
+        posix.close(fd)
+        raise
+    return fd, info
+
+
+def read_regular_file(path: str, max_bytes: int, nofollow: bool = False) -> bytes:
+    """The bytes of the regular file at ``path``, read without ever blocking or reading past ``max_bytes``.
+
+    Opened by :func:`open_regular`, so that a FIFO, a device or a directory put in place of a file cannot hang the
+    caller (apt, dnf) or make it read without end. OSError for anything that is not a regular file of at most
+    ``max_bytes`` bytes (FileNotFoundError when it does not exist; ELOOP for a link with ``nofollow``).
+    """
+    fd, info = open_regular(path, nofollow)
+    try:
         if info.st_size > max_bytes:
             raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes")
         chunks = []

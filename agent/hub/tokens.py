@@ -22,8 +22,8 @@ from typing import Callable, Dict, List, Literal, Optional, Tuple
 
 from pydantic import Field, ValidationError
 
-from agent.errors import ConfigError, UsageError
-from agent.files import write_atomically
+from agent.errors import ConfigError, InputFileError, UsageError
+from agent.files import FileMissing, decode_text, read_bytes_bounded, write_atomically
 from agent.log import get_logger
 from agent.models import FrozenModel
 from agent.validation import validation_problems
@@ -95,11 +95,11 @@ def bearer_token(authorization: Optional[str]) -> Optional[str]:
 def read_tokens_file(path: str) -> TokensFile:
     """The tokens file's entries; an absent file is empty, a corrupt one a ConfigError."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
+        text = decode_text(path, read_bytes_bounded(path))  # never blocks on a FIFO in its place
+    except FileMissing:
         return TokensFile()
-    except OSError as exc:
-        raise ConfigError(path, [exc.strerror or str(exc)]) from None
+    except InputFileError as exc:
+        raise ConfigError(path, [exc.reason]) from None
     try:
         return TokensFile.model_validate_json(text)
     except ValidationError as exc:

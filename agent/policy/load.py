@@ -7,8 +7,10 @@ merge key by key, lists (pairings, package lists) are concatenated, and a later 
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import hashlib
 import json
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, get_args
@@ -49,12 +51,34 @@ def _merge(into: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _policy_files(path: Path) -> List[Path]:
+    """The policy files of ``path``: itself, or a directory's ``*.toml`` in name order (the matrix aside).
+
+    Nothing named ``*.toml`` in a directory is skipped without a word: a symbolic link that loops or points
+    nowhere is a PolicyError naming it; a FIFO, socket or device is listed, so that its read names it (never read
+    through, never waited on). Only directories are left out.
+    """
     if path.is_dir():
         try:
-            files = sorted(p for p in path.iterdir() if p.suffix == ".toml" and p.is_file()
-                           and p.name != "amd-compat-matrix.toml")
+            entries = sorted(p for p in path.iterdir() if p.suffix == ".toml" and p.name != "amd-compat-matrix.toml")
         except OSError as exc:
             raise PolicyError(str(path), [f"cannot list the directory: {exc.strerror or exc}"]) from None
+        files, problems = [], []
+        for entry in entries:
+            try:
+                if stat.S_ISDIR(entry.stat().st_mode):
+                    continue
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    problems.append(f"{entry.name}: a symbolic link loop ({exc.strerror}): fix or remove it")
+                elif entry.is_symlink():
+                    problems.append(f"{entry.name}: a symbolic link to nothing ({exc.strerror or exc}): fix or "
+                                    f"remove it")
+                else:
+                    problems.append(f"{entry.name}: {exc.strerror or exc}")
+                continue
+            files.append(entry)
+        if problems:
+            raise PolicyError(str(path), problems)
         if not files:
             raise PolicyError(str(path), ["no policy files (*.toml) in this directory: nothing is pinned; add one "
                                           "(see /etc/gpuguard/example-policy.toml)"])

@@ -10,8 +10,11 @@ import os
 import stat
 from typing import Optional
 
-from agent.errors import ConfigError
+from agent.errors import ConfigError, InputFileError
+from agent.files import decode_text, read_bytes_bounded
 from agent.report.settings import ReportSettings
+
+MAX_TOKEN_FILE_BYTES = 64 << 10  # a token is a few dozen bytes
 
 
 def read_credentials(report: ReportSettings) -> Optional[str]:
@@ -40,11 +43,10 @@ def load_token(path: str) -> str:
         problems.append(f"token file is owned by uid {info.st_uid}, not by root or the agent's user")
     if problems:
         raise ConfigError(path, problems)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            token = handle.read().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(path, [f"token file cannot be read: {exc}"]) from None
+    try:  # opened so that a FIFO swapped in after the stat never blocks (agent/files.py)
+        token = decode_text(path, read_bytes_bounded(path, MAX_TOKEN_FILE_BYTES)).strip()
+    except InputFileError as exc:
+        raise ConfigError(path, [f"token file cannot be read: {exc.reason}"]) from None
     if not token:
         raise ConfigError(path, ["token file is empty"])
     if any(ch.isspace() for ch in token):
@@ -56,10 +58,9 @@ def check_ca_bundle(path: str) -> None:
     """ConfigError when the configured CA bundle (a PEM file, or a c_rehash'ed directory) cannot be used."""
     if os.path.isdir(path):
         return
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(65536)
-    except OSError as exc:
-        raise ConfigError(path, [f"ca_bundle cannot be read: {exc.strerror or exc}"]) from None
+    try:  # a FIFO or a device in its place is refused at once, not waited on or read without end
+        head = read_bytes_bounded(path)[:65536]
+    except InputFileError as exc:
+        raise ConfigError(path, [f"ca_bundle cannot be read: {exc.reason}"]) from None
     if b"-----BEGIN CERTIFICATE-----" not in head:
         raise ConfigError(path, ["ca_bundle holds no PEM certificate"])

@@ -14,11 +14,14 @@ from typing import List, Optional
 def read_reboot_required(path: str, booted_at_seconds: Optional[float] = None) -> Optional[List[str]]:
     """The package names in gpuguard's reboot-required.pkgs; None when no reboot is marked as needed, or the
     machine booted after it was written (nothing removes the marker: the reboot it asked for is its end)."""
-    try:
-        with open(path, "r", encoding="utf-8", errors="replace") as handle:
+    from agent.files import open_regular_file
+
+    try:  # never blocks: a FIFO in its place is "(unreadable list)" at once
+        with open_regular_file(path) as handle:
             if booted_at_seconds is not None and os.fstat(handle.fileno()).st_mtime < booted_at_seconds:
                 return None
-            return [line.strip() for line in handle.read(65536).splitlines() if line.strip()]
+            text = handle.read(65536).decode("utf-8", errors="replace")
+            return [line.strip() for line in text.splitlines() if line.strip()]
     except FileNotFoundError:
         return None
     except OSError:

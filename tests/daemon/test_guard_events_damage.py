@@ -98,3 +98,53 @@ def test_a_failed_commit_stores_the_position_of_the_lines_before_it(forwarding, 
     assert forwarder.load_position().line_number == 1
     assert forwarder.run() == 1
     assert [e.kind for e in _pending(forwarder)] == ["transaction_blocked", "policy_violation"]
+
+
+def _bounded(seconds: int) -> None:
+    """Fail the test with SIGALRM instead of hanging CI when a read blocks (a regression)."""
+    import signal
+
+    def expired(signum: int, frame: object) -> None:
+        raise AssertionError("blocked on a FIFO")  # not an OSError: the readers catch those
+
+    signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+
+
+def test_a_fifo_in_place_of_the_position_or_events_file_never_blocks(forwarding) -> None:
+    """A FIFO at guard-events.position.json is an unreadable position (start over, logged), and one at
+    guard-events.jsonl forwards nothing: neither waits for a writer."""
+    import signal
+
+    rt, events, forwarder = forwarding
+    events.write_bytes(_raw(BLOCKED) + b"\n")
+    os.mkfifo(forwarder.position_path)
+    _bounded(10)
+    try:
+        assert forwarder.load_position().offset_bytes == 0
+        os.unlink(forwarder.position_path)
+        events.unlink()
+        os.mkfifo(events)
+        assert forwarder.run() == 0
+    finally:
+        signal.alarm(0)
+
+
+def test_a_fifo_in_place_of_the_quarantine_file_never_blocks(forwarding) -> None:
+    """A FIFO at guard-events.quarantine.jsonl makes the run fail with the file named, without waiting for a reader,
+    and the position stays before the hostile line."""
+    import signal
+
+    from agent.errors import StateWriteError
+
+    rt, events, forwarder = forwarding
+    events.write_bytes(_raw(BLOCKED) + b"\n" + HOSTILE_LINES["nan"] + b"\n")
+    os.mkfifo(forwarder.quarantine_path)
+    _bounded(10)
+    try:
+        with pytest.raises(StateWriteError) as raised:
+            forwarder.run()
+    finally:
+        signal.alarm(0)
+    assert raised.value.path == forwarder.quarantine_path  # no reader: ENXIO at once, not a wait
+    assert forwarder.load_position().line_number <= 1

@@ -141,3 +141,19 @@ def test_an_output_that_cannot_be_written_is_one_line(tmp_path: Path, capsys: py
     err = capsys.readouterr().err
     assert err.startswith(f"gpuguard: error: cannot write {blocker}/50-freeze.toml: ") and err.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["not-a-dir"]
+
+
+def test_a_name_with_control_characters_is_frozen_escaped(tmp_path: Path) -> None:
+    """``--name`` with NUL and ESC: neither the printed policy nor the written file carries them raw, and the
+    file still reads back with the name as given."""
+    from agent.tomlreader import toml_module
+
+    name = "site\x00\x1b[2J"
+    code, out = _freeze(ROOTS / "mi300x-rocm62-ubuntu2204", "--name", name)
+    assert code == 0, out
+    assert "\x00" not in out and "\x1b" not in out and "policy 'site\\x00\\x1b[2J'" in out
+    target = tmp_path / "50-freeze.toml"
+    code, _ = _freeze(ROOTS / "mi300x-rocm62-ubuntu2204", "--name", name, "--output", str(target))
+    text = target.read_text()
+    assert code == 0 and "\x00" not in text and "\x1b" not in text
+    assert toml_module().loads(text)["policy"]["name"] == name

@@ -214,3 +214,29 @@ def test_help_documents_the_exit_codes_and_defaults() -> None:
 def test_fixture_root_is_a_host() -> None:
     """The fixture this file leans on is a dpkg host with AMD's stack (guards against a moved fixture)."""
     assert "Package: amdgpu-dkms" in (MI300X / "var/lib/dpkg/status").read_text()
+
+
+# A policy whose every printed value carries a NUL and an ESC (TOML writes them as \u escapes).
+HOSTILE = ('[policy]\nname = "evil\\u0000x\\u001b[31mred"\n[[amd.pairing]]\nname = "p\\u0000\\u001b[2J"\n'
+           'amdgpu = "6.2.*"\nrocm = "6.2.*"\n[[versions]]\nname = "v\\u001b]52;c;\\u0007"\n'
+           'packages = ["nvidia-container-toolkit\\u001b"]\nallow = ">= 1.0"\naction = "warn"\n')
+
+
+def _controls(text: str) -> List[str]:
+    """The control characters in ``text`` other than the newlines that end its lines."""
+    return [hex(ord(c)) for c in text if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) < 0xA0]
+
+
+@pytest.mark.parametrize("argv", [("policy", "check", "--no-host"), ("policy", "check", "--root", str(MI300X)),
+                                  ("policy", "explain", "--root", str(MI300X), "--config", "/nonexistent/agent.toml",
+                                   "--policy")])
+def test_nul_and_escape_in_policy_values_are_printed_escaped(tmp_path: Path, argv: Tuple[str, ...]) -> None:
+    """A policy name, pairing name, rule name and package pattern with NUL, ESC and BEL reach the terminal as
+    visible escapes (``\\x00``, ``\\x1b``), never raw (policy check printed the name's NUL as is)."""
+    path = _write(tmp_path, HOSTILE)
+    code, out = _run(*argv, str(path))
+    assert code == 0, out
+    assert _controls(out) == [], out
+    assert "policy 'evil\\x00x\\x1b[31mred'" in out
+    if argv[1] == "explain":
+        assert "'p\\x00\\x1b[2J'" in out and "versions 'v\\x1b]52;c;\\x07'" in out

@@ -55,6 +55,44 @@ def test_a_fifo_as_the_matrix_is_refused_in_one_line(tmp_path: Path) -> None:
     assert out.splitlines()[0] == f"{fifo}: not a regular file"
 
 
+
+@pytest.mark.parametrize("links", [{"20-self.toml": "20-self.toml"},
+                                   {"20-a.toml": "30-b.toml", "30-b.toml": "20-a.toml"}])
+@pytest.mark.parametrize("command", ["check", "compile"])
+def test_a_symlink_loop_in_policy_d_is_an_error_naming_it(tmp_path: Path, links: dict, command: str) -> None:
+    """A self-looping link, or a loop through two links, in policy.d is exit 3 with a line naming each link (it
+    was skipped without a word and the rest of the directory passed)."""
+    policy_d = tmp_path / "policy.d"
+    policy_d.mkdir()
+    (policy_d / "10-site.toml").write_text(GOOD)
+    for name, target in links.items():
+        (policy_d / name).symlink_to(target)
+    argv = ["policy", "check", "--no-host", str(policy_d)] if command == "check" else [
+        "policy", "compile", "--policy", str(policy_d), "-o", str(tmp_path / "compiled.json")]
+    code, out, _ = _cli(*argv, timeout_seconds=30)
+    loop = "a symbolic link loop (Too many levels of symbolic links): fix or remove it"
+    assert code == 3, out
+    if command == "check":  # policy check: one line per problem, then the count
+        count = f"{len(links)} problem{'s' if len(links) > 1 else ''} found"
+        assert out.splitlines() == [f"{policy_d}/{name}: {loop}" for name in sorted(links)] + [count]
+    else:
+        assert out.splitlines() == ["gpuguard: error: " + "; ".join(f"{policy_d}: {name}: {loop}"
+                                                                    for name in sorted(links))]
+        assert not (tmp_path / "compiled.json").exists()
+
+
+def test_a_symlink_to_nothing_in_policy_d_is_an_error_naming_it(tmp_path: Path) -> None:
+    """A dangling link named *.toml in policy.d is exit 3 naming it, not a file quietly left out."""
+    policy_d = tmp_path / "policy.d"
+    policy_d.mkdir()
+    (policy_d / "10-site.toml").write_text(GOOD)
+    (policy_d / "20-gone.toml").symlink_to(tmp_path / "gone.toml")
+    out = io.StringIO()
+    code = main(["policy", "check", "--no-host", str(policy_d)], out=out)
+    assert code == 3
+    assert out.getvalue().splitlines() == [f"{policy_d}/20-gone.toml: a symbolic link to nothing (No such file or "
+                                           f"directory): fix or remove it", "1 problem found"]
+
 def test_an_oversized_policy_is_refused_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A policy file over MAX_TOML_BYTES is one line naming the file and the cap (exit 3)."""
     monkeypatch.setattr(policy_load, "MAX_TOML_BYTES", 100)
@@ -103,7 +141,7 @@ def test_wrong_types_in_the_matrix_are_one_line_each(tmp_path: Path, line: str, 
     assert code == 3 and lines[0].startswith(f"{matrix}: {fragment}") and lines[1:] == ["1 problem found"], lines
 
 
-def test_compile_on_a_full_disk_is_exit_15_and_keeps_the_compiled_policy(tmp_path: Path, small_disk: Path,
+def test_compile_on_a_full_disk_is_exit_16_and_keeps_the_compiled_policy(tmp_path: Path, small_disk: Path,
                                                                           capsys: pytest.CaptureFixture) -> None:
     """ENOSPC while the compiled policy is written: one line, exit 16, the hook's old compiled policy intact."""
     policy = tmp_path / "policy.toml"

@@ -78,3 +78,22 @@ def test_the_health_gate_window_and_its_verdict_are_shown_with_the_health_check(
     health = HealthFacts(status="pass", finished_at=NOW - MIN, summary="ok", gate_problem=problem)
     [check] = [c for c in assess(healthy(health=health)).checks if c.name == "health"]
     assert check.state == "warn" and problem in check.summary
+
+
+def test_a_fifo_in_place_of_the_reboot_list_is_unreadable_at_once(tmp_path: Path) -> None:
+    """A FIFO at reboot-required.pkgs is "(unreadable list)" at once (the daemon's NFD job reads it every minute),
+    never a wait for a writer."""
+    import signal
+
+    pkgs = tmp_path / "reboot-required.pkgs"
+    os.mkfifo(pkgs)
+
+    def expired(signum: int, frame: object) -> None:
+        raise AssertionError("blocked on a FIFO")  # not an OSError: the readers catch those
+
+    signal.signal(signal.SIGALRM, expired)
+    signal.alarm(10)
+    try:
+        assert read_reboot_required(str(pkgs)) == ["(unreadable list)"]
+    finally:
+        signal.alarm(0)

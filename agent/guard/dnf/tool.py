@@ -27,6 +27,7 @@ from agent.guard.dnf.request import DEFAULT_INSTALLONLY
 from agent.guard.locks import record_lock_is_free, wait_for_locks
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep
 from agent.host import CommandResult, Host
+from agent.hostfacts.paths import read_regular_file
 from agent.hostfacts.rpmdb import parse_rpm_rows, rpm_query_argv
 from agent.policy.globs import any_glob
 from agent.statepaths import StatePaths
@@ -196,9 +197,8 @@ def _exit(returncode: int) -> str:
 
 def _dnf_lock_holder(path: str) -> Optional[int]:
     """The pid in dnf's lock file when that process is alive (dnf4 ProcessLock semantics), else None."""
-    try:
-        with open(path, "rb") as handle:
-            pid = int(handle.read(20).strip() or b"0")
+    try:  # a FIFO in its place is no holder, and is not waited on
+        pid = int(read_regular_file(path, 4096)[:20].strip() or b"0")
     except (OSError, ValueError):
         return None
     if pid <= 0 or pid == os.getpid():

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     import datetime as dt
-    from typing import Dict, Mapping, Optional, Sequence
+    from typing import Callable, Dict, Mapping, Optional, Sequence
 
 FORMAT = 1
 
@@ -36,17 +35,27 @@ def render(target: Mapping[str, str], reason: str, created_at: dt.datetime, expi
                        "target": dict(sorted(target.items()))}, indent=2, sort_keys=True) + "\n"
 
 
-def load(path: str, now: dt.datetime) -> Optional[Dict[str, object]]:
-    """The authorization at host path ``path`` when it may be honoured at ``now``, else None."""
+def load(path: str, now: dt.datetime, warn: Optional[Callable[[str], None]] = None) -> Optional[Dict[str, object]]:
+    """The authorization at host path ``path`` when it may be honoured at ``now``, else None.
+
+    Opened without blocking and without following a link (agent/hostfacts/paths.py's ``open_regular``): a FIFO in
+    its place used to hold apt forever. Something there that is not a regular file is no authorization, and
+    ``warn`` gets one line naming it (the guard then refuses as it always does: fail closed).
+    """
     import datetime as dt
 
+    from agent.hostfacts.paths import open_regular
+
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
+        fd, info = open_regular(path, nofollow=True)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if warn is not None:
+            warn(f"warning: {path}: {exc.strerror or exc}: the rollback authorization is ignored")
         return None
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o077 or info.st_size > 1 << 20:
+        if info.st_uid != 0 or info.st_mode & 0o077 or info.st_size > 1 << 20:
             return None
         raw = os.read(fd, info.st_size + 1)
     except OSError:
@@ -67,10 +76,11 @@ def load(path: str, now: dt.datetime) -> Optional[Dict[str, object]]:
     return data
 
 
-def authorizing(path: str, now: dt.datetime, after: Mapping[str, str],
-                guarded: Sequence[str]) -> Optional[Dict[str, object]]:
-    """The authorization when the guarded part of ``after`` (the resulting set) is exactly its target, else None."""
-    data = load(path, now)
+def authorizing(path: str, now: dt.datetime, after: Mapping[str, str], guarded: Sequence[str],
+                warn: Optional[Callable[[str], None]] = None) -> Optional[Dict[str, object]]:
+    """The authorization when the guarded part of ``after`` (the resulting set) is exactly its target, else None
+    (``warn``: as for :func:`load`)."""
+    data = load(path, now, warn)
     if data is None:
         return None
     from agent.policy.compiled import guarded_names

@@ -39,9 +39,9 @@ PREFIX = "gpuguard"
 class Decision:
     """One guard decision for a front end (``tool``: apt, dnf, dnf5) over a host root and state directory.
 
-    ``say`` writes one line to the operator, ``bypass_hint`` tells the operator how to skip the guard for one run
-    of this front end, ``record`` queues an event for the daemon (default: guard-events.jsonl and audit.log under
-    the state directory; it never fails the decision).
+    ``say`` writes one line to the operator (:meth:`say` escapes it), ``bypass_hint`` tells the operator how to skip
+    the guard for one run of this front end, ``record`` queues an event for the daemon (default: guard-events.jsonl
+    and audit.log under the state directory; it never fails the decision).
     """
 
     def __init__(self, tool: str, root: str, state_dir: str, say: Callable[[str], None],
@@ -52,10 +52,17 @@ class Decision:
         self.tool = tool
         self.root = root
         self.paths = StatePaths(state_dir)
-        self.say = say
+        self._say = say
         self.now = now
         self.bypass_hint = bypass_hint
         self.record = record or self.record_to_state
+
+    def say(self, line: str) -> None:
+        """One line to the operator, its control characters escaped: a policy's names, patterns and messages, a
+        hold's reason or a file name may carry a NUL or an ESC that would reach apt's terminal as is."""
+        from agent.printable import printable  # only once something is said: an allowed run says nothing
+
+        self._say(printable(line))
 
     def record_to_state(self, record: Dict[str, object]) -> None:
         """Queue a guard event for the daemon and keep an audit line; never fails the decision."""
@@ -117,7 +124,7 @@ class Decision:
         from agent.guard.hotpath.authorization import authorizing
 
         grant = authorizing(under(self.root, self.paths.rollback_authorization), self.now(), after,
-                            policy.guarded)
+                            policy.guarded, self.say)
         if grant is None:
             return False
         self.say(f"gpuguard's rollback {grant.get('id')} to the known-good set goes through "

@@ -23,7 +23,7 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 from agent.errors import InputFileError
-from agent.files import read_json_file, write_atomically
+from agent.files import decode_text, read_bytes_bounded, read_json_file, write_atomically
 from agent.guard.rollback.backend import InstalledPackage, PackageBackend
 from agent.guard.rollback.core import (
     GuardResult,
@@ -151,7 +151,10 @@ def mark_debian_reboot_required(host: Host, packages: Any) -> None:
         marker.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(str(marker), "*** System restart required ***\n", mode=0o644)
         pkgs = host.path(DEBIAN_REBOOT_REQUIRED + ".pkgs")
-        known = pkgs.read_text(encoding="utf-8").split() if pkgs.exists() else []
+        try:  # never blocks on a FIFO there; an unreadable list is replaced by the names we know
+            known = decode_text(str(pkgs), read_bytes_bounded(str(pkgs))).split()
+        except InputFileError:
+            known = []
         names = [package_name(n) for n in packages]
         write_atomically(str(pkgs), "".join(f"{n}\n" for n in dict.fromkeys([*known, *names])), mode=0o644)
     except OSError as exc:  # gpuguard's own marker is written; Debian's is a courtesy to its tools

@@ -377,6 +377,39 @@ def test_fifo_in_place_of_the_events_file_does_not_hang_a_refusal(root: Path) ->
     assert '"kind":"transaction_blocked"' in (root / "var/lib/gpuguard/audit.log").read_text()
 
 
+
+def test_fifo_in_place_of_the_rollback_authorization_refuses_at_once(root: Path) -> None:
+    """A FIFO at rollback-authorization.json (read on every refusal) is named and ignored: the packaged launcher
+    refuses (10) within seconds instead of holding apt forever."""
+    os.mkfifo(root / "var/lib/gpuguard/rollback-authorization.json")
+    launcher = (REPO / "packaging/apt/gpuguard-apt-hook").read_text().replace(
+        'GPUGUARD_LIB = "/usr/lib/gpuguard"', f'GPUGUARD_LIB = "{REPO}"')
+    script = root / "hook.py"
+    script.write_text(launcher)
+    text = HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12")
+    try:
+        result = subprocess.run([sys.executable, "-I", "-S", str(script), "--root", str(root)], input=text,
+                                capture_output=True, text=True, env={"APT_HOOK_INFO_FD": "0"}, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the hook blocked on a FIFO in place of rollback-authorization.json")
+    assert result.returncode == exits.EXIT_REFUSED, result.stderr[-2000:]
+    assert (f"{root}/var/lib/gpuguard/rollback-authorization.json: not a regular file: the rollback authorization "
+            f"is ignored") in result.stderr
+    assert "REFUSED (" in result.stderr
+
+
+def test_a_refusal_prints_control_characters_of_policy_values_escaped(tmp_path: Path) -> None:
+    """A policy and pairing name with NUL and ESC: the refusal's lines on apt's terminal show them as ``\\x00``
+    and ``\\x1b``, never raw."""
+    hostile = POLICY.replace('name = "unit"', 'name = "unit\\u0000\\u001b[2J"').replace(
+        'name = "rocm-6.2"', 'name = "rocm\\u001b]52;c;\\u0007"')
+    root = hook_root(tmp_path, hostile)
+    code, out = run_hook(root, HEAD + line("rocm-core", "6.2.2.60202-116~12", "6.3.0.60300-39~12"))
+    assert code == exits.EXIT_REFUSED, out
+    assert [c for c in out if ord(c) < 0x20 and c != "\n"] == [], out
+    assert "policy 'unit\\x00\\x1b[2J'" in out and "rocm\\x1b]52;c;\\x07" in out
+
+
 # What an allowed run must not import: each costs the hook about as much as its whole decision (re and enum alone
 # about as long as starting Python), and the hook runs before every apt transaction.
 HEAVY_MODULES = ("re", "enum", "json", "collections", "functools", "fnmatch", "os", "stat", "datetime", "typing")

@@ -232,7 +232,7 @@ def test_repository_targets_are_planned_with_the_repositories(setup) -> None:
     assert error is None and runner.calls == [tuple(_simulate_argv(tool, f"amdgpu-dkms={D62}", local_only=False))]
 
 
-def test_a_full_disk_while_the_known_good_set_is_written_is_exit_15_and_keeps_it(setup, capsys, small_disk) -> None:
+def test_a_full_disk_while_the_known_good_set_is_written_is_exit_16_and_keeps_it(setup, capsys, small_disk) -> None:
     """A compliant change recorded on a full state disk: guard rollback exits 16 with one line, and the old
     known-good set (and no half-written file) stays."""
     root, host, tool, runner, policy, policy_file = setup
