@@ -17,12 +17,14 @@ known-good one. Without such a set the result is ``violations`` (events recorded
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import fnmatch
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from agent.errors import InputFileError
+from agent.errors import InputFileError, StateWriteError
 from agent.files import read_json_file, write_atomically
 from agent.guard.hotpath.overrides import active_windows, audit, load_windows
 from agent.guard.hotpath.state import append_json_line
@@ -175,9 +177,27 @@ def _write_reboot_marker(host: Host, paths: StatePaths, moved: Dict[str, str], n
                      "\n".join(package_name(n) for n in sorted(moved)) + "\n")
 
 
-def _inconsistent(problem: str) -> GuardResult:
+# Less free space than this (for root) on the state directory's filesystem is a full disk.
+FULL_DISK_BYTES = 1 << 20
+
+
+def _disk_full(path: str) -> bool:
+    """Whether the filesystem holding ``path`` has (almost) no block left, even for root: a typed fact (statvfs),
+    never the wording of a tool's error."""
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return False
+    return stat.f_bfree * stat.f_frsize < FULL_DISK_BYTES
+
+
+def _inconsistent(problem: str, state_dir: str) -> GuardResult:
     """A compliant set whose package database is broken (a forced install left dependencies unmet) is never
-    recorded as known-good: a later rollback would restore the broken set."""
+    recorded as known-good: a later rollback would restore the broken set. A check that failed on a full disk
+    proves nothing of the database: that is the disk-full error (exit 16), the old known-good set kept."""
+    if _disk_full(state_dir):
+        raise StateWriteError(state_dir, errno.ENOSPC, f"the disk is full; the package database could not be "
+                                                       f"verified ({problem[:200]}), nothing was recorded")
     log.warning("known_good_not_recorded", reason=problem)
     return GuardResult("inconsistent", detail=f"the package database is not consistent ({problem}); not recorded "
                                               f"as known-good: repair it, then run gpuguard guard rollback again")
@@ -242,7 +262,7 @@ def check_and_rollback(host: Host, guard: GuardSettings, paths: StatePaths, back
         detail = f"{len(current)} guarded packages recorded as known-good"
         broken = None if dry_run else backend.verify_database()
         if broken:
-            return _inconsistent(broken)
+            return _inconsistent(broken, str(host.path(paths.state_dir)))
         if not dry_run:
             detail += _uncached_note(record_known_good(host, paths, current, clock(), backend), backend)
         return GuardResult("recorded", detail=detail)
@@ -256,7 +276,7 @@ def check_and_rollback(host: Host, guard: GuardSettings, paths: StatePaths, back
         if state.changed() and not dry_run:
             broken = backend.verify_database()
             if broken:
-                return _inconsistent(broken)
+                return _inconsistent(broken, str(host.path(paths.state_dir)))
             keep_before_change(host, paths, known_good, clock())
             files = record_known_good(host, paths, current, clock(), backend)
             return GuardResult("recorded", detail=f"compliant change of {len(state.changed())} packages recorded"

@@ -252,3 +252,27 @@ def test_a_full_disk_while_the_known_good_set_is_written_is_exit_16_and_keeps_it
                                 f"written (No space left on device): the old file is kept"]
     assert (small_disk / "known-good.json").read_bytes() == before
     assert sorted(p.name for p in small_disk.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_database_check_failing_on_a_full_disk_is_exit_16_not_inconsistent(setup, capsys, small_disk) -> None:
+    """apt-get check failing while the state disk is full proves nothing of the database: guard rollback exits 16
+    naming the state directory (not 10, 'inconsistent ... repair it'), and the old known-good set stays."""
+    root, host, tool, runner, policy, policy_file = setup
+    (root / "var/lib/gpuguard").symlink_to(small_disk)
+    for name, version in (("amdgpu-dkms", D62), ("rocm-core", R62)):
+        runner.add(tool._download_argv(name, version, "/var/lib/gpuguard/debs"), returncode=100,
+                   stderr="E: Version not found")
+    assert check(host, Settings(), policy=policy, tool=tool).status == "recorded"
+    before = (small_disk / "known-good.json").read_bytes()
+    (root / "var/lib/dpkg/status").write_text(_status(D62).replace(R62, "6.2.4.60204-139~12"))
+    runner.add(tool.argv("apt-get", "-q", "-o", "Dir::Cache::pkgcache=", "-o", "Dir::Cache::srcpkgcache=", "check"),
+               returncode=100, stderr="E: Write error - write (28: No space left on device)\n")
+    fill_disk(small_disk / "filler")
+    code = main(["guard", "rollback", "--root", str(root), "--policy", str(policy_file), "--config",
+                 str(root / "none.toml")], make_host=lambda _root: host, out=io.StringIO())
+    err = capsys.readouterr().err
+    assert code == 16, err
+    (line,) = err.splitlines()
+    assert line.startswith(f"gpuguard: error: {root}/var/lib/gpuguard: cannot be written (the disk is full; the "
+                           "package database could not be verified (apt-get check: "), line
+    assert (small_disk / "known-good.json").read_bytes() == before
