@@ -116,7 +116,9 @@ def write_config(path: Path, **settings: Any) -> Path:
     return path
 
 
-def wait_until(predicate: Any, timeout_seconds: float = 10.0) -> bool:
+def wait_until(predicate: Any, timeout_seconds: float = 120.0) -> bool:
+    """True once ``predicate()`` holds; False after ``timeout_seconds`` (generous: it only ends a broken run, and a
+    loaded machine must not expire it)."""
     deadline = time.monotonic() + timeout_seconds
     while time.monotonic() < deadline:
         if predicate():
