@@ -14,7 +14,7 @@
 --mode flood      prints --flood-mib MiB of noise on stdout and on stderr, then a valid result
 --mode nested     a result line of 100,000 nested '['
 --mode escapes    a valid result whose strings (and stderr) hold terminal escapes: ESC[2J, OSC 52, BEL, CR
---mode setsid     starts a grandchild in its own session (sleep 60, --token in its argv), then passes
+--mode setsid     starts a grandchild in its own session (sleep 600, --token in its argv), then passes
 """
 
 import argparse
@@ -133,7 +133,7 @@ def main():
         sys.stderr.write("warning" + nasty + "\n")
     if args.mode == "setsid":
         # Its own session, and not holding the probe's pipes: nothing but the tree's end can reach it.
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", args.token], start_new_session=True,
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", args.token], start_new_session=True,
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     print("UserWarning: noise a framework prints before the result")
     print(MARKER + json.dumps(out))
