@@ -431,7 +431,7 @@ def _daemon_over_rollback_root(tmp_path: Path, install_succeeds: bool) -> tuple:
     return daemon, root, runner
 
 
-def _wait_for(predicate, timeout_seconds: float = 15.0) -> bool:  # type: ignore[no-untyped-def]
+def _wait_for(predicate, timeout_seconds: float = 120.0) -> bool:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_seconds
     while time.monotonic() < deadline:
         if predicate():
