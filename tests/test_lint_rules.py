@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import pytest
 
@@ -184,3 +184,95 @@ def test_the_agent_opens_files_only_through_the_helpers_or_at_reviewed_places() 
                        + ". Use agent/files.py (read_bytes_bounded, read_json_file, open_regular_file, "
                        "open_append_regular, write_atomically) or add a reviewed place with its reason to "
                        "REVIEWED_OPENS in tests/test_lint_rules.py")
+
+
+# --- tight elapsed-time assertions in tests (issue 38) ----------------------------------------------------------------
+# CI runs the suite on a shared 2-core machine at load average 10-40: a test that asserts some work took less than a
+# few seconds of wall time fails there although nothing is wrong. A test injects a clock, asserts on events, or bounds
+# the time by something a loaded machine cannot reach (60 s against a 120 s hang). The rule flags an ``assert`` that
+# compares a measured time (``time.monotonic() - x``, or a name, attribute or key containing one of TIMING_WORDS) with
+# ``<`` or ``<=`` (or ``>``/``>=`` written the other way round) against a number literal below TIGHT_SECONDS.
+
+TESTS = sorted((REPO / "tests").rglob("*.py"))
+TIMING_WORDS = ("elapsed", "took", "seconds")
+TIGHT_SECONDS = 10
+_CLOCKS = {"time.monotonic", "time.time", "time.perf_counter", "monotonic", "perf_counter"}
+
+# Reviewed comparisons the rule flags that do not measure a loaded machine: (path, the comparison as ast.unparse
+# writes it) -> why it is safe. An entry that no longer matches anything fails test_the_allowlist_is_current.
+TIGHT_TIMING_ALLOWED = {
+    ("tests/daemon/test_daemon_e2e.py", "0 <= f['retry_in_seconds'] <= 0.4"):
+        "the backoff the agent computed and logged (its cap is the config's 0.4 s), not a time the test measured",
+}
+
+
+def _is_timing(node: ast.expr) -> bool:
+    """A measured time: ``<clock>() - x``, or a name, attribute or string key that says it holds seconds."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub):
+        return isinstance(node.left, ast.Call) and _dotted(node.left.func) in _CLOCKS
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+        word = node.slice.value
+    elif isinstance(node, (ast.Name, ast.Attribute)):
+        word = _dotted(node).split(".")[-1]
+    else:
+        return False
+    return any(w in word.lower() for w in TIMING_WORDS)
+
+
+def _is_small_number(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Constant) and isinstance(node.value, (int, float))
+            and not isinstance(node.value, bool) and node.value < TIGHT_SECONDS)
+
+
+def tight_timing_asserts(source: str, filename: str = "<source>") -> List[Tuple[int, str]]:
+    """(line, comparison) for every assert in source that bounds a measured time by fewer than TIGHT_SECONDS."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if not isinstance(node, ast.Assert):
+            continue
+        for compare in (n for n in ast.walk(node.test) if isinstance(n, ast.Compare)):
+            operands = [compare.left, *compare.comparators]
+            for op, left, right in zip(compare.ops, operands, operands[1:]):
+                upper = isinstance(op, (ast.Lt, ast.LtE)) and _is_timing(left) and _is_small_number(right)
+                lower = isinstance(op, (ast.Gt, ast.GtE)) and _is_small_number(left) and _is_timing(right)
+                if upper or lower:
+                    found.append((compare.lineno, ast.unparse(compare)))
+                    break
+    return found
+
+
+def test_the_timing_rule_sees_tight_bounds() -> None:
+    """The rule flags clock differences and elapsed/took/seconds names bounded below 10 s, in either direction and
+    in chains, and lets pass generous bounds, lower bounds, other names and comparisons outside an assert."""
+    source = ("import time\nfrom time import monotonic\n"
+              "assert time.monotonic() - started < 5\n"                      # 3: flagged
+              "assert elapsed <= 2.5, elapsed\n"                             # 4: flagged
+              "assert 0.9 < monotonic() - started < 3\n"                     # 5: flagged (the upper bound)
+              "assert result.wall_seconds < 9\n"                             # 6: flagged
+              "assert 4 > took\n"                                            # 7: flagged (written the other way)
+              "assert ok and report['duration_seconds'] < 1\n"               # 8: flagged
+              "assert time.monotonic() - started < 60\n"                     # 9: generous
+              "assert 0.9 < time.monotonic() - started\n"                    # 10: a lower bound
+              "assert count < 5 and seconds == 3\n"                          # 11: not a time; not a bound
+              "ok = elapsed < 1\n")                                          # 12: not an assert
+    assert [line for line, _ in tight_timing_asserts(source)] == [3, 4, 5, 6, 7, 8]
+
+
+@pytest.mark.parametrize("path", TESTS, ids=lambda p: str(p.relative_to(REPO / "tests")))
+def test_no_tight_elapsed_time_assertions(path: Path) -> None:
+    """No test asserts that something took less than a few seconds of wall time, unless reviewed and allowed."""
+    relative = str(path.relative_to(REPO))
+    found = [(line, text) for line, text in tight_timing_asserts(path.read_text(), str(path))
+             if (relative, text) not in TIGHT_TIMING_ALLOWED]
+    assert not found, (f"{relative} bounds a measured time by under {TIGHT_SECONDS} s: "
+                       f"{'; '.join(f'{line}: {text}' for line, text in found)}. A loaded CI machine (load average "
+                       "10-40 on 2 cores) breaks such bounds: inject a clock, assert on events, or bound by something "
+                       "a loaded machine cannot reach (60 s against a 120 s hang); else add a reviewed entry with its "
+                       "reason to TIGHT_TIMING_ALLOWED in tests/test_lint_rules.py.")
+
+
+def test_the_allowlist_is_current() -> None:
+    """Every allowed tight timing assertion still exists, so the allowlist cannot quietly cover a new one."""
+    present = {(str(path.relative_to(REPO)), text) for path in TESTS for _, text in tight_timing_asserts(
+        path.read_text(), str(path))}
+    assert set(TIGHT_TIMING_ALLOWED) <= present, set(TIGHT_TIMING_ALLOWED) - present

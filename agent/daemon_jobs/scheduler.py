@@ -7,7 +7,8 @@ The times a job runs at are apscheduler's: after a run started at its due time T
 due times that pass while the job is still running are skipped (logged at debug, ``job_skipped_still_running``)
 and the next is the first T + k * interval after the run ends; :meth:`IntervalScheduler.run_in` moves the next due
 time (the grid then counts from it) and :meth:`IntervalScheduler.set_interval` starts a new interval from now.
-Waits are measured on the monotonic clock, so a step of the wall clock neither stalls nor bunches the jobs.
+Waits are measured on the monotonic clock, so a step of the wall clock neither stalls nor bunches the jobs; the
+clock and the wait are parameters, so tests run the scheduler on a virtual clock that a loaded machine cannot slow.
 
 Why not apscheduler in the resident (issue #28): imported, apscheduler brings multiprocessing (for its process
 pool executor), importlib.metadata with email and zipfile (its plugin entry points, read when the scheduler class is
@@ -27,6 +28,13 @@ from agent.log import get_logger
 log = get_logger("daemon")
 
 Clock = Callable[[], float]
+# Waits on the scheduler's condition (its lock held) until notified or ``seconds`` of the clock have passed; may
+# return early, as Condition.wait may: the loop looks at the clock again.
+Wait = Callable[[threading.Condition, float], object]
+
+
+def _condition_wait(condition: threading.Condition, seconds: float) -> object:
+    return condition.wait(seconds)
 
 
 class _Job:
@@ -49,8 +57,9 @@ def following(due: float, interval_seconds: float, now: float) -> float:
 class IntervalScheduler:
     """Runs each added job on its own thread at its interval, from :meth:`start` until :meth:`shutdown`."""
 
-    def __init__(self, clock: Clock = time.monotonic) -> None:
+    def __init__(self, clock: Clock = time.monotonic, wait: Wait = _condition_wait) -> None:
         self._clock = clock
+        self._wait = wait
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._jobs: Dict[str, _Job] = {}
@@ -117,7 +126,7 @@ class IntervalScheduler:
                     wait_seconds = job.due - self._clock()
                     if wait_seconds <= 0:
                         break
-                    self._wake.wait(wait_seconds)
+                    self._wait(self._wake, wait_seconds)
                 if self._stopped:
                     return
                 job.due = following(job.due, job.interval_seconds, self._clock())

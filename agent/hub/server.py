@@ -15,16 +15,18 @@ group-commit writer and database connections; the main process only supervises:
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import select
 import signal
 import socket
 import struct
 import time
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from agent.errors import GpuguardError, HubError
 from agent.hub.header_timeout import with_header_timeout
+from agent.hub.rows import utc_now
 from agent.hub.settings import HubSettings
 from agent.hub.store import make_store, redact_url
 from agent.log import get_logger
@@ -70,9 +72,11 @@ def _log_listening(settings: HubSettings, host: str, port: int) -> None:
              database=redact_url(settings.database_url), workers=settings.workers)
 
 
-def _run_server(settings: HubSettings, sock: Optional[socket.socket] = None, ready_fd: Optional[int] = None) -> int:
+def _run_server(settings: HubSettings, sock: Optional[socket.socket] = None, ready_fd: Optional[int] = None,
+                clock: Callable[[], dt.datetime] = utc_now) -> int:
     """One uvicorn server in this process: on its own (``sock`` None) or as a worker on an inherited socket that
-    reports readiness on ``ready_fd``. Returns 0 after a clean stop; 1 when it never started."""
+    reports readiness on ``ready_fd``; the app reads the time from ``clock``. Returns 0 after a clean stop; 1 when
+    it never started."""
     import uvicorn
 
     from agent.hub.app import create_app
@@ -82,7 +86,7 @@ def _run_server(settings: HubSettings, sock: Optional[socket.socket] = None, rea
     # Opened here, not only in the lifespan, so a refusal is this process's one-line error (StoreError) rather
     # than a traceback from the framework's lifespan; the lifespan's open is then a no-op.
     store.open()
-    app = BodyTimeout(create_app(settings, store), settings.body_timeout_seconds)
+    app = BodyTimeout(create_app(settings, store, clock=clock), settings.body_timeout_seconds)
 
     class _Server(uvicorn.Server):
         async def startup(self, sockets: Optional[List[socket.socket]] = None) -> None:
@@ -131,14 +135,15 @@ def _run_server(settings: HubSettings, sock: Optional[socket.socket] = None, rea
     return 0 if server.started else 1
 
 
-def serve(settings: HubSettings) -> None:
-    """Serve until SIGINT/SIGTERM; HubError when the hub (or any of its workers) cannot start."""
+def serve(settings: HubSettings, clock: Callable[[], dt.datetime] = utc_now) -> None:
+    """Serve until SIGINT/SIGTERM; HubError when the hub (or any of its workers) cannot start. ``clock`` is the
+    app's now (the real one; tests give a fixed one)."""
     _check_hub_extra()
     if settings.workers == 1:
-        if _run_server(settings) != 0:
+        if _run_server(settings, clock=clock) != 0:
             raise _not_started(settings)
         return
-    _Supervisor(settings).run()
+    _Supervisor(settings, clock).run()
 
 
 def _bind(settings: HubSettings) -> socket.socket:
@@ -158,8 +163,9 @@ def _bind(settings: HubSettings) -> socket.socket:
 class _Supervisor:
     """The main process of a hub with several workers: binds, forks, waits for readiness, supervises."""
 
-    def __init__(self, settings: HubSettings) -> None:
+    def __init__(self, settings: HubSettings, clock: Callable[[], dt.datetime] = utc_now) -> None:
         self.settings = settings
+        self.clock = clock
         self.workers: Dict[int, float] = {}  # pid -> when it was started (monotonic)
         self.stopping = False
         self._stopping_logged = False
@@ -196,7 +202,7 @@ class _Supervisor:
             try:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     signal.signal(sig, signal.SIG_DFL)
-                code = _run_server(self.settings, sock, ready_w)
+                code = _run_server(self.settings, sock, ready_w, self.clock)
             except GpuguardError as exc:  # the reason (StoreError: the database refused) is one line
                 log.error("hub_worker_failed", pid=os.getpid(), error=str(exc))
             except BaseException as exc:  # noqa: BLE001 - reported, then the worker exits non-zero

@@ -52,8 +52,8 @@ class OneAnswerHub:
                     pass
 
     def _trickle(self, conn: socket.socket, byte: bytes) -> None:
-        """One byte every 0.1 s for at most 15 s: never slow enough for a read timeout of 1 s."""
-        ends = time.monotonic() + 15.0
+        """One byte every 0.1 s for at most 60 s: never slow enough for a read timeout of 1 s."""
+        ends = time.monotonic() + 60.0
         while not self.stop.is_set() and time.monotonic() < ends:
             conn.sendall(byte)
             time.sleep(0.1)
@@ -94,7 +94,7 @@ def test_a_trickling_hub_fails_within_the_deadline(slow_hub: OneAnswerHub) -> No
     elapsed = time.monotonic() - started
     assert offer.status == "failed" and offer.serial is None, offer
     assert offer.detail == f"{slow_hub.url}/v1/policy/bundle: no complete answer within 2 s"
-    assert elapsed < 4.0
+    assert elapsed < 30.0  # the 2 s deadline, not the 60 s trickle: a bound a loaded machine cannot reach
 
 
 @pytest.mark.parametrize("slow_hub", ["gzip"], indirect=True)

@@ -88,7 +88,9 @@ class AgentProcess:
     def events_named(self, name: str) -> List[dict]:
         return [entry for entry in self.logs() if entry.get("event") == name]
 
-    def wait_for_log(self, name: str, count: int = 1, timeout_seconds: float = 20.0, **match: object) -> List[dict]:
+    def wait_for_log(self, name: str, count: int = 1, timeout_seconds: float = 120.0, **match: object) -> List[dict]:
+        """The first ``count`` log entries named ``name`` (matching ``match``) once logged; the deadline only ends a
+        broken run, so it is generous enough for a loaded machine."""
         deadline = time.monotonic() + timeout_seconds
         while time.monotonic() < deadline:
             found = [e for e in self.events_named(name) if all(e.get(k) == v for k, v in match.items())]

@@ -47,7 +47,7 @@ def test_sigkill_mid_delivery_then_restart_loses_and_duplicates_nothing(agent: A
     agent.start()
     assert receiver.wait_for(lambda r: len(r.stored) >= 3)
     receiver.hold_next = True
-    assert receiver.held.wait(20), "no batch arrived to hold"
+    assert receiver.held.wait(120), "no batch arrived to hold"
     agent.kill()
     held = list(receiver.held_ids)
     receiver.release.set()
@@ -119,7 +119,7 @@ def test_package_change_triggers_a_snapshot_changed_event_with_the_diff(agent: A
     new = agent.root / "var/lib/dpkg/status-new"
     new.write_text(status.read_text().replace("Version: 1.7.22-1", "Version: 1.7.23-1"))
     os.replace(new, status)
-    assert receiver.wait_for(lambda r: r.kinds_stored() == ["snapshot_changed"] * 2, timeout_seconds=10)
+    assert receiver.wait_for(lambda r: r.kinds_stored() == ["snapshot_changed"] * 2)
     second = receiver.stored[receiver.stored_order[1]]
     assert second["payload"]["old_hash"] == receiver.stored[receiver.stored_order[0]]["payload"]["new_hash"]
     assert {"section": "dpkg", "path": "packages.containerd.io.version", "old": "1.7.22-1",
@@ -152,14 +152,17 @@ def test_sigterm_exits_zero_promptly_and_systemd_is_told(tmp_path: Path, host_ro
         agent.write_config(agent_config(agent.state_dir))
         agent.start()
         agent.wait_for_log("daemon_started")
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # pings come every 0.2 s; the deadline only ends a broken run
         while sum(m == "WATCHDOG=1" for m in list(messages)) < 3:
             assert time.monotonic() < deadline, f"watchdog pings missing: {messages}"
             time.sleep(0.05)
-        started = time.monotonic()
-        assert agent.terminate(timeout_seconds=10) == 0
-        assert time.monotonic() - started < 5
-        time.sleep(0.3)
+        # Promptly: within terminate's 60 s, far below the 600 s snapshot interval a stop that waited for the next
+        # run would take, and a bound a loaded machine cannot reach.
+        assert agent.terminate(timeout_seconds=60) == 0
+        deadline = time.monotonic() + 60  # the listener thread reads STOPPING=1, sent before the exit, when it runs
+        while not any(m.startswith("STOPPING=1") for m in list(messages)):
+            assert time.monotonic() < deadline, f"STOPPING=1 missing: {messages}"
+            time.sleep(0.02)
         ready = [i for i, m in enumerate(messages) if m.startswith("READY=1\nSTATUS=running")]
         stopping = [i for i, m in enumerate(messages) if m.startswith("STOPPING=1")]
         assert len(ready) == 1 and len(stopping) == 1 and ready[0] < stopping[0]
@@ -189,7 +192,7 @@ def test_sighup_with_an_invalid_config_keeps_the_old_one(agent: AgentProcess) ->
     failed = agent.wait_for_log("config_reload_failed")[0]
     assert len(failed["problems"]) == 2 and failed["kept"] == "previous configuration"
     depth = _outbox_depth(agent)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120  # only ends a broken run
     while _outbox_depth(agent) < depth + 3:
         assert time.monotonic() < deadline, "heartbeats stopped after a failed reload"
         time.sleep(0.1)
@@ -204,7 +207,7 @@ def test_world_readable_token_file_refuses_to_start_with_one_line(agent: AgentPr
     os.chmod(token_file, 0o644)
     agent.write_config(agent_config(agent.state_dir, "https://hub.example", token_file))
     agent.start()
-    assert agent.proc is not None and agent.proc.wait(20) == 3
+    assert agent.proc is not None and agent.proc.wait(120) == 3
     lines = agent.log_path.read_text().splitlines()
     assert lines == [f"gpuguard: error: {token_file}: token file is accessible by group or others (mode 0644); "
                      f"run: chmod 600 {token_file}"]

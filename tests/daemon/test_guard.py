@@ -431,7 +431,7 @@ def _daemon_over_rollback_root(tmp_path: Path, install_succeeds: bool) -> tuple:
     return daemon, root, runner
 
 
-def _wait_for(predicate, timeout_seconds: float = 15.0) -> bool:  # type: ignore[no-untyped-def]
+def _wait_for(predicate, timeout_seconds: float = 120.0) -> bool:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_seconds
     while time.monotonic() < deadline:
         if predicate():
@@ -480,7 +480,8 @@ def test_dpkg_i_violation_is_rolled_back_by_the_daemon_before_the_snapshot(tmp_p
 
 def test_a_check_waiting_for_the_dpkg_lock_gives_up_when_the_daemon_stops(tmp_path: Path) -> None:
     """dpkg holds its lock (as during gpuguard's own prerm) and the check waits for it: setting the daemon's stop
-    event ends the wait within a poll, with no failure reported (systemctl stop used to hang for 180 s)."""
+    event ends the wait, with no failure reported, long before the holder lets go (systemctl stop used to hang for
+    180 s)."""
     import subprocess
     import sys
     import threading
@@ -495,7 +496,7 @@ def test_a_check_waiting_for_the_dpkg_lock_gives_up_when_the_daemon_stops(tmp_pa
     _, compiled = load_and_compile(str(root / "policy.toml"))
     write_compiled(str(root / "var/lib/gpuguard/policy.compiled.json"), compiled)
     holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
-                               "fcntl.lockf(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(lock)],
+                               "fcntl.lockf(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)", str(lock)],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
@@ -504,7 +505,9 @@ def test_a_check_waiting_for_the_dpkg_lock_gives_up_when_the_daemon_stops(tmp_pa
         threading.Timer(1.0, rt.stopping.set).start()
         started = time.monotonic()
         assert job.check("package_change") is None
-        assert time.monotonic() - started < 3.0
+        # The stop event, not the lock's 300 s timeout (that one reports a failure, checked below) nor the holder's
+        # 120 s: a bound a loaded machine cannot reach.
+        assert time.monotonic() - started < 60
         assert rt.outbox.pending(10) == []  # no "guard_check_failed" Rollback event
         rt.outbox.close()
     finally:

@@ -29,7 +29,7 @@ def test_guard_event_written_by_the_hook_is_delivered_once_even_across_a_restart
     agent.start()
     assert receiver.wait_for(lambda r: r.kinds_stored() == ["snapshot_changed"])
     append_json_line(str(events), BLOCKED)
-    assert receiver.wait_for(lambda r: "transaction_blocked" in r.kinds_stored(), timeout_seconds=10)
+    assert receiver.wait_for(lambda r: "transaction_blocked" in r.kinds_stored())
     raw = json.dumps(BLOCKED, sort_keys=True, separators=(",", ":")).encode()
     stored = receiver.stored[event_id_for_line(raw)]
     assert stored["severity"] == "critical" and stored["occurred_at"].startswith("2026-03-01T12:00:00")
@@ -39,7 +39,7 @@ def test_guard_event_written_by_the_hook_is_delivered_once_even_across_a_restart
     agent.start()
     agent.wait_for_log("daemon_started")
     append_json_line(str(events), {**BLOCKED, "occurred_at": "2026-03-01T12:05:00+00:00"})
-    assert receiver.wait_for(lambda r: r.kinds_stored().count("transaction_blocked") == 2, timeout_seconds=10)
+    assert receiver.wait_for(lambda r: r.kinds_stored().count("transaction_blocked") == 2)
     assert agent.terminate() == 0
     assert receiver.kinds_stored().count("transaction_blocked") == 2
     assert not receiver.duplicates_reported, "the restart forwarded an old line again"

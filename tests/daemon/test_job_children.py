@@ -131,21 +131,31 @@ def test_a_killed_child_is_logged_and_the_next_run_tries_again(tmp_path: Path) -
 
 def test_stopping_sends_the_child_sigterm_and_waits_for_it(tmp_path: Path) -> None:
     """When the daemon stops, the child gets SIGTERM, finishes its step and is waited for (never left behind)."""
-    marker = tmp_path / "got-sigterm"
+    marker, ready = tmp_path / "got-sigterm", tmp_path / "handler-set"
     code = ("import json, signal, sys, time\n"
             "def stop(signum, frame):\n"
             f"    open({str(marker)!r}, 'w').write('1'); time.sleep(0.3)\n"
             "    open(sys.argv[1], 'w').write(json.dumps({'peak_rss_kib': 0, 'result': {'echo': {}}})); sys.exit(0)\n"
             "signal.signal(signal.SIGTERM, stop)\n"
-            "time.sleep(30)\n")
+            f"open({str(ready)!r}, 'w').close()\n"
+            "time.sleep(120)\n")
     stopping = threading.Event()
-    threading.Timer(0.5, stopping.set).start()
+    # The stop comes once the child's handler is set (a loaded machine may take seconds to start it), not at a time.
+    threading.Thread(target=_set_once_exists, args=(ready, stopping), daemon=True).start()
     started = time.monotonic()
     result = run_child("health", "/nonexistent.toml", "/", REQUEST, Echo, str(tmp_path), stopping,
                        argv=python_child(code))
     assert result == Echo(echo={})
     assert marker.exists()
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60  # waited for its step, not for its 120 s sleep: load-proof
+
+
+def _set_once_exists(path: Path, event: threading.Event) -> None:
+    """Set ``event`` as soon as ``path`` exists (within a deadline that only ends a broken run)."""
+    deadline = time.monotonic() + 120
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    event.set()
 
 
 def test_a_child_stopped_before_it_handles_sigterm_is_an_interruption_not_a_failure(tmp_path: Path) -> None:
@@ -156,19 +166,19 @@ def test_a_child_stopped_before_it_handles_sigterm_is_an_interruption_not_a_fail
     threading.Timer(0.3, stopping.set).start()
     with pytest.raises(Interrupted, match="stopped by the daemon's shutdown"):
         run_child("snapshot", "/nonexistent.toml", "/", REQUEST, Echo, str(tmp_path), stopping,
-                  argv=python_child("import time; time.sleep(30)"))
+                  argv=python_child("import time; time.sleep(120)"))
 
 
 def test_a_child_still_running_at_its_timeout_is_killed_and_fails(tmp_path: Path) -> None:
     """A child past ``timeout_seconds`` gets SIGKILL (a SIGTERM handler cannot keep it) and is a failed child."""
     stream = io.StringIO()
     configure(level="info", json_output=True, stream=stream)
-    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(30)"
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
     started = time.monotonic()
     with pytest.raises(ChildJobFailed, match=r"no result within 0.5 s: killed"):
         run_child("config", "/nonexistent.toml", "/", REQUEST, Echo, str(tmp_path), threading.Event(),
                   argv=python_child(code), timeout_seconds=0.5)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60  # killed at its 0.5 s, not after its 120 s sleep: load-proof
     events = [json.loads(line)["event"] for line in stream.getvalue().splitlines()]
     assert events == ["job_child_timed_out", "job_child_exited"]
 
@@ -195,7 +205,7 @@ def test_a_reload_whose_config_child_hangs_fails_at_the_timeout_and_keeps_the_se
     reload = threading.Thread(target=lambda: outcome.append(daemon.reload()), daemon=True)
     reload.start()
     stopped: List[int] = []
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120  # only ends a broken run
     while not stopped and time.monotonic() < deadline:
         for pid in daemon_children(os.getpid()):
             os.kill(pid, signal.SIGSTOP)  # hangs as a child stuck on a dead mount would
@@ -264,7 +274,7 @@ def test_a_snapshot_child_killed_mid_run_is_retried_and_events_arrive_once(agent
     agent.start()
     agent.wait_for_log("job_child_exited", job="snapshot")
     assert agent.proc is not None
-    deadline, killed = time.monotonic() + 20, None
+    deadline, killed = time.monotonic() + 120, None
     while killed is None and time.monotonic() < deadline:
         for child in snapshot_children(agent.proc.pid):
             try:
@@ -296,7 +306,7 @@ def test_sigterm_while_a_snapshot_child_runs_stops_cleanly(agent: AgentProcess, 
     agent.start()
     agent.wait_for_log("job_child_exited", job="snapshot")
     assert agent.proc is not None
-    deadline, children = time.monotonic() + 20, []
+    deadline, children = time.monotonic() + 120, []
     while not children and time.monotonic() < deadline:
         children = daemon_children(agent.proc.pid)
         time.sleep(0.005)
@@ -416,14 +426,14 @@ _stop_on_sigterm(stopping)
 with stopping._cond:  # this thread inside stopping.wait() or set(), holding the Event's lock
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.2)  # the Python-level handler runs here
-print(stopping.wait(10), flush=True)
+print(stopping.wait(120), flush=True)
 """
 
 
 def test_sigterm_while_the_child_holds_the_stopping_lock_still_stops_it() -> None:
     """SIGTERM arriving while the child's own thread holds ``stopping``'s lock sets it once the lock is free; the
     handler that called ``stopping.set()`` itself waited for that lock in the same thread for ever."""
-    assert run_fresh_python(_SIGTERM_WHILE_WAITING, timeout_seconds=30).splitlines() == ["True"]
+    assert run_fresh_python(_SIGTERM_WHILE_WAITING, timeout_seconds=180).splitlines() == ["True"]
 
 
 def test_a_burst_of_sigterms_stops_a_child_instead_of_deadlocking_it() -> None:
@@ -439,7 +449,7 @@ def test_a_burst_of_sigterms_stops_a_child_instead_of_deadlocking_it() -> None:
                     os.kill(child.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     break
-            assert child.wait(20) == 0
+            assert child.wait(120) == 0
             assert child.stdout.read() == "stopped\n"
         finally:
             if child.poll() is None:
@@ -459,16 +469,18 @@ def test_a_delivery_child_stops_when_the_daemon_is_sigkilled(agent: AgentProcess
     box.close()
     receiver.mode = "slow:0.2"
     agent.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # only ends a broken run
     while not receiver.stored_order:
         assert time.monotonic() < deadline, "no batch arrived"
         time.sleep(0.01)
     assert agent.proc is not None
     children = daemon_children(agent.proc.pid)
     assert children, "no delivery child running"
+    stored_before_kill = len(receiver.stored_order)  # however many a slow machine let through before the kill
     os.kill(agent.proc.pid, signal.SIGKILL)
-    agent.proc.wait(15)
-    wait_until_ended(children, 15.0)  # the job child does not outlive the SIGKILLed daemon
+    agent.proc.wait(60)
+    wait_until_ended(children, 60.0)  # the job child does not outlive the SIGKILLed daemon
     time.sleep(0.5)
-    assert 1 <= len(receiver.stored_order) <= 3, "the orphaned child went on draining"
+    # The batch in flight at the kill (and one that raced the count above) may still arrive, never the rest.
+    assert 1 <= len(receiver.stored_order) <= stored_before_kill + 2, "the orphaned child went on draining"
     assert receiver.stored_order == queued[:len(receiver.stored_order)]

@@ -21,15 +21,18 @@ from tests.conftest import ROOTS
 from tests.daemon.conftest import AgentProcess
 from tests.hub.process import HubProcess, write_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # a hub and 20 daemons: ~2 min on the loaded 2 cores
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # a hub and 20 daemons: ~2 min on the loaded 2 cores
 
 # Each fetch and each delivery is a job child of ~0.4 CPU seconds: 20 agents at a 20 s interval ask ~1 core of the
 # 2-core test machine, and under the shared machine's load a child takes up to ~15 s of wall time. Both can be set
-# for a quieter or a busier machine; the claim tested stays "within two intervals".
+# for a quieter or a busier machine. Each wait is its intervals plus LOAD_MARGIN_SECONDS: a margin that only ends a
+# broken run, since how many intervals a loaded machine needs is not the agent's behaviour (issue 38); the seconds
+# each step took are printed. When the interval fetch runs is tested on a virtual clock (test_scheduler).
 AGENTS = int(os.environ.get("GPUGUARD_TEST_FLEET_AGENTS", "20"))
 INTERVAL_SECONDS = float(os.environ.get("GPUGUARD_TEST_FLEET_INTERVAL_SECONDS", "20"))  # heartbeat = policy fetch
 OUT_OF_SCOPE = frozenset(range(3, AGENTS, 4))  # every fourth host is in ring "main", the rest in ring "canary"
-START_DEADLINE_SECONDS = 3 * INTERVAL_SECONDS + 30
+LOAD_MARGIN_SECONDS = 240.0
+START_DEADLINE_SECONDS = 3 * INTERVAL_SECONDS + LOAD_MARGIN_SECONDS
 
 
 def agent_config(state_dir: Path, host_id: str, ring: str, hub_url: str, token_file: Path) -> str:
@@ -180,8 +183,8 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
 
 
 def test_a_pushed_bundle_reaches_its_scope_survives_a_hub_outage_and_catches_up(fleet: Fleet) -> None:
-    """20 agents (by default): a push reaches the 15 in scope within two intervals (state and the hub's view), the
-    5 outside never take it; with the hub down nothing changes on any host; back up, the next bundle reaches the 15."""
+    """20 agents (by default): a push reaches the 15 in scope (state and the hub's view), the 5 outside never take
+    it; with the hub down nothing changes on any host; back up, the next bundle reaches the 15."""
     fleet.add_agents()
     fleet.hub.start()
     port = fleet.hub.port
@@ -198,7 +201,8 @@ def test_a_pushed_bundle_reaches_its_scope_survives_a_hub_outage_and_catches_up(
     pushed = time.monotonic()
     reached = wait_for("serial 1 on every host in scope", lambda: all(serial_in_force(a) == 1
                                                                       for a in fleet.in_scope()),
-                       pushed + 2 * INTERVAL_SECONDS, lambda: [serial_in_force(a) for a in fleet.agents])
+                       pushed + 2 * INTERVAL_SECONDS + LOAD_MARGIN_SECONDS,
+                       lambda: [serial_in_force(a) for a in fleet.agents])
     print(f"serial 1 on {len(fleet.in_scope())} hosts {reached - pushed:.1f} s after the push")
     for agent in fleet.in_scope():
         state = bundle_state(agent)
@@ -207,7 +211,7 @@ def test_a_pushed_bundle_reaches_its_scope_survives_a_hub_outage_and_catches_up(
         assert compiled["sources"][0]["path"].endswith("policy-bundle/policy.d/10-site.toml")
     wait_for("the hub shows serial 1 for every host in scope", lambda: all(
         fleet.policy_hosts()[a.host_id]["policy_serial"] == 1 for a in fleet.in_scope()),
-        time.monotonic() + 2 * INTERVAL_SECONDS, fleet.policy_hosts)
+        time.monotonic() + 2 * INTERVAL_SECONDS + LOAD_MARGIN_SECONDS, fleet.policy_hosts)
     view = fleet.policy_hosts()
     for agent in fleet.out_of_scope():
         row = view[agent.host_id]
@@ -224,7 +228,7 @@ def test_a_pushed_bundle_reaches_its_scope_survives_a_hub_outage_and_catches_up(
     down = time.monotonic()
     wait_for("every host tried the hub that is down", lambda: all(
         failed_fetches(a) > failed_before[a.host_id] for a in fleet.agents),
-        down + 3 * INTERVAL_SECONDS, lambda: [failed_fetches(a) for a in fleet.agents])
+        down + 3 * INTERVAL_SECONDS + LOAD_MARGIN_SECONDS, lambda: [failed_fetches(a) for a in fleet.agents])
     for agent in fleet.agents:
         assert agent.proc is not None and agent.proc.poll() is None, agent.log_path.read_text()[-2000:]
         assert host_files(agent) == before[agent.host_id]
@@ -238,11 +242,11 @@ def test_a_pushed_bundle_reaches_its_scope_survives_a_hub_outage_and_catches_up(
     pushed = time.monotonic()
     reached = wait_for("serial 2 on every host in scope after the outage", lambda: all(
         serial_in_force(a) == 2 for a in fleet.in_scope()),
-        pushed + 2 * INTERVAL_SECONDS, lambda: [serial_in_force(a) for a in fleet.agents])
+        pushed + 2 * INTERVAL_SECONDS + LOAD_MARGIN_SECONDS, lambda: [serial_in_force(a) for a in fleet.agents])
     print(f"serial 2 on {len(fleet.in_scope())} hosts {reached - pushed:.1f} s after the hub came back")
     wait_for("the hub shows serial 2 for every host in scope", lambda: all(
         fleet.policy_hosts()[a.host_id]["policy_serial"] == 2 for a in fleet.in_scope()),
-        time.monotonic() + 2 * INTERVAL_SECONDS, fleet.policy_hosts)
+        time.monotonic() + 2 * INTERVAL_SECONDS + LOAD_MARGIN_SECONDS, fleet.policy_hosts)
     assert all(bundle_state(a) is None for a in fleet.out_of_scope())
     for agent in fleet.agents:
         assert agent.terminate() == 0, agent.log_path.read_text()[-2000:]

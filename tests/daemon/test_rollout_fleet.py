@@ -31,6 +31,7 @@ from tests.bundle.test_install import PERMISSIVE, POLICY, run
 from tests.daemon.conftest import daemon_children
 from tests.daemon.test_policy_fleet import (
     INTERVAL_SECONDS,
+    LOAD_MARGIN_SECONDS,
     Fleet,
     FleetAgent,
     bundle_and_report_lines,
@@ -41,15 +42,16 @@ from tests.hub.conftest import postgres_server, postgres_url  # noqa: F401 - fix
 from tests.hub.process import HubProcess, write_config
 from tests.hub.webhook_receiver import Receiver
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # a hub, 20 daemons and their health children
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # a hub, 20 daemons and their health children
 
 AGENTS = int(os.environ.get("GPUGUARD_TEST_ROLLOUT_AGENTS", "20"))  # half Debian 12, half Debian 13
 SOAK_SECONDS = 15
 FAKE_PROBE = Path(__file__).resolve().parents[1] / "health/probes/fake_probe.py"
 SEAM = Path(__file__).resolve().parent / "health_under_root"
 REPO = Path(__file__).resolve().parents[2]
-# Per stage: a fetch and a heartbeat (an interval each, under load up to ~15 s more), the change, a check.
-STAGE_DEADLINE_SECONDS = 3 * INTERVAL_SECONDS + 30
+# Per stage: a fetch and a heartbeat (an interval each), the change, a check, and the margin that only ends a broken
+# run: at load average 20-25 on 2 cores the canaries once took longer than 3 intervals + 30 s (issue 38).
+STAGE_DEADLINE_SECONDS = 3 * INTERVAL_SECONDS + LOAD_MARGIN_SECONDS
 
 
 def agent_config(agent: "RolloutAgent", hub_url: str) -> str:
@@ -263,7 +265,7 @@ def test_canaries_widen_restart_abort_and_a_failing_canary_halts(fleet: RolloutF
         hosts = fleet.api("GET", "/v1/hosts")["hosts"]
         return len(hosts) == AGENTS and all(h["pairing"] and h["last_health_status"] == "pass" for h in hosts)
     wait_for("every host heard from with its pairing and a passing baseline check", hosts_ready,
-             started + 3 * INTERVAL_SECONDS + 60, lambda: fleet.api("GET", "/v1/hosts")["hosts"])
+             started + 3 * INTERVAL_SECONDS + LOAD_MARGIN_SECONDS, lambda: fleet.api("GET", "/v1/hosts")["hosts"])
     code, out, err = fleet.push(fleet.bundle(1, POLICY))
     assert code == 0, out + err
     wait_observing(fleet, "serial 1 on every host", lambda: all(serial_in_force(a) == 1 for a in agents),
@@ -286,7 +288,8 @@ def test_canaries_widen_restart_abort_and_a_failing_canary_halts(fleet: RolloutF
     assert canaries <= {a.host_id for a in agents if 2 in fleet.seen.get(a.host_id, set())}
 
     widened = wait_observing(fleet, "stage 1 opened after the soak", lambda: fleet.rollout(rid)["rollout"][
-        "stage"] >= 1, SOAK_SECONDS + 30, lambda: fleet.rollout(rid)["rollout"], target=2, rollout_id=rid)
+        "stage"] >= 1, SOAK_SECONDS + LOAD_MARGIN_SECONDS, lambda: fleet.rollout(rid)["rollout"], target=2,
+        rollout_id=rid)
     before = fleet.rollout(rid)
     stage_one = {h["host_id"] for h in before["hosts"] if h["stage"] == 1}
     assert len(stage_one | canaries) == 2 * -(-(AGENTS // 2) // 2), before  # 50 % of each cohort, rounded up
@@ -343,7 +346,7 @@ def test_canaries_widen_restart_abort_and_a_failing_canary_halts(fleet: RolloutF
     def halt_alerts() -> List[dict]:
         return [r["body"]["hub_alert"] for r in receiver.delivered()
                 if r["body"].get("hub_alert", {}).get("kind") == "rollout_halted"]
-    wait_for("the halt alert at the webhook", lambda: bool(halt_alerts()), time.monotonic() + 30,
+    wait_for("the halt alert at the webhook", lambda: bool(halt_alerts()), time.monotonic() + 120,
              lambda: receiver.requests)
     alert = halt_alerts()[0]
     assert alert["rollout_id"] == rid_b and bad in alert["summary"], alert

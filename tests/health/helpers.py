@@ -126,7 +126,8 @@ def make_host(modules: Optional[Dict[str, types.ModuleType]] = None, root: Optio
 def fake_probe_settings(*probe_args: str, **overrides: Any) -> HealthSettings:
     """Settings that run tests/health/probes/fake_probe.py (through ``python``) with the given arguments."""
     # The probe runs as the test's own user (as root here, explicitly; tests of the drop to another user set run_as).
-    values: Dict[str, Any] = {"python": sys.executable, "probe_args": list(probe_args), "timeout_seconds": 20.0,
+    # Its timeout is generous: a probe ends when it is done, and a loaded machine must not turn a pass into a timeout.
+    values: Dict[str, Any] = {"python": sys.executable, "probe_args": list(probe_args), "timeout_seconds": 120.0,
                               "activity_interval_seconds": 0.01, "baseline_runs": 3,
                               "busy_utilization_confirm_seconds": 0.01,
                               "run_as": pwd.getpwuid(os.geteuid()).pw_name}

@@ -53,13 +53,17 @@ def test_summarize_idle_and_peak() -> None:
     assert (gpu.idle_percent, gpu.max_percent, gpu.samples, report.read_errors) == (5.0, 80.0, 3, 1)
 
 
-@pytest.mark.timeout(10)
+@pytest.mark.timeout(120)
 def test_sampler_thread_collects_until_stopped() -> None:
     """The sampler reads on its thread between start and stop and reports the peak it saw."""
-    sampler = ActivitySampler(fake_module_loader({"pynvml": make_fake_nvml([[0.0], [20.0], [90.0]])}), "nvidia",
-                              0.005)
+    nvml = make_fake_nvml([[0.0], [20.0], [90.0]])
+    sampler = ActivitySampler(fake_module_loader({"pynvml": nvml}), "nvidia", 0.005)
     sampler.start()
-    time.sleep(0.1)
+    # Stopped once the thread read all three rows (the idle look and two more), however slowly a loaded machine
+    # runs it, instead of after a fixed 0.1 s that may hold fewer reads.
+    deadline = time.monotonic() + 60
+    while nvml.state["round"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.005)
     report = sampler.stop()
     assert report.library == "pynvml"
     assert report.gpus[0].idle_percent == 0.0 and report.gpus[0].max_percent == 90.0

@@ -278,7 +278,7 @@ def test_a_setsid_child_over_the_memory_limit_is_killed(tmp_path: Path) -> None:
         assert (code, result["status"]) == (22, "failed"), result["summary"]
         assert result["sandbox"]["killed_for_memory"], result["sandbox"]
         assert "killed for its host memory" in result["summary"]
-        assert result["wall_seconds"] < 6, "killed before the probe's own 6 s were up"
+        assert result["wall_seconds"] < 45, "killed well before the probe's own 60 s were up"
 
 
 def test_a_probe_filling_its_home_leaves_the_state_and_the_next_check_alone(tmp_path: Path,

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -59,18 +58,19 @@ def test_a_flooding_probe_does_not_grow_the_agent() -> None:
     assert f"stderr {400 << 20} bytes > cap" in report["too_large"], report
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("pid_namespace", [True, False], ids=["pid-namespace", "subreaper"])
 def test_a_setsid_grandchild_ends_with_the_probe(tmp_path: Path, pid_namespace: bool) -> None:
-    """A grandchild the probe starts in its own session (sleep 60, pipes closed) is gone once the check returns."""
+    """A grandchild the probe starts in its own session (sleep 600, pipes closed) is gone once the check returns."""
     token = f"gpuguard-test-escapee-{uuid.uuid4().hex}"
     argv = [sys.executable, str(FAKE_PROBE), "--mode", "setsid", "--token", token]
     try:
-        started = time.monotonic()
-        outcome = launch_probe(argv, {"PATH": "/usr/bin:/bin"}, 30.0, pid_namespace=pid_namespace)
-        assert outcome.returncode == 0 and not outcome.timed_out and time.monotonic() - started < 20
+        # Not timed out at 120 s: the launch did not wait for the grandchild's 600 s (a bound a loaded machine
+        # cannot reach); a grandchild still there 60 s on was left behind, not slow to die.
+        outcome = launch_probe(argv, {"PATH": "/usr/bin:/bin"}, 120.0, pid_namespace=pid_namespace)
+        assert outcome.returncode == 0 and not outcome.timed_out
         assert "GPUGUARD_PROBE_RESULT" in outcome.stdout
-        assert gone_within(token, 2.0) == []
+        assert gone_within(token, 60.0) == []
     finally:
         for pid in pids_with(token):  # only what this test started
             try:
@@ -79,19 +79,19 @@ def test_a_setsid_grandchild_ends_with_the_probe(tmp_path: Path, pid_namespace: 
                 pass
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 def test_a_timeout_ends_the_tree_in_subreaper_mode(tmp_path: Path) -> None:
     """Without a PID namespace, a hung probe's setsid grandchild still dies with it at the timeout."""
     token = f"gpuguard-test-escapee-{uuid.uuid4().hex}"
     code = ("import subprocess, sys, time\n"
-            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', sys.argv[1]],"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', sys.argv[1]],"
             " start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-            "time.sleep(60)\n")
+            "time.sleep(600)\n")
     try:
         outcome = launch_probe([sys.executable, "-c", code, token], {"PATH": "/usr/bin:/bin"}, 1.5,
                                pid_namespace=False)
         assert outcome.timed_out
-        assert gone_within(token, 2.0) == []
+        assert gone_within(token, 60.0) == []  # killed, not ended by its 600 s sleep
     finally:
         for pid in pids_with(token):
             try:

@@ -101,16 +101,16 @@ def test_broken_framework_is_failed(tmp_path: Path) -> None:
     assert "libcudart.so.13" in result.summary
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 def test_the_probe_exits_without_the_frameworks_teardown(tmp_path: Path) -> None:
     """Once its result is written the probe process ends at once: a framework whose teardown is slow (torch with a
-    device context: up to a second) does not hold up the check. The fake's exit handler would take 30 s."""
+    device context: up to a second) does not hold up the check. The fake's exit handler would take 600 s."""
     fake = write_fake_torch(tmp_path / "site", "import atexit, time\n__version__ = \"0.0+fake\"\n"
-                                               "atexit.register(time.sleep, 30)\n")
+                                               "atexit.register(time.sleep, 600)\n")
     started = time.monotonic()
-    done = subprocess.run([sys.executable, str(PROBE_PATH)], capture_output=True, text=True, timeout=20,
+    done = subprocess.run([sys.executable, str(PROBE_PATH)], capture_output=True, text=True, timeout=240,
                           env={**os.environ, "PYTHONPATH": str(fake)}, check=False)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 120  # not the exit handler's 600 s: a bound a loaded machine cannot reach
     assert done.returncode == 0
     result = json.loads(done.stdout.split(load_probe().RESULT_MARKER, 1)[1])
     assert result["framework"]["version"] == "0.0+fake", "the fake torch was imported, its exit handler registered"

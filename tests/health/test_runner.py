@@ -139,7 +139,7 @@ def test_failed_check_is_failed(tmp_path: Path) -> None:
     assert result.failures[0].startswith("GPU 0: bf16 GEMM differs from the fp32 reference")
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(300)
 def test_hang_is_timeout_and_the_whole_process_group_dies(tmp_path: Path) -> None:
     """A hung probe is killed at its timeout, its grandchild too, and the check is 'timeout'."""
     pid_file = tmp_path / "grandchild.pid"
@@ -147,10 +147,10 @@ def test_hang_is_timeout_and_the_whole_process_group_dies(tmp_path: Path) -> Non
     result = check(tmp_path, fake_probe_settings("--mode", "hang", "--pid-file", str(pid_file), timeout_seconds=1.5))
     assert result.status == "timeout"
     assert result.exit_code == 23
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60  # its 1.5 s timeout, not the probe's 600 s hang: load-proof
     assert pid_file.read_text()  # the grandchild started (the pid it read in its own namespace's /proc)
     # Found on the host by its command line, which holds the pid file's path.
-    assert gone_within(str(pid_file), 5.0) == [], "the grandchild is still alive after the timeout"
+    assert gone_within(str(pid_file), 60.0) == [], "the grandchild is still alive after the timeout"
 
 
 def test_missing_interpreter_is_failed(tmp_path: Path) -> None:

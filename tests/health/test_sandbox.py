@@ -30,7 +30,7 @@ from agent.health.settings import MIB, HealthSettings
 from tests import needs
 from tests.health.helpers import FAKE_PROBE, fake_probe_settings, make_fake_nvml, make_host, make_snapshot
 
-pytestmark = [pytest.mark.timeout(110)]
+pytestmark = [pytest.mark.timeout(300)]
 GIB_ = 1 << 30
 
 NO_GPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "", "ROCR_VISIBLE_DEVICES": ""}
@@ -135,7 +135,7 @@ def test_memory_hog_is_killed_and_reported(tmp_path: Path) -> None:
     assert result.sandbox is not None and result.sandbox.killed_for_memory is not None
     assert result.sandbox.memory_limit.startswith(("rss watchdog", "cgroup"))
     assert "killed for its host memory" in result.summary
-    assert result.wall_seconds < 15
+    assert result.wall_seconds < 60  # the watchdog's kill, not the probe's 120 s timeout: load-proof
 
 
 def test_limits_reach_the_probe(tmp_path: Path) -> None:

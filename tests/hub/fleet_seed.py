@@ -12,7 +12,9 @@ from agent.snapshot.diff import Change
 from agent.snapshot.pairing import Pairing
 from tests.hub.factories import CUDA_12, ROCM_62, ROCM_63, event
 
-NOW = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+# A fixed time, long past: every hub these tests seed reads it from an injected clock, never from the wall clock,
+# so a slow run cannot age the heartbeats (issue 38), and a page that read the real clock would show it.
+NOW = dt.datetime(2025, 6, 2, 12, 0, tzinfo=dt.timezone.utc)
 HOSTILE_HOSTNAME = "evil<b>bold</b>&amp;"
 HOSTILE_VERSION = "<img src=x onerror=alert(1)>"
 REGRESSED_HEALTH = ["pass", "pass", "pass", "regression", "regression", "pass", "cpu_fallback"]

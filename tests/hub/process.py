@@ -6,6 +6,7 @@ on a full pipe; ``stop()`` sends SIGTERM to the PID this object started (SIGKILL
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import signal
@@ -17,15 +18,18 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 REPO = Path(__file__).resolve().parents[2]
-START_TIMEOUT_SECONDS = 30.0
+START_TIMEOUT_SECONDS = 120.0  # a loaded 2-core CI machine imports the hub slowly; a hub that fails exits sooner
 
 
 class HubProcess:
     """One hub server process and what it logged."""
 
-    def __init__(self, config_path: Path, env: Optional[Dict[str, str]] = None) -> None:
+    def __init__(self, config_path: Path, env: Optional[Dict[str, str]] = None,
+                 now: Optional[dt.datetime] = None) -> None:
+        """``now``: the hub's clock stands still at that time (tests/hub/clocked_hub.py); None: the real clock."""
         self.config_path = config_path
         self.env = env
+        self.now = now
         self.process: Optional[subprocess.Popen] = None
         self.lines: List[str] = []
         self.port: Optional[int] = None
@@ -42,8 +46,11 @@ class HubProcess:
         self.port = None
         env = dict(os.environ if self.env is None else self.env)
         env["PYTHONPATH"] = str(REPO)
+        command = ["-m", "agent", "hub", "serve", "--config", str(self.config_path)]
+        if self.now is not None:
+            command = ["-m", "tests.hub.clocked_hub", "--config", str(self.config_path), "--now", self.now.isoformat()]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "agent", "hub", "serve", "--config", str(self.config_path)],
+            [sys.executable, *command],
             cwd=str(REPO), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             text=True, bufsize=1)
         self._reader = threading.Thread(target=self._drain, name="hub-stderr", daemon=True)
@@ -109,7 +116,9 @@ def write_config(path: Path, **settings: Any) -> Path:
     return path
 
 
-def wait_until(predicate: Any, timeout_seconds: float = 10.0) -> bool:
+def wait_until(predicate: Any, timeout_seconds: float = 120.0) -> bool:
+    """True once ``predicate()`` holds; False after ``timeout_seconds`` (generous: it only ends a broken run, and a
+    loaded machine must not expire it)."""
     deadline = time.monotonic() + timeout_seconds
     while time.monotonic() < deadline:
         if predicate():

@@ -1,12 +1,16 @@
 """The dashboard in a real browser: Debian's headless Chromium (through chromedriver and Selenium) against a real
 ``gpuguard hub serve`` on 127.0.0.1 over a seeded fleet; assertions on what the pages show.
 
+Each hub's clock stands still at the time its fixture seeded its fleet against (``HubProcess(now=...)``), so what
+the pages call stale or recent is the same however long the suite takes to reach a test.
+
 Screenshots of each page go to the test's tmp dir; with ``UPDATE_SCREENSHOTS=1`` they also replace
 docs/dashboard/*.png (the ones docs/hub.md shows).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import shutil
 from pathlib import Path
@@ -16,7 +20,7 @@ import pytest
 
 from agent.hub.tokens import add_token
 from tests import needs
-from tests.hub.fleet_seed import EXPECTED, HOSTILE_HOSTNAME, HOSTILE_VERSION, REGRESSED_HEALTH, seed
+from tests.hub.fleet_seed import EXPECTED, HOSTILE_HOSTNAME, HOSTILE_VERSION, NOW, REGRESSED_HEALTH, seed
 from tests.hub.process import HubProcess, write_config
 
 pytestmark = pytest.mark.slow
@@ -30,15 +34,16 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "dashboard"
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]:
     tmp = tmp_path_factory.mktemp("dashboard")
     url = f"sqlite:///{tmp}/hub.db"
-    seed(url)
-    yield from serving(tmp, url)
+    seed(url, NOW)
+    yield from serving(tmp, url, NOW)
 
 
-def serving(tmp: Path, url: str) -> Iterator[HubProcess]:
-    """A hub process over the database at ``url``, with a reader token in ``reader_token``, until the test ends."""
+def serving(tmp: Path, url: str, now: dt.datetime) -> Iterator[HubProcess]:
+    """A hub process over the database at ``url`` whose clock reads ``now``, with a reader token in
+    ``reader_token``, until the test ends."""
     tokens = tmp / "tokens.json"
     hub = HubProcess(write_config(tmp / "hub.toml", listen_port=0, database_url=url, tokens_file=tokens,
-                                  tokens_reload_seconds=0))
+                                  tokens_reload_seconds=0), now=now)
     hub.reader_token = add_token(str(tokens), "reader", "ops")
     hub.start()
     yield hub
@@ -170,8 +175,6 @@ def test_the_dashboard_in_chromium(hub: HubProcess, browser: Any, tmp_path: Path
 def policy_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]:
     """A hub with bundles 41 (all hosts) and 42 (rack a7 only) and three hosts: one current, one behind, one that
     refused 42 with a reason an attacker could have written."""
-    import datetime as dt
-
     from agent.hub.bundles import PolicyBundles
     from agent.hub.store import make_store
     from agent.hub.tokens import Principal
@@ -183,11 +186,11 @@ def policy_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]
     url = f"sqlite:///{tmp}/hub.db"
     store = make_store(url)
     store.open()
-    bundles = PolicyBundles(store)
+    now = NOW
+    bundles = PolicyBundles(store, clock=lambda: now)
     admin = Principal(role="admin", subject="alice")
     bundles.push(admin, bundle_bytes(41), SIGNATURE)
     bundles.push(admin, bundle_bytes(42, labels={"rack": "a7"}), SIGNATURE)
-    now = dt.datetime.now(dt.timezone.utc)
     beats = [("node-current", {"policy_serial": 42}), ("node-behind", {"policy_serial": 41}),
              ("node-refused", {"policy_serial": 41, "policy_refused_serial": 42,
                                "policy_refused_reason": HOSTILE_VERSION})]
@@ -195,7 +198,7 @@ def policy_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]
         agent_version="1.0", uptime_seconds=1.0, pairing=ROCM_62, labels={"rack": "a7"}, policy_source="bundle",
         **fields)}) for host, fields in beats]], received_at=now)
     store.close()
-    yield from serving(tmp, url)
+    yield from serving(tmp, url, now)
 
 
 def test_the_policy_pages_in_chromium(policy_hub: HubProcess, browser: Any, tmp_path: Path) -> None:
@@ -231,8 +234,6 @@ def test_the_policy_pages_in_chromium(policy_hub: HubProcess, browser: Any, tmp_
 @pytest.fixture(scope="module")
 def rollout_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]:
     """A hub whose rollout of bundle 2 halted: the canary of the AMD cohort reported cpu_fallback on serial 2."""
-    import datetime as dt
-
     from agent.hub.bundles import PolicyBundles
     from agent.hub.rollout_plan import RolloutSpec
     from agent.hub.rollouts import Rollouts
@@ -247,24 +248,27 @@ def rollout_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess
     store = make_store(url)
     store.open()
     admin = Principal(role="admin", subject="alice")
-    now = dt.datetime.now(dt.timezone.utc)
+    now = [NOW]  # the fixture's clock: a second on for each step, as the steps once took (the soak is 60 s)
 
     def beats(hosts: List[str], serial: int, health: str) -> None:
-        store.ingest([[event(h, at=dt.datetime.now(dt.timezone.utc)).model_copy(update={"payload": Heartbeat(
+        now[0] += dt.timedelta(seconds=1)
+        store.ingest([[event(h, at=now[0]).model_copy(update={"payload": Heartbeat(
             agent_version="1.0", uptime_seconds=1.0, pairing=ROCM_62 if h.startswith("amd") else CUDA_12,
             policy_source="bundle", policy_serial=serial, last_health_status=health)}) for h in hosts]],
-            received_at=now)
+            received_at=now[0])
 
     beats(["amd-1", "amd-2", "amd-3", "nv-1", "nv-2"], 1, "pass")
-    bundles = PolicyBundles(store)
+    bundles = PolicyBundles(store, clock=lambda: now[0])
     bundles.push(admin, bundle_bytes(1), SIGNATURE)
     bundles.push(admin, bundle_bytes(2), SIGNATURE)
-    rollouts = Rollouts(store, bundles)
+    rollouts = Rollouts(store, bundles, clock=lambda: now[0])
+    now[0] += dt.timedelta(seconds=1)
     rid = rollouts.start(admin, RolloutSpec(target_serial=2, batches=(50, 100), soak_seconds=60)).rollout.rollout_id
     beats(["amd-1"], 2, "cpu_fallback")
+    now[0] += dt.timedelta(seconds=1)
     rollouts.evaluate(rid)
     store.close()
-    yield from serving(tmp, url)
+    yield from serving(tmp, url, now[0])
 
 
 def test_the_rollout_pages_in_chromium(rollout_hub: HubProcess, browser: Any, tmp_path: Path) -> None:

@@ -137,7 +137,7 @@ def test_the_scheduled_pass_does_not_prune_at_start_and_stops_promptly(tmp_path:
         started = time.monotonic()
         worker.stop()
         periodic.stop()
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 30  # not held until the first pass (a minute on): load-proof
         assert worker.pass_count == 0 and len(stored(store)) == 2
     finally:
         store.close()

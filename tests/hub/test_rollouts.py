@@ -452,7 +452,7 @@ def test_a_failing_report_halts_without_waiting_for_the_tick(settings: HubSettin
                     .json()["hosts"] if h["stage"] == 0]
         failing = beat(canary, clock.now, 2, health="cpu_fallback").model_copy(update={"host_id": canary})
         assert hub.post("/v1/events", content=batch_json([failing]), headers=bearer(tokens[canary])).status_code == 200
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 120  # only ends a broken run
         while time.monotonic() < deadline:
             if hub.get(f"/v1/rollouts/{rid}", headers=bearer(tokens["ops"])).json()["rollout"]["state"] == "halted":
                 break

@@ -34,14 +34,14 @@ class _Recorder:
 def test_the_signal_handler_forwards_the_signal_without_logging(monkeypatch: pytest.MonkeyPatch) -> None:
     """A log line written from the handler while the interrupted main thread holds the log's write lock would wait
     forever; the handler only marks the hub stopping and signals the workers, and the loop says hub_stopping once."""
-    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         supervisor = server._Supervisor(HubSettings(workers=2, shutdown_timeout_seconds=3))
         supervisor.workers = {worker.pid: time.monotonic()}
         monkeypatch.setattr(server, "log", _NoLogging())
         supervisor._on_signal(signal.SIGTERM, None)
         assert supervisor.stopping
-        assert worker.wait(10) == -signal.SIGTERM
+        assert worker.wait(120) == -signal.SIGTERM
         recorder = _Recorder()
         monkeypatch.setattr(server, "log", recorder)
         supervisor._log_stopping_once()

@@ -82,7 +82,8 @@ class Box:
         assert result.returncode == 0, output[-4000:]
         return output
 
-    def wait_for(self, what: str, check: Callable[[], bool], timeout_seconds: float = 30) -> None:
+    def wait_for(self, what: str, check: Callable[[], bool], timeout_seconds: float = 120) -> None:
+        """Return once ``check()`` holds; the deadline only ends a broken run, so a loaded machine cannot expire it."""
         deadline = time.monotonic() + timeout_seconds
         while not check():
             if time.monotonic() > deadline:
@@ -267,7 +268,7 @@ def test_watchdog_is_fed_and_a_hung_agent_is_killed_and_restarted(box: Box) -> N
             return int(props["NRestarts"]) == restarts and props["SubState"] == "running" \
                 and props["MainPID"] != before["MainPID"]
 
-        box.wait_for("the watchdog restart", restarted, timeout_seconds=30)
+        box.wait_for("the watchdog restart", restarted)
         log = box.log(mark, "-u", AGENT)
         assert "Watchdog timeout" in log and "SIGABRT" in log, log[-3000:]
     finally:
@@ -343,7 +344,7 @@ def test_the_hub_takes_new_tokens_live_and_the_reloaded_agent_reports_to_it(box:
             result = c.run("python3", "-c", HOSTS_QUERY, reader_token, timeout_seconds=30)
             return result.returncode == 0 and f'"{host_id}"' in result.stdout
 
-        box.wait_for("the agent's events at the hub", reported, timeout_seconds=60)
+        box.wait_for("the agent's events at the hub", reported)
         assert box.running(HUB)["MainPID"] == hub_pid, "the hub was restarted"
     finally:
         config.write_text(shipped)
@@ -381,7 +382,9 @@ def test_stop_is_clean(box: Box, unit: str, last_event: str) -> None:
     mark = c.mark()
     started = time.monotonic()
     c.run("systemctl", "stop", unit, check=True)
-    assert time.monotonic() - started < 30
+    # Result success and no SIGKILL below already rule out the 90 s TimeoutStopSec; this bound, 60 times what a stop
+    # takes, still holds on a loaded machine.
+    assert time.monotonic() - started < 60
     props = c.show(unit, "ActiveState", "Result", "ExecMainCode", "ExecMainStatus")
     assert props == {"ActiveState": "inactive", "Result": "success", "ExecMainCode": "1", "ExecMainStatus": "0"}, props
     log = box.log(mark, "-u", unit)
@@ -391,6 +394,10 @@ def test_stop_is_clean(box: Box, unit: str, last_event: str) -> None:
 
 
 STOP_DROPIN = "etc/systemd/system/gpuguard.service.d/50-test-stop.conf"
+# Exit 0 when another process holds dpkg's lock (a lock it gets is let go at once, as it exits).
+LOCK_IS_HELD = ("import fcntl, sys\nf = open('/var/lib/dpkg/lock', 'w')\n"
+                "try:\n    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+                "except OSError:\n    sys.exit(0)\nsys.exit(1)\n")
 
 
 def test_stop_while_a_guard_check_waits_for_the_dpkg_lock_is_clean(box: Box) -> None:
@@ -399,7 +406,9 @@ def test_stop_while_a_guard_check_waits_for_the_dpkg_lock_is_clean(box: Box) -> 
     c = box.c
     dropin = box.root / STOP_DROPIN
     dropin.parent.mkdir(parents=True, exist_ok=True)
-    dropin.write_text("[Service]\nTimeoutStopSec=6\n")
+    # Long enough for a stop on a loaded machine; a stop that waited for the lock (held 600 s, given up after the
+    # guard's 300 s) would run into it, end in SIGKILL and leave Result "timeout".
+    dropin.write_text("[Service]\nTimeoutStopSec=60\n")
     policy = box.root / "etc/gpuguard/policy.d/10-test.toml"
     try:
         c.run("systemctl", "daemon-reload", check=True)
@@ -409,15 +418,17 @@ def test_stop_while_a_guard_check_waits_for_the_dpkg_lock_is_clean(box: Box) -> 
         c.run("gpuguard", "policy", "compile", check=True)
         c.run("systemd-run", "--unit=gpuguard-test-holdlock", "python3", "-c",
               "import fcntl, time; f = open('/var/lib/dpkg/lock', 'w'); fcntl.lockf(f, fcntl.LOCK_EX); "
-              "time.sleep(120)", check=True)
-        time.sleep(1)
+              "time.sleep(600)", check=True)
+        box.wait_for("the lock holder", lambda: c.run("python3", "-c", LOCK_IS_HELD).returncode == 0)
         c.run("systemctl", "kill", "--kill-who=main", "--signal=SIGUSR1", AGENT, check=True)  # a package transaction
+        # Time for the check to reach the lock wait; on a machine too loaded for that, the stop comes first and the
+        # check gives up at its first wait: the test then proves less, but cannot fail for it.
         time.sleep(3)
         started = time.monotonic()
         c.run("systemctl", "stop", AGENT)
         elapsed = time.monotonic() - started
         props = c.show(AGENT, "Result", "ActiveState")
-        assert props == {"Result": "success", "ActiveState": "inactive"} and elapsed < 5, (props, elapsed)
+        assert props == {"Result": "success", "ActiveState": "inactive"}, (props, elapsed)  # within TimeoutStopSec
     finally:
         c.run("systemctl", "stop", "gpuguard-test-holdlock")
         policy.write_text(TEST_POLICY)
@@ -483,7 +494,7 @@ def test_remove_and_purge_stop_and_disable_both_units_without_a_daemon_reload(bo
         checked = [i for i, line in enumerate(lines) if '"event": "guard_checked"' in line]
         return bool(changed and checked) and checked[-1] > changed[-1]
 
-    box.wait_for("the agent's check after the hub's removal", agent_idle, timeout_seconds=30)
+    box.wait_for("the agent's check after the hub's removal", agent_idle)
     box.ok("remove", "gpuguard")
     for unit in (AGENT, HUB):
         props = c.show(unit, "ActiveState", "MainPID")

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import io
 import os
+import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Tuple
 
@@ -23,12 +23,15 @@ MATRIX = REPO / "policies/amd-compat-matrix.toml"
 GOOD = '[policy]\nname = "site"\n[[amd.pairing]]\nname = "rocm-6.2"\namdgpu = "6.2.*"\nrocm = "6.2.*"\n'
 
 
-def _cli(*argv: str, timeout_seconds: float = 60) -> Tuple[int, str, float]:
-    """``python -m agent ARGV`` in a child (a hang on main must end at the timeout, not hang the suite)."""
-    started = time.monotonic()
+def _cli(*argv: str, timeout_seconds: float = 120) -> Tuple[int, str, float]:
+    """``python -m agent ARGV`` in a child (a hang on main must end at the timeout, not hang the suite): exit code,
+    output, and the CPU seconds the child used, which, unlike its wall time, a loaded machine does not stretch."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = subprocess.run([sys.executable, "-m", "agent", *argv], capture_output=True, text=True,
                             timeout=timeout_seconds, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-    return result.returncode, result.stdout + result.stderr, time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_seconds = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return result.returncode, result.stdout + result.stderr, cpu_seconds
 
 
 @pytest.mark.parametrize("command", ["check", "compile"])
@@ -38,8 +41,8 @@ def test_a_fifo_as_the_policy_is_refused_in_one_line(tmp_path: Path, command: st
     os.mkfifo(fifo)
     argv = ["policy", "check", "--no-host", str(fifo)] if command == "check" else [
         "policy", "compile", "--policy", str(fifo), "-o", str(tmp_path / "compiled.json")]
-    code, out, seconds = _cli(*argv, timeout_seconds=30)
-    assert code == 3 and seconds < 20, out
+    code, out, _ = _cli(*argv)  # a wait for a writer would never end: _cli's timeout fails it
+    assert code == 3, out
     assert f"{fifo}: not a regular file" in out.splitlines()[0] and "Traceback" not in out
     assert not (tmp_path / "compiled.json").exists()
 
@@ -50,8 +53,8 @@ def test_a_fifo_as_the_matrix_is_refused_in_one_line(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     policy = tmp_path / "policy.toml"
     policy.write_text('[policy]\nname = "m"\nrequire_amd_matrix = true\n')
-    code, out, seconds = _cli("policy", "check", "--no-host", "--matrix", str(fifo), str(policy), timeout_seconds=30)
-    assert code == 3 and seconds < 20, out
+    code, out, _ = _cli("policy", "check", "--no-host", "--matrix", str(fifo), str(policy))  # no wait: see above
+    assert code == 3, out
     assert out.splitlines()[0] == f"{fifo}: not a regular file"
 
 
@@ -103,9 +106,10 @@ def test_an_oversized_policy_is_refused_unread(tmp_path: Path, monkeypatch: pyte
     assert code == 3 and out.getvalue().splitlines()[0] == f"{path}: larger than 100 bytes"
 
 
+@pytest.mark.timeout(600)  # the wall time a loaded machine may take; the CPU bound is the assertion
 def test_100000_guarded_names_are_checked_against_a_host_in_seconds(tmp_path: Path) -> None:
-    """policy check over a host of 3,000 packages and a policy guarding 100,000 names: well within 30 s (main
-    matched every name against every pattern: minutes)."""
+    """policy check over a host of 3,000 packages and a policy guarding 100,000 names: well within 30 CPU seconds
+    (main matched every name against every pattern: minutes)."""
     (tmp_path / "var/lib/dpkg").mkdir(parents=True)
     (tmp_path / "var/lib/dpkg/status").write_text("".join(
         f"Package: lib{i}-x\nStatus: install ok installed\nArchitecture: amd64\nVersion: 1.{i}\n\n"
@@ -114,8 +118,8 @@ def test_100000_guarded_names_are_checked_against_a_host_in_seconds(tmp_path: Pa
     names = ", ".join(f'"pkg-{i}"' for i in range(100000))
     (tmp_path / "etc/gpuguard/policy.d/10-big.toml").write_text(
         f'[policy]\nname = "big"\nguarded = [{names}, "lib7-*", "*-x", "lib1[0-9]-x"]\n[kernel]\nallow = "6.1.*"\n')
-    code, out, seconds = _cli("policy", "check", "--root", str(tmp_path), timeout_seconds=90)
-    assert code == 0 and seconds < 30, (seconds, out[-2000:])
+    code, out, cpu_seconds = _cli("policy", "check", "--root", str(tmp_path), timeout_seconds=600)
+    assert code == 0 and cpu_seconds < 30, (cpu_seconds, out[-2000:])
     lines = out.splitlines()
     assert len([ln for ln in lines if "matches no package installed on this host" in ln]) == 100000
     assert not [ln for ln in lines if "'lib7-*'" in ln or "'*-x'" in ln or "'lib1[0-9]-x'" in ln]

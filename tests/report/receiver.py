@@ -98,7 +98,8 @@ class Receiver:
         with self._lock:
             return [self.stored[i]["payload"]["kind"] for i in self.stored_order]
 
-    def wait_for(self, predicate, timeout_seconds: float = 20.0) -> bool:  # type: ignore[no-untyped-def]
+    def wait_for(self, predicate, timeout_seconds: float = 120.0) -> bool:  # type: ignore[no-untyped-def]
+        """True once ``predicate(self)`` holds; False after a deadline generous enough for a loaded machine."""
         deadline = time.monotonic() + timeout_seconds
         while time.monotonic() < deadline:
             with self._lock:

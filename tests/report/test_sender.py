@@ -78,7 +78,7 @@ def test_hanging_endpoint_times_out(receiver: Receiver) -> None:
     with pytest.raises(DeliveryError) as caught:
         sender_for(receiver.url).send(batch())
     assert caught.value.category == "timeout" and caught.value.retryable
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # the 0.5 s read timeout, not the receiver's 60 s hang: load-proof
 
 
 def test_endpoint_down_is_unreachable() -> None:

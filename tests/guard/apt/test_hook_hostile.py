@@ -4,7 +4,6 @@ input: a stream that would be refused whole stays refused whatever cut, protocol
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import subprocess
 import sys
@@ -44,7 +43,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def run_as_apt(root: Path, data: bytes, close_writer: bool = True, extra: Optional[List[str]] = None,
-               timeout_seconds: float = 30) -> Tuple[int, str, float]:
+               timeout_seconds: float = 120) -> Tuple[int, str, float]:
     """Run the launcher as apt does (bash: dash takes no fd above 9), the input on fd 20, APT_HOOK_INFO_FD=20;
     exit code, stderr and seconds taken. ``close_writer=False`` keeps the write end open (a writer never closing)."""
     read_fd, write_fd = os.pipe()
@@ -117,7 +116,8 @@ def hostile_inputs(draw: st.DrawFn) -> bytes:
     return data[:points[draw(st.integers(0, len(points) - 1))]]
 
 
-@settings(max_examples=250, deadline=dt.timedelta(seconds=20), derandomize=True,
+# No deadline: an example's wall time is the machine's load; a hang ends at run_as_apt's timeout instead.
+@settings(max_examples=250, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=hostile_inputs())
 def test_mangled_stream_naming_a_guarded_package_is_refused(root: Path, data: bytes) -> None:
@@ -128,18 +128,18 @@ def test_mangled_stream_naming_a_guarded_package_is_refused(root: Path, data: by
 
 def test_a_writer_that_never_closes_is_refused_after_the_timeout(root: Path) -> None:
     """apt's end of fd 20 left open: the hook waits --input-timeout-seconds, then refuses in one line (exit 12)."""
-    code, err, seconds = run_as_apt(root, (HEAD + ROCM_UP).encode(), close_writer=False,
-                                    extra=["--input-timeout-seconds", "1"], timeout_seconds=20)
-    assert code == exits.EXIT_FAILSAFE_INPUT and seconds < 15, err
+    # The writer never closes: without the hook's own timeout, run_as_apt's (120 s) would fail the test.
+    code, err, _ = run_as_apt(root, (HEAD + ROCM_UP).encode(), close_writer=False,
+                              extra=["--input-timeout-seconds", "1"])
+    assert code == exits.EXIT_FAILSAFE_INPUT, err
     assert "no end of input after 1 seconds" in err and "it names guarded packages: rocm-core" in err
     assert_refused(code, err, b"")
 
 
 def test_a_writer_that_never_writes_is_refused_after_the_timeout(root: Path) -> None:
     """Nothing at all on fd 20 and never an end: refused after the timeout though it names nothing (exit 12)."""
-    code, err, seconds = run_as_apt(root, b"", close_writer=False, extra=["--input-timeout-seconds", "0.5"],
-                                    timeout_seconds=20)
-    assert code == exits.EXIT_FAILSAFE_INPUT and seconds < 15, err
+    code, err, _ = run_as_apt(root, b"", close_writer=False, extra=["--input-timeout-seconds", "0.5"])  # as above
+    assert code == exits.EXIT_FAILSAFE_INPUT, err
     assert "no end of input after 0.5 seconds" in err and "what it does not show may touch guarded" in err
 
 

@@ -188,16 +188,16 @@ def test_a_peer_that_never_replies_is_refused_after_the_timeout(root: Path) -> N
     """dnf5 keeps the pipe open and never answers: refused after --input-timeout-seconds (exit 12), no hang."""
     import io
     import os
-    import time
 
     read_fd, write_fd = os.pipe()
     err = io.StringIO()
-    started = time.monotonic()
     with os.fdopen(read_fd, "rb") as replies:
         try:
             code = dnf5_action.main(["--root", str(root), "--input-timeout-seconds", "0.5"], requests=io.BytesIO(),
                                     replies=replies, err=err, now=lambda: NOW)
         finally:
             os.close(write_fd)
-    assert code == 12 and time.monotonic() - started < 10
+    # The pipe stays open until main returns, so only its own timeout can end the wait: returning at all, with this
+    # refusal, is the proof, whatever the wall time on a loaded machine.
+    assert code == 12
     assert "no end of input after 0.5 seconds" in err.getvalue()

@@ -14,10 +14,10 @@
 --mode flood      prints --flood-mib MiB of noise on stdout and on stderr, then a valid result
 --mode nested     a result line of 100,000 nested '['
 --mode escapes    a valid result whose strings (and stderr) hold terminal escapes: ESC[2J, OSC 52, BEL, CR
---mode setsid     starts a grandchild in its own session (sleep 60, --token in its argv), then passes
+--mode setsid     starts a grandchild in its own session (sleep 600, --token in its argv), then passes
 --mode plant      a hostile run: plants usercustomize.py, sitecustomize.py and a .pth (each turning a later
                   "--mode skip" into "--mode pass") in its user site, its HOME and TMPDIR, then passes
---mode setsid-hog a grandchild in its own session touches --hog-mib MiB and holds it; passes after 6 s
+--mode setsid-hog a grandchild in its own session touches --hog-mib MiB and holds it; passes after 60 s
 --mode fill       writes --fill-mib files of 1 MiB into its HOME (errors ignored), holds on 3 s, then passes
 --name NAME       the model name it claims for every GPU (default NVIDIA H200)
 --forge KIND      a result the host cannot have (the figures and names otherwise as --mode pass):
@@ -150,7 +150,7 @@ def main():
         code = "b = bytearray(%d << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nimport time; time.sleep(600)"
         subprocess.Popen([sys.executable, "-c", code % args.hog_mib], start_new_session=True,
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(6)
+        time.sleep(60)
     if args.mode == "fill":
         chunk = b"\1" * (1 << 20)
         for number in range(args.fill_mib):
@@ -196,7 +196,7 @@ def main():
         sys.stderr.write("warning" + nasty + "\n")
     if args.mode == "setsid":
         # Its own session, and not holding the probe's pipes: nothing but the tree's end can reach it.
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", args.token], start_new_session=True,
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", args.token], start_new_session=True,
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     print("UserWarning: noise a framework prints before the result")
     line = json.dumps(out)
