@@ -7,7 +7,8 @@
     ├── InputFileError                 exit 4   a data file (snapshot JSON, state) is missing or corrupt
     │   ├── FileMissing                exit 4   the path does not exist (agent/files.py)
     │   ├── InputNotWhole              exit 4   hot-path input not readable as a whole (cut, other protocol, bad bytes)
-    │   └── BundleInvalid              exit 4   a policy bundle file is not one (agent/bundle/format.py)
+    │   ├── BundleInvalid              exit 4   a policy bundle file is not one (agent/bundle/format.py)
+    │   └── GateStateDamaged           exit 4   health-gate.json is damaged (agent/guard/rollback/health_gate.py)
     ├── HostReadError                  exit 5   a host path could not be read (permission, I/O)
     ├── StateWriteError                exit 16  a state file could not be written (disk full, read-only): old one kept
     ├── CommandError                   exit 6   an external command failed to start or exited non-zero
@@ -34,6 +35,8 @@ reaches the CLI.
 
     SectionInvalid (agent/configfile.py): one settings section's problems, turned into its file's ConfigError
     SpecError (agent/policy/spec.py): a ValueError, so the policy model's validators place it at its field
+    ShapeProblem (agent/policy/compiled.py): a rule family's compiled section is misshapen, made the compiled
+        policy's InputFileError where it is read
     FreezeRefused (agent/policy/freeze.py): the pure renderer's refusal, which `policy freeze` prints and exits on
     MalformedRecord (agent/daemon_jobs/guard_events.py): a guard-events line the forwarder quarantines and skips
     RecordError (agent/jsonrecord.py): a job child's malformed JSON, made ChildJobFailed or UsageError where read
