@@ -149,15 +149,21 @@ def offer_body(bundle: Path, serial: int, notice: Optional[str], **fields: objec
                        "rollout": notice, **fields}).encode()
 
 
-def test_the_fetch_keeps_the_newest_notice_and_the_hook_shows_it(fake_hub: FakeHub, tmp_path: Path) -> None:
-    """200 with a notice -> installed and kept; the hook's refusal adds the line; 304 with another notice replaces
-    it (escaped); a failed fetch keeps it; 304 without one clears it and the refusal no longer has the line."""
+def _hub_site(fake_hub: FakeHub, tmp_path: Path, config: str = "") -> Site:
+    """A host that fetches from the fake hub with its token; ``config`` follows its ``[report]`` lines."""
     site = Site(tmp_path)
     token = tmp_path / "host.token"
     token.write_text("secret-host-token\n")
     os.chmod(token, 0o600)
     site.config.write_text(site.config.read_text() + f'[report]\nendpoint_url = "{fake_hub.url}"\n'
-                                                     f'token_file = "{token}"\n')
+                                                     f'token_file = "{token}"\n' + config)
+    return site
+
+
+def test_the_fetch_keeps_the_newest_notice_and_the_hook_shows_it(fake_hub: FakeHub, tmp_path: Path) -> None:
+    """200 with a notice -> installed and kept; the hook's refusal adds the line; 304 with another notice replaces
+    it (escaped); a failed fetch keeps it; 304 without one clears it and the refusal no longer has the line."""
+    site = _hub_site(fake_hub, tmp_path)
     settings = parse_settings(site.config.read_text())
     host = Host.for_root(str(site.root))
     state_file = str(site.state / "policy-bundle/state.json")
@@ -235,14 +241,8 @@ FEATURES = "etc/kubernetes/node-feature-discovery/features.d"
 
 def _kubernetes_site(fake_hub: FakeHub, tmp_path: Path) -> Site:
     """A host that fetches from the fake hub and labels its Kubernetes node through NFD's features file."""
-    site = Site(tmp_path)
-    token = tmp_path / "host.token"
-    token.write_text("secret-host-token\n")
-    os.chmod(token, 0o600)
-    site.config.write_text(site.config.read_text() + f'[report]\nendpoint_url = "{fake_hub.url}"\n'
-                                                     f'token_file = "{token}"\n'
-                                                     f'nfd_features_file = "/{FEATURES}/gpuguard"\n'
-                                                     '[integrations]\nscheduler = "kubernetes"\n')
+    site = _hub_site(fake_hub, tmp_path, f'nfd_features_file = "/{FEATURES}/gpuguard"\n'
+                                         '[integrations]\nscheduler = "kubernetes"\n')
     (site.root / FEATURES).mkdir(parents=True)
     return site
 
@@ -282,12 +282,7 @@ def test_the_fetch_keeps_the_typed_fields_and_refuses_hostile_ones(fake_hub: Fak
     """200 with well-formed fields keeps them in the bundle state; a 304's headers replace them; a body with a
     hostile stage is a failed fetch (nothing installed, the fields before stand); hostile headers on a 304 are
     ignored (no rollout kept), and a 304 without any clears them."""
-    site = Site(tmp_path)
-    token = tmp_path / "host.token"
-    token.write_text("secret-host-token\n")
-    os.chmod(token, 0o600)
-    site.config.write_text(site.config.read_text() + f'[report]\nendpoint_url = "{fake_hub.url}"\n'
-                                                     f'token_file = "{token}"\n')
+    site = _hub_site(fake_hub, tmp_path)
     settings = parse_settings(site.config.read_text())
     host = Host.for_root(str(site.root))
     state_file = str(site.state / "policy-bundle/state.json")
