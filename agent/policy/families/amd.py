@@ -5,11 +5,20 @@ from __future__ import annotations
 from agent.defaults import THEROCK_BASE_PACKAGE
 from agent.hostfacts.package_keys import package_name
 from agent.policy import releases
-from agent.policy.families import OVERRIDE_HINT, HostState, Violation, find, kernels, matching, move, no_facts
+from agent.policy.families import (
+    OVERRIDE_HINT,
+    TYPE_CHECKING,
+    HostState,
+    Violation,
+    find,
+    kernels,
+    matching,
+    move,
+    no_facts,
+)
 from agent.policy.globs import any_glob
 from agent.policy.spec import describe, matches
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Any, Dict, List, Mapping, Optional, Sequence
 

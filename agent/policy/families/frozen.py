@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from agent.hostfacts.package_keys import package_name
-from agent.policy.families import OVERRIDE_HINT, HostState, Violation, matching, no_facts
+from agent.policy.families import OVERRIDE_HINT, TYPE_CHECKING, HostState, Violation, matching, no_facts
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Any, Dict, List, Mapping
 

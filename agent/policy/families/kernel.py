@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from agent.hostfacts.package_keys import package_name
-from agent.policy.families import OVERRIDE_HINT, HostState, Violation, kernels, move, no_facts
+from agent.policy.families import OVERRIDE_HINT, TYPE_CHECKING, HostState, Violation, kernels, move, no_facts
 from agent.policy.spec import describe, matches
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Any, Dict, List, Mapping
 
