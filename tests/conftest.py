@@ -88,14 +88,22 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     fill_disk for ENOSPC."""
     mount_point = tmp_path / "small-disk"
     mount_point.mkdir()
+    with tmpfs_at(mount_point, "size=4m"):
+        yield mount_point
+
+
+@contextlib.contextmanager
+def tmpfs_at(mount_point: Path, options: str) -> Iterator[None]:
+    """A tmpfs mounted on ``mount_point`` with ``options`` (``size=4m``), unmounted after (needs root; the test is
+    skipped where mount is refused)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         pytest.skip(f"mount refused: {done.stderr.strip()}")
     try:
-        yield mount_point
+        yield
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, Iterator, List, Match, NamedTuple, Optional, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,20 +64,26 @@ class ListedClass(NamedTuple):
     reason: str
 
 
-def drawn_tree(doc: str) -> List[DrawnClass]:
-    """The tree lines of a docstring (``    ├── Name   exit N   text``), each with the parent its indent gives."""
-    drawn: List[DrawnClass] = []
+def _walk_tree(text: str, pattern: str, what: str) -> Iterator[Tuple[Match[str], List[str]]]:
+    """Each line of a tree drawn with ``├──``/``└──`` that ``pattern`` matches (group 1 its indent, group 2 its
+    name), with the names of the lines it stands under, the top one first."""
     stack: List[str] = []
-    for line in doc.splitlines():
-        match = re.match(r"^    ((?:[│ ]   )*)(?:[├└]── )?(\w+)\s+exit (\d+)\s+(.*)$", line)
+    for line in text.splitlines():
+        match = re.match(pattern, line)
         if not match:
             continue
         depth = len(match.group(1)) // 4 + (1 if "──" in line else 0)
         del stack[depth:]
-        assert len(stack) == depth, f"the drawn tree: {line.strip()!r} is indented under nothing"
-        drawn.append(DrawnClass(match.group(2), stack[-1] if stack else None, int(match.group(3)), match.group(4)))
+        assert len(stack) == depth, f"{what}: {line.strip()!r} is indented under nothing"
+        yield match, list(stack)
         stack.append(match.group(2))
-    return drawn
+
+
+def drawn_tree(doc: str) -> List[DrawnClass]:
+    """The tree lines of a docstring (``    ├── Name   exit N   text``), each with the parent its indent gives."""
+    return [DrawnClass(match.group(2), above[-1] if above else None, int(match.group(3)), match.group(4))
+            for match, above in _walk_tree(doc, r"^    ((?:[│ ]   )*)(?:[├└]── )?(\w+)\s+exit (\d+)\s+(.*)$",
+                                           "the drawn tree")]
 
 
 def drawn_exit_codes(doc: str) -> Dict[str, int]:
@@ -102,16 +108,6 @@ class DrawnCommand(NamedTuple):
 def drawn_commands(block: str) -> List[DrawnCommand]:
     """The lines of a command tree drawn as ``├── name   note`` under one top line, each with its words from the
     top command down (the top line itself left out)."""
-    drawn: List[DrawnCommand] = []
-    stack: List[str] = []
-    for line in block.splitlines():
-        match = re.match(r"^((?:[│ ]   )*)(?:[├└]── )?(\S+)(?:\s+(.*))?$", line)
-        if not match:
-            continue
-        depth = len(match.group(1)) // 4 + (1 if "──" in line else 0)
-        del stack[depth:]
-        assert len(stack) == depth, f"the drawn commands: {line.strip()!r} is indented under nothing"
-        stack.append(match.group(2))
-        if depth:
-            drawn.append(DrawnCommand(tuple(stack[1:]), (match.group(3) or "").strip()))
-    return drawn
+    return [DrawnCommand(tuple(above[1:] + [match.group(2)]), (match.group(3) or "").strip())
+            for match, above in _walk_tree(block, r"^((?:[│ ]   )*)(?:[├└]── )?(\S+)(?:\s+(.*))?$",
+                                           "the drawn commands") if above]

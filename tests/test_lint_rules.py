@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Set, Tuple
 
 import pytest
 
@@ -38,18 +38,23 @@ def _is_host(node: ast.expr) -> bool:
     return _dotted(node).split(".")[-1] == "host"
 
 
-def raw_reads(source: str, filename: str = "<source>") -> List[str]:
-    """``line: call`` for every raw file read in source."""
+def _calls(source: str, filename: str, functions: Set[str], methods: Set[str]) -> List[str]:
+    """``line: call`` for every call in source of one of ``functions`` or ``methods`` (methods of the host aside)."""
     found = []
     for node in ast.walk(ast.parse(source, filename)):
         if not isinstance(node, ast.Call):
             continue
         name = _dotted(node.func)
-        if name in _RAW_FUNCTIONS:
+        if name in functions:
             found.append(f"{node.lineno}: {name}()")
-        elif isinstance(node.func, ast.Attribute) and node.func.attr in _RAW_METHODS and not _is_host(node.func.value):
+        elif isinstance(node.func, ast.Attribute) and node.func.attr in methods and not _is_host(node.func.value):
             found.append(f"{node.lineno}: {name or '<expr>.' + node.func.attr}()")
     return found
+
+
+def raw_reads(source: str, filename: str = "<source>") -> List[str]:
+    """``line: call`` for every raw file read in source."""
+    return _calls(source, filename, _RAW_FUNCTIONS, _RAW_METHODS)
 
 
 def test_the_rule_sees_raw_reads() -> None:
@@ -116,17 +121,7 @@ REVIEWED_OPENS = {
 
 def file_opens(source: str, filename: str = "<source>") -> List[str]:
     """``line: call`` for every call that opens a file by name in source (reads through the Host aside)."""
-    found = []
-    for node in ast.walk(ast.parse(source, filename)):
-        if not isinstance(node, ast.Call):
-            continue
-        name = _dotted(node.func)
-        if name in _OPENERS:
-            found.append(f"{node.lineno}: {name}()")
-        elif (isinstance(node.func, ast.Attribute) and node.func.attr in _OPENING_METHODS
-              and not _is_host(node.func.value)):
-            found.append(f"{node.lineno}: {name or '<expr>.' + node.func.attr}()")
-    return found
+    return _calls(source, filename, _OPENERS, _OPENING_METHODS)
 
 
 def unreviewed_opens(sources: Dict[str, str]) -> List[str]:

@@ -16,18 +16,38 @@ def _versions(versions: Mapping[str, str], e: Callable[[Any], str]) -> str:
     return ", ".join(f"{e(k)} {e(v)}" for k, v in sorted(versions.items())) or DASH
 
 
+# The kinds whose line is some of their payload's fields set in a sentence, each field escaped.
+_TEMPLATES = {
+    "policy_violation": "policy violation ({action}) {rule}: {message}",
+    "cpu_fallback": "CPU fallback: {reason}",
+    "override_used": "override {window_id} used by {opened_by}: {reason}",
+    "heartbeat": "heartbeat: agent {agent_version}, health {last_health_status}, outbox {outbox_depth}",
+    "state_file_damaged": "state file damaged: {path}: {problem}",
+}
+
+
+class _Escaped:
+    """A payload's fields as a template reads them: each one escaped (None when the payload lacks it)."""
+
+    def __init__(self, payload: Mapping[str, Any], e: Callable[[Any], str]) -> None:
+        self.payload, self.e = payload, e
+
+    def __getitem__(self, key: str) -> str:
+        return self.e(self.payload.get(key))
+
+
 def describe_event(event: Mapping[str, Any], e: Callable[[Any], str]) -> str:
     """One line saying what an event reports, each value passed through ``e`` (the dashboard's HTML escaping, the
     alert webhooks' plain or Slack escaping)."""
     p = event.get("payload", {})
     kind = p.get("kind")
+    if kind in _TEMPLATES:
+        return _TEMPLATES[kind].format_map(_Escaped(p, e))
     if kind == "snapshot_changed":
         changes = p.get("changes") or []
         moved = "; ".join(f"{e(c.get('section'))}/{e(c.get('path'))}: {e(c.get('old'))} \u2192 {e(c.get('new'))}"
                           for c in changes[:8] if isinstance(c, dict))
         return f"snapshot changed{': ' + moved if moved else ''} (hash {e(str(p.get('new_hash'))[:12])})"
-    if kind == "policy_violation":
-        return f"policy violation ({e(p.get('action'))}) {e(p.get('rule'))}: {e(p.get('message'))}"
     if kind == "transaction_blocked":
         return (f"{e(p.get('tool'))} transaction blocked by {e(p.get('rule'))}: {e(p.get('message'))} "
                 f"({_versions(p.get('packages') or {}, e)})")
@@ -39,17 +59,8 @@ def describe_event(event: Mapping[str, Any], e: Callable[[Any], str]) -> str:
     if kind == "health_regression":
         return (f"health regression: {e(p.get('metric'))} {e(p.get('current_value'))} vs baseline "
                 f"{e(p.get('baseline_value'))} (\u2212{float(p.get('drop_fraction') or 0) * 100:.1f}%)")
-    if kind == "cpu_fallback":
-        return f"CPU fallback: {e(p.get('reason'))}"
     if kind == "health_deferred":
         tenants = "; ".join(str(t) for t in p.get("tenants") or []) or "no tenant named"
         return (f"health check deferred: GPUs busy for {float(p.get('window_seconds') or 0) / 3600:g} h, "
                 f"{e(p.get('attempts'))} attempts ({e(tenants)})")
-    if kind == "override_used":
-        return f"override {e(p.get('window_id'))} used by {e(p.get('opened_by'))}: {e(p.get('reason'))}"
-    if kind == "heartbeat":
-        return (f"heartbeat: agent {e(p.get('agent_version'))}, health {e(p.get('last_health_status'))}, "
-                f"outbox {e(p.get('outbox_depth'))}")
-    if kind == "state_file_damaged":
-        return f"state file damaged: {e(p.get('path'))}: {e(p.get('problem'))}"
     return e(kind)

@@ -149,15 +149,21 @@ def offer_body(bundle: Path, serial: int, notice: Optional[str], **fields: objec
                        "rollout": notice, **fields}).encode()
 
 
-def test_the_fetch_keeps_the_newest_notice_and_the_hook_shows_it(fake_hub: FakeHub, tmp_path: Path) -> None:
-    """200 with a notice -> installed and kept; the hook's refusal adds the line; 304 with another notice replaces
-    it (escaped); a failed fetch keeps it; 304 without one clears it and the refusal no longer has the line."""
+def _hub_site(fake_hub: FakeHub, tmp_path: Path, config: str = "") -> Site:
+    """A host that fetches from the fake hub with its token; ``config`` follows its ``[report]`` lines."""
     site = Site(tmp_path)
     token = tmp_path / "host.token"
     token.write_text("secret-host-token\n")
     os.chmod(token, 0o600)
     site.config.write_text(site.config.read_text() + f'[report]\nendpoint_url = "{fake_hub.url}"\n'
-                                                     f'token_file = "{token}"\n')
+                                                     f'token_file = "{token}"\n' + config)
+    return site
+
+
+def test_the_fetch_keeps_the_newest_notice_and_the_hook_shows_it(fake_hub: FakeHub, tmp_path: Path) -> None:
+    """200 with a notice -> installed and kept; the hook's refusal adds the line; 304 with another notice replaces
+    it (escaped); a failed fetch keeps it; 304 without one clears it and the refusal no longer has the line."""
+    site = _hub_site(fake_hub, tmp_path)
     settings = parse_settings(site.config.read_text())
     host = Host.for_root(str(site.root))
     state_file = str(site.state / "policy-bundle/state.json")
@@ -230,34 +236,41 @@ def test_status_and_explain_show_the_notice(tmp_path: Path) -> None:
     assert json.loads(run(*explain, "--json")[1])["rollout"] == WAITING
 
 
-def test_an_admitted_hosts_handoff_names_the_rollout(fake_hub: FakeHub, tmp_path: Path) -> None:
-    """The fetch child installs the bundle a rollout admitted this host to: the hold's reason is "rollout R stage
-    0" and the NFD labels say maintenance=true with the rollout id."""
+FEATURES = "etc/kubernetes/node-feature-discovery/features.d"
+
+
+def _kubernetes_site(fake_hub: FakeHub, tmp_path: Path) -> Site:
+    """A host that fetches from the fake hub and labels its Kubernetes node through NFD's features file."""
+    site = _hub_site(fake_hub, tmp_path, f'nfd_features_file = "/{FEATURES}/gpuguard"\n'
+                                         '[integrations]\nscheduler = "kubernetes"\n')
+    (site.root / FEATURES).mkdir(parents=True)
+    return site
+
+
+def _fetch_in_child(site: Site, tmp_path: Path) -> List[str]:
+    """What the policy fetch child, run once for ``site``, asked the daemon to do."""
     from agent.config import load_settings
     from agent.daemon_jobs.children import PolicyFetchInChild
     from tests.daemon.test_jobs import make_runtime
 
-    features = "etc/kubernetes/node-feature-discovery/features.d"
-    site = Site(tmp_path)
-    token = tmp_path / "host.token"
-    token.write_text("secret-host-token\n")
-    os.chmod(token, 0o600)
-    site.config.write_text(site.config.read_text() + f'[report]\nendpoint_url = "{fake_hub.url}"\n'
-                                                     f'token_file = "{token}"\n'
-                                                     f'nfd_features_file = "/{features}/gpuguard"\n'
-                                                     '[integrations]\nscheduler = "kubernetes"\n')
-    (site.root / features).mkdir(parents=True)
+    rt = make_runtime(tmp_path, Host.for_root(str(site.root)), load_settings(str(site.config)))
+    asked: List[str] = []
+    PolicyFetchInChild(rt, str(site.config), asked.append).run()
+    return asked
+
+
+def test_an_admitted_hosts_handoff_names_the_rollout(fake_hub: FakeHub, tmp_path: Path) -> None:
+    """The fetch child installs the bundle a rollout admitted this host to: the hold's reason is "rollout R stage
+    0" and the NFD labels say maintenance=true with the rollout id."""
+    site = _kubernetes_site(fake_hub, tmp_path)
     admitted = "rollout r2-1a2b3c: admitted at stage 0"
     fake_hub.answers.append((200, {"ETag": '"bundle-2"', "X-Gpuguard-Rollout": admitted},
                              offer_body(site.bundle(2, POLICY), 2, admitted, rollout_id="r2-1a2b3c", state="running",
                                         admitted_stage=0)))
-    rt = make_runtime(tmp_path, Host.for_root(str(site.root)), load_settings(str(site.config)))
-    asked: List[str] = []
-    PolicyFetchInChild(rt, str(site.config), asked.append).run()
-    assert asked == ["policy_bundle_installed"]
+    assert _fetch_in_child(site, tmp_path) == ["policy_bundle_installed"]
     hold = json.loads((site.state / "maintenance.json").read_text())
     assert (hold["reason"], hold["rollout_id"]) == ("rollout r2-1a2b3c stage 0", "r2-1a2b3c")
-    labels = (site.root / features / "gpuguard-maintenance").read_text().splitlines()
+    labels = (site.root / FEATURES / "gpuguard-maintenance").read_text().splitlines()
     assert labels[:3] == ["gpuguard.io/maintenance=true", "gpuguard.io/maintenance-reason=rollout_r2-1a2b3c_stage_0",
                           "gpuguard.io/maintenance-rollout=r2-1a2b3c"]
     state = read_bundle_state(str(site.state / "policy-bundle/state.json"))
@@ -269,12 +282,7 @@ def test_the_fetch_keeps_the_typed_fields_and_refuses_hostile_ones(fake_hub: Fak
     """200 with well-formed fields keeps them in the bundle state; a 304's headers replace them; a body with a
     hostile stage is a failed fetch (nothing installed, the fields before stand); hostile headers on a 304 are
     ignored (no rollout kept), and a 304 without any clears them."""
-    site = Site(tmp_path)
-    token = tmp_path / "host.token"
-    token.write_text("secret-host-token\n")
-    os.chmod(token, 0o600)
-    site.config.write_text(site.config.read_text() + f'[report]\nendpoint_url = "{fake_hub.url}"\n'
-                                                     f'token_file = "{token}"\n')
+    site = _hub_site(fake_hub, tmp_path)
     settings = parse_settings(site.config.read_text())
     host = Host.for_root(str(site.root))
     state_file = str(site.state / "policy-bundle/state.json")
@@ -324,26 +332,10 @@ def test_a_state_file_from_before_the_fields_loads_and_a_damaged_field_is_named(
 def test_a_notice_that_says_admitted_without_the_fields_begins_no_handoff(fake_hub: FakeHub, tmp_path: Path) -> None:
     """The notice is display text: a 200 whose notice reads "admitted at stage 0" but whose fields say nothing
     (or say held back) installs the bundle and writes no maintenance hold."""
-    from agent.config import load_settings
-    from agent.daemon_jobs.children import PolicyFetchInChild
-    from tests.daemon.test_jobs import make_runtime
-
-    features = "etc/kubernetes/node-feature-discovery/features.d"
-    site = Site(tmp_path)
-    token = tmp_path / "host.token"
-    token.write_text("secret-host-token\n")
-    os.chmod(token, 0o600)
-    site.config.write_text(site.config.read_text() + f'[report]\nendpoint_url = "{fake_hub.url}"\n'
-                                                     f'token_file = "{token}"\n'
-                                                     f'nfd_features_file = "/{features}/gpuguard"\n'
-                                                     '[integrations]\nscheduler = "kubernetes"\n')
-    (site.root / features).mkdir(parents=True)
+    site = _kubernetes_site(fake_hub, tmp_path)
     forged = "rollout r2-1a2b3c: admitted at stage 0"
     fake_hub.answers.append((200, {"ETag": '"bundle-2"', "X-Gpuguard-Rollout": forged},
                              offer_body(site.bundle(2, POLICY), 2, forged, rollout_id="r2-1a2b3c", state="running")))
-    rt = make_runtime(tmp_path, Host.for_root(str(site.root)), load_settings(str(site.config)))
-    asked: List[str] = []
-    PolicyFetchInChild(rt, str(site.config), asked.append).run()
-    assert asked == ["policy_bundle_installed"]
+    assert _fetch_in_child(site, tmp_path) == ["policy_bundle_installed"]
     assert not (site.state / "maintenance.json").exists()
-    assert not (site.root / features / "gpuguard-maintenance").exists()
+    assert not (site.root / FEATURES / "gpuguard-maintenance").exists()

@@ -18,19 +18,11 @@ from agent.daemon_jobs.hooks import default_hooks
 from agent.guard.apt.tool import AptTool
 from agent.host import CommandResult, Host
 from agent.statepaths import StatePaths
+from tests.daemon.test_guard import GOOD_POLICY as POLICY
 from tests.daemon.test_jobs import make_runtime
 from tests.fakes.runner import FakeRunner
 from tests.guard.wiring import check
 
-POLICY = """[policy]
-name = "v1"
-[amd]
-action = "rollback"
-[[amd.pairing]]
-name = "p"
-amdgpu = "6.2.*"
-rocm = "6.2.*"
-"""
 D62, D63 = "1:6.8.5.60202-2041575", "1:6.10.5.60300-2084815"
 R62, R624 = "6.2.2.60202-116~12", "6.2.4.60204-139~12"  # R624: allowed by the policy, and it hides the GPU
 GOOD = {"amdgpu-dkms": D62, "rocm-core": R62}

@@ -13,7 +13,7 @@ import contextlib
 import datetime as dt
 import threading
 import time
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -77,14 +77,22 @@ def virtual(*job_ids: str) -> Iterator[tuple]:
                 thread.join(60)
 
 
+def started(scheduler: IntervalScheduler, clock: VirtualClock, **jobs: Tuple[float, float, float]) -> List[Recorder]:
+    """For each job id -> (seconds a run takes, interval, first run in), a Recorder added as that job, in order;
+    then the scheduler started."""
+    recorders = []
+    for job_id, (seconds, interval, first_in) in jobs.items():
+        recorders.append(Recorder(seconds, clock))
+        scheduler.add(job_id, recorders[-1], interval, first_in)
+    scheduler.start()
+    return recorders
+
+
 def test_a_slow_job_never_overlaps_itself_nor_holds_up_another() -> None:
     """A 0.5 s body due every 0.125 s runs once at a time without catching up its missed runs; a fast job beside it
     keeps its own interval."""
     with virtual("slow", "fast") as (scheduler, clock):
-        slow, fast = Recorder(0.5, clock), Recorder(0.0, clock)
-        scheduler.add("slow", slow, 0.125, 0.0)
-        scheduler.add("fast", fast, 0.125, 0.0)
-        scheduler.start()
+        slow, fast = started(scheduler, clock, slow=(0.5, 0.125, 0.0), fast=(0.0, 0.125, 0.0))
         clock.run_until(1.6)
     assert slow.most_at_once == 1
     assert slow.starts == [0.0, 0.625, 1.25]  # missed due times are skipped, not run in a burst
@@ -95,10 +103,7 @@ def test_run_in_moves_the_next_run_and_set_interval_starts_a_new_one() -> None:
     """A job a minute away runs at once when asked; a new interval of 0.125 s makes it run every 0.125 s from
     then."""
     with virtual("asked", "reinterval") as (scheduler, clock):
-        asked, reinterval = Recorder(0.0, clock), Recorder(0.0, clock)
-        scheduler.add("asked", asked, 60.0, 60.0)
-        scheduler.add("reinterval", reinterval, 60.0, 60.0)
-        scheduler.start()
+        asked, reinterval = started(scheduler, clock, asked=(0.0, 60.0, 60.0), reinterval=(0.0, 60.0, 60.0))
         clock.run_until(0.25)
         clock.poke(lambda: scheduler.run_in("asked", 0.0))
         clock.poke(lambda: scheduler.set_interval("reinterval", 0.125))
@@ -112,9 +117,7 @@ def test_run_in_moves_the_next_run_and_set_interval_starts_a_new_one() -> None:
 def test_shutdown_lets_a_running_job_finish_and_starts_none_after() -> None:
     """A body running at shutdown ends normally; nothing runs after it, and the job threads end."""
     with virtual("slow") as (scheduler, clock):
-        body = Recorder(0.25, clock)
-        scheduler.add("slow", body, 0.0625, 0.0)
-        scheduler.start()
+        (body,) = started(scheduler, clock, slow=(0.25, 0.0625, 0.0))
         clock.run_until(0.125)
         assert body.running == 1
         scheduler.shutdown()

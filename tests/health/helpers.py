@@ -7,7 +7,6 @@ import datetime as dt
 import os
 import pwd
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,7 +22,7 @@ from agent.collectors.nvidia import NvidiaGpu, NvidiaInfo
 from agent.health.settings import HealthSettings
 from agent.host import Host
 from agent.snapshot.model import SECTION_NAMES, Snapshot
-from tests.conftest import fake_module_loader, fixed_clock
+from tests.conftest import fake_module_loader, fixed_clock, tmpfs_at
 from tests.fakes.runner import FakeRunner
 
 FAKE_PROBE = Path(__file__).parent / "probes" / "fake_probe.py"
@@ -204,15 +203,8 @@ def small_filesystem(size_mib: int) -> Iterator[Path]:
     """A tmpfs of ``size_mib`` MiB that anyone can reach, unmounted after (needs root; skipped where refused)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    with shared_directory() as path:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m,mode=0755", "tmpfs", str(path)],
-                              capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            pytest.skip(f"mount refused: {done.stderr.strip()}")
-        try:
-            yield path
-        finally:
-            subprocess.run(["umount", "-l", str(path)], check=False)
+    with shared_directory() as path, tmpfs_at(path, f"size={size_mib}m,mode=0755"):
+        yield path
 H200_ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "roots" / "nvidia-h200-ubuntu2404"
 
 

@@ -9,7 +9,6 @@ import pwd
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import time
 from pathlib import Path
 from typing import Dict, Iterator, Tuple
@@ -28,7 +27,14 @@ from agent.health.sandbox import (
 )
 from agent.health.settings import MIB, HealthSettings
 from tests import needs
-from tests.health.helpers import FAKE_PROBE, fake_probe_settings, make_fake_nvml, make_host, make_snapshot
+from tests.health.helpers import (
+    FAKE_PROBE,
+    fake_probe_settings,
+    make_fake_nvml,
+    make_host,
+    make_snapshot,
+    shared_directory,
+)
 
 pytestmark = [pytest.mark.timeout(300)]
 GIB_ = 1 << 30
@@ -39,14 +45,8 @@ NO_GPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "", "ROCR_VISIB
 @pytest.fixture
 def shared_state() -> Iterator[Path]:
     """A state directory another user can reach (pytest's own tmp tree is root-only)."""
-    path = Path(tempfile.mkdtemp(prefix="gpuguard-sandbox-test-"))
-    path.chmod(0o755)
-    try:
+    with shared_directory() as path:
         yield path
-    finally:
-        for sub in sorted(path.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-            sub.rmdir() if sub.is_dir() and not sub.is_symlink() else sub.unlink()
-        path.rmdir()
 
 
 def test_not_root_runs_as_the_agents_user_and_says_so(tmp_path: Path) -> None:

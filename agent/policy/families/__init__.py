@@ -137,6 +137,11 @@ FAMILIES: Tuple[str, ...] = ("frozen", "amd", "kernel", "nvidia", "versions", "m
 OVERRIDE_HINT = 'or open an audited maintenance window: gpuguard override start --minutes 60 --reason "..."'
 
 
+def no_facts(policy: Any) -> Tuple[str, ...]:
+    """No host fact: the rule reads the installed sets only (the ``facts`` of a family that reads none)."""
+    return ()
+
+
 class HostState(Record):
     """The installed packages before and after a change (mappings keyed ``name``, ``name:arch`` for foreign
     arches), the version scheme (``dpkg`` or ``rpm``) and the host's context: the OS and GPU targets AMD's matrix

@@ -5,13 +5,22 @@ from __future__ import annotations
 from agent.defaults import THEROCK_BASE_PACKAGE
 from agent.hostfacts.package_keys import package_name
 from agent.policy import releases
-from agent.policy.families import OVERRIDE_HINT, HostState, Violation, find, kernels, matching, move
+from agent.policy.families import (
+    OVERRIDE_HINT,
+    TYPE_CHECKING,
+    HostState,
+    Violation,
+    find,
+    kernels,
+    matching,
+    move,
+    no_facts,
+)
 from agent.policy.globs import any_glob
 from agent.policy.spec import describe, matches
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+    from typing import Any, Dict, List, Mapping, Optional, Sequence
 
     from agent.hostfacts.context import HostContext
     from agent.policy.compiled import CompiledPolicy
@@ -22,9 +31,7 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
 FREEZE_PLACE = 10
 
 
-def facts(policy: CompiledPolicy) -> Tuple[str, ...]:
-    """No host fact: the rule reads the installed sets only."""
-    return ()
+facts = no_facts
 
 
 def _pairing_matches(pairing: Mapping[str, Any], driver_version: Optional[str], rocm_version: Optional[str],

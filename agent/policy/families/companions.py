@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from agent.policy import companions
 from agent.policy.compiled import DEFAULT_NVIDIA_DRIVER_PACKAGES, NVIDIA_NOT_DRIVER_PARTS
-from agent.policy.families import OVERRIDE_HINT, HostState, Violation, matching, move
+from agent.policy.families import OVERRIDE_HINT, TYPE_CHECKING, HostState, Violation, matching, move
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Any, Dict, List, Mapping, Tuple
 

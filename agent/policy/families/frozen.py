@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from agent.hostfacts.package_keys import package_name
-from agent.policy.families import OVERRIDE_HINT, HostState, Violation, matching
+from agent.policy.families import OVERRIDE_HINT, TYPE_CHECKING, HostState, Violation, matching, no_facts
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import Any, Dict, List, Mapping, Tuple
+    from typing import Any, Dict, List, Mapping
 
     from agent.hostfacts.context import HostContext
     from agent.policy.compiled import CompiledPolicy
@@ -18,9 +17,7 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
 FREEZE_PLACE = 60
 
 
-def facts(policy: CompiledPolicy) -> Tuple[str, ...]:
-    """No host fact: the rule reads the installed sets only."""
-    return ()
+facts = no_facts
 
 
 def check(state: HostState, policy: CompiledPolicy) -> List[Violation]:

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from agent.hostfacts.package_keys import package_name
 from agent.policy import releases
-from agent.policy.families import OVERRIDE_HINT, HostState, Violation, find, kernels, move
+from agent.policy.families import OVERRIDE_HINT, TYPE_CHECKING, HostState, Violation, find, kernels, move
 from agent.policy.families.amd import rocm_versions
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 from agent.hostfacts.package_keys import package_name
 from agent.policy import releases
 from agent.policy.compiled import NVIDIA_NOT_DRIVER_PARTS, guarded_names
-from agent.policy.families import OVERRIDE_HINT, HostState, Violation, matching, move
+from agent.policy.families import OVERRIDE_HINT, TYPE_CHECKING, HostState, Violation, matching, move
 from agent.policy.spec import describe, matches
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 

@@ -14,7 +14,7 @@ Types are strict: TOML has booleans and numbers, so ``require_amd_matrix = "yes"
 
 from __future__ import annotations
 
-from typing import Annotated, Any, List, Literal, Optional, Sequence, Union
+from typing import Annotated, Any, Callable, List, Literal, Optional, Sequence, Union
 
 from pydantic import BeforeValidator, ConfigDict
 
@@ -40,24 +40,24 @@ def _spec_type(value: Any) -> Any:
 Spec = Annotated[Union[str, List[str]], BeforeValidator(_spec_type)]
 
 
-def check_spec(value: Optional[Spec]) -> Optional[Spec]:
-    """A spec on releases (agent/policy/spec.py); a validator."""
+def _checked(value: Optional[Spec], errors: Callable[[Spec], List[str]]) -> Optional[Spec]:
+    """``value`` unchanged when ``errors`` finds nothing wrong with it (None passes), else a ValueError naming all."""
     if value is None:
         return value
-    problems = spec_errors(value)
+    problems = errors(value)
     if problems:
         raise ValueError("; ".join(problems))
     return value
+
+
+def check_spec(value: Optional[Spec]) -> Optional[Spec]:
+    """A spec on releases (agent/policy/spec.py); a validator."""
+    return _checked(value, spec_errors)
 
 
 def check_package_spec(value: Optional[Spec]) -> Optional[Spec]:
     """A spec on package versions: its constraint versions are ones dpkg or rpm accepts; a validator."""
-    if value is None:
-        return value
-    problems = package_spec_errors(value)
-    if problems:
-        raise ValueError("; ".join(problems))
-    return value
+    return _checked(value, package_spec_errors)
 
 
 def check_patterns(value: List[str]) -> List[str]:

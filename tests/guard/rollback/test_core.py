@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List
+from typing import List, Tuple
 
 import pytest
 
@@ -236,10 +236,9 @@ def test_repository_targets_are_planned_with_the_repositories(setup) -> None:
     assert error is None and runner.calls == [tuple(_simulate_argv(tool, f"amdgpu-dkms={D62}", local_only=False))]
 
 
-def test_a_full_disk_while_the_known_good_set_is_written_is_exit_16_and_keeps_it(setup, capsys, small_disk) -> None:
-    """A compliant change recorded on a full state disk: guard rollback exits 16 with one line, and the old
-    known-good set (and no half-written file) stays."""
-    root, host, tool, runner, policy, policy_file = setup
+def _recorded_then_changed(setup, small_disk) -> bytes:
+    """The known-good set recorded on the small state disk, then rocm-core moved past it: the recorded bytes."""
+    root, host, tool, runner, policy, _ = setup
     (root / "var/lib/gpuguard").symlink_to(small_disk)
     for name, version in (("amdgpu-dkms", D62), ("rocm-core", R62)):
         runner.add(tool._download_argv(name, version, "/var/lib/gpuguard/debs"), returncode=100,
@@ -247,10 +246,24 @@ def test_a_full_disk_while_the_known_good_set_is_written_is_exit_16_and_keeps_it
     assert check(host, Settings(), policy=policy, tool=tool).status == "recorded"
     before = (small_disk / "known-good.json").read_bytes()
     (root / "var/lib/dpkg/status").write_text(_status(D62).replace(R62, "6.2.4.60204-139~12"))
+    return before
+
+
+def _rollback_on_a_full_disk(setup, small_disk, capsys) -> Tuple[int, str]:
+    """``guard rollback`` run with the state disk filled: its exit code and what it wrote to stderr."""
+    root, host, _, _, _, policy_file = setup
     fill_disk(small_disk / "filler")
     code = main(["guard", "rollback", "--root", str(root), "--policy", str(policy_file), "--config",
                  str(root / "none.toml")], make_host=lambda _root: host, out=io.StringIO())
-    err = capsys.readouterr().err
+    return code, capsys.readouterr().err
+
+
+def test_a_full_disk_while_the_known_good_set_is_written_is_exit_16_and_keeps_it(setup, capsys, small_disk) -> None:
+    """A compliant change recorded on a full state disk: guard rollback exits 16 with one line, and the old
+    known-good set (and no half-written file) stays."""
+    root = setup[0]
+    before = _recorded_then_changed(setup, small_disk)
+    code, err = _rollback_on_a_full_disk(setup, small_disk, capsys)
     assert code == 16, err
     assert err.splitlines() == [f"gpuguard: error: {root}/var/lib/gpuguard/known-good.before-change.json: cannot be "
                                 f"written (No space left on device): the old file is kept"]
@@ -261,20 +274,11 @@ def test_a_full_disk_while_the_known_good_set_is_written_is_exit_16_and_keeps_it
 def test_a_database_check_failing_on_a_full_disk_is_exit_16_not_inconsistent(setup, capsys, small_disk) -> None:
     """apt-get check failing while the state disk is full proves nothing of the database: guard rollback exits 16
     naming the state directory (not 10, 'inconsistent ... repair it'), and the old known-good set stays."""
-    root, host, tool, runner, policy, policy_file = setup
-    (root / "var/lib/gpuguard").symlink_to(small_disk)
-    for name, version in (("amdgpu-dkms", D62), ("rocm-core", R62)):
-        runner.add(tool._download_argv(name, version, "/var/lib/gpuguard/debs"), returncode=100,
-                   stderr="E: Version not found")
-    assert check(host, Settings(), policy=policy, tool=tool).status == "recorded"
-    before = (small_disk / "known-good.json").read_bytes()
-    (root / "var/lib/dpkg/status").write_text(_status(D62).replace(R62, "6.2.4.60204-139~12"))
+    root, _, tool, runner, *_ = setup
+    before = _recorded_then_changed(setup, small_disk)
     runner.add(tool.argv("apt-get", "-q", "-o", "Dir::Cache::pkgcache=", "-o", "Dir::Cache::srcpkgcache=", "check"),
                returncode=100, stderr="E: Write error - write (28: No space left on device)\n")
-    fill_disk(small_disk / "filler")
-    code = main(["guard", "rollback", "--root", str(root), "--policy", str(policy_file), "--config",
-                 str(root / "none.toml")], make_host=lambda _root: host, out=io.StringIO())
-    err = capsys.readouterr().err
+    code, err = _rollback_on_a_full_disk(setup, small_disk, capsys)
     assert code == 16, err
     (line,) = err.splitlines()
     assert line.startswith(f"gpuguard: error: {root}/var/lib/gpuguard: cannot be written (the disk is full; the "

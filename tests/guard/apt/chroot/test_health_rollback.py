@@ -3,9 +3,10 @@ to the CPU is rolled back to the exact previous versions, reported with reason h
 
 from __future__ import annotations
 
+import contextlib
 import types
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Iterator, List, Optional
 
 import pytest
 
@@ -46,17 +47,26 @@ def _payloads(result: Any) -> List[Any]:
     return [CpuFallback(reason="ran_on_cpu", fingerprint="fp")] if result.status == "cpu_fallback" else []
 
 
-def test_cpu_fallback_after_an_allowed_upgrade_restores_the_exact_previous_versions(chroot: Chroot,
-                                                                                    tmp_path: Path) -> None:
-    """Real apt: a CPU fallback after an allowed upgrade restores the exact previous versions once, with both reboot
-    markers."""
+@contextlib.contextmanager
+def _health_policy(chroot: Chroot) -> Iterator[Host]:
+    """The chroot's host with HEALTH_POLICY compiled; afterwards the policy file and both reboot markers gone."""
     policy_file = chroot.root / "etc/gpuguard/policy.d/20-health.toml"
-    debian_marker = chroot.root / "var/run/reboot-required"
     policy_file.write_text(HEALTH_POLICY)
     try:
         code, out = gpuguard(chroot, "policy", "compile")
         assert code == 0, out
-        host = Host.for_root(str(chroot.root))
+        yield Host.for_root(str(chroot.root))
+    finally:
+        policy_file.unlink(missing_ok=True)
+        (chroot.root / "var/run/reboot-required").unlink(missing_ok=True)
+        (chroot.root / "var/run/reboot-required.pkgs").unlink(missing_ok=True)
+
+
+def test_cpu_fallback_after_an_allowed_upgrade_restores_the_exact_previous_versions(chroot: Chroot,
+                                                                                    tmp_path: Path) -> None:
+    """Real apt: a CPU fallback after an allowed upgrade restores the exact previous versions once, with both reboot
+    markers."""
+    with _health_policy(chroot) as host:
         settings = Settings()
         # The change the policy allows (the rocm-6.3 pairing), through apt and the hook; the guard records it.
         result = chroot.apt("install", f"amdgpu-dkms={AMDGPU_63}", f"rocm-core={ROCM_63}",
@@ -91,7 +101,7 @@ def test_cpu_fallback_after_an_allowed_upgrade_restores_the_exact_previous_versi
         assert rolled.to_versions == {n: BASELINE[n] for n in STACK}
         # amdgpu-dkms is a kernel module package: gpuguard's marker and Debian's.
         assert "amdgpu-dkms" in (chroot.state_dir / "reboot-required.pkgs").read_text()
-        assert debian_marker.read_text() == "*** System restart required ***\n"
+        assert (chroot.root / "var/run/reboot-required").read_text() == "*** System restart required ***\n"
         assert "amdgpu-dkms" in (chroot.root / "var/run/reboot-required.pkgs").read_text().split()
         assert not (chroot.state_dir / "known-good.before-change.json").exists()
 
@@ -101,10 +111,6 @@ def test_cpu_fallback_after_an_allowed_upgrade_restores_the_exact_previous_versi
         assert again.status == "refused", again.detail
         assert {n: chroot.installed().get(n) for n in STACK} == {n: BASELINE[n] for n in STACK}
         outbox.close()
-    finally:
-        policy_file.unlink(missing_ok=True)
-        debian_marker.unlink(missing_ok=True)
-        (chroot.root / "var/run/reboot-required.pkgs").unlink(missing_ok=True)
 
 
 def test_the_gate_restores_the_last_set_that_passed_when_the_check_comes_before_the_guards(chroot: Chroot,
@@ -114,13 +120,7 @@ def test_the_gate_restores_the_last_set_that_passed_when_the_check_comes_before_
     from agent.daemon_jobs.hooks import guarded_sets
     from agent.guard.rollback.backend import InstalledPackage
 
-    policy_file = chroot.root / "etc/gpuguard/policy.d/20-health.toml"
-    debian_marker = chroot.root / "var/run/reboot-required"
-    policy_file.write_text(HEALTH_POLICY)
-    try:
-        code, out = gpuguard(chroot, "policy", "compile")
-        assert code == 0, out
-        host = Host.for_root(str(chroot.root))
+    with _health_policy(chroot) as host:
         settings = Settings()
         assert check(host, settings, snapshot=lambda h: None).status in ("recorded", "compliant")
         outbox = Outbox(str(tmp_path / "outbox.sqlite3"))
@@ -149,7 +149,3 @@ def test_the_gate_restores_the_last_set_that_passed_when_the_check_comes_before_
         rolled = [e.payload for e in outbox.pending(10) if e.kind == "rollback"]
         assert [r.succeeded for r in rolled] == [True] and "1 package change(s)" in (rolled[0].detail or "")
         outbox.close()
-    finally:
-        policy_file.unlink(missing_ok=True)
-        debian_marker.unlink(missing_ok=True)
-        (chroot.root / "var/run/reboot-required.pkgs").unlink(missing_ok=True)
