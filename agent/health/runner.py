@@ -261,6 +261,10 @@ def _run_locked(host: Host, settings: HealthSettings, state_dir: str, snapshot: 
             vendor, snapshot_count = snapshot_inventory(snapshot)
         assert sampler is not None
         activity = sampler.stop()
+        # The probe's tree has ended: what it wrote goes before any state is written. Without a PID namespace its
+        # home is a watched directory on a shared filesystem, which it may have filled for a moment before the
+        # watchdog killed it; the state writes below must not meet that full disk.
+        remove_temporary_home(sandbox)
     assert snapshot is not None  # given, taken before the probe, or taken beside it (joined above)
     log.info("health_probe_finished", returncode=outcome.returncode, timed_out=outcome.timed_out,
              wall_seconds=round(outcome.wall_seconds, 3))

@@ -239,3 +239,16 @@ def wrapper_python(tmp_path: Path, *probe_args: str) -> Path:
                       f"os.execv(sys.executable, [sys.executable, {str(FAKE_PROBE)!r}, *{list(probe_args)!r}])\n")
     python.chmod(0o755)
     return python
+
+
+def without_pid_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every supervised probe use the subreaper, as on a host where no private mount namespace can be made (a
+    chroot, a container without CAP_SYS_ADMIN): the supervisor is asked with --no-pid-namespace."""
+    from agent.health import launch
+
+    real = launch.supervised_argv
+
+    def subreaper_argv(argv: Any, sandbox: Any, pid_namespace: bool = True, report_fd: Any = None) -> Any:
+        return real(argv, sandbox, False, report_fd)
+
+    monkeypatch.setattr(launch, "supervised_argv", subreaper_argv)

@@ -34,6 +34,7 @@ from tests.health.helpers import (
     make_host,
     shared_directory,
     small_filesystem,
+    without_pid_namespace,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -281,10 +282,16 @@ def test_a_setsid_child_over_the_memory_limit_is_killed(tmp_path: Path) -> None:
         assert result["wall_seconds"] < 45, "killed well before the probe's own 60 s were up"
 
 
+@pytest.mark.parametrize("containment", ["as the host allows", "subreaper"])
 def test_a_probe_filling_its_home_leaves_the_state_and_the_next_check_alone(tmp_path: Path,
-                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                            monkeypatch: pytest.MonkeyPatch,
+                                                                            containment: str) -> None:
     """The state directory and the probe's home share a 32 MiB filesystem; a probe writing 64 MiB into its home is
-    held to home_max_bytes (8 MiB), its home is removed, the next honest check passes and baselines.json is whole."""
+    held to home_max_bytes (8 MiB; a tmpfs in a PID namespace, else a watched directory that may fill the disk for
+    a moment), its home is removed before any state is written, the next honest check passes and baselines.json is
+    whole."""
+    if containment == "subreaper":
+        without_pid_namespace(monkeypatch)
     with small_filesystem(32) as disk, shared_directory() as shared:
         python, mode = hostile_interpreter(shared)
         monkeypatch.setattr(tempfile, "tempdir", str(disk))  # the per-run homes land on the state's filesystem
