@@ -1,20 +1,22 @@
 """Sample the GPUs' SMI activity counters while the probe runs: independent proof that the work reached a GPU.
 
-NVML's utilization (percent of time a kernel ran) and amdsmi's GFX activity are read through ``host.load_module``
-on a background thread every ``interval_seconds``; the first reading, taken before the probe starts, is the idle
-level. Library errors are mapped here, at the boundary: a library that cannot start gives a report with its
+NVML's utilization (percent of time a kernel ran) and amdsmi's GFX activity, and each GPU's device memory in use
+(NVML's total - free, amdsmi's VRAM used), are read through ``host.load_module`` on a background thread every
+``interval_seconds``; the first reading, taken before the probe starts, is the idle level and the memory other
+tenants hold. Library errors are mapped here, at the boundary: a library that cannot start gives a report with its
 reason; a failed single reading is counted, not raised.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, List, Optional, Protocol, Sequence, Tuple
 
 from agent.errors import LibraryUnavailable
-from agent.health.model import ActivityReport, GpuActivity
+from agent.health.model import ActivityReport, GpuActivity, OccupancyReport
 from agent.log import get_logger
 
 log = get_logger("health.activity")
@@ -52,12 +54,14 @@ class SmiDevice:
 
 
 class SmiReader(Protocol):
-    """Reads one activity percentage per GPU; None where a GPU gave no reading."""
+    """Reads one activity percentage and one device-memory figure per GPU; None where a GPU gave no reading."""
 
     library: str
     devices: Sequence[SmiDevice]
 
     def read(self) -> List[Optional[float]]: ...
+
+    def memory_used(self) -> List[Optional[int]]: ...
 
     def occupancy(self) -> List[SmiOccupancy]: ...
 
@@ -108,6 +112,17 @@ class _HandleReader:
                 out.append(self._utilization(handle))
             except Exception:  # noqa: BLE001 - one failed reading is counted by the sampler
                 out.append(None)
+        return out
+
+    def memory_used(self) -> List[Optional[int]]:
+        """Device memory in use per GPU (total - free), bytes."""
+        out: List[Optional[int]] = []
+        for handle in self._handles:
+            try:
+                total, free = self._memory(handle)
+            except Exception:  # noqa: BLE001 - one failed reading leaves the memory rule fewer samples
+                total = free = None
+            out.append(total - free if total is not None and free is not None and free <= total else None)
         return out
 
     def occupancy(self) -> List[SmiOccupancy]:
@@ -265,18 +280,49 @@ def open_reader(load_module: Callable[[str], ModuleType], vendor: Optional[str])
 
 
 def summarize(library: str, devices: Sequence[SmiDevice], readings: Sequence[Sequence[Optional[float]]],
-              interval_seconds: float) -> ActivityReport:
-    """Idle level (first reading) and peak per GPU over all readings."""
+              interval_seconds: float, memory: Sequence[Sequence[Optional[int]]] = (),
+              times: Sequence[float] = ()) -> ActivityReport:
+    """Idle level (first reading) and peak per GPU over all readings; device memory before the run (the first
+    reading), its lowest and highest over all readings and how many readings the run had; the longest gap between
+    two readings' monotonic ``times``."""
     gpus = []
     errors = 0
     for dev in devices:
         values = [r[dev.smi_index] if dev.smi_index < len(r) else None for r in readings]
         errors += sum(1 for v in values if v is None)
         seen = [v for v in values if v is not None]
+        used = [m[dev.smi_index] if dev.smi_index < len(m) else None for m in memory]
+        before = used[0] if used else None
+        during = [u for u in used[1:] if u is not None]
+        every = during + ([before] if before is not None else [])
         gpus.append(GpuActivity(smi_index=dev.smi_index, bdf=dev.bdf, uuid=dev.uuid,
                                 idle_percent=values[0] if values else None,
-                                max_percent=max(seen) if seen else None, samples=len(seen)))
-    return ActivityReport(library=library, interval_seconds=interval_seconds, read_errors=errors, gpus=gpus)
+                                max_percent=max(seen) if seen else None, samples=len(seen),
+                                memory_before_bytes=before, memory_low_bytes=min(every) if every else None,
+                                memory_peak_bytes=max(during) if during else None, memory_samples=len(during)))
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    return ActivityReport(library=library, interval_seconds=interval_seconds, read_errors=errors,
+                          max_gap_seconds=round(max(gaps), 4) if gaps else None, gpus=gpus)
+
+
+def with_memory_looked_before(activity: ActivityReport, before: OccupancyReport) -> ActivityReport:
+    """The report with the device memory the look before the probe read (certainly before the probe started, where
+    the sampler's first reading may come while it imports its framework) as each GPU's reading before the run, and
+    its lowest level lowered to it; the same library and PCI address, or nothing changes."""
+    if activity.library is None or before.library != activity.library:
+        return activity
+    looked = {g.smi_index: g for g in before.gpus}
+    gpus = []
+    for gpu in activity.gpus:
+        seen = looked.get(gpu.smi_index)
+        total, free = (seen.memory_total_bytes, seen.memory_free_bytes) if seen is not None else (None, None)
+        if seen is None or seen.bdf != gpu.bdf or total is None or free is None or free > total:
+            gpus.append(gpu)
+            continue
+        used = total - free
+        low = used if gpu.memory_low_bytes is None else min(used, gpu.memory_low_bytes)
+        gpus.append(gpu.model_copy(update={"memory_before_bytes": used, "memory_low_bytes": low}))
+    return activity.model_copy(update={"gpus": gpus})
 
 
 class ActivitySampler:
@@ -295,6 +341,8 @@ class ActivitySampler:
         self._reader: Optional[SmiReader] = None
         self._unavailable: Optional[str] = None
         self._readings: List[List[Optional[float]]] = []
+        self._memory: List[List[Optional[int]]] = []
+        self._times: List[float] = []
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -305,7 +353,7 @@ class ActivitySampler:
             self._unavailable = str(exc)
             log.info("health_activity_unavailable", reason=self._unavailable)
             return
-        self._readings.append(self._reader.read())  # the idle level, before the probe starts
+        self._tick()  # the idle level and the memory others hold, before the probe starts
         self._thread = threading.Thread(target=self._loop, name="gpuguard-activity", daemon=True)
         self._thread.start()
 
@@ -313,10 +361,17 @@ class ActivitySampler:
         assert self._reader is not None
         ticks = 0
         while not self._stop.wait(self._interval):
-            self._readings.append(self._reader.read())
+            self._tick()
             ticks += 1
             if self._on_occupancy is not None and ticks % self._occupancy_every == 0:
                 self.watch_occupancy()
+
+    def _tick(self) -> None:
+        """One reading of every GPU's activity and device memory, and when it was taken."""
+        assert self._reader is not None
+        self._times.append(time.monotonic())
+        self._readings.append(self._reader.read())
+        self._memory.append(self._reader.memory_used())
 
     def watch_occupancy(self) -> None:
         """Hand the GPUs' current processes to ``on_occupancy`` (also called once more as the probe ends)."""
@@ -335,4 +390,5 @@ class ActivitySampler:
         if self._reader is None:
             return ActivityReport(unavailable_reason=self._unavailable, interval_seconds=self._interval)
         self._reader.close()
-        return summarize(self._reader.library, self._reader.devices, list(self._readings), self._interval)
+        return summarize(self._reader.library, self._reader.devices, list(self._readings), self._interval,
+                         list(self._memory), list(self._times))

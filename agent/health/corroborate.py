@@ -17,10 +17,16 @@ decides what it prints. Root therefore holds every claim against its own evidenc
                     times ``MARGIN`` (``above_peak``); the SKU is root's own (snapshot), else the probe's claim
                     (which can only tighten the bound); an unknown SKU keeps the generic bounds (finite, 0..1e7:
                     model.py) and ``unverified`` says so
+    7. memory       every GPU the probe says worked with a device-memory peak of at least ``MEMORY_CLAIM_MIN_BYTES``
+                    showed, in root's SMI readings during the run, memory in use above the lowest level root saw
+                    (the reading before the probe, or lower) by ``MEMORY_RISE_FRACTION`` of the claim, and at least
+                    ``MEMORY_RISE_MIN_BYTES`` (``memory_unseen``); checked only where the SMI library read that GPU
+                    at least ``MEMORY_MIN_SAMPLES`` times during the run, no two readings more than
+                    ``MEMORY_MAX_GAP_SECONDS`` apart, else ``unverified`` says why
 
 A rule that lacks root's evidence (no inventory, no PCI address) does not guess: the claim goes to ``unverified``.
 Any disagreement makes the check ``failed`` (classify.py) and keeps the result out of the baseline; its ``kind``
-decides, its message is for people. The activity rule (root's SMI sampler saw no rise on a GPU the probe says it
+decides, its message is for people. The utilization rule (root's SMI sampler saw no rise on a GPU the probe says it
 used) lives in fallback.py and makes the check ``cpu_fallback``.
 """
 
@@ -30,7 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from agent.health.fallback import GpuInventory, normalise_bdf, normalise_uuid
+from agent.health.fallback import GpuInventory, match_activity, normalise_bdf, normalise_uuid
 from agent.health.model import (
     ActivityReport,
     Corroboration,
@@ -50,6 +56,15 @@ CACHE_FACTOR = 4.0
 # The run root timed (interpreter start to exit) against the probe's own clocks: slack for rounding and scheduling.
 WALL_SLACK_FRACTION = 0.05
 WALL_SLACK_SECONDS = 0.5
+# The memory rule. The real probe's peak is its copy step's two 4 GiB buffers (9.7 GB claimed on the H100 and H200),
+# held about 0.15-0.3 s (docs/hardware/); the probe empties the allocator's cache after every step. Readings at most
+# MEMORY_MAX_GAP_SECONDS apart cannot miss a peak held that long, and NVML's "used" holds the CUDA context besides
+# what torch counts, so an honest run shows the whole claim: a quarter of it (and 128 MiB) is a wide margin.
+MEMORY_CLAIM_MIN_BYTES = 256 << 20
+MEMORY_RISE_FRACTION = 0.25
+MEMORY_RISE_MIN_BYTES = 128 << 20
+MEMORY_MIN_SAMPLES = 2
+MEMORY_MAX_GAP_SECONDS = 0.1
 
 
 def sku_of(name: Optional[str], device_id: Optional[str] = None) -> Optional[SkuLimits]:
@@ -78,6 +93,8 @@ class RootView:
     # UUIDs are compared only where they are the framework's too (NVML and CUDA share them; amdsmi's and HIP's differ).
     uuids_comparable: bool = False
     probe_wall_seconds: Optional[float] = None
+    # The SMI sampler's readings during the run (activity, device memory); None where root has none to offer.
+    activity: Optional[ActivityReport] = None
 
     @property
     def bdfs(self) -> Dict[str, RootGpu]:
@@ -117,7 +134,7 @@ def root_view(snapshot: Optional[Snapshot], activity: Optional[ActivityReport], 
         for smi in activity.gpus:
             add(RootGpu(normalise_bdf(smi.bdf), normalise_uuid(smi.uuid) if activity.library == "pynvml" else None))
     return RootView(inventory, tuple(merged.values()) + tuple(loose), uuids_comparable=nvidia,
-                    probe_wall_seconds=probe_wall_seconds)
+                    probe_wall_seconds=probe_wall_seconds, activity=activity)
 
 
 class _Findings:
@@ -332,6 +349,51 @@ def peak_rules(probe: ProbeResult, view: RootView, found: _Findings) -> None:
         found.unverified.append("all-reduce bus bandwidth: no interconnect peak here, only the generic bounds")
 
 
+def _mib(value: int) -> str:
+    return f"{value / (1 << 20):.0f} MiB"
+
+
+def memory_rules(probe: ProbeResult, view: RootView, found: _Findings) -> None:
+    """Each GPU that claims a device-memory peak worth checking showed memory in use rise in root's SMI readings."""
+    claims = [g for g in _gpu_rows(probe) if _did_work(g) and g.device_memory_peak_bytes is not None
+              and g.device_memory_peak_bytes >= MEMORY_CLAIM_MIN_BYTES]
+    if not claims:
+        return
+    activity = view.activity
+    if activity is None or activity.library is None:
+        why = activity.unavailable_reason if activity is not None and activity.unavailable_reason else "no readings"
+        found.unverified.append(f"device memory: no SMI library read it during the run ({why})")
+        return
+    gap = activity.max_gap_seconds
+    matched = match_activity(probe, activity)
+    for gpu in claims:
+        claim = gpu.device_memory_peak_bytes
+        assert claim is not None
+        smi = matched.get(gpu.index)
+        if smi is None:
+            found.unverified.append(f"GPU {gpu.index}: device memory not checked ({activity.library} lists no GPU "
+                                    "with its UUID or PCI address)")
+            continue
+        if smi.memory_samples < MEMORY_MIN_SAMPLES or smi.memory_low_bytes is None or smi.memory_peak_bytes is None:
+            found.unverified.append(f"GPU {gpu.index}: device memory not checked ({smi.memory_samples} "
+                                    f"{activity.library} reading(s) during the run, {MEMORY_MIN_SAMPLES} needed)")
+            continue
+        if gap is None or gap > MEMORY_MAX_GAP_SECONDS:
+            found.unverified.append(f"GPU {gpu.index}: device memory not checked ({activity.library} readings up to "
+                                    f"{gap if gap is not None else '?'} s apart, more than "
+                                    f"{MEMORY_MAX_GAP_SECONDS:g} s: a peak could fall between them)")
+            continue
+        needed = max(MEMORY_RISE_MIN_BYTES, int(claim * MEMORY_RISE_FRACTION))
+        rise = smi.memory_peak_bytes - smi.memory_low_bytes
+        if rise < needed:
+            found.refuse("memory_unseen", f"GPU {gpu.index}: the probe claims a device-memory peak of {_mib(claim)}; "
+                                          f"{activity.library} saw memory in use rise by {_mib(max(rise, 0))} "
+                                          f"({smi.memory_samples} readings; {_mib(needed)} needed)", gpu.index)
+        else:
+            found.checked.append(f"GPU {gpu.index}: device memory rose by {_mib(rise)} in {activity.library}'s "
+                                 f"readings (claim {_mib(claim)}, {_mib(needed)} needed)")
+
+
 def corroborate(probe: ProbeResult, view: RootView) -> Corroboration:
     """Every rule in order; the result lists each disagreement, each check that held, each claim left unchecked."""
     found = _Findings()
@@ -341,6 +403,7 @@ def corroborate(probe: ProbeResult, view: RootView) -> Corroboration:
     time_rules(probe, view, found)
     figure_rules(probe, view, found)
     peak_rules(probe, view, found)
+    memory_rules(probe, view, found)
     count = view.inventory.gpu_count
     return Corroboration(inventory_gpu_count=count if count > 0 else None,
                          inventory_sources=list(view.inventory.sources), checked=found.checked,

@@ -184,6 +184,13 @@ class GpuActivity(FrozenModel):
     idle_percent: Optional[float] = None
     max_percent: Optional[float] = None
     samples: int = 0
+    # Device memory in use as the SMI library reports it (NVML total - free, amdsmi's VRAM used), in bytes: the
+    # reading before the probe started (other tenants), the lowest and highest during the run, and how many readings
+    # the run had (the one before not counted). Absent in results recorded before issue 39's memory rule.
+    memory_before_bytes: Optional[int] = None
+    memory_low_bytes: Optional[int] = None
+    memory_peak_bytes: Optional[int] = None
+    memory_samples: int = 0
 
 
 class ActivityReport(FrozenModel):
@@ -193,6 +200,9 @@ class ActivityReport(FrozenModel):
     unavailable_reason: Optional[str] = None
     interval_seconds: float = 0.0
     read_errors: int = 0
+    # The longest time between two consecutive readings (the one before the probe included): a peak held for less
+    # could fall between them. None with fewer than two readings.
+    max_gap_seconds: Optional[float] = None
     gpus: List[GpuActivity] = []
 
 
@@ -210,7 +220,7 @@ class FallbackReason(FrozenModel):
 
 # Why root does not believe a probe's result (agent/health/corroborate.py, in the order its rules run).
 DisagreementKind = Literal["more_gpus_than_host", "duplicate_gpu", "unlisted_index", "unknown_device",
-                           "impossible_time", "impossible_figure", "above_peak"]
+                           "impossible_time", "impossible_figure", "above_peak", "memory_unseen"]
 
 
 class ProbeDisagreement(FrozenModel):

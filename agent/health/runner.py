@@ -28,7 +28,13 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from agent.errors import GpuguardError, HostReadError, InputFileError, LibraryUnavailable, StateWriteError
 from agent.files import write_atomically
-from agent.health.activity import ActivitySampler, SmiDevice, SmiOccupancy, open_reader
+from agent.health.activity import (
+    ActivitySampler,
+    SmiDevice,
+    SmiOccupancy,
+    open_reader,
+    with_memory_looked_before,
+)
 from agent.health.baseline import (
     BaselineStore,
     RunSample,
@@ -260,7 +266,7 @@ def _run_locked(host: Host, settings: HealthSettings, state_dir: str, snapshot: 
             snapshot, sampler = background.join()  # re-raises what the snapshot raised
             vendor, snapshot_count = snapshot_inventory(snapshot)
         assert sampler is not None
-        activity = sampler.stop()
+        activity = with_memory_looked_before(sampler.stop(), before)
         # The probe's tree has ended: what it wrote goes before any state is written. Without a PID namespace its
         # home is a watched directory on a shared filesystem, which it may have filled for a moment before the
         # watchdog killed it; the state writes below must not meet that full disk.

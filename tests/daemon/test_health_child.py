@@ -166,6 +166,7 @@ def forged_child(tmp_path: Path, *probe_args: str, expected_gpus: int = 1):
     from agent.health.last import load_last_result
     from tests.health.helpers import wrapper_python
 
+    tmp_path.mkdir(parents=True, exist_ok=True)
     python = wrapper_python(tmp_path, *probe_args)
     state = tmp_path / "state"
     config = tmp_path / "agent.toml"
@@ -205,3 +206,48 @@ def test_the_child_refuses_a_result_line_that_is_not_strict_json(tmp_path: Path,
     summary, last = forged_child(tmp_path, "--forge", forge)
     assert summary is not None and summary.status == "failed"
     assert last is not None and reason in last.summary
+
+
+# --- device memory root's SMI library saw during the run (issue #39), through the daemon's job child ---
+
+GIB = 1 << 30
+
+
+def fake_nvml_for_the_child(directory: Path, monkeypatch: pytest.MonkeyPatch, used_bytes: list) -> None:
+    """Put a ``pynvml`` first on the job child's sys.path: tests/fakes/pynvml.py with one H200 at the PCI address
+    and UUID the fake probe names, utilization 0, 0 then 97 and memory in use ``used_bytes`` call by call."""
+    from tests.health.helpers import H200_BYTES
+
+    data = {"driver_version": "580.159.04", "cuda_driver_version": 13000,
+            "gpus": [{"pci_bus_id": "00000000:00:06.0", "name": "NVIDIA H200",
+                      "uuid": "GPU-5a1b2c3d-0000-0000-0000-000000000000", "memory_total_bytes": H200_BYTES,
+                      "utilization": [0, 0, 97], "memory_used_bytes": used_bytes}]}
+    seam = directory / "seam"
+    seam.mkdir(parents=True)
+    (seam / "pynvml.py").write_text("import json\nimport sys\n\nfrom tests.fakes.pynvml import make_fake_pynvml\n\n"
+                                    f"sys.modules[__name__] = make_fake_pynvml(json.loads({json.dumps(data)!r}))\n")
+    monkeypatch.syspath_prepend(str(seam))  # the child starts with the daemon's sys.path (child_argv)
+
+
+@pytest.mark.parametrize("used_bytes,status", [
+    pytest.param([GIB // 2, GIB // 2, GIB // 2 + 9 * GIB], "pass", id="memory-rose"),
+    pytest.param([GIB // 2], "failed", id="memory-flat"),
+])
+def test_the_child_holds_the_memory_claim_against_nvmls_readings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 used_bytes: list, status: str) -> None:
+    """In the job child, a result claiming an 8 GiB peak passes where NVML saw 9 GiB more in use during the run and
+    is failed (memory_unseen) where memory in use never moved though utilization rose."""
+    from tests.health.helpers import memory_unverified
+
+    fake_nvml_for_the_child(tmp_path, monkeypatch, used_bytes)
+    for attempt in range(3):
+        summary, last = forged_child(tmp_path / str(attempt), "--hold-seconds", "2")
+        assert last is not None and last.corroboration is not None, last
+        if not memory_unverified(last.corroboration.unverified):
+            break  # else a loaded machine left root's readings too sparse to judge: the rule said so, try again
+    assert summary is not None and summary.status == status, last.summary
+    assert last.activity is not None and last.activity.library == "pynvml", last.activity
+    if status == "pass":
+        assert any(line.startswith("GPU 0: device memory rose by 9216 MiB") for line in last.corroboration.checked)
+    else:
+        assert [d.kind for d in last.corroboration.disagreements] == ["memory_unseen"], last.summary

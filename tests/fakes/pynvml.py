@@ -14,6 +14,8 @@ Shape of the dict (every key optional except where noted)::
         "inforom_image_version": "G525.0225.00.05", "memory_total_bytes": 150754820096,
         "ecc_mode": {"current": 1, "pending": 1},
         "ecc_errors": {"corrected": {"volatile": 0, "aggregate": 0}, "uncorrected": {"volatile": 0, "aggregate": 0}},
+        "utilization": [0, 0, 97],              # nvmlDeviceGetUtilizationRates(h).gpu, call by call (the last repeats)
+        "memory_used_bytes": [536870912],       # memory in use while the matching utilization call is the latest
         "not_supported": ["nvmlDeviceGetInforomImageVersion"],   # these calls raise NVMLError_NotSupported
         "errors": {"nvmlDeviceGetVbiosVersion": "GpuIsLost"}     # these calls raise NVMLError_<name>
       }]
@@ -79,8 +81,13 @@ class _PciInfo:
 
 
 class _Memory:
-    def __init__(self, total: int) -> None:
-        self.total, self.free, self.used = total, total, 0
+    def __init__(self, total: int, used: int = 0) -> None:
+        self.total, self.free, self.used = total, total - used, used
+
+
+class _Utilization:
+    def __init__(self, gpu: int) -> None:
+        self.gpu, self.memory = gpu, 0
 
 
 def make_fake_pynvml(data: Dict[str, Any]) -> types.ModuleType:
@@ -88,6 +95,7 @@ def make_fake_pynvml(data: Dict[str, Any]) -> types.ModuleType:
     module = types.ModuleType("pynvml", "fake pynvml for tests")
     module.calls = []  # type: ignore[attr-defined]
     state = {"initialised": 0}
+    utilization_calls: Dict[int, int] = {}
     for name, value in {**ERROR_CODES, **CONSTANTS}.items():
         setattr(module, name, value)
 
@@ -217,8 +225,29 @@ def make_fake_pynvml(data: Dict[str, Any]) -> types.ModuleType:
         return required(handle, "inforom_image_version")
 
     @api
+    def nvmlDeviceGetPciInfo(handle: _Handle) -> _PciInfo:
+        info = _PciInfo(gpu_of(handle)["pci_bus_id"])
+        info.busId = out(info.busId)
+        return info
+
+    def scripted(handle: _Handle, key: str, default: int) -> int:
+        """The value of ``key``'s script for the latest utilization call (the last one repeats)."""
+        values = gpu_of(handle).get(key) or [default]
+        return int(values[min(max(utilization_calls.get(handle.index, 0) - 1, 0), len(values) - 1)])
+
+    @api
+    def nvmlDeviceGetUtilizationRates(handle: _Handle) -> _Utilization:
+        required(handle, "utilization")
+        utilization_calls[handle.index] = utilization_calls.get(handle.index, 0) + 1
+        return _Utilization(scripted(handle, "utilization", 0))
+
+    @api
+    def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> List[Any]:
+        return []
+
+    @api
     def nvmlDeviceGetMemoryInfo(handle: _Handle) -> _Memory:
-        return _Memory(int(required(handle, "memory_total_bytes")))
+        return _Memory(int(required(handle, "memory_total_bytes")), scripted(handle, "memory_used_bytes", 0))
 
     @api
     def nvmlDeviceGetEccMode(handle: _Handle) -> List[int]:

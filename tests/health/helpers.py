@@ -41,16 +41,22 @@ def make_snapshot(nvidia_gpus: int = 1, driver: str = "580.159.04", kernel: str 
 
 
 H200_BYTES = 150754820096
+WORK_BYTES = 9697240064  # the real probe's device-memory peak on the H100 and H200 (docs/hardware/)
 
 
 def make_fake_nvml(readings: Sequence[Sequence[float]], bus_ids: Sequence[str] = ("00000000:00:06.0",),
                    init_error: Optional[str] = None,
                    processes: Sequence[Sequence[Sequence[Tuple[int, Optional[int]]]]] = ((),),
-                   free_bytes: Optional[Sequence[int]] = None) -> types.ModuleType:
+                   free_bytes: Optional[Sequence[int]] = None,
+                   used_bytes: Optional[Sequence[Sequence[int]]] = None) -> types.ModuleType:
     """A fake pynvml: utilization of each GPU follows ``readings`` (one row per call round, the last repeats).
 
     ``processes[k][gpu]`` are the (pid, used bytes) that the k-th process listing of that GPU returns (the first one
     is the look before the probe; the last repeats); ``free_bytes[gpu]`` its free memory (all free by default).
+    Device memory follows the rounds as utilization does: ``used_bytes[k][gpu]``, where given, is the memory in use
+    while utilization row k is the latest read (the last row repeats); else, after the first row (the look before the
+    probe), a GPU whose latest utilization is at least 50 % holds WORK_BYTES (the real probe's 9.7 GB) on top of what
+    ``free_bytes`` leaves in use: the probe's work shows in its memory as in its utilization.
     """
     module = types.ModuleType("pynvml")
     state: Dict[str, Any] = {"round": 0, "calls": [], "listings": {}}
@@ -86,6 +92,11 @@ def make_fake_nvml(readings: Sequence[Sequence[float]], bus_ids: Sequence[str] =
 
     def memory(handle: int) -> Any:
         free = H200_BYTES if free_bytes is None else free_bytes[handle]
+        latest = max(state["round"] - 1, 0)
+        if used_bytes is not None:
+            free = H200_BYTES - used_bytes[min(latest, len(used_bytes) - 1)][handle]
+        elif latest >= 1 and readings[min(latest, len(readings) - 1)][handle] >= 50.0:
+            free = max(0, free - WORK_BYTES)
         return types.SimpleNamespace(total=H200_BYTES, free=free, used=H200_BYTES - free)
 
     module.nvmlDeviceGetUtilizationRates = utilization
@@ -96,23 +107,39 @@ def make_fake_nvml(readings: Sequence[Sequence[float]], bus_ids: Sequence[str] =
 
 
 def make_fake_amdsmi(activity: Sequence[Any], bdfs: Sequence[str] = ("0000:c1:00.0",),
-                     processes: Sequence[Sequence[Dict[str, Any]]] = (), vram_used_mb: Sequence[int] = ()
-                     ) -> types.ModuleType:
+                     processes: Sequence[Sequence[Dict[str, Any]]] = (), vram_used_mb: Sequence[int] = (),
+                     vram_used_rows: Sequence[Sequence[int]] = ()) -> types.ModuleType:
     """A fake amdsmi whose gfx_activity is ``activity[i]`` for GPU i (a number or "N/A"), with ``processes[i]`` (the
-    dicts amdsmi_get_gpu_process_list returns) and ``vram_used_mb[i]`` of 196,592 MB (an MI300X)."""
+    dicts amdsmi_get_gpu_process_list returns) and ``vram_used_mb[i]`` of 196,592 MB (an MI300X); where given,
+    ``vram_used_rows[k][i]`` replaces it while the k-th round of activity readings is the latest (the last repeats)."""
     module = types.ModuleType("amdsmi")
     calls: List[str] = []
+    rounds = {"read": 0}
+
+    def gpu_activity(h: int) -> Dict[str, Any]:
+        if h == len(bdfs) - 1:
+            rounds["read"] += 1
+        return {"gfx_activity": activity[h], "umc_activity": "N/A", "mm_activity": "N/A"}
+
+    def vram_used(h: int) -> int:
+        if vram_used_rows:
+            return vram_used_rows[min(max(rounds["read"] - 1, 0), len(vram_used_rows) - 1)][h]
+        return vram_used_mb[h] if h < len(vram_used_mb) else 0
+
     module.amdsmi_init = lambda: calls.append("amdsmi_init")
     module.amdsmi_shut_down = lambda: calls.append("amdsmi_shut_down")
     module.amdsmi_get_processor_handles = lambda: list(range(len(bdfs)))
     module.amdsmi_get_gpu_device_bdf = lambda h: bdfs[h]
-    module.amdsmi_get_gpu_activity = lambda h: {"gfx_activity": activity[h], "umc_activity": "N/A",
-                                                "mm_activity": "N/A"}
+    module.amdsmi_get_gpu_activity = gpu_activity
     module.amdsmi_get_gpu_process_list = lambda h: list(processes[h]) if h < len(processes) else []
-    module.amdsmi_get_gpu_vram_usage = lambda h: {"vram_total": 196592,
-                                                  "vram_used": vram_used_mb[h] if h < len(vram_used_mb) else 0}
+    module.amdsmi_get_gpu_vram_usage = lambda h: {"vram_total": 196592, "vram_used": vram_used(h)}
     module.calls = calls
     return module
+
+
+def memory_unverified(unverified: Sequence[str]) -> bool:
+    """Whether corroboration's memory rule said it could not judge (too few SMI readings, or too far apart)."""
+    return any("device memory not checked" in line for line in unverified)
 
 
 def make_host(modules: Optional[Dict[str, types.ModuleType]] = None, root: Optional[Path] = None) -> Host:

@@ -76,3 +76,36 @@ def test_sampler_without_library_reports_the_reason() -> None:
     sampler.start()
     report = sampler.stop()
     assert report.library is None and report.gpus == [] and "not installed" in report.unavailable_reason
+
+
+def test_summarize_device_memory_before_low_peak_and_gap() -> None:
+    """Memory in use: the first reading is the level before the run, the low covers it, the peak and count do not."""
+    reader = NvmlReader(make_fake_nvml([[0.0]]))
+    report = summarize("pynvml", reader.devices, [[0.0], [90.0], [90.0], [0.0]], 0.02,
+                       memory=[[4 << 30], [1 << 30], [None], [10 << 30]], times=[0.0, 0.02, 0.09, 0.1])
+    gpu = report.gpus[0]
+    assert (gpu.memory_before_bytes, gpu.memory_low_bytes, gpu.memory_peak_bytes, gpu.memory_samples) == (
+        4 << 30, 1 << 30, 10 << 30, 2)
+    assert report.max_gap_seconds == 0.07
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("library", ["pynvml", "amdsmi"])
+def test_sampler_reads_device_memory_on_every_tick(library: str) -> None:
+    """NVML's total - free and amdsmi's VRAM used are read on every tick: the rise the run caused is in the report."""
+    if library == "pynvml":
+        module = make_fake_nvml([[0.0], [0.0], [90.0]], used_bytes=[[1 << 30], [1 << 30], [10 << 30]])
+    else:
+        module = make_fake_amdsmi([90], vram_used_rows=[[1024], [1024], [10240]])
+    sampler = ActivitySampler(fake_module_loader({library: module}), None, 0.005)
+    sampler.start()
+    deadline = time.monotonic() + 60
+    report = None
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        if len(sampler._memory) >= 4:  # the look before and three ticks, however slowly a loaded machine runs it
+            break
+    report = sampler.stop()
+    gpu = report.gpus[0]
+    assert (gpu.memory_before_bytes, gpu.memory_low_bytes, gpu.memory_peak_bytes) == (1 << 30, 1 << 30, 10 << 30)
+    assert gpu.memory_samples >= 3 and report.max_gap_seconds is not None

@@ -32,6 +32,7 @@ from tests.health.helpers import (
     hostile_interpreter,
     make_fake_nvml,
     make_host,
+    memory_unverified,
     shared_directory,
     small_filesystem,
     without_pid_namespace,
@@ -326,11 +327,13 @@ def test_a_full_state_filesystem_exits_16_and_keeps_the_old_baselines(tmp_path: 
         assert code == 16, err.getvalue()
         assert (state / "health" / "baselines.json").read_bytes() == baselines
 def forged_cli(tmp_path: Path, *probe_args: str, model: str = "NVIDIA H200", gpus: int = 1,
-               config_lines: str = "") -> tuple:
-    """``gpuguard health run --json`` on a root modelled on a real NVIDIA host (no SMI library: the inventory is the
-    snapshot's /proc/driver/nvidia), with a host interpreter that makes the probe print ``probe_args``' result."""
+               config_lines: str = "", modules: Optional[Dict[str, ModuleType]] = None) -> tuple:
+    """``gpuguard health run --json`` on a root modelled on a real NVIDIA host (no SMI library unless ``modules``
+    gives one: the inventory is the snapshot's /proc/driver/nvidia), with a host interpreter that makes the probe
+    print ``probe_args``' result."""
     from tests.health.helpers import nvidia_root, wrapper_python
 
+    tmp_path.mkdir(parents=True, exist_ok=True)
     python = wrapper_python(tmp_path, *probe_args)
     config = tmp_path / "forged.toml"
     config.write_text(f"[health]\ntimeout_seconds = 30\nrun_as = \"{pwd.getpwuid(os.geteuid()).pw_name}\"\n"
@@ -338,7 +341,7 @@ def forged_cli(tmp_path: Path, *probe_args: str, model: str = "NVIDIA H200", gpu
     out = io.StringIO()
     root = nvidia_root(tmp_path, model, gpus)
     code = main(["health", "run", "--json", "--config", str(config), "--state-dir", str(tmp_path / "state")],
-                make_host=lambda _: make_host({}, root=root), out=out)
+                make_host=lambda _: make_host(modules or {}, root=root), out=out)
     return code, json.loads(out.getvalue())
 
 
@@ -395,3 +398,30 @@ def test_health_run_refuses_a_result_line_that_is_not_strict_json(tmp_path: Path
     code, data = forged_cli(tmp_path, "--forge", forge)
     assert (code, data["status"]) == (22, "failed"), data["summary"]
     assert reason in data["summary"]
+
+
+# --- device memory root's SMI library saw during the run (issue #39) ---
+
+GIB = 1 << 30
+
+
+@pytest.mark.parametrize("used_bytes,status,code", [
+    pytest.param([[GIB // 2], [GIB // 2], [GIB // 2 + 9 * GIB]], "pass", 0, id="memory-rose"),
+    pytest.param([[GIB // 2]], "failed", 22, id="memory-flat"),
+])
+def test_health_run_holds_the_memory_claim_against_nvmls_readings(tmp_path: Path, used_bytes: list, status: str,
+                                                                  code: int) -> None:
+    """``health run``: a result claiming an 8 GiB peak passes where NVML saw 9 GiB more in use during the run, and is
+    failed (exit 22, memory_unseen) where memory in use never moved though utilization rose."""
+    for attempt in range(3):
+        nvml = make_fake_nvml([[0.0], [0.0], [97.0]], used_bytes=used_bytes)
+        got, data = forged_cli(tmp_path / str(attempt), "--hold-seconds", "1", modules={"pynvml": nvml})
+        if not memory_unverified(data["corroboration"]["unverified"]):
+            break  # else a loaded machine left root's readings too sparse to judge: the rule said so, try again
+    assert (got, data["status"]) == (code, status), data["summary"]
+    corroboration = data["corroboration"]
+    if status == "pass":
+        assert any(line.startswith("GPU 0: device memory rose by 9216 MiB") for line in corroboration["checked"])
+    else:
+        assert [d["kind"] for d in corroboration["disagreements"]] == ["memory_unseen"]
+        assert "not corroborated (memory_unseen)" in data["summary"]

@@ -194,3 +194,84 @@ def test_every_recorded_real_result_is_corroborated(recorded: Dict[str, Any]) ->
                                           for g in root.gpus), root.uuids_comparable, root.probe_wall_seconds)
     found = corroborate(result.probe, root)
     assert found.disagreements == [], found.disagreements
+
+
+# --- device memory root's SMI library saw during the run (issue #39) ---
+
+GIB = 1 << 30
+
+
+def smi_memory(before: Optional[int], low: Optional[int], peak: Optional[int], samples: int,
+               gap: Optional[float] = 0.02, library: Optional[str] = "pynvml") -> ActivityReport:
+    """The sampler's report of GPU 0 (at the PCI address and UUID probe_results.py names) with these memory readings."""
+    gpu = GpuActivity(smi_index=0, bdf="00000000:00:06.0", uuid="GPU-5a1b2c3d-0000-0000-0000-000000000000",
+                      idle_percent=0.0, max_percent=97.0, samples=samples, memory_before_bytes=before,
+                      memory_low_bytes=low, memory_peak_bytes=peak, memory_samples=samples)
+    return ActivityReport(library=library, interval_seconds=0.02, max_gap_seconds=gap, gpus=[gpu] if library else [],
+                          unavailable_reason=None if library else "pynvml: not installed")
+
+
+def memory_view(activity: Optional[ActivityReport]) -> RootView:
+    """``view()`` with the sampler's report."""
+    base = view()
+    return RootView(base.inventory, base.gpus, base.uuids_comparable, base.probe_wall_seconds, activity)
+
+
+def claim(peak: Optional[int] = 9697240064) -> ProbeResult:
+    """One H200's honest figures claiming a device-memory peak of ``peak`` bytes."""
+    return probe([gpu_row(0, gemm=792.0, copy=4269.0, copy_bytes=4 << 30, seconds=2.0,
+                          device_memory_peak_bytes=peak)])
+
+
+def test_memory_that_rose_with_the_claim_is_corroborated() -> None:
+    """The real probe's 9.7 GB peak with root's NVML seeing memory in use rise by 9.5 GiB: checked, no disagreement."""
+    found = corroborate(claim(), memory_view(smi_memory(GIB // 2, GIB // 2, 10 * GIB, 40)))
+    assert found.disagreements == [] and found.unverified == []
+    assert any(line.startswith("GPU 0: device memory rose by 9728 MiB") for line in found.checked), found.checked
+
+
+@pytest.mark.parametrize("low,peak", [(GIB // 2, GIB // 2), (GIB // 2, GIB // 2 + GIB)])
+def test_a_claim_whose_memory_never_rose_is_memory_unseen(low: int, peak: int) -> None:
+    """9.7 GB claimed on a GPU whose memory in use stayed flat (or rose by 1 GiB, under a quarter) is memory_unseen."""
+    found = corroborate(claim(), memory_view(smi_memory(low, low, peak, 40)))
+    assert [d.kind for d in found.disagreements] == ["memory_unseen"]
+    assert "claims a device-memory peak of 9248 MiB" in found.disagreements[0].message
+
+
+def test_the_lowest_reading_not_the_first_is_the_level_before() -> None:
+    """A sampler that started after the probe allocated (first reading high) still sees the rise from the low."""
+    found = corroborate(claim(), memory_view(smi_memory(10 * GIB, GIB // 2, 10 * GIB, 40)))
+    assert found.disagreements == []
+
+
+@pytest.mark.parametrize("activity,why", [
+    pytest.param(None, "no readings", id="no-report"),
+    pytest.param(smi_memory(None, None, None, 0, library=None), "pynvml: not installed", id="no-library"),
+    pytest.param(smi_memory(GIB, GIB, GIB, 1), "1 pynvml reading(s) during the run, 2 needed", id="one-sample"),
+    pytest.param(smi_memory(GIB, GIB, GIB, 0, gap=None), "0 pynvml reading(s)", id="no-sample"),
+    pytest.param(smi_memory(GIB, GIB, GIB, 40, gap=0.5), "up to 0.5 s apart", id="sparse-readings"),
+])
+def test_without_enough_readings_the_memory_claim_is_unverified_not_failed(activity: Optional[ActivityReport],
+                                                                           why: str) -> None:
+    """No SMI library, fewer than two readings, or readings too far apart: the claim is unverified, never failed."""
+    found = corroborate(claim(), memory_view(activity))
+    assert found.disagreements == []
+    assert any(why in line for line in found.unverified), found.unverified
+
+
+def test_small_or_absent_memory_claims_are_not_held_against_the_readings() -> None:
+    """A peak under 256 MiB (the small workload) or none at all is not checked: flat memory fails nothing."""
+    flat = memory_view(smi_memory(GIB, GIB, GIB, 40))
+    for peak in (None, 200 << 20):
+        found = corroborate(claim(peak), flat)
+        assert found.disagreements == [] and not any("device memory" in line for line in found.unverified)
+
+
+def test_a_gpu_the_smi_library_does_not_list_is_unverified() -> None:
+    """A device at a PCI address and UUID the sampler has no reading for: the memory claim is unverified."""
+    report = smi_memory(GIB, GIB, GIB, 40)
+    report = report.model_copy(update={"gpus": [report.gpus[0].model_copy(update={"bdf": "00000000:99:00.0",
+                                                                                   "uuid": "GPU-other"})]})
+    found = corroborate(claim(), memory_view(report))
+    assert "memory_unseen" not in [d.kind for d in found.disagreements]
+    assert any("lists no GPU with its UUID or PCI address" in line for line in found.unverified)

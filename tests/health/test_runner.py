@@ -18,6 +18,7 @@ from tests.health.helpers import (
     make_fake_nvml,
     make_host,
     make_snapshot,
+    memory_unverified,
 )
 
 pytestmark = pytest.mark.slow  # real servers or processes per test: left out of `make test-fast`
@@ -25,10 +26,17 @@ pytestmark = pytest.mark.slow  # real servers or processes per test: left out of
 BUSY = [[0.0], [97.0]]  # idle before the run, then busy
 
 
-def check(tmp_path: Path, settings: HealthSettings, nvml_readings=BUSY, gpus: int = 1, snapshot_gpus: int = 1):
-    modules = {"pynvml": make_fake_nvml(nvml_readings, bus_ids=[f"00000000:00:0{6 + i}.0" for i in range(gpus)])}
+def check(tmp_path: Path, settings: HealthSettings, nvml_readings=BUSY, gpus: int = 1, snapshot_gpus: int = 1,
+          used_bytes=None):
+    modules = {"pynvml": make_fake_nvml(nvml_readings, bus_ids=[f"00000000:00:0{6 + i}.0" for i in range(gpus)],
+                                        used_bytes=used_bytes)}
     return run_health_check(make_host(modules), settings, str(tmp_path / "state"),
                             snapshot=make_snapshot(nvidia_gpus=snapshot_gpus), probe_path=FAKE_PROBE)
+
+
+GIB = 1 << 30
+# Device memory in use: the look before the probe, the sampler's first reading, then the probe's 9 GiB.
+MEMORY_ROSE = [[GIB // 2], [GIB // 2], [GIB // 2 + 9 * GIB]]
 
 
 def test_pass_probe_passes_and_starts_a_baseline(tmp_path: Path) -> None:
@@ -84,8 +92,9 @@ def test_cpu_build_is_cpu_fallback(tmp_path: Path) -> None:
 
 
 def test_flat_smi_activity_is_cpu_fallback(tmp_path: Path) -> None:
-    """A probe that claims GPU figures while NVML utilization never rose is cpu_fallback, naming the GPU."""
-    result = check(tmp_path, fake_probe_settings(), nvml_readings=[[0.0]])
+    """A probe that claims GPU figures while NVML utilization never rose (its memory did) is cpu_fallback, naming
+    the GPU."""
+    result = check(tmp_path, fake_probe_settings(), nvml_readings=[[0.0]], used_bytes=MEMORY_ROSE)
     assert result.status == "cpu_fallback"
     assert [(r.code, r.gpu) for r in result.fallback_reasons] == [("smi_activity_flat", 0)]
 
@@ -102,7 +111,7 @@ def test_fewer_gpus_than_nvml_sees_is_cpu_fallback(tmp_path: Path) -> None:
 def test_wrong_vendor_build_on_amd_host(tmp_path: Path) -> None:
     """A CUDA build of the framework on a host whose SMI library is amdsmi is cpu_fallback (wrong vendor)."""
     # The GPU at the PCI address the fake probe names: the device is root's, only the build is wrong.
-    modules = {"amdsmi": make_fake_amdsmi([0], bdfs=("0000:00:06.0",))}
+    modules = {"amdsmi": make_fake_amdsmi([0], bdfs=("0000:00:06.0",), vram_used_rows=[[512], [512], [10240]])}
     result = run_health_check(make_host(modules), fake_probe_settings(), str(tmp_path),
                               snapshot=make_snapshot(nvidia_gpus=0), probe_path=FAKE_PROBE)
     assert result.status == "cpu_fallback"
@@ -247,3 +256,49 @@ def test_a_figure_beyond_any_device_fails_and_never_enters_the_baseline(tmp_path
     assert result.status == "failed" and "gemm_bf16_tflops" in result.summary, result.summary
     baselines = tmp_path / "state" / "health" / "baselines.json"
     assert not baselines.exists() or "1e+300" not in baselines.read_text()
+
+
+# --- device memory root's SMI library saw during the run (issue #39) ---
+
+@pytest.mark.parametrize("readings", [pytest.param([[0.0], [0.0], [97.0]], id="utilization-rose"),
+                                      pytest.param([[0.0]], id="utilization-flat-too")])
+def test_a_pass_claiming_8_gib_on_a_gpu_whose_memory_never_moved_is_failed(tmp_path: Path, readings) -> None:
+    """A result claiming an 8 GiB device-memory peak while NVML saw memory in use stay at 0.5 GiB is failed,
+    memory_unseen named (before any fallback rule reads it), and it never reaches the baseline."""
+    for attempt in range(3):
+        result = check(tmp_path / str(attempt), fake_probe_settings("--hold-seconds", "0.5"), nvml_readings=readings,
+                       used_bytes=[[GIB // 2]])
+        if result.corroboration is None or not memory_unverified(result.corroboration.unverified):
+            break  # else a loaded machine left root's readings too sparse to judge: the rule said so, try again
+    assert result.status == "failed", result.summary
+    assert result.corroboration is not None
+    assert [d.kind for d in result.corroboration.disagreements] == ["memory_unseen"], result.summary
+    assert result.baseline is None or not result.baseline.recorded
+
+
+def test_a_pass_whose_memory_rose_is_corroborated(tmp_path: Path) -> None:
+    """The same result with NVML seeing 9 GiB more in use during the run passes, the memory check listed."""
+    result = check(tmp_path, fake_probe_settings("--hold-seconds", "0.5"), nvml_readings=[[0.0], [0.0], [97.0]],
+                   used_bytes=MEMORY_ROSE)
+    assert result.status == "pass", result.summary
+    assert result.corroboration is not None
+    assert any(line.startswith("GPU 0: device memory rose by 9216 MiB") for line in result.corroboration.checked)
+    assert result.activity is not None and result.activity.gpus[0].memory_before_bytes == GIB // 2
+
+
+def test_without_an_smi_library_the_memory_claim_is_unverified_not_failed(tmp_path: Path) -> None:
+    """No pynvml: the 8 GiB claim cannot be held against root's readings; the check passes and says so."""
+    result = run_health_check(make_host({}), fake_probe_settings(), str(tmp_path / "state"),
+                              snapshot=make_snapshot(nvidia_gpus=1), probe_path=FAKE_PROBE)
+    assert result.status == "pass", result.summary
+    assert result.corroboration is not None
+    assert any(line.startswith("device memory: no SMI library read it") for line in result.corroboration.unverified)
+
+
+def test_a_run_with_fewer_than_two_memory_readings_is_unverified_not_failed(tmp_path: Path) -> None:
+    """Readings 5 s apart: the fake probe ends before the sampler's first tick, so the flat memory is unverified."""
+    result = check(tmp_path, fake_probe_settings(activity_interval_seconds=5.0), nvml_readings=[[0.0], [97.0]],
+                   used_bytes=[[GIB // 2]])
+    assert result.status != "failed", result.summary
+    assert result.corroboration is not None and result.corroboration.disagreements == []
+    assert any("reading(s) during the run, 2 needed" in line for line in result.corroboration.unverified)

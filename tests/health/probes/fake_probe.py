@@ -20,6 +20,7 @@
 --mode setsid-hog a grandchild in its own session touches --hog-mib MiB and holds it; passes after 60 s
 --mode fill       writes --fill-mib files of 1 MiB into its HOME (errors ignored), holds on 3 s, then passes
 --name NAME       the model name it claims for every GPU (default NVIDIA H200)
+--hold-seconds S  waits S seconds before it prints its result (a run long enough for root's SMI readings)
 --forge KIND      a result the host cannot have (the figures and names otherwise as --mode pass):
                   unlisted-index (figures for GPU 5 too), duplicate-index (GPU 0's row twice),
                   duplicate-uuid (every device with GPU 0's UUID), negative-time, zero-time (no time for done work),
@@ -133,6 +134,7 @@ def main():
     parser.add_argument("--fill-mib", type=int, default=64)
     parser.add_argument("--name", default="NVIDIA H200")
     parser.add_argument("--forge", default=None)
+    parser.add_argument("--hold-seconds", type=float, default=0.0)
     args, _ = parser.parse_known_args()
     if args.env_file:
         with open(args.env_file, "w") as handle:
@@ -144,6 +146,8 @@ def main():
         with open(args.limits_file, "w") as handle:
             json.dump({name: list(resource.getrlimit(getattr(resource, name)))
                        for name in ("RLIMIT_CPU", "RLIMIT_NOFILE", "RLIMIT_CORE")}, handle)
+    if args.hold_seconds:
+        time.sleep(args.hold_seconds)
     if args.mode == "plant":
         plant()
     if args.mode == "setsid-hog":
