@@ -39,7 +39,16 @@ EOF
 forge three-gpus 's/"device_count": 1,/"device_count": 3,/'
 forge fast-gemm 's/"gemm_bf16_tflops": \([0-9]\)/"gemm_bf16_tflops": 5\1/'
 forge copy-gpu 's/"gpus": \[\(.*\)\], "groups"/"gpus": [\1, \1], "groups"/'
-for name in three-gpus fast-gemm copy-gpu; do
+# A replay: an honest result line recorded from the real probe, printed again without touching the GPU.
+printf '#!/bin/sh\ncase " $* " in *" -c "*) exec %s "$@";; esac\n%s "$@" | tee /opt/forge/recorded.txt\n' \
+  "$TORCH" "$TORCH" > /opt/forge/record
+printf '#!/bin/sh\ncase " $* " in *" -c "*) exec %s "$@";; esac\nsleep 3; grep GPUGUARD_PROBE_RESULT /opt/forge/recorded.txt\n' \
+  "$TORCH" > /opt/forge/replay
+chmod 755 /opt/forge/record /opt/forge/replay
+touch /opt/forge/recorded.txt && chmod 666 /opt/forge/recorded.txt
+gpuguard health run --python /opt/forge/record --json > "$R/record.json" 2> "$R/record.err"
+echo "record exit $?" >> "$R/summary.txt"
+for name in three-gpus fast-gemm copy-gpu replay; do
   /usr/bin/time -f "%e s wall" -o "$R/forged-$name.time" gpuguard health run --python "/opt/forge/$name" --json \
     > "$R/forged-$name.json" 2> "$R/forged-$name.err"
   echo "forged-$name exit $? $(cat "$R/forged-$name.time")" >> "$R/summary.txt"
