@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 8 (issue #39): the real probe from the .deb before (5d2c064) and after the corroboration, baseline and
+# Session 8 (issue #39), run on an H100 (an H200 was asked for; none started): the real probe from the .deb before (5d2c064) and after the corroboration, baseline and
 # sandbox work, alternating, and a forged result from a wrapper interpreter around the host's own torch python.
 # Run on the device host from the repository root, with the two .debs in .carry/s8/ (base.deb, head.deb).
 set -u
