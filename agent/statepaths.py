@@ -30,7 +30,6 @@ maintenance.json              the maintenance hand-off (integrations/)      the 
 health/last.json              the health check                              the daemon at start, gpuguard status
 health/baselines.json         the health check                              the same
 health/check.lock             whoever runs a health check (flock, holder)   the next check (waits, own probe)
-health/probe-home/            the health check (the probe user's home)      the probe
 metrics/gpuguard.prom         the metrics job (when no textfile is set)     node_exporter, gpuguard status
 cache/<name>.json             the collectors' fact cache                    the same
 policy-bundle/                policy install, the daemon's bundle fetch     policy compile, status, the heartbeat
@@ -186,11 +185,6 @@ class StatePaths:
     def health_check_lock(self) -> str:
         """Held (flock) by whoever runs a health check; names the holder and its probe (agent/health/checklock.py)."""
         return self._join("health/check.lock")
-
-    @property
-    def probe_home(self) -> str:
-        """The home directory the probe runs with when it has no other (agent/health/sandbox.py)."""
-        return self._join("health/probe-home")
 
     @property
     def metrics_textfile(self) -> str:

@@ -43,13 +43,13 @@ def test_the_names_the_files_had_before_are_kept() -> None:
     assert (paths.guard_events, paths.audit_log, paths.overrides, paths.known_good, paths.known_good_before_change,
             paths.rollback_authorization, paths.health_rollback, paths.reboot_required_packages, paths.outbox,
             paths.last_snapshot, paths.health_deferral, paths.guard_events_position, paths.guard_events_quarantine,
-            paths.health_last_result, paths.health_baselines, paths.probe_home, paths.metrics_textfile,
+            paths.health_last_result, paths.health_baselines, paths.metrics_textfile,
             paths.dnf_script, paths.job_result("health"), paths.fact_cache("rpm")) == (
         "/s/guard-events.jsonl", "/s/audit.log", "/s/overrides.json", "/s/known-good.json",
         "/s/known-good.before-change.json", "/s/rollback-authorization.json", "/s/health-rollback.json",
         "/s/reboot-required.pkgs", "/s/outbox.sqlite3", "/s/last-snapshot.json", "/s/health-deferral.json",
         "/s/guard-events.position.json", "/s/guard-events.quarantine.jsonl", "/s/health/last.json",
-        "/s/health/baselines.json", "/s/health/probe-home", "/s/metrics/gpuguard.prom", "/s/rollback.dnf",
+        "/s/health/baselines.json", "/s/metrics/gpuguard.prom", "/s/rollback.dnf",
         "/s/.job-health.result.json", "/s/cache/rpm.json")
 
 
