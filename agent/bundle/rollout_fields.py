@@ -15,7 +15,17 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from agent.jsonrecord import JsonRecord
-from agent.wire import MAX_ROLLOUT_ID_CHARS, MAX_STAGE, OFFER_ROLLOUT_STATES, rollout_id_ok, rollout_state_ok, stage_ok
+from agent.wire import (
+    MAX_ROLLOUT_ID_CHARS,
+    MAX_STAGE,
+    OFFER_ROLLOUT_STATES,
+    ROLLOUT_ID_HEADER,
+    ROLLOUT_STAGE_HEADER,
+    ROLLOUT_STATE_HEADER,
+    rollout_id_ok,
+    rollout_state_ok,
+    stage_ok,
+)
 
 
 @dataclass(frozen=True)
@@ -53,8 +63,6 @@ def read_rollout_fields(rollout_id: object, state: object, admitted_stage: objec
 def rollout_fields_of_headers(headers: Mapping[str, str]) -> Optional[RolloutFields]:
     """The fields of the ``X-Gpuguard-Rollout-*`` headers (looked up as the mapping does: requests' headers ignore
     case); None when there are none or one is malformed (ignored: a held-back host is what the agent assumes)."""
-    from agent.wire import ROLLOUT_ID_HEADER, ROLLOUT_STAGE_HEADER, ROLLOUT_STATE_HEADER
-
     get = headers.get
     stage_text = get(ROLLOUT_STAGE_HEADER)
     stage: object = None

@@ -67,12 +67,6 @@ MEMORY_MIN_SAMPLES = 2
 MEMORY_MAX_GAP_SECONDS = 0.1
 
 
-def sku_of(name: Optional[str], device_id: Optional[str] = None) -> Optional[SkuLimits]:
-    """The datasheet row (agent/health/sku_limits.py) of a model name (NVML's, amdgpu's market name, the
-    framework's) or a PCI device id."""
-    return lookup(model=name, pci_device_id=device_id)
-
-
 @dataclass(frozen=True)
 class RootGpu:
     """One GPU as root enumerated it (snapshot, SMI library): what the probe's claims are held against."""
@@ -228,7 +222,7 @@ def device_rules(probe: ProbeResult, view: RootView, found: _Findings) -> None:
                                     "to hold it against, or the framework named none)")
             continue
         mine = _root_gpu_of(dev, view)
-        claimed, own = sku_of(dev.name), sku_of(mine.model, mine.device_id) if mine is not None else None
+        claimed, own = lookup(dev.name), lookup(mine.model, mine.device_id) if mine is not None else None
         if claimed is not None and own is not None and claimed.name != own.name:
             found.refuse("unknown_device", f"GPU {dev.index}: the framework names it {dev.name!r}, root's "
                                            f"inventory {mine.model if mine else None!r}", dev.index)
@@ -304,17 +298,17 @@ def _peak_for(dev: Optional[ProbeDevice], gpu: GpuFigures, view: RootView) -> Tu
     """The SKU whose peaks bound a GPU's figures, and whose word that is."""
     mine = _root_gpu_of(dev, view)
     if mine is not None:
-        own = sku_of(mine.model, mine.device_id)
+        own = lookup(mine.model, mine.device_id)
         if own is not None:
             return own, "root's inventory"
-    models = {p.name: p for p in (sku_of(g.model, g.device_id) for g in view.gpus) if p is not None}
-    if len(models) == 1 and len(view.gpus) == sum(1 for g in view.gpus if sku_of(g.model, g.device_id)):
+    models = {p.name: p for p in (lookup(g.model, g.device_id) for g in view.gpus) if p is not None}
+    if len(models) == 1 and len(view.gpus) == sum(1 for g in view.gpus if lookup(g.model, g.device_id)):
         return next(iter(models.values())), "root's inventory"
     if models:
         # Root knows its models but not which one this is: the fastest of them bounds it.
         return max(models.values(), key=lambda p: (p.bf16_tflops, p.hbm_gbps)), "the fastest of root's models"
     # Root knows no model: the probe's own claim can only tighten the generic bound, never loosen it.
-    claimed = sku_of(gpu.name) or sku_of(dev.name if dev else None)
+    claimed = lookup(gpu.name) or lookup(dev.name if dev else None)
     return claimed, "the probe's own claim"
 
 
@@ -417,5 +411,5 @@ def disagreement_lines(disagreements: Sequence[ProbeDisagreement]) -> List[str]:
     return [f"not corroborated ({d.kind}): {d.message}" for d in disagreements]
 
 
-__all__ = ["corroborate", "root_view", "RootView", "RootGpu", "sku_of", "MARGIN",
+__all__ = ["corroborate", "root_view", "RootView", "RootGpu", "MARGIN",
            "disagreement_lines"]

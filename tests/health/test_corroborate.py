@@ -6,11 +6,11 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from agent.health.corroborate import RootGpu, RootView, corroborate, root_view, sku_of
+from agent.health.corroborate import RootGpu, RootView, corroborate, root_view
 from agent.health.fallback import GpuInventory
 from agent.health.model import ActivityReport, GpuActivity, ProbeResult
 from agent.health.parse import ParseFailure, parse_probe_output
-from agent.health.sku_limits import MARGIN, SKUS
+from agent.health.sku_limits import MARGIN, SKUS, lookup
 from tests.health.helpers import make_snapshot
 from tests.health.probe_results import gpu_row, probe
 
@@ -88,10 +88,10 @@ def test_a_model_name_of_another_sku_than_roots_is_an_unknown_device() -> None:
     ("AMD Instinct MI210", None, "MI210"), (None, "0x74a1", "MI300X"), (None, "0x740F", "MI210"),
     ("NVIDIA GeForce RTX 4090", None, None), (None, None, None),
 ])
-def test_sku_of_maps_the_names_smi_libraries_give(name: Optional[str], device_id: Optional[str],
+def test_lookup_maps_the_names_smi_libraries_give(name: Optional[str], device_id: Optional[str],
                                                    sku: Optional[str]) -> None:
     """NVML names, amdgpu market names and device ids map to their datasheet row; anything else to none."""
-    peak = sku_of(name, device_id)
+    peak = lookup(name, device_id)
     assert (peak.name if peak else None) == sku
 
 
