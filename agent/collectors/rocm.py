@@ -181,8 +181,9 @@ def _therock_trees(host: Host) -> List[Tuple[str, str]]:
 
 
 class RocmCollector:
-    """Reads /opt/rocm (usually a link, possibly through /etc/alternatives), every /opt/rocm-X.Y.Z and every
-    /opt/rocm/core-X.Y."""
+    """Reads /opt/rocm (usually a link, possibly through /etc/alternatives), every /opt/rocm-X.Y.Z, every
+    /opt/rocm/core-X.Y and the pip amdsmi binding (reported even on a host with no ROCm tree: its library may
+    come from elsewhere, or be missing)."""
 
     name = "rocm"
 
@@ -192,8 +193,9 @@ class RocmCollector:
                  and host.is_dir(f"{ROCM_PREFIX}/{name}")]
         has_link = host.exists(ROCM_LINK)
         therock = _therock_trees(host) if has_link else []
-        if not has_link and not trees:
-            raise CollectorUnavailable("no /opt/rocm and no /opt/rocm-*")
+        binding = find_distribution(str(host.root), "amdsmi")
+        if not has_link and not trees and binding is None:
+            raise CollectorUnavailable("no /opt/rocm and no /opt/rocm-*")  # the reason stored snapshots carry
         trees.sort(key=lambda path: sort_key("rpm")(path[len(f"{ROCM_PREFIX}/rocm-"):]))
         active_path = host.resolve(ROCM_LINK) if has_link else None
         version, source, _header = _tree_release(host, active_path) if active_path else (None, None, None)
@@ -202,7 +204,6 @@ class RocmCollector:
             newest = f"{ROCM_LINK}/core"
             active_path = host.resolve(newest) if host.exists(newest) else therock[-1][1]
             version, source, _header = _tree_release(host, active_path)
-        binding = find_distribution(str(host.root), "amdsmi")
         return RocmInfo(
             active_path=active_path,
             version=version,
