@@ -12,6 +12,7 @@ import pytest
 from agent.collectors.rocm import VERSION_HEADER, parse_rocm_version_header
 from agent.host import Host
 from agent.snapshot.model import Snapshot
+from agent.snapshot.render import render_snapshot
 from agent.snapshot.take import take_snapshot
 from tests.conftest import RECORDED, ROOTS, fake_module_loader, fixed_clock, load_fake_libraries
 from tests.fakes.runner import FakeRunner
@@ -69,6 +70,7 @@ def test_without_the_version_file_the_release_package_says_it(root: Path) -> Non
     assert (rocm.version, rocm.version_source) == ("10.0.0", "amdrocm-base10.0")
     assert [(i.path, i.version, i.version_source) for i in rocm.installs] == [
         ("/opt/rocm/core-10.0", "10.0.0", "amdrocm-base10.0")]
+    assert "rocm     10.0.0 (read from amdrocm-base10.0) at /opt/rocm/core-10.0" in render_snapshot(_snapshot(root))
 
 
 def test_without_the_version_file_the_header_says_it(root: Path) -> None:
