@@ -38,10 +38,7 @@ def amdgpu_driver_release(version: Optional[str]) -> Optional[str]:
     if len(code) == 8:
         major, minor, patch, hotfix = int(code[0:2]), int(code[2:4]), int(code[4:6]), int(code[6:8])
         return f"{major}.{minor}.{patch}" + (f".{hotfix}" if hotfix else "")
-    if len(code) in (5, 6):
-        number = int(code)
-        return f"{number // 10000}.{(number // 100) % 100}.{number % 100}"
-    return None
+    return rocm_code_release(code)
 
 
 def amdgpu_same_build(driver: str, firmware: str) -> bool:

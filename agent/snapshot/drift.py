@@ -113,8 +113,9 @@ def _rocm_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> List["
             out.append(_finding("rocm_version_mismatch", "warning", "rocm",
                                 f"{tree.path}/{VERSION_FILE} says ROCm {tree.version} but {tree.path}/{VERSION_HEADER} "
                                 f"says {tree.header_version}", on_disk=tree.version, header=tree.header_version))
-        # TheRock: /opt/rocm/core-X.Y belongs to amdrocm-baseX.Y (or amdrocm-coreX.Y); file and package must agree
-        found = release_package(packages, tree.path, False) if tree.path.startswith(THEROCK_TREE_PREFIX) else None
+        # /opt/rocm/core-X.Y belongs to amdrocm-baseX.Y (or amdrocm-coreX.Y), /opt/rocm-X.Y.Z to rocm-coreX.Y.Z:
+        # file and package must agree (the active classic tree is held against rocm-core above as well)
+        found = release_package(packages, tree.path, False)
         if found is not None and upstream_dotted(tree.version, 3) != upstream_dotted(found[1], 3):
             out.append(_finding("rocm_version_mismatch", "warning", "rocm",
                                 f"{tree.path} says ROCm {tree.version} but package {found[0]} is {found[1]}",

@@ -145,3 +145,18 @@ def test_a_pip_binding_of_the_same_release_is_no_finding(root: Path) -> None:
     snap = _snapshot(root)
     assert snap.rocm.data is not None and snap.rocm.data.amdsmi_binding is not None
     assert [f for f in snap.findings if f.kind == "companion_mismatch"] == []
+
+
+def test_a_classic_tree_is_held_against_its_versioned_release_package(tmp_path: Path) -> None:
+    """On the mixed classic 6.4.1 + TheRock 7.13 host, /opt/rocm-6.4.1/.info/version saying 6.4.2 disagrees with
+    rocm-core (the active tree's package) and with rocm-core6.4.1 (the tree's own): both are named."""
+    scenario = "mixed-rocm641-therock713-ubuntu2204"
+    root = tmp_path / "root"
+    shutil.copytree(ROOTS / scenario, root, symlinks=True)
+    (root / "opt/rocm-6.4.1/.info/version").write_text("6.4.2-83\n")
+    runner = FakeRunner.from_file(RECORDED / scenario / "commands.json", str(root))
+    snap = take_snapshot(Host(root=root, runner=runner, load_module=fake_module_loader(load_fake_libraries(scenario)),
+                              clock=fixed_clock))
+    found = sorted(f.message for f in snap.findings if f.kind == "rocm_version_mismatch")
+    assert found == ["/opt/rocm says ROCm 6.4.2-83 but package rocm-core is 6.4.1.60401-83~22.04",
+                     "/opt/rocm-6.4.1 says ROCm 6.4.2-83 but package rocm-core6.4.1 is 6.4.1.60401-83~22.04"]
