@@ -96,6 +96,14 @@ def _no_rocm(state: HostState, rocm_name: str) -> str:
     return "no " + " or ".join(gone or [rocm_name])
 
 
+def _rocm_word(before: Mapping[str, str], after: Mapping[str, str], rocm_name: str) -> str:
+    """The ROCm side a hint names: TheRock's base package alone where every ROCm release package is TheRock's."""
+    keys = {*before, *after}
+    if keys and all(package_name(k).startswith(THEROCK_BASE_PACKAGE) for k in keys):
+        return f"TheRock's {THEROCK_BASE_PACKAGE}<release>"
+    return f"{rocm_name} (or TheRock's {THEROCK_BASE_PACKAGE}<release>)"
+
+
 def _release_suffix(name: str) -> Optional[str]:
     """The release a versioned TheRock name ends in (``amdrocm-runtime7.13`` -> ``7.13``), else None."""
     i = len(name)
@@ -178,7 +186,7 @@ def check(state: HostState, policy: CompiledPolicy) -> List[Violation]:
         out.append(Violation(
             rule="amd.pairing", action=policy.action_for((pinned or {}).get("action"), amd.get("action")),
             message=f"{message} (allowed: {allowed})", packages=packages,
-            hint=f"move {driver_name} and {rocm_name} (or TheRock's amdrocm-base<release>) together to an allowed "
+            hint=f"move {driver_name} and {_rocm_word(rocms_before, rocms_after, rocm_name)} together to an allowed "
                  f"pairing, change the policy, " + OVERRIDE_HINT,
             pairing=(pinned or {}).get("name")))
         return out

@@ -6,6 +6,7 @@ the tree has no ``.info/version``, and reports a pip binding of another release 
 from __future__ import annotations
 
 import json
+import re
 from typing import Dict, Iterator, List
 
 import pytest
@@ -108,3 +109,21 @@ def test_the_snapshot_reads_the_release_package_and_reports_the_pip_binding(rock
     assert [f["message"] for f in findings] == [violations["companion.amdsmi"]]
     assert findings[0]["message"].startswith("the pip amdsmi binding 7.0.2 (/usr/local/lib/python3.11/dist-packages) "
                                              "needs libamd_smi of ROCm 7.0; the host has libamd_smi of ROCm 7.14.0")
+
+
+def test_a_refusal_on_the_therock_only_host_names_its_release_package(rock714: Chroot) -> None:
+    """Frozen, the TheRock-only host refuses ``apt-get remove amdrocm-base7.14`` naming amdrocm-base7.14 as what the
+    set is left without and TheRock's package in the hint, never rocm-core."""
+    target = rock714.root / "etc/gpuguard/policy.d/50-freeze.toml"
+    code, out = gpuguard(rock714, "policy", "freeze", "--output", str(target))
+    assert code == 0, out
+    code, out = gpuguard(rock714, "policy", "compile")
+    assert code == 0, out
+    before = rock714.status_bytes()
+    refused = rock714.apt("remove", "amdrocm-base7.14")
+    assert refused.returncode == 100, refused.stdout + refused.stderr
+    assert "gpuguard: REFUSED (amd.pairing)" in refused.stderr, refused.stderr
+    assert "with no amdrocm-base7.14 matches no allowed pairing" in refused.stderr, refused.stderr
+    assert re.search(r"(?<![\w-])rocm-core", refused.stderr) is None, refused.stderr  # amdrocm-core7.14 is fine
+    assert "move amdgpu-dkms and TheRock's amdrocm-base<release> together" in refused.stderr, refused.stderr
+    assert rock714.status_bytes() == before
