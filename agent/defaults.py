@@ -22,6 +22,9 @@ ROCM_CORE_PACKAGE = "rocm-core"
 # 10.0.0-4) behind a non-versioned meta package (amdrocm-base). Its release is judged beside rocm-core's: a host can
 # hold a classic stack and TheRock releases at once (../shared/reference/therock-packaging-facts.md).
 THEROCK_BASE_PACKAGE = "amdrocm-base"
+# TheRock's core meta of one release (amdrocm-core7.14 7.14.0-1): the release's second package where amdrocm-base
+# is not installed under its versioned name.
+THEROCK_CORE_PACKAGE = "amdrocm-core"
 
 # The job bodies ``gpuguard run`` runs in children (``gpuguard _job NAME``, agent/daemon_jobs/children.py).
 JOB_NAMES = ("config", "restore", "snapshot", "guard_check", "guard_events", "health", "deliver", "policy_fetch")

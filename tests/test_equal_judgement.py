@@ -210,3 +210,14 @@ def test_each_path_sees_the_companions_host_facts(companion_root: Path, judge) -
     """Fabric manager judged against the loaded module and the pip amdsmi binding against the library: every path
     reads both facts through the one host-context builder and finds both companion rules."""
     assert judge(companion_root) == EXPECTED | {"companion.fabricmanager", "companion.amdsmi"}
+
+
+def test_the_snapshot_reports_the_pip_binding_as_explain_does(companion_root: Path) -> None:
+    """The snapshot's finding for the pip amdsmi binding (no ROCm tree on the host) is the sentence ``policy
+    explain`` and the hook give for companion.amdsmi (before, the snapshot judged packaged bindings only)."""
+    snap = take_snapshot(_host(companion_root))
+    found = {f.details["rule"]: f.message for f in snap.findings if f.kind == "companion_mismatch"}
+    data = json.loads(_cli(companion_root, "policy", "explain", "--root", str(companion_root), "--json", *CONFIG))
+    explained = {v["rule"]: v["message"] for v in data["violations"]}
+    assert "the pip amdsmi binding 7.0.2" in found["companion.amdsmi"]
+    assert found["companion.amdsmi"] == explained["companion.amdsmi"]

@@ -2,10 +2,17 @@
 /opt/rocm/core-X.Y (ROCm built with TheRock, 7.13 on), the amdsmi library each carries, and what amdsmi says.
 
 TheRock installs a release under ``/opt/rocm/core-X.Y`` (major.minor; patches in place), with ``/opt/rocm/core``
-and ``/opt/rocm/core-X`` links to the newest (TheRock RFC0009). Its version file is read where rocm-core writes it,
-``<tree>/.info/version`` (assumed for TheRock trees: AMD's packages put rocm-core's files under the release prefix).
-On a host with a classic stack as well, ``/opt/rocm`` is the classic link and TheRock's trees land inside its
-target; they are listed all the same: the host has both.
+and ``/opt/rocm/core-X`` links to the newest (TheRock RFC0009). A tree's release is read from its version file
+``<tree>/.info/version`` (``/opt/rocm/core-10.0/.info/version`` on TheRock hosts, which have no
+``/opt/rocm/.info/version``), else from rocm-core's header ``<tree>/include/rocm-core/rocm_version.h``
+(``ROCM_VERSION_MAJOR``/``MINOR``/``PATCH``); the header's release is kept beside the file's so that a
+disagreement is a finding. The release packages (rocm-core, amdrocm-base<release>) are the third source, added by
+the snapshot (agent/snapshot/rocm_release.py), which sees the package database. On a host with a classic stack as
+well, ``/opt/rocm`` is the classic link and TheRock's trees land inside its target; they are listed all the same:
+the host has both.
+
+The amdsmi Python binding pip installed in a system site directory (agent/hostfacts/python_dists.py) is reported
+here too: it loads the libamd_smi of these trees, and a binding of another release is a finding.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import List, Optional, Tuple
 from agent.errors import CollectorUnavailable, HostReadError, LibraryUnavailable
 from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
+from agent.hostfacts.python_dists import find_distribution
 from agent.log import get_logger
 from agent.versions import sort_key
 
@@ -24,6 +32,8 @@ log = get_logger("collectors.rocm")
 ROCM_LINK = "/opt/rocm"
 ROCM_PREFIX = "/opt"
 VERSION_FILE = ".info/version"
+VERSION_HEADER = "include/rocm-core/rocm_version.h"
+_HEADER_FIELD = re.compile(r"^\s*#\s*define\s+ROCM_VERSION_(MAJOR|MINOR|PATCH)\s+\(?\s*(\d+)\s*\)?\s*$", re.M)
 _INSTALL_DIR = re.compile(r"^rocm-\d+(?:\.\d+)*")
 _THEROCK_DIR = re.compile(r"^core-\d+\.\d+$")  # core-7.13, core-10.0; core and core-10 are links
 _AMD_SMI_LIB = re.compile(r"^libamd_smi\.so\.(\d+)(?:\.\d+)*$")  # libamd_smi.so.27, libamd_smi.so.27.0.0
@@ -35,22 +45,39 @@ _VERSION = re.compile(r"^\d+(?:\.\d+)+(?:[-+~.][0-9A-Za-z.~+-]*)?$")
 class RocmInstall(Frozen):
     """One ROCm tree on disk."""
 
-    __json_omit_empty__ = ("amd_smi_soname",)  # added after snapshots were stored (see as_json_data)
+    # added after snapshots were stored (see as_json_data)
+    __json_omit_empty__ = ("amd_smi_soname", "version_source", "header_version")
 
     path: str
     version: Optional[str] = None
     # libamd_smi.so.27: the amdsmi binding must be of its release (the newest SONAME when a tree has several)
     amd_smi_soname: Optional[str] = None
+    # where ``version`` was read when not the tree's .info/version: VERSION_HEADER, or a release package's name
+    version_source: Optional[str] = None
+    # the release in the tree's rocm_version.h where it has one (beside the version file's: they must agree)
+    header_version: Optional[str] = None
+
+
+@frozen_record
+class AmdsmiBinding(Frozen):
+    """The amdsmi Python binding pip installed in a system site directory."""
+
+    version: str
+    site_directory: str
 
 
 @frozen_record
 class RocmInfo(Frozen):
     """Which ROCm is active and which are installed."""
 
+    __json_omit_empty__ = ("version_source", "amdsmi_binding")  # added after snapshots were stored
+
     active_path: Optional[str] = None
     version: Optional[str] = None
     installs: List[RocmInstall] = field(default_factory=list)
     smi_rocm_version: Optional[str] = None
+    version_source: Optional[str] = None  # as RocmInstall's: None is the active tree's .info/version
+    amdsmi_binding: Optional[AmdsmiBinding] = None
 
 
 def parse_rocm_version_file(text: str) -> Optional[str]:
@@ -66,6 +93,15 @@ def parse_rocm_version_file(text: str) -> Optional[str]:
     return first if _VERSION.match(first) else None
 
 
+def parse_rocm_version_header(text: str) -> Optional[str]:
+    """``MAJOR.MINOR.PATCH`` from rocm-core's ``rocm_version.h`` (``#define ROCM_VERSION_MAJOR 7``...); None unless
+    all three are defined."""
+    found = {name: value for name, value in _HEADER_FIELD.findall(text)}
+    if set(found) != {"MAJOR", "MINOR", "PATCH"}:
+        return None
+    return f"{int(found['MAJOR'])}.{int(found['MINOR'])}.{int(found['PATCH'])}"
+
+
 def smi_rocm_version(result: object) -> Optional[str]:
     """The version from ``amdsmi_get_rocm_version()``'s ``(ok, text)``; None when it failed (text is the error)."""
     if not isinstance(result, (tuple, list)) or len(result) != 2:
@@ -76,13 +112,24 @@ def smi_rocm_version(result: object) -> Optional[str]:
     return text.strip() or None
 
 
-def _read_version(host: Host, tree: str) -> Optional[str]:
+def _read_version(host: Host, tree: str, leaf: str = VERSION_FILE) -> Optional[str]:
     try:
-        text = host.read_text(f"{tree}/{VERSION_FILE}")
+        text = host.read_text(f"{tree}/{leaf}", max_chars=65536)
     except HostReadError as exc:
-        log.warning("rocm_version_unreadable", path=tree, error=exc.reason)
+        log.warning("rocm_version_unreadable", path=f"{tree}/{leaf}", error=exc.reason)
         return None
-    return parse_rocm_version_file(text) if text is not None else None
+    if text is None:
+        return None
+    return parse_rocm_version_file(text) if leaf == VERSION_FILE else parse_rocm_version_header(text)
+
+
+def _tree_release(host: Host, tree: str) -> Tuple[Optional[str], Optional[str], Optional[str]]:
+    """(release, where it was read when not the version file, the header's release) of one tree."""
+    header = _read_version(host, tree, VERSION_HEADER)
+    version = _read_version(host, tree)
+    if version is not None:
+        return version, None, header
+    return header, (VERSION_HEADER if header else None), header
 
 
 def read_smi_rocm_version(host: Host) -> Optional[str]:
@@ -119,7 +166,9 @@ def _install(host: Host, tree: str, real: Optional[str] = None) -> RocmInstall:
     for lib in _LIB_DIRS:
         names += host.list_dir(f"{where}/{lib}")
     sonames = amd_smi_sonames(names)
-    return RocmInstall(path=tree, version=_read_version(host, where), amd_smi_soname=sonames[-1] if sonames else None)
+    version, source, header = _tree_release(host, where)
+    return RocmInstall(path=tree, version=version, amd_smi_soname=sonames[-1] if sonames else None,
+                       version_source=source, header_version=header)
 
 
 def _therock_trees(host: Host) -> List[Tuple[str, str]]:
@@ -132,8 +181,9 @@ def _therock_trees(host: Host) -> List[Tuple[str, str]]:
 
 
 class RocmCollector:
-    """Reads /opt/rocm (usually a link, possibly through /etc/alternatives), every /opt/rocm-X.Y.Z and every
-    /opt/rocm/core-X.Y."""
+    """Reads /opt/rocm (usually a link, possibly through /etc/alternatives), every /opt/rocm-X.Y.Z, every
+    /opt/rocm/core-X.Y and the pip amdsmi binding (reported even on a host with no ROCm tree: its library may
+    come from elsewhere, or be missing)."""
 
     name = "rocm"
 
@@ -143,19 +193,22 @@ class RocmCollector:
                  and host.is_dir(f"{ROCM_PREFIX}/{name}")]
         has_link = host.exists(ROCM_LINK)
         therock = _therock_trees(host) if has_link else []
-        if not has_link and not trees:
-            raise CollectorUnavailable("no /opt/rocm and no /opt/rocm-*")
+        binding = find_distribution(str(host.root), "amdsmi")
+        if not has_link and not trees and binding is None:
+            raise CollectorUnavailable("no /opt/rocm and no /opt/rocm-*")  # the reason stored snapshots carry
         trees.sort(key=lambda path: sort_key("rpm")(path[len(f"{ROCM_PREFIX}/rocm-"):]))
         active_path = host.resolve(ROCM_LINK) if has_link else None
-        version = _read_version(host, active_path) if active_path else None
+        version, source, _header = _tree_release(host, active_path) if active_path else (None, None, None)
         if version is None and therock and active_path == ROCM_LINK:
             # a TheRock-only host: /opt/rocm is a plain directory; /opt/rocm/core points at the newest release
             newest = f"{ROCM_LINK}/core"
             active_path = host.resolve(newest) if host.exists(newest) else therock[-1][1]
-            version = _read_version(host, active_path)
+            version, source, _header = _tree_release(host, active_path)
         return RocmInfo(
             active_path=active_path,
             version=version,
             installs=[*(_install(host, tree) for tree in trees), *(_install(host, *pair) for pair in therock)],
             smi_rocm_version=read_smi_rocm_version(host),
+            version_source=source,
+            amdsmi_binding=AmdsmiBinding(version=binding[0], site_directory=binding[1]) if binding else None,
         )

@@ -232,40 +232,40 @@ def dcgm_exporter(installed: Mapping[str, str]) -> List[Disagreement]:
 # --- the amdsmi binding x libamd_smi ---------------------------------------------------------------------------
 
 
-def amdsmi_library_release(name: str, version: str) -> Optional[str]:
-    """The ROCm release of an amdsmi library package: TheRock's release in the name (``amdrocm-amdsmi7.13``), ROCm's
-    code in amd-smi-lib's version (``26.0.2.70002-56~24.04`` -> ``7.0.2``), else the upstream version (Debian's
-    ``libamd-smi27`` ``10.1-1``)."""
-    for prefix in ("amdrocm-amdsmi", "amd-smi-lib"):
-        tail = name[len(prefix):] if name.startswith(prefix) else ""
-        if tail and tail[0].isdigit():
-            return tail
-    if name.startswith("amd-smi-lib"):
-        code = (releases.dotted_release(version) or "").split(".")
-        if len(code) >= 4 and code[3].isdigit() and len(code[3]) in (5, 6):
-            number = int(code[3])
-            return f"{number // 10000}.{(number // 100) % 100}.{number % 100}"
-    return releases.dotted_release(version)
+def _amdsmi_what(name: str, version: str) -> str:
+    """`` (amdsmi 26.1.0 for ROCm 7.1.0)`` after a version where its leading number is not the ROCm release, else
+    nothing."""
+    own, rocm = releases.amdsmi_build(name, version)
+    if own and rocm:
+        return f" (amdsmi {own} for ROCm {rocm})"
+    return f" (amdsmi {own}; no ROCm release in its version)" if own else ""
 
 
 def amdsmi(installed: Mapping[str, str], binding: Optional[Tuple[str, str]] = None,
            leaves: str = "the host has") -> List[Disagreement]:
     """The amdsmi binding packaged on its own (Debian's amd-smi, python3-amdsmi) or installed with pip (``binding``:
-    (version, where), a host fact) at a ROCm release series no amdsmi library present has."""
-    libraries = {k: amdsmi_library_release(package_name(k), installed[k]) or "unknown"
+    (version, where), a host fact) at a ROCm release series no amdsmi library present has (read by
+    :func:`agent.policy.releases.amdsmi_build`: ``26.1.0.70100`` is amdsmi 26.1.0 for ROCm 7.1.0). A binding whose
+    version carries amdsmi's own number only is judged by that number against the libraries'."""
+    libraries = {k: releases.amdsmi_build(package_name(k), installed[k])
                  for k in _keys(installed, AMDSMI_LIBRARY_PACKAGES)}
-    # A binding pip-installed from ROCm's own tree is numbered like the library (amd-smi-lib 26.0.2 is ROCm 7.0.2)
-    lib_series = {releases.series(r) for r in libraries.values()}
-    lib_series |= {releases.series(_release(installed[k])) for k in libraries}
-    lib_text = f"libamd_smi of {_grouped(libraries, 2)}" if libraries else "no amdsmi library package"
-    sides = [(k, f"{package_name(k)} {installed[k]}", _release(installed[k]))
-             for k in _keys(installed, AMDSMI_BINDING_PACKAGES)]
+    lib_rocm = {releases.series(rocm) for _own, rocm in libraries.values() if rocm}
+    lib_own = {releases.series(own) for own, _rocm in libraries.values() if own}
+    shown = {k: f"ROCm {rocm}" if rocm else f"amdsmi {own}" if own else "an unknown release"
+             for k, (own, rocm) in libraries.items()}
+    lib_text = f"libamd_smi of {_grouped(shown, 2)}" if libraries else "no amdsmi library package"
+    sides = [(k, f"{package_name(k)} {installed[k]}{_amdsmi_what(package_name(k), installed[k])}",
+              releases.amdsmi_build(package_name(k), installed[k])) for k in _keys(installed, AMDSMI_BINDING_PACKAGES)]
     if binding is not None:
-        sides.append(("", f"the pip amdsmi binding {binding[0]} ({binding[1]})", _release(binding[0])))
+        version, where = binding
+        sides.append(("", f"the pip amdsmi binding {version}{_amdsmi_what('amdsmi', version)} ({where})",
+                      releases.amdsmi_build("amdsmi", version)))
     out = []
-    for key, label, release in sides:
-        if releases.series(release) in lib_series:
+    for key, label, (own, rocm) in sides:
+        if (rocm and releases.series(rocm) in lib_rocm) or (not rocm and own and releases.series(own) in lib_own):
             continue
-        out.append(Disagreement(AMDSMI, f"{label} needs libamd_smi of ROCm {releases.series(release)}; {leaves} "
-                                        f"{lib_text}", [k for k in (key, *sorted(libraries)) if k]))
+        wanted = f"ROCm {releases.series(rocm)}" if rocm else f"amdsmi {releases.series(own)}" if own else \
+            "a release its version does not say"
+        out.append(Disagreement(AMDSMI, f"{label} needs libamd_smi of {wanted}; {leaves} {lib_text}",
+                                [k for k in (key, *sorted(libraries)) if k]))
     return out

@@ -38,10 +38,7 @@ def amdgpu_driver_release(version: Optional[str]) -> Optional[str]:
     if len(code) == 8:
         major, minor, patch, hotfix = int(code[0:2]), int(code[2:4]), int(code[4:6]), int(code[6:8])
         return f"{major}.{minor}.{patch}" + (f".{hotfix}" if hotfix else "")
-    if len(code) in (5, 6):
-        number = int(code)
-        return f"{number // 10000}.{(number // 100) % 100}.{number % 100}"
-    return None
+    return rocm_code_release(code)
 
 
 def amdgpu_same_build(driver: str, firmware: str) -> bool:
@@ -70,6 +67,50 @@ def rocm_release(version: Optional[str]) -> Optional[str]:
     """The ROCm release of a rocm-core version (``6.2.2.60202-116~22.04`` -> ``6.2.2``) or a TheRock amdrocm-base
     version (deb ``10.0.0-4``, rpm ``7.13.0``, nightly ``7.13.0~20260401`` -> ``10.0.0``, ``7.13.0``)."""
     return upstream_dotted(version, parts=3) if version else None
+
+
+def rocm_code_release(code: str) -> Optional[str]:
+    """The ROCm release of AMD's ``MMmmpp`` code (5 or 6 digits): ``70002`` -> ``7.0.2``, ``71400`` -> ``7.14.0``,
+    ``100000`` -> ``10.0.0``; None for anything else."""
+    if not code.isdigit() or len(code) not in (5, 6):
+        return None
+    number = int(code)
+    return f"{number // 10000}.{(number // 100) % 100}.{number % 100}"
+
+
+# amdsmi's own numbering (24.6.2, 25.3.0, 26.0.2, 27.0.0) starts here; ROCm's releases are below it.
+AMDSMI_OWN_MAJOR_FROM = 20
+THEROCK_AMDSMI_PACKAGE = "amdrocm-amdsmi"
+
+
+def amdsmi_build(name: str, version: str) -> Tuple[Optional[str], Optional[str]]:
+    """(amdsmi's own version, the ROCm release it was built for) of an amdsmi package or pip binding; either is
+    None where the version does not say it. The one reading of amdsmi versions (the companion rule, the snapshot,
+    the apt and dnf hooks, freeze).
+
+    - AMD's packages fold the ROCm release in after amdsmi's version, deb and rpm alike: ``amd-smi-lib
+      26.0.2.70002-56~24.04`` (rpm ``26.0.2.70002-56.el9``) is amdsmi 26.0.2 for ROCm 7.0.2; ``26.1.0.70100`` for
+      7.1.0, ``27.0.0.71400`` for 7.14.0, ``27.0.0.100000`` for 10.0.0.
+    - TheRock's ``amdrocm-amdsmi10.0 10.0.0-4`` (and the alias ``amdrocm-amdsmi 10.0.0-4``), the PyPI wheel
+      ``amdsmi 7.0.2`` and Debian's ``libamd-smi27 10.1-1`` carry the ROCm release itself (TheRock's name too).
+    - A version in amdsmi's own numbering with nothing folded in (``26.0.2``, a binding pip built from ROCm's
+      tree) says amdsmi's version only.
+    """
+    dotted = upstream_dotted(version) if version else None
+    parts = dotted.split(".") if dotted else []
+    if len(parts) >= 4:
+        folded = rocm_code_release(parts[3])
+        if folded is not None:
+            return ".".join(parts[:3]), folded
+    tail = name[len(THEROCK_AMDSMI_PACKAGE):] if name.startswith(THEROCK_AMDSMI_PACKAGE) else ""
+    if tail and tail[0].isdigit():
+        three = ".".join(parts[:3])
+        return None, three if series(three) == tail else tail
+    if not parts:
+        return None, None
+    if AMDSMI_OWN_MAJOR_FROM <= int(parts[0]) < 100:
+        return ".".join(parts[:3]), None
+    return None, ".".join(parts[:3])
 
 
 def rocm_package_patterns(rocm_name: str) -> Tuple[str, ...]:

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from agent.collectors.container_cgroups import FIX as DEV_CHAR_FIX
 from agent.collectors.packages import PackageInfo, find_version
-from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE, THEROCK_BASE_PACKAGE
+from agent.collectors.rocm import VERSION_FILE, VERSION_HEADER
+from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE
+from agent.snapshot.rocm_release import THEROCK_TREE_PREFIX, release_package
 from agent.versions import upstream_dotted
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -92,9 +94,6 @@ def _kernel_findings(snap: "Snapshot") -> List["Finding"]:
     return out
 
 
-THEROCK_TREE_PREFIX = "/opt/rocm/core-"  # /opt/rocm/core-10.0: TheRock's release tree, of amdrocm-base10.0
-
-
 def _rocm_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> List["Finding"]:
     rocm = snap.rocm.data
     if rocm is None:
@@ -102,21 +101,25 @@ def _rocm_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> List["
     out = []
     installed = find_version(packages, ROCM_CORE_PACKAGE)
     classic_active = rocm.active_path is not None and not rocm.active_path.startswith(THEROCK_TREE_PREFIX)
-    if classic_active and rocm.version is not None and installed is not None and \
+    if classic_active and rocm.version is not None and rocm.version_source is None and installed is not None and \
             upstream_dotted(rocm.version, 3) != upstream_dotted(installed, 3):
         out.append(_finding("rocm_version_mismatch", "warning", "rocm",
                             f"/opt/rocm says ROCm {rocm.version} but package {ROCM_CORE_PACKAGE} is {installed}",
                             on_disk=rocm.version, package=installed))
     for tree in rocm.installs:
-        # TheRock: /opt/rocm/core-X.Y belongs to amdrocm-baseX.Y; its version file and the package must agree
-        if not tree.path.startswith(THEROCK_TREE_PREFIX) or tree.version is None:
-            continue
-        name = THEROCK_BASE_PACKAGE + tree.path[len(THEROCK_TREE_PREFIX):]
-        package = find_version(packages, name)
-        if package is not None and upstream_dotted(tree.version, 3) != upstream_dotted(package, 3):
+        if tree.version is None or tree.version_source is not None:
+            continue  # read from the header or a package: nothing on disk to hold against them
+        if tree.header_version is not None and upstream_dotted(tree.version, 3) != tree.header_version:
             out.append(_finding("rocm_version_mismatch", "warning", "rocm",
-                                f"{tree.path} says ROCm {tree.version} but package {name} is {package}",
-                                on_disk=tree.version, package=package))
+                                f"{tree.path}/{VERSION_FILE} says ROCm {tree.version} but {tree.path}/{VERSION_HEADER} "
+                                f"says {tree.header_version}", on_disk=tree.version, header=tree.header_version))
+        # /opt/rocm/core-X.Y belongs to amdrocm-baseX.Y (or amdrocm-coreX.Y), /opt/rocm-X.Y.Z to rocm-coreX.Y.Z:
+        # file and package must agree (the active classic tree is held against rocm-core above as well)
+        found = release_package(packages, tree.path, False)
+        if found is not None and upstream_dotted(tree.version, 3) != upstream_dotted(found[1], 3):
+            out.append(_finding("rocm_version_mismatch", "warning", "rocm",
+                                f"{tree.path} says ROCm {tree.version} but package {found[0]} is {found[1]}",
+                                on_disk=tree.version, package=found[1]))
     return out
 
 
@@ -126,10 +129,16 @@ _COMPANION_KINDS: Dict[str, Tuple["Severity", str]] = {
     "companion.dcgm_exporter": ("warning", "dcgm"), "companion.amdsmi": ("warning", "amdsmi")}
 
 
+def _pip_binding(snap: "Snapshot") -> Optional[Tuple[str, str]]:
+    """(version, site directory) of the amdsmi binding pip installed, as the ROCm section reports it."""
+    binding = snap.rocm.data.amdsmi_binding if snap.rocm.data is not None else None
+    return (binding.version, binding.site_directory) if binding is not None else None
+
+
 def _companion_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> List["Finding"]:
     """Companions that already disagree with what they serve (agent/policy/companions.py, the rules the guard
     refuses such a change by): fabric manager or NSCQ not the driver's build, DCGM's packages of two releases,
-    dcgm-exporter beside a DCGM of another series, an amdsmi binding package of another ROCm release."""
+    dcgm-exporter beside a DCGM of another series, an amdsmi binding (a package, or pip's) of another ROCm release."""
     from agent.policy import companions
     from agent.policy.compiled import DEFAULT_NVIDIA_DRIVER_PACKAGES, NVIDIA_NOT_DRIVER_PARTS
 
@@ -138,7 +147,8 @@ def _companion_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> L
     loaded = upstream_dotted(nv.driver_version) if nv is not None and nv.driver_version else None
     found = [*companions.fabricmanager(installed, DEFAULT_NVIDIA_DRIVER_PACKAGES, loaded,
                                        tuple(NVIDIA_NOT_DRIVER_PARTS)),
-             *companions.dcgm(installed), *companions.dcgm_exporter(installed), *companions.amdsmi(installed)]
+             *companions.dcgm(installed), *companions.dcgm_exporter(installed),
+             *companions.amdsmi(installed, _pip_binding(snap))]
     out = []
     for item in found:
         severity, component = _COMPANION_KINDS[item.rule]

@@ -31,8 +31,11 @@ def render_snapshot(snap: Snapshot) -> str:
             lines.append(f"  {gpu.bdf}  {gpu.market_name or '?'}  {gpu.gfx_target or ''}  vbios {vbios}")
     if snap.rocm.data:
         installed = ", ".join(f"{i.version or '?'} at {i.path}" for i in snap.rocm.data.installs)
-        lines.append(f"rocm     {snap.rocm.data.version or '-'} at {snap.rocm.data.active_path or '-'}"
-                     f" (installed: {installed or 'none'})")
+        source = f" (read from {snap.rocm.data.version_source})" if snap.rocm.data.version_source else ""
+        binding = snap.rocm.data.amdsmi_binding
+        pip = f", pip amdsmi {binding.version} in {binding.site_directory}" if binding else ""
+        lines.append(f"rocm     {snap.rocm.data.version or '-'}{source} at {snap.rocm.data.active_path or '-'}"
+                     f" (installed: {installed or 'none'}{pip})")
     if snap.nvidia.data:
         n = snap.nvidia.data
         lines.append(f"nvidia   {n.driver_version or '-'} ({n.module_flavor or '?'} module, via {n.source}), "

@@ -13,6 +13,7 @@ from agent.host import Host
 from agent.log import get_logger
 from agent.snapshot.drift import analyze
 from agent.snapshot.model import SECTION_NAMES, Snapshot, compute_content_hash
+from agent.snapshot.rocm_release import settled
 
 log = get_logger("snapshot")
 
@@ -25,7 +26,7 @@ def take_snapshot(host: Host, collectors: Optional[Sequence[Collector]] = None) 
     missing = [name for name in SECTION_NAMES if name not in sections]
     if missing:
         raise ValueError(f"collectors missing for snapshot sections: {missing}")
-    draft = Snapshot(agent_version=__version__, hostname=host.hostname(), taken_at=host.clock(), **sections)
+    draft = settled(Snapshot(agent_version=__version__, hostname=host.hostname(), taken_at=host.clock(), **sections))
     with_findings = replace(draft, findings=analyze(draft))
     sealed = replace(with_findings, content_hash=compute_content_hash(with_findings))
     log.info("snapshot_taken", content_hash=sealed.content_hash, findings=len(sealed.findings),

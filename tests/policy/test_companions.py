@@ -284,19 +284,59 @@ def test_semantic_check_warns_about_an_exporter_the_table_does_not_know(tmp_path
 # --- the amdsmi binding and libamd_smi --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, version, release", [
-    ("amd-smi-lib", "26.0.2.70002-56~24.04", "7.0.2"),  # ROCm's code in the library's own version
-    ("amd-smi-lib", "24.7.1.60300-39~22.04", "6.3.0"),
-    ("amd-smi-lib7.0.2", "26.0.2.70002-56~24.04", "7.0.2"),  # a side-by-side install names its release
-    ("amdrocm-amdsmi7.13", "7.13.0-1", "7.13"),  # TheRock's release in the name
-    ("libamd-smi27", "10.1-1", "10.1"),  # Debian's library: the upstream version
-    ("libamd-smi0", "6.1.2-1", "6.1.2"),
+@pytest.mark.parametrize("name, version, build", [
+    ("amd-smi-lib", "26.0.2.70002-56~24.04", ("26.0.2", "7.0.2")),  # ROCm's code folded into amdsmi's version
+    ("amd-smi-lib", "26.0.2.70002-56.el9", ("26.0.2", "7.0.2")),  # the rpm build reads the same
+    ("amd-smi-lib", "24.7.1.60300-39~22.04", ("24.7.1", "6.3.0")),
+    ("amd-smi-lib7.0.2", "26.0.2.70002-56~24.04", ("26.0.2", "7.0.2")),  # a side-by-side install
+    ("python3-amdsmi", "26.1.0.70100-1", ("26.1.0", "7.1.0")),  # amdsmi 26.1.0 for ROCm 7.1, never "ROCm 26.1"
+    ("python3-amdsmi", "27.0.0.71400-1", ("27.0.0", "7.14.0")),
+    ("python3-amdsmi", "27.0.0.100000-1.el9", ("27.0.0", "10.0.0")),
+    ("amdrocm-amdsmi7.13", "7.13.0-1", (None, "7.13.0")),  # TheRock: the ROCm release in the name and version
+    ("amdrocm-amdsmi7.13", "7.13.0~pre2-25753625030", (None, "7.13.0")),
+    ("amdrocm-amdsmi10.0", "10.0.0-4", (None, "10.0.0")),
+    ("amdrocm-amdsmi", "10.0.0-4", (None, "10.0.0")),  # TheRock's unversioned alias
+    ("libamd-smi27", "10.1-1", (None, "10.1")),  # Debian's library: the upstream version is the ROCm release
+    ("libamd-smi0", "6.1.2-1", (None, "6.1.2")),
+    ("amdsmi", "7.0.2", (None, "7.0.2")),  # the PyPI wheel
+    ("amdsmi", "26.0.2", ("26.0.2", None)),  # amdsmi's own number and nothing folded in
 ])
-def test_amdsmi_library_releases(name: str, version: str, release: str) -> None:
-    """The ROCm release an amdsmi library package stands for, from its name or its version."""
-    from agent.policy.companions import amdsmi_library_release
+def test_amdsmi_versions_read_as_amd_builds_them(name: str, version: str, build: tuple) -> None:
+    """(amdsmi's own version, its ROCm release) of an amdsmi package or pip binding version, deb and rpm."""
+    from agent.policy.releases import amdsmi_build
 
-    assert amdsmi_library_release(name, version) == release
+    assert amdsmi_build(name, version) == build
+
+
+THEROCK_714 = {"amdrocm-amdsmi7.14": "7.14.0-1", "amdrocm-base7.14": "7.14.0-1"}
+
+
+@pytest.mark.parametrize("version", ["27.0.0.71400-1", "27.0.0.71400-1.el9"])
+def test_the_matching_7_14_binding_is_allowed(tmp_path: Path, version: str) -> None:
+    """python3-amdsmi 27.0.0.71400 (amdsmi 27.0.0 for ROCm 7.14) beside TheRock 7.14's library passes, deb and rpm
+    (today it reads as "ROCm 27.0" and is refused)."""
+    assert _judge(_compiled(tmp_path), THEROCK_714, {**THEROCK_714, "python3-amdsmi": version}) == []
+
+
+def test_a_7_1_binding_with_the_7_14_library_is_refused_naming_both_releases(tmp_path: Path) -> None:
+    """python3-amdsmi 26.1.0.70100 beside TheRock 7.14's library is refused as ROCm 7.1 against ROCm 7.14.0."""
+    found = _judge(_compiled(tmp_path), THEROCK_714, {**THEROCK_714, "python3-amdsmi": "26.1.0.70100-1"})
+    assert [v.message for v in found] == [
+        "python3-amdsmi 26.1.0.70100-1 (amdsmi 26.1.0 for ROCm 7.1.0) needs libamd_smi of ROCm 7.1; the transaction "
+        "leaves libamd_smi of ROCm 7.14.0 (amdrocm-amdsmi7.14)"]
+
+
+def test_a_pip_binding_in_amdsmi_numbering_matches_the_library_of_its_number(tmp_path: Path) -> None:
+    """A pip binding numbered like the library (26.0.2, built from ROCm 7.0.2's tree) passes beside amd-smi-lib
+    26.0.2.70002 and is refused beside 7.1's amd-smi-lib 26.1.0.70100, named by amdsmi's numbers."""
+    policy = _compiled(tmp_path)
+    context = HostContext(amdsmi_binding=("26.0.2", "/usr/lib/python3/dist-packages"))
+    host = {"amd-smi-lib": "26.0.2.70002-56~24.04"}
+    assert _judge(policy, host, host, context) == []
+    assert [v.message for v in _judge(policy, host, {"amd-smi-lib": "26.1.0.70100-38~24.04"}, context)] == [
+        "the pip amdsmi binding 26.0.2 (amdsmi 26.0.2; no ROCm release in its version) "
+        "(/usr/lib/python3/dist-packages) needs libamd_smi of amdsmi 26.0; the transaction leaves libamd_smi of "
+        "ROCm 7.1.0 (amd-smi-lib)"]
 
 
 def test_debian_binding_and_library_of_one_release(tmp_path: Path) -> None:
@@ -306,7 +346,7 @@ def test_debian_binding_and_library_of_one_release(tmp_path: Path) -> None:
     host = {"amd-smi": "6.1.2-1", "libamd-smi0": "6.1.2-1"}
     assert _judge(policy, {}, host) == []
     assert [v.message for v in _judge(policy, host, {**host, "libamd-smi0": "6.4.1-1"})] == [
-        "amd-smi 6.1.2-1 needs libamd_smi of ROCm 6.1; the transaction leaves libamd_smi of 6.4.1 (libamd-smi0)"]
+        "amd-smi 6.1.2-1 needs libamd_smi of ROCm 6.1; the transaction leaves libamd_smi of ROCm 6.4.1 (libamd-smi0)"]
     assert [v.message for v in _judge(policy, host, {"amd-smi": "6.1.2-1"})] == [
         "amd-smi 6.1.2-1 needs libamd_smi of ROCm 6.1; the transaction leaves no amdsmi library package"]
 
@@ -321,7 +361,7 @@ def test_pip_binding_judged_against_every_library_release_present(tmp_path: Path
     found = _judge(policy, host, {"amd-smi-lib": host["amd-smi-lib"]}, context)
     assert [v.message for v in found] == [
         "the pip amdsmi binding 7.13.0 (/usr/local/lib/python3.12/dist-packages) needs libamd_smi of ROCm 7.13; the "
-        "transaction leaves libamd_smi of 6.4.1 (amd-smi-lib)"]
+        "transaction leaves libamd_smi of ROCm 6.4.1 (amd-smi-lib)"]
     assert set(found[0].packages) == {"amd-smi-lib", "amdrocm-amdsmi7.13"}
 
 

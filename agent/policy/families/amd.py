@@ -86,6 +86,24 @@ def rocm_versions(mapping: Mapping[str, str], rocm_name: str) -> Dict[str, str]:
     return {k: mapping[k] for k in matching(mapping, releases.rocm_package_patterns(rocm_name))}
 
 
+def _no_rocm(state: HostState, rocm_name: str) -> str:
+    """A set left with no ROCm release package, named by what it had: the release packages the change removes
+    (``no amdrocm-base7.14`` on a TheRock host, ``no rocm-core`` on a classic one), TheRock's base package where
+    only TheRock packages are there, else the policy's ROCm package."""
+    gone = sorted({package_name(k) for k in rocm_versions(state.before, rocm_name)})
+    if not gone and matching(state.after, ["amdrocm-*"]):
+        gone = [THEROCK_BASE_PACKAGE + "<release>"]
+    return "no " + " or ".join(gone or [rocm_name])
+
+
+def _rocm_word(before: Mapping[str, str], after: Mapping[str, str], rocm_name: str) -> str:
+    """The ROCm side a hint names: TheRock's base package alone where every ROCm release package is TheRock's."""
+    keys = {*before, *after}
+    if keys and all(package_name(k).startswith(THEROCK_BASE_PACKAGE) for k in keys):
+        return f"TheRock's {THEROCK_BASE_PACKAGE}<release>"
+    return f"{rocm_name} (or TheRock's {THEROCK_BASE_PACKAGE}<release>)"
+
+
 def _release_suffix(name: str) -> Optional[str]:
     """The release a versioned TheRock name ends in (``amdrocm-runtime7.13`` -> ``7.13``), else None."""
     i = len(name)
@@ -157,7 +175,7 @@ def check(state: HostState, policy: CompiledPolicy) -> List[Violation]:
             hint=f"move {driver_name} and its firmware together, " + OVERRIDE_HINT))
     if now is None:
         rocm_text = " and ".join(_label(package_name(k), v, releases.rocm_release(v), "ROCm")
-                                 for k, v in sorted(rocms_after.items())) or f"no {rocm_name}"
+                                 for k, v in sorted(rocms_after.items())) or _no_rocm(state, rocm_name)
         combo = (f"{_label(driver_name, driver_after, releases.amdgpu_driver_release(driver_after), 'driver')} "
                  f"with {rocm_text}")
         allowed = "; ".join(describe_pairing(p) for p in pairings)
@@ -168,7 +186,7 @@ def check(state: HostState, policy: CompiledPolicy) -> List[Violation]:
         out.append(Violation(
             rule="amd.pairing", action=policy.action_for((pinned or {}).get("action"), amd.get("action")),
             message=f"{message} (allowed: {allowed})", packages=packages,
-            hint=f"move {driver_name} and {rocm_name} (or TheRock's amdrocm-base<release>) together to an allowed "
+            hint=f"move {driver_name} and {_rocm_word(rocms_before, rocms_after, rocm_name)} together to an allowed "
                  f"pairing, change the policy, " + OVERRIDE_HINT,
             pairing=(pinned or {}).get("name")))
         return out
