@@ -47,9 +47,9 @@ from agent.strictjson import parse_json_text
 
 if TYPE_CHECKING:  # pragma: no cover - the report models only where lines are decoded (the guard_events child)
     from agent.models import FrozenModel
-    from agent.report.events import OverrideUsed, PolicyViolation, Rollback, TransactionBlocked
+    from agent.report.events import DependenciesBroken, OverrideUsed, PolicyViolation, Rollback, TransactionBlocked
 
-    GuardPayload = Union[TransactionBlocked, PolicyViolation, Rollback, OverrideUsed]
+    GuardPayload = Union[TransactionBlocked, PolicyViolation, Rollback, OverrideUsed, DependenciesBroken]
 
 log = get_logger("guard_events")
 
@@ -93,7 +93,7 @@ def payload_from_record(record: object) -> Tuple[GuardPayload, Severity, Optiona
     """The report payload, severity and time of one decoded guard record; MalformedRecord says what is wrong."""
     from pydantic import ValidationError
 
-    from agent.report.events import OverrideUsed, PolicyViolation, Rollback, TransactionBlocked
+    from agent.report.events import DependenciesBroken, OverrideUsed, PolicyViolation, Rollback, TransactionBlocked
     from agent.validation import validation_problems
 
     if not isinstance(record, dict):
@@ -109,6 +109,8 @@ def payload_from_record(record: object) -> Tuple[GuardPayload, Severity, Optiona
         if kind == "rollback":
             rollback = Rollback.model_validate(_fields(Rollback, record))
             return rollback, "warning" if rollback.succeeded else "critical", occurred_at
+        if kind == "dependencies_broken":
+            return DependenciesBroken.model_validate(_fields(DependenciesBroken, record)), "critical", occurred_at
         if kind == "override_used":
             window = record.get("window")
             if not isinstance(window, dict):

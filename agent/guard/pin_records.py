@@ -7,9 +7,11 @@
   ``rocm-core6.4.1``) that the guard would refuse beside the packages installed now. The AMD builds are judged by
   :func:`agent.policy.evaluate.evaluate`, the hook's own judgement, moving that one package alone: the host stays on
   its current pairing and driver build, so a routine ``apt-get upgrade`` / ``dnf upgrade`` never picks a ROCm
-  release of another allowed pairing that the hook then refuses. A deliberate move to another pairing therefore
-  names its versions (``pkg=version`` overrides apt pins; dnf needs the pins removed) and is followed by
-  ``gpuguard pin apply`` again.
+  release of another allowed pairing that the hook then refuses. Every other AMD stack package of a forbidden ROCm
+  build (the whole release family: TheRock's generic ``amdrocm`` and per-target metas, ``amdrocm-core10.0``, ...)
+  is kept out with it, so ``full-upgrade`` neither upgrades nor removes them. A deliberate move to another pairing
+  therefore names its versions (``pkg=version`` overrides apt pins; dnf needs the pins removed) and is followed
+  by ``gpuguard pin apply`` again.
 
 agent/guard/apt/preferences.py renders them as apt preferences, agent/guard/dnf/versionlock.py as versionlock
 entries.
@@ -54,8 +56,7 @@ def names_to_query(policy: CompiledPolicy, manager: str = "dpkg") -> Tuple[List[
     amd = policy.section("amd")
     if amd and amd.get("pairings"):
         patterns += amd_judged_patterns(policy)
-        if manager == "rpm":
-            patterns += list(AMD_STACK_PACKAGES)
+        patterns += list(AMD_STACK_PACKAGES)  # the companions of a forbidden ROCm build (_rocm_companions)
     kernel = policy.section("kernel")
     if (kernel and kernel.get("allow") is not None) or (amd and any(p.get("kernels") is not None
                                                                     for p in amd.get("pairings") or [])):
@@ -131,15 +132,17 @@ def pin_records(policy: CompiledPolicy, installed: Mapping[str, str], available:
                 forbidden.append(Pin(name, version, -1, why))
     if manager == "rpm":
         forbidden += _kernel_companions(forbidden, available, installed_builds)
-        forbidden += _rocm_companions(forbidden, available, installed_builds, amd_judged,
-                                      rocm_patterns(policy) if pairings else [])
+    forbidden += _rocm_companions(forbidden, available, installed_builds, amd_judged,
+                                  rocm_patterns(policy) if pairings else [])
     return frozen_pins, forbidden
 
 
 # AMD's ROCm packages of one release build require each other at exactly that build (rocm-hip-runtime requires
 # rocm-core = 6.3.0.60300-39.el9) and carry its code and release in their versions (hip-runtime-amd
 # 6.3.42131.60300-39.el9). With rocm-core 6.3 excluded alone, a routine dnf upgrade (best=True) exits 1: "cannot
-# install the best update candidate for package rocm-hip-runtime". apt only keeps such a package back.
+# install the best update candidate for package rocm-hip-runtime". apt's full-upgrade resolves it by removing the
+# meta packages whose next build needs the excluded one (TheRock's amdrocm and amdrocm-core-sdk, which own the
+# /opt/rocm links): so every package of a forbidden build is kept out with it, on both managers.
 def _rocm_build_tail(version: str) -> Optional[str]:
     """``60300-39.el9`` of ``6.3.0.60300-39.el9``: the release code (5 or more digits) and the package release."""
     upstream, dash, release = version.split(":", 1)[-1].rpartition("-")
@@ -150,8 +153,9 @@ def _rocm_build_tail(version: str) -> Optional[str]:
 def _build_key(name: str, version: str) -> Optional[str]:
     """What ties a package to its ROCm build: classic packages share the release code and package release
     (:func:`_rocm_build_tail`); TheRock's amdrocm-* packages of one release share their whole version (``10.0.0-4``,
-    every one of them, meta packages included, at exact ``=`` dependencies)."""
-    if name.startswith("amdrocm-"):
+    every one of them, meta packages included, at exact ``=`` dependencies: the generic ``amdrocm``, the
+    per-target ``amdrocm10.0-gfx1201`` and ``amdrocm-gfx94x`` as much as ``amdrocm-core10.0``)."""
+    if name.startswith("amdrocm"):
         return "amdrocm:" + version
     return _rocm_build_tail(version)
 

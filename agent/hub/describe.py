@@ -23,6 +23,7 @@ _TEMPLATES = {
     "override_used": "override {window_id} used by {opened_by}: {reason}",
     "heartbeat": "heartbeat: agent {agent_version}, health {last_health_status}, outbox {outbox_depth}",
     "state_file_damaged": "state file damaged: {path}: {problem}",
+    "dependencies_broken": "package dependencies broken ({action}): {message}",
 }
 
 

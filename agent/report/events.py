@@ -72,6 +72,19 @@ class Rollback(PayloadModel):
     health_status: Optional[str] = None
 
 
+class DependenciesBroken(PayloadModel):
+    """A change of the guarded packages left the package database inconsistent (a bypass such as ``dpkg -i
+    --force-depends`` broke dependencies): the set was not recorded as known-good. ``action`` is what the guard
+    did: ``rollback`` (a Rollback event follows) or ``reported`` (rollback off, an override window open, or no
+    known-good set to go back to)."""
+
+    kind: Literal["dependencies_broken"] = "dependencies_broken"
+    message: str = Field(max_length=2000)
+    from_versions: Dict[str, str] = {}
+    to_versions: Dict[str, str] = {}
+    action: Literal["rollback", "reported"]
+
+
 class OverriddenViolation(FrozenModel):
     """One rule an override window let a transaction break."""
 
@@ -191,7 +204,8 @@ class StateFileDamaged(PayloadModel):
 
 
 Payload = Annotated[Union[SnapshotChanged, PolicyViolation, TransactionBlocked, Rollback, OverrideUsed,
-                          HealthRegression, CpuFallback, HealthDeferred, Heartbeat, StateFileDamaged],
+                          HealthRegression, CpuFallback, HealthDeferred, Heartbeat, StateFileDamaged,
+                          DependenciesBroken],
                     Field(discriminator="kind")]
 # Every payload kind, in schema order (the hub's query filter and docs derive from this, so a new kind is one edit).
 PAYLOAD_KINDS = tuple(model.model_fields["kind"].default for model in get_args(get_args(Payload)[0]))

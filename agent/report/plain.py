@@ -22,7 +22,8 @@ EVENT_SCHEMA_VERSION: Final = 1
 Severity = Literal["info", "warning", "critical"]
 # Events the outbox never drops, whatever its size bound (an override's use is part of the audit trail).
 NEVER_DROPPED_KINDS: FrozenSet[str] = frozenset({"policy_violation", "transaction_blocked", "rollback",
-                                                 "override_used", "state_file_damaged"})
+                                                 "override_used", "state_file_damaged",
+                                                 "dependencies_broken"})
 # The envelope's bounds (agent.report.events.Event).
 EVENT_ID_CHARS = (8, 64)
 HOST_ID_CHARS = (1, 128)

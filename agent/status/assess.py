@@ -3,7 +3,8 @@
 Exit codes (``STATUS_EXIT_CODES``): 0 ok; 30 attention (something is stale, undelivered, unreachable or
 unknown-but-expected, a stored health baseline beyond what the GPUs can do, a health rollback within the last
 snapshot interval, a guarded package a rollback cannot
-restore exactly, a maintenance hold still draining); 31 failing (the daemon is not running, the host is not
+restore exactly, a maintenance hold still draining, a change that left the package database inconsistent and was
+not rolled back); 31 failing (the daemon is not running, the host is not
 compliant, the last health check failed, a state file is damaged, the last rollback failed, a maintenance hold
 kept after a failed post-change check).
 gpuguard's errors keep theirs (a broken agent.toml: 3).
@@ -24,6 +25,8 @@ STATUS_EXIT_CODES: Dict[str, int] = {"ok": 0, "attention": 30, "failing": 31}
 # No verdict on the stack: nothing to judge (skipped) or nothing could run beside another job yet (deferred).
 # busy (functional checks passed on a GPU another job used) is ok.
 UNJUDGED_HEALTH = ("skipped", "deferred")
+# The guard event of a change that left the package database inconsistent (agent.report.events.DependenciesBroken).
+DEPENDENCIES_BROKEN_KIND = "dependencies_broken"
 CHANGE_NAMES = {"health_rollback": "health rollback", "rollback": "rollback", "transaction_blocked": "blocked"}
 # Package moves a change shows; the rest are counted.
 MOVES_SHOWN = 3
@@ -167,7 +170,12 @@ def _guard(f: StatusFacts, now: dt.datetime) -> Check:
     # A health rollback since the last snapshot: the stack was just found broken and put back; look at it.
     recent_health_rollback = (change is not None and change.kind == "health_rollback" and change.at is not None
                               and (now - change.at).total_seconds() <= f.snapshot_interval_seconds)
-    attention = g.reboot_required is not None or recent_health_rollback
+    # The last guard event says a change left the package database inconsistent and nothing put it back (a
+    # rollback would be the newer event): not recorded as known-good, worth an operator's look.
+    dependencies_broken = g.last_kind == DEPENDENCIES_BROKEN_KIND
+    if dependencies_broken:
+        summary = f"package dependencies broken, not recorded as known-good: {g.last_message}; " + summary
+    attention = g.reboot_required is not None or recent_health_rollback or dependencies_broken
     return Check(name="guard", state="warn" if attention else "ok", summary=summary)
 
 

@@ -191,16 +191,42 @@ def _disk_full(path: str) -> bool:
     return stat.f_bfree * stat.f_frsize < FULL_DISK_BYTES
 
 
-def _inconsistent(problem: str, state_dir: str) -> GuardResult:
-    """A compliant set whose package database is broken (a forced install left dependencies unmet) is never
-    recorded as known-good: a later rollback would restore the broken set. A check that failed on a full disk
-    proves nothing of the database: that is the disk-full error (exit 16), the old known-good set kept."""
-    if _disk_full(state_dir):
+# The rule name of a change that left the package database inconsistent (the Rollback event's reason), whatever
+# the policy's rules say of the versions: a set with broken dependencies is never known-good.
+DEPENDENCIES_BROKEN = "dependencies_broken"
+
+
+def _database_problem(backend: PackageBackend, state_dir: str) -> Optional[str]:
+    """What is wrong with the package database (``dpkg --audit``, ``apt-get check``; rpm's checks), None when it is
+    consistent. A check that failed on a full disk proves nothing of the database: that is the disk-full error
+    (exit 16), the old known-good set kept."""
+    broken = backend.verify_database()
+    if broken and _disk_full(state_dir):
         raise StateWriteError(state_dir, errno.ENOSPC, f"the disk is full; the package database could not be "
-                                                       f"verified ({problem[:200]}), nothing was recorded")
-    log.warning("known_good_not_recorded", reason=problem)
+                                                       f"verified ({broken[:200]}), nothing was recorded")
+    return broken
+
+
+def _dependencies_broken(host: Host, paths: StatePaths, clock: Callable[[], dt.datetime], problem: str,
+                         before: Dict[str, str], after: Dict[str, str], action: str, dry_run: bool) -> None:
+    """Record (guard-events.jsonl, audit) that a change left the database inconsistent and was not recorded."""
+    from agent.report.events import DependenciesBroken
+
+    log.warning("known_good_not_recorded", reason=problem, action=action)
+    if dry_run:
+        return
+    moved = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
+    event = DependenciesBroken(message=f"the package database is not consistent ({problem})"[:2000],
+                               from_versions={k: before.get(k, "(not installed)") for k in sorted(moved)},
+                               to_versions={k: after.get(k, "(removed)") for k in sorted(moved)}, action=action)
+    _record_event(host, paths, event.model_dump(mode="json"), clock())
+
+
+def _inconsistent(problem: str, why: str) -> GuardResult:
+    """A set whose package database is broken (a forced install left dependencies unmet) is never recorded as
+    known-good: a later rollback would restore the broken set."""
     return GuardResult("inconsistent", detail=f"the package database is not consistent ({problem}); not recorded "
-                                              f"as known-good: repair it, then run gpuguard guard rollback again")
+                                              f"as known-good; {why}")
 
 
 AUTHORIZATION_MINUTES = 15  # longer than any rollback's apt/dnf run; the file is removed right after it anyway
@@ -260,9 +286,11 @@ def check_and_rollback(host: Host, guard: GuardSettings, paths: StatePaths, back
             return GuardResult("no_known_good", violations,
                                detail="the host violates the policy and no known-good set was recorded yet")
         detail = f"{len(current)} guarded packages recorded as known-good"
-        broken = None if dry_run else backend.verify_database()
+        broken = _database_problem(backend, str(host.path(paths.state_dir)))
         if broken:
-            return _inconsistent(broken, str(host.path(paths.state_dir)))
+            _dependencies_broken(host, paths, clock, broken, {}, {}, "reported", dry_run)
+            return _inconsistent(broken, "no known-good set to go back to: repair it, then run gpuguard guard "
+                                         "rollback again")
         if not dry_run:
             detail += _uncached_note(record_known_good(host, paths, current, clock(), backend), backend)
         return GuardResult("recorded", detail=detail)
@@ -272,11 +300,14 @@ def check_and_rollback(host: Host, guard: GuardSettings, paths: StatePaths, back
     violations = [v for v in judged if v.touches(state.changed())]
     target: Optional[Dict[str, InstalledPackage]] = known_good
     why, policy_moved = "", False
+    broken = _database_problem(backend, str(host.path(paths.state_dir))) if state.changed() else None
+    if broken:
+        # A bypass (dpkg -i --force-depends of one library of an exact-= meta web) broke the stack's own
+        # dependencies: whatever the rules say of the versions, the way back is the known-good (consistent) set.
+        return _restore_consistent(host, guard, paths, backend, policy, clock, dry_run, snapshot, known_good,
+                                   current, violations, broken)
     if not violations:
         if state.changed() and not dry_run:
-            broken = backend.verify_database()
-            if broken:
-                return _inconsistent(broken, str(host.path(paths.state_dir)))
             keep_before_change(host, paths, known_good, clock())
             files = record_known_good(host, paths, current, clock(), backend)
             return GuardResult("recorded", detail=f"compliant change of {len(state.changed())} packages recorded"
@@ -297,11 +328,7 @@ def check_and_rollback(host: Host, guard: GuardSettings, paths: StatePaths, back
     rollback_violations = [v for v in violations if v.action == "rollback"]
     if not rollback_violations or not guard.rollback_enabled:
         return GuardResult("violations", violations, detail="no violation asks for a rollback")
-    try:
-        windows = active_windows(load_windows(str(host.path(paths.overrides)), policy.max_override_minutes), clock())
-    except InputFileError as exc:
-        log.warning("override_file_corrupt", error=str(exc))
-        windows = []
+    windows = _open_windows(host, paths, policy, clock)
     if windows:
         return GuardResult("override", violations, detail=f"override window {windows[0].id} is open: not rolling back")
     if target is None:
@@ -321,6 +348,54 @@ def check_and_rollback(host: Host, guard: GuardSettings, paths: StatePaths, back
         # The restored set is the new known-good one (its files were kept with the set it replaced).
         record_known_good(host, paths, backend.read_installed(policy.guarded), clock(), backend)
     return outcome
+
+
+def _open_windows(host: Host, paths: StatePaths, policy: CompiledPolicy, clock: Callable[[], dt.datetime]) -> list:
+    """The override windows open now (none when the overrides file is unreadable: logged)."""
+    try:
+        return active_windows(load_windows(str(host.path(paths.overrides)), policy.max_override_minutes), clock())
+    except InputFileError as exc:
+        log.warning("override_file_corrupt", error=str(exc))
+        return []
+
+
+def _restore_consistent(host: Host, guard: GuardSettings, paths: StatePaths, backend: PackageBackend,
+                        policy: CompiledPolicy, clock: Callable[[], dt.datetime], dry_run: bool,
+                        snapshot: Optional[Callable[[Host], object]], known_good: Dict[str, InstalledPackage],
+                        current: Dict[str, InstalledPackage], violations: List[Violation],
+                        problem: str) -> GuardResult:
+    """A change left the package database inconsistent: never recorded; rolled back to the known-good set (kept
+    package files first, ``dpkg -i`` when apt refuses to plan from broken dependencies) unless [guard] rollback is
+    off or an override window is open, then only reported (a dependencies_broken event, status attention)."""
+    before, after = _versions(known_good), _versions(current)
+    for v in violations:
+        if not dry_run:
+            from agent.report.events import PolicyViolation
+
+            payload = PolicyViolation(rule=v.rule, message=v.message, packages=v.packages, action=v.action)
+            _record_event(host, paths, payload.model_dump(mode="json"), clock())
+        log.warning("guard_violation", rule=v.rule, action=v.action, packages=v.packages)
+    windows = _open_windows(host, paths, policy, clock)
+    if not guard.rollback_enabled or windows:
+        _dependencies_broken(host, paths, clock, problem, before, after, "reported", dry_run)
+        reason = (f"override window {windows[0].id} is open: not rolling back" if windows
+                  else "[guard] rollback is off: repair it, then run gpuguard guard rollback again")
+        return GuardResult("inconsistent", violations, detail=_inconsistent(problem, reason).detail)
+    _dependencies_broken(host, paths, clock, problem, before, after, "rollback", dry_run)
+    broken_rule = Violation(DEPENDENCIES_BROKEN, "rollback", f"the package database is not consistent ({problem})",
+                            {k: f"{before.get(k, '(not installed)')} -> {after.get(k, '(removed)')}"
+                             for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)})
+    # The Rollback event's reason: the first rule that asks for a rollback anyway, else the broken database.
+    reason = next((v.rule for v in violations if v.action == "rollback"), DEPENDENCIES_BROKEN)
+    targets, from_versions, to_versions = backend.plan_targets(known_good, current)
+    grant = _authorize(host, paths, known_good, reason, clock())
+    try:
+        return plan_and_apply(host, policy, backend, paths, clock, dry_run, snapshot, known_good,
+                              [*violations, broken_rule], reason,
+                              f"a change left the package database inconsistent ({problem}); back to the "
+                              f"known-good set", targets, from_versions, to_versions)
+    finally:
+        _revoke(host, paths, grant)
 
 
 def _faults(packages: Dict[str, InstalledPackage], backend: PackageBackend, policy: CompiledPolicy,

@@ -211,3 +211,32 @@ def test_the_rocm_packages_of_a_forbidden_rocm_build_are_excluded_with_it(tmp_pa
         pins[("rocm-hip-runtime", R63)]
     assert ("hip-runtime-amd", "6.3.42131.60300-39.el9") in pins and ("rocm-core6.3.0", R63) in pins
     assert ("rocm-hip-runtime", R62) not in pins and ("rocm-smi-lib", "7.4.0.60400-1.el9") not in pins
+
+
+THEROCK_POLICY = """
+[policy]
+name = "rock"
+[[amd.pairing]]
+name = "7.14"
+amdgpu = "any"
+rocm = "7.14.*"
+"""
+
+
+@pytest.mark.parametrize("manager, v714, v10", [("dpkg", "7.14.0-1", "10.0.0-4"),
+                                                ("rpm", "7.14.0-1.el9", "10.0.0-1.el9")])
+def test_a_forbidden_therock_release_is_kept_out_as_a_whole_family(tmp_path: Path, manager: str, v714: str,
+                                                                   v10: str) -> None:
+    """On a 7.14 host pinned to 7.14, every package of the 10.0 build is forbidden on apt and dnf alike: the
+    generic amdrocm meta, the per-target metas of both published forms and the versioned release packages."""
+    path = tmp_path / "p.toml"
+    path.write_text(THEROCK_POLICY)
+    policy = compiled_from(load_policy(str(path)))
+    family = ("amdrocm", "amdrocm-core", "amdrocm-core-sdk", "amdrocm-base", "amdrocm-gfx94x")
+    installed = {**{n: v714 for n in family}, "amdrocm-base7.14": v714, "amdrocm-core7.14": v714}
+    available = {**{n: [v714, v10] for n in family}, "amdrocm-base10.0": [v10], "amdrocm-core10.0": [v10],
+                 "amdrocm10.0-gfx1201": [v10], "amdrocm-core-sdk10.0-gfx1151": [v10]}
+    _, forbidden = pin_records(policy, installed, available, manager=manager, context=None)
+    assert sorted(p.package for p in forbidden if p.version == v10) == sorted(
+        [*family, "amdrocm-base10.0", "amdrocm-core10.0", "amdrocm10.0-gfx1201", "amdrocm-core-sdk10.0-gfx1151"])
+    assert not [p for p in forbidden if p.version == v714]

@@ -168,18 +168,38 @@ def test_frozen_package_in_a_consistent_forced_set_is_rolled_back_through_the_ag
     assert refused.returncode == 100 and "REFUSED (frozen)" in refused.stderr
 
 
-def test_forced_set_with_an_allowed_pairing_but_broken_dependencies_is_not_recorded(chroot: Chroot) -> None:
-    """Driver, its firmware and ROCm 6.3 forced together (an allowed pairing) without the runtime: not recorded as
-    known-good (a later rollback would restore a broken set); guard rollback exits 10 and says why."""
+def test_forced_set_with_an_allowed_pairing_but_broken_dependencies_is_rolled_back_not_recorded(chroot: Chroot
+                                                                                                ) -> None:
+    """Driver, its firmware and ROCm 6.3 forced together (an allowed pairing) without the runtime: never recorded
+    as known-good; the broken set goes back to the known-good one exactly (a dependencies_broken event, then the
+    rollback), whatever the pairing says of the versions."""
+    _firmware_baseline(chroot)
+    _force(chroot, chroot.deb("amdgpu-dkms", AMDGPU_63_U), chroot.deb(FIRMWARE, AMDGPU_63_U),
+           chroot.deb("rocm-core", ROCM_63))
+    result = _rollback(chroot)
+    assert "dependencies_broken" in {v.rule for v in result.violations}, result.summary()
+    event = _assert_rolled_back(chroot, result)
+    assert event["reason"] == "dependencies_broken"
+    assert event["to_versions"] == {"amdgpu-dkms": AMDGPU_62_U, FIRMWARE: AMDGPU_62_U, "rocm-core": ROCM_62}
+    kinds = [json.loads(line)["kind"] for line in (chroot.state_dir / "guard-events.jsonl").read_text().splitlines()]
+    assert "dependencies_broken" in kinds
+
+
+def test_forced_set_with_broken_dependencies_and_rollback_off_is_reported_not_recorded(chroot: Chroot) -> None:
+    """The same forced set with [guard] rollback_enabled = false: not recorded as known-good, nothing moved back,
+    status inconsistent with the unmet dependency named."""
+    from agent.guard.settings import GuardSettings
+
     _firmware_baseline(chroot)
     known_good = (chroot.state_dir / "known-good.json").read_bytes()
     _force(chroot, chroot.deb("amdgpu-dkms", AMDGPU_63_U), chroot.deb(FIRMWARE, AMDGPU_63_U),
            chroot.deb("rocm-core", ROCM_63))
-    result = _rollback(chroot)
+    result = check(Host.for_root(str(chroot.root)), Settings(guard=GuardSettings(rollback_enabled=False)),
+                   snapshot=lambda host: None)
     assert result.status == "inconsistent" and "apt-get check" in result.detail, result.summary()
+    assert "not recorded as known-good" in result.detail
     assert (chroot.state_dir / "known-good.json").read_bytes() == known_good
-    code, out = gpuguard(chroot, "guard", "rollback")
-    assert code == 10 and "not recorded as known-good" in out
+    assert _versions(chroot)["rocm-core"] == ROCM_63
 
 
 def test_an_open_authorization_lets_nothing_else_through_the_hook(chroot: Chroot) -> None:

@@ -7,6 +7,7 @@ rolled back, and a classic rocm-core 6.2 beside TheRock 7.13 is judged as the su
 from __future__ import annotations
 
 import io
+from pathlib import Path
 from typing import Dict, Iterator, List
 
 import pytest
@@ -134,3 +135,25 @@ def test_a_mixed_classic_and_therock_host_is_judged_as_the_sum(root: Installroot
     text = _freeze(root)
     assert 'rocm = ["6.2.2", "7.13.0"]' in text and "side_by_side = true" in text, text
     _refused(root, "amd.pairing", "upgrade", "amdrocm-base", "amdrocm-core-sdk")
+
+
+def test_a_forced_newer_library_build_is_rolled_back_exactly(root: Installroot, tmp_path: Path) -> None:
+    """rpm -U --nodeps of a newer amdrocm-runtime7.13 build that no repository offers (amdrocm-core7.13 requires
+    the 7.13.0-1.el9 build exactly): under the frozen policy (action block) the watcher finds the rpm database
+    inconsistent, never records it and restores the known-good build; rpm -Va --nofiles is clean after."""
+    from tests.guard.dnf.installroot.harness import build_rpm
+
+    newer = FakeRpm("amdrocm-runtime7.13", "7.13.0-2.el9", "x86_64", requires=f"amdrocm-base7.13 = {E713}")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "work").mkdir()
+    built = build_rpm(newer, tmp_path / "out", tmp_path / "work")
+    forced = root.rpm("-U", "--nodeps", str(built))
+    assert forced.returncode == 0, forced.stderr
+    assert root.rpm("-Va", "--nofiles", "--nodigest", "--nosignature").returncode != 0  # amdrocm-core7.13 unmet
+    result = guard_check(root)
+    assert result.status == "rolled_back", result.summary()
+    assert "dependencies_broken" in {v.rule for v in result.violations}
+    assert _versions(root) == BASELINE
+    verify = root.rpm("-Va", "--nofiles", "--nodigest", "--nosignature")
+    assert verify.returncode == 0 and not verify.stdout.strip(), verify.stdout
+    assert guard_check(root).status == "compliant"
