@@ -17,8 +17,9 @@ snapshot's finding, not a reason to refuse an unrelated transaction.
 
 from __future__ import annotations
 
+from agent.defaults import AMD_DRIVER_PACKAGE
 from agent.policy import releases
-from agent.policy.compiled import NVIDIA_NOT_DRIVER_PARTS
+from agent.policy.compiled import DEFAULT_NVIDIA_DRIVER_PACKAGES, NVIDIA_NOT_DRIVER_PARTS
 from agent.policy.families import OVERRIDE_HINT, TYPE_CHECKING, HostState, Violation, matching, move
 
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
@@ -92,6 +93,11 @@ def _compat(installed: Mapping[str, str]) -> Optional[str]:
     return best
 
 
+def _driver_globs(policy: CompiledPolicy) -> List[str]:
+    """The [nvidia] section's driver globs, else the defaults: the family judges without an [nvidia] section too."""
+    return policy.nvidia_packages[0] or list(DEFAULT_NVIDIA_DRIVER_PACKAGES)
+
+
 def needs_cuda(stack: ContainerStack) -> Optional[str]:
     """The CUDA release a container needs of the driver: NVIDIA_REQUIRE_CUDA's, else its CUDA_VERSION."""
     return stack.require_cuda or stack.cuda_version
@@ -104,7 +110,7 @@ def _named(stacks: Sequence[ContainerStack], what: Dict[str, str]) -> str:
 
 
 def _nvidia(state: HostState, policy: CompiledPolicy, stacks: Sequence[ContainerStack], action: str) -> List[Violation]:
-    driver_globs = policy.nvidia_packages[0]
+    driver_globs = _driver_globs(policy)
     before, after = _nvidia_driver(state.before, driver_globs), _nvidia_driver(state.after, driver_globs)
     users = [s for s in stacks if needs_cuda(s)]
     if before == after or not users:
@@ -132,7 +138,7 @@ def _nvidia(state: HostState, policy: CompiledPolicy, stacks: Sequence[Container
 def _amd(state: HostState, policy: CompiledPolicy, stacks: Sequence[ContainerStack], action: str) -> List[Violation]:
     matrix = policy.section("matrix")
     users = [s for s in stacks if s.rocm_release]
-    driver_name = policy.amd_packages[0]
+    driver_name = str((policy.section("amd") or {}).get("driver_package") or AMD_DRIVER_PACKAGE)
     before, after = state.before.get(driver_name), state.after.get(driver_name)
     if not matrix or not users or before == after:
         return []
@@ -174,7 +180,7 @@ def explain(policy: CompiledPolicy, installed: Mapping[str, str], manager: str, 
     stacks = context.containers
     if not stacks:
         return [f"containers: no running container brings CUDA or ROCm user space [{action}]"]
-    driver = _nvidia_driver(installed, policy.nvidia_packages[0])
+    driver = _nvidia_driver(installed, _driver_globs(policy))
     supported = cuda_supported(driver)
     beyond = driver is not None and supported == DRIVER_CUDA[-1][1] and _key(driver)[:1] > (DRIVER_CUDA[-1][0],)
     lines = [f"containers: {len(stacks)} running with GPU user space; a driver change must keep them usable "
