@@ -182,6 +182,11 @@ class StatePaths:
         return self._join("health/baselines.json")
 
     @property
+    def health_workload_baselines(self) -> str:
+        """Per-workload baselines keyed by stack (agent/health/workload_baseline.py)."""
+        return self._join("health/workload-baselines.json")
+
+    @property
     def health_check_lock(self) -> str:
         """Held (flock) by whoever runs a health check; names the holder and its probe (agent/health/checklock.py)."""
         return self._join("health/check.lock")

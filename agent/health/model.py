@@ -346,6 +346,118 @@ class SandboxReport(FrozenModel):
     killed_for_limit: Optional[str] = None
 
 
+# --- registered workloads (agent/health/workloads.py) ------------------------------------------------------------
+
+WorkloadStatus = Literal["pass", "regression", "cpu_fallback", "failed", "timeout", "busy", "deferred"]
+
+
+class OpCount(FrozenModel):
+    """How often one operator ran on one device type."""
+
+    op: str = Field(max_length=200)
+    device: str = Field(max_length=32)
+    calls: int = Field(ge=0)
+
+
+class FallbackOp(FrozenModel):
+    """An operator that computed on the host from data that came from the accelerator."""
+
+    op: str = Field(max_length=200)
+    calls: int = Field(ge=1)
+
+
+class UnsupportedOp(FrozenModel):
+    """An operator that raised "not implemented" for the accelerator."""
+
+    op: str = Field(max_length=200)
+    error: str = Field(max_length=400)
+
+
+class ShimTorch(FrozenModel):
+    """The framework the workload ran with, as the shim saw it after the run."""
+
+    version: Optional[str] = Field(None, max_length=100)
+    hip: Optional[str] = Field(None, max_length=100)
+    cuda: Optional[str] = Field(None, max_length=100)
+    device_count: int = Field(0, ge=0, le=1024)
+    peak_device_memory_bytes: Optional[int] = Field(None, ge=0)
+    error: Optional[str] = Field(None, max_length=400)
+
+
+class ShimEnded(FrozenModel):
+    """How the workload's code ended inside the shim."""
+
+    kind: Literal["returned", "system_exit", "exception"]
+    code: int
+    error: Optional[str] = Field(None, max_length=400)
+    traceback: Optional[str] = Field(None, max_length=4000)
+
+
+class ShimReport(FrozenModel):
+    """The shim's ``GPUGUARD_WORKLOAD_REPORT`` line (agent/health/workload_shim.py)."""
+
+    shim_schema_version: Literal[1]
+    nonce: str = Field(max_length=64)
+    python: str = Field(max_length=40)
+    instrumented: bool
+    instrument_error: Optional[str] = Field(None, max_length=400)
+    torch: Optional[ShimTorch] = None
+    ended: ShimEnded
+    wall_seconds: float = Field(ge=0)
+    ops: List[OpCount] = Field([], max_length=4000)
+    ops_truncated: bool = False
+    fallback_ops: List[FallbackOp] = Field([], max_length=2000)
+    unsupported_ops: List[UnsupportedOp] = Field([], max_length=2000)
+
+    def calls_on(self, device: str) -> int:
+        return sum(row.calls for row in self.ops if row.device == device)
+
+
+class WorkloadStack(FrozenModel):
+    """What a workload's baseline belongs to: the host's GPU stack and the workload's own framework and image."""
+
+    gpu_models: str = ""
+    driver: Optional[str] = None
+    gpu_stack: Optional[str] = None
+    framework: Optional[str] = None
+    image: Optional[str] = None
+
+    @property
+    def id(self) -> str:
+        """sha256 of the canonical JSON, 16 hex digits."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+    def describe(self) -> str:
+        parts = [f"driver {self.driver or '?'}", self.gpu_stack or "no ROCm/CUDA", self.framework or "no framework"]
+        if self.image:
+            parts.append(f"image {self.image}")
+        return ", ".join(parts)
+
+
+class WorkloadResult(FrozenModel):
+    """One registered workload's run and its verdict."""
+
+    name: str
+    status: WorkloadStatus
+    summary: str
+    gates: bool
+    wall_seconds: float
+    exit_code: Optional[int] = None
+    metrics: Dict[str, float] = {}
+    stack: Optional[WorkloadStack] = None
+    stack_id: Optional[str] = None
+    fallback_ops: List[FallbackOp] = []
+    unsupported_ops: List[UnsupportedOp] = []
+    accelerator_calls: int = 0
+    host_calls: int = 0
+    instrumented: bool = False
+    failures: List[str] = []
+    regressions: List[MetricRegression] = []
+    baseline_runs: int = 0
+    stderr_tail: Optional[str] = None
+
+
 class HealthResult(FrozenModel):
     """The outcome of one health check."""
 
@@ -369,6 +481,9 @@ class HealthResult(FrozenModel):
     baseline: Optional[BaselineComparison] = None
     occupancy: Optional[OccupancyReport] = None
     sandbox: Optional[SandboxReport] = None
+    # The team's registered workloads, run after the probe (agent/health/workloads.py); a gating one that failed
+    # set the check's status.
+    workloads: List[WorkloadResult] = []
 
     @property
     def exit_code(self) -> int:
@@ -376,3 +491,4 @@ class HealthResult(FrozenModel):
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=indent) + "\n"
+

@@ -65,7 +65,7 @@ def _surrogate_in_tree(value: Any) -> Optional[str]:
     return None
 
 
-def _shown(stdout: str) -> str:
+def shown_output(stdout: str) -> str:
     """The start of stdout for a message: invalid bytes as U+FFFD, control characters escaped."""
     text = stdout
     if _first_surrogate(stdout) is not None:
@@ -80,6 +80,26 @@ class ParseFailure:
     reason: str
 
 
+def decode_line(line: str, what: str, max_bytes: int = MAX_RESULT_LINE_BYTES,
+                max_depth: int = MAX_RESULT_DEPTH) -> Union[Any, ParseFailure]:
+    """One untrusted JSON line decoded as the module docstring says (size, UTF-8, strict JSON, no surrogate escape);
+    strings are not yet made printable (the caller validates, then escapes)."""
+    size = len(line.encode("utf-8", errors="surrogatepass"))
+    if size > max_bytes:
+        return ParseFailure(f"{what} too long ({size} bytes > {max_bytes})")
+    not_utf8 = _invalid_utf8(line)
+    if not_utf8 is not None:
+        return ParseFailure(f"{what} is {not_utf8}")
+    try:
+        data = parse_json_text(what, line, max_depth=max_depth, unique_keys=True)
+    except InputFileError as exc:
+        return ParseFailure(f"{what} is {exc.reason}")
+    escaped = _surrogate_in_tree(data)
+    if escaped is not None:
+        return ParseFailure(f"{what} is not UTF-8 (a lone surrogate escape in '{escaped}')")
+    return data
+
+
 def parse_probe_output(stdout: str) -> Union[ProbeResult, ParseFailure]:
     """The probe's result from its stdout; frameworks print warnings there too, so only the marker line counts."""
     line: Optional[str] = None
@@ -88,20 +108,10 @@ def parse_probe_output(stdout: str) -> Union[ProbeResult, ParseFailure]:
             line = raw[len(RESULT_MARKER):]
             break
     if line is None:
-        return ParseFailure(f"no result line in the probe's output ({len(stdout)} bytes: '{_shown(stdout)}')")
-    size = len(line.encode("utf-8", errors="surrogatepass"))
-    if size > MAX_RESULT_LINE_BYTES:
-        return ParseFailure(f"result line too long ({size} bytes > {MAX_RESULT_LINE_BYTES})")
-    not_utf8 = _invalid_utf8(line)
-    if not_utf8 is not None:
-        return ParseFailure(f"result line is {not_utf8}")
-    try:
-        data = parse_json_text("result line", line, max_depth=MAX_RESULT_DEPTH, unique_keys=True)
-    except InputFileError as exc:
-        return ParseFailure(f"result line is {exc.reason}")
-    escaped = _surrogate_in_tree(data)
-    if escaped is not None:
-        return ParseFailure(f"result line is not UTF-8 (a lone surrogate escape in '{escaped}')")
+        return ParseFailure(f"no result line in the probe's output ({len(stdout)} bytes: '{shown_output(stdout)}')")
+    data = decode_line(line, "result line")
+    if isinstance(data, ParseFailure):
+        return data
     try:
         return ProbeResult.model_validate(printable_tree(data), strict=True)
     except ValidationError as exc:

@@ -114,6 +114,15 @@ def render_result(result: HealthResult) -> str:
         where = f"GPU {reg.gpu} " if reg.gpu is not None else ""
         lines.append(f"regression {where}{reg.metric}: {reg.current_value:,.1f} vs {reg.baseline_value:,.1f} "
                      f"({reg.against}), -{reg.drop_fraction:.1%} > band {reg.threshold_fraction:.1%}")
+    for run in result.workloads:
+        figures = ", ".join(f"{k} {v:,.4g}" for k, v in sorted(run.metrics.items())) or "no figures"
+        gate = "gates" if run.gates else "informs"
+        lines.append(f"workload {run.name} {run.status.upper()} ({gate}, {run.wall_seconds:.1f} s): {figures}; "
+                     f"{run.accelerator_calls} operator calls on the accelerator, {run.host_calls} on the host")
+        for op in run.fallback_ops[:5]:
+            lines.append(f"  fallback {op.op} x{op.calls}")
+        if run.status != "pass":
+            lines.append(f"  {run.summary}")
     # The probe's strings are escaped where they are parsed; a result read back from an older file is escaped here.
     return "\n".join(printable(line) for line in lines) + "\n"
 

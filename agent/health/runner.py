@@ -63,6 +63,7 @@ from agent.health.model import (
     MetricRegression,
     OccupancyReport,
     ProbeResult,
+    WorkloadResult,
 )
 from agent.health.parse import parse_probe_output
 from agent.health.presence import no_gpu_reason
@@ -87,11 +88,13 @@ from agent.health.tenants import (
     process_session,
     tenants_of,
 )
+from agent.health.workloads import WorkloadContext, gating_failure, run_workloads
 from agent.host import Host
 from agent.log import get_logger
 from agent.snapshot.model import Snapshot
 from agent.snapshot.pairing import pairing_of
 from agent.statepaths import StatePaths
+from agent.wire import FAILED_HEALTH_STATUSES, PASSED_HEALTH_STATUSES
 
 log = get_logger("health")
 
@@ -313,9 +316,28 @@ def _run_locked(host: Host, settings: HealthSettings, state_dir: str, snapshot: 
         regressions=regressions, baseline=comparison, occupancy=occupancy,
         sandbox=sandbox.report(outcome.memory_limit, outcome.killed_for_memory, outcome.containment,
                                outcome.home_limit, outcome.killed_for_limit))
+    if settings.workloads:
+        context = WorkloadContext(
+            host=host, settings=settings, state_dir=state_dir,
+            baselines_path=StatePaths(state_dir).health_workload_baselines, vendor=vendor, fingerprint=fingerprint,
+            launcher=launcher, occupancy=occupancy, plan=plan,
+            env_for=lambda sb: probe_env(host.env, settings, sb),
+            container_device_args=container_device_args(settings.container_runtime, vendor), now=host.clock)
+        # After a package change (mode functional) the gating workloads run; on the schedule, every one.
+        result = with_workloads(result, run_workloads(context, only_gating=mode == "functional"))
     _save_last(state_dir, result)
     _log_result(result, inventory)
     return result
+
+
+def with_workloads(result: HealthResult, workloads: List[WorkloadResult]) -> HealthResult:
+    """The check's result with its workloads: a gating workload that failed fails a check the probe passed."""
+    update: Dict[str, object] = {"workloads": workloads}
+    failed = gating_failure(workloads, FAILED_HEALTH_STATUSES)
+    if failed is not None and result.status in PASSED_HEALTH_STATUSES:
+        update.update(status=failed.status, summary=f"{failed.summary} (the built-in probe: {result.summary})",
+                      failures=[*result.failures, *(f"{failed.name}: {f}" for f in failed.failures)])
+    return result.model_copy(update=update)
 
 
 def own_probes(sandbox: Sandbox, previous: Optional[CheckHolder]) -> OwnProbes:

@@ -6,6 +6,7 @@ from typing import Dict, List, Literal, Optional
 
 from pydantic import Field, model_validator
 
+from agent.health.workload_settings import WorkloadSettings, unique_names
 from agent.models import FrozenModel
 
 GIB = 1 << 30
@@ -100,6 +101,9 @@ class HealthSettings(FrozenModel):
     # Directories put first on the probe's sys.path (what PYTHONPATH did: the interpreter starts isolated, -I, and
     # ignores every PYTHON* variable). Absolute paths, read as the probe's user.
     python_path: List[str] = []
+    # The team's own workloads, run after the built-in probe under the same user, limits and watch
+    # (docs/health.md "Your workloads").
+    workloads: List[WorkloadSettings] = []
 
     @model_validator(mode="after")
     def _one_way_to_run(self) -> "HealthSettings":
@@ -111,6 +115,9 @@ class HealthSettings(FrozenModel):
         if python_vars and self.container_image is None:
             raise ValueError(f"extra_env: {', '.join(python_vars)} would be ignored: the probe's interpreter starts "
                              "isolated (-I); put directories in [health] python_path instead")
+        twice = unique_names(self.workloads)
+        if twice is not None:
+            raise ValueError(f"workloads: the name {twice!r} is given twice")
         relative = [p for p in self.python_path if not p.startswith("/")]
         if relative:
             raise ValueError(f"python_path: {relative[0]!r} is not an absolute path")

@@ -31,6 +31,7 @@ from agent.policy.sections import Action, PolicyModel, check_patterns
 if TYPE_CHECKING:  # the families' section models, for the declaration of Policy below (mypy's view only)
     from agent.policy.sections.amd import AmdSection
     from agent.policy.sections.companions import CompanionsSection
+    from agent.policy.sections.containers import ContainersSection
     from agent.policy.sections.frozen import FrozenSection
     from agent.policy.sections.kernel import KernelSection
     from agent.policy.sections.nvidia import NvidiaSection
@@ -94,6 +95,7 @@ if TYPE_CHECKING:  # mypy's view of the model assembled below; test_families.py 
         nvidia: Optional[NvidiaSection] = None
         versions: List[VersionRule] = []
         companions: Optional[CompanionsSection] = None
+        containers: Optional[ContainersSection] = None
         health: Optional[HealthSection] = None
 else:
     Policy = create_model(

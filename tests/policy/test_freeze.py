@@ -84,6 +84,9 @@ allow = [  # any other kernel is refused
 packages = [  # the rest of the GPU stack, at the builds installed now
   "hip-runtime-amd",  # installed 6.2.41134.60202-116~22.04
 ]
+
+[containers]  # a driver change must leave running containers' CUDA/ROCm user space usable
+# 0 running container(s) with GPU user space now
 """
 
 H200_EXPECTED = f"""\
@@ -110,6 +113,9 @@ packages = [  # the rest of the GPU stack, at the builds installed now
   "cuda-cudart-13-0",  # installed 13.0.96-1
   "cuda-toolkit-13-0",  # installed 13.0.2-1
 ]
+
+[containers]  # a driver change must leave running containers' CUDA/ROCm user space usable
+# 0 running container(s) with GPU user space now
 """
 
 H200_WIDE_EXPECTED = f"""\
@@ -131,6 +137,9 @@ cuda = "13.0.*"  # CUDA point releases (installed: cuda-cudart-13-0 13.0.96-1, c
 allow = [  # kernels of these series only
   "6.8.0-*-generic",  # the series of 6.8.0-87-generic
 ]
+
+[containers]  # a driver change must leave running containers' CUDA/ROCm user space usable
+# 0 running container(s) with GPU user space now
 """
 
 GPULESS_EXPECTED = f"""\

@@ -149,3 +149,76 @@ def test_the_gate_restores_the_last_set_that_passed_when_the_check_comes_before_
         rolled = [e.payload for e in outbox.pending(10) if e.kind == "rollback"]
         assert [r.succeeded for r in rolled] == [True] and "1 package change(s)" in (rolled[0].detail or "")
         outbox.close()
+
+
+# A registered workload whose throughput halves under ROCm 6.3 in the chroot (it reads the chroot's dpkg status).
+SLOWER_ON_63 = '''
+import json, os, torch
+status = open(os.environ["CHROOT_DPKG_STATUS"]).read()
+rocm = status.split("Package: rocm-core\\n", 1)[1].split("Version: ", 1)[1].split("\\n", 1)[0]
+x = torch.randn(8, 8)
+(x @ x).sum()
+print(json.dumps({"gpuguard_result": {"samples_per_second": 50.0 if rocm == os.environ["SLOW_ROCM"] else 100.0}}))
+'''
+
+
+def test_a_workload_regression_after_an_allowed_upgrade_is_rolled_back(chroot: Chroot, tmp_path: Path) -> None:
+    """Real apt and a real registered workload: its baseline is learned on the old stack, the allowed ROCm 6.3
+    upgrade halves its figure, the post-change check is a regression naming it, and the change is rolled back."""
+    import importlib.util
+
+    from agent.daemon_jobs.hooks import guarded_sets
+    from agent.guard.rollback.backend import InstalledPackage
+    from agent.health.runner import run_health_check
+    from agent.health.workload_settings import WorkloadSettings
+    from tests import needs
+    from tests.health.helpers import FAKE_PROBE, fake_probe_settings, make_fake_nvml, make_host, make_snapshot
+
+    if importlib.util.find_spec("torch") is None:
+        needs.unavailable("workload tests with PyTorch", "torch is not installed (pip install -e '.[probe]')")
+    script = tmp_path / "workload.py"
+    script.write_text(SLOWER_ON_63)
+    health = fake_probe_settings(baseline_runs=2, extra_env={
+        "CHROOT_DPKG_STATUS": str(chroot.root / "var/lib/dpkg/status"), "SLOW_ROCM": ROCM_63},
+        workloads=[WorkloadSettings(name="team-model", script=str(script), metric="samples_per_second",
+                                    accelerator_device="cpu", host_device="meta")])
+    statuses: List[tuple] = []
+
+    def run_check(host: Host, settings: Any, state_dir: str, snapshot: Any = None, mode: Optional[str] = None) -> Any:
+        rocm = chroot.installed().get("rocm-core")
+        # The stack the workload's baseline is keyed by follows the chroot's ROCm.
+        fake = make_snapshot(driver="580.159.04" if rocm != ROCM_63 else "590.44.01")
+        result = run_health_check(make_host({"pynvml": make_fake_nvml([[0.0], [97.0]])}), health,
+                                  str(tmp_path / "health-state"), snapshot=fake, probe_path=FAKE_PROBE, mode=mode)
+        statuses.append((rocm, result.status))
+        return result
+
+    def payloads(result: Any) -> List[Any]:
+        return []
+
+    with _health_policy(chroot) as host:
+        settings = Settings()
+        assert check(host, settings, snapshot=lambda h: None).status in ("recorded", "compliant")
+        outbox = Outbox(str(tmp_path / "outbox.sqlite3"))
+        rt = Runtime(host=host, in_force=SettingsInForce.of(settings), state_dir=str(tmp_path), outbox=outbox,
+                     emitter=EventEmitter(outbox, "test-host", "chroot", host.clock))
+
+        def rollback(host: Host, settings: Settings, status: str, sink: Any, target: Any = None,
+                     covers: str = "") -> Any:
+            packages = None if target is None else {k: InstalledPackage(*v) for k, v in target.items()}
+            return health_rollback(host, settings, status, sink=sink, target=packages, covers=covers,
+                                   snapshot=lambda h: None)
+
+        job = HealthJob(rt, Hooks(health_run=run_check, health_payloads=payloads, health_rollback=rollback,
+                                  guarded_sets=guarded_sets))
+        assert [job.check("interval", None).status for _ in range(2)] == ["pass", "pass"]  # the baseline
+        result = chroot.apt("install", f"amdgpu-dkms={AMDGPU_63}", f"rocm-core={ROCM_63}",
+                            f"rocm-hip-runtime={ROCM_63}")
+        assert result.returncode == 0, result.stdout + result.stderr
+        summary = job.check("stack_changed:dpkg,amdgpu,rocm", "functional", after_change=True)
+        assert (summary.rollback, summary.recheck_status, summary.status) == ("rolled_back", "pass", "pass")
+        assert statuses[2] == (ROCM_63, "regression")
+        installed = chroot.installed()
+        assert {n: installed.get(n) for n in STACK} == {n: BASELINE[n] for n in STACK}
+        assert chroot.run("apt-get", "check").returncode == 0
+        outbox.close()
