@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import dataclass, replace
-from typing import Literal, Optional
+from typing import Literal, Optional, Tuple
 
 from agent.bundle.rollout_fields import RolloutFields
 from agent.errors import InputFileError
@@ -28,6 +28,7 @@ class BundleRefusal(JsonRecord):
     serial: Optional[int]
     reason: str
     at: dt.datetime
+    kind: Optional[str] = None  # signature, threshold, expired, ... (agent/bundle/roles.py); None: not told
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,19 @@ class BundleState(JsonRecord):
     rollout: Optional[str] = None
     rollout_at: Optional[dt.datetime] = None
     rollout_fields: Optional[RolloutFields] = None
+    # Under a root (agent/bundle/roles.py): the policy role that vouched for the bundle in force, the keys of it that
+    # signed (a rotation that drops one of them resets the serial floor they set), and when the bundle expires.
+    role: Optional[str] = None
+    signers: Tuple[str, ...] = ()
+    expires: Optional[dt.datetime] = None
 
-    def with_refusal(self, serial: Optional[int], reason: str, at: dt.datetime) -> "BundleState":
-        return replace(self, refused=BundleRefusal(serial, reason, at))
+    def with_refusal(self, serial: Optional[int], reason: str, at: dt.datetime,
+                     kind: Optional[str] = None) -> "BundleState":
+        return replace(self, refused=BundleRefusal(serial, reason, at, kind))
+
+    def expired(self, now: dt.datetime) -> bool:
+        """The bundle in force is past its ``expires``: still enforced (never un-guarded), and attention."""
+        return self.expires is not None and now >= self.expires
 
     def with_rollout(self, notice: Optional[str], at: dt.datetime,
                      fields: Optional[RolloutFields] = None) -> "BundleState":
