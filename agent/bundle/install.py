@@ -31,6 +31,7 @@ from agent.files import FileMissing, open_append_regular, read_bytes_bounded
 from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
+    from agent.bundle.freshness import FreshnessStatement
     from agent.bundle.roles import RootMetadata
     from agent.bundle.rollout_fields import RolloutFields
     from agent.bundle.source import PolicySettings
@@ -132,6 +133,24 @@ class BundleInstaller:
             return RootStore(self.host, self.paths.state_dir, self.guard.keys_dir).walk(chain, self.host.clock(),
                                                                                         origin)
 
+    def floor_void(self) -> bool:
+        """Whether a rotation voided the serial floor of the bundle in force (agent/bundle/roles.py floor_reset);
+        False when the root cannot be told (the floor then stands)."""
+        try:
+            root = RootStore(self.host, self.paths.state_dir, self.guard.keys_dir).trusted(self.paths.policy_root)
+            return floor_reset(root, self.state())
+        except GpuguardError:
+            return False
+
+    def record_freshness(self, statement: "FreshnessStatement", newest: Optional[int]) -> None:
+        """Keep what a checked freshness statement says for this host (agent/bundle/freshness.py)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with _locked(self.directory):
+            write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)),
+                               replace(self.state(), freshness_issued_at=statement.issued,
+                                       freshness_expires=statement.expires_at, freshness_newest=newest,
+                                       withdrawn=statement.withdrawn))
+
     def record_rollout(self, notice: Optional[str], fields: Optional[RolloutFields] = None) -> None:
         """Keep the hub's newest rollout fields and notice (None clears each); the file is written only when one
         changes."""
@@ -162,6 +181,9 @@ class BundleInstaller:
         expires = None
         if root is not None:
             expires = check_bundle_expiry(bundle.expires, self.host.clock(), origin, bundle.serial)
+            if bundle.serial in state.withdrawn:
+                raise BundleRefused(origin, f"serial {bundle.serial} is withdrawn (the hub's signed freshness "
+                                            f"statement says so)", bundle.serial, kind="freshness")
         digest = hashlib.sha256(bundle_data).hexdigest()
         floor, floor_digest = (None, None) if floor_reset(root, state) else self._in_force(state, origin)
         rolled_back_from = None
@@ -197,7 +219,10 @@ class BundleInstaller:
                                        rollout=state.rollout, rollout_at=state.rollout_at,
                                        rollout_fields=state.rollout_fields,
                                        role=vouched.role if vouched else None,
-                                       signers=vouched.signers if vouched else (), expires=expires))
+                                       signers=vouched.signers if vouched else (), expires=expires,
+                                       freshness_issued_at=state.freshness_issued_at,
+                                       freshness_expires=state.freshness_expires,
+                                       freshness_newest=state.freshness_newest, withdrawn=state.withdrawn))
         return installed
 
     def _in_force(self, state: BundleState, origin: str) -> Tuple[Optional[int], Optional[str]]:

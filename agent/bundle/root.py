@@ -44,7 +44,7 @@ ROOT_FILE_NAME = "root.json"
 MAX_ROOT_ROTATIONS = 32
 
 
-def _write_file(path: Path, data: bytes) -> None:
+def write_bytes_atomically(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (a new file renamed over it)."""
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -57,8 +57,8 @@ def _write_file(path: Path, data: bytes) -> None:
 
 def _signed_by(host: "Host", work: Path, data: bytes, signature: bytes, keyring: bytes, source: str) -> frozenset:
     data_path, signature_path = work / "root.json", work / "root.json.sig"
-    _write_file(data_path, data)
-    _write_file(signature_path, signature)
+    write_bytes_atomically(data_path, data)
+    write_bytes_atomically(signature_path, signature)
     return good_signers(host, data_path, signature_path, keyring, source)
 
 
@@ -155,5 +155,5 @@ class RootStore:
 
     def _keep(self, data: bytes, signature: bytes) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        _write_file(self.signature_path, signature)
-        _write_file(self.path, data)
+        write_bytes_atomically(self.signature_path, signature)
+        write_bytes_atomically(self.path, data)

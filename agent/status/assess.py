@@ -221,6 +221,8 @@ def _policy(f: StatusFacts, at: dt.datetime) -> Check:
         return Check(name="policy", state="warn",
                      summary=f"{summary}; expired at {p.bundle_expires:%Y-%m-%dT%H:%M:%SZ}: still enforced, a new "
                              f"bundle is needed")
+    if p.stale is not None:
+        return Check(name="policy", state="warn", summary=f"{summary}; {p.stale}: still enforced")
     if p.source == "local" and p.bundle_serial is not None:
         summary += f" (bundle serial {p.bundle_serial} installed, not in force: [guard] policy_source is local)"
     if p.rollout is not None:
