@@ -33,14 +33,14 @@ CHANNEL_DEADLINE_SECONDS = 60.0
 _CHUNK_BYTES = 64 * 1024
 
 
-class ChannelFailed(Exception):
+class _Unanswered(Exception):  # noqa: N818 - internal, never leaves this module
     """One answer of the hub could not be had or read (internal: turned into the fetch's one-line detail)."""
 
 
 def bounded_get(url: str, token: Optional[str], ca_bundle: Optional[str], timeout_seconds: Tuple[float, float],
                 max_bytes: int, deadline_seconds: float = CHANNEL_DEADLINE_SECONDS) -> Tuple[int, bytes]:
     """The status and body of one GET, the body at most ``max_bytes`` and the whole within ``deadline_seconds``;
-    ChannelFailed otherwise."""
+    _Unanswered otherwise."""
     answers: List[Tuple[int, bytes]] = []
     failures: List[str] = []
     cancelled = threading.Event()
@@ -72,29 +72,29 @@ def bounded_get(url: str, token: Optional[str], ca_bundle: Optional[str], timeou
     worker.join(deadline_seconds)
     cancelled.set()
     if not answers:
-        raise ChannelFailed(f"{url}: {failures[0] if failures else f'no answer within {deadline_seconds:g} s'}")
+        raise _Unanswered(f"{url}: {failures[0] if failures else f'no answer within {deadline_seconds:g} s'}")
     return answers[0]
 
 
 def _pair(url: str, body: bytes, names: Tuple[str, str], max_bytes: int) -> Tuple[bytes, bytes]:
-    """The two base64 fields of a 200 answer; ChannelFailed with one line otherwise."""
+    """The two base64 fields of a 200 answer; _Unanswered with one line otherwise."""
     from agent.strictjson import parse_json_text
 
     try:
         value = parse_json_text(url, body.decode("utf-8"), unique_keys=True)
     except (GpuguardError, UnicodeDecodeError):
-        raise ChannelFailed(f"{url}: not JSON") from None
+        raise _Unanswered(f"{url}: not JSON") from None
     if not isinstance(value, dict):
-        raise ChannelFailed(f"{url}: not a JSON object")
+        raise _Unanswered(f"{url}: not a JSON object")
     decoded = []
     for name, limit in zip(names, (max_bytes, MAX_SIGNATURES_BYTES)):
         text = value.get(name)
         try:
             data = base64.b64decode(text if isinstance(text, str) else "?", validate=True)
         except (binascii.Error, ValueError):
-            raise ChannelFailed(f"{url}: {name}: not base64") from None
+            raise _Unanswered(f"{url}: {name}: not base64") from None
         if len(data) > limit:
-            raise ChannelFailed(f"{url}: {name}: larger than {limit} bytes")
+            raise _Unanswered(f"{url}: {name}: larger than {limit} bytes")
         decoded.append(data)
     return decoded[0], decoded[1]
 
@@ -114,21 +114,21 @@ def refresh_trust(installer: "BundleInstaller", endpoint_url: str, token: Option
             if status == 204:
                 break
             if status != 200:
-                raise ChannelFailed(f"{url}: HTTP {status}")
+                raise _Unanswered(f"{url}: HTTP {status}")
             root = installer.walk_roots([_pair(url, body, ("root", "signature"), MAX_ROOT_BYTES)], url)
         url = base + FRESHNESS_PATH
         status, body = bounded_get(url, token, ca_bundle, timeout_seconds, 2 * MAX_STATEMENT_BYTES)
         if status == 204:
             return None
         if status != 200:
-            raise ChannelFailed(f"{url}: HTTP {status}")
+            raise _Unanswered(f"{url}: HTTP {status}")
         data, signature = _pair(url, body, ("statement", "signature"), MAX_STATEMENT_BYTES)
         state = installer.state()
         with tempfile.TemporaryDirectory(prefix="gpuguard-freshness-") as work:
             statement = check_statement(installer.host, root, data, signature, installer.host.clock(),
                                         state.freshness_issued_at, Path(work), url)
         installer.record_freshness(statement, newest_for(statement, facts()))
-    except ChannelFailed as exc:
+    except _Unanswered as exc:
         return str(exc)
     except BundleRefused as exc:
         return f"{exc} [{exc.kind}]" if exc.kind else str(exc)

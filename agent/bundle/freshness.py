@@ -31,9 +31,9 @@ from agent.bundle.roles import (
     good_signers,
     parse_time,
 )
-from agent.bundle.root import write_bytes_atomically
 from agent.bundle.scope import ScopeFacts, scope_refusal
 from agent.errors import BundleRefused, InputFileError
+from agent.files import write_bytes_atomically
 from agent.models import FrozenModel, first_validation_problem
 from agent.strictjson import parse_json_text
 
@@ -147,8 +147,8 @@ def check_statement(host: "Host", root: RootMetadata, data: bytes, signature: by
     issued before ``last_issued`` (the one taken last); BundleRefused with its kind otherwise."""
     statement = parse_statement(data, source)
     data_path, signature_path = work / "freshness.json", work / "freshness.json.sig"
-    write_bytes_atomically(data_path, data)
-    write_bytes_atomically(signature_path, signature)
+    write_bytes_atomically(str(data_path), data)
+    write_bytes_atomically(str(signature_path), signature)
     signers = good_signers(host, data_path, signature_path, root.keyring_bytes(frozenset(root.freshness.keys)),
                            source)
     count = root.freshness.met_by(signers)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, FrozenSet, List, Literal, Optional, Tuple
@@ -35,6 +34,7 @@ from agent.bundle.format import BundleScope
 from agent.bundle.scope import ScopeFacts, scope_refusal
 from agent.bundle.state import BundleState
 from agent.errors import BundleRefused, CommandError, InputFileError
+from agent.files import write_bytes_atomically
 from agent.models import FrozenModel, first_validation_problem
 from agent.strictjson import parse_json_text
 
@@ -214,11 +214,7 @@ def good_signers(host: "Host", data_path: Path, signature_path: Path, keyring: b
     """The keys of ``keyring`` (binary) that made a good signature over the file at ``data_path`` (gpgv through the
     Host's runner); the keyring is written beside the data and removed again."""
     keyring_path = data_path.parent / f".{data_path.name}.keyring.gpg"
-    descriptor = os.open(keyring_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(descriptor, keyring)
-    finally:
-        os.close(descriptor)
+    write_bytes_atomically(str(keyring_path), keyring)
     argv = ["gpgv", "--status-fd", "1", "--weak-digest", "SHA1", "--weak-digest", "RIPEMD160",
             "--keyring", str(keyring_path), str(signature_path), str(data_path)]
     try:

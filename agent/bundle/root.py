@@ -34,7 +34,7 @@ from agent.bundle.roles import (
 )
 from agent.bundle.verify import keyring_problem
 from agent.errors import BundleRefused, InputFileError
-from agent.files import FileMissing, read_bytes_bounded
+from agent.files import FileMissing, read_bytes_bounded, write_bytes_atomically
 from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,21 +44,10 @@ ROOT_FILE_NAME = "root.json"
 MAX_ROOT_ROTATIONS = 32
 
 
-def write_bytes_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (a new file renamed over it)."""
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.write(descriptor, data)
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-    os.replace(temporary, path)
-
-
 def _signed_by(host: "Host", work: Path, data: bytes, signature: bytes, keyring: bytes, source: str) -> frozenset:
     data_path, signature_path = work / "root.json", work / "root.json.sig"
-    write_bytes_atomically(data_path, data)
-    write_bytes_atomically(signature_path, signature)
+    write_bytes_atomically(str(data_path), data)
+    write_bytes_atomically(str(signature_path), signature)
     return good_signers(host, data_path, signature_path, keyring, source)
 
 
@@ -155,5 +144,5 @@ class RootStore:
 
     def _keep(self, data: bytes, signature: bytes) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomically(self.signature_path, signature)
-        write_bytes_atomically(self.path, data)
+        write_bytes_atomically(str(self.signature_path), signature)
+        write_bytes_atomically(str(self.path), data)

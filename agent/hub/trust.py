@@ -19,9 +19,8 @@ from typing import Callable, Optional, Sequence, Tuple
 from agent.bundle.format import BundleScope
 from agent.bundle.freshness import FreshnessStatement, make_statement, render_statement
 from agent.bundle.roles import MAX_ROOT_BYTES, MAX_SIGNATURES_BYTES
-from agent.bundle.root import write_bytes_atomically
 from agent.errors import CommandError, InputFileError
-from agent.files import FileMissing, read_bytes_bounded
+from agent.files import FileMissing, read_bytes_bounded, write_bytes_atomically
 from agent.host import Host
 from agent.hub.responses import HubHTTPError
 from agent.log import get_logger
@@ -83,7 +82,7 @@ class FreshnessSigner:
         assert self.gnupg_home is not None and self.key is not None
         with tempfile.TemporaryDirectory(prefix="gpuguard-hub-freshness-") as work:
             source, target = Path(work) / "freshness.json", Path(work) / "freshness.json.sig"
-            write_bytes_atomically(source, data)
+            write_bytes_atomically(str(source), data)
             try:
                 done = self.host.run(["gpg", "--homedir", self.gnupg_home, "--batch", "--yes", "--local-user",
                                       self.key, "--detach-sign", "-o", str(target), str(source)],
