@@ -26,11 +26,14 @@ from agent.daemon_jobs.policy_fetch import fetch_and_install
 from agent.daemon_jobs.protocol import PolicyFetchResult
 from agent.host import Host
 from agent.hub.tokens import add_token
+from agent.status.assess import assess
+from agent.status.facts import read_policy
 from agent.wire import BUNDLE_PATH, FRESHNESS_PATH, ROOT_PATH
 from tests.bundle.roots import role, sign_by, write_root
 from tests.bundle.test_install import PERMISSIVE, POLICY, run
 from tests.bundle.test_roles import Trust
 from tests.hub.process import HubProcess, write_config
+from tests.status.test_assess import healthy
 
 pytestmark = pytest.mark.slow  # a real hub process
 
@@ -209,6 +212,9 @@ def test_a_freeze_is_attention_and_past_the_window_the_old_statement_is_refused(
     now = dt.datetime.now(dt.timezone.utc)
     assert state.serial == 1 and state.stale(now) == "the hub's freshness statement names serial 2, not taken here"
     assert state.attention(now) == ("freshness",)
+    facts = read_policy(Host.for_root(str(fleet.site.root)), fleet.settings.guard, "/var/lib/gpuguard")
+    check = next(c for c in assess(healthy(policy=facts), now).checks if c.name == "policy")
+    assert check.state == "warn" and check.summary.endswith("names serial 2, not taken here: still enforced")
     captured = requests.get(fleet.hub.url + FRESHNESS_PATH, timeout=30,
                             headers={"Authorization": f"Bearer {fleet.host_token}"}).content
     fleet.middle.answers[FRESHNESS_PATH] = fixed(200, captured)

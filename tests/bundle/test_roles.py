@@ -171,3 +171,16 @@ def test_rotating_a_leaked_key_out_resets_the_floor_it_set(tmp_path: Path) -> No
     assert trust.refused(trust.bundle(2, [trust.p2])) is None
     assert trust.site.hook_refuses()
     assert read_bundle_state(str(trust.site.state / "policy-bundle/state.json")).serial == 2
+
+
+def test_a_first_root_others_may_write_is_not_trusted(tmp_path: Path) -> None:
+    """A root.json in the keys directory that anyone may write (who writes it chooses every key) is refused, and
+    no root is kept; made safe, it is taken."""
+    trust = Trust(tmp_path)
+    first = trust.site.root / "etc/gpuguard/keys/root.json"
+    first.chmod(0o666)
+    code, _, err = trust.site.install(trust.bundle(1, [trust.p1, trust.p2]))
+    assert code == 17 and "may be written by others than root (mode 0666" in err, err
+    assert not (trust.site.state / "policy-bundle/root.json").exists()
+    first.chmod(0o644)
+    assert trust.refused(tmp_path / "b-1-2-gnupg-p1.json") is None
