@@ -121,7 +121,8 @@ def _add_bundle_parsers(pol_sub: Any) -> None:
         "trust-root", help="trust the first root (signed by a threshold of its own root keys), or take the next "
                            "root versions in order, each signed by a threshold of the old and of the new root keys "
                            "(exit 17 refused)")
-    trust.add_argument("roots", metavar="ROOT", nargs="+", help="root.json files, oldest first (ROOT.sig beside)")
+    trust.add_argument("roots", metavar="ROOT_JSON", nargs="+",
+                       help="root.json files, oldest first (each with ROOT_JSON.sig beside it)")
     add_root(trust, ACT_ROOT_HELP)
     add_config(trust)
     trust.set_defaults(handler=policy_trust_root)
