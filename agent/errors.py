@@ -250,12 +250,14 @@ class WriterBusy(HubError):
 
 class BundleRefused(GpuguardError):
     """A policy bundle was refused: its signature, a serial below the one in force, out of scope, or it does not
-    compile; the policy in force keeps guarding. ``reason`` is the one line saying why."""
+    compile; the policy in force keeps guarding. ``reason`` is the one line saying why, ``kind`` (when known) the
+    word a program reads (signature, threshold, expired, rollback, scope, format, freshness: agent/bundle/roles.py)."""
 
     exit_code = 17
 
-    def __init__(self, source: str, reason: str, serial: Optional[int] = None) -> None:
+    def __init__(self, source: str, reason: str, serial: Optional[int] = None, kind: Optional[str] = None) -> None:
         self.source = source
         self.reason = reason
         self.serial = serial
+        self.kind = kind
         super().__init__(f"{source}: refused: {reason}")

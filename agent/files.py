@@ -45,6 +45,25 @@ def write_atomically(path: str, text: str, mode: int = 0o644, fsync: bool = True
         raise
 
 
+def write_bytes_atomically(path: str, data: bytes, mode: int = 0o600) -> None:
+    """:func:`write_atomically` for bytes (a keyring, a detached signature): the old or the new file, never half."""
+    directory = os.path.dirname(str(path)) or "."
+    fd, tmp = create_exclusive(directory, "." + os.path.basename(str(path)) + ".")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise StateWriteError.of(str(path), exc) from None
+        raise
+
+
 # tempfile's mkstemp and mkdtemp without tempfile, which brings shutil with bz2 and lzma: 0.7 MiB that would stay in
 # the resident daemon for its metrics file and one directory at start (issue #28). The same guarantees: O_EXCL and
 # O_NOFOLLOW, mode 0600 (0700 for a directory), a random name, tried again when taken.

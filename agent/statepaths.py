@@ -226,6 +226,11 @@ class StatePaths:
         """Serial in force, signing key, source, install time, last refusal (agent/bundle/state.py)."""
         return self._join("policy-bundle/state.json")
 
+    @property
+    def policy_root(self) -> str:
+        """The root trusted now (agent/bundle/root.py), as its signatures cover it; ``.sig`` beside it."""
+        return self._join("policy-bundle/root.json")
+
     def fact_cache(self, name: str) -> str:
         """One collector fact cache (agent/collectors/factcache.py)."""
         return self._join(f"cache/{name}.json")

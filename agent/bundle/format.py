@@ -82,10 +82,14 @@ class PolicyBundle(FrozenModel):
     scope: BundleScope
     policy_files: Dict[StrictStr, StrictStr] = Field(min_length=1, max_length=MAX_POLICY_FILES)
     matrix: Optional[StrictStr] = Field(default=None, min_length=1)
+    # When the bundle stops being good (required under a root, agent/bundle/roles.py); None: never (no root).
+    expires: Optional[StrictStr] = None
 
-    @field_validator("created_at")
+    @field_validator("created_at", "expires")
     @classmethod
-    def _utc_time(cls, value: str) -> str:
+    def _utc_time(cls, value: Optional[str]) -> Optional[str]:
+        if value is None:
+            return value
         try:
             dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ")
         except ValueError:
@@ -106,6 +110,8 @@ class PolicyBundle(FrozenModel):
 def render_bundle(bundle: PolicyBundle) -> bytes:
     """The canonical bytes of a bundle, the ones a signature is made over."""
     data = bundle.model_dump(mode="json")
+    if data["expires"] is None:  # a bundle without expiry renders as it did before the field existed
+        del data["expires"]
     return (json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
 
 

@@ -18,9 +18,11 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Literal, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Iterator, Literal, Optional, Sequence, Tuple
 
 from agent.bundle.format import MATRIX_FILE_NAME, MAX_BUNDLE_BYTES, BundleInvalid, PolicyBundle, parse_bundle
+from agent.bundle.roles import check_bundle_expiry, floor_reset, vouch
+from agent.bundle.root import RootStore
 from agent.bundle.scope import ScopeFacts, scope_refusal
 from agent.bundle.state import BundleState, read_bundle_state, write_bundle_state
 from agent.bundle.verify import verify_signature
@@ -29,6 +31,8 @@ from agent.files import FileMissing, open_append_regular, read_bytes_bounded
 from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
+    from agent.bundle.freshness import FreshnessStatement
+    from agent.bundle.roles import RootMetadata
     from agent.bundle.rollout_fields import RolloutFields
     from agent.bundle.source import PolicySettings
     from agent.host import Host
@@ -119,8 +123,33 @@ class BundleInstaller:
                 except BundleRefused as exc:
                     serial = exc.serial if exc.serial is not None else claimed_serial
                     write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)),
-                                       state.with_refusal(serial, exc.reason, self.host.clock()))
-                    raise BundleRefused(exc.source, exc.reason, serial) from None
+                                       state.with_refusal(serial, exc.reason, self.host.clock(), exc.kind))
+                    raise BundleRefused(exc.source, exc.reason, serial, exc.kind) from None
+
+    def walk_roots(self, chain: Sequence[Tuple[bytes, bytes]], origin: str) -> "RootMetadata":
+        """Take the next root versions in order (agent/bundle/root.py) under the install lock."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with _locked(self.directory):
+            return RootStore(self.host, self.paths.state_dir, self.guard.keys_dir).walk(chain, self.host.clock(),
+                                                                                        origin)
+
+    def floor_void(self) -> bool:
+        """Whether a rotation voided the serial floor of the bundle in force (agent/bundle/roles.py floor_reset);
+        False when the root cannot be told (the floor then stands)."""
+        try:
+            root = RootStore(self.host, self.paths.state_dir, self.guard.keys_dir).trusted(self.paths.policy_root)
+            return floor_reset(root, self.state())
+        except GpuguardError:
+            return False
+
+    def record_freshness(self, statement: "FreshnessStatement", newest: Optional[int]) -> None:
+        """Keep what a checked freshness statement says for this host (agent/bundle/freshness.py)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with _locked(self.directory):
+            write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)),
+                               replace(self.state(), freshness_issued_at=statement.issued,
+                                       freshness_expires=statement.expires_at, freshness_newest=newest,
+                                       withdrawn=statement.withdrawn))
 
     def record_rollout(self, notice: Optional[str], fields: Optional[RolloutFields] = None) -> None:
         """Keep the hub's newest rollout fields and notice (None clears each); the file is written only when one
@@ -137,13 +166,26 @@ class BundleInstaller:
         bundle_file, signature_file = work / "bundle.json", work / "bundle.json.sig"
         _write_bytes(bundle_file, bundle_data)
         _write_bytes(signature_file, signature_data)
-        fingerprint = verify_signature(self.host, str(bundle_file), str(signature_file), self.guard.keys_dir, origin)
+        root = RootStore(self.host, self.paths.state_dir, self.guard.keys_dir).trusted(origin)
+        vouched = None
+        if root is None:
+            fingerprint = verify_signature(self.host, str(bundle_file), str(signature_file), self.guard.keys_dir,
+                                           origin)
+        else:
+            vouched = vouch(self.host, root, bundle_file, signature_file, facts(), self.host.clock(), origin)
+            fingerprint = ",".join(vouched.signers)
         try:
             bundle = parse_bundle(bundle_data, origin)
         except BundleInvalid as exc:
-            raise BundleRefused(origin, f"not a policy bundle: {exc.reason}") from None
+            raise BundleRefused(origin, f"not a policy bundle: {exc.reason}", kind="format") from None
+        expires = None
+        if root is not None:
+            expires = check_bundle_expiry(bundle.expires, self.host.clock(), origin, bundle.serial)
+            if bundle.serial in state.withdrawn:
+                raise BundleRefused(origin, f"serial {bundle.serial} is withdrawn (the hub's signed freshness "
+                                            f"statement says so)", bundle.serial, kind="freshness")
         digest = hashlib.sha256(bundle_data).hexdigest()
-        floor, floor_digest = self._in_force(state, origin)
+        floor, floor_digest = (None, None) if floor_reset(root, state) else self._in_force(state, origin)
         rolled_back_from = None
         if floor is not None and bundle.serial <= floor:
             if bundle.serial == floor and digest == floor_digest:
@@ -154,13 +196,14 @@ class BundleInstaller:
                 rolled_back_from = floor
             elif bundle.serial == floor:
                 raise BundleRefused(origin, f"serial {bundle.serial} is in force already with other content "
-                                            f"(a new bundle needs a higher serial)", bundle.serial)
+                                            f"(a new bundle needs a higher serial)", bundle.serial, kind="rollback")
             else:
                 raise BundleRefused(origin, f"serial {bundle.serial} is below serial {floor} in force (no rollback: "
-                                            f"push the older policy again with a new serial)", bundle.serial)
+                                            f"push the older policy again with a new serial)", bundle.serial,
+                                    kind="rollback")
         refusal = None if bundle.scope.all else scope_refusal(bundle.scope, facts())
         if refusal is not None:
-            raise BundleRefused(origin, refusal, bundle.serial)
+            raise BundleRefused(origin, refusal, bundle.serial, kind="scope")
         staged = work / "staged"
         policy_dir = _extract(bundle, staged)
         matrix = str(staged / MATRIX_FILE_NAME) if bundle.matrix is not None else self.guard.matrix_path
@@ -174,7 +217,12 @@ class BundleInstaller:
                            BundleState(serial=bundle.serial, fingerprint=fingerprint, source=source,
                                        installed_at=self.host.clock(), sha256=digest, refused=None,
                                        rollout=state.rollout, rollout_at=state.rollout_at,
-                                       rollout_fields=state.rollout_fields))
+                                       rollout_fields=state.rollout_fields,
+                                       role=vouched.role if vouched else None,
+                                       signers=vouched.signers if vouched else (), expires=expires,
+                                       freshness_issued_at=state.freshness_issued_at,
+                                       freshness_expires=state.freshness_expires,
+                                       freshness_newest=state.freshness_newest, withdrawn=state.withdrawn))
         return installed
 
     def _in_force(self, state: BundleState, origin: str) -> Tuple[Optional[int], Optional[str]]:

@@ -22,7 +22,8 @@ def policy_files_of(path: str) -> Dict[str, str]:
 
 
 def make_bundle(policy_path: str, serial: int, scope: BundleScope, created_by: str, created_at: str,
-                matrix_path: Optional[str] = None, matrix_version: Optional[str] = None) -> PolicyBundle:
+                matrix_path: Optional[str] = None, matrix_version: Optional[str] = None,
+                expires: Optional[str] = None) -> PolicyBundle:
     """The bundle of these policy files (and the matrix file at ``matrix_path``, when given); UsageError naming
     the field when a value is not allowed in a bundle."""
     from pydantic import ValidationError
@@ -36,6 +37,6 @@ def make_bundle(policy_path: str, serial: int, scope: BundleScope, created_by: s
     try:
         return PolicyBundle(format=BUNDLE_FORMAT, serial=serial, created_at=created_at, created_by=created_by,
                             matrix_version=matrix_version, scope=scope, policy_files=policy_files_of(policy_path),
-                            matrix=matrix)
+                            matrix=matrix, expires=expires)
     except ValidationError as exc:
         raise BundleInvalid(policy_path, f"cannot be a bundle: {first_validation_problem(exc)}") from None

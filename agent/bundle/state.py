@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import dataclass, replace
-from typing import Literal, Optional
+from typing import Literal, Optional, Tuple
 
 from agent.bundle.rollout_fields import RolloutFields
 from agent.errors import InputFileError
@@ -28,6 +28,7 @@ class BundleRefusal(JsonRecord):
     serial: Optional[int]
     reason: str
     at: dt.datetime
+    kind: Optional[str] = None  # signature, threshold, expired, ... (agent/bundle/roles.py); None: not told
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,43 @@ class BundleState(JsonRecord):
     rollout: Optional[str] = None
     rollout_at: Optional[dt.datetime] = None
     rollout_fields: Optional[RolloutFields] = None
+    # Under a root (agent/bundle/roles.py): the policy role that vouched for the bundle in force, the keys of it that
+    # signed (a rotation that drops one of them resets the serial floor they set), and when the bundle expires.
+    role: Optional[str] = None
+    signers: Tuple[str, ...] = ()
+    expires: Optional[dt.datetime] = None
+    # The last freshness statement taken (agent/bundle/freshness.py): when it was issued and expires, the newest
+    # serial it names for this host, and the serials it withdraws.
+    freshness_issued_at: Optional[dt.datetime] = None
+    freshness_expires: Optional[dt.datetime] = None
+    freshness_newest: Optional[int] = None
+    withdrawn: Tuple[int, ...] = ()
 
-    def with_refusal(self, serial: Optional[int], reason: str, at: dt.datetime) -> "BundleState":
-        return replace(self, refused=BundleRefusal(serial, reason, at))
+    def with_refusal(self, serial: Optional[int], reason: str, at: dt.datetime,
+                     kind: Optional[str] = None) -> "BundleState":
+        return replace(self, refused=BundleRefusal(serial, reason, at, kind))
+
+    def expired(self, now: dt.datetime) -> bool:
+        """The bundle in force is past its ``expires``: still enforced (never un-guarded), and attention."""
+        return self.expires is not None and now >= self.expires
+
+    def stale(self, now: dt.datetime) -> Optional[str]:
+        """Why the freshness statement asks for attention (None: it does not): expired, a newer serial named for
+        this host than the one in force (a freeze), or the serial in force withdrawn."""
+        if self.freshness_expires is None:
+            return None
+        if now >= self.freshness_expires:
+            return f"the hub's freshness statement expired at {self.freshness_expires:%Y-%m-%dT%H:%M:%SZ}"
+        if self.freshness_newest is not None and (self.serial is None or self.freshness_newest > self.serial):
+            return f"the hub's freshness statement names serial {self.freshness_newest}, not taken here"
+        if self.serial is not None and self.serial in self.withdrawn:
+            return f"serial {self.serial} in force is withdrawn"
+        return None
+
+    def attention(self, now: dt.datetime) -> Tuple[str, ...]:
+        """The heartbeat's ``policy_attention`` words (agent/wire.py POLICY_ATTENTION)."""
+        return tuple(word for word, on in (("expired", self.expired(now)), ("freshness", self.stale(now) is not None))
+                     if on)
 
     def with_rollout(self, notice: Optional[str], at: dt.datetime,
                      fields: Optional[RolloutFields] = None) -> "BundleState":

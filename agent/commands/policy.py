@@ -4,6 +4,7 @@ what it means for this host, write one from the host as it is."""
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, TextIO, Tuple
 
@@ -112,7 +113,19 @@ def _add_bundle_parsers(pol_sub: Any) -> None:
     bundle.add_argument("--no-host", action="store_true", help="skip the checks against this host's packages")
     bundle.add_argument("--sign-with", metavar="KEYID", help="sign it with gpg --detach-sign as this key "
                                                              "(writes FILE.sig)")
+    bundle.add_argument("--expires-days", type=int, metavar="DAYS",
+                        help="the bundle expires DAYS after now (required by hosts that trust a root; an expired "
+                             "bundle is refused at install and, in force, keeps guarding and asks for attention)")
     bundle.set_defaults(handler=policy_bundle)
+    trust = pol_sub.add_parser(
+        "trust-root", help="trust the first root (signed by a threshold of its own root keys), or take the next "
+                           "root versions in order, each signed by a threshold of the old and of the new root keys "
+                           "(exit 17 refused)")
+    trust.add_argument("roots", metavar="ROOT_JSON", nargs="+",
+                       help="root.json files, oldest first (each with ROOT_JSON.sig beside it)")
+    add_root(trust, ACT_ROOT_HELP)
+    add_config(trust)
+    trust.set_defaults(handler=policy_trust_root)
     install = pol_sub.add_parser(
         "install", help="verify and install a signed policy bundle (exit 17 refused: signature, older serial, out "
                         "of scope, does not compile; the policy in force keeps guarding)")
@@ -386,9 +399,14 @@ def policy_bundle(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
         _show(out, f"{len(errors)} problem{'s' if len(errors) != 1 else ''} found: no bundle written\n")
         return PolicyError.exit_code
     created_by = args.created_by or f"{getpass.getuser()}@{socket.gethostname()}"
+    if args.expires_days is not None and args.expires_days < 1:
+        raise UsageError("--expires-days: give a whole number of days >= 1")
+    expires = None
+    if args.expires_days is not None:
+        expires = (host.clock() + dt.timedelta(days=args.expires_days)).strftime("%Y-%m-%dT%H:%M:%SZ")
     bundle = make_bundle(args.path, args.serial, scope, created_by, host.clock().strftime("%Y-%m-%dT%H:%M:%SZ"),
                          matrix_path=find_matrix_file(args.matrix) if args.with_matrix else None,
-                         matrix_version=matrix.recorded if matrix is not None else None)
+                         matrix_version=matrix.recorded if matrix is not None else None, expires=expires)
     write_atomically(args.output, render_bundle(bundle).decode("utf-8"))
     signed = ""
     if args.sign_with:
@@ -444,6 +462,23 @@ def policy_install(args: argparse.Namespace, make_host: HostFactory, out: TextIO
              'not in force: [guard] policy_source is "local" (set it to "bundle" and run gpuguard policy compile)')
     _show(out, f"installed policy bundle serial {installed.serial}, policy '{installed.policy_name}', key "
                f"{installed.fingerprint}; {where}\n")
+    return 0
+
+
+def policy_trust_root(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    """Trust the first root, or walk the next root versions (agent/bundle/root.py); BundleRefused (exit 17)."""
+    from agent.bundle.install import BundleInstaller
+    from agent.bundle.roles import MAX_ROOT_BYTES, MAX_SIGNATURES_BYTES
+    from agent.files import read_bytes_bounded
+
+    host = make_host(args.root)
+    settings = settings_of(args)
+    chain = [(read_bytes_bounded(path, MAX_ROOT_BYTES), read_bytes_bounded(path + ".sig", MAX_SIGNATURES_BYTES))
+             for path in args.roots]
+    root = BundleInstaller(host, settings.guard, settings.agent.state_dir).walk_roots(chain, args.roots[-1])
+    roles = ", ".join(f"{role.name} {role.threshold}-of-{len(role.keys)}" for role in root.policy)
+    _show(out, f"trusted root version {root.version} (expires {root.expires}): root keys "
+               f"{root.root.threshold}-of-{len(root.root.keys)}, policy roles {roles}\n")
     return 0
 
 

@@ -383,6 +383,8 @@ class PolicyFetchInChild:
             from agent.daemon_jobs.policy_fetch import fetch_and_install
 
             result = fetch_and_install(rt.host, rt.job_settings(), rt.emitter.host_id)
+        if result.trust:
+            log.warning("policy_trust_not_refreshed", detail=result.trust, kept="the root and statement taken last")
         if result.outcome == "installed":
             log.info("policy_bundle_installed", serial=result.serial, detail=result.detail)
         elif result.outcome == "refused":

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def fetch_and_install(host: "Host", settings: "Settings", host_id: str) -> PolicyFetchResult:
     """One fetch and, for a new offer, one install; never raises for what the hub, the network or the bundle does."""
+    from agent.bundle.channel import refresh_trust
     from agent.bundle.facts import host_scope_facts
     from agent.bundle.fetch import fetch_offer
     from agent.bundle.install import BundleInstaller
@@ -40,40 +41,44 @@ def fetch_and_install(host: "Host", settings: "Settings", host_id: str) -> Polic
         state = installer.state()
     except GpuguardError as exc:
         return PolicyFetchResult(outcome="failed", detail=str(exc))
-    offer = fetch_offer(report.endpoint_url, token, report.ca_bundle, state.serial,
-                        (report.connect_timeout_seconds, report.read_timeout_seconds))
-    if offer.status != "failed":
-        try:
-            installer.record_rollout(offer.notice, offer.rollout)
-        except (GpuguardError, OSError) as exc:
-            return PolicyFetchResult(outcome="failed", serial=offer.serial, detail=f"rollout notice: {exc}")
-    if offer.status != "offered":
-        outcome = {"unchanged": "unchanged", "none": "none"}.get(offer.status, "failed")
-        return PolicyFetchResult(outcome=outcome, serial=offer.serial, detail=offer.detail,  # type: ignore[arg-type]
-                                 rollout=offer.notice, rollout_fields=offer.rollout)
-
-    if state.serial is not None and offer.serial is not None and offer.serial < state.serial:
-        # An older bundle than the one in force (the newer one withdrawn, a rollout aborted): never installed, so
-        # not checked, recorded or reported as a refusal at every interval on every host that took the newer one.
-        return PolicyFetchResult(outcome="unchanged", serial=state.serial, rollout=offer.notice,
-                                 rollout_fields=offer.rollout,
-                                 detail=f"the hub offers serial {offer.serial}, below serial {state.serial} in force")
 
     def facts() -> ScopeFacts:
         return host_scope_facts(host, host_id, dict(settings.agent.labels),
                                 StatePaths(settings.agent.state_dir).last_snapshot)
 
+    timeouts = (report.connect_timeout_seconds, report.read_timeout_seconds)
+    trust = refresh_trust(installer, report.endpoint_url, token, report.ca_bundle, timeouts, facts) or ""
+    offer = fetch_offer(report.endpoint_url, token, report.ca_bundle, state.serial, timeouts)
+    if offer.status != "failed":
+        try:
+            installer.record_rollout(offer.notice, offer.rollout)
+        except (GpuguardError, OSError) as exc:
+            return PolicyFetchResult(trust=trust, outcome="failed", serial=offer.serial,
+                                     detail=f"rollout notice: {exc}")
+    if offer.status != "offered":
+        outcome = {"unchanged": "unchanged", "none": "none"}.get(offer.status, "failed")
+        return PolicyFetchResult(trust=trust, outcome=outcome, serial=offer.serial, detail=offer.detail,  # type: ignore[arg-type]
+                                 rollout=offer.notice, rollout_fields=offer.rollout)
+
+    if (state.serial is not None and offer.serial is not None and offer.serial < state.serial
+            and not installer.floor_void()):
+        # An older bundle than the one in force (the newer one withdrawn, a rollout aborted): never installed, so
+        # not checked, recorded or reported as a refusal at every interval on every host that took the newer one.
+        return PolicyFetchResult(trust=trust, outcome="unchanged", serial=state.serial, rollout=offer.notice,
+                                 rollout_fields=offer.rollout,
+                                 detail=f"the hub offers serial {offer.serial}, below serial {state.serial} in force")
+
     try:
         installed = installer.install(offer.bundle, offer.signature, origin=f"hub bundle serial {offer.serial}",
                                       source="hub", facts=facts, claimed_serial=offer.serial)
     except BundleRefused as exc:
-        return PolicyFetchResult(outcome="refused", serial=exc.serial or offer.serial, detail=exc.reason,
+        return PolicyFetchResult(trust=trust, outcome="refused", serial=exc.serial or offer.serial, detail=exc.reason,
                                  rollout=offer.notice, rollout_fields=offer.rollout)
     except (GpuguardError, OSError) as exc:
-        return PolicyFetchResult(outcome="failed", serial=offer.serial, detail=f"install: {exc}")
+        return PolicyFetchResult(trust=trust, outcome="failed", serial=offer.serial, detail=f"install: {exc}")
     if installed.unchanged:
-        return PolicyFetchResult(outcome="unchanged", serial=installed.serial, rollout=offer.notice,
+        return PolicyFetchResult(trust=trust, outcome="unchanged", serial=installed.serial, rollout=offer.notice,
                                  rollout_fields=offer.rollout)
-    return PolicyFetchResult(outcome="installed", serial=installed.serial, rollout=offer.notice,
+    return PolicyFetchResult(trust=trust, outcome="installed", serial=installed.serial, rollout=offer.notice,
                              rollout_fields=offer.rollout,
                              detail="compiled" if installed.compiled else "kept: [guard] policy_source is local")

@@ -219,3 +219,4 @@ class PolicyFetchResult(JsonRecord):
     detail: str = ""
     rollout: Optional[str] = None  # the hub's staged-rollout notice, display text (agent/bundle/rollout.py)
     rollout_fields: Optional[RolloutFields] = None  # what the hand-off decides on (agent/bundle/rollout_fields.py)
+    trust: str = ""  # why a newer root or the freshness statement was not taken (agent/bundle/channel.py)

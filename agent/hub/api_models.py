@@ -84,6 +84,14 @@ class BundleDetail(FrozenModel):
     signature: str
 
 
+class SignedDocument(FrozenModel):
+    """A root (``root``) or freshness statement (``statement``) and its detached signatures, each base64."""
+
+    root: Optional[str] = None
+    statement: Optional[str] = None
+    signature: str
+
+
 class BundleOffer(FrozenModel):
     serial: int
     bundle: str

@@ -77,6 +77,7 @@ from agent.hub.api_models import (
     HostsResponse,
     PairingsResponse,
     PayloadKind,
+    SignedDocument,
 )
 from agent.hub.bundles import PolicyBundles, PolicyRollout
 from agent.hub.dashboard import mount_dashboard
@@ -102,11 +103,12 @@ from agent.hub.rows import DRIFT_KINDS, BatchResult, BundleSummary, EventQuery, 
 from agent.hub.settings import HubSettings
 from agent.hub.store import SqlStore
 from agent.hub.tokens import Principal, TokenRegistry
+from agent.hub.trust import FreshnessSigner, root_files
 from agent.hub.writer import GroupCommitWriter
 from agent.log import get_logger
 from agent.report.events import EVENT_SCHEMA_VERSION, Event, EventBatch
 from agent.validation import validation_problems
-from agent.wire import BUNDLE_PATH, INGEST_PATH, etag_of
+from agent.wire import BUNDLE_PATH, FRESHNESS_PATH, INGEST_PATH, ROOT_PATH, etag_of
 
 log = get_logger("hub.app")
 
@@ -394,6 +396,32 @@ def _add_policy_routes(app: FastAPI, registry: TokenRegistry, bearer: HTTPBearer
                              headers={"ETag": etag, "Cache-Control": "no-cache", **notice})
 
 
+def _add_trust_routes(app: FastAPI, registry: TokenRegistry, bearer: HTTPBearer, settings: HubSettings,
+                      bundles: PolicyBundles, signer: FreshnessSigner) -> None:
+    """The roots the hub was given and its signed freshness statement (host token; agent/hub/trust.py)."""
+
+    @app.get(ROOT_PATH, response_model=SignedDocument, summary="Root version N and its signatures (host token)",
+             responses={204: {"description": "The hub has no root of that version"}, **_responses(401, 403, 503)})
+    def fetch_root(version: int = Query(..., ge=1, le=2**63 - 1),
+                   credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
+        host_of(registry, token_of(credentials))
+        found = root_files(settings.root_dir, version)
+        if found is None:
+            return Response(status_code=204)
+        return json_response(SignedDocument(root=_b64(found[0]), signature=_b64(found[1])))
+
+    @app.get(FRESHNESS_PATH, response_model=SignedDocument,
+             summary="The hub's signed freshness statement: newest serial per scope, withdrawn serials (host token)",
+             responses={204: {"description": "The hub signs no freshness statement"}, **_responses(401, 403, 503)})
+    def fetch_freshness(credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
+        host_of(registry, token_of(credentials))
+        if not signer.enabled:
+            return Response(status_code=204)
+        data, signature = read(lambda: signer.statement(bundles.offered_scopes(), bundles.withdrawn_serials()))
+        return json_response(SignedDocument(statement=_b64(data), signature=_b64(signature)),
+                             headers={"Cache-Control": "no-cache"})
+
+
 def _add_rollout_routes(app: FastAPI, registry: TokenRegistry, bearer: HTTPBearer,
                         require_reader: Callable[..., None], rollouts: Rollouts) -> None:
     """Staged rollouts: start, pause, resume and abort (admin), list and show (reader)."""
@@ -504,6 +532,9 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
     _add_fleet_routes(app, store, clock, require_reader)
     _add_policy_routes(app, registry, bearer, require_reader, bundles, rollouts)
     _add_rollout_routes(app, registry, bearer, require_reader, rollouts)
+    _add_trust_routes(app, registry, bearer, settings, bundles,
+                      FreshnessSigner(settings.freshness_gnupg_home, settings.freshness_key,
+                                      settings.freshness_hours, clock))
     _add_health_and_metrics(app, store, hub_metrics, require_reader)
     mount_dashboard(app, settings, store, registry, clock, alert_counts=alert_queue.counts, bundles=bundles,
                     rollouts=rollouts)

@@ -270,6 +270,12 @@ class PolicyBundles:
                 scopes.append((int(serial), scope))
         return scopes
 
+    def withdrawn_serials(self) -> List[int]:
+        """Every withdrawn serial, ascending (what the freshness statement makes a signed fact)."""
+        rows = self.store.query("policy_withdrawn", "SELECT serial FROM policy_bundles WHERE withdrawn_at IS NOT NULL "
+                                                    "ORDER BY serial")
+        return [int(serial) for (serial,) in rows]
+
     def offer_serial(self, host_id: str) -> Optional[int]:
         """The serial a host is offered now (None: no bundle in its scope)."""
         scopes = self.offered_scopes()

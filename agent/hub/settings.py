@@ -6,7 +6,7 @@ settings models (guard, health, report, ...): the hub loads its own model only (
 
 from __future__ import annotations
 
-from typing import List, Literal
+from typing import List, Literal, Optional
 
 from pydantic import Field, field_validator
 
@@ -64,6 +64,13 @@ class HubSettings(FrozenModel):
     alert_retry_max_seconds: float = Field(900.0, gt=0)
     alert_timeout_seconds: float = Field(10.0, gt=0, le=300)
     alert_poll_seconds: float = Field(2.0, gt=0, le=300)
+    # Signed policy under a root (agent/hub/trust.py): the directory of the roots the hub serves (N.root.json and
+    # N.root.json.sig), and the gpg home and key (fingerprint) of its online freshness key with the lifetime of a
+    # statement in hours (python-tuf's timestamp default is a day). Unset: the hub serves neither.
+    root_dir: Optional[str] = None
+    freshness_gnupg_home: Optional[str] = None
+    freshness_key: Optional[str] = None
+    freshness_hours: float = Field(24.0, gt=0, le=168)
 
     @field_validator("database_url")
     @classmethod

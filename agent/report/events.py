@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Annotated, Dict, List, Literal, Optional, Union, get_args
+from typing import Annotated, Dict, List, Literal, Optional, Tuple, Union, get_args
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from agent.jsonrecord import JsonObject
 from agent.models import FrozenModel
 from agent.report.plain import EVENT_SCHEMA_VERSION, Severity
 from agent.snapshot.diff import Change
 from agent.snapshot.pairing import Pairing
+from agent.wire import POLICY_ATTENTION
 
 
 class PayloadModel(FrozenModel):
@@ -189,6 +190,17 @@ class Heartbeat(PayloadModel):
     # finished after the host's admission and, when the flag is sent, was a post-change check.
     last_health_at: Optional[dt.datetime] = None
     last_health_after_change: Optional[bool] = None
+    # Signed policy under a root (issue 42): what asks for attention although the policy in force keeps guarding:
+    # "expired" (the bundle in force is past its expires), "freshness" (the hub's freshness statement is stale or
+    # names a newer serial this host does not get: a freeze).
+    policy_attention: Optional[Tuple[str, ...]] = Field(None, max_length=len(POLICY_ATTENTION))
+
+    @field_validator("policy_attention")
+    @classmethod
+    def _attention_words(cls, value: Optional[Tuple[str, ...]]) -> Optional[Tuple[str, ...]]:
+        if value is not None and not set(value) <= set(POLICY_ATTENTION):
+            raise ValueError(f"only {', '.join(POLICY_ATTENTION)}")
+        return value
 
 
 class StateFileDamaged(PayloadModel):

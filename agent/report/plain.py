@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Dict, Final, FrozenSet, Literal, Optional, Protocol, Tuple
 
 from agent.jsonrecord import JsonObject, JsonRecord, iso_time
+from agent.wire import POLICY_ATTENTION
 
 EVENT_SCHEMA_VERSION: Final = 1
 Severity = Literal["info", "warning", "critical"]
@@ -108,8 +109,11 @@ class PlainHeartbeat(PlainPayload):
     policy_refused_reason: Optional[str] = None
     last_health_at: Optional[dt.datetime] = None
     last_health_after_change: Optional[bool] = None
+    policy_attention: Optional[Tuple[str, ...]] = None
 
     def __post_init__(self) -> None:
+        if self.policy_attention is not None and not set(self.policy_attention) <= set(POLICY_ATTENTION):
+            raise ValueError(f"policy_attention: only {', '.join(POLICY_ATTENTION)}")
         for name in ("policy_serial", "policy_refused_serial"):
             value = getattr(self, name)
             if value is not None and value < 1:

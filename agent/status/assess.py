@@ -219,11 +219,18 @@ def _hub(f: StatusFacts) -> Check:
                  summary=f"{h.endpoint_url}: HTTP {h.status_code} in {h.latency_ms:.0f} ms")
 
 
-def _policy(f: StatusFacts) -> Check:
+def _policy(f: StatusFacts, at: dt.datetime) -> Check:
     p = f.policy
     if p.problem is not None:
         return Check(name="policy", state="warn", summary=p.problem)
     summary = p.description
+    if p.bundle_expires is not None and at >= p.bundle_expires:
+        # Still enforced (an expired bundle never un-guards a host), but the signers' word has run out.
+        return Check(name="policy", state="warn",
+                     summary=f"{summary}; expired at {p.bundle_expires:%Y-%m-%dT%H:%M:%SZ}: still enforced, a new "
+                             f"bundle is needed")
+    if p.stale is not None:
+        return Check(name="policy", state="warn", summary=f"{summary}; {p.stale}: still enforced")
     if p.source == "local" and p.bundle_serial is not None:
         summary += f" (bundle serial {p.bundle_serial} installed, not in force: [guard] policy_source is local)"
     if p.rollout is not None:
@@ -256,7 +263,7 @@ def assess(facts: StatusFacts, now: Optional[dt.datetime] = None) -> Assessment:
     """The checks for ``facts`` as of ``now`` (default: when they were gathered)."""
     at = now or facts.gathered_at
     checks = [_daemon(facts), _snapshot(facts, at), _compliance(facts), _health(facts, at), _guard(facts, at),
-              _rollback(facts), _policy(facts), _outbox(facts, at), _hub(facts)]
+              _rollback(facts), _policy(facts, at), _outbox(facts, at), _hub(facts)]
     held = _maintenance(facts, at)
     if held is not None:
         checks.insert(1, held)

@@ -134,6 +134,8 @@ class PolicyFacts(FrozenModel):
     refused_at: Optional[dt.datetime] = None
     refusal_pending: bool = False
     rollout: Optional[str] = None  # the hub's staged-rollout notice (agent/bundle/rollout.py)
+    bundle_expires: Optional[dt.datetime] = None  # when the bundle in force expires (None: never)
+    stale: Optional[str] = None  # why the hub's freshness statement asks for attention (agent/bundle/state.py)
     problem: Optional[str] = None
 
 
@@ -545,7 +547,8 @@ def read_policy(host: Host, guard: Any, state_dir: str) -> PolicyFacts:
     return PolicyFacts(source=guard.policy_source, description=described, bundle_serial=state.serial,
                        refused_serial=refused.serial if refused else None,
                        refused_reason=refused.reason if refused else None, refused_at=refused.at if refused else None,
-                       refusal_pending=state.refusal_pending, rollout=state.rollout)
+                       refusal_pending=state.refusal_pending, rollout=state.rollout, bundle_expires=state.expires,
+                       stale=state.stale(host.clock()))
 
 
 def gather(host: Host, config_path: str, offline: bool,

@@ -268,6 +268,29 @@ def test_heartbeat_carries_labels_and_the_policy_bundle_state(tmp_path: Path) ->
     assert (beat.policy_serial, beat.policy_refused_serial, beat.policy_refused_reason) == (6, None, None)
 
 
+def test_heartbeat_carries_policy_attention_for_an_expired_bundle_and_a_freeze(tmp_path: Path) -> None:
+    """The bundle in force past its expires, and a freshness statement naming a newer serial, go in the heartbeat as
+    policy_attention; neither, nothing."""
+    import datetime as dt
+
+    from agent.bundle.state import BundleState, write_bundle_state
+
+    settings = Settings.model_validate({"agent": {"state_dir": str(tmp_path / "state")},
+                                        "guard": {"policy_source": "bundle"}})
+    now = dt.datetime(2026, 12, 6, 12, tzinfo=dt.timezone.utc)
+    rt = make_runtime(tmp_path, Host(root=Path("/"), clock=lambda: now), settings)
+    path = str(tmp_path / "state/policy-bundle/state.json")
+    day = dt.timedelta(days=1)
+    write_bundle_state(path, BundleState(serial=4, source="hub", expires=now + day, freshness_expires=now + day,
+                                         freshness_newest=4))
+    HeartbeatJob(rt).run()
+    assert rt.outbox.pending(10)[-1].payload.policy_attention is None
+    write_bundle_state(path, BundleState(serial=4, source="hub", expires=now - day, freshness_expires=now + day,
+                                         freshness_newest=5))
+    HeartbeatJob(rt).run()
+    assert rt.outbox.pending(10)[-1].payload.policy_attention == ("expired", "freshness")
+
+
 def test_metrics_job_writes_the_textfile_under_the_state_dir(tmp_path: Path) -> None:
     """Pairing and outbox depth appear in <state_dir>/metrics/gpuguard.prom."""
     settings = Settings.model_validate({"agent": {"state_dir": str(tmp_path / "state")}})

@@ -263,3 +263,15 @@ def test_the_dashboard_shows_hosts_behind_and_refusals_with_why(rollout_fleet: T
     policy_page = rollout_fleet.get("/ui/policy", headers=reader).text
     assert 'data-serial="11"' in policy_page and 'data-serial="10"' in policy_page
     assert policy_page.count('<tr class="audit">') == 2
+
+
+def test_roots_and_freshness_are_204_until_configured_and_for_hosts_only(hub: TestClient,
+                                                                          tokens: Dict[str, str]) -> None:
+    """Without [hub] root_dir and a freshness key the hub serves neither (204, so a host keeps what it trusts); a
+    reader token may not ask, a host token without a version is 422."""
+    host = bearer(tokens["host-a"])
+    assert hub.get("/v1/policy/root?version=2", headers=host).status_code == 204
+    assert hub.get("/v1/policy/freshness", headers=host).status_code == 204
+    assert hub.get("/v1/policy/root", headers=host).status_code == 422
+    assert hub.get("/v1/policy/freshness", headers=bearer(tokens["ops"])).status_code == 403
+    assert hub.get("/v1/policy/root?version=2").status_code == 401
