@@ -1,4 +1,5 @@
-"""Container runtimes and GPU container toolkits: docker, containerd, podman, runc, crun, NVIDIA and AMD toolkits.
+"""Container runtimes and GPU container toolkits: docker, containerd, podman, runc, crun, NVIDIA and AMD toolkits,
+and the running containers that bring CUDA or ROCm user space (read from /proc: agent/hostfacts/containers.py).
 
 Versions come from each tool's own ``--version`` (static installs have no package), and docker's configured
 runtimes from /etc/docker/daemon.json, where the NVIDIA/AMD runtime hooks are registered.
@@ -14,6 +15,7 @@ from agent.collectors.factcache import MISSING, FactCache, file_identity
 from agent.errors import CollectorUnavailable, CommandError
 from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
+from agent.hostfacts.containers import running_containers
 from agent.log import get_logger
 
 log = get_logger("collectors.containers")
@@ -42,12 +44,26 @@ class ContainerTool(Frozen):
 
 
 @frozen_record
-class ContainersInfo(Frozen):
-    """Tools present, and docker's runtime configuration."""
+class RunningGpuContainer(Frozen):
+    """A running container that brings CUDA or ROCm user space (agent/hostfacts/containers.py reads it)."""
 
+    runtime: str
+    container_id: str
+    pid: int
+    cuda_version: Optional[str] = None
+    require_cuda: Optional[str] = None
+    rocm_release: Optional[str] = None
+
+
+@frozen_record
+class ContainersInfo(Frozen):
+    """Tools present, docker's runtime configuration, and the running containers' GPU user space."""
+
+    __json_omit_empty__ = ("running_gpu",)  # added after snapshots were stored
     tools: Dict[str, ContainerTool]
     docker_default_runtime: Optional[str] = None
     docker_runtimes: List[str] = field(default_factory=list)
+    running_gpu: List[RunningGpuContainer] = field(default_factory=list)
 
 
 def parse_tool_version(output: str) -> Optional[str]:
@@ -100,7 +116,11 @@ class ContainersCollector:
                 log.warning("docker_daemon_json_invalid", path="/etc/docker/daemon.json", error=str(exc))
         if not tools and daemon_json is None:
             raise CollectorUnavailable("no container runtime or toolkit found")
-        return ContainersInfo(tools=tools, docker_default_runtime=default_runtime, docker_runtimes=runtimes)
+        running = [RunningGpuContainer(runtime=c.runtime, container_id=c.container_id, pid=c.pid,
+                                       cuda_version=c.cuda_version, require_cuda=c.require_cuda,
+                                       rocm_release=c.rocm_release) for c in running_containers(str(host.root))]
+        return ContainersInfo(tools=tools, docker_default_runtime=default_runtime, docker_runtimes=runtimes,
+                              running_gpu=running)
 
     def _version(self, host: Host, versions: FactCache, tool: str, path: str, args: Tuple[str, ...]) -> Optional[str]:
         """The tool's ``--version``, asked once per binary identity; a failure is not cached (asked again next time)."""
