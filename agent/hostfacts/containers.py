@@ -97,34 +97,14 @@ def require_cuda_of(value: str) -> Optional[str]:
     return min(found, key=lambda s: tuple(int(p) for p in s.split(".")))
 
 
-def parse_environ(data: bytes) -> Dict[str, str]:
+def parse_environ(text: str) -> Dict[str, str]:
     """CUDA_VERSION and NVIDIA_REQUIRE_CUDA of a /proc/<pid>/environ (NUL-separated NAME=value)."""
     out: Dict[str, str] = {}
-    for item in data.split(b"\0"):
-        name, _, value = item.partition(b"=")
-        if name in (b"CUDA_VERSION", b"NVIDIA_REQUIRE_CUDA") and len(value) <= 4096:
-            out[name.decode("ascii")] = value.decode("utf-8", errors="replace")
+    for item in text.split("\0"):
+        name, _, value = item.partition("=")
+        if name in ("CUDA_VERSION", "NVIDIA_REQUIRE_CUDA") and len(value) <= 4096:
+            out[name] = value
     return out
-
-
-def _read_bytes(path: str, limit: int) -> bytes:
-    try:
-        fd = posix.open(path, posix.O_RDONLY | posix.O_NONBLOCK | posix.O_NOCTTY)
-    except OSError:
-        return b""
-    try:
-        chunks, total = [], 0
-        while total < limit:
-            chunk = posix.read(fd, limit - total)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        return b"".join(chunks)
-    except OSError:
-        return b""
-    finally:
-        posix.close(fd)
 
 
 def _rocm_release(root: str, pid: str) -> Optional[str]:
@@ -160,7 +140,7 @@ def running_containers(root: str) -> Tuple[ContainerStack, ...]:
             continue
         if len(seen) >= MAX_CONTAINERS:
             break
-        env = parse_environ(_read_bytes(f"{proc}/{pid}/environ", _ENVIRON_BYTES))
+        env = parse_environ(read_small_text("/", f"{proc}/{pid}/environ", _ENVIRON_BYTES) or "")
         cuda = env.get("CUDA_VERSION")
         require = require_cuda_of(env.get("NVIDIA_REQUIRE_CUDA", ""))
         seen[found[1]] = ContainerStack(found[0], found[1], pid, _series(cuda) if cuda else None, require,

@@ -35,8 +35,8 @@ def test_the_container_of_a_process_comes_from_its_cgroup(cgroup: str, found: ob
 
 def test_the_image_environment_gives_the_cuda_it_needs() -> None:
     """NVIDIA_REQUIRE_CUDA's lowest cuda>= alternative; brand/driver exceptions are not what a move up needs."""
-    env = parse_environ(b"PATH=/usr/bin\0CUDA_VERSION=12.8.1\0NVIDIA_REQUIRE_CUDA=cuda>=12.8 brand=tesla,"
-                        b"driver>=535,driver<536\0HOME=/root\0")
+    env = parse_environ("PATH=/usr/bin\0CUDA_VERSION=12.8.1\0NVIDIA_REQUIRE_CUDA=cuda>=12.8 brand=tesla,"
+                        "driver>=535,driver<536\0HOME=/root\0")
     assert env == {"CUDA_VERSION": "12.8.1", "NVIDIA_REQUIRE_CUDA": "cuda>=12.8 brand=tesla,driver>=535,driver<536"}
     assert require_cuda_of(env["NVIDIA_REQUIRE_CUDA"]) == "12.8"
     assert require_cuda_of("cuda>=13.0 cuda>=12.9") == "12.9"
