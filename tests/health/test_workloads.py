@@ -160,3 +160,14 @@ def test_two_workloads_with_one_name_are_refused() -> None:
     """Names key results and baselines: the same name twice is a configuration error."""
     with pytest.raises(ValueError, match="given twice"):
         fake_probe_settings(workloads=[WorkloadSettings(name="a", module="m"), WorkloadSettings(name="a", module="n")])
+
+
+def test_a_workload_that_floods_its_output_fails_as_the_probe_would(tmp_path: Path) -> None:
+    """More than the output cap on stdout ends the workload's run as failed, naming the flood."""
+    flood = tmp_path / "flood.py"
+    flood.write_text("import sys\nfor _ in range(40):\n    sys.stdout.write('x' * (1 << 16) + '\\n')\n")
+    settings = fake_probe_settings(workloads=[WorkloadSettings(name="flood", script=str(flood))])
+    result = check(tmp_path, settings)
+    assert result.status == "failed", result.summary
+    assert result.workloads[0].status == "failed"
+    assert "stdout" in result.workloads[0].summary
