@@ -153,21 +153,44 @@ class OpRecorder(object):
 
 
 def dispatch_mode(torch, recorder):
-    """A TorchDispatchMode that shows every operator to ``recorder`` (PyTorch's own hook for this, 2.0 and newer)."""
+    """A TorchDispatchMode that shows every operator to ``recorder`` (PyTorch's own hook for this, 2.0 and newer).
+
+    It runs once per operator of the workload, so it stays small: operator names cached per overload, tensors
+    picked out of the arguments one level deep (lists of tensors included) instead of a full pytree walk.
+    """
     from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
+
+    tensor = torch.Tensor
+    names = {}
+
+    def tensors(values, out):
+        for value in values:
+            if isinstance(value, tensor):
+                out.append(value)
+            elif isinstance(value, (list, tuple)):
+                out.extend(v for v in value if isinstance(v, tensor))
+        return out
 
     class Recording(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            inputs = [v for v in tree_flatten((args, kwargs))[0] if isinstance(v, torch.Tensor)]
-            name = op_name(func)
+            name = names.get(func)
+            if name is None:
+                name = names[func] = op_name(func)
+            inputs = tensors(args, [])
+            if kwargs:
+                tensors(kwargs.values(), inputs)
             try:
                 out = func(*args, **kwargs)
             except NotImplementedError as exc:
                 recorder.not_implemented(name, inputs, exc)
                 raise
-            outputs = [v for v in tree_flatten(out)[0] if isinstance(v, torch.Tensor)]
+            if isinstance(out, tensor):
+                outputs = [out]
+            elif isinstance(out, (list, tuple)):
+                outputs = tensors(out, [])
+            else:
+                outputs = []
             recorder.observe(name, inputs, outputs)
             return out
 
