@@ -2,11 +2,12 @@
 
 Each check refuses with BundleRefused (exit 17) and one line naming why, recorded as the last refusal in
 ``policy-bundle/state.json`` until a bundle is installed (a bundle still offered is refused again at the next
-fetch; the serial a hub claims for a bundle that fails its signature is its word only, so it never holds an
-attention above every serial to come); nothing else changes then, so the compiled policy in force keeps guarding. Only a
-bundle that passed every check replaces the one in force, and only with ``[guard] policy_source = "bundle"`` is
-it compiled into the file the apt hook and the dnf checkers read. Signature checks run gpgv
-(agent/bundle/verify.py), never on the hot path. One install at a time (a lock file in ``policy-bundle/``).
+fetch; the serial a hub claims for a bundle that fails its signature is its word only, so it is never recorded
+or reported); each refusal has its kind (agent/wire.py's REFUSAL_KINDS), recorded beside its sentence; nothing
+else changes then, so the compiled policy in force keeps guarding. Only a bundle that passed every check replaces
+the one in force, and only with ``[guard] policy_source = "bundle"`` is it compiled into the file the apt hook and
+the dnf checkers read. Signature checks run gpgv (agent/bundle/verify.py), never on the hot path.
+One install at a time (a lock file in ``policy-bundle/``).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def _compile(policy_dir: Path, matrix_path: Optional[str], source: str, serial: 
         return load_and_compile(str(policy_dir), matrix_path)[1]
     except GpuguardError as exc:
         text = str(exc).replace(str(policy_dir) + "/", "").replace(str(policy_dir), "policy.d")
-        raise BundleRefused(source, f"does not compile: {text}", serial) from None
+        raise BundleRefused(source, f"does not compile: {text}", "compile", serial) from None
 
 
 class BundleInstaller:
@@ -103,12 +104,12 @@ class BundleInstaller:
         return read_bundle_state(str(self.host.path(self.paths.policy_bundle_state)))
 
     def install(self, bundle_data: bytes, signature_data: bytes, *, origin: str, source: Literal["hub", "file"],
-                facts: Callable[[], ScopeFacts], claimed_serial: Optional[int] = None,
-                allow_rollback: bool = False) -> Installed:
-        """Check and install one bundle (``origin`` names it in messages); BundleRefused, recorded, otherwise.
-        ``claimed_serial`` (the hub's offer) is recorded for a refusal made before the bundle itself was read.
-        ``allow_rollback`` (an operator's explicit revert, never the hub's path) lets a serial below the one in
-        force, or the same serial with other content, in; every other check still applies."""
+                facts: Callable[[], ScopeFacts], allow_rollback: bool = False) -> Installed:
+        """Check and install one bundle (``origin`` names it in messages); BundleRefused, recorded with its kind,
+        otherwise. The serial recorded is the bundle's own once its signature was verified, never what the hub
+        claimed for it (a refused answer's claims are not facts). ``allow_rollback`` (an operator's explicit revert,
+        never the hub's path) lets a serial below the one in force, or the same serial with other content, in;
+        every other check still applies."""
         self.directory.mkdir(parents=True, exist_ok=True)
         with _locked(self.directory):
             state = self.state()
@@ -117,10 +118,9 @@ class BundleInstaller:
                     return self._install(Path(work), state, bundle_data, signature_data, origin, source, facts,
                                          allow_rollback)
                 except BundleRefused as exc:
-                    serial = exc.serial if exc.serial is not None else claimed_serial
                     write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)),
-                                       state.with_refusal(serial, exc.reason, self.host.clock()))
-                    raise BundleRefused(exc.source, exc.reason, serial) from None
+                                       state.with_refusal(exc.serial, exc.kind, exc.reason, self.host.clock()))
+                    raise
 
     def record_rollout(self, notice: Optional[str], fields: Optional[RolloutFields] = None) -> None:
         """Keep the hub's newest rollout fields and notice (None clears each); the file is written only when one
@@ -141,7 +141,7 @@ class BundleInstaller:
         try:
             bundle = parse_bundle(bundle_data, origin)
         except BundleInvalid as exc:
-            raise BundleRefused(origin, f"not a policy bundle: {exc.reason}") from None
+            raise BundleRefused(origin, f"not a policy bundle: {exc.reason}", "format") from None
         digest = hashlib.sha256(bundle_data).hexdigest()
         floor, floor_digest = self._in_force(state, origin)
         rolled_back_from = None
@@ -154,13 +154,14 @@ class BundleInstaller:
                 rolled_back_from = floor
             elif bundle.serial == floor:
                 raise BundleRefused(origin, f"serial {bundle.serial} is in force already with other content "
-                                            f"(a new bundle needs a higher serial)", bundle.serial)
+                                            f"(a new bundle needs a higher serial)", "rollback", bundle.serial)
             else:
                 raise BundleRefused(origin, f"serial {bundle.serial} is below serial {floor} in force (no rollback: "
-                                            f"push the older policy again with a new serial)", bundle.serial)
+                                            f"push the older policy again with a new serial)", "rollback",
+                                     bundle.serial)
         refusal = None if bundle.scope.all else scope_refusal(bundle.scope, facts())
         if refusal is not None:
-            raise BundleRefused(origin, refusal, bundle.serial)
+            raise BundleRefused(origin, refusal, "scope", bundle.serial)
         staged = work / "staged"
         policy_dir = _extract(bundle, staged)
         matrix = str(staged / MATRIX_FILE_NAME) if bundle.matrix is not None else self.guard.matrix_path
@@ -192,7 +193,7 @@ class BundleInstaller:
                 return state.serial, state.sha256
             raise BundleRefused(origin, f"the serial in force cannot be told: {exc} (and "
                                         f"{self.paths.policy_bundle_state} names none); remove "
-                                        f"{self.paths.policy_bundle_dir} to start over") from None
+                                        f"{self.paths.policy_bundle_dir} to start over", "rollback") from None
         if state.serial is not None and state.serial >= placed.serial:
             return state.serial, state.sha256
         return placed.serial, hashlib.sha256(data).hexdigest()

@@ -18,16 +18,21 @@ from agent.errors import InputFileError
 from agent.files import FileMissing, read_bytes_bounded
 from agent.jsonrecord import JsonRecord, RecordError
 from agent.strictjson import parse_json_text
-from agent.wire import MAX_STATE_FILE_BYTES
+from agent.wire import MAX_STATE_FILE_BYTES, REFUSAL_KINDS
+
+RefusalKind = Literal[REFUSAL_KINDS]  # type: ignore[valid-type]  # built from the tuple at run time
 
 
 @dataclass(frozen=True)
 class BundleRefusal(JsonRecord):
-    """The last bundle refused: its serial (None when it could not be read), why, and when."""
+    """The last bundle refused: its serial (None when no verified bundle said it), why (``kind``, one of
+    agent/wire.py's REFUSAL_KINDS, what decides; None in a state file written before kinds; ``reason``, the
+    sentence), and when."""
 
     serial: Optional[int]
     reason: str
     at: dt.datetime
+    kind: Optional[RefusalKind] = None
 
 
 @dataclass(frozen=True)
@@ -47,8 +52,8 @@ class BundleState(JsonRecord):
     rollout_at: Optional[dt.datetime] = None
     rollout_fields: Optional[RolloutFields] = None
 
-    def with_refusal(self, serial: Optional[int], reason: str, at: dt.datetime) -> "BundleState":
-        return replace(self, refused=BundleRefusal(serial, reason, at))
+    def with_refusal(self, serial: Optional[int], kind: str, reason: str, at: dt.datetime) -> "BundleState":
+        return replace(self, refused=BundleRefusal(serial, reason, at, kind))
 
     def with_rollout(self, notice: Optional[str], at: dt.datetime,
                      fields: Optional[RolloutFields] = None) -> "BundleState":

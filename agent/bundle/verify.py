@@ -147,10 +147,11 @@ def verify_signature(host: "Host", bundle_path: str, signature_path: str, keys_d
     source = source or bundle_path
     keyrings = trusted_keyrings(host, keys_dir)
     if not keyrings:
-        raise BundleRefused(source, f"no trusted key in {keys_dir} (install the signers' keyrings as *.gpg there)")
+        raise BundleRefused(source, f"no trusted key in {keys_dir} (install the signers' keyrings as *.gpg there)",
+                             "signature")
     problem = keyring_problem(host, keyrings, keys_dir)
     if problem is not None:
-        raise BundleRefused(source, f"trusted keys: {problem}")
+        raise BundleRefused(source, f"trusted keys: {problem}", "signature")
     argv = ["gpgv", "--status-fd", "1", "--weak-digest", "SHA1", "--weak-digest", "RIPEMD160"]
     for keyring in keyrings:
         argv += ["--keyring", keyring]
@@ -158,9 +159,9 @@ def verify_signature(host: "Host", bundle_path: str, signature_path: str, keys_d
     try:
         result = host.run(argv, GPGV_TIMEOUT_SECONDS)
     except CommandError as exc:
-        raise BundleRefused(source, f"the signature cannot be checked: {exc.reason}") from None
+        raise BundleRefused(source, f"the signature cannot be checked: {exc.reason}", "signature") from None
     verdict = parse_gpgv_status(result.stdout, result.returncode)
     if verdict.refusal is not None:
-        raise BundleRefused(source, f"signature: {verdict.refusal}")
+        raise BundleRefused(source, f"signature: {verdict.refusal}", "signature")
     assert verdict.fingerprint is not None
     return verdict.fingerprint

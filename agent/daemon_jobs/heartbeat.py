@@ -93,4 +93,5 @@ def policy_fields(rt: Runtime) -> Dict[str, Any]:
     if bundle.refusal_pending and bundle.refused is not None:
         fields["policy_refused_serial"] = bundle.refused.serial
         fields["policy_refused_reason"] = bundle.refused.reason[:2000]
+        fields["policy_refused_kind"] = bundle.refused.kind
     return fields

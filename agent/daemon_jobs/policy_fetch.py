@@ -46,7 +46,7 @@ def fetch_and_install(host: "Host", settings: "Settings", host_id: str) -> Polic
         try:
             installer.record_rollout(offer.notice, offer.rollout)
         except (GpuguardError, OSError) as exc:
-            return PolicyFetchResult(outcome="failed", serial=offer.serial, detail=f"rollout notice: {exc}")
+            return PolicyFetchResult(outcome="failed", detail=f"rollout notice: {exc}")
     if offer.status != "offered":
         outcome = {"unchanged": "unchanged", "none": "none"}.get(offer.status, "failed")
         return PolicyFetchResult(outcome=outcome, serial=offer.serial, detail=offer.detail,  # type: ignore[arg-type]
@@ -65,12 +65,13 @@ def fetch_and_install(host: "Host", settings: "Settings", host_id: str) -> Polic
 
     try:
         installed = installer.install(offer.bundle, offer.signature, origin=f"hub bundle serial {offer.serial}",
-                                      source="hub", facts=facts, claimed_serial=offer.serial)
+                                      source="hub", facts=facts)
     except BundleRefused as exc:
-        return PolicyFetchResult(outcome="refused", serial=exc.serial or offer.serial, detail=exc.reason,
+        # exc.serial: the bundle's own once its signature was verified; the hub's claim is never kept.
+        return PolicyFetchResult(outcome="refused", serial=exc.serial, kind=exc.kind, detail=exc.reason,
                                  rollout=offer.notice, rollout_fields=offer.rollout)
     except (GpuguardError, OSError) as exc:
-        return PolicyFetchResult(outcome="failed", serial=offer.serial, detail=f"install: {exc}")
+        return PolicyFetchResult(outcome="failed", detail=f"install: {exc}")
     if installed.unchanged:
         return PolicyFetchResult(outcome="unchanged", serial=installed.serial, rollout=offer.notice,
                                  rollout_fields=offer.rollout)

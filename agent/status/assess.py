@@ -222,7 +222,8 @@ def _policy(f: StatusFacts) -> Check:
         summary += f"; {p.rollout}"
     if p.refusal_pending:
         serial = f"serial {p.refused_serial}" if p.refused_serial is not None else "a bundle"
-        return Check(name="policy", state="warn", summary=f"{summary}; {serial} refused: {p.refused_reason}")
+        kind = f" ({p.refused_kind})" if p.refused_kind is not None else ""
+        return Check(name="policy", state="warn", summary=f"{summary}; {serial} refused{kind}: {p.refused_reason}")
     if p.source == "bundle" and p.bundle_serial is None:
         return Check(name="policy", state="warn", summary=summary)
     return Check(name="policy", state="ok", summary=summary)

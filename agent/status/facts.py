@@ -131,6 +131,7 @@ class PolicyFacts(FrozenModel):
     bundle_serial: Optional[int] = None
     refused_serial: Optional[int] = None
     refused_reason: Optional[str] = None
+    refused_kind: Optional[str] = None  # one of agent/wire.py's REFUSAL_KINDS
     refused_at: Optional[dt.datetime] = None
     refusal_pending: bool = False
     rollout: Optional[str] = None  # the hub's staged-rollout notice (agent/bundle/rollout.py)
@@ -545,6 +546,7 @@ def read_policy(host: Host, guard: Any, state_dir: str) -> PolicyFacts:
     return PolicyFacts(source=guard.policy_source, description=described, bundle_serial=state.serial,
                        refused_serial=refused.serial if refused else None,
                        refused_reason=refused.reason if refused else None, refused_at=refused.at if refused else None,
+                       refused_kind=refused.kind if refused else None,
                        refusal_pending=state.refusal_pending, rollout=state.rollout)
 
 

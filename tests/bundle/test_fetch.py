@@ -27,8 +27,10 @@ pytestmark = pytest.mark.slow  # a real hub process
 
 @pytest.mark.parametrize(("body", "problem"), [
     (b"[]", "not a JSON object"),
-    (b'{"serial": 0, "bundle": "", "signature": ""}', "serial: not a whole number >= 1"),
-    (b'{"serial": true, "bundle": "", "signature": ""}', "serial: not a whole number >= 1"),
+    (b'{"serial": 0, "bundle": "", "signature": ""}', r"serial: not a whole number in 1\.\."),
+    (b'{"serial": true, "bundle": "", "signature": ""}', r"serial: not a whole number in 1\.\."),
+    (b'{"serial": 18446744073709551616, "bundle": "", "signature": ""}', r"serial: not a whole number in 1\.\."),
+    (b'{"serial": 1, "serial": 2, "bundle": "", "signature": ""}', "duplicate key 'serial'"),
     (b'{"serial": 1, "bundle": "!!", "signature": ""}', "bundle: not base64"),
     (b'{"serial": 1, "bundle": "", "signature": 3}', "signature: not a string"),
     (b"\xff", "not JSON"),
@@ -91,10 +93,12 @@ def test_fetch_installs_then_304_then_refuses_then_survives_an_outage(hub: HubPr
     assert run("hub", "policy", "push", str(second), "--hub", hub.url, "--token-file", str(admin))[0] == 0
     before = site.compiled.read_bytes()
     result = fetch_and_install(host, settings, "node-1")
-    assert result.outcome == "refused" and result.serial == 2 and "which no trusted keyring holds" in result.detail
+    assert (result.outcome, result.serial, result.kind) == ("refused", None, "signature")  # the claim: not kept
+    assert "which no trusted keyring holds" in result.detail
     assert site.compiled.read_bytes() == before and site.hook_refuses()
     state = read_bundle_state(str(site.state / "policy-bundle/state.json"))
-    assert state.serial == 1 and state.refusal_pending and state.refused is not None and state.refused.serial == 2
+    assert state.serial == 1 and state.refusal_pending and state.refused is not None
+    assert (state.refused.serial, state.refused.kind) == (None, "signature")
 
     hub.stop()
     result = fetch_and_install(host, settings, "node-1")

@@ -176,7 +176,8 @@ def test_keys_others_could_change_are_refused(tmp_path: Path, what: str, change:
     host = host_with_keys(tmp_path, signer)
     keys = host.root / "etc/gpuguard/keys"
     change(keys)
-    with pytest.raises(BundleRefused, match=f"refused: trusted keys: {what} {host.root}/etc/gpuguard") as caught:
+    refusal = rf"refused \(signature\): trusted keys: {what} {host.root}/etc/gpuguard"
+    with pytest.raises(BundleRefused, match=refusal) as caught:
         verify_signature(host, str(bundle), str(signature))
     assert "\n" not in str(caught.value) and ("writable by others" in str(caught.value)
                                               or "owned by uid 65534" in str(caught.value))
