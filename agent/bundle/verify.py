@@ -9,7 +9,8 @@ signature is good only with exactly one VALIDSIG and no BADSIG, ERRSIG, EXPSIG, 
 or NODATA, and gpgv's exit 0; SHA-1 (and weaker) signatures are refused (``--weak-digest SHA1``).
 
 Whoever can write a keyring can sign any policy, so the keys are refused, each with a line naming the file, unless
-the keys directory, the directories above it (within the Host's root) and every keyring are owned by root (or by
+the keys directory, the directories above it (within the Host's root), every keyring and every directory on the way
+to it with symlinks resolved (a keyring linked into a world-writable directory is refused) are owned by root (or by
 the user the agent runs as) and writable by no one else (group-writable only for group root), and unless every
 keyring is a binary OpenPGP keyring (gpgv refuses every signature when one ``--keyring`` is armored or damaged,
 saying only that no key was found).
@@ -107,17 +108,34 @@ def _unsafe(path: Path, what: str) -> Optional[str]:
     return None
 
 
-def keyring_problem(host: "Host", keyrings: List[str], keys_dir: str = DEFAULT_KEYS_DIR) -> Optional[str]:
-    """The first reason the trusted keys cannot be used as they are (one line naming the file); None when they can."""
-    directory = host.path(keys_dir)
-    for above in [directory, *directory.parents]:
-        if above == host.root or not str(above).startswith(str(host.root)):
+def _unsafe_directories(host: "Host", start: Path, first: str) -> Optional[str]:
+    """Why ``start`` or a directory above it cannot be trusted, up to the Host's root (or ``/`` for a path outside
+    it); None when none is unsafe. ``first`` names ``start`` in the line."""
+    for above in [start, *start.parents]:
+        if above == host.root or above == Path(above.anchor):
             break
-        problem = _unsafe(above, "keys directory" if above == directory else "directory")
+        problem = _unsafe(above, first if above == start else "directory")
         if problem is not None:
             return problem
+    return None
+
+
+def keyring_problem(host: "Host", keyrings: List[str], keys_dir: str = DEFAULT_KEYS_DIR) -> Optional[str]:
+    """The first reason the trusted keys cannot be used as they are (one line naming the file); None when they can.
+    Every directory on the way to the keys directory and to each keyring is checked twice: as written (whoever can
+    write the directory holding a link can change where it points) and with every link resolved (whoever can write
+    the directory a link leads to can replace the keyring in it)."""
+    directory = host.path(keys_dir)
+    problem = _unsafe_directories(host, directory, "keys directory")
+    if problem is None and Path(os.path.realpath(directory)) != directory:
+        problem = _unsafe_directories(host, Path(os.path.realpath(directory)), "keys directory (resolved)")
+    if problem is not None:
+        return problem
     for keyring in keyrings:
         problem = _unsafe(Path(keyring), "keyring")
+        resolved = Path(os.path.realpath(keyring))
+        if problem is None and resolved.parent != directory:
+            problem = _unsafe_directories(host, resolved.parent, f"directory of keyring {keyring} ->")
         if problem is not None:
             return problem
         try:  # a FIFO in place of a keyring is refused at once, not waited on
