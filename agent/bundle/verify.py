@@ -93,14 +93,18 @@ def parse_gpgv_status(text: str, returncode: int) -> SignatureVerdict:
     return SignatureVerdict(fingerprint=fingerprint)
 
 
-def _unsafe(path: Path, what: str) -> Optional[str]:
-    """Why ``path`` (followed through links) cannot be trusted to hold keys; None when it can."""
+def _unsafe(path: Path, what: str, above: bool = False) -> Optional[str]:
+    """Why ``path`` (followed through links) cannot be trusted to hold keys; None when it can. A directory
+    ``above`` the one holding keys may be root's and world-writable with the sticky bit (``/tmp``): no one else can
+    rename or remove what is in it."""
     try:
         info = os.stat(path)
     except OSError as exc:
         return f"{what} {path} cannot be read: {exc.strerror}"
     if info.st_uid not in (0, os.geteuid()):
         return f"{what} {path} is owned by uid {info.st_uid}, not root (whoever owns it can add a key)"
+    if above and info.st_uid == 0 and info.st_mode & stat.S_ISVTX:
+        return None
     writable = info.st_mode & stat.S_IWOTH or (info.st_mode & stat.S_IWGRP and info.st_gid != 0)
     if writable:
         return (f"{what} {path} is writable by others (mode {stat.S_IMODE(info.st_mode):04o}: anyone who can "
@@ -114,7 +118,7 @@ def _unsafe_directories(host: "Host", start: Path, first: str) -> Optional[str]:
     for above in [start, *start.parents]:
         if above == host.root or above == Path(above.anchor):
             break
-        problem = _unsafe(above, first if above == start else "directory")
+        problem = _unsafe(above, first, False) if above == start else _unsafe(above, "directory", True)
         if problem is not None:
             return problem
     return None

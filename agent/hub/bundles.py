@@ -29,7 +29,7 @@ from agent.hub.store import SqlStore
 from agent.hub.tokens import Principal
 from agent.log import get_logger
 from agent.models import FrozenModel
-from agent.wire import MAX_SIGNATURE_BYTES, etag_of
+from agent.wire import MAX_SIGNATURE_BYTES, REFUSAL_KINDS, etag_of
 
 log = get_logger("hub.bundles")
 
@@ -81,8 +81,12 @@ class HostPolicy(FrozenModel):
     policy_serial: Optional[int] = None
     offered_serial: Optional[int] = None  # the newest bundle in its scope, not withdrawn (None: none)
     behind: bool = False  # offered a serial it does not enforce yet
-    refused_serial: Optional[int] = None  # the last bundle it refused, when newer than the one it enforces
+    # enforces a serial above every one the hub offers (a fast-forward: every honest bundle now looks old to it)
+    ahead: bool = False
+    refused: bool = False  # its last refusal is newer than what it enforces (or names no verified serial)
+    refused_serial: Optional[int] = None  # that refused bundle's serial, when a verified bundle said it
     refused_reason: Optional[str] = None
+    refused_kind: Optional[str] = None  # why (agent/wire.py's REFUSAL_KINDS): what is counted
 
 
 class PolicyRollout(FrozenModel):
@@ -92,6 +96,9 @@ class PolicyRollout(FrozenModel):
     host_count: int
     behind_count: int
     refused_count: int
+    ahead_count: int = 0  # hosts enforcing a serial above every one offered
+    # hosts refusing, per kind: every kind of agent/wire.py's REFUSAL_KINDS, 0 included ("unknown": an older agent's)
+    refused_by_kind: Dict[str, int] = {}
     hosts: List[HostPolicy]
 
 
@@ -100,20 +107,37 @@ def host_policy(host: HostRow, scopes: Sequence[Tuple[int, BundleScope]]) -> Hos
     offered = offered_serial(scopes, host.host_id, host)
     enforced = host.policy_serial
     refused = host.policy_refused_serial
-    refused_now = refused is not None and (enforced is None or refused > enforced)
+    # The agent sends a refusal only while it is newer than what it enforces; one without a serial (a signature
+    # that failed: the hub's claim is never kept) counts as such.
+    refused_now = (refused is not None or host.policy_refused_kind is not None) and (
+        refused is None or enforced is None or refused > enforced)
+    newest_offered = max((serial for serial, _ in scopes), default=None)
     return HostPolicy(host_id=host.host_id, hostname=host.hostname, policy_source=host.policy_source,
                       policy_serial=enforced, offered_serial=offered,
                       behind=offered is not None and (enforced is None or enforced < offered),
-                      refused_serial=refused if refused_now else None,
-                      refused_reason=host.policy_refused_reason if refused_now else None)
+                      ahead=enforced is not None and newest_offered is not None and enforced > newest_offered,
+                      refused=refused_now, refused_serial=refused if refused_now else None,
+                      refused_reason=host.policy_refused_reason if refused_now else None,
+                      refused_kind=host.policy_refused_kind if refused_now else None)
 
 
 def policy_rollout(hosts: Sequence[HostRow], scopes: Sequence[Tuple[int, BundleScope]]) -> PolicyRollout:
     """Every host's standing, and the counts /metrics and the dashboard show; pure."""
     rows = [host_policy(host, scopes) for host in hosts]
     return PolicyRollout(newest_serial=scopes[0][0] if scopes else None, host_count=len(rows),
-                         behind_count=sum(r.behind for r in rows),
-                         refused_count=sum(r.refused_serial is not None for r in rows), hosts=rows)
+                         behind_count=sum(r.behind for r in rows), refused_count=sum(r.refused for r in rows),
+                         ahead_count=sum(r.ahead for r in rows), refused_by_kind=refusals_by_kind(rows), hosts=rows)
+
+
+def refusals_by_kind(rows: Sequence[HostPolicy]) -> Dict[str, int]:
+    """How many hosts refuse, per kind: each of REFUSAL_KINDS (0 included), and ``unknown`` for a refusal an older
+    agent sent without one."""
+    counts = {kind: 0 for kind in REFUSAL_KINDS}
+    for row in rows:
+        if row.refused:
+            kind = row.refused_kind if row.refused_kind in counts else "unknown"
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
 
 
 class PolicyBundles:

@@ -57,8 +57,8 @@ def push(hub: TestClient, token: str, data: bytes) -> Any:
     return hub.post("/v1/policy/bundles", json=push_body(data), headers=bearer(token))
 
 
-def heartbeat(hub: TestClient, token: str, host_id: str, **fields: Any) -> None:
-    beat = event(host_id, at=T0 + dt.timedelta(minutes=1)).model_copy(
+def heartbeat(hub: TestClient, token: str, host_id: str, minutes: int = 1, **fields: Any) -> None:
+    beat = event(host_id, at=T0 + dt.timedelta(minutes=minutes)).model_copy(
         update={"payload": Heartbeat(agent_version="1.0", uptime_seconds=1.0, **fields)})
     assert hub.post("/v1/events", content=batch_json([beat]), headers=bearer(token)).status_code == 200
 
@@ -218,7 +218,7 @@ def rollout_fleet(hub: TestClient, admin_token: str, tokens: Dict[str, str]) -> 
     push(hub, admin_token, bundle_bytes(11))
     heartbeat(hub, tokens["host-a"], "host-a", policy_source="bundle", policy_serial=10)
     heartbeat(hub, tokens["host-b"], "host-b", policy_source="bundle", policy_serial=10, policy_refused_serial=11,
-              policy_refused_reason="signature: BADSIG <key ABCD>")
+              policy_refused_reason="signature: BADSIG <key ABCD>", policy_refused_kind="scope")
     heartbeat(hub, tokens["host-c"], "host-c", policy_source="bundle", policy_serial=11)
     return hub
 
@@ -234,6 +234,7 @@ def test_the_fleet_api_shows_each_hosts_serial_offer_and_refusal(rollout_fleet: 
     assert (by_host["host-a"]["behind"], by_host["host-a"]["refused_serial"]) == (True, None)
     assert (by_host["host-b"]["refused_serial"], by_host["host-b"]["refused_reason"]) == (
         11, "signature: BADSIG <key ABCD>")
+    assert (by_host["host-b"]["refused"], by_host["host-b"]["refused_kind"]) == (True, "scope")
     assert (by_host["host-c"]["behind"], by_host["host-c"]["offered_serial"]) == (False, 11)
     hosts = {h["host_id"]: h for h in rollout_fleet.get("/v1/hosts", headers=reader).json()["hosts"]}
     assert (hosts["host-b"]["policy_source"], hosts["host-b"]["policy_serial"]) == ("bundle", 10)
@@ -263,3 +264,35 @@ def test_the_dashboard_shows_hosts_behind_and_refusals_with_why(rollout_fleet: T
     policy_page = rollout_fleet.get("/ui/policy", headers=reader).text
     assert 'data-serial="11"' in policy_page and 'data-serial="10"' in policy_page
     assert policy_page.count('<tr class="audit">') == 2
+
+
+def test_a_refusal_kind_and_a_fast_forward_are_counted_and_shown(rollout_fleet: TestClient,
+                                                                 tokens: Dict[str, str]) -> None:
+    """host-c's signature refusal (no serial: a claim is never kept) counts as refused with its kind in the host
+    API, /metrics (one series per kind) and the dashboard; host-a enforcing 2**63-1, above every serial offered,
+    is flagged ahead."""
+    heartbeat(rollout_fleet, tokens["host-c"], "host-c", policy_source="bundle", policy_serial=11,
+              policy_refused_kind="signature", policy_refused_reason="signature: NO_PUBKEY", minutes=2)
+    heartbeat(rollout_fleet, tokens["host-a"], "host-a", policy_source="bundle", policy_serial=2**63 - 1, minutes=2)
+    reader = bearer(tokens["ops"])
+    rollout = rollout_fleet.get("/v1/policy/hosts", headers=reader).json()
+    by_host = {h["host_id"]: h for h in rollout["hosts"]}
+    assert (by_host["host-c"]["refused"], by_host["host-c"]["refused_serial"], by_host["host-c"]["refused_kind"]) == (
+        True, None, "signature")
+    assert (by_host["host-a"]["ahead"], by_host["host-c"]["ahead"], rollout["ahead_count"]) == (True, False, 1)
+    assert rollout["refused_count"] == 2
+    assert rollout["refused_by_kind"] == {"signature": 1, "threshold": 0, "expired": 0, "rollback": 0, "scope": 1,
+                                          "format": 0, "compile": 0, "freshness": 0}
+    hosts = {h["host_id"]: h for h in rollout_fleet.get("/v1/hosts", headers=reader).json()["hosts"]}
+    assert hosts["host-c"]["policy_refused_kind"] == "signature"
+    lines = rollout_fleet.get("/metrics", headers=reader).text.splitlines()
+    for line in ('gpuguard_hub_hosts_policy_refused_by_kind{kind="signature"} 1.0',
+                 'gpuguard_hub_hosts_policy_refused_by_kind{kind="format"} 0.0',
+                 "gpuguard_hub_hosts_policy_refused 2.0", "gpuguard_hub_hosts_policy_ahead 1.0"):
+        assert line in lines, line
+    host_page = rollout_fleet.get("/ui/hosts/host-c", headers=reader).text
+    assert '<span class="badge bad" id="policy-refused">signature</span>' in host_page
+    assert 'id="policy-ahead"' in rollout_fleet.get("/ui/hosts/host-a", headers=reader).text
+    overview = rollout_fleet.get("/ui/", headers=reader).text
+    assert 'class="refused" data-host-id="host-c" data-kind="signature"' in overview
+    assert 'id="policy-ahead-count">1<' in overview
