@@ -1,8 +1,11 @@
 """The policy bundles the hub keeps and offers: push, list, show, withdraw, the audit trail, and which bundle a host
 gets.
 
-A push is parsed as the agent parses a bundle (``agent.bundle.format.parse_bundle``); the hub does not verify the
-signature (the agents do, against their own trusted keys) but keeps it beside the bytes it signs. Whether a serial
+A push is parsed as the agent parses a bundle (``agent.bundle.format.parse_bundle``) and its signature verified with
+gpgv against the keyrings of the hub's ``policy_keys_dir`` (``agent.bundle.verify.verify_signature``, the agent's
+own check, keys-directory safety included) before anything is stored: an admin token alone cannot store or offer a
+bundle, nor raise the serial floor (a refused push is 422, audited, and stores nothing). The agents verify again
+against their own trusted keys. The signature is kept beside the bytes it signs. Whether a serial
 is new is decided in the database: one transaction holds every other push off (``Dialect.lock``; SQLite's BEGIN
 IMMEDIATE), reads the highest stored serial and inserts only above it, so of two pushes of one serial exactly one
 is stored and the other is 409. Every push, refused push and withdrawal is a row of ``audit``.
@@ -23,6 +26,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from agent.bundle.format import BundleInvalid, BundleScope, PolicyBundle, parse_bundle
 from agent.bundle.scope import scope_facts, scope_refusal
+from agent.errors import BundleRefused
 from agent.hub.responses import HubHTTPError
 from agent.hub.rows import AuditEntry, BundleSummary, HostRow, utc_now
 from agent.hub.store import SqlStore
@@ -140,11 +144,35 @@ def refusals_by_kind(rows: Sequence[HostPolicy]) -> Dict[str, int]:
     return counts
 
 
+# What the hub asks of a pushed bundle's signature: the signing key's fingerprint, or BundleRefused saying why.
+SignatureCheck = Callable[[bytes, bytes], str]
+
+
+def gpgv_check(keys_dir: str) -> SignatureCheck:
+    """The hub's signature check: gpgv against the keyrings (``*.gpg``) in ``keys_dir``, the agent's check."""
+    def check(data: bytes, signature: bytes) -> str:
+        import tempfile
+        from pathlib import Path
+
+        from agent.bundle.verify import verify_signature
+        from agent.host import Host
+
+        with tempfile.TemporaryDirectory(prefix="gpuguard-push-") as work:
+            bundle_path, signature_path = Path(work) / "bundle.json", Path(work) / "bundle.json.sig"
+            bundle_path.write_bytes(data)
+            signature_path.write_bytes(signature)
+            return verify_signature(Host.for_root("/"), str(bundle_path), str(signature_path), keys_dir,
+                                    source="bundle")
+
+    return check
+
+
 class PolicyBundles:
     """The bundles in the hub's store, and their audit trail."""
 
-    def __init__(self, store: SqlStore, clock: Callable[[], dt.datetime] = utc_now) -> None:
+    def __init__(self, store: SqlStore, verify: SignatureCheck, clock: Callable[[], dt.datetime] = utc_now) -> None:
         self.store = store
+        self.verify = verify
         self.clock = clock
         self._scopes: Dict[int, BundleScope] = {}  # a serial's scope never changes: parsed once per process
         self._lock = threading.Lock()
@@ -167,10 +195,11 @@ class PolicyBundles:
 
     # --- writes -------------------------------------------------------------------------------------------
     def push(self, principal: Principal, data: bytes, signature: bytes, staged: bool = False) -> BundleSummary:
-        """Store a bundle pushed by ``principal``; 422 for one that does not parse, 409 for a serial not above
-        every stored one. A ``staged`` bundle is offered to no host until a staged rollout admits it, and to its
-        whole scope once that rollout is done (a push and ``rollout start`` are two steps: without it, a host
-        fetching in between would take the target)."""
+        """Store a bundle pushed by ``principal``; 422 for one that does not parse or whose signature no trusted
+        key made (checked before anything is stored: a refused push never raises the serial floor), 409 for a
+        serial not above every stored one. A ``staged`` bundle is offered to no host until a staged rollout admits
+        it, and to its whole scope once that rollout is done (a push and ``rollout start`` are two steps: without
+        it, a host fetching in between would take the target)."""
         try:
             bundle = parse_bundle(data, "bundle")
         except BundleInvalid as exc:
@@ -179,6 +208,11 @@ class PolicyBundles:
             raise self._refused(principal, bundle.serial, HubHTTPError(
                 422, "invalid_signature", f"signature: must be 1 to {MAX_SIGNATURE_BYTES} bytes, got "
                                           f"{len(signature)} (gpg --detach-sign BUNDLE makes BUNDLE.sig)"))
+        try:
+            fingerprint = self.verify(data, signature)
+        except BundleRefused as exc:
+            raise self._refused(principal, bundle.serial, HubHTTPError(
+                422, "signature_refused", f"signature: refused: {exc.reason}")) from None
         sha256 = hashlib.sha256(data).hexdigest()
         now = self.clock()
         sql = self.store.dialect.sql
@@ -198,7 +232,8 @@ class PolicyBundles:
                          bundle.matrix_version, bundle.created_at, bundle.created_by, self._db_time(now),
                          principal.subject, int(staged)))
             self.audit_in(cur, principal, "push", bundle.serial, f"sha256 {sha256}, {len(data)} bytes, "
-                                                               f"created by {bundle.created_by}"
+                                                               f"created by {bundle.created_by}, signed by key "
+                                                               f"{fingerprint}"
                                                                + (", staged (offered through a rollout only)"
                                                                   if staged else ""))
 

@@ -59,6 +59,7 @@ def token(hub: HubProcess, tmp_path: Path, role: str, subject: str) -> Path:  # 
 def hub_site(hub: HubProcess, tmp_path: Path) -> Tuple[Site, Path, Path]:  # noqa: F811
     """A Site whose agent reports to ``hub`` as node-1: the site, its host token file and an admin token file."""
     site = Site(tmp_path)
+    site.signer.export(hub.keys_dir / "site.gpg")  # type: ignore[attr-defined]  # the hub trusts the site's key
     host_token = token(hub, tmp_path, "host", "node-1")
     admin = token(hub, tmp_path, "admin", "alice")
     site.config.write_text(site.config.read_text() + f'[report]\nendpoint_url = "{hub.url}"\n'
@@ -88,6 +89,7 @@ def test_fetch_installs_then_304_then_refuses_then_survives_an_outage(hub: HubPr
     assert fetch_and_install(host, settings, "node-1").outcome == "unchanged"
 
     stranger = Signer(tmp_path, "mallory")
+    stranger.export(hub.keys_dir / "mallory.gpg")  # type: ignore[attr-defined]  # the hub's keys, not the host's
     second = site.bundle(2, PERMISSIVE, sign=False)
     stranger.sign(second)
     assert run("hub", "policy", "push", str(second), "--hub", hub.url, "--token-file", str(admin))[0] == 0

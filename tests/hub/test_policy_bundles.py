@@ -22,20 +22,22 @@ from agent.hub.tokens import Principal
 from agent.report.events import Heartbeat
 from tests.hub.conftest import bearer
 from tests.hub.factories import CUDA_12, ROCM_62, T0, batch_json, event
+from tests.hub.signing import check, signature_of
 
-SIGNATURE = b"\x88\x75\x04\x00\x16\x0a\x00\x1d\x16\x21\x04fake-detached-signature"
 ADMIN = Principal(role="admin", subject="alice")
 
 
 def bundle_bytes(serial: int, **scope: Any) -> bytes:
-    """A well-formed bundle's canonical bytes (the hub parses but does not verify)."""
+    """A well-formed bundle's canonical bytes."""
     return render_bundle(PolicyBundle.model_validate({
         "format": "gpuguard-policy-bundle/1", "serial": serial, "created_at": "2026-12-04T23:00:00Z",
         "created_by": "ops@example.com", "matrix_version": "2026.11",
         "scope": scope or {"all": True}, "policy_files": {"10-pairing.toml": "# pin\n"}, "matrix": None}))
 
 
-def push_body(data: bytes, signature: bytes = SIGNATURE) -> Dict[str, str]:
+def push_body(data: bytes, signature: Optional[bytes] = None) -> Dict[str, str]:
+    """A push's JSON body; the signature is a real one by the key the hub under test trusts unless given."""
+    signature = signature_of(data) if signature is None else signature
     return {"bundle": base64.b64encode(data).decode(), "signature": base64.b64encode(signature).decode()}
 
 
@@ -75,7 +77,8 @@ def test_an_admin_pushes_and_a_reader_lists_shows_and_audits(hub: TestClient, to
     listed = hub.get("/v1/policy/bundles", headers=reader).json()
     assert [b["serial"] for b in listed["bundles"]] == [42] and listed["bundles"][0]["scope"]["all"] is True
     shown = hub.get("/v1/policy/bundles/42", headers=reader).json()
-    assert base64.b64decode(shown["bundle"]) == data and base64.b64decode(shown["signature"]) == SIGNATURE
+    assert base64.b64decode(shown["bundle"]) == data
+    assert base64.b64decode(shown["signature"]).startswith(b"\x88")  # the pushed binary signature, kept
     assert shown["policy_files"] == ["10-pairing.toml"] and shown["summary"]["matrix_version"] == "2026.11"
     [entry] = hub.get("/v1/audit", headers=reader).json()["entries"]
     assert (entry["actor"], entry["role"], entry["action"], entry["serial"]) == ("release-admin", "admin", "push", 42)
@@ -105,7 +108,7 @@ def test_a_serial_not_above_every_stored_one_is_409_and_audited(hub: TestClient,
 
 
 @pytest.mark.parametrize("body, error, words", [
-    (push_body(b"{\"format\": \"something-else\"}"), "invalid_bundle", "format"),
+    (push_body(b"{\"format\": \"something-else\"}", signature=b"sig"), "invalid_bundle", "format"),
     (push_body(bundle_bytes(1), signature=b""), "invalid_request", "signature"),
     ({"bundle": "%%% not base64", "signature": "c2ln"}, "invalid_request", "bundle: not base64"),
     ({"bundle": "e30="}, "invalid_request", "signature"),
@@ -184,7 +187,7 @@ def test_two_hubs_pushing_one_serial_at_once_store_it_once(kind: str, tmp_path: 
     for store in stores:
         store.open()
     try:
-        hubs = [PolicyBundles(store) for store in stores]
+        hubs = [PolicyBundles(store, check()) for store in stores]
         for serial in range(9, 17):
             barrier = threading.Barrier(2)
             outcomes: List[Optional[int]] = [None, None]
@@ -193,7 +196,7 @@ def test_two_hubs_pushing_one_serial_at_once_store_it_once(kind: str, tmp_path: 
                         outcomes: List[Optional[int]] = outcomes) -> None:
                 barrier.wait(timeout=10)
                 try:
-                    hubs[index].push(ADMIN, bundle_bytes(serial), SIGNATURE)
+                    hubs[index].push(ADMIN, bundle_bytes(serial), signature_of(bundle_bytes(serial)))
                     outcomes[index] = 201
                 except HubHTTPError as exc:
                     outcomes[index] = exc.status
@@ -296,3 +299,48 @@ def test_a_refusal_kind_and_a_fast_forward_are_counted_and_shown(rollout_fleet: 
     overview = rollout_fleet.get("/ui/", headers=reader).text
     assert 'class="refused" data-host-id="host-c" data-kind="signature"' in overview
     assert 'id="policy-ahead-count">1<' in overview
+
+
+def test_a_keyless_push_cannot_raise_the_serial_floor(hub: TestClient, admin_token: str,
+                                                      tokens: Dict[str, str]) -> None:
+    """An admin token pushing serial 2**63-1 with 120 random bytes as its signature, or with a real signature by a
+    key the hub does not trust, or a trusted signature over other bytes, is refused (422, audited, nothing stored
+    or offered); later good pushes still succeed and are offered."""
+    import os
+
+    from tests.bundle.keys import Signer
+
+    assert push(hub, admin_token, bundle_bytes(5)).status_code == 201
+    top = bundle_bytes(2**63 - 1)
+    refused(hub.post("/v1/policy/bundles", json=push_body(top, signature=os.urandom(120)), headers=bearer(admin_token)),
+            422, "signature_refused", "signature: refused: signature: ")
+    import tempfile
+    with tempfile.TemporaryDirectory() as home:
+        stranger = Signer(Path(home), "mallory")
+        path = Path(home) / "top.json"
+        path.write_bytes(top)
+        foreign = stranger.sign(path).read_bytes()
+        stranger.close()
+    refused(hub.post("/v1/policy/bundles", json=push_body(top, signature=foreign), headers=bearer(admin_token)),
+            422, "signature_refused", "which no trusted keyring holds")
+    refused(hub.post("/v1/policy/bundles", json=push_body(top, signature=signature_of(bundle_bytes(6))),
+                     headers=bearer(admin_token)), 422, "signature_refused", "bad signature")
+    reader = bearer(tokens["ops"])
+    assert [b["serial"] for b in hub.get("/v1/policy/bundles", headers=reader).json()["bundles"]] == [5]
+    assert push(hub, admin_token, bundle_bytes(6)).status_code == 201
+    assert hub.post("/v1/policy/bundles/6/withdraw", headers=bearer(admin_token)).status_code == 200
+    assert push(hub, admin_token, bundle_bytes(7)).status_code == 201  # the floor is 6, never 2**63-1
+    offered = hub.get("/v1/policy/bundle", headers=bearer(tokens["host-a"]))
+    assert offered.status_code == 200 and offered.json()["serial"] == 7
+    actions = [(e["action"], e["serial"]) for e in hub.get("/v1/audit", headers=reader).json()["entries"]]
+    assert actions.count(("push_refused", 2**63 - 1)) == 3
+
+
+def test_a_hub_without_trusted_keys_refuses_every_push(tmp_path: Path, settings: HubSettings,
+                                                       admin_token: str) -> None:
+    """With no keyring in policy_keys_dir the hub stores nothing: every push is 422 naming the directory."""
+    empty = tmp_path / "no-keys"
+    empty.mkdir()
+    bare = settings.model_copy(update={"policy_keys_dir": str(empty)})
+    with TestClient(create_app(bare, make_store(bare.database_url))) as client:
+        refused(push(client, admin_token, bundle_bytes(1)), 422, "signature_refused", f"no trusted key in {empty}")

@@ -263,10 +263,12 @@ def test_a_schema_version_3_database_keeps_its_bundles_offered_after_the_migrati
     from agent.hub.bundles import PolicyBundles
     from agent.hub.store import SqlStore
     from agent.hub.tokens import Principal
-    from tests.hub.test_policy_bundles import SIGNATURE, bundle_bytes
+    from tests.hub.signing import check, signature_of
+    from tests.hub.test_policy_bundles import bundle_bytes
 
     assert isinstance(store, SqlStore)
-    PolicyBundles(store).push(Principal(role="admin", subject="alice"), bundle_bytes(7), SIGNATURE)
+    PolicyBundles(store, check()).push(Principal(role="admin", subject="alice"), bundle_bytes(7),
+                                       signature_of(bundle_bytes(7)))
 
     reopened = _reopened_after(store, ["ALTER TABLE policy_bundles DROP COLUMN staged",
                                        "ALTER TABLE rollouts DROP COLUMN paused_by",
@@ -275,7 +277,7 @@ def test_a_schema_version_3_database_keeps_its_bundles_offered_after_the_migrati
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
             (str(schema.SCHEMA_VERSION),)]
-        assert PolicyBundles(reopened).offer_serial("any-host") == 7
+        assert PolicyBundles(reopened, check()).offer_serial("any-host") == 7
     finally:
         reopened.close()
 
@@ -289,14 +291,15 @@ def test_a_schema_version_4_paused_rollout_gets_an_empty_paused_by_after_the_mig
     from agent.hub.rollouts import Rollouts
     from agent.hub.store import SqlStore
     from agent.hub.tokens import Principal
-    from tests.hub.test_policy_bundles import SIGNATURE, bundle_bytes
+    from tests.hub.signing import check, signature_of
+    from tests.hub.test_policy_bundles import bundle_bytes
 
     assert isinstance(store, SqlStore)
     admin = Principal(role="admin", subject="alice")
     store.ingest([[event("host-old", at=T0)]], received_at=NOW)
-    bundles = PolicyBundles(store)
-    bundles.push(admin, bundle_bytes(1), SIGNATURE)
-    bundles.push(admin, bundle_bytes(2), SIGNATURE)
+    bundles = PolicyBundles(store, check())
+    bundles.push(admin, bundle_bytes(1), signature_of(bundle_bytes(1)))
+    bundles.push(admin, bundle_bytes(2), signature_of(bundle_bytes(2)))
     rid = Rollouts(store, bundles).start(admin, RolloutSpec(target_serial=2)).rollout.rollout_id
     Rollouts(store, bundles).pause(admin, rid)
     reopened = _reopened_after(store, ["ALTER TABLE rollouts DROP COLUMN paused_by",
@@ -305,7 +308,7 @@ def test_a_schema_version_4_paused_rollout_gets_an_empty_paused_by_after_the_mig
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
             (str(schema.SCHEMA_VERSION),)]
-        rollouts = Rollouts(reopened, PolicyBundles(reopened))
+        rollouts = Rollouts(reopened, PolicyBundles(reopened, check()))
         row = rollouts.status(rid).rollout
         assert (row.state, row.paused_by) == ("paused", None)
         rollouts.evaluate(rid)
