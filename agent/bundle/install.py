@@ -132,6 +132,16 @@ class BundleInstaller:
                 write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)),
                                    state.with_rollout(notice, self.host.clock(), fields))
 
+    def record_hub_offer(self, offered: Optional[int]) -> None:
+        """Keep whether the hub offers only serials below the one in force (``offered``; None: none in scope), with
+        since when; the file is written only when that changes."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with _locked(self.directory):
+            state = self.state()
+            updated = state.with_hub_offer(offered, self.host.clock())
+            if updated != state:
+                write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)), updated)
+
     def _install(self, work: Path, state: BundleState, bundle_data: bytes, signature_data: bytes, origin: str,
                  source: Literal["hub", "file"], facts: Callable[[], ScopeFacts], allow_rollback: bool) -> Installed:
         bundle_file, signature_file = work / "bundle.json", work / "bundle.json.sig"

@@ -36,11 +36,21 @@ class BundleRefusal(JsonRecord):
 
 
 @dataclass(frozen=True)
+class HubBelow(JsonRecord):
+    """The hub offers only serials below the one in force (``offered_serial``; None: it offers none), since
+    ``since``: a withdrawn bundle still in force, or a fast-forward (a serial so high every honest one looks old)."""
+
+    offered_serial: Optional[int]
+    since: dt.datetime
+
+
+@dataclass(frozen=True)
 class BundleState(JsonRecord):
     """The bundle in force (serial None: none yet), the last refusal, and what the hub's newest answer said of a
     staged rollout: its typed fields (``rollout_fields``, agent/bundle/rollout_fields.py; None: no rollout concerns
     this host, also in a state file written before the field existed) and its notice (``rollout``, display text
-    only), with when the notice first arrived."""
+    only), with when the notice first arrived; and ``hub_below``, while the hub offers only serials below the one
+    in force (attention in ``status``)."""
 
     serial: Optional[int] = None
     fingerprint: Optional[str] = None
@@ -51,6 +61,16 @@ class BundleState(JsonRecord):
     rollout: Optional[str] = None
     rollout_at: Optional[dt.datetime] = None
     rollout_fields: Optional[RolloutFields] = None
+    hub_below: Optional[HubBelow] = None
+
+    def with_hub_offer(self, offered: Optional[int], at: dt.datetime) -> "BundleState":
+        """The state after the hub offered ``offered`` (None: nothing in scope): ``hub_below`` set, keeping its
+        first time, when that is below the serial in force; cleared otherwise."""
+        if self.serial is None or (offered is not None and offered >= self.serial):
+            return replace(self, hub_below=None)
+        if self.hub_below is not None and self.hub_below.offered_serial == offered:
+            return self
+        return replace(self, hub_below=HubBelow(offered, at))
 
     def with_refusal(self, serial: Optional[int], kind: str, reason: str, at: dt.datetime) -> "BundleState":
         return replace(self, refused=BundleRefusal(serial, reason, at, kind))

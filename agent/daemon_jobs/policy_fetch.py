@@ -47,6 +47,14 @@ def fetch_and_install(host: "Host", settings: "Settings", host_id: str) -> Polic
             installer.record_rollout(offer.notice, offer.rollout)
         except (GpuguardError, OSError) as exc:
             return PolicyFetchResult(outcome="failed", detail=f"rollout notice: {exc}")
+    if offer.status in ("unchanged", "none", "offered"):
+        # A 304 offers the serial in force; 204 offers nothing (below a bundle the hub gave); 200 offers its serial.
+        offered = {"unchanged": state.serial, "none": None if state.source == "hub" else state.serial}.get(
+            offer.status, offer.serial)
+        try:
+            installer.record_hub_offer(offered)
+        except (GpuguardError, OSError) as exc:
+            return PolicyFetchResult(outcome="failed", detail=f"hub offer: {exc}")
     if offer.status != "offered":
         outcome = {"unchanged": "unchanged", "none": "none"}.get(offer.status, "failed")
         return PolicyFetchResult(outcome=outcome, serial=offer.serial, detail=offer.detail,  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ import base64
 import json
 import os
 from pathlib import Path
-from typing import List, Tuple
+from typing import Any, List, Tuple
 
 import pytest
 
@@ -163,3 +163,41 @@ def test_an_older_offer_after_a_withdrawal_is_not_a_refusal(hub: HubProcess, tmp
     assert asked == ["policy_bundle_installed"]
     state = read_bundle_state(str(site.state / "policy-bundle/state.json"))
     assert (state.serial, state.refused) == (2, None) and site.hook_refuses()
+
+
+def policy_check(site: Site) -> Any:
+    """``gpuguard status``'s policy check for the site, as assess makes it."""
+    from agent.status.assess import assess
+    from agent.status.facts import read_policy
+    from tests.status.test_assess import healthy
+
+    facts = read_policy(Host.for_root(str(site.root)), parse_settings(site.config.read_text()).guard,
+                        "/var/lib/gpuguard")
+    return next(c for c in assess(healthy(policy=facts)).checks if c.name == "policy")
+
+
+def test_a_host_above_every_serial_the_hub_offers_is_attention(hub: HubProcess, tmp_path: Path) -> None:  # noqa: F811
+    """A host that took serial 2**63-1 (a fast-forward by a trusted key) while the hub offers 5: status warns that
+    the serial in force is above every serial offered, since the first such answer; a 304 for the serial in force
+    does not."""
+
+    site, host_token, admin = hub_site(hub, tmp_path)
+    settings = parse_settings(site.config.read_text())
+    host = Host.for_root(str(site.root))
+    pushed = site.bundle(5, POLICY)
+    assert run("hub", "policy", "push", str(pushed), "--hub", hub.url, "--token-file", str(admin))[0] == 0
+    assert fetch_and_install(host, settings, "node-1").outcome == "installed"
+    assert fetch_and_install(host, settings, "node-1").outcome == "unchanged"  # 304
+    assert policy_check(site).state == "ok"
+
+    assert site.install(site.bundle(2**63 - 1, POLICY))[0] == 0  # the fast-forward, signed by a trusted key
+    result = fetch_and_install(host, settings, "node-1")
+    assert (result.outcome, result.serial) == ("unchanged", 2**63 - 1)
+    state = read_bundle_state(str(site.state / "policy-bundle/state.json"))
+    assert state.hub_below is not None and state.hub_below.offered_serial == 5
+    first = state.hub_below.since
+    fetch_and_install(host, settings, "node-1")
+    again = read_bundle_state(str(site.state / "policy-bundle/state.json")).hub_below
+    assert again is not None and again.since == first
+    check: Any = policy_check(site)
+    assert check.state == "warn" and "above every serial the hub offers (serial 5 since " in check.summary, check
