@@ -137,8 +137,11 @@ def test_a_signed_bundle_with_a_lone_surrogate_is_a_format_refusal(tmp_path: Pat
 
 
 def test_the_daemon_records_a_surrogate_bundle_as_a_refusal(tmp_path: Path, served: object) -> None:
-    """The fetch child offered the surrogate bundle records a format refusal (no crash) that the heartbeat
-    carries to the hub with its kind."""
+    """The fetch child (a real ``gpuguard _job policy_fetch``) offered the surrogate bundle records a format
+    refusal (no crash) at every interval, which the heartbeat carries to the hub with its kind."""
+    from agent.daemon_jobs.children import PolicyFetchInChild
+    from tests.daemon.test_jobs import make_runtime
+
     site = Site(tmp_path / "maker")
     made = surrogate_bundle(site, 2)
     hub = served(offer(2, made.read_bytes(), made.with_name(made.name + ".sig").read_bytes()))  # type: ignore[operator]
@@ -148,6 +151,10 @@ def test_the_daemon_records_a_surrogate_bundle_as_a_refusal(tmp_path: Path, serv
     result = fetch_and_install(Host.for_root(str(host_site.root)), parse_settings(host_site.config.read_text()),
                                "node-1")
     assert (result.outcome, result.kind, result.serial) == ("refused", "format", None), result
+    rt = make_runtime(tmp_path, Host.for_root(str(host_site.root)), load_settings(str(host_site.config)))
+    asked: list = []
+    PolicyFetchInChild(rt, str(host_site.config), asked.append).run()
+    assert asked == ["policy_bundle_refused"]
     fields = heartbeat_policy(host_site, tmp_path)
     assert (fields["policy_serial"], fields["policy_refused_kind"]) == (1, "format")
     assert "U+D800" in fields["policy_refused_reason"]
