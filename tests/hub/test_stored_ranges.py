@@ -87,3 +87,17 @@ def test_a_number_out_of_range_is_a_422_naming_the_field(client: Any, tokens: Di
     assert named in reply.json()["detail"]
     assert client.get("/v1/hosts", headers=bearer(tokens["ops"])).json()["host_count"] == 0
 
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("target_serial", 2**64), ("revert_serial", 2**63), ("soak_seconds", 2**62), ("report_deadline_seconds", 2**63),
+    ("canaries", 2**63),
+])
+def test_a_rollout_number_out_of_range_is_a_422_naming_the_field(client: Any, admin_token: str, field: str,
+                                                                 value: int) -> None:
+    """A rollout spec whose serial, wait or count the store or the clock cannot hold is 422 naming the field, never
+    a 500 from the database."""
+    body: Dict[str, Any] = {"target_serial": 1, field: value}
+    reply = client.post("/v1/rollouts", json=body, headers=bearer(admin_token))
+    assert reply.status_code == 422, reply.text
+    assert field in reply.json()["detail"]
