@@ -22,7 +22,7 @@ import datetime as dt
 import hashlib
 import json
 import threading
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from agent.bundle.format import BundleInvalid, BundleScope, PolicyBundle, parse_bundle
 from agent.bundle.scope import scope_facts, scope_refusal
@@ -175,6 +175,10 @@ class PolicyBundles:
         self.verify = verify
         self.clock = clock
         self._scopes: Dict[int, BundleScope] = {}  # a serial's scope never changes: parsed once per process
+        # Serials whose stored signature does not verify against the hub's keys (stored before the hub verified
+        # pushes): never offered. Checked once per process, at the first offer.
+        self._unverified: Set[int] = set()
+        self._verified: Set[int] = set()  # serials whose signature verified in this process
         self._lock = threading.Lock()
 
     def _db_time(self, value: dt.datetime) -> Any:
@@ -219,18 +223,24 @@ class PolicyBundles:
 
         def work(cur: Any) -> None:
             self.store.dialect.lock(cur, PUSH_LOCK_KEY)
-            cur.execute("SELECT MAX(serial) FROM policy_bundles")
-            newest = cur.fetchone()[0]
-            if newest is not None and bundle.serial <= int(newest):
+            newest = self._floor(cur)
+            if newest is not None and bundle.serial <= newest:
                 raise HubHTTPError(409, "serial_not_newer",
-                                   f"serial {bundle.serial} is not above {int(newest)}, the highest stored; "
-                                   f"make the bundle again with --serial {int(newest) + 1} or higher")
+                                   f"serial {bundle.serial} is not above {newest}, the highest stored; "
+                                   f"make the bundle again with --serial {newest + 1} or higher")
+            cur.execute(sql("SELECT COUNT(*) FROM policy_bundles WHERE serial = ?"), (bundle.serial,))
+            if cur.fetchone()[0]:
+                raise HubHTTPError(409, "serial_not_newer",
+                                   f"serial {bundle.serial} is taken by a stored bundle whose signature does not "
+                                   f"verify; make the bundle again with another serial")
             cur.execute(sql("INSERT INTO policy_bundles (serial, bundle, signature, sha256, scope, matrix_version, "
                             "created_at, created_by, pushed_at, pushed_by, staged) "
                             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
                         (bundle.serial, data, signature, sha256, bundle.scope.model_dump_json(),
                          bundle.matrix_version, bundle.created_at, bundle.created_by, self._db_time(now),
                          principal.subject, int(staged)))
+            with self._lock:
+                self._verified.add(bundle.serial)
             self.audit_in(cur, principal, "push", bundle.serial, f"sha256 {sha256}, {len(data)} bytes, "
                                                                f"created by {bundle.created_by}, signed by key "
                                                                f"{fingerprint}"
@@ -315,19 +325,61 @@ class PolicyBundles:
 
     def offered_scopes(self, staged_serial: Optional[int] = None) -> List[Tuple[int, BundleScope]]:
         """(serial, scope) of every bundle not withdrawn and not staged (but ``staged_serial``, a rollout's target
-        for its admitted hosts), newest first."""
+        for its admitted hosts), newest first; a bundle whose signature does not verify against the hub's keys (one
+        stored before the hub verified pushes) is left out."""
         rows = self.store.query("policy_offer", "SELECT serial, scope, staged FROM policy_bundles "
                                                 "WHERE withdrawn_at IS NULL ORDER BY serial DESC")
         scopes = []
         with self._lock:
             for serial, scope_json, staged in rows:
-                if staged and int(serial) != staged_serial:
+                if (staged and int(serial) != staged_serial) or serial in self._unverified:
                     continue
                 scope = self._scopes.get(serial)
                 if scope is None:
+                    if not self._verifies(int(serial)):
+                        self._unverified.add(serial)
+                        continue
                     scope = self._scopes[serial] = BundleScope.model_validate_json(scope_json)
                 scopes.append((int(serial), scope))
         return scopes
+
+    def _floor(self, cur: Any) -> Optional[int]:
+        """The highest stored serial whose bundle verifies against the hub's keys, withdrawn or not, in the push's
+        transaction: a bundle that never verified (stored before the hub verified pushes) raises no floor."""
+        cur.execute("SELECT serial FROM policy_bundles ORDER BY serial DESC")
+        for (serial,) in cur.fetchall():
+            serial = int(serial)
+            with self._lock:
+                known_bad = serial in self._unverified
+                known_good = serial in self._scopes or serial in self._verified
+            if known_good:
+                return serial
+            if known_bad:
+                continue
+            cur.execute(self.store.dialect.sql("SELECT bundle, signature FROM policy_bundles WHERE serial = ?"),
+                        (serial,))
+            data, signature = cur.fetchone()
+            good = self._signature_holds(serial, bytes(data), bytes(signature))
+            with self._lock:
+                (self._verified if good else self._unverified).add(serial)
+            if good:
+                return serial
+        return None
+
+    def _signature_holds(self, serial: int, data: bytes, signature: bytes) -> bool:
+        try:
+            self.verify(data, signature)
+        except BundleRefused as exc:
+            log.warning("hub_bundle_unverified", serial=serial, reason=exc.reason, kept="not offered, no floor")
+            return False
+        return True
+
+    def _verifies(self, serial: int) -> bool:
+        """Whether stored bundle ``serial`` verifies against the hub's keys now (logged when it does not)."""
+        if serial in self._verified:
+            return True
+        data, signature = self.content(serial)
+        return self._signature_holds(serial, data, signature)
 
     def offer_serial(self, host_id: str) -> Optional[int]:
         """The serial a host is offered now (None: no bundle in its scope)."""

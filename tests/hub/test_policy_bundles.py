@@ -344,3 +344,34 @@ def test_a_hub_without_trusted_keys_refuses_every_push(tmp_path: Path, settings:
     bare = settings.model_copy(update={"policy_keys_dir": str(empty)})
     with TestClient(create_app(bare, make_store(bare.database_url))) as client:
         refused(push(client, admin_token, bundle_bytes(1)), 422, "signature_refused", f"no trusted key in {empty}")
+
+
+def test_a_stored_bundle_that_does_not_verify_is_never_offered(settings: HubSettings, admin_token: str,
+                                                                tokens: Dict[str, str]) -> None:
+    """A row stored before the hub verified pushes (serial 2**63-1, 120 random bytes as its signature) is offered
+    to no host, counted nowhere and raises no serial floor: hosts get the newest bundle that verifies, and the next
+    push above it is stored."""
+    import os
+
+    store = make_store(settings.database_url)
+    store.open()
+    bundles = PolicyBundles(store, check())  # type: ignore[arg-type]
+    bundles.push(ADMIN, bundle_bytes(5), signature_of(bundle_bytes(5)))
+    top = bundle_bytes(2**63 - 1)
+
+    def legacy(cur: Any) -> None:
+        cur.execute(store.dialect.sql(  # type: ignore[attr-defined]
+            "INSERT INTO policy_bundles (serial, bundle, signature, sha256, scope, created_at, created_by, "
+            "pushed_at, pushed_by, staged) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0)"),
+            (2**63 - 1, top, os.urandom(120), "0" * 64, '{"all": true}', "2026-12-04T23:00:00Z", "x",
+             store.dialect.to_db_time(T0), "mallory"))  # type: ignore[attr-defined]
+
+    store.write("legacy_row", legacy)  # type: ignore[attr-defined]
+    assert bundles.offer_serial("host-a") == 5 and bundles.rollout().newest_serial == 5
+    assert bundles.push(ADMIN, bundle_bytes(6), signature_of(bundle_bytes(6))).serial == 6
+    with pytest.raises(HubHTTPError, match="taken by a stored bundle whose signature does not verify"):
+        bundles.push(ADMIN, top, signature_of(top))
+    store.close()
+    with TestClient(create_app(settings, make_store(settings.database_url))) as hub:
+        offered = hub.get("/v1/policy/bundle", headers=bearer(tokens["host-a"]))
+        assert offered.status_code == 200 and offered.json()["serial"] == 6
