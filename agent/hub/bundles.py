@@ -215,8 +215,10 @@ class PolicyBundles:
         try:
             fingerprint = self.verify(data, signature)
         except BundleRefused as exc:
-            raise self._refused(principal, bundle.serial, HubHTTPError(
-                422, "signature_refused", f"signature: refused: {exc.reason}")) from None
+            # Audited without a serial: what an unverified bundle claims is not kept as a fact (the detail says it).
+            raise self._refused(principal, None, HubHTTPError(
+                422, "signature_refused", f"signature: refused: {exc.reason} (the bundle claims serial "
+                                          f"{bundle.serial})")) from None
         sha256 = hashlib.sha256(data).hexdigest()
         now = self.clock()
         sql = self.store.dialect.sql
