@@ -250,14 +250,15 @@ class WriterBusy(HubError):
 
 class BundleRefused(GpuguardError):
     """A policy bundle was refused: its signature, a serial below the one in force, out of scope, or it does not
-    compile; the policy in force keeps guarding. ``reason`` is the one line saying why, ``kind`` (when known) the
-    word a program reads (signature, threshold, expired, rollback, scope, format, freshness: agent/bundle/roles.py)."""
+    compile; the policy in force keeps guarding. ``kind`` (one of agent/wire.py's REFUSAL_KINDS) is what decides
+    and what is counted; ``reason`` is the one line saying why, for people. ``serial`` is the bundle's own, and only
+    once its signature was verified (a claim is never kept)."""
 
     exit_code = 17
 
-    def __init__(self, source: str, reason: str, serial: Optional[int] = None, kind: Optional[str] = None) -> None:
+    def __init__(self, source: str, reason: str, kind: str, serial: Optional[int] = None) -> None:
         self.source = source
         self.reason = reason
-        self.serial = serial
         self.kind = kind
-        super().__init__(f"{source}: refused: {reason}")
+        self.serial = serial
+        super().__init__(f"{source}: refused ({kind}): {reason}")

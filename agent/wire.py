@@ -9,9 +9,12 @@
                  ROLLOUT_HEADER is the notice, display text only: nothing decides on it. ``rollout_id``, ``state``
                  (OFFER_ROLLOUT_STATES) and ``admitted_stage`` (None: held back) are what the agent decides on,
                  after :func:`rollout_id_ok`, :func:`rollout_state_ok` and :func:`stage_ok` (a trust boundary)
-    limits       MAX_SIGNATURE_BYTES, MAX_NOTICE_CHARS, MAX_ROLLOUT_ID_CHARS, MAX_STAGE, MAX_STATE_FILE_BYTES
+    limits       MAX_STORED_INT, MAX_SIGNATURE_BYTES, MAX_NOTICE_CHARS, MAX_ROLLOUT_ID_CHARS, MAX_STAGE,
+                 MAX_STATE_FILE_BYTES
     health       HEALTH_STATUSES, and the two verdicts over them: PASSED_HEALTH_STATUSES give a held node back,
                  FAILED_HEALTH_STATUSES keep it out, halt a rollout's batch, label a node and colour status
+    refusals     REFUSAL_KINDS: why a host refused a policy bundle, as a kind (its sentence is for people only), in
+                 the bundle state file, the heartbeat, the hub's host rows, its metric and the dashboard
 
 Standard library only and no imports at all: the apt hook's hot path reads MAX_STATE_FILE_BYTES from here.
 """
@@ -37,6 +40,9 @@ ROLLOUT_STAGE_HEADER = "X-Gpuguard-Rollout-Admitted-Stage"
 OFFER_ROLLOUT_STATES = ("running", "paused", "halted")
 
 MAX_SIGNATURE_BYTES = 64 * 1024
+# Every whole number the hub stores (serials, counts, sizes, sequences): a signed 64-bit column (SQLite INTEGER,
+# PostgreSQL BIGINT) holds 0..MAX_STORED_INT; the hub refuses anything outside at the API (422 naming the field).
+MAX_STORED_INT = 2**63 - 1
 MAX_NOTICE_CHARS = 300  # the hub cuts its notice here; the agent keeps at most this much
 MAX_ROLLOUT_ID_CHARS = 64
 MAX_STAGE = 100  # a stage per batch, batches strictly increasing percentages up to 100, after stage 0
@@ -46,6 +52,13 @@ MAX_STATE_FILE_BYTES = 64 * 1024
 HEALTH_STATUSES = ("pass", "regression", "cpu_fallback", "failed", "timeout", "skipped", "busy", "deferred")
 PASSED_HEALTH_STATUSES = ("pass", "busy")
 FAILED_HEALTH_STATUSES = ("regression", "cpu_fallback", "failed", "timeout")
+
+# Why a bundle was refused (one enum: a model reads it as ``Literal[REFUSAL_KINDS]``). signature: no good signature
+# by a trusted key, or the trusted keys are unsafe; threshold: fewer valid signatures than its role needs; expired:
+# the bundle or its metadata has expired; rollback: its serial is not above the one in force; scope: not for this
+# host; format: not a well-formed bundle (duplicate keys, unencodable text, a field out of range); compile: its
+# policy does not compile; freshness: the hub's freshness statement is missing, expired or contradicts the bundle.
+REFUSAL_KINDS = ("signature", "threshold", "expired", "rollback", "scope", "format", "compile", "freshness")
 
 _ROLLOUT_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 

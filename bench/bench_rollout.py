@@ -36,7 +36,8 @@ from agent.hub.store import SQLiteStore  # noqa: E402
 from agent.hub.tokens import Principal  # noqa: E402
 from agent.report.events import Event, Heartbeat  # noqa: E402
 from tests.hub.factories import ROCM_62, event  # noqa: E402
-from tests.hub.test_policy_bundles import SIGNATURE, bundle_bytes  # noqa: E402
+from tests.hub.signing import check, signature_of  # noqa: E402
+from tests.hub.test_policy_bundles import bundle_bytes  # noqa: E402
 
 ADMIN = Principal(role="admin", subject="bench")
 
@@ -67,9 +68,9 @@ def main() -> int:
                              received_at=at)
 
         report(hosts, 1, "pass")
-        bundles = PolicyBundles(store)
-        bundles.push(ADMIN, bundle_bytes(1), SIGNATURE)
-        bundles.push(ADMIN, bundle_bytes(2), SIGNATURE)
+        bundles = PolicyBundles(store, check())
+        bundles.push(ADMIN, bundle_bytes(1), signature_of(bundle_bytes(1)))
+        bundles.push(ADMIN, bundle_bytes(2), signature_of(bundle_bytes(2)))
         rollouts = Rollouts(store, bundles, stale_after_seconds=900.0)  # as the hub has it (its default)
         spec = RolloutSpec(target_serial=2, canaries=1, batches=(5, 25, 100), soak_seconds=0)
         started = time.perf_counter()
@@ -88,7 +89,7 @@ def main() -> int:
             if decision.action == "done":
                 break
         # A second rollout whose canary fails.
-        bundles.push(ADMIN, bundle_bytes(3), SIGNATURE)
+        bundles.push(ADMIN, bundle_bytes(3), signature_of(bundle_bytes(3)))
         rid = rollouts.start(ADMIN, spec.model_copy(update={"target_serial": 3})).rollout.rollout_id
         canary = next(h.host_id for h in rollouts.status(rid).hosts if h.stage == 0)
         held = next(h.host_id for h in rollouts.status(rid).hosts if h.stage is None)

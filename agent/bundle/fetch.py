@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
-from agent.bundle.format import MAX_BUNDLE_BYTES
+from agent.bundle.format import MAX_BUNDLE_BYTES, MAX_SERIAL
 from agent.bundle.rollout import clean_notice
 from agent.bundle.rollout_fields import RolloutFields, read_rollout_fields, rollout_fields_of_headers
 from agent.printable import printable
@@ -82,14 +82,14 @@ def parse_offer_with_rollout(body: bytes) -> Tuple[int, bytes, bytes, Optional[s
     if len(body) > MAX_OFFER_BYTES:
         raise ValueError(f"answer of {len(body)} bytes is larger than {MAX_OFFER_BYTES}")
     try:
-        value = parse_json_text("answer", body.decode("utf-8"))
+        value = parse_json_text("answer", body.decode("utf-8"), unique_keys=True)
     except Exception as exc:  # noqa: BLE001 - InputFileError or UnicodeDecodeError: one line either way
         raise ValueError(f"not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise ValueError("not a JSON object")
     serial = value.get("serial")
-    if not isinstance(serial, int) or isinstance(serial, bool) or serial < 1:
-        raise ValueError("serial: not a whole number >= 1")
+    if not isinstance(serial, int) or isinstance(serial, bool) or not 1 <= serial <= MAX_SERIAL:
+        raise ValueError(f"serial: not a whole number in 1..{MAX_SERIAL}")
     decoded = []
     for name in ("bundle", "signature"):
         text = value.get(name)

@@ -2,7 +2,8 @@
 
 The signature (a detached OpenPGP signature, agent/bundle/verify.py) is over the exact bytes :func:`render_bundle`
 writes: sorted keys, no spaces, UTF-8, one trailing newline. :func:`parse_bundle` reads any JSON that validates
-(the hub stores and serves the bytes it was given, never a re-rendering), bounded in size, and refuses anything
+(the hub stores and serves the bytes it was given, never a re-rendering), bounded in size, with no key named twice
+in any object and no text that UTF-8 cannot encode (a lone surrogate escaped as ``\\ud800``), and refuses anything
 else in one line naming the field (``BundleInvalid``, exit 4). The hub parses pushed bundles with the same
 function (one home).
 """
@@ -11,20 +12,21 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Dict, Literal, Optional, Tuple
+from typing import Any, Dict, List, Literal, Optional, Tuple
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator, model_validator
 
 from agent.errors import InputFileError
 from agent.models import FrozenModel, first_validation_problem
 from agent.strictjson import parse_json_text
+from agent.wire import MAX_STORED_INT
 
 BUNDLE_FORMAT = "gpuguard-policy-bundle/1"
 MAX_BUNDLE_BYTES = 4 * 1024 * 1024
 MAX_POLICY_FILES = 64
 MAX_SELECTORS = 1000
 # A serial fits a signed 64-bit integer column (SQLite, PostgreSQL BIGINT).
-MAX_SERIAL = 2**63 - 1
+MAX_SERIAL = MAX_STORED_INT
 # The matrix file is never a policy file (agent/policy/load.py skips it in a policy.d).
 MATRIX_FILE_NAME = "amd-compat-matrix.toml"
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
@@ -107,6 +109,32 @@ class PolicyBundle(FrozenModel):
         return value
 
 
+def unencodable_text(value: Any, where: str = "") -> Optional[str]:
+    """Where ``value`` (decoded JSON) holds text that cannot be written as UTF-8 (a lone surrogate such as
+    ``\\ud800``, which JSON's escapes can carry), in one line naming the field; None when all of it can."""
+    stack: List[Tuple[str, Any]] = [(where, value)]
+    while stack:
+        at, item = stack.pop()
+        texts: List[Tuple[str, Any]] = []
+        if isinstance(item, dict):
+            for key, child in item.items():
+                texts.append((f"{at} (key)" if at else "(key)", key))
+                stack.append((f"{at} -> {key}" if at else str(key), child))
+        elif isinstance(item, list):
+            stack.extend((f"{at} -> {index}", child) for index, child in enumerate(item, 1))
+        else:
+            texts.append((at, item))
+        for name, text in texts:
+            if isinstance(text, str):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    shown = name.encode("utf-8", "backslashreplace").decode("ascii", "replace")
+                    return (f"{shown or 'policy bundle'}: text holds U+{ord(text[exc.start]):04X} (a lone surrogate), "
+                            f"which UTF-8 cannot encode")
+    return None
+
+
 def render_bundle(bundle: PolicyBundle) -> bytes:
     """The canonical bytes of a bundle, the ones a signature is made over."""
     data = bundle.model_dump(mode="json")
@@ -124,11 +152,14 @@ def parse_bundle(data: bytes, source: str) -> PolicyBundle:
     except UnicodeDecodeError as exc:
         raise BundleInvalid(source, f"policy bundle is not UTF-8 (byte {exc.start})") from None
     try:
-        value = parse_json_text(source, text)
+        value = parse_json_text(source, text, unique_keys=True)
     except InputFileError as exc:
         raise BundleInvalid(source, f"policy bundle is {exc.reason}") from None
     if not isinstance(value, dict):
         raise BundleInvalid(source, "policy bundle is not a JSON object")
+    problem = unencodable_text(value)
+    if problem is not None:
+        raise BundleInvalid(source, problem)
     if value.get("format") != BUNDLE_FORMAT:
         raise BundleInvalid(source, f"format: {value.get('format')!r} is not {BUNDLE_FORMAT!r}")
     try:

@@ -2,11 +2,12 @@
 
 Each check refuses with BundleRefused (exit 17) and one line naming why, recorded as the last refusal in
 ``policy-bundle/state.json`` until a bundle is installed (a bundle still offered is refused again at the next
-fetch; the serial a hub claims for a bundle that fails its signature is its word only, so it never holds an
-attention above every serial to come); nothing else changes then, so the compiled policy in force keeps guarding. Only a
-bundle that passed every check replaces the one in force, and only with ``[guard] policy_source = "bundle"`` is
-it compiled into the file the apt hook and the dnf checkers read. Signature checks run gpgv
-(agent/bundle/verify.py), never on the hot path. One install at a time (a lock file in ``policy-bundle/``).
+fetch; the serial a hub claims for a bundle that fails its signature is its word only, so it is never recorded
+or reported); each refusal has its kind (agent/wire.py's REFUSAL_KINDS), recorded beside its sentence; nothing
+else changes then, so the compiled policy in force keeps guarding. Only a bundle that passed every check replaces
+the one in force, and only with ``[guard] policy_source = "bundle"`` is it compiled into the file the apt hook and
+the dnf checkers read. Signature checks run gpgv (agent/bundle/verify.py), never on the hot path.
+One install at a time (a lock file in ``policy-bundle/``).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def _compile(policy_dir: Path, matrix_path: Optional[str], source: str, serial: 
         return load_and_compile(str(policy_dir), matrix_path)[1]
     except GpuguardError as exc:
         text = str(exc).replace(str(policy_dir) + "/", "").replace(str(policy_dir), "policy.d")
-        raise BundleRefused(source, f"does not compile: {text}", serial) from None
+        raise BundleRefused(source, f"does not compile: {text}", "compile", serial) from None
 
 
 class BundleInstaller:
@@ -107,12 +108,12 @@ class BundleInstaller:
         return read_bundle_state(str(self.host.path(self.paths.policy_bundle_state)))
 
     def install(self, bundle_data: bytes, signature_data: bytes, *, origin: str, source: Literal["hub", "file"],
-                facts: Callable[[], ScopeFacts], claimed_serial: Optional[int] = None,
-                allow_rollback: bool = False) -> Installed:
-        """Check and install one bundle (``origin`` names it in messages); BundleRefused, recorded, otherwise.
-        ``claimed_serial`` (the hub's offer) is recorded for a refusal made before the bundle itself was read.
-        ``allow_rollback`` (an operator's explicit revert, never the hub's path) lets a serial below the one in
-        force, or the same serial with other content, in; every other check still applies."""
+                facts: Callable[[], ScopeFacts], allow_rollback: bool = False) -> Installed:
+        """Check and install one bundle (``origin`` names it in messages); BundleRefused, recorded with its kind,
+        otherwise. The serial recorded is the bundle's own once its signature was verified, never what the hub
+        claimed for it (a refused answer's claims are not facts). ``allow_rollback`` (an operator's explicit revert,
+        never the hub's path) lets a serial below the one in force, or the same serial with other content, in;
+        every other check still applies."""
         self.directory.mkdir(parents=True, exist_ok=True)
         with _locked(self.directory):
             state = self.state()
@@ -121,10 +122,9 @@ class BundleInstaller:
                     return self._install(Path(work), state, bundle_data, signature_data, origin, source, facts,
                                          allow_rollback)
                 except BundleRefused as exc:
-                    serial = exc.serial if exc.serial is not None else claimed_serial
                     write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)),
-                                       state.with_refusal(serial, exc.reason, self.host.clock(), exc.kind))
-                    raise BundleRefused(exc.source, exc.reason, serial, exc.kind) from None
+                                       state.with_refusal(exc.serial, exc.kind, exc.reason, self.host.clock()))
+                    raise
 
     def walk_roots(self, chain: Sequence[Tuple[bytes, bytes]], origin: str) -> "RootMetadata":
         """Take the next root versions in order (agent/bundle/root.py) under the install lock."""
@@ -161,6 +161,16 @@ class BundleInstaller:
                 write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)),
                                    state.with_rollout(notice, self.host.clock(), fields))
 
+    def record_hub_offer(self, offered: Optional[int]) -> None:
+        """Keep whether the hub offers only serials below the one in force (``offered``; None: none in scope), with
+        since when; the file is written only when that changes."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with _locked(self.directory):
+            state = self.state()
+            updated = state.with_hub_offer(offered, self.host.clock())
+            if updated != state:
+                write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)), updated)
+
     def _install(self, work: Path, state: BundleState, bundle_data: bytes, signature_data: bytes, origin: str,
                  source: Literal["hub", "file"], facts: Callable[[], ScopeFacts], allow_rollback: bool) -> Installed:
         bundle_file, signature_file = work / "bundle.json", work / "bundle.json.sig"
@@ -177,13 +187,13 @@ class BundleInstaller:
         try:
             bundle = parse_bundle(bundle_data, origin)
         except BundleInvalid as exc:
-            raise BundleRefused(origin, f"not a policy bundle: {exc.reason}", kind="format") from None
+            raise BundleRefused(origin, f"not a policy bundle: {exc.reason}", "format") from None
         expires = None
         if root is not None:
             expires = check_bundle_expiry(bundle.expires, self.host.clock(), origin, bundle.serial)
             if bundle.serial in state.withdrawn:
                 raise BundleRefused(origin, f"serial {bundle.serial} is withdrawn (the hub's signed freshness "
-                                            f"statement says so)", bundle.serial, kind="freshness")
+                                            f"statement says so)", "freshness", bundle.serial)
         digest = hashlib.sha256(bundle_data).hexdigest()
         floor, floor_digest = (None, None) if floor_reset(root, state) else self._in_force(state, origin)
         rolled_back_from = None
@@ -196,14 +206,14 @@ class BundleInstaller:
                 rolled_back_from = floor
             elif bundle.serial == floor:
                 raise BundleRefused(origin, f"serial {bundle.serial} is in force already with other content "
-                                            f"(a new bundle needs a higher serial)", bundle.serial, kind="rollback")
+                                            f"(a new bundle needs a higher serial)", "rollback", bundle.serial)
             else:
                 raise BundleRefused(origin, f"serial {bundle.serial} is below serial {floor} in force (no rollback: "
-                                            f"push the older policy again with a new serial)", bundle.serial,
-                                    kind="rollback")
+                                            f"push the older policy again with a new serial)", "rollback",
+                                     bundle.serial)
         refusal = None if bundle.scope.all else scope_refusal(bundle.scope, facts())
         if refusal is not None:
-            raise BundleRefused(origin, refusal, bundle.serial, kind="scope")
+            raise BundleRefused(origin, refusal, "scope", bundle.serial)
         staged = work / "staged"
         policy_dir = _extract(bundle, staged)
         matrix = str(staged / MATRIX_FILE_NAME) if bundle.matrix is not None else self.guard.matrix_path
@@ -240,7 +250,7 @@ class BundleInstaller:
                 return state.serial, state.sha256
             raise BundleRefused(origin, f"the serial in force cannot be told: {exc} (and "
                                         f"{self.paths.policy_bundle_state} names none); remove "
-                                        f"{self.paths.policy_bundle_dir} to start over") from None
+                                        f"{self.paths.policy_bundle_dir} to start over", "rollback") from None
         if state.serial is not None and state.serial >= placed.serial:
             return state.serial, state.sha256
         return placed.serial, hashlib.sha256(data).hexdigest()

@@ -37,6 +37,7 @@ from agent.errors import BundleRefused, CommandError, InputFileError
 from agent.files import write_bytes_atomically
 from agent.models import FrozenModel, first_validation_problem
 from agent.strictjson import parse_json_text
+from agent.wire import REFUSAL_KINDS
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.host import Host
@@ -48,14 +49,23 @@ MAX_ROLE_KEYS = 64
 GPGV_TIMEOUT_SECONDS = 30.0
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
-# The refusal kinds this module and its neighbours raise (the words of the wire contract's refusal kinds).
-KIND_SIGNATURE = "signature"
-KIND_THRESHOLD = "threshold"
-KIND_EXPIRED = "expired"
-KIND_ROLLBACK = "rollback"
-KIND_SCOPE = "scope"
-KIND_FORMAT = "format"
-KIND_FRESHNESS = "freshness"
+
+
+def _kind(word: str) -> str:
+    """A word of agent/wire.py's REFUSAL_KINDS (their one home), checked when this module loads."""
+    if word not in REFUSAL_KINDS:
+        raise ValueError(f"{word!r} is not a refusal kind of agent/wire.py")
+    return word
+
+
+# The refusal kinds this module and its neighbours raise.
+KIND_SIGNATURE = _kind("signature")
+KIND_THRESHOLD = _kind("threshold")
+KIND_EXPIRED = _kind("expired")
+KIND_ROLLBACK = _kind("rollback")
+KIND_SCOPE = _kind("scope")
+KIND_FORMAT = _kind("format")
+KIND_FRESHNESS = _kind("freshness")
 
 _STATUS_PREFIX = "[GNUPG:] "
 # A signature counts only with GOODSIG and VALIDSIG and none of these in its NEWSIG group.
@@ -266,10 +276,10 @@ def check_bundle_expiry(expires: Optional[str], now: dt.datetime, source: str, s
     bundle to) and of kind expired when it is past."""
     if expires is None:
         raise BundleRefused(source, "the bundle carries no expires (every bundle must under a root: gpuguard "
-                                    "policy bundle --expires-days N)", serial, kind=KIND_FORMAT)
+                                    "policy bundle --expires-days N)", KIND_FORMAT, serial)
     moment = parse_time(expires)
     if now >= moment:
-        raise BundleRefused(source, f"serial {serial} expired at {expires}", serial, kind=KIND_EXPIRED)
+        raise BundleRefused(source, f"serial {serial} expired at {expires}", KIND_EXPIRED, serial)
     return moment
 
 

@@ -18,17 +18,30 @@ from agent.errors import InputFileError
 from agent.files import FileMissing, read_bytes_bounded
 from agent.jsonrecord import JsonRecord, RecordError
 from agent.strictjson import parse_json_text
-from agent.wire import MAX_STATE_FILE_BYTES
+from agent.wire import MAX_STATE_FILE_BYTES, REFUSAL_KINDS
+
+RefusalKind = Literal[REFUSAL_KINDS]  # type: ignore[valid-type]  # built from the tuple at run time
 
 
 @dataclass(frozen=True)
 class BundleRefusal(JsonRecord):
-    """The last bundle refused: its serial (None when it could not be read), why, and when."""
+    """The last bundle refused: its serial (None when no verified bundle said it), why (``kind``, one of
+    agent/wire.py's REFUSAL_KINDS, what decides; None in a state file written before kinds; ``reason``, the
+    sentence), and when."""
 
     serial: Optional[int]
     reason: str
     at: dt.datetime
-    kind: Optional[str] = None  # signature, threshold, expired, ... (agent/bundle/roles.py); None: not told
+    kind: Optional[RefusalKind] = None
+
+
+@dataclass(frozen=True)
+class HubBelow(JsonRecord):
+    """The hub offers only serials below the one in force (``offered_serial``; None: it offers none), since
+    ``since``: a withdrawn bundle still in force, or a fast-forward (a serial so high every honest one looks old)."""
+
+    offered_serial: Optional[int]
+    since: dt.datetime
 
 
 @dataclass(frozen=True)
@@ -36,7 +49,8 @@ class BundleState(JsonRecord):
     """The bundle in force (serial None: none yet), the last refusal, and what the hub's newest answer said of a
     staged rollout: its typed fields (``rollout_fields``, agent/bundle/rollout_fields.py; None: no rollout concerns
     this host, also in a state file written before the field existed) and its notice (``rollout``, display text
-    only), with when the notice first arrived."""
+    only), with when the notice first arrived; and ``hub_below``, while the hub offers only serials below the one
+    in force (attention in ``status``)."""
 
     serial: Optional[int] = None
     fingerprint: Optional[str] = None
@@ -59,8 +73,18 @@ class BundleState(JsonRecord):
     freshness_newest: Optional[int] = None
     withdrawn: Tuple[int, ...] = ()
 
-    def with_refusal(self, serial: Optional[int], reason: str, at: dt.datetime,
-                     kind: Optional[str] = None) -> "BundleState":
+    hub_below: Optional[HubBelow] = None
+
+    def with_hub_offer(self, offered: Optional[int], at: dt.datetime) -> "BundleState":
+        """The state after the hub offered ``offered`` (None: nothing in scope): ``hub_below`` set, keeping its
+        first time, when that is below the serial in force; cleared otherwise."""
+        if self.serial is None or (offered is not None and offered >= self.serial):
+            return replace(self, hub_below=None)
+        if self.hub_below is not None and self.hub_below.offered_serial == offered:
+            return self
+        return replace(self, hub_below=HubBelow(offered, at))
+
+    def with_refusal(self, serial: Optional[int], kind: str, reason: str, at: dt.datetime) -> "BundleState":
         return replace(self, refused=BundleRefusal(serial, reason, at, kind))
 
     def expired(self, now: dt.datetime) -> bool:

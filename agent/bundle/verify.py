@@ -9,7 +9,8 @@ signature is good only with exactly one VALIDSIG and no BADSIG, ERRSIG, EXPSIG, 
 or NODATA, and gpgv's exit 0; SHA-1 (and weaker) signatures are refused (``--weak-digest SHA1``).
 
 Whoever can write a keyring can sign any policy, so the keys are refused, each with a line naming the file, unless
-the keys directory, the directories above it (within the Host's root) and every keyring are owned by root (or by
+the keys directory, the directories above it (within the Host's root), every keyring and every directory on the way
+to it with symlinks resolved (a keyring linked into a world-writable directory is refused) are owned by root (or by
 the user the agent runs as) and writable by no one else (group-writable only for group root), and unless every
 keyring is a binary OpenPGP keyring (gpgv refuses every signature when one ``--keyring`` is armored or damaged,
 saying only that no key was found).
@@ -92,14 +93,18 @@ def parse_gpgv_status(text: str, returncode: int) -> SignatureVerdict:
     return SignatureVerdict(fingerprint=fingerprint)
 
 
-def _unsafe(path: Path, what: str) -> Optional[str]:
-    """Why ``path`` (followed through links) cannot be trusted to hold keys; None when it can."""
+def _unsafe(path: Path, what: str, above: bool = False) -> Optional[str]:
+    """Why ``path`` (followed through links) cannot be trusted to hold keys; None when it can. A directory
+    ``above`` the one holding keys may be root's and world-writable with the sticky bit (``/tmp``): no one else can
+    rename or remove what is in it."""
     try:
         info = os.stat(path)
     except OSError as exc:
         return f"{what} {path} cannot be read: {exc.strerror}"
     if info.st_uid not in (0, os.geteuid()):
         return f"{what} {path} is owned by uid {info.st_uid}, not root (whoever owns it can add a key)"
+    if above and info.st_uid == 0 and info.st_mode & stat.S_ISVTX:
+        return None
     writable = info.st_mode & stat.S_IWOTH or (info.st_mode & stat.S_IWGRP and info.st_gid != 0)
     if writable:
         return (f"{what} {path} is writable by others (mode {stat.S_IMODE(info.st_mode):04o}: anyone who can "
@@ -107,17 +112,34 @@ def _unsafe(path: Path, what: str) -> Optional[str]:
     return None
 
 
-def keyring_problem(host: "Host", keyrings: List[str], keys_dir: str = DEFAULT_KEYS_DIR) -> Optional[str]:
-    """The first reason the trusted keys cannot be used as they are (one line naming the file); None when they can."""
-    directory = host.path(keys_dir)
-    for above in [directory, *directory.parents]:
-        if above == host.root or not str(above).startswith(str(host.root)):
+def _unsafe_directories(host: "Host", start: Path, first: str) -> Optional[str]:
+    """Why ``start`` or a directory above it cannot be trusted, up to the Host's root (or ``/`` for a path outside
+    it); None when none is unsafe. ``first`` names ``start`` in the line."""
+    for above in [start, *start.parents]:
+        if above == host.root or above == Path(above.anchor):
             break
-        problem = _unsafe(above, "keys directory" if above == directory else "directory")
+        problem = _unsafe(above, first, False) if above == start else _unsafe(above, "directory", True)
         if problem is not None:
             return problem
+    return None
+
+
+def keyring_problem(host: "Host", keyrings: List[str], keys_dir: str = DEFAULT_KEYS_DIR) -> Optional[str]:
+    """The first reason the trusted keys cannot be used as they are (one line naming the file); None when they can.
+    Every directory on the way to the keys directory and to each keyring is checked twice: as written (whoever can
+    write the directory holding a link can change where it points) and with every link resolved (whoever can write
+    the directory a link leads to can replace the keyring in it)."""
+    directory = host.path(keys_dir)
+    problem = _unsafe_directories(host, directory, "keys directory")
+    if problem is None and Path(os.path.realpath(directory)) != directory:
+        problem = _unsafe_directories(host, Path(os.path.realpath(directory)), "keys directory (resolved)")
+    if problem is not None:
+        return problem
     for keyring in keyrings:
         problem = _unsafe(Path(keyring), "keyring")
+        resolved = Path(os.path.realpath(keyring))
+        if problem is None and resolved.parent != directory:
+            problem = _unsafe_directories(host, resolved.parent, f"directory of keyring {keyring} ->")
         if problem is not None:
             return problem
         try:  # a FIFO in place of a keyring is refused at once, not waited on
@@ -147,10 +169,11 @@ def verify_signature(host: "Host", bundle_path: str, signature_path: str, keys_d
     source = source or bundle_path
     keyrings = trusted_keyrings(host, keys_dir)
     if not keyrings:
-        raise BundleRefused(source, f"no trusted key in {keys_dir} (install the signers' keyrings as *.gpg there)")
+        raise BundleRefused(source, f"no trusted key in {keys_dir} (install the signers' keyrings as *.gpg there)",
+                             "signature")
     problem = keyring_problem(host, keyrings, keys_dir)
     if problem is not None:
-        raise BundleRefused(source, f"trusted keys: {problem}")
+        raise BundleRefused(source, f"trusted keys: {problem}", "signature")
     argv = ["gpgv", "--status-fd", "1", "--weak-digest", "SHA1", "--weak-digest", "RIPEMD160"]
     for keyring in keyrings:
         argv += ["--keyring", keyring]
@@ -158,9 +181,9 @@ def verify_signature(host: "Host", bundle_path: str, signature_path: str, keys_d
     try:
         result = host.run(argv, GPGV_TIMEOUT_SECONDS)
     except CommandError as exc:
-        raise BundleRefused(source, f"the signature cannot be checked: {exc.reason}") from None
+        raise BundleRefused(source, f"the signature cannot be checked: {exc.reason}", "signature") from None
     verdict = parse_gpgv_status(result.stdout, result.returncode)
     if verdict.refusal is not None:
-        raise BundleRefused(source, f"signature: {verdict.refusal}")
+        raise BundleRefused(source, f"signature: {verdict.refusal}", "signature")
     assert verdict.fingerprint is not None
     return verdict.fingerprint

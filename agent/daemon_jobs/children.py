@@ -388,7 +388,7 @@ class PolicyFetchInChild:
         if result.outcome == "installed":
             log.info("policy_bundle_installed", serial=result.serial, detail=result.detail)
         elif result.outcome == "refused":
-            log.warning("policy_bundle_refused", serial=result.serial, reason=result.detail,
+            log.warning("policy_bundle_refused", serial=result.serial, kind=result.kind, reason=result.detail,
                         kept="the policy in force")
         elif result.outcome == "failed":
             log.warning("policy_fetch_failed", detail=result.detail, kept="the policy in force")

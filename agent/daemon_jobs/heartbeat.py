@@ -93,6 +93,7 @@ def policy_fields(rt: Runtime) -> Dict[str, Any]:
     if bundle.refusal_pending and bundle.refused is not None:
         fields["policy_refused_serial"] = bundle.refused.serial
         fields["policy_refused_reason"] = bundle.refused.reason[:2000]
+        fields["policy_refused_kind"] = bundle.refused.kind
     attention = bundle.attention(rt.host.clock())
     if attention:
         fields["policy_attention"] = attention

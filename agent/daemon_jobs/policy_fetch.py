@@ -53,8 +53,15 @@ def fetch_and_install(host: "Host", settings: "Settings", host_id: str) -> Polic
         try:
             installer.record_rollout(offer.notice, offer.rollout)
         except (GpuguardError, OSError) as exc:
-            return PolicyFetchResult(trust=trust, outcome="failed", serial=offer.serial,
-                                     detail=f"rollout notice: {exc}")
+            return PolicyFetchResult(trust=trust, outcome="failed", detail=f"rollout notice: {exc}")
+    if offer.status in ("unchanged", "none", "offered"):
+        # A 304 offers the serial in force; 204 offers nothing (below a bundle the hub gave); 200 offers its serial.
+        offered = {"unchanged": state.serial, "none": None if state.source == "hub" else state.serial}.get(
+            offer.status, offer.serial)
+        try:
+            installer.record_hub_offer(offered)
+        except (GpuguardError, OSError) as exc:
+            return PolicyFetchResult(trust=trust, outcome="failed", detail=f"hub offer: {exc}")
     if offer.status != "offered":
         outcome = {"unchanged": "unchanged", "none": "none"}.get(offer.status, "failed")
         return PolicyFetchResult(trust=trust, outcome=outcome, serial=offer.serial, detail=offer.detail,  # type: ignore[arg-type]
@@ -70,12 +77,13 @@ def fetch_and_install(host: "Host", settings: "Settings", host_id: str) -> Polic
 
     try:
         installed = installer.install(offer.bundle, offer.signature, origin=f"hub bundle serial {offer.serial}",
-                                      source="hub", facts=facts, claimed_serial=offer.serial)
+                                      source="hub", facts=facts)
     except BundleRefused as exc:
-        return PolicyFetchResult(trust=trust, outcome="refused", serial=exc.serial or offer.serial, detail=exc.reason,
+        # exc.serial: the bundle's own once its signature was verified; the hub's claim is never kept.
+        return PolicyFetchResult(trust=trust, outcome="refused", serial=exc.serial, kind=exc.kind, detail=exc.reason,
                                  rollout=offer.notice, rollout_fields=offer.rollout)
     except (GpuguardError, OSError) as exc:
-        return PolicyFetchResult(trust=trust, outcome="failed", serial=offer.serial, detail=f"install: {exc}")
+        return PolicyFetchResult(trust=trust, outcome="failed", detail=f"install: {exc}")
     if installed.unchanged:
         return PolicyFetchResult(trust=trust, outcome="unchanged", serial=installed.serial, rollout=offer.notice,
                                  rollout_fields=offer.rollout)

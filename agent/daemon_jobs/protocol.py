@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Optional, Tuple
 
 from agent.bundle.rollout_fields import RolloutFields
+from agent.bundle.state import RefusalKind
 from agent.daemon_jobs.delivery import Drained
 from agent.daemon_jobs.resident_settings import ConfigProblem, ResidentSettings, SettingsInForce
 from agent.daemon_jobs.runtime import SnapshotFacts
@@ -212,7 +213,8 @@ class DeliverResult(JsonRecord):
 @dataclass(frozen=True)
 class PolicyFetchResult(JsonRecord):
     """The policy fetch child's outcome (agent/daemon_jobs/policy_fetch.py): ``off`` (no hub configured),
-    ``unchanged`` (304, or the bundle in force), ``none`` (204), ``installed``, ``refused`` or ``failed``."""
+    ``unchanged`` (304, or the bundle in force), ``none`` (204), ``installed``, ``refused`` (with its ``kind``) or
+    ``failed``. ``serial`` is never a refused answer's claim: the bundle's own once verified, else None."""
 
     outcome: Literal["off", "unchanged", "none", "installed", "refused", "failed"]
     serial: Optional[int] = None
@@ -220,3 +222,4 @@ class PolicyFetchResult(JsonRecord):
     rollout: Optional[str] = None  # the hub's staged-rollout notice, display text (agent/bundle/rollout.py)
     rollout_fields: Optional[RolloutFields] = None  # what the hand-off decides on (agent/bundle/rollout_fields.py)
     trust: str = ""  # why a newer root or the freshness statement was not taken (agent/bundle/channel.py)
+    kind: Optional[RefusalKind] = None  # why a bundle was refused (agent/wire.py's REFUSAL_KINDS)

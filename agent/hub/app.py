@@ -79,7 +79,7 @@ from agent.hub.api_models import (
     PayloadKind,
     SignedDocument,
 )
-from agent.hub.bundles import PolicyBundles, PolicyRollout
+from agent.hub.bundles import PolicyBundles, PolicyRollout, gpgv_check
 from agent.hub.dashboard import mount_dashboard
 from agent.hub.fleet import drift_hosts, pairing_counts
 from agent.hub.ingest import Ingest
@@ -504,7 +504,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
     retention = retention_worker(settings, store, clock)
     alert_queue = AlertQueue(store, settings.alert_webhooks)
     deliverer = AlertDeliverer(settings, alert_queue, clock)
-    bundles = PolicyBundles(store, clock)
+    bundles = PolicyBundles(store, gpgv_check(settings.policy_keys_dir), clock)
     rollouts = Rollouts(store, bundles, alert_queue, clock, stale_after_seconds=settings.stale_after_seconds)
     rollout_worker = RolloutWorker(rollouts, settings.rollout_tick_seconds)
     periodic = Periodic()

@@ -1,8 +1,11 @@
 """The policy bundles the hub keeps and offers: push, list, show, withdraw, the audit trail, and which bundle a host
 gets.
 
-A push is parsed as the agent parses a bundle (``agent.bundle.format.parse_bundle``); the hub does not verify the
-signature (the agents do, against their own trusted keys) but keeps it beside the bytes it signs. Whether a serial
+A push is parsed as the agent parses a bundle (``agent.bundle.format.parse_bundle``) and its signature verified with
+gpgv against the keyrings of the hub's ``policy_keys_dir`` (``agent.bundle.verify.verify_signature``, the agent's
+own check, keys-directory safety included) before anything is stored: an admin token alone cannot store or offer a
+bundle, nor raise the serial floor (a refused push is 422, audited, and stores nothing). The agents verify again
+against their own trusted keys. The signature is kept beside the bytes it signs. Whether a serial
 is new is decided in the database: one transaction holds every other push off (``Dialect.lock``; SQLite's BEGIN
 IMMEDIATE), reads the highest stored serial and inserts only above it, so of two pushes of one serial exactly one
 is stored and the other is 409. Every push, refused push and withdrawal is a row of ``audit``.
@@ -19,17 +22,18 @@ import datetime as dt
 import hashlib
 import json
 import threading
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from agent.bundle.format import BundleInvalid, BundleScope, PolicyBundle, parse_bundle
 from agent.bundle.scope import scope_facts, scope_refusal
+from agent.errors import BundleRefused
 from agent.hub.responses import HubHTTPError
 from agent.hub.rows import AuditEntry, BundleSummary, HostRow, utc_now
 from agent.hub.store import SqlStore
 from agent.hub.tokens import Principal
 from agent.log import get_logger
 from agent.models import FrozenModel
-from agent.wire import MAX_SIGNATURE_BYTES, etag_of
+from agent.wire import MAX_SIGNATURE_BYTES, REFUSAL_KINDS, etag_of
 
 log = get_logger("hub.bundles")
 
@@ -81,8 +85,12 @@ class HostPolicy(FrozenModel):
     policy_serial: Optional[int] = None
     offered_serial: Optional[int] = None  # the newest bundle in its scope, not withdrawn (None: none)
     behind: bool = False  # offered a serial it does not enforce yet
-    refused_serial: Optional[int] = None  # the last bundle it refused, when newer than the one it enforces
+    # enforces a serial above every one the hub offers (a fast-forward: every honest bundle now looks old to it)
+    ahead: bool = False
+    refused: bool = False  # its last refusal is newer than what it enforces (or names no verified serial)
+    refused_serial: Optional[int] = None  # that refused bundle's serial, when a verified bundle said it
     refused_reason: Optional[str] = None
+    refused_kind: Optional[str] = None  # why (agent/wire.py's REFUSAL_KINDS): what is counted
 
 
 class PolicyRollout(FrozenModel):
@@ -92,6 +100,9 @@ class PolicyRollout(FrozenModel):
     host_count: int
     behind_count: int
     refused_count: int
+    ahead_count: int = 0  # hosts enforcing a serial above every one offered
+    # hosts refusing, per kind: every kind of agent/wire.py's REFUSAL_KINDS, 0 included ("unknown": an older agent's)
+    refused_by_kind: Dict[str, int] = {}
     hosts: List[HostPolicy]
 
 
@@ -100,29 +111,74 @@ def host_policy(host: HostRow, scopes: Sequence[Tuple[int, BundleScope]]) -> Hos
     offered = offered_serial(scopes, host.host_id, host)
     enforced = host.policy_serial
     refused = host.policy_refused_serial
-    refused_now = refused is not None and (enforced is None or refused > enforced)
+    # The agent sends a refusal only while it is newer than what it enforces; one without a serial (a signature
+    # that failed: the hub's claim is never kept) counts as such.
+    refused_now = (refused is not None or host.policy_refused_kind is not None) and (
+        refused is None or enforced is None or refused > enforced)
+    newest_offered = max((serial for serial, _ in scopes), default=None)
     return HostPolicy(host_id=host.host_id, hostname=host.hostname, policy_source=host.policy_source,
                       policy_serial=enforced, offered_serial=offered,
                       behind=offered is not None and (enforced is None or enforced < offered),
-                      refused_serial=refused if refused_now else None,
-                      refused_reason=host.policy_refused_reason if refused_now else None)
+                      ahead=enforced is not None and newest_offered is not None and enforced > newest_offered,
+                      refused=refused_now, refused_serial=refused if refused_now else None,
+                      refused_reason=host.policy_refused_reason if refused_now else None,
+                      refused_kind=host.policy_refused_kind if refused_now else None)
 
 
 def policy_rollout(hosts: Sequence[HostRow], scopes: Sequence[Tuple[int, BundleScope]]) -> PolicyRollout:
     """Every host's standing, and the counts /metrics and the dashboard show; pure."""
     rows = [host_policy(host, scopes) for host in hosts]
     return PolicyRollout(newest_serial=scopes[0][0] if scopes else None, host_count=len(rows),
-                         behind_count=sum(r.behind for r in rows),
-                         refused_count=sum(r.refused_serial is not None for r in rows), hosts=rows)
+                         behind_count=sum(r.behind for r in rows), refused_count=sum(r.refused for r in rows),
+                         ahead_count=sum(r.ahead for r in rows), refused_by_kind=refusals_by_kind(rows), hosts=rows)
+
+
+def refusals_by_kind(rows: Sequence[HostPolicy]) -> Dict[str, int]:
+    """How many hosts refuse, per kind: each of REFUSAL_KINDS (0 included), and ``unknown`` for a refusal an older
+    agent sent without one."""
+    counts = {kind: 0 for kind in REFUSAL_KINDS}
+    for row in rows:
+        if row.refused:
+            kind = row.refused_kind if row.refused_kind in counts else "unknown"
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+# What the hub asks of a pushed bundle's signature: the signing key's fingerprint, or BundleRefused saying why.
+SignatureCheck = Callable[[bytes, bytes], str]
+
+
+def gpgv_check(keys_dir: str) -> SignatureCheck:
+    """The hub's signature check: gpgv against the keyrings (``*.gpg``) in ``keys_dir``, the agent's check."""
+    def check(data: bytes, signature: bytes) -> str:
+        import tempfile
+        from pathlib import Path
+
+        from agent.bundle.verify import verify_signature
+        from agent.host import Host
+
+        with tempfile.TemporaryDirectory(prefix="gpuguard-push-") as work:
+            bundle_path, signature_path = Path(work) / "bundle.json", Path(work) / "bundle.json.sig"
+            bundle_path.write_bytes(data)
+            signature_path.write_bytes(signature)
+            return verify_signature(Host.for_root("/"), str(bundle_path), str(signature_path), keys_dir,
+                                    source="bundle")
+
+    return check
 
 
 class PolicyBundles:
     """The bundles in the hub's store, and their audit trail."""
 
-    def __init__(self, store: SqlStore, clock: Callable[[], dt.datetime] = utc_now) -> None:
+    def __init__(self, store: SqlStore, verify: SignatureCheck, clock: Callable[[], dt.datetime] = utc_now) -> None:
         self.store = store
+        self.verify = verify
         self.clock = clock
         self._scopes: Dict[int, BundleScope] = {}  # a serial's scope never changes: parsed once per process
+        # Serials whose stored signature does not verify against the hub's keys (stored before the hub verified
+        # pushes): never offered. Checked once per process, at the first offer.
+        self._unverified: Set[int] = set()
+        self._verified: Set[int] = set()  # serials whose signature verified in this process
         self._lock = threading.Lock()
 
     def _db_time(self, value: dt.datetime) -> Any:
@@ -143,10 +199,11 @@ class PolicyBundles:
 
     # --- writes -------------------------------------------------------------------------------------------
     def push(self, principal: Principal, data: bytes, signature: bytes, staged: bool = False) -> BundleSummary:
-        """Store a bundle pushed by ``principal``; 422 for one that does not parse, 409 for a serial not above
-        every stored one. A ``staged`` bundle is offered to no host until a staged rollout admits it, and to its
-        whole scope once that rollout is done (a push and ``rollout start`` are two steps: without it, a host
-        fetching in between would take the target)."""
+        """Store a bundle pushed by ``principal``; 422 for one that does not parse or whose signature no trusted
+        key made (checked before anything is stored: a refused push never raises the serial floor), 409 for a
+        serial not above every stored one. A ``staged`` bundle is offered to no host until a staged rollout admits
+        it, and to its whole scope once that rollout is done (a push and ``rollout start`` are two steps: without
+        it, a host fetching in between would take the target)."""
         try:
             bundle = parse_bundle(data, "bundle")
         except BundleInvalid as exc:
@@ -155,26 +212,40 @@ class PolicyBundles:
             raise self._refused(principal, bundle.serial, HubHTTPError(
                 422, "invalid_signature", f"signature: must be 1 to {MAX_SIGNATURE_BYTES} bytes, got "
                                           f"{len(signature)} (gpg --detach-sign BUNDLE makes BUNDLE.sig)"))
+        try:
+            fingerprint = self.verify(data, signature)
+        except BundleRefused as exc:
+            # Audited without a serial: what an unverified bundle claims is not kept as a fact (the detail says it).
+            raise self._refused(principal, None, HubHTTPError(
+                422, "signature_refused", f"signature: refused: {exc.reason} (the bundle claims serial "
+                                          f"{bundle.serial})")) from None
         sha256 = hashlib.sha256(data).hexdigest()
         now = self.clock()
         sql = self.store.dialect.sql
 
         def work(cur: Any) -> None:
             self.store.dialect.lock(cur, PUSH_LOCK_KEY)
-            cur.execute("SELECT MAX(serial) FROM policy_bundles")
-            newest = cur.fetchone()[0]
-            if newest is not None and bundle.serial <= int(newest):
+            newest = self._floor(cur)
+            if newest is not None and bundle.serial <= newest:
                 raise HubHTTPError(409, "serial_not_newer",
-                                   f"serial {bundle.serial} is not above {int(newest)}, the highest stored; "
-                                   f"make the bundle again with --serial {int(newest) + 1} or higher")
+                                   f"serial {bundle.serial} is not above {newest}, the highest stored; "
+                                   f"make the bundle again with --serial {newest + 1} or higher")
+            cur.execute(sql("SELECT COUNT(*) FROM policy_bundles WHERE serial = ?"), (bundle.serial,))
+            if cur.fetchone()[0]:
+                raise HubHTTPError(409, "serial_not_newer",
+                                   f"serial {bundle.serial} is taken by a stored bundle whose signature does not "
+                                   f"verify; make the bundle again with another serial")
             cur.execute(sql("INSERT INTO policy_bundles (serial, bundle, signature, sha256, scope, matrix_version, "
                             "created_at, created_by, pushed_at, pushed_by, staged) "
                             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
                         (bundle.serial, data, signature, sha256, bundle.scope.model_dump_json(),
                          bundle.matrix_version, bundle.created_at, bundle.created_by, self._db_time(now),
                          principal.subject, int(staged)))
+            with self._lock:
+                self._verified.add(bundle.serial)
             self.audit_in(cur, principal, "push", bundle.serial, f"sha256 {sha256}, {len(data)} bytes, "
-                                                               f"created by {bundle.created_by}"
+                                                               f"created by {bundle.created_by}, signed by key "
+                                                               f"{fingerprint}"
                                                                + (", staged (offered through a rollout only)"
                                                                   if staged else ""))
 
@@ -256,16 +327,20 @@ class PolicyBundles:
 
     def offered_scopes(self, staged_serial: Optional[int] = None) -> List[Tuple[int, BundleScope]]:
         """(serial, scope) of every bundle not withdrawn and not staged (but ``staged_serial``, a rollout's target
-        for its admitted hosts), newest first."""
+        for its admitted hosts), newest first; a bundle whose signature does not verify against the hub's keys (one
+        stored before the hub verified pushes) is left out."""
         rows = self.store.query("policy_offer", "SELECT serial, scope, staged FROM policy_bundles "
                                                 "WHERE withdrawn_at IS NULL ORDER BY serial DESC")
         scopes = []
         with self._lock:
             for serial, scope_json, staged in rows:
-                if staged and int(serial) != staged_serial:
+                if (staged and int(serial) != staged_serial) or serial in self._unverified:
                     continue
                 scope = self._scopes.get(serial)
                 if scope is None:
+                    if not self._verifies(int(serial)):
+                        self._unverified.add(serial)
+                        continue
                     scope = self._scopes[serial] = BundleScope.model_validate_json(scope_json)
                 scopes.append((int(serial), scope))
         return scopes
@@ -275,6 +350,44 @@ class PolicyBundles:
         rows = self.store.query("policy_withdrawn", "SELECT serial FROM policy_bundles WHERE withdrawn_at IS NOT NULL "
                                                     "ORDER BY serial")
         return [int(serial) for (serial,) in rows]
+
+    def _floor(self, cur: Any) -> Optional[int]:
+        """The highest stored serial whose bundle verifies against the hub's keys, withdrawn or not, in the push's
+        transaction: a bundle that never verified (stored before the hub verified pushes) raises no floor."""
+        cur.execute("SELECT serial FROM policy_bundles ORDER BY serial DESC")
+        for (serial,) in cur.fetchall():
+            serial = int(serial)
+            with self._lock:
+                known_bad = serial in self._unverified
+                known_good = serial in self._scopes or serial in self._verified
+            if known_good:
+                return serial
+            if known_bad:
+                continue
+            cur.execute(self.store.dialect.sql("SELECT bundle, signature FROM policy_bundles WHERE serial = ?"),
+                        (serial,))
+            data, signature = cur.fetchone()
+            good = self._signature_holds(serial, bytes(data), bytes(signature))
+            with self._lock:
+                (self._verified if good else self._unverified).add(serial)
+            if good:
+                return serial
+        return None
+
+    def _signature_holds(self, serial: int, data: bytes, signature: bytes) -> bool:
+        try:
+            self.verify(data, signature)
+        except BundleRefused as exc:
+            log.warning("hub_bundle_unverified", serial=serial, reason=exc.reason, kept="not offered, no floor")
+            return False
+        return True
+
+    def _verifies(self, serial: int) -> bool:
+        """Whether stored bundle ``serial`` verifies against the hub's keys now (logged when it does not)."""
+        if serial in self._verified:
+            return True
+        data, signature = self.content(serial)
+        return self._signature_holds(serial, data, signature)
 
     def offer_serial(self, host_id: str) -> Optional[int]:
         """The serial a host is offered now (None: no bundle in its scope)."""

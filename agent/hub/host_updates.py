@@ -36,6 +36,7 @@ class HostUpdate(NamedTuple):
     policy_serial: Optional[int] = None
     policy_refused_serial: Optional[int] = None
     policy_refused_reason: Optional[str] = None
+    policy_refused_kind: Optional[str] = None
     last_health_at: Optional[dt.datetime] = None
     last_health_after_change: Optional[bool] = None
 
@@ -77,6 +78,7 @@ def summarize_hosts(events: Sequence[Event]) -> List[HostUpdate]:
                               policy_source=payload.policy_source, policy_serial=payload.policy_serial,
                               policy_refused_serial=payload.policy_refused_serial,
                               policy_refused_reason=payload.policy_refused_reason,
+                              policy_refused_kind=payload.policy_refused_kind,
                               last_health_at=None if payload.last_health_at is None else utc(payload.last_health_at),
                               last_health_after_change=payload.last_health_after_change)
                 break

@@ -40,16 +40,16 @@ from agent.hub.writer import GroupCommitWriter
 from agent.log import get_logger
 from agent.report.events import EVENT_SCHEMA_VERSION, Event, EventBatch
 from agent.validation import validation_problems
+from agent.wire import MAX_STORED_INT
 
 log = get_logger("hub.app")
-
-_MAX_BIGINT = 2 ** 63 - 1
 
 
 # --- validation beyond the schema ---------------------------------------------------------------------------------
 
 def _unstorable(value: Any, where: str) -> Iterator[str]:
-    """Values the schema allows but no database should hold: NUL in text, NaN and infinities."""
+    """Values the schema allows but no database should hold: NUL in text, NaN and infinities, whole numbers
+    beyond 64 bits (the schema bounds every serial, count and size it names to 0..MAX_STORED_INT itself)."""
     if isinstance(value, BaseModel):
         for name in type(value).model_fields:
             yield from _unstorable(getattr(value, name), f"{where} -> {name}")
@@ -59,6 +59,9 @@ def _unstorable(value: Any, where: str) -> Iterator[str]:
     elif isinstance(value, float):
         if not math.isfinite(value):
             yield f"{where}: must be a finite number"
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if not -MAX_STORED_INT <= value <= MAX_STORED_INT:
+            yield f"{where}: must be within -{MAX_STORED_INT}..{MAX_STORED_INT} (a 64-bit integer)"
     elif isinstance(value, dict):
         for key, item in value.items():
             yield from _unstorable(key, f"{where} (key)")
@@ -68,15 +71,15 @@ def _unstorable(value: Any, where: str) -> Iterator[str]:
             yield from _unstorable(item, f"{where} -> {index}")
 
 
-# Only a body containing one of these can hold NUL, NaN or an infinity (1e400, or 400 digits); others skip the
-# deep walk.
-_SUSPECT = re.compile(rb"\\u0000|NaN|Infinity|[0-9][eE][+-]?[0-9]{3}|[0-9]{300}")
+# Only a body containing one of these can hold NUL, NaN, an infinity (1e400, or 400 digits) or a whole number beyond
+# 64 bits (19 digits or more); others skip the deep walk.
+_SUSPECT = re.compile(rb"\\u0000|NaN|Infinity|[0-9][eE][+-]?[0-9]{3}|[0-9]{19}")
 
 
 def batch_problems(batch: EventBatch, body: Optional[bytes] = None) -> List[str]:
-    """What the hub refuses in a schema-valid batch: times without offset or out of range, huge sequences,
-    NUL characters and non-finite numbers. With the raw ``body``, the walk over every value is skipped when the
-    body cannot contain NUL or a non-finite number."""
+    """What the hub refuses in a schema-valid batch: times without offset or out of range, NUL characters,
+    non-finite numbers and whole numbers beyond 64 bits. With the raw ``body``, the walk over every value is
+    skipped when the body cannot contain any of them."""
     deep = body is None or _SUSPECT.search(body) is not None
     problems: List[str] = []
     for index, event in enumerate(batch.events, 1):
@@ -88,8 +91,6 @@ def batch_problems(batch: EventBatch, body: Optional[bytes] = None) -> List[str]
                 utc(event.occurred_at)
             except OverflowError:
                 problems.append(f"{where} -> occurred_at: out of range")
-        if event.sequence > _MAX_BIGINT:
-            problems.append(f"{where} -> sequence: must be at most {_MAX_BIGINT}")
         if deep:
             problems.extend(_unstorable(event, where))
     return problems

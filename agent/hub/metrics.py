@@ -16,6 +16,8 @@ Fleet figures are read from the database at each scrape (grouped queries over ``
     gpuguard_hub_host_policy_serial{host_id}        per host, the serial of the bundle it enforces (hosts with one)
     gpuguard_hub_hosts_policy_behind                hosts offered a newer bundle (in their scope) than they enforce
     gpuguard_hub_hosts_policy_refused               hosts whose last refused bundle is newer than the one they enforce
+    gpuguard_hub_hosts_policy_refused_by_kind{kind}  the same hosts by refusal kind (agent/wire.py's REFUSAL_KINDS)
+    gpuguard_hub_hosts_policy_ahead                 hosts enforcing a serial above every bundle offered (fast-forward)
     gpuguard_hub_rollout_state{rollout_id,state}    the active (else newest) staged rollout: 1 for its state, 0 others
     gpuguard_hub_rollout_stage{rollout_id}          its open stage (-1: none yet, 0: canaries)
     gpuguard_hub_rollout_hosts{rollout_id,stage}    its hosts per stage ("waiting": not admitted)
@@ -177,7 +179,15 @@ class FleetCollector:
         refused = GaugeMetricFamily("gpuguard_hub_hosts_policy_refused", "Hosts whose last refused bundle is newer "
                                                                          "than the one they enforce.")
         refused.add_metric([], rollout.refused_count)
-        return [newest, per_host, behind, refused]
+        by_kind = GaugeMetricFamily("gpuguard_hub_hosts_policy_refused_by_kind", "Hosts whose last refusal is newer "
+                                                                                 "than what they enforce, by kind.",
+                                    labels=["kind"])
+        for kind, count in sorted(rollout.refused_by_kind.items()):
+            by_kind.add_metric([kind], count)
+        ahead = GaugeMetricFamily("gpuguard_hub_hosts_policy_ahead", "Hosts enforcing a serial above every bundle "
+                                                                     "the hub offers (a fast-forward).")
+        ahead.add_metric([], rollout.ahead_count)
+        return [newest, per_host, behind, refused, by_kind, ahead]
 
 
 class HubMetrics:

@@ -35,6 +35,7 @@ from agent.hub.rows import HostRow
 from agent.models import FrozenModel
 from agent.wire import (
     FAILED_HEALTH_STATUSES,
+    MAX_STORED_INT,
     OFFER_ROLLOUT_STATES,
     ROLLOUT_HEADER,
     ROLLOUT_ID_HEADER,
@@ -47,6 +48,11 @@ ROLLOUT_STATES = ("running", "paused", "halted", "aborted", "done")
 # the target is offered only to admitted hosts; the states an offer names (agent/wire.py)
 ACTIVE_STATES = OFFER_ROLLOUT_STATES
 FAILURE_EVENT_KINDS = ("rollback", "cpu_fallback", "health_regression")
+
+
+# The bounds of a spec's numbers beyond their own rules: what the store and the clock arithmetic can hold.
+MAX_WAIT_SECONDS = 10 * 365 * 86400
+MAX_CANARIES = 100_000
 
 
 class RolloutSpec(FrozenModel):
@@ -69,6 +75,15 @@ class RolloutSpec(FrozenModel):
     def problems(self) -> List[str]:
         """What is wrong with the spec, one line each (empty: fine)."""
         found = []
+        for name in ("target_serial", "revert_serial"):
+            serial = getattr(self, name)
+            if serial is not None and not 1 <= serial <= MAX_STORED_INT:
+                found.append(f"{name}: must be a serial in 1..{MAX_STORED_INT}")
+        for name in ("soak_seconds", "report_deadline_seconds"):
+            if getattr(self, name) > MAX_WAIT_SECONDS:
+                found.append(f"{name}: must be at most {MAX_WAIT_SECONDS} (10 years)")
+        if self.canaries > MAX_CANARIES:
+            found.append(f"canaries: must be at most {MAX_CANARIES}")
         if self.canaries < 1:
             found.append("canaries: must be at least 1")
         if not self.batches or any(not 0 < b <= 100 for b in self.batches) or list(self.batches) != sorted(

@@ -55,6 +55,7 @@ class HostRow(FrozenModel):
     policy_serial: Optional[int] = None
     policy_refused_serial: Optional[int] = None
     policy_refused_reason: Optional[str] = None
+    policy_refused_kind: Optional[str] = None  # why (agent/wire.py's REFUSAL_KINDS; schema version 6)
     # When the last health check finished and whether it followed a change (schema version 3; None from older agents).
     last_health_at: Optional[dt.datetime] = None
     last_health_after_change: Optional[bool] = None

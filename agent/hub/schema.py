@@ -3,7 +3,7 @@
     hub_meta  key -> value: the schema version, when the last retention pass began
     events    one row per (host_id, event_id), the idempotency key; the event as canonical JSON in ``body``
     hosts     one row per host: last seen, and the latest pairing and heartbeat by ``occurred_at`` (with the
-              heartbeat's labels and policy fields since schema version 2)
+              heartbeat's labels and policy fields since schema version 2, the refusal's kind since 6)
     policy_bundles  one row per pushed policy bundle, by serial: its bytes, signature, scope, who made and pushed
                     it, and its withdrawal (agent/hub/bundles.py)
     audit     one row per push and withdrawal of a policy bundle, and per rollout decision: when, who, what
@@ -33,7 +33,7 @@ from agent.hub.rows import HostRow
 from agent.report.events import Event
 from agent.snapshot.pairing import Pairing
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # PostgreSQL advisory locks held while a hub creates tables: hubs starting together take turns. The store's own
 # tables and the ones the dashboard and the alert queue add later each have their key.
 SCHEMA_LOCK_KEY = 0x67707567_0001
@@ -51,6 +51,8 @@ _HOST_POLICY_COLUMNS = (("labels", "TEXT"), ("policy_source", "TEXT"), ("policy_
 # Columns of ``hosts`` added by schema version 3: when the newest heartbeat's health check finished, and whether it
 # followed a change (staged rollouts' evidence). The time is text in either database (``dialects.text_time``).
 _HOST_HEALTH_COLUMNS = (("last_health_at", "TEXT"), ("last_health_after_change", "BOOLEAN"))
+# Version 6's column of ``hosts``: why the newest heartbeat's refusal was made (agent/wire.py's REFUSAL_KINDS).
+_HOST_REFUSAL_KIND_COLUMNS = (("policy_refused_kind", "TEXT"),)
 
 
 # Version 4's column of ``policy_bundles``: a bundle pushed staged is offered only through a staged rollout (to its
@@ -99,7 +101,8 @@ def tables(timestamp_type: str, bytes_type: str = "BLOB", key_type: str = "INTEG
     """CREATE TABLE/INDEX IF NOT EXISTS for every table, times as ``timestamp_type``, bytes as ``bytes_type``, an
     audit row's generated key as ``key_type``."""
     policy_columns = "".join(f",\n            {name} {kind}"
-                             for name, kind in _HOST_POLICY_COLUMNS + _HOST_HEALTH_COLUMNS)
+                             for name, kind in _HOST_POLICY_COLUMNS + _HOST_HEALTH_COLUMNS
+                             + _HOST_REFUSAL_KIND_COLUMNS)
     return [
         "CREATE TABLE IF NOT EXISTS hub_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
         f"""CREATE TABLE IF NOT EXISTS events (
@@ -163,6 +166,7 @@ MIGRATIONS: Dict[str, Callable[[Dialect], List[str]]] = {
     # A version 1 or 2 database has no rollouts yet: made as version 4 had it, then given the new column.
     "4": lambda dialect: [_rollouts_table(dialect.timestamp_type) + ")",
                           f"ALTER TABLE rollouts ADD COLUMN {_PAUSED_BY_COLUMN}"],
+    "5": lambda _dialect: [f"ALTER TABLE hosts ADD COLUMN {name} {kind}" for name, kind in _HOST_REFUSAL_KIND_COLUMNS],
 }
 
 
@@ -222,8 +226,8 @@ UPSERT_HOST = f"""
 INSERT INTO hosts (host_id, hostname, first_seen_at, last_seen_at, last_event_at, last_sequence,
                    pairing, content_hash, pairing_at, compliant, agent_version, last_health_status, heartbeat_at,
                    labels, policy_source, policy_serial, policy_refused_serial, policy_refused_reason,
-                   last_health_at, last_health_after_change)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   last_health_at, last_health_after_change, policy_refused_kind)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (host_id) DO UPDATE SET
     {_pick("hostname", _NEWER_EVENT)},
     {_pick("last_sequence", _NEWER_EVENT)},
@@ -240,6 +244,7 @@ ON CONFLICT (host_id) DO UPDATE SET
     {_pick("policy_serial", _NEWER_HEARTBEAT)},
     {_pick("policy_refused_serial", _NEWER_HEARTBEAT)},
     {_pick("policy_refused_reason", _NEWER_HEARTBEAT)},
+    {_pick("policy_refused_kind", _NEWER_HEARTBEAT)},
     {_pick("last_health_at", _NEWER_HEARTBEAT)},
     {_pick("last_health_after_change", _NEWER_HEARTBEAT)},
     {_pick("heartbeat_at", _NEWER_HEARTBEAT)}
@@ -255,21 +260,22 @@ def host_params(u: HostUpdate, received: Any, to_db_time: TimeToDb) -> List[Any]
             u.content_hash, t(u.pairing_at), u.compliant, u.agent_version, u.last_health_status,
             t(u.heartbeat_at), u.labels_json, u.policy_source, u.policy_serial, u.policy_refused_serial,
             u.policy_refused_reason, None if u.last_health_at is None else text_time(u.last_health_at),
-            u.last_health_after_change]
+            u.last_health_after_change, u.policy_refused_kind]
 
 
 # SELECT these from hosts, and host_from_row makes each row a HostRow.
 HOST_COLUMNS = ("host_id, hostname, first_seen_at, last_seen_at, last_event_at, last_sequence, pairing, "
                 "pairing_at, content_hash, compliant, agent_version, last_health_status, heartbeat_at, labels, "
                 "policy_source, policy_serial, policy_refused_serial, policy_refused_reason, last_health_at, "
-                "last_health_after_change")
+                "last_health_after_change, policy_refused_kind")
 
 
 def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]) -> HostRow:
     """A row of ``HOST_COLUMNS`` as the host's state."""
     (host_id, hostname, first_seen, last_seen, last_event, last_sequence, pairing, pairing_at, content_hash,
      compliant, agent_version, last_health_status, heartbeat_at, labels, policy_source, policy_serial,
-     policy_refused_serial, policy_refused_reason, last_health_at, last_health_after_change) = row
+     policy_refused_serial, policy_refused_reason, last_health_at, last_health_after_change,
+     policy_refused_kind) = row
 
     def t(value: Any) -> Optional[dt.datetime]:
         return None if value is None else from_db_time(value)
@@ -283,7 +289,7 @@ def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]
                      last_health_status=last_health_status, heartbeat_at=t(heartbeat_at),
                      labels=json.loads(labels) if labels is not None else None, policy_source=policy_source,
                      policy_serial=policy_serial, policy_refused_serial=policy_refused_serial,
-                     policy_refused_reason=policy_refused_reason,
+                     policy_refused_reason=policy_refused_reason, policy_refused_kind=policy_refused_kind,
                      last_health_at=None if last_health_at is None else dt.datetime.fromisoformat(
                          last_health_at[:-1]).replace(tzinfo=dt.timezone.utc),
                      last_health_after_change=None if last_health_after_change is None

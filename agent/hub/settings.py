@@ -11,7 +11,7 @@ from typing import List, Literal, Optional
 from pydantic import Field, field_validator
 
 from agent.configfile import parse_toml_model, read_config_text
-from agent.defaults import DEFAULT_HUB_CONFIG_PATH, DEFAULT_STATE_DIR
+from agent.defaults import DEFAULT_HUB_CONFIG_PATH, DEFAULT_KEYS_DIR, DEFAULT_STATE_DIR
 from agent.hub.alert_settings import AlertWebhook
 from agent.models import FrozenModel
 
@@ -27,6 +27,9 @@ class HubSettings(FrozenModel):
     listen_port: int = Field(8470, ge=0, le=65535)
     database_url: str = DEFAULT_DATABASE_URL
     tokens_file: str = DEFAULT_TOKENS_FILE
+    # The keyrings (*.gpg, binary) whose keys may sign policy bundles: a push is verified against them before it is
+    # stored or offered (agent/hub/bundles.py); none there, every push is refused.
+    policy_keys_dir: str = DEFAULT_KEYS_DIR
     max_body_bytes: int = Field(MIB, ge=1024, le=64 * MIB)
     # The fleet API (GET /v1/...) wants a reader token; turn off only on a hub reachable from trusted hosts alone.
     fleet_api_requires_token: bool = True

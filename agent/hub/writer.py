@@ -1,7 +1,9 @@
 """Group commit: request handlers hand batches to one writer thread, which stores whatever has queued up in one
 transaction and answers each batch's future.
 
-Under load many batches share one commit (and one fsync); when idle a batch is committed alone at once. The queue
+Under load many batches share one commit (and one fsync); when idle a batch is committed alone at once. When a
+shared commit fails, each of its batches is committed again alone, so a batch the database refuses fails by itself
+and never takes other hosts' batches down with it. The queue
 is bounded: when it is full ``submit`` raises WriterBusy and the hub answers 503, so the agent retries later
 instead of the hub growing without bound.
 """
@@ -123,10 +125,26 @@ class GroupCommitWriter:
             results = self._store.ingest([job.events for job in live], received_at=self._clock())
         except Exception as exc:  # noqa: BLE001 - every waiting request must hear of the failure
             log.error("hub_commit_failed", batch_count=len(live), error=str(exc))
+            if len(live) == 1:
+                live[0].future.set_exception(exc)
+                return
+            # One host's batch that the database refuses must not take the others down with it: each batch of the
+            # failed commit is committed alone (the whole commit was rolled back), so only the bad one fails.
             for job in live:
-                job.future.set_exception(exc)
+                self._commit_alone(job)
             return
         self.commit_count += 1
         self.batch_count += len(live)
         for job, result in zip(live, results):
             job.future.set_result(result)
+
+    def _commit_alone(self, job: _PendingBatch) -> None:
+        try:
+            (result,) = self._store.ingest([job.events], received_at=self._clock())
+        except Exception as exc:  # noqa: BLE001 - the waiting request must hear of the failure
+            log.error("hub_commit_failed", batch_count=1, error=str(exc))
+            job.future.set_exception(exc)
+            return
+        self.commit_count += 1
+        self.batch_count += 1
+        job.future.set_result(result)

@@ -15,10 +15,13 @@ from pydantic import Field, field_validator
 
 from agent.jsonrecord import JsonObject
 from agent.models import FrozenModel
-from agent.report.plain import EVENT_SCHEMA_VERSION, Severity
+from agent.report.plain import EVENT_SCHEMA_VERSION, RefusalKind, Severity
 from agent.snapshot.diff import Change
 from agent.snapshot.pairing import Pairing
-from agent.wire import POLICY_ATTENTION
+from agent.wire import MAX_STORED_INT, POLICY_ATTENTION
+
+# A count or size the hub stores: a whole number in 0..MAX_STORED_INT (a signed 64-bit column).
+Count = Annotated[int, Field(ge=0, le=MAX_STORED_INT)]
 
 
 class PayloadModel(FrozenModel):
@@ -141,7 +144,7 @@ class HealthDeferred(PayloadModel):
     kind: Literal["health_deferred"] = "health_deferred"
     deferred_since: dt.datetime
     window_seconds: float
-    attempts: int
+    attempts: Count
     # agent.health.model.HealthStatus of the last attempt (busy or deferred).
     last_status: str
     # True when the check that could not run was the one after a package change.
@@ -154,10 +157,10 @@ class HealthDeferred(PayloadModel):
 class RollbackCoverage(FrozenModel):
     """How many guarded packages a rollback can restore, and from what (the agent's rollback-coverage.json)."""
 
-    guarded: int
-    restorable: int
+    guarded: Count
+    restorable: Count
     # source ("archive cache", "repository", "rebuilt") -> packages restorable from it
-    by_source: Dict[str, int] = {}
+    by_source: Dict[str, Count] = {}
     not_restorable: List[str] = Field([], max_length=200)  # package keys no file could be kept for
     inexact: List[str] = Field([], max_length=200)  # package keys whose rebuilt file differs from what was installed
 
@@ -169,7 +172,7 @@ class Heartbeat(PayloadModel):
     agent_version: str
     uptime_seconds: float
     content_hash: Optional[str] = None
-    outbox_depth: int = 0
+    outbox_depth: Count = 0
     pairing: Optional[Pairing] = None
     compliant: Optional[bool] = None
     # agent.health.model.HealthStatus: pass, busy, deferred, skipped, regression, cpu_fallback, failed, timeout.
@@ -181,10 +184,12 @@ class Heartbeat(PayloadModel):
     # Which policy is in force: the local policy.d files, or an installed bundle.
     policy_source: Optional[Literal["local", "bundle"]] = None
     # The serial of the bundle in force (None with policy_source "local" and no bundle installed).
-    policy_serial: Optional[int] = Field(None, ge=1)
+    policy_serial: Optional[int] = Field(None, ge=1, le=MAX_STORED_INT)
     # The last bundle this host refused, and the one-line reason (signature, serial rollback, scope, compile).
-    policy_refused_serial: Optional[int] = Field(None, ge=1)
+    policy_refused_serial: Optional[int] = Field(None, ge=1, le=MAX_STORED_INT)
     policy_refused_reason: Optional[str] = Field(None, max_length=2000)
+    # Why (agent/wire.py's REFUSAL_KINDS): what the hub counts and shows; the reason is for people.
+    policy_refused_kind: Optional[RefusalKind] = None
     # Staged rollouts (issue 33), optional too: when the last health check (last_health_status) finished, and
     # whether it was the check after a package change. The hub counts a pass as a rollout's evidence only when it
     # finished after the host's admission and, when the flag is sent, was a post-change check.
@@ -211,8 +216,8 @@ class StateFileDamaged(PayloadModel):
     problem: str = Field(max_length=2000)
     moved_to: Optional[str] = Field(None, max_length=4096)
     action: str = Field(max_length=500)
-    salvaged_events: Optional[int] = None
-    lost_events: Optional[int] = None
+    salvaged_events: Optional[Count] = None
+    lost_events: Optional[Count] = None
 
 
 Payload = Annotated[Union[SnapshotChanged, PolicyViolation, TransactionBlocked, Rollback, OverrideUsed,
@@ -230,7 +235,7 @@ class Event(FrozenModel):
     event_id: str = Field(default_factory=lambda: uuid.uuid4().hex, min_length=8, max_length=64)
     host_id: str = Field(min_length=1, max_length=128)
     hostname: str = Field(min_length=1, max_length=255)
-    sequence: int = Field(0, ge=0)
+    sequence: int = Field(0, ge=0, le=MAX_STORED_INT)
     occurred_at: dt.datetime
     severity: Severity = "info"
     payload: Payload

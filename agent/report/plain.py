@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Dict, Final, FrozenSet, Literal, Optional, Protocol, Tuple
 
 from agent.jsonrecord import JsonObject, JsonRecord, iso_time
-from agent.wire import POLICY_ATTENTION
+from agent.wire import MAX_STORED_INT, POLICY_ATTENTION, REFUSAL_KINDS
 
 EVENT_SCHEMA_VERSION: Final = 1
 Severity = Literal["info", "warning", "critical"]
+RefusalKind = Literal[REFUSAL_KINDS]  # type: ignore[valid-type]  # built from the tuple at run time
 # Events the outbox never drops, whatever its size bound (an override's use is part of the audit trail).
 NEVER_DROPPED_KINDS: FrozenSet[str] = frozenset({"policy_violation", "transaction_blocked", "rollback",
                                                  "override_used", "state_file_damaged",
@@ -107,6 +108,7 @@ class PlainHeartbeat(PlainPayload):
     policy_serial: Optional[int] = None
     policy_refused_serial: Optional[int] = None
     policy_refused_reason: Optional[str] = None
+    policy_refused_kind: Optional[RefusalKind] = None
     last_health_at: Optional[dt.datetime] = None
     last_health_after_change: Optional[bool] = None
     policy_attention: Optional[Tuple[str, ...]] = None
@@ -116,8 +118,8 @@ class PlainHeartbeat(PlainPayload):
             raise ValueError(f"policy_attention: only {', '.join(POLICY_ATTENTION)}")
         for name in ("policy_serial", "policy_refused_serial"):
             value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name}: at least 1, got {value}")
+            if value is not None and not 1 <= value <= MAX_STORED_INT:
+                raise ValueError(f"{name}: 1..{MAX_STORED_INT}, got {value}")
         _bounded("policy_refused_reason", self.policy_refused_reason, 2000)
 
 

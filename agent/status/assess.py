@@ -237,7 +237,15 @@ def _policy(f: StatusFacts, at: dt.datetime) -> Check:
         summary += f"; {p.rollout}"
     if p.refusal_pending:
         serial = f"serial {p.refused_serial}" if p.refused_serial is not None else "a bundle"
-        return Check(name="policy", state="warn", summary=f"{summary}; {serial} refused: {p.refused_reason}")
+        kind = f" ({p.refused_kind})" if p.refused_kind is not None else ""
+        return Check(name="policy", state="warn", summary=f"{summary}; {serial} refused{kind}: {p.refused_reason}")
+    if p.hub_below:
+        offered = f"serial {p.hub_below_offered}" if p.hub_below_offered is not None else "nothing"
+        since = f" since {p.hub_below_since:%Y-%m-%d %H:%M} UTC" if p.hub_below_since else ""
+        return Check(name="policy", state="warn",
+                     summary=f"{summary}; serial {p.bundle_serial} in force is above every serial the hub offers "
+                             f"({offered}{since}): a withdrawn bundle still in force or a fast-forward; push a new "
+                             f"bundle above it, or install the offered one with policy install --allow-rollback")
     if p.source == "bundle" and p.bundle_serial is None:
         return Check(name="policy", state="warn", summary=summary)
     return Check(name="policy", state="ok", summary=summary)

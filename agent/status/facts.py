@@ -131,8 +131,13 @@ class PolicyFacts(FrozenModel):
     bundle_serial: Optional[int] = None
     refused_serial: Optional[int] = None
     refused_reason: Optional[str] = None
+    refused_kind: Optional[str] = None  # one of agent/wire.py's REFUSAL_KINDS
     refused_at: Optional[dt.datetime] = None
     refusal_pending: bool = False
+    # The hub offers only serials below the one in force (offered: None when it offers none), since when.
+    hub_below: bool = False
+    hub_below_offered: Optional[int] = None
+    hub_below_since: Optional[dt.datetime] = None
     rollout: Optional[str] = None  # the hub's staged-rollout notice (agent/bundle/rollout.py)
     bundle_expires: Optional[dt.datetime] = None  # when the bundle in force expires (None: never)
     stale: Optional[str] = None  # why the hub's freshness statement asks for attention (agent/bundle/state.py)
@@ -547,6 +552,9 @@ def read_policy(host: Host, guard: Any, state_dir: str) -> PolicyFacts:
     return PolicyFacts(source=guard.policy_source, description=described, bundle_serial=state.serial,
                        refused_serial=refused.serial if refused else None,
                        refused_reason=refused.reason if refused else None, refused_at=refused.at if refused else None,
+                       refused_kind=refused.kind if refused else None, hub_below=state.hub_below is not None,
+                       hub_below_offered=state.hub_below.offered_serial if state.hub_below else None,
+                       hub_below_since=state.hub_below.since if state.hub_below else None,
                        refusal_pending=state.refusal_pending, rollout=state.rollout, bundle_expires=state.expires,
                        stale=state.stale(host.clock()))
 

@@ -7,7 +7,7 @@ import base64
 import json
 import os
 from pathlib import Path
-from typing import List, Tuple
+from typing import Any, List, Tuple
 
 import pytest
 
@@ -27,8 +27,10 @@ pytestmark = pytest.mark.slow  # a real hub process
 
 @pytest.mark.parametrize(("body", "problem"), [
     (b"[]", "not a JSON object"),
-    (b'{"serial": 0, "bundle": "", "signature": ""}', "serial: not a whole number >= 1"),
-    (b'{"serial": true, "bundle": "", "signature": ""}', "serial: not a whole number >= 1"),
+    (b'{"serial": 0, "bundle": "", "signature": ""}', r"serial: not a whole number in 1\.\."),
+    (b'{"serial": true, "bundle": "", "signature": ""}', r"serial: not a whole number in 1\.\."),
+    (b'{"serial": 18446744073709551616, "bundle": "", "signature": ""}', r"serial: not a whole number in 1\.\."),
+    (b'{"serial": 1, "serial": 2, "bundle": "", "signature": ""}', "duplicate key 'serial'"),
     (b'{"serial": 1, "bundle": "!!", "signature": ""}', "bundle: not base64"),
     (b'{"serial": 1, "bundle": "", "signature": 3}', "signature: not a string"),
     (b"\xff", "not JSON"),
@@ -57,6 +59,7 @@ def token(hub: HubProcess, tmp_path: Path, role: str, subject: str) -> Path:  # 
 def hub_site(hub: HubProcess, tmp_path: Path) -> Tuple[Site, Path, Path]:  # noqa: F811
     """A Site whose agent reports to ``hub`` as node-1: the site, its host token file and an admin token file."""
     site = Site(tmp_path)
+    site.signer.export(hub.keys_dir / "site.gpg")  # type: ignore[attr-defined]  # the hub trusts the site's key
     host_token = token(hub, tmp_path, "host", "node-1")
     admin = token(hub, tmp_path, "admin", "alice")
     site.config.write_text(site.config.read_text() + f'[report]\nendpoint_url = "{hub.url}"\n'
@@ -86,15 +89,18 @@ def test_fetch_installs_then_304_then_refuses_then_survives_an_outage(hub: HubPr
     assert fetch_and_install(host, settings, "node-1").outcome == "unchanged"
 
     stranger = Signer(tmp_path, "mallory")
+    stranger.export(hub.keys_dir / "mallory.gpg")  # type: ignore[attr-defined]  # the hub's keys, not the host's
     second = site.bundle(2, PERMISSIVE, sign=False)
     stranger.sign(second)
     assert run("hub", "policy", "push", str(second), "--hub", hub.url, "--token-file", str(admin))[0] == 0
     before = site.compiled.read_bytes()
     result = fetch_and_install(host, settings, "node-1")
-    assert result.outcome == "refused" and result.serial == 2 and "which no trusted keyring holds" in result.detail
+    assert (result.outcome, result.serial, result.kind) == ("refused", None, "signature")  # the claim: not kept
+    assert "which no trusted keyring holds" in result.detail
     assert site.compiled.read_bytes() == before and site.hook_refuses()
     state = read_bundle_state(str(site.state / "policy-bundle/state.json"))
-    assert state.serial == 1 and state.refusal_pending and state.refused is not None and state.refused.serial == 2
+    assert state.serial == 1 and state.refusal_pending and state.refused is not None
+    assert (state.refused.serial, state.refused.kind) == (None, "signature")
 
     hub.stop()
     result = fetch_and_install(host, settings, "node-1")
@@ -157,3 +163,41 @@ def test_an_older_offer_after_a_withdrawal_is_not_a_refusal(hub: HubProcess, tmp
     assert asked == ["policy_bundle_installed"]
     state = read_bundle_state(str(site.state / "policy-bundle/state.json"))
     assert (state.serial, state.refused) == (2, None) and site.hook_refuses()
+
+
+def policy_check(site: Site) -> Any:
+    """``gpuguard status``'s policy check for the site, as assess makes it."""
+    from agent.status.assess import assess
+    from agent.status.facts import read_policy
+    from tests.status.test_assess import healthy
+
+    facts = read_policy(Host.for_root(str(site.root)), parse_settings(site.config.read_text()).guard,
+                        "/var/lib/gpuguard")
+    return next(c for c in assess(healthy(policy=facts)).checks if c.name == "policy")
+
+
+def test_a_host_above_every_serial_the_hub_offers_is_attention(hub: HubProcess, tmp_path: Path) -> None:  # noqa: F811
+    """A host that took serial 2**63-1 (a fast-forward by a trusted key) while the hub offers 5: status warns that
+    the serial in force is above every serial offered, since the first such answer; a 304 for the serial in force
+    does not."""
+
+    site, host_token, admin = hub_site(hub, tmp_path)
+    settings = parse_settings(site.config.read_text())
+    host = Host.for_root(str(site.root))
+    pushed = site.bundle(5, POLICY)
+    assert run("hub", "policy", "push", str(pushed), "--hub", hub.url, "--token-file", str(admin))[0] == 0
+    assert fetch_and_install(host, settings, "node-1").outcome == "installed"
+    assert fetch_and_install(host, settings, "node-1").outcome == "unchanged"  # 304
+    assert policy_check(site).state == "ok"
+
+    assert site.install(site.bundle(2**63 - 1, POLICY))[0] == 0  # the fast-forward, signed by a trusted key
+    result = fetch_and_install(host, settings, "node-1")
+    assert (result.outcome, result.serial) == ("unchanged", 2**63 - 1)
+    state = read_bundle_state(str(site.state / "policy-bundle/state.json"))
+    assert state.hub_below is not None and state.hub_below.offered_serial == 5
+    first = state.hub_below.since
+    fetch_and_install(host, settings, "node-1")
+    again = read_bundle_state(str(site.state / "policy-bundle/state.json")).hub_below
+    assert again is not None and again.since == first
+    check: Any = policy_check(site)
+    assert check.state == "warn" and "above every serial the hub offers (serial 5 since " in check.summary, check

@@ -105,24 +105,26 @@ def test_a_good_bundle_is_enforced(tmp_path: Path) -> None:
     assert out.splitlines()[0] == f"policy source: bundle serial 5 from file, key {site.signer.fingerprint}", err
 
 
-def refusals(site: Site) -> List[Tuple[str, Path]]:
-    """Each bad bundle with the reason its refusal must give, made after serial 10 is in force."""
+def refusals(site: Site) -> List[Tuple[str, str, Path]]:
+    """Each bad bundle with the kind and reason its refusal must give, made after serial 10 is in force."""
     tampered = site.bundle(11, PERMISSIVE, name="tampered.json")
     tampered.write_bytes(tampered.read_bytes().replace(b'"serial":11', b'"serial":12'))
     stranger = Signer(site.tmp, "mallory")
     unknown = site.bundle(13, PERMISSIVE, sign=False, name="unknown.json")
     stranger.sign(unknown)
     return [
-        ("signature: bad signature", tampered),
-        (f"signature: signed by key {stranger.fingerprint[-16:]}, which no trusted keyring holds", unknown),
-        ("serial 9 is below serial 10 in force", site.bundle(9, PERMISSIVE)),
-        ("out of scope: host id node-1 matches none of host_ids [node-2]",
+        ("signature", "signature: bad signature", tampered),
+        ("signature", f"signature: signed by key {stranger.fingerprint[-16:]}, which no trusted keyring holds",
+         unknown),
+        ("rollback", "serial 9 is below serial 10 in force", site.bundle(9, PERMISSIVE)),
+        ("scope", "out of scope: host id node-1 matches none of host_ids [node-2]",
          site.bundle(14, PERMISSIVE, "--host-id", "node-2")),
-        ("out of scope: label rack is 'a7', the bundle is for rack='b1'",
+        ("scope", "out of scope: label rack is 'a7', the bundle is for rack='b1'",
          site.bundle(15, PERMISSIVE, "--label", "rack=b1")),
-        ("out of scope: os debian-12 matches none of os [ubuntu-*]", site.bundle(16, PERMISSIVE, "--os", "ubuntu-*")),
-        ("does not compile: policy.d: 10-site.toml: policy -> name: 1 is a number: write a string in quotes",
-         site.hand_made(17, {"10-site.toml": "[policy]\nname = 1\n"})),
+        ("scope", "out of scope: os debian-12 matches none of os [ubuntu-*]",
+         site.bundle(16, PERMISSIVE, "--os", "ubuntu-*")),
+        ("compile", "does not compile: policy.d: 10-site.toml: policy -> name: 1 is a number: write a string in "
+                    "quotes", site.hand_made(17, {"10-site.toml": "[policy]\nname = 1\n"})),
     ]
 
 
@@ -133,21 +135,22 @@ def test_every_bad_bundle_is_refused_and_the_old_policy_keeps_guarding(tmp_path:
     assert site.install(site.bundle(10))[0] == 0
     before = site.compiled.read_bytes()
     assert site.hook_refuses()
-    for reason, bundle in refusals(site):
+    for kind, reason, bundle in refusals(site):
         code, out, err = site.install(bundle)
         assert code == 17 and out == "", (reason, out, err)
-        assert err.startswith(f"gpuguard: error: {bundle}: refused: {reason}") and err.count("\n") == 1, err
+        assert err.startswith(f"gpuguard: error: {bundle}: refused ({kind}): {reason}") and err.count("\n") == 1, err
         assert site.compiled.read_bytes() == before
         assert site.hook_refuses(), reason
         state = read_bundle_state(str(site.state / "policy-bundle/state.json"))
         assert state.serial == 10 and state.refused is not None and state.refused.reason.startswith(reason)
+        assert state.refused.kind == kind
         assert state.refusal_pending == (state.refused.serial is None or state.refused.serial > 10)
     facts = read_policy(Host.for_root(str(site.root)), parse_settings(site.config.read_text()).guard,
                         "/var/lib/gpuguard")
     check = next(c for c in assess(healthy(policy=facts)).checks if c.name == "policy")
     assert check.state == "warn" and check.summary == (
-        f"bundle serial 10 from file, key {site.signer.fingerprint}; serial 17 refused: does not compile: policy.d: "
-        f"10-site.toml: policy -> name: 1 is a number: write a string in quotes")
+        f"bundle serial 10 from file, key {site.signer.fingerprint}; serial 17 refused (compile): does not compile: "
+        f"policy.d: 10-site.toml: policy -> name: 1 is a number: write a string in quotes")
 
 
 def test_a_bundle_carrying_a_matrix_is_compiled_with_it(tmp_path: Path) -> None:
@@ -222,7 +225,7 @@ def test_a_lost_state_file_keeps_the_serial_floor(tmp_path: Path) -> None:
     state_file = site.state / "policy-bundle/state.json"
     state_file.unlink()
     code, _, err = site.install(older)
-    assert code == 17 and "refused: serial 9 is below serial 10 in force" in err, err
+    assert code == 17 and "refused (rollback): serial 9 is below serial 10 in force" in err, err
     assert site.hook_refuses()
     state_file.write_text("{}\n")
     assert site.install(older)[0] == 17
@@ -234,7 +237,8 @@ def test_a_lost_state_file_keeps_the_serial_floor(tmp_path: Path) -> None:
     (site.state / "policy-bundle/bundle.json").write_bytes(b'{"format": "gpuguard-policy-bun')
     code, _, err = site.install(older)
     assert code == 17 and err.count("\n") == 1, err
-    assert "refused: the serial in force cannot be told: " in err and "remove /var/lib/gpuguard/policy-bundle" in err
+    assert "refused (rollback): the serial in force cannot be told: " in err
+    assert "remove /var/lib/gpuguard/policy-bundle" in err
     assert site.hook_refuses()
 
 
@@ -265,8 +269,8 @@ def test_an_operator_rollback_is_explicit_and_audited(tmp_path: Path) -> None:
 
 
 def test_an_install_clears_the_refusal_before_it(tmp_path: Path) -> None:
-    """A refusal holding no verified serial (a hub's claim of serial 2**63-1 for a bundle whose signature fails, or
-    an unreadable file) is attention only until the next install: it no longer stays pending above every serial."""
+    """A refusal holding no verified serial (a bundle whose signature fails, whatever the hub claimed for it, or an
+    unreadable file) records none and is attention only until the next install."""
     from agent.bundle.install import BundleInstaller
     from agent.bundle.scope import ScopeFacts
     from agent.errors import BundleRefused
@@ -278,9 +282,10 @@ def test_an_install_clears_the_refusal_before_it(tmp_path: Path) -> None:
                                 "/var/lib/gpuguard")
     with pytest.raises(BundleRefused, match="holds no OpenPGP signature"):
         installer.install(b"{}", b"garbage", origin="hub bundle serial 9223372036854775807", source="hub",
-                          facts=lambda: ScopeFacts(host_id="node-1"), claimed_serial=2**63 - 1)
+                          facts=lambda: ScopeFacts(host_id="node-1"))
     state = read_bundle_state(state_file)
-    assert state.refusal_pending and state.refused is not None and state.refused.serial == 2**63 - 1
+    assert state.refusal_pending and state.refused is not None and state.refused.serial is None
+    assert state.refused.kind == "signature"
     assert site.install(site.bundle(11, PERMISSIVE))[0] == 0
     state = read_bundle_state(state_file)
     assert (state.serial, state.refused, state.refusal_pending) == (11, None, False)

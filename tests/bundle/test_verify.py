@@ -176,7 +176,8 @@ def test_keys_others_could_change_are_refused(tmp_path: Path, what: str, change:
     host = host_with_keys(tmp_path, signer)
     keys = host.root / "etc/gpuguard/keys"
     change(keys)
-    with pytest.raises(BundleRefused, match=f"refused: trusted keys: {what} {host.root}/etc/gpuguard") as caught:
+    refusal = rf"refused \(signature\): trusted keys: {what} {host.root}/etc/gpuguard"
+    with pytest.raises(BundleRefused, match=refusal) as caught:
         verify_signature(host, str(bundle), str(signature))
     assert "\n" not in str(caught.value) and ("writable by others" in str(caught.value)
                                               or "owned by uid 65534" in str(caught.value))
@@ -200,3 +201,35 @@ def test_a_file_that_is_no_keyring_is_named(tmp_path: Path, content: bytes, kind
         verify_signature(host, str(bundle), str(signature))
     (host.root / "etc/gpuguard/keys/99-new.gpg").unlink()
     assert verify_signature(host, str(bundle), str(signature)) == signer.fingerprint
+
+
+@pytest.mark.parametrize("chain", ["direct", "through a second link"])
+def test_a_keyring_linked_into_a_world_writable_directory_is_refused(tmp_path: Path, chain: str) -> None:
+    """A keyring that is a symlink (directly or through another link) into a world-writable directory is refused
+    naming that directory, though the keyring file itself is root-owned and 0644; the same link into a safe
+    directory is trusted."""
+    signer = Signer(tmp_path, "ops")
+    bundle = bundle_file(tmp_path)
+    signature = signer.sign(bundle)
+    host = host_with_keys(tmp_path)
+    safe = host.root / "usr/share/keyrings"
+    safe.mkdir(parents=True)
+    signer.export(safe / "ops.gpg")
+    link = host.root / "etc/gpuguard/keys/ops.gpg"
+    link.symlink_to(safe / "ops.gpg")
+    assert verify_signature(host, str(bundle), str(signature)) == signer.fingerprint
+    drop = host.root / "var/tmp/drop"
+    drop.mkdir(parents=True)
+    os.chmod(drop, 0o777)
+    signer.export(drop / "ops.gpg")
+    link.unlink()
+    if chain == "direct":
+        link.symlink_to(drop / "ops.gpg")
+    else:
+        (safe / "via.gpg").symlink_to(drop / "ops.gpg")
+        link.symlink_to(safe / "via.gpg")
+    with pytest.raises(BundleRefused, match=rf"refused \(signature\): trusted keys: directory of keyring {link} -> "
+                                            rf"{drop} is writable by others \(mode 0777") as caught:
+        verify_signature(host, str(bundle), str(signature))
+    assert "\n" not in str(caught.value)
+

@@ -75,10 +75,12 @@ class Fleet:
         self.tokens = hub_dir / "tokens.json"
         self.hub = HubProcess(write_config(hub_dir / "hub.toml", listen_host="127.0.0.1", listen_port=0,
                                            database_url=f"sqlite:///{hub_dir}/hub.db", tokens_file=self.tokens,
-                                           tokens_reload_seconds=0, shutdown_timeout_seconds=5))
+                                           tokens_reload_seconds=0, shutdown_timeout_seconds=5,
+                                           policy_keys_dir=hub_dir / "keys"))
         self.admin = self.token("admin", "alice")
         self.reader = self.token("reader", "bob").read_text().strip()
         self.signer = Signer(tmp_path, "ops")
+        self.signer.export(hub_dir / "keys/ops.gpg")  # the hub verifies each push against it
         self.agents: List[FleetAgent] = []
 
     def token(self, role: Role, subject: str) -> Path:

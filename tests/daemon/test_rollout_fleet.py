@@ -106,7 +106,7 @@ class RolloutFleet(Fleet):
             hub_dir / "hub.toml", listen_host="127.0.0.1", listen_port=0, database_url=database_url,
             tokens_file=self.tokens, tokens_reload_seconds=0, shutdown_timeout_seconds=5, rollout_tick_seconds=2,
             alert_retry_initial_seconds=0.2, alert_retry_max_seconds=1, alert_timeout_seconds=2,
-            alert_poll_seconds=0.2))
+            alert_poll_seconds=0.2, policy_keys_dir=hub_dir / "keys"))
         with self.hub.config_path.open("a") as config:
             config.write(f'\n[[alert_webhooks]]\nname = "ops"\nurl = "{receiver.url}"\n')
         self.agents: List[FleetAgent] = []

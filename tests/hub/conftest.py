@@ -15,6 +15,7 @@ from agent.hub.settings import HubSettings
 from agent.hub.tokens import add_token
 from tests import needs
 from tests.hub.postgres import PostgresServer, PostgresUnavailable
+from tests.hub.signing import keys_dir
 
 HOSTS = ("host-a", "host-b", "host-c")
 READER = "ops"
@@ -48,7 +49,7 @@ def bearer(token: str) -> Dict[str, str]:
 @pytest.fixture
 def settings(tmp_path: Path, tokens_file: Path, tokens: Dict[str, str]) -> HubSettings:
     return HubSettings(database_url=f"sqlite:///{tmp_path}/hub.db", tokens_file=str(tokens_file),
-                       max_body_bytes=64 * 1024, tokens_reload_seconds=0)
+                       max_body_bytes=64 * 1024, tokens_reload_seconds=0, policy_keys_dir=keys_dir())
 
 
 @pytest.fixture(params=["fast-ingest", "routed-ingest"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import socket
 from pathlib import Path
 from typing import Iterator, List, Tuple
@@ -15,19 +16,26 @@ import pytest
 from agent.cli import main
 from agent.hub.tokens import add_token
 from tests.hub.process import HubProcess, write_config
-from tests.hub.test_policy_bundles import SIGNATURE, bundle_bytes
+from tests.hub.signing import keys_dir, signature_of
+from tests.hub.test_policy_bundles import bundle_bytes
 
 pytestmark = pytest.mark.slow  # a real hub process per test: left out of `make test-fast`
 
 
 @pytest.fixture
 def hub(tmp_path: Path) -> Iterator[HubProcess]:
+    """A hub process over SQLite that trusts the keyrings in its ``keys_dir`` (the shared test key's at first: a
+    test adds its own signers' there)."""
     tokens_file = tmp_path / "tokens.json"
+    keys = tmp_path / "hub-keys"
+    keys.mkdir()
+    shutil.copy(Path(keys_dir()) / "release.gpg", keys / "release.gpg")
     config = write_config(tmp_path / "hub.toml", listen_host="127.0.0.1", listen_port=0,
                           database_url=f"sqlite:///{tmp_path}/hub.db", tokens_file=tokens_file,
-                          tokens_reload_seconds=0, shutdown_timeout_seconds=5)
+                          tokens_reload_seconds=0, shutdown_timeout_seconds=5, policy_keys_dir=keys)
     process = HubProcess(config).start()
     process.tokens_file = tokens_file  # type: ignore[attr-defined]
+    process.keys_dir = keys  # type: ignore[attr-defined]
     yield process
     process.stop()
 
@@ -44,7 +52,7 @@ def admin_file(hub: HubProcess, tmp_path: Path) -> Path:
 def bundle_file(tmp_path: Path, serial: int) -> Path:
     path = tmp_path / f"policy-{serial}.json"
     path.write_bytes(bundle_bytes(serial))
-    (tmp_path / f"policy-{serial}.json.sig").write_bytes(SIGNATURE)
+    (tmp_path / f"policy-{serial}.json.sig").write_bytes(signature_of(bundle_bytes(serial)))
     return path
 
 

@@ -180,17 +180,18 @@ def policy_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]
     from agent.hub.tokens import Principal
     from agent.report.events import Heartbeat
     from tests.hub.factories import ROCM_62, event
-    from tests.hub.test_policy_bundles import SIGNATURE, bundle_bytes
+    from tests.hub.signing import check, signature_of
+    from tests.hub.test_policy_bundles import bundle_bytes
 
     tmp = tmp_path_factory.mktemp("policy-dashboard")
     url = f"sqlite:///{tmp}/hub.db"
     store = make_store(url)
     store.open()
     now = NOW
-    bundles = PolicyBundles(store, clock=lambda: now)
+    bundles = PolicyBundles(store, check(), clock=lambda: now)
     admin = Principal(role="admin", subject="alice")
-    bundles.push(admin, bundle_bytes(41), SIGNATURE)
-    bundles.push(admin, bundle_bytes(42, labels={"rack": "a7"}), SIGNATURE)
+    bundles.push(admin, bundle_bytes(41), signature_of(bundle_bytes(41)))
+    bundles.push(admin, bundle_bytes(42, labels={"rack": "a7"}), signature_of(bundle_bytes(42, labels={"rack": "a7"})))
     beats = [("node-current", {"policy_serial": 42}), ("node-behind", {"policy_serial": 41}),
              ("node-refused", {"policy_serial": 41, "policy_refused_serial": 42,
                                "policy_refused_reason": HOSTILE_VERSION})]
@@ -241,7 +242,8 @@ def rollout_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess
     from agent.hub.tokens import Principal
     from agent.report.events import Heartbeat
     from tests.hub.factories import CUDA_12, ROCM_62, event
-    from tests.hub.test_policy_bundles import SIGNATURE, bundle_bytes
+    from tests.hub.signing import check, signature_of
+    from tests.hub.test_policy_bundles import bundle_bytes
 
     tmp = tmp_path_factory.mktemp("rollout-dashboard")
     url = f"sqlite:///{tmp}/hub.db"
@@ -258,9 +260,9 @@ def rollout_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess
             received_at=now[0])
 
     beats(["amd-1", "amd-2", "amd-3", "nv-1", "nv-2"], 1, "pass")
-    bundles = PolicyBundles(store, clock=lambda: now[0])
-    bundles.push(admin, bundle_bytes(1), SIGNATURE)
-    bundles.push(admin, bundle_bytes(2), SIGNATURE)
+    bundles = PolicyBundles(store, check(), clock=lambda: now[0])
+    bundles.push(admin, bundle_bytes(1), signature_of(bundle_bytes(1)))
+    bundles.push(admin, bundle_bytes(2), signature_of(bundle_bytes(2)))
     rollouts = Rollouts(store, bundles, clock=lambda: now[0])
     now[0] += dt.timedelta(seconds=1)
     rid = rollouts.start(admin, RolloutSpec(target_serial=2, batches=(50, 100), soak_seconds=60)).rollout.rollout_id

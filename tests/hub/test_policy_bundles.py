@@ -22,20 +22,22 @@ from agent.hub.tokens import Principal
 from agent.report.events import Heartbeat
 from tests.hub.conftest import bearer
 from tests.hub.factories import CUDA_12, ROCM_62, T0, batch_json, event
+from tests.hub.signing import check, signature_of
 
-SIGNATURE = b"\x88\x75\x04\x00\x16\x0a\x00\x1d\x16\x21\x04fake-detached-signature"
 ADMIN = Principal(role="admin", subject="alice")
 
 
 def bundle_bytes(serial: int, **scope: Any) -> bytes:
-    """A well-formed bundle's canonical bytes (the hub parses but does not verify)."""
+    """A well-formed bundle's canonical bytes."""
     return render_bundle(PolicyBundle.model_validate({
         "format": "gpuguard-policy-bundle/1", "serial": serial, "created_at": "2026-12-04T23:00:00Z",
         "created_by": "ops@example.com", "matrix_version": "2026.11",
         "scope": scope or {"all": True}, "policy_files": {"10-pairing.toml": "# pin\n"}, "matrix": None}))
 
 
-def push_body(data: bytes, signature: bytes = SIGNATURE) -> Dict[str, str]:
+def push_body(data: bytes, signature: Optional[bytes] = None) -> Dict[str, str]:
+    """A push's JSON body; the signature is a real one by the key the hub under test trusts unless given."""
+    signature = signature_of(data) if signature is None else signature
     return {"bundle": base64.b64encode(data).decode(), "signature": base64.b64encode(signature).decode()}
 
 
@@ -57,8 +59,8 @@ def push(hub: TestClient, token: str, data: bytes) -> Any:
     return hub.post("/v1/policy/bundles", json=push_body(data), headers=bearer(token))
 
 
-def heartbeat(hub: TestClient, token: str, host_id: str, **fields: Any) -> None:
-    beat = event(host_id, at=T0 + dt.timedelta(minutes=1)).model_copy(
+def heartbeat(hub: TestClient, token: str, host_id: str, minutes: int = 1, **fields: Any) -> None:
+    beat = event(host_id, at=T0 + dt.timedelta(minutes=minutes)).model_copy(
         update={"payload": Heartbeat(agent_version="1.0", uptime_seconds=1.0, **fields)})
     assert hub.post("/v1/events", content=batch_json([beat]), headers=bearer(token)).status_code == 200
 
@@ -75,7 +77,8 @@ def test_an_admin_pushes_and_a_reader_lists_shows_and_audits(hub: TestClient, to
     listed = hub.get("/v1/policy/bundles", headers=reader).json()
     assert [b["serial"] for b in listed["bundles"]] == [42] and listed["bundles"][0]["scope"]["all"] is True
     shown = hub.get("/v1/policy/bundles/42", headers=reader).json()
-    assert base64.b64decode(shown["bundle"]) == data and base64.b64decode(shown["signature"]) == SIGNATURE
+    assert base64.b64decode(shown["bundle"]) == data
+    assert base64.b64decode(shown["signature"]).startswith(b"\x88")  # the pushed binary signature, kept
     assert shown["policy_files"] == ["10-pairing.toml"] and shown["summary"]["matrix_version"] == "2026.11"
     [entry] = hub.get("/v1/audit", headers=reader).json()["entries"]
     assert (entry["actor"], entry["role"], entry["action"], entry["serial"]) == ("release-admin", "admin", "push", 42)
@@ -105,7 +108,7 @@ def test_a_serial_not_above_every_stored_one_is_409_and_audited(hub: TestClient,
 
 
 @pytest.mark.parametrize("body, error, words", [
-    (push_body(b"{\"format\": \"something-else\"}"), "invalid_bundle", "format"),
+    (push_body(b"{\"format\": \"something-else\"}", signature=b"sig"), "invalid_bundle", "format"),
     (push_body(bundle_bytes(1), signature=b""), "invalid_request", "signature"),
     ({"bundle": "%%% not base64", "signature": "c2ln"}, "invalid_request", "bundle: not base64"),
     ({"bundle": "e30="}, "invalid_request", "signature"),
@@ -184,7 +187,7 @@ def test_two_hubs_pushing_one_serial_at_once_store_it_once(kind: str, tmp_path: 
     for store in stores:
         store.open()
     try:
-        hubs = [PolicyBundles(store) for store in stores]
+        hubs = [PolicyBundles(store, check()) for store in stores]
         for serial in range(9, 17):
             barrier = threading.Barrier(2)
             outcomes: List[Optional[int]] = [None, None]
@@ -193,7 +196,7 @@ def test_two_hubs_pushing_one_serial_at_once_store_it_once(kind: str, tmp_path: 
                         outcomes: List[Optional[int]] = outcomes) -> None:
                 barrier.wait(timeout=10)
                 try:
-                    hubs[index].push(ADMIN, bundle_bytes(serial), SIGNATURE)
+                    hubs[index].push(ADMIN, bundle_bytes(serial), signature_of(bundle_bytes(serial)))
                     outcomes[index] = 201
                 except HubHTTPError as exc:
                     outcomes[index] = exc.status
@@ -218,7 +221,7 @@ def rollout_fleet(hub: TestClient, admin_token: str, tokens: Dict[str, str]) -> 
     push(hub, admin_token, bundle_bytes(11))
     heartbeat(hub, tokens["host-a"], "host-a", policy_source="bundle", policy_serial=10)
     heartbeat(hub, tokens["host-b"], "host-b", policy_source="bundle", policy_serial=10, policy_refused_serial=11,
-              policy_refused_reason="signature: BADSIG <key ABCD>")
+              policy_refused_reason="signature: BADSIG <key ABCD>", policy_refused_kind="scope")
     heartbeat(hub, tokens["host-c"], "host-c", policy_source="bundle", policy_serial=11)
     return hub
 
@@ -234,6 +237,7 @@ def test_the_fleet_api_shows_each_hosts_serial_offer_and_refusal(rollout_fleet: 
     assert (by_host["host-a"]["behind"], by_host["host-a"]["refused_serial"]) == (True, None)
     assert (by_host["host-b"]["refused_serial"], by_host["host-b"]["refused_reason"]) == (
         11, "signature: BADSIG <key ABCD>")
+    assert (by_host["host-b"]["refused"], by_host["host-b"]["refused_kind"]) == (True, "scope")
     assert (by_host["host-c"]["behind"], by_host["host-c"]["offered_serial"]) == (False, 11)
     hosts = {h["host_id"]: h for h in rollout_fleet.get("/v1/hosts", headers=reader).json()["hosts"]}
     assert (hosts["host-b"]["policy_source"], hosts["host-b"]["policy_serial"]) == ("bundle", 10)
@@ -275,3 +279,111 @@ def test_roots_and_freshness_are_204_until_configured_and_for_hosts_only(hub: Te
     assert hub.get("/v1/policy/root", headers=host).status_code == 422
     assert hub.get("/v1/policy/freshness", headers=bearer(tokens["ops"])).status_code == 403
     assert hub.get("/v1/policy/root?version=2").status_code == 401
+
+
+def test_a_refusal_kind_and_a_fast_forward_are_counted_and_shown(rollout_fleet: TestClient,
+                                                                 tokens: Dict[str, str]) -> None:
+    """host-c's signature refusal (no serial: a claim is never kept) counts as refused with its kind in the host
+    API, /metrics (one series per kind) and the dashboard; host-a enforcing 2**63-1, above every serial offered,
+    is flagged ahead."""
+    heartbeat(rollout_fleet, tokens["host-c"], "host-c", policy_source="bundle", policy_serial=11,
+              policy_refused_kind="signature", policy_refused_reason="signature: NO_PUBKEY", minutes=2)
+    heartbeat(rollout_fleet, tokens["host-a"], "host-a", policy_source="bundle", policy_serial=2**63 - 1, minutes=2)
+    reader = bearer(tokens["ops"])
+    rollout = rollout_fleet.get("/v1/policy/hosts", headers=reader).json()
+    by_host = {h["host_id"]: h for h in rollout["hosts"]}
+    assert (by_host["host-c"]["refused"], by_host["host-c"]["refused_serial"], by_host["host-c"]["refused_kind"]) == (
+        True, None, "signature")
+    assert (by_host["host-a"]["ahead"], by_host["host-c"]["ahead"], rollout["ahead_count"]) == (True, False, 1)
+    assert rollout["refused_count"] == 2
+    assert rollout["refused_by_kind"] == {"signature": 1, "threshold": 0, "expired": 0, "rollback": 0, "scope": 1,
+                                          "format": 0, "compile": 0, "freshness": 0}
+    hosts = {h["host_id"]: h for h in rollout_fleet.get("/v1/hosts", headers=reader).json()["hosts"]}
+    assert hosts["host-c"]["policy_refused_kind"] == "signature"
+    lines = rollout_fleet.get("/metrics", headers=reader).text.splitlines()
+    for line in ('gpuguard_hub_hosts_policy_refused_by_kind{kind="signature"} 1.0',
+                 'gpuguard_hub_hosts_policy_refused_by_kind{kind="format"} 0.0',
+                 "gpuguard_hub_hosts_policy_refused 2.0", "gpuguard_hub_hosts_policy_ahead 1.0"):
+        assert line in lines, line
+    host_page = rollout_fleet.get("/ui/hosts/host-c", headers=reader).text
+    assert '<span class="badge bad" id="policy-refused">signature</span>' in host_page
+    assert 'id="policy-ahead"' in rollout_fleet.get("/ui/hosts/host-a", headers=reader).text
+    overview = rollout_fleet.get("/ui/", headers=reader).text
+    assert 'class="refused" data-host-id="host-c" data-kind="signature"' in overview
+    assert 'id="policy-ahead-count">1<' in overview
+
+
+def test_a_keyless_push_cannot_raise_the_serial_floor(hub: TestClient, admin_token: str,
+                                                      tokens: Dict[str, str]) -> None:
+    """An admin token pushing serial 2**63-1 with 120 random bytes as its signature, or with a real signature by a
+    key the hub does not trust, or a trusted signature over other bytes, is refused (422, audited, nothing stored
+    or offered); later good pushes still succeed and are offered."""
+    import os
+
+    from tests.bundle.keys import Signer
+
+    assert push(hub, admin_token, bundle_bytes(5)).status_code == 201
+    top = bundle_bytes(2**63 - 1)
+    refused(hub.post("/v1/policy/bundles", json=push_body(top, signature=os.urandom(120)), headers=bearer(admin_token)),
+            422, "signature_refused", "signature: refused: signature: ")
+    import tempfile
+    with tempfile.TemporaryDirectory() as home:
+        stranger = Signer(Path(home), "mallory")
+        path = Path(home) / "top.json"
+        path.write_bytes(top)
+        foreign = stranger.sign(path).read_bytes()
+        stranger.close()
+    refused(hub.post("/v1/policy/bundles", json=push_body(top, signature=foreign), headers=bearer(admin_token)),
+            422, "signature_refused", "which no trusted keyring holds")
+    refused(hub.post("/v1/policy/bundles", json=push_body(top, signature=signature_of(bundle_bytes(6))),
+                     headers=bearer(admin_token)), 422, "signature_refused", "bad signature")
+    reader = bearer(tokens["ops"])
+    assert [b["serial"] for b in hub.get("/v1/policy/bundles", headers=reader).json()["bundles"]] == [5]
+    assert push(hub, admin_token, bundle_bytes(6)).status_code == 201
+    assert hub.post("/v1/policy/bundles/6/withdraw", headers=bearer(admin_token)).status_code == 200
+    assert push(hub, admin_token, bundle_bytes(7)).status_code == 201  # the floor is 6, never 2**63-1
+    offered = hub.get("/v1/policy/bundle", headers=bearer(tokens["host-a"]))
+    assert offered.status_code == 200 and offered.json()["serial"] == 7
+    actions = [(e["action"], e["serial"]) for e in hub.get("/v1/audit", headers=reader).json()["entries"]]
+    assert actions.count(("push_refused", None)) == 3  # an unverified bundle's serial is not kept
+
+
+def test_a_hub_without_trusted_keys_refuses_every_push(tmp_path: Path, settings: HubSettings,
+                                                       admin_token: str) -> None:
+    """With no keyring in policy_keys_dir the hub stores nothing: every push is 422 naming the directory."""
+    empty = tmp_path / "no-keys"
+    empty.mkdir()
+    bare = settings.model_copy(update={"policy_keys_dir": str(empty)})
+    with TestClient(create_app(bare, make_store(bare.database_url))) as client:
+        refused(push(client, admin_token, bundle_bytes(1)), 422, "signature_refused", f"no trusted key in {empty}")
+
+
+def test_a_stored_bundle_that_does_not_verify_is_never_offered(settings: HubSettings, admin_token: str,
+                                                                tokens: Dict[str, str]) -> None:
+    """A row stored before the hub verified pushes (serial 2**63-1, 120 random bytes as its signature) is offered
+    to no host, counted nowhere and raises no serial floor: hosts get the newest bundle that verifies, and the next
+    push above it is stored."""
+    import os
+
+    store = make_store(settings.database_url)
+    store.open()
+    bundles = PolicyBundles(store, check())  # type: ignore[arg-type]
+    bundles.push(ADMIN, bundle_bytes(5), signature_of(bundle_bytes(5)))
+    top = bundle_bytes(2**63 - 1)
+
+    def legacy(cur: Any) -> None:
+        cur.execute(store.dialect.sql(  # type: ignore[attr-defined]
+            "INSERT INTO policy_bundles (serial, bundle, signature, sha256, scope, created_at, created_by, "
+            "pushed_at, pushed_by, staged) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0)"),
+            (2**63 - 1, top, os.urandom(120), "0" * 64, '{"all": true}', "2026-12-04T23:00:00Z", "x",
+             store.dialect.to_db_time(T0), "mallory"))  # type: ignore[attr-defined]
+
+    store.write("legacy_row", legacy)  # type: ignore[attr-defined]
+    assert bundles.offer_serial("host-a") == 5 and bundles.rollout().newest_serial == 5
+    assert bundles.push(ADMIN, bundle_bytes(6), signature_of(bundle_bytes(6))).serial == 6
+    with pytest.raises(HubHTTPError, match="taken by a stored bundle whose signature does not verify"):
+        bundles.push(ADMIN, top, signature_of(top))
+    store.close()
+    with TestClient(create_app(settings, make_store(settings.database_url))) as hub:
+        offered = hub.get("/v1/policy/bundle", headers=bearer(tokens["host-a"]))
+        assert offered.status_code == 200 and offered.json()["serial"] == 6

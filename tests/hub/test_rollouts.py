@@ -26,7 +26,8 @@ from agent.hub.tokens import Principal
 from agent.report.events import Event, Heartbeat
 from tests.hub.conftest import bearer
 from tests.hub.factories import CUDA_12, ROCM_62, T0, event
-from tests.hub.test_policy_bundles import SIGNATURE, bundle_bytes
+from tests.hub.signing import check, signature_of
+from tests.hub.test_policy_bundles import bundle_bytes
 
 ADMIN = Principal(role="admin", subject="alice")
 AMD = [f"amd-{i}" for i in range(4)]
@@ -58,9 +59,9 @@ def seed(store: SqlStore, clock: Clock) -> Tuple[PolicyBundles, Rollouts]:
     """Six hosts in two cohorts on serial 1, bundles 1 and 2 pushed; the hub's rollouts over them."""
     store.open()
     store.ingest([[beat(h, clock.now - dt.timedelta(minutes=5)) for h in AMD + NV]], received_at=clock.now)
-    bundles = PolicyBundles(store, clock)
-    bundles.push(ADMIN, bundle_bytes(1), SIGNATURE)
-    bundles.push(ADMIN, bundle_bytes(2), SIGNATURE)
+    bundles = PolicyBundles(store, check(), clock)
+    bundles.push(ADMIN, bundle_bytes(1), signature_of(bundle_bytes(1)))
+    bundles.push(ADMIN, bundle_bytes(2), signature_of(bundle_bytes(2)))
     alerts = AlertQueue(store, [AlertWebhook(name="pager", url="http://127.0.0.1:9/hook")])
     alerts.open()
     return bundles, Rollouts(store, bundles, alerts, clock)
@@ -131,9 +132,9 @@ def test_a_staged_target_reaches_no_host_before_the_rollout_and_its_whole_scope_
     clock = Clock()
     any_store.open()
     any_store.ingest([[beat(h, clock.now - dt.timedelta(minutes=5)) for h in AMD + NV]], received_at=clock.now)
-    bundles = PolicyBundles(any_store, clock)
-    bundles.push(ADMIN, bundle_bytes(1), SIGNATURE)
-    assert bundles.push(ADMIN, bundle_bytes(2), SIGNATURE, staged=True).staged
+    bundles = PolicyBundles(any_store, check(), clock)
+    bundles.push(ADMIN, bundle_bytes(1), signature_of(bundle_bytes(1)))
+    assert bundles.push(ADMIN, bundle_bytes(2), signature_of(bundle_bytes(2)), staged=True).staged
     rollouts = Rollouts(any_store, bundles, None, clock)
     assert {h: rollouts.offer(h).serial for h in AMD + NV} == {h: 1 for h in AMD + NV}
     assert bundles.offer_serial("amd-0") == 1 and bundles.rollout().newest_serial == 1
@@ -167,7 +168,7 @@ def test_a_failing_canary_halts_and_abort_withdraws_the_target(any_store: SqlSto
     assert bundles.summary(2).withdrawn_by == "alice"
     assert {h: rollouts.offer(h).serial for h in AMD + NV} == {h: 1 for h in AMD + NV}
     assert rollouts.offer("amd-0").notice is None  # no active rollout any more
-    bundles.push(ADMIN, bundle_bytes(3), SIGNATURE)  # the previous policy again, under a new serial
+    bundles.push(ADMIN, bundle_bytes(3), signature_of(bundle_bytes(3)))  # the previous policy again, under a new serial
     assert rollouts.offer("amd-0").serial == 3
 
 
@@ -178,10 +179,11 @@ def test_abort_releases_the_revert_bundle_to_every_host_and_done_withdraws_it(an
     another scope is refused at start."""
     clock = Clock()
     bundles, rollouts = seed(any_store, clock)
-    bundles.push(ADMIN, bundle_bytes(3), SIGNATURE, staged=True)
-    bundles.push(ADMIN, bundle_bytes(4), SIGNATURE)  # offered at once: no revert
+    bundles.push(ADMIN, bundle_bytes(3), signature_of(bundle_bytes(3)), staged=True)
+    bundles.push(ADMIN, bundle_bytes(4), signature_of(bundle_bytes(4)))  # offered at once: no revert
     bundles.withdraw(ADMIN, 4)
-    bundles.push(ADMIN, bundle_bytes(5, host_ids=["amd-*"]), SIGNATURE, staged=True)
+    amd_only = bundle_bytes(5, host_ids=["amd-*"])
+    bundles.push(ADMIN, amd_only, signature_of(amd_only), staged=True)
     for revert, code in ((4, "revert_not_staged"), (5, "revert_scope")):
         with pytest.raises(HubHTTPError) as refused:
             rollouts.start(ADMIN, SPEC.model_copy(update={"revert_serial": revert}))
@@ -199,8 +201,8 @@ def test_abort_releases_the_revert_bundle_to_every_host_and_done_withdraws_it(an
     assert not bundles.summary(3).staged and bundles.summary(2).withdrawn_at is not None
     assert [e.action for e in bundles.audit()][:3] == ["rollout_revert_released", "withdraw", "rollout_aborted"]
 
-    bundles.push(ADMIN, bundle_bytes(6), SIGNATURE, staged=True)
-    bundles.push(ADMIN, bundle_bytes(7), SIGNATURE, staged=True)
+    bundles.push(ADMIN, bundle_bytes(6), signature_of(bundle_bytes(6)), staged=True)
+    bundles.push(ADMIN, bundle_bytes(7), signature_of(bundle_bytes(7)), staged=True)
     spec = RolloutSpec(target_serial=6, canaries=1, batches=(100,), soak_seconds=0, revert_serial=7)
     done = rollouts.start(ADMIN, spec).rollout.rollout_id
     clock.advance(10)
@@ -277,7 +279,7 @@ def test_a_hub_restart_resumes_from_the_rows(sqlite: SqlStore, tmp_path: Path) -
     again = SQLiteStore(str(tmp_path / "hub.db"))
     again.open()
     try:
-        restarted = Rollouts(again, PolicyBundles(again, clock), None, clock)
+        restarted = Rollouts(again, PolicyBundles(again, check(), clock), None, clock)
         clock.advance(61)
         report(again, clock, ["amd-0", "nv-0"])
         decision = restarted.evaluate(rid)
@@ -343,7 +345,7 @@ def test_two_hub_processes_on_one_postgresql_decide_each_stage_once(postgres_url
     try:
         _, rollouts_a = seed(first, clock)
         second.open()
-        rollouts_b = Rollouts(second, PolicyBundles(second, clock), None, clock)
+        rollouts_b = Rollouts(second, PolicyBundles(second, check(), clock), None, clock)
         spec = SPEC.model_copy(update={"batches": (25, 50, 75, 100), "soak_seconds": 0})
         rid = rollouts_a.start(ADMIN, spec).rollout.rollout_id
         for _ in range(6):
@@ -370,10 +372,10 @@ def test_two_hub_processes_on_one_postgresql_decide_each_stage_once(postgres_url
             assert not errors
         status = rollouts_a.status(rid)
         assert status.rollout.state == "done" and all(h.stage is not None for h in status.hosts)
-        audit = [e for e in PolicyBundles(first, clock).audit(1000) if e.action == "rollout_stage"]
+        audit = [e for e in PolicyBundles(first, check(), clock).audit(1000) if e.action == "rollout_stage"]
         opened = [e.detail.split("stage ")[1].split(" ")[0] for e in audit]
         assert sorted(opened) == sorted(set(opened)) and len(opened) >= 3
-        done = [e for e in PolicyBundles(first, clock).audit(1000) if e.action == "rollout_done"]
+        done = [e for e in PolicyBundles(first, check(), clock).audit(1000) if e.action == "rollout_done"]
         assert len(done) == 1
     finally:
         first.close()
@@ -439,9 +441,9 @@ def test_a_failing_report_halts_without_waiting_for_the_tick(settings: HubSettin
     store.open()
     store.ingest([[beat(h, clock.now).model_copy(update={"host_id": h}) for h in ("host-a", "host-b", "host-c")]],
                  received_at=clock.now)
-    bundles = PolicyBundles(store, clock)
-    bundles.push(ADMIN, bundle_bytes(1), SIGNATURE)
-    bundles.push(ADMIN, bundle_bytes(2), SIGNATURE)
+    bundles = PolicyBundles(store, check(), clock)
+    bundles.push(ADMIN, bundle_bytes(1), signature_of(bundle_bytes(1)))
+    bundles.push(ADMIN, bundle_bytes(2), signature_of(bundle_bytes(2)))
     rid = Rollouts(store, bundles, None, clock).start(ADMIN, SPEC.model_copy(update={"soak_seconds": 0})) \
         .rollout.rollout_id
     store.close()

@@ -263,18 +263,21 @@ def test_a_schema_version_3_database_keeps_its_bundles_offered_after_the_migrati
     from agent.hub.bundles import PolicyBundles
     from agent.hub.store import SqlStore
     from agent.hub.tokens import Principal
-    from tests.hub.test_policy_bundles import SIGNATURE, bundle_bytes
+    from tests.hub.signing import check, signature_of
+    from tests.hub.test_policy_bundles import bundle_bytes
 
     assert isinstance(store, SqlStore)
-    PolicyBundles(store).push(Principal(role="admin", subject="alice"), bundle_bytes(7), SIGNATURE)
+    PolicyBundles(store, check()).push(Principal(role="admin", subject="alice"), bundle_bytes(7),
+                                       signature_of(bundle_bytes(7)))
 
     reopened = _reopened_after(store, ["ALTER TABLE policy_bundles DROP COLUMN staged",
                                        "ALTER TABLE rollouts DROP COLUMN paused_by",
+                                       "ALTER TABLE hosts DROP COLUMN policy_refused_kind",
                                        "UPDATE hub_meta SET value = '3' WHERE key = 'schema_version'"])
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
             (str(schema.SCHEMA_VERSION),)]
-        assert PolicyBundles(reopened).offer_serial("any-host") == 7
+        assert PolicyBundles(reopened, check()).offer_serial("any-host") == 7
     finally:
         reopened.close()
 
@@ -288,22 +291,24 @@ def test_a_schema_version_4_paused_rollout_gets_an_empty_paused_by_after_the_mig
     from agent.hub.rollouts import Rollouts
     from agent.hub.store import SqlStore
     from agent.hub.tokens import Principal
-    from tests.hub.test_policy_bundles import SIGNATURE, bundle_bytes
+    from tests.hub.signing import check, signature_of
+    from tests.hub.test_policy_bundles import bundle_bytes
 
     assert isinstance(store, SqlStore)
     admin = Principal(role="admin", subject="alice")
     store.ingest([[event("host-old", at=T0)]], received_at=NOW)
-    bundles = PolicyBundles(store)
-    bundles.push(admin, bundle_bytes(1), SIGNATURE)
-    bundles.push(admin, bundle_bytes(2), SIGNATURE)
+    bundles = PolicyBundles(store, check())
+    bundles.push(admin, bundle_bytes(1), signature_of(bundle_bytes(1)))
+    bundles.push(admin, bundle_bytes(2), signature_of(bundle_bytes(2)))
     rid = Rollouts(store, bundles).start(admin, RolloutSpec(target_serial=2)).rollout.rollout_id
     Rollouts(store, bundles).pause(admin, rid)
     reopened = _reopened_after(store, ["ALTER TABLE rollouts DROP COLUMN paused_by",
+                                       "ALTER TABLE hosts DROP COLUMN policy_refused_kind",
                                        "UPDATE hub_meta SET value = '4' WHERE key = 'schema_version'"])
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
             (str(schema.SCHEMA_VERSION),)]
-        rollouts = Rollouts(reopened, PolicyBundles(reopened))
+        rollouts = Rollouts(reopened, PolicyBundles(reopened, check()))
         row = rollouts.status(rid).rollout
         assert (row.state, row.paused_by) == ("paused", None)
         rollouts.evaluate(rid)
@@ -324,14 +329,40 @@ def test_a_schema_version_1_database_is_migrated_with_its_rows(store: Store) -> 
     reopened = _reopened_after(store, [
         "DROP TABLE policy_bundles", "DROP TABLE audit", "DROP TABLE rollouts", "DROP TABLE rollout_hosts",
         *(f"ALTER TABLE hosts DROP COLUMN {name}"
-          for name, _ in schema._HOST_POLICY_COLUMNS + schema._HOST_HEALTH_COLUMNS),
+          for name, _ in schema._HOST_POLICY_COLUMNS + schema._HOST_HEALTH_COLUMNS
+          + schema._HOST_REFUSAL_KIND_COLUMNS),
         "UPDATE hub_meta SET value = '1' WHERE key = 'schema_version'"])
     try:
         [host] = reopened.hosts()
-        assert (host.host_id, host.policy_serial, host.labels, host.last_health_at) == ("host-old", None, None, None)
+        assert (host.host_id, host.policy_serial, host.labels, host.last_health_at, host.policy_refused_kind) == (
+            "host-old", None, None, None, None)
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
             (str(schema.SCHEMA_VERSION),)]
         assert reopened.query("test", "SELECT COUNT(*) FROM policy_bundles WHERE staged = 0") == [(0,)]
         assert reopened.query("test", "SELECT COUNT(*) FROM rollout_hosts") == [(0,)]
+    finally:
+        reopened.close()
+
+
+def test_a_schema_version_5_database_gets_the_refusal_kind_column(store: Store) -> None:
+    """Version 5 to 6: hosts get policy_refused_kind, empty for the rows there, and a heartbeat's kind is stored."""
+    from agent.hub import schema
+    from agent.hub.store import SqlStore
+    from agent.report.events import Heartbeat
+
+    assert isinstance(store, SqlStore)
+    store.ingest([[event("host-old", at=T0)]], received_at=NOW)
+    reopened = _reopened_after(store, ["ALTER TABLE hosts DROP COLUMN policy_refused_kind",
+                                       "UPDATE hub_meta SET value = '5' WHERE key = 'schema_version'"])
+    try:
+        assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
+            (str(schema.SCHEMA_VERSION),)]
+        assert reopened.hosts()[0].policy_refused_kind is None
+        refusing = event("host-old", at=T0 + dt.timedelta(minutes=1))
+        payload = Heartbeat(agent_version="1", uptime_seconds=1.0, policy_serial=3, policy_refused_kind="signature",
+                            policy_refused_reason="signature: bad signature")
+        reopened.ingest([[refusing.model_copy(update={"payload": payload})]], received_at=NOW)
+        [host] = reopened.hosts()
+        assert (host.policy_serial, host.policy_refused_serial, host.policy_refused_kind) == (3, None, "signature")
     finally:
         reopened.close()

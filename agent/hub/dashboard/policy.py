@@ -18,14 +18,15 @@ def _serial(value: Optional[int]) -> str:
 
 
 def _refused_table(rows: Sequence[HostPolicy], limit: Optional[int] = None) -> str:
-    refused = [r for r in rows if r.refused_serial is not None]
+    refused = [r for r in rows if r.refused]
     body = "".join(
-        f'<tr class="refused" data-host-id="{e(r.host_id)}"><td><a href="{e(host_url(r.host_id))}">{e(r.host_id)}</a>'
-        f"</td><td>{e(r.refused_serial)}</td><td>{e(r.refused_reason)}</td><td>{_serial(r.policy_serial)}</td></tr>"
+        f'<tr class="refused" data-host-id="{e(r.host_id)}" data-kind="{e(r.refused_kind)}"><td>'
+        f'<a href="{e(host_url(r.host_id))}">{e(r.host_id)}</a></td><td>{_serial(r.refused_serial)}</td>'
+        f"<td>{e(r.refused_kind)}</td><td>{e(r.refused_reason)}</td><td>{_serial(r.policy_serial)}</td></tr>"
         for r in refused[:limit])
-    return ('<table id="policy-refused"><thead><tr><th>Host</th><th>Refused serial</th><th>Why</th>'
+    return ('<table id="policy-refused"><thead><tr><th>Host</th><th>Refused serial</th><th>Kind</th><th>Why</th>'
             "<th>Enforces</th></tr></thead><tbody>"
-            + (body or '<tr><td colspan="4" class="muted">no host refused a bundle</td></tr>') + "</tbody></table>")
+            + (body or '<tr><td colspan="5" class="muted">no host refused a bundle</td></tr>') + "</tbody></table>")
 
 
 def _behind_table(rows: Sequence[HostPolicy], limit: Optional[int] = None) -> str:
@@ -43,7 +44,8 @@ def _behind_table(rows: Sequence[HostPolicy], limit: Optional[int] = None) -> st
 def _summary(rollout: PolicyRollout) -> str:
     return (f'<p id="policy-summary">Newest bundle: serial <span id="policy-newest">{_serial(rollout.newest_serial)}'
             f'</span>; <span id="policy-behind-count">{rollout.behind_count}</span> host(s) on an older serial than '
-            f'offered; <span id="policy-refused-count">{rollout.refused_count}</span> host(s) refused a bundle.</p>')
+            f'offered; <span id="policy-refused-count">{rollout.refused_count}</span> host(s) refused a bundle; '
+            f'<span id="policy-ahead-count">{rollout.ahead_count}</span> host(s) above every serial offered.</p>')
 
 
 def policy_section(rollout: PolicyRollout) -> str:
@@ -78,9 +80,11 @@ def policy_page(rollout: PolicyRollout, bundles: Sequence[BundleSummary], audit:
 
 def host_policy_facts(p: HostPolicy) -> List[Tuple[str, str]]:
     """A host page's policy rows (label, HTML)."""
-    state = ('<span class="badge warn" id="policy-behind">behind</span>' if p.behind
+    state = ('<span class="badge bad" id="policy-ahead">above every serial offered</span>' if p.ahead
+             else '<span class="badge warn" id="policy-behind">behind</span>' if p.behind
              else '<span class="badge ok">current</span>' if p.offered_serial is not None else "")
-    refused = (f'<span class="badge bad" id="policy-refused">serial {e(p.refused_serial)}</span> '
-               f"{e(p.refused_reason)}" if p.refused_serial is not None else e(None))
+    refused = (f'<span class="badge bad" id="policy-refused">{e(p.refused_kind or "refused")}</span> '
+               f'<span id="policy-refused-serial">{_serial(p.refused_serial)}</span> {e(p.refused_reason)}'
+               if p.refused else e(None))
     return [("Policy source", e(p.policy_source)), ("Policy serial", f"{_serial(p.policy_serial)} {state}"),
             ("Offered serial", _serial(p.offered_serial)), ("Refused bundle", refused)]

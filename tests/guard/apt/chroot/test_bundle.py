@@ -74,16 +74,17 @@ def test_a_signed_bundle_is_enforced_and_every_bad_one_is_refused(chroot: Chroot
     before = site.compiled.read_bytes()
     refused_by_hook(chroot)
 
-    for reason, bundle in refusals(site):
+    for kind, reason, bundle in refusals(site):
         status = chroot.status_bytes()
         code, out, err = site.install(bundle)
         assert code == 17 and out == "", (reason, out, err)
-        assert err.startswith(f"gpuguard: error: {bundle}: refused: {reason}") and err.count("\n") == 1, err
+        assert err.startswith(f"gpuguard: error: {bundle}: refused ({kind}): {reason}") and err.count("\n") == 1, err
         assert site.compiled.read_bytes() == before, reason
         assert chroot.status_bytes() == status
         refused_by_hook(chroot)
         state = read_bundle_state(str(site.state / "policy-bundle/state.json"))
         assert state.serial == 10 and state.refused is not None and state.refused.reason.startswith(reason)
+        assert state.refused.kind == kind
 
     _, out, err = run("policy", "explain", "--root", str(chroot.root), "--config", str(site.config))
     assert out.splitlines()[0] == f"policy source: bundle serial 10 from file, key {site.signer.fingerprint}", err
