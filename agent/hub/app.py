@@ -79,7 +79,7 @@ from agent.hub.api_models import (
     PayloadKind,
     SignedDocument,
 )
-from agent.hub.bundles import PolicyBundles, PolicyRollout, gpgv_check
+from agent.hub.bundles import PolicyBundles, PolicyRollout
 from agent.hub.dashboard import mount_dashboard
 from agent.hub.fleet import drift_hosts, pairing_counts
 from agent.hub.ingest import Ingest
@@ -103,7 +103,7 @@ from agent.hub.rows import DRIFT_KINDS, BatchResult, BundleSummary, EventQuery, 
 from agent.hub.settings import HubSettings
 from agent.hub.store import SqlStore
 from agent.hub.tokens import Principal, TokenRegistry
-from agent.hub.trust import FreshnessSigner, root_files
+from agent.hub.trust import FreshnessSigner, root_files, root_or_keys_check
 from agent.hub.writer import GroupCommitWriter
 from agent.log import get_logger
 from agent.report.events import EVENT_SCHEMA_VERSION, Event, EventBatch
@@ -504,7 +504,7 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
     retention = retention_worker(settings, store, clock)
     alert_queue = AlertQueue(store, settings.alert_webhooks)
     deliverer = AlertDeliverer(settings, alert_queue, clock)
-    bundles = PolicyBundles(store, gpgv_check(settings.policy_keys_dir), clock)
+    bundles = PolicyBundles(store, root_or_keys_check(settings.root_dir, settings.policy_keys_dir), clock)
     rollouts = Rollouts(store, bundles, alert_queue, clock, stale_after_seconds=settings.stale_after_seconds)
     rollout_worker = RolloutWorker(rollouts, settings.rollout_tick_seconds)
     periodic = Periodic()

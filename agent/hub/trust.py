@@ -14,7 +14,7 @@ import datetime as dt
 import tempfile
 import threading
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Tuple
 
 from agent.bundle.format import BundleScope
 from agent.bundle.freshness import FreshnessStatement, make_statement, render_statement
@@ -22,6 +22,9 @@ from agent.bundle.roles import MAX_ROOT_BYTES, MAX_SIGNATURES_BYTES
 from agent.errors import CommandError, InputFileError
 from agent.files import FileMissing, read_bytes_bounded, write_bytes_atomically
 from agent.host import Host
+
+if TYPE_CHECKING:
+    from agent.hub.bundles import SignatureCheck
 from agent.hub.responses import HubHTTPError
 from agent.log import get_logger
 
@@ -94,3 +97,46 @@ class FreshnessSigner:
                 log.error("hub_freshness_unsigned", error=(done.stderr[-500:] if done is not None else error))
                 raise HubHTTPError(503, "freshness_unsigned", "the freshness statement cannot be signed now")
             return read_bytes_bounded(str(target), MAX_SIGNATURES_BYTES)
+
+
+def newest_root_version(root_dir: Optional[str]) -> Optional[int]:
+    """The highest ``N`` of the ``N.root.json`` files in ``root_dir``; None without any."""
+    if root_dir is None:
+        return None
+    try:
+        names = [p.name for p in Path(root_dir).iterdir()]
+    except OSError:
+        return None
+    versions = [int(n.split(".", 1)[0]) for n in names if n.endswith(".root.json") and n.split(".", 1)[0].isdecimal()]
+    return max(versions) if versions else None
+
+
+def root_or_keys_check(root_dir: Optional[str], keys_dir: str) -> "SignatureCheck":
+    """The hub's check of a pushed bundle's signatures: against the newest root in ``root_dir`` when there is one
+    (a threshold of one of its policy roles, the role's scope left to each host), else gpgv against the keyrings
+    in ``keys_dir`` (agent/hub/bundles.py gpgv_check). An admin token alone never gets a bundle stored or offered."""
+    from agent.bundle.roles import KIND_SIGNATURE, KIND_THRESHOLD, good_signers, parse_root
+    from agent.errors import BundleRefused
+    from agent.hub.bundles import gpgv_check
+
+    by_keys = gpgv_check(keys_dir)
+
+    def check(data: bytes, signature: bytes) -> str:
+        version = newest_root_version(root_dir)
+        files = root_files(root_dir, version) if version is not None else None
+        if files is None:
+            return by_keys(data, signature)
+        root = parse_root(files[0], f"root version {version}")
+        with tempfile.TemporaryDirectory(prefix="gpuguard-push-") as work:
+            bundle_path, signature_path = Path(work) / "bundle.json", Path(work) / "bundle.json.sig"
+            bundle_path.write_bytes(data)
+            signature_path.write_bytes(signature)
+            signers = good_signers(Host.for_root("/"), bundle_path, signature_path, root.keyring_bytes(), "bundle")
+        met = [role.name for role in root.policy if role.met_by(signers) >= role.threshold]
+        if met:
+            return f"policy role {met[0]} of root version {version}"
+        some = any(role.met_by(signers) for role in root.policy)
+        raise BundleRefused("bundle", f"no policy role of root version {version} has its threshold of signatures",
+                            KIND_THRESHOLD if some else KIND_SIGNATURE)
+
+    return check

@@ -126,6 +126,9 @@ class Fleet:
         self.site = trust.site
         self.hub_roots = tmp_path / "hub-roots"
         self.hub_roots.mkdir()
+        # The hub holds every root from the first: it checks pushes against the newest one.
+        for suffix in ("", ".sig"):
+            (self.hub_roots / f"1.root.json{suffix}").write_bytes(Path(f"{trust.first}{suffix}").read_bytes())
         tokens = tmp_path / "tokens.json"
         config = write_config(tmp_path / "hub.toml", listen_host="127.0.0.1", listen_port=0,
                               database_url=f"sqlite:///{tmp_path}/hub.db", tokens_file=tokens,
@@ -280,9 +283,10 @@ def test_an_expired_root_taken_through_the_channel_refuses_every_bundle(fleet: F
 
 
 def test_fast_forward_by_one_leaked_key_then_recovery_by_rotation_through_the_channel(tmp_path: Path) -> None:
-    """Under a 1-of-1 fleet role, the leaked key's serial 2^63-1 installs and every honest serial is rollback; the
-    hub then serves root 2 (signed by the root keys) that rotates the key out: the next fetch walks it, the floor
-    is reset, the honest serial 2 installs, and the leaked key is refused (signature) afterwards."""
+    """Under a 1-of-1 fleet role, the leaked key's serial 2^63-1 installs and holds every honest serial off; the
+    hub then holds root 2 (signed by the root keys) that rotates the key out, and takes the honest bundle only under
+    it (the hub checks pushes against its newest root): the next fetch walks root 2, the floor is reset, the honest
+    serial 2 installs, and the leaked key is refused afterwards, by the hub (422) and by the host (signature)."""
     trust = Trust(tmp_path, place_first_root=False)
     one = write_root(trust.dir / "1.root.json", 1, [trust.r1, trust.r2], 2, [role("fleet", [trust.p1], 1)],
                      [trust.f1], [trust.r1, trust.r2, trust.p1, trust.p2, trust.f1])
@@ -290,18 +294,26 @@ def test_fast_forward_by_one_leaked_key_then_recovery_by_rotation_through_the_ch
     assert trust.trust(one)[0] == 0
     fleet = Fleet(tmp_path, trust)
     try:
+        for suffix in ("", ".sig"):
+            (fleet.hub_roots / f"1.root.json{suffix}").write_bytes(Path(f"{one}{suffix}").read_bytes())
         assert trust.refused(trust.bundle(MAX_SERIAL, [trust.p1], PERMISSIVE)) is None
         honest = trust.bundle(2, [trust.p2])
-        fleet.push(honest)
-        assert fleet.fetch().outcome == "unchanged"  # 2 < 2^63-1: kept out while the leaked key is trusted
+        code, out, err = run("hub", "policy", "push", str(honest), "--hub", fleet.hub.url, "--token-file",
+                             str(fleet.admin))
+        assert code != 0 and "no policy role of root version 1" in out + err  # p2 is no key of root 1
         two = write_root(fleet.hub_roots / "2.root.json", 2, [trust.r1, trust.r2], 2,
                          [role("fleet", [trust.p2], 1)], [trust.f1],
                          [trust.r1, trust.r2, trust.p1, trust.p2, trust.f1])
         sign_by(two, [trust.r1, trust.r2])
+        fleet.push(honest)
         result = fleet.fetch()
         assert (result.outcome, result.serial, result.trust) == ("installed", 2, ""), result
         assert fleet.site.hook_refuses()
-        assert trust.refused(trust.bundle(3, [trust.p1], PERMISSIVE)) == "signature"
+        leaked = trust.bundle(3, [trust.p1], PERMISSIVE)
+        code, out, err = run("hub", "policy", "push", str(leaked), "--hub", fleet.hub.url, "--token-file",
+                             str(fleet.admin))
+        assert code != 0 and "signature" in out + err
+        assert trust.refused(leaked) == "signature"
     finally:
         fleet.close()
 

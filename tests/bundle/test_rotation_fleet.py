@@ -28,8 +28,8 @@ HOSTS = int(os.environ.get("GPUGUARD_TEST_FLEET_AGENTS", "20"))
 
 def test_a_rotation_reaches_every_host_in_one_fetch_and_the_old_key_is_refused_after(tmp_path: Path) -> None:
     """Root 1 (fleet key p1) on every host; the hub serves root 2 (fleet key p2, signed by both root keys) and a
-    bundle by p2: one fetch per host installs it under root 2; a bundle by p1 is then refused (signature) on every
-    host; past the bundle's expiry every host reports it as attention."""
+    bundle by p2: one fetch per host installs it under root 2; a bundle by p1 is then refused by the hub and
+    (signature) on every host it is carried to; past the bundle's expiry every host reports it as attention."""
     r1, r2, p1, p2, f1 = (Signer(tmp_path, name) for name in ("r1", "r2", "p1", "p2", "f1"))
     everyone = [r1, r2, p1, p2, f1]
     roots = tmp_path / "roots"
@@ -37,6 +37,8 @@ def test_a_rotation_reaches_every_host_in_one_fetch_and_the_old_key_is_refused_a
     sign_by(one, [r1, r2])
     hub_roots = tmp_path / "hub-roots"
     hub_roots.mkdir()
+    for suffix in ("", ".sig"):  # the hub holds every root from the first: it checks pushes against the newest
+        (hub_roots / f"1.root.json{suffix}").write_bytes(Path(f"{one}{suffix}").read_bytes())
     tokens = tmp_path / "tokens.json"
     hub = HubProcess(write_config(tmp_path / "hub.toml", listen_host="127.0.0.1", listen_port=0,
                                   database_url=f"sqlite:///{tmp_path}/hub.db", tokens_file=tokens,
@@ -83,8 +85,13 @@ def test_a_rotation_reaches_every_host_in_one_fetch_and_the_old_key_is_refused_a
             assert (state.serial, state.signers, state.refused) == (2, (p2.fingerprint,), None)
             assert b'"version": 2' in (site.state / "policy-bundle/root.json").read_bytes()
             assert site.hook_refuses()
-        bundle(3, p1, PERMISSIVE)
-        assert fetch_all() == ["refused"] * HOSTS
+        old_key = maker.bundle(3, PERMISSIVE, "--all", "--expires-days", "30", sign=False, name="fleet-3.json")
+        sign_by(old_key, [p1])
+        code, out, err = run("hub", "policy", "push", str(old_key), "--hub", hub.url, "--token-file", str(admin))
+        assert code != 0 and "signature" in out + err  # the hub checks pushes against its newest root
+        assert fetch_all() == ["unchanged"] * HOSTS
+        for site in sites:  # the same bundle carried by hand (the air-gapped path) is refused on every host
+            assert site.install(old_key)[0] == 17
         later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=31)
         for site in sites:
             state = read_bundle_state(str(site.state / "policy-bundle/state.json"))
