@@ -10,12 +10,16 @@
     limits       MAX_SIGNATURE_BYTES, MAX_NOTICE_CHARS, MAX_ROLLOUT_ID_CHARS, MAX_STAGE, MAX_STATE_FILE_BYTES
     health       HEALTH_STATUSES, and the two verdicts over them: PASSED_HEALTH_STATUSES give a held node back,
                  FAILED_HEALTH_STATUSES keep it out, halt a rollout's batch, label a node and colour status
+    workloads    a heartbeat's registered workloads (issue 44): MAX_HEARTBEAT_WORKLOADS of them, names as
+                 :func:`workload_name_ok`, stack ids as :func:`stack_id_ok`, descriptions of MAX_STACK_TEXT_CHARS;
+                 VERIFIED_STACKS_PATH, the hub's verified-stack list a host caches for its hook
 
 Standard library only and no imports at all: the apt hook's hot path reads MAX_STATE_FILE_BYTES from here.
 """
 
 INGEST_PATH = "/v1/events"
 BUNDLE_PATH = "/v1/policy/bundle"
+VERIFIED_STACKS_PATH = "/v1/workloads/verified"
 
 # The offer's rollout fields: JSON names on a 200, header names on 200, 204 and 304.
 OFFER_NOTICE_FIELD = "rollout"
@@ -40,6 +44,13 @@ HEALTH_STATUSES = ("pass", "regression", "cpu_fallback", "failed", "timeout", "s
 PASSED_HEALTH_STATUSES = ("pass", "busy")
 FAILED_HEALTH_STATUSES = ("regression", "cpu_fallback", "failed", "timeout")
 
+# A heartbeat's registered workloads: at most this many (a host registers a handful), names as [[health.workloads]]
+# takes them, a stack as its id (WorkloadStack.id: 16 hex digits) and a description for people, capped.
+MAX_HEARTBEAT_WORKLOADS = 32
+MAX_WORKLOAD_NAME_CHARS = 64
+STACK_ID_CHARS = 16
+MAX_STACK_TEXT_CHARS = 300
+
 _ROLLOUT_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 
 
@@ -61,3 +72,19 @@ def rollout_state_ok(value: object) -> bool:
 def stage_ok(value: object) -> bool:
     """A stage number: a whole number (not a bool) in 0..MAX_STAGE."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STAGE
+
+
+_WORKLOAD_NAME_FIRST = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
+_WORKLOAD_NAME_CHARS = _WORKLOAD_NAME_FIRST | frozenset("_.-")
+_HEX = frozenset("0123456789abcdef")
+
+
+def workload_name_ok(value: object) -> bool:
+    """A registered workload's name: 1 to MAX_WORKLOAD_NAME_CHARS of ``a-z 0-9 _ . -``, a letter or digit first."""
+    return (isinstance(value, str) and 0 < len(value) <= MAX_WORKLOAD_NAME_CHARS
+            and value[0] in _WORKLOAD_NAME_FIRST and _WORKLOAD_NAME_CHARS.issuperset(value))
+
+
+def stack_id_ok(value: object) -> bool:
+    """A workload stack's id: STACK_ID_CHARS lower-case hex digits."""
+    return isinstance(value, str) and len(value) == STACK_ID_CHARS and _HEX.issuperset(value)
