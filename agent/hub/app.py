@@ -17,6 +17,8 @@
     GET  /v1/rollouts                       every rollout, newest first (reader or admin)
     GET  /v1/rollouts/{id}                  one rollout with its hosts, stages and evidence (reader or admin)
     POST /v1/rollouts/{id}/pause|resume|abort  operator actions (admin)
+    GET  /v1/workloads/stacks               per registered workload, the stacks it passed and failed on (reader;
+                                            agent/hub/workload_stacks.py)
     GET  /healthz     liveness and database reachability (no token)
     GET  /metrics     Prometheus text format (reader token; agent/hub/metrics.py)
     GET  /ui/...      the web dashboard (reader token or session; agent/hub/dashboard/)
@@ -61,6 +63,7 @@ from starlette.types import Receive, Scope, Send
 from agent import __version__
 from agent.bundle.format import MAX_SERIAL
 from agent.errors import StoreError
+from agent.hub import workload_stacks
 from agent.hub.access import admin_of, host_of, reader_of
 from agent.hub.alerts import AlertDeliverer, AlertQueue
 from agent.hub.api_models import (
@@ -317,6 +320,12 @@ def _add_fleet_routes(app: FastAPI, store: SqlStore, clock: Callable[[], dt.date
         stored = read(lambda: store.events(query))
         records = [EventRecord(received_at=s.received_at, event=Event.model_validate_json(s.body)) for s in stored]
         return json_response(EventsResponse(count=len(records), events=records))
+
+    @app.get("/v1/workloads/stacks", response_model=workload_stacks.StacksResponse,
+             summary="Per registered workload, the stacks it passed and failed on across the fleet",
+             responses=_READ_ERRORS, dependencies=[Depends(require_reader)])
+    def get_workload_stacks() -> Response:
+        return json_response(workload_stacks.stacks_response(read(lambda: workload_stacks.matrix(store))))
 
 
 def _add_policy_routes(app: FastAPI, registry: TokenRegistry, bearer: HTTPBearer,

@@ -11,6 +11,8 @@
               JSON, state, the open stage and when it opened, why it halted (agent/hub/rollouts.py), who paused it
               (``paused_by``, schema version 5: a typed column, never read back from the reason)
     rollout_hosts  one row per host of a rollout: cohort, stage and time of admission, its newest evidence
+    workload_stacks  one row per (workload, stack, host) (schema version 6): the verified-stack matrix
+                     (agent/hub/workload_stacks.py)
 
 The statements are written once with ``?`` placeholders; the dialect (``dialects.py``) adapts them. The latest-state
 columns of ``hosts`` move only forward in ``occurred_at`` (``UPSERT_HOST``), so batches arriving out of order or
@@ -27,13 +29,14 @@ import datetime as dt
 import json
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from agent.hub import workload_stacks
 from agent.hub.dialects import Dialect, text_time
 from agent.hub.host_updates import HostUpdate
 from agent.hub.rows import HostRow
 from agent.report.events import Event
 from agent.snapshot.pairing import Pairing
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # PostgreSQL advisory locks held while a hub creates tables: hubs starting together take turns. The store's own
 # tables and the ones the dashboard and the alert queue add later each have their key.
 SCHEMA_LOCK_KEY = 0x67707567_0001
@@ -150,6 +153,7 @@ def tables(timestamp_type: str, bytes_type: str = "BLOB", key_type: str = "INTEG
             evidence TEXT,
             evidence_detail TEXT,
             PRIMARY KEY (rollout_id, host_id))""",
+        workload_stacks.table(timestamp_type),
     ]
 
 
@@ -163,6 +167,8 @@ MIGRATIONS: Dict[str, Callable[[Dialect], List[str]]] = {
     # A version 1 or 2 database has no rollouts yet: made as version 4 had it, then given the new column.
     "4": lambda dialect: [_rollouts_table(dialect.timestamp_type) + ")",
                           f"ALTER TABLE rollouts ADD COLUMN {_PAUSED_BY_COLUMN}"],
+    # Version 6 adds only a table (workload_stacks), which ``tables`` makes.
+    "5": lambda _dialect: [],
 }
 
 
