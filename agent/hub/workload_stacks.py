@@ -186,6 +186,33 @@ def matrix(store: Reads) -> List[StackCell]:
     return cells
 
 
+class GatingVerdict(NamedTuple):
+    """A host's gating workload in one check, for a rollout's evidence (agent/hub/rollout_plan.py)."""
+
+    workload: str
+    status: str
+    stack: str  # ``describe`` of its stack
+    checked_at: dt.datetime
+
+
+def gating_verdicts_sql(rollout_hosts_filter: str) -> str:
+    """SELECT of each gating workload's last verdict per host (host_id, workload, status, the stack's parts, check
+    time), for the hosts ``rollout_hosts_filter`` (a condition on ``r``, the rollout_hosts row) names."""
+    return ("SELECT w.host_id, w.workload, w.last_status, w.gpu_models, w.driver, w.gpu_stack, w.framework, w.image, "
+            "w.last_checked_at FROM workload_stacks w JOIN rollout_hosts r ON r.host_id = w.host_id "
+            f"WHERE w.gates AND {rollout_hosts_filter} ORDER BY w.host_id, w.workload")
+
+
+def gating_verdict_of(row: Sequence[Any]) -> Tuple[str, GatingVerdict]:
+    """(host_id, its verdict) from a row of ``gating_verdicts_sql``."""
+    host_id, workload, status, gpu_models, driver, gpu_stack, framework, image, checked = row
+    stack = WorkloadStackReport(gpu_models=gpu_models, driver=driver, gpu_stack=gpu_stack, framework=framework,
+                                image=image)
+    when = _time(checked)
+    assert when is not None  # NOT NULL
+    return host_id, GatingVerdict(workload, status, describe(stack), when)
+
+
 class StacksResponse(FrozenModel):
     """GET /v1/workloads/stacks: the verified-stack matrix."""
 
