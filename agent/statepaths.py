@@ -33,6 +33,8 @@ health/check.lock             whoever runs a health check (flock, holder)   the 
 metrics/gpuguard.prom         the metrics job (when no textfile is set)     node_exporter, gpuguard status
 cache/<name>.json             the collectors' fact cache                    the same
 policy-bundle/                policy install, the daemon's bundle fetch     policy compile, status, the heartbeat
+workloads-verified.json       the daemon's policy fetch, gpuguard hub       the hook's [workloads] rule, policy
+                              verified-stacks fetch (the hub's list)        explain
 .job-<name>.result.json       a daemon job child                            the daemon
 ============================  ============================================  ==========================================
 
@@ -225,6 +227,11 @@ class StatePaths:
     def policy_bundle_state(self) -> str:
         """Serial in force, signing key, source, install time, last refusal (agent/bundle/state.py)."""
         return self._join("policy-bundle/state.json")
+
+    @property
+    def workloads_verified(self) -> str:
+        """The hub's verified stacks per registered workload, cached (agent/hostfacts/verified_stacks.py)."""
+        return self._join("workloads-verified.json")
 
     def fact_cache(self, name: str) -> str:
         """One collector fact cache (agent/collectors/factcache.py)."""
