@@ -33,8 +33,8 @@ health/check.lock             whoever runs a health check (flock, holder)   the 
 metrics/gpuguard.prom         the metrics job (when no textfile is set)     node_exporter, gpuguard status
 cache/<name>.json             the collectors' fact cache                    the same
 policy-bundle/                policy install, the daemon's bundle fetch     policy compile, status, the heartbeat
-workloads-verified.json       the daemon's policy fetch, gpuguard hub       the hook's [workloads] rule, policy
-                              verified-stacks fetch (the hub's list)        explain
+workloads-verified.json       the daemon's policy fetch (the hub's list of  the hook's [workloads] rule, policy
+                              verified stacks)                              explain
 .job-<name>.result.json       a daemon job child                            the daemon
 ============================  ============================================  ==========================================
 

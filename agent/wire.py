@@ -50,6 +50,12 @@ MAX_HEARTBEAT_WORKLOADS = 32
 MAX_WORKLOAD_NAME_CHARS = 64
 STACK_ID_CHARS = 16
 MAX_STACK_TEXT_CHARS = 300
+# The verified list a host caches (GET VERIFIED_STACKS_PATH, host token): its format, how many workloads and stacks
+# per workload the hub sends at most (the newest passes first), and its size.
+VERIFIED_FORMAT = 1
+MAX_VERIFIED_WORKLOADS = 256
+MAX_VERIFIED_STACKS = 512
+MAX_VERIFIED_BYTES = 1 << 20
 
 _ROLLOUT_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 

@@ -1,16 +1,17 @@
 """The hub's verified stacks, cached on the host: per registered workload, the driver and ROCm/CUDA stacks on which
 a check of it passed somewhere in the fleet (``workloads-verified.json`` in the state directory, written from the
-hub's ``GET /v1/workloads/verified`` by ``gpuguard hub verified-stacks fetch`` and the daemon's policy fetch).
+hub's ``GET /v1/workloads/verified`` by the daemon's policy fetch, agent/bundle/verified.py).
 
 The ``[workloads]`` rule family reads it on the apt/dnf hook's path, so it is parsed strictly and bounded here:
 
     {"format": 1, "fetched_at": "2026-12-06T19:00:00Z",
      "workloads": {"resnet-train": [{"driver": "nvidia 580.159.04", "gpu_stack": "CUDA 13.0"}, ...], ...}}
 
-at most MAX_FILE_BYTES, MAX_WORKLOADS workloads of MAX_STACKS stacks, names as ``agent.wire.workload_name_ok``,
-texts of at most ``agent.wire.MAX_STACK_TEXT_CHARS``, no unknown or repeated key. What cannot be read is not an
-error here: :func:`read_verified_stacks` gives None for no file and a :class:`VerifiedStacks` whose ``problem``
-says why for a damaged one, and the family refuses a driver/ROCm/CUDA change in both cases (fail closed).
+bounded by agent/wire.py (MAX_VERIFIED_BYTES, MAX_VERIFIED_WORKLOADS workloads of MAX_VERIFIED_STACKS stacks,
+names as ``workload_name_ok``, texts of at most MAX_STACK_TEXT_CHARS), no unknown or repeated key. What cannot be
+read is not an error here: :func:`read_verified_stacks` gives None for no file and a :class:`VerifiedStacks`
+whose ``problem`` says why for a damaged one, and the family refuses a driver/ROCm/CUDA change in both cases
+(fail closed).
 
 Standard library only: the apt hook imports it.
 """
@@ -18,16 +19,19 @@ Standard library only: the apt hook imports it.
 from __future__ import annotations
 
 from agent.records import Record
-from agent.wire import MAX_STACK_TEXT_CHARS, workload_name_ok
+from agent.wire import (
+    MAX_STACK_TEXT_CHARS,
+    MAX_VERIFIED_BYTES,
+    MAX_VERIFIED_STACKS,
+    MAX_VERIFIED_WORKLOADS,
+    VERIFIED_FORMAT,
+    workload_name_ok,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Optional, Tuple
 
-FORMAT = 1
-MAX_FILE_BYTES = 1 << 20
-MAX_WORKLOADS = 256
-MAX_STACKS = 512
 _STACK_KEYS = ("driver", "gpu_stack")
 
 
@@ -79,18 +83,18 @@ def parse_verified_stacks(data: object) -> VerifiedStacks:
     driver: ...``)."""
     if not isinstance(data, dict) or set(data) != {"format", "fetched_at", "workloads"}:
         raise ValueError("an object with exactly format, fetched_at and workloads")
-    if data["format"] != FORMAT or isinstance(data["format"], bool):
-        raise ValueError(f"format: {FORMAT} expected")
+    if data["format"] != VERIFIED_FORMAT or isinstance(data["format"], bool):
+        raise ValueError(f"format: {VERIFIED_FORMAT} expected")
     fetched_at = _text(data["fetched_at"], "fetched_at")
     workloads = data["workloads"]
-    if not isinstance(workloads, dict) or len(workloads) > MAX_WORKLOADS:
-        raise ValueError(f"workloads: an object of at most {MAX_WORKLOADS} workloads")
+    if not isinstance(workloads, dict) or len(workloads) > MAX_VERIFIED_WORKLOADS:
+        raise ValueError(f"workloads: an object of at most {MAX_VERIFIED_WORKLOADS} workloads")
     found = []
     for name, stacks in workloads.items():
         if not workload_name_ok(name):
             raise ValueError(f"workloads -> {name[:80]!r}: not a workload name")
-        if not isinstance(stacks, list) or len(stacks) > MAX_STACKS:
-            raise ValueError(f"workloads -> {name}: a list of at most {MAX_STACKS} stacks")
+        if not isinstance(stacks, list) or len(stacks) > MAX_VERIFIED_STACKS:
+            raise ValueError(f"workloads -> {name}: a list of at most {MAX_VERIFIED_STACKS} stacks")
         parsed = []
         for index, stack in enumerate(stacks, 1):
             where = f"workloads -> {name} -> {index}"
@@ -111,7 +115,7 @@ def read_verified_stacks(root: str, path: str) -> Optional[VerifiedStacks]:
 
     where = under(root, path)
     try:
-        raw = read_regular_file(where, MAX_FILE_BYTES)  # never blocks on a FIFO in its place
+        raw = read_regular_file(where, MAX_VERIFIED_BYTES)  # never blocks on a FIFO in its place
     except FileNotFoundError:
         return None
     except OSError as exc:

@@ -11,7 +11,9 @@ A heartbeat repeats the last check's verdicts until the next check, so a check c
 ``agent.wire.FAILED_HEALTH_STATUSES`` count as failures; busy and deferred (the figures not judged) count neither.
 
 ``stack_runs`` (pure) turns a set of events into the rows' updates, ``UPSERT`` folds them in at the same group
-commit as the events; ``matrix`` and ``verified`` read the table back through the store.
+commit as the events; ``matrix`` reads the table back for people, ``verified_listing`` for the hosts (what
+``GET /v1/workloads/verified`` answers and a host caches for its ``[workloads]`` rule: agent/hostfacts/
+verified_stacks.py parses it).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from agent.hub.dialects import text_time
 from agent.hub.rows import utc
 from agent.models import FrozenModel
 from agent.report.events import Event, WorkloadStackReport
-from agent.wire import FAILED_HEALTH_STATUSES
+from agent.wire import FAILED_HEALTH_STATUSES, MAX_VERIFIED_STACKS, MAX_VERIFIED_WORKLOADS, VERIFIED_FORMAT
 
 
 def table(timestamp_type: str) -> str:
@@ -231,3 +233,36 @@ def describe(stack: WorkloadStackReport) -> str:
     if stack.image:
         parts.append(f"image {stack.image}")
     return ", ".join(parts)
+
+
+VERIFIED_SQL = """
+SELECT workload, driver, gpu_stack, MAX(last_pass_at) FROM workload_stacks WHERE passes > 0
+GROUP BY workload, driver, gpu_stack ORDER BY workload, MAX(last_pass_at) DESC, driver, gpu_stack"""
+
+
+class VerifiedEntry(FrozenModel):
+    """A stack a workload passed on, as the host's rule matches it."""
+
+    driver: Optional[str] = None
+    gpu_stack: Optional[str] = None
+
+
+class VerifiedListing(FrozenModel):
+    """GET /v1/workloads/verified: what a host caches as workloads-verified.json."""
+
+    format: int
+    fetched_at: str
+    workloads: Dict[str, List[VerifiedEntry]]
+
+
+def verified_listing(store: Reads, now: dt.datetime) -> VerifiedListing:
+    """Per workload, the (driver, ROCm/CUDA) stacks a check of it passed on, newest pass first, at most
+    MAX_VERIFIED_WORKLOADS workloads (by name) of MAX_VERIFIED_STACKS stacks: the verified list a host caches."""
+    workloads: Dict[str, List[VerifiedEntry]] = {}
+    for workload, driver, gpu_stack, _ in store.query("workloads_verified", VERIFIED_SQL):
+        if workload not in workloads and len(workloads) >= MAX_VERIFIED_WORKLOADS:
+            break
+        stacks = workloads.setdefault(workload, [])
+        if len(stacks) < MAX_VERIFIED_STACKS:
+            stacks.append(VerifiedEntry(driver=driver, gpu_stack=gpu_stack))
+    return VerifiedListing(format=VERIFIED_FORMAT, fetched_at=text_time(now), workloads=workloads)

@@ -179,3 +179,63 @@ def test_a_real_hub_process_keeps_the_matrix(tmp_path: Path) -> None:
         assert [(s["workload"], s["stack_id"], s["hosts_passed"]) for s in stacks] == [("resnet-train", OLD_ID, 1)]
     finally:
         hub.stop()
+
+
+def test_the_verified_list_a_host_fetches(app_client: TestClient, tokens: Dict[str, str]) -> None:
+    """GET /v1/workloads/verified (host token) lists per workload the stacks it passed on, newest pass first, in
+    the form the hook's parser reads; failed-only stacks are left out; a reader token is refused."""
+    from agent.hostfacts.verified_stacks import VerifiedStack, parse_verified_stacks
+
+    for host, minutes, report in (("host-a", 10, run("pass")), ("host-b", 20, run("pass", NEW_ID, NEW)),
+                                  ("host-c", 30, run("failed", NEW_ID, NEW, name="llm-decode"))):
+        assert _post(app_client, tokens[host], [beat(host, minutes, report)]).status_code == 200
+    answer = app_client.get("/v1/workloads/verified", headers=bearer(tokens["host-a"]))
+    assert answer.status_code == 200
+    listing = parse_verified_stacks(answer.json())
+    assert listing.workloads == (("resnet-train", (VerifiedStack("nvidia 580.159.04", "CUDA 13.0"),
+                                                   VerifiedStack("nvidia 570.86.15", "CUDA 12.8"))),)
+    assert app_client.get("/v1/workloads/verified", headers=bearer(tokens[READER])).status_code == 403
+    assert app_client.get("/v1/workloads/verified").status_code == 401
+
+
+@pytest.mark.slow
+def test_a_host_caches_the_real_hubs_list_and_its_rule_reads_it(tmp_path: Path) -> None:
+    """refresh_verified against a real hub process writes workloads-verified.json, which the [workloads] rule then
+    allows a verified driver by and refuses another by; a hub that cannot be reached keeps the cached list."""
+    from agent.bundle.verified import refresh_verified
+    from agent.hostfacts.context import HostContext
+    from agent.hostfacts.verified_stacks import read_verified_stacks
+    from agent.hub.tokens import add_token
+    from agent.policy.compiled import CompiledPolicy
+    from agent.policy.evaluate import evaluate
+    from agent.policy.families import HostState
+
+    tokens_file = tmp_path / "tokens.json"
+    config = write_config(tmp_path / "hub.toml", listen_host="127.0.0.1", listen_port=0,
+                          database_url=f"sqlite:///{tmp_path}/hub.db", tokens_file=tokens_file,
+                          tokens_reload_seconds=0, shutdown_timeout_seconds=5)
+    host = add_token(str(tokens_file), "host", HOSTS[0])
+    cache = tmp_path / "root/var/lib/gpuguard/workloads-verified.json"
+    cache.parent.mkdir(parents=True)
+    hub = HubProcess(config).start()
+    try:
+        answer = requests.post(f"{hub.url}/v1/events", data=batch_json([beat(HOSTS[0], 10, run("pass", NEW_ID, NEW))]),
+                               headers={**bearer(host), "Content-Type": "application/json"}, timeout=10)
+        assert answer.status_code == 200, answer.text
+        written, detail = refresh_verified(hub.url, host, None, (5.0, 10.0), str(cache))
+        assert (written, detail) == (True, "1 workload(s)")
+    finally:
+        hub.stop()
+    cached = read_verified_stacks(str(tmp_path / "root"), "/var/lib/gpuguard/workloads-verified.json")
+    policy = CompiledPolicy({"name": "t", "action": "block", "kernel_packages": [], "guarded": [],
+                             "workloads": {"verified": ["resnet-train"], "action": None}})
+
+    def rules(after_version: str) -> List[str]:
+        state = HostState({"nvidia-driver-570": "570.86.15-1"}, {"nvidia-driver-580": after_version}, "dpkg",
+                          HostContext(verified_stacks=cached))
+        return [v.rule for v in evaluate(state, policy)]
+
+    assert rules("580.159.04-1") == [] and rules("580.105.08-1") == ["workloads.unverified"]
+    before = cache.read_bytes()
+    written, detail = refresh_verified(hub.url, host, None, (1.0, 1.0), str(cache))
+    assert not written and "ConnectionError" in detail and cache.read_bytes() == before

@@ -31,8 +31,8 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from agent.policy.families import CompileSource, FreezeHost
 
 FREEZE_PLACE = 90
-_HINT = ("run the workloads on this stack on a canary host first (its health check reports them to the hub), then "
-         "gpuguard hub verified-stacks fetch; " + OVERRIDE_HINT)
+_HINT = ("run the workloads on this stack on a canary host first (its health check reports them to the hub; the "
+         "daemon's next policy fetch brings the hub's list), " + OVERRIDE_HINT)
 
 def facts(policy: CompiledPolicy) -> Tuple[str, ...]:
     """The hub's verified stacks, cached on the host."""
