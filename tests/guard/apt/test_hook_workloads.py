@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import pytest
 
@@ -120,3 +120,30 @@ def test_a_fifo_in_place_of_the_list_refuses_at_once(tmp_path: Path) -> None:
     os.mkfifo(root / "var/lib/gpuguard/workloads-verified.json")
     code, out = run_hook(root, HEAD + NVIDIA_UP)
     assert code == exits.EXIT_REFUSED and "not a regular file" in out
+
+
+def test_the_dnf_checker_judges_the_same_rule_on_rpm(tmp_path: Path) -> None:
+    """On rpm: nvidia-driver 580.105.08 is refused by the dnf checker naming the workloads and the stack; onto
+    580.159.04, which both passed on, it is allowed."""
+    import datetime as dt
+    import io
+
+    from agent.guard.dnf import check as dnf_check
+    from agent.guard.dnf.request import request_document
+
+    root = _root(tmp_path, _listing(resnet_train=[NVIDIA_580], llm_decode=[NVIDIA_580]))
+    old = ("nvidia-driver", 3, "570.195.03", "1.el9", "x86_64")
+
+    def checked(new_version: str) -> Tuple[int, str]:
+        new = ("nvidia-driver", 3, new_version, "1.el9", "x86_64")
+        err = io.StringIO()
+        text = json.dumps(request_document([old], [new + ("in", "Upgrade"), old + ("out", "Upgraded")],
+                                           command_line="dnf upgrade"))
+        code = dnf_check.main(["--root", str(root)], stdin=io.BytesIO(text.encode()), err=err,
+                              now=lambda: dt.datetime(2026, 12, 6, tzinfo=dt.timezone.utc))
+        return code, err.getvalue()
+
+    code, out = checked("580.105.08")
+    assert code == exits.EXIT_REFUSED and "REFUSED (workloads.unverified)" in out
+    assert "workloads resnet-train, llm-decode never passed on nvidia 580.105.08" in out
+    assert checked("580.159.04")[0] == exits.EXIT_ALLOW
