@@ -646,3 +646,32 @@ def test_a_failed_gating_workload_halts_the_rollout_naming_it_and_its_stack(any_
     assert decision is not None and decision.action == "halt"
     assert ("amd-0 (gating workload resnet-train cpu_fallback on driver amdgpu 6.10.5, ROCm 6.3.1, "
             "torch 2.9.1 (ROCm 6.3)") in decision.reason
+
+
+def test_a_heartbeat_with_a_failed_gating_workload_nudges_the_tick(sqlite: SqlStore) -> None:
+    """A stored heartbeat whose gating workload failed asks for an evaluation at once; a failed non-gating one and
+    a passing gating one do not."""
+    from agent.hub.rollouts import RolloutWorker
+    from agent.report.events import WorkloadReport
+
+    class Soon:
+        def __init__(self) -> None:
+            self.asked: List[str] = []
+
+        def run_soon(self, job: str) -> None:
+            self.asked.append(job)
+
+    clock = Clock()
+    _, rollouts = seed(sqlite, clock)
+    worker, soon = RolloutWorker(rollouts, 60.0), Soon()
+    worker._periodic = soon  # type: ignore[assignment]
+
+    def with_workload(status: str, gates: bool) -> Event:
+        plain = beat("amd-0", clock.now, 2, "pass")
+        report = WorkloadReport(name="resnet-train", status=status, gates=gates, stack_id="3" * 16)
+        return plain.model_copy(update={"payload": plain.payload.model_copy(update={"workloads": [report]})})
+
+    worker.nudge([with_workload("failed", False), with_workload("pass", True)])
+    assert soon.asked == []
+    worker.nudge([with_workload("cpu_fallback", True)])
+    assert soon.asked == [RolloutWorker.JOB]
