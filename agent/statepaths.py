@@ -33,6 +33,8 @@ health/check.lock             whoever runs a health check (flock, holder)   the 
 metrics/gpuguard.prom         the metrics job (when no textfile is set)     node_exporter, gpuguard status
 cache/<name>.json             the collectors' fact cache                    the same
 policy-bundle/                policy install, the daemon's bundle fetch     policy compile, status, the heartbeat
+workloads-verified.json       the daemon's policy fetch (the hub's list of  the hook's [workloads] rule, policy
+                              verified stacks)                              explain
 .job-<name>.result.json       a daemon job child                            the daemon
 ============================  ============================================  ==========================================
 
@@ -230,6 +232,11 @@ class StatePaths:
     def policy_root(self) -> str:
         """The root trusted now (agent/bundle/root.py), as its signatures cover it; ``.sig`` beside it."""
         return self._join("policy-bundle/root.json")
+
+    @property
+    def workloads_verified(self) -> str:
+        """The hub's verified stacks per registered workload, cached (agent/hostfacts/verified_stacks.py)."""
+        return self._join("workloads-verified.json")
 
     def fact_cache(self, name: str) -> str:
         """One collector fact cache (agent/collectors/factcache.py)."""

@@ -15,6 +15,9 @@
                  FAILED_HEALTH_STATUSES keep it out, halt a rollout's batch, label a node and colour status
     refusals     REFUSAL_KINDS: why a host refused a policy bundle, as a kind (its sentence is for people only), in
                  the bundle state file, the heartbeat, the hub's host rows, its metric and the dashboard
+    workloads    a heartbeat's registered workloads (issue 44): MAX_HEARTBEAT_WORKLOADS of them, names as
+                 :func:`workload_name_ok`, stack ids as :func:`stack_id_ok`, descriptions of MAX_STACK_TEXT_CHARS;
+                 VERIFIED_STACKS_PATH, the hub's verified-stack list a host caches for its hook
 
 Standard library only and no imports at all: the apt hook's hot path reads MAX_STATE_FILE_BYTES from here.
 """
@@ -26,6 +29,7 @@ FRESHNESS_PATH = "/v1/policy/freshness"
 # A heartbeat's policy_attention words: the bundle in force expired; the freshness statement is stale or names a
 # newer serial this host does not get (a freeze). The policy in force keeps guarding either way.
 POLICY_ATTENTION = ("expired", "freshness")
+VERIFIED_STACKS_PATH = "/v1/workloads/verified"
 
 # The offer's rollout fields: JSON names on a 200, header names on 200, 204 and 304.
 OFFER_NOTICE_FIELD = "rollout"
@@ -59,6 +63,18 @@ FAILED_HEALTH_STATUSES = ("regression", "cpu_fallback", "failed", "timeout")
 # host; format: not a well-formed bundle (duplicate keys, unencodable text, a field out of range); compile: its
 # policy does not compile; freshness: the hub's freshness statement is missing, expired or contradicts the bundle.
 REFUSAL_KINDS = ("signature", "threshold", "expired", "rollback", "scope", "format", "compile", "freshness")
+# A heartbeat's registered workloads: at most this many (a host registers a handful), names as [[health.workloads]]
+# takes them, a stack as its id (WorkloadStack.id: 16 hex digits) and a description for people, capped.
+MAX_HEARTBEAT_WORKLOADS = 32
+MAX_WORKLOAD_NAME_CHARS = 64
+STACK_ID_CHARS = 16
+MAX_STACK_TEXT_CHARS = 300
+# The verified list a host caches (GET VERIFIED_STACKS_PATH, host token): its format, how many workloads and stacks
+# per workload the hub sends at most (the newest passes first), and its size.
+VERIFIED_FORMAT = 1
+MAX_VERIFIED_WORKLOADS = 256
+MAX_VERIFIED_STACKS = 512
+MAX_VERIFIED_BYTES = 1 << 20
 
 _ROLLOUT_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 
@@ -81,3 +97,19 @@ def rollout_state_ok(value: object) -> bool:
 def stage_ok(value: object) -> bool:
     """A stage number: a whole number (not a bool) in 0..MAX_STAGE."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STAGE
+
+
+_WORKLOAD_NAME_FIRST = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
+_WORKLOAD_NAME_CHARS = _WORKLOAD_NAME_FIRST | frozenset("_.-")
+_HEX = frozenset("0123456789abcdef")
+
+
+def workload_name_ok(value: object) -> bool:
+    """A registered workload's name: 1 to MAX_WORKLOAD_NAME_CHARS of ``a-z 0-9 _ . -``, a letter or digit first."""
+    return (isinstance(value, str) and 0 < len(value) <= MAX_WORKLOAD_NAME_CHARS
+            and value[0] in _WORKLOAD_NAME_FIRST and _WORKLOAD_NAME_CHARS.issuperset(value))
+
+
+def stack_id_ok(value: object) -> bool:
+    """A workload stack's id: STACK_ID_CHARS lower-case hex digits."""
+    return isinstance(value, str) and len(value) == STACK_ID_CHARS and _HEX.issuperset(value)

@@ -59,7 +59,8 @@ def test_string_constants_leave_docstrings_out(tmp_path: Path) -> None:
                                   "health-rollback.json", "reboot-required.pkgs", "outbox.sqlite3",
                                   "last-snapshot.json", "health-deferral.json", "health-gate.json", "rollback.dnf",
 
-                                  "check.lock", "baselines.json", "gpuguard.prom", ".result.json"])
+                                  "check.lock", "baselines.json", "gpuguard.prom", ".result.json",
+                                  "workloads-verified.json"])
 def test_a_state_file_is_named_only_in_statepaths(name: str) -> None:
     """Each file of the state directory is named in agent/statepaths.py and in no other module's code."""
     found = homes(re.escape(name))

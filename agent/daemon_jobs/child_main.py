@@ -261,7 +261,8 @@ def _restore(rt: Runtime) -> RestoreResult:
     HealthJob(rt, Hooks(health_last=load_last_result))  # restores the last status (an unreadable one: logged)
     state = rt.state
     health = None if state.last_health_status is None else HealthSeen(state.last_health_status,
-                                                                       state.last_health_at_seconds)
+                                                                       state.last_health_at_seconds,
+                                                                       workloads=state.last_workloads)
     return dataclasses.replace(_stored(rt), health=health)
 
 
@@ -292,7 +293,8 @@ def _health(rt: Runtime, request: HealthRequest) -> HealthChildResult:
     state = rt.state
     last = None if state.last_health_status is None else HealthSeen(state.last_health_status,
                                                                     state.last_health_at_seconds,
-                                                                    state.last_health_after_change)
+                                                                    state.last_health_after_change,
+                                                                    state.last_workloads)
     return HealthChildResult(events=0, summary=summary, last=last)
 
 

@@ -249,6 +249,7 @@ def restore_in_child(runtime: Runtime, config_path: str) -> None:
         if result.health is not None:
             state.last_health_status, state.last_health_at_seconds = result.health.status, result.health.at_seconds
             state.last_health_after_change = result.health.after_change
+            state.last_workloads = result.health.workloads
     if result.events:
         runtime.emitter.on_enqueued()
 
@@ -300,6 +301,7 @@ class HealthInChild:
                 rt.state.last_health_status = result.last.status
                 rt.state.last_health_at_seconds = result.last.at_seconds
                 rt.state.last_health_after_change = result.last.after_change
+                rt.state.last_workloads = result.last.workloads
         if result.events:
             rt.emitter.on_enqueued()
         return result.summary

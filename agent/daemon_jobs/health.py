@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, List, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 
 from agent.daemon_jobs.hooks import GuardedNow, Hooks
 from agent.daemon_jobs.protocol import AskedMode, HealthSummary
 from agent.daemon_jobs.runtime import Runtime
 from agent.errors import GpuguardError
 from agent.log import get_logger
+from agent.report.plain import PlainWorkload, PlainWorkloadStack
+from agent.wire import MAX_HEARTBEAT_WORKLOADS, MAX_STACK_TEXT_CHARS
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.guard.rollback.health_gate import GateState
@@ -36,6 +38,24 @@ def tenants_of_result(result: HealthResult) -> List[str]:
     from agent.health.tenants import describe_tenant
 
     return [f"gpu {gpu.smi_index}: {describe_tenant(t)}" for gpu in occupancy.gpus for t in gpu.tenants]
+
+
+def workloads_of_result(result: HealthResult) -> Optional[Tuple[PlainWorkload, ...]]:
+    """The registered workloads' verdicts for the heartbeat (the first MAX_HEARTBEAT_WORKLOADS, texts cut to their
+    bound); None when the check ran none."""
+    found = getattr(result, "workloads", None) or []
+    if not found:
+        return None
+
+    def cut(text: Optional[str]) -> Optional[str]:
+        return None if text is None else text[:MAX_STACK_TEXT_CHARS]
+
+    return tuple(PlainWorkload(name=w.name, status=str(w.status), gates=w.gates, stack_id=w.stack_id,
+                               stack=None if w.stack is None else PlainWorkloadStack(
+                                   gpu_models=cut(w.stack.gpu_models), driver=cut(w.stack.driver),
+                                   gpu_stack=cut(w.stack.gpu_stack), framework=cut(w.stack.framework),
+                                   image=cut(w.stack.image)))
+                 for w in found[:MAX_HEARTBEAT_WORKLOADS])
 
 
 def result_busy(result: HealthResult) -> bool:
@@ -116,6 +136,7 @@ class HealthJob:
                 self.runtime.state.last_health_status = str(last.status)
                 self.runtime.state.last_health_at_seconds = last.started_at.timestamp()
                 self.runtime.state.last_health_after_change = None  # the stored result does not say
+                self.runtime.state.last_workloads = workloads_of_result(last)
 
     def run(self, reason: str = "interval", mode: Optional[AskedMode] = None,
             after_change: bool = False) -> Optional[HealthSummary]:
@@ -228,6 +249,7 @@ class HealthJob:
         with rt.state.lock:
             rt.state.last_health_status = str(result.status)
             rt.state.last_health_at_seconds = self.clock()
+            rt.state.last_workloads = workloads_of_result(result)
         log.info("health_job_done", reason=reason, mode=mode or "settings", status=str(result.status),
                  events=len(payloads), duration_seconds=round(time.monotonic() - started, 3))
         return result

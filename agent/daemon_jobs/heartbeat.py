@@ -4,7 +4,8 @@ outbox depth.
 The last health result comes with when the daemon saw it finish (``last_health_at``; after a restart, when the
 stored check started) and whether it was the check after a package change (``last_health_after_change``; not
 sent when the daemon does not know, e.g. after a restart): a staged rollout counts a pass as evidence only when it
-finished after the host's admission (docs/hub.md, "Staged rollouts")."""
+finished after the host's admission (docs/hub.md, "Staged rollouts"). The registered workloads' verdicts of that
+check, with the stack each ran on, feed the hub's verified-stack matrix (docs/hub.md, "Verified stacks")."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ class HeartbeatJob:
             facts, pairing = state.snapshot_facts, state.pairing
             compliant, health = state.compliant, state.last_health_status
             health_at_seconds, after_change = state.last_health_at_seconds, state.last_health_after_change
+            workloads = state.last_workloads
         settings = rt.settings
         policy = policy_fields(rt)
         rt.emitter.emit(PlainHeartbeat(agent_version=__version__, uptime_seconds=round(state.uptime_seconds(), 3),
@@ -60,7 +62,7 @@ class HeartbeatJob:
                                        outbox_depth=rt.outbox.depth(), pairing=pairing, compliant=compliant,
                                        last_health_status=health, last_health_at=_utc(health_at_seconds),
                                        last_health_after_change=after_change if health else None,
-                                       labels=dict(settings.labels) or None,
+                                       labels=dict(settings.labels) or None, workloads=workloads,
                                        rollback_coverage=rollback_coverage(rt), **policy))
 
 

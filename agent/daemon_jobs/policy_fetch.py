@@ -6,13 +6,14 @@ bundle once the newer is withdrawn: an agent never goes back by itself); a refus
 ``policy-bundle/state.json`` and reported by the next heartbeat; a hub that cannot be reached changes nothing (the
 policy in force keeps guarding). The hub's staged-rollout fields and notice of every answer are kept in the same
 state (none clears them; a failed fetch keeps the ones before): the fields decide the maintenance hand-off, the
-hook's refusal, ``gpuguard status`` and ``policy explain`` show the notice.
+hook's refusal, ``gpuguard status`` and ``policy explain`` show the notice. When the policy in force has a
+``[workloads]`` section, the hub's verified stacks are fetched too (agent/bundle/verified.py) for the hook's rule.
 Runs in a job child (``gpuguard _job policy_fetch``): requests, pydantic and gpgv stay out of the resident.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from agent.daemon_jobs.protocol import PolicyFetchResult
 
@@ -48,6 +49,7 @@ def fetch_and_install(host: "Host", settings: "Settings", host_id: str) -> Polic
 
     timeouts = (report.connect_timeout_seconds, report.read_timeout_seconds)
     trust = refresh_trust(installer, report.endpoint_url, token, report.ca_bundle, timeouts, facts) or ""
+    refresh_verified_stacks(host, settings, token)
     offer = fetch_offer(report.endpoint_url, token, report.ca_bundle, state.serial, timeouts)
     if offer.status != "failed":
         try:
@@ -90,3 +92,28 @@ def fetch_and_install(host: "Host", settings: "Settings", host_id: str) -> Polic
     return PolicyFetchResult(trust=trust, outcome="installed", serial=installed.serial, rollout=offer.notice,
                              rollout_fields=offer.rollout,
                              detail="compiled" if installed.compiled else "kept: [guard] policy_source is local")
+
+
+def refresh_verified_stacks(host: "Host", settings: "Settings", token: Optional[str]) -> None:
+    """The hub's verified stacks cached for the ``[workloads]`` rule, when the compiled policy has one; logged."""
+    from agent.bundle.verified import refresh_verified
+    from agent.errors import GpuguardError
+    from agent.log import get_logger
+    from agent.policy.compiled import read_compiled
+    from agent.statepaths import StatePaths
+
+    log = get_logger("daemon.policy_fetch")
+    report, paths = settings.report, StatePaths(settings.agent.state_dir)
+    try:
+        if not read_compiled(str(host.path(paths.compiled_policy))).section("workloads"):
+            return
+    except (GpuguardError, OSError):
+        return  # no compiled policy (or a broken one, which the guard reports): no [workloads] rule to serve
+    assert report.endpoint_url is not None  # fetch_and_install returned "off" without one
+    written, detail = refresh_verified(report.endpoint_url, token, report.ca_bundle,
+                                       (report.connect_timeout_seconds, report.read_timeout_seconds),
+                                       str(host.path(paths.workloads_verified)))
+    if written:
+        log.info("verified_stacks_fetched", detail=detail)
+    else:
+        log.warning("verified_stacks_fetch_failed", detail=detail, kept="the cached list")

@@ -30,7 +30,7 @@ from agent.daemon_jobs.resident_settings import ConfigProblem, ResidentSettings,
 from agent.daemon_jobs.runtime import SnapshotFacts
 from agent.errors import ConfigError
 from agent.jsonrecord import JsonObject, JsonRecord
-from agent.report.plain import PlainPairing
+from agent.report.plain import PlainPairing, PlainWorkload
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.guard.rollback.core import GuardResult
@@ -112,12 +112,13 @@ class ConfigResult(JsonRecord):
 
 @dataclass(frozen=True)
 class HealthSeen(JsonRecord):
-    """A health result's status, when the check started (Unix time), and whether it followed a package change
-    (None: not known)."""
+    """A health result's status, when the check started (Unix time), whether it followed a package change (None:
+    not known), and its registered workloads' verdicts (None: none ran)."""
 
     status: str
     at_seconds: Optional[float] = None
     after_change: Optional[bool] = None
+    workloads: Optional[Tuple[PlainWorkload, ...]] = None
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,14 @@ from agent.host import Host
 from agent.jsonrecord import JsonRecord
 from agent.log import get_logger
 from agent.report.outbox import Outbox
-from agent.report.plain import PlainEvent, PlainPairing, PlainStateFileDamaged, ReportPayload, Severity
+from agent.report.plain import (
+    PlainEvent,
+    PlainPairing,
+    PlainStateFileDamaged,
+    PlainWorkload,
+    ReportPayload,
+    Severity,
+)
 from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -75,6 +82,8 @@ class AgentState:
     last_health_at_seconds: Optional[float] = None
     # Whether that check was the one after a package change (None: not known, e.g. read back after a restart).
     last_health_after_change: Optional[bool] = None
+    # The registered workloads of that check (None: none ran or not known), for the heartbeat (issue 44).
+    last_workloads: Optional[Tuple[PlainWorkload, ...]] = None
     last_delivery_success_seconds: Optional[float] = None
     delivery_failures: Dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

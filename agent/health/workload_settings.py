@@ -8,8 +8,8 @@ from typing import List, Optional
 from pydantic import Field, model_validator
 
 from agent.models import FrozenModel
+from agent.wire import workload_name_ok
 
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _METRIC = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -45,7 +45,7 @@ class WorkloadSettings(FrozenModel):
 
     @model_validator(mode="after")
     def _one_way_to_run(self) -> "WorkloadSettings":
-        if not _NAME.match(self.name):
+        if not workload_name_ok(self.name):
             raise ValueError(f"name {self.name!r}: 1-64 of a-z 0-9 _ . - starting with a letter or digit")
         if (self.module is None) == (self.script is None):
             raise ValueError(f"workload {self.name!r}: give exactly one of module or script")

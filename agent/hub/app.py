@@ -17,6 +17,10 @@
     GET  /v1/rollouts                       every rollout, newest first (reader or admin)
     GET  /v1/rollouts/{id}                  one rollout with its hosts, stages and evidence (reader or admin)
     POST /v1/rollouts/{id}/pause|resume|abort  operator actions (admin)
+    GET  /v1/workloads/stacks               per registered workload, the stacks it passed and failed on (reader;
+                                            agent/hub/workload_stacks.py)
+    GET  /v1/workloads/verified             per workload, the (driver, ROCm/CUDA) stacks it passed on: the list a
+                                            host caches for its [workloads] rule (host token)
     GET  /healthz     liveness and database reachability (no token)
     GET  /metrics     Prometheus text format (reader token; agent/hub/metrics.py)
     GET  /ui/...      the web dashboard (reader token or session; agent/hub/dashboard/)
@@ -61,6 +65,7 @@ from starlette.types import Receive, Scope, Send
 from agent import __version__
 from agent.bundle.format import MAX_SERIAL
 from agent.errors import StoreError
+from agent.hub import workload_stacks
 from agent.hub.access import admin_of, host_of, reader_of
 from agent.hub.alerts import AlertDeliverer, AlertQueue
 from agent.hub.api_models import (
@@ -108,7 +113,7 @@ from agent.hub.writer import GroupCommitWriter
 from agent.log import get_logger
 from agent.report.events import EVENT_SCHEMA_VERSION, Event, EventBatch
 from agent.validation import validation_problems
-from agent.wire import BUNDLE_PATH, FRESHNESS_PATH, INGEST_PATH, ROOT_PATH, etag_of
+from agent.wire import BUNDLE_PATH, FRESHNESS_PATH, INGEST_PATH, ROOT_PATH, VERIFIED_STACKS_PATH, etag_of
 
 log = get_logger("hub.app")
 
@@ -320,6 +325,12 @@ def _add_fleet_routes(app: FastAPI, store: SqlStore, clock: Callable[[], dt.date
         records = [EventRecord(received_at=s.received_at, event=Event.model_validate_json(s.body)) for s in stored]
         return json_response(EventsResponse(count=len(records), events=records))
 
+    @app.get("/v1/workloads/stacks", response_model=workload_stacks.StacksResponse,
+             summary="Per registered workload, the stacks it passed and failed on across the fleet",
+             responses=_READ_ERRORS, dependencies=[Depends(require_reader)])
+    def get_workload_stacks() -> Response:
+        return json_response(workload_stacks.stacks_response(read(lambda: workload_stacks.matrix(store))))
+
 
 def _add_policy_routes(app: FastAPI, registry: TokenRegistry, bearer: HTTPBearer,
                        require_reader: Callable[..., None], bundles: PolicyBundles, rollouts: Rollouts) -> None:
@@ -371,6 +382,13 @@ def _add_policy_routes(app: FastAPI, registry: TokenRegistry, bearer: HTTPBearer
     def get_audit(limit: int = Query(100, ge=1, le=1000)) -> Response:
         entries = read(lambda: bundles.audit(limit))
         return json_response(AuditResponse(count=len(entries), entries=entries))
+
+    @app.get(VERIFIED_STACKS_PATH, response_model=workload_stacks.VerifiedListing,
+             summary="Per registered workload, the stacks it passed on (host token)",
+             responses=_responses(401, 403, 503))
+    def verified_stacks(credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
+        host_of(registry, token_of(credentials))
+        return json_response(read(lambda: workload_stacks.verified_listing(bundles.store, utc_now())))
 
     @app.get(BUNDLE_PATH, response_model=BundleOffer,
              summary="The newest policy bundle in this host's scope (host token); 304 when unchanged, 204 when none",

@@ -22,6 +22,9 @@ Fleet figures are read from the database at each scrape (grouped queries over ``
     gpuguard_hub_rollout_stage{rollout_id}          its open stage (-1: none yet, 0: canaries)
     gpuguard_hub_rollout_hosts{rollout_id,stage}    its hosts per stage ("waiting": not admitted)
     gpuguard_hub_rollout_hosts_by_result{rollout_id,result}  admitted hosts by evidence: pass, fail, wait
+    gpuguard_hub_workload_stack_hosts{workload,stack_id,driver,gpu_stack,result}  per registered workload and
+                                                    stack, hosts where a check passed (result "pass") or failed ("fail")
+    gpuguard_hub_workload_stack_checks{workload,stack_id,driver,gpu_stack,result}  the same in checks
     gpuguard_hub_store_up                           1 when the database answered this scrape
 
 and one figure of this process:
@@ -45,6 +48,7 @@ from agent.hub.dashboard import queries
 from agent.hub.middleware import WatchedSend
 from agent.hub.rollout_plan import ROLLOUT_STATES, RolloutStatus
 from agent.hub.store import SqlStore
+from agent.hub.workload_stacks import StackCell, matrix
 from agent.log import get_logger
 from agent.report.events import PAYLOAD_KINDS
 
@@ -135,7 +139,7 @@ class FleetCollector:
                                          "Guarded packages no kept package file can restore, all hosts together.")
         unrestorable.add_metric([], rollback.not_restorable)
         return [hosts, health, stale, pairing, no_pairing, coverage, unrestorable, recent, alerts,
-                *self._policy_families(), *self._rollout_families()]
+                *self._policy_families(), *self._rollout_families(), *workload_families(matrix(self._store))]
 
     def _rollout_families(self) -> List[Metric]:
         status = self._staged_rollout() if self._staged_rollout is not None else None
@@ -188,6 +192,23 @@ class FleetCollector:
                                                                      "the hub offers (a fast-forward).")
         ahead.add_metric([], rollout.ahead_count)
         return [newest, per_host, behind, refused, by_kind, ahead]
+
+
+def workload_families(cells: List[StackCell]) -> List[Metric]:
+    """The verified-stack matrix: hosts and checks per workload, stack and result (pass, fail)."""
+    labels = ["workload", "stack_id", "driver", "gpu_stack", "result"]
+    hosts = GaugeMetricFamily("gpuguard_hub_workload_stack_hosts", "Per registered workload and stack, the hosts "
+                                                                   "where a check passed or failed.", labels=labels)
+    checks = GaugeMetricFamily("gpuguard_hub_workload_stack_checks", "Per registered workload and stack, the checks "
+                                                                     "that passed or failed (each counted once).",
+                               labels=labels)
+    for c in cells:
+        stack = [c.workload, c.stack_id, c.stack.driver or "", c.stack.gpu_stack or ""]
+        hosts.add_metric([*stack, "pass"], c.hosts_passed)
+        hosts.add_metric([*stack, "fail"], c.hosts_failed)
+        checks.add_metric([*stack, "pass"], c.passes)
+        checks.add_metric([*stack, "fail"], c.failures)
+    return [hosts, checks]
 
 
 class HubMetrics:

@@ -21,6 +21,10 @@ target serial; anything else (busy, deferred, skipped, not on the target yet, no
 the agent cannot place (``last_health_at`` sent without ``last_health_after_change``: a result read back after an
 agent restart) does not pass. A pass stands (``previous``) until failing evidence arrives: a later periodic check,
 which is not a post-change check, or an agent restart does not take it back.
+
+The host's gating workloads (issue 44, ``gating``: their verdicts in that same check, from the verified-stack
+matrix) are part of its evidence: a gating workload that failed there fails the host as a failed health status
+does (the detail names the workload, its status and the stack), and a pass names the gating workloads that passed.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import AbstractSet, Dict, List, Literal, Mapping, Optional, Sequence
 
 from agent.bundle.scope import pairing_text
 from agent.hub.rows import HostRow
+from agent.hub.workload_stacks import GatingVerdict
 from agent.models import FrozenModel
 from agent.wire import (
     FAILED_HEALTH_STATUSES,
@@ -144,37 +149,45 @@ def cohort_of(host: Optional[HostRow]) -> str:
 
 def host_evidence(target_serial: int, admitted_at: dt.datetime, host: Optional[HostRow],
                   failure_events: Sequence[Tuple[str, dt.datetime]],
-                  previous: Optional[Evidence] = None) -> Evidence:
-    """An admitted host's evidence from its state and the failure events (kind, occurred_at) it sent, given the
-    evidence it had (a pass stands until failing evidence arrives); pure."""
+                  previous: Optional[Evidence] = None, gating: Sequence[GatingVerdict] = ()) -> Evidence:
+    """An admitted host's evidence from its state, the failure events (kind, occurred_at) it sent and its gating
+    workloads' verdicts, given the evidence it had (a pass stands until failing evidence arrives); pure."""
     failures = sorted((kind for kind, at in failure_events if at >= admitted_at))
     if failures:
         return Evidence(result="fail", detail=f"{failures[0]} reported after admission")
-    now = _evidence_now(target_serial, admitted_at, host)
+    now = _evidence_now(target_serial, admitted_at, host, gating)
     if now.result == "wait" and previous is not None and previous.result == "pass":
         return previous
     return now
 
 
-def _evidence_now(target_serial: int, admitted_at: dt.datetime, host: Optional[HostRow]) -> Evidence:
-    """What the host's newest heartbeat says on its own."""
+def _evidence_now(target_serial: int, admitted_at: dt.datetime, host: Optional[HostRow],
+                  gating: Sequence[GatingVerdict] = ()) -> Evidence:
+    """What the host's newest heartbeat says on its own, with its gating workloads of the same check."""
     if host is None or host.heartbeat_at is None or host.heartbeat_at < admitted_at:
         return Evidence(result="wait", detail="no heartbeat since admission")
     if host.policy_serial != target_serial:
         return Evidence(result="wait", detail=f"serial {host.policy_serial} in force, not {target_serial} yet")
     status = host.last_health_status
+    same_check = [g for g in gating if host.last_health_at is not None and g.checked_at == host.last_health_at]
+    failed_workloads = [g for g in same_check if g.status in FAILED_HEALTH_STATUSES]
+    failing = status in FAILED_HEALTH_STATUSES or bool(failed_workloads)
     if host.last_health_at is not None and host.last_health_at < admitted_at:
         return Evidence(result="wait", detail=f"last health check ({status or 'none'}) finished before admission")
-    if host.last_health_after_change is False and status not in FAILED_HEALTH_STATUSES:
+    if host.last_health_after_change is False and not failing:
         return Evidence(result="wait", detail=f"health {status or 'not reported'}, not yet a post-change check")
-    if host.last_health_at is not None and host.last_health_after_change is None \
-            and status not in FAILED_HEALTH_STATUSES:
+    if host.last_health_at is not None and host.last_health_after_change is None and not failing:
         return Evidence(result="wait", detail=f"health {status or 'not reported'} read back after an agent "
                                               "restart, not known to be a post-change check")
+    if failed_workloads:
+        named = "; ".join(f"{g.workload} {g.status} on {g.stack}" for g in failed_workloads[:3])
+        return Evidence(result="fail", detail=f"gating workload {named} (health {status}, serial {target_serial})")
     if status in FAILED_HEALTH_STATUSES:
         return Evidence(result="fail", detail=f"health {status} on serial {target_serial}")
     if status == "pass":
-        return Evidence(result="pass", detail=f"health pass on serial {target_serial}")
+        passed = [g.workload for g in same_check if g.status == "pass"]
+        return Evidence(result="pass", detail=f"health pass on serial {target_serial}"
+                        + (f", gating workloads passed: {', '.join(passed)}" if passed else ""))
     return Evidence(result="wait", detail=f"health {status or 'not reported'}")
 
 

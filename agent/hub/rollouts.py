@@ -30,7 +30,7 @@ import secrets
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from agent.bundle.scope import scope_facts, scope_refusal
-from agent.hub import schema
+from agent.hub import schema, workload_stacks
 from agent.hub.bundles import PolicyBundles, offered_serial
 from agent.hub.periodic import Periodic
 from agent.hub.responses import HubHTTPError
@@ -224,11 +224,18 @@ class Rollouts:
         failures: Dict[str, List[Tuple[str, dt.datetime]]] = {}
         for host_id, kind, at in cur.fetchall():
             failures.setdefault(host_id, []).append((kind, self.store.dialect.from_db_time(at)))
+        cur.execute(sql(workload_stacks.gating_verdicts_sql("r.rollout_id = ? AND r.admitted_at IS NOT NULL")),
+                    (rollout.rollout_id,))
+        gating: Dict[str, List[workload_stacks.GatingVerdict]] = {}
+        for row in cur.fetchall():
+            host_id, verdict = workload_stacks.gating_verdict_of(row)
+            gating.setdefault(host_id, []).append(verdict)
         judged = []
         for h in hosts:
             if h.stage is not None and h.admitted_at is not None:
                 evidence = overdue(host_evidence(rollout.target_serial, h.admitted_at, states.get(h.host_id),
-                                                 failures.get(h.host_id, []), h.evidence),
+                                                 failures.get(h.host_id, []), h.evidence,
+                                                 gating.get(h.host_id, ())),
                                    h.admitted_at, now, rollout.spec)
                 if evidence != h.evidence:
                     cur.execute(sql("UPDATE rollout_hosts SET evidence = ?, evidence_detail = ? "
@@ -440,9 +447,10 @@ class Rollouts:
 class RolloutWorker:
     """The rollout tick as a periodic job of the hub (agent/hub/periodic.py): the running rollouts evaluated every
     ``interval_seconds``, and soon after failing evidence arrives (``nudge``: a failure event, or a heartbeat with a
-    failed health status, was stored), at most once per ``min_gap_seconds``: a halt is decided within about a
-    second, widening waits for the tick (a soak is minutes, and one evaluation of a 10,000-host rollout costs about
-    half a CPU second: bench/bench_rollout.py). Every hub process runs one; the row lock makes each decision once."""
+    failed health status or a failed gating workload, was stored), at most once per ``min_gap_seconds``: a halt is
+    decided within about a second, widening waits for the tick (a soak is minutes, and one evaluation of a
+    10,000-host rollout costs about half a CPU second: bench/bench_rollout.py). Every hub process runs one; the row
+    lock makes each decision once."""
 
     JOB = "rollouts"
 
@@ -462,7 +470,9 @@ class RolloutWorker:
         """Evaluate soon when ``events`` (just stored) may halt a rollout; never blocks."""
         if self._periodic is not None and any(
                 e.payload.kind in FAILURE_EVENT_KINDS
-                or (e.payload.kind == "heartbeat" and e.payload.last_health_status in FAILED_HEALTH_STATUSES)
+                or (e.payload.kind == "heartbeat" and (
+                    e.payload.last_health_status in FAILED_HEALTH_STATUSES
+                    or any(w.gates and w.status in FAILED_HEALTH_STATUSES for w in e.payload.workloads or ())))
                 for e in events):
             self._periodic.run_soon(self.JOB)
 

@@ -11,6 +11,8 @@
               JSON, state, the open stage and when it opened, why it halted (agent/hub/rollouts.py), who paused it
               (``paused_by``, schema version 5: a typed column, never read back from the reason)
     rollout_hosts  one row per host of a rollout: cohort, stage and time of admission, its newest evidence
+    workload_stacks  one row per (workload, stack, host) (schema version 7): the verified-stack matrix
+                     (agent/hub/workload_stacks.py)
 
 The statements are written once with ``?`` placeholders; the dialect (``dialects.py``) adapts them. The latest-state
 columns of ``hosts`` move only forward in ``occurred_at`` (``UPSERT_HOST``), so batches arriving out of order or
@@ -27,13 +29,14 @@ import datetime as dt
 import json
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from agent.hub import workload_stacks
 from agent.hub.dialects import Dialect, text_time
 from agent.hub.host_updates import HostUpdate
 from agent.hub.rows import HostRow
 from agent.report.events import Event
 from agent.snapshot.pairing import Pairing
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # PostgreSQL advisory locks held while a hub creates tables: hubs starting together take turns. The store's own
 # tables and the ones the dashboard and the alert queue add later each have their key.
 SCHEMA_LOCK_KEY = 0x67707567_0001
@@ -153,6 +156,7 @@ def tables(timestamp_type: str, bytes_type: str = "BLOB", key_type: str = "INTEG
             evidence TEXT,
             evidence_detail TEXT,
             PRIMARY KEY (rollout_id, host_id))""",
+        workload_stacks.table(timestamp_type),
     ]
 
 
@@ -167,6 +171,8 @@ MIGRATIONS: Dict[str, Callable[[Dialect], List[str]]] = {
     "4": lambda dialect: [_rollouts_table(dialect.timestamp_type) + ")",
                           f"ALTER TABLE rollouts ADD COLUMN {_PAUSED_BY_COLUMN}"],
     "5": lambda _dialect: [f"ALTER TABLE hosts ADD COLUMN {name} {kind}" for name, kind in _HOST_REFUSAL_KIND_COLUMNS],
+    # Version 7 adds only a table (workload_stacks), which ``tables`` makes.
+    "6": lambda _dialect: [],
 }
 
 

@@ -20,7 +20,7 @@ import datetime as dt
 from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
 from agent.errors import ConfigError, StoreError
-from agent.hub import schema
+from agent.hub import schema, workload_stacks
 from agent.hub.connections import ReaderPool, WriterConnection
 from agent.hub.dialects import Dialect, PostgresDialect, SQLiteDialect, text_time
 from agent.hub.host_updates import summarize_hosts
@@ -152,6 +152,8 @@ class SqlStore:
                         inserted.update((row[0], row[1]) for row in cur.fetchall())
                     for update in summarize_hosts(unique):
                         cur.execute(sql(schema.UPSERT_HOST), schema.host_params(update, received, to_db_time))
+                    for run in workload_stacks.stack_runs(unique):
+                        cur.execute(sql(workload_stacks.UPSERT), workload_stacks.params(run))
         except StoreError:
             self._writer.drop()  # a broken connection is reopened on the next group
             raise

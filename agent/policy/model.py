@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # the families' section models, for the declaration of Policy
     from agent.policy.sections.kernel import KernelSection
     from agent.policy.sections.nvidia import NvidiaSection
     from agent.policy.sections.versions import VersionRule
+    from agent.policy.sections.workloads import WorkloadsSection
 
 Failsafe = Literal["block-guarded", "block-all", "allow"]
 
@@ -96,6 +97,7 @@ if TYPE_CHECKING:  # mypy's view of the model assembled below; test_families.py 
         versions: List[VersionRule] = []
         companions: Optional[CompanionsSection] = None
         containers: Optional[ContainersSection] = None
+        workloads: Optional[WorkloadsSection] = None
         health: Optional[HealthSection] = None
 else:
     Policy = create_model(

@@ -18,7 +18,17 @@ from agent.models import FrozenModel
 from agent.report.plain import EVENT_SCHEMA_VERSION, RefusalKind, Severity
 from agent.snapshot.diff import Change
 from agent.snapshot.pairing import Pairing
-from agent.wire import MAX_STORED_INT, POLICY_ATTENTION
+from agent.wire import (
+    HEALTH_STATUSES,
+    MAX_HEARTBEAT_WORKLOADS,
+    MAX_STACK_TEXT_CHARS,
+    MAX_STORED_INT,
+    MAX_WORKLOAD_NAME_CHARS,
+    POLICY_ATTENTION,
+    STACK_ID_CHARS,
+    stack_id_ok,
+    workload_name_ok,
+)
 
 # A count or size the hub stores: a whole number in 0..MAX_STORED_INT (a signed 64-bit column).
 Count = Annotated[int, Field(ge=0, le=MAX_STORED_INT)]
@@ -165,6 +175,51 @@ class RollbackCoverage(FrozenModel):
     inexact: List[str] = Field([], max_length=200)  # package keys whose rebuilt file differs from what was installed
 
 
+StackText = Optional[Annotated[str, Field(max_length=MAX_STACK_TEXT_CHARS)]]
+
+
+class WorkloadStackReport(FrozenModel):
+    """The stack a registered workload ran on (agent.health.model.WorkloadStack), each part capped."""
+
+    gpu_models: StackText = None
+    driver: StackText = None
+    gpu_stack: StackText = None
+    framework: StackText = None
+    image: StackText = None
+
+
+class WorkloadReport(FrozenModel):
+    """A registered workload's last result (issue 44): its verdict, whether it gates, and the stack it ran on."""
+
+    name: str = Field(min_length=1, max_length=MAX_WORKLOAD_NAME_CHARS)
+    # agent.health.model.WorkloadStatus: one of the health statuses but skipped.
+    status: str = Field(max_length=20)
+    gates: bool
+    stack_id: Optional[str] = Field(None, min_length=STACK_ID_CHARS, max_length=STACK_ID_CHARS)
+    stack: Optional[WorkloadStackReport] = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not workload_name_ok(value):
+            raise ValueError("1-64 of a-z 0-9 _ . - starting with a letter or digit")
+        return value
+
+    @field_validator("status")
+    @classmethod
+    def _status(cls, value: str) -> str:
+        if value not in HEALTH_STATUSES or value == "skipped":
+            raise ValueError(f"one of {', '.join(s for s in HEALTH_STATUSES if s != 'skipped')}")
+        return value
+
+    @field_validator("stack_id")
+    @classmethod
+    def _stack_id(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not stack_id_ok(value):
+            raise ValueError(f"{STACK_ID_CHARS} lower-case hex digits")
+        return value
+
+
 class Heartbeat(PayloadModel):
     """The agent is alive; carries the current pairing and outbox depth."""
 
@@ -195,6 +250,9 @@ class Heartbeat(PayloadModel):
     # finished after the host's admission and, when the flag is sent, was a post-change check.
     last_health_at: Optional[dt.datetime] = None
     last_health_after_change: Optional[bool] = None
+    # The registered workloads of the last health check (issue 44): the hub's verified-stack matrix and a rollout's
+    # evidence. Optional: absent from agents before it and from a host that registers none.
+    workloads: Optional[List[WorkloadReport]] = Field(None, max_length=MAX_HEARTBEAT_WORKLOADS)
     # Signed policy under a root (issue 42): what asks for attention although the policy in force keeps guarding:
     # "expired" (the bundle in force is past its expires), "freshness" (the hub's freshness statement is stale or
     # names a newer serial this host does not get: a freeze).

@@ -17,7 +17,16 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Dict, Final, FrozenSet, Literal, Optional, Protocol, Tuple
 
 from agent.jsonrecord import JsonObject, JsonRecord, iso_time
-from agent.wire import MAX_STORED_INT, POLICY_ATTENTION, REFUSAL_KINDS
+from agent.wire import (
+    HEALTH_STATUSES,
+    MAX_HEARTBEAT_WORKLOADS,
+    MAX_STACK_TEXT_CHARS,
+    MAX_STORED_INT,
+    POLICY_ATTENTION,
+    REFUSAL_KINDS,
+    stack_id_ok,
+    workload_name_ok,
+)
 
 EVENT_SCHEMA_VERSION: Final = 1
 Severity = Literal["info", "warning", "critical"]
@@ -91,6 +100,40 @@ class PlainRollbackCoverage(JsonRecord):
 
 
 @dataclass(frozen=True)
+class PlainWorkloadStack(JsonRecord):
+    """The stack a registered workload ran on (agent.report.events.WorkloadStackReport)."""
+
+    gpu_models: Optional[str] = None
+    driver: Optional[str] = None
+    gpu_stack: Optional[str] = None
+    framework: Optional[str] = None
+    image: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        for spec in ("gpu_models", "driver", "gpu_stack", "framework", "image"):
+            _bounded(spec, getattr(self, spec), MAX_STACK_TEXT_CHARS)
+
+
+@dataclass(frozen=True)
+class PlainWorkload(JsonRecord):
+    """A registered workload's last result (agent.report.events.WorkloadReport)."""
+
+    name: str
+    status: str
+    gates: bool
+    stack_id: Optional[str] = None
+    stack: Optional[PlainWorkloadStack] = None
+
+    def __post_init__(self) -> None:
+        if not workload_name_ok(self.name):
+            raise ValueError(f"name: 1-64 of a-z 0-9 _ . - starting with a letter or digit, got {self.name!r}")
+        if self.status not in HEALTH_STATUSES or self.status == "skipped":
+            raise ValueError(f"status: a workload status, got {self.status!r}")
+        if self.stack_id is not None and not stack_id_ok(self.stack_id):
+            raise ValueError(f"stack_id: 16 lower-case hex digits, got {self.stack_id!r}")
+
+
+@dataclass(frozen=True)
 class PlainHeartbeat(PlainPayload):
     """The agent is alive; carries the current pairing and outbox depth (agent.report.events.Heartbeat)."""
 
@@ -112,10 +155,13 @@ class PlainHeartbeat(PlainPayload):
     last_health_at: Optional[dt.datetime] = None
     last_health_after_change: Optional[bool] = None
     policy_attention: Optional[Tuple[str, ...]] = None
+    workloads: Optional[Tuple[PlainWorkload, ...]] = None
 
     def __post_init__(self) -> None:
         if self.policy_attention is not None and not set(self.policy_attention) <= set(POLICY_ATTENTION):
             raise ValueError(f"policy_attention: only {', '.join(POLICY_ATTENTION)}")
+        if self.workloads is not None and len(self.workloads) > MAX_HEARTBEAT_WORKLOADS:
+            raise ValueError(f"workloads: at most {MAX_HEARTBEAT_WORKLOADS} items, got {len(self.workloads)}")
         for name in ("policy_serial", "policy_refused_serial"):
             value = getattr(self, name)
             if value is not None and not 1 <= value <= MAX_STORED_INT:

@@ -617,3 +617,63 @@ def test_a_bundle_pushed_during_a_rollout_must_be_staged(settings: HubSettings, 
         assert hub.post(f"/v1/rollouts/{rid}/abort", headers=bearer(admin_token)).status_code == 200
         assert hub.post("/v1/policy/bundles", json=push_body(bundle_bytes(4)),
                         headers=bearer(admin_token)).status_code == 201
+
+
+def test_a_failed_gating_workload_halts_the_rollout_naming_it_and_its_stack(any_store: SqlStore) -> None:
+    """A canary whose post-change check carries a gating workload in cpu_fallback (the status pass, as an agent that
+    did not gate on it would send) fails and halts the rollout naming the workload and its stack; the other canary's
+    pass names its gating workload; a failed non-gating workload fails nobody."""
+    from agent.report.events import WorkloadReport, WorkloadStackReport
+
+    clock = Clock()
+    _, rollouts = seed(any_store, clock)
+    rid = rollouts.start(ADMIN, SPEC).rollout.rollout_id
+    clock.advance(60)
+    stack = WorkloadStackReport(driver="amdgpu 6.10.5", gpu_stack="ROCm 6.3.1", framework="torch 2.9.1 (ROCm 6.3)")
+
+    def with_workloads(host_id: str, *workloads: WorkloadReport) -> Event:
+        plain = health_beat(host_id, clock.now, clock.now, True)
+        return plain.model_copy(update={"payload": plain.payload.model_copy(update={"workloads": list(workloads)})})
+
+    nv_ok = WorkloadReport(name="llm-decode", status="pass", gates=True, stack_id="1" * 16, stack=stack)
+    side = WorkloadReport(name="side-job", status="failed", gates=False, stack_id="2" * 16, stack=stack)
+    any_store.ingest([[with_workloads("nv-0", nv_ok, side)]], received_at=clock.now)
+    assert rollouts.evaluate(rid).action == "wait"  # type: ignore[union-attr]
+    [nv] = [h for h in rollouts.status(rid).hosts if h.host_id == "nv-0"]
+    assert nv.evidence is not None and nv.evidence.result == "pass"
+    assert "gating workloads passed: llm-decode" in nv.evidence.detail
+    bad = WorkloadReport(name="resnet-train", status="cpu_fallback", gates=True, stack_id="3" * 16, stack=stack)
+    any_store.ingest([[with_workloads("amd-0", bad)]], received_at=clock.now)
+    decision = rollouts.evaluate(rid)
+    assert decision is not None and decision.action == "halt"
+    assert ("amd-0 (gating workload resnet-train cpu_fallback on driver amdgpu 6.10.5, ROCm 6.3.1, "
+            "torch 2.9.1 (ROCm 6.3)") in decision.reason
+
+
+def test_a_heartbeat_with_a_failed_gating_workload_nudges_the_tick(sqlite: SqlStore) -> None:
+    """A stored heartbeat whose gating workload failed asks for an evaluation at once; a failed non-gating one and
+    a passing gating one do not."""
+    from agent.hub.rollouts import RolloutWorker
+    from agent.report.events import WorkloadReport
+
+    class Soon:
+        def __init__(self) -> None:
+            self.asked: List[str] = []
+
+        def run_soon(self, job: str) -> None:
+            self.asked.append(job)
+
+    clock = Clock()
+    _, rollouts = seed(sqlite, clock)
+    worker, soon = RolloutWorker(rollouts, 60.0), Soon()
+    worker._periodic = soon  # type: ignore[assignment]
+
+    def with_workload(status: str, gates: bool) -> Event:
+        plain = beat("amd-0", clock.now, 2, "pass")
+        report = WorkloadReport(name="resnet-train", status=status, gates=gates, stack_id="3" * 16)
+        return plain.model_copy(update={"payload": plain.payload.model_copy(update={"workloads": [report]})})
+
+    worker.nudge([with_workload("failed", False), with_workload("pass", True)])
+    assert soon.asked == []
+    worker.nudge([with_workload("cpu_fallback", True)])
+    assert soon.asked == [RolloutWorker.JOB]

@@ -22,6 +22,8 @@ from agent.report.events import (
     Rollback,
     RollbackCoverage,
     StateFileDamaged,
+    WorkloadReport,
+    WorkloadStackReport,
 )
 from agent.report.plain import (
     EVENT_ID_CHARS,
@@ -35,6 +37,8 @@ from agent.report.plain import (
     PlainRollback,
     PlainRollbackCoverage,
     PlainStateFileDamaged,
+    PlainWorkload,
+    PlainWorkloadStack,
 )
 from agent.report.schema import event_batch_schema
 from agent.snapshot.pairing import Pairing
@@ -44,16 +48,23 @@ PAIRING = PlainPairing(os_id="ubuntu", os_version_id="24.04", kernel_running="6.
                        nvidia_loaded="580.159.04", cuda_driver_api="13.0", gpu_count=8, gpu_models="NVIDIA H200")
 COVERAGE = PlainRollbackCoverage(guarded=33, restorable=32, by_source={"archive cache": 1, "rebuilt": 31},
                                  not_restorable=("cuda-cudart-13-0",), inexact=("libnvidia-compute-580",))
+STACK = PlainWorkloadStack(gpu_models="NVIDIA H200", driver="nvidia 580.159.04", gpu_stack="CUDA 13.0",
+                           framework="torch 2.9.1 (CUDA 13.0)", image="registry.example/llm:1")
+WORKLOAD = PlainWorkload(name="resnet-train", status="cpu_fallback", gates=True, stack_id="0123456789abcdef",
+                         stack=STACK)
 # Each record, its model, and an instance with every field set.
 TWINS = [
     (PlainPairing, Pairing, PAIRING),
     (PlainRollbackCoverage, RollbackCoverage, COVERAGE),
+    (PlainWorkloadStack, WorkloadStackReport, STACK),
+    (PlainWorkload, WorkloadReport, WORKLOAD),
     (PlainHeartbeat, Heartbeat, PlainHeartbeat(agent_version="0.1.0", uptime_seconds=12.5, content_hash="sha256:ab",
                                                outbox_depth=3, pairing=PAIRING, compliant=False,
                                                last_health_status="busy", rollback_coverage=COVERAGE,
                                                labels={"rack": "a7"},
                                                policy_source="bundle", policy_serial=42, policy_refused_serial=43,
-                                               policy_refused_reason="signature: no trusted key")),
+                                               policy_refused_reason="signature: no trusted key",
+                                               workloads=(WORKLOAD,))),
     (PlainStateFileDamaged, StateFileDamaged, PlainStateFileDamaged(path="/var/lib/gpuguard/outbox.sqlite3",
                                                                     problem="damaged", action="salvaged",
                                                                     moved_to="/var/lib/gpuguard/x", salvaged_events=4,
@@ -97,7 +108,7 @@ def test_what_a_record_writes_its_model_reads_back_unchanged(record: Type[JsonRe
 
 def test_a_plain_event_is_a_valid_event_of_the_published_schema() -> None:
     """The envelope the resident stores validates as an Event (in a batch, as delivery sends it)."""
-    for _, _, payload in TWINS[2:]:
+    for _, _, payload in TWINS[4:]:
         stored = PlainEvent.of(payload, "h-1", "node-1", NOW, "warning").with_sequence(7)
         event = Event.model_validate_json(stored.to_json_text())
         assert (event.event_id, event.sequence, event.kind, event.occurred_at) == (stored.event_id, 7, payload.kind,
@@ -140,10 +151,35 @@ def test_a_heartbeat_refuses_what_the_model_refuses() -> None:
             Heartbeat(agent_version="1", uptime_seconds=1.0, **bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("bad", [{"name": "Resnet"}, {"name": "r" * 65}, {"status": "skipped"},
+                                 {"status": "great"}, {"stack_id": "0123456789ABCDEF"}, {"stack_id": "abc"}])
+def test_a_workload_refuses_what_the_model_refuses(bad: Dict[str, Any]) -> None:
+    """A workload's name, status and stack id are checked alike by the record and the model."""
+    values = {"name": "resnet-train", "status": "pass", "gates": True, "stack_id": "0123456789abcdef", **bad}
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        PlainWorkload(**values)
+    with pytest.raises(ValidationError):
+        WorkloadReport(**values)
+
+
+def test_the_heartbeats_workloads_are_bounded() -> None:
+    """At most 32 workloads and stack texts of at most 300 characters, in the record and the model alike."""
+    many = tuple(dataclasses.replace(WORKLOAD, name=f"w{i}") for i in range(33))
+    with pytest.raises(ValueError, match="workloads"):
+        PlainHeartbeat(agent_version="1", uptime_seconds=1.0, workloads=many)
+    with pytest.raises(ValidationError):
+        Heartbeat(agent_version="1", uptime_seconds=1.0, workloads=[w.to_json() for w in many])  # type: ignore[misc]
+    with pytest.raises(ValueError, match="framework"):
+        PlainWorkloadStack(framework="t" * 301)
+    with pytest.raises(ValidationError):
+        WorkloadStackReport(framework="t" * 301)
+
+
 def test_an_old_agents_heartbeat_still_validates() -> None:
     """A heartbeat without any policy field (an agent from before signed bundles) is valid, the fields None."""
     heartbeat = Heartbeat.model_validate({"kind": "heartbeat", "agent_version": "0.9", "uptime_seconds": 3.0})
     assert (heartbeat.labels, heartbeat.policy_source, heartbeat.policy_serial) == (None, None, None)
+    assert heartbeat.workloads is None
 
 
 def test_the_never_dropped_kinds_are_payload_kinds() -> None:

@@ -5,6 +5,7 @@
     /ui/pairings         hosts per driver/ROCm/CUDA/kernel pairing
     /ui/policy           policy bundles, hosts on an older serial, hosts that refused a bundle and why, the audit
     /ui/rollouts         staged rollouts; /ui/rollouts/{id}: state and why (a halt names the hosts), hosts' evidence
+    /ui/workloads        the verified-stack matrix: per registered workload, the stacks it passed and failed on
     /ui/login, /ui/logout
 
 Access needs a reader token, like the fleet API: either ``Authorization: Bearer`` on every request, or once at
@@ -15,6 +16,7 @@ and shows no fleet data. ``fleet_api_requires_token = false`` opens the dashboar
     render.py   HTML from query results (pure)
     policy.py   the policy section, page and host rows (pure)
     rollouts.py the staged-rollout pages (pure)
+    workloads.py the verified-stack matrix page (pure)
     session.py  the session cookie
 """
 
@@ -32,12 +34,14 @@ from agent.errors import StoreError
 from agent.hub.bundles import PolicyBundles
 from agent.hub.dashboard import policy, queries, render
 from agent.hub.dashboard import rollouts as rollout_pages
+from agent.hub.dashboard import workloads as workload_pages
 from agent.hub.dashboard.session import COOKIE_NAME, SessionSigner
 from agent.hub.rollouts import Rollouts
 from agent.hub.rows import DRIFT_KINDS
 from agent.hub.settings import HubSettings
 from agent.hub.store import SqlStore
 from agent.hub.tokens import TokenRegistry
+from agent.hub.workload_stacks import matrix
 from agent.log import get_logger
 from agent.report.events import PAYLOAD_KINDS
 
@@ -189,6 +193,13 @@ def mount_dashboard(app: FastAPI, settings: HubSettings, store: SqlStore, regist
             if rollouts is None or not any(r.rollout_id == rollout_id for r in rollouts.rows()):
                 raise _BadQuery(f"no rollout {rollout_id!r}", 404)
             return rollout_pages.rollout_page(rollouts.status(rollout_id), clock(), reader)
+
+        return guarded(request, build)
+
+    @app.get("/ui/workloads", include_in_schema=False)
+    def workloads_overview(request: Request) -> Response:
+        def build(reader: str) -> str:
+            return workload_pages.workloads_page(matrix(store), clock(), reader)
 
         return guarded(request, build)
 

@@ -99,7 +99,8 @@ def page(title: str, body: str, reader: Optional[str], active: str = "") -> str:
         links = "".join(f'<a href="{href}"{" aria-current=page" if name == active else ""}>{label}</a>'
                         for name, href, label in (("fleet", "/ui/", "Fleet"), ("pairings", "/ui/pairings", "Pairings"),
                                                   ("policy", "/ui/policy", "Policy"),
-                                                  ("rollouts", "/ui/rollouts", "Rollouts")))
+                                                  ("rollouts", "/ui/rollouts", "Rollouts"),
+                                                  ("workloads", "/ui/workloads", "Workloads")))
         logout = ('<form method="post" action="/ui/logout"><span class="muted">' + e(reader) +
                   '</span> <button type="submit">Log out</button></form>') if reader else ""
         nav = links + logout

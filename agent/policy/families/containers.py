@@ -69,7 +69,7 @@ def cuda_supported(driver: Optional[str]) -> Optional[str]:
     return found
 
 
-def _nvidia_driver(installed: Mapping[str, str], patterns: Sequence[str]) -> Optional[str]:
+def nvidia_driver(installed: Mapping[str, str], patterns: Sequence[str]) -> Optional[str]:
     """The newest NVIDIA driver release among the installed driver parts; None without any."""
     from agent.hostfacts.package_keys import package_name
 
@@ -93,7 +93,7 @@ def _compat(installed: Mapping[str, str]) -> Optional[str]:
     return best
 
 
-def _driver_globs(policy: CompiledPolicy) -> List[str]:
+def driver_globs(policy: CompiledPolicy) -> List[str]:
     """The [nvidia] section's driver globs, else the defaults: the family judges without an [nvidia] section too."""
     return policy.nvidia_packages[0] or list(DEFAULT_NVIDIA_DRIVER_PACKAGES)
 
@@ -110,12 +110,12 @@ def _named(stacks: Sequence[ContainerStack], what: Dict[str, str]) -> str:
 
 
 def _nvidia(state: HostState, policy: CompiledPolicy, stacks: Sequence[ContainerStack], action: str) -> List[Violation]:
-    driver_globs = _driver_globs(policy)
-    before, after = _nvidia_driver(state.before, driver_globs), _nvidia_driver(state.after, driver_globs)
+    globs = driver_globs(policy)
+    before, after = nvidia_driver(state.before, globs), nvidia_driver(state.after, globs)
     users = [s for s in stacks if needs_cuda(s)]
     if before == after or not users:
         return []
-    packages = {k: move(state, k) for k in matching({**state.before, **state.after}, driver_globs)
+    packages = {k: move(state, k) for k in matching({**state.before, **state.after}, globs)
                 if state.before.get(k) != state.after.get(k)}
     supported = cuda_supported(after)
     compat = _compat(state.after)
@@ -180,7 +180,7 @@ def explain(policy: CompiledPolicy, installed: Mapping[str, str], manager: str, 
     stacks = context.containers
     if not stacks:
         return [f"containers: no running container brings CUDA or ROCm user space [{action}]"]
-    driver = _nvidia_driver(installed, _driver_globs(policy))
+    driver = nvidia_driver(installed, driver_globs(policy))
     supported = cuda_supported(driver)
     beyond = driver is not None and supported == DRIVER_CUDA[-1][1] and _key(driver)[:1] > (DRIVER_CUDA[-1][0],)
     lines = [f"containers: {len(stacks)} running with GPU user space; a driver change must keep them usable "

@@ -48,6 +48,8 @@ packages = ["dkms"]
 [companions]
 dcgm = false
 [containers]
+[workloads]
+verified = ["resnet-train"]
 """
 
 
@@ -213,8 +215,8 @@ def test_the_declaration_mypy_reads_is_the_assembled_model() -> None:
 
 def test_rule_count_is_the_sum_over_the_sections(tmp_path: Path) -> None:
     """rule_count adds each section module's count (two pairings, the kernel allow list, one version rule, one
-    frozen package, three companion rules on, the containers rule)."""
-    assert every_section_loaded(tmp_path).policy.rule_count() == 2 + 1 + 1 + 1 + 3 + 1
+    frozen package, three companion rules on, the containers rule, the workloads rule)."""
+    assert every_section_loaded(tmp_path).policy.rule_count() == 2 + 1 + 1 + 1 + 3 + 1 + 1
 
 
 def test_evaluate_runs_each_family_in_table_order(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -242,9 +244,10 @@ def test_a_family_whose_section_is_absent_is_not_run(monkeypatch: pytest.MonkeyP
         monkeypatch.setattr(family(name), "check", check)
     data = every_section().data
     policy = CompiledPolicy({k: v for k, v in data.items()
-                             if k not in ("nvidia", "matrix", "companions", "containers")})
+                             if k not in ("nvidia", "matrix", "companions", "containers", "workloads")})
     evaluate(HostState({}, {}), policy)
-    assert called == [n for n in FAMILIES if n not in ("nvidia", "matrix", "companions", "containers")]
+    assert called == [n for n in FAMILIES
+                      if n not in ("nvidia", "matrix", "companions", "containers", "workloads")]
     assert facts_used(policy) == ()
 
 
