@@ -6,18 +6,25 @@ and ``/opt/rocm/core-X`` links to the newest (TheRock RFC0009). Its version file
 ``<tree>/.info/version`` (assumed for TheRock trees: AMD's packages put rocm-core's files under the release prefix).
 On a host with a classic stack as well, ``/opt/rocm`` is the classic link and TheRock's trees land inside its
 target; they are listed all the same: the host has both.
+
+Debian and Ubuntu package ROCm themselves: no /opt/rocm, each library under /usr/lib/<triplet> in a package named
+after its SONAME (``libamdhip64-5`` 5.7.1, ``libhsa-runtime64-1`` 6.1.2, ``librocblas0`` 5.5.1 on Debian 13). Those
+packages are listed (``packaged``) with the release each carries, and where no tree gives the version, the release is
+rocm-core's package, else HIP's, else ROCr's (``version_source`` names the package).
 """
 
 from __future__ import annotations
 
 import re
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
+from agent.defaults import DISTRIBUTION_ROCM_PACKAGES
 from agent.errors import CollectorUnavailable, HostReadError, LibraryUnavailable
 from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
+from agent.hostfacts.dpkg_status import iter_named
 from agent.log import get_logger
-from agent.versions import sort_key
+from agent.versions import sort_key, upstream_dotted
 
 log = get_logger("collectors.rocm")
 
@@ -29,6 +36,9 @@ _THEROCK_DIR = re.compile(r"^core-\d+\.\d+$")  # core-7.13, core-10.0; core and 
 _AMD_SMI_LIB = re.compile(r"^libamd_smi\.so\.(\d+)(?:\.\d+)*$")  # libamd_smi.so.27, libamd_smi.so.27.0.0
 _LIB_DIRS = ("lib", "lib64")
 _VERSION = re.compile(r"^\d+(?:\.\d+)+(?:[-+~.][0-9A-Za-z.~+-]*)?$")
+DPKG_STATUS = "/var/lib/dpkg/status"
+# The distribution's packages whose release stands for the host's ROCm, in the order they are believed.
+_RELEASE_PACKAGES = ("librocm-core", "libamdhip64-", "libhsa-runtime64-")
 
 
 @frozen_record
@@ -44,13 +54,26 @@ class RocmInstall(Frozen):
 
 
 @frozen_record
+class PackagedComponent(Frozen):
+    """One ROCm library as the distribution packages it: the package, its version and the release it carries."""
+
+    package: str
+    version: str
+    release: Optional[str] = None
+
+
+@frozen_record
 class RocmInfo(Frozen):
     """Which ROCm is active and which are installed."""
+
+    __json_omit_empty__ = ("packaged", "version_source")  # added after snapshots were stored (see as_json_data)
 
     active_path: Optional[str] = None
     version: Optional[str] = None
     installs: List[RocmInstall] = field(default_factory=list)
     smi_rocm_version: Optional[str] = None
+    packaged: List[PackagedComponent] = field(default_factory=list)
+    version_source: Optional[str] = None
 
 
 def parse_rocm_version_file(text: str) -> Optional[str]:
@@ -74,6 +97,28 @@ def smi_rocm_version(result: object) -> Optional[str]:
     if ok is not True or not isinstance(text, str):
         return None
     return text.strip() or None
+
+
+def packaged_components(status: bytes) -> List[PackagedComponent]:
+    """The distribution's ROCm libraries in a dpkg status file: the runtime libraries (names ending in their
+    SONAME's number, ``libamdhip64-5``, ``librocblas0``) and hipcc, with the release their version carries
+    (``5.7.1-6+deb13u1`` -> ``5.7.1``, ``6.4.3+dfsg-5`` -> ``6.4.3``)."""
+    prefixes = [p[:-1] for p in DISTRIBUTION_ROCM_PACKAGES if p.endswith("*")]
+    names = [p for p in DISTRIBUTION_ROCM_PACKAGES if not p.endswith("*")]
+    found: Dict[str, PackagedComponent] = {}
+    for name, version, _arch, _state in iter_named(status, names=names, prefixes=prefixes):
+        if name[-1:].isdecimal() or name in names:
+            found[name] = PackagedComponent(package=name, version=version, release=upstream_dotted(version))
+    return [found[name] for name in sorted(found)]
+
+
+def packaged_release(components: List[PackagedComponent]) -> Tuple[Optional[str], Optional[str]]:
+    """(release, the package it comes from): rocm-core's, else HIP's, else ROCr's; (None, None) without them."""
+    for prefix in _RELEASE_PACKAGES:
+        for component in components:
+            if component.package.startswith(prefix) and component.release:
+                return component.release, f"package {component.package}"
+    return None, None
 
 
 def _read_version(host: Host, tree: str) -> Optional[str]:
@@ -143,7 +188,9 @@ class RocmCollector:
                  and host.is_dir(f"{ROCM_PREFIX}/{name}")]
         has_link = host.exists(ROCM_LINK)
         therock = _therock_trees(host) if has_link else []
-        if not has_link and not trees:
+        status = host.read_bytes(DPKG_STATUS)
+        packaged = packaged_components(status) if status is not None else []
+        if not has_link and not trees and not packaged:
             raise CollectorUnavailable("no /opt/rocm and no /opt/rocm-*")
         trees.sort(key=lambda path: sort_key("rpm")(path[len(f"{ROCM_PREFIX}/rocm-"):]))
         active_path = host.resolve(ROCM_LINK) if has_link else None
@@ -153,9 +200,14 @@ class RocmCollector:
             newest = f"{ROCM_LINK}/core"
             active_path = host.resolve(newest) if host.exists(newest) else therock[-1][1]
             version = _read_version(host, active_path)
+        source = None
+        if version is None and packaged:
+            version, source = packaged_release(packaged)
         return RocmInfo(
             active_path=active_path,
             version=version,
             installs=[*(_install(host, tree) for tree in trees), *(_install(host, *pair) for pair in therock)],
             smi_rocm_version=read_smi_rocm_version(host),
+            packaged=packaged,
+            version_source=source,
         )

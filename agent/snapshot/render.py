@@ -31,8 +31,11 @@ def render_snapshot(snap: Snapshot) -> str:
             lines.append(f"  {gpu.bdf}  {gpu.market_name or '?'}  {gpu.gfx_target or ''}  vbios {vbios}")
     if snap.rocm.data:
         installed = ", ".join(f"{i.version or '?'} at {i.path}" for i in snap.rocm.data.installs)
-        lines.append(f"rocm     {snap.rocm.data.version or '-'} at {snap.rocm.data.active_path or '-'}"
-                     f" (installed: {installed or 'none'})")
+        r = snap.rocm.data
+        where = r.active_path or (f"/usr/lib ({r.version_source} of the distribution)" if r.version_source else "-")
+        lines.append(f"rocm     {r.version or '-'} at {where} (installed: {installed or 'none'})")
+        if r.packaged:
+            lines.append("  packaged " + ", ".join(f"{c.package} {c.release or c.version}" for c in r.packaged))
     if snap.nvidia.data:
         n = snap.nvidia.data
         lines.append(f"nvidia   {n.driver_version or '-'} ({n.module_flavor or '?'} module, via {n.source}), "
@@ -42,6 +45,9 @@ def render_snapshot(snap: Snapshot) -> str:
     if snap.cuda.data:
         versions = ", ".join(t.version or t.path for t in snap.cuda.data.toolkits)
         lines.append(f"cuda     toolkits {versions or '-'}")
+        if snap.cuda.data.packaged:
+            lines.append(f"  packaged CUDA {snap.cuda.data.packaged_release or '?'}: "
+                         + ", ".join(p.package for p in snap.cuda.data.packaged))
     if snap.containers.data:
         tools = ", ".join(f"{name} {t.version or '?'}" for name, t in sorted(snap.containers.data.tools.items()))
         lines.append(f"containers {tools or '-'}")
