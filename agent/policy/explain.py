@@ -41,6 +41,10 @@ class HostFacts:
     context: HostContext = NO_FACTS  # OS, GPU targets, loaded GPU modules
     windows: Sequence[ShownWindow] = ()
     windows_problem: Optional[str] = None  # why the override windows could not be read
+    # The guard's last known-good set (key -> version), None when none was recorded: a bypass since then (dpkg -i,
+    # dpkg -r --force-depends) is judged as the change from it, as ``guard rollback`` judges it.
+    known_good: Optional[Mapping[str, str]] = None
+    known_good_problem: Optional[str] = None  # why the known-good set could not be read
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,18 @@ def explain(policy: CompiledPolicy, facts: HostFacts) -> Explanation:
         lines += module.explain(policy, installed, facts.manager, facts.context)
     state = HostState.standing(installed, facts.manager, facts.context)
     violations = evaluate(state, policy)
+    if facts.known_good_problem:
+        lines.append(f"known-good set unreadable: {facts.known_good_problem}")
+    if facts.known_good is not None:
+        since = HostState(dict(facts.known_good), dict(installed), facts.manager, facts.context)
+        changed = since.changed()
+        if changed:
+            moves = [f"{k} {facts.known_good.get(k) or '(not installed)'} -> {installed.get(k) or '(removed)'}"
+                     for k in sorted(changed)]
+            lines.append(f"since the known-good set: {', '.join(moves)}")
+            seen = {(v.rule, v.message) for v in violations}
+            violations += [v for v in evaluate(since, policy)
+                           if v.touches(changed) and (v.rule, v.message) not in seen]
     lines.append("current state: " + ("compliant" if not violations else f"{len(violations)} violation(s)"))
     lines += [f"  {v.rule} [{v.action}]: {v.message}" for v in violations]
     if facts.windows_problem:
