@@ -86,7 +86,8 @@ class _Stack:
     amd_other: Dict[str, str]
     nvidia_parts: Dict[str, str]  # key -> version (the driver release is its leading dotted number)
     cuda: Dict[str, str]  # key -> version, only packages the pairing judges by their version
-    gpu_other: Dict[str, str]  # other GPU packages (container toolkit, cuda-compat, firmware): no pairing reads them
+    gpu_other: Dict[str, str]  # other GPU packages (container toolkit, cuda-compat, firmware, the distribution's ROCm
+    # and CUDA libraries): no pairing reads them
     rest: Dict[str, str]  # other guarded packages (dkms, headers, kernel meta packages)
 
 
@@ -145,6 +146,7 @@ def _name_series(name: str) -> Optional[str]:
 def _sort(facts: FreezeFacts) -> _Stack:
     kernel_glob, amd_glob = any_glob(DEFAULT_KERNEL_PACKAGES), any_glob(AMD_STACK_PACKAGES)
     rocm_glob = any_glob(releases.rocm_package_patterns(ROCM_CORE_PACKAGE))
+    distro_glob = any_glob(DISTRIBUTION_ROCM_PACKAGES)
     nvidia_glob, cuda_glob = any_glob(DEFAULT_NVIDIA_DRIVER_PACKAGES), any_glob(DEFAULT_CUDA_PACKAGES)
     gpu_glob = any_glob(("nvidia-*", "libnvidia-*", "cuda-*", "libcuda*", "kmod-nvidia*", "firmware-amd-graphics",
                          "firmware-nvidia-*", "datacenter-gpu-manager*", "dcgm-exporter", "libamd-smi*",
@@ -161,6 +163,8 @@ def _sort(facts: FreezeFacts) -> _Stack:
             stack.amd_firmware = version
         elif rocm_glob(name):
             stack.rocm[key] = version
+        elif distro_glob(name):  # Debian's and Ubuntu's ROCm: each library has its own version, no pairing reads it
+            stack.gpu_other[key] = version
         elif amd_glob(name):
             stack.amd_other[key] = version
         elif nvidia_glob(name) and name not in NVIDIA_NOT_DRIVER_PARTS:
@@ -171,6 +175,10 @@ def _sort(facts: FreezeFacts) -> _Stack:
             stack.gpu_other[key] = version
         else:
             stack.rest[key] = version
+    if stack.amd_driver is None and not stack.rocm:
+        # no AMD release package for them to move with (Debian's rocminfo, rocm-smi, amd-smi): each on its own
+        stack.gpu_other.update(stack.amd_other)
+        stack.amd_other.clear()
     return stack
 
 
@@ -270,7 +278,7 @@ def render_freeze(facts: FreezeFacts, options: FreezeOptions = FreezeOptions()) 
     name = options.name or f"freeze-{facts.hostname}"
     kernels = _kernel_allow(facts, stack, options)
     distro_glob = any_glob(DISTRIBUTION_ROCM_PACKAGES)
-    distro_rocm = {k: v for k, v in stack.amd_other.items() if distro_glob(package_name(k))}
+    distro_rocm = {k: v for k, v in stack.gpu_other.items() if distro_glob(package_name(k))}
     lines = _header(facts, options, name, amd, nvidia, inconsistent, distro_rocm)
     if options.point_releases and stack.amd_other:
         lines.insert(2, f"# With point releases, {', '.join(n for n, _ in _names(stack.amd_other))} are not pinned on "
