@@ -10,7 +10,8 @@ target; they are listed all the same: the host has both.
 Debian and Ubuntu package ROCm themselves: no /opt/rocm, each library under /usr/lib/<triplet> in a package named
 after its SONAME (``libamdhip64-5`` 5.7.1, ``libhsa-runtime64-1`` 6.1.2, ``librocblas0`` 5.5.1 on Debian 13). Those
 packages are listed (``packaged``) with the release each carries, and where no tree gives the version, the release is
-rocm-core's package, else HIP's, else ROCr's (``version_source`` names the package).
+rocm-core's package, else HIP's, else ROCr's; without a dpkg database, HIP's library file under the multiarch
+directories (``libamdhip64.so.5.7.31921`` is HIP 5.7). ``version_source`` names where it came from.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ _VERSION = re.compile(r"^\d+(?:\.\d+)+(?:[-+~.][0-9A-Za-z.~+-]*)?$")
 DPKG_STATUS = "/var/lib/dpkg/status"
 # The distribution's packages whose release stands for the host's ROCm, in the order they are believed.
 _RELEASE_PACKAGES = ("librocm-core", "libamdhip64-", "libhsa-runtime64-")
+# Where distributions put the libraries (Debian and Ubuntu multiarch, Fedora).
+LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64")
+_HIP_LIBRARY = re.compile(r"^libamdhip64\.so\.(\d+)\.(\d+)\.\d+$")  # the third number is HIP's build
 
 
 @frozen_record
@@ -121,6 +125,25 @@ def packaged_release(components: List[PackagedComponent]) -> Tuple[Optional[str]
     return None, None
 
 
+def hip_library_release(names: List[str]) -> Optional[Tuple[str, str]]:
+    """(major.minor, file name) of the newest HIP runtime among a library directory's entries
+    (``libamdhip64.so.5.7.31921`` -> ``5.7``); None without one."""
+    found = [(int(m.group(1)), int(m.group(2)), name) for name in names for m in [_HIP_LIBRARY.match(name)] if m]
+    if not found:
+        return None
+    major, minor, name = max(found)
+    return f"{major}.{minor}", name
+
+
+def _hip_library(host: Host) -> Optional[Tuple[str, str]]:
+    """(release, source) from the first multiarch directory that holds HIP's runtime library."""
+    for directory in LIBRARY_DIRS:
+        found = hip_library_release(host.list_dir(directory))
+        if found:
+            return found[0], f"library {directory}/{found[1]}"
+    return None
+
+
 def _read_version(host: Host, tree: str) -> Optional[str]:
     try:
         text = host.read_text(f"{tree}/{VERSION_FILE}")
@@ -190,7 +213,8 @@ class RocmCollector:
         therock = _therock_trees(host) if has_link else []
         status = host.read_bytes(DPKG_STATUS)
         packaged = packaged_components(status) if status is not None else []
-        if not has_link and not trees and not packaged:
+        library = _hip_library(host) if not has_link and not trees and not packaged else None
+        if not has_link and not trees and not packaged and library is None:
             raise CollectorUnavailable("no /opt/rocm and no /opt/rocm-*")
         trees.sort(key=lambda path: sort_key("rpm")(path[len(f"{ROCM_PREFIX}/rocm-"):]))
         active_path = host.resolve(ROCM_LINK) if has_link else None
@@ -203,6 +227,8 @@ class RocmCollector:
         source = None
         if version is None and packaged:
             version, source = packaged_release(packaged)
+        if version is None and library is not None:
+            version, source = library
         return RocmInfo(
             active_path=active_path,
             version=version,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, List, Optional, Tuple
 
 import pytest
 
@@ -11,6 +11,7 @@ from agent.collectors.rocm import (
     RocmCollector,
     RocmInstall,
     amd_smi_sonames,
+    hip_library_release,
     packaged_components,
     packaged_release,
     parse_rocm_version_file,
@@ -204,3 +205,25 @@ def test_classic_tree_keeps_its_version_file_over_packages(tmp_path: Path) -> No
     info = RocmCollector().collect(Host(root=tmp_path, load_module=fake_module_loader({})))
     assert (info.version, info.version_source) == ("6.2.2-116", None)
     assert [c.package for c in info.packaged] == ["libamdhip64-5"]
+
+
+@pytest.mark.parametrize(("names", "expected"), [
+    (["libamdhip64.so.5", "libamdhip64.so.5.7.31921"], ("5.7", "libamdhip64.so.5.7.31921")),  # Debian 13's file
+    (["libamdhip64.so.5.7.31921", "libamdhip64.so.6.4.43484"], ("6.4", "libamdhip64.so.6.4.43484")),
+    (["libhsa-runtime64.so.1.13.0", "libamdhip64.so.6"], None),  # ROCr's own numbering says nothing of ROCm
+])
+def test_hip_library_release(names: List[str], expected: Optional[Tuple[str, str]]) -> None:
+    """HIP's runtime file names its major.minor; the newest wins; other libraries and bare SONAME links do not."""
+    assert hip_library_release(names) == expected
+
+
+def test_hip_library_without_a_package_database_gives_the_release(tmp_path: Path) -> None:
+    """No dpkg status and no /opt/rocm (a container image with Debian's libraries copied in): HIP's library file
+    gives the release and is named as the source."""
+    lib = tmp_path / "usr/lib/x86_64-linux-gnu"
+    lib.mkdir(parents=True)
+    (lib / "libamdhip64.so.5.7.31921").write_text("")
+    (lib / "libamdhip64.so.5").symlink_to("libamdhip64.so.5.7.31921")
+    info = RocmCollector().collect(Host(root=tmp_path, load_module=fake_module_loader({})))
+    assert (info.version, info.version_source) == ("5.7", "library /usr/lib/x86_64-linux-gnu/libamdhip64.so.5.7.31921")
+    assert info.packaged == [] and info.active_path is None
