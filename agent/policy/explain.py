@@ -73,9 +73,9 @@ def explain(policy: CompiledPolicy, facts: HostFacts) -> Explanation:
             moves = [f"{k} {facts.known_good.get(k) or '(not installed)'} -> {installed.get(k) or '(removed)'}"
                      for k in sorted(changed)]
             lines.append(f"since the known-good set: {', '.join(moves)}")
-            seen = {(v.rule, v.message) for v in violations}
-            violations += [v for v in evaluate(since, policy)
-                           if v.touches(changed) and (v.rule, v.message) not in seen]
+            moved = [v for v in evaluate(since, policy) if v.touches(changed)]  # what guard rollback acts on
+            rules = {v.rule for v in moved}
+            violations = moved + [v for v in violations if v.rule not in rules]
     lines.append("current state: " + ("compliant" if not violations else f"{len(violations)} violation(s)"))
     lines += [f"  {v.rule} [{v.action}]: {v.message}" for v in violations]
     if facts.windows_problem:
