@@ -1,6 +1,7 @@
 """CUDA toolkits installed under /usr/local/cuda-X.Y and their forward-compat driver libraries, and CUDA as Debian and
 Ubuntu package it (``nvidia-cuda-toolkit``, ``libcudart12``, ``libcublas12``, ... under /usr/lib/<triplet>, no
-/usr/local/cuda): those packages with the CUDA release each carries (``12.4.127~12.4.1-2`` is CUDA 12.4.1)."""
+/usr/local/cuda): those packages with the CUDA release each carries (``12.4.127~12.4.1-2`` is CUDA 12.4.1); without a
+dpkg database, the runtime's library file under the multiarch directories (``libcudart.so.12.4.127`` is 12.4)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ _CUDA_H_HEAD_CHARS = 64 * 1024
 DPKG_STATUS = "/var/lib/dpkg/status"
 # The distribution's packages whose version carries the CUDA release, in the order they are believed.
 _RELEASE_PACKAGES = ("nvidia-cuda-toolkit", "libcudart")
+# Where distributions put the libraries (Debian and Ubuntu multiarch, Fedora).
+LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64")
+_CUDART_LIBRARY = re.compile(r"^libcudart\.so\.(\d+)\.(\d+)\.\d+$")  # 12.4.127: the third number is cudart's
 
 
 @frozen_record
@@ -52,7 +56,8 @@ class PackagedCuda(Frozen):
 @frozen_record
 class CudaInfo(Frozen):
     """Every toolkit on disk and which one /usr/local/cuda points at; the distribution's CUDA packages and the
-    release they carry (``packaged_release``, from nvidia-cuda-toolkit, else libcudart)."""
+    release they carry (``packaged_release``, from nvidia-cuda-toolkit, else libcudart, else with no package and no
+    toolkit tree the runtime's library file)."""
 
     __json_omit_empty__ = ("packaged", "packaged_release")  # added after snapshots were stored (see as_json_data)
 
@@ -71,6 +76,21 @@ def packaged_cuda(status: bytes) -> List[PackagedCuda]:
         if name[-1:].isdecimal() or name == _RELEASE_PACKAGES[0]:
             found[name] = PackagedCuda(package=name, version=version, release=cuda_release(version))
     return [found[name] for name in sorted(found)]
+
+
+def cudart_library_release(names: List[str]) -> Optional[str]:
+    """The CUDA major.minor of the newest runtime among a library directory's entries (``libcudart.so.12.4.127`` ->
+    ``12.4``); None without one."""
+    found = [(int(m.group(1)), int(m.group(2))) for name in names for m in [_CUDART_LIBRARY.match(name)] if m]
+    return "{}.{}".format(*max(found)) if found else None
+
+
+def _cudart_library(host: Host) -> Optional[str]:
+    for directory in LIBRARY_DIRS:
+        found = cudart_library_release(host.list_dir(directory))
+        if found:
+            return found
+    return None
 
 
 def packaged_release(packages: List[PackagedCuda]) -> Optional[str]:
@@ -174,10 +194,12 @@ class CudaCollector:
             )
         status = host.read_bytes(DPKG_STATUS)
         packaged = packaged_cuda(status) if status is not None else []
-        if not toolkits and default_path is None and not packaged:
+        release = packaged_release(packaged)
+        if release is None and not toolkits and default_path is None:
+            release = _cudart_library(host)
+        if not toolkits and default_path is None and not packaged and release is None:
             raise CollectorUnavailable(f"no CUDA toolkit under {CUDA_PREFIX}")
         # Oldest first; a toolkit without a version file sorts by the version in its directory name.
         ordered = sorted(toolkits.values(), key=lambda t: (_version_tuple(t.version or t.path.rsplit("/", 1)[-1]),
                                                            t.path))
-        return CudaInfo(default_path=default_path, toolkits=ordered, packaged=packaged,
-                        packaged_release=packaged_release(packaged))
+        return CudaInfo(default_path=default_path, toolkits=ordered, packaged=packaged, packaged_release=release)

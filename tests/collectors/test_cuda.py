@@ -14,6 +14,7 @@ from agent.collectors.cuda import (
     CudaInfo,
     CudaToolkit,
     compat_driver_version,
+    cudart_library_release,
     packaged_cuda,
     packaged_release,
     parse_cuda_h_version,
@@ -203,3 +204,20 @@ def test_no_cuda_at_all_is_absent(tmp_path):
                                                          "Architecture: amd64\nVersion: 5.2-1\n\n"})
     with pytest.raises(CollectorUnavailable):
         CudaCollector().collect(host)
+
+
+@pytest.mark.parametrize(("names", "expected"), [
+    (["libcudart.so.12", "libcudart.so.12.4.127"], "12.4"),  # Debian 13's files
+    (["libcudart.so.11.8.89", "libcudart.so.12.4.127"], "12.4"),
+    (["libcuda.so.550.163.01", "libcudart.so.12"], None),  # the driver's libcuda and a bare SONAME link say nothing
+])
+def test_cudart_library_release(names, expected):
+    """The runtime's file names the CUDA major.minor; the newest wins."""
+    assert cudart_library_release(names) == expected
+
+
+def test_cudart_library_without_a_package_database_gives_the_release(tmp_path):
+    """No dpkg status and no /usr/local/cuda (libraries copied into an image): the runtime's file gives 12.4."""
+    host = tree_host(tmp_path, {"/usr/lib/x86_64-linux-gnu/libcudart.so.12.4.127": ""})
+    info = CudaCollector().collect(host)
+    assert (info.packaged_release, info.packaged, info.toolkits) == ("12.4", [], [])
