@@ -42,7 +42,8 @@ class HostFacts:
     windows: Sequence[ShownWindow] = ()
     windows_problem: Optional[str] = None  # why the override windows could not be read
     # The guard's last known-good set (key -> version), None when none was recorded: a bypass since then (dpkg -i,
-    # dpkg -r --force-depends) is judged as the change from it, as ``guard rollback`` judges it.
+    # dpkg -r --force-depends) is judged as the change from it, as ``guard rollback`` judges it; what the rollback
+    # would undo (action rollback) is a current violation.
     known_good: Optional[Mapping[str, str]] = None
     known_good_problem: Optional[str] = None  # why the known-good set could not be read
 
@@ -73,9 +74,14 @@ def explain(policy: CompiledPolicy, facts: HostFacts) -> Explanation:
             moves = [f"{k} {facts.known_good.get(k) or '(not installed)'} -> {installed.get(k) or '(removed)'}"
                      for k in sorted(changed)]
             lines.append(f"since the known-good set: {', '.join(moves)}")
-            moved = [v for v in evaluate(since, policy) if v.touches(changed)]  # what guard rollback acts on
-            rules = {v.rule for v in moved}
-            violations = moved + [v for v in violations if v.rule not in rules]
+            moved = [v for v in evaluate(since, policy) if v.touches(changed)]
+            # what guard rollback would undo is a violation now; what it only reports is said, not counted (a host
+            # changed behind the guard and then frozen stays compliant under a blocking policy)
+            undone = [v for v in moved if v.action == "rollback"]
+            lines += [f"  reported by the guard, not undone: {v.rule} [{v.action}]: {v.message}"
+                      for v in moved if v.action != "rollback"]
+            rules = {v.rule for v in undone}
+            violations = undone + [v for v in violations if v.rule not in rules]
     lines.append("current state: " + ("compliant" if not violations else f"{len(violations)} violation(s)"))
     lines += [f"  {v.rule} [{v.action}]: {v.message}" for v in violations]
     if facts.windows_problem:
