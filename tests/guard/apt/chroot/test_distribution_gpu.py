@@ -18,7 +18,7 @@ from tests.guard.apt.chroot.conftest import gpuguard
 from tests.guard.apt.chroot.harness import Chroot, missing_tools
 from tests.guard.apt.chroot.trixie import build_trixie, configure_local_suites, deb_of
 
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = pytest.mark.timeout(900)
 
 # What the test host has, as Debian 13 ships it (the versions of 2026-12-06).
 STACK = {

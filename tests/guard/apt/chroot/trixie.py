@@ -20,7 +20,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Tuple
 
 from tests.guard.apt.chroot.harness import CACHE_DIR, Chroot, debian_mirror, run
 
@@ -173,7 +173,3 @@ def deb_of(chroot: Chroot, suite: str, name: str) -> str:
     found = [p for p in pool_files(chroot, suite) if p.rsplit("/", 1)[1].startswith(f"{name}_")]
     assert len(found) == 1, (suite, name, found)
     return found[0]
-
-
-def names(specs: Sequence[Tuple[str, str]], suite: str) -> List[str]:
-    return [spec.split("=")[0] for s, spec in specs if s == suite]
