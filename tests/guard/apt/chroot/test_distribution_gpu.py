@@ -169,3 +169,18 @@ def test_pins_keep_sids_builds_out(trixie: Chroot) -> None:
     upgraded = trixie.apt("full-upgrade", "-t", "sid")
     assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
     assert _gpu(trixie) == STACK
+
+
+def test_a_forced_sid_rocr_is_rolled_back(trixie: Chroot) -> None:
+    """`dpkg -i --force-depends --force-breaks` of sid's ROCr 6.4.3 (which Breaks libamdhip64-5) leaves apt-get
+    check broken; `guard rollback` puts trixie's 6.1.2-3 back and the dependencies are whole again."""
+    forced = trixie.run("dpkg", "-i", "--force-depends", "--force-breaks", deb_of(trixie, "sid", "libhsa-runtime64-1"))
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert _gpu(trixie)["libhsa-runtime64-1"] == "6.4.3+dfsg-5"
+    assert trixie.run("apt-get", "-o", "Dir::Cache::pkgcache=", "check").returncode != 0
+    code, out = gpuguard(trixie, "policy", "explain")
+    assert code == 10 and "libhsa-runtime64-1 is frozen" in out, out
+    code, out = gpuguard(trixie, "guard", "rollback")
+    assert code == 0 and "rolled back" in out.replace("_", " "), out
+    assert _gpu(trixie) == STACK
+    _assert_clean(trixie)
