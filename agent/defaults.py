@@ -40,6 +40,9 @@ DISTRIBUTION_CUDA_PACKAGES = (
     "libcublas*", "libcufft*", "libcurand*", "libcusparse*", "libcusolver*", "libnvrtc*", "libnvjitlink*",
     "libnvjpeg*", "libnpp*", "libnvblas*", "libcupti*", "libnvtoolsext*", "libnvvm*", "libcuinj*", "libaccinj*",
 )
+# Where distributions put those libraries (Debian and Ubuntu multiarch, Fedora): the collectors read HIP's and the
+# CUDA runtime's file names there when no package database says.
+DISTRIBUTION_LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64")
 # The NVIDIA driver's GL, EGL, GLX and video libraries as Debian names them (libnvidia-glcore and libnvidia-eglcore
 # are libnvidia-*): one build with the driver.
 NVIDIA_GL_PACKAGES = (

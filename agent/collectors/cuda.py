@@ -9,8 +9,9 @@ import json
 import re
 from typing import Dict, List, Optional
 
+from agent.collectors.dpkg import DPKG_STATUS
 from agent.collectors.nvidia import cuda_version_from_int
-from agent.defaults import DISTRIBUTION_CUDA_PACKAGES
+from agent.defaults import DISTRIBUTION_CUDA_PACKAGES, DISTRIBUTION_LIBRARY_DIRS
 from agent.errors import CollectorUnavailable
 from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
@@ -27,11 +28,8 @@ _VERSION_TXT = re.compile(r"CUDA Version\s+(\d+(?:\.\d+)*)")
 _COMPAT_LIBCUDA = re.compile(r"^libcuda\.so\.(\d+\.\d+(?:\.\d+)*)$")
 _CUDA_H_VERSION = re.compile(r"^\s*#\s*define\s+CUDA_VERSION\s+(\d+)\s*$", re.MULTILINE)
 _CUDA_H_HEAD_CHARS = 64 * 1024
-DPKG_STATUS = "/var/lib/dpkg/status"
 # The distribution's packages whose version carries the CUDA release, in the order they are believed.
 _RELEASE_PACKAGES = ("nvidia-cuda-toolkit", "libcudart")
-# Where distributions put the libraries (Debian and Ubuntu multiarch, Fedora).
-LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64")
 _CUDART_LIBRARY = re.compile(r"^libcudart\.so\.(\d+)\.(\d+)\.\d+$")  # 12.4.127: the third number is cudart's
 
 
@@ -86,7 +84,7 @@ def cudart_library_release(names: List[str]) -> Optional[str]:
 
 
 def _cudart_library(host: Host) -> Optional[str]:
-    for directory in LIBRARY_DIRS:
+    for directory in DISTRIBUTION_LIBRARY_DIRS:
         found = cudart_library_release(host.list_dir(directory))
         if found:
             return found

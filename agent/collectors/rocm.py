@@ -19,7 +19,8 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional, Tuple
 
-from agent.defaults import DISTRIBUTION_ROCM_PACKAGES
+from agent.collectors.dpkg import DPKG_STATUS
+from agent.defaults import DISTRIBUTION_LIBRARY_DIRS, DISTRIBUTION_ROCM_PACKAGES
 from agent.errors import CollectorUnavailable, HostReadError, LibraryUnavailable
 from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
@@ -37,11 +38,8 @@ _THEROCK_DIR = re.compile(r"^core-\d+\.\d+$")  # core-7.13, core-10.0; core and 
 _AMD_SMI_LIB = re.compile(r"^libamd_smi\.so\.(\d+)(?:\.\d+)*$")  # libamd_smi.so.27, libamd_smi.so.27.0.0
 _LIB_DIRS = ("lib", "lib64")
 _VERSION = re.compile(r"^\d+(?:\.\d+)+(?:[-+~.][0-9A-Za-z.~+-]*)?$")
-DPKG_STATUS = "/var/lib/dpkg/status"
 # The distribution's packages whose release stands for the host's ROCm, in the order they are believed.
 _RELEASE_PACKAGES = ("librocm-core", "libamdhip64-", "libhsa-runtime64-")
-# Where distributions put the libraries (Debian and Ubuntu multiarch, Fedora).
-LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64")
 _HIP_LIBRARY = re.compile(r"^libamdhip64\.so\.(\d+)\.(\d+)\.\d+$")  # the third number is HIP's build
 
 
@@ -137,7 +135,7 @@ def hip_library_release(names: List[str]) -> Optional[Tuple[str, str]]:
 
 def _hip_library(host: Host) -> Optional[Tuple[str, str]]:
     """(release, source) from the first multiarch directory that holds HIP's runtime library."""
-    for directory in LIBRARY_DIRS:
+    for directory in DISTRIBUTION_LIBRARY_DIRS:
         found = hip_library_release(host.list_dir(directory))
         if found:
             return found[0], f"library {directory}/{found[1]}"
