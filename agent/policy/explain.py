@@ -32,6 +32,9 @@ class ShownWindow(Protocol):
     def opened_by(self) -> str: ...
 
 
+_MOVES_SHOWN = 10  # moves since the known-good set named in full; the rest are counted
+
+
 @dataclass(frozen=True)
 class HostFacts:
     """What ``explain`` needs to know about the host."""
@@ -73,7 +76,9 @@ def explain(policy: CompiledPolicy, facts: HostFacts) -> Explanation:
         if changed:
             moves = [f"{k} {facts.known_good.get(k) or '(not installed)'} -> {installed.get(k) or '(removed)'}"
                      for k in sorted(changed)]
-            lines.append(f"since the known-good set: {', '.join(moves)}")
+            shown = ", ".join(moves[:_MOVES_SHOWN]) + (f" and {len(moves) - _MOVES_SHOWN} more"
+                                                       if len(moves) > _MOVES_SHOWN else "")
+            lines.append(f"since the known-good set: {shown}")
             moved = [v for v in evaluate(since, policy) if v.touches(changed)]
             # what guard rollback would undo is a violation now; what it only reports is said, not counted (a host
             # changed behind the guard and then frozen stays compliant under a blocking policy)
