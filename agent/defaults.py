@@ -29,6 +29,30 @@ THEROCK_CORE_PACKAGE = "amdrocm-core"
 # The job bodies ``gpuguard run`` runs in children (``gpuguard _job NAME``, agent/daemon_jobs/children.py).
 JOB_NAMES = ("config", "restore", "snapshot", "guard_check", "guard_events", "health", "deliver", "policy_fetch")
 
+# ROCm and CUDA as Debian and Ubuntu package them (docs/guard.md, "GPU packages as the distributions ship them"):
+# no rocm-core, no /opt/rocm, no /usr/local/cuda; each library is named after its SONAME (libamdhip64-5,
+# libhsa-runtime64-1, librocblas0, libcublas12, libcufft11) and lives under /usr/lib/<triplet>. Guarded, watched and
+# frozen like AMD's and NVIDIA's own packages.
+DISTRIBUTION_ROCM_PACKAGES = (
+    "libamdhip64*", "libhsa-runtime64*", "libhsakmt*", "libamd-comgr*", "librocm-smi*", "librocm-core*",
+    "librocblas*", "librocsparse*", "librocrand*", "librocfft*", "librocsolver*", "librocprim*", "libroctx64*",
+    "libroctracer*", "librocalution*", "libhipblas*", "libhipfft*", "libhipsparse*", "libhiprand*", "libhipsolver*",
+    "libhipcub*", "librccl*", "libmiopen*", "hipcc", "hipify-clang",
+)
+DISTRIBUTION_CUDA_PACKAGES = (
+    "libcublas*", "libcufft*", "libcurand*", "libcusparse*", "libcusolver*", "libnvrtc*", "libnvjitlink*",
+    "libnvjpeg*", "libnpp*", "libnvblas*", "libcupti*", "libnvtoolsext*", "libnvvm*", "libcuinj*", "libaccinj*",
+)
+# Where distributions put those libraries (Debian and Ubuntu multiarch, Fedora): the collectors read HIP's and the
+# CUDA runtime's file names there when no package database says.
+DISTRIBUTION_LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64")
+# The NVIDIA driver's GL, EGL, GLX and video libraries as Debian names them (libnvidia-glcore and libnvidia-eglcore
+# are libnvidia-*): one build with the driver.
+NVIDIA_GL_PACKAGES = (
+    "libegl-nvidia*", "libgl1-nvidia*", "libgles-nvidia*", "libglx-nvidia*", "libnvcuvid*", "libnvoptix*",
+    "glx-alternative-nvidia", "xserver-xorg-video-nvidia*",
+)
+
 # Kernel, GPU driver, ROCm/CUDA user space, firmware and container stack: the packages whose movement matters.
 DEFAULT_WATCHED_PATTERNS = (
     # kernels and what DKMS builds against
@@ -44,6 +68,8 @@ DEFAULT_WATCHED_PATTERNS = (
     "xserver-xorg-video-nvidia*", "datacenter-gpu-manager*", "nvidia-container-toolkit*", "libnvidia-container*",
     # companions judged beside them: dcgm-exporter, the amdsmi library and binding as distributions package them
     "dcgm-exporter", "datacenter-gpu-manager-exporter", "libamd-smi*", "python3-amdsmi*",
+    # ROCm, CUDA and the NVIDIA driver's GL libraries as distributions package them
+    *DISTRIBUTION_ROCM_PACKAGES, *DISTRIBUTION_CUDA_PACKAGES, *NVIDIA_GL_PACKAGES,
     # container runtimes
     "docker*", "containerd*", "moby-*", "podman", "runc", "crun", "cri-o*",
 )

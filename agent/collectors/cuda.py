@@ -1,4 +1,7 @@
-"""CUDA toolkits installed under /usr/local/cuda-X.Y and their forward-compat driver libraries."""
+"""CUDA toolkits installed under /usr/local/cuda-X.Y and their forward-compat driver libraries, and CUDA as Debian and
+Ubuntu package it (``nvidia-cuda-toolkit``, ``libcudart12``, ``libcublas12``, ... under /usr/lib/<triplet>, no
+/usr/local/cuda): those packages with the CUDA release each carries (``12.4.127~12.4.1-2`` is CUDA 12.4.1); without a
+dpkg database, the runtime's library file under the multiarch directories (``libcudart.so.12.4.127`` is 12.4)."""
 
 from __future__ import annotations
 
@@ -6,11 +9,15 @@ import json
 import re
 from typing import Dict, List, Optional
 
+from agent.collectors.dpkg import DPKG_STATUS
 from agent.collectors.nvidia import cuda_version_from_int
+from agent.defaults import DISTRIBUTION_CUDA_PACKAGES, DISTRIBUTION_LIBRARY_DIRS
 from agent.errors import CollectorUnavailable
 from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
+from agent.hostfacts.dpkg_status import iter_named
 from agent.log import get_logger
+from agent.policy.releases import cuda_release
 
 log = get_logger("collectors.cuda")
 
@@ -21,6 +28,9 @@ _VERSION_TXT = re.compile(r"CUDA Version\s+(\d+(?:\.\d+)*)")
 _COMPAT_LIBCUDA = re.compile(r"^libcuda\.so\.(\d+\.\d+(?:\.\d+)*)$")
 _CUDA_H_VERSION = re.compile(r"^\s*#\s*define\s+CUDA_VERSION\s+(\d+)\s*$", re.MULTILINE)
 _CUDA_H_HEAD_CHARS = 64 * 1024
+# The distribution's packages whose version carries the CUDA release, in the order they are believed.
+_RELEASE_PACKAGES = ("nvidia-cuda-toolkit", "libcudart")
+_CUDART_LIBRARY = re.compile(r"^libcudart\.so\.(\d+)\.(\d+)\.\d+$")  # 12.4.127: the third number is cudart's
 
 
 @frozen_record
@@ -33,11 +43,61 @@ class CudaToolkit(Frozen):
 
 
 @frozen_record
+class PackagedCuda(Frozen):
+    """One CUDA package as the distribution ships it: the package, its version and the CUDA release it carries."""
+
+    package: str
+    version: str
+    release: Optional[str] = None
+
+
+@frozen_record
 class CudaInfo(Frozen):
-    """Every toolkit on disk and which one /usr/local/cuda points at."""
+    """Every toolkit on disk and which one /usr/local/cuda points at; the distribution's CUDA packages and the
+    release they carry (``packaged_release``, from nvidia-cuda-toolkit, else libcudart, else with no package and no
+    toolkit tree the runtime's library file)."""
+
+    __json_omit_empty__ = ("packaged", "packaged_release")  # added after snapshots were stored (see as_json_data)
 
     default_path: Optional[str] = None
     toolkits: List[CudaToolkit] = field(default_factory=list)
+    packaged: List[PackagedCuda] = field(default_factory=list)
+    packaged_release: Optional[str] = None
+
+
+def packaged_cuda(status: bytes) -> List[PackagedCuda]:
+    """The distribution's CUDA packages in a dpkg status file: nvidia-cuda-toolkit, the runtime (libcudart12) and
+    the libraries named after their SONAME (libcublas12, libcufft11, libnvrtc12; -dev and -doc left out)."""
+    prefixes = [p[:-1] for p in DISTRIBUTION_CUDA_PACKAGES if p.endswith("*")] + ["libcudart"]
+    found: Dict[str, PackagedCuda] = {}
+    for name, version, _arch, _state in iter_named(status, names=[_RELEASE_PACKAGES[0]], prefixes=prefixes):
+        if name[-1:].isdecimal() or name == _RELEASE_PACKAGES[0]:
+            found[name] = PackagedCuda(package=name, version=version, release=cuda_release(version))
+    return [found[name] for name in sorted(found)]
+
+
+def cudart_library_release(names: List[str]) -> Optional[str]:
+    """The CUDA major.minor of the newest runtime among a library directory's entries (``libcudart.so.12.4.127`` ->
+    ``12.4``); None without one."""
+    found = [(int(m.group(1)), int(m.group(2))) for name in names for m in [_CUDART_LIBRARY.match(name)] if m]
+    return "{}.{}".format(*max(found)) if found else None
+
+
+def _cudart_library(host: Host) -> Optional[str]:
+    for directory in DISTRIBUTION_LIBRARY_DIRS:
+        found = cudart_library_release(host.list_dir(directory))
+        if found:
+            return found
+    return None
+
+
+def packaged_release(packages: List[PackagedCuda]) -> Optional[str]:
+    """The CUDA release of the distribution's packages: nvidia-cuda-toolkit's, else libcudart's; None without."""
+    for prefix in _RELEASE_PACKAGES:
+        for package in packages:
+            if package.package.startswith(prefix) and package.release:
+                return package.release
+    return None
 
 
 def parse_version_json(text: str) -> Optional[str]:
@@ -130,9 +190,14 @@ class CudaCollector:
                 version=read_toolkit_version(host, path),
                 compat_driver_version=compat_driver_version(host.list_dir(f"{path}/compat")),
             )
-        if not toolkits and default_path is None:
+        status = host.read_bytes(DPKG_STATUS)
+        packaged = packaged_cuda(status) if status is not None else []
+        release = packaged_release(packaged)
+        if release is None and not toolkits and default_path is None:
+            release = _cudart_library(host)
+        if not toolkits and default_path is None and not packaged and release is None:
             raise CollectorUnavailable(f"no CUDA toolkit under {CUDA_PREFIX}")
         # Oldest first; a toolkit without a version file sorts by the version in its directory name.
         ordered = sorted(toolkits.values(), key=lambda t: (_version_tuple(t.version or t.path.rsplit("/", 1)[-1]),
                                                            t.path))
-        return CudaInfo(default_path=default_path, toolkits=ordered)
+        return CudaInfo(default_path=default_path, toolkits=ordered, packaged=packaged, packaged_release=release)

@@ -7,6 +7,8 @@ from agent.errors import CollectorUnavailable
 from agent.host import Host
 from agent.hostfacts.dpkg_status import count_present, iter_dpkg_status, iter_named  # stdlib only, as the apt hook
 
+DPKG_STATUS = "/var/lib/dpkg/status"
+
 
 def parse_dpkg_status(text: str, watch: Watchlist) -> PackageSet:
     """The watched subset of a dpkg status file, plus how many packages are present in all."""
@@ -40,7 +42,7 @@ class DpkgCollector:
         self.watch = watch
 
     def collect(self, host: Host) -> PackageSet:
-        data = host.read_bytes("/var/lib/dpkg/status")
+        data = host.read_bytes(DPKG_STATUS)
         if data is None:
             raise CollectorUnavailable("no dpkg database")
         return dpkg_package_set(data, self.watch)

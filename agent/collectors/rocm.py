@@ -13,19 +13,28 @@ the host has both.
 
 The amdsmi Python binding pip installed in a system site directory (agent/hostfacts/python_dists.py) is reported
 here too: it loads the libamd_smi of these trees, and a binding of another release is a finding.
+
+Debian and Ubuntu package ROCm themselves: no /opt/rocm, each library under /usr/lib/<triplet> in a package named
+after its SONAME (``libamdhip64-5`` 5.7.1, ``libhsa-runtime64-1`` 6.1.2, ``librocblas0`` 5.5.1 on Debian 13). Those
+packages are listed (``packaged``) with the release each carries, and where no tree gives the version, the release is
+rocm-core's package, else HIP's, else ROCr's; without a dpkg database, HIP's library file under the multiarch
+directories (``libamdhip64.so.5.7.31921`` is HIP 5.7). ``version_source`` names where it came from.
 """
 
 from __future__ import annotations
 
 import re
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
+from agent.collectors.dpkg import DPKG_STATUS
+from agent.defaults import DISTRIBUTION_LIBRARY_DIRS, DISTRIBUTION_ROCM_PACKAGES
 from agent.errors import CollectorUnavailable, HostReadError, LibraryUnavailable
 from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
+from agent.hostfacts.dpkg_status import iter_named
 from agent.hostfacts.python_dists import find_distribution
 from agent.log import get_logger
-from agent.versions import sort_key
+from agent.versions import sort_key, upstream_dotted
 
 log = get_logger("collectors.rocm")
 
@@ -35,6 +44,8 @@ VERSION_FILE = ".info/version"
 VERSION_HEADER = "include/rocm-core/rocm_version.h"
 _HEADER_FIELD = re.compile(r"^\s*#\s*define\s+ROCM_VERSION_(MAJOR|MINOR|PATCH)\s+\(?\s*(\d+)\s*\)?\s*$", re.M)
 _INSTALL_DIR = re.compile(r"^rocm-\d+(?:\.\d+)*")
+_HIP_LIBRARY = re.compile(r"^libamdhip64\.so\.(\d+)\.(\d+)\.\d+$")  # the third number is HIP's build
+_RELEASE_PACKAGES = ("librocm-core", "libamdhip64-", "libhsa-runtime64-")
 _THEROCK_DIR = re.compile(r"^core-\d+\.\d+$")  # core-7.13, core-10.0; core and core-10 are links
 _AMD_SMI_LIB = re.compile(r"^libamd_smi\.so\.(\d+)(?:\.\d+)*$")  # libamd_smi.so.27, libamd_smi.so.27.0.0
 _LIB_DIRS = ("lib", "lib64")
@@ -67,15 +78,25 @@ class AmdsmiBinding(Frozen):
 
 
 @frozen_record
+class PackagedComponent(Frozen):
+    """One ROCm library as the distribution packages it: the package, its version and the release it carries."""
+
+    package: str
+    version: str
+    release: Optional[str] = None
+
+
+@frozen_record
 class RocmInfo(Frozen):
     """Which ROCm is active and which are installed."""
 
-    __json_omit_empty__ = ("version_source", "amdsmi_binding")  # added after snapshots were stored
+    __json_omit_empty__ = ("packaged", "version_source", "amdsmi_binding")  # added after snapshots were stored
 
     active_path: Optional[str] = None
     version: Optional[str] = None
     installs: List[RocmInstall] = field(default_factory=list)
     smi_rocm_version: Optional[str] = None
+    packaged: List[PackagedComponent] = field(default_factory=list)
     version_source: Optional[str] = None  # as RocmInstall's: None is the active tree's .info/version
     amdsmi_binding: Optional[AmdsmiBinding] = None
 
@@ -110,6 +131,47 @@ def smi_rocm_version(result: object) -> Optional[str]:
     if ok is not True or not isinstance(text, str):
         return None
     return text.strip() or None
+
+
+def packaged_components(status: bytes) -> List[PackagedComponent]:
+    """The distribution's ROCm libraries in a dpkg status file: the runtime libraries (names ending in their
+    SONAME's number, ``libamdhip64-5``, ``librocblas0``) and hipcc, with the release their version carries
+    (``5.7.1-6+deb13u1`` -> ``5.7.1``, ``6.4.3+dfsg-5`` -> ``6.4.3``)."""
+    prefixes = [p[:-1] for p in DISTRIBUTION_ROCM_PACKAGES if p.endswith("*")]
+    names = [p for p in DISTRIBUTION_ROCM_PACKAGES if not p.endswith("*")]
+    found: Dict[str, PackagedComponent] = {}
+    for name, version, _arch, _state in iter_named(status, names=names, prefixes=prefixes):
+        if name[-1:].isdecimal() or name in names:
+            found[name] = PackagedComponent(package=name, version=version, release=upstream_dotted(version))
+    return [found[name] for name in sorted(found)]
+
+
+def packaged_release(components: List[PackagedComponent]) -> Tuple[Optional[str], Optional[str]]:
+    """(release, the package it comes from): rocm-core's, else HIP's, else ROCr's; (None, None) without them."""
+    for prefix in _RELEASE_PACKAGES:
+        for component in components:
+            if component.package.startswith(prefix) and component.release:
+                return component.release, f"package {component.package}"
+    return None, None
+
+
+def hip_library_release(names: List[str]) -> Optional[Tuple[str, str]]:
+    """(major.minor, file name) of the newest HIP runtime among a library directory's entries
+    (``libamdhip64.so.5.7.31921`` -> ``5.7``); None without one."""
+    found = [(int(m.group(1)), int(m.group(2)), name) for name in names for m in [_HIP_LIBRARY.match(name)] if m]
+    if not found:
+        return None
+    major, minor, name = max(found)
+    return f"{major}.{minor}", name
+
+
+def _hip_library(host: Host) -> Optional[Tuple[str, str]]:
+    """(release, source) from the first multiarch directory that holds HIP's runtime library."""
+    for directory in DISTRIBUTION_LIBRARY_DIRS:
+        found = hip_library_release(host.list_dir(directory))
+        if found:
+            return found[0], f"library {directory}/{found[1]}"
+    return None
 
 
 def _read_version(host: Host, tree: str, leaf: str = VERSION_FILE) -> Optional[str]:
@@ -194,7 +256,10 @@ class RocmCollector:
         has_link = host.exists(ROCM_LINK)
         therock = _therock_trees(host) if has_link else []
         binding = find_distribution(str(host.root), "amdsmi")
-        if not has_link and not trees and binding is None:
+        status = host.read_bytes(DPKG_STATUS)
+        packaged = packaged_components(status) if status is not None else []
+        library = _hip_library(host) if not has_link and not trees and not packaged else None
+        if not has_link and not trees and binding is None and not packaged and library is None:
             raise CollectorUnavailable("no /opt/rocm and no /opt/rocm-*")  # the reason stored snapshots carry
         trees.sort(key=lambda path: sort_key("rpm")(path[len(f"{ROCM_PREFIX}/rocm-"):]))
         active_path = host.resolve(ROCM_LINK) if has_link else None
@@ -204,11 +269,16 @@ class RocmCollector:
             newest = f"{ROCM_LINK}/core"
             active_path = host.resolve(newest) if host.exists(newest) else therock[-1][1]
             version, source, _header = _tree_release(host, active_path)
+        if version is None and packaged:
+            version, source = packaged_release(packaged)
+        if version is None and library is not None:
+            version, source = library
         return RocmInfo(
             active_path=active_path,
             version=version,
             installs=[*(_install(host, tree) for tree in trees), *(_install(host, *pair) for pair in therock)],
             smi_rocm_version=read_smi_rocm_version(host),
+            packaged=packaged,
             version_source=source,
             amdsmi_binding=AmdsmiBinding(version=binding[0], site_directory=binding[1]) if binding else None,
         )

@@ -279,6 +279,7 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     from agent.guard.hotpath.overrides import active_windows, load_windows
     from agent.guard.hotpath.rollout import rollout_notice  # the hub's staged-rollout notice, as the hook shows it
     from agent.guard.installed import detect_manager
+    from agent.guard.rollback.core import load_known_good
     from agent.hostfacts.context import read_host_context
     from agent.policy.explain import HostFacts, explain
 
@@ -292,8 +293,16 @@ def policy_explain(args: argparse.Namespace, make_host: HostFactory, out: TextIO
                                               policy.max_override_minutes), host.clock())
     except InputFileError as exc:
         windows_problem = str(exc)
+    known_good, known_good_problem = None, None
+    try:
+        recorded = load_known_good(host, state_paths(settings))
+    except InputFileError as exc:
+        known_good_problem = str(exc)
+    else:
+        known_good = {k: v.version for k, v in recorded.items()} if recorded is not None else None
     facts = HostFacts(installed=installed_versions(host, policy), manager=detect_manager(host),
-                      context=read_host_context(str(host.root)), windows=windows, windows_problem=windows_problem)
+                      context=read_host_context(str(host.root)), windows=windows, windows_problem=windows_problem,
+                      known_good=known_good, known_good_problem=known_good_problem)
     explanation = explain(policy, facts)
     code = EXIT_VIOLATIONS if explanation.violations else 0
     rollout = rollout_notice(str(host.path(state_paths(settings).policy_bundle_state)))

@@ -6,7 +6,12 @@ the hook only checks its shape. Standard library only.
 
 from __future__ import annotations
 
-from agent.defaults import AMD_DRIVER_PACKAGE
+from agent.defaults import (
+    AMD_DRIVER_PACKAGE,
+    DISTRIBUTION_CUDA_PACKAGES,
+    DISTRIBUTION_ROCM_PACKAGES,
+    NVIDIA_GL_PACKAGES,
+)
 from agent.errors import InputFileError
 from agent.hostfacts.package_keys import package_name
 from agent.policy.families import FAMILIES
@@ -22,13 +27,15 @@ FAILSAFE_MODES = ("block-guarded", "block-all", "allow")
 DEFAULT_FAILSAFE = "block-guarded"
 # The AMD driver and user-space stack, guarded whenever a policy has an [amd] section: AMD's packages depend on
 # each other at exact versions (amdgpu-dkms on amdgpu-dkms-firmware, rocm-libs on rocm-core, ...), so a rollback
-# that restores the driver or ROCm must be able to restore all of them.
-AMD_STACK_PACKAGES: Sequence[str] = ("amdgpu*", "rocm*", "amdrocm*", "hip-*", "hsa-*", "hsakmt*", "amd-smi*")
+# that restores the driver or ROCm must be able to restore all of them. Debian's and Ubuntu's ROCm libraries with them.
+AMD_STACK_PACKAGES: Sequence[str] = ("amdgpu*", "rocm*", "amdrocm*", "hip-*", "hsa-*", "hsakmt*", "amd-smi*",
+                                     *DISTRIBUTION_ROCM_PACKAGES)
 # Guarded when no readable compiled policy says otherwise: the kernel, GPU driver and GPU user-space packages.
 DEFAULT_GUARDED: Sequence[str] = tuple(AMD_STACK_PACKAGES) + (
     "linux-image-*", "linux-modules-*",
     "linux-headers-*", "linux-generic*", "kernel", "kernel-core", "kernel-modules*", "*-dkms", "dkms",
     "nvidia-*", "libnvidia-*", "cuda-*", "libcuda*", "kmod-nvidia*", "firmware-amd-graphics", "firmware-nvidia-*",
+    *DISTRIBUTION_CUDA_PACKAGES, *NVIDIA_GL_PACKAGES,
 )
 DEFAULT_KERNEL_PACKAGES: Sequence[str] = ("linux-image-*", "linux-modules-*", "kernel", "kernel-core",
                                           "kernel-uek", "kernel-default")
@@ -46,7 +53,10 @@ DEFAULT_NVIDIA_DRIVER_PACKAGES: Sequence[str] = (
 )
 # Matched by a driver glob but versioned on their own: not driver parts.
 NVIDIA_NOT_DRIVER_PARTS = frozenset({"nvidia-driver-assistant", "nvidia-driver-pinning"})
-DEFAULT_CUDA_PACKAGES: Sequence[str] = ("cuda-cudart-*", "cuda-runtime-*", "cuda-toolkit-*", "cuda-compat-*")
+# The packages whose versions carry the CUDA release: NVIDIA's repositories' and Debian's and Ubuntu's (the
+# toolkit and the runtime, ``12.4.127~12.4.1-2``: the CUDA release after the tilde, releases.cuda_release).
+DEFAULT_CUDA_PACKAGES: Sequence[str] = ("cuda-cudart-*", "cuda-runtime-*", "cuda-toolkit-*", "cuda-compat-*",
+                                        "nvidia-cuda-toolkit", "libcudart[0-9]*")
 # Packages whose change replaces a kernel module: a reboot is needed before the new one is running.
 KERNEL_MODULE_PACKAGES: Sequence[str] = (AMD_DRIVER_PACKAGE, "nvidia-dkms*", "nvidia-kernel-dkms", "kmod-nvidia*",
                                          "linux-image-*", "linux-modules-*", "kernel", "kernel-core")

@@ -32,6 +32,9 @@ class ShownWindow(Protocol):
     def opened_by(self) -> str: ...
 
 
+_MOVES_SHOWN = 10  # moves since the known-good set named in full; the rest are counted
+
+
 @dataclass(frozen=True)
 class HostFacts:
     """What ``explain`` needs to know about the host."""
@@ -41,6 +44,11 @@ class HostFacts:
     context: HostContext = NO_FACTS  # OS, GPU targets, loaded GPU modules
     windows: Sequence[ShownWindow] = ()
     windows_problem: Optional[str] = None  # why the override windows could not be read
+    # The guard's last known-good set (key -> version), None when none was recorded: a bypass since then (dpkg -i,
+    # dpkg -r --force-depends) is judged as the change from it, as ``guard rollback`` judges it; what the rollback
+    # would undo (action rollback) is a current violation.
+    known_good: Optional[Mapping[str, str]] = None
+    known_good_problem: Optional[str] = None  # why the known-good set could not be read
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,25 @@ def explain(policy: CompiledPolicy, facts: HostFacts) -> Explanation:
         lines += module.explain(policy, installed, facts.manager, facts.context)
     state = HostState.standing(installed, facts.manager, facts.context)
     violations = evaluate(state, policy)
+    if facts.known_good_problem:
+        lines.append(f"known-good set unreadable: {facts.known_good_problem}")
+    if facts.known_good is not None:
+        since = HostState(dict(facts.known_good), dict(installed), facts.manager, facts.context)
+        changed = since.changed()
+        if changed:
+            moves = [f"{k} {facts.known_good.get(k) or '(not installed)'} -> {installed.get(k) or '(removed)'}"
+                     for k in sorted(changed)]
+            shown = ", ".join(moves[:_MOVES_SHOWN]) + (f" and {len(moves) - _MOVES_SHOWN} more"
+                                                       if len(moves) > _MOVES_SHOWN else "")
+            lines.append(f"since the known-good set: {shown}")
+            moved = [v for v in evaluate(since, policy) if v.touches(changed)]
+            # what guard rollback would undo is a violation now; what it only reports is said, not counted (a host
+            # changed behind the guard and then frozen stays compliant under a blocking policy)
+            undone = [v for v in moved if v.action == "rollback"]
+            lines += [f"  reported by the guard, not undone: {v.rule} [{v.action}]: {v.message}"
+                      for v in moved if v.action != "rollback"]
+            rules = {v.rule for v in undone}
+            violations = undone + [v for v in violations if v.rule not in rules]
     lines.append("current state: " + ("compliant" if not violations else f"{len(violations)} violation(s)"))
     lines += [f"  {v.rule} [{v.action}]: {v.message}" for v in violations]
     if facts.windows_problem:

@@ -17,7 +17,15 @@ import json
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from agent.defaults import AMD_DRIVER_PACKAGE, DEFAULT_POLICY_DIR, ROCM_CORE_PACKAGE, THEROCK_BASE_PACKAGE
+from agent.defaults import (
+    AMD_DRIVER_PACKAGE,
+    DEFAULT_POLICY_DIR,
+    DISTRIBUTION_CUDA_PACKAGES,
+    DISTRIBUTION_ROCM_PACKAGES,
+    NVIDIA_GL_PACKAGES,
+    ROCM_CORE_PACKAGE,
+    THEROCK_BASE_PACKAGE,
+)
 from agent.hostfacts.context import NO_FACTS, HostContext
 from agent.hostfacts.package_keys import package_name
 from agent.policy import companions, releases
@@ -78,7 +86,8 @@ class _Stack:
     amd_other: Dict[str, str]
     nvidia_parts: Dict[str, str]  # key -> version (the driver release is its leading dotted number)
     cuda: Dict[str, str]  # key -> version, only packages the pairing judges by their version
-    gpu_other: Dict[str, str]  # other GPU packages (container toolkit, cuda-compat, firmware): no pairing reads them
+    gpu_other: Dict[str, str]  # other GPU packages (container toolkit, cuda-compat, firmware, the distribution's ROCm
+    # and CUDA libraries): no pairing reads them
     rest: Dict[str, str]  # other guarded packages (dkms, headers, kernel meta packages)
 
 
@@ -137,10 +146,11 @@ def _name_series(name: str) -> Optional[str]:
 def _sort(facts: FreezeFacts) -> _Stack:
     kernel_glob, amd_glob = any_glob(DEFAULT_KERNEL_PACKAGES), any_glob(AMD_STACK_PACKAGES)
     rocm_glob = any_glob(releases.rocm_package_patterns(ROCM_CORE_PACKAGE))
+    distro_glob = any_glob(DISTRIBUTION_ROCM_PACKAGES)
     nvidia_glob, cuda_glob = any_glob(DEFAULT_NVIDIA_DRIVER_PACKAGES), any_glob(DEFAULT_CUDA_PACKAGES)
     gpu_glob = any_glob(("nvidia-*", "libnvidia-*", "cuda-*", "libcuda*", "kmod-nvidia*", "firmware-amd-graphics",
                          "firmware-nvidia-*", "datacenter-gpu-manager*", "dcgm-exporter", "libamd-smi*",
-                         "python3-amdsmi*"))
+                         "python3-amdsmi*", *DISTRIBUTION_CUDA_PACKAGES, *NVIDIA_GL_PACKAGES))
     stack = _Stack({}, None, None, {}, {}, {}, {}, {}, {})
     for key, version in sorted(facts.installed.items()):
         name = package_name(key)
@@ -153,6 +163,8 @@ def _sort(facts: FreezeFacts) -> _Stack:
             stack.amd_firmware = version
         elif rocm_glob(name):
             stack.rocm[key] = version
+        elif distro_glob(name):  # Debian's and Ubuntu's ROCm: each library has its own version, no pairing reads it
+            stack.gpu_other[key] = version
         elif amd_glob(name):
             stack.amd_other[key] = version
         elif nvidia_glob(name) and name not in NVIDIA_NOT_DRIVER_PARTS:
@@ -163,6 +175,10 @@ def _sort(facts: FreezeFacts) -> _Stack:
             stack.gpu_other[key] = version
         else:
             stack.rest[key] = version
+    if stack.amd_driver is None and not stack.rocm:
+        # no AMD release package for them to move with (Debian's rocminfo, rocm-smi, amd-smi): each on its own
+        stack.gpu_other.update(stack.amd_other)
+        stack.amd_other.clear()
     return stack
 
 
@@ -170,7 +186,7 @@ def _judged_cuda(name: str, version: str) -> bool:
     """Whether the NVIDIA pairing judges this CUDA package by its version (``cuda-compat-13-0`` is versioned after
     the driver, ``580.95.05``, and is not)."""
     named = _name_series(name)
-    release = releases.dotted_release(version) or "unknown"
+    release = releases.cuda_release(version) or "unknown"
     return named is None or releases.series(release, 1) == releases.series(named, 1)
 
 
@@ -261,7 +277,9 @@ def render_freeze(facts: FreezeFacts, options: FreezeOptions = FreezeOptions()) 
     nvidia = bool(stack.nvidia_parts or stack.cuda or facts.context.loaded("nvidia"))
     name = options.name or f"freeze-{facts.hostname}"
     kernels = _kernel_allow(facts, stack, options)
-    lines = _header(facts, options, name, amd, nvidia, inconsistent)
+    distro_glob = any_glob(DISTRIBUTION_ROCM_PACKAGES)
+    distro_rocm = {k: v for k, v in stack.gpu_other.items() if distro_glob(package_name(k))}
+    lines = _header(facts, options, name, amd, nvidia, inconsistent, distro_rocm)
     if options.point_releases and stack.amd_other:
         lines.insert(2, f"# With point releases, {', '.join(n for n, _ in _names(stack.amd_other))} are not pinned on "
                         f"their own: AMD's packages depend on {ROCM_CORE_PACKAGE} (TheRock's on "
@@ -287,13 +305,15 @@ def _names(found: Mapping[str, str]) -> List[Tuple[str, str]]:
 
 
 def _header(facts: FreezeFacts, options: FreezeOptions, name: str, amd: bool, nvidia: bool,
-            inconsistent: Sequence[str]) -> List[str]:
+            inconsistent: Sequence[str], distro_rocm: Mapping[str, str]) -> List[str]:
     host = f"{facts.hostname} ({facts.context.os_id or '?'} {facts.context.os_version_id or '?'})"
     lines = [f"# gpuguard policy '{name}': host {host} frozen as it was"
              + (f" on {facts.date}" if facts.date else "") + " by `gpuguard policy freeze`."]
     widened = [w for w, on in (("point releases", options.point_releases), ("a kernel series", options.kernel_series))
                if on]
-    pinned = [what for what, on in (("the amdgpu driver and ROCm", amd), ("the NVIDIA driver and CUDA", nvidia))
+    pinned = [what for what, on in (("the amdgpu driver and ROCm", amd), ("the NVIDIA driver and CUDA", nvidia),
+                                    (f"ROCm as the distribution packages it ({_listing(distro_rocm)})",
+                                     bool(distro_rocm) and not amd))
               if on]
     if pinned:
         lines.append(f"# It pins {' and '.join(pinned)} at "

@@ -126,6 +126,23 @@ def dotted_release(version: Optional[str], parts: Optional[int] = None) -> Optio
     return upstream_dotted(version, parts=parts) if version else None
 
 
+def cuda_release(version: Optional[str]) -> Optional[str]:
+    """The CUDA release a CUDA package's version stands for. Debian and Ubuntu version each CUDA component by its
+    own number with the toolkit release after a tilde (libcudart12 ``12.4.127~12.4.1-2``, libcufft11
+    ``11.2.1.3~12.4.1-2``, nvidia-cuda-toolkit ``12.4.131~12.4.1-2``: all CUDA 12.4.1); NVIDIA's repositories lead
+    with the release (cuda-cudart-13-0 ``13.0.96-1``)."""
+    if not version:
+        return None
+    text = version.split(":", 1)[1] if ":" in version.split("-", 1)[0] else version
+    upstream = text.rpartition("-")[0] or text
+    _, tilde, after = upstream.partition("~")
+    if tilde and after[:1].isdecimal():
+        found = upstream_dotted(after)
+        if found:
+            return found
+    return dotted_release(version)
+
+
 def series(release: Optional[str], parts: int = 2) -> Optional[str]:
     """The first ``parts`` components of a release (``6.2.2`` -> ``6.2``; ``30.20.1`` -> ``30.20``)."""
     if not release:

@@ -31,11 +31,14 @@ def render_snapshot(snap: Snapshot) -> str:
             lines.append(f"  {gpu.bdf}  {gpu.market_name or '?'}  {gpu.gfx_target or ''}  vbios {vbios}")
     if snap.rocm.data:
         installed = ", ".join(f"{i.version or '?'} at {i.path}" for i in snap.rocm.data.installs)
-        source = f" (read from {snap.rocm.data.version_source})" if snap.rocm.data.version_source else ""
-        binding = snap.rocm.data.amdsmi_binding
+        r = snap.rocm.data
+        source = f" (read from {r.version_source})" if r.version_source else ""
+        binding = r.amdsmi_binding
         pip = f", pip amdsmi {binding.version} in {binding.site_directory}" if binding else ""
-        lines.append(f"rocm     {snap.rocm.data.version or '-'}{source} at {snap.rocm.data.active_path or '-'}"
-                     f" (installed: {installed or 'none'}{pip})")
+        where = r.active_path or ("/usr/lib (the distribution's packages)" if r.packaged else "-")
+        lines.append(f"rocm     {r.version or '-'}{source} at {where} (installed: {installed or 'none'}{pip})")
+        if r.packaged:
+            lines.append("  packaged " + ", ".join(f"{c.package} {c.release or c.version}" for c in r.packaged))
     if snap.nvidia.data:
         n = snap.nvidia.data
         lines.append(f"nvidia   {n.driver_version or '-'} ({n.module_flavor or '?'} module, via {n.source}), "
@@ -45,6 +48,9 @@ def render_snapshot(snap: Snapshot) -> str:
     if snap.cuda.data:
         versions = ", ".join(t.version or t.path for t in snap.cuda.data.toolkits)
         lines.append(f"cuda     toolkits {versions or '-'}")
+        if snap.cuda.data.packaged:
+            lines.append(f"  packaged CUDA {snap.cuda.data.packaged_release or '?'}: "
+                         + ", ".join(p.package for p in snap.cuda.data.packaged))
     if snap.containers.data:
         tools = ", ".join(f"{name} {t.version or '?'}" for name, t in sorted(snap.containers.data.tools.items()))
         lines.append(f"containers {tools or '-'}")

@@ -25,7 +25,7 @@ def test_equal_by_type_and_values() -> None:
 def test_repr_names_every_field() -> None:
     """The repr reads like a dataclass's: the class and every field."""
     assert repr(RocmInstall(path="/opt/rocm", version=None)) == \
-        "RocmInstall(path='/opt/rocm', version=None, amd_smi_soname=None)"
+        "RocmInstall(path='/opt/rocm', version=None, amd_smi_soname=None, version_source=None, header_version=None)"
 
 
 def test_fields_cannot_be_assigned() -> None:

@@ -14,6 +14,9 @@ from agent.collectors.cuda import (
     CudaInfo,
     CudaToolkit,
     compat_driver_version,
+    cudart_library_release,
+    packaged_cuda,
+    packaged_release,
     parse_cuda_h_version,
     parse_version_json,
     parse_version_txt,
@@ -173,3 +176,48 @@ def test_no_toolkit_is_unavailable(tmp_path):
     host = tree_host(tmp_path, {"/usr/local/bin/tool": ""})
     with pytest.raises(CollectorUnavailable, match="no CUDA toolkit"):
         CudaCollector().collect(host)
+
+
+def test_debian_cuda_packages_give_the_release_without_usr_local_cuda() -> None:
+    """Debian 13's CUDA 12.4 (control stanzas of the archive): no toolkit tree, the packages listed with the CUDA
+    release after their tilde, the release from nvidia-cuda-toolkit."""
+    info = CudaCollector().collect(make_fixture_host("debian13-rocm-cuda"))
+    assert info.toolkits == [] and info.default_path is None
+    assert info.packaged_release == "12.4.1"
+    by_name = {p.package: (p.version, p.release) for p in info.packaged}
+    assert by_name["libcufft11"] == ("11.2.1.3~12.4.1-2", "12.4.1")
+    assert set(by_name) == {"libcublas12", "libcublaslt12", "libcudart12", "libcufft11", "libnvrtc-builtins12.4",
+                            "libnvrtc12", "nvidia-cuda-toolkit"}
+
+
+def test_runtime_alone_gives_the_release(tmp_path):
+    """Only libcudart12 installed (no toolkit): its release is the host's CUDA release."""
+    status = "Package: libcudart12\nStatus: install ok installed\nArchitecture: amd64\nVersion: 12.4.127~12.4.1-8\n\n"
+    assert packaged_release(packaged_cuda(status.encode())) == "12.4.1"
+    host = tree_host(tmp_path, {"/var/lib/dpkg/status": status})
+    assert CudaCollector().collect(host).packaged_release == "12.4.1"
+
+
+def test_no_cuda_at_all_is_absent(tmp_path):
+    """A dpkg host with neither a toolkit tree nor a CUDA package: the collector says absent."""
+    host = tree_host(tmp_path, {"/var/lib/dpkg/status": "Package: bash\nStatus: install ok installed\n"
+                                                         "Architecture: amd64\nVersion: 5.2-1\n\n"})
+    with pytest.raises(CollectorUnavailable):
+        CudaCollector().collect(host)
+
+
+@pytest.mark.parametrize(("names", "expected"), [
+    (["libcudart.so.12", "libcudart.so.12.4.127"], "12.4"),  # Debian 13's files
+    (["libcudart.so.11.8.89", "libcudart.so.12.4.127"], "12.4"),
+    (["libcuda.so.550.163.01", "libcudart.so.12"], None),  # the driver's libcuda and a bare SONAME link say nothing
+])
+def test_cudart_library_release(names, expected):
+    """The runtime's file names the CUDA major.minor; the newest wins."""
+    assert cudart_library_release(names) == expected
+
+
+def test_cudart_library_without_a_package_database_gives_the_release(tmp_path):
+    """No dpkg status and no /usr/local/cuda (libraries copied into an image): the runtime's file gives 12.4."""
+    host = tree_host(tmp_path, {"/usr/lib/x86_64-linux-gnu/libcudart.so.12.4.127": ""})
+    info = CudaCollector().collect(host)
+    assert (info.packaged_release, info.packaged, info.toolkits) == ("12.4", [], [])

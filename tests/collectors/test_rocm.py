@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, List, Optional, Tuple
 
 import pytest
 
@@ -11,6 +11,9 @@ from agent.collectors.rocm import (
     RocmCollector,
     RocmInstall,
     amd_smi_sonames,
+    hip_library_release,
+    packaged_components,
+    packaged_release,
     parse_rocm_version_file,
     smi_rocm_version,
 )
@@ -165,3 +168,62 @@ def test_therock_releases_side_by_side_without_core_link(tmp_path: Path) -> None
     assert [(i.path, i.version) for i in info.installs] == [("/opt/rocm/core-7.14", "7.14.0"),
                                                              ("/opt/rocm/core-10.0", "10.0.0")]
     assert (info.active_path, info.version) == ("/opt/rocm/core-10.0", "10.0.0")
+
+
+def test_distribution_packages_give_the_release_without_opt_rocm() -> None:
+    """Debian 13's ROCm (control stanzas of the archive): every runtime library listed with its release, and the
+    release read from HIP's package, named as the source."""
+    info = RocmCollector().collect(make_fixture_host("debian13-rocm-cuda"))
+    assert info.active_path is None and info.installs == []
+    assert (info.version, info.version_source) == ("5.7.1", "package libamdhip64-5")
+    by_name = {c.package: (c.version, c.release) for c in info.packaged}
+    assert by_name["libhsa-runtime64-1"] == ("6.1.2-3", "6.1.2")
+    assert by_name["librocblas0"] == ("5.5.1+dfsg-7", "5.5.1")
+    assert set(by_name) == {"hipcc", "libamd-comgr2", "libamdhip64-5", "libhsa-runtime64-1", "libhsakmt1",
+                            "librocblas0", "librocm-smi64-1"}  # -dev, -doc, rocminfo and rocm-smi are not libraries
+
+
+@pytest.mark.parametrize(("names", "release", "source"), [
+    ({"librocm-core1": "6.4.3-1", "libamdhip64-6": "6.4.3-5"}, "6.4.3", "package librocm-core1"),
+    ({"libhsa-runtime64-1": "6.4.3+dfsg-5", "librocblas4": "6.4.4-4"}, "6.4.3", "package libhsa-runtime64-1"),
+    ({"librocblas4": "6.4.4-4"}, None, None),
+])
+def test_packaged_release_order(names: dict, release: Optional[str], source: Optional[str]) -> None:
+    """rocm-core's package first, then HIP's, then ROCr's; rocBLAS alone names no ROCm release."""
+    status = "".join(f"Package: {n}\nStatus: install ok installed\nArchitecture: amd64\nVersion: {v}\n\n"
+                     for n, v in names.items()).encode()
+    assert packaged_release(packaged_components(status)) == (release, source)
+
+
+def test_classic_tree_keeps_its_version_file_over_packages(tmp_path: Path) -> None:
+    """A host with /opt/rocm-6.2.2 and a Debian library besides: the tree's version file wins, no source named."""
+    _tree(tmp_path, "rocm-6.2.2", "6.2.2-116")
+    (tmp_path / "opt/rocm").symlink_to("rocm-6.2.2")
+    (tmp_path / "var/lib/dpkg").mkdir(parents=True)
+    (tmp_path / "var/lib/dpkg/status").write_text(
+        "Package: libamdhip64-5\nStatus: install ok installed\nArchitecture: amd64\nVersion: 5.7.1-6\n\n")
+    info = RocmCollector().collect(Host(root=tmp_path, load_module=fake_module_loader({})))
+    assert (info.version, info.version_source) == ("6.2.2-116", None)
+    assert [c.package for c in info.packaged] == ["libamdhip64-5"]
+
+
+@pytest.mark.parametrize(("names", "expected"), [
+    (["libamdhip64.so.5", "libamdhip64.so.5.7.31921"], ("5.7", "libamdhip64.so.5.7.31921")),  # Debian 13's file
+    (["libamdhip64.so.5.7.31921", "libamdhip64.so.6.4.43484"], ("6.4", "libamdhip64.so.6.4.43484")),
+    (["libhsa-runtime64.so.1.13.0", "libamdhip64.so.6"], None),  # ROCr's own numbering says nothing of ROCm
+])
+def test_hip_library_release(names: List[str], expected: Optional[Tuple[str, str]]) -> None:
+    """HIP's runtime file names its major.minor; the newest wins; other libraries and bare SONAME links do not."""
+    assert hip_library_release(names) == expected
+
+
+def test_hip_library_without_a_package_database_gives_the_release(tmp_path: Path) -> None:
+    """No dpkg status and no /opt/rocm (a container image with Debian's libraries copied in): HIP's library file
+    gives the release and is named as the source."""
+    lib = tmp_path / "usr/lib/x86_64-linux-gnu"
+    lib.mkdir(parents=True)
+    (lib / "libamdhip64.so.5.7.31921").write_text("")
+    (lib / "libamdhip64.so.5").symlink_to("libamdhip64.so.5.7.31921")
+    info = RocmCollector().collect(Host(root=tmp_path, load_module=fake_module_loader({})))
+    assert (info.version, info.version_source) == ("5.7", "library /usr/lib/x86_64-linux-gnu/libamdhip64.so.5.7.31921")
+    assert info.packaged == [] and info.active_path is None

@@ -29,9 +29,9 @@ cuda = "13.0.*"
 PAIR = {"amdgpu-dkms": "1:6.8.5.60202-2041575.22.04", "rocm-core": "6.2.2.60202-116~22.04"}
 
 
-def compiled(tmp_path: Path) -> CompiledPolicy:
+def compiled(tmp_path: Path, action: str = "block") -> CompiledPolicy:
     path = tmp_path / "p.toml"
-    path.write_text(POLICY)
+    path.write_text(POLICY.replace('name = "mi300x"', f'name = "mi300x"\naction = "{action}"'))
     return load_and_compile(str(path))[1]
 
 
@@ -81,3 +81,34 @@ def test_a_mixed_classic_and_therock_host_shows_every_rocm_release(tmp_path: Pat
            "rocm-core 6.2.2.60202-116~22.04 (ROCm 6.2.2)" in result.lines
     assert "  pinned pairing: none matches the installed pair (violation)" in result.lines
     assert [v.rule for v in result.violations] == ["amd.pairing"]
+
+
+def test_a_bypass_since_the_known_good_set_is_judged_as_rollback_judges_it(tmp_path: Path) -> None:
+    """A frozen package removed behind apt's back (dpkg -r --force-depends): the standing set alone looks
+    compliant, the change from the known-good set is the frozen rule's violation, and the move is named."""
+    now = {"amdgpu-dkms": PAIR["amdgpu-dkms"]}
+    policy = compiled(tmp_path, action="rollback")
+    standing = explain(policy, HostFacts(installed=now, manager="dpkg"))
+    assert [v.rule for v in standing.violations] == ["amd.pairing"]  # rocm-core absent breaks the pairing too
+    result = explain(policy, HostFacts(installed=now, manager="dpkg", known_good=PAIR))
+    assert sorted(v.rule for v in result.violations) == ["amd.pairing", "frozen"]
+    assert "since the known-good set: rocm-core 6.2.2.60202-116~22.04 -> (removed)" in result.lines
+    unchanged = explain(policy, HostFacts(installed=PAIR, manager="dpkg", known_good=PAIR))
+    assert unchanged.violations == [] and not any(line.startswith("since the") for line in unchanged.lines)
+
+
+def test_a_change_the_guard_only_reports_is_said_not_counted(tmp_path: Path) -> None:
+    """Under a blocking policy guard rollback reports a bypass and undoes nothing: explain says so in a line and
+    counts only the standing violations (a host changed behind the guard, then frozen, stays compliant)."""
+    installed = {**PAIR, "rocm-core": "6.2.2.60202-117~22.04"}
+    result = explain(compiled(tmp_path), HostFacts(installed=installed, manager="dpkg", known_good=PAIR))
+    assert result.violations == []
+    assert any(line.startswith("  reported by the guard, not undone: frozen [block]: rocm-core is frozen")
+               for line in result.lines), result.lines
+
+
+def test_an_unreadable_known_good_set_is_one_line(tmp_path: Path) -> None:
+    """A corrupt known-good file is said in one line; the standing set is judged as before."""
+    result = explain(compiled(tmp_path), HostFacts(installed=PAIR, manager="dpkg",
+                                                   known_good_problem="known-good.json: corrupt"))
+    assert "known-good set unreadable: known-good.json: corrupt" in result.lines and result.violations == []

@@ -336,3 +336,47 @@ def test_an_rpm_host_freezes_kernel_releases_as_the_evaluator_reads_them(tmp_pat
 def test_kernel_series(release: str, manager: str, series: str) -> None:
     """The series keeps the upstream version and the flavour; the ABI number varies."""
     assert kernel_series(release, manager) == series
+
+
+# Debian 13's own ROCm and CUDA (docs/guard.md, "GPU packages as the distributions ship them"): no rocm-core, no
+# amdgpu-dkms, no driver loaded; the versions of the archive on 2026-12-06.
+DEBIAN13: Dict[str, str] = {
+    "libamdhip64-5": "5.7.1-6+deb13u1", "libhsa-runtime64-1": "6.1.2-3", "librocblas0": "5.5.1+dfsg-7",
+    "libhsakmt1": "6.2.4+ds-1", "libamd-comgr2": "6.0+git20231212.4510c28+dfsg-3+b2", "hipcc": "5.7.1-6+deb13u1",
+    "rocminfo": "6.1.2-2", "libcudart12": "12.4.127~12.4.1-2", "nvidia-cuda-toolkit": "12.4.131~12.4.1-2",
+    "libcublas12": "12.4.5.8~12.4.1-2", "libcufft11": "11.2.1.3~12.4.1-2", "libnvrtc12": "12.4.127~12.4.1-2",
+    "libegl-nvidia0": "550.163.01-2", "libgl1-nvidia-glvnd-glx": "550.163.01-2",
+    "linux-image-6.12.57+deb13-amd64": "6.12.57-1"}
+DEBIAN13_FACTS = FreezeFacts(installed=DEBIAN13, running_kernel="6.12.57+deb13-amd64",
+                             context=HostContext("debian", "13"), hostname="trixie", date="2026-12-06")
+
+
+def test_debian_rocm_and_cuda_are_frozen_and_every_move_is_refused(tmp_path: Path) -> None:
+    """Every library frozen at its build, CUDA read after Debian's tilde; sid's ROCr (which Breaks HIP, so apt
+    removes HIP and rocBLAS with it) and a removal of rocBLAS are refused by the frozen rule, CUDA 12.6 by the
+    pairing."""
+    text = render_freeze(DEBIAN13_FACTS)
+    assert "ROCm as the distribution packages it" in text and "No GPU driver was found" not in text
+    assert 'cuda = "12.4.1"  # every CUDA release installed' in text
+    for name, version in DEBIAN13.items():
+        if not name.startswith("linux-image"):
+            assert f'  "{name}",  # installed {version}' in text, name
+    policy = _compiled(tmp_path, text)
+    assert _rules(policy, DEBIAN13_FACTS) == []
+    assert _rules(policy, DEBIAN13_FACTS, libhsa_runtime64_1="6.4.3+dfsg-5", libamdhip64_5="",
+                  librocblas0="") == ["frozen"]
+    assert _rules(policy, DEBIAN13_FACTS, librocblas0="") == ["frozen"]
+    assert _rules(policy, DEBIAN13_FACTS, libcudart12="12.6.77~12.6.3-1") == ["frozen", "nvidia.pairing"]
+
+
+def test_debian_rocm_with_point_releases_keeps_each_librarys_series(tmp_path: Path) -> None:
+    """With point releases each library keeps its own series (a comgr snapshot version gets a range): a Debian
+    point update passes, sid's releases do not."""
+    text = render_freeze(DEBIAN13_FACTS, FreezeOptions(point_releases=True))
+    assert "not pinned on their own" not in text  # no rocm-core for Debian's packages to move with
+    assert 'allow = ">= 6.0, << 6.1"' in text and 'allow = "6.1.*"' in text
+    policy = _compiled(tmp_path, text)
+    assert _rules(policy, DEBIAN13_FACTS) == []
+    assert _rules(policy, DEBIAN13_FACTS, libamdhip64_5="5.7.1-6+deb13u2", libhsakmt1="6.2.4+ds-2") == []
+    assert _rules(policy, DEBIAN13_FACTS, libhsa_runtime64_1="6.4.3+dfsg-5") == ["versions.libhsa-runtime64-1"]
+    assert _rules(policy, DEBIAN13_FACTS, libamd_comgr2="6.1+git20240101-1") == ["versions.libamd-comgr2"]

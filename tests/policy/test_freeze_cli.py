@@ -45,6 +45,13 @@ def _check_and_explain(root: Path, policy: Path) -> List[str]:
     ("mixed-rocm641-therock713-ubuntu2204", ['rocm = ["6.4.1", "7.13.0"]', "side_by_side = true",
                                              '  "amdrocm-runtime7.13",  # installed 7.13.0-1',
                                              '  "hip-runtime-amd",  # installed 6.4.43482.60401-83~22.04']),
+    ("debian13-rocm-cuda", ["ROCm as the distribution packages it (hipcc 5.7.1-6+deb13u1", 'cuda = "12.4.1"',
+                            '  "libamdhip64-5",  # installed 5.7.1-6+deb13u1', '  "librocblas0",  # installed',
+                            '  "libhsa-runtime64-1",  # installed', '  "libhsakmt1",  # installed',
+                            '  "libamd-comgr2",  # installed', '  "hipcc",  # installed',
+                            '  "libcublas12",  # installed 12.4.5.8~12.4.1-2', '  "libcufft11",  # installed',
+                            '  "libnvrtc12",  # installed', '  "libegl-nvidia0",  # installed 550.163.01-2',
+                            '  "libgl1-nvidia-glvnd-glx",  # installed', '  "libnvidia-glcore",  # installed']),
     ("rocm7-rhel9", ["# The loaded amdgpu module 6.14.14 comes from no package",
                      '  "5.14.0-570.12.1.el9_6",  # running, no installed package carries it']),
 ])

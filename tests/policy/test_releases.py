@@ -8,6 +8,7 @@ from agent.policy.releases import (
     amdgpu_driver_release,
     amdgpu_kernel_base,
     amdgpu_same_build,
+    cuda_release,
     kernel_release_of,
     rocm_release,
     series,
@@ -63,3 +64,17 @@ def test_kernel_release_of(name, version, arch, manager, release) -> None:
 def test_amdgpu_same_build(driver: str, firmware: str, same: bool) -> None:
     """The driver and its firmware are one build when equal or, in the 31.x numbering, of one code and build."""
     assert amdgpu_same_build(driver, firmware) is same
+
+
+@pytest.mark.parametrize("version,release", [
+    ("12.4.127~12.4.1-2", "12.4.1"),  # Debian 13 libcudart12
+    ("11.2.1.3~12.4.1-8.2+b1", "12.4.1"),  # sid libcufft11: its own number first, the CUDA release after ~
+    ("12.4.131~12.4.1-2", "12.4.1"),  # nvidia-cuda-toolkit
+    ("13.0.96-1", "13.0.96"),  # NVIDIA's cuda-cudart-13-0
+    ("13.0.0~rc1-1", "13.0.0"),  # a pre-release tilde is not a release
+    ("1:12.0.1~12.0.1-1", "12.0.1"),
+    ("", None),
+])
+def test_cuda_release(version: str, release) -> None:
+    """Debian's CUDA packages carry the release after a tilde; NVIDIA's lead with it."""
+    assert cuda_release(version) == release

@@ -8,8 +8,9 @@ added after schema version 1 (``@legacy``). Stored snapshots keep their content 
 Since then the collectors load amdsmi and NVML only where the driver shows (a module, /dev/kfd, /dev/nvidiactl),
 which changed the reason an absent GPU section gives (tests/golden has today's); the fixture hosts here show those
 devices, so the collectors ask the (fake) libraries as the pydantic-era code did and the content is the same.
-The TheRock fixture roots (therock-*, mixed-*) came later: their entries were written by today's code, which leaves
-the fields added since (a ROCm tree's amd_smi_soname) out while empty, so the older roots' bytes stay.
+The TheRock fixture roots (therock-*, mixed-*) and debian13-rocm-cuda came later: their entries were written by
+today's code, which leaves the fields added since (a ROCm tree's amd_smi_soname, the distribution's packages of ROCm
+and CUDA) out while empty, so the older roots' bytes stay.
 """
 
 from __future__ import annotations

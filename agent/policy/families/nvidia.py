@@ -52,7 +52,7 @@ def _cuda_releases(mapping: Mapping[str, str], patterns: Sequence[str]) -> Dict[
     name carries (``cuda-compat-13-0`` is versioned after the driver, ``580.95.05``) is not judged by it."""
     out: Dict[str, str] = {}
     for key in matching(mapping, patterns):
-        release = releases.dotted_release(mapping[key]) or "unknown"
+        release = releases.cuda_release(mapping[key]) or "unknown"
         named = _name_series(package_name(key))
         if named is not None and releases.series(release, 1) != releases.series(named, 1):
             continue
@@ -226,7 +226,7 @@ def freeze(host: FreezeHost) -> List[str]:
         return []
     stack, line = host.stack, host.line
     lines = ["", "[nvidia]  # the NVIDIA driver and CUDA"]
-    cuda = {k: releases.dotted_release(v) or "unknown" for k, v in stack.cuda.items()}
+    cuda = {k: releases.cuda_release(v) or "unknown" for k, v in stack.cuda.items()}
     if len({releases.series(r) for r in cuda.values()}) > 1:
         lines.append(line("side_by_side", True, "several CUDA releases are installed side by side now"))
     lines += ["", "[[nvidia.pairing]]  # the one allowed pairing: the installed one",

@@ -79,8 +79,14 @@ def freeze(host: FreezeHost) -> List[str]:
 
     lines: List[str] = []
     for name, version in host.names(host.stack.gpu_other):
-        dotted = releases.dotted_release(version, parts=2)
-        allow = f"{dotted}.*" if dotted and "." in dotted else version
+        dotted, full = releases.dotted_release(version, parts=2), releases.dotted_release(version) or ""
+        if dotted and full.count(".") >= 2:
+            allow = f"{dotted}.*"
+        elif dotted and "." in dotted:  # 6.0+git20231212...: no third number for "6.0.*" to match
+            major, minor = dotted.split(".")
+            allow = f">= {dotted}, << {major}.{int(minor) + 1}"
+        else:
+            allow = version
         lines += ["", "[[versions]]  # a GPU package no pairing reads",
                   host.line("name", name, "named in refusals"),
                   host.line("packages", [name], f"installed {version}"),
