@@ -111,7 +111,7 @@ def keyring_problem(host: "Host", keyrings: List[str], keys_dir: str = DEFAULT_K
     """The first reason the trusted keys cannot be used as they are (one line naming the file); None when they can."""
     directory = host.path(keys_dir)
     for above in [directory, *directory.parents]:
-        if above == host.root or not str(above).startswith(str(host.root)):
+        if str(above) == str(host.root) or not str(above).startswith(str(host.root)):
             break
         problem = _unsafe(above, "keys directory" if above == directory else "directory")
         if problem is not None:

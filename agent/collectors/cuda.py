@@ -10,16 +10,17 @@ from agent.collectors.nvidia import cuda_version_from_int
 from agent.errors import CollectorUnavailable
 from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
+from agent.lazyre import LazyPattern
 from agent.log import get_logger
 
 log = get_logger("collectors.cuda")
 
 CUDA_PREFIX = "/usr/local"
 DEFAULT_LINK = "/usr/local/cuda"
-_TOOLKIT_DIR = re.compile(r"^cuda-\d+(?:\.\d+)*$")
-_VERSION_TXT = re.compile(r"CUDA Version\s+(\d+(?:\.\d+)*)")
-_COMPAT_LIBCUDA = re.compile(r"^libcuda\.so\.(\d+\.\d+(?:\.\d+)*)$")
-_CUDA_H_VERSION = re.compile(r"^\s*#\s*define\s+CUDA_VERSION\s+(\d+)\s*$", re.MULTILINE)
+_TOOLKIT_DIR = LazyPattern(r"^cuda-\d+(?:\.\d+)*$")
+_VERSION_TXT = LazyPattern(r"CUDA Version\s+(\d+(?:\.\d+)*)")
+_COMPAT_LIBCUDA = LazyPattern(r"^libcuda\.so\.(\d+\.\d+(?:\.\d+)*)$")
+_CUDA_H_VERSION = LazyPattern(r"^\s*#\s*define\s+CUDA_VERSION\s+(\d+)\s*$", re.MULTILINE)
 _CUDA_H_HEAD_CHARS = 64 * 1024
 
 

@@ -10,12 +10,12 @@ target; they are listed all the same: the host has both.
 
 from __future__ import annotations
 
-import re
 from typing import List, Optional, Tuple
 
 from agent.errors import CollectorUnavailable, HostReadError, LibraryUnavailable
 from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
+from agent.lazyre import LazyPattern
 from agent.log import get_logger
 from agent.versions import sort_key
 
@@ -24,11 +24,11 @@ log = get_logger("collectors.rocm")
 ROCM_LINK = "/opt/rocm"
 ROCM_PREFIX = "/opt"
 VERSION_FILE = ".info/version"
-_INSTALL_DIR = re.compile(r"^rocm-\d+(?:\.\d+)*")
-_THEROCK_DIR = re.compile(r"^core-\d+\.\d+$")  # core-7.13, core-10.0; core and core-10 are links
-_AMD_SMI_LIB = re.compile(r"^libamd_smi\.so\.(\d+)(?:\.\d+)*$")  # libamd_smi.so.27, libamd_smi.so.27.0.0
+_INSTALL_DIR = LazyPattern(r"^rocm-\d+(?:\.\d+)*")
+_THEROCK_DIR = LazyPattern(r"^core-\d+\.\d+$")  # core-7.13, core-10.0; core and core-10 are links
+_AMD_SMI_LIB = LazyPattern(r"^libamd_smi\.so\.(\d+)(?:\.\d+)*$")  # libamd_smi.so.27, libamd_smi.so.27.0.0
 _LIB_DIRS = ("lib", "lib64")
-_VERSION = re.compile(r"^\d+(?:\.\d+)+(?:[-+~.][0-9A-Za-z.~+-]*)?$")
+_VERSION = LazyPattern(r"^\d+(?:\.\d+)+(?:[-+~.][0-9A-Za-z.~+-]*)?$")
 
 
 @frozen_record
