@@ -22,19 +22,19 @@ import contextlib
 import importlib
 import io
 import os
-import re
 import sys
 import warnings
 from types import ModuleType
 from typing import Dict, Optional, Tuple
 
 from agent.errors import LibraryUnavailable
+from agent.lazyre import LazyPattern
 
 # How the snapshot names each library's binding in a reason.
 LABELS = {"amdsmi": "amdsmi", "pynvml": "NVML"}
 # What steers where a binding looks for its shared library: a failure is remembered per value of these.
 _LOOKUP_ENV = ("ROCM_PATH", "ROCM_HOME", "LD_LIBRARY_PATH")
-_UNDEFINED_SYMBOL = re.compile(r"undefined symbol: ?([A-Za-z0-9_.@]*[A-Za-z0-9_])")
+_UNDEFINED_SYMBOL = LazyPattern(r"undefined symbol: ?([A-Za-z0-9_.@]*[A-Za-z0-9_])")
 _MAX_DETAIL = 120
 
 _FAILED: Dict[Tuple[object, ...], str] = {}

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import posixpath
 import time
-from pathlib import Path, PurePosixPath
 from types import ModuleType
-from typing import Callable, Iterator, List, Mapping, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, List, Mapping, Optional, Protocol, Sequence
 
 from agent.errors import CommandError, CommandNotFound, CommandTimeout, HostReadError
 from agent.frozen import Frozen, field, frozen_record
 from agent.gpu_libraries import import_gpu_library, no_gpu_library
 from agent.hostfacts.paths import open_regular
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 # Commands get a fixed, predictable environment: C locale so output parsers see one language.
@@ -84,7 +87,9 @@ def _utc_now() -> dt.datetime:
 class Host(Frozen):
     """A view of one machine: files under ``root``, commands through ``runner``, libraries through ``load_module``."""
 
-    root: Path = Path("/")
+    # A string: the snapshot asks for paths under it over a hundred times, and pathlib (with urllib.parse and
+    # ipaddress) was a tenth of its start-up (issue #45); ``path`` gives a Path to whoever wants one.
+    root: str = "/"
     runner: Runner = field(default_factory=SubprocessRunner)
     load_module: ModuleLoader = import_gpu_library
     clock: Callable[[], dt.datetime] = _utc_now
@@ -93,20 +98,25 @@ class Host(Frozen):
     @classmethod
     def for_root(cls, root: str = "/") -> "Host":
         """The real host at ``/``, or a foreign root (chroot, fixture) whose GPU libraries are not loaded."""
-        path = Path(root).resolve()
-        if path == Path("/"):
+        path = os.path.realpath(root)
+        if path == "/":
             return cls(root=path, env=dict(os.environ))
         return cls(root=path, load_module=no_gpu_library, env={})
 
     @property
     def is_live(self) -> bool:
         """True when this Host is the machine we run on, not a fixture or chroot."""
-        return self.root == Path("/")
+        return os.fspath(self.root) == "/"
 
-    def path(self, host_path: str) -> Path:
-        """Where an absolute host path lives under this Host's root."""
-        # One join, not PurePosixPath(...).relative_to("/") first: a snapshot asks this over a hundred times.
-        return self.root / host_path.lstrip("/")
+    def file(self, host_path: str) -> str:
+        """Where an absolute host path lives under this Host's root, as a string (the collectors' hot path)."""
+        return os.path.join(os.fspath(self.root), host_path.lstrip("/"))
+
+    def path(self, host_path: str) -> "Path":
+        """Where an absolute host path lives under this Host's root, as a Path (pathlib imported only here)."""
+        from pathlib import Path
+
+        return Path(self.file(host_path))
 
     def read_text(self, host_path: str, max_chars: Optional[int] = None) -> Optional[str]:
         """The file's text (its first ``max_chars`` characters when given), or None when it does not exist;
@@ -135,7 +145,7 @@ class Host(Frozen):
         """A descriptor of the regular file at ``host_path``, opened so that it never blocks
         (agent.hostfacts.paths.open_regular); None when there is none or a directory is there; HostReadError for a
         FIFO, socket or device in its place, or a file that cannot be opened. /proc and /sys files are regular."""
-        path = str(self.path(host_path))
+        path = self.file(host_path)
         try:
             return open_regular(path)[0]
         except (FileNotFoundError, NotADirectoryError):
@@ -154,15 +164,15 @@ class Host(Frozen):
         return line or None
 
     def exists(self, host_path: str) -> bool:
-        return self.path(host_path).exists() or self.path(host_path).is_symlink()
+        return os.path.lexists(self.file(host_path))
 
     def is_dir(self, host_path: str) -> bool:
-        return self.path(host_path).is_dir()
+        return os.path.isdir(self.file(host_path))
 
     def list_dir(self, host_path: str) -> List[str]:
         """Sorted entry names of a directory; empty when it does not exist."""
         try:
-            return sorted(os.listdir(self.path(host_path)))
+            return sorted(os.listdir(self.file(host_path)))
         except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError as exc:
@@ -171,38 +181,37 @@ class Host(Frozen):
     def read_link(self, host_path: str) -> Optional[str]:
         """The raw target of a symlink, or None when the path is not a link."""
         try:
-            return os.readlink(self.path(host_path))
+            return os.readlink(self.file(host_path))
         except (FileNotFoundError, OSError):
             return None
 
     def resolve(self, host_path: str) -> str:
         """Follow symlinks inside this Host's root and return the final host path (absolute, no root prefix)."""
-        current = PurePosixPath(host_path)
+        current = _normalise(host_path)
         for _ in range(40):
-            parts = current.parts
+            parts = current.split("/")[1:] if current != "/" else []
             changed = False
-            for i in range(2, len(parts) + 1):
-                prefix = PurePosixPath(*parts[:i])
-                target = self.read_link(str(prefix))
+            for i in range(1, len(parts) + 1):
+                prefix = "/" + "/".join(parts[:i])
+                target = self.read_link(prefix)
                 if target is None:
                     continue
-                target_path = PurePosixPath(target)
-                if not target_path.is_absolute():
-                    target_path = prefix.parent / target_path
-                current = _normalise(target_path.joinpath(*parts[i:]))
+                if not target.startswith("/"):
+                    target = posixpath.join(posixpath.dirname(prefix), target)
+                current = _normalise("/".join([target, *parts[i:]]))
                 changed = True
                 break
             if not changed:
-                return str(current)
-        return str(current)
+                return current
+        return current
 
     def which(self, program: str, search: Sequence[str] = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin",
                                                            "/usr/bin", "/sbin", "/bin")) -> Optional[str]:
         """The host path of an executable program under root, or None."""
         for directory in search:
             candidate = f"{directory}/{program}"
-            p = self.path(candidate)
-            if p.is_file() and os.access(p, os.X_OK):
+            p = self.file(candidate)
+            if os.path.isfile(p) and os.access(p, os.X_OK):
                 return candidate
         return None
 
@@ -218,19 +227,20 @@ class Host(Frozen):
         """Host paths of regular files below a directory (sorted, depth first)."""
         for name in self.list_dir(host_path):
             child = f"{host_path.rstrip('/')}/{name}"
-            p = self.path(child)
-            if p.is_dir() and not p.is_symlink():
+            p = self.file(child)
+            if os.path.isdir(p) and not os.path.islink(p):
                 yield from self.walk_files(child)
-            elif p.is_file():
+            elif os.path.isfile(p):
                 yield child
 
 
-def _normalise(path: PurePosixPath) -> PurePosixPath:
+def _normalise(path: str) -> str:
+    """An absolute host path with ``.``, ``..`` and repeated slashes folded, never above ``/``."""
     out: List[str] = []
-    for part in path.parts[1:]:
+    for part in path.split("/"):
         if part == "..":
             if out:
                 out.pop()
-        elif part != ".":
+        elif part and part != ".":
             out.append(part)
-    return PurePosixPath("/", *out)
+    return "/" + "/".join(out)

@@ -12,8 +12,8 @@ process's line could land between them and make two lines one that does not pars
 
 from __future__ import annotations
 
+import _thread
 import sys
-import threading
 from typing import Any, Mapping, MutableMapping, Optional, TextIO
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
@@ -80,7 +80,7 @@ class LineWriter:
     fatal = failure = err = error = critical = exception = msg
 
 
-_write_lock = threading.Lock()
+_write_lock = _thread.allocate_lock()  # _thread, not threading: a snapshot starts no thread (issue #45)
 
 
 def _escape_strings(logger: Any, method: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:

@@ -9,9 +9,13 @@ a fresh interpreter, the way the installed command runs.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
-from tests.conftest import ROOTS, run_fresh_python
+import pytest
+
+from tests.conftest import REPO, ROOTS, run_fresh_python
 
 FIXTURE_ROOT = ROOTS / "gpuless-debian12"
 
@@ -115,3 +119,48 @@ def test_snapshot_with_cached_tool_versions_imports_no_subprocess(tmp_path: Path
     again = _loaded(tmp_path, root=root)
     assert again["code"] == 0
     assert "subprocess" not in again["modules"]
+
+
+# What the installed launcher (``python3 -I -S``, packaging/launchers/gpuguard) loads for a snapshot, beyond a bare
+# interpreter of the same flags: 106 modules at issue #45 (112 before it). A budget, not a timing: a new import on the
+# snapshot's path shows here first.
+SNAPSHOT_MODULE_BUDGET = 110
+# Standard-library modules the snapshot's hot path no longer needs (issue #45): pathlib (with urllib.parse, ipaddress
+# and ntpath) for the Host's paths. (threading, once the log's lock, still comes with subprocess where a command runs.)
+NOT_ON_THE_SNAPSHOT_PATH = ("pathlib", "urllib", "urllib.parse", "ipaddress", "ntpath")
+
+_LAUNCHER_PROBE = """
+import io, json, sys
+bare = set(sys.modules)
+sys.path.insert(0, sys.argv[1])
+from agent.cli import main
+out = io.StringIO()
+code = main(["snapshot", "--json", "--root", sys.argv[2], "--config", sys.argv[3]], out=out)
+print(json.dumps({"code": code, "new": sorted(set(sys.modules) - bare)}))
+"""
+
+
+def _launcher_loaded(tmp_path: Path, root: Path) -> dict:
+    """The modules a snapshot of ``root`` adds to a ``python -I -S`` interpreter, as the installed command runs."""
+    result = subprocess.run([sys.executable, "-I", "-S", "-c", _LAUNCHER_PROBE, str(REPO), str(root),
+                             str(tmp_path / "agent.toml")], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("root", ["gpuless-debian12", "mi300x-rocm62-ubuntu2204", "nvidia-h200-ubuntu2404"])
+def test_snapshot_stays_within_its_module_budget(tmp_path: Path, root: str) -> None:
+    """From the launcher's interpreter a snapshot imports at most the budget's modules and none of pathlib's kin."""
+    seen = _launcher_loaded(tmp_path, ROOTS / root)
+    assert seen["code"] == 0
+    assert [m for m in seen["new"] if m in NOT_ON_THE_SNAPSHOT_PATH] == []
+    assert len(seen["new"]) <= SNAPSHOT_MODULE_BUDGET, seen["new"]
+
+
+def test_importing_the_collectors_compiles_no_pattern() -> None:
+    """Every collector's regular expressions are compiled at first use, none when the registry is imported."""
+    code = ("import sys, re; sys.path.insert(0, sys.argv[1]); import argparse, json; compiled = []; "
+            "real = re._compiler.compile; "
+            "re._compiler.compile = lambda p, flags=0: (compiled.append(p), real(p, flags))[1]; "
+            "import agent.collectors, agent.gpu_libraries; print(len(compiled))")
+    assert run_fresh_python(code).strip() == "0"

@@ -116,7 +116,8 @@ def _unsafe_directories(host: "Host", start: Path, first: str) -> Optional[str]:
     """Why ``start`` or a directory above it cannot be trusted, up to the Host's root (or ``/`` for a path outside
     it); None when none is unsafe. ``first`` names ``start`` in the line."""
     for above in [start, *start.parents]:
-        if above == host.root or above == Path(above.anchor):
+        # The Host's root is a string (issue #45); a path outside it stops at /.
+        if str(above) == str(host.root) or above == Path(above.anchor):
             break
         problem = _unsafe(above, first, False) if above == start else _unsafe(above, "directory", True)
         if problem is not None:

@@ -12,7 +12,6 @@ when that file is missing amdsmi reports the kernel release (from /proc/version)
 
 from __future__ import annotations
 
-import re
 from types import ModuleType
 from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple
 
@@ -21,6 +20,7 @@ from agent.frozen import Frozen, field, frozen_record
 from agent.gpu_libraries import amdsmi_failure, reason, unavailable_reason
 from agent.host import Host
 from agent.hostfacts.kfd import gfx_target, read_kfd_nodes
+from agent.lazyre import LazyPattern
 from agent.log import get_logger
 
 DriverKind = Literal["dkms", "inbox", "not_loaded"]
@@ -73,7 +73,7 @@ class AmdgpuInfo(Frozen):
 
 # --- pure parsers -------------------------------------------------------------------------------------------------
 
-_BDF = re.compile(r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<device>[0-9a-fA-F]{1,2})"
+_BDF = LazyPattern(r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<device>[0-9a-fA-F]{1,2})"
                   r"\.(?P<function>[0-7])$")
 
 
@@ -378,7 +378,7 @@ def smi_driver(module_present: bool, version_file: Optional[str], smi_version: O
 
 # --- sysfs --------------------------------------------------------------------------------------------------------
 
-_DRM_CARD = re.compile(r"^card\d+$")
+_DRM_CARD = LazyPattern(r"^card\d+$")
 
 
 def _read_optional(host: Host, path: str) -> Optional[str]:

@@ -17,12 +17,12 @@ of device nodes.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from agent.errors import CollectorUnavailable
 from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
+from agent.lazyre import LazyPattern
 from agent.log import get_logger
 from agent.tomlreader import toml_module
 
@@ -40,7 +40,7 @@ UVM_NAME = "nvidia-uvm"
 NVIDIACTL_MINOR = 255
 FIX = "nvidia-ctk system create-dev-char-symlinks --create-all"
 
-_CGROUP_DRIVER = re.compile(r"^native\.cgroupdriver\s*=\s*(\S+)$")
+_CGROUP_DRIVER = LazyPattern(r"^native\.cgroupdriver\s*=\s*(\S+)$")
 
 
 @frozen_record

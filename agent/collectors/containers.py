@@ -8,7 +8,6 @@ runtimes from /etc/docker/daemon.json, where the NVIDIA/AMD runtime hooks are re
 from __future__ import annotations
 
 import json
-import re
 from typing import Dict, List, Optional, Tuple
 
 from agent.collectors.factcache import MISSING, FactCache, file_identity
@@ -16,6 +15,7 @@ from agent.errors import CollectorUnavailable, CommandError
 from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
 from agent.hostfacts.containers import running_containers
+from agent.lazyre import LazyPattern
 from agent.log import get_logger
 
 log = get_logger("collectors.containers")
@@ -32,7 +32,7 @@ TOOLS: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = (
     ("amd-container-toolkit", "amd-ctk", ("--version",)),
 )
 
-_VERSION = re.compile(r"\bv?(\d+\.\d+(?:\.\d+)?(?:[-+~][0-9A-Za-z.\-+~]*)?)")
+_VERSION = LazyPattern(r"\bv?(\d+\.\d+(?:\.\d+)?(?:[-+~][0-9A-Za-z.\-+~]*)?)")
 
 
 @frozen_record
@@ -124,7 +124,7 @@ class ContainersCollector:
 
     def _version(self, host: Host, versions: FactCache, tool: str, path: str, args: Tuple[str, ...]) -> Optional[str]:
         """The tool's ``--version``, asked once per binary identity; a failure is not cached (asked again next time)."""
-        program = str(host.path(path))
+        program = host.file(path)
         identity = file_identity(program)
         cached = versions.get(tool, identity)
         if cached is not MISSING:

@@ -16,6 +16,7 @@ from agent.errors import CollectorUnavailable
 from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
 from agent.hostfacts.dpkg_status import iter_named
+from agent.lazyre import LazyPattern
 from agent.log import get_logger
 from agent.policy.releases import cuda_release
 
@@ -23,14 +24,14 @@ log = get_logger("collectors.cuda")
 
 CUDA_PREFIX = "/usr/local"
 DEFAULT_LINK = "/usr/local/cuda"
-_TOOLKIT_DIR = re.compile(r"^cuda-\d+(?:\.\d+)*$")
-_VERSION_TXT = re.compile(r"CUDA Version\s+(\d+(?:\.\d+)*)")
-_COMPAT_LIBCUDA = re.compile(r"^libcuda\.so\.(\d+\.\d+(?:\.\d+)*)$")
-_CUDA_H_VERSION = re.compile(r"^\s*#\s*define\s+CUDA_VERSION\s+(\d+)\s*$", re.MULTILINE)
+_TOOLKIT_DIR = LazyPattern(r"^cuda-\d+(?:\.\d+)*$")
+_VERSION_TXT = LazyPattern(r"CUDA Version\s+(\d+(?:\.\d+)*)")
+_COMPAT_LIBCUDA = LazyPattern(r"^libcuda\.so\.(\d+\.\d+(?:\.\d+)*)$")
+_CUDA_H_VERSION = LazyPattern(r"^\s*#\s*define\s+CUDA_VERSION\s+(\d+)\s*$", re.MULTILINE)
 _CUDA_H_HEAD_CHARS = 64 * 1024
 # The distribution's packages whose version carries the CUDA release, in the order they are believed.
 _RELEASE_PACKAGES = ("nvidia-cuda-toolkit", "libcudart")
-_CUDART_LIBRARY = re.compile(r"^libcudart\.so\.(\d+)\.(\d+)\.\d+$")  # 12.4.127: the third number is cudart's
+_CUDART_LIBRARY = LazyPattern(r"^libcudart\.so\.(\d+)\.(\d+)\.\d+$")  # 12.4.127: the third number is cudart's
 
 
 @frozen_record

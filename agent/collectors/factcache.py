@@ -55,8 +55,8 @@ class FactCache:
     """
 
     def __init__(self, host: Host, name: str) -> None:
-        self._state_dir = str(host.path(DEFAULT_STATE_DIR))
-        self.path = str(host.path(StatePaths().fact_cache(name)))
+        self._state_dir = host.file(DEFAULT_STATE_DIR)
+        self.path = host.file(StatePaths().fact_cache(name))
         self._stored = self._load()
         self._used: Dict[str, Any] = {}
 

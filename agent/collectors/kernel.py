@@ -6,13 +6,13 @@ the next boot comes up on a kernel that has no amdgpu/nvidia module built for it
 
 from __future__ import annotations
 
-import re
 from typing import List, Literal, Optional
 
 from agent.errors import CollectorUnavailable
 from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
 from agent.hostfacts.keyvalue import parse_key_value_lines
+from agent.lazyre import LazyPattern
 from agent.versions import sort_key
 
 NextBootSource = Literal["grubenv", "grub_default", "newest_installed"]
@@ -30,7 +30,7 @@ class KernelInfo(Frozen):
     reboot_pending: bool = False
 
 
-_VMLINUZ = re.compile(r"^(?:vmlinuz|vmlinux|Image)-(.+)$")
+_VMLINUZ = LazyPattern(r"^(?:vmlinuz|vmlinux|Image)-(.+)$")
 
 
 def installed_kernels(boot_names: List[str], modules_dirs_with_image: List[str]) -> List[str]:

@@ -8,7 +8,6 @@ collector: the first two fall back to procfs with the reason recorded as one sho
 
 from __future__ import annotations
 
-import re
 from types import ModuleType
 from typing import Any, Callable, List, Literal, Optional
 
@@ -17,6 +16,7 @@ from agent.frozen import Frozen, field, frozen_record
 from agent.gpu_libraries import nvml_failure, reason, unavailable_reason
 from agent.host import Host
 from agent.hostfacts.loaded_modules import parse_proc_driver_version
+from agent.lazyre import LazyPattern
 from agent.log import get_logger
 
 Source = Literal["nvml", "procfs"]
@@ -64,7 +64,7 @@ class NvidiaInfo(Frozen):
 
 # --- pure parsers -------------------------------------------------------------------------------------------------
 
-_BDF = re.compile(r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<device>[0-9a-fA-F]{1,2})"
+_BDF = LazyPattern(r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<device>[0-9a-fA-F]{1,2})"
                   r"\.(?P<function>[0-7])$")
 
 

@@ -33,6 +33,7 @@ from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
 from agent.hostfacts.dpkg_status import iter_named
 from agent.hostfacts.python_dists import find_distribution
+from agent.lazyre import LazyPattern
 from agent.log import get_logger
 from agent.versions import sort_key, upstream_dotted
 
@@ -42,14 +43,14 @@ ROCM_LINK = "/opt/rocm"
 ROCM_PREFIX = "/opt"
 VERSION_FILE = ".info/version"
 VERSION_HEADER = "include/rocm-core/rocm_version.h"
-_HEADER_FIELD = re.compile(r"^\s*#\s*define\s+ROCM_VERSION_(MAJOR|MINOR|PATCH)\s+\(?\s*(\d+)\s*\)?\s*$", re.M)
-_INSTALL_DIR = re.compile(r"^rocm-\d+(?:\.\d+)*")
-_HIP_LIBRARY = re.compile(r"^libamdhip64\.so\.(\d+)\.(\d+)\.\d+$")  # the third number is HIP's build
+_HEADER_FIELD = LazyPattern(r"^\s*#\s*define\s+ROCM_VERSION_(MAJOR|MINOR|PATCH)\s+\(?\s*(\d+)\s*\)?\s*$", re.M)
+_INSTALL_DIR = LazyPattern(r"^rocm-\d+(?:\.\d+)*")
+_HIP_LIBRARY = LazyPattern(r"^libamdhip64\.so\.(\d+)\.(\d+)\.\d+$")  # the third number is HIP's build
 _RELEASE_PACKAGES = ("librocm-core", "libamdhip64-", "libhsa-runtime64-")
-_THEROCK_DIR = re.compile(r"^core-\d+\.\d+$")  # core-7.13, core-10.0; core and core-10 are links
-_AMD_SMI_LIB = re.compile(r"^libamd_smi\.so\.(\d+)(?:\.\d+)*$")  # libamd_smi.so.27, libamd_smi.so.27.0.0
+_THEROCK_DIR = LazyPattern(r"^core-\d+\.\d+$")  # core-7.13, core-10.0; core and core-10 are links
+_AMD_SMI_LIB = LazyPattern(r"^libamd_smi\.so\.(\d+)(?:\.\d+)*$")  # libamd_smi.so.27, libamd_smi.so.27.0.0
 _LIB_DIRS = ("lib", "lib64")
-_VERSION = re.compile(r"^\d+(?:\.\d+)+(?:[-+~.][0-9A-Za-z.~+-]*)?$")
+_VERSION = LazyPattern(r"^\d+(?:\.\d+)+(?:[-+~.][0-9A-Za-z.~+-]*)?$")
 
 
 @frozen_record

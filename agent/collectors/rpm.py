@@ -53,7 +53,7 @@ class RpmCollector:
         self.timeout_seconds = timeout_seconds
 
     def collect(self, host: Host) -> PackageSet:
-        database = [str(host.path(p)) for p in rpm_database_files(str(host.root))]
+        database = [host.file(p) for p in rpm_database_files(str(host.root))]
         if not database:
             raise CollectorUnavailable("no rpm database")
         cache = FactCache(host, "rpm-packages")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING, TextIO
 
 from agent.commands.guard_inputs import (
@@ -16,6 +17,7 @@ from agent.commands.options import add_dry_run, add_group, add_guard_options
 
 if TYPE_CHECKING:
     from agent.commands import HostFactory, Subparsers
+    from agent.guard.rollback.kept import RecordProgress
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -25,6 +27,11 @@ def add_parser(sub: Subparsers) -> None:
     add_guard_options(rollback)
     add_dry_run(rollback, "plan only (apt-get -s, dnf --assumeno)")
     rollback.set_defaults(handler=guard_rollback)
+
+
+def _progress_line(progress: "RecordProgress") -> None:
+    """A long known-good record's progress, one line on stderr (stdout keeps the summary)."""
+    sys.stderr.write(progress.line() + "\n")
 
 
 def guard_rollback(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
@@ -37,7 +44,7 @@ def guard_rollback(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     policy = policy_for_host(args, host, settings)
     paths = state_paths(settings)
     result = check_and_rollback(host, settings.guard, paths, backend_for(host, settings.guard, paths), policy=policy,
-                                dry_run=args.dry_run)
+                                dry_run=args.dry_run, progress=_progress_line)
     out.write(result.summary())
     if result.status == "failed":
         return EXIT_ROLLBACK_FAILED

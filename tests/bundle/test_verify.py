@@ -105,7 +105,7 @@ def test_two_trusted_keys_rotate(tmp_path: Path) -> None:
     assert len(trusted_keyrings(host)) == 2
     assert verify_signature(host, str(bundle), str(by_old)) == old.fingerprint
     assert verify_signature(host, str(bundle), str(by_new)) == new.fingerprint
-    (host.root / "etc/gpuguard/keys/00-signer.gpg").unlink()
+    host.path("/etc/gpuguard/keys/00-signer.gpg").unlink()
     assert verify_signature(host, str(bundle), str(by_new)) == new.fingerprint
     with pytest.raises(BundleRefused, match="which no trusted keyring holds"):
         verify_signature(host, str(bundle), str(by_old))
@@ -174,7 +174,7 @@ def test_keys_others_could_change_are_refused(tmp_path: Path, what: str, change:
     bundle = bundle_file(tmp_path)
     signature = signer.sign(bundle)
     host = host_with_keys(tmp_path, signer)
-    keys = host.root / "etc/gpuguard/keys"
+    keys = host.path("/etc/gpuguard/keys")
     change(keys)
     refusal = rf"refused \(signature\): trusted keys: {what} {host.root}/etc/gpuguard"
     with pytest.raises(BundleRefused, match=refusal) as caught:
@@ -195,11 +195,11 @@ def test_a_file_that_is_no_keyring_is_named(tmp_path: Path, content: bytes, kind
     bundle = bundle_file(tmp_path)
     signature = signer.sign(bundle)
     host = host_with_keys(tmp_path, signer)
-    (host.root / "etc/gpuguard/keys/99-new.gpg").write_bytes(content)
+    host.path("/etc/gpuguard/keys/99-new.gpg").write_bytes(content)
     with pytest.raises(BundleRefused, match=f"keyring {host.root}/etc/gpuguard/keys/99-new.gpg is not a binary "
                                             f"OpenPGP keyring \\({re.escape(kind)}\\)"):
         verify_signature(host, str(bundle), str(signature))
-    (host.root / "etc/gpuguard/keys/99-new.gpg").unlink()
+    host.path("/etc/gpuguard/keys/99-new.gpg").unlink()
     assert verify_signature(host, str(bundle), str(signature)) == signer.fingerprint
 
 
@@ -212,13 +212,13 @@ def test_a_keyring_linked_into_a_world_writable_directory_is_refused(tmp_path: P
     bundle = bundle_file(tmp_path)
     signature = signer.sign(bundle)
     host = host_with_keys(tmp_path)
-    safe = host.root / "usr/share/keyrings"
+    safe = host.path("/usr/share/keyrings")
     safe.mkdir(parents=True)
     signer.export(safe / "ops.gpg")
-    link = host.root / "etc/gpuguard/keys/ops.gpg"
+    link = host.path("/etc/gpuguard/keys/ops.gpg")
     link.symlink_to(safe / "ops.gpg")
     assert verify_signature(host, str(bundle), str(signature)) == signer.fingerprint
-    drop = host.root / "var/tmp/drop"
+    drop = host.path("/var/tmp/drop")
     drop.mkdir(parents=True)
     os.chmod(drop, 0o777)
     signer.export(drop / "ops.gpg")

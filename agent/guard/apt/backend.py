@@ -8,7 +8,7 @@ from agent.errors import InputFileError
 from agent.guard.apt.deb_cache import DebCache, parse_deb_file_name
 from agent.guard.apt.tool import AptTool
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep, Targets
-from agent.guard.rollback.kept import KeptFile, keep_set
+from agent.guard.rollback.kept import KeptFile, ProgressSink, keep_set, log_progress
 from agent.host import Host
 from agent.hostfacts.dpkg_status import iter_dpkg_status, native_architecture
 from agent.hostfacts.package_keys import package_key
@@ -59,8 +59,10 @@ class AptBackend:
         return self.tool.wait_for_dpkg_lock()
 
     def cache_known_good(self, installed: Dict[str, InstalledPackage],
-                         also_keep: Optional[Dict[str, InstalledPackage]] = None) -> Dict[str, KeptFile]:
-        return keep_set(self.host, self.cache, ".deb", installed, also_keep or {}, self.max_bytes)
+                         also_keep: Optional[Dict[str, InstalledPackage]] = None,
+                         progress: Optional[ProgressSink] = None) -> Dict[str, KeptFile]:
+        return keep_set(self.host, self.cache, ".deb", installed, also_keep or {}, self.max_bytes,
+                        progress or log_progress)
 
     def has_cached(self, key: str, package: InstalledPackage) -> bool:
         return self.cache.has(key.split(":", 1)[0], package.version, package.arch)

@@ -10,12 +10,12 @@ installed (agent.guard.apt.deb_rebuild). Where each came from is kept in the dir
 from __future__ import annotations
 
 import shutil
-from typing import Tuple
+from typing import Tuple, Union
 
 from agent.errors import CommandError
-from agent.guard.apt.deb_rebuild import DebRebuilder
+from agent.guard.apt.deb_rebuild import DPKG_STATUS, DebRebuilder, find_stanza, installed_size_bytes
 from agent.guard.apt.tool import AptTool
-from agent.guard.rollback.kept import KeptFile, Manifest, keep_rebuilt
+from agent.guard.rollback.kept import KeptFile, Manifest, PendingRebuild
 from agent.host import Host
 from agent.log import get_logger
 
@@ -54,6 +54,12 @@ class DebCache:
 
         A miss (none of the three) is logged the first time for a package version, not on every check.
         """
+        found = self.find(name, version, arch, manifest)
+        return found.run(self.host, manifest) if isinstance(found, PendingRebuild) else found
+
+    def find(self, name: str, version: str, arch: str, manifest: Manifest) -> Union[KeptFile, PendingRebuild]:
+        """The kept .deb when it is kept already (never rebuilt again), in the archive cache or offered by a
+        repository; else the rebuild from the installed files it takes."""
         target = self.path(name, version, arch)
         if self.host.path(target).is_file():
             return manifest.known(target)
@@ -70,9 +76,11 @@ class DebCache:
             download_error = "apt-get download wrote no file"
         except CommandError as exc:
             download_error = str(exc)
-        return keep_rebuilt(self.host, manifest, (name, version, arch), target,
-                            lambda: DebRebuilder(self.host).rebuild(name, version, arch, target),
-                            f"no repository offers it ({download_error})", "dpkg")
+        stanza = find_stanza(self.host.read_text(DPKG_STATUS) or "", name, arch, version)
+        return PendingRebuild((name, version, arch), target,
+                              lambda: DebRebuilder(self.host).rebuild(name, version, arch, target),
+                              f"no repository offers it ({download_error})", "dpkg",
+                              installed_size_bytes(stanza) if stanza else 0)
 
     @staticmethod
     def _kept(manifest: Manifest, kept: KeptFile) -> KeptFile:

@@ -40,6 +40,9 @@ INSTALL_ONLY_FIELDS = frozenset({"status", "config-version", "conffiles", "trigg
 SCRIPTS = ("preinst", "postinst", "prerm", "postrm", "config")
 CONTROL_FILES = ("conffiles", "triggers", "shlibs", "symbols", "templates", "md5sums")
 _CHUNK_BYTES = 1 << 20
+# data.tar.gz at gzip level 1: on a ROCm-like stack level 6 took twice the time for 4 % fewer bytes (issue #45);
+# every dpkg reads it. control.tar.gz is a few KiB and keeps level 6.
+DATA_GZIP_LEVEL = 1
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,12 @@ def find_stanza(status_text: str, name: str, arch: str, version: str) -> Optiona
                 and fields.get("architecture", "") in (arch, "") and fields.get("status", "").endswith(" installed")):
             return stanza.strip("\n")
     return None
+
+
+def installed_size_bytes(stanza: str) -> int:
+    """The stanza's ``Installed-Size`` (KiB) in bytes; 0 when it has none or it is not a number."""
+    value = _top_fields(stanza).get("installed-size", "")
+    return int(value) * 1024 if value.isdigit() else 0
 
 
 def _top_fields(stanza: str) -> Dict[str, str]:
@@ -256,7 +265,7 @@ class DebRebuilder:
         missing: List[str] = []
         edited: List[str] = []
         prefixes = {p.rsplit("/", 1)[0] for p in listed}
-        with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=6) as zipped, \
+        with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=DATA_GZIP_LEVEL) as zipped, \
                 tarfile.open(fileobj=zipped, mode="w", format=tarfile.GNU_FORMAT) as tar:
             for path in listed:
                 if path == "/.":

@@ -7,7 +7,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from agent.guard.dnf.rpm_cache import RpmCache
 from agent.guard.dnf.tool import DnfTool, nevra
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep, Targets
-from agent.guard.rollback.kept import KeptFile, keep_set
+from agent.guard.rollback.kept import KeptFile, ProgressSink, keep_set, log_progress
 from agent.host import Host
 from agent.hostfacts.package_keys import package_name
 
@@ -37,8 +37,10 @@ class RpmBackend:
         return self.tool.wait_for_rpm_lock()
 
     def cache_known_good(self, installed: Dict[str, InstalledPackage],
-                         also_keep: Optional[Dict[str, InstalledPackage]] = None) -> Dict[str, KeptFile]:
-        return keep_set(self.host, self.cache, ".rpm", installed, also_keep or {}, self.max_bytes)
+                         also_keep: Optional[Dict[str, InstalledPackage]] = None,
+                         progress: Optional[ProgressSink] = None) -> Dict[str, KeptFile]:
+        return keep_set(self.host, self.cache, ".rpm", installed, also_keep or {}, self.max_bytes,
+                        progress or log_progress)
 
     def has_cached(self, key: str, package: InstalledPackage) -> bool:
         return self.cache.has(package_name(key), package.version, package.arch)

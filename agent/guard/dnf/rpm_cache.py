@@ -10,13 +10,13 @@ installed (agent.guard.dnf.rpm_rebuild).
 from __future__ import annotations
 
 import shutil
-from typing import Optional
+from typing import Optional, Union
 from urllib.parse import unquote, urlparse
 
 from agent.errors import CommandError
 from agent.guard.dnf.rpm_rebuild import RpmRebuilder
 from agent.guard.dnf.tool import DnfTool, nevra, rpm_file_name
-from agent.guard.rollback.kept import KeptFile, Manifest, keep_rebuilt
+from agent.guard.rollback.kept import KeptFile, Manifest, PendingRebuild
 from agent.host import Host
 from agent.log import get_logger
 
@@ -48,6 +48,12 @@ class RpmCache:
 
     def ensure(self, name: str, version: str, arch: str, manifest: Manifest) -> KeptFile:
         """Make sure the .rpm is kept; a miss is logged the first time for a package version, not on every check."""
+        found = self.find(name, version, arch, manifest)
+        return found.run(self.host, manifest) if isinstance(found, PendingRebuild) else found
+
+    def find(self, name: str, version: str, arch: str, manifest: Manifest) -> Union[KeptFile, PendingRebuild]:
+        """The kept .rpm when it is kept already (never rebuilt again), cached or offered by a repository; else the
+        rebuild from the installed files it takes."""
         target = self.path(name, version, arch)
         real = self.host.path(target)
         if real.is_file():
@@ -56,10 +62,10 @@ class RpmCache:
         if found is not None:
             manifest.remember(found)
             return found
-        return keep_rebuilt(self.host, manifest, (name, version, arch), target,
-                            lambda: RpmRebuilder(self.host, self.tool.rpm_argv()).rebuild(nevra(name, version, arch),
-                                                                                        target),
-                            "no dnf cache or configured repository offers it", "rpm")
+        return PendingRebuild((name, version, arch), target,
+                              lambda: RpmRebuilder(self.host, self.tool.rpm_argv()).rebuild(nevra(name, version, arch),
+                                                                                          target),
+                              "no dnf cache or configured repository offers it", "rpm")
 
     def _fetch(self, name: str, version: str, arch: str, target: str) -> Optional[KeptFile]:
         real = self.host.path(target)

@@ -9,7 +9,8 @@ goes through a :class:`PackageBackend`:
 - ``wait_for_lock``: wait until no package manager holds the database
 - ``cache_known_good``: keep the package files of the known-good set (ensure, then prune the rest but the files
   of ``also_keep``, the set before the last change; within [guard] kept_packages_max_bytes): from the package
-  manager's cache, a repository, or rebuilt from the installed files (agent.guard.rollback.kept)
+  manager's cache, a repository, or rebuilt from the installed files (agent.guard.rollback.kept), the rebuilds in
+  parallel with their progress told to ``progress`` (default: logged)
 - ``plan_targets``: what restores the known-good set (cached files first, versions otherwise, removals)
 - ``simulate``, ``apply``, ``finish_pending``: plan without change, run it, never leave a half-done state
   (``mechanism`` says how the last plan restores the set, for the rollback event)
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Optional, Protocol, Sequence, Tuple
 
 if TYPE_CHECKING:
-    from agent.guard.rollback.kept import KeptFile
+    from agent.guard.rollback.kept import KeptFile, ProgressSink
 
 Targets = Tuple[List[str], Dict[str, str], Dict[str, str]]
 
@@ -64,7 +65,8 @@ class PackageBackend(Protocol):
     def wait_for_lock(self) -> float: ...
 
     def cache_known_good(self, installed: Dict[str, InstalledPackage],
-                         also_keep: Optional[Dict[str, InstalledPackage]] = None) -> "Dict[str, KeptFile]": ...
+                         also_keep: Optional[Dict[str, InstalledPackage]] = None,
+                         progress: "Optional[ProgressSink]" = None) -> "Dict[str, KeptFile]": ...
 
     def has_cached(self, key: str, package: InstalledPackage) -> bool: ...
 

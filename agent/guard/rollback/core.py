@@ -29,7 +29,7 @@ from agent.files import read_json_file, write_atomically
 from agent.guard.hotpath.overrides import active_windows, audit, load_windows
 from agent.guard.hotpath.state import append_json_line
 from agent.guard.rollback.backend import InstalledPackage, PackageBackend, PlannedStep
-from agent.guard.rollback.kept import KeptFile
+from agent.guard.rollback.kept import KeptFile, ProgressSink
 from agent.guard.settings import GuardSettings
 from agent.host import Host
 from agent.hostfacts.context import read_host_context
@@ -91,9 +91,11 @@ def _load_set(where: str) -> Optional[Dict[str, InstalledPackage]]:
 
 
 def record_known_good(host: Host, paths: StatePaths, installed: Dict[str, InstalledPackage], now: dt.datetime,
-                      backend: Optional[PackageBackend]) -> Dict[str, KeptFile]:
+                      backend: Optional[PackageBackend],
+                      progress: Optional[ProgressSink] = None) -> Dict[str, KeptFile]:
     """Store ``installed`` as the known-good set, keep its package files and write the rollback coverage; the kept
-    file per package key."""
+    file per package key. A record whose rebuilds take more than a few seconds tells ``progress`` how far it is
+    (default: ``known_good_progress`` log events)."""
     files: Dict[str, KeptFile] = {}
     field_name = "deb"
     if backend is not None:
@@ -101,7 +103,7 @@ def record_known_good(host: Host, paths: StatePaths, installed: Dict[str, Instal
             before_change = load_before_change(host, paths) or {}
         except InputFileError:
             before_change = {}  # the health-gated rollback reports it; keeping files must not stop on it
-        files = backend.cache_known_good(installed, before_change)
+        files = backend.cache_known_good(installed, before_change, progress)
         field_name = backend.file_field
     packages = {}
     for k, v in sorted(installed.items()):
@@ -262,13 +264,14 @@ def _revoke(host: Host, paths: StatePaths, path: str) -> None:
 def check_and_rollback(host: Host, guard: GuardSettings, paths: StatePaths, backend: PackageBackend,
                        policy: Optional[CompiledPolicy] = None,
                        now: Optional[Callable[[], dt.datetime]] = None, dry_run: bool = False,
-                       snapshot: Optional[Callable[[Host], object]] = None) -> GuardResult:
+                       snapshot: Optional[Callable[[Host], object]] = None,
+                       progress: Optional[ProgressSink] = None) -> GuardResult:
     """Compare the installed set with the last known-good one and act as the policy says.
 
     ``guard`` is the ``[guard]`` settings, ``paths`` the state directory's files, ``backend`` the host's package
     manager (agent.guard.manager.backend_for builds it). ``policy`` defaults to the compiled policy in the state
     directory. ``snapshot`` is called after a rollback (default: a full snapshot, whose content hash goes into the
-    Rollback event).
+    Rollback event). ``progress`` hears how far a long known-good record is (default: logged).
     """
     from agent.policy.compiled import read_compiled
     from agent.report.events import PolicyViolation
@@ -292,7 +295,7 @@ def check_and_rollback(host: Host, guard: GuardSettings, paths: StatePaths, back
             return _inconsistent(broken, "no known-good set to go back to: repair it, then run gpuguard guard "
                                          "rollback again")
         if not dry_run:
-            detail += _uncached_note(record_known_good(host, paths, current, clock(), backend), backend)
+            detail += _uncached_note(record_known_good(host, paths, current, clock(), backend, progress), backend)
         return GuardResult("recorded", detail=detail)
     state = HostState(before=_versions(known_good), after=_versions(current), manager=backend.manager,
                       context=context)
@@ -309,7 +312,7 @@ def check_and_rollback(host: Host, guard: GuardSettings, paths: StatePaths, back
     if not violations:
         if state.changed() and not dry_run:
             keep_before_change(host, paths, known_good, clock())
-            files = record_known_good(host, paths, current, clock(), backend)
+            files = record_known_good(host, paths, current, clock(), backend, progress)
             return GuardResult("recorded", detail=f"compliant change of {len(state.changed())} packages recorded"
                                + _uncached_note(files, backend))
         standing = [v for v in judged if v.action != "warn"]
@@ -346,7 +349,7 @@ def check_and_rollback(host: Host, guard: GuardSettings, paths: StatePaths, back
         _revoke(host, paths, grant)
     if policy_moved and outcome.status == "rolled_back":
         # The restored set is the new known-good one (its files were kept with the set it replaced).
-        record_known_good(host, paths, backend.read_installed(policy.guarded), clock(), backend)
+        record_known_good(host, paths, backend.read_installed(policy.guarded), clock(), backend, progress)
     return outcome
 
 

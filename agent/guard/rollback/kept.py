@@ -6,14 +6,24 @@ that still offers the version (``repository``), or is rebuilt from what the pack
 manifest (``kept.json`` beside the files) remembers that for each file, so a later check that finds the file
 already kept still knows its source, and remembers the versions no file could be had for, so such a miss is
 logged once per package version, not on every check.
+
+Recording a set (:func:`keep_set`) first finds what is already kept or can be copied or downloaded, one package
+after another (the package manager's tools are not run side by side), then rebuilds the rest in parallel, largest
+first, with at most ``os.cpu_count()`` rebuilds at a time: a rebuild is reading, hashing and compressing, all of
+which release the GIL, so threads use every core (issue #45). A package whose file is already kept (same name,
+version and architecture) is never rebuilt again. A record that runs past a few seconds reports its progress and
+the estimated time left (:class:`RecordProgress`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Protocol, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Protocol, Tuple, Union
 
 from agent.errors import GpuguardError, InputFileError
 from agent.files import read_json_file, write_atomically
@@ -120,6 +130,111 @@ class Rebuilt(Protocol):
     def differences(self) -> List[str]: ...
 
 
+@dataclass(frozen=True)
+class PendingRebuild:
+    """A package no cache or repository had: what rebuilding it from its installed files takes (run by
+    :func:`keep_set`, beside the others)."""
+
+    package: Tuple[str, str, str]  # name, version, arch
+    target: str  # host path of the file to write
+    rebuild: Callable[[], Optional["Rebuilt"]]
+    unavailable: str  # why no cache or repository had it
+    manager: str  # "dpkg" or "rpm"
+    installed_bytes: int = 0  # what the rebuild reads (the database's installed size; 0: unknown), for progress
+
+    def run(self, host: Host, manifest: Manifest) -> KeptFile:
+        return keep_rebuilt(host, manifest, self.package, self.target, self.rebuild, self.unavailable, self.manager)
+
+
+@dataclass(frozen=True)
+class RecordProgress:
+    """How far the rebuilds of one record are, and the time left estimated from the bytes rebuilt so far."""
+
+    packages_done: int
+    packages_total: int
+    bytes_done: int
+    bytes_total: int
+    elapsed_seconds: float
+    eta_seconds: Optional[float]  # None until one package is done
+
+    def line(self) -> str:
+        """One line for a person: ``rebuilding kept packages: 12/40, 2.1 of 8.6 GB, about 95 s left``."""
+        eta = f", about {self.eta_seconds:.0f} s left" if self.eta_seconds is not None else ""
+        return (f"rebuilding kept packages: {self.packages_done}/{self.packages_total}, "
+                f"{self.bytes_done / 1e9:.1f} of {self.bytes_total / 1e9:.1f} GB{eta}")
+
+
+ProgressSink = Callable[[RecordProgress], None]
+# A record shorter than this reports nothing; a longer one at most once per interval, and when it ends.
+PROGRESS_AFTER_SECONDS = 3.0
+PROGRESS_INTERVAL_SECONDS = 10.0
+
+
+def log_progress(progress: RecordProgress) -> None:
+    """The daemon's (and the default) progress report: a ``known_good_progress`` event."""
+    log.info("known_good_progress", packages_done=progress.packages_done, packages_total=progress.packages_total,
+             bytes_done=progress.bytes_done, bytes_total=progress.bytes_total,
+             elapsed_seconds=round(progress.elapsed_seconds, 1),
+             eta_seconds=None if progress.eta_seconds is None else round(progress.eta_seconds, 1))
+
+
+class _Progress:
+    """Counts finished rebuilds and tells ``sink`` past :data:`PROGRESS_AFTER_SECONDS`, once per interval."""
+
+    def __init__(self, pending: List[PendingRebuild], sink: ProgressSink, clock: Callable[[], float]) -> None:
+        self.sink, self.clock = sink, clock
+        self.total = len(pending)
+        # A package of unknown size counts as the average of the known ones (or 1 byte when none is known).
+        known = [p.installed_bytes for p in pending if p.installed_bytes > 0]
+        self.default_bytes = sum(known) // len(known) if known else 1
+        self.bytes_total = sum(self.size(p) for p in pending)
+        self.done = self.bytes_done = 0
+        self.started = clock()
+        self.last_report: Optional[float] = None
+
+    def size(self, pending: PendingRebuild) -> int:
+        return pending.installed_bytes if pending.installed_bytes > 0 else self.default_bytes
+
+    def finished(self, pending: PendingRebuild) -> None:
+        self.done += 1
+        self.bytes_done += self.size(pending)
+        now = self.clock()
+        elapsed = now - self.started
+        if elapsed < PROGRESS_AFTER_SECONDS:
+            return
+        if self.done < self.total and self.last_report is not None \
+                and now - self.last_report < PROGRESS_INTERVAL_SECONDS:
+            return
+        self.last_report = now
+        rate = self.bytes_done / elapsed if elapsed > 0 else 0.0
+        eta = (self.bytes_total - self.bytes_done) / rate if rate > 0 else None
+        self.sink(RecordProgress(self.done, self.total, self.bytes_done, self.bytes_total, elapsed, eta))
+
+
+def rebuild_workers(pending_count: int) -> int:
+    """How many rebuilds run at once: one per CPU, never more than there are packages (at least one)."""
+    return max(1, min(pending_count, os.cpu_count() or 1))
+
+
+def rebuild_all(host: Host, manifest: Manifest, pending: Mapping[str, PendingRebuild],
+                progress: ProgressSink = log_progress,
+                clock: Callable[[], float] = time.monotonic) -> Dict[str, KeptFile]:
+    """Run every pending rebuild, :func:`rebuild_workers` at a time, the largest first (so the last to finish
+    is a small one); the kept file per package key."""
+    if not pending:
+        return {}
+    order = sorted(pending, key=lambda k: (-pending[k].installed_bytes, k))
+    counter = _Progress(list(pending.values()), progress, clock)
+
+    def one(key: str) -> KeptFile:
+        kept = pending[key].run(host, manifest)
+        counter.finished(pending[key])
+        return kept
+
+    with ThreadPoolExecutor(max_workers=rebuild_workers(len(pending)), thread_name_prefix="rebuild") as pool:
+        return dict(zip(order, pool.map(one, order)))
+
+
 def keep_rebuilt(host: Host, manifest: Manifest, package: Tuple[str, str, str], target: str,
                  rebuild: Callable[[], Optional[Rebuilt]], unavailable: str, manager: str) -> KeptFile:
     """The last resort of a cache: ``rebuild()`` the installed package into ``target``; the kept file, or why there
@@ -162,15 +277,24 @@ class KeptFiles(Protocol):
 
     def path(self, name: str, version: str, arch: str) -> str: ...
 
-    def ensure(self, name: str, version: str, arch: str, manifest: Manifest) -> KeptFile: ...
+    def find(self, name: str, version: str, arch: str, manifest: Manifest) -> Union[KeptFile, PendingRebuild]:
+        """The kept file when it is kept already or could be copied or downloaded; else the rebuild it takes."""
 
 
 def keep_set(host: Host, cache: KeptFiles, suffix: str, installed: Mapping[str, Versioned],
-             also_keep: Mapping[str, Versioned], max_bytes: int) -> Dict[str, KeptFile]:
+             also_keep: Mapping[str, Versioned], max_bytes: int,
+             progress: ProgressSink = log_progress) -> Dict[str, KeptFile]:
     """Keep a file for every package of ``installed`` (one per name, version and architecture, the file's name,
-    which both sets may share), then bound the directory (:func:`settle`); the kept file per package key."""
+    which both sets may share), then bound the directory (:func:`settle`); the kept file per package key.
+
+    What is kept, cached or offered is found one package after another; the rest are rebuilt in parallel
+    (:func:`rebuild_all`)."""
     manifest = Manifest.load(host, cache.directory)
-    files = {k: cache.ensure(package_name(k), v.version, v.arch, manifest) for k, v in sorted(installed.items())}
+    found = {k: cache.find(package_name(k), v.version, v.arch, manifest) for k, v in sorted(installed.items())}
+    files = {k: f for k, f in found.items() if isinstance(f, KeptFile)}
+    files.update(rebuild_all(host, manifest, {k: p for k, p in found.items() if isinstance(p, PendingRebuild)},
+                             progress))
+    files = dict(sorted(files.items()))
     older = [cache.path(package_name(k), v.version, v.arch) for k, v in also_keep.items()]
     return settle(host, cache.directory, suffix, files, older, manifest,
                   [(package_name(k), v.version, v.arch) for k, v in installed.items()], max_bytes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from agent.config import Settings
 from agent.guard.rollback.backend import InstalledPackage, PlannedStep
@@ -38,7 +38,8 @@ class MemoryBackend:
         return 0.0
 
     def cache_known_good(self, installed: Dict[str, InstalledPackage],
-                         also_keep: Optional[Dict[str, InstalledPackage]] = None) -> Dict[str, KeptFile]:
+                         also_keep: Optional[Dict[str, InstalledPackage]] = None,
+                         progress: Optional[Callable[[Any], None]] = None) -> Dict[str, KeptFile]:
         return {k: KeptFile(None) for k in installed}
 
     def has_cached(self, key: str, package: InstalledPackage) -> bool:

@@ -27,7 +27,7 @@ class SizedCache:
     def path(self, name: str, version: str, arch: str) -> str:
         return f"{DIRECTORY}/{name}_{version}_{arch}.deb"
 
-    def ensure(self, name: str, version: str, arch: str, manifest: Manifest) -> KeptFile:
+    def find(self, name: str, version: str, arch: str, manifest: Manifest) -> KeptFile:
         target = self.path(name, version, arch)
         if not self.host.path(target).is_file():
             self.ensured += 1
