@@ -21,6 +21,7 @@ import json
 import os
 
 from agent.errors import InputFileError
+from agent.hostfacts.paths import open_regular, read_regular_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -41,8 +42,7 @@ def plan_path(plan_dir: str, zypper_pid: int) -> str:
 def start_ticks(pid: int, proc: str = "/proc") -> Optional[int]:
     """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), None when it is gone."""
     try:
-        with open(f"{proc}/{pid}/stat", "rb") as handle:
-            stat = handle.read(4096).decode("ascii", errors="replace")
+        stat = read_regular_file(f"{proc}/{pid}/stat", 4096).decode("ascii", errors="replace")
     except OSError:
         return None
     fields = stat.rpartition(")")[2].split()
@@ -85,18 +85,12 @@ def steps_from_commitbegin(body: str) -> List[Dict[str, str]]:
 
 def write_plan(plan_dir: str, zypper_pid: int, ticks: int, steps: List[Dict[str, str]]) -> str:
     """Write the plan (root-only directory and file, replaced atomically); returns its path."""
+    from agent.files import write_atomically
+
     os.makedirs(plan_dir, mode=0o700, exist_ok=True)
     path = plan_path(plan_dir, zypper_pid)
-    temp = f"{path}.tmp"
-    data = json.dumps({"format": PLAN_FORMAT, "zypper_pid": zypper_pid, "zypper_start_ticks": ticks,
-                       "steps": steps}).encode("utf-8")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temp, path)
+    write_atomically(path, json.dumps({"format": PLAN_FORMAT, "zypper_pid": zypper_pid,
+                                       "zypper_start_ticks": ticks, "steps": steps}), mode=0o600)
     return path
 
 
@@ -110,13 +104,11 @@ def remove_plan(plan_dir: str, zypper_pid: int) -> None:
 def read_plan(plan_dir: str, zypper_pid: int, proc: str = "/proc") -> Optional[List[Dict[str, str]]]:
     """The steps of the live plan of zypper ``zypper_pid``, or None: no plan, a plan of an earlier process with the
     same pid, one another user could have written, or one that does not parse."""
-    path = plan_path(plan_dir, zypper_pid)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd, info = open_regular(plan_path(plan_dir, zypper_pid), nofollow=True)
     except OSError:
         return None
     try:
-        info = os.fstat(fd)
         if info.st_uid != os.geteuid() or info.st_mode & 0o022 or info.st_size > MAX_PLAN_BYTES:
             return None
         data = os.read(fd, MAX_PLAN_BYTES + 1)

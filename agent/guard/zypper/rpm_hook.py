@@ -33,6 +33,7 @@ from agent.guard.dnf.request import REQUEST_FORMAT
 from agent.guard.hotpath import entry
 from agent.guard.hotpath.decision import EXIT_USAGE, PREFIX
 from agent.guard.zypper import plan as zypper_plan
+from agent.hostfacts.paths import read_regular_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -86,8 +87,7 @@ def parse_plugin_input(text: str) -> PluginInput:
 
 def process_name(pid: int, proc: str = "/proc") -> str:
     try:
-        with open(f"{proc}/{pid}/comm", "rb") as handle:
-            return handle.read(64).decode("utf-8", errors="replace").strip()
+        return read_regular_file(f"{proc}/{pid}/comm", 64).decode("utf-8", errors="replace").strip()
     except OSError:
         return ""
 

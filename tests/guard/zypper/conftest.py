@@ -60,7 +60,8 @@ def packages() -> list:
            FakeRpm("cuda-toolkit-13-0", CUDA_130, "x86_64"), FakeRpm("cuda-toolkit-13-1", CUDA_131, "x86_64"),
            FakeRpm("hello-fake", HELLO_10), FakeRpm("hello-fake", HELLO_11)]
     for version in (NV, NV_NEW):
-        out.append(FakeRpm(KMP, f"{version}{KMP_RELEASE}", "x86_64", provides=f"nvidia-open-driver-G06-kmp = {version}"))
+        out.append(FakeRpm(KMP, f"{version}{KMP_RELEASE}", "x86_64",
+                           provides=f"nvidia-open-driver-G06-kmp = {version}"))
         out.append(FakeRpm("nvidia-compute-G06", f"{version}-1.1", "x86_64",
                            requires=f"nvidia-open-driver-G06-kmp = {version}"))
     return out

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -37,6 +38,15 @@ COMMIT_LAUNCHER = REPO_ROOT / "packaging/zypper/gpuguard-zypper-commit"
 # Debian's rpm puts %__plugindir at %{_libdir}/rpm-plugins = /usr/lib64/rpm-plugins, as SLES does.
 PLUGIN_DIR = "/usr/lib64/rpm-plugins"
 VENV_PYTHON = REPO_ROOT / ".venv/bin/python"
+SLES_OS_RELEASE = """NAME="SLES"
+VERSION="15-SP7"
+VERSION_ID="15.7"
+PRETTY_NAME="SUSE Linux Enterprise Server 15 SP7"
+ID="sles"
+ID_LIKE="suse"
+ANSI_COLOR="0;32"
+CPE_NAME="cpe:/o:suse:sles:15:sp7"
+"""
 
 
 def missing_tools() -> List[str]:
@@ -81,6 +91,18 @@ class ZypperHost:
                    f"[fake]\nname=gpuguard fake SLES packages\nbaseurl=file://{repo_dir}\nenabled=1\n"
                    "autorefresh=1\ngpgcheck=0\ntype=rpm-md\n")
         self.write("/var/lib/rpm/.keep", "")
+        # A SLES host has no dpkg database and no dnf: hidden (overlay whiteouts), so gpuguard sees an rpm host
+        # whose front end is zypper.
+        self.write("/etc/os-release", SLES_OS_RELEASE)
+        for hidden in ("/var/lib/dpkg/status", "/usr/bin/dnf", "/usr/bin/dnf-3", "/usr/bin/dnf5"):
+            self.hide(hidden)
+
+    def hide(self, inside: str) -> None:
+        """Hide a file of this machine inside the overlay (a whiteout: a 0/0 character device in the upper dir)."""
+        target = self.path(inside)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.exists():
+            os.mknod(target, stat.S_IFCHR | 0o600, os.makedev(0, 0))
 
     def path(self, inside: str) -> Path:
         """Where a path of the overlay's root is in the upper dir (to write before a command runs)."""

@@ -8,8 +8,7 @@ from typing import Dict
 
 import pytest
 
-from tests.guard.zypper.conftest import (AMDGPU_63, BASELINE, CUDA_131, HELLO_11, KMP, KMP_RELEASE, NV_NEW,
-                                         ROCM_63, spec)
+from tests.guard.zypper.conftest import AMDGPU_63, BASELINE, CUDA_131, HELLO_11, KMP, KMP_RELEASE, NV_NEW, ROCM_63, spec
 from tests.guard.zypper.harness import ZypperHost
 
 pytestmark = pytest.mark.timeout(600)
