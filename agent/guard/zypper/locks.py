@@ -36,7 +36,7 @@ BEGIN = "# >>> gpuguard (gpuguard pin apply): blocks down to the END line are ov
 END = "# <<< gpuguard END"
 SEARCH_TIMEOUT_SECONDS = 120.0
 # zypper search's exit code when nothing matched (ZYPPER_EXIT_INF_CAP_NOT_FOUND): an empty answer, not a failure.
-EXIT_NOTHING_FOUND = 104
+ZYPPER_NOTHING_FOUND_CODE = 104
 
 Block = Tuple[Tuple[str, str], ...]
 
@@ -143,7 +143,7 @@ def available_versions(host: Host, specs: Sequence[str]) -> Dict[str, List[str]]
     if str(host.root) != "/":
         argv[1:1] = ["--root", str(host.root)]
     result = host.run(argv, timeout_seconds=SEARCH_TIMEOUT_SECONDS)
-    if result.returncode == EXIT_NOTHING_FOUND:
+    if result.returncode == ZYPPER_NOTHING_FOUND_CODE:
         return {}
     result.check()
     return parse_search_xml(result.stdout)
