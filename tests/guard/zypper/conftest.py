@@ -1,6 +1,6 @@
 """One SLES-like overlay host per module for the real zypper tests, reset to its baseline before each test.
 
-Locally the tests are skipped (with the reason) when zypper, rpm, rpmbuild, createrepo_c, gcc, librpm's headers or
+Locally the tests are skipped (with the reason) when libzypp, rpm, rpmbuild, createrepo_c, gcc, librpm's headers or
 root are missing; in CI (CI=true) that fails the run instead (tests/needs.py).
 """
 
@@ -80,8 +80,8 @@ def spec(name: str, evr: str) -> str:
 def zypper_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZypperHost]:
     missing = missing_tools()
     if missing:
-        needs.unavailable("zypper guard tests", f"missing: {', '.join(missing)} (apt-get install zypper rpm "
-                                                 "createrepo-c gcc librpm-dev; run as root)")
+        needs.unavailable("zypper guard tests", f"missing: {', '.join(missing)} (apt-get install libzypp-bin "
+                                                 "rpm createrepo-c gcc librpm-dev; run as root)")
     base = tmp_path_factory.mktemp("zypper")
     repo = build_repo(base / "repo", base / "rpmbuild", packages())
     host = ZypperHost(base / "host", repo)

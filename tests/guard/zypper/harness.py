@@ -14,8 +14,9 @@ Every command runs in a private mount namespace (``unshare --mount``) where an o
 real SLES host (commit plugins load only there), and everything they write (rpm database, payload files, zypp's
 caches and logs, gpuguard's state) lands in the upper dir. This machine's own files and package state are never
 changed. gpuguard is installed inside at the paths packaging/zypper/README.md lists, with GPUGUARD_LIB pointing at
-this checkout (visible through the overlay). Needs root (mount namespaces), zypper, rpm, rpmbuild, createrepo_c,
-gcc and librpm's headers.
+this checkout (visible through the overlay). Needs root (mount namespaces), libzypp, rpm, rpmbuild, createrepo_c,
+gcc and librpm's headers; zypper itself is unpacked from its .debs into the overlay (zypper_debs: Debian's
+dnf-plugins-core, which the dnf tests need, Breaks: zypper).
 """
 
 from __future__ import annotations
@@ -29,8 +30,12 @@ from typing import Dict, List, Optional, Sequence
 
 from tests.guard.dnf.installroot.harness import INSTALLONLY_NAMES, REPO_ROOT, run
 
-TOOLS = ("/usr/bin/zypper", "/usr/bin/rpm", "/usr/bin/rpmbuild", "/usr/bin/createrepo_c", "/usr/bin/gcc",
-         "/usr/bin/unshare", "/usr/sbin/chroot")
+TOOLS = ("/usr/bin/rpm", "/usr/bin/rpmbuild", "/usr/bin/createrepo_c", "/usr/bin/gcc", "/usr/bin/unshare",
+         "/usr/sbin/chroot", "/usr/bin/apt-get", "/usr/bin/dpkg-deb")
+# Debian's dnf-plugins-core (the dnf tests need it) Breaks: zypper, so zypper is not installed on this machine: its
+# two .debs are fetched once with apt-get download (kept here between runs) and unpacked into each overlay only.
+ZYPPER_DEBS = ("zypper", "zypper-common")
+DEB_CACHE = Path("/var/tmp/gpuguard-test-cache/zypper-debs")
 PLUGIN_SOURCE = REPO_ROOT / "packaging/zypper/gpuguard-rpm-plugin.c"
 MACROS = REPO_ROOT / "packaging/zypper/macros.transaction_gpuguard"
 HOOK_LAUNCHER = REPO_ROOT / "packaging/zypper/gpuguard-zypper-hook"
@@ -54,9 +59,25 @@ def missing_tools() -> List[str]:
     missing = [t for t in TOOLS if not os.access(t, os.X_OK)]
     if not Path("/usr/include/rpm/rpmts.h").is_file():
         missing.append("librpm-dev (/usr/include/rpm/rpmts.h)")
+    if not list(Path("/usr/lib/x86_64-linux-gnu").glob("libzypp.so.*")) and not list(Path("/usr/lib").glob(
+            "*/libzypp.so.*")):
+        missing.append("libzypp (apt-get install libzypp-bin)")
     if os.geteuid() != 0:
         missing.append("root (mount namespaces for the overlay)")
     return missing
+
+
+def zypper_debs(cache: Path = DEB_CACHE) -> List[Path]:
+    """zypper's .debs (this machine's candidate version), downloaded with apt-get download once into ``cache``."""
+    cache.mkdir(parents=True, exist_ok=True)
+    found = [sorted(cache.glob(f"{name}_*.deb")) for name in ZYPPER_DEBS]
+    if not all(found):
+        run(["apt-get", "download", *ZYPPER_DEBS], {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, timeout_seconds=300,
+            cwd=str(cache))
+        found = [sorted(cache.glob(f"{name}_*.deb")) for name in ZYPPER_DEBS]
+    if not all(found):
+        raise RuntimeError(f"apt-get download {' '.join(ZYPPER_DEBS)} left no .deb in {cache}")
+    return [files[-1] for files in found]
 
 
 def build_plugin(out: Path) -> Path:
@@ -77,7 +98,7 @@ def launcher(source: Path) -> str:
 class ZypperHost:
     """An overlay of this machine's root with gpuguard installed: zypper, rpm and gpuguard run inside it."""
 
-    def __init__(self, base: Path, repo_dir: Path) -> None:
+    def __init__(self, base: Path, repo_dir: Path, debs: Sequence[Path] = ()) -> None:
         self.base = base
         self.upper = base / "upper"
         self.work = base / "work"
@@ -85,6 +106,8 @@ class ZypperHost:
         self.repo_dir = repo_dir
         for path in (self.upper, self.work, self.merged):
             path.mkdir(parents=True, exist_ok=True)
+        for deb in debs or zypper_debs():  # zypper itself, in the overlay only (etc/ and usr/ files)
+            run(["dpkg-deb", "-x", str(deb), str(self.upper)], {"PATH": "/usr/bin:/bin"})
         self.write("/etc/zypp/systemCheck", "")  # Debian's says requires:glibc, which no rpm here provides
         self.write("/etc/rpm/macros.zz-gpuguard-tests", "%_dbpath /var/lib/rpm\n")
         self.write("/etc/zypp/repos.d/fake.repo",
