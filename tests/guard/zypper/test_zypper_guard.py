@@ -127,3 +127,19 @@ def test_a_commit_plugin_answering_error_does_not_stop_the_commit(host: ZypperHo
     assert host.installed()["hello-fake"] == HELLO_11
     log = host.read("/var/log/zypper.log") or ""
     assert "Bad plugin response from PluginScript" in log and "PluginFrame[ERROR]" in log
+
+
+def test_zypper_dup_moving_the_driver_alone_is_refused(host: ZypperHost) -> None:
+    """zypper dup (a distribution upgrade to every newest build) is judged whole and refused before any change."""
+    before = tree(host)
+    result = host.zypper("dup")
+    assert_refused_unchanged(host, result, "nvidia.pairing", before)
+
+
+def test_a_hook_that_cannot_run_fails_the_transaction(host: ZypperHost) -> None:
+    """The rpm plugin fails closed: with its hook gone, even a harmless install is refused, nothing changes."""
+    host.path("/usr/lib/gpuguard/gpuguard-zypper-hook").unlink()
+    result = host.zypper("install", spec("hello-fake", HELLO_11))
+    assert result.returncode != 0
+    assert "gpuguard: REFUSED by fail-safe: cannot run /usr/lib/gpuguard/gpuguard-zypper-hook" in output(result)
+    assert host.installed() == BASELINE
