@@ -7,6 +7,7 @@ root are missing; in CI (CI=true) that fails the run instead (tests/needs.py).
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Iterator
 
@@ -14,7 +15,7 @@ import pytest
 
 from tests import needs
 from tests.guard.dnf.installroot.harness import FakeRpm, build_repo
-from tests.guard.zypper.harness import ZypperHost, build_plugin, missing_tools
+from tests.guard.zypper.harness import ZypperHost, build_plugin, missing_tools, zypper_debs
 
 AMDGPU_62, AMDGPU_63 = "1:6.8.5.60202-2041575.sles15", "1:6.10.5.60300-2084815.sles15"
 ROCM_62, ROCM_63 = "6.2.2.60202-116.sles15", "6.3.0.60300-39.sles15"
@@ -82,9 +83,13 @@ def zypper_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZypperH
     if missing:
         needs.unavailable("zypper guard tests", f"missing: {', '.join(missing)} (apt-get install libzypp-bin "
                                                  "rpm createrepo-c gcc librpm-dev; run as root)")
+    try:
+        debs = zypper_debs()
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:  # no Debian mirror to fetch zypper's .debs from
+        needs.unavailable("zypper guard tests", f"zypper's .debs: {exc}")
     base = tmp_path_factory.mktemp("zypper")
     repo = build_repo(base / "repo", base / "rpmbuild", packages())
-    host = ZypperHost(base / "host", repo)
+    host = ZypperHost(base / "host", repo, debs)
     host.install_gpuguard(POLICY, build_plugin(base / "gpuguard.so"))
     host.compile_policy()
     result = host.zypper("install", *(spec(n, v) for n, v in BASELINE.items()))
