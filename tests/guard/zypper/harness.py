@@ -43,6 +43,9 @@ COMMIT_LAUNCHER = REPO_ROOT / "packaging/zypper/gpuguard-zypper-commit"
 # Debian's rpm puts %__plugindir at %{_libdir}/rpm-plugins = /usr/lib64/rpm-plugins, as SLES does.
 PLUGIN_DIR = "/usr/lib64/rpm-plugins"
 VENV_PYTHON = REPO_ROOT / ".venv/bin/python"
+OPAQUE_DIRS = ("/var/lib/gpuguard", "/etc/gpuguard", "/run/gpuguard", "/var/lib/rpm", "/usr/lib/sysimage/rpm",
+               "/var/cache/zypp", "/etc/zypp/repos.d", "/etc/zypp/services.d", "/usr/lib/zypp/plugins",
+               "/var/lib/zypp", "/var/log/zypp")
 SLES_OS_RELEASE = """NAME="SLES"
 VERSION="15-SP7"
 VERSION_ID="15.7"
@@ -106,6 +109,12 @@ class ZypperHost:
         self.repo_dir = repo_dir
         for path in (self.upper, self.work, self.merged):
             path.mkdir(parents=True, exist_ok=True)
+        # This machine's own gpuguard state, rpm database and zypp caches must not show through the overlay:
+        # opaque directories (overlayfs's trusted.overlay.opaque) start empty whatever the lower / holds.
+        for opaque in OPAQUE_DIRS:
+            target = self.path(opaque)
+            target.mkdir(parents=True, exist_ok=True)
+            os.setxattr(target, "trusted.overlay.opaque", b"y")
         for deb in debs or zypper_debs():  # zypper itself, in the overlay only (etc/ and usr/ files)
             run(["dpkg-deb", "-x", str(deb), str(self.upper)], {"PATH": "/usr/bin:/bin"})
         self.write("/etc/zypp/systemCheck", "")  # Debian's says requires:glibc, which no rpm here provides

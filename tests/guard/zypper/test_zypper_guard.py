@@ -143,3 +143,15 @@ def test_a_hook_that_cannot_run_fails_the_transaction(host: ZypperHost) -> None:
     assert result.returncode != 0
     assert "gpuguard: REFUSED by fail-safe: cannot run /usr/lib/gpuguard/gpuguard-zypper-hook" in output(result)
     assert host.installed() == BASELINE
+
+
+def test_an_override_window_lets_the_mispaired_upgrade_through_and_says_so(host: ZypperHost) -> None:
+    """gpuguard override start opens the same audited window as on apt and dnf: the refused upgrade now passes with
+    the hook's override line, and the use of the window is audited."""
+    opened = host.gpuguard("override", "start", "--minutes", "30", "--reason", "driver 6.3 rollout")
+    assert opened.returncode == 0, output(opened)
+    result = host.zypper("install", spec("amdgpu-dkms", AMDGPU_63))
+    assert result.returncode == 0, output(result)
+    assert "override" in output(result).lower()
+    assert host.installed()["amdgpu-dkms"] == AMDGPU_63
+    assert '"event":"override_used"' in (host.read("/var/lib/gpuguard/audit.log") or "")
