@@ -12,6 +12,9 @@ DEFAULT_STATE_DIR = "/var/lib/gpuguard"
 # The local policy files ([guard] policy_path) and the trusted keyrings of signed policy bundles ([guard] keys_dir).
 DEFAULT_POLICY_DIR = "/etc/gpuguard/policy.d"
 DEFAULT_KEYS_DIR = "/etc/gpuguard/keys"
+# Where the zypper commit plugin keeps each running commit's whole transaction for the rpm plugin's hook
+# (agent/guard/zypper/plan.py): runtime state, gone at boot.
+ZYPPER_PLAN_DIR = "/run/gpuguard/zypper"
 
 # The packages whose versions carry the AMD driver release and the ROCm release: the policy's [amd] defaults, what
 # the snapshot's pairing and drift findings read, what policy freeze pins.

@@ -40,13 +40,14 @@ FLOORS: Dict[str, int] = {
     "agent.cli": 6, "agent.daemon": 6, "agent.__main__": 6,
 }
 # Inside agent/guard/ the rule once more: the hot path, the neutral modules apt and dnf share, apt and dnf, what
-# reads through both (installed sets) and rollback, then the manager that builds tools and backends from settings.
+# reads through both (installed sets), rollback and zypper (whose hook decides with the dnf checker), then the
+# manager that builds tools and backends from settings.
 GUARD_STEPS: Dict[str, int] = {
     "agent.guard.hotpath": 1,
     "agent.guard": 2, "agent.guard.locks": 2, "agent.guard.pin_records": 2, "agent.guard.settings": 2,
     "agent.guard.rollback.backend": 2, "agent.guard.rollback.kept": 2,
     "agent.guard.apt": 3, "agent.guard.dnf": 3,
-    "agent.guard.installed": 4, "agent.guard.rollback": 4,
+    "agent.guard.installed": 4, "agent.guard.rollback": 4, "agent.guard.zypper": 4,
     "agent.guard.manager": 5,
 }
 # Upward imports that are allowed, each with its reason (the same list in docs/architecture.md, "Floors"); at most
@@ -57,9 +58,11 @@ ALLOWED_UPWARD: Dict[Tuple[str, str], str] = {
 }
 MAX_UPWARD = 4
 
-# What runs inside every apt and dnf transaction: the apt hook, the dnf4 checker, the dnf5 action, and the folder
-# they share. Everything these import, transitively, must be the standard library or agent code obeying the same.
-HOT_PATH_ENTRIES = ("agent.guard.apt.hook", "agent.guard.dnf.check", "agent.guard.dnf.dnf5_action")
+# What runs inside every apt, dnf and zypper transaction: the apt hook, the dnf4 checker, the dnf5 action, the
+# zypper guard's rpm plugin hook and commit plugin, and the folder they share. Everything these import,
+# transitively, must be the standard library or agent code obeying the same.
+HOT_PATH_ENTRIES = ("agent.guard.apt.hook", "agent.guard.dnf.check", "agent.guard.dnf.dnf5_action",
+                    "agent.guard.zypper.rpm_hook", "agent.guard.zypper.commit_plugin")
 HOT_PATH_FOLDERS = ("agent.guard.hotpath", "agent.hostfacts", "agent.policy.families")
 
 

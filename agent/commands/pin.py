@@ -1,5 +1,5 @@
 """``gpuguard pin apply``: the policy rendered as native pins, apt preferences on dpkg hosts, dnf versionlock
-entries on rpm hosts."""
+entries on rpm hosts with dnf, zypper locks on rpm hosts with zypper."""
 
 from __future__ import annotations
 
@@ -17,18 +17,21 @@ if TYPE_CHECKING:
 
 
 def add_parser(sub: Subparsers) -> None:
-    pin_sub = add_group(sub, "pin", "native pins rendered from the policy (apt preferences.d, dnf versionlock)")
-    apply = pin_sub.add_parser("apply", help="write /etc/apt/preferences.d/gpuguard-*.pref (dpkg hosts) or "
-                                             "gpuguard's dnf versionlock entries (rpm hosts), remove stale ones")
+    pin_sub = add_group(sub, "pin", "native pins rendered from the policy (apt preferences.d, dnf versionlock, "
+                                    "zypper locks)")
+    apply = pin_sub.add_parser("apply", help="write /etc/apt/preferences.d/gpuguard-*.pref (dpkg hosts), "
+                                             "gpuguard's dnf versionlock entries (rpm hosts with dnf) or its "
+                                             "/etc/zypp/locks blocks (zypper hosts), remove stale ones")
     add_guard_options(apply)
     add_dry_run(apply, "print what would change; write nothing")
     apply.set_defaults(handler=pin_apply)
 
 
 def pin_apply(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    """Render the policy as native pins: apt preferences on dpkg hosts, dnf versionlock entries on rpm hosts;
-    gpuguard's stale ones are removed, nobody else's."""
+    """Render the policy as native pins: apt preferences on dpkg hosts, dnf versionlock entries on rpm hosts, zypper
+    locks on zypper hosts; gpuguard's stale ones are removed, nobody else's."""
     from agent.guard.installed import detect_manager
+    from agent.guard.zypper.locks import uses_zypper
     from agent.policy.load import write_compiled
 
     host = make_host(args.root)
@@ -37,6 +40,8 @@ def pin_apply(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> 
     if not args.dry_run:
         write_compiled(str(host.path(state_paths(settings).compiled_policy)), policy)
     if detect_manager(host) == "rpm":
+        if uses_zypper(host):
+            return _pin_apply_zypper_locks(args, host, policy, out)
         return _pin_apply_versionlock(args, host, settings, policy, out)
     return _pin_apply_apt(args, host, settings, policy, out)
 
@@ -95,6 +100,29 @@ def _pin_apply_versionlock(args: argparse.Namespace, host: Host, settings: Setti
             out.write(changes.text)
     elif total:
         out.write(f"unchanged {changes.path}: {total} gpuguard entr{'y' if total == 1 else 'ies'}\n")
+    for entry in changes.added:
+        out.write(f"  + {entry}\n")
+    for entry in changes.removed:
+        out.write(f"  - {entry}\n")
+    if not total and not changes.removed:
+        out.write("nothing to pin\n")
+    _note_amd_pins(changes.text, out)
+    return 0
+
+
+def _pin_apply_zypper_locks(args: argparse.Namespace, host: Host, policy: CompiledPolicy, out: TextIO) -> int:
+    from agent.guard.zypper.locks import apply_locks
+
+    changes = apply_locks(host, policy, installed_versions(host, policy), dry_run=args.dry_run)
+    total = changes.unchanged + len(changes.added)
+    if changes.changed:
+        verb = "would write" if args.dry_run else "wrote"
+        out.write(f"{verb} {changes.path}: {total} gpuguard lock{'' if total == 1 else 's'} "
+                  f"({len(changes.added)} new, {len(changes.removed)} stale removed); other locks left alone\n")
+        if args.dry_run:
+            out.write(changes.text)
+    elif total:
+        out.write(f"unchanged {changes.path}: {total} gpuguard lock{'' if total == 1 else 's'}\n")
     for entry in changes.added:
         out.write(f"  + {entry}\n")
     for entry in changes.removed:

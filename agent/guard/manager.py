@@ -16,10 +16,12 @@ from agent.guard.dnf.tool import DnfTool
 from agent.guard.installed import detect_manager
 from agent.guard.rollback.backend import PackageBackend
 from agent.guard.settings import GuardSettings
+from agent.guard.zypper.locks import uses_zypper
+from agent.guard.zypper.tool import ZypperTool
 from agent.host import Host
 from agent.statepaths import StatePaths
 
-# The package-manager front end a backend drives: apt for dpkg hosts, dnf for rpm hosts.
+# The package-manager front end a backend drives: apt for dpkg hosts, dnf (or zypper, a DnfTool) for rpm hosts.
 PackageTool = Union[AptTool, DnfTool]
 
 
@@ -45,7 +47,11 @@ def apt_tool_for(host: Host, guard: GuardSettings, sleep: Callable[[float], None
 
 def dnf_tool_for(host: Host, guard: GuardSettings, paths: StatePaths,
                  sleep: Callable[[float], None] = time.sleep) -> DnfTool:
-    """A DnfTool with the guard settings' timeouts and dnf options, writing its script in the state directory."""
+    """A DnfTool with the guard settings' timeouts and dnf options, writing its script in the state directory; on a
+    zypper host (an rpm host with zypper and no dnf) a ZypperTool, which runs the transactions through zypper."""
+    if uses_zypper(host):
+        return ZypperTool(host, timeout_seconds=guard.package_tool_timeout_seconds,
+                          lock_timeout_seconds=guard.lock_timeout_seconds, sleep=sleep, paths=paths)
     return DnfTool(host, timeout_seconds=guard.package_tool_timeout_seconds,
                    lock_timeout_seconds=guard.lock_timeout_seconds, sleep=sleep, options=list(guard.dnf_options),
                    paths=paths)

@@ -50,6 +50,9 @@ DEFAULT_NVIDIA_DRIVER_PACKAGES: Sequence[str] = (
     "libnvidia-extra-*", "libnvidia-cfg1-*", "libnvidia-fbc1-*", "libnvidia-common-*",
     "xserver-xorg-video-nvidia-*", "nvidia-fabricmanager-*", "nvidia-fabric-manager", "cuda-drivers",
     "cuda-drivers-*", "nvidia-kernel-support", "nvidia-alternative", "libcuda1", "libnvidia-ml1", "nvidia-smi",
+    # SUSE (NVIDIA's SLES repository and SUSE's own): the G06 generation's kernel module packages (KMPs, signed and
+    # not) and user space, versioned like 580.95.05_k6.4.0_150700.53.3-1.1 (the kernel they were built for after _k)
+    "nvidia-open-driver-G0*", "nvidia-driver-G0*", "nvidia-compute-G0*", "nvidia-gl-G0*", "nvidia-video-G0*",
 )
 # Matched by a driver glob but versioned on their own: not driver parts.
 NVIDIA_NOT_DRIVER_PARTS = frozenset({"nvidia-driver-assistant", "nvidia-driver-pinning"})

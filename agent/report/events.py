@@ -62,10 +62,10 @@ class PolicyViolation(PayloadModel):
 
 
 class TransactionBlocked(PayloadModel):
-    """apt/dnf was stopped before changing anything."""
+    """apt/dnf/zypper was stopped before changing anything."""
 
     kind: Literal["transaction_blocked"] = "transaction_blocked"
-    tool: Literal["apt", "dnf", "dnf5", "dpkg", "rpm"]
+    tool: Literal["apt", "dnf", "dnf5", "zypper", "dpkg", "rpm"]
     rule: str
     message: str
     packages: Dict[str, str] = {}

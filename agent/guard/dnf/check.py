@@ -38,6 +38,9 @@ BYPASS_HINTS = {
            "dnf --disableplugin=gpuguard ...",
     "dnf5": "to bypass the guard for one dnf5 run (audited nowhere; prefer an override window): "
             "dnf5 --disable-plugin=actions ...",
+    "zypper": "zypper cannot skip gpuguard's rpm plugin; open an override window (gpuguard override start), or "
+              "run rpm --noplugins yourself (audited nowhere)",
+    "rpm": "to bypass the guard for one rpm run (audited nowhere; prefer an override window): rpm --noplugins ...",
 }
 MAX_INPUT_BYTES = 64 << 20
 

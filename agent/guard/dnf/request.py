@@ -37,6 +37,9 @@ if TYPE_CHECKING:  # typing costs milliseconds of the checker's start-up budget
 
 REQUEST_FORMAT = 1
 DIRECTIONS = ("in", "out")
+# The front ends that send this request: dnf4's plugin, dnf5's action, and the zypper guard's rpm plugin hook (which
+# names rpm when rpm runs by hand: agent/guard/zypper/rpm_hook.py).
+TOOLS = ("dnf", "dnf5", "zypper", "rpm")
 # Install-only on every RHEL/Fedora dnf (their packages provide installonlypkg(kernel)); the front end adds what
 # its own configuration says (installonlypkgs).
 DEFAULT_INSTALLONLY = frozenset({
@@ -120,8 +123,8 @@ def parse_request(text: str, source: str = "dnf plugin input", tool: str = "dnf"
         raise InputFileError(source, f"request format {doc.get('format')!r} is not {REQUEST_FORMAT}: the dnf "
                                      f"plugin and the checker come from different gpuguard versions")
     sent_tool = doc.get("tool", tool)
-    if sent_tool not in ("dnf", "dnf5"):
-        raise InputFileError(source, f"tool: {sent_tool!r} is not 'dnf' or 'dnf5'")
+    if sent_tool not in TOOLS:
+        raise InputFileError(source, f"tool: {sent_tool!r} is not one of {', '.join(TOOLS)}")
     command_line = doc.get("command_line")
     if command_line is not None and not isinstance(command_line, str):
         raise InputFileError(source, "command_line: expected a string")
