@@ -23,6 +23,10 @@ ROCM_CORE_PACKAGE = "rocm-core"
 # hold a classic stack and TheRock releases at once (../shared/reference/therock-packaging-facts.md).
 THEROCK_BASE_PACKAGE = "amdrocm-base"
 
+# gpuguard's own package (deb and rpm): the guard refuses a transaction that removes it unless an override window
+# opened with --allow-self-removal says so (agent/guard/hotpath/decision.py, Decision.self_protection).
+OWN_PACKAGE = "gpuguard"
+
 # The job bodies ``gpuguard run`` runs in children (``gpuguard _job NAME``, agent/daemon_jobs/children.py).
 JOB_NAMES = ("config", "restore", "snapshot", "guard_check", "guard_events", "health", "deliver", "policy_fetch")
 

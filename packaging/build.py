@@ -243,8 +243,8 @@ def fetch_wheels(python: str, wheelhouse: Path, target: Target, python_version: 
     if (where / "COMPLETE").is_file():
         return where
     if offline:
-        raise BuildError(f"no wheels for {target.name} (Python {python_version}) in {where} and --offline was given: run once without "
-                         f"--offline (it downloads them from PyPI)")
+        raise BuildError(f"no wheels for {target.name} (Python {python_version}) in {where} and --offline was "
+                         f"given: run once without --offline (it downloads them from PyPI)")
     log(f"downloading wheels for Python {python_version} into {where}")
     wheelhouse.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=where.name + ".partial-", dir=wheelhouse))
