@@ -124,7 +124,7 @@ def built(dist: Path) -> Callable[[str], Dict[str, Path]]:
     def get(target: str) -> Dict[str, Path]:
         if target not in cache:
             need_tools("dpkg-deb" if target.startswith(("debian", "ubuntu")) else "rpmbuild")
-            cache[target] = by_name(build(target, dist / target))
+            cache[target] = by_name(build(target, dist / f"{target}-all"))
         return cache[target]
 
     return get

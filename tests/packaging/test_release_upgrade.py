@@ -39,7 +39,9 @@ from tests.packaging.conftest import unavailable
 pytestmark = [pytest.mark.chroot, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 NEW_KERNEL = "linux-image-6.12.48+deb13-amd64"
-META_OLD, META_NEW = "6.1.112-1", "6.12.48-1"
+# The new meta has an epoch so that apt takes it, not the mirror's trixie linux-image-amd64 (a real kernel: 100 MB,
+# and an initramfs built in the chroot); the old one is older than bookworm's.
+META_OLD, META_NEW = "6.1.112-1", "1:6.12.48-1"
 FAKE_SYSTEMCTL = "#!/bin/sh\necho \"$*\" >> /var/log/fake-systemctl.log\nexit 0\n"
 
 
@@ -112,6 +114,7 @@ def test_debian12_to_13_keeps_gpuguard_installed_guarding_and_running(
              f"linux-image-amd64={META_OLD}"))
     ok(c.run("gpuguard", "policy", "freeze", "--output", "/etc/gpuguard/policy.d/50-freeze.toml"))
     ok(c.run("gpuguard", "policy", "compile"))
+    ok(c.run("gpuguard", "pin", "apply"))  # as policy freeze says: the GPU stack held at its builds
     assert ok(c.run("python3", "--version")).startswith("Python 3.11")
 
     # --- the release notes' procedure: sources to trixie, upgrade --without-new-pkgs, full-upgrade --------------
