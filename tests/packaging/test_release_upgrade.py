@@ -2,11 +2,12 @@
 describe it: the guard must still be installed, guarding and running on Python 3.13 afterwards.
 
 A minbase bookworm chroot (the guard tests' harness) gets the debian12 .deb, the fake GPU stack and a frozen
-policy; its sources then move to trixie (the Debian mirror, plus the local repository that offers a Debian 13
-kernel through a ``linux-image-amd64`` meta package), and the operator runs ``apt-get upgrade --without-new-pkgs``
-then ``full-upgrade``; the hook refuses the new kernel, the operator opens an override window as the refusal says
-and runs ``full-upgrade`` again. Before the vendor tree per Python (docs/packaging.md), this full-upgrade removed
-gpuguard (``python3 (<< 3.12)``) through that window. It downloads a release's worth of base packages: marked slow.
+policy with its pins; its sources then move to trixie (the Debian mirror, plus the local repository that offers a
+Debian 13 kernel through a ``linux-image-amd64`` meta package), and the operator runs ``apt-get upgrade
+--without-new-pkgs`` then ``full-upgrade`` (python3 moves to 3.13; the pins hold the GPU stack and the kernel),
+then installs the new kernel: the hook refuses it, the operator opens an override window as the refusal says and
+installs it. With the 0.1.0 package (``python3 (<< 3.12)``, one vendored Python) the full-upgrade removed gpuguard.
+It downloads a release's worth of base packages from the mirror: marked slow.
 """
 
 from __future__ import annotations
@@ -120,12 +121,16 @@ def test_debian12_to_13_keeps_gpuguard_installed_guarding_and_running(
     # --- the release notes' procedure: sources to trixie, upgrade --without-new-pkgs, full-upgrade --------------
     sources(c, "trixie")
     ok(upgrade_step(c, "upgrade", "--without-new-pkgs"))
-    refused = upgrade_step(c, "full-upgrade")
+    out = ok(upgrade_step(c, "full-upgrade"))  # the pins hold the GPU stack and the kernel meta package
+    assert "REFUSED" not in out, out[-4000:]
+    assert c.installed().get("gpuguard", "").startswith("0.1.0"), "the release upgrade removed gpuguard"
+    # The operator moves the kernel deliberately: refused (not in the frozen kernels), then through a window.
+    refused = upgrade_step(c, "install", f"linux-image-amd64={META_NEW}")
     out = refused.stdout + refused.stderr
-    assert refused.returncode == 100 and NEW_KERNEL in out and "REFUSED" in out, out[-4000:]
-    assert "self-protection" not in out, out[-4000:]  # the upgrade does not take gpuguard away
+    assert refused.returncode == 100 and NEW_KERNEL in out and "REFUSED (kernel.allow)" in out, out[-4000:]
+    assert "self-protection" not in out, out[-4000:]
     ok(c.run("gpuguard", "override", "start", "--minutes", "120", "--reason", "Debian 13 release upgrade"))
-    out = ok(upgrade_step(c, "full-upgrade"))
+    out = ok(upgrade_step(c, "install", f"linux-image-amd64={META_NEW}"))
     assert "override window" in out
     assert ok(c.run("python3", "--version")).startswith("Python 3.13")
     assert (root / "etc/debian_version").read_text().startswith("13")
