@@ -125,12 +125,13 @@ def test_debian12_to_13_keeps_gpuguard_installed_guarding_and_running(
     assert "REFUSED" not in out, out[-4000:]
     assert c.installed().get("gpuguard", "").startswith("0.1.0"), "the release upgrade removed gpuguard"
     # The operator moves the kernel deliberately: refused (not in the frozen kernels), then through a window.
-    refused = upgrade_step(c, "install", f"linux-image-amd64={META_NEW}")
+    new_kernel = (f"linux-image-amd64={META_NEW}", f"{NEW_KERNEL}=6.12.48-1")  # named: the pins hold both back
+    refused = upgrade_step(c, "install", *new_kernel)
     out = refused.stdout + refused.stderr
     assert refused.returncode == 100 and NEW_KERNEL in out and "REFUSED (kernel.allow)" in out, out[-4000:]
     assert "self-protection" not in out, out[-4000:]
     ok(c.run("gpuguard", "override", "start", "--minutes", "120", "--reason", "Debian 13 release upgrade"))
-    out = ok(upgrade_step(c, "install", f"linux-image-amd64={META_NEW}"))
+    out = ok(upgrade_step(c, "install", *new_kernel))
     assert "override window" in out
     assert ok(c.run("python3", "--version")).startswith("Python 3.13")
     assert (root / "etc/debian_version").read_text().startswith("13")
