@@ -171,11 +171,13 @@ def test_deb_install_snapshot_hook_upgrade_remove_purge(deb_chroot: Chroot, debi
 
     # --- reinstall: the hook config comes back and guards again; the unit is enabled again ---------------------
     ok(c.apt("install", second))
+    ok(c.run("gpuguard", "override", "end"))  # the windows opened for the removal (state outlives the package)
     assert (root / HOOK_CONF).is_file() and not (root / (HOOK_CONF + ".dpkg-remove")).exists()
     assert {"--no-reload enable gpuguard.service", "start gpuguard.service"} <= set(systemctl_calls(c))
     assert "REFUSED" in refused_rocm_upgrade(c)
 
     # --- purge: state, config and hook config gone; apt still works ---------------------------------------------
+    ok(c.run("gpuguard", "override", "start", "--minutes", "15", "--allow-self-removal", "--reason", "purge"))
     ok(c.apt("purge", "gpuguard"))
     for gone in ("var/lib/gpuguard", "etc/gpuguard", HOOK_CONF, HOOK_CONF + ".dpkg-remove", "usr/bin/gpuguard"):
         assert not (root / gone).exists(), gone
