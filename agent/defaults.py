@@ -29,6 +29,10 @@ THEROCK_BASE_PACKAGE = "amdrocm-base"
 # is not installed under its versioned name.
 THEROCK_CORE_PACKAGE = "amdrocm-core"
 
+# gpuguard's own package (deb and rpm): the guard refuses a transaction that removes it unless an override window
+# opened with --allow-self-removal says so (agent/guard/hotpath/decision.py, Decision.self_protection).
+OWN_PACKAGE = "gpuguard"
+
 # The job bodies ``gpuguard run`` runs in children (``gpuguard _job NAME``, agent/daemon_jobs/children.py).
 JOB_NAMES = ("config", "restore", "snapshot", "guard_check", "guard_events", "health", "deliver", "policy_fetch")
 

@@ -64,47 +64,77 @@ WHEELHOUSE_FORMAT = 1  # bump when the download arguments change
 
 @dataclass(frozen=True)
 class Target:
-    """One distribution release the packages are built for."""
+    """One distribution release the packages are built for.
+
+    ``python_versions``: every Python the vendored wheels are built for, the release's own first, then the one its
+    supported release upgrade moves the system Python to (Debian 12 -> 13: 3.11 and 3.13). Each gets a whole
+    vendor tree under ``vendor/cpXY``; the launcher picks the running interpreter's, so the package keeps working
+    when a release upgrade replaces python3 under it (docs/packaging.md, "Surviving the release upgrade").
+    """
 
     name: str
     fmt: str                     # "deb" or "rpm"
+    manager: str                 # the package manager the guard hooks into: apt, dnf or zypper
     distro: str                  # human-readable
     python: str                  # the agent's interpreter on the target
-    python_version: str          # X.Y of that interpreter: the vendored wheels' ABI
+    python_versions: Tuple[str, ...]
     version_suffix: str          # deb: "~deb12" appended to the revision; rpm: ".el9" dist tag
     unit_dir: str
-    depends: Tuple[str, ...]     # deb Depends / rpm Requires
-    dnf_python_version: Optional[str] = None   # the Python dnf itself runs on (rpm): where the plugin goes
+    depends: Tuple[str, ...]     # deb Depends / rpm Requires besides the Python ones
+    dnf_python_versions: Tuple[str, ...] = ()   # the Pythons dnf itself runs on (rpm): where the plugin goes
 
     @property
-    def abi(self) -> str:
-        return "cp" + self.python_version.replace(".", "")
+    def python_version(self) -> str:
+        """The release's own Python: the oldest the package supports."""
+        return self.python_versions[0]
 
     @property
-    def dnf_plugin_dir(self) -> Optional[str]:
-        if self.dnf_python_version is None:
-            return None
-        return f"/usr/lib/python{self.dnf_python_version}/site-packages/dnf-plugins"
+    def dnf_plugin_dirs(self) -> Tuple[str, ...]:
+        return tuple(f"/usr/lib/python{v}/site-packages/dnf-plugins" for v in self.dnf_python_versions)
+
+    def python_depends(self) -> Tuple[str, ...]:
+        """The package's dependency on an interpreter it has wheels for (deb: a version range of python3; rpm: one
+        of the python(abi) versions, or the named interpreter's package)."""
+        if self.fmt == "deb":
+            low, high = self.python_versions[0], self.python_versions[-1]
+            major, minor = high.split(".")
+            return (f"python3 (>= {low}~)", f"python3 (<< {major}.{int(minor) + 1})")
+        abis = [f"python(abi) = {v}" for v in self.python_versions]
+        return (abis[0],) if len(abis) == 1 else ("(" + " or ".join(abis) + ")",)
 
 
-def _deb_python(version: str) -> Tuple[str, ...]:
-    major, minor = version.split(".")
-    # libc6: the vendored extension modules are manylinux wheels up to glibc 2.28 (PLATFORMS). procps: /bin/kill,
-    # the unit's ExecReload (`systemctl reload gpuguard` fails with 203/EXEC on a host without it, e.g. a minbase).
-    return (f"python3 (>= {version}~)", f"python3 (<< {major}.{int(minor) + 1})", "libc6 (>= 2.28)", "procps")
+def abi(python_version: str) -> str:
+    return "cp" + python_version.replace(".", "")
 
 
+# libc6: the vendored extension modules are manylinux wheels up to glibc 2.28 (PLATFORMS). procps: /bin/kill, the
+# unit's ExecReload (`systemctl reload gpuguard` fails with 203/EXEC on a host without it, e.g. a minbase).
+DEB_DEPENDS = ("libc6 (>= 2.28)", "procps")
+SYSTEMD_LIB = "/usr/lib/systemd/system"
 TARGETS: Dict[str, Target] = {t.name: t for t in (
-    Target("debian12", "deb", "Debian 12 (bookworm)", "/usr/bin/python3", "3.11", "~deb12", "/lib/systemd/system",
-           _deb_python("3.11")),
-    Target("ubuntu2204", "deb", "Ubuntu 22.04 (jammy)", "/usr/bin/python3", "3.10", "~ubuntu22.04",
-           "/lib/systemd/system", _deb_python("3.10")),
-    Target("ubuntu2404", "deb", "Ubuntu 24.04 (noble)", "/usr/bin/python3", "3.12", "~ubuntu24.04",
-           "/usr/lib/systemd/system", _deb_python("3.12")),
-    Target("el9", "rpm", "RHEL 9 / Rocky 9 / Alma 9", "/usr/bin/python3", "3.9", ".el9", "/usr/lib/systemd/system",
-           ("python(abi) = 3.9",), dnf_python_version="3.9"),
-    Target("el8", "rpm", "RHEL 8 / Rocky 8 / Alma 8 (python3.11 module stream)", "/usr/bin/python3.11", "3.11",
-           ".el8", "/usr/lib/systemd/system", ("python3.11", "python(abi) = 3.11"), dnf_python_version="3.6"),
+    Target("debian12", "deb", "apt", "Debian 12 (bookworm)", "/usr/bin/python3", ("3.11", "3.13"), "~deb12",
+           "/lib/systemd/system", DEB_DEPENDS),
+    Target("debian13", "deb", "apt", "Debian 13 (trixie)", "/usr/bin/python3", ("3.13",), "~deb13", SYSTEMD_LIB,
+           DEB_DEPENDS),
+    Target("ubuntu2204", "deb", "apt", "Ubuntu 22.04 (jammy)", "/usr/bin/python3", ("3.10", "3.12"), "~ubuntu22.04",
+           "/lib/systemd/system", DEB_DEPENDS),
+    Target("ubuntu2404", "deb", "apt", "Ubuntu 24.04 (noble)", "/usr/bin/python3", ("3.12", "3.14"), "~ubuntu24.04",
+           SYSTEMD_LIB, DEB_DEPENDS),
+    Target("ubuntu2604", "deb", "apt", "Ubuntu 26.04 (resolute)", "/usr/bin/python3", ("3.14",), "~ubuntu26.04",
+           SYSTEMD_LIB, DEB_DEPENDS),
+    Target("el8", "rpm", "dnf", "RHEL 8 / Rocky 8 / Alma 8 (python3.11 module stream)", "/usr/bin/python3.11",
+           ("3.11",), ".el8", SYSTEMD_LIB, ("python3.11",), dnf_python_versions=("3.6",)),
+    # EL9 -> EL10 (leapp) moves dnf and python3 from 3.9 to 3.12: the plugin goes to both of dnf's trees.
+    Target("el9", "rpm", "dnf", "RHEL 9 / Rocky 9 / Alma 9", "/usr/bin/python3", ("3.9", "3.12"), ".el9",
+           SYSTEMD_LIB, (), dnf_python_versions=("3.9", "3.12")),
+    Target("el10", "rpm", "dnf", "RHEL 10 / Rocky 10 / Alma 10 (dnf 4.20)", "/usr/bin/python3", ("3.12",), ".el10",
+           SYSTEMD_LIB, (), dnf_python_versions=("3.12",)),
+    # SLES 15 SP7: the system python3 is 3.6; the agent runs on the python311 module's interpreter.
+    Target("sles15", "rpm", "zypper", "SUSE Linux Enterprise Server 15 SP7 (python311 module)", "/usr/bin/python3.11",
+           ("3.11",), ".sles15", SYSTEMD_LIB, ("python311",)),
+    # SLES 16.0: its system Python is taken as 3.13 (not verified on a SLES 16 host; docs/packaging.md).
+    Target("sles16", "rpm", "zypper", "SUSE Linux Enterprise Server 16", "/usr/bin/python3", ("3.13",), ".sles16",
+           SYSTEMD_LIB, ()),
 )}
 
 
@@ -192,36 +222,36 @@ def requirements(extra: Optional[str] = None) -> List[str]:
     return list(proj["optional-dependencies"][extra]) if extra else list(proj["dependencies"])
 
 
-def pip_target_args(target: Target) -> List[str]:
-    args = ["--only-binary=:all:", "--python-version", target.python_version, "--implementation", "cp",
-            "--abi", target.abi]
+def pip_target_args(python_version: str) -> List[str]:
+    args = ["--only-binary=:all:", "--python-version", python_version, "--implementation", "cp",
+            "--abi", abi(python_version)]
     for platform in PLATFORMS:
         args += ["--platform", platform]
     return args
 
 
-def wheelhouse_dir(wheelhouse: Path, target: Target, reqs: Sequence[str], constraints: Sequence[str]) -> Path:
-    blob = json.dumps({"python": target.python_version, "platforms": PLATFORMS, "reqs": list(reqs),
+def wheelhouse_dir(wheelhouse: Path, python_version: str, reqs: Sequence[str], constraints: Sequence[str]) -> Path:
+    blob = json.dumps({"python": python_version, "platforms": PLATFORMS, "reqs": list(reqs),
                        "constraints": list(constraints), "format": WHEELHOUSE_FORMAT}, sort_keys=True)
-    return wheelhouse / f"cp{target.python_version.replace('.', '')}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+    return wheelhouse / f"{abi(python_version)}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
-def fetch_wheels(python: str, wheelhouse: Path, target: Target, reqs: Sequence[str], offline: bool,
-                 constraints: Sequence[str] = ()) -> Path:
-    """The directory holding exactly the wheels ``reqs`` resolve to for ``target``; downloaded once."""
-    where = wheelhouse_dir(wheelhouse, target, reqs, constraints)
+def fetch_wheels(python: str, wheelhouse: Path, target: Target, python_version: str, reqs: Sequence[str],
+                 offline: bool, constraints: Sequence[str] = ()) -> Path:
+    """The directory holding exactly the wheels ``reqs`` resolve to for ``python_version``; downloaded once."""
+    where = wheelhouse_dir(wheelhouse, python_version, reqs, constraints)
     if (where / "COMPLETE").is_file():
         return where
     if offline:
-        raise BuildError(f"no wheels for {target.name} in {where} and --offline was given: run once without "
-                         f"--offline (it downloads them from PyPI)")
-    log(f"downloading wheels for Python {target.python_version} into {where}")
+        raise BuildError(f"no wheels for {target.name} (Python {python_version}) in {where} and --offline was "
+                         f"given: run once without --offline (it downloads them from PyPI)")
+    log(f"downloading wheels for Python {python_version} into {where}")
     wheelhouse.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=where.name + ".partial-", dir=wheelhouse))
     try:
         (partial / "requirements.txt").write_text("\n".join(reqs) + "\n")
-        argv = [python, str(PACKAGING / "pip_for_target.py"), target.python_version, "download", "-q",
-                "--disable-pip-version-check", "--dest", str(partial), *pip_target_args(target),
+        argv = [python, str(PACKAGING / "pip_for_target.py"), python_version, "download", "-q",
+                "--disable-pip-version-check", "--dest", str(partial), *pip_target_args(python_version),
                 "-r", str(partial / "requirements.txt")]
         if constraints:
             (partial / "constraints.txt").write_text("\n".join(constraints) + "\n")
@@ -243,12 +273,12 @@ def wheel_project(wheel: Path) -> str:
     return re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
 
 
-def install_wheels(python: str, target: Target, wheels: Sequence[Path], dest: Path) -> None:
-    """Unpack the given wheels (no resolution, no index: exactly these) for the target's ABI into ``dest``."""
+def install_wheels(python: str, python_version: str, wheels: Sequence[Path], dest: Path) -> None:
+    """Unpack the given wheels (no resolution, no index: exactly these) for one Python's ABI into ``dest``."""
     if not wheels:
         return
     run([python, "-m", "pip", "install", "-q", "--isolated", "--disable-pip-version-check", "--no-index", "--no-deps",
-         "--no-compile", "--no-warn-script-location", "--target", str(dest), *pip_target_args(target),
+         "--no-compile", "--no-warn-script-location", "--target", str(dest), *pip_target_args(python_version),
          *[str(w) for w in wheels]], timeout_seconds=600)
     shutil.rmtree(dest / "bin", ignore_errors=True)  # console scripts with the build machine's shebang
     for cache in dest.rglob("__pycache__"):
@@ -278,12 +308,22 @@ def copy_agent(stage: Stage, version: str) -> None:
     stage.add_tree(LIB + "/agent")
 
 
-def stage_agent(stage: Stage, target: Target, version: str, vendor_wheels: Sequence[Path], python: str) -> None:
+WheelSets = Dict[str, List[Path]]  # Python X.Y -> the wheels resolved for it
+
+
+def stage_vendor(stage: Stage, tree: str, wheel_sets: WheelSets, python: str) -> None:
+    """One whole vendor tree per Python under ``tree/cpXY`` (the launcher puts the running interpreter's first)."""
+    stage.add_dir(tree)
+    for python_version, wheels in wheel_sets.items():
+        install_wheels(python, python_version, wheels, stage.root / tree.lstrip("/") / abi(python_version))
+        stage.add_tree(f"{tree}/{abi(python_version)}")
+
+
+def stage_agent(stage: Stage, target: Target, version: str, vendor_wheels: WheelSets, python: str) -> None:
     """The gpuguard package's installed tree."""
     stage.add_dir("/usr/lib/gpuguard")
     copy_agent(stage, version)
-    install_wheels(python, target, vendor_wheels, stage.root / LIB.lstrip("/") / "vendor")
-    stage.add_tree(LIB + "/vendor")
+    stage_vendor(stage, LIB + "/vendor", vendor_wheels, python)
     stage.add_file(PACKAGING / "launchers/gpuguard", "/usr/bin/gpuguard", 0o755,
                    text=launcher_text(PACKAGING / "launchers/gpuguard", target))
     stage.add_file(REPO / "policies/amd-compat-matrix.toml", "/usr/share/gpuguard/amd-compat-matrix.toml")
@@ -298,12 +338,14 @@ def stage_agent(stage: Stage, target: Target, version: str, vendor_wheels: Seque
                         "# (see /usr/share/doc/gpuguard/guard.md).\n"
                         + (REPO / "policies/example.toml").read_text(encoding="utf-8"))
     stage.add_dir("/var/lib/gpuguard", 0o750)
-    if target.fmt == "deb":
+    if target.manager == "apt":
         stage.add_file(PACKAGING / "apt/gpuguard-apt-hook", LIB + "/gpuguard-apt-hook", 0o755,
                        text=launcher_text(PACKAGING / "apt/gpuguard-apt-hook", target))
         stage.add_file(PACKAGING / "apt/50gpuguard", "/etc/apt/apt.conf.d/50gpuguard", config=True)
-    else:
+    elif target.manager == "dnf":
         stage_dnf(stage, target)
+    else:
+        stage_zypper(stage, target)
     docs = "/usr/share/doc/gpuguard"
     stage.add_file(REPO / "README.md", f"{docs}/README.md")
     for doc in ("guard.md", "reporting.md", "hub.md", "packaging.md", "health.md"):
@@ -335,8 +377,9 @@ def stage_dnf(stage: Stage, target: Target) -> None:
     if (dnf / "gpuguard-dnf-check").is_file():
         stage.add_file(dnf / "gpuguard-dnf-check", LIB + "/gpuguard-dnf-check", 0o755,
                        text=launcher_text(dnf / "gpuguard-dnf-check", target))
-    if (dnf / "gpuguard.py").is_file() and target.dnf_plugin_dir:
-        stage.add_file(dnf / "gpuguard.py", f"{target.dnf_plugin_dir}/gpuguard.py")
+    if (dnf / "gpuguard.py").is_file():
+        for plugin_dir in target.dnf_plugin_dirs:
+            stage.add_file(dnf / "gpuguard.py", f"{plugin_dir}/gpuguard.py")
     if (dnf / "gpuguard.conf").is_file():
         stage.add_file(dnf / "gpuguard.conf", "/etc/dnf/plugins/gpuguard.conf", config=True)
     if (dnf5 / "gpuguard-dnf5-action").is_file():
@@ -346,10 +389,27 @@ def stage_dnf(stage: Stage, target: Target) -> None:
         stage.add_file(dnf5 / "gpuguard.actions", "/etc/dnf/libdnf5-plugins/actions.d/gpuguard.actions", config=True)
 
 
-def stage_hub(stage: Stage, target: Target, version: str, hub_wheels: Sequence[Path], python: str) -> None:
+# ---- zypper guard (issue #41 part A) -------------------------------------------------------------------------
+# The SLES targets package what exists today: the CLI, the daemon, its unit and configs. The zypper guard's files
+# (its libzypp commit plugin or rpm plugin, their launchers and configs) come from packaging/zypper/ once part A
+# adds them; each (repo file, installed path, mode, conffile) goes into ZYPPER_FILES below, and
+# tests/packaging/test_targets_2026.py checks that a sles package carries every listed file that exists.
+ZYPPER_FILES: Tuple[Tuple[str, str, int, bool], ...] = ()
+
+
+def stage_zypper(stage: Stage, target: Target) -> None:
+    """The zypper guard's files (ZYPPER_FILES) that the repo has; launchers get the target's interpreter."""
+    for source, path, mode, config in ZYPPER_FILES:
+        source_path = REPO / source
+        if not source_path.is_file():
+            continue
+        text = launcher_text(source_path, target) if mode & 0o111 else None
+        stage.add_file(source_path, path, mode, config=config, text=text)
+
+
+def stage_hub(stage: Stage, target: Target, version: str, hub_wheels: WheelSets, python: str) -> None:
     """The gpuguard-hub package: hub-only vendored wheels, its unit and config."""
-    install_wheels(python, target, hub_wheels, stage.root / LIB.lstrip("/") / "vendor-hub")
-    stage.add_tree(LIB + "/vendor-hub")
+    stage_vendor(stage, LIB + "/vendor-hub", hub_wheels, python)
     stage.add_file(REPO / "systemd/gpuguard-hub.service", f"{target.unit_dir}/gpuguard-hub.service")
     stage.add_file(PACKAGING / "config/hub.toml", "/etc/gpuguard/hub.toml", config=True)
     docs = "/usr/share/doc/gpuguard-hub"
@@ -470,8 +530,9 @@ def build(target: Target, version: str, release: str, out: Path, wheelhouse: Pat
           hub: bool) -> List[Path]:
     started = time.monotonic()
     agent_reqs = requirements()
-    agent_house = fetch_wheels(python, wheelhouse, target, agent_reqs, offline)
-    agent_wheels = wheels_in(agent_house)
+    agent_wheels = {v: wheels_in(fetch_wheels(python, wheelhouse, target, v, agent_reqs, offline))
+                    for v in target.python_versions}
+    requires = (*target.python_depends(), *target.depends)
     built = []
     with tempfile.TemporaryDirectory(prefix="gpuguard-build-") as tmp:
         work = Path(tmp)
@@ -479,17 +540,20 @@ def build(target: Target, version: str, release: str, out: Path, wheelhouse: Pat
         stage_agent(stage, target, version, agent_wheels, python)
         scripts = ("preinst", "postinst", "prerm", "postrm")
         if target.fmt == "deb":
-            built.append(build_deb(stage, target, "gpuguard", version, release, out, target.depends, SUMMARY,
+            built.append(build_deb(stage, target, "gpuguard", version, release, out, requires, SUMMARY,
                                    DESCRIPTION, scripts))
         else:
-            built.append(build_rpm(stage, target, "gpuguard", version, release, out, target.depends, SUMMARY,
+            built.append(build_rpm(stage, target, "gpuguard", version, release, out, requires, SUMMARY,
                                    DESCRIPTION, work))
         if hub:
-            # The hub's wheels resolve with the agent's pinned, so both vendor trees agree on shared packages.
-            pins = [f"{w.name.split('-')[0]}=={w.name.split('-')[1]}" for w in agent_wheels]
-            hub_house = fetch_wheels(python, wheelhouse, target, agent_reqs + requirements("hub"), offline, pins)
-            have = {wheel_project(w) for w in agent_wheels}
-            hub_wheels = [w for w in wheels_in(hub_house) if wheel_project(w) not in have]
+            hub_wheels = {}
+            for python_version, wheels in agent_wheels.items():
+                # The hub's wheels resolve with the agent's pinned, so both vendor trees agree on shared packages.
+                pins = [f"{w.name.split('-')[0]}=={w.name.split('-')[1]}" for w in wheels]
+                hub_house = fetch_wheels(python, wheelhouse, target, python_version,
+                                         agent_reqs + requirements("hub"), offline, pins)
+                have = {wheel_project(w) for w in wheels}
+                hub_wheels[python_version] = [w for w in wheels_in(hub_house) if wheel_project(w) not in have]
             hub_stage = Stage(work / "stage-hub")
             stage_hub(hub_stage, target, version, hub_wheels, python)
             if target.fmt == "deb":
@@ -497,8 +561,8 @@ def build(target: Target, version: str, release: str, out: Path, wheelhouse: Pat
                 built.append(build_deb(hub_stage, target, "gpuguard-hub", version, release, out, depends,
                                        HUB_SUMMARY, HUB_DESCRIPTION, ("preinst", "postinst", "prerm", "postrm")))
             else:
-                requires = (f"gpuguard = {version}-{release}{target.version_suffix}",)
-                built.append(build_rpm(hub_stage, target, "gpuguard-hub", version, release, out, requires,
+                hub_requires = (f"gpuguard = {version}-{release}{target.version_suffix}",)
+                built.append(build_rpm(hub_stage, target, "gpuguard-hub", version, release, out, hub_requires,
                                        HUB_SUMMARY, HUB_DESCRIPTION, work))
     for path in built:
         log(f"built {path} ({path.stat().st_size / 1e6:.1f} MB)")

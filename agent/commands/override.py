@@ -21,6 +21,8 @@ def add_parser(sub: Subparsers) -> None:
     add_guard_options(start, policy=False)
     start.add_argument("--minutes", type=float, required=True, help="how long the window stays open")
     start.add_argument("--reason", required=True, help="why (written to the audit log)")
+    start.add_argument("--allow-self-removal", action="store_true",
+                       help="also let a transaction remove gpuguard's own package (audited; no other window does)")
     start.set_defaults(handler=override_start)
     lst = ovr_sub.add_parser("list", help="list recorded windows")
     add_guard_options(lst, policy=False)
@@ -51,9 +53,11 @@ def override_start(args: argparse.Namespace, make_host: HostFactory, out: TextIO
     settings = settings_of(args)
     paths = state_paths(settings)
     window = start_window(str(host.path(paths.overrides)), str(host.path(paths.audit_log)), args.minutes,
-                          args.reason, _max_override_minutes(host, settings), now=host.clock)
+                          args.reason, _max_override_minutes(host, settings), now=host.clock,
+                          allow_self_removal=args.allow_self_removal)
+    also = "; it also lets gpuguard itself be removed" if window.allow_self_removal else ""
     out.write(f"override window {window.id} open until {window.expires_at.isoformat(timespec='seconds')} "
-              f"({window.reason!r}, by {window.opened_by}); audited in {paths.audit_log}\n")
+              f"({window.reason!r}, by {window.opened_by}){also}; audited in {paths.audit_log}\n")
     return 0
 
 

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, NoReturn, Optional, Sequence
+from typing import Callable, Dict, List, NoReturn, Optional, Sequence
 
 import pytest
 
@@ -55,6 +55,32 @@ def build(target: str, out: Path, *extra: str) -> List[Path]:
     return built
 
 
+def rpm(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return run(["rpm", "--root", str(root), *args], check=check, timeout_seconds=120)
+
+
+@pytest.fixture
+def rpm_root(tmp_path: Path) -> Path:
+    """An empty rpm database under a root whose only program is /bin/sh."""
+    need_tools("rpm", "ldd")
+    if os.geteuid() != 0:
+        unavailable("rpm runs scriptlets in a chroot: root needed")
+    root = tmp_path / "root"
+    shell = Path("/bin/dash").resolve()
+    libraries = [line.split()[-2] if "=>" in line else line.split()[0]
+                 for line in run(["ldd", str(shell)]).stdout.splitlines() if "/" in line]
+    for source in [str(shell), *libraries]:
+        dest = root / source.lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, dest)
+    (root / "bin").mkdir(exist_ok=True)
+    if not (root / "bin/sh").exists():
+        os.symlink(str(shell), root / "bin/sh")
+    assert run(["chroot", str(root), "/bin/sh", "-c", "echo ok"]).stdout == "ok\n"
+    rpm(root, "--initdb")
+    return root
+
+
 def by_name(paths: Sequence[Path]) -> Dict[str, Path]:
     """{"gpuguard": path, "gpuguard-hub": path} from package file names (name_version... or name-version...)."""
     out = {}
@@ -88,6 +114,20 @@ def debian12_upgrade_all(dist: Path) -> Dict[str, Path]:
 def debian12_upgrade(debian12_upgrade_all: Dict[str, Path]) -> Path:
     """A newer gpuguard .deb for Debian 12 (the upgrade test)."""
     return debian12_upgrade_all["gpuguard"]
+
+
+@pytest.fixture(scope="session")
+def built(dist: Path) -> Callable[[str], Dict[str, Path]]:
+    """``built(target)``: packaging/build.sh --target TARGET once per session, {package name: path}."""
+    cache: Dict[str, Dict[str, Path]] = {}
+
+    def get(target: str) -> Dict[str, Path]:
+        if target not in cache:
+            need_tools("dpkg-deb" if target.startswith(("debian", "ubuntu")) else "rpmbuild")
+            cache[target] = by_name(build(target, dist / f"{target}-all"))
+        return cache[target]
+
+    return get
 
 
 @pytest.fixture(scope="session")

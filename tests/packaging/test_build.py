@@ -70,14 +70,14 @@ def test_deb_holds_the_layout_with_conffiles_and_private_state(debian12: Dict[st
         assert path in files, path
     assert files["/var/lib/gpuguard"] == "drwxr-x---"
     assert files["/etc/gpuguard/policy.d"].startswith("d")
-    assert any(re.match(r"/usr/lib/gpuguard/vendor/pydantic_core/.*cpython-311-x86_64-linux-gnu\.so$", p)
+    assert any(re.match(r"/usr/lib/gpuguard/vendor/cp311/pydantic_core/.*cpython-311-x86_64-linux-gnu\.so$", p)
                for p in files)
     assert not any("__pycache__" in p or p.endswith(".pyc") for p in files)
-    assert not any(p.startswith("/usr/lib/gpuguard/vendor/bin") for p in files)
+    assert not any(re.match(r"/usr/lib/gpuguard/vendor/cp3[0-9]+/bin", p) for p in files)
     conffiles = set(run(["dpkg-deb", "-I", str(deb), "conffiles"]).stdout.split())
     assert conffiles == CONFIG_FILES | {"/etc/apt/apt.conf.d/50gpuguard"}
     depends = deb_field(deb, "Depends")
-    assert "python3 (>= 3.11~)" in depends and "python3 (<< 3.12)" in depends
+    assert "python3 (>= 3.11~)" in depends and "python3 (<< 3.14)" in depends  # bookworm's and trixie's
     assert "procps" in depends.split(", ")  # /bin/kill: the unit's ExecReload (a minbase host lacks it)
     assert deb_file(deb, "/usr/bin/gpuguard", tmp_path).startswith("#!/usr/bin/python3 -IS\n")
     assert deb_file(deb, "/usr/lib/gpuguard/gpuguard-apt-hook", tmp_path).startswith("#!/usr/bin/python3 -IS\n")
@@ -88,10 +88,10 @@ def test_hub_deb_vendors_only_what_the_agent_lacks(debian12: Dict[str, Path]) ->
     """gpuguard-hub depends on the same gpuguard build and adds FastAPI/uvicorn/psycopg, not a second pydantic."""
     hub = debian12["gpuguard-hub"]
     files = deb_listing(hub)
-    assert "/usr/lib/gpuguard/vendor-hub/fastapi/__init__.py" in files
-    assert "/usr/lib/gpuguard/vendor-hub/uvicorn/__init__.py" in files
-    assert "/usr/lib/gpuguard/vendor-hub/psycopg/__init__.py" in files
-    assert not any(p.startswith("/usr/lib/gpuguard/vendor-hub/pydantic") for p in files)
+    assert "/usr/lib/gpuguard/vendor-hub/cp311/fastapi/__init__.py" in files
+    assert "/usr/lib/gpuguard/vendor-hub/cp311/uvicorn/__init__.py" in files
+    assert "/usr/lib/gpuguard/vendor-hub/cp311/psycopg/__init__.py" in files
+    assert not any(re.match(r"/usr/lib/gpuguard/vendor-hub/cp3[0-9]+/pydantic", p) for p in files)
     assert "/lib/systemd/system/gpuguard-hub.service" in files
     assert deb_field(hub, "Depends").startswith(f"gpuguard (= {deb_field(debian12['gpuguard'], 'Version')})")
 
@@ -101,10 +101,10 @@ def test_rpm_holds_the_layout_dnf_files_and_config(el9: Dict[str, Path]) -> None
     rpm = el9["gpuguard"]
     files = set(rpm_query(rpm, "-l"))
     for path in ("/usr/bin/gpuguard", "/usr/lib/gpuguard/agent/cli.py", "/usr/lib/systemd/system/gpuguard.service",
-                 "/var/lib/gpuguard", "/etc/gpuguard/policy.d", "/usr/lib/gpuguard/vendor/tomli/__init__.py",
+                 "/var/lib/gpuguard", "/etc/gpuguard/policy.d", "/usr/lib/gpuguard/vendor/cp39/tomli/__init__.py",
                  *CONFIG_FILES):
         assert path in files, path
-    assert any(re.search(r"/vendor/pydantic_core/.*cpython-39-x86_64-linux-gnu\.so$", p) for p in files)
+    assert any(re.search(r"/vendor/cp39/pydantic_core/.*cpython-39-x86_64-linux-gnu\.so$", p) for p in files)
     assert "/etc/apt/apt.conf.d/50gpuguard" not in files and "/usr/lib/gpuguard/gpuguard-apt-hook" not in files
     for source, installed in DNF_FILES.items():
         if (REPO / source).is_file():
@@ -112,7 +112,7 @@ def test_rpm_holds_the_layout_dnf_files_and_config(el9: Dict[str, Path]) -> None
     configs = set(rpm_query(rpm, "-c"))
     expected = CONFIG_FILES | {p for s, p in DNF_FILES.items() if p.startswith("/etc/") and (REPO / s).is_file()}
     assert configs == expected
-    assert "python(abi) = 3.9" in rpm_query(rpm, "--requires")
+    assert "(python(abi) = 3.9 or python(abi) = 3.12)" in rpm_query(rpm, "--requires")
     modes = dict(line.split(" ", 1)[::-1] for line in rpm_query(rpm, "--qf", "[%{FILEMODES:perms} %{FILENAMES}\n]"))
     assert modes["/var/lib/gpuguard"] == "drwxr-x---"
     assert modes["/usr/bin/gpuguard"] == "-rwxr-xr-x"
@@ -143,7 +143,7 @@ def test_ubuntu2404_build_targets_python312(ubuntu2404: Path) -> None:
     deb = ubuntu2404
     assert deb.name == "gpuguard_0.1.0-1~ubuntu24.04_amd64.deb"
     files = deb_listing(deb)
-    assert any(re.search(r"/vendor/pydantic_core/.*cpython-312-x86_64-linux-gnu\.so$", p) for p in files)
+    assert any(re.search(r"/vendor/cp312/pydantic_core/.*cpython-312-x86_64-linux-gnu\.so$", p) for p in files)
     assert "/usr/lib/systemd/system/gpuguard.service" in files
     assert "python3 (>= 3.12~)" in deb_field(deb, "Depends")
 
@@ -175,7 +175,8 @@ def test_vendored_tree_runs_on_the_target_python(python_version: str, tmp_path: 
     else:
         unpack_rpm(pkg, root)
     lib = root / "usr/lib/gpuguard"
-    code = (f"import sys; sys.path[:0] = [{str(lib)!r}, {str(lib / 'vendor')!r}]; from agent.cli import main; "
+    vendor = lib / "vendor" / ("cp" + python_version.replace(".", ""))
+    code = (f"import sys; sys.path[:0] = [{str(lib)!r}, {str(vendor)!r}]; from agent.cli import main; "
             f"sys.exit(main(sys.argv[1:]))")
     result = run([str(found[-1]), "-IS", "-c", code, "policy", "check", str(REPO / "policies/example.toml"),
                   "--matrix", str(root / "usr/share/gpuguard/amd-compat-matrix.toml")], check=False)

@@ -144,8 +144,21 @@ def test_deb_install_snapshot_hook_upgrade_remove_purge(deb_chroot: Chroot, debi
     assert ok(c.run("gpuguard", "--version")).strip() == f"gpuguard {UPGRADE_VERSION}"
     assert "REFUSED" in refused_rocm_upgrade(c)
 
+    # --- remove: refused as gpuguard's own removal until the operator opens a window that allows it -------------
+    before = c.status_bytes()
+    ok(c.run("gpuguard", "override", "start", "--minutes", "30", "--reason", "new kernel"))
+    result = c.apt("remove", "gpuguard")
+    assert result.returncode == 100 and c.status_bytes() == before, result.stdout + result.stderr
+    assert "REFUSED (self-protection): this transaction removes gpuguard itself" in result.stderr
+    assert "does not cover removing gpuguard" in result.stderr  # the kernel's window lets nothing of it through
+    ok(c.run("gpuguard", "override", "start", "--minutes", "30", "--allow-self-removal", "--reason", "decommission"))
+
     # --- remove: unit stopped and disabled, hook config set aside, apt keeps working ---------------------------
-    ok(c.apt("remove", "gpuguard"))
+    out = ok(c.apt("remove", "gpuguard"))
+    assert "opened with --allow-self-removal" in out, out
+    audit = (state / "audit.log").read_text()
+    assert '"rule":"self-protection"' in audit.replace(" ", "") and '"allow_self_removal":true' in audit.replace(
+        " ", ""), audit[-2000:]
     calls = systemctl_calls(c)
     assert "stop gpuguard.service" in calls and "--no-reload disable gpuguard.service" in calls, calls
     assert "daemon-reload" not in calls, calls
@@ -158,11 +171,13 @@ def test_deb_install_snapshot_hook_upgrade_remove_purge(deb_chroot: Chroot, debi
 
     # --- reinstall: the hook config comes back and guards again; the unit is enabled again ---------------------
     ok(c.apt("install", second))
+    ok(c.run("gpuguard", "override", "end"))  # the windows opened for the removal (state outlives the package)
     assert (root / HOOK_CONF).is_file() and not (root / (HOOK_CONF + ".dpkg-remove")).exists()
     assert {"--no-reload enable gpuguard.service", "start gpuguard.service"} <= set(systemctl_calls(c))
     assert "REFUSED" in refused_rocm_upgrade(c)
 
     # --- purge: state, config and hook config gone; apt still works ---------------------------------------------
+    ok(c.run("gpuguard", "override", "start", "--minutes", "15", "--allow-self-removal", "--reason", "purge"))
     ok(c.apt("purge", "gpuguard"))
     for gone in ("var/lib/gpuguard", "etc/gpuguard", HOOK_CONF, HOOK_CONF + ".dpkg-remove", "usr/bin/gpuguard"):
         assert not (root / gone).exists(), gone
@@ -213,5 +228,6 @@ def test_hub_deb_serves_from_its_vendored_packages(deb_chroot: Chroot, debian12:
                 os.kill(hub.pid, signal.SIGKILL)
                 hub.wait(10)
     assert hub.returncode == 0, "".join(lines[-20:])
+    ok(c.run("gpuguard", "override", "start", "--minutes", "15", "--allow-self-removal", "--reason", "test"))
     ok(c.apt("purge", "gpuguard-hub", "gpuguard"))
     assert not (c.root / "usr/lib/gpuguard").exists() and not (c.root / "var/lib/gpuguard").exists()

@@ -7,44 +7,17 @@ would in a bare container: no python3, no systemctl, no systemd. They must warn 
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
 
-from tests.packaging.conftest import UPGRADE_VERSION, need_tools, run, unavailable
-
-
-def rpm(root: Path, *args: str, check: bool = True):
-    return run(["rpm", "--root", str(root), *args], check=check, timeout_seconds=120)
+from tests.packaging.conftest import UPGRADE_VERSION, rpm, run
 
 
 def files_of(root: Path, name: str) -> List[str]:
     return rpm(root, "-ql", name).stdout.splitlines()
-
-
-@pytest.fixture
-def rpm_root(tmp_path: Path) -> Path:
-    """An empty rpm database under a root whose only program is /bin/sh."""
-    need_tools("rpm", "ldd")
-    if os.geteuid() != 0:
-        unavailable("rpm runs scriptlets in a chroot: root needed")
-    root = tmp_path / "root"
-    shell = Path("/bin/dash").resolve()
-    libraries = [line.split()[-2] if "=>" in line else line.split()[0]
-                 for line in run(["ldd", str(shell)]).stdout.splitlines() if "/" in line]
-    for source in [str(shell), *libraries]:
-        dest = root / source.lstrip("/")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, dest)
-    (root / "bin").mkdir(exist_ok=True)
-    if not (root / "bin/sh").exists():
-        os.symlink(str(shell), root / "bin/sh")
-    assert run(["chroot", str(root), "/bin/sh", "-c", "echo ok"]).stdout == "ok\n"
-    rpm(root, "--initdb")
-    return root
 
 
 @pytest.mark.timeout(300)

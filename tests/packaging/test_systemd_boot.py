@@ -470,6 +470,13 @@ def test_upgrade_with_a_changed_unit_reloads_once_and_restarts_with_it(box: Box)
     assert box.running(HUB)["NeedDaemonReload"] == "no"
 
 
+def allow_self_removal(box: Box) -> None:
+    """The operator's explicit, audited permission to remove gpuguard itself (the hook refuses it otherwise)."""
+    result = box.c.run("gpuguard", "override", "start", "--minutes", "15", "--allow-self-removal", "--reason",
+                       "packaging test removes gpuguard")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_remove_and_purge_stop_and_disable_both_units_without_a_daemon_reload(box: Box) -> None:
     """remove stops and disables both units (no process, no wants symlink), a reinstall of the hub enables and starts
     it again; purge clears state; no reload at all."""
@@ -495,6 +502,7 @@ def test_remove_and_purge_stop_and_disable_both_units_without_a_daemon_reload(bo
         return bool(changed and checked) and checked[-1] > changed[-1]
 
     box.wait_for("the agent's check after the hub's removal", agent_idle)
+    allow_self_removal(box)
     box.ok("remove", "gpuguard")
     for unit in (AGENT, HUB):
         props = c.show(unit, "ActiveState", "MainPID")
@@ -523,5 +531,6 @@ def test_reinstalling_an_older_build_after_remove_reloads_once(box: Box) -> None
         assert props["UnitFileState"] == "enabled" and props["NeedDaemonReload"] == "no", (unit, props)
         assert (box.root / WANTS / unit).is_symlink(), unit
     mark = c.mark()
+    allow_self_removal(box)
     box.ok("purge", "gpuguard-hub", "gpuguard")
     assert c.daemon_reloads(mark) == 0, box.log(mark, "_PID=1")

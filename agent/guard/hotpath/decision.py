@@ -162,6 +162,53 @@ class Decision:
             self.say(f"warning: cannot record to {self.paths.audit_log}: {exc.strerror or exc}")
         return EXIT_REFUSED
 
+    def self_protection(self, tx: Transaction, max_override_minutes: Optional[float]) -> Optional[int]:
+        """EXIT_REFUSED (named as gpuguard's own removal, recorded) when ``tx`` removes gpuguard's own package and
+        no open override window was opened with ``--allow-self-removal``; None when it may go ahead (audited as
+        ``override_used`` when such a window lets it).
+
+        A window opened for a kernel or a driver does not count: a release upgrade whose python3 could not stay
+        beside the installed gpuguard used to remove the guard through it, silently.
+        """
+        from agent.defaults import OWN_PACKAGE
+
+        removed = [c for c in tx.changes if c.package.split(":", 1)[0] == OWN_PACKAGE and c.new_version is None]
+        if not removed:
+            return None
+        from agent.errors import InputFileError
+        from agent.guard.hotpath.overrides import LONGEST_WINDOW_MINUTES, active_windows, load_windows
+
+        packages = {c.package: f"{c.old_version} -> (removed)" for c in removed}
+        message = ("this transaction removes gpuguard itself (" + ", ".join(f"{n} {m}" for n, m in packages.items())
+                   + "): afterwards no hook, pins, command or daemon guard this host's kernel and GPU stack")
+        try:
+            windows = active_windows(load_windows(
+                under(self.root, self.paths.overrides),
+                LONGEST_WINDOW_MINUTES if max_override_minutes is None else max_override_minutes), self.now())
+        except InputFileError as exc:
+            self.say(f"warning: ignoring override windows: {exc}")
+            windows = []
+        allowing = [w for w in windows if w.allow_self_removal]
+        violation = {"rule": "self-protection", "action": "block", "message": message, "packages": packages}
+        if allowing:
+            window = allowing[0]
+            self.say(f"override window {window.id} ({window.reason!r}, by {window.opened_by}, opened with "
+                     f"--allow-self-removal) lets through: {message}")
+            self.record({"kind": "override_used", "window": window.to_dict(), "command_line": tx.command_line,
+                         "violations": [violation]})
+            return None
+        self.say(f"REFUSED (self-protection): {message}")
+        for window in windows:
+            self.say(f"the open override window {window.id} ({window.reason!r}) does not cover removing gpuguard")
+        self.say("to remove gpuguard on purpose: gpuguard override start --minutes 15 --allow-self-removal "
+                 "--reason '...' (audited), then run this again; to keep it, see why the transaction removes it "
+                 "(a dependency such as python3 it cannot stay beside: install the gpuguard package built for the "
+                 "new release first)")
+        self.record({"kind": "transaction_blocked", "tool": self.tool, "rule": "self-protection",
+                     "message": message, "packages": packages, "command_line": tx.command_line})
+        self.say("nothing was changed")
+        return EXIT_REFUSED
+
     def failsafe(self, mode: str, guarded: Sequence[str], names: Sequence[str], why: str, code: int,
                  command_line: Optional[str], guessed: bool = False, whole: bool = True) -> int:
         """The fail-safe decision: let through (``allow``, or ``block-guarded`` without guarded packages) or

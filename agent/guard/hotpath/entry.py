@@ -88,6 +88,9 @@ def check(decision: Decision, policy_file: Optional[str], policy_dir: str, text:
                                  EXIT_FAILSAFE_INPUT, None, guessed=True)
     tx: Transaction = parsed.transaction
     names = [c.package for c in tx.changes]
+    refused_self = decision.self_protection(tx, policy.max_override_minutes if policy else None)
+    if refused_self is not None:  # before the policy: without gpuguard nothing judges later transactions
+        return refused_self
     if policy is None:
         return decision.failsafe(mode, guarded, names, f"no usable policy ({policy_problem})", EXIT_FAILSAFE_POLICY,
                                  tx.command_line)

@@ -2,7 +2,10 @@
 
 ``gpuguard override start --minutes 60 --reason "..."`` records a window in ``overrides.json`` under the state
 directory and an ``override_started`` line in the audit log. While a window is open the apt hook lets violating
-transactions through and audits each one (``override_used``); expired windows are ignored. Standard library only.
+transactions through and audits each one (``override_used``); expired windows are ignored. Removing gpuguard itself
+needs a window opened with ``--allow-self-removal`` (``allow_self_removal``): one opened for a kernel or a driver
+never lets the guard's own removal through (hotpath/decision.py, ``Decision.self_protection``). Standard library
+only.
 """
 
 from __future__ import annotations
@@ -36,23 +39,24 @@ def utc_now() -> dt.datetime:
 class OverrideWindow(Record):
     """One maintenance window (aware datetimes); a record because the apt hook reads these."""
 
-    __slots__ = ("id", "started_at", "expires_at", "reason", "opened_by")
+    __slots__ = ("id", "started_at", "expires_at", "reason", "opened_by", "allow_self_removal")
     id: str
     started_at: dt.datetime
     expires_at: dt.datetime
     reason: str
     opened_by: str
+    allow_self_removal: bool
 
     def __init__(self, id: str, started_at: dt.datetime, expires_at: dt.datetime, reason: str,
-                 opened_by: str) -> None:
-        Record.__init__(self, id, started_at, expires_at, reason, opened_by)
+                 opened_by: str, allow_self_removal: bool = False) -> None:
+        Record.__init__(self, id, started_at, expires_at, reason, opened_by, allow_self_removal)
 
     def is_active(self, now: dt.datetime) -> bool:
         return self.started_at <= now < self.expires_at
 
     def to_dict(self) -> dict:
         return {"id": self.id, "started_at": self.started_at.isoformat(), "expires_at": self.expires_at.isoformat(),
-                "reason": self.reason, "opened_by": self.opened_by}
+                "reason": self.reason, "opened_by": self.opened_by, "allow_self_removal": self.allow_self_removal}
 
 
 def _parse_time(value: object, path: str, where: str) -> dt.datetime:
@@ -96,7 +100,8 @@ def load_windows(path: str, max_minutes: float = LONGEST_WINDOW_MINUTES) -> List
         expires = _parse_time(item.get("expires_at"), path, where + " -> expires_at")
         windows.append(OverrideWindow(
             id=str(item.get("id", "")), started_at=started, expires_at=min(expires, started + longest),
-            reason=str(item.get("reason", "")), opened_by=str(item.get("opened_by", ""))))
+            reason=str(item.get("reason", "")), opened_by=str(item.get("opened_by", "")),
+            allow_self_removal=item.get("allow_self_removal") is True))
     return windows
 
 
@@ -123,8 +128,10 @@ def who() -> str:
 
 
 def start_window(overrides_path: str, audit_path: str, minutes: float, reason: str, max_minutes: float,
-                 now: Clock = utc_now, opened_by: Optional[str] = None) -> OverrideWindow:
-    """Open a window of ``minutes`` from now; UsageError for an empty reason or a window longer than allowed."""
+                 now: Clock = utc_now, opened_by: Optional[str] = None,
+                 allow_self_removal: bool = False) -> OverrideWindow:
+    """Open a window of ``minutes`` from now (``allow_self_removal``: it also lets gpuguard's own package be
+    removed); UsageError for an empty reason or a window longer than allowed."""
     if not reason.strip():
         raise UsageError("an override needs a --reason (it goes to the audit log)")
     if minutes <= 0:
@@ -136,7 +143,7 @@ def start_window(overrides_path: str, audit_path: str, minutes: float, reason: s
     started = now()
     window = OverrideWindow(id=secrets.token_hex(4), started_at=started,
                             expires_at=started + dt.timedelta(minutes=minutes), reason=reason.strip(),
-                            opened_by=opened_by or who())
+                            opened_by=opened_by or who(), allow_self_removal=allow_self_removal)
     kept = [w for w in load_windows(overrides_path) if w.expires_at > started]
     _save(overrides_path, kept + [window])
     audit(audit_path, "override_started", started, window=window.to_dict())
@@ -154,7 +161,8 @@ def end_windows(overrides_path: str, audit_path: str, now: Clock = utc_now,
             continue  # expired windows are dropped from the file; the audit log keeps their story
         if window_id is None or window.id == window_id:
             closed.append(window)
-            kept.append(OverrideWindow(window.id, window.started_at, current, window.reason, window.opened_by))
+            kept.append(OverrideWindow(window.id, window.started_at, current, window.reason, window.opened_by,
+                                       window.allow_self_removal))
         else:
             kept.append(window)
     if window_id is not None and not closed:

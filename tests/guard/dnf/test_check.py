@@ -260,3 +260,18 @@ def test_a_hold_still_draining_on_slurm_refuses_until_drained(root: Path) -> Non
         "the change will be allowed once it is drained\n")
     path.write_text(json.dumps({**hold, "phase": "held", "drained_at_seconds": 2.0}))
     assert check(root, text) == (0, "")
+
+
+GG, GG2 = ("gpuguard", 0, "0.1.0", "1.el9", "x86_64"), ("gpuguard", 0, "0.1.1", "1.el10", "x86_64")
+
+
+def test_erasing_gpuguard_itself_is_refused_as_self_protection(root: Path) -> None:
+    """dnf remove gpuguard: refused and named as gpuguard's own removal, as on apt (docs/guard.md)."""
+    code, out = check(root, request(GG + ("out", "Erase"), installed=INSTALLED + [GG]))
+    assert code == exits.EXIT_REFUSED
+    assert "REFUSED (self-protection): this transaction removes gpuguard itself" in out and "0.1.0-1.el9" in out
+
+
+def test_upgrading_gpuguard_itself_is_not_self_removal(root: Path) -> None:
+    """A newer gpuguard replacing the installed one passes silently."""
+    assert check(root, request(*upgrade(GG, GG2), installed=INSTALLED + [GG])) == (0, "")

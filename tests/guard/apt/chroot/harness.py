@@ -131,8 +131,8 @@ def missing_tools() -> List[str]:
             if shutil.which(tool) is None]
 
 
-def _cache_key(mirror: str) -> str:
-    blob = json.dumps({"suite": SUITE, "mirror": mirror, "include": INCLUDE, "variant": "minbase",
+def _cache_key(mirror: str, suite: str = SUITE) -> str:
+    blob = json.dumps({"suite": suite, "mirror": mirror, "include": INCLUDE, "variant": "minbase",
                        "harness": HARNESS_VERSION}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -149,8 +149,9 @@ def _forget_process_tarballs() -> None:
 atexit.register(_forget_process_tarballs)
 
 
-def build_base(target: Path, use_cache: bool) -> Dict[str, float]:
-    """debootstrap (or unpack the cached tarball of) a minbase bookworm with python3 into ``target``.
+def build_base(target: Path, use_cache: bool, suite: str = SUITE) -> Dict[str, float]:
+    """debootstrap (or unpack the cached tarball of) a minbase ``suite`` (bookworm, or trixie for the Debian 13
+    package tests) with python3 into ``target``; the mirror is the one this machine's bookworm sources name.
 
     Without the on-disk cache (CI, where each run must really debootstrap), the first base built in this test
     process is still kept as a tarball in a private temp dir until the process exits, so the apt guard's chroot
@@ -158,8 +159,8 @@ def build_base(target: Path, use_cache: bool) -> Dict[str, float]:
     """
     timings: Dict[str, float] = {}
     mirror = debian_mirror()
-    key = _cache_key(mirror)
-    tarball = CACHE_DIR / f"bookworm-minbase-{key}.tar"
+    key = _cache_key(mirror, suite)
+    tarball = CACHE_DIR / f"{suite}-minbase-{key}.tar"
     started = time.monotonic()
     if not use_cache and key in _PROCESS_TARBALLS:
         target.mkdir(parents=True, exist_ok=True)
@@ -171,7 +172,7 @@ def build_base(target: Path, use_cache: bool) -> Dict[str, float]:
         run(["tar", "-xf", str(tarball), "-C", str(target), "--numeric-owner"], timeout_seconds=600)
         timings["unpack_cached_seconds"] = time.monotonic() - started
         return timings
-    run(["debootstrap", "--variant=minbase", f"--include={','.join(INCLUDE)}", SUITE, str(target), mirror],
+    run(["debootstrap", "--variant=minbase", f"--include={','.join(INCLUDE)}", suite, str(target), mirror],
         timeout_seconds=1200)
     timings["debootstrap_seconds"] = time.monotonic() - started
     if use_cache:
