@@ -389,12 +389,20 @@ def stage_dnf(stage: Stage, target: Target) -> None:
         stage.add_file(dnf5 / "gpuguard.actions", "/etc/dnf/libdnf5-plugins/actions.d/gpuguard.actions", config=True)
 
 
-# ---- zypper guard (issue #41 part A) -------------------------------------------------------------------------
-# The SLES targets package what exists today: the CLI, the daemon, its unit and configs. The zypper guard's files
-# (its libzypp commit plugin or rpm plugin, their launchers and configs) come from packaging/zypper/ once part A
-# adds them; each (repo file, installed path, mode, conffile) goes into ZYPPER_FILES below, and
-# tests/packaging/test_targets_2026.py checks that a sles package carries every listed file that exists.
-ZYPPER_FILES: Tuple[Tuple[str, str, int, bool], ...] = ()
+# ---- zypper guard (issue #41) ---------------------------------------------------------------------------------
+# The SLES targets carry the zypper guard's files (packaging/zypper/README.md says what each is): the hook the rpm
+# plugin runs and the libzypp commit plugin (launchers, given the target's interpreter), the rpm macros that load
+# the plugin, and the plugin's C source. The plugin itself (gpuguard.so) must be built against the target's librpm
+# (rpm 4.14 on SLES 15, 4.20 on SLES 16), which this machine does not have: until a SUSE build root builds it, the
+# package ships its source at /usr/share/gpuguard/zypper/ and docs/guard.md "zypper hosts" gives the build line.
+# Each entry is (repo file, installed path, mode, conffile); tests/packaging/test_targets_2026.py checks them.
+ZYPPER_FILES: Tuple[Tuple[str, str, int, bool], ...] = (
+    ("packaging/zypper/gpuguard-zypper-hook", "/usr/lib/gpuguard/gpuguard-zypper-hook", 0o755, False),
+    ("packaging/zypper/gpuguard-zypper-commit", "/usr/lib/zypp/plugins/commit/gpuguard", 0o755, False),
+    ("packaging/zypper/macros.transaction_gpuguard", "/usr/lib/rpm/macros.d/macros.transaction_gpuguard", 0o644,
+     False),
+    ("packaging/zypper/gpuguard-rpm-plugin.c", "/usr/share/gpuguard/zypper/gpuguard-rpm-plugin.c", 0o644, False),
+)
 
 
 def stage_zypper(stage: Stage, target: Target) -> None:
