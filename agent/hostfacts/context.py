@@ -22,6 +22,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
+    from agent.hostfacts.alternatives import ActiveTree
     from agent.hostfacts.containers import ContainerStack
 
 # The facts a caller can ask for.
@@ -31,33 +32,38 @@ NVIDIA_MODULE = "nvidia_module"  # the loaded nvidia module's version (a driver 
 AMDGPU_MODULE = "amdgpu_module"  # /sys/module/amdgpu/version: a DKMS build's kernel base (the inbox driver has none)
 AMDSMI_BINDING = "amdsmi_binding"  # the amdsmi Python binding pip installed in a system site directory
 CONTAINERS = "containers"  # the GPU user space of the running containers (agent/hostfacts/containers.py)
-EVERY_FACT: Tuple[str, ...] = (OS_RELEASE, GPU_TARGETS, NVIDIA_MODULE, AMDGPU_MODULE, AMDSMI_BINDING, CONTAINERS)
+ACTIVE_TREE = "active_tree"  # the ROCm tree update-alternatives points at (agent/hostfacts/alternatives.py)
+EVERY_FACT: Tuple[str, ...] = (OS_RELEASE, GPU_TARGETS, NVIDIA_MODULE, AMDGPU_MODULE, AMDSMI_BINDING, CONTAINERS,
+                               ACTIVE_TREE)
 
 
 class HostContext(Record):
     """The OS (os-release ID and VERSION_ID, None when unknown or not read), the GPU targets (``("gfx950",)``,
     sorted) and the loaded GPU kernel modules with their versions (``(("nvidia", "580.159.04"),)``, sorted by
     module; :meth:`loaded` reads one), the amdsmi binding pip installed (``("7.0.2",
-    "/usr/local/lib/python3.12/dist-packages")``, None when none was found or it was not read) and the running
-    containers' GPU user space (``ContainerStack`` records, sorted by id; empty when none or not read).
+    "/usr/local/lib/python3.12/dist-packages")``, None when none was found or it was not read), the running
+    containers' GPU user space (``ContainerStack`` records, sorted by id; empty when none or not read) and the ROCm
+    tree update-alternatives points at (``ActiveTree``; None when none or not read).
 
     A Record, not a dataclass: the apt hook builds one.
     """
 
-    __slots__ = ("os_id", "os_version_id", "gpu_targets", "loaded_drivers", "amdsmi_binding", "containers")
+    __slots__ = ("os_id", "os_version_id", "gpu_targets", "loaded_drivers", "amdsmi_binding", "containers",
+                 "active_tree")
     os_id: Optional[str]
     os_version_id: Optional[str]
     gpu_targets: Tuple[str, ...]
     loaded_drivers: Tuple[Tuple[str, str], ...]
     amdsmi_binding: Optional[Tuple[str, str]]
     containers: Tuple[ContainerStack, ...]
+    active_tree: Optional[ActiveTree]
 
     def __init__(self, os_id: Optional[str] = None, os_version_id: Optional[str] = None,
                  gpu_targets: Sequence[str] = (), loaded_drivers: Optional[Mapping[str, str]] = None,
                  amdsmi_binding: Optional[Tuple[str, str]] = None,
-                 containers: Sequence[ContainerStack] = ()) -> None:
+                 containers: Sequence[ContainerStack] = (), active_tree: Optional[ActiveTree] = None) -> None:
         Record.__init__(self, os_id, os_version_id, tuple(sorted(set(gpu_targets))),
-                        tuple(sorted((loaded_drivers or {}).items())), amdsmi_binding, tuple(containers))
+                        tuple(sorted((loaded_drivers or {}).items())), amdsmi_binding, tuple(containers), active_tree)
 
     def loaded(self, module: str) -> Optional[str]:
         """The version of the loaded kernel module ``module`` (``nvidia``, ``amdgpu``); None when not loaded or
@@ -112,4 +118,9 @@ def read_host_context(root: str, facts: Iterable[str] = EVERY_FACT) -> HostConte
         from agent.hostfacts.containers import running_containers
 
         containers = running_containers(root)
-    return HostContext(os_id, os_version_id, targets, drivers, binding, containers)
+    tree = None
+    if ACTIVE_TREE in wanted:
+        from agent.hostfacts.alternatives import read_active_tree
+
+        tree = read_active_tree(root)
+    return HostContext(os_id, os_version_id, targets, drivers, binding, containers, tree)

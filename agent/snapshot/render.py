@@ -34,8 +34,11 @@ def render_snapshot(snap: Snapshot) -> str:
         source = f" (read from {snap.rocm.data.version_source})" if snap.rocm.data.version_source else ""
         binding = snap.rocm.data.amdsmi_binding
         pip = f", pip amdsmi {binding.version} in {binding.site_directory}" if binding else ""
+        chosen = snap.rocm.data.alternative
+        via = (f", chosen by alternative {chosen.name}{' (' + chosen.mode + ')' if chosen.mode else ''}"
+               f" -> {chosen.target}" if chosen else "")
         lines.append(f"rocm     {snap.rocm.data.version or '-'}{source} at {snap.rocm.data.active_path or '-'}"
-                     f" (installed: {installed or 'none'}{pip})")
+                     f" (installed: {installed or 'none'}{pip}{via})")
     if snap.nvidia.data:
         n = snap.nvidia.data
         lines.append(f"nvidia   {n.driver_version or '-'} ({n.module_flavor or '?'} module, via {n.source}), "

@@ -10,7 +10,7 @@ from typing import Dict, List, Optional
 import pytest
 
 from agent.errors import InputFileError
-from agent.hostfacts.context import AMDSMI_BINDING, NVIDIA_MODULE, HostContext
+from agent.hostfacts.context import ACTIVE_TREE, AMDSMI_BINDING, NVIDIA_MODULE, HostContext
 from agent.policy.compiled import CompiledPolicy, check_compiled
 from agent.policy.evaluate import HostState, evaluate, facts_used, introduced
 from agent.policy.explain import HostFacts, explain
@@ -62,7 +62,7 @@ def test_an_empty_section_turns_every_rule_on_and_guards_their_packages(tmp_path
     for pattern in ("nvidia-fabricmanager*", "libnvidia-nscq*", "libnvidia-compute-*", "datacenter-gpu-manager*",
                     "dcgm-exporter", "libamd-smi*", "amd-smi*"):
         assert pattern in policy.guarded
-    assert facts_used(policy) == (NVIDIA_MODULE, AMDSMI_BINDING)
+    assert facts_used(policy) == (NVIDIA_MODULE, AMDSMI_BINDING, ACTIVE_TREE)
 
 
 def test_rules_turned_off_read_no_host_fact_and_count_as_no_rule(tmp_path: Path) -> None:

@@ -360,7 +360,10 @@ def note_guard_check(host: "Host", paths: "StatePaths", backend: "PackageBackend
         by, moved = "guard_rollback", (dict(result.from_versions), dict(result.to_versions))
     try:
         policy = read_compiled(str(host.path(paths.compiled_policy)))
-        installed = {k: (v.version, v.arch) for k, v in backend.read_installed(policy.guarded).items()}
+        from agent.guard.rollback.repoint import with_trees  # the active tree, as the health job's sets have it
+
+        packages = backend.read_installed(policy.guarded)
+        installed = with_trees(host, {k: (v.version, v.arch) for k, v in packages.items()})
         return update_gate(str(host.path(paths.health_gate)),
                            lambda s: observe(s, installed, at_seconds, by=by, moved=moved))
     except (GpuguardError, OSError) as exc:
