@@ -120,7 +120,14 @@ def _read_link(root: str, path: str) -> Optional[str]:
         return None
     if not target.startswith("/"):  # relative to the link's directory
         target = path.rsplit("/", 1)[0] + "/" + target
-    return target.rstrip("/") or "/"
+    parts: List[str] = []
+    for part in target.split("/"):
+        if part == "..":
+            if parts:
+                parts.pop()
+        elif part and part != ".":
+            parts.append(part)
+    return "/" + "/".join(parts)
 
 
 def read_active_tree(root: str) -> Optional[ActiveTree]:
