@@ -120,9 +120,11 @@ def _snapshot(chroot: Chroot) -> dict:
 
 
 def test_the_snapshot_and_pairing_name_the_active_tree_and_judge_amdsmi_against_it(both: Chroot) -> None:
-    """The snapshot names the tree the alternative core points at (mode, choices) and the pairing carries it; the
-    7.14 amdsmi binding is fine while core points at 7.14 and a finding once it points at 10.0 (today: 10.0's
-    tree is not read from the alternative and both libraries count, so no finding)."""
+    """The snapshot names the tree the alternative core points at (mode, choices) and the pairing carries it, a
+    repoint is a stack change for the daemon, and the 7.14 amdsmi binding is fine while core points at 7.14 and a
+    finding once it points at 10.0 (today: the tree is not read and both libraries count, so no finding)."""
+    from agent.daemon_jobs.snapshot import stack_changed
+    from agent.snapshot.diff import diff_snapshots
     from agent.snapshot.io import validate_snapshot
     from agent.snapshot.pairing import pairing_of
 
@@ -137,7 +139,9 @@ def test_the_snapshot_and_pairing_name_the_active_tree_and_judge_amdsmi_against_
     assert not [f for f in snap["findings"] if f["kind"] == "companion_mismatch"]
 
     _set_tree(both, TREE_100)
-    snap = _snapshot(both)
+    before, snap = snap, _snapshot(both)
+    # the daemon's snapshot job sees the repoint as a move of the stack: the health check after a change runs
+    assert stack_changed(diff_snapshots(validate_snapshot(before), validate_snapshot(snap)))
     rocm = snap["rocm"]["data"]
     assert (rocm["alternative"]["target"], rocm["active_path"], rocm["version"]) == (TREE_100, TREE_100, "10.0.0")
     assert pairing_of(validate_snapshot(snap)).rocm_active_tree == TREE_100
