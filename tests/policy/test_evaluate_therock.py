@@ -209,3 +209,20 @@ def test_active_tree_pinned_refuses_a_tree_no_release_package_carries(tmp_path: 
     path.write_text(ACTIVE_TREE_POLICY.replace('"pinned"', '"any"'))
     assert evaluate(HostState(both, both, "dpkg", _on("/opt/rocm/core-10.1")), compiled_from(load_policy(str(path)))) \
         == []
+
+
+def test_freeze_pins_the_active_tree_where_an_alternative_chooses_a_packaged_one(tmp_path: Path) -> None:
+    """policy freeze writes active_tree = "pinned" where update-alternatives points at a tree an installed release
+    package carries, and leaves it out for a tree none carries or no alternative."""
+    installed = {**T713, **therock("10.0", "10.0.0-4")}
+
+    def frozen(tree: str = "") -> str:
+        from agent.hostfacts.alternatives import ActiveTree
+
+        chosen = ActiveTree("core", "/opt/rocm/core", tree, "auto") if tree else None
+        return render_freeze(FreezeFacts(installed=installed, manager="dpkg", running_kernel="6.8.0-45-generic",
+                                         context=HostContext("ubuntu", "24.04", active_tree=chosen), hostname="rock"))
+
+    assert ('active_tree = "pinned"  # update-alternatives points at /opt/rocm/core-10.0 (alternative core, auto): a '
+            'tree no installed release package carries is refused') in frozen("/opt/rocm/core-10.0")
+    assert "active_tree" not in frozen("/opt/rocm/core-10.1") and "active_tree" not in frozen()

@@ -376,6 +376,10 @@ def freeze(host: FreezeHost) -> List[str]:
     known_rocm = sorted(r for r in rocm_releases.values() if r)
     if len({releases.series(r) for r in rocm_releases.values()}) > 1:
         lines.append(line("side_by_side", True, "several ROCm releases are installed side by side now"))
+    tree = host.context.active_tree
+    if tree is not None and active_release_package(tree, stack.rocm) is not None:
+        lines.append(line("active_tree", "pinned", f"update-alternatives points at {tree.describe()}: a tree no "
+                                                   f"installed release package carries is refused"))
     lines += ["", "[[amd.pairing]]  # the one allowed pairing: the installed one",
               line("name", "frozen", "named in refusals")]
     loaded = host.context.loaded("amdgpu")

@@ -211,19 +211,14 @@ def test_a_failed_check_after_repointing_to_10_0_falls_back_to_7_14_by_repointin
     outbox.close()
 
 
-PINNED = '\nactive_tree = "pinned"\n'
-
-
 def test_active_tree_pinned_refuses_a_tree_no_release_package_carries(both: Chroot) -> None:
-    """[amd] active_tree = "pinned": a 10.1 nightly tree unpacked by hand and chosen by the alternative is a
-    violation in policy explain naming the tree (a transaction that leaves it so goes through with the violation
-    noted), removing the release whose tree is active is refused, and core back at 7.14 is compliant."""
-    freeze = both.root / "etc/gpuguard/policy.d/50-freeze.toml"
-    text = freeze.read_text()
-    assert "\n[amd]" in text
-    freeze.write_text(text.replace("\n[[amd.pairing]]", PINNED + "\n[[amd.pairing]]", 1))
-    code, out = gpuguard(both, "policy", "compile")
-    assert code == 0, out
+    """[amd] active_tree = "pinned", which policy freeze writes: a 10.1 nightly tree unpacked by hand and chosen
+    by the alternative is a violation in policy explain naming the tree (a transaction that leaves it so goes
+    through with the violation noted), removing the release whose tree is active is refused, and core back at 7.14
+    is compliant."""
+    freeze = (both.root / "etc/gpuguard/policy.d/50-freeze.toml").read_text()
+    assert ('active_tree = "pinned"  # update-alternatives points at /opt/rocm/core-7.14 (alternative core, manual): '
+            'a tree no installed release package carries is refused') in freeze, freeze
     code, out = gpuguard(both, "policy", "explain")
     assert code == 0 and out.splitlines()[-1] == "current state: compliant", out
     assert (f"active tree: {TREE_714} (alternative core, manual): ROCm 7.14.0 (amdrocm-base7.14); must be a pinned "
