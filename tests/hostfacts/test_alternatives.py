@@ -82,3 +82,30 @@ def test_no_alternative_is_none(tmp_path: Path) -> None:
     assert read_active_tree(str(tmp_path)) is None
     _link(tmp_path, "/opt/rocm", "/opt/rocm-6.4.1")
     assert read_active_tree(str(tmp_path)) is None
+
+
+def test_the_rpm_alternatives_database_is_read_where_dpkg_has_none(tmp_path: Path) -> None:
+    """On an rpm host the entry is /var/lib/alternatives/<name> (chkconfig's alternatives), in the same format."""
+    (tmp_path / "opt/rocm/core-7.14").mkdir(parents=True)
+    _link(tmp_path, "/opt/rocm/core", "/etc/alternatives/core")
+    _link(tmp_path, "/etc/alternatives/core", "/opt/rocm/core-7.14")
+    state = tmp_path / "var/lib/alternatives/core"
+    state.parent.mkdir(parents=True)
+    state.write_text(CORE_STATE.replace("manual", "auto"))
+    tree = read_active_tree(str(tmp_path))
+    assert tree is not None and (tree.mode, tree.choices) == ("auto", ("/opt/rocm/core-10.0", "/opt/rocm/core-7.14"))
+
+
+def test_the_active_tree_is_read_only_where_a_policy_judges_it(tmp_path: Path) -> None:
+    """facts_used asks for the active tree under [amd] active_tree = "pinned" (and the amdsmi companion rule),
+    not under a plain [amd] section."""
+    from agent.hostfacts.context import ACTIVE_TREE
+    from agent.policy.evaluate import facts_used
+    from agent.policy.load import compiled_from, load_policy
+
+    path = tmp_path / "p.toml"
+    plain = '[policy]\nname = "p"\n[amd]\n[[amd.pairing]]\nname = "a"\namdgpu = "any"\nrocm = "any"\n'
+    path.write_text(plain)
+    assert ACTIVE_TREE not in facts_used(compiled_from(load_policy(str(path))))
+    path.write_text(plain.replace("[amd]\n", '[amd]\nactive_tree = "pinned"\n'))
+    assert ACTIVE_TREE in facts_used(compiled_from(load_policy(str(path))))
