@@ -13,6 +13,11 @@ guard kept before the last compliant change (``known-good.before-change.json``,
   to by health again (a rollback that did not fix the check must not ping-pong between two sets);
 - a kernel module package that moved marks a reboot as needed: gpuguard's ``reboot-required`` in the state
   directory (``gpuguard status`` shows it) and, on dpkg hosts, Debian's ``/var/run/reboot-required`` with ``.pkgs``.
+
+Side-by-side ROCm trees: the gate's set carries the active tree (``alternatives:core``, agent/guard/rollback/
+repoint.py). When the packages are already the set to restore and only the tree moved, the alternative is pointed
+back with ``update-alternatives --set`` instead (no package manager), and the Rollback event says ``method =
+"repoint"``.
 """
 
 from __future__ import annotations

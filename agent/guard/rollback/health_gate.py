@@ -19,6 +19,9 @@ rest counted; :data:`MAX_MOVES` packages a change), read strictly (agent.files.r
 here). A damaged file is reported (:class:`GateStateDamaged`, ``gpuguard status``) and never overwritten: the gate
 then falls back to the set kept before the change, until an operator deletes it.
 
+The sets carry the active ROCm tree of side-by-side trees as one more entry (``alternatives:core -> (tree,
+"tree")``, agent/guard/rollback/repoint.py): a repoint by update-alternatives is a change like a package's.
+
 The window logic (:func:`observe`, :func:`record_pass`, :func:`judge`, :func:`gate_decision`) is pure and takes the
 time as an argument; the file's reading and writing is :func:`load_gate` and :func:`update_gate`.
 """
