@@ -31,6 +31,7 @@ from agent.defaults import DISTRIBUTION_LIBRARY_DIRS, DISTRIBUTION_ROCM_PACKAGES
 from agent.errors import CollectorUnavailable, HostReadError, LibraryUnavailable
 from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
+from agent.hostfacts.alternatives import read_active_tree
 from agent.hostfacts.dpkg_status import iter_named
 from agent.hostfacts.python_dists import find_distribution
 from agent.lazyre import LazyPattern
@@ -88,10 +89,23 @@ class PackagedComponent(Frozen):
 
 
 @frozen_record
+class RocmAlternative(Frozen):
+    """The update-alternatives entry that chooses the active tree (agent/hostfacts/alternatives.py): its name
+    (``core``), the link it sets (``/opt/rocm/core``), the tree it points at, its mode and its choices."""
+
+    name: str
+    link: str
+    target: str
+    mode: str = ""  # auto | manual; "" when the alternatives database has no entry
+    choices: List[str] = field(default_factory=list)
+
+
+@frozen_record
 class RocmInfo(Frozen):
     """Which ROCm is active and which are installed."""
 
-    __json_omit_empty__ = ("packaged", "version_source", "amdsmi_binding")  # added after snapshots were stored
+    # added after snapshots were stored
+    __json_omit_empty__ = ("packaged", "version_source", "amdsmi_binding", "alternative")
 
     active_path: Optional[str] = None
     version: Optional[str] = None
@@ -100,6 +114,8 @@ class RocmInfo(Frozen):
     packaged: List[PackagedComponent] = field(default_factory=list)
     version_source: Optional[str] = None  # as RocmInstall's: None is the active tree's .info/version
     amdsmi_binding: Optional[AmdsmiBinding] = None
+    # side-by-side trees switched by update-alternatives: which one it points at (active_path is that tree)
+    alternative: Optional[RocmAlternative] = None
 
 
 def parse_rocm_version_file(text: str) -> Optional[str]:
@@ -264,6 +280,9 @@ class RocmCollector:
             raise CollectorUnavailable("no /opt/rocm and no /opt/rocm-*")  # the reason stored snapshots carry
         trees.sort(key=lambda path: sort_key("rpm")(path[len(f"{ROCM_PREFIX}/rocm-"):]))
         active_path = host.resolve(ROCM_LINK) if has_link else None
+        chosen = read_active_tree(str(host.root))
+        alternative = None if chosen is None else RocmAlternative(
+            name=chosen.name, link=chosen.link, target=chosen.target, mode=chosen.mode, choices=list(chosen.choices))
         version, source, _header = _tree_release(host, active_path) if active_path else (None, None, None)
         if version is None and therock and active_path == ROCM_LINK:
             # a TheRock-only host: /opt/rocm is a plain directory; /opt/rocm/core points at the newest release
@@ -282,4 +301,5 @@ class RocmCollector:
             packaged=packaged,
             version_source=source,
             amdsmi_binding=AmdsmiBinding(version=binding[0], site_directory=binding[1]) if binding else None,
+            alternative=alternative,
         )

@@ -119,6 +119,7 @@ def guarded_sets(host: Host, settings: Settings) -> Optional[GuardedNow]:
     """The guarded packages installed now and the known-good set; None without a compiled policy (no guarded set)."""
     from agent.guard.manager import backend_for
     from agent.guard.rollback.core import load_known_good
+    from agent.guard.rollback.repoint import with_trees
     from agent.policy.compiled import read_compiled
     from agent.statepaths import StatePaths
 
@@ -129,5 +130,8 @@ def guarded_sets(host: Host, settings: Settings) -> Optional[GuardedNow]:
     policy = read_compiled(str(compiled))
     installed = backend_for(host, settings.guard, paths).read_installed(policy.guarded)
     known_good = load_known_good(host, paths)
-    return GuardedNow({k: (v.version, v.arch) for k, v in installed.items()},
-                      None if known_good is None else {k: (v.version, v.arch) for k, v in known_good.items()})
+    # The active tree of side-by-side ROCm trees is part of both (agent/guard/rollback/repoint.py): a repoint is a
+    # change of the window; the guard does not judge trees, so its known-good set counts the tree in place as good.
+    return GuardedNow(with_trees(host, {k: (v.version, v.arch) for k, v in installed.items()}),
+                      None if known_good is None else with_trees(host, {k: (v.version, v.arch)
+                                                                        for k, v in known_good.items()}))

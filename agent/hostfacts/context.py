@@ -22,6 +22,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
+    from agent.hostfacts.alternatives import ActiveTree
     from agent.hostfacts.containers import ContainerStack
     from agent.hostfacts.verified_stacks import VerifiedStacks
 
@@ -34,8 +35,9 @@ AMDSMI_BINDING = "amdsmi_binding"  # the amdsmi Python binding pip installed in 
 CONTAINERS = "containers"  # the GPU user space of the running containers (agent/hostfacts/containers.py)
 # The hub's verified stacks per registered workload, cached in the state directory (agent/hostfacts/verified_stacks.py)
 VERIFIED_STACKS = "verified_stacks"
+ACTIVE_TREE = "active_tree"  # the ROCm tree update-alternatives points at (agent/hostfacts/alternatives.py)
 EVERY_FACT: Tuple[str, ...] = (OS_RELEASE, GPU_TARGETS, NVIDIA_MODULE, AMDGPU_MODULE, AMDSMI_BINDING, CONTAINERS,
-                               VERIFIED_STACKS)
+                               VERIFIED_STACKS, ACTIVE_TREE)
 
 
 class HostContext(Record):
@@ -43,15 +45,15 @@ class HostContext(Record):
     sorted) and the loaded GPU kernel modules with their versions (``(("nvidia", "580.159.04"),)``, sorted by
     module; :meth:`loaded` reads one), the amdsmi binding pip installed (``("7.0.2",
     "/usr/local/lib/python3.12/dist-packages")``, None when none was found or it was not read), the running
-    containers' GPU user space (``ContainerStack`` records, sorted by id; empty when none or not read) and the
-    hub's verified stacks cached on the host (None when not read or not cached; a list with its ``problem`` when
-    damaged).
+    containers' GPU user space (``ContainerStack`` records, sorted by id; empty when none or not read), the hub's
+    verified stacks cached on the host (None when not read or not cached; a list with its ``problem`` when
+    damaged) and the ROCm tree update-alternatives points at (``ActiveTree``; None when none or not read).
 
     A Record, not a dataclass: the apt hook builds one.
     """
 
     __slots__ = ("os_id", "os_version_id", "gpu_targets", "loaded_drivers", "amdsmi_binding", "containers",
-                 "verified_stacks")
+                 "verified_stacks", "active_tree")
     os_id: Optional[str]
     os_version_id: Optional[str]
     gpu_targets: Tuple[str, ...]
@@ -59,14 +61,16 @@ class HostContext(Record):
     amdsmi_binding: Optional[Tuple[str, str]]
     containers: Tuple[ContainerStack, ...]
     verified_stacks: Optional[VerifiedStacks]
+    active_tree: Optional[ActiveTree]
 
     def __init__(self, os_id: Optional[str] = None, os_version_id: Optional[str] = None,
                  gpu_targets: Sequence[str] = (), loaded_drivers: Optional[Mapping[str, str]] = None,
                  amdsmi_binding: Optional[Tuple[str, str]] = None,
-                 containers: Sequence[ContainerStack] = (), verified_stacks: Optional[VerifiedStacks] = None) -> None:
+                 containers: Sequence[ContainerStack] = (), verified_stacks: Optional[VerifiedStacks] = None,
+                 active_tree: Optional[ActiveTree] = None) -> None:
         Record.__init__(self, os_id, os_version_id, tuple(sorted(set(gpu_targets))),
                         tuple(sorted((loaded_drivers or {}).items())), amdsmi_binding, tuple(containers),
-                        verified_stacks)
+                        verified_stacks, active_tree)
 
     def loaded(self, module: str) -> Optional[str]:
         """The version of the loaded kernel module ``module`` (``nvidia``, ``amdgpu``); None when not loaded or
@@ -127,4 +131,9 @@ def read_host_context(root: str, facts: Iterable[str] = EVERY_FACT) -> HostConte
         from agent.statepaths import StatePaths
 
         verified = read_verified_stacks(root, StatePaths().workloads_verified)
-    return HostContext(os_id, os_version_id, targets, drivers, binding, containers, verified)
+    tree = None
+    if ACTIVE_TREE in wanted:
+        from agent.hostfacts.alternatives import read_active_tree
+
+        tree = read_active_tree(root)
+    return HostContext(os_id, os_version_id, targets, drivers, binding, containers, verified, tree)

@@ -242,13 +242,20 @@ def _amdsmi_what(name: str, version: str) -> str:
 
 
 def amdsmi(installed: Mapping[str, str], binding: Optional[Tuple[str, str]] = None,
-           leaves: str = "the host has") -> List[Disagreement]:
+           leaves: str = "the host has", active_release: Optional[str] = None) -> List[Disagreement]:
     """The amdsmi binding packaged on its own (Debian's amd-smi, python3-amdsmi) or installed with pip (``binding``:
     (version, where), a host fact) at a ROCm release series no amdsmi library present has (read by
     :func:`agent.policy.releases.amdsmi_build`: ``26.1.0.70100`` is amdsmi 26.1.0 for ROCm 7.1.0). A binding whose
-    version carries amdsmi's own number only is judged by that number against the libraries'."""
+    version carries amdsmi's own number only is judged by that number against the libraries'.
+
+    Judged per tree: with ``active_release`` (the release of the tree update-alternatives points at, ``10.0``) and a
+    library of that release present, only the active tree's libraries count, since the binding loads the library
+    through ``/opt/rocm/core``: a 7.14 binding on a host switched to 10.0 is a mismatch though 7.14 is installed."""
     libraries = {k: releases.amdsmi_build(package_name(k), installed[k])
                  for k in _keys(installed, AMDSMI_LIBRARY_PACKAGES)}
+    active = releases.series(active_release)
+    if active and any(releases.series(rocm) == active for _own, rocm in libraries.values()):
+        libraries = {k: v for k, v in libraries.items() if releases.series(v[1]) == active}
     lib_rocm = {releases.series(rocm) for _own, rocm in libraries.values() if rocm}
     lib_own = {releases.series(own) for own, _rocm in libraries.values() if own}
     shown = {k: f"ROCm {rocm}" if rocm else f"amdsmi {own}" if own else "an unknown release"

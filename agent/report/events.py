@@ -84,6 +84,9 @@ class Rollback(PayloadModel):
     detail: Optional[str] = None
     # reason "health": the post-change health status that asked for it (cpu_fallback, failed, regression).
     health_status: Optional[str] = None
+    # how: "packages" (the package manager put versions back) or "repoint" (update-alternatives pointed a side-by-side
+    # ROCm tree back: from/to_versions then map "alternatives:<name>" to the trees; no package changed)
+    method: Literal["packages", "repoint"] = "packages"
 
 
 class DependenciesBroken(PayloadModel):

@@ -77,6 +77,7 @@ class PlainPairing(JsonRecord):
     rocm: Optional[str] = None
     rocm_core_package: Optional[str] = None
     rocm_releases: str = ""
+    rocm_active_tree: Optional[str] = None
     nvidia_loaded: Optional[str] = None
     cuda_driver_api: Optional[str] = None
     gpu_count: int = 0
@@ -200,6 +201,7 @@ class PlainRollback(PlainPayload):
     reboot_required: bool = False
     detail: Optional[str] = None
     health_status: Optional[str] = None
+    method: str = "packages"
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from agent.collectors.container_cgroups import FIX as DEV_CHAR_FIX
 from agent.collectors.packages import PackageInfo, find_version
 from agent.collectors.rocm import VERSION_FILE, VERSION_HEADER
 from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE
-from agent.snapshot.rocm_release import THEROCK_TREE_PREFIX, release_package
+from agent.hostfacts.alternatives import THEROCK_TREE_PREFIX
+from agent.snapshot.rocm_release import release_package
 from agent.versions import upstream_dotted
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -135,6 +136,14 @@ def _pip_binding(snap: "Snapshot") -> Optional[Tuple[str, str]]:
     return (binding.version, binding.site_directory) if binding is not None else None
 
 
+def _active_release(snap: "Snapshot") -> Optional[str]:
+    """The release of the tree update-alternatives points at (``10.0``), as the ROCm section reports it."""
+    from agent.hostfacts.alternatives import tree_release
+
+    chosen = snap.rocm.data.alternative if snap.rocm.data is not None else None
+    return tree_release(chosen.target) if chosen is not None else None
+
+
 def _companion_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> List["Finding"]:
     """Companions that already disagree with what they serve (agent/policy/companions.py, the rules the guard
     refuses such a change by): fabric manager or NSCQ not the driver's build, DCGM's packages of two releases,
@@ -148,7 +157,7 @@ def _companion_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> L
     found = [*companions.fabricmanager(installed, DEFAULT_NVIDIA_DRIVER_PACKAGES, loaded,
                                        tuple(NVIDIA_NOT_DRIVER_PARTS)),
              *companions.dcgm(installed), *companions.dcgm_exporter(installed),
-             *companions.amdsmi(installed, _pip_binding(snap))]
+             *companions.amdsmi(installed, _pip_binding(snap), active_release=_active_release(snap))]
     out = []
     for item in found:
         severity, component = _COMPANION_KINDS[item.rule]

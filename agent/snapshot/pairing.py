@@ -25,6 +25,8 @@ class Pairing(FrozenModel):
     rocm: Optional[str] = None
     rocm_core_package: Optional[str] = None
     rocm_releases: str = ""  # every ROCm release installed, classic and TheRock: "6.4.1 (rocm-core), 7.13.0 (...)"
+    # the tree update-alternatives points at, of side-by-side trees: "/opt/rocm/core-10.0" (None: no alternative)
+    rocm_active_tree: Optional[str] = None
     nvidia_loaded: Optional[str] = None
     cuda_driver_api: Optional[str] = None
     gpu_count: int = 0
@@ -39,7 +41,7 @@ def pairing_of(snap: Snapshot) -> Pairing:
     from agent.policy.releases import rocm_package_patterns, rocm_release
 
     packages = snap.packages()
-    amd, nv = snap.amdgpu.data, snap.nvidia.data
+    amd, nv, rocm = snap.amdgpu.data, snap.nvidia.data, snap.rocm.data
     carries_rocm = any_glob(rocm_package_patterns(ROCM_CORE_PACKAGE))
     rocm_found = sorted((key.split(":", 1)[0], info.version) for key, info in packages.items()
                         if carries_rocm(key.split(":", 1)[0]))
@@ -52,9 +54,10 @@ def pairing_of(snap: Snapshot) -> Pairing:
         kernel_next_boot=snap.kernel.data.next_boot if snap.kernel.data else None,
         amdgpu_loaded=amd.driver_version if amd else None,
         amdgpu_dkms_package=find_version(packages, AMD_DRIVER_PACKAGE),
-        rocm=snap.rocm.data.version if snap.rocm.data else None,
+        rocm=rocm.version if rocm else None,
         rocm_core_package=find_version(packages, ROCM_CORE_PACKAGE),
         rocm_releases=", ".join(f"{rocm_release(v) or v} ({n})" for n, v in rocm_found),
+        rocm_active_tree=rocm.alternative.target if rocm is not None and rocm.alternative is not None else None,
         nvidia_loaded=nv.driver_version if nv else None,
         cuda_driver_api=nv.cuda_driver_version if nv else None,
         gpu_count=(len(amd.gpus) if amd else 0) + (len(nv.gpus) if nv else 0),

@@ -35,8 +35,11 @@ def render_snapshot(snap: Snapshot) -> str:
         source = f" (read from {r.version_source})" if r.version_source else ""
         binding = r.amdsmi_binding
         pip = f", pip amdsmi {binding.version} in {binding.site_directory}" if binding else ""
+        chosen = r.alternative
+        via = (f", chosen by alternative {chosen.name}{' (' + chosen.mode + ')' if chosen.mode else ''}"
+               f" -> {chosen.target}" if chosen else "")
         where = r.active_path or ("/usr/lib (the distribution's packages)" if r.packaged else "-")
-        lines.append(f"rocm     {r.version or '-'}{source} at {where} (installed: {installed or 'none'}{pip})")
+        lines.append(f"rocm     {r.version or '-'}{source} at {where} (installed: {installed or 'none'}{pip}{via})")
         if r.packaged:
             lines.append("  packaged " + ", ".join(f"{c.package} {c.release or c.version}" for c in r.packaged))
     if snap.nvidia.data:

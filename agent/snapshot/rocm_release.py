@@ -9,13 +9,12 @@ from typing import TYPE_CHECKING, Dict, Optional, Tuple
 from agent.collectors.packages import PackageInfo, find_version
 from agent.defaults import ROCM_CORE_PACKAGE, THEROCK_BASE_PACKAGE, THEROCK_CORE_PACKAGE
 from agent.frozen import replace
+from agent.hostfacts.alternatives import CLASSIC_TREE_PREFIX, THEROCK_TREE_PREFIX
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.collectors.rocm import RocmInfo
     from agent.snapshot.model import Snapshot
 
-THEROCK_TREE_PREFIX = "/opt/rocm/core-"  # /opt/rocm/core-10.0: TheRock's release tree, of amdrocm-base10.0
-CLASSIC_TREE_PREFIX = "/opt/rocm-"  # /opt/rocm-6.4.1: a classic side-by-side tree, of rocm-core6.4.1
 
 
 def release_package_names(tree: str, active: bool) -> Tuple[str, ...]:

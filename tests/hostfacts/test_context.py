@@ -9,6 +9,7 @@ from typing import Tuple
 
 import pytest
 
+from agent.hostfacts.alternatives import ActiveTree
 from agent.hostfacts.context import (
     AMDGPU_MODULE,
     GPU_TARGETS,
@@ -28,7 +29,8 @@ BUILDER = "agent.hostfacts.context"
 
 @pytest.mark.parametrize("scenario,expected", [
     ("mi300x-rocm62-ubuntu2204", HostContext("ubuntu", "22.04", ("gfx942",), {"amdgpu": "6.8.5"})),
-    ("rocm7-rhel9", HostContext("rhel", "9.6", ("gfx90a",), {"amdgpu": "6.14.14"})),
+    ("rocm7-rhel9", HostContext("rhel", "9.6", ("gfx90a",), {"amdgpu": "6.14.14"},
+                                active_tree=ActiveTree("rocm", "/opt/rocm", "/opt/rocm-7.0.2"))),
     ("nvidia-h200-ubuntu2404", HostContext("ubuntu", "24.04", (), {"nvidia": "580.159.04"})),
     ("gpuless-debian12", HostContext("debian", "12")),
 ])

@@ -300,3 +300,11 @@ def test_the_host_page_shows_every_rocm_release_of_a_mixed_host(settings: HubSet
     (answer,) = _pages_of_one_host(settings, tokens, "gpu-mixed-01", mixed, "/ui/hosts/gpu-mixed-01")
     page = answer.text
     assert "<tr><th>ROCm releases installed</th><td>7.13.0 (amdrocm-base7.13), 6.4.1 (rocm-core)</td></tr>" in page
+
+
+def test_the_host_page_names_the_active_rocm_tree(settings: HubSettings, tokens: Dict[str, str]) -> None:
+    """A host with TheRock 7.14 and 10.0 side by side shows the tree update-alternatives points at."""
+    both = ROCM_62.model_copy(update={"rocm": "10.0.0", "rocm_active_tree": "/opt/rocm/core-10.0",
+                                      "rocm_releases": "7.14.0 (amdrocm-base7.14), 10.0.0 (amdrocm-base10.0)"})
+    (answer,) = _pages_of_one_host(settings, tokens, "gpu-rock-01", both, "/ui/hosts/gpu-rock-01")
+    assert "<tr><th>ROCm active tree</th><td>/opt/rocm/core-10.0</td></tr>" in answer.text

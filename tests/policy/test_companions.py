@@ -10,7 +10,7 @@ from typing import Dict, List, Optional
 import pytest
 
 from agent.errors import InputFileError
-from agent.hostfacts.context import AMDSMI_BINDING, NVIDIA_MODULE, HostContext
+from agent.hostfacts.context import ACTIVE_TREE, AMDSMI_BINDING, NVIDIA_MODULE, HostContext
 from agent.policy.compiled import CompiledPolicy, check_compiled
 from agent.policy.evaluate import HostState, evaluate, facts_used, introduced
 from agent.policy.explain import HostFacts, explain
@@ -62,7 +62,7 @@ def test_an_empty_section_turns_every_rule_on_and_guards_their_packages(tmp_path
     for pattern in ("nvidia-fabricmanager*", "libnvidia-nscq*", "libnvidia-compute-*", "datacenter-gpu-manager*",
                     "dcgm-exporter", "libamd-smi*", "amd-smi*"):
         assert pattern in policy.guarded
-    assert facts_used(policy) == (NVIDIA_MODULE, AMDSMI_BINDING)
+    assert facts_used(policy) == (NVIDIA_MODULE, AMDSMI_BINDING, ACTIVE_TREE)
 
 
 def test_rules_turned_off_read_no_host_fact_and_count_as_no_rule(tmp_path: Path) -> None:
@@ -383,3 +383,20 @@ def test_the_fabric_manager_meta_package_is_a_companion_not_a_driver_part(tmp_pa
     assert [v.message for v in found] == [
         f"cuda-drivers-fabricmanager-580 580.95.05 needs driver 580.95.05; the transaction leaves driver 580.105.08 "
         f"{PARTS}"]
+
+
+def test_amdsmi_is_judged_against_the_tree_the_alternative_points_at(tmp_path: Path) -> None:
+    """With TheRock 7.14 and 10.0 side by side, python3-amdsmi 27.0.0.71400 passes while /opt/rocm/core points at
+    7.14's tree and is a violation naming 10.0 once it points at 10.0's (both libraries are installed either way)."""
+    from agent.hostfacts.alternatives import ActiveTree
+
+    policy = _compiled(tmp_path)
+    host = {"amdrocm-amdsmi7.14": "7.14.0-1", "amdrocm-amdsmi10.0": "10.0.0-4", "python3-amdsmi": "27.0.0.71400-1"}
+    on = {tree: HostContext(active_tree=ActiveTree("core", "/opt/rocm/core", tree, "manual"))
+          for tree in ("/opt/rocm/core-7.14", "/opt/rocm/core-10.0")}
+    assert _judge(policy, host, host) == []  # no alternative read: every library present counts, as before
+    assert evaluate(HostState(before=host, after=host, context=on["/opt/rocm/core-7.14"]), policy) == []
+    found = evaluate(HostState(before=host, after=host, context=on["/opt/rocm/core-10.0"]), policy)
+    assert [v.message for v in found] == [
+        "python3-amdsmi 27.0.0.71400-1 (amdsmi 27.0.0 for ROCm 7.14.0) needs libamd_smi of ROCm 7.14; the host has "
+        "libamd_smi of ROCm 10.0.0 (amdrocm-amdsmi10.0)"]

@@ -166,3 +166,63 @@ def test_a_31_60_driver_and_its_apart_versioned_firmware_are_one_build(tmp_path:
     assert _judged(policy, host, dict(host)) == [] and evaluate(HostState(host, host), policy) == []
     other = {**host, "amdgpu-dkms-firmware": "1:31.60.0.0.31600000-2410000.26.04"}
     assert "amd.driver_parts" in [v.rule for v in _judged(policy, host, other)]
+
+
+ACTIVE_TREE_POLICY = """
+[policy]
+name = "two-trees"
+[amd]
+side_by_side = true
+active_tree = "pinned"
+[[amd.pairing]]
+name = "7.14+10.0"
+amdgpu = "any"
+rocm = ["7.14.*", "10.0.*"]
+"""
+
+
+def _on(tree: str) -> HostContext:
+    from agent.hostfacts.alternatives import ActiveTree
+
+    return HostContext(active_tree=ActiveTree("core", "/opt/rocm/core", tree, "manual"))
+
+
+def test_active_tree_pinned_refuses_a_tree_no_release_package_carries(tmp_path: Path) -> None:
+    """[amd] active_tree = "pinned" with 7.14 and 10.0 installed: core on either is fine, core on a 10.1 tarball
+    tree is a violation naming it, and removing 10.0 while core points at its tree is refused; "any" judges none."""
+    path = tmp_path / "p.toml"
+    path.write_text(ACTIVE_TREE_POLICY)
+    policy = compiled_from(load_policy(str(path)))
+    both = {**therock("7.14", "7.14.0-1", metas=False), **therock("10.0", "10.0.0-4", metas=False)}
+    for tree in ("/opt/rocm/core-7.14", "/opt/rocm/core-10.0"):
+        assert evaluate(HostState(both, both, "dpkg", _on(tree)), policy) == []
+    [found] = evaluate(HostState(both, both, "dpkg", _on("/opt/rocm/core-10.1")), policy)
+    assert (found.rule, found.message) == ("amd.active_tree", (
+        "the active ROCm tree /opt/rocm/core-10.1 (alternative core, manual) is not a pinned release: no installed "
+        "release package carries ROCm 10.1 ([amd] active_tree = \"pinned\" in policy 'two-trees')"))
+    assert "update-alternatives --set core <tree>" in (found.hint or "")
+    without_10 = {k: v for k, v in both.items() if not k.endswith("10.0")}
+    state = HostState(both, without_10, "dpkg", _on("/opt/rocm/core-10.0"))
+    [refused] = introduced(evaluate(state, policy), state)
+    assert refused.rule == "amd.active_tree" and "carries ROCm 10.0 after the change" in refused.message
+    assert set(refused.packages) == {"amdrocm-base10.0"}
+    path.write_text(ACTIVE_TREE_POLICY.replace('"pinned"', '"any"'))
+    assert evaluate(HostState(both, both, "dpkg", _on("/opt/rocm/core-10.1")), compiled_from(load_policy(str(path)))) \
+        == []
+
+
+def test_freeze_pins_the_active_tree_where_an_alternative_chooses_a_packaged_one(tmp_path: Path) -> None:
+    """policy freeze writes active_tree = "pinned" where update-alternatives points at a tree an installed release
+    package carries, and leaves it out for a tree none carries or no alternative."""
+    installed = {**T713, **therock("10.0", "10.0.0-4")}
+
+    def frozen(tree: str = "") -> str:
+        from agent.hostfacts.alternatives import ActiveTree
+
+        chosen = ActiveTree("core", "/opt/rocm/core", tree, "auto") if tree else None
+        return render_freeze(FreezeFacts(installed=installed, manager="dpkg", running_kernel="6.8.0-45-generic",
+                                         context=HostContext("ubuntu", "24.04", active_tree=chosen), hostname="rock"))
+
+    assert ('active_tree = "pinned"  # update-alternatives points at /opt/rocm/core-10.0 (alternative core, auto): a '
+            'tree no installed release package carries is refused') in frozen("/opt/rocm/core-10.0")
+    assert "active_tree" not in frozen("/opt/rocm/core-10.1") and "active_tree" not in frozen()

@@ -13,6 +13,11 @@ guard kept before the last compliant change (``known-good.before-change.json``,
   to by health again (a rollback that did not fix the check must not ping-pong between two sets);
 - a kernel module package that moved marks a reboot as needed: gpuguard's ``reboot-required`` in the state
   directory (``gpuguard status`` shows it) and, on dpkg hosts, Debian's ``/var/run/reboot-required`` with ``.pkgs``.
+
+Side-by-side ROCm trees: the gate's set carries the active tree (``alternatives:core``, agent/guard/rollback/
+repoint.py). When the packages are already the set to restore and only the tree moved, the alternative is pointed
+back with ``update-alternatives --set`` instead (no package manager), and the Rollback event says ``method =
+"repoint"``.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 from agent.errors import InputFileError
 from agent.files import decode_text, read_bytes_bounded, read_json_file, write_atomically
@@ -35,6 +40,7 @@ from agent.guard.rollback.core import (
     load_before_change,
     plan_and_apply,
 )
+from agent.guard.rollback.repoint import moved_trees, repoint, split, tree_key
 from agent.host import Host
 from agent.hostfacts.context import read_host_context
 from agent.hostfacts.package_keys import package_name
@@ -100,6 +106,10 @@ def rollback_before_change(host: Host, paths: StatePaths, backend: PackageBacken
     previous = target if target is not None else load_before_change(host, paths)
     if previous is None:
         return GuardResult("no_known_good", detail="no known-good set was kept before the change: nothing to restore")
+    previous, trees = split(previous)
+    moved = moved_trees(host, trees)
+    if moved and _versions(backend.read_installed(policy.guarded)) == _versions(previous):
+        return _repoint_back(host, paths, moved, health_status, sink, clock, which, covers)
     last = last_health_rollback(host, paths)
     if last is not None and last.get("from_versions") == _versions(previous):
         _use_up(host, paths)
@@ -134,6 +144,31 @@ def rollback_before_change(host: Host, paths: StatePaths, backend: PackageBacken
     log.warning("health_rollback", status=outcome.status, health_status=health_status, targets=targets,
                 reboot_required=outcome.reboot_required)
     return outcome
+
+
+def _repoint_back(host: Host, paths: StatePaths, moved: Dict[str, Tuple[str, str]], health_status: str,
+                  sink: Callable[[Any], None], clock: Callable[[], dt.datetime], which: str,
+                  covers: str) -> GuardResult:
+    """The packages are already the set to restore but a side-by-side tree was repointed since: point each
+    alternative back (agent/guard/rollback/repoint.py), no package manager; the Rollback event says repoint."""
+    from agent.report.events import Rollback
+
+    _use_up(host, paths)
+    from_versions = {tree_key(name): now for name, (now, _tree) in moved.items()}
+    to_versions = {tree_key(name): tree for name, (_now, tree) in moved.items()}
+    failures = [why for why in (repoint(host, name, tree) for name, (_now, tree) in sorted(moved.items())) if why]
+    status = "failed" if failures else "rolled_back"
+    restored = ", ".join(f"{name} -> {tree}" for name, (_now, tree) in sorted(moved.items()))
+    detail = (f"the health check found {health_status}" + (f" after {covers}" if covers else "")
+              + f"; repointed the alternatives to {which} ({restored})"
+              + (f": {'; '.join(failures)}" if failures else ""))
+    sink(Rollback(reason="health", from_versions=from_versions, to_versions=to_versions, succeeded=not failures,
+                  detail=detail[:4000], health_status=health_status, method="repoint"))
+    record = {"at": clock().isoformat(), "health_status": health_status, "status": status, "method": "repoint",
+              "from_versions": from_versions, "to_versions": to_versions, "covers": covers[:4000]}
+    write_atomically(str(host.path(paths.health_rollback)), json.dumps(record, indent=2, sort_keys=True) + "\n")
+    log.warning("health_rollback", status=status, health_status=health_status, method="repoint", trees=restored)
+    return GuardResult(status, from_versions=from_versions, to_versions=to_versions, detail=detail)
 
 
 def _use_up(host: Host, paths: StatePaths) -> None:

@@ -19,6 +19,9 @@ rest counted; :data:`MAX_MOVES` packages a change), read strictly (agent.files.r
 here). A damaged file is reported (:class:`GateStateDamaged`, ``gpuguard status``) and never overwritten: the gate
 then falls back to the set kept before the change, until an operator deletes it.
 
+The sets carry the active ROCm tree of side-by-side trees as one more entry (``alternatives:core -> (tree,
+"tree")``, agent/guard/rollback/repoint.py): a repoint by update-alternatives is a change like a package's.
+
 The window logic (:func:`observe`, :func:`record_pass`, :func:`judge`, :func:`gate_decision`) is pure and takes the
 time as an argument; the file's reading and writing is :func:`load_gate` and :func:`update_gate`.
 """
@@ -360,7 +363,10 @@ def note_guard_check(host: "Host", paths: "StatePaths", backend: "PackageBackend
         by, moved = "guard_rollback", (dict(result.from_versions), dict(result.to_versions))
     try:
         policy = read_compiled(str(host.path(paths.compiled_policy)))
-        installed = {k: (v.version, v.arch) for k, v in backend.read_installed(policy.guarded).items()}
+        from agent.guard.rollback.repoint import with_trees  # the active tree, as the health job's sets have it
+
+        packages = backend.read_installed(policy.guarded)
+        installed = with_trees(host, {k: (v.version, v.arch) for k, v in packages.items()})
         return update_gate(str(host.path(paths.health_gate)),
                            lambda s: observe(s, installed, at_seconds, by=by, moved=moved))
     except (GpuguardError, OSError) as exc:

@@ -375,7 +375,8 @@ def host_page(h: HostRow, now: dt.datetime, stale_after_seconds: float, drift: S
         ("os_id", "OS"), ("os_version_id", "OS version"), ("kernel_running", "Kernel running"),
         ("kernel_next_boot", "Kernel at next boot"), ("amdgpu_loaded", "amdgpu loaded"),
         ("amdgpu_dkms_package", "amdgpu-dkms package"), ("rocm", "ROCm"), ("rocm_core_package", "rocm-core package"),
-        ("rocm_releases", "ROCm releases installed"), ("nvidia_loaded", "nvidia loaded"),
+        ("rocm_releases", "ROCm releases installed"), ("rocm_active_tree", "ROCm active tree"),
+        ("nvidia_loaded", "nvidia loaded"),
         ("cuda_driver_api", "CUDA driver API"), ("gpu_count", "GPUs"), ("gpu_models", "GPU models"))]
     snapshot = ('<table id="snapshot">' + "".join(f"<tr><th>{label}</th><td>{value}</td></tr>"
                                                    for label, value in facts) + "</table>")

@@ -14,14 +14,14 @@ from agent.policy.families import (
     kernels,
     matching,
     move,
-    no_facts,
 )
 from agent.policy.globs import any_glob
 from agent.policy.spec import describe, matches
 
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import Any, Dict, List, Mapping, Optional, Sequence
+    from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+    from agent.hostfacts.alternatives import ActiveTree
     from agent.hostfacts.context import HostContext
     from agent.policy.compiled import CompiledPolicy
     from agent.policy.families import CompileSource, FreezeHost
@@ -31,7 +31,48 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
 FREEZE_PLACE = 10
 
 
-facts = no_facts
+def facts(policy: CompiledPolicy) -> Tuple[str, ...]:
+    """The tree update-alternatives points at, where ``active_tree = "pinned"`` judges it; else none."""
+    amd = policy.section("amd")
+    if not amd or amd.get("active_tree") != "pinned":
+        return ()
+    from agent.hostfacts.context import ACTIVE_TREE
+
+    return (ACTIVE_TREE,)
+
+
+def active_release_package(tree: ActiveTree, rocms: Mapping[str, str]) -> Optional[str]:
+    """The key of the installed release package that carries the active tree's release (``amdrocm-base7.14`` for
+    ``/opt/rocm/core-7.14``, ``rocm-core6.4.1`` or ``rocm-core`` at 6.4.1 for ``/opt/rocm-6.4.1``), else None."""
+    release = tree.release
+    if release is None:
+        return None
+    for key, version in sorted(rocms.items()):
+        found = releases.rocm_release(version)
+        if found is not None and (found == release or releases.series(found, release.count(".") + 1) == release):
+            return key
+    return None
+
+
+def _active_tree(state: HostState, policy: CompiledPolicy, amd: Mapping[str, Any], rocms: Mapping[str, str],
+                 now: Optional[Mapping[str, Any]]) -> List[Violation]:
+    """``active_tree = "pinned"``: the tree update-alternatives points at is a release an installed release package
+    carries (not a tarball or nightly tree, not a release the change removes), so that the pairing, which judges
+    every release package, judges the tree in use too."""
+    tree = state.context.active_tree if state.context is not None else None
+    if amd.get("active_tree") != "pinned" or tree is None or active_release_package(tree, rocms) is not None:
+        return []
+    release = f"ROCm {tree.release}" if tree.release else "the release it holds"
+    return [Violation(
+        rule="amd.active_tree", action=policy.action_for((now or {}).get("action"), amd.get("action")),
+        message=f"the active ROCm tree {tree.describe()} is not a pinned release: no installed release package "
+                f"carries {release}" + (" after the change" if state.changed() else "")
+                + f" ([amd] active_tree = \"pinned\" in policy '{policy.name}')",
+        packages={k: move(state, k) for k in sorted(set(rocm_versions(state.before, policy.amd_packages[1]))
+                                                     | set(rocms)) if state.before.get(k) != state.after.get(k)},
+        hint=f"point the alternative {tree.name} at a pinned release's tree first (update-alternatives --set "
+             f"{tree.name} <tree>), or install that release through its packages, " + OVERRIDE_HINT,
+        pairing=(now or {}).get("name"))]
 
 
 def _pairing_matches(pairing: Mapping[str, Any], driver_version: Optional[str], rocm_version: Optional[str],
@@ -166,6 +207,7 @@ def check(state: HostState, policy: CompiledPolicy) -> List[Violation]:
                 if find(state.after, n) is not None or find(state.before, n) is not None}
     out: List[Violation] = []
     out += _therock_base_removed(state, policy, amd, pinned or now)
+    out += _active_tree(state, policy, amd, rocms_after, now)
     firmware = find(state.after, driver_name + "-firmware")
     if driver_after is not None and firmware is not None and not releases.amdgpu_same_build(driver_after, firmware):
         out.append(Violation(
@@ -255,6 +297,14 @@ def explain(policy: CompiledPolicy, installed: Mapping[str, str], manager: str, 
         lines.append(f"  may move to {describe_pairing(pairing)}{kernels_text} "
                      f"[{policy.action_for(pairing.get('action'), amd.get('action'))}]")
     lines.append(f"  changing only one of {driver_name}/{rocm_name} must land in one of these pairings")
+    tree = context.active_tree
+    if tree is not None:
+        key = active_release_package(tree, rocms)
+        carried = f"ROCm {releases.rocm_release(rocms[key])} ({package_name(key)})" if key else \
+            "no installed release package"
+        required = ("must be a pinned release ([amd] active_tree = \"pinned\")" if amd.get("active_tree") == "pinned"
+                    else "not judged ([amd] active_tree = \"any\")")
+        lines.append(f"  active tree: {tree.describe()}: {carried}; {required}")
     return lines
 
 
@@ -267,7 +317,8 @@ def compiled(source: CompileSource) -> Dict[str, Any]:
     if amd is None:
         return {"amd": None}
     return {"amd": {"driver_package": amd["driver_package"], "rocm_package": amd["rocm_package"],
-                    "action": amd["action"], "side_by_side": amd["side_by_side"], "pairings": amd["pairing"]}}
+                    "action": amd["action"], "side_by_side": amd["side_by_side"], "pairings": amd["pairing"],
+                    "active_tree": amd.get("active_tree", "any")}}
 
 
 def guarded(source: CompileSource) -> List[str]:
@@ -286,8 +337,10 @@ def guarded(source: CompileSource) -> List[str]:
 def shape(data: Mapping[str, Any]) -> None:
     from agent.policy.compiled import action, expect, optional_bool, spec, table
 
-    amd = table(data["amd"], "amd", ("driver_package", "rocm_package", "action", "pairings", "side_by_side"))
+    amd = table(data["amd"], "amd", ("driver_package", "rocm_package", "action", "pairings", "side_by_side",
+                                     "active_tree"))
     optional_bool(amd["side_by_side"], "amd -> side_by_side")
+    expect(amd["active_tree"] in (None, "any", "pinned"), "amd -> active_tree", "not \"any\" or \"pinned\"")
     for key in ("driver_package", "rocm_package"):
         expect(isinstance(amd[key], str) and bool(amd[key]), f"amd -> {key}", "not a package name")
     action(amd["action"], "amd -> action")
@@ -323,6 +376,10 @@ def freeze(host: FreezeHost) -> List[str]:
     known_rocm = sorted(r for r in rocm_releases.values() if r)
     if len({releases.series(r) for r in rocm_releases.values()}) > 1:
         lines.append(line("side_by_side", True, "several ROCm releases are installed side by side now"))
+    tree = host.context.active_tree
+    if tree is not None and active_release_package(tree, stack.rocm) is not None:
+        lines.append(line("active_tree", "pinned", f"update-alternatives points at {tree.describe()}: a tree no "
+                                                   f"installed release package carries is refused"))
     lines += ["", "[[amd.pairing]]  # the one allowed pairing: the installed one",
               line("name", "frozen", "named in refusals")]
     loaded = host.context.loaded("amdgpu")

@@ -28,9 +28,9 @@ def facts(policy: CompiledPolicy) -> Tuple[str, ...]:
     fabricmanager, amdsmi = bool(section.get("fabricmanager")), bool(section.get("amdsmi"))
     if not fabricmanager and not amdsmi:
         return ()
-    from agent.hostfacts.context import AMDSMI_BINDING, NVIDIA_MODULE
+    from agent.hostfacts.context import ACTIVE_TREE, AMDSMI_BINDING, NVIDIA_MODULE
 
-    return ((NVIDIA_MODULE,) if fabricmanager else ()) + ((AMDSMI_BINDING,) if amdsmi else ())
+    return ((NVIDIA_MODULE,) if fabricmanager else ()) + ((AMDSMI_BINDING, ACTIVE_TREE) if amdsmi else ())
 
 
 def check(state: HostState, policy: CompiledPolicy) -> List[Violation]:
@@ -52,7 +52,9 @@ def check(state: HostState, policy: CompiledPolicy) -> List[Violation]:
     if section.get("dcgm_exporter"):
         found += companions.dcgm_exporter(state.after)
     if section.get("amdsmi"):
-        found += companions.amdsmi(state.after, context.amdsmi_binding if context else None, leaves)
+        tree = context.active_tree if context else None
+        found += companions.amdsmi(state.after, context.amdsmi_binding if context else None, leaves,
+                                   tree.release if tree else None)
     out = []
     for item in found:
         moved = matching(state.before, companions.family(item.rule, driver))
@@ -123,7 +125,8 @@ def freeze(host: FreezeHost) -> List[str]:
                                                   tuple(NVIDIA_NOT_DRIVER_PARTS)),
         "dcgm": companions.dcgm(installed),
         "dcgm_exporter": companions.dcgm_exporter(installed),
-        "amdsmi": companions.amdsmi(installed, binding),
+        "amdsmi": companions.amdsmi(installed, binding, active_release=host.context.active_tree.release
+                                    if host.context.active_tree else None),
     }
     have = {rule: any(match(n) for n in names) or (rule == "amdsmi" and binding is not None)
             for rule, match in present.items()}

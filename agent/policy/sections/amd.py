@@ -3,7 +3,7 @@ judges them)."""
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Literal, Optional, Tuple
 
 from pydantic import Field, field_validator
 
@@ -33,6 +33,9 @@ class AmdSection(PolicyModel):
     rocm_package: str = ROCM_CORE_PACKAGE
     action: Optional[Action] = None
     side_by_side: bool = False  # may several ROCm releases (rocm-core6.4.1 beside rocm-core) be installed?
+    # "pinned": the tree update-alternatives points at (/opt/rocm/core) must be a release an installed release
+    # package carries and the pairing in force accepts; "any": not judged
+    active_tree: Literal["any", "pinned"] = "any"
     pairing: List[AmdPairing] = []
 
 

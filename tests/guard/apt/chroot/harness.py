@@ -49,6 +49,7 @@ class FakePackage:
     depends: Optional[str] = None
     multi_arch: Optional[str] = None
     files: Tuple[Tuple[str, str], ...] = ()  # (absolute path, content) shipped besides the VERSION marker
+    scripts: Tuple[Tuple[str, str], ...] = ()  # (maintainer script: postinst, prerm, ..., its shell body)
 
     @property
     def file_name(self) -> str:
@@ -206,6 +207,10 @@ def build_deb(pkg: FakePackage, out_dir: Path, work: Path) -> Path:
         control.append(f"Multi-Arch: {pkg.multi_arch}")
     control.append(f"Description: fake {pkg.name} for gpuguard's chroot tests")
     (tree / "DEBIAN/control").write_text("\n".join(control) + "\n")
+    for script, body in pkg.scripts:
+        path = tree / "DEBIAN" / script
+        path.write_text("#!/bin/sh\nset -e\n" + body + "\n")
+        path.chmod(0o755)
     out = out_dir / pkg.file_name
     run(["dpkg-deb", "--root-owner-group", "-Zgzip", "-b", str(tree), str(out)])
     return out
