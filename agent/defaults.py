@@ -50,6 +50,10 @@ DISTRIBUTION_CUDA_PACKAGES = (
     "libcublas*", "libcufft*", "libcurand*", "libcusparse*", "libcusolver*", "libnvrtc*", "libnvjitlink*",
     "libnvjpeg*", "libnpp*", "libnvblas*", "libcupti*", "libnvtoolsext*", "libnvvm*", "libcuinj*", "libaccinj*",
 )
+# The package that carries the ROCm release where the distribution packages ROCm without AMD's rocm-core, in order:
+# Debian's librocm-core, else HIP's runtime (libamdhip64-5 5.7.1 is Debian 13's ROCm 5.7), else ROCr's. The pairing
+# (agent/policy/families/amd.py) and the snapshot (agent/collectors/rocm.py) read it the same way.
+DISTRIBUTION_ROCM_RELEASE_PACKAGES = ("librocm-core", "libamdhip64-", "libhsa-runtime64-")
 # Where distributions put those libraries (Debian and Ubuntu multiarch, Fedora): the collectors read HIP's and the
 # CUDA runtime's file names there when no package database says.
 DISTRIBUTION_LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64")

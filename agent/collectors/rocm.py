@@ -27,7 +27,11 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 from agent.collectors.dpkg import DPKG_STATUS
-from agent.defaults import DISTRIBUTION_LIBRARY_DIRS, DISTRIBUTION_ROCM_PACKAGES
+from agent.defaults import (
+    DISTRIBUTION_LIBRARY_DIRS,
+    DISTRIBUTION_ROCM_PACKAGES,
+    DISTRIBUTION_ROCM_RELEASE_PACKAGES,
+)
 from agent.errors import CollectorUnavailable, HostReadError, LibraryUnavailable
 from agent.frozen import Frozen, field, frozen_record
 from agent.host import Host
@@ -47,7 +51,6 @@ VERSION_HEADER = "include/rocm-core/rocm_version.h"
 _HEADER_FIELD = LazyPattern(r"^\s*#\s*define\s+ROCM_VERSION_(MAJOR|MINOR|PATCH)\s+\(?\s*(\d+)\s*\)?\s*$", re.M)
 _INSTALL_DIR = LazyPattern(r"^rocm-\d+(?:\.\d+)*")
 _HIP_LIBRARY = LazyPattern(r"^libamdhip64\.so\.(\d+)\.(\d+)\.\d+$")  # the third number is HIP's build
-_RELEASE_PACKAGES = ("librocm-core", "libamdhip64-", "libhsa-runtime64-")
 _THEROCK_DIR = LazyPattern(r"^core-\d+\.\d+$")  # core-7.13, core-10.0; core and core-10 are links
 _AMD_SMI_LIB = LazyPattern(r"^libamd_smi\.so\.(\d+)(?:\.\d+)*$")  # libamd_smi.so.27, libamd_smi.so.27.0.0
 _LIB_DIRS = ("lib", "lib64")
@@ -165,7 +168,7 @@ def packaged_components(status: bytes) -> List[PackagedComponent]:
 
 def packaged_release(components: List[PackagedComponent]) -> Tuple[Optional[str], Optional[str]]:
     """(release, the package it comes from): rocm-core's, else HIP's, else ROCr's; (None, None) without them."""
-    for prefix in _RELEASE_PACKAGES:
+    for prefix in DISTRIBUTION_ROCM_RELEASE_PACKAGES:
         for component in components:
             if component.package.startswith(prefix) and component.release:
                 return component.release, f"package {component.package}"

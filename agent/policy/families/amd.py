@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.defaults import THEROCK_BASE_PACKAGE
+from agent.defaults import DISTRIBUTION_ROCM_RELEASE_PACKAGES, THEROCK_BASE_PACKAGE
 from agent.hostfacts.package_keys import package_name
 from agent.policy import releases
 from agent.policy.families import (
@@ -123,8 +123,17 @@ def rocm_versions(mapping: Mapping[str, str], rocm_name: str) -> Dict[str, str]:
     """Every ROCm release present, key -> version: the ROCm package and its versioned side-by-side installs
     (``rocm-core6.4.1``, which ``apt install rocm6.4.1`` brings for AMD's multi-version installs), and TheRock's
     base package with its versioned installs (``amdrocm-base7.13``, ``amdrocm-base10.0``): a host with a classic
-    stack and a TheRock release is judged by both."""
-    return {k: mapping[k] for k in matching(mapping, releases.rocm_package_patterns(rocm_name))}
+    stack and a TheRock release is judged by both. Where none of those is installed, the release of ROCm as the
+    distribution packages it (Debian's and Ubuntu's, without rocm-core): its release package, else HIP's runtime
+    package, else ROCr's (agent/defaults.py DISTRIBUTION_ROCM_RELEASE_PACKAGES)."""
+    found = {k: mapping[k] for k in matching(mapping, releases.rocm_package_patterns(rocm_name))}
+    if found:
+        return found
+    for prefix in DISTRIBUTION_ROCM_RELEASE_PACKAGES:
+        carriers = {k: mapping[k] for k in matching(mapping, (prefix + "*",)) if not package_name(k).endswith("-dev")}
+        if carriers:
+            return carriers
+    return {}
 
 
 def _no_rocm(state: HostState, rocm_name: str) -> str:
