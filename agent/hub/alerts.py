@@ -16,7 +16,9 @@ Several hub processes may share the queue: a row is leased (``lease_until``) by 
 
 The hub raises alerts of its own too (``enqueue_hub_alert``: a staged rollout halted, agent/hub/rollouts.py): queued
 for every webhook, whatever its ``kinds``, inside the transaction that made the decision, keyed by the decision so
-that it is queued once; the body is ``{"hub_alert": {kind, severity, summary, ...}}`` instead of an event.
+that it is queued once; the body is ``{"hub_alert": {kind, severity, summary, ...}}`` instead of an event. A host
+whose heartbeat starts reporting a policy attention word ("expired", "freshness": ``attention_alerts``) raises one
+``policy_attention`` alert per host, word and serial in force, queued before the batch is answered.
 """
 
 from __future__ import annotations
@@ -25,13 +27,13 @@ import datetime as dt
 import json
 import random
 import threading
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import requests
 
 from agent import __version__
 from agent.hub.alert_settings import AlertWebhook
-from agent.hub.describe import describe_event
+from agent.hub.describe import ATTENTION_MEANINGS, describe_event
 from agent.hub.rows import utc_now
 from agent.hub.settings import HubSettings
 from agent.hub.store import SqlStore
@@ -117,6 +119,28 @@ def message(webhook: AlertWebhook, delivery: Delivery) -> bytes:
                        "summary": describe_event(event, _plain), "event": event}).encode()
 
 
+def attention_alerts(events: Sequence[Event]) -> List[Tuple[str, Dict[str, Any]]]:
+    """The hub alerts (key, alert) that ``events`` raise for policy attention: for each host's newest heartbeat
+    among them, one per attention word it reports, keyed by host, word and the serial in force, so a host that
+    keeps reporting (or resends) is alerted once, and again when a newer bundle it installs runs into it too; pure."""
+    newest: Dict[str, Event] = {}
+    for ev in events:
+        if ev.payload.kind == "heartbeat" and (ev.host_id not in newest
+                                               or ev.occurred_at >= newest[ev.host_id].occurred_at):
+            newest[ev.host_id] = ev
+    out = []
+    for host_id, ev in sorted(newest.items()):
+        payload = ev.payload
+        serial = getattr(payload, "policy_serial", None)
+        for word in getattr(payload, "policy_attention", None) or ():
+            out.append((f"policy-attention-{host_id}-{word}-{serial if serial is not None else 'none'}", {
+                "kind": "policy_attention", "severity": "warning", "host_id": host_id, "hostname": ev.hostname,
+                "word": word, "policy_serial": serial,
+                "summary": f"host {host_id} ({ev.hostname}) reports policy attention {word!r}"
+                           f"{f' on serial {serial}' if serial is not None else ''}: {ATTENTION_MEANINGS[word]}"}))
+    return out
+
+
 def backoff_seconds(attempts: int, initial: float, maximum: float, rand: Callable[[], float] = random.random) -> float:
     """Wait after the ``attempts``-th failure: doubling from ``initial``, capped at ``maximum``, with jitter (the
     wait is between half and all of it, so many hubs retrying one receiver spread out)."""
@@ -169,6 +193,18 @@ class AlertQueue:
             cur.execute(sql, (name, "-", key, alert["kind"], alert["severity"], json.dumps({"hub_alert": alert}), stamp,
                               stamp))
         return len(self.webhooks)
+
+    def enqueue_attention(self, events: Sequence[Event], now: dt.datetime) -> int:
+        """Queue the policy attention alerts ``events`` raise (:func:`attention_alerts`) for every webhook, each
+        once; how many (alert, webhook) pairs were wanted."""
+        alerts = attention_alerts(events) if self.webhooks else []
+        if not alerts:
+            return 0
+
+        def work(cur: Any) -> int:
+            return sum(self.enqueue_hub_alert(cur, key, alert, now) for key, alert in alerts)
+
+        return self._store.write("alert_enqueue", work)
 
     def claim(self, now: dt.datetime, lease_seconds: float, limit: int = _CLAIM_BATCH) -> List[Delivery]:
         """Lease up to ``limit`` due deliveries to this process."""

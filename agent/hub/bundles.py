@@ -33,7 +33,7 @@ from agent.hub.store import SqlStore
 from agent.hub.tokens import Principal
 from agent.log import get_logger
 from agent.models import FrozenModel
-from agent.wire import MAX_SIGNATURE_BYTES, REFUSAL_KINDS, etag_of
+from agent.wire import MAX_SIGNATURE_BYTES, POLICY_ATTENTION, REFUSAL_KINDS, etag_of
 
 log = get_logger("hub.bundles")
 
@@ -91,6 +91,9 @@ class HostPolicy(FrozenModel):
     refused_serial: Optional[int] = None  # that refused bundle's serial, when a verified bundle said it
     refused_reason: Optional[str] = None
     refused_kind: Optional[str] = None  # why (agent/wire.py's REFUSAL_KINDS): what is counted
+    # what its newest heartbeat says asks for attention though its policy keeps guarding (agent/wire.py's
+    # POLICY_ATTENTION: "expired", "freshness"); empty when nothing does or the agent does not say
+    attention: Tuple[str, ...] = ()
 
 
 class PolicyRollout(FrozenModel):
@@ -103,6 +106,8 @@ class PolicyRollout(FrozenModel):
     ahead_count: int = 0  # hosts enforcing a serial above every one offered
     # hosts refusing, per kind: every kind of agent/wire.py's REFUSAL_KINDS, 0 included ("unknown": an older agent's)
     refused_by_kind: Dict[str, int] = {}
+    # hosts whose newest heartbeat reports each attention word of agent/wire.py's POLICY_ATTENTION (0 included)
+    attention_by_word: Dict[str, int] = {}
     hosts: List[HostPolicy]
 
 
@@ -122,7 +127,8 @@ def host_policy(host: HostRow, scopes: Sequence[Tuple[int, BundleScope]]) -> Hos
                       ahead=enforced is not None and newest_offered is not None and enforced > newest_offered,
                       refused=refused_now, refused_serial=refused if refused_now else None,
                       refused_reason=host.policy_refused_reason if refused_now else None,
-                      refused_kind=host.policy_refused_kind if refused_now else None)
+                      refused_kind=host.policy_refused_kind if refused_now else None,
+                      attention=tuple(w for w in POLICY_ATTENTION if w in (host.policy_attention or ())))
 
 
 def policy_rollout(hosts: Sequence[HostRow], scopes: Sequence[Tuple[int, BundleScope]]) -> PolicyRollout:
@@ -130,7 +136,9 @@ def policy_rollout(hosts: Sequence[HostRow], scopes: Sequence[Tuple[int, BundleS
     rows = [host_policy(host, scopes) for host in hosts]
     return PolicyRollout(newest_serial=scopes[0][0] if scopes else None, host_count=len(rows),
                          behind_count=sum(r.behind for r in rows), refused_count=sum(r.refused for r in rows),
-                         ahead_count=sum(r.ahead for r in rows), refused_by_kind=refusals_by_kind(rows), hosts=rows)
+                         ahead_count=sum(r.ahead for r in rows), refused_by_kind=refusals_by_kind(rows),
+                         attention_by_word={w: sum(w in r.attention for r in rows) for w in POLICY_ATTENTION},
+                         hosts=rows)
 
 
 def refusals_by_kind(rows: Sequence[HostPolicy]) -> Dict[str, int]:

@@ -11,6 +11,13 @@ from typing import Any, Callable, Mapping
 
 DASH = "\u2014"  # what an empty value shows as
 
+# What each policy attention word of a heartbeat (agent/wire.py's POLICY_ATTENTION) means, for people (the
+# dashboard and the hub's attention alerts); decisions match the word.
+ATTENTION_MEANINGS = {
+    "expired": "the policy bundle in force is past its expiry (the host keeps enforcing it)",
+    "freshness": "the hub's freshness statement is stale or names a serial this host does not get (a freeze?)",
+}
+
 
 def _versions(versions: Mapping[str, str], e: Callable[[Any], str]) -> str:
     return ", ".join(f"{e(k)} {e(v)}" for k, v in sorted(versions.items())) or DASH

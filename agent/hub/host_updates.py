@@ -37,6 +37,7 @@ class HostUpdate(NamedTuple):
     policy_refused_serial: Optional[int] = None
     policy_refused_reason: Optional[str] = None
     policy_refused_kind: Optional[str] = None
+    policy_attention_json: Optional[str] = None  # the heartbeat's policy_attention words as a JSON list
     last_health_at: Optional[dt.datetime] = None
     last_health_after_change: Optional[bool] = None
 
@@ -79,6 +80,8 @@ def summarize_hosts(events: Sequence[Event]) -> List[HostUpdate]:
                               policy_refused_serial=payload.policy_refused_serial,
                               policy_refused_reason=payload.policy_refused_reason,
                               policy_refused_kind=payload.policy_refused_kind,
+                              policy_attention_json=None if payload.policy_attention is None
+                              else json.dumps(sorted(set(payload.policy_attention))),
                               last_health_at=None if payload.last_health_at is None else utc(payload.last_health_at),
                               last_health_after_change=payload.last_health_after_change)
                 break

@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from agent.errors import StoreError, WriterBusy
 from agent.hub.access import host_of
-from agent.hub.alerts import AlertQueue
+from agent.hub.alerts import AlertQueue, attention_alerts
 from agent.hub.middleware import BodyTooLarge
 from agent.hub.responses import (
     HubHTTPError,
@@ -151,6 +151,11 @@ class Ingest:
             # Queued before the answer: if this fails the agent resends, and the duplicates are queued then.
             try:
                 await run_in_threadpool(self.alerts.enqueue, batch.events, self.clock())
+            except StoreError as exc:
+                raise storage_unavailable(exc) from None
+        if self.alerts is not None and self.alerts.webhooks and attention_alerts(batch.events):
+            try:  # the same: a policy attention alert is queued (once per key) before the answer
+                await run_in_threadpool(self.alerts.enqueue_attention, batch.events, self.clock())
             except StoreError as exc:
                 raise storage_unavailable(exc) from None
         if self.on_stored is not None:

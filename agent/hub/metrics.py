@@ -18,6 +18,8 @@ Fleet figures are read from the database at each scrape (grouped queries over ``
     gpuguard_hub_hosts_policy_refused               hosts whose last refused bundle is newer than the one they enforce
     gpuguard_hub_hosts_policy_refused_by_kind{kind}  the same hosts by refusal kind (agent/wire.py's REFUSAL_KINDS)
     gpuguard_hub_hosts_policy_ahead                 hosts enforcing a serial above every bundle offered (fast-forward)
+    gpuguard_hub_hosts_policy_attention{word}       hosts whose newest heartbeat reports the word (agent/wire.py's
+                                                    POLICY_ATTENTION: "expired", "freshness"), 0 included
     gpuguard_hub_rollout_state{rollout_id,state}    the active (else newest) staged rollout: 1 for its state, 0 others
     gpuguard_hub_rollout_stage{rollout_id}          its open stage (-1: none yet, 0: canaries)
     gpuguard_hub_rollout_hosts{rollout_id,stage}    its hosts per stage ("waiting": not admitted)
@@ -191,7 +193,12 @@ class FleetCollector:
         ahead = GaugeMetricFamily("gpuguard_hub_hosts_policy_ahead", "Hosts enforcing a serial above every bundle "
                                                                      "the hub offers (a fast-forward).")
         ahead.add_metric([], rollout.ahead_count)
-        return [newest, per_host, behind, refused, by_kind, ahead]
+        attention = GaugeMetricFamily("gpuguard_hub_hosts_policy_attention", "Hosts whose newest heartbeat reports "
+                                                                             "the policy attention word (the policy "
+                                                                             "keeps guarding).", labels=["word"])
+        for word, count in sorted(rollout.attention_by_word.items()):
+            attention.add_metric([word], count)
+        return [newest, per_host, behind, refused, by_kind, ahead, attention]
 
 
 def workload_families(cells: List[StackCell]) -> List[Metric]:

@@ -4,7 +4,7 @@ bundles and audit entries), the filters of an event query, and the one rule for 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from agent.models import FrozenModel
 from agent.snapshot.pairing import Pairing
@@ -56,6 +56,9 @@ class HostRow(FrozenModel):
     policy_refused_serial: Optional[int] = None
     policy_refused_reason: Optional[str] = None
     policy_refused_kind: Optional[str] = None  # why (agent/wire.py's REFUSAL_KINDS; schema version 6)
+    # What asks for attention though the policy keeps guarding (agent/wire.py's POLICY_ATTENTION: "expired",
+    # "freshness"; schema version 8); None from an agent that does not send it.
+    policy_attention: Optional[Tuple[str, ...]] = None
     # When the last health check finished and whether it followed a change (schema version 3; None from older agents).
     last_health_at: Optional[dt.datetime] = None
     last_health_after_change: Optional[bool] = None

@@ -56,8 +56,12 @@ AMDSMI_LIBRARY_PACKAGES: Tuple[str, ...] = ("libamd-smi[0-9]*", "amd-smi-lib", "
 # dcgm-exporter release -> (the DCGM release it was built with, the DCGM release series it supports, source). The
 # package version carries the exporter's version only ("RPM and Debian package versions identify the exporter
 # version", NVIDIA's install guide); the pair is in the release tag ``<dcgm>-<exporter>``. An exporter release
-# this table does not know cannot be judged, and is a violation of the rule (update gpuguard, or turn the rule off).
-EXPORTER_TABLE_RECORDED = "2026-12-04"
+# this table does not know cannot be judged: one older than its newest row is a violation of the rule (update
+# gpuguard, or turn the rule off); one newer than its newest row (and a DCGM newer than the newest row's) is reported
+# as "unknown to gpuguard's table dated D" (:func:`unknown_to_table`: a snapshot finding, ``status``, ``policy
+# explain``), never silently passed and never refused for being new. The date is the day the table was last checked
+# against its sources; each row names its source.
+EXPORTER_TABLE_DATED = "2026-12-06"
 EXPORTER_TABLE: Tuple[Tuple[str, str, Tuple[str, ...], str], ...] = (
     ("3.1.7", "3.2.5", ("3.2",), "nixpkgs dcgm-exporter 3.2.5-3.1.7 (\"the first portion ... a compatible DCGM\")"),
     ("3.4.0", "3.3.5", ("3.3",), "release tag 3.3.5-3.4.0"),
@@ -68,14 +72,17 @@ EXPORTER_TABLE: Tuple[Tuple[str, str, Tuple[str, ...], str], ...] = (
                                  "datacenter-gpu-manager-4-core (= 1:4.6.0-1)"),
     ("4.8.4", "4.6.1", ("4.6",), "dcgm-exporter 4.8.4 release notes: tested with DCGM 4.6.1"),
     ("4.9.0", "4.7.0", ("4.7",), "dcgm-exporter 4.9.0 release notes: tested with DCGM 4.7.0 and 4.7.1, ships 4.7.0"),
+    ("4.10.0", "4.8.0", ("4.8",), "https://github.com/NVIDIA/dcgm-exporter/releases: dcgm-exporter 4.10.0, built with "
+                                  "DCGM 4.8.0 (four more field renames), released 2026-11-30 (issue #42)"),
 )
 
 # What each rule asks, as ``policy explain`` shows it.
 DESCRIPTIONS = {
     FABRICMANAGER: "fabric manager and libnvidia-nscq must be the NVIDIA driver's exact build",
     DCGM: "DCGM's packages must be one release (libdcgm and nv-hostengine)",
-    DCGM_EXPORTER: f"dcgm-exporter must run with a DCGM of the series it was built for (table recorded "
-                   f"{EXPORTER_TABLE_RECORDED})",
+    DCGM_EXPORTER: f"dcgm-exporter must run with a DCGM of the series it was built for (table dated "
+                   f"{EXPORTER_TABLE_DATED}, newest row: exporter {EXPORTER_TABLE[-1][0]} with DCGM "
+                   f"{EXPORTER_TABLE[-1][1]})",
     AMDSMI: "the amdsmi Python binding and libamd_smi must be of one ROCm release",
 }
 HINTS = {
@@ -202,9 +209,56 @@ def _three_part(text: str) -> bool:
     return len(parts) == 3 and all(p.isdecimal() for p in parts)
 
 
+def _numbers(release: Optional[str]) -> Tuple[int, ...]:
+    return tuple(int(p) for p in release.split(".")) if release and _three_part(release) else ()
+
+
+def _newer_than_table(release: Optional[str], newest: str) -> bool:
+    """Whether a three-part release is newer than the table's newest (False for one that cannot be read)."""
+    return bool(_numbers(release)) and _numbers(release) > _numbers(newest)
+
+
+class TableUnknown(Record):
+    """A version newer than a compatibility table's newest row: reported (a snapshot finding, ``status``, ``policy
+    explain``) as unknown to gpuguard's table of that date, never judged; the table, its date, the message and the
+    package keys."""
+
+    __slots__ = ("table", "dated", "message", "packages")
+    table: str
+    dated: str
+    message: str
+    packages: Tuple[str, ...]
+
+    def __init__(self, table: str, dated: str, message: str, packages: Sequence[str]) -> None:
+        Record.__init__(self, table, dated, message, tuple(packages))
+
+
+def unknown_to_table(installed: Mapping[str, str]) -> List[TableUnknown]:
+    """dcgm-exporter releases newer than :data:`EXPORTER_TABLE`'s newest row (and not carrying their DCGM pair in
+    their version), and DCGM packages of a release newer than the newest row's DCGM: what gpuguard's table cannot
+    judge yet."""
+    newest_exporter, newest_dcgm = EXPORTER_TABLE[-1][0], EXPORTER_TABLE[-1][1]
+    where = (f"unknown to gpuguard's dcgm-exporter table dated {EXPORTER_TABLE_DATED} (newest row: exporter "
+             f"{newest_exporter} with DCGM {newest_dcgm})")
+    out = []
+    for key in _keys(installed, DCGM_EXPORTER_PACKAGES):
+        version = installed[key]
+        release = releases.dotted_release(version, parts=3)
+        if exporter_pairing(version) is None and _newer_than_table(release, newest_exporter):
+            out.append(TableUnknown("dcgm-exporter", EXPORTER_TABLE_DATED, f"{package_name(key)} {version} is "
+                                    f"{where}: which DCGM it supports is not judged; update gpuguard", [key]))
+    dcgm = {k: releases.dotted_release(installed[k], parts=3) or "unknown" for k in _keys(installed, DCGM_PACKAGES)}
+    newer = {k: r for k, r in dcgm.items() if _newer_than_table(r, newest_dcgm)}
+    if newer:
+        out.append(TableUnknown("dcgm-exporter", EXPORTER_TABLE_DATED, f"DCGM {_grouped(newer, 2)} is {where}: "
+                                "which dcgm-exporter it takes is not judged; update gpuguard", sorted(newer)))
+    return out
+
+
 def dcgm_exporter(installed: Mapping[str, str]) -> List[Disagreement]:
     """dcgm-exporter with a DCGM outside the release series its release was built for (or no DCGM, or a release
-    the table does not know)."""
+    older than the table's newest that the table does not know; one newer than its newest row is
+    :func:`unknown_to_table`'s, not a disagreement)."""
     exporters = _keys(installed, DCGM_EXPORTER_PACKAGES)
     if not exporters:
         return []
@@ -215,9 +269,11 @@ def dcgm_exporter(installed: Mapping[str, str]) -> List[Disagreement]:
         version = installed[key]
         pairing = exporter_pairing(version)
         if pairing is None:
-            out.append(Disagreement(DCGM_EXPORTER, f"{package_name(key)} {version} is not in gpuguard's dcgm-exporter "
-                                                   f"table (recorded {EXPORTER_TABLE_RECORDED}): which DCGM it "
-                                                   f"supports is unknown (the host has {dcgm_text})", [key]))
+            if not _newer_than_table(releases.dotted_release(version, parts=3), EXPORTER_TABLE[-1][0]):
+                out.append(Disagreement(DCGM_EXPORTER, f"{package_name(key)} {version} is not in gpuguard's "
+                                                       f"dcgm-exporter table (dated {EXPORTER_TABLE_DATED}): which "
+                                                       f"DCGM it supports is unknown (the host has {dcgm_text})",
+                                        [key]))
             continue
         exporter, built, supported, _source = pairing
         wrong = sorted(k for k, r in found.items() if releases.series(r) not in supported)

@@ -59,11 +59,27 @@ class Explanation:
     violations: List[Violation]
 
 
+def tables_line(policy: CompiledPolicy) -> str:
+    """The dates of the compatibility tables gpuguard judges with: the dcgm-exporter table (agent/policy/companions.py,
+    with its newest row: a newer release is reported as unknown to it) and AMD's matrix when the policy compiles it
+    in."""
+    from agent.policy import companions
+
+    newest = companions.EXPORTER_TABLE[-1]
+    parts = [f"dcgm-exporter table dated {companions.EXPORTER_TABLE_DATED} (newest row: exporter {newest[0]} with "
+             f"DCGM {newest[1]})"]
+    matrix = policy.section("matrix")
+    if matrix:
+        parts.append(f"AMD compatibility matrix recorded {matrix.get('recorded')}")
+    return "gpuguard's compatibility tables: " + "; ".join(parts)
+
+
 def explain(policy: CompiledPolicy, facts: HostFacts) -> Explanation:
     """The pinned pairings, the moves the policy allows, the rules, and the host's current compliance."""
     installed = facts.installed
     lines = [f"policy '{policy.name}' ({', '.join(policy.sources) or policy.path}); default action {policy.action}, "
-             f"fail-safe {policy.failsafe}", f"host: {facts.context.os_id or '?'} {facts.context.os_version_id or '?'}"]
+             f"fail-safe {policy.failsafe}", f"host: {facts.context.os_id or '?'} {facts.context.os_version_id or '?'}",
+             tables_line(policy)]
     for module in used_families(policy):  # each family's own lines, in table order
         lines += module.explain(policy, installed, facts.manager, facts.context)
     state = HostState.standing(installed, facts.manager, facts.context)

@@ -452,14 +452,23 @@ def _companion_problems(enabled: Sequence[str], inventory: Inventory) -> List[Pr
             out.append(Problem(f"companions -> {rule}", f"none of its packages ({', '.join(judged[rule])}) is "
                                                         f"installed on this host: it judges nothing here yet", WARNING))
     if "dcgm_exporter" in enabled:
+        newer = {k for item in companions.unknown_to_table(inventory.installed) for k in item.packages}
         for key, version in sorted(inventory.installed.items()):
-            if package_name(key) in companions.DCGM_EXPORTER_PACKAGES and companions.exporter_pairing(version) is None:
+            if package_name(key) not in companions.DCGM_EXPORTER_PACKAGES or \
+                    companions.exporter_pairing(version) is not None:
+                continue
+            if key in newer:
                 out.append(Problem("companions -> dcgm_exporter",
-                                   f"{package_name(key)} {version} installed here is not in gpuguard's dcgm-exporter "
-                                   f"table (recorded {companions.EXPORTER_TABLE_RECORDED}): changes to DCGM or the "
-                                   f"exporter are refused while it is installed; set dcgm_exporter = false or "
-                                   f"update gpuguard",
-                                   WARNING))
+                                   f"{package_name(key)} {version} installed here is newer than gpuguard's "
+                                   f"dcgm-exporter table (dated {companions.EXPORTER_TABLE_DATED}) knows: it is "
+                                   f"reported, not judged; update gpuguard", WARNING))
+                continue
+            out.append(Problem("companions -> dcgm_exporter",
+                               f"{package_name(key)} {version} installed here is not in gpuguard's dcgm-exporter "
+                               f"table (dated {companions.EXPORTER_TABLE_DATED}): changes to DCGM or the "
+                               f"exporter are refused while it is installed; set dcgm_exporter = false or "
+                               f"update gpuguard",
+                               WARNING))
     return out
 
 

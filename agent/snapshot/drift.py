@@ -166,6 +166,17 @@ def _companion_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> L
     return out
 
 
+def _table_unknown_findings(packages: Dict[str, PackageInfo]) -> List["Finding"]:
+    """Versions newer than a compatibility table of gpuguard's knows (agent/policy/companions.py's dcgm-exporter
+    table): reported as info naming the table's date, never judged."""
+    from agent.policy import companions
+
+    installed = {key: info.version for key, info in packages.items()}
+    return [_finding("unknown_to_table", "info", "dcgm", item.message, table=item.table, table_dated=item.dated,
+                     packages=" ".join(f"{k}={installed[k]}" for k in item.packages))
+            for item in companions.unknown_to_table(installed)]
+
+
 def _package_state_findings(packages: Dict[str, PackageInfo]) -> List["Finding"]:
     return [_finding("package_not_fully_installed", "warning", "packages",
                      f"{key} {info.version} is in state {info.state}", package=key, state=info.state)
@@ -195,5 +206,5 @@ def analyze(snap: "Snapshot") -> List["Finding"]:
     """Every finding the snapshot supports, in a stable order."""
     packages = snap.packages()
     return [*_kernel_findings(snap), *_amdgpu_findings(snap, packages), *_rocm_findings(snap, packages),
-            *_nvidia_findings(snap, packages), *_companion_findings(snap, packages), *_container_cgroup_findings(snap),
-            *_package_state_findings(packages)]
+            *_nvidia_findings(snap, packages), *_companion_findings(snap, packages), *_table_unknown_findings(packages),
+            *_container_cgroup_findings(snap), *_package_state_findings(packages)]

@@ -87,6 +87,8 @@ def _snapshot(f: StatusFacts, now: dt.datetime) -> Check:
     if s.taken_at is None:
         return Check(name="snapshot", state="warn", summary="no snapshot yet")
     summary = f"taken {_age(now, s.taken_at)}, {s.critical_findings} critical / {s.warning_findings} warning findings"
+    if s.unknown_to_table:  # info: newer than gpuguard's tables know, reported and not judged
+        summary += "; " + "; ".join(s.unknown_to_table)
     if snapshot_stale(f, now):
         return Check(name="snapshot", state="warn", summary=f"stale: {summary}")
     return Check(name="snapshot", state="warn" if s.critical_findings else "ok", summary=summary)

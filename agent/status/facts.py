@@ -40,6 +40,8 @@ class LastSnapshot(FrozenModel):
     content_hash: Optional[str] = None
     critical_findings: int = 0
     warning_findings: int = 0
+    # the messages of its "unknown_to_table" findings: versions newer than a compatibility table of gpuguard's knows
+    unknown_to_table: List[str] = []
     problem: Optional[str] = None
 
 
@@ -331,9 +333,11 @@ def read_snapshot(path: str) -> LastSnapshot:
     findings = data.get("findings")
     severities = [f.get("severity") for f in findings if isinstance(f, dict)] if isinstance(findings, list) else []
     hash_value = data.get("content_hash")
+    unknown = [str(f.get("message")) for f in findings if isinstance(f, dict) and f.get("kind") == "unknown_to_table"] \
+        if isinstance(findings, list) else []
     return LastSnapshot(taken_at=_when(data["taken_at"]), content_hash=hash_value if isinstance(hash_value, str)
                          else None, critical_findings=severities.count("critical"),
-                         warning_findings=severities.count("warning"))
+                         warning_findings=severities.count("warning"), unknown_to_table=unknown[:5])
 
 
 def read_health(path: str) -> HealthFacts:

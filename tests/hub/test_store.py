@@ -273,6 +273,7 @@ def test_a_schema_version_3_database_keeps_its_bundles_offered_after_the_migrati
     reopened = _reopened_after(store, ["ALTER TABLE policy_bundles DROP COLUMN staged",
                                        "ALTER TABLE rollouts DROP COLUMN paused_by",
                                        "ALTER TABLE hosts DROP COLUMN policy_refused_kind",
+                                       "ALTER TABLE hosts DROP COLUMN policy_attention",
                                        "UPDATE hub_meta SET value = '3' WHERE key = 'schema_version'"])
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
@@ -304,6 +305,7 @@ def test_a_schema_version_4_paused_rollout_gets_an_empty_paused_by_after_the_mig
     Rollouts(store, bundles).pause(admin, rid)
     reopened = _reopened_after(store, ["ALTER TABLE rollouts DROP COLUMN paused_by",
                                        "ALTER TABLE hosts DROP COLUMN policy_refused_kind",
+                                       "ALTER TABLE hosts DROP COLUMN policy_attention",
                                        "UPDATE hub_meta SET value = '4' WHERE key = 'schema_version'"])
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
@@ -330,7 +332,7 @@ def test_a_schema_version_1_database_is_migrated_with_its_rows(store: Store) -> 
         "DROP TABLE policy_bundles", "DROP TABLE audit", "DROP TABLE rollouts", "DROP TABLE rollout_hosts",
         *(f"ALTER TABLE hosts DROP COLUMN {name}"
           for name, _ in schema._HOST_POLICY_COLUMNS + schema._HOST_HEALTH_COLUMNS
-          + schema._HOST_REFUSAL_KIND_COLUMNS),
+          + schema._HOST_REFUSAL_KIND_COLUMNS + schema._HOST_ATTENTION_COLUMNS),
         "UPDATE hub_meta SET value = '1' WHERE key = 'schema_version'"])
     try:
         [host] = reopened.hosts()
@@ -353,6 +355,7 @@ def test_a_schema_version_5_database_gets_the_refusal_kind_column(store: Store) 
     assert isinstance(store, SqlStore)
     store.ingest([[event("host-old", at=T0)]], received_at=NOW)
     reopened = _reopened_after(store, ["ALTER TABLE hosts DROP COLUMN policy_refused_kind",
+                                       "ALTER TABLE hosts DROP COLUMN policy_attention",
                                        "UPDATE hub_meta SET value = '5' WHERE key = 'schema_version'"])
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
@@ -364,5 +367,29 @@ def test_a_schema_version_5_database_gets_the_refusal_kind_column(store: Store) 
         reopened.ingest([[refusing.model_copy(update={"payload": payload})]], received_at=NOW)
         [host] = reopened.hosts()
         assert (host.policy_serial, host.policy_refused_serial, host.policy_refused_kind) == (3, None, "signature")
+    finally:
+        reopened.close()
+
+
+def test_a_schema_version_7_database_gets_the_policy_attention_column(store: Store) -> None:
+    """Version 7 to 8: hosts get policy_attention, empty for the rows there, and a heartbeat's words are stored."""
+    from agent.hub import schema
+    from agent.hub.store import SqlStore
+    from agent.report.events import Heartbeat
+
+    assert isinstance(store, SqlStore)
+    store.ingest([[event("host-old", at=T0)]], received_at=NOW)
+    reopened = _reopened_after(store, ["ALTER TABLE hosts DROP COLUMN policy_attention",
+                                       "UPDATE hub_meta SET value = '7' WHERE key = 'schema_version'"])
+    try:
+        assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
+            (str(schema.SCHEMA_VERSION),)] == [("8",)]
+        assert reopened.hosts()[0].policy_attention is None
+        expired = event("host-old", at=T0 + dt.timedelta(minutes=1))
+        payload = Heartbeat(agent_version="1", uptime_seconds=1.0, policy_source="bundle", policy_serial=3,
+                            policy_attention=("freshness", "expired"))
+        reopened.ingest([[expired.model_copy(update={"payload": payload})]], received_at=NOW)
+        [host] = reopened.hosts()
+        assert (host.policy_serial, host.policy_attention) == (3, ("expired", "freshness"))
     finally:
         reopened.close()

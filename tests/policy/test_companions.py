@@ -231,7 +231,9 @@ def test_dcgm_3_beside_dcgm_4_is_two_releases(tmp_path: Path) -> None:
     ("4.8.3-1.el9", ("4.8.3", "4.6.0", ("4.6",))),
     ("1:4.5.2-4.8.1-1", ("4.8.1", "4.5.2", ("4.5",))),  # the release tag's form: the pair is in the version
     ("4.4.1-4.5.2", ("4.5.2", "4.4.1", ("4.4",))),
+    ("4.10.0-1", ("4.10.0", "4.8.0", ("4.8",))),  # released 2026-11-30 with DCGM 4.8.0
     ("4.8.9-1", None),  # a release the table does not know
+    ("4.11.0-1", None),  # newer than the table's newest row
 ])
 def test_exporter_versions_say_which_dcgm_they_were_built_for(version: str, expected) -> None:
     """Package versions carry the exporter's release (looked up in the table) or the ``<dcgm>-<exporter>`` pair."""
@@ -269,6 +271,60 @@ def test_explain_and_freeze_know_the_dcgm_rules(tmp_path: Path) -> None:
     assert '"datacenter-gpu-manager-4-core",  # installed 1:4.6.1-1' in text  # and frozen at its build
 
 
+def test_the_exporter_table_has_a_date_a_source_per_row_and_the_4_10_0_row() -> None:
+    """The table is dated, every row names its source, and dcgm-exporter 4.10.0 (DCGM 4.8.0) is its newest row, its
+    source NVIDIA's dcgm-exporter releases page."""
+    from agent.policy.companions import EXPORTER_TABLE, EXPORTER_TABLE_DATED
+
+    assert EXPORTER_TABLE_DATED == "2026-12-06"
+    assert all(row[3].strip() for row in EXPORTER_TABLE)
+    assert EXPORTER_TABLE[-1][:3] == ("4.10.0", "4.8.0", ("4.8",))
+    assert "https://github.com/NVIDIA/dcgm-exporter/releases" in EXPORTER_TABLE[-1][3]
+
+
+DCGM_48 = {"datacenter-gpu-manager-4-core": "1:4.8.0-1", "datacenter-gpu-manager-4-cuda13": "1:4.8.0-1",
+           "dcgm-exporter": "4.10.0-1"}
+
+
+def test_exporter_4_10_0_goes_with_dcgm_4_8_and_not_with_4_7(tmp_path: Path) -> None:
+    """Exporter 4.10.0 beside DCGM 4.8.0 passes; DCGM moved back to 4.7.0 under it is refused naming 4.8.x."""
+    policy = _compiled(tmp_path)
+    assert _judge(policy, DCGM_48, DCGM_48) == []
+    dcgm = [k for k in DCGM_48 if k != "dcgm-exporter"]
+    found = _judge(policy, DCGM_48, _upgrade(DCGM_48, dcgm, "1:4.7.0-1"))
+    assert [v.message.split(";")[0] for v in found] == ["dcgm-exporter 4.10.0 (built with DCGM 4.8.0) needs DCGM 4.8.x"]
+
+
+def test_an_exporter_newer_than_the_table_is_reported_never_refused_for_being_new(tmp_path: Path) -> None:
+    """dcgm-exporter 4.11.0 (and DCGM 4.9.0 beside it), newer than the table's newest row: the upgrade is not
+    refused, ``policy explain`` and the semantic check say "unknown to gpuguard's table dated 2026-12-06"; an
+    unknown release older than the newest row is still a violation."""
+    from agent.policy.companions import unknown_to_table
+
+    policy = _compiled(tmp_path)
+    newer = {**_upgrade(DCGM_48, ["datacenter-gpu-manager-4-core", "datacenter-gpu-manager-4-cuda13"], "1:4.9.0-1"),
+             "dcgm-exporter": "4.11.0-1"}
+    assert _judge(policy, DCGM_48, newer) == []
+    assert [u.message for u in unknown_to_table(newer)] == [
+        "dcgm-exporter 4.11.0-1 is unknown to gpuguard's dcgm-exporter table dated 2026-12-06 (newest row: exporter "
+        "4.10.0 with DCGM 4.8.0): which DCGM it supports is not judged; update gpuguard",
+        "DCGM 4.9.0 (datacenter-gpu-manager-4-core, datacenter-gpu-manager-4-cuda13) is unknown to gpuguard's "
+        "dcgm-exporter table dated 2026-12-06 (newest row: exporter 4.10.0 with DCGM 4.8.0): which dcgm-exporter it "
+        "takes is not judged; update gpuguard"]
+    assert unknown_to_table(DCGM_48) == [] and unknown_to_table(DCGM_HOST) == []
+    explanation = explain(policy, HostFacts(installed=newer, manager="dpkg"))
+    assert explanation.violations == []
+    assert [ln for ln in explanation.lines if "unknown to gpuguard's dcgm-exporter table dated 2026-12-06" in ln][
+        0].startswith("companion.dcgm_exporter: dcgm-exporter 4.11.0-1 is unknown")
+    loaded = load_policy(str(_write(tmp_path, POLICY)))
+    problems = check_policy(loaded.parts, loaded.policy, None, Inventory(installed=newer))
+    assert [p.message for p in problems if p.where == "companions -> dcgm_exporter"] == [
+        "dcgm-exporter 4.11.0-1 installed here is newer than gpuguard's dcgm-exporter table (dated 2026-12-06) "
+        "knows: it is reported, not judged; update gpuguard"]
+    older = _judge(policy, DCGM_48, {**DCGM_48, "dcgm-exporter": "4.9.9-1"})
+    assert [v.rule for v in older] == ["companion.dcgm_exporter"]
+
+
 def test_semantic_check_warns_about_an_exporter_the_table_does_not_know(tmp_path: Path) -> None:
     """``policy check`` on a host with an exporter release outside the table says the rule refuses changes
     while it is installed."""
@@ -276,7 +332,7 @@ def test_semantic_check_warns_about_an_exporter_the_table_does_not_know(tmp_path
     problems = check_policy(loaded.parts, loaded.policy, None,
                             Inventory(installed={**DCGM_HOST, "dcgm-exporter": "4.8.9-1"}))
     assert [p.message for p in problems if p.where == "companions -> dcgm_exporter"] == [
-        "dcgm-exporter 4.8.9-1 installed here is not in gpuguard's dcgm-exporter table (recorded 2026-12-04): "
+        "dcgm-exporter 4.8.9-1 installed here is not in gpuguard's dcgm-exporter table (dated 2026-12-06): "
         "changes to DCGM or the exporter are refused while it is installed; set dcgm_exporter = false or update "
         "gpuguard"]
 

@@ -112,3 +112,20 @@ def test_an_unreadable_known_good_set_is_one_line(tmp_path: Path) -> None:
     result = explain(compiled(tmp_path), HostFacts(installed=PAIR, manager="dpkg",
                                                    known_good_problem="known-good.json: corrupt"))
     assert "known-good set unreadable: known-good.json: corrupt" in result.lines and result.violations == []
+
+
+def test_explain_shows_the_dates_of_gpuguards_compatibility_tables(tmp_path: Path) -> None:
+    """Every explanation names the dcgm-exporter table's date and newest row; with require_amd_matrix the AMD
+    matrix's recorded date too."""
+    from agent.policy.load import compiled_from, load_policy
+    from agent.policy.matrix import load_matrix
+
+    plain = explain(compiled(tmp_path), HostFacts(installed=PAIR, manager="dpkg")).lines
+    assert plain[2] == ("gpuguard's compatibility tables: dcgm-exporter table dated 2026-12-06 (newest row: exporter "
+                        "4.10.0 with DCGM 4.8.0)")
+    path = tmp_path / "m.toml"
+    path.write_text('[policy]\nrequire_amd_matrix = true\n[amd]\n[[amd.pairing]]\nname = "any"\namdgpu = "any"\n'
+                    'rocm = "any"\n')
+    matrix = load_matrix()
+    with_matrix = explain(compiled_from(load_policy(str(path)), matrix), HostFacts(installed=PAIR, manager="dpkg"))
+    assert with_matrix.lines[2].endswith(f"; AMD compatibility matrix recorded {matrix.recorded}")

@@ -119,6 +119,19 @@ def test_companions_that_already_disagree_are_findings() -> None:
     assert findings[0].details["packages"].startswith("libnvidia-nscq-580=580.82.07-1 ")
 
 
+def test_an_exporter_newer_than_the_table_is_an_info_finding_naming_the_tables_date() -> None:
+    """dcgm-exporter 4.11.0 beside DCGM 4.8.0: no companion_mismatch, one info unknown_to_table finding naming the
+    table's date; 4.10.0 (the newest row) raises neither."""
+    snap = replace(_base(), dpkg=_packages(datacenter_gpu_manager_4_core="1:4.8.0-1", dcgm_exporter="4.11.0-1"))
+    assert [f for f in analyze(snap) if f.kind == "companion_mismatch"] == []
+    [found] = [f for f in analyze(snap) if f.kind == "unknown_to_table"]
+    assert (found.severity, found.component, found.details["table_dated"]) == ("info", "dcgm", "2026-12-06")
+    assert found.message.startswith("dcgm-exporter 4.11.0-1 is unknown to gpuguard's dcgm-exporter table dated "
+                                    "2026-12-06")
+    known = replace(_base(), dpkg=_packages(datacenter_gpu_manager_4_core="1:4.8.0-1", dcgm_exporter="4.10.0-1"))
+    assert [f.kind for f in analyze(known) if f.kind in ("unknown_to_table", "companion_mismatch")] == []
+
+
 def test_fabric_manager_judged_against_the_loaded_driver_without_a_package() -> None:
     """Fabric manager beside a driver no package carries is judged by the loaded module; at its build, nothing."""
     base = replace(_base(), dpkg=_packages(nvidia_fabricmanager_580="580.95.05-1"))

@@ -81,6 +81,29 @@ def run_status(state: StateDir, *args: str) -> "tuple[int, str]":
     return code, out.getvalue()
 
 
+def test_status_shows_versions_newer_than_gpuguards_table_as_info(state: StateDir) -> None:
+    """A snapshot whose drift analysis found dcgm-exporter 4.11.0 (newer than the table) shows it in the snapshot
+    line, naming the table's date, and status stays ok."""
+    from agent.frozen import replace
+    from agent.snapshot.drift import analyze
+    from agent.snapshot.model import PackageInfo, PackageSet, Section, Status
+    from agent.snapshot.take import take_snapshot
+    from tests.conftest import make_fixture_host
+
+    packages = PackageSet(manager="dpkg", installed_count=2, packages={
+        "datacenter-gpu-manager-4-core": PackageInfo(version="1:4.8.0-1", arch="amd64"),
+        "dcgm-exporter": PackageInfo(version="4.11.0-1", arch="amd64")})
+    snap = replace(take_snapshot(make_fixture_host("gpuless-debian12")), dpkg=Section(status=Status.OK,
+                                                                                       data=packages))
+    findings = [{"kind": f.kind, "severity": f.severity, "message": f.message} for f in analyze(snap)]
+    state.healthy()
+    (state.state / "last-snapshot.json").write_text(json.dumps({
+        "taken_at": (NOW - dt.timedelta(minutes=3)).isoformat(), "content_hash": "c" * 64, "findings": findings}))
+    code, text = run_status(state, "--offline")
+    assert code == 0, text
+    assert "dcgm-exporter 4.11.0-1 is unknown to gpuguard's dcgm-exporter table dated 2026-12-06" in text
+
+
 def test_a_healthy_host_prints_a_table_and_exits_0(state: StateDir) -> None:
     """Daemon found in /proc, fresh snapshot and health, compliant, outbox moving, no hub configured: exit 0."""
     code, text = run_status(state.healthy(), "--offline")

@@ -8,6 +8,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from agent.hub.bundles import HostPolicy, PolicyRollout, scope_text
 from agent.hub.dashboard.render import e, host_url, page, when
+from agent.hub.describe import ATTENTION_MEANINGS
 from agent.hub.rows import AuditEntry, BundleSummary
 
 OVERVIEW_ROWS = 10
@@ -41,16 +42,38 @@ def _behind_table(rows: Sequence[HostPolicy], limit: Optional[int] = None) -> st
                        "</tr>") + "</tbody></table>")
 
 
+def _attention_badges(words: Sequence[str]) -> str:
+    return " ".join(f'<span class="badge bad attention" data-word="{e(w)}" title="{e(ATTENTION_MEANINGS.get(w))}">'
+                    f"{e(w)}</span>" for w in words)
+
+
+def _attention_table(rows: Sequence[HostPolicy], limit: Optional[int] = None) -> str:
+    flagged = [r for r in rows if r.attention]
+    body = "".join(
+        f'<tr class="attention" data-host-id="{e(r.host_id)}" data-words="{e(" ".join(r.attention))}"><td>'
+        f'<a href="{e(host_url(r.host_id))}">{e(r.host_id)}</a></td><td>{_attention_badges(r.attention)}</td>'
+        f"<td>{e('; '.join(ATTENTION_MEANINGS.get(w, w) for w in r.attention))}</td><td>{_serial(r.policy_serial)}"
+        "</td></tr>" for r in flagged[:limit])
+    return ('<table id="policy-attention"><thead><tr><th>Host</th><th>Attention</th><th>What it means</th>'
+            "<th>Enforces</th></tr></thead><tbody>"
+            + (body or '<tr><td colspan="4" class="muted">no host reports policy attention</td></tr>')
+            + "</tbody></table>")
+
+
 def _summary(rollout: PolicyRollout) -> str:
     return (f'<p id="policy-summary">Newest bundle: serial <span id="policy-newest">{_serial(rollout.newest_serial)}'
             f'</span>; <span id="policy-behind-count">{rollout.behind_count}</span> host(s) on an older serial than '
             f'offered; <span id="policy-refused-count">{rollout.refused_count}</span> host(s) refused a bundle; '
-            f'<span id="policy-ahead-count">{rollout.ahead_count}</span> host(s) above every serial offered.</p>')
+            f'<span id="policy-ahead-count">{rollout.ahead_count}</span> host(s) above every serial offered; '
+            + "; ".join(f'<span id="policy-attention-{e(word)}-count">{count}</span> host(s) reporting {e(word)}'
+                        for word, count in sorted(rollout.attention_by_word.items()))
+            + ".</p>")
 
 
 def policy_section(rollout: PolicyRollout) -> str:
     """The overview's policy section: the newest serial, and the first hosts behind and refusing, with why."""
     return (f"<h2>Policy</h2>{_summary(rollout)}<h3>Refused</h3>{_refused_table(rollout.hosts, OVERVIEW_ROWS)}"
+            f"<h3>Attention</h3>{_attention_table(rollout.hosts, OVERVIEW_ROWS)}"
             f"<h3>On an older serial</h3>{_behind_table(rollout.hosts, OVERVIEW_ROWS)}"
             '<p><a href="/ui/policy">all bundles and hosts</a></p>')
 
@@ -71,6 +94,7 @@ def policy_page(rollout: PolicyRollout, bundles: Sequence[BundleSummary], audit:
             "<th>Pushed</th><th>sha256</th></tr></thead><tbody>"
             + (bundle_rows or '<tr><td colspan="6" class="muted">no bundle pushed yet</td></tr>') + "</tbody></table>"
             f"<h2>Hosts that refused a bundle</h2>{_refused_table(rollout.hosts)}"
+            f"<h2>Hosts reporting policy attention</h2>{_attention_table(rollout.hosts)}"
             f"<h2>Hosts on an older serial than offered</h2>{_behind_table(rollout.hosts)}"
             '<h2>Audit</h2><table id="audit"><thead><tr><th>When</th><th>Who</th><th>What</th><th>Serial</th>'
             "<th>Detail</th></tr></thead><tbody>"
@@ -87,4 +111,7 @@ def host_policy_facts(p: HostPolicy) -> List[Tuple[str, str]]:
                f'<span id="policy-refused-serial">{_serial(p.refused_serial)}</span> {e(p.refused_reason)}'
                if p.refused else e(None))
     return [("Policy source", e(p.policy_source)), ("Policy serial", f"{_serial(p.policy_serial)} {state}"),
-            ("Offered serial", _serial(p.offered_serial)), ("Refused bundle", refused)]
+            ("Offered serial", _serial(p.offered_serial)), ("Refused bundle", refused),
+            ("Policy attention", f'<span id="policy-attention">{_attention_badges(p.attention)} '
+                                 f"{e('; '.join(ATTENTION_MEANINGS.get(w, w) for w in p.attention))}</span>"
+             if p.attention else e(None))]

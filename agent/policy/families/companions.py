@@ -70,12 +70,16 @@ def check(state: HostState, policy: CompiledPolicy) -> List[Violation]:
 
 
 def explain(policy: CompiledPolicy, installed: Mapping[str, str], manager: str, context: HostContext) -> List[str]:
-    """One line per companion rule turned on."""
+    """One line per companion rule turned on; with the dcgm-exporter rule, one per installed version newer than its
+    table knows ("unknown to gpuguard's table dated D": reported, not judged)."""
     section = policy.section("companions")
     if not section:
         return []
-    return [f"companion.{field}: {companions.DESCRIPTIONS['companion.' + field]} "
-            f"[{policy.action_for(section.get('action'))}]" for field in companions.RULE_FIELDS if section.get(field)]
+    lines = [f"companion.{field}: {companions.DESCRIPTIONS['companion.' + field]} "
+             f"[{policy.action_for(section.get('action'))}]" for field in companions.RULE_FIELDS if section.get(field)]
+    if section.get("dcgm_exporter"):
+        lines += [f"companion.dcgm_exporter: {item.message} [info]" for item in companions.unknown_to_table(installed)]
+    return lines
 
 
 def compiled(source: CompileSource) -> Dict[str, Any]:

@@ -123,6 +123,15 @@ def test_exporter_upgrade_beyond_the_host_dcgm_is_refused(root: Path) -> None:
     assert "dcgm-exporter 4.8.9-1 is not in gpuguard's dcgm-exporter table" in out
 
 
+def test_dcgm_and_exporter_moving_past_the_table_are_not_refused_for_being_new(root: Path) -> None:
+    """The apt hook lets DCGM 4.9.0 with dcgm-exporter 4.11.0 (both newer than the table's newest row) through: a
+    version newer than gpuguard's table is reported by the snapshot, status and explain, never refused for it."""
+    text = HEAD + line("datacenter-gpu-manager-4-core", "1:4.6.1-1", "1:4.9.0-1")
+    text += line("datacenter-gpu-manager-4-cuda13", "1:4.6.1-1", "1:4.9.0-1") + line("dcgm-exporter", "4.8.4-1",
+                                                                                   "4.11.0-1")
+    assert run_hook(root, text, now=NOW) == (exits.EXIT_ALLOW, "")
+
+
 def test_amdsmi_binding_left_behind_its_library_is_refused(root: Path) -> None:
     """Debian's libamd-smi upgraded to another ROCm release while the amd-smi binding package stays: refused."""
     code, out = run_hook(root, HEAD + line("libamd-smi0", "6.1.2-1", "6.4.1-1"), now=NOW)
