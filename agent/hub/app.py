@@ -419,7 +419,7 @@ def _add_trust_routes(app: FastAPI, registry: TokenRegistry, bearer: HTTPBearer,
     """The roots the hub was given and its signed freshness statement (host token; agent/hub/trust.py)."""
 
     @app.get(ROOT_PATH, response_model=SignedDocument, summary="Root version N and its signatures (host token)",
-             responses={204: {"description": "The hub has no root of that version"}, **_responses(401, 403, 503)})
+             responses={204: {"description": "The hub has no root of that version"}, **_responses(401, 403, 422, 503)})
     def fetch_root(version: int = Query(..., ge=1, le=2**63 - 1),
                    credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
         host_of(registry, token_of(credentials))
