@@ -153,10 +153,16 @@ def _host(tmp_path: Path, dnf5: bool):
     tool = DnfTool(host)
     # dnf5 (found as /usr/bin/dnf5 under the root) ends each package of its --queryformat only when told to.
     query_format = "%{name}\t%{evr}\n" if dnf5 else "%{name}\t%{evr}"
+    # The guarded names, then the globs (the distributions' own ROCm packages among them: agent/defaults.py).
     runner.add(tool.argv("-q", "repoquery", "--qf", query_format, "amdgpu-dkms", "amdgpu-dkms-firmware",
-                         "amdrocm-base", "kernel", "kernel-core", "kernel-default", "kernel-uek", "rocm-core",
-                         "amd-smi*", "amdgpu*", "amdrocm*", "amdrocm-base[0-9]*", "hip-*", "hsa-*", "hsakmt*",
-                         "kernel-modules*", "linux-image-*", "linux-modules-*", "rocm*", "rocm-core[0-9]*"),
+                         "amdrocm-base", "hipcc", "hipify-clang", "kernel", "kernel-core", "kernel-default",
+                         "kernel-uek", "rocm-core", "amd-smi*", "amdgpu*", "amdrocm*", "amdrocm-base[0-9]*", "hip-*",
+                         "hsa-*", "hsakmt*", "kernel-modules*", "libamd-comgr*", "libamdhip64*", "libhipblas*",
+                         "libhipcub*", "libhipfft*", "libhiprand*", "libhipsolver*", "libhipsparse*",
+                         "libhsa-runtime64*", "libhsakmt*", "libmiopen*", "librccl*", "librocalution*",
+                         "librocblas*", "librocfft*", "librocm-core*", "librocm-smi*", "librocprim*", "librocrand*",
+                         "librocsolver*", "librocsparse*", "libroctracer*", "libroctx64*", "linux-image-*",
+                         "linux-modules-*", "rocm*", "rocm-core[0-9]*"),
                stdout="".join(f"{n}\t{v}\n" for n, vs in AVAILABLE.items() for v in vs))
     return root, host, tool
 
