@@ -40,10 +40,13 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]:
 
 def serving(tmp: Path, url: str, now: dt.datetime) -> Iterator[HubProcess]:
     """A hub process over the database at ``url`` whose clock reads ``now``, with a reader token in
-    ``reader_token``, until the test ends."""
+    ``reader_token``, until the test ends. It trusts the key the seeded bundles were signed with: a hub offers and
+    counts only the stored bundles that verify against its policy_keys_dir."""
+    from tests.hub.signing import keys_dir
+
     tokens = tmp / "tokens.json"
     hub = HubProcess(write_config(tmp / "hub.toml", listen_port=0, database_url=url, tokens_file=tokens,
-                                  tokens_reload_seconds=0), now=now)
+                                  tokens_reload_seconds=0, policy_keys_dir=keys_dir()), now=now)
     hub.reader_token = add_token(str(tokens), "reader", "ops")
     hub.start()
     yield hub

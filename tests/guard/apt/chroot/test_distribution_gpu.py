@@ -67,8 +67,12 @@ def trixie_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chroot]
         frozen = policy_dir / "50-freeze.toml"
         code, out = gpuguard(chroot, "policy", "freeze", "--output", str(frozen))
         assert code == 0, out
-        # the operator's one edit: what bypasses apt is undone, not only reported ([frozen] is the last table)
-        frozen.write_text(frozen.read_text() + 'action = "rollback"\n')
+        # the operator's one edit: what bypasses apt is undone, not only reported; set in the [frozen] table itself,
+        # not appended: freeze writes [containers] after it
+        text = frozen.read_text()
+        header = text.index("\n[frozen]")
+        line_end = text.index("\n", header + 1)
+        frozen.write_text(text[:line_end + 1] + 'action = "rollback"\n' + text[line_end + 1:])
         code, out = gpuguard(chroot, "policy", "compile")
         assert code == 0, out
         code, out = gpuguard(chroot, "guard", "rollback")
