@@ -4,7 +4,7 @@ entries on rpm hosts with dnf, zypper locks on rpm hosts with zypper."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, Tuple
 
 from agent.commands.guard_inputs import compile_policy, installed_versions, settings_of, state_paths
 from agent.commands.options import add_dry_run, add_group, add_guard_options
@@ -91,15 +91,23 @@ def _pin_apply_versionlock(args: argparse.Namespace, host: Host, settings: Setti
     changes = apply_versionlock(host, policy, tool, installed, dry_run=args.dry_run)
     if changes.note:
         out.write(f"note: {changes.note}\n")
+    _report_pins(changes, args.dry_run, ("entry", "entries"), out)
+    return 0
+
+
+def _report_pins(changes: Any, dry_run: bool, nouns: Tuple[str, str], out: TextIO) -> None:
+    """What a versionlock list or zypper's locks file got: written or not, gpuguard's entries added and removed (the
+    others left alone), then the AMD pins note. ``changes`` has path, text, added, removed, unchanged, changed."""
     total = changes.unchanged + len(changes.added)
+    noun = nouns[0] if total == 1 else nouns[1]
     if changes.changed:
-        verb = "would write" if args.dry_run else "wrote"
-        out.write(f"{verb} {changes.path}: {total} gpuguard entr{'y' if total == 1 else 'ies'} "
-                  f"({len(changes.added)} new, {len(changes.removed)} stale removed); other entries left alone\n")
-        if args.dry_run:
+        verb = "would write" if dry_run else "wrote"
+        out.write(f"{verb} {changes.path}: {total} gpuguard {noun} ({len(changes.added)} new, {len(changes.removed)} "
+                  f"stale removed); other {nouns[1]} left alone\n")
+        if dry_run:
             out.write(changes.text)
     elif total:
-        out.write(f"unchanged {changes.path}: {total} gpuguard entr{'y' if total == 1 else 'ies'}\n")
+        out.write(f"unchanged {changes.path}: {total} gpuguard {noun}\n")
     for entry in changes.added:
         out.write(f"  + {entry}\n")
     for entry in changes.removed:
@@ -107,27 +115,11 @@ def _pin_apply_versionlock(args: argparse.Namespace, host: Host, settings: Setti
     if not total and not changes.removed:
         out.write("nothing to pin\n")
     _note_amd_pins(changes.text, out)
-    return 0
 
 
 def _pin_apply_zypper_locks(args: argparse.Namespace, host: Host, policy: CompiledPolicy, out: TextIO) -> int:
     from agent.guard.zypper.locks import apply_locks
 
     changes = apply_locks(host, policy, installed_versions(host, policy), dry_run=args.dry_run)
-    total = changes.unchanged + len(changes.added)
-    if changes.changed:
-        verb = "would write" if args.dry_run else "wrote"
-        out.write(f"{verb} {changes.path}: {total} gpuguard lock{'' if total == 1 else 's'} "
-                  f"({len(changes.added)} new, {len(changes.removed)} stale removed); other locks left alone\n")
-        if args.dry_run:
-            out.write(changes.text)
-    elif total:
-        out.write(f"unchanged {changes.path}: {total} gpuguard lock{'' if total == 1 else 's'}\n")
-    for entry in changes.added:
-        out.write(f"  + {entry}\n")
-    for entry in changes.removed:
-        out.write(f"  - {entry}\n")
-    if not total and not changes.removed:
-        out.write("nothing to pin\n")
-    _note_amd_pins(changes.text, out)
+    _report_pins(changes, args.dry_run, ("lock", "locks"), out)
     return 0
