@@ -4,7 +4,7 @@ entries on rpm hosts with dnf, zypper locks on rpm hosts with zypper."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any, TextIO, Tuple
+from typing import TYPE_CHECKING, TextIO, Tuple
 
 from agent.commands.guard_inputs import compile_policy, installed_versions, settings_of, state_paths
 from agent.commands.options import add_dry_run, add_group, add_guard_options
@@ -12,6 +12,7 @@ from agent.commands.options import add_dry_run, add_group, add_guard_options
 if TYPE_CHECKING:
     from agent.commands import HostFactory, Subparsers
     from agent.config import Settings
+    from agent.guard.pin_records import PinFileChanges
     from agent.host import Host
     from agent.policy.compiled import CompiledPolicy
 
@@ -95,9 +96,9 @@ def _pin_apply_versionlock(args: argparse.Namespace, host: Host, settings: Setti
     return 0
 
 
-def _report_pins(changes: Any, dry_run: bool, nouns: Tuple[str, str], out: TextIO) -> None:
+def _report_pins(changes: "PinFileChanges", dry_run: bool, nouns: Tuple[str, str], out: TextIO) -> None:
     """What a versionlock list or zypper's locks file got: written or not, gpuguard's entries added and removed (the
-    others left alone), then the AMD pins note. ``changes`` has path, text, added, removed, unchanged, changed."""
+    others left alone), then the AMD pins note."""
     total = changes.unchanged + len(changes.added)
     noun = nouns[0] if total == 1 else nouns[1]
     if changes.changed:

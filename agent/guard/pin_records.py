@@ -262,3 +262,18 @@ def _forbidden_reason(name: str, version: str, manager: str, pairings: List[dict
                                                                                manager):
             return f"outside version rule '{rule.get('name') or index}'"
     return None
+
+
+@dataclass(frozen=True)
+class PinFileChanges:
+    """What ``pin apply`` did to one pins file (host path: dnf's versionlock list, zypper's locks): gpuguard's
+    entries added and removed, how many stayed, the file's new text, whether it changed, and a note for people."""
+
+    path: str
+    added: List[str]
+    removed: List[str]
+    unchanged: int
+    text: str
+    changed: bool
+    note: Optional[str] = None
+

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from agent.errors import InputFileError
-from agent.guard.pin_records import Pin
+from agent.guard.pin_records import Pin, PinFileChanges
 from agent.tomlreader import toml_module
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -179,19 +178,6 @@ def merge_dnf5(existing: str, ours: Sequence[Mapping[str, Any]], where: str) -> 
     return text, before, len(ours)
 
 
-@dataclass(frozen=True)
-class LockChanges:
-    """What ``apply_versionlock`` did to one file (host path): entries added and removed, the file's new text."""
-
-    path: str
-    added: List[str]
-    removed: List[str]
-    unchanged: int
-    text: str
-    changed: bool
-    note: Optional[str] = None
-
-
 def dnf4_locklist_path(host: Host) -> Tuple[str, Optional[str]]:
     """The host path of versionlock.list (``locklist=`` of the plugin's config) and a note when the plugin's
     config is missing (then the entries have no effect until python3-dnf-plugin-versionlock is installed)."""
@@ -210,7 +196,7 @@ def uses_dnf5(host: Host) -> bool:
 
 
 def apply_versionlock(host: Host, policy: CompiledPolicy, tool: DnfTool, installed: Mapping[str, str],
-                      dry_run: bool = False) -> LockChanges:
+                      dry_run: bool = False) -> PinFileChanges:
     """Query available builds, render gpuguard's entries and merge them into the host's versionlock file."""
     from agent.files import write_atomically
     from agent.guard.pin_records import names_to_query, pin_records
@@ -243,7 +229,7 @@ def apply_versionlock(host: Host, policy: CompiledPolicy, tool: DnfTool, install
     changed = text != existing
     if changed and not dry_run:
         write_atomically(str(host.path(path)), text)
-    return LockChanges(path, added, removed, len(new_keys) - len(added), text, changed, note)
+    return PinFileChanges(path, added, removed, len(new_keys) - len(added), text, changed, note)
 
 
 def _dnf5_key(package: Mapping[str, Any]) -> str:

@@ -21,11 +21,10 @@ rpm plugin and rollback stay the real guard.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from agent.errors import InputFileError
-from agent.guard.pin_records import Pin
+from agent.guard.pin_records import Pin, PinFileChanges
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.host import Host
@@ -154,18 +153,6 @@ def uses_zypper(host: Host) -> bool:
     return host.which("zypper") is not None and host.which("dnf") is None and host.which("dnf5") is None
 
 
-@dataclass(frozen=True)
-class LocksChanges:
-    """What ``apply_locks`` did to /etc/zypp/locks: gpuguard's locks added and removed, the file's new text."""
-
-    path: str
-    added: List[str]
-    removed: List[str]
-    unchanged: int
-    text: str
-    changed: bool
-
-
 def describe(block: Block) -> str:
     fields = dict(block)
     version = fields.get("version")
@@ -173,7 +160,7 @@ def describe(block: Block) -> str:
 
 
 def apply_locks(host: Host, policy: CompiledPolicy, installed: Mapping[str, str],
-                dry_run: bool = False) -> LocksChanges:
+                dry_run: bool = False) -> PinFileChanges:
     """Query available builds, render gpuguard's locks and merge them into the host's /etc/zypp/locks."""
     from agent.files import write_atomically
     from agent.guard.pin_records import names_to_query, pin_records
@@ -193,4 +180,4 @@ def apply_locks(host: Host, policy: CompiledPolicy, installed: Mapping[str, str]
     if changed and not dry_run:
         host.path(LOCKS_FILE).parent.mkdir(parents=True, exist_ok=True)
         write_atomically(str(host.path(LOCKS_FILE)), text)
-    return LocksChanges(LOCKS_FILE, added, removed, len(after) - len(added), text, changed)
+    return PinFileChanges(LOCKS_FILE, added, removed, len(after) - len(added), text, changed)
