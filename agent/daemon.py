@@ -29,7 +29,7 @@ import os
 import select
 import signal
 import threading
-from typing import TYPE_CHECKING, Callable, Dict, Optional, Union
+from typing import TYPE_CHECKING, AbstractSet, Callable, Dict, Optional, Union
 
 from agent.daemon_jobs.children import (
     ChildJobFailed,
@@ -43,7 +43,7 @@ from agent.daemon_jobs.children import (
     restore_in_child,
 )
 from agent.daemon_jobs.delivery import DeliveryJob
-from agent.daemon_jobs.guard import GuardJob
+from agent.daemon_jobs.guard import CHECK_REASONS, GuardJob
 from agent.daemon_jobs.guard_events import GuardEventForwarder, guard_events_path
 from agent.daemon_jobs.health import HealthJob
 from agent.daemon_jobs.health_schedule import HealthSchedule
@@ -122,12 +122,14 @@ class Daemon:
         return load_config(self.config_path, rt.host, request)
 
     def _add(self, scheduler: IntervalScheduler, job_id: str, body: Callable[[str], Optional[float]],
-             interval_seconds: float, first_in_seconds: Optional[float], refresh_metrics: bool = True) -> JobRunner:
-        """Schedule a body every ``interval_seconds``, first after ``first_in_seconds`` (None: one interval)."""
+             interval_seconds: float, first_in_seconds: Optional[float], refresh_metrics: bool = True,
+             sticky_reasons: AbstractSet[str] = frozenset()) -> JobRunner:
+        """Schedule a body every ``interval_seconds``, first after ``first_in_seconds`` (None: one interval);
+        ``sticky_reasons``: a pending request with one of them is not replaced by a later one (JobRunner)."""
         metrics = self._metrics
         after = (lambda: metrics.run(f"after_{job_id}")) if refresh_metrics and metrics is not None else _nothing
         runner = JobRunner(job_id, body, self.runtime.stopping, after=after, quiet=not refresh_metrics,
-                           trim=refresh_metrics)
+                           trim=refresh_metrics, sticky_reasons=sticky_reasons)
         runner.scheduler = scheduler
         scheduler.add(job_id, runner, interval_seconds,
                       interval_seconds if first_in_seconds is None else first_in_seconds)
@@ -165,7 +167,11 @@ class Daemon:
         guard = GuardJob(rt, GuardEventsInChild(rt, self.config_path, forwarder) if children else forwarder.run,
                          on_checked=snap_runner.request,
                          check=GuardCheckInChild(rt, self.config_path) if children else None)
-        guard_runner = self._add(scheduler, "guard", without_retry(guard.run), intervals["guard"], 0.0)
+        # A package change asked just before the fetch's policy_bundle_installed (the package manager ran as the new
+        # bundle landed) keeps its reason: the check covers the new policy too, and the snapshot and its post-change
+        # health check follow only a check reason.
+        guard_runner = self._add(scheduler, "guard", without_retry(guard.run), intervals["guard"], 0.0,
+                                 sticky_reasons=CHECK_REASONS)
         watcher = PackageWatcher(rt.host, on_change=guard_runner.request, guard_events_path=events_path,
                                  on_guard_events=guard_runner.request)
         self._add(scheduler, "package_watch", without_retry(watcher.run), intervals["package_watch"], None,

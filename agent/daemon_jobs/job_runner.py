@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Optional, Protocol
+from typing import AbstractSet, Callable, Optional, Protocol
 
 from agent.daemon_jobs.memory import release_free_memory
 from agent.errors import Interrupted
@@ -38,7 +38,10 @@ class JobRunner:
     """Calls one job body for the scheduler: never raises, runs again when asked while running, reschedules.
 
     ``request(reason)`` asks for a run now. If the job is running at that moment the scheduler skips the extra run
-    (a job never overlaps itself), so the running call notices the request and loops once more instead.
+    (a job never overlaps itself), so the running call notices the request and loops once more instead. Requests
+    that arrive before the body takes the pending one are one run with the newest reason, except that a pending
+    reason in ``sticky_reasons`` is not replaced by one outside them: the guard's ``package_change`` (check, then
+    the snapshot and its post-change health check) must survive a ``policy_bundle_installed`` asked just after it.
 
     A failure is logged once per state change: ``job_failed`` (with the traceback) when the job starts failing or
     fails differently, ``job_recovered`` (with the count of failed runs) when it succeeds again. A job failing the
@@ -46,8 +49,10 @@ class JobRunner:
     """
 
     def __init__(self, job_id: str, body: Callable[[str], Optional[float]], stopping: threading.Event,
-                 after: Callable[[], None] = lambda: None, quiet: bool = False, trim: bool = True) -> None:
+                 after: Callable[[], None] = lambda: None, quiet: bool = False, trim: bool = True,
+                 sticky_reasons: AbstractSet[str] = frozenset()) -> None:
         self.job_id = job_id
+        self.sticky_reasons = sticky_reasons
         self.quiet = quiet
         self.trim = trim  # give freed memory back to the system after each run (agent/daemon_jobs/memory.py)
         self.body = body
@@ -56,13 +61,17 @@ class JobRunner:
         self.scheduler: Optional[Rescheduler] = None  # set when the job is added
         self._again = threading.Event()
         self._reason = "interval"
+        self._pending = threading.Lock()  # the pending reason and the flag together
         self._busy = threading.Lock()
         self._failing: Optional[str] = None  # "Type: message" of the failure the log last reported
         self._failed_runs = 0
 
     def request(self, reason: str) -> None:
-        self._reason = reason
-        self._again.set()
+        with self._pending:
+            if not (self._again.is_set() and self._reason in self.sticky_reasons
+                    and reason not in self.sticky_reasons):
+                self._reason = reason
+            self._again.set()
         self.run_at(0.0)
 
     def run_at(self, delay_seconds: float) -> None:
@@ -89,9 +98,10 @@ class JobRunner:
     def _run(self) -> None:
         reason = "interval"
         while not self.stopping.is_set():
-            if self._again.is_set():
-                reason = self._reason
-            self._again.clear()
+            with self._pending:
+                if self._again.is_set():
+                    reason = self._reason
+                self._again.clear()
             started = time.monotonic()
             try:
                 retry_in = self.body(reason)

@@ -71,6 +71,26 @@ def test_request_during_a_run_makes_the_runner_go_again() -> None:
     assert runs == ["interval", "package_change"]
 
 
+def test_a_pending_sticky_reason_is_not_replaced_by_a_later_request() -> None:
+    """The guard's package_change asked just before the fetch's policy_bundle_installed (the test fleet changed the
+    dpkg status as soon as the new serial was in force) is the reason the body runs with: the check, then the
+    snapshot and its post-change health check follow it; without sticky reasons the newest request wins."""
+    def after_two_requests(sticky: frozenset, first: str, second: str) -> List[str]:
+        runs: List[str] = []
+        runner = JobRunner("guard", runs.append, threading.Event(), sticky_reasons=sticky)
+        runner.scheduler = FakeScheduler()
+        runner.request(first)
+        runner.request(second)
+        runner()
+        return runs
+
+    package = frozenset({"package_change"})
+    assert after_two_requests(package, "package_change", "policy_bundle_installed") == ["package_change"]
+    assert after_two_requests(frozenset(), "package_change", "policy_bundle_installed") == ["policy_bundle_installed"]
+    # a sticky reason replaces any pending one
+    assert after_two_requests(package, "policy_bundle_installed", "package_change") == ["package_change"]
+
+
 def test_body_failure_is_contained_and_retry_delay_reschedules() -> None:
     """An exception never reaches the scheduler; a returned delay becomes the next run time."""
     scheduler = FakeScheduler()
