@@ -21,6 +21,7 @@ dnf-plugins-core, which the dnf tests need, Breaks: zypper).
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import stat
@@ -98,6 +99,17 @@ def launcher(source: Path) -> str:
     return text.replace(marker, f'GPUGUARD_LIB = "{REPO_ROOT}"')
 
 
+@functools.lru_cache(maxsize=None)
+def propagation() -> str:
+    """How the private mount namespace treats mounts: ``private`` where the root is a mount point (a machine, a
+    container); ``unchanged`` inside a chroot, whose root is a plain directory that unshare cannot make private (it
+    fails with "cannot change root filesystem propagation"): there the overlay's mounts stay in the namespace because
+    nothing above the chroot shares them (no systemd made the mounts shared)."""
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True,
+                           timeout=30, check=False)
+    return "private" if probe.returncode == 0 else "unchanged"
+
+
 class ZypperHost:
     """An overlay of this machine's root with gpuguard installed: zypper, rpm and gpuguard run inside it."""
 
@@ -160,7 +172,7 @@ class ZypperHost:
                   f"mount --bind /proc {m}/proc && mount --bind /dev {m}/dev && exec chroot {m} \"$@\"")
         environment = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8",
                        "HOME": "/root", **(env or {})}
-        return run(["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh",
+        return run(["unshare", "--mount", "--propagation", propagation(), "--", "/bin/sh", "-c", script, "sh",
                     *argv], environment, timeout_seconds=timeout_seconds, check=check)
 
     def zypper(self, *args: str, check: bool = False) -> subprocess.CompletedProcess:
