@@ -31,6 +31,18 @@ ON_575 = {"nvidia-driver-575": "575.57.08-0ubuntu1", "libnvidia-compute-575": "5
 TO_570 = {"nvidia-driver-570": "570.195.03-0ubuntu1", "libnvidia-compute-570": "570.195.03-0ubuntu1"}
 
 
+def in_a_mount_point_root() -> List[str]:
+    """What podman runs under: nothing on a machine; inside a chroot (fresh-debian12), whose root is a plain
+    directory that podman's layer unpacking cannot make private ("remount /: invalid argument"), a mount namespace
+    of its own where that root is bind-mounted onto itself and entered again, so that it is a mount point there. The
+    containers keep that namespace; their processes are seen in this /proc as any container's are."""
+    if subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, timeout=30,
+                      check=False).returncode == 0:
+        return []
+    return ["unshare", "--mount", "--propagation", "unchanged", "--", "/bin/sh", "-c",
+            'mount --bind / / && cd / && exec chroot . "$@"', "sh"]
+
+
 class Podman:
     """podman with its own root and runroot under a test directory."""
 
@@ -40,7 +52,8 @@ class Podman:
                      "vfs", "--cgroup-manager", "cgroupfs", "--events-backend", "file", "--runtime", "runc"]
 
     def __call__(self, *args: str) -> str:
-        done = subprocess.run([*self.argv, *args], capture_output=True, text=True, timeout=120, check=False)
+        done = subprocess.run([*in_a_mount_point_root(), *self.argv, *args], capture_output=True, text=True,
+                              timeout=120, check=False)
         assert done.returncode == 0, f"podman {' '.join(args)}: {done.stderr[-2000:]}"
         return done.stdout.strip()
 
@@ -80,7 +93,8 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
     try:
         yield pm
     finally:
-        subprocess.run([*pm.argv, "rm", "-f", "-t", "0", "--all"], capture_output=True, timeout=120, check=False)
+        subprocess.run([*in_a_mount_point_root(), *pm.argv, "rm", "-f", "-t", "0", "--all"], capture_output=True,
+                       timeout=120, check=False)
 
 
 def running_ids() -> Dict[str, object]:
