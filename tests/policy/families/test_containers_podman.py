@@ -34,13 +34,14 @@ TO_570 = {"nvidia-driver-570": "570.195.03-0ubuntu1", "libnvidia-compute-570": "
 def in_a_mount_point_root() -> List[str]:
     """What podman runs under: nothing on a machine; inside a chroot (fresh-debian12), whose root is a plain
     directory that podman's layer unpacking cannot make private ("remount /: invalid argument"), a mount namespace
-    of its own where that root is bind-mounted onto itself and entered again, so that it is a mount point there. The
-    containers keep that namespace; their processes are seen in this /proc as any container's are."""
+    of its own where that root is bound (with its submounts) under /mnt and entered there, so that it is a mount
+    point. The containers keep that namespace; their processes are seen in this /proc as any container's are."""
     if subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, timeout=30,
                       check=False).returncode == 0:
         return []
     return ["unshare", "--mount", "--propagation", "unchanged", "--", "/bin/sh", "-c",
-            'mount --bind / / && cd / && exec chroot . "$@"', "sh"]
+            'mkdir -p /mnt/gpuguard-podman-root && mount --rbind / /mnt/gpuguard-podman-root && '
+            'cd /mnt/gpuguard-podman-root && exec chroot . "$@"', "sh"]
 
 
 class Podman:
