@@ -24,7 +24,11 @@ HealthStatus = Literal["pass", "regression", "cpu_fallback", "failed", "timeout"
 # deferred: nothing could run without risk to that job (too little free device memory, or configured to wait).
 STATUS_EXIT_CODES: Dict[str, int] = {"pass": 0, "regression": 20, "cpu_fallback": 21, "failed": 22,
                                      "timeout": 23, "skipped": 24, "busy": 25, "deferred": 26}
+# The stand-alone scripts' wire (agent/health/probe.py, workload_shim.py: they import nothing from the agent and
+# carry their own copies, which tests/health/test_standalone_constants.py holds equal to these).
 RESULT_MARKER = "GPUGUARD_PROBE_RESULT "
+WORKLOAD_REPORT_MARKER = "GPUGUARD_WORKLOAD_REPORT "
+WORKLOAD_NONCE_ENV = "GPUGUARD_WORKLOAD_NONCE"
 
 # Bounds on what the probe may say: it runs the host's ML stack and is not trusted. A real result for eight GPUs is
 # far inside them; a figure above FIGURE_MAX is no device's (an H200's dense bf16 GEMM is about 1,000 TFLOP/s, its

@@ -13,9 +13,8 @@ from typing import Dict, Optional, Union
 
 from pydantic import ValidationError
 
-from agent.health.model import ShimReport
+from agent.health.model import WORKLOAD_REPORT_MARKER, ShimReport
 from agent.health.parse import ParseFailure, decode_line, shown_output
-from agent.health.workload_shim import REPORT_MARKER
 from agent.models import first_validation_problem
 from agent.printable import printable_tree
 
@@ -63,8 +62,8 @@ def parse_report(stdout: str, nonce: str) -> Union[ShimReport, ParseFailure]:
     """The shim's last report line, checked against this run's nonce."""
     line: Optional[str] = None
     for raw in reversed(stdout.splitlines()):
-        if raw.startswith(REPORT_MARKER):
-            line = raw[len(REPORT_MARKER):]
+        if raw.startswith(WORKLOAD_REPORT_MARKER):
+            line = raw[len(WORKLOAD_REPORT_MARKER):]
             break
     if line is None:
         return ParseFailure(f"no gpuguard report line: the workload ended its process before the shim could report "

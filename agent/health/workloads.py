@@ -25,7 +25,15 @@ from agent.health import workload_baseline
 from agent.health.activity import ActivitySampler
 from agent.health.fallback import Vendor
 from agent.health.launch import Launcher, ProbeOutcome
-from agent.health.model import ActivityReport, Fingerprint, OccupancyReport, ShimReport, WorkloadResult, WorkloadStack
+from agent.health.model import (
+    WORKLOAD_NONCE_ENV,
+    ActivityReport,
+    Fingerprint,
+    OccupancyReport,
+    ShimReport,
+    WorkloadResult,
+    WorkloadStack,
+)
 from agent.health.parse import ParseFailure
 from agent.health.sandbox import Sandbox, docker_ulimits, remove_temporary_home, resolve_sandbox, with_limits
 from agent.health.settings import HealthSettings
@@ -33,7 +41,6 @@ from agent.health.tenants import Plan
 from agent.health.workload_judge import judge
 from agent.health.workload_parse import WorkloadOutput, parse_workload_output
 from agent.health.workload_settings import WorkloadSettings
-from agent.health.workload_shim import NONCE_ENV
 from agent.host import Host
 from agent.log import get_logger
 
@@ -86,7 +93,7 @@ def build_argv(ctx: WorkloadContext, workload: WorkloadSettings, container_name:
     settings = ctx.settings
     if workload.container_image is None:
         return [settings.python, "-I", "-u", str(ctx.shim_path), *shim_args(workload, settings.python_path, False)]
-    env_args: List[str] = ["-e", NONCE_ENV]
+    env_args: List[str] = ["-e", WORKLOAD_NONCE_ENV]
     for key, value in sorted(settings.extra_env.items()):
         env_args += ["-e", f"{key}={value}"]
     user_args: List[str] = []
@@ -151,7 +158,7 @@ def _launch(ctx: WorkloadContext, workload: WorkloadSettings, sandbox: Sandbox, 
     container_name = f"gpuguard-workload-{uuid.uuid4().hex[:12]}"
     argv = build_argv(ctx, workload, container_name, sandbox)
     env = ctx.env_for(sandboxed)
-    env[NONCE_ENV] = nonce
+    env[WORKLOAD_NONCE_ENV] = nonce
 
     def stop_container() -> None:
         if not in_container:

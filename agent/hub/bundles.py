@@ -156,25 +156,6 @@ def refusals_by_kind(rows: Sequence[HostPolicy]) -> Dict[str, int]:
 SignatureCheck = Callable[[bytes, bytes], str]
 
 
-def gpgv_check(keys_dir: str) -> SignatureCheck:
-    """The hub's signature check: gpgv against the keyrings (``*.gpg``) in ``keys_dir``, the agent's check."""
-    def check(data: bytes, signature: bytes) -> str:
-        import tempfile
-        from pathlib import Path
-
-        from agent.bundle.verify import verify_signature
-        from agent.host import Host
-
-        with tempfile.TemporaryDirectory(prefix="gpuguard-push-") as work:
-            bundle_path, signature_path = Path(work) / "bundle.json", Path(work) / "bundle.json.sig"
-            bundle_path.write_bytes(data)
-            signature_path.write_bytes(signature)
-            return verify_signature(Host.for_root("/"), str(bundle_path), str(signature_path), keys_dir,
-                                    source="bundle")
-
-    return check
-
-
 class PolicyBundles:
     """The bundles in the hub's store, and their audit trail."""
 

@@ -10,7 +10,8 @@ import threading
 from pathlib import Path
 from typing import Dict, Optional
 
-from agent.hub.bundles import SignatureCheck, gpgv_check
+from agent.hub.bundles import SignatureCheck
+from agent.hub.trust import gpgv_check
 from tests.bundle.keys import Signer
 
 _made: Optional[Signer] = None
