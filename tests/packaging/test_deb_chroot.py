@@ -21,47 +21,17 @@ from typing import Dict, Iterator, List
 
 import pytest
 
-from tests import needs
-from tests.guard.apt.chroot.harness import AMDGPU_62, BASELINE, ROCM_63, TEST_POLICY, Chroot, build_base, missing_tools
-from tests.packaging.conftest import UPGRADE_VERSION, unavailable
+from tests.guard.apt.chroot.harness import AMDGPU_62, BASELINE, ROCM_63, TEST_POLICY, Chroot
+from tests.packaging.chroots import ok, packaging_chroot
+from tests.packaging.conftest import UPGRADE_VERSION
 
-FAKE_SYSTEMCTL = """#!/bin/sh
-echo "$*" >> /var/log/fake-systemctl.log
-exit 0
-"""
 HOOK_CONF = "etc/apt/apt.conf.d/50gpuguard"
 
 
 @pytest.fixture(scope="module")
 def deb_chroot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chroot]:
-    if os.geteuid() != 0:
-        unavailable("the chroot test must run as root (debootstrap, chroot, mount)")
-    missing = missing_tools()
-    if missing:
-        unavailable(f"missing tools: {', '.join(missing)}")
-    base = tmp_path_factory.mktemp("pkgchroot")
-    build_base(base / "root", use_cache=not needs.IN_CI)
-    chroot = Chroot(base / "root")
-    try:
-        chroot.mount()
-        # The package's dependencies that a minbase lacks (procps) go into the local repository, so apt resolves
-        # them as on a real host, without the network.
-        chroot.run("apt-get", "update", "-q", check=True)
-        chroot.run("apt-get", "install", "-y", "-q", "--download-only", "--no-install-recommends", "procps",
-                   check=True)
-        chroot.pool.mkdir(parents=True, exist_ok=True)
-        for deb in (chroot.root / "var/cache/apt/archives").glob("*.deb"):
-            shutil.move(str(deb), str(chroot.pool / deb.name))
-        chroot.build_repo(base / "debs")
-        fake = chroot.root / "usr/bin/systemctl"  # apt runs dpkg with PATH=/usr/sbin:/usr/bin:/sbin:/bin
-        fake.write_text(FAKE_SYSTEMCTL)
-        fake.chmod(0o755)
+    with packaging_chroot(tmp_path_factory, "pkgchroot", download=("procps",)) as chroot:
         yield chroot
-    finally:
-        chroot.unmount()
-        left = chroot.mounts_inside()
-        assert not left, f"mounts left inside the chroot: {left}"
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def systemctl_calls(chroot: Chroot) -> List[str]:
@@ -72,12 +42,6 @@ def systemctl_calls(chroot: Chroot) -> List[str]:
     calls = log.read_text().splitlines()
     log.unlink()
     return calls
-
-
-def ok(result) -> str:
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
-    return output
 
 
 def stage(chroot: Chroot, deb: Path) -> str:

@@ -8,14 +8,12 @@ tarball outside CI); proc and devpts are mounted and always unmounted. No system
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Callable, Dict, Iterator
 
 import pytest
 
-from tests import needs
 from tests.guard.apt.chroot.harness import (
     AMDGPU_62,
     AMDGPU_63,
@@ -24,64 +22,17 @@ from tests.guard.apt.chroot.harness import (
     ROCM_63,
     TEST_POLICY,
     Chroot,
-    build_base,
-    build_deb,
-    missing_tools,
 )
 from tests.guard.apt.chroot.test_nvidia_stack import NVIDIA_POLICY, STACK, _nvidia_packages
-from tests.packaging.conftest import unavailable
+from tests.packaging.chroots import ok, packaging_chroot
 
 pytestmark = [pytest.mark.chroot, pytest.mark.timeout(900)]
 
-FAKE_SYSTEMCTL = "#!/bin/sh\necho \"$*\" >> /var/log/fake-systemctl.log\nexit 0\n"
-
-
-def trixie_chroot(base: Path, extra_packages: tuple) -> Chroot:
-    """A minbase trixie with python3, the harness's fake GPU repository (plus ``extra_packages`` downloaded from
-    the mirror into it, so apt resolves the package's dependencies without the network later) and a fake
-    systemctl; mounted."""
-    build_base(base / "root", use_cache=not needs.IN_CI, suite="trixie")
-    chroot = Chroot(base / "root")
-    chroot.mount()
-    chroot.run("apt-get", "update", "-q", check=True, timeout_seconds=600)
-    chroot.run("apt-get", "install", "-y", "-q", "--download-only", "--no-install-recommends", *extra_packages,
-               check=True, timeout_seconds=600)
-    chroot.pool.mkdir(parents=True, exist_ok=True)
-    for deb in (chroot.root / "var/cache/apt/archives").glob("*.deb"):
-        shutil.move(str(deb), str(chroot.pool / deb.name))
-    for pkg in _nvidia_packages(chroot.native_arch):
-        build_deb(pkg, chroot.pool, base / "debs")
-    chroot.build_repo(base / "debs")
-    fake = chroot.root / "usr/bin/systemctl"
-    fake.write_text(FAKE_SYSTEMCTL)
-    fake.chmod(0o755)
-    return chroot
-
-
 @pytest.fixture(scope="module")
 def trixie(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chroot]:
-    if os.geteuid() != 0:
-        unavailable("the chroot test must run as root (debootstrap, chroot, mount)")
-    missing = missing_tools()
-    if missing:
-        unavailable(f"missing tools: {', '.join(missing)}")
-    base = tmp_path_factory.mktemp("trixie")
-    chroot = None
-    try:
-        chroot = trixie_chroot(base, ("procps",))
+    with packaging_chroot(tmp_path_factory, "trixie", suite="trixie", download=("procps",),
+                          packages=_nvidia_packages) as chroot:
         yield chroot
-    finally:
-        if chroot is not None:
-            chroot.unmount()
-            left = chroot.mounts_inside()
-            assert not left, f"mounts left inside the chroot: {left}"
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def ok(result) -> str:
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
-    return output
 
 
 def refused(chroot: Chroot, *args: str) -> str:

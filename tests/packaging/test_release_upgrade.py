@@ -23,19 +23,15 @@ from typing import Callable, Dict, Iterator
 
 import pytest
 
-from tests import needs
 from tests.guard.apt.chroot.harness import (
     BASELINE,
     KERNEL_26,
     ROCM_63,
     Chroot,
     FakePackage,
-    build_base,
-    build_deb,
     debian_mirror,
-    missing_tools,
 )
-from tests.packaging.conftest import unavailable
+from tests.packaging.chroots import ok, packaging_chroot
 
 pytestmark = [pytest.mark.chroot, pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -43,7 +39,6 @@ NEW_KERNEL = "linux-image-6.12.48+deb13-amd64"
 # The new meta has an epoch so that apt takes it, not the mirror's trixie linux-image-amd64 (a real kernel: 100 MB,
 # and an initramfs built in the chroot); the old one is older than bookworm's.
 META_OLD, META_NEW = "6.1.112-1", "1:6.12.48-1"
-FAKE_SYSTEMCTL = "#!/bin/sh\necho \"$*\" >> /var/log/fake-systemctl.log\nexit 0\n"
 
 
 def kernel_packages(arch: str) -> list:
@@ -55,35 +50,8 @@ def kernel_packages(arch: str) -> list:
 
 @pytest.fixture(scope="module")
 def bookworm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chroot]:
-    if os.geteuid() != 0:
-        unavailable("the chroot test must run as root (debootstrap, chroot, mount)")
-    missing = missing_tools()
-    if missing:
-        unavailable(f"missing tools: {', '.join(missing)}")
-    base = tmp_path_factory.mktemp("upgrade")
-    build_base(base / "root", use_cache=not needs.IN_CI)
-    chroot = Chroot(base / "root")
-    try:
-        chroot.mount()
-        for pkg in kernel_packages(chroot.native_arch):
-            chroot.pool.mkdir(parents=True, exist_ok=True)
-            build_deb(pkg, chroot.pool, base / "debs")
-        chroot.build_repo(base / "debs")  # sources: the local repository only
-        fake = chroot.root / "usr/bin/systemctl"
-        fake.write_text(FAKE_SYSTEMCTL)
-        fake.chmod(0o755)
+    with packaging_chroot(tmp_path_factory, "upgrade", packages=kernel_packages) as chroot:  # the local repo only
         yield chroot
-    finally:
-        chroot.unmount()
-        left = chroot.mounts_inside()
-        assert not left, f"mounts left inside the chroot: {left}"
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def ok(result: subprocess.CompletedProcess) -> str:
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-6000:]
-    return output
 
 
 def sources(chroot: Chroot, suite: str) -> None:
