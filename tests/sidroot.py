@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from tests.mountedroot import MountedRoot
+
 SUITE = "sid"
 COMPONENTS = ("main", "contrib", "non-free")
 PACKAGES = (
@@ -139,29 +141,12 @@ def build_base(target: Path, use_cache: bool) -> Dict[str, float]:
     return timings
 
 
-class SidRoot:
+class SidRoot(MountedRoot):
     """A sid root: commands inside it (chroot), its mounts."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.mounted: List[Path] = []
-
     def mount(self) -> None:
-        point = self.root / "proc"
-        point.mkdir(parents=True, exist_ok=True)
-        run(["mount", "-t", "proc", "proc", str(point)])
-        self.mounted.append(point)
-
-    def unmount(self) -> None:
-        for point in reversed(self.mounted):
-            if run(["umount", str(point)], check=False).returncode != 0:
-                run(["umount", "-l", str(point)], check=False)
-        self.mounted.clear()
-
-    def mounts_inside(self) -> List[str]:
-        prefix = str(self.root.resolve()) + "/"
-        return [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
-                if line.split()[1].startswith(prefix)]
+        """/proc."""
+        self.mount_at("proc", "proc", "-t", "proc")
 
     def run(self, *argv: str, check: bool = False, timeout_seconds: float = 300,
             env: Optional[Mapping[str, str]] = None) -> subprocess.CompletedProcess:

@@ -56,10 +56,7 @@ def packaging_chroot(tmp_path_factory: pytest.TempPathFactory, name: str, suite:
         fake.chmod(0o755)
         yield chroot
     finally:
-        chroot.unmount()
-        left = chroot.mounts_inside()
-        assert not left, f"mounts left inside the chroot: {left}"
-        shutil.rmtree(base, ignore_errors=True)
+        chroot.release(base)
 
 
 def ok(result: subprocess.CompletedProcess, tail_chars: int = 4000) -> str:

@@ -66,7 +66,4 @@ def sid_libs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidRoot]:
         print(f"\nsid root for the GPU libraries ready: {TIMINGS}")
         yield sid
     finally:
-        sid.unmount()
-        left = sid.mounts_inside()
-        assert not left, f"mounts left inside the sid root: {left}"
-        shutil.rmtree(base, ignore_errors=True)
+        sid.release(base)

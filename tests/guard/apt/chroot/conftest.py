@@ -69,10 +69,7 @@ def chroot_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chroot]
         print(f"\nchroot ready: {TIMINGS}")
         yield chroot
     finally:
-        chroot.unmount()
-        left = chroot.mounts_inside()
-        assert not left, f"mounts left inside the chroot: {left}"
-        shutil.rmtree(base, ignore_errors=True)
+        chroot.release(base)
 
 
 @pytest.fixture

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+from tests.mountedroot import MountedRoot
+
 REPO_ROOT = Path(__file__).resolve().parents[4]
 SUITE = "bookworm"
 INCLUDE = ("python3",)
@@ -216,35 +218,19 @@ def build_deb(pkg: FakePackage, out_dir: Path, work: Path) -> Path:
     return out
 
 
-class Chroot:
+class Chroot(MountedRoot):
     """The test chroot: commands inside it, the fake repository, the gpuguard install."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
-        self.mounted: List[Path] = []
+        MountedRoot.__init__(self, root)
         self.native_arch = run(["dpkg", "--print-architecture"]).stdout.strip()
         self.pool = root / "srv/repo/pool"
         self.attic = root / "srv/attic"  # .debs "dropped from the repository"
 
-    # --- mounts ------------------------------------------------------------------------------------------------
-
     def mount(self) -> None:
-        for source, rel, args in (("proc", "proc", ["-t", "proc"]), ("/dev/pts", "dev/pts", ["--bind"])):
-            point = self.root / rel
-            point.mkdir(parents=True, exist_ok=True)
-            run(["mount", *args, source, str(point)])
-            self.mounted.append(point)
-
-    def unmount(self) -> None:
-        for point in reversed(self.mounted):
-            if run(["umount", str(point)], check=False).returncode != 0:
-                run(["umount", "-l", str(point)], check=False)
-        self.mounted.clear()
-
-    def mounts_inside(self) -> List[str]:
-        prefix = str(self.root.resolve()) + "/"
-        return [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
-                if line.split()[1].startswith(prefix)]
+        """/proc and the host's /dev/pts (apt and dpkg want a pty)."""
+        self.mount_at("proc", "proc", "-t", "proc")
+        self.mount_at("dev/pts", "/dev/pts", "--bind")
 
     # --- commands ----------------------------------------------------------------------------------------------
 

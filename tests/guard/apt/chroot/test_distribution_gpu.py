@@ -82,10 +82,7 @@ def trixie_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chroot]
         print(f"\ntrixie chroot ready: {TIMINGS}")
         yield chroot
     finally:
-        chroot.unmount()
-        left = chroot.mounts_inside()
-        assert not left, f"mounts left inside the chroot: {left}"
-        shutil.rmtree(base, ignore_errors=True)
+        chroot.release(base)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import time
 from typing import Iterator, NoReturn
 
@@ -66,10 +65,7 @@ def dnf5_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dnf5Root]
         print(f"\ndnf5 sid root ready: {TIMINGS}")
         yield root
     finally:
-        sid.unmount()
-        left = sid.mounts_inside()
-        assert not left, f"mounts left inside the sid root: {left}"
-        shutil.rmtree(base, ignore_errors=True)
+        sid.release(base)
 
 
 @pytest.fixture
