@@ -195,9 +195,22 @@ def alerts_line(deliveries: Mapping[Tuple[str, str], int], webhooks: Sequence[st
     return f'<p id="alert-webhooks">Alert webhooks: {"; ".join(parts)}</p>' if parts else ""
 
 
+# What each of gpuguard's tables is called on the dashboard (agent/wire.py's UNKNOWN_TABLES).
+TABLE_NAMES = {"amd-matrix": "AMD's compatibility matrix", "therock": "the TheRock release table",
+               "dcgm-exporter": "the dcgm-exporter table"}
+
+
+def unknown_versions_line(counts: Mapping[str, int]) -> str:
+    """How many hosts run versions newer than each of gpuguard's tables knows (reported, not judged)."""
+    parts = [f'<span id="unknown-{e(table)}-count">{count}</span> unknown to {e(TABLE_NAMES.get(table, table))}'
+             for table, count in counts.items()]
+    return (f'<p id="unknown-versions">Hosts running versions newer than gpuguard\'s tables know: {"; ".join(parts)}'
+            "</p>")
+
+
 def overview_page(counts: FleetCounts, hosts: HostPage, f: HostFilter, groups: Sequence[PairingGroup],
                   without_pairing: int, now: dt.datetime, stale_after_seconds: float, reader: Optional[str],
-                  alerts: str = "", policy: str = "") -> str:
+                  alerts: str = "", policy: str = "", unknown: str = "") -> str:
     c = counts.compliance
     cards = "".join([
         _card("hosts", counts.host_count, "/ui/", "count-hosts"),
@@ -242,7 +255,8 @@ def overview_page(counts: FleetCounts, hosts: HostPage, f: HostFilter, groups: S
     top = ("<h2>Most common pairings</h2><table><thead><tr><th>Pairing</th><th>Hosts</th><th>Violating</th></tr>"
            f'</thead><tbody>{pairings}</tbody></table><p><a href="/ui/pairings">all pairings</a>; '
            f"{without_pairing} host(s) without a pairing yet</p>")
-    body = (f'<h1>Fleet</h1><div class="cards">{cards}</div><p>Last health: {health}</p>{alerts}{form}{summary}'
+    body = (f'<h1>Fleet</h1><div class="cards">{cards}</div><p>Last health: {health}</p>{unknown}{alerts}{form}'
+            f"{summary}"
             f"{table}"
             f"{pager('/ui/', filter_params(f), f.offset, f.limit, hosts.total)}{top}{policy}")
     return page("Fleet", body, reader, "fleet")
