@@ -57,9 +57,10 @@ def post(client: TestClient, token: str, body: bytes) -> Any:
 
 def test_a_therock_10_2_host_is_counted_as_running_versions_unknown_to_two_tables(
         client: TestClient, tokens: Dict[str, str], tmp_path: Path) -> None:
-    """host-a's snapshot has a TheRock 10.2 tree: its heartbeat carries two typed items, the hub stores them, and
-    the host API, /metrics and the overview count one host unknown to AMD's matrix and to the TheRock table and
-    none to the dcgm-exporter table; host-b (ROCm 10.0) and an older agent's heartbeat (no field) count nowhere."""
+    """host-a's snapshot has a TheRock 10.2 tree: its heartbeat carries two typed items, the hub stores them, the
+    host API, /metrics and the overview count one host unknown to AMD's matrix and to the TheRock table and none to
+    the dcgm-exporter table, and its host page lists them; host-b (ROCm 10.0) and an older agent's heartbeat (no
+    field) count nowhere."""
     snap = take_snapshot(_host(tmp_path / "a", {"10.2": "10.2.0~20261201"}, {}))
     beat_a = agent_heartbeat(tmp_path, "host-a", SnapshotFacts.of(snap))
     beat_b = agent_heartbeat(tmp_path, "host-b", SnapshotFacts.of(take_snapshot(_host(tmp_path / "b", {}, {}))))
@@ -85,6 +86,9 @@ def test_a_therock_10_2_host_is_counted_as_running_versions_unknown_to_two_table
     overview = client.get("/ui/", headers=reader).text
     assert 'id="unknown-amd-matrix-count">1<' in overview and 'id="unknown-therock-count">1<' in overview
     assert 'id="unknown-dcgm-exporter-count">0<' in overview
+    host_page = client.get("/ui/hosts/host-a", headers=reader).text
+    assert 'data-table="therock">therock 10.2: newer than the TheRock release table dated 2026-12-06' in host_page
+    assert 'id="unknown-versions"' not in client.get("/ui/hosts/host-b", headers=reader).text
 
 
 def _item(**changes: object) -> Dict[str, object]:

@@ -208,6 +208,15 @@ def unknown_versions_line(counts: Mapping[str, int]) -> str:
             "</p>")
 
 
+def unknown_versions_cell(h: HostRow) -> str:
+    """The host's versions newer than a table of gpuguard's knows, each with the table's newest row and date."""
+    items = h.unknown_versions or ()
+    return ('<span id="unknown-versions">' + "; ".join(
+        f'<span class="unknown" data-table="{e(u.table)}">{e(u.component)} {e(u.version)}: newer than '
+        f"{e(TABLE_NAMES.get(u.table, u.table))} dated {e(u.dated)} (newest row {e(u.newest)})</span>"
+        for u in items) + "</span>") if items else e(None)
+
+
 def overview_page(counts: FleetCounts, hosts: HostPage, f: HostFilter, groups: Sequence[PairingGroup],
                   without_pairing: int, now: dt.datetime, stale_after_seconds: float, reader: Optional[str],
                   alerts: str = "", policy: str = "", unknown: str = "") -> str:
@@ -384,7 +393,7 @@ def host_page(h: HostRow, now: dt.datetime, stale_after_seconds: float, drift: S
              ("Last seen", when(h.last_seen_at, now) + (_STALE if stale else "")),
              ("Last heartbeat", when(h.heartbeat_at, now)), ("First seen", when(h.first_seen_at, now)),
              ("Pairing reported", when(h.pairing_at, now)), ("Content hash", f"<code>{e(h.content_hash)}</code>"),
-             *policy_facts]
+             ("Unknown to gpuguard's tables", unknown_versions_cell(h)), *policy_facts]
     facts += [(label, e(getattr(p, name))) for name, label in (
         ("os_id", "OS"), ("os_version_id", "OS version"), ("kernel_running", "Kernel running"),
         ("kernel_next_boot", "Kernel at next boot"), ("amdgpu_loaded", "amdgpu loaded"),
