@@ -15,6 +15,9 @@
                  FAILED_HEALTH_STATUSES keep it out, halt a rollout's batch, label a node and colour status
     refusals     REFUSAL_KINDS: why a host refused a policy bundle, as a kind (its sentence is for people only), in
                  the bundle state file, the heartbeat, the hub's host rows, its metric and the dashboard
+    unknown      UNKNOWN_TABLES and UNKNOWN_COMPONENTS: a heartbeat's unknown_versions (versions newer than a
+                 compatibility table of gpuguard's knows), at most MAX_HEARTBEAT_UNKNOWN_VERSIONS of them, each
+                 version at most MAX_UNKNOWN_VERSION_CHARS; the hub counts hosts per table
     workloads    a heartbeat's registered workloads (issue 44): MAX_HEARTBEAT_WORKLOADS of them, names as
                  :func:`workload_name_ok`, stack ids as :func:`stack_id_ok`, descriptions of MAX_STACK_TEXT_CHARS;
                  VERIFIED_STACKS_PATH, the hub's verified-stack list a host caches for its hook
@@ -30,6 +33,15 @@ FRESHNESS_PATH = "/v1/policy/freshness"
 # newer serial this host does not get (a freeze). The policy in force keeps guarding either way.
 POLICY_ATTENTION = ("expired", "freshness")
 VERIFIED_STACKS_PATH = "/v1/workloads/verified"
+# The compatibility tables a version can be unknown to (agent/policy/table_unknown.py): AMD's matrix, the TheRock
+# release table, the dcgm-exporter table; and what the version is of. A heartbeat's unknown_versions items are
+# {UNKNOWN_FIELDS}; the hub refuses any other table or component, more than MAX_HEARTBEAT_UNKNOWN_VERSIONS items, or
+# a version longer than MAX_UNKNOWN_VERSION_CHARS (422 naming the field).
+UNKNOWN_TABLES = ("amd-matrix", "therock", "dcgm-exporter")
+UNKNOWN_COMPONENTS = ("rocm", "amdgpu", "gpu", "therock", "dcgm-exporter", "dcgm")
+UNKNOWN_FIELDS = ("table", "component", "version", "newest", "dated")
+MAX_HEARTBEAT_UNKNOWN_VERSIONS = 32
+MAX_UNKNOWN_VERSION_CHARS = 64
 
 # The offer's rollout fields: JSON names on a 200, header names on 200, 204 and 304.
 OFFER_NOTICE_FIELD = "rollout"

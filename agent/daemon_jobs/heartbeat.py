@@ -63,6 +63,7 @@ class HeartbeatJob:
                                        last_health_status=health, last_health_at=_utc(health_at_seconds),
                                        last_health_after_change=after_change if health else None,
                                        labels=dict(settings.labels) or None, workloads=workloads,
+                                       unknown_versions=facts.unknown_versions or None if facts else None,
                                        rollback_coverage=rollback_coverage(rt), **policy))
 
 

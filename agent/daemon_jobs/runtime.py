@@ -24,11 +24,13 @@ from agent.report.plain import (
     PlainEvent,
     PlainPairing,
     PlainStateFileDamaged,
+    PlainUnknownVersion,
     PlainWorkload,
     ReportPayload,
     Severity,
 )
 from agent.statepaths import StatePaths
+from agent.wire import MAX_HEARTBEAT_UNKNOWN_VERSIONS
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.config import Settings
@@ -53,6 +55,9 @@ class SnapshotFacts(JsonRecord):
     taken_at_seconds: float
     findings_by_severity: Tuple[Tuple[str, int], ...] = ()  # in the order first seen, as collections.Counter counts
     finding_kinds: Tuple[str, ...] = ()  # sorted, distinct
+    # its unknown_to_table findings (agent/policy/table_unknown.py), the heartbeat's unknown_versions: the first
+    # MAX_HEARTBEAT_UNKNOWN_VERSIONS, distinct, in the snapshot's order
+    unknown_versions: Tuple[PlainUnknownVersion, ...] = ()
 
     @classmethod
     def of(cls, snap: Snapshot) -> SnapshotFacts:
@@ -61,7 +66,27 @@ class SnapshotFacts(JsonRecord):
             severities[finding.severity] = severities.get(finding.severity, 0) + 1
         return cls(content_hash=snap.content_hash, taken_at_seconds=snap.taken_at.timestamp(),
                    findings_by_severity=tuple(severities.items()),
-                   finding_kinds=tuple(sorted({f.kind for f in snap.findings})))
+                   finding_kinds=tuple(sorted({f.kind for f in snap.findings})),
+                   unknown_versions=unknown_versions(snap))
+
+
+def unknown_versions(snap: Snapshot) -> Tuple[PlainUnknownVersion, ...]:
+    """The snapshot's unknown_to_table findings as the heartbeat carries them; a finding whose details do not make
+    a valid item (a stored snapshot of another agent) is left out, never sent."""
+    out: List[PlainUnknownVersion] = []
+    for finding in snap.findings:
+        if finding.kind != "unknown_to_table":
+            continue
+        d = finding.details
+        try:
+            item = PlainUnknownVersion(table=d.get("table", ""), component=finding.component,
+                                       version=d.get("version", ""), newest=d.get("newest", ""),
+                                       dated=d.get("table_dated", ""))
+        except ValueError:
+            continue
+        if item not in out:
+            out.append(item)
+    return tuple(out[:MAX_HEARTBEAT_UNKNOWN_VERSIONS])
 
 
 @dataclass

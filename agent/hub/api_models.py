@@ -7,7 +7,7 @@ A docstring on a model becomes its description in the spec; the answers' models 
 from __future__ import annotations
 
 import datetime as dt
-from typing import List, Literal, Optional
+from typing import Dict, List, Literal, Optional
 
 from pydantic import Field
 
@@ -36,6 +36,9 @@ class Health(FrozenModel):
 
 class HostsResponse(FrozenModel):
     host_count: int
+    # hosts whose newest heartbeat reports a version unknown to each of gpuguard's tables (agent/wire.py's
+    # UNKNOWN_TABLES: "amd-matrix", "therock", "dcgm-exporter"), 0 included
+    hosts_unknown_by_table: Dict[str, int] = {}
     hosts: List[HostRow]
 
 

@@ -86,7 +86,7 @@ from agent.hub.api_models import (
 )
 from agent.hub.bundles import PolicyBundles, PolicyRollout
 from agent.hub.dashboard import mount_dashboard
-from agent.hub.fleet import drift_hosts, pairing_counts
+from agent.hub.fleet import drift_hosts, pairing_counts, unknown_by_table
 from agent.hub.ingest import Ingest
 from agent.hub.metrics import HubMetrics
 from agent.hub.middleware import BodySizeLimit
@@ -295,7 +295,8 @@ def _add_fleet_routes(app: FastAPI, store: SqlStore, clock: Callable[[], dt.date
              responses=_READ_ERRORS, dependencies=[Depends(require_reader)])
     def get_hosts() -> Response:
         hosts = read(store.hosts)
-        return json_response(HostsResponse(host_count=len(hosts), hosts=hosts))
+        unknown = unknown_by_table([u.table for u in h.unknown_versions or ()] for h in hosts)
+        return json_response(HostsResponse(host_count=len(hosts), hosts_unknown_by_table=unknown, hosts=hosts))
 
     @app.get("/v1/pairings", response_model=PairingsResponse, summary="Hosts per driver/ROCm/CUDA/kernel pairing",
              responses=_READ_ERRORS, dependencies=[Depends(require_reader)])

@@ -1,12 +1,14 @@
-"""Fleet answers computed from store rows (pure): hosts per pairing, and who drifted since when."""
+"""Fleet answers computed from store rows (pure): hosts per pairing, who drifted since when, and how many hosts run
+versions unknown to each of gpuguard's compatibility tables."""
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from agent.hub.rows import DriftRow, HostRow
 from agent.models import FrozenModel
+from agent.wire import UNKNOWN_TABLES
 
 
 class PairingKey(FrozenModel):
@@ -48,6 +50,16 @@ class DriftHost(FrozenModel):
     last_at: dt.datetime
     event_count: int
     kinds: Dict[str, DriftKindSummary]
+
+
+def unknown_by_table(tables_per_host: Iterable[Iterable[str]]) -> Dict[str, int]:
+    """Hosts running a version unknown to each table (agent/wire.py's UNKNOWN_TABLES, 0 included), from each host's
+    newest heartbeat's unknown_versions tables: a host counts once per table however many versions it reports."""
+    counts = dict.fromkeys(UNKNOWN_TABLES, 0)
+    for tables in tables_per_host:
+        for table in set(tables) & set(UNKNOWN_TABLES):
+            counts[table] += 1
+    return counts
 
 
 def _sort_text(value: Optional[str]) -> Tuple[int, str]:

@@ -38,6 +38,7 @@ class HostUpdate(NamedTuple):
     policy_refused_reason: Optional[str] = None
     policy_refused_kind: Optional[str] = None
     policy_attention_json: Optional[str] = None  # the heartbeat's policy_attention words as a JSON list
+    unknown_versions_json: Optional[str] = None  # the heartbeat's unknown_versions items as a JSON list
     last_health_at: Optional[dt.datetime] = None
     last_health_after_change: Optional[bool] = None
 
@@ -82,6 +83,9 @@ def summarize_hosts(events: Sequence[Event]) -> List[HostUpdate]:
                               policy_refused_kind=payload.policy_refused_kind,
                               policy_attention_json=None if payload.policy_attention is None
                               else json.dumps(sorted(set(payload.policy_attention))),
+                              unknown_versions_json=None if payload.unknown_versions is None
+                              else json.dumps([u.model_dump(mode="json") for u in payload.unknown_versions],
+                                              sort_keys=True),
                               last_health_at=None if payload.last_health_at is None else utc(payload.last_health_at),
                               last_health_after_change=payload.last_health_after_change)
                 break

@@ -20,6 +20,9 @@ Fleet figures are read from the database at each scrape (grouped queries over ``
     gpuguard_hub_hosts_policy_ahead                 hosts enforcing a serial above every bundle offered (fast-forward)
     gpuguard_hub_hosts_policy_attention{word}       hosts whose newest heartbeat reports the word (agent/wire.py's
                                                     POLICY_ATTENTION: "expired", "freshness"), 0 included
+    gpuguard_hub_hosts_unknown_versions{table}      hosts whose newest heartbeat reports a version newer than the
+                                                    table knows (agent/wire.py's UNKNOWN_TABLES: "amd-matrix",
+                                                    "therock", "dcgm-exporter"), 0 included
     gpuguard_hub_rollout_state{rollout_id,state}    the active (else newest) staged rollout: 1 for its state, 0 others
     gpuguard_hub_rollout_stage{rollout_id}          its open stage (-1: none yet, 0: canaries)
     gpuguard_hub_rollout_hosts{rollout_id,stage}    its hosts per stage ("waiting": not admitted)
@@ -99,6 +102,7 @@ class FleetCollector:
         rollback = queries.rollback_counts(self._store)
         events = queries.event_counts(self._store, now - EVENT_WINDOW, COUNTED_KINDS)
         deliveries = self._alerts.counts()
+        unknown_counts = queries.unknown_version_counts(self._store)
 
         hosts = GaugeMetricFamily("gpuguard_hub_hosts", "Hosts by compliance with their pinned pairing (newest "
                                                         "heartbeat).", labels=["compliance"])
@@ -140,7 +144,12 @@ class FleetCollector:
         unrestorable = GaugeMetricFamily("gpuguard_hub_guarded_packages_not_restorable",
                                          "Guarded packages no kept package file can restore, all hosts together.")
         unrestorable.add_metric([], rollback.not_restorable)
-        return [hosts, health, stale, pairing, no_pairing, coverage, unrestorable, recent, alerts,
+        unknown = GaugeMetricFamily("gpuguard_hub_hosts_unknown_versions", "Hosts whose newest heartbeat reports a "
+                                    "version newer than gpuguard's table knows (reported, not judged).",
+                                    labels=["table"])
+        for table, count in unknown_counts.items():
+            unknown.add_metric([table], count)
+        return [hosts, health, stale, pairing, no_pairing, coverage, unrestorable, unknown, recent, alerts,
                 *self._policy_families(), *self._rollout_families(), *workload_families(matrix(self._store))]
 
     def _rollout_families(self) -> List[Metric]:

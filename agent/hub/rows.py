@@ -7,6 +7,7 @@ import datetime as dt
 from typing import Any, Dict, List, Optional, Tuple
 
 from agent.models import FrozenModel
+from agent.report.events import UnknownVersionReport
 from agent.snapshot.pairing import Pairing
 
 # Kinds that count as drift in the fleet API: the stack moved, a check regressed, or policy had to act.
@@ -59,6 +60,9 @@ class HostRow(FrozenModel):
     # What asks for attention though the policy keeps guarding (agent/wire.py's POLICY_ATTENTION: "expired",
     # "freshness"; schema version 8); None from an agent that does not send it.
     policy_attention: Optional[Tuple[str, ...]] = None
+    # Versions newer than a compatibility table of gpuguard's knows (agent/wire.py's UNKNOWN_TABLES; schema version
+    # 9); None from an agent that does not send them.
+    unknown_versions: Optional[Tuple[UnknownVersionReport, ...]] = None
     # When the last health check finished and whether it followed a change (schema version 3; None from older agents).
     last_health_at: Optional[dt.datetime] = None
     last_health_after_change: Optional[bool] = None

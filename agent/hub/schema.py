@@ -4,7 +4,8 @@
     events    one row per (host_id, event_id), the idempotency key; the event as canonical JSON in ``body``
     hosts     one row per host: last seen, and the latest pairing and heartbeat by ``occurred_at`` (with the
               heartbeat's labels and policy fields since schema version 2, the refusal's kind since 6, the policy's
-              attention words since 8)
+              attention words since 8,
+              the versions unknown to gpuguard's tables since 9)
     policy_bundles  one row per pushed policy bundle, by serial: its bytes, signature, scope, who made and pushed
                     it, and its withdrawal (agent/hub/bundles.py)
     audit     one row per push and withdrawal of a policy bundle, and per rollout decision: when, who, what
@@ -37,7 +38,7 @@ from agent.hub.rows import HostRow
 from agent.report.events import Event
 from agent.snapshot.pairing import Pairing
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 # PostgreSQL advisory locks held while a hub creates tables: hubs starting together take turns. The store's own
 # tables and the ones the dashboard and the alert queue add later each have their key.
 SCHEMA_LOCK_KEY = 0x67707567_0001
@@ -60,6 +61,9 @@ _HOST_REFUSAL_KIND_COLUMNS = (("policy_refused_kind", "TEXT"),)
 # Version 8's column of ``hosts``: the newest heartbeat's policy attention words (agent/wire.py's POLICY_ATTENTION)
 # as a JSON list; NULL from an agent that does not send them.
 _HOST_ATTENTION_COLUMNS = (("policy_attention", "TEXT"),)
+# Version 9's column of ``hosts``: the newest heartbeat's unknown_versions (versions newer than a compatibility table
+# of gpuguard's knows, agent/wire.py's UNKNOWN_TABLES) as a JSON list; NULL from an agent that does not send them.
+_HOST_UNKNOWN_VERSIONS_COLUMNS = (("unknown_versions", "TEXT"),)
 
 
 # Version 4's column of ``policy_bundles``: a bundle pushed staged is offered only through a staged rollout (to its
@@ -109,7 +113,8 @@ def tables(timestamp_type: str, bytes_type: str = "BLOB", key_type: str = "INTEG
     audit row's generated key as ``key_type``."""
     policy_columns = "".join(f",\n            {name} {kind}"
                              for name, kind in _HOST_POLICY_COLUMNS + _HOST_HEALTH_COLUMNS
-                             + _HOST_REFUSAL_KIND_COLUMNS + _HOST_ATTENTION_COLUMNS)
+                             + _HOST_REFUSAL_KIND_COLUMNS + _HOST_ATTENTION_COLUMNS
+                             + _HOST_UNKNOWN_VERSIONS_COLUMNS)
     return [
         "CREATE TABLE IF NOT EXISTS hub_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
         f"""CREATE TABLE IF NOT EXISTS events (
@@ -178,6 +183,8 @@ MIGRATIONS: Dict[str, Callable[[Dialect], List[str]]] = {
     # Version 7 adds only a table (workload_stacks), which ``tables`` makes.
     "6": lambda _dialect: [],
     "7": lambda _dialect: [f"ALTER TABLE hosts ADD COLUMN {name} {kind}" for name, kind in _HOST_ATTENTION_COLUMNS],
+    "8": lambda _dialect: [f"ALTER TABLE hosts ADD COLUMN {name} {kind}"
+                           for name, kind in _HOST_UNKNOWN_VERSIONS_COLUMNS],
 }
 
 
@@ -237,8 +244,9 @@ UPSERT_HOST = f"""
 INSERT INTO hosts (host_id, hostname, first_seen_at, last_seen_at, last_event_at, last_sequence,
                    pairing, content_hash, pairing_at, compliant, agent_version, last_health_status, heartbeat_at,
                    labels, policy_source, policy_serial, policy_refused_serial, policy_refused_reason,
-                   last_health_at, last_health_after_change, policy_refused_kind, policy_attention)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   last_health_at, last_health_after_change, policy_refused_kind, policy_attention,
+                   unknown_versions)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (host_id) DO UPDATE SET
     {_pick("hostname", _NEWER_EVENT)},
     {_pick("last_sequence", _NEWER_EVENT)},
@@ -257,6 +265,7 @@ ON CONFLICT (host_id) DO UPDATE SET
     {_pick("policy_refused_reason", _NEWER_HEARTBEAT)},
     {_pick("policy_refused_kind", _NEWER_HEARTBEAT)},
     {_pick("policy_attention", _NEWER_HEARTBEAT)},
+    {_pick("unknown_versions", _NEWER_HEARTBEAT)},
     {_pick("last_health_at", _NEWER_HEARTBEAT)},
     {_pick("last_health_after_change", _NEWER_HEARTBEAT)},
     {_pick("heartbeat_at", _NEWER_HEARTBEAT)}
@@ -272,14 +281,14 @@ def host_params(u: HostUpdate, received: Any, to_db_time: TimeToDb) -> List[Any]
             u.content_hash, t(u.pairing_at), u.compliant, u.agent_version, u.last_health_status,
             t(u.heartbeat_at), u.labels_json, u.policy_source, u.policy_serial, u.policy_refused_serial,
             u.policy_refused_reason, None if u.last_health_at is None else text_time(u.last_health_at),
-            u.last_health_after_change, u.policy_refused_kind, u.policy_attention_json]
+            u.last_health_after_change, u.policy_refused_kind, u.policy_attention_json, u.unknown_versions_json]
 
 
 # SELECT these from hosts, and host_from_row makes each row a HostRow.
 HOST_COLUMNS = ("host_id, hostname, first_seen_at, last_seen_at, last_event_at, last_sequence, pairing, "
                 "pairing_at, content_hash, compliant, agent_version, last_health_status, heartbeat_at, labels, "
                 "policy_source, policy_serial, policy_refused_serial, policy_refused_reason, last_health_at, "
-                "last_health_after_change, policy_refused_kind, policy_attention")
+                "last_health_after_change, policy_refused_kind, policy_attention, unknown_versions")
 
 
 def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]) -> HostRow:
@@ -287,7 +296,7 @@ def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]
     (host_id, hostname, first_seen, last_seen, last_event, last_sequence, pairing, pairing_at, content_hash,
      compliant, agent_version, last_health_status, heartbeat_at, labels, policy_source, policy_serial,
      policy_refused_serial, policy_refused_reason, last_health_at, last_health_after_change,
-     policy_refused_kind, policy_attention) = row
+     policy_refused_kind, policy_attention, unknown_versions) = row
 
     def t(value: Any) -> Optional[dt.datetime]:
         return None if value is None else from_db_time(value)
@@ -303,6 +312,7 @@ def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]
                      policy_serial=policy_serial, policy_refused_serial=policy_refused_serial,
                      policy_refused_reason=policy_refused_reason, policy_refused_kind=policy_refused_kind,
                      policy_attention=None if policy_attention is None else tuple(json.loads(policy_attention)),
+                     unknown_versions=None if unknown_versions is None else tuple(json.loads(unknown_versions)),
                      last_health_at=None if last_health_at is None else dt.datetime.fromisoformat(
                          last_health_at[:-1]).replace(tzinfo=dt.timezone.utc),
                      last_health_after_change=None if last_health_after_change is None

@@ -23,6 +23,8 @@ from __future__ import annotations
 from agent.hostfacts.package_keys import package_name
 from agent.policy import releases
 from agent.policy.globs import any_glob
+from agent.policy.table_unknown import DCGM_EXPORTER as EXPORTER_TABLE_NAME
+from agent.policy.table_unknown import TableUnknown
 from agent.records import Record
 
 TYPE_CHECKING = False
@@ -218,21 +220,6 @@ def _newer_than_table(release: Optional[str], newest: str) -> bool:
     return bool(_numbers(release)) and _numbers(release) > _numbers(newest)
 
 
-class TableUnknown(Record):
-    """A version newer than a compatibility table's newest row: reported (a snapshot finding, ``status``, ``policy
-    explain``) as unknown to gpuguard's table of that date, never judged; the table, its date, the message and the
-    package keys."""
-
-    __slots__ = ("table", "dated", "message", "packages")
-    table: str
-    dated: str
-    message: str
-    packages: Tuple[str, ...]
-
-    def __init__(self, table: str, dated: str, message: str, packages: Sequence[str]) -> None:
-        Record.__init__(self, table, dated, message, tuple(packages))
-
-
 def unknown_to_table(installed: Mapping[str, str]) -> List[TableUnknown]:
     """dcgm-exporter releases newer than :data:`EXPORTER_TABLE`'s newest row (and not carrying their DCGM pair in
     their version), and DCGM packages of a release newer than the newest row's DCGM: what gpuguard's table cannot
@@ -245,13 +232,15 @@ def unknown_to_table(installed: Mapping[str, str]) -> List[TableUnknown]:
         version = installed[key]
         release = releases.dotted_release(version, parts=3)
         if exporter_pairing(version) is None and _newer_than_table(release, newest_exporter):
-            out.append(TableUnknown("dcgm-exporter", EXPORTER_TABLE_DATED, f"{package_name(key)} {version} is "
-                                    f"{where}: which DCGM it supports is not judged; update gpuguard", [key]))
+            out.append(TableUnknown(EXPORTER_TABLE_NAME, "dcgm-exporter", release or version, newest_exporter,
+                                    EXPORTER_TABLE_DATED, f"{package_name(key)} {version} is {where}: which DCGM it "
+                                    "supports is not judged; update gpuguard", [key]))
     dcgm = {k: releases.dotted_release(installed[k], parts=3) or "unknown" for k in _keys(installed, DCGM_PACKAGES)}
     newer = {k: r for k, r in dcgm.items() if _newer_than_table(r, newest_dcgm)}
     if newer:
-        out.append(TableUnknown("dcgm-exporter", EXPORTER_TABLE_DATED, f"DCGM {_grouped(newer, 2)} is {where}: "
-                                "which dcgm-exporter it takes is not judged; update gpuguard", sorted(newer)))
+        out.append(TableUnknown(EXPORTER_TABLE_NAME, "dcgm", max(newer.values(), key=_numbers), newest_dcgm,
+                                EXPORTER_TABLE_DATED, f"DCGM {_grouped(newer, 2)} is {where}: which dcgm-exporter it "
+                                "takes is not judged; update gpuguard", sorted(newer)))
     return out
 
 

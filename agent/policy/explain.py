@@ -60,14 +60,15 @@ class Explanation:
 
 
 def tables_line(policy: CompiledPolicy) -> str:
-    """The dates of the compatibility tables gpuguard judges with: the dcgm-exporter table (agent/policy/companions.py,
-    with its newest row: a newer release is reported as unknown to it) and AMD's matrix when the policy compiles it
-    in."""
-    from agent.policy import companions
+    """The dates of the compatibility tables gpuguard judges with: the dcgm-exporter table (agent/policy/companions.py)
+    and the TheRock release table (agent/policy/releases.py), each with its newest row (a newer release is reported
+    as unknown to it), and AMD's matrix when the policy compiles it in."""
+    from agent.policy import companions, releases
 
     newest = companions.EXPORTER_TABLE[-1]
     parts = [f"dcgm-exporter table dated {companions.EXPORTER_TABLE_DATED} (newest row: exporter {newest[0]} with "
-             f"DCGM {newest[1]})"]
+             f"DCGM {newest[1]})", f"TheRock release table dated {releases.THEROCK_TABLE_DATED} (newest row: "
+                                   f"{releases.THEROCK_RELEASES[-1][0]})"]
     matrix = policy.section("matrix")
     if matrix:
         parts.append(f"AMD compatibility matrix recorded {matrix.get('recorded')}")

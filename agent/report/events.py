@@ -20,12 +20,16 @@ from agent.snapshot.diff import Change
 from agent.snapshot.pairing import Pairing
 from agent.wire import (
     HEALTH_STATUSES,
+    MAX_HEARTBEAT_UNKNOWN_VERSIONS,
     MAX_HEARTBEAT_WORKLOADS,
     MAX_STACK_TEXT_CHARS,
     MAX_STORED_INT,
+    MAX_UNKNOWN_VERSION_CHARS,
     MAX_WORKLOAD_NAME_CHARS,
     POLICY_ATTENTION,
     STACK_ID_CHARS,
+    UNKNOWN_COMPONENTS,
+    UNKNOWN_TABLES,
     stack_id_ok,
     workload_name_ok,
 )
@@ -223,6 +227,20 @@ class WorkloadReport(FrozenModel):
         return value
 
 
+UnknownText = Annotated[str, Field(min_length=1, max_length=MAX_UNKNOWN_VERSION_CHARS)]
+
+
+class UnknownVersionReport(FrozenModel):
+    """A version newer than the newest row of a compatibility table of gpuguard's (agent/policy/table_unknown.py):
+    the table, what the version is of, the version, the table's newest row for it and the table's date."""
+
+    table: Literal[UNKNOWN_TABLES]  # type: ignore[valid-type]  # built from the tuple at run time
+    component: Literal[UNKNOWN_COMPONENTS]  # type: ignore[valid-type]
+    version: UnknownText
+    newest: UnknownText
+    dated: UnknownText
+
+
 class Heartbeat(PayloadModel):
     """The agent is alive; carries the current pairing and outbox depth."""
 
@@ -260,6 +278,10 @@ class Heartbeat(PayloadModel):
     # "expired" (the bundle in force is past its expires), "freshness" (the hub's freshness statement is stale or
     # names a newer serial this host does not get: a freeze).
     policy_attention: Optional[Tuple[str, ...]] = Field(None, max_length=len(POLICY_ATTENTION))
+    # Versions newer than a compatibility table of gpuguard's knows (issue 42: AMD's matrix, the TheRock release
+    # table, the dcgm-exporter table), from the last snapshot's unknown_to_table findings; the hub counts hosts per
+    # table. Optional: absent from agents before it.
+    unknown_versions: Optional[List[UnknownVersionReport]] = Field(None, max_length=MAX_HEARTBEAT_UNKNOWN_VERSIONS)
 
     @field_validator("policy_attention")
     @classmethod

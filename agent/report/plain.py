@@ -19,11 +19,15 @@ from typing import ClassVar, Dict, Final, FrozenSet, Literal, Optional, Protocol
 from agent.jsonrecord import JsonObject, JsonRecord, iso_time
 from agent.wire import (
     HEALTH_STATUSES,
+    MAX_HEARTBEAT_UNKNOWN_VERSIONS,
     MAX_HEARTBEAT_WORKLOADS,
     MAX_STACK_TEXT_CHARS,
     MAX_STORED_INT,
+    MAX_UNKNOWN_VERSION_CHARS,
     POLICY_ATTENTION,
     REFUSAL_KINDS,
+    UNKNOWN_COMPONENTS,
+    UNKNOWN_TABLES,
     stack_id_ok,
     workload_name_ok,
 )
@@ -135,6 +139,28 @@ class PlainWorkload(JsonRecord):
 
 
 @dataclass(frozen=True)
+class PlainUnknownVersion(JsonRecord):
+    """A version newer than a compatibility table of gpuguard's knows (agent.report.events.UnknownVersionReport)."""
+
+    table: str
+    component: str
+    version: str
+    newest: str
+    dated: str
+
+    def __post_init__(self) -> None:
+        if self.table not in UNKNOWN_TABLES:
+            raise ValueError(f"table: one of {', '.join(UNKNOWN_TABLES)}, got {self.table!r}")
+        if self.component not in UNKNOWN_COMPONENTS:
+            raise ValueError(f"component: one of {', '.join(UNKNOWN_COMPONENTS)}, got {self.component!r}")
+        for name in ("version", "newest", "dated"):
+            value = getattr(self, name)
+            if not value:
+                raise ValueError(f"{name}: empty")
+            _bounded(name, value, MAX_UNKNOWN_VERSION_CHARS)
+
+
+@dataclass(frozen=True)
 class PlainHeartbeat(PlainPayload):
     """The agent is alive; carries the current pairing and outbox depth (agent.report.events.Heartbeat)."""
 
@@ -157,8 +183,12 @@ class PlainHeartbeat(PlainPayload):
     last_health_after_change: Optional[bool] = None
     policy_attention: Optional[Tuple[str, ...]] = None
     workloads: Optional[Tuple[PlainWorkload, ...]] = None
+    unknown_versions: Optional[Tuple[PlainUnknownVersion, ...]] = None
 
     def __post_init__(self) -> None:
+        if self.unknown_versions is not None and len(self.unknown_versions) > MAX_HEARTBEAT_UNKNOWN_VERSIONS:
+            raise ValueError(f"unknown_versions: at most {MAX_HEARTBEAT_UNKNOWN_VERSIONS} items, got "
+                             f"{len(self.unknown_versions)}")
         if self.policy_attention is not None and not set(self.policy_attention) <= set(POLICY_ATTENTION):
             raise ValueError(f"policy_attention: only {', '.join(POLICY_ATTENTION)}")
         if self.workloads is not None and len(self.workloads) > MAX_HEARTBEAT_WORKLOADS:

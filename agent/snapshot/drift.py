@@ -7,13 +7,14 @@ Every rule reads only the snapshot, so it runs the same on a live host, a fixtur
 from __future__ import annotations
 
 import fnmatch
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from agent.collectors.container_cgroups import FIX as DEV_CHAR_FIX
 from agent.collectors.packages import PackageInfo, find_version
 from agent.collectors.rocm import VERSION_FILE, VERSION_HEADER
-from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE
+from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE, THEROCK_BASE_PACKAGE
 from agent.hostfacts.alternatives import THEROCK_TREE_PREFIX
+from agent.hostfacts.package_keys import package_name
 from agent.snapshot.rocm_release import release_package
 from agent.versions import upstream_dotted
 
@@ -166,15 +167,48 @@ def _companion_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> L
     return out
 
 
-def _table_unknown_findings(packages: Dict[str, PackageInfo]) -> List["Finding"]:
-    """Versions newer than a compatibility table of gpuguard's knows (agent/policy/companions.py's dcgm-exporter
-    table): reported as info naming the table's date, never judged."""
-    from agent.policy import companions
+def _amd_releases(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> Tuple[Dict[str, Optional[str]],
+                                                                                 Dict[str, Optional[str]]]:
+    """(every ROCm release series present: release package key or tree path -> series; the TheRock ones alone)."""
+    from agent.policy import releases
+    from agent.policy.globs import any_glob
+
+    rocm: Dict[str, Optional[str]] = {}
+    therock: Dict[str, Optional[str]] = {}
+    carries_release = any_glob(releases.rocm_package_patterns(ROCM_CORE_PACKAGE))
+    for key in sorted(k for k in packages if carries_release(package_name(k))):
+        found = releases.series(releases.rocm_release(packages[key].version))
+        rocm[key] = found
+        if package_name(key).startswith(THEROCK_BASE_PACKAGE):
+            therock[key] = found
+    for tree in snap.rocm.data.installs if snap.rocm.data is not None else ():
+        found = releases.series(upstream_dotted(tree.version, 3)) if tree.version else None
+        rocm[tree.path] = found
+        if tree.path.startswith(THEROCK_TREE_PREFIX):
+            therock[tree.path] = found
+    return rocm, therock
+
+
+def _table_unknown_findings(snap: "Snapshot", packages: Dict[str, PackageInfo],
+                            matrix: Optional[Mapping[str, Any]]) -> List["Finding"]:
+    """Versions newer than a compatibility table of gpuguard's knows (agent/policy/table_unknown.py: AMD's matrix,
+    the TheRock release table, the dcgm-exporter table): reported as info naming the table and its date, never
+    judged."""
+    from agent.policy import companions, releases, table_unknown
 
     installed = {key: info.version for key, info in packages.items()}
-    return [_finding("unknown_to_table", "info", "dcgm", item.message, table=item.table, table_dated=item.dated,
-                     packages=" ".join(f"{k}={installed[k]}" for k in item.packages))
-            for item in companions.unknown_to_table(installed)]
+    rocm, therock = _amd_releases(snap, packages)
+    found = [*companions.unknown_to_table(installed), *table_unknown.therock(therock)]
+    if matrix is not None:
+        driver_key = next((k for k in sorted(installed) if package_name(k) == AMD_DRIVER_PACKAGE), None)
+        drivers = {driver_key: releases.series(releases.amdgpu_driver_release(installed[driver_key]))} \
+            if driver_key else {}
+        gpus = [g.gfx_target for g in snap.amdgpu.data.gpus if g.gfx_target] if snap.amdgpu.data is not None else []
+        found += table_unknown.amd_matrix(matrix, rocm, drivers, gpus)
+    return [_finding("unknown_to_table", "info", item.component, item.message, table=item.table,
+                     version=item.version, newest=item.newest, table_dated=item.dated,
+                     packages=" ".join(f"{k}={installed[k]}" for k in item.packages) or None)
+            for item in found]
 
 
 def _package_state_findings(packages: Dict[str, PackageInfo]) -> List["Finding"]:
@@ -202,9 +236,11 @@ def _container_cgroup_findings(snap: "Snapshot") -> List["Finding"]:
         docker_cgroup_driver_source=info.docker_cgroup_driver_source if "docker" in runtimes else None)]
 
 
-def analyze(snap: "Snapshot") -> List["Finding"]:
-    """Every finding the snapshot supports, in a stable order."""
+def analyze(snap: "Snapshot", matrix: Optional[Mapping[str, Any]] = None) -> List["Finding"]:
+    """Every finding the snapshot supports, in a stable order; ``matrix`` is AMD's matrix in its compiled form
+    (agent/policy/matrix.py), to report what is newer than it (none: not judged against it)."""
     packages = snap.packages()
     return [*_kernel_findings(snap), *_amdgpu_findings(snap, packages), *_rocm_findings(snap, packages),
-            *_nvidia_findings(snap, packages), *_companion_findings(snap, packages), *_table_unknown_findings(packages),
+            *_nvidia_findings(snap, packages), *_companion_findings(snap, packages),
+            *_table_unknown_findings(snap, packages, matrix),
             *_container_cgroup_findings(snap), *_package_state_findings(packages)]

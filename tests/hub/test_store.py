@@ -274,6 +274,7 @@ def test_a_schema_version_3_database_keeps_its_bundles_offered_after_the_migrati
                                        "ALTER TABLE rollouts DROP COLUMN paused_by",
                                        "ALTER TABLE hosts DROP COLUMN policy_refused_kind",
                                        "ALTER TABLE hosts DROP COLUMN policy_attention",
+                                       "ALTER TABLE hosts DROP COLUMN unknown_versions",
                                        "UPDATE hub_meta SET value = '3' WHERE key = 'schema_version'"])
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
@@ -306,6 +307,7 @@ def test_a_schema_version_4_paused_rollout_gets_an_empty_paused_by_after_the_mig
     reopened = _reopened_after(store, ["ALTER TABLE rollouts DROP COLUMN paused_by",
                                        "ALTER TABLE hosts DROP COLUMN policy_refused_kind",
                                        "ALTER TABLE hosts DROP COLUMN policy_attention",
+                                       "ALTER TABLE hosts DROP COLUMN unknown_versions",
                                        "UPDATE hub_meta SET value = '4' WHERE key = 'schema_version'"])
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
@@ -332,7 +334,8 @@ def test_a_schema_version_1_database_is_migrated_with_its_rows(store: Store) -> 
         "DROP TABLE policy_bundles", "DROP TABLE audit", "DROP TABLE rollouts", "DROP TABLE rollout_hosts",
         *(f"ALTER TABLE hosts DROP COLUMN {name}"
           for name, _ in schema._HOST_POLICY_COLUMNS + schema._HOST_HEALTH_COLUMNS
-          + schema._HOST_REFUSAL_KIND_COLUMNS + schema._HOST_ATTENTION_COLUMNS),
+          + schema._HOST_REFUSAL_KIND_COLUMNS + schema._HOST_ATTENTION_COLUMNS
+          + schema._HOST_UNKNOWN_VERSIONS_COLUMNS),
         "UPDATE hub_meta SET value = '1' WHERE key = 'schema_version'"])
     try:
         [host] = reopened.hosts()
@@ -356,6 +359,7 @@ def test_a_schema_version_5_database_gets_the_refusal_kind_column(store: Store) 
     store.ingest([[event("host-old", at=T0)]], received_at=NOW)
     reopened = _reopened_after(store, ["ALTER TABLE hosts DROP COLUMN policy_refused_kind",
                                        "ALTER TABLE hosts DROP COLUMN policy_attention",
+                                       "ALTER TABLE hosts DROP COLUMN unknown_versions",
                                        "UPDATE hub_meta SET value = '5' WHERE key = 'schema_version'"])
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
@@ -380,10 +384,11 @@ def test_a_schema_version_7_database_gets_the_policy_attention_column(store: Sto
     assert isinstance(store, SqlStore)
     store.ingest([[event("host-old", at=T0)]], received_at=NOW)
     reopened = _reopened_after(store, ["ALTER TABLE hosts DROP COLUMN policy_attention",
+                                       "ALTER TABLE hosts DROP COLUMN unknown_versions",
                                        "UPDATE hub_meta SET value = '7' WHERE key = 'schema_version'"])
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
-            (str(schema.SCHEMA_VERSION),)] == [("8",)]
+            (str(schema.SCHEMA_VERSION),)] == [("9",)]
         assert reopened.hosts()[0].policy_attention is None
         expired = event("host-old", at=T0 + dt.timedelta(minutes=1))
         payload = Heartbeat(agent_version="1", uptime_seconds=1.0, policy_source="bundle", policy_serial=3,
@@ -391,5 +396,30 @@ def test_a_schema_version_7_database_gets_the_policy_attention_column(store: Sto
         reopened.ingest([[expired.model_copy(update={"payload": payload})]], received_at=NOW)
         [host] = reopened.hosts()
         assert (host.policy_serial, host.policy_attention) == (3, ("expired", "freshness"))
+    finally:
+        reopened.close()
+
+
+def test_a_schema_version_8_database_gets_the_unknown_versions_column(store: Store) -> None:
+    """Version 8 to 9: hosts get unknown_versions, empty for the rows there, and a heartbeat's items are stored."""
+    from agent.hub import schema
+    from agent.hub.store import SqlStore
+    from agent.report.events import Heartbeat, UnknownVersionReport
+
+    assert isinstance(store, SqlStore)
+    store.ingest([[event("host-old", at=T0)]], received_at=NOW)
+    reopened = _reopened_after(store, ["ALTER TABLE hosts DROP COLUMN unknown_versions",
+                                       "UPDATE hub_meta SET value = '8' WHERE key = 'schema_version'"])
+    try:
+        assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
+            (str(schema.SCHEMA_VERSION),)] == [("9",)]
+        assert reopened.hosts()[0].unknown_versions is None
+        item = UnknownVersionReport(table="amd-matrix", component="rocm", version="10.1", newest="10.0",
+                                    dated="2026-12-04")
+        payload = Heartbeat(agent_version="1", uptime_seconds=1.0, unknown_versions=[item])
+        reopened.ingest([[event("host-old", at=T0 + dt.timedelta(minutes=1)).model_copy(
+            update={"payload": payload})]], received_at=NOW)
+        [host] = reopened.hosts()
+        assert host.unknown_versions == (item,)
     finally:
         reopened.close()

@@ -95,6 +95,7 @@ def test_a_schema_version_5_database_gets_the_matrix_table(store: SqlStore) -> N
     reopened = _reopened_after(store, ["DROP TABLE workload_stacks",
                                        "ALTER TABLE hosts DROP COLUMN policy_refused_kind",
                                        "ALTER TABLE hosts DROP COLUMN policy_attention",
+                                       "ALTER TABLE hosts DROP COLUMN unknown_versions",
                                        "UPDATE hub_meta SET value = '5' WHERE key = 'schema_version'"])
     try:
         assert reopened.query("t", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [

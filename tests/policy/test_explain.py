@@ -115,17 +115,42 @@ def test_an_unreadable_known_good_set_is_one_line(tmp_path: Path) -> None:
 
 
 def test_explain_shows_the_dates_of_gpuguards_compatibility_tables(tmp_path: Path) -> None:
-    """Every explanation names the dcgm-exporter table's date and newest row; with require_amd_matrix the AMD
-    matrix's recorded date too."""
+    """Every explanation names the dcgm-exporter and TheRock tables' dates and newest rows; with require_amd_matrix
+    the AMD matrix's recorded date too."""
     from agent.policy.load import compiled_from, load_policy
     from agent.policy.matrix import load_matrix
 
     plain = explain(compiled(tmp_path), HostFacts(installed=PAIR, manager="dpkg")).lines
     assert plain[2] == ("gpuguard's compatibility tables: dcgm-exporter table dated 2026-12-06 (newest row: exporter "
-                        "4.10.0 with DCGM 4.8.0)")
+                        "4.10.0 with DCGM 4.8.0); TheRock release table dated 2026-12-06 (newest row: 10.1)")
     path = tmp_path / "m.toml"
     path.write_text('[policy]\nrequire_amd_matrix = true\n[amd]\n[[amd.pairing]]\nname = "any"\namdgpu = "any"\n'
                     'rocm = "any"\n')
     matrix = load_matrix()
     with_matrix = explain(compiled_from(load_policy(str(path)), matrix), HostFacts(installed=PAIR, manager="dpkg"))
     assert with_matrix.lines[2].endswith(f"; AMD compatibility matrix recorded {matrix.recorded}")
+
+
+def test_explain_names_versions_newer_than_amds_matrix_and_the_therock_table(tmp_path: Path) -> None:
+    """TheRock 10.2 (amdrocm-base10.2) on amdgpu 31.60 with a gfx1250 GPU under require_amd_matrix: info lines
+    unknown to the matrix (ROCm, driver, GPU) and to the TheRock release table, each naming its table's date."""
+    from agent.policy import releases
+    from agent.policy.load import compiled_from, load_policy
+    from agent.policy.matrix import load_matrix
+
+    path = tmp_path / "m.toml"
+    path.write_text('[policy]\nrequire_amd_matrix = true\n[amd]\n[[amd.pairing]]\nname = "any"\namdgpu = "any"\n'
+                    'rocm = "any"\n')
+    matrix = load_matrix()
+    installed = {"amdgpu-dkms": "1:7.1.9.31600000-2403767.26.04", "amdrocm-base10.2": "10.2.0~20261201-1"}
+    lines = explain(compiled_from(load_policy(str(path)), matrix),
+                    HostFacts(installed=installed, manager="dpkg",
+                              context=HostContext(gpu_targets=("gfx1250",)))).lines
+    unknown = [line.strip() for line in lines if "unknown to gpuguard's" in line]
+    dated = f"AMD compatibility matrix dated {matrix.recorded}"
+    assert [line.split(" is unknown")[0] for line in unknown] == [  # the [amd] family's lines, then the matrix's
+        "TheRock ROCm 10.2 (amdrocm-base10.2)", "ROCm 10.2 (amdrocm-base10.2)", "amdgpu driver 31.60 (amdgpu-dkms)",
+        "GPU target gfx1250"]
+    assert all(line.endswith("[info]") for line in unknown)
+    assert sum(dated in line for line in unknown) == 3
+    assert sum(f"TheRock release table dated {releases.THEROCK_TABLE_DATED}" in line for line in unknown) == 1

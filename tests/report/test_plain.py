@@ -22,6 +22,7 @@ from agent.report.events import (
     Rollback,
     RollbackCoverage,
     StateFileDamaged,
+    UnknownVersionReport,
     WorkloadReport,
     WorkloadStackReport,
 )
@@ -37,6 +38,7 @@ from agent.report.plain import (
     PlainRollback,
     PlainRollbackCoverage,
     PlainStateFileDamaged,
+    PlainUnknownVersion,
     PlainWorkload,
     PlainWorkloadStack,
 )
@@ -52,19 +54,21 @@ STACK = PlainWorkloadStack(gpu_models="NVIDIA H200", driver="nvidia 580.159.04",
                            framework="torch 2.9.1 (CUDA 13.0)", image="registry.example/llm:1")
 WORKLOAD = PlainWorkload(name="resnet-train", status="cpu_fallback", gates=True, stack_id="0123456789abcdef",
                          stack=STACK)
+UNKNOWN = PlainUnknownVersion(table="therock", component="therock", version="10.2", newest="10.1", dated="2026-12-06")
 # Each record, its model, and an instance with every field set.
 TWINS = [
     (PlainPairing, Pairing, PAIRING),
     (PlainRollbackCoverage, RollbackCoverage, COVERAGE),
     (PlainWorkloadStack, WorkloadStackReport, STACK),
     (PlainWorkload, WorkloadReport, WORKLOAD),
+    (PlainUnknownVersion, UnknownVersionReport, UNKNOWN),
     (PlainHeartbeat, Heartbeat, PlainHeartbeat(agent_version="0.1.0", uptime_seconds=12.5, content_hash="sha256:ab",
                                                outbox_depth=3, pairing=PAIRING, compliant=False,
                                                last_health_status="busy", rollback_coverage=COVERAGE,
                                                labels={"rack": "a7"},
                                                policy_source="bundle", policy_serial=42, policy_refused_serial=43,
                                                policy_refused_reason="signature: no trusted key",
-                                               workloads=(WORKLOAD,))),
+                                               workloads=(WORKLOAD,), unknown_versions=(UNKNOWN,))),
     (PlainStateFileDamaged, StateFileDamaged, PlainStateFileDamaged(path="/var/lib/gpuguard/outbox.sqlite3",
                                                                     problem="damaged", action="salvaged",
                                                                     moved_to="/var/lib/gpuguard/x", salvaged_events=4,
@@ -108,7 +112,7 @@ def test_what_a_record_writes_its_model_reads_back_unchanged(record: Type[JsonRe
 
 def test_a_plain_event_is_a_valid_event_of_the_published_schema() -> None:
     """The envelope the resident stores validates as an Event (in a batch, as delivery sends it)."""
-    for _, _, payload in TWINS[4:]:
+    for _, _, payload in TWINS[5:]:
         stored = PlainEvent.of(payload, "h-1", "node-1", NOW, "warning").with_sequence(7)
         event = Event.model_validate_json(stored.to_json_text())
         assert (event.event_id, event.sequence, event.kind, event.occurred_at) == (stored.event_id, 7, payload.kind,
@@ -173,6 +177,22 @@ def test_the_heartbeats_workloads_are_bounded() -> None:
         PlainWorkloadStack(framework="t" * 301)
     with pytest.raises(ValidationError):
         WorkloadStackReport(framework="t" * 301)
+
+
+@pytest.mark.parametrize("bad", [{"table": "nvidia-matrix"}, {"component": "kernel"}, {"version": ""},
+                                 {"newest": "1" * 65}, {"dated": ""}])
+def test_an_unknown_version_refuses_what_the_model_refuses(bad: Dict[str, Any]) -> None:
+    """An unknown version's table and component (agent/wire.py's lists) and its texts (1-64 characters) are checked
+    alike by the record and the model; more than 32 in a heartbeat are refused by both."""
+    values = {**UNKNOWN.to_json(), **bad}
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        PlainUnknownVersion(**values)
+    with pytest.raises(ValidationError):
+        UnknownVersionReport(**values)
+    with pytest.raises(ValueError, match="unknown_versions"):
+        PlainHeartbeat(agent_version="1", uptime_seconds=1.0, unknown_versions=(UNKNOWN,) * 33)
+    with pytest.raises(ValidationError):
+        Heartbeat(agent_version="1", uptime_seconds=1.0, unknown_versions=[UNKNOWN.to_json()] * 33)  # type: ignore[list-item]
 
 
 def test_an_old_agents_heartbeat_still_validates() -> None:

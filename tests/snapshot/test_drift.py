@@ -125,7 +125,7 @@ def test_an_exporter_newer_than_the_table_is_an_info_finding_naming_the_tables_d
     snap = replace(_base(), dpkg=_packages(datacenter_gpu_manager_4_core="1:4.8.0-1", dcgm_exporter="4.11.0-1"))
     assert [f for f in analyze(snap) if f.kind == "companion_mismatch"] == []
     [found] = [f for f in analyze(snap) if f.kind == "unknown_to_table"]
-    assert (found.severity, found.component, found.details["table_dated"]) == ("info", "dcgm", "2026-12-06")
+    assert (found.severity, found.component, found.details["table_dated"]) == ("info", "dcgm-exporter", "2026-12-06")
     assert found.message.startswith("dcgm-exporter 4.11.0-1 is unknown to gpuguard's dcgm-exporter table dated "
                                     "2026-12-06")
     known = replace(_base(), dpkg=_packages(datacenter_gpu_manager_4_core="1:4.8.0-1", dcgm_exporter="4.10.0-1"))

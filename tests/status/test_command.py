@@ -104,6 +104,35 @@ def test_status_shows_versions_newer_than_gpuguards_table_as_info(state: StateDi
     assert "dcgm-exporter 4.11.0-1 is unknown to gpuguard's dcgm-exporter table dated 2026-12-06" in text
 
 
+def test_status_shows_a_therock_release_newer_than_gpuguards_tables_as_info(state: StateDir) -> None:
+    """A snapshot with a TheRock 10.2 tree (/opt/rocm/core-10.2) shows it unknown to the TheRock release table and to
+    AMD's matrix, each with its date, in the snapshot line; status stays ok."""
+    from agent.collectors.rocm import RocmInfo, RocmInstall
+    from agent.frozen import replace
+    from agent.policy import releases
+    from agent.policy.matrix import load_matrix
+    from agent.snapshot.drift import analyze
+    from agent.snapshot.model import Section, Status
+    from agent.snapshot.take import take_snapshot
+    from tests.conftest import make_fixture_host
+
+    matrix = load_matrix()
+    rocm = RocmInfo(active_path="/opt/rocm/core-10.2", version="10.2.0",
+                    installs=[RocmInstall(path="/opt/rocm/core-10.2", version="10.2.0")])
+    snap = replace(take_snapshot(make_fixture_host("gpuless-debian12")), rocm=Section(status=Status.OK, data=rocm))
+    findings = [{"kind": f.kind, "severity": f.severity, "message": f.message}
+                for f in analyze(snap, matrix.to_compiled())]
+    state.healthy()
+    (state.state / "last-snapshot.json").write_text(json.dumps({
+        "taken_at": (NOW - dt.timedelta(minutes=3)).isoformat(), "content_hash": "c" * 64, "findings": findings}))
+    code, text = run_status(state, "--offline")
+    assert code == 0, text
+    flat = " ".join(text.split())
+    assert (f"TheRock ROCm 10.2 (/opt/rocm/core-10.2) is unknown to gpuguard's TheRock release table dated "
+            f"{releases.THEROCK_TABLE_DATED} (newest row: 10.1)") in flat
+    assert f"unknown to gpuguard's AMD compatibility matrix dated {matrix.recorded} (newest row: ROCm 10.0)" in flat
+
+
 def test_a_healthy_host_prints_a_table_and_exits_0(state: StateDir) -> None:
     """Daemon found in /proc, fresh snapshot and health, compliant, outbox moving, no hub configured: exit 0."""
     code, text = run_status(state.healthy(), "--offline")

@@ -156,7 +156,9 @@ def mount_dashboard(app: FastAPI, settings: HubSettings, store: SqlStore, regist
             webhooks = [w.name for w in settings.alert_webhooks]
             alerts = render.alerts_line(alert_counts(), webhooks) if alert_counts is not None and webhooks else ""
             section = policy.policy_section(bundles.rollout()) if bundles is not None else ""
-            return render.overview_page(counts, hosts, f, groups, without, now, stale_after, reader, alerts, section)
+            unknown = render.unknown_versions_line(queries.unknown_version_counts(store))
+            return render.overview_page(counts, hosts, f, groups, without, now, stale_after, reader, alerts, section,
+                                        unknown)
 
         return guarded(request, build)
 

@@ -11,7 +11,7 @@ import datetime as dt
 import json
 from typing import Any, Dict, List, Literal, NamedTuple, Optional, Sequence, Tuple
 
-from agent.hub.fleet import PAIRING_KEY_FIELDS, PairingKey
+from agent.hub.fleet import PAIRING_KEY_FIELDS, PairingKey, unknown_by_table
 from agent.hub.rows import HostRow, StoredEvent
 from agent.hub.schema import HOST_COLUMNS, host_from_row
 from agent.hub.store import SqlStore
@@ -148,6 +148,14 @@ def fleet_counts(store: SqlStore, stale_before: dt.datetime) -> FleetCounts:
         health[status or "none"] = health.get(status or "none", 0) + count
         stale += count if is_stale else 0
     return FleetCounts(host_count=total, compliance=compliance, health=dict(sorted(health.items())), stale=stale)
+
+
+def unknown_version_counts(store: SqlStore) -> Dict[str, int]:
+    """Hosts running a version unknown to each of gpuguard's tables (agent/hub/fleet.py unknown_by_table), from the
+    unknown_versions the hub stored of each host's newest heartbeat."""
+    rows = store.query("unknown_version_counts",
+                       "SELECT unknown_versions FROM hosts WHERE unknown_versions IS NOT NULL", [])
+    return unknown_by_table([str(item.get("table")) for item in json.loads(text)] for (text,) in rows)
 
 
 def rollback_counts(store: SqlStore) -> RollbackCounts:

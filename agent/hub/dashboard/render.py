@@ -195,9 +195,31 @@ def alerts_line(deliveries: Mapping[Tuple[str, str], int], webhooks: Sequence[st
     return f'<p id="alert-webhooks">Alert webhooks: {"; ".join(parts)}</p>' if parts else ""
 
 
+# What each of gpuguard's tables is called on the dashboard (agent/wire.py's UNKNOWN_TABLES).
+TABLE_NAMES = {"amd-matrix": "AMD's compatibility matrix", "therock": "the TheRock release table",
+               "dcgm-exporter": "the dcgm-exporter table"}
+
+
+def unknown_versions_line(counts: Mapping[str, int]) -> str:
+    """How many hosts run versions newer than each of gpuguard's tables knows (reported, not judged)."""
+    parts = [f'<span id="unknown-{e(table)}-count">{count}</span> unknown to {e(TABLE_NAMES.get(table, table))}'
+             for table, count in counts.items()]
+    return (f'<p id="unknown-versions">Hosts running versions newer than gpuguard\'s tables know: {"; ".join(parts)}'
+            "</p>")
+
+
+def unknown_versions_cell(h: HostRow) -> str:
+    """The host's versions newer than a table of gpuguard's knows, each with the table's newest row and date."""
+    items = h.unknown_versions or ()
+    return ('<span id="unknown-versions">' + "; ".join(
+        f'<span class="unknown" data-table="{e(u.table)}">{e(u.component)} {e(u.version)}: newer than '
+        f"{e(TABLE_NAMES.get(u.table, u.table))} dated {e(u.dated)} (newest row {e(u.newest)})</span>"
+        for u in items) + "</span>") if items else e(None)
+
+
 def overview_page(counts: FleetCounts, hosts: HostPage, f: HostFilter, groups: Sequence[PairingGroup],
                   without_pairing: int, now: dt.datetime, stale_after_seconds: float, reader: Optional[str],
-                  alerts: str = "", policy: str = "") -> str:
+                  alerts: str = "", policy: str = "", unknown: str = "") -> str:
     c = counts.compliance
     cards = "".join([
         _card("hosts", counts.host_count, "/ui/", "count-hosts"),
@@ -242,7 +264,8 @@ def overview_page(counts: FleetCounts, hosts: HostPage, f: HostFilter, groups: S
     top = ("<h2>Most common pairings</h2><table><thead><tr><th>Pairing</th><th>Hosts</th><th>Violating</th></tr>"
            f'</thead><tbody>{pairings}</tbody></table><p><a href="/ui/pairings">all pairings</a>; '
            f"{without_pairing} host(s) without a pairing yet</p>")
-    body = (f'<h1>Fleet</h1><div class="cards">{cards}</div><p>Last health: {health}</p>{alerts}{form}{summary}'
+    body = (f'<h1>Fleet</h1><div class="cards">{cards}</div><p>Last health: {health}</p>{unknown}{alerts}{form}'
+            f"{summary}"
             f"{table}"
             f"{pager('/ui/', filter_params(f), f.offset, f.limit, hosts.total)}{top}{policy}")
     return page("Fleet", body, reader, "fleet")
@@ -370,7 +393,7 @@ def host_page(h: HostRow, now: dt.datetime, stale_after_seconds: float, drift: S
              ("Last seen", when(h.last_seen_at, now) + (_STALE if stale else "")),
              ("Last heartbeat", when(h.heartbeat_at, now)), ("First seen", when(h.first_seen_at, now)),
              ("Pairing reported", when(h.pairing_at, now)), ("Content hash", f"<code>{e(h.content_hash)}</code>"),
-             *policy_facts]
+             ("Unknown to gpuguard's tables", unknown_versions_cell(h)), *policy_facts]
     facts += [(label, e(getattr(p, name))) for name, label in (
         ("os_id", "OS"), ("os_version_id", "OS version"), ("kernel_running", "Kernel running"),
         ("kernel_next_boot", "Kernel at next boot"), ("amdgpu_loaded", "amdgpu loaded"),

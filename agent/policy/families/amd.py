@@ -281,14 +281,19 @@ def check(state: HostState, policy: CompiledPolicy) -> List[Violation]:
 
 
 def explain(policy: CompiledPolicy, installed: Mapping[str, str], manager: str, context: HostContext) -> List[str]:
-    """The installed driver and ROCm, the pinned pairing and the pairings a host may move to."""
+    """The installed driver and ROCm, the pinned pairing and the pairings a host may move to; and a TheRock release
+    newer than gpuguard's TheRock release table knows (reported, not judged: agent/policy/table_unknown.py)."""
     amd = policy.section("amd")
     if not amd or not amd.get("pairings"):
         return []
+    from agent.policy import table_unknown
+
     driver_name, rocm_name = policy.amd_packages
     driver = installed.get(driver_name)
     carries_rocm = any_glob(releases.rocm_package_patterns(rocm_name))
     rocms = {k: v for k, v in sorted(installed.items()) if carries_rocm(package_name(k))}  # classic and TheRock
+    therock = {k: releases.series(releases.rocm_release(v)) for k, v in rocms.items()
+               if package_name(k).startswith(THEROCK_BASE_PACKAGE)}
     rocm_text = ", ".join(f"{package_name(k)} {v} (ROCm {releases.rocm_release(v) or '-'})" for k, v in rocms.items())
     lines = [f"AMD: {driver_name} {driver or '(not installed)'} (driver "
              f"{releases.amdgpu_driver_release(driver) or '-'}), {rocm_text or rocm_name + ' (not installed)'}"]
@@ -306,6 +311,7 @@ def explain(policy: CompiledPolicy, installed: Mapping[str, str], manager: str, 
         lines.append(f"  may move to {describe_pairing(pairing)}{kernels_text} "
                      f"[{policy.action_for(pairing.get('action'), amd.get('action'))}]")
     lines.append(f"  changing only one of {driver_name}/{rocm_name} must land in one of these pairings")
+    lines += [f"  {item.message} [info]" for item in table_unknown.therock(therock)]
     tree = context.active_tree
     if tree is not None:
         key = active_release_package(tree, rocms)

@@ -130,9 +130,20 @@ def _check_matrix_release(state: HostState, policy: CompiledPolicy, matrix: Mapp
 
 
 def explain(policy: CompiledPolicy, installed: Mapping[str, str], manager: str, context: HostContext) -> List[str]:
-    """That the matrix is required, and when it was recorded."""
+    """That the matrix is required, and when it was recorded; and the ROCm releases, amdgpu driver and GPU targets
+    newer than it knows (reported as unknown to it: agent/policy/table_unknown.py)."""
     matrix = policy.section("matrix")
-    return [f"AMD compatibility matrix required (recorded {matrix.get('recorded')})"] if matrix else []
+    if not matrix:
+        return []
+    from agent.policy import table_unknown
+
+    driver_name, rocm_name = policy.amd_packages
+    rocms = {k: releases.series(releases.rocm_release(v)) for k, v in rocm_versions(installed, rocm_name).items()}
+    driver = find(installed, driver_name)
+    drivers = {driver_name: releases.series(releases.amdgpu_driver_release(driver))} if driver else {}
+    unknown = table_unknown.amd_matrix(matrix, rocms, drivers, list(context.gpu_targets) if context else [])
+    return [f"AMD compatibility matrix required (recorded {matrix.get('recorded')})",
+            *(f"  {item.message} [info]" for item in unknown)]
 
 
 def compiled(source: CompileSource) -> Dict[str, Any]:
