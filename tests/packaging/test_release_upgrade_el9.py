@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 import pytest
 
@@ -60,12 +60,12 @@ def check_policy_with_root_python(root: Path, tmp_path: Path) -> str:
     return abi
 
 
-def test_the_el9_package_stays_when_the_root_moves_from_python_3_9_to_3_12(rpm_root: Path, built, tmp_path: Path
-                                                                            ) -> None:
+def test_the_el9_package_stays_when_the_root_moves_from_python_3_9_to_3_12(
+        rpm_root: Path, built: Callable[[str], Dict[str, Path]], tmp_path: Path) -> None:
     """rpm -U of python3 from python(abi) 3.9 to 3.12 with the el9 gpuguard installed (dependencies checked): the
     upgrade goes through, gpuguard stays installed and verifies clean, and its launcher runs from vendor/cp312."""
     need_tools("rpmbuild", "rpm")
-    agent: Path = built("el9")["gpuguard"]
+    agent = built("el9")["gpuguard"]
     providers: Dict[str, Path] = {}
     for package in (*BASE, PYTHON_EL9, PYTHON_EL10):
         work = tmp_path / f"work-{package.spec}"

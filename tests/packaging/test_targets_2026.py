@@ -217,6 +217,17 @@ def test_the_sles_rpm_plugin_is_built_to_load_in_any_rpm_from_4_14_to_4_20(targe
     assert glibc and max(glibc) <= MAX_GLIBC, sorted(glibc)
 
 
+def test_sles15_and_sles16_ship_the_same_rpm_plugin(built: Built, tmp_path: Path) -> None:
+    """One build of gpuguard.so serves both SLES releases: the two packages carry byte-identical plugins."""
+    need_tools("rpm2cpio", "cpio")
+    plugins = []
+    for target in ("sles15", "sles16"):
+        (tmp_path / target).mkdir()
+        unpack_rpm(built(target)["gpuguard"], tmp_path / target)
+        plugins.append((tmp_path / target / ZYPPER_GUARD[0].lstrip("/")).read_bytes())
+    assert plugins[0] == plugins[1]
+
+
 @pytest.mark.parametrize("gcc_wrapper,needle", [
     (None, "gcc is not installed"),
     ("#!/bin/sh\nexec /usr/bin/gcc -nostdinc \"$@\"\n", "librpm's headers (rpm/rpmts.h) are not installed"),
