@@ -392,27 +392,54 @@ def stage_dnf(stage: Stage, target: Target) -> None:
 # ---- zypper guard (issue #41) ---------------------------------------------------------------------------------
 # The SLES targets carry the zypper guard's files (packaging/zypper/README.md says what each is): the hook the rpm
 # plugin runs and the libzypp commit plugin (launchers, given the target's interpreter), the rpm macros that load
-# the plugin, and the plugin's C source. The plugin itself (gpuguard.so) must be built against the target's librpm
-# (rpm 4.14 on SLES 15, 4.20 on SLES 16), which this machine does not have: until a SUSE build root builds it, the
-# package ships its source at /usr/share/gpuguard/zypper/ and docs/guard.md "zypper hosts" gives the build line.
+# the plugin, and the plugin itself, gpuguard.so, compiled here (build_rpm_plugin).
 # Each entry is (repo file, installed path, mode, conffile); tests/packaging/test_targets_2026.py checks them.
 ZYPPER_FILES: Tuple[Tuple[str, str, int, bool], ...] = (
     ("packaging/zypper/gpuguard-zypper-hook", "/usr/lib/gpuguard/gpuguard-zypper-hook", 0o755, False),
     ("packaging/zypper/gpuguard-zypper-commit", "/usr/lib/zypp/plugins/commit/gpuguard", 0o755, False),
     ("packaging/zypper/macros.transaction_gpuguard", "/usr/lib/rpm/macros.d/macros.transaction_gpuguard", 0o644,
      False),
-    ("packaging/zypper/gpuguard-rpm-plugin.c", "/usr/share/gpuguard/zypper/gpuguard-rpm-plugin.c", 0o644, False),
 )
+RPM_PLUGIN_SOURCE = PACKAGING / "zypper/gpuguard-rpm-plugin.c"
+RPM_PLUGIN_PATH = "/usr/lib64/rpm-plugins/gpuguard.so"  # rpm's %{__plugindir} on SLES 15 and 16
+# No -lrpm -lrpmio: the plugin has no DT_NEEDED on librpm (this machine's librpm.so.9 is neither SLES 15's .so.8
+# nor SLES 16's .so.10); its librpm calls bind to the librpm already loaded by the rpm process that dlopens it.
+# It calls only API that rpm 4.14 to 4.20 all have (packaging/zypper/README.md). -s: no symbols but the dynamic ones.
+RPM_PLUGIN_CFLAGS = ("-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-s")
+RPM_HEADER_PROBE = "#include <rpm/rpmts.h>\n#include <rpm/rpmmacro.h>\n"
+BUILD_DEPS_HINT = "apt-get install gcc librpm-dev (scripts/test-packages.txt)"
+
+
+def rpm_plugin_compiler() -> str:
+    """The gcc that builds the rpm plugin, once librpm's headers are known to be there (one-line errors if not)."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        raise BuildError(f"gcc is not installed: the sles targets compile the zypper guard's rpm plugin "
+                         f"({BUILD_DEPS_HINT})")
+    probe = subprocess.run([gcc, "-E", "-x", "c", "-o", os.devnull, "-"], input=RPM_HEADER_PROBE, text=True,
+                           capture_output=True, timeout=120, check=False)
+    if probe.returncode != 0:
+        raise BuildError(f"librpm's headers (rpm/rpmts.h) are not installed: the sles targets compile the zypper "
+                         f"guard's rpm plugin ({BUILD_DEPS_HINT})")
+    return gcc
+
+
+def build_rpm_plugin(gcc: str, dest: Path) -> None:
+    """Compile packaging/zypper/gpuguard-rpm-plugin.c into ``dest`` (RPM_PLUGIN_CFLAGS say how and why)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    run([gcc, *RPM_PLUGIN_CFLAGS, "-o", str(dest), str(RPM_PLUGIN_SOURCE)], timeout_seconds=300)
 
 
 def stage_zypper(stage: Stage, target: Target) -> None:
-    """The zypper guard's files (ZYPPER_FILES) that the repo has; launchers get the target's interpreter."""
+    """The zypper guard's files (ZYPPER_FILES) and the compiled rpm plugin; launchers get the target's
+    interpreter."""
     for source, path, mode, config in ZYPPER_FILES:
         source_path = REPO / source
-        if not source_path.is_file():
-            continue
         text = launcher_text(source_path, target) if mode & 0o111 else None
         stage.add_file(source_path, path, mode, config=config, text=text)
+    plugin = stage.root.parent / f"{target.name}-gpuguard.so"
+    build_rpm_plugin(rpm_plugin_compiler(), plugin)
+    stage.add_file(plugin, RPM_PLUGIN_PATH, 0o755)
 
 
 def stage_hub(stage: Stage, target: Target, version: str, hub_wheels: WheelSets, python: str) -> None:
@@ -537,6 +564,8 @@ def build_rpm(stage: Stage, target: Target, package: str, version: str, release:
 def build(target: Target, version: str, release: str, out: Path, wheelhouse: Path, offline: bool, python: str,
           hub: bool) -> List[Path]:
     started = time.monotonic()
+    if target.manager == "zypper":
+        rpm_plugin_compiler()  # a missing gcc or librpm-dev fails before any download
     agent_reqs = requirements()
     agent_wheels = {v: wheels_in(fetch_wheels(python, wheelhouse, target, v, agent_reqs, offline))
                     for v in target.python_versions}

@@ -14,8 +14,14 @@
  * and fails the transaction (RPMRC_FAIL: rpm stops before its first change) unless the hook exits 0. Anything that
  * keeps the hook from answering (no hook, a crash, a signal) fails the transaction too: the guard fails closed.
  *
- * rpm does not install its plugin header (lib/rpmplugin.h); the hook table below repeats its leading members, which
- * are the same from rpm 4.12 to 6.0 (init, cleanup, tsm_pre, ...), and leaves every later hook NULL.
+ * rpm 4.14 does not install its plugin header (lib/rpmplugin.h; 4.20 does); the hook table below repeats its leading
+ * members, which are the same from rpm 4.12 to 6.0 (init, cleanup, tsm_pre, ...), and leaves every later hook NULL.
+ *
+ * Built by packaging/build.py (build_rpm_plugin) WITHOUT -lrpm -lrpmio: the .so needs no particular librpm soname
+ * (SLES 15 has librpm.so.8, SLES 16 librpm.so.10); the librpm calls below bind to the librpm of the rpm process
+ * that dlopens it. Only API present with the same prototype in rpm 4.14.3 and 4.20.0 may be called here: a new
+ * call must be checked there and added to CHECKED_RPM_API in tests/packaging/test_targets_2026.py
+ * (packaging/zypper/README.md says what was checked).
  */
 #include <errno.h>
 #include <signal.h>

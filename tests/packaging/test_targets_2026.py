@@ -35,6 +35,19 @@ EXPECTED: Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...], Optional[str], str]]
 }
 
 
+# What the sles packages install for the zypper guard (packaging/zypper/README.md).
+ZYPPER_GUARD = ("/usr/lib64/rpm-plugins/gpuguard.so", "/usr/lib/rpm/macros.d/macros.transaction_gpuguard",
+                "/usr/lib/gpuguard/gpuguard-zypper-hook", "/usr/lib/zypp/plugins/commit/gpuguard")
+# The librpm functions the plugin calls: each was checked against rpm 4.14.3's and 4.20.0's headers (same
+# prototype; packaging/zypper/README.md). A new call fails test_the_sles_rpm_plugin_... until it is checked too.
+CHECKED_RPM_API = frozenset({
+    "rpmExpand", "rpmtsRootDir", "rpmtsInitIterator", "rpmdbNextIterator", "rpmdbFreeIterator", "headerIsEntry",
+    "headerGetNumber", "headerGetString", "rpmtsiInit", "rpmtsiNext", "rpmtsiFree", "rpmteType", "rpmteN", "rpmteE",
+    "rpmteV", "rpmteR", "rpmteA"})
+# The oldest glibc the plugin may need: RHEL 8's 2.28, the oldest among the targets (SLES 15 SP7 has 2.31).
+MAX_GLIBC = (2, 28)
+
+
 def listing(package: Path) -> List[str]:
     return sorted(deb_listing(package)) if package.suffix == ".deb" else rpm_query(package, "-l")
 
@@ -65,7 +78,9 @@ def test_each_target_builds_with_its_pythons_hook_and_unit(target: str, built: B
         assert hook in files
     others = [p for p in files if "apt.conf.d" in p or "dnf-plugins" in p or "libdnf5" in p]
     if target.startswith("sles"):
-        assert others == [], others  # the zypper guard's files are part A's (packaging/build.py ZYPPER_FILES)
+        assert others == [], others
+        assert set(ZYPPER_GUARD) <= set(files), sorted(set(ZYPPER_GUARD) - set(files))
+        assert not [p for p in files if p.endswith(".c")]  # the plugin ships built, not as source
     hub_files = listing(packages["gpuguard-hub"])
     for abi in abis:
         assert f"/usr/lib/gpuguard/vendor-hub/{abi}/fastapi/__init__.py" in hub_files, abi
@@ -173,3 +188,64 @@ def test_lintian_reports_nothing_unexplained_for_debian13(built: Built) -> None:
                  check=False, timeout_seconds=280)
     findings = [line for line in result.stdout.splitlines() if line[:2] in ("E:", "W:")]
     assert findings == [], "\n".join(findings)
+
+
+def readelf(*args: str) -> str:
+    return run(["readelf", "-W", *args]).stdout
+
+
+@pytest.mark.parametrize("target", ["sles15", "sles16"])
+def test_the_sles_rpm_plugin_is_built_to_load_in_any_rpm_from_4_14_to_4_20(target: str, built: Built,
+                                                                          tmp_path: Path) -> None:
+    """gpuguard.so in the sles .rpm: x86_64, no DT_NEEDED on librpm, gpuguard_hooks exported, only checked librpm
+    calls left undefined, and no glibc symbol newer than 2.28."""
+    need_tools("rpm2cpio", "cpio", "readelf")
+    package = built(target)["gpuguard"]
+    assert rpm_query(package, "--qf", "%{ARCH}") == ["x86_64"]
+    unpack_rpm(package, tmp_path)
+    plugin = str(tmp_path / ZYPPER_GUARD[0].lstrip("/"))
+    assert "ELF64" in readelf("-h", plugin) and "X86-64" in readelf("-h", plugin)
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^]]+)\]", readelf("-d", plugin))
+    assert needed == ["libc.so.6"], needed
+    symbols = [line.split() for line in readelf("--dyn-syms", plugin).splitlines() if re.match(r"\s*\d+:", line)]
+    defined = {row[7] for row in symbols if len(row) >= 8 and row[6] != "UND" and row[4] == "GLOBAL"}
+    assert defined == {"gpuguard_hooks"}, defined
+    undefined = {row[7] for row in symbols if len(row) >= 8 and row[6] == "UND"}
+    from_rpm = {name for name in undefined if "@" not in name and not name.startswith(("_ITM_", "__gmon_start__"))}
+    assert from_rpm == CHECKED_RPM_API, from_rpm ^ CHECKED_RPM_API
+    glibc = {tuple(int(x) for x in v.split(".")) for v in re.findall(r"GLIBC_([0-9.]+)", readelf("-V", plugin))}
+    assert glibc and max(glibc) <= MAX_GLIBC, sorted(glibc)
+
+
+def test_sles15_and_sles16_ship_the_same_rpm_plugin(built: Built, tmp_path: Path) -> None:
+    """One build of gpuguard.so serves both SLES releases: the two packages carry byte-identical plugins."""
+    need_tools("rpm2cpio", "cpio")
+    plugins = []
+    for target in ("sles15", "sles16"):
+        (tmp_path / target).mkdir()
+        unpack_rpm(built(target)["gpuguard"], tmp_path / target)
+        plugins.append((tmp_path / target / ZYPPER_GUARD[0].lstrip("/")).read_bytes())
+    assert plugins[0] == plugins[1]
+
+
+@pytest.mark.parametrize("gcc_wrapper,needle", [
+    (None, "gcc is not installed"),
+    ("#!/bin/sh\nexec /usr/bin/gcc -nostdinc \"$@\"\n", "librpm's headers (rpm/rpmts.h) are not installed"),
+])
+def test_a_sles_build_without_gcc_or_rpm_headers_is_one_clear_line(gcc_wrapper: Optional[str], needle: str,
+                                                                   tmp_path: Path) -> None:
+    """build.py --target sles15 with no gcc on PATH, or a gcc that finds no rpm headers: exit 1, one line naming
+    the packages to install, before any download."""
+    need_tools("gcc")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if gcc_wrapper is not None:
+        (bin_dir / "gcc").write_text(gcc_wrapper)
+        (bin_dir / "gcc").chmod(0o755)
+    result = run([sys.executable, str(REPO / "packaging/build.py"), "--target", "sles15", "--offline", "--no-hub",
+                  "--wheelhouse", str(tmp_path / "empty"), "--out", str(tmp_path / "out")], check=False,
+                 env={"PATH": str(bin_dir)})
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert needle in result.stderr and "apt-get install gcc librpm-dev" in result.stderr
+    assert not (tmp_path / "out").exists()

@@ -1,7 +1,9 @@
 """One SLES-like overlay host per module for the real zypper tests, reset to its baseline before each test.
 
-Locally the tests are skipped (with the reason) when libzypp, rpm, rpmbuild, createrepo_c, gcc, librpm's headers or
-root are missing; in CI (CI=true) that fails the run instead (tests/needs.py).
+The zypper guard installed on the host is the one the sles15 .rpm ships (built once per module with
+packaging/build.sh). Locally the tests are skipped (with the reason) when libzypp, rpm, rpmbuild, createrepo_c,
+rpm2cpio, cpio, gcc, librpm's headers or root are missing; in CI (CI=true) that fails the run instead
+(tests/needs.py).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 
 from tests import needs
 from tests.guard.dnf.installroot.harness import FakeRpm, build_repo
-from tests.guard.zypper.harness import ZypperHost, build_plugin, missing_tools, zypper_debs
+from tests.guard.zypper.harness import ZypperHost, missing_tools, unpacked_sles_package, zypper_debs
 
 AMDGPU_62, AMDGPU_63 = "1:6.8.5.60202-2041575.sles15", "1:6.10.5.60300-2084815.sles15"
 ROCM_62, ROCM_63 = "6.2.2.60202-116.sles15", "6.3.0.60300-39.sles15"
@@ -82,7 +84,7 @@ def zypper_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZypperH
     missing = missing_tools()
     if missing:
         needs.unavailable("zypper guard tests", f"missing: {', '.join(missing)} (apt-get install libzypp-bin "
-                                                 "rpm createrepo-c gcc librpm-dev; run as root)")
+                                                 "rpm createrepo-c gcc librpm-dev cpio; run as root)")
     try:
         debs = zypper_debs()
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:  # no Debian mirror to fetch zypper's .debs from
@@ -90,7 +92,7 @@ def zypper_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZypperH
     base = tmp_path_factory.mktemp("zypper")
     repo = build_repo(base / "repo", base / "rpmbuild", packages())
     host = ZypperHost(base / "host", repo, debs)
-    host.install_gpuguard(POLICY, build_plugin(base / "gpuguard.so"))
+    host.install_gpuguard(POLICY, unpacked_sles_package(base / "package"))
     host.compile_policy()
     result = host.zypper("install", *(spec(n, v) for n, v in BASELINE.items()))
     assert result.returncode == 0, result.stdout + result.stderr

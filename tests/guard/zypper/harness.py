@@ -4,7 +4,8 @@ How to use it::
 
     repo = build_repo(tmp / "repo", tmp / "rpmbuild", packages)   # fake rpms (rpmbuild) + createrepo_c
     host = ZypperHost(tmp / "host", repo)       # an overlay upper dir: gpuguard installed at its packaged paths
-    host.install_gpuguard(POLICY)               # rpm plugin, macros, hook, commit plugin, policy (then compile)
+    package = unpacked_sles_package(tmp / "pkg")   # build.sh --target sles15: the .rpm, unpacked
+    host.install_gpuguard(POLICY, package)      # its rpm plugin, macros, hook, commit plugin; the policy
     host.zypper("install", "rocm-core-6.2.2.60202")   # real zypper on "/" (CompletedProcess)
     host.installed()                            # {"rocm-core": "6.2.2.60202-116.sles15", ...}
     host.save(tmp / "baseline"); host.restore(tmp / "baseline")
@@ -13,10 +14,12 @@ Every command runs in a private mount namespace (``unshare --mount``) where an o
 (lower: ``/``, upper: the host dir) is mounted and entered with ``chroot``: zypper and libzypp work on ``/`` as on a
 real SLES host (commit plugins load only there), and everything they write (rpm database, payload files, zypp's
 caches and logs, gpuguard's state) lands in the upper dir. This machine's own files and package state are never
-changed. gpuguard is installed inside at the paths packaging/zypper/README.md lists, with GPUGUARD_LIB pointing at
-this checkout (visible through the overlay). Needs root (mount namespaces), libzypp, rpm, rpmbuild, createrepo_c,
-gcc and librpm's headers; zypper itself is unpacked from its .debs into the overlay (zypper_debs: Debian's
-dnf-plugins-core, which the dnf tests need, Breaks: zypper).
+changed. gpuguard's zypper guard is the one the sles15 .rpm ships (packaging/build.sh builds it, rpm2cpio unpacks
+it): its gpuguard.so, macros and launchers are installed inside at their packaged paths, the launchers' GPUGUARD_LIB
+pointing at this checkout (visible through the overlay). Needs root (mount namespaces), libzypp, rpm, rpmbuild,
+createrepo_c, rpm2cpio, cpio, and gcc with librpm's headers (the package build compiles the plugin); zypper itself
+is unpacked from its .debs into the overlay (zypper_debs: Debian's dnf-plugins-core, which the dnf tests need,
+Breaks: zypper).
 """
 
 from __future__ import annotations
@@ -30,19 +33,21 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from tests.guard.dnf.installroot.harness import INSTALLONLY_NAMES, REPO_ROOT, run
+from tests.packaging.conftest import build, by_name
+from tests.packaging.test_build import unpack_rpm
 
 TOOLS = ("/usr/bin/rpm", "/usr/bin/rpmbuild", "/usr/bin/createrepo_c", "/usr/bin/gcc", "/usr/bin/unshare",
-         "/usr/sbin/chroot", "/usr/bin/apt-get", "/usr/bin/dpkg-deb")
+         "/usr/sbin/chroot", "/usr/bin/apt-get", "/usr/bin/dpkg-deb", "/usr/bin/rpm2cpio", "/usr/bin/cpio")
 # Debian's dnf-plugins-core (the dnf tests need it) Breaks: zypper, so zypper is not installed on this machine: its
 # two .debs are fetched once with apt-get download (kept here between runs) and unpacked into each overlay only.
 ZYPPER_DEBS = ("zypper", "zypper-common")
 DEB_CACHE = Path("/var/tmp/gpuguard-test-cache/zypper-debs")
-PLUGIN_SOURCE = REPO_ROOT / "packaging/zypper/gpuguard-rpm-plugin.c"
-MACROS = REPO_ROOT / "packaging/zypper/macros.transaction_gpuguard"
-HOOK_LAUNCHER = REPO_ROOT / "packaging/zypper/gpuguard-zypper-hook"
-COMMIT_LAUNCHER = REPO_ROOT / "packaging/zypper/gpuguard-zypper-commit"
+# The zypper guard's files as the sles15 .rpm installs them (packaging/build.py ZYPPER_FILES, RPM_PLUGIN_PATH).
 # Debian's rpm puts %__plugindir at %{_libdir}/rpm-plugins = /usr/lib64/rpm-plugins, as SLES does.
-PLUGIN_DIR = "/usr/lib64/rpm-plugins"
+PLUGIN = "/usr/lib64/rpm-plugins/gpuguard.so"
+MACROS = "/usr/lib/rpm/macros.d/macros.transaction_gpuguard"
+HOOK_LAUNCHER = "/usr/lib/gpuguard/gpuguard-zypper-hook"
+COMMIT_LAUNCHER = "/usr/lib/zypp/plugins/commit/gpuguard"
 VENV_PYTHON = REPO_ROOT / ".venv/bin/python"
 OPAQUE_DIRS = ("/var/lib/gpuguard", "/etc/gpuguard", "/run/gpuguard", "/var/lib/rpm", "/usr/lib/sysimage/rpm",
                "/var/cache/zypp", "/etc/zypp/repos.d", "/etc/zypp/services.d", "/usr/lib/zypp/plugins",
@@ -84,14 +89,18 @@ def zypper_debs(cache: Path = DEB_CACHE) -> List[Path]:
     return [files[-1] for files in found]
 
 
-def build_plugin(out: Path) -> Path:
-    """Compile gpuguard's rpm plugin against this machine's librpm."""
-    run(["gcc", "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(out), str(PLUGIN_SOURCE), "-lrpm",
-         "-lrpmio"], {"PATH": "/usr/bin:/bin"})
-    return out
+def unpacked_sles_package(work: Path) -> Path:
+    """The sles15 gpuguard .rpm, built by packaging/build.sh (--no-hub) and unpacked with rpm2cpio under
+    ``work/root``: the zypper guard these tests install is the shipped one, its gpuguard.so compiled by the build."""
+    package = by_name(build("sles15", work / "dist", "--no-hub"))["gpuguard"]
+    root = work / "root"
+    root.mkdir(parents=True)
+    unpack_rpm(package, root)
+    return root
 
 
 def launcher(source: Path) -> str:
+    """A packaged launcher with its GPUGUARD_LIB pointed at this checkout (its interpreter stays the package's)."""
     text = source.read_text()
     marker = 'GPUGUARD_LIB = "/usr/lib/gpuguard"'
     if marker not in text:
@@ -189,15 +198,16 @@ class ZypperHost:
 
     # --- gpuguard ----------------------------------------------------------------------------------------------
 
-    def install_gpuguard(self, policy_text: str, plugin_so: Path, commit_plugin: bool = True) -> None:
-        """gpuguard's zypper guard at its packaged paths (packaging/zypper/README.md) and the policy."""
-        target = self.path(f"{PLUGIN_DIR}/gpuguard.so")
+    def install_gpuguard(self, policy_text: str, package_root: Path, commit_plugin: bool = True) -> None:
+        """The zypper guard from an unpacked sles .rpm (unpacked_sles_package) at its packaged paths, and the
+        policy."""
+        target = self.path(PLUGIN)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(plugin_so, target)
-        self.write("/usr/lib/rpm/macros.d/macros.transaction_gpuguard", MACROS.read_text())
-        self.write("/usr/lib/gpuguard/gpuguard-zypper-hook", launcher(HOOK_LAUNCHER), 0o755)
+        shutil.copy2(package_root / PLUGIN.lstrip("/"), target)
+        self.write(MACROS, (package_root / MACROS.lstrip("/")).read_text())
+        self.write(HOOK_LAUNCHER, launcher(package_root / HOOK_LAUNCHER.lstrip("/")), 0o755)
         if commit_plugin:
-            self.write("/usr/lib/zypp/plugins/commit/gpuguard", launcher(COMMIT_LAUNCHER), 0o755)
+            self.write(COMMIT_LAUNCHER, launcher(package_root / COMMIT_LAUNCHER.lstrip("/")), 0o755)
         self.write("/etc/gpuguard/policy.d/10-test.toml", policy_text)
 
     def compile_policy(self) -> None:
