@@ -109,6 +109,9 @@ def _add_bundle_parsers(pol_sub: Any) -> None:
                                                          "shipped one)")
     bundle.add_argument("--with-matrix", action="store_true",
                         help="carry that matrix in the bundle: the hosts compile with it instead of their own")
+    bundle.add_argument("--knowledge", dest="knowledge", action="append", default=[], metavar="FILE",
+                        help="carry this knowledge table (repeat; e.g. a newer dcgm-exporter.toml): hosts use it "
+                             "where it is dated the same day as their package's copy or later")
     add_root(bundle, "check against the host tree under DIR instead of / (as policy check does)")
     bundle.add_argument("--no-host", action="store_true", help="skip the checks against this host's packages")
     bundle.add_argument("--sign-with", metavar="KEYID", help="sign it with gpg --detach-sign as this key "
@@ -415,7 +418,8 @@ def policy_bundle(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
         expires = (host.clock() + dt.timedelta(days=args.expires_days)).strftime("%Y-%m-%dT%H:%M:%SZ")
     bundle = make_bundle(args.path, args.serial, scope, created_by, host.clock().strftime("%Y-%m-%dT%H:%M:%SZ"),
                          matrix_path=find_matrix_file(args.matrix) if args.with_matrix else None,
-                         matrix_version=matrix.recorded if matrix is not None else None, expires=expires)
+                         matrix_version=matrix.recorded if matrix is not None else None, expires=expires,
+                         knowledge_paths=args.knowledge)
     write_atomically(args.output, render_bundle(bundle).decode("utf-8"))
     signed = ""
     if args.sign_with:
@@ -426,7 +430,8 @@ def policy_bundle(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
                   signature, args.output], 120.0).check()
         signed = f", signed -> {signature}"
     _show(out, f"wrote {args.output}: policy bundle serial {bundle.serial}, policy '{summary['name']}' from "
-               f"{len(bundle.policy_files)} file(s){' and its matrix' if bundle.matrix else ''}{signed}\n")
+               f"{len(bundle.policy_files)} file(s){' and its matrix' if bundle.matrix else ''}"
+               f"{' and knowledge ' + ', '.join(sorted(bundle.knowledge)) if bundle.knowledge else ''}{signed}\n")
     return 0
 
 

@@ -60,18 +60,19 @@ class Explanation:
 
 
 def tables_line(policy: CompiledPolicy) -> str:
-    """The dates of the compatibility tables gpuguard judges with: the dcgm-exporter table (agent/policy/companions.py,
-    with its newest row: a newer release is reported as unknown to it) and AMD's matrix when the policy compiles it
-    in."""
+    """The compatibility tables gpuguard judges this policy with, each with its date and origin: the dcgm-exporter
+    table when the companions rule reads it (the package's or a signed bundle's, with its newest row: a newer
+    release is reported as unknown to it) and AMD's matrix when the policy compiles it in."""
     from agent.policy import companions
 
-    newest = companions.EXPORTER_TABLE[-1]
-    parts = [f"dcgm-exporter table dated {companions.EXPORTER_TABLE_DATED} (newest row: exporter {newest[0]} with "
-             f"DCGM {newest[1]})"]
+    parts = []
+    compiled_table = (policy.section("knowledge") or {}).get(companions.EXPORTER_TABLE_NAME)
+    if compiled_table is not None:
+        parts.append(companions.exporter_table(compiled_table).named())
     matrix = policy.section("matrix")
     if matrix:
         parts.append(f"AMD compatibility matrix recorded {matrix.get('recorded')}")
-    return "gpuguard's compatibility tables: " + "; ".join(parts)
+    return "gpuguard's compatibility tables: " + ("; ".join(parts) or "none (no rule of this policy reads one)")
 
 
 def explain(policy: CompiledPolicy, facts: HostFacts) -> Explanation:

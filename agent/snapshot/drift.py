@@ -18,6 +18,7 @@ from agent.snapshot.rocm_release import release_package
 from agent.versions import upstream_dotted
 
 if TYPE_CHECKING:  # pragma: no cover
+    from agent.policy.companions import ExporterTable
     from agent.snapshot.model import Finding, Severity, Snapshot
 
 # Packages whose version is the NVIDIA driver's own (not toolkits or container tools).
@@ -144,7 +145,8 @@ def _active_release(snap: "Snapshot") -> Optional[str]:
     return tree_release(chosen.target) if chosen is not None else None
 
 
-def _companion_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> List["Finding"]:
+def _companion_findings(snap: "Snapshot", packages: Dict[str, PackageInfo],
+                        exporter_table: Optional["ExporterTable"]) -> List["Finding"]:
     """Companions that already disagree with what they serve (agent/policy/companions.py, the rules the guard
     refuses such a change by): fabric manager or NSCQ not the driver's build, DCGM's packages of two releases,
     dcgm-exporter beside a DCGM of another series, an amdsmi binding (a package, or pip's) of another ROCm release."""
@@ -156,7 +158,8 @@ def _companion_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> L
     loaded = upstream_dotted(nv.driver_version) if nv is not None and nv.driver_version else None
     found = [*companions.fabricmanager(installed, DEFAULT_NVIDIA_DRIVER_PACKAGES, loaded,
                                        tuple(NVIDIA_NOT_DRIVER_PARTS)),
-             *companions.dcgm(installed), *companions.dcgm_exporter(installed),
+             *companions.dcgm(installed),
+             *(companions.dcgm_exporter(installed, exporter_table) if exporter_table is not None else []),
              *companions.amdsmi(installed, _pip_binding(snap), active_release=_active_release(snap))]
     out = []
     for item in found:
@@ -166,15 +169,16 @@ def _companion_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> L
     return out
 
 
-def _table_unknown_findings(packages: Dict[str, PackageInfo]) -> List["Finding"]:
-    """Versions newer than a compatibility table of gpuguard's knows (agent/policy/companions.py's dcgm-exporter
-    table): reported as info naming the table's date, never judged."""
+def _table_unknown_findings(packages: Dict[str, PackageInfo], exporter_table: "ExporterTable") -> List["Finding"]:
+    """Versions newer than a compatibility table of gpuguard's knows (the dcgm-exporter table in use): reported as
+    info naming the table's date and origin, never judged."""
     from agent.policy import companions
 
     installed = {key: info.version for key, info in packages.items()}
     return [_finding("unknown_to_table", "info", "dcgm", item.message, table=item.table, table_dated=item.dated,
+                     table_origin=exporter_table.origin,
                      packages=" ".join(f"{k}={installed[k]}" for k in item.packages))
-            for item in companions.unknown_to_table(installed)]
+            for item in companions.unknown_to_table(installed, exporter_table)]
 
 
 def _package_state_findings(packages: Dict[str, PackageInfo]) -> List["Finding"]:
@@ -202,9 +206,23 @@ def _container_cgroup_findings(snap: "Snapshot") -> List["Finding"]:
         docker_cgroup_driver_source=info.docker_cgroup_driver_source if "docker" in runtimes else None)]
 
 
-def analyze(snap: "Snapshot") -> List["Finding"]:
-    """Every finding the snapshot supports, in a stable order."""
+def analyze(snap: "Snapshot", exporter_table: Optional["ExporterTable"] = None) -> List["Finding"]:
+    """Every finding the snapshot supports, in a stable order; ``exporter_table``: gpuguard's dcgm-exporter table
+    in use (None: the package's, agent/policy/knowledge_files.py; when that cannot be read, a warning finding says
+    so and the table's findings are left out, never the snapshot)."""
+    from agent.errors import GpuguardError
+
+    unreadable: List["Finding"] = []
+    if exporter_table is None:
+        from agent.policy.knowledge_files import exporter_table_in_use
+
+        try:
+            exporter_table = exporter_table_in_use()
+        except GpuguardError as exc:
+            unreadable = [_finding("knowledge_unreadable", "warning", "dcgm", f"gpuguard's dcgm-exporter table "
+                                   f"cannot be read ({exc}): dcgm-exporter is not judged; reinstall gpuguard")]
     packages = snap.packages()
+    unknown = _table_unknown_findings(packages, exporter_table) if exporter_table is not None else unreadable
     return [*_kernel_findings(snap), *_amdgpu_findings(snap, packages), *_rocm_findings(snap, packages),
-            *_nvidia_findings(snap, packages), *_companion_findings(snap, packages), *_table_unknown_findings(packages),
+            *_nvidia_findings(snap, packages), *_companion_findings(snap, packages, exporter_table), *unknown,
             *_container_cgroup_findings(snap), *_package_state_findings(packages)]
