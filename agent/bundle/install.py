@@ -312,7 +312,13 @@ class BundleInstaller:
         from agent.policy.load import write_compiled
 
         chosen = policy_source(self.host, self.guard, self.paths.state_dir)
-        compiled = _compile(Path(chosen.policy_path), chosen.matrix_path, origin, serial, chosen.knowledge)
+        # the state file names the new serial only after this (none at all on a first install): the knowledge in
+        # place is this bundle's
+        from agent.policy.knowledge_files import BundleKnowledge
+
+        directory = self.host.path(self.paths.policy_bundle_knowledge_dir)
+        knowledge = BundleKnowledge(str(directory), serial) if directory.is_dir() else None
+        compiled = _compile(Path(chosen.policy_path), chosen.matrix_path, origin, serial, knowledge)
         write_compiled(str(self.host.path(self.paths.compiled_policy)), compiled)
         return True
 

@@ -208,12 +208,18 @@ def _container_cgroup_findings(snap: "Snapshot") -> List["Finding"]:
 
 def analyze(snap: "Snapshot", exporter_table: Optional["ExporterTable"] = None) -> List["Finding"]:
     """Every finding the snapshot supports, in a stable order; ``exporter_table``: gpuguard's dcgm-exporter table
-    in use (None: the package's, agent/policy/knowledge_files.py; when that cannot be read, a warning finding says
-    so and the table's findings are left out, never the snapshot)."""
-    from agent.errors import GpuguardError
+    in use (None: the package's, agent/policy/knowledge_files.py, read only where DCGM or dcgm-exporter is installed:
+    a snapshot elsewhere never parses it; when it cannot be read, a warning finding says so and the table's findings
+    are left out, never the snapshot)."""
+    from agent.hostfacts.package_keys import package_name
+    from agent.policy import companions
+    from agent.policy.globs import any_glob
 
+    packages = snap.packages()
     unreadable: List["Finding"] = []
-    if exporter_table is None:
+    dcgm = any_glob(companions.DCGM_PACKAGES + companions.DCGM_EXPORTER_PACKAGES)
+    if exporter_table is None and any(dcgm(package_name(key)) for key in packages):
+        from agent.errors import GpuguardError
         from agent.policy.knowledge_files import exporter_table_in_use
 
         try:
@@ -221,7 +227,6 @@ def analyze(snap: "Snapshot", exporter_table: Optional["ExporterTable"] = None) 
         except GpuguardError as exc:
             unreadable = [_finding("knowledge_unreadable", "warning", "dcgm", f"gpuguard's dcgm-exporter table "
                                    f"cannot be read ({exc}): dcgm-exporter is not judged; reinstall gpuguard")]
-    packages = snap.packages()
     unknown = _table_unknown_findings(packages, exporter_table) if exporter_table is not None else unreadable
     return [*_kernel_findings(snap), *_amdgpu_findings(snap, packages), *_rocm_findings(snap, packages),
             *_nvidia_findings(snap, packages), *_companion_findings(snap, packages, exporter_table), *unknown,

@@ -133,4 +133,5 @@ def test_explain_shows_the_dates_of_gpuguards_compatibility_tables(tmp_path: Pat
                     'rocm = "any"\n')
     matrix = load_matrix()
     with_matrix = explain(compiled_from(load_policy(str(path)), matrix), HostFacts(installed=PAIR, manager="dpkg"))
-    assert with_matrix.lines[2] == f"gpuguard's compatibility tables: AMD compatibility matrix recorded {matrix.recorded}"
+    assert with_matrix.lines[2] == ("gpuguard's compatibility tables: AMD compatibility matrix recorded "
+                                    f"{matrix.recorded}")
