@@ -31,6 +31,7 @@ from agent.defaults import DEFAULT_POLICY_DIR
 if TYPE_CHECKING:
     from agent.commands import HostFactory, Subparsers
     from agent.host import Host
+    from agent.policy.companions import ExporterTable
     from agent.policy.freeze import FreezeFacts
 
 
@@ -339,9 +340,13 @@ def policy_freeze(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
                          f"50-freeze.toml")
     if args.output and os.path.lexists(args.output) and not args.force:
         raise UsageError(f"{args.output} exists; pass --force to replace it")
+    from agent.bundle.source import policy_source
+
     host = make_host(args.root)
-    settings_of(args)  # reads nothing from it, but a broken --config file stays an error (exit 3), as before
-    facts = read_freeze_facts(host)
+    settings = settings_of(args)  # a broken --config file stays an error (exit 3)
+    # the dcgm-exporter table the guard judges with here: the package's, or the signed bundle's where dated later
+    table = policy_source(host, settings.guard, settings.agent.state_dir).exporter_table()
+    facts = read_freeze_facts(host, table)
     options = FreezeOptions(name=args.name, point_releases=args.allow_point_releases,
                             kernel_series=args.kernel_series, accept_inconsistent=args.accept_inconsistent)
     from agent.printable import printable
@@ -496,8 +501,9 @@ def policy_trust_root(args: argparse.Namespace, make_host: HostFactory, out: Tex
     return 0
 
 
-def read_freeze_facts(host: Host) -> FreezeFacts:
-    """What ``policy freeze`` freezes: the packages it reads, the running kernel and the host context."""
+def read_freeze_facts(host: Host, exporter_table: Optional[ExporterTable] = None) -> FreezeFacts:
+    """What ``policy freeze`` freezes: the packages it reads, the running kernel and the host context, judged with
+    ``exporter_table`` (None: the package's dcgm-exporter table)."""
     from agent.guard.installed import detect_manager, read_installed
     from agent.hostfacts.context import read_host_context
     from agent.policy.freeze import FREEZE_PACKAGES, FreezeFacts
@@ -506,4 +512,4 @@ def read_freeze_facts(host: Host) -> FreezeFacts:
     return FreezeFacts(installed={k: v.version for k, v in installed.items()}, manager=detect_manager(host),
                        running_kernel=host.read_first_line("/proc/sys/kernel/osrelease"),
                        context=read_host_context(str(host.root)), hostname=host.hostname(),
-                       date=host.clock().date().isoformat())
+                       date=host.clock().date().isoformat(), exporter_table=exporter_table)

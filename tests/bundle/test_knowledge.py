@@ -75,7 +75,7 @@ def explain_and_status(site: Site) -> Tuple[str, str]:
 def test_a_bundle_with_a_newer_row_judges_a_host_the_package_table_does_not_know(tmp_path: Path) -> None:
     """Under the package's table exporter 4.11.0 is "unknown to gpuguard's table" and DCGM may move under it; a
     signed bundle carrying a table dated later with the row 4.11.0 / DCGM 4.9.0 makes the hook refuse that move by
-    the row, and explain and status name the table from the bundle's serial."""
+    the row, explain and status name the table from the bundle's serial, and freeze judges with it too."""
     site = dcgm_site(tmp_path)
     out, summary = explain_and_status(site)
     assert "unknown to gpuguard's dcgm-exporter table dated 2026-12-06 (from package;" in out
@@ -97,6 +97,9 @@ def test_a_bundle_with_a_newer_row_judges_a_host_the_package_table_does_not_know
     assert ("companion.dcgm_exporter: judged by gpuguard's dcgm-exporter table version 3 dated 2026-12-20 (from "
             "bundle serial 2; newest row: exporter 4.11.0 with DCGM 4.9.0)") in out.splitlines()
     assert "dcgm-exporter table version 3 dated 2026-12-20 (from bundle serial 2;" in summary
+    (site.root / "var/lib/dpkg/status").write_text(STATUS.replace("1:4.9.0-1", "1:4.8.0-1"))
+    code, out, err = run("policy", "freeze", "--root", str(site.root), "--config", str(site.config))
+    assert "OFF: the host disagrees now (dcgm-exporter 4.11.0 (built with DCGM 4.9.0) needs DCGM 4.9.x" in out, err
 
 
 def test_an_older_bundle_table_does_not_replace_the_newer_shipped_one(tmp_path: Path) -> None:
