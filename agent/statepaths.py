@@ -39,7 +39,8 @@ workloads-verified.json       the daemon's policy fetch (the hub's list of  the 
 ============================  ============================================  ==========================================
 
 policy-bundle/ holds the signed policy bundle in force (bundle.json, bundle.json.sig), its policy files extracted
-(policy.d/) and its matrix (amd-compat-matrix.toml, when it carries one), and state.json (the serial in force, the
+(policy.d/), its matrix (amd-compat-matrix.toml, when it carries one) and its knowledge tables (knowledge/<table>.toml,
+when it carries any: agent/policy/knowledge_files.py), and state.json (the serial in force, the
 signing key, where it came from, the last refusal).
 
 Files beside one of these carry its name with a suffix given where they are made (the outbox's ``.hwm`` high-water
@@ -222,6 +223,11 @@ class StatePaths:
     def policy_bundle_matrix(self) -> str:
         """The AMD matrix the bundle carries (absent when it carries none)."""
         return self._join("policy-bundle/amd-compat-matrix.toml")
+
+    @property
+    def policy_bundle_knowledge_dir(self) -> str:
+        """The knowledge tables the bundle carries, one ``<table>.toml`` each (absent when it carries none)."""
+        return self._join("policy-bundle/knowledge")
 
     @property
     def policy_bundle_state(self) -> str:

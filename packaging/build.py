@@ -327,6 +327,10 @@ def stage_agent(stage: Stage, target: Target, version: str, vendor_wheels: Wheel
     stage.add_file(PACKAGING / "launchers/gpuguard", "/usr/bin/gpuguard", 0o755,
                    text=launcher_text(PACKAGING / "launchers/gpuguard", target))
     stage.add_file(REPO / "policies/amd-compat-matrix.toml", "/usr/share/gpuguard/amd-compat-matrix.toml")
+    # gpuguard's knowledge tables (agent/policy/knowledge_files.py reads them here; a signed bundle may carry newer)
+    stage.add_dir("/usr/share/gpuguard/knowledge")
+    for table in sorted((REPO / "policies/knowledge").glob("*.toml")):
+        stage.add_file(table, f"/usr/share/gpuguard/knowledge/{table.name}")
     stage.add_file(REPO / "systemd/gpuguard.service", f"{target.unit_dir}/gpuguard.service")
     stage.add_dir("/etc/gpuguard")
     stage.add_dir("/etc/gpuguard/policy.d")

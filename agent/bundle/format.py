@@ -1,4 +1,5 @@
-"""The policy bundle: one canonical JSON file holding a policy.d, its serial, author, scope and (optionally) matrix.
+"""The policy bundle: one canonical JSON file holding a policy.d, its serial, author, scope and (optionally) matrix
+and knowledge tables (``knowledge``: file name -> text, each a table of agent/policy/knowledge.py).
 
 The signature (a detached OpenPGP signature, agent/bundle/verify.py) is over the exact bytes :func:`render_bundle`
 writes: sorted keys, no spaces, UTF-8, one trailing newline. :func:`parse_bundle` reads any JSON that validates
@@ -18,6 +19,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationError, f
 
 from agent.errors import InputFileError
 from agent.models import FrozenModel, first_validation_problem
+from agent.policy.knowledge import FILE_NAMES
 from agent.strictjson import parse_json_text
 from agent.wire import MAX_STORED_INT
 
@@ -86,6 +88,9 @@ class PolicyBundle(FrozenModel):
     matrix: Optional[StrictStr] = Field(default=None, min_length=1)
     # When the bundle stops being good (required under a root, agent/bundle/roles.py); None: never (no root).
     expires: Optional[StrictStr] = None
+    # gpuguard's compatibility tables, newer than the package's (file name -> its TOML text); None: none carried.
+    knowledge: Optional[Dict[StrictStr, StrictStr]] = Field(default=None, min_length=1,
+                                                            max_length=len(FILE_NAMES))
 
     @field_validator("created_at", "expires")
     @classmethod
@@ -96,6 +101,14 @@ class PolicyBundle(FrozenModel):
             dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ")
         except ValueError:
             raise ValueError(f"{value!r} is not a UTC time as YYYY-MM-DDTHH:MM:SSZ") from None
+        return value
+
+    @field_validator("knowledge")
+    @classmethod
+    def _knowledge_names(cls, value: Optional[Dict[str, str]]) -> Optional[Dict[str, str]]:
+        for name in value or {}:
+            if name not in FILE_NAMES:
+                raise ValueError(f"{name!r} is not a knowledge file gpuguard reads ({', '.join(FILE_NAMES)})")
         return value
 
     @field_validator("policy_files")
@@ -138,8 +151,9 @@ def unencodable_text(value: Any, where: str = "") -> Optional[str]:
 def render_bundle(bundle: PolicyBundle) -> bytes:
     """The canonical bytes of a bundle, the ones a signature is made over."""
     data = bundle.model_dump(mode="json")
-    if data["expires"] is None:  # a bundle without expiry renders as it did before the field existed
-        del data["expires"]
+    for optional in ("expires", "knowledge"):  # a bundle without one renders as it did before the field existed
+        if data[optional] is None:
+            del data[optional]
     return (json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
 
 

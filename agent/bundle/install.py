@@ -31,6 +31,9 @@ from agent.errors import BundleRefused, GpuguardError, InputFileError
 from agent.files import FileMissing, open_append_regular, read_bytes_bounded
 from agent.statepaths import StatePaths
 
+# Where the staged bundle's knowledge tables go (policy-bundle/knowledge once in force, agent/statepaths.py).
+KNOWLEDGE_DIR = "knowledge"
+
 if TYPE_CHECKING:  # pragma: no cover
     from agent.bundle.freshness import FreshnessStatement
     from agent.bundle.roles import RootMetadata
@@ -38,6 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from agent.bundle.source import PolicySettings
     from agent.host import Host
     from agent.policy.compiled import CompiledPolicy
+    from agent.policy.knowledge_files import BundleKnowledge
 
 
 @dataclass(frozen=True)
@@ -74,22 +78,41 @@ def _locked(directory: Path) -> Iterator[None]:
 
 
 def _extract(bundle: PolicyBundle, target: Path) -> Path:
-    """Write the bundle's policy files to ``target/policy.d`` and its matrix beside; the policy.d path."""
+    """Write the bundle's policy files to ``target/policy.d``, its matrix and its knowledge tables
+    (``target/knowledge``) beside; the policy.d path."""
     policy_dir = target / "policy.d"
     policy_dir.mkdir(parents=True)
     for name, text in sorted(bundle.policy_files.items()):
         _write_bytes(policy_dir / name, text.encode("utf-8"))
     if bundle.matrix is not None:
         _write_bytes(target / MATRIX_FILE_NAME, bundle.matrix.encode("utf-8"))
+    if bundle.knowledge is not None:
+        (target / KNOWLEDGE_DIR).mkdir()
+        for name, text in sorted(bundle.knowledge.items()):
+            _write_bytes(target / KNOWLEDGE_DIR / name, text.encode("utf-8"))
     return policy_dir
 
 
-def _compile(policy_dir: Path, matrix_path: Optional[str], source: str, serial: int) -> "CompiledPolicy":
+def _check_knowledge(bundle: PolicyBundle, origin: str) -> None:
+    """Each knowledge table the bundle carries parsed strictly (agent/policy/knowledge.py); BundleRefused of kind
+    ``format`` naming the file and the field otherwise, before anything is written."""
+    from agent.policy.knowledge import KnowledgeInvalid
+    from agent.policy.knowledge_files import parse_named
+
+    for name, text in sorted((bundle.knowledge or {}).items()):
+        try:
+            parse_named(name, text.encode("utf-8"), f"knowledge -> {name}")
+        except KnowledgeInvalid as exc:
+            raise BundleRefused(origin, f"not a policy bundle: {exc}", "format", bundle.serial) from None
+
+
+def _compile(policy_dir: Path, matrix_path: Optional[str], source: str, serial: int,
+             knowledge: Optional["BundleKnowledge"]) -> "CompiledPolicy":
     """The bundle's policy compiled as ``policy compile`` does; BundleRefused naming every problem otherwise."""
     from agent.policy.load import load_and_compile
 
     try:
-        return load_and_compile(str(policy_dir), matrix_path)[1]
+        return load_and_compile(str(policy_dir), matrix_path, knowledge)[1]
     except GpuguardError as exc:
         text = str(exc).replace(str(policy_dir) + "/", "").replace(str(policy_dir), "policy.d")
         raise BundleRefused(source, f"does not compile: {text}", "compile", serial) from None
@@ -214,10 +237,14 @@ class BundleInstaller:
         refusal = None if bundle.scope.all else scope_refusal(bundle.scope, facts())
         if refusal is not None:
             raise BundleRefused(origin, refusal, "scope", bundle.serial)
+        _check_knowledge(bundle, origin)
         staged = work / "staged"
         policy_dir = _extract(bundle, staged)
         matrix = str(staged / MATRIX_FILE_NAME) if bundle.matrix is not None else self.guard.matrix_path
-        compiled = _compile(policy_dir, matrix, origin, bundle.serial)
+        from agent.policy.knowledge_files import BundleKnowledge
+
+        knowledge = BundleKnowledge(str(staged / KNOWLEDGE_DIR), bundle.serial) if bundle.knowledge else None
+        compiled = _compile(policy_dir, matrix, origin, bundle.serial, knowledge)
         self._commit(staged, bundle_file, signature_file)
         installed = Installed(bundle.serial, fingerprint, compiled.name, compiled=False,
                               rolled_back_from=rolled_back_from)
@@ -256,7 +283,8 @@ class BundleInstaller:
         return placed.serial, hashlib.sha256(data).hexdigest()
 
     def _commit(self, staged: Path, bundle_file: Path, signature_file: Path) -> None:
-        """Move the checked bundle into place: its policy.d swapped by renames, then matrix, signature, bundle."""
+        """Move the checked bundle into place: its policy.d swapped by renames, then matrix, knowledge, signature,
+        bundle."""
         live = self.host.path(self.paths.policy_bundle_policy_dir)
         old = staged.parent / "old-policy.d"
         if live.exists():
@@ -268,6 +296,13 @@ class BundleInstaller:
             os.replace(staged / MATRIX_FILE_NAME, matrix)
         elif matrix.exists():
             matrix.unlink()
+        knowledge = self.host.path(self.paths.policy_bundle_knowledge_dir)
+        old_knowledge = staged.parent / "old-knowledge"
+        if knowledge.exists():
+            os.replace(knowledge, old_knowledge)
+        if (staged / KNOWLEDGE_DIR).exists():
+            os.replace(staged / KNOWLEDGE_DIR, knowledge)
+        shutil.rmtree(old_knowledge, ignore_errors=True)
         os.replace(signature_file, self.host.path(self.paths.policy_bundle_signature))
         os.replace(bundle_file, self.host.path(self.paths.policy_bundle))
 
@@ -277,7 +312,13 @@ class BundleInstaller:
         from agent.policy.load import write_compiled
 
         chosen = policy_source(self.host, self.guard, self.paths.state_dir)
-        compiled = _compile(Path(chosen.policy_path), chosen.matrix_path, origin, serial)
+        # the state file names the new serial only after this (none at all on a first install): the knowledge in
+        # place is this bundle's
+        from agent.policy.knowledge_files import BundleKnowledge
+
+        directory = self.host.path(self.paths.policy_bundle_knowledge_dir)
+        knowledge = BundleKnowledge(str(directory), serial) if directory.is_dir() else None
+        compiled = _compile(Path(chosen.policy_path), chosen.matrix_path, origin, serial, knowledge)
         write_compiled(str(self.host.path(self.paths.compiled_policy)), compiled)
         return True
 

@@ -14,7 +14,9 @@ from agent.statepaths import StatePaths
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.host import Host
+    from agent.policy.companions import ExporterTable
     from agent.policy.compiled import CompiledPolicy
+    from agent.policy.knowledge_files import BundleKnowledge
     from agent.policy.load import LoadedPolicy
 
 
@@ -38,13 +40,22 @@ class PolicySettings(Protocol):
 @dataclass(frozen=True)
 class PolicySource:
     """Where the policy comes from: ``kind`` local or bundle, the real path of its files and of its AMD matrix
-    (None: the shipped matrix), and the line that names it (``bundle serial 42 from hub, key ABCD...``)."""
+    (None: the shipped matrix), the line that names it (``bundle serial 42 from hub, key ABCD...``), and the
+    bundle's knowledge tables (None: the package's only; agent/policy/knowledge_files.py chooses per table)."""
 
     kind: str
     policy_path: str
     matrix_path: Optional[str]
     description: str
     state: Optional[BundleState] = None
+    knowledge: Optional["BundleKnowledge"] = None
+
+    def exporter_table(self) -> "ExporterTable":
+        """gpuguard's dcgm-exporter table in use under this source (the package's, or the bundle's where dated
+        later): what the snapshot, ``policy check`` and ``policy freeze`` judge with, as the compiled policy does."""
+        from agent.policy.knowledge_files import exporter_table_in_use
+
+        return exporter_table_in_use(self.knowledge)
 
 
 def describe_bundle(state: BundleState) -> str:
@@ -62,8 +73,12 @@ def policy_source(host: "Host", guard: PolicySettings, state_dir: str) -> Policy
     paths = StatePaths(state_dir)
     state = read_bundle_state(str(host.path(paths.policy_bundle_state)))
     matrix = host.path(paths.policy_bundle_matrix)
+    knowledge = host.path(paths.policy_bundle_knowledge_dir)
+    from agent.policy.knowledge_files import BundleKnowledge
+
     return PolicySource("bundle", str(host.path(paths.policy_bundle_policy_dir)),
-                        str(matrix) if matrix.is_file() else guard.matrix_path, describe_bundle(state), state)
+                        str(matrix) if matrix.is_file() else guard.matrix_path, describe_bundle(state), state,
+                        BundleKnowledge(str(knowledge), state.serial) if knowledge.is_dir() and state.serial else None)
 
 
 def compile_source(source: PolicySource) -> Tuple["LoadedPolicy", "CompiledPolicy"]:
@@ -76,4 +91,4 @@ def compile_source(source: PolicySource) -> Tuple["LoadedPolicy", "CompiledPolic
     if source.kind == "bundle" and not Path(source.policy_path).is_dir():
         raise PolicyError(source.policy_path, ['no policy bundle is installed ([guard] policy_source = "bundle"): '
                                                "gpuguard policy install BUNDLE, or let the daemon fetch the hub's"])
-    return load_and_compile(source.policy_path, source.matrix_path)
+    return load_and_compile(source.policy_path, source.matrix_path, source.knowledge)

@@ -31,6 +31,7 @@ from agent.defaults import DEFAULT_POLICY_DIR
 if TYPE_CHECKING:
     from agent.commands import HostFactory, Subparsers
     from agent.host import Host
+    from agent.policy.companions import ExporterTable
     from agent.policy.freeze import FreezeFacts
 
 
@@ -109,6 +110,9 @@ def _add_bundle_parsers(pol_sub: Any) -> None:
                                                          "shipped one)")
     bundle.add_argument("--with-matrix", action="store_true",
                         help="carry that matrix in the bundle: the hosts compile with it instead of their own")
+    bundle.add_argument("--knowledge", dest="knowledge", action="append", default=[], metavar="FILE",
+                        help="carry this knowledge table (repeat; e.g. a newer dcgm-exporter.toml): hosts use it "
+                             "where it is dated the same day as their package's copy or later")
     add_root(bundle, "check against the host tree under DIR instead of / (as policy check does)")
     bundle.add_argument("--no-host", action="store_true", help="skip the checks against this host's packages")
     bundle.add_argument("--sign-with", metavar="KEYID", help="sign it with gpg --detach-sign as this key "
@@ -336,9 +340,13 @@ def policy_freeze(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
                          f"50-freeze.toml")
     if args.output and os.path.lexists(args.output) and not args.force:
         raise UsageError(f"{args.output} exists; pass --force to replace it")
+    from agent.bundle.source import policy_source
+
     host = make_host(args.root)
-    settings_of(args)  # reads nothing from it, but a broken --config file stays an error (exit 3), as before
-    facts = read_freeze_facts(host)
+    settings = settings_of(args)  # a broken --config file stays an error (exit 3)
+    # the dcgm-exporter table the guard judges with here: the package's, or the signed bundle's where dated later
+    table = policy_source(host, settings.guard, settings.agent.state_dir).exporter_table()
+    facts = read_freeze_facts(host, table)
     options = FreezeOptions(name=args.name, point_releases=args.allow_point_releases,
                             kernel_series=args.kernel_series, accept_inconsistent=args.accept_inconsistent)
     from agent.printable import printable
@@ -415,7 +423,8 @@ def policy_bundle(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
         expires = (host.clock() + dt.timedelta(days=args.expires_days)).strftime("%Y-%m-%dT%H:%M:%SZ")
     bundle = make_bundle(args.path, args.serial, scope, created_by, host.clock().strftime("%Y-%m-%dT%H:%M:%SZ"),
                          matrix_path=find_matrix_file(args.matrix) if args.with_matrix else None,
-                         matrix_version=matrix.recorded if matrix is not None else None, expires=expires)
+                         matrix_version=matrix.recorded if matrix is not None else None, expires=expires,
+                         knowledge_paths=args.knowledge)
     write_atomically(args.output, render_bundle(bundle).decode("utf-8"))
     signed = ""
     if args.sign_with:
@@ -426,7 +435,8 @@ def policy_bundle(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
                   signature, args.output], 120.0).check()
         signed = f", signed -> {signature}"
     _show(out, f"wrote {args.output}: policy bundle serial {bundle.serial}, policy '{summary['name']}' from "
-               f"{len(bundle.policy_files)} file(s){' and its matrix' if bundle.matrix else ''}{signed}\n")
+               f"{len(bundle.policy_files)} file(s){' and its matrix' if bundle.matrix else ''}"
+               f"{' and knowledge ' + ', '.join(sorted(bundle.knowledge)) if bundle.knowledge else ''}{signed}\n")
     return 0
 
 
@@ -491,8 +501,9 @@ def policy_trust_root(args: argparse.Namespace, make_host: HostFactory, out: Tex
     return 0
 
 
-def read_freeze_facts(host: Host) -> FreezeFacts:
-    """What ``policy freeze`` freezes: the packages it reads, the running kernel and the host context."""
+def read_freeze_facts(host: Host, exporter_table: Optional[ExporterTable] = None) -> FreezeFacts:
+    """What ``policy freeze`` freezes: the packages it reads, the running kernel and the host context, judged with
+    ``exporter_table`` (None: the package's dcgm-exporter table)."""
     from agent.guard.installed import detect_manager, read_installed
     from agent.hostfacts.context import read_host_context
     from agent.policy.freeze import FREEZE_PACKAGES, FreezeFacts
@@ -501,4 +512,4 @@ def read_freeze_facts(host: Host) -> FreezeFacts:
     return FreezeFacts(installed={k: v.version for k, v in installed.items()}, manager=detect_manager(host),
                        running_kernel=host.read_first_line("/proc/sys/kernel/osrelease"),
                        context=read_host_context(str(host.root)), hostname=host.hostname(),
-                       date=host.clock().date().isoformat())
+                       date=host.clock().date().isoformat(), exporter_table=exporter_table)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
 from agent.collectors import default_collectors
 from agent.collectors.base import Collector
+from agent.config import Settings
 from agent.daemon_jobs.hooks import PolicyCheck
 from agent.daemon_jobs.runtime import Runtime, load_last_snapshot
 from agent.files import write_atomically
@@ -16,6 +17,9 @@ from agent.snapshot.diff import SnapshotDiff, diff_snapshots
 from agent.snapshot.model import Snapshot
 from agent.snapshot.pairing import pairing_of
 from agent.snapshot.take import take_snapshot
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.policy.companions import ExporterTable
 
 log = get_logger("snapshot_job")
 
@@ -33,7 +37,8 @@ class SnapshotJob:
 
     def __init__(self, runtime: Runtime, policy_check: Optional[PolicyCheck],
                  on_stack_changed: Callable[[str], None] = lambda reason: None,
-                 take: Callable[[Host, Sequence[Collector]], Snapshot] = take_snapshot) -> None:
+                 take: Callable[[Host, Sequence[Collector], Optional[ExporterTable]], Snapshot] = take_snapshot
+                 ) -> None:
         self.runtime = runtime
         self.policy_check = policy_check
         self.on_stack_changed = on_stack_changed
@@ -44,9 +49,24 @@ class SnapshotJob:
             if previous is not None:
                 state.keep_snapshot(previous, pairing_of(previous))
 
+    def _exporter_table(self, settings: Settings) -> Optional[ExporterTable]:
+        """The dcgm-exporter table the guard judges with (the package's, or the signed bundle's in force where dated
+        later), so the snapshot's findings agree with the hook; None when it cannot be told (the snapshot then
+        reads the package's, or says it cannot)."""
+        from agent.bundle.source import policy_source
+        from agent.errors import GpuguardError
+
+        try:
+            return policy_source(self.runtime.host, settings.guard, settings.agent.state_dir).exporter_table()
+        except GpuguardError as exc:
+            log.warning("knowledge_unreadable", error=str(exc))
+            return None
+
     def run(self, reason: str = "interval") -> None:
         rt = self.runtime
-        snap = self._take(rt.host, default_collectors(rt.job_settings().snapshot.all_watched_packages))
+        settings = rt.job_settings()
+        snap = self._take(rt.host, default_collectors(settings.snapshot.all_watched_packages),
+                          self._exporter_table(settings))
         previous = rt.state.last_snapshot
         pairing = pairing_of(snap)
         diff: Optional[SnapshotDiff] = None

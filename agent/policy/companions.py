@@ -7,7 +7,8 @@
   of one release: in DCGM 4.7.1, libdcgm and ``nv-hostengine`` of different releases fail with an API version
   mismatch.
 - ``companion.dcgm_exporter``: dcgm-exporter within the DCGM release series it was built and tested for
-  (:data:`EXPORTER_TABLE`, with sources): package versions carry only the exporter's own version.
+  (gpuguard's dcgm-exporter table, :class:`ExporterTable`, with sources): package versions carry only the
+  exporter's own version.
 - ``companion.amdsmi``: the amdsmi Python binding and ``libamd_smi.so.N`` of one ROCm release (a binding of another
   release fails at ``import amdsmi``).
 
@@ -29,7 +30,7 @@ from agent.records import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+    from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 FABRICMANAGER, DCGM, DCGM_EXPORTER, AMDSMI = ("companion.fabricmanager", "companion.dcgm", "companion.dcgm_exporter",
                                               "companion.amdsmi")
@@ -55,36 +56,92 @@ DCGM_EXPORTER_PACKAGES: Tuple[str, ...] = ("dcgm-exporter", "datacenter-gpu-mana
 AMDSMI_BINDING_PACKAGES: Tuple[str, ...] = ("amd-smi", "python3-amdsmi")
 AMDSMI_LIBRARY_PACKAGES: Tuple[str, ...] = ("libamd-smi[0-9]*", "amd-smi-lib", "amd-smi-lib[0-9]*", "amdrocm-amdsmi*")
 
-# dcgm-exporter release -> (the DCGM release it was built with, the DCGM release series it supports, source). The
-# package version carries the exporter's version only ("RPM and Debian package versions identify the exporter
-# version", NVIDIA's install guide); the pair is in the release tag ``<dcgm>-<exporter>``. An exporter release
-# this table does not know cannot be judged: one older than its newest row is a violation of the rule (update
-# gpuguard, or turn the rule off); one newer than its newest row (and a DCGM newer than the newest row's) is reported
-# as "unknown to gpuguard's table dated D" (:func:`unknown_to_table`: a snapshot finding, ``status``, ``policy
-# explain``), never silently passed and never refused for being new. The date is the day the table was last checked
-# against its sources; each row names its source.
-EXPORTER_TABLE_DATED = "2026-12-06"
-EXPORTER_TABLE: Tuple[Tuple[str, str, Tuple[str, ...], str], ...] = (
-    ("3.1.7", "3.2.5", ("3.2",), "nixpkgs dcgm-exporter 3.2.5-3.1.7 (\"the first portion ... a compatible DCGM\")"),
-    ("3.4.0", "3.3.5", ("3.3",), "release tag 3.3.5-3.4.0"),
-    ("3.4.1", "3.3.5", ("3.3",), "release tag 3.3.5-3.4.1"),
-    ("4.8.1", "4.5.2", ("4.5",), "image tag 4.5.2-4.8.1-ubuntu22.04 (NVIDIA/dcgm-exporter pull request 736)"),
-    ("4.8.2", "4.5.3", ("4.5",), "release 4.5.3-4.8.2 (NVIDIA/dcgm-exporter issue 700)"),
-    ("4.8.3", "4.6.0", ("4.6",), "image tag 4.6.0-4.8.3; Microsoft's dcgm-exporter 4.8.3 builds against "
-                                 "datacenter-gpu-manager-4-core (= 1:4.6.0-1)"),
-    ("4.8.4", "4.6.1", ("4.6",), "dcgm-exporter 4.8.4 release notes: tested with DCGM 4.6.1"),
-    ("4.9.0", "4.7.0", ("4.7",), "dcgm-exporter 4.9.0 release notes: tested with DCGM 4.7.0 and 4.7.1, ships 4.7.0"),
-    ("4.10.0", "4.8.0", ("4.8",), "https://github.com/NVIDIA/dcgm-exporter/releases: dcgm-exporter 4.10.0, built with "
-                                  "DCGM 4.8.0 (four more field renames), released 2026-11-30 (issue #42)"),
-)
+# dcgm-exporter release -> the DCGM release it was built with and the DCGM release series it supports: gpuguard's
+# dcgm-exporter knowledge table (policies/knowledge/dcgm-exporter.toml, agent/policy/knowledge.py; the package's copy
+# or a signed bundle's, whichever is dated later), compiled into the compiled policy and read back by
+# :func:`exporter_table`. Package versions carry only the exporter's own version; the pair is in the release tag
+# ``<dcgm>-<exporter>``. An exporter release the table does not know cannot be judged: one older than its newest row
+# is a violation of the rule (update the table, or turn the rule off); one newer than its newest row (and a DCGM newer
+# than the newest row's) is reported as "unknown to gpuguard's table dated D" (:func:`unknown_to_table`: a snapshot
+# finding, ``status``, ``policy explain``), never silently passed and never refused for being new. The table's name,
+# EXPORTER_TABLE_NAME, is wire's (agent/wire.py UNKNOWN_TABLES), imported above.
+
+
+class ExporterRow(Record):
+    """One row of the dcgm-exporter table: the exporter release, the DCGM release it was built with, the DCGM series
+    it supports, its source and the day it was checked."""
+
+    __slots__ = ("exporter", "dcgm", "series", "source", "date")
+    exporter: str
+    dcgm: str
+    series: Tuple[str, ...]
+    source: str
+    date: str
+
+    def __init__(self, exporter: str, dcgm: str, series: Sequence[str], source: str, date: str) -> None:
+        Record.__init__(self, exporter, dcgm, tuple(series), source, date)
+
+
+class ExporterTable(Record):
+    """The dcgm-exporter table in use: its version, the day it was checked (``dated``), where it came from
+    (``package``, ``bundle serial 7``) and its rows in release order (the newest last)."""
+
+    __slots__ = ("version", "dated", "origin", "rows")
+    version: int
+    dated: str
+    origin: str
+    rows: Tuple[ExporterRow, ...]
+
+    def __init__(self, version: int, dated: str, origin: str, rows: Sequence[ExporterRow]) -> None:
+        Record.__init__(self, version, dated, origin, tuple(rows))
+
+    @property
+    def newest(self) -> ExporterRow:
+        return self.rows[-1]
+
+    def named(self) -> str:
+        """``dcgm-exporter table version 2 dated 2026-12-06 (from package)`` for lines people read."""
+        return (f"{EXPORTER_TABLE_NAME} table version {self.version} dated {self.dated} (from {self.origin}; newest "
+                f"row: exporter {self.newest.exporter} with DCGM {self.newest.dcgm})")
+
+
+def exporter_table(value: Any) -> ExporterTable:
+    """The dcgm-exporter table of a compiled policy (KnowledgeTable.to_compiled's plain data); ValueError naming
+    the field when it is misshapen (the compiled policy's check turns that into its one-line error)."""
+    def text(item: Any, where: str) -> str:
+        if not isinstance(item, str) or not item:
+            raise ValueError(f"{where}: not a non-empty string")
+        return item
+
+    if not isinstance(value, dict) or value.get("table") != EXPORTER_TABLE_NAME:
+        raise ValueError(f"not the {EXPORTER_TABLE_NAME} table")
+    version = value.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ValueError("version: not a number from 1")
+    rows = value.get("rows")
+    if not isinstance(rows, list) or not rows:
+        raise ValueError("rows: not a non-empty list")
+    out = []
+    for index, row in enumerate(rows, 1):
+        where = f"rows -> {index}"
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: not an object")
+        series = row.get("dcgm_series")
+        if not isinstance(series, list) or not series:
+            raise ValueError(f"{where} -> dcgm_series: not a non-empty list")
+        exporter, dcgm = text(row.get("exporter"), where + " -> exporter"), text(row.get("dcgm"), where + " -> dcgm")
+        source, date = text(row.get("source"), where + " -> source"), text(row.get("date"), where + " -> date")
+        out.append(ExporterRow(exporter, dcgm, [text(s, where + " -> dcgm_series") for s in series], source, date))
+        if not _three_part(out[-1].exporter) or not _three_part(out[-1].dcgm):
+            raise ValueError(f"{where}: exporter and dcgm are not MAJOR.MINOR.PATCH releases")
+    return ExporterTable(version, text(value.get("dated"), "dated"), text(value.get("origin"), "origin"), out)
+
 
 # What each rule asks, as ``policy explain`` shows it.
 DESCRIPTIONS = {
     FABRICMANAGER: "fabric manager and libnvidia-nscq must be the NVIDIA driver's exact build",
     DCGM: "DCGM's packages must be one release (libdcgm and nv-hostengine)",
-    DCGM_EXPORTER: f"dcgm-exporter must run with a DCGM of the series it was built for (table dated "
-                   f"{EXPORTER_TABLE_DATED}, newest row: exporter {EXPORTER_TABLE[-1][0]} with DCGM "
-                   f"{EXPORTER_TABLE[-1][1]})",
+    DCGM_EXPORTER: "dcgm-exporter must run with a DCGM of the series it was built for",
     AMDSMI: "the amdsmi Python binding and libamd_smi must be of one ROCm release",
 }
 HINTS = {
@@ -191,18 +248,18 @@ def dcgm(installed: Mapping[str, str]) -> List[Disagreement]:
 # --- dcgm-exporter x DCGM --------------------------------------------------------------------------------------
 
 
-def exporter_pairing(version: str) -> Optional[Tuple[str, str, Tuple[str, ...], str]]:
+def exporter_pairing(version: str, table: ExporterTable) -> Optional[Tuple[str, str, Tuple[str, ...], str]]:
     """(exporter release, DCGM release it was built with, DCGM series it supports, source) of a dcgm-exporter
     package version, or None when unknown. A version in the release tag's form (``4.5.2-4.8.1``, as some
-    repackagings write it) carries the pair itself; otherwise :data:`EXPORTER_TABLE` says."""
+    repackagings write it) carries the pair itself; otherwise ``table`` says."""
     text = version.split(":", 1)[1] if ":" in version.split("-", 1)[0] else version
     head = text.split("-")
     if len(head) >= 2 and all(_three_part(p) for p in head[:2]):
         return head[1], head[0], (releases.series(head[0]) or head[0],), "the package version (<dcgm>-<exporter>)"
     release = releases.dotted_release(text, parts=3)
-    for row in EXPORTER_TABLE:
-        if row[0] == release:
-            return row
+    for row in table.rows:
+        if row.exporter == release:
+            return row.exporter, row.dcgm, row.series, row.source
     return None
 
 
@@ -220,31 +277,31 @@ def _newer_than_table(release: Optional[str], newest: str) -> bool:
     return bool(_numbers(release)) and _numbers(release) > _numbers(newest)
 
 
-def unknown_to_table(installed: Mapping[str, str]) -> List[TableUnknown]:
-    """dcgm-exporter releases newer than :data:`EXPORTER_TABLE`'s newest row (and not carrying their DCGM pair in
-    their version), and DCGM packages of a release newer than the newest row's DCGM: what gpuguard's table cannot
-    judge yet."""
-    newest_exporter, newest_dcgm = EXPORTER_TABLE[-1][0], EXPORTER_TABLE[-1][1]
-    where = (f"unknown to gpuguard's dcgm-exporter table dated {EXPORTER_TABLE_DATED} (newest row: exporter "
-             f"{newest_exporter} with DCGM {newest_dcgm})")
+def unknown_to_table(installed: Mapping[str, str], table: ExporterTable) -> List[TableUnknown]:
+    """dcgm-exporter releases newer than ``table``'s newest row (and not carrying their DCGM pair in their
+    version), and DCGM packages of a release newer than the newest row's DCGM: what gpuguard's table cannot judge
+    yet."""
+    newest_exporter, newest_dcgm = table.newest.exporter, table.newest.dcgm
+    where = (f"unknown to gpuguard's dcgm-exporter table dated {table.dated} (from {table.origin}; newest row: "
+             f"exporter {newest_exporter} with DCGM {newest_dcgm})")
     out = []
     for key in _keys(installed, DCGM_EXPORTER_PACKAGES):
         version = installed[key]
         release = releases.dotted_release(version, parts=3)
-        if exporter_pairing(version) is None and _newer_than_table(release, newest_exporter):
+        if exporter_pairing(version, table) is None and _newer_than_table(release, newest_exporter):
             out.append(TableUnknown(EXPORTER_TABLE_NAME, "dcgm-exporter", release or version, newest_exporter,
-                                    EXPORTER_TABLE_DATED, f"{package_name(key)} {version} is {where}: which DCGM it "
+                                    table.dated, f"{package_name(key)} {version} is {where}: which DCGM it "
                                     "supports is not judged; update gpuguard", [key]))
     dcgm = {k: releases.dotted_release(installed[k], parts=3) or "unknown" for k in _keys(installed, DCGM_PACKAGES)}
     newer = {k: r for k, r in dcgm.items() if _newer_than_table(r, newest_dcgm)}
     if newer:
         out.append(TableUnknown(EXPORTER_TABLE_NAME, "dcgm", max(newer.values(), key=_numbers), newest_dcgm,
-                                EXPORTER_TABLE_DATED, f"DCGM {_grouped(newer, 2)} is {where}: which dcgm-exporter it "
+                                table.dated, f"DCGM {_grouped(newer, 2)} is {where}: which dcgm-exporter it "
                                 "takes is not judged; update gpuguard", sorted(newer)))
     return out
 
 
-def dcgm_exporter(installed: Mapping[str, str]) -> List[Disagreement]:
+def dcgm_exporter(installed: Mapping[str, str], table: ExporterTable) -> List[Disagreement]:
     """dcgm-exporter with a DCGM outside the release series its release was built for (or no DCGM, or a release
     older than the table's newest that the table does not know; one newer than its newest row is
     :func:`unknown_to_table`'s, not a disagreement)."""
@@ -256,11 +313,11 @@ def dcgm_exporter(installed: Mapping[str, str]) -> List[Disagreement]:
     out = []
     for key in exporters:
         version = installed[key]
-        pairing = exporter_pairing(version)
+        pairing = exporter_pairing(version, table)
         if pairing is None:
-            if not _newer_than_table(releases.dotted_release(version, parts=3), EXPORTER_TABLE[-1][0]):
+            if not _newer_than_table(releases.dotted_release(version, parts=3), table.newest.exporter):
                 out.append(Disagreement(DCGM_EXPORTER, f"{package_name(key)} {version} is not in gpuguard's "
-                                                       f"dcgm-exporter table (dated {EXPORTER_TABLE_DATED}): which "
+                                                       f"dcgm-exporter table (dated {table.dated}): which "
                                                        f"DCGM it supports is unknown (the host has {dcgm_text})",
                                         [key]))
             continue

@@ -60,19 +60,22 @@ class Explanation:
 
 
 def tables_line(policy: CompiledPolicy) -> str:
-    """The dates of the compatibility tables gpuguard judges with: the dcgm-exporter table (agent/policy/companions.py)
-    and the TheRock release table (agent/policy/releases.py), each with its newest row (a newer release is reported
-    as unknown to it), and AMD's matrix when the policy compiles it in."""
+    """The compatibility tables gpuguard judges this policy with, each with its date and origin: the dcgm-exporter
+    table when the companions rule reads it (the package's or a signed bundle's, with its newest row: a newer
+    release is reported as unknown to it), the TheRock release table (agent/policy/releases.py) with its newest row,
+    and AMD's matrix when the policy compiles it in."""
     from agent.policy import companions, releases
 
-    newest = companions.EXPORTER_TABLE[-1]
-    parts = [f"dcgm-exporter table dated {companions.EXPORTER_TABLE_DATED} (newest row: exporter {newest[0]} with "
-             f"DCGM {newest[1]})", f"TheRock release table dated {releases.THEROCK_TABLE_DATED} (newest row: "
-                                   f"{releases.THEROCK_RELEASES[-1][0]})"]
+    parts = []
+    compiled_table = (policy.section("knowledge") or {}).get(companions.EXPORTER_TABLE_NAME)
+    if compiled_table is not None:
+        parts.append(companions.exporter_table(compiled_table).named())
+    parts.append(f"TheRock release table dated {releases.THEROCK_TABLE_DATED} (newest row: "
+                 f"{releases.THEROCK_RELEASES[-1][0]})")
     matrix = policy.section("matrix")
     if matrix:
         parts.append(f"AMD compatibility matrix recorded {matrix.get('recorded')}")
-    return "gpuguard's compatibility tables: " + "; ".join(parts)
+    return "gpuguard's compatibility tables: " + ("; ".join(parts) or "none (no rule of this policy reads one)")
 
 
 def explain(policy: CompiledPolicy, facts: HostFacts) -> Explanation:

@@ -63,6 +63,8 @@ class FreezeFacts:
     context: HostContext = NO_FACTS
     hostname: str = "unknown"
     date: str = ""  # when the facts were read (YYYY-MM-DD), for the header
+    # gpuguard's dcgm-exporter table in use (agent/policy/knowledge_files.py); None: the package's
+    exporter_table: Optional[companions.ExporterTable] = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,14 @@ class _Host:
     @property
     def context(self) -> HostContext:
         return self.facts.context
+
+    @property
+    def exporter_table(self) -> companions.ExporterTable:
+        if self.facts.exporter_table is not None:
+            return self.facts.exporter_table
+        from agent.policy.knowledge_files import exporter_table_in_use
+
+        return exporter_table_in_use()
 
     @property
     def point_releases(self) -> bool:

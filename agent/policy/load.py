@@ -22,6 +22,7 @@ from agent.errors import InputFileError, PolicyError
 from agent.files import read_bytes_bounded
 from agent.policy.compiled import COMPILED_FORMAT, CompiledPolicy, check_compiled
 from agent.policy.evaluate import FAMILIES, family
+from agent.policy.knowledge_files import BundleKnowledge
 from agent.policy.model import SECTIONS, Policy
 from agent.strictjson import MAX_NESTING_DEPTH, nesting_depth
 from agent.tomlreader import MAX_TOML_BYTES, toml_module, toml_worded
@@ -146,11 +147,23 @@ class _Source:
     """A validated policy as the families read it when compiling (agent/policy/families/__init__.py,
     ``CompileSource``): plain data, no pydantic."""
 
-    def __init__(self, policy: Policy, path: str, matrix: Optional[Any]) -> None:
+    def __init__(self, policy: Policy, path: str, matrix: Optional[Any],
+                 knowledge: Optional[BundleKnowledge] = None) -> None:
         self._policy = policy
+        self._bundle_knowledge = knowledge
         self.path = path
         self.policy: Dict[str, Any] = policy.policy.model_dump()
         self.matrix: Optional[Dict[str, Any]] = matrix.to_compiled() if matrix is not None else None
+
+    def knowledge(self) -> Dict[str, Any]:
+        """gpuguard's knowledge tables in use (the package's, or the bundle's where dated later), compiled; read
+        only when a family asks (agent/policy/knowledge_files.py)."""
+        from agent.policy.knowledge_files import compiled_knowledge
+
+        try:
+            return compiled_knowledge(self._bundle_knowledge)
+        except InputFileError as exc:
+            raise PolicyError(exc.path, [exc.reason]) from None
 
     def section(self, key: str) -> Any:
         value = getattr(self._policy, key, None)
@@ -177,10 +190,11 @@ def guarded_patterns(policy: Policy) -> List[str]:
     return list(dict.fromkeys(patterns))
 
 
-def compile_policy(loaded: LoadedPolicy, matrix: Optional[Any] = None,
-                   now: Optional[dt.datetime] = None) -> Dict[str, Any]:
-    """The plain-JSON form the hook evaluates; ``matrix`` (a Matrix) is required when the policy asks for it. The
-    policy-wide fields here, each family's section by the family (agent/policy/families/), in table order."""
+def compile_policy(loaded: LoadedPolicy, matrix: Optional[Any] = None, now: Optional[dt.datetime] = None,
+                   knowledge: Optional[BundleKnowledge] = None) -> Dict[str, Any]:
+    """The plain-JSON form the hook evaluates; ``matrix`` (a Matrix) is required when the policy asks for it;
+    ``knowledge``: the bundle in force's knowledge files (None: the package's tables only). The policy-wide fields
+    here, each family's section by the family (agent/policy/families/), in table order."""
     policy = loaded.policy
     p = policy.policy
     data: Dict[str, Any] = {
@@ -193,7 +207,7 @@ def compile_policy(loaded: LoadedPolicy, matrix: Optional[Any] = None,
         "max_override_minutes": p.max_override_minutes,
         "guarded": guarded_patterns(policy),
     }
-    source = _Source(policy, loaded.path, matrix)
+    source = _Source(policy, loaded.path, matrix, knowledge)
     for name in FAMILIES:
         data.update(family(name).compiled(source))
     if policy.health:
@@ -202,21 +216,23 @@ def compile_policy(loaded: LoadedPolicy, matrix: Optional[Any] = None,
     return data
 
 
-def compiled_from(loaded: LoadedPolicy, matrix: Optional[Any] = None) -> CompiledPolicy:
+def compiled_from(loaded: LoadedPolicy, matrix: Optional[Any] = None,
+                  knowledge: Optional[BundleKnowledge] = None) -> CompiledPolicy:
     """Compile in memory (``policy explain``, the rollback watcher, tests)."""
-    return CompiledPolicy(json.loads(json.dumps(compile_policy(loaded, matrix))), loaded.path)
+    return CompiledPolicy(json.loads(json.dumps(compile_policy(loaded, matrix, knowledge=knowledge))), loaded.path)
 
 
-def load_and_compile(path: str = DEFAULT_POLICY_DIR, matrix_path: Optional[str] = None) -> Tuple[LoadedPolicy,
-                                                                                                  CompiledPolicy]:
-    """Load a policy and compile it, loading the AMD matrix only when the policy requires it."""
+def load_and_compile(path: str = DEFAULT_POLICY_DIR, matrix_path: Optional[str] = None,
+                     knowledge: Optional[BundleKnowledge] = None) -> Tuple[LoadedPolicy, CompiledPolicy]:
+    """Load a policy and compile it, loading the AMD matrix only when the policy requires it and the knowledge
+    tables only when a rule reads them."""
     loaded = load_policy(path)
     matrix = None
     if loaded.policy.policy.require_amd_matrix:
         from agent.policy.matrix import load_matrix
 
         matrix = load_matrix(matrix_path)
-    return loaded, compiled_from(loaded, matrix)
+    return loaded, compiled_from(loaded, matrix, knowledge)
 
 
 def write_compiled(path: str, compiled: CompiledPolicy) -> None:

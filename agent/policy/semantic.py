@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Seque
 
 from agent.defaults import AMD_DRIVER_PACKAGE, ROCM_CORE_PACKAGE, THEROCK_BASE_PACKAGE
 from agent.hostfacts.package_keys import package_name
-from agent.policy import releases
+from agent.policy import companions, releases
 from agent.policy.globs import matched_by_some
 from agent.policy.spec import SpecError, matches, parse_entry
 
@@ -76,8 +76,10 @@ class Inventory:
 
 
 def check_policy(parts: Sequence[Tuple[str, Policy]], merged: Policy, matrix: Optional[Matrix] = None,
-                 inventory: Optional[Inventory] = None) -> List[Problem]:
-    """Every semantic problem of every file (``parts``: file, its own policy) given the merged policy's context."""
+                 inventory: Optional[Inventory] = None,
+                 exporter_table: Optional[companions.ExporterTable] = None) -> List[Problem]:
+    """Every semantic problem of every file (``parts``: file, its own policy) given the merged policy's context;
+    ``exporter_table``: gpuguard's dcgm-exporter table in use (None: the package's)."""
     out: List[Problem] = []
     for file, policy in parts:
         found = _kind_problems(policy, matrix)
@@ -89,7 +91,7 @@ def check_policy(parts: Sequence[Tuple[str, Policy]], merged: Policy, matrix: Op
                 outside = _matrix_problems(i, pairing, matrix) if merged.policy.require_amd_matrix else []
                 found += outside or _unknown_release_problems(i, pairing, matrix)  # the error says it already
         if inventory is not None:
-            found += _host_problems(policy, inventory)
+            found += _host_problems(policy, inventory, exporter_table)
             if matrix is not None and policy.amd:
                 found += _installed_release_problems(inventory, matrix)
         out += [Problem(p.where, p.message, p.severity, file) for p in found]
@@ -403,7 +405,8 @@ def _describe(spec: Spec) -> str:
 # --- what this host has ----------------------------------------------------------------------------------------
 
 
-def _host_problems(policy: Policy, inventory: Inventory) -> List[Problem]:
+def _host_problems(policy: Policy, inventory: Inventory,
+                   exporter_table: Optional[companions.ExporterTable]) -> List[Problem]:
     matches_some = matched_by_some([package_name(k) for k in inventory.installed])
     out = []
 
@@ -433,14 +436,14 @@ def _host_problems(policy: Policy, inventory: Inventory) -> List[Problem]:
     if policy.frozen:
         unmatched("frozen -> packages", policy.frozen.packages)
     if policy.companions:
-        out += _companion_problems(policy.companions.enabled(), inventory)
+        out += _companion_problems(policy.companions.enabled(), inventory, exporter_table)
     return out
 
 
-def _companion_problems(enabled: Sequence[str], inventory: Inventory) -> List[Problem]:
+def _companion_problems(enabled: Sequence[str], inventory: Inventory,
+                        exporter_table: Optional[companions.ExporterTable]) -> List[Problem]:
     """Companion rules with none of their packages on this host (they judge nothing here yet), and installed
     dcgm-exporter releases gpuguard's table does not know (the rule refuses them)."""
-    from agent.policy import companions
 
     matches_some = matched_by_some([package_name(k) for k in inventory.installed])
     judged = {"fabricmanager": companions.FABRICMANAGER_PACKAGES, "dcgm": companions.DCGM_PACKAGES,
@@ -452,20 +455,25 @@ def _companion_problems(enabled: Sequence[str], inventory: Inventory) -> List[Pr
             out.append(Problem(f"companions -> {rule}", f"none of its packages ({', '.join(judged[rule])}) is "
                                                         f"installed on this host: it judges nothing here yet", WARNING))
     if "dcgm_exporter" in enabled:
-        newer = {k for item in companions.unknown_to_table(inventory.installed) for k in item.packages}
+        if exporter_table is None:
+            from agent.policy.knowledge_files import exporter_table_in_use
+
+            exporter_table = exporter_table_in_use()
+        dated = exporter_table.dated
+        newer = {k for item in companions.unknown_to_table(inventory.installed, exporter_table) for k in item.packages}
         for key, version in sorted(inventory.installed.items()):
             if package_name(key) not in companions.DCGM_EXPORTER_PACKAGES or \
-                    companions.exporter_pairing(version) is not None:
+                    companions.exporter_pairing(version, exporter_table) is not None:
                 continue
             if key in newer:
                 out.append(Problem("companions -> dcgm_exporter",
                                    f"{package_name(key)} {version} installed here is newer than gpuguard's "
-                                   f"dcgm-exporter table (dated {companions.EXPORTER_TABLE_DATED}) knows: it is "
+                                   f"dcgm-exporter table (dated {dated}) knows: it is "
                                    f"reported, not judged; update gpuguard", WARNING))
                 continue
             out.append(Problem("companions -> dcgm_exporter",
                                f"{package_name(key)} {version} installed here is not in gpuguard's dcgm-exporter "
-                               f"table (dated {companions.EXPORTER_TABLE_DATED}): changes to DCGM or the "
+                               f"table (dated {dated}): changes to DCGM or the "
                                f"exporter are refused while it is installed; set dcgm_exporter = false or "
                                f"update gpuguard",
                                WARNING))

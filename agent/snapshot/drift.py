@@ -19,6 +19,7 @@ from agent.snapshot.rocm_release import release_package
 from agent.versions import upstream_dotted
 
 if TYPE_CHECKING:  # pragma: no cover
+    from agent.policy.companions import ExporterTable
     from agent.snapshot.model import Finding, Severity, Snapshot
 
 # Packages whose version is the NVIDIA driver's own (not toolkits or container tools).
@@ -145,7 +146,8 @@ def _active_release(snap: "Snapshot") -> Optional[str]:
     return tree_release(chosen.target) if chosen is not None else None
 
 
-def _companion_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> List["Finding"]:
+def _companion_findings(snap: "Snapshot", packages: Dict[str, PackageInfo],
+                        exporter_table: Optional["ExporterTable"]) -> List["Finding"]:
     """Companions that already disagree with what they serve (agent/policy/companions.py, the rules the guard
     refuses such a change by): fabric manager or NSCQ not the driver's build, DCGM's packages of two releases,
     dcgm-exporter beside a DCGM of another series, an amdsmi binding (a package, or pip's) of another ROCm release."""
@@ -157,7 +159,8 @@ def _companion_findings(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> L
     loaded = upstream_dotted(nv.driver_version) if nv is not None and nv.driver_version else None
     found = [*companions.fabricmanager(installed, DEFAULT_NVIDIA_DRIVER_PACKAGES, loaded,
                                        tuple(NVIDIA_NOT_DRIVER_PARTS)),
-             *companions.dcgm(installed), *companions.dcgm_exporter(installed),
+             *companions.dcgm(installed),
+             *(companions.dcgm_exporter(installed, exporter_table) if exporter_table is not None else []),
              *companions.amdsmi(installed, _pip_binding(snap), active_release=_active_release(snap))]
     out = []
     for item in found:
@@ -189,16 +192,17 @@ def _amd_releases(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> Tuple[D
     return rocm, therock
 
 
-def _table_unknown_findings(snap: "Snapshot", packages: Dict[str, PackageInfo],
-                            matrix: Optional[Mapping[str, Any]]) -> List["Finding"]:
+def _table_unknown_findings(snap: "Snapshot", packages: Dict[str, PackageInfo], matrix: Optional[Mapping[str, Any]],
+                            exporter_table: Optional["ExporterTable"]) -> List["Finding"]:
     """Versions newer than a compatibility table of gpuguard's knows (agent/policy/table_unknown.py: AMD's matrix,
-    the TheRock release table, the dcgm-exporter table): reported as info naming the table and its date, never
-    judged."""
+    the TheRock release table, the dcgm-exporter table in use when there is one): reported as info naming the table
+    and its date (and the dcgm-exporter table's origin), never judged."""
     from agent.policy import companions, releases, table_unknown
 
     installed = {key: info.version for key, info in packages.items()}
     rocm, therock = _amd_releases(snap, packages)
-    found = [*companions.unknown_to_table(installed), *table_unknown.therock(therock)]
+    found = [*(companions.unknown_to_table(installed, exporter_table) if exporter_table is not None else []),
+             *table_unknown.therock(therock)]
     if matrix is not None:
         driver_key = next((k for k in sorted(installed) if package_name(k) == AMD_DRIVER_PACKAGE), None)
         drivers = {driver_key: releases.series(releases.amdgpu_driver_release(installed[driver_key]))} \
@@ -207,6 +211,8 @@ def _table_unknown_findings(snap: "Snapshot", packages: Dict[str, PackageInfo],
         found += table_unknown.amd_matrix(matrix, rocm, drivers, gpus)
     return [_finding("unknown_to_table", "info", item.component, item.message, table=item.table,
                      version=item.version, newest=item.newest, table_dated=item.dated,
+                     table_origin=(exporter_table.origin if exporter_table is not None
+                                   and item.table == companions.EXPORTER_TABLE_NAME else None),
                      packages=" ".join(f"{k}={installed[k]}" for k in item.packages) or None)
             for item in found]
 
@@ -236,11 +242,29 @@ def _container_cgroup_findings(snap: "Snapshot") -> List["Finding"]:
         docker_cgroup_driver_source=info.docker_cgroup_driver_source if "docker" in runtimes else None)]
 
 
-def analyze(snap: "Snapshot", matrix: Optional[Mapping[str, Any]] = None) -> List["Finding"]:
+def analyze(snap: "Snapshot", matrix: Optional[Mapping[str, Any]] = None,
+            exporter_table: Optional["ExporterTable"] = None) -> List["Finding"]:
     """Every finding the snapshot supports, in a stable order; ``matrix`` is AMD's matrix in its compiled form
-    (agent/policy/matrix.py), to report what is newer than it (none: not judged against it)."""
+    (agent/policy/matrix.py), to report what is newer than it (none: not judged against it); ``exporter_table``:
+    gpuguard's dcgm-exporter table in use (None: the package's, agent/policy/knowledge_files.py, read only where DCGM
+    or dcgm-exporter is installed: a snapshot elsewhere never parses it; when it cannot be read, a warning finding
+    says so and the table's findings are left out, never the snapshot)."""
+    from agent.policy import companions
+    from agent.policy.globs import any_glob
+
     packages = snap.packages()
+    unreadable: List["Finding"] = []
+    dcgm = any_glob(companions.DCGM_PACKAGES + companions.DCGM_EXPORTER_PACKAGES)
+    if exporter_table is None and any(dcgm(package_name(key)) for key in packages):
+        from agent.errors import GpuguardError
+        from agent.policy.knowledge_files import exporter_table_in_use
+
+        try:
+            exporter_table = exporter_table_in_use()
+        except GpuguardError as exc:
+            unreadable = [_finding("knowledge_unreadable", "warning", "dcgm", f"gpuguard's dcgm-exporter table "
+                                   f"cannot be read ({exc}): dcgm-exporter is not judged; reinstall gpuguard")]
+    unknown = [*_table_unknown_findings(snap, packages, matrix, exporter_table), *unreadable]
     return [*_kernel_findings(snap), *_amdgpu_findings(snap, packages), *_rocm_findings(snap, packages),
-            *_nvidia_findings(snap, packages), *_companion_findings(snap, packages),
-            *_table_unknown_findings(snap, packages, matrix),
+            *_nvidia_findings(snap, packages), *_companion_findings(snap, packages, exporter_table), *unknown,
             *_container_cgroup_findings(snap), *_package_state_findings(packages)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
 from agent import __version__
 from agent.collectors import default_collectors
@@ -14,6 +14,9 @@ from agent.log import get_logger
 from agent.snapshot.drift import analyze
 from agent.snapshot.model import SECTION_NAMES, Snapshot, compute_content_hash
 from agent.snapshot.rocm_release import settled
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.policy.companions import ExporterTable
 
 log = get_logger("snapshot")
 
@@ -33,9 +36,11 @@ def knowledge_matrix() -> Optional[Dict[str, Any]]:
 
 
 def take_snapshot(host: Host, collectors: Optional[Sequence[Collector]] = None,
+                  exporter_table: Optional["ExporterTable"] = None,
                   matrix: Optional[Dict[str, Any]] = None) -> Snapshot:
-    """Collect every section from ``host``; never raises for a failing collector. ``matrix``: AMD's matrix in its
-    compiled form to report newer versions against (default :func:`knowledge_matrix`)."""
+    """Collect every section from ``host``; never raises for a failing collector. ``exporter_table``: gpuguard's
+    dcgm-exporter table in use for the findings (None: the package's); ``matrix``: AMD's matrix in its compiled form
+    to report newer versions against (default :func:`knowledge_matrix`)."""
     started = time.monotonic()
     chosen = tuple(collectors) if collectors is not None else default_collectors()
     sections: Dict[str, Any] = {c.name: run_collector(c, host) for c in chosen}
@@ -43,7 +48,8 @@ def take_snapshot(host: Host, collectors: Optional[Sequence[Collector]] = None,
     if missing:
         raise ValueError(f"collectors missing for snapshot sections: {missing}")
     draft = settled(Snapshot(agent_version=__version__, hostname=host.hostname(), taken_at=host.clock(), **sections))
-    with_findings = replace(draft, findings=analyze(draft, matrix if matrix is not None else knowledge_matrix()))
+    with_findings = replace(draft, findings=analyze(draft, matrix if matrix is not None else knowledge_matrix(),
+                                                    exporter_table))
     sealed = replace(with_findings, content_hash=compute_content_hash(with_findings))
     log.info("snapshot_taken", content_hash=sealed.content_hash, findings=len(sealed.findings),
              duration_seconds=round(time.monotonic() - started, 3))

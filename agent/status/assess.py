@@ -235,6 +235,8 @@ def _policy(f: StatusFacts, at: dt.datetime) -> Check:
         return Check(name="policy", state="warn", summary=f"{summary}; {p.stale}: still enforced")
     if p.source == "local" and p.bundle_serial is not None:
         summary += f" (bundle serial {p.bundle_serial} installed, not in force: [guard] policy_source is local)"
+    if p.tables is not None:
+        summary += f"; {p.tables}"
     if p.rollout is not None:
         summary += f"; {p.rollout}"
     if p.refusal_pending:

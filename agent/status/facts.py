@@ -143,6 +143,9 @@ class PolicyFacts(FrozenModel):
     rollout: Optional[str] = None  # the hub's staged-rollout notice (agent/bundle/rollout.py)
     bundle_expires: Optional[dt.datetime] = None  # when the bundle in force expires (None: never)
     stale: Optional[str] = None  # why the hub's freshness statement asks for attention (agent/bundle/state.py)
+    # The compatibility tables the compiled policy judges with, each with its date and origin (package or bundle
+    # serial N), as ``policy explain`` says them; None when no compiled policy can be read.
+    tables: Optional[str] = None
     problem: Optional[str] = None
 
 
@@ -539,6 +542,20 @@ def probe_hub(endpoint_url: str, ca_bundle: Optional[str], timeout_seconds: floa
                     latency_ms=(time.monotonic() - started) * 1000)
 
 
+def _tables(compiled_path: str) -> Optional[str]:
+    """The compatibility tables line of the compiled policy in force (agent/policy/explain.py); None when it cannot
+    be read (the guard check says why) or the policy reads no table."""
+    from agent.errors import GpuguardError
+    from agent.policy.compiled import read_compiled
+    from agent.policy.explain import tables_line
+
+    try:
+        compiled = read_compiled(compiled_path)
+        return tables_line(compiled) if compiled.section("knowledge") or compiled.section("matrix") else None
+    except (GpuguardError, ValueError):
+        return None
+
+
 def read_policy(host: Host, guard: Any, state_dir: str) -> PolicyFacts:
     """The policy source the settings choose and the bundle state (agent/bundle/state.py)."""
     from agent.bundle.source import describe_bundle
@@ -554,6 +571,7 @@ def read_policy(host: Host, guard: Any, state_dir: str) -> PolicyFacts:
         described = describe_bundle(state)
     refused = state.refused
     return PolicyFacts(source=guard.policy_source, description=described, bundle_serial=state.serial,
+                       tables=_tables(str(host.path(StatePaths(state_dir).compiled_policy))),
                        refused_serial=refused.serial if refused else None,
                        refused_reason=refused.reason if refused else None, refused_at=refused.at if refused else None,
                        refused_kind=refused.kind if refused else None, hub_below=state.hub_below is not None,

@@ -60,12 +60,14 @@ def unpack_rpm(rpm: Path, dest: Path) -> None:
 
 
 def test_deb_holds_the_layout_with_conffiles_and_private_state(debian12: Dict[str, Path], tmp_path: Path) -> None:
-    """The Debian 12 .deb installs the command, agent, vendored deps, unit, apt hook, configs and a 0750 state dir."""
+    """The Debian 12 .deb installs the command, agent, vendored deps, unit, apt hook, configs, knowledge tables and a
+    0750 state dir."""
     deb = debian12["gpuguard"]
     files = deb_listing(deb)
     for path in ("/usr/bin/gpuguard", "/usr/lib/gpuguard/agent/cli.py", "/usr/lib/gpuguard/agent/guard/apt/hook.py",
                  "/usr/lib/gpuguard/gpuguard-apt-hook", "/etc/apt/apt.conf.d/50gpuguard",
                  "/lib/systemd/system/gpuguard.service", "/usr/share/gpuguard/amd-compat-matrix.toml",
+                 "/usr/share/gpuguard/knowledge/dcgm-exporter.toml",
                  "/usr/share/man/man1/gpuguard.1.gz", "/usr/share/doc/gpuguard/copyright", *CONFIG_FILES):
         assert path in files, path
     assert files["/var/lib/gpuguard"] == "drwxr-x---"
@@ -102,7 +104,7 @@ def test_rpm_holds_the_layout_dnf_files_and_config(el9: Dict[str, Path]) -> None
     files = set(rpm_query(rpm, "-l"))
     for path in ("/usr/bin/gpuguard", "/usr/lib/gpuguard/agent/cli.py", "/usr/lib/systemd/system/gpuguard.service",
                  "/var/lib/gpuguard", "/etc/gpuguard/policy.d", "/usr/lib/gpuguard/vendor/cp39/tomli/__init__.py",
-                 *CONFIG_FILES):
+                 "/usr/share/gpuguard/knowledge/dcgm-exporter.toml", *CONFIG_FILES):
         assert path in files, path
     assert any(re.search(r"/vendor/cp39/pydantic_core/.*cpython-39-x86_64-linux-gnu\.so$", p) for p in files)
     assert "/etc/apt/apt.conf.d/50gpuguard" not in files and "/usr/lib/gpuguard/gpuguard-apt-hook" not in files

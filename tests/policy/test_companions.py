@@ -238,8 +238,9 @@ def test_dcgm_3_beside_dcgm_4_is_two_releases(tmp_path: Path) -> None:
 def test_exporter_versions_say_which_dcgm_they_were_built_for(version: str, expected) -> None:
     """Package versions carry the exporter's release (looked up in the table) or the ``<dcgm>-<exporter>`` pair."""
     from agent.policy.companions import exporter_pairing
+    from agent.policy.knowledge_files import exporter_table_in_use
 
-    found = exporter_pairing(version)
+    found = exporter_pairing(version, exporter_table_in_use())
     assert (found[:3] if found else None) == expected
 
 
@@ -272,14 +273,15 @@ def test_explain_and_freeze_know_the_dcgm_rules(tmp_path: Path) -> None:
 
 
 def test_the_exporter_table_has_a_date_a_source_per_row_and_the_4_10_0_row() -> None:
-    """The table is dated, every row names its source, and dcgm-exporter 4.10.0 (DCGM 4.8.0) is its newest row, its
-    source NVIDIA's dcgm-exporter releases page."""
-    from agent.policy.companions import EXPORTER_TABLE, EXPORTER_TABLE_DATED
+    """The shipped table file is dated, every row names its source and date, and dcgm-exporter 4.10.0 (DCGM 4.8.0)
+    is its newest row, its source NVIDIA's dcgm-exporter releases page."""
+    from agent.policy.knowledge_files import exporter_table_in_use
 
-    assert EXPORTER_TABLE_DATED == "2026-12-06"
-    assert all(row[3].strip() for row in EXPORTER_TABLE)
-    assert EXPORTER_TABLE[-1][:3] == ("4.10.0", "4.8.0", ("4.8",))
-    assert "https://github.com/NVIDIA/dcgm-exporter/releases" in EXPORTER_TABLE[-1][3]
+    table = exporter_table_in_use()
+    assert (table.dated, table.origin) == ("2026-12-06", "package")
+    assert all(row.source.strip() and row.date <= table.dated for row in table.rows)
+    assert (table.newest.exporter, table.newest.dcgm, table.newest.series) == ("4.10.0", "4.8.0", ("4.8",))
+    assert "https://github.com/NVIDIA/dcgm-exporter/releases" in table.newest.source
 
 
 DCGM_48 = {"datacenter-gpu-manager-4-core": "1:4.8.0-1", "datacenter-gpu-manager-4-cuda13": "1:4.8.0-1",
@@ -300,18 +302,20 @@ def test_an_exporter_newer_than_the_table_is_reported_never_refused_for_being_ne
     refused, ``policy explain`` and the semantic check say "unknown to gpuguard's table dated 2026-12-06"; an
     unknown release older than the newest row is still a violation."""
     from agent.policy.companions import unknown_to_table
+    from agent.policy.knowledge_files import exporter_table_in_use
 
+    shipped = exporter_table_in_use()
     policy = _compiled(tmp_path)
     newer = {**_upgrade(DCGM_48, ["datacenter-gpu-manager-4-core", "datacenter-gpu-manager-4-cuda13"], "1:4.9.0-1"),
              "dcgm-exporter": "4.11.0-1"}
     assert _judge(policy, DCGM_48, newer) == []
-    assert [u.message for u in unknown_to_table(newer)] == [
-        "dcgm-exporter 4.11.0-1 is unknown to gpuguard's dcgm-exporter table dated 2026-12-06 (newest row: exporter "
-        "4.10.0 with DCGM 4.8.0): which DCGM it supports is not judged; update gpuguard",
+    assert [u.message for u in unknown_to_table(newer, shipped)] == [
+        "dcgm-exporter 4.11.0-1 is unknown to gpuguard's dcgm-exporter table dated 2026-12-06 (from package; newest "
+        "row: exporter 4.10.0 with DCGM 4.8.0): which DCGM it supports is not judged; update gpuguard",
         "DCGM 4.9.0 (datacenter-gpu-manager-4-core, datacenter-gpu-manager-4-cuda13) is unknown to gpuguard's "
-        "dcgm-exporter table dated 2026-12-06 (newest row: exporter 4.10.0 with DCGM 4.8.0): which dcgm-exporter it "
-        "takes is not judged; update gpuguard"]
-    assert unknown_to_table(DCGM_48) == [] and unknown_to_table(DCGM_HOST) == []
+        "dcgm-exporter table dated 2026-12-06 (from package; newest row: exporter 4.10.0 with DCGM 4.8.0): which "
+        "dcgm-exporter it takes is not judged; update gpuguard"]
+    assert unknown_to_table(DCGM_48, shipped) == [] and unknown_to_table(DCGM_HOST, shipped) == []
     explanation = explain(policy, HostFacts(installed=newer, manager="dpkg"))
     assert explanation.violations == []
     assert [ln for ln in explanation.lines if "unknown to gpuguard's dcgm-exporter table dated 2026-12-06" in ln][

@@ -115,20 +115,27 @@ def test_an_unreadable_known_good_set_is_one_line(tmp_path: Path) -> None:
 
 
 def test_explain_shows_the_dates_of_gpuguards_compatibility_tables(tmp_path: Path) -> None:
-    """Every explanation names the dcgm-exporter and TheRock tables' dates and newest rows; with require_amd_matrix
-    the AMD matrix's recorded date too."""
+    """Every explanation names the tables its rules judge with: the dcgm-exporter table's version, date, origin and
+    newest row where the companions rule reads it (none otherwise), the TheRock table's date and newest row; with
+    require_amd_matrix the AMD matrix's recorded date too."""
     from agent.policy.load import compiled_from, load_policy
     from agent.policy.matrix import load_matrix
 
     plain = explain(compiled(tmp_path), HostFacts(installed=PAIR, manager="dpkg")).lines
-    assert plain[2] == ("gpuguard's compatibility tables: dcgm-exporter table dated 2026-12-06 (newest row: exporter "
-                        "4.10.0 with DCGM 4.8.0); TheRock release table dated 2026-12-06 (newest row: 10.1)")
+    therock = "TheRock release table dated 2026-12-06 (newest row: 10.1)"
+    assert plain[2] == f"gpuguard's compatibility tables: {therock}"
+    exporter = tmp_path / "e.toml"
+    exporter.write_text("[companions]\ndcgm_exporter = true\n")
+    judged = explain(compiled_from(load_policy(str(exporter))), HostFacts(installed=PAIR, manager="dpkg")).lines
+    assert judged[2] == ("gpuguard's compatibility tables: dcgm-exporter table version 2 dated 2026-12-06 (from "
+                         f"package; newest row: exporter 4.10.0 with DCGM 4.8.0); {therock}")
     path = tmp_path / "m.toml"
     path.write_text('[policy]\nrequire_amd_matrix = true\n[amd]\n[[amd.pairing]]\nname = "any"\namdgpu = "any"\n'
                     'rocm = "any"\n')
     matrix = load_matrix()
     with_matrix = explain(compiled_from(load_policy(str(path)), matrix), HostFacts(installed=PAIR, manager="dpkg"))
-    assert with_matrix.lines[2].endswith(f"; AMD compatibility matrix recorded {matrix.recorded}")
+    assert with_matrix.lines[2] == (f"gpuguard's compatibility tables: {therock}; AMD compatibility matrix recorded "
+                                    f"{matrix.recorded}")
 
 
 def test_explain_names_versions_newer_than_amds_matrix_and_the_therock_table(tmp_path: Path) -> None:

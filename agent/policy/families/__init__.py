@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Protocol, Sequence, Set, Tuple
 
     from agent.hostfacts.context import HostContext
+    from agent.policy.companions import ExporterTable
 
     class CompileSource(Protocol):
         """A policy as validated, in plain data: what a family's ``compiled`` and ``guarded`` read (agent/policy/
@@ -43,6 +44,10 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
         @property
         def matrix(self) -> Optional[Mapping[str, Any]]:
             """AMD's compatibility matrix in its compiled form, when it was loaded."""
+
+        def knowledge(self) -> Dict[str, Any]:
+            """gpuguard's knowledge tables in use, compiled (table -> its compiled form, with its origin); read
+            from disk when called, so only a family that needs them calls it."""
 
         def section(self, key: str) -> Any:
             """A family's section as validated (dicts and lists, defaults filled in); None when the policy has
@@ -109,6 +114,10 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
         @property
         def amd(self) -> bool:
             """Whether the freeze pins the amdgpu driver and ROCm."""
+
+        @property
+        def exporter_table(self) -> ExporterTable:
+            """gpuguard's dcgm-exporter table in use (agent/policy/knowledge_files.py)."""
 
         @property
         def nvidia(self) -> bool:

@@ -50,7 +50,7 @@ def check(state: HostState, policy: CompiledPolicy) -> List[Violation]:
     if section.get("dcgm"):
         found += companions.dcgm(state.after)
     if section.get("dcgm_exporter"):
-        found += companions.dcgm_exporter(state.after)
+        found += companions.dcgm_exporter(state.after, exporter_table(policy))
     if section.get("amdsmi"):
         tree = context.active_tree if context else None
         found += companions.amdsmi(state.after, context.amdsmi_binding if context else None, leaves,
@@ -69,6 +69,11 @@ def check(state: HostState, policy: CompiledPolicy) -> List[Violation]:
     return out
 
 
+def exporter_table(policy: CompiledPolicy) -> companions.ExporterTable:
+    """The dcgm-exporter table compiled into the policy (its shape was checked when the policy was read)."""
+    return companions.exporter_table((policy.section("knowledge") or {}).get(companions.EXPORTER_TABLE_NAME))
+
+
 def explain(policy: CompiledPolicy, installed: Mapping[str, str], manager: str, context: HostContext) -> List[str]:
     """One line per companion rule turned on; with the dcgm-exporter rule, one per installed version newer than its
     table knows ("unknown to gpuguard's table dated D": reported, not judged)."""
@@ -78,14 +83,24 @@ def explain(policy: CompiledPolicy, installed: Mapping[str, str], manager: str, 
     lines = [f"companion.{field}: {companions.DESCRIPTIONS['companion.' + field]} "
              f"[{policy.action_for(section.get('action'))}]" for field in companions.RULE_FIELDS if section.get(field)]
     if section.get("dcgm_exporter"):
-        lines += [f"companion.dcgm_exporter: {item.message} [info]" for item in companions.unknown_to_table(installed)]
+        table = exporter_table(policy)
+        lines += [f"companion.dcgm_exporter: judged by gpuguard's {table.named()}"]
+        lines += [f"companion.dcgm_exporter: {item.message} [info]"
+                  for item in companions.unknown_to_table(installed, table)]
     return lines
 
 
 def compiled(source: CompileSource) -> Dict[str, Any]:
-    """``companions``: the section as validated; no key at all without one."""
+    """``companions``: the section as validated; no key at all without one. With the dcgm-exporter rule on,
+    ``knowledge``: the dcgm-exporter table in use (the package's or the bundle's, agent/policy/knowledge_files.py),
+    so the hook judges with it without reading TOML."""
     section = source.section("companions")
-    return {"companions": section} if section is not None else {}
+    if section is None:
+        return {}
+    if not section.get("dcgm_exporter"):
+        return {"companions": section}
+    table = source.knowledge()[companions.EXPORTER_TABLE_NAME]
+    return {"companions": section, "knowledge": {companions.EXPORTER_TABLE_NAME: table}}
 
 
 def guarded(source: CompileSource) -> List[str]:
@@ -100,12 +115,20 @@ def guarded(source: CompileSource) -> List[str]:
 
 
 def shape(data: Mapping[str, Any]) -> None:
-    from agent.policy.compiled import action, optional_bool, table
+    from agent.policy.compiled import action, expect, optional_bool, table
 
     section = table(data["companions"], "companions", (*companions.RULE_FIELDS, "action"))
     for key in companions.RULE_FIELDS:
         optional_bool(section[key], f"companions -> {key}")
     action(section["action"], "companions -> action")
+    if section["dcgm_exporter"]:
+        knowledge = data.get("knowledge")
+        compiled_table = knowledge.get(companions.EXPORTER_TABLE_NAME) if isinstance(knowledge, dict) else None
+        try:
+            companions.exporter_table(compiled_table)
+        except ValueError as exc:
+            expect(False, f"knowledge -> {companions.EXPORTER_TABLE_NAME}", f"{exc} (the dcgm_exporter rule "
+                                                                            f"judges by it)")
 
 
 def freeze(host: FreezeHost) -> List[str]:
@@ -128,7 +151,7 @@ def freeze(host: FreezeHost) -> List[str]:
         "fabricmanager": companions.fabricmanager(installed, driver, host.context.loaded("nvidia"),
                                                   tuple(NVIDIA_NOT_DRIVER_PARTS)),
         "dcgm": companions.dcgm(installed),
-        "dcgm_exporter": companions.dcgm_exporter(installed),
+        "dcgm_exporter": companions.dcgm_exporter(installed, host.exporter_table),
         "amdsmi": companions.amdsmi(installed, binding, active_release=host.context.active_tree.release
                                     if host.context.active_tree else None),
     }

@@ -1,0 +1,145 @@
+"""gpuguard's compatibility knowledge as versioned data: the strict parser of one table file (pure, bytes in).
+
+A knowledge file (policies/knowledge/<table>.toml, shipped at /usr/share/gpuguard/knowledge/ and carried by signed
+policy bundles) holds one table: its name (``table``), ``version`` (raised at every change), ``dated`` (the day the
+whole table was checked against its sources) and its rows, each with its ``source`` (URL or citation) and ``date``
+(the day the row was checked). :func:`parse_knowledge` reads the bytes of one file into a typed frozen
+:class:`KnowledgeTable`, or raises :class:`KnowledgeInvalid` in one line naming the file and the field; it reads
+nothing from disk (agent/policy/knowledge_files.py finds the files and chooses between the package's and a
+bundle's). Off the hot path: ``policy compile`` turns the table into plain data for the hook (:meth:`to_compiled`,
+read back by agent/policy/companions.py's :func:`~agent.policy.companions.exporter_table`).
+
+Tables: ``dcgm-exporter`` (dcgm-exporter release -> the DCGM release it was built with and the series it supports).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Dict, List, Literal, Tuple
+
+from pydantic import ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator, model_validator
+
+from agent.errors import InputFileError
+from agent.models import FrozenModel
+from agent.tomlreader import toml_module, toml_worded
+from agent.validation import validation_problems
+
+# A table is a few kB; past this a file is damaged or hostile and is refused unread (a bundle carries it too).
+MAX_KNOWLEDGE_BYTES = 256 * 1024
+MAX_ROWS = 2000
+MAX_SOURCE_CHARS = 1000
+# The tables gpuguard reads, each from the file named after it (``dcgm-exporter.toml``).
+TABLES = ("dcgm-exporter",)
+FILE_NAMES = tuple(table + ".toml" for table in TABLES)
+
+
+def file_name(table: str) -> str:
+    """The file a table lives in (``dcgm-exporter.toml``), in the package, a bundle and a bundle's install."""
+    return table + ".toml"
+
+
+class KnowledgeInvalid(InputFileError):
+    """A knowledge table file is not one: too large, not UTF-8 TOML, or a field is wrong (the message names it)."""
+
+
+def _day(value: str) -> str:
+    try:
+        dt.date.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a day as YYYY-MM-DD") from None
+    if len(value) != 10:
+        raise ValueError(f"{value!r} is not a day as YYYY-MM-DD")
+    return value
+
+
+def _three_part(value: str) -> str:
+    parts = value.split(".")
+    if len(parts) != 3 or not all(p.isdecimal() and p.isascii() for p in parts):
+        raise ValueError(f"{value!r} is not a MAJOR.MINOR.PATCH release")
+    return value
+
+
+def release_key(release: str) -> Tuple[int, ...]:
+    """A three-part release as numbers, for ordering (``4.10.0`` after ``4.9.0``)."""
+    return tuple(int(p) for p in release.split("."))
+
+
+class KnowledgeModel(FrozenModel):
+    """A knowledge table's model: frozen, unknown keys refused, strict (no number for a string)."""
+
+    model_config = ConfigDict(**FrozenModel.model_config, strict=True)
+
+
+class ExporterRowModel(KnowledgeModel):
+    """One dcgm-exporter release: the DCGM release it was built with, the DCGM series it supports, where that is
+    written and the day it was checked."""
+
+    exporter: StrictStr
+    dcgm: StrictStr
+    dcgm_series: List[StrictStr] = Field(min_length=1, max_length=16)
+    source: StrictStr = Field(min_length=1, max_length=MAX_SOURCE_CHARS)
+    date: StrictStr
+
+    _releases = field_validator("exporter", "dcgm")(_three_part)
+    _date = field_validator("date")(_day)
+
+    @field_validator("dcgm_series")
+    @classmethod
+    def _series(cls, value: List[str]) -> List[str]:
+        for item in value:
+            parts = item.split(".")
+            if len(parts) != 2 or not all(p.isdecimal() and p.isascii() for p in parts):
+                raise ValueError(f"{item!r} is not a MAJOR.MINOR series")
+        return value
+
+
+class KnowledgeTable(KnowledgeModel):
+    """One knowledge file: the table's name, version, the day it was checked, and its rows in release order."""
+
+    table: Literal["dcgm-exporter"]
+    version: StrictInt = Field(ge=1, le=1 << 31)
+    dated: StrictStr
+    row: List[ExporterRowModel] = Field(min_length=1, max_length=MAX_ROWS)
+
+    _dated = field_validator("dated")(_day)
+
+    @model_validator(mode="after")
+    def _rows(self) -> "KnowledgeTable":
+        for index, row in enumerate(self.row, 1):
+            if row.date > self.dated:
+                raise ValueError(f"row -> {index} -> date: {row.date} is after the table's dated {self.dated}")
+            if index > 1 and release_key(row.exporter) <= release_key(self.row[index - 2].exporter):
+                raise ValueError(f"row -> {index} -> exporter: {row.exporter} is not after the row before it "
+                                 f"({self.row[index - 2].exporter}): rows are one per release, in release order")
+        return self
+
+    def to_compiled(self, origin: str) -> Dict[str, Any]:
+        """The table as plain JSON data for the compiled policy, with where it came from (``package``, ``bundle
+        serial 7``)."""
+        return {"table": self.table, "version": self.version, "dated": self.dated, "origin": origin,
+                "rows": [{"exporter": r.exporter, "dcgm": r.dcgm, "dcgm_series": list(r.dcgm_series),
+                          "source": r.source, "date": r.date} for r in self.row]}
+
+
+def parse_knowledge(data: bytes, where: str) -> KnowledgeTable:
+    """The table in ``data`` (a knowledge file's bytes); KnowledgeInvalid in one line naming ``where`` and the field
+    otherwise."""
+    if len(data) > MAX_KNOWLEDGE_BYTES:
+        raise KnowledgeInvalid(where, f"knowledge file is {len(data)} bytes, more than the {MAX_KNOWLEDGE_BYTES} "
+                                      f"allowed")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise KnowledgeInvalid(where, f"knowledge file is not UTF-8 (byte {exc.start})") from None
+    tomllib = toml_module()
+    try:
+        value = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise KnowledgeInvalid(where, f"not valid TOML: {exc}") from None
+    except RecursionError:
+        raise KnowledgeInvalid(where, "not valid TOML: nested too deeply") from None
+    try:
+        return KnowledgeTable.model_validate(value)
+    except ValidationError as exc:
+        more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise KnowledgeInvalid(where, validation_problems([toml_worded(exc.errors()[0])])[0] + more) from None
