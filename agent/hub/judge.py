@@ -6,8 +6,10 @@ and a tolerance hides a regression. As Kayenta, Gandalf and Google's canarying d
 hosts with a control: per cohort, the admitted hosts' failures since their admission against the cohort's hosts
 while not admitted (``rollout_plan.control_counts`` says who counts), with a one-sided Fisher exact test.
 
-    JUDGE_ALPHA        the significance threshold: halt when P(admitted failing at least this much | no
-                       difference) is below it (one-sided: a change that fails less is never halted)
+    JUDGE_ALPHA        the significance threshold of one evaluation: halt when, for a cohort, P(admitted failing at
+                       least this much | no difference) is below JUDGE_ALPHA / (cohorts tested in the evaluation)
+                       (Bonferroni: one evaluation of a harmless change halts with a chance of at most JUDGE_ALPHA,
+                       however many cohorts; one-sided: a change that fails less is never halted)
     JUDGE_MIN_SAMPLE   a cohort is tested only when both groups have at least this many hosts; a smaller cohort is
                        judged by the absolute rule (any failing canary, more than ``halt_percent`` of a batch)
 
@@ -21,7 +23,7 @@ from typing import Optional, Sequence
 
 from agent.models import FrozenModel
 
-JUDGE_ALPHA = 0.001
+JUDGE_ALPHA = 1e-4
 JUDGE_MIN_SAMPLE = 20
 
 
@@ -48,7 +50,8 @@ def fisher_greater(failed_a: int, total_a: int, failed_b: int, total_b: int) -> 
 
 class CohortJudgement(FrozenModel):
     """One cohort judged: its admitted and control groups' counts, the test's p-value (None: a group is below
-    ``JUDGE_MIN_SAMPLE``, so the absolute rule judged it) and whether the change is worse with ``JUDGE_ALPHA``."""
+    ``JUDGE_MIN_SAMPLE``, so the absolute rule judged it), the threshold it was held to and whether the change is
+    worse (p below the threshold)."""
 
     cohort: str
     admitted_failed: int
@@ -56,28 +59,36 @@ class CohortJudgement(FrozenModel):
     control_failed: int
     control: int
     p_value: Optional[float] = None
+    threshold: Optional[float] = None
     worse: bool = False
 
     def line(self) -> str:
         """``cohort X: admitted 25/25 failed (100.0%) vs control 12/975 (1.2%), p=1e-40``: both rates and counts."""
         def rate(failed: int, total: int) -> str:
             return f"{failed}/{total} ({100.0 * failed / total:.1f}%)" if total else f"{failed}/0"
-        verdict = (f"p={self.p_value:.2g}" + (f" < {JUDGE_ALPHA:g}" if self.worse else "")
+        verdict = (f"p={self.p_value:.2g}" + (f" < {self.threshold:.2g}" if self.worse else "")
                    if self.p_value is not None else f"not tested (under {JUDGE_MIN_SAMPLE} hosts a group)")
         return (f"cohort {self.cohort}: admitted {rate(self.admitted_failed, self.admitted)} failed vs control "
                 f"{rate(self.control_failed, self.control)}, {verdict}")
 
 
-def judge_cohort(cohort: str, admitted_failed: int, admitted: int, control_failed: int,
-                 control: int) -> CohortJudgement:
-    """The cohort's judgement: tested when both groups have ``JUDGE_MIN_SAMPLE`` hosts, worse when p < alpha."""
-    if admitted < JUDGE_MIN_SAMPLE or control < JUDGE_MIN_SAMPLE:
+def testable(admitted: int, control: int) -> bool:
+    """Whether both groups reach ``JUDGE_MIN_SAMPLE`` hosts."""
+    return admitted >= JUDGE_MIN_SAMPLE and control >= JUDGE_MIN_SAMPLE
+
+
+def judge_cohort(cohort: str, admitted_failed: int, admitted: int, control_failed: int, control: int,
+                 tested_cohorts: int = 1) -> CohortJudgement:
+    """The cohort's judgement: tested when both groups have ``JUDGE_MIN_SAMPLE`` hosts, worse when p is below
+    ``JUDGE_ALPHA / tested_cohorts`` (the evaluation's other tested cohorts share the alpha)."""
+    if not testable(admitted, control):
         return CohortJudgement(cohort=cohort, admitted_failed=admitted_failed, admitted=admitted,
                                control_failed=control_failed, control=control)
     p_value = fisher_greater(admitted_failed, admitted, control_failed, control)
+    threshold = JUDGE_ALPHA / max(tested_cohorts, 1)
     return CohortJudgement(cohort=cohort, admitted_failed=admitted_failed, admitted=admitted,
-                           control_failed=control_failed, control=control, p_value=p_value,
-                           worse=p_value < JUDGE_ALPHA)
+                           control_failed=control_failed, control=control, p_value=p_value, threshold=threshold,
+                           worse=p_value < threshold)
 
 
 def summary(judgements: Sequence[CohortJudgement]) -> str:

@@ -32,10 +32,12 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
+from itertools import islice
+from operator import attrgetter
 from typing import AbstractSet, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
 from agent.bundle.scope import pairing_text
-from agent.hub.judge import CohortJudgement, judge_cohort, summary
+from agent.hub.judge import CohortJudgement, judge_cohort, summary, testable
 from agent.hub.rows import HostRow
 from agent.hub.workload_stacks import GatingVerdict
 from agent.models import FrozenModel
@@ -240,7 +242,7 @@ def control_failure(window_start: dt.datetime, admitted_at: Optional[dt.datetime
     admission) until its own admission (None: not admitted, until now), by a failure event, or, for a host not
     admitted, by its newest heartbeat's failed health status from a check that finished in the window (an admitted
     host's heartbeats before its admission are not kept: only its events count); the failure's kind, or None."""
-    for kind, at in sorted(failure_events, key=lambda f: f[1]):
+    for kind, at in failure_events:
         if at >= window_start and (admitted_at is None or at < admitted_at):
             return kind
     if admitted_at is None and host is not None and host.last_health_status in FAILED_HEALTH_STATUSES:
@@ -259,23 +261,27 @@ def control_counts(hosts: Sequence[RolloutHost], states: Mapping[str, HostRow],
     before its admission (none for the first admitted). ``failures``: each host's failure events (kind, time)."""
     starts: Dict[str, dt.datetime] = {}
     for h in hosts:
-        if h.admitted_at is not None and (h.cohort not in starts or h.admitted_at < starts[h.cohort]):
-            starts[h.cohort] = h.admitted_at
-    counts: Dict[str, Tuple[int, int]] = {cohort: (0, 0) for cohort in starts}
+        at = h.admitted_at
+        if at is not None and (h.cohort not in starts or at < starts[h.cohort]):
+            starts[h.cohort] = at
+    counts: Dict[str, List[int]] = {cohort: [0, 0] for cohort in starts}  # failed, hosts
     for h in hosts:
         start = starts.get(h.cohort)
         if start is None:
             continue
-        state = states.get(h.host_id)
-        if h.admitted_at is None:
-            if h.host_id in silent or state is None or state.last_seen_at < start:
+        admitted_at, state = h.admitted_at, states.get(h.host_id)
+        if admitted_at is None:
+            if state is None or state.last_seen_at < start or h.host_id in silent:
                 continue  # no word from it in the window: nothing to count
-        elif h.admitted_at <= start:
+        elif admitted_at <= start:
             continue  # admitted when the window opened: never part of the control
-        failed, total = counts[h.cohort]
-        failed += control_failure(start, h.admitted_at, state, failures.get(h.host_id, ())) is not None
-        counts[h.cohort] = (failed, total + 1)
-    return counts
+        tally = counts[h.cohort]
+        tally[1] += 1
+        events = failures.get(h.host_id, ())
+        if events or (admitted_at is None and state is not None
+                      and state.last_health_status in FAILED_HEALTH_STATUSES):
+            tally[0] += control_failure(start, admitted_at, state, events) is not None
+    return {cohort: (failed, total) for cohort, (failed, total) in counts.items()}
 
 
 def judge_cohorts(hosts: Sequence[RolloutHost], control: Mapping[str, Tuple[int, int]]) -> List[CohortJudgement]:
@@ -285,7 +291,8 @@ def judge_cohorts(hosts: Sequence[RolloutHost], control: Mapping[str, Tuple[int,
         if h.stage is not None:
             failed, total = admitted.get(h.cohort, (0, 0))
             admitted[h.cohort] = (failed + (h.evidence is not None and h.evidence.result == "fail"), total + 1)
-    return [judge_cohort(cohort, failed, total, *control.get(cohort, (0, 0)))
+    tested = sum(testable(total, control.get(cohort, (0, 0))[1]) for cohort, (_, total) in admitted.items())
+    return [judge_cohort(cohort, failed, total, *control.get(cohort, (0, 0)), tested_cohorts=tested)
             for cohort, (failed, total) in sorted(admitted.items())]
 
 
@@ -350,12 +357,15 @@ def _to_admit(spec: RolloutSpec, stage: int, hosts: Sequence[RolloutHost],
               silent: AbstractSet[str] = frozenset()) -> List[str]:
     """Per cohort, the hosts (by host id, none of ``silent``) that fill the cohort up to the stage's quota."""
     cohorts: Dict[str, List[RolloutHost]] = {}
-    for h in sorted(hosts, key=lambda h: h.host_id):
-        cohorts.setdefault(h.cohort, []).append(h)
+    admitted: Dict[str, int] = {}
+    for h in sorted(hosts, key=attrgetter("host_id")):  # already in order from the store: a linear pass
+        if h.stage is None:
+            cohorts.setdefault(h.cohort, []).append(h)
+        admitted[h.cohort] = admitted.get(h.cohort, 0) + (h.stage is not None)
     chosen: List[str] = []
-    for members in cohorts.values():
-        quota = stage_quota(stage, len(members), spec) - sum(h.stage is not None for h in members)
-        chosen += [h.host_id for h in members if h.stage is None and h.host_id not in silent][:max(quota, 0)]
+    for cohort, waiting in cohorts.items():
+        quota = stage_quota(stage, len(waiting) + admitted[cohort], spec) - admitted[cohort]
+        chosen += islice((h.host_id for h in waiting if h.host_id not in silent), max(quota, 0))
     return sorted(chosen)
 
 

@@ -65,3 +65,12 @@ def test_the_line_and_summary_give_both_rates_and_counts() -> None:
     text = summary([judge_cohort("h100", 0, 25, 40, 2475), worse, judge_cohort("tiny", 0, 1, 0, 3)])
     assert text.startswith("2 cohorts judged against their control, closest: cohort mi300x")
     assert "1 cohorts under 20 hosts a group judged by the absolute rule" in text
+
+
+def test_the_cohorts_of_one_evaluation_share_the_alpha() -> None:
+    """With 8 cohorts tested, a cohort is worse only below JUDGE_ALPHA / 8 (Bonferroni), so one evaluation of a
+    harmless change halts with a chance of at most JUDGE_ALPHA."""
+    alone, shared = judge_cohort("c", 5, 25, 18, 1225), judge_cohort("c", 5, 25, 18, 1225, tested_cohorts=8)
+    assert alone.p_value == shared.p_value and alone.p_value is not None
+    assert JUDGE_ALPHA / 8 < alone.p_value < JUDGE_ALPHA
+    assert alone.worse and not shared.worse and shared.threshold == JUDGE_ALPHA / 8

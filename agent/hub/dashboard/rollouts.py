@@ -48,7 +48,7 @@ def rollout_page(status: RolloutStatus, now: dt.datetime, reader: Optional[str])
              ("Plan", f"{spec.canaries} canaries per cohort, then {e(', '.join(f'{b}%' for b in spec.batches))}; "
                       f"soak {spec.soak_seconds} s; "
                       + (f"halt when a cohort's admitted hosts fail more than its control (one-sided Fisher, "
-                         f"p &lt; {JUDGE_ALPHA:g}, {JUDGE_MIN_SAMPLE}+ hosts a group), else "
+                         f"p &lt; {JUDGE_ALPHA:g} shared by the cohorts, {JUDGE_MIN_SAMPLE}+ hosts a group), else "
                          if spec.judge == "control" else "")
                       + f"halt when a canary fails or more than {spec.halt_percent:g}% of a batch; "
                       + (f"a host not passed {spec.report_deadline_seconds} s after admission fails"
