@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 from math import comb
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +75,10 @@ def test_the_cohorts_of_one_evaluation_share_the_alpha() -> None:
     assert alone.p_value == shared.p_value and alone.p_value is not None
     assert JUDGE_ALPHA / 8 < alone.p_value < JUDGE_ALPHA
     assert alone.worse and not shared.worse and shared.threshold == JUDGE_ALPHA / 8
+
+
+def test_docs_hub_quotes_the_threshold_and_minimum_sample() -> None:
+    """docs/hub.md states JUDGE_ALPHA and JUDGE_MIN_SAMPLE with the values the code holds."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "hub.md").read_text(encoding="utf-8")
+    assert f"**`JUDGE_ALPHA` = {JUDGE_ALPHA:g}**" in text
+    assert f"**`JUDGE_MIN_SAMPLE` = {JUDGE_MIN_SAMPLE}**" in text

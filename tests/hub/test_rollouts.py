@@ -17,6 +17,7 @@ from agent.hub.alert_settings import AlertWebhook
 from agent.hub.alerts import AlertQueue
 from agent.hub.app import create_app
 from agent.hub.bundles import PolicyBundles
+from agent.hub.dashboard.rollouts import rollout_page
 from agent.hub.responses import HubHTTPError
 from agent.hub.rollout_plan import RolloutSpec
 from agent.hub.rollouts import Rollouts
@@ -724,3 +725,5 @@ def test_the_control_tolerates_background_failures_and_halts_a_cohort_the_change
     assert (judged["admitted_failed"], judged["admitted"], judged["control_failed"], judged["control"],
             judged["worse"]) == (29, 48, 1, 100, True)
     assert "admitted 29/48 (60.4%) failed vs control 1/100 (1.0%)" in sent["summary"]
+    page = rollout_page(rollouts.status(rid), clock.now, "ops")
+    assert "admitted 29/48 (60.4%) failed vs control 1/100 (1.0%)" in page and "one-sided Fisher" in page
