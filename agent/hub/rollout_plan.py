@@ -34,11 +34,11 @@ import math
 import re
 from itertools import islice
 from operator import attrgetter
-from typing import AbstractSet, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
+from typing import AbstractSet, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 from agent.bundle.scope import pairing_text
 from agent.hub.judge import CohortJudgement, judge_cohort, summary, testable
-from agent.hub.rows import HostRow
+from agent.hub.rows import ControlRow, HostRow
 from agent.hub.workload_stacks import GatingVerdict
 from agent.models import FrozenModel
 from agent.wire import (
@@ -236,7 +236,8 @@ def _named(hosts: Sequence[RolloutHost]) -> str:
         f" and {len(hosts) - 10} more" if len(hosts) > 10 else "")
 
 
-def control_failure(window_start: dt.datetime, admitted_at: Optional[dt.datetime], host: Optional[HostRow],
+def control_failure(window_start: dt.datetime, admitted_at: Optional[dt.datetime],
+                    host: Union[HostRow, ControlRow, None],
                     failure_events: Sequence[Tuple[str, dt.datetime]]) -> Optional[str]:
     """Whether a host failed while it was part of its cohort's control: from ``window_start`` (the cohort's first
     admission) until its own admission (None: not admitted, until now), by a failure event, or, for a host not
@@ -252,7 +253,7 @@ def control_failure(window_start: dt.datetime, admitted_at: Optional[dt.datetime
     return None
 
 
-def control_counts(hosts: Sequence[RolloutHost], states: Mapping[str, HostRow],
+def control_counts(hosts: Sequence[RolloutHost], states: Mapping[str, Union[HostRow, ControlRow]],
                    failures: Mapping[str, Sequence[Tuple[str, dt.datetime]]],
                    silent: AbstractSet[str] = frozenset()) -> Dict[str, Tuple[int, int]]:
     """Per cohort with an admitted host, its control as (failed, hosts): every host of the cohort for the part of

@@ -264,13 +264,11 @@ class Rollouts:
         if not starts:
             return {}
         sql = self.store.dialect.sql
-        cur.execute(sql(f"SELECT {', '.join('h.' + c.strip() for c in schema.HOST_COLUMNS.split(','))} FROM hosts h "
-                        "JOIN rollout_hosts r ON r.host_id = h.host_id WHERE r.rollout_id = ? "
+        cur.execute(sql(f"SELECT {', '.join('h.' + c.strip() for c in schema.CONTROL_COLUMNS.split(','))} "
+                        "FROM hosts h JOIN rollout_hosts r ON r.host_id = h.host_id WHERE r.rollout_id = ? "
                         "AND r.admitted_at IS NULL"), (rollout.rollout_id,))
-        states: Dict[str, HostRow] = {}
-        for row in cur.fetchall():
-            state = schema.host_from_row(row, self.store.dialect.from_db_time)
-            states[state.host_id] = state
+        from_db_time = self.store.dialect.from_db_time
+        states = {row[0]: schema.control_row_from(row, from_db_time) for row in cur.fetchall()}
         marks = ", ".join("?" * len(FAILURE_EVENT_KINDS))
         cur.execute(sql("SELECT e.host_id, e.kind, e.occurred_at FROM events e JOIN rollout_hosts r "
                         "ON r.host_id = e.host_id WHERE r.rollout_id = ? "
