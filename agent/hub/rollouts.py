@@ -26,6 +26,7 @@ One rollout is active at a time (running, paused or halted); a halted rollout is
 from __future__ import annotations
 
 import datetime as dt
+import json
 import secrets
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
@@ -94,8 +95,10 @@ class Rollouts:
         return None if value is None else self.store.dialect.from_db_time(value)
 
     def _row(self, r: Sequence[Any]) -> RolloutRow:
+        spec = json.loads(r[3])
+        spec.setdefault("judge", "absolute")  # a rollout started before judgement with a control keeps its rule
         return RolloutRow(rollout_id=r[0], target_serial=int(r[1]), previous_serial=None if r[2] is None else int(r[2]),
-                          spec=RolloutSpec.model_validate_json(r[3]), state=r[4], stage=int(r[5]),
+                          spec=RolloutSpec.model_validate(spec), state=r[4], stage=int(r[5]),
                           stage_started_at=self._from(r[6]), created_at=self._from(r[7]), created_by=r[8],
                           updated_at=self._from(r[9]), reason=r[10], paused_by=r[11])
 

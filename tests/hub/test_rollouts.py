@@ -727,3 +727,16 @@ def test_the_control_tolerates_background_failures_and_halts_a_cohort_the_change
     assert "admitted 29/48 (60.4%) failed vs control 1/100 (1.0%)" in sent["summary"]
     page = rollout_page(rollouts.status(rid), clock.now, "ops")
     assert "admitted 29/48 (60.4%) failed vs control 1/100 (1.0%)" in page and "one-sided Fisher" in page
+
+
+def test_a_rollout_started_before_the_control_keeps_the_absolute_rule(sqlite: SqlStore) -> None:
+    """A stored spec without ``judge`` (a rollout started before judgement with a control) reads as absolute: an
+    upgrade does not change the rule a running rollout was started under."""
+    clock = Clock()
+    _, rollouts = seed(sqlite, clock)
+    rid = rollouts.start(ADMIN, SPEC).rollout.rollout_id
+    assert rollouts.status(rid).rollout.spec.judge == "control"
+    old = {k: v for k, v in json.loads(SPEC.model_dump_json()).items() if k != "judge"}
+    sqlite.write("test", lambda cur: cur.execute("UPDATE rollouts SET spec = ? WHERE rollout_id = ?",
+                                                 (json.dumps(old), rid)))
+    assert rollouts.status(rid).rollout.spec.judge == "absolute"
