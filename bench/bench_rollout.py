@@ -3,12 +3,13 @@ decision costs, what one host's bundle fetch decision costs, and how long from a
 halt being what every host is told.
 
 --hosts hosts in --cohorts cohorts (GPU models) report serial 1; bundles 1 and 2 are pushed; a rollout of 2 starts
-(one canary per cohort, batches 5,25,100, no soak). The canaries then report a pass and the rollout widens stage by
+(--canaries per cohort, 25 by default so every cohort is judged against its control, issue #43; batches 5,25,100,
+no soak). The canaries then report a pass and the rollout widens stage by
 stage (each stage's hosts pass at once); the bench times each ``evaluate`` (the locked transaction: read the hosts
-and their evidence, decide, write) and the process CPU it took. Then a second rollout's canary reports
-cpu_fallback, and the bench times the report's ingest plus the next ``evaluate`` (the worker's nudge runs it within
-about a second in a hub; here it is called directly) plus one ``offer`` for a held-back host, which then carries
-the halt. Finally it times ``offer`` (what ``GET /v1/policy/bundle`` asks the
+and their evidence, decide, write) and the process CPU it took. Then a second rollout's canaries of one cohort
+report cpu_fallback, and the bench times the report's ingest plus the next ``evaluate`` (the worker's nudge runs
+it within about a second in a hub; here it is called directly) plus one ``offer`` for a held-back host, which then
+carries the halt. Finally it times ``offer`` (what ``GET /v1/policy/bundle`` asks the
 store) for --fetches random hosts.
 
 Run (under a minute at 10,000 hosts):
@@ -53,6 +54,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=10000)
     parser.add_argument("--cohorts", type=int, default=8)
+    parser.add_argument("--canaries", type=int, default=25)
     parser.add_argument("--fetches", type=int, default=2000)
     args = parser.parse_args()
     hosts = [f"host-{i:06d}" for i in range(args.hosts)]
@@ -72,7 +74,7 @@ def main() -> int:
         bundles.push(ADMIN, bundle_bytes(1), signature_of(bundle_bytes(1)))
         bundles.push(ADMIN, bundle_bytes(2), signature_of(bundle_bytes(2)))
         rollouts = Rollouts(store, bundles, stale_after_seconds=900.0)  # as the hub has it (its default)
-        spec = RolloutSpec(target_serial=2, canaries=1, batches=(5, 25, 100), soak_seconds=0)
+        spec = RolloutSpec(target_serial=2, canaries=args.canaries, batches=(5, 25, 100), soak_seconds=0)
         started = time.perf_counter()
         rid = rollouts.start(ADMIN, spec).rollout.rollout_id
         print(f"hosts {args.hosts}, cohorts {args.cohorts}: start (members, canaries admitted) "
@@ -88,19 +90,24 @@ def main() -> int:
                   f"(+{len(decision.admit)} hosts): {wall * 1000:7.1f} ms wall, {cpu * 1000:7.1f} ms CPU")
             if decision.action == "done":
                 break
-        # A second rollout whose canary fails.
+        # A second rollout whose canaries of one cohort fail (the others pass).
         bundles.push(ADMIN, bundle_bytes(3), signature_of(bundle_bytes(3)))
         rid = rollouts.start(ADMIN, spec.model_copy(update={"target_serial": 3})).rollout.rollout_id
-        canary = next(h.host_id for h in rollouts.status(rid).hosts if h.stage == 0)
+        canaries = [h for h in rollouts.status(rid).hosts if h.stage == 0]
+        broken = [h.host_id for h in canaries if h.cohort == canaries[0].cohort]
+        report([h.host_id for h in canaries if h.host_id not in broken], 3, "pass")
+        report([h for h in hosts if h not in {c.host_id for c in canaries}], 1, "pass")  # the control, heard from
         held = next(h.host_id for h in rollouts.status(rid).hosts if h.stage is None)
-        failed_at = time.perf_counter()
-        report([canary], 3, "cpu_fallback")
+        failed_at, failed_cpu = time.perf_counter(), time.process_time()
+        report(broken, 3, "cpu_fallback")
         decision = rollouts.evaluate(rid)
         offer = rollouts.offer(held)
-        elapsed = time.perf_counter() - failed_at
+        elapsed, cpu = time.perf_counter() - failed_at, time.process_time() - failed_cpu
         assert decision is not None and decision.action == "halt" and "halted" in (offer.notice or "")
-        print(f"failing canary report -> stored, halt decided, a held-back host's offer says halted: "
-              f"{elapsed * 1000:.1f} ms (plus up to one min gap, 1 s, in a hub, and the host's next poll)")
+        print(f"{len(broken)} failing canary reports -> stored, halt decided, a held-back host's offer says halted: "
+              f"{elapsed * 1000:.1f} ms wall, {cpu * 1000:.1f} ms CPU (plus up to one min gap, 1 s, in a hub, and "
+              f"the host's next poll)\n"
+              f"  halt: {decision.reason[:200]}")
         timings = []
         for host in random.sample(hosts, min(args.fetches, len(hosts))):
             t = time.perf_counter()

@@ -52,8 +52,13 @@ def add_parser(sub: Subparsers) -> None:
     start.add_argument("--soak-seconds", type=int, default=600, help="wait per stage after every host passed "
                                                                     "(default 600)")
     start.add_argument("--halt-percent", type=float, default=0.0,
-                       help="halt when more than this percentage of a batch fails (default 0: any failure); any "
-                            "failing canary halts")
+                       help="under the absolute rule, halt when more than this percentage of a batch fails "
+                            "(default 0: any failure); any failing canary halts")
+    start.add_argument("--judge", choices=("control", "absolute"), default="control",
+                       help="control (default): halt when a cohort's admitted hosts fail more than its hosts not "
+                            "admitted, by a one-sided Fisher exact test (cohorts too small to test: the absolute "
+                            "rule); absolute: any failing canary or more than --halt-percent of a batch halts, "
+                            "for small fleets")
     start.add_argument("--report-deadline-seconds", type=int, default=172800,
                        help="an admitted host that has not passed this long after admission fails (silent, dead, "
                             "never changed); default 172800 (two days), 0: wait for it forever")
@@ -176,6 +181,7 @@ def hub_rollout(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -
             raise UsageError("--label: KEY=VALUE")
         spec = {"target_serial": args.serial, "canaries": args.canaries, "batches": batches,
                 "soak_seconds": args.soak_seconds, "halt_percent": args.halt_percent,
+                "judge": args.judge,
                 "report_deadline_seconds": args.report_deadline_seconds, "labels": labels,
                 "revert_serial": args.revert_serial}
     env = make_host("/").env

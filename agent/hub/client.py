@@ -166,7 +166,8 @@ def rollout_lines(status: Mapping[str, Any]) -> str:
                        + ")"),
             ("stage", f"{r.get('stage')} of {len(spec.get('batches', []))}, opened {r.get('stage_started_at')}"),
             ("plan", f"{spec.get('canaries')} canaries per cohort, then {spec.get('batches')}%, soak "
-                     f"{spec.get('soak_seconds')} s, halt above {spec.get('halt_percent')}%, report deadline "
+                     f"{spec.get('soak_seconds')} s, judged by {spec.get('judge', 'control')} (absolute rule: halt "
+                     f"above {spec.get('halt_percent')}%), report deadline "
                      f"{spec.get('report_deadline_seconds')} s"),
             ("hosts by stage", stages)]
     lines = [f"{name + ':':<16}{value}" for name, value in rows]

@@ -2,7 +2,9 @@
 
 Each job runs at its interval on the scheduler's thread pool, never two runs of one job at once, missed runs merged
 into one (apscheduler's ``max_instances=1``, ``coalesce=True``). ``run_soon`` moves a job's next run forward (the
-rollout tick when failing evidence arrives), never sooner than ``min_gap_seconds`` after its last run ended. A job
+rollout tick when failing evidence arrives), never sooner than ``min_gap_seconds`` after its last run ended; asked
+while the job runs, it runs the job again right after (``min_gap_seconds`` later, on the same thread): apscheduler
+would skip a run due while one is in flight, so the nudge would wait for the next interval (issue #43). A job
 that raises is logged and runs again at its next time: periodic work never takes the hub down.
 
 The hub is a long-running server whose memory is not the agent's budget, so it uses apscheduler; the agent's
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Set
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -38,6 +40,9 @@ class Periodic:
         self._running = 0
         self._last_ended: Dict[str, dt.datetime] = {}
         self._min_gap_seconds: Dict[str, float] = {}
+        self._in_flight: Set[str] = set()
+        self._again: Set[str] = set()  # asked to run soon while in flight: run again once the run ends
+        self._stopping = threading.Event()
 
     def add(self, name: str, body: Callable[[], object], interval_seconds: float, first_after_seconds: float,
             min_gap_seconds: float = 0.0) -> None:
@@ -48,8 +53,12 @@ class Periodic:
                                 next_run_time=_now() + dt.timedelta(seconds=first_after_seconds))
 
     def run_soon(self, name: str) -> None:
-        """Run the job now, or once its minimum gap after the last run has passed; never blocks."""
+        """Run the job now, or once its minimum gap after the last run has passed (a run in flight: right after it,
+        so what it was asked for is not lost); never blocks."""
         with self._lock:
+            if name in self._in_flight:
+                self._again.add(name)
+                return
             ended = self._last_ended.get(name)
         due = _now()
         if ended is not None:
@@ -68,6 +77,7 @@ class Periodic:
     def stop(self, timeout_seconds: float = 10.0) -> None:
         """Stop scheduling and wait up to ``timeout_seconds`` for the runs in flight (each job ends its own work at
         its stop signal: RetentionWorker.stop; a rollout tick is one transaction), as a thread join would."""
+        self._stopping.set()
         if self._scheduler.running:
             self._scheduler.shutdown(wait=False)
         with self._idle:
@@ -76,17 +86,34 @@ class Periodic:
     def _guarded(self, name: str, body: Callable[[], object]) -> None:
         with self._lock:
             self._running += 1
+            self._in_flight.add(name)
+        try:
+            while True:
+                self._run_once(name, body)
+                with self._lock:
+                    self._last_ended[name] = _now()
+                    again = name in self._again and not self._stopping.is_set()
+                    self._again.discard(name)
+                    if not again:
+                        self._in_flight.discard(name)
+                        break
+                if self._stopping.wait(self._min_gap_seconds.get(name, 0.0)):
+                    with self._lock:
+                        self._in_flight.discard(name)
+                    break
+        finally:
+            with self._lock:
+                self._running -= 1
+                self._idle.notify_all()
+
+    @staticmethod
+    def _run_once(name: str, body: Callable[[], object]) -> None:
         try:
             body()
         except StoreError as exc:  # logged by the store; the next run tries again
             log.warning("hub_periodic_job_failed", job=name, error=exc.reason)
         except Exception as exc:  # noqa: BLE001 - never take the hub down for periodic work
             log.error("hub_periodic_job_failed", job=name, error=repr(exc))
-        finally:
-            with self._lock:
-                self._last_ended[name] = _now()
-                self._running -= 1
-                self._idle.notify_all()
 
 
 def _now() -> dt.datetime:

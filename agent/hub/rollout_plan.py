@@ -32,10 +32,13 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from typing import AbstractSet, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
+from itertools import islice
+from operator import attrgetter
+from typing import AbstractSet, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 from agent.bundle.scope import pairing_text
-from agent.hub.rows import HostRow
+from agent.hub.judge import CohortJudgement, judge_cohort, summary, testable
+from agent.hub.rows import ControlRow, HostRow
 from agent.hub.workload_stacks import GatingVerdict
 from agent.models import FrozenModel
 from agent.wire import (
@@ -68,6 +71,10 @@ class RolloutSpec(FrozenModel):
     batches: Tuple[int, ...] = (5, 25, 100)
     soak_seconds: int = 600
     halt_percent: float = 0.0  # more than this percentage of a batch failing halts (0: any failure halts)
+    # how failures are judged: "control" compares every cohort's admitted hosts with its hosts not admitted
+    # (agent/hub/judge.py; a cohort too small to test falls back to the absolute rule), "absolute" is the rule
+    # alone for every cohort (any failing canary, more than halt_percent of a batch): for small fleets
+    judge: Literal["control", "absolute"] = "control"
     # a host admitted this long ago that has not passed fails (0: wait for it forever); two days by default, so a
     # change taken by a daily unattended-upgrades run is not counted as overdue
     report_deadline_seconds: int = 172800
@@ -123,12 +130,20 @@ class RolloutHost(FrozenModel):
 
 
 class StageStep(FrozenModel):
-    """What to do now: admit hosts into ``stage``, halt (``reason`` names hosts and results), done, or wait."""
+    """What to do now: admit hosts into ``stage``, halt (``reason`` names hosts and results), done, or wait; with
+    every cohort's judgement against its control (empty under the absolute rule)."""
 
     action: Literal["admit", "halt", "done", "wait"]
     stage: int
     admit: List[str] = []
     reason: str = ""
+    judgements: List[CohortJudgement] = []
+
+    def explained(self) -> str:
+        """The judgements in one line (both rates and counts of the closest cohort), empty when none was tested."""
+        if not any(j.p_value is not None for j in self.judgements):
+            return ""
+        return summary(self.judgements)
 
 
 def kernel_major_minor(kernel: Optional[str]) -> str:
@@ -221,55 +236,137 @@ def _named(hosts: Sequence[RolloutHost]) -> str:
         f" and {len(hosts) - 10} more" if len(hosts) > 10 else "")
 
 
+def control_failure(window_start: dt.datetime, admitted_at: Optional[dt.datetime],
+                    host: Union[HostRow, ControlRow, None],
+                    failure_events: Sequence[Tuple[str, dt.datetime]]) -> Optional[str]:
+    """Whether a host failed while it was part of its cohort's control: from ``window_start`` (the cohort's first
+    admission) until its own admission (None: not admitted, until now), by a failure event, or, for a host not
+    admitted, by its newest heartbeat's failed health status from a check that finished in the window (an admitted
+    host's heartbeats before its admission are not kept: only its events count); the failure's kind, or None."""
+    for kind, at in failure_events:
+        if at >= window_start and (admitted_at is None or at < admitted_at):
+            return kind
+    if admitted_at is None and host is not None and host.last_health_status in FAILED_HEALTH_STATUSES:
+        checked_at = host.last_health_at or host.heartbeat_at
+        if checked_at is not None and checked_at >= window_start:
+            return host.last_health_status
+    return None
+
+
+def control_counts(hosts: Sequence[RolloutHost], states: Mapping[str, Union[HostRow, ControlRow]],
+                   failures: Mapping[str, Sequence[Tuple[str, dt.datetime]]],
+                   silent: AbstractSet[str] = frozenset()) -> Dict[str, Tuple[int, int]]:
+    """Per cohort with an admitted host, its control as (failed, hosts): every host of the cohort for the part of
+    the window (since the cohort's first admission) it spent not admitted. A host not admitted counts when the hub
+    heard from it in the window (``states``: its row) and it is not ``silent``; an admitted host counts for the time
+    before its admission (none for the first admitted). ``failures``: each host's failure events (kind, time)."""
+    starts: Dict[str, dt.datetime] = {}
+    for h in hosts:
+        at = h.admitted_at
+        if at is not None and (h.cohort not in starts or at < starts[h.cohort]):
+            starts[h.cohort] = at
+    counts: Dict[str, List[int]] = {cohort: [0, 0] for cohort in starts}  # failed, hosts
+    for h in hosts:
+        start = starts.get(h.cohort)
+        if start is None:
+            continue
+        admitted_at, state = h.admitted_at, states.get(h.host_id)
+        if admitted_at is None:
+            if state is None or state.last_seen_at < start or h.host_id in silent:
+                continue  # no word from it in the window: nothing to count
+        elif admitted_at <= start:
+            continue  # admitted when the window opened: never part of the control
+        tally = counts[h.cohort]
+        tally[1] += 1
+        events = failures.get(h.host_id, ())
+        if events or (admitted_at is None and state is not None
+                      and state.last_health_status in FAILED_HEALTH_STATUSES):
+            tally[0] += control_failure(start, admitted_at, state, events) is not None
+    return {cohort: (failed, total) for cohort, (failed, total) in counts.items()}
+
+
+def judge_cohorts(hosts: Sequence[RolloutHost], control: Mapping[str, Tuple[int, int]]) -> List[CohortJudgement]:
+    """Every cohort with admitted hosts judged against its control (``control_counts``), by cohort name."""
+    admitted: Dict[str, Tuple[int, int]] = {}
+    for h in hosts:
+        if h.stage is not None:
+            failed, total = admitted.get(h.cohort, (0, 0))
+            admitted[h.cohort] = (failed + (h.evidence is not None and h.evidence.result == "fail"), total + 1)
+    tested = sum(testable(total, control.get(cohort, (0, 0))[1]) for cohort, (_, total) in admitted.items())
+    return [judge_cohort(cohort, failed, total, *control.get(cohort, (0, 0)), tested_cohorts=tested)
+            for cohort, (failed, total) in sorted(admitted.items())]
+
+
 def decide(spec: RolloutSpec, stage: int, stage_started_at: Optional[dt.datetime], hosts: Sequence[RolloutHost],
-           now: dt.datetime, silent: AbstractSet[str] = frozenset()) -> StageStep:
+           now: dt.datetime, silent: AbstractSet[str] = frozenset(),
+           control: Optional[Mapping[str, Tuple[int, int]]] = None) -> StageStep:
     """The next step of a running rollout at ``now``; ``stage`` is the open stage (-1: none opened yet); ``silent``
-    the hosts not heard from lately, which are not admitted (they would never report) until they are back; pure."""
+    the hosts not heard from lately, which are not admitted (they would never report) until they are back;
+    ``control`` each cohort's control (failed, hosts) from ``control_counts`` (None: no control, every cohort is
+    judged by the absolute rule); pure."""
     if stage < 0:
         return StageStep(action="admit", stage=0, admit=_to_admit(spec, 0, hosts, silent))
-    canaries = [h for h in hosts if h.stage == 0]
+    judgements = judge_cohorts(hosts, control or {}) if spec.judge == "control" else []
+    worse = [j for j in judgements if j.worse]
+    if worse:
+        failing = _failed([h for h in hosts if h.stage is not None and h.cohort in {j.cohort for j in worse}])
+        return StageStep(action="halt", stage=stage, judgements=judgements,
+                         reason=f"{'; '.join(j.line() for j in worse[:3])}"
+                                + (f" (and {len(worse) - 3} more cohorts)" if len(worse) > 3 else "")
+                                + f": {_named(failing)}")
+    tested = {j.cohort for j in judgements if j.p_value is not None}
+    absolute = [h for h in hosts if h.cohort not in tested]  # judged by the rule alone: no control to compare with
+    canaries = [h for h in absolute if h.stage == 0]
     failed_canaries = _failed(canaries)
     if failed_canaries:
-        return StageStep(action="halt", stage=stage, reason=f"{len(failed_canaries)} of {len(canaries)} canaries "
-                                                           f"failed: {_named(failed_canaries)}")
+        return StageStep(action="halt", stage=stage, judgements=judgements,
+                         reason=f"{len(failed_canaries)} of {len(canaries)} canaries failed: "
+                                f"{_named(failed_canaries)}")
     for batch_stage in range(1, stage + 1):  # a host of an earlier batch failing later counts against its batch
-        batch = [h for h in hosts if h.stage == batch_stage]
+        batch = [h for h in absolute if h.stage == batch_stage]
         failed_batch = _failed(batch)
         if batch and failed_batch and 100.0 * len(failed_batch) / len(batch) > spec.halt_percent:
-            return StageStep(action="halt", stage=stage,
-                            reason=f"{len(failed_batch)} of {len(batch)} hosts of stage {batch_stage} failed (more "
-                                   f"than {spec.halt_percent:g}%): {_named(failed_batch)}")
+            return StageStep(action="halt", stage=stage, judgements=judgements,
+                             reason=f"{len(failed_batch)} of {len(batch)} hosts of stage {batch_stage} failed (more "
+                                    f"than {spec.halt_percent:g}%): {_named(failed_batch)}")
     admitted = [h for h in hosts if h.stage is not None]
-    # failures the halt rule tolerates (at or under halt_percent of their batch) do not hold the rollout back
-    if any(h.evidence is None or h.evidence.result == "wait" for h in admitted):
-        return StageStep(action="wait", stage=stage, reason=waiting_line(spec, stage, stage_started_at, hosts))
-    if stage_started_at is not None and now < stage_started_at + dt.timedelta(seconds=spec.soak_seconds):
-        return StageStep(action="wait", stage=stage, reason=waiting_line(spec, stage, stage_started_at, hosts))
+    explained = StageStep(action="wait", stage=stage, judgements=judgements).explained()
+    # failures the judgement tolerates (not worse than the control, or at or under halt_percent of their batch) do
+    # not hold the rollout back
+    if any(h.evidence is None or h.evidence.result == "wait" for h in admitted) or (
+            stage_started_at is not None and now < stage_started_at + dt.timedelta(seconds=spec.soak_seconds)):
+        return StageStep(action="wait", stage=stage, judgements=judgements,
+                         reason=waiting_line(spec, stage, stage_started_at, hosts)
+                         + (f"; {explained}" if explained else ""))
     following = stage + 1
     while following <= last_stage(spec) and len(admitted) < len(hosts):
         chosen = _to_admit(spec, following, hosts, silent)
         if chosen:  # a stage that would admit nobody (its quota is already met) is skipped, and so is its soak
-            return StageStep(action="admit", stage=following, admit=chosen)
+            return StageStep(action="admit", stage=following, admit=chosen, judgements=judgements)
         following += 1
     tolerated = _failed(admitted)
-    return StageStep(action="done", stage=stage, reason=f"{len(admitted)} hosts admitted, "
-                                                       f"{len(admitted) - len(tolerated)} passed"
-                                                       + (f", {len(tolerated)} failed within the halt rule: "
-                                                          f"{_named(tolerated)}" if tolerated else "")
-                                                       + (f", {len(hosts) - len(admitted)} silent hosts never "
-                                                          "admitted" if len(admitted) < len(hosts) else ""))
+    return StageStep(action="done", stage=stage, judgements=judgements,
+                     reason=f"{len(admitted)} hosts admitted, {len(admitted) - len(tolerated)} passed"
+                            + (f", {len(tolerated)} failed within the halt rule: {_named(tolerated)}"
+                               if tolerated else "")
+                            + (f", {len(hosts) - len(admitted)} silent hosts never admitted"
+                               if len(admitted) < len(hosts) else "")
+                            + (f"; {explained}" if explained else ""))
 
 
 def _to_admit(spec: RolloutSpec, stage: int, hosts: Sequence[RolloutHost],
               silent: AbstractSet[str] = frozenset()) -> List[str]:
     """Per cohort, the hosts (by host id, none of ``silent``) that fill the cohort up to the stage's quota."""
     cohorts: Dict[str, List[RolloutHost]] = {}
-    for h in sorted(hosts, key=lambda h: h.host_id):
-        cohorts.setdefault(h.cohort, []).append(h)
+    admitted: Dict[str, int] = {}
+    for h in sorted(hosts, key=attrgetter("host_id")):  # already in order from the store: a linear pass
+        if h.stage is None:
+            cohorts.setdefault(h.cohort, []).append(h)
+        admitted[h.cohort] = admitted.get(h.cohort, 0) + (h.stage is not None)
     chosen: List[str] = []
-    for members in cohorts.values():
-        quota = stage_quota(stage, len(members), spec) - sum(h.stage is not None for h in members)
-        chosen += [h.host_id for h in members if h.stage is None and h.host_id not in silent][:max(quota, 0)]
+    for cohort, waiting in cohorts.items():
+        quota = stage_quota(stage, len(waiting) + admitted[cohort], spec) - admitted[cohort]
+        chosen += islice((h.host_id for h in waiting if h.host_id not in silent), max(quota, 0))
     return sorted(chosen)
 
 

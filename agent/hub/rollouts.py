@@ -26,6 +26,7 @@ One rollout is active at a time (running, paused or halted); a halted rollout is
 from __future__ import annotations
 
 import datetime as dt
+import json
 import secrets
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
@@ -45,6 +46,7 @@ from agent.hub.rollout_plan import (
     RolloutStatus,
     StageStep,
     cohort_of,
+    control_counts,
     counts_by_stage,
     decide,
     host_evidence,
@@ -93,8 +95,10 @@ class Rollouts:
         return None if value is None else self.store.dialect.from_db_time(value)
 
     def _row(self, r: Sequence[Any]) -> RolloutRow:
+        spec = json.loads(r[3])
+        spec.setdefault("judge", "absolute")  # a rollout started before judgement with a control keeps its rule
         return RolloutRow(rollout_id=r[0], target_serial=int(r[1]), previous_serial=None if r[2] is None else int(r[2]),
-                          spec=RolloutSpec.model_validate_json(r[3]), state=r[4], stage=int(r[5]),
+                          spec=RolloutSpec.model_validate(spec), state=r[4], stage=int(r[5]),
                           stage_started_at=self._from(r[6]), created_at=self._from(r[7]), created_by=r[8],
                           updated_at=self._from(r[9]), reason=r[10], paused_by=r[11])
 
@@ -255,6 +259,30 @@ class Rollouts:
             (rollout_id, self._t(now - dt.timedelta(seconds=self.stale_after_seconds))))
         return frozenset(r[0] for r in cur.fetchall())
 
+    def _control(self, cur: Any, rollout: RolloutRow, hosts: List[RolloutHost],
+                 silent: FrozenSet[str]) -> Dict[str, Tuple[int, int]]:
+        """Each cohort's control (failed, hosts), ``rollout_plan.control_counts``: the rows of the hosts not admitted
+        and every failure event of the rollout's hosts before their admission, since the first admission."""
+        starts = [h.admitted_at for h in hosts if h.admitted_at is not None]
+        if not starts:
+            return {}
+        sql = self.store.dialect.sql
+        cur.execute(sql(f"SELECT {', '.join('h.' + c.strip() for c in schema.CONTROL_COLUMNS.split(','))} "
+                        "FROM hosts h JOIN rollout_hosts r ON r.host_id = h.host_id WHERE r.rollout_id = ? "
+                        "AND r.admitted_at IS NULL"), (rollout.rollout_id,))
+        from_db_time = self.store.dialect.from_db_time
+        states = {row[0]: schema.control_row_from(row, from_db_time) for row in cur.fetchall()}
+        marks = ", ".join("?" * len(FAILURE_EVENT_KINDS))
+        cur.execute(sql("SELECT e.host_id, e.kind, e.occurred_at FROM events e JOIN rollout_hosts r "
+                        "ON r.host_id = e.host_id WHERE r.rollout_id = ? "
+                        f"AND e.kind IN ({marks}) AND e.occurred_at >= ? "
+                        "AND (r.admitted_at IS NULL OR e.occurred_at < r.admitted_at)"),
+                    (rollout.rollout_id, *FAILURE_EVENT_KINDS, self._t(min(starts))))
+        failures: Dict[str, List[Tuple[str, dt.datetime]]] = {}
+        for host_id, kind, at in cur.fetchall():
+            failures.setdefault(host_id, []).append((kind, self.store.dialect.from_db_time(at)))
+        return control_counts(hosts, states, failures, silent)
+
     def evaluate(self, rollout_id: str) -> Optional[StageStep]:
         """Decide the next step of a running rollout and carry it out, in one transaction under its row lock;
         the decision (None when the rollout is not running; a paused one's evidence is brought up to date)."""
@@ -272,22 +300,26 @@ class Rollouts:
                 if rollout.stage >= 0 and why != rollout.reason:
                     cur.execute(sql("UPDATE rollouts SET reason = ? WHERE rollout_id = ?"), (why, rollout_id))
                 return None
-            decision = decide(rollout.spec, rollout.stage, rollout.stage_started_at, hosts, now,
-                              self._silent(cur, rollout_id, now))
+            silent = self._silent(cur, rollout_id, now)
+            control = self._control(cur, rollout, hosts, silent) if rollout.spec.judge == "control" else None
+            decision = decide(rollout.spec, rollout.stage, rollout.stage_started_at, hosts, now, silent, control)
             if decision.action == "admit":
                 for host_id in decision.admit:
                     cur.execute(sql("UPDATE rollout_hosts SET stage = ?, admitted_at = ? "
                                     "WHERE rollout_id = ? AND host_id = ? AND stage IS NULL"),
                                 (decision.stage, self._t(now), rollout_id, host_id))
                 chosen = set(decision.admit)
+                explained = decision.explained()
                 reason = waiting_line(rollout.spec, decision.stage, now, [
-                    h.model_copy(update={"stage": decision.stage}) if h.host_id in chosen else h for h in hosts])
+                    h.model_copy(update={"stage": decision.stage}) if h.host_id in chosen else h for h in hosts]) \
+                    + (f"; widened: {explained}" if explained else "")
                 cur.execute(sql("UPDATE rollouts SET stage = ?, stage_started_at = ?, updated_at = ?, reason = ? "
                                 "WHERE rollout_id = ?"), (decision.stage, self._t(now), self._t(now), reason,
                                                           rollout_id))
                 self._audit(cur, HUB_ACTOR, "rollout_stage", rollout,
                             f"stage {decision.stage} opened, {len(decision.admit)} hosts admitted"
-                            + (f": {', '.join(decision.admit[:20])}" if decision.admit else ""))
+                            + (f": {', '.join(decision.admit[:20])}" if decision.admit else "")
+                            + (f"; {explained}" if explained else ""))
             elif decision.action in ("halt", "done"):
                 state = "halted" if decision.action == "halt" else "done"
                 cur.execute(sql("UPDATE rollouts SET state = ?, updated_at = ?, reason = ? WHERE rollout_id = ?"),
@@ -307,7 +339,9 @@ class Rollouts:
                         "summary": f"rollout {rollout_id} of bundle {rollout.target_serial} halted: "
                                    f"{decision.reason}",
                         "hosts": [{"host_id": h.host_id, "result": h.evidence.result, "detail": h.evidence.detail}
-                                  for h in hosts if h.evidence is not None and h.evidence.result == "fail"]}, now)
+                                  for h in hosts if h.evidence is not None and h.evidence.result == "fail"],
+                        "judgements": [j.model_dump(mode="json") for j in decision.judgements
+                                       if j.p_value is not None]}, now)
             elif decision.reason != rollout.reason:
                 cur.execute(sql("UPDATE rollouts SET reason = ? WHERE rollout_id = ?"), (decision.reason, rollout_id))
             return decision

@@ -4,7 +4,7 @@ bundles and audit entries), the filters of an event query, and the one rule for 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from agent.models import FrozenModel
 from agent.report.events import UnknownVersionReport
@@ -122,3 +122,13 @@ class AuditEntry(FrozenModel):
     action: str
     serial: Optional[int] = None
     detail: str
+
+
+class ControlRow(NamedTuple):
+    """A host not admitted, as its rollout's control reads it (the same names as ``HostRow``'s)."""
+
+    host_id: str
+    last_seen_at: dt.datetime
+    last_health_status: Optional[str]
+    last_health_at: Optional[dt.datetime]
+    heartbeat_at: Optional[dt.datetime]

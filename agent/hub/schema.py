@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from agent.hub import workload_stacks
 from agent.hub.dialects import Dialect, text_time
 from agent.hub.host_updates import HostUpdate
-from agent.hub.rows import HostRow
+from agent.hub.rows import ControlRow, HostRow
 from agent.report.events import Event
 from agent.snapshot.pairing import Pairing
 
@@ -317,3 +317,17 @@ def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]
                          last_health_at[:-1]).replace(tzinfo=dt.timezone.utc),
                      last_health_after_change=None if last_health_after_change is None
                      else bool(last_health_after_change))
+
+
+# What a rollout's control reads of a host not admitted (agent/hub/rollout_plan.py ``control_counts``): a few
+# columns, not the whole row, as it reads every such host at each evaluation.
+CONTROL_COLUMNS = "host_id, last_seen_at, last_health_status, last_health_at, heartbeat_at"
+
+
+def control_row_from(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]) -> ControlRow:
+    """A row of ``CONTROL_COLUMNS``."""
+    host_id, last_seen, status, health_at, heartbeat_at = row
+    return ControlRow(host_id=host_id, last_seen_at=from_db_time(last_seen), last_health_status=status,
+                      last_health_at=None if health_at is None else dt.datetime.fromisoformat(
+                          health_at[:-1]).replace(tzinfo=dt.timezone.utc),
+                      heartbeat_at=None if heartbeat_at is None else from_db_time(heartbeat_at))

@@ -113,3 +113,29 @@ def test_stop_waits_for_a_run_in_flight_but_no_longer_than_its_timeout() -> None
     other.stop(timeout_seconds=0.3)
     assert time.monotonic() - begun < 60  # gave up after its 0.3 s, not after the body's 120 s: load-proof
     stuck.set()
+
+
+def test_run_soon_during_a_run_runs_the_job_again_right_after_it() -> None:
+    """A nudge that arrives while the job runs is not lost behind it: the job runs again once the run ends (after
+    its minimum gap), not at its next interval an hour later."""
+    release = threading.Event()
+    started: List[float] = []
+    ended: List[float] = []
+
+    def body() -> None:
+        started.append(time.monotonic())
+        if len(started) == 1:
+            release.wait(60)
+        ended.append(time.monotonic())
+
+    periodic = Periodic()
+    periodic.add("tick", body, interval_seconds=3600, first_after_seconds=0.0, min_gap_seconds=0.2)
+    with _running(periodic):
+        assert _wait_for(lambda: len(started) == 1, 120)
+        periodic.run_soon("tick")  # the failing report arrives during the evaluation
+        time.sleep(0.5)  # apscheduler finds the run it was asked for due while this one is in flight
+        release.set()
+        assert _wait_for(lambda: len(ended) == 2, 60)  # well before the hour
+        assert started[1] - ended[0] >= 0.15  # the gap is kept
+        periodic.run_soon("tick")  # idle again: the ordinary path
+        assert _wait_for(lambda: len(ended) == 3, 120)

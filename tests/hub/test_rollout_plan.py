@@ -12,6 +12,7 @@ from agent.hub.rollout_plan import (
     RolloutHost,
     RolloutSpec,
     cohort_of,
+    control_counts,
     decide,
     host_evidence,
     kernel_major_minor,
@@ -188,3 +189,65 @@ def test_spec_problems_name_the_field() -> None:
     bad = RolloutSpec(target_serial=7, canaries=0, batches=(25, 5), soak_seconds=-1, halt_percent=100)
     assert [p.split(":")[0] for p in bad.problems()] == ["canaries", "batches", "soak_seconds", "halt_percent"]
     assert SPEC.problems() == []
+
+
+def test_control_counts_who_was_heard_in_the_window_and_failed_while_not_admitted() -> None:
+    """The control is the cohort's hosts while not admitted since its first admission: a silent host, one not heard
+    from in the window and the first admitted count nothing; a failed check or event in the window counts, one
+    before it does not; an admitted host counts its events from before its admission only."""
+    later = T0 + dt.timedelta(minutes=10)
+    hosts = [RolloutHost(host_id="canary", cohort="a", stage=0, admitted_at=T0, evidence=PASS),
+             RolloutHost(host_id="batch", cohort="a", stage=1, admitted_at=later, evidence=PASS),
+             RolloutHost(host_id="batch-late", cohort="a", stage=1, admitted_at=later, evidence=FAIL)]
+    hosts += [RolloutHost(host_id=name, cohort="a") for name in ("ok", "failed", "failed-before", "silent", "quiet")]
+    hosts += [RolloutHost(host_id="other", cohort="b")]  # a cohort with nobody admitted has no window yet
+    seen = T0 + dt.timedelta(minutes=1)
+    states = {"ok": state(serial=1, beat=seen), "silent": state(serial=1, beat=seen),
+              "failed": state(serial=1, health="failed", beat=seen, last_health_at=seen),
+              "failed-before": state(serial=1, health="timeout", beat=seen,
+                                     last_health_at=T0 - dt.timedelta(minutes=1)),
+              "quiet": state(serial=1, beat=T0 - dt.timedelta(minutes=5)), "other": state(serial=1, beat=seen)}
+    failures = {"batch": [("cpu_fallback", T0 + dt.timedelta(minutes=2))],
+                "batch-late": [("rollback", later + dt.timedelta(minutes=1))],
+                "ok": [("rollback", T0 - dt.timedelta(minutes=1))]}
+    counts = control_counts(hosts, states, failures, silent=frozenset({"silent"}))
+    # batch (failed before admission), batch-late (failed only after), ok, failed, failed-before
+    assert counts == {"a": (2, 5)}
+
+
+def cohort_of_size(size: int, admitted: int, failed: int) -> List[RolloutHost]:
+    return [RolloutHost(host_id=f"h{i:03d}", cohort="a", stage=0 if i < admitted else None,
+                        admitted_at=T0 if i < admitted else None,
+                        evidence=(FAIL if i < failed else PASS) if i < admitted else None) for i in range(size)]
+
+
+def test_control_tolerates_a_failing_canary_the_absolute_rule_halts_on() -> None:
+    """One of 25 canaries failing against a 2 % control waits under the control; ``judge = absolute`` halts."""
+    hosts = cohort_of_size(500, admitted=25, failed=1)
+    spec = SPEC.model_copy(update={"canaries": 25})
+    control = {"a": (10, 475)}
+    step = decide(spec, 0, T0, hosts, T0 + dt.timedelta(seconds=1), control=control)
+    assert step.action == "wait" and "admitted 1/25 (4.0%) failed vs control 10/475 (2.1%)" in step.reason
+    absolute = decide(spec.model_copy(update={"judge": "absolute"}), 0, T0, hosts, T0, control=control)
+    assert absolute.action == "halt" and absolute.reason.startswith("1 of 25 canaries failed")
+
+
+@pytest.mark.parametrize("admitted, control", [(19, (0, 400)), (25, (0, 19))])
+def test_a_cohort_too_small_to_test_is_judged_by_the_absolute_rule(admitted: int, control: Tuple[int, int]) -> None:
+    """Under JUDGE_MIN_SAMPLE hosts in either group, a failing canary halts as before, and the reason says so."""
+    hosts = cohort_of_size(420, admitted=admitted, failed=1)
+    step = decide(SPEC.model_copy(update={"canaries": admitted}), 0, T0, hosts, T0, control={"a": control})
+    assert step.action == "halt" and step.reason.startswith(f"1 of {admitted} canaries failed")
+    assert [j.p_value for j in step.judgements] == [None]
+
+
+def test_busy_hosts_count_as_not_failed_and_overdue_hosts_as_failed() -> None:
+    """An admitted host still waiting (busy) is in the admitted group without a failure; an overdue one (its
+    evidence a failure) is a failure: 20 overdue of 25 halts against a healthy control."""
+    busy = [h.model_copy(update={"evidence": WAIT}) for h in cohort_of_size(500, admitted=25, failed=0)]
+    waiting = decide(SPEC.model_copy(update={"canaries": 25}), 0, T0, busy, T0, control={"a": (5, 475)})
+    assert waiting.action == "wait" and "admitted 0/25 (0.0%) failed" in waiting.reason
+    overdue = Evidence(result="fail", detail="overdue: no pass within 600s of admission (health busy)")
+    late = [h.model_copy(update={"evidence": overdue}) if i < 20 else h for i, h in enumerate(busy)]
+    step = decide(SPEC.model_copy(update={"canaries": 25}), 0, T0, late, T0, control={"a": (5, 475)})
+    assert step.action == "halt" and "admitted 20/25 (80.0%) failed vs control 5/475 (1.1%)" in step.reason

@@ -17,6 +17,7 @@ from agent.hub.alert_settings import AlertWebhook
 from agent.hub.alerts import AlertQueue
 from agent.hub.app import create_app
 from agent.hub.bundles import PolicyBundles
+from agent.hub.dashboard.rollouts import rollout_page
 from agent.hub.responses import HubHTTPError
 from agent.hub.rollout_plan import RolloutSpec
 from agent.hub.rollouts import Rollouts
@@ -677,3 +678,65 @@ def test_a_heartbeat_with_a_failed_gating_workload_nudges_the_tick(sqlite: SqlSt
     assert soon.asked == []
     worker.nudge([with_workload("cpu_fallback", True)])
     assert soon.asked == [RolloutWorker.JOB]
+
+
+def test_the_control_tolerates_background_failures_and_halts_a_cohort_the_change_breaks(any_store: SqlStore) -> None:
+    """One cohort of 120 hosts judged against its control: a canary failing as often as a held-back host does not
+    halt, and the widening says both rates; when the change breaks the admitted batch the halt, status and alert
+    give both groups' counts and rates."""
+    clock = Clock()
+    fleet = [f"amd-{i:03d}" for i in range(120)]
+    any_store.open()
+    any_store.ingest([[beat(h, clock.now - dt.timedelta(minutes=5)) for h in fleet]], received_at=clock.now)
+    bundles = PolicyBundles(any_store, check(), clock)
+    for serial in (1, 2):
+        bundles.push(ADMIN, bundle_bytes(serial), signature_of(bundle_bytes(serial)))
+    alerts = AlertQueue(any_store, [AlertWebhook(name="pager", url="http://127.0.0.1:9/hook")])
+    alerts.open()
+    rollouts = Rollouts(any_store, bundles, alerts, clock)
+    spec = RolloutSpec(target_serial=2, canaries=20, batches=(40, 100), soak_seconds=60)
+    rid = rollouts.start(ADMIN, spec).rollout.rollout_id
+    canaries, held = fleet[:20], fleet[20:]
+    clock.advance(30)
+    report(any_store, clock, canaries[1:])
+    report(any_store, clock, held, serial=1)  # the control: heard from in the window, one of them failing
+    report(any_store, clock, [held[30]], serial=1, health="failed")
+    any_store.ingest([[event(canaries[0], kind="cpu_fallback", at=clock.now)]], received_at=clock.now)
+    decision = rollouts.evaluate(rid)
+    assert decision is not None and decision.action == "wait"  # the absolute rule would have halted here
+    assert "admitted 1/20 (5.0%) failed vs control 1/100 (1.0%), p=0.3" in decision.reason
+    clock.advance(31)
+    decision = rollouts.evaluate(rid)
+    assert decision is not None and (decision.action, decision.stage, len(decision.admit)) == ("admit", 1, 28)
+    widened = rollouts.status(rid).rollout.reason
+    assert "widened: 1 cohorts judged against their control" in widened and "admitted 1/20 (5.0%)" in widened
+    assert "control 1/100 (1.0%)" in [e.detail for e in bundles.audit() if e.action == "rollout_stage"][0]
+    clock.advance(10)
+    any_store.ingest([[event(h, kind="health_regression", at=clock.now) for h in decision.admit]],
+                     received_at=clock.now)
+    decision = rollouts.evaluate(rid)
+    assert decision is not None and decision.action == "halt"
+    status = rollouts.status(rid).rollout
+    assert status.state == "halted" and status.reason.startswith("cohort AMD Instinct MI300X | ")
+    assert "admitted 29/48 (60.4%) failed vs control 1/100 (1.0%)" in status.reason
+    [(body,)] = any_store.query("test", "SELECT body FROM alert_deliveries WHERE kind = ?", ["rollout_halted"])
+    sent = json.loads(body)["hub_alert"]
+    [judged] = sent["judgements"]
+    assert (judged["admitted_failed"], judged["admitted"], judged["control_failed"], judged["control"],
+            judged["worse"]) == (29, 48, 1, 100, True)
+    assert "admitted 29/48 (60.4%) failed vs control 1/100 (1.0%)" in sent["summary"]
+    page = rollout_page(rollouts.status(rid), clock.now, "ops")
+    assert "admitted 29/48 (60.4%) failed vs control 1/100 (1.0%)" in page and "one-sided Fisher" in page
+
+
+def test_a_rollout_started_before_the_control_keeps_the_absolute_rule(sqlite: SqlStore) -> None:
+    """A stored spec without ``judge`` (a rollout started before judgement with a control) reads as absolute: an
+    upgrade does not change the rule a running rollout was started under."""
+    clock = Clock()
+    _, rollouts = seed(sqlite, clock)
+    rid = rollouts.start(ADMIN, SPEC).rollout.rollout_id
+    assert rollouts.status(rid).rollout.spec.judge == "control"
+    old = {k: v for k, v in json.loads(SPEC.model_dump_json()).items() if k != "judge"}
+    sqlite.write("test", lambda cur: cur.execute("UPDATE rollouts SET spec = ? WHERE rollout_id = ?",
+                                                 (json.dumps(old), rid)))
+    assert rollouts.status(rid).rollout.spec.judge == "absolute"

@@ -9,6 +9,7 @@ from typing import Optional, Sequence
 from urllib.parse import quote
 
 from agent.hub.dashboard.render import e, host_url, page, when
+from agent.hub.judge import JUDGE_ALPHA, JUDGE_MIN_SAMPLE
 from agent.hub.rollout_plan import RolloutRow, RolloutStatus
 
 _BADGE = {"running": "ok", "done": "ok", "paused": "warn", "halted": "bad", "aborted": "bad"}
@@ -45,9 +46,13 @@ def rollout_page(status: RolloutStatus, now: dt.datetime, reader: Optional[str])
                         + (f", revert {e(spec.revert_serial)}" if spec.revert_serial is not None else "") + ")"),
              ("Stage", f"{e(r.stage)} of {len(spec.batches)}, opened {when(r.stage_started_at, now)}"),
              ("Plan", f"{spec.canaries} canaries per cohort, then {e(', '.join(f'{b}%' for b in spec.batches))}; "
-                      f"soak {spec.soak_seconds} s; halt when a canary fails or more than {spec.halt_percent:g}% "
-                      "of a batch; " + (f"a host not passed {spec.report_deadline_seconds} s after admission "
-                                        "fails" if spec.report_deadline_seconds else "no report deadline")),
+                      f"soak {spec.soak_seconds} s; "
+                      + (f"halt when a cohort's admitted hosts fail more than its control (one-sided Fisher, "
+                         f"p &lt; {JUDGE_ALPHA:g} shared by the cohorts, {JUDGE_MIN_SAMPLE}+ hosts a group), else "
+                         if spec.judge == "control" else "")
+                      + f"halt when a canary fails or more than {spec.halt_percent:g}% of a batch; "
+                      + (f"a host not passed {spec.report_deadline_seconds} s after admission fails"
+                         if spec.report_deadline_seconds else "no report deadline")),
              ("Hosts per stage", stages), ("Started", f"{when(r.created_at, now)} by {e(r.created_by)}")]
     rows = "".join(
         f'<tr class="rollout-host {e(h.evidence.result if h.evidence else "none")}" data-host-id="{e(h.host_id)}">'
