@@ -159,10 +159,12 @@ def test_the_compiled_check_runs_each_present_family_in_table_order(tmp_path: Pa
     called: List[str] = []
     spy(monkeypatch, "shape", called)
     check_compiled(data, "<test>")
-    assert called == [name for name in FAMILIES if name != "matrix"]  # no require_amd_matrix: matrix is None
+    # no require_amd_matrix: matrix is None; no deny list in force: denied is [] (only a deny list fills it)
+    assert called == [name for name in FAMILIES if name not in ("matrix", "denied")]
     called.clear()
     check_compiled({**data, "nvidia": None, "versions": [], "companions": None}, "<test>")
-    assert called == [name for name in FAMILIES if name not in ("nvidia", "versions", "matrix", "companions")]
+    assert called == [name for name in FAMILIES
+                      if name not in ("nvidia", "versions", "matrix", "companions", "denied")]
 
 
 def test_freeze_writes_each_family_once_in_freeze_place_order(monkeypatch: pytest.MonkeyPatch) -> None:
