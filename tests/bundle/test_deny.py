@@ -11,19 +11,24 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 import pytest
+import requests
 
 from agent.bundle.deny import DENY_FORMAT, DenyList, parse_deny, render_deny
 from agent.errors import BundleRefused
 from agent.guard.hotpath import decision as exits
 from agent.guard.pin_records import pin_records
 from agent.host import Host
+from agent.hub.tokens import add_token
 from agent.policy.compiled import read_compiled
+from agent.report.events import Heartbeat
 from agent.status.assess import assess
 from agent.status.facts import read_policy
 from tests.bundle.roots import sign_by
 from tests.bundle.test_attacks import Fleet
+from tests.bundle.test_install import run
 from tests.bundle.test_roles import Trust
 from tests.guard.apt.test_hook import HEAD, line, run_hook
+from tests.hub.factories import batch_json, event
 from tests.status.test_assess import healthy
 
 pytestmark = pytest.mark.slow  # a real hub process
@@ -159,3 +164,26 @@ def test_a_malformed_deny_list_is_refused_as_format_in_one_line(change: Any, pro
     with pytest.raises(BundleRefused) as caught:
         parse_deny(json.dumps(document).encode(), "deny.json")
     assert caught.value.kind == "format" and problem in caught.value.reason and "\n" not in str(caught.value)
+
+
+def test_a_deny_list_reaches_a_host_a_staged_rollout_holds_back(fleet: Fleet) -> None:
+    """With a rollout of serial 2 running that has not admitted this host (it stays on serial 1), the deny list
+    placed on the hub is taken at the next fetch all the same and the hook refuses the denied version."""
+    trust = fleet.trust
+    now = dt.datetime.now(dt.timezone.utc)
+    for other in ("gpu-1", "gpu-2"):  # the hosts the rollout knows; node-1 has sent no heartbeat: never admitted
+        token = add_token(str(fleet.admin.parent / "tokens.json"), "host", other)
+        beat = event(other, at=now).model_copy(update={"payload": Heartbeat(
+            agent_version="1.0", uptime_seconds=1.0, policy_serial=1, last_health_status="pass")})
+        answer = requests.post(f"{fleet.hub.url}/v1/events", data=batch_json([beat]), timeout=10,
+                               headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        assert answer.status_code == 200, answer.text
+    fleet.push(trust.bundle(2, [trust.p1, trust.p2]))
+    code, out, err = run("hub", "rollout", "start", "2", "--batches", "50,100", "--soak-seconds", "0", "--hub",
+                         fleet.hub.url, "--token-file", str(fleet.admin))
+    assert code == 0, out + err
+    place(fleet.hub_roots, deny_document(1, [VIM_BAD]), [trust.p1, trust.p2])
+    result = fleet.fetch()
+    assert (result.outcome, result.serial, result.trust) == ("unchanged", 1, ""), result
+    assert fleet.state().serial == 1 and fleet.state().deny_serial == 1
+    assert run_hook(fleet.site.root, TO_VIM_3)[0] == exits.EXIT_REFUSED
