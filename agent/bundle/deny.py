@@ -55,7 +55,17 @@ if TYPE_CHECKING:  # pragma: no cover
 DENY_FORMAT = "gpuguard-deny/1"
 MAX_DENY_BYTES = 1024 * 1024
 MAX_DENY_ENTRIES = 1000
+MAX_PUBLISHED = 10_000
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def _iso_date(value: str) -> str:
+    """``value`` when it is a date as YYYY-MM-DD; a validator."""
+    try:
+        dt.date.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a date as YYYY-MM-DD") from None
+    return value
 
 
 class DenyEntry(FrozenModel):
@@ -102,23 +112,27 @@ class DenyEntry(FrozenModel):
             raise ValueError(f"{value!r} is not an http(s) URL")
         return value
 
-    @field_validator("added")
-    @classmethod
-    def _date(cls, value: str) -> str:
-        try:
-            dt.date.fromisoformat(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not a date as YYYY-MM-DD") from None
-        return value
+    _added = field_validator("added")(_iso_date)
+
+
+class Published(FrozenModel):
+    """When one package version became public: the date bake time counts from (agent/policy/families/bake.py)."""
+
+    package: StrictStr = Field(min_length=1, max_length=256)
+    version: StrictStr = Field(min_length=1, max_length=256)
+    date: StrictStr
+
+    _date = field_validator("date")(_iso_date)
 
 
 class DenyList(FrozenModel):
-    """One deny list (see the module's docstring)."""
+    """One deny list (see the module's docstring); ``published`` (optional) dates versions for bake time."""
 
     format: Literal["gpuguard-deny/1"]
     serial: StrictInt = Field(ge=1, le=MAX_SERIAL)
     issued_at: StrictStr
     entries: Tuple[DenyEntry, ...] = Field(default=(), max_length=MAX_DENY_ENTRIES)
+    published: Tuple[Published, ...] = Field(default=(), max_length=MAX_PUBLISHED)
 
     @field_validator("issued_at")
     @classmethod
@@ -139,8 +153,10 @@ class DenyList(FrozenModel):
 
 def render_deny(deny: DenyList) -> bytes:
     """The canonical bytes of a deny list, the ones its signatures are made over."""
-    return (json.dumps(deny.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-            + "\n").encode("utf-8")
+    data = deny.model_dump(mode="json")
+    if not data["published"]:  # a list without dates renders as it did before the field existed
+        del data["published"]
+    return (json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def parse_deny(data: bytes, source: str) -> DenyList:
@@ -223,6 +239,9 @@ def with_denied(compiled: "CompiledPolicy", host: "Host", paths: "StatePaths") -
     data = dict(compiled.data)
     data["denied"] = compiled_entries(deny) if deny is not None else []
     # A denied package is guarded: the fail-safe and the known-good set cover it like the policy's own.
+    if isinstance(data.get("bake"), dict):  # bake time counts from the dates the list carries
+        data["bake"] = {**data["bake"], "published": [[p.package, p.version, p.date]
+                                                      for p in (deny.published if deny is not None else ())]}
     denied_globs = [pattern for entry in data["denied"] for pattern in entry["packages"]]
     data["guarded"] = list(dict.fromkeys([*(data.get("guarded") or []), *denied_globs]))
     return check_compiled(json.loads(json.dumps(data)), compiled.path)

@@ -50,6 +50,13 @@ def deny_document(serial: int, entries: List[Dict[str, Any]]) -> bytes:
                                                 "issued_at": "2026-12-05T00:00:00Z", "entries": entries}))
 
 
+def dated_list(serial: int, package: str, version: str, date: str) -> bytes:
+    """A deny list with no entries that dates one version (the date bake time counts from)."""
+    return render_deny(DenyList.model_validate({
+        "format": DENY_FORMAT, "serial": serial, "issued_at": "2026-12-05T00:00:00Z",
+        "published": [{"package": package, "version": version, "date": date}]}))
+
+
 def place(directory: Path, data: bytes, signers: List[Any]) -> Path:
     """Put ``data`` as deny.json in the hub's roots directory, signed by each of ``signers``."""
     path = directory / "deny.json"

@@ -133,7 +133,7 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
 # package and the compiled policy's section key it judges. The one table of families: agent/policy/evaluate.py,
 # load.py, compiled.py, explain.py, freeze.py and model.py (with agent/policy/sections/) loop over it.
 FAMILIES: Tuple[str, ...] = ("denied", "frozen", "amd", "kernel", "nvidia", "versions", "matrix", "companions",
-                              "containers", "workloads")
+                              "containers", "workloads", "bake")
 
 OVERRIDE_HINT = 'or open an audited maintenance window: gpuguard override start --minutes 60 --reason "..."'
 

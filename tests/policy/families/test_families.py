@@ -43,6 +43,9 @@ cuda = "13.*"
 [[versions]]
 packages = ["nvidia-container-toolkit"]
 allow = "1.17.*"
+[[bake]]
+family = "driver"
+min_age_days = 7
 [frozen]
 packages = ["dkms"]
 [companions]
@@ -217,8 +220,8 @@ def test_the_declaration_mypy_reads_is_the_assembled_model() -> None:
 
 def test_rule_count_is_the_sum_over_the_sections(tmp_path: Path) -> None:
     """rule_count adds each section module's count (two pairings, the kernel allow list, one version rule, one
-    frozen package, three companion rules on, the containers rule, the workloads rule)."""
-    assert every_section_loaded(tmp_path).policy.rule_count() == 2 + 1 + 1 + 1 + 3 + 1 + 1
+    frozen package, three companion rules on, the containers rule, the workloads rule, the bake rule)."""
+    assert every_section_loaded(tmp_path).policy.rule_count() == 2 + 1 + 1 + 1 + 3 + 1 + 1 + 1
 
 
 def test_evaluate_runs_each_family_in_table_order(monkeypatch: pytest.MonkeyPatch) -> None:
