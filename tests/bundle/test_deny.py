@@ -25,7 +25,7 @@ from agent.status.assess import assess
 from agent.status.facts import read_policy
 from tests.bundle.roots import sign_by
 from tests.bundle.test_attacks import Fleet
-from tests.bundle.test_install import run
+from tests.bundle.test_install import POLICY, Site, run
 from tests.bundle.test_roles import Trust
 from tests.guard.apt.test_hook import HEAD, line, run_hook
 from tests.hub.factories import batch_json, event
@@ -194,3 +194,19 @@ def test_a_deny_list_reaches_a_host_a_staged_rollout_holds_back(fleet: Fleet) ->
     assert (result.outcome, result.serial, result.trust) == ("unchanged", 1, ""), result
     assert fleet.state().serial == 1 and fleet.state().deny_serial == 1
     assert run_hook(fleet.site.root, TO_VIM_3)[0] == exits.EXIT_REFUSED
+
+
+def test_a_damaged_deny_list_in_place_stops_a_compile_with_one_line(tmp_path: Path) -> None:
+    """A deny.json in the state directory that no longer parses makes ``policy compile`` fail in one line naming
+    the file (the compiled policy in place, with the list it was given, keeps guarding), never a traceback."""
+    site = Site(tmp_path, source="local")
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    (site.state / "policy-bundle").mkdir(parents=True)
+    (site.state / "policy-bundle/deny.json").write_text('{"format": "gpuguard-deny/1", "serial": "seven"}')
+    code, out, err = run("policy", "compile", "--policy", str(policy), "--root", str(site.root), "--config",
+                         str(site.config))
+    assert code != 0 and out == "" and len(err.splitlines()) == 1, err
+    assert "policy-bundle/deny.json" in err and "serial" in err and "Traceback" not in err
+    assert not site.compiled.exists()
+    site.signer.close()
