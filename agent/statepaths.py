@@ -240,6 +240,12 @@ class StatePaths:
         return self._join("policy-bundle/root.json")
 
     @property
+    def policy_deny(self) -> str:
+        """The known-bad versions in force (agent/bundle/deny.py), as their signatures cover them; ``.sig`` beside
+        it."""
+        return self._join("policy-bundle/deny.json")
+
+    @property
     def workloads_verified(self) -> str:
         """The hub's verified stacks per registered workload, cached (agent/hostfacts/verified_stacks.py)."""
         return self._join("workloads-verified.json")

@@ -2,7 +2,8 @@
 
     paths        INGEST_PATH (POST a host's EventBatch), BUNDLE_PATH (GET the policy bundle offered to a host),
                  ROOT_PATH (GET ``?version=N``: root version N and its signatures, 204 when the hub has none),
-                 FRESHNESS_PATH (GET the hub's signed freshness statement, 204 when it signs none)
+                 FRESHNESS_PATH (GET the hub's signed freshness statement, 204 when it signs none), DENY_PATH (GET
+                 the known-bad versions: the deny list and its signatures, 204 when the hub has none)
     ETag         etag_of(serial): ``"bundle-N"``, what If-None-Match names
     the offer    200 ``{"serial", "bundle", "signature", "rollout", "rollout_id", "state", "admitted_stage"}``; on
                  200, 204 and 304 the same rollout fields as headers (ROLLOUT_*_HEADER). ``rollout`` /
@@ -29,9 +30,11 @@ INGEST_PATH = "/v1/events"
 BUNDLE_PATH = "/v1/policy/bundle"
 ROOT_PATH = "/v1/policy/root"
 FRESHNESS_PATH = "/v1/policy/freshness"
+DENY_PATH = "/v1/policy/deny"
 # A heartbeat's policy_attention words: the bundle in force expired; the freshness statement is stale or names a
-# newer serial this host does not get (a freeze). The policy in force keeps guarding either way.
-POLICY_ATTENTION = ("expired", "freshness")
+# newer serial this host does not get (a freeze); a package installed here is at a version the deny list in force
+# names as known-bad. The policy in force keeps guarding either way.
+POLICY_ATTENTION = ("expired", "freshness", "denied")
 VERIFIED_STACKS_PATH = "/v1/workloads/verified"
 # The compatibility tables a version can be unknown to (agent/policy/table_unknown.py): AMD's matrix, the TheRock
 # release table, the dcgm-exporter table; and what the version is of. A heartbeat's unknown_versions items are

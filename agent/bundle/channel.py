@@ -1,8 +1,9 @@
 """Trust through the channel: at each policy fetch, under a trusted root, walk the hub's newer roots one version at
-a time and take its freshness statement (agent/bundle/root.py, freshness.py).
+a time, take its freshness statement and its deny list (agent/bundle/root.py, freshness.py, deny.py).
 
 ``GET ROOT_PATH?version=N`` answers ``{"root": b64, "signature": b64}`` (204: the hub has no such version) and
-``GET FRESHNESS_PATH`` ``{"statement": b64, "signature": b64}`` (204: the hub signs none). Each answer is bounded in
+``GET FRESHNESS_PATH`` ``{"statement": b64, "signature": b64}`` (204: the hub signs none), ``GET DENY_PATH``
+``{"deny": b64, "signature": b64}`` (204: the hub has none). Each answer is bounded in
 bytes and in time from the connect to the last byte; whatever fails (the hub, the network, a refused root or
 statement) changes nothing trusted and is returned as one line for the fetch's result (a refused root or statement
 is never kept; the policy in force keeps guarding). Without a trusted root nothing is asked.
@@ -16,13 +17,14 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple, TypeVar
 
+from agent.bundle.deny import MAX_DENY_BYTES
 from agent.bundle.freshness import MAX_STATEMENT_BYTES, check_statement, newest_for
 from agent.bundle.roles import MAX_ROOT_BYTES, MAX_SIGNATURES_BYTES
 from agent.bundle.root import MAX_ROOT_ROTATIONS, RootStore
 from agent.errors import BundleRefused, GpuguardError
-from agent.wire import FRESHNESS_PATH, ROOT_PATH
+from agent.wire import DENY_PATH, FRESHNESS_PATH, ROOT_PATH
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.bundle.install import BundleInstaller
@@ -101,13 +103,19 @@ def _pair(url: str, body: bytes, names: Tuple[str, str], max_bytes: int) -> Tupl
 
 def refresh_trust(installer: "BundleInstaller", endpoint_url: str, token: Optional[str], ca_bundle: Optional[str],
                   timeout_seconds: Tuple[float, float], facts: Callable[[], "ScopeFacts"]) -> Optional[str]:
-    """Walk the hub's newer roots, then take its freshness statement; None when all went well, else the first
-    problem in one line. Never raises for what the hub, the network or the files it serves do."""
+    """Walk the hub's newer roots, take its freshness statement, then its deny list (asked even when the statement
+    failed: a known-bad version waits for nothing); None when all went well, else the problems in one line. Never
+    raises for what the hub, the network or the files it serves do."""
     base = endpoint_url.rstrip("/")
-    try:
-        root = RootStore(installer.host, installer.paths.state_dir, installer.guard.keys_dir).trusted(base)
-        if root is None:
-            return None
+    problems: List[str] = []
+    root = _guarded(base, problems, lambda: RootStore(installer.host, installer.paths.state_dir,
+                                                      installer.guard.keys_dir).trusted(base))
+    if root is None:
+        return "; ".join(problems) or None
+
+    def walk_and_fresh() -> None:
+        nonlocal root
+        assert root is not None
         for _ in range(MAX_ROOT_ROTATIONS):
             url = f"{base}{ROOT_PATH}?version={root.version + 1}"
             status, body = bounded_get(url, token, ca_bundle, timeout_seconds, 2 * MAX_ROOT_BYTES)
@@ -119,7 +127,7 @@ def refresh_trust(installer: "BundleInstaller", endpoint_url: str, token: Option
         url = base + FRESHNESS_PATH
         status, body = bounded_get(url, token, ca_bundle, timeout_seconds, 2 * MAX_STATEMENT_BYTES)
         if status == 204:
-            return None
+            return
         if status != 200:
             raise _Unanswered(f"{url}: HTTP {status}")
         data, signature = _pair(url, body, ("statement", "signature"), MAX_STATEMENT_BYTES)
@@ -128,10 +136,35 @@ def refresh_trust(installer: "BundleInstaller", endpoint_url: str, token: Option
             statement = check_statement(installer.host, root, data, signature, installer.host.clock(),
                                         state.freshness_issued_at, Path(work), url)
         installer.record_freshness(statement, newest_for(statement, facts()))
+
+    def deny() -> None:
+        # The known-bad versions, at every fetch and whatever a rollout holds back (agent/bundle/deny.py).
+        assert root is not None
+        url = base + DENY_PATH
+        status, body = bounded_get(url, token, ca_bundle, timeout_seconds, 2 * MAX_DENY_BYTES)
+        if status == 204:
+            return
+        if status != 200:
+            raise _Unanswered(f"{url}: HTTP {status}")
+        data, signature = _pair(url, body, ("deny", "signature"), MAX_DENY_BYTES)
+        installer.take_deny(root, data, signature, url)
+
+    _guarded(base, problems, walk_and_fresh)
+    _guarded(base, problems, deny)
+    return "; ".join(problems) or None
+
+
+_T = TypeVar("_T")
+
+
+def _guarded(base: str, problems: List[str], step: Callable[[], _T]) -> Optional[_T]:
+    """``step()``, or None with its problem appended in one line."""
+    try:
+        return step()
     except _Unanswered as exc:
-        return str(exc)
+        problems.append(str(exc))
     except BundleRefused as exc:
-        return f"{exc} [{exc.kind}]" if exc.kind else str(exc)
+        problems.append(f"{exc} [{exc.kind}]" if exc.kind else str(exc))
     except (GpuguardError, OSError) as exc:
-        return f"{base}: {exc}"
+        problems.append(f"{base}: {exc}")
     return None

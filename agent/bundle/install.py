@@ -25,7 +25,7 @@ from agent.bundle.format import MATRIX_FILE_NAME, MAX_BUNDLE_BYTES, BundleInvali
 from agent.bundle.roles import check_bundle_expiry, floor_reset, vouch
 from agent.bundle.root import RootStore
 from agent.bundle.scope import ScopeFacts, scope_refusal
-from agent.bundle.state import BundleState, read_bundle_state, write_bundle_state
+from agent.bundle.state import BundleRefusal, BundleState, read_bundle_state, write_bundle_state
 from agent.bundle.verify import verify_signature
 from agent.errors import BundleRefused, GpuguardError, InputFileError
 from agent.files import FileMissing, open_append_regular, read_bytes_bounded
@@ -174,6 +174,33 @@ class BundleInstaller:
                                        freshness_expires=statement.expires_at, freshness_newest=newest,
                                        withdrawn=statement.withdrawn))
 
+    def take_deny(self, root: "RootMetadata", data: bytes, signature: bytes, origin: str) -> None:
+        """Check and put in force a deny list (agent/bundle/deny.py) under the install lock; a refusal is recorded
+        with its kind and raised (BundleRefused), and nothing else changes then."""
+        from agent.bundle.deny import take_deny
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with _locked(self.directory):
+            state_path = str(self.host.path(self.paths.policy_bundle_state))
+            try:
+                deny, new = take_deny(self.host, root, self.paths, data, signature, self.host.clock(), origin)
+            except BundleRefused as exc:
+                write_bundle_state(state_path, replace(self.state(), deny_refused=BundleRefusal(
+                    exc.serial, exc.reason, self.host.clock(), exc.kind)))
+                raise
+            if new or self.state().deny_serial != deny.serial or self.state().deny_refused is not None:
+                write_bundle_state(state_path, replace(self.state(), deny_serial=deny.serial, deny_refused=None))
+
+    def record_denied_installed(self, found: Sequence[str]) -> None:
+        """Keep the packages installed here at a denied version (``status`` attention, the heartbeat's ``denied``
+        word); the file is written only when that changes."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with _locked(self.directory):
+            state = self.state()
+            if state.denied_installed != tuple(found):
+                write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)),
+                                   replace(state, denied_installed=tuple(found)))
+
     def record_rollout(self, notice: Optional[str], fields: Optional[RolloutFields] = None) -> None:
         """Keep the hub's newest rollout fields and notice (None clears each); the file is written only when one
         changes."""
@@ -259,7 +286,9 @@ class BundleInstaller:
                                        signers=vouched.signers if vouched else (), expires=expires,
                                        freshness_issued_at=state.freshness_issued_at,
                                        freshness_expires=state.freshness_expires,
-                                       freshness_newest=state.freshness_newest, withdrawn=state.withdrawn))
+                                       freshness_newest=state.freshness_newest, withdrawn=state.withdrawn,
+                                       deny_serial=state.deny_serial, deny_refused=state.deny_refused,
+                                       denied_installed=state.denied_installed))
         return installed
 
     def _in_force(self, state: BundleState, origin: str) -> Tuple[Optional[int], Optional[str]]:
@@ -318,7 +347,9 @@ class BundleInstaller:
 
         directory = self.host.path(self.paths.policy_bundle_knowledge_dir)
         knowledge = BundleKnowledge(str(directory), serial) if directory.is_dir() else None
+        from agent.bundle.deny import with_denied
+
         compiled = _compile(Path(chosen.policy_path), chosen.matrix_path, origin, serial, knowledge)
-        write_compiled(str(self.host.path(self.paths.compiled_policy)), compiled)
+        write_compiled(str(self.host.path(self.paths.compiled_policy)), with_denied(compiled, self.host, self.paths))
         return True
 

@@ -81,14 +81,17 @@ def policy_source(host: "Host", guard: PolicySettings, state_dir: str) -> Policy
                         BundleKnowledge(str(knowledge), state.serial) if knowledge.is_dir() and state.serial else None)
 
 
-def compile_source(source: PolicySource) -> Tuple["LoadedPolicy", "CompiledPolicy"]:
-    """Load and compile the chosen policy; PolicyError, and for a bundle source with none installed, one saying so."""
+def compile_source(source: PolicySource, host: "Host", state_dir: str) -> Tuple["LoadedPolicy", "CompiledPolicy"]:
+    """Load and compile the chosen policy, with the deny list in force of ``state_dir`` as its ``denied`` section
+    (agent/bundle/deny.py); PolicyError, and for a bundle source with none installed, one saying so."""
     from pathlib import Path
 
+    from agent.bundle.deny import with_denied
     from agent.errors import PolicyError
     from agent.policy.load import load_and_compile
 
     if source.kind == "bundle" and not Path(source.policy_path).is_dir():
         raise PolicyError(source.policy_path, ['no policy bundle is installed ([guard] policy_source = "bundle"): '
                                                "gpuguard policy install BUNDLE, or let the daemon fetch the hub's"])
-    return load_and_compile(source.policy_path, source.matrix_path, source.knowledge)
+    loaded, compiled = load_and_compile(source.policy_path, source.matrix_path, source.knowledge)
+    return loaded, with_denied(compiled, host, StatePaths(state_dir))

@@ -74,6 +74,11 @@ class BundleState(JsonRecord):
     withdrawn: Tuple[int, ...] = ()
 
     hub_below: Optional[HubBelow] = None
+    # The deny list in force (agent/bundle/deny.py): its serial, the last one refused (with its kind), and the
+    # packages installed here at a version it denies (``name version: entry``), as the last fetch found them.
+    deny_serial: Optional[int] = None
+    deny_refused: Optional[BundleRefusal] = None
+    denied_installed: Tuple[str, ...] = ()
 
     def with_hub_offer(self, offered: Optional[int], at: dt.datetime) -> "BundleState":
         """The state after the hub offered ``offered`` (None: nothing in scope): ``hub_below`` set, keeping its
@@ -106,8 +111,8 @@ class BundleState(JsonRecord):
 
     def attention(self, now: dt.datetime) -> Tuple[str, ...]:
         """The heartbeat's ``policy_attention`` words (agent/wire.py POLICY_ATTENTION)."""
-        return tuple(word for word, on in (("expired", self.expired(now)), ("freshness", self.stale(now) is not None))
-                     if on)
+        return tuple(word for word, on in (("expired", self.expired(now)), ("freshness", self.stale(now) is not None),
+                                           ("denied", bool(self.denied_installed))) if on)
 
     def with_rollout(self, notice: Optional[str], at: dt.datetime,
                      fields: Optional[RolloutFields] = None) -> "BundleState":

@@ -50,7 +50,7 @@ def compile_policy(args: argparse.Namespace, host: Host, settings: Settings) -> 
     """The chosen policy's files loaded and compiled."""
     from agent.bundle.source import compile_source
 
-    return compile_source(chosen_source(args, host, settings))
+    return compile_source(chosen_source(args, host, settings), host, settings.agent.state_dir)
 
 
 def policy_for_host(args: argparse.Namespace, host: Host, settings: Settings) -> CompiledPolicy:

@@ -179,7 +179,7 @@ def recompile_policy(host: Host, settings: Settings) -> bool:
         return False
     target = host.path(StatePaths(settings.agent.state_dir).compiled_policy)
     try:
-        _, compiled = compile_source(chosen)
+        _, compiled = compile_source(chosen, host, settings.agent.state_dir)
         write_compiled(str(target), compiled)
     except ConfigError as exc:  # PolicyError: every problem of every file
         log.error("policy_compile_failed", path=exc.path, problems=list(exc.problems),

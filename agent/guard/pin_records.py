@@ -1,7 +1,8 @@
 """What the policy pins, package by package: the records behind apt preferences and dnf versionlock alike (pure).
 
 - frozen: every installed build of a frozen package is held (``priority`` 1001);
-- forbidden: every available build that no allowed state can contain is kept out (``priority`` -1): a kernel that
+- forbidden: every available build that no allowed state can contain is kept out (``priority`` -1): a version the
+  signed deny list names as known-bad (agent/bundle/deny.py, the compiled policy's ``denied``), a kernel that
   is not allowed, an NVIDIA driver or CUDA release in no pairing, a version outside a version rule; and every build
   of an AMD package the policy judges (the driver, its firmware, ROCm and versioned side-by-side ROCm such as
   ``rocm-core6.4.1``) that the guard would refuse beside the packages installed now. The AMD builds are judged by
@@ -27,6 +28,7 @@ from agent.policy import releases
 from agent.policy.compiled import AMD_STACK_PACKAGES, CompiledPolicy
 from agent.policy.evaluate import HostState, evaluate, introduced
 from agent.policy.families.amd import matching_pairing
+from agent.policy.families.denied import denial, denied_by
 from agent.policy.spec import matches
 
 if TYPE_CHECKING:
@@ -68,6 +70,8 @@ def names_to_query(policy: CompiledPolicy, manager: str = "dpkg") -> Tuple[List[
         patterns += driver_patterns + cuda_patterns
     for rule in policy.rules("versions"):
         patterns += list(rule.get("packages") or [])
+    for entry in policy.rules("denied"):
+        patterns += list(entry.get("packages") or [])
     exact = [p for p in dict.fromkeys(patterns) if p == glob_prefix(p)]
     globs = [p for p in dict.fromkeys(patterns) if p != glob_prefix(p)]
     return exact, globs
@@ -123,8 +127,9 @@ def pin_records(policy: CompiledPolicy, installed: Mapping[str, str], available:
         for version in available[name]:
             if (name, version) in installed_builds:
                 continue  # never pin away what is installed: the hook and rollback handle the installed set
-            why = None
-            if _match_any(name, amd_judged):
+            known_bad = denied_by(policy, name, version, manager)
+            why = f"known-bad: {denial(known_bad)}" if known_bad is not None else None
+            if why is None and _match_any(name, amd_judged):
                 why = refused_beside_installed(policy, installed, name, version, manager, context)
             why = why or _forbidden_reason(name, version, manager, pairings, driver_name, kernel,
                                            kernel_patterns, nvidia, nv_pairings, policy, installed)

@@ -17,8 +17,8 @@ Several hub processes may share the queue: a row is leased (``lease_until``) by 
 The hub raises alerts of its own too (``enqueue_hub_alert``: a staged rollout halted, agent/hub/rollouts.py): queued
 for every webhook, whatever its ``kinds``, inside the transaction that made the decision, keyed by the decision so
 that it is queued once; the body is ``{"hub_alert": {kind, severity, summary, ...}}`` instead of an event. A host
-whose heartbeat starts reporting a policy attention word ("expired", "freshness": ``attention_alerts``) raises one
-``policy_attention`` alert per host, word and serial in force, queued before the batch is answered.
+whose heartbeat starts reporting a policy attention word ("expired", "freshness", "denied": ``attention_alerts``)
+raises one ``policy_attention`` alert per host, word and serial in force, queued before the batch is answered.
 """
 
 from __future__ import annotations

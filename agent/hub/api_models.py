@@ -88,10 +88,12 @@ class BundleDetail(FrozenModel):
 
 
 class SignedDocument(FrozenModel):
-    """A root (``root``) or freshness statement (``statement``) and its detached signatures, each base64."""
+    """A root (``root``), freshness statement (``statement``) or deny list (``deny``) and its detached signatures,
+    each base64."""
 
     root: Optional[str] = None
     statement: Optional[str] = None
+    deny: Optional[str] = None
     signature: str
 
 

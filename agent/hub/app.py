@@ -108,12 +108,20 @@ from agent.hub.rows import DRIFT_KINDS, BatchResult, BundleSummary, EventQuery, 
 from agent.hub.settings import HubSettings
 from agent.hub.store import SqlStore
 from agent.hub.tokens import Principal, TokenRegistry
-from agent.hub.trust import FreshnessSigner, root_files, root_or_keys_check
+from agent.hub.trust import FreshnessSigner, deny_files, root_files, root_or_keys_check
 from agent.hub.writer import GroupCommitWriter
 from agent.log import get_logger
 from agent.report.events import EVENT_SCHEMA_VERSION, Event, EventBatch
 from agent.validation import validation_problems
-from agent.wire import BUNDLE_PATH, FRESHNESS_PATH, INGEST_PATH, ROOT_PATH, VERIFIED_STACKS_PATH, etag_of
+from agent.wire import (
+    BUNDLE_PATH,
+    DENY_PATH,
+    FRESHNESS_PATH,
+    INGEST_PATH,
+    ROOT_PATH,
+    VERIFIED_STACKS_PATH,
+    etag_of,
+)
 
 log = get_logger("hub.app")
 
@@ -428,6 +436,17 @@ def _add_trust_routes(app: FastAPI, registry: TokenRegistry, bearer: HTTPBearer,
         if found is None:
             return Response(status_code=204)
         return json_response(SignedDocument(root=_b64(found[0]), signature=_b64(found[1])))
+
+    @app.get(DENY_PATH, response_model=SignedDocument,
+             summary="The signed deny list of known-bad versions, outside every rollout (host token)",
+             responses={204: {"description": "The hub has no deny list"}, **_responses(401, 403, 503)})
+    def fetch_deny(credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
+        host_of(registry, token_of(credentials))
+        found = deny_files(settings.root_dir)
+        if found is None:
+            return Response(status_code=204)
+        return json_response(SignedDocument(deny=_b64(found[0]), signature=_b64(found[1])),
+                             headers={"Cache-Control": "no-cache"})
 
     @app.get(FRESHNESS_PATH, response_model=SignedDocument,
              summary="The hub's signed freshness statement: newest serial per scope, withdrawn serials (host token)",

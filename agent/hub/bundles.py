@@ -92,7 +92,7 @@ class HostPolicy(FrozenModel):
     refused_reason: Optional[str] = None
     refused_kind: Optional[str] = None  # why (agent/wire.py's REFUSAL_KINDS): what is counted
     # what its newest heartbeat says asks for attention though its policy keeps guarding (agent/wire.py's
-    # POLICY_ATTENTION: "expired", "freshness"); empty when nothing does or the agent does not say
+    # POLICY_ATTENTION: "expired", "freshness", "denied"); empty when nothing does or the agent does not say
     attention: Tuple[str, ...] = ()
 
 

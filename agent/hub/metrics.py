@@ -19,7 +19,7 @@ Fleet figures are read from the database at each scrape (grouped queries over ``
     gpuguard_hub_hosts_policy_refused_by_kind{kind}  the same hosts by refusal kind (agent/wire.py's REFUSAL_KINDS)
     gpuguard_hub_hosts_policy_ahead                 hosts enforcing a serial above every bundle offered (fast-forward)
     gpuguard_hub_hosts_policy_attention{word}       hosts whose newest heartbeat reports the word (agent/wire.py's
-                                                    POLICY_ATTENTION: "expired", "freshness"), 0 included
+                                                    POLICY_ATTENTION: "expired", "freshness", "denied"), 0 incl.
     gpuguard_hub_hosts_unknown_versions{table}      hosts whose newest heartbeat reports a version newer than the
                                                     table knows (agent/wire.py's UNKNOWN_TABLES: "amd-matrix",
                                                     "therock", "dcgm-exporter"), 0 included

@@ -1,11 +1,12 @@
-"""What the hub serves of the trust chain: the roots it was given, one version per request, and the freshness
-statement it signs with its online key (agent/bundle/freshness.py).
+"""What the hub serves of the trust chain: the roots it was given, one version per request, the deny list of
+known-bad versions, and the freshness statement it signs with its online key (agent/bundle/freshness.py).
 
-Roots are files the operators put in ``[hub] root_dir`` (``N.root.json`` with ``N.root.json.sig``); the hub only
-serves them (hosts verify them). The statement is made from the bundles offered to everyone (newest first) and the
-withdrawn serials, signed with ``gpg --homedir [hub] freshness_gnupg_home --local-user [hub] freshness_key``; it is
-signed again when what it says changes or a quarter of its lifetime (``[hub] freshness_hours``) has passed, so a
-fleet's fetches cost one gpg run per change, not one per host.
+Roots are files the operators put in ``[hub] root_dir`` (``N.root.json`` with ``N.root.json.sig``), and so is the
+deny list (``deny.json`` with ``deny.json.sig``, agent/bundle/deny.py), served to every host whatever a rollout
+holds back; the hub only serves them (hosts verify them). The statement is made from the bundles offered to
+everyone (newest first) and the withdrawn serials, signed with ``gpg --homedir [hub] freshness_gnupg_home
+--local-user [hub] freshness_key``; it is signed again when what it says changes or a quarter of its lifetime
+(``[hub] freshness_hours``) has passed, so a fleet's fetches cost one gpg run per change, not one per host.
 """
 
 from __future__ import annotations
@@ -47,6 +48,24 @@ def root_files(root_dir: Optional[str], version: int) -> Optional[Tuple[bytes, b
     except InputFileError as exc:
         log.error("hub_root_unreadable", path=str(path), error=str(exc))
         raise HubHTTPError(503, "root_unreadable", f"root version {version} cannot be read") from None
+
+
+def deny_files(root_dir: Optional[str]) -> Optional[Tuple[bytes, bytes]]:
+    """The deny list (``deny.json``) and its signatures (``deny.json.sig``) in ``root_dir``; None when there is
+    none. The hub only serves them: hosts verify them against the root (agent/bundle/deny.py)."""
+    from agent.bundle.deny import MAX_DENY_BYTES
+
+    if root_dir is None:
+        return None
+    path = Path(root_dir) / "deny.json"
+    try:
+        return (read_bytes_bounded(str(path), MAX_DENY_BYTES),
+                read_bytes_bounded(str(path) + ".sig", MAX_SIGNATURES_BYTES))
+    except FileMissing:
+        return None
+    except InputFileError as exc:
+        log.error("hub_deny_unreadable", path=str(path), error=str(exc))
+        raise HubHTTPError(503, "deny_unreadable", "the deny list cannot be read") from None
 
 
 class FreshnessSigner:

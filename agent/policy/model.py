@@ -30,6 +30,7 @@ from agent.policy.sections import Action, PolicyModel, check_patterns
 
 if TYPE_CHECKING:  # the families' section models, for the declaration of Policy below (mypy's view only)
     from agent.policy.sections.amd import AmdSection
+    from agent.policy.sections.bake import BakeRule
     from agent.policy.sections.companions import CompanionsSection
     from agent.policy.sections.containers import ContainersSection
     from agent.policy.sections.frozen import FrozenSection
@@ -98,6 +99,7 @@ if TYPE_CHECKING:  # mypy's view of the model assembled below; test_families.py 
         companions: Optional[CompanionsSection] = None
         containers: Optional[ContainersSection] = None
         workloads: Optional[WorkloadsSection] = None
+        bake: List[BakeRule] = []
         health: Optional[HealthSection] = None
 else:
     Policy = create_model(

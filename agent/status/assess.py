@@ -233,6 +233,10 @@ def _policy(f: StatusFacts, at: dt.datetime) -> Check:
                              f"bundle is needed")
     if p.stale is not None:
         return Check(name="policy", state="warn", summary=f"{summary}; {p.stale}: still enforced")
+    if p.denied_installed:
+        return Check(name="policy", state="warn",
+                     summary=f"{summary}; known-bad version installed (deny list serial {p.deny_serial}): "
+                             + "; ".join(p.denied_installed[:5]))
     if p.source == "local" and p.bundle_serial is not None:
         summary += f" (bundle serial {p.bundle_serial} installed, not in force: [guard] policy_source is local)"
     if p.tables is not None:

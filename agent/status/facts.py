@@ -146,6 +146,9 @@ class PolicyFacts(FrozenModel):
     # The compatibility tables the compiled policy judges with, each with its date and origin (package or bundle
     # serial N), as ``policy explain`` says them; None when no compiled policy can be read.
     tables: Optional[str] = None
+    deny_serial: Optional[int] = None  # the deny list in force (agent/bundle/deny.py)
+    # Installed here at a version the deny list names as known-bad, as the last policy fetch found them.
+    denied_installed: Tuple[str, ...] = ()
     problem: Optional[str] = None
 
 
@@ -578,7 +581,8 @@ def read_policy(host: Host, guard: Any, state_dir: str) -> PolicyFacts:
                        hub_below_offered=state.hub_below.offered_serial if state.hub_below else None,
                        hub_below_since=state.hub_below.since if state.hub_below else None,
                        refusal_pending=state.refusal_pending, rollout=state.rollout, bundle_expires=state.expires,
-                       stale=state.stale(host.clock()))
+                       stale=state.stale(host.clock()), deny_serial=state.deny_serial,
+                       denied_installed=state.denied_installed)
 
 
 def gather(host: Host, config_path: str, offline: bool,

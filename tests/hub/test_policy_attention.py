@@ -84,7 +84,7 @@ def test_an_expired_bundle_shows_as_attention_on_the_host_and_the_dashboard(
     rollout = client.get("/v1/policy/hosts", headers=reader).json()
     by_host = {h["host_id"]: h for h in rollout["hosts"]}
     assert (by_host["host-a"]["attention"], by_host["host-b"]["attention"]) == (["expired"], [])
-    assert rollout["attention_by_word"] == {"expired": 1, "freshness": 0}
+    assert rollout["attention_by_word"] == {"expired": 1, "freshness": 0, "denied": 0}
     lines = client.get("/metrics", headers=reader).text.splitlines()
     for line in ('gpuguard_hub_hosts_policy_attention{word="expired"} 1.0',
                  'gpuguard_hub_hosts_policy_attention{word="freshness"} 0.0'):
@@ -125,6 +125,23 @@ def test_a_host_starting_to_report_freshness_raises_its_own_alert(hub: Tuple[Tes
     assert [r["event_id"] for r in attention_deliveries(url)] == ["policy-attention-host-c-freshness-7"]
     overview = client.get("/ui/", headers=bearer(tokens["ops"])).text
     assert 'id="policy-attention-freshness-count">1<' in overview
+
+
+def test_a_host_on_a_known_bad_version_is_counted_and_raises_an_alert(
+        hub: Tuple[TestClient, str], tokens: Dict[str, str], tmp_path: Path) -> None:
+    """host-c's agent found a package at a version the deny list in force denies (issue 43): its heartbeat says
+    "denied", the hub counts it (policy hosts, /metrics, dashboard) and queues one alert saying what it means."""
+    client, url = hub
+    beat = agent_heartbeat(tmp_path, "host-c", BundleState(
+        serial=4, source="hub", deny_serial=2, denied_installed=("amdgpu-dkms 1:6.8.5-1: denied.amdgpu-recall",)))
+    assert beat.payload.policy_attention == ("denied",)
+    post(client, tokens["host-c"], beat)
+    reader = bearer(tokens["ops"])
+    assert client.get("/v1/policy/hosts", headers=reader).json()["attention_by_word"]["denied"] == 1
+    assert 'gpuguard_hub_hosts_policy_attention{word="denied"} 1.0' in client.get("/metrics", headers=reader).text
+    assert 'id="policy-attention-denied-count">1<' in client.get("/ui/", headers=reader).text
+    [alert] = attention_deliveries(url)
+    assert alert["event_id"] == "policy-attention-host-c-denied-4"
 
 
 def test_attention_alerts_take_each_hosts_newest_heartbeat_only() -> None:

@@ -141,8 +141,8 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
 # The rule families in the order they are judged (and a violation is reported): each name is a module of this
 # package and the compiled policy's section key it judges. The one table of families: agent/policy/evaluate.py,
 # load.py, compiled.py, explain.py, freeze.py and model.py (with agent/policy/sections/) loop over it.
-FAMILIES: Tuple[str, ...] = ("frozen", "amd", "kernel", "nvidia", "versions", "matrix", "companions", "containers",
-                              "workloads")
+FAMILIES: Tuple[str, ...] = ("denied", "frozen", "amd", "kernel", "nvidia", "versions", "matrix", "companions",
+                              "containers", "workloads", "bake")
 
 OVERRIDE_HINT = 'or open an audited maintenance window: gpuguard override start --minutes 60 --reason "..."'
 

@@ -43,6 +43,9 @@ cuda = "13.*"
 [[versions]]
 packages = ["nvidia-container-toolkit"]
 allow = "1.17.*"
+[[bake]]
+family = "driver"
+min_age_days = 7
 [frozen]
 packages = ["dkms"]
 [companions]
@@ -159,10 +162,12 @@ def test_the_compiled_check_runs_each_present_family_in_table_order(tmp_path: Pa
     called: List[str] = []
     spy(monkeypatch, "shape", called)
     check_compiled(data, "<test>")
-    assert called == [name for name in FAMILIES if name != "matrix"]  # no require_amd_matrix: matrix is None
+    # no require_amd_matrix: matrix is None; no deny list in force: denied is [] (only a deny list fills it)
+    assert called == [name for name in FAMILIES if name not in ("matrix", "denied")]
     called.clear()
     check_compiled({**data, "nvidia": None, "versions": [], "companions": None}, "<test>")
-    assert called == [name for name in FAMILIES if name not in ("nvidia", "versions", "matrix", "companions")]
+    assert called == [name for name in FAMILIES
+                      if name not in ("nvidia", "versions", "matrix", "companions", "denied")]
 
 
 def test_freeze_writes_each_family_once_in_freeze_place_order(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -215,8 +220,8 @@ def test_the_declaration_mypy_reads_is_the_assembled_model() -> None:
 
 def test_rule_count_is_the_sum_over_the_sections(tmp_path: Path) -> None:
     """rule_count adds each section module's count (two pairings, the kernel allow list, one version rule, one
-    frozen package, three companion rules on, the containers rule, the workloads rule)."""
-    assert every_section_loaded(tmp_path).policy.rule_count() == 2 + 1 + 1 + 1 + 3 + 1 + 1
+    frozen package, three companion rules on, the containers rule, the workloads rule, the bake rule)."""
+    assert every_section_loaded(tmp_path).policy.rule_count() == 2 + 1 + 1 + 1 + 3 + 1 + 1 + 1
 
 
 def test_evaluate_runs_each_family_in_table_order(monkeypatch: pytest.MonkeyPatch) -> None:

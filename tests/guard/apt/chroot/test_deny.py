@@ -1,0 +1,79 @@
+"""Known-bad versions under real apt and dpkg (issue 43): a deny list signed by the fleet-wide policy role arrives
+from a real hub at the next fetch; the apt hook refuses the denied version with the entry's reason and source,
+dpkg's status unchanged; the installed build it denies is flagged; ``gpuguard pin apply`` writes it as
+``Pin-Priority: -1`` so apt itself finds no candidate."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.bundle.test_attacks import Fleet
+from tests.bundle.test_deny import deny_document, place
+from tests.bundle.test_roles import Trust
+from tests.guard.apt.chroot.conftest import gpuguard
+from tests.guard.apt.chroot.harness import AMDGPU_62, Chroot
+from tests.guard.apt.chroot.test_bundle import ChrootSite
+
+pytestmark = pytest.mark.timeout(900)
+
+HELLO_BAD = {"id": "hello-bad", "packages": ["hello-fake"], "versions": "= 1.0-1", "reason": "corrupts output",
+             "source_url": "https://example.org/advisories/hello-1.0-1", "added": "2026-12-03"}
+AMDGPU_RECALL = {"id": "amdgpu-recall", "packages": ["amdgpu-dkms"], "versions": f"= {AMDGPU_62}",
+                 "reason": "firmware hang under load", "source_url": "https://example.org/advisories/amdgpu-6.8.5",
+                 "added": "2026-12-02"}
+
+
+@pytest.fixture
+def fleet(chroot: Chroot, tmp_path: Path) -> Iterator[Fleet]:
+    """The chroot trusting root version 1 (tests/bundle's Trust), its local policy in force, reporting to a real
+    hub whose roots directory will hold the deny list."""
+    for name in ("trust", "site", "hub"):
+        (tmp_path / name).mkdir()
+    trust = Trust(tmp_path / "trust", place_first_root=False)
+    site = ChrootSite(tmp_path / "site", chroot)
+    site.config.write_text(site.config.read_text().replace('policy_source = "bundle"', 'policy_source = "local"'))
+    keys = chroot.root / "etc/gpuguard/keys"
+    for suffix in ("", ".sig"):
+        (keys / f"root.json{suffix}").write_bytes(Path(f"{trust.first}{suffix}").read_bytes())
+    trust.site = site
+    made = Fleet(tmp_path / "hub", trust)
+    try:
+        yield made
+    finally:
+        made.close()
+        site.signer.close()
+        shutil.rmtree(keys, ignore_errors=True)  # the chroot fixture resets the state and the pins
+
+
+def test_a_deny_list_from_a_real_hub_is_refused_by_real_apt_and_pinned_natively(chroot: Chroot, fleet: Fleet) -> None:
+    """hello-fake 1.0-1 installs before the list; after the next fetch apt's hook refuses it naming the entry,
+    its reason and source (dpkg's status byte for byte the same), the installed amdgpu-dkms build is flagged, and
+    after ``pin apply`` apt itself (hook off) has no candidate for hello-fake."""
+    assert chroot.apt("install", "--simulate", "hello-fake").returncode == 0
+    trust = fleet.trust
+    place(fleet.hub_roots, deny_document(1, [HELLO_BAD, AMDGPU_RECALL]), [trust.p1, trust.p2])
+    result = fleet.fetch()
+    assert result.trust == "", result
+    before = chroot.status_bytes()
+    refused = chroot.apt("install", "hello-fake")
+    output = refused.stdout + refused.stderr
+    assert refused.returncode != 0, output
+    assert ("REFUSED (denied.hello-bad): hello-fake (not installed) -> 1.0-1: hello-fake 1.0-1 is a known-bad "
+            "version: deny entry 'hello-bad' (deny list serial 1, added 2026-12-03): corrupts output "
+            "(https://example.org/advisories/hello-1.0-1)") in output, output
+    assert chroot.status_bytes() == before and "hello-fake" not in chroot.installed()
+    assert fleet.state().denied_installed == (f"amdgpu-dkms {AMDGPU_62}: denied.amdgpu-recall",)
+
+    code, out = gpuguard(chroot, "pin", "apply")
+    assert code == 0, out
+    pins = (chroot.root / "etc/apt/preferences.d/gpuguard-forbidden.pref").read_text()
+    assert ("Explanation: gpuguard: known-bad: deny entry 'hello-bad' (deny list serial 1, added 2026-12-03): "
+            "corrupts output (https://example.org/advisories/hello-1.0-1)\nPackage: hello-fake\n"
+            "Pin: version 1.0-1\nPin-Priority: -1\n") in pins
+    unhooked = chroot.apt("install", "hello-fake", hook=False)
+    assert unhooked.returncode != 0 and "hello-fake" not in chroot.installed()
+    assert "has no installation candidate" in unhooked.stdout + unhooked.stderr
