@@ -149,13 +149,16 @@ class PolicyFacts(FrozenModel):
 class MaintenanceFacts(FrozenModel):
     """The scheduler hand-off this host holds (maintenance.json, agent/integrations/maintenance.py); no phase: none."""
 
-    phase: Optional[str] = None  # draining, held, kept (a post-change check failed)
+    phase: Optional[str] = None  # draining, held, rebooting (Slurm asked to reboot the node), kept (a check failed)
     scheduler: Optional[str] = None
     node: Optional[str] = None
     reason: Optional[str] = None
     detail: Optional[str] = None
     drained_by_us: bool = True
     began_at: Optional[dt.datetime] = None
+    # Phase rebooting: when Slurm was asked, and when this machine last booted (/proc/stat; None: unknown).
+    reboot_asked_at: Optional[dt.datetime] = None
+    booted_at: Optional[dt.datetime] = None
     problem: Optional[str] = None
 
 
@@ -511,6 +514,7 @@ def read_rollback_coverage(host: Host, paths: StatePaths) -> RollbackFacts:
 def read_maintenance(host: Host, paths: StatePaths) -> MaintenanceFacts:
     """The hand-off hold as persisted; a damaged record is a one-line problem naming the file."""
     from agent.integrations.hold import read_state
+    from agent.integrations.reboot import booted_at_seconds
 
     try:
         state = read_state(host, paths)
@@ -520,7 +524,9 @@ def read_maintenance(host: Host, paths: StatePaths) -> MaintenanceFacts:
         return MaintenanceFacts()
     return MaintenanceFacts(phase=state.phase, scheduler=state.scheduler, node=state.node, reason=state.reason,
                             detail=state.detail or None, drained_by_us=state.drained_by_us,
-                            began_at=_epoch(state.began_at_seconds))
+                            began_at=_epoch(state.began_at_seconds),
+                            reboot_asked_at=_epoch(state.reboot_asked_at_seconds),
+                            booted_at=_epoch(booted_at_seconds(host)) if state.phase == "rebooting" else None)
 
 
 def probe_hub(endpoint_url: str, ca_bundle: Optional[str], timeout_seconds: float = HUB_TIMEOUT_SECONDS) -> HubFacts:
