@@ -15,9 +15,7 @@ from agent.errors import InputFileError, StateWriteError
 from agent.files import read_json_file, write_atomically
 from agent.host import Host
 from agent.statepaths import StatePaths
-from agent.wire import MAX_STATE_FILE_BYTES, rollout_id_ok
-
-PHASES = ("draining", "held", "rebooting", "kept")
+from agent.wire import MAINTENANCE_PHASES, MAX_STATE_FILE_BYTES, rollout_id_ok
 
 
 @dataclass(frozen=True)
@@ -60,7 +58,7 @@ def read_state(host: Host, paths: StatePaths) -> Optional[MaintenanceState]:
             raise TypeError("not an object")
         state = MaintenanceState(**data)
         if not all(isinstance(getattr(state, name), str) for name in ("scheduler", "node", "reason", "phase")) \
-                or not isinstance(state.drained_by_us, bool) or state.phase not in PHASES \
+                or not isinstance(state.drained_by_us, bool) or state.phase not in MAINTENANCE_PHASES \
                 or not isinstance(state.drained_at_seconds, (int, float, type(None))) \
                 or isinstance(state.drained_at_seconds, bool) \
                 or not isinstance(state.reboot_asked_at_seconds, (int, float, type(None))) \

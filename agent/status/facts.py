@@ -20,9 +20,10 @@ from agent.defaults import DEFAULT_POLICY_DIR
 from agent.errors import GpuguardError
 from agent.files import read_json_file
 from agent.host import Host
+from agent.integrations.reboot import booted_at_seconds
 from agent.models import FrozenModel
 from agent.statepaths import StatePaths
-from agent.status.reboot import booted_at_seconds, read_reboot_required
+from agent.status.reboot import read_reboot_required
 
 GUARD_TAIL_BYTES = 64 * 1024
 METRICS_MAX_BYTES = 1024 * 1024
@@ -514,7 +515,6 @@ def read_rollback_coverage(host: Host, paths: StatePaths) -> RollbackFacts:
 def read_maintenance(host: Host, paths: StatePaths) -> MaintenanceFacts:
     """The hand-off hold as persisted; a damaged record is a one-line problem naming the file."""
     from agent.integrations.hold import read_state
-    from agent.integrations.reboot import booted_at_seconds
 
     try:
         state = read_state(host, paths)
@@ -597,7 +597,7 @@ def gather(host: Host, config_path: str, offline: bool,
                     "suspicious_baseline": read_suspicious_baseline(host, paths)}),
         guard=read_changes(str(host.path(paths.guard_events)), str(host.path(paths.health_rollback))).model_copy(
             update={"reboot_required": read_reboot_required(
-                str(host.path(paths.reboot_required_packages)), booted_at_seconds())}),
+                str(host.path(paths.reboot_required_packages)), booted_at_seconds(host))}),
         rollback=read_rollback_coverage(host, paths),
         metrics=read_metrics(report.metrics_path(state_dir)), outbox=read_outbox(paths.outbox),
         hub=hub, policy=read_policy(host, settings.guard, state_dir), maintenance=read_maintenance(host, paths))

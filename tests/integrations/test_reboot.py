@@ -135,6 +135,9 @@ def test_a_pass_that_needs_a_reboot_asks_for_one_then_the_gate_ends_it(tmp_path:
     assert outcome is not None and outcome.exit_code == EXIT_MAINTENANCE_REBOOTING and REBOOT in runner.calls
     state = read_state(host, paths)
     assert state is not None and state.phase == "rebooting" and state.reboot_asked_at_seconds == asked
+    from agent.guard.hotpath.maintenance import drain_wait
+
+    assert drain_wait(str(host.path(paths.maintenance))) == (None, False)  # the apt hook: a valid hold, not waiting
     assert after_check(_on(host, ScriptedScontrol({})), paths, SLURM, "", "pass") is None  # not booted yet
     assert after_boot(_on(host, ScriptedScontrol({})), paths, SLURM, "", True, "ok") is None
     runner = ScriptedScontrol({SHOW: [DRAINED, IDLE], RESUME: [""]})
