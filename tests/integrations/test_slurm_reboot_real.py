@@ -74,8 +74,8 @@ pid=$(cat {self.slurmd_pid_file})
 kill -TERM "$pid"
 i=0
 while [ $i -lt 100 ] && [ -e /proc/$pid ] && ! grep -q "^$pid ([^)]*) Z" /proc/$pid/stat; do sleep 0.1; i=$((i+1)); done
+sleep 1.5  # a reboot takes time: btime has whole seconds, and the boot comes after the second of the ask
 printf "btime %s\\n" "$(date +%s)" > {self.root}/proc/stat.new && mv {self.root}/proc/stat.new {self.root}/proc/stat
-sleep 1
 slurmd -D -b -f {conf} -N {node} >> {self.base}/slurmd-rebooted.out 2>&1 &
 echo $! > {self.slurmd_pid_file}
 ' < /dev/null > /dev/null 2>&1 &
