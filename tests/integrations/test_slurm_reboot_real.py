@@ -180,6 +180,11 @@ def _until(cluster: SlurmCluster, ready: Callable[[], bool], what: str, seconds:
     raise AssertionError(f"no {what} after {seconds:g} s: {cluster.state()} {cluster.reason()}: {cluster.logs()}")
 
 
+def _phase(setup: RebootSetup) -> str:
+    hold = setup.state / "maintenance.json"
+    return str(json.loads(hold.read_text())["phase"]) if hold.exists() else ""
+
+
 def _gate_runs(setup: RebootSetup) -> int:
     return setup.gate_out.read_text().count("\n") if setup.gate_out.exists() else 0
 
@@ -218,8 +223,9 @@ def test_reboot_waits_for_the_job_and_the_node_returns_only_after_a_passing_chec
     assert "health: no check since the boot" in setup.gate_out.read_text()
     setup.write_snapshot(reboot_pending=False)  # the daemon's snapshot after the boot: the new kernel runs
     setup.write_health("pass", time.time())
-    _until(cluster, lambda: "DRAIN" not in cluster.state(), "the node given back by the gate")
-    assert cluster.state().split("+")[0] == "IDLE" and not (setup.state / "maintenance.json").exists()
+    _until(cluster, lambda: "DRAIN" not in cluster.state() and _phase(setup) == "",
+           "the node given back by the gate and the hold gone")
+    assert cluster.state().split("+")[0] == "IDLE"
     assert setup.reboots.read_text() == "reboot running=[]\n"  # once: the passing check asked for no other
 
 
@@ -233,11 +239,11 @@ def test_a_failing_check_after_the_reboot_keeps_the_node_drained_with_its_reason
     _wait_rebooted(cluster, setup, booted_before)
     setup.write_snapshot(reboot_pending=False)
     setup.write_health("cpu_fallback", time.time(), "torch sees no GPU")
-    _until(cluster, lambda: "post-boot check" in cluster.reason(), "the gate's reason")
+    _until(cluster, lambda: "post-boot check" in cluster.reason() and _phase(setup) == "kept",
+           "the gate's reason and a kept hold")
     assert "DRAIN" in cluster.state()
     assert cluster.reason().startswith("gpuguard: maintenance: post-boot check: health: cpu_fallback"), \
         cluster.reason()
     assert "torch sees no GPU" in cluster.reason()
-    assert json.loads((setup.state / "maintenance.json").read_text())["phase"] == "kept"
     time.sleep(HEALTH_INTERVAL_SECONDS * 2)  # later gate runs leave a kept node out
     assert "DRAIN" in cluster.state() and "post-boot check" in cluster.reason()
