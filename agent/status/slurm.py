@@ -61,6 +61,7 @@ def _reboot_waiting(facts: StatusFacts) -> Optional[str]:
         return f"health: no check since the boot at {m.booted_at:%Y-%m-%dT%H:%M:%SZ} yet"
     if h.status not in PASSED_HEALTH_STATUSES and h.status not in FAILED_HEALTH_STATUSES:
         return f"health: {h.status} since the boot (no verdict yet)"
-    if facts.metrics.compliant is None:
-        return "compliance: not known since the boot yet"
+    written = facts.metrics.written_at
+    if facts.metrics.compliant is None or written is None or written <= m.booted_at:
+        return "compliance: not known since the boot yet"  # the daemon's verdict on the stack that booted
     return None

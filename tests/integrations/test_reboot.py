@@ -29,6 +29,7 @@ from agent.status.slurm import slurm_verdict
 from tests.integrations.test_maintenance import NOW, SLURM
 from tests.integrations.test_slurm_handoff import DRAIN, DRAINED, IDLE, OPERATOR, RESUME, SHOW, ScriptedScontrol
 from tests.status.test_assess import MIN, healthy
+from tests.status.test_assess import NOW as STATUS_NOW
 
 KERNEL = {"kind": "reboot_pending", "severity": "info", "component": "kernel", "message": "anything at all",
           "details": {"running": "6.8.0-40-generic", "next_boot": "6.8.0-45-generic"}}
@@ -175,8 +176,8 @@ def test_a_pass_without_a_reboot_need_resumes_as_before(tmp_path: Path) -> None:
     assert outcome is not None and outcome.exit_code == EXIT_MAINTENANCE_OK and RESUME in runner.calls
 
 
-ASKED = NOW - 30 * MIN
-BOOTED = NOW - 20 * MIN
+ASKED = STATUS_NOW - 30 * MIN
+BOOTED = STATUS_NOW - 20 * MIN
 REBOOTING = MaintenanceFacts(phase="rebooting", scheduler="slurm", node="vm", reason="rollout R stage 2",
                              reboot_asked_at=ASKED, booted_at=BOOTED)
 
@@ -186,17 +187,21 @@ REBOOTING = MaintenanceFacts(phase="rebooting", scheduler="slurm", node="vm", re
      "maintenance: waiting for the reboot"),
     ({"maintenance": REBOOTING.model_copy(update={"booted_at": None})}, True, "waiting", "waiting for the reboot"),
     ({"maintenance": REBOOTING}, True, "waiting", "health: no check since the boot"),  # the pass is older
-    ({"maintenance": REBOOTING, "health": HealthFacts(status="deferred", finished_at=NOW - MIN)}, True, "waiting",
-     "health: deferred since the boot"),
-    ({"maintenance": REBOOTING, "health": HealthFacts(status="pass", finished_at=NOW - MIN),
+    ({"maintenance": REBOOTING, "health": HealthFacts(status="deferred", finished_at=STATUS_NOW - MIN)}, True,
+     "waiting", "health: deferred since the boot"),
+    ({"maintenance": REBOOTING, "health": HealthFacts(status="pass", finished_at=STATUS_NOW - MIN),
       "metrics": MetricsFacts()}, True, "waiting", "compliance: not known since the boot"),
-    ({"maintenance": REBOOTING, "health": HealthFacts(status="pass", finished_at=NOW - MIN)}, False, "judged",
+    ({"maintenance": REBOOTING, "health": HealthFacts(status="pass", finished_at=STATUS_NOW - MIN),
+      "metrics": MetricsFacts(compliant=True, written_at=BOOTED - MIN)}, True, "waiting",
+     "compliance: not known since the boot"),
+    ({"maintenance": REBOOTING, "health": HealthFacts(status="pass", finished_at=STATUS_NOW - MIN)}, False, "judged",
      "health: pass"),
-    ({"maintenance": REBOOTING, "health": HealthFacts(status="cpu_fallback", finished_at=NOW - MIN,
+    ({"maintenance": REBOOTING, "health": HealthFacts(status="cpu_fallback", finished_at=STATUS_NOW - MIN,
                                                       summary="torch sees no GPU")}, True, "judged",
      "health: cpu_fallback"),
-    ({"maintenance": REBOOTING, "health": HealthFacts(status="pass", finished_at=NOW - MIN),
-      "metrics": MetricsFacts(compliant=False)}, True, "judged", "compliance: NOT compliant"),
+    ({"maintenance": REBOOTING, "health": HealthFacts(status="pass", finished_at=STATUS_NOW - MIN),
+      "metrics": MetricsFacts(compliant=False, written_at=STATUS_NOW - MIN)}, True, "judged",
+     "compliance: NOT compliant"),
     ({}, False, "none", "health: pass"),
 ])
 def test_the_gate_after_the_reboot(changes: dict, drain: bool, gate: str, words: str) -> None:

@@ -58,7 +58,7 @@ class RebootSetup:
                                f'slurm_node_name = "{node}"\n')
         self.write_snapshot(reboot_pending=True)
         self.write_health("pass", time.time() - 60)
-        (self.state / "metrics" / "gpuguard.prom").write_text("gpuguard_compliant 1\n")
+        self.write_compliant()
         gate = self.base / "gate"
         gate.write_text(f"#!/bin/sh\nexport SLURM_CONF={conf}\ncd {REPO}\nPYTHONPATH={REPO} exec {sys.executable} "
                         f"-m agent status --slurm --drain --config {self.config} --root {self.root} --node-name "
@@ -104,6 +104,12 @@ exit 0
         self._write(self.state / "last-snapshot.json",
                     {"taken_at": dt.datetime.now(dt.timezone.utc).isoformat(),
                      "findings": findings if reboot_pending else []})
+
+    def write_compliant(self) -> None:
+        """The daemon's metrics textfile: the stack complies with the pairing policy."""
+        path = self.state / "metrics" / "gpuguard.prom"
+        path.with_suffix(".tmp").write_text("gpuguard_compliant 1\n")
+        os.replace(path.with_suffix(".tmp"), path)
 
     def write_health(self, status: str, started_at_seconds: float, summary: str = "") -> None:
         """The daemon's last health result, as it stores it."""
@@ -222,6 +228,7 @@ def test_reboot_waits_for_the_job_and_the_node_returns_only_after_a_passing_chec
     assert "DRAIN" in cluster.state(), cluster.state()
     assert "health: no check since the boot" in setup.gate_out.read_text()
     setup.write_snapshot(reboot_pending=False)  # the daemon's snapshot after the boot: the new kernel runs
+    setup.write_compliant()
     setup.write_health("pass", time.time())
     _until(cluster, lambda: "DRAIN" not in cluster.state() and _phase(setup) == "",
            "the node given back by the gate and the hold gone")
@@ -238,6 +245,7 @@ def test_a_failing_check_after_the_reboot_keeps_the_node_drained_with_its_reason
     _drain_to_reboot(cluster, setup)
     _wait_rebooted(cluster, setup, booted_before)
     setup.write_snapshot(reboot_pending=False)
+    setup.write_compliant()
     setup.write_health("cpu_fallback", time.time(), "torch sees no GPU")
     _until(cluster, lambda: "post-boot check" in cluster.reason() and _phase(setup) == "kept",
            "the gate's reason and a kept hold")
