@@ -43,6 +43,7 @@ class RebootSetup:
         self.slurmd_pid_file = base / "slurmd.test.pid"  # the PID of the slurmd this test (or its reboot) started
         self.gate_out = base / "gate.out"
         self.reboots = base / "reboots"
+        self.restarted = base / "restarted"  # one PID a line: each slurmd a reboot started
 
     def prepare(self, node: str, conf: Path) -> Tuple[str, ...]:
         (self.root / "proc" / str(FAKE_DAEMON_PID)).mkdir(parents=True)
@@ -78,6 +79,7 @@ sleep 1.5  # a reboot takes time: btime has whole seconds, and the boot comes af
 printf "btime %s\\n" "$(date +%s)" > {self.root}/proc/stat.new && mv {self.root}/proc/stat.new {self.root}/proc/stat
 slurmd -D -b -f {conf} -N {node} >> {self.base}/slurmd-rebooted.out 2>&1 &
 echo $! > {self.slurmd_pid_file}
+echo $! >> {self.restarted}
 ' < /dev/null > /dev/null 2>&1 &
 exit 0
 """)
@@ -117,19 +119,32 @@ exit 0
         self._write(self.state / "health" / "last.json",
                     {"status": status, "started_at": started, "wall_seconds": 1.0, "summary": summary})
 
-    def stop_restarted_slurmd(self, started: List[int]) -> None:
-        """Stop the slurmd the reboot program started (by the PID it wrote), never another process."""
-        if not self.slurmd_pid_file.exists():
-            return
-        pid = int(self.slurmd_pid_file.read_text().strip() or 0)
-        if pid <= 0 or pid in started or not Path(f"/proc/{pid}").exists():
-            return
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if Path(f"/proc/{pid}").exists():
-            os.kill(pid, signal.SIGKILL)
+    def stop_restarted_slurmd(self) -> None:
+        """Stop each slurmd a reboot started (by the PIDs it wrote), never another process; a reboot still under way
+        when a test ends is waited for (bounded) so that its slurmd is not left behind."""
+        def lines(path: Path) -> List[str]:
+            return path.read_text().splitlines() if path.exists() else []
+
+        deadline = time.monotonic() + 15
+        while len(lines(self.restarted)) < len(lines(self.reboots)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in (int(p) for p in lines(self.restarted)):
+            if not _running(pid):
+                continue
+            os.kill(pid, signal.SIGTERM)
+            stop = time.monotonic() + 10
+            while _running(pid) and time.monotonic() < stop:
+                time.sleep(0.1)
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 @pytest.fixture
@@ -143,15 +158,13 @@ def rebootable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuple[Slurm
     setup = RebootSetup(Path(tmp_path_factory.mktemp("reboot")))
     base = Path(tmp_path_factory.mktemp("slurm"))  # short: munge's socket path is bounded
     cluster = SlurmCluster(base, setup.prepare(socket.gethostname().split(".")[0], base / "slurm.conf"))
-    started: List[int] = []
     try:
         cluster.start()
-        started = [p.pid for p in cluster.processes]
         setup.slurmd_pid_file.write_text(str(cluster.processes[-1].pid))
         yield cluster, setup
     finally:
         cluster.stop()
-        setup.stop_restarted_slurmd(started)
+        setup.stop_restarted_slurmd()
 
 
 def gpuguard(cluster: SlurmCluster, setup: RebootSetup, *argv: str) -> Tuple[int, str]:
