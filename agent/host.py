@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 DEFAULT_TIMEOUT_SECONDS = 10.0
 # Commands get a fixed, predictable environment: C locale so output parsers see one language.
 _COMMAND_ENV = {"LC_ALL": "C", "LANG": "C", "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+# Passed on when set: where Slurm's commands find slurm.conf on a site that keeps it elsewhere (scontrol from a
+# Prolog or HealthCheckProgram, docs/integrations.md).
+_PASSED_ENV = ("SLURM_CONF",)
 
 
 @frozen_record
@@ -57,6 +60,7 @@ class SubprocessRunner:
 
     def __init__(self, extra_env: Optional[Mapping[str, str]] = None) -> None:
         self._env = dict(_COMMAND_ENV)
+        self._env.update({name: os.environ[name] for name in _PASSED_ENV if name in os.environ})
         if extra_env:
             self._env.update(extra_env)
 

@@ -71,6 +71,10 @@ MAX_STATE_FILE_BYTES = 64 * 1024
 HEALTH_STATUSES = ("pass", "regression", "cpu_fallback", "failed", "timeout", "skipped", "busy", "deferred")
 PASSED_HEALTH_STATUSES = ("pass", "busy")
 FAILED_HEALTH_STATUSES = ("regression", "cpu_fallback", "failed", "timeout")
+# The phases of a maintenance hold in <state_dir>/maintenance.json (agent/integrations/hold.py writes them, the apt
+# hook's agent/guard/hotpath/maintenance.py reads them): draining, held, rebooting (Slurm asked to reboot the node),
+# kept (a post-change or post-boot check failed).
+MAINTENANCE_PHASES = ("draining", "held", "rebooting", "kept")
 
 # Why a bundle was refused (one enum: a model reads it as ``Literal[REFUSAL_KINDS]``). signature: no good signature
 # by a trusted key, or the trusted keys are unsafe; threshold: fewer valid signatures than its role needs; expired:

@@ -3,7 +3,8 @@
 ``begin --reason R`` drains the Slurm node (or labels the Kubernetes node) and waits until nothing runs there;
 ``end`` gives it back (resumed only when gpuguard drained it), or with ``--check STATUS`` acts on a post-change
 health result: pass or busy end the hold, a failed check keeps the node out with the reason. Exit 0 done, 40 jobs
-still run after the wait, 41 kept out of service (agent/integrations/maintenance.py, docs/integrations.md).
+still run after the wait, 41 kept out of service, 42 Slurm asked to reboot the node (the change needs a reboot)
+(agent/integrations/maintenance.py, docs/integrations.md).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
 
 def add_parser(sub: Subparsers) -> None:
     m_sub = add_group(sub, "maintenance", "hand this node to the scheduler (Slurm drain, Kubernetes label) while it "
-                                          "changes: exit 0 done, 40 jobs still running, 41 kept out of service")
+                                          "changes: exit 0 done, 40 jobs still running, 41 kept out of service, "
+                                          "42 rebooting")
     begin = m_sub.add_parser("begin", help="drain (Slurm) or label (Kubernetes) this node and wait until no job runs")
     begin.add_argument("--reason", required=True, help="why, shown to the scheduler (\"rollout R stage 2\")")
     begin.add_argument("--wait-seconds", type=float, metavar="SECONDS",
@@ -50,7 +52,8 @@ def maintenance_begin(args: argparse.Namespace, make_host: HostFactory, out: Tex
 
 
 def maintenance_end(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    """Give the node back, or with --check act on a post-change health result (41: kept out of service)."""
+    """Give the node back, or with --check act on a post-change health result (41: kept out of service, 42: a
+    reboot asked of Slurm)."""
     from agent.commands.guard_inputs import settings_of, state_paths
     from agent.integrations.maintenance import after_check, end_maintenance, maintenance_status
 
@@ -67,7 +70,7 @@ def maintenance_end(args: argparse.Namespace, make_host: HostFactory, out: TextI
 
 
 def maintenance_status(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
-    """The persisted hold: 0 none or held, 40 still draining, 41 kept after a failed check."""
+    """The persisted hold: 0 none or held, 40 still draining, 41 kept after a failed check, 42 rebooting."""
     from agent.commands.guard_inputs import settings_of, state_paths
     from agent.integrations.maintenance import maintenance_status as status_of
 

@@ -12,6 +12,8 @@ from agent.commands.options import add_config, add_json, add_root
 
 if TYPE_CHECKING:
     from agent.commands import HostFactory, Subparsers
+    from agent.host import Host
+    from agent.integrations.slurm import SlurmVerdict
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -51,7 +53,7 @@ def slurm_check(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -
     """Print ``gpuguard: ok|drain: REASON``; exit 0 (busy and deferred included) or 1 (drain). With --drain,
     drain or resume the node through scontrol as well (for HealthCheckProgram, whose exit code slurmd ignores)."""
     from agent.errors import GpuguardError
-    from agent.integrations.slurm import apply_to_node, node_name
+    from agent.integrations.slurm import node_name
     from agent.status.assess import assess
     from agent.status.facts import gather
     from agent.status.slurm import slurm_verdict
@@ -63,9 +65,27 @@ def slurm_check(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -
     if args.drain:
         name = node_name(host, args.node_name)
         try:
-            line += f" (node {name}: {apply_to_node(host, name, verdict)})"
+            line += f" (node {name}: {_apply(host, args.config, name, verdict)})"
         except GpuguardError:
             out.write(line + "\n")  # the verdict stands; the CLI adds scontrol's failure as its own line
             raise
     out.write(line + "\n")
     return verdict.exit_code
+
+
+def _apply(host: "Host", config_path: str, node: str, verdict: "SlurmVerdict") -> str:
+    """What --drain did: after a reboot the hand-off asked for, its gate gives the node back or keeps it out
+    (agent/integrations/maintenance.py after_boot); otherwise drain or resume as a health check does."""
+    from agent.integrations.slurm import apply_to_node
+
+    if verdict.reboot_gate == "judged":
+        from agent.config import load_settings
+        from agent.integrations.maintenance import after_boot
+        from agent.statepaths import StatePaths
+
+        settings = load_settings(config_path)
+        outcome = after_boot(host, StatePaths(settings.agent.state_dir), settings.integrations,
+                             settings.report.nfd_features_file, passed=not verdict.drain, why=verdict.reason)
+        if outcome is not None:
+            return outcome.line
+    return apply_to_node(host, node, verdict)

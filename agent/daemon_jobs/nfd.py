@@ -45,12 +45,13 @@ class PolicyName:
 def nfd_view(runtime: Runtime, policy_name: Optional[str] = None) -> NfdView:
     """Gather what the features file shows from the daemon's state (the metrics textfile's source), the
     reboot marker a rollback leaves and the rollback coverage (read as ``gpuguard status`` reads them)."""
+    from agent.integrations.reboot import booted_at_seconds
     from agent.rollback_coverage import read_coverage
-    from agent.status.reboot import booted_at_seconds, read_reboot_required
+    from agent.status.reboot import read_reboot_required
 
     paths = StatePaths(runtime.settings.state_dir)
     reboot = read_reboot_required(str(runtime.host.path(paths.reboot_required_packages)),
-                                  booted_at_seconds()) is not None
+                                  booted_at_seconds(runtime.host)) is not None
     coverage = read_coverage(str(runtime.host.path(paths.rollback_coverage)), str(runtime.host.root))
     state = runtime.state
     with state.lock:

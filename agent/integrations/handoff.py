@@ -1,6 +1,7 @@
 """The maintenance hand-off's one small interface: a scheduler that takes a node out of service and gives it back.
 
-    SchedulerHandoff   begin(reason, wait_seconds) / end(drained_by_us) / keep(drained_by_us, why)
+    SchedulerHandoff   begin(reason, wait_seconds) / end(drained_by_us) / keep(drained_by_us, why) /
+                       reboot(drained_by_us, why)
     HandoffStep        what one step did and saw
 
 Implementations: ``slurm_handoff.SlurmHandoff`` (scontrol drain/resume) and ``kubernetes_handoff.KubernetesHandoff``
@@ -11,7 +12,7 @@ state that says this host holds its node.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Optional, Protocol
 
 
 @dataclass(frozen=True)
@@ -39,4 +40,9 @@ class SchedulerHandoff(Protocol):
 
     def keep(self, drained_by_us: bool, why: str) -> HandoffStep:
         """Keep the node out of service (a failed post-change check), saying why."""
+        ...
+
+    def reboot(self, drained_by_us: bool, why: str) -> "Optional[HandoffStep]":
+        """Ask the scheduler to reboot the node once it is idle, keeping it out of service afterwards until the
+        gate after the boot gives it back; None where this scheduler cannot (the caller ends the hold as before)."""
         ...

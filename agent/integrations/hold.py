@@ -15,9 +15,7 @@ from agent.errors import InputFileError, StateWriteError
 from agent.files import read_json_file, write_atomically
 from agent.host import Host
 from agent.statepaths import StatePaths
-from agent.wire import MAX_STATE_FILE_BYTES, rollout_id_ok
-
-PHASES = ("draining", "held", "kept")
+from agent.wire import MAINTENANCE_PHASES, MAX_STATE_FILE_BYTES, rollout_id_ok
 
 
 @dataclass(frozen=True)
@@ -29,7 +27,9 @@ class MaintenanceState:
     reason: str
     began_at_seconds: float
     drained_by_us: bool
-    phase: str  # draining (begun, jobs may still run), held (nothing runs), kept (a post-change check failed)
+    # draining (begun, jobs may still run), held (nothing runs), rebooting (Slurm asked to reboot the node),
+    # kept (a post-change or post-boot check failed)
+    phase: str
     detail: str = ""
     # When the scheduler was first seen with nothing running (Slurm DRAINED); until then the apt hook and dnf
     # checker refuse guarded changes on a Slurm node (agent/guard/hotpath/maintenance.py).
@@ -38,6 +38,9 @@ class MaintenanceState:
     # own hand-off; None: an operator's hold (gpuguard maintenance begin), also in a file from before the field.
     # Whose hold it is, is read here, never from ``reason`` (text for people).
     rollout_id: Optional[str] = None
+    # When the hand-off asked Slurm to reboot the node (phase rebooting; agent/integrations/reboot.py): the gate after
+    # the boot judges only health checks that finished after a boot later than this.
+    reboot_asked_at_seconds: Optional[float] = None
 
 
 def state_path(host: Host, paths: StatePaths) -> str:
@@ -55,9 +58,11 @@ def read_state(host: Host, paths: StatePaths) -> Optional[MaintenanceState]:
             raise TypeError("not an object")
         state = MaintenanceState(**data)
         if not all(isinstance(getattr(state, name), str) for name in ("scheduler", "node", "reason", "phase")) \
-                or not isinstance(state.drained_by_us, bool) or state.phase not in PHASES \
+                or not isinstance(state.drained_by_us, bool) or state.phase not in MAINTENANCE_PHASES \
                 or not isinstance(state.drained_at_seconds, (int, float, type(None))) \
                 or isinstance(state.drained_at_seconds, bool) \
+                or not isinstance(state.reboot_asked_at_seconds, (int, float, type(None))) \
+                or isinstance(state.reboot_asked_at_seconds, bool) \
                 or (state.rollout_id is not None and not rollout_id_ok(state.rollout_id)):
             raise TypeError("a field has the wrong type or value")
         return state

@@ -96,3 +96,7 @@ class KubernetesHandoff:
         self._write(render_maintenance(reason, self._clock().timestamp(), failed=why, rollout_id=self._rollout_id))
         return HandoffStep(True, False, f"kept {MAINTENANCE_LABEL} with {MAINTENANCE_LABEL}-failed: {why}",
                            reason_id(reason))
+
+    def reboot(self, drained_by_us: bool, why: str) -> Optional[HandoffStep]:
+        """Kubernetes has no reboot to ask for here (a reboot operator such as kured does that): None."""
+        return None

@@ -32,14 +32,13 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from agent.files import write_atomically
+from agent.integrations.reboot import REBOOT_FINDINGS
 from agent.report.plain import PlainPairing
 from agent.wire import FAILED_HEALTH_STATUSES, PASSED_HEALTH_STATUSES
 
 NAMESPACE = "gpuguard.io"
 MAX_FILE_BYTES = 64 * 1024  # NFD reads at most this much of one features file
 MAX_LABEL_VALUE_CHARS = 63
-# Snapshot finding kinds that a reboot (or a module reload) settles.
-REBOOT_FINDINGS = ("reboot_pending", "driver_installed_not_loaded")
 
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-_.A-Za-z0-9]*[A-Za-z0-9])?)?")
 _NOT_LABEL_CHARS = re.compile(r"[^-_.A-Za-z0-9]+")

@@ -11,7 +11,7 @@ holds (``gpuguard: maintenance``: slurm_handoff.py resumes it after the post-cha
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Literal, Optional, Tuple
 
 from agent.errors import CommandError
 from agent.host import Host
@@ -32,6 +32,10 @@ class SlurmVerdict(FrozenModel):
     drain: bool
     exit_code: int
     reason: str
+    # After a reboot the maintenance hand-off asked for (agent/integrations/maintenance.py, phase rebooting):
+    # "waiting" (not booted yet, or no health check or compliance verdict since the boot: the node stays drained),
+    # "judged" (booted, and the verdict gives the node back or keeps it out); "none" otherwise.
+    reboot_gate: Literal["none", "waiting", "judged"] = "none"
 
 
 def parse_node(text: str) -> Tuple[bool, Optional[str]]:

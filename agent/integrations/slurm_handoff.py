@@ -6,7 +6,10 @@ resume it afterwards, and never resume a node that an operator drained.
 allocated or completing). A node that someone else drained (a reason without the ``gpuguard:`` prefix) is already
 out of scheduling: gpuguard waits for it to empty but does not replace the reason and will not resume it.
 ``end`` resumes only a node whose reason still starts with the maintenance prefix and that this agent drained.
-``keep`` rewrites the reason of a node kept drained after a failed post-change check.
+``keep`` rewrites the reason of a node kept drained after a failed post-change check. ``reboot`` asks slurmctld to
+reboot the node gpuguard drained once it is idle (``scontrol reboot reason=... NODE``, without ``ASAP`` and
+without ``nextstate``: both clear the DRAIN flag when slurmd registers after the boot, so the node would take jobs
+before gpuguard's gate judged it; docs/integrations.md), keeping the maintenance drain through the boot.
 
 The parser of the one-line node record is pure; the commands go through the Host seam.
 """
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from agent.errors import CommandError
 from agent.host import Host
@@ -101,6 +104,14 @@ def maintenance_reason(reason: str) -> str:
     return text if len(text) <= MAX_REASON_CHARS else text[:MAX_REASON_CHARS - 3] + "..."
 
 
+def reboot_argv(node: str, why: str) -> List[str]:
+    """scontrol's arguments to reboot ``node`` once it is idle, the reason saying why (one line, bounded). Pure.
+
+    No ``ASAP`` and no ``nextstate=RESUME``: the node is drained by the hand-off already (no job is killed:
+    slurmctld reboots it only when idle), and the drain must outlive the boot so that the gate after it decides."""
+    return ["reboot", f"reason={maintenance_reason(f'reboot: {why}')}", node]
+
+
 def _step(node: SlurmNode, drained_by_us: bool, ready: bool, detail: str) -> HandoffStep:
     return HandoffStep(drained_by_us, ready, detail, node.state)
 
@@ -172,3 +183,12 @@ class SlurmHandoff:
             return _step(node, False, False, f"drained by someone else ({node.reason}): left as it is")
         self._scontrol("update", f"NodeName={self.node}", "State=DRAIN", f"Reason={maintenance_reason(why)}")
         return _step(self.show(), True, False, f"kept drained: {why}")
+
+    def reboot(self, drained_by_us: bool, why: str) -> Optional[HandoffStep]:
+        """Ask slurmctld to reboot the node once it is idle, when it is gpuguard's own drain; None when it is not
+        (someone else drained it, or the drain was lifted): theirs to reboot."""
+        node = self.show()
+        if not (node.ours and drained_by_us):
+            return None
+        self._scontrol(*reboot_argv(self.node, why))
+        return _step(self.show(), True, False, f"reboot asked: {why}")

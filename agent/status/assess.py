@@ -30,8 +30,8 @@ DEPENDENCIES_BROKEN_KIND = "dependencies_broken"
 CHANGE_NAMES = {"health_rollback": "health rollback", "rollback": "rollback", "transaction_blocked": "blocked"}
 # Package moves a change shows; the rest are counted.
 MOVES_SHOWN = 3
-# A maintenance hold's phase as a check (agent/integrations/maintenance.py PHASES); held is "info".
-MAINTENANCE_STATES: Dict[str, CheckState] = {"kept": "fail", "draining": "warn"}
+# A maintenance hold's phase as a check (agent/wire.py MAINTENANCE_PHASES); held is "info".
+MAINTENANCE_STATES: Dict[str, CheckState] = {"kept": "fail", "draining": "warn", "rebooting": "warn"}
 # Undelivered events are worth attention after this long, or after 10 delivery intervals if that is longer.
 OUTBOX_STUCK_SECONDS = 600.0
 

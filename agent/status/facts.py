@@ -20,9 +20,10 @@ from agent.defaults import DEFAULT_POLICY_DIR
 from agent.errors import GpuguardError
 from agent.files import read_json_file
 from agent.host import Host
+from agent.integrations.reboot import booted_at_seconds
 from agent.models import FrozenModel
 from agent.statepaths import StatePaths
-from agent.status.reboot import booted_at_seconds, read_reboot_required
+from agent.status.reboot import read_reboot_required
 
 GUARD_TAIL_BYTES = 64 * 1024
 METRICS_MAX_BYTES = 1024 * 1024
@@ -155,13 +156,16 @@ class PolicyFacts(FrozenModel):
 class MaintenanceFacts(FrozenModel):
     """The scheduler hand-off this host holds (maintenance.json, agent/integrations/maintenance.py); no phase: none."""
 
-    phase: Optional[str] = None  # draining, held, kept (a post-change check failed)
+    phase: Optional[str] = None  # draining, held, rebooting (Slurm asked to reboot the node), kept (a check failed)
     scheduler: Optional[str] = None
     node: Optional[str] = None
     reason: Optional[str] = None
     detail: Optional[str] = None
     drained_by_us: bool = True
     began_at: Optional[dt.datetime] = None
+    # Phase rebooting: when Slurm was asked, and when this machine last booted (/proc/stat; None: unknown).
+    reboot_asked_at: Optional[dt.datetime] = None
+    booted_at: Optional[dt.datetime] = None
     problem: Optional[str] = None
 
 
@@ -526,7 +530,9 @@ def read_maintenance(host: Host, paths: StatePaths) -> MaintenanceFacts:
         return MaintenanceFacts()
     return MaintenanceFacts(phase=state.phase, scheduler=state.scheduler, node=state.node, reason=state.reason,
                             detail=state.detail or None, drained_by_us=state.drained_by_us,
-                            began_at=_epoch(state.began_at_seconds))
+                            began_at=_epoch(state.began_at_seconds),
+                            reboot_asked_at=_epoch(state.reboot_asked_at_seconds),
+                            booted_at=_epoch(booted_at_seconds(host)) if state.phase == "rebooting" else None)
 
 
 def probe_hub(endpoint_url: str, ca_bundle: Optional[str], timeout_seconds: float = HUB_TIMEOUT_SECONDS) -> HubFacts:
@@ -613,7 +619,7 @@ def gather(host: Host, config_path: str, offline: bool,
                     "suspicious_baseline": read_suspicious_baseline(host, paths)}),
         guard=read_changes(str(host.path(paths.guard_events)), str(host.path(paths.health_rollback))).model_copy(
             update={"reboot_required": read_reboot_required(
-                str(host.path(paths.reboot_required_packages)), booted_at_seconds())}),
+                str(host.path(paths.reboot_required_packages)), booted_at_seconds(host))}),
         rollback=read_rollback_coverage(host, paths),
         metrics=read_metrics(report.metrics_path(state_dir)), outbox=read_outbox(paths.outbox),
         hub=hub, policy=read_policy(host, settings.guard, state_dir), maintenance=read_maintenance(host, paths))

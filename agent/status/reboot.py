@@ -7,7 +7,6 @@ minute; apart from facts.py so that the daemon does not load the status command'
 from __future__ import annotations
 
 import os
-import time
 from typing import List, Optional
 
 
@@ -26,12 +25,3 @@ def read_reboot_required(path: str, booted_at_seconds: Optional[float] = None) -
         return None
     except OSError:
         return ["(unreadable list)"]
-
-
-def booted_at_seconds() -> Optional[float]:
-    """When this machine booted (now less /proc/uptime), None where /proc does not say."""
-    try:
-        with open("/proc/uptime", "r", encoding="ascii") as handle:
-            return time.time() - float(handle.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None

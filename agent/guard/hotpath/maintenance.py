@@ -4,7 +4,8 @@ The daemon begins the hand-off when it installs a new bundle (agent/integrations
 ``<state_dir>/maintenance.json``) and records the node as drained once ``scontrol`` shows it DRAINED (phase
 ``held``, ``drained_at_seconds``). Until then jobs still run on the node, so the hook refuses transactions that
 touch guarded packages with one line saying what it waits for. Kubernetes holds never wait (the label is enough);
-a ``kept`` hold (a failed post-change check) lets changes through, the rollback included. A missing file is no
+a ``kept`` hold (a failed post-change check) and a ``rebooting`` one (the change is in, the node waits for its
+reboot) let changes through, the rollback included. A missing file is no
 hold; a damaged one refuses guarded changes (fail closed, as for other damaged state). Standard library only, and
 read only when a transaction touches guarded packages.
 """
@@ -13,14 +14,13 @@ from __future__ import annotations
 
 from agent.hostfacts.paths import read_regular_file
 from agent.printable import printable
-from agent.wire import MAX_STATE_FILE_BYTES
+from agent.wire import MAINTENANCE_PHASES, MAX_STATE_FILE_BYTES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
     from typing import Optional, Tuple
 
 MAX_FIELD_CHARS = 200
-_PHASES = ("draining", "held", "kept")
 
 
 def _printable(text: str) -> str:
@@ -45,7 +45,7 @@ def drain_wait(path: str) -> Tuple[Optional[str], bool]:
     except (ValueError, RecursionError) as exc:
         return f"{path}: the maintenance hold is not JSON ({_printable(str(exc))})", True
     if not isinstance(value, dict) or not all(isinstance(value.get(k), str) for k in ("scheduler", "node", "reason")) \
-            or value.get("phase") not in _PHASES:
+            or value.get("phase") not in MAINTENANCE_PHASES:
         return f"{path}: not a maintenance record (scheduler, node, reason or phase missing or wrong)", True
     drained_at = value.get("drained_at_seconds")
     if value["scheduler"] != "slurm" or value["phase"] != "draining" or isinstance(drained_at, (int, float)):

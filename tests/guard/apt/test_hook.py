@@ -464,9 +464,11 @@ def test_a_hold_still_draining_on_slurm_refuses_guarded_changes_until_drained(ro
     assert run_hook(root, ALLOWED_UPGRADE) == (exits.EXIT_ALLOW, "")
 
 
-@pytest.mark.parametrize("phase, scheduler", [("draining", "kubernetes"), ("kept", "slurm")])
+@pytest.mark.parametrize("phase, scheduler", [("draining", "kubernetes"), ("kept", "slurm"),
+                                              ("rebooting", "slurm")])
 def test_a_kubernetes_or_kept_hold_does_not_wait(root: Path, phase: str, scheduler: str) -> None:
-    """Kubernetes' label is enough, and a node kept out after a failed check takes changes (its rollback)."""
+    """Kubernetes' label is enough, a node kept out after a failed check takes changes (its rollback), and so does
+    a drained node waiting for the reboot Slurm was asked for."""
     _hold(root, phase, scheduler)
     assert run_hook(root, ALLOWED_UPGRADE) == (exits.EXIT_ALLOW, "")
 
