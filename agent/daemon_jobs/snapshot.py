@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from agent.collectors import default_collectors
 from agent.collectors.base import Collector
@@ -37,7 +37,8 @@ class SnapshotJob:
 
     def __init__(self, runtime: Runtime, policy_check: Optional[PolicyCheck],
                  on_stack_changed: Callable[[str], None] = lambda reason: None,
-                 take: Callable[[Host, Sequence[Collector], Optional[ExporterTable]], Snapshot] = take_snapshot
+                 take: Callable[[Host, Sequence[Collector], Optional[ExporterTable], Optional[Dict[str, Any]]],
+                                Snapshot] = take_snapshot
                  ) -> None:
         self.runtime = runtime
         self.policy_check = policy_check
@@ -62,11 +63,26 @@ class SnapshotJob:
             log.warning("knowledge_unreadable", error=str(exc))
             return None
 
+    def _matrix(self, settings: Settings) -> Optional[Dict[str, Any]]:
+        """AMD's matrix of the policy in force (the configured or the bundle's, else the shipped one), in its compiled
+        form, for the findings of versions newer than it; None, logged, when it cannot be read (nothing is then
+        reported as newer than it)."""
+        from agent.bundle.source import policy_source
+        from agent.errors import GpuguardError
+        from agent.policy.matrix import load_matrix
+
+        try:
+            source = policy_source(self.runtime.host, settings.guard, settings.agent.state_dir)
+            return load_matrix(source.matrix_path).to_compiled()
+        except GpuguardError as exc:
+            log.warning("snapshot_matrix_unreadable", error=str(exc))
+            return None
+
     def run(self, reason: str = "interval") -> None:
         rt = self.runtime
         settings = rt.job_settings()
         snap = self._take(rt.host, default_collectors(settings.snapshot.all_watched_packages),
-                          self._exporter_table(settings))
+                          self._exporter_table(settings), self._matrix(settings))
         previous = rt.state.last_snapshot
         pairing = pairing_of(snap)
         diff: Optional[SnapshotDiff] = None

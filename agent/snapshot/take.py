@@ -21,26 +21,14 @@ if TYPE_CHECKING:  # pragma: no cover
 log = get_logger("snapshot")
 
 
-def knowledge_matrix() -> Optional[Dict[str, Any]]:
-    """AMD's matrix (the operator's copy, else the packaged one: agent/policy/matrix.py MATRIX_SEARCH_PATHS) in its
-    compiled form, for the snapshot's "unknown to gpuguard's table" findings; None, logged, when it cannot be read
-    (nothing is then reported as newer than it)."""
-    from agent.errors import PolicyError
-    from agent.policy.matrix import load_matrix
-
-    try:
-        return load_matrix().to_compiled()
-    except PolicyError as exc:
-        log.warning("snapshot_matrix_unreadable", error=str(exc))
-        return None
-
-
 def take_snapshot(host: Host, collectors: Optional[Sequence[Collector]] = None,
                   exporter_table: Optional["ExporterTable"] = None,
                   matrix: Optional[Dict[str, Any]] = None) -> Snapshot:
     """Collect every section from ``host``; never raises for a failing collector. ``exporter_table``: gpuguard's
     dcgm-exporter table in use for the findings (None: the package's); ``matrix``: AMD's matrix in its compiled form
-    to report newer versions against (default :func:`knowledge_matrix`)."""
+    to report newer versions against (None: not judged against it; the daemon's snapshot passes the matrix of the
+    policy in force, agent/daemon_jobs/snapshot.py, while ``gpuguard snapshot`` reads none: its start-up imports no
+    pydantic, tests/test_cli_imports.py)."""
     started = time.monotonic()
     chosen = tuple(collectors) if collectors is not None else default_collectors()
     sections: Dict[str, Any] = {c.name: run_collector(c, host) for c in chosen}
@@ -48,8 +36,7 @@ def take_snapshot(host: Host, collectors: Optional[Sequence[Collector]] = None,
     if missing:
         raise ValueError(f"collectors missing for snapshot sections: {missing}")
     draft = settled(Snapshot(agent_version=__version__, hostname=host.hostname(), taken_at=host.clock(), **sections))
-    with_findings = replace(draft, findings=analyze(draft, matrix if matrix is not None else knowledge_matrix(),
-                                                    exporter_table))
+    with_findings = replace(draft, findings=analyze(draft, matrix, exporter_table))
     sealed = replace(with_findings, content_hash=compute_content_hash(with_findings))
     log.info("snapshot_taken", content_hash=sealed.content_hash, findings=len(sealed.findings),
              duration_seconds=round(time.monotonic() - started, 3))

@@ -99,8 +99,8 @@ def test_changed_package_is_reported_with_the_diff_and_asks_for_a_health_check(t
     host = make_fixture_host("gpuless-debian12")
     rt = make_runtime(tmp_path, host)
     asked: List[str] = []
-    def moved_containerd(h: Host, collectors: Any, exporter_table: Any) -> Snapshot:
-        snap = take_snapshot(h, collectors, exporter_table)
+    def moved_containerd(h: Host, collectors: Any, exporter_table: Any, matrix: Any) -> Snapshot:
+        snap = take_snapshot(h, collectors, exporter_table, matrix)
         dpkg = snap.dpkg.data
         packages = dict(dpkg.packages)
         packages["containerd.io"] = replace(packages["containerd.io"], version="1.7.23-1")
@@ -427,3 +427,20 @@ def test_events_queued_under_an_old_host_id_are_sent_under_the_current_one(tmp_p
     assert DeliveryJob(rt).run() is None
     assert receiver.stored_order == old + new and rt.outbox.depth() == 0
     assert {receiver.stored[i]["host_id"] for i in old + new} == {"renamed-host-7"}
+
+
+def test_the_daemons_snapshot_judges_against_the_matrix_of_the_policy_in_force(tmp_path: Path) -> None:
+    """The snapshot job hands its snapshot AMD's matrix in its compiled form (the shipped one here), so versions
+    newer than the matrix are reported from the daemon's snapshots, which `gpuguard snapshot` leaves out."""
+    from agent.policy.matrix import load_matrix
+
+    host = make_fixture_host("gpuless-debian12")
+    rt = make_runtime(tmp_path, host)
+    seen: List[Any] = []
+
+    def recorded(h: Host, collectors: Any, exporter_table: Any, matrix: Any) -> Snapshot:
+        seen.append(matrix)
+        return take_snapshot(h, collectors, exporter_table, matrix)
+
+    SnapshotJob(rt, no_hooks().policy_check, take=recorded).run()
+    assert seen == [load_matrix().to_compiled()]

@@ -54,7 +54,7 @@ def _unknown(findings: List[Finding]) -> List[tuple]:
 
 def test_the_fixture_host_as_it_is_has_no_version_unknown_to_a_table(tmp_path: Path) -> None:
     """ROCm 10.0 on amdgpu 30.30 with MI300X GPUs: every table knows them, no unknown_to_table finding."""
-    assert _unknown(list(take_snapshot(_host(tmp_path, {}, {})).findings)) == []
+    assert _unknown(list(take_snapshot(_host(tmp_path, {}, {}), matrix=load_matrix().to_compiled()).findings)) == []
 
 
 def test_rocm_10_1_beside_10_0_is_unknown_to_amds_matrix_that_ends_at_10_0(tmp_path: Path) -> None:
@@ -62,7 +62,8 @@ def test_rocm_10_1_beside_10_0_is_unknown_to_amds_matrix_that_ends_at_10_0(tmp_p
     AMD matrix naming its recorded date; the TheRock table knows 10.1, so nothing from it."""
     matrix = load_matrix()
     assert max((r.series for r in matrix.rocm), key=lambda s: tuple(map(int, s.split(".")))) == "10.0"
-    snap = take_snapshot(_host(tmp_path, {"10.1": "10.1.0"}, {"amdrocm-base10.1": "10.1.0-2"}))
+    snap = take_snapshot(_host(tmp_path, {"10.1": "10.1.0"}, {"amdrocm-base10.1": "10.1.0-2"}),
+                         matrix=matrix.to_compiled())
     assert _unknown(list(snap.findings)) == [("amd-matrix", "rocm", "10.1", "10.0", "info")]
     [found] = [f for f in snap.findings if f.kind == "unknown_to_table"]
     assert found.details["table_dated"] == matrix.recorded
@@ -73,7 +74,7 @@ def test_rocm_10_1_beside_10_0_is_unknown_to_amds_matrix_that_ends_at_10_0(tmp_p
 def test_a_therock_10_2_nightly_tree_is_unknown_to_the_therock_table_and_the_matrix(tmp_path: Path) -> None:
     """/opt/rocm/core-10.2 (a nightly, no package): unknown to the TheRock release table (newest 10.1) and to AMD's
     matrix (newest 10.0), each with its table's date; the heartbeat's facts carry both, typed."""
-    snap = take_snapshot(_host(tmp_path, {"10.2": "10.2.0~20261201"}, {}))
+    snap = take_snapshot(_host(tmp_path, {"10.2": "10.2.0~20261201"}, {}), matrix=load_matrix().to_compiled())
     assert sorted(_unknown(list(snap.findings))) == [("amd-matrix", "rocm", "10.2", "10.0", "info"),
                                                      ("therock", "therock", "10.2", "10.1", "info")]
     [rock] = [f for f in snap.findings if f.details.get("table") == "therock"]
@@ -87,7 +88,8 @@ def test_a_therock_10_2_nightly_tree_is_unknown_to_the_therock_table_and_the_mat
 def test_an_amdgpu_31_60_driver_is_unknown_to_the_matrix_driver_table(tmp_path: Path) -> None:
     """amdgpu-dkms 1:7.1.9.31600000 (driver 31.60, seen with ROCm 10.0 on Ubuntu 26.04) is newer than the matrix's
     newest driver row (31.50): an amdgpu finding."""
-    snap = take_snapshot(_host(tmp_path, {}, {}, driver="1:7.1.9.31600000-2403767.26.04"))
+    snap = take_snapshot(_host(tmp_path, {}, {}, driver="1:7.1.9.31600000-2403767.26.04"),
+                         matrix=load_matrix().to_compiled())
     assert _unknown(list(snap.findings)) == [("amd-matrix", "amdgpu", "31.60", "31.50", "info")]
 
 
