@@ -59,6 +59,7 @@ from agent.daemon_jobs.protocol import (
     SnapshotResult,
 )
 from agent.daemon_jobs.runtime import Runtime
+from agent.daemon_jobs.snapshot_stamp import FORCED_SNAPSHOT_SECONDS, Stamp, snapshot_input_stamp
 from agent.errors import GpuguardError, Interrupted
 from agent.files import make_private_directory, open_regular_file, remove_flat_directory
 from agent.jsonrecord import JsonRecord, RecordError
@@ -258,19 +259,34 @@ def restore_in_child(runtime: Runtime, config_path: str) -> None:
 
 
 class SnapshotInChild:
-    """The snapshot job's body run in a child; the child hands back what the daemon shows of the stored snapshot."""
+    """The snapshot job's body run in a child; the child hands back what the daemon shows of the stored snapshot.
 
-    def __init__(self, runtime: Runtime, config_path: str, on_stack_changed: Callable[[str], None]) -> None:
+    An interval run whose inputs' stamp (agent/daemon_jobs/snapshot_stamp.py) is the one of the last child's run
+    starts no child, unless FORCED_SNAPSHOT_SECONDS passed since; every other reason runs one. ``argv`` replaces the
+    child's command line (tests count the spawns)."""
+
+    def __init__(self, runtime: Runtime, config_path: str, on_stack_changed: Callable[[str], None],
+                 argv: Optional[ArgvFunction] = None) -> None:
         self.runtime = runtime
         self.config_path = config_path
         self.on_stack_changed = on_stack_changed
+        self.argv = argv
+        self._stamp: Optional[Stamp] = None
+        self._ran_at = 0.0
 
     def run(self, reason: str = "interval") -> None:
         rt = self.runtime
+        paths = StatePaths(rt.settings.state_dir)
+        stamp = snapshot_input_stamp(rt.host, (paths.compiled_policy, paths.overrides))
+        if reason == "interval" and stamp == self._stamp and time.monotonic() - self._ran_at < FORCED_SNAPSHOT_SECONDS:
+            log.debug("snapshot_skipped", why="inputs unchanged")
+            return
         request = SnapshotRequest(context=child_context(rt), reason=reason,
                                   violated_rules=tuple(sorted(rt.state.violated_rules)))
         result = run_child("snapshot", self.config_path, str(rt.host.root), request, SnapshotResult, rt.state_dir,
-                           rt.stopping)
+                           rt.stopping, self.argv)
+        # Taken before the child: a change while it ran makes the next interval run again.
+        self._stamp, self._ran_at = stamp, time.monotonic()
         with rt.state.lock:
             rt.state.snapshot_facts, rt.state.pairing = result.snapshot, result.pairing
             rt.state.compliant = result.compliant
