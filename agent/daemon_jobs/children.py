@@ -393,19 +393,28 @@ def probe_argv(job: str, config_path: str, root: str, request_json: str, result_
 # A full fetch at least this often even when every probe matched: what the full fetch decides by the clock (a
 # freshness statement or bundle expiring) and the host facts of the newest statement are looked at again.
 FULL_FETCH_EVERY_SECONDS = 3600.0
+# A full fetch that failed on the same answers this many times in a row is tried again on them only this often
+# (any other answer, a push say, starts it at once; a hub that is down never does).
+SAME_FAILURE_RETRIES = 3
+SAME_FAILURE_RETRY_SECONDS = 600.0
 # The probe's own limit: its deadline is the plan's; this kills one that hangs past it (then a full fetch decides).
 PROBE_TIMEOUT_SECONDS = 240.0
 
 
 class _Seen:
-    """What the last successful full fetch started from: its plan, the probe digest before it, the stamps of the
-    policy-bundle state it left, the settings and snapshot hash it ran with, and when it ended."""
+    """What the last full fetch started from: its plan, the digest of the probe's answers before it when it took them
+    all (else ""), the same answers when it failed on them (with how many times in a row and its detail), the stamps
+    of the policy-bundle state it left, the settings and snapshot hash it ran with, and when it ended."""
 
-    def __init__(self, plan: ProbePlan, digest: str, stamp: Tuple[object, ...], ended_at: float) -> None:
+    def __init__(self, plan: ProbePlan, digest: str, stamp: Tuple[object, ...], ended_at: float,
+                 failed_digest: str = "", failures: int = 0, failed_detail: str = "") -> None:
         self.plan = plan
         self.digest = digest
         self.stamp = stamp
         self.ended_at = ended_at
+        self.failed_digest = failed_digest
+        self.failures = failures
+        self.failed_detail = failed_detail
 
 
 class PolicyFetchInChild:
@@ -416,6 +425,8 @@ class PolicyFetchInChild:
     first once a full fetch has handed back its plan: a hub that is down is logged as the full fetch's failure would
     be, and answers with the same digest as those before the last full fetch start no full child, unless the
     policy-bundle state, the settings or the snapshot's hash changed since, or FULL_FETCH_EVERY_SECONDS passed.
+    Answers a full fetch failed on SAME_FAILURE_RETRIES times in a row are logged as that failure again and tried
+    every SAME_FAILURE_RETRY_SECONDS only.
     ``argv`` and ``probe`` replace the two command lines (tests count the spawns)."""
 
     def __init__(self, runtime: Runtime, config_path: str, on_changed: Callable[[str], None],
@@ -470,6 +481,13 @@ class PolicyFetchInChild:
             if probed is not None and probed.outcome == "answered" and probed.digest == seen.digest:
                 log.debug("policy_fetch_done", outcome="unchanged", probe=True)
                 return
+            if probed is not None and probed.outcome == "answered" and probed.digest == seen.failed_digest \
+                    and seen.failures >= SAME_FAILURE_RETRIES \
+                    and time.monotonic() - seen.ended_at < SAME_FAILURE_RETRY_SECONDS:
+                # The answers the full fetch failed on, again (an endpoint that serves no policy, a token it
+                # refuses): the same failure, logged as such; other answers (a push) start the full fetch at once.
+                log.warning("policy_fetch_failed", detail=seen.failed_detail, kept="the policy in force", probe=True)
+                return
         if self.in_child:
             result = run_child("policy_fetch", self.config_path, str(rt.host.root),
                                JobRequest(context=child_context(rt), reason=reason), PolicyFetchResult, rt.state_dir,
@@ -478,12 +496,7 @@ class PolicyFetchInChild:
             from agent.daemon_jobs.policy_fetch import fetch_and_install
 
             result = fetch_and_install(rt.host, rt.job_settings(), rt.emitter.host_id)
-        # The digest of the answers this fetch started from; none (never matched) when the fetch did not take them
-        # all or the plan changed: the next answered probe then starts a full fetch again, which records them.
-        digest = probed.digest if probed is not None and probed.outcome == "answered" else ""
-        if result.outcome == "failed" or result.trust or (seen is not None and result.probe != seen.plan):
-            digest = ""
-        self._seen = None if result.probe is None else _Seen(result.probe, digest, self._stamp(), time.monotonic())
+        self._remember(result, seen, probed.digest if probed is not None and probed.outcome == "answered" else "")
         if result.trust:
             log.warning("policy_trust_not_refreshed", detail=result.trust, kept="the root and statement taken last")
         if result.outcome == "installed":
@@ -497,3 +510,20 @@ class PolicyFetchInChild:
             log.debug("policy_fetch_done", outcome=result.outcome, serial=result.serial)
         if result.outcome in ("installed", "refused"):
             self.on_changed(f"policy_bundle_{result.outcome}")
+
+    def _remember(self, result: PolicyFetchResult, seen: Optional[_Seen], digest: str) -> None:
+        """Keep what the next probe is compared with. A fetch that took every answer keeps their digest; one that
+        failed keeps none (the next answered probe starts a full fetch again), only the answers it failed on."""
+        if result.probe is None:
+            self._seen = None
+            return
+        if seen is not None and result.probe != seen.plan:
+            digest = ""  # a new plan: its answers are not the ones the digest covers
+        failed = result.outcome == "failed" or bool(result.trust)
+        if not failed:
+            self._seen = _Seen(result.probe, digest, self._stamp(), time.monotonic())
+            return
+        again = seen is not None and digest != "" and digest == seen.failed_digest
+        self._seen = _Seen(result.probe, "", self._stamp(), time.monotonic(), failed_digest=digest,
+                           failures=(seen.failures + 1) if again and seen is not None else 1,
+                           failed_detail=result.detail or result.trust)

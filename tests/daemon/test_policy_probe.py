@@ -9,6 +9,8 @@ import json
 import socket
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import List, Sequence
 
@@ -120,6 +122,37 @@ def test_a_hub_that_is_down_starts_only_the_probe_after_the_first_fetch(tmp_path
     for _ in range(4):
         fetch.run()
     assert spawns.started == ["full", "probe", "probe", "probe"] and asked == []
+
+
+class NoPolicyHere(BaseHTTPRequestHandler):
+    """An endpoint that serves no policy (an ingest-only receiver): every GET is a 501 from http.server."""
+
+    def log_message(self, fmt: str, *args: object) -> None:
+        pass
+
+
+@pytest.mark.slow  # real children
+def test_answers_a_full_fetch_keeps_failing_on_are_retried_only_every_few_minutes(tmp_path: Path) -> None:
+    """An endpoint answering 501 to every GET: three full fetches fail on the same answers after the first, then
+    the probe alone logs the same failure (a changed answer would start the full fetch at once)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NoPolicyHere)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        site = Site(tmp_path)
+        token = tmp_path / "host.token"
+        token.write_text("host-token-0123456789\n")
+        token.chmod(0o600)
+        site.config.write_text(site.config.read_text() + f'[report]\nendpoint_url = "http://127.0.0.1:'
+                                                         f'{server.server_port}"\ntoken_file = "{token}"\n')
+        rt = make_runtime(tmp_path, Host.for_root(str(site.root)), load_settings(str(site.config)))
+        spawns, asked = Spawns(), []  # type: Spawns, List[str]
+        fetch = PolicyFetchInChild(rt, str(site.config), asked.append, argv=spawns.full, probe=spawns.probe)
+        for _ in range(6):
+            fetch.run()
+        assert spawns.started == ["full"] + ["probe", "full"] * 3 + ["probe"] * 2 and asked == []
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_the_probe_loads_no_third_party_module_and_reads_nothing_of_the_host_python(tmp_path: Path) -> None:
