@@ -7,19 +7,20 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import List, Sequence
+from typing import List, Sequence, Tuple
 
 import pytest
 
 from agent.config import load_settings
 from agent.daemon_jobs import children
 from agent.daemon_jobs.children import PolicyFetchInChild, child_argv, probe_argv
-from agent.daemon_jobs.hub_probe import answers_digest
+from agent.daemon_jobs.hub_probe import answers_digest, probe
 from agent.host import Host
 from tests.bundle.test_fetch import hub_site
 from tests.bundle.test_install import PERMISSIVE, POLICY, Site, run
@@ -153,6 +154,45 @@ def test_answers_a_full_fetch_keeps_failing_on_are_retried_only_every_few_minute
     finally:
         server.shutdown()
         server.server_close()
+
+
+class Answers304(BaseHTTPRequestHandler):
+    """A hub answering every GET with 304, the bundle's ETag and a rollout state."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(304)
+        self.send_header("ETag", '"bundle-3"')
+        self.send_header("X-Gpuguard-Rollout-State", "admitting")
+        self.end_headers()
+
+    def log_message(self, fmt: str, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("which", ["trusted", "name_mismatch", "system_store"])
+def test_the_probe_over_tls_answers_with_the_ca_file_and_is_unsure_never_down_without_it(
+        tmp_path: Path, certificates: Tuple[Tuple[str, str], Tuple[str, str]], which: str) -> None:
+    """Over HTTPS with the CA file of the plan the probe answers (the same digest twice); a certificate for another
+    name or one the system store does not hold is ``unsure`` (the full fetch decides), never ``down``."""
+    (cert, key), (other_cert, other_key) = certificates
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answers304)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(*((other_cert, other_key) if which == "name_mismatch" else (cert, key)))
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        plan = {"endpoint_url": f"https://127.0.0.1:{server.server_port}", "token_file": None,
+                "ca_file": None if which == "system_store" else (other_cert if which == "name_mismatch" else cert),
+                "connect_timeout_seconds": 5, "read_timeout_seconds": 5, "deadline_seconds": 30,
+                "max_bytes": 1 << 20, "paths": [["/v1/policy/bundle", '"bundle-3"']]}
+        first, second = probe(plan), probe(plan)
+    finally:
+        server.shutdown()
+        server.server_close()
+    if which == "trusted":
+        assert first["outcome"] == "answered" and first["digest"] == second["digest"] != ""
+    else:
+        assert first["outcome"] == "unsure", first
 
 
 def test_the_probe_loads_no_third_party_module_and_reads_nothing_of_the_host_python(tmp_path: Path) -> None:
