@@ -50,10 +50,10 @@ from agent.daemon_jobs.protocol import (
     HealthChildResult,
     HealthRequest,
     HealthSummary,
+    HubProbePlan,
+    HubProbeResult,
     JobRequest,
     PolicyFetchResult,
-    ProbePlan,
-    ProbeResult,
     RestoreResult,
     SnapshotRequest,
     SnapshotResult,
@@ -406,7 +406,7 @@ class _Seen:
     all (else ""), the same answers when it failed on them (with how many times in a row and its detail), the stamps
     of the policy-bundle state it left, the settings and snapshot hash it ran with, and when it ended."""
 
-    def __init__(self, plan: ProbePlan, digest: str, stamp: Tuple[object, ...], ended_at: float,
+    def __init__(self, plan: HubProbePlan, digest: str, stamp: Tuple[object, ...], ended_at: float,
                  failed_digest: str = "", failures: int = 0, failed_detail: str = "") -> None:
         self.plan = plan
         self.digest = digest
@@ -456,11 +456,11 @@ class PolicyFetchInChild:
             facts = rt.state.snapshot_facts
         return (tuple(files), id(rt.in_force), facts.content_hash if facts is not None else None)
 
-    def _probe(self, seen: _Seen) -> Optional[ProbeResult]:
+    def _probe(self, seen: _Seen) -> Optional[HubProbeResult]:
         """The probe's answer, or None when it failed (then the full fetch decides)."""
         rt = self.runtime
         try:
-            return run_child("policy_probe", self.config_path, str(rt.host.root), seen.plan, ProbeResult,
+            return run_child("policy_probe", self.config_path, str(rt.host.root), seen.plan, HubProbeResult,
                              rt.state_dir, rt.stopping, self.probe, PROBE_TIMEOUT_SECONDS)
         except ChildJobFailed as exc:
             log.info("policy_probe_failed", error=str(exc), then="a full fetch")
@@ -470,7 +470,7 @@ class PolicyFetchInChild:
         rt = self.runtime
         if rt.settings.endpoint_url is None:
             return
-        probed: Optional[ProbeResult] = None
+        probed: Optional[HubProbeResult] = None
         seen = self._seen
         if self.in_child and seen is not None and time.monotonic() - seen.ended_at < FULL_FETCH_EVERY_SECONDS \
                 and seen.stamp == self._stamp():

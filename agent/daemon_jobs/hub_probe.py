@@ -3,7 +3,7 @@ last full fetch and says whether anything could have changed (issue #45).
 
 The full fetch (agent/daemon_jobs/policy_fetch.py, ``gpuguard _job policy_fetch``) costs 0.3 to 0.4 s of CPU to start
 (requests, pydantic, gpgv); at the default 60 s interval that was about half of the daemon's idle CPU, spent almost
-always on a 304 or on a hub that is down. The full child hands back a :class:`ProbePlan` (the requests it made: the
+always on a 304 or on a hub that is down. The full child hands back a :class:`HubProbePlan` (the requests it made: the
 root after the one trusted, the freshness statement, the verified stacks, the bundle with the ETag of the serial in
 force; the CA file requests used; no plan where requests would go through a proxy). The resident then starts this
 probe instead (``python -I -S``, http.client and ssl, nothing of gpuguard's but this module and agent/wire.py), which
@@ -27,6 +27,7 @@ import json
 import os
 import socket
 import ssl
+import stat
 import sys
 import time
 import urllib.parse
@@ -62,6 +63,8 @@ def _read_token(path: Optional[str]) -> Optional[str]:
         return None
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path}: not a regular file")
         data = os.read(fd, MAX_TOKEN_FILE_BYTES + 1)
     finally:
         os.close(fd)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
-from agent.daemon_jobs.protocol import PolicyFetchResult, ProbePlan
+from agent.daemon_jobs.protocol import HubProbePlan, PolicyFetchResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.config import Settings
@@ -36,7 +36,7 @@ def fetch_and_install(host: "Host", settings: "Settings", host_id: str) -> Polic
     return dataclasses.replace(result, probe=probe_plan(host, settings))
 
 
-def probe_plan(host: "Host", settings: "Settings") -> Optional[ProbePlan]:
+def probe_plan(host: "Host", settings: "Settings") -> Optional[HubProbePlan]:
     """The requests a full fetch makes now, for the stdlib-only probe (agent/daemon_jobs/hub_probe.py); None where
     the probe could not make them as requests does (a proxy from the environment) or the files cannot be read."""
     from requests.utils import DEFAULT_CA_BUNDLE_PATH, get_environ_proxies
@@ -72,7 +72,7 @@ def probe_plan(host: "Host", settings: "Settings") -> Optional[ProbePlan]:
         paths.append((BUNDLE_PATH, etag_for(installer.state().serial)))
     except (GpuguardError, OSError):
         return None
-    return ProbePlan(endpoint_url=base, token_file=report.token_file,
+    return HubProbePlan(endpoint_url=base, token_file=report.token_file,
                      ca_file=report.ca_bundle or DEFAULT_CA_BUNDLE_PATH,
                      connect_timeout_seconds=report.connect_timeout_seconds,
                      read_timeout_seconds=report.read_timeout_seconds,

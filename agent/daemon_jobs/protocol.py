@@ -10,7 +10,7 @@
     deliver       JobRequest         DeliverResult      how far the drain got (delivery.Drained)
     policy_fetch  JobRequest         PolicyFetchResult  the hub's policy bundle for this host: unchanged, installed,
                                                         refused (why) or the fetch failed; the next probe's plan
-    policy_probe  ProbePlan          {outcome, digest}  (not agent code: agent/daemon_jobs/hub_probe.py, stdlib only)
+    policy_probe  HubProbePlan          {outcome, digest}  (not agent code: agent/daemon_jobs/hub_probe.py, stdlib only)
 
 The request travels as JSON on the child's command line (``--request``), the result as a JSON file the child writes
 (``--result``), wrapped in a :class:`ChildReply` with the child's peak RSS. Both are :class:`JsonRecord` s, read back
@@ -213,7 +213,7 @@ class DeliverResult(JsonRecord):
 
 
 @dataclass(frozen=True)
-class ProbePlan(JsonRecord):
+class HubProbePlan(JsonRecord):
     """What the stdlib-only probe asks next time (agent/daemon_jobs/hub_probe.py): the full fetch's requests, in its
     order (path with query, the If-None-Match sent or None), its token file, the CA file requests verified with, its
     timeouts and the largest answer any of them reads."""
@@ -229,7 +229,7 @@ class ProbePlan(JsonRecord):
 
 
 @dataclass(frozen=True)
-class ProbeResult(JsonRecord):
+class HubProbeResult(JsonRecord):
     """The probe's answer: ``down`` (no HTTP answer to the first request, or only 502/503/504), ``answered`` (the
     answers' ``digest``) or ``unsure`` (anything else: the full fetch decides)."""
 
@@ -252,4 +252,4 @@ class PolicyFetchResult(JsonRecord):
     trust: str = ""  # why a newer root or the freshness statement was not taken (agent/bundle/channel.py)
     kind: Optional[RefusalKind] = None  # why a bundle was refused (agent/wire.py's REFUSAL_KINDS)
     # What the stdlib-only probe asks before the next full fetch; None: always a full fetch (a proxy, no hub).
-    probe: Optional[ProbePlan] = None
+    probe: Optional[HubProbePlan] = None
