@@ -11,8 +11,19 @@ tree (``git archive`` of an older commit) as ``agent_before``. CPU counts the ag
 ``rich`` is hidden from the agents (a sitecustomize on PYTHONPATH): .venv has it only as a test dependency, the .deb
 has none, and structlog imports it when present.
 
-Goals (issue #6): under 60 MB RSS; no measurable CPU between jobs.
-Run: .venv/bin/python bench/bench_idle.py [--seconds 20] [--root DIR] [--before DIR] [--json]
+With ``--node-exporter`` (a path, or ``auto``: on PATH or unpacked from Debian's prometheus-node-exporter package
+without installing it, as bench_daemon_memory.py does) node_exporter runs in the same window, scraped every
+``--scrape-seconds`` (15, Prometheus' usual), and the figures are put per hour: CPU per hour of each process
+(window CPU x 3600 / window), the job children the agent started in the window by job (its ``job_child_exited``
+debug lines: count and CPU), and the ratios agent / node_exporter of CPU per hour and of RSS (issue #45). A window
+shorter than an hour holds none of the hourly forced runs (a full policy fetch, a snapshot: docs/reporting.md "Idle
+cost"), so ``cpu_per_hour_with_forced`` adds one of each at the mean cost the window measured (or
+``--forced-child-seconds`` each when it saw none). The local endpoint answers a GET of the policy bundle with 204
+(the hub with no bundle in this host's scope), so the policy fetch runs its production path.
+
+Goals (issue #6): under 60 MB RSS; no measurable CPU between jobs. Issue #45: CPU per hour <= 3x node_exporter's,
+RSS <= 1.1x.
+Run: .venv/bin/python bench/bench_idle.py [--seconds 20] [--root DIR] [--before DIR] [--node-exporter auto] [--json]
 """
 
 from __future__ import annotations
@@ -27,11 +38,14 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
-from bench_daemon_memory import AcceptingIngest, hide_modules  # the same local ingest and module hiding
+from bench_daemon_memory import AcceptingIngest, find_node_exporter, free_port, hide_modules
+
+from agent.wire import BUNDLE_PATH
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE_ROOT = REPO / "tests" / "fixtures" / "roots" / "gpuless-debian12"
@@ -72,9 +86,38 @@ def sample(pid: int, seconds: float, every_seconds: float = 0.5) -> Dict[str, fl
             "cpu_percent": round(100.0 * cpu_seconds / wall, 4)}
 
 
+class IngestAndEmptyHub(AcceptingIngest):
+    """The local ingest, and a hub with no policy bundle in this host's scope (204), as the policy fetch sees it."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(204 if self.path.split("?")[0] == BUNDLE_PATH else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+def children_in_window(log_path: str, since: str, until: str) -> Dict[str, Dict[str, float]]:
+    """``job_child_exited`` lines of an agent's log between two UTC ISO times: count and CPU seconds by job."""
+    jobs: Dict[str, Dict[str, float]] = {}
+    for line in Path(log_path).read_text(errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("event") != "job_child_exited" or not since <= str(entry.get("timestamp", "")) <= until:
+            continue
+        job = jobs.setdefault(str(entry["job"]), {"count": 0, "cpu_seconds": 0.0})
+        job["count"] += 1
+        job["cpu_seconds"] = round(job["cpu_seconds"] + float(entry["cpu_seconds"]), 3)
+    return jobs
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1e6) % 1000000:06d}Z"
+
+
 def agent_config(state_dir: str, endpoint: str, token_file: str, quiet: bool) -> str:
     """Default intervals, or (``quiet``) every job an hour apart so the window holds only time between jobs."""
-    lines = ["[agent]", f'state_dir = "{state_dir}"', 'log_level = "info"', 'host_id = "bench-host"',
+    lines = ["[agent]", f'state_dir = "{state_dir}"', 'log_level = "debug"', 'host_id = "bench-host"',
              "[daemon]", "health_enabled = false"]  # the health probe's cost is bench_health.py's subject
     if quiet:
         lines += ["package_watch_interval_seconds = 3600", "[snapshot]", "interval_seconds = 3600"]
@@ -104,10 +147,14 @@ def main() -> int:
     parser.add_argument("--root", help="host tree to watch (default: a copy of the gpuless-debian12 fixture)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--before", type=Path, help="also run the agent of this tree (an older commit), side by side")
+    parser.add_argument("--node-exporter", help="node_exporter binary, or 'auto' (PATH or Debian's package, unpacked)")
+    parser.add_argument("--scrape-seconds", type=float, default=15.0, help="node_exporter scrape interval (15)")
+    parser.add_argument("--forced-child-seconds", type=float, default=0.4,
+                        help="CPU of a forced full fetch or snapshot child when the window saw none (0.4)")
     args = parser.parse_args()
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), AcceptingIngest)
-    server.batches = 0  # type: ignore[attr-defined]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), IngestAndEmptyHub)
+    server.events = 0  # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     with tempfile.TemporaryDirectory(prefix="gpuguard-bench-idle-") as tmp:
         root = args.root
@@ -118,20 +165,44 @@ def main() -> int:
         with open(os.open(token_file, os.O_CREAT | os.O_WRONLY, 0o600), "w") as handle:
             handle.write("bench-token-0123456789\n")
         endpoint = f"http://127.0.0.1:{server.server_port}"
+        exporter_port = free_port()
+        exporter_bin: Optional[str] = None
+        if args.node_exporter:
+            exporter_bin = find_node_exporter(None if args.node_exporter == "auto" else args.node_exporter, Path(tmp))
+            if exporter_bin is None:
+                print("node_exporter not available", file=sys.stderr)
+                return 1
         procs = {"agent": start_agent(tmp, "agent", root, endpoint, token_file, quiet=False),
                  "agent_no_job_due": start_agent(tmp, "agent_no_job_due", root, endpoint, token_file, quiet=True),
                  **({"agent_before": start_agent(tmp, "agent_before", root, endpoint, token_file, quiet=False,
                                                  tree=args.before.resolve())} if args.before else {}),
                  "bare_python": subprocess.Popen([sys.executable, "-c",
                                                   f"import time; time.sleep({args.seconds * 3 + 60})"],
-                                                 stdin=subprocess.DEVNULL)}
+                                                 stdin=subprocess.DEVNULL),
+                 **({"node_exporter": subprocess.Popen(
+                     [exporter_bin, f"--web.listen-address=127.0.0.1:{exporter_port}"],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)} if exporter_bin else {})}
         results: Dict[str, object] = {}
+        scraping = threading.Event()
+        scrapes = [0, 0]  # done, failed
+
+        def scrape() -> None:
+            while not scraping.wait(args.scrape_seconds):
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{exporter_port}/metrics", timeout=10) as reply:
+                        reply.read()
+                    scrapes[0] += 1
+                except OSError:
+                    scrapes[1] += 1
         try:
             time.sleep(args.warmup_seconds)
             for name in [n for n in procs if n.startswith("agent")]:
                 if procs[name].poll() is not None:
                     sys.stderr.write(Path(tmp, f"{name}.log").read_text()[-3000:])
                     return 1
+            if exporter_bin:
+                threading.Thread(target=scrape, daemon=True).start()
+            since = utc_now()
             done: Dict[str, Dict[str, float]] = {}
             threads = [threading.Thread(target=lambda n, p: done.__setitem__(n, sample(p, args.seconds)),
                                         args=(name, proc.pid)) for name, proc in procs.items()]
@@ -139,11 +210,15 @@ def main() -> int:
                 t.start()
             for t in threads:
                 t.join()
+            scraping.set()
+            until = utc_now()
             results.update(done)
+            per_hour(results, done, tmp, since, until, args.forced_child_seconds)
+            results["scrapes"] = {"done": scrapes[0], "failed": scrapes[1], "every_seconds": args.scrape_seconds}
             results.update({
                 "rss_ratio": round(done["agent"]["rss_end_kib"] / done["bare_python"]["rss_end_kib"], 2),
                 "rss_difference_kib": done["agent"]["rss_end_kib"] - done["bare_python"]["rss_end_kib"],
-                "batches_delivered": server.batches,  # type: ignore[attr-defined]
+                "events_delivered": server.events,  # type: ignore[attr-defined]
                 "python": sys.version.split()[0], "ticks_per_second": TICKS_PER_SECOND})
         finally:
             for proc in procs.values():
@@ -151,7 +226,7 @@ def main() -> int:
                     os.kill(proc.pid, signal.SIGTERM)
             exit_codes = {name: proc.wait(30) for name, proc in procs.items()}
             server.shutdown()
-        results["agent_exit_codes"] = {k: v for k, v in exit_codes.items() if k != "bare_python"}
+        results["agent_exit_codes"] = {k: v for k, v in exit_codes.items() if k.startswith("agent")}
     if args.json:
         print(json.dumps(results, indent=2, sort_keys=True))
         return 0
@@ -159,15 +234,48 @@ def main() -> int:
     print(f"window {a['window_seconds']} s, Python {results['python']}, CPU tick {1 / TICKS_PER_SECOND:g} s")
     print(f"{'':27}{'RSS end MB':>11}{'RSS max MB':>11}{'peak MB':>9}{'anon MB':>9}{'CPU s':>7}{'CPU %':>8}")
     for name, label in (("agent", "gpuguard run (defaults)"), ("agent_no_job_due", "gpuguard run (no job due)"),
-                        ("agent_before", "--before tree (defaults)"), ("bare_python", "bare python")):
+                        ("agent_before", "--before tree (defaults)"), ("bare_python", "bare python"),
+                        ("node_exporter", "node_exporter")):
         if name not in results:
             continue
         r = results[name]
         print(f"{label:27}{r['rss_end_kib'] / 1024:11.1f}{r['rss_max_kib'] / 1024:11.1f}{r['rss_peak_kib'] / 1024:9.1f}"
               f"{r['rss_anon_kib'] / 1024:9.1f}{r['cpu_seconds']:7.2f}{r['cpu_percent']:8.3f}")
     print(f"agent/bare RSS ratio {results['rss_ratio']}, difference {results['rss_difference_kib'] / 1024:.1f} MB; "
-          f"batches delivered {results['batches_delivered']}; agent exit codes {results['agent_exit_codes']}")
+          f"events delivered {results['events_delivered']}; agent exit codes {results['agent_exit_codes']}")
+    for name in [n for n in ("agent", "agent_before") if f"{n}_children" in results]:
+        print(f"{name}: job children in the window {json.dumps(results[f'{name}_children'], sort_keys=True)}; "
+              f"CPU {results[f'{name}_cpu_seconds_per_hour']} s/h, with the hourly forced runs "
+              f"{results[f'{name}_cpu_per_hour_with_forced']} s/h")
+    if "node_exporter" in results:
+        print(f"node_exporter CPU {results['node_exporter_cpu_seconds_per_hour']} s/h ({results['scrapes']}); "
+              f"agent / node_exporter: CPU {results['cpu_ratio_to_node_exporter']}x (goal <= 3), "
+              f"RSS {results['rss_ratio_to_node_exporter']}x (goal <= 1.1)")
     return 0
+
+
+def per_hour(results: Dict[str, object], done: Dict[str, Dict[str, float]], tmp: str, since: str, until: str,
+             forced_child_seconds: float) -> None:
+    """CPU per hour of each process, the agents' children by job, the forced runs added, ratios to node_exporter."""
+    for name, r in done.items():
+        results[f"{name}_cpu_seconds_per_hour"] = round(r["cpu_seconds"] * 3600 / r["window_seconds"], 2)
+    for name in [n for n in ("agent", "agent_before") if n in done]:
+        jobs = children_in_window(os.path.join(tmp, f"{name}.log"), since, until)
+        results[f"{name}_children"] = jobs
+        window = done[name]["window_seconds"]
+        extra = 0.0
+        if window < 3600:  # one forced full fetch and one forced snapshot an hour, at their measured mean cost
+            for job in ("policy_fetch", "snapshot"):
+                seen = jobs.get(job)
+                extra += seen["cpu_seconds"] / seen["count"] if seen else forced_child_seconds
+        results[f"{name}_cpu_per_hour_with_forced"] = round(
+            float(results[f"{name}_cpu_seconds_per_hour"]) + (extra if name == "agent" else 0.0), 2)  # type: ignore[arg-type]
+    if "node_exporter" in done:
+        ne = float(results["node_exporter_cpu_seconds_per_hour"])  # type: ignore[arg-type]
+        results["cpu_ratio_to_node_exporter"] = round(float(results["agent_cpu_per_hour_with_forced"]) / ne, 2) \
+            if ne else None  # type: ignore[arg-type]
+        results["rss_ratio_to_node_exporter"] = round(
+            done["agent"]["rss_end_kib"] / done["node_exporter"]["rss_end_kib"], 3)
 
 
 if __name__ == "__main__":

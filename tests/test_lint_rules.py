@@ -115,6 +115,11 @@ REVIEWED_OPENS = {
     ("agent/hub/tokens.py", "os.open()"): "the tokens directory fd (fsync) and the tokens lock, O_RDWR (does not "
                                           "block on a FIFO)",
     ("agent/report/outbox.py", "os.open()"): "creating the outbox database 0600 before SQLite opens it",
+    ("agent/daemon_jobs/hub_probe.py", "os.open()"): "the stdlib-only probe (imports nothing of agent/files.py): "
+                                                     "the token file O_NOFOLLOW|O_NONBLOCK, fstat S_ISREG; its "
+                                                     "result file O_EXCL|O_NOFOLLOW 0600",
+    ("agent/daemon_jobs/hub_probe.py", "open()"): "/proc/self/status",
+    ("agent/daemon_jobs/snapshot_stamp.py", "os.open()"): "small /proc and /sys files, O_NONBLOCK, one bounded read",
 }
 
 

@@ -33,7 +33,7 @@ import signal
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Type, TypeVar
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple, Type, TypeVar
 
 from agent.daemon_jobs.delivery import Drained
 from agent.daemon_jobs.health import HealthSkips
@@ -50,6 +50,8 @@ from agent.daemon_jobs.protocol import (
     HealthChildResult,
     HealthRequest,
     HealthSummary,
+    HubProbePlan,
+    HubProbeResult,
     JobRequest,
     PolicyFetchResult,
     RestoreResult,
@@ -57,6 +59,7 @@ from agent.daemon_jobs.protocol import (
     SnapshotResult,
 )
 from agent.daemon_jobs.runtime import Runtime
+from agent.daemon_jobs.snapshot_stamp import FORCED_SNAPSHOT_SECONDS, Stamp, snapshot_input_stamp
 from agent.errors import GpuguardError, Interrupted
 from agent.files import make_private_directory, open_regular_file, remove_flat_directory
 from agent.jsonrecord import JsonRecord, RecordError
@@ -71,8 +74,9 @@ log = get_logger("job_child")
 # How often the daemon looks at a running child (and at its own stopping flag) while it waits.
 POLL_SECONDS = 0.05
 _ENV_DROPPED = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
-# Jobs whose clean exits are routine (delivery about once a minute, the config at every start and reload).
-_QUIET_JOBS = frozenset({"deliver", "config"})
+# Jobs whose clean exits are routine (delivery and the policy probe about once a minute, the config at every start
+# and reload).
+_QUIET_JOBS = frozenset({"deliver", "config", "policy_probe"})
 
 R = TypeVar("R", bound=JsonRecord)
 # (job, config path, root, request JSON, result path) -> the child's command line; tests hand in their own.
@@ -255,19 +259,34 @@ def restore_in_child(runtime: Runtime, config_path: str) -> None:
 
 
 class SnapshotInChild:
-    """The snapshot job's body run in a child; the child hands back what the daemon shows of the stored snapshot."""
+    """The snapshot job's body run in a child; the child hands back what the daemon shows of the stored snapshot.
 
-    def __init__(self, runtime: Runtime, config_path: str, on_stack_changed: Callable[[str], None]) -> None:
+    An interval run whose inputs' stamp (agent/daemon_jobs/snapshot_stamp.py) is the one of the last child's run
+    starts no child, unless FORCED_SNAPSHOT_SECONDS passed since; every other reason runs one. ``argv`` replaces the
+    child's command line (tests count the spawns)."""
+
+    def __init__(self, runtime: Runtime, config_path: str, on_stack_changed: Callable[[str], None],
+                 argv: Optional[ArgvFunction] = None) -> None:
         self.runtime = runtime
         self.config_path = config_path
         self.on_stack_changed = on_stack_changed
+        self.argv = argv
+        self._stamp: Optional[Stamp] = None
+        self._ran_at = 0.0
 
     def run(self, reason: str = "interval") -> None:
         rt = self.runtime
+        paths = StatePaths(rt.settings.state_dir)
+        stamp = snapshot_input_stamp(rt.host, (paths.compiled_policy, paths.overrides))
+        if reason == "interval" and stamp == self._stamp and time.monotonic() - self._ran_at < FORCED_SNAPSHOT_SECONDS:
+            log.debug("snapshot_skipped", why="inputs unchanged")
+            return
         request = SnapshotRequest(context=child_context(rt), reason=reason,
                                   violated_rules=tuple(sorted(rt.state.violated_rules)))
         result = run_child("snapshot", self.config_path, str(rt.host.root), request, SnapshotResult, rt.state_dir,
-                           rt.stopping)
+                           rt.stopping, self.argv)
+        # Taken before the child: a change while it ran makes the next interval run again.
+        self._stamp, self._ran_at = stamp, time.monotonic()
         with rt.state.lock:
             rt.state.snapshot_facts, rt.state.pairing = result.snapshot, result.pairing
             rt.state.compliant = result.compliant
@@ -362,29 +381,122 @@ class GuardEventsInChild:
         return result.forwarded
 
 
+def probe_argv(job: str, config_path: str, root: str, request_json: str, result_path: str) -> List[str]:
+    """The probe's command line: this interpreter, isolated and without site (``-I -S``: nothing of the host's
+    Python environment), the agent package first on sys.path, agent/daemon_jobs/hub_probe.py's main."""
+    paths = [p for p in sys.path if p and os.path.isabs(p)]
+    boot = (f"import sys; sys.path[:0] = {paths!r}; from agent.daemon_jobs.hub_probe import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    return [sys.executable, "-I", "-S", "-c", boot, request_json, result_path]
+
+
+# A full fetch at least this often even when every probe matched: what the full fetch decides by the clock (a
+# freshness statement or bundle expiring) and the host facts of the newest statement are looked at again.
+FULL_FETCH_EVERY_SECONDS = 3600.0
+# A full fetch that failed on the same answers this many times in a row is tried again on them only this often
+# (any other answer, a push say, starts it at once; a hub that is down never does).
+SAME_FAILURE_RETRIES = 3
+SAME_FAILURE_RETRY_SECONDS = 600.0
+# The probe's own limit: its deadline is the plan's; this kills one that hangs past it (then a full fetch decides).
+PROBE_TIMEOUT_SECONDS = 240.0
+
+
+class _Seen:
+    """What the last full fetch started from: its plan, the digest of the probe's answers before it when it took them
+    all (else ""), the same answers when it failed on them (with how many times in a row and its detail), the stamps
+    of the policy-bundle state it left, the settings and snapshot hash it ran with, and when it ended."""
+
+    def __init__(self, plan: HubProbePlan, digest: str, stamp: Tuple[object, ...], ended_at: float,
+                 failed_digest: str = "", failures: int = 0, failed_detail: str = "") -> None:
+        self.plan = plan
+        self.digest = digest
+        self.stamp = stamp
+        self.ended_at = ended_at
+        self.failed_digest = failed_digest
+        self.failures = failures
+        self.failed_detail = failed_detail
+
+
 class PolicyFetchInChild:
     """The daemon's policy fetch (agent/daemon_jobs/policy_fetch.py) in a child, or in process (tests, ``in_child``
-    False); logs the outcome and, when a bundle was installed or refused, calls ``on_changed``."""
+    False); logs the outcome and, when a bundle was installed or refused, calls ``on_changed``.
+
+    In a child, a stdlib-only probe (agent/daemon_jobs/hub_probe.py, about a tenth of the full child's CPU) runs
+    first once a full fetch has handed back its plan: a hub that is down is logged as the full fetch's failure would
+    be, and answers with the same digest as those before the last full fetch start no full child, unless the
+    policy-bundle state, the settings or the snapshot's hash changed since, or FULL_FETCH_EVERY_SECONDS passed.
+    Answers a full fetch failed on SAME_FAILURE_RETRIES times in a row are logged as that failure again and tried
+    every SAME_FAILURE_RETRY_SECONDS only.
+    ``argv`` and ``probe`` replace the two command lines (tests count the spawns)."""
 
     def __init__(self, runtime: Runtime, config_path: str, on_changed: Callable[[str], None],
-                 in_child: bool = True) -> None:
+                 in_child: bool = True, argv: Optional[ArgvFunction] = None,
+                 probe: Optional[ArgvFunction] = None) -> None:
         self.runtime = runtime
         self.config_path = config_path
         self.on_changed = on_changed
         self.in_child = in_child
+        self.argv = argv
+        self.probe = probe or probe_argv
+        self._seen: Optional[_Seen] = None
+
+    def _stamp(self) -> Tuple[object, ...]:
+        """What a full fetch's answer depends on besides the hub: the bundle state and trusted root files (a local
+        ``policy install`` changes them), the settings in force, the stored snapshot's content hash."""
+        rt = self.runtime
+        files: List[Optional[Tuple[int, int, int]]] = []
+        paths = StatePaths(rt.settings.state_dir)  # under the root, as the fetch's BundleInstaller reads them
+        for path in (paths.policy_bundle_state, paths.policy_root, paths.compiled_policy):
+            try:
+                info = os.stat(rt.host.path(path))
+                files.append((info.st_ino, info.st_size, info.st_mtime_ns))
+            except OSError:
+                files.append(None)
+        with rt.state.lock:
+            facts = rt.state.snapshot_facts
+        return (tuple(files), id(rt.in_force), facts.content_hash if facts is not None else None)
+
+    def _probe(self, seen: _Seen) -> Optional[HubProbeResult]:
+        """The probe's answer, or None when it failed (then the full fetch decides)."""
+        rt = self.runtime
+        try:
+            return run_child("policy_probe", self.config_path, str(rt.host.root), seen.plan, HubProbeResult,
+                             rt.state_dir, rt.stopping, self.probe, PROBE_TIMEOUT_SECONDS)
+        except ChildJobFailed as exc:
+            log.info("policy_probe_failed", error=str(exc), then="a full fetch")
+            return None
 
     def run(self, reason: str = "interval") -> None:
         rt = self.runtime
         if rt.settings.endpoint_url is None:
             return
+        probed: Optional[HubProbeResult] = None
+        seen = self._seen
+        if self.in_child and seen is not None and time.monotonic() - seen.ended_at < FULL_FETCH_EVERY_SECONDS \
+                and seen.stamp == self._stamp():
+            probed = self._probe(seen)
+            if probed is not None and probed.outcome == "down":
+                log.warning("policy_fetch_failed", detail=probed.detail, kept="the policy in force", probe=True)
+                return
+            if probed is not None and probed.outcome == "answered" and probed.digest == seen.digest:
+                log.debug("policy_fetch_done", outcome="unchanged", probe=True)
+                return
+            if probed is not None and probed.outcome == "answered" and probed.digest == seen.failed_digest \
+                    and seen.failures >= SAME_FAILURE_RETRIES \
+                    and time.monotonic() - seen.ended_at < SAME_FAILURE_RETRY_SECONDS:
+                # The answers the full fetch failed on, again (an endpoint that serves no policy, a token it
+                # refuses): the same failure, logged as such; other answers (a push) start the full fetch at once.
+                log.warning("policy_fetch_failed", detail=seen.failed_detail, kept="the policy in force", probe=True)
+                return
         if self.in_child:
             result = run_child("policy_fetch", self.config_path, str(rt.host.root),
                                JobRequest(context=child_context(rt), reason=reason), PolicyFetchResult, rt.state_dir,
-                               rt.stopping)
+                               rt.stopping, self.argv)
         else:
             from agent.daemon_jobs.policy_fetch import fetch_and_install
 
             result = fetch_and_install(rt.host, rt.job_settings(), rt.emitter.host_id)
+        self._remember(result, seen, probed.digest if probed is not None and probed.outcome == "answered" else "")
         if result.trust:
             log.warning("policy_trust_not_refreshed", detail=result.trust, kept="the root and statement taken last")
         if result.outcome == "installed":
@@ -398,3 +510,20 @@ class PolicyFetchInChild:
             log.debug("policy_fetch_done", outcome=result.outcome, serial=result.serial)
         if result.outcome in ("installed", "refused"):
             self.on_changed(f"policy_bundle_{result.outcome}")
+
+    def _remember(self, result: PolicyFetchResult, seen: Optional[_Seen], digest: str) -> None:
+        """Keep what the next probe is compared with. A fetch that took every answer keeps their digest; one that
+        failed keeps none (the next answered probe starts a full fetch again), only the answers it failed on."""
+        if result.probe is None:
+            self._seen = None
+            return
+        if seen is not None and result.probe != seen.plan:
+            digest = ""  # a new plan: its answers are not the ones the digest covers
+        failed = result.outcome == "failed" or bool(result.trust)
+        if not failed:
+            self._seen = _Seen(result.probe, digest, self._stamp(), time.monotonic())
+            return
+        again = seen is not None and digest != "" and digest == seen.failed_digest
+        self._seen = _Seen(result.probe, "", self._stamp(), time.monotonic(), failed_digest=digest,
+                           failures=(seen.failures + 1) if again and seen is not None else 1,
+                           failed_detail=result.detail or result.trust)

@@ -8,14 +8,17 @@ policy in force keeps guarding). The hub's staged-rollout fields and notice of e
 state (none clears them; a failed fetch keeps the ones before): the fields decide the maintenance hand-off, the
 hook's refusal, ``gpuguard status`` and ``policy explain`` show the notice. When the policy in force has a
 ``[workloads]`` section, the hub's verified stacks are fetched too (agent/bundle/verified.py) for the hook's rule.
-Runs in a job child (``gpuguard _job policy_fetch``): requests, pydantic and gpgv stay out of the resident.
+Runs in a job child (``gpuguard _job policy_fetch``): requests, pydantic and gpgv stay out of the resident. A
+successful fetch hands back the plan of a stdlib-only probe (agent/daemon_jobs/hub_probe.py) that the daemon runs
+first next time: only answers that differ from the last ones start this child again (issue #45).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+import dataclasses
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
-from agent.daemon_jobs.protocol import PolicyFetchResult
+from agent.daemon_jobs.protocol import HubProbePlan, PolicyFetchResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.bundle.install import BundleInstaller
@@ -24,7 +27,62 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def fetch_and_install(host: "Host", settings: "Settings", host_id: str) -> PolicyFetchResult:
-    """One fetch and, for a new offer, one install; never raises for what the hub, the network or the bundle does."""
+    """One fetch and, for a new offer, one install, with the next probe's plan; never raises for what the hub, the
+    network or the bundle does."""
+    result = _fetch_and_install(host, settings, host_id)
+    if result.outcome == "off":
+        return result
+    # The plan depends on this host's files only: a failed fetch hands it back too, so that while the hub is down
+    # the daemon runs the probe, not this child (it records no digest for a failed fetch: the next answer counts).
+    return dataclasses.replace(result, probe=probe_plan(host, settings))
+
+
+def probe_plan(host: "Host", settings: "Settings") -> Optional[HubProbePlan]:
+    """The requests a full fetch makes now, for the stdlib-only probe (agent/daemon_jobs/hub_probe.py); None where
+    the probe could not make them as requests does (a proxy from the environment) or the files cannot be read."""
+    from requests.utils import DEFAULT_CA_BUNDLE_PATH, get_environ_proxies
+
+    from agent.bundle.channel import CHANNEL_DEADLINE_SECONDS
+    from agent.bundle.fetch import FETCH_DEADLINE_SECONDS, MAX_OFFER_BYTES, etag_for
+    from agent.bundle.freshness import MAX_STATEMENT_BYTES
+    from agent.bundle.install import BundleInstaller
+    from agent.bundle.roles import MAX_ROOT_BYTES
+    from agent.bundle.root import RootStore
+    from agent.errors import GpuguardError
+    from agent.policy.compiled import read_compiled
+    from agent.statepaths import StatePaths
+    from agent.wire import BUNDLE_PATH, FRESHNESS_PATH, MAX_VERIFIED_BYTES, ROOT_PATH, VERIFIED_STACKS_PATH
+
+    report = settings.report
+    assert report.endpoint_url is not None
+    base = report.endpoint_url.rstrip("/")
+    if get_environ_proxies(base + BUNDLE_PATH):
+        return None
+    installer = BundleInstaller(host, settings.guard, settings.agent.state_dir)
+    paths: List[Tuple[str, Optional[str]]] = []
+    try:
+        root = RootStore(installer.host, installer.paths.state_dir, installer.guard.keys_dir).trusted(base)
+        if root is not None:
+            paths += [(f"{ROOT_PATH}?version={root.version + 1}", None), (FRESHNESS_PATH, None)]
+        try:
+            compiled = read_compiled(str(host.path(StatePaths(settings.agent.state_dir).compiled_policy)))
+            if compiled.section("workloads"):
+                paths.append((VERIFIED_STACKS_PATH, None))
+        except (GpuguardError, OSError):
+            pass  # no compiled policy: refresh_verified_stacks asks nothing either
+        paths.append((BUNDLE_PATH, etag_for(installer.state().serial)))
+    except (GpuguardError, OSError):
+        return None
+    return HubProbePlan(endpoint_url=base, token_file=report.token_file,
+                     ca_file=report.ca_bundle or DEFAULT_CA_BUNDLE_PATH,
+                     connect_timeout_seconds=report.connect_timeout_seconds,
+                     read_timeout_seconds=report.read_timeout_seconds,
+                     deadline_seconds=FETCH_DEADLINE_SECONDS + CHANNEL_DEADLINE_SECONDS,
+                     max_bytes=max(MAX_OFFER_BYTES, 2 * MAX_ROOT_BYTES, 2 * MAX_STATEMENT_BYTES, MAX_VERIFIED_BYTES),
+                     paths=tuple(paths))
+
+
+def _fetch_and_install(host: "Host", settings: "Settings", host_id: str) -> PolicyFetchResult:
     from agent.bundle.channel import refresh_trust
     from agent.bundle.facts import host_scope_facts
     from agent.bundle.fetch import fetch_offer

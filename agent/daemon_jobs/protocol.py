@@ -9,7 +9,8 @@
     health        HealthRequest      HealthChildResult  what the check found (HealthSummary), the last status
     deliver       JobRequest         DeliverResult      how far the drain got (delivery.Drained)
     policy_fetch  JobRequest         PolicyFetchResult  the hub's policy bundle for this host: unchanged, installed,
-                                                        refused (why) or the fetch failed
+                                                        refused (why) or the fetch failed; the next probe's plan
+    policy_probe  HubProbePlan          {outcome, digest}  (not agent code: agent/daemon_jobs/hub_probe.py, stdlib only)
 
 The request travels as JSON on the child's command line (``--request``), the result as a JSON file the child writes
 (``--result``), wrapped in a :class:`ChildReply` with the child's peak RSS. Both are :class:`JsonRecord` s, read back
@@ -212,6 +213,32 @@ class DeliverResult(JsonRecord):
 
 
 @dataclass(frozen=True)
+class HubProbePlan(JsonRecord):
+    """What the stdlib-only probe asks next time (agent/daemon_jobs/hub_probe.py): the full fetch's requests, in its
+    order (path with query, the If-None-Match sent or None), its token file, the CA file requests verified with, its
+    timeouts and the largest answer any of them reads."""
+
+    endpoint_url: str
+    token_file: Optional[str]
+    ca_file: Optional[str]
+    connect_timeout_seconds: float
+    read_timeout_seconds: float
+    deadline_seconds: float
+    max_bytes: int
+    paths: Tuple[Tuple[str, Optional[str]], ...]
+
+
+@dataclass(frozen=True)
+class HubProbeResult(JsonRecord):
+    """The probe's answer: ``down`` (no HTTP answer to the first request, or only 502/503/504), ``answered`` (the
+    answers' ``digest``) or ``unsure`` (anything else: the full fetch decides)."""
+
+    outcome: Literal["down", "answered", "unsure"]
+    digest: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True)
 class PolicyFetchResult(JsonRecord):
     """The policy fetch child's outcome (agent/daemon_jobs/policy_fetch.py): ``off`` (no hub configured),
     ``unchanged`` (304, or the bundle in force), ``none`` (204), ``installed``, ``refused`` (with its ``kind``) or
@@ -224,3 +251,5 @@ class PolicyFetchResult(JsonRecord):
     rollout_fields: Optional[RolloutFields] = None  # what the hand-off decides on (agent/bundle/rollout_fields.py)
     trust: str = ""  # why a newer root or the freshness statement was not taken (agent/bundle/channel.py)
     kind: Optional[RefusalKind] = None  # why a bundle was refused (agent/wire.py's REFUSAL_KINDS)
+    # What the stdlib-only probe asks before the next full fetch; None: always a full fetch (a proxy, no hub).
+    probe: Optional[HubProbePlan] = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -12,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Sequence
+from typing import Iterator, List, Sequence
 
 import pytest
 
@@ -265,12 +266,40 @@ def snapshot_children(pid: int) -> List[int]:
     return found
 
 
+@contextlib.contextmanager
+def snapshot_inputs_changing(root: Path) -> Iterator[None]:
+    """Keep changing one input the snapshot's stamp covers and no collector reports (the container directory's
+    mtime), so that every interval snapshot starts a child (agent/daemon_jobs/snapshot_stamp.py)."""
+    directory = root / "var/lib/docker/containers"
+    directory.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.wait(0.05):
+            (directory / "churn").touch()
+            (directory / "churn").unlink()
+
+    thread = threading.Thread(target=churn, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+
+
 @pytest.mark.slow
 def test_a_snapshot_child_killed_mid_run_is_retried_and_events_arrive_once(agent: AgentProcess, receiver: Receiver,
                                                                          token_file: Path) -> None:
     """SIGKILL to a running snapshot child: the daemon logs it and lives; later children's events arrive once."""
     agent.write_config(agent_config(agent.state_dir, receiver.url, token_file, log_level="info").replace(
         "interval_seconds = 600", "interval_seconds = 0.5"))
+    with snapshot_inputs_changing(agent.root):
+        killed_and_recovered(agent, receiver)
+
+
+def killed_and_recovered(agent: AgentProcess, receiver: Receiver) -> None:
+    """The body of the test above, while the snapshot's inputs keep changing."""
     agent.start()
     agent.wait_for_log("job_child_exited", job="snapshot")
     assert agent.proc is not None
@@ -303,13 +332,14 @@ def test_sigterm_while_a_snapshot_child_runs_stops_cleanly(agent: AgentProcess, 
     """SIGTERM while a child runs: the daemon passes it on, waits for the child, exits 0 and leaves no process."""
     agent.write_config(agent_config(agent.state_dir, None, token_file, log_level="info").replace(
         "interval_seconds = 600", "interval_seconds = 0.2"))
-    agent.start()
-    agent.wait_for_log("job_child_exited", job="snapshot")
-    assert agent.proc is not None
-    deadline, children = time.monotonic() + 120, []
-    while not children and time.monotonic() < deadline:
-        children = daemon_children(agent.proc.pid)
-        time.sleep(0.005)
+    with snapshot_inputs_changing(agent.root):
+        agent.start()
+        agent.wait_for_log("job_child_exited", job="snapshot")
+        assert agent.proc is not None
+        deadline, children = time.monotonic() + 120, []
+        while not children and time.monotonic() < deadline:
+            children = daemon_children(agent.proc.pid)
+            time.sleep(0.005)
     assert children, "no child running to stop"
     assert agent.terminate() == 0
     for child in children:
