@@ -5,6 +5,7 @@ the ubuntu2404 .deb's cp314 tree (what keeps the guard alive after 24.04 -> 26.0
 The chroot is the packaging tests' (tests/packaging/chroots.py) with a sid base (cached as a tarball outside CI);
 proc and devpts are mounted and always unmounted. No systemd runs there. What this does not show: Ubuntu's own
 archive, its python3 package and ``do-release-upgrade`` (docs/packaging.md, "Ubuntu 24.04 -> 26.04").
+About 70 s with the cached base on a 2-core machine (three minutes with the sid debootstrap): marked slow.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from tests.guard.apt.chroot.harness import (
 from tests.guard.apt.chroot.test_nvidia_stack import NVIDIA_POLICY, STACK, _nvidia_packages
 from tests.packaging.chroots import ok, packaging_chroot, refused
 
-pytestmark = [pytest.mark.chroot, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.chroot, pytest.mark.slow, pytest.mark.timeout(900)]
 
 LIB = "/usr/lib/gpuguard"
 UNPACKED = "/opt/ubuntu2404"  # where the ubuntu2404 .deb is unpacked (dpkg-deb -x), not installed
