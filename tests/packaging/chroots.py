@@ -1,5 +1,6 @@
-"""The packaging tests' Debian chroots: one set-up for the package's life on Debian 12, on Debian 13 and across the
-release upgrade (the guard tests' harness, tests/guard/apt/chroot/harness.py, underneath).
+"""The packaging tests' Debian chroots: one set-up for the package's life on Debian 12, on Debian 13, on sid's
+Python 3.14 (Ubuntu 26.04's) and across the release upgrade (the guard tests' harness,
+tests/guard/apt/chroot/harness.py, underneath).
 
 A chroot here is a cached minbase of ``suite`` with python3 and the harness's local repository of fake GPU packages
 (plus the packages given), a fake ``systemctl`` on apt's PATH that records what the maintainer scripts ask of it
@@ -43,7 +44,9 @@ def packaging_chroot(tmp_path_factory: pytest.TempPathFactory, name: str, suite:
         chroot.mount()
         chroot.pool.mkdir(parents=True, exist_ok=True)
         if download:
-            chroot.run("apt-get", "update", "-q", check=True, timeout_seconds=600)
+            # sid's Release file on the mirror may have expired (Valid-Until); what is fetched is still signed.
+            chroot.run("apt-get", "update", "-q", "-o", "Acquire::Check-Valid-Until=false", check=True,
+                       timeout_seconds=600)
             chroot.run("apt-get", "install", "-y", "-q", "--download-only", "--no-install-recommends", *download,
                        check=True, timeout_seconds=600)
             for deb in (chroot.root / "var/cache/apt/archives").glob("*.deb"):
@@ -64,3 +67,12 @@ def ok(result: subprocess.CompletedProcess, tail_chars: int = 4000) -> str:
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-tail_chars:]
     return output
+
+
+def refused(chroot: Chroot, *args: str) -> str:
+    """apt-get ARGS refused by the installed hook before dpkg ran: exit 100, dpkg's status unchanged."""
+    before = chroot.status_bytes()
+    result = chroot.apt(*args)
+    assert result.returncode == 100, result.stdout + result.stderr
+    assert chroot.status_bytes() == before, "dpkg ran although the hook refused"
+    return result.stdout + result.stderr

@@ -24,7 +24,7 @@ from tests.guard.apt.chroot.harness import (
     Chroot,
 )
 from tests.guard.apt.chroot.test_nvidia_stack import NVIDIA_POLICY, STACK, _nvidia_packages
-from tests.packaging.chroots import ok, packaging_chroot
+from tests.packaging.chroots import ok, packaging_chroot, refused
 
 pytestmark = [pytest.mark.chroot, pytest.mark.timeout(900)]
 
@@ -33,15 +33,6 @@ def trixie(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chroot]:
     with packaging_chroot(tmp_path_factory, "trixie", suite="trixie", download=("procps",),
                           packages=_nvidia_packages) as chroot:
         yield chroot
-
-
-def refused(chroot: Chroot, *args: str) -> str:
-    """apt-get ARGS refused by the installed hook before dpkg ran: exit 100, dpkg's status unchanged."""
-    before = chroot.status_bytes()
-    result = chroot.apt(*args)
-    assert result.returncode == 100, result.stdout + result.stderr
-    assert chroot.status_bytes() == before, "dpkg ran although the hook refused"
-    return result.stdout + result.stderr
 
 
 def test_debian13_deb_installs_runs_on_python313_and_guards(trixie: Chroot,

@@ -153,8 +153,9 @@ atexit.register(_forget_process_tarballs)
 
 
 def build_base(target: Path, use_cache: bool, suite: str = SUITE) -> Dict[str, float]:
-    """debootstrap (or unpack the cached tarball of) a minbase ``suite`` (bookworm, or trixie for the Debian 13
-    package tests) with python3 into ``target``; the mirror is the one this machine's bookworm sources name.
+    """debootstrap (or unpack the cached tarball of) a minbase ``suite`` (bookworm; trixie for the Debian 13
+    package tests; sid for the Python 3.14 ones) with python3 into ``target``; the mirror is the one this machine's
+    bookworm sources name.
 
     Without the on-disk cache (CI, where each run must really debootstrap), the first base built in this test
     process is still kept as a tarball in a private temp dir until the process exits, so the apt guard's chroot
