@@ -19,7 +19,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, List, Literal, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Iterator, Literal, Optional, Sequence, Tuple
 
 from agent.bundle.format import MATRIX_FILE_NAME, MAX_BUNDLE_BYTES, BundleInvalid, PolicyBundle, parse_bundle
 from agent.bundle.roles import check_bundle_expiry, floor_reset, vouch
@@ -202,35 +202,6 @@ class BundleInstaller:
             raise BundleRefused(origin, "no trusted root: a deny list is judged by the root's fleet-wide policy role "
                                         "(gpuguard policy trust-root ROOT_JSON first)", "signature")
         return self.take_deny(root, data, signature, origin)
-
-    def flag_denied_installed(self) -> Tuple[str, ...]:
-        """Record and return the packages installed here at a version the deny list in force denies (``name
-        version: rule``; ``status`` attention, the heartbeat's ``denied`` word, the hub's count and alert): after a
-        fetch, a ``policy deny install`` and every guard check (a package change). Logged, never raised: () when
-        the check could not be made (what was recorded stays)."""
-        from agent.bundle.deny import compiled_entries, deny_in_force
-        from agent.guard.installed import detect_manager, read_installed
-        from agent.log import get_logger
-        from agent.policy.compiled import CompiledPolicy
-        from agent.policy.evaluate import HostState, evaluate
-
-        log = get_logger("bundle.deny")
-        try:
-            deny = deny_in_force(self.host, self.paths)
-            found: List[str] = []
-            if deny is not None and deny.entries:
-                patterns = [pattern for entry in deny.entries for pattern in entry.packages]
-                installed = {key: package.version for key, package in read_installed(self.host, patterns).items()}
-                policy = CompiledPolicy({"denied": compiled_entries(deny)}, "deny list")
-                for violation in evaluate(HostState.standing(installed, detect_manager(self.host)), policy):
-                    found += [f"{key} {version}: {violation.rule}" for key, version in violation.packages.items()]
-            self.record_denied_installed(sorted(found))
-        except (GpuguardError, OSError) as exc:
-            log.warning("known_bad_check_failed", error=str(exc))
-            return ()
-        if found:
-            log.warning("known_bad_installed", packages=found)
-        return tuple(sorted(found))
 
     def record_denied_installed(self, found: Sequence[str]) -> None:
         """Keep the packages installed here at a denied version (``status`` attention, the heartbeat's ``denied``

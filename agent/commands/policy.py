@@ -501,6 +501,7 @@ def policy_deny_install(args: argparse.Namespace, make_host: HostFactory, out: T
     from agent.bundle.deny import MAX_DENY_BYTES
     from agent.bundle.install import BundleInstaller
     from agent.bundle.roles import MAX_SIGNATURES_BYTES
+    from agent.daemon_jobs.policy_fetch import flag_denied_installed
     from agent.files import read_bytes_bounded
 
     host = make_host(args.root)
@@ -509,7 +510,7 @@ def policy_deny_install(args: argparse.Namespace, make_host: HostFactory, out: T
     signature = read_bytes_bounded(args.signature or args.deny + ".sig", MAX_SIGNATURES_BYTES)
     installer = BundleInstaller(host, settings.guard, settings.agent.state_dir)
     deny, new = installer.install_deny(data, signature, args.deny)
-    found = installer.flag_denied_installed()
+    found = flag_denied_installed(host, installer)
     verb = "took" if new else "in force already (nothing changed):"
     _show(out, f"{verb} deny list serial {deny.serial}, {len(deny.entries)} entries\n")
     for item in found:

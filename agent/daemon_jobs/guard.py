@@ -68,6 +68,7 @@ def _default_check(host: Host, settings: Settings, stopping: threading.Event) ->
             raise Interrupted("the daemon is stopping: gave up waiting for the package manager's lock")
 
     from agent.bundle.install import BundleInstaller
+    from agent.daemon_jobs.policy_fetch import flag_denied_installed
     from agent.guard.rollback.health_gate import note_guard_check
 
     paths = StatePaths(settings.agent.state_dir)
@@ -77,7 +78,7 @@ def _default_check(host: Host, settings: Settings, stopping: threading.Event) ->
     finally:
         # A package change may have put a known-bad version in place (or taken one away): flagged now, not only
         # at the next policy fetch (agent/bundle/deny.py).
-        BundleInstaller(host, settings.guard, settings.agent.state_dir).flag_denied_installed()
+        flag_denied_installed(host, BundleInstaller(host, settings.guard, settings.agent.state_dir))
     note_guard_check(host, paths, backend, result, host.clock().timestamp())  # the health gate's window
     return result
 

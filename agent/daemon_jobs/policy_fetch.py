@@ -13,11 +13,12 @@ Runs in a job child (``gpuguard _job policy_fetch``): requests, pydantic and gpg
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from agent.daemon_jobs.protocol import PolicyFetchResult
 
 if TYPE_CHECKING:  # pragma: no cover
+    from agent.bundle.install import BundleInstaller
     from agent.config import Settings
     from agent.host import Host
 
@@ -49,7 +50,7 @@ def fetch_and_install(host: "Host", settings: "Settings", host_id: str) -> Polic
 
     timeouts = (report.connect_timeout_seconds, report.read_timeout_seconds)
     trust = refresh_trust(installer, report.endpoint_url, token, report.ca_bundle, timeouts, facts) or ""
-    installer.flag_denied_installed()
+    flag_denied_installed(host, installer)
     refresh_verified_stacks(host, settings, token)
     offer = fetch_offer(report.endpoint_url, token, report.ca_bundle, state.serial, timeouts)
     if offer.status != "failed":
@@ -93,6 +94,37 @@ def fetch_and_install(host: "Host", settings: "Settings", host_id: str) -> Polic
     return PolicyFetchResult(trust=trust, outcome="installed", serial=installed.serial, rollout=offer.notice,
                              rollout_fields=offer.rollout,
                              detail="compiled" if installed.compiled else "kept: [guard] policy_source is local")
+
+
+def flag_denied_installed(host: "Host", installer: "BundleInstaller") -> Tuple[str, ...]:
+    """Record and return the packages installed here at a version the deny list in force denies (``name version:
+    rule``; ``status`` attention, the heartbeat's ``denied`` word, the hub's count and alert): after a fetch, a
+    ``policy deny install`` and every guard check (a package change, agent/daemon_jobs/guard.py). Logged, never
+    raised: () when the check could not be made (what was recorded stays)."""
+    from agent.bundle.deny import compiled_entries, deny_in_force
+    from agent.errors import GpuguardError
+    from agent.guard.installed import detect_manager, read_installed
+    from agent.log import get_logger
+    from agent.policy.compiled import CompiledPolicy
+    from agent.policy.evaluate import HostState, evaluate
+
+    log = get_logger("daemon.policy_fetch")
+    try:
+        deny = deny_in_force(host, installer.paths)
+        found: List[str] = []
+        if deny is not None and deny.entries:
+            patterns = [pattern for entry in deny.entries for pattern in entry.packages]
+            installed = {key: package.version for key, package in read_installed(host, patterns).items()}
+            policy = CompiledPolicy({"denied": compiled_entries(deny)}, "deny list")
+            for violation in evaluate(HostState.standing(installed, detect_manager(host)), policy):
+                found += [f"{key} {version}: {violation.rule}" for key, version in violation.packages.items()]
+        installer.record_denied_installed(sorted(found))
+    except (GpuguardError, OSError) as exc:
+        log.warning("known_bad_check_failed", error=str(exc))
+        return ()
+    if found:
+        log.warning("known_bad_installed", packages=found)
+    return tuple(sorted(found))
 
 
 def refresh_verified_stacks(host: "Host", settings: "Settings", token: Optional[str]) -> None:
