@@ -37,12 +37,13 @@ DENY_LOCK_KEY = 0x67707567_0043
 
 @dataclass(frozen=True)
 class ServedDeny:
-    """A deny list that verified: its bytes, signatures, serial, and who vouched for it."""
+    """A deny list that verified: its bytes, signatures, serial, who vouched for it and under which root version."""
 
     data: bytes
     signature: bytes
     deny: DenyList
     signed_by: str
+    root_version: int
 
     def summary(self, unchanged: bool = False) -> DenySummary:
         return DenySummary(serial=self.deny.serial, sha256=hashlib.sha256(self.data).hexdigest(),
@@ -74,20 +75,23 @@ class HubDeny:
             signers = good_signers(self.chain.host, data_path, signature_path, root.keyring_bytes(), "deny list")
         role = judge_deny(root, signers, self.clock(), "deny list")
         return ServedDeny(data=data, signature=signature, deny=deny,
-                          signed_by=f"policy role {role} of root version {root.version}")
+                          signed_by=f"policy role {role} of root version {root.version}", root_version=root.version)
 
     def served(self) -> Optional[ServedDeny]:
-        """The list to serve: the one in place when it verifies, else the last one that did; None when there is
-        none in place; HubHTTPError 503 when one is in place and none verified."""
+        """The list to serve: the one in place when it verifies, else the last one that did under the same root;
+        None when there is none in place; HubHTTPError 503 when one is in place and none verified. Checked again
+        when the files or the newest root change (a rotation may drop the keys that signed it)."""
         found = deny_files(self.root_dir)
         if found is None:
             return None
         data, signature = found
+        root = self.chain.newest()
+        version = root.version if root is not None else 0
         with self._lock:
             good = self._good
-            if good is not None and (good.data, good.signature) == (data, signature):
+            if good is not None and (good.data, good.signature, good.root_version) == (data, signature, version):
                 return good
-            digest = hashlib.sha256(data + b"\0" + signature).digest()
+            digest = hashlib.sha256(data + b"\0" + signature + b"\0" + str(version).encode()).digest()
             if digest != self._bad:
                 try:
                     checked = self.check(data, signature)
@@ -98,7 +102,7 @@ class HubDeny:
                 else:
                     self._good, self._bad = checked, None
                     return checked
-            if good is None:
+            if good is None or good.root_version != version:  # what verified under an older root is not served
                 raise HubHTTPError(503, "deny_unverified", f"the deny list in {self.root_dir} does not verify")
             return good
 

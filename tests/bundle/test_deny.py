@@ -28,6 +28,7 @@ from agent.report.events import Heartbeat
 from agent.status.assess import assess
 from agent.status.facts import read_policy
 from agent.wire import DENY_PATH
+from tests.bundle.keys import Signer
 from tests.bundle.roots import sign_by
 from tests.bundle.test_attacks import Fleet, fixed
 from tests.bundle.test_install import POLICY, Site, run
@@ -393,3 +394,28 @@ def test_policy_deny_install_takes_a_deny_list_without_a_hub(tmp_path: Path) -> 
     assert code == 17 and "no trusted root" in err and len(err.splitlines()) == 1, err
     for signer in (site.signer, bare.signer, trust.r1, trust.r2, trust.p1, trust.p2, trust.p3, trust.f1):
         signer.close()
+
+
+def test_a_list_whose_keys_a_root_rotation_dropped_is_no_longer_served(fleet: Fleet, tmp_path: Path) -> None:
+    """Serial 1 served under root version 1; root version 2 (signed by the root keys) gives the fleet role two new
+    keys: the hub stops serving the list the old keys signed (503, not the stale list), and a push signed by the
+    new keys is served again."""
+    trust = fleet.trust
+    place(fleet.hub_roots, deny_document(1, [VIM_BAD]), [trust.p1, trust.p2])
+    assert fleet.fetch().trust == "" and fleet.state().deny_serial == 1
+    new1, new2 = Signer(tmp_path, "n1"), Signer(tmp_path, "n2")
+    try:
+        second = trust.root(2, [trust.r1, trust.r2], [new1, new2], [trust.r1, trust.r2])
+        for suffix in ("", ".sig"):
+            (fleet.hub_roots / f"2.root.json{suffix}").write_bytes(Path(f"{second}{suffix}").read_bytes())
+        headers = {"Authorization": f"Bearer {fleet.host_token}"}
+        answer = requests.get(fleet.hub.url + DENY_PATH, headers=headers, timeout=30)
+        assert answer.status_code == 503 and answer.json()["error"] == "deny_unverified", answer.text
+        path, _ = signed(fleet.hub_roots.parent, deny_document(2, [VIM_BAD]), [new1, new2], "deny-new.json")
+        code, out, err = push_deny(fleet, path)
+        assert code == 0 and "of root version 2" in out, out + err
+        assert requests.get(fleet.hub.url + DENY_PATH, headers=headers, timeout=30).status_code == 200
+        assert fleet.fetch().trust == "" and fleet.state().deny_serial == 2
+    finally:
+        new1.close()
+        new2.close()
