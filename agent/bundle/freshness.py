@@ -3,8 +3,11 @@ timestamp role).
 
 The hub signs it with its online key (the root's ``freshness`` key set, agent/bundle/roles.py, which may sign
 nothing else): ``{"format": "gpuguard-freshness/1", "issued_at", "expires", "newest": [{"serial", "scope"}],
-"withdrawn": [serials]}``, where ``newest`` is the newest bundle offered to everyone for each scope and
-``withdrawn`` every serial withdrawn. A host takes a statement only with a threshold of freshness signatures, not
+"withdrawn": [serials], "deny_serial": N}``, where ``newest`` is the newest bundle offered to everyone for each
+scope, ``withdrawn`` every serial withdrawn and ``deny_serial`` (absent: the hub serves no deny list) the serial of
+the deny list the hub serves (agent/bundle/deny.py): a host whose deny list is below it asks for attention until it
+takes it, so a hub cannot hold back a newer known-bad list unseen. (``deny_serial`` came after 0.1.0, whose
+statements never carried it.) A host takes a statement only with a threshold of freshness signatures, not
 expired and not issued before the one it took last; then a withdrawn serial offered is refused (a withdrawal is a
 signed fact, not the hub's word), and an expired statement, or one naming a newer serial for this host than the one
 in force, is attention: an indefinite freeze (a hub answering 304 forever) becomes visible. :func:`parse_statement`,
@@ -64,6 +67,7 @@ class FreshnessStatement(FrozenModel):
     expires: StrictStr
     newest: Tuple[NewestBundle, ...] = Field(default=(), max_length=MAX_NEWEST)
     withdrawn: Tuple[StrictInt, ...] = Field(default=(), max_length=MAX_WITHDRAWN)
+    deny_serial: Optional[StrictInt] = Field(default=None, ge=1, le=MAX_SERIAL)
 
     @field_validator("issued_at", "expires")
     @classmethod
@@ -98,9 +102,9 @@ class FreshnessStatement(FrozenModel):
 
 
 def make_statement(newest: Sequence[Tuple[int, BundleScope]], withdrawn: Sequence[int], now: dt.datetime,
-                   hours: float) -> FreshnessStatement:
-    """The statement of the bundles offered (newest first) and the withdrawn serials, issued ``now`` (pure): for
-    each distinct scope only its newest serial."""
+                   hours: float, deny_serial: Optional[int] = None) -> FreshnessStatement:
+    """The statement of the bundles offered (newest first), the withdrawn serials and the serial of the deny list
+    served (None: none), issued ``now`` (pure): for each distinct scope only its newest serial."""
     seen = []
     picked = []
     for serial, scope in newest:
@@ -111,12 +115,15 @@ def make_statement(newest: Sequence[Tuple[int, BundleScope]], withdrawn: Sequenc
     return FreshnessStatement(format=FRESHNESS_FORMAT, issued_at=issued.strftime(TIME_FORMAT),
                               expires=(issued + dt.timedelta(hours=hours)).strftime(TIME_FORMAT),
                               newest=tuple(picked[:MAX_NEWEST]),
-                              withdrawn=tuple(sorted(set(withdrawn)))[-MAX_WITHDRAWN:])
+                              withdrawn=tuple(sorted(set(withdrawn)))[-MAX_WITHDRAWN:], deny_serial=deny_serial)
 
 
 def render_statement(statement: FreshnessStatement) -> bytes:
     """The canonical bytes a statement's signature is made over."""
-    return (json.dumps(statement.model_dump(mode="json"), sort_keys=True, separators=(",", ":")) + "\n").encode()
+    data = statement.model_dump(mode="json")
+    if data["deny_serial"] is None:  # a hub serving no deny list says what it said before the field existed
+        del data["deny_serial"]
+    return (json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
 def parse_statement(data: bytes, source: str) -> FreshnessStatement:

@@ -35,6 +35,7 @@ from agent.statepaths import StatePaths
 KNOWLEDGE_DIR = "knowledge"
 
 if TYPE_CHECKING:  # pragma: no cover
+    from agent.bundle.deny import DenyList
     from agent.bundle.freshness import FreshnessStatement
     from agent.bundle.roles import RootMetadata
     from agent.bundle.rollout_fields import RolloutFields
@@ -172,11 +173,12 @@ class BundleInstaller:
             write_bundle_state(str(self.host.path(self.paths.policy_bundle_state)),
                                replace(self.state(), freshness_issued_at=statement.issued,
                                        freshness_expires=statement.expires_at, freshness_newest=newest,
-                                       withdrawn=statement.withdrawn))
+                                       withdrawn=statement.withdrawn,
+                                       freshness_deny_serial=statement.deny_serial))
 
-    def take_deny(self, root: "RootMetadata", data: bytes, signature: bytes, origin: str) -> None:
-        """Check and put in force a deny list (agent/bundle/deny.py) under the install lock; a refusal is recorded
-        with its kind and raised (BundleRefused), and nothing else changes then."""
+    def take_deny(self, root: "RootMetadata", data: bytes, signature: bytes, origin: str) -> Tuple["DenyList", bool]:
+        """Check and put in force a deny list (agent/bundle/deny.py) under the install lock: (the list, whether it
+        was new); a refusal is recorded with its kind and raised (BundleRefused), and nothing else changes then."""
         from agent.bundle.deny import take_deny
 
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -190,6 +192,16 @@ class BundleInstaller:
                 raise
             if new or self.state().deny_serial != deny.serial or self.state().deny_refused is not None:
                 write_bundle_state(state_path, replace(self.state(), deny_serial=deny.serial, deny_refused=None))
+            return deny, new
+
+    def install_deny(self, data: bytes, signature: bytes, origin: str) -> Tuple["DenyList", bool]:
+        """:meth:`take_deny` under the root this host trusts (``gpuguard policy deny install``, the air-gapped path);
+        BundleRefused of kind signature when it trusts none (a deny list is judged by the root's policy roles)."""
+        root = RootStore(self.host, self.paths.state_dir, self.guard.keys_dir).trusted(origin)
+        if root is None:
+            raise BundleRefused(origin, "no trusted root: a deny list is judged by the root's fleet-wide policy role "
+                                        "(gpuguard policy trust-root ROOT_JSON first)", "signature")
+        return self.take_deny(root, data, signature, origin)
 
     def record_denied_installed(self, found: Sequence[str]) -> None:
         """Keep the packages installed here at a denied version (``status`` attention, the heartbeat's ``denied``
@@ -287,6 +299,7 @@ class BundleInstaller:
                                        freshness_issued_at=state.freshness_issued_at,
                                        freshness_expires=state.freshness_expires,
                                        freshness_newest=state.freshness_newest, withdrawn=state.withdrawn,
+                                       freshness_deny_serial=state.freshness_deny_serial,
                                        deny_serial=state.deny_serial, deny_refused=state.deny_refused,
                                        denied_installed=state.denied_installed))
         return installed

@@ -67,11 +67,12 @@ class BundleState(JsonRecord):
     signers: Tuple[str, ...] = ()
     expires: Optional[dt.datetime] = None
     # The last freshness statement taken (agent/bundle/freshness.py): when it was issued and expires, the newest
-    # serial it names for this host, and the serials it withdraws.
+    # serial it names for this host, the serials it withdraws, and the serial of the deny list the hub serves.
     freshness_issued_at: Optional[dt.datetime] = None
     freshness_expires: Optional[dt.datetime] = None
     freshness_newest: Optional[int] = None
     withdrawn: Tuple[int, ...] = ()
+    freshness_deny_serial: Optional[int] = None
 
     hub_below: Optional[HubBelow] = None
     # The deny list in force (agent/bundle/deny.py): its serial, the last one refused (with its kind), and the
@@ -98,7 +99,8 @@ class BundleState(JsonRecord):
 
     def stale(self, now: dt.datetime) -> Optional[str]:
         """Why the freshness statement asks for attention (None: it does not): expired, a newer serial named for
-        this host than the one in force (a freeze), or the serial in force withdrawn."""
+        this host than the one in force (a freeze), the serial in force withdrawn, or a deny list serial above the
+        one in force here (a newer known-bad list held back or refused)."""
         if self.freshness_expires is None:
             return None
         if now >= self.freshness_expires:
@@ -107,6 +109,11 @@ class BundleState(JsonRecord):
             return f"the hub's freshness statement names serial {self.freshness_newest}, not taken here"
         if self.serial is not None and self.serial in self.withdrawn:
             return f"serial {self.serial} in force is withdrawn"
+        if self.freshness_deny_serial is not None and (self.deny_serial is None
+                                                       or self.freshness_deny_serial > self.deny_serial):
+            here = "none" if self.deny_serial is None else f"serial {self.deny_serial}"
+            return (f"the hub's freshness statement names deny list serial {self.freshness_deny_serial}, in force "
+                    f"here: {here}")
         return None
 
     def attention(self, now: dt.datetime) -> Tuple[str, ...]:

@@ -1,5 +1,5 @@
-"""``gpuguard hub serve|add-host|add-reader|add-admin|policy|rollout``: run the reference hub, make its tokens, manage
-its policy bundles and their staged rollouts."""
+"""``gpuguard hub serve|add-host|add-reader|add-admin|policy|deny|rollout``: run the reference hub, make its tokens,
+manage its policy bundles, its deny list of known-bad versions and the bundles' staged rollouts."""
 
 from __future__ import annotations
 
@@ -42,6 +42,14 @@ def add_parser(sub: Subparsers) -> None:
                                                   "enforcing what they have")
     for parser in (show, withdraw):
         parser.add_argument("serial", metavar="SERIAL", type=int)
+    deny = add_group(hub_sub, "deny", "the signed deny list of known-bad versions every host takes at its next fetch")
+    deny_push = deny.add_parser("push", help="put a signed deny list in place at the hub (admin token): a threshold "
+                                             "of a fleet-wide policy role of the root; its serial above the one "
+                                             "in place")
+    deny_push.add_argument("deny", metavar="FILE", help="the deny list (deny.json, format gpuguard-deny/1)")
+    deny_push.add_argument("--signature", metavar="SIG", help="its detached OpenPGP signatures (default: FILE.sig)")
+    _add_client_options(deny_push)
+    deny_push.set_defaults(handler=hub_deny)
     rollout = add_group(hub_sub, "rollout", "roll a pushed bundle out in stages: canaries per cohort, batches, "
                                             "soak, automatic halt")
     start = rollout.add_parser("start", help="start a staged rollout of a pushed bundle (admin token)")
@@ -158,6 +166,32 @@ def hub_policy(args: argparse.Namespace, make_host: HostFactory, out: TextIO) ->
     else:
         verb = "pushed" if command == "push" else "withdrew"
         out.write(f"{verb} bundle serial {answer.get('serial')} (sha256 {answer.get('sha256')})\n")
+    return 0
+
+
+def hub_deny(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    """``hub deny push``: one call to the hub's deny list API, its answer printed."""
+    import json
+
+    from agent.bundle.deny import MAX_DENY_BYTES
+    from agent.files import read_bytes_bounded
+    from agent.hub.client import HubClient, hub_token, hub_url
+    from agent.wire import MAX_SIGNATURE_BYTES
+
+    env = make_host("/").env
+    data = read_bytes_bounded(args.deny, MAX_DENY_BYTES)
+    signature = read_bytes_bounded(args.signature or args.deny + ".sig", MAX_SIGNATURE_BYTES)
+    client = HubClient(hub_url(args.hub, env), hub_token(args.token_file, env), ca_bundle=args.ca_bundle)
+    try:
+        answer = client.push_deny(data, signature)
+    finally:
+        client.close()
+    if args.json:
+        out.write(json.dumps(answer, indent=2, sort_keys=True) + "\n")
+    else:
+        verb = "already in place:" if answer.get("unchanged") else "pushed"
+        out.write(f"{verb} deny list serial {answer.get('serial')} ({answer.get('entries')} entries, sha256 "
+                  f"{answer.get('sha256')}), signed by {answer.get('signed_by')}\n")
     return 0
 
 

@@ -1,5 +1,6 @@
-"""``gpuguard policy check|compile|explain|freeze``: validate the pairing policy, compile it for the hot path, say
-what it means for this host, write one from the host as it is."""
+"""``gpuguard policy check|compile|explain|freeze|bundle|trust-root|install|deny``: validate the pairing policy,
+compile it for the hot path, say what it means for this host, write one from the host as it is, sign and install
+bundles, put a signed deny list in force."""
 
 from __future__ import annotations
 
@@ -142,6 +143,16 @@ def _add_bundle_parsers(pol_sub: Any) -> None:
     add_root(install, ACT_ROOT_HELP)
     add_config(install)
     install.set_defaults(handler=policy_install)
+    deny = add_group(pol_sub, "deny", "the signed deny list of known-bad versions (the daemon takes the hub's at "
+                                      "every fetch)")
+    deny_install = deny.add_parser(
+        "install", help="verify and put in force a signed deny list without a hub (exit 17 refused: signature, "
+                        "threshold, scope, rollback, expired, format; the list in force keeps guarding)")
+    deny_install.add_argument("deny", metavar="FILE", help="the deny list (deny.json, format gpuguard-deny/1)")
+    deny_install.add_argument("--signature", metavar="SIG", help="its detached signatures (default: FILE.sig)")
+    add_root(deny_install, ACT_ROOT_HELP)
+    add_config(deny_install)
+    deny_install.set_defaults(handler=policy_deny_install)
 
 
 def _show(out: TextIO, text: str) -> None:
@@ -481,6 +492,29 @@ def policy_install(args: argparse.Namespace, make_host: HostFactory, out: TextIO
              'not in force: [guard] policy_source is "local" (set it to "bundle" and run gpuguard policy compile)')
     _show(out, f"installed policy bundle serial {installed.serial}, policy '{installed.policy_name}', key "
                f"{installed.fingerprint}; {where}\n")
+    return 0
+
+
+def policy_deny_install(args: argparse.Namespace, make_host: HostFactory, out: TextIO) -> int:
+    """Verify a deny list under the trusted root and put it in force as the daemon's fetch does
+    (agent/bundle/deny.py), then flag the packages installed at a version it denies; BundleRefused (exit 17)."""
+    from agent.bundle.deny import MAX_DENY_BYTES
+    from agent.bundle.install import BundleInstaller
+    from agent.bundle.roles import MAX_SIGNATURES_BYTES
+    from agent.daemon_jobs.policy_fetch import flag_denied_installed
+    from agent.files import read_bytes_bounded
+
+    host = make_host(args.root)
+    settings = settings_of(args)
+    data = read_bytes_bounded(args.deny, MAX_DENY_BYTES)
+    signature = read_bytes_bounded(args.signature or args.deny + ".sig", MAX_SIGNATURES_BYTES)
+    installer = BundleInstaller(host, settings.guard, settings.agent.state_dir)
+    deny, new = installer.install_deny(data, signature, args.deny)
+    found = flag_denied_installed(host, installer)
+    verb = "took" if new else "in force already (nothing changed):"
+    _show(out, f"{verb} deny list serial {deny.serial}, {len(deny.entries)} entries\n")
+    for item in found:
+        _show(out, f"known-bad version installed: {item}\n")
     return 0
 
 

@@ -7,9 +7,11 @@ to the outbox, then the snapshot job runs, so the snapshot's diff comes after th
 state the rollback left. When the guard-events file alone grew (the apt hook blocked something), only the
 forwarder runs. A new compiled policy (a hub bundle installed by the policy fetch, a SIGHUP recompile) runs the check
 too, with no package change: the installed set may violate the new policy (a revert bundle after an aborted rollout
-rolls the host back to the set before the rollout, agent.guard.rollback.core). With a Host root other than ``/`` the
-check runs against that root as a chroot (that is how ``check_and_rollback`` runs apt there, or dnf with
-``--installroot``); it is skipped without a compiled policy or without a package database (dpkg status, or rpm's
+rolls the host back to the set before the rollout, agent.guard.rollback.core). Every check, however it ends, also
+records the packages installed at a version the deny list in force denies (agent/bundle/deny.py), so a known-bad
+version a package change put in place is flagged then, not only at the next policy fetch. With a Host root other
+than ``/`` the check runs against that root as a chroot (that is how ``check_and_rollback`` runs apt there, or dnf
+with ``--installroot``); it is skipped without a compiled policy or without a package database (dpkg status, or rpm's
 database under /var/lib/rpm or /usr/lib/sysimage/rpm).
 
 A failure of the check is logged (``guard_check_failed``) and reported as a Rollback event with
@@ -65,11 +67,18 @@ def _default_check(host: Host, settings: Settings, stopping: threading.Event) ->
         if stopping.wait(seconds):
             raise Interrupted("the daemon is stopping: gave up waiting for the package manager's lock")
 
+    from agent.bundle.install import BundleInstaller
+    from agent.daemon_jobs.policy_fetch import flag_denied_installed
     from agent.guard.rollback.health_gate import note_guard_check
 
     paths = StatePaths(settings.agent.state_dir)
     backend = backend_for(host, settings.guard, paths, sleep=sleep)
-    result = check_and_rollback(host, settings.guard, paths, backend)
+    try:
+        result = check_and_rollback(host, settings.guard, paths, backend)
+    finally:
+        # A package change may have put a known-bad version in place (or taken one away): flagged now, not only
+        # at the next policy fetch (agent/bundle/deny.py).
+        flag_denied_installed(host, BundleInstaller(host, settings.guard, settings.agent.state_dir))
     note_guard_check(host, paths, backend, result, host.clock().timestamp())  # the health gate's window
     return result
 

@@ -154,9 +154,11 @@ def _fetch_and_install(host: "Host", settings: "Settings", host_id: str) -> Poli
                              detail="compiled" if installed.compiled else "kept: [guard] policy_source is local")
 
 
-def flag_denied_installed(host: "Host", installer: "BundleInstaller") -> None:
-    """Record the packages installed here at a version the deny list in force denies (``status`` attention, the
-    heartbeat's ``denied`` word, the hub's count and alert); logged, never raised."""
+def flag_denied_installed(host: "Host", installer: "BundleInstaller") -> Tuple[str, ...]:
+    """Record and return the packages installed here at a version the deny list in force denies (``name version:
+    rule``; ``status`` attention, the heartbeat's ``denied`` word, the hub's count and alert): after a fetch, a
+    ``policy deny install`` and every guard check (a package change, agent/daemon_jobs/guard.py). Logged, never
+    raised: () when the check could not be made (what was recorded stays)."""
     from agent.bundle.deny import compiled_entries, deny_in_force
     from agent.errors import GpuguardError
     from agent.guard.installed import detect_manager, read_installed
@@ -167,7 +169,7 @@ def flag_denied_installed(host: "Host", installer: "BundleInstaller") -> None:
     log = get_logger("daemon.policy_fetch")
     try:
         deny = deny_in_force(host, installer.paths)
-        found = []
+        found: List[str] = []
         if deny is not None and deny.entries:
             patterns = [pattern for entry in deny.entries for pattern in entry.packages]
             installed = {key: package.version for key, package in read_installed(host, patterns).items()}
@@ -175,10 +177,12 @@ def flag_denied_installed(host: "Host", installer: "BundleInstaller") -> None:
             for violation in evaluate(HostState.standing(installed, detect_manager(host)), policy):
                 found += [f"{key} {version}: {violation.rule}" for key, version in violation.packages.items()]
         installer.record_denied_installed(sorted(found))
-        if found:
-            log.warning("known_bad_installed", packages=found)
     except (GpuguardError, OSError) as exc:
         log.warning("known_bad_check_failed", error=str(exc))
+        return ()
+    if found:
+        log.warning("known_bad_installed", packages=found)
+    return tuple(sorted(found))
 
 
 def refresh_verified_stacks(host: "Host", settings: "Settings", token: Optional[str]) -> None:

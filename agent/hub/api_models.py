@@ -75,6 +75,25 @@ class BundlePush(FrozenModel):
     staged: bool = False
 
 
+class DenyPush(FrozenModel):
+    """A deny list to put in place (agent/hub/deny.py): its exact bytes and its detached OpenPGP signatures, each
+    base64 (standard alphabet)."""
+
+    deny: str = Field(min_length=1)
+    signature: str = Field(min_length=1)
+
+
+class DenySummary(FrozenModel):
+    """The deny list in place after a push: its serial, sha256, entry count and who vouched for it; ``unchanged``
+    when the very same list and signatures were in place already."""
+
+    serial: int
+    sha256: str
+    entries: int
+    signed_by: str
+    unchanged: bool = False
+
+
 class BundlesResponse(FrozenModel):
     count: int
     bundles: List[BundleSummary]

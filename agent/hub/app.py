@@ -13,6 +13,9 @@
     GET  /v1/audit                          pushes, refused pushes and withdrawals, newest first (reader or admin)
     GET  /v1/policy/bundle                  the newest bundle in the calling host's scope (host token; ETag, 304, 204);
                                             while a staged rollout is active, its target only to admitted hosts
+    GET  /v1/policy/deny                    the deny list of known-bad versions, once it verifies (host token; 204)
+    POST /v1/policy/deny                    put a signed deny list in place (admin; 422 refused, 409 serial not
+                                            above the one in place; audited; agent/hub/deny.py)
     POST /v1/rollouts                       start a staged rollout of a pushed bundle (admin; agent/hub/rollouts.py)
     GET  /v1/rollouts                       every rollout, newest first (reader or admin)
     GET  /v1/rollouts/{id}                  one rollout with its hosts, stages and evidence (reader or admin)
@@ -74,6 +77,8 @@ from agent.hub.api_models import (
     BundleOffer,
     BundlePush,
     BundlesResponse,
+    DenyPush,
+    DenySummary,
     DriftResponse,
     ErrorBody,
     EventRecord,
@@ -86,6 +91,7 @@ from agent.hub.api_models import (
 )
 from agent.hub.bundles import PolicyBundles, PolicyRollout
 from agent.hub.dashboard import mount_dashboard
+from agent.hub.deny import HubDeny
 from agent.hub.fleet import drift_hosts, pairing_counts, unknown_by_table
 from agent.hub.ingest import Ingest
 from agent.hub.metrics import HubMetrics
@@ -108,7 +114,7 @@ from agent.hub.rows import DRIFT_KINDS, BatchResult, BundleSummary, EventQuery, 
 from agent.hub.settings import HubSettings
 from agent.hub.store import SqlStore
 from agent.hub.tokens import Principal, TokenRegistry
-from agent.hub.trust import FreshnessSigner, deny_files, root_files, root_or_keys_check
+from agent.hub.trust import FreshnessSigner, RootChain, root_files, root_or_keys_check
 from agent.hub.writer import GroupCommitWriter
 from agent.log import get_logger
 from agent.report.events import EVENT_SCHEMA_VERSION, Event, EventBatch
@@ -424,8 +430,9 @@ def _add_policy_routes(app: FastAPI, registry: TokenRegistry, bearer: HTTPBearer
 
 
 def _add_trust_routes(app: FastAPI, registry: TokenRegistry, bearer: HTTPBearer, settings: HubSettings,
-                      bundles: PolicyBundles, signer: FreshnessSigner) -> None:
-    """The roots the hub was given and its signed freshness statement (host token; agent/hub/trust.py)."""
+                      bundles: PolicyBundles, signer: FreshnessSigner, deny: HubDeny) -> None:
+    """The roots the hub was given, the deny list (host token; pushed with an admin token, agent/hub/deny.py) and
+    its signed freshness statement (host token; agent/hub/trust.py)."""
 
     @app.get(ROOT_PATH, response_model=SignedDocument, summary="Root version N and its signatures (host token)",
              responses={204: {"description": "The hub has no root of that version"}, **_responses(401, 403, 422, 503)})
@@ -442,11 +449,22 @@ def _add_trust_routes(app: FastAPI, registry: TokenRegistry, bearer: HTTPBearer,
              responses={204: {"description": "The hub has no deny list"}, **_responses(401, 403, 503)})
     def fetch_deny(credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
         host_of(registry, token_of(credentials))
-        found = deny_files(settings.root_dir)
-        if found is None:
+        served = deny.served()
+        if served is None:
             return Response(status_code=204)
-        return json_response(SignedDocument(deny=_b64(found[0]), signature=_b64(found[1])),
+        return json_response(SignedDocument(deny=_b64(served.data), signature=_b64(served.signature)),
                              headers={"Cache-Control": "no-cache"})
+
+    @app.post(DENY_PATH, response_model=DenySummary,
+              summary="Put a signed deny list in place (admin): a threshold of a fleet-wide policy role of the root",
+              responses=_responses(401, 403, 409, 413, 422, 503),
+              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                  "schema": DenyPush.model_json_schema()}}}})
+    async def push_deny(request: Request,
+                        credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Response:
+        principal, body = await admin_body(registry, request, credentials, DenyPush)
+        data, signature = _base64(body.deny, "deny"), _base64(body.signature, "signature")
+        return json_response(await run_in_threadpool(read, lambda: deny.push(principal, data, signature)))
 
     @app.get(FRESHNESS_PATH, response_model=SignedDocument,
              summary="The hub's signed freshness statement: newest serial per scope, withdrawn serials (host token)",
@@ -455,7 +473,8 @@ def _add_trust_routes(app: FastAPI, registry: TokenRegistry, bearer: HTTPBearer,
         host_of(registry, token_of(credentials))
         if not signer.enabled:
             return Response(status_code=204)
-        data, signature = read(lambda: signer.statement(bundles.offered_scopes(), bundles.withdrawn_serials()))
+        data, signature = read(lambda: signer.statement(bundles.offered_scopes(), bundles.withdrawn_serials(),
+                                                        deny.served_serial()))
         return json_response(SignedDocument(statement=_b64(data), signature=_b64(signature)),
                              headers={"Cache-Control": "no-cache"})
 
@@ -572,7 +591,8 @@ def create_app(settings: HubSettings, store: SqlStore, tokens: Optional[TokenReg
     _add_rollout_routes(app, registry, bearer, require_reader, rollouts)
     _add_trust_routes(app, registry, bearer, settings, bundles,
                       FreshnessSigner(settings.freshness_gnupg_home, settings.freshness_key,
-                                      settings.freshness_hours, clock))
+                                      settings.freshness_hours, clock),
+                      HubDeny(settings.root_dir, RootChain(settings.root_dir), bundles, clock))
     _add_health_and_metrics(app, store, hub_metrics, require_reader)
     mount_dashboard(app, settings, store, registry, clock, alert_counts=alert_queue.counts, bundles=bundles,
                     rollouts=rollouts)

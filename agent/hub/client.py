@@ -18,6 +18,7 @@ from agent import __version__
 from agent.errors import HubError, UsageError
 from agent.hub.bundles import scope_text
 from agent.report.credentials import load_token
+from agent.wire import DENY_PATH
 
 ENV_URL = "GPUGUARD_HUB_URL"
 ENV_TOKEN = "GPUGUARD_HUB_TOKEN"
@@ -104,6 +105,11 @@ class HubClient:
         return self._call("POST", "/v1/policy/bundles", {"bundle": base64.b64encode(bundle).decode("ascii"),
                                                          "signature": base64.b64encode(signature).decode("ascii"),
                                                          "staged": staged})
+
+    def push_deny(self, deny: bytes, signature: bytes) -> Dict[str, Any]:
+        """Put a signed deny list in place (admin); its summary."""
+        return self._call("POST", DENY_PATH, {"deny": base64.b64encode(deny).decode("ascii"),
+                                              "signature": base64.b64encode(signature).decode("ascii")})
 
     def list(self) -> Dict[str, Any]:
         """Every stored bundle, newest first."""

@@ -15,7 +15,8 @@ DASH = "\u2014"  # what an empty value shows as
 # dashboard and the hub's attention alerts); decisions match the word.
 ATTENTION_MEANINGS = {
     "expired": "the policy bundle in force is past its expiry (the host keeps enforcing it)",
-    "freshness": "the hub's freshness statement is stale or names a serial this host does not get (a freeze?)",
+    "freshness": "the hub's freshness statement is stale or names a serial (a bundle's or the deny list's) this host "
+                 "does not have (a freeze?)",
     "denied": "a package installed on the host is at a version the deny list in force names as known-bad",
 }
 

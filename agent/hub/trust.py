@@ -2,11 +2,12 @@
 known-bad versions, and the freshness statement it signs with its online key (agent/bundle/freshness.py).
 
 Roots are files the operators put in ``[hub] root_dir`` (``N.root.json`` with ``N.root.json.sig``), and so is the
-deny list (``deny.json`` with ``deny.json.sig``, agent/bundle/deny.py), served to every host whatever a rollout
-holds back; the hub only serves them (hosts verify them). The statement is made from the bundles offered to
-everyone (newest first) and the withdrawn serials, signed with ``gpg --homedir [hub] freshness_gnupg_home
---local-user [hub] freshness_key``; it is signed again when what it says changes or a quarter of its lifetime
-(``[hub] freshness_hours``) has passed, so a fleet's fetches cost one gpg run per change, not one per host.
+deny list (``deny.json`` with ``deny.json.sig``, agent/bundle/deny.py; or pushed, agent/hub/deny.py), served to
+every host whatever a rollout holds back once it verifies against the root chain; hosts verify them all again. The
+statement is made from the bundles offered to everyone (newest first), the withdrawn serials and the serial of the
+deny list served, signed with ``gpg --homedir [hub] freshness_gnupg_home --local-user [hub] freshness_key``; it is
+signed again when what it says changes or a quarter of its lifetime (``[hub] freshness_hours``) has passed, so a
+fleet's fetches cost one gpg run per change, not one per host.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def root_files(root_dir: Optional[str], version: int) -> Optional[Tuple[bytes, b
 
 def deny_files(root_dir: Optional[str]) -> Optional[Tuple[bytes, bytes]]:
     """The deny list (``deny.json``) and its signatures (``deny.json.sig``) in ``root_dir``; None when there is
-    none. The hub only serves them: hosts verify them against the root (agent/bundle/deny.py)."""
+    none. Served once they verify (agent/hub/deny.py); hosts verify them again (agent/bundle/deny.py)."""
     from agent.bundle.deny import MAX_DENY_BYTES
 
     if root_dir is None:
@@ -85,21 +86,23 @@ class FreshnessSigner:
     def enabled(self) -> bool:
         return self.gnupg_home is not None and self.key is not None
 
-    def statement(self, newest: Sequence[Tuple[int, BundleScope]], withdrawn: Sequence[int]) -> Tuple[bytes, bytes]:
-        """The statement's bytes and signature for what is offered and withdrawn now."""
+    def statement(self, newest: Sequence[Tuple[int, BundleScope]], withdrawn: Sequence[int],
+                  deny_serial: Optional[int] = None) -> Tuple[bytes, bytes]:
+        """The statement's bytes and signature for what is offered and withdrawn now, and the deny list served."""
         now = self.clock()
-        fresh = make_statement(newest, withdrawn, now, self.hours)
+        fresh = make_statement(newest, withdrawn, now, self.hours, deny_serial)
         with self._lock:
             if self._last is not None:
                 last, data, signature = self._last
                 young = now < last.issued + dt.timedelta(hours=self.hours / 4)
-                if young and (last.newest, last.withdrawn) == (fresh.newest, fresh.withdrawn):
+                if young and (last.newest, last.withdrawn, last.deny_serial) == (fresh.newest, fresh.withdrawn,
+                                                                                  fresh.deny_serial):
                     return data, signature
             data = render_statement(fresh)
             signature = self._sign(data)
             self._last = (fresh, data, signature)
             log.info("hub_freshness_signed", issued_at=fresh.issued_at, expires=fresh.expires,
-                     withdrawn=len(fresh.withdrawn), scopes=len(fresh.newest))
+                     withdrawn=len(fresh.withdrawn), scopes=len(fresh.newest), deny_serial=fresh.deny_serial)
             return data, signature
 
     def _sign(self, data: bytes) -> bytes:

@@ -4,6 +4,7 @@ app over SQLite and PostgreSQL, shows as attention in the host API, /metrics, th
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
 
@@ -156,3 +157,22 @@ def test_attention_alerts_take_each_hosts_newest_heartbeat_only() -> None:
     assert key == "policy-attention-host-a-expired-3"
     assert alert["kind"] == "policy_attention" and "serial 3" in alert["summary"] and "past its expiry" in \
         alert["summary"]
+
+
+def test_a_host_below_the_deny_serial_the_hub_names_is_counted_as_freshness(
+        hub: Tuple[TestClient, str], tokens: Dict[str, str], tmp_path: Path) -> None:
+    """host-c's freshness statement names deny list serial 3 while serial 2 is in force there (a newer known-bad
+    list held back or refused, issue 43): its heartbeat says "freshness" and the hub counts it; at serial 3 it is
+    counted no more."""
+    client, url = hub
+    behind = BundleState(serial=4, source="hub", freshness_issued_at=NOW - DAY, freshness_expires=NOW + DAY,
+                         freshness_newest=4, deny_serial=2, freshness_deny_serial=3)
+    beat = agent_heartbeat(tmp_path, "host-c", behind)
+    assert beat.payload.policy_attention == ("freshness",)
+    post(client, tokens["host-c"], beat)
+    reader = bearer(tokens["ops"])
+    assert client.get("/v1/policy/hosts", headers=reader).json()["attention_by_word"]["freshness"] == 1
+    caught_up = agent_heartbeat(tmp_path, "host-c", replace(behind, deny_serial=3), at=NOW + dt.timedelta(minutes=1))
+    assert caught_up.payload.policy_attention is None
+    post(client, tokens["host-c"], caught_up)
+    assert client.get("/v1/policy/hosts", headers=reader).json()["attention_by_word"]["freshness"] == 0

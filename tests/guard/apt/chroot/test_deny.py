@@ -77,3 +77,33 @@ def test_a_deny_list_from_a_real_hub_is_refused_by_real_apt_and_pinned_natively(
     unhooked = chroot.apt("install", "hello-fake", hook=False)
     assert unhooked.returncode != 0 and "hello-fake" not in chroot.installed()
     assert "has no installation candidate" in unhooked.stdout + unhooked.stderr
+
+
+def test_a_denied_version_put_in_place_past_apt_is_flagged_by_the_next_guard_check(chroot: Chroot, fleet: Fleet,
+                                                                                    tmp_path: Path) -> None:
+    """The list in force (amdgpu-dkms flagged at the fetch); ``dpkg -i`` of the denied hello-fake 1.0-1 goes past
+    apt's hook, and the daemon's guard job, run once for that package change, flags it with no fetch in between;
+    ``dpkg -r`` of it and the next guard check take the flag away again."""
+    from agent.daemon_jobs.guard import GuardJob
+    from agent.daemon_jobs.guard_events import GuardEventForwarder
+    from agent.host import Host
+    from tests.daemon.test_jobs import make_runtime
+
+    trust = fleet.trust
+    place(fleet.hub_roots, deny_document(1, [HELLO_BAD, AMDGPU_RECALL]), [trust.p1, trust.p2])
+    assert fleet.fetch().trust == ""
+    recall = f"amdgpu-dkms {AMDGPU_62}: denied.amdgpu-recall"
+    assert fleet.state().denied_installed == (recall,)
+    forced = chroot.run("dpkg", "-i", chroot.deb("hello-fake", "1.0-1"))
+    assert forced.returncode == 0, forced.stderr
+    rt = make_runtime(tmp_path, Host.for_root(str(chroot.root)))
+    job = GuardJob(rt, GuardEventForwarder(rt, str(chroot.state_dir / "guard-events.jsonl")).run)
+    try:
+        job.run("package_change")
+        assert fleet.state().denied_installed == (recall, "hello-fake 1.0-1: denied.hello-bad")
+        removed = chroot.run("dpkg", "-r", "hello-fake")
+        assert removed.returncode == 0, removed.stderr
+        job.run("package_change")
+        assert fleet.state().denied_installed == (recall,)
+    finally:
+        rt.outbox.close()
