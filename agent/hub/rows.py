@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from agent.models import FrozenModel
 from agent.snapshot.pairing import Pairing
+from agent.wire import CLOCK_SKEW_BOUND_SECONDS
 
 # Kinds that count as drift in the fleet API: the stack moved, a check regressed, or policy had to act.
 DRIFT_KINDS = ("snapshot_changed", "health_regression", "cpu_fallback", "policy_violation", "rollback")
@@ -62,6 +63,30 @@ class HostRow(FrozenModel):
     # When the last health check finished and whether it followed a change (schema version 3; None from older agents).
     last_health_at: Optional[dt.datetime] = None
     last_health_after_change: Optional[bool] = None
+    # When the hub received the newest heartbeat (schema version 9; None for a row not updated since): what decides
+    # "after admission", and with ``heartbeat_at`` (the agent's clock) the host's clock skew.
+    heartbeat_received_at: Optional[dt.datetime] = None
+
+    @property
+    def clock_skew_seconds(self) -> Optional[float]:
+        """The agent's clock minus the hub's, from the newest heartbeat (its time against its receipt; a heartbeat
+        held in the outbox reads as a clock behind); None without one received since schema version 9."""
+        if self.heartbeat_at is None or self.heartbeat_received_at is None:
+            return None
+        return (self.heartbeat_at - self.heartbeat_received_at).total_seconds()
+
+    @property
+    def clock_skewed(self) -> bool:
+        """The clock skew is beyond agent/wire.py's CLOCK_SKEW_BOUND_SECONDS either way."""
+        skew = self.clock_skew_seconds
+        return skew is not None and abs(skew) > CLOCK_SKEW_BOUND_SECONDS
+
+    def health_checked_on_hub_clock(self) -> Optional[dt.datetime]:
+        """When the last health check finished, on the hub's clock: the heartbeat's receipt less how long before
+        the heartbeat (both on the agent's clock) the check finished. None without the agent's time or receipt."""
+        if self.last_health_at is None or self.heartbeat_at is None or self.heartbeat_received_at is None:
+            return None
+        return self.heartbeat_received_at - (self.heartbeat_at - self.last_health_at)
 
 
 class DriftRow(FrozenModel):
