@@ -15,10 +15,14 @@ the rollout with an alert naming it instead of holding its stage open forever.
 "After admission" is always on the hub's clock (issue 43): a heartbeat or failure event counts from when the hub
 received it, and a check's time is the heartbeat's receipt less how long before the heartbeat the agent says the
 check finished, so an agent's clock a day ahead or ten minutes behind neither hides a failure nor lets an old check
-pass. A host's evidence (``host_evidence``): it passes when its heartbeat after admission names the target serial in
+pass. A check dated after the heartbeat that carries it (the host's clock was ahead then and was set back since)
+cannot be placed and does not pass.
+
+A host's evidence (``host_evidence``): it passes when its heartbeat after admission names the target serial in
 force, its last health status is ``pass`` (from a check that finished after admission and followed a change, when
 the agent sends ``last_health_at`` / ``last_health_after_change``; older agents do not, and then the heartbeat's
-time stands for the check's), and no rollback / cpu_fallback / health_regression event arrived since admission;
+receipt stands for the check's), and no rollback / cpu_fallback / health_regression / health_failed event arrived
+since admission;
 it fails on such an event, or on a status of regression, cpu_fallback, failed or timeout on the
 target serial; anything else (busy, deferred, skipped, not on the target yet, no heartbeat since) is waiting. A check
 the agent cannot place (``last_health_at`` sent without ``last_health_after_change``: a result read back after an
@@ -195,6 +199,10 @@ def _evidence_now(target_serial: int, admitted_at: dt.datetime, host: Optional[H
     same_check = [g for g in gating if host.last_health_at is not None and g.checked_at == host.last_health_at]
     failed_workloads = [g for g in same_check if g.status in FAILED_HEALTH_STATUSES]
     failing = status in FAILED_HEALTH_STATUSES or bool(failed_workloads)
+    if host.last_health_at is not None and host.heartbeat_at is not None and host.last_health_at > host.heartbeat_at:
+        return Evidence(result="wait", detail=f"last health check ({status or 'none'}) is dated after the heartbeat "
+                                              "that carries it (the host's clock moved back): not known to follow "
+                                              "admission")
     if checked_before(admitted_at, host):
         return Evidence(result="wait", detail=f"last health check ({status or 'none'}) finished before admission")
     if host.last_health_after_change is False and not failing:

@@ -11,7 +11,8 @@ from agent.snapshot.pairing import Pairing
 from agent.wire import CLOCK_SKEW_BOUND_SECONDS
 
 # Kinds that count as drift in the fleet API: the stack moved, a check regressed, or policy had to act.
-DRIFT_KINDS = ("snapshot_changed", "health_regression", "cpu_fallback", "policy_violation", "rollback")
+DRIFT_KINDS = ("snapshot_changed", "health_regression", "cpu_fallback", "health_failed", "policy_violation",
+               "rollback")
 
 
 def utc(value: dt.datetime) -> dt.datetime:

@@ -98,6 +98,10 @@ LATER = T0 + dt.timedelta(minutes=5)
            last_health_after_change=True), [], "pass", "health pass"),  # 10 min behind: a truthful pass
     (state(beat=LATER, skew=-dt.timedelta(minutes=10)), [("cpu_fallback", LATER)], "fail", "cpu_fallback"),
     (state(beat=T0, skew=dt.timedelta(days=1)), [], "wait", "no heartbeat since admission"),
+    # a check stamped a day ahead, read back by a clock set right since: it cannot be placed
+    (state(beat=LATER, last_health_at=LATER + dt.timedelta(days=1), last_health_after_change=True), [], "wait",
+     "clock moved back"),
+    (state(beat=LATER, skew=dt.timedelta(hours=1)), [("health_failed", LATER)], "fail", "health_failed"),
 ])
 def test_host_evidence(host: Optional[HostRow], failures: list, result: str, words: str) -> None:
     """A host passes on the target with health pass after admission (a post-change check finished after admission,
