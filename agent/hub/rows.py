@@ -6,6 +6,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Dict, List, Optional, Tuple
 
+from pydantic import computed_field
+
 from agent.models import FrozenModel
 from agent.snapshot.pairing import Pairing
 from agent.wire import CLOCK_SKEW_BOUND_SECONDS
@@ -67,15 +69,11 @@ class HostRow(FrozenModel):
     # When the hub received the newest heartbeat (schema version 9; None for a row not updated since): what decides
     # "after admission", and with ``heartbeat_at`` (the agent's clock) the host's clock skew.
     heartbeat_received_at: Optional[dt.datetime] = None
+    # The agent's clock minus the hub's, from the newest heartbeat: its time less its receipt (a heartbeat held in
+    # the outbox reads as a clock behind); None without one received since schema version 9.
+    clock_skew_seconds: Optional[float] = None
 
-    @property
-    def clock_skew_seconds(self) -> Optional[float]:
-        """The agent's clock minus the hub's, from the newest heartbeat (its time against its receipt; a heartbeat
-        held in the outbox reads as a clock behind); None without one received since schema version 9."""
-        if self.heartbeat_at is None or self.heartbeat_received_at is None:
-            return None
-        return (self.heartbeat_at - self.heartbeat_received_at).total_seconds()
-
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def clock_skewed(self) -> bool:
         """The clock skew is beyond agent/wire.py's CLOCK_SKEW_BOUND_SECONDS either way."""

@@ -66,11 +66,12 @@ _HOST_ATTENTION_COLUMNS = (("policy_attention", "TEXT"),)
 
 def _host_receipt_columns(timestamp_type: str) -> List[Tuple[str, str]]:
     """Version 9's columns of ``hosts``: when the hub received the newest event, pairing and heartbeat, and the
-    agent's sequence of the latter two (the newest is decided on these, never on the agent's clock). NULL in rows
-    of older versions: the next event received replaces them."""
+    agent's sequence of the latter two (the newest is decided on these, never on the agent's clock); the newest
+    heartbeat's time less its receipt (the host's clock skew). NULL in rows of older versions: the next event
+    received replaces them."""
     return [("last_event_received_at", timestamp_type), ("pairing_received_at", timestamp_type),
             ("pairing_sequence", "BIGINT"), ("heartbeat_received_at", timestamp_type),
-            ("heartbeat_sequence", "BIGINT")]
+            ("heartbeat_sequence", "BIGINT"), ("clock_skew_seconds", "DOUBLE PRECISION")]
 
 
 # Version 4's column of ``policy_bundles``: a bundle pushed staged is offered only through a staged rollout (to its
@@ -258,8 +259,8 @@ INSERT INTO hosts (host_id, hostname, first_seen_at, last_seen_at, last_event_at
                    labels, policy_source, policy_serial, policy_refused_serial, policy_refused_reason,
                    last_health_at, last_health_after_change, policy_refused_kind, policy_attention,
                    last_event_received_at, pairing_received_at, pairing_sequence, heartbeat_received_at,
-                   heartbeat_sequence)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   heartbeat_sequence, clock_skew_seconds)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (host_id) DO UPDATE SET
     {_pick("hostname", _NEWER_EVENT)},
     {_pick("last_sequence", _NEWER_EVENT)},
@@ -285,14 +286,17 @@ ON CONFLICT (host_id) DO UPDATE SET
     {_pick("last_health_after_change", _NEWER_HEARTBEAT)},
     {_pick("heartbeat_at", _NEWER_HEARTBEAT)},
     {_pick("heartbeat_sequence", _NEWER_HEARTBEAT)},
-    {_pick("heartbeat_received_at", _NEWER_HEARTBEAT)}
+    {_pick("heartbeat_received_at", _NEWER_HEARTBEAT)},
+    {_pick("clock_skew_seconds", _NEWER_HEARTBEAT)}
 """
 
 
-def host_params(u: HostUpdate, received: Any, to_db_time: TimeToDb) -> List[Any]:
-    """The parameters of ``UPSERT_HOST`` for one update received at ``received`` (already a database time)."""
+def host_params(u: HostUpdate, received_at: dt.datetime, to_db_time: TimeToDb) -> List[Any]:
+    """The parameters of ``UPSERT_HOST`` for one update the hub received at ``received_at`` (its clock)."""
     def t(value: Optional[dt.datetime]) -> Any:
         return None if value is None else to_db_time(value)
+
+    received = to_db_time(received_at)
 
     return [u.host_id, u.hostname, received, received, t(u.last_event_at), u.last_sequence, u.pairing_json,
             u.content_hash, t(u.pairing_at), u.compliant, u.agent_version, u.last_health_status,
@@ -300,14 +304,16 @@ def host_params(u: HostUpdate, received: Any, to_db_time: TimeToDb) -> List[Any]
             u.policy_refused_reason, None if u.last_health_at is None else text_time(u.last_health_at),
             u.last_health_after_change, u.policy_refused_kind, u.policy_attention_json, received if u.fresh else None,
             None if u.pairing_at is None else received, u.pairing_sequence,
-            None if u.heartbeat_at is None else received, u.heartbeat_sequence]
+            None if u.heartbeat_at is None else received, u.heartbeat_sequence,
+            None if u.heartbeat_at is None else (u.heartbeat_at - received_at).total_seconds()]
 
 
 # SELECT these from hosts, and host_from_row makes each row a HostRow.
 HOST_COLUMNS = ("host_id, hostname, first_seen_at, last_seen_at, last_event_at, last_sequence, pairing, "
                 "pairing_at, content_hash, compliant, agent_version, last_health_status, heartbeat_at, labels, "
                 "policy_source, policy_serial, policy_refused_serial, policy_refused_reason, last_health_at, "
-                "last_health_after_change, policy_refused_kind, policy_attention, heartbeat_received_at")
+                "last_health_after_change, policy_refused_kind, policy_attention, heartbeat_received_at, "
+                "clock_skew_seconds")
 
 
 def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]) -> HostRow:
@@ -315,7 +321,7 @@ def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]
     (host_id, hostname, first_seen, last_seen, last_event, last_sequence, pairing, pairing_at, content_hash,
      compliant, agent_version, last_health_status, heartbeat_at, labels, policy_source, policy_serial,
      policy_refused_serial, policy_refused_reason, last_health_at, last_health_after_change,
-     policy_refused_kind, policy_attention, heartbeat_received_at) = row
+     policy_refused_kind, policy_attention, heartbeat_received_at, clock_skew_seconds) = row
 
     def t(value: Any) -> Optional[dt.datetime]:
         return None if value is None else from_db_time(value)
@@ -334,4 +340,5 @@ def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]
                      last_health_at=None if last_health_at is None else dt.datetime.fromisoformat(
                          last_health_at[:-1]).replace(tzinfo=dt.timezone.utc),
                      last_health_after_change=None if last_health_after_change is None
-                     else bool(last_health_after_change), heartbeat_received_at=t(heartbeat_received_at))
+                     else bool(last_health_after_change), heartbeat_received_at=t(heartbeat_received_at),
+                     clock_skew_seconds=None if clock_skew_seconds is None else float(clock_skew_seconds))

@@ -30,8 +30,8 @@ DAY, HOUR, MINUTE = dt.timedelta(days=1), dt.timedelta(hours=1), dt.timedelta(mi
 class Agent:
     """One host posting to the hub with its own clock: ``skew`` off the true time (the hub's)."""
 
-    def __init__(self, hub: HubProcess, token: str, skew: dt.timedelta) -> None:
-        self.hub, self.token, self.skew = hub, token, skew
+    def __init__(self, hub: HubProcess, token: str, skew: dt.timedelta, host_id: str = HOST) -> None:
+        self.hub, self.token, self.skew, self.host_id = hub, token, skew, host_id
 
     def now(self) -> dt.datetime:
         return utc_now() + self.skew
@@ -44,7 +44,7 @@ class Agent:
     def heartbeat(self, serial: int, health: str = "pass", checked_at: Optional[dt.datetime] = None) -> Event:
         """A heartbeat on ``serial`` stamped by this agent's clock; ``checked_at`` (the agent's clock too) says when
         the post-change check finished."""
-        return event(HOST, at=self.now()).model_copy(update={"payload": Heartbeat(
+        return event(self.host_id, at=self.now()).model_copy(update={"payload": Heartbeat(
             agent_version="1.0", uptime_seconds=1.0, pairing=ROCM_62, policy_source="bundle", policy_serial=serial,
             last_health_status=health, last_health_at=checked_at,
             last_health_after_change=None if checked_at is None else True)})

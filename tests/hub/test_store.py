@@ -269,7 +269,7 @@ def test_a_hosts_labels_and_policy_fields_come_from_its_newest_heartbeat(store: 
 
 
 _VERSION_9_COLUMNS = ("last_event_received_at", "pairing_received_at", "pairing_sequence", "heartbeat_received_at",
-                      "heartbeat_sequence")
+                      "heartbeat_sequence", "clock_skew_seconds")
 
 
 def _reopened_after(store: Store, downgrade: List[str]) -> Store:
