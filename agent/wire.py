@@ -19,6 +19,8 @@
     unknown      UNKNOWN_TABLES and UNKNOWN_COMPONENTS: a heartbeat's unknown_versions (versions newer than a
                  compatibility table of gpuguard's knows), at most MAX_HEARTBEAT_UNKNOWN_VERSIONS of them, each
                  version at most MAX_UNKNOWN_VERSION_CHARS; the hub counts hosts per table
+    clock        CLOCK_SKEW_BOUND_SECONDS: a host whose clock is further than this from the hub's (its heartbeat's
+                 time against the hub's receipt, or the agent's clock against the hub's ``Date`` answer) is reported
     workloads    a heartbeat's registered workloads (issue 44): MAX_HEARTBEAT_WORKLOADS of them, names as
                  :func:`workload_name_ok`, stack ids as :func:`stack_id_ok`, descriptions of MAX_STACK_TEXT_CHARS;
                  VERIFIED_STACKS_PATH, the hub's verified-stack list a host caches for its hook
@@ -67,6 +69,10 @@ MAX_ROLLOUT_ID_CHARS = 64
 MAX_STAGE = 100  # a stage per batch, batches strictly increasing percentages up to 100, after stage 0
 # Every JSON state file the agent keeps of the hub's answers and of its hold (bundle state, maintenance.json).
 MAX_STATE_FILE_BYTES = 64 * 1024
+
+# Issue 43: the hub decides on its own clock (receipt time); an agent's clock further off than this is reported (the
+# hub's host rows, API, dashboard and metric; the agent's status). NTP keeps hosts within milliseconds.
+CLOCK_SKEW_BOUND_SECONDS = 300
 
 HEALTH_STATUSES = ("pass", "regression", "cpu_fallback", "failed", "timeout", "skipped", "busy", "deferred")
 PASSED_HEALTH_STATUSES = ("pass", "busy")

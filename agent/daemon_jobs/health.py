@@ -244,8 +244,8 @@ class HealthJob:
         for payload in payloads:
             if hold is not None:  # the node is out of service for a change: reported as maintenance, not a fault
                 payload = payload.model_copy(update={"maintenance": hold[:300]})
-            rt.emitter.emit(payload, severity="critical" if payload.kind == "cpu_fallback" and hold is None
-                            else "warning")
+            rt.emitter.emit(payload, severity="critical" if payload.kind in ("cpu_fallback", "health_failed")
+                            and hold is None else "warning")
         with rt.state.lock:
             rt.state.last_health_status = str(result.status)
             rt.state.last_health_at_seconds = self.clock()

@@ -10,7 +10,8 @@ from agent.models import FrozenModel
 from agent.report.events import PAYLOAD_KINDS
 
 # Kinds that page someone by default: policy acted or was broken, packages were put back, the GPU stack regressed.
-DEFAULT_ALERT_KINDS = ("policy_violation", "transaction_blocked", "rollback", "health_regression", "cpu_fallback")
+DEFAULT_ALERT_KINDS = ("policy_violation", "transaction_blocked", "rollback", "health_regression", "cpu_fallback",
+                       "health_failed")
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 
 

@@ -29,6 +29,7 @@ def _versions(versions: Mapping[str, str], e: Callable[[Any], str]) -> str:
 _TEMPLATES = {
     "policy_violation": "policy violation ({action}) {rule}: {message}",
     "cpu_fallback": "CPU fallback: {reason}",
+    "health_failed": "health check {status}: {summary}",
     "override_used": "override {window_id} used by {opened_by}: {reason}",
     "heartbeat": "heartbeat: agent {agent_version}, health {last_health_status}, outbox {outbox_depth}",
     "state_file_damaged": "state file damaged: {path}: {problem}",

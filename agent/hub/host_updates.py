@@ -1,16 +1,18 @@
 """The newest facts about each host in a set of events (pure): what one group commit writes into ``hosts``.
 
-Within the set the newest event by (occurred_at, sequence) gives the hostname; the newest snapshot_changed or
+All events of a commit were received at the same time, so within the set the agent's per-host ``sequence`` orders
+them (``occurred_at``, the agent's clock, only breaks ties of agents that send no sequence). Of the events stored
+now (``fresh``; a resent event changes nothing), the newest gives the hostname; the newest snapshot_changed or
 heartbeat that carries one gives the pairing; the newest heartbeat gives compliance, agent version, health, labels
 and the policy in force. The store's upsert (``schema.UPSERT_HOST``) then keeps, column group by column group,
-whichever of the stored row and this update is newer, so events arriving late or twice change nothing.
+whichever of the stored row and this update the hub received later (issue 43).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from agent.hub.rows import utc
 from agent.report.events import Event
@@ -41,14 +43,19 @@ class HostUpdate(NamedTuple):
     unknown_versions_json: Optional[str] = None  # the heartbeat's unknown_versions items as a JSON list
     last_health_at: Optional[dt.datetime] = None
     last_health_after_change: Optional[bool] = None
+    pairing_sequence: Optional[int] = None
+    heartbeat_sequence: Optional[int] = None
+    fresh: bool = True  # False: every event of the host in the set was stored before (only last_seen_at moves)
 
 
-def _order_key(event: Event) -> Tuple[dt.datetime, int]:
-    return utc(event.occurred_at), event.sequence
+def _order_key(event: Event) -> Tuple[int, dt.datetime]:
+    return event.sequence, utc(event.occurred_at)
 
 
-def summarize_hosts(events: Sequence[Event]) -> List[HostUpdate]:
-    """Per host (by host_id), the newest identity, pairing and heartbeat among ``events``."""
+def summarize_hosts(events: Sequence[Event],
+                    fresh: Optional[AbstractSet[Tuple[str, str]]] = None) -> List[HostUpdate]:
+    """Per host (by host_id), the newest identity, pairing and heartbeat among ``events`` that are ``fresh`` (keys
+    (host_id, event_id) stored now; None: all are); a host with none fresh only tells it was heard from."""
     by_host: Dict[str, List[Event]] = {}
     for event in events:
         by_host.setdefault(event.host_id, []).append(event)
@@ -58,6 +65,14 @@ def summarize_hosts(events: Sequence[Event]) -> List[HostUpdate]:
         newest = ordered[-1]
         fields: Dict[str, Any] = {"host_id": host_id, "hostname": newest.hostname,
                                   "last_event_at": utc(newest.occurred_at), "last_sequence": newest.sequence}
+        if fresh is not None:
+            ordered = [e for e in ordered if (e.host_id, e.event_id) in fresh]
+            if not ordered:
+                updates.append(HostUpdate(**fields, fresh=False))
+                continue
+            newest = ordered[-1]
+            fields.update(hostname=newest.hostname, last_event_at=utc(newest.occurred_at),
+                          last_sequence=newest.sequence)
         for event in reversed(ordered):
             payload = event.payload
             content_hash: Optional[str]
@@ -68,7 +83,7 @@ def summarize_hosts(events: Sequence[Event]) -> List[HostUpdate]:
             else:
                 continue
             fields.update(pairing_json=pairing.model_dump_json(), pairing_at=utc(event.occurred_at),
-                          content_hash=content_hash)
+                          content_hash=content_hash, pairing_sequence=event.sequence)
             break
         for event in reversed(ordered):
             payload = event.payload
@@ -87,7 +102,8 @@ def summarize_hosts(events: Sequence[Event]) -> List[HostUpdate]:
                               else json.dumps([u.model_dump(mode="json") for u in payload.unknown_versions],
                                               sort_keys=True),
                               last_health_at=None if payload.last_health_at is None else utc(payload.last_health_at),
-                              last_health_after_change=payload.last_health_after_change)
+                              last_health_after_change=payload.last_health_after_change,
+                              heartbeat_sequence=event.sequence)
                 break
         updates.append(HostUpdate(**fields))
     return updates

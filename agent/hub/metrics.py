@@ -6,6 +6,8 @@ Fleet figures are read from the database at each scrape (grouped queries over ``
     gpuguard_hub_hosts{compliance}                  hosts by compliance (compliant, violating, unknown)
     gpuguard_hub_hosts_by_health{status}            hosts by last reported health status ("none": not yet)
     gpuguard_hub_hosts_stale                        hosts silent for longer than stale_after_seconds
+    gpuguard_hub_hosts_clock_skewed                 hosts whose newest heartbeat's time is further than
+                                                    agent/wire.py's CLOCK_SKEW_BOUND_SECONDS from its receipt
     gpuguard_hub_hosts_by_pairing{os,...}           hosts per driver/ROCm/CUDA/kernel pairing
     gpuguard_hub_hosts_by_rollback_coverage{coverage}  hosts by their newest heartbeat's rollback coverage:
                                                     complete, incomplete, inexact, unknown
@@ -56,6 +58,7 @@ from agent.hub.store import SqlStore
 from agent.hub.workload_stacks import StackCell, matrix
 from agent.log import get_logger
 from agent.report.events import PAYLOAD_KINDS
+from agent.wire import CLOCK_SKEW_BOUND_SECONDS
 
 log = get_logger("hub.metrics")
 
@@ -115,6 +118,11 @@ class FleetCollector:
         stale = GaugeMetricFamily("gpuguard_hub_hosts_stale", f"Hosts not heard from for more than "
                                                               f"{self._stale_after_seconds:g} seconds.")
         stale.add_metric([], counts.stale)
+        skewed = GaugeMetricFamily("gpuguard_hub_hosts_clock_skewed", f"Hosts whose clock is more than "
+                                                                      f"{CLOCK_SKEW_BOUND_SECONDS} seconds off the "
+                                                                      "hub's (newest heartbeat's time against its "
+                                                                      "receipt).")
+        skewed.add_metric([], counts.clock_skewed)
         pairing = GaugeMetricFamily("gpuguard_hub_hosts_by_pairing", "Hosts per OS/kernel/driver/ROCm/CUDA pairing "
                                                                      "(empty label: not present).",
                                     labels=list(_PAIRING_LABELS))
@@ -149,7 +157,7 @@ class FleetCollector:
                                     labels=["table"])
         for table, count in unknown_counts.items():
             unknown.add_metric([table], count)
-        return [hosts, health, stale, pairing, no_pairing, coverage, unrestorable, unknown, recent, alerts,
+        return [hosts, health, stale, skewed, pairing, no_pairing, coverage, unrestorable, unknown, recent, alerts,
                 *self._policy_families(), *self._rollout_families(), *workload_families(matrix(self._store))]
 
     def _rollout_families(self) -> List[Metric]:

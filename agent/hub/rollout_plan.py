@@ -12,10 +12,17 @@ next stage opens only when every admitted host passed (or failed within the halt
 (powered off, agent dead, cut off, never taking the change, busy for days) fails (``overdue``), so a silent host halts
 the rollout with an alert naming it instead of holding its stage open forever.
 
+"After admission" is always on the hub's clock (issue 43): a heartbeat or failure event counts from when the hub
+received it, and a check's time is the heartbeat's receipt less how long before the heartbeat the agent says the
+check finished, so an agent's clock a day ahead or ten minutes behind neither hides a failure nor lets an old check
+pass. A check dated after the heartbeat that carries it (the host's clock was ahead then and was set back since)
+cannot be placed and does not pass.
+
 A host's evidence (``host_evidence``): it passes when its heartbeat after admission names the target serial in
 force, its last health status is ``pass`` (from a check that finished after admission and followed a change, when
 the agent sends ``last_health_at`` / ``last_health_after_change``; older agents do not, and then the heartbeat's
-time stands for the check's), and no rollback / cpu_fallback / health_regression event arrived since admission;
+receipt stands for the check's), and no rollback / cpu_fallback / health_regression / health_failed event arrived
+since admission;
 it fails on such an event, or on a status of regression, cpu_fallback, failed or timeout on the
 target serial; anything else (busy, deferred, skipped, not on the target yet, no heartbeat since) is waiting. A check
 the agent cannot place (``last_health_at`` sent without ``last_health_after_change``: a result read back after an
@@ -55,7 +62,7 @@ RolloutState = Literal["running", "paused", "halted", "aborted", "done"]
 ROLLOUT_STATES = ("running", "paused", "halted", "aborted", "done")
 # the target is offered only to admitted hosts; the states an offer names (agent/wire.py)
 ACTIVE_STATES = OFFER_ROLLOUT_STATES
-FAILURE_EVENT_KINDS = ("rollback", "cpu_fallback", "health_regression")
+FAILURE_EVENT_KINDS = ("rollback", "cpu_fallback", "health_regression", "health_failed")
 
 
 # The bounds of a spec's numbers beyond their own rules: what the store and the clock arithmetic can hold.
@@ -162,12 +169,32 @@ def cohort_of(host: Optional[HostRow]) -> str:
                        pairing_text(pairing) or "no driver"))
 
 
+def failures_since(admitted_at: dt.datetime, failure_events: Sequence[Tuple[str, dt.datetime]]) -> List[str]:
+    """The kinds of the failure events (kind, received_at: the hub's clock) the hub received at or after the host's
+    admission, sorted; the agent's own time of an event decides nothing (issue 43)."""
+    return sorted(kind for kind, received_at in failure_events if received_at >= admitted_at)
+
+
+def heartbeat_since(admitted_at: dt.datetime, host: Optional[HostRow]) -> bool:
+    """The hub received the host's newest heartbeat after its admission (on the hub's clock; one received in the
+    same instant was sent before the host could know)."""
+    return host is not None and host.heartbeat_received_at is not None and host.heartbeat_received_at > admitted_at
+
+
+def checked_before(admitted_at: dt.datetime, host: HostRow) -> bool:
+    """The host's last health check finished before its admission, on the hub's clock (the heartbeat's receipt
+    less how long before it the check finished, both read on the agent's clock: any skew cancels out)."""
+    checked = host.health_checked_on_hub_clock()
+    return checked is not None and checked < admitted_at
+
+
 def host_evidence(target_serial: int, admitted_at: dt.datetime, host: Optional[HostRow],
                   failure_events: Sequence[Tuple[str, dt.datetime]],
                   previous: Optional[Evidence] = None, gating: Sequence[GatingVerdict] = ()) -> Evidence:
-    """An admitted host's evidence from its state, the failure events (kind, occurred_at) it sent and its gating
-    workloads' verdicts, given the evidence it had (a pass stands until failing evidence arrives); pure."""
-    failures = sorted((kind for kind, at in failure_events if at >= admitted_at))
+    """An admitted host's evidence from its state, the failure events (kind, received_at) it sent and its gating
+    workloads' verdicts, given the evidence it had (a pass stands until failing evidence arrives); pure. Every
+    "after admission" is on the hub's clock (``failures_since``, ``heartbeat_since``, ``checked_before``)."""
+    failures = failures_since(admitted_at, failure_events)
     if failures:
         return Evidence(result="fail", detail=f"{failures[0]} reported after admission")
     now = _evidence_now(target_serial, admitted_at, host, gating)
@@ -179,7 +206,7 @@ def host_evidence(target_serial: int, admitted_at: dt.datetime, host: Optional[H
 def _evidence_now(target_serial: int, admitted_at: dt.datetime, host: Optional[HostRow],
                   gating: Sequence[GatingVerdict] = ()) -> Evidence:
     """What the host's newest heartbeat says on its own, with its gating workloads of the same check."""
-    if host is None or host.heartbeat_at is None or host.heartbeat_at < admitted_at:
+    if host is None or not heartbeat_since(admitted_at, host):
         return Evidence(result="wait", detail="no heartbeat since admission")
     if host.policy_serial != target_serial:
         return Evidence(result="wait", detail=f"serial {host.policy_serial} in force, not {target_serial} yet")
@@ -187,7 +214,11 @@ def _evidence_now(target_serial: int, admitted_at: dt.datetime, host: Optional[H
     same_check = [g for g in gating if host.last_health_at is not None and g.checked_at == host.last_health_at]
     failed_workloads = [g for g in same_check if g.status in FAILED_HEALTH_STATUSES]
     failing = status in FAILED_HEALTH_STATUSES or bool(failed_workloads)
-    if host.last_health_at is not None and host.last_health_at < admitted_at:
+    if host.last_health_at is not None and host.heartbeat_at is not None and host.last_health_at > host.heartbeat_at:
+        return Evidence(result="wait", detail=f"last health check ({status or 'none'}) is dated after the heartbeat "
+                                              "that carries it (the host's clock moved back): not known to follow "
+                                              "admission")
+    if checked_before(admitted_at, host):
         return Evidence(result="wait", detail=f"last health check ({status or 'none'}) finished before admission")
     if host.last_health_after_change is False and not failing:
         return Evidence(result="wait", detail=f"health {status or 'not reported'}, not yet a post-change check")
@@ -240,14 +271,16 @@ def control_failure(window_start: dt.datetime, admitted_at: Optional[dt.datetime
                     host: Union[HostRow, ControlRow, None],
                     failure_events: Sequence[Tuple[str, dt.datetime]]) -> Optional[str]:
     """Whether a host failed while it was part of its cohort's control: from ``window_start`` (the cohort's first
-    admission) until its own admission (None: not admitted, until now), by a failure event, or, for a host not
-    admitted, by its newest heartbeat's failed health status from a check that finished in the window (an admitted
-    host's heartbeats before its admission are not kept: only its events count); the failure's kind, or None."""
+    admission) until its own admission (None: not admitted, until now), by a failure event (kind, received_at: the
+    hub's clock), or, for a host not admitted, by its newest heartbeat's failed health status from a check that
+    finished in the window on the hub's clock (``health_checked_on_hub_clock``; else the heartbeat's receipt). An
+    admitted host's heartbeats before its admission are not kept: only its events count. The failure's kind, or
+    None; the agent's own clock decides nothing (issue 43)."""
     for kind, at in failure_events:
         if at >= window_start and (admitted_at is None or at < admitted_at):
             return kind
     if admitted_at is None and host is not None and host.last_health_status in FAILED_HEALTH_STATUSES:
-        checked_at = host.last_health_at or host.heartbeat_at
+        checked_at = host.health_checked_on_hub_clock() or host.heartbeat_received_at
         if checked_at is not None and checked_at >= window_start:
             return host.last_health_status
     return None

@@ -221,9 +221,10 @@ class Rollouts:
             state = schema.host_from_row(row, self.store.dialect.from_db_time)
             states[state.host_id] = state
         marks = ", ".join("?" * len(FAILURE_EVENT_KINDS))
-        cur.execute(sql("SELECT e.host_id, e.kind, e.occurred_at FROM events e JOIN rollout_hosts r "
+        # received since admission (the hub's clock; issue 43), whatever the agent's clock said
+        cur.execute(sql("SELECT e.host_id, e.kind, e.received_at FROM events e JOIN rollout_hosts r "
                         "ON r.host_id = e.host_id WHERE r.rollout_id = ? AND r.admitted_at IS NOT NULL "
-                        f"AND e.kind IN ({marks}) AND e.occurred_at >= r.admitted_at"),
+                        f"AND e.kind IN ({marks}) AND e.received_at >= r.admitted_at"),
                     (rollout.rollout_id, *FAILURE_EVENT_KINDS))
         failures: Dict[str, List[Tuple[str, dt.datetime]]] = {}
         for host_id, kind, at in cur.fetchall():
@@ -273,10 +274,10 @@ class Rollouts:
         from_db_time = self.store.dialect.from_db_time
         states = {row[0]: schema.control_row_from(row, from_db_time) for row in cur.fetchall()}
         marks = ", ".join("?" * len(FAILURE_EVENT_KINDS))
-        cur.execute(sql("SELECT e.host_id, e.kind, e.occurred_at FROM events e JOIN rollout_hosts r "
+        cur.execute(sql("SELECT e.host_id, e.kind, e.received_at FROM events e JOIN rollout_hosts r "
                         "ON r.host_id = e.host_id WHERE r.rollout_id = ? "
-                        f"AND e.kind IN ({marks}) AND e.occurred_at >= ? "
-                        "AND (r.admitted_at IS NULL OR e.occurred_at < r.admitted_at)"),
+                        f"AND e.kind IN ({marks}) AND e.received_at >= ? "
+                        "AND (r.admitted_at IS NULL OR e.received_at < r.admitted_at)"),
                     (rollout.rollout_id, *FAILURE_EVENT_KINDS, self._t(min(starts))))
         failures: Dict[str, List[Tuple[str, dt.datetime]]] = {}
         for host_id, kind, at in cur.fetchall():

@@ -6,12 +6,16 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
+from pydantic import computed_field
+
 from agent.models import FrozenModel
 from agent.report.events import UnknownVersionReport
 from agent.snapshot.pairing import Pairing
+from agent.wire import CLOCK_SKEW_BOUND_SECONDS
 
 # Kinds that count as drift in the fleet API: the stack moved, a check regressed, or policy had to act.
-DRIFT_KINDS = ("snapshot_changed", "health_regression", "cpu_fallback", "policy_violation", "rollback")
+DRIFT_KINDS = ("snapshot_changed", "health_regression", "cpu_fallback", "health_failed", "policy_violation",
+               "rollback")
 
 
 def utc(value: dt.datetime) -> dt.datetime:
@@ -66,6 +70,33 @@ class HostRow(FrozenModel):
     # When the last health check finished and whether it followed a change (schema version 3; None from older agents).
     last_health_at: Optional[dt.datetime] = None
     last_health_after_change: Optional[bool] = None
+    # When the hub received the newest heartbeat (schema version 9; None for a row not updated since): what decides
+    # "after admission", and with ``heartbeat_at`` (the agent's clock) the host's clock skew.
+    heartbeat_received_at: Optional[dt.datetime] = None
+    # The agent's clock minus the hub's, from the newest heartbeat: its time less its receipt (a heartbeat held in
+    # the outbox reads as a clock behind); None without one received since schema version 9.
+    clock_skew_seconds: Optional[float] = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def clock_skewed(self) -> bool:
+        """The clock skew is beyond agent/wire.py's CLOCK_SKEW_BOUND_SECONDS either way."""
+        skew = self.clock_skew_seconds
+        return skew is not None and abs(skew) > CLOCK_SKEW_BOUND_SECONDS
+
+    def health_checked_on_hub_clock(self) -> Optional[dt.datetime]:
+        """When the last health check finished, on the hub's clock (:func:`checked_on_hub_clock`)."""
+        return checked_on_hub_clock(self.last_health_at, self.heartbeat_at, self.heartbeat_received_at)
+
+
+def checked_on_hub_clock(last_health_at: Optional[dt.datetime], heartbeat_at: Optional[dt.datetime],
+                         heartbeat_received_at: Optional[dt.datetime]) -> Optional[dt.datetime]:
+    """When a host's last health check finished, on the hub's clock: the heartbeat's receipt less how long before
+    the heartbeat (both on the agent's clock) the check finished, so a steady skew cancels out. None without the
+    agent's times or the receipt."""
+    if last_health_at is None or heartbeat_at is None or heartbeat_received_at is None:
+        return None
+    return heartbeat_received_at - (heartbeat_at - last_health_at)
 
 
 class DriftRow(FrozenModel):
@@ -132,3 +163,8 @@ class ControlRow(NamedTuple):
     last_health_status: Optional[str]
     last_health_at: Optional[dt.datetime]
     heartbeat_at: Optional[dt.datetime]
+    heartbeat_received_at: Optional[dt.datetime]
+
+    def health_checked_on_hub_clock(self) -> Optional[dt.datetime]:
+        """When the last health check finished, on the hub's clock (:func:`checked_on_hub_clock`)."""
+        return checked_on_hub_clock(self.last_health_at, self.heartbeat_at, self.heartbeat_received_at)

@@ -2,10 +2,10 @@
 
     hub_meta  key -> value: the schema version, when the last retention pass began
     events    one row per (host_id, event_id), the idempotency key; the event as canonical JSON in ``body``
-    hosts     one row per host: last seen, and the latest pairing and heartbeat by ``occurred_at`` (with the
-              heartbeat's labels and policy fields since schema version 2, the refusal's kind since 6, the policy's
-              attention words since 8,
-              the versions unknown to gpuguard's tables since 9)
+    hosts     one row per host: last seen, and the latest pairing and heartbeat (with the heartbeat's labels and
+              policy fields since schema version 2, the refusal's kind since 6, the policy's attention words since
+              8, the versions unknown to gpuguard's tables since 9); since version 10 each group's receipt time and
+              sequence, which decide what is newest
     policy_bundles  one row per pushed policy bundle, by serial: its bytes, signature, scope, who made and pushed
                     it, and its withdrawal (agent/hub/bundles.py)
     audit     one row per push and withdrawal of a policy bundle, and per rollout decision: when, who, what
@@ -17,8 +17,10 @@
                      (agent/hub/workload_stacks.py)
 
 The statements are written once with ``?`` placeholders; the dialect (``dialects.py``) adapts them. The latest-state
-columns of ``hosts`` move only forward in ``occurred_at`` (``UPSERT_HOST``), so batches arriving out of order or
-twice change nothing. The dashboard and the alert queue keep their own tables (``create_tables`` in the store).
+columns of ``hosts`` move only forward on the hub's clock: by the time the hub received the events, then by the
+agent's per-host ``sequence`` (``UPSERT_HOST``; issue 43). The agent's own times (``occurred_at``) are kept as data
+and decide nothing, so a host whose clock once ran ahead is never frozen; resent events (already stored) change
+nothing. The dashboard and the alert queue keep their own tables (``create_tables`` in the store).
 
 A database of an older schema version is migrated forward in ``create``, inside the same locked transaction
 (``MIGRATIONS``: each step's statements, then the version stored), so hubs of the new version starting together
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from agent.hub import workload_stacks
 from agent.hub.dialects import Dialect, text_time
@@ -38,7 +40,7 @@ from agent.hub.rows import ControlRow, HostRow
 from agent.report.events import Event
 from agent.snapshot.pairing import Pairing
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 # PostgreSQL advisory locks held while a hub creates tables: hubs starting together take turns. The store's own
 # tables and the ones the dashboard and the alert queue add later each have their key.
 SCHEMA_LOCK_KEY = 0x67707567_0001
@@ -64,6 +66,16 @@ _HOST_ATTENTION_COLUMNS = (("policy_attention", "TEXT"),)
 # Version 9's column of ``hosts``: the newest heartbeat's unknown_versions (versions newer than a compatibility table
 # of gpuguard's knows, agent/wire.py's UNKNOWN_TABLES) as a JSON list; NULL from an agent that does not send them.
 _HOST_UNKNOWN_VERSIONS_COLUMNS = (("unknown_versions", "TEXT"),)
+
+
+def _host_receipt_columns(timestamp_type: str) -> List[Tuple[str, str]]:
+    """Version 10's columns of ``hosts``: when the hub received the newest event, pairing and heartbeat, and the
+    agent's sequence of the latter two (the newest is decided on these, never on the agent's clock); the newest
+    heartbeat's time less its receipt (the host's clock skew). NULL in rows of older versions: the next event
+    received replaces them."""
+    return [("last_event_received_at", timestamp_type), ("pairing_received_at", timestamp_type),
+            ("pairing_sequence", "BIGINT"), ("heartbeat_received_at", timestamp_type),
+            ("heartbeat_sequence", "BIGINT"), ("clock_skew_seconds", "DOUBLE PRECISION")]
 
 
 # Version 4's column of ``policy_bundles``: a bundle pushed staged is offered only through a staged rollout (to its
@@ -114,7 +126,7 @@ def tables(timestamp_type: str, bytes_type: str = "BLOB", key_type: str = "INTEG
     policy_columns = "".join(f",\n            {name} {kind}"
                              for name, kind in _HOST_POLICY_COLUMNS + _HOST_HEALTH_COLUMNS
                              + _HOST_REFUSAL_KIND_COLUMNS + _HOST_ATTENTION_COLUMNS
-                             + _HOST_UNKNOWN_VERSIONS_COLUMNS)
+                             + _HOST_UNKNOWN_VERSIONS_COLUMNS + tuple(_host_receipt_columns(timestamp_type)))
     return [
         "CREATE TABLE IF NOT EXISTS hub_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
         f"""CREATE TABLE IF NOT EXISTS events (
@@ -185,6 +197,8 @@ MIGRATIONS: Dict[str, Callable[[Dialect], List[str]]] = {
     "7": lambda _dialect: [f"ALTER TABLE hosts ADD COLUMN {name} {kind}" for name, kind in _HOST_ATTENTION_COLUMNS],
     "8": lambda _dialect: [f"ALTER TABLE hosts ADD COLUMN {name} {kind}"
                            for name, kind in _HOST_UNKNOWN_VERSIONS_COLUMNS],
+    "9": lambda dialect: [f"ALTER TABLE hosts ADD COLUMN {name} {kind}"
+                          for name, kind in _host_receipt_columns(dialect.timestamp_type)],
 }
 
 
@@ -229,11 +243,16 @@ def event_params(events: Sequence[Event], received: Any, to_db_time: TimeToDb) -
 
 # --- hosts -------------------------------------------------------------------------------------------------------
 
-_NEWER_EVENT = "excluded.last_event_at >= hosts.last_event_at"
-_NEWER_PAIRING = ("excluded.pairing_at IS NOT NULL AND "
-                  "(hosts.pairing_at IS NULL OR excluded.pairing_at >= hosts.pairing_at)")
-_NEWER_HEARTBEAT = ("excluded.heartbeat_at IS NOT NULL AND "
-                    "(hosts.heartbeat_at IS NULL OR excluded.heartbeat_at >= hosts.heartbeat_at)")
+def _newer(received: str, sequence: str) -> str:
+    """The update is newer than the stored group: received later by the hub, or in the same commit with a higher
+    (or equal) sequence; a group never received (NULL, rows from before version 10) is always replaced."""
+    return (f"(hosts.{received} IS NULL OR excluded.{received} > hosts.{received} OR "
+            f"(excluded.{received} = hosts.{received} AND excluded.{sequence} >= hosts.{sequence}))")
+
+
+_NEWER_EVENT = "excluded.last_event_received_at IS NOT NULL AND " + _newer("last_event_received_at", "last_sequence")
+_NEWER_PAIRING = "excluded.pairing_at IS NOT NULL AND " + _newer("pairing_received_at", "pairing_sequence")
+_NEWER_HEARTBEAT = "excluded.heartbeat_at IS NOT NULL AND " + _newer("heartbeat_received_at", "heartbeat_sequence")
 
 
 def _pick(column: str, condition: str) -> str:
@@ -245,16 +264,20 @@ INSERT INTO hosts (host_id, hostname, first_seen_at, last_seen_at, last_event_at
                    pairing, content_hash, pairing_at, compliant, agent_version, last_health_status, heartbeat_at,
                    labels, policy_source, policy_serial, policy_refused_serial, policy_refused_reason,
                    last_health_at, last_health_after_change, policy_refused_kind, policy_attention,
-                   unknown_versions)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   unknown_versions, last_event_received_at, pairing_received_at, pairing_sequence,
+                   heartbeat_received_at, heartbeat_sequence, clock_skew_seconds)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (host_id) DO UPDATE SET
     {_pick("hostname", _NEWER_EVENT)},
     {_pick("last_sequence", _NEWER_EVENT)},
     {_pick("last_event_at", _NEWER_EVENT)},
+    {_pick("last_event_received_at", _NEWER_EVENT)},
     {_pick("last_seen_at", "excluded.last_seen_at >= hosts.last_seen_at")},
     {_pick("pairing", _NEWER_PAIRING)},
     {_pick("content_hash", _NEWER_PAIRING)},
     {_pick("pairing_at", _NEWER_PAIRING)},
+    {_pick("pairing_sequence", _NEWER_PAIRING)},
+    {_pick("pairing_received_at", _NEWER_PAIRING)},
     {_pick("compliant", _NEWER_HEARTBEAT)},
     {_pick("agent_version", _NEWER_HEARTBEAT)},
     {_pick("last_health_status", _NEWER_HEARTBEAT)},
@@ -268,27 +291,37 @@ ON CONFLICT (host_id) DO UPDATE SET
     {_pick("unknown_versions", _NEWER_HEARTBEAT)},
     {_pick("last_health_at", _NEWER_HEARTBEAT)},
     {_pick("last_health_after_change", _NEWER_HEARTBEAT)},
-    {_pick("heartbeat_at", _NEWER_HEARTBEAT)}
+    {_pick("heartbeat_at", _NEWER_HEARTBEAT)},
+    {_pick("heartbeat_sequence", _NEWER_HEARTBEAT)},
+    {_pick("heartbeat_received_at", _NEWER_HEARTBEAT)},
+    {_pick("clock_skew_seconds", _NEWER_HEARTBEAT)}
 """
 
 
-def host_params(u: HostUpdate, received: Any, to_db_time: TimeToDb) -> List[Any]:
-    """The parameters of ``UPSERT_HOST`` for one update received at ``received`` (already a database time)."""
+def host_params(u: HostUpdate, received_at: dt.datetime, to_db_time: TimeToDb) -> List[Any]:
+    """The parameters of ``UPSERT_HOST`` for one update the hub received at ``received_at`` (its clock)."""
     def t(value: Optional[dt.datetime]) -> Any:
         return None if value is None else to_db_time(value)
+
+    received = to_db_time(received_at)
 
     return [u.host_id, u.hostname, received, received, t(u.last_event_at), u.last_sequence, u.pairing_json,
             u.content_hash, t(u.pairing_at), u.compliant, u.agent_version, u.last_health_status,
             t(u.heartbeat_at), u.labels_json, u.policy_source, u.policy_serial, u.policy_refused_serial,
             u.policy_refused_reason, None if u.last_health_at is None else text_time(u.last_health_at),
-            u.last_health_after_change, u.policy_refused_kind, u.policy_attention_json, u.unknown_versions_json]
+            u.last_health_after_change, u.policy_refused_kind, u.policy_attention_json, u.unknown_versions_json,
+            received if u.fresh else None,
+            None if u.pairing_at is None else received, u.pairing_sequence,
+            None if u.heartbeat_at is None else received, u.heartbeat_sequence,
+            None if u.heartbeat_at is None else (u.heartbeat_at - received_at).total_seconds()]
 
 
 # SELECT these from hosts, and host_from_row makes each row a HostRow.
 HOST_COLUMNS = ("host_id, hostname, first_seen_at, last_seen_at, last_event_at, last_sequence, pairing, "
                 "pairing_at, content_hash, compliant, agent_version, last_health_status, heartbeat_at, labels, "
                 "policy_source, policy_serial, policy_refused_serial, policy_refused_reason, last_health_at, "
-                "last_health_after_change, policy_refused_kind, policy_attention, unknown_versions")
+                "last_health_after_change, policy_refused_kind, policy_attention, unknown_versions, "
+                "heartbeat_received_at, clock_skew_seconds")
 
 
 def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]) -> HostRow:
@@ -296,7 +329,7 @@ def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]
     (host_id, hostname, first_seen, last_seen, last_event, last_sequence, pairing, pairing_at, content_hash,
      compliant, agent_version, last_health_status, heartbeat_at, labels, policy_source, policy_serial,
      policy_refused_serial, policy_refused_reason, last_health_at, last_health_after_change,
-     policy_refused_kind, policy_attention, unknown_versions) = row
+     policy_refused_kind, policy_attention, unknown_versions, heartbeat_received_at, clock_skew_seconds) = row
 
     def t(value: Any) -> Optional[dt.datetime]:
         return None if value is None else from_db_time(value)
@@ -316,18 +349,21 @@ def host_from_row(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]
                      last_health_at=None if last_health_at is None else dt.datetime.fromisoformat(
                          last_health_at[:-1]).replace(tzinfo=dt.timezone.utc),
                      last_health_after_change=None if last_health_after_change is None
-                     else bool(last_health_after_change))
+                     else bool(last_health_after_change), heartbeat_received_at=t(heartbeat_received_at),
+                     clock_skew_seconds=None if clock_skew_seconds is None else float(clock_skew_seconds))
 
 
 # What a rollout's control reads of a host not admitted (agent/hub/rollout_plan.py ``control_counts``): a few
 # columns, not the whole row, as it reads every such host at each evaluation.
-CONTROL_COLUMNS = "host_id, last_seen_at, last_health_status, last_health_at, heartbeat_at"
+CONTROL_COLUMNS = "host_id, last_seen_at, last_health_status, last_health_at, heartbeat_at, heartbeat_received_at"
 
 
 def control_row_from(row: Sequence[Any], from_db_time: Callable[[Any], dt.datetime]) -> ControlRow:
     """A row of ``CONTROL_COLUMNS``."""
-    host_id, last_seen, status, health_at, heartbeat_at = row
+    host_id, last_seen, status, health_at, heartbeat_at, heartbeat_received_at = row
     return ControlRow(host_id=host_id, last_seen_at=from_db_time(last_seen), last_health_status=status,
                       last_health_at=None if health_at is None else dt.datetime.fromisoformat(
                           health_at[:-1]).replace(tzinfo=dt.timezone.utc),
-                      heartbeat_at=None if heartbeat_at is None else from_db_time(heartbeat_at))
+                      heartbeat_at=None if heartbeat_at is None else from_db_time(heartbeat_at),
+                      heartbeat_received_at=None if heartbeat_received_at is None
+                      else from_db_time(heartbeat_received_at))

@@ -150,8 +150,8 @@ class SqlStore:
                         cur.execute(sql(schema.insert_events_sql(len(chunk))),
                                     schema.event_params(chunk, received, to_db_time))
                         inserted.update((row[0], row[1]) for row in cur.fetchall())
-                    for update in summarize_hosts(unique):
-                        cur.execute(sql(schema.UPSERT_HOST), schema.host_params(update, received, to_db_time))
+                    for update in summarize_hosts(unique, inserted):
+                        cur.execute(sql(schema.UPSERT_HOST), schema.host_params(update, received_at, to_db_time))
                     for run in workload_stacks.stack_runs(unique):
                         cur.execute(sql(workload_stacks.UPSERT), workload_stacks.params(run))
         except StoreError:

@@ -155,6 +155,20 @@ class CpuFallback(PayloadModel):
     maintenance: Optional[str] = Field(None, max_length=300)
 
 
+class HealthFailed(PayloadModel):
+    """The health check failed (``failed``: the probe or a check broke) or ran out of time (``timeout``): an event of
+    its own, as cpu_fallback has (issue 43), so a failure between two heartbeats reaches the hub even when the next
+    check passes before the next heartbeat."""
+
+    kind: Literal["health_failed"] = "health_failed"
+    status: Literal["failed", "timeout"]
+    summary: str = Field(max_length=2000)
+    fingerprint: str
+    failures: List[Annotated[str, Field(max_length=500)]] = Field([], max_length=20)
+    # As HealthRegression.maintenance: the hold's reason when found during a maintenance hand-off ("warning").
+    maintenance: Optional[str] = Field(None, max_length=300)
+
+
 class HealthDeferred(PayloadModel):
     """The GPUs stayed busy for the whole deferral window: the full health check (speed judged) could not run."""
 
@@ -304,7 +318,7 @@ class StateFileDamaged(PayloadModel):
 
 
 Payload = Annotated[Union[SnapshotChanged, PolicyViolation, TransactionBlocked, Rollback, OverrideUsed,
-                          HealthRegression, CpuFallback, HealthDeferred, Heartbeat, StateFileDamaged,
+                          HealthRegression, CpuFallback, HealthFailed, HealthDeferred, Heartbeat, StateFileDamaged,
                           DependenciesBroken],
                     Field(discriminator="kind")]
 # Every payload kind, in schema order (the hub's query filter and docs derive from this, so a new kind is one edit).

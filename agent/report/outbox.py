@@ -18,8 +18,9 @@ Guarantees
 Size bound (``max_events``)
 When an insert leaves more than ``max_events`` events queued, the oldest droppable events are deleted until the
 bound holds again: heartbeats first (each one is superseded by the next), then other kinds that are not in
-``NEVER_DROPPED_KINDS`` (snapshot changes, health regressions, CPU fallbacks), oldest first. Policy violations,
-blocked transactions, rollbacks and override-window use are never dropped: if only those are left the outbox grows
+``NEVER_DROPPED_KINDS`` (snapshot changes, health regressions, CPU fallbacks, failed checks), oldest first. Policy
+violations, blocked transactions, rollbacks and override-window use are never dropped: if only those are left the
+outbox grows
 past the bound and logs ``outbox_over_bound``. Every drop is counted per kind (``dropped_counts``, exported as
 ``gpuguard_outbox_dropped_total``) and shows at the receiver as a gap in ``sequence``.
 """

@@ -17,7 +17,7 @@ from typing import Dict, List, Literal, Optional
 
 from agent.models import FrozenModel
 from agent.status.facts import ChangeFacts, StatusFacts
-from agent.wire import FAILED_HEALTH_STATUSES
+from agent.wire import CLOCK_SKEW_BOUND_SECONDS, FAILED_HEALTH_STATUSES
 
 CheckState = Literal["ok", "info", "warn", "fail"]
 Verdict = Literal["ok", "attention", "failing"]
@@ -217,8 +217,13 @@ def _hub(f: StatusFacts) -> Check:
     if h.error is not None:
         return Check(name="hub", state="warn", summary=f"{h.endpoint_url}: unreachable: {h.error}")
     ok = h.status_code is not None and h.status_code < 500
-    return Check(name="hub", state="ok" if ok else "warn",
-                 summary=f"{h.endpoint_url}: HTTP {h.status_code} in {h.latency_ms:.0f} ms")
+    summary = f"{h.endpoint_url}: HTTP {h.status_code} in {h.latency_ms:.0f} ms"
+    offset = h.clock_offset_seconds
+    if offset is not None and abs(offset) > CLOCK_SKEW_BOUND_SECONDS:
+        # the hub judges on its own clock, but this host's logs, events and checks carry this one: fix NTP
+        return Check(name="hub", state="warn", summary=f"{summary}; clock off by {offset:+.0f} s from the hub "
+                                                       f"(more than {CLOCK_SKEW_BOUND_SECONDS} s): check NTP")
+    return Check(name="hub", state="ok" if ok else "warn", summary=summary)
 
 
 def _policy(f: StatusFacts, at: dt.datetime) -> Check:

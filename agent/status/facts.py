@@ -124,6 +124,24 @@ class HubFacts(FrozenModel):
     status_code: Optional[int] = None
     latency_ms: float = 0.0
     error: Optional[str] = None
+    # This host's clock minus the hub's, from the answer's Date header (whole seconds; issue 43); None without one.
+    clock_offset_seconds: Optional[float] = None
+
+
+def clock_offset_seconds(date_header: Optional[str], local_at: dt.datetime) -> Optional[float]:
+    """This host's clock at an answer (``local_at``) less the hub's ``Date`` in it: the HTTP date has whole seconds,
+    so half a second is added to it. None for a missing or unreadable header (nothing is believed of it)."""
+    import email.utils
+
+    if not date_header or len(date_header) > 64:
+        return None
+    try:
+        hub_at = email.utils.parsedate_to_datetime(date_header)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if hub_at.tzinfo is None:
+        return None
+    return round((local_at - hub_at).total_seconds() - 0.5, 1)
 
 
 class PolicyFacts(FrozenModel):
@@ -548,7 +566,9 @@ def probe_hub(endpoint_url: str, ca_bundle: Optional[str], timeout_seconds: floa
         return HubFacts(endpoint_url=endpoint_url, checked=True, error=reason,
                         latency_ms=(time.monotonic() - started) * 1000)
     return HubFacts(endpoint_url=endpoint_url, checked=True, status_code=answer.status_code,
-                    latency_ms=(time.monotonic() - started) * 1000)
+                    latency_ms=(time.monotonic() - started) * 1000,
+                    clock_offset_seconds=clock_offset_seconds(answer.headers.get("Date"),
+                                                              dt.datetime.now(dt.timezone.utc)))
 
 
 def _tables(compiled_path: str) -> Optional[str]:

@@ -59,3 +59,16 @@ def test_events_for_regression_and_fallback() -> None:
     falls = payloads_for(result(status="cpu_fallback", fallback_reasons=[reason]))
     assert [(p.kind, p.reason, p.fingerprint) for p in falls] == [("cpu_fallback", "smi_activity_flat", FP.id)]
     assert payloads_for(result()) == []
+
+
+def test_a_failed_or_timed_out_check_raises_a_health_failed_event() -> None:
+    """A failed check and a timed-out one each raise one health_failed event with its status, summary and
+    failures; busy and deferred raise none."""
+    failed = payloads_for(result(status="failed", summary="failed: gemm gave NaN on GPU 1",
+                                 failures=["GPU 1: gemm_bf16 gave NaN"]))
+    assert [(p.kind, p.status, p.summary, p.failures, p.fingerprint) for p in failed] == [  # type: ignore[union-attr]
+        ("health_failed", "failed", "failed: gemm gave NaN on GPU 1", ["GPU 1: gemm_bf16 gave NaN"], FP.id)]
+    [timed_out] = payloads_for(result(status="timeout", summary="timeout: probe ran over 300 s", fingerprint_id=None))
+    assert (timed_out.kind, timed_out.status, timed_out.fingerprint) == (  # type: ignore[union-attr]
+        "health_failed", "timeout", "unknown")
+    assert payloads_for(result(status="busy")) == payloads_for(result(status="deferred")) == []

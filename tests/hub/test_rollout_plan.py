@@ -28,10 +28,12 @@ WAIT = Evidence(result="wait", detail="health busy")
 
 
 def state(serial: Optional[int] = 7, health: Optional[str] = "pass", beat: dt.datetime = T0,
-          **extra: object) -> HostRow:
-    return HostRow(host_id="h1", hostname="h1", first_seen_at=T0, last_seen_at=beat, last_event_at=beat,
-                     last_sequence=1, heartbeat_at=beat, policy_serial=serial, last_health_status=health,
-                     **extra)  # type: ignore[arg-type]
+          skew: dt.timedelta = dt.timedelta(0), **extra: object) -> HostRow:
+    """A host whose newest heartbeat the hub received at ``beat``, sent by a clock ``skew`` off (the heartbeat's
+    time and any ``last_health_at`` are on the agent's clock)."""
+    return HostRow(host_id="h1", hostname="h1", first_seen_at=T0, last_seen_at=beat, last_event_at=beat + skew,
+                   last_sequence=1, heartbeat_at=beat + skew, heartbeat_received_at=beat, policy_serial=serial,
+                   last_health_status=health, **extra)  # type: ignore[arg-type]
 
 
 def fleet(cohorts: Tuple[Tuple[str, int], ...], stage_of: Optional[dict] = None,
@@ -88,6 +90,19 @@ LATER = T0 + dt.timedelta(minutes=5)
     # a result read back after an agent restart: the check may have been a periodic one before the change
     (state(beat=LATER, last_health_at=LATER, last_health_after_change=None), [], "wait", "after an agent restart"),
     (state(beat=LATER, health="failed", last_health_at=LATER, last_health_after_change=None), [], "fail", "failed"),
+    # issue 43: clocks off; the agent's times are mapped through the heartbeat's receipt, events count on receipt
+    (state(beat=LATER, skew=dt.timedelta(hours=1), last_health_at=T0 + dt.timedelta(minutes=30),
+           last_health_after_change=True), [], "wait", "finished before admission"),  # 1 h ahead: checked at T0-30m
+    (state(beat=LATER, skew=dt.timedelta(days=1), last_health_at=LATER + dt.timedelta(days=1),
+           last_health_after_change=True), [], "pass", "health pass"),
+    (state(beat=LATER, skew=-dt.timedelta(minutes=10), last_health_at=LATER - dt.timedelta(minutes=10),
+           last_health_after_change=True), [], "pass", "health pass"),  # 10 min behind: a truthful pass
+    (state(beat=LATER, skew=-dt.timedelta(minutes=10)), [("cpu_fallback", LATER)], "fail", "cpu_fallback"),
+    (state(beat=T0, skew=dt.timedelta(days=1)), [], "wait", "no heartbeat since admission"),
+    # a check stamped a day ahead, read back by a clock set right since: it cannot be placed
+    (state(beat=LATER, last_health_at=LATER + dt.timedelta(days=1), last_health_after_change=True), [], "wait",
+     "clock moved back"),
+    (state(beat=LATER, skew=dt.timedelta(hours=1)), [("health_failed", LATER)], "fail", "health_failed"),
 ])
 def test_host_evidence(host: Optional[HostRow], failures: list, result: str, words: str) -> None:
     """A host passes on the target with health pass after admission (a post-change check finished after admission,

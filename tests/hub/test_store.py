@@ -65,12 +65,14 @@ def test_stored_event_round_trips(store: Store) -> None:
     assert stored.received_at == NOW
 
 
-def test_hosts_keep_the_newest_pairing_even_when_batches_arrive_out_of_order(store: Store) -> None:
-    """A late, older snapshot does not overwrite a newer pairing; last_seen moves with every receipt."""
-    newer = event("host-a", kind="snapshot_changed", pairing=ROCM_63, at=T0 + dt.timedelta(hours=2))
-    older = event("host-a", kind="snapshot_changed", pairing=ROCM_62, at=T0 + dt.timedelta(hours=1),
+def test_hosts_keep_the_newest_pairing_by_receipt_and_a_resent_older_event_changes_nothing(store: Store) -> None:
+    """The pairing received last wins, not the one the agent's clock calls newest; an older event resent later (it
+    is a duplicate) does not roll it back; last_seen moves with every receipt."""
+    older = event("host-a", kind="snapshot_changed", pairing=ROCM_62, at=T0 + dt.timedelta(days=1),
                   hostname="old-name")
-    store.ingest([[newer]], received_at=NOW)
+    newer = event("host-a", kind="snapshot_changed", pairing=ROCM_63, at=T0 + dt.timedelta(hours=2))
+    store.ingest([[older]], received_at=NOW)
+    store.ingest([[newer]], received_at=NOW + dt.timedelta(minutes=1))
     store.ingest([[older]], received_at=NOW + dt.timedelta(minutes=5))
     [host] = store.hosts()
     assert host.pairing == ROCM_63
@@ -79,6 +81,32 @@ def test_hosts_keep_the_newest_pairing_even_when_batches_arrive_out_of_order(sto
     assert host.first_seen_at == NOW
     assert host.last_seen_at == NOW + dt.timedelta(minutes=5)
     assert host.content_hash == "b" * 64
+
+
+def test_a_future_dated_heartbeat_followed_by_a_normal_one_updates_the_row(store: Store) -> None:
+    """A heartbeat from a clock a day ahead is stored as sent, and the next one, from the corrected clock, replaces
+    it (the agent's time is data); the row's skew is the heartbeat's time less its receipt."""
+    ahead = event("host-a", kind="heartbeat", compliant=True, at=NOW + dt.timedelta(days=1))
+    store.ingest([[ahead]], received_at=NOW)
+    [host] = store.hosts()
+    assert host.heartbeat_at == NOW + dt.timedelta(days=1) and host.clock_skew_seconds == 86400.0
+    assert host.clock_skewed
+    normal = event("host-a", kind="heartbeat", compliant=False, at=NOW + dt.timedelta(minutes=1))
+    store.ingest([[normal]], received_at=NOW + dt.timedelta(minutes=1))
+    [host] = store.hosts()
+    assert (host.compliant, host.heartbeat_at, host.heartbeat_received_at) == (
+        False, NOW + dt.timedelta(minutes=1), NOW + dt.timedelta(minutes=1))
+    assert host.last_event_at == NOW + dt.timedelta(minutes=1) and host.last_sequence == normal.sequence
+    assert host.clock_skew_seconds == 0.0 and not host.clock_skewed
+
+
+def test_within_one_commit_the_agents_sequence_orders_a_hosts_heartbeats(store: Store) -> None:
+    """Two heartbeats received together: the higher sequence is the newest, whatever their times say."""
+    first = event("host-a", kind="heartbeat", compliant=True, at=NOW + dt.timedelta(hours=1), sequence=7)
+    second = event("host-a", kind="heartbeat", compliant=False, at=NOW, sequence=8)
+    store.ingest([[second, first]], received_at=NOW)
+    [host] = store.hosts()
+    assert (host.compliant, host.heartbeat_at, host.last_sequence) == (False, NOW, 8)
 
 
 def test_heartbeat_sets_compliance_and_a_pairing_only_when_it_carries_one(store: Store) -> None:
@@ -228,10 +256,11 @@ def _heartbeat(at: dt.datetime, **fields: object) -> Event:
 
 
 def test_a_hosts_labels_and_policy_fields_come_from_its_newest_heartbeat(store: Store) -> None:
-    """labels, policy_source, policy_serial and the last refusal are the newest heartbeat's, whatever the order."""
+    """labels, policy_source, policy_serial and the last refusal are the newest heartbeat's (by sequence when
+    received at the same time), whatever the order the commits come in."""
+    older = _heartbeat(T0, labels={"rack": "b1"}, policy_source="local")
     newer = _heartbeat(T0 + dt.timedelta(minutes=2), labels={"rack": "a7"}, policy_source="bundle", policy_serial=42,
                        policy_refused_serial=43, policy_refused_reason="signature: BADSIG")
-    older = _heartbeat(T0, labels={"rack": "b1"}, policy_source="local")
     store.ingest([[newer]], received_at=NOW)
     store.ingest([[older]], received_at=NOW)
     [host] = store.hosts()
@@ -239,14 +268,19 @@ def test_a_hosts_labels_and_policy_fields_come_from_its_newest_heartbeat(store: 
             host.policy_refused_reason) == ({"rack": "a7"}, "bundle", 42, 43, "signature: BADSIG")
 
 
+_VERSION_10_COLUMNS = ("last_event_received_at", "pairing_received_at", "pairing_sequence",
+                       "heartbeat_received_at", "heartbeat_sequence", "clock_skew_seconds")
+
+
 def _reopened_after(store: Store, downgrade: List[str]) -> Store:
-    """``store`` taken back to an older schema by ``downgrade``, closed, and opened again by a new store object."""
+    """``store`` taken back to an older schema (below 10: version 10's columns dropped first) by ``downgrade``, closed,
+    and opened again by a new store object."""
     from agent.hub.store import SqlStore
 
     assert isinstance(store, SqlStore)
 
     def work(cur: object) -> None:
-        for statement in downgrade:
+        for statement in [f"ALTER TABLE hosts DROP COLUMN {name}" for name in _VERSION_10_COLUMNS] + downgrade:
             cur.execute(statement)  # type: ignore[attr-defined]
 
     store.write("test", work)
@@ -388,7 +422,7 @@ def test_a_schema_version_7_database_gets_the_policy_attention_column(store: Sto
                                        "UPDATE hub_meta SET value = '7' WHERE key = 'schema_version'"])
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
-            (str(schema.SCHEMA_VERSION),)] == [("9",)]
+            (str(schema.SCHEMA_VERSION),)] == [("10",)]
         assert reopened.hosts()[0].policy_attention is None
         expired = event("host-old", at=T0 + dt.timedelta(minutes=1))
         payload = Heartbeat(agent_version="1", uptime_seconds=1.0, policy_source="bundle", policy_serial=3,
@@ -401,7 +435,7 @@ def test_a_schema_version_7_database_gets_the_policy_attention_column(store: Sto
 
 
 def test_a_schema_version_8_database_gets_the_unknown_versions_column(store: Store) -> None:
-    """Version 8 to 9: hosts get unknown_versions, empty for the rows there, and a heartbeat's items are stored."""
+    """Version 8 to 10: hosts get unknown_versions, empty for the rows there, and a heartbeat's items are stored."""
     from agent.hub import schema
     from agent.hub.store import SqlStore
     from agent.report.events import Heartbeat, UnknownVersionReport
@@ -412,7 +446,7 @@ def test_a_schema_version_8_database_gets_the_unknown_versions_column(store: Sto
                                        "UPDATE hub_meta SET value = '8' WHERE key = 'schema_version'"])
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
-            (str(schema.SCHEMA_VERSION),)] == [("9",)]
+            (str(schema.SCHEMA_VERSION),)] == [("10",)]
         assert reopened.hosts()[0].unknown_versions is None
         item = UnknownVersionReport(table="amd-matrix", component="rocm", version="10.1", newest="10.0",
                                     dated="2026-12-04")
@@ -421,5 +455,27 @@ def test_a_schema_version_8_database_gets_the_unknown_versions_column(store: Sto
             update={"payload": payload})]], received_at=NOW)
         [host] = reopened.hosts()
         assert host.unknown_versions == (item,)
+    finally:
+        reopened.close()
+
+
+def test_a_schema_version_8_row_frozen_by_a_future_heartbeat_is_updated_after_the_migration(store: Store) -> None:
+    """Version 9 to 10: a row that a heartbeat from a day ahead froze under version 9 takes the next heartbeat, and
+    has no skew until then."""
+    from agent.hub import schema
+
+    store.ingest([[event("host-old", kind="heartbeat", compliant=True, at=NOW + dt.timedelta(days=1))]],
+                 received_at=NOW)
+    reopened = _reopened_after(store, ["UPDATE hub_meta SET value = '9' WHERE key = 'schema_version'"])
+    try:
+        assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
+            (str(schema.SCHEMA_VERSION),)] == [("10",)]
+        [host] = reopened.hosts()
+        assert host.heartbeat_received_at is None and host.clock_skew_seconds is None
+        reopened.ingest([[event("host-old", kind="heartbeat", compliant=False, at=NOW + dt.timedelta(minutes=1))]],
+                        received_at=NOW + dt.timedelta(minutes=1))
+        [host] = reopened.hosts()
+        assert (host.compliant, host.heartbeat_at, host.clock_skew_seconds) == (
+            False, NOW + dt.timedelta(minutes=1), 0.0)
     finally:
         reopened.close()

@@ -9,6 +9,7 @@ import io
 import json
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional
 
@@ -16,7 +17,7 @@ import pytest
 
 from agent import cli
 from agent.host import Host
-from agent.status.facts import is_daemon_cmdline, last_json_line, parse_textfile
+from agent.status.facts import clock_offset_seconds, is_daemon_cmdline, last_json_line, parse_textfile
 
 NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.timezone.utc)
 
@@ -226,9 +227,25 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _AheadHandler(_Handler):
+    """A hub whose clock runs an hour ahead of this host's: its answers' Date header says so."""
+
+    def date_time_string(self, timestamp: Optional[float] = None) -> str:
+        return super().date_time_string(time.time() + 3600)
+
+
 @pytest.fixture
 def hub_url() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    yield from _serve(_Handler)
+
+
+@pytest.fixture
+def hub_ahead_url() -> Iterator[str]:
+    yield from _serve(_AheadHandler)
+
+
+def _serve(handler: type) -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -246,6 +263,27 @@ def test_the_hub_is_asked_unless_offline(state: StateDir, hub_url: str) -> None:
     state.write_config("http://127.0.0.1:9")  # discard: nothing listens
     code, text = run_status(state)
     assert code == 30 and "unreachable: ConnectionError" in text
+
+
+def test_a_clock_off_from_the_hubs_date_is_attention(state: StateDir, hub_url: str, hub_ahead_url: str) -> None:
+    """A hub whose Date header is an hour ahead makes the hub row say "clock off by -3600 s from the hub" (exit 30);
+    a hub on the same clock does not."""
+    state.healthy().write_config(hub_ahead_url)
+    code, text = run_status(state)
+    assert code == 30 and "clock off by -3600 s from the hub (more than 300 s): check NTP" in text, text
+    state.write_config(hub_url)
+    code, text = run_status(state)
+    assert code == 0 and "clock off" not in text
+
+
+@pytest.mark.parametrize("header, offset", [
+    ("Sun, 06 Dec 2026 10:00:00 GMT", -0.5), ("Sun, 06 Dec 2026 09:00:00 GMT", 3599.5), (None, None), ("", None),
+    ("yesterday", None), ("Sun, 06 Dec 2026 10:00:00", None), ("x" * 65, None)])
+def test_the_clock_offset_from_a_date_header(header: Optional[str], offset: Optional[float]) -> None:
+    """This host's clock less the hub's Date (whole seconds, so half a second is taken off); nothing from a missing,
+    unreadable or zone-less header."""
+    local = dt.datetime(2026, 12, 6, 10, 0, 0, tzinfo=dt.timezone.utc)
+    assert clock_offset_seconds(header, local) == offset
 
 
 @pytest.mark.parametrize("argv, expected", [

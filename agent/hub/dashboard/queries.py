@@ -16,6 +16,7 @@ from agent.hub.rows import HostRow, StoredEvent
 from agent.hub.schema import HOST_COLUMNS, host_from_row
 from agent.hub.store import SqlStore
 from agent.models import FrozenModel
+from agent.wire import CLOCK_SKEW_BOUND_SECONDS
 
 Compliance = Literal["compliant", "violating", "unknown"]
 # Query fields that filter on one pairing field; "driver" matches the amdgpu or the nvidia module version.
@@ -53,6 +54,7 @@ class FleetCounts(FrozenModel):
     compliance: Dict[str, int]
     health: Dict[str, int]
     stale: int
+    clock_skewed: int = 0  # hosts whose newest heartbeat's clock skew is beyond agent/wire.py's bound
 
 
 class PairingGroup(PairingKey):
@@ -138,16 +140,19 @@ def host(store: SqlStore, host_id: str) -> Optional[HostRow]:
 def fleet_counts(store: SqlStore, stale_before: dt.datetime) -> FleetCounts:
     rows = store.query(
         "fleet_counts", "SELECT compliant, last_health_status, CASE WHEN last_seen_at < ? THEN 1 ELSE 0 END, "
-                        "COUNT(*) FROM hosts GROUP BY 1, 2, 3", [store.dialect.to_db_time(stale_before)])
+                        "CASE WHEN ABS(clock_skew_seconds) > ? THEN 1 ELSE 0 END, COUNT(*) FROM hosts "
+                        "GROUP BY 1, 2, 3, 4", [store.dialect.to_db_time(stale_before), CLOCK_SKEW_BOUND_SECONDS])
     compliance: Dict[str, int] = {"compliant": 0, "violating": 0, "unknown": 0}
     health: Dict[str, int] = {}
-    stale = total = 0
-    for compliant, status, is_stale, count in rows:
+    stale = skewed = total = 0
+    for compliant, status, is_stale, is_skewed, count in rows:
         total += count
         compliance[compliance_of(None if compliant is None else bool(compliant))] += count
         health[status or "none"] = health.get(status or "none", 0) + count
         stale += count if is_stale else 0
-    return FleetCounts(host_count=total, compliance=compliance, health=dict(sorted(health.items())), stale=stale)
+        skewed += count if is_skewed else 0
+    return FleetCounts(host_count=total, compliance=compliance, health=dict(sorted(health.items())), stale=stale,
+                       clock_skewed=skewed)
 
 
 def unknown_version_counts(store: SqlStore) -> Dict[str, int]:

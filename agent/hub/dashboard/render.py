@@ -29,6 +29,7 @@ from agent.hub.describe import describe_event
 from agent.hub.rows import HostRow, StoredEvent
 from agent.printable import printable
 from agent.snapshot.pairing import Pairing
+from agent.wire import CLOCK_SKEW_BOUND_SECONDS
 
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2330;background:#f5f6f8}
@@ -227,6 +228,8 @@ def overview_page(counts: FleetCounts, hosts: HostPage, f: HostFilter, groups: S
         _card("violating", c["violating"], "/ui/?compliance=violating", "count-violating"),
         _card("compliance unknown", c["unknown"], "/ui/?compliance=unknown", "count-unknown"),
         _card(f"stale (silent > {stale_after_seconds:g} s)", counts.stale, "/ui/?stale=yes", "count-stale"),
+        _card(f"clock off (> {CLOCK_SKEW_BOUND_SECONDS} s from the hub)", counts.clock_skewed, "/ui/",
+              "count-clock-skewed"),
         _card("pairings", len(groups), "/ui/pairings", "count-pairings"),
     ])
     health = ", ".join(f'<a href="{e(url("/ui/", {"health": k}))}">{e(k)}</a>: {v}'
@@ -379,6 +382,17 @@ def health_plot(heartbeats: Sequence[Mapping[str, Any]], regressions: Sequence[M
             f'{grid}<polyline points="{line}" fill="none" stroke="#8899aa"/>{dots}{"".join(ticks)}{axis}</svg>')
 
 
+def clock_skew_cell(h: HostRow) -> str:
+    """The host's clock against the hub's (its newest heartbeat's time less its receipt), flagged beyond the bound."""
+    if h.clock_skew_seconds is None:
+        return _DASH
+    text = e(f"{h.clock_skew_seconds:+.0f} s")
+    if not h.clock_skewed:
+        return f'<span id="clock-skew">{text}</span>'
+    return (f'<span id="clock-skew" class="badge bad">{text}: clock off by more than {CLOCK_SKEW_BOUND_SECONDS} s '
+            "from the hub</span>")
+
+
 def host_page(h: HostRow, now: dt.datetime, stale_after_seconds: float, drift: Sequence[StoredEvent],
               drift_offset: int, drift_limit: int, events: Sequence[StoredEvent], event_kind: Optional[str],
               kinds: Iterable[str], heartbeats: Sequence[StoredEvent], reader: Optional[str],
@@ -391,7 +405,8 @@ def host_page(h: HostRow, now: dt.datetime, stale_after_seconds: float, drift: S
              ("Rollback coverage", rollback_cell(hb_events)),
              ("Agent version", e(h.agent_version)),
              ("Last seen", when(h.last_seen_at, now) + (_STALE if stale else "")),
-             ("Last heartbeat", when(h.heartbeat_at, now)), ("First seen", when(h.first_seen_at, now)),
+             ("Last heartbeat", when(h.heartbeat_at, now)), ("Clock skew", clock_skew_cell(h)),
+             ("First seen", when(h.first_seen_at, now)),
              ("Pairing reported", when(h.pairing_at, now)), ("Content hash", f"<code>{e(h.content_hash)}</code>"),
              ("Unknown to gpuguard's tables", unknown_versions_cell(h)), *policy_facts]
     facts += [(label, e(getattr(p, name))) for name, label in (
