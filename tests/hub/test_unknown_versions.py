@@ -61,7 +61,9 @@ def test_a_therock_10_2_host_is_counted_as_running_versions_unknown_to_two_table
     host API, /metrics and the overview count one host unknown to AMD's matrix and to the TheRock table and none to
     the dcgm-exporter table, and its host page lists them; host-b (ROCm 10.0) and an older agent's heartbeat (no
     field) count nowhere."""
-    snap = take_snapshot(_host(tmp_path / "a", {"10.2": "10.2.0~20261201"}, {}))
+    from agent.policy.matrix import load_matrix
+
+    snap = take_snapshot(_host(tmp_path / "a", {"10.2": "10.2.0~20261201"}, {}), matrix=load_matrix().to_compiled())
     beat_a = agent_heartbeat(tmp_path, "host-a", SnapshotFacts.of(snap))
     beat_b = agent_heartbeat(tmp_path, "host-b", SnapshotFacts.of(take_snapshot(_host(tmp_path / "b", {}, {}))))
     assert beat_b.payload.unknown_versions is None
