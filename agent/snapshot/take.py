@@ -17,6 +17,7 @@ from agent.snapshot.rocm_release import settled
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.policy.companions import ExporterTable
+    from agent.policy.table_unknown import TheRockTable
 
 log = get_logger("snapshot")
 
@@ -37,9 +38,11 @@ def knowledge_matrix() -> Optional[Dict[str, Any]]:
 
 def take_snapshot(host: Host, collectors: Optional[Sequence[Collector]] = None,
                   exporter_table: Optional["ExporterTable"] = None,
+                  therock_table: Optional["TheRockTable"] = None,
                   matrix: Optional[Dict[str, Any]] = None) -> Snapshot:
-    """Collect every section from ``host``; never raises for a failing collector. ``exporter_table``: gpuguard's
-    dcgm-exporter table in use for the findings (None: the package's); ``matrix``: AMD's matrix in its compiled form
+    """Collect every section from ``host``; never raises for a failing collector. ``exporter_table`` and
+    ``therock_table``: gpuguard's dcgm-exporter and TheRock release tables in use for the findings (None: the
+    package's); ``matrix``: AMD's matrix in its compiled form
     to report newer versions against (default :func:`knowledge_matrix`)."""
     started = time.monotonic()
     chosen = tuple(collectors) if collectors is not None else default_collectors()
@@ -49,7 +52,7 @@ def take_snapshot(host: Host, collectors: Optional[Sequence[Collector]] = None,
         raise ValueError(f"collectors missing for snapshot sections: {missing}")
     draft = settled(Snapshot(agent_version=__version__, hostname=host.hostname(), taken_at=host.clock(), **sections))
     with_findings = replace(draft, findings=analyze(draft, matrix if matrix is not None else knowledge_matrix(),
-                                                    exporter_table))
+                                                    exporter_table, therock_table))
     sealed = replace(with_findings, content_hash=compute_content_hash(with_findings))
     log.info("snapshot_taken", content_hash=sealed.content_hash, findings=len(sealed.findings),
              duration_seconds=round(time.monotonic() - started, 3))

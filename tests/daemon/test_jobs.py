@@ -99,8 +99,8 @@ def test_changed_package_is_reported_with_the_diff_and_asks_for_a_health_check(t
     host = make_fixture_host("gpuless-debian12")
     rt = make_runtime(tmp_path, host)
     asked: List[str] = []
-    def moved_containerd(h: Host, collectors: Any, exporter_table: Any) -> Snapshot:
-        snap = take_snapshot(h, collectors, exporter_table)
+    def moved_containerd(h: Host, collectors: Any, exporter_table: Any, therock_table: Any) -> Snapshot:
+        snap = take_snapshot(h, collectors, exporter_table, therock_table)
         dpkg = snap.dpkg.data
         packages = dict(dpkg.packages)
         packages["containerd.io"] = replace(packages["containerd.io"], version="1.7.23-1")
