@@ -3,7 +3,7 @@
 The package ships each table at /usr/share/gpuguard/knowledge/<table>.toml (policies/knowledge/ in a source tree);
 a signed policy bundle in force may carry its own (installed at policy-bundle/knowledge/, agent/statepaths.py).
 :func:`choose` (pure) takes the one with the later ``dated``, a tie going to the bundle's, so an old bundle never
-rolls the knowledge back behind a newer package; :func:`compiled_knowledge` reads the files (bounded, parsed by
+rolls the knowledge back behind a newer package; :func:`compiled_table` reads a table's files (bounded, parsed by
 agent/policy/knowledge.py) and gives each table's compiled form with its origin (``package`` or ``bundle serial
 N``), which ``policy compile`` writes into the compiled policy and ``policy explain``/``status`` name.
 """
@@ -18,7 +18,6 @@ from agent.errors import InputFileError
 from agent.files import FileMissing, read_bytes_bounded
 from agent.policy.knowledge import (
     MAX_KNOWLEDGE_BYTES,
-    TABLES,
     KnowledgeInvalid,
     KnowledgeTable,
     file_name,
@@ -98,8 +97,8 @@ def choose(shipped: KnowledgeTable, bundled: Optional[KnowledgeTable],
 
 def compiled_table(table: str, bundle: Optional[BundleKnowledge] = None,
                    directories: Tuple[str, ...] = SHIPPED_KNOWLEDGE_DIRS) -> Dict[str, Any]:
-    """One table in use, as the compiled policy holds it (``to_compiled(origin)``); KnowledgeInvalid when the
-    package's copy is missing or damaged or the bundle's installed copy is damaged."""
+    """One table in use (one of knowledge.py's TABLES), as the compiled policy holds it (``to_compiled(origin)``);
+    KnowledgeInvalid when the package's copy is missing or damaged or the bundle's installed copy is damaged."""
     bundled = None
     if bundle is not None:
         try:
@@ -108,13 +107,6 @@ def compiled_table(table: str, bundle: Optional[BundleKnowledge] = None,
             bundled = None
     chosen, origin = choose(shipped_table(table, directories), bundled, bundle.serial if bundle else None)
     return chosen.to_compiled(origin)
-
-
-def compiled_knowledge(bundle: Optional[BundleKnowledge] = None,
-                       directories: Tuple[str, ...] = SHIPPED_KNOWLEDGE_DIRS) -> Dict[str, Dict[str, Any]]:
-    """Each table in use, as the compiled policy holds it (``table -> to_compiled(origin)``); KnowledgeInvalid as
-    :func:`compiled_table`."""
-    return {table: compiled_table(table, bundle, directories) for table in TABLES}
 
 
 def exporter_table_in_use(bundle: Optional[BundleKnowledge] = None) -> "ExporterTable":

@@ -152,22 +152,22 @@ class _Source:
                  knowledge: Optional[BundleKnowledge] = None) -> None:
         self._policy = policy
         self._bundle_knowledge = knowledge
-        self._knowledge: Optional[Dict[str, Any]] = None
+        self._knowledge: Dict[str, Dict[str, Any]] = {}
         self.path = path
         self.policy: Dict[str, Any] = policy.policy.model_dump()
         self.matrix: Optional[Dict[str, Any]] = matrix.to_compiled() if matrix is not None else None
 
-    def knowledge(self) -> Dict[str, Any]:
-        """gpuguard's knowledge tables in use (the package's, or the bundle's where dated later), compiled; read
-        once, when first asked (agent/policy/knowledge_files.py)."""
-        from agent.policy.knowledge_files import compiled_knowledge
+    def knowledge(self, table: str) -> Dict[str, Any]:
+        """One of gpuguard's knowledge tables in use (the package's, or the bundle's where dated later), compiled;
+        read once, when first asked (agent/policy/knowledge_files.py)."""
+        from agent.policy.knowledge_files import compiled_table
 
-        if self._knowledge is None:
+        if table not in self._knowledge:
             try:
-                self._knowledge = compiled_knowledge(self._bundle_knowledge)
+                self._knowledge[table] = compiled_table(table, self._bundle_knowledge)
             except InputFileError as exc:
                 raise PolicyError(exc.path, [exc.reason]) from None
-        return self._knowledge
+        return self._knowledge[table]
 
     def section(self, key: str) -> Any:
         value = getattr(self._policy, key, None)
@@ -214,7 +214,7 @@ def compile_policy(loaded: LoadedPolicy, matrix: Optional[Any] = None, now: Opti
     source = _Source(policy, loaded.path, matrix, knowledge)
     # The TheRock release table always (explain and the [amd] family report a release newer than it); a family's
     # own tables merged in beside it (the companions rule's dcgm-exporter table).
-    tables: Dict[str, Any] = {THEROCK_RELEASES_TABLE: source.knowledge()[THEROCK_RELEASES_TABLE]}
+    tables: Dict[str, Any] = {THEROCK_RELEASES_TABLE: source.knowledge(THEROCK_RELEASES_TABLE)}
     for name in FAMILIES:
         compiled = family(name).compiled(source)
         tables.update(compiled.get("knowledge") or {})

@@ -9,7 +9,7 @@ import pytest
 
 from agent.policy.companions import exporter_table
 from agent.policy.knowledge import MAX_KNOWLEDGE_BYTES, KnowledgeInvalid, parse_knowledge
-from agent.policy.knowledge_files import BundleKnowledge, choose, compiled_knowledge, parse_named, shipped_table
+from agent.policy.knowledge_files import BundleKnowledge, choose, compiled_table, parse_named, shipped_table
 from agent.policy.table_unknown import therock_table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,7 +128,7 @@ def test_a_missing_shipped_table_and_a_damaged_bundle_copy_are_one_line_errors(t
         shipped_table("dcgm-exporter", (str(tmp_path / "none"),))
     (tmp_path / "dcgm-exporter.toml").write_text("table = 1\n")
     with pytest.raises(KnowledgeInvalid, match=f"{tmp_path}/dcgm-exporter.toml: table: "):
-        compiled_knowledge(BundleKnowledge(str(tmp_path), 3))
+        compiled_table("dcgm-exporter", BundleKnowledge(str(tmp_path), 3))
 
 
 THEROCK_SHIPPED = REPO / "policies/knowledge/therock-releases.toml"
@@ -208,10 +208,10 @@ def test_a_therock_table_in_the_exporter_tables_file_is_refused() -> None:
         parse_named("dcgm-exporter.toml", THEROCK_GOOD.encode(), "knowledge -> dcgm-exporter.toml")
 
 
-def test_compiled_knowledge_holds_every_table_the_later_dated_one_chosen_per_table(tmp_path: Path) -> None:
+def test_each_table_is_chosen_on_its_own_the_later_dated_copy_winning(tmp_path: Path) -> None:
     """A bundle directory with only a newer TheRock table: that table from the bundle, the dcgm-exporter table
     from the package."""
     (tmp_path / "therock-releases.toml").write_text(THEROCK_GOOD)
-    tables = compiled_knowledge(BundleKnowledge(str(tmp_path), 5))
-    assert sorted(tables) == ["dcgm-exporter", "therock-releases"]
-    assert (tables["therock-releases"]["origin"], tables["dcgm-exporter"]["origin"]) == ("bundle serial 5", "package")
+    bundle = BundleKnowledge(str(tmp_path), 5)
+    assert compiled_table("therock-releases", bundle)["origin"] == "bundle serial 5"
+    assert compiled_table("dcgm-exporter", bundle)["origin"] == "package"
