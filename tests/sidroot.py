@@ -159,10 +159,12 @@ class SidRoot(MountedRoot):
         return self.root / inside.lstrip("/")
 
     def install_agent(self, lib: str = "/usr/lib/gpuguard") -> Path:
-        """This checkout's agent/ tree at ``lib`` inside the root, as the package installs it; its host path."""
+        """This checkout's agent/ tree at ``lib`` inside the root, with gpuguard's knowledge tables at
+        /usr/share/gpuguard/knowledge, as the package installs them; the agent's host path."""
         repo = Path(__file__).resolve().parents[1]
         target = self.path(lib)
         shutil.rmtree(target / "agent", ignore_errors=True)
         target.mkdir(parents=True, exist_ok=True)
         shutil.copytree(repo / "agent", target / "agent", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(repo / "policies/knowledge", self.path("/usr/share/gpuguard/knowledge"), dirs_exist_ok=True)
         return target

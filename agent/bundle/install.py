@@ -95,16 +95,15 @@ def _extract(bundle: PolicyBundle, target: Path) -> Path:
 
 
 def _check_knowledge(bundle: PolicyBundle, origin: str) -> None:
-    """Each knowledge table the bundle carries parsed strictly (agent/policy/knowledge.py); BundleRefused of kind
-    ``format`` naming the file and the field otherwise, before anything is written."""
+    """Each knowledge table the bundle carries parsed strictly (agent/policy/knowledge_files.py ``check_carried``);
+    BundleRefused of kind ``format`` naming the file and the field otherwise, before anything is written."""
     from agent.policy.knowledge import KnowledgeInvalid
-    from agent.policy.knowledge_files import parse_named
+    from agent.policy.knowledge_files import check_carried
 
-    for name, text in sorted((bundle.knowledge or {}).items()):
-        try:
-            parse_named(name, text.encode("utf-8"), f"knowledge -> {name}")
-        except KnowledgeInvalid as exc:
-            raise BundleRefused(origin, f"not a policy bundle: {exc}", "format", bundle.serial) from None
+    try:
+        check_carried(bundle.knowledge)
+    except KnowledgeInvalid as exc:
+        raise BundleRefused(origin, f"not a policy bundle: {exc}", "format", bundle.serial) from None
 
 
 def _compile(policy_dir: Path, matrix_path: Optional[str], source: str, serial: int,

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from agent.policy.compiled import CompiledPolicy
     from agent.policy.knowledge_files import BundleKnowledge
     from agent.policy.load import LoadedPolicy
+    from agent.policy.table_unknown import TheRockTable
 
 
 class PolicySettings(Protocol):
@@ -56,6 +57,13 @@ class PolicySource:
         from agent.policy.knowledge_files import exporter_table_in_use
 
         return exporter_table_in_use(self.knowledge)
+
+    def therock_table(self) -> "TheRockTable":
+        """gpuguard's TheRock release table in use under this source (the package's, or the bundle's where dated
+        later): what the snapshot reports a newer TheRock release against, as ``policy explain`` does."""
+        from agent.policy.knowledge_files import therock_table_in_use
+
+        return therock_table_in_use(self.knowledge)
 
 
 def describe_bundle(state: BundleState) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from agent.collectors import default_collectors
 from agent.collectors.base import Collector
@@ -20,6 +20,7 @@ from agent.snapshot.take import take_snapshot
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.policy.companions import ExporterTable
+    from agent.policy.table_unknown import TheRockTable
 
 log = get_logger("snapshot_job")
 
@@ -32,13 +33,27 @@ def stack_changed(diff: SnapshotDiff) -> bool:
     return any(change.section in STACK_SECTIONS for change in diff.changes)
 
 
+_Table = TypeVar("_Table")
+
+
+def _table(read: Callable[[], _Table]) -> Optional[_Table]:
+    """A knowledge table in use, or None (logged) when it cannot be read."""
+    from agent.errors import GpuguardError
+
+    try:
+        return read()
+    except GpuguardError as exc:
+        log.warning("knowledge_unreadable", error=str(exc))
+        return None
+
+
 class SnapshotJob:
     """Takes snapshots; on a new content hash commits SnapshotChanged (with the diff) before storing the snapshot."""
 
     def __init__(self, runtime: Runtime, policy_check: Optional[PolicyCheck],
                  on_stack_changed: Callable[[str], None] = lambda reason: None,
-                 take: Callable[[Host, Sequence[Collector], Optional[ExporterTable], Optional[Dict[str, Any]]],
-                                Snapshot] = take_snapshot
+                 take: Callable[[Host, Sequence[Collector], Optional[ExporterTable], Optional[TheRockTable],
+                                 Optional[Dict[str, Any]]], Snapshot] = take_snapshot
                  ) -> None:
         self.runtime = runtime
         self.policy_check = policy_check
@@ -50,18 +65,19 @@ class SnapshotJob:
             if previous is not None:
                 state.keep_snapshot(previous, pairing_of(previous))
 
-    def _exporter_table(self, settings: Settings) -> Optional[ExporterTable]:
-        """The dcgm-exporter table the guard judges with (the package's, or the signed bundle's in force where dated
-        later), so the snapshot's findings agree with the hook; None when it cannot be told (the snapshot then
-        reads the package's, or says it cannot)."""
+    def _tables(self, settings: Settings) -> Tuple[Optional[ExporterTable], Optional[TheRockTable]]:
+        """The dcgm-exporter and TheRock release tables the guard judges with (each the package's, or the signed
+        bundle's in force where dated later), so the snapshot's findings agree with the hook and ``policy explain``;
+        None for one that cannot be told (the snapshot then reads the package's, or says it cannot)."""
         from agent.bundle.source import policy_source
         from agent.errors import GpuguardError
 
         try:
-            return policy_source(self.runtime.host, settings.guard, settings.agent.state_dir).exporter_table()
+            source = policy_source(self.runtime.host, settings.guard, settings.agent.state_dir)
         except GpuguardError as exc:
             log.warning("knowledge_unreadable", error=str(exc))
-            return None
+            return None, None
+        return _table(source.exporter_table), _table(source.therock_table)
 
     def _matrix(self, settings: Settings) -> Optional[Dict[str, Any]]:
         """AMD's matrix of the policy in force (the configured or the bundle's, else the shipped one), in its compiled
@@ -81,8 +97,9 @@ class SnapshotJob:
     def run(self, reason: str = "interval") -> None:
         rt = self.runtime
         settings = rt.job_settings()
-        snap = self._take(rt.host, default_collectors(settings.snapshot.all_watched_packages),
-                          self._exporter_table(settings), self._matrix(settings))
+        exporter_table, therock_table = self._tables(settings)
+        snap = self._take(rt.host, default_collectors(settings.snapshot.all_watched_packages), exporter_table,
+                          therock_table, self._matrix(settings))
         previous = rt.state.last_snapshot
         pairing = pairing_of(snap)
         diff: Optional[SnapshotDiff] = None

@@ -4,7 +4,9 @@ gets.
 A push is parsed as the agent parses a bundle (``agent.bundle.format.parse_bundle``) and its signature verified with
 gpgv against the keyrings of the hub's ``policy_keys_dir`` (``agent.bundle.verify.verify_signature``, the agent's
 own check, keys-directory safety included) before anything is stored: an admin token alone cannot store or offer a
-bundle, nor raise the serial floor (a refused push is 422, audited, and stores nothing). The agents verify again
+bundle, nor raise the serial floor (a refused push is 422, audited, and stores nothing). The knowledge tables a
+bundle carries are parsed by the agent's own strict parser (``agent.policy.knowledge_files.check_carried``) first:
+a malformed one is 422 naming the file and the field, audited as a refused push. The agents verify again
 against their own trusted keys. The signature is kept beside the bytes it signs. Whether a serial
 is new is decided in the database: one transaction holds every other push off (``Dialect.lock``; SQLite's BEGIN
 IMMEDIATE), reads the highest stored serial and inserts only above it, so of two pushes of one serial exactly one
@@ -33,6 +35,8 @@ from agent.hub.store import SqlStore
 from agent.hub.tokens import Principal
 from agent.log import get_logger
 from agent.models import FrozenModel
+from agent.policy.knowledge import KnowledgeInvalid
+from agent.policy.knowledge_files import check_carried
 from agent.wire import MAX_SIGNATURE_BYTES, POLICY_ATTENTION, REFUSAL_KINDS, etag_of
 
 log = get_logger("hub.bundles")
@@ -197,6 +201,12 @@ class PolicyBundles:
             bundle = parse_bundle(data, "bundle")
         except BundleInvalid as exc:
             raise self._refused(principal, None, HubHTTPError(422, "invalid_bundle", str(exc))) from None
+        try:
+            check_carried(bundle.knowledge)  # the agent's own parser: a table no host would install is not kept
+        except KnowledgeInvalid as exc:
+            raise self._refused(principal, None, HubHTTPError(
+                422, "invalid_bundle", f"not a policy bundle: {exc} (the bundle claims serial {bundle.serial})")) \
+                from None
         if not signature or len(signature) > MAX_SIGNATURE_BYTES:
             raise self._refused(principal, bundle.serial, HubHTTPError(
                 422, "invalid_signature", f"signature: must be 1 to {MAX_SIGNATURE_BYTES} bytes, got "

@@ -61,17 +61,18 @@ class Explanation:
 
 def tables_line(policy: CompiledPolicy) -> str:
     """The compatibility tables gpuguard judges this policy with, each with its date and origin: the dcgm-exporter
-    table when the companions rule reads it (the package's or a signed bundle's, with its newest row: a newer
-    release is reported as unknown to it), the TheRock release table (agent/policy/releases.py) with its newest row,
-    and AMD's matrix when the policy compiles it in."""
-    from agent.policy import companions, releases
+    table when the companions rule reads it and the TheRock release table (each the package's or a signed bundle's,
+    with its version, date, origin and newest row: a newer release is reported as unknown to it), and AMD's matrix
+    when the policy compiles it in."""
+    from agent.policy import companions, table_unknown
 
     parts = []
     compiled_table = (policy.section("knowledge") or {}).get(companions.EXPORTER_TABLE_NAME)
     if compiled_table is not None:
         parts.append(companions.exporter_table(compiled_table).named())
-    parts.append(f"TheRock release table dated {releases.THEROCK_TABLE_DATED} (newest row: "
-                 f"{releases.THEROCK_RELEASES[-1][0]})")
+    therock = table_unknown.compiled_therock_table(policy.section("knowledge"))
+    if therock is not None:
+        parts.append(therock.named())
     matrix = policy.section("matrix")
     if matrix:
         parts.append(f"AMD compatibility matrix recorded {matrix.get('recorded')}")

@@ -3,7 +3,7 @@
 The package ships each table at /usr/share/gpuguard/knowledge/<table>.toml (policies/knowledge/ in a source tree);
 a signed policy bundle in force may carry its own (installed at policy-bundle/knowledge/, agent/statepaths.py).
 :func:`choose` (pure) takes the one with the later ``dated``, a tie going to the bundle's, so an old bundle never
-rolls the knowledge back behind a newer package; :func:`compiled_knowledge` reads the files (bounded, parsed by
+rolls the knowledge back behind a newer package; :func:`compiled_table` reads a table's files (bounded, parsed by
 agent/policy/knowledge.py) and gives each table's compiled form with its origin (``package`` or ``bundle serial
 N``), which ``policy compile`` writes into the compiled policy and ``policy explain``/``status`` name.
 """
@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
 
 from agent.errors import InputFileError
 from agent.files import FileMissing, read_bytes_bounded
 from agent.policy.knowledge import (
     MAX_KNOWLEDGE_BYTES,
-    TABLES,
     KnowledgeInvalid,
     KnowledgeTable,
     file_name,
@@ -27,6 +26,7 @@ from agent.policy.knowledge import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.policy.companions import ExporterTable
+    from agent.policy.table_unknown import TheRockTable
 
 # Where the package's tables are looked for, in order: the packaged copy, then the source tree's.
 SHIPPED_KNOWLEDGE_DIRS = ("/usr/share/gpuguard/knowledge", str(Path(__file__).resolve().parents[2] / "policies" /
@@ -49,6 +49,19 @@ def parse_named(name: str, data: bytes, where: str) -> KnowledgeTable:
     if file_name(table.table) != name:
         raise KnowledgeInvalid(where, f"table: {table.table!r} is not the table a file named {name} holds")
     return table
+
+
+def check_carried(knowledge: Optional[Mapping[str, str]]) -> None:
+    """Each knowledge file a bundle carries (file name -> TOML text) parsed strictly as the table its name says,
+    before anything of the bundle is kept (``policy install``, the daemon's fetch, the hub's push); KnowledgeInvalid
+    naming ``knowledge -> FILE`` and the field otherwise."""
+    for name, text in sorted((knowledge or {}).items()):
+        where = f"knowledge -> {name}"
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise KnowledgeInvalid(where, f"knowledge file is not UTF-8 (character {exc.start})") from None
+        parse_named(name, data, where)
 
 
 def read_table(path: str) -> KnowledgeTable:
@@ -82,21 +95,18 @@ def choose(shipped: KnowledgeTable, bundled: Optional[KnowledgeTable],
     return shipped, PACKAGE_ORIGIN
 
 
-def compiled_knowledge(bundle: Optional[BundleKnowledge] = None,
-                       directories: Tuple[str, ...] = SHIPPED_KNOWLEDGE_DIRS) -> Dict[str, Dict[str, Any]]:
-    """Each table in use, as the compiled policy holds it (``table -> to_compiled(origin)``); KnowledgeInvalid when
-    the package's copy is missing or damaged or the bundle's installed copy is damaged."""
-    out = {}
-    for table in TABLES:
-        bundled = None
-        if bundle is not None:
-            try:
-                bundled = read_table(str(Path(bundle.directory) / file_name(table)))
-            except FileMissing:
-                bundled = None
-        chosen, origin = choose(shipped_table(table, directories), bundled, bundle.serial if bundle else None)
-        out[table] = chosen.to_compiled(origin)
-    return out
+def compiled_table(table: str, bundle: Optional[BundleKnowledge] = None,
+                   directories: Tuple[str, ...] = SHIPPED_KNOWLEDGE_DIRS) -> Dict[str, Any]:
+    """One table in use (one of knowledge.py's TABLES), as the compiled policy holds it (``to_compiled(origin)``);
+    KnowledgeInvalid when the package's copy is missing or damaged or the bundle's installed copy is damaged."""
+    bundled = None
+    if bundle is not None:
+        try:
+            bundled = read_table(str(Path(bundle.directory) / file_name(table)))
+        except FileMissing:
+            bundled = None
+    chosen, origin = choose(shipped_table(table, directories), bundled, bundle.serial if bundle else None)
+    return chosen.to_compiled(origin)
 
 
 def exporter_table_in_use(bundle: Optional[BundleKnowledge] = None) -> "ExporterTable":
@@ -104,4 +114,12 @@ def exporter_table_in_use(bundle: Optional[BundleKnowledge] = None) -> "Exporter
     it here, the hook from the compiled policy)."""
     from agent.policy.companions import EXPORTER_TABLE_NAME, exporter_table
 
-    return exporter_table(compiled_knowledge(bundle)[EXPORTER_TABLE_NAME])
+    return exporter_table(compiled_table(EXPORTER_TABLE_NAME, bundle))
+
+
+def therock_table_in_use(bundle: Optional[BundleKnowledge] = None) -> "TheRockTable":
+    """The TheRock release table a TheRock release is reported against (the snapshot reads it here, ``policy
+    explain`` from the compiled policy)."""
+    from agent.policy.table_unknown import THEROCK_RELEASES_TABLE, therock_table
+
+    return therock_table(compiled_table(THEROCK_RELEASES_TABLE, bundle))

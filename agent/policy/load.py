@@ -24,6 +24,7 @@ from agent.policy.compiled import COMPILED_FORMAT, CompiledPolicy, check_compile
 from agent.policy.evaluate import FAMILIES, family
 from agent.policy.knowledge_files import BundleKnowledge
 from agent.policy.model import SECTIONS, Policy
+from agent.policy.table_unknown import THEROCK_RELEASES_TABLE
 from agent.strictjson import MAX_NESTING_DEPTH, nesting_depth
 from agent.tomlreader import MAX_TOML_BYTES, toml_module, toml_worded
 from agent.validation import validation_problems
@@ -151,19 +152,22 @@ class _Source:
                  knowledge: Optional[BundleKnowledge] = None) -> None:
         self._policy = policy
         self._bundle_knowledge = knowledge
+        self._knowledge: Dict[str, Dict[str, Any]] = {}
         self.path = path
         self.policy: Dict[str, Any] = policy.policy.model_dump()
         self.matrix: Optional[Dict[str, Any]] = matrix.to_compiled() if matrix is not None else None
 
-    def knowledge(self) -> Dict[str, Any]:
-        """gpuguard's knowledge tables in use (the package's, or the bundle's where dated later), compiled; read
-        only when a family asks (agent/policy/knowledge_files.py)."""
-        from agent.policy.knowledge_files import compiled_knowledge
+    def knowledge(self, table: str) -> Dict[str, Any]:
+        """One of gpuguard's knowledge tables in use (the package's, or the bundle's where dated later), compiled;
+        read once, when first asked (agent/policy/knowledge_files.py)."""
+        from agent.policy.knowledge_files import compiled_table
 
-        try:
-            return compiled_knowledge(self._bundle_knowledge)
-        except InputFileError as exc:
-            raise PolicyError(exc.path, [exc.reason]) from None
+        if table not in self._knowledge:
+            try:
+                self._knowledge[table] = compiled_table(table, self._bundle_knowledge)
+            except InputFileError as exc:
+                raise PolicyError(exc.path, [exc.reason]) from None
+        return self._knowledge[table]
 
     def section(self, key: str) -> Any:
         value = getattr(self._policy, key, None)
@@ -208,8 +212,14 @@ def compile_policy(loaded: LoadedPolicy, matrix: Optional[Any] = None, now: Opti
         "guarded": guarded_patterns(policy),
     }
     source = _Source(policy, loaded.path, matrix, knowledge)
+    # The TheRock release table always (explain and the [amd] family report a release newer than it); a family's
+    # own tables merged in beside it (the companions rule's dcgm-exporter table).
+    tables: Dict[str, Any] = {THEROCK_RELEASES_TABLE: source.knowledge(THEROCK_RELEASES_TABLE)}
     for name in FAMILIES:
-        data.update(family(name).compiled(source))
+        compiled = family(name).compiled(source)
+        tables.update(compiled.get("knowledge") or {})
+        data.update({key: value for key, value in compiled.items() if key != "knowledge"})
+    data["knowledge"] = tables
     if policy.health:
         data["health"] = policy.health.model_dump()
     check_compiled(json.loads(json.dumps(data)), "<compiled>")

@@ -7,8 +7,9 @@ parses TOML.
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator
 
@@ -19,9 +20,23 @@ from agent.tomlreader import MAX_TOML_BYTES, toml_module, toml_worded
 from agent.validation import validation_problems
 
 MATRIX_FILE_NAME = "amd-compat-matrix.toml"
+# The matrix format from which every row carries the day it was checked (``date``).
+DATED_ROWS_FORMAT = 2
 # Where the matrix is looked for, in order, when no path is configured: operator copy, packaged copy, source tree.
 MATRIX_SEARCH_PATHS = ("/etc/gpuguard/" + MATRIX_FILE_NAME, "/usr/share/gpuguard/" + MATRIX_FILE_NAME,
                        str(Path(__file__).resolve().parents[2] / "policies" / MATRIX_FILE_NAME))
+
+
+def _row_day(value: Optional[str]) -> Optional[str]:
+    if value is None:
+        return value
+    try:
+        dt.date.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a day as YYYY-MM-DD") from None
+    if len(value) != 10:
+        raise ValueError(f"{value!r} is not a day as YYYY-MM-DD")
+    return value
 
 
 def _series(value: str) -> str:
@@ -50,6 +65,9 @@ class DriverRow(MatrixModel):
     """One amdgpu driver series and the ROCm series AMD supports on it."""
 
     series: str
+    # The day the row was checked against its sources (required from format 2; a format 1 row is dated by the
+    # file's ``recorded``).
+    date: Optional[str] = None
     rocm: List[str] = Field(min_length=1)
     dkms_base: Optional[str] = None
     example_package: Optional[str] = None
@@ -57,6 +75,7 @@ class DriverRow(MatrixModel):
     notes: List[str] = []
 
     _check_series = field_validator("series")(_series)
+    _check_date = field_validator("date")(_row_day)
 
     @field_validator("rocm")
     @classmethod
@@ -70,6 +89,7 @@ class RocmRow(MatrixModel):
     """One ROCm series: the drivers, OS releases, kernel series and GPU targets AMD lists for it."""
 
     series: str
+    date: Optional[str] = None  # as DriverRow's
     releases: List[str] = Field(min_length=1)
     drivers: List[str] = Field(min_length=1)
     gpus: List[str] = []  # empty: AMD's table for the series was not found, GPUs are not checked (notes say so)
@@ -79,6 +99,7 @@ class RocmRow(MatrixModel):
     notes: List[str] = []
 
     _check_series = field_validator("series")(_series)
+    _check_date = field_validator("date")(_row_day)
 
     @field_validator("gpus")
     @classmethod
@@ -92,7 +113,8 @@ class RocmRow(MatrixModel):
 class Matrix(MatrixModel):
     """The whole matrix file."""
 
-    format: int = Field(ge=1, le=1)
+    # 2: every row carries its ``date``; 1 (an older copy): rows are dated by ``recorded``.
+    format: int = Field(ge=1, le=DATED_ROWS_FORMAT)
     title: str
     recorded: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$")
     sources: List[Source] = Field(min_length=1)
@@ -108,6 +130,15 @@ class Matrix(MatrixModel):
             problems.append("driver: duplicate series")
         if len({r.series for r in self.rocm}) != len(self.rocm):
             problems.append("rocm: duplicate series")
+        tables: List[Tuple[str, Sequence[Union[DriverRow, RocmRow]]]] = [("driver", self.driver), ("rocm", self.rocm)]
+        for table, rows in tables:
+            for i, dated in enumerate(rows, 1):
+                if dated.date is None and self.format >= DATED_ROWS_FORMAT:
+                    problems.append(f"{table} -> {i} -> date: required from format {DATED_ROWS_FORMAT} (the day the "
+                                    f"row was checked against its sources)")
+                elif dated.date is not None and dated.date > self.recorded:
+                    problems.append(f"{table} -> {i} -> date: {dated.date} is after the matrix's recorded "
+                                    f"{self.recorded}")
         for i, row in enumerate(self.driver, 1):
             problems += [f"driver -> {i}: unknown source {s!r}" for s in row.sources if s not in source_ids]
         for i, rocm_row in enumerate(self.rocm, 1):

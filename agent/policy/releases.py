@@ -78,19 +78,6 @@ def rocm_code_release(code: str) -> Optional[str]:
     return f"{number // 10000}.{(number // 100) % 100}.{number % 100}"
 
 
-# ROCm releases built with TheRock (packaged as amdrocm-*, installed under /opt/rocm/core-X.Y): series -> (the day
-# it was released or its notes were published, source). A release newer than the newest row is reported as "unknown to
-# gpuguard's TheRock table dated D" (agent/policy/table_unknown.py), never judged by what the table does not say. The
-# date is the day the table was last checked against its sources (../shared/reference/therock-packaging-facts.md).
-THEROCK_TABLE_DATED = "2026-12-06"
-THEROCK_RELEASES: Tuple[Tuple[str, str, str], ...] = (
-    ("7.13", "2026-05", "ROCm/amdgpu issue 220 (amdrocm-base7.13 on Ubuntu 26.04); Radeon repositories 7.13.0~pre2"),
-    ("7.14", "2026-07", "ROCm 7.14.0, the first production TheRock release"),
-    ("10.0", "2026-08-26", "ROCm/TheRock tag therock-10.0 (10.0.0 GA; amdrocm-base10.0 10.0.0-4)"),
-    ("10.1", "2026-10-05", "ROCm 10.1.0 release notes"),
-)
-
-
 # amdsmi's own numbering (24.6.2, 25.3.0, 26.0.2, 27.0.0) starts here; ROCm's releases are below it.
 AMDSMI_OWN_MAJOR_FROM = 20
 THEROCK_AMDSMI_PACKAGE = "amdrocm-amdsmi"

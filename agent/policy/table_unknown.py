@@ -4,10 +4,11 @@ The tables (agent/wire.py's UNKNOWN_TABLES):
 
 - ``amd-matrix``: AMD's compatibility matrix (policies/amd-compat-matrix.toml, its ``recorded`` date): a ROCm
   release series, an amdgpu driver series or a GPU target (gfx) newer than every one the matrix lists;
-- ``therock``: the TheRock release table (agent/policy/releases.py THEROCK_RELEASES): a TheRock ROCm release series
-  newer than its newest row;
-- ``dcgm-exporter``: the dcgm-exporter table (agent/policy/companions.py EXPORTER_TABLE): an exporter, or a DCGM,
-  newer than its newest row.
+- ``therock``: the TheRock release table (policies/knowledge/therock-releases.toml, the package's or a signed
+  bundle's, whichever is dated later: agent/policy/knowledge_files.py; read back here by :func:`therock_table`): a
+  TheRock ROCm release series newer than its newest row;
+- ``dcgm-exporter``: the dcgm-exporter table (policies/knowledge/dcgm-exporter.toml, read back by
+  agent/policy/companions.py): an exporter, or a DCGM, newer than its newest row.
 
 "Newer" is judged on parsed numbers (``10.10`` is newer than ``10.9``; ``gfx1250`` than ``gfx950``), never on
 text. Such a version is reported ("unknown to gpuguard's table dated D": a snapshot finding, a ``status`` line, a
@@ -18,7 +19,6 @@ and never silently passed. Pure and standard library only (the apt hook imports 
 from __future__ import annotations
 
 from agent.hostfacts.package_keys import package_name
-from agent.policy import releases
 from agent.records import Record
 from agent.wire import UNKNOWN_TABLES
 
@@ -30,6 +30,48 @@ AMD_MATRIX, THEROCK, DCGM_EXPORTER = UNKNOWN_TABLES
 # What each table is called in messages.
 TABLE_TITLES = {AMD_MATRIX: "AMD compatibility matrix", THEROCK: "TheRock release table",
                 DCGM_EXPORTER: "dcgm-exporter table"}
+# The TheRock release table's knowledge file name (``therock-releases.toml``, agent/policy/knowledge.py TABLES); the
+# dcgm-exporter table's is its wire name.
+THEROCK_RELEASES_TABLE = "therock-releases"
+
+
+class TheRockTable(Record):
+    """The TheRock release table in use: its version, the day it was checked (``dated``), where it came from
+    (``package``, ``bundle serial 7``) and its newest release series."""
+
+    __slots__ = ("version", "dated", "origin", "newest")
+    version: int
+    dated: str
+    origin: str
+    newest: str
+
+    def __init__(self, version: int, dated: str, origin: str, newest: str) -> None:
+        Record.__init__(self, version, dated, origin, newest)
+
+    def named(self) -> str:
+        """``TheRock release table version 1 dated 2026-12-06 (from package; newest row: 10.1)`` for people."""
+        return (f"{TABLE_TITLES[THEROCK]} version {self.version} dated {self.dated} (from {self.origin}; newest row: "
+                f"{self.newest})")
+
+
+def therock_table(value: Any) -> TheRockTable:
+    """The TheRock release table of a compiled policy (agent/policy/knowledge.py ``to_compiled``'s plain data);
+    ValueError naming the field when it is misshapen."""
+    if not isinstance(value, dict) or value.get("table") != THEROCK_RELEASES_TABLE:
+        raise ValueError(f"not the {THEROCK_RELEASES_TABLE} table")
+    version = value.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ValueError("version: not a number from 1")
+    for field in ("dated", "origin"):
+        if not isinstance(value.get(field), str) or not value[field]:
+            raise ValueError(f"{field}: not a non-empty string")
+    rows = value.get("rows")
+    if not isinstance(rows, list) or not rows:
+        raise ValueError("rows: not a non-empty list")
+    for index, row in enumerate(rows, 1):
+        if not isinstance(row, dict) or not release_key(row.get("release")):
+            raise ValueError(f"rows -> {index} -> release: not a dotted release")
+    return TheRockTable(version, value["dated"], value["origin"], max((r["release"] for r in rows), key=release_key))
 
 
 class TableUnknown(Record):
@@ -133,11 +175,19 @@ def amd_matrix(matrix: Mapping[str, Any], rocm: Mapping[str, Optional[str]], dri
     return out
 
 
-def therock(found: Mapping[str, Optional[str]]) -> List[TableUnknown]:
+def compiled_therock_table(knowledge: Any) -> Optional[TheRockTable]:
+    """The TheRock release table a compiled policy's ``knowledge`` section holds; None when it holds none (a policy
+    compiled before the table was data) or a misshapen one: nothing is then reported against it."""
+    try:
+        return therock_table(knowledge.get(THEROCK_RELEASES_TABLE)) if isinstance(knowledge, dict) else None
+    except ValueError:
+        return None
+
+
+def therock(found: Mapping[str, Optional[str]], table: TheRockTable) -> List[TableUnknown]:
     """TheRock release series (``found``: package key or tree path -> series) newer than the TheRock release table's
-    newest row."""
-    dated = releases.THEROCK_TABLE_DATED
-    newest = releases.THEROCK_RELEASES[-1][0]
+    newest row (``table``: the one in use)."""
+    dated, newest = table.dated, table.newest
     return [TableUnknown(THEROCK, "therock", release, newest, dated,
                          f"TheRock ROCm {release} ({_shown(keys)}) is {_where(THEROCK, dated, newest)}: not judged "
                          "by what gpuguard knows of TheRock releases; update gpuguard",

@@ -20,6 +20,7 @@ from agent.versions import upstream_dotted
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.policy.companions import ExporterTable
+    from agent.policy.table_unknown import TheRockTable
     from agent.snapshot.model import Finding, Severity, Snapshot
 
 # Packages whose version is the NVIDIA driver's own (not toolkits or container tools).
@@ -193,28 +194,42 @@ def _amd_releases(snap: "Snapshot", packages: Dict[str, PackageInfo]) -> Tuple[D
 
 
 def _table_unknown_findings(snap: "Snapshot", packages: Dict[str, PackageInfo], matrix: Optional[Mapping[str, Any]],
-                            exporter_table: Optional["ExporterTable"]) -> List["Finding"]:
+                            exporter_table: Optional["ExporterTable"],
+                            therock_table: Optional["TheRockTable"]) -> List["Finding"]:
     """Versions newer than a compatibility table of gpuguard's knows (agent/policy/table_unknown.py: AMD's matrix,
-    the TheRock release table, the dcgm-exporter table in use when there is one): reported as info naming the table
-    and its date (and the dcgm-exporter table's origin), never judged."""
+    the TheRock release table and the dcgm-exporter table in use where there is one): reported as info naming the
+    table and its date (and the knowledge table's origin), never judged. The TheRock table is read (the package's,
+    when none is given) only where a TheRock release is installed: a snapshot elsewhere never parses it."""
     from agent.policy import companions, releases, table_unknown
 
     installed = {key: info.version for key, info in packages.items()}
     rocm, therock = _amd_releases(snap, packages)
+    unreadable: List["Finding"] = []
+    if therock_table is None and any(therock.values()):
+        from agent.errors import GpuguardError
+        from agent.policy.knowledge_files import therock_table_in_use
+
+        try:
+            therock_table = therock_table_in_use()
+        except GpuguardError as exc:
+            unreadable = [_finding("knowledge_unreadable", "warning", "rocm", f"gpuguard's TheRock release table "
+                                   f"cannot be read ({exc}): no TheRock release is reported as newer than it; "
+                                   f"reinstall gpuguard")]
     found = [*(companions.unknown_to_table(installed, exporter_table) if exporter_table is not None else []),
-             *table_unknown.therock(therock)]
+             *(table_unknown.therock(therock, therock_table) if therock_table is not None else [])]
     if matrix is not None:
         driver_key = next((k for k in sorted(installed) if package_name(k) == AMD_DRIVER_PACKAGE), None)
         drivers = {driver_key: releases.series(releases.amdgpu_driver_release(installed[driver_key]))} \
             if driver_key else {}
         gpus = [g.gfx_target for g in snap.amdgpu.data.gpus if g.gfx_target] if snap.amdgpu.data is not None else []
         found += table_unknown.amd_matrix(matrix, rocm, drivers, gpus)
-    return [_finding("unknown_to_table", "info", item.component, item.message, table=item.table,
-                     version=item.version, newest=item.newest, table_dated=item.dated,
-                     table_origin=(exporter_table.origin if exporter_table is not None
-                                   and item.table == companions.EXPORTER_TABLE_NAME else None),
-                     packages=" ".join(f"{k}={installed[k]}" for k in item.packages) or None)
-            for item in found]
+    origins = {companions.EXPORTER_TABLE_NAME: exporter_table.origin if exporter_table is not None else None,
+               table_unknown.THEROCK: therock_table.origin if therock_table is not None else None}
+    return [*(_finding("unknown_to_table", "info", item.component, item.message, table=item.table,
+                       version=item.version, newest=item.newest, table_dated=item.dated,
+                       table_origin=origins.get(item.table),
+                       packages=" ".join(f"{k}={installed[k]}" for k in item.packages) or None)
+              for item in found), *unreadable]
 
 
 def _package_state_findings(packages: Dict[str, PackageInfo]) -> List["Finding"]:
@@ -243,12 +258,14 @@ def _container_cgroup_findings(snap: "Snapshot") -> List["Finding"]:
 
 
 def analyze(snap: "Snapshot", matrix: Optional[Mapping[str, Any]] = None,
-            exporter_table: Optional["ExporterTable"] = None) -> List["Finding"]:
+            exporter_table: Optional["ExporterTable"] = None,
+            therock_table: Optional["TheRockTable"] = None) -> List["Finding"]:
     """Every finding the snapshot supports, in a stable order; ``matrix`` is AMD's matrix in its compiled form
     (agent/policy/matrix.py), to report what is newer than it (none: not judged against it); ``exporter_table``:
     gpuguard's dcgm-exporter table in use (None: the package's, agent/policy/knowledge_files.py, read only where DCGM
     or dcgm-exporter is installed: a snapshot elsewhere never parses it; when it cannot be read, a warning finding
-    says so and the table's findings are left out, never the snapshot)."""
+    says so and the table's findings are left out, never the snapshot); ``therock_table``: the TheRock release table
+    in use, likewise (None: the package's, read only where a TheRock release is installed)."""
     from agent.policy import companions
     from agent.policy.globs import any_glob
 
@@ -264,7 +281,7 @@ def analyze(snap: "Snapshot", matrix: Optional[Mapping[str, Any]] = None,
         except GpuguardError as exc:
             unreadable = [_finding("knowledge_unreadable", "warning", "dcgm", f"gpuguard's dcgm-exporter table "
                                    f"cannot be read ({exc}): dcgm-exporter is not judged; reinstall gpuguard")]
-    unknown = [*_table_unknown_findings(snap, packages, matrix, exporter_table), *unreadable]
+    unknown = [*_table_unknown_findings(snap, packages, matrix, exporter_table, therock_table), *unreadable]
     return [*_kernel_findings(snap), *_amdgpu_findings(snap, packages), *_rocm_findings(snap, packages),
             *_nvidia_findings(snap, packages), *_companion_findings(snap, packages, exporter_table), *unknown,
             *_container_cgroup_findings(snap), *_package_state_findings(packages)]

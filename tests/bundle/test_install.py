@@ -149,7 +149,9 @@ def test_every_bad_bundle_is_refused_and_the_old_policy_keeps_guarding(tmp_path:
                         "/var/lib/gpuguard")
     check = next(c for c in assess(healthy(policy=facts)).checks if c.name == "policy")
     assert check.state == "warn" and check.summary == (
-        f"bundle serial 10 from file, key {site.signer.fingerprint}; serial 17 refused (compile): does not compile: "
+        f"bundle serial 10 from file, key {site.signer.fingerprint}; gpuguard's compatibility tables: TheRock release "
+        f"table version 1 dated 2026-12-06 (from package; newest row: 10.1); serial 17 refused (compile): does not "
+        f"compile: "
         f"policy.d: 10-site.toml: policy -> name: 1 is a number: write a string in quotes")
 
 

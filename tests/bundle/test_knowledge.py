@@ -1,11 +1,11 @@
-"""Knowledge tables travelling in signed bundles: a newer dcgm-exporter table judges the host, an older one never
-replaces the package's, a malformed one is a format refusal (real gpg signatures, the real apt hook)."""
+"""Knowledge tables travelling in signed bundles: a newer dcgm-exporter or TheRock table judges the host, an older
+one never replaces the package's, a malformed one is a format refusal (real gpg signatures, the real apt hook)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Tuple
+from typing import List, Optional, Tuple
 
 from agent.bundle.state import read_bundle_state
 from agent.config import parse_settings
@@ -13,7 +13,7 @@ from agent.guard.hotpath import decision as exits
 from agent.host import Host
 from agent.status.assess import assess
 from agent.status.facts import read_policy
-from tests.bundle.test_install import Site, run
+from tests.bundle.test_install import PERMISSIVE, Site, run
 from tests.guard.apt.test_hook import HEAD, line, run_hook
 from tests.status.test_assess import healthy
 
@@ -162,3 +162,101 @@ def test_policy_bundle_refuses_a_knowledge_file_it_cannot_parse(tmp_path: Path) 
                          "--all", "--knowledge", str(bad))
     assert code == 4 and not target.exists()
     assert err == f"gpuguard: error: {bad}: version: Input should be greater than or equal to 1\n"
+
+
+THEROCK_SHIPPED = (REPO / "policies/knowledge/therock-releases.toml").read_text()
+# A TheRock 10.2 row, newer than the shipped table's newest (10.1).
+ROW_10_2 = ('\n[[row]]\nrelease = "10.2"\nreleased = "2026-12"\nsource = "https://github.com/ROCm/TheRock '
+            '(invented for the test, issue 42)"\ndate = "{date}"\n')
+UNKNOWN_10_2 = "TheRock ROCm 10.2 (amdrocm-base10.2) is unknown to gpuguard's TheRock release table dated 2026-12-06"
+
+
+def therock_table_text(dated: str) -> str:
+    """The shipped TheRock table with the 10.2 row added, dated ``dated`` (every row's date moved to it or before)."""
+    text = THEROCK_SHIPPED.replace('dated = "2026-12-06"', f'dated = "{dated}"').replace("version = 1", "version = 2")
+    return text.replace('date = "2026-12-06"', f'date = "{min(dated, "2026-12-06")}"') + ROW_10_2.format(date=dated)
+
+
+def therock_site(tmp_path: Path) -> Site:
+    """A bundle-sourced host with an AMD pairing policy that allows any pair in force (serial 1) and TheRock 10.2
+    (amdrocm-base10.2) installed beside its stack."""
+    site = Site(tmp_path)
+    status = site.root / "var/lib/dpkg/status"
+    status.write_text(status.read_text().rstrip("\n") + "\n\nPackage: amdrocm-base10.2\nStatus: install ok installed\n"
+                      "Architecture: amd64\nVersion: 10.2.0~20261201-1\nDescription: x\n\n")
+    code, _, err = site.install(site.bundle(1, PERMISSIVE))
+    assert code == 0, err
+    return site
+
+
+def therock_bundle(site: Site, serial: int, knowledge: str) -> Path:
+    """``policy bundle --knowledge`` with this therock-releases.toml, signed by the site's key."""
+    (site.policy_dir / "10-site.toml").write_text(PERMISSIVE)
+    source = site.tmp / f"t{serial}" / "therock-releases.toml"
+    source.parent.mkdir()
+    source.write_text(knowledge)
+    target = site.tmp / f"bundle-{serial}.json"
+    code, out, err = run("policy", "bundle", str(site.policy_dir), "--serial", str(serial), "-o", str(target),
+                         "--no-host", "--all", "--knowledge", str(source))
+    assert code == 0 and "and knowledge therock-releases.toml" in out, out + err
+    site.signer.sign(target)
+    return target
+
+
+def explain_lines(site: Site) -> str:
+    """``policy explain``'s output (the side-by-side ROCm releases are a violation of the policy: exit 10)."""
+    code, out, err = run("policy", "explain", "--root", str(site.root), "--config", str(site.config))
+    assert code == 10 and "amd.rocm_side_by_side" in out, out + err
+    return out
+
+
+def tree_findings(site: Site, tmp_path: Path) -> List[Tuple[str, str, Optional[str]]]:
+    """The TheRock findings of a snapshot of a host with a /opt/rocm/core-10.2 tree (no package), judged with the
+    TheRock table the site's policy source has in force, as the daemon's snapshot job reads it."""
+    from agent.bundle.source import policy_source
+    from agent.snapshot.take import take_snapshot
+    from tests.snapshot.test_unknown_to_table import _host
+
+    settings = parse_settings(site.config.read_text())
+    in_force = policy_source(Host.for_root(str(site.root)), settings.guard, settings.agent.state_dir).therock_table()
+    snap = take_snapshot(_host(tmp_path / f"tree-{in_force.origin[-1]}", {"10.2": "10.2.0~20261201"}, {}),
+                         therock_table=in_force)
+    return [(f.details["version"], f.details["table_dated"], f.details.get("table_origin")) for f in snap.findings
+            if f.kind == "unknown_to_table" and f.details["table"] == "therock"]
+
+
+def test_a_bundle_with_a_newer_therock_row_makes_therock_10_2_known(tmp_path: Path) -> None:
+    """Under the package's TheRock table (newest 10.1) TheRock 10.2 is "unknown to gpuguard's table", as a package in
+    ``policy explain`` and as a tree in the snapshot; a signed bundle carrying the table dated later with a 10.2 row
+    is installed beside the policy, compiled in from the bundle's serial, and 10.2 is no longer unknown to either."""
+    site = therock_site(tmp_path)
+    out = explain_lines(site)
+    assert UNKNOWN_10_2 in out
+    assert "TheRock release table version 1 dated 2026-12-06 (from package; newest row: 10.1)" in out
+    assert tree_findings(site, tmp_path) == [("10.2", "2026-12-06", "package")]
+
+    code, _, err = site.install(therock_bundle(site, 2, therock_table_text("2026-12-20")))
+    assert code == 0, err
+    assert (site.state / "policy-bundle/knowledge/therock-releases.toml").read_text() == \
+        therock_table_text("2026-12-20")
+    compiled = json.loads(site.compiled.read_text())["knowledge"]["therock-releases"]
+    assert (compiled["dated"], compiled["origin"], compiled["rows"][-1]["release"]) == (
+        "2026-12-20", "bundle serial 2", "10.2")
+    out = explain_lines(site)
+    assert "unknown to gpuguard's TheRock" not in out
+    assert "TheRock release table version 2 dated 2026-12-20 (from bundle serial 2; newest row: 10.2)" in out
+    assert tree_findings(site, tmp_path) == []
+
+
+def test_an_older_bundle_therock_table_does_not_replace_the_newer_shipped_one(tmp_path: Path) -> None:
+    """A bundle whose TheRock table is dated before the package's (even with a 10.2 row the package lacks) installs,
+    but the package's table stays in use: 10.2 stays unknown to it, named with its date and origin."""
+    site = therock_site(tmp_path)
+    code, _, err = site.install(therock_bundle(site, 2, therock_table_text("2026-11-01")))
+    assert code == 0, err
+    assert (site.state / "policy-bundle/knowledge/therock-releases.toml").is_file()
+    compiled = json.loads(site.compiled.read_text())["knowledge"]["therock-releases"]
+    assert (compiled["dated"], compiled["origin"]) == ("2026-12-06", "package")
+    out = explain_lines(site)
+    assert UNKNOWN_10_2 in out
+    assert tree_findings(site, tmp_path) == [("10.2", "2026-12-06", "package")]

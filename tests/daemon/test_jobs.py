@@ -99,8 +99,8 @@ def test_changed_package_is_reported_with_the_diff_and_asks_for_a_health_check(t
     host = make_fixture_host("gpuless-debian12")
     rt = make_runtime(tmp_path, host)
     asked: List[str] = []
-    def moved_containerd(h: Host, collectors: Any, exporter_table: Any, matrix: Any) -> Snapshot:
-        snap = take_snapshot(h, collectors, exporter_table, matrix)
+    def moved_containerd(h: Host, collectors: Any, exporter_table: Any, therock_table: Any, matrix: Any) -> Snapshot:
+        snap = take_snapshot(h, collectors, exporter_table, therock_table, matrix)
         dpkg = snap.dpkg.data
         packages = dict(dpkg.packages)
         packages["containerd.io"] = replace(packages["containerd.io"], version="1.7.23-1")
@@ -438,9 +438,9 @@ def test_the_daemons_snapshot_judges_against_the_matrix_of_the_policy_in_force(t
     rt = make_runtime(tmp_path, host)
     seen: List[Any] = []
 
-    def recorded(h: Host, collectors: Any, exporter_table: Any, matrix: Any) -> Snapshot:
+    def recorded(h: Host, collectors: Any, exporter_table: Any, therock_table: Any, matrix: Any) -> Snapshot:
         seen.append(matrix)
-        return take_snapshot(h, collectors, exporter_table, matrix)
+        return take_snapshot(h, collectors, exporter_table, therock_table, matrix)
 
     SnapshotJob(rt, no_hooks().policy_check, take=recorded).run()
     assert seen == [load_matrix().to_compiled()]

@@ -387,3 +387,31 @@ def test_a_stored_bundle_that_does_not_verify_is_never_offered(settings: HubSett
     with TestClient(create_app(settings, make_store(settings.database_url))) as hub:
         offered = hub.get("/v1/policy/bundle", headers=bearer(tokens["host-a"]))
         assert offered.status_code == 200 and offered.json()["serial"] == 6
+
+
+def knowledge_bundle_bytes(serial: int, knowledge: Dict[str, str]) -> bytes:
+    """A well-formed bundle's canonical bytes carrying these knowledge files (file name -> TOML text)."""
+    data = PolicyBundle.model_validate_json(bundle_bytes(serial)).model_dump()
+    return render_bundle(PolicyBundle.model_validate({**data, "knowledge": knowledge}))
+
+
+def test_a_push_whose_knowledge_table_is_malformed_is_422_naming_file_and_field(hub: TestClient, admin_token: str,
+                                                                                tokens: Dict[str, str]) -> None:
+    """A signed bundle carrying a TheRock table with a bad row (or a table under another table's file name) is
+    refused by the agent's own knowledge parser before anything is stored: 422 naming the file and the field,
+    audited as a refused push without a serial; the same bundle with the shipped table is stored."""
+    shipped = (Path(__file__).resolve().parents[2] / "policies/knowledge/therock-releases.toml").read_text()
+    bad = knowledge_bundle_bytes(3, {"therock-releases.toml": shipped.replace('release = "10.1"', 'release = "10"')})
+    refused(push(hub, admin_token, bad), 422, "invalid_bundle",
+            "not a policy bundle: knowledge -> therock-releases.toml: row -> 4 -> release: '10' is not a MAJOR.MINOR "
+            "series (the bundle claims serial 3)")
+    swapped = knowledge_bundle_bytes(3, {"dcgm-exporter.toml": shipped})
+    refused(push(hub, admin_token, swapped), 422, "invalid_bundle",
+            "knowledge -> dcgm-exporter.toml: table: 'therock-releases' is not the table a file named "
+            "dcgm-exporter.toml holds")
+    reader = bearer(tokens["ops"])
+    assert hub.get("/v1/policy/bundles", headers=reader).json()["count"] == 0
+    entries = hub.get("/v1/audit", headers=reader).json()["entries"]
+    assert [(e["action"], e["serial"]) for e in entries] == [("push_refused", None)] * 2
+    assert any("knowledge -> therock-releases.toml: row -> 4 -> release" in e["detail"] for e in entries)
+    assert push(hub, admin_token, knowledge_bundle_bytes(3, {"therock-releases.toml": shipped})).status_code == 201

@@ -116,13 +116,14 @@ def test_an_unreadable_known_good_set_is_one_line(tmp_path: Path) -> None:
 
 def test_explain_shows_the_dates_of_gpuguards_compatibility_tables(tmp_path: Path) -> None:
     """Every explanation names the tables its rules judge with: the dcgm-exporter table's version, date, origin and
-    newest row where the companions rule reads it (none otherwise), the TheRock table's date and newest row; with
+    newest row where the companions rule reads it (none otherwise), the TheRock table's version, date, origin and
+    newest row; with
     require_amd_matrix the AMD matrix's recorded date too."""
     from agent.policy.load import compiled_from, load_policy
     from agent.policy.matrix import load_matrix
 
     plain = explain(compiled(tmp_path), HostFacts(installed=PAIR, manager="dpkg")).lines
-    therock = "TheRock release table dated 2026-12-06 (newest row: 10.1)"
+    therock = "TheRock release table version 1 dated 2026-12-06 (from package; newest row: 10.1)"
     assert plain[2] == f"gpuguard's compatibility tables: {therock}"
     exporter = tmp_path / "e.toml"
     exporter.write_text("[companions]\ndcgm_exporter = true\n")
@@ -141,7 +142,7 @@ def test_explain_shows_the_dates_of_gpuguards_compatibility_tables(tmp_path: Pat
 def test_explain_names_versions_newer_than_amds_matrix_and_the_therock_table(tmp_path: Path) -> None:
     """TheRock 10.2 (amdrocm-base10.2) on amdgpu 31.60 with a gfx1250 GPU under require_amd_matrix: info lines
     unknown to the matrix (ROCm, driver, GPU) and to the TheRock release table, each naming its table's date."""
-    from agent.policy import releases
+    from agent.policy.knowledge_files import therock_table_in_use
     from agent.policy.load import compiled_from, load_policy
     from agent.policy.matrix import load_matrix
 
@@ -160,4 +161,4 @@ def test_explain_names_versions_newer_than_amds_matrix_and_the_therock_table(tmp
         "GPU target gfx1250"]
     assert all(line.endswith("[info]") for line in unknown)
     assert sum(dated in line for line in unknown) == 3
-    assert sum(f"TheRock release table dated {releases.THEROCK_TABLE_DATED}" in line for line in unknown) == 1
+    assert sum(f"TheRock release table dated {therock_table_in_use().dated}" in line for line in unknown) == 1

@@ -141,3 +141,51 @@ def test_a_row_without_os_or_gpus_must_say_why(tmp_path: Path) -> None:
     rows = load_matrix(str(MATRIX)).rocm
     index = [r.series for r in rows].index("7.14") + 1
     assert f"rocm -> {index}: no os or gpus table and no note saying why" in str(caught.value)
+
+
+def test_every_row_carries_a_source_url_and_the_day_it_was_checked() -> None:
+    """Format 2: each driver and ROCm row names sources that resolve to https URLs and carries its date, never after
+    the file's recorded date."""
+    matrix = load_matrix(str(MATRIX))
+    urls = {s.id: s.url for s in matrix.sources}
+    assert matrix.format == 2
+    for row in [*matrix.driver, *matrix.rocm]:
+        assert row.sources and all(urls[s].startswith("https://") for s in row.sources)
+        assert row.date is not None and row.date <= matrix.recorded
+
+
+def _first_row_changed(old: str, new: str) -> str:
+    """The shipped matrix with the first driver row's line ``old`` replaced by ``new``."""
+    text = MATRIX.read_text()
+    at = text.index("[[driver]]")
+    assert old in text[at:]
+    return text[:at] + text[at:].replace(old, new, 1)
+
+
+@pytest.mark.parametrize("old, new, problem", [
+    ('date = "2026-12-04"\n', "", "driver -> 1 -> date: required from format 2 (the day the row was checked against "
+                                  "its sources)"),
+    ('date = "2026-12-04"', 'date = "2026-12-05"', "driver -> 1 -> date: 2026-12-05 is after the matrix's recorded "
+                                                   "2026-12-04"),
+    ('date = "2026-12-04"', 'date = "2026-13-01"', "driver -> 1 -> date: '2026-13-01' is not a day as "
+                                                   "YYYY-MM-DD"),
+    ('date = "2026-12-04"', "date = 2026-12-04", "driver -> 1 -> date: datetime.date(2026, 12, 4) is a value of "
+                                                 "another type"),
+])
+def test_a_row_without_its_date_or_with_a_bad_one_is_refused(tmp_path: Path, old: str, new: str,
+                                                            problem: str) -> None:
+    """A format 2 row without its date, dated after the file's recorded date, or not a day is one problem naming
+    the row and the field."""
+    broken = tmp_path / "m.toml"
+    broken.write_text(_first_row_changed(old, new))
+    with pytest.raises(PolicyError) as info:
+        load_matrix(str(broken))
+    assert any(p.startswith(problem) for p in info.value.problems), info.value.problems
+
+
+def test_an_older_format_1_matrix_without_row_dates_still_loads(tmp_path: Path) -> None:
+    """An operator's copy in format 1 (rows dated by ``recorded``, no ``date`` per row) loads as before."""
+    older = tmp_path / "m.toml"
+    older.write_text(MATRIX.read_text().replace("format = 2\n", "format = 1\n", 1).replace('date = "2026-12-04"\n', ""))
+    matrix = load_matrix(str(older))
+    assert matrix.format == 1 and {row.date for row in [*matrix.driver, *matrix.rocm]} == {None}

@@ -126,9 +126,9 @@ def test_100000_guarded_names_are_checked_against_a_host_in_seconds(tmp_path: Pa
 
 
 @pytest.mark.parametrize("line,value,fragment", [
-    ("format = 1", 'format = "1"', "format: '1' is a string: write a whole number (no quotes)"),
-    ("format = 1", "format = 1.0", "format: 1.0 is not a whole number"),
-    ("format = 1", "format = true", "format: true is a boolean: write a whole number"),
+    ("format = 2", 'format = "1"', "format: '1' is a string: write a whole number (no quotes)"),
+    ("format = 2", "format = 1.0", "format: 1.0 is not a whole number"),
+    ("format = 2", "format = true", "format: true is a boolean: write a whole number"),
 ])
 def test_wrong_types_in_the_matrix_are_one_line_each(tmp_path: Path, line: str, value: str, fragment: str) -> None:
     """The matrix is strict like the policy: no string, float or boolean for a number; one line naming the file and

@@ -14,7 +14,7 @@ from typing import Dict, List
 
 from agent.daemon_jobs.runtime import SnapshotFacts
 from agent.host import Host
-from agent.policy import releases
+from agent.policy.knowledge_files import therock_table_in_use
 from agent.policy.matrix import load_matrix
 from agent.policy.table_unknown import amd_matrix, gfx_key, newer, therock
 from agent.snapshot.model import Finding
@@ -78,7 +78,7 @@ def test_a_therock_10_2_nightly_tree_is_unknown_to_the_therock_table_and_the_mat
     assert sorted(_unknown(list(snap.findings))) == [("amd-matrix", "rocm", "10.2", "10.0", "info"),
                                                      ("therock", "therock", "10.2", "10.1", "info")]
     [rock] = [f for f in snap.findings if f.details.get("table") == "therock"]
-    assert rock.details["table_dated"] == releases.THEROCK_TABLE_DATED
+    assert rock.details["table_dated"] == therock_table_in_use().dated
     assert "/opt/rocm/core-10.2" in rock.message and "packages" not in rock.details
     carried = SnapshotFacts.of(snap).unknown_versions
     assert sorted((u.table, u.component, u.version, u.newest) for u in carried) == [
@@ -113,5 +113,6 @@ def test_a_gpu_target_newer_than_every_one_the_matrix_lists_is_reported() -> Non
 
 def test_therock_side_by_side_releases_only_the_newer_one_is_reported() -> None:
     """7.14 and 10.1 are in the table, 10.10 is not (the numbers say so); one finding with its package."""
-    found = therock({"amdrocm-base7.14": "7.14", "amdrocm-base10.1": "10.1", "amdrocm-base10.10": "10.10"})
+    found = therock({"amdrocm-base7.14": "7.14", "amdrocm-base10.1": "10.1", "amdrocm-base10.10": "10.10"},
+                    therock_table_in_use())
     assert [(u.version, u.packages) for u in found] == [("10.10", ("amdrocm-base10.10",))]

@@ -110,7 +110,7 @@ def test_status_shows_a_therock_release_newer_than_gpuguards_tables_as_info(stat
     AMD's matrix, each with its date, in the snapshot line; status stays ok."""
     from agent.collectors.rocm import RocmInfo, RocmInstall
     from agent.frozen import replace
-    from agent.policy import releases
+    from agent.policy.knowledge_files import therock_table_in_use
     from agent.policy.matrix import load_matrix
     from agent.snapshot.drift import analyze
     from agent.snapshot.model import Section, Status
@@ -130,7 +130,7 @@ def test_status_shows_a_therock_release_newer_than_gpuguards_tables_as_info(stat
     assert code == 0, text
     flat = " ".join(text.split())
     assert (f"TheRock ROCm 10.2 (/opt/rocm/core-10.2) is unknown to gpuguard's TheRock release table dated "
-            f"{releases.THEROCK_TABLE_DATED} (newest row: 10.1)") in flat
+            f"{therock_table_in_use().dated} (newest row: 10.1)") in flat
     assert f"unknown to gpuguard's AMD compatibility matrix dated {matrix.recorded} (newest row: ROCm 10.0)" in flat
 
 

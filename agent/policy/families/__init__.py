@@ -45,9 +45,9 @@ if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
         def matrix(self) -> Optional[Mapping[str, Any]]:
             """AMD's compatibility matrix in its compiled form, when it was loaded."""
 
-        def knowledge(self) -> Dict[str, Any]:
-            """gpuguard's knowledge tables in use, compiled (table -> its compiled form, with its origin); read
-            from disk when called, so only a family that needs them calls it."""
+        def knowledge(self, table: str) -> Dict[str, Any]:
+            """One of gpuguard's knowledge tables in use, compiled (its compiled form, with its origin); read from
+            disk when first asked, so only the tables a policy needs are read."""
 
         def section(self, key: str) -> Any:
             """A family's section as validated (dicts and lists, defaults filled in); None when the policy has

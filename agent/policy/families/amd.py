@@ -311,7 +311,9 @@ def explain(policy: CompiledPolicy, installed: Mapping[str, str], manager: str, 
         lines.append(f"  may move to {describe_pairing(pairing)}{kernels_text} "
                      f"[{policy.action_for(pairing.get('action'), amd.get('action'))}]")
     lines.append(f"  changing only one of {driver_name}/{rocm_name} must land in one of these pairings")
-    lines += [f"  {item.message} [info]" for item in table_unknown.therock(therock)]
+    therock_table = table_unknown.compiled_therock_table(policy.section("knowledge"))
+    if therock_table is not None:
+        lines += [f"  {item.message} [info]" for item in table_unknown.therock(therock, therock_table)]
     tree = context.active_tree
     if tree is not None:
         key = active_release_package(tree, rocms)

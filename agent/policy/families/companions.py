@@ -99,7 +99,7 @@ def compiled(source: CompileSource) -> Dict[str, Any]:
         return {}
     if not section.get("dcgm_exporter"):
         return {"companions": section}
-    table = source.knowledge()[companions.EXPORTER_TABLE_NAME]
+    table = source.knowledge(companions.EXPORTER_TABLE_NAME)
     return {"companions": section, "knowledge": {companions.EXPORTER_TABLE_NAME: table}}
 
 
