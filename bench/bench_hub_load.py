@@ -5,12 +5,15 @@ What it starts (and stops, each by its PID): a throwaway PostgreSQL (tests/hub/p
 dir, fsync off, so it measures the hub, not the disk), --hub-processes ``gpuguard hub serve`` processes on
 127.0.0.1 (each its own port, ``workers = 1``, the same ``database_url`` and tokens file: the "several machines"
 shape of docs/hub.md "Scale out"), and one load-generator process (this one) with --clients threads, each holding one
-keep-alive connection to one hub (host i talks to hub i mod --hub-processes, as DNS round robin would spread them).
+keep-alive connection to one hub (thread i to hub i mod --hub-processes, as DNS round robin would spread them; a host
+always talks to its thread's hub).
 The tokens file for the --hosts hosts is written in one go (bench/bench_fleet.py's ``write_tokens``).
 
 Each simulated agent does what the daemon does at the documented intervals (docs/reporting.md), with a random phase
 as ``report.startup_jitter_seconds`` gives real agents: every ``report.heartbeat_interval_seconds`` (60 s) a
-``POST /v1/events`` with its heartbeat (pairing, policy serial in force, last health status), and on the same schedule
+``POST /v1/events`` with its heartbeat (pairing, policy serial in force, last health status; in --extra-fraction of
+them one snapshot_changed, policy_violation or health_regression event before it, bench_fleet's mix: a
+health_regression is background failure the rollout's judge must not halt on), and on the same schedule
 (the daemon's ``policy_fetch``) a ``GET /v1/policy/bundle`` with ``If-None-Match`` of the bundle it holds; a 200
 offer is "installed" (its serial reported from then on). --speedup divides the intervals (time compressed); the
 figures are given back at the real intervals (per-host rates, CPU per 1,000 hosts). The hub's own tick
@@ -21,10 +24,12 @@ The scenario, as an operator runs it: bundle 1 pushed, every host fetches it (wa
 ``--staged`` and a rollout started, both with the CLI (``gpuguard hub policy push``, ``gpuguard hub rollout start``
 with --canaries per cohort, batches 5,25,100, no soak); the canaries fetch it, report a pass, and the rollout
 widens to stage 1 at the hub's tick. Then every host of cohort 0 that installed the target reports
-``cpu_fallback`` at once (and keeps doing so): the bench measures from the first failing report's send to the halt
-as stored (the rollout row's ``updated_at``, on the hub's clock, this machine's) and as first seen by polling
-``GET /v1/rollouts`` (every 50 ms), and when a held-back host's fetch first carried the halted state (that one waits
-for the host's own next fetch). The load goes on until --seconds have passed since it began.
+``cpu_fallback`` at once (a cpu_fallback event and its heartbeat with that status, as the agent delivers its
+post-change check; its later heartbeats keep the status): the bench measures from the first failing report's send
+to the halt stored (committed: first seen by polling ``GET /v1/rollouts`` every 50 ms, so at most one poll late),
+to the deciding evaluation's start (the rollout row's ``updated_at``, the hub's clock, this machine's), and to the
+first held-back host's fetch that carried the halted state (that one waits for the host's own next fetch). The load
+goes on until --seconds have passed since it began.
 
 Reported (text, or one JSON object with --json): the hub's CPU (all its processes, from /proc) in cores and per
 1,000 hosts at the real intervals, PostgreSQL's CPU (its processes), requests/s, p50/p99 latency per endpoint (from
@@ -54,7 +59,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -62,7 +67,7 @@ sys.path.insert(0, str(REPO))
 from agent.hub.tokens import add_token  # noqa: E402
 from agent.log import configure  # noqa: E402
 from agent.wire import BUNDLE_PATH, INGEST_PATH, ROLLOUT_STATE_HEADER  # noqa: E402
-from bench.bench_fleet import with_children, write_tokens  # noqa: E402
+from bench.bench_fleet import event_json, with_children, write_tokens  # noqa: E402
 from bench.bench_hub_ingest import percentile  # noqa: E402
 from tests.hub.postgres import PostgresServer  # noqa: E402
 from tests.hub.process import HubProcess, write_config  # noqa: E402
@@ -72,6 +77,7 @@ from tests.hub.test_policy_bundles import bundle_bytes  # noqa: E402
 HEARTBEAT, FETCH = 0, 1
 ENDPOINTS = {HEARTBEAT: f"POST {INGEST_PATH}", FETCH: f"GET {BUNDLE_PATH}"}
 ROLLOUTS_ENDPOINT = "GET /v1/rollouts"
+EXTRA_KINDS = ("snapshot_changed", "policy_violation", "health_regression")  # bench_fleet's payloads
 BROKEN_COHORT = 0
 FAILING_STATUS = "cpu_fallback"
 POLL_SECONDS = 0.05
@@ -121,22 +127,37 @@ class Fleet:
                    and self.serial[host] == self.target)
         return FAILING_STATUS if failing else "pass"
 
-    def heartbeat_body(self, host: int) -> bytes:
+    def batch_body(self, host: int, extras: Sequence[str] = ()) -> bytes:
+        """The host's EventBatch: each event of ``extras`` (EXTRA_KINDS, or FAILING_STATUS: the health check's
+        cpu_fallback event), then its heartbeat, as the agent's outbox delivers them."""
         with self.lock:
-            self.sequence[host] += 1
-            sequence = self.sequence[host]
+            first = self.sequence[host] + 1
+            self.sequence[host] += len(extras) + 1
+        name = host_name(host)
+        at = dt.datetime.now(dt.timezone.utc)
+        events = [extra_json(name, kind, first + i, at) for i, kind in enumerate(extras)]
         serial = self.serial[host]
         policy = f', "policy_source": "bundle", "policy_serial": {serial}' if serial is not None else ""
-        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        name = host_name(host)
         payload = ('{"kind": "heartbeat", "agent_version": "0.1.0", "uptime_seconds": 3600.5, '
                    f'"content_hash": "{"c" * 64}", "outbox_depth": 0, "compliant": true, '
                    f'"last_health_status": "{self.status(host)}", "pairing": {self.pairings[self.cohort(host)]}'
                    f'{policy}}}')
-        event = (f'{{"schema_version": 1, "event_id": "{secrets.token_hex(16)}", "host_id": "{name}", '
-                 f'"hostname": "{name}.fleet", "sequence": {sequence}, "occurred_at": "{now}", '
-                 f'"severity": "info", "payload": {payload}}}')
-        return ('{"schema_version": 1, "events": [' + event + "]}").encode()
+        events.append(f'{{"schema_version": 1, "event_id": "{secrets.token_hex(16)}", "host_id": "{name}", '
+                      f'"hostname": "{name}.fleet", "sequence": {first + len(extras)}, '
+                      f'"occurred_at": "{at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}", "severity": "info", '
+                      f'"payload": {payload}}}')
+        return ('{"schema_version": 1, "events": [' + ", ".join(events) + "]}").encode()
+
+
+def extra_json(name: str, kind: str, sequence: int, at: dt.datetime) -> str:
+    """One event other than the heartbeat: bench_fleet's payloads, or the health check's cpu_fallback."""
+    if kind != FAILING_STATUS:
+        return event_json(name, kind, sequence, at)
+    return json.dumps({"schema_version": 1, "event_id": secrets.token_hex(16), "host_id": name,
+                       "hostname": f"{name}.fleet", "sequence": sequence,
+                       "occurred_at": at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "severity": "critical",
+                       "payload": {"kind": FAILING_STATUS, "reason": "the workload ran on the CPU",
+                                   "fingerprint": "f1"}})
 
 
 class Connection:
@@ -180,13 +201,15 @@ class Recorder:
         self.latencies.setdefault(endpoint, []).append((sent, seconds, status))
 
 
-def exchange(fleet: Fleet, conn: Connection, recorder: Recorder, host: int, kind: int) -> None:
-    """One heartbeat or one bundle fetch of ``host``, recorded; a fetch's 200 installs the offered serial."""
+def exchange(fleet: Fleet, conn: Connection, recorder: Recorder, host: int, kind: int,
+             extras: Sequence[str] = ()) -> None:
+    """One heartbeat (with ``extras`` before it) or one bundle fetch of ``host``, recorded; a fetch's 200 installs
+    the offered serial."""
     token = fleet.tokens[host]
     sent = time.monotonic()
     try:
         if kind == HEARTBEAT:
-            status, headers, _ = conn.request("POST", INGEST_PATH, fleet.heartbeat_body(host), {
+            status, headers, _ = conn.request("POST", INGEST_PATH, fleet.batch_body(host, extras), {
                 "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
             if status == 200:
                 fleet.heard[host] = True
@@ -215,11 +238,12 @@ class Client(threading.Thread):
     """Plays its share of the hosts (one heap of due heartbeats and fetches) over one keep-alive connection."""
 
     def __init__(self, fleet: Fleet, port: int, hosts: List[int], interval_seconds: float, start: float,
-                 stop: threading.Event, seed: int) -> None:
+                 stop: threading.Event, seed: int, extra_fraction: float) -> None:
         super().__init__(daemon=True)
         self.fleet, self.port, self.interval_seconds, self.stop = fleet, port, interval_seconds, stop
         self.recorder = Recorder()
-        rng = random.Random(seed)
+        self.extra_fraction = extra_fraction
+        self.rng = rng = random.Random(seed)
         self.due: List[Tuple[float, int, int]] = []
         for host in hosts:  # a random phase per host and job, as the daemon's startup jitter gives them
             self.due.append((start + rng.uniform(0, interval_seconds), host, HEARTBEAT))
@@ -239,7 +263,9 @@ class Client(threading.Thread):
                     continue
                 heapq.heapreplace(self.due, (due + self.interval_seconds, host, kind))
                 self.recorder.lags.append((due, max(0.0, time.monotonic() - due)))
-                exchange(self.fleet, conn, self.recorder, host, kind)
+                extras = (self.rng.choice(EXTRA_KINDS),) if kind == HEARTBEAT and self.rng.random() < \
+                    self.extra_fraction else ()
+                exchange(self.fleet, conn, self.recorder, host, kind, extras)
         finally:
             self.reconnects = conn.reconnects
             conn.close()
@@ -275,7 +301,8 @@ def wait_for(predicate: Any, timeout_seconds: float, step_seconds: float = 0.1) 
     return bool(predicate())
 
 
-def burst(fleet: Fleet, ports: List[int], hosts: List[int], recorder: Recorder) -> Tuple[float, float]:
+def burst(fleet: Fleet, ports: List[int], clients: int, hosts: List[int],
+          recorder: Recorder) -> Tuple[float, float]:
     """Every host in ``hosts`` sends its failing heartbeat now, over BURST_CONNECTIONS connections to its own hub;
     returns when the first was sent and the last answered (wall clock)."""
     first_sent = time.time()
@@ -283,9 +310,9 @@ def burst(fleet: Fleet, ports: List[int], hosts: List[int], recorder: Recorder) 
     def send(share: List[int]) -> None:
         conns: Dict[int, Connection] = {}
         for host in share:
-            port = ports[host % len(ports)]
+            port = ports[(host % clients) % len(ports)]  # the hub its thread talks to (run(): thread i, hub i mod N)
             conn = conns.setdefault(port, Connection(port))
-            exchange(fleet, conn, recorder, host, HEARTBEAT)
+            exchange(fleet, conn, recorder, host, HEARTBEAT, (FAILING_STATUS,))
         for conn in conns.values():
             conn.close()
 
@@ -296,6 +323,38 @@ def burst(fleet: Fleet, ports: List[int], hosts: List[int], recorder: Recorder) 
     for thread in threads:
         thread.join(HALT_TIMEOUT_SECONDS)
     return first_sent, time.time()
+
+
+def measure_halt(fleet: Fleet, ports: List[int], clients: int, poller: Connection, poll_recorder: Recorder,
+                 admin: str, rollout_id: str, interval: float) -> Dict[str, Any]:
+    """Cohort 0's hosts on the target report their failure at once; the time to the stored halt, to the poll that
+    saw it and to the first held-back host's fetch that carried it, from the first failing report's send."""
+    broken = sorted(h for h in set(fleet.installed_target) if fleet.cohort(h) == BROKEN_COHORT)
+    fleet.broken = True
+    first_sent, last_answered = burst(fleet, ports, clients, broken, poll_recorder)
+    halt: Dict[str, Any] = {"failing_hosts": len(broken)}
+    seen: Dict[str, Any] = {}
+
+    def halted() -> bool:
+        row = rollout_row(poller, admin, rollout_id, poll_recorder)
+        if row.get("state") == "halted":
+            seen.update(row, seen_at=time.time())
+            return True
+        return False
+
+    if wait_for(halted, HALT_TIMEOUT_SECONDS, POLL_SECONDS):
+        # updated_at is the deciding evaluation's clock, read as it began; the poll sees the halt once committed.
+        halt.update(stored_seconds_after_first_send=round(seen["seen_at"] - first_sent, 3),
+                    evaluation_began_seconds_after_first_send=round(parse_time(seen["updated_at"]) - first_sent, 3),
+                    last_failing_report_answered_seconds_after_first_send=round(last_answered - first_sent, 3),
+                    reason=seen.get("reason", "")[:300])
+        wait_for(lambda: fleet.halt_offered_at is not None, interval + 5)
+        if fleet.halt_offered_at is not None:
+            halt["held_back_host_offered_halt_seconds_after_first_send"] = round(
+                fleet.halt_offered_at - first_sent, 3)
+    halt["halted"] = bool(seen)
+    halt["within_goal"] = bool(seen) and halt["stored_seconds_after_first_send"] <= HALT_GOAL_SECONDS
+    return halt
 
 
 def parse_time(text: str) -> float:
@@ -359,6 +418,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     stop = threading.Event()
     clients: List[Client] = []
     result: Dict[str, Any] = {"hosts": args.hosts, "hub_processes": args.hub_processes, "speedup": args.speedup,
+                              "extra_fraction": args.extra_fraction,
                               "interval_seconds": args.interval_seconds, "cohorts": args.cohorts,
                               "canaries": args.canaries, "cpu_count": os.cpu_count()}
     try:
@@ -393,7 +453,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         end = started + args.seconds
         for index in range(args.clients):
             clients.append(Client(fleet, ports[index % len(ports)], list(range(index, args.hosts, args.clients)),
-                                  interval, started, stop, index))
+                                  interval, started, stop, index, args.extra_fraction))
         for client in clients:
             client.start()
         warm = wait_for(lambda: all(fleet.heard) and all(s == 1 for s in fleet.serial), 3 * interval + 60)
@@ -415,38 +475,21 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         poller = Connection(ports[0])
         poll_recorder = Recorder()
         widened_by = 3 * interval + 3 * args.rollout_tick_seconds + 30
-        widened = wait_for(lambda: rollout_row(poller, admin, rollout_id, poll_recorder).get("stage", -1) >= 1,
-                           widened_by, 0.5)
-        result["rollout"]["widened_to_stage_1"] = widened
+        last: Dict[str, Any] = {}
+
+        def widened_or_ended() -> bool:
+            last.update(rollout_row(poller, admin, rollout_id, poll_recorder))
+            return last.get("stage", -1) >= 1 or last.get("state") != "running"
+
+        wait_for(widened_or_ended, widened_by, 0.5)
+        result["rollout"]["widened_to_stage_1"] = last.get("stage", -1) >= 1
         result["rollout"]["widened_after_seconds"] = round(time.monotonic() - window_start, 1)
-
-        broken = sorted(h for h in set(fleet.installed_target) if fleet.cohort(h) == BROKEN_COHORT)
-        fleet.broken = True
-        burst_recorder = Recorder()
-        first_sent, last_answered = burst(fleet, ports, broken, burst_recorder)
-        halt: Dict[str, Any] = {"failing_hosts": len(broken)}
-        seen: Dict[str, Any] = {}
-
-        def halted() -> bool:
-            row = rollout_row(poller, admin, rollout_id, poll_recorder)
-            if row.get("state") == "halted":
-                seen.update(row, seen_at=time.time())
-                return True
-            return False
-
-        if wait_for(halted, HALT_TIMEOUT_SECONDS, POLL_SECONDS):
-            stored_at = parse_time(seen["updated_at"])
-            halt.update(stored_seconds_after_first_send=round(stored_at - first_sent, 3),
-                        stored_seconds_after_last_answer=round(stored_at - last_answered, 3),
-                        seen_by_poll_seconds_after_first_send=round(seen["seen_at"] - first_sent, 3),
-                        reason=seen.get("reason", "")[:300])
-            wait_for(lambda: fleet.halt_offered_at is not None, interval + 5)
-            if fleet.halt_offered_at is not None:
-                halt["held_back_host_offered_halt_seconds_after_first_send"] = round(
-                    fleet.halt_offered_at - first_sent, 3)
-        halt["halted"] = bool(seen)
-        halt["within_goal"] = bool(seen) and halt["stored_seconds_after_first_send"] <= HALT_GOAL_SECONDS
-        result["halt"] = halt
+        if last.get("state") == "running":
+            result["halt"] = measure_halt(fleet, ports, args.clients, poller, poll_recorder, admin, rollout_id,
+                                          interval)
+        else:  # a background failure (--extra-fraction's health_regression) halted it first: nothing to time
+            result["halt"] = {"halted": False, "within_goal": False, "state_before_the_failing_reports":
+                              last.get("state"), "reason": str(last.get("reason", ""))[:300]}
 
         while time.monotonic() < end and not stop.is_set():
             time.sleep(min(1.0, max(0.0, end - time.monotonic())))
@@ -459,7 +502,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         poller.close()
         seconds = window_end - window_start
         hub_cores = hub_cpu / seconds
-        summary = summarize([c.recorder for c in clients] + [poll_recorder, burst_recorder],
+        summary = summarize([c.recorder for c in clients] + [poll_recorder],
                             (window_start, window_end))
         real_hosts_k = args.hosts * args.speedup / 1000  # hosts at the real intervals that this load stands for
         result.update(summary)
@@ -519,6 +562,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--interval-seconds", type=float, default=60.0,
                         help="the agents' heartbeat and policy-fetch interval (report.heartbeat_interval_seconds)")
     parser.add_argument("--clients", type=int, default=32, help="load-generator threads (keep-alive connections)")
+    parser.add_argument("--extra-fraction", type=float, default=0.002,
+                        help="share of heartbeats delivered with one snapshot_changed, policy_violation or "
+                        "health_regression event before them (bench_fleet's: about 3 a host a day; a "
+                        "health_regression is a background failure the rollout's judge sees)")
     parser.add_argument("--cohorts", type=int, default=8, help="GPU models: the rollout's cohorts")
     parser.add_argument("--canaries", type=int, default=25,
                         help="canaries per cohort (20 or more: each cohort judged against its control)")
