@@ -53,6 +53,7 @@ import os
 import random
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -552,6 +553,10 @@ def text(result: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _stop_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hosts", type=int, default=10_000)
@@ -575,6 +580,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.hosts < args.cohorts or args.hub_processes < 1 or args.speedup <= 0 or args.clients < 1:
         parser.error("need --hosts >= --cohorts, --hub-processes >= 1, --speedup > 0, --clients >= 1")
     configure(level="warning")  # add_token's log line would mix with the figures
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)  # run()'s cleanup stops what it started, by PID
     result = run(args)
     print(json.dumps(result, indent=2) if args.json else text(result), flush=True)
     return 0 if result["halt"]["halted"] else 1
