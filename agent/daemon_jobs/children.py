@@ -368,8 +368,8 @@ class DeliveryInChild:
         """The lean child's answer, or None when it failed (then the full child decides)."""
         rt = self.runtime
         try:
-            result = run_child("deliver_lean", self.config_path, str(rt.host.root),
-                               LeanDeliveryRequest(plan=plan, host_id=rt.emitter.host_id), LeanDeliveryResult,
+            request = LeanDeliveryRequest(plan=plan, host_id=rt.emitter.host_id, daemon_pid=os.getpid())
+            result = run_child("deliver_lean", self.config_path, str(rt.host.root), request, LeanDeliveryResult,
                                rt.state_dir, rt.stopping, self.lean, LEAN_DELIVERY_TIMEOUT_SECONDS)
         except ChildJobFailed as exc:
             log.info("delivery_lean_failed", error=str(exc), then="the full delivery child")

@@ -7,8 +7,8 @@ the default intervals it ran after every heartbeat: most of the daemon's idle CP
 timeouts, batch size, User-Agent; none where requests would use a proxy or a .netrc); the resident then starts this
 child (``python -I -S``: sqlite3, json, http.client, ssl, and of gpuguard's only this module, the policy probe's
 (its bounds), agent/files.py with its stdlib leaves and agent/report/outbox_ack.py), which drains the outbox in
-sequence order, ``batch_size`` events a POST with the same headers and token, the stored event bodies as they are (the same ids, sequences and fields), and
-answers one of
+sequence order, ``batch_size`` events a POST with the same headers and token, the stored event bodies as they are
+(the same ids, sequences and fields), and answers one of
 
     delivered  the outbox is empty: every batch was acknowledged (accepted or duplicate) and marked delivered
     down       no HTTP answer (refused, timed out, no route, reset), or 502/503/504: the events stay queued and the
@@ -19,7 +19,8 @@ answers one of
 
 A batch leaves the outbox only for the ids the receiver's acknowledgement names (agent/report/outbox_ack.py, the
 Outbox's own SQL, in one transaction), so a SIGTERM or SIGKILL at any point loses nothing: what was not marked is
-sent again, and the receiver answers it as a duplicate.
+sent again, and the receiver answers it as a duplicate. Before each batch the child checks that the daemon that
+started it is still its parent (the full child's PR_SET_PDEATHSIG, without ctypes): an orphan sends nothing more.
 """
 
 from __future__ import annotations
@@ -235,6 +236,7 @@ def deliver(request: Dict[str, object], environ: Optional[Dict[str, str]] = None
     plan = request["plan"]
     assert isinstance(plan, dict)
     host_id = str(request["host_id"])
+    daemon_pid = request.get("daemon_pid")
     env = os.environ if environ is None else environ
     acknowledged_at: Optional[float] = None
     if any(env.get(name) or env.get(name.upper()) for name in _PROXY_VARIABLES):
@@ -248,6 +250,8 @@ def deliver(request: Dict[str, object], environ: Optional[Dict[str, str]] = None
         conn = sqlite3.connect(f"file:{urllib.parse.quote(outbox_path)}?mode=rw", uri=True, isolation_level=None,
                                timeout=30.0)
         while True:
+            if daemon_pid is not None and os.getppid() != daemon_pid:  # orphaned: never drain beside the next daemon
+                raise Unsure("the daemon that started this child is gone")
             rows = conn.execute("SELECT sequence, event_id, body FROM events ORDER BY sequence LIMIT ?",
                                 (batch_size,)).fetchall()
             if not rows:

@@ -238,6 +238,7 @@ class LeanDeliveryRequest(JsonRecord):
 
     plan: DeliveryPlan
     host_id: str
+    daemon_pid: Optional[int] = None  # None: run by hand (no stop on the daemon's death)
 
 
 @dataclass(frozen=True)

@@ -209,13 +209,13 @@ def test_an_unusual_answer_is_unsure_and_keeps_every_event(tmp_path: Path, token
 
 
 @pytest.mark.parametrize("which", ["proxy", "token_mode", "token_missing", "ca_not_pem", "name_mismatch",
-                                   "other_host_id", "no_outbox"])
+                                   "other_host_id", "no_outbox", "orphaned"])
 def test_a_setting_it_cannot_honour_is_unsure_and_sends_nothing(
         tmp_path: Path, certificates: Tuple[Tuple[str, str], Tuple[str, str]], token_file: Path,
         which: str) -> None:
     """A proxy in the environment, a token file open to others or missing, a CA file that is not PEM, a
-    certificate for another name, an event of another host id or no outbox at all: ``unsure``, nothing sent or
-    marked."""
+    certificate for another name, an event of another host id, no outbox at all or a daemon that is gone:
+    ``unsure``, nothing sent or marked."""
     (cert, key), (other_cert, _) = certificates
     receiver = Receiver(tls=(cert, key)).start()
     try:
@@ -232,6 +232,8 @@ def test_a_setting_it_cannot_honour_is_unsure_and_sends_nothing(
             request["host_id"] = "renamed-host"
         if which == "no_outbox":
             plan["outbox_path"] = str(tmp_path / "none.sqlite3")
+        if which == "orphaned":
+            request["daemon_pid"] = 1  # not this process's parent: the daemon that started it is gone
         answer = deliver(request, environ)
     finally:
         receiver.stop()
