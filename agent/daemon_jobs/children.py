@@ -74,6 +74,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from agent.daemon_jobs.guard_events import GuardEventForwarder
 
 log = get_logger("job_child")
+delivery_log = get_logger("delivery")
 
 # How often the daemon looks at a running child (and at its own stopping flag) while it waits.
 POLL_SECONDS = 0.05
@@ -374,6 +375,10 @@ class DeliveryInChild:
         except ChildJobFailed as exc:
             log.info("delivery_lean_failed", error=str(exc), then="the full delivery child")
             return None
+        for batch in result.batches:  # as drain_outbox logs the full child's
+            delivery_log.debug("delivery_batch_sent", events=batch.events, accepted=batch.accepted,
+                               duplicates=batch.duplicates, first_sequence=batch.first_sequence,
+                               last_sequence=batch.last_sequence, lean=True)
         if result.outcome == "unsure":
             log.debug("delivery_lean_unsure", detail=result.detail, then="the full delivery child")
         return result

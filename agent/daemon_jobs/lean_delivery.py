@@ -55,6 +55,9 @@ _ACK_FIELDS = frozenset({"accepted", "duplicates"})
 # Variables that make requests send through a proxy (any case); the lean child never does.
 _PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy")
 
+# Batches listed in the result for the daemon's log (a drain of a full outbox, one event a batch, lists the first).
+MAX_BATCHES_LISTED = 1000
+
 Result = Dict[str, object]
 
 
@@ -244,6 +247,7 @@ def deliver(request: Dict[str, object], environ: Optional[Dict[str, str]] = None
     batch_size = int(plan["batch_size"])
     outbox_path = str(plan["outbox_path"])
     conn: Optional[sqlite3.Connection] = None
+    batches: List[Dict[str, int]] = []
     try:
         poster = Poster(plan, read_token(plan.get("token_file")))
         # mode=rw: an outbox that is not there is never created here (the daemon creates it).
@@ -255,25 +259,30 @@ def deliver(request: Dict[str, object], environ: Optional[Dict[str, str]] = None
             rows = conn.execute("SELECT sequence, event_id, body FROM events ORDER BY sequence LIMIT ?",
                                 (batch_size,)).fetchall()
             if not rows:
-                return {"outcome": "delivered", "drained": _drained(acknowledged_at), "detail": ""}
+                return {"outcome": "delivered", "drained": _drained(acknowledged_at), "detail": "", "batches": batches}
             try:
                 accepted, duplicates = poster.post(batch_body(int(plan["schema_version"]),
                                                               checked_bodies(rows, host_id)))
             except Down as down:
                 return {"outcome": "down", "drained": _drained(acknowledged_at, down, len(rows), poster.url),
-                        "detail": down.reason}
+                        "detail": down.reason, "batches": batches}
             sent = [row[1] for row in rows]
             acknowledged = set(accepted) | set(duplicates)
             marked = [event_id for event_id in sent if event_id in acknowledged]
             if marked:
                 _mark(conn, outbox_path, marked)
                 acknowledged_at = time.time()
+                if len(batches) < MAX_BATCHES_LISTED:
+                    batches.append({"events": len(rows), "accepted": len(set(accepted) & set(sent)),
+                                    "duplicates": len(set(duplicates) & set(sent)), "first_sequence": rows[0][0],
+                                    "last_sequence": rows[-1][0]})
             if len(marked) != len(sent):
                 raise Unsure(f"acknowledged {len(marked)} of the batch's {len(sent)} events")
     except Unsure as exc:
-        return {"outcome": "unsure", "drained": _drained(acknowledged_at), "detail": str(exc)}
+        return {"outcome": "unsure", "drained": _drained(acknowledged_at), "detail": str(exc), "batches": batches}
     except sqlite3.Error as exc:
-        return {"outcome": "unsure", "drained": _drained(acknowledged_at), "detail": f"outbox: {exc}"}
+        return {"outcome": "unsure", "drained": _drained(acknowledged_at), "detail": f"outbox: {exc}",
+                "batches": batches}
     finally:
         if conn is not None:
             conn.close()

@@ -242,14 +242,26 @@ class LeanDeliveryRequest(JsonRecord):
 
 
 @dataclass(frozen=True)
+class SentBatch(JsonRecord):
+    """One batch the lean delivery child got acknowledged (the daemon logs it as ``delivery_batch_sent``)."""
+
+    events: int
+    accepted: int
+    duplicates: int
+    first_sequence: int
+    last_sequence: int
+
+
+@dataclass(frozen=True)
 class LeanDeliveryResult(JsonRecord):
     """The lean delivery child's answer: ``delivered`` (the outbox emptied), ``down`` (``drained.failure`` says how:
     no HTTP answer, or 502/503/504) or ``unsure`` (anything else: the full child decides); ``drained`` also says
-    when a batch was last acknowledged."""
+    when a batch was last acknowledged, ``batches`` what was sent."""
 
     outcome: Literal["delivered", "down", "unsure"]
     drained: Drained
     detail: str = ""
+    batches: Tuple[SentBatch, ...] = ()  # the first MAX_BATCHES_LISTED (agent/daemon_jobs/lean_delivery.py)
 
 
 @dataclass(frozen=True)

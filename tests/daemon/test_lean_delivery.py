@@ -126,12 +126,14 @@ def hub(tmp_path: Path) -> Iterator[HubProcess]:
 
 @pytest.mark.slow  # a real hub process
 def test_the_lean_child_delivers_every_batch_to_the_real_hub_over_http(hub: HubProcess, tmp_path: Path) -> None:
-    """Twelve events in batches of five reach the real hub once each, in sequence order; the outbox is empty, the
-    delivered ids remembered, and the high-water mark says none is queued."""
+    """Twelve events in batches of five reach the real hub once each, in sequence order (three batches listed for
+    the daemon's log); the outbox is empty, the delivered ids remembered, the high-water mark says none is queued."""
     hub_dir: Path = hub.hub_dir  # type: ignore[attr-defined]
     box = filled_outbox(tmp_path, ["heartbeat", "snapshot_changed", "policy_violation"] * 4)
     answer = deliver(request_for(tmp_path, hub.url, hub_dir / "host.token"))
     assert answer["outcome"] == "delivered", answer
+    assert [(b["events"], b["accepted"], b["first_sequence"]) for b in answer["batches"]] == [  # type: ignore[attr-defined]
+        (5, 5, 1), (5, 5, 6), (2, 2, 11)]
     assert box.depth() == 0
     with sqlite3.connect(hub_dir / "hub.db") as conn:
         stored = [row[0] for row in conn.execute("SELECT sequence FROM events WHERE host_id = ? ORDER BY sequence",
