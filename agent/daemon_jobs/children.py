@@ -353,8 +353,8 @@ class DeliveryInChild:
         acknowledged_at: Optional[float] = None
         if self._plan is not None and self._plan[0] is rt.in_force:
             lean = self._lean(self._plan[1])
-            if lean is not None and lean.outcome != "unsure":
-                return lean.drained
+            if lean is not None and (lean.outcome != "unsure" or rt.stopping.is_set()):
+                return lean.drained  # stopping: no full child now, the next daemon drains the rest
             acknowledged_at = lean.drained.acknowledged_at_seconds if lean is not None else None
         result = run_child("deliver", self.config_path, str(rt.host.root),
                            JobRequest(context=child_context(rt), reason=reason), DeliverResult, rt.state_dir,

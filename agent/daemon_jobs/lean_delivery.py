@@ -20,7 +20,8 @@ sequence order, ``batch_size`` events a POST with the same headers and token, th
 A batch leaves the outbox only for the ids the receiver's acknowledgement names (agent/report/outbox_ack.py, the
 Outbox's own SQL, in one transaction), so a SIGTERM or SIGKILL at any point loses nothing: what was not marked is
 sent again, and the receiver answers it as a duplicate. Before each batch the child checks that the daemon that
-started it is still its parent (the full child's PR_SET_PDEATHSIG, without ctypes): an orphan sends nothing more.
+started it is still its parent (the full child's PR_SET_PDEATHSIG, without ctypes): an orphan sends nothing more;
+SIGTERM (the daemon stopping) lets the batch in flight finish and be marked, as in the full child.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import signal
 import socket
 import sqlite3
 import ssl
@@ -59,6 +61,8 @@ _PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy")
 MAX_BATCHES_LISTED = 1000
 
 Result = Dict[str, object]
+# Set by SIGTERM: as the full child's ``stopping``, the batch in flight is finished (sent and marked) and no other.
+_STOPPING: List[int] = []
 
 
 class Unsure(Exception):
@@ -256,6 +260,8 @@ def deliver(request: Dict[str, object], environ: Optional[Dict[str, str]] = None
         while True:
             if daemon_pid is not None and os.getppid() != daemon_pid:  # orphaned: never drain beside the next daemon
                 raise Unsure("the daemon that started this child is gone")
+            if _STOPPING:
+                raise Unsure("stopped by SIGTERM")
             rows = conn.execute("SELECT sequence, event_id, body FROM events ORDER BY sequence LIMIT ?",
                                 (batch_size,)).fetchall()
             if not rows:
@@ -288,9 +294,15 @@ def deliver(request: Dict[str, object], environ: Optional[Dict[str, str]] = None
             conn.close()
 
 
+def _stop_after_this_batch(signum: int, frame: object) -> None:
+    """SIGTERM (the daemon stopping): the batch in flight is finished and marked, no other is sent."""
+    _STOPPING.append(signum)
+
+
 def main(argv: Sequence[str]) -> int:
     """``REQUEST_JSON RESULT_PATH``: deliver, write the result as a job child's reply (protocol.py)."""
     request_json, result_path = argv
+    signal.signal(signal.SIGTERM, _stop_after_this_batch)
     try:
         result = deliver(json.loads(request_json))
     except (KeyError, TypeError, ValueError, AssertionError) as exc:  # a request this module cannot read

@@ -6,6 +6,7 @@ normal heartbeat batch starts no full delivery child."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import sqlite3
 import ssl
@@ -342,3 +343,26 @@ def test_the_tls_context_verifies_the_name(certificates: Tuple[Tuple[str, str], 
 
     context = tls_context(certificates[0][0])
     assert context.check_hostname and context.verify_mode == ssl.CERT_REQUIRED
+
+
+def test_sigterm_finishes_the_batch_in_flight_and_sends_no_other(tmp_path: Path, token_file: Path,
+                                                                 receiver: Receiver) -> None:
+    """SIGTERM while the receiver takes a second to answer the first of three one-event batches: the child waits
+    for the answer, marks that event delivered, sends nothing more and exits 0 (``unsure``: stopped)."""
+    box = filled_outbox(tmp_path, ["heartbeat"] * 3)
+    request = request_for(tmp_path, receiver.url, token_file, batch_size=1)
+    receiver.mode = "slow:1"
+    result = tmp_path / "result.json"
+    child = subprocess.Popen(lean_delivery_argv("deliver_lean", "", "/", json.dumps(request), str(result)))
+    try:
+        assert receiver.wait_for(lambda r: r.requests >= 1, 60), "the first batch never arrived"
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(60) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+    answer = json.loads(result.read_text())["result"]
+    assert answer["outcome"] == "unsure" and "SIGTERM" in answer["detail"], answer
+    assert receiver.requests == 1 and len(receiver.stored) == 1
+    assert [e.sequence for e in box.pending(10)] == [2, 3]
