@@ -45,6 +45,8 @@ reaches the CLI.
     HubHTTPError (agent/hub/responses.py): an HTTP refusal, which the hub app answers with its status and JSON body
     BodyTooLarge (agent/hub/middleware.py): a request body over the limit, answered 413 by the body-size wrapper
     FrozenInstanceError (agent/frozen.py): an AttributeError, as dataclasses' own is: assigning to a frozen record
+    Unsure (agent/daemon_jobs/lean_delivery.py): the stdlib-only delivery child leaves it to the full child
+    Down (agent/daemon_jobs/lean_delivery.py): the stdlib-only delivery child's receiver is not serving; backoff
 
 Outcomes that are not errors have exit codes of their own (the hot path's, ``health run``'s, ``status``'s):
 docs/architecture.md, "Exit codes", lists them all. tests/test_errors.py checks this docstring against the classes.

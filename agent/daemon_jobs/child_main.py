@@ -41,6 +41,7 @@ from agent.daemon_jobs.protocol import (
     ConfigRequest,
     ConfigResult,
     DeliverResult,
+    DeliveryPlan,
     ForwardResult,
     GuardChecked,
     GuardCheckResult,
@@ -60,6 +61,7 @@ from agent.jsonrecord import JsonObject, JsonRecord, RecordError
 if TYPE_CHECKING:  # pragma: no cover
     from agent.config import Settings
     from agent.daemon_jobs.runtime import Runtime
+    from agent.report.settings import ReportSettings
 
 PR_SET_PDEATHSIG = 1  # prctl(2) option number in linux/prctl.h
 Q = TypeVar("Q", bound=JsonRecord)
@@ -318,9 +320,38 @@ def _deliver(rt: Runtime) -> DeliverResult:
     if sender is None:
         return DeliverResult(events=0, drained=Drained())
     try:
-        return DeliverResult(events=0, drained=drain_outbox(rt, sender))
+        return DeliverResult(events=0, drained=drain_outbox(rt, sender), plan=lean_delivery_plan(report,
+                                                                                                 rt.outbox.path))
     finally:
         sender.close()
+
+
+def lean_delivery_plan(report: ReportSettings, outbox_path: str) -> Optional[DeliveryPlan]:
+    """How the Sender (agent/report/sender.py) sends now, for the stdlib-only delivery child
+    (agent/daemon_jobs/lean_delivery.py); None where that child could not send as requests does: a proxy or a
+    .netrc from the environment for this URL."""
+    import requests
+    from requests.utils import DEFAULT_CA_BUNDLE_PATH, get_netrc_auth
+
+    from agent.report.plain import EVENT_SCHEMA_VERSION
+    from agent.report.sender import USER_AGENT
+
+    url = report.ingest_url
+    if url is None:
+        return None
+    session = requests.Session()
+    try:  # what Sender's post merges in from the environment (trust_env): proxies, REQUESTS_CA_BUNDLE
+        merged = session.merge_environment_settings(url, {}, None, report.ca_bundle or True, None)
+    finally:
+        session.close()
+    if merged.get("proxies") or get_netrc_auth(url) is not None:
+        return None
+    verify = merged.get("verify")
+    ca_file = verify if isinstance(verify, str) else DEFAULT_CA_BUNDLE_PATH  # True: requests' own bundle
+    return DeliveryPlan(ingest_url=url, token_file=report.token_file, ca_file=ca_file,
+                        connect_timeout_seconds=report.connect_timeout_seconds,
+                        read_timeout_seconds=report.read_timeout_seconds, batch_size=report.batch_size,
+                        user_agent=USER_AGENT, schema_version=EVENT_SCHEMA_VERSION, outbox_path=outbox_path)
 
 
 def parse_request(text: Optional[str]) -> JsonObject:

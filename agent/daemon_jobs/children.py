@@ -27,6 +27,7 @@ includes the daemon's own peak, the memory the child shared until its exec.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -44,6 +45,7 @@ from agent.daemon_jobs.protocol import (
     ConfigRequest,
     ConfigResult,
     DeliverResult,
+    DeliveryPlan,
     ForwardResult,
     GuardChecked,
     GuardCheckResult,
@@ -53,6 +55,8 @@ from agent.daemon_jobs.protocol import (
     HubProbePlan,
     HubProbeResult,
     JobRequest,
+    LeanDeliveryRequest,
+    LeanDeliveryResult,
     PolicyFetchResult,
     RestoreResult,
     SnapshotRequest,
@@ -70,13 +74,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from agent.daemon_jobs.guard_events import GuardEventForwarder
 
 log = get_logger("job_child")
+delivery_log = get_logger("delivery")
 
 # How often the daemon looks at a running child (and at its own stopping flag) while it waits.
 POLL_SECONDS = 0.05
 _ENV_DROPPED = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
 # Jobs whose clean exits are routine (delivery and the policy probe about once a minute, the config at every start
 # and reload).
-_QUIET_JOBS = frozenset({"deliver", "config", "policy_probe"})
+_QUIET_JOBS = frozenset({"deliver", "deliver_lean", "config", "policy_probe"})
 
 R = TypeVar("R", bound=JsonRecord)
 # (job, config path, root, request JSON, result path) -> the child's command line; tests hand in their own.
@@ -327,18 +332,56 @@ class HealthInChild:
 
 
 class DeliveryInChild:
-    """The delivery job's drain in a child, as DeliveryJob's ``drain``: what the child got through, or its failure."""
+    """The delivery job's drain in a child, as DeliveryJob's ``drain``: what the child got through, or its failure.
 
-    def __init__(self, runtime: Runtime, config_path: str) -> None:
+    Once a full child (``gpuguard _job deliver``) has handed back its plan, the stdlib-only child
+    (agent/daemon_jobs/lean_delivery.py, about a tenth of the full child's CPU) drains first, while the settings in
+    force are the ones the plan was made with: ``delivered`` and ``down`` end there (down: its failure, the daemon
+    backs off as before); ``unsure``, or a lean child that failed, starts the full child, which hands back the next
+    plan. ``argv`` and ``lean`` replace the two command lines (tests count the spawns)."""
+
+    def __init__(self, runtime: Runtime, config_path: str, argv: Optional[ArgvFunction] = None,
+                 lean: Optional[ArgvFunction] = None) -> None:
         self.runtime = runtime
         self.config_path = config_path
+        self.argv = argv
+        self.lean = lean or lean_delivery_argv
+        self._plan: Optional[Tuple[object, DeliveryPlan]] = None  # (the settings it was made with, the plan)
 
     def __call__(self, reason: str) -> Drained:
         rt = self.runtime
+        acknowledged_at: Optional[float] = None
+        if self._plan is not None and self._plan[0] is rt.in_force:
+            lean = self._lean(self._plan[1])
+            if lean is not None and (lean.outcome != "unsure" or rt.stopping.is_set()):
+                return lean.drained  # stopping: no full child now, the next daemon drains the rest
+            acknowledged_at = lean.drained.acknowledged_at_seconds if lean is not None else None
         result = run_child("deliver", self.config_path, str(rt.host.root),
                            JobRequest(context=child_context(rt), reason=reason), DeliverResult, rt.state_dir,
-                           rt.stopping)
-        return result.drained
+                           rt.stopping, self.argv)
+        self._plan = None if result.plan is None else (rt.in_force, result.plan)
+        drained = result.drained
+        if drained.acknowledged_at_seconds is None and acknowledged_at is not None:
+            drained = dataclasses.replace(drained, acknowledged_at_seconds=acknowledged_at)
+        return drained
+
+    def _lean(self, plan: DeliveryPlan) -> Optional[LeanDeliveryResult]:
+        """The lean child's answer, or None when it failed (then the full child decides)."""
+        rt = self.runtime
+        try:
+            request = LeanDeliveryRequest(plan=plan, host_id=rt.emitter.host_id, daemon_pid=os.getpid())
+            result = run_child("deliver_lean", self.config_path, str(rt.host.root), request, LeanDeliveryResult,
+                               rt.state_dir, rt.stopping, self.lean, LEAN_DELIVERY_TIMEOUT_SECONDS)
+        except ChildJobFailed as exc:
+            log.info("delivery_lean_failed", error=str(exc), then="the full delivery child")
+            return None
+        for batch in result.batches:  # as drain_outbox logs the full child's
+            delivery_log.debug("delivery_batch_sent", events=batch.events, accepted=batch.accepted,
+                               duplicates=batch.duplicates, first_sequence=batch.first_sequence,
+                               last_sequence=batch.last_sequence, lean=True)
+        if result.outcome == "unsure":
+            log.debug("delivery_lean_unsure", detail=result.detail, then="the full delivery child")
+        return result
 
 
 class GuardCheckInChild:
@@ -390,6 +433,16 @@ def probe_argv(job: str, config_path: str, root: str, request_json: str, result_
     return [sys.executable, "-I", "-S", "-c", boot, request_json, result_path]
 
 
+def lean_delivery_argv(job: str, config_path: str, root: str, request_json: str, result_path: str) -> List[str]:
+    """The lean delivery child's command line: as :func:`probe_argv`, agent/daemon_jobs/lean_delivery.py's main."""
+    paths = [p for p in sys.path if p and os.path.isabs(p)]
+    boot = (f"import sys; sys.path[:0] = {paths!r}; from agent.daemon_jobs.lean_delivery import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    return [sys.executable, "-I", "-S", "-c", boot, request_json, result_path]
+
+
+# The lean delivery child's limit: each POST has the plan's timeouts; this kills one that hangs past them all.
+LEAN_DELIVERY_TIMEOUT_SECONDS = 600.0
 # A full fetch at least this often even when every probe matched: what the full fetch decides by the clock (a
 # freshness statement or bundle expiring) and the host facts of the newest statement are looked at again.
 FULL_FETCH_EVERY_SECONDS = 3600.0

@@ -7,7 +7,9 @@
     guard_check   JobRequest         GuardCheckResult   check_and_rollback's status, or its error / interruption
     guard_events  JobRequest         ForwardResult      guard-events.jsonl lines forwarded to the outbox
     health        HealthRequest      HealthChildResult  what the check found (HealthSummary), the last status
-    deliver       JobRequest         DeliverResult      how far the drain got (delivery.Drained)
+    deliver       JobRequest         DeliverResult      how far the drain got (delivery.Drained); the lean child's plan
+    deliver_lean  LeanDeliveryRequest  {outcome, drained}  (not agent code: agent/daemon_jobs/lean_delivery.py, stdlib
+                                                        only; its result read as LeanDeliveryResult)
     policy_fetch  JobRequest         PolicyFetchResult  the hub's policy bundle for this host: unchanged, installed,
                                                         refused (why) or the fetch failed; the next probe's plan
     policy_probe  HubProbePlan          {outcome, digest}  (not agent code: agent/daemon_jobs/hub_probe.py, stdlib only)
@@ -205,11 +207,61 @@ class HealthChildResult(JsonRecord):
 
 
 @dataclass(frozen=True)
+class DeliveryPlan(JsonRecord):
+    """How the full delivery child sends, for the stdlib-only one (agent/daemon_jobs/lean_delivery.py): the URL it
+    POSTs to, its token file, the CA file requests verified with, its timeouts, batch size, User-Agent and batch
+    schema version, and the outbox file."""
+
+    ingest_url: str
+    token_file: Optional[str]
+    ca_file: Optional[str]
+    connect_timeout_seconds: float
+    read_timeout_seconds: float
+    batch_size: int
+    user_agent: str
+    schema_version: int
+    outbox_path: str
+
+
+@dataclass(frozen=True)
 class DeliverResult(JsonRecord):
-    """The delivery child's drain."""
+    """The delivery child's drain, and the lean child's plan (None: requests would send otherwise, a proxy say)."""
 
     events: int
     drained: Drained
+    plan: Optional[DeliveryPlan] = None
+
+
+@dataclass(frozen=True)
+class LeanDeliveryRequest(JsonRecord):
+    """The lean delivery child's request: the plan, and the host id the events must carry (else the full child)."""
+
+    plan: DeliveryPlan
+    host_id: str
+    daemon_pid: Optional[int] = None  # None: run by hand (no stop on the daemon's death)
+
+
+@dataclass(frozen=True)
+class SentBatch(JsonRecord):
+    """One batch the lean delivery child got acknowledged (the daemon logs it as ``delivery_batch_sent``)."""
+
+    events: int
+    accepted: int
+    duplicates: int
+    first_sequence: int
+    last_sequence: int
+
+
+@dataclass(frozen=True)
+class LeanDeliveryResult(JsonRecord):
+    """The lean delivery child's answer: ``delivered`` (the outbox emptied), ``down`` (``drained.failure`` says how:
+    no HTTP answer, or 502/503/504) or ``unsure`` (anything else: the full child decides); ``drained`` also says
+    when a batch was last acknowledged, ``batches`` what was sent."""
+
+    outcome: Literal["delivered", "down", "unsure"]
+    drained: Drained
+    detail: str = ""
+    batches: Tuple[SentBatch, ...] = ()  # the first MAX_BATCHES_LISTED (agent/daemon_jobs/lean_delivery.py)
 
 
 @dataclass(frozen=True)

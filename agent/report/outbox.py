@@ -27,7 +27,6 @@ past the bound and logs ``outbox_over_bound``. Every drop is counted per kind (`
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import threading
@@ -40,6 +39,17 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Prot
 from agent.errors import InputFileError
 from agent.files import move_aside, read_json_file, write_atomically
 from agent.log import get_logger
+from agent.report.outbox_ack import (
+    DELIVERED_IDS_KEPT,
+    HWM_SUFFIX,
+    HighWater,
+    ack_rows,
+    count_of,
+    high_water_of,
+    high_water_text,
+    last_sequence_of,
+    next_high_water,
+)
 from agent.report.plain import NEVER_DROPPED_KINDS, PlainStateFileDamaged
 
 if TYPE_CHECKING:  # pragma: no cover - pydantic's Event only where events are read back (a delivery child, the hub)
@@ -79,9 +89,6 @@ CREATE TABLE IF NOT EXISTS delivered (
     event_id TEXT NOT NULL UNIQUE
 );
 """
-# Acknowledged event ids remembered, newest first: a fact enqueued again after its delivery (a guard line replayed
-# after a SIGKILL) keeps the sequence it was delivered with instead of taking a new one (a gap at the receiver).
-DELIVERED_IDS_KEPT = 20000
 
 
 class OutboxEvent(Protocol):
@@ -156,10 +163,9 @@ class Outbox:
     def _write_high_water_mark(self) -> None:
         """Record the last sequence and the depth beside the file (best effort: a full disk is logged once)."""
         try:
-            last_sequence = self._last_sequence()
-            if last_sequence >= self._reserved_through:
-                self._reserved_through = last_sequence + RESERVED_SEQUENCES
-            write_high_water_mark(self.path, HighWater(last_sequence, self._count(), self._reserved_through))
+            mark = next_high_water(self._conn, self._reserved_through)
+            self._reserved_through = mark.reserved_through
+            write_high_water_mark(self.path, mark)
         except OSError as exc:
             if not self._hwm_failing:
                 log.warning("outbox_high_water_mark_not_written", path=self.path + HWM_SUFFIX, error=str(exc))
@@ -312,13 +318,7 @@ class Outbox:
         if not ids:
             return 0
         with self._lock, self._transaction():
-            removed = 0
-            for event_id in ids:
-                self._conn.execute("INSERT OR IGNORE INTO delivered (sequence, event_id) "
-                                   "SELECT sequence, event_id FROM events WHERE event_id = ?", (event_id,))
-                removed += self._conn.execute("DELETE FROM events WHERE event_id = ?", (event_id,)).rowcount
-            self._conn.execute("DELETE FROM delivered WHERE sequence <= (SELECT sequence FROM delivered "
-                               "ORDER BY sequence DESC LIMIT 1 OFFSET ?)", (DELIVERED_IDS_KEPT,))
+            removed = ack_rows(self._conn, ids, DELIVERED_IDS_KEPT)
         with self._lock:
             self._write_high_water_mark()
         return removed
@@ -347,7 +347,7 @@ class Outbox:
             return self._count()
 
     def _count(self) -> int:
-        return int(self._conn.execute("SELECT COUNT(*) FROM events").fetchone()[0])
+        return count_of(self._conn)
 
     def oldest_age_seconds(self) -> Optional[float]:
         """How long the oldest waiting event has waited, or None when the outbox is empty."""
@@ -370,8 +370,7 @@ class Outbox:
             return self._last_sequence()
 
     def _last_sequence(self) -> int:
-        row = self._conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
-        return int(row[0]) if row else 0
+        return last_sequence_of(self._conn)
 
     def _transaction(self) -> "_Transaction":
         return _Transaction(self._conn)
@@ -391,23 +390,8 @@ class _Transaction:
         self._conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
 
 
-HWM_SUFFIX = ".hwm"
-# Sequences reserved ahead in the high-water mark: after damage, numbering resumes above them, so a sequence
-# assigned just before a SIGKILL (its mark not yet written) is never given to another event.
-RESERVED_SEQUENCES = 100
-HWM_FORMAT = 1
 # Sequences probed one by one past a damaged page (the newest ones: the outbox holds at most max_events).
 MAX_PROBED_SEQUENCES = 100000
-
-
-@dataclass(frozen=True)
-class HighWater:
-    """Recorded beside the outbox: the last sequence and depth after a commit (written just after it, so a SIGKILL
-    can leave them one event behind), and sequences reserved before they are assigned (never reused after damage)."""
-
-    last_sequence: int = 0
-    queued: int = 0
-    reserved_through: int = 0
 
 
 def read_high_water_mark(path: str) -> HighWater:
@@ -418,18 +402,11 @@ def read_high_water_mark(path: str) -> HighWater:
         log.error("outbox_high_water_mark_unreadable", path=path + HWM_SUFFIX, error=exc.reason,
                   action="checking the outbox without it")
         return HighWater()
-    if not isinstance(data, dict) or data.get("format") != HWM_FORMAT:
-        return HighWater()
-    values = [data.get(k, 0) for k in ("last_sequence", "queued", "reserved_through")]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        return HighWater()
-    return HighWater(*(max(0, v) for v in values))
+    return high_water_of(data)
 
 
 def write_high_water_mark(path: str, mark: HighWater) -> None:
-    write_atomically(path + HWM_SUFFIX, json.dumps({"format": HWM_FORMAT, "last_sequence": mark.last_sequence,
-                                                    "queued": mark.queued, "reserved_through": mark.reserved_through},
-                                                   sort_keys=True) + "\n", mode=0o600)
+    write_atomically(path + HWM_SUFFIX, high_water_text(mark), mode=0o600)
 
 
 @dataclass

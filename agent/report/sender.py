@@ -22,6 +22,7 @@ from agent.report.settings import ReportSettings
 
 # How much of an error reply goes into a log line: enough to see what the receiver said.
 _REPLY_EXCERPT_CHARS = 300
+USER_AGENT = f"gpuguard-agent/{__version__}"
 
 
 class DeliveryResult(FrozenModel):
@@ -63,7 +64,7 @@ class Sender:
 
     def send(self, batch: EventBatch) -> DeliveryResult:
         """Deliver one batch; DeliveryError says why it was not taken and whether retrying can help."""
-        headers = {"Content-Type": "application/json", "User-Agent": f"gpuguard-agent/{__version__}"}
+        headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
         body = batch.model_dump_json().encode("utf-8")

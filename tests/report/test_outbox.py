@@ -11,7 +11,8 @@ import pytest
 
 from agent.errors import InputFileError
 from agent.report.events import Event, PolicyViolation
-from agent.report.outbox import RESERVED_SEQUENCES, Outbox
+from agent.report.outbox import Outbox
+from agent.report.outbox_ack import RESERVED_SEQUENCES
 from tests.report.events import WHEN, event
 
 
