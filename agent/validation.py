@@ -6,6 +6,7 @@ every other place that reports a validation error, import it without importing e
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any, Iterable, List, Mapping
 
 
@@ -24,3 +25,14 @@ def validation_problems(errors: Iterable[Mapping[str, Any]], skip_loc: int = 0, 
             message = message[len("Value error, "):]
         problems.append(f"{where}: {message}")
     return problems
+
+
+def iso_day(value: str) -> str:
+    """``value`` when it is a day written as YYYY-MM-DD (the data files' dates); ValueError naming it otherwise."""
+    try:
+        dt.date.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a day as YYYY-MM-DD") from None
+    if len(value) != 10:
+        raise ValueError(f"{value!r} is not a day as YYYY-MM-DD")
+    return value

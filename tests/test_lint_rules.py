@@ -98,7 +98,7 @@ REVIEWED_OPENS = {
     ("agent/guard/rollback/health_gate.py", "os.open()"): "the state directory itself, O_DIRECTORY, for its flock",
     ("agent/status/facts.py", "os.open()"): "_read_tail: O_NONBLOCK and fstat S_ISREG",
     ("agent/status/facts.py", "open()"): "/proc/<pid>/cmdline",
-    ("agent/daemon_jobs/children.py", "open()"): "/proc/<pid>/status",
+    ("agent/daemon_jobs/procstatus.py", "open()"): "/proc/<pid>/status (stdlib only: the lean children read it too)",
     ("agent/daemon_jobs/children.py", "os.open()"): "/dev/null for the child's stdin and stdout",
     ("agent/health/reaper.py", "open()"): "/proc/<pid>/stat and /proc/<pid>/task/*/children",
     ("agent/health/sandbox.py", ".read_text()"): "cgroup files under /sys/fs/cgroup and /proc/<pid>/stat, statm",
@@ -118,7 +118,6 @@ REVIEWED_OPENS = {
     ("agent/daemon_jobs/hub_probe.py", "os.open()"): "the stdlib-only probe (imports nothing of agent/files.py): "
                                                      "the token file O_NOFOLLOW|O_NONBLOCK, fstat S_ISREG; its "
                                                      "result file O_EXCL|O_NOFOLLOW 0600",
-    ("agent/daemon_jobs/hub_probe.py", "open()"): "/proc/self/status",
     ("agent/daemon_jobs/snapshot_stamp.py", "os.open()"): "small /proc and /sys files, O_NONBLOCK, one bounded read",
 }
 
@@ -164,7 +163,7 @@ def test_the_open_rule_fires_on_a_synthetic_module() -> None:
     found = unreviewed_opens({"agent/status/example.py": source})
     assert [hit.split(":")[1] for hit in found] == ["3", "4", "5", "6", "7"]
     # The same call in a module reviewed for it passes: the allowlist is per module.
-    assert unreviewed_opens({"agent/daemon_jobs/children.py": "open('/proc/1/status')\n"}) == []
+    assert unreviewed_opens({"agent/daemon_jobs/procstatus.py": "open('/proc/1/status')\n"}) == []
 
 
 def test_every_reviewed_open_is_still_there() -> None:

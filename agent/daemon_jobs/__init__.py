@@ -15,6 +15,7 @@
     delivery.py   drain the outbox to the endpoint, in order (in a child), with backoff while it is down
     policy_fetch.py  the hub's policy bundle fetched and installed (in a child), with the plan of the next probe
     hub_probe.py  the policy fetch's cheap first step: a stdlib-only child asking the last full fetch's questions
+    procstatus.py a process's peak RSS from /proc (stdlib only: the lean children read it too)
     snapshot_stamp.py  a stamp of the snapshot's inputs, so an interval run with nothing changed starts no child
     metrics.py    rewrite the node_exporter textfile from the state and the outbox
     children.py   run the config's validation, the read-back at start, the snapshot, the guard's rollback check and

@@ -96,10 +96,10 @@ def run_job(job: str, config_path: str, host: Host, request: JsonObject, result_
             result = fetched
         else:
             result = _with_outbox(job, host, settings, job_request, stopping)
-    from agent.daemon_jobs.children import peak_rss_kib_of
+    from agent.daemon_jobs.procstatus import peak_rss_kib
 
     # This process's own peak, for the daemon's job_child_exited.
-    reply = ChildReply(peak_rss_kib=peak_rss_kib_of(), result=result.to_json())
+    reply = ChildReply(peak_rss_kib=peak_rss_kib(), result=result.to_json())
     write_atomically(result_path, json.dumps(reply.to_json(), sort_keys=True) + "\n", mode=0o600)
     return 0
 

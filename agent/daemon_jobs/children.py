@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tupl
 
 from agent.daemon_jobs.delivery import Drained
 from agent.daemon_jobs.health import HealthSkips
+from agent.daemon_jobs.procstatus import peak_rss_kib
 from agent.daemon_jobs.protocol import (
     AskedMode,
     ChildContext,
@@ -134,9 +135,9 @@ def run_child(job: str, config_path: str, root: str, request: JsonRecord, result
     started = time.monotonic()
     pid = _spawn(command)
     terminated = timed_out = False
-    peak_rss_kib = 0
+    peak_kib = 0
     while True:
-        peak_rss_kib = max(peak_rss_kib, peak_rss_kib_of(str(pid)))
+        peak_kib = max(peak_kib, peak_rss_kib(str(pid)))
         waited, status, usage = os.wait4(pid, os.WNOHANG)
         if waited == pid:
             break
@@ -170,9 +171,9 @@ def run_child(job: str, config_path: str, root: str, request: JsonRecord, result
         except OSError:
             pass
     if reply is not None:
-        peak_rss_kib = max(peak_rss_kib, reply.peak_rss_kib)
+        peak_kib = max(peak_kib, reply.peak_rss_kib)
     level = log.debug if job in _QUIET_JOBS and exit_code == 0 else log.info
-    level("job_child_exited", job=job, pid=pid, exit_code=exit_code, max_rss_kib=peak_rss_kib,
+    level("job_child_exited", job=job, pid=pid, exit_code=exit_code, max_rss_kib=peak_kib,
           cpu_seconds=round(usage.ru_utime + usage.ru_stime, 3), duration_seconds=round(time.monotonic() - started, 3))
     if timed_out and exit_code == -signal.SIGKILL:
         raise ChildJobFailed(job, f"no result within {timeout_seconds:g} s: killed")
@@ -188,18 +189,6 @@ def run_child(job: str, config_path: str, root: str, request: JsonRecord, result
         return result_type.from_json(reply.result, ("result",))
     except RecordError as exc:
         raise ChildJobFailed(job, f"malformed result: {exc}") from None
-
-
-def peak_rss_kib_of(pid: str = "self") -> int:
-    """VmHWM of a process in KiB (0 when it is gone or shows none)."""
-    try:
-        with open(f"/proc/{pid}/status", "r", encoding="ascii", errors="replace") as handle:
-            for line in handle:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
 
 
 def _spawn(command: Sequence[str]) -> int:

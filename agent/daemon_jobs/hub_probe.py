@@ -33,6 +33,7 @@ import time
 import urllib.parse
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from agent.daemon_jobs.procstatus import peak_rss_kib
 from agent.wire import ROLLOUT_HEADER, ROLLOUT_ID_HEADER, ROLLOUT_STAGE_HEADER, ROLLOUT_STATE_HEADER
 
 # HTTP statuses that say the hub (or the proxy in front of it) is not serving now: the full fetch would fail too.
@@ -138,18 +139,6 @@ def probe(plan: Dict[str, object]) -> Dict[str, str]:
     if answers and all(status in DOWN_STATUSES for _, status, _, _ in answers):
         return {"outcome": "down", "digest": "", "detail": f"{endpoint}: HTTP {answers[0][1]}"}
     return {"outcome": "answered", "digest": answers_digest(answers), "detail": ""}
-
-
-def peak_rss_kib() -> int:
-    """This process's VmHWM in KiB (0 where /proc shows none)."""
-    try:
-        with open("/proc/self/status", "r", encoding="ascii", errors="replace") as handle:
-            for line in handle:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
 
 
 def main(argv: Sequence[str]) -> int:

@@ -39,7 +39,8 @@ import time
 import urllib.parse
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from agent.daemon_jobs.hub_probe import DOWN_STATUSES, MAX_TOKEN_FILE_BYTES, peak_rss_kib
+from agent.daemon_jobs.hub_probe import DOWN_STATUSES, MAX_TOKEN_FILE_BYTES
+from agent.daemon_jobs.procstatus import peak_rss_kib
 from agent.errors import InputFileError
 from agent.files import read_bytes_bounded, read_json_file, write_atomically
 from agent.report.outbox_ack import (

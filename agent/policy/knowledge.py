@@ -18,7 +18,6 @@ Tables (each a model of its own, chosen by the file's ``table``):
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any, ClassVar, Dict, List, Literal, Sequence, Tuple, Type
 
 from pydantic import ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator, model_validator
@@ -27,7 +26,7 @@ from agent.errors import InputFileError
 from agent.models import FrozenModel
 from agent.policy.table_unknown import DCGM_EXPORTER, THEROCK_RELEASES_TABLE
 from agent.tomlreader import toml_module, toml_worded
-from agent.validation import validation_problems
+from agent.validation import iso_day, validation_problems
 
 # A table is a few kB; past this a file is damaged or hostile and is refused unread (a bundle carries it too).
 MAX_KNOWLEDGE_BYTES = 256 * 1024
@@ -45,16 +44,6 @@ def file_name(table: str) -> str:
 
 class KnowledgeInvalid(InputFileError):
     """A knowledge table file is not one: too large, not UTF-8 TOML, or a field is wrong (the message names it)."""
-
-
-def _day(value: str) -> str:
-    try:
-        dt.date.fromisoformat(value)
-    except ValueError:
-        raise ValueError(f"{value!r} is not a day as YYYY-MM-DD") from None
-    if len(value) != 10:
-        raise ValueError(f"{value!r} is not a day as YYYY-MM-DD")
-    return value
 
 
 def _three_part(value: str) -> str:
@@ -90,7 +79,7 @@ class KnowledgeRow(KnowledgeModel):
     source: StrictStr = Field(min_length=1, max_length=MAX_SOURCE_CHARS)
     date: StrictStr
 
-    _date = field_validator("date")(_day)
+    _date = field_validator("date")(iso_day)
 
     def order(self) -> Tuple[int, ...]:
         """The row's key as numbers, for the release order of the table."""
@@ -119,11 +108,11 @@ class ExporterRowModel(KnowledgeRow):
 def _released(value: str) -> str:
     """A release day, or only its month where the source gives no day (``2026-08-26``, ``2026-05``)."""
     try:
-        return _day(value)
+        return iso_day(value)
     except ValueError:
         pass
     try:
-        _day(value + "-01")
+        iso_day(value + "-01")
     except ValueError:
         raise ValueError(f"{value!r} is not a day as YYYY-MM-DD or a month as YYYY-MM") from None
     return value
@@ -157,7 +146,7 @@ class KnowledgeTable(KnowledgeModel):
     dated: StrictStr
     row: Sequence[KnowledgeRow]
 
-    _dated = field_validator("dated")(_day)
+    _dated = field_validator("dated")(iso_day)
 
     @model_validator(mode="after")
     def _rows(self) -> "KnowledgeTable":

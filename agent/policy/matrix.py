@@ -7,7 +7,6 @@ parses TOML.
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -17,7 +16,7 @@ from agent.errors import InputFileError, PolicyError
 from agent.files import decode_text, read_bytes_bounded
 from agent.models import FrozenModel
 from agent.tomlreader import MAX_TOML_BYTES, toml_module, toml_worded
-from agent.validation import validation_problems
+from agent.validation import iso_day, validation_problems
 
 MATRIX_FILE_NAME = "amd-compat-matrix.toml"
 # The matrix format from which every row carries the day it was checked (``date``).
@@ -28,15 +27,7 @@ MATRIX_SEARCH_PATHS = ("/etc/gpuguard/" + MATRIX_FILE_NAME, "/usr/share/gpuguard
 
 
 def _row_day(value: Optional[str]) -> Optional[str]:
-    if value is None:
-        return value
-    try:
-        dt.date.fromisoformat(value)
-    except ValueError:
-        raise ValueError(f"{value!r} is not a day as YYYY-MM-DD") from None
-    if len(value) != 10:
-        raise ValueError(f"{value!r} is not a day as YYYY-MM-DD")
-    return value
+    return value if value is None else iso_day(value)
 
 
 def _series(value: str) -> str:

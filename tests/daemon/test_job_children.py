@@ -59,8 +59,8 @@ def test_the_logged_peak_rss_is_the_childs_own_not_the_daemons(tmp_path: Path) -
     configure(level="info", json_output=True, stream=stream)
     ballast = bytearray(b"x" * (200 * 1024 * 1024))  # this process's peak is now above 200 MiB
     reports = ("import json, sys\n{alloc}\n"
-               "from agent.daemon_jobs.children import peak_rss_kib_of\n"
-               "reply = {{'peak_rss_kib': peak_rss_kib_of(), 'result': {{'echo': {{}}}}}}\n"
+               "from agent.daemon_jobs.procstatus import peak_rss_kib\n"
+               "reply = {{'peak_rss_kib': peak_rss_kib(), 'result': {{'echo': {{}}}}}}\n"
                "open(sys.argv[1], 'w').write(json.dumps(reply))\n")
     for alloc in ("b = bytearray(b'x' * (64 * 1024 * 1024))", "pass"):
         run_child("snapshot", "/nonexistent.toml", "/", REQUEST, Echo, str(tmp_path), threading.Event(),

@@ -284,7 +284,8 @@ def test_the_lean_child_loads_no_third_party_module(tmp_path: Path) -> None:
                          check=True).stdout
     loaded = set(eval(out))  # noqa: S307 - our own print of a list of strings
     assert {m for m in loaded if m.startswith("agent")} == {
-        "agent", "agent.daemon_jobs", "agent.daemon_jobs.lean_delivery", "agent.daemon_jobs.hub_probe", "agent.wire",
+        "agent", "agent.daemon_jobs", "agent.daemon_jobs.lean_delivery", "agent.daemon_jobs.hub_probe",
+        "agent.daemon_jobs.procstatus", "agent.wire",
         "agent.errors", "agent.files", "agent.hostfacts", "agent.hostfacts.paths", "agent.strictjson",
         "agent.report", "agent.report.outbox_ack"}
     assert not loaded & {"requests", "urllib3", "pydantic", "structlog", "certifi", "sqlalchemy"}

@@ -197,7 +197,7 @@ def test_the_probe_over_tls_answers_with_the_ca_file_and_is_unsure_never_down_wi
 
 def test_the_probe_loads_no_third_party_module_and_reads_nothing_of_the_host_python(tmp_path: Path) -> None:
     """The probe's command line runs isolated (``-I -S``) and imports only the standard library, agent/__init__,
-    agent/daemon_jobs/__init__ and agent/wire.py besides itself."""
+    agent/daemon_jobs/__init__, agent/daemon_jobs/procstatus.py and agent/wire.py besides itself."""
     argv = probe_argv("policy_probe", "", "/", "{}", str(tmp_path / "r.json"))
     assert argv[1:3] == ["-I", "-S"]
     boot = argv[4].replace("sys.exit(main(sys.argv[1:]))",
@@ -206,5 +206,5 @@ def test_the_probe_loads_no_third_party_module_and_reads_nothing_of_the_host_pyt
                          check=True).stdout
     loaded = set(eval(out))  # noqa: S307 - our own print of a list of strings
     assert {m for m in loaded if m.startswith("agent")} == {"agent", "agent.daemon_jobs", "agent.daemon_jobs.hub_probe",
-                                                           "agent.wire"}
+                                                           "agent.daemon_jobs.procstatus", "agent.wire"}
     assert not loaded & {"requests", "urllib3", "pydantic", "structlog", "certifi"}
