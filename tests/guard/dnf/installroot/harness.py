@@ -15,8 +15,9 @@ How to use it (the rpm rollback tests reuse it; the API only grows, nothing is r
 Everything runs on this machine's /usr/bin/dnf and /usr/bin/rpm (Debian's dnf 4 and rpm 4.18) with a private
 HOME whose ``.rpmmacros`` sets ``%_dbpath /var/lib/rpm`` (Debian's default is ``~/.rpmdb``), so the rpm database
 sits where RHEL puts it: ``<root>/var/lib/rpm``. Nothing outside the temp dirs is touched. dnf loads plugins only
-from packaging/dnf (``pluginpath``) with the plugin config from ``<work>/pluginconf`` (``pluginconfpath``), whose
-``checker=`` points at a launcher that runs this checkout's agent under /usr/bin/python3 -IS.
+from packaging/dnf (``pluginpath``; ``Installroot(..., plugin_dir=)`` names another, e.g. a built package's) with
+the plugin config from ``<work>/pluginconf`` (``pluginconfpath``), whose ``checker=`` points
+at a launcher that runs this checkout's agent under /usr/bin/python3 -IS.
 """
 
 from __future__ import annotations
@@ -213,8 +214,10 @@ CHECKER_LAUNCHER = REPO_ROOT / "packaging/dnf/gpuguard-dnf-check"
 class Installroot:
     """One dnf installroot: dnf and rpm commands against it, its installed set and rpm database bytes."""
 
-    def __init__(self, root: Path, repo_dir: Path, work: Path) -> None:
+    def __init__(self, root: Path, repo_dir: Path, work: Path, plugin_dir: Optional[Path] = None) -> None:
+        """``plugin_dir``: where dnf loads the plugin from (default this checkout's packaging/dnf)."""
         self.root = root
+        self.plugin_dir = plugin_dir or REPO_ROOT / "packaging/dnf"
         self.repo_dir = repo_dir
         self.work = work
         self.home = rpm_home(work)
@@ -235,7 +238,7 @@ class Installroot:
         self.dnf_conf.write_text(
             "[main]\ngpgcheck=0\nrepo_gpgcheck=0\ninstallonly_limit=3\nclean_requirements_on_remove=0\n"
             f"install_weak_deps=0\nkeepcache=0\nreposdir={repos}\ncachedir={self.cache}\n"
-            f"pluginpath={REPO_ROOT / 'packaging/dnf'}\npluginconfpath={self.plugin_conf_dir}\n"
+            f"pluginpath={self.plugin_dir}\npluginconfpath={self.plugin_conf_dir}\n"
             "logdir=/var/log\nprotected_packages=\n")
         self.write_plugin_conf()
 
