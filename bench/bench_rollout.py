@@ -70,6 +70,9 @@ def changed_cost(rollouts: Rollouts, rid: str, admitted: List[str], report: Call
     report(others, 2, "pass")  # ``waiting`` has not reported yet: the rollout waits for it
     action, _, cpu_all = timed_evaluate(rollouts, rid)
     assert action == "wait", action
+    report([], 2, "pass")  # a tick later, nothing reported: this one still judges the reports of the last tick
+    timed_evaluate(rollouts, rid)  # (within INCREMENTAL_MARGIN_SECONDS of the last evaluation) again
+    report([], 2, "pass")
     action, _, cpu_none = timed_evaluate(rollouts, rid)
     assert action == "wait", action
     report(random.Random(43).sample(others, changed), 2, "pass")
@@ -94,8 +97,11 @@ def main() -> int:
         store = SQLiteStore(str(Path(tmp) / "hub.db"), synchronous="normal")
         store.open()
 
+        clock = [dt.datetime.now(dt.timezone.utc)]  # the hub's clock: each report arrives one tick (10 s) later
+
         def report(names: List[str], serial: int, health: str) -> None:
-            at = dt.datetime.now(dt.timezone.utc)
+            clock[0] += dt.timedelta(seconds=10)
+            at = clock[0]
             for start in range(0, len(names), 2000):
                 store.ingest([[beat(h, cohort_of[h], at, serial, health) for h in names[start:start + 2000]]],
                              received_at=at)
@@ -104,7 +110,8 @@ def main() -> int:
         bundles = PolicyBundles(store, check())
         bundles.push(ADMIN, bundle_bytes(1), signature_of(bundle_bytes(1)))
         bundles.push(ADMIN, bundle_bytes(2), signature_of(bundle_bytes(2)))
-        rollouts = Rollouts(store, bundles, stale_after_seconds=900.0)  # as the hub has it (its default)
+        # stale_after_seconds as the hub has it (its default)
+        rollouts = Rollouts(store, bundles, clock=lambda: clock[0], stale_after_seconds=900.0)
         spec = RolloutSpec(target_serial=2, canaries=args.canaries, batches=(5, 25, 100), soak_seconds=0)
         started = time.perf_counter()
         rid = rollouts.start(ADMIN, spec).rollout.rollout_id
