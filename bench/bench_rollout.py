@@ -9,7 +9,9 @@ stage (each stage's hosts pass at once); the bench times each ``evaluate`` (the 
 and their evidence, decide, write) and the process CPU it took. Then a second rollout's canaries of one cohort
 report cpu_fallback, and the bench times the report's ingest plus the next ``evaluate`` (the worker's nudge runs
 it within about a second in a hub; here it is called directly) plus one ``offer`` for a held-back host, which then
-carries the halt. Finally it times ``offer`` (what ``GET /v1/policy/bundle`` asks the
+carries the halt. At the last stage, before its last host reports, it also times an evaluation when nothing
+changed since the last one and one after --changed hosts reported again (issue #43: an evaluation should cost what
+changed). Finally it times ``offer`` (what ``GET /v1/policy/bundle`` asks the
 store) for --fetches random hosts.
 
 Run (under a minute at 10,000 hosts):
@@ -26,7 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import List
+from typing import Callable, List, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -50,12 +52,44 @@ def beat(host_id: str, cohort: int, at: dt.datetime, serial: int, health: str) -
         last_health_status=health)})
 
 
+def timed_evaluate(rollouts: Rollouts, rid: str) -> Tuple[str, float, float]:
+    """One ``evaluate``: its action, wall and CPU seconds."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    decision = rollouts.evaluate(rid)
+    assert decision is not None
+    return decision.action, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def changed_cost(rollouts: Rollouts, rid: str, admitted: List[str], report: Callable[[List[str], int, str], None],
+                 changed: int) -> None:
+    """With every host admitted and one still waiting (so the rollout stays open), what an evaluation costs when
+    nothing changed since the last one and when ``changed`` hosts reported again (issue #43: it should cost what
+    changed, not the whole fleet)."""
+    waiting = next(h.host_id for h in rollouts.status(rid).hosts if h.evidence is None or h.evidence.result != "pass")
+    others = [h for h in admitted if h != waiting]
+    report(others, 2, "pass")  # ``waiting`` has not reported yet: the rollout waits for it
+    action, _, cpu_all = timed_evaluate(rollouts, rid)
+    assert action == "wait", action
+    report([], 2, "pass")  # a tick later, nothing reported: this one still judges the reports of the last tick
+    timed_evaluate(rollouts, rid)  # (within INCREMENTAL_MARGIN_SECONDS of the last evaluation) again
+    report([], 2, "pass")
+    action, _, cpu_none = timed_evaluate(rollouts, rid)
+    assert action == "wait", action
+    report(random.Random(43).sample(others, changed), 2, "pass")
+    action, _, cpu_some = timed_evaluate(rollouts, rid)
+    assert action == "wait", action
+    print(f"  evaluate with {len(admitted):>6} admitted, 1 waiting: {cpu_all * 1000:7.1f} ms CPU; again, nothing "
+          f"changed: {cpu_none * 1000:7.1f} ms CPU; after {changed} hosts reported: {cpu_some * 1000:7.1f} ms CPU "
+          f"({cpu_some / changed * 1000:.2f} ms per changed host)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=10000)
     parser.add_argument("--cohorts", type=int, default=8)
     parser.add_argument("--canaries", type=int, default=25)
     parser.add_argument("--fetches", type=int, default=2000)
+    parser.add_argument("--changed", type=int, default=100, help="hosts that report again between two evaluations")
     args = parser.parse_args()
     hosts = [f"host-{i:06d}" for i in range(args.hosts)]
     cohort_of = {h: i % args.cohorts for i, h in enumerate(hosts)}
@@ -63,8 +97,11 @@ def main() -> int:
         store = SQLiteStore(str(Path(tmp) / "hub.db"), synchronous="normal")
         store.open()
 
+        clock = [dt.datetime.now(dt.timezone.utc)]  # the hub's clock: each report arrives one tick (10 s) later
+
         def report(names: List[str], serial: int, health: str) -> None:
-            at = dt.datetime.now(dt.timezone.utc)
+            clock[0] += dt.timedelta(seconds=10)
+            at = clock[0]
             for start in range(0, len(names), 2000):
                 store.ingest([[beat(h, cohort_of[h], at, serial, health) for h in names[start:start + 2000]]],
                              received_at=at)
@@ -73,14 +110,19 @@ def main() -> int:
         bundles = PolicyBundles(store, check())
         bundles.push(ADMIN, bundle_bytes(1), signature_of(bundle_bytes(1)))
         bundles.push(ADMIN, bundle_bytes(2), signature_of(bundle_bytes(2)))
-        rollouts = Rollouts(store, bundles, stale_after_seconds=900.0)  # as the hub has it (its default)
+        # stale_after_seconds as the hub has it (its default)
+        rollouts = Rollouts(store, bundles, clock=lambda: clock[0], stale_after_seconds=900.0)
         spec = RolloutSpec(target_serial=2, canaries=args.canaries, batches=(5, 25, 100), soak_seconds=0)
         started = time.perf_counter()
         rid = rollouts.start(ADMIN, spec).rollout.rollout_id
         print(f"hosts {args.hosts}, cohorts {args.cohorts}: start (members, canaries admitted) "
               f"{(time.perf_counter() - started) * 1000:.0f} ms")
+        quiet_done = False
         while True:
             admitted = [h.host_id for h in rollouts.status(rid).hosts if h.stage is not None]
+            if len(admitted) == args.hosts and not quiet_done:
+                quiet_done = True
+                changed_cost(rollouts, rid, admitted, report, args.changed)
             report(admitted, 2, "pass")
             wall, cpu = time.perf_counter(), time.process_time()
             decision = rollouts.evaluate(rid)

@@ -4,7 +4,9 @@ made exactly once across hub processes.
     start    an admin names a pushed bundle (the target) and the stages; the hosts in the target's scope (and the
              label selector) become rows of ``rollout_hosts`` with their cohort; the canaries are admitted at once
     evaluate in one transaction holding the rollout's row lock (``SELECT ... FOR UPDATE`` on PostgreSQL, BEGIN
-             IMMEDIATE on SQLite): read the hosts and their evidence, ``rollout_plan.decide``, write what it says
+             IMMEDIATE on SQLite): read the hosts and their evidence (judged again only where it can have changed
+             since this process's last evaluation: ``_changed_since``, ``FULL_EVALUATION_EVERY``),
+             ``rollout_plan.decide``, write what it says
              (admit, halt with an alert, done) and audit it. Whichever hub process evaluates first decides; the
              others then see the stage already open. A restarted hub carries on from the rows.
     offer    while a rollout is running, paused or halted, its target is offered only to admitted hosts; every
@@ -67,6 +69,14 @@ log = get_logger("hub.rollouts")
 # PostgreSQL advisory lock held by a start's transaction (SQLite: BEGIN IMMEDIATE), so one rollout is active at a time.
 START_LOCK_KEY = 0x67707567_0033
 HUB_ACTOR = Principal(role="admin", subject="hub")  # the actor of automatic decisions in the audit trail
+# An evaluation re-judges only the hosts whose evidence can have changed since this process's last evaluation of the
+# rollout (issue 43); a full one at least every this many evaluations (the safety net: about 5 minutes at the
+# default 10 s tick), and on the first evaluation in a process (a hub restart), after a stage change and whenever
+# the clock went back.
+FULL_EVALUATION_EVERY = 30
+# How far before the last evaluation's time an incremental one looks: a report received just before it but
+# committed after it read is still seen.
+INCREMENTAL_MARGIN_SECONDS = 5.0
 _ROLLOUT_COLUMNS = ("rollout_id, target_serial, previous_serial, spec, state, stage, stage_started_at, created_at, "
                     "created_by, updated_at, reason, paused_by")
 
@@ -80,13 +90,17 @@ class Rollouts:
     """Rollouts in the hub's store."""
 
     def __init__(self, store: SqlStore, bundles: PolicyBundles, alerts: Optional["AlertQueue"] = None,
-                 clock: Callable[[], dt.datetime] = utc_now, stale_after_seconds: Optional[float] = None) -> None:
+                 clock: Callable[[], dt.datetime] = utc_now, stale_after_seconds: Optional[float] = None,
+                 full_every: int = FULL_EVALUATION_EVERY) -> None:
         self.store = store
         self.bundles = bundles
         self.alerts = alerts
         self.clock = clock
         # a host not heard from this long when a rollout starts is left out of it (None: none is)
         self.stale_after_seconds = stale_after_seconds
+        self.full_every = full_every
+        # rollout_id -> (its stage, the time of this process's last evaluation, evaluations since the last full one)
+        self._last_evaluation: Dict[str, Tuple[int, dt.datetime, int]] = {}
 
     def _t(self, value: Optional[dt.datetime]) -> Any:
         return None if value is None else self.store.dialect.to_db_time(value)
@@ -208,14 +222,39 @@ class Rollouts:
                             evidence=Evidence(result=r[4], detail=r[5] or "") if r[4] else None)
                 for r in cur.fetchall()]
 
+    def _changed_since(self, rollout: RolloutRow, since: dt.datetime, now: dt.datetime) -> Tuple[str, List[Any]]:
+        """The condition (on ``r``, the rollout_hosts row, and ``h``, its host row) and parameters naming the admitted
+        hosts whose evidence can have changed since ``since``: admitted, a heartbeat or failure event received, or
+        the report deadline passed since then, or no host row."""
+        marks = ", ".join("?" * len(FAILURE_EVENT_KINDS))
+        condition = ("(r.admitted_at >= ? OR h.host_id IS NULL OR h.heartbeat_received_at >= ? OR EXISTS (SELECT 1 "
+                     f"FROM events e WHERE e.host_id = r.host_id AND e.kind IN ({marks}) AND e.received_at >= ?)")
+        params: List[Any] = [self._t(since), self._t(since), *FAILURE_EVENT_KINDS, self._t(since)]
+        if rollout.spec.report_deadline_seconds:
+            deadline = dt.timedelta(seconds=rollout.spec.report_deadline_seconds)
+            condition += " OR (r.admitted_at >= ? AND r.admitted_at <= ?)"
+            params += [self._t(since - deadline), self._t(now - deadline)]
+        return condition + ")", params
+
     def _evidence(self, cur: Any, rollout: RolloutRow, hosts: List[RolloutHost],
-                  now: dt.datetime) -> List[RolloutHost]:
+                  now: dt.datetime, since: Optional[dt.datetime] = None) -> List[RolloutHost]:
         """The admitted hosts' evidence now, from their heartbeats and failure events since admission, the evidence
-        they had (a pass stands) and the report deadline."""
+        they had (a pass stands) and the report deadline; with ``since``, only the hosts whose evidence can have
+        changed since then are judged again (``_changed_since``), the others keep their stored evidence, which is
+        what judging them again would give (tests/hub/test_rollout_evidence_fixpoint.py)."""
         sql = self.store.dialect.sql
+        changed: Optional[FrozenSet[str]] = None
+        narrow, narrow_params = "", []  # type: Tuple[str, List[Any]]
+        if since is not None:
+            condition, narrow_params = self._changed_since(rollout, since, now)
+            cur.execute(sql("SELECT r.host_id FROM rollout_hosts r LEFT JOIN hosts h ON h.host_id = r.host_id "
+                            f"WHERE r.rollout_id = ? AND r.admitted_at IS NOT NULL AND {condition}"),
+                        (rollout.rollout_id, *narrow_params))
+            changed = frozenset(r[0] for r in cur.fetchall())
+            narrow = f" AND {condition}"
         cur.execute(sql(f"SELECT {', '.join('h.' + c.strip() for c in schema.HOST_COLUMNS.split(','))} FROM hosts h "
                         "JOIN rollout_hosts r ON r.host_id = h.host_id WHERE r.rollout_id = ? "
-                        "AND r.admitted_at IS NOT NULL"), (rollout.rollout_id,))
+                        f"AND r.admitted_at IS NOT NULL{narrow}"), (rollout.rollout_id, *narrow_params))
         states: Dict[str, HostRow] = {}
         for row in cur.fetchall():
             state = schema.host_from_row(row, self.store.dialect.from_db_time)
@@ -237,7 +276,7 @@ class Rollouts:
             gating.setdefault(host_id, []).append(verdict)
         judged = []
         for h in hosts:
-            if h.stage is not None and h.admitted_at is not None:
+            if h.stage is not None and h.admitted_at is not None and (changed is None or h.host_id in changed):
                 evidence = overdue(host_evidence(rollout.target_serial, h.admitted_at, states.get(h.host_id),
                                                  failures.get(h.host_id, []), h.evidence,
                                                  gating.get(h.host_id, ())),
@@ -289,12 +328,18 @@ class Rollouts:
         the decision (None when the rollout is not running; a paused one's evidence is brought up to date)."""
         now = self.clock()
         sql = self.store.dialect.sql
+        judged_at: List[Tuple[int, dt.datetime, int]] = []
 
         def work(cur: Any) -> Optional[StageStep]:
             rollout = self._locked(cur, rollout_id)
             if rollout.state not in ("running", "paused"):
                 return None
-            hosts = self._evidence(cur, rollout, self._hosts(cur, rollout_id), now)
+            last = self._last_evaluation.get(rollout_id)
+            incremental = last is not None and last[0] == rollout.stage and last[1] <= now \
+                and last[2] + 1 < self.full_every
+            since = last[1] - dt.timedelta(seconds=INCREMENTAL_MARGIN_SECONDS) if incremental and last else None
+            hosts = self._evidence(cur, rollout, self._hosts(cur, rollout_id), now, since)
+            judged_at[:] = [(rollout.stage, now, last[2] + 1 if incremental and last else 0)]
             if rollout.state == "paused":  # evidence and the tally kept current (a pass seen now stands), no decision
                 why = f"{_paused_line(rollout.paused_by)}; " \
                       f"{waiting_line(rollout.spec, rollout.stage, rollout.stage_started_at, hosts)}"
@@ -305,6 +350,7 @@ class Rollouts:
             control = self._control(cur, rollout, hosts, silent) if rollout.spec.judge == "control" else None
             decision = decide(rollout.spec, rollout.stage, rollout.stage_started_at, hosts, now, silent, control)
             if decision.action == "admit":
+                judged_at[:] = []  # a new stage: the next evaluation is a full one
                 for host_id in decision.admit:
                     cur.execute(sql("UPDATE rollout_hosts SET stage = ?, admitted_at = ? "
                                     "WHERE rollout_id = ? AND host_id = ? AND stage IS NULL"),
@@ -348,6 +394,10 @@ class Rollouts:
             return decision
 
         decision = self.store.write("rollout_evaluate", work)
+        if judged_at:
+            self._last_evaluation[rollout_id] = judged_at[0]
+        else:
+            self._last_evaluation.pop(rollout_id, None)
         if decision is not None and decision.action != "wait":
             log.info("hub_rollout_decision", rollout_id=rollout_id, action=decision.action, stage=decision.stage,
                      admitted=len(decision.admit), reason=decision.reason)
