@@ -20,7 +20,7 @@ import completion  # noqa: E402 - packaging/ is not a package; the build imports
 
 TIMEOUT_SECONDS = 20
 
-HUB_COMMANDS = ["serve", "add-host", "add-reader", "add-admin", "policy", "rollout"]
+HUB_COMMANDS = ["serve", "add-host", "add-reader", "add-admin", "policy", "deny", "rollout"]
 
 
 def top_level_commands() -> List[str]:

@@ -15,7 +15,6 @@ from agent.policy.compiled import CompiledPolicy, check_compiled
 from agent.policy.evaluate import HostState, evaluate
 from agent.policy.load import compile_policy, load_policy
 
-TODAY = dt.datetime.now(dt.timezone.utc).date()
 POLICY = """\
 [policy]
 name = "baked"
@@ -40,21 +39,25 @@ def compiled(tmp_path: Path, published: List[List[str]]) -> CompiledPolicy:
     return check_compiled(json.loads(json.dumps(data)), "<test>")
 
 
-def days_ago(days: int) -> str:
-    return (TODAY - dt.timedelta(days=days)).isoformat()
+def days_ago(days: int, today: Optional[dt.date] = None) -> str:
+    return ((today or dt.datetime.now(dt.timezone.utc).date()) - dt.timedelta(days=days)).isoformat()
 
 
 @pytest.mark.parametrize("age,refused", [(2, True), (6, True), (7, False), (30, False), (None, True)])
 def test_a_driver_version_is_refused_until_it_has_baked(tmp_path: Path, age: Optional[int], refused: bool) -> None:
     """amdgpu-dkms (the driver family's default globs) moving to a version public ``age`` days: refused under 7
     days with its age and the day it is allowed, allowed from then on; with no date known, refused."""
-    published = [] if age is None else [["amdgpu-dkms", "1:6.10.5.60300-1", days_ago(age)]]
     state = HostState({"amdgpu-dkms": "1:6.8.5.60202-1"}, {"amdgpu-dkms": "1:6.10.5.60300-1"})
-    found = evaluate(state, compiled(tmp_path, published))
+    while True:  # judged again if UTC midnight passed between reading the date and the rule's own reading of it
+        day = dt.datetime.now(dt.timezone.utc).date()
+        published = [] if age is None else [["amdgpu-dkms", "1:6.10.5.60300-1", days_ago(age, day)]]
+        found = evaluate(state, compiled(tmp_path, published))
+        if dt.datetime.now(dt.timezone.utc).date() == day:
+            break
     assert [v.rule for v in found] == (["bake.drivers"] if refused else [])
     if refused and age is not None:
-        allowed = (TODAY - dt.timedelta(days=age) + dt.timedelta(days=7)).isoformat()
-        assert found[0].message == (f"amdgpu-dkms 1:6.10.5.60300-1 was published {days_ago(age)}, {age} days ago: "
+        allowed = (day - dt.timedelta(days=age) + dt.timedelta(days=7)).isoformat()
+        assert found[0].message == (f"amdgpu-dkms 1:6.10.5.60300-1 was published {days_ago(age, day)}, {age} days ago: "
                                     f"rule 'drivers' asks 7 days of bake time, so it is allowed from {allowed}")
         assert found[0].action == "block"
     if refused and age is None:
