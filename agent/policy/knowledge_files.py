@@ -28,9 +28,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from agent.policy.companions import ExporterTable
     from agent.policy.table_unknown import TheRockTable
 
-# Where the package's tables are looked for, in order: the packaged copy, then the source tree's.
-SHIPPED_KNOWLEDGE_DIRS = ("/usr/share/gpuguard/knowledge", str(Path(__file__).resolve().parents[2] / "policies" /
-                                                                "knowledge"))
+# Where the package's tables are looked for, in order: the packaged copy; the packaged copy beside this code's own
+# tree (<prefix>/lib/gpuguard/agent -> <prefix>/share/gpuguard/knowledge: a package unpacked under another root, as a
+# release-upgrade check or an image build does); then the source tree's.
+_CODE_ROOT = Path(__file__).resolve().parents[2]
+SHIPPED_KNOWLEDGE_DIRS = ("/usr/share/gpuguard/knowledge",
+                          str(_CODE_ROOT.parents[1] / "share" / "gpuguard" / "knowledge"),
+                          str(_CODE_ROOT / "policies" / "knowledge"))
 PACKAGE_ORIGIN = "package"
 
 
