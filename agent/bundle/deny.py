@@ -40,12 +40,12 @@ from agent.bundle.roles import (
     KIND_THRESHOLD,
     RootMetadata,
     good_signers,
-    parse_time,
 )
 from agent.errors import BundleRefused, InputFileError
 from agent.files import FileMissing, read_bytes_bounded, write_bytes_atomically
 from agent.models import FrozenModel, first_validation_problem
 from agent.strictjson import parse_json_text
+from agent.validation import iso_day, utc_time
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.host import Host
@@ -57,15 +57,6 @@ MAX_DENY_BYTES = 1024 * 1024
 MAX_DENY_ENTRIES = 1000
 MAX_PUBLISHED = 10_000
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
-
-
-def _iso_date(value: str) -> str:
-    """``value`` when it is a date as YYYY-MM-DD; a validator."""
-    try:
-        dt.date.fromisoformat(value)
-    except ValueError:
-        raise ValueError(f"{value!r} is not a date as YYYY-MM-DD") from None
-    return value
 
 
 class DenyEntry(FrozenModel):
@@ -112,7 +103,7 @@ class DenyEntry(FrozenModel):
             raise ValueError(f"{value!r} is not an http(s) URL")
         return value
 
-    _added = field_validator("added")(_iso_date)
+    _added = field_validator("added")(iso_day)
 
 
 class Published(FrozenModel):
@@ -122,7 +113,7 @@ class Published(FrozenModel):
     version: StrictStr = Field(min_length=1, max_length=256)
     date: StrictStr
 
-    _date = field_validator("date")(_iso_date)
+    _date = field_validator("date")(iso_day)
 
 
 class DenyList(FrozenModel):
@@ -134,14 +125,7 @@ class DenyList(FrozenModel):
     entries: Tuple[DenyEntry, ...] = Field(default=(), max_length=MAX_DENY_ENTRIES)
     published: Tuple[Published, ...] = Field(default=(), max_length=MAX_PUBLISHED)
 
-    @field_validator("issued_at")
-    @classmethod
-    def _utc(cls, value: str) -> str:
-        try:
-            parse_time(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not a UTC time as YYYY-MM-DDTHH:MM:SSZ") from None
-        return value
+    _issued_at = field_validator("issued_at")(utc_time)
 
     @model_validator(mode="after")
     def _distinct_ids(self) -> "DenyList":

@@ -29,16 +29,15 @@ from agent.bundle.roles import (
     KIND_FRESHNESS,
     KIND_SIGNATURE,
     KIND_THRESHOLD,
-    TIME_FORMAT,
     RootMetadata,
     good_signers,
-    parse_time,
 )
 from agent.bundle.scope import ScopeFacts, scope_refusal
 from agent.errors import BundleRefused, InputFileError
 from agent.files import write_bytes_atomically
 from agent.models import FrozenModel, first_validation_problem
 from agent.strictjson import parse_json_text
+from agent.validation import TIME_FORMAT, parse_time, utc_time
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.host import Host
@@ -69,14 +68,7 @@ class FreshnessStatement(FrozenModel):
     withdrawn: Tuple[StrictInt, ...] = Field(default=(), max_length=MAX_WITHDRAWN)
     deny_serial: Optional[StrictInt] = Field(default=None, ge=1, le=MAX_SERIAL)
 
-    @field_validator("issued_at", "expires")
-    @classmethod
-    def _utc(cls, value: str) -> str:
-        try:
-            parse_time(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not a UTC time as YYYY-MM-DDTHH:MM:SSZ") from None
-        return value
+    _times = field_validator("issued_at", "expires")(utc_time)
 
     @field_validator("withdrawn")
     @classmethod

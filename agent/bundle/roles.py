@@ -37,6 +37,7 @@ from agent.errors import BundleRefused, CommandError, InputFileError
 from agent.files import write_bytes_atomically
 from agent.models import FrozenModel, first_validation_problem
 from agent.strictjson import parse_json_text
+from agent.validation import parse_time, utc_time
 from agent.wire import REFUSAL_KINDS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,7 +48,6 @@ MAX_ROOT_BYTES = 1024 * 1024
 MAX_SIGNATURES_BYTES = 64 * 1024
 MAX_ROLE_KEYS = 64
 GPGV_TIMEOUT_SECONDS = 30.0
-TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
 
@@ -71,19 +71,6 @@ _STATUS_PREFIX = "[GNUPG:] "
 # A signature counts only with GOODSIG and VALIDSIG and none of these in its NEWSIG group.
 _SPOILING = frozenset({"BADSIG", "EXPSIG", "EXPKEYSIG", "REVKEYSIG", "ERRSIG", "NO_PUBKEY", "NODATA"})
 _HEX = frozenset("0123456789ABCDEF")
-
-
-def parse_time(value: str) -> dt.datetime:
-    """A ``YYYY-MM-DDTHH:MM:SSZ`` text as an aware UTC time; ValueError otherwise."""
-    return dt.datetime.strptime(value, TIME_FORMAT).replace(tzinfo=dt.timezone.utc)
-
-
-def _utc_text(value: str) -> str:
-    try:
-        parse_time(value)
-    except ValueError:
-        raise ValueError(f"{value!r} is not a UTC time as YYYY-MM-DDTHH:MM:SSZ") from None
-    return value
 
 
 def _fingerprint(value: str) -> str:
@@ -136,7 +123,7 @@ class RootMetadata(FrozenModel):
     freshness: KeySet
     policy: Tuple[PolicyRole, ...] = Field(min_length=1, max_length=MAX_ROLE_KEYS)
 
-    _check_expires = field_validator("expires")(_utc_text)
+    _check_expires = field_validator("expires")(utc_time)
 
     @field_validator("keys")
     @classmethod

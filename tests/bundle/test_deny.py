@@ -210,7 +210,9 @@ def test_a_bad_deny_list_is_refused_with_its_kind_and_changes_nothing(fleet: Fle
 @pytest.mark.parametrize("change,problem", [
     (lambda d: d["entries"][0].update(versions="any"), "'any' would deny every version"),
     (lambda d: d["entries"][0].update(source_url="ftp://x"), "is not an http(s) URL"),
-    (lambda d: d["entries"][0].update(added="yesterday"), "is not a date"),
+    (lambda d: d["entries"][0].update(added="yesterday"), "is not a day"),
+    (lambda d: d["entries"][0].update(added="20261203"), "is not a day"),
+    (lambda d: d.update(issued_at="2026-12-05 00:00"), "is not a UTC time"),
     (lambda d: d["entries"].append(dict(d["entries"][0])), "an id is used twice"),
     (lambda d: d.update(serial=2**63), "serial"),
 ])
