@@ -28,23 +28,22 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Literal, Optional, Tuple, Union
 
-from pydantic import Field, StrictInt, StrictStr, ValidationError, field_validator, model_validator
+from pydantic import Field, StrictInt, StrictStr, field_validator, model_validator
 
-from agent.bundle.format import MAX_SERIAL, unencodable_text
+from agent.bundle.format import MAX_SERIAL
 from agent.bundle.roles import (
     KIND_EXPIRED,
-    KIND_FORMAT,
     KIND_ROLLBACK,
     KIND_SCOPE,
     KIND_SIGNATURE,
     KIND_THRESHOLD,
     RootMetadata,
     good_signers,
+    parse_signed_document,
 )
 from agent.errors import BundleRefused, InputFileError
 from agent.files import FileMissing, read_bytes_bounded, write_bytes_atomically
-from agent.models import FrozenModel, first_validation_problem
-from agent.strictjson import parse_json_text
+from agent.models import FrozenModel
 from agent.validation import iso_day, utc_time
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -144,25 +143,9 @@ def render_deny(deny: DenyList) -> bytes:
 
 
 def parse_deny(data: bytes, source: str) -> DenyList:
-    """A deny list read from ``data`` (strict JSON, no duplicate keys, encodable text); BundleRefused of kind
-    format otherwise."""
-    if len(data) > MAX_DENY_BYTES:
-        raise BundleRefused(source, f"deny list of {len(data)} bytes, more than {MAX_DENY_BYTES}", kind=KIND_FORMAT)
-    try:
-        value = parse_json_text(source, data.decode("utf-8"), unique_keys=True)
-    except UnicodeDecodeError as exc:
-        raise BundleRefused(source, f"deny list is not UTF-8 (byte {exc.start})", kind=KIND_FORMAT) from None
-    except InputFileError as exc:
-        raise BundleRefused(source, f"deny list is {exc.reason}", kind=KIND_FORMAT) from None
-    problem = unencodable_text(value, "deny list")
-    if problem is not None:
-        raise BundleRefused(source, problem, kind=KIND_FORMAT)
-    if not isinstance(value, dict) or value.get("format") != DENY_FORMAT:
-        raise BundleRefused(source, f"not a deny list: format is not {DENY_FORMAT!r}", kind=KIND_FORMAT)
-    try:
-        return DenyList.model_validate(value)
-    except ValidationError as exc:
-        raise BundleRefused(source, f"deny list: {first_validation_problem(exc)}", kind=KIND_FORMAT) from None
+    """A deny list read from ``data`` (strict JSON, no duplicate keys, encodable text: roles.py's
+    :func:`parse_signed_document`); BundleRefused of kind format otherwise."""
+    return parse_signed_document(data, source, "deny list", DENY_FORMAT, DenyList, MAX_DENY_BYTES)
 
 
 def judge_deny(root: RootMetadata, signers: FrozenSet[str], now: dt.datetime, source: str) -> str:
