@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Literal, Optional,
 
 from pydantic import Field, StrictInt, StrictStr, field_validator, model_validator
 
-from agent.bundle.format import MAX_SERIAL
+from agent.bundle.format import MAX_SERIAL, canonical_bytes
 from agent.bundle.roles import (
     KIND_EXPIRED,
     KIND_ROLLBACK,
@@ -139,7 +139,7 @@ def render_deny(deny: DenyList) -> bytes:
     data = deny.model_dump(mode="json")
     if not data["published"]:  # a list without dates renders as it did before the field existed
         del data["published"]
-    return (json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+    return canonical_bytes(data)
 
 
 def parse_deny(data: bytes, source: str) -> DenyList:

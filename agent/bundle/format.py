@@ -142,13 +142,19 @@ def unencodable_text(value: Any, where: str = "") -> Optional[str]:
     return None
 
 
+def canonical_bytes(data: Dict[str, Any]) -> bytes:
+    """The canonical bytes of a signed document (a bundle, a deny list): sorted keys, no spaces, UTF-8, one
+    trailing newline."""
+    return (json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+
+
 def render_bundle(bundle: PolicyBundle) -> bytes:
     """The canonical bytes of a bundle, the ones a signature is made over."""
     data = bundle.model_dump(mode="json")
     for optional in ("expires", "knowledge"):  # a bundle without one renders as it did before the field existed
         if data[optional] is None:
             del data[optional]
-    return (json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+    return canonical_bytes(data)
 
 
 def parse_bundle(data: bytes, source: str) -> PolicyBundle:
