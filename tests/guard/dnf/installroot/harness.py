@@ -99,19 +99,24 @@ class FakeRpm:
         return f"{self.name}-{self.version}-{self.release}"
 
 
-def fake_rpms() -> List[FakeRpm]:
-    """The repository: the AMD driver/ROCm pairs, three kernels (installonly) and a harmless package."""
+def kernel_rpms() -> List[FakeRpm]:
+    """kernel and kernel-core at three builds, installonly (dnf installs them side by side)."""
     kernels = []
     for evr in (KERNEL_427, KERNEL_503, KERNEL_570):
         kernels.append(FakeRpm("kernel-core", evr, "x86_64", provides="installonlypkg(kernel)"))
         kernels.append(FakeRpm("kernel", evr, "x86_64", provides="installonlypkg(kernel)",
                                requires=f"kernel-core = {evr}"))
+    return kernels
+
+
+def fake_rpms() -> List[FakeRpm]:
+    """The repository: the AMD driver/ROCm pairs, three kernels (installonly) and a harmless package."""
     return [
         FakeRpm("amdgpu-dkms", AMDGPU_62),
         FakeRpm("amdgpu-dkms", AMDGPU_63),
         FakeRpm("rocm-core", ROCM_62, "x86_64"),
         FakeRpm("rocm-core", ROCM_63, "x86_64"),
-        *kernels,
+        *kernel_rpms(),
         FakeRpm("hello-fake", HELLO_10),
         FakeRpm("hello-fake", HELLO_11),
     ]
@@ -122,13 +127,13 @@ Name: %{pkgname}
 Version: %{pkgver}
 Release: %{pkgrel}
 %{?pkgepoch:Epoch: %{pkgepoch}}
-Summary: fake %{pkgname} for gpuguard's installroot tests
+Summary: fake %{pkgname} for gpuguard's dnf and dnf5 tests
 License: MIT
 BuildArch: %{pkgarch}
 %{?pkgprovides:Provides: %{pkgprovides}}
 %{?pkgrequires:Requires: %{pkgrequires}}
 %description
-A fake package with one small file, for gpuguard's dnf guard tests.
+A fake package with one small file, for gpuguard's dnf and dnf5 guard tests.
 %install
 mkdir -p %{buildroot}/usr/share/gpuguard-fake/%{name}-%{version}-%{release}
 echo %{name}-%{version}-%{release} > %{buildroot}/usr/share/gpuguard-fake/%{name}-%{version}-%{release}/VERSION
