@@ -23,6 +23,7 @@ from tests.guard.dnf.installroot.harness import (
     Installroot,
     build_repo,
     fake_rpms,
+    install_specs,
     missing_tools,
 )
 from tests.guard.dnf.installroot.test_nvidia_stack_rpm import (
@@ -77,7 +78,7 @@ def el10(built: Callable[[str], Dict[str, Path]], tmp_path_factory: pytest.TempP
     el10 = El10(package, root, python, base / "pycache")
     compiled = compile_with_package(el10, base)
     assert f"{package}/usr/lib/gpuguard/vendor/cp312/pydantic_core/" in compiled, compiled[-3000:]
-    root.dnf("install", *(f"{n}-{v.split(':', 1)[-1]}" for n, v in START.items()), plugin=False, check=True)
+    root.dnf("install", *install_specs(START), plugin=False, check=True)
     root.save(base / "baseline")
     try:
         yield el10

@@ -27,7 +27,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -97,6 +97,11 @@ class FakeRpm:
     def spec(self) -> str:
         """``name-version-release`` as given on a dnf or dnf5 command line."""
         return f"{self.name}-{self.version}-{self.release}"
+
+
+def install_specs(versions: Mapping[str, str]) -> List[str]:
+    """dnf install arguments (``name-version-release``, as FakeRpm.spec) for name -> ``[epoch:]version-release``."""
+    return [FakeRpm(name, evr).spec for name, evr in versions.items()]
 
 
 def kernel_rpms() -> List[FakeRpm]:

@@ -15,7 +15,7 @@ import pytest
 
 from tests import needs
 from tests.guard.dnf.installroot.conftest import compile_policy
-from tests.guard.dnf.installroot.harness import FakeRpm, Installroot, build_repo, missing_tools, run
+from tests.guard.dnf.installroot.harness import FakeRpm, Installroot, build_repo, install_specs, missing_tools, run
 from tests.guard.dnf.installroot.rollback_support import agent_config, cli, enable_versionlock
 
 pytestmark = pytest.mark.timeout(600)
@@ -53,10 +53,6 @@ def _amd_rpms() -> List[FakeRpm]:
     return [*out, FakeRpm("hello-fake", "1.0-1"), FakeRpm("hello-fake", "1.1-1")]
 
 
-def _spec(name: str, evr: str) -> str:
-    return f"{name}-{evr.split(':', 1)[-1]}"
-
-
 @pytest.fixture(scope="module")
 def amd_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installroot]:
     """Its own repository and installroot: the 6.2 host installed, saved, and restored before each test."""
@@ -68,7 +64,7 @@ def amd_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installroot]:
     root = Installroot(base / "root", repo, base / "work")
     root.install_gpuguard(POLICY)
     compile_policy(root)
-    root.dnf("install", *(_spec(n, v) for n, v in HOST.items()), "hello-fake-1.0-1", plugin=False, check=True)
+    root.dnf("install", *install_specs(HOST), "hello-fake-1.0-1", plugin=False, check=True)
     root.save(base / "baseline")
     try:
         yield root

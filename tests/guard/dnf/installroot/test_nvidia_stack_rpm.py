@@ -12,7 +12,7 @@ import pytest
 from agent.config import Settings
 from tests import needs
 from tests.guard.dnf.installroot.conftest import compile_policy
-from tests.guard.dnf.installroot.harness import FakeRpm, Installroot, build_repo, missing_tools
+from tests.guard.dnf.installroot.harness import FakeRpm, Installroot, build_repo, install_specs, missing_tools
 from tests.guard.dnf.installroot.rollback_support import backend_for_root
 from tests.guard.wiring import check
 
@@ -74,7 +74,7 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installroot]:
     root = Installroot(base / "root", repo, base / "work")
     root.install_gpuguard(POLICY)
     compile_policy(root)
-    root.dnf("install", *(f"{n}-{v.split(':', 1)[-1]}" for n, v in NVIDIA_BASELINE.items()), plugin=False, check=True)
+    root.dnf("install", *install_specs(NVIDIA_BASELINE), plugin=False, check=True)
     result = _check(root)
     assert result.status == "recorded", result.summary()
     root.save(base / "baseline")
