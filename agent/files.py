@@ -25,13 +25,26 @@ def write_atomically(path: str, text: str, mode: int = 0o644, fsync: bool = True
     match a suffix (NFD's features.d, node_exporter's ``*.prom``) never read it. ``fsync=False`` for files that are
     rewritten within a job interval anyway, where only atomicity matters.
     """
+    _replace_atomically(path, text.encode("utf-8"), mode, fsync, make_directory=True)
+
+
+def write_bytes_atomically(path: str, data: bytes, mode: int = 0o600) -> None:
+    """:func:`write_atomically` for bytes (a keyring, a detached signature): the old or the new file, never half;
+    the directory must exist."""
+    _replace_atomically(path, data, mode, True, make_directory=False)
+
+
+def _replace_atomically(path: str, data: bytes, mode: int, fsync: bool, make_directory: bool) -> None:
+    """``data`` written to a dot-file beside ``path`` (its directory made first when ``make_directory``), then
+    renamed over it; StateWriteError for an OSError, the temporary file removed."""
     directory = os.path.dirname(str(path)) or "."
     tmp = None
     try:
-        os.makedirs(directory, exist_ok=True)
+        if make_directory:
+            os.makedirs(directory, exist_ok=True)
         fd, tmp = create_exclusive(directory, "." + os.path.basename(str(path)) + ".")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             if fsync:
                 handle.flush()
                 os.fsync(handle.fileno())
@@ -41,25 +54,6 @@ def write_atomically(path: str, text: str, mode: int = 0o644, fsync: bool = True
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
         if isinstance(exc, OSError):  # a full disk (often only at the close's flush): the old file stays whole
-            raise StateWriteError.of(str(path), exc) from None
-        raise
-
-
-def write_bytes_atomically(path: str, data: bytes, mode: int = 0o600) -> None:
-    """:func:`write_atomically` for bytes (a keyring, a detached signature): the old or the new file, never half."""
-    directory = os.path.dirname(str(path)) or "."
-    fd, tmp = create_exclusive(directory, "." + os.path.basename(str(path)) + ".")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
             raise StateWriteError.of(str(path), exc) from None
         raise
 

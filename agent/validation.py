@@ -1,4 +1,5 @@
-"""The one formatter of validation problems, shared by pydantic models and the pydantic-free settings checks.
+"""The one formatter of validation problems, shared by pydantic models and the pydantic-free settings checks, and
+the validators several models share (a day, a signed document's UTC time).
 
 Kept apart from agent/models.py (which imports pydantic) and agent/configfile.py (which reads TOML), so both, and
 every other place that reports a validation error, import it without importing each other.
@@ -8,6 +9,9 @@ from __future__ import annotations
 
 import datetime as dt
 from typing import Any, Iterable, List, Mapping
+
+# How a signed document (a root, a bundle, a freshness statement, a deny list) writes a time: UTC to the second.
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
 def validation_problems(errors: Iterable[Mapping[str, Any]], skip_loc: int = 0, top: str = "(top level)") -> List[str]:
@@ -35,4 +39,19 @@ def iso_day(value: str) -> str:
         raise ValueError(f"{value!r} is not a day as YYYY-MM-DD") from None
     if len(value) != 10:
         raise ValueError(f"{value!r} is not a day as YYYY-MM-DD")
+    return value
+
+
+def parse_time(value: str) -> dt.datetime:
+    """A ``YYYY-MM-DDTHH:MM:SSZ`` text as an aware UTC time; ValueError otherwise."""
+    return dt.datetime.strptime(value, TIME_FORMAT).replace(tzinfo=dt.timezone.utc)
+
+
+def utc_time(value: str) -> str:
+    """``value`` when it is a UTC time as YYYY-MM-DDTHH:MM:SSZ (the signed documents' times); ValueError naming it
+    otherwise."""
+    try:
+        parse_time(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a UTC time as YYYY-MM-DDTHH:MM:SSZ") from None
     return value

@@ -113,24 +113,30 @@ def refresh_trust(installer: "BundleInstaller", endpoint_url: str, token: Option
     if root is None:
         return "; ".join(problems) or None
 
+    def signed(url: str, name: str, max_bytes: int) -> Optional[Tuple[bytes, bytes]]:
+        """The document (field ``name``) and its signatures the hub answers at ``url`` with a 200; None for its
+        204 (nothing to serve); _Unanswered for any other status or answer."""
+        status, body = bounded_get(url, token, ca_bundle, timeout_seconds, 2 * max_bytes)
+        if status == 204:
+            return None
+        if status != 200:
+            raise _Unanswered(f"{url}: HTTP {status}")
+        return _pair(url, body, (name, "signature"), max_bytes)
+
     def walk_and_fresh() -> None:
         nonlocal root
         assert root is not None
         for _ in range(MAX_ROOT_ROTATIONS):
             url = f"{base}{ROOT_PATH}?version={root.version + 1}"
-            status, body = bounded_get(url, token, ca_bundle, timeout_seconds, 2 * MAX_ROOT_BYTES)
-            if status == 204:
+            served = signed(url, "root", MAX_ROOT_BYTES)
+            if served is None:
                 break
-            if status != 200:
-                raise _Unanswered(f"{url}: HTTP {status}")
-            root = installer.walk_roots([_pair(url, body, ("root", "signature"), MAX_ROOT_BYTES)], url)
+            root = installer.walk_roots([served], url)
         url = base + FRESHNESS_PATH
-        status, body = bounded_get(url, token, ca_bundle, timeout_seconds, 2 * MAX_STATEMENT_BYTES)
-        if status == 204:
+        served = signed(url, "statement", MAX_STATEMENT_BYTES)
+        if served is None:
             return
-        if status != 200:
-            raise _Unanswered(f"{url}: HTTP {status}")
-        data, signature = _pair(url, body, ("statement", "signature"), MAX_STATEMENT_BYTES)
+        data, signature = served
         state = installer.state()
         with tempfile.TemporaryDirectory(prefix="gpuguard-freshness-") as work:
             statement = check_statement(installer.host, root, data, signature, installer.host.clock(),
@@ -141,13 +147,9 @@ def refresh_trust(installer: "BundleInstaller", endpoint_url: str, token: Option
         # The known-bad versions, at every fetch and whatever a rollout holds back (agent/bundle/deny.py).
         assert root is not None
         url = base + DENY_PATH
-        status, body = bounded_get(url, token, ca_bundle, timeout_seconds, 2 * MAX_DENY_BYTES)
-        if status == 204:
-            return
-        if status != 200:
-            raise _Unanswered(f"{url}: HTTP {status}")
-        data, signature = _pair(url, body, ("deny", "signature"), MAX_DENY_BYTES)
-        installer.take_deny(root, data, signature, url)
+        served = signed(url, "deny", MAX_DENY_BYTES)
+        if served is not None:
+            installer.take_deny(root, served[0], served[1], url)
 
     _guarded(base, problems, walk_and_fresh)
     _guarded(base, problems, deny)

@@ -28,24 +28,23 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Literal, Optional, Tuple, Union
 
-from pydantic import Field, StrictInt, StrictStr, ValidationError, field_validator, model_validator
+from pydantic import Field, StrictInt, StrictStr, field_validator, model_validator
 
-from agent.bundle.format import MAX_SERIAL, unencodable_text
+from agent.bundle.format import MAX_SERIAL, canonical_bytes
 from agent.bundle.roles import (
     KIND_EXPIRED,
-    KIND_FORMAT,
     KIND_ROLLBACK,
     KIND_SCOPE,
     KIND_SIGNATURE,
     KIND_THRESHOLD,
     RootMetadata,
     good_signers,
-    parse_time,
+    parse_signed_document,
 )
 from agent.errors import BundleRefused, InputFileError
 from agent.files import FileMissing, read_bytes_bounded, write_bytes_atomically
-from agent.models import FrozenModel, first_validation_problem
-from agent.strictjson import parse_json_text
+from agent.models import FrozenModel
+from agent.validation import iso_day, utc_time
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.host import Host
@@ -57,15 +56,6 @@ MAX_DENY_BYTES = 1024 * 1024
 MAX_DENY_ENTRIES = 1000
 MAX_PUBLISHED = 10_000
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
-
-
-def _iso_date(value: str) -> str:
-    """``value`` when it is a date as YYYY-MM-DD; a validator."""
-    try:
-        dt.date.fromisoformat(value)
-    except ValueError:
-        raise ValueError(f"{value!r} is not a date as YYYY-MM-DD") from None
-    return value
 
 
 class DenyEntry(FrozenModel):
@@ -112,7 +102,7 @@ class DenyEntry(FrozenModel):
             raise ValueError(f"{value!r} is not an http(s) URL")
         return value
 
-    _added = field_validator("added")(_iso_date)
+    _added = field_validator("added")(iso_day)
 
 
 class Published(FrozenModel):
@@ -122,7 +112,7 @@ class Published(FrozenModel):
     version: StrictStr = Field(min_length=1, max_length=256)
     date: StrictStr
 
-    _date = field_validator("date")(_iso_date)
+    _date = field_validator("date")(iso_day)
 
 
 class DenyList(FrozenModel):
@@ -134,14 +124,7 @@ class DenyList(FrozenModel):
     entries: Tuple[DenyEntry, ...] = Field(default=(), max_length=MAX_DENY_ENTRIES)
     published: Tuple[Published, ...] = Field(default=(), max_length=MAX_PUBLISHED)
 
-    @field_validator("issued_at")
-    @classmethod
-    def _utc(cls, value: str) -> str:
-        try:
-            parse_time(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not a UTC time as YYYY-MM-DDTHH:MM:SSZ") from None
-        return value
+    _issued_at = field_validator("issued_at")(utc_time)
 
     @model_validator(mode="after")
     def _distinct_ids(self) -> "DenyList":
@@ -156,29 +139,13 @@ def render_deny(deny: DenyList) -> bytes:
     data = deny.model_dump(mode="json")
     if not data["published"]:  # a list without dates renders as it did before the field existed
         del data["published"]
-    return (json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+    return canonical_bytes(data)
 
 
 def parse_deny(data: bytes, source: str) -> DenyList:
-    """A deny list read from ``data`` (strict JSON, no duplicate keys, encodable text); BundleRefused of kind
-    format otherwise."""
-    if len(data) > MAX_DENY_BYTES:
-        raise BundleRefused(source, f"deny list of {len(data)} bytes, more than {MAX_DENY_BYTES}", kind=KIND_FORMAT)
-    try:
-        value = parse_json_text(source, data.decode("utf-8"), unique_keys=True)
-    except UnicodeDecodeError as exc:
-        raise BundleRefused(source, f"deny list is not UTF-8 (byte {exc.start})", kind=KIND_FORMAT) from None
-    except InputFileError as exc:
-        raise BundleRefused(source, f"deny list is {exc.reason}", kind=KIND_FORMAT) from None
-    problem = unencodable_text(value, "deny list")
-    if problem is not None:
-        raise BundleRefused(source, problem, kind=KIND_FORMAT)
-    if not isinstance(value, dict) or value.get("format") != DENY_FORMAT:
-        raise BundleRefused(source, f"not a deny list: format is not {DENY_FORMAT!r}", kind=KIND_FORMAT)
-    try:
-        return DenyList.model_validate(value)
-    except ValidationError as exc:
-        raise BundleRefused(source, f"deny list: {first_validation_problem(exc)}", kind=KIND_FORMAT) from None
+    """A deny list read from ``data`` (strict JSON, no duplicate keys, encodable text: roles.py's
+    :func:`parse_signed_document`); BundleRefused of kind format otherwise."""
+    return parse_signed_document(data, source, "deny list", DENY_FORMAT, DenyList, MAX_DENY_BYTES)
 
 
 def judge_deny(root: RootMetadata, signers: FrozenSet[str], now: dt.datetime, source: str) -> str:

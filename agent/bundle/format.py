@@ -11,7 +11,6 @@ function (one home).
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from typing import Any, Dict, List, Literal, Optional, Tuple
 
@@ -21,6 +20,7 @@ from agent.errors import InputFileError
 from agent.models import FrozenModel, first_validation_problem
 from agent.policy.knowledge import FILE_NAMES
 from agent.strictjson import parse_json_text
+from agent.validation import utc_time
 from agent.wire import MAX_STORED_INT
 
 BUNDLE_FORMAT = "gpuguard-policy-bundle/1"
@@ -95,13 +95,7 @@ class PolicyBundle(FrozenModel):
     @field_validator("created_at", "expires")
     @classmethod
     def _utc_time(cls, value: Optional[str]) -> Optional[str]:
-        if value is None:
-            return value
-        try:
-            dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ")
-        except ValueError:
-            raise ValueError(f"{value!r} is not a UTC time as YYYY-MM-DDTHH:MM:SSZ") from None
-        return value
+        return None if value is None else utc_time(value)
 
     @field_validator("knowledge")
     @classmethod
@@ -148,13 +142,19 @@ def unencodable_text(value: Any, where: str = "") -> Optional[str]:
     return None
 
 
+def canonical_bytes(data: Dict[str, Any]) -> bytes:
+    """The canonical bytes of a signed document (a bundle, a deny list): sorted keys, no spaces, UTF-8, one
+    trailing newline."""
+    return (json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+
+
 def render_bundle(bundle: PolicyBundle) -> bytes:
     """The canonical bytes of a bundle, the ones a signature is made over."""
     data = bundle.model_dump(mode="json")
     for optional in ("expires", "knowledge"):  # a bundle without one renders as it did before the field existed
         if data[optional] is None:
             del data[optional]
-    return (json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+    return canonical_bytes(data)
 
 
 def parse_bundle(data: bytes, source: str) -> PolicyBundle:

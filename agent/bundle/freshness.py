@@ -21,24 +21,22 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Optional, Sequence, Tuple
 
-from pydantic import Field, StrictInt, StrictStr, ValidationError, field_validator, model_validator
+from pydantic import Field, StrictInt, StrictStr, field_validator, model_validator
 
 from agent.bundle.format import MAX_SERIAL, BundleScope
 from agent.bundle.roles import (
-    KIND_FORMAT,
     KIND_FRESHNESS,
     KIND_SIGNATURE,
     KIND_THRESHOLD,
-    TIME_FORMAT,
     RootMetadata,
     good_signers,
-    parse_time,
+    parse_signed_document,
 )
 from agent.bundle.scope import ScopeFacts, scope_refusal
-from agent.errors import BundleRefused, InputFileError
+from agent.errors import BundleRefused
 from agent.files import write_bytes_atomically
-from agent.models import FrozenModel, first_validation_problem
-from agent.strictjson import parse_json_text
+from agent.models import FrozenModel
+from agent.validation import TIME_FORMAT, parse_time, utc_time
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.host import Host
@@ -69,14 +67,7 @@ class FreshnessStatement(FrozenModel):
     withdrawn: Tuple[StrictInt, ...] = Field(default=(), max_length=MAX_WITHDRAWN)
     deny_serial: Optional[StrictInt] = Field(default=None, ge=1, le=MAX_SERIAL)
 
-    @field_validator("issued_at", "expires")
-    @classmethod
-    def _utc(cls, value: str) -> str:
-        try:
-            parse_time(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not a UTC time as YYYY-MM-DDTHH:MM:SSZ") from None
-        return value
+    _times = field_validator("issued_at", "expires")(utc_time)
 
     @field_validator("withdrawn")
     @classmethod
@@ -127,19 +118,10 @@ def render_statement(statement: FreshnessStatement) -> bytes:
 
 
 def parse_statement(data: bytes, source: str) -> FreshnessStatement:
-    """A statement read from ``data`` (strict JSON, no duplicate keys); BundleRefused of kind format otherwise."""
-    if len(data) > MAX_STATEMENT_BYTES:
-        raise BundleRefused(source, f"freshness statement of {len(data)} bytes, more than {MAX_STATEMENT_BYTES}",
-                            kind=KIND_FORMAT)
-    try:
-        value = parse_json_text(source, data.decode("utf-8"), unique_keys=True)
-        return FreshnessStatement.model_validate(value)
-    except UnicodeDecodeError:
-        raise BundleRefused(source, "freshness statement is not UTF-8", kind=KIND_FORMAT) from None
-    except InputFileError as exc:
-        raise BundleRefused(source, f"freshness statement is {exc.reason}", kind=KIND_FORMAT) from None
-    except ValidationError as exc:
-        raise BundleRefused(source, f"freshness statement: {first_validation_problem(exc)}", kind=KIND_FORMAT) from None
+    """A statement read from ``data`` (strict JSON, no duplicate keys, encodable text: roles.py's
+    :func:`parse_signed_document`); BundleRefused of kind format otherwise."""
+    return parse_signed_document(data, source, "freshness statement", FRESHNESS_FORMAT, FreshnessStatement,
+                                 MAX_STATEMENT_BYTES)
 
 
 def newest_for(statement: FreshnessStatement, facts: ScopeFacts) -> Optional[int]:

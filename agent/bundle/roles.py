@@ -26,17 +26,18 @@ import binascii
 import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, FrozenSet, List, Literal, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, FrozenSet, List, Literal, Optional, Tuple, Type, TypeVar
 
 from pydantic import Field, StrictInt, StrictStr, ValidationError, field_validator, model_validator
 
-from agent.bundle.format import BundleScope
+from agent.bundle.format import BundleScope, unencodable_text
 from agent.bundle.scope import ScopeFacts, scope_refusal
 from agent.bundle.state import BundleState
 from agent.errors import BundleRefused, CommandError, InputFileError
 from agent.files import write_bytes_atomically
 from agent.models import FrozenModel, first_validation_problem
 from agent.strictjson import parse_json_text
+from agent.validation import parse_time, utc_time
 from agent.wire import REFUSAL_KINDS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,7 +48,7 @@ MAX_ROOT_BYTES = 1024 * 1024
 MAX_SIGNATURES_BYTES = 64 * 1024
 MAX_ROLE_KEYS = 64
 GPGV_TIMEOUT_SECONDS = 30.0
-TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+Document = TypeVar("Document", bound=FrozenModel)
 
 
 
@@ -71,19 +72,6 @@ _STATUS_PREFIX = "[GNUPG:] "
 # A signature counts only with GOODSIG and VALIDSIG and none of these in its NEWSIG group.
 _SPOILING = frozenset({"BADSIG", "EXPSIG", "EXPKEYSIG", "REVKEYSIG", "ERRSIG", "NO_PUBKEY", "NODATA"})
 _HEX = frozenset("0123456789ABCDEF")
-
-
-def parse_time(value: str) -> dt.datetime:
-    """A ``YYYY-MM-DDTHH:MM:SSZ`` text as an aware UTC time; ValueError otherwise."""
-    return dt.datetime.strptime(value, TIME_FORMAT).replace(tzinfo=dt.timezone.utc)
-
-
-def _utc_text(value: str) -> str:
-    try:
-        parse_time(value)
-    except ValueError:
-        raise ValueError(f"{value!r} is not a UTC time as YYYY-MM-DDTHH:MM:SSZ") from None
-    return value
 
 
 def _fingerprint(value: str) -> str:
@@ -136,7 +124,7 @@ class RootMetadata(FrozenModel):
     freshness: KeySet
     policy: Tuple[PolicyRole, ...] = Field(min_length=1, max_length=MAX_ROLE_KEYS)
 
-    _check_expires = field_validator("expires")(_utc_text)
+    _check_expires = field_validator("expires")(utc_time)
 
     @field_validator("keys")
     @classmethod
@@ -174,22 +162,33 @@ class RootMetadata(FrozenModel):
                         if fingerprints is None or key in fingerprints)
 
 
-def parse_root(data: bytes, source: str) -> RootMetadata:
-    """A root read from ``data`` (strict JSON, no duplicate keys); BundleRefused of kind format otherwise."""
-    if len(data) > MAX_ROOT_BYTES:
-        raise BundleRefused(source, f"root is {len(data)} bytes, more than {MAX_ROOT_BYTES}", kind=KIND_FORMAT)
+def parse_signed_document(data: bytes, source: str, what: str, document_format: str, model: Type[Document],
+                          max_bytes: int) -> Document:
+    """The signed document (a root, a freshness statement, a deny list; ``what`` names it in refusals) read from
+    ``data``: at most ``max_bytes``, UTF-8, strict JSON with no key named twice and no text UTF-8 cannot encode, its
+    ``format`` ``document_format``, valid as ``model``; BundleRefused of kind format, in one line, otherwise."""
+    if len(data) > max_bytes:
+        raise BundleRefused(source, f"{what} is {len(data)} bytes, more than {max_bytes}", kind=KIND_FORMAT)
     try:
         value = parse_json_text(source, data.decode("utf-8"), unique_keys=True)
     except UnicodeDecodeError as exc:
-        raise BundleRefused(source, f"root is not UTF-8 (byte {exc.start})", kind=KIND_FORMAT) from None
+        raise BundleRefused(source, f"{what} is not UTF-8 (byte {exc.start})", kind=KIND_FORMAT) from None
     except InputFileError as exc:
-        raise BundleRefused(source, f"root is {exc.reason}", kind=KIND_FORMAT) from None
-    if not isinstance(value, dict) or value.get("format") != ROOT_FORMAT:
-        raise BundleRefused(source, f"not a root: format is not {ROOT_FORMAT!r}", kind=KIND_FORMAT)
+        raise BundleRefused(source, f"{what} is {exc.reason}", kind=KIND_FORMAT) from None
+    problem = unencodable_text(value, what)
+    if problem is not None:
+        raise BundleRefused(source, problem, kind=KIND_FORMAT)
+    if not isinstance(value, dict) or value.get("format") != document_format:
+        raise BundleRefused(source, f"not a {what}: format is not {document_format!r}", kind=KIND_FORMAT)
     try:
-        return RootMetadata.model_validate(value)
+        return model.model_validate(value)
     except ValidationError as exc:
-        raise BundleRefused(source, f"root: {first_validation_problem(exc)}", kind=KIND_FORMAT) from None
+        raise BundleRefused(source, f"{what}: {first_validation_problem(exc)}", kind=KIND_FORMAT) from None
+
+
+def parse_root(data: bytes, source: str) -> RootMetadata:
+    """A root read from ``data`` (:func:`parse_signed_document`); BundleRefused of kind format otherwise."""
+    return parse_signed_document(data, source, "root", ROOT_FORMAT, RootMetadata, MAX_ROOT_BYTES)
 
 
 def parse_signers(text: str) -> FrozenSet[str]:

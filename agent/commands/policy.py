@@ -414,6 +414,7 @@ def policy_bundle(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
     from agent.errors import PolicyError, UsageError
     from agent.files import write_atomically
     from agent.policy.matrix import find_matrix_file
+    from agent.validation import TIME_FORMAT
 
     if not args.output:
         raise UsageError("policy bundle: give --output FILE")
@@ -431,8 +432,8 @@ def policy_bundle(args: argparse.Namespace, make_host: HostFactory, out: TextIO)
         raise UsageError("--expires-days: give a whole number of days >= 1")
     expires = None
     if args.expires_days is not None:
-        expires = (host.clock() + dt.timedelta(days=args.expires_days)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    bundle = make_bundle(args.path, args.serial, scope, created_by, host.clock().strftime("%Y-%m-%dT%H:%M:%SZ"),
+        expires = (host.clock() + dt.timedelta(days=args.expires_days)).strftime(TIME_FORMAT)
+    bundle = make_bundle(args.path, args.serial, scope, created_by, host.clock().strftime(TIME_FORMAT),
                          matrix_path=find_matrix_file(args.matrix) if args.with_matrix else None,
                          matrix_version=matrix.recorded if matrix is not None else None, expires=expires,
                          knowledge_paths=args.knowledge)

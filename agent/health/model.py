@@ -45,6 +45,13 @@ def _items(default: Any) -> Any:
     return Field(default=default, max_length=PROBE_ITEMS_MAX)
 
 
+def _short_id(model: FrozenModel) -> str:
+    """A short stable id of a baseline's key (Fingerprint, WorkloadStack): sha256 of its canonical JSON, 16 hex
+    digits."""
+    canonical = json.dumps(model.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
 class ProbeModel(FrozenModel):
     """A part of the probe's result: every string at most PROBE_TEXT_MAX_CHARS long."""
 
@@ -169,9 +176,8 @@ class Fingerprint(FrozenModel):
 
     @property
     def id(self) -> str:
-        """A short stable id: sha256 of the canonical JSON, 16 hex digits."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+        """A short stable id (:func:`_short_id`)."""
+        return _short_id(self)
 
     def describe(self) -> str:
         parts = [self.gpu_models or "no GPU model", f"driver {self.driver or '?'}", self.gpu_stack or "no ROCm/CUDA",
@@ -428,9 +434,8 @@ class WorkloadStack(FrozenModel):
 
     @property
     def id(self) -> str:
-        """sha256 of the canonical JSON, 16 hex digits."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+        """A short stable id (:func:`_short_id`)."""
+        return _short_id(self)
 
     def describe(self) -> str:
         parts = [f"driver {self.driver or '?'}", self.gpu_stack or "no ROCm/CUDA", self.framework or "no framework"]

@@ -42,18 +42,31 @@ pytestmark = pytest.mark.slow  # a real hub process
 VIM_BAD = {"id": "vim-crash", "packages": ["vim"], "versions": ">= 2:9.0.1378-3, << 2:9.0.1378-5",
            "reason": "crashes on start", "source_url": "https://example.org/advisories/vim-1378-3",
            "added": "2026-12-01"}
-# amdgpu-dkms 1:6.8.5.60202-2041575 is installed on the Site (tests/guard/apt/test_hook.py STATUS).
-AMDGPU_RECALL = {"id": "amdgpu-recall", "packages": ["amdgpu-dkms"], "versions": "= 1:6.8.5.60202-2041575",
-                 "reason": "firmware hang under load", "source_url": "https://example.org/advisories/amdgpu-6.8.5",
-                 "added": "2026-12-02"}
 TO_VIM_3 = HEAD + line("vim", "2:9.0.1378-2", "2:9.0.1378-3")
 TO_VIM_5 = HEAD + line("vim", "2:9.0.1378-2", "2:9.0.1378-5")
+
+
+def hello_bad(version: str) -> Dict[str, Any]:
+    """The deny entry ``hello-bad``: hello-fake VERSION, with its reason and advisory."""
+    return {"id": "hello-bad", "packages": ["hello-fake"], "versions": f"= {version}", "reason": "corrupts output",
+            "source_url": f"https://example.org/advisories/hello-{version}", "added": "2026-12-03"}
+
+
+def amdgpu_recall(version: str) -> Dict[str, Any]:
+    """The deny entry ``amdgpu-recall``: the installed amdgpu-dkms build VERSION, which the state flags."""
+    return {"id": "amdgpu-recall", "packages": ["amdgpu-dkms"], "versions": f"= {version}",
+            "reason": "firmware hang under load", "source_url": "https://example.org/advisories/amdgpu-6.8.5",
+            "added": "2026-12-02"}
 
 
 def deny_document(serial: int, entries: List[Dict[str, Any]]) -> bytes:
     """The canonical bytes of a deny list."""
     return render_deny(DenyList.model_validate({"format": DENY_FORMAT, "serial": serial,
                                                 "issued_at": "2026-12-05T00:00:00Z", "entries": entries}))
+
+
+# amdgpu-dkms 1:6.8.5.60202-2041575 is installed on the Site (tests/guard/apt/test_hook.py STATUS).
+AMDGPU_RECALL = amdgpu_recall("1:6.8.5.60202-2041575")
 
 
 def dated_list(serial: int, package: str, version: str, date: str) -> bytes:
@@ -197,7 +210,9 @@ def test_a_bad_deny_list_is_refused_with_its_kind_and_changes_nothing(fleet: Fle
 @pytest.mark.parametrize("change,problem", [
     (lambda d: d["entries"][0].update(versions="any"), "'any' would deny every version"),
     (lambda d: d["entries"][0].update(source_url="ftp://x"), "is not an http(s) URL"),
-    (lambda d: d["entries"][0].update(added="yesterday"), "is not a date"),
+    (lambda d: d["entries"][0].update(added="yesterday"), "is not a day"),
+    (lambda d: d["entries"][0].update(added="20261203"), "is not a day"),
+    (lambda d: d.update(issued_at="2026-12-05 00:00"), "is not a UTC time"),
     (lambda d: d["entries"].append(dict(d["entries"][0])), "an id is used twice"),
     (lambda d: d.update(serial=2**63), "serial"),
 ])

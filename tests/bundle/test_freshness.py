@@ -108,3 +108,27 @@ def test_the_hubs_statement_names_the_newest_per_scope_and_reads_back() -> None:
     assert parse_statement(render_statement(statement), "s") == statement
     with pytest.raises(ValueError, match="at most 168 hours"):
         make_statement([], [], NOW, 200)
+
+
+@pytest.mark.parametrize(("parse", "document", "problem"), [
+    (parse_root, json.dumps(root_document()).replace('"fleet"', '"\\ud800"'), "root -> policy -> 1 -> name: text holds "
+                                                                               "U+D800 (a lone surrogate)"),
+    (parse_root, json.dumps(root_document(format="gpuguard-root/2")), "not a root: format is not 'gpuguard-root/1'"),
+    (parse_root, "\udcff".encode("utf-8", "surrogateescape"), "root is not UTF-8 (byte 0)"),
+    (parse_statement, json.dumps({"format": "gpuguard-freshness/1", "issued_at": "2026-12-06T12:00:00Z",
+                                  "expires": "2026-12-07T12:00:00Z", "withdrawn": [], "newest": [
+                                      {"serial": 1, "scope": {"labels": {"rack": "\ud800"}}}]}),
+     "freshness statement -> newest -> 1 -> scope -> labels -> rack: text holds U+D800"),
+    (parse_statement, json.dumps({"format": "gpuguard-policy-bundle/1"}),
+     "not a freshness statement: format is not 'gpuguard-freshness/1'"),
+    (parse_statement, "{" + " " * (1024 * 1024) + "}", "freshness statement is 1048578 bytes, more than 1048576"),
+])
+def test_a_root_or_statement_that_is_not_clean_strict_json_is_refused_as_format_in_one_line(
+        parse: Any, document: str, problem: str) -> None:
+    """Roots and freshness statements are read as deny lists are: text UTF-8 cannot encode (a lone surrogate), another
+    format, a byte that is not UTF-8 or too many bytes is a format refusal naming what and where, in one line."""
+    data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
+    with pytest.raises(BundleRefused) as caught:
+        parse(data, "doc.json")
+    assert caught.value.kind == "format" and problem in caught.value.reason, caught.value.reason
+    assert "\n" not in str(caught.value)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from agent.bundle.format import canonical_bytes
 from agent.bundle.state import read_bundle_state
 from agent.config import parse_settings
 from agent.guard.hotpath import decision as exits
@@ -127,7 +128,7 @@ def test_a_malformed_knowledge_file_is_a_format_refusal_leaving_the_policy_as_it
     data = json.loads(good.read_bytes())
     data["knowledge"]["dcgm-exporter.toml"] = data["knowledge"]["dcgm-exporter.toml"].replace(
         'dcgm = "4.9.0"', 'dcgm = "4.9"')
-    good.write_bytes((json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode())
+    good.write_bytes(canonical_bytes(data))
     site.signer.sign(good)
     code, out, err = site.install(good)
     assert code == 17 and out == "", err

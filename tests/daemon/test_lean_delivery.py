@@ -21,7 +21,7 @@ import pytest
 
 from agent.config import load_settings
 from agent.daemon_jobs.child_main import lean_delivery_plan
-from agent.daemon_jobs.children import DeliveryInChild, child_argv, lean_delivery_argv
+from agent.daemon_jobs.children import DeliveryInChild, lean_delivery_argv
 from agent.daemon_jobs.lean_delivery import Unsure, deliver, parse_acknowledgement
 from agent.host import Host
 from agent.hub.tokens import add_token
@@ -30,6 +30,7 @@ from agent.report.outbox import Outbox
 from agent.report.outbox_ack import HWM_SUFFIX
 from agent.report.sender import Sender
 from tests.daemon.conftest import agent_config
+from tests.daemon.spawns import Spawns
 from tests.daemon.test_jobs import make_runtime
 from tests.hub.process import HubProcess, write_config
 from tests.report.events import event
@@ -289,21 +290,6 @@ def test_the_lean_child_loads_no_third_party_module(tmp_path: Path) -> None:
         "agent.errors", "agent.files", "agent.hostfacts", "agent.hostfacts.paths", "agent.strictjson",
         "agent.report", "agent.report.outbox_ack"}
     assert not loaded & {"requests", "urllib3", "pydantic", "structlog", "certifi", "sqlalchemy"}
-
-
-class Spawns:
-    """The two command lines of DeliveryInChild, recorded as each child starts."""
-
-    def __init__(self) -> None:
-        self.started: List[str] = []
-
-    def full(self, job: str, config: str, root: str, request: str, result: str) -> Sequence[str]:
-        self.started.append("full")
-        return child_argv(job, config, root, request, result)
-
-    def lean(self, job: str, config: str, root: str, request: str, result: str) -> Sequence[str]:
-        self.started.append("lean")
-        return lean_delivery_argv(job, config, root, request, result)
 
 
 @pytest.mark.slow  # real children

@@ -13,38 +13,21 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import List, Sequence, Tuple
+from typing import Tuple
 
 import pytest
 
 from agent.config import load_settings
 from agent.daemon_jobs import children
-from agent.daemon_jobs.children import PolicyFetchInChild, child_argv, probe_argv
+from agent.daemon_jobs.children import PolicyFetchInChild, probe_argv
 from agent.daemon_jobs.hub_probe import answers_digest, probe
 from agent.host import Host
 from tests.bundle.test_fetch import hub_site
 from tests.bundle.test_install import PERMISSIVE, POLICY, Site, run
+from tests.daemon.spawns import Spawns
 from tests.daemon.test_jobs import make_runtime
 from tests.hub.process import HubProcess
 from tests.hub.test_cli_hub_policy import hub  # noqa: F401 - the real hub fixture
-
-
-class Spawns:
-    """The two command lines of PolicyFetchInChild, recorded as each child starts."""
-
-    def __init__(self) -> None:
-        self.started: List[str] = []
-
-    def full(self, job: str, config: str, root: str, request: str, result: str) -> Sequence[str]:
-        self.started.append("full")
-        return child_argv(job, config, root, request, result)
-
-    def probe(self, job: str, config: str, root: str, request: str, result: str) -> Sequence[str]:
-        self.started.append("probe")
-        return probe_argv(job, config, root, request, result)
-
-    def since(self, mark: int) -> List[str]:
-        return self.started[mark:]
 
 
 def closed_port() -> int:

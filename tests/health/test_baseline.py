@@ -26,7 +26,7 @@ from agent.health.baseline import (
     scope_views,
     suspicious_baselines,
 )
-from agent.health.model import Fingerprint
+from agent.health.model import Fingerprint, WorkloadStack
 from agent.health.settings import HealthSettings
 from agent.snapshot.pairing import Pairing
 from tests.health.baseline_helpers import H200, note, poisoned_file
@@ -50,6 +50,15 @@ def test_fingerprint_changes_with_driver_and_is_stable() -> None:
     """The id is a stable hash: equal fingerprints share it, a driver change makes a new one."""
     assert FP_OLD.id == Fingerprint(**FP_OLD.model_dump()).id
     assert FP_OLD.id != FP_NEW.id and len(FP_OLD.id) == 16
+
+
+def test_baseline_ids_are_the_ones_stored_baselines_are_keyed_by() -> None:
+    """A fingerprint's and a workload stack's id stay the sha256 of their canonical JSON (16 hex digits): the keys
+    of baselines already on hosts."""
+    stack = {"gpu_models": "AMD Instinct MI300X", "driver": "6.8.5", "gpu_stack": "ROCm 6.2.2",
+             "framework": "torch 2.4.1+rocm6.1"}
+    assert Fingerprint(**stack, kernel="5.15.0-119-generic").id == "df12ef48a0ea4226"
+    assert WorkloadStack(**stack, image="rocm/pytorch:6.2").id == "3e073f9e1002aa9a"
 
 
 def test_fingerprint_of_pairing_and_probe() -> None:

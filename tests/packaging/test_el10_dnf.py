@@ -19,13 +19,21 @@ from tests.guard.dnf.installroot.harness import (
     BASELINE,
     ROCM_62,
     ROCM_63,
-    FakeRpm,
+    TEST_POLICY,
     Installroot,
     build_repo,
     fake_rpms,
+    install_specs,
     missing_tools,
 )
-from tests.guard.dnf.installroot.test_nvidia_stack_rpm import CUDA, NV, _driver
+from tests.guard.dnf.installroot.test_nvidia_stack_rpm import (
+    CUDA,
+    NV,
+    NVIDIA_BASELINE,
+    NVIDIA_POLICY,
+    cuda_rpms,
+    driver_rpms,
+)
 from tests.packaging.conftest import need_tools, run
 from tests.packaging.test_build import unpack_rpm
 from tests.packaging.test_release_upgrade_el9 import installed_launcher, pyenv_python
@@ -33,36 +41,10 @@ from tests.packaging.test_release_upgrade_el9 import installed_launcher, pyenv_p
 pytestmark = pytest.mark.timeout(600)
 
 PLUGIN_DIR = "usr/lib/python3.12/site-packages/dnf-plugins"
-POLICY = """\
-[policy]
-name = "el10-test"
-action = "block"
-
-[amd]
-action = "rollback"
-
-[[amd.pairing]]
-name = "rocm-6.2"
-amdgpu = "6.2.*"
-rocm = "6.2.*"
-kernels = ["5.14.0-427.*", "5.14.0-503.*"]
-
-[[amd.pairing]]
-name = "rocm-6.3"
-amdgpu = "6.3.*"
-rocm = "6.3.*"
-kernels = ["5.14.0-427.*", "5.14.0-503.*"]
-
-[nvidia]
-action = "rollback"
-
-[[nvidia.pairing]]
-name = "r580-cuda13.0"
-driver = "580.95.05"
-cuda = "13.0.*"
-"""
-# The installed set before each transaction: the AMD pair 6.2 with its kernel, and NVIDIA's r580 with CUDA 13.0.
-START = {**BASELINE, **{p.name: p.evr for p in _driver(NV)}, "cuda-toolkit-13-0": CUDA["cuda-toolkit-13-0"]}
+# The installroot harness's AMD pairings with the NVIDIA stack test's section; before each transaction the AMD
+# pair 6.2 with its kernel and NVIDIA's r580 with CUDA 13.0 are installed.
+POLICY = TEST_POLICY + NVIDIA_POLICY
+START = {**BASELINE, **NVIDIA_BASELINE}
 
 
 @dataclass(frozen=True)
@@ -87,7 +69,7 @@ def el10(built: Callable[[str], Dict[str, Path]], tmp_path_factory: pytest.TempP
     package = base / "package"
     package.mkdir()
     unpack_rpm(built("el10")["gpuguard"], package)
-    packages = [*fake_rpms(), *_driver(NV), *(FakeRpm(n, v, "x86_64") for n, v in CUDA.items())]
+    packages = [*fake_rpms(), *driver_rpms(NV), *cuda_rpms()]
     repo = build_repo(base / "repo", base / "rpmbuild", packages)
     root = Installroot(base / "root", repo, base / "work", plugin_dir=package / PLUGIN_DIR)
     policy_dir = root.root / "etc/gpuguard/policy.d"
@@ -96,7 +78,7 @@ def el10(built: Callable[[str], Dict[str, Path]], tmp_path_factory: pytest.TempP
     el10 = El10(package, root, python, base / "pycache")
     compiled = compile_with_package(el10, base)
     assert f"{package}/usr/lib/gpuguard/vendor/cp312/pydantic_core/" in compiled, compiled[-3000:]
-    root.dnf("install", *(f"{n}-{v.split(':', 1)[-1]}" for n, v in START.items()), plugin=False, check=True)
+    root.dnf("install", *install_specs(START), plugin=False, check=True)
     root.save(base / "baseline")
     try:
         yield el10

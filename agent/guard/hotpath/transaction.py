@@ -12,7 +12,7 @@ from agent.records import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds of the apt hook's start-up budget
-    from typing import Dict, Mapping, Optional, Tuple
+    from typing import Dict, Iterable, Mapping, Optional, Tuple
 
 
 class PackageChange(Record):
@@ -68,23 +68,22 @@ class Transaction(Record):
         return ", ".join(parts) + (f" and {more} more" if more > 0 else "")
 
 
+def _with_versions(installed: Mapping[str, str], versions: Iterable[Tuple[str, Optional[str]]]) -> Dict[str, str]:
+    """``installed`` with each (package, version) set, a None version removing the package."""
+    result = dict(installed)
+    for package, version in versions:
+        if version is None:
+            result.pop(package, None)
+        else:
+            result[package] = version
+    return result
+
+
 def resulting_set(installed: Mapping[str, str], tx: Transaction) -> Dict[str, str]:
     """The installed set after the transaction: ``installed`` with every change applied."""
-    after = dict(installed)
-    for change in tx.changes:
-        if change.new_version is None:
-            after.pop(change.package, None)
-        else:
-            after[change.package] = change.new_version
-    return after
+    return _with_versions(installed, ((change.package, change.new_version) for change in tx.changes))
 
 
 def before_set(installed: Mapping[str, str], tx: Transaction) -> Dict[str, str]:
     """The installed set before the transaction, taking the old versions the package manager reported as truth."""
-    before = dict(installed)
-    for change in tx.changes:
-        if change.old_version is None:
-            before.pop(change.package, None)
-        else:
-            before[change.package] = change.old_version
-    return before
+    return _with_versions(installed, ((change.package, change.old_version) for change in tx.changes))

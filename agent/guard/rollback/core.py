@@ -171,6 +171,18 @@ def _record_event(host: Host, paths: StatePaths, payload: dict, now: dt.datetime
           **{k: v for k, v in payload.items() if k != "kind"})
 
 
+def _report_violations(host: Host, paths: StatePaths, violations: List[Violation], clock: Callable[[], dt.datetime],
+                       dry_run: bool) -> None:
+    """Each violation logged and, unless a dry run, recorded as a policy_violation event."""
+    from agent.report.events import PolicyViolation
+
+    for v in violations:
+        if not dry_run:
+            payload = PolicyViolation(rule=v.rule, message=v.message, packages=v.packages, action=v.action)
+            _record_event(host, paths, payload.model_dump(mode="json"), clock())
+        log.warning("guard_violation", rule=v.rule, action=v.action, packages=v.packages)
+
+
 def _write_reboot_marker(host: Host, paths: StatePaths, moved: Dict[str, str], now: dt.datetime) -> None:
     lines = [f"*** gpuguard: reboot required: kernel module packages changed ({now.isoformat()}) ***"]
     lines += [f"{name} {move}" for name, move in sorted(moved.items())]
@@ -274,7 +286,6 @@ def check_and_rollback(host: Host, guard: GuardSettings, paths: StatePaths, back
     Rollback event). ``progress`` hears how far a long known-good record is (default: logged).
     """
     from agent.policy.compiled import read_compiled
-    from agent.report.events import PolicyViolation
 
     clock = now or host.clock
     if policy is None:
@@ -323,11 +334,7 @@ def check_and_rollback(host: Host, guard: GuardSettings, paths: StatePaths, back
         violations, policy_moved = standing, True
         why = "the policy in force changed and the installed (known-good) set violates it: "
         target = _compliant_before_change(host, paths, backend, policy, context, current)
-    for v in violations:
-        if not dry_run:
-            payload = PolicyViolation(rule=v.rule, message=v.message, packages=v.packages, action=v.action)
-            _record_event(host, paths, payload.model_dump(mode="json"), clock())
-        log.warning("guard_violation", rule=v.rule, action=v.action, packages=v.packages)
+    _report_violations(host, paths, violations, clock, dry_run)
     rollback_violations = [v for v in violations if v.action == "rollback"]
     if not rollback_violations or not guard.rollback_enabled:
         return GuardResult("violations", violations, detail="no violation asks for a rollback")
@@ -371,13 +378,7 @@ def _restore_consistent(host: Host, guard: GuardSettings, paths: StatePaths, bac
     package files first, ``dpkg -i`` when apt refuses to plan from broken dependencies) unless [guard] rollback is
     off or an override window is open, then only reported (a dependencies_broken event, status attention)."""
     before, after = _versions(known_good), _versions(current)
-    for v in violations:
-        if not dry_run:
-            from agent.report.events import PolicyViolation
-
-            payload = PolicyViolation(rule=v.rule, message=v.message, packages=v.packages, action=v.action)
-            _record_event(host, paths, payload.model_dump(mode="json"), clock())
-        log.warning("guard_violation", rule=v.rule, action=v.action, packages=v.packages)
+    _report_violations(host, paths, violations, clock, dry_run)
     windows = _open_windows(host, paths, policy, clock)
     if not guard.rollback_enabled or windows:
         _dependencies_broken(host, paths, clock, problem, before, after, "reported", dry_run)

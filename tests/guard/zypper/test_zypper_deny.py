@@ -12,16 +12,14 @@ from typing import Iterator
 import pytest
 
 from tests.bundle.roots import sign_by
-from tests.bundle.test_deny import deny_document
+from tests.bundle.test_deny import deny_document, hello_bad
 from tests.bundle.test_roles import Trust
 from tests.guard.zypper.conftest import BASELINE, HELLO_11, spec
 from tests.guard.zypper.harness import ZypperHost
 
 pytestmark = pytest.mark.timeout(600)
 
-HELLO_BAD = {"id": "hello-bad", "packages": ["hello-fake"], "versions": f"= {HELLO_11}",
-             "reason": "corrupts output", "source_url": "https://example.org/advisories/hello-1.1-1",
-             "added": "2026-12-03"}
+HELLO_BAD = hello_bad(HELLO_11)
 
 
 def output(result: subprocess.CompletedProcess) -> str:

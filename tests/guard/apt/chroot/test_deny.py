@@ -5,48 +5,29 @@ dpkg's status unchanged; the installed build it denies is flagged; ``gpuguard pi
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from tests.bundle.test_attacks import Fleet
-from tests.bundle.test_deny import deny_document, place
-from tests.bundle.test_roles import Trust
+from tests.bundle.test_deny import amdgpu_recall, deny_document, hello_bad, place
 from tests.guard.apt.chroot.conftest import gpuguard
 from tests.guard.apt.chroot.harness import AMDGPU_62, Chroot
-from tests.guard.apt.chroot.test_bundle import ChrootSite
+from tests.guard.deny_fleet import deny_fleet
 
 pytestmark = pytest.mark.timeout(900)
 
-HELLO_BAD = {"id": "hello-bad", "packages": ["hello-fake"], "versions": "= 1.0-1", "reason": "corrupts output",
-             "source_url": "https://example.org/advisories/hello-1.0-1", "added": "2026-12-03"}
-AMDGPU_RECALL = {"id": "amdgpu-recall", "packages": ["amdgpu-dkms"], "versions": f"= {AMDGPU_62}",
-                 "reason": "firmware hang under load", "source_url": "https://example.org/advisories/amdgpu-6.8.5",
-                 "added": "2026-12-02"}
+HELLO_BAD = hello_bad("1.0-1")
+AMDGPU_RECALL = amdgpu_recall(AMDGPU_62)
 
 
 @pytest.fixture
 def fleet(chroot: Chroot, tmp_path: Path) -> Iterator[Fleet]:
     """The chroot trusting root version 1 (tests/bundle's Trust), its local policy in force, reporting to a real
     hub whose roots directory will hold the deny list."""
-    for name in ("trust", "site", "hub"):
-        (tmp_path / name).mkdir()
-    trust = Trust(tmp_path / "trust", place_first_root=False)
-    site = ChrootSite(tmp_path / "site", chroot)
-    site.config.write_text(site.config.read_text().replace('policy_source = "bundle"', 'policy_source = "local"'))
-    keys = chroot.root / "etc/gpuguard/keys"
-    for suffix in ("", ".sig"):
-        (keys / f"root.json{suffix}").write_bytes(Path(f"{trust.first}{suffix}").read_bytes())
-    trust.site = site
-    made = Fleet(tmp_path / "hub", trust)
-    try:
+    with deny_fleet(tmp_path, chroot) as made:
         yield made
-    finally:
-        made.close()
-        site.signer.close()
-        shutil.rmtree(keys, ignore_errors=True)  # the chroot fixture resets the state and the pins
 
 
 def test_a_deny_list_from_a_real_hub_is_refused_by_real_apt_and_pinned_natively(chroot: Chroot, fleet: Fleet) -> None:

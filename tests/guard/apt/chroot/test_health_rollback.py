@@ -16,11 +16,10 @@ from agent.daemon_jobs.hooks import Hooks
 from agent.daemon_jobs.resident_settings import SettingsInForce
 from agent.daemon_jobs.runtime import EventEmitter, Runtime
 from agent.host import Host
-from agent.report.events import CpuFallback
 from agent.report.outbox import Outbox
 from tests.guard.apt.chroot.conftest import gpuguard
 from tests.guard.apt.chroot.harness import AMDGPU_63, BASELINE, ROCM_63, Chroot
-from tests.guard.wiring import check, health_rollback
+from tests.guard.wiring import check, cpu_fallback_payloads, health_job, health_rollback
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -43,8 +42,6 @@ class ProbeOfThisRoot:
         return types.SimpleNamespace(status=status, occupancy=None)
 
 
-def _payloads(result: Any) -> List[Any]:
-    return [CpuFallback(reason="ran_on_cpu", fingerprint="fp")] if result.status == "cpu_fallback" else []
 
 
 @contextlib.contextmanager
@@ -85,7 +82,7 @@ def test_cpu_fallback_after_an_allowed_upgrade_restores_the_exact_previous_versi
         def rollback(*args: Any, **kwargs: Any) -> Any:
             return health_rollback(*args, snapshot=lambda h: None, **kwargs)
 
-        job = HealthJob(rt, Hooks(health_run=probe, health_payloads=_payloads, health_rollback=rollback))
+        job = HealthJob(rt, Hooks(health_run=probe, health_payloads=cpu_fallback_payloads, health_rollback=rollback))
         summary = job.check("stack_changed:dpkg,amdgpu,rocm", "functional", after_change=True)
 
         installed = chroot.installed()
@@ -117,25 +114,11 @@ def test_the_gate_restores_the_last_set_that_passed_when_the_check_comes_before_
                                                                                          tmp_path: Path) -> None:
     """Real apt: with the health gate wired, a pass records the baseline; an allowed upgrade checked by health before
     the guard has seen it (no set kept before it) falls back to the CPU and is rolled back to that baseline."""
-    from agent.daemon_jobs.hooks import guarded_sets
-    from agent.guard.rollback.backend import InstalledPackage
-
     with _health_policy(chroot) as host:
         settings = Settings()
         assert check(host, settings, snapshot=lambda h: None).status in ("recorded", "compliant")
-        outbox = Outbox(str(tmp_path / "outbox.sqlite3"))
-        rt = Runtime(host=host, in_force=SettingsInForce.of(settings), state_dir=str(tmp_path), outbox=outbox,
-                     emitter=EventEmitter(outbox, "test-host", "chroot", host.clock))
         probe = ProbeOfThisRoot(chroot)
-
-        def rollback(host: Host, settings: Settings, status: str, sink: Any, target: Any = None,
-                     covers: str = "") -> Any:
-            packages = None if target is None else {k: InstalledPackage(*v) for k, v in target.items()}
-            return health_rollback(host, settings, status, sink=sink, target=packages, covers=covers,
-                                   snapshot=lambda h: None)
-
-        job = HealthJob(rt, Hooks(health_run=probe, health_payloads=_payloads, health_rollback=rollback,
-                                  guarded_sets=guarded_sets))
+        job = health_job(host, settings, tmp_path, probe, cpu_fallback_payloads)
         assert job.check("interval", None).status == "pass"  # the baseline: the last set that passed
         result = chroot.apt("install", f"amdgpu-dkms={AMDGPU_63}", f"rocm-core={ROCM_63}",
                             f"rocm-hip-runtime={ROCM_63}")
@@ -146,9 +129,9 @@ def test_the_gate_restores_the_last_set_that_passed_when_the_check_comes_before_
         installed = chroot.installed()
         assert {n: installed.get(n) for n in STACK} == {n: BASELINE[n] for n in STACK}
         assert chroot.run("apt-get", "check").returncode == 0
-        rolled = [e.payload for e in outbox.pending(10) if e.kind == "rollback"]
+        rolled = [e.payload for e in job.runtime.outbox.pending(10) if e.kind == "rollback"]
         assert [r.succeeded for r in rolled] == [True] and "1 package change(s)" in (rolled[0].detail or "")
-        outbox.close()
+        job.runtime.outbox.close()
 
 
 # A registered workload whose throughput halves under ROCm 6.3 in the chroot (it reads the chroot's dpkg status).
@@ -167,8 +150,6 @@ def test_a_workload_regression_after_an_allowed_upgrade_is_rolled_back(chroot: C
     upgrade halves its figure, the post-change check is a regression naming it, and the change is rolled back."""
     import importlib.util
 
-    from agent.daemon_jobs.hooks import guarded_sets
-    from agent.guard.rollback.backend import InstalledPackage
     from agent.health.runner import run_health_check
     from agent.health.workload_settings import WorkloadSettings
     from tests import needs
@@ -199,18 +180,7 @@ def test_a_workload_regression_after_an_allowed_upgrade_is_rolled_back(chroot: C
     with _health_policy(chroot) as host:
         settings = Settings()
         assert check(host, settings, snapshot=lambda h: None).status in ("recorded", "compliant")
-        outbox = Outbox(str(tmp_path / "outbox.sqlite3"))
-        rt = Runtime(host=host, in_force=SettingsInForce.of(settings), state_dir=str(tmp_path), outbox=outbox,
-                     emitter=EventEmitter(outbox, "test-host", "chroot", host.clock))
-
-        def rollback(host: Host, settings: Settings, status: str, sink: Any, target: Any = None,
-                     covers: str = "") -> Any:
-            packages = None if target is None else {k: InstalledPackage(*v) for k, v in target.items()}
-            return health_rollback(host, settings, status, sink=sink, target=packages, covers=covers,
-                                   snapshot=lambda h: None)
-
-        job = HealthJob(rt, Hooks(health_run=run_check, health_payloads=payloads, health_rollback=rollback,
-                                  guarded_sets=guarded_sets))
+        job = health_job(host, settings, tmp_path, run_check, payloads)
         assert [job.check("interval", None).status for _ in range(2)] == ["pass", "pass"]  # the baseline
         result = chroot.apt("install", f"amdgpu-dkms={AMDGPU_63}", f"rocm-core={ROCM_63}",
                             f"rocm-hip-runtime={ROCM_63}")
@@ -221,4 +191,4 @@ def test_a_workload_regression_after_an_allowed_upgrade_is_rolled_back(chroot: C
         installed = chroot.installed()
         assert {n: installed.get(n) for n in STACK} == {n: BASELINE[n] for n in STACK}
         assert chroot.run("apt-get", "check").returncode == 0
-        outbox.close()
+        job.runtime.outbox.close()

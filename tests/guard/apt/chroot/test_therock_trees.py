@@ -15,17 +15,10 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 
 from agent.config import Settings
-from agent.daemon_jobs.health import HealthJob
-from agent.daemon_jobs.hooks import Hooks, guarded_sets
-from agent.daemon_jobs.resident_settings import SettingsInForce
-from agent.daemon_jobs.runtime import EventEmitter, Runtime
-from agent.guard.rollback.backend import InstalledPackage
 from agent.host import Host
-from agent.report.events import CpuFallback
-from agent.report.outbox import Outbox
 from tests.guard.apt.chroot.conftest import gpuguard
 from tests.guard.apt.chroot.harness import Chroot, FakePackage
-from tests.guard.wiring import check, health_rollback
+from tests.guard.wiring import check, cpu_fallback_payloads, health_job
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -165,10 +158,6 @@ class ProbeOfTheActiveTree:
         return types.SimpleNamespace(status=status, occupancy=None)
 
 
-def _payloads(result: Any) -> List[Any]:
-    return [CpuFallback(reason="ran_on_cpu", fingerprint="fp")] if result.status == "cpu_fallback" else []
-
-
 def test_a_failed_check_after_repointing_to_10_0_falls_back_to_7_14_by_repointing(both: Chroot,
                                                                                    tmp_path: Path) -> None:
     """With after_change = "rollback": a pass on 7.14's tree, then update-alternatives --set core to 10.0's tree
@@ -178,19 +167,8 @@ def test_a_failed_check_after_repointing_to_10_0_falls_back_to_7_14_by_repointin
     code, out = gpuguard(both, "policy", "compile")
     assert code == 0, out
     host, settings = Host.for_root(str(both.root)), Settings()
-    outbox = Outbox(str(tmp_path / "outbox.sqlite3"))
-    rt = Runtime(host=host, in_force=SettingsInForce.of(settings), state_dir=str(tmp_path), outbox=outbox,
-                 emitter=EventEmitter(outbox, "test-host", "chroot", host.clock))
     probe = ProbeOfTheActiveTree(both)
-
-    def rollback(host: Host, settings: Settings, status: str, sink: Any, target: Any = None,
-                 covers: str = "") -> Any:
-        packages = None if target is None else {k: InstalledPackage(*v) for k, v in target.items()}
-        return health_rollback(host, settings, status, sink=sink, target=packages, covers=covers,
-                               snapshot=lambda h: None)
-
-    job = HealthJob(rt, Hooks(health_run=probe, health_payloads=_payloads, health_rollback=rollback,
-                              guarded_sets=guarded_sets))
+    job = health_job(host, settings, tmp_path, probe, cpu_fallback_payloads)
     assert job.check("interval", None).status == "pass"  # the last set that passed: 7.14's tree
     status, packages = both.status_bytes(), _amd(both)
     _set_tree(both, TREE_100)
@@ -199,16 +177,16 @@ def test_a_failed_check_after_repointing_to_10_0_falls_back_to_7_14_by_repointin
     assert _active(both) == TREE_714
     assert both.status_bytes() == status and _amd(both) == packages  # no package moved
     assert probe.seen == [(TREE_714, "pass"), (TREE_100, "cpu_fallback"), (TREE_714, "pass")]
-    events = outbox.pending(10)
+    events = job.runtime.outbox.pending(10)
     assert [(e.kind, e.severity) for e in events] == [("cpu_fallback", "critical"), ("rollback", "warning")]
     rolled = events[1].payload
     assert (rolled.method, rolled.reason, rolled.health_status, rolled.succeeded) == (
         "repoint", "health", "cpu_fallback", True)
     assert (rolled.from_versions, rolled.to_versions) == ({"alternatives:core": TREE_100},
                                                           {"alternatives:core": TREE_714})
-    state = json.loads(host.path(rt.paths.health_gate).read_text())
+    state = json.loads(host.path(job.runtime.paths.health_gate).read_text())
     assert state["passed"]["alternatives:core"] == {"arch": "tree", "version": TREE_714}
-    outbox.close()
+    job.runtime.outbox.close()
 
 
 def test_active_tree_pinned_refuses_a_tree_no_release_package_carries(both: Chroot) -> None:

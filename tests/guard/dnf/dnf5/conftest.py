@@ -14,7 +14,8 @@ from typing import Iterator, NoReturn
 import pytest
 
 from tests import needs
-from tests.guard.dnf.dnf5.harness import BASELINE, INSTALLONLY_NAMES, Dnf5Root, FakeRpm
+from tests.guard.dnf.dnf5.harness import BASELINE, INSTALLONLY_NAMES, Dnf5Root
+from tests.guard.dnf.installroot.harness import install_specs
 from tests.sidroot import SidRoot, build_base, missing_tools
 
 TIMINGS: dict = {}
@@ -31,11 +32,6 @@ def compile_policy(root: Dnf5Root) -> None:
     out = io.StringIO()
     assert main(["policy", "compile", "--root", str(root.root), "--config", "/nonexistent/agent.toml"], out=out) == 0, \
         out.getvalue()
-
-
-def baseline_specs() -> list:
-    """dnf5 install arguments for the baseline set (``name-version-release``)."""
-    return [FakeRpm(name, evr).spec for name, evr in BASELINE.items()]
 
 
 @pytest.fixture(scope="session")
@@ -55,7 +51,7 @@ def dnf5_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dnf5Root]
         root.build_repo()
         root.install_gpuguard()
         compile_policy(root)
-        result = root.dnf5("install", *baseline_specs(), plugin=False)
+        result = root.dnf5("install", *install_specs(BASELINE), plugin=False)
         assert result.returncode == 0, result.stdout + result.stderr
         assert root.installed() == {**{k: v for k, v in BASELINE.items() if k not in INSTALLONLY_NAMES},
                                     "kernel@" + BASELINE["kernel"]: BASELINE["kernel"],

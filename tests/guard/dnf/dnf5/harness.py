@@ -7,7 +7,7 @@ How to use it::
     root.install_gpuguard(TEST_POLICY)         # as the package installs it (packaging/build.py stage_dnf)
     root.dnf5("install", "rocm-core-6.2.2.60202")         # chroot SID dnf5 -y --installroot=/ir ... (CompletedProcess)
     root.installed()      # {"amdgpu-dkms": "1:6.8.5.60202-2041575.el9", "kernel-core@5.14.0-427.el9": ...}
-    root.rpm("-U", "--force", "--nodeps", root.rpm_path("amdgpu-dkms", DRIVER_63))
+    root.rpm("-U", "--force", "--nodeps", root.rpm_path("amdgpu-dkms", AMDGPU_63))
     root.gpuguard("guard", "rollback")     # the agent's CLI inside the sid root, against /ir (CompletedProcess)
     root.save(); root.restore()               # the whole /ir, between tests
 
@@ -27,7 +27,19 @@ import subprocess
 from pathlib import Path
 from typing import Dict, List
 
-from tests.guard.dnf.installroot.harness import TEST_POLICY, FakeRpm
+from tests.guard.dnf.installroot.harness import (
+    AMDGPU_62,
+    AMDGPU_63,
+    HELLO_10,
+    HELLO_11,
+    KERNEL_427,
+    ROCM_62,
+    ROCM_63,
+    SPEC,
+    TEST_POLICY,
+    FakeRpm,
+    kernel_rpms,
+)
 from tests.sidroot import SidRoot
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
@@ -36,57 +48,25 @@ REPO = "/srv/repo"
 LIB = "/usr/lib/gpuguard"
 ACTIONS_FILE = "/etc/dnf/libdnf5-plugins/actions.d/gpuguard.actions"
 FIRMWARE = "amdgpu-dkms-firmware"
-# AMD's el9 builds: epoch 1, the ROCm build number in the version, the driver build in the release; the driver
-# needs its firmware package at exactly the same EVR.
-DRIVER_62 = "1:6.8.5.60202-2041575.el9"
-DRIVER_63 = "1:6.10.5.60300-2084815.el9"
-ROCM_62 = "6.2.2.60202-116.el9"
-ROCM_63 = "6.3.0.60300-39.el9"
-KERNEL_427, KERNEL_503, KERNEL_570 = "5.14.0-427.el9", "5.14.0-503.el9", "5.14.0-570.el9"
-HELLO_10, HELLO_11 = "1.0-1", "1.1-1"
+# AMD's el9 builds (the installroot harness's AMDGPU_62/63) need their firmware package at exactly the same EVR.
 INSTALLONLY_NAMES = ("kernel", "kernel-core")
-BASELINE = {"amdgpu-dkms": DRIVER_62, FIRMWARE: DRIVER_62, "rocm-core": ROCM_62, "kernel": KERNEL_427,
+BASELINE = {"amdgpu-dkms": AMDGPU_62, FIRMWARE: AMDGPU_62, "rocm-core": ROCM_62, "kernel": KERNEL_427,
             "kernel-core": KERNEL_427, "hello-fake": HELLO_10}
-POLICY = TEST_POLICY  # the dnf4 installroot tests' policy: the same table of cases
 
 
 def fake_rpms() -> List[FakeRpm]:
-    kernels = []
-    for evr in (KERNEL_427, KERNEL_503, KERNEL_570):
-        kernels.append(FakeRpm("kernel-core", evr, "x86_64", provides="installonlypkg(kernel)"))
-        kernels.append(FakeRpm("kernel", evr, "x86_64", provides="installonlypkg(kernel)",
-                               requires=f"kernel-core = {evr}"))
+    """The installroot harness's repository, the driver requiring its firmware at the same EVR."""
     return [
-        FakeRpm(FIRMWARE, DRIVER_62),
-        FakeRpm(FIRMWARE, DRIVER_63),
-        FakeRpm("amdgpu-dkms", DRIVER_62, requires=f"{FIRMWARE} = {DRIVER_62}"),
-        FakeRpm("amdgpu-dkms", DRIVER_63, requires=f"{FIRMWARE} = {DRIVER_63}"),
+        FakeRpm(FIRMWARE, AMDGPU_62),
+        FakeRpm(FIRMWARE, AMDGPU_63),
+        FakeRpm("amdgpu-dkms", AMDGPU_62, requires=f"{FIRMWARE} = {AMDGPU_62}"),
+        FakeRpm("amdgpu-dkms", AMDGPU_63, requires=f"{FIRMWARE} = {AMDGPU_63}"),
         FakeRpm("rocm-core", ROCM_62, "x86_64"),
         FakeRpm("rocm-core", ROCM_63, "x86_64"),
-        *kernels,
+        *kernel_rpms(),
         FakeRpm("hello-fake", HELLO_10),
         FakeRpm("hello-fake", HELLO_11),
     ]
-
-
-SPEC = """\
-Name: %{pkgname}
-Version: %{pkgver}
-Release: %{pkgrel}
-%{?pkgepoch:Epoch: %{pkgepoch}}
-Summary: fake %{pkgname} for gpuguard's dnf5 tests
-License: MIT
-BuildArch: %{pkgarch}
-%{?pkgprovides:Provides: %{pkgprovides}}
-%{?pkgrequires:Requires: %{pkgrequires}}
-%description
-A fake package with one small file, for gpuguard's dnf5 tests.
-%install
-mkdir -p %{buildroot}/usr/share/gpuguard-fake/%{name}-%{version}-%{release}
-echo %{name}-%{version}-%{release} > %{buildroot}/usr/share/gpuguard-fake/%{name}-%{version}-%{release}/VERSION
-%files
-/usr/share/gpuguard-fake/%{name}-%{version}-%{release}
-"""
 
 
 class Dnf5Root:
@@ -130,7 +110,7 @@ class Dnf5Root:
 
     # --- gpuguard ------------------------------------------------------------------------------------------------
 
-    def install_gpuguard(self, policy_text: str = POLICY) -> None:
+    def install_gpuguard(self, policy_text: str = TEST_POLICY) -> None:
         """The agent, the dnf5 action launcher and the actions file as the rpm installs them; the policy in /ir."""
         lib = self.sid.install_agent(LIB)
         launcher = lib / "gpuguard-dnf5-action"

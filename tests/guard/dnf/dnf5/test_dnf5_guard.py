@@ -9,17 +9,16 @@ import pytest
 
 from agent.guard.hotpath.overrides import start_window
 from tests.guard.dnf.dnf5.conftest import compile_policy
-from tests.guard.dnf.dnf5.harness import (
-    DRIVER_62,
-    DRIVER_63,
-    FIRMWARE,
+from tests.guard.dnf.dnf5.harness import FIRMWARE, LIB, Dnf5Root
+from tests.guard.dnf.installroot.harness import (
+    AMDGPU_62,
+    AMDGPU_63,
     KERNEL_427,
     KERNEL_503,
     KERNEL_570,
-    LIB,
     ROCM_62,
     ROCM_63,
-    Dnf5Root,
+    TEST_POLICY,
     FakeRpm,
 )
 
@@ -50,7 +49,7 @@ def test_allowed_pair_upgrade_passes(dnf5_root: Dnf5Root) -> None:
     result = dnf5_root.dnf5("upgrade", "amdgpu-dkms", "rocm-core")
     assert result.returncode == 0, result.stdout + result.stderr
     installed = dnf5_root.installed()
-    assert (installed["amdgpu-dkms"], installed[FIRMWARE], installed["rocm-core"]) == (DRIVER_63, DRIVER_63, ROCM_63)
+    assert (installed["amdgpu-dkms"], installed[FIRMWARE], installed["rocm-core"]) == (AMDGPU_63, AMDGPU_63, ROCM_63)
     assert "REFUSED" not in result.stderr and events(dnf5_root) == []
     assert dnf5_root.verify().returncode == 0
 
@@ -60,7 +59,7 @@ def test_rocm_upgrade_alone_breaks_the_pairing_and_is_refused(dnf5_root: Dnf5Roo
     before = snapshot(dnf5_root)
     result = dnf5_root.dnf5("upgrade", "rocm-core")
     assert_refused_unchanged(dnf5_root, result, before, (
-        f"gpuguard: REFUSED (amd.pairing): amdgpu-dkms {DRIVER_62}, rocm-core {ROCM_62} -> {ROCM_63}: breaks the "
+        f"gpuguard: REFUSED (amd.pairing): amdgpu-dkms {AMDGPU_62}, rocm-core {ROCM_62} -> {ROCM_63}: breaks the "
         f"pinned AMD pairing 'rocm-6.2'"))
     assert "gpuguard: to proceed: " in result.stderr
     (event,) = events(dnf5_root)
@@ -146,9 +145,7 @@ def test_disable_plugin_bypasses_the_guard(dnf5_root: Dnf5Root) -> None:
 
 def test_frozen_package_is_refused(dnf5_root: Dnf5Root) -> None:
     """A [frozen] rocm-core may not move even inside an allowed pairing."""
-    from tests.guard.dnf.dnf5.harness import POLICY
-
-    dnf5_root.install_gpuguard(POLICY + '\n[frozen]\npackages = ["rocm-core"]\n')
+    dnf5_root.install_gpuguard(TEST_POLICY + '\n[frozen]\npackages = ["rocm-core"]\n')
     compile_policy(dnf5_root)
     before = snapshot(dnf5_root)
     result = dnf5_root.dnf5("upgrade", "amdgpu-dkms", "rocm-core")

@@ -13,7 +13,8 @@ from typing import List
 import pytest
 
 from tests.guard.dnf.dnf5.conftest import compile_policy
-from tests.guard.dnf.dnf5.harness import DRIVER_62, DRIVER_63, FIRMWARE, POLICY, REPO, ROCM_62, ROCM_63, Dnf5Root
+from tests.guard.dnf.dnf5.harness import FIRMWARE, REPO, Dnf5Root
+from tests.guard.dnf.installroot.harness import AMDGPU_62, AMDGPU_63, ROCM_62, ROCM_63, TEST_POLICY
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -34,7 +35,7 @@ def record_known_good(root: Dnf5Root) -> List[str]:
     result = rollback(root)
     assert result.returncode == 0 and "guard: recorded" in result.stdout, result.stdout + result.stderr
     known_good = json.loads((root.state_dir / "known-good.json").read_text())["packages"]
-    assert known_good["amdgpu-dkms"]["version"] == DRIVER_62 and known_good["amdgpu-dkms"]["rpm"]
+    assert known_good["amdgpu-dkms"]["version"] == AMDGPU_62 and known_good["amdgpu-dkms"]["rpm"]
     assert (root.root / known_good["amdgpu-dkms"]["rpm"].lstrip("/")).is_file()
     return root.nevras()
 
@@ -66,10 +67,10 @@ def test_driver_forced_without_its_firmware_is_rolled_back_with_dnf5(dnf5_root: 
     """``rpm -U --force --nodeps`` of the newer driver alone (its exact-EVR firmware unmet): one dnf5 transaction
     restores the exact known-good set and ``rpm -Va --nofiles`` is clean."""
     before = record_known_good(dnf5_root)
-    force(dnf5_root, dnf5_root.rpm_path("amdgpu-dkms", DRIVER_63))
-    assert dnf5_root.installed()["amdgpu-dkms"] == DRIVER_63
+    force(dnf5_root, dnf5_root.rpm_path("amdgpu-dkms", AMDGPU_63))
+    assert dnf5_root.installed()["amdgpu-dkms"] == AMDGPU_63
     assert dnf5_root.verify().returncode != 0  # amdgpu-dkms-firmware = 1:6.10... is needed
-    assert_rolled_back(dnf5_root, before, {"amdgpu-dkms": DRIVER_62})
+    assert_rolled_back(dnf5_root, before, {"amdgpu-dkms": AMDGPU_62})
 
 
 def test_rollback_uses_the_kept_rpms_when_the_repository_dropped_the_builds(dnf5_root: Dnf5Root,
@@ -81,13 +82,13 @@ def test_rollback_uses_the_kept_rpms_when_the_repository_dropped_the_builds(dnf5
     repo = dnf5_root.sid.path(REPO)
     moved = []
     for name in ("amdgpu-dkms", FIRMWARE):
-        source = dnf5_root.sid.path(dnf5_root.rpm_path(name, DRIVER_62))
+        source = dnf5_root.sid.path(dnf5_root.rpm_path(name, AMDGPU_62))
         moved.append((source, dropped / source.name))
         source.rename(dropped / source.name)
     try:
         dnf5_root.sid.run("createrepo_c", "--quiet", "--update", REPO, check=True)
-        force(dnf5_root, dnf5_root.rpm_path("amdgpu-dkms", DRIVER_63))
-        assert_rolled_back(dnf5_root, before, {"amdgpu-dkms": DRIVER_62})
+        force(dnf5_root, dnf5_root.rpm_path("amdgpu-dkms", AMDGPU_63))
+        assert_rolled_back(dnf5_root, before, {"amdgpu-dkms": AMDGPU_62})
     finally:
         for source, kept in moved:
             kept.rename(source)
@@ -102,17 +103,17 @@ def test_frozen_package_forced_is_rolled_back_through_the_gpuguard_dnf5_action(d
     still refuses the same move to anyone else. The firmware is in the known-good set because an [amd] policy
     guards the driver's firmware by default (without it, the plan that must move it back too was refused as "dnf
     would also change amdgpu-dkms-firmware")."""
-    dnf5_root.install_gpuguard(POLICY + '\n[frozen]\npackages = ["rocm-core"]\naction = "rollback"\n')
+    dnf5_root.install_gpuguard(TEST_POLICY + '\n[frozen]\npackages = ["rocm-core"]\naction = "rollback"\n')
     compile_policy(dnf5_root)
     before = record_known_good(dnf5_root)
-    force(dnf5_root, *(dnf5_root.rpm_path(n, v) for n, v in (("amdgpu-dkms", DRIVER_63), (FIRMWARE, DRIVER_63),
+    force(dnf5_root, *(dnf5_root.rpm_path(n, v) for n, v in (("amdgpu-dkms", AMDGPU_63), (FIRMWARE, AMDGPU_63),
                                                               ("rocm-core", ROCM_63))))
     assert_clean(dnf5_root)  # a consistent state: only the policy says no
-    assert_rolled_back(dnf5_root, before, {"amdgpu-dkms": DRIVER_62, FIRMWARE: DRIVER_62, "rocm-core": ROCM_62})
+    assert_rolled_back(dnf5_root, before, {"amdgpu-dkms": AMDGPU_62, FIRMWARE: AMDGPU_62, "rocm-core": ROCM_62})
     assert "frozen" in [e["rule"] for e in events(dnf5_root) if e["kind"] == "policy_violation"]
     audit = [json.loads(line) for line in (dnf5_root.state_dir / "audit.log").read_text().splitlines()]
     granted = [a for a in audit if a["event"] == "rollback_authorized"]
     assert granted and {a["tool"] for a in granted} == {"dnf5"}
-    assert granted[-1]["target"]["rocm-core"] == ROCM_62 and granted[-1]["target"]["amdgpu-dkms"] == DRIVER_62
+    assert granted[-1]["target"]["rocm-core"] == ROCM_62 and granted[-1]["target"]["amdgpu-dkms"] == AMDGPU_62
     refused = dnf5_root.dnf5("upgrade", "amdgpu-dkms", "rocm-core")
     assert refused.returncode == 1 and "REFUSED (frozen)" in refused.stderr, refused.stdout + refused.stderr

@@ -15,7 +15,14 @@ from typing import Iterator, NoReturn, Tuple
 import pytest
 
 from tests import needs
-from tests.guard.dnf.installroot.harness import BASELINE, TEST_POLICY, Installroot, build_repo, missing_tools
+from tests.guard.dnf.installroot.harness import (
+    BASELINE,
+    TEST_POLICY,
+    Installroot,
+    build_repo,
+    install_specs,
+    missing_tools,
+)
 
 TIMINGS: dict = {}
 
@@ -38,11 +45,6 @@ def compile_policy(root: Installroot) -> None:
     assert code == 0, out
 
 
-def baseline_specs() -> list:
-    """dnf install arguments for the baseline set (``name-version-release``)."""
-    return [f"{name}-{evr.split(':', 1)[-1]}" for name, evr in BASELINE.items()]
-
-
 @pytest.fixture(scope="session")
 def installroot_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installroot]:
     missing = missing_tools()
@@ -55,7 +57,7 @@ def installroot_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[In
     root = Installroot(base / "root", repo, base / "work")
     root.install_gpuguard(TEST_POLICY)
     compile_policy(root)
-    root.dnf("install", *baseline_specs(), plugin=False, check=True)
+    root.dnf("install", *install_specs(BASELINE), plugin=False, check=True)
     root.save(base / "baseline")
     TIMINGS["setup_seconds"] = round(time.monotonic() - started, 2)
     print(f"\ninstallroot ready: {TIMINGS}")

@@ -27,7 +27,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -99,19 +99,29 @@ class FakeRpm:
         return f"{self.name}-{self.version}-{self.release}"
 
 
-def fake_rpms() -> List[FakeRpm]:
-    """The repository: the AMD driver/ROCm pairs, three kernels (installonly) and a harmless package."""
+def install_specs(versions: Mapping[str, str]) -> List[str]:
+    """dnf install arguments (``name-version-release``, as FakeRpm.spec) for name -> ``[epoch:]version-release``."""
+    return [FakeRpm(name, evr).spec for name, evr in versions.items()]
+
+
+def kernel_rpms() -> List[FakeRpm]:
+    """kernel and kernel-core at three builds, installonly (dnf installs them side by side)."""
     kernels = []
     for evr in (KERNEL_427, KERNEL_503, KERNEL_570):
         kernels.append(FakeRpm("kernel-core", evr, "x86_64", provides="installonlypkg(kernel)"))
         kernels.append(FakeRpm("kernel", evr, "x86_64", provides="installonlypkg(kernel)",
                                requires=f"kernel-core = {evr}"))
+    return kernels
+
+
+def fake_rpms() -> List[FakeRpm]:
+    """The repository: the AMD driver/ROCm pairs, three kernels (installonly) and a harmless package."""
     return [
         FakeRpm("amdgpu-dkms", AMDGPU_62),
         FakeRpm("amdgpu-dkms", AMDGPU_63),
         FakeRpm("rocm-core", ROCM_62, "x86_64"),
         FakeRpm("rocm-core", ROCM_63, "x86_64"),
-        *kernels,
+        *kernel_rpms(),
         FakeRpm("hello-fake", HELLO_10),
         FakeRpm("hello-fake", HELLO_11),
     ]
@@ -122,13 +132,13 @@ Name: %{pkgname}
 Version: %{pkgver}
 Release: %{pkgrel}
 %{?pkgepoch:Epoch: %{pkgepoch}}
-Summary: fake %{pkgname} for gpuguard's installroot tests
+Summary: fake %{pkgname} for gpuguard's dnf and dnf5 tests
 License: MIT
 BuildArch: %{pkgarch}
 %{?pkgprovides:Provides: %{pkgprovides}}
 %{?pkgrequires:Requires: %{pkgrequires}}
 %description
-A fake package with one small file, for gpuguard's dnf guard tests.
+A fake package with one small file, for gpuguard's dnf and dnf5 guard tests.
 %install
 mkdir -p %{buildroot}/usr/share/gpuguard-fake/%{name}-%{version}-%{release}
 echo %{name}-%{version}-%{release} > %{buildroot}/usr/share/gpuguard-fake/%{name}-%{version}-%{release}/VERSION

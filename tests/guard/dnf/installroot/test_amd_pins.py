@@ -15,13 +15,24 @@ import pytest
 
 from tests import needs
 from tests.guard.dnf.installroot.conftest import compile_policy
-from tests.guard.dnf.installroot.harness import FakeRpm, Installroot, build_repo, missing_tools, run
+from tests.guard.dnf.installroot.harness import (
+    AMDGPU_62,
+    AMDGPU_63,
+    ROCM_62,
+    ROCM_63,
+    FakeRpm,
+    Installroot,
+    build_repo,
+    install_specs,
+    missing_tools,
+    run,
+)
 from tests.guard.dnf.installroot.rollback_support import agent_config, cli, enable_versionlock
 
 pytestmark = pytest.mark.timeout(600)
 
-D62, D624, D63 = "1:6.8.5.60202-2041575.el9", "1:6.8.5.60204-2055000.el9", "1:6.10.5.60300-2084815.el9"
-R62, R63 = "6.2.2.60202-116.el9", "6.3.0.60300-39.el9"
+# A 6.2 driver build newer than the harness's AMDGPU_62, for the pin tests' upgrades inside the pairing.
+AMDGPU_624 = "1:6.8.5.60204-2055000.el9"
 POLICY = """\
 [policy]
 name = "amd-two-pairings"
@@ -37,24 +48,20 @@ name = "rocm-6.3"
 amdgpu = "6.3.*"
 rocm = "6.3.*"
 """
-HOST = {"amdgpu-dkms": D62, "amdgpu-dkms-firmware": D62, "rocm-core": R62, "rocm-hip-runtime": R62,
-        "rocm-core6.2.2": R62}
+HOST = {"amdgpu-dkms": AMDGPU_62, "amdgpu-dkms-firmware": AMDGPU_62, "rocm-core": ROCM_62, "rocm-hip-runtime": ROCM_62,
+        "rocm-core6.2.2": ROCM_62}
 
 
 def _amd_rpms() -> List[FakeRpm]:
     out: List[FakeRpm] = []
-    for build in (D62, D624, D63):
+    for build in (AMDGPU_62, AMDGPU_624, AMDGPU_63):
         out += [FakeRpm("amdgpu-dkms-firmware", build),
                 FakeRpm("amdgpu-dkms", build, requires=f"amdgpu-dkms-firmware = {build}")]
-    for rocm, series in ((R62, "6.2.2"), (R63, "6.3.0")):
+    for rocm, series in ((ROCM_62, "6.2.2"), (ROCM_63, "6.3.0")):
         out += [FakeRpm("rocm-core", rocm, "x86_64"),
                 FakeRpm("rocm-hip-runtime", rocm, "x86_64", requires=f"rocm-core = {rocm}"),
                 FakeRpm(f"rocm-core{series}", rocm, "x86_64")]
     return [*out, FakeRpm("hello-fake", "1.0-1"), FakeRpm("hello-fake", "1.1-1")]
-
-
-def _spec(name: str, evr: str) -> str:
-    return f"{name}-{evr.split(':', 1)[-1]}"
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +75,7 @@ def amd_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installroot]:
     root = Installroot(base / "root", repo, base / "work")
     root.install_gpuguard(POLICY)
     compile_policy(root)
-    root.dnf("install", *(_spec(n, v) for n, v in HOST.items()), "hello-fake-1.0-1", plugin=False, check=True)
+    root.dnf("install", *install_specs(HOST), "hello-fake-1.0-1", plugin=False, check=True)
     root.save(base / "baseline")
     try:
         yield root
@@ -106,8 +113,9 @@ def test_pin_apply_then_dnf_upgrade_exits_0_and_moves_nothing_guarded(amd: Insta
     code, out = cli(amd, "pin", "apply", config=agent_config(amd))
     assert code == 0 and "run gpuguard pin apply again" in out, out
     locklist = (amd.root / "etc/dnf/plugins/versionlock.list").read_text()
-    for name, evr in [("rocm-core", R63), ("rocm-core6.3.0", R63), ("amdgpu-dkms", D624), ("amdgpu-dkms", D63),
-                      ("amdgpu-dkms-firmware", D624), ("amdgpu-dkms-firmware", D63), ("rocm-hip-runtime", R63)]:
+    for name, evr in [("rocm-core", ROCM_63), ("rocm-core6.3.0", ROCM_63), ("amdgpu-dkms", AMDGPU_624),
+                      ("amdgpu-dkms", AMDGPU_63), ("amdgpu-dkms-firmware", AMDGPU_624),
+                      ("amdgpu-dkms-firmware", AMDGPU_63), ("rocm-hip-runtime", ROCM_63)]:
         assert f"!{name}-{evr if ':' in evr else '0:' + evr}.*" in locklist, (name, evr, locklist)
     upgraded = _upgrade(amd, conf)
     assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr

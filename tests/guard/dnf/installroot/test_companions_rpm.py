@@ -8,7 +8,7 @@ from typing import Dict, Iterator, List
 import pytest
 
 from tests.guard.dnf.installroot.conftest import compile_policy
-from tests.guard.dnf.installroot.harness import FakeRpm, Installroot
+from tests.guard.dnf.installroot.harness import FakeRpm, Installroot, install_specs
 from tests.guard.dnf.installroot.rollback_support import back_to_baseline, own_installroot
 
 pytestmark = pytest.mark.timeout(600)
@@ -45,7 +45,7 @@ BASELINE = {p.name: p.evr for p in _packages() if p.evr in (NV, FM, DCGM)}
 def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installroot]:
     with own_installroot(tmp_path_factory, "rhel9-companions", _packages(), POLICY) as root:
         compile_policy(root)
-        root.dnf("install", *(f"{n}-{v.split(':', 1)[-1]}" for n, v in BASELINE.items()), plugin=False, check=True)
+        root.dnf("install", *install_specs(BASELINE), plugin=False, check=True)
         root.save(root.root.parent / "baseline")
         yield root
 

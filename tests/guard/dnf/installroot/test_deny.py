@@ -5,7 +5,6 @@ versionlock exclude, so dnf itself no longer offers it."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Iterator
 
@@ -13,42 +12,23 @@ import pytest
 
 from agent.daemon_jobs.policy_fetch import fetch_and_install
 from tests.bundle.test_attacks import Fleet
-from tests.bundle.test_deny import deny_document, place
-from tests.bundle.test_roles import Trust
-from tests.guard.apt.chroot.test_bundle import ChrootSite
+from tests.bundle.test_deny import amdgpu_recall, deny_document, hello_bad, place
+from tests.guard.deny_fleet import deny_fleet
 from tests.guard.dnf.installroot.harness import AMDGPU_62, HELLO_10, HELLO_11, Installroot
 from tests.guard.dnf.installroot.rollback_support import agent_config, cli, dnf_vl, enable_versionlock, host_for
 
 pytestmark = pytest.mark.timeout(600)
 
-HELLO_BAD = {"id": "hello-bad", "packages": ["hello-fake"], "versions": f"= {HELLO_11}",
-             "reason": "corrupts output", "source_url": "https://example.org/advisories/hello-1.1-1",
-             "added": "2026-12-03"}
-AMDGPU_RECALL = {"id": "amdgpu-recall", "packages": ["amdgpu-dkms"], "versions": f"= {AMDGPU_62}",
-                 "reason": "firmware hang under load", "source_url": "https://example.org/advisories/amdgpu-6.8.5",
-                 "added": "2026-12-02"}
+HELLO_BAD = hello_bad(HELLO_11)
+AMDGPU_RECALL = amdgpu_recall(AMDGPU_62)
 
 
 @pytest.fixture
 def fleet(installroot: Installroot, tmp_path: Path) -> Iterator[Fleet]:
     """The installroot trusting root version 1 (tests/bundle's Trust), its local policy in force, reporting to a
     real hub whose roots directory will hold the deny list."""
-    for name in ("trust", "site", "hub"):
-        (tmp_path / name).mkdir()
-    trust = Trust(tmp_path / "trust", place_first_root=False)
-    site = ChrootSite(tmp_path / "site", installroot)  # type: ignore[arg-type]  # the same root and state_dir
-    site.config.write_text(site.config.read_text().replace('policy_source = "bundle"', 'policy_source = "local"'))
-    keys = installroot.root / "etc/gpuguard/keys"
-    for suffix in ("", ".sig"):
-        (keys / f"root.json{suffix}").write_bytes(Path(f"{trust.first}{suffix}").read_bytes())
-    trust.site = site
-    made = Fleet(tmp_path / "hub", trust)
-    try:
+    with deny_fleet(tmp_path, installroot) as made:
         yield made
-    finally:
-        made.close()
-        site.signer.close()
-        shutil.rmtree(keys, ignore_errors=True)  # the installroot fixture restores the rest
 
 
 def test_a_deny_list_from_a_real_hub_is_refused_by_real_dnf_and_locked_out(installroot: Installroot,

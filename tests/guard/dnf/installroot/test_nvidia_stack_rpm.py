@@ -12,7 +12,7 @@ import pytest
 from agent.config import Settings
 from tests import needs
 from tests.guard.dnf.installroot.conftest import compile_policy
-from tests.guard.dnf.installroot.harness import FakeRpm, Installroot, build_repo, missing_tools
+from tests.guard.dnf.installroot.harness import FakeRpm, Installroot, build_repo, install_specs, missing_tools
 from tests.guard.dnf.installroot.rollback_support import backend_for_root
 from tests.guard.wiring import check
 
@@ -22,9 +22,8 @@ NV, NV_NEW = "3:580.95.05-1.el9", "3:580.105.08-1.el9"
 PARTS = ("nvidia-kmod-common", "kmod-nvidia-open-dkms", "nvidia-driver-libs", "nvidia-driver-cuda-libs",
          "nvidia-driver-cuda", "nvidia-driver", "cuda-drivers")
 CUDA = {"cuda-toolkit-13-0": "13.0.2-1", "cuda-toolkit-13-1": "13.1.0-1"}
-POLICY = """\
-[policy]
-name = "rhel9-nvidia"
+# The NVIDIA section (tests/packaging/test_el10_dnf.py appends it to the installroot harness's TEST_POLICY).
+NVIDIA_POLICY = """
 [nvidia]
 action = "rollback"
 [[nvidia.pairing]]
@@ -32,9 +31,14 @@ name = "r580-cuda13.0"
 driver = "580.95.05"
 cuda = "13.0.*"
 """
+POLICY = """\
+[policy]
+name = "rhel9-nvidia"
+""" + NVIDIA_POLICY
 
 
-def _driver(evr: str) -> List[FakeRpm]:
+def driver_rpms(evr: str) -> List[FakeRpm]:
+    """The driver's parts at one build EVR, with the ``=`` requires of NVIDIA's repository."""
     plain = evr.split(":", 1)[1]
     return [
         FakeRpm("nvidia-kmod-common", evr),
@@ -50,7 +54,13 @@ def _driver(evr: str) -> List[FakeRpm]:
     ]
 
 
-BASELINE = {**{p.name: p.evr for p in _driver(NV)}, "cuda-toolkit-13-0": "13.0.2-1"}
+def cuda_rpms() -> List[FakeRpm]:
+    """The two CUDA toolkit releases of CUDA."""
+    return [FakeRpm(n, v, "x86_64") for n, v in CUDA.items()]
+
+
+# The NVIDIA stack installed before each test: the r580 driver with CUDA 13.0.
+NVIDIA_BASELINE = {**{p.name: p.evr for p in driver_rpms(NV)}, "cuda-toolkit-13-0": CUDA["cuda-toolkit-13-0"]}
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +69,12 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installroot]:
     if missing:
         needs.unavailable("installroot tests", f"missing: {', '.join(missing)}")
     base = tmp_path_factory.mktemp("rhel9-nvidia")
-    packages = [*_driver(NV), *_driver(NV_NEW), *(FakeRpm(n, v, "x86_64") for n, v in CUDA.items())]
+    packages = [*driver_rpms(NV), *driver_rpms(NV_NEW), *cuda_rpms()]
     repo = build_repo(base / "repo", base / "rpmbuild", packages)
     root = Installroot(base / "root", repo, base / "work")
     root.install_gpuguard(POLICY)
     compile_policy(root)
-    root.dnf("install", *(f"{n}-{v.split(':', 1)[-1]}" for n, v in BASELINE.items()), plugin=False, check=True)
+    root.dnf("install", *install_specs(NVIDIA_BASELINE), plugin=False, check=True)
     result = _check(root)
     assert result.status == "recorded", result.summary()
     root.save(base / "baseline")
@@ -87,7 +97,7 @@ def _check(root: Installroot):
 
 
 def _versions(root: Installroot) -> Dict[str, str]:
-    return {k: v for k, v in root.installed().items() if k in BASELINE or k in CUDA}
+    return {k: v for k, v in root.installed().items() if k in NVIDIA_BASELINE or k in CUDA}
 
 
 def _clean(root: Installroot) -> None:
@@ -100,7 +110,7 @@ def _refused(root: Installroot, *args: str) -> str:
     result = root.dnf(*args)
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stderr.startswith("Error: gpuguard: REFUSED ("), result.stderr
-    assert _versions(root) == BASELINE and root.rpmdb_bytes() == before
+    assert _versions(root) == NVIDIA_BASELINE and root.rpmdb_bytes() == before
     return result.stderr
 
 
@@ -124,13 +134,13 @@ def test_the_whole_driver_moving_is_judged_by_the_pairing(root: Installroot) -> 
 
 def test_forced_library_alone_is_rolled_back_not_recorded(root: Installroot) -> None:
     """rpm -U --nodeps of only the newer nvidia-driver-libs: rolled back to the exact build, rpm database clean."""
-    newer = next(p for p in _driver(NV_NEW) if p.name == "nvidia-driver-libs")
+    newer = next(p for p in driver_rpms(NV_NEW) if p.name == "nvidia-driver-libs")
     forced = root.rpm("-U", "--nodeps", str(root.repo_dir / newer.file_name))
     assert forced.returncode == 0, forced.stderr
     assert root.rpm("-Va", "--nofiles", "--nodigest", "--nosignature").returncode != 0  # = requires now unmet
     result = _check(root)
     assert result.status == "rolled_back", result.summary()
     assert {v.rule for v in result.violations} >= {"nvidia.driver_parts", "nvidia.pairing"}
-    assert _versions(root) == BASELINE
+    assert _versions(root) == NVIDIA_BASELINE
     _clean(root)
     assert _check(root).status == "compliant"
