@@ -32,7 +32,7 @@ import datetime as dt
 import json
 import secrets
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from agent.bundle.scope import scope_facts, scope_refusal
 from agent.hub import schema, workload_stacks
@@ -42,6 +42,7 @@ from agent.hub.responses import HubHTTPError
 from agent.hub.rollout_plan import (
     ACTIVE_STATES,
     FAILURE_EVENT_KINDS,
+    ControlTally,
     Evidence,
     HostOffer,
     RolloutHost,
@@ -49,13 +50,14 @@ from agent.hub.rollout_plan import (
     RolloutSpec,
     RolloutStatus,
     StageStep,
+    Tally,
     cohort_of,
-    control_counts,
     counts_by_stage,
     decide,
     host_evidence,
     overdue,
     waiting_line,
+    window_starts,
 )
 from agent.hub.rows import BundleSummary, ControlRow, HostRow, utc_now
 from agent.hub.store import SqlStore
@@ -86,30 +88,35 @@ _ROLLOUT_COLUMNS = ("rollout_id, target_serial, previous_serial, spec, state, st
                     "created_by, updated_at, reason, paused_by")
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Control:
     """What the control of a rollout reads, kept between evaluations: when its window opened (the first admission;
     None: none yet), the rows of the hosts not admitted (also what tells a silent host; empty when neither the
-    control nor the silence is used) and each host's failure events (kind, received_at) in the window before its
-    admission (under judgement with a control only)."""
+    control nor the silence is used), each host's failure events (kind, received_at) in the window before its
+    admission (under judgement with a control only), the silent hosts and the control's tally (None under the
+    absolute rule)."""
 
     window_start: Optional[dt.datetime]
     states: Dict[str, ControlRow]
     failures: Dict[str, Tuple[Tuple[str, dt.datetime], ...]]
+    silent: Set[str]
+    tally: Optional[ControlTally]
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Judged:
     """What one hub process knew of a rollout after its last evaluation (issue 43), so the next one reads only what
     changed since: its stage then, when it ran, how many evaluations since the last full one, the rollout row's
     ``evaluations`` counter it left (another process's evaluation since bumps it), every host with its evidence by
-    host_id (in host_id order) and the control."""
+    host_id (in host_id order), their tally and the control. The next evaluation updates it in place; one that
+    fails drops it (``Rollouts.evaluate``)."""
 
     stage: int
     evaluated_at: dt.datetime
     since_full: int
     evaluations: int
     hosts: Dict[str, RolloutHost]
+    tally: Tally
     control: _Control
 
 
@@ -281,10 +288,11 @@ class Rollouts:
         return sorted(r[0] for r in cur.fetchall())
 
     def _evidence(self, cur: Any, rollout: RolloutRow, hosts: Dict[str, RolloutHost], now: dt.datetime,
-                  changed: Optional[Sequence[str]] = None) -> None:
+                  changed: Optional[Sequence[str]] = None, tally: Optional[Tally] = None) -> None:
         """Judge the admitted hosts again (``changed``: only those; None: every one) from their heartbeats, failure
         events since admission and gating workloads, the evidence they had (a pass stands) and the report deadline;
-        the new evidence goes into ``hosts`` and, where it changed, the store. A host not judged again keeps its
+        the new evidence goes into ``hosts`` (and ``tally``) and, where it changed, the store. A host not judged
+        again keeps its
         stored evidence, which is what judging it again would give (tests/hub/test_rollout_evidence_fixpoint.py)."""
         sql = self.store.dialect.sql
         rid = rollout.rollout_id
@@ -326,24 +334,29 @@ class Rollouts:
                 cur.execute(sql("UPDATE rollout_hosts SET evidence = ?, evidence_detail = ? "
                                 "WHERE rollout_id = ? AND host_id = ?"),
                             (evidence.result, evidence.detail, rid, host_id))
-                hosts[host_id] = h.model_copy(update={"evidence": evidence})
+                hosts[host_id] = judged = h.model_copy(update={"evidence": evidence})
+                if tally is not None:
+                    tally.add(h, -1)
+                    tally.add(judged)
 
-    def _control_read(self, cur: Any, rollout: RolloutRow, hosts: Dict[str, RolloutHost]) -> _Control:
-        """The control's state read in full: the rows of the hosts not admitted (for the control and the silence;
-        none when neither is used) and, under judgement with a control, every failure event of the rollout's hosts
-        before their admission since the cohort windows opened (the first admission)."""
-        starts = [h.admitted_at for h in hosts.values() if h.admitted_at is not None]
-        window_start = min(starts) if starts else None
+    def _control_read(self, cur: Any, rollout: RolloutRow, hosts: Dict[str, RolloutHost],
+                      now: dt.datetime) -> _Control:
+        """The control read in full: the rows of the hosts not admitted (for the control and the silence; none when
+        neither is used) and, under judgement with a control, every failure event of the rollout's hosts before
+        their admission since the cohort windows opened (the first admission)."""
+        starts = window_starts(hosts.values())
+        window_start = min(starts.values()) if starts else None
+        tally = ControlTally(starts) if rollout.spec.judge == "control" else None
+        control = _Control(window_start, {}, {}, set(), tally)
         if rollout.spec.judge != "control" and self.stale_after_seconds is None:
-            return _Control(window_start, {}, {})
+            return control
         sql = self.store.dialect.sql
         from_db_time = self.store.dialect.from_db_time
         cur.execute(sql(f"SELECT {', '.join('h.' + c.strip() for c in schema.CONTROL_COLUMNS.split(','))} "
                         "FROM hosts h JOIN rollout_hosts r ON r.host_id = h.host_id WHERE r.rollout_id = ? "
                         "AND r.admitted_at IS NULL"), (rollout.rollout_id,))
-        states = {row[0]: schema.control_row_from(row, from_db_time) for row in cur.fetchall()}
-        failures: Dict[str, Tuple[Tuple[str, dt.datetime], ...]] = {}
-        if rollout.spec.judge == "control" and window_start is not None:
+        control.states.update((row[0], schema.control_row_from(row, from_db_time)) for row in cur.fetchall())
+        if tally is not None and window_start is not None:
             marks = ", ".join("?" * len(FAILURE_EVENT_KINDS))
             cur.execute(sql("SELECT e.host_id, e.kind, e.received_at FROM events e JOIN rollout_hosts r "
                             "ON r.host_id = e.host_id WHERE r.rollout_id = ? "
@@ -351,51 +364,60 @@ class Rollouts:
                             "AND (r.admitted_at IS NULL OR e.received_at < r.admitted_at)"),
                         (rollout.rollout_id, *FAILURE_EVENT_KINDS, self._t(window_start)))
             for host_id, kind, at in cur.fetchall():
-                failures[host_id] = failures.get(host_id, ()) + ((kind, from_db_time(at)),)
-        return _Control(window_start, states, failures)
+                control.failures[host_id] = control.failures.get(host_id, ()) + ((kind, from_db_time(at)),)
+        for h in hosts.values():
+            self._recount(control, h, now)
+        return control
 
-    def _control_refreshed(self, cur: Any, rollout: RolloutRow, last: _Control, since: dt.datetime) -> _Control:
-        """The control's state of the last evaluation with what changed since ``since`` read again: the rows of the
-        hosts not admitted that the hub heard from since then (``hosts.last_seen_at`` is the receipt of the host's
-        newest event, whatever it was) and the failure events received since then."""
+    def _recount(self, control: _Control, host: RolloutHost, now: dt.datetime) -> None:
+        """``host``'s silence and contribution to the control, from its kept row and failure events."""
+        if self.stale_after_seconds is not None and host.stage is None:
+            state = control.states.get(host.host_id)
+            if state is None or state.last_seen_at < now - dt.timedelta(seconds=self.stale_after_seconds):
+                control.silent.add(host.host_id)
+            else:
+                control.silent.discard(host.host_id)
+        if control.tally is not None:
+            control.tally.put(host, control.states.get(host.host_id), control.failures.get(host.host_id, ()),
+                              host.host_id in control.silent)
+
+    def _control_refreshed(self, cur: Any, rollout: RolloutRow, hosts: Dict[str, RolloutHost], control: _Control,
+                           since: dt.datetime, now: dt.datetime) -> None:
+        """The control of the last evaluation brought up to date, reading only what changed since ``since``: the
+        rows of the hosts not admitted that the hub heard from since then (``hosts.last_seen_at`` is the receipt of
+        the host's newest event, whatever it was), those whose last word crossed the silence bound since then, and
+        the failure events received since then; only these hosts are counted again."""
         if rollout.spec.judge != "control" and self.stale_after_seconds is None:
-            return last
+            return
         sql = self.store.dialect.sql
         from_db_time = self.store.dialect.from_db_time
         cur.execute(sql(f"SELECT {', '.join('h.' + c.strip() for c in schema.CONTROL_COLUMNS.split(','))} "
                         "FROM hosts h CROSS JOIN rollout_hosts r WHERE r.host_id = h.host_id AND h.last_seen_at >= ? "
                         "AND r.rollout_id = ? AND r.admitted_at IS NULL"), (self._t(since), rollout.rollout_id))
-        rows = cur.fetchall()
-        states = dict(last.states)
-        states.update((row[0], schema.control_row_from(row, from_db_time)) for row in rows)
-        failures = last.failures
-        if rollout.spec.judge == "control" and last.window_start is not None:
+        touched = set()
+        for row in cur.fetchall():
+            control.states[row[0]] = schema.control_row_from(row, from_db_time)
+            touched.add(row[0])
+        if self.stale_after_seconds is not None:
+            stale = dt.timedelta(seconds=self.stale_after_seconds)
+            cur.execute(sql("SELECT h.host_id FROM hosts h CROSS JOIN rollout_hosts r WHERE r.host_id = h.host_id "
+                            "AND h.last_seen_at >= ? AND h.last_seen_at < ? AND r.rollout_id = ? "
+                            "AND r.admitted_at IS NULL"),
+                        (self._t(since - stale), self._t(now - stale), rollout.rollout_id))
+            touched.update(row[0] for row in cur.fetchall())
+        if control.tally is not None and control.window_start is not None:
             marks = ", ".join("?" * len(FAILURE_EVENT_KINDS))
             cur.execute(sql("SELECT e.host_id, e.kind, e.received_at FROM events e JOIN rollout_hosts r "
                             f"ON r.host_id = e.host_id WHERE e.kind IN ({marks}) AND e.received_at >= ? "
                             "AND r.rollout_id = ? AND (r.admitted_at IS NULL OR e.received_at < r.admitted_at)"),
-                        (*FAILURE_EVENT_KINDS, self._t(max(since, last.window_start)), rollout.rollout_id))
-            found = cur.fetchall()
-            if found:
-                failures = dict(failures)
-                for host_id, kind, at in found:  # one seen by the last evaluation too (in the margin) is kept once
-                    failure = (kind, from_db_time(at))
-                    if failure not in failures.get(host_id, ()):
-                        failures[host_id] = failures.get(host_id, ()) + (failure,)
-        return _Control(last.window_start, states, failures)
-
-    def _silent(self, hosts: Sequence[RolloutHost], control: _Control, now: dt.datetime) -> FrozenSet[str]:
-        """The rollout's hosts not admitted yet that the hub has not heard from for ``stale_after_seconds``."""
-        if self.stale_after_seconds is None:
-            return frozenset()
-        cutoff = now - dt.timedelta(seconds=self.stale_after_seconds)
-        silent = set()
-        for h in hosts:
-            if h.stage is None:
-                state = control.states.get(h.host_id)
-                if state is None or state.last_seen_at < cutoff:
-                    silent.add(h.host_id)
-        return frozenset(silent)
+                        (*FAILURE_EVENT_KINDS, self._t(max(since, control.window_start)), rollout.rollout_id))
+            for host_id, kind, at in cur.fetchall():  # one seen by the last evaluation too (in the margin) is kept once
+                failure = (kind, from_db_time(at))
+                if failure not in control.failures.get(host_id, ()):
+                    control.failures[host_id] = control.failures.get(host_id, ()) + (failure,)
+                    touched.add(host_id)
+        for host_id in touched:
+            self._recount(control, hosts[host_id], now)
 
     def evaluate(self, rollout_id: str) -> Optional[StageStep]:
         """Decide the next step of a running rollout and carry it out, in one transaction under its row lock;
@@ -415,37 +437,35 @@ class Rollouts:
             if last is not None and last.stage == rollout.stage and last.evaluated_at <= now \
                     and last.since_full + 1 < self.full_every and last.evaluations + 1 == evaluations:
                 since = last.evaluated_at - dt.timedelta(seconds=INCREMENTAL_MARGIN_SECONDS)
-                by_id = dict(last.hosts)
-                self._evidence(cur, rollout, by_id, now, self._changed(cur, rollout, since, now))
-                control = self._control_refreshed(cur, rollout, last.control, since)
+                by_id, tally, control = last.hosts, last.tally, last.control
+                self._evidence(cur, rollout, by_id, now, self._changed(cur, rollout, since, now), tally)
+                self._control_refreshed(cur, rollout, by_id, control, since, now)
                 since_full = last.since_full + 1
             else:  # the first here, a new stage, the clock went back, another process evaluated since, or due
                 by_id = self._hosts(cur, rollout_id)
                 self._evidence(cur, rollout, by_id, now)
-                control = self._control_read(cur, rollout, by_id)
+                tally = Tally(by_id.values())
+                control = self._control_read(cur, rollout, by_id, now)
                 since_full = 0
-            judged[:] = [_Judged(rollout.stage, now, since_full, evaluations, by_id, control)]
-            hosts = list(by_id.values())
+            judged[:] = [_Judged(rollout.stage, now, since_full, evaluations, by_id, tally, control)]
             if rollout.state == "paused":  # evidence and the tally kept current (a pass seen now stands), no decision
-                why = f"{_paused_line(rollout.paused_by)}; " \
-                      f"{waiting_line(rollout.spec, rollout.stage, rollout.stage_started_at, hosts)}"
+                waiting = waiting_line(rollout.spec, rollout.stage, rollout.stage_started_at,
+                                       tally.passed_in_stage(rollout.stage), tally.in_stage(rollout.stage))
+                why = f"{_paused_line(rollout.paused_by)}; {waiting}"
                 if rollout.stage >= 0 and why != rollout.reason:
                     cur.execute(sql("UPDATE rollouts SET reason = ? WHERE rollout_id = ?"), (why, rollout_id))
                 return None
-            silent = self._silent(hosts, control, now)
-            counts = control_counts(hosts, control.states, control.failures, silent) \
-                if rollout.spec.judge == "control" else None
-            decision = decide(rollout.spec, rollout.stage, rollout.stage_started_at, hosts, now, silent, counts)
+            counts = control.tally.counts() if control.tally is not None else None
+            decision = decide(rollout.spec, rollout.stage, rollout.stage_started_at, list(by_id.values()), now,
+                              control.silent, counts, tally)
             if decision.action == "admit":
                 judged[:] = []  # a new stage: the next evaluation is a full one
                 for host_id in decision.admit:
                     cur.execute(sql("UPDATE rollout_hosts SET stage = ?, admitted_at = ? "
                                     "WHERE rollout_id = ? AND host_id = ? AND stage IS NULL"),
                                 (decision.stage, self._t(now), rollout_id, host_id))
-                chosen = set(decision.admit)
                 explained = decision.explained()
-                reason = waiting_line(rollout.spec, decision.stage, now, [
-                    h.model_copy(update={"stage": decision.stage}) if h.host_id in chosen else h for h in hosts]) \
+                reason = waiting_line(rollout.spec, decision.stage, now, 0, len(decision.admit)) \
                     + (f"; widened: {explained}" if explained else "")
                 cur.execute(sql("UPDATE rollouts SET stage = ?, stage_started_at = ?, updated_at = ?, reason = ? "
                                 "WHERE rollout_id = ?"), (decision.stage, self._t(now), self._t(now), reason,
@@ -473,7 +493,7 @@ class Rollouts:
                         "summary": f"rollout {rollout_id} of bundle {rollout.target_serial} halted: "
                                    f"{decision.reason}",
                         "hosts": [{"host_id": h.host_id, "result": h.evidence.result, "detail": h.evidence.detail}
-                                  for h in hosts if h.evidence is not None and h.evidence.result == "fail"],
+                                  for h in tally.failed_hosts() if h.evidence is not None],
                         "judgements": [j.model_dump(mode="json") for j in decision.judgements
                                        if j.p_value is not None]}, now)
             elif decision.reason != rollout.reason:
