@@ -644,9 +644,9 @@ class RolloutWorker:
     """The rollout tick as a periodic job of the hub (agent/hub/periodic.py): the running rollouts evaluated every
     ``interval_seconds``, and soon after failing evidence arrives (``nudge``: a failure event, or a heartbeat with a
     failed health status or a failed gating workload, was stored), at most once per ``min_gap_seconds``: a halt is
-    decided within about a second, widening waits for the tick (a soak is minutes, and one evaluation of a
-    10,000-host rollout costs about half a CPU second: bench/bench_rollout.py). Every hub process runs one; the row
-    lock makes each decision once."""
+    decided within about a second, widening waits for the tick (a soak is minutes, and a full evaluation of a
+    50,000-host rollout costs about three CPU seconds, an incremental one what changed: bench/bench_rollout.py).
+    Every hub process runs one; the row lock makes each decision once."""
 
     JOB = "rollouts"
 
