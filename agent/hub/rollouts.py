@@ -475,6 +475,7 @@ class Rollouts:
                             + (f": {', '.join(decision.admit[:20])}" if decision.admit else "")
                             + (f"; {explained}" if explained else ""))
             elif decision.action in ("halt", "done"):
+                judged[:] = []  # never evaluated again: nothing to keep
                 state = "halted" if decision.action == "halt" else "done"
                 cur.execute(sql("UPDATE rollouts SET state = ?, updated_at = ?, reason = ? WHERE rollout_id = ?"),
                             (state, self._t(now), decision.reason, rollout_id))
@@ -518,8 +519,11 @@ class Rollouts:
         """Evaluate every running rollout (and keep a paused one's evidence current); how many decisions other than
         wait were made."""
         made = 0
-        for (rollout_id,) in self.store.query("rollout_list", "SELECT rollout_id FROM rollouts WHERE state IN (?, ?)",
-                                              ["running", "paused"]):
+        running = [rollout_id for (rollout_id,) in self.store.query(
+            "rollout_list", "SELECT rollout_id FROM rollouts WHERE state IN (?, ?)", ["running", "paused"])]
+        for gone in set(self._judged) - set(running):  # aborted or ended by another process: what was kept goes
+            del self._judged[gone]
+        for rollout_id in running:
             decision = self.evaluate(rollout_id)
             made += decision is not None and decision.action != "wait"
         return made

@@ -26,6 +26,7 @@ from tests.hub.factories import CUDA_12, ROCM_62, event
 from tests.hub.signing import check, signature_of
 from tests.hub.test_policy_bundles import bundle_bytes
 from tests.hub.test_rollouts import SPEC, Clock, any_store, health_beat, seed
+from tests.hub.test_rollouts import beat as rollout_beat
 
 __all__ = ["any_store"]  # the fixture, used here too
 
@@ -199,3 +200,24 @@ def test_an_incremental_evaluation_reads_by_indexes_on_sqlite(tmp_path: Path) ->
             assert any(f"USING INDEX {index} " in step for step in steps), (index, steps)
     finally:
         store.close()
+
+
+def test_a_rollout_that_ended_leaves_nothing_kept_in_the_process(any_store: SqlStore) -> None:
+    """What a process keeps of a rollout between evaluations (every host) goes when it halts, and when another
+    process aborted it, at the next tick."""
+    clock = Clock()
+    bundles, rollouts = seed(any_store, clock)
+    rid = rollouts.start(ADMIN, SPEC).rollout.rollout_id
+    clock.advance(60)
+    assert rollouts.evaluate(rid).action == "wait"  # type: ignore[union-attr]
+    assert rid in rollouts._judged
+    other = Rollouts(any_store, bundles, None, clock)
+    other.abort(ADMIN, rid)
+    rollouts.evaluate_running()
+    assert rollouts._judged == {}
+    bundles.push(ADMIN, bundle_bytes(3), signature_of(bundle_bytes(3)))
+    rid = rollouts.start(ADMIN, SPEC.model_copy(update={"target_serial": 3})).rollout.rollout_id
+    clock.advance(60)
+    any_store.ingest([[rollout_beat("amd-0", clock.now, 3, "cpu_fallback")]], received_at=clock.now)
+    assert rollouts.evaluate(rid).action == "halt"  # type: ignore[union-attr]
+    assert rollouts._judged == {}
