@@ -41,7 +41,7 @@ import math
 import re
 from itertools import islice
 from operator import attrgetter
-from typing import AbstractSet, Dict, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, Union
+from typing import AbstractSet, Collection, Dict, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 from agent.bundle.scope import pairing_text
 from agent.hub.judge import CohortJudgement, judge_cohort, summary, testable
@@ -417,7 +417,7 @@ def judge_cohorts(tally: Tally, control: Mapping[str, Tuple[int, int]]) -> List[
             for cohort, (failed, total) in sorted(admitted.items())]
 
 
-def decide(spec: RolloutSpec, stage: int, stage_started_at: Optional[dt.datetime], hosts: Sequence[RolloutHost],
+def decide(spec: RolloutSpec, stage: int, stage_started_at: Optional[dt.datetime], hosts: Collection[RolloutHost],
            now: dt.datetime, silent: AbstractSet[str] = frozenset(),
            control: Optional[Mapping[str, Tuple[int, int]]] = None, tally: Optional[Tally] = None) -> StageStep:
     """The next step of a running rollout at ``now``; ``stage`` is the open stage (-1: none opened yet); ``silent``
@@ -477,7 +477,7 @@ def decide(spec: RolloutSpec, stage: int, stage_started_at: Optional[dt.datetime
                             + (f"; {explained}" if explained else ""))
 
 
-def _to_admit(spec: RolloutSpec, stage: int, hosts: Sequence[RolloutHost],
+def _to_admit(spec: RolloutSpec, stage: int, hosts: Collection[RolloutHost],
               silent: AbstractSet[str] = frozenset()) -> List[str]:
     """Per cohort, the hosts (by host id, none of ``silent``) that fill the cohort up to the stage's quota."""
     cohorts: Dict[str, List[RolloutHost]] = {}

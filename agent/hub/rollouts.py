@@ -262,30 +262,32 @@ class Rollouts:
                                   evidence=Evidence(result=r[4], detail=r[5] or "") if r[4] else None)
                 for r in cur.fetchall()}
 
-    def _changed(self, cur: Any, rollout: RolloutRow, since: dt.datetime, now: dt.datetime) -> List[str]:
+    def _changed(self, cur: Any, rollout: RolloutRow, hosts: Dict[str, RolloutHost], since: dt.datetime,
+                 now: dt.datetime) -> List[str]:
         """The admitted hosts whose evidence can have changed since ``since``: a heartbeat or failure event received,
-        admitted, or the report deadline passed since then; each part read by an index (schema version 11). A
+        admitted, or the report deadline passed since then. Each part is read by an index (schema version 11)
+        alone, the rollout's hosts told apart here (``hosts``), so neither database walks the rollout's rows. A
         host's row is never deleted, and its gating workloads' verdicts are stored in the same commit as the
         heartbeat that carries them (``SqlStore.ingest``), so a new verdict always comes with a new
         ``heartbeat_received_at``."""
+        sql = self.store.dialect.sql
+        t = self._t(since)
+        cur.execute(sql("SELECT host_id FROM hosts WHERE heartbeat_received_at >= ?"), (t,))
+        found = {r[0] for r in cur.fetchall()}
         marks = ", ".join("?" * len(FAILURE_EVENT_KINDS))
-        rid, t = rollout.rollout_id, self._t(since)
-        # CROSS JOIN: SQLite then reads ``hosts`` first, by the index, instead of every admitted host of the rollout
-        # (on PostgreSQL it is an inner join like any other)
-        parts = ["SELECT r.host_id FROM hosts h CROSS JOIN rollout_hosts r WHERE r.host_id = h.host_id AND "
-                 "h.heartbeat_received_at >= ? AND r.rollout_id = ? AND r.admitted_at IS NOT NULL",
-                 "SELECT r.host_id FROM events e JOIN rollout_hosts r ON r.host_id = e.host_id "
-                 f"WHERE e.kind IN ({marks}) AND e.received_at >= ? AND r.rollout_id = ? "
-                 "AND r.admitted_at IS NOT NULL",
-                 "SELECT r.host_id FROM rollout_hosts r WHERE r.rollout_id = ? AND r.admitted_at >= ?"]
-        params: List[Any] = [t, rid, *FAILURE_EVENT_KINDS, t, rid, rid, t]
+        cur.execute(sql(f"SELECT host_id FROM events WHERE kind IN ({marks}) AND received_at >= ?"),
+                    (*FAILURE_EVENT_KINDS, t))
+        found.update(r[0] for r in cur.fetchall())
+        cur.execute(sql("SELECT host_id FROM rollout_hosts WHERE rollout_id = ? AND admitted_at >= ?"),
+                    (rollout.rollout_id, t))
+        found.update(r[0] for r in cur.fetchall())
         if rollout.spec.report_deadline_seconds:
             deadline = dt.timedelta(seconds=rollout.spec.report_deadline_seconds)
-            parts.append("SELECT r.host_id FROM rollout_hosts r WHERE r.rollout_id = ? AND r.admitted_at >= ? "
-                         "AND r.admitted_at <= ?")
-            params += [rid, self._t(since - deadline), self._t(now - deadline)]
-        cur.execute(self.store.dialect.sql(" UNION ".join(parts)), params)
-        return sorted(r[0] for r in cur.fetchall())
+            cur.execute(sql("SELECT host_id FROM rollout_hosts WHERE rollout_id = ? AND admitted_at >= ? "
+                            "AND admitted_at <= ?"),
+                        (rollout.rollout_id, self._t(since - deadline), self._t(now - deadline)))
+            found.update(r[0] for r in cur.fetchall())
+        return sorted(h for h in found if h in hosts and hosts[h].stage is not None)
 
     def _evidence(self, cur: Any, rollout: RolloutRow, hosts: Dict[str, RolloutHost], now: dt.datetime,
                   changed: Optional[Sequence[str]] = None, tally: Optional[Tally] = None) -> None:
@@ -391,28 +393,27 @@ class Rollouts:
             return
         sql = self.store.dialect.sql
         from_db_time = self.store.dialect.from_db_time
-        cur.execute(sql(f"SELECT {', '.join('h.' + c.strip() for c in schema.CONTROL_COLUMNS.split(','))} "
-                        "FROM hosts h CROSS JOIN rollout_hosts r WHERE r.host_id = h.host_id AND h.last_seen_at >= ? "
-                        "AND r.rollout_id = ? AND r.admitted_at IS NULL"), (self._t(since), rollout.rollout_id))
+        cur.execute(sql(f"SELECT {schema.CONTROL_COLUMNS} FROM hosts WHERE last_seen_at >= ?"), (self._t(since),))
         touched = set()
         for row in cur.fetchall():
-            control.states[row[0]] = schema.control_row_from(row, from_db_time)
-            touched.add(row[0])
+            if row[0] in hosts and hosts[row[0]].stage is None:
+                control.states[row[0]] = schema.control_row_from(row, from_db_time)
+                touched.add(row[0])
         if self.stale_after_seconds is not None:
             stale = dt.timedelta(seconds=self.stale_after_seconds)
-            cur.execute(sql("SELECT h.host_id FROM hosts h CROSS JOIN rollout_hosts r WHERE r.host_id = h.host_id "
-                            "AND h.last_seen_at >= ? AND h.last_seen_at < ? AND r.rollout_id = ? "
-                            "AND r.admitted_at IS NULL"),
-                        (self._t(since - stale), self._t(now - stale), rollout.rollout_id))
-            touched.update(row[0] for row in cur.fetchall())
+            cur.execute(sql("SELECT host_id FROM hosts WHERE last_seen_at >= ? AND last_seen_at < ?"),
+                        (self._t(since - stale), self._t(now - stale)))
+            touched.update(r[0] for r in cur.fetchall() if r[0] in hosts and hosts[r[0]].stage is None)
         if control.tally is not None and control.window_start is not None:
             marks = ", ".join("?" * len(FAILURE_EVENT_KINDS))
-            cur.execute(sql("SELECT e.host_id, e.kind, e.received_at FROM events e JOIN rollout_hosts r "
-                            f"ON r.host_id = e.host_id WHERE e.kind IN ({marks}) AND e.received_at >= ? "
-                            "AND r.rollout_id = ? AND (r.admitted_at IS NULL OR e.received_at < r.admitted_at)"),
-                        (*FAILURE_EVENT_KINDS, self._t(max(since, control.window_start)), rollout.rollout_id))
+            cur.execute(sql(f"SELECT host_id, kind, received_at FROM events WHERE kind IN ({marks}) "
+                            "AND received_at >= ?"),
+                        (*FAILURE_EVENT_KINDS, self._t(max(since, control.window_start))))
             for host_id, kind, at in cur.fetchall():  # one seen by the last evaluation too (in the margin) is kept once
                 failure = (kind, from_db_time(at))
+                host = hosts.get(host_id)
+                if host is None or (host.admitted_at is not None and failure[1] >= host.admitted_at):
+                    continue  # not in the rollout, or after its admission: its evidence, not the control
                 if failure not in control.failures.get(host_id, ()):
                     control.failures[host_id] = control.failures.get(host_id, ()) + (failure,)
                     touched.add(host_id)
@@ -438,7 +439,7 @@ class Rollouts:
                     and last.since_full + 1 < self.full_every and last.evaluations + 1 == evaluations:
                 since = last.evaluated_at - dt.timedelta(seconds=INCREMENTAL_MARGIN_SECONDS)
                 by_id, tally, control = last.hosts, last.tally, last.control
-                self._evidence(cur, rollout, by_id, now, self._changed(cur, rollout, since, now), tally)
+                self._evidence(cur, rollout, by_id, now, self._changed(cur, rollout, by_id, since, now), tally)
                 self._control_refreshed(cur, rollout, by_id, control, since, now)
                 since_full = last.since_full + 1
             else:  # the first here, a new stage, the clock went back, another process evaluated since, or due
@@ -456,7 +457,7 @@ class Rollouts:
                     cur.execute(sql("UPDATE rollouts SET reason = ? WHERE rollout_id = ?"), (why, rollout_id))
                 return None
             counts = control.tally.counts() if control.tally is not None else None
-            decision = decide(rollout.spec, rollout.stage, rollout.stage_started_at, list(by_id.values()), now,
+            decision = decide(rollout.spec, rollout.stage, rollout.stage_started_at, by_id.values(), now,
                               control.silent, counts, tally)
             if decision.action == "admit":
                 judged[:] = []  # a new stage: the next evaluation is a full one
