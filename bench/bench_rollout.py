@@ -10,12 +10,17 @@ and their evidence, decide, write) and the process CPU it took. Then a second ro
 report cpu_fallback, and the bench times the report's ingest plus the next ``evaluate`` (the worker's nudge runs
 it within about a second in a hub; here it is called directly) plus one ``offer`` for a held-back host, which then
 carries the halt. At the last stage, before its last host reports, it also times an evaluation when nothing
-changed since the last one and one after --changed hosts reported again (issue #43: an evaluation should cost what
-changed). Finally it times ``offer`` (what ``GET /v1/policy/bundle`` asks the
+changed since the last one and one after each of --changed (a comma-separated list) hosts reported again (issue
+#43: an evaluation should cost what changed). Finally it times ``offer`` (what ``GET /v1/policy/bundle`` asks the
 store) for --fetches random hosts.
+
+--code DIR runs the same measurements against the agent code in DIR (e.g. an older commit: ``git archive``);
+--before DIR runs them first against DIR, then against this checkout, so both sets of figures come from one run.
 
 Run (under a minute at 10,000 hosts):
     .venv/bin/python bench/bench_rollout.py --hosts 10000
+    mkdir /tmp/main && git archive main | tar -x -C /tmp/main
+    .venv/bin/python bench/bench_rollout.py --hosts 50000 --changed 100,1000,10000 --before /tmp/main
 """
 
 from __future__ import annotations
@@ -24,13 +29,22 @@ import argparse
 import datetime as dt
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable, List, Tuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+def _code_root() -> str:
+    """The checkout whose agent code is measured: --code DIR, else this one."""
+    if "--code" in sys.argv[:-1]:
+        return str(Path(sys.argv[sys.argv.index("--code") + 1]).resolve())
+    return str(Path(__file__).resolve().parents[1])
+
+
+sys.path.insert(0, _code_root())
 
 from agent.hub.bundles import PolicyBundles  # noqa: E402
 from agent.hub.rollout_plan import RolloutSpec  # noqa: E402
@@ -61,10 +75,10 @@ def timed_evaluate(rollouts: Rollouts, rid: str) -> Tuple[str, float, float]:
 
 
 def changed_cost(rollouts: Rollouts, rid: str, admitted: List[str], report: Callable[[List[str], int, str], None],
-                 changed: int) -> None:
+                 changed: List[int]) -> None:
     """With every host admitted and one still waiting (so the rollout stays open), what an evaluation costs when
-    nothing changed since the last one and when ``changed`` hosts reported again (issue #43: it should cost what
-    changed, not the whole fleet)."""
+    nothing changed since the last one and when each of ``changed`` hosts reported again (issue #43: it should cost
+    what changed, not the whole fleet)."""
     waiting = next(h.host_id for h in rollouts.status(rid).hosts if h.evidence is None or h.evidence.result != "pass")
     others = [h for h in admitted if h != waiting]
     report(others, 2, "pass")  # ``waiting`` has not reported yet: the rollout waits for it
@@ -75,12 +89,16 @@ def changed_cost(rollouts: Rollouts, rid: str, admitted: List[str], report: Call
     report([], 2, "pass")
     action, _, cpu_none = timed_evaluate(rollouts, rid)
     assert action == "wait", action
-    report(random.Random(43).sample(others, changed), 2, "pass")
-    action, _, cpu_some = timed_evaluate(rollouts, rid)
-    assert action == "wait", action
     print(f"  evaluate with {len(admitted):>6} admitted, 1 waiting: {cpu_all * 1000:7.1f} ms CPU; again, nothing "
-          f"changed: {cpu_none * 1000:7.1f} ms CPU; after {changed} hosts reported: {cpu_some * 1000:7.1f} ms CPU "
-          f"({cpu_some / changed * 1000:.2f} ms per changed host)")
+          f"changed: {cpu_none * 1000:7.1f} ms CPU")
+    for count in changed:
+        report(random.Random(43).sample(others, min(count, len(others))), 2, "pass")
+        action, _, cpu_some = timed_evaluate(rollouts, rid)
+        assert action == "wait", action
+        print(f"  evaluate after {count:>6} hosts reported: {cpu_some * 1000:7.1f} ms CPU "
+              f"({(cpu_some - cpu_none) / count * 1000:.3f} ms per changed host above nothing changed)")
+        report([], 2, "pass")  # the next evaluation still reads them (the margin): not timed
+        timed_evaluate(rollouts, rid)
 
 
 def main() -> int:
@@ -89,8 +107,17 @@ def main() -> int:
     parser.add_argument("--cohorts", type=int, default=8)
     parser.add_argument("--canaries", type=int, default=25)
     parser.add_argument("--fetches", type=int, default=2000)
-    parser.add_argument("--changed", type=int, default=100, help="hosts that report again between two evaluations")
+    parser.add_argument("--changed", default="100", help="hosts that report again between two evaluations "
+                                                           "(comma-separated: one evaluation each)")
+    parser.add_argument("--code", help="measure the agent code of this checkout instead of this one")
+    parser.add_argument("--before", help="first run the bench against the agent code of this checkout (--code)")
     args = parser.parse_args()
+    if args.before:
+        argv = [a for i, a in enumerate(sys.argv[1:]) if a != "--before" and sys.argv[i] != "--before"]
+        print(f"== before: the agent code of {args.before}", flush=True)
+        subprocess.run([sys.executable, __file__, *argv, "--code", args.before], check=True)
+        print(f"== after: the agent code of {_code_root()}", flush=True)
+    changed = [int(n) for n in args.changed.split(",")]
     hosts = [f"host-{i:06d}" for i in range(args.hosts)]
     cohort_of = {h: i % args.cohorts for i, h in enumerate(hosts)}
     with tempfile.TemporaryDirectory(prefix="gg-rollout-bench-") as tmp:
@@ -122,7 +149,7 @@ def main() -> int:
             admitted = [h.host_id for h in rollouts.status(rid).hosts if h.stage is not None]
             if len(admitted) == args.hosts and not quiet_done:
                 quiet_done = True
-                changed_cost(rollouts, rid, admitted, report, args.changed)
+                changed_cost(rollouts, rid, admitted, report, changed)
             report(admitted, 2, "pass")
             wall, cpu = time.perf_counter(), time.process_time()
             decision = rollouts.evaluate(rid)

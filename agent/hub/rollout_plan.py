@@ -41,7 +41,7 @@ import math
 import re
 from itertools import islice
 from operator import attrgetter
-from typing import AbstractSet, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
+from typing import AbstractSet, Collection, Dict, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 from agent.bundle.scope import pairing_text
 from agent.hub.judge import CohortJudgement, judge_cohort, summary, testable
@@ -258,10 +258,6 @@ def last_stage(spec: RolloutSpec) -> int:
     return len(spec.batches)
 
 
-def _failed(hosts: Sequence[RolloutHost]) -> List[RolloutHost]:
-    return [h for h in hosts if h.evidence is not None and h.evidence.result == "fail"]
-
-
 def _named(hosts: Sequence[RolloutHost]) -> str:
     return ", ".join(f"{h.host_id} ({h.evidence.detail if h.evidence else '?'})" for h in hosts[:10]) + (
         f" and {len(hosts) - 10} more" if len(hosts) > 10 else "")
@@ -286,6 +282,65 @@ def control_failure(window_start: dt.datetime, admitted_at: Optional[dt.datetime
     return None
 
 
+def control_contribution(start: Optional[dt.datetime], host: RolloutHost,
+                         state: Union[HostRow, ControlRow, None], failure_events: Sequence[Tuple[str, dt.datetime]],
+                         silent: bool) -> Optional[bool]:
+    """What one host adds to its cohort's control (``control_counts``): None when it does not count, else whether
+    it failed while part of the control (``control_failure``). ``start``: its cohort's window start (None: nothing
+    admitted in the cohort yet)."""
+    if start is None:
+        return None
+    admitted_at = host.admitted_at
+    if admitted_at is None:
+        if state is None or state.last_seen_at < start or silent:
+            return None  # no word from it in the window: nothing to count
+    elif admitted_at <= start:
+        return None  # admitted when the window opened: never part of the control
+    if failure_events or (admitted_at is None and state is not None
+                          and state.last_health_status in FAILED_HEALTH_STATUSES):
+        return control_failure(start, admitted_at, state, failure_events) is not None
+    return False
+
+
+def window_starts(hosts: Iterable[RolloutHost]) -> Dict[str, dt.datetime]:
+    """Per cohort with an admitted host, when its control window opened: its first admission."""
+    starts: Dict[str, dt.datetime] = {}
+    for h in hosts:
+        at = h.admitted_at
+        if at is not None and (h.cohort not in starts or at < starts[h.cohort]):
+            starts[h.cohort] = at
+    return starts
+
+
+class ControlTally:
+    """Every cohort's control (failed, hosts), kept host by host (``put``: a host's state, failure events or silence
+    changed), so an evaluation that read k hosts again updates k contributions instead of walking the fleet."""
+
+    def __init__(self, starts: Mapping[str, dt.datetime]) -> None:
+        self.starts = dict(starts)
+        self._counted: Dict[str, Tuple[str, bool]] = {}  # host_id -> (cohort, failed) of the hosts that count
+        self._counts: Dict[str, List[int]] = {cohort: [0, 0] for cohort in starts}  # failed, hosts
+
+    def put(self, host: RolloutHost, state: Union[HostRow, ControlRow, None],
+            failure_events: Sequence[Tuple[str, dt.datetime]], silent: bool) -> None:
+        """Count ``host`` as it is now (its earlier contribution taken back)."""
+        old = self._counted.pop(host.host_id, None)
+        if old is not None:
+            tally = self._counts[old[0]]
+            tally[0] -= old[1]
+            tally[1] -= 1
+        failed = control_contribution(self.starts.get(host.cohort), host, state, failure_events, silent)
+        if failed is not None:
+            self._counted[host.host_id] = (host.cohort, failed)
+            tally = self._counts[host.cohort]
+            tally[0] += failed
+            tally[1] += 1
+
+    def counts(self) -> Dict[str, Tuple[int, int]]:
+        """Per cohort with an admitted host, its control as (failed, hosts)."""
+        return {cohort: (failed, total) for cohort, (failed, total) in self._counts.items()}
+
+
 def control_counts(hosts: Sequence[RolloutHost], states: Mapping[str, Union[HostRow, ControlRow]],
                    failures: Mapping[str, Sequence[Tuple[str, dt.datetime]]],
                    silent: AbstractSet[str] = frozenset()) -> Dict[str, Tuple[int, int]]:
@@ -293,101 +348,136 @@ def control_counts(hosts: Sequence[RolloutHost], states: Mapping[str, Union[Host
     the window (since the cohort's first admission) it spent not admitted. A host not admitted counts when the hub
     heard from it in the window (``states``: its row) and it is not ``silent``; an admitted host counts for the time
     before its admission (none for the first admitted). ``failures``: each host's failure events (kind, time)."""
-    starts: Dict[str, dt.datetime] = {}
+    tally = ControlTally(window_starts(hosts))
     for h in hosts:
-        at = h.admitted_at
-        if at is not None and (h.cohort not in starts or at < starts[h.cohort]):
-            starts[h.cohort] = at
-    counts: Dict[str, List[int]] = {cohort: [0, 0] for cohort in starts}  # failed, hosts
-    for h in hosts:
-        start = starts.get(h.cohort)
-        if start is None:
-            continue
-        admitted_at, state = h.admitted_at, states.get(h.host_id)
-        if admitted_at is None:
-            if state is None or state.last_seen_at < start or h.host_id in silent:
-                continue  # no word from it in the window: nothing to count
-        elif admitted_at <= start:
-            continue  # admitted when the window opened: never part of the control
-        tally = counts[h.cohort]
-        tally[1] += 1
-        events = failures.get(h.host_id, ())
-        if events or (admitted_at is None and state is not None
-                      and state.last_health_status in FAILED_HEALTH_STATUSES):
-            tally[0] += control_failure(start, admitted_at, state, events) is not None
-    return {cohort: (failed, total) for cohort, (failed, total) in counts.items()}
+        tally.put(h, states.get(h.host_id), failures.get(h.host_id, ()), h.host_id in silent)
+    return tally.counts()
 
 
-def judge_cohorts(hosts: Sequence[RolloutHost], control: Mapping[str, Tuple[int, int]]) -> List[CohortJudgement]:
+class Tally:
+    """The counts ``decide`` reads, kept host by host (``add``, and ``add(..., -1)`` to take a host back), so an
+    evaluation that judged k hosts again costs k updates instead of a walk over the fleet: per (cohort, stage) of
+    the admitted hosts their number, passes, waits and failures, the failed admitted hosts themselves (few: they
+    name a halt), and how many hosts there are."""
+
+    def __init__(self, hosts: Iterable[RolloutHost] = ()) -> None:
+        self.cells: Dict[Tuple[str, int], List[int]] = {}  # (cohort, stage) -> [hosts, passed, waiting, failed]
+        self.failed: Dict[str, RolloutHost] = {}
+        self.hosts = 0
+        for h in hosts:
+            self.add(h)
+
+    def add(self, host: RolloutHost, sign: int = 1) -> None:
+        self.hosts += sign
+        if host.stage is None:
+            return
+        cell = self.cells.setdefault((host.cohort, host.stage), [0, 0, 0, 0])
+        cell[0] += sign
+        result = host.evidence.result if host.evidence is not None else "wait"
+        cell[{"pass": 1, "wait": 2, "fail": 3}[result]] += sign
+        if result == "fail":
+            if sign > 0:
+                self.failed[host.host_id] = host
+            else:
+                del self.failed[host.host_id]
+
+    def admitted(self) -> int:
+        return sum(cell[0] for cell in self.cells.values())
+
+    def waiting(self) -> int:
+        """Admitted hosts with no evidence yet or waiting."""
+        return sum(cell[2] for cell in self.cells.values())
+
+    def by_cohort(self) -> Dict[str, Tuple[int, int]]:
+        """Per cohort with admitted hosts: (failed, admitted)."""
+        found: Dict[str, Tuple[int, int]] = {}
+        for (cohort, _), cell in self.cells.items():
+            if cell[0]:
+                failed, total = found.get(cohort, (0, 0))
+                found[cohort] = (failed + cell[3], total + cell[0])
+        return found
+
+    def in_stage(self, stage: int, leaving: AbstractSet[str] = frozenset()) -> int:
+        """Admitted hosts of ``stage``, of cohorts not in ``leaving``."""
+        return sum(cell[0] for (cohort, at), cell in self.cells.items() if at == stage and cohort not in leaving)
+
+    def passed_in_stage(self, stage: int) -> int:
+        return sum(cell[1] for (_, at), cell in self.cells.items() if at == stage)
+
+    def failed_hosts(self) -> List[RolloutHost]:
+        """The failed admitted hosts, by host id."""
+        return [self.failed[host_id] for host_id in sorted(self.failed)]
+
+
+def judge_cohorts(tally: Tally, control: Mapping[str, Tuple[int, int]]) -> List[CohortJudgement]:
     """Every cohort with admitted hosts judged against its control (``control_counts``), by cohort name."""
-    admitted: Dict[str, Tuple[int, int]] = {}
-    for h in hosts:
-        if h.stage is not None:
-            failed, total = admitted.get(h.cohort, (0, 0))
-            admitted[h.cohort] = (failed + (h.evidence is not None and h.evidence.result == "fail"), total + 1)
+    admitted = tally.by_cohort()
     tested = sum(testable(total, control.get(cohort, (0, 0))[1]) for cohort, (_, total) in admitted.items())
     return [judge_cohort(cohort, failed, total, *control.get(cohort, (0, 0)), tested_cohorts=tested)
             for cohort, (failed, total) in sorted(admitted.items())]
 
 
-def decide(spec: RolloutSpec, stage: int, stage_started_at: Optional[dt.datetime], hosts: Sequence[RolloutHost],
+def decide(spec: RolloutSpec, stage: int, stage_started_at: Optional[dt.datetime], hosts: Collection[RolloutHost],
            now: dt.datetime, silent: AbstractSet[str] = frozenset(),
-           control: Optional[Mapping[str, Tuple[int, int]]] = None) -> StageStep:
+           control: Optional[Mapping[str, Tuple[int, int]]] = None, tally: Optional[Tally] = None) -> StageStep:
     """The next step of a running rollout at ``now``; ``stage`` is the open stage (-1: none opened yet); ``silent``
     the hosts not heard from lately, which are not admitted (they would never report) until they are back;
     ``control`` each cohort's control (failed, hosts) from ``control_counts`` (None: no control, every cohort is
-    judged by the absolute rule); pure."""
+    judged by the absolute rule); ``tally`` the counts of ``hosts`` when the caller keeps them (None: counted here),
+    so only admitting walks ``hosts``; pure."""
     if stage < 0:
         return StageStep(action="admit", stage=0, admit=_to_admit(spec, 0, hosts, silent))
-    judgements = judge_cohorts(hosts, control or {}) if spec.judge == "control" else []
+    tally = Tally(hosts) if tally is None else tally
+    judgements = judge_cohorts(tally, control or {}) if spec.judge == "control" else []
     worse = [j for j in judgements if j.worse]
+    failed = tally.failed_hosts()
     if worse:
-        failing = _failed([h for h in hosts if h.stage is not None and h.cohort in {j.cohort for j in worse}])
+        worse_cohorts = {j.cohort for j in worse}
+        failing = [h for h in failed if h.cohort in worse_cohorts]
         return StageStep(action="halt", stage=stage, judgements=judgements,
                          reason=f"{'; '.join(j.line() for j in worse[:3])}"
                                 + (f" (and {len(worse) - 3} more cohorts)" if len(worse) > 3 else "")
                                 + f": {_named(failing)}")
-    tested = {j.cohort for j in judgements if j.p_value is not None}
-    absolute = [h for h in hosts if h.cohort not in tested]  # judged by the rule alone: no control to compare with
-    canaries = [h for h in absolute if h.stage == 0]
-    failed_canaries = _failed(canaries)
+    tested = {j.cohort for j in judgements if j.p_value is not None}  # judged against their control
+    canaries = tally.in_stage(0, tested)  # the rest judged by the rule alone: no control to compare with
+    failed_canaries = [h for h in failed if h.stage == 0 and h.cohort not in tested]
     if failed_canaries:
         return StageStep(action="halt", stage=stage, judgements=judgements,
-                         reason=f"{len(failed_canaries)} of {len(canaries)} canaries failed: "
+                         reason=f"{len(failed_canaries)} of {canaries} canaries failed: "
                                 f"{_named(failed_canaries)}")
     for batch_stage in range(1, stage + 1):  # a host of an earlier batch failing later counts against its batch
-        batch = [h for h in absolute if h.stage == batch_stage]
-        failed_batch = _failed(batch)
-        if batch and failed_batch and 100.0 * len(failed_batch) / len(batch) > spec.halt_percent:
+        batch = tally.in_stage(batch_stage, tested)
+        failed_batch = [h for h in failed if h.stage == batch_stage and h.cohort not in tested]
+        if batch and failed_batch and 100.0 * len(failed_batch) / batch > spec.halt_percent:
             return StageStep(action="halt", stage=stage, judgements=judgements,
-                             reason=f"{len(failed_batch)} of {len(batch)} hosts of stage {batch_stage} failed (more "
+                             reason=f"{len(failed_batch)} of {batch} hosts of stage {batch_stage} failed (more "
                                     f"than {spec.halt_percent:g}%): {_named(failed_batch)}")
-    admitted = [h for h in hosts if h.stage is not None]
+    admitted = tally.admitted()
     explained = StageStep(action="wait", stage=stage, judgements=judgements).explained()
     # failures the judgement tolerates (not worse than the control, or at or under halt_percent of their batch) do
     # not hold the rollout back
-    if any(h.evidence is None or h.evidence.result == "wait" for h in admitted) or (
+    if tally.waiting() or (
             stage_started_at is not None and now < stage_started_at + dt.timedelta(seconds=spec.soak_seconds)):
         return StageStep(action="wait", stage=stage, judgements=judgements,
-                         reason=waiting_line(spec, stage, stage_started_at, hosts)
+                         reason=waiting_line(spec, stage, stage_started_at, tally.passed_in_stage(stage),
+                                             tally.in_stage(stage))
                          + (f"; {explained}" if explained else ""))
     following = stage + 1
-    while following <= last_stage(spec) and len(admitted) < len(hosts):
+    while following <= last_stage(spec) and admitted < tally.hosts:
         chosen = _to_admit(spec, following, hosts, silent)
         if chosen:  # a stage that would admit nobody (its quota is already met) is skipped, and so is its soak
             return StageStep(action="admit", stage=following, admit=chosen, judgements=judgements)
         following += 1
-    tolerated = _failed(admitted)
     return StageStep(action="done", stage=stage, judgements=judgements,
-                     reason=f"{len(admitted)} hosts admitted, {len(admitted) - len(tolerated)} passed"
-                            + (f", {len(tolerated)} failed within the halt rule: {_named(tolerated)}"
-                               if tolerated else "")
-                            + (f", {len(hosts) - len(admitted)} silent hosts never admitted"
-                               if len(admitted) < len(hosts) else "")
+                     reason=f"{admitted} hosts admitted, {admitted - len(failed)} passed"
+                            + (f", {len(failed)} failed within the halt rule: {_named(failed)}"
+                               if failed else "")
+                            + (f", {tally.hosts - admitted} silent hosts never admitted"
+                               if admitted < tally.hosts else "")
                             + (f"; {explained}" if explained else ""))
 
 
-def _to_admit(spec: RolloutSpec, stage: int, hosts: Sequence[RolloutHost],
+def _to_admit(spec: RolloutSpec, stage: int, hosts: Collection[RolloutHost],
               silent: AbstractSet[str] = frozenset()) -> List[str]:
     """Per cohort, the hosts (by host id, none of ``silent``) that fill the cohort up to the stage's quota."""
     cohorts: Dict[str, List[RolloutHost]] = {}
@@ -403,11 +493,10 @@ def _to_admit(spec: RolloutSpec, stage: int, hosts: Sequence[RolloutHost],
     return sorted(chosen)
 
 
-def waiting_line(spec: RolloutSpec, stage: int, stage_started_at: Optional[dt.datetime],
-                 hosts: Sequence[RolloutHost]) -> str:
-    """``waiting for stage 2 (3/3 canaries passed, soak ends 14:20)``: why the next stage is not open yet."""
-    in_stage = [h for h in hosts if h.stage == stage]
-    passed = sum(h.evidence is not None and h.evidence.result == "pass" for h in in_stage)
+def waiting_line(spec: RolloutSpec, stage: int, stage_started_at: Optional[dt.datetime], passed: int,
+                 in_stage: int) -> str:
+    """``waiting for stage 2 (3/3 canaries passed, soak ends 14:20)``: why the next stage is not open yet, from how
+    many of the stage's ``in_stage`` hosts ``passed``."""
     what = "canaries" if stage == 0 else f"stage {stage} hosts"
     soak = ""
     if stage_started_at is not None:
@@ -415,7 +504,7 @@ def waiting_line(spec: RolloutSpec, stage: int, stage_started_at: Optional[dt.da
         # a soak of half a day or more names the day too: "14:20" alone would be read as today's
         soak = f", soak ends {ends:%Y-%m-%d %H:%M} UTC" if spec.soak_seconds >= 43200 else \
             f", soak ends {ends:%H:%M} UTC"
-    return f"waiting for stage {stage + 1} ({passed}/{len(in_stage)} {what} passed{soak})"
+    return f"waiting for stage {stage + 1} ({passed}/{in_stage} {what} passed{soak})"
 
 
 def counts_by_stage(hosts: Sequence[RolloutHost]) -> Mapping[str, int]:

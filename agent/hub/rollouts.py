@@ -4,9 +4,10 @@ made exactly once across hub processes.
     start    an admin names a pushed bundle (the target) and the stages; the hosts in the target's scope (and the
              label selector) become rows of ``rollout_hosts`` with their cohort; the canaries are admitted at once
     evaluate in one transaction holding the rollout's row lock (``SELECT ... FOR UPDATE`` on PostgreSQL, BEGIN
-             IMMEDIATE on SQLite): read the hosts and their evidence (judged again only where it can have changed
-             since this process's last evaluation: ``_changed_since``, ``FULL_EVALUATION_EVERY``),
-             ``rollout_plan.decide``, write what it says
+             IMMEDIATE on SQLite): read the hosts, their evidence and the control (only what can have changed
+             since this process's last evaluation, kept in ``_Judged``, unless another process evaluated it since:
+             ``_changed``, ``_control_refreshed``, ``FULL_EVALUATION_EVERY``), ``rollout_plan.decide``, write what
+             it says
              (admit, halt with an alert, done) and audit it. Whichever hub process evaluates first decides; the
              others then see the stage already open. A restarted hub carries on from the rows.
     offer    while a rollout is running, paused or halted, its target is offered only to admitted hosts; every
@@ -30,7 +31,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import secrets
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from agent.bundle.scope import scope_facts, scope_refusal
 from agent.hub import schema, workload_stacks
@@ -40,6 +42,7 @@ from agent.hub.responses import HubHTTPError
 from agent.hub.rollout_plan import (
     ACTIVE_STATES,
     FAILURE_EVENT_KINDS,
+    ControlTally,
     Evidence,
     HostOffer,
     RolloutHost,
@@ -47,15 +50,16 @@ from agent.hub.rollout_plan import (
     RolloutSpec,
     RolloutStatus,
     StageStep,
+    Tally,
     cohort_of,
-    control_counts,
     counts_by_stage,
     decide,
     host_evidence,
     overdue,
     waiting_line,
+    window_starts,
 )
-from agent.hub.rows import BundleSummary, HostRow, utc_now
+from agent.hub.rows import BundleSummary, ControlRow, HostRow, utc_now
 from agent.hub.store import SqlStore
 from agent.hub.tokens import Principal
 from agent.log import get_logger
@@ -69,16 +73,51 @@ log = get_logger("hub.rollouts")
 # PostgreSQL advisory lock held by a start's transaction (SQLite: BEGIN IMMEDIATE), so one rollout is active at a time.
 START_LOCK_KEY = 0x67707567_0033
 HUB_ACTOR = Principal(role="admin", subject="hub")  # the actor of automatic decisions in the audit trail
-# An evaluation re-judges only the hosts whose evidence can have changed since this process's last evaluation of the
-# rollout (issue 43); a full one at least every this many evaluations (the safety net: about 5 minutes at the
-# default 10 s tick), and on the first evaluation in a process (a hub restart), after a stage change and whenever
-# the clock went back.
+# An evaluation reads and re-judges only the hosts whose evidence or control state can have changed since this
+# process's last evaluation of the rollout (issue 43); a full one at least every this many evaluations (the safety
+# net: about 5 minutes at the default 10 s tick), and on the first evaluation in a process (a hub restart), after a
+# stage change, whenever the clock went back and when another process evaluated the rollout since (its
+# ``evaluations`` counter moved).
 FULL_EVALUATION_EVERY = 30
 # How far before the last evaluation's time an incremental one looks: a report received just before it but
 # committed after it read is still seen.
 INCREMENTAL_MARGIN_SECONDS = 5.0
+# Host ids per ``IN (...)`` list when only the hosts that changed are read: well under either database's bound.
+ROWS_PER_READ = 500
 _ROLLOUT_COLUMNS = ("rollout_id, target_serial, previous_serial, spec, state, stage, stage_started_at, created_at, "
                     "created_by, updated_at, reason, paused_by")
+
+
+@dataclass
+class _Control:
+    """What the control of a rollout reads, kept between evaluations: when its window opened (the first admission;
+    None: none yet), the rows of the hosts not admitted (also what tells a silent host; empty when neither the
+    control nor the silence is used), each host's failure events (kind, received_at) in the window before its
+    admission (under judgement with a control only), the silent hosts and the control's tally (None under the
+    absolute rule)."""
+
+    window_start: Optional[dt.datetime]
+    states: Dict[str, ControlRow]
+    failures: Dict[str, Tuple[Tuple[str, dt.datetime], ...]]
+    silent: Set[str]
+    tally: Optional[ControlTally]
+
+
+@dataclass
+class _Judged:
+    """What one hub process knew of a rollout after its last evaluation (issue 43), so the next one reads only what
+    changed since: its stage then, when it ran, how many evaluations since the last full one, the rollout row's
+    ``evaluations`` counter it left (another process's evaluation since bumps it), every host with its evidence by
+    host_id (in host_id order), their tally and the control. The next evaluation updates it in place; one that
+    fails drops it (``Rollouts.evaluate``)."""
+
+    stage: int
+    evaluated_at: dt.datetime
+    since_full: int
+    evaluations: int
+    hosts: Dict[str, RolloutHost]
+    tally: Tally
+    control: _Control
 
 
 def _paused_line(paused_by: Optional[str]) -> str:
@@ -99,8 +138,8 @@ class Rollouts:
         # a host not heard from this long when a rollout starts is left out of it (None: none is)
         self.stale_after_seconds = stale_after_seconds
         self.full_every = full_every
-        # rollout_id -> (its stage, the time of this process's last evaluation, evaluations since the last full one)
-        self._last_evaluation: Dict[str, Tuple[int, dt.datetime, int]] = {}
+        # rollout_id -> what this process's last evaluation of it knew (the next one reads only what changed since)
+        self._judged: Dict[str, _Judged] = {}
 
     def _t(self, value: Optional[dt.datetime]) -> Any:
         return None if value is None else self.store.dialect.to_db_time(value)
@@ -215,150 +254,219 @@ class Rollouts:
             raise HubHTTPError(404, "not_found", f"no rollout {rollout_id}")
         return self._row(row)
 
-    def _hosts(self, cur: Any, rollout_id: str) -> List[RolloutHost]:
+    def _hosts(self, cur: Any, rollout_id: str) -> Dict[str, RolloutHost]:
+        """Every host of the rollout with its stored evidence, by host_id (in host_id order)."""
         cur.execute(self.store.dialect.sql("SELECT host_id, cohort, stage, admitted_at, evidence, evidence_detail "
                                            "FROM rollout_hosts WHERE rollout_id = ? ORDER BY host_id"), (rollout_id,))
-        return [RolloutHost(host_id=r[0], cohort=r[1], stage=r[2], admitted_at=self._from(r[3]),
-                            evidence=Evidence(result=r[4], detail=r[5] or "") if r[4] else None)
-                for r in cur.fetchall()]
+        return {r[0]: RolloutHost(host_id=r[0], cohort=r[1], stage=r[2], admitted_at=self._from(r[3]),
+                                  evidence=Evidence(result=r[4], detail=r[5] or "") if r[4] else None)
+                for r in cur.fetchall()}
 
-    def _changed_since(self, rollout: RolloutRow, since: dt.datetime, now: dt.datetime) -> Tuple[str, List[Any]]:
-        """The condition (on ``r``, the rollout_hosts row, and ``h``, its host row) and parameters naming the admitted
-        hosts whose evidence can have changed since ``since``: admitted, a heartbeat or failure event received, or
-        the report deadline passed since then, or no host row."""
+    def _changed(self, cur: Any, rollout: RolloutRow, hosts: Dict[str, RolloutHost], since: dt.datetime,
+                 now: dt.datetime) -> List[str]:
+        """The admitted hosts whose evidence can have changed since ``since``: a heartbeat or failure event received,
+        admitted, or the report deadline passed since then. Each part is read by an index (schema version 11)
+        alone, the rollout's hosts told apart here (``hosts``), so neither database walks the rollout's rows. A
+        host's row is never deleted, and its gating workloads' verdicts are stored in the same commit as the
+        heartbeat that carries them (``SqlStore.ingest``), so a new verdict always comes with a new
+        ``heartbeat_received_at``."""
+        sql = self.store.dialect.sql
+        t = self._t(since)
+        cur.execute(sql("SELECT host_id FROM hosts WHERE heartbeat_received_at >= ?"), (t,))
+        found = {r[0] for r in cur.fetchall()}
         marks = ", ".join("?" * len(FAILURE_EVENT_KINDS))
-        condition = ("(r.admitted_at >= ? OR h.host_id IS NULL OR h.heartbeat_received_at >= ? OR EXISTS (SELECT 1 "
-                     f"FROM events e WHERE e.host_id = r.host_id AND e.kind IN ({marks}) AND e.received_at >= ?)")
-        params: List[Any] = [self._t(since), self._t(since), *FAILURE_EVENT_KINDS, self._t(since)]
+        cur.execute(sql(f"SELECT host_id FROM events WHERE kind IN ({marks}) AND received_at >= ?"),
+                    (*FAILURE_EVENT_KINDS, t))
+        found.update(r[0] for r in cur.fetchall())
+        cur.execute(sql("SELECT host_id FROM rollout_hosts WHERE rollout_id = ? AND admitted_at >= ?"),
+                    (rollout.rollout_id, t))
+        found.update(r[0] for r in cur.fetchall())
         if rollout.spec.report_deadline_seconds:
             deadline = dt.timedelta(seconds=rollout.spec.report_deadline_seconds)
-            condition += " OR (r.admitted_at >= ? AND r.admitted_at <= ?)"
-            params += [self._t(since - deadline), self._t(now - deadline)]
-        return condition + ")", params
+            cur.execute(sql("SELECT host_id FROM rollout_hosts WHERE rollout_id = ? AND admitted_at >= ? "
+                            "AND admitted_at <= ?"),
+                        (rollout.rollout_id, self._t(since - deadline), self._t(now - deadline)))
+            found.update(r[0] for r in cur.fetchall())
+        return sorted(h for h in found if h in hosts and hosts[h].stage is not None)
 
-    def _evidence(self, cur: Any, rollout: RolloutRow, hosts: List[RolloutHost],
-                  now: dt.datetime, since: Optional[dt.datetime] = None) -> List[RolloutHost]:
-        """The admitted hosts' evidence now, from their heartbeats and failure events since admission, the evidence
-        they had (a pass stands) and the report deadline; with ``since``, only the hosts whose evidence can have
-        changed since then are judged again (``_changed_since``), the others keep their stored evidence, which is
-        what judging them again would give (tests/hub/test_rollout_evidence_fixpoint.py)."""
+    def _evidence(self, cur: Any, rollout: RolloutRow, hosts: Dict[str, RolloutHost], now: dt.datetime,
+                  changed: Optional[Sequence[str]] = None, tally: Optional[Tally] = None) -> None:
+        """Judge the admitted hosts again (``changed``: only those; None: every one) from their heartbeats, failure
+        events since admission and gating workloads, the evidence they had (a pass stands) and the report deadline;
+        the new evidence goes into ``hosts`` (and ``tally``) and, where it changed, the store. A host not judged
+        again keeps its
+        stored evidence, which is what judging it again would give (tests/hub/test_rollout_evidence_fixpoint.py)."""
         sql = self.store.dialect.sql
-        changed: Optional[FrozenSet[str]] = None
-        narrow, narrow_params = "", []  # type: Tuple[str, List[Any]]
-        if since is not None:
-            condition, narrow_params = self._changed_since(rollout, since, now)
-            cur.execute(sql("SELECT r.host_id FROM rollout_hosts r LEFT JOIN hosts h ON h.host_id = r.host_id "
-                            f"WHERE r.rollout_id = ? AND r.admitted_at IS NOT NULL AND {condition}"),
-                        (rollout.rollout_id, *narrow_params))
-            changed = frozenset(r[0] for r in cur.fetchall())
-            narrow = f" AND {condition}"
-        cur.execute(sql(f"SELECT {', '.join('h.' + c.strip() for c in schema.HOST_COLUMNS.split(','))} FROM hosts h "
-                        "JOIN rollout_hosts r ON r.host_id = h.host_id WHERE r.rollout_id = ? "
-                        f"AND r.admitted_at IS NOT NULL{narrow}"), (rollout.rollout_id, *narrow_params))
+        rid = rollout.rollout_id
+        if changed is None:
+            filters: List[Tuple[str, List[Any]]] = [("r.rollout_id = ? AND r.admitted_at IS NOT NULL", [rid])]
+        else:
+            filters = [(f"r.rollout_id = ? AND r.host_id IN ({', '.join('?' * len(chunk))})", [rid, *chunk])
+                       for chunk in (changed[i:i + ROWS_PER_READ] for i in range(0, len(changed), ROWS_PER_READ))]
         states: Dict[str, HostRow] = {}
-        for row in cur.fetchall():
-            state = schema.host_from_row(row, self.store.dialect.from_db_time)
-            states[state.host_id] = state
-        marks = ", ".join("?" * len(FAILURE_EVENT_KINDS))
-        # received since admission (the hub's clock; issue 43), whatever the agent's clock said
-        cur.execute(sql("SELECT e.host_id, e.kind, e.received_at FROM events e JOIN rollout_hosts r "
-                        "ON r.host_id = e.host_id WHERE r.rollout_id = ? AND r.admitted_at IS NOT NULL "
-                        f"AND e.kind IN ({marks}) AND e.received_at >= r.admitted_at"),
-                    (rollout.rollout_id, *FAILURE_EVENT_KINDS))
         failures: Dict[str, List[Tuple[str, dt.datetime]]] = {}
-        for host_id, kind, at in cur.fetchall():
-            failures.setdefault(host_id, []).append((kind, self.store.dialect.from_db_time(at)))
-        cur.execute(sql(workload_stacks.gating_verdicts_sql("r.rollout_id = ? AND r.admitted_at IS NOT NULL")),
-                    (rollout.rollout_id,))
         gating: Dict[str, List[workload_stacks.GatingVerdict]] = {}
-        for row in cur.fetchall():
-            host_id, verdict = workload_stacks.gating_verdict_of(row)
-            gating.setdefault(host_id, []).append(verdict)
-        judged = []
-        for h in hosts:
-            if h.stage is not None and h.admitted_at is not None and (changed is None or h.host_id in changed):
-                evidence = overdue(host_evidence(rollout.target_serial, h.admitted_at, states.get(h.host_id),
-                                                 failures.get(h.host_id, []), h.evidence,
-                                                 gating.get(h.host_id, ())),
-                                   h.admitted_at, now, rollout.spec)
-                if evidence != h.evidence:
-                    cur.execute(sql("UPDATE rollout_hosts SET evidence = ?, evidence_detail = ? "
-                                    "WHERE rollout_id = ? AND host_id = ?"),
-                                (evidence.result, evidence.detail, rollout.rollout_id, h.host_id))
-                h = h.model_copy(update={"evidence": evidence})
-            judged.append(h)
-        return judged
+        from_db_time = self.store.dialect.from_db_time
+        marks = ", ".join("?" * len(FAILURE_EVENT_KINDS))
+        for condition, params in filters:
+            cur.execute(sql(f"SELECT {', '.join('h.' + c.strip() for c in schema.HOST_COLUMNS.split(','))} "
+                            f"FROM hosts h JOIN rollout_hosts r ON r.host_id = h.host_id WHERE {condition}"), params)
+            for row in cur.fetchall():
+                state = schema.host_from_row(row, from_db_time)
+                states[state.host_id] = state
+            # received since admission (the hub's clock; issue 43), whatever the agent's clock said
+            cur.execute(sql("SELECT e.host_id, e.kind, e.received_at FROM events e JOIN rollout_hosts r "
+                            f"ON r.host_id = e.host_id WHERE {condition} AND r.admitted_at IS NOT NULL "
+                            f"AND e.kind IN ({marks}) AND e.received_at >= r.admitted_at"),
+                        (*params, *FAILURE_EVENT_KINDS))
+            for host_id, kind, at in cur.fetchall():
+                failures.setdefault(host_id, []).append((kind, from_db_time(at)))
+            cur.execute(sql(workload_stacks.gating_verdicts_sql(condition)), params)
+            for row in cur.fetchall():
+                host_id, verdict = workload_stacks.gating_verdict_of(row)
+                gating.setdefault(host_id, []).append(verdict)
+        for host_id in (list(hosts) if changed is None else changed):
+            h = hosts[host_id]
+            if h.stage is None or h.admitted_at is None:
+                continue
+            evidence = overdue(host_evidence(rollout.target_serial, h.admitted_at, states.get(host_id),
+                                             failures.get(host_id, []), h.evidence, gating.get(host_id, ())),
+                               h.admitted_at, now, rollout.spec)
+            if evidence != h.evidence:
+                cur.execute(sql("UPDATE rollout_hosts SET evidence = ?, evidence_detail = ? "
+                                "WHERE rollout_id = ? AND host_id = ?"),
+                            (evidence.result, evidence.detail, rid, host_id))
+                hosts[host_id] = judged = h.model_copy(update={"evidence": evidence})
+                if tally is not None:
+                    tally.add(h, -1)
+                    tally.add(judged)
 
-    def _silent(self, cur: Any, rollout_id: str, now: dt.datetime) -> FrozenSet[str]:
-        """The rollout's hosts not admitted yet that the hub has not heard from for ``stale_after_seconds``."""
-        if self.stale_after_seconds is None:
-            return frozenset()
-        cur.execute(self.store.dialect.sql(
-            "SELECT r.host_id FROM rollout_hosts r LEFT JOIN hosts h ON h.host_id = r.host_id WHERE r.rollout_id = ? "
-            "AND r.stage IS NULL AND (h.last_seen_at IS NULL OR h.last_seen_at < ?)"),
-            (rollout_id, self._t(now - dt.timedelta(seconds=self.stale_after_seconds))))
-        return frozenset(r[0] for r in cur.fetchall())
-
-    def _control(self, cur: Any, rollout: RolloutRow, hosts: List[RolloutHost],
-                 silent: FrozenSet[str]) -> Dict[str, Tuple[int, int]]:
-        """Each cohort's control (failed, hosts), ``rollout_plan.control_counts``: the rows of the hosts not admitted
-        and every failure event of the rollout's hosts before their admission, since the first admission."""
-        starts = [h.admitted_at for h in hosts if h.admitted_at is not None]
-        if not starts:
-            return {}
+    def _control_read(self, cur: Any, rollout: RolloutRow, hosts: Dict[str, RolloutHost],
+                      now: dt.datetime) -> _Control:
+        """The control read in full: the rows of the hosts not admitted (for the control and the silence; none when
+        neither is used) and, under judgement with a control, every failure event of the rollout's hosts before
+        their admission since the cohort windows opened (the first admission)."""
+        starts = window_starts(hosts.values())
+        window_start = min(starts.values()) if starts else None
+        tally = ControlTally(starts) if rollout.spec.judge == "control" else None
+        control = _Control(window_start, {}, {}, set(), tally)
+        if rollout.spec.judge != "control" and self.stale_after_seconds is None:
+            return control
         sql = self.store.dialect.sql
+        from_db_time = self.store.dialect.from_db_time
         cur.execute(sql(f"SELECT {', '.join('h.' + c.strip() for c in schema.CONTROL_COLUMNS.split(','))} "
                         "FROM hosts h JOIN rollout_hosts r ON r.host_id = h.host_id WHERE r.rollout_id = ? "
                         "AND r.admitted_at IS NULL"), (rollout.rollout_id,))
+        control.states.update((row[0], schema.control_row_from(row, from_db_time)) for row in cur.fetchall())
+        if tally is not None and window_start is not None:
+            marks = ", ".join("?" * len(FAILURE_EVENT_KINDS))
+            cur.execute(sql("SELECT e.host_id, e.kind, e.received_at FROM events e JOIN rollout_hosts r "
+                            "ON r.host_id = e.host_id WHERE r.rollout_id = ? "
+                            f"AND e.kind IN ({marks}) AND e.received_at >= ? "
+                            "AND (r.admitted_at IS NULL OR e.received_at < r.admitted_at)"),
+                        (rollout.rollout_id, *FAILURE_EVENT_KINDS, self._t(window_start)))
+            for host_id, kind, at in cur.fetchall():
+                control.failures[host_id] = control.failures.get(host_id, ()) + ((kind, from_db_time(at)),)
+        for h in hosts.values():
+            self._recount(control, h, now)
+        return control
+
+    def _recount(self, control: _Control, host: RolloutHost, now: dt.datetime) -> None:
+        """``host``'s silence and contribution to the control, from its kept row and failure events."""
+        if self.stale_after_seconds is not None and host.stage is None:
+            state = control.states.get(host.host_id)
+            if state is None or state.last_seen_at < now - dt.timedelta(seconds=self.stale_after_seconds):
+                control.silent.add(host.host_id)
+            else:
+                control.silent.discard(host.host_id)
+        if control.tally is not None:
+            control.tally.put(host, control.states.get(host.host_id), control.failures.get(host.host_id, ()),
+                              host.host_id in control.silent)
+
+    def _control_refreshed(self, cur: Any, rollout: RolloutRow, hosts: Dict[str, RolloutHost], control: _Control,
+                           since: dt.datetime, now: dt.datetime) -> None:
+        """The control of the last evaluation brought up to date, reading only what changed since ``since``: the
+        rows of the hosts not admitted that the hub heard from since then (``hosts.last_seen_at`` is the receipt of
+        the host's newest event, whatever it was), those whose last word crossed the silence bound since then, and
+        the failure events received since then; only these hosts are counted again."""
+        if rollout.spec.judge != "control" and self.stale_after_seconds is None:
+            return
+        sql = self.store.dialect.sql
         from_db_time = self.store.dialect.from_db_time
-        states = {row[0]: schema.control_row_from(row, from_db_time) for row in cur.fetchall()}
-        marks = ", ".join("?" * len(FAILURE_EVENT_KINDS))
-        cur.execute(sql("SELECT e.host_id, e.kind, e.received_at FROM events e JOIN rollout_hosts r "
-                        "ON r.host_id = e.host_id WHERE r.rollout_id = ? "
-                        f"AND e.kind IN ({marks}) AND e.received_at >= ? "
-                        "AND (r.admitted_at IS NULL OR e.received_at < r.admitted_at)"),
-                    (rollout.rollout_id, *FAILURE_EVENT_KINDS, self._t(min(starts))))
-        failures: Dict[str, List[Tuple[str, dt.datetime]]] = {}
-        for host_id, kind, at in cur.fetchall():
-            failures.setdefault(host_id, []).append((kind, self.store.dialect.from_db_time(at)))
-        return control_counts(hosts, states, failures, silent)
+        cur.execute(sql(f"SELECT {schema.CONTROL_COLUMNS} FROM hosts WHERE last_seen_at >= ?"), (self._t(since),))
+        touched = set()
+        for row in cur.fetchall():
+            if row[0] in hosts and hosts[row[0]].stage is None:
+                control.states[row[0]] = schema.control_row_from(row, from_db_time)
+                touched.add(row[0])
+        if self.stale_after_seconds is not None:
+            stale = dt.timedelta(seconds=self.stale_after_seconds)
+            cur.execute(sql("SELECT host_id FROM hosts WHERE last_seen_at >= ? AND last_seen_at < ?"),
+                        (self._t(since - stale), self._t(now - stale)))
+            touched.update(r[0] for r in cur.fetchall() if r[0] in hosts and hosts[r[0]].stage is None)
+        if control.tally is not None and control.window_start is not None:
+            marks = ", ".join("?" * len(FAILURE_EVENT_KINDS))
+            cur.execute(sql(f"SELECT host_id, kind, received_at FROM events WHERE kind IN ({marks}) "
+                            "AND received_at >= ?"),
+                        (*FAILURE_EVENT_KINDS, self._t(max(since, control.window_start))))
+            for host_id, kind, at in cur.fetchall():  # one seen by the last evaluation too (in the margin) is kept once
+                failure = (kind, from_db_time(at))
+                host = hosts.get(host_id)
+                if host is None or (host.admitted_at is not None and failure[1] >= host.admitted_at):
+                    continue  # not in the rollout, or after its admission: its evidence, not the control
+                if failure not in control.failures.get(host_id, ()):
+                    control.failures[host_id] = control.failures.get(host_id, ()) + (failure,)
+                    touched.add(host_id)
+        for host_id in touched:
+            self._recount(control, hosts[host_id], now)
 
     def evaluate(self, rollout_id: str) -> Optional[StageStep]:
         """Decide the next step of a running rollout and carry it out, in one transaction under its row lock;
         the decision (None when the rollout is not running; a paused one's evidence is brought up to date)."""
         now = self.clock()
         sql = self.store.dialect.sql
-        judged_at: List[Tuple[int, dt.datetime, int]] = []
+        judged: List[_Judged] = []
 
         def work(cur: Any) -> Optional[StageStep]:
             rollout = self._locked(cur, rollout_id)
             if rollout.state not in ("running", "paused"):
                 return None
-            last = self._last_evaluation.get(rollout_id)
-            incremental = last is not None and last[0] == rollout.stage and last[1] <= now \
-                and last[2] + 1 < self.full_every
-            since = last[1] - dt.timedelta(seconds=INCREMENTAL_MARGIN_SECONDS) if incremental and last else None
-            hosts = self._evidence(cur, rollout, self._hosts(cur, rollout_id), now, since)
-            judged_at[:] = [(rollout.stage, now, last[2] + 1 if incremental and last else 0)]
+            cur.execute(sql("UPDATE rollouts SET evaluations = evaluations + 1 WHERE rollout_id = ?"), (rollout_id,))
+            cur.execute(sql("SELECT evaluations FROM rollouts WHERE rollout_id = ?"), (rollout_id,))
+            evaluations = int(cur.fetchone()[0])
+            last = self._judged.get(rollout_id)
+            if last is not None and last.stage == rollout.stage and last.evaluated_at <= now \
+                    and last.since_full + 1 < self.full_every and last.evaluations + 1 == evaluations:
+                since = last.evaluated_at - dt.timedelta(seconds=INCREMENTAL_MARGIN_SECONDS)
+                by_id, tally, control = last.hosts, last.tally, last.control
+                self._evidence(cur, rollout, by_id, now, self._changed(cur, rollout, by_id, since, now), tally)
+                self._control_refreshed(cur, rollout, by_id, control, since, now)
+                since_full = last.since_full + 1
+            else:  # the first here, a new stage, the clock went back, another process evaluated since, or due
+                by_id = self._hosts(cur, rollout_id)
+                self._evidence(cur, rollout, by_id, now)
+                tally = Tally(by_id.values())
+                control = self._control_read(cur, rollout, by_id, now)
+                since_full = 0
+            judged[:] = [_Judged(rollout.stage, now, since_full, evaluations, by_id, tally, control)]
             if rollout.state == "paused":  # evidence and the tally kept current (a pass seen now stands), no decision
-                why = f"{_paused_line(rollout.paused_by)}; " \
-                      f"{waiting_line(rollout.spec, rollout.stage, rollout.stage_started_at, hosts)}"
+                waiting = waiting_line(rollout.spec, rollout.stage, rollout.stage_started_at,
+                                       tally.passed_in_stage(rollout.stage), tally.in_stage(rollout.stage))
+                why = f"{_paused_line(rollout.paused_by)}; {waiting}"
                 if rollout.stage >= 0 and why != rollout.reason:
                     cur.execute(sql("UPDATE rollouts SET reason = ? WHERE rollout_id = ?"), (why, rollout_id))
                 return None
-            silent = self._silent(cur, rollout_id, now)
-            control = self._control(cur, rollout, hosts, silent) if rollout.spec.judge == "control" else None
-            decision = decide(rollout.spec, rollout.stage, rollout.stage_started_at, hosts, now, silent, control)
+            counts = control.tally.counts() if control.tally is not None else None
+            decision = decide(rollout.spec, rollout.stage, rollout.stage_started_at, by_id.values(), now,
+                              control.silent, counts, tally)
             if decision.action == "admit":
-                judged_at[:] = []  # a new stage: the next evaluation is a full one
+                judged[:] = []  # a new stage: the next evaluation is a full one
                 for host_id in decision.admit:
                     cur.execute(sql("UPDATE rollout_hosts SET stage = ?, admitted_at = ? "
                                     "WHERE rollout_id = ? AND host_id = ? AND stage IS NULL"),
                                 (decision.stage, self._t(now), rollout_id, host_id))
-                chosen = set(decision.admit)
                 explained = decision.explained()
-                reason = waiting_line(rollout.spec, decision.stage, now, [
-                    h.model_copy(update={"stage": decision.stage}) if h.host_id in chosen else h for h in hosts]) \
+                reason = waiting_line(rollout.spec, decision.stage, now, 0, len(decision.admit)) \
                     + (f"; widened: {explained}" if explained else "")
                 cur.execute(sql("UPDATE rollouts SET stage = ?, stage_started_at = ?, updated_at = ?, reason = ? "
                                 "WHERE rollout_id = ?"), (decision.stage, self._t(now), self._t(now), reason,
@@ -368,6 +476,7 @@ class Rollouts:
                             + (f": {', '.join(decision.admit[:20])}" if decision.admit else "")
                             + (f"; {explained}" if explained else ""))
             elif decision.action in ("halt", "done"):
+                judged[:] = []  # never evaluated again: nothing to keep
                 state = "halted" if decision.action == "halt" else "done"
                 cur.execute(sql("UPDATE rollouts SET state = ?, updated_at = ?, reason = ? WHERE rollout_id = ?"),
                             (state, self._t(now), decision.reason, rollout_id))
@@ -386,18 +495,22 @@ class Rollouts:
                         "summary": f"rollout {rollout_id} of bundle {rollout.target_serial} halted: "
                                    f"{decision.reason}",
                         "hosts": [{"host_id": h.host_id, "result": h.evidence.result, "detail": h.evidence.detail}
-                                  for h in hosts if h.evidence is not None and h.evidence.result == "fail"],
+                                  for h in tally.failed_hosts() if h.evidence is not None],
                         "judgements": [j.model_dump(mode="json") for j in decision.judgements
                                        if j.p_value is not None]}, now)
             elif decision.reason != rollout.reason:
                 cur.execute(sql("UPDATE rollouts SET reason = ? WHERE rollout_id = ?"), (decision.reason, rollout_id))
             return decision
 
-        decision = self.store.write("rollout_evaluate", work)
-        if judged_at:
-            self._last_evaluation[rollout_id] = judged_at[0]
+        try:
+            decision = self.store.write("rollout_evaluate", work)
+        except BaseException:
+            self._judged.pop(rollout_id, None)  # rolled back: the store holds what the last evaluation left
+            raise
+        if judged:
+            self._judged[rollout_id] = judged[0]
         else:
-            self._last_evaluation.pop(rollout_id, None)
+            self._judged.pop(rollout_id, None)
         if decision is not None and decision.action != "wait":
             log.info("hub_rollout_decision", rollout_id=rollout_id, action=decision.action, stage=decision.stage,
                      admitted=len(decision.admit), reason=decision.reason)
@@ -407,8 +520,11 @@ class Rollouts:
         """Evaluate every running rollout (and keep a paused one's evidence current); how many decisions other than
         wait were made."""
         made = 0
-        for (rollout_id,) in self.store.query("rollout_list", "SELECT rollout_id FROM rollouts WHERE state IN (?, ?)",
-                                              ["running", "paused"]):
+        running = [rollout_id for (rollout_id,) in self.store.query(
+            "rollout_list", "SELECT rollout_id FROM rollouts WHERE state IN (?, ?)", ["running", "paused"])]
+        for gone in set(self._judged) - set(running):  # aborted or ended by another process: what was kept goes
+            del self._judged[gone]
+        for rollout_id in running:
             decision = self.evaluate(rollout_id)
             made += decision is not None and decision.action != "wait"
         return made
@@ -533,9 +649,9 @@ class RolloutWorker:
     """The rollout tick as a periodic job of the hub (agent/hub/periodic.py): the running rollouts evaluated every
     ``interval_seconds``, and soon after failing evidence arrives (``nudge``: a failure event, or a heartbeat with a
     failed health status or a failed gating workload, was stored), at most once per ``min_gap_seconds``: a halt is
-    decided within about a second, widening waits for the tick (a soak is minutes, and one evaluation of a
-    10,000-host rollout costs about half a CPU second: bench/bench_rollout.py). Every hub process runs one; the row
-    lock makes each decision once."""
+    decided within about a second, widening waits for the tick (a soak is minutes, and a full evaluation of a
+    50,000-host rollout costs about three CPU seconds, an incremental one what changed: bench/bench_rollout.py).
+    Every hub process runs one; the row lock makes each decision once."""
 
     JOB = "rollouts"
 

@@ -11,7 +11,9 @@
     audit     one row per push and withdrawal of a policy bundle, and per rollout decision: when, who, what
     rollouts  one row per staged rollout of a bundle (schema version 3): target and previous serial, its spec as
               JSON, state, the open stage and when it opened, why it halted (agent/hub/rollouts.py), who paused it
-              (``paused_by``, schema version 5: a typed column, never read back from the reason)
+              (``paused_by``, schema version 5: a typed column, never read back from the reason), how many
+              evaluations it had (``evaluations``, schema version 11: a hub process sees that another one evaluated
+              it since its own last evaluation)
     rollout_hosts  one row per host of a rollout: cohort, stage and time of admission, its newest evidence
     workload_stacks  one row per (workload, stack, host) (schema version 7): the verified-stack matrix
                      (agent/hub/workload_stacks.py)
@@ -40,7 +42,7 @@ from agent.hub.rows import ControlRow, HostRow
 from agent.report.events import Event
 from agent.snapshot.pairing import Pairing
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 # PostgreSQL advisory locks held while a hub creates tables: hubs starting together take turns. The store's own
 # tables and the ones the dashboard and the alert queue add later each have their key.
 SCHEMA_LOCK_KEY = 0x67707567_0001
@@ -85,6 +87,19 @@ _STAGED_COLUMN = "staged INTEGER NOT NULL DEFAULT 0"
 
 # Version 5's column of ``rollouts``: who paused it (NULL while not paused).
 _PAUSED_BY_COLUMN = "paused_by TEXT"
+# Version 11's column of ``rollouts``: how many evaluations it had, bumped by each in its locked transaction, so a hub
+# process that kept the rollout's hosts from its own last evaluation sees whether another process evaluated it since
+# (agent/hub/rollouts.py).
+_EVALUATIONS_COLUMN = "evaluations BIGINT NOT NULL DEFAULT 0"
+# Version 11's indexes: what an evaluation reads to find the hosts whose evidence or control state changed since the
+# last one (received since then, admitted or past a deadline since then) without reading every host.
+_CHANGE_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS hosts_last_seen ON hosts (last_seen_at)",
+    "CREATE INDEX IF NOT EXISTS hosts_heartbeat_received ON hosts (heartbeat_received_at)",
+    "CREATE INDEX IF NOT EXISTS events_kind_received ON events (kind, received_at)",
+    "CREATE INDEX IF NOT EXISTS rollout_hosts_admitted ON rollout_hosts (rollout_id, admitted_at)",
+    "CREATE INDEX IF NOT EXISTS workload_stacks_host ON workload_stacks (host_id)",
+)
 
 
 def _rollouts_table(timestamp_type: str) -> str:
@@ -167,7 +182,7 @@ def tables(timestamp_type: str, bytes_type: str = "BLOB", key_type: str = "INTEG
             serial BIGINT,
             detail TEXT NOT NULL)""",
         "CREATE INDEX IF NOT EXISTS audit_at ON audit (at)",
-        _rollouts_table(timestamp_type) + f",\n            {_PAUSED_BY_COLUMN})",
+        _rollouts_table(timestamp_type) + f",\n            {_PAUSED_BY_COLUMN},\n            {_EVALUATIONS_COLUMN})",
         f"""CREATE TABLE IF NOT EXISTS rollout_hosts (
             rollout_id TEXT NOT NULL,
             host_id TEXT NOT NULL,
@@ -178,6 +193,7 @@ def tables(timestamp_type: str, bytes_type: str = "BLOB", key_type: str = "INTEG
             evidence_detail TEXT,
             PRIMARY KEY (rollout_id, host_id))""",
         workload_stacks.table(timestamp_type),
+        *_CHANGE_INDEXES,
     ]
 
 
@@ -199,6 +215,8 @@ MIGRATIONS: Dict[str, Callable[[Dialect], List[str]]] = {
                            for name, kind in _HOST_UNKNOWN_VERSIONS_COLUMNS],
     "9": lambda dialect: [f"ALTER TABLE hosts ADD COLUMN {name} {kind}"
                           for name, kind in _host_receipt_columns(dialect.timestamp_type)],
+    # Version 11's indexes are made by ``tables``.
+    "10": lambda _dialect: [f"ALTER TABLE rollouts ADD COLUMN {_EVALUATIONS_COLUMN}"],
 }
 
 

@@ -272,15 +272,20 @@ _VERSION_10_COLUMNS = ("last_event_received_at", "pairing_received_at", "pairing
                        "heartbeat_received_at", "heartbeat_sequence", "clock_skew_seconds")
 
 
-def _reopened_after(store: Store, downgrade: List[str]) -> Store:
-    """``store`` taken back to an older schema (below 10: version 10's columns dropped first) by ``downgrade``, closed,
-    and opened again by a new store object."""
+def _reopened_after(store: Store, downgrade: List[str], below: int = 10) -> Store:
+    """``store`` taken back to an older schema (below 11: version 11's indexes and column dropped first; below 10:
+    version 10's columns too) by ``downgrade``, closed, and opened again by a new store object."""
+    from agent.hub import schema
     from agent.hub.store import SqlStore
 
     assert isinstance(store, SqlStore)
+    dropped = [f"DROP INDEX IF EXISTS {index.split()[5]}" for index in schema._CHANGE_INDEXES]
+    dropped.append("ALTER TABLE rollouts DROP COLUMN evaluations")
+    if below <= 10:
+        dropped += [f"ALTER TABLE hosts DROP COLUMN {name}" for name in _VERSION_10_COLUMNS]
 
     def work(cur: object) -> None:
-        for statement in [f"ALTER TABLE hosts DROP COLUMN {name}" for name in _VERSION_10_COLUMNS] + downgrade:
+        for statement in dropped + downgrade:
             cur.execute(statement)  # type: ignore[attr-defined]
 
     store.write("test", work)
@@ -422,7 +427,7 @@ def test_a_schema_version_7_database_gets_the_policy_attention_column(store: Sto
                                        "UPDATE hub_meta SET value = '7' WHERE key = 'schema_version'"])
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
-            (str(schema.SCHEMA_VERSION),)] == [("10",)]
+            (str(schema.SCHEMA_VERSION),)] == [("11",)]
         assert reopened.hosts()[0].policy_attention is None
         expired = event("host-old", at=T0 + dt.timedelta(minutes=1))
         payload = Heartbeat(agent_version="1", uptime_seconds=1.0, policy_source="bundle", policy_serial=3,
@@ -446,7 +451,7 @@ def test_a_schema_version_8_database_gets_the_unknown_versions_column(store: Sto
                                        "UPDATE hub_meta SET value = '8' WHERE key = 'schema_version'"])
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
-            (str(schema.SCHEMA_VERSION),)] == [("10",)]
+            (str(schema.SCHEMA_VERSION),)] == [("11",)]
         assert reopened.hosts()[0].unknown_versions is None
         item = UnknownVersionReport(table="amd-matrix", component="rocm", version="10.1", newest="10.0",
                                     dated="2026-12-04")
@@ -469,7 +474,7 @@ def test_a_schema_version_8_row_frozen_by_a_future_heartbeat_is_updated_after_th
     reopened = _reopened_after(store, ["UPDATE hub_meta SET value = '9' WHERE key = 'schema_version'"])
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
-            (str(schema.SCHEMA_VERSION),)] == [("10",)]
+            (str(schema.SCHEMA_VERSION),)] == [("11",)]
         [host] = reopened.hosts()
         assert host.heartbeat_received_at is None and host.clock_skew_seconds is None
         reopened.ingest([[event("host-old", kind="heartbeat", compliant=False, at=NOW + dt.timedelta(minutes=1))]],
@@ -477,5 +482,29 @@ def test_a_schema_version_8_row_frozen_by_a_future_heartbeat_is_updated_after_th
         [host] = reopened.hosts()
         assert (host.compliant, host.heartbeat_at, host.clock_skew_seconds) == (
             False, NOW + dt.timedelta(minutes=1), 0.0)
+    finally:
+        reopened.close()
+
+
+def test_a_schema_version_10_database_gets_the_evaluation_counter_and_the_change_indexes(store: Store) -> None:
+    """Version 10 to 11: rollouts get the evaluations counter (0 for the rows there) and the indexes an incremental
+    rollout evaluation reads by are made."""
+    from agent.hub import schema
+
+    store.ingest([[event("host-old", at=T0)]], received_at=NOW)
+    store.write("test", lambda cur: cur.execute(  # type: ignore[attr-defined, union-attr]
+        "INSERT INTO rollouts (rollout_id, target_serial, spec, state, stage, created_at, created_by, updated_at, "
+        "reason) VALUES ('r1', 2, '{}', 'done', 1, '2026-01-01T00:00:00+00:00', 'alice', "
+        "'2026-01-01T00:00:00+00:00', 'done')"))
+    reopened = _reopened_after(store, ["UPDATE hub_meta SET value = '10' WHERE key = 'schema_version'"], below=11)
+    try:
+        assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
+            (str(schema.SCHEMA_VERSION),)] == [("11",)]
+        assert reopened.query("test", "SELECT evaluations FROM rollouts") == [(0,)]
+        assert [h.host_id for h in reopened.hosts()] == ["host-old"]
+        listing = ("SELECT name FROM sqlite_master WHERE type = 'index'" if reopened.dialect.name == "sqlite"
+                   else "SELECT indexname FROM pg_indexes")
+        names = {row[0] for row in reopened.query("test", listing)}
+        assert {index.split()[5] for index in schema._CHANGE_INDEXES} <= names
     finally:
         reopened.close()
