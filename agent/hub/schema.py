@@ -20,7 +20,8 @@ The statements are written once with ``?`` placeholders; the dialect (``dialects
 columns of ``hosts`` move only forward on the hub's clock: by the time the hub received the events, then by the
 agent's per-host ``sequence`` (``UPSERT_HOST``; issue 43). The agent's own times (``occurred_at``) are kept as data
 and decide nothing, so a host whose clock once ran ahead is never frozen; resent events (already stored) change
-nothing. The dashboard and the alert queue keep their own tables (``create_tables`` in the store).
+nothing. Events are likewise listed, filtered "since" and pruned by ``received_at`` (schema version 11, with its
+indexes). The dashboard and the alert queue keep their own tables (``create_tables`` in the store).
 
 A database of an older schema version is migrated forward in ``create``, inside the same locked transaction
 (``MIGRATIONS``: each step's statements, then the version stored), so hubs of the new version starting together
@@ -40,7 +41,7 @@ from agent.hub.rows import ControlRow, HostRow
 from agent.report.events import Event
 from agent.snapshot.pairing import Pairing
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 # PostgreSQL advisory locks held while a hub creates tables: hubs starting together take turns. The store's own
 # tables and the ones the dashboard and the alert queue add later each have their key.
 SCHEMA_LOCK_KEY = 0x67707567_0001
@@ -76,6 +77,17 @@ def _host_receipt_columns(timestamp_type: str) -> List[Tuple[str, str]]:
     return [("last_event_received_at", timestamp_type), ("pairing_received_at", timestamp_type),
             ("pairing_sequence", "BIGINT"), ("heartbeat_received_at", timestamp_type),
             ("heartbeat_sequence", "BIGINT"), ("clock_skew_seconds", "DOUBLE PRECISION")]
+
+
+# Version 11 (issue 43, branch d43b: renumber this step if another version 11 lands first): events are listed,
+# filtered by "since" and pruned by when the hub received them (``received_at``), never by the agent's clock
+# (``occurred_at``, kept as data), so the indexes that served the agent's order give way to these.
+_RECEIPT_ORDER_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS events_host_received ON events (host_id, received_at)",
+    "CREATE INDEX IF NOT EXISTS events_kind_received ON events (kind, received_at)",
+    "CREATE INDEX IF NOT EXISTS events_received ON events (received_at)",
+)
+_OCCURRED_ORDER_INDEXES = ("events_host_occurred", "events_kind_occurred", "events_occurred")
 
 
 # Version 4's column of ``policy_bundles``: a bundle pushed staged is offered only through a staged rollout (to its
@@ -140,9 +152,7 @@ def tables(timestamp_type: str, bytes_type: str = "BLOB", key_type: str = "INTEG
             received_at {timestamp_type} NOT NULL,
             body TEXT NOT NULL,
             PRIMARY KEY (host_id, event_id))""",
-        "CREATE INDEX IF NOT EXISTS events_host_occurred ON events (host_id, occurred_at)",
-        "CREATE INDEX IF NOT EXISTS events_kind_occurred ON events (kind, occurred_at)",
-        "CREATE INDEX IF NOT EXISTS events_occurred ON events (occurred_at)",
+        *_RECEIPT_ORDER_INDEXES,
         f"""CREATE TABLE IF NOT EXISTS hosts (
             host_id TEXT PRIMARY KEY,
             hostname TEXT NOT NULL,
@@ -199,6 +209,8 @@ MIGRATIONS: Dict[str, Callable[[Dialect], List[str]]] = {
                            for name, kind in _HOST_UNKNOWN_VERSIONS_COLUMNS],
     "9": lambda dialect: [f"ALTER TABLE hosts ADD COLUMN {name} {kind}"
                           for name, kind in _host_receipt_columns(dialect.timestamp_type)],
+    # Receipt order (``_RECEIPT_ORDER_INDEXES``, which ``tables`` then makes): the agent-clock indexes go.
+    "10": lambda _dialect: [f"DROP INDEX IF EXISTS {name}" for name in _OCCURRED_ORDER_INDEXES],
 }
 
 
