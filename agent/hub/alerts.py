@@ -34,6 +34,7 @@ import requests
 from agent import __version__
 from agent.hub.alert_settings import AlertWebhook
 from agent.hub.describe import ATTENTION_MEANINGS, describe_event
+from agent.hub.host_updates import order_within_receipt
 from agent.hub.rows import utc_now
 from agent.hub.settings import HubSettings
 from agent.hub.store import SqlStore
@@ -124,9 +125,9 @@ def attention_alerts(events: Sequence[Event]) -> List[Tuple[str, Dict[str, Any]]
     among them, one per attention word it reports, keyed by host, word and the serial in force, so a host that
     keeps reporting (or resends) is alerted once, and again when a newer bundle it installs runs into it too; pure."""
     newest: Dict[str, Event] = {}
-    for ev in events:
-        if ev.payload.kind == "heartbeat" and (ev.host_id not in newest
-                                               or ev.occurred_at >= newest[ev.host_id].occurred_at):
+    for ev in events:  # received together: the agent's sequence orders them, never its clock alone
+        if ev.payload.kind == "heartbeat" and (
+                ev.host_id not in newest or order_within_receipt(ev) >= order_within_receipt(newest[ev.host_id])):
             newest[ev.host_id] = ev
     out = []
     for host_id, ev in sorted(newest.items()):

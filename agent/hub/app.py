@@ -3,7 +3,7 @@
     POST /v1/events   a host's EventBatch (host token)      -> {"accepted": [...], "duplicates": [...]}
     GET  /v1/hosts    each host's latest pairing, last seen, compliance       (reader token)
     GET  /v1/pairings hosts per driver/ROCm/CUDA/kernel pairing               (reader token)
-    GET  /v1/drift    hosts with drift/regression/fallback/violation/rollback events since a time (reader)
+    GET  /v1/drift    hosts with drift/regression/fallback/violation/rollback events received since a time (reader)
     GET  /v1/events   stored events by host, kind, time                        (reader token)
     POST /v1/policy/bundles                 store a signed policy bundle (admin token; 409 unless its serial is new)
     GET  /v1/policy/bundles                 every stored bundle, newest first (reader or admin)
@@ -322,16 +322,18 @@ def _add_fleet_routes(app: FastAPI, store: SqlStore, clock: Callable[[], dt.date
     @app.get("/v1/drift", response_model=DriftResponse, summary="Hosts that drifted or regressed since a time",
              responses=_READ_ERRORS, dependencies=[Depends(require_reader)])
     def get_drift(since: Optional[dt.datetime] = Query(
-            None, description="ISO 8601 time; without offset it is UTC; default: 24 hours ago")) -> Response:
+            None, description="ISO 8601 time, on the hub's clock (events it received since then); without offset "
+                              "it is UTC; default: 24 hours ago")) -> Response:
         start = _since(since, clock() - _DEFAULT_DRIFT_WINDOW)
         hosts = drift_hosts(read(lambda: store.drift(start, DRIFT_KINDS)))
         return json_response(DriftResponse(since=start, kinds=list(DRIFT_KINDS), host_count=len(hosts), hosts=hosts))
 
-    @app.get(INGEST_PATH, response_model=EventsResponse, summary="Stored events, newest first by default",
+    @app.get(INGEST_PATH, response_model=EventsResponse, summary="Stored events, the last received first by default",
              responses=_READ_ERRORS, dependencies=[Depends(require_reader)])
     def get_events(host_id: Optional[str] = Query(None, min_length=1, max_length=128),
                    kind: Optional[PayloadKind] = Query(None),
-                   since: Optional[dt.datetime] = Query(None, description="ISO 8601; without offset it is UTC"),
+                   since: Optional[dt.datetime] = Query(None, description="ISO 8601, on the hub's clock (events it "
+                                                        "received since then); without offset it is UTC"),
                    limit: int = Query(100, ge=1, le=1000),
                    order: Literal["desc", "asc"] = Query("desc")) -> Response:
         query = EventQuery(host_id=host_id, kind=kind, since=_since(since, None), limit=limit,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from agent.hub.rows import DriftRow, HostRow
+from agent.hub.rows import DriftRow, HostRow, skew_beyond_bound
 from agent.models import FrozenModel
 from agent.wire import UNKNOWN_TABLES
 
@@ -34,20 +34,28 @@ class PairingCount(PairingKey):
 
 
 class DriftKindSummary(FrozenModel):
-    """Events of one kind on one host in the window."""
+    """Events of one kind on one host in the window: received first and last (the hub's clock), and the times the
+    agent gave them (its own clock, as data)."""
 
     event_count: int
-    first_at: dt.datetime
-    last_at: dt.datetime
+    first_received_at: dt.datetime
+    last_received_at: dt.datetime
+    first_occurred_at: dt.datetime
+    last_occurred_at: dt.datetime
 
 
 class DriftHost(FrozenModel):
-    """A host that drifted, regressed, fell back to CPU, violated policy or rolled back in the window."""
+    """A host that drifted, regressed, fell back to CPU, violated policy or rolled back in the window (received by
+    the hub in it), with its clock skew (``HostRow.clock_skew_seconds``: its agent times less the hub's)."""
 
     host_id: str
     hostname: str
-    first_at: dt.datetime
-    last_at: dt.datetime
+    first_received_at: dt.datetime
+    last_received_at: dt.datetime
+    first_occurred_at: dt.datetime
+    last_occurred_at: dt.datetime
+    clock_skew_seconds: Optional[float] = None
+    clock_skewed: bool = False
     event_count: int
     kinds: Dict[str, DriftKindSummary]
 
@@ -83,7 +91,7 @@ def pairing_counts(hosts: Sequence[HostRow]) -> Tuple[List[PairingCount], int]:
 
 
 def drift_hosts(rows: Sequence[DriftRow]) -> List[DriftHost]:
-    """Per-host drift summaries, the host that drifted first first."""
+    """Per-host drift summaries, the host whose drift the hub received first first (never by the agent's clock)."""
     by_host: Dict[str, List[DriftRow]] = {}
     for row in rows:
         by_host.setdefault(row.host_id, []).append(row)
@@ -91,9 +99,17 @@ def drift_hosts(rows: Sequence[DriftRow]) -> List[DriftHost]:
     for host_id, host_rows in by_host.items():
         out.append(DriftHost(
             host_id=host_id, hostname=host_rows[0].hostname,
-            first_at=min(r.first_at for r in host_rows), last_at=max(r.last_at for r in host_rows),
+            first_received_at=min(r.first_received_at for r in host_rows),
+            last_received_at=max(r.last_received_at for r in host_rows),
+            first_occurred_at=min(r.first_occurred_at for r in host_rows),
+            last_occurred_at=max(r.last_occurred_at for r in host_rows),
+            clock_skew_seconds=host_rows[0].clock_skew_seconds,
+            clock_skewed=skew_beyond_bound(host_rows[0].clock_skew_seconds),
             event_count=sum(r.event_count for r in host_rows),
-            kinds={r.kind: DriftKindSummary(event_count=r.event_count, first_at=r.first_at, last_at=r.last_at)
+            kinds={r.kind: DriftKindSummary(event_count=r.event_count, first_received_at=r.first_received_at,
+                                            last_received_at=r.last_received_at,
+                                            first_occurred_at=r.first_occurred_at,
+                                            last_occurred_at=r.last_occurred_at)
                    for r in sorted(host_rows, key=lambda r: r.kind)}))
-    out.sort(key=lambda h: (h.first_at, h.host_id))
+    out.sort(key=lambda h: (h.first_received_at, h.host_id))
     return out

@@ -48,7 +48,9 @@ class HostUpdate(NamedTuple):
     fresh: bool = True  # False: every event of the host in the set was stored before (only last_seen_at moves)
 
 
-def _order_key(event: Event) -> Tuple[int, dt.datetime]:
+def order_within_receipt(event: Event) -> Tuple[int, dt.datetime]:
+    """How one host's events received together order, oldest first: by the agent's sequence, its clock only
+    breaking ties (agents that send no sequence)."""
     return event.sequence, utc(event.occurred_at)
 
 
@@ -61,7 +63,7 @@ def summarize_hosts(events: Sequence[Event],
         by_host.setdefault(event.host_id, []).append(event)
     updates = []
     for host_id in sorted(by_host):
-        ordered = sorted(by_host[host_id], key=_order_key)
+        ordered = sorted(by_host[host_id], key=order_within_receipt)
         newest = ordered[-1]
         fields: Dict[str, Any] = {"host_id": host_id, "hostname": newest.hostname,
                                   "last_event_at": utc(newest.occurred_at), "last_sequence": newest.sequence}

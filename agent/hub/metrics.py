@@ -12,7 +12,7 @@ Fleet figures are read from the database at each scrape (grouped queries over ``
     gpuguard_hub_hosts_by_rollback_coverage{coverage}  hosts by their newest heartbeat's rollback coverage:
                                                     complete, incomplete, inexact, unknown
     gpuguard_hub_guarded_packages_not_restorable    guarded packages no kept file can restore, all hosts together
-    gpuguard_hub_events_last_hour{kind,severity}    events (not heartbeats) that occurred in the last hour
+    gpuguard_hub_events_last_hour{kind,severity}    events (not heartbeats) the hub received in the last hour
     gpuguard_hub_alert_deliveries{webhook,state}    alert webhook deliveries: pending, delivered, dead
     gpuguard_hub_policy_newest_serial               the newest policy bundle not withdrawn (0: none)
     gpuguard_hub_host_policy_serial{host_id}        per host, the serial of the bundle it enforces (hosts with one)
@@ -131,7 +131,8 @@ class FleetCollector:
         no_pairing = GaugeMetricFamily("gpuguard_hub_hosts_without_pairing", "Hosts that reported no pairing yet.")
         no_pairing.add_metric([], without)
         recent = GaugeMetricFamily("gpuguard_hub_events_last_hour",
-                                   "Events other than heartbeats that occurred in the last hour, by kind and severity.",
+                                   "Events other than heartbeats the hub received in the last hour, by kind and "
+                                   "severity.",
                                    labels=["kind", "severity"])
         for row in events:
             recent.add_metric([row.kind, row.severity], row.event_count)

@@ -5,7 +5,9 @@ into one (apscheduler's ``max_instances=1``, ``coalesce=True``). ``run_soon`` mo
 rollout tick when failing evidence arrives), never sooner than ``min_gap_seconds`` after its last run ended; asked
 while the job runs, it runs the job again right after (``min_gap_seconds`` later, on the same thread): apscheduler
 would skip a run due while one is in flight, so the nudge would wait for the next interval (issue #43). A job
-that raises is logged and runs again at its next time: periodic work never takes the hub down.
+that raises is logged and runs again at its next time: periodic work never takes the hub down. A run longer than
+its interval (a rollout evaluation over a large fleet on a busy machine: its next tick is merged into it) is logged
+as ``hub_periodic_job_overran`` with both times, so an operator (and bench/bench_hub_load.py) sees the ticks lost.
 
 The hub is a long-running server whose memory is not the agent's budget, so it uses apscheduler; the agent's
 resident daemon schedules with a small stdlib loop instead (agent/daemon_jobs/scheduler.py: apscheduler's imports
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from typing import Callable, Dict, List, Set
 
 from apscheduler.executors.pool import ThreadPoolExecutor
@@ -40,6 +43,7 @@ class Periodic:
         self._running = 0
         self._last_ended: Dict[str, dt.datetime] = {}
         self._min_gap_seconds: Dict[str, float] = {}
+        self._interval_seconds: Dict[str, float] = {}
         self._in_flight: Set[str] = set()
         self._again: Set[str] = set()  # asked to run soon while in flight: run again once the run ends
         self._stopping = threading.Event()
@@ -48,6 +52,7 @@ class Periodic:
             min_gap_seconds: float = 0.0) -> None:
         """Run ``body`` every ``interval_seconds``, the first time ``first_after_seconds`` after ``start``."""
         self._min_gap_seconds[name] = min(min_gap_seconds, interval_seconds)
+        self._interval_seconds[name] = interval_seconds
         self._scheduler.add_job(self._guarded, "interval", args=(name, body), id=name, name=name,
                                 seconds=interval_seconds,
                                 next_run_time=_now() + dt.timedelta(seconds=first_after_seconds))
@@ -106,14 +111,19 @@ class Periodic:
                 self._running -= 1
                 self._idle.notify_all()
 
-    @staticmethod
-    def _run_once(name: str, body: Callable[[], object]) -> None:
+    def _run_once(self, name: str, body: Callable[[], object]) -> None:
+        started = time.monotonic()
         try:
             body()
         except StoreError as exc:  # logged by the store; the next run tries again
             log.warning("hub_periodic_job_failed", job=name, error=exc.reason)
         except Exception as exc:  # noqa: BLE001 - never take the hub down for periodic work
             log.error("hub_periodic_job_failed", job=name, error=repr(exc))
+        duration_seconds = time.monotonic() - started
+        interval_seconds = self._interval_seconds.get(name, 0.0)
+        if duration_seconds > interval_seconds:
+            log.warning("hub_periodic_job_overran", job=name, duration_seconds=round(duration_seconds, 3),
+                        interval_seconds=interval_seconds)
 
 
 def _now() -> dt.datetime:

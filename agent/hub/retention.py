@@ -4,6 +4,11 @@
     every other kind kept ``retention_event_days`` (default 90); older ones deleted
     never deleted    each host's newest event of each kind, and the ``hosts`` table (the latest state of a host)
 
+Old means received long enough ago by the hub's clock (``events.received_at``; issue 43), never by the time the
+agent gave the event: an agent whose clock runs a year ahead cannot keep its events forever, nor one whose clock
+runs behind get its fresh events deleted at once. A host's newest event of a kind is the one received last (within
+one commit, the higher sequence), as ``hosts`` reads it.
+
 A heartbeat carries nothing that is not also in the ``hosts`` row (pairing, compliance, last health status,
 agent version) or in an event of its own when it changes (snapshot_changed, policy_violation, health_regression),
 so old heartbeats are simply dropped rather than aggregated. 0 keeps a kind forever.
@@ -42,7 +47,8 @@ class RetentionPolicy:
     event_days: float = 90.0
 
     def cutoffs(self, now: dt.datetime) -> Dict[str, dt.datetime]:
-        """Per kind, the time before which its events go (kinds kept forever are absent). Pure."""
+        """Per kind, the receipt time (the hub's clock) before which its events go (kinds kept forever are absent).
+        Pure."""
         out: Dict[str, dt.datetime] = {}
         for kind in PAYLOAD_KINDS:
             if kind == "heartbeat":
@@ -60,7 +66,8 @@ class PrunableStore(Protocol):
         """True when this process should run the pass now."""
 
     def prune_batch(self, kind: str, cutoff: dt.datetime, limit: int) -> int:
-        """Delete up to ``limit`` old events of ``kind`` (never a host's newest); how many went."""
+        """Delete up to ``limit`` events of ``kind`` received before ``cutoff`` (never a host's newest); how many
+        went."""
 
 
 def run_pass(store: PrunableStore, policy: RetentionPolicy, now: dt.datetime, batch_rows: int,

@@ -81,12 +81,16 @@ class HostRow(FrozenModel):
     @property
     def clock_skewed(self) -> bool:
         """The clock skew is beyond agent/wire.py's CLOCK_SKEW_BOUND_SECONDS either way."""
-        skew = self.clock_skew_seconds
-        return skew is not None and abs(skew) > CLOCK_SKEW_BOUND_SECONDS
+        return skew_beyond_bound(self.clock_skew_seconds)
 
     def health_checked_on_hub_clock(self) -> Optional[dt.datetime]:
         """When the last health check finished, on the hub's clock (:func:`checked_on_hub_clock`)."""
         return checked_on_hub_clock(self.last_health_at, self.heartbeat_at, self.heartbeat_received_at)
+
+
+def skew_beyond_bound(clock_skew_seconds: Optional[float]) -> bool:
+    """A host's clock skew is beyond agent/wire.py's CLOCK_SKEW_BOUND_SECONDS either way (None: not known)."""
+    return clock_skew_seconds is not None and abs(clock_skew_seconds) > CLOCK_SKEW_BOUND_SECONDS
 
 
 def checked_on_hub_clock(last_health_at: Optional[dt.datetime], heartbeat_at: Optional[dt.datetime],
@@ -100,18 +104,23 @@ def checked_on_hub_clock(last_health_at: Optional[dt.datetime], heartbeat_at: Op
 
 
 class DriftRow(FrozenModel):
-    """Events of one drift kind on one host since a time."""
+    """Events of one drift kind on one host the hub received since a time: when it received the first and the last
+    (its clock, which orders them), the times the agent gave them (its clock, shown as data) and the host's clock
+    skew from its newest heartbeat (None before one)."""
 
     host_id: str
     hostname: str
     kind: str
     event_count: int
-    first_at: dt.datetime
-    last_at: dt.datetime
+    first_received_at: dt.datetime
+    last_received_at: dt.datetime
+    first_occurred_at: dt.datetime
+    last_occurred_at: dt.datetime
+    clock_skew_seconds: Optional[float] = None
 
 
 class EventQuery(FrozenModel):
-    """Filters of GET /v1/events."""
+    """Filters of GET /v1/events; ``since`` and the order are the hub's receipt (its clock)."""
 
     host_id: Optional[str] = None
     kind: Optional[str] = None

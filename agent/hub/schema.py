@@ -22,7 +22,8 @@ The statements are written once with ``?`` placeholders; the dialect (``dialects
 columns of ``hosts`` move only forward on the hub's clock: by the time the hub received the events, then by the
 agent's per-host ``sequence`` (``UPSERT_HOST``; issue 43). The agent's own times (``occurred_at``) are kept as data
 and decide nothing, so a host whose clock once ran ahead is never frozen; resent events (already stored) change
-nothing. The dashboard and the alert queue keep their own tables (``create_tables`` in the store).
+nothing. Events are likewise listed, filtered "since" and pruned by ``received_at`` (schema version 12, with its
+indexes). The dashboard and the alert queue keep their own tables (``create_tables`` in the store).
 
 A database of an older schema version is migrated forward in ``create``, inside the same locked transaction
 (``MIGRATIONS``: each step's statements, then the version stored), so hubs of the new version starting together
@@ -42,7 +43,7 @@ from agent.hub.rows import ControlRow, HostRow
 from agent.report.events import Event
 from agent.snapshot.pairing import Pairing
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 # PostgreSQL advisory locks held while a hub creates tables: hubs starting together take turns. The store's own
 # tables and the ones the dashboard and the alert queue add later each have their key.
 SCHEMA_LOCK_KEY = 0x67707567_0001
@@ -80,6 +81,17 @@ def _host_receipt_columns(timestamp_type: str) -> List[Tuple[str, str]]:
             ("heartbeat_sequence", "BIGINT"), ("clock_skew_seconds", "DOUBLE PRECISION")]
 
 
+# Version 12 (issue 43): events are listed,
+# filtered by "since" and pruned by when the hub received them (``received_at``), never by the agent's clock
+# (``occurred_at``, kept as data), so the indexes that served the agent's order give way to these.
+_RECEIPT_ORDER_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS events_host_received ON events (host_id, received_at)",
+    "CREATE INDEX IF NOT EXISTS events_kind_received ON events (kind, received_at)",
+    "CREATE INDEX IF NOT EXISTS events_received ON events (received_at)",
+)
+_OCCURRED_ORDER_INDEXES = ("events_host_occurred", "events_kind_occurred", "events_occurred")
+
+
 # Version 4's column of ``policy_bundles``: a bundle pushed staged is offered only through a staged rollout (to its
 # admitted hosts) until the rollout is done.
 _STAGED_COLUMN = "staged INTEGER NOT NULL DEFAULT 0"
@@ -96,7 +108,7 @@ _EVALUATIONS_COLUMN = "evaluations BIGINT NOT NULL DEFAULT 0"
 _CHANGE_INDEXES = (
     "CREATE INDEX IF NOT EXISTS hosts_last_seen ON hosts (last_seen_at)",
     "CREATE INDEX IF NOT EXISTS hosts_heartbeat_received ON hosts (heartbeat_received_at)",
-    "CREATE INDEX IF NOT EXISTS events_kind_received ON events (kind, received_at)",
+    # events (kind, received_at) too: version 12's events_kind_received
     "CREATE INDEX IF NOT EXISTS rollout_hosts_admitted ON rollout_hosts (rollout_id, admitted_at)",
     "CREATE INDEX IF NOT EXISTS workload_stacks_host ON workload_stacks (host_id)",
 )
@@ -155,9 +167,7 @@ def tables(timestamp_type: str, bytes_type: str = "BLOB", key_type: str = "INTEG
             received_at {timestamp_type} NOT NULL,
             body TEXT NOT NULL,
             PRIMARY KEY (host_id, event_id))""",
-        "CREATE INDEX IF NOT EXISTS events_host_occurred ON events (host_id, occurred_at)",
-        "CREATE INDEX IF NOT EXISTS events_kind_occurred ON events (kind, occurred_at)",
-        "CREATE INDEX IF NOT EXISTS events_occurred ON events (occurred_at)",
+        *_RECEIPT_ORDER_INDEXES,
         f"""CREATE TABLE IF NOT EXISTS hosts (
             host_id TEXT PRIMARY KEY,
             hostname TEXT NOT NULL,
@@ -217,6 +227,8 @@ MIGRATIONS: Dict[str, Callable[[Dialect], List[str]]] = {
                           for name, kind in _host_receipt_columns(dialect.timestamp_type)],
     # Version 11's indexes are made by ``tables``.
     "10": lambda _dialect: [f"ALTER TABLE rollouts ADD COLUMN {_EVALUATIONS_COLUMN}"],
+    # Receipt order (``_RECEIPT_ORDER_INDEXES``, which ``tables`` then makes): the agent-clock indexes go.
+    "11": lambda _dialect: [f"DROP INDEX IF EXISTS {name}" for name in _OCCURRED_ORDER_INDEXES],
 }
 
 

@@ -52,16 +52,16 @@ class Store(Protocol):
         """Every host, by host_id."""
 
     def drift(self, since: dt.datetime, kinds: Sequence[str] = DRIFT_KINDS) -> List[DriftRow]:
-        """Per host and kind, the drift events that occurred at or after ``since``."""
+        """Per host and kind, the drift events the hub received at or after ``since`` (its clock)."""
 
     def events(self, query: EventQuery) -> List[StoredEvent]:
-        """Stored events matching the query, by occurred_at."""
+        """Stored events matching the query, in the order the hub received them."""
 
     def claim_retention_pass(self, now: dt.datetime, min_interval_seconds: float) -> bool:
         """True when this process should run a retention pass now (see ``agent.hub.retention``)."""
 
     def prune_batch(self, kind: str, cutoff: dt.datetime, limit: int) -> int:
-        """Delete up to ``limit`` events of ``kind`` older than ``cutoff``, never a host's newest of that kind."""
+        """Delete up to ``limit`` events of ``kind`` received before ``cutoff``, never a host's newest of that kind."""
 
 
 class SqlStore:
@@ -191,13 +191,16 @@ class SqlStore:
         return self.write("retention", work)
 
     def prune_batch(self, kind: str, cutoff: dt.datetime, limit: int) -> int:
-        """Delete up to ``limit`` events of ``kind`` that occurred before ``cutoff``, never a host's newest event of
-        that kind; the number deleted (fewer than ``limit``: nothing more to do for this kind)."""
+        """Delete up to ``limit`` events of ``kind`` the hub received before ``cutoff`` (its clock: an agent's clock,
+        ahead or behind, neither keeps its events forever nor gets fresh ones deleted), never a host's newest event of
+        that kind (received last; within one commit, the higher sequence); the number deleted (fewer than
+        ``limit``: nothing more to do for this kind)."""
         sql = self.dialect.sql(
             "DELETE FROM events WHERE (host_id, event_id) IN ("
-            "SELECT e.host_id, e.event_id FROM events e WHERE e.kind = ? AND e.occurred_at < ? AND EXISTS ("
-            "SELECT 1 FROM events n WHERE n.host_id = e.host_id AND n.occurred_at > e.occurred_at AND n.kind = e.kind)"
-            " ORDER BY e.occurred_at LIMIT ?)")
+            "SELECT e.host_id, e.event_id FROM events e WHERE e.kind = ? AND e.received_at < ? AND EXISTS ("
+            "SELECT 1 FROM events n WHERE n.host_id = e.host_id AND n.kind = e.kind AND (n.received_at > e.received_at"
+            " OR (n.received_at = e.received_at AND n.sequence > e.sequence)))"
+            " ORDER BY e.received_at LIMIT ?)")
 
         def work(cur: Any) -> int:
             cur.execute(sql, (kind, self.dialect.to_db_time(cutoff), limit))
@@ -221,14 +224,17 @@ class SqlStore:
         marks = ", ".join("?" * len(kinds))
         rows = self.query(
             "drift",
-            "SELECT e.host_id, COALESCE(h.hostname, MIN(e.hostname)), e.kind, COUNT(*), MIN(e.occurred_at), "
-            "MAX(e.occurred_at) FROM events e LEFT JOIN hosts h ON h.host_id = e.host_id "
-            f"WHERE e.occurred_at >= ? AND e.kind IN ({marks}) "
-            "GROUP BY e.host_id, h.hostname, e.kind ORDER BY e.host_id, e.kind",
+            "SELECT e.host_id, COALESCE(h.hostname, MIN(e.hostname)), e.kind, COUNT(*), MIN(e.received_at), "
+            "MAX(e.received_at), MIN(e.occurred_at), MAX(e.occurred_at), h.clock_skew_seconds "
+            "FROM events e LEFT JOIN hosts h ON h.host_id = e.host_id "
+            f"WHERE e.received_at >= ? AND e.kind IN ({marks}) "
+            "GROUP BY e.host_id, h.hostname, h.clock_skew_seconds, e.kind ORDER BY e.host_id, e.kind",
             [self.dialect.to_db_time(since), *kinds])
         from_db_time = self.dialect.from_db_time
         return [DriftRow(host_id=r[0], hostname=r[1], kind=r[2], event_count=r[3],
-                         first_at=from_db_time(r[4]), last_at=from_db_time(r[5])) for r in rows]
+                         first_received_at=from_db_time(r[4]), last_received_at=from_db_time(r[5]),
+                         first_occurred_at=from_db_time(r[6]), last_occurred_at=from_db_time(r[7]),
+                         clock_skew_seconds=r[8]) for r in rows]
 
     def events(self, query: EventQuery) -> List[StoredEvent]:
         where, params = [], []
@@ -239,11 +245,11 @@ class SqlStore:
             where.append("kind = ?")
             params.append(query.kind)
         if query.since is not None:
-            where.append("occurred_at >= ?")
+            where.append("received_at >= ?")
             params.append(self.dialect.to_db_time(query.since))
         order = "DESC" if query.newest_first else "ASC"
         sql = (f"SELECT body, received_at FROM events {'WHERE ' + ' AND '.join(where) if where else ''} "
-               f"ORDER BY occurred_at {order}, host_id {order}, sequence {order}, event_id {order} LIMIT ?")
+               f"ORDER BY received_at {order}, host_id {order}, sequence {order}, event_id {order} LIMIT ?")
         rows = self.query("events", sql, [*params, query.limit])
         return [StoredEvent(body=r[0], received_at=self.dialect.from_db_time(r[1])) for r in rows]
 

@@ -3,11 +3,12 @@ throwaway PostgreSQL server (session-wide; in CI it must start, locally it may b
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import os
 import warnings
 from pathlib import Path
-from typing import Dict, Iterator, NoReturn
+from typing import Dict, Iterator, NoReturn, Optional
 
 import pytest
 
@@ -52,9 +53,25 @@ def settings(tmp_path: Path, tokens_file: Path, tokens: Dict[str, str]) -> HubSe
                        max_body_bytes=64 * 1024, tokens_reload_seconds=0, policy_keys_dir=keys_dir())
 
 
+class HubClock:
+    """The hub's clock in a test: real time until the test sets ``at`` (then that time, e.g. when events arrive)."""
+
+    def __init__(self) -> None:
+        self.at: Optional[dt.datetime] = None
+
+    def __call__(self) -> dt.datetime:
+        return self.at or dt.datetime.now(dt.timezone.utc)
+
+
+@pytest.fixture
+def hub_clock() -> HubClock:
+    return HubClock()
+
+
 @pytest.fixture(params=["fast-ingest", "routed-ingest"])
-def client(request: pytest.FixtureRequest, settings: HubSettings) -> Iterator["object"]:
-    """A TestClient over the app with SQLite in tmp_path; the lifespan (store, writer) runs for the test.
+def client(request: pytest.FixtureRequest, settings: HubSettings, hub_clock: HubClock) -> Iterator["object"]:
+    """A TestClient over the app with SQLite in tmp_path, on ``hub_clock``; the lifespan (store, writer) runs for the
+    test.
 
     Every test runs twice: POST /v1/events by the direct ASGI path and by FastAPI's routing; answers must agree.
     """
@@ -63,7 +80,8 @@ def client(request: pytest.FixtureRequest, settings: HubSettings) -> Iterator["o
     from agent.hub.app import create_app
     from agent.hub.store import make_store
 
-    app = create_app(settings, make_store(settings.database_url), fast_ingest=request.param == "fast-ingest")
+    app = create_app(settings, make_store(settings.database_url), clock=hub_clock,
+                     fast_ingest=request.param == "fast-ingest")
     with TestClient(app) as test_client:
         yield test_client
 

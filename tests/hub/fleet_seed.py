@@ -65,14 +65,18 @@ def fleet_events(now: dt.datetime = NOW) -> Dict[str, List[Event]]:
 
 
 def seed(database_url: str, now: dt.datetime = NOW) -> Dict[str, List[Event]]:
-    """Store the fleet; the stale host was last heard from two days ago, the others just now."""
+    """Store the fleet, each event received at the time it carries (the hub orders and ages events by receipt); the
+    stale host was last heard from two days ago, the others just now (their newest event resent: heard, not new)."""
     store = make_store(database_url)
     store.open()
     fleet = fleet_events(now)
     try:
         for host_id, events in fleet.items():
-            received = now - dt.timedelta(hours=48) if host_id == "gpu-stale-01" else now
-            store.ingest([events], received_at=received)
+            ordered = sorted(events, key=lambda e: e.occurred_at)
+            for one in ordered:
+                store.ingest([[one]], received_at=one.occurred_at)
+            if host_id != "gpu-stale-01":
+                store.ingest([ordered[-1:]], received_at=now)
     finally:
         store.close()
     return fleet

@@ -17,7 +17,7 @@ from agent.hub.rows import DRIFT_KINDS, BatchResult, DriftRow, EventQuery, HostR
 from agent.hub.settings import HubSettings
 from agent.hub.tokens import add_token
 from agent.report.events import Event
-from tests.hub.conftest import READER, bearer
+from tests.hub.conftest import READER, HubClock, bearer
 from tests.hub.factories import CUDA_12, ROCM_62, ROCM_63, T0, batch_dict, batch_json, event, ids
 
 
@@ -169,8 +169,9 @@ def test_a_body_at_the_limit_is_read(client: TestClient, tokens: Dict[str, str],
 # --- fleet API --------------------------------------------------------------------------------------------------
 
 @pytest.fixture
-def fleet(client: TestClient, tokens: Dict[str, str]) -> List[Event]:
-    """Three hosts: a on ROCm 6.2 then 6.3 with a regression, b on ROCm 6.2, c on CUDA and non-compliant."""
+def fleet(client: TestClient, tokens: Dict[str, str], hub_clock: HubClock) -> List[Event]:
+    """Three hosts: a on ROCm 6.2 then 6.3 with a regression, b on ROCm 6.2, c on CUDA and non-compliant; the hub
+    receives each event at the time it carries (its clock then back to real time)."""
     a = [event("host-a", kind="snapshot_changed", pairing=ROCM_62, at=T0),
          event("host-a", kind="snapshot_changed", pairing=ROCM_63, at=T0 + dt.timedelta(days=2)),
          event("host-a", kind="health_regression", at=T0 + dt.timedelta(days=2, hours=1))]
@@ -178,7 +179,10 @@ def fleet(client: TestClient, tokens: Dict[str, str]) -> List[Event]:
     c = [event("host-c", kind="heartbeat", pairing=CUDA_12, compliant=False, at=T0),
          event("host-c", kind="policy_violation", at=T0 + dt.timedelta(days=3))]
     for host, events in (("host-a", a), ("host-b", b), ("host-c", c)):
-        assert post(client, tokens[host], batch_json(events)).status_code == 200
+        for one in events:
+            hub_clock.at = one.occurred_at
+            assert post(client, tokens[host], batch_json([one])).status_code == 200
+    hub_clock.at = None
     return a + b + c
 
 
@@ -205,13 +209,13 @@ def test_pairings_counts_hosts_per_stack(client: TestClient, tokens: Dict[str, s
 
 
 def test_drift_lists_who_drifted_since_when(client: TestClient, tokens: Dict[str, str], fleet: List[Event]) -> None:
-    """GET /v1/drift?since= lists the hosts with drift events since then, oldest first, with their first time and
-    kinds."""
+    """GET /v1/drift?since= lists the hosts with drift events received since then, the first received first, with
+    their first time on both clocks and kinds."""
     answer = client.get("/v1/drift", params={"since": "2026-01-02T00:00:00Z"},
                         headers=bearer(tokens[READER])).json()
     hosts = {h["host_id"]: h for h in answer["hosts"]}
     assert set(hosts) == {"host-a", "host-c"}
-    assert hosts["host-a"]["first_at"] == "2026-01-03T00:00:00Z"
+    assert hosts["host-a"]["first_received_at"] == hosts["host-a"]["first_occurred_at"] == "2026-01-03T00:00:00Z"
     assert set(hosts["host-a"]["kinds"]) == {"snapshot_changed", "health_regression"}
     assert hosts["host-c"]["kinds"]["policy_violation"]["event_count"] == 1
     assert [h["host_id"] for h in answer["hosts"]] == ["host-a", "host-c"]

@@ -27,18 +27,31 @@ def test_pairing_counts_group_by_stack_most_common_first() -> None:
     ]
 
 
+AHEAD, BEHIND = dt.timedelta(days=1), -dt.timedelta(minutes=10)
+SKEW = {"a": AHEAD, "b": BEHIND}
+
+
+def row(host_id: str, kind: str, count: int, first: dt.datetime, last: dt.datetime) -> DriftRow:
+    """A drift row the hub received from ``first`` to ``last``, dated by an agent SKEW[host_id] off."""
+    skew = SKEW[host_id]
+    return DriftRow(host_id=host_id, hostname=f"{host_id}.lab", kind=kind, event_count=count,
+                    first_received_at=first, last_received_at=last, first_occurred_at=first + skew,
+                    last_occurred_at=last + skew, clock_skew_seconds=skew.total_seconds())
+
+
 def test_drift_hosts_summarise_kinds_and_sort_by_first_drift() -> None:
-    """Drift rows sum up per host with its first and last time and kinds, the earliest drift first."""
+    """Drift rows sum up per host with its first and last time on both clocks, its skew and kinds, the drift the hub
+    received first first (host b's clock, behind, dates its drift before host a's)."""
     at = [T0 + dt.timedelta(hours=h) for h in range(6)]
-    rows = [DriftRow(host_id="b", hostname="b.lab", kind="rollback", event_count=1, first_at=at[3], last_at=at[3]),
-            DriftRow(host_id="a", hostname="a.lab", kind="snapshot_changed", event_count=2, first_at=at[4],
-                     last_at=at[5]),
-            DriftRow(host_id="a", hostname="a.lab", kind="cpu_fallback", event_count=1, first_at=at[2],
-                     last_at=at[2])]
+    rows = [row("b", "rollback", 1, at[3], at[3]), row("a", "snapshot_changed", 2, at[4], at[5]),
+            row("a", "cpu_fallback", 1, at[2], at[2])]
     [first, second] = drift_hosts(rows)
-    assert (first.host_id, first.first_at, first.last_at, first.event_count) == ("a", at[2], at[5], 3)
+    assert (first.host_id, first.first_received_at, first.last_received_at, first.event_count) == (
+        "a", at[2], at[5], 3)
+    assert (first.first_occurred_at, first.last_occurred_at) == (at[2] + AHEAD, at[5] + AHEAD)
+    assert (first.clock_skew_seconds, first.clock_skewed) == (AHEAD.total_seconds(), True)
     assert list(first.kinds) == ["cpu_fallback", "snapshot_changed"]
-    assert second.host_id == "b"
+    assert (second.host_id, second.first_occurred_at, second.clock_skewed) == ("b", at[3] + BEHIND, True)
 
 
 def test_no_rows_no_hosts() -> None:

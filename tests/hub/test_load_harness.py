@@ -48,3 +48,6 @@ def test_a_small_fleet_through_two_hubs_halts_on_the_failing_cohort() -> None:
         assert figures["requests"] > 0 and figures["p50_ms"] is not None and figures["p99_ms"] is not None
         assert set(figures["statuses"]) <= {"200", "304"}, figures
     assert result["per_host_requests_per_minute_real"] > 0
+    ticks = result["rollout_ticks"]  # read from the hubs' logs (counts only: a loaded machine may overrun a 2 s tick)
+    assert set(ticks) == {"overran", "skipped", "longest_overrun_seconds"}
+    assert min(ticks["overran"], ticks["skipped"]) >= 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import threading
 import time
 from contextlib import contextmanager
@@ -9,6 +11,7 @@ from typing import Callable, Iterator, List
 
 from agent.errors import StoreError
 from agent.hub.periodic import Periodic
+from agent.log import configure
 
 
 def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
@@ -139,3 +142,25 @@ def test_run_soon_during_a_run_runs_the_job_again_right_after_it() -> None:
         assert started[1] - ended[0] >= 0.15  # the gap is kept
         periodic.run_soon("tick")  # idle again: the ordinary path
         assert _wait_for(lambda: len(ended) == 3, 120)
+
+
+def test_a_run_longer_than_its_interval_is_logged_with_both_times() -> None:
+    """A 0.1 s job whose first run takes 0.3 s logs hub_periodic_job_overran (the ticks it swallowed are visible);
+    its quick runs after that log nothing."""
+    stream = io.StringIO()
+    configure(level="info", json_output=True, stream=stream)
+    runs: List[int] = []
+
+    def body() -> None:
+        runs.append(1)
+        if len(runs) == 1:
+            time.sleep(0.3)
+
+    periodic = Periodic()
+    periodic.add("tick", body, interval_seconds=0.1, first_after_seconds=0.0)
+    with _running(periodic):
+        assert _wait_for(lambda: len(runs) >= 3, 120)
+    overran = [line for line in map(json.loads, stream.getvalue().splitlines())
+               if line["event"] == "hub_periodic_job_overran"]
+    assert len(overran) == 1 and overran[0]["job"] == "tick" and overran[0]["interval_seconds"] == 0.1
+    assert overran[0]["duration_seconds"] >= 0.3

@@ -45,6 +45,12 @@ def stored(store: Store) -> List[Tuple[str, str]]:
                   for s in store.events(EventQuery(limit=1000)))
 
 
+def arrive(store: Store, events: List[Event]) -> None:
+    """Each event received by the hub at the time it carries (a true clock; skewed ones: test_receipt_order.py)."""
+    for one in events:
+        store.ingest([[one]], received_at=one.occurred_at)
+
+
 def keys(events: List[Event]) -> List[Tuple[str, str]]:
     return sorted((e.host_id, e.event_id) for e in events)
 
@@ -70,7 +76,7 @@ def test_a_pass_deletes_old_events_but_keeps_each_hosts_newest_of_each_kind(stor
     lone_old_violation = [event("host-a", kind="policy_violation", at=NOW - 300 * DAY)]
     everything = (old_heartbeats + recent_heartbeats + stale_host + old_snapshots + newest_snapshot
                   + lone_old_violation)
-    store.ingest([everything], received_at=NOW)
+    arrive(store, everything)
     hosts_before = store.hosts()
 
     deleted = run_pass(store, RetentionPolicy(heartbeat_hours=24, event_days=90), NOW, batch_rows=1000)
@@ -82,8 +88,7 @@ def test_a_pass_deletes_old_events_but_keeps_each_hosts_newest_of_each_kind(stor
 
 def test_a_pass_works_in_batches_and_stops_between_them_when_asked(store: Store) -> None:
     """batch_rows bounds each transaction; a set stop event ends the pass after the current batch."""
-    store.ingest([[event("host-a", at=NOW - (30 + i) * HOUR) for i in range(7)]
-                  + [event("host-a", at=NOW)]], received_at=NOW)
+    arrive(store, [event("host-a", at=NOW - (30 + i) * HOUR) for i in range(7)] + [event("host-a", at=NOW)])
     policy = RetentionPolicy(heartbeat_hours=24, event_days=0)
     calls: List[int] = []
     stopping = threading.Event()
@@ -111,7 +116,7 @@ def test_of_several_hubs_on_one_database_one_runs_each_pass(store_url: str, stor
     other = make_store(store_url)
     other.open()
     try:
-        store.ingest([[event("host-a", at=NOW - 48 * HOUR), event("host-a", at=NOW)]], received_at=NOW)
+        arrive(store, [event("host-a", at=NOW - 48 * HOUR), event("host-a", at=NOW)])
         clock = {"now": NOW}
         mine = RetentionWorker(store, RetentionPolicy(24, 90), 600, 100, lambda: clock["now"])
         theirs = RetentionWorker(other, RetentionPolicy(24, 90), 600, 100, lambda: clock["now"])
@@ -130,7 +135,7 @@ def test_the_scheduled_pass_does_not_prune_at_start_and_stops_promptly(tmp_path:
     store.open()
     periodic = Periodic()
     try:
-        store.ingest([[event("host-a", at=NOW - 48 * HOUR), event("host-a", at=NOW)]], received_at=NOW)
+        arrive(store, [event("host-a", at=NOW - 48 * HOUR), event("host-a", at=NOW)])
         worker = RetentionWorker(store, RetentionPolicy(24, 90), 600, 100, lambda: NOW)
         worker.schedule(periodic)
         periodic.start()

@@ -129,30 +129,36 @@ def test_hosts_without_pairing_are_listed_with_none(store: Store) -> None:
 
 
 def test_drift_counts_each_drift_kind_per_host_since_a_time(store: Store) -> None:
-    """Heartbeats are not drift; events before ``since`` are not counted; first and last times are kept."""
-    store.ingest([[
-        event("host-a", kind="heartbeat", at=T0 + dt.timedelta(hours=1)),
-        event("host-a", kind="snapshot_changed", at=T0 - dt.timedelta(hours=1)),
-        event("host-a", kind="snapshot_changed", at=T0 + dt.timedelta(hours=2)),
-        event("host-a", kind="snapshot_changed", at=T0 + dt.timedelta(hours=3)),
-        event("host-a", kind="rollback", at=T0 + dt.timedelta(hours=4)),
-    ], [event("host-b", kind="health_regression", at=T0 + dt.timedelta(hours=5))]], received_at=NOW)
+    """Heartbeats are not drift; events received before ``since`` are not counted; first and last times are kept on
+    both clocks (here the agent's runs a minute ahead of the hub's)."""
+    sent = [event("host-a", kind="heartbeat", at=T0 + dt.timedelta(hours=1)),
+            event("host-a", kind="snapshot_changed", at=T0 - dt.timedelta(hours=1)),
+            event("host-a", kind="snapshot_changed", at=T0 + dt.timedelta(hours=2)),
+            event("host-a", kind="snapshot_changed", at=T0 + dt.timedelta(hours=3)),
+            event("host-a", kind="rollback", at=T0 + dt.timedelta(hours=4)),
+            event("host-b", kind="health_regression", at=T0 + dt.timedelta(hours=5))]
+    for one in sent:
+        store.ingest([[one]], received_at=one.occurred_at - dt.timedelta(minutes=1))
     rows = {(r.host_id, r.kind): r for r in store.drift(T0, DRIFT_KINDS)}
     assert set(rows) == {("host-a", "snapshot_changed"), ("host-a", "rollback"), ("host-b", "health_regression")}
     changed = rows[("host-a", "snapshot_changed")]
-    assert (changed.event_count, changed.first_at, changed.last_at) == (
-        2, T0 + dt.timedelta(hours=2), T0 + dt.timedelta(hours=3))
+    assert (changed.event_count, changed.first_received_at, changed.last_received_at) == (
+        2, T0 + dt.timedelta(hours=2, minutes=-1), T0 + dt.timedelta(hours=3, minutes=-1))
+    assert (changed.first_occurred_at, changed.last_occurred_at) == (
+        T0 + dt.timedelta(hours=2), T0 + dt.timedelta(hours=3))
+    assert changed.clock_skew_seconds == 60.0  # host-a's heartbeat: a minute ahead
     assert rows[("host-b", "health_regression")].hostname == "host-b.lab"
     assert store.drift(T0, []) == []
 
 
 def test_events_filter_by_host_kind_and_time_in_either_order(store: Store) -> None:
-    """Stored events filter by host, kind and since, newest or oldest first, with a limit."""
+    """Stored events filter by host, kind and since (their receipt), newest or oldest first, with a limit."""
     a1 = event("host-a", kind="heartbeat", at=T0 + dt.timedelta(minutes=1))
     a2 = event("host-a", kind="rollback", at=T0 + dt.timedelta(minutes=2))
     a3 = event("host-a", kind="heartbeat", at=T0 + dt.timedelta(minutes=3))
     b1 = event("host-b", kind="heartbeat", at=T0 + dt.timedelta(minutes=4))
-    store.ingest([[a1, a2, a3], [b1]], received_at=NOW)
+    for one in (a1, a2, a3, b1):
+        store.ingest([[one]], received_at=one.occurred_at)
 
     def found(**query: object) -> list:
         return [Event.model_validate_json(s.body).event_id for s in store.events(EventQuery(**query))]
@@ -165,13 +171,14 @@ def test_events_filter_by_host_kind_and_time_in_either_order(store: Store) -> No
 
 
 def test_offsets_are_normalised_so_time_order_holds_across_zones(store: Store) -> None:
-    """An event at 01:30+02:00 (23:30Z the day before) sorts before one at 00:00Z."""
+    """An event at 01:30+02:00 (23:30Z the day before) is stored as the earlier of it and one at 00:00Z."""
     plus_two = dt.timezone(dt.timedelta(hours=2))
-    early = event("host-a", at=dt.datetime(2026, 1, 1, 1, 30, tzinfo=plus_two))
-    late = event("host-a", at=T0)
+    early = event("host-a", kind="rollback", at=dt.datetime(2026, 1, 1, 1, 30, tzinfo=plus_two))
+    late = event("host-a", kind="rollback", at=T0)
     store.ingest([[late, early]], received_at=NOW)
-    assert [Event.model_validate_json(s.body).event_id for s in store.events(EventQuery(newest_first=False))] \
-        == ids([early, late])
+    [row] = store.drift(NOW, ["rollback"])
+    assert (row.first_occurred_at, row.last_occurred_at) == (dt.datetime(2025, 12, 31, 23, 30,
+                                                                         tzinfo=dt.timezone.utc), T0)
 
 
 def test_reopening_keeps_what_was_stored(store: Store) -> None:
@@ -427,7 +434,7 @@ def test_a_schema_version_7_database_gets_the_policy_attention_column(store: Sto
                                        "UPDATE hub_meta SET value = '7' WHERE key = 'schema_version'"])
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
-            (str(schema.SCHEMA_VERSION),)] == [("11",)]
+            (str(schema.SCHEMA_VERSION),)] == [("12",)]
         assert reopened.hosts()[0].policy_attention is None
         expired = event("host-old", at=T0 + dt.timedelta(minutes=1))
         payload = Heartbeat(agent_version="1", uptime_seconds=1.0, policy_source="bundle", policy_serial=3,
@@ -451,7 +458,7 @@ def test_a_schema_version_8_database_gets_the_unknown_versions_column(store: Sto
                                        "UPDATE hub_meta SET value = '8' WHERE key = 'schema_version'"])
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
-            (str(schema.SCHEMA_VERSION),)] == [("11",)]
+            (str(schema.SCHEMA_VERSION),)] == [("12",)]
         assert reopened.hosts()[0].unknown_versions is None
         item = UnknownVersionReport(table="amd-matrix", component="rocm", version="10.1", newest="10.0",
                                     dated="2026-12-04")
@@ -474,7 +481,7 @@ def test_a_schema_version_8_row_frozen_by_a_future_heartbeat_is_updated_after_th
     reopened = _reopened_after(store, ["UPDATE hub_meta SET value = '9' WHERE key = 'schema_version'"])
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
-            (str(schema.SCHEMA_VERSION),)] == [("11",)]
+            (str(schema.SCHEMA_VERSION),)] == [("12",)]
         [host] = reopened.hosts()
         assert host.heartbeat_received_at is None and host.clock_skew_seconds is None
         reopened.ingest([[event("host-old", kind="heartbeat", compliant=False, at=NOW + dt.timedelta(minutes=1))]],
@@ -499,7 +506,7 @@ def test_a_schema_version_10_database_gets_the_evaluation_counter_and_the_change
     reopened = _reopened_after(store, ["UPDATE hub_meta SET value = '10' WHERE key = 'schema_version'"], below=11)
     try:
         assert reopened.query("test", "SELECT value FROM hub_meta WHERE key = 'schema_version'") == [
-            (str(schema.SCHEMA_VERSION),)] == [("11",)]
+            (str(schema.SCHEMA_VERSION),)] == [("12",)]
         assert reopened.query("test", "SELECT evaluations FROM rollouts") == [(0,)]
         assert [h.host_id for h in reopened.hosts()] == ["host-old"]
         listing = ("SELECT name FROM sqlite_master WHERE type = 'index'" if reopened.dialect.name == "sqlite"

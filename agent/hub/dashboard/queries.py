@@ -164,9 +164,11 @@ def unknown_version_counts(store: SqlStore) -> Dict[str, int]:
 
 
 def rollback_counts(store: SqlStore) -> RollbackCounts:
-    """The rollback coverage each host's newest heartbeat carried (one (host_id, occurred_at) lookup per host)."""
+    """The rollback coverage each host's newest heartbeat carried: the one the hub received last (its receipt and
+    sequence, as ``hosts`` keeps them; one (host_id, received_at) lookup per host), whatever its own time says."""
     rows = store.query("rollback_counts", "SELECT e.body FROM hosts h LEFT JOIN events e ON e.host_id = h.host_id "
-                                          "AND e.occurred_at = h.heartbeat_at AND e.kind = 'heartbeat'", [])
+                                          "AND e.received_at = h.heartbeat_received_at "
+                                          "AND e.sequence = h.heartbeat_sequence AND e.kind = 'heartbeat'", [])
     hosts = {"complete": 0, "incomplete": 0, "inexact": 0, "unknown": 0}
     missing = 0
     for (body,) in rows:
@@ -198,25 +200,26 @@ def pairing_groups(store: SqlStore) -> Tuple[List[PairingGroup], int]:
 
 
 def event_counts(store: SqlStore, since: dt.datetime, kinds: Sequence[str]) -> List[EventCount]:
-    """Events of ``kinds`` that occurred at or after ``since``, by kind and severity. Naming the kinds lets the
-    (kind, occurred_at) index skip the heartbeats, which are most of the rows."""
+    """Events of ``kinds`` the hub received at or after ``since`` (its clock), by kind and severity. Naming the kinds
+    lets the (kind, received_at) index skip the heartbeats, which are most of the rows."""
     marks = ", ".join("?" * len(kinds))
     rows = store.query("event_counts", f"SELECT kind, severity, COUNT(*) FROM events WHERE kind IN ({marks}) AND "
-                                       "occurred_at >= ? GROUP BY kind, severity ORDER BY kind, severity",
+                                       "received_at >= ? GROUP BY kind, severity ORDER BY kind, severity",
                        [*kinds, store.dialect.to_db_time(since)])
     return [EventCount(r[0], r[1], int(r[2])) for r in rows]
 
 
 def host_events(store: SqlStore, host_id: str, kinds: Optional[Sequence[str]], limit: int,
                 offset: int = 0) -> List[StoredEvent]:
-    """A host's events of ``kinds`` (all kinds when None), newest first."""
+    """A host's events of ``kinds`` (all kinds when None), the one the hub received last first (its clock; within
+    one commit, the higher sequence), whatever time the agent gave them."""
     where, params = "host_id = ?", [host_id]
     if kinds is not None:
-        # "kind || ''" keeps the planner off the (kind, occurred_at) index, which for a common kind (heartbeat)
-        # means walking every host's rows; (host_id, occurred_at) reads only this host's.
+        # "kind || ''" keeps the planner off the (kind, received_at) index, which for a common kind (heartbeat)
+        # means walking every host's rows; (host_id, received_at) reads only this host's.
         where += f" AND (kind || '') IN ({', '.join('?' * len(kinds))})"
         params += list(kinds)
     rows = store.query("host_events", f"SELECT body, received_at FROM events WHERE {where} "
-                                      "ORDER BY occurred_at DESC, sequence DESC, event_id DESC LIMIT ? OFFSET ?",
+                                      "ORDER BY received_at DESC, sequence DESC, event_id DESC LIMIT ? OFFSET ?",
                        [*params, limit, offset])
     return [StoredEvent(body=r[0], received_at=store.dialect.from_db_time(r[1])) for r in rows]

@@ -133,9 +133,10 @@ def health_badge(status: Optional[str]) -> str:
 
 
 def rollback_cell(heartbeats: Sequence[Mapping[str, Any]]) -> str:
-    """The rollback coverage of the newest heartbeat that carried one: a badge, the count, what is missing."""
-    newest = max((hb for hb in heartbeats if isinstance(hb.get("payload", {}).get("rollback_coverage"), dict)),
-                 key=lambda hb: str(hb.get("occurred_at")), default=None)
+    """The rollback coverage of the newest heartbeat that carried one (``heartbeats`` newest first as the hub received
+    them, ``queries.host_events``; never by the agent's clock): a badge, the count, what is missing."""
+    newest = next((hb for hb in heartbeats if isinstance(hb.get("payload", {}).get("rollback_coverage"), dict)),
+                  None)
     if newest is None:
         return f'<span class="badge unk" id="rollback-coverage">{_DASH}</span>'
     c = newest["payload"]["rollback_coverage"]
