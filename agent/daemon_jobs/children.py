@@ -490,7 +490,7 @@ class PolicyFetchInChild:
         paths = StatePaths(rt.settings.state_dir)  # under the root, as the fetch's BundleInstaller reads them
         for path in (paths.policy_bundle_state, paths.policy_root, paths.compiled_policy):
             try:
-                info = os.stat(rt.host.path(path))
+                info = os.stat(rt.host.file(path))
                 files.append((info.st_ino, info.st_size, info.st_mtime_ns))
             except OSError:
                 files.append(None)

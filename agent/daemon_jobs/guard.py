@@ -111,7 +111,7 @@ class GuardJob:
     def _package_db_files(self) -> List[str]:
         """The package database files whose bytes say whether the installed set may have moved."""
         host = self.runtime.host
-        if host.path(DPKG_STATUS).exists():
+        if os.path.exists(host.file(DPKG_STATUS)):
             return [DPKG_STATUS]
         return rpm_database_files(str(host.root)) or [DPKG_STATUS]  # absent: the check is skipped
 
@@ -121,7 +121,7 @@ class GuardJob:
         digest = hashlib.sha256()
         for host_path in (*self._package_db_files(), StatePaths(self.runtime.settings.state_dir).compiled_policy):
             try:  # streamed, and never blocking on a FIFO in place of either file
-                with open_regular_file(str(host.path(host_path))) as stream:
+                with open_regular_file(host.file(host_path)) as stream:
                     for chunk in iter(lambda: stream.read(1 << 20), b""):
                         digest.update(chunk)
             except FileNotFoundError:

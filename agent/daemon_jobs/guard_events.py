@@ -76,7 +76,7 @@ class Position:
 
 def guard_events_path(runtime: Runtime) -> str:
     """Where the guard-events file is: under the Host root, where the apt hook of that root writes it."""
-    return str(runtime.host.path(runtime.paths.guard_events))
+    return runtime.host.file(runtime.paths.guard_events)
 
 
 def event_id_for_line(raw_line: bytes) -> str:

@@ -145,7 +145,7 @@ def _installed_violations(host: "Host", settings: "Settings") -> List[str]:
     from agent.report.compliance import check_installed
     from agent.statepaths import StatePaths
 
-    policy = read_compiled(str(host.path(StatePaths(settings.agent.state_dir).compiled_policy)))
+    policy = read_compiled(host.file(StatePaths(settings.agent.state_dir).compiled_policy))
     installed = {key: package.version for key, package in read_installed(host, policy.guarded).items()}
     return sorted({v.rule for v in check_installed(policy, installed, detect_manager(host), str(host.root))
                    if v.action != "warn"})

@@ -11,6 +11,7 @@ result (or a ``regression`` that a second, full run confirms) restores the guard
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
@@ -69,13 +70,13 @@ def after_change_action(runtime: Runtime) -> str:
     from agent.policy.compiled import read_compiled
     from agent.statepaths import StatePaths
 
-    path = runtime.host.path(StatePaths(runtime.settings.state_dir).compiled_policy)
-    if not path.exists():
+    path = runtime.host.file(StatePaths(runtime.settings.state_dir).compiled_policy)
+    if not os.path.exists(path):
         return "alert"
     try:
-        return read_compiled(str(path)).health_after_change
+        return read_compiled(path).health_after_change
     except (GpuguardError, OSError) as exc:
-        log.warning("health_after_change_unknown", path=str(path), error=str(exc), action="alert")
+        log.warning("health_after_change_unknown", path=path, error=str(exc), action="alert")
         return "alert"
 
 
@@ -192,7 +193,7 @@ class HealthJob:
 
     def _gate_path(self) -> str:
         """health-gate.json where the guard's files are (under the Host root, as the guard's check writes it)."""
-        return str(self.runtime.host.path(self.runtime.paths.health_gate))
+        return self.runtime.host.file(self.runtime.paths.health_gate)
 
     def _judged(self, change: Callable[[GateState], GateState]) -> Optional[GateState]:
         from agent.guard.rollback.health_gate import GateStateDamaged, update_gate

@@ -73,8 +73,7 @@ def _utc(seconds: Optional[float]) -> Optional[dt.datetime]:
 
 def rollback_coverage(rt: Runtime) -> Optional[PlainRollbackCoverage]:
     """The rollback coverage the last known-good recording wrote (each kept file checked), None before any."""
-    path = rt.host.path(StatePaths(rt.settings.state_dir).rollback_coverage)
-    coverage = read_coverage(str(path), str(rt.host.root))
+    coverage = read_coverage(rt.host.file(StatePaths(rt.settings.state_dir).rollback_coverage), str(rt.host.root))
     if coverage is None:
         return None
     return PlainRollbackCoverage(guarded=coverage.guarded, restorable=coverage.restorable,
@@ -88,7 +87,7 @@ def policy_fields(rt: Runtime) -> Dict[str, Any]:
     source = rt.settings.policy_source
     fields: Dict[str, Any] = {"policy_source": source if source in ("local", "bundle") else None}
     try:
-        bundle = read_bundle_state(str(rt.host.path(rt.paths.policy_bundle_state)))
+        bundle = read_bundle_state(rt.host.file(rt.paths.policy_bundle_state))
     except GpuguardError as exc:
         log.warning("policy_bundle_state_unreadable", error=str(exc))
         return fields

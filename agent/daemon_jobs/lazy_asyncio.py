@@ -6,6 +6,12 @@ iscoroutinefunction``) did too, until the resident left it for agent/daemon_jobs
 the modules only it brings (its event loops, ``subprocess``, ``selectors``...) held about 1.3 MiB of the resident's
 RSS, a twentieth (issue #28). The stand-in works under apscheduler too (tests/daemon/test_lazy_asyncio.py).
 
+Since Python 3.12 every ``logging.LogRecord`` asks the asyncio in ``sys.modules`` for its ``current_task()`` (the
+record's ``taskName``), and structlog builds one at import (``structlog/stdlib.py``): through ``__getattr__`` that
+loaded the real asyncio in every resident on 3.12 (Ubuntu 24.04; issue #45). The stand-in answers ``current_task``
+itself while the real asyncio is not loaded, as asyncio does outside a running loop (``RuntimeError``; logging then
+records ``taskName = None``): no loop can run before asyncio is loaded.
+
 :func:`defer_asyncio` puts a stand-in in ``sys.modules``: the first read of any attribute (``asyncio.get_running_loop``,
 its ``__all__``) imports the real asyncio and answers from it, and from then on ``import asyncio`` gives the real
 module; ``iscoroutinefunction``, which apscheduler binds at import, does the same when first called. The stand-in
@@ -47,6 +53,13 @@ def _real_asyncio() -> types.ModuleType:
         return found
 
 
+def _current_task(loop: object = None) -> object:
+    found = sys.modules.get("asyncio")
+    if isinstance(found, DeferredAsyncio) or found is None:
+        raise RuntimeError("no running event loop")  # asyncio's own answer outside a loop
+    return found.current_task(loop)
+
+
 def _iscoroutinefunction(func: Callable[..., object]) -> bool:
     real: Callable[[Callable[..., object]], bool] = _real_asyncio().iscoroutinefunction
     return real(func)
@@ -64,5 +77,6 @@ def defer_asyncio() -> bool:
         stand_in = DeferredAsyncio("asyncio", "asyncio, imported when first used (agent/daemon_jobs/lazy_asyncio.py)")
         stand_in.__path__ = list(spec.submodule_search_locations)
         stand_in.iscoroutinefunction = _iscoroutinefunction  # type: ignore[attr-defined]
+        stand_in.current_task = _current_task  # type: ignore[attr-defined]
         sys.modules["asyncio"] = stand_in
         return True

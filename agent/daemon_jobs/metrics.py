@@ -18,7 +18,7 @@ def metrics_view(runtime: Runtime) -> MetricsView:
     """Gather what the textfile shows."""
     state, outbox = runtime.state, runtime.outbox
     depth, oldest = outbox.depth(), outbox.oldest_age_seconds()
-    coverage = read_coverage(str(runtime.host.path(StatePaths(runtime.settings.state_dir).rollback_coverage)),
+    coverage = read_coverage(runtime.host.file(StatePaths(runtime.settings.state_dir).rollback_coverage),
                              str(runtime.host.root))
     dropped, rejected = outbox.dropped_counts(), outbox.rejected_count()
     with state.lock:

@@ -50,9 +50,9 @@ def nfd_view(runtime: Runtime, policy_name: Optional[str] = None) -> NfdView:
     from agent.status.reboot import read_reboot_required
 
     paths = StatePaths(runtime.settings.state_dir)
-    reboot = read_reboot_required(str(runtime.host.path(paths.reboot_required_packages)),
+    reboot = read_reboot_required(runtime.host.file(paths.reboot_required_packages),
                                   booted_at_seconds(runtime.host)) is not None
-    coverage = read_coverage(str(runtime.host.path(paths.rollback_coverage)), str(runtime.host.root))
+    coverage = read_coverage(runtime.host.file(paths.rollback_coverage), str(runtime.host.root))
     state = runtime.state
     with state.lock:
         facts = state.snapshot_facts
@@ -89,7 +89,7 @@ class NfdJob:
         with self._lock:
             now = self.runtime.host.clock()
             lifetime = dt.timedelta(seconds=settings.nfd_lifetime_seconds)
-            policy = self._policy_name(str(self.runtime.host.path(StatePaths(settings.state_dir).compiled_policy)))
+            policy = self._policy_name(self.runtime.host.file(StatePaths(settings.state_dir).compiled_policy))
             text = render_features(nfd_view(self.runtime, policy), now + lifetime)
             fresh = self._written_at is not None and now - self._written_at < lifetime / 2
             if fresh and path == self._path and body_of(text) == self._body:

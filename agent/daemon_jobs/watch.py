@@ -28,7 +28,7 @@ Signature = Tuple[Tuple[str, int, int, int], ...]
 
 def watch_targets(host: Host) -> Tuple[str, ...]:
     """Where the package databases really are under the Host root (symlinks followed inside the root, once)."""
-    return tuple(dict.fromkeys(str(host.path(host.resolve(path))) for path in PACKAGE_DB_PATHS))
+    return tuple(dict.fromkeys(host.file(host.resolve(path)) for path in PACKAGE_DB_PATHS))
 
 
 def package_db_signature(targets: Tuple[str, ...]) -> Signature:

@@ -44,7 +44,7 @@ class MaintenanceState:
 
 
 def state_path(host: Host, paths: StatePaths) -> str:
-    return str(host.path(paths.maintenance))
+    return host.file(paths.maintenance)
 
 
 def read_state(host: Host, paths: StatePaths) -> Optional[MaintenanceState]:

@@ -61,7 +61,7 @@ def make_handoff(host: Host, settings: IntegrationsSettings, nfd_features_file: 
     if settings.scheduler == "kubernetes":
         from agent.integrations.kubernetes_handoff import KubernetesHandoff
 
-        return KubernetesHandoff(str(host.path(nfd_features_file)), host.clock, reason=reason, rollout_id=rollout_id)
+        return KubernetesHandoff(host.file(nfd_features_file), host.clock, reason=reason, rollout_id=rollout_id)
     return None
 
 
@@ -147,7 +147,7 @@ def after_check(host: Host, paths: StatePaths, settings: IntegrationsSettings, n
     if health_status in PASSED_HEALTH_STATUSES:
         if state.phase == "rebooting" and not booted_since_reboot_asked(host, state):
             return None  # a check from before the reboot judges the old kernel or module
-        needs = read_reboot_needs(str(host.path(paths.last_snapshot)))
+        needs = read_reboot_needs(host.file(paths.last_snapshot))
         if needs:
             return _reboot(host, paths, settings, nfd_features_file, state, "; ".join(needs))
         return end_maintenance(host, paths, settings, nfd_features_file)

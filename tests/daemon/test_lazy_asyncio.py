@@ -6,8 +6,14 @@ Each check runs in a fresh interpreter: the stand-in is for the process's whole 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
-from tests.conftest import run_fresh_python
+import pytest
+
+from tests.conftest import REPO, run_fresh_python
+from tests.needs import unavailable
 
 _PROBE = """
 import json, sys
@@ -73,3 +79,41 @@ def test_gpuguard_run_defers_asyncio_and_keeps_openssl_out_before_the_daemon_sta
     """``gpuguard run`` puts both in place before it imports the daemon (and with it structlog and apscheduler)."""
     seen = json.loads(run_fresh_python(_RUN).strip().splitlines()[-1])
     assert seen == {"asyncio": "DeferredAsyncio", "ssl_blocked": True}
+
+
+
+_LOG_RECORD = """
+import json, logging, sys
+sys.path.insert(0, sys.argv[1])
+from agent.daemon_jobs.lazy_asyncio import defer_asyncio
+defer_asyncio()
+stand_in = sys.modules["asyncio"]
+record = logging.LogRecord("resident", logging.INFO, "probe.py", 1, "event", None, None)  # as structlog's import does
+loaded = "asyncio.base_events" in sys.modules
+async def in_a_task():
+    return stand_in.current_task().get_name()  # the stand-in, bound before asyncio loaded, answers from the real one
+print(json.dumps({"loaded": loaded, "task_name": getattr(record, "taskName", None),
+                  "in_task": stand_in.run(in_a_task())}))
+"""
+
+
+def python_interpreter(version: str) -> str:
+    """This interpreter where it is ``version``, else a pyenv one; skipped (failed in CI) where there is none."""
+    if "%d.%d" % sys.version_info[:2] == version:
+        return sys.executable
+    found = sorted((Path.home() / ".pyenv/versions").glob(f"{version}.*/bin/python{version}"))
+    if not found:
+        unavailable(f"the Python {version} check", f"no Python {version} interpreter here (pyenv)")
+    return str(found[-1])
+
+
+@pytest.mark.parametrize("version", ["this", "3.12"])
+def test_a_log_record_leaves_asyncio_unloaded(version: str) -> None:
+    """A ``logging.LogRecord`` (since Python 3.12 it asks asyncio for the current task; Ubuntu 24.04's Python)
+    finds no task through the stand-in without loading asyncio, and in a running loop the stand-in names the task."""
+    python = sys.executable if version == "this" else python_interpreter(version)
+    result = subprocess.run([python, "-I", "-c", _LOG_RECORD, str(REPO)], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"loaded": False, "task_name": None,
+                                                                   "in_task": "Task-1"}
