@@ -28,12 +28,10 @@ import os
 import socket
 import ssl
 import stat
-import sys
 import time
 import urllib.parse
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from agent.daemon_jobs.procstatus import peak_rss_kib
 from agent.wire import ROLLOUT_HEADER, ROLLOUT_ID_HEADER, ROLLOUT_STAGE_HEADER, ROLLOUT_STATE_HEADER
 
 # HTTP statuses that say the hub (or the proxy in front of it) is not serving now: the full fetch would fail too.
@@ -141,20 +139,14 @@ def probe(plan: Dict[str, object]) -> Dict[str, str]:
     return {"outcome": "answered", "digest": answers_digest(answers), "detail": ""}
 
 
-def main(argv: Sequence[str]) -> int:
-    """``PLAN_JSON RESULT_PATH``: probe, write the result as a job child's reply (agent/daemon_jobs/protocol.py)."""
-    plan_json, result_path = argv
+def probe_answer(plan: object) -> Dict[str, str]:
+    """:func:`probe`, with a plan this module cannot read (or a socket timeout) answered ``unsure``: the full fetch
+    decides. Run in the lean child (agent/daemon_jobs/lean_child.py)."""
     try:
-        result = probe(json.loads(plan_json))
-    except (KeyError, TypeError, ValueError) as exc:  # a plan this module cannot read: the full fetch decides
-        result = {"outcome": "unsure", "digest": "", "detail": f"plan: {type(exc).__name__}"}
+        if not isinstance(plan, dict):
+            raise TypeError("the plan is not an object")
+        return probe(plan)
+    except (KeyError, TypeError, ValueError) as exc:
+        return {"outcome": "unsure", "digest": "", "detail": f"plan: {type(exc).__name__}"}
     except socket.timeout:
-        result = {"outcome": "unsure", "digest": "", "detail": "timed out"}
-    fd = os.open(result_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump({"peak_rss_kib": peak_rss_kib(), "result": result}, handle)
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover - run as ``python -I -S -c`` by probe_argv
-    sys.exit(main(sys.argv[1:]))
+        return {"outcome": "unsure", "digest": "", "detail": "timed out"}
