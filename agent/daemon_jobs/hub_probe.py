@@ -30,14 +30,18 @@ import ssl
 import stat
 import time
 import urllib.parse
-from typing import Dict, List, Optional, Sequence, Tuple
 
 from agent.wire import ROLLOUT_HEADER, ROLLOUT_ID_HEADER, ROLLOUT_STAGE_HEADER, ROLLOUT_STATE_HEADER
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the lean child's start (issue #45)
+    from typing import Dict, List, Optional, Sequence, Tuple
 
 # HTTP statuses that say the hub (or the proxy in front of it) is not serving now: the full fetch would fail too.
 DOWN_STATUSES = frozenset({502, 503, 504})
 MAX_TOKEN_FILE_BYTES = 64 << 10
 _CHUNK_BYTES = 64 * 1024
+_TLS_CONTEXTS: Dict[Optional[str], ssl.SSLContext] = {}
 # Headers whose values the full fetch reads (the ETag, the encoding it refuses, the rollout's notice and fields).
 _KEPT_HEADERS = frozenset(name.lower() for name in ("ETag", "Content-Encoding", "Location", ROLLOUT_HEADER,
                                                      ROLLOUT_ID_HEADER, ROLLOUT_STATE_HEADER, ROLLOUT_STAGE_HEADER))
@@ -73,13 +77,23 @@ def _read_token(path: Optional[str]) -> Optional[str]:
     return token
 
 
+def tls_context(ca_file: Optional[str]) -> ssl.SSLContext:
+    """Verification as requests does it with ``verify=ca_file`` (a file or a c_rehash'ed directory; None: the system
+    store). One per CA file in this child: loading a store costs about as much CPU as the child's start, and the
+    probe's requests and the lean delivery's POSTs share it (agent/daemon_jobs/lean_child.py)."""
+    context = _TLS_CONTEXTS.get(ca_file)
+    if context is None:
+        is_dir = bool(ca_file) and os.path.isdir(str(ca_file))
+        context = ssl.create_default_context(cafile=None if is_dir else ca_file, capath=ca_file if is_dir else None)
+        _TLS_CONTEXTS[ca_file] = context
+    return context
+
+
 def _connection(url: urllib.parse.SplitResult, cafile: Optional[str],
                 connect_timeout_seconds: float) -> http.client.HTTPConnection:
     host, port = url.hostname or "", url.port
     if url.scheme == "https":
-        context = ssl.create_default_context(cafile=cafile if cafile and not os.path.isdir(cafile) else None,
-                                             capath=cafile if cafile and os.path.isdir(cafile) else None)
-        return http.client.HTTPSConnection(host, port, timeout=connect_timeout_seconds, context=context)
+        return http.client.HTTPSConnection(host, port, timeout=connect_timeout_seconds, context=tls_context(cafile))
     if url.scheme == "http":
         return http.client.HTTPConnection(host, port, timeout=connect_timeout_seconds)
     raise ValueError(f"scheme {url.scheme!r}")

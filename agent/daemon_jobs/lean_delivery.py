@@ -35,9 +35,8 @@ import ssl
 import stat
 import time
 import urllib.parse
-from typing import Dict, List, Optional, Sequence, Tuple
 
-from agent.daemon_jobs.hub_probe import DOWN_STATUSES, MAX_TOKEN_FILE_BYTES
+from agent.daemon_jobs.hub_probe import DOWN_STATUSES, MAX_TOKEN_FILE_BYTES, tls_context
 from agent.errors import InputFileError
 from agent.files import read_bytes_bounded, read_json_file, write_atomically
 from agent.report.outbox_ack import (
@@ -49,6 +48,12 @@ from agent.report.outbox_ack import (
 )
 from agent.strictjson import parse_json_text
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the lean child's start (issue #45)
+    from typing import Dict, List, Optional, Sequence, Tuple
+
+    Result = Dict[str, object]
+
 # The largest acknowledgement read: 500 ids of at most 64 characters each, quoted, with room to spare.
 MAX_ACK_BYTES = 256 << 10
 _ACK_FIELDS = frozenset({"accepted", "duplicates"})
@@ -58,7 +63,6 @@ _PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy")
 # Batches listed in the result for the daemon's log (a drain of a full outbox, one event a batch, lists the first).
 MAX_BATCHES_LISTED = 1000
 
-Result = Dict[str, object]
 # Set by SIGTERM: as the full child's ``stopping``, the batch in flight is finished (sent and marked) and no other.
 _STOPPING: List[int] = []
 
@@ -134,12 +138,6 @@ def checked_bodies(rows: Sequence[Tuple[int, str, str]], host_id: str) -> List[s
             raise Unsure(f"outbox sequence {sequence}: another id, sequence or host id")
         bodies.append(body)
     return bodies
-
-
-def tls_context(ca_file: Optional[str]) -> ssl.SSLContext:
-    """Verification as requests does it with ``verify=ca_file`` (a file or a c_rehash'ed directory)."""
-    is_dir = bool(ca_file) and os.path.isdir(str(ca_file))
-    return ssl.create_default_context(cafile=None if is_dir else ca_file, capath=ca_file if is_dir else None)
 
 
 class Poster:

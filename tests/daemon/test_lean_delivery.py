@@ -343,7 +343,7 @@ def test_heartbeat_batches_start_no_full_child_after_the_first(tmp_path: Path, t
 
 def test_the_tls_context_verifies_the_name(certificates: Tuple[Tuple[str, str], Tuple[str, str]]) -> None:
     """The context the lean child uses checks host names and certificates, as requests does."""
-    from agent.daemon_jobs.lean_delivery import tls_context
+    from agent.daemon_jobs.hub_probe import tls_context
 
     context = tls_context(certificates[0][0])
     assert context.check_hostname and context.verify_mode == ssl.CERT_REQUIRED
