@@ -457,6 +457,8 @@ class LeanChild:
         if (probe is not None and result.probe is None) or (deliver is not None and result.deliver is None):
             log.info("lean_child_failed", parts=parts, error="a part asked for has no answer", then="the full children")
             return LeanResult()
+        log.debug("lean_child_answered", parts=parts, probe=result.probe.outcome if result.probe else None,
+                  deliver=result.deliver.outcome if result.deliver else None)
         return result
 
 

@@ -28,6 +28,7 @@ from agent.host import Host
 from agent.report.plain import PlainHeartbeat
 from tests.bundle.test_fetch import hub_site
 from tests.bundle.test_install import POLICY, run
+from tests.daemon.conftest import AgentProcess
 from tests.daemon.test_jobs import make_runtime
 from tests.hub.process import HubProcess
 from tests.hub.test_cli_hub_policy import hub  # noqa: F401 - the real hub fixture
@@ -135,3 +136,27 @@ def test_a_running_delivery_or_a_full_fetch_leaves_the_heartbeat_to_the_delivery
     assert spawns.since(mark) == ["full:policy_fetch"] and wiring.woken[1:] == ["event_enqueued"]
     wiring.delivery.run("event_enqueued")
     assert spawns.since(mark + 1) == ["lean:deliver"] and rt.outbox.depth() == 0
+
+
+def test_the_daemon_starts_one_lean_child_per_heartbeat(tmp_path: Path, hub: HubProcess) -> None:  # noqa: F811
+    """A real ``gpuguard run`` against the real hub, heartbeat every 3 s: once both plans are taken, each heartbeat
+    is one lean child with both parts that the hub acknowledged (no full child, no second lean child between
+    them)."""
+    site, _host_token, _admin = hub_site(hub, tmp_path)
+    agent = AgentProcess(tmp_path / "agent", site.root)
+    agent.workdir.mkdir()
+    agent.write_config(re.sub(r'state_dir = "[^"]*"', f'state_dir = "{agent.state_dir}"', site.config.read_text())
+                       .replace('[agent]\n', '[agent]\nlog_level = "debug"\n')
+                       + "heartbeat_interval_seconds = 3\ndelivery_interval_seconds = 600\n"
+                         "startup_jitter_seconds = 0.5\n[daemon]\nhealth_enabled = false\n"
+                         "package_watch_interval_seconds = 60\n")
+    agent.start()
+    try:
+        agent.wait_for_log("lean_child_answered", count=5, parts=["probe", "deliver"], deliver="delivered")
+    finally:
+        assert agent.terminate() == 0
+    lines = agent.logs()
+    both = [i for i, e in enumerate(lines) if e.get("event") == "lean_child_answered"
+            and e.get("parts") == ["probe", "deliver"]]
+    between = [e["job"] for e in lines[both[1] + 1:both[4] + 1] if e.get("event") == "job_child_exited"]
+    assert between == ["lean"] * 3, between
