@@ -201,7 +201,8 @@ class Daemon:
 
         heartbeat_runner = self._add(scheduler, "heartbeat", without_retry(beat), intervals["heartbeat"],
                                      first_heartbeat_in_seconds(s))
-        # The hub's policy bundle, on the heartbeat's schedule (a little before it); a new one checked by the guard.
+        # The hub's policy bundle, right after each heartbeat (in-process: on the heartbeat's interval); a new one
+        # checked by the guard.
         def policy_changed(why: str) -> None:
             guard_runner.request(why)
             heartbeat_runner.request(why)
