@@ -470,7 +470,9 @@ class LeanRound:
     its bookkeeping) with a drain that asks the lean child for the delivery's part beside the probe's; a delivery
     with nothing to send, backing off, or without a lean plan yet adds no part (without a plan its full child runs
     after, as today). When the delivery job is running already, or the fetch runs no probe (:meth:`release`: the full
-    fetch, no plan, no hub), the delivery job is woken as any committed event wakes it."""
+    fetch, no plan, no hub), the delivery job is woken as any committed event wakes it; so it is when the full
+    delivery child run after the lean part fails: that failure is the delivery job's to log and back off from, and
+    the probe's answer still counts."""
 
     def __init__(self, delivery: DeliveryJob, drain: DeliveryInChild, wake_delivery: Callable[[str], None],
                  retry_delivery_in: Callable[[float], None]) -> None:
@@ -489,7 +491,14 @@ class LeanRound:
             answers.append(answer)
             return self.drain.finish(reason, request, answer.deliver)
 
-        ran, retry_in = self.delivery.run_with(HEARTBEAT_REASON, drain)
+        try:
+            ran, retry_in = self.delivery.run_with(HEARTBEAT_REASON, drain)
+        except Interrupted:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the full delivery child after the lean part: the delivery's failure
+            # is the delivery job's to log and back off from (it runs again on its own), never the fetch's.
+            log.info("delivery_carried_failed", error=f"{type(exc).__name__}: {exc}", then="the delivery job")
+            ran, retry_in = False, None
         if not ran:
             self.wake_delivery("event_enqueued")  # it loops once more when it ends, for the heartbeat's event
         elif retry_in is not None:

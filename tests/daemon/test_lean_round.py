@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import List, Sequence
 
@@ -16,6 +17,7 @@ from agent.config import load_settings
 from agent.daemon_jobs import children
 from agent.daemon_jobs.children import (
     HEARTBEAT_REASON,
+    ChildJobFailed,
     DeliveryInChild,
     LeanRound,
     PolicyFetchInChild,
@@ -37,13 +39,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # a real hub process 
 
 
 class Spawns:
-    """Every child's command line, recorded as it starts: ``full:JOB``, or ``lean:`` and the parts asked."""
+    """Every child's command line, recorded as it starts: ``full:JOB``, or ``lean:`` and the parts asked; the jobs
+    in ``failing`` exit 1 at once."""
 
     def __init__(self) -> None:
         self.started: List[str] = []
+        self.failing: List[str] = []
 
     def full(self, job: str, config: str, root: str, request: str, result: str) -> Sequence[str]:
         self.started.append(f"full:{job}")
+        if job in self.failing:
+            return [sys.executable, "-c", "raise SystemExit(1)"]
         return child_argv(job, config, root, request, result)
 
     def lean(self, job: str, config: str, root: str, request: str, result: str) -> Sequence[str]:
@@ -136,6 +142,22 @@ def test_a_running_delivery_or_a_full_fetch_leaves_the_heartbeat_to_the_delivery
     assert spawns.since(mark) == ["full:policy_fetch"] and wiring.woken[1:] == ["event_enqueued"]
     wiring.delivery.run("event_enqueued")
     assert spawns.since(mark + 1) == ["lean:deliver"] and rt.outbox.depth() == 0
+
+
+def test_a_failing_full_delivery_child_is_the_delivery_jobs_failure_not_the_fetchs(wired: tuple) -> None:
+    """Without a lean plan the carried drain runs the full delivery child after the probe; when that child fails the
+    fetch still takes the probe's answer (no full fetch), and the delivery job is woken to fail and back off on its
+    own."""
+    rt, spawns, wiring, _ = wired
+    wiring.drain._plan = None  # as after a reload: the next drain is a full child
+    spawns.failing.append("deliver")
+    heartbeat(rt)
+    mark = len(spawns.started)
+    wiring.fetch.run(HEARTBEAT_REASON)
+    assert spawns.since(mark) == ["lean:probe", "full:deliver"] and wiring.woken == ["event_enqueued"]
+    with pytest.raises(ChildJobFailed):
+        wiring.delivery.run("event_enqueued")
+    assert rt.outbox.depth() == 1
 
 
 def test_the_daemon_starts_one_lean_child_per_heartbeat(tmp_path: Path, hub: HubProcess) -> None:  # noqa: F811
