@@ -32,11 +32,13 @@ import threading
 from typing import TYPE_CHECKING, AbstractSet, Callable, Dict, Optional, Union
 
 from agent.daemon_jobs.children import (
+    HEARTBEAT_REASON,
     ChildJobFailed,
     DeliveryInChild,
     GuardCheckInChild,
     GuardEventsInChild,
     HealthInChild,
+    LeanRound,
     PolicyFetchInChild,
     SnapshotInChild,
     load_config_in_child,
@@ -77,6 +79,9 @@ OUTBOX_CHECK_INTERVAL_SECONDS = 600.0
 # A SIGHUP's config child (about 0.3 s) still running after this is killed and the reload fails: the main thread
 # waits for it, and no later SIGHUP or SIGTERM is read until it ends (a config file on a hung mount, a FIFO).
 CONFIG_RELOAD_TIMEOUT_SECONDS = 120.0
+# With job children the policy fetch is asked right after each heartbeat (its probe carries the heartbeat's delivery:
+# one lean child a minute, issue #45); its own schedule is only a backstop, this many heartbeat intervals apart.
+FETCH_BACKSTOP_INTERVALS = 2
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 
 
@@ -136,6 +141,11 @@ class Daemon:
         self.runners[job_id] = runner
         return runner
 
+    def _interval(self, job_id: str, intervals: Dict[str, float]) -> float:
+        """The job's scheduled interval: the setting's, the policy fetch's a backstop with job children."""
+        factor = FETCH_BACKSTOP_INTERVALS if job_id == "policy_fetch" and self.job_children else 1
+        return intervals[job_id] * factor
+
     def start(self) -> None:
         limit_malloc_arenas()  # before the worker threads exist (agent/daemon_jobs/memory.py)
         rt, s, hooks, children = self.runtime, self.runtime.settings, self.hooks, self.job_children
@@ -145,7 +155,8 @@ class Daemon:
         intervals = s.intervals()
         self._metrics = MetricsJob(rt)
         self._add(scheduler, "metrics", without_retry(self._metrics.run), 60.0, 0.0, refresh_metrics=False)
-        delivery = self._delivery = DeliveryJob(rt, drain=DeliveryInChild(rt, self.config_path) if children else None)
+        drain = DeliveryInChild(rt, self.config_path) if children else None
+        delivery = self._delivery = DeliveryJob(rt, drain=drain)
         deliver = self._add(scheduler, "deliver", delivery.run, intervals["deliver"], 0.0)
         rt.emitter.on_enqueued = lambda: deliver.request("event_enqueued")
         health: Union[HealthJob, HealthInChild] = HealthInChild(rt, self.config_path) if children \
@@ -178,16 +189,27 @@ class Daemon:
                   refresh_metrics=False)
         rt.report_outbox_damage()  # found while opening it
         self._add(scheduler, "outbox_check", without_retry(rt.check_outbox), OUTBOX_CHECK_INTERVAL_SECONDS, None)
-        heartbeat = HeartbeatJob(rt)
-        heartbeat_runner = self._add(scheduler, "heartbeat", without_retry(heartbeat.run), intervals["heartbeat"],
+        # With job children the heartbeat does not wake delivery: the policy fetch asked right after it carries it.
+        heartbeat = HeartbeatJob(rt, wake_delivery=not children)
+
+        def beat(reason: str) -> None:
+            try:
+                heartbeat.run(reason)
+            finally:
+                if children:
+                    self.runners["policy_fetch"].request(HEARTBEAT_REASON)
+
+        heartbeat_runner = self._add(scheduler, "heartbeat", without_retry(beat), intervals["heartbeat"],
                                      first_heartbeat_in_seconds(s))
-        # The hub's policy bundle, on the heartbeat's schedule (a little before it); a new one checked by the guard.
+        # The hub's policy bundle, right after each heartbeat (in-process: on the heartbeat's interval); a new one
+        # checked by the guard.
         def policy_changed(why: str) -> None:
             guard_runner.request(why)
             heartbeat_runner.request(why)
 
-        fetch = PolicyFetchInChild(rt, self.config_path, policy_changed, in_child=children)
-        self._add(scheduler, "policy_fetch", without_retry(fetch.run), intervals["policy_fetch"],
+        lean_round = LeanRound(delivery, drain, deliver.request, deliver.run_at) if drain is not None else None
+        fetch = PolicyFetchInChild(rt, self.config_path, policy_changed, in_child=children, lean_round=lean_round)
+        self._add(scheduler, "policy_fetch", without_retry(fetch.run), self._interval("policy_fetch", intervals),
                   first_policy_fetch_in_seconds(s))
         if self.notifier.watchdog_seconds:
             self._add(scheduler, "watchdog", lambda reason: self.notifier.notify("WATCHDOG=1"),
@@ -219,9 +241,10 @@ class Daemon:
         rt.emitter.host_id = host_identity(rt.host, new.view.host_id)
         if self._delivery is not None:
             self._delivery.reset_backoff()  # the new endpoint, token or CA bundle deserves a try now
-        for job_id, seconds in new.view.intervals().items():
+        after = new.view.intervals()
+        for job_id, seconds in after.items():
             if before[job_id] != seconds and self.scheduler is not None:
-                self.scheduler.set_interval(job_id, seconds)
+                self.scheduler.set_interval(job_id, self._interval(job_id, after))
         log.info("config_reloaded", path=self.config_path, endpoint_url=new.view.endpoint_url)
         self.notifier.notify("STATUS=running; configuration reloaded")
         self.runners["guard"].request("config_reloaded")  # the recompiled policy may no longer allow the installed set

@@ -15,15 +15,18 @@ With ``--node-exporter`` (a path, or ``auto``: on PATH or unpacked from Debian's
 without installing it, as bench_daemon_memory.py does) node_exporter runs in the same window, scraped every
 ``--scrape-seconds`` (15, Prometheus' usual), and the figures are put per hour: CPU per hour of each process
 (window CPU x 3600 / window), the job children the agent started in the window by job (its ``job_child_exited``
-debug lines: count and CPU), and the ratios agent / node_exporter of CPU per hour and of RSS (issue #45). A window
-shorter than an hour holds none of the hourly forced runs (a full policy fetch, a snapshot: docs/reporting.md "Idle
-cost"), so ``cpu_per_hour_with_forced`` adds one of each at the mean cost the window measured (or
-``--forced-child-seconds`` each when it saw none). The local endpoint answers a GET of the policy bundle with 204
-(the hub with no bundle in this host's scope), so the policy fetch runs its production path.
+debug lines, so with ``--log-level debug``: count and CPU), and the ratios agent / node_exporter of CPU per hour
+and of RSS (issue #45). A window shorter than an hour holds none of the hourly forced runs (a full policy fetch, a
+snapshot: docs/reporting.md "Idle cost"), so ``cpu_per_hour_with_forced`` adds one of each at the mean cost the
+window measured (or ``--forced-child-seconds`` each when it saw none). The local endpoint answers a GET of the
+policy bundle with 204 (the hub with no bundle in this host's scope), so the policy fetch runs its production path.
 
 Goals (issue #6): under 60 MB RSS; no measurable CPU between jobs. Issue #45: CPU per hour <= 3x node_exporter's,
 RSS <= 1.1x.
-Run: .venv/bin/python bench/bench_idle.py [--seconds 20] [--root DIR] [--before DIR] [--node-exporter auto] [--json]
+The agents log at ``--log-level`` (default ``info``, the default an operator runs; the resident's own CPU is a little
+higher at ``debug``, which the per-job table needs).
+Run: .venv/bin/python bench/bench_idle.py [--seconds 20] [--root DIR] [--before DIR] [--node-exporter auto]
+     [--log-level info|debug] [--json]
 """
 
 from __future__ import annotations
@@ -115,9 +118,9 @@ def utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1e6) % 1000000:06d}Z"
 
 
-def agent_config(state_dir: str, endpoint: str, token_file: str, quiet: bool) -> str:
+def agent_config(state_dir: str, endpoint: str, token_file: str, quiet: bool, log_level: str) -> str:
     """Default intervals, or (``quiet``) every job an hour apart so the window holds only time between jobs."""
-    lines = ["[agent]", f'state_dir = "{state_dir}"', 'log_level = "debug"', 'host_id = "bench-host"',
+    lines = ["[agent]", f'state_dir = "{state_dir}"', f'log_level = "{log_level}"', 'host_id = "bench-host"',
              "[daemon]", "health_enabled = false"]  # the health probe's cost is bench_health.py's subject
     if quiet:
         lines += ["package_watch_interval_seconds = 3600", "[snapshot]", "interval_seconds = 3600"]
@@ -127,10 +130,10 @@ def agent_config(state_dir: str, endpoint: str, token_file: str, quiet: bool) ->
     return "\n".join(lines) + "\n"
 
 
-def start_agent(tmp: str, name: str, root: str, endpoint: str, token_file: str, quiet: bool,
+def start_agent(tmp: str, name: str, root: str, endpoint: str, token_file: str, quiet: bool, log_level: str,
                 tree: Path = REPO) -> subprocess.Popen:
     config = os.path.join(tmp, f"{name}.toml")
-    Path(config).write_text(agent_config(os.path.join(tmp, f"state-{name}"), endpoint, token_file, quiet))
+    Path(config).write_text(agent_config(os.path.join(tmp, f"state-{name}"), endpoint, token_file, quiet, log_level))
     hide = hide_modules(Path(tmp), ["rich"])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(tree)])}
     env.pop("NOTIFY_SOCKET", None)
@@ -149,6 +152,8 @@ def main() -> int:
     parser.add_argument("--before", type=Path, help="also run the agent of this tree (an older commit), side by side")
     parser.add_argument("--node-exporter", help="node_exporter binary, or 'auto' (PATH or Debian's package, unpacked)")
     parser.add_argument("--scrape-seconds", type=float, default=15.0, help="node_exporter scrape interval (15)")
+    parser.add_argument("--log-level", choices=("info", "debug"), default="info",
+                        help="the agents' log level (info, the default; debug lists the job children)")
     parser.add_argument("--forced-child-seconds", type=float, default=0.4,
                         help="CPU of a forced full fetch or snapshot child when the window saw none (0.4)")
     args = parser.parse_args()
@@ -172,10 +177,13 @@ def main() -> int:
             if exporter_bin is None:
                 print("node_exporter not available", file=sys.stderr)
                 return 1
-        procs = {"agent": start_agent(tmp, "agent", root, endpoint, token_file, quiet=False),
-                 "agent_no_job_due": start_agent(tmp, "agent_no_job_due", root, endpoint, token_file, quiet=True),
+        level = args.log_level
+        procs = {"agent": start_agent(tmp, "agent", root, endpoint, token_file, quiet=False, log_level=level),
+                 "agent_no_job_due": start_agent(tmp, "agent_no_job_due", root, endpoint, token_file, quiet=True,
+                                                 log_level=level),
                  **({"agent_before": start_agent(tmp, "agent_before", root, endpoint, token_file, quiet=False,
-                                                 tree=args.before.resolve())} if args.before else {}),
+                                                 log_level=level, tree=args.before.resolve())}
+                    if args.before else {}),
                  "bare_python": subprocess.Popen([sys.executable, "-c",
                                                   f"import time; time.sleep({args.seconds * 3 + 60})"],
                                                  stdin=subprocess.DEVNULL),
@@ -219,7 +227,7 @@ def main() -> int:
                 "rss_ratio": round(done["agent"]["rss_end_kib"] / done["bare_python"]["rss_end_kib"], 2),
                 "rss_difference_kib": done["agent"]["rss_end_kib"] - done["bare_python"]["rss_end_kib"],
                 "events_delivered": server.events,  # type: ignore[attr-defined]
-                "python": sys.version.split()[0], "ticks_per_second": TICKS_PER_SECOND})
+                "python": sys.version.split()[0], "ticks_per_second": TICKS_PER_SECOND, "log_level": level})
         finally:
             for proc in procs.values():
                 if proc.poll() is None:
@@ -231,7 +239,8 @@ def main() -> int:
         print(json.dumps(results, indent=2, sort_keys=True))
         return 0
     a = results["agent"]
-    print(f"window {a['window_seconds']} s, Python {results['python']}, CPU tick {1 / TICKS_PER_SECOND:g} s")
+    print(f"window {a['window_seconds']} s, Python {results['python']}, CPU tick {1 / TICKS_PER_SECOND:g} s, "
+          f"log level {results['log_level']}")
     print(f"{'':27}{'RSS end MB':>11}{'RSS max MB':>11}{'peak MB':>9}{'anon MB':>9}{'CPU s':>7}{'CPU %':>8}")
     for name, label in (("agent", "gpuguard run (defaults)"), ("agent_no_job_due", "gpuguard run (no job due)"),
                         ("agent_before", "--before tree (defaults)"), ("bare_python", "bare python"),

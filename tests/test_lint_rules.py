@@ -116,8 +116,9 @@ REVIEWED_OPENS = {
                                           "block on a FIFO)",
     ("agent/report/outbox.py", "os.open()"): "creating the outbox database 0600 before SQLite opens it",
     ("agent/daemon_jobs/hub_probe.py", "os.open()"): "the stdlib-only probe (imports nothing of agent/files.py): "
-                                                     "the token file O_NOFOLLOW|O_NONBLOCK, fstat S_ISREG; its "
-                                                     "result file O_EXCL|O_NOFOLLOW 0600",
+                                                     "the token file O_NOFOLLOW|O_NONBLOCK, fstat S_ISREG",
+    ("agent/daemon_jobs/lean_child.py", "os.open()"): "the stdlib-only lean child (a probe alone imports nothing of "
+                                                      "agent/files.py): its result file O_EXCL|O_NOFOLLOW 0600",
     ("agent/daemon_jobs/snapshot_stamp.py", "os.open()"): "small /proc and /sys files, O_NONBLOCK, one bounded read",
 }
 

@@ -36,7 +36,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple, Type, TypeVar
 
-from agent.daemon_jobs.delivery import Drained
+from agent.daemon_jobs.delivery import DeliveryJob, Drained
 from agent.daemon_jobs.health import HealthSkips
 from agent.daemon_jobs.procstatus import peak_rss_kib
 from agent.daemon_jobs.protocol import (
@@ -58,6 +58,8 @@ from agent.daemon_jobs.protocol import (
     JobRequest,
     LeanDeliveryRequest,
     LeanDeliveryResult,
+    LeanRequest,
+    LeanResult,
     PolicyFetchResult,
     RestoreResult,
     SnapshotRequest,
@@ -80,9 +82,9 @@ delivery_log = get_logger("delivery")
 # How often the daemon looks at a running child (and at its own stopping flag) while it waits.
 POLL_SECONDS = 0.05
 _ENV_DROPPED = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
-# Jobs whose clean exits are routine (delivery and the policy probe about once a minute, the config at every start
-# and reload).
-_QUIET_JOBS = frozenset({"deliver", "deliver_lean", "config", "policy_probe"})
+# Jobs whose clean exits are routine (delivery and the lean child of the policy probe about once a minute, the
+# config at every start and reload).
+_QUIET_JOBS = frozenset({"deliver", "lean", "config"})
 
 R = TypeVar("R", bound=JsonRecord)
 # (job, config path, root, request JSON, result path) -> the child's command line; tests hand in their own.
@@ -323,28 +325,47 @@ class HealthInChild:
 class DeliveryInChild:
     """The delivery job's drain in a child, as DeliveryJob's ``drain``: what the child got through, or its failure.
 
-    Once a full child (``gpuguard _job deliver``) has handed back its plan, the stdlib-only child
-    (agent/daemon_jobs/lean_delivery.py, about a tenth of the full child's CPU) drains first, while the settings in
+    Once a full child (``gpuguard _job deliver``) has handed back its plan, the stdlib-only lean child
+    (agent/daemon_jobs/lean_child.py, about a fifth of the full child's CPU) drains first, while the settings in
     force are the ones the plan was made with: ``delivered`` and ``down`` end there (down: its failure, the daemon
     backs off as before); ``unsure``, or a lean child that failed, starts the full child, which hands back the next
-    plan. ``argv`` and ``lean`` replace the two command lines (tests count the spawns)."""
+    plan. On a heartbeat the lean child also probes the hub (:class:`LeanRound`). ``argv`` and ``lean`` replace the
+    two command lines (tests count the spawns)."""
 
     def __init__(self, runtime: Runtime, config_path: str, argv: Optional[ArgvFunction] = None,
                  lean: Optional[ArgvFunction] = None) -> None:
         self.runtime = runtime
         self.config_path = config_path
         self.argv = argv
-        self.lean = lean or lean_delivery_argv
+        self.lean = LeanChild(runtime, config_path, lean)
         self._plan: Optional[Tuple[object, DeliveryPlan]] = None  # (the settings it was made with, the plan)
 
+    def lean_request(self) -> Optional[LeanDeliveryRequest]:
+        """The lean delivery's request while the plan is the one of the settings in force, else None."""
+        rt = self.runtime
+        if self._plan is None or self._plan[0] is not rt.in_force:
+            return None
+        return LeanDeliveryRequest(plan=self._plan[1], host_id=rt.emitter.host_id, daemon_pid=os.getpid())
+
     def __call__(self, reason: str) -> Drained:
+        request = self.lean_request()
+        return self.finish(reason, request, None if request is None else self.lean.run(None, request).deliver)
+
+    def finish(self, reason: str, request: Optional[LeanDeliveryRequest],
+               lean: Optional[LeanDeliveryResult]) -> Drained:
+        """After the lean child's part (``request`` None: none was asked; ``lean`` None: it failed): its drain, or
+        the full child's."""
         rt = self.runtime
         acknowledged_at: Optional[float] = None
-        if self._plan is not None and self._plan[0] is rt.in_force:
-            lean = self._lean(self._plan[1])
-            if lean is not None and (lean.outcome != "unsure" or rt.stopping.is_set()):
+        if request is not None and lean is not None:
+            for batch in lean.batches:  # as drain_outbox logs the full child's
+                delivery_log.debug("delivery_batch_sent", events=batch.events, accepted=batch.accepted,
+                                   duplicates=batch.duplicates, first_sequence=batch.first_sequence,
+                                   last_sequence=batch.last_sequence, lean=True)
+            if lean.outcome != "unsure" or rt.stopping.is_set():
                 return lean.drained  # stopping: no full child now, the next daemon drains the rest
-            acknowledged_at = lean.drained.acknowledged_at_seconds if lean is not None else None
+            log.debug("delivery_lean_unsure", detail=lean.detail, then="the full delivery child")
+            acknowledged_at = lean.drained.acknowledged_at_seconds
         result = run_child("deliver", self.config_path, str(rt.host.root),
                            JobRequest(context=child_context(rt), reason=reason), DeliverResult, rt.state_dir,
                            rt.stopping, self.argv)
@@ -353,24 +374,6 @@ class DeliveryInChild:
         if drained.acknowledged_at_seconds is None and acknowledged_at is not None:
             drained = dataclasses.replace(drained, acknowledged_at_seconds=acknowledged_at)
         return drained
-
-    def _lean(self, plan: DeliveryPlan) -> Optional[LeanDeliveryResult]:
-        """The lean child's answer, or None when it failed (then the full child decides)."""
-        rt = self.runtime
-        try:
-            request = LeanDeliveryRequest(plan=plan, host_id=rt.emitter.host_id, daemon_pid=os.getpid())
-            result = run_child("deliver_lean", self.config_path, str(rt.host.root), request, LeanDeliveryResult,
-                               rt.state_dir, rt.stopping, self.lean, LEAN_DELIVERY_TIMEOUT_SECONDS)
-        except ChildJobFailed as exc:
-            log.info("delivery_lean_failed", error=str(exc), then="the full delivery child")
-            return None
-        for batch in result.batches:  # as drain_outbox logs the full child's
-            delivery_log.debug("delivery_batch_sent", events=batch.events, accepted=batch.accepted,
-                               duplicates=batch.duplicates, first_sequence=batch.first_sequence,
-                               last_sequence=batch.last_sequence, lean=True)
-        if result.outcome == "unsure":
-            log.debug("delivery_lean_unsure", detail=result.detail, then="the full delivery child")
-        return result
 
 
 class GuardCheckInChild:
@@ -413,25 +416,102 @@ class GuardEventsInChild:
         return result.forwarded
 
 
-def probe_argv(job: str, config_path: str, root: str, request_json: str, result_path: str) -> List[str]:
-    """The probe's command line: this interpreter, isolated and without site (``-I -S``: nothing of the host's
-    Python environment), the agent package first on sys.path, agent/daemon_jobs/hub_probe.py's main."""
+def lean_argv(job: str, config_path: str, root: str, request_json: str, result_path: str) -> List[str]:
+    """The lean child's command line: this interpreter, isolated and without site (``-I -S``: nothing of the host's
+    Python environment), the agent package first on sys.path, agent/daemon_jobs/lean_child.py's main."""
     paths = [p for p in sys.path if p and os.path.isabs(p)]
-    boot = (f"import sys; sys.path[:0] = {paths!r}; from agent.daemon_jobs.hub_probe import main; "
+    boot = (f"import sys; sys.path[:0] = {paths!r}; from agent.daemon_jobs.lean_child import main; "
             "sys.exit(main(sys.argv[1:]))")
     return [sys.executable, "-I", "-S", "-c", boot, request_json, result_path]
 
 
-def lean_delivery_argv(job: str, config_path: str, root: str, request_json: str, result_path: str) -> List[str]:
-    """The lean delivery child's command line: as :func:`probe_argv`, agent/daemon_jobs/lean_delivery.py's main."""
-    paths = [p for p in sys.path if p and os.path.isabs(p)]
-    boot = (f"import sys; sys.path[:0] = {paths!r}; from agent.daemon_jobs.lean_delivery import main; "
-            "sys.exit(main(sys.argv[1:]))")
-    return [sys.executable, "-I", "-S", "-c", boot, request_json, result_path]
-
-
-# The lean delivery child's limit: each POST has the plan's timeouts; this kills one that hangs past them all.
+# The lean child's limits: the probe's deadline and each POST's timeouts are the plans'; these kill one that hangs
+# past them all (then the full children decide).
+PROBE_TIMEOUT_SECONDS = 240.0
 LEAN_DELIVERY_TIMEOUT_SECONDS = 600.0
+# The reason the policy fetch is asked with right after each heartbeat (the daemon's wiring): its probe carries the
+# heartbeat's delivery (LeanRound).
+HEARTBEAT_REASON = "heartbeat"
+
+
+class LeanChild:
+    """Starts the lean child (agent/daemon_jobs/lean_child.py) for the parts asked; a part it did not answer (the
+    child failed, was killed, or left no answer for it) is None: the full child decides. ``argv`` replaces its
+    command line (tests count the spawns)."""
+
+    def __init__(self, runtime: Runtime, config_path: str, argv: Optional[ArgvFunction] = None) -> None:
+        self.runtime = runtime
+        self.config_path = config_path
+        self.argv = argv or lean_argv
+
+    def run(self, probe: Optional[HubProbePlan], deliver: Optional[LeanDeliveryRequest]) -> LeanResult:
+        rt = self.runtime
+        parts = [name for name, part in (("probe", probe), ("deliver", deliver)) if part is not None]
+        try:
+            result = run_child("lean", self.config_path, str(rt.host.root), LeanRequest(probe=probe, deliver=deliver),
+                               LeanResult, rt.state_dir, rt.stopping, self.argv,
+                               LEAN_DELIVERY_TIMEOUT_SECONDS if deliver is not None else PROBE_TIMEOUT_SECONDS)
+        except ChildJobFailed as exc:
+            log.info("lean_child_failed", parts=parts, error=str(exc), then="the full children")
+            return LeanResult()
+        if (probe is not None and result.probe is None) or (deliver is not None and result.deliver is None):
+            log.info("lean_child_failed", parts=parts, error="a part asked for has no answer", then="the full children")
+            return LeanResult()
+        log.debug("lean_child_answered", parts=parts, probe=result.probe.outcome if result.probe else None,
+                  deliver=result.deliver.outcome if result.deliver else None)
+        return result
+
+
+class LeanRound:
+    """On a heartbeat, the policy probe and the heartbeat's delivery in one lean child (issue #45).
+
+    The daemon commits the heartbeat without waking the delivery job and then asks the policy fetch, with
+    HEARTBEAT_REASON. When the fetch probes, :meth:`probe` runs the delivery job once (its backoff, its outbox depth,
+    its bookkeeping) with a drain that asks the lean child for the delivery's part beside the probe's; a delivery
+    with nothing to send, backing off, or without a lean plan yet adds no part (without a plan its full child runs
+    after, as today). When the delivery job is running already, or the fetch runs no probe (:meth:`release`: the full
+    fetch, no plan, no hub), the delivery job is woken as any committed event wakes it; so it is when the full
+    delivery child run after the lean part fails: that failure is the delivery job's to log and back off from, and
+    the probe's answer still counts."""
+
+    def __init__(self, delivery: DeliveryJob, drain: DeliveryInChild, wake_delivery: Callable[[str], None],
+                 retry_delivery_in: Callable[[float], None]) -> None:
+        self.delivery = delivery
+        self.drain = drain
+        self.wake_delivery = wake_delivery
+        self.retry_delivery_in = retry_delivery_in
+
+    def probe(self, plan: HubProbePlan) -> Optional[HubProbeResult]:
+        """The probe's answer (None: the child failed), the heartbeat's delivery carried along."""
+        answers: List[LeanResult] = []
+
+        def drain(reason: str) -> Drained:
+            request = self.drain.lean_request()
+            answer = self.drain.lean.run(plan, request)
+            answers.append(answer)
+            return self.drain.finish(reason, request, answer.deliver)
+
+        try:
+            ran, retry_in = self.delivery.run_with(HEARTBEAT_REASON, drain)
+        except Interrupted:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the full delivery child after the lean part: the delivery's failure
+            # is the delivery job's to log and back off from (it runs again on its own), never the fetch's.
+            log.info("delivery_carried_failed", error=f"{type(exc).__name__}: {exc}", then="the delivery job")
+            ran, retry_in = False, None
+        if not ran:
+            self.wake_delivery("event_enqueued")  # it loops once more when it ends, for the heartbeat's event
+        elif retry_in is not None:
+            self.retry_delivery_in(retry_in)
+        if answers:
+            return answers[0].probe
+        return self.drain.lean.run(plan, None).probe
+
+    def release(self) -> None:
+        """The fetch probed nothing on this heartbeat: the delivery job sends the heartbeat on its own."""
+        self.wake_delivery("event_enqueued")
+
+
 # A full fetch at least this often even when every probe matched: what the full fetch decides by the clock (a
 # freshness statement or bundle expiring) and the host facts of the newest statement are looked at again.
 FULL_FETCH_EVERY_SECONDS = 3600.0
@@ -439,8 +519,6 @@ FULL_FETCH_EVERY_SECONDS = 3600.0
 # (any other answer, a push say, starts it at once; a hub that is down never does).
 SAME_FAILURE_RETRIES = 3
 SAME_FAILURE_RETRY_SECONDS = 600.0
-# The probe's own limit: its deadline is the plan's; this kills one that hangs past it (then a full fetch decides).
-PROBE_TIMEOUT_SECONDS = 240.0
 
 
 class _Seen:
@@ -468,18 +546,20 @@ class PolicyFetchInChild:
     be, and answers with the same digest as those before the last full fetch start no full child, unless the
     policy-bundle state, the settings or the snapshot's hash changed since, or FULL_FETCH_EVERY_SECONDS passed.
     Answers a full fetch failed on SAME_FAILURE_RETRIES times in a row are logged as that failure again and tried
-    every SAME_FAILURE_RETRY_SECONDS only.
-    ``argv`` and ``probe`` replace the two command lines (tests count the spawns)."""
+    every SAME_FAILURE_RETRY_SECONDS only. Asked with HEARTBEAT_REASON, the probe carries the heartbeat's delivery
+    (``lean_round``, :class:`LeanRound`). ``argv`` and ``probe`` replace the two command lines (tests count the
+    spawns)."""
 
     def __init__(self, runtime: Runtime, config_path: str, on_changed: Callable[[str], None],
                  in_child: bool = True, argv: Optional[ArgvFunction] = None,
-                 probe: Optional[ArgvFunction] = None) -> None:
+                 probe: Optional[ArgvFunction] = None, lean_round: Optional[LeanRound] = None) -> None:
         self.runtime = runtime
         self.config_path = config_path
         self.on_changed = on_changed
         self.in_child = in_child
         self.argv = argv
-        self.probe = probe or probe_argv
+        self.lean = LeanChild(runtime, config_path, probe)
+        self.round = lean_round
         self._seen: Optional[_Seen] = None
 
     def _stamp(self) -> Tuple[object, ...]:
@@ -498,17 +578,15 @@ class PolicyFetchInChild:
             facts = rt.state.snapshot_facts
         return (tuple(files), id(rt.in_force), facts.content_hash if facts is not None else None)
 
-    def _probe(self, seen: _Seen) -> Optional[HubProbeResult]:
-        """The probe's answer, or None when it failed (then the full fetch decides)."""
-        rt = self.runtime
-        try:
-            return run_child("policy_probe", self.config_path, str(rt.host.root), seen.plan, HubProbeResult,
-                             rt.state_dir, rt.stopping, self.probe, PROBE_TIMEOUT_SECONDS)
-        except ChildJobFailed as exc:
-            log.info("policy_probe_failed", error=str(exc), then="a full fetch")
-            return None
-
     def run(self, reason: str = "interval") -> None:
+        carried: List[bool] = []
+        try:
+            self._run(reason, carried)
+        finally:
+            if reason == HEARTBEAT_REASON and self.round is not None and not carried:
+                self.round.release()
+
+    def _run(self, reason: str, carried: List[bool]) -> None:
         rt = self.runtime
         if rt.settings.endpoint_url is None:
             return
@@ -516,7 +594,11 @@ class PolicyFetchInChild:
         seen = self._seen
         if self.in_child and seen is not None and time.monotonic() - seen.ended_at < FULL_FETCH_EVERY_SECONDS \
                 and seen.stamp == self._stamp():
-            probed = self._probe(seen)
+            if reason == HEARTBEAT_REASON and self.round is not None:
+                carried.append(True)
+                probed = self.round.probe(seen.plan)
+            else:
+                probed = self.lean.run(seen.plan, None).probe
             if probed is not None and probed.outcome == "down":
                 log.warning("policy_fetch_failed", detail=probed.detail, kept="the policy in force", probe=True)
                 return

@@ -17,9 +17,10 @@ the backoff, the failure counts and the log lines stay with the daemon.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, List, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 
 from agent.daemon_jobs.runtime import Runtime
 from agent.errors import DeliveryError
@@ -101,6 +102,8 @@ class DeliveryJob:
     """Sends pending events when there are any; ``run`` returns seconds until it wants to retry, or None.
 
     ``drain`` sends them: by default in this process through ``runtime.sender``; the daemon hands in a job child's.
+    :meth:`run_with` is one run with another drain (the heartbeat's lean child, which also probes the hub: children.py's
+    LeanRound); runs never overlap.
     """
 
     def __init__(self, runtime: Runtime, clock: Callable[[], float] = time.monotonic,
@@ -112,6 +115,7 @@ class DeliveryJob:
         self._drain = drain or self._drain_here
         self._retry_at: Optional[float] = None
         self._warned_no_endpoint = False
+        self._running = threading.Lock()
 
     @property
     def retry_in_seconds(self) -> Optional[float]:
@@ -126,6 +130,20 @@ class DeliveryJob:
         self._retry_at = None
 
     def run(self, reason: str = "interval") -> Optional[float]:
+        with self._running:
+            return self._run(reason, self._drain)
+
+    def run_with(self, reason: str, drain: Callable[[str], Drained]) -> Tuple[bool, Optional[float]]:
+        """One run with ``drain`` instead of the job's own, unless a run is in progress: (whether it ran, the seconds
+        until it wants to retry or None)."""
+        if not self._running.acquire(blocking=False):
+            return False, None
+        try:
+            return True, self._run(reason, drain)
+        finally:
+            self._running.release()
+
+    def _run(self, reason: str, drain: Callable[[str], Drained]) -> Optional[float]:
         rt = self.runtime
         settings = rt.settings
         if settings.endpoint_url is None:
@@ -141,7 +159,7 @@ class DeliveryJob:
         self.backoff.cap_seconds = settings.backoff_cap_seconds
         if rt.outbox.depth() == 0:
             return None
-        drained = self._drain(reason)
+        drained = drain(reason)
         if drained.acknowledged_at_seconds is not None:
             with rt.state.lock:
                 rt.state.last_delivery_success_seconds = drained.acknowledged_at_seconds

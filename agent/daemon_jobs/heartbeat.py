@@ -41,10 +41,12 @@ def first_policy_fetch_in_seconds(settings: ResidentSettings, rng: Optional[rand
 
 
 class HeartbeatJob:
-    """Commits a Heartbeat event (dropped first when the outbox is full)."""
+    """Commits a Heartbeat event (dropped first when the outbox is full); ``wake_delivery`` False: the daemon has it
+    delivered with the policy probe (agent/daemon_jobs/children.py's LeanRound), not by waking the delivery job."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, wake_delivery: bool = True) -> None:
         self.runtime = runtime
+        self.wake_delivery = wake_delivery
 
     def run(self, reason: str = "interval") -> None:
         rt = self.runtime
@@ -64,7 +66,8 @@ class HeartbeatJob:
                                        last_health_after_change=after_change if health else None,
                                        labels=dict(settings.labels) or None, workloads=workloads,
                                        unknown_versions=facts.unknown_versions or None if facts else None,
-                                       rollback_coverage=rollback_coverage(rt), **policy))
+                                       rollback_coverage=rollback_coverage(rt), **policy),
+                        wake_delivery=self.wake_delivery)
 
 
 def _utc(seconds: Optional[float]) -> Optional[dt.datetime]:

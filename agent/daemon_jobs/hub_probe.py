@@ -28,18 +28,20 @@ import os
 import socket
 import ssl
 import stat
-import sys
 import time
 import urllib.parse
-from typing import Dict, List, Optional, Sequence, Tuple
 
-from agent.daemon_jobs.procstatus import peak_rss_kib
 from agent.wire import ROLLOUT_HEADER, ROLLOUT_ID_HEADER, ROLLOUT_STAGE_HEADER, ROLLOUT_STATE_HEADER
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the lean child's start (issue #45)
+    from typing import Dict, List, Optional, Sequence, Tuple
 
 # HTTP statuses that say the hub (or the proxy in front of it) is not serving now: the full fetch would fail too.
 DOWN_STATUSES = frozenset({502, 503, 504})
 MAX_TOKEN_FILE_BYTES = 64 << 10
 _CHUNK_BYTES = 64 * 1024
+_TLS_CONTEXTS: Dict[Optional[str], ssl.SSLContext] = {}
 # Headers whose values the full fetch reads (the ETag, the encoding it refuses, the rollout's notice and fields).
 _KEPT_HEADERS = frozenset(name.lower() for name in ("ETag", "Content-Encoding", "Location", ROLLOUT_HEADER,
                                                      ROLLOUT_ID_HEADER, ROLLOUT_STATE_HEADER, ROLLOUT_STAGE_HEADER))
@@ -75,13 +77,23 @@ def _read_token(path: Optional[str]) -> Optional[str]:
     return token
 
 
+def tls_context(ca_file: Optional[str]) -> ssl.SSLContext:
+    """Verification as requests does it with ``verify=ca_file`` (a file or a c_rehash'ed directory; None: the system
+    store). One per CA file in this child: loading a store costs about as much CPU as the child's start, and the
+    probe's requests and the lean delivery's POSTs share it (agent/daemon_jobs/lean_child.py)."""
+    context = _TLS_CONTEXTS.get(ca_file)
+    if context is None:
+        is_dir = bool(ca_file) and os.path.isdir(str(ca_file))
+        context = ssl.create_default_context(cafile=None if is_dir else ca_file, capath=ca_file if is_dir else None)
+        _TLS_CONTEXTS[ca_file] = context
+    return context
+
+
 def _connection(url: urllib.parse.SplitResult, cafile: Optional[str],
                 connect_timeout_seconds: float) -> http.client.HTTPConnection:
     host, port = url.hostname or "", url.port
     if url.scheme == "https":
-        context = ssl.create_default_context(cafile=cafile if cafile and not os.path.isdir(cafile) else None,
-                                             capath=cafile if cafile and os.path.isdir(cafile) else None)
-        return http.client.HTTPSConnection(host, port, timeout=connect_timeout_seconds, context=context)
+        return http.client.HTTPSConnection(host, port, timeout=connect_timeout_seconds, context=tls_context(cafile))
     if url.scheme == "http":
         return http.client.HTTPConnection(host, port, timeout=connect_timeout_seconds)
     raise ValueError(f"scheme {url.scheme!r}")
@@ -141,20 +153,14 @@ def probe(plan: Dict[str, object]) -> Dict[str, str]:
     return {"outcome": "answered", "digest": answers_digest(answers), "detail": ""}
 
 
-def main(argv: Sequence[str]) -> int:
-    """``PLAN_JSON RESULT_PATH``: probe, write the result as a job child's reply (agent/daemon_jobs/protocol.py)."""
-    plan_json, result_path = argv
+def probe_answer(plan: object) -> Dict[str, str]:
+    """:func:`probe`, with a plan this module cannot read (or a socket timeout) answered ``unsure``: the full fetch
+    decides. Run in the lean child (agent/daemon_jobs/lean_child.py)."""
     try:
-        result = probe(json.loads(plan_json))
-    except (KeyError, TypeError, ValueError) as exc:  # a plan this module cannot read: the full fetch decides
-        result = {"outcome": "unsure", "digest": "", "detail": f"plan: {type(exc).__name__}"}
+        if not isinstance(plan, dict):
+            raise TypeError("the plan is not an object")
+        return probe(plan)
+    except (KeyError, TypeError, ValueError) as exc:
+        return {"outcome": "unsure", "digest": "", "detail": f"plan: {type(exc).__name__}"}
     except socket.timeout:
-        result = {"outcome": "unsure", "digest": "", "detail": "timed out"}
-    fd = os.open(result_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump({"peak_rss_kib": peak_rss_kib(), "result": result}, handle)
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover - run as ``python -I -S -c`` by probe_argv
-    sys.exit(main(sys.argv[1:]))
+        return {"outcome": "unsure", "digest": "", "detail": "timed out"}

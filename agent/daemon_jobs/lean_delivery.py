@@ -29,18 +29,14 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import signal
 import socket
 import sqlite3
 import ssl
 import stat
-import sys
 import time
 import urllib.parse
-from typing import Dict, List, Optional, Sequence, Tuple
 
-from agent.daemon_jobs.hub_probe import DOWN_STATUSES, MAX_TOKEN_FILE_BYTES
-from agent.daemon_jobs.procstatus import peak_rss_kib
+from agent.daemon_jobs.hub_probe import DOWN_STATUSES, MAX_TOKEN_FILE_BYTES, tls_context
 from agent.errors import InputFileError
 from agent.files import read_bytes_bounded, read_json_file, write_atomically
 from agent.report.outbox_ack import (
@@ -52,6 +48,12 @@ from agent.report.outbox_ack import (
 )
 from agent.strictjson import parse_json_text
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the lean child's start (issue #45)
+    from typing import Dict, List, Optional, Sequence, Tuple
+
+    Result = Dict[str, object]
+
 # The largest acknowledgement read: 500 ids of at most 64 characters each, quoted, with room to spare.
 MAX_ACK_BYTES = 256 << 10
 _ACK_FIELDS = frozenset({"accepted", "duplicates"})
@@ -61,7 +63,6 @@ _PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy")
 # Batches listed in the result for the daemon's log (a drain of a full outbox, one event a batch, lists the first).
 MAX_BATCHES_LISTED = 1000
 
-Result = Dict[str, object]
 # Set by SIGTERM: as the full child's ``stopping``, the batch in flight is finished (sent and marked) and no other.
 _STOPPING: List[int] = []
 
@@ -137,12 +138,6 @@ def checked_bodies(rows: Sequence[Tuple[int, str, str]], host_id: str) -> List[s
             raise Unsure(f"outbox sequence {sequence}: another id, sequence or host id")
         bodies.append(body)
     return bodies
-
-
-def tls_context(ca_file: Optional[str]) -> ssl.SSLContext:
-    """Verification as requests does it with ``verify=ca_file`` (a file or a c_rehash'ed directory)."""
-    is_dir = bool(ca_file) and os.path.isdir(str(ca_file))
-    return ssl.create_default_context(cafile=None if is_dir else ca_file, capath=ca_file if is_dir else None)
 
 
 class Poster:
@@ -295,22 +290,17 @@ def deliver(request: Dict[str, object], environ: Optional[Dict[str, str]] = None
             conn.close()
 
 
-def _stop_after_this_batch(signum: int, frame: object) -> None:
+def stop_after_this_batch(signum: int, frame: object) -> None:
     """SIGTERM (the daemon stopping): the batch in flight is finished and marked, no other is sent."""
     _STOPPING.append(signum)
 
 
-def main(argv: Sequence[str]) -> int:
-    """``REQUEST_JSON RESULT_PATH``: deliver, write the result as a job child's reply (protocol.py)."""
-    request_json, result_path = argv
-    signal.signal(signal.SIGTERM, _stop_after_this_batch)
+def delivery_answer(request: object) -> Result:
+    """:func:`deliver`, with a request this module cannot read answered ``unsure``: the full child decides. Run in
+    the lean child (agent/daemon_jobs/lean_child.py), which sets :func:`stop_after_this_batch` for SIGTERM."""
     try:
-        result = deliver(json.loads(request_json))
-    except (KeyError, TypeError, ValueError, AssertionError) as exc:  # a request this module cannot read
-        result = {"outcome": "unsure", "drained": _drained(None), "detail": f"request: {type(exc).__name__}"}
-    write_atomically(result_path, json.dumps({"peak_rss_kib": peak_rss_kib(), "result": result}), mode=0o600)
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover - run as ``python -I -S -c`` by lean_delivery_argv
-    sys.exit(main(sys.argv[1:]))
+        if not isinstance(request, dict):
+            raise TypeError("the request is not an object")
+        return deliver(request)
+    except (KeyError, TypeError, ValueError, AssertionError) as exc:
+        return {"outcome": "unsure", "drained": _drained(None), "detail": f"request: {type(exc).__name__}"}

@@ -8,11 +8,11 @@
     guard_events  JobRequest         ForwardResult      guard-events.jsonl lines forwarded to the outbox
     health        HealthRequest      HealthChildResult  what the check found (HealthSummary), the last status
     deliver       JobRequest         DeliverResult      how far the drain got (delivery.Drained); the lean child's plan
-    deliver_lean  LeanDeliveryRequest  {outcome, drained}  (not agent code: agent/daemon_jobs/lean_delivery.py, stdlib
-                                                        only; its result read as LeanDeliveryResult)
     policy_fetch  JobRequest         PolicyFetchResult  the hub's policy bundle for this host: unchanged, installed,
                                                         refused (why) or the fetch failed; the next probe's plan
-    policy_probe  HubProbePlan          {outcome, digest}  (not agent code: agent/daemon_jobs/hub_probe.py, stdlib only)
+    lean          LeanRequest        LeanResult         the policy probe (HubProbePlan -> {outcome, digest}), the lean
+                                                        delivery (LeanDeliveryRequest -> {outcome, drained}) or both
+                                                        (not agent code: agent/daemon_jobs/lean_child.py, stdlib only)
 
 The request travels as JSON on the child's command line (``--request``), the result as a JSON file the child writes
 (``--result``), wrapped in a :class:`ChildReply` with the child's peak RSS. Both are :class:`JsonRecord` s, read back
@@ -305,3 +305,20 @@ class PolicyFetchResult(JsonRecord):
     kind: Optional[RefusalKind] = None  # why a bundle was refused (agent/wire.py's REFUSAL_KINDS)
     # What the stdlib-only probe asks before the next full fetch; None: always a full fetch (a proxy, no hub).
     probe: Optional[HubProbePlan] = None
+
+
+@dataclass(frozen=True)
+class LeanRequest(JsonRecord):
+    """The lean child's parts (agent/daemon_jobs/lean_child.py): the policy probe's plan, the lean delivery's
+    request, or both (on a heartbeat)."""
+
+    probe: Optional[HubProbePlan] = None
+    deliver: Optional[LeanDeliveryRequest] = None
+
+
+@dataclass(frozen=True)
+class LeanResult(JsonRecord):
+    """The lean child's answer to each part it was asked for (None for a part not asked)."""
+
+    probe: Optional[HubProbeResult] = None
+    deliver: Optional[LeanDeliveryResult] = None

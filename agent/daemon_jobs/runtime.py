@@ -149,15 +149,17 @@ class EventEmitter:
         self.on_enqueued = on_enqueued
 
     def emit(self, payload: ReportPayload, severity: Severity = "info", event_id: Optional[str] = None,
-             occurred_at: Optional[dt.datetime] = None) -> PlainEvent:
+             occurred_at: Optional[dt.datetime] = None, wake_delivery: bool = True) -> PlainEvent:
         """Commit one event; returns it as stored (with its sequence).
 
         ``event_id`` (default: a random one) makes a re-emitted fact the same event for the outbox and receiver;
         ``occurred_at`` (default: now) is when it happened, for facts recorded by another process.
+        ``wake_delivery`` False: the caller has the event delivered itself (the heartbeat's, with the policy probe).
         """
         event = PlainEvent.of(payload, self.host_id, self.hostname, occurred_at or self._clock(), severity, event_id)
         stored = self.outbox.enqueue(event)
-        self.on_enqueued()
+        if wake_delivery:
+            self.on_enqueued()
         return stored
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import dataclass
-from typing import Iterable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds of the lean child's start (issue #45)
+    from typing import Iterable
 
 # Acknowledged event ids remembered, newest first: a fact enqueued again after its delivery (a guard line replayed
 # after a SIGKILL) keeps the sequence it was delivered with instead of taking a new one (a gap at the receiver).
@@ -19,14 +21,37 @@ RESERVED_SEQUENCES = 100
 HWM_FORMAT = 1
 
 
-@dataclass(frozen=True)
 class HighWater:
     """Recorded beside the outbox: the last sequence and depth after a commit (written just after it, so a SIGKILL
-    can leave them one event behind), and sequences reserved before they are assigned (never reused after damage)."""
+    can leave them one event behind), and sequences reserved before they are assigned (never reused after damage).
 
-    last_sequence: int = 0
-    queued: int = 0
-    reserved_through: int = 0
+    Immutable, compared by value. Not a dataclass: dataclasses brings inspect, milliseconds of the lean delivery
+    child's start (agent/daemon_jobs/lean_delivery.py, issue #45)."""
+
+    __slots__ = ("last_sequence", "queued", "reserved_through")
+    last_sequence: int
+    queued: int
+    reserved_through: int
+
+    def __init__(self, last_sequence: int = 0, queued: int = 0, reserved_through: int = 0) -> None:
+        object.__setattr__(self, "last_sequence", last_sequence)
+        object.__setattr__(self, "queued", queued)
+        object.__setattr__(self, "reserved_through", reserved_through)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"HighWater is immutable: {name}")
+
+    def _values(self) -> tuple:
+        return (self.last_sequence, self.queued, self.reserved_through)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HighWater) and self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        return "HighWater(last_sequence={}, queued={}, reserved_through={})".format(*self._values())
 
 
 def high_water_of(data: object) -> HighWater:

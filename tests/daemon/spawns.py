@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
-from agent.daemon_jobs.children import child_argv, lean_delivery_argv, probe_argv
+from agent.daemon_jobs.children import child_argv, lean_argv
 
 
 class Spawns:
-    """The command lines of a job in children (full, lean delivery, policy probe), recorded as each child starts."""
+    """The command lines of a job in children (full; the lean child, as a delivery or a policy probe), recorded as each child starts."""
 
     def __init__(self) -> None:
         self.started: List[str] = []
@@ -20,11 +20,11 @@ class Spawns:
 
     def lean(self, job: str, config: str, root: str, request: str, result: str) -> Sequence[str]:
         self.started.append("lean")
-        return lean_delivery_argv(job, config, root, request, result)
+        return lean_argv(job, config, root, request, result)
 
     def probe(self, job: str, config: str, root: str, request: str, result: str) -> Sequence[str]:
         self.started.append("probe")
-        return probe_argv(job, config, root, request, result)
+        return lean_argv(job, config, root, request, result)
 
     def since(self, mark: int) -> List[str]:
         """The children started after the first MARK."""

@@ -21,7 +21,7 @@ import pytest
 
 from agent.config import load_settings
 from agent.daemon_jobs.child_main import lean_delivery_plan
-from agent.daemon_jobs.children import DeliveryInChild, lean_delivery_argv
+from agent.daemon_jobs.children import DeliveryInChild, lean_argv
 from agent.daemon_jobs.lean_delivery import Unsure, deliver, parse_acknowledgement
 from agent.host import Host
 from agent.hub.tokens import add_token
@@ -277,15 +277,18 @@ def test_parse_acknowledgement_takes_exactly_the_two_lists() -> None:
 def test_the_lean_child_loads_no_third_party_module(tmp_path: Path) -> None:
     """The lean child's command line runs isolated (``-I -S``) and imports only the standard library and the
     stdlib-only agent modules it names."""
-    argv = lean_delivery_argv("deliver_lean", "", "/", "{}", str(tmp_path / "r.json"))
+    argv = lean_argv("lean", "", "/", "{}", str(tmp_path / "r.json"))
     assert argv[1:3] == ["-I", "-S"]
-    boot = argv[4].replace("sys.exit(main(sys.argv[1:]))",
+    boot = argv[4].replace("from agent.daemon_jobs.lean_child import main; sys.exit(main(sys.argv[1:]))",
+                           "from agent.daemon_jobs.lean_child import run_parts; "
+                           "answer = run_parts({'deliver': {}}); assert answer['deliver']['outcome'] == 'unsure'; "
                            "print(sorted(m for m in sys.modules if m.startswith('agent') or '.' not in m))")
     out = subprocess.run([sys.executable, "-I", "-S", "-c", boot], capture_output=True, text=True, timeout=60,
                          check=True).stdout
     loaded = set(eval(out))  # noqa: S307 - our own print of a list of strings
     assert {m for m in loaded if m.startswith("agent")} == {
-        "agent", "agent.daemon_jobs", "agent.daemon_jobs.lean_delivery", "agent.daemon_jobs.hub_probe",
+        "agent", "agent.daemon_jobs", "agent.daemon_jobs.lean_child", "agent.daemon_jobs.lean_delivery",
+        "agent.daemon_jobs.hub_probe",
         "agent.daemon_jobs.procstatus", "agent.wire",
         "agent.errors", "agent.files", "agent.hostfacts", "agent.hostfacts.paths", "agent.strictjson",
         "agent.report", "agent.report.outbox_ack"}
@@ -326,7 +329,7 @@ def test_heartbeat_batches_start_no_full_child_after_the_first(tmp_path: Path, t
 
 def test_the_tls_context_verifies_the_name(certificates: Tuple[Tuple[str, str], Tuple[str, str]]) -> None:
     """The context the lean child uses checks host names and certificates, as requests does."""
-    from agent.daemon_jobs.lean_delivery import tls_context
+    from agent.daemon_jobs.hub_probe import tls_context
 
     context = tls_context(certificates[0][0])
     assert context.check_hostname and context.verify_mode == ssl.CERT_REQUIRED
@@ -340,7 +343,7 @@ def test_sigterm_finishes_the_batch_in_flight_and_sends_no_other(tmp_path: Path,
     request = request_for(tmp_path, receiver.url, token_file, batch_size=1)
     receiver.mode = "slow:1"
     result = tmp_path / "result.json"
-    child = subprocess.Popen(lean_delivery_argv("deliver_lean", "", "/", json.dumps(request), str(result)))
+    child = subprocess.Popen(lean_argv("lean", "", "/", json.dumps({"deliver": request}), str(result)))
     try:
         assert receiver.wait_for(lambda r: r.requests >= 1, 60), "the first batch never arrived"
         child.send_signal(signal.SIGTERM)
@@ -349,7 +352,7 @@ def test_sigterm_finishes_the_batch_in_flight_and_sends_no_other(tmp_path: Path,
         if child.poll() is None:
             child.kill()
             child.wait(10)
-    answer = json.loads(result.read_text())["result"]
+    answer = json.loads(result.read_text())["result"]["deliver"]
     assert answer["outcome"] == "unsure" and "SIGTERM" in answer["detail"], answer
     assert receiver.requests == 1 and len(receiver.stored) == 1
     assert [e.sequence for e in box.pending(10)] == [2, 3]

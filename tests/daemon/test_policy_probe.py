@@ -19,7 +19,7 @@ import pytest
 
 from agent.config import load_settings
 from agent.daemon_jobs import children
-from agent.daemon_jobs.children import PolicyFetchInChild, probe_argv
+from agent.daemon_jobs.children import PolicyFetchInChild, lean_argv
 from agent.daemon_jobs.hub_probe import answers_digest, probe
 from agent.host import Host
 from tests.bundle.test_fetch import hub_site
@@ -179,15 +179,23 @@ def test_the_probe_over_tls_answers_with_the_ca_file_and_is_unsure_never_down_wi
 
 
 def test_the_probe_loads_no_third_party_module_and_reads_nothing_of_the_host_python(tmp_path: Path) -> None:
-    """The probe's command line runs isolated (``-I -S``) and imports only the standard library, agent/__init__,
-    agent/daemon_jobs/__init__, agent/daemon_jobs/procstatus.py and agent/wire.py besides itself."""
-    argv = probe_argv("policy_probe", "", "/", "{}", str(tmp_path / "r.json"))
+    """The lean child runs isolated (``-I -S``) and, asked for the probe alone, imports only the standard library
+    without sqlite3, agent/__init__, agent/daemon_jobs/__init__, lean_child.py, hub_probe.py, procstatus.py and
+    agent/wire.py."""
+    argv = lean_argv("lean", "", "/", "{}", str(tmp_path / "r.json"))
     assert argv[1:3] == ["-I", "-S"]
-    boot = argv[4].replace("sys.exit(main(sys.argv[1:]))",
+    plan = {"endpoint_url": f"http://127.0.0.1:{closed_port()}", "token_file": None, "ca_file": None,
+            "connect_timeout_seconds": 5, "read_timeout_seconds": 5, "deadline_seconds": 30, "max_bytes": 1024,
+            "paths": [["/v1/policy/bundle", None]]}
+    boot = argv[4].replace("from agent.daemon_jobs.lean_child import main; sys.exit(main(sys.argv[1:]))",
+                           "from agent.daemon_jobs.lean_child import run_parts; "
+                           f"answer = run_parts({{'probe': {plan!r}}}); assert answer['probe']['outcome'] == 'down'; "
                            "print(sorted(m for m in sys.modules if m.startswith('agent') or '.' not in m))")
     out = subprocess.run([sys.executable, "-I", "-S", "-c", boot], capture_output=True, text=True, timeout=60,
                          check=True).stdout
     loaded = set(eval(out))  # noqa: S307 - our own print of a list of strings
     assert {m for m in loaded if m.startswith("agent")} == {"agent", "agent.daemon_jobs", "agent.daemon_jobs.hub_probe",
+                                                           "agent.daemon_jobs.lean_child",
                                                            "agent.daemon_jobs.procstatus", "agent.wire"}
+    assert "sqlite3" not in loaded and "_sqlite3" not in loaded
     assert not loaded & {"requests", "urllib3", "pydantic", "structlog", "certifi"}
