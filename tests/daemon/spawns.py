@@ -9,7 +9,7 @@ from agent.daemon_jobs.children import child_argv, lean_argv
 
 
 class Spawns:
-    """The command lines of a job in children (full; the lean child, as a delivery or a policy probe), recorded as each child starts."""
+    """The command lines of a job in children (full; lean: a delivery or a policy probe), recorded as they start."""
 
     def __init__(self) -> None:
         self.started: List[str] = []
