@@ -21,12 +21,18 @@ snapshot: docs/reporting.md "Idle cost"), so ``cpu_per_hour_with_forced`` adds o
 window measured (or ``--forced-child-seconds`` each when it saw none). The local endpoint answers a GET of the
 policy bundle with 204 (the hub with no bundle in this host's scope), so the policy fetch runs its production path.
 
+``--tls`` serves that endpoint over plain HTTP (``none``, the default) or over HTTPS (production hubs always are)
+with a server certificate issued by a CA generated for the run, and names a ``ca_bundle`` in the agents' ``[report]``:
+``private``, that CA alone (a fleet's own PKI); ``public``, that CA appended to a bundle the size of a public trust
+store (certifi's cacert.pem from this interpreter, else /etc/ssl/certs/ca-certificates.crt), as a host on requests'
+default trust store loads.
+
 Goals (issue #6): under 60 MB RSS; no measurable CPU between jobs. Issue #45: CPU per hour <= 3x node_exporter's,
 RSS <= 1.1x.
 The agents log at ``--log-level`` (default ``info``, the default an operator runs; the resident's own CPU is a little
 higher at ``debug``, which the per-job table needs).
 Run: .venv/bin/python bench/bench_idle.py [--seconds 20] [--root DIR] [--before DIR] [--node-exporter auto]
-     [--log-level info|debug] [--json]
+     [--log-level info|debug] [--tls none|private|public] [--json]
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -48,7 +55,12 @@ from typing import Dict, List, Optional
 
 from bench_daemon_memory import AcceptingIngest, find_node_exporter, free_port, hide_modules
 
-from agent.wire import BUNDLE_PATH
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agent.wire import BUNDLE_PATH  # noqa: E402
+from tests.report.receiver import make_ca, make_ca_signed_certificate  # noqa: E402
+
+PUBLIC_TRUST_STORES = ("/etc/ssl/certs/ca-certificates.crt",)
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE_ROOT = REPO / "tests" / "fixtures" / "roots" / "gpuless-debian12"
@@ -118,22 +130,54 @@ def utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1e6) % 1000000:06d}Z"
 
 
-def agent_config(state_dir: str, endpoint: str, token_file: str, quiet: bool, log_level: str) -> str:
+def public_trust_store() -> Path:
+    """A bundle the size of a public trust store: certifi's (requests' default), else the system's."""
+    try:
+        import certifi
+        return Path(certifi.where())
+    except ImportError:
+        for path in PUBLIC_TRUST_STORES:
+            if os.path.isfile(path):
+                return Path(path)
+    raise SystemExit("bench_idle: --tls public: neither certifi nor a system CA bundle is available")
+
+
+def serve_tls(server: ThreadingHTTPServer, tmp: Path, mode: str) -> Dict[str, object]:
+    """Serve ``server`` over HTTPS (a leaf of a CA made for the run); write the agents' ``ca_bundle`` for ``mode``."""
+    ca = make_ca(tmp, "bench-ca")
+    leaf = make_ca_signed_certificate(tmp, "bench-hub", ca)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*leaf)
+    server.socket = context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
+    bundle = tmp / "ca-bundle.pem"
+    public = public_trust_store() if mode == "public" else None
+    pem = (public.read_text() if public else "") + Path(ca[0]).read_text()
+    bundle.write_text(pem)
+    return {"ca_bundle": str(bundle), "ca_bundle_bytes": len(pem.encode()),
+            "ca_bundle_certificates": pem.count("-----BEGIN CERTIFICATE-----"),
+            "ca_bundle_base": str(public) if public else None}
+
+
+def agent_config(state_dir: str, endpoint: str, token_file: str, quiet: bool, log_level: str,
+                 ca_bundle: Optional[str] = None) -> str:
     """Default intervals, or (``quiet``) every job an hour apart so the window holds only time between jobs."""
     lines = ["[agent]", f'state_dir = "{state_dir}"', f'log_level = "{log_level}"', 'host_id = "bench-host"',
              "[daemon]", "health_enabled = false"]  # the health probe's cost is bench_health.py's subject
     if quiet:
         lines += ["package_watch_interval_seconds = 3600", "[snapshot]", "interval_seconds = 3600"]
     lines += ["[report]", f'endpoint_url = "{endpoint}"', f'token_file = "{token_file}"']
+    if ca_bundle:
+        lines.append(f'ca_bundle = "{ca_bundle}"')
     if quiet:
         lines += ["heartbeat_interval_seconds = 3600", "delivery_interval_seconds = 3600"]
     return "\n".join(lines) + "\n"
 
 
 def start_agent(tmp: str, name: str, root: str, endpoint: str, token_file: str, quiet: bool, log_level: str,
-                tree: Path = REPO) -> subprocess.Popen:
+                tree: Path = REPO, ca_bundle: Optional[str] = None) -> subprocess.Popen:
     config = os.path.join(tmp, f"{name}.toml")
-    Path(config).write_text(agent_config(os.path.join(tmp, f"state-{name}"), endpoint, token_file, quiet, log_level))
+    Path(config).write_text(agent_config(os.path.join(tmp, f"state-{name}"), endpoint, token_file, quiet, log_level,
+                                         ca_bundle))
     hide = hide_modules(Path(tmp), ["rich"])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(tree)])}
     env.pop("NOTIFY_SOCKET", None)
@@ -154,6 +198,9 @@ def main() -> int:
     parser.add_argument("--scrape-seconds", type=float, default=15.0, help="node_exporter scrape interval (15)")
     parser.add_argument("--log-level", choices=("info", "debug"), default="info",
                         help="the agents' log level (info, the default; debug lists the job children)")
+    parser.add_argument("--tls", choices=("none", "private", "public"), default="none",
+                        help="endpoint over HTTPS with the agents' ca_bundle its CA alone (private) or appended to "
+                             "a public trust store (public); none: plain HTTP (the default)")
     parser.add_argument("--forced-child-seconds", type=float, default=0.4,
                         help="CPU of a forced full fetch or snapshot child when the window saw none (0.4)")
     args = parser.parse_args()
@@ -169,7 +216,9 @@ def main() -> int:
         token_file = os.path.join(tmp, "token")
         with open(os.open(token_file, os.O_CREAT | os.O_WRONLY, 0o600), "w") as handle:
             handle.write("bench-token-0123456789\n")
-        endpoint = f"http://127.0.0.1:{server.server_port}"
+        tls = serve_tls(server, Path(tmp), args.tls) if args.tls != "none" else {}
+        ca_bundle = str(tls["ca_bundle"]) if tls else None
+        endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{server.server_port}"
         exporter_port = free_port()
         exporter_bin: Optional[str] = None
         if args.node_exporter:
@@ -178,11 +227,13 @@ def main() -> int:
                 print("node_exporter not available", file=sys.stderr)
                 return 1
         level = args.log_level
-        procs = {"agent": start_agent(tmp, "agent", root, endpoint, token_file, quiet=False, log_level=level),
+        procs = {"agent": start_agent(tmp, "agent", root, endpoint, token_file, quiet=False, log_level=level,
+                                      ca_bundle=ca_bundle),
                  "agent_no_job_due": start_agent(tmp, "agent_no_job_due", root, endpoint, token_file, quiet=True,
-                                                 log_level=level),
+                                                 log_level=level, ca_bundle=ca_bundle),
                  **({"agent_before": start_agent(tmp, "agent_before", root, endpoint, token_file, quiet=False,
-                                                 log_level=level, tree=args.before.resolve())}
+                                                 log_level=level, tree=args.before.resolve(),
+                                                 ca_bundle=ca_bundle)}
                     if args.before else {}),
                  "bare_python": subprocess.Popen([sys.executable, "-c",
                                                   f"import time; time.sleep({args.seconds * 3 + 60})"],
@@ -227,7 +278,8 @@ def main() -> int:
                 "rss_ratio": round(done["agent"]["rss_end_kib"] / done["bare_python"]["rss_end_kib"], 2),
                 "rss_difference_kib": done["agent"]["rss_end_kib"] - done["bare_python"]["rss_end_kib"],
                 "events_delivered": server.events,  # type: ignore[attr-defined]
-                "python": sys.version.split()[0], "ticks_per_second": TICKS_PER_SECOND, "log_level": level})
+                "python": sys.version.split()[0], "ticks_per_second": TICKS_PER_SECOND, "log_level": level,
+                "tls": {"mode": args.tls, **tls}})
         finally:
             for proc in procs.values():
                 if proc.poll() is None:
@@ -240,7 +292,7 @@ def main() -> int:
         return 0
     a = results["agent"]
     print(f"window {a['window_seconds']} s, Python {results['python']}, CPU tick {1 / TICKS_PER_SECOND:g} s, "
-          f"log level {results['log_level']}")
+          f"log level {results['log_level']}, TLS {json.dumps(results['tls'], sort_keys=True)}")
     print(f"{'':27}{'RSS end MB':>11}{'RSS max MB':>11}{'peak MB':>9}{'anon MB':>9}{'CPU s':>7}{'CPU %':>8}")
     for name, label in (("agent", "gpuguard run (defaults)"), ("agent_no_job_due", "gpuguard run (no job due)"),
                         ("agent_before", "--before tree (defaults)"), ("bare_python", "bare python"),

@@ -171,3 +171,26 @@ def make_certificate(directory: Path, name: str, host: str = "127.0.0.1") -> Tup
                     "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", f"/CN={host}",
                     "-addext", f"subjectAltName={san}"], check=True, capture_output=True, timeout=30)
     return str(cert), str(key)
+
+
+def make_ca(directory: Path, name: str) -> Tuple[str, str]:
+    """A self-signed CA certificate (a fleet's own PKI) that signs leaves only; returns (cert, key) paths."""
+    cert, key = directory / f"{name}.pem", directory / f"{name}.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", f"/CN={name}",
+                    "-addext", "basicConstraints=critical,CA:TRUE,pathlen:0",
+                    "-addext", "keyUsage=critical,keyCertSign,cRLSign"], check=True, capture_output=True, timeout=30)
+    return str(cert), str(key)
+
+
+def make_ca_signed_certificate(directory: Path, name: str, ca: Tuple[str, str],
+                               host: str = "127.0.0.1") -> Tuple[str, str]:
+    """A server certificate for ``host`` issued by ``ca`` (its (cert, key) paths); returns (cert, key) paths."""
+    cert, key = directory / f"{name}.pem", directory / f"{name}.key"
+    san = f"IP:{host}" if host[0].isdigit() else f"DNS:{host}"
+    subprocess.run(["openssl", "req", "-x509", "-CA", ca[0], "-CAkey", ca[1], "-newkey", "ec",
+                    "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "2", "-subj", f"/CN={host}", "-addext", f"subjectAltName={san}",
+                    "-addext", "basicConstraints=critical,CA:FALSE", "-addext", "extendedKeyUsage=serverAuth"],
+                   check=True, capture_output=True, timeout=30)
+    return str(cert), str(key)
