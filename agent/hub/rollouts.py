@@ -84,6 +84,8 @@ FULL_EVALUATION_EVERY = 30
 INCREMENTAL_MARGIN_SECONDS = 5.0
 # Host ids per ``IN (...)`` list when only the hosts that changed are read: well under either database's bound.
 ROWS_PER_READ = 500
+# The ``IN (...)`` placeholders of the failure event kinds, in every read of a rollout's failure events.
+_FAILURE_KIND_MARKS = ", ".join("?" * len(FAILURE_EVENT_KINDS))
 _ROLLOUT_COLUMNS = ("rollout_id, target_serial, previous_serial, spec, state, stage, stage_started_at, created_at, "
                     "created_by, updated_at, reason, paused_by")
 
@@ -262,8 +264,17 @@ class Rollouts:
                                   evidence=Evidence(result=r[4], detail=r[5] or "") if r[4] else None)
                 for r in cur.fetchall()}
 
+    def _failures_since(self, cur: Any, since: dt.datetime) -> List[Tuple[str, str, dt.datetime]]:
+        """Every failure event (host_id, kind, received_at) the hub received since ``since``, by its index: what an
+        incremental evaluation reads once for the evidence (``_changed``) and the control (``_control_refreshed``)."""
+        cur.execute(self.store.dialect.sql(f"SELECT host_id, kind, received_at FROM events "
+                                           f"WHERE kind IN ({_FAILURE_KIND_MARKS}) AND received_at >= ?"),
+                    (*FAILURE_EVENT_KINDS, self._t(since)))
+        from_db_time = self.store.dialect.from_db_time
+        return [(host_id, kind, from_db_time(at)) for host_id, kind, at in cur.fetchall()]
+
     def _changed(self, cur: Any, rollout: RolloutRow, hosts: Dict[str, RolloutHost], since: dt.datetime,
-                 now: dt.datetime) -> List[str]:
+                 now: dt.datetime, failures: Sequence[Tuple[str, str, dt.datetime]]) -> List[str]:
         """The admitted hosts whose evidence can have changed since ``since``: a heartbeat or failure event received,
         admitted, or the report deadline passed since then. Each part is read by an index (schema version 11)
         alone, the rollout's hosts told apart here (``hosts``), so neither database walks the rollout's rows. A
@@ -274,10 +285,7 @@ class Rollouts:
         t = self._t(since)
         cur.execute(sql("SELECT host_id FROM hosts WHERE heartbeat_received_at >= ?"), (t,))
         found = {r[0] for r in cur.fetchall()}
-        marks = ", ".join("?" * len(FAILURE_EVENT_KINDS))
-        cur.execute(sql(f"SELECT host_id FROM events WHERE kind IN ({marks}) AND received_at >= ?"),
-                    (*FAILURE_EVENT_KINDS, t))
-        found.update(r[0] for r in cur.fetchall())
+        found.update(host_id for host_id, _, _ in failures)
         cur.execute(sql("SELECT host_id FROM rollout_hosts WHERE rollout_id = ? AND admitted_at >= ?"),
                     (rollout.rollout_id, t))
         found.update(r[0] for r in cur.fetchall())
@@ -307,7 +315,6 @@ class Rollouts:
         failures: Dict[str, List[Tuple[str, dt.datetime]]] = {}
         gating: Dict[str, List[workload_stacks.GatingVerdict]] = {}
         from_db_time = self.store.dialect.from_db_time
-        marks = ", ".join("?" * len(FAILURE_EVENT_KINDS))
         for condition, params in filters:
             cur.execute(sql(f"SELECT {', '.join('h.' + c.strip() for c in schema.HOST_COLUMNS.split(','))} "
                             f"FROM hosts h JOIN rollout_hosts r ON r.host_id = h.host_id WHERE {condition}"), params)
@@ -317,7 +324,7 @@ class Rollouts:
             # received since admission (the hub's clock; issue 43), whatever the agent's clock said
             cur.execute(sql("SELECT e.host_id, e.kind, e.received_at FROM events e JOIN rollout_hosts r "
                             f"ON r.host_id = e.host_id WHERE {condition} AND r.admitted_at IS NOT NULL "
-                            f"AND e.kind IN ({marks}) AND e.received_at >= r.admitted_at"),
+                            f"AND e.kind IN ({_FAILURE_KIND_MARKS}) AND e.received_at >= r.admitted_at"),
                         (*params, *FAILURE_EVENT_KINDS))
             for host_id, kind, at in cur.fetchall():
                 failures.setdefault(host_id, []).append((kind, from_db_time(at)))
@@ -359,10 +366,9 @@ class Rollouts:
                         "AND r.admitted_at IS NULL"), (rollout.rollout_id,))
         control.states.update((row[0], schema.control_row_from(row, from_db_time)) for row in cur.fetchall())
         if tally is not None and window_start is not None:
-            marks = ", ".join("?" * len(FAILURE_EVENT_KINDS))
             cur.execute(sql("SELECT e.host_id, e.kind, e.received_at FROM events e JOIN rollout_hosts r "
                             "ON r.host_id = e.host_id WHERE r.rollout_id = ? "
-                            f"AND e.kind IN ({marks}) AND e.received_at >= ? "
+                            f"AND e.kind IN ({_FAILURE_KIND_MARKS}) AND e.received_at >= ? "
                             "AND (r.admitted_at IS NULL OR e.received_at < r.admitted_at)"),
                         (rollout.rollout_id, *FAILURE_EVENT_KINDS, self._t(window_start)))
             for host_id, kind, at in cur.fetchall():
@@ -384,11 +390,13 @@ class Rollouts:
                               host.host_id in control.silent)
 
     def _control_refreshed(self, cur: Any, rollout: RolloutRow, hosts: Dict[str, RolloutHost], control: _Control,
-                           since: dt.datetime, now: dt.datetime) -> None:
+                           since: dt.datetime, now: dt.datetime,
+                           failures: Sequence[Tuple[str, str, dt.datetime]]) -> None:
         """The control of the last evaluation brought up to date, reading only what changed since ``since``: the
         rows of the hosts not admitted that the hub heard from since then (``hosts.last_seen_at`` is the receipt of
         the host's newest event, whatever it was), those whose last word crossed the silence bound since then, and
-        the failure events received since then; only these hosts are counted again."""
+        the failure events received since then (``failures``, ``_failures_since``); only these hosts are counted
+        again."""
         if rollout.spec.judge != "control" and self.stale_after_seconds is None:
             return
         sql = self.store.dialect.sql
@@ -405,12 +413,10 @@ class Rollouts:
                         (self._t(since - stale), self._t(now - stale)))
             touched.update(r[0] for r in cur.fetchall() if r[0] in hosts and hosts[r[0]].stage is None)
         if control.tally is not None and control.window_start is not None:
-            marks = ", ".join("?" * len(FAILURE_EVENT_KINDS))
-            cur.execute(sql(f"SELECT host_id, kind, received_at FROM events WHERE kind IN ({marks}) "
-                            "AND received_at >= ?"),
-                        (*FAILURE_EVENT_KINDS, self._t(max(since, control.window_start))))
-            for host_id, kind, at in cur.fetchall():  # one seen by the last evaluation too (in the margin) is kept once
-                failure = (kind, from_db_time(at))
+            for host_id, kind, at in failures:  # one seen by the last evaluation too (in the margin) is kept once
+                if at < control.window_start:
+                    continue  # before the control's window opened
+                failure = (kind, at)
                 host = hosts.get(host_id)
                 if host is None or (host.admitted_at is not None and failure[1] >= host.admitted_at):
                     continue  # not in the rollout, or after its admission: its evidence, not the control
@@ -439,8 +445,10 @@ class Rollouts:
                     and last.since_full + 1 < self.full_every and last.evaluations + 1 == evaluations:
                 since = last.evaluated_at - dt.timedelta(seconds=INCREMENTAL_MARGIN_SECONDS)
                 by_id, tally, control = last.hosts, last.tally, last.control
-                self._evidence(cur, rollout, by_id, now, self._changed(cur, rollout, by_id, since, now), tally)
-                self._control_refreshed(cur, rollout, by_id, control, since, now)
+                failures = self._failures_since(cur, since)  # read once, for the evidence and the control
+                self._evidence(cur, rollout, by_id, now, self._changed(cur, rollout, by_id, since, now, failures),
+                               tally)
+                self._control_refreshed(cur, rollout, by_id, control, since, now, failures)
                 since_full = last.since_full + 1
             else:  # the first here, a new stage, the clock went back, another process evaluated since, or due
                 by_id = self._hosts(cur, rollout_id)
