@@ -42,6 +42,7 @@ from agent.daemon_jobs.children import (
     PolicyFetchInChild,
     SnapshotInChild,
     load_config_in_child,
+    remove_leftover_results,
     restore_in_child,
 )
 from agent.daemon_jobs.delivery import DeliveryJob
@@ -150,6 +151,7 @@ class Daemon:
         limit_malloc_arenas()  # before the worker threads exist (agent/daemon_jobs/memory.py)
         rt, s, hooks, children = self.runtime, self.runtime.settings, self.hooks, self.job_children
         if children:
+            remove_leftover_results(rt.state_dir)  # a killed daemon's children's, before any child runs
             restore_in_child(rt, self.config_path)  # what the previous run stored, before any job runs
         scheduler = self.scheduler = IntervalScheduler()
         intervals = s.intervals()

@@ -35,7 +35,8 @@ cache/<name>.json             the collectors' fact cache                    the 
 policy-bundle/                policy install, the daemon's bundle fetch     policy compile, status, the heartbeat
 workloads-verified.json       the daemon's policy fetch (the hub's list of  the hook's [workloads] rule, policy
                               verified stacks)                              explain
-.job-<name>.result.json       a daemon job child                            the daemon
+.job-<job>.<run>.result.json  a daemon job child (<run>: the daemon's pid  the daemon (leftovers: removed at start)
+                              and a count: one file per child)
 ============================  ============================================  ==========================================
 
 policy-bundle/ holds the signed policy bundle in force (bundle.json, bundle.json.sig), its policy files extracted
@@ -170,9 +171,14 @@ class StatePaths:
         """The node this host holds from its scheduler while it changes (agent/integrations/maintenance.py)."""
         return self._join("maintenance.json")
 
-    def job_result(self, job: str) -> str:
-        """Where the child running the daemon job ``job`` writes its result."""
-        return self._join(f".job-{job}.result.json")
+    JOB_RESULT_PREFIX = ".job-"
+    JOB_RESULT_SUFFIX = ".result.json"
+
+    def job_result(self, job: str, run: str) -> str:
+        """Where one child of the daemon job ``job`` writes its result. ``run`` (the daemon's pid and a count) keeps
+        two children of one name apart: the heartbeat's and delivery's lean children can overlap, and with one file
+        each took or removed the other's result (issue #45)."""
+        return self._join(f"{self.JOB_RESULT_PREFIX}{job}.{run}{self.JOB_RESULT_SUFFIX}")
 
     # --- health, metrics, caches ------------------------------------------------------------------------------
 

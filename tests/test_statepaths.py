@@ -15,7 +15,7 @@ AGENT_PARENT = Path(__file__).resolve().parents[1]
 def every_path(paths: StatePaths) -> dict:
     """Each property of ``paths`` and the two per-name paths, by name."""
     found = {name: getattr(paths, name) for name, value in vars(StatePaths).items() if isinstance(value, property)}
-    found["job_result"] = paths.job_result("snapshot")
+    found["job_result"] = paths.job_result("snapshot", "4242.1")
     found["fact_cache"] = paths.fact_cache("tool-versions")
     return found
 
@@ -44,13 +44,20 @@ def test_the_names_the_files_had_before_are_kept() -> None:
             paths.rollback_authorization, paths.health_rollback, paths.reboot_required_packages, paths.outbox,
             paths.last_snapshot, paths.health_deferral, paths.guard_events_position, paths.guard_events_quarantine,
             paths.health_last_result, paths.health_baselines, paths.metrics_textfile,
-            paths.dnf_script, paths.job_result("health"), paths.fact_cache("rpm")) == (
+            paths.dnf_script, paths.fact_cache("rpm")) == (
         "/s/guard-events.jsonl", "/s/audit.log", "/s/overrides.json", "/s/known-good.json",
         "/s/known-good.before-change.json", "/s/rollback-authorization.json", "/s/health-rollback.json",
         "/s/reboot-required.pkgs", "/s/outbox.sqlite3", "/s/last-snapshot.json", "/s/health-deferral.json",
         "/s/guard-events.position.json", "/s/guard-events.quarantine.jsonl", "/s/health/last.json",
         "/s/health/baselines.json", "/s/metrics/gpuguard.prom", "/s/rollback.dnf",
-        "/s/.job-health.result.json", "/s/cache/rpm.json")
+        "/s/cache/rpm.json")
+
+
+def test_each_job_child_run_has_its_own_result_file() -> None:
+    """Two runs of one job name (the heartbeat's and delivery's lean children) never share a result file."""
+    paths = StatePaths("/s")
+    assert paths.job_result("lean", "7.1") == "/s/.job-lean.7.1.result.json"
+    assert paths.job_result("lean", "7.1") != paths.job_result("lean", "7.2")
 
 
 def test_statepaths_loads_on_a_bare_interpreter_with_nothing_else() -> None:

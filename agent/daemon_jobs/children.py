@@ -28,6 +28,7 @@ includes the daemon's own peak, the memory the child shared until its exec.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import signal
@@ -85,6 +86,7 @@ _ENV_DROPPED = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", 
 # Jobs whose clean exits are routine (delivery and the lean child of the policy probe about once a minute, the
 # config at every start and reload).
 _QUIET_JOBS = frozenset({"deliver", "lean", "config"})
+_RUNS = itertools.count(1)  # this daemon's children, for their result files' names
 
 R = TypeVar("R", bound=JsonRecord)
 # (job, config path, root, request JSON, result path) -> the child's command line; tests hand in their own.
@@ -127,9 +129,9 @@ def run_child(job: str, config_path: str, root: str, request: JsonRecord, result
     gets SIGTERM once and is waited for. A child still running ``timeout_seconds`` after its start (None: no limit)
     gets SIGKILL and fails.
     """
-    result_path = StatePaths(result_dir).job_result(job)
+    result_path = StatePaths(result_dir).job_result(job, f"{os.getpid()}.{next(_RUNS)}")
     try:
-        os.unlink(result_path)
+        os.unlink(result_path)  # a leftover of a daemon that had this pid before
     except FileNotFoundError:
         pass
     request_json = json.dumps(request.to_json(), sort_keys=True)
@@ -191,6 +193,25 @@ def run_child(job: str, config_path: str, root: str, request: JsonRecord, result
         return result_type.from_json(reply.result, ("result",))
     except RecordError as exc:
         raise ChildJobFailed(job, f"malformed result: {exc}") from None
+
+
+def remove_leftover_results(state_dir: str) -> int:
+    """Remove the result files a daemon killed while its children ran left behind (each run's file has its own
+    name, so none is ever reused); how many. Called at the daemon's start, before any child."""
+    removed = 0
+    paths = StatePaths(state_dir)
+    try:
+        names = os.listdir(state_dir)
+    except OSError:
+        return 0
+    for name in names:
+        if name.startswith(paths.JOB_RESULT_PREFIX) and name.endswith(paths.JOB_RESULT_SUFFIX):
+            try:
+                os.unlink(os.path.join(state_dir, name))
+                removed += 1
+            except OSError:
+                pass
+    return removed
 
 
 def _spawn(command: Sequence[str]) -> int:

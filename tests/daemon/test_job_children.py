@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -13,11 +14,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, List, Sequence
+from typing import Dict, Iterator, List, Sequence
 
 import pytest
 
-from agent.daemon_jobs.children import ChildJobFailed, child_argv, child_env, run_child
+from agent.daemon_jobs.children import ChildJobFailed, child_argv, child_env, remove_leftover_results, run_child
 from agent.daemon_jobs.job_runner import JobRunner
 from agent.daemon_jobs.protocol import ChildContext, DeliverResult, GuardCheckResult, JobRequest
 from agent.jsonrecord import JsonObject, JsonRecord
@@ -76,6 +77,50 @@ def test_a_child_result_comes_back_and_its_file_is_removed(tmp_path: Path) -> No
                        argv=python_child(WRITES_RESULT))
     assert result == Echo(echo=REQUEST.to_json())
     assert list(tmp_path.iterdir()) == []
+
+
+# Waits for the sibling's start (a file per child in sys.argv[3]'s directory), then writes its result as the lean
+# child does (O_EXCL: a file already there is an error, exit 1).
+WRITES_AFTER_THE_OTHER_STARTED = (
+    "import json, os, sys, time\n"
+    "here = os.path.dirname(sys.argv[1]); open(os.path.join(here, 'started-' + str(os.getpid())), 'w').close()\n"
+    "deadline = time.monotonic() + 20\n"
+    "while len([n for n in os.listdir(here) if n.startswith('started-')]) < 2 and time.monotonic() < deadline:\n"
+    "    time.sleep(0.01)\n"
+    "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)\n"
+    "os.write(fd, json.dumps({'peak_rss_kib': 0, 'result': {'echo': json.loads(sys.argv[2])}}).encode())\n")
+
+
+def test_two_children_of_one_job_running_at_once_each_get_their_own_result(tmp_path: Path) -> None:
+    """The heartbeat's and delivery's lean children overlap: each run gets back the result of its own request
+    (with one file per job name, one failed with no result or exited 1 on the other's file)."""
+    requests = [dataclasses.replace(REQUEST, reason=reason) for reason in ("heartbeat", "delivery")]
+    results: Dict[str, object] = {}
+
+    def one(request: JobRequest) -> None:
+        try:
+            results[request.reason] = run_child("lean", "/nonexistent.toml", "/", request, Echo, str(tmp_path),
+                                                threading.Event(), argv=python_child(WRITES_AFTER_THE_OTHER_STARTED))
+        except ChildJobFailed as exc:
+            results[request.reason] = exc
+
+    threads = [threading.Thread(target=one, args=(request,)) for request in requests]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert results == {request.reason: Echo(echo=request.to_json()) for request in requests}
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("started-")) == []
+
+
+def test_result_files_a_killed_daemon_left_are_removed_at_the_next_start(tmp_path: Path) -> None:
+    """Leftover ``.job-*.result.json`` files go; every other file of the state directory stays."""
+    for name in (".job-lean.4242.7.result.json", ".job-snapshot.4242.8.result.json", "outbox.sqlite3",
+                 "last-snapshot.json", ".job-notes.txt"):
+        (tmp_path / name).write_text("{}")
+    assert remove_leftover_results(str(tmp_path)) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".job-notes.txt", "last-snapshot.json", "outbox.sqlite3"]
+    assert remove_leftover_results(str(tmp_path / "absent")) == 0
 
 
 @pytest.mark.parametrize("code, problem", [
