@@ -87,6 +87,11 @@ class NfdJob:
         if path is None or reason == "shutdown":
             return
         with self._lock:
+            if not os.path.isdir(os.path.dirname(path) or "."):
+                # No NFD on this host (write_features never creates its directory): nothing to render, so the
+                # compiled policy's reader, the reboot marker's and the coverage's stay out of the resident.
+                self._log_absent(path)
+                return
             now = self.runtime.host.clock()
             lifetime = dt.timedelta(seconds=settings.nfd_lifetime_seconds)
             policy = self._policy_name(self.runtime.host.file(StatePaths(settings.state_dir).compiled_policy))
@@ -100,9 +105,12 @@ class NfdJob:
                 log.warning("nfd_write_failed", path=path, error=str(exc))
                 return
             if not written:
-                if not self._absent_logged:
-                    log.info("nfd_directory_absent", path=path)
-                    self._absent_logged = True
+                self._log_absent(path)
                 return
             self._body, self._path, self._written_at = body_of(text), path, now
             log.debug("nfd_written", path=path, reason=reason)
+
+    def _log_absent(self, path: str) -> None:
+        if not self._absent_logged:
+            log.info("nfd_directory_absent", path=path)
+            self._absent_logged = True

@@ -73,6 +73,33 @@ def test_turned_off_or_without_the_directory_nothing_is_written(tmp_path: Path) 
     assert off.report.nfd_path() is None
 
 
+class CountingPolicyName:
+    """A stand-in for the job's compiled-policy reader that counts its reads."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __call__(self, path: str) -> str:
+        self.reads += 1
+        return "site"
+
+
+def test_without_the_directory_nothing_is_read_and_a_directory_made_later_is_written(tmp_path: Path) -> None:
+    """No NFD here: the job reads no compiled policy (its reader stays out of the resident, issue #45); once the
+    directory exists, the next run writes the file with the policy's name."""
+    features = tmp_path / "features.d"
+    rt = make_runtime(tmp_path, make_fixture_host("gpuless-debian12"), nfd_settings(features / "gpuguard"))
+    job = NfdJob(rt)
+    reader = job._policy_name = CountingPolicyName()  # type: ignore[assignment]
+    job.run()
+    job.run("after_snapshot")
+    assert reader.reads == 0 and not features.exists()
+    features.mkdir()
+    job.run()
+    assert reader.reads == 1
+    assert parse_features((features / "gpuguard").read_text())[1]["gpuguard.io/policy"] == "site"
+
+
 def test_running_daemon_writes_the_features_file(agent: AgentProcess) -> None:
     """``gpuguard run`` writes a valid file with the pairing and an expiry in the future, without a dot-file."""
     features = agent.workdir / "features.d"

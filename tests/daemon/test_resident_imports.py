@@ -213,9 +213,15 @@ sys.exit(main(["run", "--config", config, "--root", root]))
 """
 
 
+# Without NFD on the host (no features directory, the usual case) the resident reads no compiled policy: its reader
+# with the rule families' registry (agent/daemon_jobs/nfd.py: 0.45 MiB, issue #45).
+NOT_WITHOUT_NFD = ("agent.policy", "agent.records", "agent.status.reboot")
+
+
 def _real_run(tmp_path: Path) -> dict:
     shutil.copytree(FIXTURE_ROOT, tmp_path / "root", symlinks=True)
-    (tmp_path / "agent.toml").write_text(agent_config(tmp_path / "state", log_level="info"))
+    (tmp_path / "agent.toml").write_text(agent_config(tmp_path / "state", log_level="info",
+                                                      nfd_features_file=str(tmp_path / "no-nfd" / "gpuguard")))
     run_as_installed(_REAL_RUN, str(tmp_path / "agent.toml"), str(tmp_path / "root"), str(tmp_path / "seen.json"),
                      str(tmp_path / "notify"), timeout_seconds=120)
     return json.loads((tmp_path / "seen.json").read_text())
@@ -228,6 +234,8 @@ def test_a_real_gpuguard_run_loads_none_of_them_after_start(tmp_path: Path) -> N
     seen = _real_run(tmp_path)
     assert "structlog" in seen["modules"] and "agent.daemon_jobs.scheduler" in seen["modules"]
     assert _offenders(seen) == []
+    assert sorted(m for m in seen["modules"] if any(m == bad or m.startswith(bad + ".") for bad in NOT_WITHOUT_NFD)) \
+        == []
     assert {"job-heartbeat", "job-snapshot", "job-deliver", "job-guard", "job-package_watch"} <= set(seen["threads"])
     assert seen["notified"][0].startswith("READY=1\nSTATUS=running")  # sd_notify through _socket
 
