@@ -8,7 +8,7 @@
     │   ├── FileMissing                exit 4   the path does not exist (agent/files.py)
     │   ├── InputNotWhole              exit 4   hot-path input not readable as a whole (cut, other protocol, bad bytes)
     │   ├── BundleInvalid              exit 4   a policy bundle file is not one (agent/bundle/format.py)
-    │   ├── CertificateInvalid         exit 4   a CA file's certificate is not DER it reads (agent/report/x509_subject.py)
+    │   ├── CertificateInvalid         exit 4   a CA file's certificate is not DER (agent/report/x509_subject.py)
     │   ├── KnowledgeInvalid           exit 4   a knowledge table file is not one (agent/policy/knowledge.py)
     │   └── GateStateDamaged           exit 4   health-gate.json is damaged (agent/guard/rollback/health_gate.py)
     ├── HostReadError                  exit 5   a host path could not be read (permission, I/O)

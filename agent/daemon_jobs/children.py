@@ -459,6 +459,9 @@ class LeanChild:
             return LeanResult()
         log.debug("lean_child_answered", parts=parts, probe=result.probe.outcome if result.probe else None,
                   deliver=result.deliver.outcome if result.deliver else None)
+        for part, answer in (("probe", result.probe), ("deliver", result.deliver)):
+            if answer is not None and answer.trust:
+                log.warning("lean_tls_anchors_given_up", part=part, detail=answer.trust)
         return result
 
 

@@ -36,7 +36,7 @@ import stat
 import time
 import urllib.parse
 
-from agent.daemon_jobs.hub_probe import DOWN_STATUSES, MAX_TOKEN_FILE_BYTES, tls_context
+from agent.daemon_jobs.hub_probe import DOWN_STATUSES, MAX_TOKEN_FILE_BYTES, Trust, connect_https, trust_for
 from agent.errors import InputFileError
 from agent.files import read_bytes_bounded, read_json_file, write_atomically
 from agent.report.outbox_ack import (
@@ -150,10 +150,11 @@ class Poster:
             raise Unsure(f"ingest URL scheme {self._parts.scheme!r}")
         self._connect_timeout = float(plan["connect_timeout_seconds"])  # type: ignore[arg-type]
         self._read_timeout = float(plan["read_timeout_seconds"])  # type: ignore[arg-type]
-        self._context: Optional[ssl.SSLContext] = None
+        self.trust: Optional[Trust] = None
         if self._parts.scheme == "https":
+            self.trust = trust_for(plan)
             try:
-                self._context = tls_context(plan.get("ca_file"))  # type: ignore[arg-type]
+                self.trust.context()
             except (OSError, ssl.SSLError) as exc:
                 raise Unsure(f"CA file: {type(exc).__name__}") from None
         self._headers = {"Content-Type": "application/json", "User-Agent": str(plan["user_agent"]),
@@ -165,20 +166,19 @@ class Poster:
         """One batch; its acknowledgement, or Down / Unsure."""
         host, port = self._parts.hostname or "", self._parts.port
         connection: http.client.HTTPConnection
-        if self._context is not None:
-            connection = http.client.HTTPSConnection(host, port, timeout=self._connect_timeout,
-                                                     context=self._context)
-        else:
-            connection = http.client.HTTPConnection(host, port, timeout=self._connect_timeout)
         try:
-            try:
+            if self.trust is not None:
+                connection = connect_https(host, port, self._connect_timeout, self.trust)
+            else:
+                connection = http.client.HTTPConnection(host, port, timeout=self._connect_timeout)
                 connection.connect()
-            except (ssl.SSLError, ssl.CertificateError) as exc:
-                raise Unsure(f"TLS: {type(exc).__name__}") from None
-            except socket.timeout:
-                raise Down("timeout", "connect timed out") from None
-            except OSError as exc:  # refused, no route, no such name
-                raise Down("unreachable", f"{type(exc).__name__}: {exc.strerror or exc}") from None
+        except (ssl.SSLError, ssl.CertificateError) as exc:
+            raise Unsure(f"TLS: {type(exc).__name__}") from None
+        except socket.timeout:
+            raise Down("timeout", "connect timed out") from None
+        except OSError as exc:  # refused, no route, no such name
+            raise Down("unreachable", f"{type(exc).__name__}: {exc.strerror or exc}") from None
+        try:
             assert connection.sock is not None
             connection.sock.settimeout(self._read_timeout)
             target = self._parts.path + (f"?{self._parts.query}" if self._parts.query else "")
@@ -235,7 +235,16 @@ def _drained(acknowledged_at: Optional[float], failure: Optional[Down] = None, b
 
 
 def deliver(request: Dict[str, object], environ: Optional[Dict[str, str]] = None) -> Result:
-    """Drain the outbox as the plan says; ``{"outcome": delivered|down|unsure, "drained", "detail"}``."""
+    """Drain the outbox as the plan says; ``{"outcome": delivered|down|unsure, "drained", "detail", "trust"}``
+    (``trust``: why the CA file's anchor directory was given up for the whole file, "" when it was not)."""
+    posters: List[Poster] = []
+    result = _deliver(request, environ, posters)
+    trust = posters[0].trust if posters else None
+    result["trust"] = "" if trust is None else trust.fallback
+    return result
+
+
+def _deliver(request: Dict[str, object], environ: Optional[Dict[str, str]], posters: List[Poster]) -> Result:
     plan = request["plan"]
     assert isinstance(plan, dict)
     host_id = str(request["host_id"])
@@ -250,6 +259,7 @@ def deliver(request: Dict[str, object], environ: Optional[Dict[str, str]] = None
     batches: List[Dict[str, int]] = []
     try:
         poster = Poster(plan, read_token(plan.get("token_file")))
+        posters.append(poster)
         # mode=rw: an outbox that is not there is never created here (the daemon creates it).
         conn = sqlite3.connect(f"file:{urllib.parse.quote(outbox_path)}?mode=rw", uri=True, isolation_level=None,
                                timeout=30.0)
