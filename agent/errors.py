@@ -46,6 +46,7 @@ reaches the CLI.
     HubHTTPError (agent/hub/responses.py): an HTTP refusal, which the hub app answers with its status and JSON body
     BodyTooLarge (agent/hub/middleware.py): a request body over the limit, answered 413 by the body-size wrapper
     FrozenInstanceError (agent/frozen.py): an AttributeError, as dataclasses' own is: assigning to a frozen record
+    TokenRefused (agent/daemon_jobs/hub_probe.py): a token file the lean child leaves to the full child (a ValueError)
     Unsure (agent/daemon_jobs/lean_delivery.py): the stdlib-only delivery child leaves it to the full child
     Down (agent/daemon_jobs/lean_delivery.py): the stdlib-only delivery child's receiver is not serving; backoff
 

@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # typing costs milliseconds of the lean child's start (issue 
 
 # HTTP statuses that say the hub (or the proxy in front of it) is not serving now: the full fetch would fail too.
 DOWN_STATUSES = frozenset({502, 503, 504})
-MAX_TOKEN_FILE_BYTES = 64 << 10
+MAX_TOKEN_FILE_BYTES = 64 << 10  # agent/report/credentials.py's (tests/daemon/test_lean_token.py holds them equal)
 _CHUNK_BYTES = 64 * 1024
 _TLS_CONTEXTS: Dict[Tuple[Optional[str], Optional[str]], ssl.SSLContext] = {}
 _TRUSTS: Dict[Tuple[object, ...], Trust] = {}
@@ -61,20 +61,45 @@ def answers_digest(answers: Sequence[Tuple[str, int, Sequence[Tuple[str, str]], 
     return digest.hexdigest()
 
 
-def _read_token(path: Optional[str]) -> Optional[str]:
-    """The bearer token as the full fetch sends it (stripped); ValueError when the file cannot be used."""
+class TokenRefused(ValueError):
+    """A token file the full children would refuse (agent/report/credentials.py's ``load_token``): the full child
+    decides, and says why in its own words."""
+
+
+def read_token(path: Optional[str]) -> Optional[str]:
+    """The bearer token as agent/report/credentials.py's ``load_token`` reads it, with its checks: a regular file
+    (a link to one is followed) of root or this user, closed to group and others, at most MAX_TOKEN_FILE_BYTES of
+    UTF-8, one word once stripped; TokenRefused naming the problem where it would refuse it. The lean child's one
+    reader: the policy probe's and the lean delivery's (agent/daemon_jobs/lean_delivery.py)."""
     if not path:
         return None
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{path}: not a regular file")
-        data = os.read(fd, MAX_TOKEN_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
-    token = data.decode("utf-8").strip()
-    if not token or len(data) > MAX_TOKEN_FILE_BYTES or any(ch.isspace() for ch in token):
-        raise ValueError(f"{path}: not a single token")
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode) or stat.S_IMODE(info.st_mode) & 0o077 \
+                or info.st_uid not in (0, os.geteuid()):
+            raise TokenRefused("token file: not a regular file of root or this user, closed to group and others")
+        # O_NONBLOCK: a FIFO put there since the stat never blocks the read (as agent/files.py's readers)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise TokenRefused("token file: not a regular file")
+            data = b""
+            while len(data) <= MAX_TOKEN_FILE_BYTES:
+                chunk = os.read(fd, MAX_TOKEN_FILE_BYTES + 1 - len(data))
+                if not chunk:
+                    break
+                data += chunk
+        finally:
+            os.close(fd)
+        token = data.decode("utf-8").strip()
+    except OSError as exc:
+        raise TokenRefused(f"token file: {type(exc).__name__}") from None
+    except UnicodeDecodeError:
+        raise TokenRefused("token file: not UTF-8") from None
+    if len(data) > MAX_TOKEN_FILE_BYTES:
+        raise TokenRefused(f"token file: over {MAX_TOKEN_FILE_BYTES} bytes")
+    if not token or any(ch.isspace() for ch in token):
+        raise TokenRefused("token file: not a single token")
     return token
 
 
@@ -187,9 +212,9 @@ def probe(plan: Dict[str, object]) -> Dict[str, str]:
     max_bytes = int(plan["max_bytes"])  # type: ignore[call-overload]
     deadline = time.monotonic() + float(plan["deadline_seconds"])  # type: ignore[arg-type]
     try:
-        token = _read_token(plan.get("token_file"))  # type: ignore[arg-type]
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        return {"outcome": "unsure", "digest": "", "detail": f"token file: {type(exc).__name__}"}
+        token = read_token(plan.get("token_file"))  # type: ignore[arg-type]
+    except TokenRefused as exc:
+        return {"outcome": "unsure", "digest": "", "detail": str(exc), "trust": ""}
     trust = trust_for(plan) if endpoint.startswith("https:") else None
     answers: List[Tuple[str, int, Sequence[Tuple[str, str]], bytes]] = []
     paths = [(str(p), e if e is None else str(e)) for p, e in plan["paths"]]  # type: ignore[attr-defined]

@@ -32,13 +32,12 @@ import os
 import socket
 import sqlite3
 import ssl
-import stat
 import time
 import urllib.parse
 
-from agent.daemon_jobs.hub_probe import DOWN_STATUSES, MAX_TOKEN_FILE_BYTES, Trust, connect_https, trust_for
+from agent.daemon_jobs.hub_probe import DOWN_STATUSES, TokenRefused, Trust, connect_https, read_token, trust_for
 from agent.errors import InputFileError
-from agent.files import read_bytes_bounded, read_json_file, write_atomically
+from agent.files import read_json_file, write_atomically
 from agent.report.outbox_ack import (
     HWM_SUFFIX,
     ack_rows,
@@ -79,24 +78,6 @@ class Down(Exception):
         self.category = category
         self.reason = reason
         self.status_code = status_code
-
-
-def read_token(path: Optional[str]) -> Optional[str]:
-    """The bearer token as agent/report/credentials.py reads it (the same checks); Unsure when it would refuse it."""
-    if not path:
-        return None
-    try:  # as load_token: stat, then a read that never blocks on a FIFO put there since
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode) or stat.S_IMODE(info.st_mode) & 0o077 \
-                or info.st_uid not in (0, os.geteuid()):
-            raise Unsure("token file: not a regular file of root or this user, closed to group and others")
-        data = read_bytes_bounded(path, MAX_TOKEN_FILE_BYTES)
-        token = data.decode("utf-8").strip()
-    except (OSError, InputFileError, UnicodeDecodeError) as exc:
-        raise Unsure(f"token file: {type(exc).__name__}") from None
-    if not token or len(data) > MAX_TOKEN_FILE_BYTES or any(ch.isspace() for ch in token):
-        raise Unsure("token file: not a single token")
-    return token
 
 
 def parse_acknowledgement(body: bytes) -> Tuple[List[str], List[str]]:
@@ -258,7 +239,11 @@ def _deliver(request: Dict[str, object], environ: Optional[Dict[str, str]], post
     conn: Optional[sqlite3.Connection] = None
     batches: List[Dict[str, int]] = []
     try:
-        poster = Poster(plan, read_token(plan.get("token_file")))
+        try:
+            token = read_token(plan.get("token_file"))
+        except TokenRefused as exc:
+            raise Unsure(str(exc)) from None
+        poster = Poster(plan, token)
         posters.append(poster)
         # mode=rw: an outbox that is not there is never created here (the daemon creates it).
         conn = sqlite3.connect(f"file:{urllib.parse.quote(outbox_path)}?mode=rw", uri=True, isolation_level=None,

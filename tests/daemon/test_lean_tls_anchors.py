@@ -200,3 +200,32 @@ def test_the_full_childrens_plans_carry_the_directory_and_the_stamp_it_was_built
             assert os.path.dirname(plan.ca_anchor_dir) == StatePaths(str(state)).tls_anchors
             assert plan.ca_file_stamp == (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
             assert len(os.listdir(plan.ca_anchor_dir)) > 100
+
+
+def test_the_daemon_logs_a_given_up_directory_once_for_both_parts(hub: str, chain: Chain, tmp_path: Path) -> None:
+    """Through the daemon's LeanChild (a real lean child), a damaged directory's fallback comes back in the probe's
+    result and is logged as one ``lean_tls_anchors_given_up`` warning naming the directory."""
+    import io
+    import sys
+
+    from agent.daemon_jobs.children import LeanChild
+    from agent.daemon_jobs.protocol import HubProbePlan
+    from agent.host import Host
+    from agent.log import configure
+    from tests.daemon.test_jobs import make_runtime
+
+    ca_file = copy_of(chain.bundle, tmp_path)
+    anchors = ensure_anchors(ca_file, str(tmp_path / "anchors"))
+    assert anchors is not None
+    root_file(chain, anchors).unlink()
+    plan = HubProbePlan.from_json(probe_plan(hub, ca_file, anchors))
+    stream = io.StringIO()
+    configure(level="warning", json_output=True, stream=stream)
+    try:
+        result = LeanChild(make_runtime(tmp_path, Host()), "").run(plan, None)
+    finally:
+        configure(level="warning", json_output=True, stream=sys.stderr)
+    assert result.probe is not None and result.probe.outcome == "answered"
+    lines = [json.loads(line) for line in stream.getvalue().splitlines() if line.startswith("{")]
+    given_up = [line for line in lines if line["event"] == "lean_tls_anchors_given_up"]
+    assert len(given_up) == 1 and given_up[0]["parts"] == ["probe"] and anchors.directory in given_up[0]["detail"]
