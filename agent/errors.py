@@ -8,6 +8,7 @@
     │   ├── FileMissing                exit 4   the path does not exist (agent/files.py)
     │   ├── InputNotWhole              exit 4   hot-path input not readable as a whole (cut, other protocol, bad bytes)
     │   ├── BundleInvalid              exit 4   a policy bundle file is not one (agent/bundle/format.py)
+    │   ├── CertificateInvalid         exit 4   a CA file's certificate is not DER (agent/report/x509_subject.py)
     │   ├── KnowledgeInvalid           exit 4   a knowledge table file is not one (agent/policy/knowledge.py)
     │   └── GateStateDamaged           exit 4   health-gate.json is damaged (agent/guard/rollback/health_gate.py)
     ├── HostReadError                  exit 5   a host path could not be read (permission, I/O)
@@ -45,6 +46,7 @@ reaches the CLI.
     HubHTTPError (agent/hub/responses.py): an HTTP refusal, which the hub app answers with its status and JSON body
     BodyTooLarge (agent/hub/middleware.py): a request body over the limit, answered 413 by the body-size wrapper
     FrozenInstanceError (agent/frozen.py): an AttributeError, as dataclasses' own is: assigning to a frozen record
+    TokenRefused (agent/daemon_jobs/hub_probe.py): a token file the lean child leaves to the full child (a ValueError)
     Unsure (agent/daemon_jobs/lean_delivery.py): the stdlib-only delivery child leaves it to the full child
     Down (agent/daemon_jobs/lean_delivery.py): the stdlib-only delivery child's receiver is not serving; backoff
 

@@ -35,6 +35,8 @@ cache/<name>.json             the collectors' fact cache                    the 
 policy-bundle/                policy install, the daemon's bundle fetch     policy compile, status, the heartbeat
 workloads-verified.json       the daemon's policy fetch (the hub's list of  the hook's [workloads] rule, policy
                               verified stacks)                              explain
+tls-anchors/<sha256>/         the policy fetch and delivery children (the   the lean child's TLS trust (capath)
+                              CA file's certificates as <hash>.<n> files)
 .job-<job>.<run>.result.json  a daemon job child (<run>: the daemon's pid  the daemon (leftovers: removed at start)
                               and a count: one file per child)
 ============================  ============================================  ==========================================
@@ -255,6 +257,11 @@ class StatePaths:
     def workloads_verified(self) -> str:
         """The hub's verified stacks per registered workload, cached (agent/hostfacts/verified_stacks.py)."""
         return self._join("workloads-verified.json")
+
+    @property
+    def tls_anchors(self) -> str:
+        """Hashed copies of the CA files the lean child verifies with (agent/report/tls_anchors.py)."""
+        return self._join("tls-anchors")
 
     def fact_cache(self, name: str) -> str:
         """One collector fact cache (agent/collectors/factcache.py)."""

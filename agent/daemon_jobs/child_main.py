@@ -321,20 +321,23 @@ def _deliver(rt: Runtime) -> DeliverResult:
         return DeliverResult(events=0, drained=Drained())
     try:
         return DeliverResult(events=0, drained=drain_outbox(rt, sender), plan=lean_delivery_plan(report,
-                                                                                                 rt.outbox.path))
+                                                                                                 rt.outbox.path,
+                                                                                                 rt.state_dir))
     finally:
         sender.close()
 
 
-def lean_delivery_plan(report: ReportSettings, outbox_path: str) -> Optional[DeliveryPlan]:
+def lean_delivery_plan(report: ReportSettings, outbox_path: str, state_dir: str) -> Optional[DeliveryPlan]:
     """How the Sender (agent/report/sender.py) sends now, for the stdlib-only delivery child
-    (agent/daemon_jobs/lean_delivery.py); None where that child could not send as requests does: a proxy or a
-    .netrc from the environment for this URL."""
+    (agent/daemon_jobs/lean_delivery.py), with the CA file's hashed copy under ``state_dir`` made sure of; None
+    where that child could not send as requests does: a proxy or a .netrc from the environment for this URL."""
     import requests
     from requests.utils import DEFAULT_CA_BUNDLE_PATH, get_netrc_auth
 
     from agent.report.plain import EVENT_SCHEMA_VERSION
     from agent.report.sender import USER_AGENT
+    from agent.report.tls_anchors import anchors_or_none
+    from agent.statepaths import StatePaths
 
     url = report.ingest_url
     if url is None:
@@ -348,7 +351,10 @@ def lean_delivery_plan(report: ReportSettings, outbox_path: str) -> Optional[Del
         return None
     verify = merged.get("verify")
     ca_file = verify if isinstance(verify, str) else DEFAULT_CA_BUNDLE_PATH  # True: requests' own bundle
+    anchors = anchors_or_none(ca_file, StatePaths(state_dir).tls_anchors) if url.startswith("https:") else None
     return DeliveryPlan(ingest_url=url, token_file=report.token_file, ca_file=ca_file,
+                        ca_anchor_dir=None if anchors is None else anchors.directory,
+                        ca_file_stamp=None if anchors is None else anchors.stamp,
                         connect_timeout_seconds=report.connect_timeout_seconds,
                         read_timeout_seconds=report.read_timeout_seconds, batch_size=report.batch_size,
                         user_agent=USER_AGENT, schema_version=EVENT_SCHEMA_VERSION, outbox_path=outbox_path)

@@ -480,6 +480,12 @@ class LeanChild:
             return LeanResult()
         log.debug("lean_child_answered", parts=parts, probe=result.probe.outcome if result.probe else None,
                   deliver=result.deliver.outcome if result.deliver else None)
+        given_up: Dict[str, List[str]] = {}  # both parts share one trust in the child: one line for both
+        for part, answer in (("probe", result.probe), ("deliver", result.deliver)):
+            if answer is not None and answer.trust:
+                given_up.setdefault(answer.trust, []).append(part)
+        for detail, given_parts in given_up.items():
+            log.warning("lean_tls_anchors_given_up", parts=given_parts, detail=detail)
         return result
 
 

@@ -39,9 +39,10 @@ if TYPE_CHECKING:  # typing costs milliseconds of the lean child's start (issue 
 
 # HTTP statuses that say the hub (or the proxy in front of it) is not serving now: the full fetch would fail too.
 DOWN_STATUSES = frozenset({502, 503, 504})
-MAX_TOKEN_FILE_BYTES = 64 << 10
+MAX_TOKEN_FILE_BYTES = 64 << 10  # agent/report/credentials.py's (tests/daemon/test_lean_token.py holds them equal)
 _CHUNK_BYTES = 64 * 1024
-_TLS_CONTEXTS: Dict[Optional[str], ssl.SSLContext] = {}
+_TLS_CONTEXTS: Dict[Tuple[Optional[str], Optional[str]], ssl.SSLContext] = {}
+_TRUSTS: Dict[Tuple[object, ...], Trust] = {}
 # Headers whose values the full fetch reads (the ETag, the encoding it refuses, the rollout's notice and fields).
 _KEPT_HEADERS = frozenset(name.lower() for name in ("ETag", "Content-Encoding", "Location", ROLLOUT_HEADER,
                                                      ROLLOUT_ID_HEADER, ROLLOUT_STATE_HEADER, ROLLOUT_STAGE_HEADER))
@@ -60,55 +61,161 @@ def answers_digest(answers: Sequence[Tuple[str, int, Sequence[Tuple[str, str]], 
     return digest.hexdigest()
 
 
-def _read_token(path: Optional[str]) -> Optional[str]:
-    """The bearer token as the full fetch sends it (stripped); ValueError when the file cannot be used."""
+class TokenRefused(ValueError):
+    """A token file the full children would refuse (agent/report/credentials.py's ``load_token``): the full child
+    decides, and says why in its own words."""
+
+
+def read_token(path: Optional[str]) -> Optional[str]:
+    """The bearer token as agent/report/credentials.py's ``load_token`` reads it, with its checks: a regular file
+    (a link to one is followed) of root or this user, closed to group and others, at most MAX_TOKEN_FILE_BYTES of
+    UTF-8, one word once stripped; TokenRefused naming the problem where it would refuse it. The lean child's one
+    reader: the policy probe's and the lean delivery's (agent/daemon_jobs/lean_delivery.py)."""
     if not path:
         return None
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{path}: not a regular file")
-        data = os.read(fd, MAX_TOKEN_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
-    token = data.decode("utf-8").strip()
-    if not token or len(data) > MAX_TOKEN_FILE_BYTES or any(ch.isspace() for ch in token):
-        raise ValueError(f"{path}: not a single token")
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode) or stat.S_IMODE(info.st_mode) & 0o077 \
+                or info.st_uid not in (0, os.geteuid()):
+            raise TokenRefused("token file: not a regular file of root or this user, closed to group and others")
+        # O_NONBLOCK: a FIFO put there since the stat never blocks the read (as agent/files.py's readers)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise TokenRefused("token file: not a regular file")
+            data = b""
+            while len(data) <= MAX_TOKEN_FILE_BYTES:
+                chunk = os.read(fd, MAX_TOKEN_FILE_BYTES + 1 - len(data))
+                if not chunk:
+                    break
+                data += chunk
+        finally:
+            os.close(fd)
+        token = data.decode("utf-8").strip()
+    except OSError as exc:
+        raise TokenRefused(f"token file: {type(exc).__name__}") from None
+    except UnicodeDecodeError:
+        raise TokenRefused("token file: not UTF-8") from None
+    if len(data) > MAX_TOKEN_FILE_BYTES:
+        raise TokenRefused(f"token file: over {MAX_TOKEN_FILE_BYTES} bytes")
+    if not token or any(ch.isspace() for ch in token):
+        raise TokenRefused("token file: not a single token")
     return token
 
 
-def tls_context(ca_file: Optional[str]) -> ssl.SSLContext:
-    """Verification as requests does it with ``verify=ca_file`` (a file or a c_rehash'ed directory; None: the system
-    store). One per CA file in this child: loading a store costs about as much CPU as the child's start, and the
-    probe's requests and the lean delivery's POSTs share it (agent/daemon_jobs/lean_child.py)."""
-    context = _TLS_CONTEXTS.get(ca_file)
+def tls_context(cafile: Optional[str], capath: Optional[str] = None) -> ssl.SSLContext:
+    """Verification as requests does it with ``verify=cafile`` (a file or a c_rehash'ed directory; None: the system
+    store), or through the hashed directory ``capath`` alone. One per trust in this child: loading a public-sized
+    file costs about as much CPU as the child's start, and the probe's requests and the lean delivery's POSTs share
+    it (agent/daemon_jobs/lean_child.py)."""
+    key = (cafile, capath)
+    context = _TLS_CONTEXTS.get(key)
     if context is None:
-        is_dir = bool(ca_file) and os.path.isdir(str(ca_file))
-        context = ssl.create_default_context(cafile=None if is_dir else ca_file, capath=ca_file if is_dir else None)
-        _TLS_CONTEXTS[ca_file] = context
+        if capath is None and cafile and os.path.isdir(cafile):
+            cafile, capath = None, cafile
+        context = ssl.create_default_context(cafile=cafile, capath=capath)
+        _TLS_CONTEXTS[key] = context
     return context
 
 
-def _connection(url: urllib.parse.SplitResult, cafile: Optional[str],
-                connect_timeout_seconds: float) -> http.client.HTTPConnection:
+class Trust:
+    """What a plan's HTTPS connections verify with: the CA file's hashed directory (agent/report/tls_anchors.py)
+    while the file's stat is the stamp the plan carries (it holds only the file's certificates, and OpenSSL reads
+    only the ones a verification needs), else the whole file. A verification that fails through the directory is
+    tried once more with the whole file (a damaged or pruned directory costs only that); ``fallback`` says so."""
+
+    __slots__ = ("ca_file", "anchor_dir", "fallback")
+
+    def __init__(self, ca_file: Optional[str], anchor_dir: Optional[str]) -> None:
+        self.ca_file = ca_file
+        self.anchor_dir = anchor_dir
+        self.fallback = ""
+
+    def context(self) -> ssl.SSLContext:
+        """The context to connect with now; OSError or ssl.SSLError when it cannot be loaded."""
+        return tls_context(None, self.anchor_dir) if self.anchor_dir else tls_context(self.ca_file)
+
+    def fall_back(self, exc: ssl.SSLCertVerificationError) -> bool:
+        """After a verification failure: True when the next try uses the whole file (only once, from the dir)."""
+        if self.anchor_dir is None:
+            return False
+        self.fallback = (f"the CA file's anchor directory {self.anchor_dir} did not verify "
+                         f"({exc.verify_message}): the whole CA file was loaded")
+        self.anchor_dir = None
+        return True
+
+
+def trust_for(plan: Dict[str, object]) -> Trust:
+    """The plan's :class:`Trust`, one per CA file, directory and stamp in this child (one stat of the file)."""
+    ca_file, anchor_dir, stamp = plan.get("ca_file"), plan.get("ca_anchor_dir"), plan.get("ca_file_stamp")
+    key: Tuple[object, ...] = (ca_file, anchor_dir, None if stamp is None else tuple(stamp))  # type: ignore[arg-type]
+    trust = _TRUSTS.get(key)
+    if trust is None:
+        usable = None
+        if ca_file and anchor_dir and stamp is not None:
+            try:
+                info = os.stat(str(ca_file))
+                if [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns] == list(stamp):  # type: ignore[call-overload]
+                    usable = str(anchor_dir)
+            except OSError:
+                pass  # the file's own load says what is wrong with it
+        trust = _TRUSTS[key] = Trust(None if ca_file is None else str(ca_file), usable)
+    return trust
+
+
+def connect_https(host: str, port: Optional[int], timeout_seconds: float,
+                  trust: Trust) -> http.client.HTTPSConnection:
+    """A connected HTTPSConnection; a verification failure through the anchor directory tried once more with the
+    whole CA file. Raises what ``connect`` raises, the connection closed."""
+    connection = http.client.HTTPSConnection(host, port, timeout=timeout_seconds, context=trust.context())
+    try:
+        try:
+            connection.connect()
+        except ssl.SSLCertVerificationError as exc:
+            connection.close()
+            if not trust.fall_back(exc):
+                raise
+            try:
+                context = trust.context()
+            except ssl.SSLError:
+                raise
+            except OSError as load:  # the file stat'ed a moment ago went away: a TLS failure, not a hub down
+                raise ssl.SSLError(f"CA file: {type(load).__name__}") from None
+            connection = http.client.HTTPSConnection(host, port, timeout=timeout_seconds, context=context)
+            connection.connect()
+    except BaseException:
+        connection.close()
+        raise
+    return connection
+
+
+def _connect(url: urllib.parse.SplitResult, trust: Optional[Trust],
+             connect_timeout_seconds: float) -> http.client.HTTPConnection:
     host, port = url.hostname or "", url.port
-    if url.scheme == "https":
-        return http.client.HTTPSConnection(host, port, timeout=connect_timeout_seconds, context=tls_context(cafile))
+    if url.scheme == "https" and trust is not None:
+        return connect_https(host, port, connect_timeout_seconds, trust)
     if url.scheme == "http":
-        return http.client.HTTPConnection(host, port, timeout=connect_timeout_seconds)
+        connection = http.client.HTTPConnection(host, port, timeout=connect_timeout_seconds)
+        try:
+            connection.connect()
+        except BaseException:
+            connection.close()
+            raise
+        return connection
     raise ValueError(f"scheme {url.scheme!r}")
 
 
 def probe(plan: Dict[str, object]) -> Dict[str, str]:
-    """Ask every path of ``plan`` in order; ``{"outcome": down|answered|unsure, "digest", "detail"}``."""
+    """Ask every path of ``plan`` in order; ``{"outcome": down|answered|unsure, "digest", "detail", "trust"}``."""
     endpoint = str(plan["endpoint_url"]).rstrip("/")
     connect_timeout, read_timeout = float(plan["connect_timeout_seconds"]), float(plan["read_timeout_seconds"])  # type: ignore[arg-type]
     max_bytes = int(plan["max_bytes"])  # type: ignore[call-overload]
     deadline = time.monotonic() + float(plan["deadline_seconds"])  # type: ignore[arg-type]
     try:
-        token = _read_token(plan.get("token_file"))  # type: ignore[arg-type]
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        return {"outcome": "unsure", "digest": "", "detail": f"token file: {type(exc).__name__}"}
+        token = read_token(plan.get("token_file"))  # type: ignore[arg-type]
+    except TokenRefused as exc:
+        return {"outcome": "unsure", "digest": "", "detail": str(exc), "trust": ""}
+    trust = trust_for(plan) if endpoint.startswith("https:") else None
     answers: List[Tuple[str, int, Sequence[Tuple[str, str]], bytes]] = []
     paths = [(str(p), e if e is None else str(e)) for p, e in plan["paths"]]  # type: ignore[attr-defined]
     for index, (path, etag) in enumerate(paths):
@@ -118,17 +225,13 @@ def probe(plan: Dict[str, object]) -> Dict[str, str]:
             headers["Authorization"] = f"Bearer {token}"
         if etag is not None:
             headers["If-None-Match"] = etag
-        connection = None
         try:
-            connection = _connection(url, plan.get("ca_file"), connect_timeout)  # type: ignore[arg-type]
-            connection.connect()
+            connection = _connect(url, trust, connect_timeout)
         except (ssl.SSLError, ssl.CertificateError, ValueError) as exc:
-            return {"outcome": "unsure", "digest": "", "detail": f"{endpoint}: {type(exc).__name__}"}
+            return _answer(trust, "unsure", detail=f"{endpoint}: {type(exc).__name__}")
         except OSError as exc:  # refused, timed out, no route, no such name
-            if connection is not None:
-                connection.close()
             outcome = "down" if index == 0 else "unsure"
-            return {"outcome": outcome, "digest": "", "detail": f"{endpoint + path}: {type(exc).__name__}"}
+            return _answer(trust, outcome, detail=f"{endpoint + path}: {type(exc).__name__}")
         try:
             assert connection.sock is not None
             connection.sock.settimeout(read_timeout)
@@ -142,15 +245,21 @@ def probe(plan: Dict[str, object]) -> Dict[str, str]:
                     break
                 body += chunk
             if len(body) > max_bytes or time.monotonic() >= deadline:
-                return {"outcome": "unsure", "digest": "", "detail": f"{endpoint + path}: answer too long"}
+                return _answer(trust, "unsure", detail=f"{endpoint + path}: answer too long")
             answers.append((path, reply.status, reply.getheaders(), bytes(body)))
         except (OSError, http.client.HTTPException) as exc:
-            return {"outcome": "unsure", "digest": "", "detail": f"{endpoint + path}: {type(exc).__name__}"}
+            return _answer(trust, "unsure", detail=f"{endpoint + path}: {type(exc).__name__}")
         finally:
             connection.close()
     if answers and all(status in DOWN_STATUSES for _, status, _, _ in answers):
-        return {"outcome": "down", "digest": "", "detail": f"{endpoint}: HTTP {answers[0][1]}"}
-    return {"outcome": "answered", "digest": answers_digest(answers), "detail": ""}
+        return _answer(trust, "down", detail=f"{endpoint}: HTTP {answers[0][1]}")
+    return _answer(trust, "answered", digest=answers_digest(answers))
+
+
+def _answer(trust: Optional[Trust], outcome: str, digest: str = "", detail: str = "") -> Dict[str, str]:
+    """The probe's answer, with ``trust``: why the anchor directory was given up for the whole CA file ("": it
+    was not), which the daemon logs."""
+    return {"outcome": outcome, "digest": digest, "detail": detail, "trust": "" if trust is None else trust.fallback}
 
 
 def probe_answer(plan: object) -> Dict[str, str]:

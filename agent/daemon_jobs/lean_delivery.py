@@ -32,13 +32,12 @@ import os
 import socket
 import sqlite3
 import ssl
-import stat
 import time
 import urllib.parse
 
-from agent.daemon_jobs.hub_probe import DOWN_STATUSES, MAX_TOKEN_FILE_BYTES, tls_context
+from agent.daemon_jobs.hub_probe import DOWN_STATUSES, TokenRefused, Trust, connect_https, read_token, trust_for
 from agent.errors import InputFileError
-from agent.files import read_bytes_bounded, read_json_file, write_atomically
+from agent.files import read_json_file, write_atomically
 from agent.report.outbox_ack import (
     HWM_SUFFIX,
     ack_rows,
@@ -79,24 +78,6 @@ class Down(Exception):
         self.category = category
         self.reason = reason
         self.status_code = status_code
-
-
-def read_token(path: Optional[str]) -> Optional[str]:
-    """The bearer token as agent/report/credentials.py reads it (the same checks); Unsure when it would refuse it."""
-    if not path:
-        return None
-    try:  # as load_token: stat, then a read that never blocks on a FIFO put there since
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode) or stat.S_IMODE(info.st_mode) & 0o077 \
-                or info.st_uid not in (0, os.geteuid()):
-            raise Unsure("token file: not a regular file of root or this user, closed to group and others")
-        data = read_bytes_bounded(path, MAX_TOKEN_FILE_BYTES)
-        token = data.decode("utf-8").strip()
-    except (OSError, InputFileError, UnicodeDecodeError) as exc:
-        raise Unsure(f"token file: {type(exc).__name__}") from None
-    if not token or len(data) > MAX_TOKEN_FILE_BYTES or any(ch.isspace() for ch in token):
-        raise Unsure("token file: not a single token")
-    return token
 
 
 def parse_acknowledgement(body: bytes) -> Tuple[List[str], List[str]]:
@@ -150,10 +131,11 @@ class Poster:
             raise Unsure(f"ingest URL scheme {self._parts.scheme!r}")
         self._connect_timeout = float(plan["connect_timeout_seconds"])  # type: ignore[arg-type]
         self._read_timeout = float(plan["read_timeout_seconds"])  # type: ignore[arg-type]
-        self._context: Optional[ssl.SSLContext] = None
+        self.trust: Optional[Trust] = None
         if self._parts.scheme == "https":
+            self.trust = trust_for(plan)
             try:
-                self._context = tls_context(plan.get("ca_file"))  # type: ignore[arg-type]
+                self.trust.context()
             except (OSError, ssl.SSLError) as exc:
                 raise Unsure(f"CA file: {type(exc).__name__}") from None
         self._headers = {"Content-Type": "application/json", "User-Agent": str(plan["user_agent"]),
@@ -165,20 +147,19 @@ class Poster:
         """One batch; its acknowledgement, or Down / Unsure."""
         host, port = self._parts.hostname or "", self._parts.port
         connection: http.client.HTTPConnection
-        if self._context is not None:
-            connection = http.client.HTTPSConnection(host, port, timeout=self._connect_timeout,
-                                                     context=self._context)
-        else:
-            connection = http.client.HTTPConnection(host, port, timeout=self._connect_timeout)
         try:
-            try:
+            if self.trust is not None:
+                connection = connect_https(host, port, self._connect_timeout, self.trust)
+            else:
+                connection = http.client.HTTPConnection(host, port, timeout=self._connect_timeout)
                 connection.connect()
-            except (ssl.SSLError, ssl.CertificateError) as exc:
-                raise Unsure(f"TLS: {type(exc).__name__}") from None
-            except socket.timeout:
-                raise Down("timeout", "connect timed out") from None
-            except OSError as exc:  # refused, no route, no such name
-                raise Down("unreachable", f"{type(exc).__name__}: {exc.strerror or exc}") from None
+        except (ssl.SSLError, ssl.CertificateError) as exc:
+            raise Unsure(f"TLS: {type(exc).__name__}") from None
+        except socket.timeout:
+            raise Down("timeout", "connect timed out") from None
+        except OSError as exc:  # refused, no route, no such name
+            raise Down("unreachable", f"{type(exc).__name__}: {exc.strerror or exc}") from None
+        try:
             assert connection.sock is not None
             connection.sock.settimeout(self._read_timeout)
             target = self._parts.path + (f"?{self._parts.query}" if self._parts.query else "")
@@ -235,7 +216,16 @@ def _drained(acknowledged_at: Optional[float], failure: Optional[Down] = None, b
 
 
 def deliver(request: Dict[str, object], environ: Optional[Dict[str, str]] = None) -> Result:
-    """Drain the outbox as the plan says; ``{"outcome": delivered|down|unsure, "drained", "detail"}``."""
+    """Drain the outbox as the plan says; ``{"outcome": delivered|down|unsure, "drained", "detail", "trust"}``
+    (``trust``: why the CA file's anchor directory was given up for the whole file, "" when it was not)."""
+    posters: List[Poster] = []
+    result = _deliver(request, environ, posters)
+    trust = posters[0].trust if posters else None
+    result["trust"] = "" if trust is None else trust.fallback
+    return result
+
+
+def _deliver(request: Dict[str, object], environ: Optional[Dict[str, str]], posters: List[Poster]) -> Result:
     plan = request["plan"]
     assert isinstance(plan, dict)
     host_id = str(request["host_id"])
@@ -249,7 +239,12 @@ def deliver(request: Dict[str, object], environ: Optional[Dict[str, str]] = None
     conn: Optional[sqlite3.Connection] = None
     batches: List[Dict[str, int]] = []
     try:
-        poster = Poster(plan, read_token(plan.get("token_file")))
+        try:
+            token = read_token(plan.get("token_file"))
+        except TokenRefused as exc:
+            raise Unsure(str(exc)) from None
+        poster = Poster(plan, token)
+        posters.append(poster)
         # mode=rw: an outbox that is not there is never created here (the daemon creates it).
         conn = sqlite3.connect(f"file:{urllib.parse.quote(outbox_path)}?mode=rw", uri=True, isolation_level=None,
                                timeout=30.0)

@@ -209,8 +209,8 @@ class HealthChildResult(JsonRecord):
 @dataclass(frozen=True)
 class DeliveryPlan(JsonRecord):
     """How the full delivery child sends, for the stdlib-only one (agent/daemon_jobs/lean_delivery.py): the URL it
-    POSTs to, its token file, the CA file requests verified with, its timeouts, batch size, User-Agent and batch
-    schema version, and the outbox file."""
+    POSTs to, its token file, the CA file requests verified with (and its hashed copy), its timeouts, batch size,
+    User-Agent and batch schema version, and the outbox file."""
 
     ingest_url: str
     token_file: Optional[str]
@@ -221,6 +221,10 @@ class DeliveryPlan(JsonRecord):
     user_agent: str
     schema_version: int
     outbox_path: str
+    # The CA file's hashed copy and the file's stamp it was built from (agent/report/tls_anchors.py): the lean child
+    # verifies through the directory while the file's stat still matches. None: it loads the whole file.
+    ca_anchor_dir: Optional[str] = None
+    ca_file_stamp: Optional[Tuple[int, int, int, int]] = None
 
 
 @dataclass(frozen=True)
@@ -262,13 +266,14 @@ class LeanDeliveryResult(JsonRecord):
     drained: Drained
     detail: str = ""
     batches: Tuple[SentBatch, ...] = ()  # the first MAX_BATCHES_LISTED (agent/daemon_jobs/lean_delivery.py)
+    trust: str = ""  # why the CA file's anchor directory was given up for the whole file (hub_probe.py's Trust)
 
 
 @dataclass(frozen=True)
 class HubProbePlan(JsonRecord):
     """What the stdlib-only probe asks next time (agent/daemon_jobs/hub_probe.py): the full fetch's requests, in its
-    order (path with query, the If-None-Match sent or None), its token file, the CA file requests verified with, its
-    timeouts and the largest answer any of them reads."""
+    order (path with query, the If-None-Match sent or None), its token file, the CA file requests verified with (and
+    its hashed copy), its timeouts and the largest answer any of them reads."""
 
     endpoint_url: str
     token_file: Optional[str]
@@ -278,6 +283,8 @@ class HubProbePlan(JsonRecord):
     deadline_seconds: float
     max_bytes: int
     paths: Tuple[Tuple[str, Optional[str]], ...]
+    ca_anchor_dir: Optional[str] = None  # as DeliveryPlan's
+    ca_file_stamp: Optional[Tuple[int, int, int, int]] = None
 
 
 @dataclass(frozen=True)
@@ -288,6 +295,7 @@ class HubProbeResult(JsonRecord):
     outcome: Literal["down", "answered", "unsure"]
     digest: str = ""
     detail: str = ""
+    trust: str = ""  # as LeanDeliveryResult's
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ def filled_outbox(tmp_path: Path, kinds: Sequence[str]) -> Outbox:
 def request_for(tmp_path: Path, url: str, token_file: Optional[Path], **report: object) -> Dict[str, object]:
     """The lean child's request as the daemon makes it from the full child's plan."""
     _, settings = settings_for(tmp_path, url, token_file, **report)
-    plan = lean_delivery_plan(settings.report, str(tmp_path / "state" / "outbox.sqlite3"))
+    plan = lean_delivery_plan(settings.report, str(tmp_path / "state" / "outbox.sqlite3"), str(tmp_path / "state"))
     assert plan is not None
     return {"plan": plan.to_json(), "host_id": HOST_ID}
 
