@@ -4,8 +4,10 @@ The agent runs as a real process with every default interval divided by ``--spee
 check every second, a heartbeat every 0.2 s, delivery every 0.1 s, so the default 288 s are a day's 288 snapshots
 and 1,440 heartbeats). The package watch runs every ``max(2 s / speedup, 0.05 s)``. The health check is off (it
 runs a separate probe process; its memory is not the daemon's). Events go to ``--endpoint``, by default a local
-ingest on 127.0.0.1 that acknowledges every batch (delivery children run, as in production);
-``--endpoint none`` leaves them in the outbox.
+ingest on 127.0.0.1 that acknowledges every batch (delivery children run, as in production) and answers the policy
+fetch as a hub with no bundle for this host (204; its probe then finds nothing changed, as against a real hub; it
+answered 501 until 2026-12-07, so every probe led to a full fetch child that failed: 339 a simulated day instead of
+about 24); ``--endpoint none`` leaves them in the outbox.
 
 Since issue #17's structural fix the daemon runs the snapshot, the guard's rollback check, the health check and
 delivery's sending in short-lived children (``python -m agent _job NAME``); each child's exit is logged
@@ -51,6 +53,9 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from agent.wire import BUNDLE_PATH  # noqa: E402
 
 DEFAULTS = {"snapshot": 300.0, "heartbeat": 60.0, "delivery": 30.0, "package_watch": 2.0}
 
@@ -115,6 +120,15 @@ class AcceptingIngest(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(reply)
         self.server.events += len(body["events"])  # type: ignore[attr-defined]
+
+
+class IngestAndEmptyHub(AcceptingIngest):
+    """The local ingest, and a hub with no policy bundle in this host's scope (204), as the policy fetch sees it."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(204 if self.path.split("?")[0] == BUNDLE_PATH else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
 
 def free_port() -> int:
@@ -185,7 +199,7 @@ def main() -> int:
     ingest: Optional[ThreadingHTTPServer] = None
     endpoint = None if args.endpoint == "none" else args.endpoint
     if args.endpoint is None:
-        ingest = ThreadingHTTPServer(("127.0.0.1", 0), AcceptingIngest)
+        ingest = ThreadingHTTPServer(("127.0.0.1", 0), IngestAndEmptyHub)
         ingest.events = 0  # type: ignore[attr-defined]
         threading.Thread(target=ingest.serve_forever, daemon=True).start()
         endpoint = f"http://127.0.0.1:{ingest.server_port}"

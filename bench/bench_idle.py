@@ -53,11 +53,10 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from bench_daemon_memory import AcceptingIngest, find_node_exporter, free_port, hide_modules
+from bench_daemon_memory import IngestAndEmptyHub, find_node_exporter, free_port, hide_modules
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.wire import BUNDLE_PATH  # noqa: E402
 from tests.report.receiver import make_ca, make_ca_signed_certificate  # noqa: E402
 
 PUBLIC_TRUST_STORES = ("/etc/ssl/certs/ca-certificates.crt",)
@@ -99,15 +98,6 @@ def sample(pid: int, seconds: float, every_seconds: float = 0.5) -> Dict[str, fl
             "rss_peak_kib": final["VmHWM"], "rss_anon_kib": final.get("RssAnon", 0),
             "rss_file_kib": final.get("RssFile", 0), "cpu_seconds": cpu_seconds, "window_seconds": round(wall, 2),
             "cpu_percent": round(100.0 * cpu_seconds / wall, 4)}
-
-
-class IngestAndEmptyHub(AcceptingIngest):
-    """The local ingest, and a hub with no policy bundle in this host's scope (204), as the policy fetch sees it."""
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        self.send_response(204 if self.path.split("?")[0] == BUNDLE_PATH else 404)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
 
 
 def children_in_window(log_path: str, since: str, until: str) -> Dict[str, Dict[str, float]]:
