@@ -12,13 +12,7 @@ R=$OUT/r12a; C=.carry/s11
 PYTHONPATH=$PWD timeout 420 python3 bench/bench_idle.py --node-exporter $C/node_exporter --seconds 300 \
   --warmup-seconds 60 --before /tmp/before_tree --log-level info --json > "$R/idle.json" 2> "$R/idle.err" &
 IDLE=$!
-for side in before after; do
-  mkdir -p /tmp/$side && dpkg-deb -x $C/$side.deb /tmp/$side
-  sed -i "s#^GPUGUARD_LIB = .*#GPUGUARD_LIB = \"/tmp/$side/usr/lib/gpuguard\"#" /tmp/$side/usr/bin/gpuguard
-  timeout 220 python3 bench/bench_daemon_memory.py --node-exporter $C/node_exporter --speedup 600 --seconds 144 \
-    --warmup-seconds 20 --sample-seconds 8 --gpuguard "python3 -I -S /tmp/$side/usr/bin/gpuguard" \
-    --json "$R/memory-$side.json" > "$R/memory-$side.txt" 2>&1 &
-done
+memory_soaks
 wait
 echo "idle exit: see idle.err" >> "$R/summary.txt"
 cat "$R/env.txt"; for side in before after; do echo "== memory $side"; tail -n 14 "$R/memory-$side.txt"; done

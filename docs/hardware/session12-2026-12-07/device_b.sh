@@ -16,13 +16,7 @@ for tls in none public; do
     --warmup-seconds 150 --before /tmp/before_tree --log-level info --tls $tls --json \
     > "$R/idle-$tls.json" 2> "$R/idle-$tls.err" &
 done
-for side in before after; do
-  mkdir -p /tmp/$side && dpkg-deb -x $C/$side.deb /tmp/$side
-  sed -i "s#^GPUGUARD_LIB = .*#GPUGUARD_LIB = \"/tmp/$side/usr/lib/gpuguard\"#" /tmp/$side/usr/bin/gpuguard
-  timeout 220 python3 bench/bench_daemon_memory.py --node-exporter $C/node_exporter --speedup 600 --seconds 144 \
-    --warmup-seconds 20 --sample-seconds 8 --gpuguard "python3 -I -S /tmp/$side/usr/bin/gpuguard" \
-    --json "$R/memory-$side.json" > "$R/memory-$side.txt" 2>&1 &
-done
+memory_soaks
 wait
 cat "$R/env.txt"; for side in before after; do echo "== memory $side"; tail -n 8 "$R/memory-$side.txt"; done
 for tls in none public; do echo "== idle $tls"; tail -3 "$R/idle-$tls.err"; python3 -c "
