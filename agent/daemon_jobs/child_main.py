@@ -336,8 +336,7 @@ def lean_delivery_plan(report: ReportSettings, outbox_path: str, state_dir: str)
 
     from agent.report.plain import EVENT_SCHEMA_VERSION
     from agent.report.sender import USER_AGENT
-    from agent.report.tls_anchors import anchors_or_none
-    from agent.statepaths import StatePaths
+    from agent.report.tls_anchors import plan_anchors
 
     url = report.ingest_url
     if url is None:
@@ -351,10 +350,9 @@ def lean_delivery_plan(report: ReportSettings, outbox_path: str, state_dir: str)
         return None
     verify = merged.get("verify")
     ca_file = verify if isinstance(verify, str) else DEFAULT_CA_BUNDLE_PATH  # True: requests' own bundle
-    anchors = anchors_or_none(ca_file, StatePaths(state_dir).tls_anchors) if url.startswith("https:") else None
+    anchor_dir, stamp = plan_anchors(url, ca_file, state_dir)
     return DeliveryPlan(ingest_url=url, token_file=report.token_file, ca_file=ca_file,
-                        ca_anchor_dir=None if anchors is None else anchors.directory,
-                        ca_file_stamp=None if anchors is None else anchors.stamp,
+                        ca_anchor_dir=anchor_dir, ca_file_stamp=stamp,
                         connect_timeout_seconds=report.connect_timeout_seconds,
                         read_timeout_seconds=report.read_timeout_seconds, batch_size=report.batch_size,
                         user_agent=USER_AGENT, schema_version=EVENT_SCHEMA_VERSION, outbox_path=outbox_path)

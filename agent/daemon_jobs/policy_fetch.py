@@ -50,7 +50,7 @@ def probe_plan(host: "Host", settings: "Settings") -> Optional[HubProbePlan]:
     from agent.bundle.root import RootStore
     from agent.errors import GpuguardError
     from agent.policy.compiled import read_compiled
-    from agent.report.tls_anchors import anchors_or_none
+    from agent.report.tls_anchors import plan_anchors
     from agent.statepaths import StatePaths
     from agent.wire import BUNDLE_PATH, FRESHNESS_PATH, MAX_VERIFIED_BYTES, ROOT_PATH, VERIFIED_STACKS_PATH
 
@@ -75,11 +75,9 @@ def probe_plan(host: "Host", settings: "Settings") -> Optional[HubProbePlan]:
     except (GpuguardError, OSError):
         return None
     ca_file = report.ca_bundle or DEFAULT_CA_BUNDLE_PATH
-    anchors = anchors_or_none(ca_file, StatePaths(settings.agent.state_dir).tls_anchors) \
-        if base.startswith("https:") else None
+    anchor_dir, stamp = plan_anchors(base, ca_file, settings.agent.state_dir)
     return HubProbePlan(endpoint_url=base, token_file=report.token_file, ca_file=ca_file,
-                     ca_anchor_dir=None if anchors is None else anchors.directory,
-                     ca_file_stamp=None if anchors is None else anchors.stamp,
+                     ca_anchor_dir=anchor_dir, ca_file_stamp=stamp,
                      connect_timeout_seconds=report.connect_timeout_seconds,
                      read_timeout_seconds=report.read_timeout_seconds,
                      deadline_seconds=FETCH_DEADLINE_SECONDS + CHANNEL_DEADLINE_SECONDS,

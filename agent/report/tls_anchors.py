@@ -32,6 +32,7 @@ from typing import Dict, List, Optional, Tuple
 from agent.errors import GpuguardError, InputFileError
 from agent.files import read_bytes_bounded, remove_flat_directory, write_bytes_atomically
 from agent.report.x509_subject import subject_hash
+from agent.statepaths import StatePaths
 
 # The largest CA file copied (the system bundle is about 220 kB; certifi's 235 kB).
 MAX_CA_FILE_BYTES = 4 << 20
@@ -154,14 +155,18 @@ def ensure_anchors(ca_file: Optional[str], anchors_root: str) -> Optional[Anchor
     return Anchors(directory=directory, stamp=file_stamp(after))
 
 
-def anchors_or_none(ca_file: Optional[str], anchors_root: str) -> Optional[Anchors]:
-    """:func:`ensure_anchors`, with a failure logged (``tls_anchors_not_built``): the lean child loads the whole
-    file then, as before."""
+def plan_anchors(url: str, ca_file: Optional[str], state_dir: str) -> Tuple[Optional[str], Optional[Stamp]]:
+    """A plan's ``ca_anchor_dir`` and ``ca_file_stamp`` for its ``url``: :func:`ensure_anchors` under the state
+    directory's tls-anchors/ for an HTTPS endpoint; ``(None, None)`` for plain HTTP, where none helps, and where it
+    fails (logged, ``tls_anchors_not_built``): the lean child loads the whole file then, as before."""
+    if not url.startswith("https:"):
+        return None, None
     try:
-        return ensure_anchors(ca_file, anchors_root)
+        anchors = ensure_anchors(ca_file, StatePaths(state_dir).tls_anchors)
     except (GpuguardError, OSError) as exc:
         from agent.log import get_logger
 
         get_logger("report.tls_anchors").warning("tls_anchors_not_built", ca_file=ca_file, error=str(exc),
                                                  then="the lean child loads the whole CA file")
-        return None
+        return None, None
+    return (None, None) if anchors is None else (anchors.directory, anchors.stamp)
